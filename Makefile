@@ -1,0 +1,52 @@
+# mtpscope — two commands on a fresh machine:
+#   make run    set-up, demo data, then the Streamlit app on the demo
+#   make test   set-up, demo data, then the whole test suite
+# Both are idempotent: the venv is rebuilt only when pyproject.toml changes, the demo only when
+# its inputs change (see `mtpscope demo build`), and pip's wheel cache keeps llama-cpp-python's
+# 6-minute source build to the first time.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.mtpscope-installed
+PORT   ?= 8501
+EXTRAS ?= test,runtime
+
+.PHONY: setup venv demo run test test-fast browser bench clean-demo
+
+setup: $(STAMP) demo
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m mtpscope.cli demo build
+
+run: setup
+	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --server.headless true \
+		--browser.gatherUsageStats false
+
+# Debian's Chromium for the real-browser tests: installed when missing and possible (root + apt).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+			|| echo "warning: could not install chromium; browser tests will skip"; \
+		else echo "note: chromium missing and not installable here; browser tests will skip"; fi; }
+
+test: setup browser
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+bench: setup
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-demo:
+	$(PY) -m mtpscope.cli demo clean

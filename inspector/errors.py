@@ -1,0 +1,115 @@
+"""The one error tree of mtpscope.
+
+Every error a user can trigger with bad input is a subclass of :class:`MtpscopeError`. Each carries
+where it happened (file path, byte offset, key or tensor name) and, where it makes sense, what was
+expected and what was found, so the one-line message is enough to fix the input::
+
+    MtpscopeError
+    ├── InspectorError            GGUF / checkpoint reading and validation (inspector/)
+    │   ├── GGUFFormatError       malformed GGUF bytes (bad magic, truncation, bad counts, ...)
+    │   ├── UnsupportedFileError  well-formed but unsupported (big-endian, version 1, ...)
+    │   ├── TensorDataError       tensor data out of file, misaligned, overlapping, undecodable
+    │   ├── LayoutError           file does not have the layout a function needs
+    │   ├── HFCheckpointError     unreadable Hugging Face config.json / safetensors header
+    │   └── PathNotAllowedError   a path outside the allowed roots (app)
+    └── TraceError                trace directories and logs (traces/)
+        ├── TraceFormatError      a manifest or Parquet part that does not match the schema
+        ├── ImportFormatError     a foreign log that cannot be imported at all
+        └── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class MtpscopeError(Exception):
+    """Root of every error mtpscope raises for bad input.
+
+    Args:
+        message: what went wrong, in words.
+        path: the file or directory concerned, if any.
+        offset: absolute byte offset in ``path`` where the problem was found, if known.
+        key: GGUF key, tensor name, column or field concerned, if any.
+        expected: what a valid input has there (free text or value).
+        actual: what this input has there.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        offset: int | None = None,
+        key: str | None = None,
+        expected: Any = None,
+        actual: Any = None,
+    ) -> None:
+        self.message = message
+        self.path = None if path is None else os.fspath(path)
+        self.offset = offset
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """The error as a single line: ``path: at offset N: key 'k': message (expected X, got Y)``."""
+        parts: list[str] = []
+        if self.path is not None:
+            parts.append(f"{self.path}:")
+        if self.offset is not None:
+            parts.append(f"at offset {self.offset}:")
+        if self.key is not None:
+            parts.append(f"{self.key!r}:")
+        parts.append(self.message)
+        line = " ".join(parts)
+        if self.expected is not None or self.actual is not None:
+            line += f" (expected {self.expected}, got {self.actual})"
+        return line
+
+
+
+class InspectorError(MtpscopeError):
+    """Errors reading or validating model files (GGUF, Hugging Face checkpoints)."""
+
+
+class GGUFFormatError(InspectorError):
+    """The bytes are not a valid GGUF file (bad magic, truncated, impossible counts or lengths)."""
+
+
+class UnsupportedFileError(InspectorError):
+    """A recognisable GGUF that this reader does not support (e.g. big-endian, version 1)."""
+
+
+class TensorDataError(InspectorError):
+    """Tensor data that lies outside the file, is misaligned, overlaps, or cannot be decoded."""
+
+
+class LayoutError(InspectorError):
+    """The file lacks a tensor or key that the requested operation needs."""
+
+
+class HFCheckpointError(InspectorError):
+    """A Hugging Face checkpoint folder whose config.json or safetensors headers cannot be read."""
+
+
+class PathNotAllowedError(InspectorError):
+    """A path outside the folders the app may read (``MTPSCOPE_ROOTS``)."""
+
+
+class TraceError(MtpscopeError):
+    """Errors reading, writing or importing traces."""
+
+
+class TraceFormatError(TraceError):
+    """A trace manifest or Parquet part that does not match the trace schema."""
+
+
+class ImportFormatError(TraceError):
+    """A foreign log (fork NDJSON, llama-server log) that cannot be imported at all."""
+
+
+class RuntimeUnavailableError(TraceError):
+    """llama-cpp-python is not installed or lacks a symbol the recorder needs."""

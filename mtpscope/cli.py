@@ -1,0 +1,35 @@
+"""The ``mtpscope`` command line (typer).
+
+Sub-commands live in one module per area so that each can grow on its own; every module exposes
+``register(app)``. Heavy imports (numpy, pyarrow, llama_cpp) happen inside the commands, so
+``mtpscope --help`` stays fast and works without llama-cpp-python.
+
+Exit codes: 0 success, 1 the input is readable but has errors (e.g. ``verify`` findings),
+2 the input is unreadable (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from mtpscope import cli_demo, cli_fidelity, cli_inspect, cli_traces, cli_verify
+
+app = typer.Typer(
+    name="mtpscope",
+    help="Inspector and tracer for Gemma 4 MTP (assistant) drafters in llama.cpp / GGUF.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _module in (cli_inspect, cli_verify, cli_traces, cli_demo, cli_fidelity):
+    _module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
