@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from mtpscope import cli_demo, cli_fidelity, cli_inspect, cli_traces, cli_verify
+from mtpscope import cli_demo, cli_fidelity, cli_inspect, cli_record, cli_traces, cli_verify
 
 app = typer.Typer(
     name="mtpscope",
@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (cli_inspect, cli_verify, cli_traces, cli_demo, cli_fidelity):
+for _module in (cli_inspect, cli_verify, cli_traces, cli_record, cli_demo, cli_fidelity):
     _module.register(app)
 
 
