@@ -22,6 +22,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions of mtpscope and of the libraries it reads and runs with."""
+    from importlib import metadata
+
+    for dist in ("mtpscope", "gguf", "llama-cpp-python", "streamlit", "pyarrow", "duckdb"):
+        try:
+            v = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            v = "not installed"
+        typer.echo(f"{dist} {v}")
+
+
 for _module in (cli_inspect, cli_verify, cli_traces, cli_record, cli_demo, cli_fidelity):
     _module.register(app)
 
