@@ -24,6 +24,11 @@ app = typer.Typer(
 
 
 
+@app.callback()
+def _root() -> None:
+    """Inspector and tracer for Gemma 4 MTP (assistant) drafters in llama.cpp / GGUF."""
+
+
 @app.command("version")
 def version() -> None:
     """Print the versions of mtpscope and of the libraries it reads and runs with."""
