@@ -1,0 +1,696 @@
+"""A numpy reference implementation of one Gemma 4 assistant (MTP drafter) step.
+
+This is an *independent* implementation of the drafter's forward pass, written from the math in
+``shared/reference/gemma4-assistant-facts.md`` section 3, and cross-checked against the graph that
+llama.cpp builds (``src/models/gemma4-assistant.cpp``, ``llama_model_gemma4_assistant::graph``) and
+the target graph that fills the K/V cache the drafter reads (``src/models/gemma4.cpp``), plus the ggml
+CPU kernels it uses (``ggml/src/ggml-cpu/ops.cpp`` RoPE, ``vec.h`` GELU). It runs from a GGUF's
+weights in either dialect (fork ``gemma4_assistant`` / upstream ``gemma4-assistant``), dequantized to
+float32 through ``gguf.quants`` (via :func:`inspector.gguf.open_gguf`).
+
+Shapes: everything in this module is in **numpy order** (``shape``, outermost first). A GGUF
+tensor with ``ne = [n_embd, n_vocab]`` is the numpy array of shape ``(n_vocab, n_embd)``; a weight
+matrix ``W`` with ``ne = [n_in, n_out]`` has shape ``(n_out, n_in)`` and is applied as ``W @ x``.
+
+One step (facts §3, llama.cpp ``gemma4-assistant.cpp``)::
+
+    e      = target.token_embd[tok] * sqrt(n_embd_backbone)                 (n_embd_backbone,)
+    x      = pre_projection @ concat(e, h)                                   (n_embd,)
+    for il in 0..n_layer-1 (type sliding or full):
+        q    = rope(rms_norm_heads(attn_q @ rms_norm(x, attn_norm), attn_q_norm), pos)
+        att  = softmax(q . K_donor^T * 1.0, masked) @ V_donor   (GQA)          (n_head, head_dim)
+        a    = rms_norm(attn_output @ att, post_attention_norm) + x
+        f    = ffn_down @ (gelu_tanh(ffn_gate @ rms_norm(a, ffn_norm)) * (ffn_up @ ...))
+        x    = (rms_norm(f, post_ffw_norm) + a) * layer_output_scale
+    h_inner = rms_norm(x, output_norm)                                       (n_embd,)
+    h_next  = post_projection @ h_inner                                      (n_embd_backbone,)
+    logits  = token_embd(drafter) @ h_inner          (dense head)            (n_vocab,)
+            | centroid head: c = centroids @ h_inner; top = top_k(c); ids = ordering rows[top];
+              logits[ids] = token_embd[ids] @ h_inner; other logits = fill (-1e30 or min(sel) - 1)
+
+The K/V handed in are the target's cache entries of its last sliding and last full layer
+(llama.cpp: layers ``n_layer - 2`` and ``n_layer - 1``, ``llama-model.cpp`` ``share``): keys after
+``attn_k_norm`` and RoPE, values after the weightless RMS norm (``gemma4.cpp``). Visibility follows
+llama.cpp's mask (``llama-hparams.h`` ``is_masked_swa``, standard type): a cell at position ``p0``
+is seen by a query at ``p1`` when ``p0 <= p1`` and, on sliding layers, ``p1 - p0 < sliding_window``.
+
+Conventions that differ between runtimes are :class:`StepOptions`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from inspector.errors import LayoutError, MtpscopeError
+
+# --------------------------------------------------------------------------------------------------
+# constants and options
+
+SQRT_2_OVER_PI = 0.79788456080286535587989211986876  # ggml vec.h, GELU (tanh approximation)
+GELU_COEF_A = 0.044715
+FILL_FORK = -1e30  # fork / llama.cpp-style fill of unselected logits (seed inventory, step 5)
+
+POSITIONS = ("p", "p-1")
+FILLS = ("-1e30", "min-1")
+HEADS = ("auto", "dense", "centroid")
+HIDDENS = ("postnorm", "prenorm")
+GELUS = ("tanh", "ggml-f16")
+
+
+class ReferenceError(MtpscopeError):
+    """Bad input to the reference drafter (wrong shape, unknown option, missing hidden)."""
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Conventions of one draft step that differ between runtimes.
+
+    Attributes:
+        position: ``"p"`` (HF, upstream llama.cpp: the position of the token being fed) or
+            ``"p-1"`` (MLX since its PR #1166: one less). Applies to RoPE and to the mask.
+        fill: value of logits outside the centroid head's candidates: ``"-1e30"`` (fork) or
+            ``"min-1"`` (HF: ``min(selected) - 1``). Ignored by the dense head.
+        head: ``"auto"`` (centroid when the drafter has one, else dense), ``"dense"`` or ``"centroid"``.
+        hidden: which target hidden the caller feeds: ``"postnorm"`` (after the target's final norm,
+            the correct one) or ``"prenorm"``; :meth:`ReferenceDrafter.step` picks ``h`` or
+            ``h_prenorm`` accordingly.
+        top_k: number of centroids kept (None: the file's ``centroid_top_k``, else 32).
+        gelu: ``"tanh"`` (exact tanh approximation, HF ``gelu_pytorch_tanh``) or ``"ggml-f16"``
+            (ggml CPU: input rounded to F16, looked up in an F16 table; ``vec.h`` ``GGML_GELU_FP16``).
+        kv_f16: emulate llama.cpp's non-flash attention over an F16 KV cache: K, V, the query and the
+            softmax probabilities are rounded to F16 before their dot products (ggml's F16 mul_mat
+            converts the F32 operand to F16).
+    """
+
+    position: str = "p"
+    fill: str = "-1e30"
+    head: str = "auto"
+    hidden: str = "postnorm"
+    top_k: int | None = None
+    gelu: str = "tanh"
+    kv_f16: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("position", POSITIONS), ("fill", FILLS), ("head", HEADS),
+                              ("hidden", HIDDENS), ("gelu", GELUS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ReferenceError("unknown step option value", key=name,
+                                     expected=" or ".join(allowed), actual=value)
+        if self.top_k is not None and self.top_k < 1:
+            raise ReferenceError("top_k must be positive", key="top_k", expected=">= 1", actual=self.top_k)
+
+    def with_variant(self, spec: str) -> StepOptions:
+        """A copy with one ``name=value`` variant applied (e.g. ``position=p-1``, ``top_k=8``).
+
+        Raises:
+            ReferenceError: malformed spec or unknown name / value.
+        """
+        name, sep, value = spec.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or name not in {f.name for f in self.__dataclass_fields__.values()}:
+            raise ReferenceError("malformed variant", key=spec,
+                                 expected="NAME=VALUE with NAME in " + ", ".join(self.__dataclass_fields__),
+                                 actual=spec)
+        if name == "top_k":
+            return replace(self, top_k=None if value in ("", "none", "None") else int(value))
+        if name == "kv_f16":
+            return replace(self, kv_f16=value.lower() in ("1", "true", "yes", "on"))
+        return replace(self, **{name: value})
+
+
+@dataclass(frozen=True)
+class DrafterHParams:
+    """Hyperparameters of a Gemma 4 assistant drafter (per-layer values are tuples over il).
+
+    ``head_dim`` / ``n_rot`` / ``rope_base`` are per layer, resolved from the sliding / full keys.
+    """
+
+    arch: str
+    dialect: str  # "fork" | "upstream" | "arrays"
+    n_embd: int
+    n_embd_backbone: int
+    n_vocab: int
+    n_layer: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    n_ff: tuple[int, ...]
+    is_swa: tuple[bool, ...]
+    head_dim: tuple[int, ...]
+    n_rot: tuple[int, ...]
+    rope_base: tuple[float, ...]
+    sliding_window: int
+    eps: float = 1e-6
+    n_centroids: int | None = None
+    centroid_top_k: int | None = None
+
+
+@dataclass(frozen=True)
+class DonorKV:
+    """The target's K/V cache of one donor layer, as the drafter sees it.
+
+    Attributes:
+        k: keys, shape ``(n_kv, n_head_kv, head_dim)`` float32, after ``attn_k_norm`` and RoPE.
+        v: values, shape ``(n_kv, n_head_kv, head_dim)`` float32, after the weightless RMS norm
+            (with K = V, the same projection as ``k`` before its norm and RoPE).
+        pos: positions of the cells, shape ``(n_kv,)`` int.
+    """
+
+    k: np.ndarray
+    v: np.ndarray
+    pos: np.ndarray
+
+    def upto(self, n: int) -> DonorKV:
+        """The cells whose position is below ``n`` (what a target that decoded ``0..n-1`` holds)."""
+        keep = self.pos < n
+        return DonorKV(self.k[keep], self.v[keep], self.pos[keep])
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outputs of one draft step (numpy shapes).
+
+    Attributes:
+        token: the draft (argmax of ``logits``; ties go to the lowest id, as ``np.argmax``).
+        logits: ``(n_vocab,)`` float32.
+        h_inner: ``(n_embd,)`` float32, after the drafter's final norm.
+        h_next: ``(n_embd_backbone,)`` float32, the hidden fed to the next step.
+        centroid_ids: ``(top_k,)`` int, best first (centroid head only, else None).
+        centroid_logits: ``(top_k,)`` float32 for ``centroid_ids`` (centroid head only).
+        candidate_ids: ``(top_k * vsc,)`` int, token ids scored by the sparse head (centroid head only).
+    """
+
+    token: int
+    logits: np.ndarray
+    h_inner: np.ndarray
+    h_next: np.ndarray
+    centroid_ids: np.ndarray | None = None
+    centroid_logits: np.ndarray | None = None
+    candidate_ids: np.ndarray | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# the pieces (each unit-tested against hand-computed values)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float = 1e-6) -> np.ndarray:
+    """RMS norm over the last axis: ``x / sqrt(mean(x**2) + eps) * w`` (no ``+1`` on ``w``).
+
+    Shapes: ``x`` ``(..., n)``, ``w`` ``(n,)`` or None (weightless, as the target's V norm).
+    Source: facts §3; ggml ``rms_norm`` (sum in double, ``1/sqrtf(mean + eps)``).
+    """
+    x64 = x.astype(np.float64)
+    scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    y = (x64 * scale).astype(np.float32)
+    return y if w is None else y * w.astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray, mode: str = "tanh") -> np.ndarray:
+    """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))``.
+
+    ``mode="ggml-f16"`` reproduces ggml's CPU kernel (``vec.h``, ``GGML_GELU_FP16``): inputs in
+    (-10, 10) are rounded to F16 and the F16-rounded GELU of that value is returned; ``x <= -10``
+    gives 0 and ``x >= 10`` gives ``x``.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if mode == "tanh":
+        x64 = x.astype(np.float64)
+        return (0.5 * x64 * (1.0 + np.tanh(SQRT_2_OVER_PI * x64 * (1.0 + GELU_COEF_A * x64 * x64)))
+                ).astype(np.float32)
+    if mode != "ggml-f16":
+        raise ReferenceError("unknown gelu mode", key="gelu", expected=" or ".join(GELUS), actual=mode)
+    xh = x.astype(np.float16).astype(np.float32)
+    y = gelu_tanh(xh, "tanh").astype(np.float16).astype(np.float32)
+    y = np.where(x <= -10.0, np.float32(0.0), y)
+    return np.where(x >= 10.0, x, y).astype(np.float32)
+
+
+def rope_neox(x: np.ndarray, pos: int, base: float, n_rot: int,
+              freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """NEOX ("rotate half") RoPE of one token's heads.
+
+    Shapes: ``x`` ``(n_head, head_dim)``; returns the same shape. Pair ``i`` (``0 <= i < n_rot/2``)
+    couples dims ``i`` and ``i + n_rot/2`` and turns by ``pos * base**(-2i/n_rot) / ff[i]``; dims at
+    or beyond ``n_rot`` are unchanged. ``freq_factors`` (``(n_rot/2,)``, GGUF ``rope_freqs.weight``)
+    give proportional RoPE: 1.0 for the rotated pairs, 1e30 (no turn) for the rest.
+    Source: ggml ``ggml_rope_cache_init`` / ``rotate_pairs`` (ops.cpp), HF ``rotate_half``.
+    """
+    half = n_rot // 2
+    i = np.arange(half, dtype=np.float64)
+    theta = pos * np.power(float(base), -2.0 * i / n_rot)
+    if freq_factors is not None:
+        theta = theta / freq_factors[:half].astype(np.float64)
+    cos = np.cos(theta).astype(np.float32)
+    sin = np.sin(theta).astype(np.float32)
+    out = x.astype(np.float32, copy=True)
+    a = x[..., :half].astype(np.float32)
+    b = x[..., half:n_rot].astype(np.float32)
+    out[..., :half] = a * cos - b * sin
+    out[..., half:n_rot] = b * cos + a * sin
+    return out
+
+
+def visible(kv_pos: np.ndarray, q_pos: int, sliding_window: int | None) -> np.ndarray:
+    """Boolean mask ``(n_kv,)``: which cells a query at ``q_pos`` attends to.
+
+    Causal (``p0 <= q_pos``) and, for a sliding layer (``sliding_window`` not None), inside the
+    window: ``q_pos - p0 < sliding_window``. Source: llama.cpp ``is_masked_swa`` (standard type).
+    """
+    m = kv_pos <= q_pos
+    if sliding_window is not None:
+        m &= (q_pos - kv_pos) < sliding_window
+    return m
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float = 1.0,
+              f16: bool = False) -> np.ndarray:
+    """Grouped-query attention of one query token.
+
+    Shapes: ``q`` ``(n_head, d)``, ``k`` / ``v`` ``(n_kv, n_head_kv, d)``, ``mask`` ``(n_kv,)`` bool;
+    returns ``(n_head, d)``. Query head ``h`` reads KV head ``h // (n_head / n_head_kv)``.
+    ``scale`` multiplies the scores (Gemma 4: 1.0). With no visible cell the output is zero.
+    ``f16`` rounds q, K, V and the probabilities to F16 first (llama.cpp, non-FA, F16 cache).
+    """
+    n_head, d = q.shape
+    n_head_kv = k.shape[1]
+    if n_head % n_head_kv:
+        raise ReferenceError("n_head is not a multiple of n_head_kv", key="n_head_kv",
+                             expected=f"a divisor of {n_head}", actual=n_head_kv)
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return np.zeros((n_head, d), dtype=np.float32)
+    ks = k[idx].astype(np.float32)
+    vs = v[idx].astype(np.float32)
+    qq = q.astype(np.float32)
+    if f16:
+        ks, vs, qq = (a.astype(np.float16).astype(np.float32) for a in (ks, vs, qq))
+    group = n_head // n_head_kv
+    qg = qq.reshape(n_head_kv, group, d)                      # (n_head_kv, group, d)
+    scores = np.einsum("hgd,nhd->hgn", qg, ks) * np.float32(scale)  # (n_head_kv, group, n)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores.astype(np.float64))
+    p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float32)
+    if f16:
+        p = p.astype(np.float16).astype(np.float32)
+    out = np.einsum("hgn,nhd->hgd", p, vs)
+    return out.reshape(n_head, d).astype(np.float32)
+
+
+def centroid_head(h_inner: np.ndarray, centroids: np.ndarray, ordering: np.ndarray,
+                  token_embd_rows: Callable[[np.ndarray], np.ndarray], n_vocab: int, top_k: int,
+                  fill: str = "-1e30") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The sparse centroid ("masked embedding") LM head.
+
+    Shapes: ``h_inner`` ``(n_embd,)``; ``centroids`` ``(n_centroids, n_embd)``; ``ordering``
+    ``(n_vocab,)`` int, viewed as ``n_centroids`` rows of ``vsc = n_vocab / n_centroids`` ids;
+    ``token_embd_rows(ids)`` returns ``(len(ids), n_embd)``. Returns ``(logits (n_vocab,),
+    centroid_ids (top_k,) best first, centroid_logits (top_k,), candidate_ids (top_k*vsc,))``.
+    Unselected logits are ``-1e30`` (``fill="-1e30"``, fork) or ``min(selected) - 1`` (HF).
+    Ties among centroids go to the lower index. Source: facts §3 step 5; seed inventory.
+    """
+    n_centroids = centroids.shape[0]
+    if n_vocab % n_centroids:
+        raise ReferenceError("n_vocab is not a multiple of n_centroids", key="n_centroids",
+                             expected=f"a divisor of {n_vocab}", actual=n_centroids)
+    if ordering.shape != (n_vocab,):
+        raise ReferenceError("token ordering has the wrong length", key="token_ordering",
+                             expected=(n_vocab,), actual=ordering.shape)
+    vsc = n_vocab // n_centroids
+    c = (centroids.astype(np.float32) @ h_inner.astype(np.float32)).astype(np.float32)
+    k = min(top_k, n_centroids)
+    top = np.argsort(-c, kind="stable")[:k]
+    ids = ordering.reshape(n_centroids, vsc)[top].reshape(-1).astype(np.int64)
+    sel = (token_embd_rows(ids).astype(np.float32) @ h_inner.astype(np.float32)).astype(np.float32)
+    fill_value = np.float32(FILL_FORK) if fill == "-1e30" else np.float32(sel.min() - np.float32(1.0))
+    logits = np.full(n_vocab, fill_value, dtype=np.float32)
+    logits[ids] = sel
+    return logits, top, c[top], ids
+
+
+# --------------------------------------------------------------------------------------------------
+# the drafter
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One drafter layer's weights (numpy shapes)."""
+
+    attn_norm: np.ndarray            # (n_embd,)
+    attn_q: np.ndarray               # (n_head*head_dim, n_embd)
+    attn_q_norm: np.ndarray          # (head_dim,)
+    attn_output: np.ndarray          # (n_embd, n_head*head_dim)
+    post_attention_norm: np.ndarray  # (n_embd,)
+    ffn_norm: np.ndarray             # (n_embd,)
+    ffn_gate: np.ndarray             # (n_ff, n_embd)
+    ffn_up: np.ndarray               # (n_ff, n_embd)
+    ffn_down: np.ndarray             # (n_embd, n_ff)
+    post_ffw_norm: np.ndarray        # (n_embd,)
+    layer_output_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class DrafterWeights:
+    """All drafter weights (numpy shapes); centroid pair optional."""
+
+    pre_projection: np.ndarray       # (n_embd, 2*n_embd_backbone)
+    post_projection: np.ndarray      # (n_embd_backbone, n_embd)
+    token_embd: np.ndarray           # (n_vocab, n_embd), the drafter's (tied) LM head
+    output_norm: np.ndarray          # (n_embd,)
+    layers: tuple[LayerWeights, ...]
+    rope_freqs: np.ndarray | None = None   # (head_dim_full/2,)
+    centroids: np.ndarray | None = None    # (n_centroids, n_embd)
+    token_ordering: np.ndarray | None = None  # (n_vocab,) int
+
+
+class ReferenceDrafter:
+    """The numpy drafter: weights + hyperparameters + the target's embedding lookup.
+
+    Args:
+        hparams: :class:`DrafterHParams`.
+        weights: :class:`DrafterWeights` (float32 arrays, numpy order).
+        target_embd: the target's ``token_embd`` as an array ``(n_vocab, n_embd_backbone)`` or a
+            callable ``ids -> (len(ids), n_embd_backbone)``.
+        source: free text naming where the weights came from (error messages).
+    """
+
+    def __init__(self, hparams: DrafterHParams, weights: DrafterWeights,
+                 target_embd: np.ndarray | Callable[[np.ndarray], np.ndarray], source: str = "") -> None:
+        self.hp = hparams
+        self.w = weights
+        self.source = source
+        if callable(target_embd):
+            self._target_rows = target_embd
+        else:
+            arr = target_embd
+            if arr.ndim != 2 or arr.shape[1] != hparams.n_embd_backbone:
+                raise ReferenceError("target token_embd has the wrong shape", key="token_embd.weight",
+                                     expected=f"(n_vocab, {hparams.n_embd_backbone})", actual=arr.shape)
+            self._target_rows = lambda ids: arr[np.asarray(ids)]
+        self._check()
+
+    def _check(self) -> None:
+        hp, w = self.hp, self.w
+        want = {
+            "pre_projection": (w.pre_projection, (hp.n_embd, 2 * hp.n_embd_backbone)),
+            "post_projection": (w.post_projection, (hp.n_embd_backbone, hp.n_embd)),
+            "token_embd": (w.token_embd, (hp.n_vocab, hp.n_embd)),
+            "output_norm": (w.output_norm, (hp.n_embd,)),
+        }
+        for name, (arr, shape) in want.items():
+            if arr.shape != shape:
+                raise ReferenceError("weight has the wrong shape (numpy order)", path=self.source or None,
+                                     key=name, expected=shape, actual=arr.shape)
+        if len(w.layers) != hp.n_layer:
+            raise ReferenceError("wrong number of layers", key="layers", expected=hp.n_layer,
+                                 actual=len(w.layers))
+        for il, lw in enumerate(w.layers):
+            qd = hp.n_head[il] * hp.head_dim[il]
+            for name, arr, shape in (("attn_q", lw.attn_q, (qd, hp.n_embd)),
+                                     ("attn_output", lw.attn_output, (hp.n_embd, qd)),
+                                     ("attn_q_norm", lw.attn_q_norm, (hp.head_dim[il],)),
+                                     ("ffn_gate", lw.ffn_gate, (hp.n_ff[il], hp.n_embd)),
+                                     ("ffn_up", lw.ffn_up, (hp.n_ff[il], hp.n_embd)),
+                                     ("ffn_down", lw.ffn_down, (hp.n_embd, hp.n_ff[il]))):
+                if arr.shape != shape:
+                    raise ReferenceError("weight has the wrong shape (numpy order)",
+                                         path=self.source or None, key=f"blk.{il}.{name}",
+                                         expected=shape, actual=arr.shape)
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, drafter: str | os.PathLike[str], target: str | os.PathLike[str],
+                  centroids: str | os.PathLike[str] | None = None) -> ReferenceDrafter:
+        """Load a drafter GGUF (fork or upstream dialect) and its target's embedding table.
+
+        ``centroids`` is an optional sidecar GGUF carrying ``mtp.centroids.weight`` and
+        ``mtp.token_ordering.weight`` (the converter's ``--centroids-out``) for an upstream drafter.
+        Quantized tensors are dequantized to float32 (gguf.quants, via the reader); the target's
+        ``token_embd`` is read row by row on demand (memmap).
+
+        Raises:
+            LayoutError: a needed key or tensor is missing (names the file and key).
+        """
+        from inspector.gguf import open_gguf
+
+        f = open_gguf(drafter)
+        hp, names = _hparams_from_gguf(f, drafter)
+        data = lambda n: np.asarray(f.tensor_data(n), dtype=np.float32)  # noqa: E731
+        layers = []
+        for il in range(hp.n_layer):
+            b = f"blk.{il}."
+            scale = 1.0
+            if _has(f, b + "layer_output_scale.weight"):
+                scale = float(data(b + "layer_output_scale.weight").reshape(-1)[0])
+            layers.append(LayerWeights(
+                attn_norm=data(b + "attn_norm.weight"), attn_q=data(b + "attn_q.weight"),
+                attn_q_norm=data(b + "attn_q_norm.weight"), attn_output=data(b + "attn_output.weight"),
+                post_attention_norm=data(b + "post_attention_norm.weight"),
+                ffn_norm=data(b + "ffn_norm.weight"), ffn_gate=data(b + "ffn_gate.weight"),
+                ffn_up=data(b + "ffn_up.weight"), ffn_down=data(b + "ffn_down.weight"),
+                post_ffw_norm=data(b + "post_ffw_norm.weight"), layer_output_scale=scale))
+        cen = order = None
+        if names.get("centroids"):
+            cen = data(names["centroids"])
+            order = np.asarray(f.tensor_data(names["token_ordering"], dequantize=False)).astype(np.int64)
+        if centroids is not None:
+            side = open_gguf(centroids)
+            cen_name = _first(side, CENTROID_NAMES, centroids)
+            ord_name = _first(side, ORDERING_NAMES, centroids)
+            cen = np.asarray(side.tensor_data(cen_name), dtype=np.float32)
+            order = np.asarray(side.tensor_data(ord_name, dequantize=False)).astype(np.int64).reshape(-1)
+            topk = side.get("mtp.centroid_top_k") or hp.centroid_top_k
+            hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(topk or 32))
+        weights = DrafterWeights(
+            pre_projection=data(names["pre_projection"]), post_projection=data(names["post_projection"]),
+            token_embd=data("token_embd.weight"), output_norm=data("output_norm.weight"),
+            layers=tuple(layers),
+            rope_freqs=data("rope_freqs.weight") if _has(f, "rope_freqs.weight") else None,
+            centroids=cen, token_ordering=None if order is None else order.reshape(-1))
+        t = open_gguf(target)
+        t_name = "token_embd.weight"
+        if not _has(t, t_name):
+            raise LayoutError("target has no token embedding", path=os.fspath(target), key=t_name)
+        t_info = t.tensor(t_name)
+        if t_info.shape[-1] != hp.n_embd_backbone:
+            raise LayoutError("target width differs from the drafter's backbone width",
+                              path=os.fspath(target), key=t_name,
+                              expected=hp.n_embd_backbone, actual=t_info.shape[-1])
+
+        def target_rows(ids: np.ndarray) -> np.ndarray:
+            ids = np.asarray(ids).reshape(-1)
+            return np.stack([np.asarray(t.tensor_data(t_name, rows=slice(int(i), int(i) + 1)),
+                                        dtype=np.float32).reshape(-1) for i in ids])
+
+        return cls(hp, weights, target_rows, source=os.fspath(drafter))
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    def embed_target(self, token: int) -> np.ndarray:
+        """``target.token_embd[token] * sqrt(n_embd_backbone)``, shape ``(n_embd_backbone,)``.
+
+        The scale is applied in float32 (llama.cpp ``ggml_scale`` by ``sqrtf(n_embd_backbone)``).
+        """
+        if not 0 <= int(token) < self.hp.n_vocab:
+            raise ReferenceError("token id out of range", key="token",
+                                 expected=f"0 <= id < {self.hp.n_vocab}", actual=token)
+        row = np.asarray(self._target_rows(np.array([int(token)])), dtype=np.float32).reshape(-1)
+        return row * np.float32(math.sqrt(self.hp.n_embd_backbone))
+
+    def step(self, token: int, h: np.ndarray, pos: int, kv: Mapping[str, DonorKV],
+             options: StepOptions | None = None, h_prenorm: np.ndarray | None = None,
+             trace: dict[str, Any] | None = None) -> StepResult:
+        """One draft step.
+
+        Args:
+            token: the token fed (last accepted token, or the previous draft).
+            h: ``(n_embd_backbone,)`` the target hidden after its final norm (first step of a
+                round) or the previous step's ``h_next``.
+            pos: position of ``token`` (``options.position="p-1"`` uses ``pos - 1``).
+            kv: ``{"sliding": DonorKV, "full": DonorKV}`` (only the types the drafter has).
+            options: :class:`StepOptions` (default: llama.cpp upstream conventions).
+            h_prenorm: ``(n_embd_backbone,)`` used instead of ``h`` when ``options.hidden="prenorm"``.
+            trace: if a dict, intermediate values are stored into it by llama.cpp node name
+                (``inp_embd_target``, ``pre_proj``, ``attn_norm-{il}``, ``Qcur_pos-{il}``,
+                ``kqv_out-{il}``, ``attn_out-{il}``, ``out_scaled-{il}``, ``result_norm``, ...).
+
+        Returns:
+            :class:`StepResult`.
+
+        Raises:
+            ReferenceError: wrong shapes, missing donor K/V, prenorm hidden not given, centroid head
+                requested on a drafter without one.
+        """
+        o = options or StepOptions()
+        hp, w = self.hp, self.w
+        if o.hidden == "prenorm":
+            if h_prenorm is None:
+                raise ReferenceError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
+            h = h_prenorm
+        h = np.asarray(h, dtype=np.float32).reshape(-1)
+        if h.shape != (hp.n_embd_backbone,):
+            raise ReferenceError("hidden has the wrong length", key="h",
+                                 expected=(hp.n_embd_backbone,), actual=h.shape)
+        qpos = int(pos) - (1 if o.position == "p-1" else 0)
+        t = trace if trace is not None else None
+
+        e = self.embed_target(token)
+        x = (w.pre_projection @ np.concatenate([e, h])).astype(np.float32)
+        if t is not None:
+            t["inp_embd_target"], t["pre_proj"] = e, x
+        for il, lw in enumerate(w.layers):
+            kind = "sliding" if hp.is_swa[il] else "full"
+            if kind not in kv:
+                raise ReferenceError("no donor K/V for this layer type", key=kind,
+                                     expected="sliding and full DonorKV", actual=sorted(kv))
+            d = kv[kind]
+            hd, nh = hp.head_dim[il], hp.n_head[il]
+            if d.k.ndim != 3 or d.k.shape[2] != hd or d.k.shape != d.v.shape or d.pos.shape != d.k.shape[:1]:
+                raise ReferenceError("donor K/V have the wrong shape", key=f"{kind} kv",
+                                     expected=f"k, v (n_kv, n_head_kv, {hd}), pos (n_kv,)",
+                                     actual=f"k {d.k.shape}, v {d.v.shape}, pos {d.pos.shape}")
+            xn = rms_norm(x, lw.attn_norm, hp.eps)
+            q = (lw.attn_q @ xn).astype(np.float32).reshape(nh, hd)
+            q = rms_norm(q, lw.attn_q_norm, hp.eps)
+            ff = None if hp.is_swa[il] else w.rope_freqs
+            q = rope_neox(q, qpos, hp.rope_base[il], hp.n_rot[il], ff)
+            mask = visible(d.pos, qpos, hp.sliding_window if hp.is_swa[il] else None)
+            att = attention(q, d.k, d.v, mask, 1.0, f16=o.kv_f16)
+            a = rms_norm((lw.attn_output @ att.reshape(-1)).astype(np.float32), lw.post_attention_norm, hp.eps)
+            a = (a + x).astype(np.float32)
+            fn = rms_norm(a, lw.ffn_norm, hp.eps)
+            g = gelu_tanh((lw.ffn_gate @ fn).astype(np.float32), o.gelu) * (lw.ffn_up @ fn).astype(np.float32)
+            f_out = (lw.ffn_down @ g).astype(np.float32)
+            y = (rms_norm(f_out, lw.post_ffw_norm, hp.eps) + a) * np.float32(lw.layer_output_scale)
+            if t is not None:
+                t[f"attn_norm-{il}"], t[f"Qcur_pos-{il}"], t[f"kqv_out-{il}"] = xn, q, att
+                t[f"attn_out-{il}"], t[f"ffn_out-{il}"], t[f"out_scaled-{il}"] = a, f_out, y
+            x = y.astype(np.float32)
+        h_inner = rms_norm(x, w.output_norm, hp.eps)
+        h_next = (w.post_projection @ h_inner).astype(np.float32)
+        head = o.head
+        if head == "auto":
+            head = "centroid" if w.centroids is not None else "dense"
+        if head == "centroid":
+            if w.centroids is None or w.token_ordering is None:
+                raise ReferenceError("centroid head requested but the drafter has none", path=self.source or None,
+                                     key="mtp.centroids.weight")
+            k = o.top_k or hp.centroid_top_k or 32
+            logits, cids, clog, cand = centroid_head(h_inner, w.centroids, w.token_ordering,
+                                                     lambda ids: w.token_embd[ids], hp.n_vocab, k, o.fill)
+        else:
+            logits = (w.token_embd @ h_inner).astype(np.float32)
+            cids = clog = cand = None
+        if t is not None:
+            t["result_norm"], t["result_output"], t["h_nextn"] = h_inner, logits, h_next
+        return StepResult(token=int(np.argmax(logits)), logits=logits, h_inner=h_inner, h_next=h_next,
+                          centroid_ids=cids, centroid_logits=clog, candidate_ids=cand)
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF hyperparameters (both dialects)
+
+PRE_NAMES = ("nextn.pre_projection.weight", "mtp.pre_projection.weight", "blk.0.nextn.pre_projection.weight",
+             "mtp_pre_proj.weight", "assistant.pre_projection.weight")
+POST_NAMES = ("nextn.post_projection.weight", "mtp.post_projection.weight", "mtp_post_proj.weight",
+              "assistant.post_projection.weight")
+CENTROID_NAMES = ("mtp.centroids.weight", "masked_embd_centroids.weight", "mtp_centroids.weight")
+ORDERING_NAMES = ("mtp.token_ordering.weight", "mtp.token_ordering", "masked_embd_ordering",
+                  "masked_embd_ordering.weight", "mtp_token_ordering.weight")
+
+
+def _has(f: Any, name: str) -> bool:
+    return any(t.name == name for t in f.tensors)
+
+
+def _first(f: Any, names: tuple[str, ...], path: Any) -> str:
+    for n in names:
+        if _has(f, n):
+            return n
+    raise LayoutError("tensor not found", path=os.fspath(path), key=names[0],
+                      expected=" or ".join(names), actual="absent")
+
+
+def _per_layer(value: Any, n_layer: int, key: str, path: Any) -> tuple[int, ...]:
+    if value is None:
+        raise LayoutError("missing key", path=os.fspath(path), key=key)
+    if hasattr(value, "to_list"):
+        vals = [int(v) for v in value.to_list()]
+        if len(vals) != n_layer:
+            raise LayoutError("per-layer array has the wrong length", path=os.fspath(path), key=key,
+                              expected=n_layer, actual=len(vals))
+        return tuple(vals)
+    return (int(value),) * n_layer
+
+
+def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str]]:
+    arch = f.architecture
+    if arch is None:
+        raise LayoutError("missing key", path=os.fspath(path), key="general.architecture")
+    p = arch + "."
+
+    def need(key: str) -> Any:
+        v = f.get(p + key)
+        if v is None:
+            raise LayoutError("missing key", path=os.fspath(path), key=p + key)
+        return v
+
+    n_layer = int(need("block_count"))
+    n_embd = int(need("embedding_length"))
+    n_bb = f.get(p + "n_embd_backbone")
+    dialect = "fork"
+    if n_bb is None:
+        n_bb = f.get(p + "embedding_length_out")
+        dialect = "upstream"
+    if n_bb is None:
+        raise LayoutError("missing backbone width", path=os.fspath(path), key=p + "embedding_length_out",
+                          expected=f"{p}embedding_length_out or {p}n_embd_backbone", actual="absent")
+    swa = f.get(p + "attention.sliding_window_pattern")
+    if swa is None:
+        raise LayoutError("missing key", path=os.fspath(path), key=p + "attention.sliding_window_pattern")
+    is_swa = tuple(bool(v) for v in swa.to_list())
+    if len(is_swa) != n_layer:
+        raise LayoutError("per-layer array has the wrong length", path=os.fspath(path),
+                          key=p + "attention.sliding_window_pattern", expected=n_layer, actual=len(is_swa))
+    hd_full = int(need("attention.key_length"))
+    hd_swa = int(f.get(p + "attention.key_length_swa") or hd_full)
+    rot_full = int(f.get(p + "rope.dimension_count") or hd_full)
+    # llama.cpp (llama-model.cpp, load_hparams): n_rot_swa defaults to n_rot_full
+    rot_swa = int(f.get(p + "rope.dimension_count_swa") or rot_full)
+    base_full = float(f.get(p + "rope.freq_base") or 1e6)
+    base_swa = float(f.get(p + "rope.freq_base_swa") or 1e4)
+    names = {"pre_projection": _first(f, PRE_NAMES, path), "post_projection": _first(f, POST_NAMES, path)}
+    n_cen = top_k = None
+    if any(_has(f, n) for n in CENTROID_NAMES):
+        names["centroids"] = _first(f, CENTROID_NAMES, path)
+        names["token_ordering"] = _first(f, ORDERING_NAMES, path)
+        n_cen = int(f.tensor(names["centroids"]).shape[0])
+        top_k = int(f.get(p + "centroid_top_k") or 32)
+    n_vocab = int(f.tensor("token_embd.weight").shape[0])
+    hp = DrafterHParams(
+        arch=arch, dialect=dialect, n_embd=n_embd, n_embd_backbone=int(n_bb), n_vocab=n_vocab,
+        n_layer=n_layer,
+        n_head=_per_layer(f.get(p + "attention.head_count"), n_layer, p + "attention.head_count", path),
+        n_head_kv=_per_layer(f.get(p + "attention.head_count_kv"), n_layer, p + "attention.head_count_kv", path),
+        n_ff=_per_layer(f.get(p + "feed_forward_length"), n_layer, p + "feed_forward_length", path),
+        is_swa=is_swa,
+        head_dim=tuple(hd_swa if s else hd_full for s in is_swa),
+        n_rot=tuple(rot_swa if s else rot_full for s in is_swa),
+        rope_base=tuple(base_swa if s else base_full for s in is_swa),
+        sliding_window=int(need("attention.sliding_window")),
+        eps=float(f.get(p + "attention.layer_norm_rms_epsilon") or 1e-6),
+        n_centroids=n_cen, centroid_top_k=top_k)
+    return hp, names
+
+
+__all__ = [
+    "DonorKV", "DrafterHParams", "DrafterWeights", "LayerWeights", "ReferenceDrafter", "ReferenceError",
+    "StepOptions", "StepResult", "attention", "centroid_head", "gelu_tanh", "rms_norm", "rope_neox",
+    "visible",
+]
