@@ -1,0 +1,655 @@
+"""Our GGUF reader: a fast, safe walk of the header on a memory map, with lazy arrays.
+
+File layout (GGUF v2 / v3, little-endian; see ggml/docs/gguf.md and ggml/src/gguf.cpp of llama.cpp)::
+
+    magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
+    n_kv x  (key: string, value_type u32, value)
+    n_tensors x (name: string, n_dims u32, ne[n_dims] u64, ggml_type u32, offset u64)
+    padding to general.alignment (default 32)
+    tensor data (each tensor's offset is relative to the start of this section)
+
+    string = length u64 + UTF-8 bytes;  array = element_type u32 + length u64 + elements
+
+The whole header is walked and every count and length is checked against the bytes that remain before
+anything is allocated, so a hostile count (2**63) is a :class:`GGUFFormatError`, never a MemoryError or a
+hang. Large arrays (the tokenizer's 262144 tokens and 514906 merges) are not decoded: numeric arrays are
+kept as (offset, length) and read through numpy on request; string arrays keep one compact int64 table of
+element offsets and decode a string only when asked. Tensor data is never read to open a file; it comes
+through :meth:`GGUFFile.tensor_data`, a row slice at a time, as a numpy view of the memory map.
+
+Big-endian files are recognised (byte-swapped version field) and refused with
+:class:`UnsupportedFileError`. Unknown ggml type ids are kept (``"unknown type N"``, sizes None).
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import numpy as np
+
+from inspector.errors import GGUFFormatError, LayoutError, TensorDataError, UnsupportedFileError
+from inspector.ggml_types import type_info
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+GGML_MAX_DIMS = 4
+MAX_ARRAY_DEPTH = 16  # nesting of arrays of arrays; deeper is refused (it is never used in practice)
+_INT64_MAX = (1 << 63) - 1
+
+# GGUF value types (gguf.h enum gguf_type)
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+
+VALUE_TYPE_NAMES: dict[int, str] = {
+    UINT8: "UINT8", INT8: "INT8", UINT16: "UINT16", INT16: "INT16", UINT32: "UINT32", INT32: "INT32",
+    FLOAT32: "FLOAT32", BOOL: "BOOL", STRING: "STRING", ARRAY: "ARRAY", UINT64: "UINT64", INT64: "INT64",
+    FLOAT64: "FLOAT64",
+}
+"""GGUF value type id -> name (the names of gguf-py's ``GGUFValueType``)."""
+
+# fixed-size value types: struct format, size in bytes, numpy dtype
+_FIXED: dict[int, tuple[struct.Struct, int, str]] = {
+    UINT8: (struct.Struct("<B"), 1, "<u1"),
+    INT8: (struct.Struct("<b"), 1, "<i1"),
+    UINT16: (struct.Struct("<H"), 2, "<u2"),
+    INT16: (struct.Struct("<h"), 2, "<i2"),
+    UINT32: (struct.Struct("<I"), 4, "<u4"),
+    INT32: (struct.Struct("<i"), 4, "<i4"),
+    FLOAT32: (struct.Struct("<f"), 4, "<f4"),
+    BOOL: (struct.Struct("<B"), 1, "<u1"),
+    UINT64: (struct.Struct("<Q"), 8, "<u8"),
+    INT64: (struct.Struct("<q"), 8, "<i8"),
+    FLOAT64: (struct.Struct("<d"), 8, "<f8"),
+}
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_HEAD = struct.Struct("<4sIQQ")
+_ARR_HEAD = struct.Struct("<IQ")
+# after a tensor's n_dims: ne[n_dims] u64, ggml_type u32, offset u64
+_TENSOR_TAIL = tuple(struct.Struct("<" + "Q" * n + "IQ") for n in range(GGML_MAX_DIMS + 1))
+
+
+def value_type_name(value_type: int) -> str:
+    """Name of a GGUF value type id (``"UINT32"``), or ``"unknown value type N"``."""
+    return VALUE_TYPE_NAMES.get(value_type, f"unknown value type {value_type}")
+
+
+# --------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayValue:
+    """A GGUF array value, kept lazy: nothing is decoded until asked.
+
+    Attributes:
+        element_type: GGUF value type id of the elements (``STRING`` = 8, ``ARRAY`` = 9 for nested arrays).
+        length: number of elements.
+        offset: absolute byte offset of the array value (its element-type field); the elements start
+            12 bytes later (:attr:`data_offset`).
+
+    ``len(a)``, ``a[i]`` (a Python scalar, ``str`` or nested :class:`ArrayValue`), ``a[i:j]`` (a list),
+    ``iter(a)``, :meth:`to_numpy` (numeric and bool arrays: a read-only view of the file, no copy) and
+    :meth:`to_list` (decodes everything). Strings are decoded (UTF-8) on access only; an undecodable one
+    raises :class:`GGUFFormatError` naming its offset.
+    """
+
+    element_type: int
+    length: int
+    offset: int
+    _file: _Source = field(repr=False)
+    _key: str = field(repr=False)
+    # start offset of each element (length field) for STRING arrays; None otherwise
+    _elem_offsets: np.ndarray | None = field(default=None, repr=False)
+    # the parsed elements of an array of arrays; None otherwise
+    _children: tuple[ArrayValue, ...] | None = field(default=None, repr=False)
+
+    @property
+    def data_offset(self) -> int:
+        """Absolute offset of the first element (after the 4-byte type and 8-byte length)."""
+        return self.offset + 12
+
+    @property
+    def element_type_name(self) -> str:
+        """Name of the element type (``"STRING"``)."""
+        return value_type_name(self.element_type)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self.length):
+            yield self[i]
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(self.length))]
+        i = int(index)
+        if i < 0:
+            i += self.length
+        if not 0 <= i < self.length:
+            raise IndexError(f"array index {index} out of range for {self._key!r} of length {self.length}")
+        return self._item(i)
+
+    def _item(self, i: int) -> Any:
+        et = self.element_type
+        if et == STRING:
+            assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
+            return self._file.string_at(int(self._elem_offsets[i]), self._key)
+        if et == ARRAY:
+            assert self._children is not None  # noqa: S101
+            return self._children[i]
+        st, size, _ = _FIXED[et]
+        v = st.unpack_from(self._file.mm, self.data_offset + i * size)[0]
+        return v != 0 if et == BOOL else v
+
+    def to_numpy(self) -> np.ndarray:
+        """The elements as a 1-D numpy array (numpy order = element order).
+
+        Numeric types: a read-only view of the memory map (no copy) with the file's little-endian dtype.
+        BOOL: a new ``bool`` array (byte != 0).
+
+        Raises:
+            LayoutError: the elements are strings or arrays.
+        """
+        et = self.element_type
+        if et not in _FIXED:
+            raise LayoutError(f"array of {self.element_type_name} has no numpy form; use to_list()",
+                              path=self._file.path, offset=self.offset, key=self._key)
+        dtype = _FIXED[et][2]
+        arr = np.frombuffer(self._file.mm, dtype=dtype, count=self.length, offset=self.data_offset)
+        return arr != 0 if et == BOOL else arr
+
+    def to_list(self) -> list[Any]:
+        """Every element decoded into Python objects (nested arrays become nested lists)."""
+        et = self.element_type
+        if et == STRING:
+            assert self._elem_offsets is not None  # noqa: S101
+            string_at, key = self._file.string_at, self._key
+            return [string_at(p, key) for p in self._elem_offsets.tolist()]
+        if et == ARRAY:
+            assert self._children is not None  # noqa: S101
+            return [c.to_list() for c in self._children]
+        return self.to_numpy().tolist()
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One metadata key/value pair.
+
+    Attributes:
+        key: the GGUF key (``"general.architecture"``).
+        value_type: GGUF value type id (``ARRAY`` = 9 for arrays).
+        type_name: its name (``"UINT32"``, ``"ARRAY"``).
+        offset: absolute byte offset of the pair (start of the key string's length field).
+        value: a Python ``int`` / ``float`` / ``bool`` / ``str``, or an :class:`ArrayValue`.
+    """
+
+    key: str
+    value_type: int
+    type_name: str
+    offset: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor-info table.
+
+    Attributes:
+        name: tensor name (``"blk.0.attn_q.weight"``).
+        ggml_type: ggml type id.
+        type_name: ``"Q8_0"``, ``"BF16"``, ... or ``"unknown type N"``.
+        ne: shape in GGUF ``ne`` order (innermost first), as stored in the file.
+        shape: the same shape in numpy order (outermost first) = ``tuple(reversed(ne))``.
+        n_elements: product of ``ne``.
+        n_bytes: bytes of data (``n_elements * type_size / block_size``); None for an unknown type.
+        bits_per_weight: ``8 * type_size / block_size``; None for an unknown type.
+        offset: absolute byte offset of the tensor data in the file (data section start + stored offset).
+        info_offset: absolute byte offset of this tensor-info record (its name's length field).
+    """
+
+    name: str
+    ggml_type: int
+    type_name: str
+    ne: tuple[int, ...]
+    shape: tuple[int, ...]
+    n_elements: int
+    n_bytes: int | None
+    bits_per_weight: float | None
+    offset: int
+    info_offset: int
+
+
+# ------------------------------------------------------------------------------------------- the file
+
+
+class _Source:
+    """The open memory map plus the path, shared by a file and its lazy arrays."""
+
+    __slots__ = ("path", "mm", "size")
+
+    def __init__(self, path: str, mm: mmap.mmap | bytes, size: int) -> None:
+        self.path = path
+        self.mm = mm
+        self.size = size
+
+    def string_at(self, pos: int, key: str) -> str:
+        """Decode the GGUF string whose length field is at ``pos`` (bounds were checked by the walk)."""
+        n = _U64.unpack_from(self.mm, pos)[0]
+        try:
+            return self.mm[pos + 8:pos + 8 + n].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GGUFFormatError("string is not valid UTF-8", path=self.path, offset=pos + 8 + e.start,
+                                  key=key, expected="UTF-8", actual=f"byte 0x{e.object[e.start]:02x}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFFile:
+    """An opened GGUF file (see :func:`open_gguf`).
+
+    Attributes:
+        path: the file's path (as given, made a string).
+        file_size: size in bytes.
+        version: GGUF version (2 or 3).
+        alignment: data alignment in bytes (``general.alignment``, default 32).
+        data_offset: absolute offset of the tensor data section (header end padded to ``alignment``).
+        header_end: absolute offset where the tensor-info table ends (before padding).
+        kv: metadata pairs by key, in file order (read-only mapping of :class:`KeyValue`).
+        tensors: tensor-info records in file order.
+    """
+
+    path: str
+    file_size: int
+    version: int
+    alignment: int
+    data_offset: int
+    header_end: int
+    kv: Mapping[str, KeyValue]
+    tensors: tuple[TensorInfo, ...]
+    _src: _Source = field(repr=False)
+    _by_name: Mapping[str, TensorInfo] = field(repr=False)
+
+    # -- metadata
+    def get(self, key: str, default: Any = None) -> Any:
+        """The decoded value of ``key`` (scalar, ``str`` or :class:`ArrayValue`), else ``default``."""
+        kv = self.kv.get(key)
+        return default if kv is None else kv.value
+
+    @property
+    def architecture(self) -> str | None:
+        """``general.architecture`` if it is a string, else None."""
+        v = self.get("general.architecture")
+        return v if isinstance(v, str) else None
+
+    # -- tensors
+    def tensor(self, name: str) -> TensorInfo:
+        """The :class:`TensorInfo` named ``name``.
+
+        Raises:
+            LayoutError: no tensor of that name.
+        """
+        t = self._by_name.get(name)
+        if t is None:
+            raise LayoutError("no such tensor", path=self.path, key=name)
+        return t
+
+    def tensor_data(self, name: str, rows: slice | int | None = None, dequantize: bool = True) -> np.ndarray:
+        """Tensor values in numpy order (``shape``), read through the memory map.
+
+        Args:
+            name: tensor name.
+            rows: a slice (or one index) over the outermost numpy dimension (``shape[0]`` = ``ne[-1]``);
+                None = all rows. Only those rows' bytes are touched.
+            dequantize: for BF16 and block-quantized types, return float32 values (via
+                ``gguf.quants.dequantize``); if False return the raw bytes as uint8 with shape
+                ``shape[:-1] + (bytes per innermost row,)``.
+
+        Returns:
+            F32 / F16 / F64 / I8 / I16 / I32 / I64: a read-only view in the file's dtype (no copy).
+            BF16 and quantized types: a new float32 array (``dequantize=True``) or a uint8 view.
+            With an integer ``rows`` the outermost dimension is dropped.
+
+        Raises:
+            LayoutError: no tensor of that name.
+            TensorDataError: unknown ggml type, or a type ``gguf.quants`` cannot dequantize.
+        """
+        t = self.tensor(name)
+        info = type_info(t.ggml_type)
+        if not info.known or t.n_bytes is None:
+            raise TensorDataError("cannot read data of an unknown ggml type", path=self.path, offset=t.offset,
+                                  key=name, expected="a known ggml type", actual=t.type_name)
+        shape = t.shape if t.shape else (1,)
+        mm = self._src.mm
+        if info.numpy_dtype is not None:
+            arr = np.ndarray(shape=shape, dtype=info.numpy_dtype, buffer=mm, offset=t.offset)
+            return arr if rows is None else arr[rows]
+        assert info.block_size is not None and info.type_size is not None  # noqa: S101 - info.known
+        row_bytes = shape[-1] // info.block_size * info.type_size
+        raw = np.ndarray(shape=(*shape[:-1], row_bytes), dtype=np.uint8, buffer=mm, offset=t.offset)
+        one_d = len(shape) == 1
+        if rows is not None and not one_d:
+            raw = raw[rows]
+        if not dequantize:
+            return raw[rows] if (one_d and rows is not None) else raw
+        out = _dequantize(raw, t, self.path)
+        return out[rows] if (one_d and rows is not None) else out
+
+    # -- lifetime
+    def close(self) -> None:
+        """Close the memory map (arrays still viewing it keep it alive until they are freed)."""
+        mm = self._src.mm
+        if isinstance(mm, mmap.mmap):
+            try:
+                mm.close()
+            except BufferError:
+                pass  # numpy views are still alive; the map is released with them
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dequantize(raw: np.ndarray, t: TensorInfo, path: str) -> np.ndarray:
+    """float32 values of ``raw`` (uint8 rows of ``t``'s type) through gguf.quants."""
+    try:
+        from gguf import quants
+        from gguf.constants import GGMLQuantizationType
+
+        qtype = GGMLQuantizationType(t.ggml_type)
+        out = quants.dequantize(np.ascontiguousarray(raw), qtype)
+    except (ValueError, NotImplementedError, ImportError) as e:
+        raise TensorDataError(f"gguf.quants cannot dequantize this type: {e}", path=path, offset=t.offset,
+                              key=t.name, actual=t.type_name) from None
+    return np.asarray(out, dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+class _Parser:
+    """Walks a GGUF header on a buffer; every read is bounds-checked first."""
+
+    def __init__(self, src: _Source) -> None:
+        self.src = src
+        self.buf = src.mm
+        self.size = src.size
+        self.path = src.path
+
+    # -- errors and primitive reads
+    def fail(self, message: str, offset: int, key: str | None = None, expected: Any = None,
+             actual: Any = None, cls: type[GGUFFormatError] | type[TensorDataError] = GGUFFormatError) -> NoReturn:
+        raise cls(message, path=self.path, offset=offset, key=key, expected=expected, actual=actual)
+
+    def need(self, pos: int, n: int, what: str, key: str | None = None) -> None:
+        if pos + n > self.size:
+            self.fail(f"file ends inside {what}", pos, key, expected=f"{n} bytes",
+                      actual=f"{max(0, self.size - pos)} bytes left")
+
+    def read_string(self, pos: int, what: str, key: str | None = None) -> tuple[str, int]:
+        self.need(pos, 8, f"the length of {what}", key)
+        n = _U64.unpack_from(self.buf, pos)[0]
+        left = self.size - pos - 8
+        if n > left:
+            self.fail(f"length of {what} runs past the end of the file", pos, key,
+                      expected=f"<= {left} bytes", actual=n)
+        raw = self.buf[pos + 8:pos + 8 + n]
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(f"{what} is not valid UTF-8", pos + 8 + e.start, key, expected="UTF-8",
+                      actual=f"byte 0x{raw[e.start]:02x}")
+        return s, pos + 8 + n
+
+    # -- values
+    def read_value(self, pos: int, vtype: int, key: str, depth: int = 0) -> tuple[Any, int]:
+        fixed = _FIXED.get(vtype)
+        if fixed is not None:
+            st, size, _ = fixed
+            self.need(pos, size, f"a {VALUE_TYPE_NAMES[vtype]} value", key)
+            v = st.unpack_from(self.buf, pos)[0]
+            return (v != 0 if vtype == BOOL else v), pos + size
+        if vtype == STRING:
+            return self.read_string(pos, "a string value", key)
+        if vtype == ARRAY:
+            return self.read_array(pos, key, depth)
+        self.fail("unknown value type", pos - 4, key, expected="0..12", actual=vtype)
+
+    def read_array(self, pos: int, key: str, depth: int) -> tuple[ArrayValue, int]:
+        if depth >= MAX_ARRAY_DEPTH:
+            self.fail("arrays nested too deeply", pos, key, expected=f"<= {MAX_ARRAY_DEPTH} levels",
+                      actual=f"{depth + 1} levels")
+        self.need(pos, 12, "an array header", key)
+        etype, n = _ARR_HEAD.unpack_from(self.buf, pos)
+        start = pos + 12
+        left = self.size - start
+        fixed = _FIXED.get(etype)
+        if fixed is not None:
+            size = fixed[1]
+            if n > left // size:
+                self.fail(f"array of {n} {VALUE_TYPE_NAMES[etype]} runs past the end of the file", pos + 4,
+                          key, expected=f"<= {left // size} elements ({left} bytes left)", actual=n)
+            return ArrayValue(etype, n, pos, self.src, key), start + n * size
+        if etype == STRING:
+            if n > left // 8:
+                self.fail(f"array of {n} strings runs past the end of the file", pos + 4, key,
+                          expected=f"<= {left // 8} elements ({left} bytes left)", actual=n)
+            offsets, end = self.walk_strings(start, n, key)
+            return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=offsets), end
+        if etype == ARRAY:
+            if n > left // 12:
+                self.fail(f"array of {n} arrays runs past the end of the file", pos + 4, key,
+                          expected=f"<= {left // 12} elements ({left} bytes left)", actual=n)
+            children = []
+            p = start
+            for _ in range(n):
+                child, p = self.read_array(p, key, depth + 1)
+                children.append(child)
+            return ArrayValue(etype, n, pos, self.src, key, _children=tuple(children)), p
+        self.fail("unknown array element type", pos, key, expected="0..12", actual=etype)
+
+    def walk_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int]:
+        """Offsets of ``n`` consecutive GGUF strings starting at ``start``; checks each against the end.
+
+        The caller checked ``8 * n <= bytes left``, so the table is never larger than the file.
+        """
+        offs = array.array("q", bytes(8 * n))
+        unpack = _U64.unpack_from
+        buf = self.buf
+        pos = start
+        try:
+            for i in range(n):
+                offs[i] = pos
+                pos += 8 + unpack(buf, pos)[0]
+        except (struct.error, OverflowError):
+            self.string_array_error(start, n, key)
+        if pos > self.size:
+            self.string_array_error(start, n, key)
+        return np.frombuffer(offs, dtype=np.int64), pos
+
+    def string_array_error(self, start: int, n: int, key: str) -> NoReturn:
+        """Slow second walk of a bad string array that names the first bad element."""
+        pos, end = start, self.size
+        for i in range(n):
+            self.need(pos, 8, f"the length of string {i} of the array", key)
+            ln = _U64.unpack_from(self.buf, pos)[0]
+            if ln > end - pos - 8:
+                self.fail(f"string {i} of the array runs past the end of the file", pos, key,
+                          expected=f"<= {end - pos - 8} bytes", actual=ln)
+            pos += 8 + ln
+        raise AssertionError("string_array_error called on a valid array")  # pragma: no cover
+
+    # -- the header
+    def parse(self) -> GGUFFile:
+        size = self.size
+        if size < 4 or self.buf[0:4] != GGUF_MAGIC:
+            self.fail("not a GGUF file (bad magic)", 0, expected="b'GGUF'", actual=bytes(self.buf[0:4]))
+        self.need(4, 4, "the version field")
+        version = _U32.unpack_from(self.buf, 4)[0]
+        if version not in SUPPORTED_VERSIONS:
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if version & 0xFFFF == 0 and swapped in (1, 2, 3):
+                raise UnsupportedFileError("big-endian GGUF files are not supported", path=self.path,
+                                           offset=4, expected="little-endian",
+                                           actual=f"big-endian version {swapped}")
+            raise UnsupportedFileError("unsupported GGUF version", path=self.path, offset=4,
+                                       expected=" or ".join(map(str, SUPPORTED_VERSIONS)), actual=version)
+        self.need(8, 8, "the tensor count")
+        self.need(16, 8, "the key/value count")
+        _, _, n_tensors, n_kv = _HEAD.unpack_from(self.buf, 0)
+        pos = 24
+        # each pair needs >= 13 bytes (key length 8, type 4, a u8 value 1); each tensor info >= 24
+        if n_kv > (size - pos) // 13:
+            self.fail("key/value count exceeds what the file can hold", 16, "GGUF.kv_count",
+                      expected=f"<= {(size - pos) // 13}", actual=n_kv)
+        if n_tensors > (size - pos) // 24:
+            self.fail("tensor count exceeds what the file can hold", 8, "GGUF.tensor_count",
+                      expected=f"<= {(size - pos) // 24}", actual=n_tensors)
+
+        kv: dict[str, KeyValue] = {}
+        for i in range(n_kv):
+            start = pos
+            key, pos = self.read_string(pos, f"key {i}")
+            self.need(pos, 4, "a value type", key)
+            vtype = _U32.unpack_from(self.buf, pos)[0]
+            pos += 4
+            if vtype not in VALUE_TYPE_NAMES:
+                self.fail("unknown value type", pos - 4, key, expected="0..12", actual=vtype)
+            value, pos = self.read_value(pos, vtype, key)
+            if key in kv:
+                self.fail("duplicate key", start, key, expected="each key once",
+                          actual=f"also at offset {kv[key].offset}")
+            kv[key] = KeyValue(key, vtype, VALUE_TYPE_NAMES[vtype], start, value)
+
+        alignment = DEFAULT_ALIGNMENT
+        a_kv = kv.get("general.alignment")
+        if a_kv is not None:
+            if a_kv.value_type != UINT32:
+                self.fail("general.alignment must be UINT32", a_kv.offset, a_kv.key, expected="UINT32",
+                          actual=a_kv.type_name)
+            alignment = a_kv.value
+            if alignment == 0 or alignment & (alignment - 1):
+                self.fail("general.alignment must be a non-zero power of two", a_kv.offset, a_kv.key,
+                          expected="a power of two", actual=alignment)
+
+        raw_tensors = []
+        buf = self.buf
+        for i in range(n_tensors):
+            start = pos
+            name, pos = self.read_string(pos, f"the name of tensor {i}")
+            self.need(pos, 4, "a tensor's n_dims", name)
+            n_dims = _U32.unpack_from(buf, pos)[0]
+            if n_dims > GGML_MAX_DIMS:
+                self.fail("too many dimensions", pos, name, expected=f"<= {GGML_MAX_DIMS}", actual=n_dims)
+            tail = _TENSOR_TAIL[n_dims]
+            self.need(pos + 4, tail.size, "a tensor info record", name)
+            vals = tail.unpack_from(buf, pos + 4)
+            raw_tensors.append((name, vals[:n_dims], vals[n_dims], vals[n_dims + 1], start, pos + 4))
+            pos += 4 + tail.size
+        header_end = pos
+        data_offset = -(-pos // alignment) * alignment
+
+        tensors = self.build_tensors(raw_tensors, data_offset, alignment)
+        by_name = {t.name: t for t in tensors}
+        return GGUFFile(self.path, size, version, alignment, data_offset, header_end,
+                        MappingProxyType(kv), tensors, self.src, MappingProxyType(by_name))
+
+    def build_tensors(self, raw: list[tuple[str, tuple[int, ...], int, int, int, int]], data_offset: int,
+                      alignment: int) -> tuple[TensorInfo, ...]:
+        size = self.size
+        seen: dict[str, int] = {}
+        out: list[TensorInfo] = []
+        extents: list[tuple[int, int, str]] = []
+        cache: dict[int, Any] = {}
+        for name, ne, ggml_type, rel, start, ne_pos in raw:
+            if name in seen:
+                self.fail("duplicate tensor name", start, name, expected="each name once",
+                          actual=f"also at offset {seen[name]}")
+            seen[name] = start
+            n_el = 1
+            for j, d in enumerate(ne):
+                if d == 0:
+                    self.fail(f"zero-sized dimension ne[{j}]", ne_pos + 8 * j, name, expected=">= 1", actual=0)
+                if d > _INT64_MAX:
+                    self.fail(f"dimension ne[{j}] too large", ne_pos + 8 * j, name,
+                              expected=f"<= {_INT64_MAX}", actual=d)
+                n_el *= d
+            if n_el > _INT64_MAX:
+                self.fail("tensor has too many elements", ne_pos, name, expected=f"<= {_INT64_MAX}",
+                          actual=n_el)
+            info = cache.get(ggml_type)
+            if info is None:
+                info = cache[ggml_type] = type_info(ggml_type)
+            offset = data_offset + rel
+            n_bytes = None
+            if info.block_size is not None:
+                if ne and ne[0] % info.block_size:
+                    self.fail(f"row size ne[0] is not a multiple of the {info.name} block size", ne_pos,
+                              name, expected=f"a multiple of {info.block_size}", actual=ne[0])
+                n_bytes = n_el * info.type_size // info.block_size
+            if rel % alignment:
+                self.fail("tensor data offset is not aligned", offset, name,
+                          expected=f"a multiple of {alignment} (general.alignment)", actual=rel,
+                          cls=TensorDataError)
+            if n_bytes is not None:
+                if offset + n_bytes > size:
+                    self.fail("tensor data lies outside the file", offset, name,
+                              expected=f"end <= file size {size}", actual=f"end {offset + n_bytes}",
+                              cls=TensorDataError)
+                extents.append((offset, offset + n_bytes, name))
+            elif offset > size:
+                self.fail("tensor data starts outside the file", offset, name,
+                          expected=f"<= file size {size}", actual=offset, cls=TensorDataError)
+            out.append(TensorInfo(name, ggml_type, info.name, ne, ne[::-1], n_el, n_bytes,
+                                  info.bits_per_weight, offset, start))
+        extents.sort()
+        for (a0, a1, an), (b0, _b1, bn) in zip(extents, extents[1:]):
+            if b0 < a1:
+                self.fail(f"tensor data overlaps tensor {an!r} [{a0}, {a1})", b0, bn,
+                          expected=f"start >= {a1}", actual=b0, cls=TensorDataError)
+        return tuple(out)
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Open a GGUF file: map it, walk and validate the whole header, read no tensor data.
+
+    Args:
+        path: the file.
+
+    Returns:
+        A :class:`GGUFFile`; its arrays and tensor data are read lazily from the memory map.
+
+    Raises:
+        GGUFFormatError: bad magic, truncation, impossible counts or lengths, unknown value types, bad
+            ``general.alignment``, duplicate keys or tensor names, zero-sized or oversized dimensions,
+            invalid UTF-8 in keys or tensor names.
+        UnsupportedFileError: big-endian files, GGUF versions other than 2 and 3.
+        TensorDataError: tensor data misaligned, outside the file, or overlapping another tensor.
+        OSError: the file cannot be opened.
+    """
+    p = os.fspath(path)
+    with open(p, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            mm: mmap.mmap | bytes = b""
+        else:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    src = _Source(p, mm, size)
+    try:
+        return _Parser(src).parse()
+    except Exception:
+        if isinstance(mm, mmap.mmap):
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        raise
