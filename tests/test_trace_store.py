@@ -1,0 +1,281 @@
+"""TraceWriter / traces.open: round trip, hidden states, SQL, crash safety, corrupt parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import traces
+from inspector.errors import TraceError, TraceFormatError
+from traces import RoundRecord, StepRecord, TraceWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _round(r: int, n_acc: int) -> RoundRecord:
+    drafted = (100 + r, 200 + r, 300 + r)
+    target = drafted[:n_acc] + (999,) + (7,) * (3 - n_acc)
+    return RoundRecord(prompt_id=r % 2, round=r // 2, pos=50 + r, pending_token=r, n_draft=3,
+                       drafted=drafted, n_accepted=n_acc, target=target,
+                       emitted=drafted[:n_acc] + (999,), t_draft_ms=1.5 * r, t_verify_ms=10.0 + r)
+
+
+def _steps(r: int, n_acc: int, hidden: bool = True) -> list[StepRecord]:
+    out = []
+    for k in (1, 2, 3):
+        out.append(StepRecord(
+            k=k, token=100 * k + r, logit=float(k), rank=0, top_ids=(100 * k + r, 5), top_logits=(2.0, 1.0),
+            target_token=(100 * k + r) if k <= n_acc else (999 if k == n_acc + 1 else 7),
+            target_rank=0 if k <= n_acc else 3, accepted=k <= n_acc,
+            h=np.full(6, r * 10 + k, dtype=np.float32) if hidden else None,
+            h_next=None,
+            h_inner=np.arange(4, dtype=np.float32) * k if hidden else None,
+            centroid_ids=(k, k + 1), centroid_logits=(0.5, 0.25), centroid_token=100 * k + r,
+            target_in_candidates=k != 3, target_centroid=k, target_centroid_rank=0))
+    return out
+
+
+ACC = [3, 0, 1, 2, 3, 0, 0]
+
+
+def _write(d: Path, flush_every: int = 3, hidden_dtype: str | None = "f32") -> None:
+    with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
+                     n_embd_backbone=6, n_embd=4, hidden_dtype=hidden_dtype, centroids=True,
+                     flush_every=flush_every) as w:
+        for r, a in enumerate(ACC):
+            w.add_round(_round(r, a), _steps(r, a, hidden=hidden_dtype is not None))
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    _write(tmp_path)
+    t = traces.open(tmp_path)
+    assert t.warnings == []
+    m = t.manifest
+    assert m["complete"] is True and m["schema_version"] == 1 and m["source"] == "record"
+    # 7 rounds, flush every 3 -> parts of 3, 3, 1
+    assert m["counts"] == {"n_rounds": 7, "n_steps": 21, "n_parts": 3}
+    assert m["dims"] == {"n_embd_backbone": 6, "n_embd": 4, "hidden_dtype": "f32"}
+    assert sorted(p.name for p in (tmp_path / "rounds").iterdir()) == [
+        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    r = t.rounds
+    assert list(r["n_accepted"]) == ACC
+    assert list(r["prompt_id"]) == [0, 1, 0, 1, 0, 1, 0]
+    assert list(r["drafted"][4]) == [104, 204, 304]
+    assert list(r["target"][2]) == [102, 999, 7, 7]
+    assert list(r["emitted"][3]) == [103, 203, 999]
+    assert r["t_verify_ms"][6] == 16.0
+    assert r["n_accepted"].dtype == np.int32
+    s = t.steps
+    assert len(s) == 21 and "h" not in s.columns
+    assert list(s["accepted"][:6]) == [True, True, True, False, False, False]
+    assert str(s["target_token"].dtype) == "Int32"
+    assert list(s["centroid_ids"][0]) == [1, 2]
+
+
+def test_hidden_projection_and_filters(tmp_path: Path) -> None:
+    _write(tmp_path)
+    t = traces.open(tmp_path)
+    h = t.hidden("h")
+    assert h.shape == (21, 6) and h.dtype == np.float32
+    assert h[0, 0] == 1.0 and h[20, 5] == 63.0   # round 6, k 3 -> 6*10+3
+    inner = t.hidden("h_inner", where=t.steps["k"].to_numpy() == 2)
+    assert inner.shape == (7, 4)
+    np.testing.assert_array_equal(inner[3], [0, 2, 4, 6])
+    via_sql = t.hidden("h", where="k = 3 AND round = 1")   # rounds 2 (prompt 0) and 3 (prompt 1)
+    np.testing.assert_array_equal(via_sql[:, 0], [23.0, 33.0])
+    with pytest.raises(TraceFormatError, match="mask length"):
+        t.hidden("h", where=np.ones(5, dtype=bool))
+    with pytest.raises(TraceFormatError, match="invalid where"):
+        t.hidden("h", where="nope = 1")
+
+
+def test_hidden_null_rows_are_nan_and_off_columns_raise(tmp_path: Path) -> None:
+    _write(tmp_path / "a")
+    t = traces.open(tmp_path / "a")
+    # h_next was passed as None everywhere (column on): NaN rows, not an error
+    assert np.isnan(t.hidden("h_next")).all()
+    _write(tmp_path / "b", hidden_dtype=None)
+    tb = traces.open(tmp_path / "b")
+    with pytest.raises(TraceFormatError, match="no hidden state"):
+        tb.hidden("h")
+    with pytest.raises(TraceFormatError):
+        tb.hidden("logit")
+
+
+def test_f16_storage_type(tmp_path: Path) -> None:
+    _write(tmp_path, hidden_dtype="f16")
+    schema = pq.read_schema(tmp_path / "steps" / "part-00000.parquet")
+    assert str(schema.field("h").type) == "fixed_size_list<element: halffloat>[6]"
+    assert traces.open(tmp_path).hidden("h")[4, 0] == 12.0
+
+
+def test_sql_views(tmp_path: Path) -> None:
+    _write(tmp_path)
+    t = traces.open(tmp_path)
+    df = t.sql("SELECT sum(n_accepted) AS a, sum(n_draft) AS d FROM rounds")
+    assert int(df["a"][0]) == sum(ACC) and int(df["d"][0]) == 21
+    df = t.sql("SELECT count(*) AS n FROM steps WHERE accepted")
+    assert int(df["n"][0]) == sum(ACC)
+    assert len(t.sql("SELECT * FROM requests")) == 0
+    with pytest.raises(TraceFormatError, match="query failed"):
+        t.sql("SELECT nope FROM rounds")
+
+
+def test_columns_projection(tmp_path: Path) -> None:
+    _write(tmp_path)
+    t = traces.open(tmp_path)
+    df = t.columns("rounds", ["prompt_id", "n_accepted"])
+    assert list(df.columns) == ["prompt_id", "n_accepted"]
+    with pytest.raises(TraceFormatError):
+        t.columns("rounds", ["nope"])
+    with pytest.raises(TraceFormatError):
+        t.columns("nope")
+
+
+def test_writer_rejects_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError):
+        RoundRecord(prompt_id=0, round=0, pos=0, pending_token=1, n_draft=2, drafted=(1,), n_accepted=0)
+    with pytest.raises(TraceFormatError):
+        RoundRecord(prompt_id=0, round=0, pos=0, pending_token=1, n_draft=1, drafted=(1,), n_accepted=2)
+    with pytest.raises(TraceFormatError):
+        RoundRecord(prompt_id=0, round=0, pos=0, pending_token=1, n_draft=1, drafted=(1,), n_accepted=0,
+                    target=(1,))
+    w = TraceWriter(tmp_path / "t", {}, n_embd_backbone=6, n_embd=None, hidden_dtype="f32", centroids=False)
+    rr = _round(0, 1)
+    with pytest.raises(TraceFormatError, match="width"):
+        w.add_round(rr, [StepRecord(k=1, token=1, h=np.zeros(5))])
+    with pytest.raises(TraceFormatError, match="stores none"):
+        w.add_round(rr, [StepRecord(k=1, token=1, h_inner=np.zeros(4))])
+    with pytest.raises(TraceFormatError, match="k out of range"):
+        w.add_round(rr, [StepRecord(k=4, token=1)])
+    w.close()
+    with pytest.raises(TraceError, match="already holds a trace"):
+        TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False)
+    TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                overwrite=True).close()
+    assert traces.open(tmp_path / "t").manifest["counts"]["n_rounds"] == 0
+    with pytest.raises(TraceFormatError, match="hidden dtype"):
+        TraceWriter(tmp_path / "u", {}, n_embd_backbone=6, n_embd=None, hidden_dtype="bf16", centroids=False)
+
+
+def test_exception_inside_writer_keeps_rounds_incomplete(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                         centroids=False, flush_every=100) as w:
+            w.add_round(_round(0, 2), [])
+            raise RuntimeError("boom")
+    t = traces.open(tmp_path)
+    assert t.manifest["complete"] is False
+    assert len(t.rounds) == 1
+    assert any("incomplete" in w for w in t.warnings)
+
+
+def test_open_errors(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match="not a trace directory"):
+        traces.open(tmp_path / "missing")
+    with pytest.raises(TraceFormatError, match="no manifest"):
+        traces.open(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(TraceFormatError, match="not valid JSON"):
+        traces.open(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"schema_version": 99, "source": "record", "complete": True, "counts": {}}))
+    with pytest.raises(TraceFormatError, match="expected 1, got 99"):
+        traces.open(tmp_path)
+
+
+def test_truncated_part_is_skipped_with_warning(tmp_path: Path) -> None:
+    _write(tmp_path)
+    bad = tmp_path / "rounds" / "part-00001.parquet"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    t = traces.open(tmp_path)
+    r = t.rounds
+    assert list(r["n_accepted"]) == [3, 0, 1, 0]       # parts 0 and 2 only
+    assert len(t.warnings) == 1 and "rounds/part-00001.parquet" in t.warnings[0]
+    # the steps of part 1 are intact and still read
+    assert len(t.steps) == 21
+    assert int(t.sql("SELECT count(*) AS n FROM rounds")["n"][0]) == 4
+
+
+def test_corrupted_bytes_in_part_are_caught(tmp_path: Path) -> None:
+    _write(tmp_path)
+    bad = tmp_path / "steps" / "part-00000.parquet"
+    data = bytearray(bad.read_bytes())
+    # overwrite bytes inside the first column chunk's data pages (after the 4-byte magic)
+    for i in range(8, 40):
+        data[i] ^= 0x5A
+    bad.write_bytes(bytes(data))
+    t = traces.open(tmp_path)
+    s = t.steps
+    assert len(s) == 12                                   # parts 1 (9 steps) and 2 (3 steps)
+    assert any("steps/part-00000.parquet" in w for w in t.warnings)
+    assert t.hidden("h").shape == (12, 6)
+    assert len(t.rounds) == 7
+
+
+def test_tmp_part_ignored(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "rounds" / "part-00003.parquet.tmp").write_bytes(b"PAR1 half written")
+    t = traces.open(tmp_path)
+    assert len(t.rounds) == 7
+    assert any("part-00003.parquet.tmp" in w for w in t.warnings)
+
+
+_KILL_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from traces import RoundRecord, StepRecord, TraceWriter
+    w = TraceWriter(sys.argv[1], {"source": "synthetic"}, n_embd_backbone=16, n_embd=None,
+                    hidden_dtype="f16", centroids=False, flush_every=4)
+    r = 0
+    while True:       # runs until killed
+        a = r % 4
+        w.add_round(RoundRecord(prompt_id=0, round=r, pos=r, pending_token=r % 1000, n_draft=3,
+                                drafted=(r, r + 1, r + 2), n_accepted=a),
+                    [StepRecord(k=k, token=r + k - 1, accepted=k <= a,
+                                h=np.full(16, r, dtype=np.float32)) for k in (1, 2, 3)])
+        r += 1
+""")
+
+
+def test_sigkill_mid_run_keeps_every_finished_part(tmp_path: Path) -> None:
+    out = tmp_path / "trace"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(out)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            d = out / "rounds"
+            if d.is_dir() and len([p for p in d.iterdir() if p.name.endswith(".parquet")]) >= 6:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("writer subprocess produced no parts")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    finished = sorted(p.name for p in (out / "rounds").iterdir() if p.name.endswith(".parquet"))
+    t = traces.open(out)
+    assert t.manifest["complete"] is False
+    r = t.rounds
+    # every finished part is read: 4 rounds each, contiguous from round 0
+    assert len(r) == 4 * len(finished)
+    assert list(r["round"]) == list(range(len(r)))
+    assert list(r["n_accepted"]) == [i % 4 for i in range(len(r))]
+    s = t.steps
+    assert len(s) >= 3 * len(r)            # a steps part may exist without its rounds part
+    h = t.hidden("h", where=(s["k"].to_numpy() == 1) & (s["round"].to_numpy() < len(r)))
+    np.testing.assert_array_equal(h[:, 0], np.arange(len(r), dtype=np.float32))
+    assert not any("unreadable" in w for w in t.warnings)

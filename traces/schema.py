@@ -1,0 +1,146 @@
+"""Explicit pyarrow schemas of the trace format (schema version 1).
+
+The format is documented for users in ``docs/TRACE_FORMAT.md`` and for developers in the "Trace format"
+section of ``docs/ARCHITECTURE.md``. Units are in column names (``t_verify_ms``); token ids are int32;
+draft positions ``k`` are 1-based; ranks are 0-based (0 = best).
+
+Hidden-state columns (``h``, ``h_next``: width ``n_embd_backbone``; ``h_inner``: width ``n_embd``) are
+``fixed_size_list<float16|float32>[dim]`` when recorded and of arrow type ``null`` when off, so every
+steps part of every trace has the same column names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from inspector.errors import TraceFormatError
+
+SCHEMA_VERSION = 1
+
+SOURCES = ("record", "fork-ndjson", "server-log", "synthetic")
+HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
+HIDDEN_COLUMNS = ("h", "h_next", "h_inner")
+CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
+                    "target_centroid", "target_centroid_rank")
+TABLES = ("rounds", "steps", "requests")
+
+_i32 = pa.int32()
+_f32 = pa.float32()
+_f64 = pa.float64()
+
+ROUNDS_SCHEMA = pa.schema([
+    pa.field("prompt_id", _i32, nullable=False),
+    pa.field("round", _i32, nullable=False),
+    pa.field("pos", _i32, nullable=False),
+    pa.field("pending_token", _i32, nullable=False),
+    pa.field("n_draft", _i32, nullable=False),
+    pa.field("drafted", pa.list_(_i32), nullable=False),
+    pa.field("target", pa.list_(_i32)),          # n_draft + 1 items; null list when unknown
+    pa.field("n_accepted", _i32, nullable=False),
+    pa.field("emitted", pa.list_(_i32)),         # null when unknown (imports)
+    pa.field("t_draft_ms", _f64),
+    pa.field("t_verify_ms", _f64),
+    pa.field("draft_path", pa.string()),         # fork NDJSON only
+    pa.field("h_l2", _f32),                      # fork NDJSON only
+])
+
+_STEPS_BASE = [
+    pa.field("prompt_id", _i32, nullable=False),
+    pa.field("round", _i32, nullable=False),
+    pa.field("k", _i32, nullable=False),
+    pa.field("token", _i32, nullable=False),
+    pa.field("logit", _f32),
+    pa.field("rank", _i32),
+    pa.field("top_ids", pa.list_(_i32)),
+    pa.field("top_logits", pa.list_(_f32)),
+    pa.field("target_token", _i32),
+    pa.field("target_rank", _i32),
+    pa.field("accepted", pa.bool_()),
+]
+_STEPS_CENTROID = [
+    pa.field("centroid_ids", pa.list_(_i32)),
+    pa.field("centroid_logits", pa.list_(_f32)),
+    pa.field("centroid_token", _i32),
+    pa.field("target_in_candidates", pa.bool_()),
+    pa.field("target_centroid", _i32),
+    pa.field("target_centroid_rank", _i32),
+]
+
+REQUESTS_SCHEMA = pa.schema([
+    pa.field("request", _i32, nullable=False),       # 0-based, in file order
+    pa.field("line", _i32, nullable=False),          # 1-based line number in the source log
+    pa.field("kind", pa.string(), nullable=False),   # "log" (acceptance-rate line) | "response" (timings JSON)
+    pa.field("id_slot", _i32),
+    pa.field("id_task", _i32),
+    pa.field("n_drafted", _i32, nullable=False),     # log: "generated"; response: timings.draft_n
+    pa.field("n_accepted", _i32, nullable=False),    # log: "accepted"; response: timings.draft_n_accepted
+    pa.field("acceptance_rate", _f64),               # n_accepted / n_drafted; null when n_drafted == 0
+    pa.field("prompt_n", _i32),                      # timings.prompt_n (tokens)
+    pa.field("prompt_ms", _f64),                     # timings.prompt_ms
+    pa.field("predicted_n", _i32),                   # timings.predicted_n (tokens)
+    pa.field("predicted_ms", _f64),                  # timings.predicted_ms
+])
+
+
+def hidden_type(dim: int | None, hidden_dtype: str | None) -> pa.DataType:
+    """Arrow type of one hidden-state column: ``fixed_size_list<dtype>[dim]``, or ``null`` when off.
+
+    Raises:
+        TraceFormatError: unknown ``hidden_dtype`` (expected ``"f16"``, ``"f32"`` or ``None``) or a
+            non-positive ``dim``.
+    """
+    if hidden_dtype is None or dim is None:
+        return pa.null()
+    if hidden_dtype not in HIDDEN_DTYPES:
+        raise TraceFormatError("unknown hidden dtype", key="hidden_dtype",
+                               expected="'f16', 'f32' or None", actual=hidden_dtype)
+    if int(dim) <= 0:
+        raise TraceFormatError("hidden width must be positive", key="dim", expected="> 0", actual=dim)
+    return pa.list_(HIDDEN_DTYPES[hidden_dtype], int(dim))
+
+
+def steps_schema(n_embd_backbone: int | None, n_embd: int | None, hidden_dtype: str | None) -> pa.Schema:
+    """The steps schema for given hidden widths (``None`` width or dtype -> that column is type null)."""
+    return pa.schema(_STEPS_BASE + [
+        pa.field("h", hidden_type(n_embd_backbone, hidden_dtype)),
+        pa.field("h_next", hidden_type(n_embd_backbone, hidden_dtype)),
+        pa.field("h_inner", hidden_type(n_embd, hidden_dtype)),
+    ] + _STEPS_CENTROID)
+
+
+def steps_schema_from_manifest(manifest: dict[str, Any]) -> pa.Schema:
+    """The steps schema implied by ``manifest["dims"]``."""
+    dims = manifest.get("dims") or {}
+    return steps_schema(dims.get("n_embd_backbone"), dims.get("n_embd"), dims.get("hidden_dtype"))
+
+
+STEPS_NON_HIDDEN = tuple(f.name for f in _STEPS_BASE + _STEPS_CENTROID)
+ROUNDS_COLUMNS = tuple(ROUNDS_SCHEMA.names)
+REQUESTS_COLUMNS = tuple(REQUESTS_SCHEMA.names)
+
+MANIFEST_REQUIRED = ("schema_version", "source", "complete", "counts")
+
+
+def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
+    """Check the manifest keys every reader needs; return it.
+
+    Raises:
+        TraceFormatError: not a JSON object, missing ``schema_version`` / ``source`` / ``complete`` /
+            ``counts``, a schema version other than :data:`SCHEMA_VERSION`, or an unknown source.
+    """
+    if not isinstance(manifest, dict):
+        raise TraceFormatError("manifest is not a JSON object", path=path,
+                               expected="object", actual=type(manifest).__name__)
+    for key in MANIFEST_REQUIRED:
+        if key not in manifest:
+            raise TraceFormatError("manifest lacks a required key", path=path, key=key,
+                                   expected="present", actual="missing")
+    if manifest["schema_version"] != SCHEMA_VERSION:
+        raise TraceFormatError("unsupported trace schema version", path=path, key="schema_version",
+                               expected=SCHEMA_VERSION, actual=manifest["schema_version"])
+    if manifest["source"] not in SOURCES:
+        raise TraceFormatError("unknown trace source", path=path, key="source",
+                               expected=" | ".join(SOURCES), actual=manifest["source"])
+    return manifest

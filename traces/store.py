@@ -1,0 +1,618 @@
+"""Trace directories: crash-safe writing (:class:`TraceWriter`) and reading (:func:`open_trace`).
+
+Layout (schema version 1, see ``docs/TRACE_FORMAT.md``)::
+
+    DIR/manifest.json
+    DIR/rounds/part-00000.parquet ...
+    DIR/steps/part-00000.parquet ...
+    DIR/requests/part-00000.parquet ...   (server-log imports only)
+
+Crash safety: the manifest is written first (``complete: false``) by write-to-temp + ``os.replace``;
+each part is written to ``part-NNNNN.parquet.tmp`` and ``os.replace``d, steps part before rounds part,
+so a ``kill -9`` leaves only finished parts plus at most one ``.tmp`` (ignored by the reader). A clean
+close rewrites the manifest with ``complete: true`` and the counts. Parts carry Parquet page checksums,
+verified on read.
+
+Reading: :func:`open_trace` never fails because of one bad part; a torn or unreadable part is skipped
+with a warning naming the file (``Trace.warnings``) and the rest is read.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from inspector.errors import TraceError, TraceFormatError
+from traces import schema as S
+from traces.records import RoundRecord, StepRecord
+
+MANIFEST = "manifest.json"
+_PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
+_NP_HIDDEN = {"f16": np.float16, "f32": np.float32}
+_NULLABLE_PANDAS = {pa.int32(): pd.Int32Dtype(), pa.bool_(): pd.BooleanDtype()}
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, os.PathLike):
+        return os.fspath(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        text = json.dumps(obj, indent=2, default=_json_default, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TraceFormatError(f"manifest is not JSON serialisable: {e}", path=path) from None
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def _write_part(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class TraceWriter:
+    """Write a trace directory as the run goes; a context manager.
+
+    Args:
+        out_dir: the trace directory (created with parents).
+        manifest: manifest fields known by the caller: ``source`` (default ``"record"``), ``command``
+            (argv list; default ``sys.argv``), ``params``, ``models``, ``runtime``, ``prompts``,
+            ``centroids`` ({n_centroids, top_k}). The writer sets ``schema_version``, ``created``,
+            ``dims``, ``complete`` and ``counts``.
+        n_embd_backbone: width of ``h`` / ``h_next`` (the target's hidden size), or ``None``.
+        n_embd: width of ``h_inner`` (the drafter's inner width), or ``None``.
+        hidden_dtype: ``"f16"``, ``"f32"`` or ``None`` (no hidden states stored).
+        centroids: whether the drafter has a centroid head (else ``manifest["centroids"]`` is null).
+        flush_every: write a part every this many rounds (>= 1).
+        overwrite: if ``out_dir`` already holds a trace, delete its manifest and parts first (only
+            those files); otherwise that raises.
+
+    Raises:
+        TraceError: ``out_dir`` already holds a trace and ``overwrite`` is false, or ``flush_every < 1``.
+        TraceFormatError: bad ``hidden_dtype`` / widths, unknown source, non-JSON manifest values.
+
+    Example::
+
+        with TraceWriter(d, {"source": "record", "prompts": [...]}, n_embd_backbone=2816, n_embd=1024,
+                         hidden_dtype="f16", centroids=False) as w:
+            w.add_round(RoundRecord(...), [StepRecord(...), ...])
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        manifest: dict[str, Any],
+        *,
+        n_embd_backbone: int | None,
+        n_embd: int | None,
+        hidden_dtype: str | None,
+        centroids: bool,
+        flush_every: int = 8,
+        overwrite: bool = False,
+    ) -> None:
+        if int(flush_every) < 1:
+            raise TraceError("flush_every must be >= 1", key="flush_every", expected=">= 1",
+                             actual=flush_every)
+        self.path = Path(out_dir)
+        self.flush_every = int(flush_every)
+        self.n_embd_backbone = None if n_embd_backbone is None else int(n_embd_backbone)
+        self.n_embd = None if n_embd is None else int(n_embd)
+        self.hidden_dtype = hidden_dtype
+        self.centroids = bool(centroids)
+        self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype)
+        self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd}
+        self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
+
+        m = dict(manifest)
+        m["schema_version"] = S.SCHEMA_VERSION
+        m.setdefault("created", _now())
+        m.setdefault("source", "record")
+        m.setdefault("command", list(sys.argv))
+        m.setdefault("params", {})
+        m.setdefault("models", {"target": None, "assistant": None, "centroids": None})
+        m.setdefault("runtime", {"llama_cpp_python": None, "llama_cpp": None, "device": None})
+        m.setdefault("prompts", [])
+        m["dims"] = {"n_embd_backbone": self.n_embd_backbone, "n_embd": self.n_embd,
+                     "hidden_dtype": hidden_dtype}
+        if not self.centroids:
+            m["centroids"] = None
+        else:
+            m.setdefault("centroids", {"n_centroids": None, "top_k": None})
+        m["complete"] = False
+        m["counts"] = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
+        S.check_manifest(m, str(self.path / MANIFEST))
+        self.manifest = m
+
+        self._prepare_dir(overwrite)
+        self._rounds: list[RoundRecord] = []
+        self._steps: list[tuple[RoundRecord, StepRecord]] = []
+        self._next_part = 0
+        self._closed = False
+        _write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    # ------------------------------------------------------------------ setup
+    def _prepare_dir(self, overwrite: bool) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        existing = self.path / MANIFEST
+        parts = [p for t in S.TABLES if (self.path / t).is_dir() for p in (self.path / t).iterdir()
+                 if _PART_RE.match(p.name) or p.name.endswith(".parquet.tmp")]
+        if (existing.exists() or parts) and not overwrite:
+            raise TraceError("directory already holds a trace (pass overwrite=True to replace it)",
+                             path=self.path)
+        for p in parts:
+            p.unlink()
+        for t in ("rounds", "steps"):
+            (self.path / t).mkdir(exist_ok=True)
+
+    # ------------------------------------------------------------------ API
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # On an exception: keep the finished rounds but leave the trace marked incomplete.
+        self.close(complete=exc_type is None)
+
+    def add_round(self, round: RoundRecord, steps: Sequence[StepRecord] = ()) -> None:
+        """Buffer one round and its draft steps; write a part every ``flush_every`` rounds.
+
+        Raises:
+            TraceError: the writer is closed.
+            TraceFormatError: a step with ``k > round.n_draft`` or a repeated ``k``; a hidden state
+                whose width differs from the configured one, or given while that column is off.
+        """
+        if self._closed:
+            raise TraceError("trace writer is closed", path=self.path)
+        seen: set[int] = set()
+        for s in steps:
+            if s.k > round.n_draft or s.k in seen:
+                raise TraceFormatError("step k out of range or repeated", key="k",
+                                       expected=f"distinct values in 1..{round.n_draft}", actual=s.k)
+            seen.add(s.k)
+            for name in S.HIDDEN_COLUMNS:
+                v = getattr(s, name)
+                if v is None:
+                    continue
+                if not self._stored[name]:
+                    raise TraceFormatError("hidden state given but this trace stores none for it",
+                                           key=name, expected="None", actual=f"shape {v.shape}")
+                if v.shape[0] != self._widths[name]:
+                    raise TraceFormatError("hidden state width differs from the trace's", key=name,
+                                           expected=self._widths[name], actual=v.shape[0])
+        self._rounds.append(round)
+        self._steps.extend((round, s) for s in steps)
+        if len(self._rounds) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rounds (and their steps) as one part now (no-op when empty)."""
+        if not self._rounds:
+            return
+        rounds, steps = self._rounds_table(self._rounds), self._steps_table(self._steps)
+        self._rounds, self._steps = [], []
+        self.write_tables(rounds, steps)
+
+    def write_tables(self, rounds: pa.Table | None, steps: pa.Table | None = None,
+                     requests: pa.Table | None = None) -> int:
+        """Write already-columnar data as one part (bulk path for importers and synthetic traces).
+
+        Buffered rounds are flushed first. Tables are cast to the trace schemas (column order and
+        types); a missing nullable column is filled with nulls.
+
+        Returns:
+            the part index written.
+
+        Raises:
+            TraceFormatError: a table lacks a non-nullable column or cannot be cast.
+        """
+        if self._closed:
+            raise TraceError("trace writer is closed", path=self.path)
+        if self._rounds:
+            self.flush()
+        idx = self._next_part
+        name = f"part-{idx:05d}.parquet"
+        counts = self.manifest["counts"]
+        # steps first, then rounds: a finished rounds part implies its steps part exists.
+        if steps is not None:
+            steps = _conform(steps, self.steps_schema, "steps")
+            _write_part(steps, self.path / "steps" / name)
+            counts["n_steps"] += steps.num_rows
+        if requests is not None:
+            requests = _conform(requests, S.REQUESTS_SCHEMA, "requests")
+            (self.path / "requests").mkdir(exist_ok=True)
+            _write_part(requests, self.path / "requests" / name)
+            counts["n_requests"] = counts.get("n_requests", 0) + requests.num_rows
+        if rounds is not None:
+            rounds = _conform(rounds, S.ROUNDS_SCHEMA, "rounds")
+            _write_part(rounds, self.path / "rounds" / name)
+            counts["n_rounds"] += rounds.num_rows
+        counts["n_parts"] += 1
+        self._next_part += 1
+        return idx
+
+    def close(self, complete: bool = True) -> None:
+        """Write the remaining rounds and rewrite the manifest (``complete`` and ``counts``). Idempotent."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self.manifest["complete"] = bool(complete)
+        _write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    # ------------------------------------------------------------------ columnar conversion
+    def _rounds_table(self, rounds: list[RoundRecord]) -> pa.Table:
+        cols = {name: [getattr(r, name) for r in rounds] for name in S.ROUNDS_COLUMNS}
+        for name in ("drafted", "target", "emitted"):
+            cols[name] = [None if v is None else list(v) for v in cols[name]]
+        return pa.table(cols, schema=S.ROUNDS_SCHEMA)
+
+    def _steps_table(self, pairs: list[tuple[RoundRecord, StepRecord]]) -> pa.Table:
+        arrays: dict[str, pa.Array] = {}
+        n = len(pairs)
+        arrays["prompt_id"] = pa.array([r.prompt_id for r, _ in pairs], pa.int32())
+        arrays["round"] = pa.array([r.round for r, _ in pairs], pa.int32())
+        for f in S.steps_schema(None, None, None):
+            if f.name in arrays or f.name in S.HIDDEN_COLUMNS:
+                continue
+            vals = [getattr(s, f.name) for _, s in pairs]
+            if pa.types.is_list(f.type):
+                vals = [None if v is None else list(v) for v in vals]
+            arrays[f.name] = pa.array(vals, f.type)
+        for name in S.HIDDEN_COLUMNS:
+            typ = self.steps_schema.field(name).type
+            if pa.types.is_null(typ):
+                arrays[name] = pa.nulls(n)
+                continue
+            dim = typ.list_size
+            mask = np.array([getattr(s, name) is None for _, s in pairs], dtype=bool)
+            flat = np.zeros((n, dim), dtype=_NP_HIDDEN[self.hidden_dtype])
+            for i, (_, s) in enumerate(pairs):
+                v = getattr(s, name)
+                if v is not None:
+                    flat[i] = v
+            arrays[name] = pa.FixedSizeListArray.from_arrays(
+                pa.array(flat.reshape(-1)), dim, mask=pa.array(mask) if mask.any() else None)
+        return pa.table([arrays[f.name] for f in self.steps_schema], schema=self.steps_schema)
+
+
+def _conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    cols = []
+    n = table.num_rows
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            if not col.type.equals(f.type):
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise TraceFormatError(f"{what} column cannot be cast: {e}", key=f.name,
+                                           expected=str(f.type), actual=str(col.type)) from None
+            if not f.nullable and col.null_count:
+                raise TraceFormatError(f"{what} column holds nulls", key=f.name,
+                                       expected="no nulls", actual=f"{col.null_count} nulls")
+            cols.append(col)
+        elif f.nullable:
+            cols.append(pa.nulls(n, f.type))
+        else:
+            raise TraceFormatError(f"{what} table lacks a required column", key=f.name,
+                                   expected="present", actual="missing")
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+# ====================================================================== reading
+class Trace:
+    """An opened trace directory (see :func:`open_trace`).
+
+    Attributes:
+        path: the directory.
+        manifest: the parsed ``manifest.json`` (dict).
+        warnings: human-readable warnings (skipped parts, incomplete trace, ...), each naming the file.
+
+    DataFrames: ``rounds`` / ``steps`` / ``requests`` are read once and cached. Non-null int32 columns
+    are numpy ``int32``; nullable int32 and bool columns are pandas ``Int32`` / ``boolean`` (``<NA>``
+    for null); floats are float32/float64 with NaN for null; list columns hold one ``numpy.ndarray``
+    per row (``None`` for a null list). Hidden-state columns are never in ``steps``: use :meth:`hidden`.
+    Rows are in part order, i.e. the order of writing.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], warnings: list[str]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.warnings = warnings
+        self.schemas = {"rounds": S.ROUNDS_SCHEMA, "steps": S.steps_schema_from_manifest(manifest),
+                        "requests": S.REQUESTS_SCHEMA}
+        self._files: dict[str, list[Path]] = {t: self._list_parts(t) for t in S.TABLES}
+        self._cache: dict[tuple[str, tuple[str, ...]], pd.DataFrame] = {}
+        self._con = None
+
+    def __repr__(self) -> str:
+        return f"Trace({str(self.path)!r}, source={self.manifest.get('source')!r}, parts={self.n_parts})"
+
+    # ------------------------------------------------------------------ parts
+    def _list_parts(self, table: str) -> list[Path]:
+        d = self.path / table
+        if not d.is_dir():
+            return []
+        parts = sorted((p for p in d.iterdir() if _PART_RE.match(p.name)),
+                       key=lambda p: int(_PART_RE.match(p.name).group(1)))
+        tmps = [p for p in d.iterdir() if p.name.endswith(".parquet.tmp")]
+        for p in tmps:
+            self.warnings.append(f"{p}: unfinished part (.tmp) ignored")
+        return parts
+
+    def part_files(self, table: str) -> list[Path]:
+        """The readable part files of ``table`` (``rounds``, ``steps`` or ``requests``), in order."""
+        return list(self._files[table])
+
+    @property
+    def n_parts(self) -> int:
+        return max(len(self._files["rounds"]), len(self._files["requests"]))
+
+    def _mark_bad(self, table: str, path: Path, err: BaseException) -> None:
+        if path in self._files[table]:
+            self._files[table].remove(path)
+            msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+            self.warnings.append(f"{path}: unreadable {table} part skipped ({msg})")
+            self._cache = {k: v for k, v in self._cache.items() if k[0] != table}
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+    def check_parts(self, table: str | None = None) -> None:
+        """Read every part's footer now and skip (with a warning) those that fail."""
+        for t in [table] if table else S.TABLES:
+            for p in list(self._files[t]):
+                try:
+                    pq.read_metadata(p)
+                except (OSError, pa.ArrowException) as e:
+                    self._mark_bad(t, p, e)
+
+    def _read_arrow(self, table: str, columns: Sequence[str]) -> pa.Table:
+        schema = self.schemas[table]
+        for c in columns:
+            if c not in schema.names:
+                raise TraceFormatError(f"no such column in {table}", path=self.path, key=c,
+                                       expected=", ".join(schema.names), actual=c)
+        files = self._files[table]
+        if not files:
+            return schema.empty_table().select(list(columns))
+        opts = ds.ParquetFragmentScanOptions(page_checksum_verification=True)
+        fmt = ds.ParquetFileFormat(default_fragment_scan_options=opts)
+        try:
+            dset = ds.dataset([str(p) for p in files], schema=schema, format=fmt)
+            return dset.to_table(columns=list(columns))
+        except (OSError, pa.ArrowException):
+            pass
+        # Slow path: find the bad parts one by one, keep the rest.
+        pieces = []
+        for p in list(files):
+            try:
+                t = pq.read_table(p, columns=list(columns), page_checksum_verification=True)
+                pieces.append(_conform(t, _subschema(schema, columns), table))
+            except (OSError, pa.ArrowException, TraceFormatError) as e:
+                self._mark_bad(table, p, e)
+        if not pieces:
+            return schema.empty_table().select(list(columns))
+        return pa.concat_tables(pieces)
+
+    # ------------------------------------------------------------------ DataFrames
+    def columns(self, table: str, names: Sequence[str] | None = None) -> pd.DataFrame:
+        """Only ``names`` of ``table`` as a DataFrame (column projection: other columns are not read).
+
+        ``names=None`` means every non-hidden column. Cached per (table, names).
+
+        Raises:
+            TraceFormatError: an unknown table or column name.
+        """
+        if table not in self.schemas:
+            raise TraceFormatError("no such table", path=self.path, key=table,
+                                   expected=" | ".join(S.TABLES), actual=table)
+        if names is None:
+            names = [n for n in self.schemas[table].names if n not in S.HIDDEN_COLUMNS]
+        key = (table, tuple(names))
+        if key not in self._cache:
+            arrow = self._read_arrow(table, names)
+            self._cache[key] = _to_pandas(arrow, self.schemas[table])
+        return self._cache[key]
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        """All rounds (one row per round), columns as in ``schema.ROUNDS_SCHEMA``."""
+        return self.columns("rounds")
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """All draft steps (one row per step), hidden-state columns excluded."""
+        return self.columns("steps")
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """Per-request summaries (server-log imports; empty otherwise)."""
+        return self.columns("requests")
+
+    # ------------------------------------------------------------------ hidden states
+    def hidden(self, name: str, where: Any = None) -> np.ndarray:
+        """One hidden-state column as a float32 array of shape ``(n, dim)`` (numpy order).
+
+        Only that column is read from each steps part (pyarrow column projection).
+
+        Args:
+            name: ``"h"``, ``"h_next"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
+            where: which steps: ``None`` (all, in ``steps`` row order); a boolean mask aligned with
+                :attr:`steps` rows (numpy array or pandas Series of length ``len(steps)``); or a string,
+                a DuckDB SQL boolean expression over the steps columns, e.g. ``"k = 1 AND NOT accepted"``.
+                Rows come back in ``steps`` order. Rows whose hidden state is null are NaN.
+
+        Raises:
+            TraceFormatError: unknown name, the trace stores no such hidden state, a mask of the wrong
+                length, or an invalid SQL expression.
+        """
+        if name not in S.HIDDEN_COLUMNS:
+            raise TraceFormatError("no such hidden-state column", path=self.path, key=name,
+                                   expected=" | ".join(S.HIDDEN_COLUMNS), actual=name)
+        typ = self.schemas["steps"].field(name).type
+        if pa.types.is_null(typ):
+            raise TraceFormatError("this trace stores no hidden state for this column", path=self.path,
+                                   key=name, expected="recorded hidden states",
+                                   actual=f"dims {self.manifest.get('dims')}")
+        dim = typ.list_size
+        self.check_parts("steps")
+        files = self.part_files("steps")
+        sizes = [pq.read_metadata(p).num_rows for p in files]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        rows_per_file: list[np.ndarray | None]
+        if where is None:
+            rows_per_file = [None] * len(files)
+        else:
+            if isinstance(where, str):
+                idx = self._where_rows(where)
+            else:
+                mask = np.asarray(where, dtype=bool)
+                if mask.shape != (int(offsets[-1]),):
+                    raise TraceFormatError("mask length differs from the number of steps",
+                                           path=self.path, key="where", expected=int(offsets[-1]),
+                                           actual=mask.shape)
+                idx = np.flatnonzero(mask)
+            rows_per_file = [idx[(idx >= offsets[i]) & (idx < offsets[i + 1])] - offsets[i]
+                             for i in range(len(files))]
+        out = []
+        for p, rows, size in zip(files, rows_per_file, sizes):
+            if rows is not None and len(rows) == 0:
+                continue
+            try:
+                col = pq.read_table(p, columns=[name], page_checksum_verification=True).column(name)
+                arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+                vals = arr.values.to_numpy(zero_copy_only=False)
+                start = arr.offset * dim
+                block = np.asarray(vals[start:start + len(arr) * dim], dtype=np.float32).reshape(-1, dim)
+                if arr.null_count:
+                    block = block.copy()
+                    block[arr.is_null().to_numpy(zero_copy_only=False)] = np.nan
+            except (OSError, pa.ArrowException) as e:
+                self.warnings.append(f"{p}: hidden column {name!r} unreadable, rows set to NaN ({e})")
+                block = np.full((size, dim), np.nan, dtype=np.float32)
+            out.append(block if rows is None else block[rows])
+        if not out:
+            return np.empty((0, dim), dtype=np.float32)
+        return np.ascontiguousarray(np.concatenate(out, axis=0), dtype=np.float32)
+
+    def _where_rows(self, predicate: str) -> np.ndarray:
+        import duckdb
+
+        cols = [n for n in self.schemas["steps"].names if n not in S.HIDDEN_COLUMNS]
+        df = self.columns("steps", [c for c in cols if not pa.types.is_list(self.schemas["steps"]
+                                                                            .field(c).type)])
+        con = duckdb.connect()
+        try:
+            con.register("steps", df)
+            res = con.execute(f"SELECT i FROM (SELECT row_number() OVER () - 1 AS i, * FROM steps) "
+                              f"WHERE ({predicate}) ORDER BY i").fetchnumpy()
+        except duckdb.Error as e:
+            raise TraceFormatError(f"invalid where expression: {e}", path=self.path, key="where",
+                                   expected="a DuckDB boolean expression over steps columns",
+                                   actual=predicate) from None
+        finally:
+            con.close()
+        return np.asarray(res["i"], dtype=np.int64)
+
+    # ------------------------------------------------------------------ SQL
+    def sql(self, query: str) -> pd.DataFrame:
+        """Run a DuckDB query over the parts; views ``rounds``, ``steps`` and ``requests``.
+
+        Hidden-state columns are available in the ``steps`` view (as DuckDB arrays).
+
+        Raises:
+            TraceFormatError: the query fails (message from DuckDB).
+        """
+        import duckdb
+
+        if self._con is None:
+            self.check_parts()
+            con = duckdb.connect()
+            for t in S.TABLES:
+                files = self._files[t]
+                if files:
+                    lst = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet([{lst}])")
+                else:
+                    con.register(f"_empty_{t}", self.schemas[t].empty_table())
+                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM _empty_{t}")
+            self._con = con
+        try:
+            return self._con.execute(query).df()
+        except duckdb.Error as e:
+            raise TraceFormatError(f"query failed: {e}", path=self.path, key="sql",
+                                   expected="a valid DuckDB query over rounds/steps/requests",
+                                   actual=query) from None
+
+
+def _subschema(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _to_pandas(table: pa.Table, schema: pa.Schema) -> pd.DataFrame:
+    data = {}
+    for name in table.column_names:
+        col = table.column(name)
+        f = schema.field(name)
+        if f.nullable and (pa.types.is_int32(f.type) or pa.types.is_boolean(f.type)):
+            data[name] = col.to_pandas(types_mapper=_NULLABLE_PANDAS.get)
+        else:
+            data[name] = col.to_pandas()
+    return pd.DataFrame(data, index=pd.RangeIndex(table.num_rows), columns=table.column_names)
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open a trace directory for reading (``traces.open`` is this function).
+
+    Reads and checks ``manifest.json`` now; parts are read lazily. Torn or unreadable parts are
+    skipped with a warning in ``Trace.warnings``; a trace whose manifest says ``complete: false``
+    (still running, or killed) gets a warning too.
+
+    Raises:
+        TraceFormatError: ``path`` is not a directory, has no readable ``manifest.json``, or the
+            manifest has another schema version / lacks required keys.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise TraceFormatError("not a trace directory", path=p, expected="a directory with manifest.json",
+                               actual="missing" if not p.exists() else "not a directory")
+    mpath = p / MANIFEST
+    try:
+        text = mpath.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFormatError("trace directory has no manifest", path=mpath,
+                               expected="manifest.json", actual="missing") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceFormatError(f"manifest is not valid JSON: {e.msg}", path=mpath, offset=e.pos) from None
+    S.check_manifest(manifest, str(mpath))
+    warnings: list[str] = []
+    if not manifest.get("complete"):
+        warnings.append(f"{mpath}: trace is incomplete (still being written, or the run stopped early)")
+    return Trace(p, manifest, warnings)
