@@ -1,0 +1,531 @@
+"""Deterministic demo models: a tiny Gemma 4 target and its tiny MTP drafter, in both GGUF dialects.
+
+What the demo pair **is**: real GGUF files that the real llama.cpp runtime (llama-cpp-python 0.3.36)
+loads and runs, carrying the real Gemma 4 tokenizer (262144 tokens), with the real graph shapes of a
+Gemma 4 target (``gemma4``: sliding and full attention layers, proportional RoPE through
+``rope_freqs``, K = V on full layers, ``layer_output_scale``, final logit soft-capping) and of its
+assistant drafter (``gemma4-assistant`` upstream, ``gemma4_assistant`` fork with a centroid head).
+What it is **not**: a language model. The weights are synthetic (seeded), tiny (target width 64,
+drafter width 128) and built so that draft acceptance is *known by construction*:
+
+* **Target** (``write_target``): every ``attn_output`` weight is zero, so attention adds nothing and
+  the target is a pure function of the current token (a bigram model). Layer 0's feed-forward is an
+  associative memory that maps each word of :data:`DEMO_PASSAGE` to the next word (cyclically), so
+  generated text walks through that sentence; layers 1-3 add small seeded random feed-forwards;
+  layers 4-5 are identities (``ffn_down`` = 0, ``layer_output_scale`` = 1).
+* **Drafter** (``write_drafter``, noise 0): its pre-projection copies the embedding half of
+  ``concat(e, h)`` (``e = target.token_embd[tok] * sqrt(n_embd_backbone)``, the scale the target
+  applies to its own input) into the first ``n_embd_backbone`` dims of the wider drafter stream and
+  zeros the rest; its four layers copy the target's layers 0-3 (norm and feed-forward weights,
+  zero-padded; RMSNorm weights times ``sqrt(n_embd_backbone / n_embd)`` and the drafter's RMS
+  epsilon = target epsilon * ``n_embd_backbone / n_embd``, which makes the padded RMSNorm equal to
+  the target's); its attention output is zero as well; its LM head is the target's ``token_embd``
+  padded with zeros. The drafter's logits then equal the target's pre-soft-capping logits for the
+  token it is fed, so every greedy draft equals the target's next token: acceptance rate 1.0.
+  Soft-capping (``30 * tanh(x / 30)``) is monotonic and does not move the argmax.
+* ``noise > 0`` adds seeded Gaussian noise to the drafter's pre-projection and feed-forward matrices
+  (relative Frobenius size ``noise``: ``||dW|| ~= noise * ||W||``); acceptance falls smoothly.
+* **Fork dialect** (``dialect="fork"``): the same weights under the fork's names (``mtp.*``) and keys,
+  plus a centroid head: ``n_centroids`` balanced clusters of the token embeddings (recursive median
+  splits, so each cluster holds exactly ``n_vocab / n_centroids`` tokens), centroid = mean of its
+  tokens' (padded) embedding rows, ``mtp.token_ordering`` = the cluster members row by row (a
+  permutation of the vocabulary). ``centroid_misplace`` moves that share of tokens (and the same
+  share of the passage's tokens, at least one) to another cluster's row without changing the
+  centroids, so the sparse head cannot reach them: a visible reason for a failed draft.
+
+Shapes: dict values are numpy arrays in numpy order (``shape``); GGUF ``ne`` is the reverse.
+Sources for the graph maths: llama.cpp 0c1e57098 ``src/models/gemma4.cpp`` and
+``gemma4-assistant.cpp``; ``shared/reference/gemma4-assistant-facts.md`` sections 1, 3 and 5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inspector.errors import MtpscopeError
+from mtpscope.demo_vocab import (
+    GGUF_ARRAY, GGUF_BOOL, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32, DemoVocab, MetaValue,
+    load_vocab,
+)
+
+#: The sentence the demo target "knows": each word (one real token each, with its leading space)
+#: is followed by the next one, the last by the first. Words outside the vocabulary in use are skipped.
+DEMO_PASSAGE = ("The quick brown fox jumps over lazy dogs while seven clever wizards quietly pack boxes "
+                "with golden liquor , and every sailor sings about distant islands where purple dragons "
+                "sleep under silver moons .")
+
+TARGET_ARCH = "gemma4"
+UPSTREAM_ARCH = "gemma4-assistant"
+FORK_ARCH = "gemma4_assistant"
+
+
+@dataclass(frozen=True)
+class TinyDims:
+    """Hyperparameters of the tiny pair (all widths in elements).
+
+    ``n_embd_backbone`` is the target's ``embedding_length`` and the drafter's backbone width;
+    ``n_embd`` is the drafter's inner width (must differ from ``n_embd_backbone``: the upstream
+    loader refuses equal widths). Layer-type patterns: True = sliding window attention.
+    """
+
+    n_embd_backbone: int = 64
+    n_embd: int = 128
+    target_swa: tuple[bool, ...] = (True, True, False, True, True, False)
+    drafter_swa: tuple[bool, ...] = (True, True, True, False)
+    n_head: int = 2
+    n_head_kv: int = 1
+    head_dim: int = 64          # full-attention head dim (key_length = value_length)
+    head_dim_swa: int = 32      # sliding head dim
+    n_ff: int = 128
+    sliding_window: int = 128
+    context_length: int = 4096
+    rms_eps: float = 1e-6       # the target's; the drafter's is scaled (see module doc)
+    softcap: float = 30.0
+    rope_freq_base: float = 1e6
+    rope_freq_base_swa: float = 1e4
+    partial_rotary_factor: float = 0.25   # full layers: share of rotated pairs (proportional RoPE)
+    memory_gain: float = 0.5    # layer-0 associative memory: gate/up scale
+    memory_out: float = 4.0     # layer-0 post_ffw_norm weight (memory dominates the residual)
+    random_out: float = 0.25    # layers 1-3 post_ffw_norm weight scale
+
+    @property
+    def n_layer_target(self) -> int:
+        return len(self.target_swa)
+
+    @property
+    def n_layer_drafter(self) -> int:
+        return len(self.drafter_swa)
+
+
+DEFAULT_DIMS = TinyDims()
+
+
+@dataclass(frozen=True)
+class DemoPaths:
+    """Every path of a built demo folder (see docs/ARCHITECTURE.md, Demo)."""
+
+    root: Path
+    target: Path
+    drafter_upstream: Path
+    drafter_upstream_noisy: Path
+    drafter_fork: Path
+    traces_clean: Path
+    traces_noisy: Path
+    stamp: Path
+    record_config: Path
+
+    @classmethod
+    def under(cls, root: Path, record_config: Path) -> DemoPaths:
+        root = Path(root)
+        return cls(root=root, target=root / "target.gguf",
+                   drafter_upstream=root / "drafter-upstream.gguf",
+                   drafter_upstream_noisy=root / "drafter-upstream-noisy.gguf",
+                   drafter_fork=root / "drafter-fork.gguf",
+                   traces_clean=root / "traces" / "clean", traces_noisy=root / "traces" / "noisy",
+                   stamp=root / "stamp.json", record_config=record_config)
+
+    @property
+    def models(self) -> tuple[Path, ...]:
+        return (self.target, self.drafter_upstream, self.drafter_upstream_noisy, self.drafter_fork)
+
+
+# ----------------------------------------------------------------------------------------------
+# seeded randomness
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    """An independent generator per (seed, tensor name): weights do not depend on creation order."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
+
+
+def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (_rng(seed, name).standard_normal(shape) * std).astype(np.float32)
+
+
+def _positive(seed: int, name: str, n: int, center: float, spread: float) -> np.ndarray:
+    """Norm weights: ``center * (1 + spread * N(0,1))``, clipped away from zero."""
+    w = center * (1.0 + spread * _rng(seed, name).standard_normal(n))
+    return np.clip(w, 0.2 * center, None).astype(np.float32)
+
+
+def passage_tokens(vocab: DemoVocab, passage: str = DEMO_PASSAGE) -> list[int]:
+    """Token ids of the passage's words (``"▁word"``, punctuation without ``▁``) that exist in ``vocab``.
+
+    Duplicates are dropped (a bigram memory needs one successor per token).
+    """
+    ids: list[int] = []
+    for word in passage.split():
+        text = word if word in {",", ".", ";", ":", "!", "?"} else "\u2581" + word
+        tid = vocab.token_id(text)
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------
+# weights
+
+
+def target_weights(vocab: DemoVocab, dims: TinyDims = DEFAULT_DIMS, seed: int = 0) -> dict[str, np.ndarray]:
+    """All tensors of the tiny target, numpy order, in GGUF name -> array form.
+
+    ``token_embd.weight`` is float16 with shape ``(n_vocab, n_embd_backbone)``; every other tensor
+    is float32. Rows of ``token_embd`` are unit-norm (after the float16 rounding the norm is 1 to
+    about 1e-3). See the module docstring for the construction.
+    """
+    T, V, F = dims.n_embd_backbone, vocab.n_vocab, dims.n_ff
+    w: dict[str, np.ndarray] = {}
+    emb = _rng(seed, "token_embd").standard_normal((V, T)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    w["token_embd.weight"] = emb.astype(np.float16)
+    u = w["token_embd.weight"].astype(np.float32)      # the rounded values: the model really uses these
+    w["output_norm.weight"] = _positive(seed, "output_norm", T, 1.0, 0.1)
+    w["rope_freqs.weight"] = rope_freqs(dims)
+    chain = passage_tokens(vocab)
+    if len(chain) < 2:
+        raise MtpscopeError("the demo passage needs at least two tokens in the vocabulary",
+                            key="DEMO_PASSAGE", expected=">= 2 tokens", actual=len(chain))
+    if len(chain) > F:
+        raise MtpscopeError("the demo passage has more tokens than feed-forward units",
+                            key="n_ff", expected=f">= {len(chain)}", actual=F)
+    n_active = dims.n_layer_drafter
+    for il, swa in enumerate(dims.target_swa):
+        p = f"blk.{il}."
+        hd = dims.head_dim_swa if swa else dims.head_dim
+        w[p + "attn_norm.weight"] = _positive(seed, p + "attn_norm", T, 1.0, 0.1)
+        w[p + "attn_q.weight"] = _normal(seed, p + "attn_q", (dims.n_head * hd, T), 1 / math.sqrt(T))
+        w[p + "attn_k.weight"] = _normal(seed, p + "attn_k", (dims.n_head_kv * hd, T), 1 / math.sqrt(T))
+        if swa:  # full layers: K = V (attention_k_eq_v), no attn_v tensor
+            w[p + "attn_v.weight"] = _normal(seed, p + "attn_v", (dims.n_head_kv * hd, T), 1 / math.sqrt(T))
+        w[p + "attn_q_norm.weight"] = _positive(seed, p + "attn_q_norm", hd, 1.0, 0.1)
+        w[p + "attn_k_norm.weight"] = _positive(seed, p + "attn_k_norm", hd, 1.0, 0.1)
+        w[p + "attn_output.weight"] = np.zeros((T, dims.n_head * hd), np.float32)
+        w[p + "post_attention_norm.weight"] = _positive(seed, p + "post_attention_norm", T, 1.0, 0.1)
+        if il == 0:   # associative memory: token chain[i] -> chain[i + 1]
+            gate = _normal(seed, p + "ffn_gate", (F, T), 0.02)
+            up = _normal(seed, p + "ffn_up", (F, T), 0.02)
+            down = _normal(seed, p + "ffn_down", (T, F), 0.02)
+            for i, tok in enumerate(chain):
+                nxt = chain[(i + 1) % len(chain)]
+                gate[i] = dims.memory_gain * u[tok]
+                up[i] = dims.memory_gain * u[tok]
+                down[:, i] = u[nxt]
+            w[p + "ffn_norm.weight"] = np.ones(T, np.float32)
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"], w[p + "ffn_down.weight"] = gate, up, down
+            w[p + "post_ffw_norm.weight"] = _positive(seed, p + "post_ffw_norm", T, dims.memory_out, 0.05)
+            scale = 1.0
+        elif il < n_active:
+            w[p + "ffn_norm.weight"] = _positive(seed, p + "ffn_norm", T, 1.0, 0.1)
+            w[p + "ffn_gate.weight"] = _normal(seed, p + "ffn_gate", (F, T), 1 / math.sqrt(T))
+            w[p + "ffn_up.weight"] = _normal(seed, p + "ffn_up", (F, T), 1 / math.sqrt(T))
+            w[p + "ffn_down.weight"] = _normal(seed, p + "ffn_down", (T, F), 1 / math.sqrt(F))
+            w[p + "post_ffw_norm.weight"] = _positive(seed, p + "post_ffw_norm", T, dims.random_out, 0.1)
+            scale = (0.9, 1.1, 0.95, 1.05)[il % 4]
+        else:         # identity layer: the feed-forward adds exactly zero
+            w[p + "ffn_norm.weight"] = _positive(seed, p + "ffn_norm", T, 1.0, 0.1)
+            w[p + "ffn_gate.weight"] = _normal(seed, p + "ffn_gate", (F, T), 1 / math.sqrt(T))
+            w[p + "ffn_up.weight"] = _normal(seed, p + "ffn_up", (F, T), 1 / math.sqrt(T))
+            w[p + "ffn_down.weight"] = np.zeros((T, F), np.float32)
+            w[p + "post_ffw_norm.weight"] = _positive(seed, p + "post_ffw_norm", T, 1.0, 0.1)
+            scale = 1.0
+        w[p + "layer_output_scale.weight"] = np.array([scale], np.float32)
+    return w
+
+
+def rope_freqs(dims: TinyDims) -> np.ndarray:
+    """Proportional RoPE factors for full layers, shape ``(head_dim // 2,)``: 1.0 for the first
+    ``partial_rotary_factor`` share of pairs, 1e30 (no rotation) for the rest (as the upstream
+    converter writes them, conversion/gemma.py ``generate_extra_tensors``)."""
+    half = dims.head_dim // 2
+    n_rot = int(dims.head_dim * dims.partial_rotary_factor / 2)
+    return np.array([1.0] * n_rot + [1e30] * (half - n_rot), np.float32)
+
+
+def drafter_weights(target: dict[str, np.ndarray], dims: TinyDims = DEFAULT_DIMS, *, noise: float = 0.0,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """The drafter's tensors (upstream names), built from the target's, numpy order.
+
+    Args:
+        target: :func:`target_weights` output.
+        noise: relative Frobenius size of the Gaussian noise added to ``nextn.pre_projection`` and
+            every ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` (0 = exact copy, acceptance 1.0).
+        seed: noise seed (independent of the target's seed stream: names are prefixed ``noise/``).
+
+    Raises:
+        ValueError: ``noise < 0`` or ``n_embd == n_embd_backbone``.
+    """
+    if noise < 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
+    T, D, F = dims.n_embd_backbone, dims.n_embd, dims.n_ff
+    if D == T:
+        raise ValueError("the drafter's n_embd must differ from n_embd_backbone (upstream loader rule)")
+    k = math.sqrt(T / D)
+
+    def pad_norm(v: np.ndarray) -> np.ndarray:
+        out = np.zeros(D, np.float32)
+        out[:T] = v * k
+        return out
+
+    def noisy(name: str, m: np.ndarray) -> np.ndarray:
+        if noise == 0:
+            return m
+        fro = float(np.linalg.norm(m))
+        return (m + _normal(seed, "noise/" + name, m.shape, noise * fro / math.sqrt(m.size))).astype(np.float32)
+
+    emb = target["token_embd.weight"]
+    w: dict[str, np.ndarray] = {}
+    tok = np.zeros((emb.shape[0], D), np.float16)
+    tok[:, :T] = emb
+    w["token_embd.weight"] = tok
+    w["output_norm.weight"] = pad_norm(target["output_norm.weight"])
+    w["rope_freqs.weight"] = target["rope_freqs.weight"].copy()
+    pre = np.zeros((D, 2 * T), np.float32)
+    pre[:T, :T] = np.eye(T, dtype=np.float32)
+    w["nextn.pre_projection.weight"] = noisy("nextn.pre_projection", pre)
+    post = np.zeros((T, D), np.float32)
+    post[:, :T] = np.eye(T, dtype=np.float32)
+    w["nextn.post_projection.weight"] = post
+    for il, swa in enumerate(dims.drafter_swa):
+        p, tp = f"blk.{il}.", f"blk.{il}."      # drafter layer il copies target layer il (0..3)
+        hd = dims.head_dim_swa if swa else dims.head_dim
+        w[p + "attn_norm.weight"] = pad_norm(target[tp + "attn_norm.weight"])
+        q = np.zeros((dims.n_head * hd, D), np.float32)
+        q[:, :T] = _normal(seed, "drafter/" + p + "attn_q", (dims.n_head * hd, T), 1 / math.sqrt(T))
+        w[p + "attn_q.weight"] = q
+        w[p + "attn_q_norm.weight"] = _positive(seed, "drafter/" + p + "attn_q_norm", hd, 1.0, 0.1)
+        w[p + "attn_output.weight"] = np.zeros((D, dims.n_head * hd), np.float32)
+        w[p + "post_attention_norm.weight"] = pad_norm(target[tp + "post_attention_norm.weight"])
+        w[p + "layer_output_scale.weight"] = target[tp + "layer_output_scale.weight"].copy()
+        w[p + "ffn_norm.weight"] = pad_norm(target[tp + "ffn_norm.weight"])
+        gate = np.zeros((F, D), np.float32)
+        gate[:, :T] = target[tp + "ffn_gate.weight"]
+        up = np.zeros((F, D), np.float32)
+        up[:, :T] = target[tp + "ffn_up.weight"]
+        down = np.zeros((D, F), np.float32)
+        down[:T] = target[tp + "ffn_down.weight"]
+        w[p + "ffn_gate.weight"] = noisy(p + "ffn_gate", gate)
+        w[p + "ffn_up.weight"] = noisy(p + "ffn_up", up)
+        w[p + "ffn_down.weight"] = noisy(p + "ffn_down", down)
+        w[p + "post_ffw_norm.weight"] = pad_norm(target[tp + "post_ffw_norm.weight"])
+    return w
+
+
+def centroid_head(target: dict[str, np.ndarray], vocab: DemoVocab, dims: TinyDims = DEFAULT_DIMS, *,
+                  n_centroids: int = 2048, misplace: float = 0.0, seed: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A centroid head for the fork dialect.
+
+    Returns:
+        ``(centroids, ordering, misplaced)``: ``centroids`` float32 shape ``(n_centroids, n_embd)``
+        (GGUF ``ne`` ``[n_embd, n_centroids]``); ``ordering`` int32 shape ``(n_vocab,)``, a permutation
+        of ``0..n_vocab-1`` whose row ``j`` (``ordering[j*vsc:(j+1)*vsc]``, ``vsc = n_vocab / n_centroids``)
+        lists cluster ``j``'s tokens; ``misplaced`` sorted int32 ids of the tokens moved to another row.
+
+    Clusters: ``log2(n_centroids)`` rounds of median splits of every group along one seeded random
+    direction per round (balanced by construction). Centroid = mean of the cluster's embedding rows,
+    zero-padded to ``n_embd``. Misplacement: a seeded share ``misplace`` of all tokens plus the same
+    share (at least one, if ``misplace > 0``) of :func:`passage_tokens` trade places cyclically in the
+    ordering; the centroids stay those of the intended clusters.
+
+    Raises:
+        ValueError: ``n_centroids`` not a power of two dividing ``n_vocab``, or ``misplace`` not in [0, 1).
+    """
+    V, T = vocab.n_vocab, dims.n_embd_backbone
+    if n_centroids <= 0 or n_centroids & (n_centroids - 1) or V % n_centroids:
+        raise ValueError(f"n_centroids must be a power of two dividing n_vocab={V}, got {n_centroids}")
+    if not 0 <= misplace < 1:
+        raise ValueError(f"misplace must be in [0, 1), got {misplace}")
+    emb = target["token_embd.weight"].astype(np.float32)
+    order = np.arange(V)
+    rng = _rng(seed, "centroids/directions")
+    for level in range(int(math.log2(n_centroids))):
+        direction = rng.standard_normal(T).astype(np.float32)
+        groups = order.reshape(1 << level, -1)
+        proj = emb[groups] @ direction                       # (n_groups, group_size)
+        idx = np.argsort(proj, axis=1, kind="stable")
+        order = np.take_along_axis(groups, idx, axis=1).reshape(-1)
+    vsc = V // n_centroids
+    centroids = np.zeros((n_centroids, dims.n_embd), np.float32)
+    centroids[:, :T] = emb[order].reshape(n_centroids, vsc, T).mean(axis=1)
+    misplaced = np.zeros(0, np.int64)
+    if misplace > 0:
+        r = _rng(seed, "centroids/misplace")
+        n_all = max(2, int(round(misplace * V)))
+        chosen = set(r.choice(V, size=n_all, replace=False).tolist())
+        chain = passage_tokens(vocab)
+        n_chain = max(1, int(math.ceil(misplace * len(chain))))
+        chosen.update(int(t) for t in r.choice(chain, size=min(n_chain, len(chain)), replace=False))
+        misplaced = np.array(sorted(chosen), np.int64)
+        pos = np.empty(V, np.int64)
+        pos[order] = np.arange(V)
+        slots = pos[misplaced]                               # where these tokens sit now
+        shuffled = r.permutation(len(misplaced))
+        # a derangement-like cycle: token i takes the slot of token shuffled[i+1]
+        cyc = np.roll(shuffled, 1)
+        new = order.copy()
+        new[slots[cyc]] = misplaced[shuffled]
+        order = new
+    return centroids, order.astype(np.int32), misplaced.astype(np.int32)
+
+
+def fork_weights(upstream: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The upstream drafter tensors renamed to the fork dialect (``nextn.*`` -> ``mtp.*``)."""
+    ren = {"nextn.pre_projection.weight": "mtp.pre_projection.weight",
+           "nextn.post_projection.weight": "mtp.post_projection.weight"}
+    return {ren.get(k, k): v for k, v in upstream.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF writing
+
+
+def _hparam_kv(arch: str, dims: TinyDims, *, target: bool, n_vocab: int) -> list[tuple[str, MetaValue]]:
+    """Architecture keys (prefix ``arch``) for the target or the drafter."""
+    swa = dims.target_swa if target else dims.drafter_swa
+    n_embd = dims.n_embd_backbone if target else dims.n_embd
+    eps = dims.rms_eps if target else dims.rms_eps * dims.n_embd_backbone / dims.n_embd
+    a = arch + "."
+    kv: list[tuple[str, MetaValue]] = [
+        (a + "context_length", MetaValue(GGUF_UINT32, dims.context_length)),
+        (a + "embedding_length", MetaValue(GGUF_UINT32, n_embd)),
+        (a + "block_count", MetaValue(GGUF_UINT32, len(swa))),
+        (a + "feed_forward_length", MetaValue(GGUF_UINT32, dims.n_ff)),
+        (a + "attention.head_count", MetaValue(GGUF_UINT32, dims.n_head)),
+        (a + "attention.head_count_kv", MetaValue(GGUF_UINT32, dims.n_head_kv)),
+        (a + "attention.key_length", MetaValue(GGUF_UINT32, dims.head_dim)),
+        (a + "attention.value_length", MetaValue(GGUF_UINT32, dims.head_dim)),
+        (a + "attention.key_length_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
+        (a + "attention.value_length_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
+        (a + "attention.sliding_window", MetaValue(GGUF_UINT32, dims.sliding_window)),
+        (a + "attention.sliding_window_pattern", MetaValue(GGUF_ARRAY, list(swa), GGUF_BOOL)),
+        (a + "attention.layer_norm_rms_epsilon", MetaValue(GGUF_FLOAT32, eps)),
+        (a + "attention.shared_kv_layers", MetaValue(GGUF_UINT32, 0)),
+        (a + "rope.freq_base", MetaValue(GGUF_FLOAT32, dims.rope_freq_base)),
+        (a + "rope.freq_base_swa", MetaValue(GGUF_FLOAT32, dims.rope_freq_base_swa)),
+        (a + "rope.dimension_count", MetaValue(GGUF_UINT32, dims.head_dim)),
+        (a + "rope.dimension_count_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
+    ]
+    if target:
+        kv += [(a + "embedding_length_per_layer_input", MetaValue(GGUF_UINT32, 0)),
+               (a + "final_logit_softcapping", MetaValue(GGUF_FLOAT32, dims.softcap))]
+    return kv
+
+
+def _write_gguf(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tensors: dict[str, np.ndarray]) -> Path:
+    """Write one GGUF (version 3, little-endian, alignment 32) atomically (``.tmp`` then rename)."""
+    import gguf  # gguf-py's writer; keys and tensor names are passed as plain strings
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(tmp, arch)
+    for key, mv in kv:
+        vtype = gguf.GGUFValueType(mv.type)
+        if mv.type == GGUF_ARRAY:
+            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
+            writer.add_key_value(key, val, vtype, sub_type=gguf.GGUFValueType(mv.sub_type))
+        else:
+            writer.add_key_value(key, mv.value, vtype)
+    for name, arr in tensors.items():
+        writer.add_tensor(name, np.ascontiguousarray(arr))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, path)
+    return path
+
+
+def _general_kv(name: str, extra: dict[str, Any]) -> list[tuple[str, MetaValue]]:
+    kv = [("general.name", MetaValue(GGUF_STRING, name)),
+          ("general.description", MetaValue(GGUF_STRING, "mtpscope demo: tiny synthetic weights, real "
+                                            "Gemma 4 tokenizer; see docs/DEMO.md"))]
+    for k, v in extra.items():
+        if isinstance(v, bool):
+            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_BOOL, v)))
+        elif isinstance(v, int):
+            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_UINT32, v)))
+        elif isinstance(v, float):
+            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_FLOAT32, v)))
+        else:
+            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_STRING, str(v))))
+    return kv
+
+
+def write_target(path: str | os.PathLike[str], *, vocab: str | DemoVocab = "full", seed: int = 0,
+                 dims: TinyDims = DEFAULT_DIMS) -> Path:
+    """Write the tiny ``gemma4`` target GGUF (see module docstring); returns ``path``.
+
+    Args:
+        vocab: ``"full"`` (real 262144-token tokenizer), ``"subset"`` (first 4096 real tokens) or a
+            :class:`DemoVocab`.
+        seed: weight seed; the same seed, dims and vocab give byte-identical files.
+
+    Size: about 33 MB with the full vocabulary (``token_embd`` float16 ``ne [64, 262144]``).
+    """
+    voc = vocab if isinstance(vocab, DemoVocab) else load_vocab(vocab)
+    w = target_weights(voc, dims, seed)
+    kv = _general_kv("mtpscope-demo-target", {"role": "target", "seed": seed, "vocab": voc.kind})
+    kv += _hparam_kv(TARGET_ARCH, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
+    return _write_gguf(Path(path), TARGET_ARCH, kv, w)
+
+
+def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", noise: float = 0.0,
+                  centroid_misplace: float = 0.0, n_centroids: int | None = None, centroid_top_k: int = 32,
+                  vocab: str | DemoVocab = "full", seed: int = 0, noise_seed: int | None = None,
+                  dims: TinyDims = DEFAULT_DIMS) -> Path:
+    """Write the tiny drafter for the target of the same ``seed`` / ``vocab`` / ``dims``; returns ``path``.
+
+    Args:
+        dialect: ``"upstream"`` (arch ``gemma4-assistant``, ``nextn.*``, ``embedding_length_out``,
+            ``nextn_predict_layers``; loads in llama.cpp) or ``"fork"`` (arch ``gemma4_assistant``,
+            ``mtp.*`` tensors, ``n_embd_backbone`` and the fork's centroid keys, plus
+            ``mtp.centroids.weight`` / ``mtp.token_ordering.weight``).
+        noise: see :func:`drafter_weights` (0 gives acceptance rate 1.0 against the target).
+        centroid_misplace: fork only: share of tokens moved out of their cluster's ordering row.
+        n_centroids: fork only: default 2048 for the full vocabulary, 32 for smaller ones.
+        centroid_top_k: fork only: ``centroid_top_k`` key (number of centroids the head keeps).
+        seed: the target's seed (the drafter copies that target).
+        noise_seed: seed of the noise (default: ``seed``).
+
+    Raises:
+        ValueError: unknown dialect, negative noise, bad ``n_centroids`` / ``centroid_misplace``.
+    """
+    if dialect not in ("upstream", "fork"):
+        raise ValueError(f"dialect must be 'upstream' or 'fork', got {dialect!r}")
+    voc = vocab if isinstance(vocab, DemoVocab) else load_vocab(vocab)
+    tw = target_weights(voc, dims, seed)
+    w = drafter_weights(tw, dims, noise=noise, seed=seed if noise_seed is None else noise_seed)
+    extra = {"role": "drafter", "dialect": dialect, "seed": seed, "noise": float(noise), "vocab": voc.kind}
+    if dialect == "upstream":
+        arch = UPSTREAM_ARCH
+        kv = _general_kv("mtpscope-demo-drafter", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
+        kv += [(arch + ".embedding_length_out", MetaValue(GGUF_UINT32, dims.n_embd_backbone)),
+               (arch + ".nextn_predict_layers", MetaValue(GGUF_UINT32, dims.n_layer_drafter))]
+        return _write_gguf(Path(path), arch, kv + list(voc.kv), w)
+    arch = FORK_ARCH
+    nc = n_centroids if n_centroids is not None else (2048 if voc.n_vocab >= 2048 * 16 else 32)
+    cent, ordering, _mis = centroid_head(tw, voc, dims, n_centroids=nc, misplace=centroid_misplace, seed=seed)
+    fw = fork_weights(w)
+    fw["mtp.centroids.weight"] = cent
+    fw["mtp.token_ordering.weight"] = ordering
+    extra["centroid_misplace"] = float(centroid_misplace)
+    kv = _general_kv("mtpscope-demo-drafter-fork", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
+    kv += [(arch + ".n_embd_backbone", MetaValue(GGUF_UINT32, dims.n_embd_backbone)),
+           (arch + ".n_centroids", MetaValue(GGUF_UINT32, nc)),
+           (arch + ".centroid_top_k", MetaValue(GGUF_UINT32, centroid_top_k)),
+           (arch + ".use_ordered_embeddings", MetaValue(GGUF_BOOL, True)),
+           (arch + ".attention.k_eq_v", MetaValue(GGUF_BOOL, True)),
+           (arch + ".requires_target_arch", MetaValue(GGUF_STRING, TARGET_ARCH))]
+    return _write_gguf(Path(path), arch, kv + list(voc.kv), fw)
