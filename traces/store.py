@@ -334,8 +334,9 @@ class Trace:
 
     DataFrames: ``rounds`` / ``steps`` / ``requests`` are read once and cached. Non-null int32 columns
     are numpy ``int32``; nullable int32 and bool columns are pandas ``Int32`` / ``boolean`` (``<NA>``
-    for null); floats are float32/float64 with NaN for null; list columns hold one ``numpy.ndarray``
-    per row (``None`` for a null list). Hidden-state columns are never in ``steps``: use :meth:`hidden`.
+    for null); floats are float32/float64 with NaN for null; list columns are pandas
+    ``ArrowDtype`` list columns (zero-copy from Arrow): one element is a Python ``list`` (``None`` for
+    a null list), and ``.list.len()`` / ``.list[i]`` work column-wide. Hidden-state columns are never in ``steps``: use :meth:`hidden`.
     Rows are in part order, i.e. the order of writing.
     """
 
@@ -581,6 +582,8 @@ def _to_pandas(table: pa.Table, schema: pa.Schema) -> pd.DataFrame:
         f = schema.field(name)
         if f.nullable and (pa.types.is_int32(f.type) or pa.types.is_boolean(f.type)):
             data[name] = col.to_pandas(types_mapper=_NULLABLE_PANDAS.get)
+        elif pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type):
+            data[name] = col.to_pandas(types_mapper=pd.ArrowDtype)
         else:
             data[name] = col.to_pandas()
     return pd.DataFrame(data, index=pd.RangeIndex(table.num_rows), columns=table.column_names)

@@ -1,0 +1,133 @@
+"""Metrics on a hand-computed trace (every expected number below was worked out by hand)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from inspector.errors import TraceFormatError
+from traces import metrics as M
+
+# (prompt_id, round, n_draft, n_accepted); given out of order on purpose
+ROWS = [
+    (1, 2, 3, 0),
+    (0, 0, 3, 3),
+    (0, 1, 3, 0),
+    (0, 2, 3, 0),
+    (0, 3, 3, 1),
+    (0, 4, 0, 0),     # a plain decode step: no drafts
+    (0, 5, 3, 0),
+    (1, 0, 3, 2),
+    (1, 1, 2, 2),
+]
+
+
+def _rounds(rows=ROWS) -> pd.DataFrame:
+    a = np.array(rows, dtype=np.int32)
+    return pd.DataFrame({"prompt_id": a[:, 0], "round": a[:, 1], "n_draft": a[:, 2], "n_accepted": a[:, 3]})
+
+
+def test_totals() -> None:
+    t = M.totals(_rounds())
+    assert t["n_rounds"] == 9
+    assert t["n_verify_rounds"] == 8
+    assert t["n_drafted"] == 23
+    assert t["n_accepted"] == 8
+    assert t["acceptance_rate"] == pytest.approx(8 / 23)
+    assert t["mean_acceptance_length"] == pytest.approx(2.0)      # 1 + 8 / 8
+    assert M.acceptance_rate(_rounds()) == pytest.approx(0.34782608695652173)
+    assert M.mean_acceptance_length(_rounds()) == 2.0
+
+
+def test_per_position() -> None:
+    pp = M.per_position_acceptance(_rounds())
+    assert list(pp["k"]) == [1, 2, 3]
+    assert list(pp["n_rounds"]) == [8, 8, 7]
+    assert list(pp["n_accepted"]) == [4, 3, 1]
+    assert list(pp["acceptance"]) == pytest.approx([0.5, 3 / 8, 1 / 7])
+    assert list(pp["conditional"]) == pytest.approx([0.5, 0.75, 0.5])
+
+
+def test_per_prompt() -> None:
+    pp = M.per_prompt(_rounds())
+    assert list(pp["prompt_id"]) == [0, 1]
+    assert list(pp["n_rounds"]) == [6, 3]
+    assert list(pp["n_drafted"]) == [15, 8]
+    assert list(pp["n_accepted"]) == [4, 4]
+    assert list(pp["acceptance_rate"]) == pytest.approx([4 / 15, 0.5])
+    assert list(pp["mean_acceptance_length"]) == pytest.approx([1.8, 1 + 4 / 3])
+
+
+def test_first_mismatch() -> None:
+    fm = M.first_mismatch_histogram(_rounds())
+    assert list(fm["k"]) == [1, 2, 3]
+    assert list(fm["n_rounds"]) == [4, 1, 1]
+    assert list(fm["share"]) == pytest.approx([4 / 6, 1 / 6, 1 / 6])
+    assert M.n_all_accepted(_rounds()) == 2
+
+
+def test_zero_acceptance_streaks() -> None:
+    s = M.zero_acceptance_streaks(_rounds())
+    assert s.values.tolist() == [[0, 1, 2, 2], [0, 5, 5, 1], [1, 2, 2, 1]]
+    # a round with no drafts neither breaks nor extends a streak
+    s2 = M.zero_acceptance_streaks(_rounds([(0, 0, 3, 0), (0, 1, 0, 0), (0, 2, 3, 0), (0, 3, 3, 2)]))
+    assert s2.values.tolist() == [[0, 0, 2, 2]]
+    assert len(M.zero_acceptance_streaks(_rounds([(0, 0, 3, 1)]))) == 0
+    assert M.zero_acceptance_streaks(_rounds(), min_length=2).values.tolist() == [[0, 1, 2, 2]]
+
+
+def test_rolling() -> None:
+    r = M.rolling_acceptance(_rounds(), window=2)
+    assert list(r["prompt_id"]) == [0] * 6 + [1] * 3
+    assert list(r["round"]) == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert list(r["acceptance_rate"]) == pytest.approx([1, 0.5, 0, 1 / 6, 1 / 3, 0, 2 / 3, 0.8, 0.4])
+    glob = M.rolling_acceptance(_rounds(), window=2, by_prompt=False)
+    # across the prompt boundary: p0 r5 (3, 0) then p1 r0 (3, 2) -> 2 / 6
+    assert glob["acceptance_rate"][6] == pytest.approx(1 / 3)
+    with pytest.raises(TraceFormatError):
+        M.rolling_acceptance(_rounds(), window=0)
+
+
+def test_centroid_coverage() -> None:
+    steps = pd.DataFrame({"k": np.array([1, 2, 3, 1, 1, 2], dtype=np.int32),
+                          "target_in_candidates": pd.array([True, False, None, True, True, True],
+                                                           dtype="boolean")})
+    c = M.centroid_coverage(steps)
+    assert (c["n_steps"], c["n_covered"]) == (5, 4)
+    assert c["coverage"] == pytest.approx(0.8)
+    assert c["per_position"] == [{"k": 1, "n_steps": 3, "n_covered": 3, "coverage": 1.0},
+                                 {"k": 2, "n_steps": 2, "n_covered": 1, "coverage": 0.5}]
+
+
+def test_empty_and_missing_columns() -> None:
+    empty = _rounds([(0, 0, 0, 0)]).iloc[:0]
+    t = M.totals(empty)
+    assert t["n_rounds"] == 0 and math.isnan(t["acceptance_rate"]) and math.isnan(t["mean_acceptance_length"])
+    assert len(M.per_position_acceptance(empty)) == 0
+    with pytest.raises(TraceFormatError, match="n_accepted"):
+        M.totals(pd.DataFrame({"n_draft": [1]}))
+
+
+def test_request_totals_prefers_responses() -> None:
+    req = pd.DataFrame({"kind": ["log", "response", "log", "response"],
+                        "n_drafted": [7, 7, 10, 10], "n_accepted": [4, 4, 5, 5]})
+    t = M.request_totals(req)
+    assert (t["kind"], t["n_requests"], t["n_drafted"], t["n_accepted"]) == ("response", 2, 17, 9)
+    assert t["acceptance_rate"] == pytest.approx(9 / 17)
+    assert M.request_totals(req[req.kind == "log"])["kind"] == "log"
+
+
+def test_summarize_is_json_ready() -> None:
+    import json
+
+    s = M.summarize(_rounds())
+    text = json.dumps(s, allow_nan=False)
+    back = json.loads(text)
+    assert back["n_drafted"] == 23 and back["n_accepted"] == 8
+    assert back["per_position"][2]["n_rounds"] == 7
+    assert back["zero_acceptance_streaks"]["longest"] == 2
+    assert back["zero_acceptance_streaks"]["n_rounds_in_streaks"] == 4
+    assert back["centroid_coverage"] is None and back["timing_ms"] is None
