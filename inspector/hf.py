@@ -1,0 +1,466 @@
+"""Hugging Face side of a drafter: config.json, safetensors headers, HF → GGUF names, audit.
+
+No weights are read and torch is not needed: a safetensors file starts with an 8-byte little-endian
+header length ``N`` followed by ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets"}, ...,
+"__metadata__": {...}}`` (the safetensors format spec); that header is all this module reads. Sharded
+checkpoints are followed through ``model.safetensors.index.json`` (``{"weight_map": {name: file}}``).
+
+Name mapping (../shared/reference/gemma4-assistant-facts.md §2; upstream conversion/gemma.py
+``Gemma4AssistantModel``): ``model.embed_tokens`` → ``token_embd``, ``model.norm`` → ``output_norm``,
+``pre_projection`` / ``post_projection`` → ``mtp.*`` (fork) or ``nextn.*`` (upstream),
+``model.layers.{i}.self_attn.{q_proj,q_norm,o_proj}`` → ``blk.{i}.{attn_q,attn_q_norm,attn_output}``,
+``input_layernorm`` → ``attn_norm``, ``post_attention_layernorm`` → ``post_attention_norm``,
+``pre_feedforward_layernorm`` → ``ffn_norm``, ``post_feedforward_layernorm`` → ``post_ffw_norm``,
+``mlp.{gate,up,down}_proj`` → ``ffn_{gate,up,down}``, ``layer_scalar`` → ``layer_output_scale``;
+``masked_embedding.centroids.weight`` / ``masked_embedding.token_ordering`` → ``mtp.centroids.weight`` /
+``mtp.token_ordering.weight`` (I32) in the fork and **dropped** by the upstream converter.
+
+Shapes: HF (safetensors) shapes are numpy order; the GGUF ``ne`` of a converted tensor is the reverse
+(a 0-d scalar becomes ``ne = (1,)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inspector.errors import HFCheckpointError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference implementation's limit
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class HFTensor:
+    """One tensor entry of a safetensors header.
+
+    Attributes:
+        name: checkpoint name (``model.layers.0.self_attn.q_proj.weight``).
+        dtype: safetensors dtype string (``BF16``, ``F32``, ``I64``).
+        shape: numpy order (outermost first).
+        file: the ``.safetensors`` file holding it.
+        data_offsets: (begin, end) byte offsets relative to the end of the header.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    data_offsets: tuple[int, int]
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        """The GGUF ``ne`` a converter writes for this tensor (reversed shape; scalar -> (1,))."""
+        return tuple(reversed(self.shape)) if self.shape else (1,)
+
+
+@dataclass(frozen=True)
+class HFCheckpoint:
+    """A Hugging Face checkpoint folder, headers only.
+
+    Attributes:
+        path: the folder.
+        config: parsed ``config.json`` ({} when absent).
+        tensors: name -> :class:`HFTensor`, over all shards.
+        files: the safetensors files read.
+    """
+
+    path: str
+    config: Mapping[str, Any]
+    tensors: Mapping[str, HFTensor]
+    files: tuple[str, ...]
+
+    @property
+    def text_config(self) -> Mapping[str, Any]:
+        """``config["text_config"]`` when present (assistant configs nest it), else the config itself."""
+        tc = self.config.get("text_config")
+        return tc if isinstance(tc, Mapping) else self.config
+
+
+_DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]:
+    """Parse the JSON header of one ``.safetensors`` file (no tensor data is read).
+
+    Returns:
+        name -> :class:`HFTensor` in header order (``__metadata__`` skipped).
+
+    Raises:
+        HFCheckpointError: file too short, header length beyond the file or above 100 MiB, header not
+            JSON / not an object, an entry without dtype / shape / data_offsets, or data offsets beyond the
+            file or not matching dtype × shape. The error names the file, offset and tensor.
+    """
+    p = os.fspath(path)
+    try:
+        size = os.path.getsize(p)
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise HFCheckpointError("file shorter than the 8-byte header length", path=p, offset=0,
+                                        expected=">= 8 bytes", actual=size)
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise HFCheckpointError("header length beyond the file or too large", path=p, offset=0,
+                                        expected=f"<= {min(size - 8, MAX_HEADER_BYTES)}", actual=n)
+            raw = fh.read(n)
+    except OSError as e:
+        raise HFCheckpointError(f"cannot read: {e.strerror or e}", path=p) from e
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFCheckpointError(f"header is not valid JSON: {e}", path=p, offset=8) from e
+    if not isinstance(obj, dict):
+        raise HFCheckpointError("header is not a JSON object", path=p, offset=8, actual=type(obj).__name__)
+    data_len = size - 8 - n
+    out: dict[str, HFTensor] = {}
+    for name, ent in obj.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = str(ent["dtype"])
+            shape = tuple(int(x) for x in ent["shape"])
+            b, e = (int(x) for x in ent["data_offsets"])
+        except (KeyError, TypeError, ValueError) as ex:
+            raise HFCheckpointError("tensor entry lacks dtype / shape / data_offsets", path=p, offset=8,
+                                    key=name) from ex
+        if not 0 <= b <= e <= data_len:
+            raise HFCheckpointError("data offsets outside the file", path=p, offset=8 + n + b, key=name,
+                                    expected=f"0 <= begin <= end <= {data_len}", actual=[b, e])
+        item = _DTYPE_SIZES.get(dtype)
+        if item is not None:
+            n_el = 1
+            for d in shape:
+                n_el *= d
+            if n_el * item != e - b:
+                raise HFCheckpointError("data length does not match dtype and shape", path=p, offset=8 + n + b,
+                                        key=name, expected=n_el * item, actual=e - b)
+        out[name] = HFTensor(name, dtype, shape, p, (b, e))
+    return out
+
+
+def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """``config.json`` of a checkpoint folder ({} when absent).
+
+    Raises:
+        HFCheckpointError: the file exists but is not a JSON object.
+    """
+    p = Path(folder) / "config.json"
+    if not p.exists():
+        return {}
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFCheckpointError(f"config.json unreadable: {e}", path=p) from e
+    if not isinstance(obj, dict):
+        raise HFCheckpointError("config.json is not a JSON object", path=p, actual=type(obj).__name__)
+    return obj
+
+
+def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
+    """Read config.json and every safetensors header of a checkpoint folder (sharded or not).
+
+    With ``model.safetensors.index.json`` the shards it names are read and every name of its
+    ``weight_map`` must be in the shard it points to; otherwise every ``*.safetensors`` in the folder.
+
+    Raises:
+        HFCheckpointError: not a folder, no safetensors, a bad index / header, a tensor in two files, or an
+            index entry missing from its shard.
+    """
+    d = Path(folder)
+    if not d.is_dir():
+        raise HFCheckpointError("not a folder", path=d)
+    config = read_config(d)
+    index = d / INDEX_NAME
+    tensors: dict[str, HFTensor] = {}
+    if index.exists():
+        try:
+            obj = json.loads(index.read_text(encoding="utf-8"))
+            wm = obj["weight_map"]
+            if not isinstance(wm, dict):
+                raise TypeError("weight_map is not an object")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise HFCheckpointError(f"bad sharded index: {e}", path=index, key="weight_map") from e
+        files = sorted(set(wm.values()))
+        headers = {}
+        for fn in files:
+            fp = d / fn
+            if not fp.exists():
+                raise HFCheckpointError("shard named by the index is missing", path=fp, key=fn)
+            headers[fn] = read_safetensors_header(fp)
+        for name, fn in wm.items():
+            t = headers[fn].get(name)
+            if t is None:
+                raise HFCheckpointError("index names a tensor its shard does not contain", path=d / fn, key=name)
+            tensors[name] = t
+        paths = tuple(str(d / fn) for fn in files)
+    else:
+        paths = tuple(str(p) for p in sorted(d.glob("*.safetensors")))
+        if not paths:
+            raise HFCheckpointError("no *.safetensors files and no index", path=d)
+        for fp in paths:
+            for name, t in read_safetensors_header(fp).items():
+                if name in tensors:
+                    raise HFCheckpointError("tensor present in two files", path=fp, key=name,
+                                            actual=[tensors[name].file, fp])
+                tensors[name] = t
+    return HFCheckpoint(str(d), config, tensors, paths)
+
+
+# --- names -------------------------------------------------------------------------------------------
+
+_LAYER_MAP = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "layer_scalar": "layer_output_scale.weight",
+    "layer_scalar.weight": "layer_output_scale.weight",
+}
+_GLOBAL_MAP: dict[str, dict[str, str | None]] = {
+    "model.embed_tokens.weight": {"fork": "token_embd.weight", "upstream": "token_embd.weight"},
+    "model.norm.weight": {"fork": "output_norm.weight", "upstream": "output_norm.weight"},
+    "pre_projection.weight": {"fork": "mtp.pre_projection.weight", "upstream": "nextn.pre_projection.weight"},
+    "post_projection.weight": {"fork": "mtp.post_projection.weight", "upstream": "nextn.post_projection.weight"},
+    "masked_embedding.centroids.weight": {"fork": "mtp.centroids.weight", "upstream": None},
+    "masked_embedding.token_ordering": {"fork": "mtp.token_ordering.weight", "upstream": None},
+    "lm_head.weight": {"fork": "output.weight", "upstream": None},
+}
+_DROP_REASON = {
+    "masked_embedding.centroids.weight": "the upstream converter drops masked_embedding.* (the centroid head)",
+    "masked_embedding.token_ordering": "the upstream converter drops masked_embedding.* (the centroid head)",
+    "lm_head.weight": "the upstream drafter ties its LM head to token_embd (no output tensor)",
+}
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# GGUF tensors converters generate without an HF source
+GENERATED = {"rope_freqs.weight": "generated by the converter from rope_parameters (proportional RoPE)"}
+
+
+def gguf_name(hf_name: str, dialect: str) -> str | None:
+    """GGUF name of an HF checkpoint tensor in ``dialect`` (``fork`` / ``upstream``).
+
+    Returns:
+        the GGUF name; None when that dialect's converter drops the tensor (see :func:`drop_reason`).
+
+    Raises:
+        KeyError: a name mtpscope cannot map.
+    """
+    if dialect not in ("fork", "upstream"):
+        raise ValueError(f"dialect must be 'fork' or 'upstream', got {dialect!r}")
+    if hf_name in _GLOBAL_MAP:
+        return _GLOBAL_MAP[hf_name][dialect]
+    m = _LAYER_RE.match(hf_name)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"blk.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
+    raise KeyError(hf_name)
+
+
+def drop_reason(hf_name: str) -> str:
+    """Why the upstream converter drops ``hf_name`` ("" if it does not)."""
+    return _DROP_REASON.get(hf_name, "")
+
+
+def partial_rotary_factor_full(config: Mapping[str, Any]) -> float | None:
+    """``rope_parameters.full_attention.partial_rotary_factor`` of the (text) config, or None."""
+    tc = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    rp = tc.get("rope_parameters") if isinstance(tc, Mapping) else None
+    if isinstance(rp, Mapping):
+        full = rp.get("full_attention")
+        if isinstance(full, Mapping) and isinstance(full.get("partial_rotary_factor"), int | float):
+            return float(full["partial_rotary_factor"])
+    return None
+
+
+# --- audit -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One HF tensor against the GGUF.
+
+    Attributes:
+        hf_name / hf_dtype / hf_shape: from the safetensors header (numpy order).
+        gguf_fork / gguf_upstream: its GGUF name in each dialect (None = dropped by that converter).
+        gguf_name: its name in the audited file's dialect (None = dropped / unmappable).
+        expected_ne: GGUF ``ne`` a converter writes (reversed hf_shape).
+        found_ne / found_type: what the GGUF has (None when absent).
+        status: ``ok``, ``missing``, ``shape``, ``dropped``, ``unmapped``.
+        note: a human explanation.
+    """
+
+    hf_name: str
+    hf_dtype: str
+    hf_shape: tuple[int, ...]
+    gguf_fork: str | None
+    gguf_upstream: str | None
+    gguf_name: str | None
+    expected_ne: tuple[int, ...]
+    found_ne: tuple[int, ...] | None
+    found_type: str | None
+    status: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class HFAudit:
+    """Result of :func:`audit`.
+
+    Attributes:
+        hf_dir / gguf_path / dialect: what was compared.
+        rows: one :class:`AuditRow` per HF tensor, checkpoint order.
+        gguf_only: GGUF tensors with no HF source -> explanation.
+        config: GGUF key -> {"hf": value from config.json, "gguf": value in the file, "ok": bool}.
+        findings: :class:`inspector.validate.Finding` records (codes ``H_*``).
+    """
+
+    hf_dir: str
+    gguf_path: str
+    dialect: str
+    rows: tuple[AuditRow, ...]
+    gguf_only: Mapping[str, str]
+    config: Mapping[str, Mapping[str, Any]]
+    findings: tuple[Any, ...] = field(default=())
+
+    @property
+    def dropped(self) -> tuple[AuditRow, ...]:
+        """Rows the converter of this dialect dropped."""
+        return tuple(r for r in self.rows if r.status == "dropped")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {"hf_dir": self.hf_dir, "gguf_path": self.gguf_path, "dialect": self.dialect,
+                "rows": [dataclasses.asdict(r) for r in self.rows], "gguf_only": dict(self.gguf_only),
+                "config": {k: dict(v) for k, v in self.config.items()},
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[str, Any]:
+    """GGUF key -> value the converter writes from config.json (conversion/gemma.py)."""
+    c, tc = ckpt.config, ckpt.text_config
+    a = arch + "."
+    exp: dict[str, Any] = {}
+
+    def put(key: str, v: Any) -> None:
+        if v is not None:
+            exp[a + key] = v
+
+    put("embedding_length", tc.get("hidden_size"))
+    put("block_count", tc.get("num_hidden_layers"))
+    put("feed_forward_length", tc.get("intermediate_size"))
+    put("attention.head_count", tc.get("num_attention_heads"))
+    put("attention.key_length_swa", tc.get("head_dim"))
+    put("attention.key_length", tc.get("global_head_dim"))
+    put("attention.sliding_window", tc.get("sliding_window"))
+    if isinstance(tc.get("layer_types"), list):
+        put("attention.sliding_window_pattern", [t == "sliding_attention" for t in tc["layer_types"]])
+    bb = c.get("backbone_hidden_size")
+    put("n_embd_backbone" if dialect == "fork" else "embedding_length_out", bb)
+    if dialect == "fork":
+        put("use_ordered_embeddings", c.get("use_ordered_embeddings"))
+        if c.get("use_ordered_embeddings"):
+            put("n_centroids", c.get("num_centroids"))
+            put("centroid_top_k", c.get("centroid_intermediate_top_k"))
+    else:
+        put("nextn_predict_layers", tc.get("num_hidden_layers"))
+    if tc.get("vocab_size") is not None:
+        exp["n_vocab"] = tc.get("vocab_size")
+    return exp
+
+
+def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
+    """Compare an HF checkpoint (headers + config) with a converted GGUF drafter, tensor by tensor.
+
+    For every HF tensor: its GGUF name in both dialects, the ``ne`` a converter writes (reversed numpy
+    shape), what the GGUF has, and whether this dialect's converter dropped it; GGUF tensors with no HF
+    source; config.json values vs the GGUF keys.
+
+    Args:
+        ckpt: :class:`HFCheckpoint` or a folder path.
+        f: an open GGUF (inspector/gguf.py) of arch ``gemma4_assistant`` or ``gemma4-assistant``.
+
+    Raises:
+        HFCheckpointError: an unreadable folder (when a path is given).
+    """
+    from inspector import layouts as L
+    from inspector.validate import ERROR, INFO, WARNING, _F
+
+    if not isinstance(ckpt, HFCheckpoint):
+        ckpt = read_checkpoint(ckpt)
+    arch = f.architecture or ""
+    dialect = L.dialect_of(arch)
+    dmap = dialect if dialect in ("fork", "upstream") else "upstream"
+    tmap = {t.name: t for t in f.tensors}
+    rows: list[AuditRow] = []
+    fs: list[Any] = []
+    mapped: set[str] = set()
+    for t in ckpt.tensors.values():
+        try:
+            gf, gu = gguf_name(t.name, "fork"), gguf_name(t.name, "upstream")
+        except KeyError:
+            rows.append(AuditRow(t.name, t.dtype, t.shape, None, None, None, t.ne, None, None, "unmapped",
+                                 "no known GGUF name"))
+            fs.append(_F(WARNING, "H_UNMAPPED", t.name, "a known Gemma 4 assistant tensor", t.name,
+                         f"HF tensor {t.name} has no known GGUF name"))
+            continue
+        g = gf if dmap == "fork" else gu
+        if t.name == "lm_head.weight" and ckpt.config.get("tie_word_embeddings", True):
+            g = None
+        if g is None:
+            why = drop_reason(t.name) if dmap == "upstream" else "tied to token_embd"
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, None, t.ne, None, None, "dropped", why))
+            fs.append(_F(INFO, "H_DROPPED", t.name, None, None, f"{t.name}: {why}"))
+            continue
+        mapped.add(g)
+        gt = tmap.get(g)
+        if gt is None:
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, None, None, "missing",
+                                 f"{g} is not in the GGUF"))
+            fs.append(_F(ERROR, "H_TENSOR_MISSING", g, list(t.ne), None,
+                         f"HF tensor {t.name} (numpy shape {list(t.shape)}) should be {g}, which the GGUF lacks"))
+            continue
+        ne = tuple(int(x) for x in gt.ne)
+        if ne != t.ne:
+            note = f"expected ne {list(t.ne)} (reversed HF shape), found {list(ne)}"
+            if ne == tuple(t.shape) and len(ne) == 2:
+                note += ": written transposed"
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "shape", note))
+            fs.append(_F(ERROR, "H_TENSOR_SHAPE", g, list(t.ne), list(ne), f"{g} (from {t.name}): {note}"))
+            continue
+        note = ""
+        if t.name == "masked_embedding.token_ordering" and gt.type_name != "I32":
+            note = f"ordering should be I32 (HF {t.dtype}), found {gt.type_name}"
+        rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "ok", note))
+    gguf_only = {}
+    for name in tmap:
+        if name not in mapped:
+            gguf_only[name] = GENERATED.get(name, "no HF source tensor")
+            if name not in GENERATED:
+                fs.append(_F(WARNING, "H_GGUF_ONLY", name, None, list(tmap[name].ne),
+                             f"GGUF tensor {name} has no source in the HF checkpoint"))
+    # config vs keys
+    cfg: dict[str, dict[str, Any]] = {}
+    for key, want in _config_expectations(ckpt, arch, dmap).items():
+        if key == "n_vocab":
+            toks = f.get("tokenizer.ggml.tokens")
+            have = len(toks) if toks is not None else None
+        else:
+            have = L._scalar(f.get(key))
+        ok = have == want if not isinstance(want, float) else (have is not None and abs(have - want) < 1e-6)
+        cfg[key] = {"hf": want, "gguf": have, "ok": ok}
+        if not ok:
+            fs.append(_F(ERROR, "H_CONFIG_MISMATCH", key, want, have,
+                         f"config.json says {want!r}, the GGUF has {have!r} for {key}"))
+    return HFAudit(ckpt.path, str(getattr(f, "path", "")), dialect, tuple(rows), gguf_only, cfg, tuple(fs))
