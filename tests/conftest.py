@@ -27,7 +27,8 @@ def write_gguf_file(path: Path, arch: str | None, kv: Sequence[tuple[Any, ...]] 
     Args:
         path: where to write.
         arch: ``general.architecture`` (written first by GGUFWriter); None writes no architecture key.
-        kv: ``(key, value, GGUFValueType[, sub_type])`` tuples, in order.
+        kv: ``(key, value, GGUFValueType[, sub_type])`` tuples, in order (``general.alignment`` also
+            sets the writer's data alignment).
         tensors: ``(name, ndarray[, raw_dtype])``; for quantized types pass the bytes from
             ``gguf.quants.quantize`` and the ``GGMLQuantizationType`` as raw_dtype.
         writer_kwargs: passed to ``GGUFWriter`` (e.g. ``endianess``).
@@ -39,6 +40,9 @@ def write_gguf_file(path: Path, arch: str | None, kv: Sequence[tuple[Any, ...]] 
         w.kv_data[0].pop("general.architecture", None)
     for item in kv:
         key, val, vtype, *sub = item
+        if key == "general.alignment":
+            w.add_custom_alignment(val)  # sets the writer's padding too, not only the key
+            continue
         w.add_key_value(key, val, vtype, sub_type=sub[0] if sub else None)
     for item in tensors:
         name, arr, *raw = item
