@@ -1,0 +1,646 @@
+"""The real llama.cpp runtime, through llama-cpp-python (imported lazily).
+
+Nothing in mtpscope imports ``llama_cpp`` at module import time: :func:`llama` does it on first use and
+raises :class:`~inspector.errors.RuntimeUnavailableError` with an install hint when the package or a
+symbol the recorder needs is missing. This module wraps the low-level C API that the MTP loop needs:
+
+* :class:`LlamaModel` / :class:`LlamaContext`: load a GGUF, create a context (target or MTP drafter),
+  decode a batch, read logits and the "nextn" hidden rows as numpy views.
+* :class:`TokenBatch` (tokens only) and :class:`DraftBatch` (token + one hidden row per token, the
+  input of a ``gemma4-assistant`` drafter step).
+* :class:`GgmlTensor`: a ctypes mirror of ``struct ggml_tensor`` (``ggml/include/ggml.h`` of the
+  llama.cpp that llama-cpp-python 0.3.36 vendors), checked against ``ggml_tensor_overhead()`` at run time.
+* :class:`NodeCapture`: a ``cb_eval`` callback that copies the output of named graph nodes (e.g.
+  ``result_norm``, the drafter's h_inner) after they are computed, keyed by name and order.
+
+Shapes: GGUF / ggml ``ne`` order is innermost first; arrays returned here are in numpy ``shape`` order
+(outermost first), e.g. a ggml node with ``ne = [n_embd, n_tokens]`` comes back as ``(n_tokens, n_embd)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from inspector.errors import RuntimeUnavailableError, TraceError
+
+#: llama-cpp-python version the recorder was written against (vendors llama.cpp with gemma4-assistant).
+SUPPORTED_VERSION = "0.3.36"
+
+_REQUIRED_SYMBOLS = (
+    "LLAMA_CONTEXT_TYPE_MTP",
+    "llama_model_n_layer_nextn",
+    "llama_model_n_embd_out",
+    "llama_model_n_embd_inp",
+    "llama_get_memory",
+    "llama_memory_seq_rm",
+    "llama_batch_init",
+    "llama_get_logits_ith",
+    "ggml_backend_sched_eval_callback",
+)
+_REQUIRED_EXT_SYMBOLS = (
+    "llama_set_embeddings_nextn",
+    "llama_get_embeddings_nextn_ith",
+    "llama_get_ctx_other",
+)
+
+_state: dict[str, Any] = {}
+_log_lines: collections.deque[str] = collections.deque(maxlen=200)
+
+
+def llama() -> ModuleType:
+    """The ``llama_cpp`` module, imported on first call, with the backend initialised.
+
+    Raises:
+        RuntimeUnavailableError: llama-cpp-python is not installed, or it lacks a symbol the MTP loop
+            needs (context type MTP, nextn embeddings), i.e. it is older than 0.3.36.
+    """
+    mod = _state.get("llama_cpp")
+    if mod is not None:
+        return mod
+    try:
+        import llama_cpp  # noqa: PLC0415 - lazy on purpose
+    except ImportError as e:  # pragma: no cover - exercised by monkeypatching sys.modules
+        raise RuntimeUnavailableError(
+            "llama-cpp-python is not installed; install it with "
+            f"`pip install 'llama-cpp-python=={SUPPORTED_VERSION}'` (or `pip install -e '.[runtime]'`)",
+            key="llama_cpp", expected=f"llama-cpp-python {SUPPORTED_VERSION}", actual=f"ImportError: {e}",
+        ) from e
+    version = getattr(llama_cpp, "__version__", "unknown")
+    for sym in _REQUIRED_SYMBOLS:
+        if not hasattr(llama_cpp, sym):
+            raise RuntimeUnavailableError(
+                "llama-cpp-python lacks a symbol the MTP recorder needs", key=sym,
+                expected=f"llama-cpp-python {SUPPORTED_VERSION}", actual=f"llama-cpp-python {version}")
+    try:
+        from llama_cpp import llama_cpp_ext  # noqa: PLC0415
+    except (ImportError, AttributeError) as e:
+        raise RuntimeUnavailableError(
+            "llama-cpp-python lacks llama_cpp_ext (nextn embeddings for MTP drafters)",
+            key="llama_cpp.llama_cpp_ext", expected=f"llama-cpp-python {SUPPORTED_VERSION}",
+            actual=f"llama-cpp-python {version}: {e}") from e
+    for sym in _REQUIRED_EXT_SYMBOLS:
+        if not hasattr(llama_cpp_ext, sym):
+            raise RuntimeUnavailableError(
+                "llama-cpp-python lacks an MTP extension symbol", key=f"llama_cpp_ext.{sym}",
+                expected=f"llama-cpp-python {SUPPORTED_VERSION}", actual=f"llama-cpp-python {version}")
+    _install_log_callback(llama_cpp)
+    llama_cpp.llama_backend_init()
+    _state["ext"] = llama_cpp_ext
+    _state["llama_cpp"] = llama_cpp
+    return llama_cpp
+
+
+def ext() -> ModuleType:
+    """``llama_cpp.llama_cpp_ext`` (nextn embeddings, ctx_other); see :func:`llama` for errors."""
+    llama()
+    return _state["ext"]
+
+
+def available() -> bool:
+    """True when :func:`llama` would succeed (llama-cpp-python importable with the MTP symbols)."""
+    try:
+        llama()
+    except RuntimeUnavailableError:
+        return False
+    return True
+
+
+def recent_log(n: int = 12) -> str:
+    """The last ``n`` lines llama.cpp logged (kept in memory; printed only if MTPSCOPE_LLAMA_LOG=1)."""
+    return "".join(list(_log_lines)[-n:]).strip()
+
+
+def _install_log_callback(llama_cpp: ModuleType) -> None:
+    echo = os.environ.get("MTPSCOPE_LLAMA_LOG", "") not in ("", "0")
+
+    @llama_cpp.llama_log_callback
+    def _log(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
+        s = text.decode("utf-8", "replace") if text else ""
+        _log_lines.append(s)
+        if echo:
+            sys.stderr.write(s)
+
+    _state["log_cb"] = _log  # keep the callback alive for the life of the process
+    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+
+
+# --------------------------------------------------------------------------------------------------
+# ggml bits llama-cpp-python does not bind: struct ggml_tensor, ggml_nbytes, ggml_backend_tensor_get
+# --------------------------------------------------------------------------------------------------
+
+GGML_MAX_DIMS = 4
+GGML_MAX_SRC = 10
+GGML_MAX_OP_PARAMS = 64
+GGML_MAX_NAME = 64
+#: sizeof(struct ggml_object) in ggml.c: size_t offs, size_t size, pointer next, enum type, char pad[4].
+GGML_OBJECT_SIZE = 32
+GGML_TYPE_F32 = 0
+GGML_TYPE_F16 = 1
+
+
+class GgmlTensor(ctypes.Structure):
+    """ctypes mirror of ``struct ggml_tensor`` (ggml/include/ggml.h, llama.cpp vendored by 0.3.36).
+
+    ``ne`` is in ggml order (innermost first), ``nb`` are byte strides. Only read, never written.
+    """
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * GGML_MAX_DIMS),
+        ("nb", ctypes.c_size_t * GGML_MAX_DIMS),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * GGML_MAX_SRC),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * GGML_MAX_NAME),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+_NAME_OFFSET = GgmlTensor.name.offset
+
+
+def _ggml_lib() -> Any:
+    """The ggml functions we call, resolved from the libraries llama-cpp-python loaded."""
+    lib = _state.get("ggml")
+    if lib is not None:
+        return lib
+    llama_cpp = llama()
+    candidates: list[Any] = []
+    try:
+        from llama_cpp import _ggml  # noqa: PLC0415
+
+        candidates.append(_ggml.libggml)
+    except Exception:  # noqa: BLE001 - older layouts: fall back to libllama's dependency tree
+        pass
+    candidates.append(_libllama(llama_cpp))
+    for cand in candidates:
+        try:
+            nbytes = cand.ggml_nbytes
+            get = cand.ggml_backend_tensor_get
+            overhead = cand.ggml_tensor_overhead
+        except AttributeError:
+            continue
+        nbytes.argtypes = [ctypes.c_void_p]
+        nbytes.restype = ctypes.c_size_t
+        get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        get.restype = None
+        overhead.argtypes = []
+        overhead.restype = ctypes.c_size_t
+        want = overhead() - GGML_OBJECT_SIZE
+        if want != ctypes.sizeof(GgmlTensor):
+            raise RuntimeUnavailableError(
+                "struct ggml_tensor layout differs from mtpscope's ctypes mirror", key="ggml_tensor",
+                expected=f"sizeof {ctypes.sizeof(GgmlTensor)}", actual=f"sizeof {want}")
+        ns = {"nbytes": nbytes, "tensor_get": get}
+        for opt in ("ggml_commit", "ggml_version"):
+            fn = getattr(cand, opt, None)
+            if fn is not None:
+                fn.argtypes = []
+                fn.restype = ctypes.c_char_p
+                ns[opt] = fn
+        _state["ggml"] = ns
+        return ns
+    raise RuntimeUnavailableError("ggml_nbytes / ggml_backend_tensor_get not found in the loaded libraries",
+                                  key="ggml_backend_tensor_get")
+
+
+def _libllama(llama_cpp: ModuleType) -> Any:
+    """The ``ctypes.CDLL`` of libllama (``llama_cpp.llama_cpp._lib``); ggml symbols resolve through it too."""
+    inner = getattr(llama_cpp, "llama_cpp", None)
+    lib = getattr(inner, "_lib", None) or getattr(llama_cpp, "_lib", None)
+    if lib is None:
+        raise RuntimeUnavailableError("cannot find libllama in llama-cpp-python", key="llama_cpp.llama_cpp._lib")
+    return lib
+
+
+class NodeCapture:
+    """A ``cb_eval`` callback that copies named graph nodes after they are computed.
+
+    Pass :attr:`callback` as ``llama_context_params.cb_eval``. Before each decode call :meth:`reset`;
+    after it, :meth:`get` returns a node's value as float32 numpy in ``shape`` order (``ne`` reversed,
+    e.g. ``result_norm`` with ``ne = [n_embd, n_tokens]`` -> ``(n_tokens, n_embd)``). Node names can
+    repeat in one graph; :meth:`get` takes the occurrence index (0 = first computed).
+
+    Set :attr:`enabled` False to answer "not needed" for every node (the scheduler then runs the
+    graph in one piece, but the Python callback is still invoked once per node).
+
+    Args:
+        names: exact ggml node names to capture, e.g. ``("result_norm", "h_nextn")``.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self._wanted = frozenset(n.encode() for n in self.names)
+        self.enabled = True
+        self.captured: list[tuple[str, np.ndarray]] = []
+        self._ggml = _ggml_lib()
+        llama_cpp = llama()
+        wanted = self._wanted
+        string_at = ctypes.string_at
+        off = _NAME_OFFSET
+
+        def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
+            if ask:
+                return self.enabled and string_at(t + off) in wanted
+            self._copy(t)
+            return True
+
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(_cb)
+
+    def _copy(self, t: int) -> None:
+        tensor = GgmlTensor.from_address(t)
+        name = tensor.name.decode("utf-8", "replace")
+        if tensor.type not in (GGML_TYPE_F32, GGML_TYPE_F16):
+            return  # nothing the recorder asks for; skip rather than misread
+        nbytes = self._ggml["nbytes"](t)
+        dtype = np.float32 if tensor.type == GGML_TYPE_F32 else np.float16
+        ne = [int(tensor.ne[i]) for i in range(GGML_MAX_DIMS)]
+        while len(ne) > 1 and ne[-1] == 1:
+            ne.pop()
+        buf = np.empty(int(np.prod(ne)), dtype=dtype)
+        if buf.nbytes != nbytes:  # non-contiguous view: copy the raw bytes, keep them flat
+            raw = np.empty(nbytes, dtype=np.uint8)
+            self._ggml["tensor_get"](t, raw.ctypes.data, 0, nbytes)
+            self.captured.append((name, raw))
+            return
+        self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
+        self.captured.append((name, buf.reshape(ne[::-1]).astype(np.float32, copy=False)))
+
+    def reset(self) -> None:
+        """Forget what the previous decode captured."""
+        self.captured.clear()
+
+    def get(self, name: str, occurrence: int = 0) -> np.ndarray | None:
+        """The ``occurrence``-th captured value of node ``name`` (float32, numpy order), or None."""
+        seen = 0
+        for n, arr in self.captured:
+            if n == name:
+                if seen == occurrence:
+                    return arr
+                seen += 1
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# models, contexts, batches
+# --------------------------------------------------------------------------------------------------
+
+
+class LlamaModel:
+    """A GGUF loaded by llama.cpp (``llama_model_load_from_file``). Call :meth:`close` when done.
+
+    Args:
+        path: the GGUF file.
+        n_gpu_layers: layers to offload (-1 = all, 0 = CPU only).
+
+    Raises:
+        TraceError: llama.cpp could not load the file (the message carries llama.cpp's last log lines).
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0) -> None:
+        lc = llama()
+        self.path = Path(path)
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = int(n_gpu_layers)
+        params.use_mmap = True
+        _log_lines.clear()
+        ptr = lc.llama_model_load_from_file(os.fspath(self.path).encode(), params)
+        if not ptr:
+            raise TraceError(f"llama.cpp could not load the model: {recent_log(4) or 'no log'}", path=self.path)
+        self.ptr = ptr
+        self.vocab = lc.llama_model_get_vocab(ptr)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        self.n_embd = int(lc.llama_model_n_embd(ptr))
+        self.n_embd_inp = int(lc.llama_model_n_embd_inp(ptr))
+        self.n_embd_out = int(lc.llama_model_n_embd_out(ptr))
+        self.n_layer = int(lc.llama_model_n_layer(ptr))
+        self.n_layer_nextn = int(lc.llama_model_n_layer_nextn(ptr))
+        self.architecture = self.meta("general.architecture")
+        self.n_gpu_layers = int(n_gpu_layers)
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as llama.cpp renders it to a string, or None when absent."""
+        lc = llama()
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, end of turn, ...), as llama.cpp decides."""
+        return bool(llama().llama_vocab_is_eog(self.vocab, int(token)))
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` (llama_tokenize; ``add_special`` adds BOS where the vocab wants it)."""
+        lc = llama()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        while True:
+            arr = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+            if n >= 0:
+                return list(arr[:n])
+            cap = -n
+
+    def token_to_piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens rendered)."""
+        lc = llama()
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.vocab, int(token), buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.vocab, int(token), buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` (pieces joined, decoded as UTF-8 with replacement)."""
+        return b"".join(self.token_to_piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def apply_chat_template(self, user_text: str) -> str:
+        """``user_text`` as one user turn under the GGUF's own ``tokenizer.chat_template`` (Jinja).
+
+        Rendered with llama-cpp-python's Jinja2 chat formatter, with the generation prompt added.
+
+        Raises:
+            TraceError: the GGUF has no chat template.
+        """
+        tmpl = self.meta("tokenizer.chat_template")
+        if not tmpl:
+            raise TraceError("the model has no chat template (--chat needs one)", path=self.path,
+                             key="tokenizer.chat_template")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+
+        lc = llama()
+        bos = lc.llama_vocab_bos(self.vocab)
+        eos = lc.llama_vocab_eos(self.vocab)
+        bos_s = self.token_to_piece(bos).decode("utf-8", "replace") if bos >= 0 else ""
+        eos_s = self.token_to_piece(eos).decode("utf-8", "replace") if eos >= 0 else ""
+        fmt = Jinja2ChatFormatter(template=tmpl, eos_token=eos_s, bos_token=bos_s,
+                                  add_generation_prompt=True)
+        return fmt(messages=[{"role": "user", "content": user_text}]).prompt
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
+        if getattr(self, "ptr", None):
+            llama().llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LlamaContext:
+    """A llama.cpp context on a :class:`LlamaModel`.
+
+    Args:
+        model: the loaded model.
+        n_ctx: context size in tokens.
+        n_batch: largest batch handed to :meth:`decode`.
+        mtp_of: for an MTP drafter context, the target's context (``ctx_type = MTP``, ``ctx_other``):
+            the drafter then reads the target's KV cache.
+        capture: a :class:`NodeCapture` installed as ``cb_eval``.
+        flash_attn: flash attention on (True), off (False), or llama.cpp's auto (None).
+        n_threads: CPU threads (None = llama.cpp default).
+        nextn: turn on the nextn hidden-state output (``llama_set_embeddings_nextn``); ``masked``
+            True keeps one row per output row (drafter), False one row per batch token (target).
+
+    Raises:
+        TraceError: llama.cpp could not create the context.
+    """
+
+    def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, mtp_of: LlamaContext | None = None,
+                 capture: NodeCapture | None = None, flash_attn: bool | None = False,
+                 n_threads: int | None = None, nextn: bool = True, masked: bool = False) -> None:
+        lc = llama()
+        self.model = model
+        params = lc.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = int(n_batch)
+        params.n_ubatch = int(n_batch)
+        params.n_seq_max = 1
+        params.no_perf = True
+        if flash_attn is not None:
+            params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                      else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        if n_threads:
+            params.n_threads = int(n_threads)
+            params.n_threads_batch = int(n_threads)
+        if mtp_of is not None:
+            params.ctx_type = lc.LLAMA_CONTEXT_TYPE_MTP
+            params.ctx_other = mtp_of.ptr
+        self.capture = capture
+        if capture is not None:
+            params.cb_eval = capture.callback
+            params.cb_eval_user_data = None
+        _log_lines.clear()
+        ptr = lc.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise TraceError(f"llama.cpp could not create a context: {recent_log(4) or 'no log'}",
+                             path=model.path)
+        self.ptr = ptr
+        self.n_ctx = int(lc.llama_n_ctx(ptr))
+        self.n_batch = int(n_batch)
+        self.mem = lc.llama_get_memory(ptr)
+        self.n_vocab = model.n_vocab
+        self.n_embd_out = model.n_embd_out
+        if nextn:
+            ext().llama_set_embeddings_nextn(ptr, True, bool(masked))
+
+    def decode(self, batch: Any) -> None:
+        """``llama_decode``; raises :class:`TraceError` with the return code on failure."""
+        rc = llama().llama_decode(self.ptr, batch.batch)
+        if rc != 0:
+            raise TraceError(f"llama_decode failed with rc {rc}: {recent_log(3) or 'no log'}",
+                             path=self.model.path)
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of output row ``i`` (batch index; -1 = last), a float32 view of shape (n_vocab,).
+
+        The view is only valid until the next decode: copy it to keep it.
+        """
+        p = llama().llama_get_logits_ith(self.ptr, int(i))
+        if not p:
+            raise TraceError(f"no logits for batch row {i}", path=self.model.path)
+        return np.ctypeslib.as_array(p, shape=(self.n_vocab,))
+
+    def nextn(self, i: int) -> np.ndarray:
+        """Hidden row ``i`` from ``llama_get_embeddings_nextn_ith``, a float32 view of shape (n_embd_out,).
+
+        Target context (unmasked): row per batch token, the post-final-norm hidden state. Drafter
+        context (masked): row per output, the post-projection state h_next. Valid until the next decode.
+        """
+        p = ext().llama_get_embeddings_nextn_ith(self.ptr, int(i))
+        if not p:
+            raise TraceError(f"no nextn hidden row {i}", path=self.model.path)
+        return np.ctypeslib.as_array(p, shape=(self.n_embd_out,))
+
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        """Remove the cells of sequence 0 at positions [p0, p1) (p1 = -1: to the end)."""
+        if not llama().llama_memory_seq_rm(self.mem, 0, int(p0), int(p1)):
+            raise TraceError(f"llama_memory_seq_rm({p0}, {p1}) failed", path=self.model.path)
+
+    def clear(self) -> None:
+        """Empty the memory (KV cache) of this context."""
+        llama().llama_memory_clear(self.mem, True)
+
+    def close(self) -> None:
+        """Free the context (idempotent). Free a drafter context before its target's."""
+        if getattr(self, "ptr", None):
+            llama().llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class TokenBatch:
+    """A ``llama_batch`` of tokens for sequence 0 (``llama_batch_init(capacity, 0, 1)``)."""
+
+    def __init__(self, capacity: int) -> None:
+        lc = llama()
+        self.capacity = int(capacity)
+        self.batch = lc.llama_batch_init(self.capacity, 0, 1)
+
+    def set(self, tokens: Sequence[int], pos0: int, logits: str = "last") -> None:
+        """Fill with ``tokens`` at positions pos0, pos0+1, ...; ``logits`` "last" or "all" rows output.
+
+        Raises:
+            TraceError: more tokens than the capacity.
+        """
+        n = len(tokens)
+        if n > self.capacity:
+            raise TraceError("batch too small", expected=f"<= {self.capacity} tokens", actual=n)
+        b = self.batch
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = int(t)
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if (logits == "all" or i == n - 1) else 0
+
+    def close(self) -> None:
+        """Free the batch (idempotent)."""
+        if getattr(self, "batch", None) is not None:
+            llama().llama_batch_free(self.batch)
+            self.batch = None
+
+
+class DraftBatch:
+    """A one-token ``llama_batch`` carrying both a token id and a hidden row (MTP drafter input).
+
+    ``llama_batch_init(1, n_embd, 1)`` allocates only ``embd``; the token buffer is ours and is
+    detached again before the batch is freed.
+    """
+
+    def __init__(self, n_embd: int) -> None:
+        lc = llama()
+        self.n_embd = int(n_embd)
+        self.batch = lc.llama_batch_init(1, self.n_embd, 1)
+        self._tok = (lc.llama_token * 1)()
+        self.batch.token = ctypes.cast(self._tok, ctypes.POINTER(lc.llama_token))
+        self.embd = np.ctypeslib.as_array(self.batch.embd, shape=(self.n_embd,))
+
+    def set(self, token: int, pos: int, h: np.ndarray) -> None:
+        """Token ``token`` at position ``pos`` with hidden row ``h`` (shape (n_embd,), copied)."""
+        b = self.batch
+        b.n_tokens = 1
+        self._tok[0] = int(token)
+        b.pos[0] = int(pos)
+        b.n_seq_id[0] = 1
+        b.seq_id[0][0] = 0
+        b.logits[0] = 1
+        self.embd[:] = h
+
+    def close(self) -> None:
+        """Free the batch (idempotent)."""
+        if getattr(self, "batch", None) is not None:
+            lc = llama()
+            self.batch.token = ctypes.POINTER(lc.llama_token)()
+            lc.llama_batch_free(self.batch)
+            self.batch = None
+
+
+# --------------------------------------------------------------------------------------------------
+# runtime facts for the manifest
+# --------------------------------------------------------------------------------------------------
+
+
+def runtime_info(n_gpu_layers: int = 0) -> dict[str, str]:
+    """``{"llama_cpp_python", "llama_cpp", "device"}`` for the trace manifest.
+
+    ``llama_cpp`` is ggml's build commit (``ggml_commit()``) when the build recorded one, else
+    "unknown"; ``device`` is "cpu", or the first GPU's description when ``n_gpu_layers`` != 0 and
+    llama.cpp sees a GPU.
+    """
+    lc = llama()
+    g = _ggml_lib()
+    commit = "unknown"
+    if "ggml_commit" in g:
+        raw = g["ggml_commit"]()
+        if raw:
+            c = raw.decode("utf-8", "replace").strip()
+            if c and c.lower() != "unknown":
+                commit = c
+    device = "cpu"
+    if n_gpu_layers != 0:
+        gpu = gpu_name(lc)
+        if gpu:
+            device = gpu
+    return {"llama_cpp_python": str(getattr(lc, "__version__", "unknown")), "llama_cpp": commit,
+            "device": device}
+
+
+def gpu_name(lc: ModuleType | None = None) -> str | None:
+    """Description of the first GPU device ggml knows, or None (CPU-only build or no GPU)."""
+    lib = _libllama(lc or llama())
+    try:
+        count = lib.ggml_backend_dev_count
+        get = lib.ggml_backend_dev_get
+        dtype = lib.ggml_backend_dev_type
+        desc = lib.ggml_backend_dev_description
+    except AttributeError:
+        return None
+    count.argtypes, count.restype = [], ctypes.c_size_t
+    get.argtypes, get.restype = [ctypes.c_size_t], ctypes.c_void_p
+    dtype.argtypes, dtype.restype = [ctypes.c_void_p], ctypes.c_int
+    desc.argtypes, desc.restype = [ctypes.c_void_p], ctypes.c_char_p
+    for i in range(count()):
+        dev = get(i)
+        if dtype(dev) == 1:  # GGML_BACKEND_DEVICE_TYPE_GPU
+            d = desc(dev)
+            return d.decode("utf-8", "replace") if d else "gpu"
+    return None
+
+
+def gpu_offload_supported() -> bool:
+    """True when this llama.cpp build can offload layers to a GPU."""
+    lc = llama()
+    fn = getattr(lc, "llama_supports_gpu_offload", None)
+    return bool(fn()) if fn else False

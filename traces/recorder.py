@@ -1,0 +1,733 @@
+"""Record traces from the real llama.cpp MTP loop (Gemma 4 target + ``gemma4-assistant`` drafter).
+
+The loop (llama.cpp ``common/speculative.cpp``, ``draft-mtp`` with shared memory; facts §3-§5):
+
+1. **Prefill**: the target decodes the prompt; its first token ``t0`` is the argmax (or a sample)
+   of the last row; the drafter's first hidden input is the target's post-final-norm hidden state at
+   the last prompt token (``llama_get_embeddings_nextn_ith``).
+2. **Draft**: per round, K steps in the drafter context (``ctx_type = MTP``, ``ctx_other`` = the
+   target's context, so it reads the target's KV cache). Every step feeds one token at the pending
+   position ``pos`` (the same position for all K steps, as llama.cpp does for shared-memory drafters)
+   with hidden row ``h``: step 1 feeds the pending token and the target's hidden state, step k > 1 the
+   previous draft and the previous step's ``h_next``. The draft is the argmax of the dense head.
+3. **Verify**: the target decodes ``[pending, d1..dK]`` at ``pos..pos+K`` in one batch. Greedy: accept
+   the longest prefix with ``d_i == argmax(row i-1)``; with ``temp > 0`` the target samples row by row
+   with a seeded chain (top-k, top-p, temperature, dist) and compares (not rejection sampling), as
+   llama.cpp does. The round emits the accepted drafts plus the target's token at the first mismatch
+   (or a bonus token). Rejected KV cells are removed (``llama_memory_seq_rm``); the next drafter input
+   is the target's hidden row of the last accepted token.
+
+A prompt's generated text is ``[rounds[0].pending_token] + concat(round.emitted)``. Generation stops at
+an end-of-generation token or after ``max_tokens`` tokens (``t0`` included); the last rounds draft fewer
+tokens so that no round overshoots ``max_tokens``.
+
+With tracing on, the drafter context carries a ``cb_eval`` callback that copies ``result_norm``
+(h_inner); logits and h_next come from the API. See :func:`record` for what is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inspector.errors import LayoutError, MtpscopeError, TraceError
+from traces import llama_runtime as rt
+from traces.centroid_head import CentroidHead, centroid_step, load_centroid_head
+from traces.records import RoundRecord, StepRecord
+
+H_INNER_NODE = "result_norm"
+HIDDEN_CHOICES = ("f16", "f32", "off")
+
+# --------------------------------------------------------------------------------------------------
+# prompts
+# --------------------------------------------------------------------------------------------------
+
+
+def read_prompts(path: str | os.PathLike[str]) -> list[str]:
+    """Prompts from a ``.jsonl`` file (one JSON string, or object with ``prompt`` or ``text``, per line)
+    or any other text file (one prompt per non-empty line).
+
+    Raises:
+        MtpscopeError: unreadable JSON line or an object without ``prompt`` / ``text`` (names the line);
+            a file without prompts.
+        FileNotFoundError: missing file.
+    """
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    prompts: list[str] = []
+    if p.suffix.lower() == ".jsonl":
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise MtpscopeError(f"line {n} is not JSON: {e}", path=p, key=f"line {n}") from None
+            if isinstance(obj, str):
+                prompts.append(obj)
+            elif isinstance(obj, dict) and isinstance(obj.get("prompt", obj.get("text")), str):
+                prompts.append(obj.get("prompt", obj.get("text")))
+            else:
+                raise MtpscopeError(f"line {n} needs a JSON string or an object with a 'prompt' or 'text' string",
+                                    path=p, key=f"line {n}", expected="string or {\"prompt\": ...}",
+                                    actual=type(obj).__name__)
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise MtpscopeError("no prompts in file", path=p, expected=">= 1 prompt", actual=0)
+    return prompts
+
+
+# --------------------------------------------------------------------------------------------------
+# pre-flight (our reader, before llama.cpp sees the files)
+# --------------------------------------------------------------------------------------------------
+
+
+def _header_sha256(path: Path, data_offset: int) -> str:
+    h = hashlib.sha256()
+    left = data_offset
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def model_info(f: Any) -> dict[str, Any]:
+    """Manifest entry of an open GGUF: path, size (bytes), architecture, dialect, header_sha256
+    (sha256 of bytes [0, data_offset), i.e. header, metadata and tensor infos, not the weights)."""
+    from inspector.inventory import detect_dialect  # noqa: PLC0415
+
+    p = Path(f.path)
+    return {"path": os.fspath(p.resolve()), "size": int(f.file_size), "architecture": f.architecture,
+            "dialect": detect_dialect(f).kind, "header_sha256": _header_sha256(p, int(f.data_offset))}
+
+
+def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Manifest entry of a ``--centroids`` source (GGUF: as :func:`model_info`; HF: dialect ``hf``,
+    size = bytes of its safetensors files, header_sha256 over their headers in name order)."""
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".safetensors":
+        files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+        h = hashlib.sha256()
+        size = 0
+        for file in files:
+            size += file.stat().st_size
+            with open(file, "rb") as fh:
+                n8 = fh.read(8)
+                h.update(n8)
+                h.update(fh.read(int.from_bytes(n8, "little")))
+        arch = None
+        cfg = (p if p.is_dir() else p.parent) / "config.json"
+        if cfg.exists():
+            try:
+                arch = json.loads(cfg.read_text()).get("model_type")
+            except ValueError:
+                arch = None
+        return {"path": os.fspath(p.resolve()), "size": size, "architecture": arch, "dialect": "hf",
+                "header_sha256": h.hexdigest()}
+    from inspector.gguf import open_gguf  # noqa: PLC0415
+
+    with open_gguf(p) as f:
+        return model_info(f)
+
+
+def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Check with our own GGUF reader that llama.cpp can run this pair, before llama.cpp sees it.
+
+    Checks: both files readable GGUF; the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
+    ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
+    the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
+    inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type).
+
+    Returns:
+        ``{"target": model_info, "assistant": model_info}``.
+
+    Raises:
+        LayoutError: a refusal, naming the file, the key and expected vs actual (from the finding).
+        GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
+        FileNotFoundError: a missing file.
+    """
+    from inspector import validate as V  # noqa: PLC0415
+    from inspector.gguf import open_gguf  # noqa: PLC0415
+
+    for p in (target, assistant):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+    with open_gguf(assistant) as d, open_gguf(target) as t:
+        if d.architecture == "gemma4_assistant":
+            raise LayoutError("fork-dialect drafter (gemma4_assistant): llama.cpp's runtime does not load it; "
+                              "record with an upstream gemma4-assistant drafter and pass this file as "
+                              "--centroids to compare its centroid head", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if d.architecture != "gemma4-assistant":
+            raise LayoutError("the assistant must be a gemma4-assistant drafter", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if t.architecture != "gemma4":
+            raise LayoutError("the target must be a gemma4 model", path=t.path, key="general.architecture",
+                              expected="gemma4", actual=t.architecture)
+        for f in (t, d):
+            v = V.upstream_verdict(f)
+            if v.loads is False:
+                raise LayoutError(f"llama.cpp would refuse this file: {v.reasons[0]}", path=f.path,
+                                  key="loadability", expected="loads", actual="refused")
+        pairing = V.check_pairing(d, t)
+        errors = [x for x in pairing.findings if x.severity == V.ERROR]
+        if errors:
+            e = errors[0]
+            raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
+                              expected=e.expected, actual=e.actual)
+        return {"target": model_info(t), "assistant": model_info(d)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------------
+
+
+def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest values of ``x`` (1-D), best first; ties: lower index first.
+
+    Exact and fast on large vectors: blocks of 512 whose maximum is below the k-th largest block
+    maximum cannot hold a top-k value, so only the best k blocks are sorted.
+    """
+    n = x.shape[0]
+    k = min(int(k), n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    b = 512
+    if n < 8 * b or n % b:
+        idx = np.argpartition(-x, k - 1)[:k] if k < n else np.arange(n)
+        cand = np.sort(idx)
+        return cand[np.argsort(-x[cand], kind="stable")][:k]
+    blocks = x.reshape(-1, b)
+    bmax = blocks.max(axis=1)
+    kb = min(k, bmax.shape[0])
+    thr = np.partition(bmax, bmax.shape[0] - kb)[bmax.shape[0] - kb]
+    sel = np.flatnonzero(bmax >= thr)
+    cand = (sel[:, None] * b + np.arange(b)[None, :]).reshape(-1)
+    vals = x[cand]
+    order = np.argsort(-vals, kind="stable")[:k]
+    return cand[order]
+
+
+@dataclass
+class _Step:
+    token: int
+    logits: np.ndarray | None
+    h: np.ndarray | None
+    h_next: np.ndarray | None
+    h_inner: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One round as the loop ran it (before it is turned into trace records).
+
+    ``steps`` carries per-step raw data (drafter logits copy, hidden states) only when tracing.
+    """
+
+    round: int
+    pos: int
+    pending_token: int
+    drafted: tuple[int, ...]
+    target: tuple[int | None, ...]
+    n_accepted: int
+    emitted: tuple[int, ...]
+    t_draft_ms: float
+    t_verify_ms: float
+    steps: tuple[_Step, ...] = field(repr=False, default=())
+
+
+class Sampler:
+    """The target's token choice: greedy argmax (``temp <= 0``) or llama.cpp's seeded sampler chain
+    ``top_k -> top_p -> temp -> dist(seed)`` (top_k <= 0 and top_p >= 1 leave those stages out)."""
+
+    def __init__(self, *, temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0) -> None:
+        self.temp, self.seed, self.top_k, self.top_p = float(temp), int(seed), int(top_k), float(top_p)
+        self.greedy = self.temp <= 0.0
+        self._chain = None
+        if not self.greedy:
+            lc = rt.llama()
+            chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+            if self.top_k > 0:
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(self.top_k))
+            if self.top_p < 1.0:
+                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(self.top_p, 1))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(self.temp))
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(self.seed & 0xFFFFFFFF))
+            self._chain = chain
+
+    def sample(self, ctx: rt.LlamaContext, i: int) -> int:
+        """The target's token at batch row ``i`` of the last decode of ``ctx``."""
+        if self.greedy:
+            return int(np.argmax(ctx.logits(i)))
+        return int(rt.llama().llama_sampler_sample(self._chain, ctx.ptr, int(i)))
+
+    def close(self) -> None:
+        if self._chain is not None:
+            rt.llama().llama_sampler_free(self._chain)
+            self._chain = None
+
+
+class MtpRuntime:
+    """A target and its drafter loaded in llama.cpp, with their contexts; reusable across prompts
+    and :func:`record` calls (tests and benchmarks load once).
+
+    Args:
+        target / assistant: GGUF paths (run :func:`preflight` first; this class does not).
+        n_gpu_layers: layers to offload (-1 all, 0 CPU only), for both models.
+        n_ctx: context size in tokens (prompt + generated + n_draft + 1 must fit).
+        n_batch: largest decode batch (prompts are prefilled in chunks of this size).
+        capture: install the ``cb_eval`` capture of ``result_norm`` on the drafter (needed for h_inner
+            and the centroid head); False runs the drafter without any callback.
+        flash_attn: flash attention (off by default: batch-size dependent numerics can flip near-tie
+            argmaxes, and the greedy-equivalence invariant is checked with it off).
+        n_threads: CPU threads (None: llama.cpp's default).
+
+    Raises:
+        TraceError: llama.cpp cannot load a model or create a context.
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+
+    def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
+                 n_gpu_layers: int = 0, n_ctx: int = 2048, n_batch: int = 256, capture: bool = True,
+                 flash_attn: bool | None = False, n_threads: int | None = None) -> None:
+        self.target_path, self.assistant_path = Path(target), Path(assistant)
+        self.n_gpu_layers = int(n_gpu_layers)
+        self.flash_attn = flash_attn
+        self._closed = False
+        self.tmodel = rt.LlamaModel(target, n_gpu_layers=n_gpu_layers)
+        self.dmodel = rt.LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+        self.n_vocab = self.tmodel.n_vocab
+        self.n_embd_backbone = self.tmodel.n_embd_out
+        self.n_embd = self.dmodel.n_embd
+        self.n_batch = max(int(n_batch), 16)
+        self.tctx = rt.LlamaContext(self.tmodel, n_ctx=n_ctx, n_batch=self.n_batch, flash_attn=flash_attn,
+                                    n_threads=n_threads, nextn=True, masked=False)
+        self.capture = rt.NodeCapture([H_INNER_NODE]) if capture else None
+        self.dctx = rt.LlamaContext(self.dmodel, n_ctx=n_ctx, n_batch=self.n_batch, mtp_of=self.tctx,
+                                    capture=self.capture, flash_attn=flash_attn, n_threads=n_threads,
+                                    nextn=True, masked=True)
+        self.n_ctx = self.tctx.n_ctx
+        self.tbatch = rt.TokenBatch(self.n_batch)
+        self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
+        #: the token the prefill of the last :meth:`run` produced (``t0``), also when no round followed
+        self.first_token: int | None = None
+
+    # -- prompts
+    def prompt_tokens(self, text: str, *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt (BOS added as the vocab wants; with ``chat`` the GGUF's own chat
+        template is applied first and special tokens in it are parsed)."""
+        if chat:
+            return self.tmodel.tokenize(self.tmodel.apply_chat_template(text), add_special=False,
+                                        parse_special=True)
+        return self.tmodel.tokenize(text, add_special=True, parse_special=False)
+
+    # -- the loop
+    def _prefill(self, tokens: Sequence[int]) -> None:
+        if not tokens:
+            raise TraceError("empty prompt (no tokens)", key="prompt")
+        self.tctx.clear()
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            self.tbatch.set(chunk, i, logits="last")
+            self.tctx.decode(self.tbatch)
+
+    def generate_plain(self, tokens: Sequence[int], *, max_tokens: int, sampler: Sampler | None = None) -> list[int]:
+        """Plain decoding of the target alone, one token per decode (the reference for the
+        speculative loop). Same stopping rule as :meth:`run`. Returns the generated ids."""
+        sampler = sampler or Sampler()
+        self._check_fits(len(tokens), max_tokens, 0)
+        self._prefill(tokens)
+        out: list[int] = []
+        pos = len(tokens)
+        tok = sampler.sample(self.tctx, self.tbatch.batch.n_tokens - 1)
+        while True:
+            out.append(tok)
+            if len(out) >= max_tokens or self.tmodel.is_eog(tok):
+                return out
+            self.tbatch.set([tok], pos, logits="last")
+            self.tctx.decode(self.tbatch)
+            pos += 1
+            tok = sampler.sample(self.tctx, 0)
+
+    def _check_fits(self, n_prompt: int, max_tokens: int, n_draft: int) -> None:
+        need = n_prompt + max_tokens + n_draft + 1
+        if need > self.n_ctx:
+            raise TraceError("prompt + max_tokens + n_draft does not fit the context", key="n_ctx",
+                             expected=f">= {need}", actual=self.n_ctx)
+
+    def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
+            sampler: Sampler | None = None, trace: bool = True) -> Iterator[RoundResult]:
+        """Run the MTP loop on one prompt, yielding each round as it finishes.
+
+        Args:
+            tokens: prompt token ids.
+            n_draft: drafts per round (K >= 1).
+            max_tokens: generated tokens at most (the prefill's token included).
+            sampler: the target's token choice (default greedy).
+            trace: keep per-step raw data (drafter logits, h, h_next, h_inner) in the results.
+        """
+        if n_draft < 1:
+            raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
+        if max_tokens < 1:
+            raise TraceError("max_tokens must be >= 1", key="max_tokens", expected=">= 1", actual=max_tokens)
+        sampler = sampler or Sampler()
+        self._check_fits(len(tokens), max_tokens, n_draft)
+        self._prefill(tokens)
+        tctx, dctx, cap = self.tctx, self.dctx, self.capture
+        db, tb = self.dbatch, self.tbatch
+        pos = len(tokens)
+        pending = sampler.sample(tctx, tb.batch.n_tokens - 1)
+        self.first_token = pending
+        h = tctx.nextn(tb.batch.n_tokens - 1).copy()
+        n_out = 1
+        rnd = 0
+        eog = self.tmodel.is_eog
+        if eog(pending) or n_out >= max_tokens:
+            return
+        perf = time.perf_counter
+        while True:
+            k_max = min(n_draft, max_tokens - n_out - 1)
+            drafted: list[int] = []
+            steps: list[_Step] = []
+            t0 = perf()
+            tok, h_in = pending, h
+            for _ in range(k_max):
+                if cap is not None:
+                    cap.reset()
+                db.set(tok, pos, h_in)
+                dctx.decode(db)
+                lg = dctx.logits(0)
+                d = int(np.argmax(lg))
+                h_next = dctx.nextn(0).copy()
+                if trace:
+                    hi = cap.get(H_INNER_NODE) if cap is not None else None
+                    steps.append(_Step(d, lg.copy(), h_in, h_next, None if hi is None else hi.reshape(-1)))
+                drafted.append(d)
+                tok, h_in = d, h_next
+            t1 = perf()
+            tb.set([pending, *drafted], pos, logits="all")
+            tctx.decode(tb)
+            target: list[int | None] = []
+            n_acc = 0
+            if sampler.greedy:
+                for i in range(k_max + 1):
+                    target.append(int(np.argmax(tctx.logits(i))))
+                while n_acc < k_max and drafted[n_acc] == target[n_acc]:
+                    n_acc += 1
+            else:
+                for i in range(k_max + 1):
+                    s = sampler.sample(tctx, i)
+                    target.append(s)
+                    if i < k_max and s == drafted[i]:
+                        n_acc += 1
+                        continue
+                    break
+                target += [None] * (k_max + 1 - len(target))
+            emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]
+            for j, e in enumerate(emitted):  # stop at an end-of-generation token
+                if eog(e):
+                    emitted = emitted[:j + 1]
+                    n_acc = min(n_acc, j + 1)
+                    break
+            h = tctx.nextn(n_acc).copy()
+            tctx.seq_rm(pos + n_acc + 1, -1)
+            t2 = perf()
+            yield RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
+                              target=tuple(target), n_accepted=n_acc, emitted=tuple(emitted),
+                              t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps))
+            n_out += len(emitted)
+            pos += n_acc + 1
+            pending = emitted[-1]
+            rnd += 1
+            if eog(pending) or n_out >= max_tokens:
+                return
+
+    def close(self) -> None:
+        """Free batches, contexts (drafter first) and models. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for obj in (self.dbatch, self.tbatch, self.dctx, self.tctx, self.dmodel, self.tmodel):
+            obj.close()
+
+    def __enter__(self) -> MtpRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# records
+# --------------------------------------------------------------------------------------------------
+
+
+def _rank(logits: np.ndarray, token: int) -> int:
+    """Rank of ``token`` among ``logits`` (0 = best; only strictly greater logits count)."""
+    return int(np.count_nonzero(logits > logits[token]))
+
+
+def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
+                 head: CentroidHead | None = None) -> list[StepRecord]:
+    """Per-step trace records of one round (see :func:`record` for the fields)."""
+    out: list[StepRecord] = []
+    keep_h = hidden != "off"
+    for k, s in enumerate(res.steps, start=1):
+        lg = s.logits
+        tt = res.target[k - 1] if k - 1 < len(res.target) else None
+        top = top_k_desc(lg, n_top) if lg is not None else None
+        kw: dict[str, Any] = {}
+        if head is not None and s.h_inner is not None:
+            cs = centroid_step(head, s.h_inner, dense_logits=lg, target_token=tt)
+            kw = {"centroid_ids": cs.centroid_ids, "centroid_logits": cs.centroid_logits,
+                  "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
+                  "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
+        out.append(StepRecord(
+            k=k, token=s.token,
+            logit=None if lg is None else float(lg[s.token]),
+            rank=None if lg is None else _rank(lg, s.token),
+            top_ids=None if top is None else top.tolist(),
+            top_logits=None if top is None else lg[top].tolist(),
+            target_token=tt,
+            target_rank=None if (lg is None or tt is None) else _rank(lg, tt),
+            accepted=k <= res.n_accepted,
+            h=s.h if keep_h else None, h_next=s.h_next if keep_h else None,
+            h_inner=s.h_inner if keep_h else None, **kw))
+    return out
+
+
+def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
+    """The trace record of one round."""
+    return RoundRecord(prompt_id=prompt_id, round=res.round, pos=res.pos, pending_token=res.pending_token,
+                       n_draft=len(res.drafted), drafted=res.drafted, n_accepted=res.n_accepted,
+                       target=res.target, emitted=res.emitted, t_draft_ms=res.t_draft_ms,
+                       t_verify_ms=res.t_verify_ms)
+
+
+@dataclass(frozen=True)
+class RecordSummary:
+    """What :func:`record` did.
+
+    Attributes:
+        out: the trace directory.
+        n_prompts, n_rounds, n_steps: counts written.
+        n_drafted, n_accepted: draft tokens proposed / accepted.
+        acceptance_rate: n_accepted / n_drafted (llama.cpp's definition), None with no drafts.
+        mean_acceptance_length: 1 + n_accepted / n_rounds, None with no rounds.
+        n_generated: generated tokens over all prompts (each prompt's prefill token included).
+        seconds: wall time of the generation loops (prefill included, loading excluded).
+        tokens_per_second: n_generated / seconds.
+        outputs: generated token ids per prompt.
+    """
+
+    out: str
+    n_prompts: int
+    n_rounds: int
+    n_steps: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    n_generated: int
+    seconds: float
+    tokens_per_second: float
+    outputs: tuple[tuple[int, ...], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        d = asdict(self)
+        d["outputs"] = [list(o) for o in self.outputs]
+        return d
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    p = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                 TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False)
+    p.start()
+    p.add_task("record", total=total, acc="acceptance rate -")
+    return p
+
+
+def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str], out: str | os.PathLike[str],
+           prompts: Sequence[str] | None = None, prompt: str | None = None,
+           prompts_file: str | os.PathLike[str] | None = None, n_draft: int = 3, max_tokens: int = 128,
+           temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0, chat: bool = False,
+           n_gpu_layers: int = 0, centroids: str | os.PathLike[str] | None = None,
+           centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
+           flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False,
+           progress: bool = False, command: Sequence[str] | None = None,
+           runtime: MtpRuntime | None = None, on_round: Callable[[int, RoundResult], None] | None = None,
+           ) -> RecordSummary:
+    """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
+
+    Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
+    drafted ids, the target's ids at each verify row (null after the first mismatch when sampling),
+    n_accepted, emitted tokens, draft / verify wall times in ms. Per draft step (``steps``): k
+    (1-based), the token, its logit and rank, the top ``n_top`` drafter candidates with logits, the
+    target's token at that position and its rank among the drafter's logits, accepted, and unless
+    ``hidden="off"``: ``h`` (fed in, width n_embd_backbone), ``h_next`` (post-projection output,
+    width n_embd_backbone) and ``h_inner`` (``result_norm`` via ``cb_eval``, width n_embd), stored as
+    float16 (``"f16"``) or float32. With a centroid head (``centroids``: fork-dialect GGUF or HF
+    directory): top-k centroid ids and logits, the sparse head's token, whether the target's token is a
+    candidate, the target token's centroid and that centroid's rank.
+
+    Args:
+        target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
+        out: the trace directory.
+        prompts / prompt / prompts_file: the prompts (exactly one of them).
+        n_draft: drafts per round; max_tokens: tokens generated per prompt at most.
+        temp / seed / top_k / top_p: the target's sampling (``temp <= 0``: greedy).
+        chat: apply the GGUF's own chat template to each prompt.
+        n_gpu_layers: layers offloaded (-1 = all).
+        centroids / centroid_top_k: centroid head source and its k (default: the source's).
+        hidden: ``"f16"``, ``"f32"`` or ``"off"``.
+        n_top: drafter candidates stored per step.
+        flush_every: write a Parquet part every this many rounds (crash safety granularity).
+        flash_attn: flash attention on (default off).
+        overwrite: replace an existing trace in ``out``.
+        progress: show a rich progress bar with the running acceptance rate (stderr).
+        command: argv for the manifest (default ``sys.argv``).
+        runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here).
+        on_round: called with ``(prompt_id, RoundResult)`` after each round is written.
+
+    Returns:
+        :class:`RecordSummary`.
+
+    Raises:
+        LayoutError: the pre-flight check refused the pair or the centroid source does not fit.
+        MtpscopeError: bad arguments or prompts file; GGUF reader errors; TraceError from the writer.
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+    from traces.store import TraceWriter  # noqa: PLC0415
+
+    given = [x is not None for x in (prompts, prompt, prompts_file)]
+    if sum(given) != 1:
+        raise MtpscopeError("give exactly one of prompts, prompt, prompts_file", key="prompts",
+                            expected="one source", actual=sum(given))
+    if hidden not in HIDDEN_CHOICES:
+        raise MtpscopeError("unknown hidden-state storage", key="hidden", expected="f16 | f32 | off",
+                            actual=hidden)
+    for name, val, lo in (("n_draft", n_draft, 1), ("max_tokens", max_tokens, 1), ("n_top", n_top, 1),
+                          ("flush_every", flush_every, 1)):
+        if int(val) < lo:
+            raise MtpscopeError(f"{name} must be >= {lo}", key=name, expected=f">= {lo}", actual=val)
+    texts = list(prompts) if prompts is not None else ([prompt] if prompt is not None
+                                                       else read_prompts(prompts_file))  # type: ignore[arg-type]
+    if not texts:
+        raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
+
+    models = preflight(target, assistant)
+    head = None
+    if centroids is not None:
+        head = load_centroid_head(centroids, top_k=centroid_top_k)
+        models["centroids"] = centroid_source_info(centroids)
+    else:
+        models["centroids"] = None
+
+    need_capture = hidden != "off" or head is not None
+    own = runtime is None
+    rtm = runtime
+    if rtm is None:
+        rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, n_ctx=2048, capture=need_capture,
+                         flash_attn=flash_attn, n_threads=n_threads)
+    try:
+        if head is not None:
+            head.check_compatible(n_embd=rtm.n_embd, n_vocab=rtm.n_vocab, drafter=assistant)
+        if need_capture and rtm.capture is None:
+            raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
+                                "centroid head need it", key="hidden", expected="capture=True", actual="False")
+        toks = [rtm.prompt_tokens(t, chat=chat) for t in texts]
+        longest = max(len(t) for t in toks)
+        if longest + max_tokens + n_draft + 1 > rtm.n_ctx:
+            if not own:
+                rtm._check_fits(longest, max_tokens, n_draft)  # noqa: SLF001 - raises with numbers
+            rtm.close()
+            n_ctx = -(-(longest + max_tokens + n_draft + 1) // 256) * 256
+            rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, capture=need_capture,
+                             flash_attn=flash_attn, n_threads=n_threads)
+        params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
+                  "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
+                  "centroids": None if centroids is None else os.fspath(centroids),
+                  "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
+                  "flush_every": flush_every, "flash_attn": flash_attn, "n_threads": n_threads,
+                  "n_ctx": rtm.n_ctx, "greedy": temp <= 0}
+        manifest = {
+            "source": "record",
+            "command": list(command) if command is not None else list(sys.argv),
+            "params": params,
+            "models": models,
+            "runtime": rt.runtime_info(n_gpu_layers),
+            "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
+                        for i, (t, tk) in enumerate(zip(texts, toks, strict=True))],
+            "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
+                                                    "source": head.source, "kind": head.kind},
+        }
+        hd = None if hidden == "off" else hidden
+        n_rounds = n_steps = n_drafted = n_accepted = n_gen = 0
+        outputs: list[tuple[int, ...]] = []
+        bar = _progress(progress, max_tokens * len(texts))
+        t_start = time.perf_counter()
+        try:
+            with TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
+                             n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
+                             centroids=head is not None, flush_every=flush_every, overwrite=overwrite) as w:
+                for pid, tk in enumerate(toks):
+                    sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+                    gen: list[int] = []
+                    try:
+                        for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler,
+                                           trace=True):
+                            if not gen:
+                                gen.append(res.pending_token)
+                            gen.extend(res.emitted)
+                            steps = step_records(res, n_top=n_top, hidden=hidden, head=head)
+                            w.add_round(round_record(pid, res), steps)
+                            n_rounds += 1
+                            n_steps += len(steps)
+                            n_drafted += len(res.drafted)
+                            n_accepted += res.n_accepted
+                            if on_round is not None:
+                                on_round(pid, res)
+                            if bar is not None:
+                                acc = f"acceptance rate {n_accepted / n_drafted:.3f}" if n_drafted else ""
+                                bar.update(bar.task_ids[0], completed=pid * max_tokens + len(gen), acc=acc)
+                    finally:
+                        sampler.close()
+                    if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
+                        gen = [int(rtm.first_token)]
+                    outputs.append(tuple(gen))
+                    n_gen += len(gen)
+                    if bar is not None:
+                        bar.update(bar.task_ids[0], completed=(pid + 1) * max_tokens)
+        finally:
+            if bar is not None:
+                bar.stop()
+        secs = time.perf_counter() - t_start
+    finally:
+        if own:
+            rtm.close()
+    return RecordSummary(out=os.fspath(out), n_prompts=len(texts), n_rounds=n_rounds, n_steps=n_steps,
+                         n_drafted=n_drafted, n_accepted=n_accepted,
+                         acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
+                         mean_acceptance_length=(1 + n_accepted / n_rounds) if n_rounds else None,
+                         n_generated=n_gen, seconds=secs, tokens_per_second=n_gen / secs if secs > 0 else 0.0,
+                         outputs=tuple(outputs))
