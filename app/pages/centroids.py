@@ -1,0 +1,84 @@
+"""Centroids: cluster sizes, a centroid browser (tokens as text), token search, and trace coverage."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import charts, state, views
+
+st.title("Centroids")
+path = state.get("drafter")
+if not path:
+    st.info("Choose a fork-dialect drafter (with a centroid head) on the Files page.")
+    state.demo_missing_hint()
+    st.stop()
+
+with state.guard("centroid head"):
+    head = state.centroid_head(path)
+    dec = state.decoder(path, state.get("target"))
+    sizes = head.cluster_sizes()
+    c = st.columns(5)
+    c[0].metric("centroids", f"{head.n_centroids:,}")
+    c[1].metric("tokens (n_vocab)", f"{head.n_vocab:,}")
+    c[2].metric("tokens per centroid (vsc)", head.vsc)
+    c[3].metric("top-k", head.top_k if head.top_k is not None else "?")
+    c[4].metric("centroids not of size vsc", int((sizes != head.vsc).sum()))
+    st.caption(f"`{head.centroids_name}` · `{head.ordering_name}`"
+               + (" · ⚠️ centroid matrix stored transposed" if head.transposed else ""))
+    st.plotly_chart(charts.cluster_size_figure(sizes), key="cent.sizes", width="stretch")
+
+    st.subheader("Browse a centroid")
+    b1, b2 = st.columns([1, 2])
+    with b1:
+        cid = int(st.number_input("centroid", 0, head.n_centroids - 1, 0, key="w.cent.id"))
+        ids = head.tokens_of(cid)
+        st.caption(f"{len(ids)} tokens")
+    with b2:
+        st.dataframe(pd.DataFrame({"token id": ids, "text": [dec.label(int(i)) for i in ids]}),
+                     hide_index=True, width="stretch", height=280)
+
+    st.subheader("Find a token's centroid")
+    q = st.text_input("token text or #id", key="w.cent.q", placeholder="e.g.  fox  or #1234")
+    if q:
+        if q.strip().lstrip("#").isdigit():
+            hits = [int(q.strip().lstrip("#"))]
+        else:
+            hits = dec.find(q, limit=20)
+        if not hits:
+            st.info(f"no token whose text contains “{q}” (vocabulary: {dec.source})")
+        else:
+            st.dataframe(pd.DataFrame({"token id": hits, "text": [dec.label(h) for h in hits],
+                                       "centroid": [head.centroid_of(h) if 0 <= h < head.n_vocab else -1 for h in hits]}),
+                         hide_index=True, width="stretch")
+
+    st.subheader("Coverage on the selected trace")
+    tpath = state.get("trace")
+    if not tpath:
+        st.caption("Choose a trace on the Files page to see which centroids were chosen and where the target's "
+                   "token lived.")
+    else:
+        with state.guard("trace store"):
+            tr = state.trace(tpath)
+            steps = tr.columns("steps", [c for c in ("prompt_id", "round", "k", "token", "target_token",
+                                                     "accepted", "centroid_ids", "target_in_candidates",
+                                                     "target_centroid", "target_centroid_rank")
+                                         if c in tr.schemas["steps"].names])
+            if "centroid_ids" not in steps.columns or not steps["centroid_ids"].notna().any():
+                st.info("This trace has no centroid columns (recorded without a centroid head).")
+            else:
+                rep = state.report(tpath)
+                cc = rep.get("centroid_coverage") or {}
+                if cc:
+                    st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
+                              help="traces.metrics.centroid_coverage: share of steps with target_in_candidates")
+                cov = state.coverage(tpath, path)
+                st.plotly_chart(charts.coverage_heatmap(cov), key="cent.cov", width="stretch")
+                st.plotly_chart(charts.chosen_vs_home_figure(cov), key="cent.cvh", width="stretch")
+                un = views.unreachable_steps(steps)
+                st.markdown(f"**Steps where the target token was unreachable** ({len(un)}"
+                            f"{'+' if len(un) >= 500 else ''})")
+                if len(un):
+                    un = un.assign(drafted=[dec.label(int(t)) for t in un["token"]],
+                                   target=[dec.label(None if pd.isna(t) else int(t)) for t in un["target_token"]])
+                    st.dataframe(un, hide_index=True, width="stretch", height=300)

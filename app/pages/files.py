@@ -1,0 +1,128 @@
+"""Files: choose a drafter, an optional target, an optional trace (and an optional HF checkpoint)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, safety, state
+
+st.title("Files")
+state.init_selection()
+state.demo_missing_hint()
+roots = state.roots()
+st.caption("Allowed folders (`MTPSCOPE_ROOTS`): " + " · ".join(f"`{r}`" for r in roots))
+
+NONE = "—"
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
+    if kind == "gguf":
+        return [str(p) for p in safety.discover(roots_key, suffix=".gguf")]
+    if kind == "trace":
+        return [str(p) for p in safety.discover(roots_key, marker="manifest.json")]
+    return [str(p) for p in safety.discover(roots_key, marker="config.json", max_depth=3)]
+
+
+def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None) -> None:
+    """Path completion (select from the allowed folders), a free path, and an optional upload."""
+    cur = state.get(slot) or ""
+    options = [NONE] + _candidates(tuple(str(r) for r in roots), kind)
+    if cur and cur not in options:
+        options.append(cur)
+    pick_key, text_key = f"w.{slot}.pick", f"w.{slot}.text"
+    if pick_key not in st.session_state or st.session_state.get(pick_key) not in options:
+        st.session_state[pick_key] = cur if cur in options else NONE
+    if text_key not in st.session_state:
+        st.session_state[text_key] = cur
+
+    def on_pick() -> None:
+        v = st.session_state[pick_key]
+        state.set_(slot, None if v == NONE else v)
+        st.session_state[text_key] = "" if v == NONE else v
+
+    def on_text() -> None:
+        v = st.session_state[text_key].strip()
+        state.set_(slot, v or None)
+
+    c1, c2 = st.columns([3, 2])
+    c1.selectbox(label + (" (optional)" if optional else ""), options, key=pick_key, on_change=on_pick,
+                 format_func=lambda v: v if v == NONE else state.short(v))
+    c2.text_input("…or a path", key=text_key, on_change=on_text, placeholder="path under an allowed folder")
+    if upload:
+        up = st.file_uploader(f"…or upload a small {upload}", type=["gguf"] if upload == "GGUF" else ["zip"],
+                              key=f"w.{slot}.upload",
+                              help=f"at most {safety.MAX_UPLOAD_BYTES // 2**20} MiB; stored under the uploads "
+                                   "folder and read like any other file, never executed")
+        if up is not None:
+            with state.guard():
+                data = up.getvalue()
+                if upload == "GGUF":
+                    p = safety.store_upload(data, up.name, safety.uploads_dir())
+                else:
+                    p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
+                if state.get(slot) != str(p):
+                    state.set_(slot, str(p))
+                    st.session_state[text_key] = str(p)
+                    st.rerun()
+
+
+def _gguf_summary(slot: str) -> None:
+    path = state.get(slot)
+    if not path:
+        st.caption("none selected")
+        return
+    with state.guard("GGUF reader"):
+        f = state.gguf(path)
+        inv = state.inventory(path)
+        cols = st.columns(5)
+        cols[0].metric("architecture", f.architecture or "?")
+        d = inv.dialect
+        cols[1].metric("dialect", d.kind + (f" ({d.pattern})" if d.pattern else ""))
+        cols[2].metric("size", charts.human_bytes(f.file_size))
+        cols[3].metric("tensors", len(f.tensors))
+        cols[4].metric("GGUF version", f.version)
+        st.caption("dialect evidence: " + "; ".join(d.evidence))
+        _verdict(slot)
+
+
+def _verdict(slot: str) -> None:
+    with state.guard("validation"):
+        v = state.validation(state.get(slot), state.get("target") if slot == "drafter" else None)
+        line = state.verdict_line(v)
+        (st.success if state.verdict_ok(v) else st.warning)(line)
+
+
+st.subheader("Drafter")
+_picker("drafter", "drafter GGUF", "gguf", optional=False, upload="GGUF")
+_gguf_summary("drafter")
+
+st.subheader("Target")
+_picker("target", "target GGUF", "gguf", optional=True, upload="GGUF")
+_gguf_summary("target")
+
+st.subheader("Trace")
+_picker("trace", "trace folder", "trace", optional=True, upload="trace .zip")
+if state.get("trace"):
+    with state.guard("trace store"):
+        tr = state.trace(state.get("trace"))
+        m = tr.manifest
+        counts = m.get("counts") or {}
+        cols = st.columns(5)
+        cols[0].metric("source", str(m.get("source", "?")))
+        cols[1].metric("prompts", len(m.get("prompts") or []))
+        cols[2].metric("rounds", counts.get("n_rounds", len(tr.rounds)))
+        cols[3].metric("complete", "yes" if m.get("complete") else "no")
+        cols[4].metric("schema", m.get("schema_version", "?"))
+        for w in tr.warnings[:20]:
+            st.warning(w)
+        with state.guard("metrics"):
+            rep = state.report(state.get("trace"))
+            st.success(f"acceptance rate {state.acceptance_rate(rep):.1%} · mean acceptance length "
+                       f"{state.mean_acceptance_length(rep):.3f}")
+else:
+    st.caption("none selected")
+
+with st.expander("Second trace (Compare page) and Hugging Face checkpoint (Validate page)"):
+    _picker("trace_b", "trace B folder", "trace", optional=True, upload=None)
+    _picker("checkpoint", "Hugging Face checkpoint folder", "checkpoint", optional=True, upload=None)

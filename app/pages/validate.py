@@ -1,0 +1,84 @@
+"""Validate: findings by severity (expected vs actual), pairing, loadability, Hugging Face audit."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import state
+
+st.title("Validate")
+path = state.get("drafter")
+if not path:
+    st.info("Choose a drafter on the Files page.")
+    state.demo_missing_hint()
+    st.stop()
+
+target = state.get("target")
+hf_dir = state.get("checkpoint")
+c1, c2 = st.columns(2)
+pair = c1.toggle("pair with the selected target", value=bool(target), disabled=not target, key="w.val.pair")
+audit = c2.toggle("audit the Hugging Face checkpoint", value=bool(hf_dir), disabled=not hf_dir, key="w.val.hf")
+st.caption(f"drafter `{state.short(path)}`" + (f" · target `{state.short(target)}`" if pair and target else "")
+           + (f" · checkpoint `{state.short(hf_dir)}`" if audit and hf_dir else ""))
+
+SEV_ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
+
+
+def _findings_frame(findings) -> pd.DataFrame:
+    return pd.DataFrame([{"code": x.code, "subject": x.subject, "expected": str(x.expected),
+                          "actual": str(x.actual), "message": x.message} for x in findings],
+                        columns=["code", "subject", "expected", "actual", "message"])
+
+
+with state.guard("validation"):
+    rep = state.validation(path, target if pair else None, hf_dir if audit else None)
+    (st.success if rep.ok else st.error)(state.verdict_line(rep))
+
+    st.subheader("Loadability per runtime")
+    cols = st.columns(len(rep.loadability) or 1)
+    for col, v in zip(cols, rep.loadability):
+        with col:
+            word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules for this file")
+            (st.success if v.loads else st.error if v.loads is False else st.info)(f"**{v.runtime}**: {word}")
+            for r in v.reasons[:8]:
+                st.markdown(f"- {r}")
+            st.caption(f"basis: {v.basis}")
+
+    st.subheader("Findings")
+    counts = {s: sum(1 for x in rep.findings if x.severity == s) for s in ("error", "warning", "info")}
+    st.caption(" · ".join(f"{SEV_ICON[s]} {n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
+    for sev in ("error", "warning", "info"):
+        fs = [x for x in rep.findings if x.severity == sev]
+        if not fs:
+            continue
+        with st.expander(f"{SEV_ICON[sev]} {sev}s ({len(fs)})", expanded=sev != "info"):
+            st.dataframe(_findings_frame(fs), hide_index=True, width="stretch")
+
+    if rep.pairing is not None:
+        st.subheader("Pairing with the target")
+        p = rep.pairing
+        (st.success if p.ok else st.error)(("pairs" if p.ok else "does NOT pair") + f" with `{state.short(p.target)}`")
+        c1, c2 = st.columns(2)
+        c1.markdown("**KV donors (llama.cpp rule)**: " + ", ".join(f"{k} → target layer {v}" for k, v in p.kv_donors.items()))
+        c2.markdown("**KV donors (HF rule)**: " + ", ".join(f"{k} → target layer {v}" for k, v in p.kv_donors_hf.items()))
+        if p.findings:
+            st.dataframe(_findings_frame(p.findings), hide_index=True, width="stretch")
+    elif target:
+        st.caption("Pairing: switch on “pair with the selected target” above.")
+    else:
+        st.caption("Pairing: choose a target on the Files page.")
+
+    if rep.hf_audit is not None:
+        st.subheader("Hugging Face audit")
+        a = rep.hf_audit
+        d = a.to_dict() if hasattr(a, "to_dict") else {}
+        fs = list(getattr(a, "findings", ()) or ())
+        if fs:
+            st.dataframe(_findings_frame(fs), hide_index=True, width="stretch")
+        else:
+            st.success("the checkpoint and the GGUF agree")
+        with st.expander("audit details"):
+            st.json({k: v for k, v in d.items() if k != "findings"})
+    elif not hf_dir:
+        st.caption("Hugging Face audit: give a checkpoint folder (config.json + safetensors) on the Files page.")

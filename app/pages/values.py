@@ -1,0 +1,59 @@
+"""Tensor values: histogram and a downsampled heatmap of a row slice of any tensor (dequantized)."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from app import charts, state, views
+
+st.title("Tensor values")
+#: Most elements read for one view (a row slice of a big matrix, never the whole tensor).
+MAX_ELEMENTS = 4_000_000
+
+which = st.radio("file", ["drafter", "target"], horizontal=True, key="w.values.which")
+path = state.get(which)
+if not path:
+    st.info(f"Choose a {which} on the Files page.")
+    st.stop()
+
+with state.guard("GGUF reader"):
+    f = state.gguf(path)
+    names = [t.name for t in f.tensors]
+    if not names:
+        st.info("This file has no tensors.")
+        st.stop()
+    default = next((n for n in names if n.startswith(("mtp.", "nextn."))), names[0])
+    if st.session_state.get("w.values.tensor") not in names:
+        st.session_state["w.values.tensor"] = default
+    name = st.selectbox("tensor", names, key="w.values.tensor")
+    t = f.tensor(name)
+    shape = tuple(int(x) for x in t.shape)
+    n_rows = shape[0] if shape else 1
+    per_row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    max_rows = max(1, min(n_rows, MAX_ELEMENTS // max(1, per_row)))
+    st.caption(f"{t.type_name} · ne (GGUF order) {list(t.ne)} · numpy shape {list(shape)} · "
+               f"{charts.human_bytes(t.n_bytes)} · data offset {t.offset}")
+    c1, c2 = st.columns(2)
+    count = int(c2.number_input("rows", 1, max_rows, min(max_rows, 256 if len(shape) > 1 else max_rows),
+                                key=f"w.values.count.{name}"))
+    start = int(c1.number_input("first row (numpy dim 0)", 0, max(0, n_rows - 1), 0, key=f"w.values.start.{name}"))
+    stop = min(n_rows, start + count)
+    a = f.tensor_data(name, rows=slice(start, stop))
+    a = np.asarray(a)
+    if a.dtype.kind not in "fiu":
+        st.info(f"dtype {a.dtype} cannot be plotted")
+        st.stop()
+    stats = views.value_stats(a)
+    cols = st.columns(6)
+    for col, key in zip(cols, ("min", "max", "mean", "std", "zeros", "non_finite")):
+        v = stats.get(key)
+        col.metric(key, "—" if v is None else (f"{v:.1%}" if key == "zeros" else f"{v:.4g}"))
+    log_y = st.toggle("log counts", key="w.values.log")
+    st.plotly_chart(charts.histogram_figure(a, title=f"{name} rows {start}–{stop - 1}", log_y=log_y),
+                    key="values.hist", width="stretch")
+    if a.ndim >= 2:
+        st.plotly_chart(charts.heatmap_figure(a.reshape(a.shape[0], -1), row_offset=start, title=name),
+                        key="values.heat", width="stretch")
+    else:
+        st.plotly_chart(charts.heatmap_figure(a[None, :], title=f"{name} (1-D)"), key="values.heat", width="stretch")

@@ -1,0 +1,243 @@
+"""Path and upload safety for the app (pure: no Streamlit, no network).
+
+The app reads files only under allowed folders. ``MTPSCOPE_ROOTS`` (``os.pathsep``-separated) names
+them; when unset the defaults are the working directory and the demo cache
+(:func:`mtpscope.cache.demo_dir`). Paths are resolved (``~`` expanded, symlinks followed, ``..``
+removed) before the check, so a symlink inside a root that points outside it is refused.
+
+Uploads are stored by content hash under ``<cache>/uploads`` (a folder the app always allows), never
+executed or unpickled: the GGUF reader memory-maps them like any other file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path, PurePosixPath
+
+from inspector.errors import InspectorError, PathNotAllowedError, TraceError
+
+ROOTS_ENV = "MTPSCOPE_ROOTS"
+
+#: Largest upload the app accepts (bytes). Matches ``server.maxUploadSize`` in .streamlit/config.toml.
+MAX_UPLOAD_BYTES = 256 * 1024 * 1024
+#: Largest total size unpacked from an uploaded trace archive (bytes).
+MAX_UNPACKED_BYTES = 512 * 1024 * 1024
+#: Most members an uploaded trace archive may hold.
+MAX_ARCHIVE_MEMBERS = 10_000
+
+
+def uploads_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
+    """Folder where uploads are stored: ``<cache>/uploads`` (not created here)."""
+    if cache_root is None:
+        from mtpscope.cache import cache_dir
+
+        cache_root = cache_dir()
+    return Path(cache_root) / "uploads"
+
+
+def allowed_roots(environ: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+                  demo: str | os.PathLike[str] | None = None,
+                  uploads: str | os.PathLike[str] | None = None) -> tuple[Path, ...]:
+    """The folders the app may read, resolved, duplicates removed, in order.
+
+    Args:
+        environ: environment to read ``MTPSCOPE_ROOTS`` from (default ``os.environ``).
+        cwd: working directory used for the default and for relative entries (default ``os.getcwd()``).
+        demo: demo folder used for the default (default :func:`mtpscope.cache.demo_dir`).
+        uploads: the uploads folder, always allowed (default :func:`uploads_dir`).
+
+    Returns:
+        The roots from ``MTPSCOPE_ROOTS`` (empty entries ignored, relative ones taken from ``cwd``),
+        or ``(cwd, demo)`` when the variable is unset or has no entries; the uploads folder is
+        always appended.
+    """
+    env = os.environ if environ is None else environ
+    base = Path(os.getcwd() if cwd is None else cwd)
+    raw = env.get(ROOTS_ENV, "")
+    entries = [e for e in raw.split(os.pathsep) if e.strip()]
+    roots: list[Path] = []
+    if entries:
+        roots = [_resolve(base / Path(e.strip()).expanduser()) for e in entries]
+    else:
+        if demo is None:
+            from mtpscope.cache import demo_dir
+
+            demo = demo_dir()
+        roots = [_resolve(base), _resolve(Path(demo))]
+    roots.append(_resolve(Path(uploads) if uploads is not None else uploads_dir()))
+    out: list[Path] = []
+    for r in roots:
+        if r not in out:
+            out.append(r)
+    return tuple(out)
+
+
+def _resolve(p: Path) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(p))))
+
+
+def is_allowed(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]]) -> bool:
+    """True when ``path`` (resolved) is one of ``roots`` (resolved) or lies below one."""
+    p = _resolve(Path(path))
+    for r in roots:
+        rr = _resolve(Path(r))
+        if p == rr or p.is_relative_to(rr):
+            return True
+    return False
+
+
+def check_path(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]], *,
+               must_exist: bool = True, kind: str = "file",
+               cwd: str | os.PathLike[str] | None = None) -> Path:
+    """Resolve ``path`` and make sure the app may read it.
+
+    Args:
+        path: what the user typed or picked (``~`` and relative paths allowed; relative to ``cwd``).
+        roots: the allowed folders (see :func:`allowed_roots`).
+        must_exist: also require that it exists and is of ``kind``.
+        kind: ``"file"`` or ``"dir"``.
+        cwd: base for relative paths (default ``os.getcwd()``).
+
+    Returns:
+        The resolved absolute path.
+
+    Raises:
+        PathNotAllowedError: the resolved path lies outside every root (expected: under one of the
+            roots, actual: the resolved path).
+        InspectorError: ``must_exist`` and the path is missing, not a ``kind``, or not readable.
+    """
+    text = os.fspath(path).strip()
+    if not text:
+        raise InspectorError("no path given", expected=f"a {kind} path", actual="empty")
+    if "\x00" in text:
+        raise InspectorError("path contains a NUL byte", path=text.replace("\x00", "\\0"))
+    p = Path(text).expanduser()
+    if not p.is_absolute():
+        p = Path(os.getcwd() if cwd is None else cwd) / p
+    resolved = _resolve(p)
+    if not is_allowed(resolved, roots):
+        shown = ", ".join(os.fspath(_resolve(Path(r))) for r in roots) or "(none)"
+        raise PathNotAllowedError(f"outside the allowed folders (set {ROOTS_ENV} to widen them)",
+                                  path=resolved, expected=f"a path under {shown}", actual=str(resolved))
+    if must_exist:
+        if not resolved.exists():
+            raise InspectorError("no such file or folder", path=resolved)
+        if kind == "file" and not resolved.is_file():
+            raise InspectorError("not a regular file", path=resolved, expected="a file",
+                                 actual="a folder" if resolved.is_dir() else "something else")
+        if kind == "dir" and not resolved.is_dir():
+            raise InspectorError("not a folder", path=resolved, expected="a folder", actual="a file")
+        if not os.access(resolved, os.R_OK):
+            raise InspectorError("not readable (permission denied)", path=resolved)
+    return resolved
+
+
+def discover(roots: Sequence[str | os.PathLike[str]], *, suffix: str | None = None,
+             marker: str | None = None, max_depth: int = 4, limit: int = 200) -> list[Path]:
+    """Files ending in ``suffix`` or folders holding a file named ``marker``, under ``roots``.
+
+    Walks at most ``max_depth`` levels below each root, skips hidden folders, ``.venv`` and
+    ``__pycache__``, and stops after ``limit`` hits (for path completion; never a full scan of a
+    large tree). Returns resolved paths, sorted, without duplicates.
+    """
+    skip = {".venv", "__pycache__", "node_modules", ".git"}
+    hits: set[Path] = set()
+    for root in roots:
+        base = _resolve(Path(root))
+        if not base.is_dir():
+            continue
+        base_depth = len(base.parts)
+        for dirpath, dirnames, filenames in os.walk(base):
+            depth = len(Path(dirpath).parts) - base_depth
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in skip)
+            if depth >= max_depth:
+                dirnames[:] = []
+            if marker is not None and marker in filenames:
+                hits.add(_resolve(Path(dirpath)))
+            if suffix is not None:
+                for name in filenames:
+                    if name.endswith(suffix):
+                        hits.add(_resolve(Path(dirpath) / name))
+            if len(hits) >= limit:
+                break
+        if len(hits) >= limit:
+            break
+    return sorted(hits)[:limit]
+
+
+def store_upload(data: bytes, name: str, dest: str | os.PathLike[str]) -> Path:
+    """Write uploaded bytes to ``dest/<sha256[:16]>-<safe name>`` and return that path.
+
+    The bytes are written as they are (never executed, never unpickled). An existing file with the
+    same hash is reused.
+
+    Raises:
+        InspectorError: more than :data:`MAX_UPLOAD_BYTES` bytes.
+    """
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise InspectorError("upload too large", key=name, expected=f"at most {MAX_UPLOAD_BYTES} bytes",
+                             actual=f"{len(data)} bytes")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name)[:80] or "upload"
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    out_dir = Path(dest)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{digest}-{safe}"
+    if not (out.exists() and out.stat().st_size == len(data)):
+        tmp = out.with_suffix(out.suffix + ".part")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+    return out
+
+
+def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> Path:
+    """Unpack an uploaded trace archive (a .zip of a trace folder) safely and return the trace folder.
+
+    Only plain files are extracted; absolute names, ``..`` components, links and archives that
+    unpack to more than :data:`MAX_UNPACKED_BYTES` or hold more than :data:`MAX_ARCHIVE_MEMBERS`
+    members are refused. The trace folder is the one holding ``manifest.json``.
+
+    Raises:
+        TraceError: not a zip, unsafe or too large, or no ``manifest.json`` inside.
+    """
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise TraceError("upload too large", key=name, expected=f"at most {MAX_UPLOAD_BYTES} bytes",
+                         actual=f"{len(data)} bytes")
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as e:
+        raise TraceError("not a zip archive", key=name) from e
+    infos = zf.infolist()
+    if len(infos) > MAX_ARCHIVE_MEMBERS:
+        raise TraceError("archive has too many members", key=name,
+                         expected=f"at most {MAX_ARCHIVE_MEMBERS}", actual=len(infos))
+    total = sum(i.file_size for i in infos)
+    if total > MAX_UNPACKED_BYTES:
+        raise TraceError("archive unpacks too large", key=name,
+                         expected=f"at most {MAX_UNPACKED_BYTES} bytes", actual=f"{total} bytes")
+    manifests: list[PurePosixPath] = []
+    for i in infos:
+        pp = PurePosixPath(i.filename)
+        mode = (i.external_attr >> 16) & 0o170000
+        if pp.is_absolute() or ".." in pp.parts or "\\" in i.filename or mode == 0o120000:
+            raise TraceError("unsafe member name in archive", key=i.filename)
+        if not i.is_dir() and pp.name == "manifest.json":
+            manifests.append(pp)
+    if not manifests:
+        raise TraceError("no manifest.json in the archive", key=name)
+    top = min(manifests, key=lambda m: len(m.parts)).parent
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    out = Path(dest) / f"trace-{digest}"
+    if not (out / "manifest.json").exists():
+        for i in infos:
+            if i.is_dir():
+                continue
+            target = out / PurePosixPath(i.filename)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(i) as src, open(target, "wb") as dst:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+    return out / top

@@ -1,0 +1,398 @@
+"""App-wide selection, allowed roots and cached loaders (the only stateful app module).
+
+Selection lives in ``st.session_state`` under non-widget keys (``sel.drafter``, ``sel.target``,
+``sel.trace``, ``sel.trace_b``, ``sel.checkpoint``, ``sel.round``) so it survives page switches; the
+demo is preselected when the demo files exist.
+
+Readers, inventories, traces and reports are cached with ``st.cache_resource`` keyed by the resolved
+path, the file size and mtime (for a trace: the manifest's and every part's size and mtime), so an
+edited or rebuilt file is re-read and an unchanged one is not. Every path goes through
+:func:`app.safety.check_path` first.
+
+Errors: :func:`guard` turns an mtpscope error (or an OS error) into the inspector's one-line message
+in the page and a missing library (a module another helper has not landed yet) into an info box;
+anything else is a bug and propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from app import safety
+from app.tokens import TokenText
+from inspector.errors import MtpscopeError
+
+SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint")
+
+
+class LibraryMissing(Exception):
+    """A library module or function the page needs is not available (yet)."""
+
+
+def lib(module: str, *names: str) -> Any:
+    """Import ``module`` and return it, or the attribute(s) ``names`` from it.
+
+    Raises:
+        LibraryMissing: the module cannot be imported or lacks one of ``names``.
+    """
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise LibraryMissing(f"`{module}` is not available yet ({e})") from None
+    if not names:
+        return mod
+    out = []
+    for n in names:
+        if not hasattr(mod, n):
+            raise LibraryMissing(f"`{module}.{n}` is not available yet")
+        out.append(getattr(mod, n))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@contextlib.contextmanager
+def guard(what: str = "") -> Iterator[None]:
+    """Show mtpscope / OS errors as one line (``st.error``) and missing libraries as ``st.info``;
+    the rest of the ``with`` block is skipped."""
+    try:
+        yield
+    except MtpscopeError as e:
+        st.error(e.one_line(), icon="⚠️")
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        st.error(f"{where}{e.strerror or e}", icon="⚠️")
+    except LibraryMissing as e:
+        st.info(f"{what + ': ' if what else ''}{e}", icon="⏳")
+
+
+# ------------------------------------------------------------------------------ roots and selection
+
+def roots() -> tuple[Path, ...]:
+    """The allowed folders (``MTPSCOPE_ROOTS``, default: working directory and demo cache)."""
+    return safety.allowed_roots()
+
+
+def demo_paths() -> dict[str, Path]:
+    """Where the demo's files are (they may not exist yet)."""
+    from mtpscope.cache import demo_dir
+
+    d = demo_dir()
+    return {"dir": d, "target": d / "target.gguf", "drafter": d / "drafter-fork.gguf",
+            "drafter_upstream": d / "drafter-upstream.gguf", "drafter_noisy": d / "drafter-upstream-noisy.gguf",
+            "trace": d / "traces" / "clean", "trace_b": d / "traces" / "noisy"}
+
+
+def init_selection() -> None:
+    """Preselect the demo (once per session) for every selection slot that is still unset."""
+    if st.session_state.get("sel._init"):
+        return
+    st.session_state["sel._init"] = True
+    demo = demo_paths()
+    defaults = {"drafter": demo["drafter"], "target": demo["target"], "trace": demo["trace"],
+                "trace_b": demo["trace_b"], "checkpoint": None}
+    # The clean demo trace names the drafter that recorded it; prefer that one.
+    man = demo["trace"] / "manifest.json"
+    if man.exists():
+        try:
+            import json
+
+            m = json.loads(man.read_text())
+            a = ((m.get("models") or {}).get("assistant") or {}).get("path")
+            if a and Path(a).exists() and safety.is_allowed(a, roots()):
+                defaults["drafter"] = Path(a)
+        except (OSError, ValueError):
+            pass
+    for k, v in defaults.items():
+        key = f"sel.{k}"
+        if key not in st.session_state:
+            st.session_state[key] = str(v) if v is not None and Path(v).exists() else None
+
+
+def get(name: str) -> str | None:
+    """The selected path for ``name`` (one of :data:`SEL_KEYS`), or None."""
+    init_selection()
+    v = st.session_state.get(f"sel.{name}")
+    return v or None
+
+
+def set_(name: str, value: str | None) -> None:
+    """Select a path (no check here; loaders check)."""
+    st.session_state[f"sel.{name}"] = value or None
+
+
+def demo_missing_hint() -> None:
+    """An info box when the demo has not been built."""
+    if not demo_paths()["target"].exists():
+        st.info("The built-in demo is not built yet: run `mtpscope demo build` (or `make run`).", icon="ℹ️")
+
+
+# -------------------------------------------------------------------------------------- loaders
+
+def _stat_key(p: Path) -> tuple[int, int]:
+    s = p.stat()
+    return s.st_size, s.st_mtime_ns
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _open_gguf(path: str, size: int, mtime_ns: int):
+    open_gguf = lib("inspector.gguf", "open_gguf")
+    return open_gguf(path)
+
+
+def gguf(path: str | os.PathLike[str]):
+    """The reader (``GGUFFile``) for an allowed path, cached by (path, size, mtime).
+
+    Raises:
+        PathNotAllowedError, InspectorError (missing / unreadable / malformed), LibraryMissing.
+    """
+    p = safety.check_path(path, roots(), kind="file")
+    return _open_gguf(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _inventory(path: str, size: int, mtime_ns: int):
+    build_inventory = lib("inspector.inventory", "build_inventory")
+    return build_inventory(_open_gguf(path, size, mtime_ns))
+
+
+def inventory(path: str | os.PathLike[str]):
+    """``build_inventory`` of an allowed GGUF, cached by (path, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="file")
+    return _inventory(str(p), *_stat_key(p))
+
+
+def _trace_key(p: Path) -> tuple:
+    items: list[tuple] = []
+    man = p / "manifest.json"
+    if man.exists():
+        items.append(("manifest.json", *_stat_key(man)))
+    for sub in ("rounds", "steps", "requests"):
+        d = p / sub
+        if d.is_dir():
+            for f in sorted(d.iterdir()):
+                with contextlib.suppress(OSError):
+                    items.append((f"{sub}/{f.name}", *_stat_key(f)))
+    return tuple(items)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _open_trace(path: str, key: tuple):
+    open_trace = lib("traces.store", "open_trace")
+    return open_trace(path)
+
+
+def trace(path: str | os.PathLike[str]):
+    """The opened trace (``traces.store.Trace``) for an allowed directory, cached by the manifest's
+    and every part's (name, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _open_trace(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _report(path: str, key: tuple):
+    report = lib("traces.metrics", "report")
+    return report(_open_trace(path, key))
+
+
+def report(path: str | os.PathLike[str]):
+    """``traces.metrics.report`` of an allowed trace, cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _report(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _decoder(path: str, size: int, mtime_ns: int) -> TokenText:
+    f = _open_gguf(path, size, mtime_ns)
+    toks = f.get("tokenizer.ggml.tokens")
+    if toks is None:
+        return TokenText(None, source=f"{path} (no tokenizer.ggml.tokens)")
+    return TokenText(toks, source=path)
+
+
+def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
+    """A token decoder from the first candidate GGUF that is allowed, readable and has a vocabulary
+    (the selected drafter, then the target, then the models named in the trace); without one,
+    ids are shown as ``#id``."""
+    seen: list[str] = []
+    for c in candidates:
+        if not c or str(c) in seen:
+            continue
+        seen.append(str(c))
+        try:
+            p = safety.check_path(c, roots(), kind="file")
+            dec = _decoder(str(p), *_stat_key(p))
+        except (MtpscopeError, OSError, LibraryMissing):
+            continue
+        if dec.n_vocab:
+            return dec
+    return TokenText(None, source="no vocabulary available: ids shown as #id")
+
+
+def trace_decoder(tr) -> TokenText:
+    """Decoder for a trace's tokens: selected drafter, selected target, then the trace's models."""
+    models = (tr.manifest.get("models") or {}) if tr is not None else {}
+    named = [((models.get(k) or {}).get("path")) for k in ("assistant", "target")]
+    return decoder(get("drafter"), get("target"), *named)
+
+
+def status_line(e: BaseException) -> str:
+    """One line for an error (mtpscope errors give their own)."""
+    if isinstance(e, MtpscopeError):
+        return e.one_line()
+    return f"{type(e).__name__}: {e}"
+
+
+def sidebar() -> None:
+    """Current selection in the sidebar (short names; the full paths are on the Files page)."""
+    init_selection()
+    with st.sidebar:
+        st.caption("Selection")
+        for k, label in (("drafter", "drafter"), ("target", "target"), ("trace", "trace"), ("trace_b", "trace B")):
+            v = get(k)
+            st.caption(f"**{label}**: `{short(v)}`" if v else f"**{label}**: —")
+
+
+def short(path: str | os.PathLike[str] | None) -> str:
+    """A path shown relative to the demo folder or the working directory when it lies below one."""
+    if not path:
+        return "—"
+    p = Path(path)
+    for base, tag in ((demo_paths()["dir"], "demo/"), (Path.cwd(), "")):
+        try:
+            return tag + str(p.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(p)
+
+
+# ------------------------------------------------------------------------ report field access
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def acceptance_rate(rep: dict) -> float:
+    """``report()['acceptance_rate']`` as a float (NaN when the report says None)."""
+    return _num(rep.get("acceptance_rate"))
+
+
+def mean_acceptance_length(rep: dict) -> float:
+    """``report()['mean_acceptance_length']`` as a float (NaN when None)."""
+    return _num(rep.get("mean_acceptance_length"))
+
+
+def per_position(rep: dict):
+    """``report()['per_position']`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rep.get("per_position") or [],
+                      columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
+    return df.astype({"acceptance": float, "conditional": float})
+
+
+# --------------------------------------------------------------------------------- validation
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None, hkey: tuple | None):
+    verify = lib("inspector.validate", "verify")
+    f = _open_gguf(path, *key)
+    t = _open_gguf(target, *tkey) if target else None
+    return verify(f, target=t, hf_dir=hf_dir)
+
+
+def _dir_key(p: Path) -> tuple:
+    items = []
+    with contextlib.suppress(OSError):
+        for f in sorted(p.iterdir())[:200]:
+            with contextlib.suppress(OSError):
+                items.append((f.name, *_stat_key(f)))
+    return tuple(items)
+
+
+def validation(path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None,
+               hf_dir: str | os.PathLike[str] | None = None):
+    """``inspector.validate.verify`` of an allowed GGUF (optionally paired with an allowed target and
+    audited against an allowed HF checkpoint folder), cached by the files' (path, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="file")
+    t = safety.check_path(target, roots(), kind="file") if target else None
+    h = safety.check_path(hf_dir, roots(), kind="dir") if hf_dir else None
+    if t is not None and t == p:
+        t = None
+    return _validation(str(p), _stat_key(p), str(t) if t else None, _stat_key(t) if t else None,
+                       str(h) if h else None, _dir_key(h) if h else None)
+
+
+def verdict_ok(rep: Any) -> bool:
+    """True when the validation report has no error finding."""
+    return bool(getattr(rep, "ok", False))
+
+
+def verdict_line(rep: Any) -> str:
+    """One line: dialect, error / warning counts, loadability per runtime, pairing."""
+    errs = len(rep.errors)
+    warns = len(rep.warnings)
+    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {errs} error(s), {warns} warning(s)"
+    loads = []
+    for v in rep.loadability:
+        word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules")
+        loads.append(f"{v.runtime.split(' (')[0]} {word}")
+    parts = [head, "; ".join(loads)]
+    if rep.pairing is not None:
+        parts.append("pairs with the target" if rep.pairing.ok else "does NOT pair with the target")
+    if errs:
+        first = rep.errors[0]
+        parts.append(f"first error: {first.code} {first.subject}: {first.message}")
+    return " · ".join(parts)
+
+
+MISSING_CODES = ("E_TENSOR_MISSING",)
+SHAPE_CODES = ("E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_CENTROID_SHAPE", "E_CENTROID_TRANSPOSED", "E_TOKEN_EMBD_SHAPE")
+
+
+def grid_findings(rep: Any) -> tuple[list[str], list[str]]:
+    """(missing tensor names, wrong-shape tensor names) from a validation report's findings."""
+    missing = [x.subject for x in rep.findings if x.code in MISSING_CODES and x.subject]
+    wrong = [x.subject for x in rep.findings if x.code in SHAPE_CODES and x.subject]
+    return missing, wrong
+
+
+# ----------------------------------------------------------------------------------- centroids
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _centroid_head(path: str, size: int, mtime_ns: int):
+    CentroidHead = lib("inspector.centroids", "CentroidHead")
+    return CentroidHead.from_gguf(_open_gguf(path, size, mtime_ns))
+
+
+def centroid_head(path: str | os.PathLike[str]):
+    """``inspector.centroids.CentroidHead`` of an allowed GGUF, cached by (path, size, mtime).
+
+    Raises:
+        LayoutError: the file has no centroid head.
+    """
+    p = safety.check_path(path, roots(), kind="file")
+    return _centroid_head(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _coverage(tpath: str, tkey: tuple, gpath: str, size: int, mtime_ns: int):
+    from app import views
+
+    tr = _open_trace(tpath, tkey)
+    head = _centroid_head(gpath, size, mtime_ns)
+    steps = tr.columns("steps", ["centroid_ids", "target_token"])
+    return views.centroid_coverage(steps, head.n_centroids, head.token_to_centroid)
+
+
+def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike[str]):
+    """Per-centroid chosen / target-home / covered counts of a trace against a drafter's head
+    (:func:`app.views.centroid_coverage`), cached by both inputs' keys."""
+    t = safety.check_path(trace_path, roots(), kind="dir")
+    g = safety.check_path(drafter_path, roots(), kind="file")
+    return _coverage(str(t), _trace_key(t), str(g), *_stat_key(g))

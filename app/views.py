@@ -1,0 +1,534 @@
+"""Data preparation for the app's pages (pure: pandas / numpy, no Streamlit, no plotly).
+
+Everything here takes the trace's DataFrames (``Trace.rounds`` / ``Trace.steps``, columns as in
+docs/ARCHITECTURE.md) or reader records and returns small DataFrames / arrays sized for a widget:
+vectorised so a 100,000-round trace or a 262144-token vocabulary stays well under a second.
+
+Definitions (llama.cpp / vLLM, see /work/shared/reference): acceptance rate = accepted drafts /
+drafted tokens; mean acceptance length = 1 + accepted / verify rounds; per-position acceptance =
+P(draft k accepted) for k = 1..K. The headline numbers shown in the app come from
+``traces.metrics.report``; the helpers here only serve views the report does not carry (windows,
+bins, streaks, tables for one round).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+Decode = Callable[[int | None], str]
+
+
+# ----------------------------------------------------------------------------------------- rounds
+
+def ordered_rounds(rounds: pd.DataFrame, prompt_ids: Sequence[int] | None = None) -> pd.DataFrame:
+    """Rounds sorted by (prompt_id, round), optionally only some prompts, with a 0-based ``seq``
+    column (the x position on the timeline) and the original index dropped."""
+    df = rounds
+    if prompt_ids is not None:
+        df = df[df["prompt_id"].isin(list(prompt_ids))]
+    df = df.sort_values(["prompt_id", "round"], kind="stable").reset_index(drop=True)
+    df["seq"] = np.arange(len(df), dtype=np.int64)
+    return df
+
+
+def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None) -> pd.DataFrame:
+    """One row per prompt, worst first: :func:`traces.metrics.per_prompt` (n_rounds, n_drafted,
+    n_accepted, acceptance_rate, mean_acceptance_length) plus the prompt's text (from the manifest's
+    prompts when given) and its longest zero-acceptance streak (rounds, from
+    :func:`traces.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
+    then prompt_id."""
+    from traces import metrics
+
+    t = metrics.per_prompt(rounds)
+    streaks = metrics.zero_acceptance_streaks(rounds) if len(rounds) else None
+    if streaks is not None and len(streaks):
+        longest = streaks.groupby("prompt_id")["length"].max()
+        t["longest_zero_streak"] = longest.reindex(t["prompt_id"].to_numpy()).fillna(0).astype(np.int64).to_numpy()
+    else:
+        t["longest_zero_streak"] = np.zeros(len(t), dtype=np.int64)
+    texts = {int(p.get("prompt_id")): str(p.get("text", "")) for p in (prompts or []) if p.get("prompt_id") is not None}
+    t.insert(1, "text", [texts.get(int(p), "") for p in t["prompt_id"]])
+    return t.sort_values(["acceptance_rate", "prompt_id"], kind="stable", na_position="first").reset_index(drop=True)
+
+
+def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
+    """:func:`traces.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
+    the timeline: start_seq / end_seq from ``rounds``' ``seq`` column (:func:`ordered_rounds`)."""
+    from traces import metrics
+
+    df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
+    cols = ["prompt_id", "start_round", "end_round", "length", "start_seq", "end_seq"]
+    if len(df) == 0:
+        return pd.DataFrame(columns=cols)
+    st = metrics.zero_acceptance_streaks(df, min_length=max(1, int(min_length)))
+    if len(st) == 0:
+        return pd.DataFrame({c: np.array([], dtype=np.int64) for c in cols})
+    key = pd.Series(df["seq"].to_numpy(), index=pd.MultiIndex.from_arrays(
+        [df["prompt_id"].to_numpy(dtype=np.int64), df["round"].to_numpy(dtype=np.int64)]))
+    st = st.copy()
+    st["start_seq"] = key.reindex(pd.MultiIndex.from_arrays([st["prompt_id"].to_numpy(dtype=np.int64),
+                                                            st["start_round"].to_numpy(dtype=np.int64)])).to_numpy()
+    st["end_seq"] = key.reindex(pd.MultiIndex.from_arrays([st["prompt_id"].to_numpy(dtype=np.int64),
+                                                          st["end_round"].to_numpy(dtype=np.int64)])).to_numpy()
+    return st[cols].reset_index(drop=True)
+
+
+def rolling_acceptance(rounds: pd.DataFrame, window: int = 64, max_points: int = 4000) -> pd.DataFrame:
+    """:func:`traces.metrics.rolling_acceptance` (window restarting at each prompt) in
+    :func:`ordered_rounds` order, subsampled to at most ``max_points`` points.
+
+    Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window).
+    """
+    from traces import metrics
+
+    df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
+    if len(df) == 0:
+        return pd.DataFrame(columns=["seq", "prompt_id", "round", "rolling_rate"])
+    r = metrics.rolling_acceptance(df, window=max(1, int(window)), by_prompt=True)
+    # metrics orders by (prompt_id, round) like ordered_rounds, so rows align with seq
+    idx = _subsample_index(len(df), max_points)
+    return pd.DataFrame({"seq": df["seq"].to_numpy()[idx], "prompt_id": r["prompt_id"].to_numpy()[idx],
+                         "round": r["round"].to_numpy()[idx], "rolling_rate": r["acceptance_rate"].to_numpy()[idx]})
+
+
+def _subsample_index(n: int, max_points: int) -> np.ndarray:
+    if n <= max_points:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, max_points).round().astype(np.int64))
+
+
+def binned_rounds(rounds: pd.DataFrame, max_bins: int = 2000) -> pd.DataFrame:
+    """Aggregate ordered rounds into at most ``max_bins`` equal bins of consecutive rounds.
+
+    Returns columns seq_start, seq_end (inclusive), prompt_id / round of the first round in the bin,
+    n_rounds, mean_accepted (mean n_accepted), acceptance_rate (accepted / drafted in the bin),
+    n_zero (rounds with n_accepted == 0 and n_draft > 0). Vectorised (np.add.reduceat).
+    """
+    df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
+    n = len(df)
+    cols = ["seq_start", "seq_end", "prompt_id", "round", "n_rounds", "mean_accepted", "acceptance_rate", "n_zero"]
+    if n == 0:
+        return pd.DataFrame(columns=cols)
+    size = max(1, -(-n // max(1, max_bins)))
+    starts = np.arange(0, n, size)
+    ends = np.minimum(starts + size, n) - 1
+    acc = df["n_accepted"].to_numpy(dtype=np.int64)
+    dr = df["n_draft"].to_numpy(dtype=np.int64)
+    zero = ((acc == 0) & (dr > 0)).astype(np.int64)
+    s_acc = np.add.reduceat(acc, starts)
+    s_dr = np.add.reduceat(dr, starts)
+    s_zero = np.add.reduceat(zero, starts)
+    cnt = ends - starts + 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(s_dr > 0, s_acc / np.where(s_dr > 0, s_dr, 1), np.nan)
+    seq = df["seq"].to_numpy()
+    return pd.DataFrame({"seq_start": seq[starts], "seq_end": seq[ends],
+                         "prompt_id": df["prompt_id"].to_numpy()[starts], "round": df["round"].to_numpy()[starts],
+                         "n_rounds": cnt, "mean_accepted": s_acc / cnt, "acceptance_rate": rate, "n_zero": s_zero})
+
+
+def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8) -> list[str]:
+    """Hover text per round: prompt/round, accepted length, drafted vs target tokens as text.
+
+    Only call on a window (thousands of rounds at most): it decodes every token shown."""
+    dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    out: list[str] = []
+    pid = rounds["prompt_id"].to_numpy()
+    rnd = rounds["round"].to_numpy()
+    nacc = rounds["n_accepted"].to_numpy()
+    ndr = rounds["n_draft"].to_numpy()
+    drafted = rounds["drafted"].to_numpy() if "drafted" in rounds.columns else [None] * len(rounds)
+    target = rounds["target"].to_numpy() if "target" in rounds.columns else [None] * len(rounds)
+    for i in range(len(rounds)):
+        d = _as_list(drafted[i])[:max_tokens]
+        t = _as_list(target[i])[:max_tokens]
+        marks = []
+        for k, tok in enumerate(d):
+            tgt = t[k] if k < len(t) else None
+            ok = "✓" if k < nacc[i] else "✗"
+            marks.append(f"{k + 1}: {_esc(dec(tok))} vs {_esc(dec(tgt))} {ok}")
+        lines = [f"prompt {pid[i]} · round {rnd[i]}", f"accepted {nacc[i]} / {ndr[i]}"] + marks
+        out.append("<br>".join(lines))
+    return out
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _is_null(x) -> bool:
+    return x is None or x is pd.NA or (isinstance(x, float) and np.isnan(x))
+
+
+def _as_list(v) -> list:
+    """A list cell (Python list, numpy array, Arrow scalar) as a list of int / None ([] for null)."""
+    if _is_null(v):
+        return []
+    if hasattr(v, "as_py"):
+        v = v.as_py()
+        if v is None:
+            return []
+    return [None if _is_null(x) else int(x) for x in list(v)]
+
+
+def _flatten_lists(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(length per row, all values concatenated) of a list column, int64; null rows have length 0.
+    Arrow-backed columns (``pd.ArrowDtype``) are flattened without a Python loop."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col.dtype, pd.ArrowDtype):
+        arr = pa.chunked_array(col.array._pa_array) if hasattr(col.array, "_pa_array") else pa.chunked_array([pa.array(col)])
+        lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
+        flat = pc.list_flatten(arr).to_numpy(zero_copy_only=False)
+        return lens, np.asarray(flat, dtype=np.int64)
+    lens = np.fromiter((0 if _is_null(v) else len(v) for v in col), dtype=np.int64, count=len(col))
+    parts = [np.asarray(v, dtype=np.int64) for v in col if not _is_null(v) and len(v)]
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return lens, flat
+
+
+# ------------------------------------------------------------------------------------------ steps
+
+def round_steps(steps: pd.DataFrame, prompt_id: int, round_: int) -> pd.DataFrame:
+    """The steps of one round, sorted by k."""
+    m = (steps["prompt_id"] == prompt_id) & (steps["round"] == round_)
+    return steps[m].sort_values("k", kind="stable").reset_index(drop=True)
+
+
+def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd.DataFrame:
+    """Display table of one round's draft steps: k, drafted (text), target (text), accepted,
+    rank of the target among the drafter's logits, the drafter's top candidates (text), the chosen
+    centroids and whether the target token was reachable (in the candidate set)."""
+    dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    rows = []
+    for r in steps.itertuples(index=False):
+        d = r._asdict()
+        top = _as_list(d.get("top_ids"))[:n_top]
+        cids = _as_list(d.get("centroid_ids"))
+        tgt = d.get("target_token")
+        tgt = None if tgt is None or (isinstance(tgt, float) and np.isnan(tgt)) else int(tgt)
+        reach = d.get("target_in_candidates")
+        row = {
+            "k": int(d["k"]),
+            "drafted": dec(int(d["token"])),
+            "drafted_id": int(d["token"]),
+            "target": dec(tgt),
+            "target_id": tgt,
+            "accepted": bool(d.get("accepted")) if d.get("accepted") is not None else None,
+            "target_rank": _opt_int(d.get("target_rank")),
+            "top_candidates": " · ".join(dec(t) for t in top),
+        }
+        if "centroid_ids" in d:
+            row["centroids"] = ", ".join(str(c) for c in cids[:8]) + (" …" if len(cids) > 8 else "")
+            row["target_centroid"] = _opt_int(d.get("target_centroid"))
+            row["target_centroid_rank"] = _opt_int(d.get("target_centroid_rank"))
+            row["target_reachable"] = None if reach is None or (isinstance(reach, float) and np.isnan(reach)) else bool(reach)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _opt_int(v) -> int | None:
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def top_candidates(step: dict, decode: Decode | None, n: int = 10) -> pd.DataFrame:
+    """One step's top candidates: rank, id, text, logit, is_draft, is_target."""
+    dec = decode or (lambda t: f"#{t}")
+    ids = _as_list(step.get("top_ids"))[:n]
+    logits = list(step.get("top_logits") if step.get("top_logits") is not None else [])[:n]
+    tgt = _opt_int(step.get("target_token"))
+    tok = _opt_int(step.get("token"))
+    return pd.DataFrame({
+        "rank": np.arange(len(ids)),
+        "id": ids,
+        "text": [dec(i) for i in ids],
+        "logit": [float(x) for x in logits] + [np.nan] * (len(ids) - len(logits)),
+        "is_draft": [i == tok for i in ids],
+        "is_target": [i == tgt for i in ids],
+    })
+
+
+def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
+    """Steps where the target token was outside the chosen centroids' candidates
+    (``target_in_candidates`` is False), in trace order, at most ``limit``."""
+    if "target_in_candidates" not in steps.columns:
+        return steps.iloc[0:0]
+    m = steps["target_in_candidates"].eq(False)
+    cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
+                        "target_centroid_rank", "accepted") if c in steps.columns]
+    return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
+
+
+# -------------------------------------------------------------------------------------- centroids
+
+def token_to_centroid(ordering: np.ndarray, n_centroids: int) -> np.ndarray:
+    """Inverse of the token ordering: ``home[token] = centroid`` (int32, -1 for ids not listed).
+
+    ``ordering`` (numpy shape (n_vocab,)) viewed as n_centroids rows of vsc = n_vocab / n_centroids
+    ids: row j holds the tokens of centroid j (reference facts §3). If an id appears in several
+    rows, the last row wins.
+    """
+    order = np.asarray(ordering).astype(np.int64, copy=False).ravel()
+    n_vocab = order.size
+    vsc = n_vocab // max(1, n_centroids)
+    home = np.full(n_vocab, -1, dtype=np.int32)
+    valid = (order >= 0) & (order < n_vocab)
+    rows = (np.arange(n_vocab) // max(1, vsc)).astype(np.int32)
+    home[order[valid]] = rows[valid]
+    return home
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Per-centroid counts over a trace's draft steps (arrays of length n_centroids).
+
+    chosen: steps where the centroid was among the top-k chosen (``centroid_ids``).
+    target_home: steps whose target token lives in the centroid.
+    covered: of those, steps where the centroid was chosen (target reachable).
+    """
+
+    chosen: np.ndarray
+    target_home: np.ndarray
+    covered: np.ndarray
+
+    @property
+    def n_centroids(self) -> int:
+        return int(self.chosen.size)
+
+    def table(self) -> pd.DataFrame:
+        """DataFrame: centroid, chosen, target_home, covered, coverage (covered / target_home)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cov = np.where(self.target_home > 0, self.covered / np.maximum(self.target_home, 1), np.nan)
+        return pd.DataFrame({"centroid": np.arange(self.n_centroids), "chosen": self.chosen,
+                             "target_home": self.target_home, "covered": self.covered, "coverage": cov})
+
+
+def centroid_coverage(steps: pd.DataFrame, n_centroids: int, home: np.ndarray | None = None) -> Coverage:
+    """Count per centroid how often it was chosen and how often the target token lived in it.
+
+    The target's centroid is ``home[target_token]`` when ``home`` (from :func:`token_to_centroid`,
+    length n_vocab) is given, else the trace's ``target_centroid`` column. Vectorised: one
+    concatenation of the ``centroid_ids`` lists and np.bincount.
+    """
+    n = int(n_centroids)
+    empty = np.zeros(n, dtype=np.int64)
+    if len(steps) == 0 or "centroid_ids" not in steps.columns:
+        return Coverage(empty, empty.copy(), empty.copy())
+    lens, flat = _flatten_lists(steps["centroid_ids"])
+    ok = (flat >= 0) & (flat < n)
+    chosen = np.bincount(flat[ok], minlength=n)[:n]
+    if home is not None and "target_token" in steps.columns:
+        tt = pd.to_numeric(steps["target_token"], errors="coerce").to_numpy(dtype=np.float64)
+        valid = ~np.isnan(tt)
+        tti = tt[valid].astype(np.int64)
+        inr = (tti >= 0) & (tti < home.size)
+        tc = np.full(len(steps), -1, dtype=np.int64)
+        sub = np.full(tti.size, -1, dtype=np.int64)
+        sub[inr] = home[tti[inr]]
+        tc[np.flatnonzero(valid)] = sub
+    elif "target_centroid" in steps.columns:
+        tc = pd.to_numeric(steps["target_centroid"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+    else:
+        return Coverage(chosen, empty.copy(), empty.copy())
+    okt = (tc >= 0) & (tc < n)
+    target_home = np.bincount(tc[okt], minlength=n)[:n]
+    # covered: the target's centroid is among this step's chosen ids
+    step_of = np.repeat(np.arange(len(steps)), lens)
+    hit = flat == tc[step_of]
+    hit &= tc[step_of] >= 0
+    covered_steps = np.zeros(len(steps), dtype=bool)
+    covered_steps[step_of[hit]] = True
+    covered = np.bincount(tc[okt & covered_steps], minlength=n)[:n]
+    return Coverage(chosen, target_home, covered)
+
+
+# ---------------------------------------------------------------------------------------- tensors
+
+def inventory_frame(entries: Sequence) -> pd.DataFrame:
+    """Inventory entries (``TensorEntry``) → table: name, component, layer, type, ne (GGUF order),
+    shape (numpy order), n_elements, n_bytes, bits_per_weight, offset."""
+    rows = []
+    for e in entries:
+        t = e.tensor
+        rows.append({
+            "name": t.name, "component": e.component, "layer": e.layer, "type": t.type_name,
+            "ne": "×".join(str(x) for x in t.ne), "shape": "×".join(str(x) for x in t.shape),
+            "n_elements": int(t.n_elements), "n_bytes": t.n_bytes, "bits_per_weight": t.bits_per_weight,
+            "offset": int(t.offset),
+        })
+    df = pd.DataFrame(rows, columns=["name", "component", "layer", "type", "ne", "shape", "n_elements",
+                                     "n_bytes", "bits_per_weight", "offset"])
+    df["layer"] = df["layer"].astype("Int64")
+    df["n_bytes"] = df["n_bytes"].astype("Int64")
+    return df
+
+
+FOCUS_RE = re.compile(r"^(mtp|nextn)\.")
+
+
+def filter_inventory(df: pd.DataFrame, glob: str = "", components: Sequence[str] = (),
+                     layers: Sequence[int] = (), types: Sequence[str] = (), focus: bool = False) -> pd.DataFrame:
+    """Filter the inventory table: name glob (fnmatch, ``*`` when empty; a glob without wildcards
+    matches as a substring), components, layers, ggml types, and the ``mtp.*`` / ``nextn.*`` focus."""
+    m = np.ones(len(df), dtype=bool)
+    g = glob.strip()
+    if g:
+        pat = g if any(c in g for c in "*?[") else f"*{g}*"
+        m &= np.array([fnmatch.fnmatchcase(n, pat) for n in df["name"]], dtype=bool)
+    if components:
+        m &= df["component"].isin(list(components)).to_numpy()
+    if layers:
+        m &= df["layer"].isin(list(layers)).fillna(False).to_numpy(dtype=bool)
+    if types:
+        m &= df["type"].isin(list(types)).to_numpy()
+    if focus:
+        m &= df["name"].str.match(FOCUS_RE).to_numpy()
+    return df[m].reset_index(drop=True)
+
+
+_BLK_RE = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
+
+
+def layer_grid(present: Sequence[tuple[str, tuple[int, ...]]], missing: Sequence[str] = (),
+               wrong_shape: Sequence[str] = ()) -> pd.DataFrame:
+    """Layer × tensor status grid.
+
+    Args:
+        present: (name, shape) of every tensor in the file.
+        missing: names the layout expects but the file lacks (from validation findings).
+        wrong_shape: names present with a shape other than expected (from validation findings).
+
+    Returns:
+        Long DataFrame with layer, tensor (name within the block, e.g. ``attn_q``), name, status
+        (``present`` / ``missing`` / ``wrong shape``), for every ``blk.{il}.*`` name.
+    """
+    status: dict[str, str] = {}
+    for name, _shape in present:
+        status[name] = "present"
+    for name in missing:
+        status[name] = "missing"
+    for name in wrong_shape:
+        status[name] = "wrong shape"
+    rows = []
+    for name, st in status.items():
+        m = _BLK_RE.match(name)
+        if not m:
+            continue
+        rows.append({"layer": int(m.group(1)), "tensor": m.group(2), "name": name, "status": st})
+    return pd.DataFrame(rows, columns=["layer", "tensor", "name", "status"])
+
+
+# ----------------------------------------------------------------------------------------- values
+
+def downsample_matrix(a: np.ndarray, max_rows: int = 256, max_cols: int = 512) -> tuple[np.ndarray, int, int]:
+    """Block-mean downsample a 2-D array to at most ``max_rows`` × ``max_cols`` (numpy order).
+
+    Returns (small, row_factor, col_factor); edge blocks that do not fill a whole factor are averaged
+    over what they hold (NaN-aware)."""
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim > 2:
+        a = a.reshape(-1, a.shape[-1])
+    r, c = a.shape
+    fr = max(1, -(-r // max_rows))
+    fc = max(1, -(-c // max_cols))
+    if fr == 1 and fc == 1:
+        return a, 1, 1
+    pr = (-r) % fr
+    pc = (-c) % fc
+    padded = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
+    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
+    with np.errstate(invalid="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            small = np.nanmean(blocks, axis=(1, 3))
+    return small.astype(np.float32), fr, fc
+
+
+def value_stats(a: np.ndarray) -> dict[str, float]:
+    """min, max, mean, std, abs max, fraction of zeros, count of non-finite values (float64 sums)."""
+    v = np.asarray(a, dtype=np.float32).ravel()
+    finite = np.isfinite(v)
+    f = v[finite]
+    if f.size == 0:
+        return {"n": float(v.size), "non_finite": float(v.size)}
+    return {"n": float(v.size), "min": float(f.min()), "max": float(f.max()),
+            "mean": float(f.mean(dtype=np.float64)), "std": float(f.std(dtype=np.float64)),
+            "abs_max": float(np.abs(f).max()), "zeros": float((f == 0).mean()),
+            "non_finite": float(v.size - f.size)}
+
+
+# ---------------------------------------------------------------------------------------- compare
+
+def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100) -> pd.DataFrame:
+    """Per prompt present in both, the first round where the two traces differ (drafted tokens,
+    accepted length or emitted tokens). Columns: prompt_id, round, what, a, b."""
+    rows = []
+    ka = a.set_index(["prompt_id", "round"]).sort_index()
+    kb = b.set_index(["prompt_id", "round"]).sort_index()
+    common = sorted(set(a["prompt_id"]).intersection(set(b["prompt_id"])))
+    for pid in common:
+        ra = ka.loc[pid] if pid in ka.index.get_level_values(0) else None
+        rb = kb.loc[pid] if pid in kb.index.get_level_values(0) else None
+        if ra is None or rb is None:
+            continue
+        n = min(len(ra), len(rb))
+        for i in range(n):
+            xa, xb = ra.iloc[i], rb.iloc[i]
+            for col in ("drafted", "n_accepted", "emitted"):
+                if col not in ra.columns or col not in rb.columns:
+                    continue
+                va, vb = xa[col], xb[col]
+                if col == "n_accepted":
+                    same = int(va) == int(vb)
+                else:
+                    same = _as_list(va) == _as_list(vb)
+                if not same:
+                    rows.append({"prompt_id": int(pid), "round": int(ra.index[i]), "what": col,
+                                 "a": str(_as_list(va) if col != "n_accepted" else int(va)),
+                                 "b": str(_as_list(vb) if col != "n_accepted" else int(vb))})
+                    break
+            else:
+                continue
+            break
+        else:
+            if len(ra) != len(rb):
+                rows.append({"prompt_id": int(pid), "round": n, "what": "length",
+                             "a": f"{len(ra)} rounds", "b": f"{len(rb)} rounds"})
+        if len(rows) >= limit:
+            break
+    return pd.DataFrame(rows, columns=["prompt_id", "round", "what", "a", "b"])
+
+
+def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
+    """Join two :func:`per_prompt_table` results on prompt_id: rates a / b and delta (b − a),
+    sorted by delta ascending (biggest drop first)."""
+    a = table_a.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
+    b = table_b.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
+    j = a.join(b, lsuffix="_a", rsuffix="_b", how="outer")
+    j["delta_rate"] = j["acceptance_rate_b"] - j["acceptance_rate_a"]
+    j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]
+    return j.reset_index().sort_values("delta_rate", kind="stable", na_position="last").reset_index(drop=True)
+
+
+def per_position_from_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """:func:`traces.metrics.per_position_acceptance` (columns k, n_rounds, n_accepted,
+    acceptance, conditional)."""
+    from traces import metrics
+
+    return metrics.per_position_acceptance(rounds)
