@@ -49,6 +49,8 @@ def test_per_position() -> None:
     assert list(pp["n_accepted"]) == [4, 3, 1]
     assert list(pp["acceptance"]) == pytest.approx([0.5, 3 / 8, 1 / 7])
     assert list(pp["conditional"]) == pytest.approx([0.5, 0.75, 0.5])
+    # llama-server's "acc per pos": over all 8 verify rounds
+    assert list(pp["per_verify_round"]) == pytest.approx([4 / 8, 3 / 8, 1 / 8])
 
 
 def test_per_prompt() -> None:

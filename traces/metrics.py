@@ -13,7 +13,9 @@ Definitions (the ones llama.cpp's speculative decoding and vLLM's spec-decode me
   token, whether or not the earlier drafts were accepted (so it is the unconditional probability the
   k-th draft survives, as in vLLM's per-position acceptance). ``conditional`` is
   P(draft k accepted | draft k-1 accepted) = (``n_accepted >= k``) / (``n_draft >= k`` and
-  ``n_accepted >= k-1``).
+  ``n_accepted >= k-1``). ``per_verify_round`` is the same numerator over *all* verify rounds
+  (``n_draft > 0``): that is what llama-server prints as "acc per pos"; the two agree whenever every
+  round drafts K tokens.
 * **first-mismatch position** of a round = ``n_accepted + 1`` when ``n_accepted < n_draft`` (the first
   draft the target rejected); rounds that accepted every draft have none.
 * **zero-acceptance streak** = a maximal run of consecutive rounds of one prompt (ordered by ``round``)
@@ -89,11 +91,13 @@ def per_position_acceptance(rounds: pd.DataFrame, max_k: int | None = None) -> p
 
     Columns: ``k``, ``n_rounds`` (rounds with ``n_draft >= k``, the denominator), ``n_accepted``
     (rounds with ``n_accepted >= k``), ``acceptance`` (= n_accepted / n_rounds), ``conditional``
-    (P(k accepted | k-1 accepted)).
+    (P(k accepted | k-1 accepted)), ``per_verify_round`` (n_accepted / rounds with ``n_draft > 0``,
+    llama-server's "acc per pos").
     """
     _need(rounds, ["n_draft", "n_accepted"], "rounds")
     nd, na = _ints(rounds["n_draft"]), _ints(rounds["n_accepted"])
     kmax = int(max_k) if max_k is not None else (int(nd.max()) if len(nd) else 0)
+    n_verify = int((nd > 0).sum())
     rows = []
     for k in range(1, kmax + 1):
         drafted = nd >= k
@@ -101,8 +105,9 @@ def per_position_acceptance(rounds: pd.DataFrame, max_k: int | None = None) -> p
         n_a = int((na >= k).sum())
         n_prev = int((drafted & (na >= k - 1)).sum())
         rows.append({"k": k, "n_rounds": n_r, "n_accepted": n_a, "acceptance": _div(n_a, n_r),
-                     "conditional": _div(n_a, n_prev)})
-    return pd.DataFrame(rows, columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
+                     "conditional": _div(n_a, n_prev), "per_verify_round": _div(n_a, n_verify)})
+    return pd.DataFrame(rows, columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional",
+                                       "per_verify_round"])
 
 
 def per_prompt(rounds: pd.DataFrame) -> pd.DataFrame:

@@ -77,6 +77,7 @@ REQUESTS_SCHEMA = pa.schema([
     pa.field("n_drafted", _i32, nullable=False),     # log: "generated"; response: timings.draft_n
     pa.field("n_accepted", _i32, nullable=False),    # log: "accepted"; response: timings.draft_n_accepted
     pa.field("acceptance_rate", _f64),               # n_accepted / n_drafted; null when n_drafted == 0
+    pa.field("mean_acceptance_length", _f64),        # log only: the server's "mean len" (newer servers)
     pa.field("prompt_n", _i32),                      # timings.prompt_n (tokens)
     pa.field("prompt_ms", _f64),                     # timings.prompt_ms
     pa.field("predicted_n", _i32),                   # timings.predicted_n (tokens)

@@ -1,0 +1,144 @@
+"""Importers on hand-written fork NDJSON and llama-server logs (expected values worked out by hand)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import traces
+from inspector.errors import ImportFormatError
+from traces.importers import import_fork_ndjson, import_server_log
+from traces.metrics import report
+
+FORK_LINES = [
+    '{"evt":"mtp_draft","iter":1,"path":"sync","seq_id":0,"id_last":818,"h_idx":0,"attn_pos":57,"n_steps":3,"h_l2":93.5,"drafts":[10,11,12]}',  # 1
+    '{"evt":"mtp_accept","iter":1,"n_accepted":2,"n_drafted_prev":3}',                                  # 2
+    "llama_decode: some other log output",                                                              # 3 ignored
+    '{"evt":"mtp_draft","iter":2,"path":"lazy","seq_id":0,"id_last":12,"attn_pos":60,"drafts":[20,21,22]}',  # 4
+    '{"evt":"mtp_accept","iter":2,"n_accepted":0,"n_drafted_prev":3}',                                  # 5
+    '{"evt":"mtp_draft","iter":3,"drafts":[30,31,32]',                                                  # 6 bad
+    '{"evt":"mtp_accept","iter":3,"n_accepted":1}',                                                     # 7 no draft
+    "",                                                                                                 # 8 blank
+    '{"evt":"mtp_draft","iter":4,"path":"skip-streak","seq_id":0,"id_last":7,"attn_pos":61,"drafts":[]}',   # 9
+    '{"evt":"mtp_accept","iter":4,"n_accepted":0,"n_drafted_prev":0}',                                  # 10
+    '{"evt":"mtp_draft","iter":5,"seq_id":0,"id_last":8,"attn_pos":62,"drafts":[50,51,52]}',           # 11
+    '{"evt":"mtp_accept","iter":5,"n_accepted":3,"n_drafted_prev":2}',                                  # 12 prev differs
+    '{"evt":"mtp_draft","iter":"6","seq_id":0,"id_last":8,"attn_pos":66,"drafts":[1]}',                # 13 bad
+    '{"evt":"mtp_accept","iter":5,"n_accepted":1}',                                                     # 14 no draft
+    '{"evt":"other_evt","x":1}',                                                                        # 15 ignored
+    "[1, 2]",                                                                                           # 16 bad
+    '{"iter": 3}',                                                                                      # 17 bad
+    '{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":100,"attn_pos":5,"drafts":[60,61]}',             # 18 new run
+    'stderr: {"evt":"mtp_accept","iter":1,"n_accepted":1,"n_drafted_prev":2}',                          # 19 prefixed
+    '{"evt":"mtp_draft","iter":2,"seq_id":0,"id_last":101,"attn_pos":7,"drafts":[70,71]}',             # 20 no accept
+    '{"evt":"mtp_draft","iter":3,"seq_id":1,"id_last":1,"attn_pos":9,"drafts":[80]}',                  # 21 no accept
+    '{"evt":"mtp_accept","iter":3,"n_accepted":2}',                                                     # 22 bad: 2 > 1
+]
+
+
+def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def test_fork_ndjson(tmp_path: Path) -> None:
+    src = _write(tmp_path, "mtp.ndjson", FORK_LINES)
+    res = import_fork_ndjson(src, tmp_path / "t")
+    assert res.n_lines == 22
+    assert [ln for ln, _ in res.bad_lines] == [6, 13, 16, 17, 22]
+    assert "invalid JSON" in res.bad_lines[0][1]
+    assert "'iter'" in res.bad_lines[1][1]
+    assert "exceeds" in res.bad_lines[4][1]
+    assert res.n_bad == 5 and res.n_ignored == 2
+    # 5 rounds: drafts on lines 1, 4, 9, 11, 18 and accepts on 2, 5, 10, 12, 19
+    assert res.n_used == 10
+    assert (res.n_rounds, res.n_steps) == (5, 11)
+    w = "\n".join(res.warnings)
+    assert "2 mtp_accept events without an mtp_draft (lines 7, 14)" in w
+    assert "2 mtp_draft events without an mtp_accept (not imported; lines 20, 21)" in w
+    assert "n_drafted_prev differs" in w and "lines 12" in w
+    assert "2 runs appended" in w
+
+    t = traces.open(tmp_path / "t")
+    assert t.manifest["source"] == "fork-ndjson" and t.manifest["complete"] is True
+    r = t.rounds
+    assert list(r["prompt_id"]) == [0, 0, 0, 0, 1]
+    assert list(r["round"]) == [0, 1, 2, 3, 0]
+    assert list(r["n_draft"]) == [3, 3, 0, 3, 2]
+    assert list(r["n_accepted"]) == [2, 0, 0, 3, 1]
+    assert list(r["pos"]) == [57, 60, 61, 62, 5]
+    assert list(r["pending_token"]) == [818, 12, 7, 8, 100]
+    assert list(r["drafted"][3]) == [50, 51, 52]
+    assert list(r["draft_path"][:3]) == ["sync", "lazy", "skip-streak"]
+    assert r["h_l2"][0] == pytest.approx(93.5)
+    # never invented: no target, emitted or timings
+    assert r["target"].isna().all() and r["emitted"].isna().all() and r["t_verify_ms"].isna().all()
+    s = t.steps
+    assert list(s["token"]) == [10, 11, 12, 20, 21, 22, 50, 51, 52, 60, 61]
+    assert list(s["k"]) == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]
+    assert list(s["accepted"]) == [True, True, False, False, False, False, True, True, True, True, False]
+    assert s["target_token"].isna().all() and s["logit"].isna().all()
+
+    rep = report(t)
+    assert (rep["n_rounds"], rep["n_drafted"], rep["n_accepted"]) == (5, 11, 6)
+    assert rep["acceptance_rate"] == pytest.approx(6 / 11)
+    assert rep["mean_acceptance_length"] == pytest.approx(2.5)      # 1 + 6 / 4 verify rounds
+
+
+def test_fork_ndjson_nothing_usable(tmp_path: Path) -> None:
+    src = _write(tmp_path, "junk.ndjson", ["hello", '{"evt": "mtp_draft", "iter": 1}', "[]"])
+    with pytest.raises(ImportFormatError, match=r"junk.ndjson.*no usable.*3 lines: 2 bad, 1 ignored.*first bad line 2"):
+        import_fork_ndjson(src, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(ImportFormatError, match="no such file"):
+        import_fork_ndjson(tmp_path / "missing.ndjson", tmp_path / "t")
+
+
+SERVER_LINES = [
+    "main: server is listening on http://127.0.0.1:8080",                                                # 1
+    "slot print_timing: id  0 | task 12 | ",                                                             # 2
+    "draft acceptance rate = 0.57143 (    4 accepted /     7 generated)",                                 # 3
+    "slot print_timing: id  1 | task 15 | draft acceptance = 0.75000 (    3 accepted /     4 generated), mean len =  2.50",  # 4
+    "draft acceptance rate = 0.90000 (    4 accepted /     7 generated)",                                 # 5 bad
+    "draft acceptance rate = oops",                                                                      # 6 bad
+    '{"content":"hi","id_slot":0,"timings":{"prompt_n":5,"prompt_ms":12.5,"predicted_n":20,"predicted_ms":100.0,"draft_n":12,"draft_n_accepted":9}}',  # 7
+    'data: {"content":"","id_slot":1,"timings":{"prompt_n":3,"prompt_ms":1.0,"predicted_n":8,"predicted_ms":50.0,"draft_n":6,"draft_n_accepted":2}}',  # 8
+    '{"content":"x","timings":{"prompt_n":3}}',                                                          # 9 ignored
+    '{"timings": {"draft_n": 3, "draft_n_accepted": 5}}',                                                # 10 bad
+    '{"timings": {"draft_n": 3, broken',                                                                 # 11 bad
+]
+
+
+def test_server_log(tmp_path: Path) -> None:
+    src = _write(tmp_path, "server.log", SERVER_LINES)
+    res = import_server_log(src, tmp_path / "t")
+    assert [ln for ln, _ in res.bad_lines] == [5, 6, 10, 11]
+    assert "disagrees with 4 / 7 = 0.57143" in res.bad_lines[0][1]
+    assert (res.n_used, res.n_requests, res.n_ignored) == (4, 4, 3)      # ignored: lines 1, 2, 9
+    t = traces.open(tmp_path / "t")
+    assert t.manifest["source"] == "server-log"
+    q = t.requests
+    assert list(q["line"]) == [3, 4, 7, 8]
+    assert list(q["kind"]) == ["log", "log", "response", "response"]
+    assert list(q["id_slot"]) == [0, 1, 0, 1]
+    assert list(q["id_task"][:2]) == [12, 15] and q["id_task"][2:].isna().all()
+    assert list(q["n_drafted"]) == [7, 4, 12, 6]
+    assert list(q["n_accepted"]) == [4, 3, 9, 2]
+    assert list(q["acceptance_rate"]) == pytest.approx([4 / 7, 0.75, 0.75, 1 / 3])
+    assert q["mean_acceptance_length"][1] == 2.5
+    assert q["predicted_ms"][2] == 100.0 and q["prompt_n"][3] == 3
+    assert len(t.rounds) == 0 and len(t.steps) == 0
+    rep = report(t)
+    assert rep["requests"]["kind"] == "response"
+    assert (rep["n_drafted"], rep["n_accepted"]) == (18, 11)
+    assert rep["acceptance_rate"] == pytest.approx(11 / 18)
+    assert rep["mean_acceptance_length"] is None
+    assert any("both log lines and response timings" in w for w in res.warnings)
+
+
+def test_server_log_nothing_usable(tmp_path: Path) -> None:
+    src = _write(tmp_path, "s.log", ["nothing here", "draft acceptance rate = x"])
+    with pytest.raises(ImportFormatError, match="first bad line 2"):
+        import_server_log(src, tmp_path / "t")
