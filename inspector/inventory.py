@@ -298,7 +298,8 @@ def detect_dialect(f: GGUFFile) -> Dialect:
 # ------------------------------------------------------------------------------------- inventory
 
 
-def _totals(entries: list[TensorEntry]) -> Totals:
+def totals(entries: list[TensorEntry] | tuple[TensorEntry, ...]) -> Totals:
+    """The :class:`Totals` of some entries."""
     n_el = n_b = n_unk = 0
     for e in entries:
         n_el += e.tensor.n_elements
@@ -327,8 +328,8 @@ def build_inventory(f: GGUFFile) -> Inventory:
         entries.append(e)
         by_comp.setdefault(comp, []).append(e)
         by_type.setdefault(t.type_name, []).append(e)
-    comp_totals = {c: _totals(by_comp[c]) for c in COMPONENTS if c in by_comp}
-    type_totals = {k: _totals(v) for k, v in by_type.items()}
+    comp_totals = {c: totals(by_comp[c]) for c in COMPONENTS if c in by_comp}
+    type_totals = {k: totals(v) for k, v in by_type.items()}
     type_totals = dict(sorted(type_totals.items(), key=lambda kv: (-kv[1].n_bytes, kv[0])))
     total = sum(t.n_bytes for t in f.tensors if t.n_bytes is not None)
     return Inventory(f.path, f.architecture, detect_dialect(f), tuple(entries),
