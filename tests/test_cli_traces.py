@@ -1,0 +1,95 @@
+"""`mtpscope report` and `mtpscope import` through the real typer app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli import app
+from traces import RoundRecord, TraceWriter
+
+runner = CliRunner()
+
+# (prompt_id, round, n_draft, n_accepted)
+ROWS = [(0, 0, 3, 3), (0, 1, 3, 1), (0, 2, 3, 0), (1, 0, 3, 2), (1, 1, 2, 0)]
+
+
+def _trace(d: Path) -> Path:
+    with TraceWriter(d, {"prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 2},
+                                     {"prompt_id": 1, "text": "b", "n_prompt_tokens": 3}]},
+                     n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                     flush_every=2) as w:
+        for p, r, nd, na in ROWS:
+            w.add_round(RoundRecord(prompt_id=p, round=r, pos=10 + r, pending_token=1, n_draft=nd,
+                                    drafted=tuple(range(nd)), n_accepted=na, t_draft_ms=4.0, t_verify_ms=30.0))
+    return d
+
+
+def test_report_json(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", str(_trace(tmp_path / "t")), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    # drafted 3+3+3+3+2 = 14, accepted 3+1+0+2+0 = 6, 5 verify rounds
+    assert (rep["n_rounds"], rep["n_drafted"], rep["n_accepted"]) == (5, 14, 6)
+    assert rep["acceptance_rate"] == pytest.approx(6 / 14)
+    assert rep["mean_acceptance_length"] == pytest.approx(1 + 6 / 5)
+    # k=1: 5 rounds drafted, 3 accepted; k=2: 5 drafted, 2 accepted; k=3: 4 drafted (not the n_draft=2 one), 1
+    assert [(p["k"], p["n_rounds"], p["n_accepted"]) for p in rep["per_position"]] == [(1, 5, 3), (2, 5, 2), (3, 4, 1)]
+    assert [(p["prompt_id"], p["n_drafted"], p["n_accepted"]) for p in rep["prompts"]] == [(0, 9, 4), (1, 5, 2)]
+    assert rep["n_prompts"] == 2 and rep["complete"] is True
+    assert rep["timing_ms"] == {"t_draft_ms_mean": 4.0, "t_verify_ms_mean": 30.0}
+
+
+def test_report_text(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", str(_trace(tmp_path / "t"))])
+    assert res.exit_code == 0, res.output
+    assert "acceptance rate:        0.4286" in res.stdout
+    assert "mean acceptance length: 2.2000" in res.stdout
+
+
+def test_report_errors_and_warnings(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert res.exit_code == 2
+    assert res.stderr.startswith("mtpscope: ") and "not a trace directory" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    d = _trace(tmp_path / "t")
+    part = d / "rounds" / "part-00001.parquet"
+    part.write_bytes(part.read_bytes()[:20])
+    res = runner.invoke(app, ["report", str(d), "--json"])
+    assert res.exit_code == 0
+    assert "part-00001.parquet" in res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["n_rounds"] == 3 and len(rep["warnings"]) == 1
+
+
+def test_import_commands(tmp_path: Path) -> None:
+    src = tmp_path / "mtp.ndjson"
+    src.write_text('{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":5,"attn_pos":9,"drafts":[1,2,3]}\n'
+                   "{not json\n"
+                   '{"evt":"mtp_accept","iter":1,"n_accepted":2,"n_drafted_prev":3}\n')
+    res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t")])
+    assert res.exit_code == 1, res.output
+    assert "1 rounds, 3 steps" in res.stdout
+    assert "1 bad lines" in res.stderr and "line 2: invalid JSON" in res.stderr
+    rep = json.loads(runner.invoke(app, ["report", str(tmp_path / "t"), "--json"]).stdout)
+    assert (rep["n_drafted"], rep["n_accepted"]) == (3, 2)
+    # same --out again: refused without --overwrite
+    res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "already holds a trace" in res.stderr
+    res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t"), "--overwrite"])
+    assert res.exit_code == 1
+
+    log = tmp_path / "server.log"
+    log.write_text("slot print_timing: id  0 | task 3 | \ndraft acceptance rate = 0.50000 (    2 accepted /     4 generated)\n")
+    res = runner.invoke(app, ["import", "server-log", str(log), "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(runner.invoke(app, ["report", str(tmp_path / "s"), "--json"]).stdout)
+    assert rep["acceptance_rate"] == 0.5 and rep["requests"]["n_requests"] == 1
+
+    junk = tmp_path / "junk.log"
+    junk.write_text("nothing\n")
+    res = runner.invoke(app, ["import", "server-log", str(junk), "--out", str(tmp_path / "j")])
+    assert res.exit_code == 2 and "junk.log" in res.stderr
