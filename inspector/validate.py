@@ -777,7 +777,7 @@ def _tensor_reasons(f: Any, hp: L.HParams, layout: Iterable[L.ExpectedTensor],
         t = tmap.get(e.name)
         if t is None:
             if e.required:
-                reasons.append(f"missing tensor '{e.name}'")
+                reasons.append(f"tensor '{e.name}' not found (a required tensor is missing)")
             continue
         created.add(e.name)
         ne = tuple(int(x) for x in t.ne)
@@ -858,10 +858,12 @@ def upstream_verdict(f: Any) -> Verdict:
             reasons.append(f"tensor '{masked[0]}' present: vector::_M_range_check: __n (which is 0) >= this->size() "
                            "(0.3.36 creates the masked_embd_* tensors with an empty shape)")
             return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
-        if nextn == 0:
-            reasons.append("nextn_predict_layers is missing or 0: no drafter block is loaded")
         layout = L.expected_drafter_layout(hp_n, "upstream") if hp.n_vocab is not None else ()
+        if nextn == 0:  # pre_projection is created inside the block loop (at il == 0)
+            layout = tuple(e for e in layout if "pre_projection" not in e.name)
         reasons += _tensor_reasons(f, hp_n, layout, tmap)
+        if nextn == 0:
+            reasons.append("nextn_predict_layers is missing or 0: the runtime creates no drafter block")
     else:
         if reasons:
             return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)

@@ -1,0 +1,117 @@
+"""Every upstream loadability verdict against what llama-cpp-python 0.3.36 really does with the same file.
+
+Each mutant of tests/test_validate_mutants.py is written once, then one child process loads them one by
+one with the low-level ``llama_cpp.llama_model_load_from_file`` (vocab_only False; NULL on failure) and
+reports OK / FAIL per file together with llama.cpp's log lines. A load that aborts the process (a
+GGML_ASSERT) is recorded as CRASH and the child restarts after that file. The test then compares:
+
+* ``upstream_verdict(f).loads`` with the real outcome (OK = loads; FAIL / CRASH = refuses), and
+* for refusals, that llama.cpp's own error message contains the key phrase of our first reason.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_validate_mutants import MUTANTS, build
+
+pytestmark = pytest.mark.llama
+
+_CHILD = r"""
+import json, os, sys
+import llama_cpp
+llama_cpp.llama_backend_init()
+for path in sys.argv[1:]:
+    print("@@BEGIN " + path, file=sys.stderr, flush=True)
+    p = llama_cpp.llama_model_default_params()
+    p.vocab_only = False
+    p.use_mmap = True
+    m = llama_cpp.llama_model_load_from_file(path.encode(), p)
+    ok = bool(m)
+    if ok:
+        llama_cpp.llama_model_free(m)
+    print("@@END " + path, file=sys.stderr, flush=True)
+    print(json.dumps({"path": path, "ok": ok}), flush=True)
+"""
+
+# phrase of llama.cpp's log line that each kind of first reason corresponds to
+_PHRASES = (
+    ("unknown model architecture", "unknown model architecture"),
+    ("_M_range_check", "_M_range_check"),
+    ("not found (a required tensor", "not found"),
+    ("wrong shape", "wrong shape"),
+    ("wrong number of tensors", "wrong number of tensors"),
+    ("embedding_length_out", "embedding_length_out"),
+    ("n_embd_head_k == n_embd_head_v", "n_embd_head_k"),
+    ("key not found in model", "key not found in model"),
+    ("cannot find tokenizer merges", "cannot find tokenizer merges"),
+)
+
+
+def _run_loads(paths: list[str]) -> dict[str, tuple[str, str]]:
+    """path -> (OK | FAIL | CRASH, llama.cpp log of that load)."""
+    out: dict[str, tuple[str, str]] = {}
+    todo = list(paths)
+    while todo:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, *todo], capture_output=True, text=True, timeout=300)
+        done = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                done[r["path"]] = "OK" if r["ok"] else "FAIL"
+        logs: dict[str, str] = {}
+        cur = None
+        for line in proc.stderr.splitlines():
+            if line.startswith("@@BEGIN "):
+                cur = line[8:]
+                logs[cur] = ""
+            elif line.startswith("@@END "):
+                cur = None
+            elif cur is not None:
+                logs[cur] += line + "\n"
+        for p in todo:
+            if p in done:
+                out[p] = (done[p], logs.get(p, ""))
+        rest = [p for p in todo if p not in done]
+        if rest:
+            # the first unfinished file crashed the child; record it and go on with the others
+            out[rest[0]] = ("CRASH", logs.get(rest[0], proc.stderr[-2000:]))
+            rest = rest[1:]
+        todo = rest
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_loads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str, str]]:
+    pytest.importorskip("llama_cpp")
+    d = tmp_path_factory.mktemp("loadability")
+    paths = {name: build(d, name) for name in MUTANTS}
+    res = _run_loads([str(p) for p in paths.values()])
+    return {name: (p, *res[str(p)]) for name, p in paths.items()}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_upstream_verdict_matches_llama_cpp(real_loads: dict[str, tuple[Path, str, str]], name: str) -> None:
+    from inspector.gguf import open_gguf
+    from inspector.validate import upstream_verdict
+
+    path, outcome, log = real_loads[name]
+    with open_gguf(path) as f:
+        v = upstream_verdict(f)
+    really_loads = outcome == "OK"
+    assert v.loads is really_loads, (name, outcome, v.reasons, log[-1500:])
+    # the mutant table's own expectation (hand-written) agrees as well
+    assert MUTANTS[name][2] is really_loads, (name, outcome)
+    if not really_loads:
+        first = v.reasons[0]
+        phrase = next((ph for key, ph in _PHRASES if key in first), None)
+        assert phrase is not None, f"no llama.cpp phrase known for reason {first!r}"
+        assert phrase in log, (name, first, log[-1500:])
+        if "wrong number of tensors" in first:   # the counts too: "expected N, got M"
+            counts = first.split("wrong number of tensors; ")[1].split(" (")[0]
+            assert counts in log, (name, counts, log[-800:])
