@@ -160,16 +160,20 @@ class DonorKV:
         v: values, shape ``(n_kv, n_head_kv, head_dim)`` float32, after the weightless RMS norm
             (with K = V, the same projection as ``k`` before its norm and RoPE).
         pos: positions of the cells, shape ``(n_kv,)`` int.
+        mask: optional ``(n_kv,)`` bool: which cells the query sees, overriding the position rule
+            (a runtime's own visibility, e.g. Hugging Face's, facts §3).
     """
 
     k: np.ndarray
     v: np.ndarray
     pos: np.ndarray
+    mask: np.ndarray | None = None
 
     def upto(self, n: int) -> DonorKV:
         """The cells whose position is below ``n`` (what a target that decoded ``0..n-1`` holds)."""
         keep = self.pos < n
-        return DonorKV(self.k[keep], self.v[keep], self.pos[keep])
+        return DonorKV(self.k[keep], self.v[keep], self.pos[keep],
+                       None if self.mask is None else self.mask[keep])
 
 
 @dataclass(frozen=True)
@@ -429,8 +433,9 @@ class ReferenceDrafter:
                   centroids: str | os.PathLike[str] | None = None) -> ReferenceDrafter:
         """Load a drafter GGUF (fork or upstream dialect) and its target's embedding table.
 
-        ``centroids`` is an optional sidecar GGUF carrying ``mtp.centroids.weight`` and
-        ``mtp.token_ordering.weight`` (the converter's ``--centroids-out``) for an upstream drafter.
+        ``centroids`` is an optional centroid-head source for an upstream drafter: a sidecar GGUF
+        (the converter's ``--centroids-out``), a fork-dialect GGUF or an HF checkpoint directory
+        (read by ``traces.centroid_head.load_centroid_head``).
         Quantized tensors are dequantized to float32 (gguf.quants, via the reader); the target's
         ``token_embd`` is read row by row on demand (memmap).
 
@@ -460,13 +465,12 @@ class ReferenceDrafter:
             cen = data(names["centroids"])
             order = np.asarray(f.tensor_data(names["token_ordering"], dequantize=False)).astype(np.int64)
         if centroids is not None:
-            side = open_gguf(centroids)
-            cen_name = _first(side, CENTROID_NAMES, centroids)
-            ord_name = _first(side, ORDERING_NAMES, centroids)
-            cen = np.asarray(side.tensor_data(cen_name), dtype=np.float32)
-            order = np.asarray(side.tensor_data(ord_name, dequantize=False)).astype(np.int64).reshape(-1)
-            topk = side.get("mtp.centroid_top_k") or hp.centroid_top_k
-            hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(topk or 32))
+            from traces.centroid_head import load_centroid_head
+
+            head = load_centroid_head(centroids)
+            cen = np.asarray(head.centroids, dtype=np.float32)
+            order = np.asarray(head.ordering).astype(np.int64).reshape(-1)
+            hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(head.top_k))
         weights = DrafterWeights(
             pre_projection=data(names["pre_projection"]), post_projection=data(names["post_projection"]),
             token_embd=data("token_embd.weight"), output_norm=data("output_norm.weight"),
@@ -560,7 +564,7 @@ class ReferenceDrafter:
             q = rms_norm(q, lw.attn_q_norm, hp.eps)
             ff = None if hp.is_swa[il] else w.rope_freqs
             q = rope_neox(q, qpos, hp.rope_base[il], hp.n_rot[il], ff)
-            mask = visible(d.pos, qpos, hp.sliding_window if hp.is_swa[il] else None)
+            mask = d.mask if d.mask is not None else visible(d.pos, qpos, hp.sliding_window if hp.is_swa[il] else None)
             att = attention(q, d.k, d.v, mask, 1.0, f16=o.kv_f16)
             a = rms_norm((lw.attn_output @ att.reshape(-1)).astype(np.float32), lw.post_attention_norm, hp.eps)
             a = (a + x).astype(np.float32)

@@ -1,0 +1,621 @@
+"""Convert a Hugging Face Gemma 4 checkpoint (safetensors) to a GGUF, through gguf-py's writer.
+
+* ``Gemma4AssistantForCausalLM`` (``model_type: gemma4_assistant``) -> a drafter GGUF in the
+  **upstream** dialect (arch ``gemma4-assistant``, ``nextn.*`` projections, ``embedding_length_out``,
+  ``nextn_predict_layers``; no centroid head, which llama.cpp refuses, facts §1) or the **fork**
+  dialect (arch ``gemma4_assistant``, ``mtp.*`` projections, ``n_embd_backbone``, the fork's centroid
+  keys and ``mtp.centroids.weight`` / ``mtp.token_ordering.weight``). For upstream the centroid head can
+  go to a **sidecar** GGUF (``centroids_out``): arch ``gemma4-assistant-centroids`` with
+  ``mtp.centroids.weight`` (``ne [n_embd, n_centroids]``), ``mtp.token_ordering.weight`` (I32,
+  ``ne [n_vocab]``) and the keys ``gemma4-assistant-centroids.{n_centroids, centroid_top_k,
+  embedding_length, vocab_size}`` (what ``traces.centroid_head.load_centroid_head`` and so
+  ``record --centroids`` read).
+* ``Gemma4ForCausalLM`` (``model_type: gemma4_text`` or ``gemma4`` with a text config) -> a ``gemma4``
+  target GGUF (dense layers only: no MoE, no per-layer embeddings), for tiny test models.
+
+Name mapping (facts §2): ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` ->
+``post_attention_norm``, ``pre_feedforward_layernorm`` -> ``ffn_norm``, ``post_feedforward_layernorm``
+-> ``post_ffw_norm``, ``layer_scalar`` -> ``layer_output_scale``, ``q/k/v/o_proj`` -> ``attn_q/k/v/output``,
+``q_norm``/``k_norm`` -> ``attn_q_norm``/``attn_k_norm``, ``mlp.{gate,up,down}_proj`` -> ``ffn_*``,
+``model.norm`` -> ``output_norm``, ``embed_tokens`` -> ``token_embd``. An HF ``Linear`` weight of
+numpy shape ``(out, in)`` is written as-is: GGUF ``ne [in, out]``, what llama.cpp's loader expects.
+Proportional RoPE of full layers becomes ``rope_freqs.weight`` (``(head_dim/2,)``: 1.0 for the
+``partial_rotary_factor`` share of pairs, 1e30 for the rest), as llama.cpp's converter does.
+
+The tokenizer is not converted: ``tokenizer.*`` keys are copied from a GGUF (``vocab_from``), by
+default the real Gemma 4 tokenizer (``mtpscope.cache.vocab_path``), whole when the checkpoint's
+``vocab_size`` is 262144, else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
+loads, facts §5).
+
+Safetensors are read with a small header parser (8-byte little-endian header length, JSON header,
+raw little-endian data; F32, F16, BF16, I64, I32) over a memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inspector.errors import HFCheckpointError, LayoutError
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+DIALECTS = ("upstream", "fork")
+UPSTREAM_ARCH = "gemma4-assistant"
+FORK_ARCH = "gemma4_assistant"
+TARGET_ARCH = "gemma4"
+SIDECAR_ARCH = "gemma4-assistant-centroids"
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "I32": np.int32,
+              "F64": np.float64, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """All tensors of one ``.safetensors`` file as numpy arrays (memmap; BF16 widened to float32).
+
+    Raises:
+        HFCheckpointError: bad header length, JSON, dtype, or data range (names file, offset, tensor).
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise HFCheckpointError("file too short for a safetensors header", path=path, offset=0,
+                                    expected=">= 8 bytes", actual=len(raw))
+        (n,) = struct.unpack("<Q", raw)
+        if n > size - 8:
+            raise HFCheckpointError("header length beyond the end of the file", path=path, offset=0,
+                                    expected=f"<= {size - 8}", actual=n)
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise HFCheckpointError(f"header is not JSON: {e}", path=path, offset=8) from None
+    base = 8 + n
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = _ST_DTYPES.get(info.get("dtype"))
+        if dt is None:
+            raise HFCheckpointError("unsupported safetensors dtype", path=path, key=name,
+                                    expected="/".join(_ST_DTYPES), actual=info.get("dtype"))
+        a, b = info["data_offsets"]
+        shape = tuple(int(s) for s in info["shape"])
+        count = int(np.prod(shape)) if shape else 1
+        if base + b > size or b - a != count * np.dtype(dt).itemsize:
+            raise HFCheckpointError("tensor data out of range or of the wrong size", path=path,
+                                    offset=base + a, key=name, expected=count * np.dtype(dt).itemsize,
+                                    actual=b - a)
+        arr = mm[base + a: base + b].view(dt).reshape(shape)
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = arr
+    return out
+
+
+def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``(config.json as dict, {tensor name: array})`` of an HF checkpoint folder (all ``*.safetensors``).
+
+    Raises:
+        HFCheckpointError: missing / unreadable config.json or no safetensors file.
+    """
+    d = Path(hf_dir)
+    cfg_path = d / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise HFCheckpointError("no config.json", path=cfg_path) from None
+    except json.JSONDecodeError as e:
+        raise HFCheckpointError(f"config.json is not JSON: {e}", path=cfg_path) from None
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise HFCheckpointError("no .safetensors file", path=d, expected="model*.safetensors", actual="none")
+    tensors: dict[str, np.ndarray] = {}
+    for f in files:
+        tensors.update(read_safetensors(f))
+    return config, tensors
+
+
+# --------------------------------------------------------------------------------------------------
+# hyperparameters
+
+
+@dataclass(frozen=True)
+class TextHParams:
+    """What the converter needs from a ``gemma4_text`` config (per layer where it varies)."""
+
+    n_vocab: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: tuple[int, ...]
+    is_swa: tuple[bool, ...]
+    head_dim_swa: int
+    head_dim_full: int
+    sliding_window: int
+    eps: float
+    rope_base_swa: float
+    rope_base_full: float
+    partial_rotary_factor: float
+    k_eq_v: bool
+    context_length: int
+    softcap: float | None
+
+    @property
+    def rope_freqs(self) -> np.ndarray:
+        """``(head_dim_full/2,)`` float32: 1.0 for the rotated pairs, 1e30 for the rest."""
+        half = self.head_dim_full // 2
+        n_rot = int(self.partial_rotary_factor * self.head_dim_full // 2)
+        return np.array([1.0] * n_rot + [1e30] * (half - n_rot), np.float32)
+
+
+def text_hparams(tc: Mapping[str, Any], where: str = "config.json") -> TextHParams:
+    """Read a ``gemma4_text`` config dict (defaults as in transformers 5.24's ``Gemma4TextConfig``).
+
+    Raises:
+        HFCheckpointError: a needed field is missing, or MoE / per-layer embeddings are asked for.
+    """
+    def need(k: str) -> Any:
+        if k not in tc:
+            raise HFCheckpointError("missing config field", path=where, key=k)
+        return tc[k]
+
+    n_layer = int(need("num_hidden_layers"))
+    types = tc.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layer)]
+    is_swa = tuple(t == "sliding_attention" for t in types)
+    k_eq_v = bool(tc.get("attention_k_eq_v", False))
+    n_kv = int(tc.get("num_key_value_heads", 4))
+    n_kv_full = tc.get("num_global_key_value_heads")
+    n_kv_full = int(n_kv_full) if (n_kv_full is not None and k_eq_v) else n_kv
+    if tc.get("enable_moe_block") or tc.get("hidden_size_per_layer_input"):
+        raise HFCheckpointError("MoE blocks and per-layer embeddings are not supported by this converter",
+                                path=where, key="enable_moe_block / hidden_size_per_layer_input",
+                                expected="false / 0", actual=(tc.get("enable_moe_block"),
+                                                              tc.get("hidden_size_per_layer_input")))
+    rp = tc.get("rope_parameters") or {}
+    swa_rp = rp.get("sliding_attention", {}) if isinstance(rp, dict) else {}
+    full_rp = rp.get("full_attention", {}) if isinstance(rp, dict) else {}
+    return TextHParams(
+        n_vocab=int(need("vocab_size")), n_embd=int(need("hidden_size")), n_ff=int(need("intermediate_size")),
+        n_layer=n_layer, n_head=int(need("num_attention_heads")),
+        n_head_kv=tuple(n_kv if s else n_kv_full for s in is_swa), is_swa=is_swa,
+        head_dim_swa=int(tc.get("head_dim", 256)), head_dim_full=int(tc.get("global_head_dim", 512)),
+        sliding_window=int(tc.get("sliding_window", 512)), eps=float(tc.get("rms_norm_eps", 1e-6)),
+        rope_base_swa=float(swa_rp.get("rope_theta", 1e4)), rope_base_full=float(full_rp.get("rope_theta", 1e6)),
+        partial_rotary_factor=float(full_rp.get("partial_rotary_factor", 0.25)), k_eq_v=k_eq_v,
+        context_length=int(tc.get("max_position_embeddings", 131072)),
+        softcap=tc.get("final_logit_softcapping"))
+
+
+def _common_kv(arch: str, hp: TextHParams) -> list[tuple[str, str, Any]]:
+    """``(key, kind, value)`` architecture keys shared by target and drafter (kind: u32 f32 bool arr_*)."""
+    a = arch + "."
+    kv_heads: Any = hp.n_head_kv[0] if len(set(hp.n_head_kv)) == 1 else list(hp.n_head_kv)
+    return [
+        (a + "context_length", "u32", hp.context_length),
+        (a + "embedding_length", "u32", hp.n_embd),
+        (a + "block_count", "u32", hp.n_layer),
+        (a + "feed_forward_length", "u32", hp.n_ff),
+        (a + "attention.head_count", "u32", hp.n_head),
+        (a + "attention.head_count_kv", "u32" if isinstance(kv_heads, int) else "arr_u32", kv_heads),
+        (a + "attention.key_length", "u32", hp.head_dim_full),
+        (a + "attention.value_length", "u32", hp.head_dim_full),
+        (a + "attention.key_length_swa", "u32", hp.head_dim_swa),
+        (a + "attention.value_length_swa", "u32", hp.head_dim_swa),
+        (a + "attention.sliding_window", "u32", hp.sliding_window),
+        (a + "attention.sliding_window_pattern", "arr_bool", list(hp.is_swa)),
+        (a + "attention.layer_norm_rms_epsilon", "f32", hp.eps),
+        (a + "attention.shared_kv_layers", "u32", 0),
+        (a + "rope.freq_base", "f32", hp.rope_base_full),
+        (a + "rope.freq_base_swa", "f32", hp.rope_base_swa),
+        (a + "rope.dimension_count", "u32", hp.head_dim_full),
+        (a + "rope.dimension_count_swa", "u32", hp.head_dim_swa),
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# tensor mapping
+
+_LAYER_MAP = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "layer_scalar": "layer_output_scale.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint",
+                     drop_kv: bool = False) -> dict[str, np.ndarray]:
+    """HF ``model.*`` / ``model.language_model.*`` names -> GGUF names (``token_embd``, ``blk.N.*``, ...).
+
+    ``drop_kv`` leaves out ``attn_k`` / ``attn_v`` / ``attn_k_norm`` (the drafter reads the target's cache).
+    Unknown names raise, so nothing is silently dropped.
+
+    Raises:
+        HFCheckpointError: a tensor name the mapping does not know.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, arr in tensors.items():
+        short = name
+        for pre in ("model.language_model.", "model."):
+            if short.startswith(pre):
+                short = short[len(pre):]
+                break
+        if short == "embed_tokens.weight":
+            out["token_embd.weight"] = arr
+        elif short == "norm.weight":
+            out["output_norm.weight"] = arr
+        elif short.startswith("layers."):
+            _, il, rest = short.split(".", 2)
+            g = _LAYER_MAP.get(rest)
+            if g is None:
+                raise HFCheckpointError("unknown layer tensor", path=where, key=name)
+            if drop_kv and g.split(".")[0] in ("attn_k", "attn_v", "attn_k_norm"):
+                continue
+            out[f"blk.{int(il)}.{g}"] = arr.reshape(1) if g.startswith("layer_output_scale") else arr
+        elif name == "lm_head.weight":
+            continue  # tied to embed_tokens in Gemma 4
+        else:
+            raise HFCheckpointError("unknown tensor", path=where, key=name)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# writing
+
+
+def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> list[tuple[str, Any]]:
+    from mtpscope.demo_vocab import N_VOCAB_FULL, load_vocab, read_kv
+
+    if vocab_from is not None:
+        kv = [(k, mv) for k, mv in read_kv(vocab_from) if k.startswith("tokenizer.")]
+        toks = next((mv for k, mv in kv if k == "tokenizer.ggml.tokens"), None)
+        if toks is None or len(toks.value) != n_vocab:
+            raise LayoutError("tokenizer size differs from the checkpoint's vocab_size", path=os.fspath(vocab_from),
+                              key="tokenizer.ggml.tokens", expected=n_vocab,
+                              actual=None if toks is None else len(toks.value))
+        return kv
+    voc = load_vocab("full") if n_vocab == N_VOCAB_FULL else load_vocab("subset", n_subset=n_vocab)
+    return list(voc.kv)
+
+
+def _write(path: Path, arch: str, kv: list[tuple[str, str, Any]], tok_kv: list[tuple[str, Any]],
+           tensors: Mapping[str, np.ndarray], outtype: str) -> Path:
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(tmp, arch)
+    for key, kind, val in kv:
+        if kind == "u32":
+            w.add_uint32(key, int(val))
+        elif kind == "f32":
+            w.add_float32(key, float(val))
+        elif kind == "bool":
+            w.add_bool(key, bool(val))
+        elif kind == "str":
+            w.add_string(key, str(val))
+        elif kind == "arr_bool":
+            w.add_key_value(key, [bool(v) for v in val], gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.BOOL)
+        elif kind == "arr_u32":
+            w.add_key_value(key, [int(v) for v in val], gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.UINT32)
+        else:  # pragma: no cover - internal
+            raise ValueError(kind)
+    for key, mv in tok_kv:
+        vt = gguf.GGUFValueType(mv.type)
+        if vt == gguf.GGUFValueType.ARRAY:
+            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
+            w.add_key_value(key, val, vt, sub_type=gguf.GGUFValueType(mv.sub_type))
+        else:
+            w.add_key_value(key, mv.value, vt)
+    qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    for name, arr in tensors.items():
+        a = np.asarray(arr)
+        if a.dtype.kind in "iu":
+            w.add_tensor(name, np.ascontiguousarray(a.astype(np.int32)))
+            continue
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        t = qt if a.ndim >= 2 else gguf.GGMLQuantizationType.F32
+        if t == gguf.GGMLQuantizationType.Q8_0 and a.shape[-1] % 32:
+            t = gguf.GGMLQuantizationType.F16  # rows not a multiple of the Q8_0 block (32)
+        if t == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, a)
+        elif t == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What :func:`convert` wrote."""
+
+    out: Path
+    kind: str            # "drafter" | "target"
+    dialect: str | None  # drafter: "upstream" | "fork"
+    arch: str
+    n_tensors: int
+    centroids_out: Path | None = None
+
+
+def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dialect: str = "upstream",
+            outtype: str = "f32", centroids_out: str | os.PathLike[str] | None = None,
+            vocab_from: str | os.PathLike[str] | None = None) -> ConvertResult:
+    """Convert an HF Gemma 4 assistant (drafter) or Gemma 4 text (target) checkpoint to GGUF.
+
+    Args:
+        hf_dir: folder with ``config.json`` and ``*.safetensors``.
+        out: the GGUF to write (written to ``out.tmp`` then renamed).
+        dialect: drafter only: ``"upstream"`` or ``"fork"``.
+        outtype: type of 2-D weights: ``f32``, ``f16``, ``bf16``, ``q8_0`` (rows whose length is not a
+            multiple of 32 fall back to F16); 1-D tensors stay F32, the token ordering I32.
+        centroids_out: upstream drafter with a centroid head: also write the head to this sidecar GGUF.
+        vocab_from: GGUF to copy ``tokenizer.*`` keys from (default: the real Gemma 4 tokenizer).
+
+    Raises:
+        HFCheckpointError: unreadable checkpoint, unknown model type or tensor name.
+        LayoutError: tensors missing, tokenizer of the wrong size.
+        ValueError: unknown dialect / outtype.
+    """
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
+    if outtype not in OUTTYPES:
+        raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
+    config, tensors = read_checkpoint(hf_dir)
+    where = os.fspath(Path(hf_dir) / "config.json")
+    mt = config.get("model_type")
+    out = Path(out)
+    if mt == "gemma4_assistant":
+        return _convert_drafter(config, tensors, out, dialect, outtype, centroids_out, vocab_from, where)
+    if mt in ("gemma4_text", "gemma4"):
+        tc = config.get("text_config", config) if mt == "gemma4" else config
+        return _convert_target(tc, tensors, out, outtype, vocab_from, where)
+    raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
+                            expected="gemma4_assistant, gemma4_text or gemma4", actual=mt)
+
+
+def _convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
+                    vocab_from: Any, where: str) -> ConvertResult:
+    hp = text_hparams(tc, where)
+    g = map_text_tensors(tensors, where)
+    g["rope_freqs.weight"] = hp.rope_freqs
+    kv = _common_kv(TARGET_ARCH, hp)
+    kv.append((TARGET_ARCH + ".embedding_length_per_layer_input", "u32", 0))
+    if hp.softcap:
+        kv.append((TARGET_ARCH + ".final_logit_softcapping", "f32", float(hp.softcap)))
+    kv.insert(0, ("general.name", "str", "mtpscope-converted-target"))
+    _write(out, TARGET_ARCH, kv, _tokenizer_kv(hp.n_vocab, vocab_from), _ordered(g), outtype)
+    return ConvertResult(out=out, kind="target", dialect=None, arch=TARGET_ARCH, n_tensors=len(g))
+
+
+def _ordered(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def key(n: str) -> tuple[int, int, str]:
+        if n.startswith("blk."):
+            return (1, int(n.split(".")[1]), n)
+        return (0 if n in ("token_embd.weight", "rope_freqs.weight") else 2, 0, n)
+    return {n: g[n] for n in sorted(g, key=key)}
+
+
+def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, dialect: str,
+                     outtype: str, centroids_out: Any, vocab_from: Any, where: str) -> ConvertResult:
+    tc = config.get("text_config")
+    if not isinstance(tc, dict):
+        raise HFCheckpointError("missing text_config", path=where, key="text_config")
+    hp = text_hparams(tc, where)
+    n_bb = int(config.get("backbone_hidden_size", 1536))
+    if n_bb == hp.n_embd:
+        raise LayoutError("backbone_hidden_size equals hidden_size: llama.cpp refuses such a drafter",
+                          path=where, key="backbone_hidden_size", expected=f"!= {hp.n_embd}", actual=n_bb)
+    inner = {k: v for k, v in tensors.items() if k.startswith("model.")}
+    g = map_text_tensors(inner, where, drop_kv=True)
+    for hf_name in ("pre_projection.weight", "post_projection.weight"):
+        if hf_name not in tensors:
+            raise LayoutError("tensor missing from the checkpoint", path=where, key=hf_name)
+    proj = "nextn." if dialect == "upstream" else "mtp."
+    g[proj + "pre_projection.weight"] = tensors["pre_projection.weight"]
+    g[proj + "post_projection.weight"] = tensors["post_projection.weight"]
+    g["rope_freqs.weight"] = hp.rope_freqs
+    ordered = bool(config.get("use_ordered_embeddings", False))
+    n_cen = int(config.get("num_centroids", 2048))
+    top_k = int(config.get("centroid_intermediate_top_k", 32))
+    cen = order = None
+    if ordered:
+        cen = tensors.get("masked_embedding.centroids.weight")
+        order = tensors.get("masked_embedding.token_ordering")
+        if cen is None or order is None:
+            raise LayoutError("use_ordered_embeddings is true but the centroid head is missing", path=where,
+                              key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
+        order = np.asarray(order).astype(np.int32)
+    arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
+    kv = [("general.name", "str", "mtpscope-converted-drafter")] + _common_kv(arch, hp)
+    if dialect == "upstream":
+        kv += [(arch + ".embedding_length_out", "u32", n_bb), (arch + ".nextn_predict_layers", "u32", hp.n_layer)]
+    else:
+        kv += [(arch + ".n_embd_backbone", "u32", n_bb), (arch + ".use_ordered_embeddings", "bool", ordered),
+               (arch + ".attention.k_eq_v", "bool", hp.k_eq_v), (arch + ".requires_target_arch", "str", TARGET_ARCH)]
+        if ordered:
+            kv += [(arch + ".n_centroids", "u32", n_cen), (arch + ".centroid_top_k", "u32", top_k)]
+            g["mtp.centroids.weight"] = cen
+            g["mtp.token_ordering.weight"] = order
+    tok_kv = _tokenizer_kv(hp.n_vocab, vocab_from)
+    _write(out, arch, kv, tok_kv, _ordered(g), outtype)
+    side = None
+    if centroids_out is not None:
+        if not ordered:
+            raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
+                              key="use_ordered_embeddings", expected=True, actual=False)
+        side = Path(centroids_out)
+        a = SIDECAR_ARCH + "."
+        skv = [("general.name", "str", "mtpscope-centroid-sidecar"),
+               (a + "n_centroids", "u32", n_cen), (a + "centroid_top_k", "u32", top_k),
+               (a + "embedding_length", "u32", hp.n_embd), (a + "vocab_size", "u32", hp.n_vocab)]
+        _write(side, SIDECAR_ARCH, skv, [], {"mtp.centroids.weight": cen, "mtp.token_ordering.weight": order},
+               outtype)
+    return ConvertResult(out=out, kind="drafter", dialect=dialect, arch=arch, n_tensors=len(g), centroids_out=side)
+
+
+# --------------------------------------------------------------------------------------------------
+# tiny random HF checkpoints (tests, parity) written without torch
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray]) -> Path:
+    """Write ``tensors`` (float32 / int64 / int32 numpy) as one ``.safetensors`` file."""
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
+             np.dtype(np.int32): "I32"}
+    header: dict[str, Any] = {}
+    off = 0
+    blobs = []
+    for name, arr in tensors.items():
+        a = np.ascontiguousarray(arr)
+        b = a.tobytes()
+        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    hb = json.dumps(header).encode()
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    path = Path(path)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(hb)))
+        fh.write(hb)
+        for b in blobs:
+            fh.write(b)
+    return path
+
+
+def tiny_text_config(*, vocab_size: int = 4096, hidden_size: int = 64, n_layer: int = 6, n_head: int = 2,
+                     n_kv: int = 1, n_kv_full: int | None = None, head_dim: int = 32, global_head_dim: int = 64,
+                     intermediate_size: int = 128, sliding_window: int = 16, k_eq_v: bool = False,
+                     layer_types: list[str] | None = None, softcap: float | None = 30.0) -> dict[str, Any]:
+    """A ``gemma4_text`` config dict for a tiny random model (transformers 5.24 field names)."""
+    types = layer_types or ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(n_layer)]
+    cfg: dict[str, Any] = {
+        "model_type": "gemma4_text", "vocab_size": vocab_size, "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size, "num_hidden_layers": n_layer, "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv, "head_dim": head_dim, "global_head_dim": global_head_dim,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "sliding_window": sliding_window, "layer_types": types, "final_logit_softcapping": softcap,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "attention_k_eq_v": k_eq_v,
+        "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+        "tie_word_embeddings": True, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0}},
+    }
+    if n_kv_full is not None:
+        cfg["num_global_key_value_heads"] = n_kv_full
+    return cfg
+
+
+def random_text_tensors(tc: Mapping[str, Any], seed: int, *, with_kv: bool = True,
+                        prefix: str = "model.") -> dict[str, np.ndarray]:
+    """Random weights (HF names, numpy ``(out, in)``) for a ``gemma4_text`` config: norms near 1,
+    matrices ~ N(0, 1/in), ``layer_scalar`` in [0.5, 1.5]."""
+    rng = np.random.default_rng(seed)
+    hp = text_hparams(tc)
+    D, F = hp.n_embd, hp.n_ff
+
+    def mat(o: int, i: int) -> np.ndarray:
+        return (rng.standard_normal((o, i)) / math.sqrt(i)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {prefix + "embed_tokens.weight": (rng.standard_normal((hp.n_vocab, D)) * 0.5
+                                                                  ).astype(np.float32),
+                                prefix + "norm.weight": norm(D)}
+    for il in range(hp.n_layer):
+        hd = hp.head_dim_swa if hp.is_swa[il] else hp.head_dim_full
+        p = f"{prefix}layers.{il}."
+        t[p + "input_layernorm.weight"] = norm(D)
+        t[p + "self_attn.q_proj.weight"] = mat(hp.n_head * hd, D)
+        t[p + "self_attn.q_norm.weight"] = norm(hd)
+        if with_kv:
+            t[p + "self_attn.k_proj.weight"] = mat(hp.n_head_kv[il] * hd, D)
+            if not (hp.k_eq_v and not hp.is_swa[il]):
+                t[p + "self_attn.v_proj.weight"] = mat(hp.n_head_kv[il] * hd, D)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
+        t[p + "self_attn.o_proj.weight"] = mat(D, hp.n_head * hd)
+        t[p + "post_attention_layernorm.weight"] = norm(D)
+        t[p + "pre_feedforward_layernorm.weight"] = norm(D)
+        t[p + "mlp.gate_proj.weight"] = mat(F, D)
+        t[p + "mlp.up_proj.weight"] = mat(F, D)
+        t[p + "mlp.down_proj.weight"] = mat(D, F)
+        t[p + "post_feedforward_layernorm.weight"] = norm(D)
+        t[p + "layer_scalar"] = rng.uniform(0.5, 1.5, 1).astype(np.float32)
+    return t
+
+
+def write_tiny_pair(root: str | os.PathLike[str], *, seed: int = 0, vocab_size: int = 4096,
+                    centroids: bool = False, k_eq_v: bool = False, n_centroids: int = 64, top_k: int = 4,
+                    drafter_hidden: int = 48) -> tuple[Path, Path]:
+    """Write a tiny random HF target (``Gemma4ForCausalLM``) and drafter (``Gemma4AssistantForCausalLM``)
+    checkpoint pair under ``root/target`` and ``root/drafter``; returns the two folders.
+
+    Target: 6 layers [s, s, f, s, s, f], hidden 64, heads 2 / kv 1 (full kv 1), head dims 32 / 64.
+    Drafter: 4 layers [s, s, s, f], hidden ``drafter_hidden``, same KV head layout, backbone 64.
+    """
+    root = Path(root)
+    n_kv_full = 1 if k_eq_v else None
+    ttc = tiny_text_config(vocab_size=vocab_size, k_eq_v=k_eq_v, n_kv_full=n_kv_full)
+    ttc["architectures"] = ["Gemma4ForCausalLM"]
+    dtc = tiny_text_config(vocab_size=vocab_size, hidden_size=drafter_hidden, n_layer=4, k_eq_v=k_eq_v,
+                           n_kv_full=n_kv_full, intermediate_size=96, softcap=None,
+                           layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    dtc["num_kv_shared_layers"] = 4
+    for d in (root / "target", root / "drafter"):
+        d.mkdir(parents=True, exist_ok=True)
+    (root / "target" / "config.json").write_text(json.dumps(ttc, indent=1))
+    write_safetensors(root / "target" / "model.safetensors", random_text_tensors(ttc, seed))
+    dcfg = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"],
+            "text_config": dtc, "backbone_hidden_size": ttc["hidden_size"], "use_ordered_embeddings": centroids,
+            "num_centroids": n_centroids, "centroid_intermediate_top_k": top_k, "tie_word_embeddings": True}
+    (root / "drafter" / "config.json").write_text(json.dumps(dcfg, indent=1))
+    rng = np.random.default_rng(seed + 1000)
+    dt = random_text_tensors(dtc, seed + 1, with_kv=False)
+    B = ttc["hidden_size"]
+    dt["pre_projection.weight"] = (rng.standard_normal((drafter_hidden, 2 * B)) / math.sqrt(2 * B)).astype(np.float32)
+    dt["post_projection.weight"] = (rng.standard_normal((B, drafter_hidden)) / math.sqrt(drafter_hidden)
+                                    ).astype(np.float32)
+    if centroids:
+        dt["masked_embedding.centroids.weight"] = (rng.standard_normal((n_centroids, drafter_hidden))
+                                                   ).astype(np.float32)
+        dt["masked_embedding.token_ordering"] = rng.permutation(vocab_size).astype(np.int64)
+    write_safetensors(root / "drafter" / "model.safetensors", dt)
+    return root / "target", root / "drafter"
+
+
+__all__ = ["ConvertResult", "convert", "map_text_tensors", "random_text_tensors", "read_checkpoint",
+           "read_safetensors", "text_hparams", "tiny_text_config", "write_safetensors", "write_tiny_pair"]

@@ -1,0 +1,177 @@
+"""The HF -> GGUF converter: names, shapes, types and values checked with our reader against the
+safetensors arrays (written independently with numpy), verify, sidecar, errors, and loading in llama.cpp."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inspector.convert import convert, read_checkpoint, read_safetensors, write_safetensors, write_tiny_pair
+from inspector.errors import HFCheckpointError, LayoutError
+from inspector.gguf import open_gguf
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_tiny_pair(tmp_path_factory.mktemp("hf"), seed=3, centroids=True, vocab_size=4096)
+
+
+@pytest.fixture(scope="module")
+def converted(hf_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("gguf")
+    tdir, ddir = hf_pair
+    out = {"target": d / "t.gguf", "upstream": d / "d-up.gguf", "fork": d / "d-fork.gguf", "side": d / "side.gguf"}
+    convert(tdir, out["target"])
+    convert(ddir, out["upstream"], dialect="upstream", centroids_out=out["side"])
+    convert(ddir, out["fork"], dialect="fork")
+    return out
+
+
+def test_safetensors_roundtrip(tmp_path: Path) -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.array([5, -1, 7], np.int64)
+    write_safetensors(tmp_path / "m.safetensors", {"a": a, "b": b})
+    got = read_safetensors(tmp_path / "m.safetensors")
+    assert np.array_equal(got["a"], a) and np.array_equal(got["b"], b)
+    # BF16: 1.0 is 0x3F80, -2.0 is 0xC000; header written by hand
+    raw = np.array([0x3F80, 0xC000], np.uint16).tobytes()
+    hdr = json.dumps({"x": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    (tmp_path / "bf.safetensors").write_bytes(len(hdr).to_bytes(8, "little") + hdr + raw)
+    assert read_safetensors(tmp_path / "bf.safetensors")["x"].tolist() == [1.0, -2.0]
+
+
+def test_safetensors_errors(tmp_path: Path) -> None:
+    (tmp_path / "short.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(HFCheckpointError, match="too short"):
+        read_safetensors(tmp_path / "short.safetensors")
+    hdr = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (tmp_path / "trunc.safetensors").write_bytes(len(hdr).to_bytes(8, "little") + hdr + b"\0" * 8)
+    with pytest.raises(HFCheckpointError, match="out of range") as e:
+        read_safetensors(tmp_path / "trunc.safetensors")
+    assert "'x'" in str(e.value)
+    with pytest.raises(HFCheckpointError, match="no config.json"):
+        read_checkpoint(tmp_path)
+
+
+def test_target_tensors_and_keys(hf_pair: tuple[Path, Path], converted: dict[str, Path]) -> None:
+    _, st = read_checkpoint(hf_pair[0])
+    f = open_gguf(converted["target"])
+    assert f.architecture == "gemma4"
+    assert f.get("gemma4.block_count") == 6 and f.get("gemma4.embedding_length") == 64
+    assert f.get("gemma4.attention.sliding_window_pattern").to_list() == [True, True, False, True, True, False]
+    assert f.get("gemma4.final_logit_softcapping") == pytest.approx(30.0)
+    # HF Linear (out, in) == GGUF ne [in, out]; values bit-identical at f32
+    q = f.tensor("blk.2.attn_q.weight")
+    assert q.ne == (64, 2 * 64) and q.type_name == "F32"
+    assert np.array_equal(f.tensor_data("blk.2.attn_q.weight"), st["model.layers.2.self_attn.q_proj.weight"])
+    assert np.array_equal(f.tensor_data("blk.4.attn_v.weight"), st["model.layers.4.self_attn.v_proj.weight"])
+    assert np.array_equal(f.tensor_data("token_embd.weight"), st["model.embed_tokens.weight"])
+    assert float(f.tensor_data("blk.1.layer_output_scale.weight")[0]) == float(st["model.layers.1.layer_scalar"][0])
+    # proportional RoPE factors: full head dim 64 -> 32 pairs, 25 % rotate
+    rf = f.tensor_data("rope_freqs.weight")
+    assert rf.shape == (32,) and rf[:8].tolist() == [1.0] * 8 and np.all(rf[8:] == np.float32(1e30))
+    # tokenizer: the first 4096 real Gemma 4 tokens
+    assert len(f.get("tokenizer.ggml.tokens")) == 4096
+
+
+def test_drafter_dialects(hf_pair: tuple[Path, Path], converted: dict[str, Path]) -> None:
+    _, st = read_checkpoint(hf_pair[1])
+    up, fork = open_gguf(converted["upstream"]), open_gguf(converted["fork"])
+    assert up.architecture == "gemma4-assistant" and fork.architecture == "gemma4_assistant"
+    assert up.get("gemma4-assistant.embedding_length_out") == 64
+    assert up.get("gemma4-assistant.nextn_predict_layers") == 4
+    assert fork.get("gemma4_assistant.n_embd_backbone") == 64
+    assert fork.get("gemma4_assistant.n_centroids") == 64 and fork.get("gemma4_assistant.centroid_top_k") == 4
+    up_names = {t.name for t in up.tensors}
+    fork_names = {t.name for t in fork.tensors}
+    # 4 layers x 11 + token_embd, output_norm, rope_freqs, two projections = 49; the fork adds the pair
+    assert len(up_names) == 49 and len(fork_names) == 51
+    assert not any("attn_k" in n or "attn_v" in n or "centroid" in n for n in up_names)
+    assert up.tensor("nextn.pre_projection.weight").ne == (128, 48)
+    assert np.array_equal(up.tensor_data("nextn.pre_projection.weight"), st["pre_projection.weight"])
+    assert np.array_equal(fork.tensor_data("mtp.post_projection.weight"), st["post_projection.weight"])
+    assert fork.tensor("mtp.centroids.weight").ne == (48, 64)
+    o = fork.tensor("mtp.token_ordering.weight")
+    assert o.type_name == "I32"
+    assert np.array_equal(fork.tensor_data("mtp.token_ordering.weight", dequantize=False),
+                          st["masked_embedding.token_ordering"])
+
+
+def test_sidecar_loads_as_centroid_head(hf_pair: tuple[Path, Path], converted: dict[str, Path]) -> None:
+    from traces.centroid_head import load_centroid_head
+
+    _, st = read_checkpoint(hf_pair[1])
+    head = load_centroid_head(converted["side"])
+    assert head.top_k == 4 and head.n_centroids == 64
+    assert np.array_equal(head.centroids, st["masked_embedding.centroids.weight"])
+    assert np.array_equal(head.ordering, st["masked_embedding.token_ordering"])
+
+
+@pytest.mark.parametrize("outtype,type_name,tol", [("f16", "F16", 1e-3), ("bf16", "BF16", 1e-2),
+                                                   ("q8_0", "Q8_0", 1e-2)])
+def test_outtypes(hf_pair: tuple[Path, Path], tmp_path: Path, outtype: str, type_name: str, tol: float) -> None:
+    _, st = read_checkpoint(hf_pair[1])
+    p = convert(hf_pair[1], tmp_path / "d.gguf", outtype=outtype).out
+    f = open_gguf(p)
+    t = f.tensor("blk.0.ffn_down.weight")         # rows of n_ff = 96 = 3 Q8_0 blocks
+    assert t.type_name == type_name
+    if outtype == "q8_0":                         # rows of 48 are not whole Q8_0 blocks: F16 instead
+        assert f.tensor("blk.0.ffn_up.weight").type_name == "F16"
+    assert f.tensor("blk.0.attn_norm.weight").type_name == "F32"  # 1-D stays F32
+    want = st["model.layers.0.mlp.down_proj.weight"]
+    got = f.tensor_data("blk.0.ffn_down.weight")
+    assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+    assert not np.array_equal(got, want)  # really converted
+
+
+def test_convert_errors(hf_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    write_safetensors(bad / "model.safetensors", {"x": np.zeros(2, np.float32)})
+    with pytest.raises(HFCheckpointError, match="unsupported model_type"):
+        convert(bad, tmp_path / "x.gguf")
+    with pytest.raises(ValueError):
+        convert(hf_pair[1], tmp_path / "x.gguf", dialect="both")
+    nocen = write_tiny_pair(tmp_path / "nc", centroids=False)[1]
+    with pytest.raises(LayoutError, match="no centroid head"):
+        convert(nocen, tmp_path / "y.gguf", centroids_out=tmp_path / "side.gguf")
+
+
+def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str, Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    r = CliRunner().invoke(app, ["convert", str(hf_pair[1]), "--out", str(tmp_path / "d.gguf"),
+                                 "--dialect", "fork", "--outtype", "f16"])
+    assert r.exit_code == 0, r.output
+    assert "gemma4_assistant" in r.output and "51 tensors" in r.output
+    for name in ("upstream", "fork"):
+        v = CliRunner().invoke(app, ["verify", str(converted[name]), "--target", str(converted["target"]),
+                                     "--json"])
+        assert v.exit_code == 0, v.output
+    r = CliRunner().invoke(app, ["convert", str(tmp_path / "missing"), "--out", str(tmp_path / "z.gguf")])
+    assert r.exit_code == 2
+
+
+@pytest.mark.llama
+def test_converted_pair_loads_in_llama_cpp(converted: dict[str, Path]) -> None:
+    pytest.importorskip("llama_cpp")
+    from traces import llama_runtime as rt
+
+    tm = rt.LlamaModel(converted["target"])
+    dm = rt.LlamaModel(converted["upstream"])
+    try:
+        assert tm.n_layer == 6 and tm.n_embd == 64 and tm.n_vocab == 4096
+        assert dm.n_layer_nextn == 4 and dm.n_embd == 48 and dm.n_embd_inp == 64
+        tctx = rt.LlamaContext(tm, n_ctx=256, n_batch=32)
+        dctx = rt.LlamaContext(dm, n_ctx=256, n_batch=8, mtp_of=tctx, masked=True)
+        dctx.close()
+        tctx.close()
+    finally:
+        dm.close()
+        tm.close()
