@@ -1,9 +1,62 @@
-"""CLI commands: demo (see mtpscope/cli.py)."""
+"""CLI commands: ``mtpscope demo build | path | clean`` (see mtpscope/cli.py and docs/DEMO.md)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import typer
+
+from mtpscope.cli_common import one_line_errors
+
+demo_app = typer.Typer(help="The demo pair (tiny synthetic Gemma 4 target + MTP drafter, real tokenizer) "
+                            "and its traces.", no_args_is_help=True)
+
+
+@demo_app.command("build")
+def build(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo)."),
+          force: bool = typer.Option(False, "--force", help="Rebuild even if stamp.json matches."),
+          no_traces: bool = typer.Option(False, "--no-traces", help="Write the models only."),
+          config: Path | None = typer.Option(None, "--config",
+                                             help="Recording configuration (default sample_configs/demo-record.json)."),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines.")) -> None:
+    """Write the demo models (and record the demo traces) unless they are already current."""
+    from mtpscope.demo import build_demo
+
+    def log(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr)
+
+    with one_line_errors():
+        paths = build_demo(out, force=force, traces=not no_traces, config=config, log=log)
+    print(paths.root)
+
+
+@demo_app.command("path")
+def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo)."),
+         as_json: bool = typer.Option(False, "--json", help="Every demo path as JSON.")) -> None:
+    """Print where the demo lives (nothing is built)."""
+    from mtpscope.cache import demo_dir
+    from mtpscope.demo import RECORD_CONFIG, DemoPaths
+
+    paths = DemoPaths.under(out if out is not None else demo_dir(), RECORD_CONFIG)
+    if as_json:
+        print(json.dumps({k: str(v) for k, v in paths.__dict__.items()}, indent=2))
+    else:
+        print(paths.root)
+
+
+@demo_app.command("clean")
+def clean(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo).")) -> None:
+    """Delete the demo folder (models, traces, stamp)."""
+    from mtpscope.demo import clean_demo
+
+    with one_line_errors():
+        gone = clean_demo(out)
+    print(f"removed {gone}" if gone is not None else "nothing to remove", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root mtpscope app."""
+    app.add_typer(demo_app, name="demo")

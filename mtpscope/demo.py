@@ -23,7 +23,7 @@ drafter width 128) and built so that draft acceptance is *known by construction*
   padded with zeros. The drafter's logits then equal the target's pre-soft-capping logits for the
   token it is fed, so every greedy draft equals the target's next token: acceptance rate 1.0.
   Soft-capping (``30 * tanh(x / 30)``) is monotonic and does not move the argmax.
-* ``noise > 0`` adds seeded Gaussian noise to the drafter's pre-projection and feed-forward matrices
+* ``noise > 0`` adds seeded Gaussian noise to the drafter's LM head, pre-projection and feed-forward matrices
   (relative Frobenius size ``noise``: ``||dW|| ~= noise * ||W||``); acceptance falls smoothly.
 * **Fork dialect** (``dialect="fork"``): the same weights under the fork's names (``mtp.*``) and keys,
   plus a centroid head: ``n_centroids`` balanced clusters of the token embeddings (recursive median
@@ -47,7 +47,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -258,8 +258,10 @@ def drafter_weights(target: dict[str, np.ndarray], dims: TinyDims = DEFAULT_DIMS
 
     Args:
         target: :func:`target_weights` output.
-        noise: relative Frobenius size of the Gaussian noise added to ``nextn.pre_projection`` and
-            every ``ffn_gate`` / ``ffn_up`` / ``ffn_down`` (0 = exact copy, acceptance 1.0).
+        noise: relative Frobenius size of the Gaussian noise added to ``token_embd`` (the drafter's
+            LM head; the drafter's *input* embedding is the target's table, untouched),
+            ``nextn.pre_projection`` and every ``ffn_gate`` / ``ffn_up`` / ``ffn_down``
+            (0 = exact copy, acceptance 1.0).
         seed: noise seed (independent of the target's seed stream: names are prefixed ``noise/``).
 
     Raises:
@@ -287,7 +289,7 @@ def drafter_weights(target: dict[str, np.ndarray], dims: TinyDims = DEFAULT_DIMS
     w: dict[str, np.ndarray] = {}
     tok = np.zeros((emb.shape[0], D), np.float16)
     tok[:, :T] = emb
-    w["token_embd.weight"] = tok
+    w["token_embd.weight"] = noisy("token_embd", tok.astype(np.float32)).astype(np.float16) if noise else tok
     w["output_norm.weight"] = pad_norm(target["output_norm.weight"])
     w["rope_freqs.weight"] = target["rope_freqs.weight"].copy()
     pre = np.zeros((D, 2 * T), np.float32)
@@ -529,3 +531,225 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
            (arch + ".attention.k_eq_v", MetaValue(GGUF_BOOL, True)),
            (arch + ".requires_target_arch", MetaValue(GGUF_STRING, TARGET_ARCH))]
     return _write_gguf(Path(path), arch, kv + list(voc.kv), fw)
+
+
+# ----------------------------------------------------------------------------------------------
+# the demo folder
+
+#: The demo's recording configuration (prompts, draft length, noise levels, centroid head).
+RECORD_CONFIG = Path(__file__).resolve().parents[1] / "sample_configs" / "demo-record.json"
+
+#: Sources whose change invalidates the demo models / the demo traces (stamp hash inputs).
+_MODEL_SOURCES = ("mtpscope/demo.py", "mtpscope/demo_vocab.py")
+_TRACE_SOURCES = ("traces/recorder.py", "traces/llama_runtime.py", "traces/store.py", "traces/schema.py",
+                  "traces/records.py", "traces/centroid_head.py")
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def load_record_config(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Read and check the demo recording configuration (default :data:`RECORD_CONFIG`).
+
+    Raises:
+        MtpscopeError: missing or unreadable file, or a missing / mistyped key (named).
+    """
+    p = Path(path) if path is not None else RECORD_CONFIG
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise MtpscopeError("demo recording configuration not found", path=p) from e
+    except json.JSONDecodeError as e:
+        raise MtpscopeError(f"invalid JSON: {e.msg}", path=p, offset=e.pos) from e
+    need: list[tuple[str, type | tuple[type, ...]]] = [
+        ("seed", int), ("vocab", str), ("drafters.clean.noise", (int, float)),
+        ("drafters.noisy.noise", (int, float)), ("fork.n_centroids", int), ("fork.centroid_top_k", int),
+        ("fork.centroid_misplace", (int, float)), ("record.n_draft", int), ("record.max_tokens", int),
+        ("record.prompts", list)]
+    for dotted, typ in need:
+        cur: Any = cfg
+        for part in dotted.split("."):
+            if not isinstance(cur, dict) or part not in cur:
+                raise MtpscopeError("missing key in the demo recording configuration", path=p, key=dotted)
+            cur = cur[part]
+        if not isinstance(cur, typ) or isinstance(cur, bool):
+            raise MtpscopeError("wrong type in the demo recording configuration", path=p, key=dotted,
+                                expected=typ, actual=type(cur).__name__)
+    if not cfg["record"]["prompts"] or not all(isinstance(s, str) and s for s in cfg["record"]["prompts"]):
+        raise MtpscopeError("prompts must be a non-empty list of non-empty strings", path=p, key="record.prompts")
+    return cfg
+
+
+def _digest(obj: Any, files: tuple[str, ...]) -> str:
+    h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode("utf-8"))
+    for rel in files:
+        f = _REPO / rel
+        h.update(rel.encode("utf-8"))
+        h.update(f.read_bytes() if f.exists() else b"<missing>")
+    return h.hexdigest()
+
+
+def models_hash(cfg: dict[str, Any]) -> str:
+    """Hash of everything the demo models depend on: builder sources, dims, config (not ``record``),
+    and the pinned tokenizer sha256."""
+    from mtpscope.cache import VOCAB_SHA256
+    inputs = {"dims": asdict(DEFAULT_DIMS), "passage": DEMO_PASSAGE, "vocab_sha256": VOCAB_SHA256,
+              "config": {k: v for k, v in cfg.items() if k != "record"}}
+    return _digest(inputs, _MODEL_SOURCES)
+
+
+def traces_hash(cfg: dict[str, Any], models: str) -> str:
+    """Hash of what the demo traces depend on: the models' hash, ``record`` config, recorder sources
+    and the installed llama-cpp-python version."""
+    import importlib.metadata
+    try:
+        llama_version = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama_version = None
+    return _digest({"models": models, "record": cfg["record"], "llama_cpp_python": llama_version},
+                   _TRACE_SOURCES)
+
+
+def _read_stamp(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_stamp(path: Path, stamp: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _trace_complete(d: Path) -> bool:
+    m = _read_stamp(d / "manifest.json")
+    return bool(m.get("complete"))
+
+
+def demo_is_current(out_dir: str | os.PathLike[str] | None = None, *, config: str | os.PathLike[str] | None = None
+                    ) -> bool:
+    """True when ``out_dir`` holds models (and, if recorded before, traces) matching today's inputs."""
+    from mtpscope.cache import demo_dir
+    cfg = load_record_config(config)
+    paths = DemoPaths.under(Path(out_dir) if out_dir is not None else demo_dir(), Path(config or RECORD_CONFIG))
+    stamp = _read_stamp(paths.stamp)
+    mh = models_hash(cfg)
+    return stamp.get("models") == mh and all(p.exists() for p in paths.models) and \
+        stamp.get("traces") == traces_hash(cfg, mh) and _trace_complete(paths.traces_clean) and \
+        _trace_complete(paths.traces_noisy)
+
+
+def build_demo(out_dir: str | os.PathLike[str] | None = None, force: bool = False, *, traces: bool = True,
+               config: str | os.PathLike[str] | None = None,
+               log: Callable[[str], None] | None = None) -> DemoPaths:
+    """Build (or reuse) the demo folder: four GGUFs and, when the recorder and llama.cpp are available,
+    the two demo traces. Idempotent: ``stamp.json`` holds :func:`models_hash` / :func:`traces_hash`;
+    only what changed is rebuilt, and a current folder returns in milliseconds. A file lock
+    (``.lock``) keeps concurrent builders from writing the same folder.
+
+    Args:
+        out_dir: the folder (default ``<cache>/demo``).
+        force: rebuild everything.
+        traces: also record the demo traces (skipped with a log line if llama-cpp-python is missing).
+        config: recording configuration (default :data:`RECORD_CONFIG`).
+        log: receives one line per action (default: silent).
+
+    Returns:
+        :class:`DemoPaths`.
+
+    Raises:
+        MtpscopeError: bad configuration, tokenizer missing (see :func:`mtpscope.cache.vocab_path`),
+            or a recorder error.
+    """
+    import fcntl
+
+    from mtpscope.cache import demo_dir
+    say = log or (lambda _msg: None)
+    cfg = load_record_config(config)
+    root = Path(out_dir) if out_dir is not None else demo_dir()
+    paths = DemoPaths.under(root, Path(config) if config is not None else RECORD_CONFIG)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = _read_stamp(paths.stamp)
+        mh = models_hash(cfg)
+        if force or stamp.get("models") != mh or not all(p.exists() for p in paths.models):
+            say(f"writing demo models into {root}")
+            _write_models(paths, cfg)
+            stamp = {"models": mh, "traces": None, "summary": None}
+            _write_stamp(paths.stamp, stamp)
+        if traces:
+            th = traces_hash(cfg, mh)
+            if force or stamp.get("traces") != th or not (_trace_complete(paths.traces_clean)
+                                                          and _trace_complete(paths.traces_noisy)):
+                summary = _record_traces(paths, cfg, say)
+                if summary is not None:
+                    stamp = {**stamp, "traces": th, "summary": summary}
+                    _write_stamp(paths.stamp, stamp)
+    return paths
+
+
+def _write_models(paths: DemoPaths, cfg: dict[str, Any]) -> None:
+    seed, voc = cfg["seed"], load_vocab(cfg["vocab"])
+    fork = cfg["fork"]
+    noisy = cfg["drafters"]["noisy"]
+    write_target(paths.target, vocab=voc, seed=seed)
+    write_drafter(paths.drafter_upstream, vocab=voc, seed=seed, noise=float(cfg["drafters"]["clean"]["noise"]))
+    write_drafter(paths.drafter_upstream_noisy, vocab=voc, seed=seed, noise=float(noisy["noise"]),
+                  noise_seed=int(noisy.get("noise_seed", seed)))
+    write_drafter(paths.drafter_fork, dialect="fork", vocab=voc, seed=seed,
+                  noise=float(cfg["drafters"]["clean"]["noise"]), n_centroids=fork["n_centroids"],
+                  centroid_top_k=fork["centroid_top_k"], centroid_misplace=float(fork["centroid_misplace"]))
+
+
+def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
+    """HOOK (helper H4's recorder): record ``traces/clean`` and ``traces/noisy`` with the real llama.cpp
+    MTP loop, :func:`traces.recorder.record`. Returns per-trace summaries, or None when the recorder
+    or llama-cpp-python is unavailable (the models are still usable; a later build retries)."""
+    try:
+        from traces import recorder
+        from traces.llama_runtime import llama
+        llama()
+    except Exception as e:  # ImportError, RuntimeUnavailableError: record later
+        say(f"demo traces skipped: {e}")
+        return None
+    rec = cfg["record"]
+    summary: dict[str, Any] = {}
+    for name, drafter, out in (("clean", paths.drafter_upstream, paths.traces_clean),
+                               ("noisy", paths.drafter_upstream_noisy, paths.traces_noisy)):
+        tmp = out.with_name(out.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        say(f"recording demo trace {name} -> {out}")
+        res = recorder.record(
+            target=paths.target, assistant=drafter, out=tmp, prompts=list(rec["prompts"]),
+            n_draft=int(rec["n_draft"]), max_tokens=int(rec["max_tokens"]),
+            centroids=paths.drafter_fork if rec.get("centroids") == "fork" else None,
+            hidden=str(rec.get("hidden", "f16")), n_top=int(rec.get("n_top", 10)), overwrite=True,
+            command=["mtpscope", "demo", "build"])
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        summary[name] = {"acceptance_rate": res.acceptance_rate, "n_drafted": res.n_drafted,
+                         "n_accepted": res.n_accepted, "n_rounds": res.n_rounds,
+                         "mean_acceptance_length": res.mean_acceptance_length}
+        say(f"  {name}: acceptance rate {res.acceptance_rate} ({res.n_accepted}/{res.n_drafted})")
+    return summary
+
+
+def clean_demo(out_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """Delete a demo folder (default ``<cache>/demo``); returns it, or None if there was none.
+
+    Raises:
+        MtpscopeError: ``out_dir`` exists but is not a demo folder (no ``stamp.json`` and no demo GGUF).
+    """
+    from mtpscope.cache import demo_dir
+    root = Path(out_dir) if out_dir is not None else demo_dir()
+    if not root.exists():
+        return None
+    paths = DemoPaths.under(root, RECORD_CONFIG)
+    if not (paths.stamp.exists() or any(p.exists() for p in paths.models)):
+        raise MtpscopeError("refusing to delete: not a demo folder (no stamp.json, no demo GGUF)", path=root)
+    shutil.rmtree(root)
+    return root
