@@ -1,0 +1,78 @@
+"""Benchmark: opening a centroid head with the real vocabulary size (target: well under a second).
+
+Measured ("head"): ``open_gguf`` + ``CentroidHead.from_gguf`` on a fork-dialect file with a 262144-entry
+``mtp.token_ordering.weight`` (I32) and 2048 centroids of width 256, then ``cluster_sizes()`` and one
+``centroid_of``. Baseline ("read"): reading the same ordering bytes with ``np.fromfile`` (the least any
+reader must do). Prints both medians and the ratio head/read; exits 0 whatever the numbers (speed targets
+are reported, never asserted).
+
+Usage: ``python benchmarks/bench_centroids.py [--repeats 7]``. The file is written once to
+``<cache>/bench-centroids/head.gguf`` with gguf-py's GGUFWriter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inspector.centroids import CentroidHead  # noqa: E402
+from inspector.gguf import open_gguf  # noqa: E402
+from mtpscope.cache import cache_dir  # noqa: E402
+
+N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256
+
+
+def head_file() -> Path:
+    import gguf
+
+    p = cache_dir() / "bench-centroids" / "head.gguf"
+    if p.exists():
+        return p
+    p.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(p), "gemma4_assistant")
+    w.add_uint32("gemma4_assistant.n_centroids", N_CENTROIDS)
+    w.add_uint32("gemma4_assistant.centroid_top_k", 32)
+    w.add_tensor("mtp.centroids.weight", rng.standard_normal((N_CENTROIDS, N_EMBD)).astype(np.float32))
+    w.add_tensor("mtp.token_ordering.weight", rng.permutation(N_VOCAB).astype(np.int32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    p = head_file()
+    with open_gguf(p) as f:
+        t = f.tensor("mtp.token_ordering.weight")
+        off = t.offset
+    heads, reads = [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        with open_gguf(p) as f:
+            h = CentroidHead.from_gguf(f)
+            h.cluster_sizes()
+            h.centroid_of(12345)
+        heads.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        np.fromfile(p, dtype="<i4", count=N_VOCAB, offset=off).copy()
+        reads.append(time.perf_counter() - t0)
+    mh, mr = statistics.median(heads), statistics.median(reads)
+    print(f"head (open + map + sizes): median {mh * 1e3:.1f} ms over {args.repeats} runs")
+    print(f"read (np.fromfile of the ordering): median {mr * 1e3:.2f} ms")
+    print(f"ratio head/read: {mh / mr:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Centroid head exploration against the arrays the file was written from (demo.centroid_head output,
+written with gguf-py's GGUFWriter), and against the real 262144-token vocabulary size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inspector.centroids import CentroidHead
+from inspector.errors import LayoutError
+from inspector.gguf import open_gguf
+from tests.test_validate_mutants import FK, N_C, N_VOCAB, VSC, U32, parts, write
+
+
+@pytest.fixture(scope="module")
+def fork_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    arch, kv, t = parts("fork")
+    p = write(tmp_path_factory.mktemp("c") / "fork.gguf", arch, kv, t)
+    return p, t
+
+
+def test_sizes_rows_and_map(fork_file: tuple[Path, dict]) -> None:
+    p, t = fork_file
+    order = t["mtp.token_ordering.weight"]
+    with open_gguf(p) as f:
+        h = CentroidHead.from_gguf(f)
+        assert (h.n_vocab, h.n_centroids, h.vsc, h.top_k, h.transposed) == (N_VOCAB, N_C, VSC, 8, False)
+        assert (h.cluster_sizes() == VSC).all() and h.cluster_sizes().shape == (N_C,)
+        for c in (0, 7, N_C - 1):
+            assert (h.tokens_of(c) == order[c * VSC:(c + 1) * VSC]).all()
+        # token -> centroid: position in the ordering // vsc, checked token by token on a sample
+        pos = {int(tok): i for i, tok in enumerate(order)}
+        for tok in (0, 1, 2, 100, 2047, 4095):
+            assert h.centroid_of(tok) == pos[tok] // VSC
+        with pytest.raises(IndexError):
+            h.centroid_of(N_VOCAB)
+        with pytest.raises(IndexError):
+            h.tokens_of(N_C)
+
+
+def test_token_text_uses_the_files_vocabulary(fork_file: tuple[Path, dict]) -> None:
+    from mtpscope.demo import load_vocab
+
+    p, _ = fork_file
+    voc = load_vocab("subset")
+    with open_gguf(p) as f:
+        h = CentroidHead.from_gguf(f)
+        ids = h.tokens_of(3)[:6]
+        assert h.token_text(ids) == [voc.tokens[int(i)].decode("utf-8") for i in ids]
+        assert h.token_text([N_VOCAB + 1]) == [f"<id {N_VOCAB + 1}>"]
+
+
+def test_norms_and_similarity(fork_file: tuple[Path, dict]) -> None:
+    p, t = fork_file
+    cent = t["mtp.centroids.weight"].astype(np.float64)       # numpy (n_centroids, n_embd)
+    with open_gguf(p) as f:
+        h = CentroidHead.from_gguf(f)
+        np.testing.assert_allclose(h.centroid_norms(), np.sqrt((cent ** 2).sum(axis=1)), rtol=1e-6)
+        ids = [0, 5, 9, 31]
+        s = h.pairwise_similarity(ids)
+        u = cent[ids] / np.linalg.norm(cent[ids], axis=1, keepdims=True)
+        np.testing.assert_allclose(s, u @ u.T, rtol=1e-5, atol=1e-6)
+        assert s.shape == (4, 4)
+        sample = h.sample(5, seed=1)
+        assert len(set(sample.tolist())) == 5 and (np.diff(sample) > 0).all()
+
+
+def test_transposed_centroids_are_read_the_right_way(tmp_path: Path) -> None:
+    arch, kv, t = parts("fork")
+    cent = t["mtp.centroids.weight"].copy()
+    t["mtp.centroids.weight"] = cent.T.copy()                 # ne (n_centroids, n_embd): converter bug
+    with open_gguf(write(tmp_path / "tr.gguf", arch, kv, t)) as f:
+        h = CentroidHead.from_gguf(f)
+        assert h.transposed and h.n_embd == 128
+        np.testing.assert_array_equal(h.centroid_vectors([2, 3]), cent[[2, 3]])
+
+
+def test_broken_ordering_sizes(tmp_path: Path) -> None:
+    arch, kv, t = parts("fork")
+    o = t["mtp.token_ordering.weight"]
+    lost = int(o[VSC + 1])
+    o[VSC + 1] = o[VSC + 2]                                   # row 1 lists one token twice
+    with open_gguf(write(tmp_path / "b.gguf", arch, kv, t)) as f:
+        h = CentroidHead.from_gguf(f)
+        sizes = h.cluster_sizes()
+        assert sizes[1] == VSC - 1 and (np.delete(sizes, 1) == VSC).all()
+        assert h.centroid_of(lost) == -1
+
+
+def test_no_head(tmp_path: Path) -> None:
+    arch, kv, t = parts("upstream")
+    with open_gguf(write(tmp_path / "u.gguf", arch, kv, t)) as f, pytest.raises(LayoutError):
+        CentroidHead.from_gguf(f)
+
+
+def test_full_size_ordering(tmp_path: Path) -> None:
+    """262144 tokens, 2048 centroids: the map is a scatter; every token lands in its row."""
+    rng = np.random.default_rng(0)
+    n, nc, d = 262144, 2048, 8
+    order = rng.permutation(n).astype(np.int32)
+    arch, kv, _ = parts("fork")
+    kv[FK + ".n_centroids"] = U32(nc)
+    t = {"mtp.centroids.weight": rng.standard_normal((nc, d)).astype(np.float32),
+         "mtp.token_ordering.weight": order}
+    with open_gguf(write(tmp_path / "big.gguf", arch, kv, t)) as f:
+        h = CentroidHead.from_gguf(f)
+        assert h.vsc == 128
+        inv = np.empty(n, np.int64)
+        inv[order] = np.arange(n)
+        np.testing.assert_array_equal(h.token_to_centroid, inv // 128)
+        assert (h.cluster_sizes() == 128).all()
