@@ -17,11 +17,11 @@ runner = CliRunner()
 ROWS = [(0, 0, 3, 3), (0, 1, 3, 1), (0, 2, 3, 0), (1, 0, 3, 2), (1, 1, 2, 0)]
 
 
-def _trace(d: Path) -> Path:
+def _trace(d: Path, compact: bool = True) -> Path:
     with TraceWriter(d, {"prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 2},
                                      {"prompt_id": 1, "text": "b", "n_prompt_tokens": 3}]},
                      n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
-                     flush_every=2) as w:
+                     flush_every=2, compact=compact) as w:
         for p, r, nd, na in ROWS:
             w.add_round(RoundRecord(prompt_id=p, round=r, pos=10 + r, pending_token=1, n_draft=nd,
                                     drafted=tuple(range(nd)), n_accepted=na, t_draft_ms=4.0, t_verify_ms=30.0))
@@ -55,7 +55,7 @@ def test_report_errors_and_warnings(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert res.stderr.startswith("mtpscope: ") and "not a trace directory" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
-    d = _trace(tmp_path / "t")
+    d = _trace(tmp_path / "t", compact=False)
     part = d / "rounds" / "part-00001.parquet"
     part.write_bytes(part.read_bytes()[:20])
     res = runner.invoke(app, ["report", str(d), "--json"])

@@ -48,10 +48,10 @@ def _steps(r: int, n_acc: int, hidden: bool = True) -> list[StepRecord]:
 ACC = [3, 0, 1, 2, 3, 0, 0]
 
 
-def _write(d: Path, flush_every: int = 3, hidden_dtype: str | None = "f32") -> None:
+def _write(d: Path, flush_every: int = 3, hidden_dtype: str | None = "f32", compact: bool = False) -> None:
     with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
                      n_embd_backbone=6, n_embd=4, hidden_dtype=hidden_dtype, centroids=True,
-                     flush_every=flush_every) as w:
+                     flush_every=flush_every, compact=compact) as w:
         for r, a in enumerate(ACC):
             w.add_round(_round(r, a), _steps(r, a, hidden=hidden_dtype is not None))
 
@@ -225,11 +225,46 @@ def test_corrupted_bytes_in_part_are_caught(tmp_path: Path) -> None:
 
 
 def test_tmp_part_ignored(tmp_path: Path) -> None:
-    _write(tmp_path)
+    # a writer that never closed (crash): no 'parts' listing, the reader globs part-*.parquet
+    w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                    flush_every=2)
+    for r, a in enumerate(ACC):
+        w.add_round(_round(r, a))
     (tmp_path / "rounds" / "part-00003.parquet.tmp").write_bytes(b"PAR1 half written")
     t = traces.open(tmp_path)
-    assert len(t.rounds) == 7
+    assert "parts" not in t.manifest
+    assert list(t.rounds["n_accepted"]) == ACC[:6]           # the 7th round is still buffered
     assert any("part-00003.parquet.tmp" in w for w in t.warnings)
+
+
+def test_compaction_at_close(tmp_path: Path) -> None:
+    _write(tmp_path / "c", flush_every=2, compact=True)
+    _write(tmp_path / "p", flush_every=2, compact=False)
+    c, p = traces.open(tmp_path / "c"), traces.open(tmp_path / "p")
+    for t in ("rounds", "steps"):
+        assert sorted(x.name for x in (tmp_path / "c" / t).iterdir()) == ["merged-00000.parquet"]
+        assert len(list((tmp_path / "p" / t).iterdir())) == 4
+    assert c.manifest["parts"]["rounds"] == ["merged-00000.parquet"]
+    assert c.manifest["counts"] == {"n_rounds": 7, "n_steps": 21, "n_parts": 1}
+    assert p.manifest["parts"]["steps"] == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert c.rounds.equals(p.rounds) and c.steps.equals(p.steps)
+    np.testing.assert_array_equal(c.hidden("h"), p.hidden("h"))
+    # several merged files when the run is longer than compact_rounds
+    with TraceWriter(tmp_path / "m", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                     centroids=False, flush_every=2, compact_rounds=4) as w:
+        for r, a in enumerate(ACC):
+            w.add_round(_round(r, a), _steps(r, a, hidden=False))
+    m = traces.open(tmp_path / "m")
+    assert m.manifest["parts"]["rounds"] == ["merged-00000.parquet", "merged-00001.parquet"]
+    assert list(m.rounds["n_accepted"]) == ACC and len(m.steps) == 21
+
+
+def test_listed_part_missing(tmp_path: Path) -> None:
+    _write(tmp_path)
+    (tmp_path / "rounds" / "part-00001.parquet").unlink()
+    t = traces.open(tmp_path)
+    assert list(t.rounds["n_accepted"]) == [3, 0, 1, 0]
+    assert any("part-00001.parquet: listed in the manifest but missing" in w for w in t.warnings)
 
 
 _KILL_SCRIPT = textwrap.dedent("""

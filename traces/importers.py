@@ -313,7 +313,7 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
                    "n_bad": len(bad), "bad_lines": [ln for ln, _ in bad[:1000]], "warnings": warnings},
     }
     with TraceWriter(out_dir, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
-                     centroids=False, overwrite=overwrite) as w:
+                     centroids=False, compact=False, overwrite=overwrite) as w:
         step_off = np.concatenate([[0], np.cumsum(nd)])
         for a in range(0, n, ROUNDS_PER_PART):
             b = min(a + ROUNDS_PER_PART, n)
@@ -459,7 +459,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                    "n_bad": len(bad), "bad_lines": [ln for ln, _ in bad[:1000]], "warnings": warnings},
     }
     with TraceWriter(out_dir, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
-                     centroids=False, overwrite=overwrite) as w:
+                     centroids=False, compact=False, overwrite=overwrite) as w:
         w.write_tables(None, None, requests)
     return ImportResult(str(path), str(out_dir), "server-log", n_lines, len(rows), n_ignored, len(bad),
                         tuple(bad), tuple(warnings), n_requests=len(rows))

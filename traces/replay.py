@@ -20,9 +20,10 @@ Shapes are numpy order throughout.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,5 +259,247 @@ def live_mtp_run(target_gguf: str | os.PathLike[str], drafter_gguf: str | os.Pat
     return LiveRun(tokens=tokens, n_prompt=len(prompt), steps=steps, rounds=rounds)
 
 
-__all__ = ["LiveRun", "LiveStep", "TargetPrefill", "donor_layers", "live_mtp_run", "prefill", "shape_kv",
-           "StepOptions", "Path"]
+
+
+# --------------------------------------------------------------------------------------------------
+# replay of a recorded trace
+
+#: Options matching how ``mtpscope record`` drafts on CPU with upstream llama.cpp: dense head, the
+#: pending position, post-norm hidden, F16 KV cache, ggml's F16 GELU table.
+BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="ggml-f16")
+#: On a GPU build the GELU is computed in F32 (no table).
+BASELINE_GPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="tanh")
+
+
+def parse_variant(spec: str, base: StepOptions) -> StepOptions:
+    """``"position=p-1,head=centroid"`` applied on top of ``base``.
+
+    Raises:
+        ReferenceError: unknown option or value.
+    """
+    opts = base
+    for part in spec.split(","):
+        if part.strip():
+            opts = opts.with_variant(part)
+    return opts
+
+
+def _options_text(o: StepOptions, base: StepOptions) -> str:
+    diff = [f"{k}={getattr(o, k)}" for k in o.__dataclass_fields__ if getattr(o, k) != getattr(base, k)]
+    return ",".join(diff) or "-"
+
+
+@dataclass
+class ReplayResult:
+    """Outcome of :func:`replay`.
+
+    Attributes:
+        trace: the trace directory.
+        variants: ``{name: StepOptions}`` in order (``"baseline"`` first).
+        steps: one row per recorded draft step: ``prompt_id``, ``round``, ``k``, ``pos``, ``recorded``
+            (the recorded draft), ``truth`` (the token the target emitted at that position, or -1 when
+            unknown), and per variant ``draft[NAME]`` and ``accepted[NAME]`` (would-be acceptance).
+        rounds: one row per round: ``prompt_id``, ``round``, ``pos``, ``n_draft``, ``n_accepted``
+            (recorded) and per variant ``n_accepted[NAME]``.
+        baseline: the options of the baseline variant.
+        out: where summary.json / steps.parquet went, if anywhere.
+        notes: diagnostics (e.g. the largest difference between recorded and recomputed h).
+    """
+
+    trace: str
+    variants: dict[str, StepOptions]
+    steps: Any
+    rounds: Any
+    baseline: StepOptions
+    out: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
+        (1 + accepted / rounds), ``agreement`` (share of steps whose recomputed draft equals the
+        recorded one), ``options``; and the recorded run's rates."""
+        r = self.rounds
+        n_rounds = len(r)
+        drafted = int(r["n_draft"].sum()) if n_rounds else 0
+
+        def rates(acc: int) -> tuple[float, float]:
+            return (acc / drafted if drafted else float("nan"), 1.0 + acc / n_rounds if n_rounds else float("nan"))
+
+        rec_ar, rec_mal = rates(int(r["n_accepted"].sum()) if n_rounds else 0)
+        out: dict[str, Any] = {"trace": self.trace, "n_rounds": n_rounds, "n_steps": len(self.steps),
+                               "recorded": {"acceptance_rate": rec_ar, "mean_acceptance_length": rec_mal},
+                               "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
+                               "out": self.out, "notes": list(self.notes)}
+        for name, o in self.variants.items():
+            ar, mal = rates(int(r[f"n_accepted[{name}]"].sum()) if n_rounds else 0)
+            agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
+            out["variants"][name] = {"options": _options_text(o, self.baseline), "acceptance_rate": ar,
+                                     "mean_acceptance_length": mal, "agreement": agree}
+        return out
+
+    def disagreements(self, limit: int | None = None) -> Any:
+        """Steps where the recorded draft and the variants' drafts are not all equal."""
+        cols = [f"draft[{n}]" for n in self.variants]
+        s = self.steps
+        same = np.ones(len(s), dtype=bool)
+        for c in cols:
+            same &= (s[c] == s["recorded"]).to_numpy()
+        d = s.loc[~same, ["prompt_id", "round", "k", "recorded", "truth", *cols]]
+        return d if limit is None else d.head(limit)
+
+
+def _prompt_tokens(model: Any, text: str, chat: bool) -> list[int]:
+    # the same rule as traces.recorder.MtpRuntime.prompt_tokens
+    if chat:
+        return model.tokenize(model.apply_chat_template(text), add_special=False, parse_special=True)
+    return model.tokenize(text, add_special=True, parse_special=False)
+
+
+def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) -> Path | None:
+    if given is not None:
+        return Path(given)
+    m = (manifest.get("models") or {}).get(role)
+    if not m or not m.get("path"):
+        return None
+    p = Path(m["path"])
+    return p if p.is_absolute() or p.exists() else (trace / p)
+
+
+def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: str | os.PathLike[str] | None = None,
+           target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
+           centroids: str | os.PathLike[str] | None = None, max_rounds: int | None = None,
+           baseline: StepOptions | None = None) -> ReplayResult:
+    """Recompute every recorded draft step of a trace with the reference drafter under each variant.
+
+    Per prompt, the accepted token sequence (prompt re-tokenized as the recorder did, then each round's
+    pending token and accepted drafts) is prefilled once in llama.cpp (:func:`prefill`) to get the
+    donor K/V and the target's hidden rows. Each round is then replayed at its recorded state: step 1
+    feeds (pending token, target hidden at ``pos - 1``) at ``pos``, step k > 1 the previous draft and
+    ``h_next``. A variant's draft k is *would-be accepted* when it and all earlier drafts of the round
+    equal the tokens the target emitted at ``pos + 1 .. pos + k`` (exact for greedy traces: the greedy
+    output does not depend on the drafts). Rounds are replayed independently (a changed acceptance
+    would shift later rounds; that is not simulated).
+
+    Args:
+        trace: trace directory (``mtpscope record``).
+        variants: specs applied on top of the baseline, e.g. ``"position=p-1"``, ``"head=centroid"``,
+            ``"fill=min-1,head=centroid"``, ``"hidden=prenorm"``.
+        out: folder to write ``summary.json`` and ``steps.parquet`` into.
+        target / assistant / centroids: override the manifest's model paths.
+        max_rounds: replay only the first N rounds (over all prompts).
+        baseline: the baseline options (default: the recorder's, CPU or GPU by ``params.n_gpu_layers``).
+
+    Raises:
+        TraceFormatError / TraceError: unreadable trace, missing model paths, token sequence that does
+            not line up with the recorded positions.
+        ReferenceError: a malformed variant.
+    """
+    import pandas as pd
+
+    import traces as tr
+    from traces import llama_runtime as rt
+
+    tpath = Path(trace)
+    t = tr.open(tpath)
+    man = t.manifest
+    params = man.get("params") or {}
+    base = baseline or (BASELINE_GPU if int(params.get("n_gpu_layers") or 0) != 0 else BASELINE_CPU)
+    vmap: dict[str, StepOptions] = {"baseline": base}
+    for spec in variants:
+        vmap[spec] = parse_variant(spec, base)
+    tg = _model_path(man, "target", target, tpath)
+    dr = _model_path(man, "assistant", assistant, tpath)
+    if tg is None or dr is None:
+        raise TraceError("the trace does not name its models; pass --target and --assistant", path=tpath,
+                         key="manifest.models")
+    cen = _model_path(man, "centroids", centroids, tpath)
+    if cen is None and params.get("centroids"):
+        cen = Path(params["centroids"])
+    need_centroids = any(o.head == "centroid" for o in vmap.values())
+    if need_centroids and cen is None:
+        raise TraceError("a head=centroid variant needs a centroid head source; pass --centroids", path=tpath,
+                         key="centroids")
+    ref = ReferenceDrafter.from_gguf(dr, tg, centroids=cen if need_centroids else None)
+    rounds = t.rounds.sort_values(["prompt_id", "round"]).reset_index(drop=True)
+    if max_rounds is not None:
+        rounds = rounds.head(int(max_rounds))
+    prompts = {int(p["prompt_id"]): p for p in man.get("prompts") or []}
+    chat = bool(params.get("chat", False))
+    model = rt.LlamaModel(tg)
+    try:
+        prompt_toks = {pid: _prompt_tokens(model, prompts[pid]["text"], chat) for pid in prompts}
+    finally:
+        model.close()
+    step_rows: list[dict[str, Any]] = []
+    round_rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for pid, grp in rounds.groupby("prompt_id", sort=True):
+        pid = int(pid)
+        if pid not in prompt_toks:
+            raise TraceError("round refers to a prompt the manifest does not list", path=tpath, key="prompt_id",
+                             actual=pid)
+        seq = list(prompt_toks[pid])
+        n_prompt = prompts[pid].get("n_prompt_tokens")
+        if n_prompt is not None and len(seq) != int(n_prompt):
+            raise TraceError("re-tokenized prompt length differs from the recorded one", path=tpath,
+                             key=f"prompts[{pid}].n_prompt_tokens", expected=n_prompt, actual=len(seq))
+        recs = list(grp.itertuples(index=False))
+        for r in recs:
+            if int(r.pos) != len(seq):
+                raise TraceError("recorded positions do not line up with the accepted tokens", path=tpath,
+                                 key=f"rounds[prompt {pid}, round {r.round}].pos", expected=len(seq), actual=int(r.pos))
+            seq += [int(r.pending_token)] + [int(x) for x in list(r.drafted)[: int(r.n_accepted)]]
+        last_emitted = list(recs[-1].emitted) if recs and recs[-1].emitted is not None else []
+        truth_seq = seq + ([int(last_emitted[-1])] if last_emitted else [])
+        pre = shape_kv(prefill(tg, seq), ref)
+        for r in recs:
+            p = int(r.pos)
+            kv = pre.kv_before(p)
+            recorded = [int(x) for x in list(r.drafted)]
+            truth = [truth_seq[p + k] if p + k < len(truth_seq) else -1 for k in range(1, len(recorded) + 1)]
+            rrow: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "pos": p, "n_draft": len(recorded),
+                                    "n_accepted": int(r.n_accepted)}
+            per_variant: dict[str, list[int]] = {}
+            for name, o in vmap.items():
+                tok, h = int(r.pending_token), pre.h_post[p - 1]
+                hp = pre.h_pre[p - 1]
+                later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
+                drafts = []
+                for k in range(len(recorded)):
+                    res = ref.step(tok, h, p, kv, o if k == 0 else later, h_prenorm=hp if k == 0 else None)
+                    drafts.append(res.token)
+                    tok, h, hp = res.token, res.h_next, None
+                per_variant[name] = drafts
+                n_acc = 0
+                while n_acc < len(drafts) and drafts[n_acc] == truth[n_acc]:
+                    n_acc += 1
+                rrow[f"n_accepted[{name}]"] = n_acc
+            round_rows.append(rrow)
+            for k in range(len(recorded)):
+                row: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "k": k + 1, "pos": p,
+                                       "recorded": recorded[k], "truth": truth[k]}
+                for name, drafts in per_variant.items():
+                    row[f"draft[{name}]"] = drafts[k]
+                    row[f"accepted[{name}]"] = k < rrow[f"n_accepted[{name}]"]
+                step_rows.append(row)
+    steps_df = pd.DataFrame(step_rows)
+    rounds_df = pd.DataFrame(round_rows)
+    if steps_df.empty:
+        steps_df = pd.DataFrame(columns=["prompt_id", "round", "k", "pos", "recorded", "truth",
+                                         *[f"draft[{n}]" for n in vmap], *[f"accepted[{n}]" for n in vmap]])
+        rounds_df = pd.DataFrame(columns=["prompt_id", "round", "pos", "n_draft", "n_accepted",
+                                          *[f"n_accepted[{n}]" for n in vmap]])
+    res = ReplayResult(trace=os.fspath(tpath), variants=vmap, steps=steps_df, rounds=rounds_df, baseline=base,
+                       notes=notes)
+    if out is not None:
+        od = Path(out)
+        od.mkdir(parents=True, exist_ok=True)
+        res.out = os.fspath(od)
+        steps_df.to_parquet(od / "steps.parquet", index=False)
+        rounds_df.to_parquet(od / "rounds.parquet", index=False)
+        (od / "summary.json").write_text(json.dumps(res.summary(), indent=2, default=float))
+    return res
+
+
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "LiveRun", "LiveStep", "ReplayResult", "TargetPrefill", "donor_layers",
+           "live_mtp_run", "parse_variant", "prefill", "replay", "shape_kv"]

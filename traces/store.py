@@ -40,6 +40,10 @@ from traces.records import RoundRecord, StepRecord
 
 MANIFEST = "manifest.json"
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
+_OURS_RE = re.compile(r"^(part|merged)-\d{5,}\.parquet(\.tmp)?$")
+COMPACT_ROUNDS = 65536
+_ROW_GROUP_ROUNDS = 8192
+_ROW_GROUP_BYTES = 64 << 20
 _NP_HIDDEN = {"f16": np.float16, "f32": np.float32}
 _NULLABLE_PANDAS = {pa.int32(): pd.Int32Dtype(), pa.bool_(): pd.BooleanDtype()}
 
@@ -89,6 +93,10 @@ class TraceWriter:
         hidden_dtype: ``"f16"``, ``"f32"`` or ``None`` (no hidden states stored).
         centroids: whether the drafter has a centroid head (else ``manifest["centroids"]`` is null).
         flush_every: write a part every this many rounds (>= 1).
+        compact: at a clean close, merge the small parts into ``merged-NNNNN.parquet`` files of up to
+            ``compact_rounds`` rounds (fast reading of long runs). Crash-safe: the merged files are
+            written first, then the manifest listing them (``parts``), then the small parts are deleted.
+        compact_rounds: rounds per merged file.
         overwrite: if ``out_dir`` already holds a trace, delete its manifest and parts first (only
             those files); otherwise that raises.
 
@@ -113,6 +121,8 @@ class TraceWriter:
         hidden_dtype: str | None,
         centroids: bool,
         flush_every: int = 8,
+        compact: bool = True,
+        compact_rounds: int = COMPACT_ROUNDS,
         overwrite: bool = False,
     ) -> None:
         if int(flush_every) < 1:
@@ -120,6 +130,8 @@ class TraceWriter:
                              actual=flush_every)
         self.path = Path(out_dir)
         self.flush_every = int(flush_every)
+        self.compact = bool(compact)
+        self.compact_rounds = max(int(compact_rounds), 1)
         self.n_embd_backbone = None if n_embd_backbone is None else int(n_embd_backbone)
         self.n_embd = None if n_embd is None else int(n_embd)
         self.hidden_dtype = hidden_dtype
@@ -152,6 +164,7 @@ class TraceWriter:
         self._rounds: list[RoundRecord] = []
         self._steps: list[tuple[RoundRecord, StepRecord]] = []
         self._next_part = 0
+        self._written: list[dict[str, Any]] = []    # per part: idx and rows per table (None: absent)
         self._closed = False
         _write_json_atomic(self.path / MANIFEST, self.manifest)
 
@@ -160,7 +173,7 @@ class TraceWriter:
         self.path.mkdir(parents=True, exist_ok=True)
         existing = self.path / MANIFEST
         parts = [p for t in S.TABLES if (self.path / t).is_dir() for p in (self.path / t).iterdir()
-                 if _PART_RE.match(p.name) or p.name.endswith(".parquet.tmp")]
+                 if _OURS_RE.match(p.name)]
         if (existing.exists() or parts) and not overwrite:
             raise TraceError("directory already holds a trace (pass overwrite=True to replace it)",
                              path=self.path)
@@ -236,32 +249,105 @@ class TraceWriter:
         idx = self._next_part
         name = f"part-{idx:05d}.parquet"
         counts = self.manifest["counts"]
+        rec: dict[str, Any] = {"idx": idx, "rounds": None, "steps": None, "requests": None}
         # steps first, then rounds: a finished rounds part implies its steps part exists.
         if steps is not None:
             steps = _conform(steps, self.steps_schema, "steps")
             _write_part(steps, self.path / "steps" / name)
             counts["n_steps"] += steps.num_rows
+            rec["steps"] = steps.num_rows
         if requests is not None:
             requests = _conform(requests, S.REQUESTS_SCHEMA, "requests")
             (self.path / "requests").mkdir(exist_ok=True)
             _write_part(requests, self.path / "requests" / name)
             counts["n_requests"] = counts.get("n_requests", 0) + requests.num_rows
+            rec["requests"] = requests.num_rows
         if rounds is not None:
             rounds = _conform(rounds, S.ROUNDS_SCHEMA, "rounds")
             _write_part(rounds, self.path / "rounds" / name)
             counts["n_rounds"] += rounds.num_rows
+            rec["rounds"] = rounds.num_rows
         counts["n_parts"] += 1
         self._next_part += 1
+        self._written.append(rec)
         return idx
 
     def close(self, complete: bool = True) -> None:
-        """Write the remaining rounds and rewrite the manifest (``complete`` and ``counts``). Idempotent."""
+        """Write the remaining rounds, compact (see ``compact``) and rewrite the manifest with
+        ``complete``, ``counts`` and ``parts`` (the part file names per table). Idempotent."""
         if self._closed:
             return
         self.flush()
         self._closed = True
+        old: list[Path] = []
+        listing = self._plain_listing()
+        if self.compact and complete and len(self._written) > 1:
+            try:
+                listing, old = self._compact_parts()
+            except (OSError, pa.ArrowException) as e:
+                for t in S.TABLES:
+                    d = self.path / t
+                    for p in d.glob("merged-*") if d.is_dir() else ():
+                        p.unlink(missing_ok=True)
+                self.manifest.setdefault("warnings", []).append(f"compaction failed, small parts kept: {e}")
+                listing, old = self._plain_listing(), []
+        self.manifest["parts"] = listing
         self.manifest["complete"] = bool(complete)
+        if listing.get("merged"):
+            self.manifest["counts"]["n_parts"] = listing.pop("merged")
+        else:
+            listing.pop("merged", None)
         _write_json_atomic(self.path / MANIFEST, self.manifest)
+        for p in old:                     # only now: the manifest no longer lists them
+            p.unlink(missing_ok=True)
+
+    def _plain_listing(self) -> dict[str, Any]:
+        return {t: [f"part-{w['idx']:05d}.parquet" for w in self._written if w[t] is not None]
+                for t in S.TABLES}
+
+    def _compact_parts(self) -> tuple[dict[str, Any], list[Path]]:
+        groups: list[list[dict[str, Any]]] = []
+        cur: list[dict[str, Any]] = []
+        n = 0
+        for w in self._written:
+            r = w["rounds"] or w["requests"] or 0
+            if cur and n + r > self.compact_rounds:
+                groups.append(cur)
+                cur, n = [], 0
+            cur.append(w)
+            n += r
+        if cur:
+            groups.append(cur)
+        if len(groups) == len(self._written):
+            return self._plain_listing(), []
+        schemas = {"rounds": S.ROUNDS_SCHEMA, "steps": self.steps_schema, "requests": S.REQUESTS_SCHEMA}
+        listing: dict[str, Any] = {t: [] for t in S.TABLES}
+        old: list[Path] = []
+        for gi, group in enumerate(groups):
+            name = f"merged-{gi:05d}.parquet"
+            for t in S.TABLES:
+                srcs = [self.path / t / f"part-{w['idx']:05d}.parquet" for w in group if w[t] is not None]
+                if not srcs:
+                    continue
+                tmp = self.path / t / (name + ".tmp")
+                with pq.ParquetWriter(tmp, schemas[t], compression="zstd", write_page_checksum=True) as pw:
+                    buf: list[pa.Table] = []
+                    rows = nbytes = 0
+                    for src in srcs:
+                        tb = pq.read_table(src, page_checksum_verification=True).cast(schemas[t])
+                        buf.append(tb)
+                        rows += tb.num_rows
+                        nbytes += tb.nbytes
+                        if rows >= _ROW_GROUP_ROUNDS * (3 if t == "steps" else 1) or nbytes >= _ROW_GROUP_BYTES:
+                            pw.write_table(pa.concat_tables(buf), row_group_size=max(rows, 1))
+                            buf, rows, nbytes = [], 0, 0
+                    if buf:
+                        pw.write_table(pa.concat_tables(buf), row_group_size=max(rows, 1))
+                os.replace(tmp, self.path / t / name)
+                listing[t].append(name)
+                old.extend(srcs)
+        listing["merged"] = len(groups)
+        return listing, old
 
     # ------------------------------------------------------------------ columnar conversion
     def _rounds_table(self, rounds: list[RoundRecord]) -> pa.Table:
@@ -356,6 +442,18 @@ class Trace:
     # ------------------------------------------------------------------ parts
     def _list_parts(self, table: str) -> list[Path]:
         d = self.path / table
+        listed = self.manifest.get("parts")
+        if isinstance(listed, dict):
+            out = []
+            for name in listed.get(table) or []:
+                p = d / str(name)
+                if not _OURS_RE.match(str(name)) or str(name).endswith(".tmp"):
+                    self.warnings.append(f"{self.path / MANIFEST}: part name {name!r} in 'parts' ignored")
+                elif not p.is_file():
+                    self.warnings.append(f"{p}: listed in the manifest but missing, skipped")
+                else:
+                    out.append(p)
+            return out
         if not d.is_dir():
             return []
         parts = sorted((p for p in d.iterdir() if _PART_RE.match(p.name)),

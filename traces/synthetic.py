@@ -218,7 +218,8 @@ def write_synthetic_trace(
     np_dtype = np.float16 if hidden_dtype == "f16" else np.float32
     with TraceWriter(out_dir, manifest, n_embd_backbone=dims[0], n_embd=dims[1],
                      hidden_dtype=hidden_dtype if hidden else None, centroids=True,
-                     flush_every=max(rounds_per_part, 1), overwrite=overwrite) as w:
+                     flush_every=max(rounds_per_part, 1), compact=False,
+                     overwrite=overwrite) as w:
         arrow_h = w.steps_schema.field("h").type
         for a in range(0, n, rounds_per_part):
             b = min(a + rounds_per_part, n)
