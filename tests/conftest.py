@@ -64,3 +64,43 @@ def write_gguf(tmp_path: Path) -> Callable[..., Path]:
         return write_gguf_file(tmp_path / name, arch, kv, tensors, **writer_kwargs)
 
     return make
+
+
+# ---------------------------------------------------------------------------------- demo (mtpscope/demo.py)
+
+
+@pytest.fixture(scope="session")
+def demo_dir() -> Any:
+    """The cached demo folder (``<cache>/demo``), built once if its stamp is stale: a
+    :class:`mtpscope.demo.DemoPaths`. Full real tokenizer; traces only where llama-cpp-python is
+    installed (``paths.traces_clean`` may be missing otherwise)."""
+    from mtpscope.demo import build_demo
+
+    return build_demo()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
+    """Factory ``tiny_pair(vocab="subset", noise=0.0, dialect="upstream", seed=0, **drafter_kwargs)
+    -> (target_path, drafter_path)``: a demo target and drafter written once per argument set
+    (session cache). ``vocab="subset"`` (first 4096 real tokens) files are ~2 MB and load in llama.cpp
+    in well under a second."""
+    from mtpscope import demo
+
+    root = tmp_path_factory.mktemp("tiny_pair")
+    made: dict[tuple[Any, ...], tuple[Path, Path]] = {}
+
+    def make(vocab: str = "subset", noise: float = 0.0, dialect: str = "upstream", seed: int = 0,
+             **drafter_kwargs: Any) -> tuple[Path, Path]:
+        key = (vocab, noise, dialect, seed, tuple(sorted(drafter_kwargs.items())))
+        if key not in made:
+            tag = f"{vocab}-s{seed}"
+            target = root / f"target-{tag}.gguf"
+            if not target.exists():
+                demo.write_target(target, vocab=vocab, seed=seed)
+            drafter = root / f"drafter-{tag}-{dialect}-n{noise}-{len(made)}.gguf"
+            demo.write_drafter(drafter, dialect=dialect, noise=noise, vocab=vocab, seed=seed, **drafter_kwargs)
+            made[key] = (target, drafter)
+        return made[key]
+
+    return make
