@@ -6,7 +6,8 @@ are matched by name; with ``match_dialects`` the fork / upstream names of the sa
 (``mtp.pre_projection.weight`` ↔ ``nextn.pre_projection.weight``) are matched and reported as renamed.
 With ``values`` a relative-error summary is computed on up to ``n_rows`` evenly spaced rows (outermost
 numpy dimension) of every tensor present in both with the same shape:
-``rel = ||a − b||₂ / max(||a||₂, tiny)`` per row, reported as max and mean (dequantized to float32).
+``rel = ||a − b||₂ / max(||a||₂, ||b||₂)`` per row (0 when both rows are zero; at most 2), reported as max
+and mean over the sampled rows (values dequantized, computed in float64).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class TensorChange:
 
 @dataclass(frozen=True)
 class ValueDiff:
-    """Relative error of sampled rows of one tensor (``rel = ||a−b|| / ||a||`` per row)."""
+    """Relative error of sampled rows of one tensor (``rel = ||a−b|| / max(||a||, ||b||)`` per row)."""
 
     name: str
     rows_sampled: int
@@ -150,8 +151,8 @@ def _row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x = x.reshape(x.shape[0], -1).astype(np.float64)
     y = y.reshape(y.shape[0], -1).astype(np.float64)
     num = np.linalg.norm(x - y, axis=1)
-    den = np.maximum(np.linalg.norm(x, axis=1), np.finfo(np.float32).tiny)
-    return num / den
+    den = np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1))
+    return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
 
 
 def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects: bool = True) -> GGUFDiff:
