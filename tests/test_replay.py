@@ -1,0 +1,123 @@
+"""``mtpscope replay``: recompute a recorded trace's draft steps with the reference drafter.
+
+Traces are recorded here by the real recorder (llama.cpp) on tiny pairs with a 4096-token slice of
+the real tokenizer; the baseline variant must reproduce every recorded draft, and its would-be
+acceptance must equal the recorder's own counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from inspector.errors import TraceError  # noqa: E402
+from inspector.reference import ReferenceError  # noqa: E402
+from traces.replay import replay  # noqa: E402
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(scope="module")
+def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from mtpscope import demo
+    from mtpscope.demo_vocab import load_vocab
+    from traces.recorder import record
+
+    voc = load_vocab("subset")
+    d = tmp_path_factory.mktemp("demo")
+    t = demo.write_target(d / "target.gguf", vocab=voc)
+    dr = demo.write_drafter(d / "drafter.gguf", vocab=voc, noise=1.5)
+    fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5)
+    words = demo.DEMO_PASSAGE.split()
+    record(target=t, assistant=dr, out=d / "trace", prompts=[" ".join(words[:5]), " ".join(words[7:12])],
+           max_tokens=40, centroids=fork)
+    return {"target": t, "drafter": dr, "fork": fork, "trace": d / "trace"}
+
+
+def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_path: Path) -> None:
+    import traces
+
+    tr = traces.open(demo_trace["trace"])
+    res = replay(demo_trace["trace"], variants=["hidden=prenorm", "head=centroid,fill=min-1"], out=tmp_path / "r")
+    s = res.summary()
+    assert s["n_rounds"] == len(tr.rounds) and s["n_steps"] == len(tr.steps)
+    base = s["variants"]["baseline"]
+    assert base["agreement"] == 1.0
+    # would-be acceptance of the baseline equals the recorder's own per-round counts
+    assert res.rounds["n_accepted[baseline]"].tolist() == res.rounds["n_accepted"].tolist()
+    rec_rate = tr.rounds["n_accepted"].sum() / tr.rounds["n_draft"].sum()
+    assert base["acceptance_rate"] == pytest.approx(rec_rate)
+    assert s["recorded"]["acceptance_rate"] == pytest.approx(rec_rate)
+    assert base["mean_acceptance_length"] == pytest.approx(1 + tr.rounds["n_accepted"].sum() / len(tr.rounds))
+    assert 0.3 < rec_rate < 1.0  # partial acceptance: the would-be rule is exercised both ways
+    # feeding the pre-norm hidden breaks drafting (public reports: roughly halves acceptance)
+    assert s["variants"]["hidden=prenorm"]["acceptance_rate"] < 0.5 * rec_rate
+    assert s["variants"]["hidden=prenorm"]["agreement"] < 0.9
+    # files for the app's Compare page
+    js = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert set(js["variants"]) == {"baseline", "hidden=prenorm", "head=centroid,fill=min-1"}
+    import pandas as pd
+
+    steps = pd.read_parquet(tmp_path / "r" / "steps.parquet")
+    assert len(steps) == len(tr.steps)
+    assert (steps["draft[baseline]"] == steps["recorded"]).all()
+
+
+def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    r = CliRunner().invoke(app, ["replay", str(demo_trace["trace"]), "--variant", "position=p-1",
+                                 "--max-rounds", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    js = json.loads(r.output)
+    assert js["n_rounds"] == 4
+    for v in js["variants"].values():
+        assert {"acceptance_rate", "mean_acceptance_length", "agreement"} <= set(v)
+    r = CliRunner().invoke(app, ["replay", str(demo_trace["trace"]), "--max-rounds", "2"])
+    assert r.exit_code == 0 and "acceptance rate" in r.output
+    bad = CliRunner().invoke(app, ["replay", str(demo_trace["trace"]), "--variant", "position=p+1"])
+    assert bad.exit_code == 2 and "position" in bad.output
+
+
+def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ReferenceError):
+        replay(demo_trace["trace"], variants=["nonsense"])
+    # a trace whose positions do not line up with its tokens
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    shutil.copytree(demo_trace["trace"], bad)
+    part = sorted((bad / "rounds").glob("*.parquet"))[0]
+    tab = pq.read_table(part)
+    pos = tab.column("pos").to_pylist()
+    pos[1] += 1
+    import pyarrow as pa
+
+    tab = tab.set_column(tab.schema.get_field_index("pos"), tab.schema.field("pos"), pa.array(pos, pa.int32()))
+    pq.write_table(tab, part)
+    with pytest.raises(TraceError, match="line up"):
+        replay(bad)
+
+
+def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
+    """On a drafter whose attention matters, the position convention changes drafts."""
+    from inspector.convert import convert, write_tiny_pair
+    from mtpscope import demo
+    from traces.recorder import record
+
+    tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=5)
+    t = convert(tdir, tmp_path / "t.gguf").out
+    d = convert(ddir, tmp_path / "d.gguf").out
+    words = demo.DEMO_PASSAGE.split()
+    record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24)
+    s = replay(tmp_path / "trace", variants=["position=p-1"]).summary()
+    assert s["variants"]["baseline"]["agreement"] == 1.0
+    assert s["variants"]["position=p-1"]["agreement"] < 1.0
