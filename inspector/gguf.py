@@ -24,6 +24,7 @@ Big-endian files are recognised (byte-swapped version field) and refused with
 from __future__ import annotations
 
 import array
+import math
 import mmap
 import os
 import struct
@@ -541,20 +542,30 @@ class _Parser:
                 self.fail("general.alignment must be a non-zero power of two", a_kv.offset, a_kv.key,
                           expected="a power of two", actual=alignment)
 
-        raw_tensors = []
-        buf = self.buf
+        raw_tensors: list[tuple[str, tuple[int, ...], int, int, int, int]] = []
+        append = raw_tensors.append
+        buf, u64, u32, tails = self.buf, _U64.unpack_from, _U32.unpack_from, _TENSOR_TAIL
         for i in range(n_tensors):
+            # fast path, every bound checked; anything odd goes to tensor_info_error, which re-reads
+            # the record slowly and raises the precise error
             start = pos
-            name, pos = self.read_string(pos, f"the name of tensor {i}")
-            self.need(pos, 4, "a tensor's n_dims", name)
-            n_dims = _U32.unpack_from(buf, pos)[0]
-            if n_dims > GGML_MAX_DIMS:
-                self.fail("too many dimensions", pos, name, expected=f"<= {GGML_MAX_DIMS}", actual=n_dims)
-            tail = _TENSOR_TAIL[n_dims]
-            self.need(pos + 4, tail.size, "a tensor info record", name)
-            vals = tail.unpack_from(buf, pos + 4)
-            raw_tensors.append((name, vals[:n_dims], vals[n_dims], vals[n_dims + 1], start, pos + 4))
-            pos += 4 + tail.size
+            if pos + 8 <= size:
+                end = pos + 8 + u64(buf, pos)[0]
+                if end + 4 <= size:
+                    try:
+                        name = buf[pos + 8:end].decode("utf-8")
+                    except UnicodeDecodeError:
+                        name = None
+                    if name is not None:
+                        n_dims = u32(buf, end)[0]
+                        if n_dims <= GGML_MAX_DIMS:
+                            tail = tails[n_dims]
+                            if end + 4 + tail.size <= size:
+                                vals = tail.unpack_from(buf, end + 4)
+                                append((name, vals[:n_dims], vals[n_dims], vals[n_dims + 1], start, end + 4))
+                                pos = end + 4 + tail.size
+                                continue
+            self.tensor_info_error(start, i)
         header_end = pos
         data_offset = -(-pos // alignment) * alignment
 
@@ -562,6 +573,16 @@ class _Parser:
         by_name = {t.name: t for t in tensors}
         return GGUFFile(self.path, size, version, alignment, data_offset, header_end,
                         MappingProxyType(kv), tensors, self.src, MappingProxyType(by_name))
+
+    def tensor_info_error(self, pos: int, i: int) -> NoReturn:
+        """Re-read tensor info ``i`` at ``pos`` with every check spelled out; raises the first failure."""
+        name, pos = self.read_string(pos, f"the name of tensor {i}")
+        self.need(pos, 4, "a tensor's n_dims", name)
+        n_dims = _U32.unpack_from(self.buf, pos)[0]
+        if n_dims > GGML_MAX_DIMS:
+            self.fail("too many dimensions", pos, name, expected=f"<= {GGML_MAX_DIMS}", actual=n_dims)
+        self.need(pos + 4, _TENSOR_TAIL[n_dims].size, "a tensor info record", name)
+        raise AssertionError("tensor_info_error called on a valid record")  # pragma: no cover
 
     def build_tensors(self, raw: list[tuple[str, tuple[int, ...], int, int, int, int]], data_offset: int,
                       alignment: int) -> tuple[TensorInfo, ...]:
@@ -575,14 +596,15 @@ class _Parser:
                 self.fail("duplicate tensor name", start, name, expected="each name once",
                           actual=f"also at offset {seen[name]}")
             seen[name] = start
-            n_el = 1
-            for j, d in enumerate(ne):
-                if d == 0:
-                    self.fail(f"zero-sized dimension ne[{j}]", ne_pos + 8 * j, name, expected=">= 1", actual=0)
-                if d > _INT64_MAX:
-                    self.fail(f"dimension ne[{j}] too large", ne_pos + 8 * j, name,
-                              expected=f"<= {_INT64_MAX}", actual=d)
-                n_el *= d
+            if 0 in ne or (ne and max(ne) > _INT64_MAX):
+                for j, d in enumerate(ne):
+                    if d == 0:
+                        self.fail(f"zero-sized dimension ne[{j}]", ne_pos + 8 * j, name, expected=">= 1",
+                                  actual=0)
+                    if d > _INT64_MAX:
+                        self.fail(f"dimension ne[{j}] too large", ne_pos + 8 * j, name,
+                                  expected=f"<= {_INT64_MAX}", actual=d)
+            n_el = math.prod(ne)
             if n_el > _INT64_MAX:
                 self.fail("tensor has too many elements", ne_pos, name, expected=f"<= {_INT64_MAX}",
                           actual=n_el)

@@ -320,17 +320,37 @@ def build_inventory(f: GGUFFile) -> Inventory:
         The :class:`Inventory`.
     """
     entries: list[TensorEntry] = []
-    by_comp: dict[str, list[TensorEntry]] = {}
-    by_type: dict[str, list[TensorEntry]] = {}
+    # per component / type: [n_tensors, n_elements, n_bytes, n_unknown_size]
+    by_comp: dict[str, list[int]] = {}
+    by_type: dict[str, list[int]] = {}
+    in_layer: dict[str, str] = {}  # classification of "blk.N.<rest>" by <rest>, computed once per rest
     for t in f.tensors:
-        comp, layer = classify(t.name)
-        e = TensorEntry(t, comp, layer)
-        entries.append(e)
-        by_comp.setdefault(comp, []).append(e)
-        by_type.setdefault(t.type_name, []).append(e)
-    comp_totals = {c: totals(by_comp[c]) for c in COMPONENTS if c in by_comp}
-    type_totals = {k: totals(v) for k, v in by_type.items()}
-    type_totals = dict(sorted(type_totals.items(), key=lambda kv: (-kv[1].n_bytes, kv[0])))
-    total = sum(t.n_bytes for t in f.tensors if t.n_bytes is not None)
+        name = t.name
+        comp = None
+        if name.startswith("blk."):
+            dot = name.find(".", 4)
+            idx = name[4:dot]
+            if dot > 4 and idx.isdigit():
+                rest = name[dot + 1:]
+                comp = in_layer.get(rest)
+                if comp is None:
+                    comp = in_layer[rest] = _classify_in_layer(_base(rest))
+                layer: int | None = int(idx)
+        if comp is None:
+            comp, layer = classify(name)
+        entries.append(TensorEntry(t, comp, layer))
+        nb = t.n_bytes
+        for acc in (by_comp.get(comp) or by_comp.setdefault(comp, [0, 0, 0, 0]),
+                    by_type.get(t.type_name) or by_type.setdefault(t.type_name, [0, 0, 0, 0])):
+            acc[0] += 1
+            acc[1] += t.n_elements
+            if nb is None:
+                acc[3] += 1
+            else:
+                acc[2] += nb
+    comp_totals = {c: Totals(*by_comp[c]) for c in COMPONENTS if c in by_comp}
+    type_totals = dict(sorted(((k, Totals(*v)) for k, v in by_type.items()),
+                              key=lambda kv: (-kv[1].n_bytes, kv[0])))
+    total = sum(v[2] for v in by_type.values())
     return Inventory(f.path, f.architecture, detect_dialect(f), tuple(entries),
                      MappingProxyType(comp_totals), MappingProxyType(type_totals), total)
