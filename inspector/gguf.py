@@ -319,7 +319,8 @@ class GGUFFile:
             With an integer ``rows`` the outermost dimension is dropped.
 
         Raises:
-            LayoutError: no tensor of that name.
+            LayoutError: no tensor of that name; ``rows`` with ``dequantize=False`` on a 1-D BF16 or
+                block-quantized tensor (its bytes are not element rows).
             TensorDataError: unknown ggml type, or a type ``gguf.quants`` cannot dequantize.
         """
         t = self.tensor(name)
@@ -332,14 +333,18 @@ class GGUFFile:
         if info.numpy_dtype is not None:
             arr = np.ndarray(shape=shape, dtype=info.numpy_dtype, buffer=mm, offset=t.offset)
             return arr if rows is None else arr[rows]
-        assert info.block_size is not None and info.type_size is not None  # noqa: S101 - info.known
+        if info.block_size is None or info.type_size is None:  # pragma: no cover - info.known above
+            raise TensorDataError("unknown type sizes", path=self.path, offset=t.offset, key=name)
         row_bytes = shape[-1] // info.block_size * info.type_size
         raw = np.ndarray(shape=(*shape[:-1], row_bytes), dtype=np.uint8, buffer=mm, offset=t.offset)
         one_d = len(shape) == 1
         if rows is not None and not one_d:
             raw = raw[rows]
         if not dequantize:
-            return raw[rows] if (one_d and rows is not None) else raw
+            if one_d and rows is not None:
+                raise LayoutError("the raw bytes of a 1-D quantized tensor have no element rows; read it "
+                                  "whole or dequantize", path=self.path, offset=t.offset, key=name)
+            return raw
         out = _dequantize(raw, t, self.path)
         return out[rows] if (one_d and rows is not None) else out
 

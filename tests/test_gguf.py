@@ -272,6 +272,9 @@ def test_tensor_data_values(write_gguf: Any) -> None:
     raw = f.tensor_data("w.q8_0", rows=slice(2, 4), dequantize=False)
     assert raw.dtype == np.uint8 and raw.shape == (2, 2 * 34)
     assert not f.tensor_data("w.f32").flags.writeable
+    assert f.tensor_data("v.q8_0", dequantize=False).shape == (68,)  # 2 blocks of 34 bytes
+    with pytest.raises(LayoutError):
+        f.tensor_data("v.q8_0", rows=slice(0, 4), dequantize=False)
 
 
 def test_unknown_ggml_type_kept(write_gguf: Any, tmp_path: Path) -> None:
