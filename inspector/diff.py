@@ -116,8 +116,9 @@ def _summary(v: Any) -> Any:
     return v
 
 
-def _raw_string_bytes(v: Any) -> bytes | None:
-    """The raw bytes of a string array's elements (reader internals; None if not available)."""
+def string_array_bytes(v: Any) -> bytes | None:
+    """The raw bytes of a GGUF string array's elements, length fields included (equal bytes <=> equal
+    string lists); None when ``v`` is not a string ``ArrayValue`` of inspector/gguf.py."""
     offs = getattr(v, "_elem_offsets", None)
     src = getattr(v, "_file", None)
     if offs is None or src is None or len(offs) == 0:
@@ -138,7 +139,7 @@ def _values_equal(va: Any, vb: Any) -> bool:
         return type(va) is type(vb) and va == vb
     if len(va) != len(vb) or va.element_type != vb.element_type:
         return False
-    ra, rb = _raw_string_bytes(va), _raw_string_bytes(vb)
+    ra, rb = string_array_bytes(va), string_array_bytes(vb)
     if ra is not None and rb is not None:
         return ra == rb
     try:
