@@ -151,6 +151,26 @@ class ArrayValue:
         v = st.unpack_from(self._file.mm, self.data_offset + i * size)[0]
         return v != 0 if et == BOOL else v
 
+    def _strings(self) -> list[str]:
+        """All strings of a STRING array: one copy of the region, then one slice + decode each."""
+        offs = self._elem_offsets
+        assert offs is not None  # noqa: S101
+        n = self.length
+        if n == 0:
+            return []
+        src = self._file
+        first = int(offs[0])
+        last = int(offs[-1])
+        end = last + 8 + _U64.unpack_from(src.mm, last)[0]
+        region = src.mm[first:end]
+        starts = (offs - (first - 8)).tolist()  # each string's bytes, relative to the region
+        stops = offs[1:] - first
+        stops = [*stops.tolist(), end - first]
+        try:
+            return [region[a:b].decode("utf-8") for a, b in zip(starts, stops)]
+        except UnicodeDecodeError:
+            return [src.string_at(int(p), self._key) for p in offs]  # raises, naming the bad string
+
     def to_numpy(self) -> np.ndarray:
         """The elements as a 1-D numpy array (numpy order = element order).
 
@@ -173,8 +193,7 @@ class ArrayValue:
         et = self.element_type
         if et == STRING:
             assert self._elem_offsets is not None  # noqa: S101
-            string_at, key = self._file.string_at, self._key
-            return [string_at(p, key) for p in self._elem_offsets.tolist()]
+            return self._strings()
         if et == ARRAY:
             assert self._children is not None  # noqa: S101
             return [c.to_list() for c in self._children]
