@@ -1,6 +1,7 @@
 """mtpscope app entry point: a router only (``streamlit run app/main.py``).
 
-Each page lives in app/pages/ and is thin (widgets, library calls, figures from app/charts.py).
+Each page lives in app/screens/ (not app/pages/: a pages/ folder next to the entry script makes
+Streamlit ignore st.navigation and run its legacy multipage mode) and is thin (widgets, library calls, figures from app/charts.py).
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ import streamlit as st  # noqa: E402
 
 from app import state  # noqa: E402
 
-st.set_page_config(page_title="mtpscope", page_icon="🔭", layout="wide")
+st.set_page_config(page_title="mtpscope", layout="wide")
 
 PAGES = [
-    st.Page("pages/files.py", title="Files", icon="📂", default=True, url_path="files"),
-    st.Page("pages/tensors.py", title="Tensors", icon="🧱", url_path="tensors"),
-    st.Page("pages/validate.py", title="Validate", icon="✅", url_path="validate"),
-    st.Page("pages/centroids.py", title="Centroids", icon="🎯", url_path="centroids"),
-    st.Page("pages/values.py", title="Tensor values", icon="📊", url_path="values"),
-    st.Page("pages/acceptance.py", title="Acceptance", icon="📈", url_path="acceptance"),
-    st.Page("pages/step.py", title="Step", icon="🔍", url_path="step"),
-    st.Page("pages/compare.py", title="Compare", icon="⚖️", url_path="compare"),
+    st.Page("screens/files.py", title="Files", default=True, url_path="files"),
+    st.Page("screens/tensors.py", title="Tensors", url_path="tensors"),
+    st.Page("screens/validate.py", title="Validate", url_path="validate"),
+    st.Page("screens/centroids.py", title="Centroids", url_path="centroids"),
+    st.Page("screens/values.py", title="Tensor values", url_path="values"),
+    st.Page("screens/acceptance.py", title="Acceptance", url_path="acceptance"),
+    st.Page("screens/step.py", title="Step", url_path="step"),
+    st.Page("screens/compare.py", title="Compare", url_path="compare"),
 ]
 
 page = st.navigation(PAGES)

@@ -63,12 +63,12 @@ def guard(what: str = "") -> Iterator[None]:
     try:
         yield
     except MtpscopeError as e:
-        st.error(e.one_line(), icon="⚠️")
+        st.error(e.one_line(), icon=":material/error:")
     except OSError as e:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        st.error(f"{where}{e.strerror or e}", icon="⚠️")
+        st.error(f"{where}{e.strerror or e}", icon=":material/error:")
     except LibraryMissing as e:
-        st.info(f"{what + ': ' if what else ''}{e}", icon="⏳")
+        st.info(f"{what + ': ' if what else ''}{e}", icon=":material/hourglass_empty:")
 
 
 # ------------------------------------------------------------------------------ roots and selection
@@ -129,7 +129,7 @@ def set_(name: str, value: str | None) -> None:
 def demo_missing_hint() -> None:
     """An info box when the demo has not been built."""
     if not demo_paths()["target"].exists():
-        st.info("The built-in demo is not built yet: run `mtpscope demo build` (or `make run`).", icon="ℹ️")
+        st.info("The built-in demo is not built yet: run `mtpscope demo build` (or `make run`).", icon=":material/info:")
 
 
 # -------------------------------------------------------------------------------------- loaders

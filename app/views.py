@@ -476,43 +476,45 @@ def value_stats(a: np.ndarray) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------- compare
 
 def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100) -> pd.DataFrame:
-    """Per prompt present in both, the first round where the two traces differ (drafted tokens,
-    accepted length or emitted tokens). Columns: prompt_id, round, what, a, b."""
-    rows = []
-    ka = a.set_index(["prompt_id", "round"]).sort_index()
-    kb = b.set_index(["prompt_id", "round"]).sort_index()
-    common = sorted(set(a["prompt_id"]).intersection(set(b["prompt_id"])))
-    for pid in common:
-        ra = ka.loc[pid] if pid in ka.index.get_level_values(0) else None
-        rb = kb.loc[pid] if pid in kb.index.get_level_values(0) else None
-        if ra is None or rb is None:
+    """Per prompt present in both, the first round where the two traces differ: drafted tokens,
+    accepted length or emitted tokens (checked in that order), or, when every common round agrees,
+    the round count. Columns: prompt_id, round, what, a, b. Rounds are matched on (prompt_id, round)."""
+    cols = [c for c in ("prompt_id", "round", "drafted", "n_accepted", "emitted") if c in a.columns and c in b.columns]
+    out_cols = ["prompt_id", "round", "what", "a", "b"]
+    if "prompt_id" not in cols or "round" not in cols:
+        return pd.DataFrame(columns=out_cols)
+    m = a[cols].merge(b[cols], on=["prompt_id", "round"], suffixes=("_a", "_b")).sort_values(
+        ["prompt_id", "round"], kind="stable")
+    diffs = {}
+    for c in ("drafted", "n_accepted", "emitted"):
+        if f"{c}_a" not in m.columns:
             continue
-        n = min(len(ra), len(rb))
-        for i in range(n):
-            xa, xb = ra.iloc[i], rb.iloc[i]
-            for col in ("drafted", "n_accepted", "emitted"):
-                if col not in ra.columns or col not in rb.columns:
-                    continue
-                va, vb = xa[col], xb[col]
-                if col == "n_accepted":
-                    same = int(va) == int(vb)
-                else:
-                    same = _as_list(va) == _as_list(vb)
-                if not same:
-                    rows.append({"prompt_id": int(pid), "round": int(ra.index[i]), "what": col,
-                                 "a": str(_as_list(va) if col != "n_accepted" else int(va)),
-                                 "b": str(_as_list(vb) if col != "n_accepted" else int(vb))})
-                    break
-            else:
-                continue
-            break
+        if c == "n_accepted":
+            diffs[c] = (m[f"{c}_a"].to_numpy() != m[f"{c}_b"].to_numpy())
         else:
-            if len(ra) != len(rb):
-                rows.append({"prompt_id": int(pid), "round": n, "what": "length",
-                             "a": f"{len(ra)} rounds", "b": f"{len(rb)} rounds"})
-        if len(rows) >= limit:
-            break
-    return pd.DataFrame(rows, columns=["prompt_id", "round", "what", "a", "b"])
+            diffs[c] = np.fromiter((_as_list(x) != _as_list(y) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"])),
+                                   dtype=bool, count=len(m))
+    rows = []
+    any_diff = np.zeros(len(m), dtype=bool)
+    for d in diffs.values():
+        any_diff |= d
+    first = m[any_diff].groupby("prompt_id", sort=True).head(1)
+    for idx, r in first.iterrows():
+        i = m.index.get_loc(idx)
+        what = next(c for c, d in diffs.items() if d[i])
+        va, vb = r[f"{what}_a"], r[f"{what}_b"]
+        fmt = (lambda v: str(int(v))) if what == "n_accepted" else (lambda v: str(_as_list(v)))
+        rows.append({"prompt_id": int(r["prompt_id"]), "round": int(r["round"]), "what": what,
+                     "a": fmt(va), "b": fmt(vb)})
+    done = {row["prompt_id"] for row in rows}
+    na = a.groupby("prompt_id").size()
+    nb = b.groupby("prompt_id").size()
+    for pid in sorted(set(na.index) & set(nb.index)):
+        if int(pid) not in done and na[pid] != nb[pid]:
+            rows.append({"prompt_id": int(pid), "round": int(min(na[pid], nb[pid])), "what": "length",
+                         "a": f"{na[pid]} rounds", "b": f"{nb[pid]} rounds"})
+    out = pd.DataFrame(rows, columns=out_cols)
+    return out.sort_values(["prompt_id", "round"], kind="stable").head(limit).reset_index(drop=True)
 
 
 def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
@@ -520,7 +522,7 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
     sorted by delta ascending (biggest drop first)."""
     a = table_a.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
     b = table_b.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
-    j = a.join(b, lsuffix="_a", rsuffix="_b", how="outer")
+    j = a.merge(b, left_index=True, right_index=True, how="outer", suffixes=("_a", "_b"))
     j["delta_rate"] = j["acceptance_rate_b"] - j["acceptance_rate_a"]
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]
     return j.reset_index().sort_values("delta_rate", kind="stable", na_position="last").reset_index(drop=True)

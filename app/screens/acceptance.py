@@ -74,7 +74,7 @@ with state.guard("trace store"):
             if st.session_state.get("acc.handled") != sel:
                 st.session_state["acc.handled"] = sel
                 st.session_state["sel.round"] = sel
-                st.switch_page("pages/step.py")
+                st.switch_page("screens/step.py")
 
     c1, c2 = st.columns(2)
     with c1:

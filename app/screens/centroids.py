@@ -25,7 +25,7 @@ with state.guard("centroid head"):
     c[3].metric("top-k", head.top_k if head.top_k is not None else "?")
     c[4].metric("centroids not of size vsc", int((sizes != head.vsc).sum()))
     st.caption(f"`{head.centroids_name}` · `{head.ordering_name}`"
-               + (" · ⚠️ centroid matrix stored transposed" if head.transposed else ""))
+               + (" · :material/warning: centroid matrix stored transposed" if head.transposed else ""))
     st.plotly_chart(charts.cluster_size_figure(sizes), key="cent.sizes", width="stretch")
 
     st.subheader("Browse a centroid")

@@ -75,7 +75,7 @@ def _gguf_summary(slot: str) -> None:
     with state.guard("GGUF reader"):
         f = state.gguf(path)
         inv = state.inventory(path)
-        cols = st.columns(5)
+        cols = st.columns([3, 2, 2, 1, 1])
         cols[0].metric("architecture", f.architecture or "?")
         d = inv.dialect
         cols[1].metric("dialect", d.kind + (f" ({d.pattern})" if d.pattern else ""))

@@ -22,7 +22,7 @@ audit = c2.toggle("audit the Hugging Face checkpoint", value=bool(hf_dir), disab
 st.caption(f"drafter `{state.short(path)}`" + (f" · target `{state.short(target)}`" if pair and target else "")
            + (f" · checkpoint `{state.short(hf_dir)}`" if audit and hf_dir else ""))
 
-SEV_ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
+SEV_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
 
 def _findings_frame(findings) -> pd.DataFrame:
