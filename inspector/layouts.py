@@ -283,7 +283,9 @@ def read_hparams(f: Any) -> HParams:
                 n_vocab, src = int(t.ne[1]), "token_embd"
 
     ordered = get("use_ordered_embeddings")
-    n_c = get("n_centroids")
+    n_c = get("n_centroids", bool(ordered))
+    if n_c is None and ordered:  # fall back to the centroid matrix width (ne[1]) so the layout stays usable
+        n_c = next((t.ne[1] for t in f.tensors if t.name == FORK_CENTROIDS and len(t.ne) == 2), None)
     top_k = get("centroid_top_k")
     nextn = get("nextn_predict_layers", dialect == "upstream")
     per_layer = get("embedding_length_per_layer_input", dialect == "target")

@@ -322,15 +322,18 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
                "no general.architecture key"))
         return "unknown", None, findings
     if dialect == "other":
+        from inspector.inventory import detect_dialect
+
+        d = detect_dialect(f)
         low = arch.lower()
-        if "assistant" in low or "mtp" in low or "nextn" in low:
+        if d.kind == "other" or "assistant" in low:
             add(_F(WARNING, "W_ARCH_FOREIGN_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant",
-                   arch, f"drafter architecture {arch!r} is neither the fork's nor upstream's; "
-                   "only generic checks apply and neither runtime loads it"))
-        else:
-            add(_F(WARNING, "W_ARCH_NOT_ASSISTANT", "general.architecture", "an assistant architecture", arch,
-                   f"architecture {arch!r} is not a Gemma 4 drafter or target"))
-        return dialect, None, findings
+                   arch, f"drafter architecture {arch!r} is neither the fork's nor upstream's "
+                   f"({'; '.join(d.evidence)}); only generic checks apply and neither runtime loads it"))
+            return "other", None, findings
+        add(_F(WARNING, "W_ARCH_NOT_ASSISTANT", "general.architecture", "an assistant architecture", arch,
+               f"architecture {arch!r} is not a Gemma 4 drafter or target"))
+        return d.kind, None, findings
     what = {"fork": "fork drafter (gemma4_assistant)", "upstream": "upstream drafter (gemma4-assistant)",
             "target": "Gemma 4 target (gemma4)"}[dialect]
     add(_F(INFO, "I_DIALECT", "general.architecture", None, arch, f"checked against the {what} layout"))

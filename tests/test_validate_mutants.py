@@ -535,3 +535,20 @@ def test_no_arch(tmp_path: Path) -> None:
     arch, kv, t = parts("upstream")
     r = verify(write(tmp_path / "n.gguf", None, kv, t))
     assert one(r, "E_ARCH_MISSING") and r.dialect == "unknown" and not r.ok
+
+
+def test_missing_n_centroids_key(tmp_path: Path) -> None:
+    r = verify_kind(tmp_path, "fork", _drop_keys(FK + ".n_centroids"))
+    assert any(f.code == "E_KEY_MISSING" and f.subject == FK + ".n_centroids" for f in r.findings)
+    assert "E_CENTROID_SHAPE" not in r.codes()      # the width falls back to the matrix's ne[1] = 32
+
+
+def test_unrelated_arch(tmp_path: Path) -> None:
+    r = verify_kind(tmp_path, "upstream", _arch("llama"))
+    assert one(r, "W_ARCH_FOREIGN_DRAFTER").actual == "llama"     # nextn.* tensors: still drafter-like
+    r = verify_kind(tmp_path, "upstream", _chain(_arch("llama"), _drop_tensors(
+        "nextn.pre_projection.weight", "nextn.post_projection.weight")), name="l.gguf")
+    assert one(r, "W_ARCH_NOT_ASSISTANT").actual == "llama"
+    assert r.dialect == "unknown"
+    up = r.loadability[0]
+    assert up.loads is None and "no load rules" in up.reasons[0]
