@@ -312,6 +312,17 @@ class AuditRow:
     found_type: str | None
     status: str
     note: str = ""
+    expected_type: str | None = None
+
+
+def expected_gguf_type(t: HFTensor) -> str | None:
+    """ggml type a converter must write for ``t``: ``I32`` for the token ordering, ``F32`` for 1-D tensors
+    (norms, scalars); None for matrices (any float / quantized type, the converter's outtype)."""
+    if t.name == "masked_embedding.token_ordering":
+        return "I32"
+    if len(t.shape) <= 1:
+        return "F32"
+    return None
 
 
 @dataclass(frozen=True)
@@ -440,9 +451,11 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
             fs.append(_F(ERROR, "H_TENSOR_SHAPE", g, list(t.ne), list(ne), f"{g} (from {t.name}): {note}"))
             continue
         note = ""
-        if t.name == "masked_embedding.token_ordering" and gt.type_name != "I32":
-            note = f"ordering should be I32 (HF {t.dtype}), found {gt.type_name}"
-        rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "ok", note))
+        want = expected_gguf_type(t)
+        if want is not None and gt.type_name != want:
+            note = f"should be {want} (HF {t.dtype}), found {gt.type_name}"
+            fs.append(_F(ERROR if want == "I32" else WARNING, "H_DTYPE", g, want, gt.type_name, f"{g}: {note}"))
+        rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "ok", note, want))
     gguf_only = {}
     for name in tmap:
         if name not in mapped:

@@ -94,6 +94,13 @@ CODES: dict[str, str] = {
     "W_PAIR_ROPE": "rope bases differ",
     "W_PAIR_KV_DONOR": "llama.cpp's KV donors (n_layer-2, n_layer-1) are not the last sliding / full layers",
     "I_PAIR_KV_DONORS": "which target layers donate K/V to the drafter",
+    "H_UNMAPPED": "an HF tensor with no known GGUF name",
+    "H_DROPPED": "an HF tensor this dialect's converter drops (upstream: the centroid head)",
+    "H_TENSOR_MISSING": "an HF tensor whose GGUF counterpart is absent",
+    "H_TENSOR_SHAPE": "GGUF ne differs from the reversed HF shape (e.g. written transposed)",
+    "H_DTYPE": "GGUF type differs from what the converter must write (1-D F32, ordering I32)",
+    "H_GGUF_ONLY": "a GGUF tensor with no HF source (other than converter-generated rope_freqs)",
+    "H_CONFIG_MISMATCH": "a config.json value differs from the GGUF key it converts to",
 }
 
 

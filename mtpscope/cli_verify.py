@@ -41,13 +41,14 @@ def _print_report(report: object, verbose: bool) -> None:
     if r.hf_audit is not None:  # type: ignore[attr-defined]
         a = r.hf_audit  # type: ignore[attr-defined]
         h = Table(title=f"Hugging Face audit ({a.hf_dir})")
-        for c in ("HF tensor", "numpy shape", "dtype", "GGUF (fork)", "GGUF (upstream)", "found ne", "type",
+        for c in ("HF tensor", "numpy shape", "dtype", "GGUF (fork)", "GGUF (upstream)", "found ne", "type (want)",
                   "status"):
             h.add_column(c)
         for row in a.rows:
             h.add_row(row.hf_name, str(list(row.hf_shape)), row.hf_dtype, str(row.gguf_fork),
                       str(row.gguf_upstream), str(list(row.found_ne)) if row.found_ne else "-",
-                      row.found_type or "-", row.status + (f": {row.note}" if row.note else ""))
+                      f"{row.found_type or '-'} ({row.expected_type or 'any'})",
+                      row.status + (f": {row.note}" if row.note else ""))
         con.print(h)
     con.print(f"{'OK' if r.ok else 'NOT OK'}: {n_err} errors, {n_warn} warnings")  # type: ignore[attr-defined]
 

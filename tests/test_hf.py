@@ -198,3 +198,16 @@ def test_verify_with_hf_and_cli_json(ckpt_dir: Path, ggufs: dict[str, Path]) -> 
     assert d["hf_audit"]["dialect"] == "fork" and len(d["hf_audit"]["rows"]) == 50
     res = CliRunner().invoke(app, ["verify", str(ggufs["fork"]), "--hf", str(ckpt_dir / "nope")])
     assert res.exit_code == 2
+
+
+def test_audit_dtype_rules(tmp_path: Path, ckpt_dir: Path) -> None:
+    arch, kv, t = parts("fork")
+    t["blk.0.ffn_norm.weight"] = t["blk.0.ffn_norm.weight"].astype(np.float16)
+    t["mtp.token_ordering.weight"] = t["mtp.token_ordering.weight"].astype(np.int64)
+    with open_gguf(write(tmp_path / "dt.gguf", arch, kv, t)) as f:
+        a = hf.audit(ckpt_dir, f)
+    got = {(x.subject, x.severity, x.expected, x.actual) for x in a.findings if x.code == "H_DTYPE"}
+    assert got == {("blk.0.ffn_norm.weight", "warning", "F32", "F16"),
+                   ("mtp.token_ordering.weight", "error", "I32", "I64")}
+    row = next(r for r in a.rows if r.hf_name == "model.layers.0.self_attn.q_proj.weight")
+    assert row.expected_type is None and row.found_type == "F32"
