@@ -2,8 +2,76 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from mtpscope.cli_common import EXIT_FINDINGS, EXIT_UNREADABLE
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root ``mtpscope`` app."""
+
+    @app.command("record")
+    def record_cmd(
+        target: Path = typer.Option(..., "--target", help="Target GGUF (arch gemma4)."),
+        assistant: Path = typer.Option(..., "--assistant", help="Drafter GGUF (arch gemma4-assistant, upstream)."),
+        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
+        prompts: Optional[Path] = typer.Option(
+            None, "--prompts", help="Prompts file: .jsonl (strings or {\"prompt\": ...}) or .txt (one per line)."),
+        n_draft: int = typer.Option(3, "--n-draft", min=1, help="Drafts per round."),
+        max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
+        temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature (0 = greedy)."),
+        seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+        top_k: int = typer.Option(40, "--top-k", help="Sampling top-k (<= 0: off)."),
+        top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p (1: off)."),
+        chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
+        n_gpu_layers: int = typer.Option(0, "--n-gpu-layers", help="Layers to offload to a GPU (-1 = all)."),
+        centroids: Optional[Path] = typer.Option(
+            None, "--centroids",
+            help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
+                 "checkpoint directory (masked_embedding.*)."),
+        hidden: str = typer.Option("f16", "--hidden", help="Store hidden states as f16, f32, or off."),
+        n_top: int = typer.Option(10, "--n-top", min=1, help="Drafter candidates stored per step."),
+        flush_every: int = typer.Option(8, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
+        flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing trace in --out."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+    ) -> None:
+        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
+        from inspector.errors import LayoutError, MtpscopeError
+
+        if (prompt is None) == (prompts is None):
+            print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        if hidden not in ("f16", "f32", "off"):
+            print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        from traces.recorder import record
+
+        try:
+            s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
+                       n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
+                       chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
+                       flush_every=flush_every, flash_attn=flash_attn, n_threads=threads, overwrite=overwrite,
+                       progress=progress, command=["mtpscope", *sys.argv[1:]])
+        except LayoutError as e:  # readable input that the pre-flight check refuses
+            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS) from None
+        except MtpscopeError as e:
+            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE) from None
+        except OSError as e:
+            print(f"mtpscope: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE) from None
+        acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+        mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
+        typer.echo(f"trace: {s.out}")
+        typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
+                   f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
+        typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
+                   f"mean acceptance length {mal}")

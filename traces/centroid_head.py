@@ -170,8 +170,7 @@ def centroid_step(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.n
     h = np.asarray(h_inner, dtype=np.float32).reshape(-1)
     c = head.centroids @ h
     k = head.top_k
-    order = np.argsort(-c, kind="stable")
-    top = order[:k].astype(np.int32)
+    top = _top_k_desc(c, k).astype(np.int32)
     vsc = head.vsc
     cand = head.ordering.reshape(head.n_centroids, vsc)[top].reshape(-1)
     centroid_token: int | None = None
@@ -193,6 +192,14 @@ def centroid_step(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.n
     return CentroidStep(centroid_ids=top, centroid_logits=c[top].astype(np.float32), candidate_ids=cand,
                         centroid_token=centroid_token, target_in_candidates=tin, target_centroid=tc,
                         target_centroid_rank=tcr)
+
+
+def _top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, best first, ties by lower index (exact)."""
+    k = min(int(k), x.shape[0])
+    kth = -np.partition(-x, k - 1)[k - 1]
+    hit = np.flatnonzero(x >= kth)
+    return hit[np.lexsort((hit, -x[hit]))][:k]
 
 
 def load_centroid_head(path: str | os.PathLike[str], *, top_k: int | None = None) -> CentroidHead:

@@ -536,7 +536,8 @@ class RecordSummary:
         acceptance_rate: n_accepted / n_drafted (llama.cpp's definition), None with no drafts.
         mean_acceptance_length: 1 + n_accepted / n_rounds, None with no rounds.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
-        seconds: wall time of the generation loops (prefill included, loading excluded).
+        seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
+        cpu_seconds: CPU time of this process over the same span (``time.process_time``).
         tokens_per_second: n_generated / seconds.
         outputs: generated token ids per prompt.
     """
@@ -551,6 +552,7 @@ class RecordSummary:
     mean_acceptance_length: float | None
     n_generated: int
     seconds: float
+    cpu_seconds: float
     tokens_per_second: float
     outputs: tuple[tuple[int, ...], ...]
 
@@ -564,10 +566,12 @@ class RecordSummary:
 def _progress(enabled: bool, total: int) -> Any:
     if not enabled:
         return None
+    from rich.console import Console  # noqa: PLC0415
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     p = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-                 TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False)
+                 TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
+                 console=Console(stderr=True))
     p.start()
     p.add_task("record", total=total, acc="acceptance rate -")
     return p
@@ -691,7 +695,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         n_rounds = n_steps = n_drafted = n_accepted = n_gen = 0
         outputs: list[tuple[int, ...]] = []
         bar = _progress(progress, max_tokens * len(texts))
-        t_start = time.perf_counter()
+        t_start, c_start = time.perf_counter(), time.process_time()
         try:
             with TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
                              n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
@@ -727,7 +731,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         finally:
             if bar is not None:
                 bar.stop()
-        secs = time.perf_counter() - t_start
+        secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
     finally:
         if own:
             rtm.close()
@@ -735,5 +739,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_rounds) if n_rounds else None,
-                         n_generated=n_gen, seconds=secs, tokens_per_second=n_gen / secs if secs > 0 else 0.0,
+                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs,
+                         tokens_per_second=n_gen / secs if secs > 0 else 0.0,
                          outputs=tuple(outputs))
