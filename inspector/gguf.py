@@ -107,10 +107,9 @@ class ArrayValue:
     offset: int
     _file: _Source = field(repr=False)
     _key: str = field(repr=False)
-    # start offset of each element (length field) for STRING arrays; None otherwise
+    # absolute start offset of each element (a string's length field, a nested array's header) for
+    # STRING and ARRAY elements; None for fixed-size elements
     _elem_offsets: np.ndarray | None = field(default=None, repr=False)
-    # the parsed elements of an array of arrays; None otherwise
-    _children: tuple[ArrayValue, ...] | None = field(default=None, repr=False)
 
     @property
     def data_offset(self) -> int:
@@ -145,8 +144,8 @@ class ArrayValue:
             assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
             return self._file.string_at(int(self._elem_offsets[i]), self._key)
         if et == ARRAY:
-            assert self._children is not None  # noqa: S101
-            return self._children[i]
+            assert self._elem_offsets is not None  # noqa: S101
+            return _Parser(self._file).read_array(int(self._elem_offsets[i]), self._key, 0)[0]
         st, size, _ = _FIXED[et]
         v = st.unpack_from(self._file.mm, self.data_offset + i * size)[0]
         return v != 0 if et == BOOL else v
@@ -195,8 +194,7 @@ class ArrayValue:
             assert self._elem_offsets is not None  # noqa: S101
             return self._strings()
         if et == ARRAY:
-            assert self._children is not None  # noqa: S101
-            return [c.to_list() for c in self._children]
+            return [self._item(i).to_list() for i in range(self.length)]
         return self.to_numpy().tolist()
 
 
@@ -474,12 +472,14 @@ class _Parser:
             if n > left // 12:
                 self.fail(f"array of {n} arrays runs past the end of the file", pos + 4, key,
                           expected=f"<= {left // 12} elements ({left} bytes left)", actual=n)
-            children = []
+            # children are walked (validated) but not kept: only their offsets, 8 bytes each (<= the
+            # 12 bytes each takes in the file); a child is parsed again when it is accessed
+            offs = array.array("q", bytes(8 * n))
             p = start
-            for _ in range(n):
-                child, p = self.read_array(p, key, depth + 1)
-                children.append(child)
-            return ArrayValue(etype, n, pos, self.src, key, _children=tuple(children)), p
+            for i in range(n):
+                offs[i] = p
+                _, p = self.read_array(p, key, depth + 1)
+            return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=np.frombuffer(offs, np.int64)), p
         self.fail("unknown array element type", pos, key, expected="0..12", actual=etype)
 
     def walk_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int]:

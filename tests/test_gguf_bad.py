@@ -450,3 +450,19 @@ def test_random_bytes_after_magic(data: bytes) -> None:
             _exercise(p)
         except InspectorError:
             pass
+
+
+def test_many_nested_arrays_stay_compact(tmp_path: Path) -> None:
+    n = 100_000  # an array of 100k empty arrays: 12 bytes each in the file
+    data = bytearray(b"GGUF") + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k"
+    data += struct.pack("<IIQ", ARR, ARR, n) + struct.pack("<IQ", U8, 0) * n
+    p = _write(tmp_path, data)
+    tracemalloc.start()
+    try:
+        f = open_gguf(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data)  # no Python object per element
+    a = f.get("k")
+    assert len(a) == n and a[n - 1].to_list() == [] and a[7].element_type_name == "UINT8"
