@@ -40,16 +40,16 @@ def _print_report(report: object, verbose: bool) -> None:
     con.print(t)
     if r.hf_audit is not None:  # type: ignore[attr-defined]
         a = r.hf_audit  # type: ignore[attr-defined]
-        h = Table(title=f"Hugging Face audit ({a.hf_dir})")
-        for c in ("HF tensor", "numpy shape", "dtype", "GGUF (fork)", "GGUF (upstream)", "found ne", "type (want)",
-                  "status"):
-            h.add_column(c)
+        con.print(f"[bold]Hugging Face audit[/bold] {a.hf_dir} (HF numpy shape -> GGUF ne; names fork | upstream)")
         for row in a.rows:
-            h.add_row(row.hf_name, str(list(row.hf_shape)), row.hf_dtype, str(row.gguf_fork),
-                      str(row.gguf_upstream), str(list(row.found_ne)) if row.found_ne else "-",
-                      f"{row.found_type or '-'} ({row.expected_type or 'any'})",
-                      row.status + (f": {row.note}" if row.note else ""))
-        con.print(h)
+            style = {"ok": "", "dropped": "cyan", "unmapped": "yellow"}.get(row.status, "red")
+            found = (f"ne {list(row.found_ne)} {row.found_type}" if row.found_ne is not None else "absent")
+            want = f" (want {row.expected_type})" if row.expected_type else ""
+            line = (f"{row.status:<8} {row.hf_name} {list(row.hf_shape)} {row.hf_dtype} -> "
+                    f"{row.gguf_fork} | {row.gguf_upstream}: {found}{want}" + (f"  {row.note}" if row.note else ""))
+            con.print(f"[{style}]{line}[/{style}]" if style else line, markup=bool(style))
+        for name, why in a.gguf_only.items():
+            con.print(f"gguf-only {name}: {why}", markup=False)
     con.print(f"{'OK' if r.ok else 'NOT OK'}: {n_err} errors, {n_warn} warnings")  # type: ignore[attr-defined]
 
 

@@ -211,3 +211,15 @@ def test_audit_dtype_rules(tmp_path: Path, ckpt_dir: Path) -> None:
                    ("mtp.token_ordering.weight", "error", "I32", "I64")}
     row = next(r for r in a.rows if r.hf_name == "model.layers.0.self_attn.q_proj.weight")
     assert row.expected_type is None and row.found_type == "F32"
+
+
+def test_cli_human_audit(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    res = CliRunner().invoke(app, ["verify", str(ggufs["upstream"]), "--hf", str(ckpt_dir)])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("dropped ")]
+    assert len(lines) == 2 and all("drops masked_embedding" in ln for ln in lines)
+    assert "gguf-only rope_freqs.weight" in res.stdout
