@@ -207,7 +207,8 @@ def load_centroid_head(path: str | os.PathLike[str], *, top_k: int | None = None
 
     Args:
         path: the source.
-        top_k: override the number of centroids kept (default: the source's own, else 32).
+        top_k: override the number of centroids kept (default: the source's own, else
+            min(32, n_centroids)).
 
     Raises:
         LayoutError: the source has no centroid head, or its tensors have impossible shapes.
@@ -254,7 +255,8 @@ def _load_gguf(p: Path, top_k: int | None) -> CentroidHead:
             if isinstance(v, (int, np.integer)):
                 k = int(v)
                 break
-    return head_from_arrays(centroids, ordering, top_k=k or DEFAULT_TOP_K, source=os.fspath(p), kind="gguf")
+    return head_from_arrays(centroids, ordering, top_k=k or min(DEFAULT_TOP_K, centroids.shape[0]),
+                            source=os.fspath(p), kind="gguf")
 
 
 def _hf_files(p: Path) -> list[Path]:
@@ -303,7 +305,8 @@ def _load_hf(p: Path, top_k: int | None) -> CentroidHead:
                 if isinstance(v, int):
                     k = v
                     break
-    return head_from_arrays(found[_HF_CENTROIDS], found[_HF_ORDERING], top_k=k or DEFAULT_TOP_K,
+    return head_from_arrays(found[_HF_CENTROIDS], found[_HF_ORDERING],
+                            top_k=k or min(DEFAULT_TOP_K, found[_HF_CENTROIDS].shape[0]),
                             source=os.fspath(p), kind="hf")
 
 
