@@ -474,7 +474,7 @@ class _Parser:
                           expected=f"<= {left // 12} elements ({left} bytes left)", actual=n)
             # children are walked (validated) but not kept: only their offsets, 8 bytes each (<= the
             # 12 bytes each takes in the file); a child is parsed again when it is accessed
-            offs = array.array("q", bytes(8 * n))
+            offs = array.array("q", [0]) * n
             p = start
             for i in range(n):
                 offs[i] = p
@@ -487,7 +487,7 @@ class _Parser:
 
         The caller checked ``8 * n <= bytes left``, so the table is never larger than the file.
         """
-        offs = array.array("q", bytes(8 * n))
+        offs = array.array("q", [0]) * n
         unpack = _U64.unpack_from
         buf = self.buf
         pos = start
