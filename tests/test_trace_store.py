@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -93,6 +94,10 @@ def test_hidden_projection_and_filters(tmp_path: Path) -> None:
     np.testing.assert_array_equal(inner[3], [0, 2, 4, 6])
     via_sql = t.hidden("h", where="k = 3 AND round = 1")   # rounds 2 (prompt 0) and 3 (prompt 1)
     np.testing.assert_array_equal(via_sql[:, 0], [23.0, 33.0])
+    # a nullable pandas mask: <NA> counts as not selected
+    acc = t.steps["accepted"].astype("boolean")
+    acc[0] = pd.NA
+    assert t.hidden("h", where=acc).shape == (sum(ACC) - 1, 6)
     with pytest.raises(TraceFormatError, match="mask length"):
         t.hidden("h", where=np.ones(5, dtype=bool))
     with pytest.raises(TraceFormatError, match="invalid where"):
@@ -164,6 +169,13 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
     TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
                 overwrite=True).close()
     assert traces.open(tmp_path / "t").manifest["counts"]["n_rounds"] == 0
+    with pytest.raises(TraceFormatError, match="not JSON serialisable"):
+        TraceWriter(tmp_path / "v", {"params": {"x": object()}}, n_embd_backbone=None, n_embd=None,
+                    hidden_dtype=None, centroids=False)
+    assert not (tmp_path / "v").exists()
+    with pytest.raises(TraceFormatError, match="unknown trace source"):
+        TraceWriter(tmp_path / "w", {"source": "nope"}, n_embd_backbone=None, n_embd=None,
+                    hidden_dtype=None, centroids=False)
     with pytest.raises(TraceFormatError, match="hidden dtype"):
         TraceWriter(tmp_path / "u", {}, n_embd_backbone=6, n_embd=None, hidden_dtype="bf16", centroids=False)
 

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,10 @@ class TraceWriter:
         m["complete"] = False
         m["counts"] = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
         S.check_manifest(m, str(self.path / MANIFEST))
+        try:                                   # fail before touching the directory
+            json.dumps(m, default=_json_default, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TraceFormatError(f"manifest is not JSON serialisable: {e}", path=self.path / MANIFEST) from None
         self.manifest = m
 
         self._prepare_dir(overwrite)
@@ -449,6 +454,7 @@ class Trace:
         self._files: dict[str, list[Path]] = {t: self._list_parts(t) for t in S.TABLES}
         self._cache: dict[tuple[str, tuple[str, ...]], pd.DataFrame] = {}
         self._con = None
+        self._lock = threading.RLock()      # the app shares one Trace between script threads
 
     def __repr__(self) -> str:
         return f"Trace({str(self.path)!r}, source={self.manifest.get('source')!r}, parts={self.n_parts})"
@@ -547,10 +553,11 @@ class Trace:
         if names is None:
             names = [n for n in self.schemas[table].names if n not in S.HIDDEN_COLUMNS]
         key = (table, tuple(names))
-        if key not in self._cache:
-            arrow = self._read_arrow(table, names)
-            self._cache[key] = _to_pandas(arrow, self.schemas[table])
-        return self._cache[key]
+        with self._lock:
+            if key not in self._cache:
+                arrow = self._read_arrow(table, names)
+                self._cache[key] = _to_pandas(arrow, self.schemas[table])
+            return self._cache[key]
 
     @property
     def rounds(self) -> pd.DataFrame:
@@ -576,7 +583,8 @@ class Trace:
         Args:
             name: ``"h"``, ``"h_next"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
             where: which steps: ``None`` (all, in ``steps`` row order); a boolean mask aligned with
-                :attr:`steps` rows (numpy array or pandas Series of length ``len(steps)``); or a string,
+                :attr:`steps` rows (numpy array or pandas Series of length ``len(steps)``; ``<NA>``
+                counts as false); or a string,
                 a DuckDB SQL boolean expression over the steps columns, e.g. ``"k = 1 AND NOT accepted"``.
                 Rows come back in ``steps`` order. Rows whose hidden state is null are NaN.
 
@@ -604,7 +612,10 @@ class Trace:
             if isinstance(where, str):
                 idx = self._where_rows(where)
             else:
-                mask = np.asarray(where, dtype=bool)
+                if isinstance(where, (pd.Series, pd.api.extensions.ExtensionArray)):
+                    mask = where.to_numpy(dtype=bool, na_value=False)     # <NA> -> not selected
+                else:
+                    mask = np.asarray(where, dtype=bool)
                 if mask.shape != (int(offsets[-1]),):
                     raise TraceFormatError("mask length differs from the number of steps",
                                            path=self.path, key="where", expected=int(offsets[-1]),
@@ -663,6 +674,10 @@ class Trace:
         """
         import duckdb
 
+        with self._lock:
+            return self._sql_locked(query, duckdb)
+
+    def _sql_locked(self, query: str, duckdb: Any) -> pd.DataFrame:
         if self._con is None:
             self.check_parts()
             con = duckdb.connect()
