@@ -781,11 +781,24 @@ def _runtime_keys(arch: str, dialect: str) -> list[str]:
     return [f"{arch}.{k}" for k in keys]
 
 
+MAX_REASONS = 8
+
+
+def _capped(reasons: list[str]) -> tuple[str, ...]:
+    """At most MAX_REASONS reasons, then one line counting the rest."""
+    if len(reasons) <= MAX_REASONS:
+        return tuple(reasons)
+    return (*reasons[:MAX_REASONS], f"… and {len(reasons) - MAX_REASONS} more")
+
+
 def _tensor_reasons(f: Any, hp: L.HParams, layout: Iterable[L.ExpectedTensor],
                     tmap: dict[str, Any], ignored: Iterable[str] = ()) -> list[str]:
     """Reasons a llama.cpp-style loader refuses the tensors, in create_tensor order."""
     reasons: list[str] = []
     layout = list(layout)
+    if not tmap:
+        reasons.append("the file has no tensors (a vocabulary-only GGUF?); "
+                       f"tensor '{layout[0].name if layout else 'token_embd.weight'}' not found")
     created = set()
     for e in layout:
         t = tmap.get(e.name)
@@ -845,7 +858,7 @@ def upstream_verdict(f: Any) -> Verdict:
             reasons.append(f"key not found in model: {key}")
     reasons += _tokenizer_reasons(f)
     if reasons:
-        return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
+        return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
     hp = L.read_hparams(f)
     for a, b in (("attention.key_length", "attention.value_length"),
                  ("attention.key_length_swa", "attention.value_length_swa")):
@@ -864,14 +877,14 @@ def upstream_verdict(f: Any) -> Verdict:
             reasons.append("Gemma 4 assistant requires embedding_length_out to carry the target hidden size"
                            + (" (key missing)" if n_out is None else f" (it equals embedding_length {hp.n_embd})"))
         if reasons:
-            return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
+            return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
         nextn = hp.nextn_predict_layers or 0
         hp_n = dataclasses.replace(hp, layers=hp.layers[:nextn])
         masked = [n for n in (L.UPSTREAM_MASKED_CENTROIDS, L.UPSTREAM_MASKED_ORDERING) if n in tmap]
         if masked:
             reasons.append(f"tensor '{masked[0]}' present: vector::_M_range_check: __n (which is 0) >= this->size() "
                            "(0.3.36 creates the masked_embd_* tensors with an empty shape)")
-            return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
+            return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
         layout = L.expected_drafter_layout(hp_n, "upstream") if hp.n_vocab is not None else ()
         if nextn == 0:  # pre_projection is created inside the block loop (at il == 0)
             layout = tuple(e for e in layout if "pre_projection" not in e.name)
@@ -880,11 +893,11 @@ def upstream_verdict(f: Any) -> Verdict:
             reasons.append("nextn_predict_layers is missing or 0: the runtime creates no drafter block")
     else:
         if reasons:
-            return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
+            return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
         layout = L.expected_target_layout(hp) if hp.n_vocab is not None else ()
         reasons += _tensor_reasons(f, hp, layout, tmap)
     if reasons:
-        return Verdict(RUNTIME_UPSTREAM, False, tuple(reasons), _BASIS_UPSTREAM)
+        return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
     return Verdict(RUNTIME_UPSTREAM, True, (f"loads: a valid {arch} file for this runtime",), _BASIS_UPSTREAM)
 
 
@@ -910,14 +923,14 @@ def fork_verdict(f: Any) -> Verdict:
     reasons = [f"key not found in model: {k}" for k in _runtime_keys(arch, dialect) if f.get(k) is None]
     reasons += _tokenizer_reasons(f)
     if reasons:
-        return Verdict(RUNTIME_FORK, False, tuple(reasons), _BASIS_FORK)
+        return Verdict(RUNTIME_FORK, False, _capped(reasons), _BASIS_FORK)
     hp = L.read_hparams(f)
     tmap, dups = _tensor_map(f)
     if dups:
         reasons.append(f"duplicated tensor name '{dups[0]}'")
     if hp.n_vocab is None:
         reasons.append("n_vocab unknown")
-        return Verdict(RUNTIME_FORK, False, tuple(reasons), _BASIS_FORK)
+        return Verdict(RUNTIME_FORK, False, _capped(reasons), _BASIS_FORK)
     if dialect == "fork":
         if hp.use_ordered_embeddings:
             if not hp.n_centroids:
@@ -933,7 +946,7 @@ def fork_verdict(f: Any) -> Verdict:
     else:
         reasons += _tensor_reasons(f, hp, L.expected_target_layout(hp), tmap)
     if reasons:
-        return Verdict(RUNTIME_FORK, False, tuple(reasons), _BASIS_FORK)
+        return Verdict(RUNTIME_FORK, False, _capped(reasons), _BASIS_FORK)
     return Verdict(RUNTIME_FORK, True, (f"loads: a valid {arch} file for the fork",), _BASIS_FORK)
 
 
