@@ -9,4 +9,5 @@ from traces.store import Trace, TraceWriter, open_trace
 
 open = open_trace  # noqa: A001 - the documented reader entry point: traces.open(DIR)
 
-__all__ = ["open", "open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord"]
+# "open" is left out of __all__ so that `from traces import *` never shadows the builtin open().
+__all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord"]
