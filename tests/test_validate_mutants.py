@@ -218,6 +218,12 @@ MUTANTS: dict[str, tuple[str, Mut | None, bool]] = {
                                                   lambda a: np.where(np.arange(a.size) == 3, np.nan, a)
                                                   .astype(np.float32)), True),
     "up_as_fork_arch": ("upstream", _arch(FK), False),
+    "up_head_count_kv_array": ("upstream", _set(UP + ".attention.head_count_kv",
+                                                MetaValue(GGUF_ARRAY, np.array([1, 1, 1, 2], np.uint32),
+                                                          GGUF_UINT32)), True),
+    "up_head_count_array_wrong": ("upstream", _set(UP + ".attention.head_count",
+                                                   MetaValue(GGUF_ARRAY, np.array([2, 2, 2, 4], np.uint32),
+                                                             GGUF_UINT32)), False),
     "target_no_per_layer_key": ("target", _drop_keys("gemma4.embedding_length_per_layer_input"), False),
     "target_missing_attn_k": ("target", _drop_tensors("blk.1.attn_k.weight"), False),
     "target_no_attn_v": ("target", _drop_tensors("blk.0.attn_v.weight", "blk.1.attn_v.weight"), True),
@@ -552,3 +558,11 @@ def test_unrelated_arch(tmp_path: Path) -> None:
     assert r.dialect == "unknown"
     up = r.loadability[0]
     assert up.loads is None and "no load rules" in up.reasons[0]
+
+
+def test_per_layer_head_count_array(tmp_path: Path) -> None:
+    # head_count [2, 2, 2, 4]: layer 3 (full, head dim 64) expects attn_q ne [128, 4 * 64] = [128, 256]
+    r = verify_kind(tmp_path, "upstream", MUTANTS["up_head_count_array_wrong"][1])
+    shapes = {f.subject: (f.expected, f.actual) for f in r.findings if f.code == "E_TENSOR_SHAPE"}
+    assert shapes == {"blk.3.attn_q.weight": ([128, 256], [128, 128]),
+                      "blk.3.attn_output.weight": ([256, 128], [128, 128])}

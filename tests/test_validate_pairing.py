@@ -123,3 +123,9 @@ def test_cli_exit_codes_and_json(tmp_path: Path, pair: dict[str, Path]) -> None:
     assert res.exit_code == 2
     res = run(app, ["verify", str(pair["fork"]), "--target", str(junk)])
     assert res.exit_code == 2
+
+
+def test_kv_heads_per_layer_array(tmp_path: Path, pair: dict[str, Path]) -> None:
+    r = verify(build(tmp_path, "up_head_count_kv_array"), target=pair["target"])   # [1, 1, 1, 2]
+    f = one(r, "E_PAIR_KV_HEADS")
+    assert f.subject.endswith("head_count_kv[3]") and (f.expected, f.actual) == (1, 2)
