@@ -396,3 +396,14 @@ def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike
     t = safety.check_path(trace_path, roots(), kind="dir")
     g = safety.check_path(drafter_path, roots(), kind="file")
     return _coverage(str(t), _trace_key(t), str(g), *_stat_key(g))
+
+
+def has_centroid_head(path: str | os.PathLike[str]) -> bool:
+    """True when the allowed GGUF at ``path`` has a centroid matrix and a token ordering
+    (``inspector.centroids.find_centroid_tensors``); False when not, or unreadable / not allowed."""
+    try:
+        find = lib("inspector.centroids", "find_centroid_tensors")
+        c, o = find(gguf(path))
+    except (MtpscopeError, OSError, LibraryMissing):
+        return False
+    return c is not None and o is not None

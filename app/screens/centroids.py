@@ -8,15 +8,41 @@ import streamlit as st
 from app import charts, state, views
 
 st.title("Centroids")
-path = state.get("drafter")
-if not path:
+drafter = state.get("drafter")
+tpath = state.get("trace")
+# The centroid head can come from the selected drafter, from the file a trace names as its centroid
+# source (a trace recorded with an upstream drafter scores a fork file's head next to it), or the demo.
+candidates: list[str] = []
+if drafter:
+    candidates.append(drafter)
+if tpath:
+    with state.guard("trace store"):
+        src = ((state.trace(tpath).manifest.get("models") or {}).get("centroids") or {}).get("path")
+        if src:
+            candidates.append(src)
+demo_fork = str(state.demo_paths()["drafter"])
+if state.demo_paths()["drafter"].exists():
+    candidates.append(demo_fork)
+candidates = list(dict.fromkeys(candidates))
+if not candidates:
     st.info("Choose a fork-dialect drafter (with a centroid head) on the Files page.")
     state.demo_missing_hint()
     st.stop()
+if drafter:
+    with state.guard("GGUF reader"):
+        state.gguf(drafter)  # an unreadable / not allowed drafter: its one-line error here
+with_head = [c for c in candidates if state.has_centroid_head(c)]
+if st.session_state.get("w.cent.src") not in candidates:
+    st.session_state["w.cent.src"] = (with_head or candidates)[0]
+path = st.selectbox("centroid head from", candidates, key="w.cent.src", format_func=state.short)
+if drafter and path != drafter:
+    st.caption(f"The selected drafter `{state.short(drafter)}` "
+               + ("has no centroid head; " if drafter not in with_head else "")
+               + f"showing the head of `{state.short(path)}`.")
 
 with state.guard("centroid head"):
     head = state.centroid_head(path)
-    dec = state.decoder(path, state.get("target"))
+    dec = state.decoder(path, drafter, state.get("target"))
     sizes = head.cluster_sizes()
     c = st.columns(5)
     c[0].metric("centroids", f"{head.n_centroids:,}")
@@ -53,7 +79,6 @@ with state.guard("centroid head"):
                          hide_index=True, width="stretch")
 
     st.subheader("Coverage on the selected trace")
-    tpath = state.get("trace")
     if not tpath:
         st.caption("Choose a trace on the Files page to see which centroids were chosen and where the target's "
                    "token lived.")
