@@ -200,6 +200,20 @@ def _per_layer(v: Any, n_layer: int, default: int) -> list[int]:
     return [int(v)] * n_layer
 
 
+_INT_KEYS = frozenset({
+    "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv", "feed_forward_length",
+    "attention.key_length", "attention.key_length_swa", "attention.value_length", "attention.value_length_swa",
+    "n_embd_backbone", "embedding_length_out", "n_centroids", "centroid_top_k", "nextn_predict_layers",
+    "embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count",
+    "expert_feed_forward_length", "attention.sliding_window", "context_length"})
+
+
+def _int_like(v: Any) -> bool:
+    if isinstance(v, list):
+        return all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def read_hparams(f: Any) -> HParams:
     """Read the hyperparameters a layout needs from an open GGUF file.
 
@@ -214,7 +228,8 @@ def read_hparams(f: Any) -> HParams:
 
     Raises:
         LayoutError: the file has no ``general.architecture``, or no ``{arch}.block_count`` /
-            ``{arch}.embedding_length`` (nothing can be laid out without them).
+            ``{arch}.embedding_length`` (nothing can be laid out without them), or an integer key holds
+            something else (a string, a float, a negative number).
     """
     arch = f.architecture
     if not arch:
@@ -231,6 +246,9 @@ def read_hparams(f: Any) -> HParams:
             if needed:
                 missing.append(key)
         else:
+            if suffix in _INT_KEYS and not _int_like(v):
+                raise LayoutError("key has the wrong type", path=getattr(f, "path", None), key=key,
+                                  expected="an unsigned integer (or one per layer)", actual=repr(v)[:60])
             raw[key] = v
         return v
 

@@ -348,7 +348,8 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     try:
         hp = L.read_hparams(f)
     except LayoutError as e:
-        add(_F(ERROR, "E_KEY_MISSING", e.key or "", "present", None, e.message))
+        code = "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING"
+        add(_F(ERROR, code, e.key or "", e.expected or "present", e.actual, e.message))
         return dialect, None, findings
 
     # --- keys
@@ -681,7 +682,12 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
         return Pairing(tpath, False, tuple(fs), donors, donors_hf)
     if hp is None:
         hp = L.read_hparams(drafter)
-    thp = L.read_hparams(target)
+    try:
+        thp = L.read_hparams(target)
+    except LayoutError as e:
+        add(_F(ERROR, "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING", e.key or "",
+               e.expected or "present", e.actual, f"target: {e.message}"))
+        return Pairing(tpath, False, tuple(fs), donors, donors_hf)
     if hp.n_embd_backbone is not None and thp.n_embd != hp.n_embd_backbone:
         add(_F(ERROR, "E_PAIR_BACKBONE", "gemma4.embedding_length", hp.n_embd_backbone, thp.n_embd,
                f"the drafter expects a backbone width of {hp.n_embd_backbone}, the target's "
@@ -859,7 +865,10 @@ def upstream_verdict(f: Any) -> Verdict:
     reasons += _tokenizer_reasons(f)
     if reasons:
         return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
-    hp = L.read_hparams(f)
+    try:
+        hp = L.read_hparams(f)
+    except LayoutError as e:
+        return Verdict(RUNTIME_UPSTREAM, False, (f"key {e.key} has wrong type ({e.actual})",), _BASIS_UPSTREAM)
     for a, b in (("attention.key_length", "attention.value_length"),
                  ("attention.key_length_swa", "attention.value_length_swa")):
         ka, kb = _get(f, f"{arch}.{a}"), _get(f, f"{arch}.{b}")
@@ -924,7 +933,10 @@ def fork_verdict(f: Any) -> Verdict:
     reasons += _tokenizer_reasons(f)
     if reasons:
         return Verdict(RUNTIME_FORK, False, _capped(reasons), _BASIS_FORK)
-    hp = L.read_hparams(f)
+    try:
+        hp = L.read_hparams(f)
+    except LayoutError as e:
+        return Verdict(RUNTIME_FORK, False, (f"key {e.key} has wrong type ({e.actual})",), _BASIS_FORK)
     tmap, dups = _tensor_map(f)
     if dups:
         reasons.append(f"duplicated tensor name '{dups[0]}'")

@@ -45,6 +45,7 @@ _PHRASES = (
     ("_M_range_check", "_M_range_check"),
     ("not found (a required tensor", "not found"),
     ("has no tensors", "not found"),
+    ("has wrong type", "has wrong type"),
     ("wrong shape", "wrong shape"),
     ("wrong number of tensors", "wrong number of tensors"),
     ("embedding_length_out", "embedding_length_out"),

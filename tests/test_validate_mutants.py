@@ -218,6 +218,7 @@ MUTANTS: dict[str, tuple[str, Mut | None, bool]] = {
                                                   lambda a: np.where(np.arange(a.size) == 3, np.nan, a)
                                                   .astype(np.float32)), True),
     "up_as_fork_arch": ("upstream", _arch(FK), False),
+    "up_embedding_length_string": ("upstream", _set(UP + ".embedding_length", MetaValue(GGUF_STRING, "128")), False),
     "up_head_count_kv_array": ("upstream", _set(UP + ".attention.head_count_kv",
                                                 MetaValue(GGUF_ARRAY, np.array([1, 1, 1, 2], np.uint32),
                                                           GGUF_UINT32)), True),
@@ -566,3 +567,10 @@ def test_per_layer_head_count_array(tmp_path: Path) -> None:
     shapes = {f.subject: (f.expected, f.actual) for f in r.findings if f.code == "E_TENSOR_SHAPE"}
     assert shapes == {"blk.3.attn_q.weight": ([128, 256], [128, 128]),
                       "blk.3.attn_output.weight": ([256, 128], [128, 128])}
+
+
+def test_key_of_wrong_type(tmp_path: Path) -> None:
+    r = verify_kind(tmp_path, "upstream", MUTANTS["up_embedding_length_string"][1])
+    f = one(r, "E_KEY_VALUE")
+    assert f.subject == UP + ".embedding_length" and f.actual == "'128'"
+    assert r.loadability[0].loads is False and "wrong type" in r.loadability[0].reasons[0]
