@@ -168,12 +168,26 @@ class DonorKV:
     v: np.ndarray
     pos: np.ndarray
     mask: np.ndarray | None = None
+    f16: bool = False
 
     def upto(self, n: int) -> DonorKV:
         """The cells whose position is below ``n`` (what a target that decoded ``0..n-1`` holds)."""
         keep = self.pos < n
+        if keep.all():
+            return self
+        if self.pos.size and np.all(np.diff(self.pos) > 0):  # sorted: a prefix, a view not a copy
+            m = int(np.count_nonzero(keep))
+            return DonorKV(self.k[:m], self.v[:m], self.pos[:m], None if self.mask is None else self.mask[:m],
+                           self.f16)
         return DonorKV(self.k[keep], self.v[keep], self.pos[keep],
-                       None if self.mask is None else self.mask[keep])
+                       None if self.mask is None else self.mask[keep], self.f16)
+
+    def rounded_f16(self) -> DonorKV:
+        """K and V rounded to F16 once (``f16=True`` marks it), as llama.cpp's default F16 cache holds them."""
+        if self.f16:
+            return self
+        return DonorKV(self.k.astype(np.float16).astype(np.float32), self.v.astype(np.float16).astype(np.float32),
+                       self.pos, self.mask, True)
 
 
 @dataclass(frozen=True)
@@ -283,13 +297,14 @@ def visible(kv_pos: np.ndarray, q_pos: int, sliding_window: int | None) -> np.nd
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float = 1.0,
-              f16: bool = False) -> np.ndarray:
+              f16: bool = False, kv_rounded: bool = False) -> np.ndarray:
     """Grouped-query attention of one query token.
 
     Shapes: ``q`` ``(n_head, d)``, ``k`` / ``v`` ``(n_kv, n_head_kv, d)``, ``mask`` ``(n_kv,)`` bool;
     returns ``(n_head, d)``. Query head ``h`` reads KV head ``h // (n_head / n_head_kv)``.
     ``scale`` multiplies the scores (Gemma 4: 1.0). With no visible cell the output is zero.
-    ``f16`` rounds q, K, V and the probabilities to F16 first (llama.cpp, non-FA, F16 cache).
+    ``f16`` rounds q, K, V and the probabilities to F16 first (llama.cpp, non-FA, F16 cache);
+    ``kv_rounded`` says K and V already are (see :meth:`DonorKV.rounded_f16`).
     """
     n_head, d = q.shape
     n_head_kv = k.shape[1]
@@ -299,11 +314,17 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     idx = np.flatnonzero(mask)
     if idx.size == 0:
         return np.zeros((n_head, d), dtype=np.float32)
-    ks = k[idx].astype(np.float32)
-    vs = v[idx].astype(np.float32)
+    if idx.size == idx[-1] - idx[0] + 1:  # a contiguous run (the usual case): views, no copies
+        ks, vs = k[idx[0]:idx[-1] + 1], v[idx[0]:idx[-1] + 1]
+    else:
+        ks, vs = k[idx], v[idx]
+    ks = ks.astype(np.float32, copy=False)
+    vs = vs.astype(np.float32, copy=False)
     qq = q.astype(np.float32)
     if f16:
-        ks, vs, qq = (a.astype(np.float16).astype(np.float32) for a in (ks, vs, qq))
+        qq = qq.astype(np.float16).astype(np.float32)
+        if not kv_rounded:
+            ks, vs = (a.astype(np.float16).astype(np.float32) for a in (ks, vs))
     group = n_head // n_head_kv
     qg = qq.reshape(n_head_kv, group, d)                      # (n_head_kv, group, d)
     scores = np.einsum("hgd,nhd->hgn", qg, ks) * np.float32(scale)  # (n_head_kv, group, n)
@@ -575,7 +596,7 @@ class ReferenceDrafter:
             ff = None if hp.is_swa[il] else w.rope_freqs
             q = rope_neox(q, qpos, hp.rope_base[il], hp.n_rot[il], ff)
             mask = d.mask if d.mask is not None else visible(d.pos, qpos, hp.sliding_window if hp.is_swa[il] else None)
-            att = attention(q, d.k, d.v, mask, 1.0, f16=o.kv_f16)
+            att = attention(q, d.k, d.v, mask, 1.0, f16=o.kv_f16, kv_rounded=d.f16)
             a = rms_norm(_mv(lw.attn_output, att.reshape(-1)), lw.post_attention_norm, hp.eps)
             a = (a + x).astype(np.float32)
             fn = rms_norm(a, lw.ffn_norm, hp.eps)

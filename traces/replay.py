@@ -54,9 +54,18 @@ class TargetPrefill:
     argmax: np.ndarray
     donor_layers: dict[str, int] = field(default_factory=dict)
 
-    def kv_before(self, p: int) -> dict[str, DonorKV]:
-        """Donor K/V of positions ``< p``: what the target's cache holds when the pending token is at ``p``."""
-        return {k: v.upto(p) for k, v in self.kv.items()}
+    def kv_before(self, p: int, f16: bool = False) -> dict[str, DonorKV]:
+        """Donor K/V of positions ``< p``: what the target's cache holds when the pending token is at ``p``.
+
+        ``f16``: rounded to F16 (llama.cpp's default cache type), computed once and cached.
+        """
+        src = self.kv
+        if f16:
+            cache = self.__dict__.setdefault("_kv16", {})
+            if not cache:
+                cache.update({k: v.rounded_f16() for k, v in self.kv.items()})
+            src = cache
+        return {k: v.upto(p) for k, v in src.items()}
 
 
 def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
@@ -454,7 +463,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         pre = shape_kv(prefill(tg, seq), ref)
         for r in recs:
             p = int(r.pos)
-            kv = pre.kv_before(p)
+            kvs = {False: pre.kv_before(p), True: pre.kv_before(p, f16=True)}
             recorded = [int(x) for x in list(r.drafted)]
             truth = [truth_seq[p + k] if p + k < len(truth_seq) else -1 for k in range(1, len(recorded) + 1)]
             rrow: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "pos": p, "n_draft": len(recorded),
@@ -466,7 +475,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
                 later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
                 drafts = []
                 for k in range(len(recorded)):
-                    res = ref.step(tok, h, p, kv, o if k == 0 else later, h_prenorm=hp if k == 0 else None)
+                    res = ref.step(tok, h, p, kvs[o.kv_f16], o if k == 0 else later,
+                                   h_prenorm=hp if k == 0 else None)
                     drafts.append(res.token)
                     tok, h, hp = res.token, res.h_next, None
                 per_variant[name] = drafts
