@@ -1,0 +1,402 @@
+"""The MTP recorder against the real llama.cpp (llama-cpp-python 0.3.36) on the tiny demo pair.
+
+Invariants: greedy speculative output == plain greedy decoding of the target, token for token (flash
+attention off); captured h_next == the API's; argmax of the captured logits == the drafted token. The
+recorded hidden states are checked against the drafter's own weights read with gguf-py (an independent
+reader): logits = token_embd · h_inner, h_next = post_projection · h_inner, centroid logits =
+centroids · h_inner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import traces  # noqa: E402
+from inspector.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
+from traces import llama_runtime as rt  # noqa: E402
+from traces.recorder import MtpRuntime, Sampler, read_prompts, record, top_k_desc  # noqa: E402
+
+pytestmark = pytest.mark.llama
+
+PROMPTS = ["The quick brown fox", "Every sailor sings about distant islands", "Hello world"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
+    target, clean = tiny_pair(vocab="subset")
+    _, noisy = tiny_pair(vocab="subset", noise=2.0)
+    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
+    return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}
+
+
+@pytest.fixture(scope="module")
+def noisy_rt(pair):  # noqa: ANN001, ANN201
+    r = MtpRuntime(pair["target"], pair["noisy"], n_ctx=1024)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
+    out = tmp_path_factory.mktemp("rec") / "noisy"
+    s = record(target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, max_tokens=40,
+               centroids=pair["fork"], hidden="f32", flush_every=3, runtime=noisy_rt, command=["test"])
+    return s, traces.open(out)
+
+
+def _gguf_arrays(path: Path) -> dict[str, np.ndarray]:
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+    return {t.name: np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
+            if t.name != "mtp.token_ordering.weight" else np.asarray(t.data) for t in r.tensors
+            if t.name in ("token_embd.weight", "nextn.post_projection.weight", "mtp.centroids.weight",
+                          "mtp.token_ordering.weight", "mtp.post_projection.weight")}
+
+
+# ------------------------------------------------------------------------------------------ invariants
+
+
+def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN001
+    accepted = drafted = 0
+    for p in PROMPTS:
+        tk = noisy_rt.prompt_tokens(p)
+        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=48, trace=False))
+        spec = [rounds[0].pending_token] + [t for r in rounds for t in r.emitted]
+        plain = noisy_rt.generate_plain(tk, max_tokens=48)
+        assert spec == plain
+        accepted += sum(r.n_accepted for r in rounds)
+        drafted += sum(len(r.drafted) for r in rounds)
+    assert 0 < accepted < drafted  # rejections happened, so roll-back was exercised
+
+
+def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN001
+    # llama.cpp's scheme samples the target once per position with the chain and compares, so the
+    # speculative output must equal plain sampling with the same seed
+    tk = noisy_rt.prompt_tokens(PROMPTS[0])
+    for seed in (1, 7):
+        s1, s2 = Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95), Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95)
+        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=40, sampler=s1, trace=False))
+        spec = [noisy_rt.first_token] + [t for r in rounds for t in r.emitted]
+        assert spec == noisy_rt.generate_plain(tk, max_tokens=40, sampler=s2)
+        s1.close(), s2.close()
+        for r in rounds:  # rows after the first mismatch are never sampled
+            assert all(t is None for t in r.target[r.n_accepted + 1:])
+            assert r.target[r.n_accepted] is not None
+
+
+def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
+    tm, dm = rt.LlamaModel(pair["target"]), rt.LlamaModel(pair["noisy"])
+    tc = rt.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
+    cap = rt.NodeCapture(["result_norm", "h_nextn", "result_output"])
+    dc = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=cap, masked=True)
+    tb, db = rt.TokenBatch(64), rt.DraftBatch(dm.n_embd_inp)
+    try:
+        toks = tm.tokenize(PROMPTS[1])
+        tb.set(toks, 0)
+        tc.decode(tb)
+        tok, h = int(np.argmax(tc.logits(-1))), tc.nextn(len(toks) - 1).copy()
+        w = _gguf_arrays(pair["noisy"])
+        for _ in range(4):
+            cap.reset()
+            db.set(tok, len(toks), h)
+            dc.decode(db)
+            api_logits, api_h = dc.logits(0).copy(), dc.nextn(0).copy()
+            names = [n for n, _ in cap.captured]
+            assert names == ["result_norm", "result_output", "h_nextn"]
+            np.testing.assert_array_equal(cap.get("h_nextn").reshape(-1), api_h)
+            np.testing.assert_array_equal(cap.get("result_output").reshape(-1), api_logits)
+            d = int(np.argmax(cap.get("result_output")))
+            assert d == int(np.argmax(api_logits))
+            # independent maths from the drafter's weights (gguf-py): tied LM head and post-projection
+            hi = cap.get("result_norm").reshape(-1).astype(np.float64)
+            np.testing.assert_allclose(w["token_embd.weight"] @ hi, api_logits, rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(w["nextn.post_projection.weight"] @ hi, api_h, rtol=1e-3, atol=1e-3)
+            tok, h = d, api_h
+        assert cap.get("result_norm", occurrence=1) is None
+    finally:
+        for o in (db, tb, dc, tc, dm, tm):
+            o.close()
+
+
+def test_ggml_tensor_mirror_matches_library() -> None:
+    import ctypes
+
+    g = rt._ggml_lib()  # raises if sizeof differs from ggml_tensor_overhead() - GGML_OBJECT_SIZE
+    assert ctypes.sizeof(rt.GgmlTensor) == 336 and rt.GgmlTensor.name.offset == 256
+    assert "nbytes" in g
+
+
+# ------------------------------------------------------------------------------------------ the trace
+
+
+def test_trace_rounds_are_consistent(noisy_trace) -> None:  # noqa: ANN001
+    s, tr = noisy_trace
+    r = tr.rounds
+    assert tr.manifest["complete"] is True and tr.warnings == []
+    assert len(r) == s.n_rounds and tr.manifest["counts"]["n_rounds"] == s.n_rounds
+    for pid, grp in r.groupby("prompt_id"):
+        grp = grp.sort_values("round")
+        assert grp["round"].tolist() == list(range(len(grp)))
+        gen = [int(grp.iloc[0].pending_token)]
+        for a, b in zip(grp.itertuples(), list(grp.itertuples())[1:]):
+            assert b.pos == a.pos + a.n_accepted + 1
+            assert b.pending_token == a.emitted[-1]
+        for row in grp.itertuples():
+            drafted, target, n = list(row.drafted), list(row.target), row.n_accepted
+            assert drafted[:n] == target[:n] and (n == len(drafted) or drafted[n] != target[n])
+            assert list(row.emitted) == drafted[:n] + [target[n]]
+            assert row.t_draft_ms > 0 and row.t_verify_ms > 0
+            gen += list(row.emitted)
+        assert tuple(gen) == s.outputs[pid]
+        assert len(gen) == 40
+    assert 0 < s.acceptance_rate < 1
+    assert s.acceptance_rate == pytest.approx(r.n_accepted.sum() / r.n_draft.sum())
+
+
+def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
+    s, tr = noisy_trace
+    st, r = tr.steps, tr.rounds
+    assert len(st) == s.n_steps == r.n_draft.sum()
+    m = st.merge(r[["prompt_id", "round", "drafted", "target", "n_accepted"]], on=["prompt_id", "round"])
+    for row in m.itertuples():
+        assert row.token == row.drafted[row.k - 1]
+        assert row.target_token == row.target[row.k - 1]
+        assert row.accepted == (row.k <= row.n_accepted)
+        assert row.rank == 0 and row.top_ids[0] == row.token
+        assert row.logit == pytest.approx(row.top_logits[0])
+        assert list(row.top_logits) == sorted(row.top_logits, reverse=True) and len(row.top_ids) == 10
+        assert (row.target_rank == 0) == (row.target_token == row.token)
+    # hidden states: h of step 1 is the target's, h of step k>1 is h_next of step k-1
+    h, hn, hi = tr.hidden("h"), tr.hidden("h_next"), tr.hidden("h_inner")
+    assert h.shape == hn.shape == (len(st), 64) and hi.shape == (len(st), 128)
+    ks = st["k"].to_numpy()
+    later = np.flatnonzero(ks > 1)
+    np.testing.assert_array_equal(h[later], hn[later - 1])
+    # independent maths from the drafter's weights read with gguf-py
+    w = _gguf_arrays(pair["noisy"])
+    logits = hi.astype(np.float64) @ w["token_embd.weight"].T.astype(np.float64)
+    np.testing.assert_allclose(hi @ w["nextn.post_projection.weight"].T, hn, rtol=1e-3, atol=1e-3)
+    assert (np.argmax(logits, axis=1) == st["token"].to_numpy()).all()
+    top = np.stack(st["top_ids"].to_numpy())
+    np.testing.assert_allclose(np.take_along_axis(logits, top, axis=1), np.stack(st["top_logits"].to_numpy()),
+                               rtol=1e-3, atol=1e-3)
+    # centroid head from the fork file (gguf-py): c = centroids · h_inner, top-4
+    f = _gguf_arrays(pair["fork"])
+    c = hi.astype(np.float64) @ f["mtp.centroids.weight"].T.astype(np.float64)
+    order = np.argsort(-c, axis=1, kind="stable")[:, :4]
+    assert (np.stack(st["centroid_ids"].to_numpy()) == order).all()
+    ordering = f["mtp.token_ordering.weight"].reshape(64, -1)
+    for i, row in enumerate(st.itertuples()):
+        cand = ordering[order[i]].reshape(-1)
+        assert row.centroid_token == cand[np.argmax(logits[i, cand])]
+        tc = int(np.flatnonzero((ordering == row.target_token).any(axis=1))[0])
+        assert row.target_centroid == tc
+        assert row.target_centroid_rank == int((c[i] > c[i, tc]).sum())
+        assert row.target_in_candidates == (tc in order[i])
+
+
+def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
+    from gguf import GGUFReader
+
+    s, tr = noisy_trace
+    m = tr.manifest
+    assert m["source"] == "record" and m["command"] == ["test"]
+    for role, path, arch, dialect in (("target", pair["target"], "gemma4", "target"),
+                                      ("assistant", pair["noisy"], "gemma4-assistant", "upstream"),
+                                      ("centroids", pair["fork"], "gemma4_assistant", "fork")):
+        info = m["models"][role]
+        data_offset = GGUFReader(str(path)).data_offset
+        assert info["header_sha256"] == hashlib.sha256(path.read_bytes()[:data_offset]).hexdigest()
+        assert (info["architecture"], info["dialect"], info["size"]) == (arch, dialect, path.stat().st_size)
+        assert info["path"] == os.fspath(path.resolve())
+    import llama_cpp
+
+    assert m["runtime"]["llama_cpp_python"] == llama_cpp.__version__ == "0.3.36"
+    assert m["runtime"]["device"] == "cpu" and m["runtime"]["llama_cpp"]
+    assert m["dims"] == {"n_embd_backbone": 64, "n_embd": 128, "hidden_dtype": "f32"}
+    assert m["centroids"]["n_centroids"] == 64 and m["centroids"]["top_k"] == 4
+    tm = rt.LlamaModel(pair["target"])
+    try:
+        assert [p["n_prompt_tokens"] for p in m["prompts"]] == [len(tm.tokenize(p)) for p in PROMPTS]
+    finally:
+        tm.close()
+    assert [p["text"] for p in m["prompts"]] == PROMPTS
+    assert m["params"]["n_draft"] == 3 and m["params"]["max_tokens"] == 40 and m["params"]["greedy"] is True
+
+
+def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN001
+    s = record(target=pair["target"], assistant=pair["clean"], out=tmp_path / "t", prompt=PROMPTS[0],
+               max_tokens=30, hidden="off")
+    assert s.n_rounds > 0 and s.acceptance_rate == 1.0
+    tr = traces.open(tmp_path / "t")
+    assert tr.manifest["dims"]["hidden_dtype"] is None and tr.manifest["centroids"] is None
+    assert tr.steps["accepted"].all() and tr.steps["centroid_ids"].isna().all()
+    assert tr.rounds.n_accepted.sum() == tr.rounds.n_draft.sum()
+
+
+def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
+    s = record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "c", prompt="Hi there",
+               max_tokens=6, chat=True, runtime=noisy_rt)
+    tr = traces.open(tmp_path / "c")
+    assert tr.manifest["dims"]["hidden_dtype"] == "f16"
+    toks = noisy_rt.prompt_tokens("Hi there", chat=True)
+    text = noisy_rt.tmodel.detokenize(toks)
+    # (the 4096-token subset vocabulary renders the space as "▁")
+    assert text.startswith("<bos><|turn>user\nHi") and "there<turn|>" in text and "<|turn>model" in text
+    assert tr.manifest["prompts"][0]["n_prompt_tokens"] == len(toks) > len(noisy_rt.prompt_tokens("Hi there"))
+    assert len(s.outputs[0]) == 6
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(LayoutError, match="--centroids") as ei:
+        record(target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
+    assert ei.value.key == "general.architecture" and ei.value.actual == "gemma4_assistant"
+    assert not (tmp_path / "x").exists()
+
+
+def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # noqa: ANN001
+    from mtpscope import demo
+
+    with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
+        record(target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
+    assert ei.value.actual == "gemma4-assistant"
+    with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
+        record(target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+    other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
+                               dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
+    with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
+        record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
+    assert (ei.value.expected, ei.value.actual) == (32, 64)
+    with pytest.raises(FileNotFoundError):
+        record(target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x", prompt="x")
+
+
+def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
+    import gguf
+
+    bad = write_gguf("c.gguf", "gemma4_assistant", kv=[("gemma4_assistant.centroid_top_k", 2, gguf.GGUFValueType.UINT32)],
+                     tensors=[("mtp.centroids.weight", np.zeros((4, 16), np.float32)),
+                              ("mtp.token_ordering.weight", np.arange(4096, dtype=np.int32))])
+    with pytest.raises(LayoutError, match="n_embd") as ei:
+        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", centroids=bad)
+    assert (ei.value.expected, ei.value.actual) == (128, 16)
+
+
+def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
+    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": tmp_path / "x"}
+    with pytest.raises(MtpscopeError, match="exactly one"):
+        record(**kw)
+    with pytest.raises(MtpscopeError, match="hidden"):
+        record(**kw, prompt="x", hidden="f8")
+    with pytest.raises(MtpscopeError, match="n_draft"):
+        record(**kw, prompt="x", n_draft=0)
+
+
+def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
+    j = tmp_path / "p.jsonl"
+    j.write_text('"plain"\n\n{"prompt": "a"}\n{"text": "b"}\n')
+    assert read_prompts(j) == ["plain", "a", "b"]
+    t = tmp_path / "p.txt"
+    t.write_text("one\n\n two \n")
+    assert read_prompts(t) == ["one", " two "]
+    j.write_text('"ok"\n{"messages": []}\n')
+    with pytest.raises(MtpscopeError, match="line 2"):
+        read_prompts(j)
+    j.write_text('"ok"\n{bad\n')
+    with pytest.raises(MtpscopeError, match="line 2"):
+        read_prompts(j)
+    t.write_text("\n\n")
+    with pytest.raises(MtpscopeError, match="no prompts"):
+        read_prompts(t)
+
+
+def test_runtime_unavailable_message(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(rt, "_state", {})
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
+    with pytest.raises(RuntimeUnavailableError, match="pip install") as ei:
+        rt.llama()
+    assert ei.value.key == "llama_cpp"
+    assert rt.available() is False
+
+
+def test_top_k_desc_matches_lexsort() -> None:
+    rng = np.random.default_rng(3)
+    for n in (5, 100, 4096, 262144):
+        for _ in range(5):
+            x = rng.integers(0, 40, n).astype(np.float32)  # many ties
+            ref = np.lexsort((np.arange(n), -x))[:10]
+            assert top_k_desc(x, 10).tolist() == ref.tolist()
+
+
+# ------------------------------------------------------------------------------------------ CLI and kill -9
+
+
+def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]),
+                              "--prompt", "The quick brown fox", "--max-tokens", "12", "--no-progress",
+                              "--out", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    assert "acceptance rate 1.0000" in res.output
+    assert traces.open(tmp_path / "t").manifest["params"]["max_tokens"] == 12
+    res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["fork"]),
+                              "--prompt", "x", "--out", str(tmp_path / "f")])
+    assert res.exit_code == 1 and "--centroids" in res.output
+
+
+@pytest.mark.slow
+def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
+           "--assistant", str(pair["noisy"]), "--prompt", PROMPTS[0], "--max-tokens", "3000",
+           "--flush-every", "1", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if len(list((out / "rounds").glob("part-*.parquet"))) >= 4 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False
+    assert manifest["command"][:2] == ["mtpscope", "record"] and "--flush-every" in manifest["command"]
+    tr = traces.open(out)
+    # parts are renamed into place: none is torn or skipped (only the incomplete flag and maybe a .tmp)
+    assert not [w for w in tr.warnings if "skipped" in w or "unreadable" in w], tr.warnings
+    assert any("incomplete" in w for w in tr.warnings)
+    parts = sorted((out / "rounds").glob("part-*.parquet"))
+    assert len(parts) >= 4 and len(tr.rounds) == len(parts)  # flush_every 1: one round per part
+    assert sorted(tr.rounds["round"].tolist()) == list(range(len(parts)))
+    # every finished round has all its steps (a steps part is written before its rounds part)
+    n = tr.steps.groupby("round").size()
+    for row in tr.rounds.itertuples():
+        assert n[row.round] == row.n_draft
