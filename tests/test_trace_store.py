@@ -239,7 +239,7 @@ def test_corrupted_bytes_in_part_are_caught(tmp_path: Path) -> None:
 def test_tmp_part_ignored(tmp_path: Path) -> None:
     # a writer that never closed (crash): no 'parts' listing, the reader globs part-*.parquet
     w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
-                    flush_every=2)
+                    flush_every=2, background=False)
     for r, a in enumerate(ACC):
         w.add_round(_round(r, a))
     (tmp_path / "rounds" / "part-00003.parquet.tmp").write_bytes(b"PAR1 half written")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import queue
 import re
 import sys
 import threading
@@ -116,6 +117,10 @@ class TraceWriter:
             With hidden states this rewrites them once (about 40 MB/s here, so ~100 s for a 4 GB
             trace); pass ``compact=False`` to skip it.
         compact_rounds: rounds per merged file.
+        background: write part files on a writer thread (pyarrow releases the GIL), so that
+            ``add_round`` only converts records; at most 4 parts wait in its queue. A write error is
+            raised (as ``TraceError``) by the next ``add_round`` / ``flush`` / ``close``. A kill -9
+            loses only the parts still queued; every part already renamed into place stays.
         overwrite: if ``out_dir`` already holds a trace, delete its manifest and parts first (only
             those files); otherwise that raises.
 
@@ -142,6 +147,7 @@ class TraceWriter:
         flush_every: int = 8,
         compact: bool = True,
         compact_rounds: int = COMPACT_ROUNDS,
+        background: bool = True,
         overwrite: bool = False,
     ) -> None:
         if int(flush_every) < 1:
@@ -187,6 +193,10 @@ class TraceWriter:
         self._rounds: list[RoundRecord] = []
         self._steps: list[tuple[RoundRecord, StepRecord]] = []
         self._next_part = 0
+        self.background = bool(background)
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._error: BaseException | None = None
         self._written: list[dict[str, Any]] = []    # per part: idx and rows per table (None: absent)
         self._closed = False
         _write_json_atomic(self.path / MANIFEST, self.manifest)
@@ -274,34 +284,77 @@ class TraceWriter:
         counts = self.manifest["counts"]
         rec: dict[str, Any] = {"idx": idx, "rounds": None, "steps": None, "requests": None}
         # steps first, then rounds: a finished rounds part implies its steps part exists.
+        jobs: list[tuple[pa.Table, Path]] = []
         if steps is not None:
             steps = _conform(steps, self.steps_schema, "steps")
-            _write_part(steps, self.path / "steps" / name)
+            jobs.append((steps, self.path / "steps" / name))
             counts["n_steps"] += steps.num_rows
             rec["steps"] = steps.num_rows
         if requests is not None:
             requests = _conform(requests, S.REQUESTS_SCHEMA, "requests")
             (self.path / "requests").mkdir(exist_ok=True)
-            _write_part(requests, self.path / "requests" / name)
+            jobs.append((requests, self.path / "requests" / name))
             counts["n_requests"] = counts.get("n_requests", 0) + requests.num_rows
             rec["requests"] = requests.num_rows
         if rounds is not None:
             rounds = _conform(rounds, S.ROUNDS_SCHEMA, "rounds")
-            _write_part(rounds, self.path / "rounds" / name)
+            jobs.append((rounds, self.path / "rounds" / name))
             counts["n_rounds"] += rounds.num_rows
             rec["rounds"] = rounds.num_rows
         counts["n_parts"] += 1
         self._next_part += 1
         self._written.append(rec)
+        self._submit(jobs)
         return idx
+
+    # ------------------------------------------------------------------ background part writing
+    def _submit(self, jobs: list[tuple[pa.Table, Path]]) -> None:
+        """Write the part files (in order) now, or on the writer thread when ``background``."""
+        self._raise_background_error()
+        if not self.background:
+            for table, path in jobs:
+                _write_part(table, path)
+            return
+        if self._thread is None:
+            self._queue = queue.Queue(maxsize=4)
+            self._thread = threading.Thread(target=self._worker, name="mtpscope-trace-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(jobs)
+
+    def _worker(self) -> None:
+        while True:
+            jobs = self._queue.get()
+            if jobs is None:
+                return
+            if self._error is None:
+                try:
+                    for table, path in jobs:
+                        _write_part(table, path)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                    self._error = e
+
+    def _drain(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise_background_error()
+
+    def _raise_background_error(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise TraceError(f"writing a trace part failed: {e}", path=self.path) from e
 
     def close(self, complete: bool = True) -> None:
         """Write the remaining rounds, compact (see ``compact``) and rewrite the manifest with
         ``complete``, ``counts`` and ``parts`` (the part file names per table). Idempotent."""
         if self._closed:
             return
-        self.flush()
-        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._drain()
         old: list[Path] = []
         listing = self._plain_listing()
         if self.compact and complete and len(self._written) > 1:
@@ -405,6 +458,12 @@ class TraceWriter:
 
 
 def _conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    if table.schema.equals(schema):
+        for f in schema:
+            if not f.nullable and table.column(f.name).null_count:
+                raise TraceFormatError(f"{what} column holds nulls", key=f.name,
+                                       expected="no nulls", actual=f"{table.column(f.name).null_count} nulls")
+        return table
     cols = []
     n = table.num_rows
     for f in schema:
