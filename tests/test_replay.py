@@ -34,7 +34,7 @@ def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5)
     words = demo.DEMO_PASSAGE.split()
     record(target=t, assistant=dr, out=d / "trace", prompts=[" ".join(words[:5]), " ".join(words[7:12])],
-           max_tokens=40, centroids=fork)
+           max_tokens=40, centroids=fork, hidden="f32")
     return {"target": t, "drafter": dr, "fork": fork, "trace": d / "trace"}
 
 
@@ -47,6 +47,9 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
     assert s["n_rounds"] == len(tr.rounds) and s["n_steps"] == len(tr.steps)
     base = s["variants"]["baseline"]
     assert base["agreement"] == 1.0
+    # h_next recomputed from the prefill's K/V vs the h_next llama.cpp produced during recording (f32)
+    assert len(res.h_next_rel_err) == len(tr.steps)
+    assert s["baseline_h_next_rel_err_max"] <= 1e-3
     # would-be acceptance of the baseline equals the recorder's own per-round counts
     assert res.rounds["n_accepted[baseline]"].tolist() == res.rounds["n_accepted"].tolist()
     rec_rate = tr.rounds["n_accepted"].sum() / tr.rounds["n_draft"].sum()
@@ -117,7 +120,9 @@ def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     t = convert(tdir, tmp_path / "t.gguf").out
     d = convert(ddir, tmp_path / "d.gguf").out
     words = demo.DEMO_PASSAGE.split()
-    record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24)
+    record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24,
+           hidden="f32")
     s = replay(tmp_path / "trace", variants=["position=p-1"]).summary()
     assert s["variants"]["baseline"]["agreement"] == 1.0
+    assert s["baseline_h_next_rel_err_max"] <= 1e-3   # every recorded step, attention in play
     assert s["variants"]["position=p-1"]["agreement"] < 1.0

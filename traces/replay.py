@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError, TraceError
+from inspector.errors import LayoutError, MtpscopeError, TraceError
 from inspector.reference import DonorKV, ReferenceDrafter, StepOptions
 
 
@@ -312,7 +312,8 @@ class ReplayResult:
             (recorded) and per variant ``n_accepted[NAME]``.
         baseline: the options of the baseline variant.
         out: where summary.json / steps.parquet went, if anywhere.
-        notes: diagnostics (e.g. the largest difference between recorded and recomputed h).
+        notes: diagnostics (e.g. the largest difference between recorded and recomputed h_next).
+        h_next_rel_err: per baseline step with a recorded h_next: ``|h_next - recorded| / |recorded|``.
     """
 
     trace: str
@@ -322,6 +323,7 @@ class ReplayResult:
     baseline: StepOptions
     out: str | None = None
     notes: list[str] = field(default_factory=list)
+    h_next_rel_err: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
@@ -338,7 +340,8 @@ class ReplayResult:
         out: dict[str, Any] = {"trace": self.trace, "n_rounds": n_rounds, "n_steps": len(self.steps),
                                "recorded": {"acceptance_rate": rec_ar, "mean_acceptance_length": rec_mal},
                                "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
-                               "out": self.out, "notes": list(self.notes)}
+                               "out": self.out, "notes": list(self.notes),
+                               "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None}
         for name, o in self.variants.items():
             ar, mal = rates(int(r[f"n_accepted[{name}]"].sum()) if n_rounds else 0)
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
@@ -439,6 +442,17 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         prompt_toks = {pid: _prompt_tokens(model, prompts[pid]["text"], chat) for pid in prompts}
     finally:
         model.close()
+    rec_hnext: dict[tuple[int, int, int], np.ndarray] = {}
+    dims = man.get("dims") or {}
+    if dims.get("hidden_dtype"):
+        try:
+            keys = t.columns("steps", ["prompt_id", "round", "k"])
+            hn = t.hidden("h_next")
+            rec_hnext = {(int(a), int(b), int(c)): hn[i]
+                         for i, (a, b, c) in enumerate(keys.itertuples(index=False, name=None))}
+        except MtpscopeError:
+            rec_hnext = {}
+    h_errs: list[float] = []
     step_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -478,6 +492,10 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
                     res = ref.step(tok, h, p, kvs[o.kv_f16], o if k == 0 else later,
                                    h_prenorm=hp if k == 0 else None)
                     drafts.append(res.token)
+                    if name == "baseline":
+                        want = rec_hnext.get((pid, int(r.round), k + 1))
+                        if want is not None and np.all(np.isfinite(want)) and np.linalg.norm(want) > 0:
+                            h_errs.append(float(np.linalg.norm(res.h_next - want) / np.linalg.norm(want)))
                     tok, h, hp = res.token, res.h_next, None
                 per_variant[name] = drafts
                 n_acc = 0
@@ -499,8 +517,11 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
                                          *[f"draft[{n}]" for n in vmap], *[f"accepted[{n}]" for n in vmap]])
         rounds_df = pd.DataFrame(columns=["prompt_id", "round", "pos", "n_draft", "n_accepted",
                                           *[f"n_accepted[{n}]" for n in vmap]])
+    if h_errs:
+        notes.append(f"baseline h_next vs recorded h_next ({dims.get('hidden_dtype')}): max relative error "
+                     f"{max(h_errs):.3g} over {len(h_errs)} steps")
     res = ReplayResult(trace=os.fspath(tpath), variants=vmap, steps=steps_df, rounds=rounds_df, baseline=base,
-                       notes=notes)
+                       notes=notes, h_next_rel_err=h_errs)
     if out is not None:
         od = Path(out)
         od.mkdir(parents=True, exist_ok=True)
