@@ -324,3 +324,26 @@ def test_demo_record_config_matches_the_contract() -> None:
     assert cfg["drafters"]["clean"]["expected_acceptance_rate"] == 1.0
     assert 262144 % cfg["fork"]["n_centroids"] == 0
     assert cfg["vocab"] == "full"
+
+
+@pytest.mark.slow
+def test_cached_demo_folder_files(demo_dir, tmp_path: Path) -> None:  # noqa: ANN001
+    """The built demo: fork file read with the project's reader, and byte-identical rebuilds."""
+    from inspector.gguf import open_gguf
+
+    with open_gguf(demo_dir.drafter_fork) as f:
+        assert f.architecture == "gemma4_assistant"
+        n_c = f.get("gemma4_assistant.n_centroids")
+        assert n_c == 2048 and 262144 % n_c == 0
+        ordering = np.array(f.tensor_data("mtp.token_ordering.weight"))
+        assert f.tensor("mtp.token_ordering.weight").type_name == "I32"
+    np.testing.assert_array_equal(np.sort(ordering), np.arange(262144))
+    with open_gguf(demo_dir.drafter_upstream) as f:
+        assert f.architecture == "gemma4-assistant"
+        assert len(f.tensors) == 49
+        assert len(f.get("tokenizer.ggml.tokens")) == 262144
+        assert len(f.get("tokenizer.ggml.merges")) == 514906
+    cfg = demo.load_record_config()
+    again = tmp_path / "target.gguf"
+    demo.write_target(again, vocab=cfg["vocab"], seed=cfg["seed"])
+    assert _sha(again) == _sha(demo_dir.target)
