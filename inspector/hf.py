@@ -416,6 +416,9 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
     tmap = {t.name: t for t in f.tensors}
     rows: list[AuditRow] = []
     fs: list[Any] = []
+    if dialect not in ("fork", "upstream"):
+        fs.append(_F(WARNING, "H_NOT_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant", arch,
+                     "the HF audit maps Gemma 4 assistant checkpoints; names are mapped as upstream's"))
     mapped: set[str] = set()
     for t in ckpt.tensors.values():
         try:
