@@ -295,6 +295,10 @@ class GGUFFile:
     _src: _Source = field(repr=False)
     _by_name: Mapping[str, TensorInfo] = field(repr=False)
 
+    def __repr__(self) -> str:
+        return (f"GGUFFile(path={self.path!r}, version={self.version}, file_size={self.file_size}, "
+                f"architecture={self.architecture!r}, n_kv={len(self.kv)}, n_tensors={len(self.tensors)})")
+
     # -- metadata
     def get(self, key: str, default: Any = None) -> Any:
         """The decoded value of ``key`` (scalar, ``str`` or :class:`ArrayValue`), else ``default``."""

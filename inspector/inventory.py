@@ -150,6 +150,10 @@ class Inventory:
     by_type: Mapping[str, Totals]
     n_bytes: int
 
+    def __repr__(self) -> str:
+        return (f"Inventory(path={self.path!r}, architecture={self.architecture!r}, "
+                f"dialect={self.dialect.kind!r}, n_tensors={len(self.entries)}, n_bytes={self.n_bytes})")
+
     @property
     def n_tensors(self) -> int:
         """Number of tensors."""
