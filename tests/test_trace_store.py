@@ -326,3 +326,38 @@ def test_sigkill_mid_run_keeps_every_finished_part(tmp_path: Path) -> None:
     h = t.hidden("h", where=(s["k"].to_numpy() == 1) & (s["round"].to_numpy() < len(r)))
     np.testing.assert_array_equal(h[:, 0], np.arange(len(r), dtype=np.float32))
     assert not any("unreadable" in w for w in t.warnings)
+
+
+def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import traces.store as store
+
+    def boom(table, path):  # noqa: ANN001
+        raise OSError(28, "No space left on device")
+
+    w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                    flush_every=1)
+    monkeypatch.setattr(store, "_write_part", boom)
+    w.add_round(_round(0, 1))                      # queued; the thread fails
+    with pytest.raises(TraceError, match="No space left"):
+        for r in range(1, 50):                     # surfaces at a later call at the latest at close
+            w.add_round(_round(r, 1))
+        w.close()
+    monkeypatch.undo()
+    w.close()                                      # idempotent after the failure
+
+
+def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import traces.store as store
+
+    class Broken:
+        def __init__(self, *a, **k):  # noqa: ANN002, ANN003
+            raise OSError("disk went away")
+
+    monkeypatch.setattr(store.pq, "ParquetWriter", Broken)
+    _write(tmp_path, flush_every=2, compact=True)
+    monkeypatch.undo()
+    t = traces.open(tmp_path)
+    assert t.manifest["complete"] is True
+    assert t.manifest["parts"]["rounds"] == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert any("compaction failed" in w for w in t.manifest["warnings"])
+    assert list(t.rounds["n_accepted"]) == ACC
