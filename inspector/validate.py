@@ -600,9 +600,6 @@ def _check_centroid_head(f: Any, hp: L.HParams, ct: Any, ot: Any, add: Any) -> N
     n_c = hp.n_centroids
     if ct is not None and n_c is None and len(ct.ne) == 2:
         n_c = int(ct.ne[1])
-    if ct is not None and ct.name != L.FORK_CENTROIDS:
-        # upstream masked_embd_* — shape orientation still worth reporting
-        pass
     if ct is not None and len(ct.ne) != 2:
         add(_F(ERROR, "E_CENTROID_SHAPE", ct.name, "rank 2", list(ct.ne), f"{ct.name} must be rank 2"))
     if n_c and n_vocab and n_vocab % n_c:
