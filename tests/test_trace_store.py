@@ -163,6 +163,10 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
         w.add_round(rr, [StepRecord(k=1, token=1, h_inner=np.zeros(4))])
     with pytest.raises(TraceFormatError, match="k out of range"):
         w.add_round(rr, [StepRecord(k=4, token=1)])
+    with pytest.raises(TraceFormatError, match="do not fit the trace schema"):
+        w.add_round(RoundRecord(prompt_id=0, round=0, pos=0, pending_token=2 ** 40, n_draft=0, drafted=(),
+                                n_accepted=0))
+        w.flush()
     w.close()
     with pytest.raises(TraceError, match="already holds a trace"):
         TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False)

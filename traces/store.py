@@ -258,7 +258,13 @@ class TraceWriter:
         """Write the buffered rounds (and their steps) as one part now (no-op when empty)."""
         if not self._rounds:
             return
-        rounds, steps = self._rounds_table(self._rounds), self._steps_table(self._steps)
+        try:
+            rounds, steps = self._rounds_table(self._rounds), self._steps_table(self._steps)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+            first = self._rounds[0]
+            self._rounds, self._steps = [], []
+            raise TraceFormatError(f"rounds do not fit the trace schema: {e}", path=self.path,
+                                   key=f"prompt {first.prompt_id} round {first.round}+") from None
         self._rounds, self._steps = [], []
         self.write_tables(rounds, steps)
 
@@ -500,8 +506,8 @@ class Trace:
     are numpy ``int32``; nullable int32 and bool columns are pandas ``Int32`` / ``boolean`` (``<NA>``
     for null); floats are float32/float64 with NaN for null; list columns are pandas
     ``ArrowDtype`` list columns (zero-copy from Arrow): one element is a Python ``list`` (``None`` for
-    a null list), and ``.list.len()`` / ``.list[i]`` work column-wide. Hidden-state columns are never in ``steps``: use :meth:`hidden`.
-    Rows are in part order, i.e. the order of writing.
+    a null list), and ``.list.len()`` / ``.list[i]`` work column-wide. Hidden-state columns are never
+    in ``steps``: use :meth:`hidden`. Rows are in part order, i.e. the order of writing.
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any], warnings: list[str]) -> None:
