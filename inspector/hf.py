@@ -376,7 +376,18 @@ def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[st
     put("attention.key_length", tc.get("global_head_dim"))
     put("attention.sliding_window", tc.get("sliding_window"))
     if isinstance(tc.get("layer_types"), list):
-        put("attention.sliding_window_pattern", [t == "sliding_attention" for t in tc["layer_types"]])
+        swa = [t == "sliding_attention" for t in tc["layer_types"]]
+        put("attention.sliding_window_pattern", swa)
+        kv_swa, kv_full = tc.get("num_key_value_heads"), tc.get("num_global_key_value_heads")
+        if kv_swa is not None and kv_full is not None:
+            put("attention.head_count_kv", [kv_swa if s else kv_full for s in swa])
+    put("attention.layer_norm_rms_epsilon", tc.get("rms_norm_eps"))
+    rp = tc.get("rope_parameters")
+    if isinstance(rp, Mapping):
+        for kind, key in (("full_attention", "rope.freq_base"), ("sliding_attention", "rope.freq_base_swa")):
+            sub = rp.get(kind)
+            if isinstance(sub, Mapping) and isinstance(sub.get("rope_theta"), int | float):
+                put(key, float(sub["rope_theta"]))
     bb = c.get("backbone_hidden_size")
     put("n_embd_backbone" if dialect == "fork" else "embedding_length_out", bb)
     if dialect == "fork":
@@ -474,7 +485,12 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
             have = len(toks) if toks is not None else None
         else:
             have = L._scalar(f.get(key))
-        ok = have == want if not isinstance(want, float) else (have is not None and abs(have - want) < 1e-6)
+        if isinstance(want, float):
+            ok = isinstance(have, int | float) and abs(have - want) <= 1e-6 * max(1.0, abs(want))
+        elif isinstance(want, list) and isinstance(have, int) and not isinstance(have, bool):
+            ok = all(w == have for w in want)        # one value for every layer written as a scalar
+        else:
+            ok = have == want
         cfg[key] = {"hf": want, "gguf": have, "ok": ok}
         if not ok:
             fs.append(_F(ERROR, "H_CONFIG_MISMATCH", key, want, have,

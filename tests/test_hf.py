@@ -58,7 +58,7 @@ def config() -> dict:
             "hidden_size": D.n_embd, "num_hidden_layers": 4, "intermediate_size": D.n_ff,
             "num_attention_heads": D.n_head, "num_key_value_heads": D.n_head_kv, "head_dim": D.head_dim_swa,
             "global_head_dim": D.head_dim, "sliding_window": D.sliding_window, "vocab_size": 4096,
-            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"], "num_global_key_value_heads": D.n_head_kv,
             "rope_parameters": {"sliding_attention": {"rope_theta": 1e4},
                                 "full_attention": {"rope_theta": 1e6, "partial_rotary_factor": 0.25,
                                                    "rope_type": "proportional"}},
@@ -154,6 +154,8 @@ def test_audit_fork_is_clean(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
     assert dict(a.gguf_only) == {"rope_freqs.weight": hf.GENERATED["rope_freqs.weight"]}
     assert all(v["ok"] for v in a.config.values()), a.config
     assert a.config["gemma4_assistant.n_embd_backbone"] == {"hf": 64, "gguf": 64, "ok": True}
+    assert a.config["gemma4_assistant.rope.freq_base"]["ok"] and a.config["gemma4_assistant.rope.freq_base_swa"]["ok"]
+    assert a.config["gemma4_assistant.attention.head_count_kv"] == {"hf": [1, 1, 1, 1], "gguf": 1, "ok": True}
     assert not [f for f in a.findings if f.severity != "info"]
     row = next(r for r in a.rows if r.hf_name == "masked_embedding.token_ordering")
     assert (row.hf_dtype, row.found_type, row.gguf_upstream) == ("I64", "I32", None)
@@ -223,3 +225,16 @@ def test_cli_human_audit(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("dropped ")]
     assert len(lines) == 2 and all("drops masked_embedding" in ln for ln in lines)
     assert "gguf-only rope_freqs.weight" in res.stdout
+
+
+def test_config_rope_and_kv_heads_mismatch(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    cfg = config()
+    cfg["text_config"]["rope_parameters"]["sliding_attention"]["rope_theta"] = 5e4
+    cfg["text_config"]["num_global_key_value_heads"] = 2
+    st.save_file(hf_tensors(), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = hf.audit(tmp_path, f)
+    got = {(x.subject, json.dumps(x.expected), json.dumps(x.actual)) for x in a.findings if x.code == "H_CONFIG_MISMATCH"}
+    assert got == {("gemma4_assistant.rope.freq_base_swa", "50000.0", "10000.0"),
+                   ("gemma4_assistant.attention.head_count_kv", "[1, 1, 1, 2]", "1")}
