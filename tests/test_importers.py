@@ -142,3 +142,29 @@ def test_server_log_nothing_usable(tmp_path: Path) -> None:
     src = _write(tmp_path, "s.log", ["nothing here", "draft acceptance rate = x"])
     with pytest.raises(ImportFormatError, match="first bad line 2"):
         import_server_log(src, tmp_path / "t")
+
+
+def test_fork_ndjson_prompts_repeats_and_slots(tmp_path: Path) -> None:
+    d = '{{"evt":"mtp_draft","iter":{it},"path":"sync","seq_id":{s},"id_last":{last},"h_idx":-1,"attn_pos":{pos},"n_steps":2,"h_l2":1.2500,"drafts":[{a},{b}]}}'
+    a = '{{"evt":"mtp_accept","iter":{it},"n_accepted":{n},"n_drafted_prev":2}}'
+    lines = [
+        d.format(it=0, s=0, last=1, pos=10, a=5, b=6), a.format(it=0, n=2),      # 1, 2
+        d.format(it=1, s=0, last=6, pos=13, a=7, b=8), a.format(it=1, n=0),      # 3, 4
+        d.format(it=2, s=0, last=9, pos=4, a=1, b=2), a.format(it=2, n=1),       # 5, 6: attn_pos down -> new prompt
+        d.format(it=3, s=0, last=2, pos=6, a=3, b=4),                            # 7: never verified
+        d.format(it=3, s=0, last=2, pos=6, a=3, b=9), a.format(it=3, n=1),       # 8, 9: same iter again
+        d.format(it=0, s=1, last=7, pos=20, a=11, b=12), a.format(it=0, n=2),    # 10, 11: second slot
+    ]
+    res = import_fork_ndjson(_write(tmp_path, "m.ndjson", lines), tmp_path / "t")
+    assert res.n_bad == 0
+    w = "\n".join(res.warnings)
+    assert "without an mtp_accept (not imported; lines 7)" in w
+    assert "drafts from 2 seq_ids" in w
+    t = traces.open(tmp_path / "t")
+    r = t.rounds
+    assert list(r["prompt_id"]) == [0, 0, 1, 1, 2]
+    assert list(r["round"]) == [0, 1, 0, 1, 0]
+    assert list(r["n_accepted"]) == [2, 0, 1, 1, 2]
+    assert list(r["drafted"][3]) == [3, 9]
+    assert [(p["seq_id"], p["segment"], p["first_line"]) for p in t.manifest["prompts"]] == [
+        (0, 0, 1), (0, 0, 5), (1, 0, 10)]

@@ -10,8 +10,14 @@
   ``id_last``, ``pos`` = ``attn_pos``, ``drafted`` = ``drafts``, ``n_accepted`` from the accept event,
   ``draft_path`` = ``path``, ``h_l2`` = ``h_l2``. The log has no target tokens, emitted tokens,
   logits or timings: those columns are null (never invented). Steps get ``k``, ``token`` and
-  ``accepted`` (``k <= n_accepted``) only. The trace file is appended across runs, so ``iter`` going
-  backwards starts a new *segment*; each (segment, ``seq_id``) pair becomes one ``prompt_id``.
+  ``accepted`` (``k <= n_accepted``) only. The fork counts ``iter`` per sequence and advances it at
+  each accept, so a second draft at the same ``iter`` means the first was never verified (it is
+  reported, not imported). The file is appended across runs: ``iter`` going backwards for a
+  ``seq_id`` starts a new run (*segment*). The log marks no request boundaries; within one
+  (segment, ``seq_id``) stream a new prompt starts where ``attn_pos`` goes down (positions only grow
+  within one generation), so ``prompt_id`` counts such streams/requests, and ``manifest.prompts``
+  records ``seq_id``, ``segment`` and ``first_line`` for each. Accept events carry no ``seq_id``:
+  with several slots an accept is paired with the oldest open draft of the same ``iter`` (warned).
   Lines may carry a log prefix (stderr capture): the JSON object is taken from the first ``{"evt"``.
   Lines that neither start with ``{`` / ``[`` nor contain ``{"evt"`` (other log output) and events of
   other kinds are ignored and counted; every other line that cannot be used (invalid JSON, not an
@@ -36,6 +42,7 @@ import math
 import os
 import re
 import sys
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,23 +184,35 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
     path = Path(path)
     n_lines = n_ignored = 0
     bad: list[tuple[int, str]] = []
-    ignored_kinds: dict[str, int] = {}
-    # joined rounds: (draft line, segment, draft obj, n_accepted)
-    joined: list[tuple[int, int, dict, int]] = []
-    pending: dict[int, tuple[int, dict]] = {}      # iter -> (line, draft) in the current segment
+    # joined rounds: (draft line, seq_id, segment of that seq_id, draft obj, n_accepted)
+    joined: list[tuple[int, int, int, dict, int]] = []
+    pending: dict[int, deque] = {}                 # iter -> FIFO of (line, draft, seq_id, segment)
+    last_iter: dict[int, int] = {}                 # seq_id -> iter of its last draft
+    segment_of: dict[int, int] = {}                # seq_id -> runs seen so far - 1
     unmatched_drafts: list[int] = []
     unmatched_accepts: list[int] = []
     prev_mismatch: list[int] = []
-    segment, last_iter = 0, None
     n_used = 0
 
-    def close_segment() -> None:
-        for ln, d in pending.values():
-            if d["drafts"]:
-                unmatched_drafts.append(ln)
-            else:                     # nothing drafted: n_accepted is 0 by definition
-                joined.append((ln, segment, d, 0))
-        pending.clear()
+    def drop(entry: tuple[int, dict, int, int]) -> None:
+        ln, d, sid, seg = entry
+        if d["drafts"]:
+            unmatched_drafts.append(ln)
+        else:                     # nothing drafted: n_accepted is 0 by definition
+            joined.append((ln, sid, seg, d, 0))
+
+    def drop_pending(pred) -> None:  # noqa: ANN001
+        for it in list(pending):
+            keep = deque()
+            for e in pending[it]:
+                if pred(it, e):
+                    drop(e)
+                else:
+                    keep.append(e)
+            if keep:
+                pending[it] = keep
+            else:
+                del pending[it]
 
     for ln, line in _lines(path):
         n_lines = ln
@@ -209,32 +228,36 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
         obj = val
         it = obj["iter"]
         if obj["evt"] == "mtp_draft":
-            if last_iter is not None and it < last_iter:
-                close_segment()
-                segment += 1
-            last_iter = it
-            if it in pending:                           # a repeated iter: the older draft stays unmatched
-                old_ln, old = pending.pop(it)
-                if old["drafts"]:
-                    unmatched_drafts.append(old_ln)
-                else:
-                    joined.append((old_ln, segment, old, 0))
-            pending[it] = (ln, obj)
+            sid = int(obj.get("seq_id", 0))
+            if sid in last_iter and it < last_iter[sid]:
+                # iter went backwards for this sequence: a new run appended to the same file
+                drop_pending(lambda _it, e, sid=sid: e[2] == sid)
+                segment_of[sid] += 1
+            elif sid in last_iter and it == last_iter[sid]:
+                # the fork counts iter per accept: a second draft at the same iter means the
+                # previous one was never verified
+                drop_pending(lambda _it, e, sid=sid, it=it: e[2] == sid and _it == it)
+            segment_of.setdefault(sid, 0)
+            last_iter[sid] = it
+            pending.setdefault(it, deque()).append((ln, obj, sid, segment_of[sid]))
         else:
-            if it not in pending:
+            q = pending.get(it)
+            if not q:
                 unmatched_accepts.append(ln)
                 continue
-            d_ln, d = pending[it]
+            d_ln, d, sid, seg = q[0]
             if obj["n_accepted"] > len(d["drafts"]):
                 bad.append((ln, f"mtp_accept: n_accepted {obj['n_accepted']} exceeds the "
                                 f"{len(d['drafts'])} drafts of iter {it} (line {d_ln})"))
                 continue
-            pending.pop(it)
+            q.popleft()
+            if not q:
+                del pending[it]
             if obj.get("n_drafted_prev") is not None and obj["n_drafted_prev"] != len(d["drafts"]):
                 prev_mismatch.append(ln)
-            joined.append((d_ln, segment, d, obj["n_accepted"]))
+            joined.append((d_ln, sid, seg, d, obj["n_accepted"]))
             n_used += 1                               # the accept line
-    close_segment()
+    drop_pending(lambda _it, e: True)
     n_used += len(joined)                             # the draft lines
 
     if not joined:
@@ -244,14 +267,24 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
             f"{len(unmatched_drafts)} drafts and {len(unmatched_accepts)} accepts without a partner){first}",
             path=path, expected="NDJSON events from LLAMA_MTP_ACC_TRACE", actual="none usable")
 
+    # prompts: the log marks no request boundaries; within one (run, seq_id) stream a new request
+    # is recognised when attn_pos goes down (positions only grow within one generation)
     joined.sort(key=lambda j: j[0])
-    prompt_of: dict[tuple[int, int], int] = {}
+    prompt_info: list[dict[str, Any]] = []
+    current: dict[tuple[int, int], tuple[int, int]] = {}      # stream -> (prompt_id, last attn_pos)
     round_count: dict[int, int] = {}
     cols: dict[str, list] = {name: [] for name in S.ROUNDS_COLUMNS}
     drafted_lists: list[list[int]] = []
-    for d_ln, seg, d, na in joined:
-        key = (seg, int(d.get("seq_id", 0)))
-        pid = prompt_of.setdefault(key, len(prompt_of))
+    for d_ln, sid, seg, d, na in joined:
+        stream = (seg, sid)
+        cur = current.get(stream)
+        if cur is None or d["attn_pos"] < cur[1]:
+            pid = len(prompt_info)
+            prompt_info.append({"prompt_id": pid, "text": None, "n_prompt_tokens": None, "seq_id": sid,
+                                "segment": seg, "first_line": d_ln})
+        else:
+            pid = cur[0]
+        current[stream] = (pid, d["attn_pos"])
         r = round_count.get(pid, 0)
         round_count[pid] = r + 1
         cols["prompt_id"].append(pid)
@@ -298,12 +331,15 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
     if prev_mismatch:
         warnings.append(f"{path}: {len(prev_mismatch)} mtp_accept events whose n_drafted_prev differs from "
                         f"the joined draft's length (lines {_listed(prev_mismatch)})")
-    if segment:
-        warnings.append(f"{path}: iter went backwards {segment} times: {segment + 1} runs appended in one "
-                        f"file, imported as separate prompts")
+    n_runs = max(segment_of.values(), default=0) + 1
+    if n_runs > 1:
+        warnings.append(f"{path}: iter went backwards: {n_runs} runs appended in one file, imported as "
+                        f"separate prompts")
+    if len(segment_of) > 1:
+        warnings.append(f"{path}: drafts from {len(segment_of)} seq_ids; mtp_accept events carry no seq_id, "
+                        f"so accepts were paired with the oldest open draft of the same iter")
 
-    prompts = [{"prompt_id": pid, "text": None, "n_prompt_tokens": None, "segment": seg, "seq_id": sid}
-               for (seg, sid), pid in prompt_of.items()]
+    prompts = prompt_info
     manifest = {
         "source": "fork-ndjson",
         "command": list(sys.argv),
