@@ -285,6 +285,52 @@ def partial_rotary_factor_full(config: Mapping[str, Any]) -> float | None:
     return None
 
 
+def hparams_from_config(config: Mapping[str, Any], dialect: str = "upstream") -> Any:
+    """A drafter's :class:`inspector.layouts.HParams` from its HF ``config.json`` (no GGUF needed).
+
+    Mapping (conversion/gemma.py): ``text_config.hidden_size`` -> n_embd, ``backbone_hidden_size`` ->
+    n_embd_backbone, ``num_hidden_layers`` -> n_layer, ``layer_types`` -> sliding per layer,
+    ``head_dim`` / ``global_head_dim`` -> head dims (sliding / full), ``num_key_value_heads`` /
+    ``num_global_key_value_heads`` -> n_head_kv per type, ``intermediate_size`` -> n_ff, ``vocab_size``,
+    ``use_ordered_embeddings`` / ``num_centroids`` / ``centroid_intermediate_top_k``.
+
+    Raises:
+        HFCheckpointError: a field the layout needs is missing or not an integer.
+    """
+    from inspector import layouts as L
+
+    tc = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+
+    def need(m: Mapping[str, Any], k: str) -> int:
+        v = m.get(k)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise HFCheckpointError("config.json field missing or not an integer", key=k, expected="int",
+                                    actual=v)
+        return v
+
+    n_layer = need(tc, "num_hidden_layers")
+    types = tc.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layer:
+        raise HFCheckpointError("config.json layer_types missing or of the wrong length", key="layer_types",
+                                expected=f"{n_layer} entries", actual=types)
+    hd_swa = need(tc, "head_dim")
+    hd_full = tc.get("global_head_dim") or hd_swa
+    kv_swa = need(tc, "num_key_value_heads")
+    kv_full = tc.get("num_global_key_value_heads") or kv_swa
+    n_head, n_ff = need(tc, "num_attention_heads"), need(tc, "intermediate_size")
+    layers = tuple(L.LayerSpec(il, t == "sliding_attention", n_head, kv_swa if t == "sliding_attention" else kv_full,
+                               hd_swa if t == "sliding_attention" else hd_full, n_ff) for il, t in enumerate(types))
+    ordered = bool(config.get("use_ordered_embeddings", False))
+    return L.HParams(
+        arch=L.ARCH_FORK if dialect == "fork" else L.ARCH_UPSTREAM, dialect=dialect, n_layer=n_layer,
+        n_embd=need(tc, "hidden_size"), n_embd_backbone=need(config, "backbone_hidden_size"),
+        n_vocab=need(tc, "vocab_size"), n_vocab_source="config.json", head_dim_full=int(hd_full),
+        head_dim_swa=hd_swa, layers=layers, use_ordered_embeddings=ordered,
+        n_centroids=config.get("num_centroids") if ordered else None,
+        centroid_top_k=config.get("centroid_intermediate_top_k") if ordered else None,
+        sliding_window=tc.get("sliding_window"))
+
+
 # --- audit -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -431,7 +477,23 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
         fs.append(_F(WARNING, "H_NOT_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant", arch,
                      "the HF audit maps Gemma 4 assistant checkpoints; names are mapped as upstream's"))
     mapped: set[str] = set()
+    cfg_layout: dict[str, Any] = {}
+    if ckpt.config:
+        try:
+            cfg_layout = {e.name: e for e in L.expected_drafter_layout(hparams_from_config(ckpt.config, "fork"))}
+        except (HFCheckpointError, L.LayoutError) as e:
+            fs.append(_F(WARNING, "H_CONFIG_INCOMPLETE", e.key or "config.json", e.expected, e.actual,
+                         f"no layout from config.json: {e.message}"))
     for t in ckpt.tensors.values():
+        try:
+            fork_name = gguf_name(t.name, "fork")
+        except KeyError:
+            fork_name = None
+        want_cfg = cfg_layout.get(fork_name) if fork_name else None
+        if want_cfg is not None and tuple(want_cfg.ne) != t.ne:
+            fs.append(_F(ERROR, "H_HF_SHAPE", t.name, list(reversed(want_cfg.ne)), list(t.shape),
+                         f"HF tensor {t.name} has numpy shape {list(t.shape)}; its config.json implies "
+                         f"{list(reversed(want_cfg.ne))} ({want_cfg.why}, ne order)"))
         try:
             gf, gu = gguf_name(t.name, "fork"), gguf_name(t.name, "upstream")
         except KeyError:

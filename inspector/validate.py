@@ -95,6 +95,8 @@ CODES: dict[str, str] = {
     "W_PAIR_KV_DONOR": "llama.cpp's KV donors (n_layer-2, n_layer-1) are not the last sliding / full layers",
     "I_PAIR_KV_DONORS": "which target layers donate K/V to the drafter",
     "H_UNMAPPED": "an HF tensor with no known GGUF name",
+    "H_HF_SHAPE": "an HF tensor whose shape contradicts its own config.json",
+    "H_CONFIG_INCOMPLETE": "config.json lacks a field needed to derive the layout",
     "H_NOT_DRAFTER": "HF audit of a file that is not a drafter (names mapped as upstream's)",
     "H_DROPPED": "an HF tensor this dialect's converter drops (upstream: the centroid head)",
     "H_TENSOR_MISSING": "an HF tensor whose GGUF counterpart is absent",

@@ -238,3 +238,51 @@ def test_config_rope_and_kv_heads_mismatch(tmp_path: Path, ggufs: dict[str, Path
     got = {(x.subject, json.dumps(x.expected), json.dumps(x.actual)) for x in a.findings if x.code == "H_CONFIG_MISMATCH"}
     assert got == {("gemma4_assistant.rope.freq_base_swa", "50000.0", "10000.0"),
                    ("gemma4_assistant.attention.head_count_kv", "[1, 1, 1, 2]", "1")}
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_configs"
+
+
+@pytest.mark.parametrize("variant,n_bb,n_embd,n_head,kv,n_ff,ordered", [
+    # facts §2 table: n_bb, drafter hidden, heads, kv heads (sliding / full), n_ff, centroid head
+    ("E2B", 1536, 256, 4, (1, 1), 2048, True),
+    ("E4B", 2560, 256, 4, (2, 2), 2048, True),
+    ("26B-A4B", 2816, 1024, 16, (8, 2), 8192, False),
+    ("31B", 5376, 1024, 32, (16, 4), 8192, False),
+])
+def test_layout_from_published_configs(variant: str, n_bb: int, n_embd: int, n_head: int, kv: tuple[int, int],
+                                       n_ff: int, ordered: bool) -> None:
+    from inspector import layouts as L
+
+    cfg = json.loads((SAMPLES / f"gemma-4-{variant}-it-assistant" / "config.json").read_text())
+    hp = hf.hparams_from_config(cfg, "fork")
+    assert [ly.n_head_kv for ly in hp.layers] == [kv[0]] * 3 + [kv[1]]
+    lay = {e.name: e.ne for e in L.expected_drafter_layout(hp)}
+    assert len(lay) == (51 if ordered else 49)
+    assert lay["mtp.pre_projection.weight"] == (2 * n_bb, n_embd)
+    assert lay["mtp.post_projection.weight"] == (n_embd, n_bb)
+    assert lay["blk.0.attn_q.weight"] == (n_embd, n_head * 256)
+    assert lay["blk.3.attn_output.weight"] == (n_head * 512, n_embd)
+    assert lay["blk.2.ffn_down.weight"] == (n_ff, n_embd)
+    assert lay["token_embd.weight"] == (n_embd, 262144)
+    assert lay["rope_freqs.weight"] == (256,)
+    if ordered:
+        assert lay["mtp.centroids.weight"] == (n_embd, 2048)
+
+
+def test_hf_shapes_checked_against_config(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    cfg = config()
+    cfg["text_config"]["num_attention_heads"] = 4         # the tensors were made with 2 heads
+    st.save_file(hf_tensors(), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = hf.audit(tmp_path, f)
+    bad = {x.subject: (x.expected, x.actual) for x in a.findings if x.code == "H_HF_SHAPE"}
+    assert len(bad) == 8                                  # q_proj and o_proj of 4 layers
+    assert bad["model.layers.0.self_attn.q_proj.weight"] == ([4 * 32, 128], [2 * 32, 128])
+    assert bad["model.layers.3.self_attn.o_proj.weight"] == ([128, 4 * 64], [128, 2 * 64])
+    del cfg["text_config"]["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = hf.audit(tmp_path, f)
+    assert any(x.code == "H_CONFIG_INCOMPLETE" and x.subject == "layer_types" for x in a.findings)
