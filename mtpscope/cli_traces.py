@@ -59,6 +59,11 @@ def format_report(rep: dict[str, Any]) -> str:
             if s["length"] > 1:
                 lines.append(f"  prompt {s['prompt_id']} rounds {s['start_round']}..{s['end_round']} "
                              f"({s['length']})")
+    if rep.get("rolling"):
+        ro = rep["rolling"]
+        lines.append(f"rolling acceptance rate (window {ro['window']} rounds): min {_fmt(ro['min'], '.3f')}, "
+                     f"p10 {_fmt(ro['p10'], '.3f')}, median {_fmt(ro['median'], '.3f')}, "
+                     f"p90 {_fmt(ro['p90'], '.3f')}, max {_fmt(ro['max'], '.3f')}")
     if rep.get("timing_ms"):
         t = rep["timing_ms"]
         lines.append(f"mean time per round: draft {_fmt(t['t_draft_ms_mean'], '.2f')} ms, "

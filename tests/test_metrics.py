@@ -133,3 +133,13 @@ def test_summarize_is_json_ready() -> None:
     assert back["zero_acceptance_streaks"]["longest"] == 2
     assert back["zero_acceptance_streaks"]["n_rounds_in_streaks"] == 4
     assert back["centroid_coverage"] is None and back["timing_ms"] is None
+
+
+def test_rolling_summary() -> None:
+    ro = M.rolling_summary(_rounds(), window=2)
+    # the nine rolling values of test_rolling: 1, .5, 0, 1/6, 1/3, 0, 2/3, .8, .4
+    assert (ro["min"], ro["max"]) == (0.0, 1.0)
+    assert ro["median"] == pytest.approx(0.4)
+    assert len(ro["series"]) == 9 and ro["series"][7] == {"prompt_id": 1, "round": 1, "acceptance_rate": 0.8}
+    assert len(M.rolling_summary(_rounds(), window=2, n_points=3)["series"]) == 3
+    assert M.rolling_summary(_rounds().iloc[:0]) is None

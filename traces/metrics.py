@@ -291,14 +291,35 @@ def _clean(obj: Any) -> Any:
     return _scalar(obj)
 
 
+def rolling_summary(rounds: pd.DataFrame, window: int = 32, n_points: int = 200) -> dict[str, Any] | None:
+    """:func:`rolling_acceptance` (per prompt) summarised: quantiles of the rolling rate and an evenly
+    subsampled series of at most ``n_points`` rows (for plotting); None when nothing was drafted.
+
+    Returns:
+        ``{"window", "min", "p10", "median", "p90", "max", "series": [{prompt_id, round, acceptance_rate}]}``.
+    """
+    if not len(rounds):
+        return None
+    r = rolling_acceptance(rounds, window=window, by_prompt=True)
+    v = r["acceptance_rate"].to_numpy(dtype=float)
+    ok = ~np.isnan(v)
+    if not ok.any():
+        return None
+    q = np.quantile(v[ok], [0.0, 0.1, 0.5, 0.9, 1.0])
+    idx = np.unique(np.linspace(0, len(r) - 1, num=min(n_points, len(r))).round().astype(np.int64))
+    return {"window": int(window), "min": float(q[0]), "p10": float(q[1]), "median": float(q[2]),
+            "p90": float(q[3]), "max": float(q[4]), "series": _records(r.iloc[idx])}
+
+
 def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
               requests: pd.DataFrame | None = None, *, streak_top: int = 5,
-              max_k: int | None = None) -> dict[str, Any]:
+              max_k: int | None = None, window: int = 32) -> dict[str, Any]:
     """Every metric as one JSON-ready dict (NaN -> None). Pure: works on DataFrames only.
 
     Keys: ``n_rounds``, ``n_verify_rounds``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``,
     ``mean_acceptance_length``, ``per_position``, ``prompts``, ``first_mismatch``,
     ``n_all_accepted``, ``zero_acceptance_streaks`` ({n_streaks, n_rounds_in_streaks, longest, top}),
+    ``rolling`` (:func:`rolling_summary` with ``window``, or None),
     ``timing_ms`` ({t_draft_ms_mean, t_verify_ms_mean} or None), ``centroid_coverage`` (or None when
     no step knows ``target_in_candidates``), ``requests`` (server-log totals or None).
     For a trace with no rounds but request rows, the totals come from :func:`request_totals`.
@@ -315,6 +336,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
         "longest": int(streaks["length"].max()) if len(streaks) else 0,
         "top": _records(streaks.head(streak_top)),
     }
+    out["rolling"] = rolling_summary(rounds, window) if {"prompt_id", "round"} <= set(rounds.columns) else None
     timing = None
     if "t_verify_ms" in rounds.columns and rounds["t_verify_ms"].notna().any():
         timing = {"t_draft_ms_mean": float(rounds["t_draft_ms"].mean()),
