@@ -22,6 +22,12 @@ def build(out: Path | None = typer.Option(None, "--out", help="Demo folder (defa
                                              help="Recording configuration (default sample_configs/demo-record.json)."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines.")) -> None:
     """Write the demo models (and record the demo traces) unless they are already current."""
+    from mtpscope.demo_spec import demo_is_current
+
+    with one_line_errors():
+        if not force and demo_is_current(out, config=config):   # milliseconds, no numpy import
+            print(out if out is not None else _default_root())
+            return
     from mtpscope.demo import build_demo
 
     def log(msg: str) -> None:
@@ -38,7 +44,7 @@ def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (defau
          as_json: bool = typer.Option(False, "--json", help="Every demo path as JSON.")) -> None:
     """Print where the demo lives (nothing is built)."""
     from mtpscope.cache import demo_dir
-    from mtpscope.demo import RECORD_CONFIG, DemoPaths
+    from mtpscope.demo_spec import RECORD_CONFIG, DemoPaths
 
     paths = DemoPaths.under(out if out is not None else demo_dir(), RECORD_CONFIG)
     if as_json:
@@ -55,6 +61,11 @@ def clean(out: Path | None = typer.Option(None, "--out", help="Demo folder (defa
     with one_line_errors():
         gone = clean_demo(out)
     print(f"removed {gone}" if gone is not None else "nothing to remove", file=sys.stderr)
+
+
+def _default_root() -> Path:
+    from mtpscope.cache import demo_dir
+    return demo_dir()
 
 
 def register(app: typer.Typer) -> None:
