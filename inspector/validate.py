@@ -467,6 +467,13 @@ def _alt_name_hint(name: str, dialect: str) -> str:
         return "; a drafter has no K/V tensors (it reads the target's KV cache)"
     if name.startswith("blk."):
         return "; not part of a Gemma 4 block of this layout"
+    low = name.lower()
+    want = {"fork": "mtp.", "upstream": "nextn."}.get(dialect, "")
+    for part, what in (("pre_proj", "pre_projection"), ("post_proj", "post_projection"),
+                       ("centroid", "centroids"), ("ordering", "token_ordering")):
+        if part in low and want:
+            return (f"; looks like the {what} under a name from another converter (facts: mtp_pre_proj, "
+                    f"mtp_centroids, assistant.pre_projection, ...), this dialect uses {want}{what}")
     return ""
 
 

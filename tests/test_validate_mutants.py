@@ -574,3 +574,10 @@ def test_key_of_wrong_type(tmp_path: Path) -> None:
     f = one(r, "E_KEY_VALUE")
     assert f.subject == UP + ".embedding_length" and f.actual == "'128'"
     assert r.loadability[0].loads is False and "wrong type" in r.loadability[0].reasons[0]
+
+
+def test_names_from_other_converters_are_explained(tmp_path: Path) -> None:
+    r = verify_kind(tmp_path, "fork", _rename("mtp.pre_projection.weight", "mtp_pre_proj.weight"))
+    f = one(r, "E_TENSOR_UNEXPECTED")
+    assert f.subject == "mtp_pre_proj.weight" and "mtp.pre_projection" in f.message
+    assert one(r, "E_TENSOR_MISSING").subject == "mtp.pre_projection.weight"
