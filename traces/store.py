@@ -507,7 +507,9 @@ class Trace:
     for null); floats are float32/float64 with NaN for null; list columns are pandas
     ``ArrowDtype`` list columns (zero-copy from Arrow): one element is a Python ``list`` (``None`` for
     a null list), and ``.list.len()`` / ``.list[i]`` work column-wide. Hidden-state columns are never
-    in ``steps``: use :meth:`hidden`. Rows are in part order, i.e. the order of writing.
+    in ``steps``: use :meth:`hidden`. Rows are in part order, i.e. the order of writing. A part found
+    unreadable while reading is dropped (with a warning) from every later read of that table, and
+    cached frames of that table are discarded. Thread-safe: one Trace may be shared between threads.
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any], warnings: list[str]) -> None:
@@ -657,6 +659,10 @@ class Trace:
             TraceFormatError: unknown name, the trace stores no such hidden state, a mask of the wrong
                 length, or an invalid SQL expression.
         """
+        with self._lock:
+            return self._hidden_locked(name, where)
+
+    def _hidden_locked(self, name: str, where: Any) -> np.ndarray:
         if name not in S.HIDDEN_COLUMNS:
             raise TraceFormatError("no such hidden-state column", path=self.path, key=name,
                                    expected=" | ".join(S.HIDDEN_COLUMNS), actual=name)
