@@ -365,3 +365,20 @@ def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytes
     assert t.manifest["parts"]["rounds"] == [f"part-{i:05d}.parquet" for i in range(4)]
     assert any("compaction failed" in w for w in t.manifest["warnings"])
     assert list(t.rounds["n_accepted"]) == ACC
+
+
+def test_shared_between_threads(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _write(tmp_path)
+    t = traces.open(tmp_path)
+
+    def work(i: int) -> tuple[int, int, float]:
+        n = len(t.rounds) if i % 3 == 0 else len(t.steps)
+        s = int(t.sql("SELECT sum(n_accepted) AS a FROM rounds")["a"][0])
+        return n, s, float(t.hidden("h")[20, 5])
+
+    with ThreadPoolExecutor(4) as ex:
+        out = list(ex.map(work, range(24)))
+    assert {o[1] for o in out} == {sum(ACC)} and {o[2] for o in out} == {63.0}
+    assert {o[0] for o in out} == {7, 21}
