@@ -104,3 +104,14 @@ def test_real_tokenizer_json(vocab_gguf: Path) -> None:
     assert rep["metadata"]["tokenizer.ggml.merges"]["length"] == 514906
     assert rep["metadata"]["gemma4.embedding_length"] == 2816
     assert rep["tensors"] == []
+
+
+def test_big_endian_and_option_clash_exit_2(write_gguf: Any) -> None:
+    from gguf import GGUFEndian
+
+    be = write_gguf("be.gguf", "gemma4", [("k", 1, V.UINT32)], endianess=GGUFEndian.BIG)
+    r = _run(str(be))
+    assert r.exit_code == 2 and "big-endian" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    ok = write_gguf("ok.gguf", "gemma4", [("k", 1, V.UINT32)])
+    clash = _run(str(ok), "--json", "--markdown")
+    assert clash.exit_code == 2 and clash.stdout == ""
