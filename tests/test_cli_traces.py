@@ -93,3 +93,12 @@ def test_import_commands(tmp_path: Path) -> None:
     junk.write_text("nothing\n")
     res = runner.invoke(app, ["import", "server-log", str(junk), "--out", str(tmp_path / "j")])
     assert res.exit_code == 2 and "junk.log" in res.stderr
+
+
+def test_report_empty_trace(tmp_path: Path) -> None:
+    TraceWriter(tmp_path / "e", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False).close()
+    res = runner.invoke(app, ["report", str(tmp_path / "e"), "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["n_rounds"] == 0 and rep["acceptance_rate"] is None and rep["per_position"] == []
+    assert runner.invoke(app, ["report", str(tmp_path / "e")]).exit_code == 0
