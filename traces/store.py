@@ -506,7 +506,8 @@ class Trace:
     are numpy ``int32``; nullable int32 and bool columns are pandas ``Int32`` / ``boolean`` (``<NA>``
     for null); floats are float32/float64 with NaN for null; list columns are pandas
     ``ArrowDtype`` list columns (zero-copy from Arrow): one element is a Python ``list`` (``None`` for
-    a null list), and ``.list.len()`` / ``.list[i]`` work column-wide. Hidden-state columns are never
+    a null list; ``.to_numpy()`` gives an object array of numpy arrays), and ``.list.len()`` /
+    ``.list[i]`` work column-wide. Hidden-state columns are never
     in ``steps``: use :meth:`hidden`. Rows are in part order, i.e. the order of writing. A part found
     unreadable while reading is dropped (with a warning) from every later read of that table, and
     cached frames of that table are discarded. Thread-safe: one Trace may be shared between threads.
