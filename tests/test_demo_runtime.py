@@ -219,3 +219,33 @@ def test_demo_traces_acceptance_by_construction(demo_dir) -> None:  # noqa: ANN0
     # every emitted token of the clean trace is the target's token: the text walks the passage
     cfg = demo.load_record_config()
     assert sorted(clean["prompt_id"].unique().tolist()) == list(range(len(cfg["record"]["prompts"])))
+
+
+@pytest.mark.slow
+def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:  # noqa: ANN001
+    """The fork file's centroid head misplaces some passage tokens on purpose: in the clean trace (every
+    dense draft accepted) the sparse head misses exactly those targets whose ordering row is not among
+    the top-k centroids, and some of them are misplaced tokens."""
+    import pyarrow.parquet as pq
+
+    from inspector.gguf import open_gguf
+
+    if not (demo_dir.traces_clean / "manifest.json").exists():
+        pytest.skip("demo traces not recorded")
+    steps = pq.read_table(sorted((demo_dir.traces_clean / "steps").glob("*.parquet"))).to_pandas()
+    with open_gguf(demo_dir.drafter_fork) as f:
+        ordering = np.array(f.tensor_data("mtp.token_ordering.weight"))
+        n_c = f.get("gemma4_assistant.n_centroids")
+    vsc = 262144 // n_c
+    row_of = np.empty(262144, np.int64)
+    row_of[ordering] = np.arange(262144) // vsc
+    reachable = [int(row_of[t]) in set(ids) for t, ids in zip(steps["target_token"], steps["centroid_ids"])]
+    assert reachable == steps["target_in_candidates"].tolist()
+    missed = steps.loc[~steps["target_in_candidates"], "target_token"].astype(int).unique().tolist()
+    assert missed, "the demo's misplaced tokens should make the sparse head miss"
+    cfg = demo.load_record_config()
+    voc = demo.load_vocab(cfg["vocab"])
+    tw = demo.target_weights(voc, seed=cfg["seed"])
+    _, intended, _ = demo.centroid_head(tw, voc, n_centroids=n_c, misplace=0.0, seed=cfg["seed"])
+    moved = set(ordering[np.flatnonzero(intended != ordering)].tolist())
+    assert set(missed) & moved
