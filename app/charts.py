@@ -94,15 +94,23 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
             hovertext=hover, hoverinfo="text", name="bin",
         ))
         mode = "bins"
+    # Shapes are built as plain dicts and set once: plotly's add_vrect / add_vline re-validate the
+    # whole shape list on every call (seconds for a hundred shapes).
+    shapes: list[dict] = []
     streaks = views.zero_streaks(rounds, min_length=min_streak).head(MAX_STREAK_SHAPES)
     for s in streaks.itertuples(index=False):
-        fig.add_vrect(x0=s.start_seq - 0.5, x1=s.end_seq + 0.5, fillcolor="#d62728", opacity=0.12,
-                      line_width=0, layer="below")
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(s.start_seq) - 0.5,
+                           x1=float(s.end_seq) + 0.5, y0=0, y1=1, fillcolor="#d62728", opacity=0.12,
+                           line_width=0, layer="below"))
     # prompt boundaries
-    starts = rounds.loc[rounds["round"] == rounds.groupby("prompt_id")["round"].transform("min"), "seq"]
-    if 1 < len(starts) <= 60:
-        for x in starts.iloc[1:]:
-            fig.add_vline(x=float(x) - 0.5, line_width=1, line_dash="dot", line_color="#999")
+    first = rounds["prompt_id"].to_numpy()
+    change = np.flatnonzero(first[1:] != first[:-1]) + 1 if len(first) > 1 else np.zeros(0, dtype=np.int64)
+    if 0 < len(change) <= 60:
+        seq = rounds["seq"].to_numpy()
+        for i in change:
+            shapes.append(dict(type="line", xref="x", yref="paper", x0=float(seq[i]) - 0.5, x1=float(seq[i]) - 0.5,
+                               y0=0, y1=1, line=dict(width=1, dash="dot", color="#999")))
+    fig.update_layout(shapes=shapes)
     _layout(fig, title, height=340, clickmode="event+select", dragmode="zoom", showlegend=False,
             meta={"mode": mode, "n_rounds": n, "n_streaks_shaded": len(streaks)})
     fig.update_xaxes(title="round (in prompt order)")

@@ -1,0 +1,113 @@
+"""Benchmark: the app's heavy paths on a 100,000-round synthetic trace (issue 6 targets).
+
+1. "timeline" (target < 2 s): ``traces.open`` + ``Trace.rounds`` (load) and the Acceptance page's
+   timeline figures: the binned overview of all rounds plus the clickable window of
+   ``charts.TIMELINE_MAX_MARKS`` rounds with hover text decoded through the real Gemma 4 vocabulary
+   (when the tokenizer GGUF is in the cache), serialised to JSON like Streamlit does.
+2. "coverage" (target < 1 s): per-centroid coverage over the full 262144-token vocabulary: the
+   token → centroid map of a 262144-entry ordering (2048 centroids) and
+   ``views.centroid_coverage`` over every step's 32 chosen centroids (steps' centroid columns already
+   loaded; the load is timed separately as "steps load").
+
+Baseline: the issue's targets (2 s, 1 s); printed as ratio = median / target (< 1 is within target).
+Exits 0 whatever the numbers (speed targets are reported, never asserted).
+
+Usage: ``python benchmarks/bench_app.py [--rounds 100000] [--repeats 3]``. The trace is written once
+to ``<cache>/bench-app/trace-<rounds>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app import charts, views  # noqa: E402
+from app.tokens import TokenText  # noqa: E402
+from mtpscope.cache import cache_dir  # noqa: E402
+from traces.store import open_trace  # noqa: E402
+from traces.synthetic import write_synthetic_trace  # noqa: E402
+
+N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
+TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0
+
+
+def trace_dir(n_rounds: int) -> Path:
+    d = cache_dir() / "bench-app" / f"trace-{n_rounds}"
+    if not (d / "manifest.json").exists():
+        t = time.perf_counter()
+        write_synthetic_trace(d, n_rounds=n_rounds, n_prompts=50, n_vocab=N_VOCAB, n_centroids=N_CENTROIDS,
+                              top_k=TOP_K, seed=0)
+        print(f"wrote {d} in {time.perf_counter() - t:.1f} s")
+    return d
+
+
+def decoder() -> TokenText | None:
+    try:
+        from inspector.gguf import open_gguf
+        from mtpscope.cache import vocab_path
+
+        f = open_gguf(vocab_path(fetch=False))
+        return TokenText(f.get("tokenizer.ggml.tokens"), "real vocab")
+    except Exception as e:  # noqa: BLE001 - benchmark runs without the vocab too
+        print(f"(no real vocabulary: hover shows ids; {e})")
+        return None
+
+
+def timeline_once(d: Path, dec: TokenText | None) -> dict[str, float]:
+    t0 = time.perf_counter()
+    tr = open_trace(d)
+    rounds = tr.rounds
+    t1 = time.perf_counter()
+    ordered = views.ordered_rounds(rounds)
+    overview = charts.timeline_figure(ordered, dec)
+    window = charts.timeline_figure(ordered.iloc[:charts.TIMELINE_MAX_MARKS], dec)
+    overview.to_json()
+    window.to_json()
+    t2 = time.perf_counter()
+    assert overview.layout.meta["mode"] == "bins" and window.layout.meta["mode"] == "marks"
+    return {"load": t1 - t0, "figures": t2 - t1, "total": t2 - t0, "n": len(rounds)}
+
+
+def coverage_once(steps, ordering: np.ndarray) -> float:
+    t0 = time.perf_counter()
+    home = views.token_to_centroid(ordering, N_CENTROIDS)
+    cov = views.centroid_coverage(steps, N_CENTROIDS, home)
+    t1 = time.perf_counter()
+    assert int(cov.chosen.sum()) == TOP_K * len(steps)
+    return t1 - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    d = trace_dir(a.rounds)
+    dec = decoder()
+
+    runs = [timeline_once(d, dec) for _ in range(a.repeats)]
+    med = {k: statistics.median(r[k] for r in runs) for k in ("load", "figures", "total")}
+    print(f"timeline ({runs[0]['n']:,} rounds): load {med['load']:.3f} s + figures {med['figures']:.3f} s = "
+          f"{med['total']:.3f} s (median of {a.repeats}); target {TARGET_TIMELINE_S:.1f} s; "
+          f"ratio {med['total'] / TARGET_TIMELINE_S:.2f}")
+
+    t0 = time.perf_counter()
+    steps = open_trace(d).columns("steps", ["centroid_ids", "target_token"])
+    t_steps = time.perf_counter() - t0
+    ordering = np.random.default_rng(0).permutation(N_VOCAB).astype(np.int32)
+    cov_t = statistics.median(coverage_once(steps, ordering) for _ in range(a.repeats))
+    print(f"coverage ({len(steps):,} steps x {TOP_K} centroids, {N_VOCAB:,}-token vocabulary): {cov_t:.3f} s "
+          f"(median of {a.repeats}); target {TARGET_COVERAGE_S:.1f} s; ratio {cov_t / TARGET_COVERAGE_S:.2f} "
+          f"[steps load {t_steps:.3f} s, not included]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""Start the Streamlit app the way ``make run`` does, for the HTTP and browser tests.
+
+``make run`` runs ``.venv/bin/streamlit run app/main.py --server.port 8501 --server.headless true
+--browser.gatherUsageStats false`` from the repository root; :func:`start_app` runs the same
+command on a free port and waits for ``/_stcore/health``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def streamlit_cmd(port: int) -> list[str]:
+    """The ``make run`` command line with another port (the venv's streamlit, else this Python's)."""
+    exe = Path(sys.executable).parent / "streamlit"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
+    return base + ["run", "app/main.py", "--server.port", str(port), "--server.headless", "true",
+                   "--browser.gatherUsageStats", "false", "--server.address", "127.0.0.1"]
+
+
+@contextmanager
+def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None = None):
+    """Run the app in a subprocess; yield its base URL once ``/_stcore/health`` says ok.
+
+    Raises:
+        RuntimeError: the server exited or did not become healthy within ``timeout`` seconds
+            (the message carries the end of its log).
+    """
+    port = free_port()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(streamlit_cmd(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"streamlit exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                        if r.read().strip() == b"ok":
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit not healthy after {timeout:.0f} s: {log_path.read_text()[-2000:]}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -1,0 +1,119 @@
+"""Real-browser test: Playwright driving Debian's Chromium against the app served like ``make run``.
+
+Every page must render (its heading, no Streamlit exception box) and get a screenshot under
+``test-output/screenshots/``; a click on a round of the Acceptance timeline must open the Step view
+on that round. Skips with a reason when Playwright or /usr/bin/chromium is missing (``make browser``
+installs Chromium where it can; never ``playwright install``: no network for browsers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.apphelpers import ROOT, start_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("MTPSCOPE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = ROOT / "test-output" / "screenshots"
+
+#: url path -> heading each page shows
+PAGES = {"": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
+         "values": "Tensor values", "acceptance": "Acceptance", "step": "Step view", "compare": "Compare"}
+
+
+def _need_browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (test extra) not installed")
+    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
+        pytest.skip(f"Chromium not found at {CHROMIUM} (run `make browser` to install Debian's chromium)")
+    return sync_api
+
+
+def _settle(page, timeout: float = 120.0) -> None:
+    """Wait until the script run is over: no running indicator, no skeletons, DOM size stable ~1.5 s."""
+    t0 = time.monotonic()
+    last, stable = -1, 0
+    while time.monotonic() - t0 < timeout:
+        n = page.locator("[data-testid]").count()
+        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').count()
+        stable = stable + 1 if (n == last and not busy) else 0
+        last = n
+        if stable >= 6:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"page did not settle within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def browser_app(demo_dir, tmp_path_factory):
+    sync_api = _need_browser()
+    log = tmp_path_factory.mktemp("browser") / "server.log"
+    with start_app(log) as url, sync_api.sync_playwright() as p:
+        exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+        browser = p.chromium.launch(executable_path=exe, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            yield url, page, errors, demo_dir
+        finally:
+            browser.close()
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+
+
+def _open(page, url: str, path: str) -> None:
+    page.goto(f"{url}/{path}")
+    page.get_by_role("heading", name=PAGES[path], exact=True).first.wait_for(timeout=120_000)
+    _settle(page)
+
+
+def test_every_page_renders_with_screenshot(browser_app) -> None:
+    url, page, errors, _demo = browser_app
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for path, heading in PAGES.items():
+        _open(page, url, path)
+        name = path or "files"
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        assert page.locator('[data-testid="stException"]').count() == 0, name
+        assert page.get_by_role("heading", name=heading, exact=True).count() >= 1, name
+        # the sidebar navigation lists every page
+        nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
+        assert all(h.split()[0] in nav for h in ("Files", "Tensors", "Compare")), nav
+        if name in ("tensors", "acceptance", "centroids", "values", "compare"):
+            assert page.locator('[data-testid="stPlotlyChart"]').count() >= 1, name
+            assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 1, name
+    assert not errors, errors
+
+
+def test_timeline_click_opens_step_view(browser_app) -> None:
+    url, page, errors, demo = browser_app
+    if not (Path(demo.traces_clean) / "manifest.json").exists():
+        pytest.skip("demo traces not built (llama-cpp-python missing)")
+    _open(page, url, "acceptance")
+    plot = page.locator('[data-testid="stPlotlyChart"]').first
+    points = plot.locator(".scatterlayer .trace .points path.point")
+    points.first.wait_for(timeout=60_000)
+    i = min(4, points.count() - 1)
+    # the round under that mark, from the figure's own data (customdata = [prompt_id, round, seq])
+    prompt_id, round_ = plot.locator(".js-plotly-plot").first.evaluate(
+        f"(el) => [el._fullData[0].customdata[{i}][0], el._fullData[0].customdata[{i}][1]]")
+    box = points.nth(i).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
+    _settle(page)
+    assert page.url.rstrip("/").endswith("/step"), page.url
+    body = page.locator('[data-testid="stMain"]').inner_text()
+    assert f"prompt {int(prompt_id)} · round {int(round_)}" in body, body[:500]
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 1
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "step-after-click.png"), full_page=True)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert not errors, errors
