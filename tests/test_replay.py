@@ -68,6 +68,20 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
     steps = pd.read_parquet(tmp_path / "r" / "steps.parquet")
     assert len(steps) == len(tr.steps)
     assert (steps["draft[baseline]"] == steps["recorded"]).all()
+    # one trace per variant (source "replay"), readable like a recorded one (the Compare page's trace B)
+    assert set(js["variant_traces"]) == set(js["variants"])
+    vb = traces.open(js["variant_traces"]["baseline"])
+    assert vb.manifest["source"] == "replay" and vb.manifest["params"]["variant"] == "baseline"
+    a = tr.rounds.sort_values(["prompt_id", "round"]).reset_index(drop=True)
+    b = vb.rounds.sort_values(["prompt_id", "round"]).reset_index(drop=True)
+    assert [list(x) for x in a["drafted"]] == [list(x) for x in b["drafted"]]
+    assert a["n_accepted"].tolist() == b["n_accepted"].tolist()
+    assert [list(x) for x in a["emitted"]] == [list(x) for x in b["emitted"]]
+    vp = traces.open(js["variant_traces"]["hidden=prenorm"])
+    assert vp.rounds["n_accepted"].sum() / vp.rounds["n_draft"].sum() == pytest.approx(
+        s["variants"]["hidden=prenorm"]["acceptance_rate"])
+    # the drafter's own logits are kept: the greedy draft is rank 0
+    assert (vp.steps["rank"] == 0).all()
 
 
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:

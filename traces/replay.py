@@ -324,6 +324,7 @@ class ReplayResult:
     out: str | None = None
     notes: list[str] = field(default_factory=list)
     h_next_rel_err: list[float] = field(default_factory=list)
+    variant_traces: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
@@ -341,7 +342,8 @@ class ReplayResult:
                                "recorded": {"acceptance_rate": rec_ar, "mean_acceptance_length": rec_mal},
                                "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
                                "out": self.out, "notes": list(self.notes),
-                               "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None}
+                               "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
+                               "variant_traces": dict(self.variant_traces)}
         for name, o in self.variants.items():
             ar, mal = rates(int(r[f"n_accepted[{name}]"].sum()) if n_rounds else 0)
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
@@ -453,6 +455,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         except MtpscopeError:
             rec_hnext = {}
     h_errs: list[float] = []
+    variant_records: dict[str, list[tuple[Any, list[Any]]]] = {}
     step_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -483,15 +486,19 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
             rrow: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "pos": p, "n_draft": len(recorded),
                                     "n_accepted": int(r.n_accepted)}
             per_variant: dict[str, list[int]] = {}
+            per_logits: dict[str, list[np.ndarray]] = {}
             for name, o in vmap.items():
                 tok, h = int(r.pending_token), pre.h_post[p - 1]
                 hp = pre.h_pre[p - 1]
                 later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
                 drafts = []
+                lgs: list[np.ndarray] = []
                 for k in range(len(recorded)):
                     res = ref.step(tok, h, p, kvs[o.kv_f16], o if k == 0 else later,
                                    h_prenorm=hp if k == 0 else None)
                     drafts.append(res.token)
+                    if out is not None:
+                        lgs.append(res.logits)
                     if name == "baseline":
                         want = rec_hnext.get((pid, int(r.round), k + 1))
                         if want is not None and np.all(np.isfinite(want)) and np.linalg.norm(want) > 0:
@@ -502,6 +509,9 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
                 while n_acc < len(drafts) and drafts[n_acc] == truth[n_acc]:
                     n_acc += 1
                 rrow[f"n_accepted[{name}]"] = n_acc
+                if out is not None:
+                    variant_records.setdefault(name, []).append(
+                        _variant_records(pid, r, p, drafts, lgs, n_acc, truth, truth_seq))
             round_rows.append(rrow)
             for k in range(len(recorded)):
                 row: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "k": k + 1, "pos": p,
@@ -528,8 +538,74 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         res.out = os.fspath(od)
         steps_df.to_parquet(od / "steps.parquet", index=False)
         rounds_df.to_parquet(od / "rounds.parquet", index=False)
+        paths = _write_variant_traces(od, tpath, man, vmap, base, variant_records)
+        res.notes.append("variant traces (open one as the second trace on the Compare page): "
+                         + ", ".join(f"{n} -> {p}" for n, p in paths.items()))
+        res.variant_traces = {n: os.fspath(p) for n, p in paths.items()}
         (od / "summary.json").write_text(json.dumps(res.summary(), indent=2, default=float))
     return res
+
+
+def _rank(logits: np.ndarray, token: int) -> int:
+    return int(np.count_nonzero(logits > logits[token]))
+
+
+def _variant_records(pid: int, r: Any, p: int, drafts: list[int], logits: list[np.ndarray], n_acc: int,
+                     truth: list[int], truth_seq: list[int]) -> tuple[Any, list[Any]]:
+    """One round of a variant as trace records: would-be acceptance, the true continuation as target."""
+    from traces.records import RoundRecord, StepRecord
+
+    # verify row i predicts position p + i + 1: known for rows 0..n_acc (the accepted prefix matches the
+    # real sequence); rows after the first mismatch would be conditioned on rejected drafts: unknown
+    known: list[int | None] = [None if t < 0 else int(t) for t in truth]
+    if n_acc < len(drafts):
+        target = tuple(known[: n_acc + 1]) + (None,) * (len(drafts) - n_acc)
+    else:
+        after = p + len(drafts) + 1
+        target = tuple(known) + (truth_seq[after] if after < len(truth_seq) else None,)
+    corr = target[n_acc]
+    emitted = tuple(drafts[:n_acc]) + ((int(corr),) if corr is not None else ())
+    rr = RoundRecord(prompt_id=pid, round=int(r.round), pos=p, pending_token=int(r.pending_token),
+                     n_draft=len(drafts), drafted=tuple(drafts), n_accepted=n_acc, target=target,
+                     emitted=emitted if corr is not None else None)
+    steps = []
+    for k, (d, lg) in enumerate(zip(drafts, logits, strict=True), start=1):
+        part = np.argpartition(-lg, min(10, lg.size - 1))[:10]
+        top = part[np.lexsort((part, -lg[part]))]            # best first, ties by id
+        tt = known[k - 1] if k - 1 <= n_acc else None         # rows after a mismatch: unknown
+        steps.append(StepRecord(k=k, token=int(d), logit=float(lg[d]), rank=_rank(lg, d),
+                                top_ids=tuple(int(i) for i in top), top_logits=tuple(float(lg[i]) for i in top),
+                                target_token=tt, target_rank=None if tt is None else _rank(lg, tt),
+                                accepted=k <= n_acc))
+    return rr, steps
+
+
+def _slug(name: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
+
+
+def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict[str, StepOptions],
+                          base: StepOptions, recs: dict[str, list[tuple[Any, list[Any]]]]) -> dict[str, Path]:
+    """One trace directory per variant (source ``replay``) under ``od/traces/``, readable by
+    ``traces.open`` and the app like any recorded trace."""
+    from traces.store import TraceWriter
+
+    paths: dict[str, Path] = {}
+    for name, o in vmap.items():
+        d = od / "traces" / _slug(name)
+        m = {"source": "replay", "command": list(man.get("command") or []),
+             "params": {**(man.get("params") or {}), "replay_of": os.fspath(tpath), "variant": name,
+                        "options": _options_text(o, StepOptions()), "baseline": _options_text(base, StepOptions())},
+             "models": man.get("models"), "runtime": man.get("runtime"), "prompts": man.get("prompts") or [],
+             "centroids": None}
+        with TraceWriter(d, m, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                         overwrite=True, background=False) as w:
+            for rr, steps in recs.get(name, []):
+                w.add_round(rr, steps)
+        paths[name] = d
+    return paths
 
 
 __all__ = ["BASELINE_CPU", "BASELINE_GPU", "LiveRun", "LiveStep", "ReplayResult", "TargetPrefill", "donor_layers",
