@@ -249,3 +249,19 @@ def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:  #
     _, intended, _ = demo.centroid_head(tw, voc, n_centroids=n_c, misplace=0.0, seed=cfg["seed"])
     moved = set(ordering[np.flatnonzero(intended != ordering)].tolist())
     assert set(missed) & moved
+
+
+def test_demo_build_on_a_current_demo_does_not_import_numpy(demo_dir) -> None:  # noqa: ANN001
+    """The stamp check of ``mtpscope demo build`` runs at every make test / make run: it must not pay for
+    numpy (or the builder) when nothing changed."""
+    import subprocess
+    import sys
+
+    if not (demo_dir.traces_clean / "manifest.json").exists():
+        pytest.skip("demo traces not recorded, so the demo is never 'current'")
+    code = ("import sys\nfrom mtpscope.cli import app\n"
+            "try:\n    app(['demo', 'build', '-q'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('numpy' in sys.modules, 'mtpscope.demo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-2:] == ["False", "False"]
+    assert out[0] == str(demo_dir.root)
