@@ -69,7 +69,9 @@ class TargetPrefill:
 
 
 def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
-    """``{"sliding": n_layer - 2, "full": n_layer - 1}`` as llama.cpp shares them (``llama-model.cpp``).
+    """``{"sliding": n_layer - 2, "full": n_layer - 1}`` as llama.cpp shares them (``llama-model.cpp``,
+    the drafter's ``share`` rule), mapped through the target's own KV reuse when it has
+    ``attention.shared_kv_layers``.
 
     Raises:
         LayoutError: the target lacks ``{arch}.block_count`` or the two layers are not of the types
@@ -84,13 +86,21 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
         raise LayoutError("missing key", path=os.fspath(target_gguf), key=arch + ".block_count")
     n = int(n)
     pat = f.get(arch + ".attention.sliding_window_pattern")
-    if pat is not None:
-        swa = [bool(v) for v in pat.to_list()]
-        if len(swa) == n and not (swa[n - 2] and not swa[n - 1]):
-            raise LayoutError("llama.cpp's donor rule needs layer n_layer-2 sliding and n_layer-1 full",
-                              path=os.fspath(target_gguf), key=arch + ".attention.sliding_window_pattern",
-                              expected="[..., true, false]", actual=swa[-2:])
-    return {"sliding": n - 2, "full": n - 1}
+    swa = [bool(v) for v in pat.to_list()] if pat is not None else None
+    if swa is not None and len(swa) == n and not (swa[n - 2] and not swa[n - 1]):
+        raise LayoutError("llama.cpp's donor rule needs layer n_layer-2 sliding and n_layer-1 full",
+                          path=os.fspath(target_gguf), key=arch + ".attention.sliding_window_pattern",
+                          expected="[..., true, false]", actual=swa[-2:])
+    donors = {"sliding": n - 2, "full": n - 1}
+    # targets whose last layers reuse earlier caches (E2B / E4B): llama.cpp's ``reuse`` maps a layer
+    # il >= n_layer_kv_from_start to n_layer_kv_from_start - 2 (sliding) or - 1 (full); the drafter then
+    # reads that cache, and that layer's K/V nodes are the ones to capture
+    n_shared = int(f.get(arch + ".attention.shared_kv_layers") or 0)
+    n_kv = n - n_shared
+    if 0 < n_shared and n_kv >= 2:
+        donors = {kind: (n_kv - (2 if kind == "sliding" else 1)) if il >= n_kv else il
+                  for kind, il in donors.items()}
+    return donors
 
 
 def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_batch: int = 256,
