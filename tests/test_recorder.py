@@ -83,6 +83,15 @@ def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN0
     assert 0 < accepted < drafted  # rejections happened, so roll-back was exercised
 
 
+def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
+    with MtpRuntime(pair["target"], pair["noisy"], n_ctx=32, capture=False) as r:
+        tk = r.prompt_tokens(PROMPTS[1])
+        rounds = list(r.run(tk, n_draft=3, max_tokens=70, trace=False))
+        assert r.n_ctx >= len(tk) + 70 + 4
+        assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
+            r.generate_plain(tk, max_tokens=70)
+
+
 def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN001
     # llama.cpp's scheme samples the target once per position with the chain and compares, so the
     # speculative output must equal plain sampling with the same seed
@@ -226,7 +235,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     import llama_cpp
 
     assert m["runtime"]["llama_cpp_python"] == llama_cpp.__version__ == "0.3.36"
-    assert m["runtime"]["device"] == "cpu" and m["runtime"]["llama_cpp"]
+    assert m["runtime"]["device"] == (rt.gpu_name() or "cpu") and m["runtime"]["llama_cpp"]
     assert m["dims"] == {"n_embd_backbone": 64, "n_embd": 128, "hidden_dtype": "f32"}
     assert m["centroids"]["n_centroids"] == 64 and m["centroids"]["top_k"] == 4
     tm = rt.LlamaModel(pair["target"])

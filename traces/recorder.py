@@ -295,7 +295,8 @@ class MtpRuntime:
     Args:
         target / assistant: GGUF paths (run :func:`preflight` first; this class does not).
         n_gpu_layers: layers to offload (-1 all, 0 CPU only), for both models.
-        n_ctx: context size in tokens (prompt + generated + n_draft + 1 must fit).
+        n_ctx: initial context size in tokens; :meth:`run` and :meth:`generate_plain` grow it (new
+            contexts, same models) when prompt + max_tokens + n_draft + 1 does not fit.
         n_batch: largest decode batch (prompts are prefilled in chunks of this size).
         capture: install the ``cb_eval`` capture of ``result_norm`` on the drafter (needed for h_inner
             and the centroid head); False runs the drafter without any callback.
@@ -309,29 +310,49 @@ class MtpRuntime:
     """
 
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
-                 n_gpu_layers: int = 0, n_ctx: int = 2048, n_batch: int = 256, capture: bool = True,
+                 n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
                  flash_attn: bool | None = False, n_threads: int | None = None) -> None:
         self.target_path, self.assistant_path = Path(target), Path(assistant)
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
+        self.n_threads = n_threads
         self._closed = False
+        self.tctx = self.dctx = None  # type: ignore[assignment]
         self.tmodel = rt.LlamaModel(target, n_gpu_layers=n_gpu_layers)
-        self.dmodel = rt.LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+        try:
+            self.dmodel = rt.LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+        except BaseException:
+            self.tmodel.close()
+            raise
         self.n_vocab = self.tmodel.n_vocab
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.tctx = rt.LlamaContext(self.tmodel, n_ctx=n_ctx, n_batch=self.n_batch, flash_attn=flash_attn,
-                                    n_threads=n_threads, nextn=True, masked=False)
         self.capture = rt.NodeCapture([H_INNER_NODE]) if capture else None
-        self.dctx = rt.LlamaContext(self.dmodel, n_ctx=n_ctx, n_batch=self.n_batch, mtp_of=self.tctx,
-                                    capture=self.capture, flash_attn=flash_attn, n_threads=n_threads,
-                                    nextn=True, masked=True)
-        self.n_ctx = self.tctx.n_ctx
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
+        self.n_ctx = 0
+        self._make_contexts(n_ctx)
         #: the token the prefill of the last :meth:`run` produced (``t0``), also when no round followed
         self.first_token: int | None = None
+
+    def _make_contexts(self, n_ctx: int) -> None:
+        """(Re)create the target and drafter contexts with room for ``n_ctx`` tokens."""
+        if self.dctx is not None:
+            self.dctx.close()
+        if self.tctx is not None:
+            self.tctx.close()
+        self.tctx = rt.LlamaContext(self.tmodel, n_ctx=n_ctx, n_batch=self.n_batch, flash_attn=self.flash_attn,
+                                    n_threads=self.n_threads, nextn=True, masked=False)
+        self.dctx = rt.LlamaContext(self.dmodel, n_ctx=n_ctx, n_batch=self.n_batch, mtp_of=self.tctx,
+                                    capture=self.capture, flash_attn=self.flash_attn, n_threads=self.n_threads,
+                                    nextn=True, masked=True)
+        self.n_ctx = self.tctx.n_ctx
+
+    def ensure_context(self, n_tokens: int) -> None:
+        """Grow the contexts (to a multiple of 256) when fewer than ``n_tokens`` positions fit."""
+        if n_tokens > self.n_ctx:
+            self._make_contexts(-(-int(n_tokens) // 256) * 256)
 
     # -- prompts
     def prompt_tokens(self, text: str, *, chat: bool = False) -> list[int]:
@@ -371,10 +392,7 @@ class MtpRuntime:
             tok = sampler.sample(self.tctx, 0)
 
     def _check_fits(self, n_prompt: int, max_tokens: int, n_draft: int) -> None:
-        need = n_prompt + max_tokens + n_draft + 1
-        if need > self.n_ctx:
-            raise TraceError("prompt + max_tokens + n_draft does not fit the context", key="n_ctx",
-                             expected=f">= {need}", actual=self.n_ctx)
+        self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
             sampler: Sampler | None = None, trace: bool = True) -> Iterator[RoundResult]:
@@ -581,7 +599,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            prompts: Sequence[str] | None = None, prompt: str | None = None,
            prompts_file: str | os.PathLike[str] | None = None, n_draft: int = 3, max_tokens: int = 128,
            temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0, chat: bool = False,
-           n_gpu_layers: int = 0, centroids: str | os.PathLike[str] | None = None,
+           n_gpu_layers: int = -1, centroids: str | os.PathLike[str] | None = None,
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False,
            progress: bool = False, command: Sequence[str] | None = None,
@@ -607,7 +625,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         n_draft: drafts per round; max_tokens: tokens generated per prompt at most.
         temp / seed / top_k / top_p: the target's sampling (``temp <= 0``: greedy).
         chat: apply the GGUF's own chat template to each prompt.
-        n_gpu_layers: layers offloaded (-1 = all).
+        n_gpu_layers: layers offloaded (-1 = all, the default; no effect in a CPU-only build).
         centroids / centroid_top_k: centroid head source and its k (default: the source's).
         hidden: ``"f16"``, ``"f32"`` or ``"off"``.
         n_top: drafter candidates stored per step.
@@ -657,7 +675,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     own = runtime is None
     rtm = runtime
     if rtm is None:
-        rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, n_ctx=2048, capture=need_capture,
+        rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, capture=need_capture,
                          flash_attn=flash_attn, n_threads=n_threads)
     try:
         if head is not None:
@@ -666,14 +684,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
         toks = [rtm.prompt_tokens(t, chat=chat) for t in texts]
-        longest = max(len(t) for t in toks)
-        if longest + max_tokens + n_draft + 1 > rtm.n_ctx:
-            if not own:
-                rtm._check_fits(longest, max_tokens, n_draft)  # noqa: SLF001 - raises with numbers
-            rtm.close()
-            n_ctx = -(-(longest + max_tokens + n_draft + 1) // 256) * 256
-            rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, capture=need_capture,
-                             flash_attn=flash_attn, n_threads=n_threads)
+        rtm.ensure_context(max(len(t) for t in toks) + max_tokens + n_draft + 1)
         params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
                   "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
                   "centroids": None if centroids is None else os.fspath(centroids),
