@@ -179,8 +179,7 @@ def top_candidates_figure(top: pd.DataFrame, k: int) -> go.Figure:
     labels = [f"{r}. {views._esc(t)}" for r, t in zip(top["rank"], top["text"])]
     fig = go.Figure(go.Bar(x=top["logit"], y=labels, orientation="h", marker_color=colors,
                            hovertext=[f"id {i}" for i in top["id"]], hoverinfo="text+x"))
-    _layout(fig, f"step k={k}: drafter's top candidates (green = target, blue = drafted)",
-            height=max(160, 26 * len(top) + 70))
+    _layout(fig, f"k={k} · green = target, blue = drafted", height=max(160, 26 * len(top) + 70))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="logit")
     return fig
@@ -317,7 +316,7 @@ def cluster_size_figure(sizes: np.ndarray, title: str = "Cluster sizes (tokens p
     fig = go.Figure(go.Bar(x=vals, y=counts, marker_color="#9467bd",
                            hovertemplate="%{y} centroids hold %{x} tokens<extra></extra>"))
     _layout(fig, title, height=280)
-    fig.update_xaxes(title="tokens in the centroid")
+    fig.update_xaxes(title="tokens in the centroid", type="category")
     fig.update_yaxes(title="centroids")
     return fig
 

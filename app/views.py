@@ -217,7 +217,7 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd
         reach = d.get("target_in_candidates")
         row = {
             "k": int(d["k"]),
-            "drafted": dec(int(d["token"])),
+            "drafted": dec(int(d["token"])),  # decode may quote (TokenText.label) so spaces show
             "drafted_id": int(d["token"]),
             "target": dec(tgt),
             "target_id": tgt,

@@ -245,3 +245,35 @@ def test_missing_library_degrades_to_info(demo, monkeypatch) -> None:
     at = _run("validate", drafter=demo.drafter_upstream)
     assert any("not available yet" in i.value for i in at.info)
     st.cache_resource.clear()
+
+
+def test_files_picker_and_typed_path_change_the_selection(demo) -> None:
+    at = _run(drafter=demo.drafter_fork, target=None, trace=None)
+    assert _metric(at, "tensors") == "51"
+    at.selectbox(key="w.drafter.pick").set_value(str(Path(demo.drafter_upstream).resolve())).run()
+    assert not at.exception
+    assert at.session_state["sel.drafter"] == str(Path(demo.drafter_upstream).resolve())
+    assert _metric(at, "tensors") == "49" and _metric(at, "dialect") == "upstream"
+    at.text_input(key="w.drafter.text").set_value(str(demo.drafter_fork)).run()
+    assert _metric(at, "tensors") == "51"
+    at.text_input(key="w.drafter.text").set_value("/etc/passwd").run()
+    assert any("outside the allowed folders" in e.value for e in at.error)
+
+
+def test_long_trace_is_windowed(demo, tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    from traces.synthetic import write_synthetic_trace
+
+    t = write_synthetic_trace(tmp_path / "long", n_rounds=12_000, n_prompts=3, n_vocab=4096,
+                              n_centroids=32, top_k=4, seed=1)
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = _run("acceptance", trace=t, drafter=None, target=None)
+    assert _metric(at, "rounds") == "12,000"
+    metas = [json.loads(c.proto.spec)["layout"].get("meta") for c in at.get("plotly_chart")]
+    modes = [(m or {}).get("mode") for m in metas]
+    assert modes[:2] == ["bins", "marks"], modes
+    assert metas[1]["n_rounds"] == 3000  # the clickable window, never all 12,000 marks
+    at.slider(key="w.acc.window").set_value(6000).run()
+    assert not at.exception
+    assert json.loads(at.get("plotly_chart")[1].proto.spec)["layout"]["meta"]["n_rounds"] == 3000

@@ -52,18 +52,26 @@ with state.guard("trace store"):
     n = len(rounds)
     window = rounds
     if n > charts.TIMELINE_MAX_MARKS:
-        st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned"),
-                        key="acc.overview", width="stretch")
         size = charts.TIMELINE_MAX_MARKS
-        start = st.slider("window start (round in prompt order)", 0, max(0, n - size), 0, step=max(1, size // 4),
-                          key="w.acc.window")
+        ov = st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned "
+                                                    "(click to move the window)"),
+                             key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
+        opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
+        if opts and opts[0].get("x") is not None and st.session_state.get("acc.ov_handled") != opts[0]["x"]:
+            st.session_state["acc.ov_handled"] = opts[0]["x"]
+            st.session_state["w.acc.window"] = int(min(max(0, int(opts[0]["x"]) - size // 2), n - size))
+        if st.session_state.get("w.acc.window", 0) > n - size:
+            st.session_state["w.acc.window"] = n - size
+        start = st.slider("window start (round in prompt order)", 0, n - size, key="w.acc.window")
         window = rounds.iloc[start:start + size]
     st.caption(f"Vocabulary for token text: {dec.source}. Click a round to open it in the Step view.")
     fig = charts.timeline_figure(window, dec)
     event = st.plotly_chart(fig, key="acc.timeline", on_select="rerun", selection_mode="points",
                             width="stretch")
     pts = list(getattr(getattr(event, "selection", None), "points", None) or []) if event else []
-    if pts:
+    if not pts:
+        st.session_state.pop("acc.handled", None)  # so the same round can be clicked again later
+    else:
         p0 = pts[0]
         seq = p0.get("x")
         hit = window[window["seq"] == seq] if seq is not None else window.iloc[0:0]

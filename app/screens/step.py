@@ -54,14 +54,14 @@ with state.guard("trace store"):
     if len(steps) == 0:
         st.info("No per-step records for this round (imported logs carry rounds only).")
         st.stop()
-    table = views.step_table(steps, dec.text)
+    table = views.step_table(steps, dec.label)
     st.dataframe(table, hide_index=True, width="stretch", key="step.table")
 
     st.subheader("Drafter's top candidates")
     cols = st.columns(min(3, len(steps)))
     for i, s in enumerate(steps.to_dict("records")):
         with cols[i % len(cols)]:
-            top = views.top_candidates(s, dec.text)
+            top = views.top_candidates(s, dec.label)
             st.plotly_chart(charts.top_candidates_figure(top, int(s["k"])), key=f"step.top.{i}", width="stretch")
 
     if "centroid_ids" in steps.columns and steps["centroid_ids"].notna().any():
