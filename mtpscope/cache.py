@@ -26,6 +26,11 @@ VOCAB_NAME = "ggml-vocab-gemma-4.gguf"
 VOCAB_MEMBER = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/models/{VOCAB_NAME}"
 VOCAB_SIZE_BYTES = 15_776_467
 VOCAB_SHA256 = "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65"
+# llama.cpp's own tokenizer test pairs for that file (text in, token ids out), kept beside it.
+VOCAB_TEST_SHA256 = {
+    ".inp": "0528aa007b06965f980181d252b5dff7bb170a77af6157bd48bba56885374448",
+    ".out": "ba8c596bcd05e97e62566fa994b42eeaeffd6a4e4b4a4abe7b5b689aa6b43bf3",
+}
 
 
 def cache_dir() -> Path:
@@ -62,7 +67,7 @@ def vocab_path(fetch: bool = True) -> Path:
             file's sha256 differs from the pinned one.
     """
     dest = cache_dir() / "vocab" / VOCAB_NAME
-    if dest.exists() and dest.stat().st_size == VOCAB_SIZE_BYTES and sha256_file(dest) == VOCAB_SHA256:
+    if _vocab_complete(dest):
         return dest
     if not fetch:
         raise MtpscopeError("the real Gemma 4 tokenizer GGUF is not in the cache; run `make setup`",
@@ -70,26 +75,52 @@ def vocab_path(fetch: bool = True) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         sdist = _download_sdist(Path(tmp))
+        pinned = {"": VOCAB_SHA256, **VOCAB_TEST_SHA256}
         with tarfile.open(sdist, "r:gz") as tar:
-            try:
-                member = tar.getmember(VOCAB_MEMBER)
-            except KeyError as e:
-                raise MtpscopeError("tokenizer GGUF not found in the sdist", path=sdist,
-                                    key=VOCAB_MEMBER) from e
-            src = tar.extractfile(member)
-            if src is None:
-                raise MtpscopeError("sdist member is not a regular file", path=sdist, key=VOCAB_MEMBER)
-            part = dest.with_suffix(".part")
-            with open(part, "wb") as out:
-                while block := src.read(1 << 20):
-                    out.write(block)
-        digest = sha256_file(part)
-        if digest != VOCAB_SHA256:
-            part.unlink()
-            raise MtpscopeError("sha256 mismatch for the tokenizer GGUF", path=dest,
-                                expected=VOCAB_SHA256, actual=digest)
-        os.replace(part, dest)
+            for suffix, want in pinned.items():
+                _extract_checked(tar, sdist, VOCAB_MEMBER + suffix, Path(str(dest) + suffix), want)
     return dest
+
+
+def vocab_test_pairs(fetch: bool = True) -> tuple[Path, Path]:
+    """Paths of llama.cpp's tokenizer test pairs for the Gemma 4 vocab: (``.inp``, ``.out``).
+
+    ``.inp`` holds texts separated by ``\n__ggml_vocab_test__\n``; ``.out`` one line of space-separated
+    token ids per text. Both come from the same sdist as :func:`vocab_path`, sha256-pinned.
+    """
+    base = vocab_path(fetch=fetch)
+    return Path(str(base) + ".inp"), Path(str(base) + ".out")
+
+
+def _vocab_complete(dest: Path) -> bool:
+    """True when the tokenizer GGUF and its test pairs are all in the cache with pinned sha256."""
+    if not (dest.exists() and dest.stat().st_size == VOCAB_SIZE_BYTES and sha256_file(dest) == VOCAB_SHA256):
+        return False
+    for suffix, want in VOCAB_TEST_SHA256.items():
+        p = Path(str(dest) + suffix)
+        if not p.exists() or sha256_file(p) != want:
+            return False
+    return True
+
+
+def _extract_checked(tar: tarfile.TarFile, sdist: Path, member_name: str, dest: Path, sha256: str) -> None:
+    """Extract one member of the sdist to ``dest`` (atomically) after checking its sha256."""
+    try:
+        member = tar.getmember(member_name)
+    except KeyError as e:
+        raise MtpscopeError("file not found in the sdist", path=sdist, key=member_name) from e
+    src = tar.extractfile(member)
+    if src is None:
+        raise MtpscopeError("sdist member is not a regular file", path=sdist, key=member_name)
+    part = dest.with_name(dest.name + ".part")
+    with open(part, "wb") as out:
+        while block := src.read(1 << 20):
+            out.write(block)
+    digest = sha256_file(part)
+    if digest != sha256:
+        part.unlink()
+        raise MtpscopeError("sha256 mismatch", path=dest, key=member_name, expected=sha256, actual=digest)
+    os.replace(part, dest)
 
 
 def _download_sdist(into: Path) -> Path:

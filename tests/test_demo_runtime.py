@@ -17,8 +17,8 @@ L = pytest.importorskip("llama_cpp")
 X = pytest.importorskip("llama_cpp.llama_cpp_ext")
 
 from mtpscope import demo  # noqa: E402
+from mtpscope.cache import vocab_test_pairs  # noqa: E402
 
-VOCAB_TESTS = Path("/tmp/llama-src/vendor/llama.cpp/models/ggml-vocab-gemma-4.gguf")
 
 
 class Pair:
@@ -162,10 +162,10 @@ def test_demo_pair_loads_and_tokenizes_a_real_prompt(clean_pair: Pair) -> None:
     assert clean_pair.detok(ids[1:]) == "The quick brown fox jumps"
 
 
-@pytest.mark.skipif(not VOCAB_TESTS.with_suffix(".gguf.inp").exists(), reason="llama.cpp tokenizer test pairs absent")
 def test_demo_target_tokenizes_like_llama_cpp_test_pairs(clean_pair: Pair) -> None:
-    inp = VOCAB_TESTS.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
-    out = VOCAB_TESTS.with_suffix(".gguf.out").read_text(encoding="utf-8").split("\n")
+    inp_path, out_path = vocab_test_pairs()
+    inp = inp_path.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    out = out_path.read_text(encoding="utf-8").split("\n")
     assert len(inp) >= 20
     for text, ids in zip(inp, out, strict=False):
         expected = [int(x) for x in ids.split()]
