@@ -122,6 +122,14 @@ def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
     pq.write_table(tab, part)
     with pytest.raises(TraceError, match="line up"):
         replay(bad)
+    # imported / synthetic traces lack what a replay needs
+    import json as _json
+
+    man = _json.loads((bad / "manifest.json").read_text())
+    man["source"] = "synthetic"
+    (bad / "manifest.json").write_text(_json.dumps(man))
+    with pytest.raises(TraceError, match="recorded by"):
+        replay(bad)
 
 
 def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:

@@ -427,6 +427,10 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     t = tr.open(tpath)
     man = t.manifest
     params = man.get("params") or {}
+    if man.get("source") != "record":
+        raise TraceError("replay needs a trace recorded by `mtpscope record` (prompt texts, model paths, "
+                         "every round's drafts)", path=tpath, key="manifest.source", expected="record",
+                         actual=man.get("source"))
     base = baseline or (BASELINE_GPU if int(params.get("n_gpu_layers") or 0) != 0 else BASELINE_CPU)
     vmap: dict[str, StepOptions] = {"baseline": base}
     for spec in variants:
@@ -451,7 +455,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
-        prompt_toks = {pid: _prompt_tokens(model, prompts[pid]["text"], chat) for pid in prompts}
+        prompt_toks = {pid: _prompt_tokens(model, prompts[pid].get("text") or "", chat) for pid in prompts}
     finally:
         model.close()
     rec_hnext: dict[tuple[int, int, int], np.ndarray] = {}
@@ -469,6 +473,9 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     step_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    if not params.get("greedy", True):
+        notes.append("sampled trace (temp > 0): would-be acceptance compares drafts with the realized "
+                     "continuation, which a different draft could have changed; exact only for greedy traces")
     for pid, grp in rounds.groupby("prompt_id", sort=True):
         pid = int(pid)
         if pid not in prompt_toks:
