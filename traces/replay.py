@@ -473,6 +473,9 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     step_rows: list[dict[str, Any]] = []
     round_rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    if params.get("flash_attn"):
+        notes.append("recorded with flash attention on: llama.cpp's numerics then differ from the baseline's "
+                     "emulation (non-FA, F16 cache), near-tie drafts may disagree")
     if not params.get("greedy", True):
         notes.append("sampled trace (temp > 0): would-be acceptance compares drafts with the realized "
                      "continuation, which a different draft could have changed; exact only for greedy traces")
