@@ -462,7 +462,7 @@ class LlamaContext:
                              path=model.path)
         self.ptr = ptr
         self.n_ctx = int(lc.llama_n_ctx(ptr))
-        self.n_batch = int(n_batch)
+        self.n_batch = int(lc.llama_n_batch(ptr))  # llama.cpp clamps n_batch to n_ctx
         self.mem = lc.llama_get_memory(ptr)
         self.n_vocab = model.n_vocab
         self.n_embd_out = model.n_embd_out

@@ -337,7 +337,8 @@ class MtpRuntime:
         self.first_token: int | None = None
 
     def _make_contexts(self, n_ctx: int) -> None:
-        """(Re)create the target and drafter contexts with room for ``n_ctx`` tokens."""
+        """(Re)create the target and drafter contexts with room for ``n_ctx`` tokens (at least n_batch)."""
+        n_ctx = max(int(n_ctx), self.n_batch)
         if self.dctx is not None:
             self.dctx.close()
         if self.tctx is not None:
@@ -368,8 +369,9 @@ class MtpRuntime:
         if not tokens:
             raise TraceError("empty prompt (no tokens)", key="prompt")
         self.tctx.clear()
-        for i in range(0, len(tokens), self.n_batch):
-            chunk = tokens[i:i + self.n_batch]
+        step = min(self.n_batch, self.tctx.n_batch)
+        for i in range(0, len(tokens), step):
+            chunk = tokens[i:i + step]
             self.tbatch.set(chunk, i, logits="last")
             self.tctx.decode(self.tbatch)
 
