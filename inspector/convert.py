@@ -584,15 +584,18 @@ def write_tiny_pair(root: str | os.PathLike[str], *, seed: int = 0, vocab_size: 
     """Write a tiny random HF target (``Gemma4ForCausalLM``) and drafter (``Gemma4AssistantForCausalLM``)
     checkpoint pair under ``root/target`` and ``root/drafter``; returns the two folders.
 
-    Target: 6 layers [s, s, f, s, s, f], hidden 64, heads 2 / kv 1 (full kv 1), head dims 32 / 64.
-    Drafter: 4 layers [s, s, s, f], hidden ``drafter_hidden``, same KV head layout, backbone 64.
+    Target: 6 layers [s, s, f, s, s, f], hidden 64, 2 heads, KV heads 1 (with ``k_eq_v``: 2 on sliding,
+    1 on full layers), head dims 32 / 64. Drafter: 4 layers [s, s, s, f], hidden ``drafter_hidden``, the
+    same KV head layout, backbone 64.
     """
     root = Path(root)
+    # with K = V, as in 26B-A4B / 31B: more KV heads on sliding layers (2) than on full layers (1)
+    n_kv = 2 if k_eq_v else 1
     n_kv_full = 1 if k_eq_v else None
-    ttc = tiny_text_config(vocab_size=vocab_size, k_eq_v=k_eq_v, n_kv_full=n_kv_full)
+    ttc = tiny_text_config(vocab_size=vocab_size, k_eq_v=k_eq_v, n_kv=n_kv, n_kv_full=n_kv_full)
     ttc["architectures"] = ["Gemma4ForCausalLM"]
     dtc = tiny_text_config(vocab_size=vocab_size, hidden_size=drafter_hidden, n_layer=4, k_eq_v=k_eq_v,
-                           n_kv_full=n_kv_full, intermediate_size=96, softcap=None,
+                           n_kv=n_kv, n_kv_full=n_kv_full, intermediate_size=96, softcap=None,
                            layer_types=["sliding_attention"] * 3 + ["full_attention"])
     dtc["num_kv_shared_layers"] = 4
     for d in (root / "target", root / "drafter"):
