@@ -248,6 +248,9 @@ _LAYER_MAP = {
 }
 
 
+_MULTIMODAL = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")
+
+
 def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint",
                      drop_kv: bool = False) -> dict[str, np.ndarray]:
     """HF ``model.*`` / ``model.language_model.*`` names -> GGUF names (``token_embd``, ``blk.N.*``, ...).
@@ -260,6 +263,8 @@ def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint
     """
     out: dict[str, np.ndarray] = {}
     for name, arr in tensors.items():
+        if any(part in name for part in _MULTIMODAL):
+            continue  # a Gemma4ForConditionalGeneration checkpoint: only the language model is converted
         short = name
         for pre in ("model.language_model.", "model."):
             if short.startswith(pre):
