@@ -411,6 +411,9 @@ class MtpRuntime:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
         if max_tokens < 1:
             raise TraceError("max_tokens must be >= 1", key="max_tokens", expected=">= 1", actual=max_tokens)
+        if n_draft + 1 > self.n_batch:
+            raise TraceError("n_draft + 1 must fit one verify batch", key="n_draft",
+                             expected=f"<= {self.n_batch - 1}", actual=n_draft)
         sampler = sampler or Sampler()
         self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
@@ -611,7 +614,10 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
     drafted ids, the target's ids at each verify row (null after the first mismatch when sampling),
-    n_accepted, emitted tokens, draft / verify wall times in ms. Per draft step (``steps``): k
+    n_accepted, emitted tokens (accepted drafts + the target's token; cut after an end-of-generation
+    token, in which case ``n_accepted`` counts only the drafts up to it), draft / verify wall times in
+    ms (draft: the K drafter decodes with their argmax and h_next reads; verify: the target decode,
+    acceptance and KV roll-back; the trace analysis and writing are outside both). Per draft step (``steps``): k
     (1-based), the token, its logit and rank, the top ``n_top`` drafter candidates with logits, the
     target's token at that position and its rank among the drafter's logits, accepted, and unless
     ``hidden="off"``: ``h`` (fed in, width n_embd_backbone), ``h_next`` (post-projection output,
