@@ -373,6 +373,17 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["fork"]),
                               "--prompt", "x", "--out", str(tmp_path / "f")])
     assert res.exit_code == 1 and "--centroids" in res.output
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("The quick brown fox\nHello world\n")
+    args = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompts", str(pf),
+            "--max-tokens", "8", "--hidden", "off", "--no-progress", "--out", str(tmp_path / "t")]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "already holds a trace" in res.output  # no --overwrite
+    res = runner.invoke(app, [*args, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    tr = traces.open(tmp_path / "t")
+    assert [p["text"] for p in tr.manifest["prompts"]] == ["The quick brown fox", "Hello world"]
+    assert tr.manifest["dims"]["hidden_dtype"] is None and sorted(tr.rounds.prompt_id.unique()) == [0, 1]
 
 
 @pytest.mark.slow
