@@ -29,7 +29,7 @@ from app import safety
 from app.tokens import TokenText
 from inspector.errors import MtpscopeError
 
-SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint")
+SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint", "replay")
 
 
 class LibraryMissing(Exception):
@@ -95,7 +95,7 @@ def init_selection() -> None:
     st.session_state["sel._init"] = True
     demo = demo_paths()
     defaults = {"drafter": demo["drafter"], "target": demo["target"], "trace": demo["trace"],
-                "trace_b": demo["trace_b"], "checkpoint": None}
+                "trace_b": demo["trace_b"], "checkpoint": None, "replay": None}
     # The clean demo trace names the drafter that recorded it; prefer that one.
     man = demo["trace"] / "manifest.json"
     if man.exists():
@@ -407,3 +407,48 @@ def has_centroid_head(path: str | os.PathLike[str]) -> bool:
     except (MtpscopeError, OSError, LibraryMissing):
         return False
     return c is not None and o is not None
+
+
+# -------------------------------------------------------------------------------------- replay
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _replay(path: str, key: tuple):
+    import json
+
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from inspector.errors import TraceFormatError
+
+    p = Path(path)
+    try:
+        summary = json.loads((p / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"unreadable replay summary ({e})", path=p / "summary.json") from None
+    steps = None
+    if (p / "steps.parquet").exists():
+        try:
+            steps = pq.read_table(p / "steps.parquet").to_pandas()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise TraceFormatError(f"unreadable replay steps ({type(e).__name__}: {e})",
+                                   path=p / "steps.parquet") from None
+    return summary, (steps if steps is not None else pd.DataFrame())
+
+
+def replay(path: str | os.PathLike[str]):
+    """(summary dict, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
+    ``summary.json`` + ``steps.parquet``), cached by the folder's file stats. JSON and Parquet only."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _replay(str(p), _dir_key(p))
+
+
+def resolve_near(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path | None:
+    """A path written by another command (absolute, relative to the working directory, or relative to
+    ``folder`` by its last parts), resolved to an existing allowed folder, else None."""
+    p = Path(path)
+    tries = [p] if p.is_absolute() else [Path.cwd() / p, Path(folder) / p,
+                                         Path(folder) / p.parent.name / p.name, Path(folder) / p.name]
+    for c in tries:
+        if c.is_dir() and safety.is_allowed(c, roots()):
+            return c.resolve()
+    return None

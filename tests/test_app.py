@@ -277,3 +277,29 @@ def test_long_trace_is_windowed(demo, tmp_path: Path, monkeypatch) -> None:
     at.slider(key="w.acc.window").set_value(6000).run()
     assert not at.exception
     assert json.loads(at.get("plotly_chart")[1].proto.spec)["layout"]["meta"]["n_rounds"] == 3000
+
+
+@pytest.mark.slow
+def test_compare_page_shows_replay_results(demo, tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    pytest.importorskip("llama_cpp")
+    from traces.replay import replay
+
+    trace = _need_trace(demo)
+    out = tmp_path / "replay"
+    replay(Path(demo.traces_noisy) if (Path(demo.traces_noisy) / "manifest.json").exists() else trace,
+           variants=["head=centroid"], out=out, max_rounds=4)
+    summary = json.loads((out / "summary.json").read_text())
+    monkeypatch.setenv("MTPSCOPE_ROOTS", f"{tmp_path}:{demo.root}")
+    at = _run("compare", replay=out)
+    table = next(d.value for d in at.dataframe if "variant" in d.value.columns)
+    want = {"recorded": summary["recorded"]["acceptance_rate"],
+            **{n: v["acceptance_rate"] for n, v in summary["variants"].items()}}
+    assert dict(zip(table["variant"], table["acceptance_rate"])) == pytest.approx(want)
+    buttons = [b for b in at.button if b.label.startswith("trace B = ")]
+    assert {b.label for b in buttons} == {f"trace B = {n}" for n in summary["variant_traces"]}
+    buttons[-1].click().run()
+    assert not at.exception
+    assert at.session_state["sel.trace_b"] == str((out / "traces").resolve() / Path(
+        list(summary["variant_traces"].values())[-1]).name)

@@ -21,6 +21,8 @@ def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
         return [str(p) for p in safety.discover(roots_key, suffix=".gguf")]
     if kind == "trace":
         return [str(p) for p in safety.discover(roots_key, marker="manifest.json")]
+    if kind == "replay":
+        return [str(p) for p in safety.discover(roots_key, marker="summary.json")]
     return [str(p) for p in safety.discover(roots_key, marker="config.json", max_depth=3)]
 
 
@@ -123,6 +125,7 @@ if state.get("trace"):
 else:
     st.caption("none selected")
 
-with st.expander("Second trace (Compare page) and Hugging Face checkpoint (Validate page)"):
+with st.expander("Second trace and replay results (Compare page), Hugging Face checkpoint (Validate page)"):
     _picker("trace_b", "trace B folder", "trace", optional=True, upload=None)
+    _picker("replay", "replay output folder (mtpscope replay --out)", "replay", optional=True, upload=None)
     _picker("checkpoint", "Hugging Face checkpoint folder", "checkpoint", optional=True, upload=None)
