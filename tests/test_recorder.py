@@ -219,6 +219,27 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
         assert row.target_in_candidates == (tc in order[i])
 
 
+def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, tmp_path) -> None:  # noqa: ANN001
+    from safetensors.numpy import save_file
+
+    f = _gguf_arrays(pair["fork"])
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"masked_embedding.centroids.weight": f["mtp.centroids.weight"],
+               "masked_embedding.token_ordering": f["mtp.token_ordering.weight"].astype(np.int64)},
+              str(hf / "model.safetensors"))
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma4_assistant", "centroid_intermediate_top_k": 4}))
+    record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "t", prompts=PROMPTS[:1], max_tokens=40,
+           centroids=hf, hidden="off", runtime=noisy_rt)
+    a = traces.open(tmp_path / "t")
+    b = noisy_trace[1]
+    assert a.manifest["models"]["centroids"]["dialect"] == "hf" and a.manifest["centroids"]["top_k"] == 4
+    sb = b.steps[b.steps.prompt_id == 0].reset_index(drop=True)
+    cols = ["token", "centroid_token", "target_in_candidates", "target_centroid", "target_centroid_rank"]
+    assert a.steps[cols].equals(sb[cols])
+    assert [list(x) for x in a.steps.centroid_ids] == [list(x) for x in sb.centroid_ids]
+
+
 def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     from gguf import GGUFReader
 
