@@ -303,3 +303,26 @@ def test_compare_page_shows_replay_results(demo, tmp_path: Path, monkeypatch) ->
     assert not at.exception
     assert at.session_state["sel.trace_b"] == str((out / "traces").resolve() / Path(
         list(summary["variant_traces"].values())[-1]).name)
+
+
+def test_validate_page_hf_audit(tmp_path: Path, monkeypatch) -> None:
+    st_np = pytest.importorskip("safetensors.numpy")
+    import json
+
+    from inspector import hf
+    from tests import test_hf  # the HF checkpoint builders of the HF audit tests (same arrays as the demo)
+
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    st_np.save_file(test_hf.hf_tensors(), str(ck / "model.safetensors"))
+    (ck / "config.json").write_text(json.dumps(test_hf.config()))
+    g = test_hf.write(tmp_path / "fork.gguf", *test_hf.parts("fork"))
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = _run("validate", drafter=g, target=None, trace=None, checkpoint=ck)
+    from inspector.gguf import open_gguf
+
+    audit = hf.audit(hf.read_checkpoint(ck), open_gguf(g))
+    rows = next(d.value for d in at.dataframe if "hf_name" in d.value.columns)
+    assert list(rows["hf_name"]) == [r.hf_name for r in audit.rows]
+    assert list(rows["status"]) == [r.status for r in audit.rows]
+    assert not at.error or all("\n" not in e.value for e in at.error)

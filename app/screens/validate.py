@@ -72,13 +72,34 @@ with state.guard("validation"):
     if rep.hf_audit is not None:
         st.subheader("Hugging Face audit")
         a = rep.hf_audit
-        d = a.to_dict() if hasattr(a, "to_dict") else {}
         fs = list(getattr(a, "findings", ()) or ())
+        rows = list(getattr(a, "rows", ()) or ())
+        bad = [r for r in rows if r.status not in ("ok", "dropped")]
+        st.caption(f"checkpoint `{state.short(getattr(a, 'hf_dir', hf_dir))}` vs `{state.short(path)}` "
+                   f"({getattr(a, 'dialect', '?')} dialect): {len(rows)} checkpoint tensors, "
+                   f"{sum(r.status == 'ok' for r in rows)} ok, {sum(r.status == 'dropped' for r in rows)} dropped "
+                   f"by the converter, {len(bad)} other")
         if fs:
             st.dataframe(_findings_frame(fs), hide_index=True, width="stretch")
         else:
             st.success("the checkpoint and the GGUF agree")
-        with st.expander("audit details"):
-            st.json({k: v for k, v in d.items() if k != "findings"})
+        if rows:
+            st.dataframe(pd.DataFrame([{
+                "hf_name": r.hf_name, "dtype": r.hf_dtype, "shape (numpy)": "×".join(map(str, r.hf_shape)),
+                "gguf_name": r.gguf_name, "expected ne": "×".join(map(str, r.expected_ne)),
+                "found ne": "" if r.found_ne is None else "×".join(map(str, r.found_ne)),
+                "found type": r.found_type or "", "status": r.status, "note": r.note} for r in rows]),
+                hide_index=True, width="stretch", height=min(500, 38 + 35 * len(rows)), key="val.hf.rows")
+        cfg = dict(getattr(a, "config", {}) or {})
+        if cfg:
+            st.markdown("**config.json vs GGUF keys**")
+            st.dataframe(pd.DataFrame([{"GGUF key": k, "config.json": str(v.get("hf")), "GGUF": str(v.get("gguf")),
+                                        "ok": bool(v.get("ok"))} for k, v in cfg.items()]),
+                         hide_index=True, width="stretch", key="val.hf.cfg")
+        only = dict(getattr(a, "gguf_only", {}) or {})
+        if only:
+            st.markdown("**GGUF tensors with no checkpoint source**")
+            st.dataframe(pd.DataFrame({"tensor": list(only), "why": list(only.values())}), hide_index=True,
+                         width="stretch", key="val.hf.only")
     elif not hf_dir:
         st.caption("Hugging Face audit: give a checkpoint folder (config.json + safetensors) on the Files page.")
