@@ -211,20 +211,21 @@ def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     b = 512
     if n >= 8 * b and n % b == 0:
-        blocks = x.reshape(-1, b)
-        bmax = blocks.max(axis=1)
-        nb = bmax.shape[0]
-        kb = min(k, nb)
-        thr = np.partition(bmax, nb - kb)[nb - kb]
+        # "blocks" are the columns of x viewed as (n // 512, 512): column j holds j, j + 512, ...
+        grid = x.reshape(-1, b)
+        bmax = grid.max(axis=0)
+        kb = min(k, b)
+        thr = np.partition(bmax, b - kb)[b - kb]
         sel = np.flatnonzero(bmax >= thr)
-        vals = blocks[sel].reshape(-1)
-        base = sel
+        vals = grid[:, sel].reshape(-1)            # row-major over (rows, len(sel))
+        kk = min(k, vals.shape[0])
+        kth = -np.partition(-vals, kk - 1)[kk - 1]
+        hit = np.flatnonzero(vals >= kth)          # every value >= the k-th largest (ties included)
+        gid = (hit // sel.shape[0]) * b + sel[hit % sel.shape[0]]
     else:
-        vals, base, b = x, None, 1
-    kk = min(k, vals.shape[0])
-    kth = -np.partition(-vals, kk - 1)[kk - 1]
-    hit = np.flatnonzero(vals >= kth)  # every value >= the k-th largest (ties included)
-    gid = hit if base is None else base[hit // b] * b + hit % b
+        kk = min(k, n)
+        kth = -np.partition(-x, kk - 1)[kk - 1]
+        gid = np.flatnonzero(x >= kth)
     order = np.lexsort((gid, -x[gid]))
     return gid[order][:k]
 
@@ -511,6 +512,15 @@ def _rank(logits: np.ndarray, token: int) -> int:
     return int(np.count_nonzero(logits > logits[token]))
 
 
+def _rank_with_top(logits: np.ndarray, token: int, top: np.ndarray, top_vals: np.ndarray) -> int:
+    """:func:`_rank`, read off the top-k list when ``token`` is in it (every strictly greater logit is
+    then in the list too), else counted over the whole vector."""
+    hit = np.flatnonzero(top == token)
+    if hit.size:
+        return int(np.count_nonzero(top_vals > logits[token]))
+    return _rank(logits, token)
+
+
 def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
                  head: CentroidHead | None = None) -> list[StepRecord]:
     """Per-step trace records of one round (see :func:`record` for the fields)."""
@@ -526,14 +536,15 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             kw = {"centroid_ids": cs.centroid_ids, "centroid_logits": cs.centroid_logits,
                   "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
                   "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
+        top_vals = None if top is None else lg[top]
         out.append(StepRecord(
             k=k, token=s.token,
             logit=None if lg is None else float(lg[s.token]),
-            rank=None if lg is None else _rank(lg, s.token),
+            rank=None if lg is None else _rank_with_top(lg, s.token, top, top_vals),
             top_ids=None if top is None else top.tolist(),
-            top_logits=None if top is None else lg[top].tolist(),
+            top_logits=None if top_vals is None else top_vals.tolist(),
             target_token=tt,
-            target_rank=None if (lg is None or tt is None) else _rank(lg, tt),
+            target_rank=None if (lg is None or tt is None) else _rank_with_top(lg, tt, top, top_vals),
             accepted=k <= res.n_accepted,
             h=s.h if keep_h else None, h_next=s.h_next if keep_h else None,
             h_inner=s.h_inner if keep_h else None, **kw))
