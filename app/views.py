@@ -475,10 +475,12 @@ def value_stats(a: np.ndarray) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------- compare
 
-def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100) -> pd.DataFrame:
+def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100,
+                     decode: Decode | None = None) -> pd.DataFrame:
     """Per prompt present in both, the first round where the two traces differ: drafted tokens,
     accepted length or emitted tokens (checked in that order), or, when every common round agrees,
-    the round count. Columns: prompt_id, round, what, a, b. Rounds are matched on (prompt_id, round)."""
+    the round count. Columns: prompt_id, round, what, a, b (token lists as ids, or as text through
+    ``decode``). Rounds are matched on (prompt_id, round)."""
     cols = [c for c in ("prompt_id", "round", "drafted", "n_accepted", "emitted") if c in a.columns and c in b.columns]
     out_cols = ["prompt_id", "round", "what", "a", "b"]
     if "prompt_id" not in cols or "round" not in cols:
@@ -503,7 +505,15 @@ def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100) -> pd.D
         i = m.index.get_loc(idx)
         what = next(c for c, d in diffs.items() if d[i])
         va, vb = r[f"{what}_a"], r[f"{what}_b"]
-        fmt = (lambda v: str(int(v))) if what == "n_accepted" else (lambda v: str(_as_list(v)))
+        if what == "n_accepted":
+            def fmt(v):
+                return str(int(v))
+        elif decode is None:
+            def fmt(v):
+                return str(_as_list(v))
+        else:
+            def fmt(v):
+                return " · ".join(decode(t) for t in _as_list(v))
         rows.append({"prompt_id": int(r["prompt_id"]), "round": int(r["round"]), "what": what,
                      "a": fmt(va), "b": fmt(vb)})
     done = {row["prompt_id"] for row in rows}

@@ -261,6 +261,10 @@ def test_first_divergence_and_deltas() -> None:
     d = views.first_divergence(a, b)
     # drafted tokens are the same (100, 101, 102) in both; round 1 accepts 1 vs 2
     assert d.values.tolist() == [[0, 1, "n_accepted", "1", "2"]]
+    c = _rounds([[3, 1, 2], [0]])
+    c.at[1, "drafted"] = [100, 555, 102]
+    assert views.first_divergence(a, c, decode=lambda t: f"t{t}").values.tolist() == [
+        [0, 1, "drafted", "t100 · t101 · t102", "t100 · t555 · t102"]]
     longer = _rounds([[3, 1, 2, 3], [0]])
     assert views.first_divergence(a, longer).values.tolist() == [[0, 3, "length", "3 rounds", "4 rounds"]]
     deltas = views.prompt_deltas(views.per_prompt_table(a), views.per_prompt_table(b))

@@ -72,7 +72,7 @@ def _traces() -> None:
         st.plotly_chart(charts.prompt_delta_figure(deltas, names), key="cmp.deltas", width="stretch")
         st.dataframe(deltas.head(500), hide_index=True, width="stretch")
         st.subheader("First rounds where they diverge")
-        div = views.first_divergence(ra, rb)
+        div = views.first_divergence(ra, rb, decode=state.trace_decoder(tr_a))
         if len(div):
             st.dataframe(div, hide_index=True, width="stretch")
         else:
