@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -227,7 +228,14 @@ def load_centroid_head(path: str | os.PathLike[str], *, top_k: int | None = None
 def _load_gguf(p: Path, top_k: int | None) -> CentroidHead:
     from inspector.gguf import open_gguf  # noqa: PLC0415
 
-    f = open_gguf(p)
+    with open_gguf(p) as f:
+        return head_from_gguf(f, top_k=top_k)
+
+
+def head_from_gguf(f: Any, *, top_k: int | None = None) -> CentroidHead:
+    """The centroid head of an already open GGUF (:class:`inspector.gguf.GGUFFile`); see
+    :func:`load_centroid_head` for names, keys and errors. The arrays are copied out of the file."""
+    p = Path(f.path)
     names = [t.name for t in f.tensors]
     cname = next((n for n in _GGUF_CENTROID_NAMES if n in names), None) or \
         next((n for n in names if "centroid" in n), None)
@@ -242,8 +250,8 @@ def _load_gguf(p: Path, top_k: int | None) -> CentroidHead:
     if len(cinfo.shape) != 2:
         raise LayoutError("centroid tensor must be 2-D", path=p, key=cname, expected="ne [n_embd, n_centroids]",
                           actual=f"ne {list(cinfo.ne)}")
-    centroids = np.asarray(f.tensor_data(cname), dtype=np.float32)
-    ordering = np.asarray(f.tensor_data(oname, dequantize=False)).reshape(-1)
+    centroids = np.array(f.tensor_data(cname), dtype=np.float32)
+    ordering = np.array(f.tensor_data(oname, dequantize=False)).reshape(-1)
     if not np.issubdtype(ordering.dtype, np.integer):
         raise LayoutError("token ordering must be an integer tensor", path=p, key=oname, expected="I32",
                           actual=f.tensor(oname).type_name)

@@ -41,7 +41,7 @@ import numpy as np
 
 from inspector.errors import LayoutError, MtpscopeError, TraceError
 from traces import llama_runtime as rt
-from traces.centroid_head import CentroidHead, centroid_step, load_centroid_head
+from traces.centroid_head import CentroidHead, centroid_step, head_from_gguf, load_centroid_head
 from traces.records import RoundRecord, StepRecord
 
 H_INNER_NODE = "result_norm"
@@ -687,11 +687,18 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                          path=out)
     models = preflight(target, assistant)
     head = None
+    models["centroids"] = None
     if centroids is not None:
-        head = load_centroid_head(centroids, top_k=centroid_top_k)
-        models["centroids"] = centroid_source_info(centroids)
-    else:
-        models["centroids"] = None
+        cp = Path(centroids)
+        if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
+            from inspector.gguf import open_gguf  # noqa: PLC0415
+
+            with open_gguf(cp) as cf:
+                head = head_from_gguf(cf, top_k=centroid_top_k)
+                models["centroids"] = model_info(cf)
+        else:
+            head = load_centroid_head(cp, top_k=centroid_top_k)
+            models["centroids"] = centroid_source_info(cp)
 
     need_capture = hidden != "off" or head is not None
     own = runtime is None
