@@ -206,3 +206,41 @@ def test_step_options_parsing():
         o.with_variant("position=p+1")
     with pytest.raises(ReferenceError):
         o.with_variant("nonsense")
+
+
+def test_step_batch_equals_step():
+    rng = np.random.default_rng(0)
+    hp = DrafterHParams(arch="test", dialect="arrays", n_embd=16, n_embd_backbone=8, n_vocab=64, n_layer=2,
+                        n_head=(4, 4), n_head_kv=(2, 1), n_ff=(24, 24), is_swa=(True, False), head_dim=(4, 8),
+                        n_rot=(4, 8), rope_base=(1e4, 1e6), sliding_window=3)
+
+    def m(o, i):
+        return rng.standard_normal((o, i)).astype(np.float32) / np.float32(np.sqrt(i))
+
+    layers = tuple(LayerWeights(attn_norm=1 + 0.1 * rng.standard_normal(16).astype(np.float32), attn_q=m(4 * hd, 16),
+                                attn_q_norm=np.ones(hd, np.float32), attn_output=m(16, 4 * hd),
+                                post_attention_norm=np.ones(16, np.float32), ffn_norm=np.ones(16, np.float32),
+                                ffn_gate=m(24, 16), ffn_up=m(24, 16), ffn_down=m(16, 24),
+                                post_ffw_norm=np.ones(16, np.float32), layer_output_scale=0.7) for hd in (4, 8))
+    w = DrafterWeights(pre_projection=m(16, 16), post_projection=m(8, 16),
+                       token_embd=rng.standard_normal((64, 16)).astype(np.float32),
+                       output_norm=np.ones(16, np.float32), layers=layers,
+                       rope_freqs=np.array([1, 1, 1e30, 1e30], np.float32),
+                       centroids=rng.standard_normal((8, 16)).astype(np.float32),
+                       token_ordering=rng.permutation(64))
+    d = ReferenceDrafter(hp, w, rng.standard_normal((64, 8)).astype(np.float32))
+    n = 12
+    kv = {"sliding": DonorKV(rng.standard_normal((n, 2, 4)).astype(np.float32),
+                             rng.standard_normal((n, 2, 4)).astype(np.float32), np.arange(n)),
+          "full": DonorKV(rng.standard_normal((n, 1, 8)).astype(np.float32),
+                          rng.standard_normal((n, 1, 8)).astype(np.float32), np.arange(n))}
+    toks, pos = np.array([3, 9, 17, 40, 2]), np.array([4, 7, 7, 11, 12])
+    hs = rng.standard_normal((5, 8)).astype(np.float32)
+    for o in (StepOptions(), StepOptions(position="p-1", kv_f16=True, gelu="ggml-f16"),
+              StepOptions(head="centroid", fill="min-1", top_k=2)):
+        batch = d.step_batch(toks, hs, pos, kv, o, kv_limit=pos)
+        for r in range(5):
+            one = d.step(int(toks[r]), hs[r], int(pos[r]), {k: v.upto(int(pos[r])) for k, v in kv.items()}, o)
+            assert batch[r].token == one.token
+            assert np.allclose(batch[r].logits, one.logits, rtol=1e-5, atol=1e-5)
+            assert np.allclose(batch[r].h_next, one.h_next, rtol=1e-5, atol=1e-5)

@@ -392,7 +392,7 @@ def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) ->
 def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: str | os.PathLike[str] | None = None,
            target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
            centroids: str | os.PathLike[str] | None = None, max_rounds: int | None = None,
-           baseline: StepOptions | None = None) -> ReplayResult:
+           baseline: StepOptions | None = None, chunk: int = 32) -> ReplayResult:
     """Recompute every recorded draft step of a trace with the reference drafter under each variant.
 
     Per prompt, the accepted token sequence (prompt re-tokenized as the recorder did, then each round's
@@ -412,6 +412,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         target / assistant / centroids: override the manifest's model paths.
         max_rounds: replay only the first N rounds (over all prompts).
         baseline: the baseline options (default: the recorder's, CPU or GPU by ``params.n_gpu_layers``).
+        chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
 
     Raises:
         TraceFormatError / TraceError: unreadable trace, missing model paths, token sequence that does
@@ -498,46 +499,60 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         last_emitted = list(recs[-1].emitted) if recs and recs[-1].emitted is not None else []
         truth_seq = seq + ([int(last_emitted[-1])] if last_emitted else [])
         pre = shape_kv(prefill(tg, seq), ref)
-        for r in recs:
-            p = int(r.pos)
-            kvs = {False: pre.kv_before(p), True: pre.kv_before(p, f16=True)}
-            recorded = [int(x) for x in list(r.drafted)]
-            truth = [truth_seq[p + k] if p + k < len(truth_seq) else -1 for k in range(1, len(recorded) + 1)]
+        P = np.array([int(r.pos) for r in recs], dtype=np.int64)
+        recorded_all = [[int(x) for x in list(r.drafted)] for r in recs]
+        truth_all = [[truth_seq[p + k] if p + k < len(truth_seq) else -1 for k in range(1, len(rec) + 1)]
+                     for p, rec in zip(P.tolist(), recorded_all, strict=True)]
+        # every variant: all rounds of the prompt in chunks, step k of all rows of a chunk at once
+        drafts_v: dict[str, list[list[int]]] = {}
+        steps_v: dict[str, list[list[tuple[Any, ...]]]] = {}
+        for name, o in vmap.items():
+            later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
+            kv_all = pre.kv_before(int(P.max()) if len(P) else 0, f16=o.kv_f16)
+            drafts = [[] for _ in recs]
+            summ: list[list[tuple[Any, ...]]] = [[] for _ in recs]
+            for c0 in range(0, len(recs), chunk):
+                rows = np.arange(c0, min(c0 + chunk, len(recs)))
+                tok = np.array([int(recs[i].pending_token) for i in rows], dtype=np.int64)
+                h = pre.h_post[P[rows] - 1]
+                hpre = pre.h_pre[P[rows] - 1]
+                kmax = max(len(recorded_all[i]) for i in rows)
+                for k in range(kmax):
+                    act = np.array([j for j, i in enumerate(rows) if k < len(recorded_all[i])], dtype=np.int64)
+                    res = ref.step_batch(tok[act], h[act], P[rows[act]], kv_all, o if k == 0 else later,
+                                         kv_limit=P[rows[act]], h_prenorm=hpre[act] if k == 0 else None)
+                    for j, rr in zip(act.tolist(), res, strict=True):
+                        i = int(rows[j])
+                        drafts[i].append(rr.token)
+                        tok[j] = rr.token
+                        h[j] = rr.h_next
+                        if out is not None:
+                            summ[i].append(_step_summary(rr.logits, rr.token, truth_all[i][k]))
+                        if name == "baseline":
+                            want = rec_hnext.get((pid, int(recs[i].round), k + 1))
+                            if want is not None and np.all(np.isfinite(want)) and np.linalg.norm(want) > 0:
+                                h_errs.append(float(np.linalg.norm(rr.h_next - want) / np.linalg.norm(want)))
+            drafts_v[name], steps_v[name] = drafts, summ
+        for i, r in enumerate(recs):
+            p = int(P[i])
+            recorded, truth = recorded_all[i], truth_all[i]
             rrow: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "pos": p, "n_draft": len(recorded),
                                     "n_accepted": int(r.n_accepted)}
-            per_variant: dict[str, list[int]] = {}
-            per_logits: dict[str, list[np.ndarray]] = {}
-            for name, o in vmap.items():
-                tok, h = int(r.pending_token), pre.h_post[p - 1]
-                hp = pre.h_pre[p - 1]
-                later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
-                drafts = []
-                lgs: list[np.ndarray] = []
-                for k in range(len(recorded)):
-                    res = ref.step(tok, h, p, kvs[o.kv_f16], o if k == 0 else later,
-                                   h_prenorm=hp if k == 0 else None)
-                    drafts.append(res.token)
-                    if out is not None:
-                        lgs.append(res.logits)
-                    if name == "baseline":
-                        want = rec_hnext.get((pid, int(r.round), k + 1))
-                        if want is not None and np.all(np.isfinite(want)) and np.linalg.norm(want) > 0:
-                            h_errs.append(float(np.linalg.norm(res.h_next - want) / np.linalg.norm(want)))
-                    tok, h, hp = res.token, res.h_next, None
-                per_variant[name] = drafts
+            for name in vmap:
+                d = drafts_v[name][i]
                 n_acc = 0
-                while n_acc < len(drafts) and drafts[n_acc] == truth[n_acc]:
+                while n_acc < len(d) and d[n_acc] == truth[n_acc]:
                     n_acc += 1
                 rrow[f"n_accepted[{name}]"] = n_acc
                 if out is not None:
                     variant_records.setdefault(name, []).append(
-                        _variant_records(pid, r, p, drafts, lgs, n_acc, truth, truth_seq))
+                        _variant_records(pid, r, p, d, steps_v[name][i], n_acc, truth, truth_seq))
             round_rows.append(rrow)
             for k in range(len(recorded)):
                 row: dict[str, Any] = {"prompt_id": pid, "round": int(r.round), "k": k + 1, "pos": p,
                                        "recorded": recorded[k], "truth": truth[k]}
-                for name, drafts in per_variant.items():
-                    row[f"draft[{name}]"] = drafts[k]
+                for name in vmap:
+                    row[f"draft[{name}]"] = drafts_v[name][i][k]
                     row[f"accepted[{name}]"] = k < rrow[f"n_accepted[{name}]"]
                 step_rows.append(row)
     steps_df = pd.DataFrame(step_rows)
@@ -570,7 +585,15 @@ def _rank(logits: np.ndarray, token: int) -> int:
     return int(np.count_nonzero(logits > logits[token]))
 
 
-def _variant_records(pid: int, r: Any, p: int, drafts: list[int], logits: list[np.ndarray], n_acc: int,
+def _step_summary(lg: np.ndarray, d: int, truth: int) -> tuple[Any, ...]:
+    """(logit of the draft, its rank, top-10 ids, their logits, rank of the true token or None)."""
+    part = np.argpartition(-lg, min(10, lg.size - 1))[:10]
+    top = part[np.lexsort((part, -lg[part]))]            # best first, ties by id
+    return (float(lg[d]), _rank(lg, d), tuple(int(i) for i in top), tuple(float(lg[i]) for i in top),
+            None if truth < 0 else _rank(lg, truth))
+
+
+def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[tuple[Any, ...]], n_acc: int,
                      truth: list[int], truth_seq: list[int]) -> tuple[Any, list[Any]]:
     """One round of a variant as trace records: would-be acceptance, the true continuation as target."""
     from traces.records import RoundRecord, StepRecord
@@ -589,14 +612,11 @@ def _variant_records(pid: int, r: Any, p: int, drafts: list[int], logits: list[n
                      n_draft=len(drafts), drafted=tuple(drafts), n_accepted=n_acc, target=target,
                      emitted=emitted if corr is not None else None)
     steps = []
-    for k, (d, lg) in enumerate(zip(drafts, logits, strict=True), start=1):
-        part = np.argpartition(-lg, min(10, lg.size - 1))[:10]
-        top = part[np.lexsort((part, -lg[part]))]            # best first, ties by id
-        tt = known[k - 1] if k - 1 <= n_acc else None         # rows after a mismatch: unknown
-        steps.append(StepRecord(k=k, token=int(d), logit=float(lg[d]), rank=_rank(lg, d),
-                                top_ids=tuple(int(i) for i in top), top_logits=tuple(float(lg[i]) for i in top),
-                                target_token=tt, target_rank=None if tt is None else _rank(lg, tt),
-                                accepted=k <= n_acc))
+    for k, (d, (logit, rank, top_ids, top_logits, truth_rank)) in enumerate(zip(drafts, summ, strict=True), start=1):
+        visible_row = k - 1 <= n_acc                          # rows after a mismatch: unknown target
+        steps.append(StepRecord(k=k, token=int(d), logit=logit, rank=rank, top_ids=top_ids, top_logits=top_logits,
+                                target_token=known[k - 1] if visible_row else None,
+                                target_rank=truth_rank if visible_row else None, accepted=k <= n_acc))
     return rr, steps
 
 
