@@ -93,7 +93,7 @@ class TokenText:
             return hit
         piece = self.raw(tid)
         out = f"#{tid}" if piece is None else readable(piece)
-        if len(self._cache) < 200_000:
+        if len(self._cache) < 300_000:  # the whole 262144-token vocabulary fits
             self._cache[tid] = out
         return out
 

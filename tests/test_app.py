@@ -326,3 +326,14 @@ def test_validate_page_hf_audit(tmp_path: Path, monkeypatch) -> None:
     assert list(rows["hf_name"]) == [r.hf_name for r in audit.rows]
     assert list(rows["status"]) == [r.status for r in audit.rows]
     assert not at.error or all("\n" not in e.value for e in at.error)
+
+
+def test_every_page_without_demo_or_selection(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "cache"))  # no demo built there
+    monkeypatch.chdir(tmp_path)
+    for page in (None, "tensors", "validate", "centroids", "values", "acceptance", "step", "compare"):
+        at = _run(page)
+        assert not at.error, (page, [e.value for e in at.error])
+        assert at.info, page
+    at = _run(None)
+    assert any("demo is not built" in i.value for i in at.info)
