@@ -49,6 +49,17 @@ def _need_trace(demo) -> Path:
     return Path(demo.traces_clean)
 
 
+def _decode_plotly(v):
+    """A plotly JSON array (plain list, or typed array ``{"dtype", "bdata"}``) as a list of floats."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).astype(float).tolist()
+    return [float(x) for x in v]
+
+
 def _rounds_direct(trace: Path):
     """Rounds read straight from the Parquet parts with pyarrow (not through traces.store)."""
     import pyarrow as pa
@@ -186,6 +197,22 @@ def test_step_page_shows_the_selected_round(demo) -> None:
     assert list(df["accepted"]) == [k < int(row["n_accepted"]) for k in range(int(row["n_draft"]))]
     assert list(df["target_id"]) == [int(t) for t in row["target"][: int(row["n_draft"])]]
     assert at.number_input(key="w.step.round").value == int(row["round"])
+    # hidden-state norms: the chart's ‖h‖ equals norms of the h column read straight from Parquet
+    import json
+
+    import numpy as np
+
+    man = json.loads((noisy / "manifest.json").read_text())
+    if (man.get("dims") or {}).get("hidden_dtype"):
+        import pyarrow as pa
+
+        st_ = pa.concat_tables([pq.read_table(p) for p in sorted((noisy / "steps").glob("*.parquet"))]).to_pandas()
+        sel = st_[(st_["prompt_id"] == row["prompt_id"]) & (st_["round"] == row["round"])].sort_values("k")
+        want = [float(np.linalg.norm(np.asarray(v, dtype=np.float64))) for v in sel["h"]]
+        fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                   if "norms" in json.dumps(json.loads(c.proto.spec)["layout"].get("title", "")))
+        tr_h = next(t for t in fig["data"] if t["name"] == "‖h‖")
+        assert _decode_plotly(tr_h["y"]) == pytest.approx(want, rel=1e-6)
 
 
 def test_compare_page_two_traces(demo) -> None:

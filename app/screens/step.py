@@ -9,6 +9,9 @@ import streamlit as st
 from app import charts, state, views
 from inspector.errors import MtpscopeError
 
+#: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
+HIDDEN_AUTO_BYTES = 256 * 2**20
+
 st.title("Step view")
 path = state.get("trace")
 if not path:
@@ -78,18 +81,29 @@ with state.guard("trace store"):
                         f"(rank {views._opt_int(s.get('target_centroid_rank'))}) → {verdict}")
 
     st.subheader("Hidden-state norms")
+    dims = tr.manifest.get("dims") or {}
+    if not dims.get("hidden_dtype"):
+        st.caption("This trace stores no hidden states (recorded without --hidden).")
+        st.stop()
     mask = ((tr.steps["prompt_id"] == pid) & (tr.steps["round"] == rnd)).to_numpy()
     ks = tr.steps.loc[mask, "k"].to_numpy()
-    norms = pd.DataFrame({"k": ks})
-    notes = []
-    for name in ("h", "h_next", "h_inner"):
-        try:
-            h = tr.hidden(name, where=mask)
-        except MtpscopeError as e:  # a trace without that hidden column: say so, keep going
-            notes.append(f"{name}: {state.status_line(e)}")
-            continue
-        norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
-    norms = norms.sort_values("k")
-    st.plotly_chart(charts.hidden_norms_figure(norms), key="step.norms", width="stretch")
-    for n_ in notes:
-        st.caption(n_)
+    # Trace.hidden reads the whole hidden column of every part holding these rows; on a long trace
+    # with wide hidden states that is a lot of bytes, so it waits for a click.
+    width = 2 * int(dims.get("n_embd_backbone") or 0) + int(dims.get("n_embd") or 0)
+    est = len(tr.steps) * width * (2 if dims.get("hidden_dtype") == "f16" else 4)
+    go_read = est <= HIDDEN_AUTO_BYTES or st.button(
+        f"read hidden-state norms (scans about {charts.human_bytes(est)} of Parquet)", key="w.step.hidden")
+    if go_read:
+        norms = pd.DataFrame({"k": ks})
+        notes = []
+        for name in ("h", "h_next", "h_inner"):
+            try:
+                h = tr.hidden(name, where=mask)
+            except MtpscopeError as e:  # a trace without that hidden column: say so, keep going
+                notes.append(f"{name}: {state.status_line(e)}")
+                continue
+            norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
+        norms = norms.sort_values("k")
+        st.plotly_chart(charts.hidden_norms_figure(norms), key="step.norms", width="stretch")
+        for n_ in notes:
+            st.caption(n_)
