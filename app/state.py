@@ -263,7 +263,7 @@ def short(path: str | os.PathLike[str] | None) -> str:
     if not path:
         return "—"
     p = Path(path)
-    for base, tag in ((demo_paths()["dir"], "demo/"), (Path.cwd(), "")):
+    for base, tag in ((demo_paths()["dir"], "demo/"), (safety.uploads_dir(), "uploads/"), (Path.cwd(), "")):
         try:
             return tag + str(p.resolve().relative_to(base.resolve()))
         except ValueError:

@@ -62,7 +62,7 @@ def browser_app(demo_dir, tmp_path_factory):
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            yield url, page, errors, demo_dir
+            yield url, page, errors, demo_dir, browser
         finally:
             browser.close()
     text = log.read_text()
@@ -76,7 +76,7 @@ def _open(page, url: str, path: str) -> None:
 
 
 def test_every_page_renders_with_screenshot(browser_app) -> None:
-    url, page, errors, _demo = browser_app
+    url, page, errors, _demo, _browser = browser_app
     SHOTS.mkdir(parents=True, exist_ok=True)
     for path, heading in PAGES.items():
         _open(page, url, path)
@@ -94,7 +94,7 @@ def test_every_page_renders_with_screenshot(browser_app) -> None:
 
 
 def test_timeline_click_opens_step_view(browser_app) -> None:
-    url, page, errors, demo = browser_app
+    url, page, errors, demo, _browser = browser_app
     if not (Path(demo.traces_clean) / "manifest.json").exists():
         pytest.skip("demo traces not built (llama-cpp-python missing)")
     _open(page, url, "acceptance")
@@ -117,3 +117,29 @@ def test_timeline_click_opens_step_view(browser_app) -> None:
     page.screenshot(path=str(SHOTS / "step-after-click.png"), full_page=True)
     assert page.locator('[data-testid="stException"]').count() == 0
     assert not errors, errors
+
+
+def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
+    """Upload a small drafter on the Files page (fresh session): it is stored by content hash under the
+    uploads folder, selected, and its header is shown."""
+    import hashlib
+
+    from inspector.gguf import open_gguf
+
+    url, _page, errors, _demo, browser = browser_app
+    _target, drafter = tiny_pair(vocab="subset", dialect="fork")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+    try:
+        page = ctx.new_page()
+        _open(page, url, "")
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(drafter))
+        digest = hashlib.sha256(Path(drafter).read_bytes()).hexdigest()[:16]
+        page.locator('[data-testid="stSidebar"]').get_by_text(digest).first.wait_for(timeout=60_000)
+        _settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        n = len(open_gguf(drafter).tensors)
+        assert "gemma4_assistant" in body and f"tensors\n{n}" in body.replace("\n\n", "\n"), body[:800]
+        page.screenshot(path=str(SHOTS / "files-after-upload.png"), full_page=True)
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()

@@ -32,20 +32,25 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
     options = [NONE] + _candidates(tuple(str(r) for r in roots), kind)
     if cur and cur not in options:
         options.append(cur)
-    pick_key, text_key = f"w.{slot}.pick", f"w.{slot}.text"
-    if pick_key not in st.session_state or st.session_state.get(pick_key) not in options:
+    pick_key, text_key, seen_key = f"w.{slot}.pick", f"w.{slot}.text", f"w.{slot}.seen"
+    # (re)sync both widgets whenever the selection changed elsewhere (upload, another page, first visit)
+    if st.session_state.get(seen_key) != cur or pick_key not in st.session_state \
+            or st.session_state.get(pick_key) not in options:
         st.session_state[pick_key] = cur if cur in options else NONE
-    if text_key not in st.session_state:
+    if st.session_state.get(seen_key) != cur or text_key not in st.session_state:
         st.session_state[text_key] = cur
+    st.session_state[seen_key] = cur
 
     def on_pick() -> None:
         v = st.session_state[pick_key]
         state.set_(slot, None if v == NONE else v)
         st.session_state[text_key] = "" if v == NONE else v
+        st.session_state[seen_key] = state.get(slot) or ""
 
     def on_text() -> None:
         v = st.session_state[text_key].strip()
         state.set_(slot, v or None)
+        st.session_state[seen_key] = state.get(slot) or ""
 
     c1, c2 = st.columns([3, 2])
     c1.selectbox(label + (" (optional)" if optional else ""), options, key=pick_key, on_change=on_pick,
@@ -56,17 +61,18 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
                               key=f"w.{slot}.upload",
                               help=f"at most {safety.MAX_UPLOAD_BYTES // 2**20} MiB; stored under the uploads "
                                    "folder and read like any other file, never executed")
-        if up is not None:
+        # act once per uploaded file: the uploader keeps its file across reruns, and a later pick in
+        # the select box must win over it
+        if up is not None and st.session_state.get(f"upl.{slot}") != up.file_id:
             with state.guard():
                 data = up.getvalue()
                 if upload == "GGUF":
                     p = safety.store_upload(data, up.name, safety.uploads_dir())
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
-                if state.get(slot) != str(p):
-                    state.set_(slot, str(p))
-                    st.session_state[text_key] = str(p)
-                    st.rerun()
+                st.session_state[f"upl.{slot}"] = up.file_id
+                state.set_(slot, str(p))
+                st.rerun()
 
 
 def _gguf_summary(slot: str) -> None:
