@@ -533,7 +533,7 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
         kw: dict[str, Any] = {}
         if head is not None and s.h_inner is not None:
             cs = centroid_step(head, s.h_inner, dense_logits=lg, target_token=tt)
-            kw = {"centroid_ids": cs.centroid_ids, "centroid_logits": cs.centroid_logits,
+            kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
                   "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
                   "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
         top_vals = None if top is None else lg[top]
