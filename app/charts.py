@@ -44,7 +44,7 @@ def empty_figure(message: str, height: int = 200) -> go.Figure:
 
 def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                     max_marks: int = TIMELINE_MAX_MARKS, svg_limit: int = TIMELINE_SVG_LIMIT,
-                    max_bins: int = 2000, min_streak: int = 3, title: str = "Acceptance timeline") -> go.Figure:
+                    max_bins: int = 2000, min_streak: int = 2, title: str = "Acceptance timeline") -> go.Figure:
     """The acceptance timeline.
 
     Args:

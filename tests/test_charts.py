@@ -115,7 +115,7 @@ def test_round_hover_shows_text() -> None:
 
 def test_timeline_marks_are_clickable_points() -> None:
     r = views.ordered_rounds(_rounds([[3, 0, 0, 0], [1, 2]]))
-    fig = charts.timeline_figure(r, None)
+    fig = charts.timeline_figure(r, None, min_streak=3)
     assert isinstance(fig.data[0], go.Scatter)
     assert fig.layout.meta["mode"] == "marks"
     assert list(fig.data[0].y) == [3, 0, 0, 0, 1, 2]
@@ -290,3 +290,14 @@ def test_step_table_and_top_candidates() -> None:
     assert list(fig.data[0].marker.color) == ["#1f77b4", "#2ca02c"]
     un = views.unreachable_steps(steps)
     assert un["k"].tolist() == [2]
+
+
+def test_pure_modules_do_not_import_streamlit() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import app.charts, app.views, app.safety, app.tokens; "
+            "print('streamlit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    assert out.stdout.strip() == "False", out.stderr
