@@ -407,7 +407,6 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     assert tr.manifest["dims"]["hidden_dtype"] is None and sorted(tr.rounds.prompt_id.unique()) == [0, 1]
 
 
-@pytest.mark.slow
 def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
