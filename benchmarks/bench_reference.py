@@ -124,7 +124,7 @@ def bench_replay(n_rounds: int, vocab: str) -> None:
         words = demo.DEMO_PASSAGE.split()
         prompts = [" ".join(words[i:i + 6]) for i in range(0, 24, 3)]
         t0 = time.perf_counter()
-        s = record(target=t, assistant=dr, out=d / "trace", prompts=prompts,
+        record(target=t, assistant=dr, out=d / "trace", prompts=prompts,
                    max_tokens=max(64, int(n_rounds * 2.2 / len(prompts))))
         t_rec = time.perf_counter() - t0
         t0 = time.perf_counter()

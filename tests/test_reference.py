@@ -101,7 +101,7 @@ def test_attention_hand_values():
 
 
 def test_centroid_head_hand_values():
-    n_vocab, n_cen = 8, 4                                   # vsc = 2
+    n_vocab = 8                                             # 4 centroids, vsc = 2
     ordering = np.array([7, 0, 6, 1, 5, 2, 4, 3])           # rows: [7,0] [6,1] [5,2] [4,3]
     cen = np.array([[1, 0], [0, 1], [-1, 0], [2, 2]], np.float32)
     h = np.array([1.0, 0.5], np.float32)                    # centroid scores [1, 0.5, -1, 3]

@@ -104,10 +104,11 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
 
 
 def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_batch: int = 256,
-            n_threads: int | None = None) -> TargetPrefill:
+            n_threads: int | None = None, model: Any = None) -> TargetPrefill:
     """Run the target over ``tokens`` (positions ``0..n-1``) in llama.cpp and capture the donor K/V.
 
-    Flash attention off. Runs in chunks of ``n_batch`` tokens.
+    Flash attention off. Runs in chunks of ``n_batch`` tokens. ``model``: an already loaded
+    :class:`traces.llama_runtime.LlamaModel` of ``target_gguf`` (not closed here); else it is loaded.
 
     Raises:
         RuntimeUnavailableError: llama-cpp-python missing.
@@ -120,7 +121,9 @@ def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_bat
     n = len(toks)
     if n == 0:
         raise TraceError("nothing to prefill", key="tokens", expected=">= 1 token", actual=0)
-    model = rt.LlamaModel(target_gguf)
+    own_model = model is None
+    if own_model:
+        model = rt.LlamaModel(target_gguf)
     n_last = model.n_layer - 1
     names = [f"Kcur_pos-{il}" for il in layers.values()] + [f"Vcur_normed-{il}" for il in layers.values()]
     names.append(f"l_out-{n_last}")
@@ -148,7 +151,8 @@ def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_bat
     finally:
         batch.close()
         ctx.close()
-        model.close()
+        if own_model:
+            model.close()
     kv = {}
     pos = np.arange(n)
     for kind, il in layers.items():
@@ -419,7 +423,6 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
             not line up with the recorded positions.
         ReferenceError: a malformed variant.
     """
-    import pandas as pd
 
     import traces as tr
     from traces import llama_runtime as rt
@@ -457,8 +460,17 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     model = rt.LlamaModel(tg)
     try:
         prompt_toks = {pid: _prompt_tokens(model, prompts[pid].get("text") or "", chat) for pid in prompts}
+        return _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
     finally:
         model.close()
+
+
+def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, StepOptions], base: StepOptions,
+                    ref: ReferenceDrafter, tg: Path, model: Any, rounds: Any, prompts: dict[int, Any],
+                    prompt_toks: dict[int, list[int]], out: Any, chunk: int) -> ReplayResult:
+    import pandas as pd
+
+    params = man.get("params") or {}
     rec_hnext: dict[tuple[int, int, int], np.ndarray] = {}
     dims = man.get("dims") or {}
     if dims.get("hidden_dtype"):
@@ -498,7 +510,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
             seq += [int(r.pending_token)] + [int(x) for x in list(r.drafted)[: int(r.n_accepted)]]
         last_emitted = list(recs[-1].emitted) if recs and recs[-1].emitted is not None else []
         truth_seq = seq + ([int(last_emitted[-1])] if last_emitted else [])
-        pre = shape_kv(prefill(tg, seq), ref)
+        pre = shape_kv(prefill(tg, seq, model=model), ref)
         P = np.array([int(r.pos) for r in recs], dtype=np.int64)
         recorded_all = [[int(x) for x in list(r.drafted)] for r in recs]
         truth_all = [[truth_seq[p + k] if p + k < len(truth_seq) else -1 for k in range(1, len(rec) + 1)]
