@@ -31,7 +31,8 @@ def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("demo")
     t = demo.write_target(d / "target.gguf", vocab=voc)
     dr = demo.write_drafter(d / "drafter.gguf", vocab=voc, noise=1.5)
-    fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5)
+    fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5,
+                              centroid_top_k=2)  # 2 of 32 centroids: the sparse head really restricts
     words = demo.DEMO_PASSAGE.split()
     record(target=t, assistant=dr, out=d / "trace", prompts=[" ".join(words[:5]), " ".join(words[7:12])],
            max_tokens=40, centroids=fork, hidden="f32")
@@ -82,6 +83,13 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
         s["variants"]["hidden=prenorm"]["acceptance_rate"])
     # the drafter's own logits are kept: the greedy draft is rank 0
     assert (vp.steps["rank"] == 0).all()
+    # step 1 of the centroid variant sees the recorded inputs: it must pick the centroid head's token that
+    # the recorder computed from llama.cpp's h_inner (traces/centroid_head.py, an independent implementation)
+    m = steps.merge(tr.steps[["prompt_id", "round", "k", "centroid_token"]], on=["prompt_id", "round", "k"])
+    k1 = m[m["k"] == 1]
+    assert len(k1) == len(tr.rounds)
+    assert (k1["draft[head=centroid,fill=min-1]"] == k1["centroid_token"]).all()
+    assert (k1["centroid_token"] != k1["recorded"]).any()   # and that differs from the dense draft
 
 
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
