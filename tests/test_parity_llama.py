@@ -87,3 +87,19 @@ def test_converted_hf_pair_parity(converted_pair: tuple[Path, Path]) -> None:
     # the comparison is sensitive: the position convention of MLX (p-1) is far off on these weights
     worst_p1, _, _ = _compare(ref, pre, run, StepOptions(kv_f16=True, gelu="ggml-f16", position="p-1"))
     assert worst_p1 > 1e-2
+
+
+def test_prefill_prenorm_hidden_is_before_the_final_norm(converted_pair: tuple[Path, Path]) -> None:
+    """``h_pre`` (node ``l_out`` of the last layer) normed with the target's ``output_norm`` gives ``h_post``."""
+    from inspector.gguf import open_gguf
+    from inspector.reference import rms_norm
+
+    target, drafter = converted_pair
+    pre = prefill(target, [2, 100, 200, 300, 400, 500, 17, 33, 9, 10])
+    f = open_gguf(target)
+    w = np.asarray(f.tensor_data("output_norm.weight"), np.float32)
+    eps = float(f.get("gemma4.attention.layer_norm_rms_epsilon"))
+    assert np.allclose(rms_norm(pre.h_pre, w, eps), pre.h_post, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(pre.h_pre, pre.h_post, rtol=1e-2)
+    assert pre.donor_layers == {"sliding": 4, "full": 5}
+    assert pre.kv["sliding"].k.shape[0] == 10 and pre.argmax.shape == (10,)
