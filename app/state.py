@@ -111,7 +111,8 @@ def init_selection() -> None:
     for k, v in defaults.items():
         key = f"sel.{k}"
         if key not in st.session_state:
-            st.session_state[key] = str(v) if v is not None and Path(v).exists() else None
+            ok = v is not None and Path(v).exists() and safety.is_allowed(v, roots())
+            st.session_state[key] = str(v) if ok else None
 
 
 def get(name: str) -> str | None:

@@ -212,8 +212,7 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd
         d = r._asdict()
         top = _as_list(d.get("top_ids"))[:n_top]
         cids = _as_list(d.get("centroid_ids"))
-        tgt = d.get("target_token")
-        tgt = None if tgt is None or (isinstance(tgt, float) and np.isnan(tgt)) else int(tgt)
+        tgt = _opt_int(d.get("target_token"))
         reach = d.get("target_in_candidates")
         row = {
             "k": int(d["k"]),
@@ -221,7 +220,7 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd
             "drafted_id": int(d["token"]),
             "target": dec(tgt),
             "target_id": tgt,
-            "accepted": bool(d.get("accepted")) if d.get("accepted") is not None else None,
+            "accepted": None if _is_null(d.get("accepted")) else bool(d.get("accepted")),
             "target_rank": _opt_int(d.get("target_rank")),
             "top_candidates": " · ".join(dec(t) for t in top),
         }
@@ -229,13 +228,13 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd
             row["centroids"] = ", ".join(str(c) for c in cids[:8]) + (" …" if len(cids) > 8 else "")
             row["target_centroid"] = _opt_int(d.get("target_centroid"))
             row["target_centroid_rank"] = _opt_int(d.get("target_centroid_rank"))
-            row["target_reachable"] = None if reach is None or (isinstance(reach, float) and np.isnan(reach)) else bool(reach)
+            row["target_reachable"] = None if _is_null(reach) else bool(reach)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _opt_int(v) -> int | None:
-    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+    if _is_null(v):
         return None
     try:
         return int(v)

@@ -364,3 +364,31 @@ def test_every_page_without_demo_or_selection(tmp_path: Path, monkeypatch) -> No
         assert at.info, page
     at = _run(None)
     assert any("demo is not built" in i.value for i in at.info)
+
+
+def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
+    """Traces imported from the fork's NDJSON (rounds and steps without target tokens) and from a
+    llama-server log (requests only) open on every trace page without an exception."""
+    from traces import importers, metrics, store
+
+    nd = tmp_path / "fork.ndjson"
+    nd.write_text(
+        '{"evt":"mtp_draft","iter":1,"path":"sync","seq_id":0,"id_last":5,"h_idx":0,"attn_pos":10,"n_steps":3,'
+        '"h_l2":12.5,"drafts":[1001,1002,1003]}\n{"evt":"mtp_accept","iter":1,"n_accepted":2,"n_drafted_prev":3}\n'
+        '{"evt":"mtp_draft","iter":2,"path":"lazy","seq_id":0,"id_last":5,"h_idx":0,"attn_pos":13,"n_steps":3,'
+        '"h_l2":11.0,"drafts":[1004,1005,1006]}\n{"evt":"mtp_accept","iter":2,"n_accepted":0,"n_drafted_prev":3}\n')
+    log = tmp_path / "server.log"
+    log.write_text("draft acceptance rate = 0.57143 (   12 accepted /    21 generated)\n"
+                   "draft acceptance rate = 0.50000 (    5 accepted /    10 generated)\n")
+    fork_t, srv_t = tmp_path / "fork-trace", tmp_path / "server-trace"
+    importers.import_fork_ndjson(nd, fork_t)
+    importers.import_server_log(log, srv_t)
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    for t in (fork_t, srv_t):
+        rep = metrics.report(store.open_trace(t))
+        for page in ("acceptance", "step", "centroids", "compare"):
+            at = _run(page, trace=t, drafter=None, target=None)
+            assert not at.error, (t.name, page, [e.value for e in at.error])
+        at = _run("acceptance", trace=t, drafter=None, target=None)
+        assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
+        assert _metric(at, "drafted tokens") == f"{rep['n_drafted']:,}"

@@ -30,7 +30,17 @@ with state.guard("trace store"):
         c[1].metric("mean acceptance length", f"{state.mean_acceptance_length(rep):.3f}",
                     help="1 + accepted / verify rounds (whole trace)")
         c[2].metric("rounds", f"{len(rounds_all):,}")
-        c[3].metric("drafted tokens", f"{int(rounds_all['n_draft'].sum()):,}")
+        c[3].metric("drafted tokens", f"{int(rep.get('n_drafted') or 0):,}")
+
+    if len(rounds_all) == 0:
+        req = tr.requests
+        if len(req):
+            st.info(f"This trace holds per-request summaries only ({tr.manifest.get('source')}): no rounds to "
+                    "draw. The numbers above come from its requests.")
+            st.dataframe(req.head(1000), hide_index=True, width="stretch")
+        else:
+            st.info("This trace has no rounds.")
+        st.stop()
 
     # ---- prompt selector
     table = views.per_prompt_table(rounds_all, prompts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, state, views
+from app import charts, safety, state, views
 
 st.title("Centroids")
 drafter = state.get("drafter")
@@ -18,10 +18,10 @@ if drafter:
 if tpath:
     with state.guard("trace store"):
         src = ((state.trace(tpath).manifest.get("models") or {}).get("centroids") or {}).get("path")
-        if src:
+        if src and safety.is_allowed(src, state.roots()):
             candidates.append(src)
 demo_fork = str(state.demo_paths()["drafter"])
-if state.demo_paths()["drafter"].exists():
+if state.demo_paths()["drafter"].exists() and safety.is_allowed(demo_fork, state.roots()):
     candidates.append(demo_fork)
 candidates = list(dict.fromkeys(candidates))
 if not candidates:
