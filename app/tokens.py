@@ -10,7 +10,7 @@ marks). :class:`TokenText` decodes ids lazily from the reader's ``tokenizer.ggml
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 SPACE_MARK = "\u2581"  # ▁
@@ -131,7 +131,3 @@ class TokenText:
                 part.append(i)
         return (exact + part)[:limit]
 
-
-def labels(decoder: TokenText, ids: Sequence[int | None]) -> list[str]:
-    """``decoder.label`` over a sequence (for table columns)."""
-    return [decoder.label(i) for i in ids]
