@@ -181,6 +181,20 @@ def text_hparams(tc: Mapping[str, Any], where: str = "config.json") -> TextHPara
     n_kv = int(tc.get("num_key_value_heads", 4))
     n_kv_full = tc.get("num_global_key_value_heads")
     n_kv_full = int(n_kv_full) if (n_kv_full is not None and k_eq_v) else n_kv
+    head_dim_full = int(tc.get("global_head_dim", 512))
+    # transformers 5.24 writes the full-layer overrides as per_layer_config {"il": {head_dim,
+    # num_key_value_heads}} instead of global_head_dim / num_global_key_value_heads when it saves
+    plc = tc.get("per_layer_config") or {}
+    kv_per_layer = [n_kv if s else n_kv_full for s in is_swa]
+    if isinstance(plc, dict):
+        for key, over in plc.items():
+            il = int(key)
+            if not 0 <= il < n_layer or not isinstance(over, dict):
+                raise HFCheckpointError("bad per_layer_config entry", path=where, key=f"per_layer_config.{key}")
+            if "num_key_value_heads" in over:
+                kv_per_layer[il] = int(over["num_key_value_heads"])
+            if "head_dim" in over and not is_swa[il]:
+                head_dim_full = int(over["head_dim"])
     if tc.get("enable_moe_block") or tc.get("hidden_size_per_layer_input"):
         raise HFCheckpointError("MoE blocks and per-layer embeddings are not supported by this converter",
                                 path=where, key="enable_moe_block / hidden_size_per_layer_input",
@@ -192,8 +206,8 @@ def text_hparams(tc: Mapping[str, Any], where: str = "config.json") -> TextHPara
     return TextHParams(
         n_vocab=int(need("vocab_size")), n_embd=int(need("hidden_size")), n_ff=int(need("intermediate_size")),
         n_layer=n_layer, n_head=int(need("num_attention_heads")),
-        n_head_kv=tuple(n_kv if s else n_kv_full for s in is_swa), is_swa=is_swa,
-        head_dim_swa=int(tc.get("head_dim", 256)), head_dim_full=int(tc.get("global_head_dim", 512)),
+        n_head_kv=tuple(kv_per_layer), is_swa=is_swa,
+        head_dim_swa=int(tc.get("head_dim", 256)), head_dim_full=head_dim_full,
         sliding_window=int(tc.get("sliding_window", 512)), eps=float(tc.get("rms_norm_eps", 1e-6)),
         rope_base_swa=float(swa_rp.get("rope_theta", 1e4)), rope_base_full=float(full_rp.get("rope_theta", 1e6)),
         partial_rotary_factor=float(full_rp.get("partial_rotary_factor", 0.25)), k_eq_v=k_eq_v,

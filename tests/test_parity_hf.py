@@ -160,3 +160,28 @@ def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
         assert [s.draft for s in run.steps[:3]] == hf_first_round
         n_same += 3
     assert pair["centroids"] or n_same == 3 * len(PROMPTS)
+
+
+def test_hf_saved_bf16_checkpoint_converts(tmp_path: Path) -> None:
+    """A checkpoint written by transformers' own ``save_pretrained`` (bf16, its config spelling)
+    converts to the same layout as our tiny writer's, with the bf16 values kept exactly."""
+    from inspector.convert import read_checkpoint
+    from inspector.gguf import open_gguf
+
+    tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=2, centroids=True, k_eq_v=True)
+    for src, cls in ((ddir, Gemma4AssistantForCausalLM), (tdir, Gemma4ForCausalLM)):
+        cls.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(tmp_path / ("saved-" + src.name))
+    d_ours = open_gguf(convert(ddir, tmp_path / "ours-d.gguf", dialect="fork").out)
+    d_hf = open_gguf(convert(tmp_path / "saved-drafter", tmp_path / "hf-d.gguf", dialect="fork", outtype="bf16").out)
+    t_ours = open_gguf(convert(tdir, tmp_path / "ours-t.gguf").out)
+    t_hf = open_gguf(convert(tmp_path / "saved-target", tmp_path / "hf-t.gguf", outtype="bf16").out)
+    for ours, hf in ((d_ours, d_hf), (t_ours, t_hf)):
+        assert [t.name for t in ours.tensors] == [t.name for t in hf.tensors]
+        assert [t.ne for t in ours.tensors] == [t.ne for t in hf.tensors]
+        keys = [k for k in ours.kv if k.startswith(ours.architecture + ".")]
+        for k in keys:
+            a, b = ours.get(k), hf.get(k)
+            assert (a.to_list() if hasattr(a, "to_list") else a) == (b.to_list() if hasattr(b, "to_list") else b), k
+    _, st = read_checkpoint(tmp_path / "saved-drafter")
+    assert d_hf.tensor("mtp.pre_projection.weight").type_name == "BF16"
+    assert np.array_equal(d_hf.tensor_data("mtp.pre_projection.weight"), st["pre_projection.weight"])
