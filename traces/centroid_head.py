@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,31 +169,55 @@ def centroid_step(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.n
             ``token_embd · h_inner``); needed for ``centroid_token``.
         target_token: the target's token at this position, if known.
     """
-    h = np.asarray(h_inner, dtype=np.float32).reshape(-1)
-    c = head.centroids @ h
-    k = head.top_k
-    top = _top_k_desc(c, k).astype(np.int32)
-    vsc = head.vsc
-    cand = head.ordering.reshape(head.n_centroids, vsc)[top].reshape(-1)
-    centroid_token: int | None = None
-    if dense_logits is not None:
-        vals = np.asarray(dense_logits)[cand]
-        best = vals.max()
-        centroid_token = int(cand[vals == best].min())
-    tin: bool | None = None
-    tc: int | None = None
-    tcr: int | None = None
-    if target_token is not None and 0 <= int(target_token) < head.n_vocab:
-        cid = int(head.token_centroid[int(target_token)])
-        if cid >= 0:
-            tc = cid
-            tcr = int(np.count_nonzero(c > c[cid]))
-            tin = bool(np.any(top == cid))
-        else:
-            tin = False
-    return CentroidStep(centroid_ids=top, centroid_logits=c[top].astype(np.float32), candidate_ids=cand,
-                        centroid_token=centroid_token, target_in_candidates=tin, target_centroid=tc,
-                        target_centroid_rank=tcr)
+    h = np.asarray(h_inner, dtype=np.float32).reshape(1, -1)
+    lg = None if dense_logits is None else [dense_logits]
+    return centroid_steps(head, h, dense_logits=lg, target_tokens=[target_token])[0]
+
+
+def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.ndarray | None = None,
+                   target_tokens: Sequence[int | None] | None = None) -> list[CentroidStep]:
+    """:func:`centroid_step` for several steps at once (one matrix product; used per round).
+
+    Args:
+        h_inner: shape (n_steps, n_embd).
+        dense_logits: shape (n_steps, n_vocab) (or a sequence of n_steps vectors), or None.
+        target_tokens: one target token (or None) per step, or None.
+    """
+    hs = np.asarray(h_inner, dtype=np.float32)
+    if hs.ndim != 2 or hs.shape[1] != head.n_embd:
+        raise LayoutError("h_inner must have shape (n_steps, n_embd)", key="h_inner",
+                          expected=f"(n, {head.n_embd})", actual=f"shape {hs.shape}")
+    n = hs.shape[0]
+    # both operands C-contiguous: numpy 2.4 takes a ~50x slower path for a transposed (F-ordered) operand
+    c = np.ascontiguousarray((head.centroids @ np.ascontiguousarray(hs.T)).T)   # (n, n_centroids)
+    rows = head.ordering.reshape(head.n_centroids, head.vsc)
+    lg = None if dense_logits is None else [np.asarray(x).reshape(-1) for x in dense_logits]
+    tts = list(target_tokens) if target_tokens is not None else [None] * n
+    out: list[CentroidStep] = []
+    for i in range(n):
+        ci = c[i]
+        top = _top_k_desc(ci, head.top_k).astype(np.int32)
+        cand = rows[top].reshape(-1)
+        token: int | None = None
+        if lg is not None:
+            vals = lg[i][cand]
+            token = int(cand[vals == vals.max()].min())
+        tin: bool | None = None
+        tc: int | None = None
+        tcr: int | None = None
+        t = tts[i]
+        if t is not None and 0 <= int(t) < head.n_vocab:
+            cid = int(head.token_centroid[int(t)])
+            if cid >= 0:
+                tc = cid
+                tcr = int(np.count_nonzero(ci > ci[cid]))
+                tin = bool(cid in top)
+            else:
+                tin = False
+        out.append(CentroidStep(centroid_ids=top, centroid_logits=ci[top].astype(np.float32), candidate_ids=cand,
+                                centroid_token=token, target_in_candidates=tin, target_centroid=tc,
+                                target_centroid_rank=tcr))
+    return out
 
 
 def _top_k_desc(x: np.ndarray, k: int) -> np.ndarray:

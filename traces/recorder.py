@@ -41,7 +41,7 @@ import numpy as np
 
 from inspector.errors import LayoutError, MtpscopeError, TraceError
 from traces import llama_runtime as rt
-from traces.centroid_head import CentroidHead, centroid_step, head_from_gguf, load_centroid_head
+from traces.centroid_head import CentroidHead, centroid_steps, head_from_gguf, load_centroid_head
 from traces.records import RoundRecord, StepRecord
 
 H_INNER_NODE = "result_norm"
@@ -526,13 +526,22 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     """Per-step trace records of one round (see :func:`record` for the fields)."""
     out: list[StepRecord] = []
     keep_h = hidden != "off"
-    for k, s in enumerate(res.steps, start=1):
+    steps = res.steps
+    targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
+    cs_all = None
+    if head is not None and steps and all(s.h_inner is not None for s in steps):
+        logits = None
+        if all(s.logits is not None for s in steps):
+            logits = [s.logits for s in steps]
+        cs_all = centroid_steps(head, np.stack([s.h_inner for s in steps]), dense_logits=logits,
+                                target_tokens=targets)
+    for k, s in enumerate(steps, start=1):
         lg = s.logits
-        tt = res.target[k - 1] if k - 1 < len(res.target) else None
+        tt = targets[k - 1]
         top = top_k_desc(lg, n_top) if lg is not None else None
         kw: dict[str, Any] = {}
-        if head is not None and s.h_inner is not None:
-            cs = centroid_step(head, s.h_inner, dense_logits=lg, target_token=tt)
+        if cs_all is not None:
+            cs = cs_all[k - 1]
             kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
                   "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
                   "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
@@ -572,6 +581,9 @@ class RecordSummary:
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
         seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
         cpu_seconds: CPU time of this process over the same span (``time.process_time``).
+        trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
+            ranks, centroid head), records and Parquet writing (the ``cb_eval`` copy inside the drafter
+            decode is not included).
         tokens_per_second: n_generated / seconds.
         outputs: generated token ids per prompt.
     """
@@ -587,6 +599,7 @@ class RecordSummary:
     n_generated: int
     seconds: float
     cpu_seconds: float
+    trace_seconds: float
     tokens_per_second: float
     outputs: tuple[tuple[int, ...], ...]
 
@@ -735,22 +748,28 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         n_rounds = n_steps = n_drafted = n_accepted = n_gen = 0
         outputs: list[tuple[int, ...]] = []
         bar = _progress(progress, max_tokens * len(texts))
+        trace_s = 0.0
         t_start, c_start = time.perf_counter(), time.process_time()
         try:
-            with TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
-                             n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
-                             centroids=head is not None, flush_every=flush_every, overwrite=overwrite) as w:
+            t0 = time.perf_counter()
+            w = TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
+                            n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
+                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite)
+            trace_s += time.perf_counter() - t0
+            try:
                 for pid, tk in enumerate(toks):
                     sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
                     gen: list[int] = []
                     try:
                         for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler,
                                            trace=True):
+                            t0 = time.perf_counter()
                             if not gen:
                                 gen.append(res.pending_token)
                             gen.extend(res.emitted)
                             steps = step_records(res, n_top=n_top, hidden=hidden, head=head)
                             w.add_round(round_record(pid, res), steps)
+                            trace_s += time.perf_counter() - t0
                             n_rounds += 1
                             n_steps += len(steps)
                             n_drafted += len(res.drafted)
@@ -768,6 +787,12 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                     n_gen += len(gen)
                     if bar is not None:
                         bar.update(bar.task_ids[0], completed=(pid + 1) * max_tokens)
+            except BaseException:
+                w.close(complete=False)  # keep the finished rounds, marked incomplete
+                raise
+            t0 = time.perf_counter()
+            w.close()
+            trace_s += time.perf_counter() - t0
         finally:
             if bar is not None:
                 bar.stop()
@@ -779,6 +804,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_rounds) if n_rounds else None,
-                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs,
+                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs, trace_seconds=trace_s,
                          tokens_per_second=n_gen / secs if secs > 0 else 0.0,
                          outputs=tuple(outputs))
