@@ -155,3 +155,28 @@ def test_hf_errors(tmp_path: Path) -> None:
         load_centroid_head(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_centroid_head(tmp_path / "missing.gguf")
+
+
+def test_batched_steps_equal_single_steps() -> None:
+    from traces.centroid_head import centroid_steps
+
+    rng = np.random.default_rng(0)
+    cent = rng.standard_normal((16, 8)).astype(np.float32)
+    order = rng.permutation(64).astype(np.int32)
+    head = head_from_arrays(cent, order, top_k=3)
+    hs = rng.standard_normal((5, 8)).astype(np.float32)
+    hs[4] = 0.0                                                 # all centroid logits tie at 0
+    dense = rng.standard_normal((5, 64)).astype(np.float32)
+    targets = [0, 5, None, 63, 7]
+    batch = centroid_steps(head, hs, dense_logits=dense, target_tokens=targets)
+    for i, b in enumerate(batch):
+        c = cent.astype(np.float64) @ hs[i].astype(np.float64)
+        want = np.lexsort((np.arange(16), -c))[:3]              # independent: full sort, ties by id
+        assert b.centroid_ids.tolist() == want.tolist()
+        s = centroid_step(head, hs[i], dense_logits=dense[i], target_token=targets[i])
+        assert s.centroid_ids.tolist() == b.centroid_ids.tolist()
+        assert (s.centroid_token, s.target_in_candidates, s.target_centroid, s.target_centroid_rank) == \
+            (b.centroid_token, b.target_in_candidates, b.target_centroid, b.target_centroid_rank)
+    assert batch[4].centroid_ids.tolist() == [0, 1, 2]
+    with pytest.raises(LayoutError, match="n_embd"):
+        centroid_steps(head, np.zeros((2, 7), np.float32))
