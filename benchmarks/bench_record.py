@@ -4,12 +4,13 @@ Baseline ("off"): the MTP loop on the demo pair (full 262144-token vocabulary) w
 callback, no per-step analysis and no trace writing. Traced ("on"): :func:`traces.recorder.record`
 with hidden states (f16) and the fork drafter's centroid head, writing Parquet parts. Both generate the
 same tokens (greedy); runs alternate off / on ``--repeats`` times and the medians of tokens per second
-are compared (the maximum too: the run least disturbed by other processes), both per wall-clock second and per CPU second of this process (``time.process_time``;
-the stable measure on a shared machine, where wall time mostly measures the neighbours). llama.cpp
-runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it). Also printed:
-the share of each traced run that :func:`record` itself spent on trace analysis and writing
-(``RecordSummary.trace_seconds``), measured inside the run and so less sensitive to neighbours. Prints ``ratio on/off`` and the overhead in percent; exits 0 whatever the numbers (speed
-targets are reported, never asserted).
+are compared (the maximum too: the run least disturbed by other processes), both per wall-clock
+second and per CPU second of this process (``time.process_time``; the stable measure on a shared
+machine, where wall time mostly measures the neighbours). llama.cpp runs with ``--threads`` threads
+(default 1, so that CPU time has no spin-waiting in it). Also printed: the share of each traced run
+that :func:`record` itself spent on trace analysis and writing (``RecordSummary.trace_seconds``),
+measured inside the run and so less sensitive to neighbours. Prints ``ratio on/off`` and the overhead
+in percent; exits 0 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]``.
 Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo``.

@@ -29,7 +29,8 @@ def register(app: typer.Typer) -> None:
         top_k: int = typer.Option(40, "--top-k", help="Sampling top-k (<= 0: off)."),
         top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p (1: off)."),
         chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
-        n_gpu_layers: int = typer.Option(-1, "--n-gpu-layers", help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
+        n_gpu_layers: int = typer.Option(
+            -1, "--n-gpu-layers", help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
         centroids: Optional[Path] = typer.Option(
             None, "--centroids",
             help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
@@ -40,6 +41,8 @@ def register(app: typer.Typer) -> None:
         flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention."),
         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing trace in --out."),
+        compact: bool = typer.Option(True, "--compact/--no-compact",
+                                     help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
@@ -58,6 +61,7 @@ def register(app: typer.Typer) -> None:
                        n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
                        chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                        flush_every=flush_every, flash_attn=flash_attn, n_threads=threads, overwrite=overwrite,
+                       compact=compact,
                        progress=progress, command=["mtpscope", *sys.argv[1:]])
         except LayoutError as e:  # readable input that the pre-flight check refuses
             print(f"mtpscope: {e.one_line()}", file=sys.stderr)

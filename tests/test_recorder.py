@@ -322,7 +322,8 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
 def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
     import gguf
 
-    bad = write_gguf("c.gguf", "gemma4_assistant", kv=[("gemma4_assistant.centroid_top_k", 2, gguf.GGUFValueType.UINT32)],
+    bad = write_gguf("c.gguf", "gemma4_assistant",
+                     kv=[("gemma4_assistant.centroid_top_k", 2, gguf.GGUFValueType.UINT32)],
                      tensors=[("mtp.centroids.weight", np.zeros((4, 16), np.float32)),
                               ("mtp.token_ordering.weight", np.arange(4096, dtype=np.int32))])
     with pytest.raises(LayoutError, match="n_embd") as ei:

@@ -630,7 +630,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0, chat: bool = False,
            n_gpu_layers: int = -1, centroids: str | os.PathLike[str] | None = None,
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
-           flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False,
+           flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            progress: bool = False, command: Sequence[str] | None = None,
            runtime: MtpRuntime | None = None, on_round: Callable[[int, RoundResult], None] | None = None,
            ) -> RecordSummary:
@@ -664,6 +664,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         flush_every: write a Parquet part every this many rounds (crash safety granularity).
         flash_attn: flash attention on (default off).
         overwrite: replace an existing trace in ``out``.
+        compact: at the end, merge the small Parquet parts into large ones (the writer's default; it
+            rewrites the trace once, hidden states included).
         progress: show a rich progress bar with the running acceptance rate (stderr).
         command: argv for the manifest (default ``sys.argv``).
         runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here).
@@ -731,7 +733,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                   "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
                   "centroids": None if centroids is None else os.fspath(centroids),
                   "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
-                  "flush_every": flush_every, "flash_attn": flash_attn, "n_threads": n_threads,
+                  "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
                   "n_ctx": rtm.n_ctx, "greedy": temp <= 0}
         manifest = {
             "source": "record",
@@ -754,7 +756,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             t0 = time.perf_counter()
             w = TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
                             n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
-                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite)
+                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite,
+                            compact=compact)
             trace_s += time.perf_counter() - t0
             try:
                 for pid, tk in enumerate(toks):
