@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p (1: off)."),
         chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
         n_gpu_layers: int = typer.Option(
-            -1, "--n-gpu-layers", help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
+            -1, "--n-gpu-layers",
+            help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
         centroids: Optional[Path] = typer.Option(
             None, "--centroids",
             help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
