@@ -93,6 +93,15 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
             r.generate_plain(tk, max_tokens=240)
 
 
+def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:  # noqa: ANN001
+    tk = noisy_rt.prompt_tokens(" ".join([PROMPTS[1]] * 60))
+    assert len(tk) > noisy_rt.tctx.n_batch  # more than one prefill batch
+    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    assert rounds[0].pos == len(tk)
+    assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
+        noisy_rt.generate_plain(tk, max_tokens=20)
+
+
 def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN001
     # llama.cpp's scheme samples the target once per position with the chain and compares, so the
     # speculative output must equal plain sampling with the same seed
