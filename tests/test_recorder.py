@@ -324,6 +324,12 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
     with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
         record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
+    from mtpscope.demo_vocab import load_vocab
+
+    small = demo.write_drafter(tmp_path / "v2048.gguf", vocab=load_vocab("subset", n_subset=2048))
+    with pytest.raises(LayoutError, match="E_PAIR_VOCAB") as ei:
+        record(target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
+    assert (ei.value.expected, ei.value.actual) == (4096, 2048)
     with pytest.raises(FileNotFoundError):
         record(target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x", prompt="x")
 
