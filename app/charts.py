@@ -44,7 +44,8 @@ def empty_figure(message: str, height: int = 200) -> go.Figure:
 
 def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                     max_marks: int = TIMELINE_MAX_MARKS, svg_limit: int = TIMELINE_SVG_LIMIT,
-                    max_bins: int = 2000, min_streak: int = 2, title: str = "Acceptance timeline") -> go.Figure:
+                    max_bins: int = 2000, min_streak: int = 2, title: str = "Acceptance timeline",
+                    highlight: tuple[int, int] | None = None) -> go.Figure:
     """The acceptance timeline.
 
     Args:
@@ -58,6 +59,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         svg_limit: above this many marks use WebGL (``Scattergl``).
         min_streak: zero-acceptance runs of at least this many rounds are shaded (longest
             :data:`MAX_STREAK_SHAPES` only).
+        highlight: (first seq, last seq) of a window to outline (the detail window on the overview).
 
     Returns:
         The figure; ``fig.layout.meta`` is ``{"mode": "marks" | "bins", "n_rounds": n}``.
@@ -110,6 +112,10 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         for i in change:
             shapes.append(dict(type="line", xref="x", yref="paper", x0=float(seq[i]) - 0.5, x1=float(seq[i]) - 0.5,
                                y0=0, y1=1, line=dict(width=1, dash="dot", color="#999")))
+    if highlight is not None:
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(highlight[0]) - 0.5,
+                           x1=float(highlight[1]) + 0.5, y0=0, y1=1, fillcolor="#1f77b4", opacity=0.15,
+                           line=dict(width=1, color="#1f77b4"), layer="below"))
     fig.update_layout(shapes=shapes)
     _layout(fig, title, height=340, clickmode="event+select", dragmode="zoom", showlegend=False,
             meta={"mode": mode, "n_rounds": n, "n_streaks_shaded": len(streaks)})

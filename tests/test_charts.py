@@ -136,6 +136,9 @@ def test_timeline_large_trace_is_binned_webgl() -> None:
     assert isinstance(fig.data[0], go.Scattergl)
     assert len(fig.data[0].x) == 2000
     assert float(np.mean(fig.data[0].y)) == pytest.approx(r["n_accepted"].mean(), rel=1e-9)
+    hl = charts.timeline_figure(r, None, max_bins=2000, highlight=(100, 3099))
+    rect = [s for s in hl.layout.shapes if s.type == "rect" and s.fillcolor == "#1f77b4"]
+    assert len(rect) == 1 and (rect[0].x0, rect[0].x1) == (99.5, 3099.5)
 
 
 def test_per_position_and_other_figures_build() -> None:

@@ -63,15 +63,20 @@ with state.guard("trace store"):
     window = rounds
     if n > charts.TIMELINE_MAX_MARKS:
         size = charts.TIMELINE_MAX_MARKS
-        ov = st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned "
-                                                    "(click to move the window)"),
-                             key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
-        opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
-        if opts and opts[0].get("x") is not None and st.session_state.get("acc.ov_handled") != opts[0]["x"]:
-            st.session_state["acc.ov_handled"] = opts[0]["x"]
-            st.session_state["w.acc.window"] = int(min(max(0, int(opts[0]["x"]) - size // 2), n - size))
         if st.session_state.get("w.acc.window", 0) > n - size:
             st.session_state["w.acc.window"] = n - size
+        cur = int(st.session_state.get("w.acc.window", 0))
+        ov = st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned "
+                                                    "(click to move the window)",
+                                                    highlight=(cur, cur + size - 1)),
+                             key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
+        opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
+        if not opts:
+            st.session_state.pop("acc.ov_handled", None)
+        elif opts[0].get("x") is not None and st.session_state.get("acc.ov_handled") != opts[0]["x"]:
+            st.session_state["acc.ov_handled"] = opts[0]["x"]
+            st.session_state["w.acc.window"] = int(min(max(0, int(opts[0]["x"]) - size // 2), n - size))
+            st.rerun()
         start = st.slider("window start (round in prompt order)", 0, n - size, key="w.acc.window")
         window = rounds.iloc[start:start + size]
     st.caption(f"Vocabulary for token text: {dec.source}. Click a round to open it in the Step view.")
