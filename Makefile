@@ -10,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mtpscope-installed
 PORT   ?= 8501
-EXTRAS ?= test,runtime
+EXTRAS ?= test,runtime,parity
 
 .PHONY: setup venv demo run test test-fast browser bench clean-demo
 
