@@ -12,7 +12,8 @@ that :func:`record` itself spent on trace analysis and writing (``RecordSummary.
 measured inside the run and so less sensitive to neighbours. Prints ``ratio on/off`` and the overhead
 in percent; exits 0 whatever the numbers (speed targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]``.
+Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
+[--size tiny|medium]``.
 Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo``.
 """
 
@@ -34,17 +35,23 @@ from traces.recorder import MtpRuntime, record  # noqa: E402
 PROMPT = "The quick brown fox"
 
 
-def models(vocab: str) -> tuple[Path, Path, Path]:
+#: "tiny": the demo pair (target width 64, drafter 128); "medium": target 256, drafter 512 (steps
+#: ~4x dearer, still far cheaper than any real Gemma 4 pair: tracing's per-step cost is fixed).
+SIZES = {"tiny": demo.TinyDims(), "medium": demo.TinyDims(n_embd_backbone=256, n_embd=512)}
+
+
+def models(vocab: str, size: str = "tiny") -> tuple[Path, Path, Path]:
     """Target, noisy upstream drafter, fork drafter (centroid head) under the cache; written once."""
-    d = cache_dir() / "bench-record" / vocab
+    d = cache_dir() / "bench-record" / (vocab if size == "tiny" else f"{vocab}-{size}")
     d.mkdir(parents=True, exist_ok=True)
+    dims = SIZES[size]
     t, a, f = d / "target.gguf", d / "drafter-noisy.gguf", d / "drafter-fork.gguf"
     if not t.exists():
-        demo.write_target(t, vocab=vocab)
+        demo.write_target(t, vocab=vocab, dims=dims)
     if not a.exists():
-        demo.write_drafter(a, vocab=vocab, noise=1.2, noise_seed=1)  # the demo's noisy drafter
+        demo.write_drafter(a, vocab=vocab, noise=1.2, noise_seed=1, dims=dims)  # the demo's noisy drafter
     if not f.exists():
-        demo.write_drafter(f, vocab=vocab, dialect="fork")
+        demo.write_drafter(f, vocab=vocab, dialect="fork", dims=dims)
     return t, a, f
 
 
@@ -54,11 +61,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--n-draft", type=int, default=3)
     ap.add_argument("--vocab", default="full", choices=("full", "subset"))
+    ap.add_argument("--size", default="tiny", choices=tuple(SIZES))
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
-    t, a, f = models(args.vocab)
+    t, a, f = models(args.vocab, args.size)
     off_rt = MtpRuntime(t, a, capture=False, n_gpu_layers=args.n_gpu_layers,
                         n_threads=args.threads)
     on_rt = MtpRuntime(t, a, capture=True, n_gpu_layers=args.n_gpu_layers,
@@ -100,7 +108,7 @@ def main() -> int:
             on_cps.append(n_on / c_on)
     on_rt.close()
     off_rt.close()
-    print(f"bench_record: demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
+    print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats")
     for label, off, on in (("wall", off_tps, on_tps), ("cpu", off_cps, on_cps)):
         print(f"  [{label}] baseline (tracing off: bare MTP loop)     median {statistics.median(off):7.1f}  "

@@ -506,6 +506,51 @@ class MtpRuntime:
 # records
 # --------------------------------------------------------------------------------------------------
 
+_BLAS_THREAD_FUNCS = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+                      ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
+                      ("openblas_set_num_threads", "openblas_get_num_threads"))
+
+
+def _openblas_thread_control() -> tuple[Callable[[int], None], Callable[[], int]] | None:
+    """``(set, get)`` for the thread count of the OpenBLAS that numpy's wheel bundles, else None."""
+    import ctypes  # noqa: PLC0415
+    import glob  # noqa: PLC0415
+
+    libdir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for path in sorted(glob.glob(os.fspath(libdir / "*openblas*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)  # already loaded by numpy: same handle, same globals
+        except OSError:
+            continue
+        for set_name, get_name in _BLAS_THREAD_FUNCS:
+            setf, getf = getattr(lib, set_name, None), getattr(lib, get_name, None)
+            if setf is not None and getf is not None:
+                setf.argtypes, setf.restype = [ctypes.c_int], None
+                getf.argtypes, getf.restype = [], ctypes.c_int
+                return setf, getf
+    return None
+
+
+class _SingleThreadBlas:
+    """Run numpy's OpenBLAS on one thread inside the ``with`` block (restored after).
+
+    The trace analysis does small matrix products (centroids x h_inner) between llama.cpp decodes;
+    multi-threaded OpenBLAS then leaves helper threads spinning that compete with llama.cpp's own
+    threads for the cores. No-op where numpy does not bundle OpenBLAS.
+    """
+
+    def __enter__(self) -> _SingleThreadBlas:
+        self._ctl = _openblas_thread_control()
+        self._old = None
+        if self._ctl is not None:
+            self._old = int(self._ctl[1]())
+            self._ctl[0](1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctl is not None and self._old is not None:
+            self._ctl[0](self._old)
+
 
 def _rank(logits: np.ndarray, token: int) -> int:
     """Rank of ``token`` among ``logits`` (0 = best; only strictly greater logits count)."""
@@ -751,6 +796,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         outputs: list[tuple[int, ...]] = []
         bar = _progress(progress, max_tokens * len(texts))
         trace_s = 0.0
+        blas = _SingleThreadBlas().__enter__()
         t_start, c_start = time.perf_counter(), time.process_time()
         try:
             t0 = time.perf_counter()
@@ -797,6 +843,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             w.close()
             trace_s += time.perf_counter() - t0
         finally:
+            blas.__exit__()
             if bar is not None:
                 bar.stop()
         secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
