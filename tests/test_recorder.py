@@ -457,3 +457,15 @@ def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
     n = tr.steps.groupby("round").size()
     for row in tr.rounds.itertuples():
         assert n[row.round] == row.n_draft
+
+
+def test_single_thread_blas_is_restored() -> None:
+    from traces.recorder import _openblas_thread_control, _SingleThreadBlas
+
+    ctl = _openblas_thread_control()
+    if ctl is None:
+        pytest.skip("numpy does not bundle OpenBLAS here")
+    before = ctl[1]()
+    with _SingleThreadBlas():
+        assert ctl[1]() == 1
+    assert ctl[1]() == before
