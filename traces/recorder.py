@@ -333,7 +333,11 @@ class MtpRuntime:
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
-        self._make_contexts(n_ctx)
+        try:
+            self._make_contexts(n_ctx)
+        except BaseException:
+            self.close()
+            raise
         #: the token the prefill of the last :meth:`run` produced (``t0``), also when no round followed
         self.first_token: int | None = None
 
@@ -493,7 +497,8 @@ class MtpRuntime:
             return
         self._closed = True
         for obj in (self.dbatch, self.tbatch, self.dctx, self.tctx, self.dmodel, self.tmodel):
-            obj.close()
+            if obj is not None:
+                obj.close()
 
     def __enter__(self) -> MtpRuntime:
         return self
