@@ -184,6 +184,8 @@ def test_trace_rounds_are_consistent(noisy_trace) -> None:  # noqa: ANN001
         assert len(gen) == 40
     assert 0 < s.acceptance_rate < 1
     assert s.acceptance_rate == pytest.approx(r.n_accepted.sum() / r.n_draft.sum())
+    drafted_rounds = r[r.n_draft > 0]
+    assert s.mean_acceptance_length == pytest.approx(1 + drafted_rounds.n_accepted.sum() / len(drafted_rounds))
 
 
 def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001

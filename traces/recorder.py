@@ -627,7 +627,8 @@ class RecordSummary:
         n_prompts, n_rounds, n_steps: counts written.
         n_drafted, n_accepted: draft tokens proposed / accepted.
         acceptance_rate: n_accepted / n_drafted (llama.cpp's definition), None with no drafts.
-        mean_acceptance_length: 1 + n_accepted / n_rounds, None with no rounds.
+        mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
+            same definition as :func:`traces.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
         seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
         cpu_seconds: CPU time of this process over the same span (``time.process_time``).
@@ -797,7 +798,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                                                     "source": head.source, "kind": head.kind},
         }
         hd = None if hidden == "off" else hidden
-        n_rounds = n_steps = n_drafted = n_accepted = n_gen = 0
+        n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
         outputs: list[tuple[int, ...]] = []
         bar = _progress(progress, max_tokens * len(texts))
         trace_s = 0.0
@@ -827,6 +828,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                             n_rounds += 1
                             n_steps += len(steps)
                             n_drafted += len(res.drafted)
+                            n_verify += 1 if res.drafted else 0
                             n_accepted += res.n_accepted
                             if on_round is not None:
                                 on_round(pid, res)
@@ -858,7 +860,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     return RecordSummary(out=os.fspath(out), n_prompts=len(texts), n_rounds=n_rounds, n_steps=n_steps,
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
-                         mean_acceptance_length=(1 + n_accepted / n_rounds) if n_rounds else None,
+                         mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
                          n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs, trace_seconds=trace_s,
                          tokens_per_second=n_gen / secs if secs > 0 else 0.0,
                          outputs=tuple(outputs))
