@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from inspector.errors import HFCheckpointError, LayoutError
+from inspector.hf import TextHParams, text_hparams
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DIALECTS = ("upstream", "fork")
@@ -130,89 +131,16 @@ def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
 
 
 # --------------------------------------------------------------------------------------------------
-# hyperparameters
+# hyperparameters (read by inspector.hf.text_hparams, the one reading of a Gemma 4 config)
 
 
-@dataclass(frozen=True)
-class TextHParams:
-    """What the converter needs from a ``gemma4_text`` config (per layer where it varies)."""
-
-    n_vocab: int
-    n_embd: int
-    n_ff: int
-    n_layer: int
-    n_head: int
-    n_head_kv: tuple[int, ...]
-    is_swa: tuple[bool, ...]
-    head_dim_swa: int
-    head_dim_full: int
-    sliding_window: int
-    eps: float
-    rope_base_swa: float
-    rope_base_full: float
-    partial_rotary_factor: float
-    k_eq_v: bool
-    context_length: int
-    softcap: float | None
-
-    @property
-    def rope_freqs(self) -> np.ndarray:
-        """``(head_dim_full/2,)`` float32: 1.0 for the rotated pairs, 1e30 for the rest."""
-        half = self.head_dim_full // 2
-        n_rot = int(self.partial_rotary_factor * self.head_dim_full // 2)
-        return np.array([1.0] * n_rot + [1e30] * (half - n_rot), np.float32)
-
-
-def text_hparams(tc: Mapping[str, Any], where: str = "config.json") -> TextHParams:
-    """Read a ``gemma4_text`` config dict (defaults as in transformers 5.24's ``Gemma4TextConfig``).
-
-    Raises:
-        HFCheckpointError: a needed field is missing, or MoE / per-layer embeddings are asked for.
-    """
-    def need(k: str) -> Any:
-        if k not in tc:
-            raise HFCheckpointError("missing config field", path=where, key=k)
-        return tc[k]
-
-    n_layer = int(need("num_hidden_layers"))
-    types = tc.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layer)]
-    is_swa = tuple(t == "sliding_attention" for t in types)
-    k_eq_v = bool(tc.get("attention_k_eq_v", False))
-    n_kv = int(tc.get("num_key_value_heads", 4))
-    n_kv_full = tc.get("num_global_key_value_heads")
-    n_kv_full = int(n_kv_full) if (n_kv_full is not None and k_eq_v) else n_kv
-    head_dim_full = int(tc.get("global_head_dim", 512))
-    # transformers 5.24 writes the full-layer overrides as per_layer_config {"il": {head_dim,
-    # num_key_value_heads}} instead of global_head_dim / num_global_key_value_heads when it saves
-    plc = tc.get("per_layer_config") or {}
-    kv_per_layer = [n_kv if s else n_kv_full for s in is_swa]
-    if isinstance(plc, dict):
-        for key, over in plc.items():
-            il = int(key)
-            if not 0 <= il < n_layer or not isinstance(over, dict):
-                raise HFCheckpointError("bad per_layer_config entry", path=where, key=f"per_layer_config.{key}")
-            if "num_key_value_heads" in over:
-                kv_per_layer[il] = int(over["num_key_value_heads"])
-            if "head_dim" in over and not is_swa[il]:
-                head_dim_full = int(over["head_dim"])
+def _refuse_unsupported(tc: Mapping[str, Any], where: str) -> None:
+    """Raise HFCheckpointError for what this converter does not write: MoE blocks, per-layer embeddings."""
     if tc.get("enable_moe_block") or tc.get("hidden_size_per_layer_input"):
         raise HFCheckpointError("MoE blocks and per-layer embeddings are not supported by this converter",
                                 path=where, key="enable_moe_block / hidden_size_per_layer_input",
                                 expected="false / 0", actual=(tc.get("enable_moe_block"),
                                                               tc.get("hidden_size_per_layer_input")))
-    rp = tc.get("rope_parameters") or {}
-    swa_rp = rp.get("sliding_attention", {}) if isinstance(rp, dict) else {}
-    full_rp = rp.get("full_attention", {}) if isinstance(rp, dict) else {}
-    return TextHParams(
-        n_vocab=int(need("vocab_size")), n_embd=int(need("hidden_size")), n_ff=int(need("intermediate_size")),
-        n_layer=n_layer, n_head=int(need("num_attention_heads")),
-        n_head_kv=tuple(kv_per_layer), is_swa=is_swa,
-        head_dim_swa=int(tc.get("head_dim", 256)), head_dim_full=head_dim_full,
-        sliding_window=int(tc.get("sliding_window", 512)), eps=float(tc.get("rms_norm_eps", 1e-6)),
-        rope_base_swa=float(swa_rp.get("rope_theta", 1e4)), rope_base_full=float(full_rp.get("rope_theta", 1e6)),
-        partial_rotary_factor=float(full_rp.get("partial_rotary_factor", 0.25)), k_eq_v=k_eq_v,
-        context_length=int(tc.get("max_position_embeddings", 131072)),
-        softcap=tc.get("final_logit_softcapping"))
 
 
 def _common_kv(arch: str, hp: TextHParams) -> list[tuple[str, str, Any]]:
@@ -429,6 +357,7 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
 def _convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
                     vocab_from: Any, where: str) -> ConvertResult:
     hp = text_hparams(tc, where)
+    _refuse_unsupported(tc, where)
     g = map_text_tensors(tensors, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     kv = _common_kv(TARGET_ARCH, hp)
@@ -454,6 +383,7 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
     if not isinstance(tc, dict):
         raise HFCheckpointError("missing text_config", path=where, key="text_config")
     hp = text_hparams(tc, where)
+    _refuse_unsupported(tc, where)
     n_bb = int(config.get("backbone_hidden_size", 1536))
     if n_bb == hp.n_embd:
         raise LayoutError("backbone_hidden_size equals hidden_size: llama.cpp refuses such a drafter",

@@ -231,6 +231,7 @@ def test_config_rope_and_kv_heads_mismatch(tmp_path: Path, ggufs: dict[str, Path
     cfg = config()
     cfg["text_config"]["rope_parameters"]["sliding_attention"]["rope_theta"] = 5e4
     cfg["text_config"]["num_global_key_value_heads"] = 2
+    cfg["text_config"]["attention_k_eq_v"] = True          # transformers reads the global count only then
     st.save_file(hf_tensors(), str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with open_gguf(ggufs["fork"]) as f:
@@ -238,6 +239,52 @@ def test_config_rope_and_kv_heads_mismatch(tmp_path: Path, ggufs: dict[str, Path
     got = {(x.subject, json.dumps(x.expected), json.dumps(x.actual)) for x in a.findings if x.code == "H_CONFIG_MISMATCH"}
     assert got == {("gemma4_assistant.rope.freq_base_swa", "50000.0", "10000.0"),
                    ("gemma4_assistant.attention.head_count_kv", "[1, 1, 1, 2]", "1")}
+
+
+def test_per_layer_config_spelling(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    """transformers 5.24 saves the full-layer head dim / KV heads as per_layer_config (hand-written here)."""
+    cfg = config()
+    tc = cfg["text_config"]
+    del tc["global_head_dim"], tc["num_global_key_value_heads"]
+    tc["per_layer_config"] = {"3": {"head_dim": D.head_dim, "num_key_value_heads": D.n_head_kv}}
+    hp = hf.hparams_from_config(cfg, "fork")
+    assert [(ly.head_dim, ly.n_head_kv) for ly in hp.layers] == [(32, 1)] * 3 + [(64, 1)]
+    assert hp.head_dim_full == 64 and hp.head_dim_swa == 32
+    st.save_file(hf_tensors(), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = hf.audit(tmp_path, f)
+    assert [x for x in a.findings if x.severity == "error"] == []
+    assert a.config["gemma4_assistant.attention.key_length"] == {"hf": 64, "gguf": 64, "ok": True}
+    assert a.config["gemma4_assistant.attention.head_count_kv"]["hf"] == [1, 1, 1, 1]
+    # an override that disagrees with the GGUF is reported, per layer
+    tc["per_layer_config"] = {"3": {"head_dim": 128, "num_key_value_heads": 2}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = hf.audit(tmp_path, f)
+    got = {(x.code, x.subject, json.dumps(x.expected)) for x in a.findings if x.severity == "error"}
+    assert ("H_CONFIG_MISMATCH", "gemma4_assistant.attention.key_length", "128") in got
+    assert ("H_CONFIG_MISMATCH", "gemma4_assistant.attention.head_count_kv", "[1, 1, 1, 2]") in got
+    assert ("H_HF_SHAPE", "model.layers.3.self_attn.q_norm.weight", "[128]") in got
+
+
+def test_text_hparams_reads_like_transformers() -> None:
+    """Gemma4TextConfig (transformers 5.24): num_global_key_value_heads only counts with attention_k_eq_v;
+    per_layer_config wins; absent global_head_dim is 512."""
+    base = {"vocab_size": 16, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 4, "head_dim": 8,
+            "layer_types": ["sliding_attention", "full_attention"]}
+    assert hf.text_hparams({**base, "num_global_key_value_heads": 1}).n_head_kv == (4, 4)
+    hp = hf.text_hparams({**base, "num_global_key_value_heads": 1, "attention_k_eq_v": True})
+    assert hp.n_head_kv == (4, 1) and hp.head_dim_full == 512 and "head_dim_full" not in hp.stated
+    hp = hf.text_hparams({**base, "per_layer_config": {"1": {"head_dim": 16, "num_key_value_heads": 2}}})
+    assert hp.n_head_kv == (4, 2) and hp.head_dim_full == 16 and "head_dim_full" in hp.stated
+    with pytest.raises(HFCheckpointError) as e:
+        hf.text_hparams({**base, "per_layer_config": {"5": {"head_dim": 16}}})
+    assert e.value.key == "per_layer_config.5"
+    with pytest.raises(HFCheckpointError) as e:
+        hf.text_hparams({k: v for k, v in base.items() if k != "hidden_size"})
+    assert e.value.key == "hidden_size"
 
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_configs"

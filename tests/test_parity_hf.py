@@ -185,3 +185,25 @@ def test_hf_saved_bf16_checkpoint_converts(tmp_path: Path) -> None:
     _, st = read_checkpoint(tmp_path / "saved-drafter")
     assert d_hf.tensor("mtp.pre_projection.weight").type_name == "BF16"
     assert np.array_equal(d_hf.tensor_data("mtp.pre_projection.weight"), st["pre_projection.weight"])
+
+
+def test_hf_saved_checkpoint_verifies_clean(tmp_path: Path) -> None:
+    """``verify --hf`` on a checkpoint saved by transformers' own ``save_pretrained`` (5.24 writes the full
+    layers' head dim / KV heads as ``per_layer_config``), converted by our converter: no error finding."""
+    from inspector.validate import verify
+
+    _, ddir = write_tiny_pair(tmp_path / "hf", seed=2, centroids=True, k_eq_v=True)
+    saved = tmp_path / "saved"
+    Gemma4AssistantForCausalLM.from_pretrained(ddir, dtype=torch.bfloat16).save_pretrained(saved)
+    import json
+
+    assert "per_layer_config" in json.loads((saved / "config.json").read_text())["text_config"]
+    for dialect in ("fork", "upstream"):
+        g = convert(saved, tmp_path / f"{dialect}.gguf", dialect=dialect, outtype="bf16").out
+        r = verify(g, hf_dir=saved)
+        assert [(x.code, x.subject) for x in r.findings if x.severity == "error"] == []
+        cfg = r.hf_audit.config
+        arch = r.arch
+        # the full layer (il 3): head dim 64 with 1 KV head, the sliding ones 32 with 2 (write_tiny_pair, k_eq_v)
+        assert cfg[f"{arch}.attention.key_length"]["hf"] == 64
+        assert cfg[f"{arch}.attention.head_count_kv"]["hf"] == [2, 2, 2, 1]
