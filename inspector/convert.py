@@ -27,8 +27,8 @@ default the real Gemma 4 tokenizer (``mtpscope.cache.vocab_path``), whole when t
 ``vocab_size`` is 262144, else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
 loads, facts §5).
 
-Safetensors are read with a small header parser (8-byte little-endian header length, JSON header,
-raw little-endian data; F32, F16, BF16, I64, I32) over a memory map.
+Safetensors are read by :mod:`inspector.hf` (the one parser: header, then memmap views; BF16 widened to
+float32); ``read_safetensors`` here is that function, re-exported.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from inspector.errors import HFCheckpointError, LayoutError
-from inspector.hf import TextHParams, text_hparams
+from inspector import hf
+from inspector.hf import TextHParams, read_safetensors, text_hparams
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DIALECTS = ("upstream", "fork")
@@ -54,80 +55,23 @@ FORK_ARCH = "gemma4_assistant"
 TARGET_ARCH = "gemma4"
 SIDECAR_ARCH = "gemma4-assistant-centroids"
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64, "I32": np.int32,
-              "F64": np.float64, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-
 # --------------------------------------------------------------------------------------------------
 # reading
 
 
-def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """All tensors of one ``.safetensors`` file as numpy arrays (memmap; BF16 widened to float32).
-
-    Raises:
-        HFCheckpointError: bad header length, JSON, dtype, or data range (names file, offset, tensor).
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) < 8:
-            raise HFCheckpointError("file too short for a safetensors header", path=path, offset=0,
-                                    expected=">= 8 bytes", actual=len(raw))
-        (n,) = struct.unpack("<Q", raw)
-        if n > size - 8:
-            raise HFCheckpointError("header length beyond the end of the file", path=path, offset=0,
-                                    expected=f"<= {size - 8}", actual=n)
-        try:
-            header = json.loads(fh.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise HFCheckpointError(f"header is not JSON: {e}", path=path, offset=8) from None
-    base = 8 + n
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    out: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = _ST_DTYPES.get(info.get("dtype"))
-        if dt is None:
-            raise HFCheckpointError("unsupported safetensors dtype", path=path, key=name,
-                                    expected="/".join(_ST_DTYPES), actual=info.get("dtype"))
-        a, b = info["data_offsets"]
-        shape = tuple(int(s) for s in info["shape"])
-        count = int(np.prod(shape)) if shape else 1
-        if base + b > size or b - a != count * np.dtype(dt).itemsize:
-            raise HFCheckpointError("tensor data out of range or of the wrong size", path=path,
-                                    offset=base + a, key=name, expected=count * np.dtype(dt).itemsize,
-                                    actual=b - a)
-        arr = mm[base + a: base + b].view(dt).reshape(shape)
-        if info["dtype"] == "BF16":
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        out[name] = arr
-    return out
-
-
 def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``(config.json as dict, {tensor name: array})`` of an HF checkpoint folder (all ``*.safetensors``).
+    """``(config.json as dict, {tensor name: array})`` of an HF checkpoint folder: every ``*.safetensors``,
+    or the shards of ``model.safetensors.index.json`` (headers by :func:`inspector.hf.read_checkpoint`,
+    data by :func:`inspector.hf.read_tensors`: memmap views, BF16 widened to float32).
 
     Raises:
-        HFCheckpointError: missing / unreadable config.json or no safetensors file.
+        HFCheckpointError: missing / unreadable config.json, no safetensors file, a bad header or index.
     """
     d = Path(hf_dir)
-    cfg_path = d / "config.json"
-    try:
-        config = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise HFCheckpointError("no config.json", path=cfg_path) from None
-    except json.JSONDecodeError as e:
-        raise HFCheckpointError(f"config.json is not JSON: {e}", path=cfg_path) from None
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise HFCheckpointError("no .safetensors file", path=d, expected="model*.safetensors", actual="none")
-    tensors: dict[str, np.ndarray] = {}
-    for f in files:
-        tensors.update(read_safetensors(f))
-    return config, tensors
+    if not (d / "config.json").exists():
+        raise HFCheckpointError("no config.json", path=d / "config.json")
+    ckpt = hf.read_checkpoint(d)
+    return dict(ckpt.config), hf.read_tensors(ckpt.tensors.values())
 
 
 # --------------------------------------------------------------------------------------------------

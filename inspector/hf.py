@@ -1,8 +1,11 @@
 """Hugging Face side of a drafter: config.json, safetensors headers, HF → GGUF names, audit.
 
-No weights are read and torch is not needed: a safetensors file starts with an 8-byte little-endian
-header length ``N`` followed by ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets"}, ...,
-"__metadata__": {...}}`` (the safetensors format spec); that header is all this module reads. Sharded
+Torch is not needed. This is the one safetensors parser of mtpscope: a safetensors file starts with an
+8-byte little-endian header length ``N`` followed by ``N`` bytes of JSON ``{name: {"dtype", "shape",
+"data_offsets"}, ..., "__metadata__": {...}}`` then the raw little-endian data (the safetensors format
+spec). :func:`read_safetensors_header` reads only the header; :func:`tensor_array` /
+:func:`read_tensors` / :func:`read_safetensors` return a tensor's data as a numpy view over a memory map
+of the file, using that parsed header (BF16, which numpy lacks, widened to float32: a copy). Sharded
 checkpoints are followed through ``model.safetensors.index.json`` (``{"weight_map": {name: file}}``).
 
 Name mapping (../shared/reference/gemma4-assistant-facts.md §2; upstream conversion/gemma.py
@@ -26,7 +29,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,7 @@ class HFTensor:
         shape: numpy order (outermost first).
         file: the ``.safetensors`` file holding it.
         data_offsets: (begin, end) byte offsets relative to the end of the header.
+        data_start: absolute byte offset of the data section in ``file`` (8 + header length).
     """
 
     name: str
@@ -54,6 +58,12 @@ class HFTensor:
     shape: tuple[int, ...]
     file: str
     data_offsets: tuple[int, int]
+    data_start: int = 0
+
+    @property
+    def offset(self) -> int:
+        """Absolute byte offset of this tensor's data in ``file``."""
+        return self.data_start + self.data_offsets[0]
 
     @property
     def ne(self) -> tuple[int, ...]:
@@ -104,7 +114,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
         with open(p, "rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
-                raise HFCheckpointError("file shorter than the 8-byte header length", path=p, offset=0,
+                raise HFCheckpointError("file too short: shorter than the 8-byte header length", path=p, offset=0,
                                         expected=">= 8 bytes", actual=size)
             (n,) = struct.unpack("<Q", head)
             if n > size - 8 or n > MAX_HEADER_BYTES:
@@ -132,7 +142,8 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
             raise HFCheckpointError("tensor entry lacks dtype / shape / data_offsets", path=p, offset=8,
                                     key=name) from ex
         if not 0 <= b <= e <= data_len:
-            raise HFCheckpointError("data offsets outside the file", path=p, offset=8 + n + b, key=name,
+            raise HFCheckpointError("data offsets out of range (beyond the end of the file)", path=p,
+                                    offset=8 + n + b, key=name,
                                     expected=f"0 <= begin <= end <= {data_len}", actual=[b, e])
         item = _DTYPE_SIZES.get(dtype)
         if item is not None:
@@ -142,8 +153,82 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
             if n_el * item != e - b:
                 raise HFCheckpointError("data length does not match dtype and shape", path=p, offset=8 + n + b,
                                         key=name, expected=n_el * item, actual=e - b)
-        out[name] = HFTensor(name, dtype, shape, p, (b, e))
+        out[name] = HFTensor(name, dtype, shape, p, (b, e), 8 + n)
     return out
+
+
+#: safetensors dtype -> numpy dtype of the stored bytes (BF16 read as raw little-endian uint16)
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+              "I8": "i1", "U8": "u1", "BOOL": "?", "U16": "<u2", "U32": "<u4", "U64": "<u8"}
+
+
+def _file_map(path: str) -> Any:
+    import numpy as np
+
+    try:
+        return np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as e:
+        raise HFCheckpointError(f"cannot map the file: {e}", path=path) from e
+
+
+def _array(t: HFTensor, mm: Any) -> Any:
+    import numpy as np
+
+    dt = _NP_DTYPES.get(t.dtype)
+    if dt is None:
+        raise HFCheckpointError("unsupported safetensors dtype", path=t.file, offset=t.offset, key=t.name,
+                                expected="/".join(_NP_DTYPES), actual=t.dtype)
+    b, e = t.data_offsets
+    start, end = t.data_start + b, t.data_start + e
+    n_bytes = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(dt).itemsize
+    if end > mm.shape[0] or end - start != n_bytes:
+        raise HFCheckpointError("tensor data out of range or of the wrong size", path=t.file, offset=start,
+                                key=t.name, expected=f"{n_bytes} bytes within {mm.shape[0]}",
+                                actual=f"bytes {start}..{end}")
+    a = mm[start:end].view(dt).reshape(t.shape)
+    if t.dtype == "BF16":                      # bf16 is the top half of an IEEE float32: exact
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+def tensor_array(t: HFTensor) -> Any:
+    """The data of one safetensors tensor, from its parsed header entry (:func:`read_safetensors_header`).
+
+    Returns:
+        np.ndarray of numpy shape ``t.shape``: a read-only view over a memory map of ``t.file``
+        (little-endian F64/F32/F16/I64/I32/I16/I8/U8/U16/U32/U64/BOOL), or for BF16 a float32 copy
+        (each value's 16 bits shifted up by 16, exact).
+
+    Raises:
+        HFCheckpointError: unsupported dtype (F8_*), data beyond the file or of the wrong length (names
+            file, absolute offset, tensor, expected vs actual bytes), or the file cannot be mapped.
+    """
+    return _array(t, _file_map(t.file))
+
+
+def read_tensors(tensors: Iterable[HFTensor]) -> dict[str, Any]:
+    """:func:`tensor_array` of several tensors, one memory map per file: ``{name: np.ndarray}``.
+
+    Raises:
+        HFCheckpointError: as :func:`tensor_array`.
+    """
+    maps: dict[str, Any] = {}
+    out: dict[str, Any] = {}
+    for t in tensors:
+        if t.file not in maps:
+            maps[t.file] = _file_map(t.file)
+        out[t.name] = _array(t, maps[t.file])
+    return out
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """All tensors of one ``.safetensors`` file, ``{name: np.ndarray}`` in header order (memmap views;
+    BF16 widened to float32).
+
+    Raises:
+        HFCheckpointError: from :func:`read_safetensors_header` and :func:`tensor_array`.
+    """
+    return read_tensors(read_safetensors_header(path).values())
 
 
 def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:

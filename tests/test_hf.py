@@ -115,6 +115,29 @@ def test_bad_headers(tmp_path: Path) -> None:
     assert e.value.key == "a"
 
 
+def test_tensor_data_agrees_with_safetensors(ckpt_dir: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    want = load_file(str(ckpt_dir / "model.safetensors"))
+    got = hf.read_safetensors(ckpt_dir / "model.safetensors")
+    assert list(got) == list(hf.read_safetensors_header(ckpt_dir / "model.safetensors"))
+    for k, a in want.items():
+        assert got[k].dtype == a.dtype and np.array_equal(got[k], a), k
+    assert isinstance(got["pre_projection.weight"].base, np.memmap)          # a view, not a copy
+    # BF16 by hand: 1.5 is 0x3FC0, -0.25 is 0xBE80, 3.0 is 0x4040; F8 has no numpy type
+    hdr = json.dumps({"b": {"dtype": "BF16", "shape": [1, 3], "data_offsets": [0, 6]},
+                      "f8": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [6, 8]}}).encode()
+    p = tmp_path / "bf.safetensors"
+    p.write_bytes(struct.pack("<Q", len(hdr)) + hdr + np.array([0x3FC0, 0xBE80, 0x4040], "<u2").tobytes() + b"\0\0")
+    t = hf.read_safetensors_header(p)
+    b = hf.tensor_array(t["b"])
+    assert b.dtype == np.float32 and b.tolist() == [[1.5, -0.25, 3.0]]
+    with pytest.raises(HFCheckpointError) as e:
+        hf.tensor_array(t["f8"])
+    assert (e.value.key, e.value.offset, e.value.actual) == ("f8", 8 + len(hdr) + 6, "F8_E4M3")
+    assert str(p) in str(e.value)
+
+
 def test_sharded_index(tmp_path: Path) -> None:
     t = hf_tensors()
     names = sorted(t)

@@ -17,8 +17,9 @@ Sources:
   n_centroids], numpy shape (n_centroids, n_embd)) and ``mtp.token_ordering.weight`` (I32, [n_vocab]);
   k from ``gemma4_assistant.centroid_top_k``. Read with our reader :func:`inspector.gguf.open_gguf`.
 * a Hugging Face checkpoint directory (or one ``.safetensors`` file): ``masked_embedding.centroids.weight``
-  (numpy shape (n_centroids, n_embd)) and ``masked_embedding.token_ordering`` (int64, (n_vocab,)), read with
-  the ``safetensors`` library; k from config.json ``centroid_intermediate_top_k``.
+  (numpy shape (n_centroids, n_embd)) and ``masked_embedding.token_ordering`` (int64, (n_vocab,)), read
+  with :mod:`inspector.hf` (our safetensors parser; BF16 widened to float32); k from config.json
+  ``centroid_intermediate_top_k``.
 """
 
 from __future__ import annotations
@@ -303,23 +304,14 @@ def _hf_files(p: Path) -> list[Path]:
 
 
 def _load_hf(p: Path, top_k: int | None) -> CentroidHead:
-    try:
-        from safetensors import safe_open  # noqa: PLC0415
-    except ImportError as e:  # pragma: no cover
-        raise HFCheckpointError("the safetensors package is needed to read Hugging Face checkpoints",
-                                path=p, key="safetensors") from e
+    from inspector import hf  # noqa: PLC0415
+
     found: dict[str, np.ndarray] = {}
     for file in _hf_files(p):
-        try:
-            with safe_open(os.fspath(file), framework="numpy") as sf:
-                for name in sf.keys():  # noqa: SIM118 - safe_open is not a Mapping
-                    for want in (_HF_CENTROIDS, _HF_ORDERING):
-                        if (name == want or name.endswith("." + want)) and want not in found:
-                            found[want] = _st_tensor(sf, file, name)
-        except HFCheckpointError:
-            raise
-        except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError / OSError
-            raise HFCheckpointError(f"unreadable safetensors file: {e}", path=file) from e
+        for name, t in hf.read_safetensors_header(file).items():
+            for want in (_HF_CENTROIDS, _HF_ORDERING):
+                if (name == want or name.endswith("." + want)) and want not in found:
+                    found[want] = hf.tensor_array(t)
     missing = [n for n in (_HF_CENTROIDS, _HF_ORDERING) if n not in found]
     if missing:
         raise LayoutError("checkpoint has no centroid head", path=p, key=missing[0],
@@ -341,28 +333,3 @@ def _load_hf(p: Path, top_k: int | None) -> CentroidHead:
     return head_from_arrays(found[_HF_CENTROIDS], found[_HF_ORDERING],
                             top_k=k or min(DEFAULT_TOP_K, found[_HF_CENTROIDS].shape[0]),
                             source=os.fspath(p), kind="hf")
-
-
-def _st_tensor(sf: object, file: Path, name: str) -> np.ndarray:
-    """One tensor from an open safetensors file; BF16 is widened to float32 from its raw bits."""
-    sl = sf.get_slice(name)  # type: ignore[attr-defined]
-    dtype = sl.get_dtype()
-    if dtype.upper() in ("BF16", "BFLOAT16"):
-        return _bf16_from_raw(file, name)
-    return np.asarray(sf.get_tensor(name))  # type: ignore[attr-defined]
-
-
-def _bf16_from_raw(file: Path, name: str) -> np.ndarray:
-    """Read a BF16 tensor's bytes (offsets from the safetensors JSON header) and widen to float32.
-
-    numpy has no bfloat16, so the safetensors numpy backend cannot return it; bf16 is the top half
-    of an IEEE float32, so shifting the 16 bits up by 16 is exact.
-    """
-    with open(file, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(n))
-        meta = header[name]
-        start, end = meta["data_offsets"]
-        fh.seek(8 + n + start)
-        raw = np.frombuffer(fh.read(end - start), dtype="<u2")
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(meta["shape"])
