@@ -8,7 +8,7 @@
   go to a **sidecar** GGUF (``centroids_out``): arch ``gemma4-assistant-centroids`` with
   ``mtp.centroids.weight`` (``ne [n_embd, n_centroids]``), ``mtp.token_ordering.weight`` (I32,
   ``ne [n_vocab]``) and the keys ``gemma4-assistant-centroids.{n_centroids, centroid_top_k,
-  embedding_length, vocab_size}`` (what ``traces.centroid_head.load_centroid_head`` and so
+  embedding_length, vocab_size}`` (what ``inspector.centroids.load_centroid_head`` and so
   ``record --centroids`` read).
 * ``Gemma4ForCausalLM`` (``model_type: gemma4_text`` or ``gemma4`` with a text config) -> a ``gemma4``
   target GGUF (dense layers only: no MoE, no per-layer embeddings), for tiny test models.

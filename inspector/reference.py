@@ -466,7 +466,7 @@ class ReferenceDrafter:
 
         ``centroids`` is an optional centroid-head source for an upstream drafter: a sidecar GGUF
         (the converter's ``--centroids-out``), a fork-dialect GGUF or an HF checkpoint directory
-        (read by ``traces.centroid_head.load_centroid_head``).
+        (read by ``inspector.centroids.load_centroid_head``).
         Quantized tensors are dequantized to float32 (gguf.quants, via the reader); the target's
         ``token_embd`` is read row by row on demand (memmap).
 
@@ -496,7 +496,7 @@ class ReferenceDrafter:
             cen = data(names["centroids"])
             order = np.asarray(f.tensor_data(names["token_ordering"], dequantize=False)).astype(np.int64)
         if centroids is not None:
-            from traces.centroid_head import load_centroid_head
+            from inspector.centroids import load_centroid_head
 
             head = load_centroid_head(centroids)
             cen = np.asarray(head.centroids, dtype=np.float32)

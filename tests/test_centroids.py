@@ -111,3 +111,47 @@ def test_full_size_ordering(tmp_path: Path) -> None:
         inv[order] = np.arange(n)
         np.testing.assert_array_equal(h.token_to_centroid, inv // 128)
         assert (h.cluster_sizes() == 128).all()
+
+
+def test_one_record_from_every_source(fork_file: tuple[Path, dict], tmp_path: Path) -> None:
+    """Fork GGUF, upstream sidecar GGUF and HF safetensors all give inspector.centroids.CentroidHead, the
+    record traces.centroid_head scores with; arrays equal what the files were written from."""
+    import json
+
+    from inspector.convert import convert, write_tiny_pair
+    from inspector.hf import read_safetensors
+    from traces import centroid_head as tch
+
+    assert tch.CentroidHead is CentroidHead
+    p, t = fork_file
+    g = CentroidHead.load(p)
+    assert g.kind == "gguf" and g.top_k == 8 and g.centroids_name == "mtp.centroids.weight"
+    np.testing.assert_array_equal(g.centroids, t["mtp.centroids.weight"])
+    ddir = write_tiny_pair(tmp_path / "hf", seed=5, centroids=True, n_centroids=64, top_k=4)[1]
+    side = convert(ddir, tmp_path / "d.gguf", centroids_out=tmp_path / "side.gguf").centroids_out
+    st = read_safetensors(ddir / "model.safetensors")
+    want_c, want_o = st["masked_embedding.centroids.weight"], st["masked_embedding.token_ordering"]
+    heads = [CentroidHead.load(side), CentroidHead.load(ddir), CentroidHead.load(ddir / "model.safetensors"),
+             tch.load_centroid_head(side)]
+    for h in heads:
+        assert isinstance(h, CentroidHead) and (h.n_centroids, h.n_vocab, h.vsc, h.n_embd, h.top_k) == (64, 4096, 64, 48, 4)
+        np.testing.assert_array_equal(h.centroids, want_c)
+        np.testing.assert_array_equal(h.ordering, want_o)
+        assert (h.cluster_sizes() == 64).all()
+        tok = int(want_o[200])                                # position 200 lies in row 200 // 64 = 3
+        assert h.centroid_of(tok) == 3
+    assert [h.kind for h in heads] == ["gguf", "hf", "hf", "gguf"]
+    assert json.loads((ddir / "config.json").read_text())["centroid_intermediate_top_k"] == 4
+
+
+def test_duplicate_token_belongs_to_its_first_row_and_ready_refuses_it() -> None:
+    # 2 centroids, vsc 2: rows [0, 1] and [1, 3]: token 1 in both rows (first wins), token 2 in none
+    h = CentroidHead.from_arrays(np.eye(2, dtype=np.float32), np.array([0, 1, 1, 3]))
+    assert h.token_to_centroid.tolist() == [0, 0, -1, 1] and h.top_k is None
+    assert h.cluster_sizes().tolist() == [2, 2]
+    assert h.ready().top_k == 2                               # min(32, n_centroids)
+    bad = CentroidHead.from_arrays(np.eye(2, dtype=np.float32), np.array([0, 1, 2, 7]))
+    assert bad.centroid_of(3) == -1                           # id 7 is no token: explorable, not scorable
+    with pytest.raises(LayoutError) as e:
+        bad.ready()
+    assert e.value.key == "token_ordering"

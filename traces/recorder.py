@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
 from inspector.errors import LayoutError, MtpscopeError, TraceError
 from traces import llama_runtime as rt
-from traces.centroid_head import CentroidHead, centroid_steps, head_from_gguf, load_centroid_head
+from traces.centroid_head import centroid_steps
 from traces.records import RoundRecord, StepRecord
 
 H_INNER_NODE = "result_norm"
