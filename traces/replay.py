@@ -342,16 +342,19 @@ class ReplayResult:
 
     def summary(self) -> dict[str, Any]:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
-        (1 + accepted / rounds), ``agreement`` (share of steps whose recomputed draft equals the
-        recorded one), ``options``; and the recorded run's rates."""
+        (1 + accepted / rounds that drafted; both as :func:`traces.metrics.totals` defines them),
+        ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
+        and the recorded run's rates."""
+        from traces.metrics import totals
+
         r = self.rounds
         n_rounds = len(r)
-        drafted = int(r["n_draft"].sum()) if n_rounds else 0
 
-        def rates(acc: int) -> tuple[float, float]:
-            return (acc / drafted if drafted else float("nan"), 1.0 + acc / n_rounds if n_rounds else float("nan"))
+        def rates(accepted_column: str) -> tuple[float, float]:
+            t = totals(r[["n_draft", accepted_column]].rename(columns={accepted_column: "n_accepted"}))
+            return t["acceptance_rate"], t["mean_acceptance_length"]
 
-        rec_ar, rec_mal = rates(int(r["n_accepted"].sum()) if n_rounds else 0)
+        rec_ar, rec_mal = rates("n_accepted")
         out: dict[str, Any] = {"trace": self.trace, "n_rounds": n_rounds, "n_steps": len(self.steps),
                                "recorded": {"acceptance_rate": rec_ar, "mean_acceptance_length": rec_mal},
                                "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
@@ -359,7 +362,7 @@ class ReplayResult:
                                "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
                                "variant_traces": dict(self.variant_traces)}
         for name, o in self.variants.items():
-            ar, mal = rates(int(r[f"n_accepted[{name}]"].sum()) if n_rounds else 0)
+            ar, mal = rates(f"n_accepted[{name}]")
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
             out["variants"][name] = {"options": _options_text(o, self.baseline), "acceptance_rate": ar,
                                      "mean_acceptance_length": mal, "agreement": agree}
