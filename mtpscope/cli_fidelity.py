@@ -74,26 +74,27 @@ def register(app: typer.Typer) -> None:
 
 def _print_replay(res: object) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     s = res.summary()  # type: ignore[attr-defined]
     con = Console()
     t = Table(title=f"replay of {s['trace']} ({s['n_rounds']} rounds, {s['n_steps']} steps)")
     for col in ("variant", "options", "acceptance rate", "mean acceptance length", "agreement"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     rec = s["recorded"]
     t.add_row("recorded", "-", f"{rec['acceptance_rate']:.4f}", f"{rec['mean_acceptance_length']:.3f}", "-")
     for name, v in s["variants"].items():
-        t.add_row(name, v["options"], f"{v['acceptance_rate']:.4f}", f"{v['mean_acceptance_length']:.3f}",
+        t.add_row(escape(name), escape(v["options"]), f"{v['acceptance_rate']:.4f}", f"{v['mean_acceptance_length']:.3f}",
                   f"{v['agreement']:.4f}")
     con.print(t)
     dis = res.disagreements(limit=20)  # type: ignore[attr-defined]
     if len(dis):
         d = Table(title="steps where variants disagree (first 20)")
-        for col in dis.columns:
-            d.add_column(str(col))
+        for col in dis.columns:  # "draft[head=centroid]": escape, or rich reads [..] as markup
+            d.add_column(escape(str(col)), overflow="fold")
         for row in dis.itertuples(index=False):
-            d.add_row(*[str(x) for x in row])
+            d.add_row(*[escape(str(x)) for x in row])
         con.print(d)
     if s.get("out"):
         con.print(f"wrote {s['out']}")
