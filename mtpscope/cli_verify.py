@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         target: Annotated[Path | None, typer.Option("--target", help="target GGUF to pair the drafter with")] = None,
         hf: Annotated[Path | None, typer.Option("--hf", help="Hugging Face checkpoint folder it was converted from")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
-        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="also print info findings")] = False,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="also print the detailed info findings (the dialect and the K/V donor layers are always shown)")] = False,
     ) -> None:
         """Validate a Gemma 4 drafter GGUF: layout, dtypes, centroid head, pairing, loadability."""
         from inspector.validate import verify as run_verify

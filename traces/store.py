@@ -208,7 +208,7 @@ class TraceWriter:
         parts = [p for t in S.TABLES if (self.path / t).is_dir() for p in (self.path / t).iterdir()
                  if _OURS_RE.match(p.name)]
         if (existing.exists() or parts) and not overwrite:
-            raise TraceError("directory already holds a trace (pass overwrite=True to replace it)",
+            raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                              path=self.path)
         for p in parts:
             p.unlink()
