@@ -104,7 +104,7 @@ RECORD_CONFIG = Path(__file__).resolve().parents[1] / "sample_configs" / "demo-r
 #: Sources whose change invalidates the demo models / the demo traces (stamp hash inputs).
 _MODEL_SOURCES = ("mtpscope/demo.py", "mtpscope/demo_vocab.py", "mtpscope/demo_spec.py")
 _TRACE_SOURCES = ("traces/recorder.py", "traces/llama_runtime.py", "traces/store.py", "traces/schema.py",
-                  "traces/records.py", "traces/centroid_head.py")
+                  "traces/records.py", "traces/centroid_head.py", "inspector/centroids.py")
 _REPO = Path(__file__).resolve().parents[1]
 
 

@@ -750,7 +750,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
 
     if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
-        raise TraceError("directory already holds a trace (pass overwrite=True / --overwrite to replace it)",
+        raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
     models = preflight(target, assistant)
     head = None
