@@ -9,8 +9,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mtpscope-installed
+PARITY_STAMP := $(VENV)/.mtpscope-parity-installed
 PORT   ?= 8501
-EXTRAS ?= test,runtime,parity
+EXTRAS ?= test,runtime
 
 .PHONY: setup venv demo run test test-fast browser bench clean-demo
 
@@ -23,6 +24,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# torch (CPU) + transformers 5.24 for the Hugging Face parity tests only; `make run` does not need them.
+# pip takes torch 2.13.0's CPU wheel where the machine provides it (find-links); elsewhere point pip at
+# PyTorch's CPU wheels (PIP_EXTRA_INDEX_URL) or the parity tests skip, saying why.
+$(PARITY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[parity]' || echo "warning: torch/transformers not installed; HF parity tests will skip"
+	@touch $(PARITY_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m mtpscope.cli demo build
@@ -39,7 +47,7 @@ browser:
 			|| echo "warning: could not install chromium; browser tests will skip"; \
 		else echo "note: chromium missing and not installable here; browser tests will skip"; fi; }
 
-test: setup browser
+test: setup $(PARITY_STAMP) browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

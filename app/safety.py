@@ -31,7 +31,10 @@ MAX_ARCHIVE_MEMBERS = 10_000
 
 
 def uploads_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
-    """Folder where uploads are stored: ``<cache>/uploads`` (not created here)."""
+    """Folder where uploads are stored: ``$MTPSCOPE_UPLOADS`` if set, else ``<cache>/uploads``
+    (not created here)."""
+    if cache_root is None and os.environ.get("MTPSCOPE_UPLOADS"):
+        return Path(os.environ["MTPSCOPE_UPLOADS"])
     if cache_root is None:
         from mtpscope.cache import cache_dir
 

@@ -124,3 +124,12 @@ def test_extract_trace_zip_refuses_non_zip_and_missing_manifest(tmp_path: Path) 
         safety.extract_trace_zip(b"not a zip", "t.zip", tmp_path)
     with pytest.raises(TraceError, match="no manifest"):
         safety.extract_trace_zip(_zip({"a.txt": b"x"}), "t.zip", tmp_path)
+
+
+def test_uploads_folder_follows_mtpscope_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MTPSCOPE_UPLOADS", str(tmp_path / "elsewhere"))
+    assert safety.uploads_dir() == tmp_path / "elsewhere"
+    assert safety.uploads_dir(tmp_path / "cache") == tmp_path / "cache" / "uploads"  # explicit root wins
+    monkeypatch.delenv("MTPSCOPE_UPLOADS")
+    monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "c2"))
+    assert safety.uploads_dir() == tmp_path / "c2" / "uploads"

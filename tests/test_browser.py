@@ -54,8 +54,11 @@ def _settle(page, timeout: float = 120.0) -> None:
 @pytest.fixture(scope="module")
 def browser_app(demo_dir, tmp_path_factory):
     sync_api = _need_browser()
-    log = tmp_path_factory.mktemp("browser") / "server.log"
-    with start_app(log) as url, sync_api.sync_playwright() as p:
+    work = tmp_path_factory.mktemp("browser")
+    log = work / "server.log"
+    # uploads made by the test go to a temporary folder, not into the user's cache
+    with start_app(log, env={"MTPSCOPE_UPLOADS": str(work / "uploads")}) as url, \
+            sync_api.sync_playwright() as p:
         exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
         browser = p.chromium.launch(executable_path=exe, args=ARGS)
         try:
