@@ -4,7 +4,7 @@ Everything here takes the trace's DataFrames (``Trace.rounds`` / ``Trace.steps``
 docs/ARCHITECTURE.md) or reader records and returns small DataFrames / arrays sized for a widget:
 vectorised so a 100,000-round trace or a 262144-token vocabulary stays well under a second.
 
-Definitions (llama.cpp / vLLM, see /work/shared/reference): acceptance rate = accepted drafts /
+Definitions (llama.cpp / vLLM, see docs/reference/gemma4-assistant-facts.md §4): acceptance rate = accepted drafts /
 drafted tokens; mean acceptance length = 1 + accepted / verify rounds; per-position acceptance =
 P(draft k accepted) for k = 1..K. The headline numbers shown in the app come from
 ``traces.metrics.report``; the helpers here only serve views the report does not carry (windows,

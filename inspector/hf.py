@@ -8,7 +8,7 @@ spec). :func:`read_safetensors_header` reads only the header; :func:`tensor_arra
 of the file, using that parsed header (BF16, which numpy lacks, widened to float32: a copy). Sharded
 checkpoints are followed through ``model.safetensors.index.json`` (``{"weight_map": {name: file}}``).
 
-Name mapping (../shared/reference/gemma4-assistant-facts.md §2; upstream conversion/gemma.py
+Name mapping (docs/reference/gemma4-assistant-facts.md §2; upstream conversion/gemma.py
 ``Gemma4AssistantModel``): ``model.embed_tokens`` → ``token_embd``, ``model.norm`` → ``output_norm``,
 ``pre_projection`` / ``post_projection`` → ``mtp.*`` (fork) or ``nextn.*`` (upstream),
 ``model.layers.{i}.self_attn.{q_proj,q_norm,o_proj}`` → ``blk.{i}.{attn_q,attn_q_norm,attn_output}``,

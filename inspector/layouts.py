@@ -11,7 +11,7 @@ Sources (the llama.cpp vendored by llama-cpp-python 0.3.36):
 * ``src/llama-arch.cpp`` — tensor names (``nextn.pre_projection``, ``masked_embd_centroids``, ...);
 * ``conversion/gemma.py`` ``Gemma4Model.generate_extra_tensors`` — ``rope_freqs`` values
   (1.0 for the ``head_dim_full · partial_rotary_factor / 2`` rotated pairs, then 1e30);
-* the fork dialect (``gemma4_assistant``): ../shared/reference/gemma4-assistant-facts.md §1 (same per-layer
+* the fork dialect (``gemma4_assistant``): docs/reference/gemma4-assistant-facts.md §1 (same per-layer
   tensors, ``mtp.*`` projection / centroid names, ``layer_output_scale`` optional, ``n_embd_backbone`` key).
 
 All shapes in this module are GGUF ``ne`` order (innermost first), e.g. ``attn_q`` is

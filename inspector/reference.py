@@ -1,7 +1,7 @@
 """A numpy reference implementation of one Gemma 4 assistant (MTP drafter) step.
 
 This is an *independent* implementation of the drafter's forward pass, written from the math in
-``shared/reference/gemma4-assistant-facts.md`` section 3, and cross-checked against the graph that
+``docs/reference/gemma4-assistant-facts.md`` section 3, and cross-checked against the graph that
 llama.cpp builds (``src/models/gemma4-assistant.cpp``, ``llama_model_gemma4_assistant::graph``) and
 the target graph that fills the K/V cache the drafter reads (``src/models/gemma4.cpp``), plus the ggml
 CPU kernels it uses (``ggml/src/ggml-cpu/ops.cpp`` RoPE, ``vec.h`` GELU). It runs from a GGUF's

@@ -6,7 +6,7 @@ the app use it). A :class:`Report` lists :class:`Finding` records (severity ``er
 :class:`Verdict` per runtime mtpscope knows, and, with a target, a :class:`Pairing`.
 
 Checks (superset of the fork's ``scripts/verify-gemma4-assistant-gguf.py``, see
-../shared/reference/gemma4-assistant-facts.md §1): arch / dialect, required hyperparameter keys, the full
+docs/reference/gemma4-assistant-facts.md §1): arch / dialect, required hyperparameter keys, the full
 expected tensor list of the dialect (inspector/layouts.py: missing, unexpected, duplicated, shapes,
 projection widths vs the backbone width, dtypes: 1-D F32, ordering I32), token_embd rank and width,
 centroid head (shape, orientation, n_vocab % n_centroids, ordering non-zero / in range / a permutation,

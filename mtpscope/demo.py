@@ -35,7 +35,7 @@ drafter width 128) and built so that draft acceptance is *known by construction*
 
 Shapes: dict values are numpy arrays in numpy order (``shape``); GGUF ``ne`` is the reverse.
 Sources for the graph maths: llama.cpp 0c1e57098 ``src/models/gemma4.cpp`` and
-``gemma4-assistant.cpp``; ``shared/reference/gemma4-assistant-facts.md`` sections 1, 3 and 5.
+``gemma4-assistant.cpp``; ``docs/reference/gemma4-assistant-facts.md`` sections 1, 3 and 5.
 """
 
 from __future__ import annotations

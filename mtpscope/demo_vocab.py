@@ -4,7 +4,7 @@ The demo models carry the **real** tokenizer: every ``tokenizer.*`` key of the r
 copied verbatim (``vocab="full"``: 262144 tokens, 514906 merges), or a consistent subset for fast
 tests (``vocab="subset"``: the first ``n`` real tokens with their scores and types, and only the
 merges whose two parts and whose result all lie inside that set; llama.cpp loads and runs such a
-file, see ``shared/reference/gemma4-assistant-facts.md`` section 5).
+file, see ``docs/reference/gemma4-assistant-facts.md`` section 5).
 
 Only the key/value section of the tokenizer file is parsed (the file holds no tensors). This is a
 small private reader for one known file, not the project's GGUF reader (``inspector/gguf.py``);

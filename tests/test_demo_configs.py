@@ -1,5 +1,5 @@
 """sample_configs/: every HF config is marked with its source, pairs are consistent (the pairing rules of
-shared/reference/gemma4-assistant-facts.md section 1), and the 26B-A4B target equals the hyperparameters the
+docs/reference/gemma4-assistant-facts.md section 1), and the 26B-A4B target equals the hyperparameters the
 real tokenizer GGUF carries (read here with the project's GGUF reader)."""
 
 from __future__ import annotations
