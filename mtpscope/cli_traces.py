@@ -111,7 +111,10 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     ) -> None:
-        """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt."""
+        """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
+
+        Exit 1 when parts of the trace were unreadable and skipped (the report covers the rest).
+        """
         with one_line_errors():
             from traces.metrics import report
             from traces.store import open_trace
@@ -123,6 +126,8 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(rep, indent=2, allow_nan=False))
         else:
             print(format_report(rep))
+        if rep["warnings"]:
+            raise typer.Exit(EXIT_FINDINGS)
 
     imp = typer.Typer(help="Import foreign logs (fork NDJSON, llama-server logs) as traces.",
                       no_args_is_help=True)

@@ -59,7 +59,7 @@ def test_report_errors_and_warnings(tmp_path: Path) -> None:
     part = d / "rounds" / "part-00001.parquet"
     part.write_bytes(part.read_bytes()[:20])
     res = runner.invoke(app, ["report", str(d), "--json"])
-    assert res.exit_code == 0
+    assert res.exit_code == 1  # read, but a part was skipped
     assert "part-00001.parquet" in res.stderr
     rep = json.loads(res.stdout)
     assert rep["n_rounds"] == 3 and len(rep["warnings"]) == 1
