@@ -125,7 +125,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
         raise HFCheckpointError(f"cannot read: {e.strerror or e}", path=p) from e
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise HFCheckpointError(f"header is not valid JSON: {e}", path=p, offset=8) from e
     if not isinstance(obj, dict):
         raise HFCheckpointError("header is not a JSON object", path=p, offset=8, actual=type(obj).__name__)
@@ -242,7 +242,7 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
         return {}
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise HFCheckpointError(f"config.json unreadable: {e}", path=p) from e
     if not isinstance(obj, dict):
         raise HFCheckpointError("config.json is not a JSON object", path=p, actual=type(obj).__name__)
@@ -271,8 +271,14 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
             wm = obj["weight_map"]
             if not isinstance(wm, dict):
                 raise TypeError("weight_map is not an object")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise HFCheckpointError(f"bad sharded index: {e}", path=index, key="weight_map") from e
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
+            raise HFCheckpointError(f"bad sharded index: {e!r}", path=index, key="weight_map") from e
+        for name, fn in wm.items():
+            # a shard is a plain file name in this folder: no other folder is ever read through an index
+            if not isinstance(fn, str) or not fn or Path(fn).name != fn or fn in (".", ".."):
+                raise HFCheckpointError("bad shard file name in the sharded index", path=index,
+                                        key=f"weight_map.{name}", expected="a file name in the same folder",
+                                        actual=repr(fn))
         files = sorted(set(wm.values()))
         headers = {}
         for fn in files:

@@ -46,9 +46,32 @@ for _module in (cli_inspect, cli_verify, cli_traces, cli_record, cli_demo, cli_f
     _module.register(app)
 
 
+EXIT_INTERNAL = 3
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    Expected bad input is reported by each command as one line (exit 2, see ``cli_common``). Anything
+    else that escapes a command is a bug in mtpscope: it is still reported as one line naming the
+    exception (exit 3), and ``MTPSCOPE_DEBUG=1`` shows the full traceback.
+    """
+    import os
+    import sys
+
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("mtpscope: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
+        if os.environ.get("MTPSCOPE_DEBUG"):
+            raise
+        print(f"mtpscope: internal error ({type(e).__name__}: {e}); this is a bug in mtpscope, "
+              "please report it with MTPSCOPE_DEBUG=1 output", file=sys.stderr)
+        raise SystemExit(EXIT_INTERNAL) from None
 
 
 if __name__ == "__main__":

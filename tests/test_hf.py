@@ -154,6 +154,13 @@ def test_sharded_index(tmp_path: Path) -> None:
     with pytest.raises(HFCheckpointError) as e:
         hf.read_checkpoint(tmp_path)
     assert e.value.key == "not.there"
+    del wm["not.there"]
+    # shard names must be plain file names of this folder (no other folder is read through an index)
+    for bad in (None, 3, "", "../model-00001-of-00002.safetensors", "/etc/hostname", "sub/x.safetensors"):
+        (tmp_path / hf.INDEX_NAME).write_text(json.dumps({"weight_map": {**wm, a[0]: bad}}))
+        with pytest.raises(HFCheckpointError) as e:
+            hf.read_checkpoint(tmp_path)
+        assert e.value.key == f"weight_map.{a[0]}" and repr(bad) in str(e.value)
 
 
 def test_name_mapping() -> None:

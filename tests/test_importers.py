@@ -168,3 +168,30 @@ def test_fork_ndjson_prompts_repeats_and_slots(tmp_path: Path) -> None:
     assert list(r["drafted"][3]) == [3, 9]
     assert [(p["seq_id"], p["segment"], p["first_line"]) for p in t.manifest["prompts"]] == [
         (0, 0, 1), (0, 0, 5), (1, 0, 10)]
+
+
+def test_out_of_range_integers_and_deep_nesting_are_bad_lines(tmp_path: Path) -> None:
+    """Values that do not fit the trace's integer columns, and JSON nested past Python's recursion
+    limit, are counted as bad lines (with their numbers), never a crash."""
+    from traces.importers import import_fork_ndjson, import_server_log
+
+    big = 2 ** 70
+    srv = tmp_path / "srv.log"
+    srv.write_text(
+        "draft acceptance rate = 0.50000 (    1 accepted /     2 generated)\n"                    # 1 good
+        f"id {big} | task -1 | draft acceptance rate = 0.50000 (  1 accepted /   2 generated)\n"  # 2 bad
+        f'data: {{"timings": {{"draft_n": {big}, "draft_n_accepted": 2}}}}\n'                      # 3 bad
+        + "{" + '"a":' * 1 + "[" * 100_000 + "\n",                                               # 4 bad
+        encoding="utf-8")
+    res = import_server_log(srv, tmp_path / "s")
+    assert [ln for ln, _ in res.bad_lines] == [2, 3, 4]
+    fork = tmp_path / "f.ndjson"
+    fork.write_text(
+        '{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":5,"attn_pos":9,"drafts":[1,2]}\n'        # 1 good
+        '{"evt":"mtp_accept","iter":1,"n_accepted":1}\n'                                          # 2 good
+        f'{{"evt":"mtp_draft","iter":2,"seq_id":{big},"id_last":5,"attn_pos":9,"drafts":[1]}}\n'  # 3 bad
+        f'{{"evt":"mtp_accept","iter":2,"n_accepted":{big}}}\n'                                   # 4 bad
+        + "[" * 100_000 + "\n",                                                                   # 5 bad
+        encoding="utf-8")
+    res = import_fork_ndjson(fork, tmp_path / "t")
+    assert [ln for ln, _ in res.bad_lines] == [3, 4, 5]

@@ -382,3 +382,20 @@ def test_shared_between_threads(tmp_path: Path) -> None:
         out = list(ex.map(work, range(24)))
     assert {o[1] for o in out} == {sum(ACC)} and {o[2] for o in out} == {63.0}
     assert {o[0] for o in out} == {7, 21}
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"schema_version": 1, "source": "record", "complete": true, "counts": {}, "dims": "x"}', "'dims'"),
+    (b'{"schema_version": 1, "source": "record", "complete": true, "counts": {}, "dims": {"n_embd": -4}}',
+     "'dims.n_embd'"),
+    (b'{"schema_version": 1, "source": ["record"], "complete": true, "counts": {}}', "'source'"),
+])
+def test_bad_manifests_raise_one_trace_format_error(tmp_path: Path, content: bytes, needle: str) -> None:
+    from inspector.errors import TraceFormatError
+
+    (tmp_path / "manifest.json").write_bytes(content)
+    with pytest.raises(TraceFormatError) as e:
+        traces.open(tmp_path)
+    assert needle in str(e.value) and "manifest.json" in str(e.value)

@@ -139,6 +139,8 @@ def _parse_event(line: str) -> tuple[str, Any]:
         obj = json.loads(candidate)
     except json.JSONDecodeError as e:
         return "bad", f"invalid JSON ({e.msg} at column {e.colno})"
+    except RecursionError:
+        return "bad", "JSON nested too deeply"
     if not isinstance(obj, dict):
         return "bad", f"not a JSON object ({type(obj).__name__})"
     evt = obj.get("evt")
@@ -146,8 +148,8 @@ def _parse_event(line: str) -> tuple[str, Any]:
         return "bad", "no 'evt' field"
     if evt not in ("mtp_draft", "mtp_accept"):
         return "ignored", None
-    if not _is_int(obj.get("iter")):
-        return "bad", f"{evt}: 'iter' missing or not an integer"
+    if not _is_int(obj.get("iter")) or not -(2 ** 63) <= obj["iter"] < 2 ** 63:
+        return "bad", f"{evt}: 'iter' missing or not a 64-bit integer"
     if evt == "mtp_draft":
         drafts = obj.get("drafts")
         if not isinstance(drafts, list) or not all(_is_int(t) and 0 <= t <= _I32[1] for t in drafts):
@@ -155,18 +157,19 @@ def _parse_event(line: str) -> tuple[str, Any]:
         for key in ("id_last", "attn_pos"):
             if not _is_int(obj.get(key)) or not _in_i32(obj[key]):
                 return "bad", f"mtp_draft: '{key}' missing or not an integer"
-        if "seq_id" in obj and not _is_int(obj["seq_id"]):
-            return "bad", "mtp_draft: 'seq_id' not an integer"
+        if "seq_id" in obj and not (_is_int(obj["seq_id"]) and _in_i32(obj["seq_id"])):
+            return "bad", "mtp_draft: 'seq_id' not a 32-bit integer"
         if "path" in obj and not isinstance(obj["path"], str):
             return "bad", "mtp_draft: 'path' not a string"
         if obj.get("h_l2") is not None and not _is_num(obj["h_l2"]):
             return "bad", "mtp_draft: 'h_l2' not a finite number"
     else:
         na = obj.get("n_accepted")
-        if not _is_int(na) or na < 0:
-            return "bad", "mtp_accept: 'n_accepted' missing or not a non-negative integer"
-        if obj.get("n_drafted_prev") is not None and not _is_int(obj["n_drafted_prev"]):
-            return "bad", "mtp_accept: 'n_drafted_prev' not an integer"
+        if not _is_int(na) or not 0 <= na <= _I32[1]:
+            return "bad", "mtp_accept: 'n_accepted' missing or not a non-negative 32-bit integer"
+        ndp = obj.get("n_drafted_prev")
+        if ndp is not None and not (_is_int(ndp) and _in_i32(ndp)):
+            return "bad", "mtp_accept: 'n_drafted_prev' not a 32-bit integer"
     return "ok", obj
 
 
@@ -372,8 +375,8 @@ def _response_row(obj: dict, ln: int) -> tuple[str, Any]:
     if "draft_n" not in timings and "draft_n_accepted" not in timings:
         return "ignored", None                       # a response without speculative decoding
     dn, da = timings.get("draft_n"), timings.get("draft_n_accepted")
-    if not (_is_int(dn) and _is_int(da)) or dn < 0 or da < 0:
-        return "bad", "timings.draft_n / draft_n_accepted missing or not non-negative integers"
+    if not (_is_int(dn) and _is_int(da)) or not (0 <= dn <= _I32[1] and 0 <= da <= _I32[1]):
+        return "bad", "timings.draft_n / draft_n_accepted missing or not non-negative 32-bit integers"
     if da > dn:
         return "bad", f"timings.draft_n_accepted {da} exceeds draft_n {dn}"
 
@@ -425,6 +428,9 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 else:
                     n_ignored += 1
                 continue
+            except RecursionError:
+                bad.append((ln, "JSON nested too deeply"))
+                continue
             if not isinstance(obj, dict):
                 n_ignored += 1
                 continue
@@ -461,6 +467,9 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
             slot = task = None
             if slot_m:
                 slot, task = int(slot_m["slot"]), int(slot_m["task"])
+                if not (_in_i32(slot) and _in_i32(task)):
+                    bad.append((ln, f"slot id {slot} / task id {task} does not fit int32"))
+                    continue
             elif last_slot is not None and last_slot[0] >= ln - 2:
                 slot, task = last_slot[1], last_slot[2]
             rows.append({"line": ln, "kind": "log", "id_slot": slot, "id_task": task,
@@ -468,7 +477,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                          "mean_acceptance_length": float(m["mal"]) if m["mal"] else None,
                          "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None})
             continue
-        if slot_m:
+        if slot_m and _in_i32(int(slot_m["slot"])) and _in_i32(int(slot_m["task"])):
             last_slot = (ln, int(slot_m["slot"]), int(slot_m["task"]))
         n_ignored += 1
 

@@ -71,7 +71,7 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise MtpscopeError(f"line {n} is not JSON: {e}", path=p, key=f"line {n}") from None
             if isinstance(obj, str):
                 prompts.append(obj)

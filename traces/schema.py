@@ -141,7 +141,24 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
     if manifest["schema_version"] != SCHEMA_VERSION:
         raise TraceFormatError("unsupported trace schema version", path=path, key="schema_version",
                                expected=SCHEMA_VERSION, actual=manifest["schema_version"])
-    if manifest["source"] not in SOURCES:
+    if not isinstance(manifest["source"], str) or manifest["source"] not in SOURCES:
         raise TraceFormatError("unknown trace source", path=path, key="source",
                                expected=" | ".join(SOURCES), actual=manifest["source"])
+    typed = {"counts": dict, "dims": dict, "params": dict, "models": dict, "runtime": dict,
+             "prompts": list, "parts": dict, "command": list, "complete": bool}
+    for key, kind in typed.items():
+        v = manifest.get(key)
+        if v is not None and not isinstance(v, kind):
+            raise TraceFormatError("manifest value of the wrong type", path=path, key=key,
+                                   expected=kind.__name__, actual=type(v).__name__)
+    dims = manifest.get("dims") or {}
+    for key in ("n_embd_backbone", "n_embd"):
+        v = dims.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise TraceFormatError("manifest hidden width is not a positive integer", path=path,
+                                   key=f"dims.{key}", expected="int > 0 or null", actual=v)
+    hd = dims.get("hidden_dtype")
+    if hd is not None and hd not in HIDDEN_DTYPES:
+        raise TraceFormatError("unknown hidden dtype", path=path, key="dims.hidden_dtype",
+                               expected="'f16', 'f32' or null", actual=hd)
     return manifest

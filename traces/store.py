@@ -805,14 +805,22 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
                                actual="missing" if not p.exists() else "not a directory")
     mpath = p / MANIFEST
     try:
-        text = mpath.read_text(encoding="utf-8")
+        raw = mpath.read_bytes()
     except FileNotFoundError:
         raise TraceFormatError("trace directory has no manifest", path=mpath,
                                expected="manifest.json", actual="missing") from None
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError("manifest is not UTF-8 text", path=mpath, offset=e.start,
+                               expected="UTF-8 JSON", actual=f"byte 0x{raw[e.start]:02x}") from None
+    try:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"manifest is not valid JSON: {e.msg}", path=mpath, offset=e.pos) from None
+    except RecursionError:
+        raise TraceFormatError("manifest JSON is nested too deeply", path=mpath,
+                               expected="a flat JSON object", actual="deep nesting") from None
     S.check_manifest(manifest, str(mpath))
     warnings: list[str] = []
     if not manifest.get("complete"):
