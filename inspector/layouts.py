@@ -188,6 +188,10 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+#: llama.cpp's limit on layers per model (src/llama-hparams.h); a larger block_count cannot load.
+LLAMA_MAX_LAYERS = 512
+
+
 def _per_layer(v: Any, n_layer: int, default: int) -> list[int]:
     """Resolve a u32-or-array key (``get_key_or_arr``) to one int per layer."""
     v = _scalar(v)
@@ -260,6 +264,9 @@ def read_hparams(f: Any) -> HParams:
                           key=f"{arch}.block_count" if n_layer is None else f"{arch}.embedding_length")
     n_layer = int(n_layer)
     n_embd = int(n_embd)
+    if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        raise LayoutError("block_count out of range", path=getattr(f, "path", None), key=f"{arch}.block_count",
+                          expected=f"1..{LLAMA_MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS)", actual=n_layer)
 
     n_head = _per_layer(get("attention.head_count", True), n_layer, 0)
     hkv_raw = get("attention.head_count_kv")

@@ -156,3 +156,20 @@ def test_target_shared_kv_layers_make_k_optional() -> None:
     lay = {e.name: e for e in L.expected_target_layout(hp)}
     assert lay["blk.3.attn_k.weight"].required and not lay["blk.4.attn_k.weight"].required
     assert not lay["blk.5.attn_k_norm.weight"].required
+
+
+@pytest.mark.parametrize("n_layer", [0, 513, 2 ** 32 - 1])
+def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_layer: int) -> None:  # noqa: ANN001
+    """llama.cpp caps layers at LLAMA_MAX_LAYERS = 512; a larger (or zero) block_count is refused by
+    name, without building per-layer lists of that length."""
+    from inspector.errors import LayoutError
+    from inspector.gguf import open_gguf
+
+    from gguf import GGUFValueType as VT
+
+    arch = "gemma4-assistant"
+    p = write_gguf("bc.gguf", arch, kv=[(f"{arch}.block_count", n_layer, VT.UINT32),
+                                        (f"{arch}.embedding_length", 32, VT.UINT32)])
+    with open_gguf(p) as f, pytest.raises(LayoutError) as e:
+        L.read_hparams(f)
+    assert e.value.key == f"{arch}.block_count" and e.value.actual == n_layer

@@ -399,3 +399,27 @@ def test_bad_manifests_raise_one_trace_format_error(tmp_path: Path, content: byt
     with pytest.raises(TraceFormatError) as e:
         traces.open(tmp_path)
     assert needle in str(e.value) and "manifest.json" in str(e.value)
+
+
+def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
+    """A part whose values break what every metric relies on (here n_accepted > n_draft, and a part
+    that lost its prompt_id column) is one TraceFormatError naming the column, not a crash later."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from inspector.errors import TraceFormatError
+    from traces.synthetic import write_synthetic_trace
+
+    d = tmp_path / "t"
+    write_synthetic_trace(d, n_rounds=20, n_prompts=2, seed=0)
+    part = sorted((d / "rounds").glob("*.parquet"))[0]
+    t = pq.read_table(part)
+    i = t.schema.get_field_index("n_accepted")
+    pq.write_table(t.set_column(i, "n_accepted", pa.compute.add(t["n_draft"], 1)), part)
+    with pytest.raises(TraceFormatError) as e:
+        traces.open(d).rounds
+    assert e.value.key == "n_accepted" and "n_accepted <= n_draft" in str(e.value)
+    pq.write_table(t.drop(["prompt_id"]), part)
+    with pytest.raises(TraceFormatError) as e:
+        traces.open(d).rounds
+    assert e.value.key == "prompt_id"

@@ -624,6 +624,8 @@ class Trace:
         with self._lock:
             if key not in self._cache:
                 arrow = self._read_arrow(table, names)
+                if table == "rounds":
+                    _check_rounds(arrow, self.path)
                 self._cache[key] = _to_pandas(arrow, self.schemas[table])
             return self._cache[key]
 
@@ -826,3 +828,35 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     if not manifest.get("complete"):
         warnings.append(f"{mpath}: trace is incomplete (still being written, or the run stopped early)")
     return Trace(p, manifest, warnings)
+
+
+def _check_rounds(t: pa.Table, path: Path) -> None:
+    """Values every metric relies on, checked on whichever of these columns ``t`` holds.
+
+    ``prompt_id`` / ``round`` / ``n_draft`` / ``n_accepted`` non-null; ``n_draft >= 0``;
+    ``0 <= n_accepted <= n_draft``.
+
+    Raises:
+        TraceFormatError: naming the trace, the column, how many rows break the rule and the first one.
+    """
+    import pyarrow.compute as pc
+
+    def fail(col: str, rule: str, bad: pa.Array) -> None:
+        idx = pc.indices_nonzero(bad)
+        raise TraceFormatError(f"rounds column breaks the trace format ({len(idx)} rows, first row "
+                               f"{idx[0].as_py()})", path=path, key=col, expected=rule, actual="other values")
+
+    names = set(t.column_names)
+    for col in ("prompt_id", "round", "n_draft", "n_accepted"):
+        if col in names and t[col].null_count:
+            fail(col, "no nulls", pc.is_null(t[col]))
+    if "n_draft" in names:
+        bad = pc.less(t["n_draft"], 0)
+        if pc.any(bad).as_py():
+            fail("n_draft", ">= 0", bad)
+    if "n_accepted" in names:
+        bad = pc.less(t["n_accepted"], 0)
+        if "n_draft" in names:
+            bad = pc.or_(bad, pc.greater(t["n_accepted"], t["n_draft"]))
+        if pc.any(bad).as_py():
+            fail("n_accepted", "0 <= n_accepted <= n_draft", bad)
