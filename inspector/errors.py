@@ -11,6 +11,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── TensorDataError       tensor data out of file, misaligned, overlapping, undecodable
     │   ├── LayoutError           file does not have the layout a function needs
     │   ├── HFCheckpointError     unreadable Hugging Face config.json / safetensors header
+    │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
@@ -93,6 +94,10 @@ class LayoutError(InspectorError):
 
 class HFCheckpointError(InspectorError):
     """A Hugging Face checkpoint folder whose config.json or safetensors headers cannot be read."""
+
+
+class ReferenceDrafterError(InspectorError):
+    """Bad input to the numpy reference drafter (wrong shape, unknown step option, missing hidden)."""
 
 
 class PathNotAllowedError(InspectorError):

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError, MtpscopeError
+from inspector.errors import LayoutError, ReferenceDrafterError
 
 # --------------------------------------------------------------------------------------------------
 # constants and options
@@ -61,10 +61,6 @@ FILLS = ("-1e30", "min-1")
 HEADS = ("auto", "dense", "centroid")
 HIDDENS = ("postnorm", "prenorm")
 GELUS = ("tanh", "ggml-f16")
-
-
-class ReferenceError(MtpscopeError):
-    """Bad input to the reference drafter (wrong shape, unknown option, missing hidden)."""
 
 
 @dataclass(frozen=True)
@@ -101,21 +97,21 @@ class StepOptions:
                               ("hidden", HIDDENS), ("gelu", GELUS)):
             value = getattr(self, name)
             if value not in allowed:
-                raise ReferenceError("unknown step option value", key=name,
+                raise ReferenceDrafterError("unknown step option value", key=name,
                                      expected=" or ".join(allowed), actual=value)
         if self.top_k is not None and self.top_k < 1:
-            raise ReferenceError("top_k must be positive", key="top_k", expected=">= 1", actual=self.top_k)
+            raise ReferenceDrafterError("top_k must be positive", key="top_k", expected=">= 1", actual=self.top_k)
 
     def with_variant(self, spec: str) -> StepOptions:
         """A copy with one ``name=value`` variant applied (e.g. ``position=p-1``, ``top_k=8``).
 
         Raises:
-            ReferenceError: malformed spec or unknown name / value.
+            ReferenceDrafterError: malformed spec or unknown name / value.
         """
         name, sep, value = spec.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or name not in {f.name for f in self.__dataclass_fields__.values()}:
-            raise ReferenceError("malformed variant", key=spec,
+            raise ReferenceDrafterError("malformed variant", key=spec,
                                  expected="NAME=VALUE with NAME in " + ", ".join(self.__dataclass_fields__),
                                  actual=spec)
         if name == "top_k":
@@ -252,7 +248,7 @@ def gelu_tanh(x: np.ndarray, mode: str = "tanh") -> np.ndarray:
         return (0.5 * x64 * (1.0 + np.tanh(SQRT_2_OVER_PI * x64 * (1.0 + GELU_COEF_A * x64 * x64)))
                 ).astype(np.float32)
     if mode != "ggml-f16":
-        raise ReferenceError("unknown gelu mode", key="gelu", expected=" or ".join(GELUS), actual=mode)
+        raise ReferenceDrafterError("unknown gelu mode", key="gelu", expected=" or ".join(GELUS), actual=mode)
     xh = x.astype(np.float16).astype(np.float32)
     y = gelu_tanh(xh, "tanh").astype(np.float16).astype(np.float32)
     y = np.where(x <= -10.0, np.float32(0.0), y)
@@ -309,7 +305,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     n_head, d = q.shape
     n_head_kv = k.shape[1]
     if n_head % n_head_kv:
-        raise ReferenceError("n_head is not a multiple of n_head_kv", key="n_head_kv",
+        raise ReferenceDrafterError("n_head is not a multiple of n_head_kv", key="n_head_kv",
                              expected=f"a divisor of {n_head}", actual=n_head_kv)
     idx = np.flatnonzero(mask)
     if idx.size == 0:
@@ -351,10 +347,10 @@ def centroid_head(h_inner: np.ndarray, centroids: np.ndarray, ordering: np.ndarr
     """
     n_centroids = centroids.shape[0]
     if n_vocab % n_centroids:
-        raise ReferenceError("n_vocab is not a multiple of n_centroids", key="n_centroids",
+        raise ReferenceDrafterError("n_vocab is not a multiple of n_centroids", key="n_centroids",
                              expected=f"a divisor of {n_vocab}", actual=n_centroids)
     if ordering.shape != (n_vocab,):
-        raise ReferenceError("token ordering has the wrong length", key="token_ordering",
+        raise ReferenceDrafterError("token ordering has the wrong length", key="token_ordering",
                              expected=(n_vocab,), actual=ordering.shape)
     vsc = n_vocab // n_centroids
     c = _mv(centroids.astype(np.float32, copy=False), h_inner.astype(np.float32))
@@ -424,7 +420,7 @@ class ReferenceDrafter:
         else:
             arr = target_embd
             if arr.ndim != 2 or arr.shape[1] != hparams.n_embd_backbone:
-                raise ReferenceError("target token_embd has the wrong shape", key="token_embd.weight",
+                raise ReferenceDrafterError("target token_embd has the wrong shape", key="token_embd.weight",
                                      expected=f"(n_vocab, {hparams.n_embd_backbone})", actual=arr.shape)
             self._target_rows = lambda ids: arr[np.asarray(ids)]
         self._check()
@@ -439,10 +435,10 @@ class ReferenceDrafter:
         }
         for name, (arr, shape) in want.items():
             if arr.shape != shape:
-                raise ReferenceError("weight has the wrong shape (numpy order)", path=self.source or None,
+                raise ReferenceDrafterError("weight has the wrong shape (numpy order)", path=self.source or None,
                                      key=name, expected=shape, actual=arr.shape)
         if len(w.layers) != hp.n_layer:
-            raise ReferenceError("wrong number of layers", key="layers", expected=hp.n_layer,
+            raise ReferenceDrafterError("wrong number of layers", key="layers", expected=hp.n_layer,
                                  actual=len(w.layers))
         for il, lw in enumerate(w.layers):
             qd = hp.n_head[il] * hp.head_dim[il]
@@ -453,7 +449,7 @@ class ReferenceDrafter:
                                      ("ffn_up", lw.ffn_up, (hp.n_ff[il], hp.n_embd)),
                                      ("ffn_down", lw.ffn_down, (hp.n_embd, hp.n_ff[il]))):
                 if arr.shape != shape:
-                    raise ReferenceError("weight has the wrong shape (numpy order)",
+                    raise ReferenceDrafterError("weight has the wrong shape (numpy order)",
                                          path=self.source or None, key=f"blk.{il}.{name}",
                                          expected=shape, actual=arr.shape)
 
@@ -533,7 +529,7 @@ class ReferenceDrafter:
         The scale is applied in float32 (llama.cpp ``ggml_scale`` by ``sqrtf(n_embd_backbone)``).
         """
         if not 0 <= int(token) < self.hp.n_vocab:
-            raise ReferenceError("token id out of range", key="token",
+            raise ReferenceDrafterError("token id out of range", key="token",
                                  expected=f"0 <= id < {self.hp.n_vocab}", actual=token)
         row = np.asarray(self._target_rows(np.array([int(token)])), dtype=np.float32).reshape(-1)
         return row * np.float32(math.sqrt(self.hp.n_embd_backbone))
@@ -559,18 +555,18 @@ class ReferenceDrafter:
             :class:`StepResult`.
 
         Raises:
-            ReferenceError: wrong shapes, missing donor K/V, prenorm hidden not given, centroid head
+            ReferenceDrafterError: wrong shapes, missing donor K/V, prenorm hidden not given, centroid head
                 requested on a drafter without one.
         """
         o = options or StepOptions()
         hp, w = self.hp, self.w
         if o.hidden == "prenorm":
             if h_prenorm is None:
-                raise ReferenceError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
+                raise ReferenceDrafterError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
             h = h_prenorm
         h = np.asarray(h, dtype=np.float32).reshape(-1)
         if h.shape != (hp.n_embd_backbone,):
-            raise ReferenceError("hidden has the wrong length", key="h",
+            raise ReferenceDrafterError("hidden has the wrong length", key="h",
                                  expected=(hp.n_embd_backbone,), actual=h.shape)
         qpos = int(pos) - (1 if o.position == "p-1" else 0)
         t = trace if trace is not None else None
@@ -582,12 +578,12 @@ class ReferenceDrafter:
         for il, lw in enumerate(w.layers):
             kind = "sliding" if hp.is_swa[il] else "full"
             if kind not in kv:
-                raise ReferenceError("no donor K/V for this layer type", key=kind,
+                raise ReferenceDrafterError("no donor K/V for this layer type", key=kind,
                                      expected="sliding and full DonorKV", actual=sorted(kv))
             d = kv[kind]
             hd, nh = hp.head_dim[il], hp.n_head[il]
             if d.k.ndim != 3 or d.k.shape[2] != hd or d.k.shape != d.v.shape or d.pos.shape != d.k.shape[:1]:
-                raise ReferenceError("donor K/V have the wrong shape", key=f"{kind} kv",
+                raise ReferenceDrafterError("donor K/V have the wrong shape", key=f"{kind} kv",
                                      expected=f"k, v (n_kv, n_head_kv, {hd}), pos (n_kv,)",
                                      actual=f"k {d.k.shape}, v {d.v.shape}, pos {d.pos.shape}")
             xn = rms_norm(x, lw.attn_norm, hp.eps)
@@ -614,7 +610,7 @@ class ReferenceDrafter:
             head = "centroid" if w.centroids is not None else "dense"
         if head == "centroid":
             if w.centroids is None or w.token_ordering is None:
-                raise ReferenceError("centroid head requested but the drafter has none", path=self.source or None,
+                raise ReferenceDrafterError("centroid head requested but the drafter has none", path=self.source or None,
                                      key="mtp.centroids.weight")
             k = o.top_k or hp.centroid_top_k or 32
             logits, cids, clog, cand = centroid_head(h_inner, w.centroids, w.token_ordering,
@@ -650,23 +646,23 @@ class ReferenceDrafter:
             one :class:`StepResult` per row.
 
         Raises:
-            ReferenceError: as :meth:`step`.
+            ReferenceDrafterError: as :meth:`step`.
         """
         o = options or StepOptions()
         hp, w = self.hp, self.w
         if o.hidden == "prenorm":
             if h_prenorm is None:
-                raise ReferenceError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
+                raise ReferenceDrafterError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
             h = h_prenorm
         toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
         R = toks.size
         h = np.asarray(h, dtype=np.float32).reshape(R, -1)
         if h.shape[1] != hp.n_embd_backbone:
-            raise ReferenceError("hidden has the wrong width", key="h", expected=(R, hp.n_embd_backbone),
+            raise ReferenceDrafterError("hidden has the wrong width", key="h", expected=(R, hp.n_embd_backbone),
                                  actual=h.shape)
         qpos = np.asarray(pos, dtype=np.int64).reshape(-1) - (1 if o.position == "p-1" else 0)
         if np.any((toks < 0) | (toks >= hp.n_vocab)):
-            raise ReferenceError("token id out of range", key="tokens", expected=f"0 <= id < {hp.n_vocab}",
+            raise ReferenceDrafterError("token id out of range", key="tokens", expected=f"0 <= id < {hp.n_vocab}",
                                  actual=toks[(toks < 0) | (toks >= hp.n_vocab)][:4].tolist())
         e = np.asarray(self._target_rows(toks), dtype=np.float32).reshape(R, -1) * \
             np.float32(math.sqrt(hp.n_embd_backbone))
@@ -674,7 +670,7 @@ class ReferenceDrafter:
         for il, lw in enumerate(w.layers):
             kind = "sliding" if hp.is_swa[il] else "full"
             if kind not in kv:
-                raise ReferenceError("no donor K/V for this layer type", key=kind,
+                raise ReferenceDrafterError("no donor K/V for this layer type", key=kind,
                                      expected="sliding and full DonorKV", actual=sorted(kv))
             d = kv[kind]
             hd, nh = hp.head_dim[il], hp.n_head[il]
@@ -727,7 +723,7 @@ class ReferenceDrafter:
         out: list[StepResult] = []
         if head == "centroid":
             if w.centroids is None or w.token_ordering is None:
-                raise ReferenceError("centroid head requested but the drafter has none", path=self.source or None,
+                raise ReferenceDrafterError("centroid head requested but the drafter has none", path=self.source or None,
                                      key="mtp.centroids.weight")
             k = o.top_k or hp.centroid_top_k or 32
             for r in range(R):
@@ -838,7 +834,7 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
 
 
 __all__ = [
-    "DonorKV", "DrafterHParams", "DrafterWeights", "LayerWeights", "ReferenceDrafter", "ReferenceError",
+    "DonorKV", "DrafterHParams", "DrafterWeights", "LayerWeights", "ReferenceDrafter", "ReferenceDrafterError",
     "StepOptions", "StepResult", "attention", "centroid_head", "gelu_tanh", "rms_norm", "rope_neox",
     "visible",
 ]

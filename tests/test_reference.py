@@ -13,7 +13,7 @@ from inspector.reference import (
     DrafterWeights,
     LayerWeights,
     ReferenceDrafter,
-    ReferenceError,
+    ReferenceDrafterError,
     StepOptions,
     attention,
     centroid_head,
@@ -50,7 +50,7 @@ def test_gelu_ggml_f16_table():
     # 1.0001 rounds to F16 1.0; gelu(1) = 0.84119 rounds to the F16 grid (step 2^-11 in [0.5, 1))
     assert y[0] == pytest.approx(1723 * 2.0 ** -11, abs=0)
     assert y[1] == 0.0 and y[2] == 12.0 and y[3] == 10.0
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         gelu_tanh(np.zeros(1, np.float32), "erf")
 
 
@@ -117,7 +117,7 @@ def test_centroid_head_hand_values():
     logits2, *_ = centroid_head(h, cen, ordering, lambda i: emb[i], n_vocab, 2, "min-1")
     assert logits2[1] == pytest.approx(0.5 - 1.0)           # min(selected) is token 0's 0.5
     assert int(np.argmax(logits2)) == 7
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         centroid_head(h, cen[:3], ordering, lambda i: emb[i], n_vocab, 2)
 
 
@@ -187,13 +187,13 @@ def test_step_options_position_and_window():
     assert tr_p["kqv_out-0"][0] == pytest.approx([2.5, 3.0])
     # q at 1: cells 0, 1 -> [0.5, 0.5]
     assert tr_m["kqv_out-0"][0] == pytest.approx([0.5, 0.5])
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         d.step(1, np.zeros(2, np.float32), 2, kv, StepOptions(hidden="prenorm"))
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         d.step(1, np.zeros(2, np.float32), 2, {"full": kv["sliding"]})
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         d.step(1, np.zeros(3, np.float32), 2, kv)
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         d.step(1, np.zeros(2, np.float32), 2, kv, StepOptions(head="centroid"))
 
 
@@ -202,9 +202,9 @@ def test_step_options_parsing():
     assert o.with_variant("position=p-1").position == "p-1"
     assert o.with_variant("top_k=4").top_k == 4
     assert o.with_variant("kv_f16=on").kv_f16 is True
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         o.with_variant("position=p+1")
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         o.with_variant("nonsense")
 
 

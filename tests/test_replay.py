@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from inspector.errors import TraceError  # noqa: E402
-from inspector.reference import ReferenceError  # noqa: E402
+from inspector.reference import ReferenceDrafterError  # noqa: E402
 from traces.replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.llama
@@ -113,7 +113,7 @@ def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
 
 
 def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(ReferenceError):
+    with pytest.raises(ReferenceDrafterError):
         replay(demo_trace["trace"], variants=["nonsense"])
     # a trace whose positions do not line up with its tokens
     import shutil

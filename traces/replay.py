@@ -298,7 +298,7 @@ def parse_variant(spec: str, base: StepOptions) -> StepOptions:
     """``"position=p-1,head=centroid"`` applied on top of ``base``.
 
     Raises:
-        ReferenceError: unknown option or value.
+        ReferenceDrafterError: unknown option or value.
     """
     opts = base
     for part in spec.split(","):
@@ -424,7 +424,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     Raises:
         TraceFormatError / TraceError: unreadable trace, missing model paths, token sequence that does
             not line up with the recorded positions.
-        ReferenceError: a malformed variant.
+        ReferenceDrafterError: a malformed variant.
     """
 
     import traces as tr
