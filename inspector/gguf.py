@@ -37,6 +37,7 @@ import numpy as np
 
 from inspector.errors import GGUFFormatError, LayoutError, TensorDataError, UnsupportedFileError
 from inspector.ggml_types import type_info
+from inspector.paths import require_regular_file
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -687,6 +688,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         OSError: the file cannot be opened.
     """
     p = os.fspath(path)
+    require_regular_file(p, GGUFFormatError)
     with open(p, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size == 0:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from inspector.errors import HFCheckpointError
+from inspector.paths import require_regular_file
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference implementation's limit
 INDEX_NAME = "model.safetensors.index.json"
@@ -110,7 +111,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
     """
     p = os.fspath(path)
     try:
-        size = os.path.getsize(p)
+        size = require_regular_file(p, HFCheckpointError)
         with open(p, "rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
@@ -240,6 +241,7 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(folder) / "config.json"
     if not p.exists():
         return {}
+    require_regular_file(p, HFCheckpointError)
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -266,6 +268,7 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
     index = d / INDEX_NAME
     tensors: dict[str, HFTensor] = {}
     if index.exists():
+        require_regular_file(index, HFCheckpointError)
         try:
             obj = json.loads(index.read_text(encoding="utf-8"))
             wm = obj["weight_map"]

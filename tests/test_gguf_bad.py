@@ -466,3 +466,18 @@ def test_many_nested_arrays_stay_compact(tmp_path: Path) -> None:
     assert peak < len(data)  # no Python object per element
     a = f.get("k")
     assert len(a) == n and a[n - 1].to_list() == [] and a[7].element_type_name == "UINT8"
+
+
+def test_fifo_and_devices_are_refused_without_opening(tmp_path) -> None:  # noqa: ANN001
+    """Opening a FIFO blocks until a writer appears; the reader must refuse it (and devices) first."""
+    import os
+
+    from inspector.errors import GGUFFormatError
+    from inspector.gguf import open_gguf
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    for p, kind in ((fifo, "a FIFO"), ("/dev/zero", "a device"), (tmp_path, "a directory")):
+        with pytest.raises(GGUFFormatError) as e:
+            open_gguf(p)
+        assert e.value.actual == kind and str(p) in str(e.value)
