@@ -471,3 +471,42 @@ def test_single_thread_blas_is_restored() -> None:
     with _SingleThreadBlas():
         assert ctl[1]() == 1
     assert ctl[1]() == before
+
+
+# ------------------------------------------------------------------------------------------ holes found by testing
+
+
+def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from inspector.errors import TraceError
+    from traces import recorder
+
+    def boom(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(recorder, "preflight", boom)
+    monkeypatch.setattr(recorder, "MtpRuntime", boom)
+    for n in (65, 1_000_000_000):
+        with pytest.raises(TraceError, match="n_draft") as ei:
+            record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", n_draft=n)
+        assert (ei.value.key, ei.value.expected, ei.value.actual) == ("n_draft", "1..64", n)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("name", "value"), [("temp", float("nan")), ("temp", float("inf")), ("temp", -0.5),
+                                             ("top_p", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
+                                             ("top_p", float("-inf")), ("top_k", -1)])
+def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  # noqa: ANN001
+    from inspector.errors import TraceError
+
+    with pytest.raises(TraceError) as ei:
+        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", **{name: value})
+    assert ei.value.key == name
+    assert not (tmp_path / "x").exists()
+
+
+def test_read_prompts_not_utf8(tmp_path) -> None:  # noqa: ANN001
+    t = tmp_path / "latin1.txt"
+    t.write_bytes(b"fine line\ncaf\xe9\n")  # 0xe9 (Latin-1) at byte 13 is not UTF-8
+    with pytest.raises(MtpscopeError, match="byte 13") as ei:
+        read_prompts(t)
+    assert ei.value.offset == 13 and ei.value.path == os.fspath(t)

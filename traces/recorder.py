@@ -59,11 +59,16 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
 
     Raises:
         MtpscopeError: unreadable JSON line or an object without ``prompt`` / ``text`` (names the line);
-            a file without prompts.
+            a file without prompts; bytes that are not UTF-8 (names the byte offset).
         FileNotFoundError: missing file.
     """
     p = Path(path)
-    text = p.read_text(encoding="utf-8")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MtpscopeError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=p,
+                            offset=e.start, expected="UTF-8", actual=f"byte 0x{raw[e.start]:02x}") from None
     prompts: list[str] = []
     if p.suffix.lower() == ".jsonl":
         for n, line in enumerate(text.splitlines(), start=1):
@@ -86,6 +91,44 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     if not prompts:
         raise MtpscopeError("no prompts in file", path=p, expected=">= 1 prompt", actual=0)
     return prompts
+
+
+# --------------------------------------------------------------------------------------------------
+# argument checks (before any model is loaded)
+# --------------------------------------------------------------------------------------------------
+
+#: the most drafts per round :func:`record` accepts. llama.cpp's MTP default is 3 drafts per round;
+#: each round verifies ``n_draft + 1`` tokens in one target batch and the drafter's acceptance decays
+#: with depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise
+#: allocate gigabytes before llama.cpp fails).
+MAX_N_DRAFT = 64
+
+
+def check_draft_and_sampling(*, n_draft: int, temp: float, top_k: int, top_p: float) -> None:
+    """Refuse draft / sampling parameters that llama.cpp cannot run or the manifest cannot store.
+
+    Rules: ``1 <= n_draft <= MAX_N_DRAFT`` (64); ``temp`` finite and ``>= 0`` (0 = greedy); ``top_p``
+    finite in ``(0, 1]`` (1 = off); ``top_k >= 0`` (0 = off).
+
+    Raises:
+        TraceError: the first parameter that breaks a rule, naming it with expected vs actual.
+    """
+    import math  # noqa: PLC0415
+
+    if not (1 <= int(n_draft) <= MAX_N_DRAFT):
+        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
+                         "drafts than a verify batch holds is a mistake)", key="n_draft",
+                         expected=f"1..{MAX_N_DRAFT}", actual=n_draft)
+    t = float(temp)
+    if not math.isfinite(t) or t < 0:
+        raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
+                         expected="finite >= 0", actual=temp)
+    p = float(top_p)
+    if not math.isfinite(p) or not (0.0 < p <= 1.0):
+        raise TraceError("top_p must be in (0, 1] (1 = off)", key="top_p", expected="0 < top_p <= 1",
+                         actual=top_p)
+    if int(top_k) < 0:
+        raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=top_k)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -744,6 +787,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                           ("flush_every", flush_every, 1)):
         if int(val) < lo:
             raise MtpscopeError(f"{name} must be >= {lo}", key=name, expected=f">= {lo}", actual=val)
+    check_draft_and_sampling(n_draft=n_draft, temp=temp, top_k=top_k, top_p=top_p)
     texts = list(prompts) if prompts is not None else ([prompt] if prompt is not None
                                                        else read_prompts(prompts_file))  # type: ignore[arg-type]
     if not texts:
