@@ -169,9 +169,14 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
 
     Raises:
         GGUFFormatError / UnsupportedFileError / TensorDataError: an unreadable file.
+        InspectorError: ``n_rows < 1`` with ``values``.
     """
+    from inspector.errors import InspectorError
     from inspector.gguf import open_gguf
 
+    if values and n_rows < 1:
+        raise InspectorError("rows sampled per tensor must be positive", key="n_rows", expected=">= 1",
+                             actual=n_rows)
     fa = a if hasattr(a, "tensors") else open_gguf(a)
     fb = b if hasattr(b, "tensors") else open_gguf(b)
     arch_a, arch_b = fa.architecture or "", fb.architecture or ""

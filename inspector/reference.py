@@ -115,7 +115,12 @@ class StepOptions:
                                  expected="NAME=VALUE with NAME in " + ", ".join(self.__dataclass_fields__),
                                  actual=spec)
         if name == "top_k":
-            return replace(self, top_k=None if value in ("", "none", "None") else int(value))
+            if value in ("", "none", "None"):
+                return replace(self, top_k=None)
+            if not value.lstrip("-").isdigit():
+                raise ReferenceDrafterError("top_k is not an integer", key=spec, expected="an integer >= 1",
+                                            actual=value)
+            return replace(self, top_k=int(value))
         if name == "kv_f16":
             return replace(self, kv_f16=value.lower() in ("1", "true", "yes", "on"))
         return replace(self, **{name: value})

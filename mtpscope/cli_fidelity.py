@@ -96,5 +96,7 @@ def _print_replay(res: object) -> None:
         for row in dis.itertuples(index=False):
             d.add_row(*[escape(str(x)) for x in row])
         con.print(d)
+    for note in s.get("notes") or []:
+        con.print(f"note: {escape(note)}")
     if s.get("out"):
         con.print(f"wrote {s['out']}")

@@ -396,6 +396,26 @@ def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) ->
     return p if p.is_absolute() or p.exists() else (trace / p)
 
 
+def _model_mismatch_notes(man: dict[str, Any], used: dict[str, Path]) -> list[str]:
+    """A note for each model whose header (sha256 of bytes [0, data_offset)) differs from the one
+    the trace was recorded with: the replay then answers for another model than the recorded run."""
+    from inspector.gguf import open_gguf
+    from traces.recorder import model_info
+
+    notes = []
+    for role, path in used.items():
+        entry = (man.get("models") or {}).get(role)
+        want = entry.get("header_sha256") if isinstance(entry, dict) else None
+        if not want:
+            continue
+        with open_gguf(path) as f:
+            got = model_info(f)["header_sha256"]
+        if got != want:
+            notes.append(f"the {role} {path} is not the file the trace was recorded with (header sha256 "
+                         f"{got[:12]}… vs recorded {want[:12]}…): agreement and rates describe another model")
+    return notes
+
+
 def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: str | os.PathLike[str] | None = None,
            target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
            centroids: str | os.PathLike[str] | None = None, max_rounds: int | None = None,
@@ -457,13 +477,17 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     ref = ReferenceDrafter.from_gguf(dr, tg, centroids=cen if need_centroids else None)
     rounds = t.rounds.sort_values(["prompt_id", "round"]).reset_index(drop=True)
     if max_rounds is not None:
+        if int(max_rounds) < 1:
+            raise TraceError("max_rounds must be positive", key="max_rounds", expected=">= 1", actual=max_rounds)
         rounds = rounds.head(int(max_rounds))
     prompts = {int(p["prompt_id"]): p for p in man.get("prompts") or []}
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
         prompt_toks = {pid: _prompt_tokens(model, prompts[pid].get("text") or "", chat) for pid in prompts}
-        return _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
+        res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
+        res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
+        return res
     finally:
         model.close()
 
