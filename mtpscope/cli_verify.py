@@ -19,6 +19,7 @@ _SEV_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 def _print_report(report: object, verbose: bool) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(highlight=False, soft_wrap=True)
@@ -29,7 +30,11 @@ def _print_report(report: object, verbose: bool) -> None:
         if f.severity == "info" and not verbose and f.code not in ("I_DIALECT", "I_PAIR_KV_DONORS"):
             continue
         style = {"error": "red", "warning": "yellow"}.get(f.severity, "dim")
-        con.print(f"[{style}]{_SEV_MARK.get(f.severity, '?')} {f.code:<26}[/{style}] {f.message}")
+        detail = f" [{f.subject}]" if f.subject else ""
+        if f.expected is not None:
+            detail += f" (expected {f.expected}, got {f.actual})"
+        con.print(f"[{style}]{_SEV_MARK.get(f.severity, '?')} {f.code:<26}[/{style}] "
+                  f"{escape(f.message + detail)}")
     t = Table(title="loadability", show_lines=False)
     t.add_column("runtime")
     t.add_column("verdict")
