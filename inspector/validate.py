@@ -328,8 +328,16 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     arch = f.architecture
     dialect = L.dialect_of(arch)
     if not arch:
-        add(_F(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", None,
-               "no general.architecture key"))
+        kv = f.kv.get("general.architecture")
+        if kv is None:
+            add(_F(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", None,
+                   "no general.architecture key"))
+        elif isinstance(kv.value, str):
+            add(_F(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", "''",
+                   "general.architecture is empty"))
+        else:
+            add(_F(ERROR, "E_ARCH_MISSING", "general.architecture", "a STRING value", kv.type_name,
+                   "general.architecture is not a string"))
         return "unknown", None, findings
     if dialect == "other":
         from inspector.inventory import detect_dialect
