@@ -192,15 +192,21 @@ def _scalar(v: Any) -> Any:
 LLAMA_MAX_LAYERS = 512
 
 
-def _per_layer(v: Any, n_layer: int, default: int) -> list[int]:
-    """Resolve a u32-or-array key (``get_key_or_arr``) to one int per layer."""
+def _per_layer(v: Any, n_layer: int, default: int, key: str = "", path: Any = None) -> list[int]:
+    """Resolve a u32-or-array key (``get_key_or_arr``) to one int per layer.
+
+    Raises:
+        LayoutError: an array whose length is not ``n_layer`` (llama.cpp src/llama-model-loader.cpp
+            ``get_key_or_arr``: "key ... has wrong array length").
+    """
     v = _scalar(v)
     if v is None:
         return [default] * n_layer
     if isinstance(v, list | tuple):
-        out = [int(x) for x in v[:n_layer]]
-        out += [out[-1] if out else default] * (n_layer - len(out))
-        return out
+        if len(v) != n_layer:
+            raise LayoutError("per-layer array has the wrong length", path=path, key=key,
+                              expected=f"{n_layer} entries (block_count)", actual=len(v))
+        return [int(x) for x in v]
     return [int(v)] * n_layer
 
 
@@ -268,10 +274,12 @@ def read_hparams(f: Any) -> HParams:
         raise LayoutError("block_count out of range", path=getattr(f, "path", None), key=f"{arch}.block_count",
                           expected=f"1..{LLAMA_MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS)", actual=n_layer)
 
-    n_head = _per_layer(get("attention.head_count", True), n_layer, 0)
+    fpath = getattr(f, "path", None)
+    n_head = _per_layer(get("attention.head_count", True), n_layer, 0, f"{arch}.attention.head_count", fpath)
     hkv_raw = get("attention.head_count_kv")
-    n_head_kv = _per_layer(hkv_raw, n_layer, 0) if hkv_raw is not None else list(n_head)
-    n_ff = _per_layer(get("feed_forward_length", True), n_layer, 0)
+    n_head_kv = (_per_layer(hkv_raw, n_layer, 0, f"{arch}.attention.head_count_kv", fpath)
+                 if hkv_raw is not None else list(n_head))
+    n_ff = _per_layer(get("feed_forward_length", True), n_layer, 0, f"{arch}.feed_forward_length", fpath)
     n_head0 = n_head[0] if n_head and n_head[0] else 0
     hd_default = n_embd // n_head0 if n_head0 else 0
     hd_full = get("attention.key_length", True)

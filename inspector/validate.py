@@ -852,6 +852,17 @@ def _tokenizer_reasons(f: Any) -> list[str]:
     return reasons
 
 
+def _layout_reason(e: LayoutError) -> str:
+    """A refusal reason for a file whose hyperparameters cannot be read, worded as llama.cpp's loader
+    words it (src/llama-model-loader.cpp)."""
+    if e.message == "per-layer array has the wrong length":
+        n = str(e.expected).split()[0]
+        return f"key {e.key} has wrong array length; expected {n}, got {e.actual}"
+    if e.message == "key has the wrong type":
+        return f"key {e.key} has wrong type ({e.actual})"
+    return f"key {e.key}: {e.message} (expected {e.expected}, got {e.actual})"
+
+
 def upstream_verdict(f: Any) -> Verdict:
     """Whether llama.cpp as vendored in llama-cpp-python 0.3.36 loads this file (rules, not a real load).
 
@@ -883,7 +894,7 @@ def upstream_verdict(f: Any) -> Verdict:
     try:
         hp = L.read_hparams(f)
     except LayoutError as e:
-        return Verdict(RUNTIME_UPSTREAM, False, (f"key {e.key} has wrong type ({e.actual})",), _BASIS_UPSTREAM)
+        return Verdict(RUNTIME_UPSTREAM, False, (_layout_reason(e),), _BASIS_UPSTREAM)
     for a, b in (("attention.key_length", "attention.value_length"),
                  ("attention.key_length_swa", "attention.value_length_swa")):
         ka, kb = _get(f, f"{arch}.{a}"), _get(f, f"{arch}.{b}")
@@ -951,7 +962,7 @@ def fork_verdict(f: Any) -> Verdict:
     try:
         hp = L.read_hparams(f)
     except LayoutError as e:
-        return Verdict(RUNTIME_FORK, False, (f"key {e.key} has wrong type ({e.actual})",), _BASIS_FORK)
+        return Verdict(RUNTIME_FORK, False, (_layout_reason(e),), _BASIS_FORK)
     tmap, dups = _tensor_map(f)
     if dups:
         reasons.append(f"duplicated tensor name '{dups[0]}'")

@@ -46,6 +46,7 @@ _PHRASES = (
     ("not found (a required tensor", "not found"),
     ("has no tensors", "not found"),
     ("has wrong type", "has wrong type"),
+    ("has wrong array length", "has wrong array length"),
     ("wrong shape", "wrong shape"),
     ("wrong number of tensors", "wrong number of tensors"),
     ("embedding_length_out", "embedding_length_out"),

@@ -225,6 +225,9 @@ MUTANTS: dict[str, tuple[str, Mut | None, bool]] = {
     "up_head_count_array_wrong": ("upstream", _set(UP + ".attention.head_count",
                                                    MetaValue(GGUF_ARRAY, np.array([2, 2, 2, 4], np.uint32),
                                                              GGUF_UINT32)), False),
+    "up_head_count_array_short": ("upstream", _set(UP + ".attention.head_count",
+                                                   MetaValue(GGUF_ARRAY, np.array([2, 2, 2], np.uint32),
+                                                             GGUF_UINT32)), False),
     "target_no_per_layer_key": ("target", _drop_keys("gemma4.embedding_length_per_layer_input"), False),
     "target_missing_attn_k": ("target", _drop_tensors("blk.1.attn_k.weight"), False),
     "target_no_attn_v": ("target", _drop_tensors("blk.0.attn_v.weight", "blk.1.attn_v.weight"), True),
@@ -581,3 +584,11 @@ def test_names_from_other_converters_are_explained(tmp_path: Path) -> None:
     f = one(r, "E_TENSOR_UNEXPECTED")
     assert f.subject == "mtp_pre_proj.weight" and "mtp.pre_projection" in f.message
     assert one(r, "E_TENSOR_MISSING").subject == "mtp.pre_projection.weight"
+
+
+def test_per_layer_array_of_the_wrong_length(tmp_path: Path) -> None:
+    """llama.cpp's get_key_or_arr refuses an array whose length is not block_count; so do we, by key."""
+    r = verify_kind(tmp_path, "upstream", MUTANTS["up_head_count_array_short"][1])
+    f = next(x for x in r.findings if x.subject.endswith(".attention.head_count"))
+    assert (f.severity, f.code, f.actual) == ("error", "E_KEY_VALUE", 3)
+    assert not r.ok
