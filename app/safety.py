@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
+import stat
 import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -139,6 +142,59 @@ def check_path(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[s
     return resolved
 
 
+#: Files of a Hugging Face checkpoint folder the inspector opens (see inspector/hf.py).
+HF_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "something else"
+
+
+def check_hf_dir(folder: str | os.PathLike[str], *, limit: int = 10_000) -> Path:
+    """Refuse a Hugging Face checkpoint folder whose ``config.json``, ``*.safetensors`` or
+    ``*.safetensors.index.json`` entries are not regular files (a FIFO would block the reader forever,
+    a device would read without end). Links are followed; the folder itself was already checked by
+    :func:`check_path`. Looks at the folder's direct entries only (at most ``limit`` of them).
+
+    Returns:
+        ``folder`` as a Path.
+
+    Raises:
+        InspectorError: an entry matching :data:`HF_FILE_PATTERNS` is not a regular file, is a
+            dangling link, or cannot be examined (path: that entry; expected: a regular file).
+    """
+    import fnmatch
+
+    d = Path(folder)
+    try:
+        with os.scandir(d) as it:
+            for n, entry in enumerate(it):
+                if n >= limit:
+                    break
+                if not any(fnmatch.fnmatchcase(entry.name, pat) for pat in HF_FILE_PATTERNS):
+                    continue
+                try:
+                    mode = os.stat(entry.path).st_mode  # follows links, never opens the file
+                except OSError as e:
+                    raise InspectorError("checkpoint file cannot be examined", path=entry.path,
+                                         expected="a regular file", actual=e.strerror or type(e).__name__) from None
+                if not stat.S_ISREG(mode):
+                    raise InspectorError("checkpoint file is not a regular file", path=entry.path,
+                                         expected="a regular file", actual=_kind_of(mode))
+    except OSError as e:
+        raise InspectorError("checkpoint folder cannot be listed", path=d,
+                             actual=e.strerror or type(e).__name__) from None
+    return d
+
+
 def discover(roots: Sequence[str | os.PathLike[str]], *, suffix: str | None = None,
              marker: str | None = None, max_depth: int = 4, limit: int = 200) -> list[Path]:
     """Files ending in ``suffix`` or folders holding a file named ``marker``, under ``roots``.
@@ -203,8 +259,13 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
     unpack to more than :data:`MAX_UNPACKED_BYTES` or hold more than :data:`MAX_ARCHIVE_MEMBERS`
     members are refused. The trace folder is the one holding ``manifest.json``.
 
+    Members are unpacked into a temporary folder that is moved in place only when all of them
+    unpacked cleanly (a failure leaves no folder behind).
+
     Raises:
-        TraceError: not a zip, unsafe or too large, or no ``manifest.json`` inside.
+        TraceError: not a zip, unsafe or too large, no ``manifest.json`` inside, or a corrupt member
+            (bad deflate data, a CRC mismatch, a member larger than it declares; key: the upload's
+            name and the member).
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise TraceError("upload too large", key=name, expected=f"at most {MAX_UPLOAD_BYTES} bytes",
@@ -234,13 +295,49 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
     top = min(manifests, key=lambda m: len(m.parts)).parent
     digest = hashlib.sha256(data).hexdigest()[:16]
     out = Path(dest) / f"trace-{digest}"
-    if not (out / "manifest.json").exists():
-        for i in infos:
-            if i.is_dir():
-                continue
-            target = out / PurePosixPath(i.filename)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(i) as src, open(target, "wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
+    if not (out / "manifest.json").is_file():
+        # unpack into a fresh folder next to ``out`` and move it in place only when every member
+        # unpacked cleanly: a corrupt archive leaves nothing behind (a half-unpacked folder with a
+        # manifest would otherwise be reused as if complete next time)
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        tmp = Path(dest) / f".trace-{digest}.part-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        member = "?"
+        try:
+            written = 0
+            for i in infos:
+                if i.is_dir():
+                    continue
+                member = i.filename
+                target = tmp / PurePosixPath(i.filename)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(i) as src, open(target, "wb") as dst:
+                    while block := src.read(1 << 20):
+                        written += len(block)
+                        if written > MAX_UNPACKED_BYTES:
+                            raise TraceError("archive unpacks larger than it declares", key=f"{name}: {i.filename}",
+                                             expected=f"at most {MAX_UNPACKED_BYTES} bytes",
+                                             actual=f"more than {written} bytes")
+                        dst.write(block)
+        except TraceError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            kind = "zlib.error" if isinstance(e, zlib.error) else type(e).__name__
+            raise TraceError(f"corrupt archive member ({kind}: {e})", key=f"{name}: {member}") from None
+        except OSError as e:  # a member name the file system refuses, a file where a folder must go, ...
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise TraceError(f"cannot unpack archive member ({e.strerror or type(e).__name__})",
+                             key=f"{name}: {member}") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (out / "manifest.json").is_file():
+                raise
     return out / top

@@ -11,7 +11,8 @@ edited or rebuilt file is re-read and an unchanged one is not. Every path goes t
 
 Errors: :func:`guard` turns an mtpscope error (or an OS error) into the inspector's one-line message
 in the page and a missing library (a module another helper has not landed yet) into an info box;
-anything else is a bug and propagates.
+anything else is a bug: it is shown as one ``internal error (Type: message) while <what> — please
+report`` line instead of a traceback (set ``MTPSCOPE_DEBUG=1`` to let it propagate).
 """
 
 from __future__ import annotations
@@ -69,6 +70,49 @@ def guard(what: str = "") -> Iterator[None]:
         st.error(f"{where}{e.strerror or e}", icon=":material/error:")
     except LibraryMissing as e:
         st.info(f"{what + ': ' if what else ''}{e}", icon=":material/hourglass_empty:")
+    except Exception as e:  # noqa: BLE001 - last line of defence: one line, never a traceback
+        if os.environ.get("MTPSCOPE_DEBUG"):
+            raise
+        st.error(internal_error_line(e, what), icon=":material/bug_report:")
+
+
+def internal_error_line(e: BaseException, what: str = "") -> str:
+    """One line for an unexpected exception: ``internal error (Type: message) while <what> — please
+    report`` (the message collapsed to one line and cut at 300 characters)."""
+    msg = " ".join(str(e).split())
+    if len(msg) > 300:
+        msg = msg[:297] + "..."
+    body = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return f"internal error ({body}) while {what or 'rendering this page'} — please report"
+
+
+# --------------------------------------------------------------------- manifest fields, defensively
+
+def manifest_models(tr: Any) -> dict[str, dict]:
+    """The trace manifest's ``models`` entries that are objects (role -> dict); entries of any other
+    type (a malformed manifest) are left out. ``{}`` when there is no trace or no ``models`` object."""
+    m = getattr(tr, "manifest", None) if tr is not None else None
+    models = m.get("models") if isinstance(m, dict) else None
+    if not isinstance(models, dict):
+        return {}
+    return {str(k): v for k, v in models.items() if isinstance(v, dict)}
+
+
+def model_path(tr: Any, role: str) -> str | None:
+    """``manifest.models[role].path`` when it is a non-empty string, else None."""
+    v = manifest_models(tr).get(role, {}).get("path")
+    return v if isinstance(v, str) and v.strip() and "\x00" not in v else None
+
+
+def manifest_prompts(tr: Any) -> list[dict]:
+    """The trace manifest's ``prompts`` entries that are objects with an integer ``prompt_id``
+    (an int, or a string of digits); malformed entries are left out. Each returned dict has an
+    ``int`` prompt_id and a ``str`` text."""
+    from app import views
+
+    m = getattr(tr, "manifest", None) if tr is not None else None
+    prompts = m.get("prompts") if isinstance(m, dict) else None
+    return views.clean_prompts(prompts)
 
 
 # ------------------------------------------------------------------------------ roots and selection
@@ -103,8 +147,10 @@ def init_selection() -> None:
             import json
 
             m = json.loads(man.read_text())
-            a = ((m.get("models") or {}).get("assistant") or {}).get("path")
-            if a and Path(a).exists() and safety.is_allowed(a, roots()):
+            models = m.get("models") if isinstance(m, dict) else None
+            a = models.get("assistant") if isinstance(models, dict) else None
+            a = a.get("path") if isinstance(a, dict) else None
+            if isinstance(a, str) and a and Path(a).exists() and safety.is_allowed(a, roots()):
                 defaults["drafter"] = Path(a)
         except (OSError, ValueError):
             pass
@@ -237,8 +283,7 @@ def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
 
 def trace_decoder(tr) -> TokenText:
     """Decoder for a trace's tokens: selected drafter, selected target, then the trace's models."""
-    models = (tr.manifest.get("models") or {}) if tr is not None else {}
-    named = [((models.get(k) or {}).get("path")) for k in ("assistant", "target")]
+    named = [model_path(tr, k) for k in ("assistant", "target")]
     return decoder(get("drafter"), get("target"), *named)
 
 
@@ -322,7 +367,7 @@ def validation(path: str | os.PathLike[str], target: str | os.PathLike[str] | No
     audited against an allowed HF checkpoint folder), cached by the files' (path, size, mtime)."""
     p = safety.check_path(path, roots(), kind="file")
     t = safety.check_path(target, roots(), kind="file") if target else None
-    h = safety.check_path(hf_dir, roots(), kind="dir") if hf_dir else None
+    h = safety.check_hf_dir(safety.check_path(hf_dir, roots(), kind="dir")) if hf_dir else None
     if t is not None and t == p:
         t = None
     return _validation(str(p), _stat_key(p), str(t) if t else None, _stat_key(t) if t else None,

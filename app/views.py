@@ -52,9 +52,43 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
         t["longest_zero_streak"] = longest.reindex(t["prompt_id"].to_numpy()).fillna(0).astype(np.int64).to_numpy()
     else:
         t["longest_zero_streak"] = np.zeros(len(t), dtype=np.int64)
-    texts = {int(p.get("prompt_id")): str(p.get("text", "")) for p in (prompts or []) if p.get("prompt_id") is not None}
+    texts = prompt_texts(prompts)
     t.insert(1, "text", [texts.get(int(p), "") for p in t["prompt_id"]])
     return t.sort_values(["acceptance_rate", "prompt_id"], kind="stable", na_position="first").reset_index(drop=True)
+
+
+def _prompt_id(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v.strip())
+    return None
+
+
+def clean_prompts(prompts) -> list[dict]:
+    """The entries of a manifest's ``prompts`` list that are objects with an integer ``prompt_id``
+    (an int, or a string of digits), each copied with an ``int`` prompt_id and a ``str`` text;
+    anything else (not a list, a non-object entry, a missing / non-integer id) is left out."""
+    if not isinstance(prompts, (list, tuple)):
+        return []
+    out = []
+    for p in prompts:
+        if not isinstance(p, dict):
+            continue
+        pid = _prompt_id(p.get("prompt_id"))
+        if pid is None:
+            continue
+        text = p.get("text", "")
+        out.append({**p, "prompt_id": pid, "text": "" if text is None else str(text)})
+    return out
+
+
+def prompt_texts(prompts) -> dict[int, str]:
+    """prompt_id -> text from a manifest's ``prompts`` (malformed entries skipped, see
+    :func:`clean_prompts`)."""
+    return {p["prompt_id"]: p["text"] for p in clean_prompts(prompts)}
 
 
 def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:

@@ -392,3 +392,89 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
         at = _run("acceptance", trace=t, drafter=None, target=None)
         assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
         assert _metric(at, "drafted tokens") == f"{rep['n_drafted']:,}"
+
+
+def _copy_trace(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path, monkeypatch) -> None:
+    """A manifest whose ``models`` entries are not objects and whose ``prompts`` hold non-objects and
+    non-integer ids: Acceptance, Step, Centroids and Files render without an exception or an error;
+    the well-formed prompts keep their texts."""
+    import json
+
+    from traces import metrics, store
+
+    src = _need_trace(demo)
+    t = _copy_trace(src, tmp_path / "trace")
+    man = json.loads((t / "manifest.json").read_text())
+    good = [p for p in man.get("prompts") or [] if isinstance(p, dict)]
+    assert good, "the demo trace names its prompts"
+    man["models"] = {"target": 5, "assistant": "x", "centroids": [1]}
+    man["prompts"] = good + [{"prompt_id": "a"}, 5, None, {"text": "no id"}]
+    (t / "manifest.json").write_text(json.dumps(man))
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    for page in ("acceptance", "step", "centroids", None):
+        at = _run(page, trace=t, drafter=None, target=None)
+        assert not at.error, (page, [e.value for e in at.error])
+    at = _run("acceptance", trace=t, drafter=None, target=None)
+    rep = metrics.report(store.open_trace(src))
+    assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
+    table = next(d.value for d in at.dataframe if "text" in d.value.columns)
+    want = {int(p["prompt_id"]): str(p.get("text", "")) for p in good}
+    assert {int(i): s for i, s in zip(table["prompt_id"], table["text"])} == {
+        int(i): want.get(int(i), "") for i in table["prompt_id"]}
+    assert any(s for s in table["text"]), "texts of the well-formed prompts are shown"
+    at = _run(None, trace=t, drafter=None, target=None)
+    assert _metric(at, "prompts") == str(len(good))
+
+
+def test_steps_part_with_wrong_hidden_width_is_one_line(demo, tmp_path: Path, monkeypatch) -> None:
+    """A steps part whose ``h`` is fixed_size_list[7] while the manifest says wider: the Step page
+    shows one ``internal error (ValueError: ...)`` line for ``h``, no exception box."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+
+    src = _need_trace(demo)
+    man = json.loads((src / "manifest.json").read_text())
+    if not (man.get("dims") or {}).get("hidden_dtype"):
+        pytest.skip("demo trace recorded without hidden states")
+    t = _copy_trace(src, tmp_path / "trace")
+    for part in sorted((t / "steps").glob("*.parquet")):
+        tab = pq.read_table(part)
+        i = tab.schema.get_field_index("h")
+        h7 = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(len(tab) * 7, np.float16)), 7)
+        pq.write_table(tab.set_column(i, "h", h7), part)
+    r = _rounds_direct(t)
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
+    at.session_state["sel.trace"] = str(t)
+    at.session_state["sel.round"] = (int(r.iloc[0]["prompt_id"]), int(r.iloc[0]["round"]))
+    at.run()
+    at.switch_page("screens/step.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errs = [e.value for e in at.error]
+    assert len(errs) == 1 and errs[0].startswith("h: internal error (ValueError: "), errs
+    assert "please report" in errs[0] and "\n" not in errs[0]
+
+
+def test_unexpected_exception_in_a_page_is_one_line(demo, tmp_path: Path, monkeypatch) -> None:
+    """The page guard's last line of defence: an exception that is not an mtpscope error becomes one
+    ``internal error (Type: message) while <what> — please report`` line, not a traceback box."""
+    from app import views
+
+    src = _need_trace(demo)
+
+    def boom(*a, **k):
+        raise KeyError("zz_col")
+
+    monkeypatch.setattr(views, "per_prompt_table", boom)
+    at = _run("acceptance", trace=src, drafter=None, target=None)
+    errs = [e.value for e in at.error]
+    assert errs == ["internal error (KeyError: 'zz_col') while trace store — please report"], errs

@@ -133,3 +133,90 @@ def test_uploads_folder_follows_mtpscope_uploads(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("MTPSCOPE_UPLOADS")
     monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "c2"))
     assert safety.uploads_dir() == tmp_path / "c2" / "uploads"
+
+
+def _deflated(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _data_span(data: bytes, name: str) -> tuple[int, int]:
+    """(offset, length) of ``name``'s compressed bytes, from its local header (PKZIP APPNOTE 4.3.7:
+    30 fixed bytes, then the name and the extra field)."""
+    import struct
+
+    info = zipfile.ZipFile(io.BytesIO(data)).getinfo(name)
+    n_name, n_extra = struct.unpack_from("<HH", data, info.header_offset + 26)
+    return info.header_offset + 30 + n_name + n_extra, info.compress_size
+
+
+def test_extract_trace_zip_corrupt_deflate_is_trace_error_and_leaves_nothing(tmp_path: Path) -> None:
+    payload = bytes(range(256)) * 64
+    data = bytearray(_deflated({"t/manifest.json": b"{}", "t/rounds/part-00000.parquet": payload}))
+    off, n = _data_span(bytes(data), "t/rounds/part-00000.parquet")
+    data[off:off + n] = b"\xff" * n  # BFINAL=1, BTYPE=11: a reserved block type (RFC 1951 3.2.3)
+    import zlib
+
+    with pytest.raises(zlib.error):  # the bytes really are bad deflate data
+        zlib.decompressobj(-15).decompress(bytes(data[off:off + n]))
+    out = tmp_path / "up"
+    with pytest.raises(TraceError) as ei:
+        safety.extract_trace_zip(bytes(data), "bad.zip", out)
+    line = ei.value.one_line()
+    assert "bad.zip" in line and "t/rounds/part-00000.parquet" in line and "zlib.error" in line
+    assert list(out.iterdir()) == []  # the half-unpacked folder was removed
+
+
+def test_extract_trace_zip_member_lying_about_its_size_is_trace_error(tmp_path: Path) -> None:
+    import struct
+
+    name = "t/rounds/part-00000.parquet"
+    data = bytearray(_deflated({"t/manifest.json": b"{}", name: b"\0" * 100_000}))
+    info = zipfile.ZipFile(io.BytesIO(bytes(data))).getinfo(name)
+    # uncompressed size: offset 22 in the local header, 24 in the central directory entry (APPNOTE 4.3.7 / 4.3.12)
+    struct.pack_into("<I", data, info.header_offset + 22, 10)
+    cd = bytes(data).find(b"PK\x01\x02")
+    while cd >= 0 and bytes(data[cd + 46:cd + 46 + len(name)]) != name.encode():
+        cd = bytes(data).find(b"PK\x01\x02", cd + 4)
+    assert cd >= 0
+    struct.pack_into("<I", data, cd + 24, 10)
+    assert zipfile.ZipFile(io.BytesIO(bytes(data))).getinfo(name).file_size == 10
+    out = tmp_path / "up"
+    with pytest.raises(TraceError) as ei:
+        safety.extract_trace_zip(bytes(data), "liar.zip", out)
+    line = ei.value.one_line()
+    assert "liar.zip" in line and name in line and "CRC" in line
+    assert list(out.iterdir()) == []
+    # the same archive, repaired, unpacks (the first failure left nothing that would be reused)
+    good = _deflated({"t/manifest.json": b"{}", name: b"\0" * 100_000})
+    t = safety.extract_trace_zip(good, "liar.zip", out)
+    assert (t / "rounds" / "part-00000.parquet").stat().st_size == 100_000
+
+
+@pytest.mark.parametrize("entry", ["config.json", "model.safetensors", "model.safetensors.index.json"])
+def test_check_hf_dir_refuses_fifo_checkpoint_files(tmp_path: Path, entry: str) -> None:
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (ck / name).write_bytes(b"{}")
+    assert safety.check_hf_dir(ck) == ck  # all regular: accepted
+    (ck / entry).unlink(missing_ok=True)
+    os.mkfifo(ck / entry)  # opening it for reading would block forever
+    with pytest.raises(InspectorError) as ei:
+        safety.check_hf_dir(ck)
+    line = ei.value.one_line()
+    assert entry in line and "not a regular file" in line and "FIFO" in line and "\n" not in line
+
+
+def test_check_hf_dir_refuses_folder_named_like_a_shard_and_ignores_other_files(tmp_path: Path) -> None:
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "config.json").write_text("{}")
+    os.mkfifo(ck / "README.md")  # not a file the inspector opens: ignored
+    assert safety.check_hf_dir(ck) == ck
+    (ck / "model-00001-of-00002.safetensors").mkdir()
+    with pytest.raises(InspectorError, match="not a regular file"):
+        safety.check_hf_dir(ck)

@@ -16,7 +16,7 @@ if not path:
 with state.guard("trace store"):
     tr = state.trace(path)
     rounds_all = tr.rounds
-    prompts = tr.manifest.get("prompts") or []
+    prompts = state.manifest_prompts(tr)
     dec = state.trace_decoder(tr)
     for w in tr.warnings[:10]:
         st.warning(w)
@@ -45,7 +45,7 @@ with state.guard("trace store"):
     # ---- prompt selector
     table = views.per_prompt_table(rounds_all, prompts)
     pids = [int(p) for p in sorted(rounds_all["prompt_id"].unique())]
-    texts = {int(p.get("prompt_id", -1)): str(p.get("text", "")) for p in prompts}
+    texts = views.prompt_texts(prompts)
     ALL = -1
     choice = st.selectbox("prompt", [ALL] + pids, key="w.acc.prompt",
                           format_func=lambda p: "all prompts" if p == ALL else

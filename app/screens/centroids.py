@@ -17,7 +17,7 @@ if drafter:
     candidates.append(drafter)
 if tpath:
     with state.guard("trace store"):
-        src = ((state.trace(tpath).manifest.get("models") or {}).get("centroids") or {}).get("path")
+        src = state.model_path(state.trace(tpath), "centroids")
         if src and safety.is_allowed(src, state.roots()):
             candidates.append(src)
 demo_fork = str(state.demo_paths()["drafter"])

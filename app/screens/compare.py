@@ -35,8 +35,8 @@ def _traces() -> None:
         pa_, pb_ = state.per_position(rep_a), state.per_position(rep_b)
         rate_a, rate_b = state.acceptance_rate(rep_a), state.acceptance_rate(rep_b)
         len_a, len_b = state.mean_acceptance_length(rep_a), state.mean_acceptance_length(rep_b)
-        prompts_a = tr_a.manifest.get("prompts") or []
-        prompts_b = tr_b.manifest.get("prompts") or []
+        prompts_a = state.manifest_prompts(tr_a)
+        prompts_b = state.manifest_prompts(tr_b)
     else:
         pids = [int(p) for p in sorted(tr_a.rounds["prompt_id"].unique())]
         if len(pids) < 2:
@@ -53,7 +53,7 @@ def _traces() -> None:
 
         rate_a, rate_b = metrics.acceptance_rate(ra), metrics.acceptance_rate(rb)
         len_a, len_b = metrics.mean_acceptance_length(ra), metrics.mean_acceptance_length(rb)
-        prompts_a = prompts_b = tr_a.manifest.get("prompts") or []
+        prompts_a = prompts_b = state.manifest_prompts(tr_a)
 
     c = st.columns(4)
     c[0].metric(f"acceptance rate · {names[0]}", f"{rate_a:.1%}")

@@ -118,7 +118,7 @@ if state.get("trace"):
         counts = m.get("counts") or {}
         cols = st.columns(5)
         cols[0].metric("source", str(m.get("source", "?")))
-        cols[1].metric("prompts", len(m.get("prompts") or []))
+        cols[1].metric("prompts", len(state.manifest_prompts(tr)))
         cols[2].metric("rounds", counts.get("n_rounds", len(tr.rounds)))
         cols[3].metric("complete", "yes" if m.get("complete") else "no")
         cols[4].metric("schema", m.get("schema_version", "?"))

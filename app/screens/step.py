@@ -12,6 +12,14 @@ from inspector.errors import MtpscopeError
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20
 
+
+
+def _dim(dims: dict, key: str) -> int:
+    """``dims[key]`` as a non-negative int (0 when missing or not an integer)."""
+    v = dims.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
 st.title("Step view")
 path = state.get("trace")
 if not path:
@@ -81,7 +89,8 @@ with state.guard("trace store"):
                         f"(rank {views._opt_int(s.get('target_centroid_rank'))}) → {verdict}")
 
     st.subheader("Hidden-state norms")
-    dims = tr.manifest.get("dims") or {}
+    dims = tr.manifest.get("dims")
+    dims = dims if isinstance(dims, dict) else {}
     if not dims.get("hidden_dtype"):
         st.caption("This trace stores no hidden states (recorded without --hidden).")
         st.stop()
@@ -89,21 +98,27 @@ with state.guard("trace store"):
     ks = tr.steps.loc[mask, "k"].to_numpy()
     # Trace.hidden reads the whole hidden column of every part holding these rows; on a long trace
     # with wide hidden states that is a lot of bytes, so it waits for a click.
-    width = 2 * int(dims.get("n_embd_backbone") or 0) + int(dims.get("n_embd") or 0)
+    width = 2 * _dim(dims, "n_embd_backbone") + _dim(dims, "n_embd")
     est = len(tr.steps) * width * (2 if dims.get("hidden_dtype") == "f16" else 4)
     go_read = est <= HIDDEN_AUTO_BYTES or st.button(
         f"read hidden-state norms (scans about {charts.human_bytes(est)} of Parquet)", key="w.step.hidden")
     if go_read:
         norms = pd.DataFrame({"k": ks})
         notes = []
+        errors = []
         for name in ("h", "h_next", "h_inner"):
             try:
                 h = tr.hidden(name, where=mask)
             except MtpscopeError as e:  # a trace without that hidden column: say so, keep going
                 notes.append(f"{name}: {state.status_line(e)}")
                 continue
+            except Exception as e:  # noqa: BLE001 - e.g. a part whose h width disagrees with the manifest
+                errors.append(f"{name}: {state.internal_error_line(e, f'reading hidden states {name!r}')}")
+                continue
             norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
         norms = norms.sort_values("k")
         st.plotly_chart(charts.hidden_norms_figure(norms), key="step.norms", width="stretch")
         for n_ in notes:
             st.caption(n_)
+        for e_ in errors:
+            st.error(e_, icon=":material/bug_report:")
