@@ -32,4 +32,6 @@ PAGES = [
 
 page = st.navigation(PAGES)
 state.sidebar()
-page.run()
+# last line of defence: an exception no block of the page caught is one line, not a traceback box
+with state.guard(f"showing the {page.title} page"):
+    page.run()

@@ -478,3 +478,19 @@ def test_unexpected_exception_in_a_page_is_one_line(demo, tmp_path: Path, monkey
     at = _run("acceptance", trace=src, drafter=None, target=None)
     errs = [e.value for e in at.error]
     assert errs == ["internal error (KeyError: 'zz_col') while trace store — please report"], errs
+
+
+def test_exception_outside_any_block_guard_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """main.py runs every page inside a guard: an exception raised outside the page's own guarded
+    blocks is one ``internal error`` line naming the page."""
+    from app import state
+
+    def boom() -> None:
+        raise RuntimeError("hint exploded\nsecond line")
+
+    monkeypatch.setattr(state, "demo_missing_hint", boom)
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = _run("acceptance", trace=None, drafter=None, target=None)
+    errs = [e.value for e in at.error]
+    assert errs == ["internal error (RuntimeError: hint exploded second line) while showing the Acceptance "
+                    "page — please report"], errs
