@@ -510,3 +510,78 @@ def test_read_prompts_not_utf8(tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(MtpscopeError, match="byte 13") as ei:
         read_prompts(t)
     assert ei.value.offset == 13 and ei.value.path == os.fspath(t)
+
+
+def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt, monkeypatch) -> None:  # noqa: ANN001
+    cap = noisy_rt.capture
+    tk = noisy_rt.prompt_tokens(PROMPTS[0])
+    calls = []
+
+    def interrupted(t: int) -> None:
+        calls.append(t)
+        raise KeyboardInterrupt  # what a Ctrl-C inside the callback looks like
+
+    monkeypatch.setattr(cap, "_copy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=True))
+    assert len(calls) == 1  # remembered once; the callback declined every later node
+    assert cap.error is None  # raised once, then forgotten
+    # the callback itself never raises: called directly it answers False and keeps the error
+    cap.error = None
+    assert cap._cb(0, False, None) is False and isinstance(cap.error, KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        cap.raise_pending()
+    cap.raise_pending()  # nothing pending: no-op
+    monkeypatch.undo()
+    # the runtime is still usable and exact afterwards
+    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    assert [rounds[0].pending_token] + [t for r in rounds for t in r.emitted] == \
+        noisy_rt.generate_plain(tk, max_tokens=20)
+
+
+def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    cap = noisy_rt.capture
+    real = cap._copy
+    n = [0]
+
+    def copy_then_interrupt(t: int) -> None:
+        n[0] += 1
+        if n[0] == 13:  # in round 5 of 3 drafts each
+            raise KeyboardInterrupt
+        real(t)
+
+    monkeypatch.setattr(cap, "_copy", copy_then_interrupt)
+    out = tmp_path / "int"
+    with pytest.raises(KeyboardInterrupt):
+        record(target=pair["target"], assistant=pair["noisy"], out=out, prompt=PROMPTS[0], max_tokens=200,
+               flush_every=1, hidden="off", compact=False, runtime=noisy_rt)
+    tr = traces.open(out)
+    assert tr.manifest["complete"] is False
+    assert sorted(tr.rounds["round"].tolist()) == [0, 1, 2, 3]  # rounds 0-3 finished, round 4 interrupted
+
+
+def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "sigint"
+    cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
+           "--assistant", str(pair["noisy"]), "--prompt", PROMPTS[0], "--max-tokens", "3000",
+           "--flush-every", "1", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if len(list((out / "rounds").glob("part-*.parquet"))) >= 3 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        os.kill(proc.pid, signal.SIGINT)  # once
+        proc.wait(timeout=30)  # without the fix the run goes on to 3000 tokens (well over 30 s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert "Exception ignored" not in err
+    tr = traces.open(out)
+    assert tr.manifest["complete"] is False and len(tr.rounds) >= 3
+    assert sorted(tr.rounds["round"].tolist()) == list(range(len(tr.rounds)))

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -114,6 +117,45 @@ def available() -> bool:
     return True
 
 
+#: SIGINT bookkeeping for :func:`deferred_sigint`: "native" while llama_decode runs, "pending" when a
+#: Ctrl-C arrived then
+_sigint: dict[str, bool] = {"native": False, "pending": False}
+
+
+def _on_sigint(signum: int, frame: Any) -> None:  # noqa: ARG001
+    if _sigint["native"]:  # inside llama_decode (this runs in a ctypes callback): raising would be lost
+        _sigint["pending"] = True
+        return
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred_sigint() -> Iterator[None]:
+    """Within the block, a Ctrl-C (SIGINT) that arrives while llama.cpp decodes is raised as
+    ``KeyboardInterrupt`` right after the decode returns (the ``cb_eval`` capture stops the graph
+    early), instead of being raised inside a ctypes callback, where ctypes prints "Exception ignored"
+    and drops it. Outside a decode SIGINT raises at once, as usual. No-op off the main thread or when
+    SIGINT has a handler other than Python's default."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    old = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        _sigint["pending"] = False
+
+
+def raise_pending_log() -> None:
+    """Re-raise (once) an exception (e.g. ``KeyboardInterrupt``) that arrived inside the llama.cpp log
+    callback, where ctypes would otherwise drop it. Called after each decode and load."""
+    e = _state.pop("log_error", None)
+    if e is not None:
+        raise e
+
+
 def recent_log(n: int = 12) -> str:
     """The last ``n`` lines llama.cpp logged (kept in memory; printed only if MTPSCOPE_LLAMA_LOG=1)."""
     return "".join(list(_log_lines)[-n:]).strip()
@@ -124,10 +166,14 @@ def _install_log_callback(llama_cpp: ModuleType) -> None:
 
     @llama_cpp.llama_log_callback
     def _log(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
-        s = text.decode("utf-8", "replace") if text else ""
-        _log_lines.append(s)
-        if echo:
-            sys.stderr.write(s)
+        # never raise (ctypes would drop the exception, e.g. a Ctrl-C): keep it for raise_pending_log()
+        try:
+            s = text.decode("utf-8", "replace") if text else ""
+            _log_lines.append(s)
+            if echo:
+                sys.stderr.write(s)
+        except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
+            _state.setdefault("log_error", e)
 
     _state["log_cb"] = _log  # keep the callback alive for the life of the process
     llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
@@ -248,6 +294,8 @@ class NodeCapture:
         self._wanted = frozenset(n.encode() for n in self.names)
         self.enabled = True
         self.captured: list[tuple[str, np.ndarray]] = []
+        #: an exception (e.g. KeyboardInterrupt) raised inside the callback, kept for :meth:`raise_pending`
+        self.error: BaseException | None = None
         self._ggml = _ggml_lib()
         llama_cpp = llama()
         wanted = self._wanted
@@ -255,10 +303,22 @@ class NodeCapture:
         off = _NAME_OFFSET
 
         def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
-            if ask:
-                return self.enabled and string_at(t + off) in wanted
-            self._copy(t)
-            return True
+            # never raise: ctypes would print "Exception ignored" and drop the exception (a Ctrl-C
+            # would be lost). Remember it, answer False (not needed / stop this graph split) so that
+            # llama.cpp finishes the decode quickly, and let raise_pending() re-raise it in Python.
+            try:
+                if self.error is not None or _sigint["pending"]:
+                    return False
+                if ask:
+                    return self.enabled and string_at(t + off) in wanted
+                self._copy(t)
+                return True
+            except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
+                if self.error is None:
+                    self.error = e
+                return False
+
+        self._cb = _cb
 
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(_cb)
 
@@ -280,6 +340,16 @@ class NodeCapture:
             return
         self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
         self.captured.append((name, buf.reshape(ne[::-1]).astype(np.float32, copy=False)))
+
+    def raise_pending(self) -> None:
+        """Re-raise (once) the exception the callback caught during the last decode, if any.
+
+        :meth:`LlamaContext.decode` calls this right after ``llama_decode`` returns, so a Ctrl-C
+        that arrived while llama.cpp ran the graph ends the run as a ``KeyboardInterrupt``.
+        """
+        e, self.error = self.error, None
+        if e is not None:
+            raise e
 
     def reset(self) -> None:
         """Forget what the previous decode captured."""
@@ -321,6 +391,11 @@ class LlamaModel:
         params.use_mmap = True
         _log_lines.clear()
         ptr = lc.llama_model_load_from_file(os.fspath(self.path).encode(), params)
+        pending = _state.pop("log_error", None)  # a Ctrl-C during the load
+        if pending is not None:
+            if ptr:
+                lc.llama_model_free(ptr)
+            raise pending
         if not ptr:
             raise TraceError(f"llama.cpp could not load the model: {recent_log(4) or 'no log'}", path=self.path)
         self.ptr = ptr
@@ -457,6 +532,11 @@ class LlamaContext:
             params.cb_eval_user_data = None
         _log_lines.clear()
         ptr = lc.llama_init_from_model(model.ptr, params)
+        pending = _state.pop("log_error", None)  # a Ctrl-C while the context was made
+        if pending is not None:
+            if ptr:
+                lc.llama_free(ptr)
+            raise pending
         if not ptr:
             raise TraceError(f"llama.cpp could not create a context: {recent_log(4) or 'no log'}",
                              path=model.path)
@@ -470,8 +550,21 @@ class LlamaContext:
             ext().llama_set_embeddings_nextn(ptr, True, bool(masked))
 
     def decode(self, batch: Any) -> None:
-        """``llama_decode``; raises :class:`TraceError` with the return code on failure."""
-        rc = llama().llama_decode(self.ptr, batch.batch)
+        """``llama_decode``; raises :class:`TraceError` with the return code on failure, or the
+        exception (e.g. ``KeyboardInterrupt``) the ``cb_eval`` capture caught during the decode."""
+        _sigint["native"] = True
+        try:
+            rc = llama().llama_decode(self.ptr, batch.batch)
+        finally:
+            _sigint["native"] = False
+        if _sigint["pending"]:
+            _sigint["pending"] = False
+            if self.capture is not None:
+                self.capture.error = None
+            raise KeyboardInterrupt
+        if self.capture is not None:
+            self.capture.raise_pending()
+        raise_pending_log()
         if rc != 0:
             raise TraceError(f"llama_decode failed with rc {rc}: {recent_log(3) or 'no log'}",
                              path=self.model.path)

@@ -848,6 +848,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         bar = _progress(progress, max_tokens * len(texts))
         trace_s = 0.0
         blas = _SingleThreadBlas().__enter__()
+        sigint = rt.deferred_sigint()
+        sigint.__enter__()
         t_start, c_start = time.perf_counter(), time.process_time()
         try:
             t0 = time.perf_counter()
@@ -895,6 +897,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             w.close()
             trace_s += time.perf_counter() - t0
         finally:
+            sigint.__exit__(None, None, None)
             blas.__exit__()
             if bar is not None:
                 bar.stop()
