@@ -585,3 +585,31 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
     tr = traces.open(out)
     assert tr.manifest["complete"] is False and len(tr.rounds) >= 3
     assert sorted(tr.rounds["round"].tolist()) == list(range(len(tr.rounds)))
+
+
+def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "t"
+    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0],
+          "hidden": "off", "runtime": noisy_rt, "flush_every": 1}
+    record(**kw, max_tokens=10)
+    before = (out / "manifest.json").read_bytes()
+    n_before = len(traces.open(out).rounds)
+
+    def fail(pid: int, res) -> None:  # noqa: ANN001
+        if res.round == 2:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom") as ei:
+        record(**kw, max_tokens=40, overwrite=True, on_round=fail)
+    partial = tmp_path / f"t.partial-{os.getpid()}"
+    assert any(str(partial) in n for n in ei.value.__notes__)
+    assert str(partial) in capsys.readouterr().err
+    assert (out / "manifest.json").read_bytes() == before and len(traces.open(out).rounds) == n_before
+    tp = traces.open(partial)
+    assert tp.manifest["complete"] is False and sorted(tp.rounds["round"].tolist()) == [0, 1, 2]
+    # a run that completes replaces the old trace; no partial or old folder is left
+    s = record(**kw, max_tokens=40, overwrite=True)
+    tr = traces.open(out)
+    assert tr.manifest["complete"] is True and tr.manifest["params"]["max_tokens"] == 40
+    assert len(tr.rounds) == s.n_rounds > n_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]

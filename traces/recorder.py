@@ -705,6 +705,31 @@ class RecordSummary:
         return d
 
 
+def _holds_trace(path: Path) -> bool:
+    """Whether ``path`` holds a trace (a manifest or Parquet parts in ``rounds/`` / ``steps/``)."""
+    if (path / "manifest.json").exists():
+        return True
+    return any(any((path / t).glob("part-*.parquet")) for t in ("rounds", "steps") if (path / t).is_dir())
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace the trace directory ``out`` with the finished ``new`` one: rename ``out`` to
+    ``<out>.old-<pid>``, ``new`` to ``out``, then delete the old one (on a failed second rename the
+    old trace is put back). The whole ``out`` folder is replaced, other files in it included."""
+    import shutil  # noqa: PLC0415
+
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _progress(enabled: bool, total: int) -> Any:
     if not enabled:
         return None
@@ -758,7 +783,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         n_top: drafter candidates stored per step.
         flush_every: write a Parquet part every this many rounds (crash safety granularity).
         flash_attn: flash attention on (default off).
-        overwrite: replace an existing trace in ``out``.
+        overwrite: replace an existing trace in ``out``. The new trace is then written to the sibling
+            folder ``<out>.partial-<pid>`` and swapped in only when the run completes; if it fails (an
+            error, Ctrl-C) the old trace stays untouched and the partial one is left where it is (named
+            on stderr and in a note on the exception). Without an existing trace ``out`` is written in
+            place (crash-safe parts).
         compact: at the end, merge the small Parquet parts into large ones (the writer's default; it
             rewrites the trace once, hidden states included).
         progress: show a rich progress bar with the running acceptance rate (stderr).
@@ -796,6 +825,9 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
+    # --overwrite of an existing trace: record next to it and swap it in only when the run completes
+    swap = bool(overwrite) and _holds_trace(Path(out))
+    write_to = Path(out).with_name(f"{Path(out).name}.partial-{os.getpid()}") if swap else Path(out)
     models = preflight(target, assistant)
     head = None
     models["centroids"] = None
@@ -853,9 +885,9 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         t_start, c_start = time.perf_counter(), time.process_time()
         try:
             t0 = time.perf_counter()
-            w = TraceWriter(out, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
+            w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
                             n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
-                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite,
+                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
                             compact=compact)
             trace_s += time.perf_counter() - t0
             try:
@@ -896,12 +928,21 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             t0 = time.perf_counter()
             w.close()
             trace_s += time.perf_counter() - t0
+        except BaseException as e:
+            if swap and write_to.exists():
+                msg = (f"the run did not complete; the existing trace in {os.fspath(out)} is untouched and the "
+                       f"partial new trace is in {os.fspath(write_to)}")
+                print(f"mtpscope: warning: {msg}", file=sys.stderr)
+                e.add_note(msg)
+            raise
         finally:
             sigint.__exit__(None, None, None)
             blas.__exit__()
             if bar is not None:
                 bar.stop()
         secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
+        if swap:
+            _swap_in(write_to, Path(out))
     finally:
         if own:
             rtm.close()
