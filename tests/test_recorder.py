@@ -613,3 +613,24 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
     assert tr.manifest["complete"] is True and tr.manifest["params"]["max_tokens"] == 40
     assert len(tr.rounds) == s.n_rounds > n_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from tests.test_validate_mutants import parts, write
+    from traces import recorder
+
+    arch, kv, tensors = parts("upstream")
+    tensors["blk.0.attn_q.weight"] = tensors["blk.0.attn_q.weight"].astype(np.int32)  # I32 matrix
+    bad = write(tmp_path / "i32.gguf", arch, kv, tensors)
+    from gguf import GGUFReader  # independent check that the file really holds an I32 matrix
+
+    assert {t.name: t.tensor_type.name for t in GGUFReader(str(bad)).tensors}["blk.0.attn_q.weight"] == "I32"
+    monkeypatch.setattr(recorder, "MtpRuntime", lambda *a, **k: pytest.fail("llama.cpp was reached"))
+    with pytest.raises(LayoutError, match="E_DTYPE blk.0.attn_q.weight") as ei:
+        record(target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
+    assert ei.value.key == "blk.0.attn_q.weight" and ei.value.actual == "I32"
+    assert ei.value.path == os.fspath(bad) and not (tmp_path / "x").exists()
+    # the unmutated drafter from the same parts passes the pre-flight
+    arch, kv, tensors = parts("upstream")
+    assert set(recorder.preflight(pair["target"], write(tmp_path / "ok.gguf", arch, kv, tensors))) == \
+        {"target", "assistant"}

@@ -188,13 +188,20 @@ def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         return model_info(f)
 
 
+#: :data:`inspector.validate.CODES` of wrong ggml types / tensor shapes that :func:`preflight` refuses
+#: (llama.cpp may load such a drafter and then segfault inside llama_decode)
+PREFLIGHT_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE"})
+
+
 def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Check with our own GGUF reader that llama.cpp can run this pair, before llama.cpp sees it.
 
     Checks: both files readable GGUF; the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
     ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
     the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
-    inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type).
+    inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
+    :func:`inspector.validate.verify` error about a tensor's ggml type or shape
+    (:data:`PREFLIGHT_CRASH_CODES`; the first three are listed in the message).
 
     Returns:
         ``{"target": model_info, "assistant": model_info}``.
@@ -233,6 +240,17 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
             e = errors[0]
             raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
                               expected=e.expected, actual=e.actual)
+        # wrong ggml types / shapes of the drafter's tensors: llama.cpp loads some of these and then
+        # crashes (segfault) inside llama_decode, so refuse them here
+        report = V.verify(d, target=t)
+        crash = [x for x in report.findings if x.severity == V.ERROR and x.code in PREFLIGHT_CRASH_CODES]
+        if crash:
+            e = crash[0]
+            listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
+            more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
+            raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
+                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope validate`)",
+                              path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
