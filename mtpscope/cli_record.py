@@ -22,12 +22,13 @@ def register(app: typer.Typer) -> None:
         prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Optional[Path] = typer.Option(
             None, "--prompts", help="Prompts file: .jsonl (strings or {\"prompt\": ...}) or .txt (one per line)."),
-        n_draft: int = typer.Option(3, "--n-draft", min=1, help="Drafts per round."),
+        n_draft: int = typer.Option(
+            3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
-        temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature (0 = greedy)."),
+        temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature, finite >= 0 (0 = greedy)."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed."),
-        top_k: int = typer.Option(40, "--top-k", help="Sampling top-k (<= 0: off)."),
-        top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p (1: off)."),
+        top_k: int = typer.Option(40, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
+        top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
         chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
         n_gpu_layers: int = typer.Option(
             -1, "--n-gpu-layers",
@@ -41,7 +42,9 @@ def register(app: typer.Typer) -> None:
         flush_every: int = typer.Option(8, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
         flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention."),
         threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp."),
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing trace in --out."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
+                                       "completes; until then it is written to <out>.partial-<pid>)."),
         compact: bool = typer.Option(True, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),

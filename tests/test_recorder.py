@@ -634,3 +634,17 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
     arch, kv, tensors = parts("upstream")
     assert set(recorder.preflight(pair["target"], write(tmp_path / "ok.gguf", arch, kv, tensors))) == \
         {"target", "assistant"}
+
+
+def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompt", "x",
+            "--no-progress", "--out", str(tmp_path / "t")]
+    for extra, name in ((["--n-draft", "1000000000"], "n_draft"), (["--temp", "nan"], "temp"),
+                        (["--top-p", "nan"], "top_p"), (["--top-k", "-1"], "top_k")):
+        res = CliRunner().invoke(app, [*base, *extra])
+        assert res.exit_code == 2 and f"'{name}'" in res.output, res.output
+    assert not (tmp_path / "t").exists()
