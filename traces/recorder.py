@@ -818,8 +818,12 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
 
     Raises:
         LayoutError: the pre-flight check refused the pair or the centroid source does not fit.
-        MtpscopeError: bad arguments or prompts file; GGUF reader errors; TraceError from the writer.
+        TraceError: n_draft outside 1..64 or bad sampling values (:func:`check_draft_and_sampling`),
+            before any model is loaded; errors from the writer.
+        MtpscopeError: bad arguments or prompts file; GGUF reader errors.
         RuntimeUnavailableError: llama-cpp-python missing.
+        KeyboardInterrupt: a Ctrl-C, raised right after the llama.cpp decode it arrived in; the trace
+            written so far stays readable, marked incomplete.
     """
     from traces.store import TraceWriter  # noqa: PLC0415
 
