@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
 from inspector.errors import InspectorError, PathNotAllowedError, TraceError
+from inspector.paths import file_kind
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
 
@@ -146,18 +147,6 @@ def check_path(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[s
 HF_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json")
 
 
-def _kind_of(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "something else"
-
-
 def check_hf_dir(folder: str | os.PathLike[str], *, limit: int = 10_000) -> Path:
     """Refuse a Hugging Face checkpoint folder whose ``config.json``, ``*.safetensors`` or
     ``*.safetensors.index.json`` entries are not regular files (a FIFO would block the reader forever,
@@ -188,7 +177,7 @@ def check_hf_dir(folder: str | os.PathLike[str], *, limit: int = 10_000) -> Path
                                          expected="a regular file", actual=e.strerror or type(e).__name__) from None
                 if not stat.S_ISREG(mode):
                     raise InspectorError("checkpoint file is not a regular file", path=entry.path,
-                                         expected="a regular file", actual=_kind_of(mode))
+                                         expected="a regular file", actual=file_kind(mode))
     except OSError as e:
         raise InspectorError("checkpoint folder cannot be listed", path=d,
                              actual=e.strerror or type(e).__name__) from None

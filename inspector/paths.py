@@ -8,6 +8,19 @@ import stat
 from inspector.errors import InspectorError
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular ``st_mode`` is, in words ("a FIFO", "a directory", "a device", ...)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
 def require_regular_file(path: str | os.PathLike[str], error: type[InspectorError] = InspectorError) -> int:
     """Size in bytes of ``path`` if it is a regular file (symlinks followed); else raise ``error``.
 
@@ -20,8 +33,5 @@ def require_regular_file(path: str | os.PathLike[str], error: type[InspectorErro
     """
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                or stat.S_ISBLK(st.st_mode) else "not a regular file")
-        raise error("not a regular file", path=path, expected="a regular file", actual=kind)
+        raise error("not a regular file", path=path, expected="a regular file", actual=file_kind(st.st_mode))
     return st.st_size
