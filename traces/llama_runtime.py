@@ -371,7 +371,20 @@ class NodeCapture:
 # --------------------------------------------------------------------------------------------------
 
 
-class LlamaModel:
+class _ClosedOnDelete:
+    """Calls ``close()`` when garbage-collected (best effort: errors at interpreter exit are ignored)."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LlamaModel(_ClosedOnDelete):
     """A GGUF loaded by llama.cpp (``llama_model_load_from_file``). Call :meth:`close` when done.
 
     Args:
@@ -480,14 +493,8 @@ class LlamaModel:
             llama().llama_model_free(self.ptr)
             self.ptr = None
 
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
-
-class LlamaContext:
+class LlamaContext(_ClosedOnDelete):
     """A llama.cpp context on a :class:`LlamaModel`.
 
     Args:
@@ -604,12 +611,6 @@ class LlamaContext:
         if getattr(self, "ptr", None):
             llama().llama_free(self.ptr)
             self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class TokenBatch:
