@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app import views
+from mtpscope.app import views
 
 #: Accepted-length colours, 0 (red) … K (green).
 ACCEPT_SCALE = [[0.0, "#d62728"], [0.34, "#ff7f0e"], [0.67, "#bcbd22"], [1.0, "#2ca02c"]]

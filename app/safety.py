@@ -21,8 +21,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 
-from inspector.errors import InspectorError, PathNotAllowedError, TraceError
-from inspector.paths import file_kind
+from mtpscope.errors import InspectorError, PathNotAllowedError, TraceError
+from mtpscope.inspector.paths import file_kind
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
 

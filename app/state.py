@@ -26,9 +26,9 @@ from typing import Any
 
 import streamlit as st
 
-from app import safety
-from app.tokens import TokenText
-from inspector.errors import MtpscopeError
+from mtpscope.app import safety
+from mtpscope.app.tokens import TokenText
+from mtpscope.errors import MtpscopeError
 
 SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint", "replay")
 
@@ -108,7 +108,7 @@ def manifest_prompts(tr: Any) -> list[dict]:
     """The trace manifest's ``prompts`` entries that are objects with an integer ``prompt_id``
     (an int, or a string of digits); malformed entries are left out. Each returned dict has an
     ``int`` prompt_id and a ``str`` text."""
-    from app import views
+    from mtpscope.app import views
 
     m = getattr(tr, "manifest", None) if tr is not None else None
     prompts = m.get("prompts") if isinstance(m, dict) else None
@@ -188,7 +188,7 @@ def _stat_key(p: Path) -> tuple[int, int]:
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _open_gguf(path: str, size: int, mtime_ns: int):
-    open_gguf = lib("inspector.gguf", "open_gguf")
+    open_gguf = lib("mtpscope.inspector.gguf", "open_gguf")
     return open_gguf(path)
 
 
@@ -204,7 +204,7 @@ def gguf(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _inventory(path: str, size: int, mtime_ns: int):
-    build_inventory = lib("inspector.inventory", "build_inventory")
+    build_inventory = lib("mtpscope.inspector.inventory", "build_inventory")
     return build_inventory(_open_gguf(path, size, mtime_ns))
 
 
@@ -230,7 +230,7 @@ def _trace_key(p: Path) -> tuple:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _open_trace(path: str, key: tuple):
-    open_trace = lib("traces.store", "open_trace")
+    open_trace = lib("mtpscope.traces.store", "open_trace")
     return open_trace(path)
 
 
@@ -243,7 +243,7 @@ def trace(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _report(path: str, key: tuple):
-    report = lib("traces.metrics", "report")
+    report = lib("mtpscope.traces.metrics", "report")
     return report(_open_trace(path, key))
 
 
@@ -346,7 +346,7 @@ def per_position(rep: dict):
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None, hkey: tuple | None):
-    verify = lib("inspector.validate", "verify")
+    verify = lib("mtpscope.inspector.validate", "verify")
     f = _open_gguf(path, *key)
     t = _open_gguf(target, *tkey) if target else None
     return verify(f, target=t, hf_dir=hf_dir)
@@ -412,7 +412,7 @@ def grid_findings(rep: Any) -> tuple[list[str], list[str]]:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _centroid_head(path: str, size: int, mtime_ns: int):
-    CentroidHead = lib("inspector.centroids", "CentroidHead")
+    CentroidHead = lib("mtpscope.inspector.centroids", "CentroidHead")
     return CentroidHead.from_gguf(_open_gguf(path, size, mtime_ns))
 
 
@@ -428,7 +428,7 @@ def centroid_head(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _coverage(tpath: str, tkey: tuple, gpath: str, size: int, mtime_ns: int):
-    from app import views
+    from mtpscope.app import views
 
     tr = _open_trace(tpath, tkey)
     head = _centroid_head(gpath, size, mtime_ns)
@@ -448,7 +448,7 @@ def has_centroid_head(path: str | os.PathLike[str]) -> bool:
     """True when the allowed GGUF at ``path`` has a centroid matrix and a token ordering
     (``inspector.centroids.find_centroid_tensors``); False when not, or unreadable / not allowed."""
     try:
-        find = lib("inspector.centroids", "find_centroid_tensors")
+        find = lib("mtpscope.inspector.centroids", "find_centroid_tensors")
         c, o = find(gguf(path))
     except (MtpscopeError, OSError, LibraryMissing):
         return False
@@ -464,7 +464,7 @@ def _replay(path: str, key: tuple):
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from inspector.errors import TraceFormatError
+    from mtpscope.errors import TraceFormatError
 
     p = Path(path)
     try:

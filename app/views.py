@@ -43,7 +43,7 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
     prompts when given) and its longest zero-acceptance streak (rounds, from
     :func:`traces.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
     then prompt_id."""
-    from traces import metrics
+    from mtpscope.traces import metrics
 
     t = metrics.per_prompt(rounds)
     streaks = metrics.zero_acceptance_streaks(rounds) if len(rounds) else None
@@ -94,7 +94,7 @@ def prompt_texts(prompts) -> dict[int, str]:
 def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
     """:func:`traces.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
     the timeline: start_seq / end_seq from ``rounds``' ``seq`` column (:func:`ordered_rounds`)."""
-    from traces import metrics
+    from mtpscope.traces import metrics
 
     df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
     cols = ["prompt_id", "start_round", "end_round", "length", "start_seq", "end_seq"]
@@ -119,7 +119,7 @@ def rolling_acceptance(rounds: pd.DataFrame, window: int = 64, max_points: int =
 
     Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window).
     """
-    from traces import metrics
+    from mtpscope.traces import metrics
 
     df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
     if len(df) == 0:
@@ -574,6 +574,6 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
 def per_position_from_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     """:func:`traces.metrics.per_position_acceptance` (columns k, n_rounds, n_accepted,
     acceptance, conditional)."""
-    from traces import metrics
+    from mtpscope.traces import metrics
 
     return metrics.per_position_acceptance(rounds)

@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inspector.centroids import CentroidHead  # noqa: E402
-from inspector.gguf import open_gguf  # noqa: E402
+from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
+from mtpscope.inspector.gguf import open_gguf  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 
 N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256

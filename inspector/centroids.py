@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import HFCheckpointError, LayoutError
+from mtpscope.errors import HFCheckpointError, LayoutError
 
 #: Default number of centroids kept when the source does not say (Gemma 4 E2B / E4B configs use 32).
 DEFAULT_TOP_K = 32
@@ -212,7 +212,7 @@ class CentroidHead:
             HFCheckpointError: no safetensors file, a bad header / data, or an unreadable config.json.
             LayoutError: no centroid head, or impossible shapes (as :meth:`build`).
         """
-        from inspector import hf  # noqa: PLC0415
+        from mtpscope.inspector import hf  # noqa: PLC0415
 
         p = Path(path)
         files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
@@ -253,7 +253,7 @@ class CentroidHead:
             raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
         if p.is_dir() or p.suffix == ".safetensors":
             return cls.from_hf(p)
-        from inspector.gguf import open_gguf  # noqa: PLC0415
+        from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
         with open_gguf(p) as f:
             return dataclasses.replace(cls.from_gguf(f), _file=None)

@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import HFCheckpointError, LayoutError
-from inspector import hf
-from inspector.hf import TextHParams, read_safetensors, text_hparams
+from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.inspector import hf
+from mtpscope.inspector.hf import TextHParams, read_safetensors, text_hparams
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DIALECTS = ("upstream", "fork")

@@ -35,9 +35,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from inspector.errors import GGUFFormatError, LayoutError, TensorDataError, UnsupportedFileError
-from inspector.ggml_types import type_info
-from inspector.paths import require_regular_file
+from mtpscope.errors import GGUFFormatError, LayoutError, TensorDataError, UnsupportedFileError
+from mtpscope.inspector.ggml_types import type_info
+from mtpscope.inspector.paths import require_regular_file
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

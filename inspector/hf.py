@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inspector.errors import HFCheckpointError
-from inspector.paths import require_regular_file
+from mtpscope.errors import HFCheckpointError
+from mtpscope.inspector.paths import require_regular_file
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors reference implementation's limit
 INDEX_NAME = "model.safetensors.index.json"
@@ -567,7 +567,7 @@ def hparams_from_config(config: Mapping[str, Any], dialect: str = "upstream") ->
     Raises:
         HFCheckpointError: a field the layout needs is missing or not an integer.
     """
-    from inspector import layouts as L
+    from mtpscope.inspector import layouts as L
 
     hp = text_hparams(text_config(config), require=LAYOUT_REQUIRED)
     bb = config.get("backbone_hidden_size")
@@ -720,8 +720,8 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
     Raises:
         HFCheckpointError: an unreadable folder (when a path is given).
     """
-    from inspector import layouts as L
-    from inspector.validate import ERROR, INFO, WARNING, _F
+    from mtpscope.inspector import layouts as L
+    from mtpscope.inspector.validate import ERROR, INFO, WARNING, _F
 
     if not isinstance(ckpt, HFCheckpoint):
         ckpt = read_checkpoint(ckpt)

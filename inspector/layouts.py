@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError
+from mtpscope.errors import LayoutError
 
 # --- architecture strings and dialects ------------------------------------------------------------
 

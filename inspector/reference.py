@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError, ReferenceDrafterError
+from mtpscope.errors import LayoutError, ReferenceDrafterError
 
 # --------------------------------------------------------------------------------------------------
 # constants and options
@@ -474,7 +474,7 @@ class ReferenceDrafter:
         Raises:
             LayoutError: a needed key or tensor is missing (names the file and key).
         """
-        from inspector.gguf import open_gguf
+        from mtpscope.inspector.gguf import open_gguf
 
         f = open_gguf(drafter)
         hp, names = _hparams_from_gguf(f, drafter)
@@ -497,7 +497,7 @@ class ReferenceDrafter:
             cen = data(names["centroids"])
             order = np.asarray(f.tensor_data(names["token_ordering"], dequantize=False)).astype(np.int64)
         if centroids is not None:
-            from inspector.centroids import load_centroid_head
+            from mtpscope.inspector.centroids import load_centroid_head
 
             head = load_centroid_head(centroids)
             cen = np.asarray(head.centroids, dtype=np.float32)

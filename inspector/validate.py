@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from inspector import layouts as L
-from inspector.errors import InspectorError, LayoutError
+from mtpscope.inspector import layouts as L
+from mtpscope.errors import InspectorError, LayoutError
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
@@ -269,7 +269,7 @@ def _get(f: Any, key: str) -> Any:
 def _open(path_or_file: Any) -> Any:
     if hasattr(path_or_file, "tensors") and hasattr(path_or_file, "get"):
         return path_or_file
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     return open_gguf(path_or_file)
 
 
@@ -340,7 +340,7 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
                    "general.architecture is not a string"))
         return "unknown", None, findings
     if dialect == "other":
-        from inspector.inventory import detect_dialect
+        from mtpscope.inspector.inventory import detect_dialect
 
         d = detect_dialect(f)
         low = arch.lower()
@@ -754,7 +754,7 @@ def _compare_vocab(a: Any, b: Any, add: Any) -> None:
         add(_F(ERROR, "E_PAIR_VOCAB", "tokenizer.ggml.tokens", len(tb), len(ta),
                f"drafter has {len(ta)} tokens, target {len(tb)}"))
         return
-    from inspector.diff import string_array_bytes
+    from mtpscope.inspector.diff import string_array_bytes
 
     ra, rb = string_array_bytes(ta), string_array_bytes(tb)
     if ra is not None and ra == rb:
@@ -1019,7 +1019,7 @@ def verify(path: Any, target: Any = None, hf_dir: Any = None) -> Report:
     factor = L.DEFAULT_PARTIAL_ROTARY_FACTOR_FULL
     audit = None
     if hf_dir is not None:
-        from inspector import hf as _hf
+        from mtpscope.inspector import hf as _hf
         ckpt = _hf.read_checkpoint(hf_dir)
         factor = _hf.partial_rotary_factor_full(ckpt.config) or factor
         audit = _hf.audit(ckpt, f)

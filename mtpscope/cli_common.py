@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import typer
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from inspector.errors import LayoutError, MtpscopeError
+        from mtpscope.errors import LayoutError, MtpscopeError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         if hidden not in ("f16", "f32", "off"):
             print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from traces.recorder import record
+        from mtpscope.traces.recorder import record
 
         try:
             s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 from mtpscope.demo_spec import (  # noqa: F401 - re-exported: the public API lives here too
     DEFAULT_DIMS, DEMO_PASSAGE, FORK_ARCH, RECORD_CONFIG, TARGET_ARCH, UPSTREAM_ARCH, DemoPaths, TinyDims,
     _read_stamp, _trace_complete, _write_stamp, demo_is_current, load_record_config, models_hash, traces_hash,
@@ -526,8 +526,8 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
     MTP loop, :func:`traces.recorder.record`. Returns per-trace summaries, or None when the recorder
     or llama-cpp-python is unavailable (the models are still usable; a later build retries)."""
     try:
-        from traces import recorder
-        from traces.llama_runtime import llama
+        from mtpscope.traces import recorder
+        from mtpscope.traces.llama_runtime import llama
         llama()
     except Exception as e:  # ImportError, RuntimeUnavailableError: record later
         say(f"demo traces skipped: {e}")

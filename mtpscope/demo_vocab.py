@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError
+from mtpscope.errors import LayoutError
 
 # GGUF metadata value types (GGUF specification, gguf.md "gguf_metadata_value_type").
 GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16 = 0, 1, 2, 3

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app import safety
-from inspector.errors import InspectorError, PathNotAllowedError, TraceError
+from mtpscope.app import safety
+from mtpscope.errors import InspectorError, PathNotAllowedError, TraceError
 
 
 def test_default_roots_are_cwd_demo_and_uploads(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from app import charts, views
-from app.tokens import TokenText, readable
+from mtpscope.app import charts, views
+from mtpscope.app.tokens import TokenText, readable
 
 
 def _rounds(accepted: list[list[int]], n_draft: int = 3) -> pd.DataFrame:
@@ -56,7 +56,7 @@ def test_token_text_lazy_lookup_and_labels() -> None:
 
 
 def test_token_text_on_real_vocab(vocab_gguf) -> None:
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     f = open_gguf(vocab_gguf)
     d = TokenText(f.get("tokenizer.ggml.tokens"), str(vocab_gguf))

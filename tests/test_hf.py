@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inspector import hf
-from inspector.errors import HFCheckpointError
-from inspector.gguf import open_gguf
+from mtpscope.inspector import hf
+from mtpscope.errors import HFCheckpointError
+from mtpscope.inspector.gguf import open_gguf
 from mtpscope.demo import DEFAULT_DIMS as D
 from tests.test_validate_mutants import N_C, parts, write
 
@@ -219,7 +219,7 @@ def test_audit_finds_transposed_and_config_mismatch(tmp_path: Path, ckpt_dir: Pa
 def test_verify_with_hf_and_cli_json(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
     from mtpscope.cli import app
 
     r = verify(ggufs["upstream"], hf_dir=ckpt_dir)
@@ -329,7 +329,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "sample_configs"
 ])
 def test_layout_from_published_configs(variant: str, n_bb: int, n_embd: int, n_head: int, kv: tuple[int, int],
                                        n_ff: int, ordered: bool) -> None:
-    from inspector import layouts as L
+    from mtpscope.inspector import layouts as L
 
     cfg = json.loads((SAMPLES / f"gemma-4-{variant}-it-assistant" / "config.json").read_text())
     hp = hf.hparams_from_config(cfg, "fork")

@@ -102,8 +102,8 @@ def real_loads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
 
 @pytest.mark.parametrize("name", [*sorted(MUTANTS), "real_vocab_file"])
 def test_upstream_verdict_matches_llama_cpp(real_loads: dict[str, tuple[Path, str, str]], name: str) -> None:
-    from inspector.gguf import open_gguf
-    from inspector.validate import upstream_verdict
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.validate import upstream_verdict
 
     path, outcome, log = real_loads[name]
     with open_gguf(path) as f:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inspector.gguf import open_gguf
-from inspector.validate import RUNTIME_FORK, RUNTIME_UPSTREAM, fork_verdict, loadability
+from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.validate import RUNTIME_FORK, RUNTIME_UPSTREAM, fork_verdict, loadability
 from tests.test_validate_mutants import FK, MUTANTS, U32, _drop_tensors, build, parts, write
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from inspector.errors import LayoutError
-from traces.replay import donor_layers
+from mtpscope.errors import LayoutError
+from mtpscope.traces.replay import donor_layers
 
 
 def _target(path: Path, n: int, shared: int, pattern: list[int]) -> Path:

@@ -244,7 +244,7 @@ def build(tmp_path: Path, name: str) -> Path:
 
 
 def verify_kind(tmp_path: Path, kind: str, fn: Mut | None = None, name: str = "m.gguf", **kw: Any):
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
 
     arch, kv, t = parts(kind)
     if fn is not None:
@@ -337,8 +337,8 @@ def test_wrong_n_ff_shapes(tmp_path: Path) -> None:
 
 
 def test_duplicate_tensor_name_is_unreadable(tmp_path: Path) -> None:
-    from inspector.errors import GGUFFormatError
-    from inspector.validate import verify
+    from mtpscope.errors import GGUFFormatError
+    from mtpscope.inspector.validate import verify
 
     arch, kv, t = parts("upstream")
     t["zzz.0.attn_norm.weight"] = t["blk.0.attn_norm.weight"].copy()   # same name length as blk.0.attn_norm
@@ -540,7 +540,7 @@ def test_foreign_drafter_arch(tmp_path: Path) -> None:
 
 
 def test_no_arch(tmp_path: Path) -> None:
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
 
     arch, kv, t = parts("upstream")
     r = verify(write(tmp_path / "n.gguf", None, kv, t))

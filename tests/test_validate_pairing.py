@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from inspector.validate import verify
+from mtpscope.inspector.validate import verify
 from mtpscope.cli import app
 from tests.test_validate_mutants import (
     FK, GGUF_ARRAY, GGUF_BOOL, UP, U32, MetaValue, _set, build, one, parts, write,

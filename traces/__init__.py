@@ -4,8 +4,8 @@
 :class:`TraceWriter` writes one; :class:`RoundRecord` / :class:`StepRecord` are what the recorder hands it.
 """
 
-from traces.records import RoundRecord, StepRecord
-from traces.store import Trace, TraceWriter, open_trace
+from mtpscope.traces.records import RoundRecord, StepRecord
+from mtpscope.traces.store import Trace, TraceWriter, open_trace
 
 open = open_trace  # noqa: A001 - the documented reader entry point: traces.open(DIR)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inspector.centroids import DEFAULT_TOP_K, CentroidHead, head_from_arrays, head_from_gguf, load_centroid_head
-from inspector.errors import LayoutError
+from mtpscope.inspector.centroids import DEFAULT_TOP_K, CentroidHead, head_from_arrays, head_from_gguf, load_centroid_head
+from mtpscope.errors import LayoutError
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
-from inspector.errors import LayoutError, MtpscopeError, TraceError
-from traces import llama_runtime as rt
-from traces.centroid_head import centroid_steps
-from traces.records import RoundRecord, StepRecord
+from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
+from mtpscope.errors import LayoutError, MtpscopeError, TraceError
+from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.centroid_head import centroid_steps
+from mtpscope.traces.records import RoundRecord, StepRecord
 
 H_INNER_NODE = "result_norm"
 HIDDEN_CHOICES = ("f16", "f32", "off")
@@ -152,7 +152,7 @@ def _header_sha256(path: Path, data_offset: int) -> str:
 def model_info(f: Any) -> dict[str, Any]:
     """Manifest entry of an open GGUF: path, size (bytes), architecture, dialect, header_sha256
     (sha256 of bytes [0, data_offset), i.e. header, metadata and tensor infos, not the weights)."""
-    from inspector.inventory import detect_dialect  # noqa: PLC0415
+    from mtpscope.inspector.inventory import detect_dialect  # noqa: PLC0415
 
     p = Path(f.path)
     return {"path": os.fspath(p.resolve()), "size": int(f.file_size), "architecture": f.architecture,
@@ -182,7 +182,7 @@ def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
                 arch = None
         return {"path": os.fspath(p.resolve()), "size": size, "architecture": arch, "dialect": "hf",
                 "header_sha256": h.hexdigest()}
-    from inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
     with open_gguf(p) as f:
         return model_info(f)
@@ -211,8 +211,8 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
         FileNotFoundError: a missing file.
     """
-    from inspector import validate as V  # noqa: PLC0415
-    from inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector import validate as V  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
     for p in (target, assistant):
         if not Path(p).is_file():
@@ -825,7 +825,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C, raised right after the llama.cpp decode it arrived in; the trace
             written so far stays readable, marked incomplete.
     """
-    from traces.store import TraceWriter  # noqa: PLC0415
+    from mtpscope.traces.store import TraceWriter  # noqa: PLC0415
 
     given = [x is not None for x in (prompts, prompt, prompts_file)]
     if sum(given) != 1:
@@ -856,7 +856,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     if centroids is not None:
         cp = Path(centroids)
         if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
-            from inspector.gguf import open_gguf  # noqa: PLC0415
+            from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
             with open_gguf(cp) as cf:
                 head = head_from_gguf(cf, top_k=centroid_top_k)

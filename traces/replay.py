@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import LayoutError, MtpscopeError, TraceError
-from inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from mtpscope.errors import LayoutError, MtpscopeError, TraceError
+from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
         LayoutError: the target lacks ``{arch}.block_count`` or the two layers are not of the types
             llama.cpp assumes (its rule would then pair the drafter with the wrong cache).
     """
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     f = open_gguf(target_gguf)
     arch = f.architecture or "gemma4"
@@ -114,7 +114,7 @@ def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_bat
         RuntimeUnavailableError: llama-cpp-python missing.
         TraceError: llama.cpp could not load / decode, or a captured node is missing.
     """
-    from traces import llama_runtime as rt
+    from mtpscope.traces import llama_runtime as rt
 
     layers = donor_layers(target_gguf)
     toks = np.asarray(list(tokens), dtype=np.int64)
@@ -224,7 +224,7 @@ def live_mtp_run(target_gguf: str | os.PathLike[str], drafter_gguf: str | os.Pat
     Raises:
         RuntimeUnavailableError / TraceError: as :mod:`traces.llama_runtime`.
     """
-    from traces import llama_runtime as rt
+    from mtpscope.traces import llama_runtime as rt
 
     tm = rt.LlamaModel(target_gguf)
     dm = rt.LlamaModel(drafter_gguf)
@@ -345,7 +345,7 @@ class ReplayResult:
         (1 + accepted / rounds that drafted; both as :func:`traces.metrics.totals` defines them),
         ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
         and the recorded run's rates."""
-        from traces.metrics import totals
+        from mtpscope.traces.metrics import totals
 
         r = self.rounds
         n_rounds = len(r)
@@ -399,8 +399,8 @@ def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) ->
 def _model_mismatch_notes(man: dict[str, Any], used: dict[str, Path]) -> list[str]:
     """A note for each model whose header (sha256 of bytes [0, data_offset)) differs from the one
     the trace was recorded with: the replay then answers for another model than the recorded run."""
-    from inspector.gguf import open_gguf
-    from traces.recorder import model_info
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.recorder import model_info
 
     notes = []
     for role, path in used.items():
@@ -447,8 +447,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         ReferenceDrafterError: a malformed variant.
     """
 
-    import traces as tr
-    from traces import llama_runtime as rt
+    from mtpscope import traces as tr
+    from mtpscope.traces import llama_runtime as rt
 
     tpath = Path(trace)
     t = tr.open(tpath)
@@ -635,7 +635,7 @@ def _step_summary(lg: np.ndarray, d: int, truth: int) -> tuple[Any, ...]:
 def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[tuple[Any, ...]], n_acc: int,
                      truth: list[int], truth_seq: list[int]) -> tuple[Any, list[Any]]:
     """One round of a variant as trace records: would-be acceptance, the true continuation as target."""
-    from traces.records import RoundRecord, StepRecord
+    from mtpscope.traces.records import RoundRecord, StepRecord
 
     # verify row i predicts position p + i + 1: known for rows 0..n_acc (the accepted prefix matches the
     # real sequence); rows after the first mismatch would be conditioned on rejected drafts: unknown
@@ -669,7 +669,7 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
                           base: StepOptions, recs: dict[str, list[tuple[Any, list[Any]]]]) -> dict[str, Path]:
     """One trace directory per variant (source ``replay``) under ``od/traces/``, readable by
     ``traces.open`` and the app like any recorded trace."""
-    from traces.store import TraceWriter
+    from mtpscope.traces.store import TraceWriter
 
     paths: dict[str, Path] = {}
     for name, o in vmap.items():

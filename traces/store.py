@@ -36,9 +36,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from inspector.errors import TraceError, TraceFormatError
-from traces import schema as S
-from traces.records import RoundRecord, StepRecord
+from mtpscope.errors import TraceError, TraceFormatError
+from mtpscope.traces import schema as S
+from mtpscope.traces.records import RoundRecord, StepRecord
 
 MANIFEST = "manifest.json"
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")

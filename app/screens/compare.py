@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, views
+from mtpscope.app import charts, state, views
 
 st.title("Compare")
 mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key="w.cmp.mode")
@@ -49,7 +49,7 @@ def _traces() -> None:
         ra = tr_a.rounds[tr_a.rounds["prompt_id"] == pa_id]
         rb = tr_a.rounds[tr_a.rounds["prompt_id"] == pb_id]
         pa_, pb_ = views.per_position_from_rounds(ra), views.per_position_from_rounds(rb)
-        from traces import metrics
+        from mtpscope.traces import metrics
 
         rate_a, rate_b = metrics.acceptance_rate(ra), metrics.acceptance_rate(rb)
         len_a, len_b = metrics.mean_acceptance_length(ra), metrics.mean_acceptance_length(rb)

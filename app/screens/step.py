@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts, state, views
-from inspector.errors import MtpscopeError
+from mtpscope.app import charts, state, views
+from mtpscope.errors import MtpscopeError
 
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state, views
+from mtpscope.app import charts, state, views
 
 st.title("Tensors")
 which = st.radio("file", ["drafter", "target"], horizontal=True, key="w.tensors.which")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import state
+from mtpscope.app import state
 
 st.title("Validate")
 path = state.get("drafter")

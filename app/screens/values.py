@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, state, views
+from mtpscope.app import charts, state, views
 
 st.title("Tensor values")
 #: Most elements read for one view (a row slice of a big matrix, never the whole tensor).
