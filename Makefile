@@ -36,8 +36,7 @@ demo: $(STAMP)
 	$(PY) -m mtpscope.cli demo build
 
 run: setup
-	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --server.headless true \
-		--browser.gatherUsageStats false
+	$(VENV)/bin/mtpscope app --port $(PORT)
 
 # Debian's Chromium for the real-browser tests: installed when missing and possible (root + apt).
 browser:

@@ -1,4 +1,4 @@
-"""mtpscope app entry point: a router only (``streamlit run app/main.py``).
+"""mtpscope app entry point: a router only (``mtpscope app``, or ``streamlit run app/main.py`` in a checkout).
 
 Each page lives in app/screens/ (not app/pages/: a pages/ folder next to the entry script makes
 Streamlit ignore st.navigation and run its legacy multipage mode) and is thin (widgets, library calls, figures from app/charts.py).
@@ -6,16 +6,9 @@ Streamlit ignore st.navigation and run its legacy multipage mode) and is thin (w
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-import streamlit as st  # noqa: E402
-
-from app import state  # noqa: E402
+from mtpscope.app import state
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 

@@ -28,11 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import charts, views  # noqa: E402
-from app.tokens import TokenText  # noqa: E402
+from mtpscope.app import charts, views  # noqa: E402
+from mtpscope.app.tokens import TokenText  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
-from traces.store import open_trace  # noqa: E402
-from traces.synthetic import write_synthetic_trace  # noqa: E402
+from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
+from mtpscope.traces.store import open_trace  # noqa: E402
+from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
 TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0
@@ -50,7 +51,7 @@ def trace_dir(n_rounds: int) -> Path:
 
 def decoder() -> TokenText | None:
     try:
-        from inspector.gguf import open_gguf
+        from mtpscope.inspector.gguf import open_gguf
         from mtpscope.cache import vocab_path
 
         f = open_gguf(vocab_path(fetch=False))
@@ -77,7 +78,7 @@ def timeline_once(d: Path, dec: TokenText | None) -> dict[str, float]:
 
 def coverage_once(steps, ordering: np.ndarray) -> float:
     t0 = time.perf_counter()
-    home = views.token_to_centroid(ordering, N_CENTROIDS)
+    home = CentroidHead.from_arrays(np.zeros((N_CENTROIDS, 1), np.float32), ordering).token_to_centroid
     cov = views.centroid_coverage(steps, N_CENTROIDS, home)
     t1 = time.perf_counter()
     assert int(cov.chosen.sum()) == TOP_K * len(steps)

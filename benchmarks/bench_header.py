@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from inspector.gguf import ArrayValue, open_gguf  # noqa: E402
-from inspector.inventory import build_inventory  # noqa: E402
+from mtpscope.inspector.gguf import ArrayValue, open_gguf  # noqa: E402
+from mtpscope.inspector.inventory import build_inventory  # noqa: E402
 
 
 def _best(fn: Any, repeat: int) -> tuple[float, Any]:

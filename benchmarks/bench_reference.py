@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inspector.reference import (  # noqa: E402
+from mtpscope.inspector.reference import (  # noqa: E402
     DonorKV,
     DrafterHParams,
     DrafterWeights,
@@ -113,8 +113,8 @@ def bench_steps(repeats: int, context: int) -> None:
 def bench_replay(n_rounds: int, vocab: str) -> None:
     from mtpscope import demo
     from mtpscope.demo_vocab import load_vocab
-    from traces.recorder import record
-    from traces.replay import replay
+    from mtpscope.traces.recorder import record
+    from mtpscope.traces.replay import replay
 
     voc = load_vocab(vocab)
     with tempfile.TemporaryDirectory() as tmp:

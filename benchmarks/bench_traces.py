@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-import traces  # noqa: E402
+from mtpscope import traces  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
-from traces.metrics import report  # noqa: E402
-from traces.synthetic import write_synthetic_trace  # noqa: E402
+from mtpscope.traces.metrics import report  # noqa: E402
+from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 
 def _median(fn, repeats: int) -> float:
@@ -63,7 +63,7 @@ def main() -> None:
     print(f"traces.open + rounds + report:       {both:.3f} s  (target < 2 s: {'met' if both < 2 else 'NOT met'})")
     print(f"traces.open + steps:                 {steps:.3f} s")
 
-    from traces import RoundRecord, StepRecord, TraceWriter
+    from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
 
     n = 4000
     with tempfile.TemporaryDirectory() as tmp:

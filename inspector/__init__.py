@@ -1,6 +1,6 @@
 """mtpscope's inspector: our GGUF reader, the tensor inventory, validation and drafter layouts.
 
-The public names below are imported lazily (PEP 562) so that ``import inspector.errors`` (done by the
+The public names below are imported lazily (PEP 562) so that ``import mtpscope.errors`` (done by the
 CLI at start-up) does not pull in numpy.
 """
 
@@ -14,15 +14,15 @@ __all__ = [
 ]
 
 _FROM = {
-    "open_gguf": "inspector.gguf", "GGUFFile": "inspector.gguf", "TensorInfo": "inspector.gguf",
-    "KeyValue": "inspector.gguf", "ArrayValue": "inspector.gguf",
-    "build_inventory": "inspector.inventory", "Inventory": "inspector.inventory",
-    "TensorEntry": "inspector.inventory", "Dialect": "inspector.inventory",
+    "open_gguf": "mtpscope.inspector.gguf", "GGUFFile": "mtpscope.inspector.gguf", "TensorInfo": "mtpscope.inspector.gguf",
+    "KeyValue": "mtpscope.inspector.gguf", "ArrayValue": "mtpscope.inspector.gguf",
+    "build_inventory": "mtpscope.inspector.inventory", "Inventory": "mtpscope.inspector.inventory",
+    "TensorEntry": "mtpscope.inspector.inventory", "Dialect": "mtpscope.inspector.inventory",
 }
 
 if TYPE_CHECKING:
-    from inspector.gguf import ArrayValue, GGUFFile, KeyValue, TensorInfo, open_gguf
-    from inspector.inventory import Dialect, Inventory, TensorEntry, build_inventory
+    from mtpscope.inspector.gguf import ArrayValue, GGUFFile, KeyValue, TensorInfo, open_gguf
+    from mtpscope.inspector.inventory import Dialect, Inventory, TensorEntry, build_inventory
 
 
 def __getattr__(name: str) -> Any:

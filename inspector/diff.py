@@ -171,8 +171,8 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
         GGUFFormatError / UnsupportedFileError / TensorDataError: an unreadable file.
         InspectorError: ``n_rows < 1`` with ``values``.
     """
-    from inspector.errors import InspectorError
-    from inspector.gguf import open_gguf
+    from mtpscope.errors import InspectorError
+    from mtpscope.inspector.gguf import open_gguf
 
     if values and n_rows < 1:
         raise InspectorError("rows sampled per tensor must be positive", key="n_rows", expected=">= 1",

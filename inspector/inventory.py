@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from inspector.gguf import GGUFFile, TensorInfo
+from mtpscope.inspector.gguf import GGUFFile, TensorInfo
 
 COMPONENTS: tuple[str, ...] = (
     "token_embd", "projection", "centroid_head", "token_ordering", "output_norm", "output", "rope_freqs",

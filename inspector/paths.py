@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from inspector.errors import InspectorError
+from mtpscope.errors import InspectorError
 
 
 def file_kind(mode: int) -> str:

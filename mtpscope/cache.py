@@ -19,7 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VOCAB_NAME = "ggml-vocab-gemma-4.gguf"

@@ -29,8 +29,8 @@ def register(app: typer.Typer) -> None:
                                  "its first vocab_size tokens for smaller vocabularies)")] = None,
     ) -> None:
         """Convert a Gemma4AssistantForCausalLM (drafter) or Gemma4ForCausalLM (target) checkpoint to GGUF."""
-        from inspector.convert import DIALECTS, OUTTYPES
-        from inspector.convert import convert as do_convert
+        from mtpscope.inspector.convert import DIALECTS, OUTTYPES
+        from mtpscope.inspector.convert import convert as do_convert
 
         if dialect not in DIALECTS:
             typer.echo(f"mtpscope: --dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}", err=True)
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     ) -> None:
         """Recompute every recorded draft step with the numpy reference drafter under each variant."""
-        from traces.replay import replay as do_replay
+        from mtpscope.traces.replay import replay as do_replay
 
         with one_line_errors():
             res = do_replay(trace, variants=list(variant or []), out=out, target=target, assistant=assistant,

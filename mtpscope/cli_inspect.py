@@ -41,7 +41,7 @@ def metadata_value(kv: Any, full: bool = False) -> Any:
     at most :data:`ARRAY_INLINE_MAX` elements (or any with ``full``) as lists; longer arrays as
     ``{"element_type": "STRING", "length": 262144, "head": [first 8]}``.
     """
-    from inspector.gguf import ArrayValue
+    from mtpscope.inspector.gguf import ArrayValue
 
     v = kv.value
     if not isinstance(v, ArrayValue):
@@ -56,7 +56,7 @@ def metadata_value(kv: Any, full: bool = False) -> Any:
 
 def metadata_type(kv: Any) -> str:
     """``"UINT32"``, or ``"ARRAY[STRING]"`` for arrays."""
-    from inspector.gguf import ArrayValue
+    from mtpscope.inspector.gguf import ArrayValue
 
     if isinstance(kv.value, ArrayValue):
         return f"ARRAY[{kv.value.element_type_name}]"
@@ -81,8 +81,8 @@ def inspect_report(path: str | Path, full: bool = False, pattern: str | None = N
         InspectorError: the file is not a readable GGUF (see :func:`inspector.gguf.open_gguf`).
         OSError: the file cannot be opened.
     """
-    from inspector.gguf import open_gguf
-    from inspector.inventory import COMPONENTS, build_inventory, totals
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.inventory import COMPONENTS, build_inventory, totals
 
     f = open_gguf(path)
     inv = build_inventory(f)

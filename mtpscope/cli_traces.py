@@ -116,8 +116,8 @@ def register(app: typer.Typer) -> None:
         Exit 1 when parts of the trace were unreadable and skipped (the report covers the rest).
         """
         with one_line_errors():
-            from traces.metrics import report
-            from traces.store import open_trace
+            from mtpscope.traces.metrics import report
+            from mtpscope.traces.store import open_trace
 
             rep = report(open_trace(trace))
         for w in rep["warnings"]:
@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fork NDJSON (mtp_draft + mtp_accept events joined on iter) -> trace (source fork-ndjson)."""
         with one_line_errors():
-            from traces.importers import import_fork_ndjson
+            from mtpscope.traces.importers import import_fork_ndjson
 
             res = import_fork_ndjson(file, out, overwrite=overwrite)
         raise typer.Exit(_print_import_result(res))
@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """llama-server log (acceptance-rate lines, response timings) -> per-request rows (source server-log)."""
         with one_line_errors():
-            from traces.importers import import_server_log
+            from mtpscope.traces.importers import import_server_log
 
             res = import_server_log(file, out, overwrite=overwrite)
         raise typer.Exit(_print_import_result(res))

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="also print the detailed info findings (the dialect and the K/V donor layers are always shown)")] = False,
     ) -> None:
         """Validate a Gemma 4 drafter GGUF: layout, dtypes, centroid head, pairing, loadability."""
-        from inspector.validate import verify as run_verify
+        from mtpscope.inspector.validate import verify as run_verify
 
         with one_line_errors():
             report = run_verify(path, target=target, hf_dir=hf)
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         """Metadata keys and tensors added / removed / changed between two GGUFs."""
         import json
 
-        from inspector.diff import diff as run_diff
+        from mtpscope.inspector.diff import diff as run_diff
 
         with one_line_errors():
             d = run_diff(a, b, values=values, n_rows=rows)

@@ -7,13 +7,15 @@ construction and docs/DEMO.md for the story.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
+import importlib.util
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 
 #: The sentence the demo target "knows": each word (one real token each, with its leading space)
 #: is followed by the next one, the last by the first. Words outside the vocabulary in use are skipped.
@@ -99,13 +101,34 @@ class DemoPaths:
 
 
 #: The demo's recording configuration (prompts, draft length, noise levels, centroid head).
-RECORD_CONFIG = Path(__file__).resolve().parents[1] / "sample_configs" / "demo-record.json"
+#: Packaged with mtpscope (``mtpscope.sample_configs``), so an installed copy finds it without a checkout.
+RECORD_CONFIG = Path(str(importlib.resources.files("mtpscope.sample_configs").joinpath("demo-record.json")))
 
-#: Sources whose change invalidates the demo models / the demo traces (stamp hash inputs).
-_MODEL_SOURCES = ("mtpscope/demo.py", "mtpscope/demo_vocab.py", "mtpscope/demo_spec.py")
-_TRACE_SOURCES = ("traces/recorder.py", "traces/llama_runtime.py", "traces/store.py", "traces/schema.py",
-                  "traces/records.py", "traces/centroid_head.py", "inspector/centroids.py")
-_REPO = Path(__file__).resolve().parents[1]
+#: Modules whose source change invalidates the demo models / the demo traces (stamp hash inputs), by
+#: import name: the same hash in a checkout and in an installed copy.
+_MODEL_SOURCES = ("mtpscope.demo", "mtpscope.demo_vocab", "mtpscope.demo_spec", "mtpscope.inspector.gguf_write",
+                  "mtpscope.inspector.tokenizer")
+_TRACE_SOURCES = ("mtpscope.traces.recorder", "mtpscope.traces.mtp_runtime", "mtpscope.traces.step_analysis",
+                  "mtpscope.traces.ranking", "mtpscope.traces.preflight", "mtpscope.traces.llama_runtime",
+                  "mtpscope.traces.store",
+                  "mtpscope.traces.schema", "mtpscope.traces.records", "mtpscope.traces.centroid_head",
+                  "mtpscope.inspector.centroids")
+
+
+def _module_source(name: str) -> bytes:
+    """The source bytes of module ``name`` (b"<missing>" when it cannot be found), without importing it or
+    its package: ``find_spec`` of a submodule would run the package's ``__init__`` (``mtpscope.traces``
+    imports pyarrow and numpy), which the stamp check must not pay for."""
+    parent, _, leaf = name.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(parent)  # imports the packages above ``parent``, not ``parent``
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations or ()) if spec is not None else ():
+        for cand in (Path(loc) / f"{leaf}.py", Path(loc) / leaf / "__init__.py"):
+            if cand.is_file():
+                return cand.read_bytes()
+    return b"<missing>"
 
 
 def load_record_config(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -142,10 +165,9 @@ def load_record_config(path: str | os.PathLike[str] | None = None) -> dict[str, 
 
 def _digest(obj: Any, files: tuple[str, ...]) -> str:
     h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode("utf-8"))
-    for rel in files:
-        f = _REPO / rel
-        h.update(rel.encode("utf-8"))
-        h.update(f.read_bytes() if f.exists() else b"<missing>")
+    for name in files:
+        h.update(name.encode("utf-8"))
+        h.update(_module_source(name))
     return h.hexdigest()
 
 

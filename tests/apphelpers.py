@@ -1,8 +1,8 @@
 """Start the Streamlit app the way ``make run`` does, for the HTTP and browser tests.
 
-``make run`` runs ``.venv/bin/streamlit run app/main.py --server.port 8501 --server.headless true
---browser.gatherUsageStats false`` from the repository root; :func:`start_app` runs the same
-command on a free port and waits for ``/_stcore/health``.
+``make run`` runs ``.venv/bin/mtpscope app --port 8501`` (which execs Streamlit on the packaged
+``mtpscope/app/main.py``); :func:`start_app` runs the same command on a free port and waits for
+``/_stcore/health``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ def free_port() -> int:
 
 
 def streamlit_cmd(port: int) -> list[str]:
-    """The ``make run`` command line with another port (the venv's streamlit, else this Python's)."""
-    exe = Path(sys.executable).parent / "streamlit"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "streamlit"]
-    return base + ["run", "app/main.py", "--server.port", str(port), "--server.headless", "true",
-                   "--browser.gatherUsageStats", "false", "--server.address", "127.0.0.1"]
+    """The ``make run`` command line (``mtpscope app``) with another port."""
+    return [sys.executable, "-m", "mtpscope.cli", "app", "--port", str(port)]
 
 
 @contextmanager

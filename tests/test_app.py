@@ -7,7 +7,6 @@ same values as a direct pyarrow read of the trace's Parquet parts.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +15,9 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+from mtpscope.cli_app import main_script  # noqa: E402
+
+MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged mtpscope/app/main.py)
 TIMEOUT = 120
 
 
@@ -71,8 +72,8 @@ def _rounds_direct(trace: Path):
 # ------------------------------------------------------------------------------------------ pages
 
 def test_files_page_shows_reader_values(demo) -> None:
-    from inspector.gguf import open_gguf
-    from inspector.validate import verify
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.validate import verify
 
     at = _run(drafter=demo.drafter_fork, target=demo.target, trace=None)
     f = open_gguf(demo.drafter_fork)
@@ -86,8 +87,8 @@ def test_files_page_shows_reader_values(demo) -> None:
 
 
 def test_tensors_page_counts_equal_inventory(demo) -> None:
-    from inspector.gguf import open_gguf
-    from inspector.inventory import build_inventory
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.inventory import build_inventory
 
     at = _run("tensors", drafter=demo.drafter_fork)
     inv = build_inventory(open_gguf(demo.drafter_fork))
@@ -103,7 +104,7 @@ def test_tensors_page_counts_equal_inventory(demo) -> None:
 
 
 def test_validate_page_matches_verify(demo) -> None:
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
 
     at = _run("validate", drafter=demo.drafter_upstream, target=demo.target)
     rep = verify(demo.drafter_upstream, target=demo.target)
@@ -118,8 +119,8 @@ def test_validate_page_matches_verify(demo) -> None:
 
 
 def test_centroids_page_matches_head_and_coverage(demo) -> None:
-    from inspector.centroids import CentroidHead
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.centroids import CentroidHead
+    from mtpscope.inspector.gguf import open_gguf
 
     trace = _need_trace(demo)
     at = _run("centroids", drafter=demo.drafter_fork, trace=trace)
@@ -145,7 +146,7 @@ def test_centroids_page_falls_back_to_the_traces_head(demo) -> None:
 def test_values_page_stats(demo) -> None:
     import numpy as np
 
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     at = _run("values", drafter=demo.drafter_upstream)
     name = at.selectbox(key="w.values.tensor").value
@@ -159,7 +160,7 @@ def test_values_page_stats(demo) -> None:
 
 
 def test_acceptance_page_equals_report_and_parquet(demo) -> None:
-    from traces import metrics, store
+    from mtpscope.traces import metrics, store
 
     trace = _need_trace(demo)
     at = _run("acceptance", trace=trace)
@@ -216,7 +217,7 @@ def test_step_page_shows_the_selected_round(demo) -> None:
 
 
 def test_compare_page_two_traces(demo) -> None:
-    from traces import metrics, store
+    from mtpscope.traces import metrics, store
 
     a = _need_trace(demo)
     b = Path(demo.traces_noisy)
@@ -264,16 +265,6 @@ def test_pages_without_selection_show_hints(demo) -> None:
             assert at.info, page
 
 
-def test_missing_library_degrades_to_info(demo, monkeypatch) -> None:
-    import streamlit as st
-
-    st.cache_resource.clear()
-    monkeypatch.setitem(sys.modules, "inspector.validate", None)  # import fails like a module not landed yet
-    at = _run("validate", drafter=demo.drafter_upstream)
-    assert any("not available yet" in i.value for i in at.info)
-    st.cache_resource.clear()
-
-
 def test_files_picker_and_typed_path_change_the_selection(demo) -> None:
     at = _run(drafter=demo.drafter_fork, target=None, trace=None)
     assert _metric(at, "tensors") == "51"
@@ -290,7 +281,7 @@ def test_files_picker_and_typed_path_change_the_selection(demo) -> None:
 def test_long_trace_is_windowed(demo, tmp_path: Path, monkeypatch) -> None:
     import json
 
-    from traces.synthetic import write_synthetic_trace
+    from mtpscope.traces.synthetic import write_synthetic_trace
 
     t = write_synthetic_trace(tmp_path / "long", n_rounds=12_000, n_prompts=3, n_vocab=4096,
                               n_centroids=32, top_k=4, seed=1)
@@ -311,7 +302,7 @@ def test_compare_page_shows_replay_results(demo, tmp_path: Path, monkeypatch) ->
     import json
 
     pytest.importorskip("llama_cpp")
-    from traces.replay import replay
+    from mtpscope.traces.replay import replay
 
     trace = _need_trace(demo)
     out = tmp_path / "replay"
@@ -336,19 +327,20 @@ def test_validate_page_hf_audit(tmp_path: Path, monkeypatch) -> None:
     st_np = pytest.importorskip("safetensors.numpy")
     import json
 
-    from inspector import hf
-    from tests import test_hf  # the HF checkpoint builders of the HF audit tests (same arrays as the demo)
+    from mtpscope.inspector.hf_audit import audit as hf_audit
+    from mtpscope.inspector.hf_checkpoint import read_checkpoint
+    from tests import builders  # the HF checkpoint builders of the HF audit tests (same arrays as the demo)
 
     ck = tmp_path / "ckpt"
     ck.mkdir()
-    st_np.save_file(test_hf.hf_tensors(), str(ck / "model.safetensors"))
-    (ck / "config.json").write_text(json.dumps(test_hf.config()))
-    g = test_hf.write(tmp_path / "fork.gguf", *test_hf.parts("fork"))
+    st_np.save_file(builders.hf_tensors(), str(ck / "model.safetensors"))
+    (ck / "config.json").write_text(json.dumps(builders.hf_config()))
+    g = builders.write(tmp_path / "fork.gguf", *builders.parts("fork"))
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     at = _run("validate", drafter=g, target=None, trace=None, checkpoint=ck)
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
-    audit = hf.audit(hf.read_checkpoint(ck), open_gguf(g))
+    audit = hf_audit(read_checkpoint(ck), open_gguf(g))
     rows = next(d.value for d in at.dataframe if "hf_name" in d.value.columns)
     assert list(rows["hf_name"]) == [r.hf_name for r in audit.rows]
     assert list(rows["status"]) == [r.status for r in audit.rows]
@@ -369,7 +361,7 @@ def test_every_page_without_demo_or_selection(tmp_path: Path, monkeypatch) -> No
 def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
     """Traces imported from the fork's NDJSON (rounds and steps without target tokens) and from a
     llama-server log (requests only) open on every trace page without an exception."""
-    from traces import importers, metrics, store
+    from mtpscope.traces import importers, metrics, store
 
     nd = tmp_path / "fork.ndjson"
     nd.write_text(
@@ -407,7 +399,7 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
     the well-formed prompts keep their texts."""
     import json
 
-    from traces import metrics, store
+    from mtpscope.traces import metrics, store
 
     src = _need_trace(demo)
     t = _copy_trace(src, tmp_path / "trace")
@@ -467,7 +459,7 @@ def test_steps_part_with_wrong_hidden_width_is_one_line(demo, tmp_path: Path, mo
 def test_unexpected_exception_in_a_page_is_one_line(demo, tmp_path: Path, monkeypatch) -> None:
     """The page guard's last line of defence: an exception that is not an mtpscope error becomes one
     ``internal error (Type: message) while <what> — please report`` line, not a traceback box."""
-    from app import views
+    from mtpscope.app import views
 
     src = _need_trace(demo)
 
@@ -483,7 +475,7 @@ def test_unexpected_exception_in_a_page_is_one_line(demo, tmp_path: Path, monkey
 def test_exception_outside_any_block_guard_is_one_line(tmp_path: Path, monkeypatch) -> None:
     """main.py runs every page inside a guard: an exception raised outside the page's own guarded
     blocks is one ``internal error`` line naming the page."""
-    from app import state
+    from mtpscope.app import state
 
     def boom() -> None:
         raise RuntimeError("hint exploded\nsecond line")

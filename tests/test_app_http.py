@@ -16,8 +16,8 @@ pytest.importorskip("streamlit")
 @pytest.mark.slow
 def test_make_run_serves_the_app(tmp_path: Path) -> None:
     makefile = (ROOT / "Makefile").read_text()
-    # the command we start is the Makefile's (same entry script, headless)
-    assert re.search(r"streamlit run app/main\.py .*--server\.headless true", makefile)
+    # the command we start is the Makefile's (`mtpscope app`, which serves the packaged entry script)
+    assert re.search(r"^run:.*\n\t\$\(VENV\)/bin/mtpscope app --port \$\(PORT\)", makefile, re.M)
     with start_app(tmp_path / "server.log") as url:
         with urllib.request.urlopen(url + "/", timeout=10) as r:
             assert r.status == 200

@@ -127,7 +127,7 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
     uploads folder, selected, and its header is shown."""
     import hashlib
 
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     url, _page, errors, _demo, browser = browser_app
     _target, drafter = tiny_pair(vocab="subset", dialect="fork")

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inspector.centroids import CentroidHead
-from inspector.errors import LayoutError
-from inspector.gguf import open_gguf
-from tests.test_validate_mutants import FK, N_C, N_VOCAB, VSC, U32, parts, write
+from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.errors import LayoutError
+from mtpscope.inspector.gguf import open_gguf
+from tests.builders import FK, N_C, N_VOCAB, VSC, U32, parts, write
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ def test_one_record_from_every_source(fork_file: tuple[Path, dict], tmp_path: Pa
     record traces.centroid_head scores with; arrays equal what the files were written from."""
     import json
 
-    from inspector.convert import convert, write_tiny_pair
-    from inspector.hf import read_safetensors
-    from traces import centroid_head as tch
+    from mtpscope.inspector.convert import convert, write_tiny_pair
+    from mtpscope.inspector.safetensors import read_safetensors
+    from mtpscope.traces import centroid_head as tch
 
     assert tch.CentroidHead is CentroidHead
     p, t = fork_file

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mtpscope.cli import app
-from traces import RoundRecord, TraceWriter
+from mtpscope.traces import RoundRecord, TraceWriter
 
 runner = CliRunner()
 

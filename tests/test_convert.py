@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inspector.convert import convert, read_checkpoint, read_safetensors, write_safetensors, write_tiny_pair
-from inspector.errors import HFCheckpointError, LayoutError
-from inspector.gguf import open_gguf
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
+from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
+from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.inspector.gguf import open_gguf
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_drafter_dialects(hf_pair: tuple[Path, Path], converted: dict[str, Path]
 
 
 def test_sidecar_loads_as_centroid_head(hf_pair: tuple[Path, Path], converted: dict[str, Path]) -> None:
-    from traces.centroid_head import load_centroid_head
+    from mtpscope.traces.centroid_head import load_centroid_head
 
     _, st = read_checkpoint(hf_pair[1])
     head = load_centroid_head(converted["side"])
@@ -161,7 +162,7 @@ def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str,
 @pytest.mark.llama
 def test_converted_pair_loads_in_llama_cpp(converted: dict[str, Path]) -> None:
     pytest.importorskip("llama_cpp")
-    from traces import llama_runtime as rt
+    from mtpscope.traces import llama_runtime as rt
 
     tm = rt.LlamaModel(converted["target"])
     dm = rt.LlamaModel(converted["upstream"])

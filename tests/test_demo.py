@@ -111,7 +111,7 @@ def test_target_is_attention_free_and_follows_the_passage(subset_files: dict[str
     np.testing.assert_array_equal(t["rope_freqs.weight"], np.array([1.0] * 8 + [1e30] * 24, np.float32))
     # the passage's words that are among the first 4096 real tokens, by their text in the real tokenizer
     from mtpscope.cache import vocab_path
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     with open_gguf(vocab_path()) as f:
         toks = f.get("tokenizer.ggml.tokens")
         words = [w for w in demo.DEMO_PASSAGE.split() if w.isalpha()]
@@ -171,7 +171,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 def test_subset_tokenizer_is_consistent_with_the_real_one(subset_files: dict[str, Path]) -> None:
     import gguf
     from mtpscope.cache import vocab_path
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     r = gguf.GGUFReader(str(subset_files["target"]))
     tok_field = r.fields["tokenizer.ggml.tokens"]
@@ -284,7 +284,7 @@ def test_build_demo_is_idempotent_and_rebuilds_on_change(tmp_path: Path) -> None
 
 
 def test_bad_record_config_names_the_key(tmp_path: Path) -> None:
-    from inspector.errors import MtpscopeError
+    from mtpscope.errors import MtpscopeError
 
     p = tmp_path / "bad.json"
     p.write_text(json.dumps({"seed": 0}))
@@ -329,7 +329,7 @@ def test_demo_record_config_matches_the_contract() -> None:
 @pytest.mark.slow
 def test_cached_demo_folder_files(demo_dir, tmp_path: Path) -> None:  # noqa: ANN001
     """The built demo: fork file read with the project's reader, and byte-identical rebuilds."""
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(demo_dir.drafter_fork) as f:
         assert f.architecture == "gemma4_assistant"

@@ -44,7 +44,7 @@ def test_published_head_types() -> None:
 
 
 def test_26b_target_matches_the_real_gguf_hparams() -> None:
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.cache import vocab_path
 
     tc = _cfg("gemma-4-26B-A4B-it")["text_config"]

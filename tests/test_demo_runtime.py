@@ -138,7 +138,7 @@ def clean_pair(demo_dir) -> Pair:  # noqa: ANN001
 
 def _real_token_ids(texts: list[str]) -> list[int]:
     """Ids by exact token text in the real tokenizer file (read with the project's GGUF reader)."""
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.cache import vocab_path
 
     with open_gguf(vocab_path()) as f:
@@ -228,7 +228,7 @@ def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:  #
     the top-k centroids, and some of them are misplaced tokens."""
     import pyarrow.parquet as pq
 
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
 
     if not (demo_dir.traces_clean / "manifest.json").exists():
         pytest.skip("demo traces not recorded")

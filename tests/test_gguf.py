@@ -12,9 +12,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFReader, GGUFValueType as V, quants
 
-from inspector import ArrayValue, GGUFFile, KeyValue, TensorInfo, open_gguf
-from inspector.errors import InspectorError, LayoutError, TensorDataError, UnsupportedFileError
-from inspector.ggml_types import GGML_TYPES, type_info
+from mtpscope.inspector import ArrayValue, GGUFFile, KeyValue, TensorInfo, open_gguf
+from mtpscope.errors import InspectorError, LayoutError, TensorDataError, UnsupportedFileError
+from mtpscope.inspector.ggml_types import GGML_TYPES, type_info
 
 
 # ------------------------------------------------------------------------------------ oracle helpers

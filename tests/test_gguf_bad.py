@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inspector import build_inventory, open_gguf
-from inspector.errors import GGUFFormatError, InspectorError, TensorDataError, UnsupportedFileError
+from mtpscope.inspector import build_inventory, open_gguf
+from mtpscope.errors import GGUFFormatError, InspectorError, TensorDataError, UnsupportedFileError
 from mtpscope.cli_inspect import inspect_report
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
@@ -472,8 +472,8 @@ def test_fifo_and_devices_are_refused_without_opening(tmp_path) -> None:  # noqa
     """Opening a FIFO blocks until a writer appears; the reader must refuse it (and devices) first."""
     import os
 
-    from inspector.errors import GGUFFormatError
-    from inspector.gguf import open_gguf
+    from mtpscope.errors import GGUFFormatError
+    from mtpscope.inspector.gguf import open_gguf
 
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import traces
-from inspector.errors import ImportFormatError
-from traces.importers import import_fork_ndjson, import_server_log
-from traces.metrics import report
+from mtpscope import traces
+from mtpscope.errors import ImportFormatError
+from mtpscope.traces.importers import import_fork_ndjson, import_server_log
+from mtpscope.traces.metrics import report
 
 FORK_LINES = [
     '{"evt":"mtp_draft","iter":1,"path":"sync","seq_id":0,"id_last":818,"h_idx":0,"attn_pos":57,"n_steps":3,"h_l2":93.5,"drafts":[10,11,12]}',  # 1
@@ -173,7 +173,7 @@ def test_fork_ndjson_prompts_repeats_and_slots(tmp_path: Path) -> None:
 def test_out_of_range_integers_and_deep_nesting_are_bad_lines(tmp_path: Path) -> None:
     """Values that do not fit the trace's integer columns, and JSON nested past Python's recursion
     limit, are counted as bad lines (with their numbers), never a crash."""
-    from traces.importers import import_fork_ndjson, import_server_log
+    from mtpscope.traces.importers import import_fork_ndjson, import_server_log
 
     big = 2 ** 70
     srv = tmp_path / "srv.log"

@@ -15,8 +15,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType as V, quants
 
-from inspector import Dialect, Inventory, TensorEntry, build_inventory, open_gguf
-from inspector.inventory import COMPONENTS, classify
+from mtpscope.inspector import Dialect, Inventory, TensorEntry, build_inventory, open_gguf
+from mtpscope.inspector.inventory import COMPONENTS, classify
 from tests.test_gguf import assert_parity
 
 N_EMBD, N_BB, N_FF, N_HEAD, HD_SWA, HD_FULL, N_VOCAB, N_CENTROIDS = 32, 64, 64, 2, 32, 64, 256, 8

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inspector import layouts as L
+from mtpscope.inspector import layouts as L
 
 # E2B assistant (facts §2): drafter hidden 256, backbone 1536, n_ff 2048, 4 heads, 1 kv head,
 # head dims 256 (sliding) / 512 (full), layers [s, s, s, f], vocab 262144, 2048 centroids.
@@ -90,7 +90,7 @@ def test_no_full_layer_means_no_rope_freqs() -> None:
 
 
 def test_drafter_layout_needs_backbone_and_vocab() -> None:
-    from inspector.errors import LayoutError
+    from mtpscope.errors import LayoutError
 
     hp = e2b("upstream")
     with pytest.raises(LayoutError) as e:
@@ -109,14 +109,14 @@ def test_rope_freqs_values() -> None:
 
 
 def _demo_file(tmp_path: Path, kind: str) -> Path:
-    from tests.test_validate_mutants import parts, write
+    from tests.builders import parts, write
 
     arch, kv, t = parts(kind)
     return write(tmp_path / f"{kind}.gguf", arch, kv, t)
 
 
 def test_read_hparams_of_demo_drafter(tmp_path: Path) -> None:
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.demo import DEFAULT_DIMS as D
 
     with open_gguf(_demo_file(tmp_path, "fork")) as f:
@@ -132,7 +132,7 @@ def test_read_hparams_of_demo_drafter(tmp_path: Path) -> None:
 def test_target_layout_matches_demo_target_that_llama_cpp_loads(tmp_path: Path) -> None:
     """The demo target loads in llama.cpp (tests/test_loadability.py): every tensor it has is in the
     layout, and every required tensor of the layout is in it. Its full layers have K = V (no attn_v)."""
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.demo import DEFAULT_DIMS as D
 
     with open_gguf(_demo_file(tmp_path, "target")) as f:
@@ -162,8 +162,8 @@ def test_target_shared_kv_layers_make_k_optional() -> None:
 def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_layer: int) -> None:  # noqa: ANN001
     """llama.cpp caps layers at LLAMA_MAX_LAYERS = 512; a larger (or zero) block_count is refused by
     name, without building per-layer lists of that length."""
-    from inspector.errors import LayoutError
-    from inspector.gguf import open_gguf
+    from mtpscope.errors import LayoutError
+    from mtpscope.inspector.gguf import open_gguf
 
     from gguf import GGUFValueType as VT
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from inspector.errors import TraceFormatError
-from traces import metrics as M
+from mtpscope.errors import TraceFormatError
+from mtpscope.traces import metrics as M
 
 # (prompt_id, round, n_draft, n_accepted); given out of order on purpose
 ROWS = [

@@ -27,8 +27,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     pytest.skip(f"HF parity needs torch and transformers>=5.24 (pip install -e '.[parity]'); import failed: {e}",
                 allow_module_level=True)
 
-from inspector.convert import convert, write_tiny_pair  # noqa: E402
-from inspector.reference import DonorKV, ReferenceDrafter, StepOptions  # noqa: E402
+from mtpscope.inspector.convert import convert, write_tiny_pair  # noqa: E402
+from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions  # noqa: E402
 
 if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24):  # pragma: no cover
     pytest.skip(f"transformers {transformers.__version__} cannot run Gemma4AssistantForCausalLM "
@@ -144,7 +144,7 @@ def test_hf_drafter_calls_match_reference(pair) -> None:
 @pytest.mark.llama
 def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
-    from traces.replay import live_mtp_run
+    from mtpscope.traces.live_run import live_mtp_run
 
     tm, dm = _hf_models(pair["tdir"], pair["ddir"])
     n_same = 0
@@ -165,8 +165,8 @@ def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
 def test_hf_saved_bf16_checkpoint_converts(tmp_path: Path) -> None:
     """A checkpoint written by transformers' own ``save_pretrained`` (bf16, its config spelling)
     converts to the same layout as our tiny writer's, with the bf16 values kept exactly."""
-    from inspector.convert import read_checkpoint
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.convert import read_checkpoint
+    from mtpscope.inspector.gguf import open_gguf
 
     tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=2, centroids=True, k_eq_v=True)
     for src, cls in ((ddir, Gemma4AssistantForCausalLM), (tdir, Gemma4ForCausalLM)):
@@ -190,7 +190,7 @@ def test_hf_saved_bf16_checkpoint_converts(tmp_path: Path) -> None:
 def test_hf_saved_checkpoint_verifies_clean(tmp_path: Path) -> None:
     """``verify --hf`` on a checkpoint saved by transformers' own ``save_pretrained`` (5.24 writes the full
     layers' head dim / KV heads as ``per_layer_config``), converted by our converter: no error finding."""
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
 
     _, ddir = write_tiny_pair(tmp_path / "hf", seed=2, centroids=True, k_eq_v=True)
     saved = tmp_path / "saved"

@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
-from traces.replay import live_mtp_run, prefill, shape_kv  # noqa: E402
+from mtpscope.inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
+from mtpscope.traces.live_run import live_mtp_run  # noqa: E402
+from mtpscope.traces.target_prefill import prefill, shape_kv  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -65,7 +66,7 @@ def test_demo_pair_parity(demo_pair: tuple[Path, Path, list[int]]) -> None:
 
 @pytest.fixture(scope="module", params=[False, True], ids=["k_ne_v", "k_eq_v"])
 def converted_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    from inspector.convert import convert, write_tiny_pair
+    from mtpscope.inspector.convert import convert, write_tiny_pair
 
     d = tmp_path_factory.mktemp("conv")
     tdir, ddir = write_tiny_pair(d / "hf", seed=11, k_eq_v=request.param, centroids=True)
@@ -91,8 +92,8 @@ def test_converted_hf_pair_parity(converted_pair: tuple[Path, Path]) -> None:
 
 def test_prefill_prenorm_hidden_is_before_the_final_norm(converted_pair: tuple[Path, Path]) -> None:
     """``h_pre`` (node ``l_out`` of the last layer) normed with the target's ``output_norm`` gives ``h_post``."""
-    from inspector.gguf import open_gguf
-    from inspector.reference import rms_norm
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.reference import rms_norm
 
     target, drafter = converted_pair
     pre = prefill(target, [2, 100, 200, 300, 400, 500, 17, 33, 9, 10])

@@ -23,10 +23,13 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-import traces  # noqa: E402
-from inspector.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from traces import llama_runtime as rt  # noqa: E402
-from traces.recorder import MtpRuntime, Sampler, read_prompts, record, top_k_desc  # noqa: E402
+from mtpscope import traces  # noqa: E402
+from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
+from mtpscope.traces import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
+from mtpscope.traces.prompts import read_prompts  # noqa: E402
+from mtpscope.traces.ranking import top_k_desc  # noqa: E402
+from mtpscope.traces.recorder import record  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -462,7 +465,7 @@ def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_single_thread_blas_is_restored() -> None:
-    from traces.recorder import _openblas_thread_control, _SingleThreadBlas
+    from mtpscope.traces.recorder import _openblas_thread_control, _SingleThreadBlas
 
     ctl = _openblas_thread_control()
     if ctl is None:
@@ -477,8 +480,8 @@ def test_single_thread_blas_is_restored() -> None:
 
 
 def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from inspector.errors import TraceError
-    from traces import recorder
+    from mtpscope.errors import TraceError
+    from mtpscope.traces import recorder
 
     def boom(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a model was loaded")
@@ -496,7 +499,7 @@ def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch)
                                              ("top_p", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
                                              ("top_p", float("-inf")), ("top_k", -1)])
 def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  # noqa: ANN001
-    from inspector.errors import TraceError
+    from mtpscope.errors import TraceError
 
     with pytest.raises(TraceError) as ei:
         record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", **{name: value})
@@ -616,8 +619,8 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
 
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from tests.test_validate_mutants import parts, write
-    from traces import recorder
+    from tests.builders import parts, write
+    from mtpscope.traces import recorder
 
     arch, kv, tensors = parts("upstream")
     tensors["blk.0.attn_q.weight"] = tensors["blk.0.attn_q.weight"].astype(np.int32)  # I32 matrix

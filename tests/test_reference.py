@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from inspector.reference import (
+from mtpscope.inspector.reference import (
     DonorKV,
     DrafterHParams,
     DrafterWeights,

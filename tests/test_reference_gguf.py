@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inspector.convert import convert, read_checkpoint, write_tiny_pair
-from inspector.errors import LayoutError
-from inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
+from mtpscope.errors import LayoutError
+from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_quantized_drafter_stays_close(files: dict[str, Path], name: str, tol: f
 
 
 def test_centroid_head_agrees_with_recorder_implementation(files: dict[str, Path]) -> None:
-    from traces.centroid_head import centroid_step, load_centroid_head
+    from mtpscope.traces.centroid_head import centroid_step, load_centroid_head
 
     fork = ReferenceDrafter.from_gguf(files["fork"], files["target"])
     head = load_centroid_head(files["fork"])

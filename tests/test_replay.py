@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from inspector.errors import TraceError  # noqa: E402
-from inspector.reference import ReferenceDrafterError  # noqa: E402
-from traces.replay import replay  # noqa: E402
+from mtpscope.errors import TraceError  # noqa: E402
+from mtpscope.inspector.reference import ReferenceDrafterError  # noqa: E402
+from mtpscope.traces.replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.llama
 def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from mtpscope import demo
     from mtpscope.demo_vocab import load_vocab
-    from traces.recorder import record
+    from mtpscope.traces.recorder import record
 
     voc = load_vocab("subset")
     d = tmp_path_factory.mktemp("demo")
@@ -40,7 +40,7 @@ def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_path: Path) -> None:
-    import traces
+    from mtpscope import traces
 
     tr = traces.open(demo_trace["trace"])
     res = replay(demo_trace["trace"], variants=["hidden=prenorm", "head=centroid,fill=min-1"], out=tmp_path / "r")
@@ -144,9 +144,9 @@ def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
 
 def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     """On a drafter whose attention matters, the position convention changes drafts."""
-    from inspector.convert import convert, write_tiny_pair
+    from mtpscope.inspector.convert import convert, write_tiny_pair
     from mtpscope import demo
-    from traces.recorder import record
+    from mtpscope.traces.recorder import record
 
     tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=5)
     t = convert(tdir, tmp_path / "t.gguf").out

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import traces
-from inspector.errors import TraceError
-from traces import metrics as M
-from traces.synthetic import write_synthetic_trace
+from mtpscope import traces
+from mtpscope.errors import TraceError
+from mtpscope.traces import metrics as M
+from mtpscope.traces.synthetic import write_synthetic_trace
 
 
 @pytest.fixture(scope="module")

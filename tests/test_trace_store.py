@@ -16,9 +16,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-import traces
-from inspector.errors import TraceError, TraceFormatError
-from traces import RoundRecord, StepRecord, TraceWriter
+from mtpscope import traces
+from mtpscope.errors import TraceError, TraceFormatError
+from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -286,7 +286,7 @@ def test_listed_part_missing(tmp_path: Path) -> None:
 _KILL_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from traces import RoundRecord, StepRecord, TraceWriter
+    from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
     w = TraceWriter(sys.argv[1], {"source": "synthetic"}, n_embd_backbone=16, n_embd=None,
                     hidden_dtype="f16", centroids=False, flush_every=4)
     r = 0
@@ -333,7 +333,7 @@ def test_sigkill_mid_run_keeps_every_finished_part(tmp_path: Path) -> None:
 
 
 def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import traces.store as store
+    import mtpscope.traces.store as store
 
     def boom(table, path):  # noqa: ANN001
         raise OSError(28, "No space left on device")
@@ -351,7 +351,7 @@ def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import traces.store as store
+    import mtpscope.traces.store as store
 
     class Broken:
         def __init__(self, *a, **k):  # noqa: ANN002, ANN003
@@ -393,7 +393,7 @@ def test_shared_between_threads(tmp_path: Path) -> None:
     (b'{"schema_version": 1, "source": ["record"], "complete": true, "counts": {}}', "'source'"),
 ])
 def test_bad_manifests_raise_one_trace_format_error(tmp_path: Path, content: bytes, needle: str) -> None:
-    from inspector.errors import TraceFormatError
+    from mtpscope.errors import TraceFormatError
 
     (tmp_path / "manifest.json").write_bytes(content)
     with pytest.raises(TraceFormatError) as e:
@@ -407,8 +407,8 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from inspector.errors import TraceFormatError
-    from traces.synthetic import write_synthetic_trace
+    from mtpscope.errors import TraceFormatError
+    from mtpscope.traces.synthetic import write_synthetic_trace
 
     d = tmp_path / "t"
     write_synthetic_trace(d, n_rounds=20, n_prompts=2, seed=0)

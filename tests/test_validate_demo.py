@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_drafters_verify_and_pair(demo_dir: Any) -> None:
-    from inspector.validate import verify
+    from mtpscope.inspector.validate import verify
 
     for path, dialect in ((demo_dir.drafter_upstream, "upstream"), (demo_dir.drafter_upstream_noisy, "upstream"),
                           (demo_dir.drafter_fork, "fork")):
@@ -27,8 +27,8 @@ def test_demo_drafters_verify_and_pair(demo_dir: Any) -> None:
 
 
 def test_demo_centroid_head(demo_dir: Any) -> None:
-    from inspector.centroids import CentroidHead
-    from inspector.gguf import open_gguf
+    from mtpscope.inspector.centroids import CentroidHead
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(demo_dir.drafter_fork) as f:
         h = CentroidHead.from_gguf(f)
@@ -44,8 +44,8 @@ def test_demo_centroid_head(demo_dir: Any) -> None:
 @pytest.mark.llama
 def test_demo_verdicts_against_llama_cpp(demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
-    from inspector.gguf import open_gguf
-    from inspector.validate import upstream_verdict
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.loadability import upstream_verdict
     from tests.test_loadability import _run_loads
 
     paths = [str(p) for p in (demo_dir.target, demo_dir.drafter_upstream, demo_dir.drafter_fork)]

@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from inspector.errors import ImportFormatError
-from traces import schema as S
-from traces.store import TraceWriter
+from mtpscope.errors import ImportFormatError
+from mtpscope.traces import schema as S
+from mtpscope.traces.store import TraceWriter
 
 ROUNDS_PER_PART = 65536
 MAX_LISTED = 10          # line numbers listed per warning

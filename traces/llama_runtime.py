@@ -1,7 +1,7 @@
 """The real llama.cpp runtime, through llama-cpp-python (imported lazily).
 
 Nothing in mtpscope imports ``llama_cpp`` at module import time: :func:`llama` does it on first use and
-raises :class:`~inspector.errors.RuntimeUnavailableError` with an install hint when the package or a
+raises :class:`~mtpscope.errors.RuntimeUnavailableError` with an install hint when the package or a
 symbol the recorder needs is missing. This module wraps the low-level C API that the MTP loop needs:
 
 * :class:`LlamaModel` / :class:`LlamaContext`: load a GGUF, create a context (target or MTP drafter),
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import RuntimeUnavailableError, TraceError
+from mtpscope.errors import RuntimeUnavailableError, TraceError
 
 #: llama-cpp-python version the recorder was written against (vendors llama.cpp with gemma4-assistant).
 SUPPORTED_VERSION = "0.3.36"

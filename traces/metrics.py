@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from inspector.errors import TraceFormatError
+from mtpscope.errors import TraceFormatError
 
 REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
 

@@ -9,7 +9,7 @@ the length of the longest accepted prefix; the round emits the accepted drafts p
 token at the first mismatch (or a bonus token when every draft matched).
 
 Construction checks the invariants that every consumer relies on and raises
-:class:`inspector.errors.TraceFormatError` (with expected vs actual) when one fails; no ``assert``.
+:class:`mtpscope.errors.TraceFormatError` (with expected vs actual) when one fails; no ``assert``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import TraceFormatError
+from mtpscope.errors import TraceFormatError
 
 
 def _int_tuple(name: str, values: Sequence[Any] | None, *, allow_none_items: bool = False) -> tuple | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from inspector.errors import TraceFormatError
+from mtpscope.errors import TraceFormatError
 
 SCHEMA_VERSION = 1
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from inspector.errors import TraceError
-from traces.store import TraceWriter
+from mtpscope.errors import TraceError
+from mtpscope.traces.store import TraceWriter
 
 P_FIRST = 0.82
 P_DECAY = 0.88

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import charts, safety, state, views
+from mtpscope.app import charts, safety, state, views
 
 st.title("Centroids")
 drafter = state.get("drafter")
@@ -20,8 +20,8 @@ if tpath:
         src = state.model_path(state.trace(tpath), "centroids")
         if src and safety.is_allowed(src, state.roots()):
             candidates.append(src)
-demo_fork = str(state.demo_paths()["drafter"])
-if state.demo_paths()["drafter"].exists() and safety.is_allowed(demo_fork, state.roots()):
+demo_fork = str(state.demo_paths().drafter_fork)
+if state.demo_paths().drafter_fork.exists() and safety.is_allowed(demo_fork, state.roots()):
     candidates.append(demo_fork)
 candidates = list(dict.fromkeys(candidates))
 if not candidates:
@@ -96,7 +96,7 @@ with state.guard("centroid head"):
                 cc = rep.get("centroid_coverage") or {}
                 if cc:
                     st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
-                              help="traces.metrics.centroid_coverage: share of steps with target_in_candidates")
+                              help="mtpscope.traces.metrics.centroid_coverage: share of steps with target_in_candidates")
                 cov = state.coverage(tpath, path)
                 st.plotly_chart(charts.coverage_heatmap(cov), key="cent.cov", width="stretch")
                 st.plotly_chart(charts.chosen_vs_home_figure(cov), key="cent.cvh", width="stretch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, safety, state
+from mtpscope.app import charts, safety, state
 
 st.title("Files")
 state.init_selection()

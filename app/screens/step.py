@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts, state, views
-from inspector.errors import MtpscopeError
+from mtpscope.app import charts, state, views
+from mtpscope.errors import MtpscopeError
 
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20
@@ -21,10 +21,8 @@ def _dim(dims: dict, key: str) -> int:
 
 
 st.title("Step view")
-path = state.get("trace")
-if not path:
-    st.info("Choose a trace on the Files page, then click a round on the Acceptance timeline.")
-    st.stop()
+path = state.selected_or_stop("trace", "Choose a trace on the Files page, then click a round on the Acceptance "
+                              "timeline.", hint=False)
 
 with state.guard("trace store"):
     tr = state.trace(path)

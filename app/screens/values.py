@@ -5,17 +5,14 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, state, views
+from mtpscope.app import charts, state, views
 
 st.title("Tensor values")
 #: Most elements read for one view (a row slice of a big matrix, never the whole tensor).
 MAX_ELEMENTS = 4_000_000
 
 which = st.radio("file", ["drafter", "target"], horizontal=True, key="w.values.which")
-path = state.get(which)
-if not path:
-    st.info(f"Choose a {which} on the Files page.")
-    st.stop()
+path = state.selected_or_stop(which, f"Choose a {which} on the Files page.", hint=False)
 
 with state.guard("GGUF reader"):
     f = state.gguf(path)
