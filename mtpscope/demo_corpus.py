@@ -302,15 +302,21 @@ def render_chat(template: str, messages: list[dict[str, str]], *, add_generation
         raise MtpscopeError(f"the chat template failed to render: {e}", key="tokenizer.chat_template") from e
 
 
+def chat_text(template: str, messages: list[dict[str, str]]) -> str:
+    """A conversation as the model sees it when answering its last turn: the earlier turns as the
+    template renders history, the template's generation prompt, then the last answer and ``<turn|>``."""
+    return render_chat(template, messages[:-1], add_generation_prompt=True) + messages[-1]["content"] + "<turn|>\n"
+
+
 def chat_documents(budget: int, rng: random.Random, template: str) -> list[Document]:
-    """Generated conversations rendered with ``template`` until ``budget`` characters."""
+    """Generated conversations (:func:`chat_text` with ``template``) until ``budget`` characters."""
     from pydoc_data.topics import topics  # noqa: PLC0415
 
     tl = sorted(topics.items())
     out: list[Document] = []
     used = 0
     while used < budget:
-        t = render_chat(template, chat_messages(rng, tl))
+        t = chat_text(template, chat_messages(rng, tl))
         out.append(Document("chat", f"chat:{len(out)}", t))
         used += len(t)
     return out
@@ -336,6 +342,71 @@ def build_corpus(seed: int, template: str, budget: dict[str, int] | None = None)
     return docs
 
 
+@dataclass(frozen=True)
+class PromptText:
+    """One demo prompt before tokenization: ``category``, ``name`` (where it came from), ``text``,
+    ``special`` (tokenize with special-token parsing: the chat prompts)."""
+
+    category: str
+    name: str
+    text: str
+    special: bool = False
+
+
+def _cut(text: str, n_chars: int, at: str) -> str:
+    """``text`` up to about ``n_chars``, ending right after a character in ``at`` when one is near."""
+    if len(text) <= n_chars:
+        return text
+    head = text[:n_chars]
+    cut = max(head.rfind(c) for c in at)
+    return head[: cut + 1] if cut >= n_chars // 2 else head
+
+
+def demo_prompt_texts(seed: int, template: str, docs: list[Document], n_per_category: int = 6) -> list[PromptText]:
+    """The demo's categorised prompts (all but ``random``, whose prompts are token ids: see
+    :func:`mtpscope.demo_train.demo_prompts`).
+
+    ``code`` / ``prose``: an excerpt of a training document starting at a ``def`` / ``class`` line or
+    a paragraph; ``json`` / ``numbers`` / ``chat``: freshly generated text of the training generators,
+    cut part-way (chat: every turn but the last answer, ending in the generation prompt).
+    """
+    rng = random.Random(f"{seed}:prompts")
+    out: list[PromptText] = []
+    code = [d for d in docs if d.category == "code"]
+    while sum(p.category == "code" for p in out) < n_per_category:
+        d = rng.choice(code)
+        lines = d.text.splitlines(keepends=True)
+        starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith(("def ", "class "))]
+        if not starts:
+            continue
+        i = rng.choice(starts)
+        out.append(PromptText("code", f"{d.name}:{i + 1}", _cut("".join(lines[i: i + 12]), 220, "\n")))
+    prose = [d for d in docs if d.category == "prose"]
+    while sum(p.category == "prose" for p in out) < n_per_category:
+        d = rng.choice(prose)
+        paras = [i for i, c in enumerate(d.text) if d.text.startswith("\n\n", i) and d.text[i + 2: i + 3].isalpha()]
+        if not paras:
+            continue
+        i = rng.choice(paras) + 2
+        out.append(PromptText("prose", f"{d.name}@{i}", _cut(d.text[i:], 200, " ")))
+    for j in range(n_per_category):
+        t = json_text(rng)
+        out.append(PromptText("json", f"json:prompt:{j}", _cut(t, max(40, int(len(t) * 0.4)), "\n,")))
+    for j in range(n_per_category):
+        t = numbers_text(rng)
+        while t.count(",") + t.count("\n") < 8:
+            t = numbers_text(rng)
+        out.append(PromptText("numbers", f"numbers:prompt:{j}", _cut(t, max(20, int(len(t) * 0.4)), ",\n")))
+    from pydoc_data.topics import topics  # noqa: PLC0415
+
+    tl = sorted(topics.items())
+    for j in range(n_per_category):
+        msgs = chat_messages(rng, tl)
+        out.append(PromptText("chat", f"chat:prompt:{j}", render_chat(template, msgs[:-1], add_generation_prompt=True),
+                              special=True))
+    return out
+
+
 def corpus_sha256(docs: list[Document]) -> str:
     """Hex sha256 over the documents' categories, names and texts (recorded in the recipe)."""
     h = hashlib.sha256()
@@ -353,6 +424,7 @@ def python_info() -> dict[str, str]:
             "stdlib": str(stdlib_dir())}
 
 
-__all__ = ["CATEGORIES", "DEFAULT_BUDGET", "Document", "build_corpus", "chat_documents", "chat_messages",
+__all__ = ["CATEGORIES", "DEFAULT_BUDGET", "Document", "PromptText", "build_corpus", "chat_documents",
+           "chat_messages", "chat_text", "demo_prompt_texts",
            "code_documents", "corpus_sha256", "json_documents", "json_text", "number_documents", "numbers_text",
            "prose_documents", "python_info", "render_chat", "stdlib_dir"]

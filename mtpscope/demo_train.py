@@ -8,11 +8,13 @@ The recipe (deterministic given the seed, on one CPU thread; torch + transformer
 2. **Tokens**: llama.cpp's own tokenizer on a vocab-only load of ``ggml-vocab-gemma-4.gguf``
    (:class:`VocabTokenizer`): BOS + the text (special tokens parsed only in the chat part), packed
    into a stream cut into ``seq_len`` windows.
-3. **Compact vocabulary**: the models are trained over the ``n_compact`` ids the stream uses (plus the
-   special tokens the demo needs). The full model has 262,144 rows with zero rows for the unused ids,
-   so each unused id gets logit exactly 0 (``tanh(0) = 0`` under the soft-cap too); the loss accounts
-   for their mass with one extra logit ``log(n_unused)`` (:func:`compact_cross_entropy`), which makes
-   the compact softmax equal to the full one.
+3. **Compact vocabulary** (:class:`CompactVocab`): the models are trained over the ids the stream
+   uses at least ``min_count`` times (plus the special tokens the demo needs), each with a row, and
+   one shared row for the rarer ids seen. The full model has 262,144 rows: the kept rows, a copy of
+   the shared row for every rare id, and zero rows for the unused ids, so each unused id gets logit
+   exactly 0 (``tanh(0) = 0`` under the soft-cap too). The loss accounts for both with fixed logit
+   offsets (``log(n_rare)`` on the shared row, one more logit ``log(n_unused)``:
+   :func:`compact_cross_entropy`), which makes the compact softmax equal to the full one.
 4. **Target** ``Gemma4ForCausalLM``: next-token cross-entropy.
 5. **Drafter** ``Gemma4AssistantForCausalLM`` on the frozen target, as transformers' assisted generation
    (``SinglePositionMultiTokenCandidateGenerator``) and llama.cpp run it: for every window position
@@ -116,14 +118,16 @@ class Recipe:
     drafter: DrafterShape = field(default_factory=DrafterShape)
     seq_len: int = 256
     budget: dict[str, int] = field(default_factory=lambda: dict(demo_corpus.DEFAULT_BUDGET))
-    target_steps: int = 600
+    target_steps: int = 450
     target_batch: int = 16
     target_lr: float = 3e-3
-    drafter_steps: int = 300
+    drafter_steps: int = 250
     drafter_batch: int = 8
     drafter_lr: float = 3e-3
     n_draft: int = 3
     centroid_steps: int = 300
+    min_count: int = 5
+    random_tokens: int = 24_000
     threads: int = 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,26 +266,110 @@ def tokenize_corpus(docs: Sequence[demo_corpus.Document], tok: VocabTokenizer) -
     return TokenStream(np.concatenate(ids), np.concatenate(cats), len(docs))
 
 
-def compact_ids(stream_ids: np.ndarray, extra: Iterable[int] = SPECIAL_IDS) -> np.ndarray:
-    """Sorted distinct real ids used by the stream plus ``extra``: np.int32[n_compact]
-    (compact row i is real id ``ids[i]``)."""
-    return np.union1d(np.unique(stream_ids), np.asarray(list(extra), dtype=np.int64)).astype(np.int32)
+@dataclass(frozen=True, eq=False)
+class CompactVocab:
+    """The rows the models are trained over, and how they map to the 262,144 real ids.
 
+    Attributes:
+        ids: np.int32[n_kept], sorted real ids with a row of their own (row i is ``ids[i]``).
+        rare: np.int32[n_rare], sorted real ids seen fewer than ``min_count`` times; they share one
+            row, ``n_kept`` (in the full model each of them carries a copy of it).
+        n_vocab: the full vocabulary (262,144).
 
-def to_compact(ids: np.ndarray, real: np.ndarray) -> np.ndarray:
-    """Real ids -> compact rows (np.int64).
-
-    Raises:
-        MtpscopeError: an id is outside the compact vocabulary.
+    Every other id is *unused*: a zero row in the full model, logit exactly 0. Row ``n_rows`` is the
+    label of "an unused id" in :func:`compact_cross_entropy`.
     """
-    real = np.asarray(real)
-    pos = np.searchsorted(ids, real)
-    pos = np.minimum(pos, len(ids) - 1)
-    bad = ids[pos] != real
-    if bad.any():
-        raise MtpscopeError("token id outside the compact vocabulary", key="ids",
-                            actual=int(real[bad.argmax()] if real.ndim else real))
-    return pos.astype(np.int64)
+
+    ids: np.ndarray
+    rare: np.ndarray
+    n_vocab: int = N_VOCAB
+
+    @property
+    def n_kept(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of the compact models: the kept ids and the shared rare row."""
+        return len(self.ids) + 1
+
+    @property
+    def n_unused(self) -> int:
+        return self.n_vocab - len(self.ids) - len(self.rare)
+
+    def rows(self, real: np.ndarray | Sequence[int], *, unused: int | None = None) -> np.ndarray:
+        """Real ids -> compact rows (np.int64; rare ids -> ``n_kept``).
+
+        Args:
+            unused: the row to give unused ids; None raises instead.
+
+        Raises:
+            MtpscopeError: an unused id and ``unused`` is None.
+        """
+        real = np.asarray(real, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, real), len(self.ids) - 1)
+        kept = self.ids[pos] == real
+        rpos = np.minimum(np.searchsorted(self.rare, real), max(len(self.rare) - 1, 0))
+        is_rare = (self.rare[rpos] == real) if len(self.rare) else np.zeros(real.shape, bool)
+        out = np.where(kept, pos, np.where(is_rare, self.n_kept, -1))
+        if (out < 0).any():
+            if unused is None:
+                raise MtpscopeError("token id outside the compact vocabulary", key="ids",
+                                    actual=int(real[out < 0].reshape(-1)[0]))
+            out = np.where(out < 0, unused, out)
+        return out.astype(np.int64)
+
+    def real(self, row: int) -> int:
+        """The real id the full model's greedy choice lands on for a compact row: kept -> its id, the rare
+        row -> the lowest rare id (ties go to the first index, as in torch and llama.cpp), ``n_rows`` ->
+        the lowest unused id."""
+        if row < self.n_kept:
+            return int(self.ids[row])
+        if row == self.n_kept and len(self.rare):
+            return int(self.rare[0])
+        used = np.union1d(self.ids, self.rare)
+        free = np.setdiff1d(np.arange(min(self.n_vocab, len(used) + 1)), used)
+        return int(free[0])
+
+    def log_offsets(self) -> torch.Tensor:
+        """Per-row log multiplicity added to the logits in the loss: 0 for kept rows, ``log(n_rare)``
+        for the shared rare row."""
+        off = torch.zeros(self.n_rows)
+        off[-1] = math.log(len(self.rare)) if len(self.rare) else -1e30
+        return off
+
+
+def add_random_documents(stream: TokenStream, vocab: CompactVocab, n_tokens: int,
+                         rng: np.random.Generator, exclude: Iterable[int] = SPECIAL_IDS) -> TokenStream:
+    """Insert documents of uniformly random kept ids (category ``random``, 64-192 tokens each after BOS,
+    about ``n_tokens`` in all) between the stream's documents at seeded places. They teach the target
+    that a random context continues unpredictably (a near-flat distribution), so a random-token
+    prompt neither loops nor turns into memorized text."""
+    pool = np.setdiff1d(vocab.ids, np.asarray(list(exclude)))
+    starts = np.flatnonzero(stream.ids == BOS)
+    parts_ids = np.split(stream.ids, starts[1:])
+    parts_cat = np.split(stream.category, starts[1:])
+    rnd_cat = demo_corpus.CATEGORIES.index("random")
+    made = 0
+    extra: list[tuple[int, np.ndarray]] = []
+    while made < n_tokens:
+        n = int(rng.integers(64, 193))
+        doc = np.concatenate([[BOS], rng.choice(pool, n)]).astype(np.int32)
+        extra.append((int(rng.integers(0, len(parts_ids) + 1)), doc))
+        made += len(doc)
+    for at, doc in sorted(extra, key=lambda e: -e[0]):
+        parts_ids.insert(at, doc)
+        parts_cat.insert(at, np.full(len(doc), rnd_cat, dtype=np.int8))
+    return TokenStream(np.concatenate(parts_ids), np.concatenate(parts_cat), stream.n_docs + len(extra))
+
+
+def compact_vocab(stream_ids: np.ndarray, *, min_count: int = 5, keep: Iterable[int] = SPECIAL_IDS) -> CompactVocab:
+    """The compact vocabulary of a token stream: ids seen at least ``min_count`` times (and ``keep``)
+    get a row; the other ids seen share the rare row."""
+    u, n = np.unique(stream_ids, return_counts=True)
+    kept = np.union1d(u[n >= min_count], np.asarray(list(keep), dtype=np.int64)).astype(np.int32)
+    rare = np.setdiff1d(u, kept).astype(np.int32)
+    return CompactVocab(kept, rare)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,23 +434,28 @@ def make_drafter(cfg: dict[str, Any]) -> Any:
 # losses and forwards
 
 
-def compact_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, n_unused: int,
+def compact_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, vocab: CompactVocab,
                           reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over the compact vocabulary with the unused ids' mass in one bucket.
+    """Cross-entropy of the full-vocabulary model computed on compact logits.
+
+    The full model's softmax over 262,144 ids equals a softmax over the compact rows with the rare
+    row's logit raised by ``log(n_rare)`` (its copies) and one more logit ``log(n_unused)`` (the unused
+    ids' zero logits); the loss of a rare label is that of "one of the rare ids".
 
     Args:
-        logits: [N, n_compact] (after any soft-cap).
-        labels: [N] compact rows, or ``n_compact`` for "an unused id" (the bucket).
-        n_unused: ids of the full vocabulary outside the compact one; each has logit 0 in the full
-            model, together one logit ``log(n_unused)``.
+        logits: [N, n_rows] (after any soft-cap).
+        labels: [N] compact rows, ``n_kept`` for a rare id, ``n_rows`` for an unused id.
+        vocab: the compact vocabulary.
     """
-    bucket = logits.new_full((logits.shape[0], 1), math.log(max(n_unused, 1)) if n_unused else -1e30)
-    return F.cross_entropy(torch.cat([logits, bucket], dim=1), labels, reduction=reduction)
+    off = vocab.log_offsets().to(logits.dtype)
+    bucket = logits.new_full((logits.shape[0], 1), math.log(vocab.n_unused) if vocab.n_unused else -1e30)
+    return F.cross_entropy(torch.cat([logits + off, bucket], dim=1), labels, reduction=reduction)
 
 
 def full_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The full model's greedy choice seen from compact logits [..., n_compact]: the compact argmax, or
-    ``n_compact`` (an unused id, logit 0) when every compact logit is below 0."""
+    """The full model's greedy choice seen from compact logits [..., n_rows]: the compact argmax (the
+    rare row standing for its lowest id), or ``n_rows`` (an unused id, logit 0) when every compact
+    logit is below 0."""
     best, arg = logits.max(dim=-1)
     return torch.where(best < 0, torch.full_like(arg, logits.shape[-1]), arg)
 
@@ -477,7 +570,7 @@ def _batches(n: int, batch: int, steps: int, rng: np.random.Generator) -> Iterab
         yield idx
 
 
-def train_target(tm: Any, win: torch.Tensor, recipe: Recipe, n_unused: int,
+def train_target(tm: Any, win: torch.Tensor, recipe: Recipe, vocab: CompactVocab,
                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Next-token training of the target on windows ``win`` [n, T] (compact rows). Returns stats."""
     rng = np.random.default_rng(recipe.seed + 1)
@@ -490,12 +583,12 @@ def train_target(tm: Any, win: torch.Tensor, recipe: Recipe, n_unused: int,
             g["lr"] = _lr(step, recipe.target_steps, recipe.target_lr)
         x = win[idx]
         lg = target_pass(tm, x)["logits"]
-        loss = compact_cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1), n_unused)
+        loss = compact_cross_entropy(lg[:, :-1].reshape(-1, lg.shape[-1]), x[:, 1:].reshape(-1), vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 25 == 0 or step == recipe.target_steps - 1:
             log(f"target step {step:5d}  loss {np.mean(losses[-25:]):.3f}  {time.perf_counter() - t0:7.1f} s")
     tm.eval()
@@ -512,13 +605,13 @@ def greedy_labels(tm: Any, win: torch.Tensor, batch: int = 16) -> torch.Tensor:
     return torch.cat(out)
 
 
-def train_drafter(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, recipe: Recipe, n_unused: int,
+def train_drafter(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, recipe: Recipe, vocab: CompactVocab,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train the drafter on the frozen target (module docstring, step 5). Returns stats."""
     rng = np.random.default_rng(recipe.seed + 2)
     for p in tm.parameters():
         p.requires_grad_(False)
-    params = [p for n, p in dm.named_parameters() if not n.startswith("model.embed_tokens") or True]
+    params = list(dm.parameters())
     opt = torch.optim.AdamW(params, lr=recipe.drafter_lr, betas=(0.9, 0.98), weight_decay=0.01)
     dm.train()
     t0 = time.perf_counter()
@@ -535,7 +628,7 @@ def train_drafter(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, rec
         for k, s in enumerate(steps, start=1):
             lab = y[:, k: k + s["logits"].shape[1]].reshape(-1)
             lg = s["logits"].reshape(-1, s["logits"].shape[-1])
-            losses.append(compact_cross_entropy(lg, lab, n_unused))
+            losses.append(compact_cross_entropy(lg, lab, vocab))
             accs.append(float((full_argmax(lg.detach()) == lab).float().mean()))
         loss = sum(losses)
         opt.zero_grad(set_to_none=True)
@@ -635,9 +728,10 @@ def _head_samples(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, rec
     return torch.cat(hs), torch.cat(ys)
 
 
-def fit_centroid_head(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, ids: np.ndarray,
+def fit_centroid_head(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, vocab: CompactVocab,
                       recipe: Recipe, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Cluster the drafter's embedding rows and train the centroids (module docstring, step 6).
+    """Cluster the drafter's embedding rows and train the centroids (module docstring, step 6). The kept
+    ids are clustered; rare and unused ids fill the clusters' remaining slots.
 
     Returns ``{"centroids": np.float32[n_centroids, n_embd], "ordering": np.int32[N_VOCAB],
     "coverage": share of held-out drafter steps whose target token is among the candidates,
@@ -647,19 +741,20 @@ def fit_centroid_head(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor,
     rng = np.random.default_rng(recipe.seed + 3)
     C, top_k = recipe.drafter.n_centroids, recipe.drafter.top_k
     vsc = N_VOCAB // C
-    emb = dm.model.embed_tokens.weight.detach().numpy().astype(np.float32)
+    ids = vocab.ids
+    emb = dm.model.embed_tokens.weight.detach().numpy().astype(np.float32)[: vocab.n_kept]
     cap = max(1, math.ceil(len(ids) / C))
     cluster = balanced_clusters(emb, C, min(cap + 1, vsc), rng)
     ordering = token_ordering(ids, cluster, C, N_VOCAB, rng)
     hs, ys = _head_samples(dm, tm, win, labels, recipe, 320, rng)
-    keep = ys < len(ids)
+    keep = ys < vocab.n_kept
     hs, yc = hs[keep], torch.as_tensor(cluster, dtype=torch.long)[ys[keep]]
     n_val = len(hs) // 10
     perm = torch.as_tensor(rng.permutation(len(hs)))
     val, tr = perm[:n_val], perm[n_val:]
     sums = np.zeros((C, emb.shape[1]), dtype=np.float32)
     np.add.at(sums, cluster, emb)
-    cent = torch.nn.Parameter(torch.as_tensor(sums / np.maximum(np.bincount(cluster, minlength=C), 1)[:, None]))
+    cent = torch.nn.Parameter(torch.as_tensor((sums / np.maximum(np.bincount(cluster, minlength=C), 1)[:, None]).astype(np.float32)))
     opt = torch.optim.Adam([cent], lr=1e-2)
     g = torch.Generator().manual_seed(recipe.seed + 4)
     for step in range(recipe.centroid_steps):
@@ -785,3 +880,322 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
     return {"n_rounds": len(rounds), "n_drafted": drafted, "n_accepted": accepted,
             "acceptance_rate": accepted / drafted if drafted else float("nan"),
             "mean_acceptance_length": 1 + accepted / len(rounds) if rounds else float("nan"), "p_k": pk}
+
+
+# --------------------------------------------------------------------------------------------------
+# demo prompts, evaluation
+
+
+def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, vocab: CompactVocab,
+                 seed: int, n_random: int = 6, random_len: int = 32) -> list[dict[str, Any]]:
+    """Tokenized demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids, BOS
+    first). The ``random`` category: ``random_len`` ids drawn uniformly from the kept ids (special
+    tokens excluded), text = their decoded pieces (the ids are the prompt: re-tokenizing the text
+    need not give them back)."""
+    out: list[dict[str, Any]] = []
+    for t in texts:
+        x = tok.tokenize(t.text, special=t.special)
+        if not x or x[0] != BOS:
+            x = [BOS, *x]
+        out.append({"category": t.category, "name": t.name, "text": t.text, "ids": [int(v) for v in x]})
+    rng = np.random.default_rng(seed + 5)
+    pool = np.setdiff1d(vocab.ids, np.asarray(SPECIAL_IDS + tuple(tok.eog_ids())))
+    if n_random:
+        for j in range(n_random):
+            x = [BOS] + [int(v) for v in rng.choice(pool, random_len, replace=False)]
+            out.append({"category": "random", "name": f"random:{j}", "text": tok.text(x[1:]), "ids": x})
+    for i, p in enumerate(out):
+        p["prompt_id"] = i
+    return out
+
+
+def evaluate(tm: Any, dm: Any, prompts: Sequence[dict[str, Any]], vocab: CompactVocab, eog_real: Iterable[int], *,
+             n_draft: int = 3, max_tokens: int = 64, sliding_window: int, head: dict[str, Any] | None = None,
+             log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Realism numbers of a pair on the demo prompts (greedy target, simulated greedy MTP).
+
+    Returns ``{"prompts": [{prompt_id, category, distinct4, acceptance_rate, n_generated, generated
+    (real ids), p_k, ...}], "categories": {cat: {acceptance_rate, distinct4_min, p_k}}, "overall":
+    {...}, "spread": highest - lowest category acceptance}``. Acceptance per category pools the
+    category's rounds (accepted / drafted).
+    """
+    eog = {int(v) for v in vocab.rows(np.asarray(list(eog_real)), unused=-1) if v >= 0}
+    per: list[dict[str, Any]] = []
+    pooled: dict[str, list[SimRound]] = {}
+    for p in prompts:
+        pr = [int(v) for v in vocab.rows(p["ids"])]
+        gen = generate_greedy(tm, pr, max_tokens, eog)
+        rounds = simulate_mtp(tm, dm, pr, gen, n_draft=n_draft, sliding_window=sliding_window, eog=eog, head=head)
+        st = acceptance_stats(rounds, n_draft)
+        real = [vocab.real(g) for g in gen]
+        d4 = distinct_4gram_ratio(gen)
+        per.append({"prompt_id": p["prompt_id"], "category": p["category"], "distinct4": round(d4, 4),
+                    "n_generated": len(gen), "generated": real, **{k: v for k, v in st.items()}})
+        pooled.setdefault(p["category"], []).extend(rounds)
+        if log:
+            log(f"  {p['category']:8s} #{p['prompt_id']:<3d} acc {st['acceptance_rate']:.3f}  d4 {d4:.3f}  "
+                f"n {len(gen)}")
+    cats = {}
+    for c, rs in pooled.items():
+        st = acceptance_stats(rs, n_draft)
+        cats[c] = {"acceptance_rate": round(st["acceptance_rate"], 4), "p_k": [round(v, 4) for v in st["p_k"]],
+                   "distinct4_min": min(q["distinct4"] for q in per if q["category"] == c),
+                   "n_rounds": st["n_rounds"], "n_drafted": st["n_drafted"]}
+    allr = [r for rs in pooled.values() for r in rs]
+    ov = acceptance_stats(allr, n_draft)
+    accs = [v["acceptance_rate"] for v in cats.values()]
+    return {"prompts": per, "categories": cats,
+            "overall": {"acceptance_rate": round(ov["acceptance_rate"], 4), "p_k": [round(v, 4) for v in ov["p_k"]],
+                        "distinct4_min": min(q["distinct4"] for q in per)},
+            "spread": round(max(accs) - min(accs), 4)}
+
+
+def realism_checks(ev: dict[str, Any], unpredictable: str = "random") -> dict[str, bool]:
+    """The issue's realism conditions on an :func:`evaluate` result."""
+    cats = ev["categories"]
+    low = min(cats, key=lambda c: cats[c]["acceptance_rate"])
+    pk = ev["overall"]["p_k"]
+    return {"distinct4_min>=0.6": ev["overall"]["distinct4_min"] >= 0.6, "spread>=0.25": ev["spread"] >= 0.25,
+            f"{unpredictable}_lowest": low == unpredictable, "p1>p2>p3": all(a > b for a, b in zip(pk, pk[1:]))}
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def _round_f16(model: Any) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(1 << 20):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _state(model: Any, skip: tuple[str, ...] = ("lm_head.weight",)) -> dict[str, torch.Tensor]:
+    sd = model.state_dict()
+    return {k: v.detach().to(torch.float16).contiguous() for k, v in sd.items()
+            if k not in skip and not k.startswith("masked_embedding.")}
+
+
+def save_compact(out: str | os.PathLike[str], tm: Any, dm: Any, vocab: CompactVocab, head: dict[str, Any],
+                 recipe: Recipe, prompts: Sequence[dict[str, Any]], info: dict[str, Any]) -> dict[str, str]:
+    """Write the compact checkpoints (module docstring, "Outputs") and ``recipe.json``; returns
+    ``{file name: sha256}``."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(_state(tm), out / "target.safetensors", metadata={"format": "pt", "rows": "compact"})
+    ds = _state(dm)
+    ds["masked_embedding.centroids.weight"] = torch.as_tensor(head["centroids"]).to(torch.float16)
+    save_file(ds, out / "drafter.safetensors", metadata={"format": "pt", "rows": "compact"})
+    save_file({"ids": torch.as_tensor(vocab.ids.astype(np.int32)), "rare": torch.as_tensor(vocab.rare.astype(np.int32)),
+               "ordering": torch.as_tensor(head["ordering"])},
+              out / "ids.safetensors", metadata={"format": "pt"})
+    (out / "target.json").write_text(json.dumps(target_config(recipe.target, N_VOCAB), indent=1) + "\n")
+    (out / "drafter.json").write_text(json.dumps(drafter_config(recipe.drafter, recipe.target, N_VOCAB,
+                                                                centroids=True), indent=1) + "\n")
+    (out / "prompts.json").write_text(json.dumps({"prompts": list(prompts)}, indent=1, ensure_ascii=False) + "\n")
+    files = {n: _sha256(out / n) for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors",
+                                           "target.json", "drafter.json", "prompts.json")}
+    rec = {"recipe": recipe.to_dict(), **info, "files": files}
+    (out / "recipe.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+    return files
+
+
+@dataclass(frozen=True, eq=False)
+class CompactPair:
+    """The committed pair loaded for torch: ``target`` / ``drafter`` (compact rows, fp32 from F16),
+    ``vocab`` (:class:`CompactVocab`), ``ordering`` (np.int32[N_VOCAB]), ``centroids``
+    (np.float32[n_centroids, n_embd]), ``prompts``, ``recipe`` (the parsed ``recipe.json``)."""
+
+    target: Any
+    drafter: Any
+    vocab: CompactVocab
+    ordering: np.ndarray
+    centroids: np.ndarray
+    prompts: list[dict[str, Any]]
+    recipe: dict[str, Any]
+
+    def head(self) -> dict[str, Any]:
+        """The centroid head in compact rows for :func:`simulate_mtp` (unused ids as -1)."""
+        C = self.centroids.shape[0]
+        rows = self.vocab.rows(self.ordering, unused=-1).reshape(C, -1)
+        top_k = int(self.recipe["recipe"]["drafter"]["top_k"])
+        return {"centroids": torch.as_tensor(self.centroids), "ordering_rows": torch.as_tensor(rows), "top_k": top_k}
+
+
+def load_compact(src: str | os.PathLike[str] = DATA_DIR) -> CompactPair:
+    """Load the compact checkpoints written by :func:`save_compact`.
+
+    Raises:
+        MtpscopeError: a file is missing or its sha256 differs from ``recipe.json``.
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    src = Path(src)
+    try:
+        rec = json.loads((src / "recipe.json").read_text())
+    except (OSError, ValueError) as e:
+        raise MtpscopeError(f"cannot read the demo recipe: {e}", path=src / "recipe.json") from e
+    for name, want in rec.get("files", {}).items():
+        if not (src / name).exists() or _sha256(src / name) != want:
+            raise MtpscopeError("demo checkpoint file missing or changed", path=src / name, expected=want)
+    recipe = Recipe.from_dict(rec["recipe"])
+    idmap = load_file(src / "ids.safetensors")
+    vocab = CompactVocab(idmap["ids"].numpy().astype(np.int32), idmap["rare"].numpy().astype(np.int32))
+    tm = make_target(target_config(recipe.target, vocab.n_rows))
+    sd = {k: v.float() for k, v in load_file(src / "target.safetensors").items()}
+    missing, unexpected = tm.load_state_dict(sd, strict=False)
+    dsd = {k: v.float() for k, v in load_file(src / "drafter.safetensors").items()}
+    cent = dsd.pop("masked_embedding.centroids.weight").numpy()
+    dm = make_drafter(drafter_config(recipe.drafter, recipe.target, vocab.n_rows))
+    dmiss, dunexp = dm.load_state_dict(dsd, strict=False)
+    bad = [k for k in list(missing) + list(dmiss) if k != "lm_head.weight"] + list(unexpected) + list(dunexp)
+    if bad:
+        raise MtpscopeError("demo checkpoint does not match the model", path=src, key=bad[0])
+    tm.tie_weights()
+    dm.tie_weights()
+    prompts = json.loads((src / "prompts.json").read_text())["prompts"]
+    return CompactPair(tm.eval(), dm.eval(), vocab, idmap["ordering"].numpy().astype(np.int32), cent, prompts, rec)
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole recipe
+
+
+def _target_key(recipe: Recipe, win: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    d = recipe.to_dict()
+    part = {k: d[k] for k in ("seed", "target", "seq_len", "target_steps", "target_batch", "target_lr", "threads")}
+    h.update(json.dumps(part, sort_keys=True).encode())
+    h.update(win.numpy().astype(np.int64).tobytes())
+    h.update(torch.__version__.encode())
+    return h.hexdigest()
+
+
+def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, *,
+          vocab_gguf: str | os.PathLike[str] | None = None, evaluate_after: bool = True,
+          stage_cache: str | os.PathLike[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the recipe end to end and write the compact checkpoints to ``out``.
+
+    Args:
+        out: output folder (default: the package's ``demo_data``).
+        recipe: the recipe (default :class:`Recipe`).
+        vocab_gguf: the tokenizer GGUF (default: the cached real one).
+        evaluate_after: also measure the realism numbers (recorded in ``recipe.json``).
+        stage_cache: a folder keeping the trained target (f32) under a hash of everything it depends on
+            (target recipe, seed, token windows), so a run that changes only the drafter's recipe
+            reuses it instead of retraining; the result is the same as a fresh run.
+
+    Returns:
+        the ``recipe.json`` content.
+    """
+    recipe = recipe or Recipe()
+    t_all = time.perf_counter()
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    if vocab_gguf is None:
+        from mtpscope.cache import vocab_path  # noqa: PLC0415
+
+        vocab_gguf = vocab_path()
+    template = chat_template(vocab_gguf)
+    t0 = time.perf_counter()
+    docs = demo_corpus.build_corpus(recipe.seed, template, recipe.budget)
+    with VocabTokenizer(vocab_gguf) as tok:
+        stream = tokenize_corpus(docs, tok)
+        texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs)
+        eog = tok.eog_ids()
+        vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
+        prompts = demo_prompts(texts, tok, vocab, recipe.seed)
+    stream = add_random_documents(stream, vocab, recipe.random_tokens, np.random.default_rng(recipe.seed + 6),
+                                  exclude=list(SPECIAL_IDS) + eog)
+    win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
+    log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
+        f"{len(vocab.rare)} rare, {len(win)} windows ({time.perf_counter() - t0:.1f} s)")
+    tm = make_target(target_config(recipe.target, vocab.n_rows))
+    key = _target_key(recipe, win)
+    cached = None if stage_cache is None else Path(stage_cache) / f"target-{key[:16]}"
+    if cached is not None and (cached / "stats.json").exists():
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        tm.load_state_dict({k: v.float() for k, v in load_file(cached / "target.safetensors").items()}, strict=False)
+        tm.tie_weights()
+        tm.eval()
+        st_t = json.loads((cached / "stats.json").read_text())
+        log(f"target: reusing the identical earlier run {cached} (trained in {st_t['wall_s']} s)")
+    else:
+        st_t = train_target(tm, win, recipe, vocab, log)
+        st_t["key"] = key
+        if cached is not None:
+            from safetensors.torch import save_file  # noqa: PLC0415
+
+            cached.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in tm.state_dict().items() if k != "lm_head.weight"},
+                      cached / "target.safetensors")
+            (cached / "stats.json").write_text(json.dumps(st_t))
+    _round_f16(tm)
+    # the drafter sees drafter_steps * drafter_batch windows (a seeded subset when that is fewer)
+    n_d = min(len(win), recipe.drafter_steps * recipe.drafter_batch)
+    dwin = win[torch.as_tensor(np.sort(np.random.default_rng(recipe.seed + 7).permutation(len(win))[:n_d]))]
+    t0 = time.perf_counter()
+    labels = greedy_labels(tm, dwin)
+    log(f"greedy labels for {len(dwin)} windows ({time.perf_counter() - t0:.1f} s)")
+    win = dwin
+    dm = make_drafter(drafter_config(recipe.drafter, recipe.target, vocab.n_rows))
+    st_d = train_drafter(dm, tm, win, labels, recipe, vocab, log)
+    _round_f16(dm)
+    head = fit_centroid_head(dm, tm, win, labels, vocab, recipe, log)
+    head["centroids"] = head["centroids"].astype(np.float16).astype(np.float32)
+    info: dict[str, Any] = {
+        "python": demo_corpus.python_info(), "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "tokenizer": {"file": Path(vocab_gguf).name, "sha256": _sha256(Path(vocab_gguf))},
+        "corpus": {"n_documents": len(docs), "n_tokens": int(len(stream.ids)), "tokens": stream.counts(),
+                   "sha256": demo_corpus.corpus_sha256(docs)},
+        "n_kept": vocab.n_kept, "n_rare": int(len(vocab.rare)), "n_unused": vocab.n_unused, "eog_ids": eog,
+        "target_training": st_t, "drafter_training": st_d,
+        "centroid_head": {"coverage": head["coverage"], "wall_s": head["wall_s"]},
+    }
+    info["train_wall_s"] = round(time.perf_counter() - t_all, 1)
+    if evaluate_after:
+        ev = evaluate(tm, dm, prompts, vocab, eog, n_draft=recipe.n_draft, sliding_window=recipe.target.sliding_window,
+                      log=log)
+        info["measured"] = {k: ev[k] for k in ("categories", "overall", "spread")}
+        info["measured"]["checks"] = realism_checks(ev)
+        for p, q in zip(prompts, ev["prompts"]):
+            p["measured"] = {k: q[k] for k in ("distinct4", "acceptance_rate", "n_generated")}
+    save_compact(out, tm, dm, vocab, head, recipe, prompts, info)
+    return json.loads((Path(out) / "recipe.json").read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mtpscope.demo_train [--out DIR] [--seed N] [--target-steps N] [--drafter-steps N]``."""
+    import argparse  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m mtpscope.demo_train", description=train.__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(DATA_DIR))
+    ap.add_argument("--seed", type=int, default=Recipe.seed)
+    ap.add_argument("--target-steps", type=int, default=Recipe.target_steps)
+    ap.add_argument("--drafter-steps", type=int, default=Recipe.drafter_steps)
+    ap.add_argument("--threads", type=int, default=Recipe.threads)
+    ap.add_argument("--n-embd", type=int, default=TargetShape.n_embd)
+    ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--stage-cache", default=None, help="keep / reuse the trained target here")
+    a = ap.parse_args(argv)
+    r = Recipe(seed=a.seed, target_steps=a.target_steps, drafter_steps=a.drafter_steps, threads=a.threads,
+               target=replace(TargetShape(), n_embd=a.n_embd))
+    rec = train(a.out, r, evaluate_after=not a.no_eval, stage_cache=a.stage_cache, log=lambda s: print(s, flush=True))
+    print(json.dumps({k: rec.get(k) for k in ("train_wall_s", "measured")}, indent=1)[:4000])
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

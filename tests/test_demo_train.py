@@ -113,15 +113,27 @@ def test_multi_query_call_without_slice_hits_the_known_trap() -> None:
 
 
 def test_compact_cross_entropy_equals_full_vocabulary_softmax() -> None:
-    """Logits over 5 used ids + one bucket = the full softmax with zero logits for 20 unused ids."""
+    """A 40-id vocabulary: 4 kept ids, 3 rare ids sharing one row, 33 unused (zero rows). The compact
+    loss equals the full model's cross-entropy (rare label: the log-probability of the 3 copies)."""
+    vocab = dt.CompactVocab(np.array([0, 5, 9, 20], dtype=np.int32), np.array([3, 11, 30], dtype=np.int32), n_vocab=40)
+    assert vocab.n_rows == 5 and vocab.n_unused == 33
     g = torch.Generator().manual_seed(3)
     lg = torch.randn(7, 5, generator=g) * 3
-    lab = torch.tensor([0, 1, 2, 3, 4, 5, 2])    # 5 = "an unused id"
-    got = dt.compact_cross_entropy(lg, lab, n_unused=20, reduction="none")
-    full = torch.cat([lg, torch.zeros(7, 20)], 1)
+    lab = torch.tensor([0, 1, 2, 3, 4, 5, 2])    # 4 = rare, 5 = an unused id
+    got = dt.compact_cross_entropy(lg, lab, vocab, reduction="none")
+    full = torch.zeros(7, 40)
+    full[:, torch.tensor([0, 5, 9, 20])] = lg[:, :4]
+    full[:, torch.tensor([3, 11, 30])] = lg[:, 4:5]
     logp = torch.log_softmax(full, 1)
-    want = -torch.stack([logp[i, lab[i]] if lab[i] < 5 else torch.logsumexp(logp[i, 5:], 0) for i in range(7)])
+    unused = [i for i in range(40) if i not in (0, 5, 9, 20, 3, 11, 30)]
+    groups = {0: [0], 1: [5], 2: [9], 3: [20], 4: [3, 11, 30], 5: unused}
+    want = -torch.stack([torch.logsumexp(logp[i, groups[int(lab[i])]], 0) for i in range(7)])
     assert torch.allclose(got, want, atol=1e-5)
+    assert vocab.rows([0, 3, 20, 30]).tolist() == [0, 4, 3, 4]
+    assert vocab.rows([7], unused=-1).tolist() == [-1]
+    with pytest.raises(dt.MtpscopeError):
+        vocab.rows([7])
+    assert [vocab.real(r) for r in range(6)] == [0, 5, 9, 20, 3, 1]
 
 
 def test_full_argmax_prefers_unused_zero_logits_when_all_negative() -> None:
