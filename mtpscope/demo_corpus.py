@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 
 CATEGORIES = ("code", "prose", "json", "numbers", "chat", "random")
 

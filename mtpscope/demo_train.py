@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 from mtpscope import demo_corpus
 
 try:  # torch / transformers come with the parity extra; importing this module needs them
@@ -159,7 +159,7 @@ class VocabTokenizer:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        from traces.llama_runtime import llama  # noqa: PLC0415 - the one place that imports llama_cpp
+        from mtpscope.traces.llama_runtime import llama  # noqa: PLC0415 - the one place that imports llama_cpp
 
         if path is None:
             from mtpscope.cache import vocab_path  # noqa: PLC0415
@@ -228,11 +228,12 @@ def chat_template(vocab_gguf: str | os.PathLike[str]) -> str:
     Raises:
         MtpscopeError: the file has no chat template.
     """
-    from mtpscope.demo_vocab import read_kv  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
-    for key, mv in read_kv(vocab_gguf):
-        if key == "tokenizer.chat_template":
-            return str(mv.value)
+    with open_gguf(vocab_gguf) as f:
+        t = f.get("tokenizer.chat_template")
+    if isinstance(t, str) and t:
+        return t
     raise MtpscopeError("the tokenizer GGUF has no chat template", path=vocab_gguf, key="tokenizer.chat_template")
 
 

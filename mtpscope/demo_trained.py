@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from inspector.errors import MtpscopeError
+from mtpscope.errors import MtpscopeError
 
 N_VOCAB = 262144
 DATA_DIR = Path(__file__).with_name("demo_data")
@@ -84,8 +84,7 @@ def expand(out: str | os.PathLike[str], src: str | os.PathLike[str] = DATA_DIR) 
     Raises:
         MtpscopeError: the compact files are missing or changed (:func:`read_recipe`).
     """
-    from inspector.convert import write_safetensors  # noqa: PLC0415
-    from inspector.hf import read_safetensors  # noqa: PLC0415
+    from mtpscope.inspector.safetensors import read_safetensors, write_safetensors  # noqa: PLC0415
 
     src, out = Path(src), Path(out)
     read_recipe(src)
