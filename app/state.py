@@ -135,11 +135,35 @@ def init_selection() -> None:
                 defaults["drafter"] = Path(a)
         except (OSError, ValueError):
             pass
+    defaults.update(_trained_defaults(demo.root))
     for k, v in defaults.items():
         key = f"sel.{k}"
         if key not in st.session_state:
             ok = v is not None and Path(v).exists() and safety.is_allowed(v, roots())
             st.session_state[key] = str(v) if ok else None
+
+
+def _trained_defaults(root: Path) -> dict[str, Any]:
+    """The trained demo's default view from ``<demo>/demo.json`` (trace, trace B, drafter, target), and
+    the Acceptance page's prompt preset to the worst category's worst prompt; {} when absent."""
+    import json
+
+    try:
+        doc = json.loads((root / "demo.json").read_text())
+        d = doc.get("default") if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for k in ("trace", "trace_b", "drafter", "target"):
+        v = d.get(k)
+        if isinstance(v, str) and v and (root / v).exists():
+            out[k] = root / v
+    pid = d.get("prompt_id")
+    if "trace" in out and isinstance(pid, int) and not isinstance(pid, bool) and "w.acc.prompt" not in st.session_state:
+        st.session_state["w.acc.prompt"] = pid
+    return out
 
 
 def get(name: str) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,9 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            command: Sequence[str] | None = None, runtime: MtpRuntime | None = None,
-           on_round: Callable[[int, RoundResult], None] | None = None) -> RecordSummary:
+           on_round: Callable[[int, RoundResult], None] | None = None,
+           prompt_ids: Sequence[Sequence[int]] | None = None,
+           prompt_fields: Sequence[Mapping[str, Any]] | None = None) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
@@ -181,6 +183,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here).
         on_round: called with ``(prompt_id, RoundResult)`` after each round is written (the CLI draws
             its progress bar from it).
+        prompt_ids: the prompts as token ids (one list per prompt, BOS included; ``prompts`` then gives
+            the texts to show, same length, and nothing is tokenized). Kept in the manifest as
+            ``token_ids``, which replay uses instead of re-tokenizing the text.
+        prompt_fields: extra JSON fields per prompt for the manifest's prompt entries (e.g.
+            ``{"category": "code"}``), same length as the prompts.
 
     Returns:
         :class:`RecordSummary`.
@@ -213,6 +220,13 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                                                        else read_prompts(prompts_file))  # type: ignore[arg-type]
     if not texts:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
+    for name, extra in (("prompt_ids", prompt_ids), ("prompt_fields", prompt_fields)):
+        if extra is not None and len(extra) != len(texts):
+            raise MtpscopeError(f"{name} must give one entry per prompt", key=name, expected=len(texts),
+                                actual=len(extra))
+    if prompt_ids is not None and not all(len(x) and all(isinstance(i, int) and i >= 0 for i in x)
+                                          for x in prompt_ids):
+        raise MtpscopeError("prompt_ids must be non-empty lists of token ids", key="prompt_ids")
 
     if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -247,7 +261,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         if need_capture and rtm.capture is None:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        toks = [rtm.prompt_tokens(t, chat=chat) for t in texts]
+        toks = ([list(x) for x in prompt_ids] if prompt_ids is not None
+                else [rtm.prompt_tokens(t, chat=chat) for t in texts])
+        if prompt_ids is not None and max(max(x) for x in toks) >= rtm.n_vocab:
+            raise MtpscopeError("a prompt token id is outside the vocabulary", key="prompt_ids",
+                                expected=f"< {rtm.n_vocab}", actual=max(max(x) for x in toks))
         rtm.ensure_context(max(len(t) for t in toks) + max_tokens + n_draft + 1)
         params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
                   "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
@@ -261,7 +279,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             "params": params,
             "models": models,
             "runtime": rt.runtime_info(n_gpu_layers),
-            "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
+            "prompts": [{**(dict(prompt_fields[i]) if prompt_fields is not None else {}), "prompt_id": i, "text": t,
+                         "n_prompt_tokens": len(tk), **({"token_ids": tk} if prompt_ids is not None else {})}
                         for i, (t, tk) in enumerate(zip(texts, toks, strict=True))],
             "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                     "source": head.source, "kind": head.kind},

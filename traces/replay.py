@@ -234,7 +234,9 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
-        prompt_toks = {pid: prompt_tokens(model, prompts[pid].get("text") or "", chat=chat) for pid in prompts}
+        # prompts recorded as token ids (recorder's prompt_ids) carry them; the others are re-tokenized
+        prompt_toks = {pid: ([int(x) for x in prompts[pid]["token_ids"]] if prompts[pid].get("token_ids")
+                             else prompt_tokens(model, prompts[pid].get("text") or "", chat=chat)) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         return res

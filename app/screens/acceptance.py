@@ -44,6 +44,8 @@ with state.guard("trace store"):
     pids = [int(p) for p in sorted(rounds_all["prompt_id"].unique())]
     texts = views.prompt_texts(prompts)
     ALL = -1
+    if st.session_state.get("w.acc.prompt", ALL) not in [ALL] + pids:  # a preset (demo.json) from another trace
+        st.session_state.pop("w.acc.prompt", None)
     choice = st.selectbox("prompt", [ALL] + pids, key="w.acc.prompt",
                           format_func=lambda p: "all prompts" if p == ALL else
                           f"prompt {p}: {texts.get(p, '')[:60]}")
