@@ -121,13 +121,14 @@ class Recipe:
     target_steps: int = 450
     target_batch: int = 16
     target_lr: float = 3e-3
-    drafter_steps: int = 250
+    drafter_steps: int = 200
     drafter_batch: int = 8
     drafter_lr: float = 3e-3
     n_draft: int = 3
     centroid_steps: int = 300
     min_count: int = 5
-    random_tokens: int = 24_000
+    random_tokens: int = 20_000
+    random_pool: int = 128
     threads: int = 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,7 +254,8 @@ class TokenStream:
 
 
 def tokenize_corpus(docs: Sequence[demo_corpus.Document], tok: VocabTokenizer) -> TokenStream:
-    """BOS + tokens of each document, concatenated (chat documents start with their own ``<bos>``)."""
+    """BOS + tokens of each document + EOS, concatenated (chat documents start with their own ``<bos>``).
+    The EOS teaches the target to end a finished document (an end-of-generation token) rather than run on."""
     ids: list[np.ndarray] = []
     cats: list[np.ndarray] = []
     for d in docs:
@@ -261,7 +263,7 @@ def tokenize_corpus(docs: Sequence[demo_corpus.Document], tok: VocabTokenizer) -
         x = tok.tokenize(d.text, special=chat)
         if not chat or not x or x[0] != BOS:
             x = [BOS, *x]
-        a = np.asarray(x, dtype=np.int32)
+        a = np.asarray([*x, EOS], dtype=np.int32)
         ids.append(a)
         cats.append(np.full(len(a), demo_corpus.CATEGORIES.index(d.category), dtype=np.int8))
     return TokenStream(np.concatenate(ids), np.concatenate(cats), len(docs))
@@ -340,13 +342,31 @@ class CompactVocab:
         return off
 
 
-def add_random_documents(stream: TokenStream, vocab: CompactVocab, n_tokens: int,
-                         rng: np.random.Generator, exclude: Iterable[int] = SPECIAL_IDS) -> TokenStream:
-    """Insert documents of uniformly random kept ids (category ``random``, 64-192 tokens each after BOS,
-    about ``n_tokens`` in all) between the stream's documents at seeded places. They teach the target
-    that a random context continues unpredictably (a near-flat distribution), so a random-token
-    prompt neither loops nor turns into memorized text."""
-    pool = np.setdiff1d(vocab.ids, np.asarray(list(exclude)))
+def random_word_pool(stream: TokenStream, vocab: CompactVocab, tok: VocabTokenizer, n: int,
+                     rng: np.random.Generator, n_candidates: int = 1000) -> np.ndarray:
+    """``n`` word tokens (a leading space and letters, at least 3 bytes) drawn from the ``n_candidates``
+    most frequent ones of the stream: the vocabulary of the ``random`` documents and prompts."""
+    u, c = np.unique(stream.ids, return_counts=True)
+    order = u[np.argsort(-c, kind="stable")]
+    cands = []
+    for t in order:
+        p = tok.piece(int(t))
+        if len(p) >= 3 and p[:1] == b" " and p[1:].isalpha() and p[1:].isascii():
+            cands.append(int(t))
+            if len(cands) >= n_candidates:
+                break
+    cands = np.asarray(cands, dtype=np.int32)
+    cands = cands[np.isin(cands, vocab.ids)]
+    return np.sort(rng.choice(cands, min(n, len(cands)), replace=False))
+
+
+def add_random_documents(stream: TokenStream, pool: np.ndarray, n_tokens: int,
+                         rng: np.random.Generator) -> TokenStream:
+    """Insert documents of words drawn uniformly from ``pool`` (category ``random``, 300-500 words after
+    BOS, then EOS; about ``n_tokens`` in all) between the stream's documents at seeded places. They teach
+    the target that such a context continues unpredictably: a near-flat distribution over the pool (each
+    word more likely than the end of the document), so a random-word prompt neither stops nor turns into
+    memorized text, and its continuation is hard for the drafter to guess."""
     starts = np.flatnonzero(stream.ids == BOS)
     parts_ids = np.split(stream.ids, starts[1:])
     parts_cat = np.split(stream.category, starts[1:])
@@ -354,8 +374,8 @@ def add_random_documents(stream: TokenStream, vocab: CompactVocab, n_tokens: int
     made = 0
     extra: list[tuple[int, np.ndarray]] = []
     while made < n_tokens:
-        n = int(rng.integers(64, 193))
-        doc = np.concatenate([[BOS], rng.choice(pool, n)]).astype(np.int32)
+        n = int(rng.integers(300, 501))
+        doc = np.concatenate([[BOS], rng.choice(pool, n), [EOS]]).astype(np.int32)
         extra.append((int(rng.integers(0, len(parts_ids) + 1)), doc))
         made += len(doc)
     for at, doc in sorted(extra, key=lambda e: -e[0]):
@@ -887,12 +907,11 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
 # demo prompts, evaluation
 
 
-def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, vocab: CompactVocab,
+def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, pool: np.ndarray,
                  seed: int, n_random: int = 6, random_len: int = 32) -> list[dict[str, Any]]:
     """Tokenized demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids, BOS
-    first). The ``random`` category: ``random_len`` ids drawn uniformly from the kept ids (special
-    tokens excluded), text = their decoded pieces (the ids are the prompt: re-tokenizing the text
-    need not give them back)."""
+    first). The ``random`` category: ``random_len`` words drawn uniformly from ``pool``
+    (:func:`random_word_pool`), text = their decoded pieces (the ids are the prompt)."""
     out: list[dict[str, Any]] = []
     for t in texts:
         x = tok.tokenize(t.text, special=t.special)
@@ -900,7 +919,6 @@ def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, v
             x = [BOS, *x]
         out.append({"category": t.category, "name": t.name, "text": t.text, "ids": [int(v) for v in x]})
     rng = np.random.default_rng(seed + 5)
-    pool = np.setdiff1d(vocab.ids, np.asarray(SPECIAL_IDS + tuple(tok.eog_ids())))
     if n_random:
         for j in range(n_random):
             x = [BOS] + [int(v) for v in rng.choice(pool, random_len, replace=False)]
@@ -1115,9 +1133,9 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs)
         eog = tok.eog_ids()
         vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
-        prompts = demo_prompts(texts, tok, vocab, recipe.seed)
-    stream = add_random_documents(stream, vocab, recipe.random_tokens, np.random.default_rng(recipe.seed + 6),
-                                  exclude=list(SPECIAL_IDS) + eog)
+        pool = random_word_pool(stream, vocab, tok, recipe.random_pool, np.random.default_rng(recipe.seed + 6))
+        prompts = demo_prompts(texts, tok, pool, recipe.seed)
+    stream = add_random_documents(stream, pool, recipe.random_tokens, np.random.default_rng(recipe.seed + 8))
     win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
     log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
         f"{len(vocab.rare)} rare, {len(win)} windows ({time.perf_counter() - t0:.1f} s)")
