@@ -1021,6 +1021,8 @@ def save_compact(out: str | os.PathLike[str], tm: Any, dm: Any, vocab: CompactVo
     (out / "drafter.json").write_text(json.dumps(drafter_config(recipe.drafter, recipe.target, N_VOCAB,
                                                                 centroids=True), indent=1) + "\n")
     (out / "prompts.json").write_text(json.dumps({"prompts": list(prompts)}, indent=1, ensure_ascii=False) + "\n")
+    for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors"):
+        os.chmod(out / n, 0o644)   # safetensors writes 0600; these are committed package data
     files = {n: _sha256(out / n) for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors",
                                            "target.json", "drafter.json", "prompts.json")}
     rec = {"recipe": recipe.to_dict(), **info, "files": files}

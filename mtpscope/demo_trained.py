@@ -152,11 +152,11 @@ def write_buggy_rope(src: str | os.PathLike[str], out: str | os.PathLike[str], v
     return out
 
 
-def _convert_all(tp: Any, say: Callable[[str], None]) -> None:
+def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
     from mtpscope.inspector.convert import convert  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    expand(tp.root / "hf")
+    expand(tp.root / "hf", data)
     say(f"  expanded the compact checkpoints to 262144 rows ({time.perf_counter() - t0:.1f} s)")
     convert(tp.hf_target, tp.target, outtype="f16")
     convert(tp.hf_drafter, tp.drafter, dialect="upstream", outtype="f32", centroids_out=tp.sidecar)
@@ -205,7 +205,7 @@ def worst_prompt(rows: list[dict[str, Any]]) -> tuple[str | None, int | None]:
     return worst, int(pid)
 
 
-def _record_all(tp: Any, say: Callable[[str], None]) -> dict[str, Any] | None:
+def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, Any] | None:
     try:
         from mtpscope.traces import recorder  # noqa: PLC0415
         from mtpscope.traces.llama_runtime import llama  # noqa: PLC0415
@@ -215,7 +215,7 @@ def _record_all(tp: Any, say: Callable[[str], None]) -> dict[str, Any] | None:
         return None
     from mtpscope.demo_spec import TRAINED_RECORD  # noqa: PLC0415
 
-    prompts = read_prompts()
+    prompts = read_prompts(data)
     summary: dict[str, Any] = {}
     for name, _role, attr in VARIANTS:
         out = tp.traces[name]
@@ -293,7 +293,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
 
 
 def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, traces: bool = True,
-                  log: Callable[[str], None] | None = None) -> Any:
+                  log: Callable[[str], None] | None = None, data: str | os.PathLike[str] = DATA_DIR) -> Any:
     """Build (or reuse) the trained pair under ``<demo_root>/trained`` and write ``<demo_root>/demo.json``.
 
     Returns:
@@ -301,12 +301,15 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
 
     Raises:
         MtpscopeError: the committed data is missing or changed; converter / recorder errors.
+
+    ``data``: the compact checkpoints (default: the package's ``demo_data``).
     """
     from mtpscope.demo_spec import (  # noqa: PLC0415
         TrainedPaths, _read_stamp, _trace_complete, _write_stamp, trained_models_hash, trained_traces_hash)
 
     say = log or (lambda _m: None)
-    mh = trained_models_hash()
+    data = Path(data)
+    mh = trained_models_hash(data)
     if mh is None:
         return None
     tp = TrainedPaths.under(Path(demo_root))
@@ -314,14 +317,14 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
     stamp = _read_stamp(tp.stamp)
     if force or stamp.get("models") != mh or not all(p.exists() for p in tp.models):
         say(f"writing the trained demo pair into {tp.root}")
-        read_recipe()
-        _convert_all(tp, say)
+        read_recipe(data)
+        _convert_all(tp, say, data)
         stamp = {"models": mh, "traces": None, "summary": None}
         _write_stamp(tp.stamp, stamp)
     if traces:
         th = trained_traces_hash(mh)
         if force or stamp.get("traces") != th or not all(_trace_complete(d) for d in tp.traces.values()):
-            summary = _record_all(tp, say)
+            summary = _record_all(tp, say, data)
             if summary is not None:
                 stamp = {**stamp, "traces": th, "summary": summary}
                 _write_stamp(tp.stamp, stamp)
