@@ -11,7 +11,7 @@ Six categories with clearly different predictability (docs/DEMO.md, "The trained
   code requests) rendered with the Gemma 4 chat template, so the template's special tokens and turn
   structure are in the data;
 * ``random``: no text here: :mod:`mtpscope.demo_train` adds documents of words drawn at random from a
-  small pool of frequent word tokens (the demo's unpredictable prompts are such draws too).
+  small pool of frequent word tokens (the demo's unpredictable prompts are cut from them).
 
 Everything is a pure function of the seed and of the interpreter's own files (the recipe records the
 Python version and a hash of the text). Nothing here needs torch or llama.cpp: the text is rendered
@@ -34,10 +34,10 @@ from mtpscope.errors import MtpscopeError
 
 CATEGORIES = ("code", "prose", "json", "numbers", "chat", "random")
 
-#: characters of text per category in the default recipe (about 0.33 M tokens in all: small enough for the
-#: tiny target to see each document several times, so its greedy continuations of training text follow
+#: characters of text per category in the default recipe (about 0.13 M tokens in all: small enough for the
+#: tiny target to see each document ~15 times, so its greedy continuations of training text follow
 #: the text instead of looping)
-DEFAULT_BUDGET = {"code": 350_000, "prose": 200_000, "json": 150_000, "numbers": 60_000, "chat": 200_000}
+DEFAULT_BUDGET = {"code": 140_000, "prose": 70_000, "json": 50_000, "numbers": 20_000, "chat": 70_000}
 
 # files that are data rather than code, or huge generated tables
 _CODE_SKIP = {"this.py", "antigravity.py", "__phello__.foo.py", "_pydecimal.py", "pydoc.py", "_aix_support.py",

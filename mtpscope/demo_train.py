@@ -127,7 +127,7 @@ class Recipe:
     n_draft: int = 3
     centroid_steps: int = 300
     min_count: int = 5
-    random_tokens: int = 20_000
+    random_tokens: int = 8_000
     random_pool: int = 128
     threads: int = 1
 
@@ -360,24 +360,28 @@ def random_word_pool(stream: TokenStream, vocab: CompactVocab, tok: VocabTokeniz
     return np.sort(rng.choice(cands, min(n, len(cands)), replace=False))
 
 
-def add_random_documents(stream: TokenStream, pool: np.ndarray, n_tokens: int,
-                         rng: np.random.Generator) -> TokenStream:
-    """Insert documents of words drawn uniformly from ``pool`` (category ``random``, 300-500 words after
-    BOS, then EOS; about ``n_tokens`` in all) between the stream's documents at seeded places. They teach
-    the target that such a context continues unpredictably: a near-flat distribution over the pool (each
-    word more likely than the end of the document), so a random-word prompt neither stops nor turns into
-    memorized text, and its continuation is hard for the drafter to guess."""
+def random_documents(pool: np.ndarray, n_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Documents of words drawn uniformly from ``pool`` (BOS, 300-500 words, EOS; about ``n_tokens`` in
+    all): text without any rule, which the target can only learn by heart."""
+    out: list[np.ndarray] = []
+    made = 0
+    while made < n_tokens:
+        n = int(rng.integers(300, 501))
+        out.append(np.concatenate([[BOS], rng.choice(pool, n), [EOS]]).astype(np.int32))
+        made += len(out[-1])
+    return out
+
+
+def add_random_documents(stream: TokenStream, docs: Sequence[np.ndarray], rng: np.random.Generator) -> TokenStream:
+    """Insert ``docs`` (:func:`random_documents`, category ``random``) between the stream's documents at
+    seeded places. The target learns them by heart (it sees each several times), so a prompt cut from
+    one continues without a loop; the much smaller drafter, trained for fewer passes, cannot follow
+    them: the demo's unpredictable category."""
     starts = np.flatnonzero(stream.ids == BOS)
     parts_ids = np.split(stream.ids, starts[1:])
     parts_cat = np.split(stream.category, starts[1:])
     rnd_cat = demo_corpus.CATEGORIES.index("random")
-    made = 0
-    extra: list[tuple[int, np.ndarray]] = []
-    while made < n_tokens:
-        n = int(rng.integers(300, 501))
-        doc = np.concatenate([[BOS], rng.choice(pool, n), [EOS]]).astype(np.int32)
-        extra.append((int(rng.integers(0, len(parts_ids) + 1)), doc))
-        made += len(doc)
+    extra = [(int(rng.integers(0, len(parts_ids) + 1)), d) for d in docs]
     for at, doc in sorted(extra, key=lambda e: -e[0]):
         parts_ids.insert(at, doc)
         parts_cat.insert(at, np.full(len(doc), rnd_cat, dtype=np.int8))
@@ -907,11 +911,11 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
 # demo prompts, evaluation
 
 
-def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, pool: np.ndarray,
+def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, random_docs: Sequence[np.ndarray],
                  seed: int, n_random: int = 6, random_len: int = 32) -> list[dict[str, Any]]:
     """Tokenized demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids, BOS
-    first). The ``random`` category: ``random_len`` words drawn uniformly from ``pool``
-    (:func:`random_word_pool`), text = their decoded pieces (the ids are the prompt)."""
+    first). The ``random`` category: the first ``random_len`` words of ``n_random`` of the random-word
+    training documents (:func:`random_documents`), text = their decoded pieces (the ids are the prompt)."""
     out: list[dict[str, Any]] = []
     for t in texts:
         x = tok.tokenize(t.text, special=t.special)
@@ -920,9 +924,9 @@ def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, p
         out.append({"category": t.category, "name": t.name, "text": t.text, "ids": [int(v) for v in x]})
     rng = np.random.default_rng(seed + 5)
     if n_random:
-        for j in range(n_random):
-            x = [BOS] + [int(v) for v in rng.choice(pool, random_len, replace=False)]
-            out.append({"category": "random", "name": f"random:{j}", "text": tok.text(x[1:]), "ids": x})
+        for j in sorted(rng.choice(len(random_docs), min(n_random, len(random_docs)), replace=False).tolist()):
+            x = [int(v) for v in random_docs[j][: random_len + 1]]
+            out.append({"category": "random", "name": f"random:doc{j}", "text": tok.text(x[1:]), "ids": x})
     for i, p in enumerate(out):
         p["prompt_id"] = i
     return out
@@ -1136,8 +1140,9 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         eog = tok.eog_ids()
         vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
         pool = random_word_pool(stream, vocab, tok, recipe.random_pool, np.random.default_rng(recipe.seed + 6))
-        prompts = demo_prompts(texts, tok, pool, recipe.seed)
-    stream = add_random_documents(stream, pool, recipe.random_tokens, np.random.default_rng(recipe.seed + 8))
+        rdocs = random_documents(pool, recipe.random_tokens, np.random.default_rng(recipe.seed + 8))
+        prompts = demo_prompts(texts, tok, rdocs, recipe.seed)
+    stream = add_random_documents(stream, rdocs, np.random.default_rng(recipe.seed + 9))
     win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
     log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
         f"{len(vocab.rare)} rare, {len(win)} windows ({time.perf_counter() - t0:.1f} s)")
