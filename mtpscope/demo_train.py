@@ -126,7 +126,7 @@ class Recipe:
     drafter_lr: float = 3e-3
     n_draft: int = 3
     centroid_steps: int = 300
-    min_count: int = 5
+    min_count: int = 2
     random_tokens: int = 8_000
     random_pool: int = 128
     threads: int = 1
@@ -912,15 +912,22 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
 
 
 def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, random_docs: Sequence[np.ndarray],
-                 seed: int, n_random: int = 6, random_len: int = 32) -> list[dict[str, Any]]:
+                 seed: int, n_random: int = 6, random_len: int = 32, *, used: np.ndarray | None = None,
+                 n_per_category: int = 6) -> list[dict[str, Any]]:
     """Tokenized demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids, BOS
-    first). The ``random`` category: the first ``random_len`` words of ``n_random`` of the random-word
-    training documents (:func:`random_documents`), text = their decoded pieces (the ids are the prompt)."""
+    first), the first ``n_per_category`` of each category in ``texts`` whose ids all lie in ``used``
+    (the ids the corpus has: an id it never saw is a zero row in the full model, with no compact row).
+    The ``random`` category: the first ``random_len`` words of ``n_random`` of the random-word training
+    documents (:func:`random_documents`), text = their decoded pieces (the ids are the prompt)."""
     out: list[dict[str, Any]] = []
+    n_cat: dict[str, int] = {}
     for t in texts:
         x = tok.tokenize(t.text, special=t.special)
         if not x or x[0] != BOS:
             x = [BOS, *x]
+        if n_cat.get(t.category, 0) >= n_per_category or (used is not None and not np.isin(x, used).all()):
+            continue
+        n_cat[t.category] = n_cat.get(t.category, 0) + 1
         out.append({"category": t.category, "name": t.name, "text": t.text, "ids": [int(v) for v in x]})
     rng = np.random.default_rng(seed + 5)
     if n_random:
@@ -1115,9 +1122,10 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         recipe: the recipe (default :class:`Recipe`).
         vocab_gguf: the tokenizer GGUF (default: the cached real one).
         evaluate_after: also measure the realism numbers (recorded in ``recipe.json``).
-        stage_cache: a folder keeping the trained target (f32) under a hash of everything it depends on
-            (target recipe, seed, token windows), so a run that changes only the drafter's recipe
-            reuses it instead of retraining; the result is the same as a fresh run.
+        stage_cache: a folder keeping the trained target and drafter (f32) under hashes of everything
+            each depends on (recipe parts, seed, token windows; the drafter also the target's hash), so a
+            run that changes only later stages reuses them instead of retraining; the result is the same
+            as a fresh run.
 
     Returns:
         the ``recipe.json`` content.
@@ -1136,12 +1144,13 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     docs = demo_corpus.build_corpus(recipe.seed, template, recipe.budget)
     with VocabTokenizer(vocab_gguf) as tok:
         stream = tokenize_corpus(docs, tok)
-        texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs)
+        # candidates: three times the prompts needed, the first with only known ids are kept
+        texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs, n_per_category=18)
         eog = tok.eog_ids()
         vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
         pool = random_word_pool(stream, vocab, tok, recipe.random_pool, np.random.default_rng(recipe.seed + 6))
         rdocs = random_documents(pool, recipe.random_tokens, np.random.default_rng(recipe.seed + 8))
-        prompts = demo_prompts(texts, tok, rdocs, recipe.seed)
+        prompts = demo_prompts(texts, tok, rdocs, recipe.seed, used=np.union1d(vocab.ids, vocab.rare))
     stream = add_random_documents(stream, rdocs, np.random.default_rng(recipe.seed + 9))
     win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
     log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
@@ -1176,7 +1185,26 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     log(f"greedy labels for {len(dwin)} windows ({time.perf_counter() - t0:.1f} s)")
     win = dwin
     dm = make_drafter(drafter_config(recipe.drafter, recipe.target, vocab.n_rows))
-    st_d = train_drafter(dm, tm, win, labels, recipe, vocab, log)
+    dkey = hashlib.sha256((key + json.dumps({k: recipe.to_dict()[k] for k in (
+        "drafter", "drafter_steps", "drafter_batch", "drafter_lr", "n_draft")}, sort_keys=True)).encode()).hexdigest()
+    dcached = None if stage_cache is None else Path(stage_cache) / f"drafter-{dkey[:16]}"
+    if dcached is not None and (dcached / "stats.json").exists():
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        dm.load_state_dict({k: v.float() for k, v in load_file(dcached / "drafter.safetensors").items()}, strict=False)
+        dm.tie_weights()
+        dm.eval()
+        st_d = json.loads((dcached / "stats.json").read_text())
+        log(f"drafter: reusing the identical earlier run {dcached} (trained in {st_d['wall_s']} s)")
+    else:
+        st_d = train_drafter(dm, tm, win, labels, recipe, vocab, log)
+        if dcached is not None:
+            from safetensors.torch import save_file  # noqa: PLC0415
+
+            dcached.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in dm.state_dict().items() if k != "lm_head.weight"},
+                      dcached / "drafter.safetensors")
+            (dcached / "stats.json").write_text(json.dumps(st_d))
     _round_f16(dm)
     head = fit_centroid_head(dm, tm, win, labels, vocab, recipe, log)
     head["centroids"] = head["centroids"].astype(np.float16).astype(np.float32)
