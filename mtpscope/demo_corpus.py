@@ -206,7 +206,7 @@ def numbers_text(rng: random.Random) -> str:
         s = rng.randint(1, 20)
         return "\n".join(f"{i}^2 = {i * i}" for i in range(s, s + rng.randint(8, 15))) + "\n"
     if kind == 3:
-        b = rng.choice((2, 3, 10))
+        b = rng.choice((2, 3))   # (powers of 10 are runs of zeros: repetitive by themselves)
         return ", ".join(str(b ** i) for i in range(rng.randint(8, 16))) + "\n"
     a, b = rng.randint(0, 5), rng.randint(1, 5)
     seq = [a, b]
@@ -240,7 +240,9 @@ def _first_sentences(text: str, n: int = 2) -> str:
 
 
 def _qa(rng: random.Random, topics: list[tuple[str, str]]) -> tuple[str, str]:
-    kind = rng.randrange(6)
+    # (no "explain a topic" question: a tiny model cannot recall a topic's text from its name, and its
+    # greedy answer then loops)
+    kind = rng.choice((0, 1, 3, 4, 5))
     if kind == 0:
         a, b = rng.randint(1, 99), rng.randint(1, 99)
         op = rng.choice("+-*")
@@ -249,9 +251,6 @@ def _qa(rng: random.Random, topics: list[tuple[str, str]]) -> tuple[str, str]:
     if kind == 1:
         country, capital = rng.choice(COUNTRIES)
         return f"What is the capital of {country}?", f"The capital of {country} is {capital}."
-    if kind == 2:
-        name, text = rng.choice(topics)
-        return f"Explain the Python topic '{name}'.", _first_sentences(text)
     if kind == 3:
         fn = rng.choice(("add", "multiply", "subtract"))
         sym = {"add": "+", "multiply": "*", "subtract": "-"}[fn]

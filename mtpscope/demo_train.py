@@ -121,13 +121,15 @@ class Recipe:
     target_steps: int = 450
     target_batch: int = 16
     target_lr: float = 3e-3
-    drafter_steps: int = 200
+    drafter_steps: int = 400
     drafter_batch: int = 8
     drafter_lr: float = 3e-3
     n_draft: int = 3
     centroid_steps: int = 300
     min_count: int = 2
-    random_tokens: int = 8_000
+    random_docs: int = 6
+    random_words: int = 160
+    random_copies: int = 8
     random_pool: int = 128
     threads: int = 1
 
@@ -360,23 +362,19 @@ def random_word_pool(stream: TokenStream, vocab: CompactVocab, tok: VocabTokeniz
     return np.sort(rng.choice(cands, min(n, len(cands)), replace=False))
 
 
-def random_documents(pool: np.ndarray, n_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Documents of words drawn uniformly from ``pool`` (BOS, 300-500 words, EOS; about ``n_tokens`` in
-    all): text without any rule, which the target can only learn by heart."""
-    out: list[np.ndarray] = []
-    made = 0
-    while made < n_tokens:
-        n = int(rng.integers(300, 501))
-        out.append(np.concatenate([[BOS], rng.choice(pool, n), [EOS]]).astype(np.int32))
-        made += len(out[-1])
-    return out
+def random_documents(pool: np.ndarray, n_docs: int, n_words: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``n_docs`` documents of ``n_words`` words drawn uniformly from ``pool`` (BOS, words, EOS): text
+    without any rule, which the target can only learn by heart."""
+    return [np.concatenate([[BOS], rng.choice(pool, n_words), [EOS]]).astype(np.int32) for _ in range(n_docs)]
 
 
-def add_random_documents(stream: TokenStream, docs: Sequence[np.ndarray], rng: np.random.Generator) -> TokenStream:
-    """Insert ``docs`` (:func:`random_documents`, category ``random``) between the stream's documents at
-    seeded places. The target learns them by heart (it sees each several times), so a prompt cut from
-    one continues without a loop; the much smaller drafter, trained for fewer passes, cannot follow
-    them: the demo's unpredictable category."""
+def add_random_documents(stream: TokenStream, docs: Sequence[np.ndarray], rng: np.random.Generator,
+                         copies: int = 1) -> TokenStream:
+    """Insert ``copies`` copies of each of ``docs`` (:func:`random_documents`, category ``random``) between
+    the stream's documents at seeded places. The target learns them by heart (it sees each many times),
+    so a prompt cut from one continues without a loop; the much smaller drafter, trained for fewer
+    passes, cannot follow them: the demo's unpredictable category."""
+    docs = [d for d in docs for _ in range(copies)]
     starts = np.flatnonzero(stream.ids == BOS)
     parts_ids = np.split(stream.ids, starts[1:])
     parts_cat = np.split(stream.category, starts[1:])
@@ -1149,9 +1147,9 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         eog = tok.eog_ids()
         vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
         pool = random_word_pool(stream, vocab, tok, recipe.random_pool, np.random.default_rng(recipe.seed + 6))
-        rdocs = random_documents(pool, recipe.random_tokens, np.random.default_rng(recipe.seed + 8))
+        rdocs = random_documents(pool, recipe.random_docs, recipe.random_words, np.random.default_rng(recipe.seed + 8))
         prompts = demo_prompts(texts, tok, rdocs, recipe.seed, used=np.union1d(vocab.ids, vocab.rare))
-    stream = add_random_documents(stream, rdocs, np.random.default_rng(recipe.seed + 9))
+    stream = add_random_documents(stream, rdocs, np.random.default_rng(recipe.seed + 9), copies=recipe.random_copies)
     win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
     log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
         f"{len(vocab.rare)} rare, {len(win)} windows ({time.perf_counter() - t0:.1f} s)")
