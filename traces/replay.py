@@ -294,6 +294,21 @@ BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16
 BASELINE_GPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="tanh")
 
 
+def baseline_for(manifest: dict[str, Any]) -> StepOptions:
+    """The baseline options for a recorded trace: :data:`BASELINE_GPU` when its drafter ran on a GPU
+    (``runtime.device`` names one and ``params.n_gpu_layers`` != 0), else :data:`BASELINE_CPU`.
+
+    ``n_gpu_layers`` alone does not tell: the recorder's default is -1 (offload all), which a CPU-only
+    build ignores; its manifest then says ``device: "cpu"`` and the CPU's F16 GELU table applies.
+    """
+    params = manifest.get("params") or {}
+    device = (manifest.get("runtime") or {}).get("device")
+    ngl = params.get("n_gpu_layers")
+    offloads = not isinstance(ngl, int) or isinstance(ngl, bool) or ngl != 0  # unknown: trust the device
+    on_gpu = isinstance(device, str) and device.lower() != "cpu" and offloads
+    return BASELINE_GPU if on_gpu else BASELINE_CPU
+
+
 def parse_variant(spec: str, base: StepOptions) -> StepOptions:
     """``"position=p-1,head=centroid"`` applied on top of ``base``.
 
@@ -438,7 +453,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         out: folder to write ``summary.json`` and ``steps.parquet`` into.
         target / assistant / centroids: override the manifest's model paths.
         max_rounds: replay only the first N rounds (over all prompts).
-        baseline: the baseline options (default: the recorder's, CPU or GPU by ``params.n_gpu_layers``).
+        baseline: the baseline options (default: :func:`baseline_for` the manifest: CPU or GPU by the
+            device that ran the drafter).
         chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
 
     Raises:
@@ -458,7 +474,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         raise TraceError("replay needs a trace recorded by `mtpscope record` (prompt texts, model paths, "
                          "every round's drafts)", path=tpath, key="manifest.source", expected="record",
                          actual=man.get("source"))
-    base = baseline or (BASELINE_GPU if int(params.get("n_gpu_layers") or 0) != 0 else BASELINE_CPU)
+    base = baseline or baseline_for(man)
     vmap: dict[str, StepOptions] = {"baseline": base}
     for spec in variants:
         vmap[spec] = parse_variant(spec, base)
@@ -687,5 +703,5 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
     return paths
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "LiveRun", "LiveStep", "ReplayResult", "TargetPrefill", "donor_layers",
-           "live_mtp_run", "parse_variant", "prefill", "replay", "shape_kv"]
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "LiveRun", "LiveStep", "ReplayResult", "TargetPrefill", "baseline_for",
+           "donor_layers", "live_mtp_run", "parse_variant", "prefill", "replay", "shape_kv"]
