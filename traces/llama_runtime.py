@@ -23,6 +23,7 @@ import collections
 import ctypes
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -679,6 +680,55 @@ class DraftBatch:
             self.batch.token = ctypes.POINTER(lc.llama_token)()
             lc.llama_batch_free(self.batch)
             self.batch = None
+
+
+# --------------------------------------------------------------------------------------------------
+# aborts: what llama.cpp / ggml print when they give up (for the isolated recording worker)
+# --------------------------------------------------------------------------------------------------
+
+#: Environment for a process that runs llama.cpp under the recorder. ggml's abort handler
+#: (``ggml_abort`` -> ``ggml_print_backtrace`` in ``ggml/src/ggml.c``; also ``std::terminate`` via
+#: ``ggml.cpp``) forks and execs ``gdb --batch -ex "attach PID" -ex bt`` (or lldb) unless
+#: ``GGML_NO_BACKTRACE`` is set, which prints ~200 lines of debugger output into the user's terminal
+#: and can take seconds; the message before it (``file:line: text``) is all we need.
+ABORT_ENV = {"GGML_NO_BACKTRACE": "1"}
+
+#: ``ggml_abort`` writes ``"<file>:<line>: <message>"`` to stderr before ``abort()``
+#: (``GGML_ABORT(...)``, ``GGML_ASSERT(x)`` -> ``GGML_ASSERT(x) failed``)
+_ABORT_LINE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|metal)):(?P<line>\d+): (?P<msg>.+)$")
+#: Python's faulthandler block that follows a fatal signal in the worker (not llama.cpp's words)
+_FAULTHANDLER_START = ("Fatal Python error:", "Current thread ", "Thread 0x", "Extension modules:",
+                       "Stack (most recent call first)")
+
+
+def abort_message(lines: Sequence[str]) -> str | None:
+    """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
+
+    The last ``ggml_abort`` line (``"ggml-cpu/binary-ops.cpp:135: binary_op: unsupported types: ..."``)
+    gives its message without the source path (``"binary_op: unsupported types: ..."``); for
+    ggml-cuda's generic ``CUDA error`` abort the preceding ``CUDA error: <reason>`` line is used.
+    Without an abort line: the last non-empty line before Python's faulthandler report, if any.
+    """
+    clean = [ln.rstrip("\r\n") for ln in lines]
+    for i in range(len(clean) - 1, -1, -1):
+        m = _ABORT_LINE.match(clean[i].strip())
+        if m:
+            msg = m["msg"].strip()
+            if msg == "CUDA error":
+                for j in range(i - 1, max(i - 8, -1), -1):
+                    if clean[j].strip().startswith("CUDA error:"):
+                        return clean[j].strip()
+            return msg
+    cut = len(clean)
+    for i, ln in enumerate(clean):
+        if ln.startswith(_FAULTHANDLER_START[0]):
+            cut = i
+            break
+    for ln in reversed(clean[:cut]):
+        t = ln.strip()
+        if t and not t.startswith(_FAULTHANDLER_START) and not t.startswith("File \""):
+            return t
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
