@@ -33,6 +33,13 @@ from mtpscope.errors import InspectorError, LayoutError
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
+#: Codes of findings on a drafter that llama.cpp (llama-cpp-python 0.3.36) loads and then crashes on
+#: inside ``llama_decode`` (``GGML_ABORT`` / ``GGML_ASSERT`` / segfault), whatever their severity here:
+#: a 1-D tensor not in F32 (``binary_op: unsupported types: dst: f32, src0: f32, src1: f16`` at the
+#: first draft step), integer / unknown types and wrong shapes of weight matrices. The one list that
+#: ``mtpscope record``'s pre-flight (``traces.recorder.preflight``) refuses.
+RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "W_DTYPE_VECTOR"})
+
 RUNTIME_UPSTREAM = "llama.cpp (llama-cpp-python 0.3.36)"
 RUNTIME_FORK = "fork (atomic-llama-cpp-turboquant)"
 RUNTIMES = (RUNTIME_UPSTREAM, RUNTIME_FORK)

@@ -48,9 +48,19 @@ def register(app: typer.Typer) -> None:
         compact: bool = typer.Option(True, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v",
+            help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
+                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace)."),
+        no_preflight: bool = typer.Option(
+            False, "--no-preflight",
+            help="Skip the pre-flight check of the pair (for debugging a runtime crash on a pair it refuses)."),
+        isolate: bool = typer.Option(
+            True, "--isolate/--in-process",
+            help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from mtpscope.errors import LayoutError, MtpscopeError
+        from mtpscope.errors import LayoutError, MtpscopeError, RuntimeAbortedError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
@@ -60,13 +70,20 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_UNREADABLE)
         from mtpscope.traces.recorder import record
 
+        def report_round(pid: int, res: object) -> None:
+            print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+
         try:
             s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
                        n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
                        chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                        flush_every=flush_every, flash_attn=flash_attn, n_threads=threads, overwrite=overwrite,
-                       compact=compact,
-                       progress=progress, command=["mtpscope", *sys.argv[1:]])
+                       compact=compact, progress=progress and not verbose, command=["mtpscope", *sys.argv[1:]],
+                       on_round=report_round if verbose else None, isolate=isolate, preflight=not no_preflight,
+                       echo_log=verbose)
+        except RuntimeAbortedError as e:  # llama.cpp died on this pair: bad input, the trace keeps the rounds
+            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS) from None
         except LayoutError as e:  # readable input that the pre-flight check refuses
             print(f"mtpscope: {e.one_line()}", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS) from None

@@ -27,6 +27,7 @@ With tracing on, the drafter context carries a ``cb_eval`` callback that copies 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
-from mtpscope.errors import LayoutError, MtpscopeError, TraceError
+from mtpscope.errors import LayoutError, MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.traces import llama_runtime as rt
 from mtpscope.traces.centroid_head import centroid_steps
 from mtpscope.traces.records import RoundRecord, StepRecord
@@ -188,9 +189,10 @@ def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         return model_info(f)
 
 
-#: :data:`inspector.validate.CODES` of wrong ggml types / tensor shapes that :func:`preflight` refuses
-#: (llama.cpp may load such a drafter and then segfault inside llama_decode)
-PREFLIGHT_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE"})
+def _crash_codes() -> frozenset[str]:
+    from mtpscope.inspector.validate import RUNTIME_CRASH_CODES  # noqa: PLC0415 - the one list (inspector)
+
+    return RUNTIME_CRASH_CODES
 
 
 def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -201,7 +203,8 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
     the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
     inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
     :func:`inspector.validate.verify` error about a tensor's ggml type or shape
-    (:data:`PREFLIGHT_CRASH_CODES`; the first three are listed in the message).
+    (the inspector's ``RUNTIME_CRASH_CODES``, e.g. a norm stored as F16; the first three are listed in
+    the message).
 
     Returns:
         ``{"target": model_info, "assistant": model_info}``.
@@ -243,15 +246,19 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         # wrong ggml types / shapes of the drafter's tensors: llama.cpp loads some of these and then
         # crashes (segfault) inside llama_decode, so refuse them here
         report = V.verify(d, target=t)
-        crash = [x for x in report.findings if x.severity == V.ERROR and x.code in PREFLIGHT_CRASH_CODES]
+        crash = [x for x in report.findings if x.code in _crash_codes()]
         if crash:
             e = crash[0]
             listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
             more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
             raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
-                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope validate`)",
+                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope verify`)",
                               path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
         return {"target": model_info(t), "assistant": model_info(d)}
+
+
+#: :func:`preflight` under another name: :func:`record` has a ``preflight`` flag
+_preflight = preflight
 
 
 # --------------------------------------------------------------------------------------------------
@@ -699,6 +706,10 @@ class RecordSummary:
             decode is not included).
         tokens_per_second: n_generated / seconds.
         outputs: generated token ids per prompt.
+        isolated: llama.cpp ran in a worker process.
+        loop_seconds / loop_cpu_seconds: wall and CPU time of the MTP loop itself (the worker's, when
+            isolated; then ``cpu_seconds`` is ``recorder_cpu_seconds + loop_cpu_seconds``).
+        recorder_cpu_seconds: CPU time of this process over ``seconds``.
     """
 
     out: str
@@ -715,6 +726,10 @@ class RecordSummary:
     trace_seconds: float
     tokens_per_second: float
     outputs: tuple[tuple[int, ...], ...]
+    isolated: bool = False
+    loop_seconds: float = 0.0
+    loop_cpu_seconds: float = 0.0
+    recorder_cpu_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -771,6 +786,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            progress: bool = False, command: Sequence[str] | None = None,
            runtime: MtpRuntime | None = None, on_round: Callable[[int, RoundResult], None] | None = None,
+           isolate: bool | None = None, preflight: bool = True, echo_log: bool = False,
            ) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
@@ -810,13 +826,24 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             rewrites the trace once, hidden states included).
         progress: show a rich progress bar with the running acceptance rate (stderr).
         command: argv for the manifest (default ``sys.argv``).
-        runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here).
-        on_round: called with ``(prompt_id, RoundResult)`` after each round is written.
+        runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here; runs in this
+            process).
+        on_round: called with ``(prompt_id, RoundResult)`` after each round is written (in the write-ahead
+            log: it survives a ``kill -9`` from then on).
+        isolate: run llama.cpp in a worker process (:mod:`traces.record_worker`; default: yes, unless
+            ``runtime`` is given). A crash of llama.cpp then ends the run with
+            :class:`~mtpscope.errors.RuntimeAbortedError` (one line quoting llama.cpp) and the trace keeps
+            every round before it, marked incomplete, with an ``aborted`` record and ``llama.log``.
+        preflight: check the pair with the inspector before loading (default). ``False`` skips it, for
+            debugging a runtime crash on a pair that pre-flight refuses (the manifest says so).
+        echo_log: copy llama.cpp's own output (isolated runs) to stderr as it comes (``--verbose``).
 
     Returns:
         :class:`RecordSummary`.
 
     Raises:
+        RuntimeAbortedError: llama.cpp died in the worker process (abort, signal, exit); the trace written
+            so far is closed incomplete with ``aborted`` in its manifest.
         LayoutError: the pre-flight check refused the pair or the centroid source does not fit.
         TraceError: n_draft outside 1..64 or bad sampling values (:func:`check_draft_and_sampling`),
             before any model is loaded; errors from the writer.
@@ -825,6 +852,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C, raised right after the llama.cpp decode it arrived in; the trace
             written so far stays readable, marked incomplete.
     """
+    from mtpscope.traces.record_worker import (STOP_GRACE_S, PromptDone, RecordWorker, WorkerDone,  # noqa: PLC0415
+                                               WorkerRound)
     from mtpscope.traces.store import TraceWriter  # noqa: PLC0415
 
     given = [x is not None for x in (prompts, prompt, prompts_file)]
@@ -850,7 +879,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     # --overwrite of an existing trace: record next to it and swap it in only when the run completes
     swap = bool(overwrite) and _holds_trace(Path(out))
     write_to = Path(out).with_name(f"{Path(out).name}.partial-{os.getpid()}") if swap else Path(out)
-    models = preflight(target, assistant)
+    isolated = (runtime is None) if isolate is None else bool(isolate)
+    if isolated and runtime is not None:
+        raise MtpscopeError("a loaded runtime runs in this process; isolate=True needs runtime=None",
+                            key="isolate", expected="runtime=None", actual="a MtpRuntime")
+    models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
     head = None
     models["centroids"] = None
     if centroids is not None:
@@ -866,112 +899,208 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             models["centroids"] = centroid_source_info(cp)
 
     need_capture = hidden != "off" or head is not None
-    own = runtime is None
-    rtm = runtime
-    if rtm is None:
-        rtm = MtpRuntime(target, assistant, n_gpu_layers=n_gpu_layers, capture=need_capture,
-                         flash_attn=flash_attn, n_threads=n_threads)
+    params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
+              "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
+              "centroids": None if centroids is None else os.fspath(centroids),
+              "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
+              "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
+              "n_ctx": None, "greedy": temp <= 0, "isolated": isolated, "preflight": bool(preflight)}
+    manifest = {
+        "source": "record",
+        "command": list(command) if command is not None else list(sys.argv),
+        "params": params,
+        "models": models,
+        "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": None} for i, t in enumerate(texts)],
+        "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
+                                                "source": head.source, "kind": head.kind},
+    }
+    cfg = {"target": os.fspath(target), "assistant": os.fspath(assistant), "n_gpu_layers": int(n_gpu_layers),
+           "capture": need_capture, "flash_attn": flash_attn, "n_threads": n_threads, "prompts": texts,
+           "chat": bool(chat), "n_draft": int(n_draft), "max_tokens": int(max_tokens), "temp": float(temp),
+           "seed": int(seed), "top_k": int(top_k), "top_p": float(top_p), "trace": True}
+    hd = None if hidden == "off" else hidden
+    n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
+    outputs: list[tuple[int, ...]] = []
+    trace_s = 0.0
+    loop: WorkerDone | None = None
+    w: TraceWriter | None = None
+    src: RecordWorker | InProcessRounds | None = None
+    bar = None
+    blas = _SingleThreadBlas().__enter__()
+    sigint = rt.deferred_sigint() if not isolated else contextlib.nullcontext()
+    sigint.__enter__()
+    t_start = c_start = 0.0
     try:
+        src = RecordWorker(cfg, echo=echo_log) if isolated else InProcessRounds(runtime, cfg)
+        info = src.hello()
         if head is not None:
-            head.check_compatible(n_embd=rtm.n_embd, n_vocab=rtm.n_vocab, drafter=assistant)
-        if need_capture and rtm.capture is None:
+            head.check_compatible(n_embd=info["n_embd"], n_vocab=info["n_vocab"], drafter=assistant)
+        if need_capture and not info["capture"]:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        toks = [rtm.prompt_tokens(t, chat=chat) for t in texts]
-        rtm.ensure_context(max(len(t) for t in toks) + max_tokens + n_draft + 1)
-        params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
-                  "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
-                  "centroids": None if centroids is None else os.fspath(centroids),
-                  "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
-                  "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
-                  "n_ctx": rtm.n_ctx, "greedy": temp <= 0}
-        manifest = {
-            "source": "record",
-            "command": list(command) if command is not None else list(sys.argv),
-            "params": params,
-            "models": models,
-            "runtime": rt.runtime_info(n_gpu_layers),
-            "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
-                        for i, (t, tk) in enumerate(zip(texts, toks, strict=True))],
-            "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
-                                                    "source": head.source, "kind": head.kind},
-        }
-        hd = None if hidden == "off" else hidden
-        n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
-        outputs: list[tuple[int, ...]] = []
+        params["n_ctx"] = info["n_ctx"]
+        manifest["runtime"] = info["runtime"]
+        for p, n in zip(manifest["prompts"], info["n_prompt_tokens"], strict=True):
+            p["n_prompt_tokens"] = n
+        t0 = time.perf_counter()
+        w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else info["n_embd_backbone"],
+                        n_embd=None if hd is None else info["n_embd"], hidden_dtype=hd,
+                        centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
+                        compact=compact)
+        src.log_to(write_to / "llama.log")
+        trace_s += time.perf_counter() - t0
         bar = _progress(progress, max_tokens * len(texts))
-        trace_s = 0.0
-        blas = _SingleThreadBlas().__enter__()
-        sigint = rt.deferred_sigint()
-        sigint.__enter__()
         t_start, c_start = time.perf_counter(), time.process_time()
-        try:
-            t0 = time.perf_counter()
-            w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
-                            n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
-                            centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
-                            compact=compact)
-            trace_s += time.perf_counter() - t0
-            try:
-                for pid, tk in enumerate(toks):
-                    sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
-                    gen: list[int] = []
-                    try:
-                        for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler,
-                                           trace=True):
-                            t0 = time.perf_counter()
-                            if not gen:
-                                gen.append(res.pending_token)
-                            gen.extend(res.emitted)
-                            steps = step_records(res, n_top=n_top, hidden=hidden, head=head)
-                            w.add_round(round_record(pid, res), steps)
-                            trace_s += time.perf_counter() - t0
-                            n_rounds += 1
-                            n_steps += len(steps)
-                            n_drafted += len(res.drafted)
-                            n_verify += 1 if res.drafted else 0
-                            n_accepted += res.n_accepted
-                            if on_round is not None:
-                                on_round(pid, res)
-                            if bar is not None:
-                                acc = f"acceptance rate {n_accepted / n_drafted:.3f}" if n_drafted else ""
-                                bar.update(bar.task_ids[0], completed=pid * max_tokens + len(gen), acc=acc)
-                    finally:
-                        sampler.close()
-                    if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
-                        gen = [int(rtm.first_token)]
-                    outputs.append(tuple(gen))
-                    n_gen += len(gen)
-                    if bar is not None:
-                        bar.update(bar.task_ids[0], completed=(pid + 1) * max_tokens)
-            except BaseException:
-                w.close(complete=False)  # keep the finished rounds, marked incomplete
-                raise
-            t0 = time.perf_counter()
-            w.close()
-            trace_s += time.perf_counter() - t0
-        except BaseException as e:
-            if swap and write_to.exists():
-                msg = (f"the run did not complete; the existing trace in {os.fspath(out)} is untouched and the "
-                       f"partial new trace is in {os.fspath(write_to)}")
-                print(f"mtpscope: warning: {msg}", file=sys.stderr)
-                e.add_note(msg)
-            raise
-        finally:
-            sigint.__exit__(None, None, None)
-            blas.__exit__()
-            if bar is not None:
-                bar.stop()
-        secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
-        if swap:
-            _swap_in(write_to, Path(out))
+        gen: list[int] = []
+        for ev in src.events():
+            if isinstance(ev, WorkerRound):
+                pid, res = ev.prompt_id, ev.result
+                t0 = time.perf_counter()
+                if not gen:
+                    gen.append(res.pending_token)
+                gen.extend(res.emitted)
+                steps = step_records(res, n_top=n_top, hidden=hidden, head=head)
+                src.release()          # the records own copies of what they keep
+                w.add_round(round_record(pid, res), steps)
+                trace_s += time.perf_counter() - t0
+                n_rounds += 1
+                n_steps += len(steps)
+                n_drafted += len(res.drafted)
+                n_verify += 1 if res.drafted else 0
+                n_accepted += res.n_accepted
+                if on_round is not None:
+                    on_round(pid, res)
+                if bar is not None:
+                    acc = f"acceptance rate {n_accepted / n_drafted:.3f}" if n_drafted else ""
+                    bar.update(bar.task_ids[0], completed=pid * max_tokens + len(gen), acc=acc)
+            elif isinstance(ev, PromptDone):
+                if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
+                    gen = [int(ev.first_token)] if ev.first_token is not None else []
+                outputs.append(tuple(gen))
+                n_gen += len(gen)
+                gen = []
+                if bar is not None:
+                    bar.update(bar.task_ids[0], completed=(ev.prompt_id + 1) * max_tokens)
+            elif isinstance(ev, WorkerDone):
+                loop = ev
+        t0 = time.perf_counter()
+        w.close()
+        trace_s += time.perf_counter() - t0
+    except RuntimeAbortedError as e:
+        # llama.cpp died: keep every round received, say where it stopped and what llama.cpp said
+        if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
+            w = TraceWriter(write_to, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                            centroids=head is not None, overwrite=overwrite or swap, compact=False)
+            src.log_to(write_to / "llama.log")
+        src.close()        # the whole of llama.cpp's output is in llama.log now
+        w.close(complete=False, aborted=e.aborted)
+        e.trace = os.fspath(write_to)
+        e.message = (f"{e.message} (trace {os.fspath(write_to)}: {n_rounds} rounds kept, marked incomplete; "
+                     f"llama.cpp's output in llama.log there)")
+        e.args = (e.one_line(),)
+        _note_partial(e, swap, write_to, out)
+        raise
+    except BaseException as e:
+        if src is not None and isolated:
+            src.stop(grace=STOP_GRACE_S if isinstance(e, KeyboardInterrupt) else 0.0)
+        if w is not None:
+            w.close(complete=False)  # keep the finished rounds, marked incomplete
+        _note_partial(e, swap, write_to, out)
+        raise
     finally:
-        if own:
-            rtm.close()
+        if src is not None:
+            src.close()
+        sigint.__exit__(None, None, None)
+        blas.__exit__()
+        if bar is not None:
+            bar.stop()
+    secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
+    loop_cpu = loop.loop_cpu_seconds if (loop is not None and isolated) else 0.0
+    if swap:
+        _swap_in(write_to, Path(out))
     return RecordSummary(out=os.fspath(out), n_prompts=len(texts), n_rounds=n_rounds, n_steps=n_steps,
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
-                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs, trace_seconds=trace_s,
+                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + loop_cpu, trace_seconds=trace_s,
                          tokens_per_second=n_gen / secs if secs > 0 else 0.0,
-                         outputs=tuple(outputs))
+                         outputs=tuple(outputs), isolated=isolated,
+                         loop_seconds=loop.loop_seconds if loop is not None else secs,
+                         loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
+                         recorder_cpu_seconds=cpu_secs)
+
+
+def _note_partial(e: BaseException, swap: bool, write_to: Path, out: Any) -> None:
+    """With ``--overwrite`` of an existing trace: say where the unfinished new trace is."""
+    if swap and write_to.exists():
+        msg = (f"the run did not complete; the existing trace in {os.fspath(out)} is untouched and the "
+               f"partial new trace is in {os.fspath(write_to)}")
+        print(f"mtpscope: warning: {msg}", file=sys.stderr)
+        e.add_note(msg)
+
+
+def unchecked_models(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest's model entries without the pre-flight checks (``record(preflight=False)``).
+
+    Raises:
+        GGUFFormatError / UnsupportedFileError / FileNotFoundError: a file our reader cannot read.
+    """
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    out = {}
+    for role, p in (("target", target), ("assistant", assistant)):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+        with open_gguf(p) as f:
+            out[role] = model_info(f)
+    return out
+
+
+class InProcessRounds:
+    """The recording loop in this process, with the same interface as :class:`RecordWorker`
+    (``hello`` / ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
+    :class:`MtpRuntime` (``runtime``), or one loaded from ``config`` and closed at :meth:`close`."""
+
+    def __init__(self, runtime: MtpRuntime | None, config: dict[str, Any]) -> None:
+        self.cfg = config
+        self.own = runtime is None
+        self.rtm = runtime if runtime is not None else MtpRuntime(
+            config["target"], config["assistant"], n_gpu_layers=config["n_gpu_layers"],
+            capture=config["capture"], flash_attn=config["flash_attn"], n_threads=config["n_threads"])
+        self.toks = [self.rtm.prompt_tokens(t, chat=config["chat"]) for t in config["prompts"]]
+
+    def hello(self) -> dict[str, Any]:
+        r, c = self.rtm, self.cfg
+        r.ensure_context(max(len(t) for t in self.toks) + c["max_tokens"] + c["n_draft"] + 1)
+        return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
+                "capture": r.capture is not None, "runtime": rt.runtime_info(c["n_gpu_layers"]),
+                "n_prompt_tokens": [len(t) for t in self.toks]}
+
+    def events(self) -> Iterator[Any]:
+        from mtpscope.traces.record_worker import PromptDone, WorkerDone, WorkerRound  # noqa: PLC0415
+
+        c = self.cfg
+        t0, c0 = time.perf_counter(), time.process_time()
+        for pid, tk in enumerate(self.toks):
+            sampler = Sampler(temp=c["temp"], seed=c["seed"], top_k=c["top_k"], top_p=c["top_p"])
+            try:
+                for res in self.rtm.run(tk, n_draft=c["n_draft"], max_tokens=c["max_tokens"], sampler=sampler,
+                                        trace=c["trace"]):
+                    yield WorkerRound(pid, res)
+            finally:
+                sampler.close()
+            yield PromptDone(pid, self.rtm.first_token)
+        yield WorkerDone(time.perf_counter() - t0, time.process_time() - c0)
+
+    def release(self) -> None:
+        pass
+
+    def log_to(self, path: Path) -> None:
+        pass
+
+    def stop(self, grace: float = 0.0) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.own:
+            self.rtm.close()
