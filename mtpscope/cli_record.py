@@ -1,14 +1,15 @@
-"""CLI commands: record (the real llama.cpp MTP loop; see traces/recorder.py)."""
+"""CLI commands: record (the real llama.cpp MTP loop; see traces/recorder.py), with its progress bar
+(rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from mtpscope.cli_common import EXIT_FINDINGS, EXIT_UNREADABLE
+from mtpscope.cli_common import EXIT_UNREADABLE, one_line_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(
             False, "--verbose", "-v",
             help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
-                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace)."),
+                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace); no progress bar."),
         no_preflight: bool = typer.Option(
             False, "--no-preflight",
             help="Skip the pre-flight check of the pair (for debugging a runtime crash on a pair it refuses)."),
@@ -59,40 +60,42 @@ def register(app: typer.Typer) -> None:
             True, "--isolate/--in-process",
             help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
     ) -> None:
-        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from mtpscope.errors import LayoutError, MtpscopeError, RuntimeAbortedError
+        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
+
+        A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
+        the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
+        """
+        from mtpscope.errors import LayoutError, RuntimeAbortedError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        if hidden not in ("f16", "f32", "off"):
+        from mtpscope.traces.recorder import HIDDEN_CHOICES, record
+
+        if hidden not in HIDDEN_CHOICES:
             print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from mtpscope.traces.recorder import record
+        bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
 
-        def report_round(pid: int, res: object) -> None:
+        def report_round(pid: int, res: Any) -> None:
             print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
 
-        try:
-            s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
-                       n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
-                       chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
-                       flush_every=flush_every, flash_attn=flash_attn, n_threads=threads, overwrite=overwrite,
-                       compact=compact, progress=progress and not verbose, command=["mtpscope", *sys.argv[1:]],
-                       on_round=report_round if verbose else None, isolate=isolate, preflight=not no_preflight,
-                       echo_log=verbose)
-        except RuntimeAbortedError as e:  # llama.cpp died on this pair: bad input, the trace keeps the rounds
-            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-            raise typer.Exit(EXIT_FINDINGS) from None
-        except LayoutError as e:  # readable input that the pre-flight check refuses
-            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-            raise typer.Exit(EXIT_FINDINGS) from None
-        except MtpscopeError as e:
-            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE) from None
-        except OSError as e:
-            print(f"mtpscope: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE) from None
+        on_round = report_round if verbose else (None if bar is None else bar.on_round)
+        # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
+        # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
+        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
+            try:
+                s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
+                           n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
+                           top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
+                           n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
+                           overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
+                           on_round=on_round, isolate=isolate, preflight=not no_preflight, echo_log=verbose)
+                if bar is not None:
+                    bar.finish()
+            finally:
+                if bar is not None:
+                    bar.stop()
         acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
         mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
         typer.echo(f"trace: {s.out}")
@@ -100,3 +103,53 @@ def register(app: typer.Typer) -> None:
                    f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
         typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                    f"mean acceptance length {mal}")
+
+
+class _ProgressBar:
+    """The ``record`` progress bar on stderr: tokens generated (``max_tokens`` per prompt) and the
+    running acceptance rate, advanced by :meth:`on_round` (``record``'s ``on_round`` callback).
+
+    ``prompts_file``: the ``--prompts`` file, counted for the total at the first round (``record`` has
+    read and checked it by then); None for one ``--prompt``. The bar appears at the first round.
+    """
+
+    def __init__(self, max_tokens: int, prompts_file: Path | None) -> None:
+        self.max_tokens = int(max_tokens)
+        self.prompts_file = prompts_file
+        self.bar: Any = None
+        self.pid = -1
+        self.n_gen = self.n_drafted = self.n_accepted = 0
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from mtpscope.traces.prompts import read_prompts
+
+        n_prompts = 1 if self.prompts_file is None else len(read_prompts(self.prompts_file))
+        self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                            TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
+                            console=Console(stderr=True))
+        self.bar.start()
+        self.bar.add_task("record", total=self.max_tokens * n_prompts, acc="acceptance rate -")
+
+    def on_round(self, pid: int, res: Any) -> None:
+        """``record``'s callback: ``(prompt_id, RoundResult)`` after each written round."""
+        if self.bar is None:
+            self._start()
+        if pid != self.pid:  # a prompt's first round also counts its pending (prefill) token
+            self.pid, self.n_gen = pid, 1
+        self.n_gen += len(res.emitted)
+        self.n_drafted += len(res.drafted)
+        self.n_accepted += res.n_accepted
+        acc = f"acceptance rate {self.n_accepted / self.n_drafted:.3f}" if self.n_drafted else ""
+        self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
+
+    def finish(self) -> None:
+        """The run completed: every prompt is done."""
+        if self.bar is not None:
+            self.bar.update(self.bar.task_ids[0], completed=self.bar.tasks[0].total)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

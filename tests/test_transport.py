@@ -117,7 +117,7 @@ def test_sender_receiver_one_round_in_flight() -> None:
             for i, d in enumerate(dims):
                 sender.send("round", _step(i + 1, d), prompt_id=7)
             sender.send("round", _step(9, 8))
-            sender.check_stop()
+            sender._wait_released(sender.n_sent + 1)     # never comes: a stop does
         except StopRequested:
             sender.chan.send({"kind": "stopped"})
         except BaseException as e:  # noqa: BLE001

@@ -1,5 +1,6 @@
 """The recording worker: llama.cpp and the MTP loop in a child process, so that a crash of the runtime
-costs the recorder nothing but the round in progress.
+costs the recorder nothing but the round in progress (and :class:`InProcessRounds`, the same interface
+without the process, for an already loaded runtime).
 
 Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
 (``python -m mtpscope.traces.record_worker``, :func:`main`) talk through :mod:`traces.transport`:
@@ -141,7 +142,7 @@ def _error_message(e: BaseException) -> dict[str, Any]:
 
 def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
     from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
-    from mtpscope.traces.recorder import MtpRuntime, Sampler  # noqa: PLC0415
+    from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: PLC0415
 
     status.set("load")
     rtm = MtpRuntime(cfg["target"], cfg["assistant"], n_gpu_layers=int(cfg["n_gpu_layers"]),
@@ -489,7 +490,64 @@ class RecordWorker:
         return RuntimeAbortedError(line, aborted=aborted, path=self.trace_dir)
 
 
-__all__ = ["PHASES", "PromptDone", "RecordWorker", "Status", "WorkerDone", "WorkerRound", "main"]
+class InProcessRounds:
+    """The recording loop in this process, with :class:`RecordWorker`'s interface (``hello`` /
+    ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
+    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded from
+    ``config`` (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
+    """
+
+    def __init__(self, runtime: Any, config: dict[str, Any]) -> None:
+        from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: PLC0415
+
+        self.cfg = config
+        self.own = runtime is None
+        self.rtm = runtime if runtime is not None else MtpRuntime(
+            config["target"], config["assistant"], n_gpu_layers=config["n_gpu_layers"],
+            capture=config["capture"], flash_attn=config["flash_attn"], n_threads=config["n_threads"])
+        self.toks = [self.rtm.prompt_tokens(t, chat=config["chat"]) for t in config["prompts"]]
+
+    def hello(self) -> dict[str, Any]:
+        from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
+
+        r, c = self.rtm, self.cfg
+        r.ensure_context(max(len(t) for t in self.toks) + c["max_tokens"] + c["n_draft"] + 1)
+        return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
+                "capture": r.capture is not None, "runtime": rt.runtime_info(c["n_gpu_layers"]),
+                "n_prompt_tokens": [len(t) for t in self.toks]}
+
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
+        from mtpscope.traces.mtp_runtime import Sampler  # noqa: PLC0415
+
+        c = self.cfg
+        t0, c0 = time.perf_counter(), time.process_time()
+        for pid, tk in enumerate(self.toks):
+            sampler = Sampler(temp=c["temp"], seed=c["seed"], top_k=c["top_k"], top_p=c["top_p"])
+            try:
+                for res in self.rtm.run(tk, n_draft=c["n_draft"], max_tokens=c["max_tokens"], sampler=sampler,
+                                        trace=c["trace"]):
+                    yield WorkerRound(pid, res)
+            finally:
+                sampler.close()
+            yield PromptDone(pid, self.rtm.first_token)
+        yield WorkerDone(time.perf_counter() - t0, time.process_time() - c0)
+
+    def release(self) -> None:
+        """Nothing to release: the arrays are the runtime's own copies."""
+
+    def log_to(self, path: str | os.PathLike[str]) -> None:
+        """llama.cpp logs into this process (``traces.llama_runtime``): nothing to copy."""
+
+    def stop(self, grace: float = 0.0) -> None:
+        """A Ctrl-C reaches the loop in this process directly."""
+
+    def close(self) -> None:
+        if self.own:
+            self.rtm.close()
+
+
+__all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
+           "WorkerRound", "main"]
 
 
 if __name__ == "__main__":
