@@ -33,27 +33,19 @@ PROMPT = "The quick brown fox"
 
 
 def _rewrite_gguf(src: Path, dst: Path, change: dict) -> Path:
-    """Copy a GGUF (gguf-py reader + writer, independent of ours) with some tensors replaced."""
-    import gguf
+    """Copy a GGUF (read with our reader, written with the project's one GGUF writer) with some tensors
+    replaced (``{name: fn(array) -> array}``)."""
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf_write import meta_value, write_gguf
 
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, f.contents(), vt)
-    for t in r.tensors:
-        arr = np.asarray(t.data).reshape([int(x) for x in reversed(t.shape)])
-        w.add_tensor(t.name, np.ascontiguousarray(change[t.name](arr) if t.name in change else arr))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    with open_gguf(src) as f:
+        kv = [(k, meta_value(v)) for k, v in f.kv.items()
+              if k != "general.architecture" and not k.startswith("GGUF.")]
+        tensors = {}
+        for t in f.tensors:
+            a = np.array(f.tensor_data(t.name))
+            tensors[t.name] = change[t.name](a) if t.name in change else a
+        return write_gguf(dst, f.architecture, kv, tensors)
 
 
 @pytest.fixture(scope="module")

@@ -174,7 +174,7 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.NodeCapture([H_INNER_NODE]) if capture else None
+        self.capture = rt.NodeCapture([H_INNER_NODE], fixed_graph=True) if capture else None
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
