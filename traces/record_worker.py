@@ -179,7 +179,7 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
             return
         status.set("done")
         chan.send({"kind": "done", "loop_seconds": time.perf_counter() - t0,
-                   "loop_cpu_seconds": time.process_time() - c0})
+                   "loop_cpu_seconds": time.process_time() - c0, "wait_seconds": sender.wait_seconds})
     finally:
         sender.close()
         rtm.close()
@@ -233,10 +233,12 @@ class PromptDone:
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """The worker finished every prompt: its loop's wall and CPU seconds (loading excluded)."""
+    """The worker finished every prompt: its loop's wall and CPU seconds (loading excluded) and the
+    seconds it waited for the recorder to release a round (back-pressure; 0 in this process)."""
 
     loop_seconds: float
     loop_cpu_seconds: float
+    wait_seconds: float = 0.0
 
 
 class _LogPump(threading.Thread):
@@ -373,7 +375,8 @@ class RecordWorker:
             elif kind == "prompt_done":
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
-                yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]))
+                yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
+                                 float(msg.get("wait_seconds") or 0.0))
                 return
             elif kind == "stopped":
                 return

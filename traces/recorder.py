@@ -118,6 +118,8 @@ class RecordSummary:
             isolated; then ``cpu_seconds`` is ``recorder_cpu_seconds + loop_cpu_seconds``).
         recorder_cpu_seconds: CPU time of this process over ``seconds`` (analysis and writing, when
             isolated).
+        loop_wait_seconds: isolated: wall time the worker's loop waited for this process to take a round
+            (the analysis and writing falling behind the loop); 0 otherwise.
     """
 
     out: str
@@ -138,6 +140,7 @@ class RecordSummary:
     loop_seconds: float = 0.0
     loop_cpu_seconds: float = 0.0
     recorder_cpu_seconds: float = 0.0
+    loop_wait_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -350,6 +353,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         t0 = time.perf_counter()
         w.close()
         trace_s += time.perf_counter() - t0
+        # the run ends here: the worker's exit (freeing the models) is not part of it
+        secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
     except RuntimeAbortedError as e:
         # llama.cpp died: keep every round received, say where it stopped and what llama.cpp said
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
@@ -376,7 +381,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             src.close()
         sigint.__exit__(None, None, None)
         blas.__exit__()
-    secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
     loop_cpu = loop.loop_cpu_seconds if (loop is not None and isolated) else 0.0
     if swap:
         swap_in(write_to, out)
@@ -389,7 +393,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                          outputs=tuple(outputs), isolated=isolated,
                          loop_seconds=loop.loop_seconds if loop is not None else secs,
                          loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
-                         recorder_cpu_seconds=cpu_secs)
+                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0)
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag

@@ -325,6 +325,8 @@ class RoundSender:
         self.n_sent = 0
         self.n_released = 0     # rounds the recorder has released
         self.stopped = False
+        #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
+        self.wait_seconds = 0.0
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         for fd in fds:
@@ -347,9 +349,15 @@ class RoundSender:
             self._handle(*got)
 
     def _wait_released(self, n: int) -> None:
-        while self.n_released < n:
-            got = self.chan.recv()
-            self._handle(*got)
+        if self.n_released >= n:
+            return
+        t0 = time.perf_counter()
+        try:
+            while self.n_released < n:
+                got = self.chan.recv()
+                self._handle(*got)
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
 
     def send(self, kind: str, obj: Any, **extra: Any) -> None:
         """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``.
