@@ -151,3 +151,39 @@ def test_sender_receiver_one_round_in_flight() -> None:
     assert max(ahead) <= 1
     sender.close()
     receiver.close()
+
+
+def test_staged_arrays_are_sent_from_where_they_lie() -> None:
+    """``stage`` copies an array straight into the next message's slot; ``send`` then keeps it there
+    (its spec points at it) and copies only the rest; before any ring exists it is a plain copy."""
+    a, b = socket.socketpair()
+    sender, receiver = RoundSender(Channel(a)), RoundReceiver(Channel(b))
+    big = np.arange(100_000, dtype=np.float32)
+    first = sender.stage(big)
+    assert first.base is None and np.array_equal(first, big)      # no ring yet: a copy of its own
+    out: list = []
+
+    def recv_one() -> None:
+        while True:
+            msg, fds = receiver.chan.recv(timeout=30)
+            if msg["kind"] == "ring":
+                receiver.on_ring(msg, fds)
+                continue
+            out.append((msg, receiver.unpack(msg)))
+            receiver.release()
+            return
+
+    for i in range(3):
+        staged = sender.stage(big + i)
+        s = StepRecord(k=1, token=i, h=staged, h_inner=np.full(4, i, np.float32))
+        t = threading.Thread(target=recv_one)
+        t.start()
+        sender.send("round", s)
+        t.join(30)
+        msg, got = out[-1]
+        np.testing.assert_array_equal(got.h, big + i)
+        np.testing.assert_array_equal(got.h_inner, np.full(4, i))
+        if i > 0:       # the ring existed when it was staged: sent from offset 0 of its slot, not copied
+            assert msg["arrays"][0][0] == 0 and sender.ring.offset_in(msg["slot"], staged) == 0
+    sender.close()
+    receiver.close()

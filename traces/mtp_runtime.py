@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -244,7 +244,8 @@ class MtpRuntime:
         self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
-            sampler: Sampler | None = None, trace: bool = True) -> Iterator[RoundResult]:
+            sampler: Sampler | None = None, trace: bool = True,
+            keep: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -253,6 +254,8 @@ class MtpRuntime:
             max_tokens: generated tokens at most (the prefill's token included).
             sampler: the target's token choice (default greedy).
             trace: keep per-step raw data (drafter logits, h, h_next, h_inner) in the results.
+            keep: how a step's logits (a view llama.cpp overwrites at the next decode) are copied out
+                (default ``np.copy``; the recording worker copies them straight into its transport ring).
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -292,7 +295,8 @@ class MtpRuntime:
                 h_next = dctx.nextn(0).copy()
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
-                    steps.append(DraftStep(d, lg.copy(), h_in, h_next, None if hi is None else hi.reshape(-1)))
+                    steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
+                                           None if hi is None else hi.reshape(-1)))
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()

@@ -166,7 +166,8 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                 sampler = Sampler(temp=float(cfg["temp"]), seed=int(cfg["seed"]), top_k=int(cfg["top_k"]),
                                   top_p=float(cfg["top_p"]))
                 try:
-                    for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler, trace=trace):
+                    for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler, trace=trace,
+                                       keep=sender.stage):
                         sender.send("round", res, prompt_id=pid)
                         status.next_round()
                 finally:

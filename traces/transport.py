@@ -168,6 +168,8 @@ class Ring:
         self.fd = fd
         self.slot_bytes = int(slot_bytes)
         self.mm = mmap.mmap(fd, 2 * self.slot_bytes)
+        self._u8 = np.frombuffer(self.mm, dtype=np.uint8)
+        self.address = int(self._u8.ctypes.data)
 
     @classmethod
     def create(cls, slot_bytes: int) -> Ring:
@@ -186,11 +188,20 @@ class Ring:
         return specs, off
 
     def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
-        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`)."""
+        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`); an array that already lies
+        there (placed by :meth:`RoundSender.stage`) is not copied again."""
         base = slot * self.slot_bytes
         for a, s in zip(arrays, specs, strict=True):
             dst = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
-            np.copyto(dst, a, casting="no")
+            if a.ctypes.data != dst.ctypes.data:
+                np.copyto(dst, a, casting="no")
+
+    def offset_in(self, slot: int, a: np.ndarray) -> int | None:
+        """Where ``a`` (C-contiguous) lies inside ``slot``, in bytes, or None when it lies elsewhere."""
+        off = int(a.ctypes.data) - self.address - slot * self.slot_bytes
+        if a.flags.c_contiguous and 0 <= off and off + a.nbytes <= self.slot_bytes:
+            return off
+        return None
 
     def read(self, slot: int, specs: Sequence[ArraySpec], copy_below: int = COPY_BELOW) -> list[np.ndarray]:
         """The arrays of ``slot``: copies when smaller than ``copy_below`` bytes, else read-only views.
@@ -213,6 +224,7 @@ class Ring:
         return out
 
     def close(self) -> None:
+        self._u8 = None
         try:
             self.mm.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process
@@ -327,6 +339,21 @@ class RoundSender:
         self.stopped = False
         #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
         self.wait_seconds = 0.0
+        self._stage_off = 0     # bytes of the next message's slot already filled by stage()
+
+    def stage(self, a: np.ndarray) -> np.ndarray:
+        """A copy of ``a`` placed straight into the ring slot the next message will use, so that
+        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the drafter's logits).
+        A plain copy when there is no ring yet or the slot is full."""
+        ring = self.ring
+        size = -(-a.nbytes // _ALIGN) * _ALIGN
+        if ring is None or self._stage_off + size > ring.slot_bytes:
+            return a.copy()
+        slot = self.n_sent % 2
+        dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
+        np.copyto(dst, a)
+        self._stage_off += size
+        return dst
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         for fd in fds:
@@ -369,21 +396,42 @@ class RoundSender:
             TransportClosed: the recorder is gone.
         """
         header, arrays = pack(obj)
-        specs, need = Ring.layout(arrays)
+        slot = self.n_sent % 2
+        old = None
+        specs, need = self._layout(slot, arrays)
         if self.ring is None or need > self.ring.slot_bytes:
             self._wait_released(self.n_sent)         # the recorder is done with every slot
             old = self.ring
             self.ring = Ring.create(max(need, 2 * (old.slot_bytes if old else 0), 1 << 20))
             self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
-            if old is not None:
-                old.close()
-        slot = self.n_sent % 2
+            specs, need = Ring.layout(arrays)
+        self._stage_off = 0
         self.ring.write(slot, arrays, specs)
+        if old is not None:
+            old.close()                               # after the copy: staged arrays lay in it
         self.check_stop()
         self._wait_released(self.n_sent)             # every earlier message released: round n - 1 too
         self.chan.send({"kind": kind, "seq": self.n_sent, "slot": slot, "obj": header,
                         "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
         self.n_sent += 1
+
+    def _layout(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
+        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them."""
+        if self.ring is None or not self._stage_off:
+            return Ring.layout(arrays)
+        specs: list[ArraySpec | None] = []
+        for a in arrays:
+            off = self.ring.offset_in(slot, a)
+            specs.append(None if off is None or off >= self._stage_off else
+                         ArraySpec(off, a.dtype.str, tuple(int(x) for x in a.shape)))
+        end = self._stage_off
+        out = []
+        for a, sp in zip(arrays, specs, strict=True):
+            if sp is None:
+                sp = ArraySpec(end, a.dtype.str, tuple(int(x) for x in a.shape))
+                end += -(-a.nbytes // _ALIGN) * _ALIGN
+            out.append(sp)
+        return out, end
 
     def close(self) -> None:
         if self.ring is not None:
