@@ -174,8 +174,9 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
         categories: ``{prompt_id_a: category}`` (A's manifest), optional.
         n_boot, seed: bootstrap resamples and seed.
     """
-    ea = pos_a.emitted
-    eb = pos_b.emitted
+    ga = {int(p): f for p, f in pos_a.emitted.groupby("prompt_id", sort=False)}
+    gb = {int(p): f for p, f in pos_b.emitted.groupby("prompt_id", sort=False)}
+    empty = pos_a.emitted.iloc[:0]
     frames = []
     prompts = []
     identical = True
@@ -192,12 +193,10 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
         same = div is None
         identical &= same
         upto = div if div is not None else n
-        xa = ea[(ea["prompt_id"].to_numpy() == pa_)]
-        xb = eb[(eb["prompt_id"].to_numpy() == pb_)]
-        xa = xa[xa["g"].to_numpy() < upto].set_index("g")
-        xb = xb[xb["g"].to_numpy() < upto].set_index("g")
-        j = xa[["token", "status", "k"]].join(xb[["status", "k"]], lsuffix="_a", rsuffix="_b", how="inner")
-        j = j.reset_index()
+        xa, xb = ga.get(pa_, empty), gb.get(pb_, empty)
+        xa = xa.loc[xa["g"].to_numpy() < upto, ["g", "token", "status", "k"]]
+        xb = xb.loc[xb["g"].to_numpy() < upto, ["g", "status", "k"]]
+        j = xa.merge(xb, on="g", how="inner", suffixes=("_a", "_b"), sort=True)
         j.insert(0, "prompt_id_b", pb_)
         j.insert(0, "prompt_id_a", pa_)
         cls = classes_a.get(pa_) if classes_a else None

@@ -215,6 +215,8 @@ class _Ctx:
                 self.escape = True
             elif ch == '"':
                 self.in_str = False
+                if self.str_key:           # a key read: a colon comes next
+                    self.expect_key = False
                 return True
             return self.str_key
         if self.bare and not ch.isalpha():

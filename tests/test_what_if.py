@@ -1,0 +1,110 @@
+"""The n_draft what-if estimate on hand-computed rounds (arithmetic in the comments)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mtpscope.errors import TraceFormatError
+from mtpscope.traces import metrics as M
+from mtpscope.traces.what_if import baseline_ms, fit_cost, survival, what_if, what_if_by_category
+
+
+def _rounds(na, nd=None, td=10.0, tv=30.0, pid=None):
+    n = len(na)
+    nd = [2] * n if nd is None else nd
+    return pd.DataFrame({"prompt_id": pid or [0] * n, "round": list(range(n)), "n_draft": nd, "n_accepted": na,
+                         "t_draft_ms": [td] * n if np.isscalar(td) else td,
+                         "t_verify_ms": [tv] * n if np.isscalar(tv) else tv})
+
+
+def test_survival_and_tail() -> None:
+    q, b, K = survival(_rounds([0, 1, 2, 2]), n_max=4)
+    # q1 = 3/4, q2 = 2/4; c1 = 3/4, c2 = (1/2)/(3/4) = 2/3; b = c2 / c1 = 8/9 (two points, equal weights)
+    assert K == 2
+    assert b == pytest.approx(8 / 9)
+    c3 = (2 / 3) * (8 / 9)
+    c4 = (2 / 3) * (8 / 9) ** 2
+    assert list(q) == pytest.approx([0.75, 0.5, 0.5 * c3, 0.5 * c3 * c4])
+    # K = 1: no decay can be fitted, the conditional stays flat
+    q1, b1, _ = survival(_rounds([0, 1, 1, 1], nd=[1] * 4), n_max=3)
+    assert b1 == 1.0 and list(q1) == pytest.approx([0.75, 0.75 ** 2, 0.75 ** 3])
+    with pytest.raises(TraceFormatError):
+        survival(_rounds([0, 0], nd=[0, 0]))
+
+
+def test_reproduces_the_recorded_acceptance() -> None:
+    # capped rounds (n_draft < K) included: rate and mean acceptance length equal the trace's at N = K
+    r = _rounds([0, 1, 3, 3, 2, 1, 0], nd=[3, 3, 3, 3, 3, 1, 2])
+    est = what_if(r)
+    row = est.rows[2]
+    assert row.recorded and not row.extrapolated and est.recorded_n_draft == 3
+    tot = M.totals(r)
+    assert row.acceptance_rate == pytest.approx(tot["acceptance_rate"], abs=1e-12)
+    assert row.mean_acceptance_length == pytest.approx(tot["mean_acceptance_length"], abs=1e-12)
+    assert [x.extrapolated for x in est.rows] == [False, False, False, True, True, True, True, True]
+
+
+def test_other_n_draft_by_hand() -> None:
+    r = _rounds([0, 1, 2, 2])
+    est = what_if(r)
+    # N = 1: every round drafts 1, q1 = 3/4
+    assert est.rows[0].acceptance_rate == pytest.approx(0.75)
+    assert est.rows[0].mean_acceptance_length == pytest.approx(1.75)
+    # N = 3: Q(3) = 3/4 + 1/2 + q3, q3 = 1/2 * 16/27
+    q3 = 0.5 * (2 / 3) * (8 / 9)
+    assert est.rows[2].acceptance_rate == pytest.approx((0.75 + 0.5 + q3) / 3)
+    # speed: t_step = 40 ms / 8 drafts = 5 ms; one verify size (3 tokens, 30 ms): flat verify cost
+    assert est.cost.t_step_ms == pytest.approx(5.0)
+    assert est.cost.v1_ms == 0.0 and est.cost.v0_ms == pytest.approx(30.0)
+    assert est.cost.baseline == "estimated" and est.cost.t_plain_ms == pytest.approx(30.0)
+    # N = 2: 1000 * (4 rounds + 5 accepted) / (4 * (2 * 5 + 30)) = 56.25 tokens/s
+    assert est.rows[1].tokens_per_s == pytest.approx(56.25)
+    # N = 1: 1000 * (4 + 3) / (4 * (5 + 30)) = 50
+    assert est.rows[0].tokens_per_s == pytest.approx(50.0)
+    assert est.best_n_draft == max(est.rows, key=lambda x: x.tokens_per_s).n_draft
+
+
+def test_measured_baseline_gives_the_verify_slope() -> None:
+    r = _rounds([0, 1, 2, 2])
+    est = what_if(r, t_plain_ms=20.0)
+    # points (3 tokens, 30 ms) and (1 token, 20 ms), equal weights: v1 = 5, v0 = 15
+    assert est.cost.v1_ms == pytest.approx(5.0) and est.cost.v0_ms == pytest.approx(15.0)
+    assert est.cost.baseline == "measured"
+    # N = 2: t_round = 2 * 5 + 15 + 5 * 3 = 40; 56.25 tokens/s; speedup = 56.25 * 20 / 1000
+    assert est.rows[1].tokens_per_s == pytest.approx(56.25)
+    assert est.rows[1].speedup == pytest.approx(1.125)
+    # N = 1: t_round = 5 + 15 + 10 = 30 -> 1000 * 7 / 120
+    assert est.rows[0].tokens_per_s == pytest.approx(7000 / 120)
+
+
+def test_verify_sizes_fit_a_line() -> None:
+    # verify sizes 2 and 4 tokens at 20 and 40 ms (medians; one outlier ignored by the median)
+    r = _rounds([1, 1, 1, 0, 0, 0, 0], nd=[1, 1, 1, 3, 3, 3, 3], tv=[20, 20, 500, 40, 40, 40, 41],
+                td=[5, 5, 5, 15, 15, 15, 15])
+    c = fit_cost(r)
+    assert c.verify_sizes == {2: 20.0, 4: 40.0}
+    assert c.v1_ms == pytest.approx(10.0) and c.v0_ms == pytest.approx(0.0, abs=1e-9)
+    assert fit_cost(r.drop(columns=["t_verify_ms"])) is None
+
+
+def test_no_timings_no_speed() -> None:
+    r = _rounds([0, 1, 2, 2]).drop(columns=["t_draft_ms", "t_verify_ms"])
+    est = what_if(r)
+    assert est.cost is None and est.best_n_draft is None
+    assert all(x.tokens_per_s is None and x.speedup is None for x in est.rows)
+    assert est.rows[0].acceptance_rate == pytest.approx(0.75)
+
+
+def test_by_category_and_baseline_key() -> None:
+    r = _rounds([2, 2, 0, 0], pid=[0, 0, 1, 1])
+    w = what_if_by_category(r, {0: "code"})
+    assert set(w) == {"code", "(none)"}
+    assert w["code"].rows[1].acceptance_rate == pytest.approx(1.0)
+    assert w["(none)"].rows[1].acceptance_rate == pytest.approx(0.0)
+    assert baseline_ms({"baseline": {"t_per_token_ms": 12.5}}) == 12.5
+    assert baseline_ms({"baseline": {"t_per_token_ms": math.nan}}) is None
+    assert baseline_ms({}) is None
