@@ -24,15 +24,16 @@ UNCATEGORIZED = "(none)"
 
 
 def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    codes, uniq = pd.factorize(pd.Series(label), sort=True)
+    nd = np.bincount(codes[codes >= 0], minlength=len(uniq))
+    na = np.bincount(codes[codes >= 0], weights=accepted[codes >= 0].astype(np.float64), minlength=len(uniq))
+    found = {str(u): (int(d), int(a)) for u, d, a in zip(uniq.tolist(), nd, na)}
     out: dict[str, dict[str, Any]] = {}
-    keys = names if names is not None else sorted(set(label.tolist()))
-    for name in keys:
-        m = label == name
-        nd = int(m.sum())
-        if names is not None and nd == 0:
+    for name in names if names is not None else sorted(found):
+        if name not in found or found[name][0] == 0:
             continue
-        na = int(accepted[m].sum())
-        out[str(name)] = {"n_drafted": nd, "n_accepted": na, "acceptance_rate": na / nd if nd else None}
+        d, a = found[name]
+        out[str(name)] = {"n_drafted": d, "n_accepted": a, "acceptance_rate": a / d if d else None}
     return out
 
 
@@ -50,8 +51,8 @@ def classify_outputs(pos: Positions, classifier: Classifier,
 
 
 def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[np.ndarray, np.ndarray]:
-    """(class name, channel name) of each draft in ``pos.drafts`` order: the labels of the output
-    position it stood in for; ``unknown`` / ``unknown`` where that is not known."""
+    """(class names, channel names) of each draft in ``pos.drafts`` order, as ``pandas.Categorical``: the
+    labels of the output position it stood in for; ``unknown`` / ``unknown`` where that is not known."""
     d = pos.drafts
     pid = d["prompt_id"].to_numpy(dtype=np.int64)
     g = d["g"].to_numpy(dtype=np.int64)
@@ -66,34 +67,39 @@ def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[n
         ok = (gg >= 0) & (gg < len(tc.classes))
         cls[rows[ok]] = tc.classes[gg[ok]]
         chan[rows[ok]] = tc.channels[gg[ok]]
-    cls_names = np.asarray(CLASSES, dtype=object)[cls]
-    chan_names = np.where(chan >= 0, np.asarray(CHANNELS, dtype=object)[np.maximum(chan, 0)], "unknown")
-    return cls_names, chan_names.astype(object)
+    chan = np.where(chan >= 0, chan, len(CHANNELS)).astype(np.int8)
+    return (pd.Categorical.from_codes(cls, CLASSES),
+            pd.Categorical.from_codes(chan, (*CHANNELS, "unknown")))
 
 
 def by_label(pos: Positions, labels: np.ndarray, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """``{label: {n_drafted, n_accepted, acceptance_rate}}`` over ``pos.drafts`` (labels aligned with
     it); with ``names`` only those keys, in that order, empty groups left out."""
-    return _group(np.asarray(labels, dtype=object), pos.drafts["accepted"].to_numpy(dtype=bool), names)
+    return _group(labels, pos.drafts["accepted"].to_numpy(dtype=bool), names)
 
 
 def by_label_and_position(pos: Positions, labels: np.ndarray,
                           names: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """``{label: [{k, n_drafted, n_accepted, acceptance_rate}, ...]}``: the same per draft position k."""
-    lab = np.asarray(labels, dtype=object)
+    codes, uniq = pd.factorize(pd.Series(labels), sort=True)
     acc = pos.drafts["accepted"].to_numpy(dtype=bool)
     k = pos.drafts["k"].to_numpy(dtype=np.int64)
+    kmax = int(k.max()) if len(k) else 0
+    ok = codes >= 0
+    flat = codes[ok] * (kmax + 1) + k[ok]
+    nd = np.bincount(flat, minlength=len(uniq) * (kmax + 1)).reshape(len(uniq), kmax + 1)
+    na = np.bincount(flat, weights=acc[ok].astype(np.float64),
+                     minlength=len(uniq) * (kmax + 1)).reshape(len(uniq), kmax + 1)
+    index = {str(u): i for i, u in enumerate(uniq.tolist())}
     out: dict[str, list[dict[str, Any]]] = {}
-    for name in names if names is not None else sorted(set(lab.tolist())):
-        m = lab == name
-        if not m.any():
+    for name in names if names is not None else sorted(index):
+        i = index.get(str(name))
+        if i is None or nd[i].sum() == 0:
             continue
-        rows = []
-        for kk in range(1, int(k[m].max()) + 1):
-            mk = m & (k == kk)
-            nd, na = int(mk.sum()), int(acc[mk].sum())
-            rows.append({"k": kk, "n_drafted": nd, "n_accepted": na, "acceptance_rate": na / nd if nd else None})
-        out[str(name)] = rows
+        top = int(np.flatnonzero(nd[i])[-1])
+        out[str(name)] = [{"k": kk, "n_drafted": int(nd[i, kk]), "n_accepted": int(na[i, kk]),
+                           "acceptance_rate": float(na[i, kk] / nd[i, kk]) if nd[i, kk] else None}
+                          for kk in range(1, top + 1)]
     return out
 
 

@@ -214,19 +214,20 @@ def step_causes(rounds: pd.DataFrame, steps: pd.DataFrame, *, head: str = "dense
     cause[accepted] = _CAUSE_CODE["accepted"]
 
     compared_rej = first_mm & ~eog
-    side = np.full(n, None, dtype=object)
-    side[compared_rej] = "unknown"
-    side[compared_rej & ~np.isnan(ent) & (ent >= hard_entropy)] = "hard"
-    side[compared_rej & ~np.isnan(ent) & (ent < hard_entropy)] = "wrong"
+    side = np.full(n, -1, dtype=np.int8)            # codes into TARGET_SIDES, -1 = not a compared rejection
+    side[compared_rej] = TARGET_SIDES.index("unknown")
+    side[compared_rej & ~np.isnan(ent) & (ent >= hard_entropy)] = TARGET_SIDES.index("hard")
+    side[compared_rej & ~np.isnan(ent) & (ent < hard_entropy)] = TARGET_SIDES.index("wrong")
     sparse = pd.array(np.where(cand_known, ~in_cand, False), dtype="boolean")
     sparse[~cand_known] = pd.NA
     return pd.DataFrame({
         "prompt_id": pid, "round": rnd, "k": k, "token": steps["token"].to_numpy(dtype=np.int64),
         "target_token": _na_int(tt), "accepted": accepted.astype(bool), "first_mismatch": first_mm,
-        "cause": np.asarray(CAUSES, dtype=object)[cause], "target_rank": _na_int(rank),
+        "cause": pd.Categorical.from_codes(cause, CAUSES), "target_rank": _na_int(rank),
         "n_top": n_top.astype(np.int64), "gap": gap, "gap_at_least": gap_at_least,
         "sparse_unreachable": sparse, "target_centroid": _na_int(tcent), "target_centroid_rank": _na_int(tcrank),
-        "target_p_drafted": p_d, "target_entropy": ent, "target_side": side,
+        "target_p_drafted": p_d, "target_entropy": ent,
+        "target_side": pd.Categorical.from_codes(side, TARGET_SIDES),
     })
 
 
@@ -282,7 +283,7 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
     missing = pd.isna(cause)
     cause = np.where(missing, np.where(eog, "after_eog", "unknown"), cause).astype(object)
     cause = np.where((t < 0) & (cause != "after_eog"), "unknown", cause).astype(object)
-    out["cause"] = cause
+    out["cause"] = pd.Categorical(cause, categories=CAUSES)
     for c in ("target_rank", "target_centroid", "target_centroid_rank"):
         out[c] = pd.array(out[c], dtype="Int64") if len(out) else pd.array([], dtype="Int64")
     out["sparse_unreachable"] = pd.array(out["sparse_unreachable"].astype(object).where(
@@ -293,7 +294,7 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
     side = out["target_side"].to_numpy(dtype=object)
     side = np.where(pd.isna(side), "unknown", side).astype(object)
     side[eog] = None
-    out["target_side"] = side
+    out["target_side"] = pd.Categorical(side, categories=TARGET_SIDES)
     return out.sort_values(["prompt_id", "round"], kind="stable").reset_index(drop=True)
 
 
@@ -306,9 +307,8 @@ def rank_histogram(ranks: pd.Series | np.ndarray) -> dict[str, int]:
     return {b: int(c) for b, c in zip(RANK_BINS, counts, strict=True)}
 
 
-def _count(values: np.ndarray, keys: tuple[str, ...]) -> dict[str, int]:
-    u, c = np.unique(np.asarray(values, dtype=object).astype(str), return_counts=True)
-    d = dict(zip(u.tolist(), c.tolist(), strict=True))
+def _count(values: Any, keys: tuple[str, ...]) -> dict[str, int]:
+    d = pd.Series(values).value_counts().to_dict()
     return {key: int(d.get(key, 0)) for key in keys}
 
 
@@ -346,12 +346,12 @@ def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
     """
     known = fm["target_token"].notna().to_numpy() if len(fm) else np.zeros(0, dtype=bool)
     fk = fm[known]
-    causes = _count(fk["cause"].to_numpy(), REJECTION_CAUSES)
+    causes = _count(fk["cause"].array, REJECTION_CAUSES)
     by_pos = []
     kvals = fk["k"].to_numpy(dtype=np.int64)
     for kk in range(1, int(kvals.max()) + 1 if len(kvals) else 1):
         sub = fk[kvals == kk]
-        by_pos.append({"k": kk, "n": int(len(sub)), "causes": _count(sub["cause"].to_numpy(), REJECTION_CAUSES),
+        by_pos.append({"k": kk, "n": int(len(sub)), "causes": _count(sub["cause"].array, REJECTION_CAUSES),
                        "rank_histogram": rank_histogram(sub["target_rank"])})
     side = fk["target_side"].to_numpy(dtype=object)
     pd_ = fk["target_p_drafted"].to_numpy(dtype=np.float64)

@@ -207,7 +207,8 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         cls, chan = B.draft_labels(pos, classes)
         by_class = B.by_label(pos, cls, CLASSES)
         by_cp = B.by_label_and_position(pos, cls, CLASSES)
-        if params.get("chat") or np.any((chan != "none") & (chan != "unknown")):
+        chan_s = pd.Series(chan)
+        if params.get("chat") or ((chan_s != "none") & (chan_s != "unknown")).any():
             by_channel = B.by_label(pos, chan, (*CHANNELS, "unknown"))
         if not pos.sequences:
             notes.append("no prompt's output could be rebuilt (emitted unknown or rounds missing): classes unknown")

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,9 @@ _RELEVANT = frozenset("`{}[]\":,\\\n")
 _JSON_FENCES = frozenset({"json", "jsonl", "json5"})
 _LITERALS = ("true", "false", "null")
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
+
+#: per-vocabulary cache of per-id facts (text, class, flags), shared by classifiers
+_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: template tokens (piece text) -> the channel they switch to; None = "the channel named after it"
 TEMPLATE_OPEN = {"<|channel>": CH_THINKING, "<|tool_call>": CH_TOOL_CALL, "<|tool_response>": CH_TOOL_RESPONSE,
@@ -90,6 +94,8 @@ def text_class(text: str) -> int:
     if not text or text.isspace():
         return C_SPACE if text else C_PROSE
     s = text.strip()
+    if s.isalpha():
+        return C_PROSE
     if _NUMBER_RE.match(s):
         return C_NUMBER
     if all(unicodedata.category(c)[0] in "PS" for c in s):
@@ -261,6 +267,19 @@ class _Ctx:
         return False
 
 
+class _Facts:
+    """Per-id flags over the whole vocabulary (+1 slot for out-of-range ids), filled as ids are met."""
+
+    def __init__(self, n: int) -> None:
+        self.known = np.zeros(n, dtype=bool)
+        self.known[n - 1] = True          # the out-of-range slot: relevant, unknown
+        self.rel = np.zeros(n, dtype=bool)
+        self.rel[n - 1] = True
+        self.tcls = np.full(n, C_PROSE, dtype=np.int8)
+        self.tcls[n - 1] = C_UNKNOWN
+        self.nonspace = np.zeros(n, dtype=bool)
+
+
 class Classifier:
     """Classes and channels of token sequences over one vocabulary (see the module docstring).
 
@@ -272,7 +291,14 @@ class Classifier:
     def __init__(self, vocab: Vocab, *, chat: bool = False) -> None:
         self.vocab = vocab
         self.chat = bool(chat)
-        self._info: dict[int, tuple[str, int, bool, int | None, int | None, bool]] = {}
+        # per-id facts do not depend on the context: shared by every classifier of this vocabulary
+        self._info: dict[int, tuple[str, int, bool, int | None, int | None, bool]] = _INFO.setdefault(vocab, {})
+
+    def _facts(self) -> _Facts:
+        f = self._info.get("facts")  # type: ignore[call-overload]
+        if f is None:
+            f = self._info["facts"] = _Facts(self.vocab.n_vocab + 1)  # type: ignore[index]
+        return f
 
     def _token(self, tid: int) -> tuple[str, int, bool, int | None, int | None, bool]:
         """(text, text class, special, opens channel, closes channel, context-relevant) of one id."""
@@ -290,7 +316,7 @@ class Classifier:
             opens = TEMPLATE_OPEN.get(piece) if special or piece in TEMPLATE_OPEN else None
             closes = piece in TEMPLATE_CLOSE
             close_to = TEMPLATE_CLOSE.get(piece) if closes else None
-            rel = special or closes or opens is not None or any(c in _RELEVANT for c in text)
+            rel = special or closes or opens is not None or not _RELEVANT.isdisjoint(text)
             info = (text, C_SPECIAL if special else text_class(text), special, opens,
                     close_to if closes else None, rel)
             if closes and close_to is None:       # <turn|>: ends the turn, channel unchanged
@@ -312,10 +338,48 @@ class Classifier:
         for tid in prefix:
             self._step(ctx, int(tid))
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        classes = np.empty(len(ids), dtype=np.int8)
-        channels = np.empty(len(ids), dtype=np.int8)
-        for i, tid in enumerate(ids.tolist()):
-            classes[i], channels[i] = self._step(ctx, tid)
+        n = len(ids)
+        classes = np.empty(n, dtype=np.int8)
+        channels = np.empty(n, dtype=np.int8)
+        if n == 0:
+            return TokenClasses(classes, channels)
+        # per distinct id once; then only context-relevant tokens (and tokens read while the context is
+        # sensitive: inside JSON, a fence header, a backtick run, a channel name) go through _step; the
+        # runs in between take their class in one slice
+        facts = self._facts()
+        nv = len(facts.known) - 1
+        raw = ids
+        out_of_range = bool(n) and (int(ids.min()) < 0 or int(ids.max()) >= nv)
+        if out_of_range:  # ids outside the vocabulary: the last slot (unknown, handled one by one)
+            ids = np.where((ids >= 0) & (ids < nv), ids, nv)
+        seen = np.zeros(nv + 1, dtype=bool)
+        seen[ids] = True
+        new_ids = np.flatnonzero(seen & ~facts.known)
+        if len(new_ids) > 4096:
+            self.vocab.decode_all()      # one bulk decode beats many single reads
+        for t in new_ids.tolist():
+            x = self._token(t)
+            facts.rel[t], facts.tcls[t] = x[5], x[1]
+            facts.nonspace[t] = bool(x[0]) and not x[0].isspace()
+        facts.known[new_ids] = True
+        rel, tcls, nonspace = facts.rel[ids], facts.tcls[ids], facts.nonspace[ids]
+        ids = raw
+        ids_l = ids.tolist()
+        i = 0
+        for r in [*np.flatnonzero(rel).tolist(), n]:
+            while i < r and (ctx.stack or ctx.fence_header or ctx.ticks or ctx.channel_name):
+                classes[i], channels[i] = self._step(ctx, ids_l[i])
+                i += 1
+            if i < r:
+                seg = tcls[i:r]
+                classes[i:r] = np.where(seg == C_UNKNOWN, C_UNKNOWN, C_CODE) if ctx.in_code() else seg
+                channels[i:r] = ctx.channel
+                if nonspace[i:r].any():
+                    ctx.line_blank = False
+                i = r
+            if r < n:
+                classes[r], channels[r] = self._step(ctx, ids_l[r])
+                i = r + 1
         return TokenClasses(classes, channels)
 
     def _step(self, ctx: _Ctx, tid: int) -> tuple[int, int]:

@@ -49,6 +49,7 @@ class Vocab:
         if self.types is not None and len(self.types) != self.n_vocab:
             raise TraceError("token types and tokens differ in length", key=TYPES_KEY,
                              expected=self.n_vocab, actual=len(self.types))
+        self._types_list = None if self.types is None else self.types.tolist()
         self.source = source
         self._keep = keep
         self._cache: dict[int, str] = {}
@@ -66,12 +67,21 @@ class Vocab:
         self._cache[tid] = s
         return s
 
+    def decode_all(self) -> None:
+        """Decode every piece now (one bulk read, about 0.2 s for 262144 tokens); later :meth:`piece`
+        calls are dictionary look-ups. Worth it when a large share of the vocabulary will be asked for."""
+        if len(self._cache) >= self.n_vocab:
+            return
+        bulk = self._pieces.to_list() if hasattr(self._pieces, "to_list") else list(self._pieces)
+        self._cache = {i: (v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v))
+                       for i, v in enumerate(bulk)}
+
     def token_type(self, token_id: int) -> int:
         """The token type of ``token_id`` (1 normal when the vocabulary has no types); 2 out of range."""
         tid = int(token_id)
         if not 0 <= tid < self.n_vocab:
             return TYPE_UNKNOWN
-        return TYPE_NORMAL if self.types is None else int(self.types[tid])
+        return TYPE_NORMAL if self._types_list is None else self._types_list[tid]
 
     def find(self, piece: str) -> int | None:
         """The id of the first token whose raw piece equals ``piece`` (scans the vocabulary once per
