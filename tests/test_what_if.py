@@ -10,7 +10,7 @@ import pytest
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces import metrics as M
-from mtpscope.traces.what_if import baseline_ms, fit_cost, survival, what_if, what_if_by_category
+from mtpscope.traces.what_if import baseline_ms, fit_cost, start_types, survival, what_if, what_if_by_category
 
 
 def _rounds(na, nd=None, td=10.0, tv=30.0, pid=None):
@@ -48,23 +48,35 @@ def test_reproduces_the_recorded_acceptance() -> None:
     assert [x.extrapolated for x in est.rows] == [False, False, False, True, True, True, True, True]
 
 
+def test_start_types() -> None:
+    r = _rounds([0, 1, 2, 2, 1], pid=[0, 0, 0, 0, 1])
+    # B: a prompt's first round or after a fully accepted round; M: after a mismatch
+    assert start_types(r).tolist() == [True, False, False, True, True]
+    assert start_types(r.iloc[::-1]).tolist() == [True, True, False, False, True]   # row order kept
+
+
 def test_other_n_draft_by_hand() -> None:
     r = _rounds([0, 1, 2, 2])
     est = what_if(r)
-    # N = 1: every round drafts 1, q1 = 3/4
-    assert est.rows[0].acceptance_rate == pytest.approx(0.75)
-    assert est.rows[0].mean_acceptance_length == pytest.approx(1.75)
-    # N = 3: Q(3) = 3/4 + 1/2 + q3, q3 = 1/2 * 16/27
-    q3 = 0.5 * (2 / 3) * (8 / 9)
-    assert est.rows[2].acceptance_rate == pytest.approx((0.75 + 0.5 + q3) / 3)
+    # start types B M M B: B rounds accepted 0 and 2 -> q^B = (1/2, 1/2); M rounds 1 and 2 -> q^M = (1, 1/2)
+    assert est.q_b == pytest.approx((0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5))
+    assert est.q_m[:2] == pytest.approx((1.0, 0.5)) and est.share_b == 0.5
+    # pi_B(N) = q^M_N / (1 - q^B_N + q^M_N): pi_B(2) = 0.5 (= the trace's share: no shift), pi_B(1) = 2/3
+    # N = 1: per round 2/3 * 1/2 + 1/3 * 1 = 2/3 accepted of 1 drafted
+    assert est.rows[0].acceptance_rate == pytest.approx(2 / 3)
+    assert est.rows[0].mean_acceptance_length == pytest.approx(1 + 2 / 3)
+    # N = 3: B: c = (1/2, 1) -> b = 1, q^B_3 = 1/2; M: c = (1, 1/2) -> b = 1/2, c3 = 1/4, q^M_3 = 1/8;
+    # pi_B(3) = (1/8) / (1 - 1/2 + 1/8) = 1/5; per round 1/5 * 3/2 + 4/5 * 13/8 = 1.6 accepted of 3
+    assert est.q_m[2] == pytest.approx(0.125)
+    assert est.rows[2].acceptance_rate == pytest.approx(1.6 / 3)
     # speed: t_step = 40 ms / 8 drafts = 5 ms; one verify size (3 tokens, 30 ms): flat verify cost
     assert est.cost.t_step_ms == pytest.approx(5.0)
     assert est.cost.v1_ms == 0.0 and est.cost.v0_ms == pytest.approx(30.0)
     assert est.cost.baseline == "estimated" and est.cost.t_plain_ms == pytest.approx(30.0)
     # N = 2: 1000 * (4 rounds + 5 accepted) / (4 * (2 * 5 + 30)) = 56.25 tokens/s
     assert est.rows[1].tokens_per_s == pytest.approx(56.25)
-    # N = 1: 1000 * (4 + 3) / (4 * (5 + 30)) = 50
-    assert est.rows[0].tokens_per_s == pytest.approx(50.0)
+    # N = 1: 1000 * (4 + 8/3) / (4 * (5 + 30))
+    assert est.rows[0].tokens_per_s == pytest.approx(1000 * (4 + 8 / 3) / 140)
     assert est.best_n_draft == max(est.rows, key=lambda x: x.tokens_per_s).n_draft
 
 
@@ -77,8 +89,8 @@ def test_measured_baseline_gives_the_verify_slope() -> None:
     # N = 2: t_round = 2 * 5 + 15 + 5 * 3 = 40; 56.25 tokens/s; speedup = 56.25 * 20 / 1000
     assert est.rows[1].tokens_per_s == pytest.approx(56.25)
     assert est.rows[1].speedup == pytest.approx(1.125)
-    # N = 1: t_round = 5 + 15 + 10 = 30 -> 1000 * 7 / 120
-    assert est.rows[0].tokens_per_s == pytest.approx(7000 / 120)
+    # N = 1: t_round = 5 + 15 + 10 = 30 -> 1000 * (4 + 8/3) / 120
+    assert est.rows[0].tokens_per_s == pytest.approx(1000 * (4 + 8 / 3) / 120)
 
 
 def test_verify_sizes_fit_a_line() -> None:
@@ -96,7 +108,7 @@ def test_no_timings_no_speed() -> None:
     est = what_if(r)
     assert est.cost is None and est.best_n_draft is None
     assert all(x.tokens_per_s is None and x.speedup is None for x in est.rows)
-    assert est.rows[0].acceptance_rate == pytest.approx(0.75)
+    assert est.rows[0].acceptance_rate == pytest.approx(2 / 3)     # as in test_other_n_draft_by_hand
 
 
 def test_by_category_and_baseline_key() -> None:

@@ -5,19 +5,33 @@ One job: the what-if model below, fitted to one trace's ``rounds`` (pure) and, t
 ``mtpscope record --baseline``). The formula is printed in ``docs/EXPLAIN.md``.
 
 **Acceptance.** With greedy verification a draft's fate does not depend on how many drafts follow it,
-so the trace's per-position survival ``q_k = P(drafts 1..k all accepted) = #(n_accepted >= k) /
-#(n_draft >= k)`` (k = 1..K, K = the recorded n_draft) carries over to any n_draft. Beyond K the
-conditional acceptance ``c_k = q_k / q_{k-1}`` is extrapolated geometrically: ``c_k = c_K * b^(k-K)``
-with ``b`` the ratio of a count-weighted least-squares fit of ``log c_k`` on ``k`` (k = 1..K), clipped
-to ``[0, 1]`` (``b = 1`` when K = 1). A round ``r`` of the trace drafts ``L_r(N) = N`` tokens at
-n_draft ``N``, or ``min(n_draft_r, N)`` when it was capped (drafted fewer than K: the end of
-``max_tokens``). Then
+but it does depend on where the round starts: after a rejection the pending token is the target's
+correction of a draft the drafter got wrong, after a fully accepted round it is a bonus token. Which
+positions start rounds changes with n_draft (shorter drafts start rounds everywhere), so the trace's
+rounds are split by their **start type** ``T``: ``B`` (the prompt's first round, or the previous round
+accepted every draft) or ``M`` (the previous round had a mismatch). Per type, the survival
+``q^T_k = P(drafts 1..k all accepted) = #(T, n_accepted >= k) / #(T, n_draft >= k)`` (k = 1..K, K = the
+recorded n_draft; a type without such rounds uses the pooled ``q_k``). Beyond K the conditional
+acceptance ``c_k = q_k / q_{k-1}`` of each type is extrapolated geometrically: ``c_k = c_K * b^(k-K)``
+with ``b`` the ratio of a count-weighted least-squares fit of ``log c_k`` on ``k`` (k = 1..K), clipped to
+``[0, 1]`` (``b = 1`` when K = 1). At n_draft ``N`` a round ends fully accepted with probability
+``q^T_N``, so the start type is a two-state Markov chain whose stationary share of ``B`` starts is
 
-    E[accepted](N)          = sum_r Q(L_r(N)),   Q(L) = q_1 + ... + q_L
+    pi_B(N) = q^M_N / (1 - q^B_N + q^M_N)
+
+shifted by the trace's own offset ``s_B - pi_B(K)`` (``s_B``: the share of B starts among the trace's
+rounds; the shift carries the prompts' first rounds and makes N = K exact) and clipped to [0, 1]. A round
+``r`` of the trace drafts ``L_r(N) = N`` tokens, or ``min(n_draft_r, N)`` when it was capped (it drafted
+fewer than K: the end of ``max_tokens``). With ``Q^T(L) = q^T_1 + ... + q^T_L``:
+
+    E[accepted](N)          = sum_r ( pi_B Q^B(L_r) + (1 - pi_B) Q^M(L_r) )
     acceptance rate(N)      = E[accepted](N) / sum_r L_r(N)
     mean acceptance length  = 1 + E[accepted](N) / #rounds
 
-which reproduces the trace's own acceptance rate and mean acceptance length exactly at N = K.
+plus ``residual * sum_r L_r(N)``, where ``residual`` is the model's acceptance-rate error at N = K (left by
+capped rounds whose start types are not spread like the others'): the estimate reproduces the trace's own
+acceptance rate and mean acceptance length exactly at N = K. With one start type only (``pi_B``
+constant) this is the plain per-position model.
 
 **Cost.** Drafting is sequential: ``t_draft(L) = L * t_step`` with ``t_step = sum t_draft_ms / sum
 n_draft`` (ms per draft step). Verifying ``n = L + 1`` tokens in one target batch: ``t_verify(n) = v0 +
@@ -26,7 +40,7 @@ the manifest has a baseline, the point ``(1, t_plain)`` (plain decoding's ms per
 decode of one token). With a single point the line is flat (``v1 = 0``: verify cost independent of the
 batch size, the memory-bound case; ``cost.basis`` says so). ``v1`` is clipped at 0.
 
-    tokens/s(N) = 1000 * sum_r (1 + Q(L_r(N))) / sum_r (t_draft(L_r(N)) + t_verify(L_r(N) + 1))
+    tokens/s(N) = 1000 * (#rounds + E[accepted](N)) / sum_r (t_draft(L_r(N)) + t_verify(L_r(N) + 1))
     speedup(N)  = tokens/s(N) / (1000 / t_plain)
 
 ``t_plain`` is the baseline's measured ms per token, else the fitted ``t_verify(1)`` (``baseline:
@@ -111,8 +125,11 @@ class WhatIf:
         rows: :class:`WhatIfRow` for n_draft = 1..n_max.
         best_n_draft: the n_draft with the highest tokens/s (None without timings).
         recorded_n_draft: K, the largest n_draft of the trace.
-        q: ``P(drafts 1..k accepted)`` for k = 1..n_max (measured up to K, then extrapolated).
-        tail_ratio: ``b`` of the extrapolation.
+        q: ``P(drafts 1..k accepted)`` for k = 1..n_max over all rounds (measured up to K, then
+            extrapolated).
+        tail_ratio: ``b`` of the extrapolation (all rounds).
+        q_b / q_m: the same for rounds of start type B / M.
+        share_b: the share of B starts among the trace's rounds.
         cost: the :class:`CostModel` (None without timings).
         n_rounds: rounds the estimate is fitted on.
     """
@@ -124,17 +141,67 @@ class WhatIf:
     tail_ratio: float
     cost: CostModel | None
     n_rounds: int
+    q_b: tuple[float, ...] = ()
+    q_m: tuple[float, ...] = ()
+    share_b: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (``rows`` as dicts)."""
         return {"rows": [r.to_dict() for r in self.rows], "best_n_draft": self.best_n_draft,
                 "recorded_n_draft": self.recorded_n_draft, "q": list(self.q), "tail_ratio": self.tail_ratio,
-                "cost": None if self.cost is None else asdict(self.cost), "n_rounds": self.n_rounds}
+                "cost": None if self.cost is None else asdict(self.cost), "n_rounds": self.n_rounds,
+                "q_b": list(self.q_b), "q_m": list(self.q_m), "share_b": self.share_b}
+
+
+def _survival(nd: np.ndarray, na: np.ndarray, K: int, n_all: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """``(q[0..n_all-1], b, den)`` for rounds with draft counts ``nd`` / accepted ``na`` (module docstring);
+    ``q`` NaN where no round drafted that far (k <= K)."""
+    kk = np.arange(1, K + 1)
+    den = np.array([(nd >= k).sum() for k in kk], dtype=np.float64)
+    num = np.array([(na >= k).sum() for k in kk], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+    prev = np.concatenate([[1.0], q[:-1]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(prev > 0, q / prev, 0.0)
+    b = 1.0
+    ok = (c > 0) & (den > 0)
+    if K >= 2 and ok.sum() >= 2:
+        w = den[ok]
+        x, y = kk[ok].astype(np.float64), np.log(c[ok])
+        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
+        var = np.average((x - xm) ** 2, weights=w)
+        slope = np.average((x - xm) * (y - ym), weights=w) / var if var > 0 else 0.0
+        b = float(min(max(math.exp(slope), 0.0), 1.0))
+    out = np.empty(n_all, dtype=np.float64)
+    out[:K] = q
+    cK = float(c[-1]) if np.isfinite(c[-1]) else 0.0
+    for k in range(K + 1, n_all + 1):
+        out[k - 1] = out[k - 2] * min(max(cK * b ** (k - K), 0.0), 1.0)
+    return out, b, den
+
+
+def start_types(rounds: pd.DataFrame) -> np.ndarray:
+    """Start type of each round (``True`` = B: the prompt's first round or the previous round of the same
+    prompt accepted all its drafts; ``False`` = M), aligned with ``rounds`` rows (columns ``prompt_id``,
+    ``round``, ``n_draft``, ``n_accepted``)."""
+    n = len(rounds)
+    if not n:
+        return np.zeros(0, dtype=bool)
+    order = np.lexsort((rounds["round"].to_numpy(), rounds["prompt_id"].to_numpy()))
+    pid = rounds["prompt_id"].to_numpy()[order]
+    nd = rounds["n_draft"].to_numpy(dtype=np.int64)[order]
+    na = rounds["n_accepted"].to_numpy(dtype=np.int64)[order]
+    b = np.ones(n, dtype=bool)
+    b[1:] = (pid[1:] != pid[:-1]) | (na[:-1] == nd[:-1])
+    out = np.empty(n, dtype=bool)
+    out[order] = b
+    return out
 
 
 def survival(rounds: pd.DataFrame, n_max: int = N_MAX) -> tuple[np.ndarray, float, int]:
-    """``(q, b, K)``: ``q[k-1] = P(drafts 1..k accepted)`` for k = 1..max(n_max, K) (measured up to the
-    recorded K, extrapolated after), the tail ratio ``b`` and K (module docstring).
+    """``(q, b, K)`` over all rounds (one start type): ``q[k-1] = P(drafts 1..k accepted)`` for k = 1..max(n_max,
+    K) (measured up to the recorded K, extrapolated after), the tail ratio ``b`` and K.
 
     Raises:
         TraceFormatError: no round drafted anything.
@@ -145,30 +212,8 @@ def survival(rounds: pd.DataFrame, n_max: int = N_MAX) -> tuple[np.ndarray, floa
     if K < 1:
         raise TraceFormatError("no round drafted a token: nothing to estimate from", key="n_draft",
                                expected="> 0", actual=0)
-    kk = np.arange(1, K + 1)
-    den = np.array([(nd >= k).sum() for k in kk], dtype=np.float64)
-    num = np.array([(na >= k).sum() for k in kk], dtype=np.float64)
-    q = num / den
-    prev = np.concatenate([[1.0], q[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(prev > 0, q / prev, 0.0)
-    b = 1.0
-    ok = c > 0
-    if K >= 2 and ok.sum() >= 2:
-        w = den[ok]
-        x, y = kk[ok].astype(np.float64), np.log(c[ok])
-        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-        var = np.average((x - xm) ** 2, weights=w)
-        slope = np.average((x - xm) * (y - ym), weights=w) / var if var > 0 else 0.0
-        b = float(min(max(math.exp(slope), 0.0), 1.0))
-    n_all = max(n_max, K)
-    out = np.empty(n_all, dtype=np.float64)
-    out[:K] = q
-    cK = float(c[-1])
-    for k in range(K + 1, n_all + 1):
-        ck = min(max(cK * b ** (k - K), 0.0), 1.0)
-        out[k - 1] = out[k - 2] * ck
-    return out, b, K
+    q, b, _ = _survival(nd, na, K, max(n_max, K))
+    return q, b, K
 
 
 def fit_cost(rounds: pd.DataFrame, t_plain_ms: float | None = None) -> CostModel | None:
@@ -230,15 +275,39 @@ def what_if(rounds: pd.DataFrame, *, t_plain_ms: float | None = None, n_max: int
     nd_all = rounds["n_draft"].to_numpy(dtype=np.int64)
     drafting = rounds[nd_all > 0]
     q, b, K = survival(drafting, n_max)
-    Q = np.concatenate([[0.0], np.cumsum(q)])
+    n_all = len(q)
     nd = drafting["n_draft"].to_numpy(dtype=np.int64)
+    na = drafting["n_accepted"].to_numpy(dtype=np.int64)
+    is_b = start_types(drafting) if {"prompt_id", "round"} <= set(drafting.columns) else np.ones(len(nd), bool)
+    per_type = {}
+    for t, m in ((True, is_b), (False, ~is_b)):
+        qt, _, _ = _survival(nd[m], na[m], K, n_all) if m.any() else (np.full(n_all, np.nan), 1.0, None)
+        per_type[t] = np.where(np.isnan(qt), q, qt)          # a type that never drafted that far: pooled
+    QB = np.concatenate([[0.0], np.cumsum(per_type[True])])
+    QM = np.concatenate([[0.0], np.cumsum(per_type[False])])
+
+    def pi_b(N: int) -> float:
+        qb, qm = per_type[True][N - 1], per_type[False][N - 1]
+        den = 1.0 - qb + qm
+        return float(qm / den) if den > 0 else 1.0
+
+    share_b = float(is_b.mean()) if len(is_b) else 1.0
+    shift = share_b - pi_b(K)
     capped = nd < K
+
+    def model(N: int) -> tuple[np.ndarray, float]:
+        L = np.where(capped, np.minimum(nd, N), N)
+        pb = min(max(pi_b(N) + shift, 0.0), 1.0)
+        return L, float(pb * QB[L].sum() + (1.0 - pb) * QM[L].sum())
+
+    L_K, acc_K = model(K)
+    residual = (float(na.sum()) - acc_K) / float(L_K.sum())     # the model's rate error at N = K
     cost = fit_cost(drafting, t_plain_ms)
     rows = []
     for N in range(1, n_max + 1):
-        L = np.where(capped, np.minimum(nd, N), N)
-        acc = float(Q[L].sum())
+        L, acc = model(N)
         drafted = float(L.sum())
+        acc = min(max(acc + residual * drafted, 0.0), drafted)
         n_r = len(L)
         tps = speed = None
         if cost is not None:
@@ -254,7 +323,9 @@ def what_if(rounds: pd.DataFrame, *, t_plain_ms: float | None = None, n_max: int
         if cands:
             best = max(cands, key=lambda r: (r.tokens_per_s, -r.n_draft)).n_draft
     return WhatIf(rows=tuple(rows), best_n_draft=best, recorded_n_draft=K, q=tuple(float(v) for v in q[:n_max]),
-                  tail_ratio=b, cost=cost, n_rounds=int(len(drafting)))
+                  tail_ratio=b, cost=cost, n_rounds=int(len(drafting)),
+                  q_b=tuple(float(v) for v in per_type[True][:n_max]),
+                  q_m=tuple(float(v) for v in per_type[False][:n_max]), share_b=share_b)
 
 
 def baseline_ms(manifest: Mapping[str, Any]) -> float | None:
