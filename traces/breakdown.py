@@ -11,7 +11,7 @@ without ``emitted``, a gap in its rounds, no vocabulary) or lies past the end of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,16 +38,21 @@ def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None 
 
 
 def classify_outputs(pos: Positions, classifier: Classifier,
-                     prefixes: Mapping[int, Sequence[int]] | None = None) -> dict[int, TokenClasses]:
+                     prefixes: Mapping[int, Sequence[int]] | None = None,
+                     chat_prompts: Collection[int] = ()) -> dict[int, TokenClasses]:
     """Classes and channels of every known prompt's generated sequence.
 
     Args:
         pos: :func:`traces.positions.positions` of the trace.
         classifier: over the trace's vocabulary (``chat`` as recorded).
         prefixes: prompt token ids per prompt_id, read for context (optional).
+        chat_prompts: prompt ids rendered with the chat template although ``classifier`` is not a chat
+            one (prompts-file ``messages`` prompts): classified with ``chat=True``.
     """
     prefixes = prefixes or {}
-    return {p: classifier.classify(seq, prefixes.get(p, ())) for p, seq in pos.sequences.items()}
+    chat_clf = Classifier(classifier.vocab, chat=True) if chat_prompts and not classifier.chat else classifier
+    return {p: (chat_clf if p in chat_prompts else classifier).classify(seq, prefixes.get(p, ()))
+            for p, seq in pos.sequences.items()}
 
 
 def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[np.ndarray, np.ndarray]:

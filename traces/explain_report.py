@@ -199,16 +199,21 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         pos = positions(rounds)
         params = manifest.get("params") or {}
         clf = Classifier(vocab, chat=bool(params.get("chat")))
-        prefixes = {}
+        prefixes: dict[int, list[int]] = {}
+        chat_ids: set[int] = set()
         for i, p in enumerate(manifest.get("prompts") or []):
-            if isinstance(p, dict) and isinstance(p.get("tokens"), list):
-                prefixes[int(p.get("prompt_id", i))] = [int(t) for t in p["tokens"]]
-        classes = B.classify_outputs(pos, clf, prefixes)
+            if not isinstance(p, dict):
+                continue
+            if isinstance(p.get("tokens"), list):
+                prefixes[int(p.get("prompt_id", i))] = [int(t) for t in p["tokens"] if isinstance(t, int)]
+            if p.get("source") == "messages":
+                chat_ids.add(int(p.get("prompt_id", i)))
+        classes = B.classify_outputs(pos, clf, prefixes, chat_ids)
         cls, chan = B.draft_labels(pos, classes)
         by_class = B.by_label(pos, cls, CLASSES)
         by_cp = B.by_label_and_position(pos, cls, CLASSES)
         chan_s = pd.Series(chan)
-        if params.get("chat") or ((chan_s != "none") & (chan_s != "unknown")).any():
+        if params.get("chat") or chat_ids or ((chan_s != "none") & (chan_s != "unknown")).any():
             by_channel = B.by_label(pos, chan, (*CHANNELS, "unknown"))
         if not pos.sequences:
             notes.append("no prompt's output could be rebuilt (emitted unknown or rounds missing): classes unknown")

@@ -68,7 +68,7 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     Args:
         res: a round run with ``trace=True`` (its ``steps`` carry the raw data).
         n_top: drafter candidates kept per step.
-        hidden: ``"off"`` drops the hidden states; any other value keeps them (float32 here).
+        hidden: ``"off"`` drops the hidden states (``h_target`` too); any other value keeps them (float32 here).
         head: a centroid head checked by :meth:`~inspector.centroids.CentroidHead.ready`, or None; its
             columns are filled only when every step has ``h_inner``.
     """
@@ -83,10 +83,15 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             logits = [s.logits for s in steps]
         cs_all = centroid_steps(head, np.stack([s.h_inner for s in steps]), dense_logits=logits,
                                 target_tokens=targets)
+    p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
     for k, s in enumerate(steps, start=1):
         lg = s.logits
         tt = targets[k - 1]
         kw: dict[str, Any] = {}
+        if k <= len(p_d):
+            kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
+        if keep_h and k <= len(h_t):
+            kw["h_target"] = h_t[k - 1]
         if cs_all is not None:
             cs = cs_all[k - 1]
             kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
