@@ -30,12 +30,13 @@ pytestmark = pytest.mark.llama
 def pair(tiny_pair):  # noqa: ANN001, ANN201
     target, _ = tiny_pair(vocab="subset")
     _, noisy = tiny_pair(vocab="subset", noise=2.0)
-    return target, noisy
+    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
+    return target, noisy, fork
 
 
 @pytest.fixture(scope="module")
 def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
-    target, noisy = pair
+    target, noisy, fork = pair
     d = tmp_path_factory.mktemp("recx")
     pf = d / "prompts.jsonl"
     lines = [{"prompt": "The quick brown fox", "id": "fox", "category": "story", "source": "hand"},
@@ -45,7 +46,7 @@ def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
     out = d / "t"
     with MtpRuntime(target, noisy, n_ctx=512) as r:
         s = record(target=target, assistant=noisy, out=out, prompts_file=pf, max_tokens=24, hidden="f32",
-                   hidden_target=True, baseline=True, runtime=r, command=["test"])
+                   hidden_target=True, baseline=True, runtime=r, command=["test"], centroids=fork)
     return s, traces.open(out), target
 
 
@@ -67,6 +68,8 @@ def test_target_side_matches_an_independent_decode(recorded) -> None:  # noqa: A
     torch = pytest.importorskip("torch")
     _, t, target = recorded
     rounds, steps = t.rounds, t.steps
+    # always captured, also next to the centroid head's columns
+    assert steps["target_in_candidates"].notna().all()
     assert steps["target_p_drafted"].notna().all() and steps["target_entropy"].notna().all()
     assert (steps["target_p_drafted"] > 0).all() and (steps["target_p_drafted"] <= 1).all()
     r0 = rounds[(rounds["prompt_id"] == 1) & (rounds["round"] == 0)].iloc[0]
@@ -137,7 +140,7 @@ def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
 
 
 def test_bad_tokens_and_hidden_target_without_hidden(pair, tmp_path) -> None:  # noqa: ANN001
-    target, noisy = pair
+    target, noisy, _ = pair
     pf = tmp_path / "p.jsonl"
     pf.write_text('"fine"\n{"tokens": [2, 99999]}\n')
     with pytest.raises(MtpscopeError) as ei:

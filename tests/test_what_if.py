@@ -120,3 +120,12 @@ def test_by_category_and_baseline_key() -> None:
     assert baseline_ms({"baseline": {"t_per_token_ms": 12.5}}) == 12.5
     assert baseline_ms({"baseline": {"t_per_token_ms": math.nan}}) is None
     assert baseline_ms({}) is None
+
+
+def test_negative_intercept_refits_through_the_origin() -> None:
+    # verify medians 10 ms at 2 tokens and 40 ms at 4: the free line is -20 + 15 n; through the origin,
+    # with weights 1 and 1: v1 = (2*10 + 4*40) / (2*2 + 4*4) = 180 / 20 = 9
+    r = _rounds([1, 0], nd=[1, 3], tv=[10, 40], td=[5, 15])
+    c = fit_cost(r)
+    assert c.v0_ms == 0.0 and c.v1_ms == pytest.approx(9.0) and c.t_plain_ms == pytest.approx(9.0)
+    assert "origin" in c.basis

@@ -88,15 +88,15 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
         lg = s.logits
         tt = targets[k - 1]
         kw: dict[str, Any] = {}
-        if k <= len(p_d):
-            kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
-        if keep_h and k <= len(h_t):
-            kw["h_target"] = h_t[k - 1]
         if cs_all is not None:
             cs = cs_all[k - 1]
             kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
                   "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
                   "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
+        if k <= len(p_d):
+            kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
+        if keep_h and k <= len(h_t):
+            kw["h_target"] = h_t[k - 1]
         if lg is not None:
             ls = summarize_logits(lg, s.token, target=tt, n_top=n_top)
             kw.update(logit=ls.logit, rank=ls.rank, top_ids=ls.top_ids, top_logits=ls.top_logits,

@@ -38,7 +38,8 @@ n_draft`` (ms per draft step). Verifying ``n = L + 1`` tokens in one target batc
 v1 * n``, a least-squares line through the median ``t_verify_ms`` of each recorded verify size and, when
 the manifest has a baseline, the point ``(1, t_plain)`` (plain decoding's ms per token: one target
 decode of one token). With a single point the line is flat (``v1 = 0``: verify cost independent of the
-batch size, the memory-bound case; ``cost.basis`` says so). ``v1`` is clipped at 0.
+batch size, the memory-bound case; ``cost.basis`` says so). ``v1`` is clipped at 0; a negative ``v0``
+(noise) refits the line through the origin.
 
     tokens/s(N) = 1000 * (#rounds + E[accepted](N)) / sum_r (t_draft(L_r(N)) + t_verify(L_r(N) + 1))
     speedup(N)  = tokens/s(N) / (1000 / t_plain)
@@ -247,6 +248,9 @@ def fit_cost(rounds: pd.DataFrame, t_plain_ms: float | None = None) -> CostModel
         v1 = float(np.average((x - xm) * (y - ym), weights=w) / np.average((x - xm) ** 2, weights=w))
         v1 = max(v1, 0.0)
         v0 = float(ym - v1 * xm)
+        if v0 < 0:  # a negative fixed cost is noise: refit through the origin
+            v0, v1 = 0.0, float(np.sum(w * x * y) / np.sum(w * x * x))
+            basis += " (through the origin: the free fit had a negative intercept)"
     else:
         v1, v0 = 0.0, float(y[0])
         basis = "one verify size measured: verify cost taken as independent of the batch size"
