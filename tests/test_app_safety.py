@@ -377,3 +377,16 @@ def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Pa
     at = AppTest.from_file(main, default_timeout=120)
     at.run()
     assert at.session_state["sel.trace"] is None and at.session_state["sel.drafter"] is None
+
+
+def test_upload_limit_is_the_servers() -> None:
+    """MAX_UPLOAD_BYTES is the limit `mtpscope app` gives Streamlit (and the checkout's config.toml)."""
+    import tomllib
+
+    from mtpscope.cli_app import SERVER_FLAGS
+
+    flags = dict(zip(SERVER_FLAGS[::2], SERVER_FLAGS[1::2]))
+    assert int(flags["--server.maxUploadSize"]) * 1024 * 1024 == safety.MAX_UPLOAD_BYTES
+    cfg = Path(__file__).resolve().parent.parent / ".streamlit" / "config.toml"
+    if cfg.exists():
+        assert tomllib.loads(cfg.read_text())["server"]["maxUploadSize"] * 1024 * 1024 == safety.MAX_UPLOAD_BYTES
