@@ -193,6 +193,11 @@ class SweepSpec:
                                 key="--assistant", expected="distinct names", actual=", ".join(dup))
         if not self.prompts:
             raise MtpscopeError("no prompts", key="--prompts", expected=">= 1", actual=0)
+        for p in self.prompts:
+            if p.category == ALL:
+                raise MtpscopeError(f"the category {ALL!r} is reserved for the totals over all prompts",
+                                    key=f"prompt {p.index}", expected=f"a category other than {ALL!r}",
+                                    actual=p.category)
         if not self.n_drafts:
             raise MtpscopeError("no n_draft values", key="--n-draft", expected="e.g. 1,2,3", actual="none")
         for k in self.n_drafts:
