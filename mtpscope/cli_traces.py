@@ -113,8 +113,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
 
+        On a sweep directory (sweep.json): the configuration x category table (docs/SWEEP.md).
         Exit 1 when parts of the trace were unreadable and skipped (the report covers the rest).
         """
+        from mtpscope.traces.sweep_format import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli_sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json))
         with one_line_errors():
             from mtpscope.traces.metrics import report
             from mtpscope.traces.store import open_trace
