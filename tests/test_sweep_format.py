@@ -138,3 +138,11 @@ def test_out_dir_checks(tmp_path: Path) -> None:
     (tmp_path / "t" / "manifest.json").write_text("{}")
     with pytest.raises(TraceError, match="holds a trace"):
         check_out_dir(tmp_path / "t", resume=False)
+
+
+def test_spec_differences_compare_prompt_texts_not_their_file() -> None:
+    s = _spec(4).check()
+    moved = SweepSpec(**{**s.__dict__, "prompts_file": "/elsewhere.jsonl", "prompts_sha256": "x"})
+    assert s.differences(moved) == []
+    edited = SweepSpec(**{**s.__dict__, "prompts": (SweepPrompt(0, "changed", "d"), *s.prompts[1:])})
+    assert s.differences(edited) == ["prompts: texts or categories differ"]

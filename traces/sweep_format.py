@@ -263,9 +263,10 @@ class SweepSpec:
                                    key="spec", expected="the keys of docs/SWEEP.md", actual="other") from None
 
     def differences(self, other: SweepSpec) -> list[str]:
-        """What differs between two specs, one ``key: this vs other`` string per difference."""
+        """What differs between two specs, one ``key: this vs other`` string per difference (where the
+        prompts came from is not compared, their texts and categories are)."""
         a, b = self.to_dict(), other.to_dict()
-        out = [f"{k}: {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b[k] and k != "prompts_file"]
+        out = [f"{k}: {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b[k] and k not in ("prompts_file", "prompts_sha256")]
         if self.prompts != other.prompts:
             out.append("prompts: texts or categories differ")
         return out
