@@ -12,7 +12,7 @@ pytestmark = pytest.mark.llama
 def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
     from mtpscope.traces import metrics
     from mtpscope.traces.baseline import record_baseline, timed_plain
-    from mtpscope.traces.recorder import MtpRuntime
+    from mtpscope.traces.mtp_runtime import MtpRuntime
     from mtpscope.traces.store import open_trace
 
     target, drafter = tiny_pair()

@@ -66,7 +66,8 @@ def spec(demo_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sequential(spec, tmp_path_factory):
     """Each task recorded here, one after the other, on one runtime: task id -> rounds / outputs."""
-    from mtpscope.traces.recorder import MtpRuntime, record
+    from mtpscope.traces.mtp_runtime import MtpRuntime
+    from mtpscope.traces.recorder import record
     from mtpscope.traces.store import open_trace
 
     out = {}

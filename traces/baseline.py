@@ -16,7 +16,8 @@ prompt's text is ``[rounds[0].pending_token] + emitted...`` as for MTP traces, a
 second" = emitted tokens / (t_draft_ms + t_verify_ms) means the same in both: generation after the
 prefill's first token, prompt processing excluded. No ``steps``.
 
-Imports: traces.store, traces.records, traces.recorder (Sampler, model_info), traces.llama_runtime.
+Imports: traces.store, traces.records, traces.mtp_runtime (Sampler), traces.preflight (model_info),
+traces.llama_runtime, inspector.gguf.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def timed_plain(rtm: Any, tokens: Sequence[int], *, max_tokens: int) -> tuple[li
     """Greedy plain decoding of ``tokens`` with ``rtm.generate_plain``, timed.
 
     Args:
-        rtm: a loaded :class:`traces.recorder.MtpRuntime` (only its target is used).
+        rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime` (only its target is used).
         tokens: prompt token ids; max_tokens: generated tokens at most (the prefill's token included).
 
     Returns:
@@ -63,7 +64,7 @@ def timed_plain(rtm: Any, tokens: Sequence[int], *, max_tokens: int) -> tuple[li
         TraceError: the contexts were recreated under the timer (cannot happen after
             ``ensure_context``; guards a change of ``generate_plain``).
     """
-    from mtpscope.traces.recorder import Sampler  # noqa: PLC0415
+    from mtpscope.traces.mtp_runtime import Sampler  # noqa: PLC0415
 
     rtm.ensure_context(len(tokens) + int(max_tokens) + 1)   # generate_plain would otherwise grow it
     real = rtm.tctx
@@ -106,7 +107,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     """Plain-decode each prompt with the loaded target of ``rtm`` and write a baseline trace.
 
     Args:
-        rtm: a loaded :class:`traces.recorder.MtpRuntime`.
+        rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime`.
         out: the trace directory; prompts: prompt texts; max_tokens: tokens per prompt at most.
         chat: apply the target's chat template; n_gpu_layers: as loaded (for the manifest's device).
         overwrite: replace a trace already in ``out`` (its parts are deleted first).
@@ -122,7 +123,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     """
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
     from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
-    from mtpscope.traces.recorder import model_info  # noqa: PLC0415
+    from mtpscope.traces.preflight import model_info  # noqa: PLC0415
     from mtpscope.traces.store import TraceWriter  # noqa: PLC0415
 
     if not prompts:

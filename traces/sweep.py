@@ -29,7 +29,8 @@ keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up 
 Ray is an optional extra (``pip install 'mtpscope[sweep]'``); it is imported only inside
 :func:`run_sweep`. Everything else (reading sweeps, reports, the app) works without it.
 
-Imports: ray (lazily), traces.sweep_format, traces.recorder, traces.baseline, traces.store.
+Imports: ray (lazily), traces.sweep_format, traces.recorder, traces.mtp_runtime, traces.preflight,
+traces.baseline, traces.store.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class SweepWorker:
         return dict(self._progress)
 
     def _runtime(self, target: str, assistant: str, capture: bool) -> tuple[Any, float]:
-        from mtpscope.traces.recorder import MtpRuntime  # noqa: PLC0415
+        from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
         key = (target, assistant, capture)
         if self._rtm is not None and self._key == key:
@@ -404,7 +405,7 @@ def _load_faults(faults: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _check_models(spec: SweepSpec) -> None:
     """Pre-flight every (target, assistant) pair in the driver, before any actor starts."""
-    from mtpscope.traces.recorder import preflight  # noqa: PLC0415
+    from mtpscope.traces.preflight import preflight  # noqa: PLC0415
 
     for _, path in spec.assistants:
         preflight(spec.target, path)

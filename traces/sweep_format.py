@@ -26,7 +26,8 @@ changes state, so a killed sweep leaves a readable one. Its keys (version 1)::
 
 ``state`` is ``pending`` | ``running`` | ``done`` | ``failed``.
 
-Imports: mtpscope.errors, traces.recorder (``read_prompts``: the one prompts-file parser).
+Imports: mtpscope.errors, traces.prompts (the one prompts-file parser), traces.preflight (``MAX_N_DRAFT``,
+in :meth:`SweepSpec.check`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
+from mtpscope.traces.prompts import read_prompts
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -74,7 +76,7 @@ class SweepPrompt:
 
 
 def read_prompt_set(path: str | os.PathLike[str]) -> tuple[SweepPrompt, ...]:
-    """The prompt set of a sweep: the prompts of :func:`traces.recorder.read_prompts` (same formats and
+    """The prompt set of a sweep: the prompts of :func:`traces.prompts.read_prompts` (same formats and
     errors) with a category each: a ``.jsonl`` object's ``category`` string (SPEED-Bench style), else
     :data:`DEFAULT_CATEGORY`.
 
@@ -83,8 +85,6 @@ def read_prompt_set(path: str | os.PathLike[str]) -> tuple[SweepPrompt, ...]:
             (names the line).
         FileNotFoundError: missing file.
     """
-    from mtpscope.traces.recorder import read_prompts  # noqa: PLC0415
-
     p = Path(path)
     texts = read_prompts(p)
     cats = [DEFAULT_CATEGORY] * len(texts)
@@ -173,7 +173,7 @@ class SweepSpec:
         Raises:
             MtpscopeError: the first broken rule, naming the option with expected vs actual.
         """
-        from mtpscope.traces.recorder import MAX_N_DRAFT  # noqa: PLC0415
+        from mtpscope.traces.preflight import MAX_N_DRAFT  # noqa: PLC0415
 
         if not self.assistants:
             raise MtpscopeError("a sweep needs at least one assistant", key="--assistant",
