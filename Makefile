@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mtpscope-installed
 PARITY_STAMP := $(VENV)/.mtpscope-parity-installed
 PORT   ?= 8501
-EXTRAS ?= test,runtime
+EXTRAS ?= test,runtime,sweep
 
 .PHONY: setup venv demo run test test-fast browser bench clean-demo
 
