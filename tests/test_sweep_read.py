@@ -187,3 +187,20 @@ def test_report_json_failed_and_incomplete(sweep_dir: Path, tmp_path: Path) -> N
     (d / "sweep.json").write_text("{")
     run = subprocess.run([sys.executable, "-m", "mtpscope.cli", "report", str(d)], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sweep.json" in run.stderr
+
+
+def test_a_sweep_with_nothing_finished(sweep_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    d = tmp_path / "fresh"
+    shutil.copytree(sweep_dir, d)
+    st = json.loads((d / "sweep.json").read_text())
+    for t in st["tasks"]:
+        t["state"] = "pending"
+    (d / "sweep.json").write_text(json.dumps(st))
+    sw = open_sweep(d)
+    assert sw.cells().empty and list(sw.cells().columns) == list(CELL_COLUMNS)
+    assert sw.timeline("q8", 2).empty
+    assert sw.sql("SELECT count(*) AS n FROM steps")["n"][0] == 0
+    rep = sw.report()
+    assert rep["cells"] == [] and rep["best"] == {} and not rep["complete"]

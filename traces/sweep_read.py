@@ -75,6 +75,7 @@ class Sweep:
         self.warnings: list[str] = []
         self._tasks = task_states(state)
         self._con: Any = None
+        self._views = False
         self._lock = threading.RLock()
         self._traces: dict[str, Any] = {}
 
@@ -136,49 +137,73 @@ class Sweep:
                                key=f"assistant={assistant}/n_draft={n_draft}/shard={shard}",
                                expected="one of the tasks in sweep.json", actual="missing")
 
-    def _done_files(self, table: str) -> list[Path]:
+    def _done_files(self, table: str, config: tuple[str, int] | None = None) -> list[Path]:
+        """Part files of ``table`` of every finished task (of one configuration when given)."""
         files: list[Path] = []
         for t in self._tasks:
-            if t.state != "done":
+            if t.state != "done" or (config is not None and (t.assistant, t.n_draft) != (config[0], int(config[1]))):
                 continue
             try:
                 files += self._trace(t.dir).part_files(table)
             except TraceFormatError as e:
-                self.warnings.append(f"{t.task}: finished task's trace unreadable, left out: {e.one_line()}")
+                w = f"{t.task}: finished task's trace unreadable, left out: {e.one_line()}"
+                if w not in self.warnings:
+                    self.warnings.append(w)
         return files
 
     # ------------------------------------------------------------------ DuckDB
-    @property
-    def con(self) -> Any:
-        """The DuckDB connection with the views ``rounds`` / ``steps`` and the table ``prompts``."""
+    def _base_con(self) -> Any:
+        """The connection with the ``prompts`` table only (views come with :attr:`con`)."""
         import duckdb  # noqa: PLC0415
 
         with self._lock:
             if self._con is None:
-                from mtpscope.traces import schema as S  # noqa: PLC0415
-
                 con = duckdb.connect()
                 con.register("_prompts_df", self.prompts)
                 con.execute("CREATE TABLE prompts AS SELECT prompt_index::INTEGER AS prompt_index, category, "
                             "shard::INTEGER AS shard, prompt_id::INTEGER AS prompt_id, text FROM _prompts_df")
                 con.unregister("_prompts_df")
-                rfiles, sfiles = self._done_files("rounds"), self._done_files("steps")
-                opts = f"hive_partitioning = true, hive_types = {_HIVE_TYPES}, union_by_name = true"
-                if rfiles:
-                    con.execute(f"CREATE VIEW rounds AS SELECT *, coalesce(len(drafted), 0)::INTEGER AS "
-                                f"round_n_draft FROM read_parquet({_file_list(rfiles)}, {opts})")
-                else:
-                    con.register("_empty_rounds", S.ROUNDS_SCHEMA.empty_table())
-                    con.execute("CREATE VIEW rounds AS SELECT *, ''::VARCHAR AS assistant, 0::INTEGER AS shard, "
-                                "n_draft AS round_n_draft FROM _empty_rounds")
-                if sfiles:
-                    con.execute(f"CREATE VIEW steps AS SELECT * FROM read_parquet({_file_list(sfiles)}, {opts})")
-                else:
-                    con.register("_empty_steps", S.steps_schema(None, None, None).empty_table())
-                    con.execute("CREATE VIEW steps AS SELECT *, ''::VARCHAR AS assistant, 0::INTEGER AS n_draft, "
-                                "0::INTEGER AS shard FROM _empty_steps")
                 self._con = con
             return self._con
+
+    def _relation(self, table: str, files: Sequence[Path]) -> str:
+        """SQL for ``table``'s rows in ``files`` with the hive columns (rounds: plus ``round_n_draft``)."""
+        from mtpscope.traces import schema as S  # noqa: PLC0415
+
+        opts = f"hive_partitioning = true, hive_types = {_HIVE_TYPES}, union_by_name = true"
+        if files:
+            extra = ", coalesce(len(drafted), 0)::INTEGER AS round_n_draft" if table == "rounds" else ""
+            return f"(SELECT *{extra} FROM read_parquet({_file_list(files)}, {opts}))"
+        con = self._base_con()
+        name = f"_empty_{table}"
+        if table == "rounds":
+            con.register(name, S.ROUNDS_SCHEMA.empty_table())
+            return (f"(SELECT * EXCLUDE (n_draft), 0::INTEGER AS n_draft, ''::VARCHAR AS assistant, 0::INTEGER AS shard, "
+                    f"0::INTEGER AS round_n_draft FROM {name})")
+        con.register(name, S.steps_schema(None, None, None).empty_table())
+        return f"(SELECT *, ''::VARCHAR AS assistant, 0::INTEGER AS n_draft, 0::INTEGER AS shard FROM {name})"
+
+    @property
+    def con(self) -> Any:
+        """The DuckDB connection with the views ``rounds`` / ``steps`` and the table ``prompts``."""
+        with self._lock:
+            con = self._base_con()
+            if not self._views:
+                con.execute(f"CREATE VIEW rounds AS SELECT * FROM {self._relation('rounds', self._done_files('rounds'))}")
+                con.execute(f"CREATE VIEW steps AS SELECT * FROM {self._relation('steps', self._done_files('steps'))}")
+                self._views = True
+            return con
+
+    def _query(self, con: Any, query: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
+        import duckdb  # noqa: PLC0415
+
+        with self._lock:
+            try:
+                return con.execute(query, list(params) if params else None).df()
+            except duckdb.Error as e:
+                raise TraceFormatError(f"query failed: {e}", path=self.path, key="sql",
+                                       expected="a valid DuckDB query over rounds/steps/prompts",
+                                       actual=query[:200]) from None
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
         """Run a DuckDB query over the views ``rounds``, ``steps`` and the table ``prompts``.
@@ -186,15 +211,7 @@ class Sweep:
         Raises:
             TraceFormatError: the query fails (DuckDB's message).
         """
-        import duckdb  # noqa: PLC0415
-
-        with self._lock:
-            try:
-                return self.con.execute(query, list(params) if params else None).df()
-            except duckdb.Error as e:
-                raise TraceFormatError(f"query failed: {e}", path=self.path, key="sql",
-                                       expected="a valid DuckDB query over rounds/steps/prompts",
-                                       actual=query[:200]) from None
+        return self._query(self.con, query, params)
 
     # ------------------------------------------------------------------ aggregates
     def cells(self) -> pd.DataFrame:
@@ -293,8 +310,10 @@ class Sweep:
             where += " AND p.category = ?"
             params.append(category)
         cols = ", ".join(["p.prompt_index AS prompt_id", "r.round", *sel])
-        return self.sql(f"SELECT {cols} FROM rounds r JOIN prompts p ON p.shard = r.shard AND "
-                        f"p.prompt_id = r.prompt_id WHERE {where} ORDER BY p.prompt_index, r.round", params)
+        # only this configuration's files: the other tasks' traces are not even opened
+        src = self._relation("rounds", self._done_files("rounds", (assistant, int(n_draft))))
+        return self._query(self._base_con(), f"SELECT {cols} FROM {src} r JOIN prompts p ON p.shard = r.shard AND "
+                           f"p.prompt_id = r.prompt_id WHERE {where} ORDER BY p.prompt_index, r.round", params)
 
     # ------------------------------------------------------------------ cells
     def cell(self, assistant: str, n_draft: int, shard: int | None = None) -> Any:
@@ -329,6 +348,7 @@ class Sweep:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+                self._views = False
 
 
 class SweepCell:
