@@ -84,11 +84,17 @@ def part_ray(max_tokens: int) -> None:
             spec = _spec(demo, (1, 2, 3, 4), 2, max_tokens, Path(tmp))
             walls = {}
             for workers in (1, 2):
+                load0 = os.getloadavg()[0]
                 res = run_sweep(spec, Path(tmp) / f"w{workers}", workers=workers, threads_per_worker=1,
                                 command=["bench_sweep"])
                 walls[workers] = res.seconds
+                tasks = json.loads((Path(tmp) / f"w{workers}" / "sweep.json").read_text())["tasks"]
+                busy = sum(t["seconds"] or 0 for t in tasks)
+                load = sum(t["load_seconds"] or 0 for t in tasks)
                 print(f"ray: {res.n_tasks} tasks on {workers} worker(s) x 1 thread: {res.seconds:.2f} s "
-                      f"({res.n_done} done, {res.n_failed} failed)")
+                      f"({res.n_done} done, {res.n_failed} failed; task time {busy:.1f} s + model loading "
+                      f"{load:.1f} s summed over workers; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
+                      f"on {os.cpu_count()} CPUs)")
             print(f"ray: baseline 1 worker {walls[1]:.2f} s; 2 workers {walls[2]:.2f} s; "
                   f"ratio {walls[1] / walls[2]:.2f}x (goal >= 1.7x)")
     finally:
