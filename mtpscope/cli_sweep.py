@@ -151,6 +151,9 @@ def register(app: typer.Typer) -> None:
             res = run_sweep(spec, out, ray_address=ray_address, workers=workers, threads_per_worker=threads,
                             gpus_per_worker=gpus_per_worker, resume=resume, progress=progress,
                             command=["mtpscope", *sys.argv[1:]])
+        if res.n_run == 0 and res.workers == 0:
+            print(f"sweep {res.out}: all {res.n_tasks} tasks were done already; nothing to run")
+            raise typer.Exit(EXIT_OK)
         skipped = res.n_tasks - res.n_run
         print(f"sweep {res.out}: {res.n_tasks} tasks, {res.n_done} done, {res.n_failed} failed "
               f"(ran {res.n_run}{f', skipped {skipped} already done' if skipped else ''}"

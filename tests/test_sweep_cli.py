@@ -64,3 +64,15 @@ def test_without_ray_sweep_says_so_and_reading_works(demo_dir, prompts: Path, tm
     assert json.loads(r.stdout) == {"all": 2, "x": 2}
     r = _cli("report", str(d), no_ray=True)
     assert r.returncode == 0 and "best n_draft per category" in r.stdout, r.stderr
+
+
+def test_resume_of_a_finished_sweep_needs_nothing(tmp_path: Path) -> None:
+    """Nothing to run: no Ray, no models (the synthetic sweep's model paths do not exist)."""
+    from mtpscope.traces.synthetic import write_synthetic_sweep
+
+    d = write_synthetic_sweep(tmp_path / "syn", n_rounds=300, assistants=("a",), n_drafts=(2,), n_shards=1,
+                              n_prompts=2, categories=("x",))
+    r = _cli("sweep", "--resume", "--out", str(d), no_ray=True)
+    assert r.returncode == 0, r.stderr
+    assert "nothing to run" in r.stdout
+    assert json.loads((d / "sweep.json").read_text())["resumed"][0]["command"][:2] == ["mtpscope", "sweep"]

@@ -474,11 +474,25 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
     spec.check()
     out = Path(out)
     check_out_dir(out, resume)
-    _check_models(spec)
     command = list(command) if command is not None else list(sys.argv)
     faults = _load_faults(faults)
-    ray = _ray()
+    state = _resume_state(spec, out, command) if resume else new_state(spec, command=command)
+    tasks = {t.task_id: t for t in spec.tasks()}
+    states = {ts.task: ts for ts in task_states(state)}
+    todo = [tid for tid in tasks if states[tid].state != "done"]
 
+    def save() -> None:
+        state["tasks"] = [states[tid].to_dict() for tid in tasks]
+        state["complete"] = all(s.state == "done" for s in states.values())
+        write_state(out, state)
+
+    if not todo:                                      # --resume of a finished sweep: nothing to start
+        save()
+        return SweepResult(out=os.fspath(out), n_tasks=len(tasks), n_done=len(tasks), n_failed=0, n_run=0,
+                           n_retried=0, failed=(), seconds=time.perf_counter() - t_start, workers=0,
+                           threads_per_worker=0, gpus_per_worker=gpus_per_worker)
+    _check_models(spec)
+    ray = _ray()                                      # before anything is written: Ray missing -> one line
     started = False
     if not ray.is_initialized():
         addr = _resolve_address(ray_address)
@@ -489,22 +503,12 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
             ray.init(address=addr, **kw)
         started = True
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        state = _resume_state(spec, out, command) if resume else new_state(spec, command=command)
-        tasks = {t.task_id: t for t in spec.tasks()}
-        states = {ts.task: ts for ts in task_states(state)}
-        todo = [tid for tid in tasks if states[tid].state != "done"]
-        n_workers, n_threads, gpus = _sizes(ray, max(len(todo), 1), workers, threads_per_worker, gpus_per_worker)
+        n_workers, n_threads, gpus = _sizes(ray, len(todo), workers, threads_per_worker, gpus_per_worker)
         state["ray"] = {"address": _resolve_address(ray_address) or "local", "workers": n_workers,
                         "threads_per_worker": n_threads, "gpus_per_worker": gpus}
         for tid in todo:                              # a fresh start for everything not done
             states[tid] = states[tid].with_(state="pending", attempts=0, error=None, stderr_tail=None)
-
-        def save() -> None:
-            state["tasks"] = [states[tid].to_dict() for tid in tasks]
-            state["complete"] = all(s.state == "done" for s in states.values())
-            write_state(out, state)
-
+        out.mkdir(parents=True, exist_ok=True)
         save()
         result = _drive(ray, spec, out, tasks, states, todo, save, n_workers=n_workers, n_threads=n_threads,
                         gpus=gpus, command=command, faults=faults, progress=progress)
