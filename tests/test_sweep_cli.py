@@ -32,6 +32,7 @@ def _one_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_sweep_refusals_are_one_line(demo_dir, prompts: Path, tmp_path: Path) -> None:
     base = ["sweep", "--target", str(demo_dir.target), "--prompts", str(prompts), "--out", str(tmp_path / "o")]
     assert "--target, --assistant and --prompts" in _one_line(_cli("sweep", "--out", str(tmp_path / "o")))
@@ -49,6 +50,7 @@ def test_sweep_refusals_are_one_line(demo_dir, prompts: Path, tmp_path: Path) ->
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_without_ray_sweep_says_so_and_reading_works(demo_dir, prompts: Path, tmp_path: Path) -> None:
     line = _one_line(_cli("sweep", "--target", str(demo_dir.target), "--assistant", str(demo_dir.drafter_upstream),
                           "--prompts", str(prompts), "--out", str(tmp_path / "o"), no_ray=True))

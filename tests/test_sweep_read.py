@@ -145,6 +145,7 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     assert len(one.rounds) == len(t1)
 
 
+@pytest.mark.slow
 def test_report_json_failed_and_incomplete(sweep_dir: Path, tmp_path: Path) -> None:
     import shutil
 
