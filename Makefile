@@ -14,7 +14,7 @@ PARITY_STAMP := $(VENV)/.mtpscope-parity-installed
 PORT   ?= 8501
 # 127.0.0.1: this machine only. Another address (make run ADDRESS=0.0.0.0) needs MTPSCOPE_ROOTS set.
 ADDRESS ?= 127.0.0.1
-EXTRAS ?= test,runtime
+EXTRAS ?= test,runtime,sweep
 
 .PHONY: setup venv demo run test test-fast browser bench clean-demo
 
