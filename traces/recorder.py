@@ -37,8 +37,9 @@ from mtpscope.traces.preflight import (centroid_source_info, check_draft_and_sam
                                        unchecked_models)
 from mtpscope.traces.record_worker import (STOP_GRACE_S, InProcessRounds, PromptDone, RecordWorker, WorkerDone,
                                            WorkerRound)
-from mtpscope.traces.prompts import read_prompts
+from mtpscope.traces.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.step_analysis import round_record, step_records
+from mtpscope.traces.transport import pack
 
 #: ``record(hidden=...)``: hidden states stored as float16, float32, or not at all
 HIDDEN_CHOICES = ("f16", "f32", "off")
@@ -162,8 +163,9 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            command: Sequence[str] | None = None, runtime: MtpRuntime | None = None,
-           on_round: Callable[[int, RoundResult], None] | None = None, isolate: bool | None = None,
-           preflight: bool = True, echo_log: bool = False) -> RecordSummary:
+           on_round: Callable[[int, RoundResult], None] | None = None, hidden_target: bool = False,
+           baseline: bool = False, isolate: bool | None = None, preflight: bool = True,
+           echo_log: bool = False) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
@@ -213,6 +215,12 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         preflight: check the pair with the inspector before loading (default). ``False`` skips it, for
             debugging a runtime crash on a pair that pre-flight refuses (``params.preflight`` says so).
         echo_log: isolated runs: copy llama.cpp's own output to stderr as it comes (``--verbose``).
+        hidden_target: store ``h_target`` per step (needs ``hidden`` f16 / f32); cost: one copy of
+            n_embd_backbone floats per draft and 2 * n_embd_backbone bytes on disk in f16.
+        baseline: first time plain greedy decoding of the same prompts and store it in the manifest as
+            ``baseline``: ``t_per_token_ms`` (decode time per token after the first), ``n_tokens``,
+            ``decode_ms``, ``prefill_ms``, ``per_prompt`` and, at the end, ``outputs_equal`` (the
+            speculative outputs equal plain decoding's; greedy only).
 
     Returns:
         :class:`RecordSummary`.
@@ -243,10 +251,17 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         if int(val) < lo:
             raise MtpscopeError(f"{name} must be >= {lo}", key=name, expected=f">= {lo}", actual=val)
     check_draft_and_sampling(n_draft=n_draft, temp=temp, top_k=top_k, top_p=top_p)
-    texts = list(prompts) if prompts is not None else ([prompt] if prompt is not None
-                                                       else read_prompts(prompts_file))  # type: ignore[arg-type]
-    if not texts:
+    if prompts is not None:
+        specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
+    elif prompt is not None:
+        specs = [PromptSpec(text=prompt)]
+    else:
+        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
+    if not specs:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
+    if hidden_target and hidden == "off":
+        raise MtpscopeError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
+                            expected="hidden f16 | f32", actual="hidden off")
 
     if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -279,18 +294,20 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
               "centroids": None if centroids is None else os.fspath(centroids),
               "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
               "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
-              "n_ctx": None, "greedy": temp <= 0, "isolated": isolated, "preflight": bool(preflight)}
+              "n_ctx": None, "greedy": temp <= 0, "hidden_target": bool(hidden_target), "baseline": bool(baseline),
+              "isolated": isolated, "preflight": bool(preflight)}
     manifest = {
         "source": "record",
         "command": list(command) if command is not None else list(sys.argv),
         "params": params,
         "models": models,
-        "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": None} for i, t in enumerate(texts)],
+        "prompts": [sp.manifest_entry(i, 0) for i, sp in enumerate(specs)],
         "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                 "source": head.source, "kind": head.kind},
     }
     cfg = {"target": os.fspath(target), "assistant": os.fspath(assistant), "n_gpu_layers": int(n_gpu_layers),
-           "capture": need_capture, "flash_attn": flash_attn, "n_threads": n_threads, "prompts": texts,
+           "capture": need_capture, "flash_attn": flash_attn, "n_threads": n_threads,
+           "prompts": [pack(sp)[0] for sp in specs], "hidden_target": bool(hidden_target), "baseline": bool(baseline),
            "chat": bool(chat), "n_draft": int(n_draft), "max_tokens": int(max_tokens), "temp": float(temp),
            "seed": int(seed), "top_k": int(top_k), "top_p": float(top_p), "trace": True}
     hd = None if hidden == "off" else hidden
@@ -314,13 +331,17 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
         params["n_ctx"] = info["n_ctx"]
         manifest["runtime"] = info["runtime"]
-        for p, n in zip(manifest["prompts"], info["n_prompt_tokens"], strict=True):
-            p["n_prompt_tokens"] = n
+        manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
+                               for i, (sp, n, txt) in enumerate(zip(specs, info["n_prompt_tokens"],
+                                                                    info["rendered"], strict=True))]
+        plain_outputs = info.get("plain_outputs")
+        if info.get("baseline") is not None:
+            manifest["baseline"] = info["baseline"]
         t_start, c_start = time.perf_counter(), time.process_time()
         w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else info["n_embd_backbone"],
                         n_embd=None if hd is None else info["n_embd"], hidden_dtype=hd,
                         centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
-                        compact=compact)
+                        compact=compact, h_target=bool(hidden_target))
         src.log_to(write_to / "llama.log")
         trace_s += time.perf_counter() - t_start
         gen: list[int] = []
@@ -351,6 +372,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             elif isinstance(ev, WorkerDone):
                 loop = ev
         t0 = time.perf_counter()
+        if plain_outputs is not None and temp <= 0:
+            w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == [list(o) for o in plain_outputs]
         w.close()
         trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
@@ -384,7 +407,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     loop_cpu = loop.loop_cpu_seconds if (loop is not None and isolated) else 0.0
     if swap:
         swap_in(write_to, out)
-    return RecordSummary(out=os.fspath(out), n_prompts=len(texts), n_rounds=n_rounds, n_steps=n_steps,
+    return RecordSummary(out=os.fspath(out), n_prompts=len(specs), n_rounds=n_rounds, n_steps=n_steps,
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
