@@ -25,6 +25,13 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 #: sort order of severities in a report (errors first)
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
+#: Codes of findings on a drafter that llama.cpp (llama-cpp-python 0.3.36) loads and then crashes on
+#: inside ``llama_decode`` (``GGML_ABORT`` / ``GGML_ASSERT`` / segfault), whatever their severity here:
+#: a 1-D tensor not in F32 (``binary_op: unsupported types: dst: f32, src0: f32, src1: f16`` at the
+#: first draft step), integer / unknown types and wrong shapes of weight matrices. The one list that
+#: ``mtpscope record``'s pre-flight (``traces.preflight``) refuses.
+RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "W_DTYPE_VECTOR"})
+
 CODES: dict[str, str] = {
     "I_DIALECT": "which dialect / layout the file was checked against",
     "W_ARCH_NOT_ASSISTANT": "general.architecture does not name an assistant (fork script check)",
@@ -244,5 +251,5 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-__all__ = ["CODES", "ERROR", "INFO", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
+__all__ = ["CODES", "ERROR", "INFO", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
            "finding", "jsonable"]

@@ -56,9 +56,23 @@ def register(app: typer.Typer) -> None:
         baseline: bool = typer.Option(
             False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
                                       "manifest (what-if speedups in `mtpscope explain`)."),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v",
+            help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
+                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace); no progress bar."),
+        no_preflight: bool = typer.Option(
+            False, "--no-preflight",
+            help="Skip the pre-flight check of the pair (for debugging a runtime crash on a pair it refuses)."),
+        isolate: bool = typer.Option(
+            True, "--isolate/--in-process",
+            help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
     ) -> None:
-        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from mtpscope.errors import LayoutError
+        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
+
+        A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
+        the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
+        """
+        from mtpscope.errors import LayoutError, RuntimeAbortedError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
@@ -68,17 +82,23 @@ def register(app: typer.Typer) -> None:
         if hidden not in HIDDEN_CHOICES:
             print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        bar = _ProgressBar(max_tokens, prompts) if progress else None
-        # LayoutError: readable input that the pre-flight check refuses (exit 1); other errors exit 2
-        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError,)):
+        bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
+
+        def report_round(pid: int, res: Any) -> None:
+            print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+
+        on_round = report_round if verbose else (None if bar is None else bar.on_round)
+        # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
+        # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
+        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
             try:
                 s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
                            n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
                            top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
                            n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
                            overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
-                           on_round=None if bar is None else bar.on_round, hidden_target=hidden_target,
-                           baseline=baseline)
+                           on_round=on_round, isolate=isolate, preflight=not no_preflight, echo_log=verbose,
+                           hidden_target=hidden_target, baseline=baseline)
                 if bar is not None:
                     bar.finish()
             finally:

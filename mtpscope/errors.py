@@ -17,7 +17,8 @@ expected and what was found, so the one-line message is enough to fix the input:
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
-        └── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
+        ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
+        └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
 """
 
 from __future__ import annotations
@@ -123,3 +124,22 @@ class RuntimeUnavailableError(TraceError):
 
 class ServeRefusedError(MtpscopeError):
     """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""
+
+
+class RuntimeAbortedError(TraceError):
+    """llama.cpp died under the recorder: an abort (``GGML_ABORT`` / ``GGML_ASSERT``), a fatal signal
+    or a non-zero exit of the recording worker process. A crash of the runtime is bad input (the
+    models or their pairing), reported in one line that quotes llama.cpp's own message.
+
+    Args:
+        message: the one line, e.g. ``"llama.cpp aborted at prompt 0, round 0, draft step 1: binary_op:
+            unsupported types: dst: f32, src0: f32, src1: f16"``.
+        aborted: the manifest's ``aborted`` record (signal or exit code, where, llama.cpp's message,
+            the last lines of its stderr); see docs/TRACE_FORMAT.md.
+        path: the trace directory that keeps the rounds before the crash, if one was written.
+    """
+
+    def __init__(self, message: str, *, aborted: dict | None = None, path: str | os.PathLike[str] | None = None) -> None:
+        self.aborted = dict(aborted or {})
+        self.trace = None if path is None else os.fspath(path)
+        super().__init__(message)

@@ -23,6 +23,7 @@ import collections
 import ctypes
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -285,14 +286,24 @@ class NodeCapture:
     Set :attr:`enabled` False to answer "not needed" for every node (the scheduler then runs the
     graph in one piece, but the Python callback is still invoked once per node).
 
+    The callback runs once per graph node (~140 per drafter step), so its cost is the capture's cost
+    in the loop. With ``fixed_graph`` (a context that always decodes the same batch shape, e.g. the
+    MTP drafter's one-token steps) it remembers, per node address, whether the node is wanted and how
+    to copy it: a dict lookup instead of reading the node's name (1.7 µs here) on every call. llama.cpp
+    rebuilds such a graph in the same memory in the same order, so addresses stay meaningful; as a
+    guard the remembered answers are dropped when a decode asks about a different number of nodes than
+    the one before, or when a remembered node turns out to have another name.
+
     Args:
         names: exact ggml node names to capture, e.g. ``("result_norm", "h_nextn")``.
+        fixed_graph: remember answers and copy layouts per node address (see above).
     """
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], *, fixed_graph: bool = False) -> None:
         self.names = frozenset(names)
         self._wanted = frozenset(n.encode() for n in self.names)
         self.enabled = True
+        self.fixed_graph = bool(fixed_graph)
         self.captured: list[tuple[str, np.ndarray]] = []
         #: an exception (e.g. KeyboardInterrupt) raised inside the callback, kept for :meth:`raise_pending`
         self.error: BaseException | None = None
@@ -301,6 +312,12 @@ class NodeCapture:
         wanted = self._wanted
         string_at = ctypes.string_at
         off = _NAME_OFFSET
+        memo: dict[int, bool] = {}
+        self._memo = memo
+        self._layout: dict[int, tuple[str, Any, tuple[int, ...], int]] = {}
+        self._asks = [0, -1]           # nodes asked about in this decode, in the previous one
+        asks = self._asks
+        fixed = self.fixed_graph
 
         def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
             # never raise: ctypes would print "Exception ignored" and drop the exception (a Ctrl-C
@@ -310,7 +327,13 @@ class NodeCapture:
                 if self.error is not None or _sigint["pending"]:
                     return False
                 if ask:
-                    return self.enabled and string_at(t + off) in wanted
+                    if not fixed:
+                        return self.enabled and string_at(t + off) in wanted
+                    asks[0] += 1
+                    v = memo.get(t)
+                    if v is None:
+                        v = memo[t] = string_at(t + off) in wanted
+                    return self.enabled and v
                 self._copy(t)
                 return True
             except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
@@ -323,8 +346,19 @@ class NodeCapture:
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(_cb)
 
     def _copy(self, t: int) -> None:
+        lay = self._layout.get(t) if self.fixed_graph else None
+        if lay is not None:   # fixed graph: the node's name, dtype, numpy shape and size as last time
+            name, dtype, shape, nbytes = lay
+            buf = np.empty(shape, dtype=dtype)
+            self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
+            self.captured.append((name, buf if dtype is np.float32 else buf.astype(np.float32)))
+            return
         tensor = GgmlTensor.from_address(t)
         name = tensor.name.decode("utf-8", "replace")
+        if self.fixed_graph and name not in self.names:   # a remembered address now holds another node
+            self._memo.clear()
+            self._layout.clear()
+            return
         if tensor.type not in (GGML_TYPE_F32, GGML_TYPE_F16):
             return  # nothing the recorder asks for; skip rather than misread
         nbytes = self._ggml["nbytes"](t)
@@ -339,6 +373,8 @@ class NodeCapture:
             self.captured.append((name, raw))
             return
         self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
+        if self.fixed_graph:
+            self._layout[t] = (name, dtype, tuple(ne[::-1]), int(nbytes))
         self.captured.append((name, buf.reshape(ne[::-1]).astype(np.float32, copy=False)))
 
     def raise_pending(self) -> None:
@@ -352,8 +388,16 @@ class NodeCapture:
             raise e
 
     def reset(self) -> None:
-        """Forget what the previous decode captured."""
+        """Forget what the previous decode captured (before each decode)."""
         self.captured.clear()
+        if self.fixed_graph:
+            n, prev = self._asks
+            if n and prev >= 0 and n != prev:   # the graph changed: remembered addresses may be stale
+                self._memo.clear()
+                self._layout.clear()
+            if n:
+                self._asks[1] = n
+            self._asks[0] = 0
 
     def get(self, name: str, occurrence: int = 0) -> np.ndarray | None:
         """The ``occurrence``-th captured value of node ``name`` (float32, numpy order), or None."""
@@ -693,6 +737,55 @@ class DraftBatch:
             self.batch.token = ctypes.POINTER(lc.llama_token)()
             lc.llama_batch_free(self.batch)
             self.batch = None
+
+
+# --------------------------------------------------------------------------------------------------
+# aborts: what llama.cpp / ggml print when they give up (for the isolated recording worker)
+# --------------------------------------------------------------------------------------------------
+
+#: Environment for a process that runs llama.cpp under the recorder. ggml's abort handler
+#: (``ggml_abort`` -> ``ggml_print_backtrace`` in ``ggml/src/ggml.c``; also ``std::terminate`` via
+#: ``ggml.cpp``) forks and execs ``gdb --batch -ex "attach PID" -ex bt`` (or lldb) unless
+#: ``GGML_NO_BACKTRACE`` is set, which prints ~200 lines of debugger output into the user's terminal
+#: and can take seconds; the message before it (``file:line: text``) is all we need.
+ABORT_ENV = {"GGML_NO_BACKTRACE": "1"}
+
+#: ``ggml_abort`` writes ``"<file>:<line>: <message>"`` to stderr before ``abort()``
+#: (``GGML_ABORT(...)``, ``GGML_ASSERT(x)`` -> ``GGML_ASSERT(x) failed``)
+_ABORT_LINE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|metal)):(?P<line>\d+): (?P<msg>.+)$")
+#: Python's faulthandler block that follows a fatal signal in the worker (not llama.cpp's words)
+_FAULTHANDLER_START = ("Fatal Python error:", "Current thread ", "Thread 0x", "Extension modules:",
+                       "Stack (most recent call first)")
+
+
+def abort_message(lines: Sequence[str]) -> str | None:
+    """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
+
+    The last ``ggml_abort`` line (``"ggml-cpu/binary-ops.cpp:135: binary_op: unsupported types: ..."``)
+    gives its message without the source path (``"binary_op: unsupported types: ..."``); for
+    ggml-cuda's generic ``CUDA error`` abort the preceding ``CUDA error: <reason>`` line is used.
+    Without an abort line: the last non-empty line before Python's faulthandler report, if any.
+    """
+    clean = [ln.rstrip("\r\n") for ln in lines]
+    for i in range(len(clean) - 1, -1, -1):
+        m = _ABORT_LINE.match(clean[i].strip())
+        if m:
+            msg = m["msg"].strip()
+            if msg == "CUDA error":
+                for j in range(i - 1, max(i - 8, -1), -1):
+                    if clean[j].strip().startswith("CUDA error:"):
+                        return clean[j].strip()
+            return msg
+    cut = len(clean)
+    for i, ln in enumerate(clean):
+        if ln.startswith(_FAULTHANDLER_START[0]):
+            cut = i
+            break
+    for ln in reversed(clean[:cut]):
+        t = ln.strip()
+        if t and not t.startswith(_FAULTHANDLER_START) and not t.startswith("File \""):
+            return t
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

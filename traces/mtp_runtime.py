@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.NodeCapture([H_INNER_NODE]) if capture else None
+        self.capture = rt.NodeCapture([H_INNER_NODE], fixed_graph=True) if capture else None
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
@@ -285,7 +285,8 @@ class MtpRuntime:
         self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
-            sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False) -> Iterator[RoundResult]:
+            sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
+            keep: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -297,6 +298,8 @@ class MtpRuntime:
                 (p of each draft, entropy) in the results.
             hidden_target: also copy the target's ``nextn`` row of every verify row that judged a draft
                 (``RoundResult.h_target``; with ``trace``).
+            keep: how a step's logits (a view llama.cpp overwrites at the next decode) are copied out
+                (default ``np.copy``; the recording worker copies them straight into its transport ring).
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -336,7 +339,8 @@ class MtpRuntime:
                 h_next = dctx.nextn(0).copy()
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
-                    steps.append(DraftStep(d, lg.copy(), h_in, h_next, None if hi is None else hi.reshape(-1)))
+                    steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
+                                           None if hi is None else hi.reshape(-1)))
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
@@ -402,4 +406,33 @@ class MtpRuntime:
         self.close()
 
 
-__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens", "spec_tokens"]
+
+
+def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: int, temp: float, seed: int,
+                top_k: int, top_p: float) -> tuple[list[list[int]], dict[str, Any]]:
+    """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``.
+
+    Each prompt is decoded by :meth:`MtpRuntime.generate_plain` (the target alone, one token per decode);
+    the entry holds ``t_per_token_ms`` (decode time per generated token after the first), ``n_tokens``,
+    ``n_decodes``, ``decode_ms``, ``prefill_ms`` (milliseconds), ``per_prompt`` and ``outputs_equal`` (None;
+    the recorder fills it at the end, greedy only)."""
+    outs: list[list[int]] = []
+    per = []
+    for tk in toks:
+        timing: dict[str, float] = {}
+        sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+        try:
+            outs.append(rtm.generate_plain(tk, max_tokens=max_tokens, sampler=sampler, timing=timing))
+        finally:
+            sampler.close()
+        per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],
+                    "n_decodes": int(timing["n_decodes"])})
+    n_dec = sum(p["n_decodes"] for p in per)
+    dec = sum(p["decode_ms"] for p in per)
+    return outs, {"t_per_token_ms": dec / n_dec if n_dec else None, "n_tokens": sum(p["n_tokens"] for p in per),
+                  "n_decodes": n_dec, "decode_ms": dec, "prefill_ms": sum(p["prefill_ms"] for p in per),
+                  "per_prompt": per, "outputs_equal": None}
+
+
+__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens", "spec_tokens",
+           "time_plain"]

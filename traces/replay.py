@@ -50,6 +50,21 @@ BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16
 BASELINE_GPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="tanh")
 
 
+def baseline_for(manifest: dict[str, Any]) -> StepOptions:
+    """The baseline options for a recorded trace: :data:`BASELINE_GPU` when its drafter ran on a GPU
+    (``runtime.device`` names one and ``params.n_gpu_layers`` != 0), else :data:`BASELINE_CPU`.
+
+    ``n_gpu_layers`` alone does not tell: the recorder's default is -1 (offload all), which a CPU-only
+    build ignores; its manifest then says ``device: "cpu"`` and the CPU's F16 GELU table applies.
+    """
+    params = manifest.get("params") or {}
+    device = (manifest.get("runtime") or {}).get("device")
+    ngl = params.get("n_gpu_layers")
+    offloads = not isinstance(ngl, int) or isinstance(ngl, bool) or ngl != 0  # unknown: trust the device
+    on_gpu = isinstance(device, str) and device.lower() != "cpu" and offloads
+    return BASELINE_GPU if on_gpu else BASELINE_CPU
+
+
 def parse_variant(spec: str, base: StepOptions) -> StepOptions:
     """``"position=p-1,head=centroid"`` applied on top of ``base``.
 
@@ -187,7 +202,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         out: folder to write ``summary.json`` and ``steps.parquet`` into.
         target / assistant / centroids: override the manifest's model paths.
         max_rounds: replay only the first N rounds (over all prompts).
-        baseline: the baseline options (default: the recorder's, CPU or GPU by ``params.n_gpu_layers``).
+        baseline: the baseline options (default: :func:`baseline_for` the manifest: CPU or GPU by the
+            device that ran the drafter).
         chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
 
     Raises:
@@ -208,7 +224,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         raise TraceError("replay needs a trace recorded by `mtpscope record` (prompt texts, model paths, "
                          "every round's drafts)", path=tpath, key="manifest.source", expected="record",
                          actual=man.get("source"))
-    base = baseline or (BASELINE_GPU if int(params.get("n_gpu_layers") or 0) != 0 else BASELINE_CPU)
+    base = baseline or baseline_for(man)
     vmap: dict[str, StepOptions] = {"baseline": base}
     for spec in variants:
         vmap[spec] = parse_variant(spec, base)
@@ -462,4 +478,5 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     return summary, (steps if steps is not None else pd.DataFrame())
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "parse_variant", "read_replay", "replay"]
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for", "parse_variant",
+           "read_replay", "replay"]

@@ -86,6 +86,19 @@ REQUESTS_SCHEMA = pa.schema([
     pa.field("prompt_ms", _f64),                     # timings.prompt_ms
     pa.field("predicted_n", _i32),                   # timings.predicted_n (tokens)
     pa.field("predicted_ms", _f64),                  # timings.predicted_ms
+    # log only: llama.cpp's `statistics <type>:` line after the acceptance line (common/speculative.cpp;
+    # counters of the slot's speculative context as printed at the end of this request)
+    pa.field("spec_type", pa.string()),              # "draft-mtp" (upstream) | "mtp" (older builds)
+    pa.field("n_calls_begin", _i32),                 # #calls(b,g,a): begin / generate / accept calls
+    pa.field("n_calls_draft", _i32),
+    pa.field("n_calls_accept", _i32),
+    pa.field("n_gen_drafts", _i32),                  # #gen drafts
+    pa.field("n_acc_drafts", _i32),                  # #acc drafts
+    pa.field("n_gen_tokens", _i32),                  # #gen tokens
+    pa.field("n_acc_tokens", _i32),                  # #acc tokens
+    pa.field("t_begin_ms", _f64),                    # dur(b,g,a), ms (when llama.cpp measured them)
+    pa.field("t_draft_ms", _f64),
+    pa.field("t_accept_ms", _f64),
 ])
 
 
