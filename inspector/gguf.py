@@ -358,6 +358,11 @@ class GGUFFile:
         v = self.get("general.architecture")
         return v if isinstance(v, str) else None
 
+    @property
+    def reader(self) -> ByteReader | None:
+        """The :class:`ByteReader` tensor data comes from (a remote file), or None (memory-mapped)."""
+        return self._src.reader
+
     # -- tensors
     def tensor(self, name: str) -> TensorInfo:
         """The :class:`TensorInfo` named ``name``.
@@ -460,7 +465,11 @@ class GGUFFile:
 
     # -- lifetime
     def close(self) -> None:
-        """Close the memory map (arrays still viewing it keep it alive until they are freed)."""
+        """Close the memory map (arrays still viewing it keep it alive until they are freed), or the
+        connections of a file read through a :class:`ByteReader` that has a ``close()``."""
+        closer = getattr(self._src.reader, "close", None)
+        if closer is not None:
+            closer()
         mm = self._src.mm
         if isinstance(mm, mmap.mmap):
             try:
@@ -725,7 +734,7 @@ class _Parser:
 
         tensors = self.build_tensors(raw_tensors, data_offset, alignment)
         by_name = {t.name: t for t in tensors}
-        return GGUFFile(self.path, size, version, alignment, data_offset, header_end,
+        return GGUFFile(self.path, self.size, version, alignment, data_offset, header_end,
                         MappingProxyType(kv), tensors, self.src, MappingProxyType(by_name))
 
     def tensor_info_error(self, pos: int, i: int) -> NoReturn:
