@@ -44,6 +44,9 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 16  # nesting of arrays of arrays; deeper is refused (it is never used in practice)
+# refusals of llama.cpp's GGUF parser (ggml/src/gguf.cpp, ggml.h) that make a file unreadable for us too
+GGUF_MAX_STRING_LENGTH = 1024 * 1024 * 1024  # any string: key, value, array element, tensor name
+GGML_MAX_NAME = 64  # tensor names must be shorter (bytes)
 _INT64_MAX = (1 << 63) - 1
 
 # GGUF value types (gguf.h enum gguf_type)
@@ -551,6 +554,9 @@ class _Parser:
         if n > left:
             self.fail(f"length of {what} runs past the end of the file", pos, key,
                       expected=f"<= {left} bytes", actual=n)
+        if n > GGUF_MAX_STRING_LENGTH:
+            self.fail(f"string length {n} exceeds maximum {GGUF_MAX_STRING_LENGTH} ({what}; llama.cpp refuses it)",
+                      pos, key, expected=f"<= {GGUF_MAX_STRING_LENGTH} bytes", actual=n)
         if pos + 8 + n > self.avail:
             self.more(pos + 8 + n)
         raw = self.buf[pos + 8:pos + 8 + n]
@@ -627,7 +633,15 @@ class _Parser:
             self.string_array_error(start, n, key)
         if pos > self.avail:
             self.string_array_error(start, n, key)
-        return np.frombuffer(offs, dtype=np.int64), pos
+        table = np.frombuffer(offs, dtype=np.int64)
+        if n and pos - start > GGUF_MAX_STRING_LENGTH:  # only then can an element be that long
+            lengths = np.diff(np.append(table, pos)) - 8
+            i = int(np.argmax(lengths))
+            if lengths[i] > GGUF_MAX_STRING_LENGTH:
+                self.fail(f"string length {int(lengths[i])} exceeds maximum {GGUF_MAX_STRING_LENGTH} (string {i} "
+                          "of the array; llama.cpp refuses it)", int(table[i]), key,
+                          expected=f"<= {GGUF_MAX_STRING_LENGTH} bytes", actual=int(lengths[i]))
+        return table, pos
 
     def string_array_error(self, start: int, n: int, key: str) -> NoReturn:
         """Slow second walk of a bad string array that names the first bad element."""
@@ -679,6 +693,9 @@ class _Parser:
             start = pos
             key, pos = self.read_string(pos, f"key {i}")
             self.key, self.key_at, self.strings = key, start, None
+            if not key:
+                self.fail(f"key {i} is empty", start, "", expected="a non-empty key (llama.cpp refuses an empty one)",
+                          actual="''")
             self.need(pos, 4, "a value type", key)
             vtype = _U32.unpack_from(self.buf, pos)[0]
             pos += 4
@@ -686,7 +703,7 @@ class _Parser:
                 self.fail("unknown value type", pos - 4, key, expected="0..12", actual=vtype)
             value, pos = self.read_value(pos, vtype, key)
             if key in kv:
-                self.fail("duplicate key", start, key, expected="each key once",
+                self.fail(f"duplicate key '{key}' for KV pair {i}", start, key, expected="each key once",
                           actual=f"also at offset {kv[key].offset}")
             kv[key] = KeyValue(key, vtype, VALUE_TYPE_NAMES[vtype], start, value)
 
@@ -713,7 +730,7 @@ class _Parser:
             start = pos
             if pos + 8 <= size:
                 end = pos + 8 + u64(buf, pos)[0]
-                if end + 4 <= size:
+                if end + 4 <= size and end - pos - 8 < GGML_MAX_NAME:
                     try:
                         name = buf[pos + 8:end].decode("utf-8")
                     except UnicodeDecodeError:
@@ -739,7 +756,13 @@ class _Parser:
 
     def tensor_info_error(self, pos: int, i: int) -> NoReturn:
         """Re-read tensor info ``i`` at ``pos`` with every check spelled out; raises the first failure."""
+        start = pos
         name, pos = self.read_string(pos, f"the name of tensor {i}")
+        n = pos - start - 8
+        if n >= GGML_MAX_NAME:
+            self.fail(f"tensor name {i} is too long: {n} >= {GGML_MAX_NAME}", start, name,
+                      expected=f"< {GGML_MAX_NAME} bytes (GGML_MAX_NAME; llama.cpp refuses longer names)",
+                      actual=f"{n} bytes")
         self.need(pos, 4, "a tensor's n_dims", name)
         n_dims = _U32.unpack_from(self.buf, pos)[0]
         if n_dims > GGML_MAX_DIMS:
@@ -818,7 +841,9 @@ def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFF
     Raises:
         GGUFFormatError: bad magic, truncation, impossible counts or lengths, unknown value types, bad
             ``general.alignment``, duplicate keys or tensor names, zero-sized or oversized dimensions,
-            invalid UTF-8 in keys or tensor names.
+            invalid UTF-8 in keys or tensor names; and what llama.cpp's GGUF parser refuses
+            (ggml/src/gguf.cpp), worded as it words it: an empty key ("key 3 is empty"), a string longer
+            than 1 GiB, a tensor name of 64 bytes or more ("tensor name 5 is too long: 70 >= 64").
         UnsupportedFileError: big-endian files, GGUF versions other than 2 and 3.
         TensorDataError: tensor data misaligned, outside the file, or overlapping another tensor.
         OSError: the file cannot be opened.
