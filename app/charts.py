@@ -49,7 +49,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     """The acceptance timeline.
 
     Args:
-        rounds: rounds in timeline order with a ``seq`` column (:func:`app.views.ordered_rounds`):
+        rounds: rounds in timeline order with a ``seq`` column (:func:`mtpscope.app.views.ordered_rounds`):
             prompt_id, round, n_draft, n_accepted, drafted, target.
         decode: token id → display text for the hover boxes (drafted vs target).
         max_marks: up to this many rounds one clickable mark per round (y = accepted length,
@@ -128,7 +128,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
 def per_position_figure(per_pos: pd.DataFrame, other: pd.DataFrame | None = None,
                         names: tuple[str, str] = ("A", "B"), title: str = "Per-position acceptance") -> go.Figure:
     """Bars of P(draft k accepted) for k = 1..K (columns k, acceptance as in
-    :func:`traces.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
+    :func:`mtpscope.traces.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
     if per_pos is None or len(per_pos) == 0:
         return empty_figure("no drafted tokens")
     fig = go.Figure()
@@ -210,7 +210,7 @@ def hidden_norms_figure(norms: pd.DataFrame) -> go.Figure:
 
 def treemap_figure(inv: pd.DataFrame, title: str = "Bytes by component and type") -> go.Figure:
     """Treemap of bytes: file → component → ggml type (inventory table from
-    :func:`app.views.inventory_frame`)."""
+    :func:`mtpscope.app.views.inventory_frame`)."""
     if inv is None or len(inv) == 0:
         return empty_figure("no tensors")
     df = inv.assign(n_bytes=inv["n_bytes"].fillna(0).astype(np.int64))
@@ -245,7 +245,7 @@ def human_bytes(n: float | None) -> str:
 
 def layer_grid_figure(grid: pd.DataFrame, title: str = "Layers × tensors") -> go.Figure:
     """Heatmap of present / missing / wrong-shape per layer and per-block tensor
-    (:func:`app.views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
+    (:func:`mtpscope.app.views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
     if grid is None or len(grid) == 0:
         return empty_figure("no per-layer (blk.N.*) tensors")
     codes = {"present": 0, "wrong shape": 1, "missing": 2}

@@ -26,7 +26,8 @@ from mtpscope.inspector.paths import file_kind
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
 
-#: Largest upload the app accepts (bytes). Matches ``server.maxUploadSize`` in .streamlit/config.toml.
+#: Largest upload the app accepts (bytes). Matches ``--server.maxUploadSize`` (MiB) in
+#: :data:`mtpscope.cli_app.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
 MAX_UPLOAD_BYTES = 256 * 1024 * 1024
 #: Largest total size unpacked from an uploaded trace archive (bytes).
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024
@@ -143,7 +144,7 @@ def check_path(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[s
     return resolved
 
 
-#: Files of a Hugging Face checkpoint folder the inspector opens (see inspector/hf.py).
+#: Files of a Hugging Face checkpoint folder the inspector opens (see mtpscope.inspector.hf_checkpoint).
 HF_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json")
 
 

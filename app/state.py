@@ -7,18 +7,19 @@ demo is preselected when the demo files exist.
 Readers, inventories, traces and reports are cached with ``st.cache_resource`` keyed by the resolved
 path, the file size and mtime (for a trace: the manifest's and every part's size and mtime), so an
 edited or rebuilt file is re-read and an unchanged one is not. Every path goes through
-:func:`app.safety.check_path` first.
+:func:`mtpscope.app.safety.check_path` first.
 
 Errors: :func:`guard` turns an mtpscope error (or an OS error) into the inspector's one-line message
-in the page and a missing library (a module another helper has not landed yet) into an info box;
-anything else is a bug: it is shown as one ``internal error (Type: message) while <what> — please
-report`` line instead of a traceback (set ``MTPSCOPE_DEBUG=1`` to let it propagate).
+in the page; anything else is a bug: it is shown as one ``internal error (Type: message) while
+<what> — please report`` line instead of a traceback (set ``MTPSCOPE_DEBUG=1`` to let it propagate).
+
+Imports: streamlit, the pure app helpers, mtpscope.inspector, mtpscope.traces (inside the trace
+loaders), mtpscope.demo_spec, mtpscope.cache, mtpscope.errors.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,39 +29,23 @@ import streamlit as st
 
 from mtpscope.app import safety
 from mtpscope.app.tokens import TokenText
+from mtpscope.demo_spec import RECORD_CONFIG, DemoPaths
 from mtpscope.errors import MtpscopeError
+from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
+from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.inventory import build_inventory
+from mtpscope.inspector.validate import verify
+
+# mtpscope.traces.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
+# and duckdb, which the model pages never need.
 
 SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint", "replay")
 
 
-class LibraryMissing(Exception):
-    """A library module or function the page needs is not available (yet)."""
-
-
-def lib(module: str, *names: str) -> Any:
-    """Import ``module`` and return it, or the attribute(s) ``names`` from it.
-
-    Raises:
-        LibraryMissing: the module cannot be imported or lacks one of ``names``.
-    """
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise LibraryMissing(f"`{module}` is not available yet ({e})") from None
-    if not names:
-        return mod
-    out = []
-    for n in names:
-        if not hasattr(mod, n):
-            raise LibraryMissing(f"`{module}.{n}` is not available yet")
-        out.append(getattr(mod, n))
-    return out[0] if len(out) == 1 else tuple(out)
-
-
 @contextlib.contextmanager
 def guard(what: str = "") -> Iterator[None]:
-    """Show mtpscope / OS errors as one line (``st.error``) and missing libraries as ``st.info``;
-    the rest of the ``with`` block is skipped."""
+    """Show mtpscope / OS errors as one line (``st.error``) and anything else as one ``internal error``
+    line (:func:`internal_error_line`); the rest of the ``with`` block is skipped."""
     try:
         yield
     except MtpscopeError as e:
@@ -68,8 +53,6 @@ def guard(what: str = "") -> Iterator[None]:
     except OSError as e:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         st.error(f"{where}{e.strerror or e}", icon=":material/error:")
-    except LibraryMissing as e:
-        st.info(f"{what + ': ' if what else ''}{e}", icon=":material/hourglass_empty:")
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, never a traceback
         if os.environ.get("MTPSCOPE_DEBUG"):
             raise
@@ -122,14 +105,12 @@ def roots() -> tuple[Path, ...]:
     return safety.allowed_roots()
 
 
-def demo_paths() -> dict[str, Path]:
-    """Where the demo's files are (they may not exist yet)."""
+def demo_paths() -> DemoPaths:
+    """Where the demo's files are (:class:`mtpscope.demo_spec.DemoPaths` under the cache's demo folder;
+    they may not exist yet)."""
     from mtpscope.cache import demo_dir
 
-    d = demo_dir()
-    return {"dir": d, "target": d / "target.gguf", "drafter": d / "drafter-fork.gguf",
-            "drafter_upstream": d / "drafter-upstream.gguf", "drafter_noisy": d / "drafter-upstream-noisy.gguf",
-            "trace": d / "traces" / "clean", "trace_b": d / "traces" / "noisy"}
+    return DemoPaths.under(demo_dir(), RECORD_CONFIG)
 
 
 def init_selection() -> None:
@@ -138,10 +119,10 @@ def init_selection() -> None:
         return
     st.session_state["sel._init"] = True
     demo = demo_paths()
-    defaults = {"drafter": demo["drafter"], "target": demo["target"], "trace": demo["trace"],
-                "trace_b": demo["trace_b"], "checkpoint": None, "replay": None}
+    defaults = {"drafter": demo.drafter_fork, "target": demo.target, "trace": demo.traces_clean,
+                "trace_b": demo.traces_noisy, "checkpoint": None, "replay": None}
     # The clean demo trace names the drafter that recorded it; prefer that one.
-    man = demo["trace"] / "manifest.json"
+    man = demo.traces_clean / "manifest.json"
     if man.exists():
         try:
             import json
@@ -175,8 +156,20 @@ def set_(name: str, value: str | None) -> None:
 
 def demo_missing_hint() -> None:
     """An info box when the demo has not been built."""
-    if not demo_paths()["target"].exists():
+    if not demo_paths().target.exists():
         st.info("The built-in demo is not built yet: run `mtpscope demo build` (or `make run`).", icon=":material/info:")
+
+
+def selected_or_stop(name: str, message: str, hint: bool = True) -> str:
+    """The selected path for ``name`` (see :func:`get`); without one, ``message`` as an info box (and,
+    with ``hint``, :func:`demo_missing_hint`) and the page stops there (``st.stop``)."""
+    path = get(name)
+    if not path:
+        st.info(message)
+        if hint:
+            demo_missing_hint()
+        st.stop()
+    return path
 
 
 # -------------------------------------------------------------------------------------- loaders
@@ -188,7 +181,6 @@ def _stat_key(p: Path) -> tuple[int, int]:
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _open_gguf(path: str, size: int, mtime_ns: int):
-    open_gguf = lib("mtpscope.inspector.gguf", "open_gguf")
     return open_gguf(path)
 
 
@@ -196,7 +188,7 @@ def gguf(path: str | os.PathLike[str]):
     """The reader (``GGUFFile``) for an allowed path, cached by (path, size, mtime).
 
     Raises:
-        PathNotAllowedError, InspectorError (missing / unreadable / malformed), LibraryMissing.
+        PathNotAllowedError, InspectorError (missing / unreadable / malformed).
     """
     p = safety.check_path(path, roots(), kind="file")
     return _open_gguf(str(p), *_stat_key(p))
@@ -204,7 +196,6 @@ def gguf(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _inventory(path: str, size: int, mtime_ns: int):
-    build_inventory = lib("mtpscope.inspector.inventory", "build_inventory")
     return build_inventory(_open_gguf(path, size, mtime_ns))
 
 
@@ -230,12 +221,13 @@ def _trace_key(p: Path) -> tuple:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _open_trace(path: str, key: tuple):
-    open_trace = lib("mtpscope.traces.store", "open_trace")
+    from mtpscope.traces.store import open_trace
+
     return open_trace(path)
 
 
 def trace(path: str | os.PathLike[str]):
-    """The opened trace (``traces.store.Trace``) for an allowed directory, cached by the manifest's
+    """The opened trace (``mtpscope.traces.store.Trace``) for an allowed directory, cached by the manifest's
     and every part's (name, size, mtime)."""
     p = safety.check_path(path, roots(), kind="dir")
     return _open_trace(str(p), _trace_key(p))
@@ -243,12 +235,13 @@ def trace(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _report(path: str, key: tuple):
-    report = lib("mtpscope.traces.metrics", "report")
+    from mtpscope.traces.metrics import report
+
     return report(_open_trace(path, key))
 
 
 def report(path: str | os.PathLike[str]):
-    """``traces.metrics.report`` of an allowed trace, cached like :func:`trace`."""
+    """``mtpscope.traces.metrics.report`` of an allowed trace, cached like :func:`trace`."""
     p = safety.check_path(path, roots(), kind="dir")
     return _report(str(p), _trace_key(p))
 
@@ -274,7 +267,7 @@ def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
         try:
             p = safety.check_path(c, roots(), kind="file")
             dec = _decoder(str(p), *_stat_key(p))
-        except (MtpscopeError, OSError, LibraryMissing):
+        except (MtpscopeError, OSError):
             continue
         if dec.n_vocab:
             return dec
@@ -309,7 +302,7 @@ def short(path: str | os.PathLike[str] | None) -> str:
     if not path:
         return "—"
     p = Path(path)
-    for base, tag in ((demo_paths()["dir"], "demo/"), (safety.uploads_dir(), "uploads/"), (Path.cwd(), "")):
+    for base, tag in ((demo_paths().root, "demo/"), (safety.uploads_dir(), "uploads/"), (Path.cwd(), "")):
         try:
             return tag + str(p.resolve().relative_to(base.resolve()))
         except ValueError:
@@ -346,7 +339,6 @@ def per_position(rep: dict):
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None, hkey: tuple | None):
-    verify = lib("mtpscope.inspector.validate", "verify")
     f = _open_gguf(path, *key)
     t = _open_gguf(target, *tkey) if target else None
     return verify(f, target=t, hf_dir=hf_dir)
@@ -363,7 +355,7 @@ def _dir_key(p: Path) -> tuple:
 
 def validation(path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None,
                hf_dir: str | os.PathLike[str] | None = None):
-    """``inspector.validate.verify`` of an allowed GGUF (optionally paired with an allowed target and
+    """``mtpscope.inspector.validate.verify`` of an allowed GGUF (optionally paired with an allowed target and
     audited against an allowed HF checkpoint folder), cached by the files' (path, size, mtime)."""
     p = safety.check_path(path, roots(), kind="file")
     t = safety.check_path(target, roots(), kind="file") if target else None
@@ -412,12 +404,11 @@ def grid_findings(rep: Any) -> tuple[list[str], list[str]]:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _centroid_head(path: str, size: int, mtime_ns: int):
-    CentroidHead = lib("mtpscope.inspector.centroids", "CentroidHead")
     return CentroidHead.from_gguf(_open_gguf(path, size, mtime_ns))
 
 
 def centroid_head(path: str | os.PathLike[str]):
-    """``inspector.centroids.CentroidHead`` of an allowed GGUF, cached by (path, size, mtime).
+    """``mtpscope.inspector.centroids.CentroidHead`` of an allowed GGUF, cached by (path, size, mtime).
 
     Raises:
         LayoutError: the file has no centroid head.
@@ -438,7 +429,7 @@ def _coverage(tpath: str, tkey: tuple, gpath: str, size: int, mtime_ns: int):
 
 def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike[str]):
     """Per-centroid chosen / target-home / covered counts of a trace against a drafter's head
-    (:func:`app.views.centroid_coverage`), cached by both inputs' keys."""
+    (:func:`mtpscope.app.views.centroid_coverage`), cached by both inputs' keys."""
     t = safety.check_path(trace_path, roots(), kind="dir")
     g = safety.check_path(drafter_path, roots(), kind="file")
     return _coverage(str(t), _trace_key(t), str(g), *_stat_key(g))
@@ -446,11 +437,10 @@ def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike
 
 def has_centroid_head(path: str | os.PathLike[str]) -> bool:
     """True when the allowed GGUF at ``path`` has a centroid matrix and a token ordering
-    (``inspector.centroids.find_centroid_tensors``); False when not, or unreadable / not allowed."""
+    (``mtpscope.inspector.centroids.find_centroid_tensors``); False when not, or unreadable / not allowed."""
     try:
-        find = lib("mtpscope.inspector.centroids", "find_centroid_tensors")
-        c, o = find(gguf(path))
-    except (MtpscopeError, OSError, LibraryMissing):
+        c, o = find_centroid_tensors(gguf(path))
+    except (MtpscopeError, OSError):
         return False
     return c is not None and o is not None
 
@@ -459,26 +449,9 @@ def has_centroid_head(path: str | os.PathLike[str]) -> bool:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _replay(path: str, key: tuple):
-    import json
+    from mtpscope.traces.replay import read_replay  # its reader lives with its writer
 
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    from mtpscope.errors import TraceFormatError
-
-    p = Path(path)
-    try:
-        summary = json.loads((p / "summary.json").read_text())
-    except (OSError, ValueError) as e:
-        raise TraceFormatError(f"unreadable replay summary ({e})", path=p / "summary.json") from None
-    steps = None
-    if (p / "steps.parquet").exists():
-        try:
-            steps = pq.read_table(p / "steps.parquet").to_pandas()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-            raise TraceFormatError(f"unreadable replay steps ({type(e).__name__}: {e})",
-                                   path=p / "steps.parquet") from None
-    return summary, (steps if steps is not None else pd.DataFrame())
+    return read_replay(path)
 
 
 def replay(path: str | os.PathLike[str]):

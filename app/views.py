@@ -7,7 +7,7 @@ vectorised so a 100,000-round trace or a 262144-token vocabulary stays well unde
 Definitions (llama.cpp / vLLM, see docs/reference/gemma4-assistant-facts.md §4): acceptance rate = accepted drafts /
 drafted tokens; mean acceptance length = 1 + accepted / verify rounds; per-position acceptance =
 P(draft k accepted) for k = 1..K. The headline numbers shown in the app come from
-``traces.metrics.report``; the helpers here only serve views the report does not carry (windows,
+``mtpscope.traces.metrics.report``; the helpers here only serve views the report does not carry (windows,
 bins, streaks, tables for one round).
 """
 
@@ -38,10 +38,10 @@ def ordered_rounds(rounds: pd.DataFrame, prompt_ids: Sequence[int] | None = None
 
 
 def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None) -> pd.DataFrame:
-    """One row per prompt, worst first: :func:`traces.metrics.per_prompt` (n_rounds, n_drafted,
+    """One row per prompt, worst first: :func:`mtpscope.traces.metrics.per_prompt` (n_rounds, n_drafted,
     n_accepted, acceptance_rate, mean_acceptance_length) plus the prompt's text (from the manifest's
     prompts when given) and its longest zero-acceptance streak (rounds, from
-    :func:`traces.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
+    :func:`mtpscope.traces.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
     then prompt_id."""
     from mtpscope.traces import metrics
 
@@ -92,7 +92,7 @@ def prompt_texts(prompts) -> dict[int, str]:
 
 
 def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
-    """:func:`traces.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
+    """:func:`mtpscope.traces.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
     the timeline: start_seq / end_seq from ``rounds``' ``seq`` column (:func:`ordered_rounds`)."""
     from mtpscope.traces import metrics
 
@@ -114,7 +114,7 @@ def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
 
 
 def rolling_acceptance(rounds: pd.DataFrame, window: int = 64, max_points: int = 4000) -> pd.DataFrame:
-    """:func:`traces.metrics.rolling_acceptance` (window restarting at each prompt) in
+    """:func:`mtpscope.traces.metrics.rolling_acceptance` (window restarting at each prompt) in
     :func:`ordered_rounds` order, subsampled to at most ``max_points`` points.
 
     Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window).
@@ -306,23 +306,6 @@ def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------------------- centroids
 
-def token_to_centroid(ordering: np.ndarray, n_centroids: int) -> np.ndarray:
-    """Inverse of the token ordering: ``home[token] = centroid`` (int32, -1 for ids not listed).
-
-    ``ordering`` (numpy shape (n_vocab,)) viewed as n_centroids rows of vsc = n_vocab / n_centroids
-    ids: row j holds the tokens of centroid j (reference facts §3). If an id appears in several
-    rows, the last row wins.
-    """
-    order = np.asarray(ordering).astype(np.int64, copy=False).ravel()
-    n_vocab = order.size
-    vsc = n_vocab // max(1, n_centroids)
-    home = np.full(n_vocab, -1, dtype=np.int32)
-    valid = (order >= 0) & (order < n_vocab)
-    rows = (np.arange(n_vocab) // max(1, vsc)).astype(np.int32)
-    home[order[valid]] = rows[valid]
-    return home
-
-
 @dataclass(frozen=True)
 class Coverage:
     """Per-centroid counts over a trace's draft steps (arrays of length n_centroids).
@@ -351,8 +334,9 @@ class Coverage:
 def centroid_coverage(steps: pd.DataFrame, n_centroids: int, home: np.ndarray | None = None) -> Coverage:
     """Count per centroid how often it was chosen and how often the target token lived in it.
 
-    The target's centroid is ``home[target_token]`` when ``home`` (from :func:`token_to_centroid`,
-    length n_vocab) is given, else the trace's ``target_centroid`` column. Vectorised: one
+    The target's centroid is ``home[target_token]`` when ``home`` (np.int32[n_vocab], -1 = no centroid:
+    ``CentroidHead.token_to_centroid`` of :mod:`mtpscope.inspector.centroids`, first row wins) is given,
+    else the trace's ``target_centroid`` column. Vectorised: one
     concatenation of the ``centroid_ids`` lists and np.bincount.
     """
     n = int(n_centroids)
@@ -570,10 +554,3 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]
     return j.reset_index().sort_values("delta_rate", kind="stable", na_position="last").reset_index(drop=True)
 
-
-def per_position_from_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    """:func:`traces.metrics.per_position_acceptance` (columns k, n_rounds, n_accepted,
-    acceptance, conditional)."""
-    from mtpscope.traces import metrics
-
-    return metrics.per_position_acceptance(rounds)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mtpscope.app import charts, views  # noqa: E402
 from mtpscope.app.tokens import TokenText  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
+from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
 from mtpscope.traces.store import open_trace  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
@@ -77,7 +78,7 @@ def timeline_once(d: Path, dec: TokenText | None) -> dict[str, float]:
 
 def coverage_once(steps, ordering: np.ndarray) -> float:
     t0 = time.perf_counter()
-    home = views.token_to_centroid(ordering, N_CENTROIDS)
+    home = CentroidHead.from_arrays(np.zeros((N_CENTROIDS, 1), np.float32), ordering).token_to_centroid
     cov = views.centroid_coverage(steps, N_CENTROIDS, home)
     t1 = time.perf_counter()
     assert int(cov.chosen.sum()) == TOP_K * len(steps)

@@ -30,23 +30,16 @@ N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256
 
 
 def head_file() -> Path:
-    import gguf
+    from mtpscope.inspector.gguf_write import u32, write_gguf
 
     p = cache_dir() / "bench-centroids" / "head.gguf"
     if p.exists():
         return p
-    p.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    w = gguf.GGUFWriter(str(p), "gemma4_assistant")
-    w.add_uint32("gemma4_assistant.n_centroids", N_CENTROIDS)
-    w.add_uint32("gemma4_assistant.centroid_top_k", 32)
-    w.add_tensor("mtp.centroids.weight", rng.standard_normal((N_CENTROIDS, N_EMBD)).astype(np.float32))
-    w.add_tensor("mtp.token_ordering.weight", rng.permutation(N_VOCAB).astype(np.int32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return p
+    return write_gguf(p, "gemma4_assistant", {"gemma4_assistant.n_centroids": u32(N_CENTROIDS),
+                                              "gemma4_assistant.centroid_top_k": u32(32)},
+                      {"mtp.centroids.weight": rng.standard_normal((N_CENTROIDS, N_EMBD)).astype(np.float32),
+                       "mtp.token_ordering.weight": rng.permutation(N_VOCAB).astype(np.int32)})
 
 
 def main() -> None:

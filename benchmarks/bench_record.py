@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope import demo  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.recorder import MtpRuntime, record  # noqa: E402
+from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.recorder import record  # noqa: E402
 
 PROMPT = "The quick brown fox"
 

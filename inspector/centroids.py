@@ -15,7 +15,7 @@ Sources (all give the same :class:`CentroidHead`):
   (:meth:`CentroidHead.from_gguf`);
 * a Hugging Face checkpoint folder or one ``.safetensors`` file: ``masked_embedding.centroids.weight``
   (numpy shape (n_centroids, n_embd)) and ``masked_embedding.token_ordering`` (int64, (n_vocab,)) read with
-  :mod:`inspector.hf`; k from config.json ``centroid_intermediate_top_k`` (:meth:`CentroidHead.from_hf`);
+  :mod:`inspector.safetensors`; k from config.json ``centroid_intermediate_top_k`` (:meth:`CentroidHead.from_hf`);
 * numpy arrays (:meth:`CentroidHead.from_arrays`).
 
 Loading is tolerant so that broken heads can be explored (ids out of range, a transposed matrix);
@@ -54,10 +54,13 @@ from mtpscope.errors import HFCheckpointError, LayoutError
 #: Default number of centroids kept when the source does not say (Gemma 4 E2B / E4B configs use 32).
 DEFAULT_TOP_K = 32
 
+#: Known names of the centroid matrix and the token ordering, preferred first: the fork's, upstream's masked
+#: names, other converters' spellings, the HF names. THE one list (the reference drafter uses it too).
 CENTROID_NAMES = ("mtp.centroids.weight", "masked_embd_centroids.weight", "mtp_centroids.weight",
                   "masked_embedding.centroids.weight")
-ORDERING_NAMES = ("mtp.token_ordering.weight", "masked_embd_ordering", "masked_embd_ordering.weight",
-                  "mtp_token_ordering.weight", "mtp_token_ordering", "masked_embedding.token_ordering")
+ORDERING_NAMES = ("mtp.token_ordering.weight", "mtp.token_ordering", "masked_embd_ordering",
+                  "masked_embd_ordering.weight", "mtp_token_ordering.weight", "mtp_token_ordering",
+                  "masked_embedding.token_ordering")
 HF_CENTROIDS = "masked_embedding.centroids.weight"
 HF_ORDERING = "masked_embedding.token_ordering"
 _C_PAT = re.compile(r"centroid", re.I)
@@ -212,7 +215,8 @@ class CentroidHead:
             HFCheckpointError: no safetensors file, a bad header / data, or an unreadable config.json.
             LayoutError: no centroid head, or impossible shapes (as :meth:`build`).
         """
-        from mtpscope.inspector import hf  # noqa: PLC0415
+        from mtpscope.inspector.hf_config import read_config  # noqa: PLC0415
+        from mtpscope.inspector.safetensors import read_safetensors_header, tensor_array  # noqa: PLC0415
 
         p = Path(path)
         files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
@@ -221,7 +225,7 @@ class CentroidHead:
                                     expected="model*.safetensors", actual="none")
         found: dict[str, Any] = {}
         for file in files:
-            for name, t in hf.read_safetensors_header(file).items():
+            for name, t in read_safetensors_header(file).items():
                 for want in (HF_CENTROIDS, HF_ORDERING):
                     if (name == want or name.endswith("." + want)) and want not in found:
                         found[want] = t
@@ -229,7 +233,7 @@ class CentroidHead:
         if missing:
             raise LayoutError("checkpoint has no centroid head", path=p, key=missing[0],
                               expected=f"{HF_CENTROIDS} and {HF_ORDERING}", actual="missing")
-        cfg = hf.read_config(p if p.is_dir() else p.parent)
+        cfg = read_config(p if p.is_dir() else p.parent)
         top_k = None
         for src in (cfg, cfg.get("text_config") or {}):
             v = src.get("centroid_intermediate_top_k") if isinstance(src, dict) else None
@@ -237,7 +241,7 @@ class CentroidHead:
                 top_k = v
                 break
         ct, ot = found[HF_CENTROIDS], found[HF_ORDERING]
-        return cls.build(hf.tensor_array(ct), hf.tensor_array(ot), top_k=top_k, source=os.fspath(p), kind="hf",
+        return cls.build(tensor_array(ct), tensor_array(ot), top_k=top_k, source=os.fspath(p), kind="hf",
                          centroids_name=ct.name, ordering_name=ot.name)
 
     @classmethod

@@ -27,8 +27,14 @@ default the real Gemma 4 tokenizer (``mtpscope.cache.vocab_path``), whole when t
 ``vocab_size`` is 262144, else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
 loads, facts §5).
 
-Safetensors are read by :mod:`inspector.hf` (the one parser: header, then memmap views; BF16 widened to
-float32); ``read_safetensors`` here is that function, re-exported.
+Safetensors are read by :mod:`inspector.safetensors` (the one parser: header, then memmap views; BF16 widened
+to float32) through :mod:`inspector.hf_checkpoint`; the config by :func:`inspector.hf_config.text_hparams`; the
+tokenizer is copied by :mod:`inspector.tokenizer` (read with the hardened reader, ``open_gguf``); the file is
+written by :func:`inspector.gguf_write.write_gguf`. The tiny random checkpoints of the tests
+(:func:`write_tiny_pair`) are written here too.
+
+May import: numpy, gguf (quantization), mtpscope.errors, inspector.safetensors / hf_checkpoint / hf_config /
+tokenizer / gguf_write / gguf, and lazily mtpscope.cache (where the default real tokenizer is kept).
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +50,12 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
-from mtpscope.inspector import hf
-from mtpscope.inspector.hf import TextHParams, read_safetensors, text_hparams
+from mtpscope.inspector import hf_checkpoint
+from mtpscope.inspector.gguf import BOOL, UINT32
+from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
+from mtpscope.inspector.hf_config import TextHParams, text_hparams
+from mtpscope.inspector.safetensors import read_tensors, write_safetensors
+from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DIALECTS = ("upstream", "fork")
@@ -61,8 +70,8 @@ SIDECAR_ARCH = "gemma4-assistant-centroids"
 
 def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``(config.json as dict, {tensor name: array})`` of an HF checkpoint folder: every ``*.safetensors``,
-    or the shards of ``model.safetensors.index.json`` (headers by :func:`inspector.hf.read_checkpoint`,
-    data by :func:`inspector.hf.read_tensors`: memmap views, BF16 widened to float32).
+    or the shards of ``model.safetensors.index.json`` (headers by :func:`inspector.hf_checkpoint.read_checkpoint`,
+    data by :func:`inspector.safetensors.read_tensors`: memmap views, BF16 widened to float32).
 
     Raises:
         HFCheckpointError: missing / unreadable config.json, no safetensors file, a bad header or index.
@@ -70,12 +79,12 @@ def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
     d = Path(hf_dir)
     if not (d / "config.json").exists():
         raise HFCheckpointError("no config.json", path=d / "config.json")
-    ckpt = hf.read_checkpoint(d)
-    return dict(ckpt.config), hf.read_tensors(ckpt.tensors.values())
+    ckpt = hf_checkpoint.read_checkpoint(d)
+    return dict(ckpt.config), read_tensors(ckpt.tensors.values())
 
 
 # --------------------------------------------------------------------------------------------------
-# hyperparameters (read by inspector.hf.text_hparams, the one reading of a Gemma 4 config)
+# hyperparameters (read by inspector.hf_config.text_hparams, the one reading of a Gemma 4 config)
 
 
 def _refuse_unsupported(tc: Mapping[str, Any], where: str) -> None:
@@ -87,29 +96,29 @@ def _refuse_unsupported(tc: Mapping[str, Any], where: str) -> None:
                                                               tc.get("hidden_size_per_layer_input")))
 
 
-def _common_kv(arch: str, hp: TextHParams) -> list[tuple[str, str, Any]]:
-    """``(key, kind, value)`` architecture keys shared by target and drafter (kind: u32 f32 bool arr_*)."""
+def _common_kv(arch: str, hp: TextHParams) -> list[tuple[str, MetaValue]]:
+    """Architecture keys shared by target and drafter."""
     a = arch + "."
-    kv_heads: Any = hp.n_head_kv[0] if len(set(hp.n_head_kv)) == 1 else list(hp.n_head_kv)
+    kv_heads = u32(hp.n_head_kv[0]) if len(set(hp.n_head_kv)) == 1 else array([int(v) for v in hp.n_head_kv], UINT32)
     return [
-        (a + "context_length", "u32", hp.context_length),
-        (a + "embedding_length", "u32", hp.n_embd),
-        (a + "block_count", "u32", hp.n_layer),
-        (a + "feed_forward_length", "u32", hp.n_ff),
-        (a + "attention.head_count", "u32", hp.n_head),
-        (a + "attention.head_count_kv", "u32" if isinstance(kv_heads, int) else "arr_u32", kv_heads),
-        (a + "attention.key_length", "u32", hp.head_dim_full),
-        (a + "attention.value_length", "u32", hp.head_dim_full),
-        (a + "attention.key_length_swa", "u32", hp.head_dim_swa),
-        (a + "attention.value_length_swa", "u32", hp.head_dim_swa),
-        (a + "attention.sliding_window", "u32", hp.sliding_window),
-        (a + "attention.sliding_window_pattern", "arr_bool", list(hp.is_swa)),
-        (a + "attention.layer_norm_rms_epsilon", "f32", hp.eps),
-        (a + "attention.shared_kv_layers", "u32", 0),
-        (a + "rope.freq_base", "f32", hp.rope_base_full),
-        (a + "rope.freq_base_swa", "f32", hp.rope_base_swa),
-        (a + "rope.dimension_count", "u32", hp.head_dim_full),
-        (a + "rope.dimension_count_swa", "u32", hp.head_dim_swa),
+        (a + "context_length", u32(hp.context_length)),
+        (a + "embedding_length", u32(hp.n_embd)),
+        (a + "block_count", u32(hp.n_layer)),
+        (a + "feed_forward_length", u32(hp.n_ff)),
+        (a + "attention.head_count", u32(hp.n_head)),
+        (a + "attention.head_count_kv", kv_heads),
+        (a + "attention.key_length", u32(hp.head_dim_full)),
+        (a + "attention.value_length", u32(hp.head_dim_full)),
+        (a + "attention.key_length_swa", u32(hp.head_dim_swa)),
+        (a + "attention.value_length_swa", u32(hp.head_dim_swa)),
+        (a + "attention.sliding_window", u32(hp.sliding_window)),
+        (a + "attention.sliding_window_pattern", array([bool(v) for v in hp.is_swa], BOOL)),
+        (a + "attention.layer_norm_rms_epsilon", f32(hp.eps)),
+        (a + "attention.shared_kv_layers", u32(0)),
+        (a + "rope.freq_base", f32(hp.rope_base_full)),
+        (a + "rope.freq_base_swa", f32(hp.rope_base_swa)),
+        (a + "rope.dimension_count", u32(hp.head_dim_full)),
+        (a + "rope.dimension_count_swa", u32(hp.head_dim_swa)),
     ]
 
 
@@ -179,75 +188,56 @@ def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint
 # writing
 
 
-def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> list[tuple[str, Any]]:
-    from mtpscope.demo_vocab import N_VOCAB_FULL, load_vocab, read_kv
+#: vocabulary size of the real Gemma 4 tokenizer (copied whole; smaller checkpoints get its first tokens)
+N_VOCAB_FULL = 262144
 
+
+def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> list[tuple[str, MetaValue]]:
+    """The ``tokenizer.*`` keys to write: all of ``vocab_from`` (which must have ``n_vocab`` tokens), or of the
+    real Gemma 4 tokenizer (whole for 262144 tokens, else its first ``n_vocab``)."""
     if vocab_from is not None:
-        kv = [(k, mv) for k, mv in read_kv(vocab_from) if k.startswith("tokenizer.")]
-        toks = next((mv for k, mv in kv if k == "tokenizer.ggml.tokens"), None)
-        if toks is None or len(toks.value) != n_vocab:
+        kv = tokenizer_kv(vocab_from)
+        n = n_tokens(kv)
+        if n != n_vocab:
             raise LayoutError("tokenizer size differs from the checkpoint's vocab_size", path=os.fspath(vocab_from),
-                              key="tokenizer.ggml.tokens", expected=n_vocab,
-                              actual=None if toks is None else len(toks.value))
-        return kv
-    voc = load_vocab("full") if n_vocab == N_VOCAB_FULL else load_vocab("subset", n_subset=n_vocab)
-    return list(voc.kv)
+                              key="tokenizer.ggml.tokens", expected=n_vocab, actual=n)
+        return list(kv)
+    from mtpscope.cache import vocab_path
+
+    src = vocab_path()
+    kv = tokenizer_kv(src)
+    return list(kv) if n_vocab == N_VOCAB_FULL else list(subset_kv(kv, n_vocab, src))
 
 
-def _write(path: Path, arch: str, kv: list[tuple[str, str, Any]], tok_kv: list[tuple[str, Any]],
-           tensors: Mapping[str, np.ndarray], outtype: str) -> Path:
+def _tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:
+    """The arrays to write (:func:`inspector.gguf_write.write_gguf` values): integers as I32, 1-D tensors F32,
+    2-D+ tensors in ``outtype`` (Q8_0 falls back to F16 for rows not a multiple of its block of 32)."""
     import gguf
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(tmp, arch)
-    for key, kind, val in kv:
-        if kind == "u32":
-            w.add_uint32(key, int(val))
-        elif kind == "f32":
-            w.add_float32(key, float(val))
-        elif kind == "bool":
-            w.add_bool(key, bool(val))
-        elif kind == "str":
-            w.add_string(key, str(val))
-        elif kind == "arr_bool":
-            w.add_key_value(key, [bool(v) for v in val], gguf.GGUFValueType.ARRAY,
-                            sub_type=gguf.GGUFValueType.BOOL)
-        elif kind == "arr_u32":
-            w.add_key_value(key, [int(v) for v in val], gguf.GGUFValueType.ARRAY,
-                            sub_type=gguf.GGUFValueType.UINT32)
-        else:  # pragma: no cover - internal
-            raise ValueError(kind)
-    for key, mv in tok_kv:
-        vt = gguf.GGUFValueType(mv.type)
-        if vt == gguf.GGUFValueType.ARRAY:
-            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
-            w.add_key_value(key, val, vt, sub_type=gguf.GGUFValueType(mv.sub_type))
-        else:
-            w.add_key_value(key, mv.value, vt)
     qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
           "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    out: dict[str, Any] = {}
     for name, arr in tensors.items():
         a = np.asarray(arr)
         if a.dtype.kind in "iu":
-            w.add_tensor(name, np.ascontiguousarray(a.astype(np.int32)))
+            out[name] = np.ascontiguousarray(a.astype(np.int32))
             continue
         a = np.ascontiguousarray(a, dtype=np.float32)
         t = qt if a.ndim >= 2 else gguf.GGMLQuantizationType.F32
         if t == gguf.GGMLQuantizationType.Q8_0 and a.shape[-1] % 32:
             t = gguf.GGMLQuantizationType.F16  # rows not a multiple of the Q8_0 block (32)
         if t == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, a)
+            out[name] = a
         elif t == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, a.astype(np.float16))
+            out[name] = a.astype(np.float16)
         else:
-            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
-    return path
+            out[name] = (gguf.quants.quantize(a, t), t)
+    return out
+
+
+def _write(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_kv: list[tuple[str, MetaValue]],
+           tensors: Mapping[str, np.ndarray], outtype: str) -> Path:
+    return write_gguf(path, arch, kv + tok_kv, _tensor_values(tensors, outtype))
 
 
 @dataclass(frozen=True)
@@ -305,10 +295,10 @@ def _convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], ou
     g = map_text_tensors(tensors, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     kv = _common_kv(TARGET_ARCH, hp)
-    kv.append((TARGET_ARCH + ".embedding_length_per_layer_input", "u32", 0))
+    kv.append((TARGET_ARCH + ".embedding_length_per_layer_input", u32(0)))
     if hp.softcap:
-        kv.append((TARGET_ARCH + ".final_logit_softcapping", "f32", float(hp.softcap)))
-    kv.insert(0, ("general.name", "str", "mtpscope-converted-target"))
+        kv.append((TARGET_ARCH + ".final_logit_softcapping", f32(hp.softcap)))
+    kv.insert(0, ("general.name", string("mtpscope-converted-target")))
     _write(out, TARGET_ARCH, kv, _tokenizer_kv(hp.n_vocab, vocab_from), _ordered(g), outtype)
     return ConvertResult(out=out, kind="target", dialect=None, arch=TARGET_ARCH, n_tensors=len(g))
 
@@ -353,14 +343,14 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
                               key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
         order = np.asarray(order).astype(np.int32)
     arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
-    kv = [("general.name", "str", "mtpscope-converted-drafter")] + _common_kv(arch, hp)
+    kv = [("general.name", string("mtpscope-converted-drafter"))] + _common_kv(arch, hp)
     if dialect == "upstream":
-        kv += [(arch + ".embedding_length_out", "u32", n_bb), (arch + ".nextn_predict_layers", "u32", hp.n_layer)]
+        kv += [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
     else:
-        kv += [(arch + ".n_embd_backbone", "u32", n_bb), (arch + ".use_ordered_embeddings", "bool", ordered),
-               (arch + ".attention.k_eq_v", "bool", hp.k_eq_v), (arch + ".requires_target_arch", "str", TARGET_ARCH)]
+        kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
+               (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
         if ordered:
-            kv += [(arch + ".n_centroids", "u32", n_cen), (arch + ".centroid_top_k", "u32", top_k)]
+            kv += [(arch + ".n_centroids", u32(n_cen)), (arch + ".centroid_top_k", u32(top_k))]
             g["mtp.centroids.weight"] = cen
             g["mtp.token_ordering.weight"] = order
     tok_kv = _tokenizer_kv(hp.n_vocab, vocab_from)
@@ -372,9 +362,9 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
                               key="use_ordered_embeddings", expected=True, actual=False)
         side = Path(centroids_out)
         a = SIDECAR_ARCH + "."
-        skv = [("general.name", "str", "mtpscope-centroid-sidecar"),
-               (a + "n_centroids", "u32", n_cen), (a + "centroid_top_k", "u32", top_k),
-               (a + "embedding_length", "u32", hp.n_embd), (a + "vocab_size", "u32", hp.n_vocab)]
+        skv = [("general.name", string("mtpscope-centroid-sidecar")),
+               (a + "n_centroids", u32(n_cen)), (a + "centroid_top_k", u32(top_k)),
+               (a + "embedding_length", u32(hp.n_embd)), (a + "vocab_size", u32(hp.n_vocab))]
         _write(side, SIDECAR_ARCH, skv, [], {"mtp.centroids.weight": cen, "mtp.token_ordering.weight": order},
                outtype)
     return ConvertResult(out=out, kind="drafter", dialect=dialect, arch=arch, n_tensors=len(g), centroids_out=side)
@@ -384,28 +374,6 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
 # tiny random HF checkpoints (tests, parity) written without torch
 
 
-def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray]) -> Path:
-    """Write ``tensors`` (float32 / int64 / int32 numpy) as one ``.safetensors`` file."""
-    names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
-             np.dtype(np.int32): "I32"}
-    header: dict[str, Any] = {}
-    off = 0
-    blobs = []
-    for name, arr in tensors.items():
-        a = np.ascontiguousarray(arr)
-        b = a.tobytes()
-        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    hb = json.dumps(header).encode()
-    hb += b" " * ((8 - len(hb) % 8) % 8)
-    path = Path(path)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(hb)))
-        fh.write(hb)
-        for b in blobs:
-            fh.write(b)
-    return path
 
 
 def tiny_text_config(*, vocab_size: int = 4096, hidden_size: int = 64, n_layer: int = 6, n_head: int = 2,
@@ -514,4 +482,4 @@ def write_tiny_pair(root: str | os.PathLike[str], *, seed: int = 0, vocab_size: 
 
 
 __all__ = ["ConvertResult", "convert", "map_text_tensors", "random_text_tensors", "read_checkpoint",
-           "read_safetensors", "text_hparams", "tiny_text_config", "write_safetensors", "write_tiny_pair"]
+           "tiny_text_config", "write_tiny_pair"]

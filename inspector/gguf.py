@@ -127,9 +127,9 @@ class ArrayValue:
             12 bytes later (:attr:`data_offset`).
 
     ``len(a)``, ``a[i]`` (a Python scalar, ``str`` or nested :class:`ArrayValue`), ``a[i:j]`` (a list),
-    ``iter(a)``, :meth:`to_numpy` (numeric and bool arrays: a read-only view of the file, no copy) and
-    :meth:`to_list` (decodes everything). Strings are decoded (UTF-8) on access only; an undecodable one
-    raises :class:`GGUFFormatError` naming its offset.
+    ``iter(a)``, :meth:`to_numpy` (numeric and bool arrays: a read-only view of the file, no copy),
+    :meth:`to_list` (decodes everything) and :meth:`to_bytes_list` (a STRING array's raw bytes). Strings
+    are decoded (UTF-8) on access only; an undecodable one raises :class:`GGUFFormatError` naming its offset.
     """
 
     element_type: int
@@ -180,12 +180,11 @@ class ArrayValue:
         v = st.unpack_from(self._file.mm, self.data_offset + i * size)[0]
         return v != 0 if et == BOOL else v
 
-    def _strings(self) -> list[str]:
-        """All strings of a STRING array: one copy of the region, then one slice + decode each."""
+    def _string_bytes(self) -> list[bytes]:
+        """The raw bytes of every string of a STRING array: one copy of the region, then one slice each."""
         offs = self._elem_offsets
         assert offs is not None  # noqa: S101
-        n = self.length
-        if n == 0:
+        if self.length == 0:
             return []
         src = self._file
         first = int(offs[0])
@@ -195,10 +194,27 @@ class ArrayValue:
         starts = (offs - (first - 8)).tolist()  # each string's bytes, relative to the region
         stops = offs[1:] - first
         stops = [*stops.tolist(), end - first]
+        return [region[a:b] for a, b in zip(starts, stops)]
+
+    def _strings(self) -> list[str]:
+        """All strings of a STRING array, decoded (UTF-8)."""
         try:
-            return [region[a:b].decode("utf-8") for a, b in zip(starts, stops)]
+            return [b.decode("utf-8") for b in self._string_bytes()]
         except UnicodeDecodeError:
-            return [src.string_at(int(p), self._key) for p in offs]  # raises, naming the bad string
+            assert self._elem_offsets is not None  # noqa: S101
+            # raises, naming the bad string
+            return [self._file.string_at(int(p), self._key) for p in self._elem_offsets]
+
+    def to_bytes_list(self) -> list[bytes]:
+        """The elements of a STRING array as raw bytes (no UTF-8 decoding; what a writer copies verbatim).
+
+        Raises:
+            LayoutError: the elements are not strings.
+        """
+        if self.element_type != STRING:
+            raise LayoutError(f"array of {self.element_type_name} is not a string array; use to_list()",
+                              path=self._file.path, offset=self.offset, key=self._key)
+        return self._string_bytes()
 
     def to_numpy(self) -> np.ndarray:
         """The elements as a 1-D numpy array (numpy order = element order).

@@ -365,6 +365,14 @@ def _drafter_layer(ly: LayerSpec, n_embd: int, scale_required: bool) -> list[Exp
         _mat(p + "attn_q.weight", (n_embd, hd * nh), "attention", il, f"ne = (n_embd, n_head·{kind})"),
         _mat(p + "attn_output.weight", (hd * nh, n_embd), "attention", il, f"ne = (n_head·{kind}, n_embd)"),
         _vec(p + "attn_q_norm.weight", hd, "norm", il, f"ne = ({kind},)"),
+        *_block_tail(p, il, n_embd, ff, scale_required),
+    ]
+
+
+def _block_tail(p: str, il: int, n_embd: int, ff: int, scale_required: bool) -> list[ExpectedTensor]:
+    """The tensors after attention that drafter and target blocks share (post-attention norm, layer scale,
+    feed-forward), in create_tensor order; ``p`` = ``"blk.{il}."``."""
+    return [
         _vec(p + "post_attention_norm.weight", n_embd, "norm", il, "ne = (n_embd,)"),
         _vec(p + "layer_output_scale.weight", 1, "layer_scale", il, "ne = (1,)", required=scale_required),
         _vec(p + "ffn_norm.weight", n_embd, "norm", il, "ne = (n_embd,)"),
@@ -485,13 +493,7 @@ def expected_target_layout(hp: HParams, k_eq_v: bool | None = None) -> tuple[Exp
             _mat(p + "attn_output.weight", (hd * nh, n_embd), "attention", il, f"ne = (n_head·{kind}, n_embd)"),
             _vec(p + "attn_q_norm.weight", hd, "norm", il, f"ne = ({kind},)"),
             _vec(p + "attn_k_norm.weight", hd, "norm", il, f"ne = ({kind},)", required=has_kv),
-            _vec(p + "post_attention_norm.weight", n_embd, "norm", il, "ne = (n_embd,)"),
-            _vec(p + "layer_output_scale.weight", 1, "layer_scale", il, "ne = (1,)", required=False),
-            _vec(p + "ffn_norm.weight", n_embd, "norm", il, "ne = (n_embd,)"),
-            _mat(p + "ffn_gate.weight", (n_embd, ff), "feed_forward", il, "ne = (n_embd, n_ff)"),
-            _mat(p + "ffn_up.weight", (n_embd, ff), "feed_forward", il, "ne = (n_embd, n_ff)"),
-            _mat(p + "ffn_down.weight", (ff, n_embd), "feed_forward", il, "ne = (n_ff, n_embd)"),
-            _vec(p + "post_ffw_norm.weight", n_embd, "norm", il, "ne = (n_embd,)"),
+            *_block_tail(p, il, n_embd, ff, scale_required=False),
         ]
         if hp.n_expert > 0:
             ne_, nfe = hp.n_expert, hp.n_ff_exp

@@ -34,7 +34,11 @@ The K/V handed in are the target's cache entries of its last sliding and last fu
 llama.cpp's mask (``llama-hparams.h`` ``is_masked_swa``, standard type): a cell at position ``p0``
 is seen by a query at ``p1`` when ``p0 <= p1`` and, on sliding layers, ``p1 - p0 < sliding_window``.
 
-Conventions that differ between runtimes are :class:`StepOptions`.
+Conventions that differ between runtimes are :class:`StepOptions`. :meth:`ReferenceDrafter.step` is
+:meth:`ReferenceDrafter.step_batch` of one row (one implementation of the step).
+
+May import: numpy, mtpscope.errors, inspector.layouts (a drafter GGUF's keys: ``read_hparams``),
+inspector.centroids (the centroid tensor names, a sidecar head), inspector.gguf.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import LayoutError, ReferenceDrafterError
+from mtpscope.inspector.centroids import CENTROID_NAMES, ORDERING_NAMES
+from mtpscope.inspector.layouts import read_hparams
 
 # --------------------------------------------------------------------------------------------------
 # constants and options
@@ -307,35 +313,54 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     ``f16`` rounds q, K, V and the probabilities to F16 first (llama.cpp, non-FA, F16 cache);
     ``kv_rounded`` says K and V already are (see :meth:`DonorKV.rounded_f16`).
     """
-    n_head, d = q.shape
+    return _attend(np.asarray(q)[None], k, v, np.asarray(mask, dtype=bool)[None], f16, kv_rounded, scale)[0]
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, f16: bool = False,
+            kv_rounded: bool = False, scale: float = 1.0) -> np.ndarray:
+    """:func:`attention` of R query rows at once: ``q`` ``(R, n_head, d)``, ``mask`` ``(R, n_kv)``; returns
+    ``(R, n_head, d)`` float32 (a row that sees no cell gets zeros). One row runs without BLAS (see :func:`_mv`).
+    """
+    R, n_head, d = q.shape
     n_head_kv = k.shape[1]
     if n_head % n_head_kv:
         raise ReferenceDrafterError("n_head is not a multiple of n_head_kv", key="n_head_kv",
                              expected=f"a divisor of {n_head}", actual=n_head_kv)
-    idx = np.flatnonzero(mask)
-    if idx.size == 0:
-        return np.zeros((n_head, d), dtype=np.float32)
-    if idx.size == idx[-1] - idx[0] + 1:  # a contiguous run (the usual case): views, no copies
-        ks, vs = k[idx[0]:idx[-1] + 1], v[idx[0]:idx[-1] + 1]
-    else:
-        ks, vs = k[idx], v[idx]
-    ks = ks.astype(np.float32, copy=False)
-    vs = vs.astype(np.float32, copy=False)
+    seen = mask.any(axis=0)
+    if not seen.any():
+        return np.zeros((R, n_head, d), dtype=np.float32)
+    lo = int(np.argmax(seen))                  # the visible run (usually all of it): views, no copies
+    hi = int(seen.size - np.argmax(seen[::-1]))
+    ks = k[lo:hi].astype(np.float32, copy=False)
+    vs = v[lo:hi].astype(np.float32, copy=False)
+    m = mask[:, lo:hi]
     qq = q.astype(np.float32)
     if f16:
         qq = qq.astype(np.float16).astype(np.float32)
         if not kv_rounded:
             ks, vs = (a.astype(np.float16).astype(np.float32) for a in (ks, vs))
     group = n_head // n_head_kv
-    qg = qq.reshape(n_head_kv, group, d)                      # (n_head_kv, group, d)
-    scores = np.einsum("hgd,nhd->hgn", qg, ks) * np.float32(scale)  # (n_head_kv, group, n)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores.astype(np.float64))
-    p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float32)
+    qg = qq.reshape(R, n_head_kv, group, d)
+    batched = R > 1                            # einsum's BLAS path only pays for several rows
+    sc = np.einsum("rhgd,nhd->rhgn", qg, ks, optimize=batched) * np.float32(scale)   # (R, nkv, group, n)
+    sc = np.where(m[:, None, None, :], sc, -np.inf)
+    mx = sc.max(axis=-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    pr = np.exp((sc - mx).astype(np.float64))
+    den = pr.sum(axis=-1, keepdims=True)
+    pr = (pr / np.where(den > 0, den, 1.0)).astype(np.float32)
     if f16:
-        p = p.astype(np.float16).astype(np.float32)
-    out = np.einsum("hgn,nhd->hgd", p, vs)
-    return out.reshape(n_head, d).astype(np.float32)
+        pr = pr.astype(np.float16).astype(np.float32)
+    out = np.einsum("rhgn,nhd->rhgd", pr, vs, optimize=batched)
+    return out.reshape(R, n_head, d).astype(np.float32)
+
+
+def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w.T`` for rows ``x`` ``(R, n_in)`` and a matrix ``w`` ``(n_out, n_in)``: ``(R, n_out)`` float32.
+    Several rows: one BLAS product; one row: :func:`_mv` (no BLAS)."""
+    if x.shape[0] == 1:
+        return _mv(w, x[0])[None, :]
+    return (x @ w.T).astype(np.float32, copy=False)
 
 
 def centroid_head(h_inner: np.ndarray, centroids: np.ndarray, ordering: np.ndarray,
@@ -472,7 +497,8 @@ class ReferenceDrafter:
         ``token_embd`` is read row by row on demand (memmap).
 
         Raises:
-            LayoutError: a needed key or tensor is missing (names the file and key).
+            LayoutError: a needed key or tensor is missing (names the file and key), the file is not a fork /
+                upstream drafter, or token_embd's rows differ from its tokenizer's n_vocab.
         """
         from mtpscope.inspector.gguf import open_gguf
 
@@ -542,7 +568,7 @@ class ReferenceDrafter:
     def step(self, token: int, h: np.ndarray, pos: int, kv: Mapping[str, DonorKV],
              options: StepOptions | None = None, h_prenorm: np.ndarray | None = None,
              trace: dict[str, Any] | None = None) -> StepResult:
-        """One draft step.
+        """One draft step: :meth:`step_batch` of one row.
 
         Args:
             token: the token fed (last accepted token, or the previous draft).
@@ -561,81 +587,21 @@ class ReferenceDrafter:
 
         Raises:
             ReferenceDrafterError: wrong shapes, missing donor K/V, prenorm hidden not given, centroid head
-                requested on a drafter without one.
+                requested on a drafter without one, token id out of range.
         """
-        o = options or StepOptions()
-        hp, w = self.hp, self.w
-        if o.hidden == "prenorm":
-            if h_prenorm is None:
-                raise ReferenceDrafterError("hidden=prenorm needs the target's pre-norm hidden", key="h_prenorm")
-            h = h_prenorm
-        h = np.asarray(h, dtype=np.float32).reshape(-1)
-        if h.shape != (hp.n_embd_backbone,):
-            raise ReferenceDrafterError("hidden has the wrong length", key="h",
-                                 expected=(hp.n_embd_backbone,), actual=h.shape)
-        qpos = int(pos) - (1 if o.position == "p-1" else 0)
-        t = trace if trace is not None else None
-
-        e = self.embed_target(token)
-        x = _mv(w.pre_projection, np.concatenate([e, h]))
-        if t is not None:
-            t["inp_embd_target"], t["pre_proj"] = e, x
-        for il, lw in enumerate(w.layers):
-            kind = "sliding" if hp.is_swa[il] else "full"
-            if kind not in kv:
-                raise ReferenceDrafterError("no donor K/V for this layer type", key=kind,
-                                     expected="sliding and full DonorKV", actual=sorted(kv))
-            d = kv[kind]
-            hd, nh = hp.head_dim[il], hp.n_head[il]
-            if d.k.ndim != 3 or d.k.shape[2] != hd or d.k.shape != d.v.shape or d.pos.shape != d.k.shape[:1]:
-                raise ReferenceDrafterError("donor K/V have the wrong shape", key=f"{kind} kv",
-                                     expected=f"k, v (n_kv, n_head_kv, {hd}), pos (n_kv,)",
-                                     actual=f"k {d.k.shape}, v {d.v.shape}, pos {d.pos.shape}")
-            xn = rms_norm(x, lw.attn_norm, hp.eps)
-            q = _mv(lw.attn_q, xn).reshape(nh, hd)
-            q = rms_norm(q, lw.attn_q_norm, hp.eps)
-            ff = None if hp.is_swa[il] else w.rope_freqs
-            q = rope_neox(q, qpos, hp.rope_base[il], hp.n_rot[il], ff)
-            mask = d.mask if d.mask is not None else visible(d.pos, qpos, hp.sliding_window if hp.is_swa[il] else None)
-            att = attention(q, d.k, d.v, mask, 1.0, f16=o.kv_f16, kv_rounded=d.f16)
-            a = rms_norm(_mv(lw.attn_output, att.reshape(-1)), lw.post_attention_norm, hp.eps)
-            a = (a + x).astype(np.float32)
-            fn = rms_norm(a, lw.ffn_norm, hp.eps)
-            g = gelu_tanh(_mv(lw.ffn_gate, fn), o.gelu) * _mv(lw.ffn_up, fn)
-            f_out = _mv(lw.ffn_down, g)
-            y = (rms_norm(f_out, lw.post_ffw_norm, hp.eps) + a) * np.float32(lw.layer_output_scale)
-            if t is not None:
-                t[f"attn_norm-{il}"], t[f"Qcur_pos-{il}"], t[f"kqv_out-{il}"] = xn, q, att
-                t[f"attn_out-{il}"], t[f"ffn_out-{il}"], t[f"out_scaled-{il}"] = a, f_out, y
-            x = y.astype(np.float32)
-        h_inner = rms_norm(x, w.output_norm, hp.eps)
-        h_next = _mv(w.post_projection, h_inner)
-        head = o.head
-        if head == "auto":
-            head = "centroid" if w.centroids is not None else "dense"
-        if head == "centroid":
-            if w.centroids is None or w.token_ordering is None:
-                raise ReferenceDrafterError("centroid head requested but the drafter has none", path=self.source or None,
-                                     key="mtp.centroids.weight")
-            k = o.top_k or hp.centroid_top_k or 32
-            logits, cids, clog, cand = centroid_head(h_inner, w.centroids, w.token_ordering,
-                                                     lambda ids: w.token_embd[ids], hp.n_vocab, k, o.fill)
-        else:
-            logits = _mv(w.token_embd, h_inner)
-            cids = clog = cand = None
-        if t is not None:
-            t["result_norm"], t["result_output"], t["h_nextn"] = h_inner, logits, h_next
-        return StepResult(token=int(np.argmax(logits)), logits=logits, h_inner=h_inner, h_next=h_next,
-                          centroid_ids=cids, centroid_logits=clog, candidate_ids=cand)
+        return self._steps(np.array([int(token)]), np.asarray(h, dtype=np.float32).reshape(1, -1),
+                           np.array([int(pos)]), kv, options, None,
+                           None if h_prenorm is None else np.asarray(h_prenorm, dtype=np.float32).reshape(1, -1),
+                           trace)[0]
 
     def step_batch(self, tokens: np.ndarray, h: np.ndarray, pos: np.ndarray, kv: Mapping[str, DonorKV],
                    options: StepOptions | None = None, kv_limit: np.ndarray | None = None,
                    h_prenorm: np.ndarray | None = None) -> list[StepResult]:
-        """R independent draft steps at once (the same math as :meth:`step`, row by row).
+        """R independent draft steps at once (the math of the module docstring, row by row).
 
         Matrix products run over all rows together (one pass over each weight, BLAS), which makes
-        replaying many rounds much faster than R calls of :meth:`step`; results equal :meth:`step`'s to
-        float32 rounding (summation order).
+        replaying many rounds much faster than R calls of :meth:`step`; one row runs without BLAS (see
+        ``_mv``). Results of different batch sizes agree to float32 rounding (summation order).
 
         Args:
             tokens: ``(R,)`` token ids fed.
@@ -653,6 +619,12 @@ class ReferenceDrafter:
         Raises:
             ReferenceDrafterError: as :meth:`step`.
         """
+        return self._steps(tokens, h, pos, kv, options, kv_limit, h_prenorm, None)
+
+    def _steps(self, tokens: np.ndarray, h: np.ndarray, pos: np.ndarray, kv: Mapping[str, DonorKV],
+               options: StepOptions | None, kv_limit: np.ndarray | None, h_prenorm: np.ndarray | None,
+               trace: dict[str, Any] | None) -> list[StepResult]:
+        """The step of :meth:`step` / :meth:`step_batch`; ``trace`` receives row 0's intermediates."""
         o = options or StepOptions()
         hp, w = self.hp, self.w
         if o.hidden == "prenorm":
@@ -669,9 +641,12 @@ class ReferenceDrafter:
         if np.any((toks < 0) | (toks >= hp.n_vocab)):
             raise ReferenceDrafterError("token id out of range", key="tokens", expected=f"0 <= id < {hp.n_vocab}",
                                  actual=toks[(toks < 0) | (toks >= hp.n_vocab)][:4].tolist())
+        t = trace
         e = np.asarray(self._target_rows(toks), dtype=np.float32).reshape(R, -1) * \
             np.float32(math.sqrt(hp.n_embd_backbone))
-        x = np.concatenate([e, h], axis=1) @ w.pre_projection.T                    # (R, n_embd)
+        x = _mm(np.concatenate([e, h], axis=1), w.pre_projection)                  # (R, n_embd)
+        if t is not None:
+            t["inp_embd_target"], t["pre_proj"] = e[0], x[0]
         for il, lw in enumerate(w.layers):
             kind = "sliding" if hp.is_swa[il] else "full"
             if kind not in kv:
@@ -679,9 +654,12 @@ class ReferenceDrafter:
                                      expected="sliding and full DonorKV", actual=sorted(kv))
             d = kv[kind]
             hd, nh = hp.head_dim[il], hp.n_head[il]
-            nkv = d.k.shape[1]
+            if d.k.ndim != 3 or d.k.shape[2] != hd or d.k.shape != d.v.shape or d.pos.shape != d.k.shape[:1]:
+                raise ReferenceDrafterError("donor K/V have the wrong shape", key=f"{kind} kv",
+                                     expected=f"k, v (n_kv, n_head_kv, {hd}), pos (n_kv,)",
+                                     actual=f"k {d.k.shape}, v {d.v.shape}, pos {d.pos.shape}")
             xn = rms_norm(x, lw.attn_norm, hp.eps)
-            q = rms_norm((xn @ lw.attn_q.T).reshape(R, nh, hd), lw.attn_q_norm, hp.eps)
+            q = rms_norm(_mm(xn, lw.attn_q).reshape(R, nh, hd), lw.attn_q_norm, hp.eps)
             ff = None if hp.is_swa[il] else w.rope_freqs
             q = np.stack([rope_neox(q[r], int(qpos[r]), hp.rope_base[il], hp.n_rot[il], ff) for r in range(R)])
             win = hp.sliding_window if hp.is_swa[il] else None
@@ -693,35 +671,18 @@ class ReferenceDrafter:
                     m &= (qpos[:, None] - d.pos[None, :]) < win
             if kv_limit is not None:
                 m &= d.pos[None, :] < np.asarray(kv_limit).reshape(-1)[:, None]
-            lo = int(np.argmax(m.any(axis=0))) if m.any() else 0
-            hi = int(m.shape[1] - np.argmax(m.any(axis=0)[::-1])) if m.any() else 0
-            ks = d.k[lo:hi].astype(np.float32, copy=False)
-            vs = d.v[lo:hi].astype(np.float32, copy=False)
-            mm = m[:, lo:hi]
-            qq = q
-            if o.kv_f16:
-                qq = q.astype(np.float16).astype(np.float32)
-                if not d.f16:
-                    ks, vs = (a.astype(np.float16).astype(np.float32) for a in (ks, vs))
-            group = nh // nkv
-            qg = qq.reshape(R, nkv, group, hd)
-            sc = np.einsum("rhgd,nhd->rhgn", qg, ks, optimize=True)                 # (R, nkv, group, n)
-            sc = np.where(mm[:, None, None, :], sc, -np.inf)
-            mx = sc.max(axis=-1, keepdims=True)
-            mx = np.where(np.isfinite(mx), mx, 0.0)
-            pr = np.exp((sc - mx).astype(np.float64))
-            den = pr.sum(axis=-1, keepdims=True)
-            pr = (pr / np.where(den > 0, den, 1.0)).astype(np.float32)
-            if o.kv_f16:
-                pr = pr.astype(np.float16).astype(np.float32)
-            att = np.einsum("rhgn,nhd->rhgd", pr, vs, optimize=True).reshape(R, nh * hd)
-            a = rms_norm(att @ lw.attn_output.T, lw.post_attention_norm, hp.eps) + x
+            att = _attend(q, d.k, d.v, m, o.kv_f16, d.f16).reshape(R, nh * hd)
+            a = rms_norm(_mm(att, lw.attn_output), lw.post_attention_norm, hp.eps) + x
             fn = rms_norm(a, lw.ffn_norm, hp.eps)
-            g = gelu_tanh(fn @ lw.ffn_gate.T, o.gelu) * (fn @ lw.ffn_up.T)
-            y = (rms_norm(g @ lw.ffn_down.T, lw.post_ffw_norm, hp.eps) + a) * np.float32(lw.layer_output_scale)
+            g = gelu_tanh(_mm(fn, lw.ffn_gate), o.gelu) * _mm(fn, lw.ffn_up)
+            f_out = _mm(g, lw.ffn_down)
+            y = (rms_norm(f_out, lw.post_ffw_norm, hp.eps) + a) * np.float32(lw.layer_output_scale)
+            if t is not None:
+                t[f"attn_norm-{il}"], t[f"Qcur_pos-{il}"], t[f"kqv_out-{il}"] = xn[0], q[0], att[0].reshape(nh, hd)
+                t[f"attn_out-{il}"], t[f"ffn_out-{il}"], t[f"out_scaled-{il}"] = a[0], f_out[0], y[0]
             x = y.astype(np.float32)
         h_inner = rms_norm(x, w.output_norm, hp.eps)
-        h_next = (h_inner @ w.post_projection.T).astype(np.float32)
+        h_next = _mm(h_inner, w.post_projection)
         head = o.head
         if head == "auto":
             head = "centroid" if w.centroids is not None else "dense"
@@ -735,23 +696,25 @@ class ReferenceDrafter:
                 lg, cids, clog, cand = centroid_head(h_inner[r], w.centroids, w.token_ordering,
                                                      lambda ids: w.token_embd[ids], hp.n_vocab, k, o.fill)
                 out.append(StepResult(int(np.argmax(lg)), lg, h_inner[r], h_next[r], cids, clog, cand))
-            return out
-        logits = (h_inner @ w.token_embd.T).astype(np.float32)                      # (R, n_vocab)
-        for r in range(R):
-            out.append(StepResult(int(np.argmax(logits[r])), logits[r], h_inner[r], h_next[r]))
+        else:
+            logits = _mm(h_inner, w.token_embd)                                       # (R, n_vocab)
+            for r in range(R):
+                out.append(StepResult(int(np.argmax(logits[r])), logits[r], h_inner[r], h_next[r]))
+        if t is not None:
+            t["result_norm"], t["result_output"], t["h_nextn"] = h_inner[0], out[0].logits, h_next[0]
         return out
 
 
 # --------------------------------------------------------------------------------------------------
-# GGUF hyperparameters (both dialects)
+# GGUF hyperparameters (both dialects): inspector.layouts.read_hparams, the one reading of a file's keys
 
 PRE_NAMES = ("nextn.pre_projection.weight", "mtp.pre_projection.weight", "blk.0.nextn.pre_projection.weight",
              "mtp_pre_proj.weight", "assistant.pre_projection.weight")
 POST_NAMES = ("nextn.post_projection.weight", "mtp.post_projection.weight", "mtp_post_proj.weight",
               "assistant.post_projection.weight")
-CENTROID_NAMES = ("mtp.centroids.weight", "masked_embd_centroids.weight", "mtp_centroids.weight")
-ORDERING_NAMES = ("mtp.token_ordering.weight", "mtp.token_ordering", "masked_embd_ordering",
-                  "masked_embd_ordering.weight", "mtp_token_ordering.weight")
+#: keys (after ``{arch}.``) the reference needs the file to state; the others fall back to llama.cpp defaults
+REQUIRED_KEYS = ("attention.sliding_window_pattern", "attention.key_length", "attention.sliding_window",
+                 "attention.head_count", "attention.head_count_kv", "feed_forward_length")
 
 
 def _has(f: Any, name: str) -> bool:
@@ -766,76 +729,58 @@ def _first(f: Any, names: tuple[str, ...], path: Any) -> str:
                       expected=" or ".join(names), actual="absent")
 
 
-def _per_layer(value: Any, n_layer: int, key: str, path: Any) -> tuple[int, ...]:
-    if value is None:
-        raise LayoutError("missing key", path=os.fspath(path), key=key)
-    if hasattr(value, "to_list"):
-        vals = [int(v) for v in value.to_list()]
-        if len(vals) != n_layer:
-            raise LayoutError("per-layer array has the wrong length", path=os.fspath(path), key=key,
-                              expected=n_layer, actual=len(vals))
-        return tuple(vals)
-    return (int(value),) * n_layer
-
-
 def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str]]:
-    arch = f.architecture
-    if arch is None:
-        raise LayoutError("missing key", path=os.fspath(path), key="general.architecture")
-    p = arch + "."
+    """:class:`DrafterHParams` and the tensor names of the projections / centroid pair of a drafter GGUF.
 
-    def need(key: str) -> Any:
-        v = f.get(p + key)
-        if v is None:
-            raise LayoutError("missing key", path=os.fspath(path), key=p + key)
-        return v
+    Keys are read by :func:`inspector.layouts.read_hparams` (dialect from the architecture; n_vocab from the
+    tokenizer, else token_embd), which must match ``token_embd``'s rows (the drafter's LM head).
 
-    n_layer = int(need("block_count"))
-    n_embd = int(need("embedding_length"))
-    n_bb = f.get(p + "n_embd_backbone")
-    dialect = "fork"
-    if n_bb is None:
-        n_bb = f.get(p + "embedding_length_out")
-        dialect = "upstream"
-    if n_bb is None:
+    Raises:
+        LayoutError: not a fork / upstream drafter (no backbone width), a key of :data:`REQUIRED_KEYS` missing,
+            a per-layer array of the wrong length, a projection tensor missing, or token_embd rows differing
+            from the tokenizer.
+    """
+    hp = read_hparams(f)
+    p = hp.arch + "."
+    for suffix in REQUIRED_KEYS:
+        if p + suffix not in hp.raw:
+            raise LayoutError("missing key", path=os.fspath(path), key=p + suffix)
+    if hp.n_embd_backbone is None:
         raise LayoutError("missing backbone width", path=os.fspath(path), key=p + "embedding_length_out",
                           expected=f"{p}embedding_length_out or {p}n_embd_backbone", actual="absent")
-    swa = f.get(p + "attention.sliding_window_pattern")
-    if swa is None:
-        raise LayoutError("missing key", path=os.fspath(path), key=p + "attention.sliding_window_pattern")
-    is_swa = tuple(bool(v) for v in swa.to_list())
-    if len(is_swa) != n_layer:
+    pattern = hp.raw[p + "attention.sliding_window_pattern"]
+    n_pattern = len(pattern) if isinstance(pattern, list) else None
+    if n_pattern != hp.n_layer:
         raise LayoutError("per-layer array has the wrong length", path=os.fspath(path),
-                          key=p + "attention.sliding_window_pattern", expected=n_layer, actual=len(is_swa))
-    hd_full = int(need("attention.key_length"))
-    hd_swa = int(f.get(p + "attention.key_length_swa") or hd_full)
-    rot_full = int(f.get(p + "rope.dimension_count") or hd_full)
+                          key=p + "attention.sliding_window_pattern", expected=hp.n_layer, actual=n_pattern)
+    is_swa = tuple(ly.sliding for ly in hp.layers)
+    rot_full = int(hp.raw.get(p + "rope.dimension_count") or hp.head_dim_full)
     # llama.cpp (llama-model.cpp, load_hparams): n_rot_swa defaults to n_rot_full
-    rot_swa = int(f.get(p + "rope.dimension_count_swa") or rot_full)
-    base_full = float(f.get(p + "rope.freq_base") or 1e6)
-    base_swa = float(f.get(p + "rope.freq_base_swa") or 1e4)
+    rot_swa = int(hp.raw.get(p + "rope.dimension_count_swa") or rot_full)
+    base_full = float(hp.raw.get(p + "rope.freq_base") or 1e6)
+    base_swa = float(hp.raw.get(p + "rope.freq_base_swa") or 1e4)
     names = {"pre_projection": _first(f, PRE_NAMES, path), "post_projection": _first(f, POST_NAMES, path)}
     n_cen = top_k = None
     if any(_has(f, n) for n in CENTROID_NAMES):
         names["centroids"] = _first(f, CENTROID_NAMES, path)
         names["token_ordering"] = _first(f, ORDERING_NAMES, path)
         n_cen = int(f.tensor(names["centroids"]).shape[0])
-        top_k = int(f.get(p + "centroid_top_k") or 32)
-    n_vocab = int(f.tensor("token_embd.weight").shape[0])
-    hp = DrafterHParams(
-        arch=arch, dialect=dialect, n_embd=n_embd, n_embd_backbone=int(n_bb), n_vocab=n_vocab,
-        n_layer=n_layer,
-        n_head=_per_layer(f.get(p + "attention.head_count"), n_layer, p + "attention.head_count", path),
-        n_head_kv=_per_layer(f.get(p + "attention.head_count_kv"), n_layer, p + "attention.head_count_kv", path),
-        n_ff=_per_layer(f.get(p + "feed_forward_length"), n_layer, p + "feed_forward_length", path),
-        is_swa=is_swa,
-        head_dim=tuple(hd_swa if s else hd_full for s in is_swa),
-        n_rot=tuple(rot_swa if s else rot_full for s in is_swa),
-        rope_base=tuple(base_swa if s else base_full for s in is_swa),
-        sliding_window=int(need("attention.sliding_window")),
-        eps=float(f.get(p + "attention.layer_norm_rms_epsilon") or 1e-6),
+        top_k = int(hp.centroid_top_k or 32)
+    rows = int(f.tensor("token_embd.weight").shape[0])
+    if hp.n_vocab != rows:
+        raise LayoutError("token_embd rows differ from the tokenizer's n_vocab", path=os.fspath(path),
+                          key="token_embd.weight", expected=hp.n_vocab, actual=rows)
+    dhp = DrafterHParams(
+        arch=hp.arch, dialect=hp.dialect, n_embd=hp.n_embd, n_embd_backbone=hp.n_embd_backbone, n_vocab=rows,
+        n_layer=hp.n_layer, n_head=tuple(ly.n_head for ly in hp.layers),
+        n_head_kv=tuple(ly.n_head_kv for ly in hp.layers), n_ff=tuple(ly.n_ff for ly in hp.layers),
+        is_swa=is_swa, head_dim=tuple(ly.head_dim for ly in hp.layers),
+        n_rot=tuple(rot_swa if sw else rot_full for sw in is_swa),
+        rope_base=tuple(base_swa if sw else base_full for sw in is_swa),
+        sliding_window=int(hp.sliding_window),
+        eps=float(hp.raw.get(p + "attention.layer_norm_rms_epsilon") or 1e-6),
         n_centroids=n_cen, centroid_top_k=top_k)
-    return hp, names
+    return dhp, names
 
 
 __all__ = [

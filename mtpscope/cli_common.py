@@ -16,13 +16,16 @@ EXIT_UNREADABLE = 2
 
 
 @contextlib.contextmanager
-def one_line_errors(code: int = EXIT_UNREADABLE) -> Iterator[None]:
-    """Turn any :class:`MtpscopeError` raised inside into one line on stderr and ``exit(code)``."""
+def one_line_errors(code: int = EXIT_UNREADABLE, *,
+                    refusals: tuple[type[MtpscopeError], ...] = ()) -> Iterator[None]:
+    """Turn any :class:`MtpscopeError` (or ``OSError``) raised inside into one line on stderr and
+    ``exit(code)``; an error of one of the ``refusals`` types (readable input that a check refuses,
+    e.g. ``LayoutError`` for ``record``'s pre-flight) exits with :data:`EXIT_FINDINGS` instead."""
     try:
         yield
     except MtpscopeError as e:
         print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-        raise typer.Exit(code) from None
+        raise typer.Exit(EXIT_FINDINGS if isinstance(e, refusals) else code) from None
     except OSError as e:
         print(f"mtpscope: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(code) from None

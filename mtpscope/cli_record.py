@@ -1,14 +1,15 @@
-"""CLI commands: record (the real llama.cpp MTP loop; see traces/recorder.py)."""
+"""CLI commands: record (the real llama.cpp MTP loop; see traces/recorder.py), with its progress bar
+(rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from mtpscope.cli_common import EXIT_FINDINGS, EXIT_UNREADABLE
+from mtpscope.cli_common import EXIT_UNREADABLE, one_line_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -50,32 +51,31 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from mtpscope.errors import LayoutError, MtpscopeError
+        from mtpscope.errors import LayoutError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        if hidden not in ("f16", "f32", "off"):
+        from mtpscope.traces.recorder import HIDDEN_CHOICES, record
+
+        if hidden not in HIDDEN_CHOICES:
             print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from mtpscope.traces.recorder import record
-
-        try:
-            s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
-                       n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
-                       chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
-                       flush_every=flush_every, flash_attn=flash_attn, n_threads=threads, overwrite=overwrite,
-                       compact=compact,
-                       progress=progress, command=["mtpscope", *sys.argv[1:]])
-        except LayoutError as e:  # readable input that the pre-flight check refuses
-            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-            raise typer.Exit(EXIT_FINDINGS) from None
-        except MtpscopeError as e:
-            print(f"mtpscope: {e.one_line()}", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE) from None
-        except OSError as e:
-            print(f"mtpscope: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE) from None
+        bar = _ProgressBar(max_tokens, prompts) if progress else None
+        # LayoutError: readable input that the pre-flight check refuses (exit 1); other errors exit 2
+        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError,)):
+            try:
+                s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
+                           n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
+                           top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
+                           n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
+                           overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
+                           on_round=None if bar is None else bar.on_round)
+                if bar is not None:
+                    bar.finish()
+            finally:
+                if bar is not None:
+                    bar.stop()
         acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
         mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
         typer.echo(f"trace: {s.out}")
@@ -83,3 +83,53 @@ def register(app: typer.Typer) -> None:
                    f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
         typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                    f"mean acceptance length {mal}")
+
+
+class _ProgressBar:
+    """The ``record`` progress bar on stderr: tokens generated (``max_tokens`` per prompt) and the
+    running acceptance rate, advanced by :meth:`on_round` (``record``'s ``on_round`` callback).
+
+    ``prompts_file``: the ``--prompts`` file, counted for the total at the first round (``record`` has
+    read and checked it by then); None for one ``--prompt``. The bar appears at the first round.
+    """
+
+    def __init__(self, max_tokens: int, prompts_file: Path | None) -> None:
+        self.max_tokens = int(max_tokens)
+        self.prompts_file = prompts_file
+        self.bar: Any = None
+        self.pid = -1
+        self.n_gen = self.n_drafted = self.n_accepted = 0
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from mtpscope.traces.prompts import read_prompts
+
+        n_prompts = 1 if self.prompts_file is None else len(read_prompts(self.prompts_file))
+        self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                            TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
+                            console=Console(stderr=True))
+        self.bar.start()
+        self.bar.add_task("record", total=self.max_tokens * n_prompts, acc="acceptance rate -")
+
+    def on_round(self, pid: int, res: Any) -> None:
+        """``record``'s callback: ``(prompt_id, RoundResult)`` after each written round."""
+        if self.bar is None:
+            self._start()
+        if pid != self.pid:  # a prompt's first round also counts its pending (prefill) token
+            self.pid, self.n_gen = pid, 1
+        self.n_gen += len(res.emitted)
+        self.n_drafted += len(res.drafted)
+        self.n_accepted += res.n_accepted
+        acc = f"acceptance rate {self.n_accepted / self.n_drafted:.3f}" if self.n_drafted else ""
+        self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
+
+    def finish(self) -> None:
+        """The run completed: every prompt is done."""
+        if self.bar is not None:
+            self.bar.update(self.bar.task_ids[0], completed=self.bar.tasks[0].total)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -55,9 +55,9 @@ from mtpscope.demo_spec import (  # noqa: F401 - re-exported: the public API liv
     DEFAULT_DIMS, DEMO_PASSAGE, FORK_ARCH, RECORD_CONFIG, TARGET_ARCH, UPSTREAM_ARCH, DemoPaths, TinyDims,
     _read_stamp, _trace_complete, _write_stamp, demo_is_current, load_record_config, models_hash, traces_hash,
 )
-from mtpscope.demo_vocab import (  # noqa: F401 - load_vocab re-exported
-    GGUF_ARRAY, GGUF_BOOL, GGUF_FLOAT32, GGUF_STRING, GGUF_UINT32, DemoVocab, MetaValue, load_vocab,
-)
+from mtpscope.demo_vocab import DemoVocab, load_vocab  # noqa: F401 - load_vocab re-exported
+from mtpscope.inspector.gguf import BOOL
+from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def fork_weights(upstream: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------------------------
-# GGUF writing
+# GGUF metadata (files are written by inspector.gguf_write.write_gguf)
 
 
 def _hparam_kv(arch: str, dims: TinyDims, *, target: bool, n_vocab: int) -> list[tuple[str, MetaValue]]:
@@ -319,69 +319,44 @@ def _hparam_kv(arch: str, dims: TinyDims, *, target: bool, n_vocab: int) -> list
     eps = dims.rms_eps if target else dims.rms_eps * dims.n_embd_backbone / dims.n_embd
     a = arch + "."
     kv: list[tuple[str, MetaValue]] = [
-        (a + "context_length", MetaValue(GGUF_UINT32, dims.context_length)),
-        (a + "embedding_length", MetaValue(GGUF_UINT32, n_embd)),
-        (a + "block_count", MetaValue(GGUF_UINT32, len(swa))),
-        (a + "feed_forward_length", MetaValue(GGUF_UINT32, dims.n_ff)),
-        (a + "attention.head_count", MetaValue(GGUF_UINT32, dims.n_head)),
-        (a + "attention.head_count_kv", MetaValue(GGUF_UINT32, dims.n_head_kv)),
-        (a + "attention.key_length", MetaValue(GGUF_UINT32, dims.head_dim)),
-        (a + "attention.value_length", MetaValue(GGUF_UINT32, dims.head_dim)),
-        (a + "attention.key_length_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
-        (a + "attention.value_length_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
-        (a + "attention.sliding_window", MetaValue(GGUF_UINT32, dims.sliding_window)),
-        (a + "attention.sliding_window_pattern", MetaValue(GGUF_ARRAY, list(swa), GGUF_BOOL)),
-        (a + "attention.layer_norm_rms_epsilon", MetaValue(GGUF_FLOAT32, eps)),
-        (a + "attention.shared_kv_layers", MetaValue(GGUF_UINT32, 0)),
-        (a + "rope.freq_base", MetaValue(GGUF_FLOAT32, dims.rope_freq_base)),
-        (a + "rope.freq_base_swa", MetaValue(GGUF_FLOAT32, dims.rope_freq_base_swa)),
-        (a + "rope.dimension_count", MetaValue(GGUF_UINT32, dims.head_dim)),
-        (a + "rope.dimension_count_swa", MetaValue(GGUF_UINT32, dims.head_dim_swa)),
+        (a + "context_length", u32(dims.context_length)),
+        (a + "embedding_length", u32(n_embd)),
+        (a + "block_count", u32(len(swa))),
+        (a + "feed_forward_length", u32(dims.n_ff)),
+        (a + "attention.head_count", u32(dims.n_head)),
+        (a + "attention.head_count_kv", u32(dims.n_head_kv)),
+        (a + "attention.key_length", u32(dims.head_dim)),
+        (a + "attention.value_length", u32(dims.head_dim)),
+        (a + "attention.key_length_swa", u32(dims.head_dim_swa)),
+        (a + "attention.value_length_swa", u32(dims.head_dim_swa)),
+        (a + "attention.sliding_window", u32(dims.sliding_window)),
+        (a + "attention.sliding_window_pattern", array(swa, BOOL)),
+        (a + "attention.layer_norm_rms_epsilon", f32(eps)),
+        (a + "attention.shared_kv_layers", u32(0)),
+        (a + "rope.freq_base", f32(dims.rope_freq_base)),
+        (a + "rope.freq_base_swa", f32(dims.rope_freq_base_swa)),
+        (a + "rope.dimension_count", u32(dims.head_dim)),
+        (a + "rope.dimension_count_swa", u32(dims.head_dim_swa)),
     ]
     if target:
-        kv += [(a + "embedding_length_per_layer_input", MetaValue(GGUF_UINT32, 0)),
-               (a + "final_logit_softcapping", MetaValue(GGUF_FLOAT32, dims.softcap))]
+        kv += [(a + "embedding_length_per_layer_input", u32(0)),
+               (a + "final_logit_softcapping", f32(dims.softcap))]
     return kv
 
 
-def _write_gguf(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tensors: dict[str, np.ndarray]) -> Path:
-    """Write one GGUF (version 3, little-endian, alignment 32) atomically (``.tmp`` then rename)."""
-    import gguf  # gguf-py's writer; keys and tensor names are passed as plain strings
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(tmp, arch)
-    for key, mv in kv:
-        vtype = gguf.GGUFValueType(mv.type)
-        if mv.type == GGUF_ARRAY:
-            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
-            writer.add_key_value(key, val, vtype, sub_type=gguf.GGUFValueType(mv.sub_type))
-        else:
-            writer.add_key_value(key, mv.value, vtype)
-    for name, arr in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(arr))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, path)
-    return path
-
-
 def _general_kv(name: str, extra: dict[str, Any]) -> list[tuple[str, MetaValue]]:
-    kv = [("general.name", MetaValue(GGUF_STRING, name)),
-          ("general.description", MetaValue(GGUF_STRING, "mtpscope demo: tiny synthetic weights, real "
-                                            "Gemma 4 tokenizer; see docs/DEMO.md"))]
+    kv = [("general.name", string(name)),
+          ("general.description", string("mtpscope demo: tiny synthetic weights, real "
+                                         "Gemma 4 tokenizer; see docs/DEMO.md"))]
     for k, v in extra.items():
         if isinstance(v, bool):
-            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_BOOL, v)))
+            kv.append(("mtpscope.demo." + k, boolean(v)))
         elif isinstance(v, int):
-            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_UINT32, v)))
+            kv.append(("mtpscope.demo." + k, u32(v)))
         elif isinstance(v, float):
-            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_FLOAT32, v)))
+            kv.append(("mtpscope.demo." + k, f32(v)))
         else:
-            kv.append(("mtpscope.demo." + k, MetaValue(GGUF_STRING, str(v))))
+            kv.append(("mtpscope.demo." + k, string(str(v))))
     return kv
 
 
@@ -400,7 +375,7 @@ def write_target(path: str | os.PathLike[str], *, vocab: str | DemoVocab = "full
     w = target_weights(voc, dims, seed)
     kv = _general_kv("mtpscope-demo-target", {"role": "target", "seed": seed, "vocab": voc.kind})
     kv += _hparam_kv(TARGET_ARCH, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
-    return _write_gguf(Path(path), TARGET_ARCH, kv, w)
+    return write_gguf(Path(path), TARGET_ARCH, kv, w)
 
 
 def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", noise: float = 0.0,
@@ -433,9 +408,9 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
     if dialect == "upstream":
         arch = UPSTREAM_ARCH
         kv = _general_kv("mtpscope-demo-drafter", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
-        kv += [(arch + ".embedding_length_out", MetaValue(GGUF_UINT32, dims.n_embd_backbone)),
-               (arch + ".nextn_predict_layers", MetaValue(GGUF_UINT32, dims.n_layer_drafter))]
-        return _write_gguf(Path(path), arch, kv + list(voc.kv), w)
+        kv += [(arch + ".embedding_length_out", u32(dims.n_embd_backbone)),
+               (arch + ".nextn_predict_layers", u32(dims.n_layer_drafter))]
+        return write_gguf(Path(path), arch, kv + list(voc.kv), w)
     arch = FORK_ARCH
     nc = n_centroids if n_centroids is not None else (2048 if voc.n_vocab >= 2048 * 16 else 32)
     cent, ordering, _mis = centroid_head(tw, voc, dims, n_centroids=nc, misplace=centroid_misplace, seed=seed)
@@ -444,13 +419,13 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
     fw["mtp.token_ordering.weight"] = ordering
     extra["centroid_misplace"] = float(centroid_misplace)
     kv = _general_kv("mtpscope-demo-drafter-fork", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
-    kv += [(arch + ".n_embd_backbone", MetaValue(GGUF_UINT32, dims.n_embd_backbone)),
-           (arch + ".n_centroids", MetaValue(GGUF_UINT32, nc)),
-           (arch + ".centroid_top_k", MetaValue(GGUF_UINT32, centroid_top_k)),
-           (arch + ".use_ordered_embeddings", MetaValue(GGUF_BOOL, True)),
-           (arch + ".attention.k_eq_v", MetaValue(GGUF_BOOL, True)),
-           (arch + ".requires_target_arch", MetaValue(GGUF_STRING, TARGET_ARCH))]
-    return _write_gguf(Path(path), arch, kv + list(voc.kv), fw)
+    kv += [(arch + ".n_embd_backbone", u32(dims.n_embd_backbone)),
+           (arch + ".n_centroids", u32(nc)),
+           (arch + ".centroid_top_k", u32(centroid_top_k)),
+           (arch + ".use_ordered_embeddings", boolean(True)),
+           (arch + ".attention.k_eq_v", boolean(True)),
+           (arch + ".requires_target_arch", string(TARGET_ARCH))]
+    return write_gguf(Path(path), arch, kv + list(voc.kv), fw)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -106,22 +106,29 @@ RECORD_CONFIG = Path(str(importlib.resources.files("mtpscope.sample_configs").jo
 
 #: Modules whose source change invalidates the demo models / the demo traces (stamp hash inputs), by
 #: import name: the same hash in a checkout and in an installed copy.
-_MODEL_SOURCES = ("mtpscope.demo", "mtpscope.demo_vocab", "mtpscope.demo_spec")
-_TRACE_SOURCES = ("mtpscope.traces.recorder", "mtpscope.traces.llama_runtime", "mtpscope.traces.store",
+_MODEL_SOURCES = ("mtpscope.demo", "mtpscope.demo_vocab", "mtpscope.demo_spec", "mtpscope.inspector.gguf_write",
+                  "mtpscope.inspector.tokenizer")
+_TRACE_SOURCES = ("mtpscope.traces.recorder", "mtpscope.traces.mtp_runtime", "mtpscope.traces.step_analysis",
+                  "mtpscope.traces.ranking", "mtpscope.traces.preflight", "mtpscope.traces.llama_runtime",
+                  "mtpscope.traces.store",
                   "mtpscope.traces.schema", "mtpscope.traces.records", "mtpscope.traces.centroid_head",
                   "mtpscope.inspector.centroids")
 
 
 def _module_source(name: str) -> bytes:
-    """The source bytes of module ``name`` (b"<missing>" when it cannot be found)."""
+    """The source bytes of module ``name`` (b"<missing>" when it cannot be found), without importing it or
+    its package: ``find_spec`` of a submodule would run the package's ``__init__`` (``mtpscope.traces``
+    imports pyarrow and numpy), which the stamp check must not pay for."""
+    parent, _, leaf = name.rpartition(".")
     try:
-        spec = importlib.util.find_spec(name)
+        spec = importlib.util.find_spec(parent)  # imports the packages above ``parent``, not ``parent``
     except (ImportError, ValueError):
         spec = None
-    origin = spec.origin if spec is not None else None
-    if not origin or not os.path.isfile(origin):
-        return b"<missing>"
-    return Path(origin).read_bytes()
+    for loc in (spec.submodule_search_locations or ()) if spec is not None else ():
+        for cand in (Path(loc) / f"{leaf}.py", Path(loc) / leaf / "__init__.py"):
+            if cand.is_file():
+                return cand.read_bytes()
+    return b"<missing>"
 
 
 def load_record_config(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:

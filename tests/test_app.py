@@ -7,7 +7,6 @@ same values as a direct pyarrow read of the trace's Parquet parts.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +15,9 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+from mtpscope.cli_app import main_script  # noqa: E402
+
+MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged mtpscope/app/main.py)
 TIMEOUT = 120
 
 
@@ -264,16 +265,6 @@ def test_pages_without_selection_show_hints(demo) -> None:
             assert at.info, page
 
 
-def test_missing_library_degrades_to_info(demo, monkeypatch) -> None:
-    import streamlit as st
-
-    st.cache_resource.clear()
-    monkeypatch.setitem(sys.modules, "mtpscope.inspector.validate", None)  # import fails like a module not landed yet
-    at = _run("validate", drafter=demo.drafter_upstream)
-    assert any("not available yet" in i.value for i in at.info)
-    st.cache_resource.clear()
-
-
 def test_files_picker_and_typed_path_change_the_selection(demo) -> None:
     at = _run(drafter=demo.drafter_fork, target=None, trace=None)
     assert _metric(at, "tensors") == "51"
@@ -336,19 +327,20 @@ def test_validate_page_hf_audit(tmp_path: Path, monkeypatch) -> None:
     st_np = pytest.importorskip("safetensors.numpy")
     import json
 
-    from mtpscope.inspector import hf
-    from tests import test_hf  # the HF checkpoint builders of the HF audit tests (same arrays as the demo)
+    from mtpscope.inspector.hf_audit import audit as hf_audit
+    from mtpscope.inspector.hf_checkpoint import read_checkpoint
+    from tests import builders  # the HF checkpoint builders of the HF audit tests (same arrays as the demo)
 
     ck = tmp_path / "ckpt"
     ck.mkdir()
-    st_np.save_file(test_hf.hf_tensors(), str(ck / "model.safetensors"))
-    (ck / "config.json").write_text(json.dumps(test_hf.config()))
-    g = test_hf.write(tmp_path / "fork.gguf", *test_hf.parts("fork"))
+    st_np.save_file(builders.hf_tensors(), str(ck / "model.safetensors"))
+    (ck / "config.json").write_text(json.dumps(builders.hf_config()))
+    g = builders.write(tmp_path / "fork.gguf", *builders.parts("fork"))
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     at = _run("validate", drafter=g, target=None, trace=None, checkpoint=ck)
     from mtpscope.inspector.gguf import open_gguf
 
-    audit = hf.audit(hf.read_checkpoint(ck), open_gguf(g))
+    audit = hf_audit(read_checkpoint(ck), open_gguf(g))
     rows = next(d.value for d in at.dataframe if "hf_name" in d.value.columns)
     assert list(rows["hf_name"]) == [r.hf_name for r in audit.rows]
     assert list(rows["status"]) == [r.status for r in audit.rows]

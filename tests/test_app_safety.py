@@ -220,3 +220,16 @@ def test_check_hf_dir_refuses_folder_named_like_a_shard_and_ignores_other_files(
     (ck / "model-00001-of-00002.safetensors").mkdir()
     with pytest.raises(InspectorError, match="not a regular file"):
         safety.check_hf_dir(ck)
+
+
+def test_upload_limit_is_the_servers() -> None:
+    """MAX_UPLOAD_BYTES is the limit `mtpscope app` gives Streamlit (and the checkout's config.toml)."""
+    import tomllib
+
+    from mtpscope.cli_app import SERVER_FLAGS
+
+    flags = dict(zip(SERVER_FLAGS[::2], SERVER_FLAGS[1::2]))
+    assert int(flags["--server.maxUploadSize"]) * 1024 * 1024 == safety.MAX_UPLOAD_BYTES
+    cfg = Path(__file__).resolve().parent.parent / ".streamlit" / "config.toml"
+    if cfg.exists():
+        assert tomllib.loads(cfg.read_text())["server"]["maxUploadSize"] * 1024 * 1024 == safety.MAX_UPLOAD_BYTES

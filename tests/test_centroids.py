@@ -11,7 +11,7 @@ import pytest
 from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.errors import LayoutError
 from mtpscope.inspector.gguf import open_gguf
-from tests.test_validate_mutants import FK, N_C, N_VOCAB, VSC, U32, parts, write
+from tests.builders import FK, N_C, N_VOCAB, VSC, U32, parts, write
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_one_record_from_every_source(fork_file: tuple[Path, dict], tmp_path: Pa
     import json
 
     from mtpscope.inspector.convert import convert, write_tiny_pair
-    from mtpscope.inspector.hf import read_safetensors
+    from mtpscope.inspector.safetensors import read_safetensors
     from mtpscope.traces import centroid_head as tch
 
     assert tch.CentroidHead is CentroidHead

@@ -9,6 +9,8 @@ import pytest
 
 from mtpscope.app import charts, views
 from mtpscope.app.tokens import TokenText, readable
+from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.traces import metrics
 
 
 def _rounds(accepted: list[list[int]], n_draft: int = 3) -> pd.DataFrame:
@@ -143,7 +145,7 @@ def test_timeline_large_trace_is_binned_webgl() -> None:
 
 def test_per_position_and_other_figures_build() -> None:
     r = _rounds([[3, 1, 0, 2]])
-    pp = views.per_position_from_rounds(r)
+    pp = metrics.per_position_acceptance(r)
     # P(k accepted): k=1: 3/4, k=2: 2/4, k=3: 1/4
     assert pp["acceptance"].tolist() == pytest.approx([0.75, 0.5, 0.25])
     fig = charts.per_position_figure(pp)
@@ -171,7 +173,7 @@ def test_histogram_and_heatmap_downsampling() -> None:
 
 def test_token_to_centroid_inverse() -> None:
     ordering = np.array([5, 0, 3, 1, 2, 4], dtype=np.int32)  # 3 centroids x 2 tokens
-    home = views.token_to_centroid(ordering, 3)
+    home = CentroidHead.from_arrays(np.zeros((3, 1), np.float32), ordering).token_to_centroid
     assert home.tolist() == [0, 1, 2, 1, 2, 0]
 
 
@@ -299,7 +301,7 @@ def test_pure_modules_do_not_import_streamlit() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import app.charts, app.views, app.safety, app.tokens; "
+    code = ("import sys; import mtpscope.app.charts, mtpscope.app.views, mtpscope.app.safety, mtpscope.app.tokens; "
             "print('streamlit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))

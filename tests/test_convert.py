@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.convert import convert, read_checkpoint, read_safetensors, write_safetensors, write_tiny_pair
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
+from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
 from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector.gguf import open_gguf
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from mtpscope.inspector.diff import KeyChange, TensorChange, diff
 from mtpscope import demo
 from mtpscope.cli import app
-from tests.test_validate_mutants import DIMS, MetaValue, parts, q8_0, write
+from tests.builders import DIMS, MetaValue, parts, q8_0, write
 
 
 @pytest.fixture(scope="module")

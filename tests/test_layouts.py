@@ -109,7 +109,7 @@ def test_rope_freqs_values() -> None:
 
 
 def _demo_file(tmp_path: Path, kind: str) -> Path:
-    from tests.test_validate_mutants import parts, write
+    from tests.builders import parts, write
 
     arch, kv, t = parts(kind)
     return write(tmp_path / f"{kind}.gguf", arch, kv, t)

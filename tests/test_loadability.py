@@ -1,6 +1,6 @@
 """Every upstream loadability verdict against what llama-cpp-python 0.3.36 really does with the same file.
 
-Each mutant of tests/test_validate_mutants.py is written once, then one child process loads them one by
+Each mutant of tests/builders.py (MUTANTS) is written once, then one child process loads them one by
 one with the low-level ``llama_cpp.llama_model_load_from_file`` (vocab_only False; NULL on failure) and
 reports OK / FAIL per file together with llama.cpp's log lines. A load that aborts the process (a
 GGML_ASSERT) is recorded as CRASH and the child restarts after that file. The test then compares:
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_validate_mutants import MUTANTS, build
+from tests.builders import MUTANTS, build
 
 pytestmark = pytest.mark.llama
 
@@ -103,7 +103,7 @@ def real_loads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
 @pytest.mark.parametrize("name", [*sorted(MUTANTS), "real_vocab_file"])
 def test_upstream_verdict_matches_llama_cpp(real_loads: dict[str, tuple[Path, str, str]], name: str) -> None:
     from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.inspector.validate import upstream_verdict
+    from mtpscope.inspector.loadability import upstream_verdict
 
     path, outcome, log = real_loads[name]
     with open_gguf(path) as f:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from mtpscope.inspector.gguf import open_gguf
-from mtpscope.inspector.validate import RUNTIME_FORK, RUNTIME_UPSTREAM, fork_verdict, loadability
-from tests.test_validate_mutants import FK, MUTANTS, U32, _drop_tensors, build, parts, write
+from mtpscope.inspector.loadability import RUNTIME_FORK, RUNTIME_UPSTREAM, fork_verdict, loadability
+from tests.builders import FK, MUTANTS, U32, build, drop_tensors, parts, write
 
 
 def _verdict(path: Path):
@@ -30,7 +30,7 @@ def test_fork_refuses_upstream_dialect(tmp_path: Path) -> None:
 
 def test_fork_layer_output_scale_optional(tmp_path: Path) -> None:
     arch, kv, t = parts("fork")
-    _drop_tensors("blk.0.layer_output_scale.weight", "blk.3.layer_output_scale.weight")(kv, t)
+    drop_tensors("blk.0.layer_output_scale.weight", "blk.3.layer_output_scale.weight")(kv, t)
     assert _verdict(write(tmp_path / "a.gguf", arch, kv, t)).loads is True
 
 

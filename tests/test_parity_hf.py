@@ -144,7 +144,7 @@ def test_hf_drafter_calls_match_reference(pair) -> None:
 @pytest.mark.llama
 def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.replay import live_mtp_run
+    from mtpscope.traces.live_run import live_mtp_run
 
     tm, dm = _hf_models(pair["tdir"], pair["ddir"])
     n_same = 0

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
-from mtpscope.traces.replay import live_mtp_run, prefill, shape_kv  # noqa: E402
+from mtpscope.traces.live_run import live_mtp_run  # noqa: E402
+from mtpscope.traces.target_prefill import prefill, shape_kv  # noqa: E402
 
 pytestmark = pytest.mark.llama
 

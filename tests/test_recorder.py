@@ -26,7 +26,10 @@ pytest.importorskip("llama_cpp")
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
 from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.recorder import MtpRuntime, Sampler, read_prompts, record, top_k_desc  # noqa: E402
+from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
+from mtpscope.traces.prompts import read_prompts  # noqa: E402
+from mtpscope.traces.ranking import top_k_desc  # noqa: E402
+from mtpscope.traces.recorder import record  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -616,7 +619,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
 
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from tests.test_validate_mutants import parts, write
+    from tests.builders import parts, write
     from mtpscope.traces import recorder
 
     arch, kv, tensors = parts("upstream")

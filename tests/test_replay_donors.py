@@ -4,24 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
 
 from mtpscope.errors import LayoutError
-from mtpscope.traces.replay import donor_layers
+from mtpscope.traces.target_prefill import donor_layers
 
 
 def _target(path: Path, n: int, shared: int, pattern: list[int]) -> Path:
-    w = gguf.GGUFWriter(str(path), "gemma4")
-    w.add_uint32("gemma4.block_count", n)
-    w.add_uint32("gemma4.attention.shared_kv_layers", shared)
-    w.add_key_value("gemma4.attention.sliding_window_pattern", [bool(x) for x in pattern],
-                    gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    from mtpscope.inspector.gguf import BOOL
+    from mtpscope.inspector.gguf_write import array, u32, write_gguf
+
+    return write_gguf(path, "gemma4", {"gemma4.block_count": u32(n), "gemma4.attention.shared_kv_layers": u32(shared),
+                                       "gemma4.attention.sliding_window_pattern": array(map(bool, pattern), BOOL)}, {})
 
 
 def test_plain_target(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_demo_centroid_head(demo_dir: Any) -> None:
 def test_demo_verdicts_against_llama_cpp(demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
     from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.inspector.validate import upstream_verdict
+    from mtpscope.inspector.loadability import upstream_verdict
     from tests.test_loadability import _run_loads
 
     paths = [str(p) for p in (demo_dir.target, demo_dir.drafter_upstream, demo_dir.drafter_fork)]

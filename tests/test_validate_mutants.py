@@ -2,264 +2,22 @@
 
 Files are the demo's tiny pair (mtpscope/demo.py: drafter n_embd 128, backbone 64, 4 layers [s,s,s,f],
 n_head 2, n_head_kv 1, head dims 32 / 64, n_ff 128) with the first 4096 real Gemma 4 tokens, written
-with gguf-py's GGUFWriter (an independent writer), then mutated one defect at a time. Expected values in
-the assertions are computed by hand from those dimensions.
-
-The builder functions here (``parts``, ``write``, ``MUTANTS``) are also used by tests/test_loadability.py.
+by the builders of tests/builders.py (``parts``, ``write``, ``MUTANTS``), then mutated one defect at a time.
+Expected values in the assertions are computed by hand from those dimensions.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from mtpscope import demo
-from mtpscope.demo_vocab import (
-    GGUF_ARRAY, GGUF_BOOL, GGUF_STRING, GGUF_UINT32, MetaValue,
+from tests.builders import (
+    FK, GGUF_ARRAY, GGUF_BOOL, MUTANTS, N_C, N_VOCAB, UP, VSC, U32, MetaValue, add_tensor,
+    chain, drop_keys, drop_tensors, map_tensor, one, parts, rename, set_arch, set_key, verify_kind, write,
 )
-
-DIMS = demo.DEFAULT_DIMS
-N_VOCAB = 4096
-N_C = 32          # demo default for a 4096-token vocabulary
-VSC = N_VOCAB // N_C  # 128
-
-
-def U32(v: int) -> MetaValue:
-    return MetaValue(GGUF_UINT32, v)
-
-
-@functools.lru_cache(maxsize=None)
-def _base(kind: str) -> tuple[str, tuple[tuple[str, MetaValue], ...], tuple[tuple[str, np.ndarray], ...]]:
-    voc = demo.load_vocab("subset")
-    tw = demo.target_weights(voc, DIMS, 0)
-    if kind == "target":
-        kv = demo._hparam_kv(demo.TARGET_ARCH, DIMS, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
-        return demo.TARGET_ARCH, tuple(kv), tuple(tw.items())
-    w = demo.drafter_weights(tw, DIMS)
-    if kind == "upstream":
-        arch = demo.UPSTREAM_ARCH
-        kv = demo._hparam_kv(arch, DIMS, target=False, n_vocab=voc.n_vocab)
-        kv += [(arch + ".embedding_length_out", U32(DIMS.n_embd_backbone)),
-               (arch + ".nextn_predict_layers", U32(DIMS.n_layer_drafter))]
-        return arch, tuple(kv + list(voc.kv)), tuple(w.items())
-    arch = demo.FORK_ARCH
-    cent, ordering, _ = demo.centroid_head(tw, voc, DIMS, n_centroids=N_C, seed=0)
-    fw = demo.fork_weights(w)
-    fw["mtp.centroids.weight"] = cent
-    fw["mtp.token_ordering.weight"] = ordering
-    kv = demo._hparam_kv(arch, DIMS, target=False, n_vocab=voc.n_vocab)
-    kv += [(arch + ".n_embd_backbone", U32(DIMS.n_embd_backbone)), (arch + ".n_centroids", U32(N_C)),
-           (arch + ".centroid_top_k", U32(8)), (arch + ".use_ordered_embeddings", MetaValue(GGUF_BOOL, True)),
-           (arch + ".requires_target_arch", MetaValue(GGUF_STRING, "gemma4"))]
-    return arch, tuple(kv + list(voc.kv)), tuple(fw.items())
-
-
-def parts(kind: str) -> tuple[str, dict[str, MetaValue], dict[str, Any]]:
-    """(arch, kv dict, tensors dict) of a valid ``target`` / ``upstream`` / ``fork`` file; fresh copies."""
-    arch, kv, tensors = _base(kind)
-    return arch, dict(kv), {k: v.copy() for k, v in tensors}
-
-
-def write(path: Path, arch: str | None, kv: dict[str, MetaValue], tensors: dict[str, Any]) -> Path:
-    """Write with gguf-py's GGUFWriter. A tensor value may be ``(raw_bytes_array, GGMLQuantizationType)``."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch or "x")
-    if arch is None:
-        w.kv_data[0].pop("general.architecture", None)
-    for key, mv in kv.items():
-        vtype = gguf.GGUFValueType(mv.type)
-        if mv.type == GGUF_ARRAY:
-            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
-            w.add_key_value(key, val, vtype, sub_type=gguf.GGUFValueType(mv.sub_type))
-        else:
-            w.add_key_value(key, mv.value, vtype)
-    for name, arr in tensors.items():
-        if isinstance(arr, tuple):
-            w.add_tensor(name, arr[0], raw_dtype=arr[1])
-        else:
-            w.add_tensor(name, np.ascontiguousarray(arr))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
-
-
-def q8_0(a: np.ndarray) -> tuple[np.ndarray, Any]:
-    import gguf
-    from gguf import quants
-
-    t = gguf.GGMLQuantizationType.Q8_0
-    return quants.quantize(a.astype(np.float32), t), t
-
-
-# --- the mutants: name -> (kind, mutation returning a new arch or None) -----------------------------
-
-Mut = Callable[[dict[str, MetaValue], dict[str, Any]], "str | None"]
-UP = demo.UPSTREAM_ARCH
-FK = demo.FORK_ARCH
-
-
-def _set(key: str, value: MetaValue) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        kv[key] = value
-    return f
-
-
-def _drop_keys(*keys: str) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        for k in keys:
-            del kv[k]
-    return f
-
-
-def _drop_tensors(*names: str) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        for n in names:
-            del t[n]
-    return f
-
-
-def _add_tensor(name: str, arr: np.ndarray) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        t[name] = arr
-    return f
-
-
-def _map_tensor(name: str, fn: Callable[[Any], Any]) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        t[name] = fn(t[name])
-    return f
-
-
-def _rename(old: str, new: str) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-        t[new] = t.pop(old)
-    return f
-
-
-def _arch(new: str) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> str:
-        old = next(k.split(".")[0] for k in kv if k.endswith(".block_count"))
-        for k in [k for k in kv if k.startswith(old + ".")]:
-            kv[new + k[len(old):]] = kv.pop(k)
-        return new
-    return f
-
-
-def _chain(*fs: Mut) -> Mut:
-    def f(kv: dict[str, MetaValue], t: dict[str, Any]) -> str | None:
-        arch = None
-        for g in fs:
-            arch = g(kv, t) or arch
-        return arch
-    return f
-
-
-def _masked(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-    _, _, fork_t = parts("fork")
-    t["masked_embd_centroids.weight"] = fork_t["mtp.centroids.weight"]
-    t["masked_embd_ordering"] = fork_t["mtp.token_ordering.weight"]
-
-
-def _quantize_matrices(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-    for n in list(t):
-        if n.endswith(("attn_q.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-                       "ffn_down.weight")):
-            t[n] = q8_0(t[n])
-
-
-def _truncate_vocab_rows(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-    t["token_embd.weight"] = t["token_embd.weight"][:4000].copy()
-
-
-def _drop_tokenizer_merges(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
-    del kv["tokenizer.ggml.merges"]
-
-
-def _ne(shape: tuple[int, ...]) -> list[int]:
-    return list(reversed(shape))
-
-
-# name: (kind, mutation or None, upstream loads in llama-cpp-python 0.3.36 (checked by test_loadability))
-MUTANTS: dict[str, tuple[str, Mut | None, bool]] = {
-    "valid_upstream": ("upstream", None, True),
-    "valid_fork": ("fork", None, False),
-    "valid_target": ("target", None, True),
-    "up_q8_0_matrices": ("upstream", _quantize_matrices, True),
-    "up_extra_metadata_key": ("upstream", _set("mtpscope.test.extra", U32(7)), True),
-    "up_norm_f16": ("upstream", _map_tensor("blk.0.attn_norm.weight", lambda a: a.astype(np.float16)), True),
-    "up_masked_embd": ("upstream", _masked, False),
-    "up_missing_layer_scale": ("upstream", _drop_tensors("blk.1.layer_output_scale.weight"), False),
-    "up_missing_rope_freqs": ("upstream", _drop_tensors("rope_freqs.weight"), False),
-    "up_missing_ffn_up": ("upstream", _drop_tensors("blk.2.ffn_up.weight"), False),
-    "up_pre_proj_backbone_96": ("upstream", _add_tensor("nextn.pre_projection.weight",
-                                                         np.zeros((128, 192), np.float32)), False),
-    "up_post_proj_transposed": ("upstream", _map_tensor("nextn.post_projection.weight", lambda a: a.T.copy()), False),
-    "up_out_equals_embd": ("upstream", _set(UP + ".embedding_length_out", U32(128)), False),
-    "up_no_embedding_length_out": ("upstream", _drop_keys(UP + ".embedding_length_out"), False),
-    "up_no_nextn": ("upstream", _drop_keys(UP + ".nextn_predict_layers"), False),
-    "up_extra_attn_k": ("upstream", _add_tensor("blk.0.attn_k.weight", np.zeros((32, 128), np.float32)), False),
-    "up_fork_projection_names": ("upstream", _chain(_rename("nextn.pre_projection.weight", "mtp.pre_projection.weight"),
-                                                    _rename("nextn.post_projection.weight",
-                                                            "mtp.post_projection.weight")), False),
-    "up_value_length_swa_16": ("upstream", _set(UP + ".attention.value_length_swa", U32(16)), False),
-    "up_n_ff_256": ("upstream", _set(UP + ".feed_forward_length", U32(256)), False),
-    "up_vocab_rows_4000": ("upstream", _truncate_vocab_rows, False),
-    "up_no_merges": ("upstream", _drop_tokenizer_merges, False),
-    "up_no_swa_pattern": ("upstream", _drop_keys(UP + ".attention.sliding_window_pattern"), False),
-    "up_nonfinite_norm": ("upstream", _map_tensor("blk.1.ffn_norm.weight",
-                                                  lambda a: np.where(np.arange(a.size) == 3, np.nan, a)
-                                                  .astype(np.float32)), True),
-    "up_as_fork_arch": ("upstream", _arch(FK), False),
-    "up_embedding_length_string": ("upstream", _set(UP + ".embedding_length", MetaValue(GGUF_STRING, "128")), False),
-    "up_head_count_kv_array": ("upstream", _set(UP + ".attention.head_count_kv",
-                                                MetaValue(GGUF_ARRAY, np.array([1, 1, 1, 2], np.uint32),
-                                                          GGUF_UINT32)), True),
-    "up_head_count_array_wrong": ("upstream", _set(UP + ".attention.head_count",
-                                                   MetaValue(GGUF_ARRAY, np.array([2, 2, 2, 4], np.uint32),
-                                                             GGUF_UINT32)), False),
-    "up_head_count_array_short": ("upstream", _set(UP + ".attention.head_count",
-                                                   MetaValue(GGUF_ARRAY, np.array([2, 2, 2], np.uint32),
-                                                             GGUF_UINT32)), False),
-    "target_no_per_layer_key": ("target", _drop_keys("gemma4.embedding_length_per_layer_input"), False),
-    "target_missing_attn_k": ("target", _drop_tensors("blk.1.attn_k.weight"), False),
-    "target_no_attn_v": ("target", _drop_tensors("blk.0.attn_v.weight", "blk.1.attn_v.weight"), True),
-}
-
-
-def build(tmp_path: Path, name: str) -> Path:
-    """Write mutant ``name`` of :data:`MUTANTS` into ``tmp_path``."""
-    kind, fn, _ = MUTANTS[name]
-    arch, kv, t = parts(kind)
-    if fn is not None:
-        arch = fn(kv, t) or arch
-    return write(tmp_path / f"{name}.gguf", arch, kv, t)
-
-
-def verify_kind(tmp_path: Path, kind: str, fn: Mut | None = None, name: str = "m.gguf", **kw: Any):
-    from mtpscope.inspector.validate import verify
-
-    arch, kv, t = parts(kind)
-    if fn is not None:
-        arch = fn(kv, t) or arch
-    return verify(write(tmp_path / name, arch, kv, t), **kw)
-
-
-def one(report: Any, code: str) -> Any:
-    hits = [f for f in report.findings if f.code == code]
-    assert len(hits) == 1, (code, [(f.code, f.subject) for f in report.findings])
-    return hits[0]
-
-
-def errors(report: Any) -> set[str]:
-    return {f.code for f in report.findings if f.severity == "error"}
 
 
 # --- valid files ---------------------------------------------------------------------------------------
@@ -300,9 +58,9 @@ def test_missing_tensor_and_incomplete_layer(tmp_path: Path) -> None:
 
 
 def test_layer_output_scale_required_upstream_optional_in_fork(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _drop_tensors("blk.1.layer_output_scale.weight"))
+    r = verify_kind(tmp_path, "upstream", drop_tensors("blk.1.layer_output_scale.weight"))
     assert one(r, "E_TENSOR_MISSING").subject == "blk.1.layer_output_scale.weight"
-    r = verify_kind(tmp_path, "fork", _drop_tensors("blk.1.layer_output_scale.weight"), name="f.gguf")
+    r = verify_kind(tmp_path, "fork", drop_tensors("blk.1.layer_output_scale.weight"), name="f.gguf")
     assert r.ok
     assert one(r, "I_TENSOR_OPTIONAL_ABSENT").subject == "blk.1.layer_output_scale.weight"
 
@@ -323,7 +81,7 @@ def test_fork_names_in_upstream_file_are_explained(tmp_path: Path) -> None:
 
 
 def test_block_beyond_block_count(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _add_tensor("blk.4.attn_norm.weight", np.ones(128, np.float32)))
+    r = verify_kind(tmp_path, "upstream", add_tensor("blk.4.attn_norm.weight", np.ones(128, np.float32)))
     f = one(r, "E_TENSOR_UNEXPECTED")
     assert f.subject == "blk.4.attn_norm.weight" and "beyond block_count = 4" in f.message
 
@@ -367,7 +125,7 @@ def test_quantized_matrices_are_fine(tmp_path: Path) -> None:
 
 
 def test_integer_matrix_is_an_error(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _map_tensor("blk.0.attn_q.weight", lambda a: a.astype(np.int32)))
+    r = verify_kind(tmp_path, "upstream", map_tensor("blk.0.attn_q.weight", lambda a: a.astype(np.int32)))
     f = one(r, "E_DTYPE")
     assert f.subject == "blk.0.attn_q.weight" and f.actual == "I32"
 
@@ -380,14 +138,14 @@ def test_nonfinite_value(tmp_path: Path) -> None:
 
 def test_rope_freqs_values(tmp_path: Path) -> None:
     # head_dim_full 64 -> 32 entries; partial factor 0.25 -> 64 * 0.25 / 2 = 8 rotated pairs
-    r = verify_kind(tmp_path, "upstream", _add_tensor("rope_freqs.weight", np.ones(32, np.float32)))
+    r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", np.ones(32, np.float32)))
     f = one(r, "W_ROPE_FREQS_ROTATED")
     assert (f.expected, f.actual) == (8, 32)
     bad = np.array([1.0] * 8 + [1e30] * 24, np.float32)
     bad[20] = 1.0
-    r = verify_kind(tmp_path, "upstream", _add_tensor("rope_freqs.weight", bad), name="b.gguf")
+    r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", bad), name="b.gguf")
     assert one(r, "E_ROPE_FREQS_VALUES").subject == "rope_freqs.weight"
-    r = verify_kind(tmp_path, "upstream", _add_tensor("rope_freqs.weight", np.ones(16, np.float32)), name="c.gguf")
+    r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", np.ones(16, np.float32)), name="c.gguf")
     assert (one(r, "E_TENSOR_SHAPE").expected, one(r, "E_TENSOR_SHAPE").actual) == ([32], [16])
 
 
@@ -408,7 +166,7 @@ def test_missing_backbone_key(tmp_path: Path) -> None:
 
 
 def test_nextn_predict_layers(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _set(UP + ".nextn_predict_layers", U32(3)))
+    r = verify_kind(tmp_path, "upstream", set_key(UP + ".nextn_predict_layers", U32(3)))
     f = one(r, "E_NEXTN_LAYERS")
     assert (f.expected, f.actual) == (4, 3)
 
@@ -420,8 +178,8 @@ def test_head_dims_k_v_differ(tmp_path: Path) -> None:
 
 
 def test_sliding_window_pattern(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _set(UP + ".attention.sliding_window_pattern",
-                                               MetaValue(GGUF_ARRAY, [True, True, True], GGUF_BOOL)))
+    r = verify_kind(tmp_path, "upstream", set_key(UP + ".attention.sliding_window_pattern",
+                                                  MetaValue(GGUF_ARRAY, [True, True, True], GGUF_BOOL)))
     f = one(r, "E_SWA_PATTERN")
     assert f.expected == "4 bools" and f.actual == "3 values"
     r = verify_kind(tmp_path, "upstream", MUTANTS["up_no_swa_pattern"][1], name="b.gguf")
@@ -459,19 +217,19 @@ def test_tokenizer_array_lengths(tmp_path: Path) -> None:
 # --- centroid head (fork) ------------------------------------------------------------------------------
 
 def test_centroids_transposed(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.centroids.weight", lambda a: a.T.copy()))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.centroids.weight", lambda a: a.T.copy()))
     f = one(r, "E_CENTROID_TRANSPOSED")
     assert (f.expected, f.actual) == ([128, N_C], [N_C, 128])
 
 
 def test_ordering_not_i32(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.token_ordering.weight", lambda a: a.astype(np.float32)))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.token_ordering.weight", lambda a: a.astype(np.float32)))
     f = one(r, "E_ORDERING_TYPE")
     assert (f.expected, f.actual) == ("I32", "F32")
 
 
 def test_ordering_all_zero(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.token_ordering.weight", lambda a: np.zeros_like(a)))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.token_ordering.weight", lambda a: np.zeros_like(a)))
     assert one(r, "E_ORDERING_ZERO").subject == "mtp.token_ordering.weight"
 
 
@@ -480,7 +238,7 @@ def test_ordering_not_a_permutation(tmp_path: Path) -> None:
         a = a.copy()
         a[6] = a[5]          # both in row 0 (ids 0..127 of the ordering)
         return a
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.token_ordering.weight", dup))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.token_ordering.weight", dup))
     f = one(r, "E_ORDERING_NOT_PERMUTATION")
     assert f.actual == {"ids_missing": 1, "ids_repeated": 1}
     g = one(r, "E_CLUSTER_SIZE")
@@ -492,13 +250,13 @@ def test_ordering_out_of_range(tmp_path: Path) -> None:
         a = a.copy()
         a[200] = N_VOCAB + 5
         return a
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.token_ordering.weight", oob))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.token_ordering.weight", oob))
     assert one(r, "E_ORDERING_RANGE").actual == 1
     assert one(r, "E_CLUSTER_SIZE").actual["first"] == [1]   # index 200 is in row 200 // 128 = 1
 
 
 def test_ordering_length(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _map_tensor("mtp.token_ordering.weight", lambda a: a[:4000].copy()))
+    r = verify_kind(tmp_path, "fork", map_tensor("mtp.token_ordering.weight", lambda a: a[:4000].copy()))
     assert any(f.code == "E_TENSOR_SHAPE" and f.expected == [4096] and f.actual == [4000] for f in r.findings)
     assert one(r, "E_ORDERING_LENGTH").actual == 4000
 
@@ -513,14 +271,14 @@ def test_n_vocab_not_multiple_of_n_centroids(tmp_path: Path) -> None:
 
 
 def test_centroids_present_but_unused(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _set(FK + ".use_ordered_embeddings", MetaValue(GGUF_BOOL, False)))
+    r = verify_kind(tmp_path, "fork", set_key(FK + ".use_ordered_embeddings", MetaValue(GGUF_BOOL, False)))
     hits = {f.subject for f in r.findings if f.code == "W_CENTROIDS_UNUSED"}
     assert hits == {"mtp.centroids.weight", "mtp.token_ordering.weight"}
     assert r.ok
 
 
 def test_top_k_above_n_centroids(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _set(FK + ".centroid_top_k", U32(64)))
+    r = verify_kind(tmp_path, "fork", set_key(FK + ".centroid_top_k", U32(64)))
     assert one(r, "E_TOP_K").actual == 64
 
 
@@ -533,7 +291,7 @@ def test_masked_embd_in_upstream_file(tmp_path: Path) -> None:
 # --- architecture --------------------------------------------------------------------------------------
 
 def test_foreign_drafter_arch(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _arch("gemma4_mtp"))
+    r = verify_kind(tmp_path, "upstream", set_arch("gemma4_mtp"))
     assert r.dialect == "other"
     assert one(r, "W_ARCH_FOREIGN_DRAFTER").actual == "gemma4_mtp"
     assert [v.loads for v in r.loadability] == [False, False]
@@ -548,15 +306,15 @@ def test_no_arch(tmp_path: Path) -> None:
 
 
 def test_missing_n_centroids_key(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _drop_keys(FK + ".n_centroids"))
+    r = verify_kind(tmp_path, "fork", drop_keys(FK + ".n_centroids"))
     assert any(f.code == "E_KEY_MISSING" and f.subject == FK + ".n_centroids" for f in r.findings)
     assert "E_CENTROID_SHAPE" not in r.codes()      # the width falls back to the matrix's ne[1] = 32
 
 
 def test_unrelated_arch(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "upstream", _arch("llama"))
+    r = verify_kind(tmp_path, "upstream", set_arch("llama"))
     assert one(r, "W_ARCH_FOREIGN_DRAFTER").actual == "llama"     # nextn.* tensors: still drafter-like
-    r = verify_kind(tmp_path, "upstream", _chain(_arch("llama"), _drop_tensors(
+    r = verify_kind(tmp_path, "upstream", chain(set_arch("llama"), drop_tensors(
         "nextn.pre_projection.weight", "nextn.post_projection.weight")), name="l.gguf")
     assert one(r, "W_ARCH_NOT_ASSISTANT").actual == "llama"
     assert r.dialect == "unknown"
@@ -580,7 +338,7 @@ def test_key_of_wrong_type(tmp_path: Path) -> None:
 
 
 def test_names_from_other_converters_are_explained(tmp_path: Path) -> None:
-    r = verify_kind(tmp_path, "fork", _rename("mtp.pre_projection.weight", "mtp_pre_proj.weight"))
+    r = verify_kind(tmp_path, "fork", rename("mtp.pre_projection.weight", "mtp_pre_proj.weight"))
     f = one(r, "E_TENSOR_UNEXPECTED")
     assert f.subject == "mtp_pre_proj.weight" and "mtp.pre_projection" in f.message
     assert one(r, "E_TENSOR_MISSING").subject == "mtp.pre_projection.weight"

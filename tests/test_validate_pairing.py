@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from mtpscope.inspector.validate import verify
 from mtpscope.cli import app
-from tests.test_validate_mutants import (
-    FK, GGUF_ARRAY, GGUF_BOOL, UP, U32, MetaValue, _set, build, one, parts, write,
+from tests.builders import (
+    FK, GGUF_ARRAY, GGUF_BOOL, UP, U32, MetaValue, build, one, parts, set_key, write,
 )
 
 
@@ -71,14 +71,14 @@ def test_kv_heads_and_head_dims(tmp_path: Path, pair: dict[str, Path]) -> None:
     r = verify(write(tmp_path / "d.gguf", arch, kv, t), target=pair["target"])
     heads = [f for f in r.findings if f.code == "E_PAIR_KV_HEADS"]
     assert len(heads) == 4 and {(f.expected, f.actual) for f in heads} == {(1, 2)}
-    r = verify(pair["upstream"], target=_target(tmp_path, _set("gemma4.attention.key_length_swa", U32(16))))
+    r = verify(pair["upstream"], target=_target(tmp_path, set_key("gemma4.attention.key_length_swa", U32(16))))
     dims = [f for f in r.findings if f.code == "E_PAIR_HEAD_DIM"]
     assert len(dims) == 3 and {(f.expected, f.actual) for f in dims} == {(16, 32)}   # the 3 sliding layers
 
 
 def test_donor_layers_of_an_unusual_target(tmp_path: Path, pair: dict[str, Path]) -> None:
     pattern = MetaValue(GGUF_ARRAY, [True, True, False, True, False, True], GGUF_BOOL)
-    r = verify(pair["upstream"], target=_target(tmp_path, _set("gemma4.attention.sliding_window_pattern", pattern)))
+    r = verify(pair["upstream"], target=_target(tmp_path, set_key("gemma4.attention.sliding_window_pattern", pattern)))
     assert dict(r.pairing.kv_donors_hf) == {"sliding": 5, "full": 4}
     warned = {f.subject for f in r.findings if f.code == "W_PAIR_KV_DONOR"}
     assert warned == {"blk.4", "blk.5"}

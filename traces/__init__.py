@@ -2,12 +2,41 @@
 
 ``traces.open(DIR)`` opens a trace directory (see :func:`traces.store.open_trace`);
 :class:`TraceWriter` writes one; :class:`RoundRecord` / :class:`StepRecord` are what the recorder hands it.
+
+The public names below are imported lazily (PEP 562): importing a submodule by name, or finding it
+(the demo stamp hashes module sources by import name), does not pull in numpy, pyarrow and pandas.
 """
 
-from mtpscope.traces.records import RoundRecord, StepRecord
-from mtpscope.traces.store import Trace, TraceWriter, open_trace
+from __future__ import annotations
 
-open = open_trace  # noqa: A001 - the documented reader entry point: traces.open(DIR)
+from typing import TYPE_CHECKING, Any
 
 # "open" is left out of __all__ so that `from traces import *` never shadows the builtin open().
 __all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord"]
+
+_FROM = {
+    "RoundRecord": ("mtpscope.traces.records", "RoundRecord"),
+    "StepRecord": ("mtpscope.traces.records", "StepRecord"),
+    "Trace": ("mtpscope.traces.store", "Trace"),
+    "TraceWriter": ("mtpscope.traces.store", "TraceWriter"),
+    "open_trace": ("mtpscope.traces.store", "open_trace"),
+    # the documented reader entry point: traces.open(DIR)
+    "open": ("mtpscope.traces.store", "open_trace"),
+}
+
+if TYPE_CHECKING:
+    from mtpscope.traces.records import RoundRecord, StepRecord
+    from mtpscope.traces.store import Trace, TraceWriter, open_trace
+
+    open = open_trace  # noqa: A001
+
+
+def __getattr__(name: str) -> Any:
+    where = _FROM.get(name)
+    if where is None:
+        raise AttributeError(f"module 'mtpscope.traces' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value

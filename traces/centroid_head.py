@@ -13,7 +13,10 @@ out; the sparse draft is the argmax.
 
 The head itself (data, loading from a fork / sidecar GGUF or a Hugging Face checkpoint, checks) is
 :class:`inspector.centroids.CentroidHead`; ``CentroidHead``, ``DEFAULT_TOP_K``, ``head_from_arrays``,
-``head_from_gguf`` and ``load_centroid_head`` are re-exported from there.
+``head_from_gguf`` and ``load_centroid_head`` are re-exported from there. Top-k and ranks follow
+:mod:`traces.ranking` (best first, ties by lower id; rank = strictly greater logits).
+
+Imports: numpy, mtpscope.errors, inspector.centroids, traces.ranking.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtpscope.inspector.centroids import DEFAULT_TOP_K, CentroidHead, head_from_arrays, head_from_gguf, load_centroid_head
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.centroids import DEFAULT_TOP_K, CentroidHead, head_from_arrays, head_from_gguf, load_centroid_head
+from mtpscope.traces.ranking import rank, top_k_desc
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.
     out: list[CentroidStep] = []
     for i in range(n):
         ci = c[i]
-        top = _top_k_desc(ci, k).astype(np.int32)
+        top = top_k_desc(ci, k).astype(np.int32)
         cand = rows[top].reshape(-1)
         token: int | None = None
         if lg is not None:
@@ -106,7 +110,7 @@ def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.
             cid = int(head.token_centroid[int(t)])
             if cid >= 0:
                 tc = cid
-                tcr = int(np.count_nonzero(ci > ci[cid]))
+                tcr = rank(ci, cid)
                 tin = bool(cid in top)
             else:
                 tin = False
@@ -114,14 +118,6 @@ def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.
                                 centroid_token=token, target_in_candidates=tin, target_centroid=tc,
                                 target_centroid_rank=tcr))
     return out
-
-
-def _top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest values, best first, ties by lower index (exact)."""
-    k = min(int(k), x.shape[0])
-    kth = -np.partition(-x, k - 1)[k - 1]
-    hit = np.flatnonzero(x >= kth)
-    return hit[np.lexsort((hit, -x[hit]))][:k]
 
 
 __all__ = ["DEFAULT_TOP_K", "CentroidHead", "CentroidStep", "centroid_step", "centroid_steps", "head_from_arrays",

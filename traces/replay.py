@@ -1,21 +1,25 @@
-"""Replay recorded draft steps with the numpy reference drafter (issue 7), plus the llama.cpp side
-of the parity checks.
+"""Replay a recorded trace's draft steps with the numpy reference drafter under option variants
+(issue 7): :func:`replay` -> :class:`ReplayResult`, its output folder, and :func:`read_replay`.
 
-* :func:`prefill` runs the **target** once in llama.cpp over a token sequence and captures, with
-  ``cb_eval`` (:class:`traces.llama_runtime.NodeCapture`), what the drafter reads from it: the K/V of
-  the two donor layers (llama.cpp's rule, ``llama-model.cpp``: layer ``n_layer - 2`` for sliding
-  attention, ``n_layer - 1`` for full attention; nodes ``Kcur_pos-{il}`` after ``attn_k_norm`` + RoPE
-  and ``Vcur_normed-{il}``, ``src/models/gemma4.cpp``), the post-final-norm hidden per token
-  (``llama_get_embeddings_nextn_ith``) and the pre-norm hidden (node ``l_out-{n_layer-1}``).
-  K/V of positions ``< p`` depend only on the tokens before ``p`` (causal), so one prefill over the
-  accepted tokens of a run gives what the target's cache held at every round.
-* :func:`live_mtp_run` runs a real greedy MTP loop in llama.cpp (target + ``LLAMA_CONTEXT_TYPE_MTP``
-  drafter context; every draft step of a round at the pending position, as llama.cpp's
-  ``common/speculative.cpp`` does for shared-memory Gemma 4 assistants) and returns each step's
-  inputs and llama.cpp outputs (``h_nextn``, logits argmax) for parity tests.
-* :func:`replay` recomputes every recorded draft step of a trace under option variants.
+Per prompt the accepted token sequence is prefilled once in llama.cpp
+(:func:`traces.target_prefill.prefill`), then every recorded round is recomputed by
+:class:`inspector.reference.ReferenceDrafter` under each variant (:func:`parse_variant` on top of the
+baseline, :data:`BASELINE_CPU` / :data:`BASELINE_GPU`); a step is summarized like a recorded one
+(:func:`traces.step_analysis.summarize_logits`).
+
+Output folder (``mtpscope replay --out DIR``), written here and read back by :func:`read_replay` (the
+app's Compare page)::
+
+    DIR/summary.json        ReplayResult.summary()
+    DIR/steps.parquet       ReplayResult.steps;  DIR/rounds.parquet  ReplayResult.rounds
+    DIR/traces/<variant>/   one trace per variant (source "replay"), readable by traces.open
 
 Shapes are numpy order throughout.
+
+Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
+traces.step_analysis, traces.records, traces.metrics, traces.store; and, inside :func:`replay` only,
+traces.llama_runtime, traces.mtp_runtime, traces.preflight, traces.target_prefill (so that reading a
+replay folder never touches llama.cpp).
 """
 
 from __future__ import annotations
@@ -29,263 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import LayoutError, MtpscopeError, TraceError
-from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
+from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+from mtpscope.traces.step_analysis import LogitSummary, summarize_logits
 
+#: file names of a replay output folder
+SUMMARY_FILE, STEPS_FILE, ROUNDS_FILE = "summary.json", "steps.parquet", "rounds.parquet"
+#: drafter candidates kept per replayed step (as ``record``'s default ``n_top``)
+REPLAY_N_TOP = 10
 
-@dataclass(frozen=True)
-class TargetPrefill:
-    """What one llama.cpp prefill of the target exposes to the drafter.
-
-    Attributes:
-        tokens: ``(n,)`` int token ids at positions ``0..n-1``.
-        kv: ``{"sliding": DonorKV, "full": DonorKV}`` over all ``n`` positions (float32; llama.cpp's
-            cache holds them as F16 by default: use ``StepOptions(kv_f16=True)`` to match).
-        h_post: ``(n, n_embd_backbone)`` target hidden after the final norm, per position.
-        h_pre: ``(n, n_embd_backbone)`` target hidden before the final norm (``l_out`` of the last layer).
-        argmax: ``(n,)`` the target's greedy next token after each position.
-        donor_layers: ``{"sliding": il, "full": il}`` target layers the K/V come from.
-    """
-
-    tokens: np.ndarray
-    kv: dict[str, DonorKV]
-    h_post: np.ndarray
-    h_pre: np.ndarray
-    argmax: np.ndarray
-    donor_layers: dict[str, int] = field(default_factory=dict)
-
-    def kv_before(self, p: int, f16: bool = False) -> dict[str, DonorKV]:
-        """Donor K/V of positions ``< p``: what the target's cache holds when the pending token is at ``p``.
-
-        ``f16``: rounded to F16 (llama.cpp's default cache type), computed once and cached.
-        """
-        src = self.kv
-        if f16:
-            cache = self.__dict__.setdefault("_kv16", {})
-            if not cache:
-                cache.update({k: v.rounded_f16() for k, v in self.kv.items()})
-            src = cache
-        return {k: v.upto(p) for k, v in src.items()}
-
-
-def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
-    """``{"sliding": n_layer - 2, "full": n_layer - 1}`` as llama.cpp shares them (``llama-model.cpp``,
-    the drafter's ``share`` rule), mapped through the target's own KV reuse when it has
-    ``attention.shared_kv_layers``.
-
-    Raises:
-        LayoutError: the target lacks ``{arch}.block_count`` or the two layers are not of the types
-            llama.cpp assumes (its rule would then pair the drafter with the wrong cache).
-    """
-    from mtpscope.inspector.gguf import open_gguf
-
-    f = open_gguf(target_gguf)
-    arch = f.architecture or "gemma4"
-    n = f.get(arch + ".block_count")
-    if n is None:
-        raise LayoutError("missing key", path=os.fspath(target_gguf), key=arch + ".block_count")
-    n = int(n)
-    pat = f.get(arch + ".attention.sliding_window_pattern")
-    swa = [bool(v) for v in pat.to_list()] if pat is not None else None
-    if swa is not None and len(swa) == n and not (swa[n - 2] and not swa[n - 1]):
-        raise LayoutError("llama.cpp's donor rule needs layer n_layer-2 sliding and n_layer-1 full",
-                          path=os.fspath(target_gguf), key=arch + ".attention.sliding_window_pattern",
-                          expected="[..., true, false]", actual=swa[-2:])
-    donors = {"sliding": n - 2, "full": n - 1}
-    # targets whose last layers reuse earlier caches (E2B / E4B): llama.cpp's ``reuse`` maps a layer
-    # il >= n_layer_kv_from_start to n_layer_kv_from_start - 2 (sliding) or - 1 (full); the drafter then
-    # reads that cache, and that layer's K/V nodes are the ones to capture
-    n_shared = int(f.get(arch + ".attention.shared_kv_layers") or 0)
-    n_kv = n - n_shared
-    if 0 < n_shared and n_kv >= 2:
-        donors = {kind: (n_kv - (2 if kind == "sliding" else 1)) if il >= n_kv else il
-                  for kind, il in donors.items()}
-    return donors
-
-
-def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_batch: int = 256,
-            n_threads: int | None = None, model: Any = None) -> TargetPrefill:
-    """Run the target over ``tokens`` (positions ``0..n-1``) in llama.cpp and capture the donor K/V.
-
-    Flash attention off. Runs in chunks of ``n_batch`` tokens. ``model``: an already loaded
-    :class:`traces.llama_runtime.LlamaModel` of ``target_gguf`` (not closed here); else it is loaded.
-
-    Raises:
-        RuntimeUnavailableError: llama-cpp-python missing.
-        TraceError: llama.cpp could not load / decode, or a captured node is missing.
-    """
-    from mtpscope.traces import llama_runtime as rt
-
-    layers = donor_layers(target_gguf)
-    toks = np.asarray(list(tokens), dtype=np.int64)
-    n = len(toks)
-    if n == 0:
-        raise TraceError("nothing to prefill", key="tokens", expected=">= 1 token", actual=0)
-    own_model = model is None
-    if own_model:
-        model = rt.LlamaModel(target_gguf)
-    n_last = model.n_layer - 1
-    names = [f"Kcur_pos-{il}" for il in layers.values()] + [f"Vcur_normed-{il}" for il in layers.values()]
-    names.append(f"l_out-{n_last}")
-    cap = rt.NodeCapture(names)
-    n_ctx = max(256, ((n + 255) // 256) * 256)
-    ctx = rt.LlamaContext(model, n_ctx=n_ctx, n_batch=n_batch, capture=cap, flash_attn=False,
-                          n_threads=n_threads, nextn=True, masked=False)
-    batch = rt.TokenBatch(n_batch)
-    parts: dict[str, list[np.ndarray]] = {nm: [] for nm in names}
-    h_post, argmax = [], []
-    try:
-        for s in range(0, n, n_batch):
-            chunk = toks[s:s + n_batch]
-            batch.set(chunk.tolist(), s, logits="all")
-            cap.reset()
-            ctx.decode(batch)
-            for nm in names:
-                arr = cap.get(nm)
-                if arr is None:
-                    raise TraceError("cb_eval did not capture a target node", path=target_gguf, key=nm)
-                parts[nm].append(np.array(arr, dtype=np.float32).reshape(len(chunk), -1))
-            for i in range(len(chunk)):
-                h_post.append(np.array(ctx.nextn(i), dtype=np.float32))
-                argmax.append(int(np.argmax(ctx.logits(i))))
-    finally:
-        batch.close()
-        ctx.close()
-        if own_model:
-            model.close()
-    kv = {}
-    pos = np.arange(n)
-    for kind, il in layers.items():
-        k = np.concatenate(parts[f"Kcur_pos-{il}"])
-        v = np.concatenate(parts[f"Vcur_normed-{il}"])
-        kv[kind] = DonorKV(k=k, v=v, pos=pos)  # reshaped below once head dims are known
-    return TargetPrefill(tokens=toks, kv=kv, h_post=np.stack(h_post), h_pre=np.concatenate(parts[f"l_out-{n_last}"]),
-                         argmax=np.asarray(argmax), donor_layers=layers)
-
-
-def shape_kv(pre: TargetPrefill, drafter: ReferenceDrafter) -> TargetPrefill:
-    """``pre`` with its K/V reshaped to ``(n, n_head_kv, head_dim)`` per the drafter's hparams.
-
-    Raises:
-        LayoutError: the captured widths do not match the drafter's KV head dims.
-    """
-    hp = drafter.hp
-    out = {}
-    for kind, d in pre.kv.items():
-        il = next((i for i, s in enumerate(hp.is_swa) if s == (kind == "sliding")), None)
-        if il is None:
-            continue
-        hd = hp.head_dim[il]
-        width = d.k.reshape(len(d.pos), -1).shape[1]
-        if width % hd:
-            raise LayoutError("target K width is not a multiple of the drafter's head dim", key=f"{kind} kv",
-                              expected=f"multiple of {hd}", actual=width)
-        out[kind] = DonorKV(k=d.k.reshape(len(d.pos), width // hd, hd), v=d.v.reshape(len(d.pos), width // hd, hd),
-                            pos=d.pos)
-    return TargetPrefill(tokens=pre.tokens, kv=out, h_post=pre.h_post, h_pre=pre.h_pre, argmax=pre.argmax,
-                         donor_layers=pre.donor_layers)
-
-
-@dataclass(frozen=True)
-class LiveStep:
-    """One draft step of a live llama.cpp MTP run (inputs and llama.cpp's outputs)."""
-
-    round: int
-    k: int              # 1-based draft position
-    pos: int            # position fed (the pending token's, for every k)
-    token: int          # token fed
-    h: np.ndarray       # (n_embd_backbone,) hidden fed
-    draft: int          # llama.cpp's argmax
-    h_next: np.ndarray  # (n_embd_backbone,) llama.cpp's h_nextn
-    logits_top2: tuple[float, float]
-
-
-@dataclass(frozen=True)
-class LiveRun:
-    """A live greedy MTP run: accepted tokens (prompt included) and every draft step."""
-
-    tokens: list[int]
-    n_prompt: int
-    steps: list[LiveStep]
-    rounds: list[dict[str, Any]]
-
-
-def live_mtp_run(target_gguf: str | os.PathLike[str], drafter_gguf: str | os.PathLike[str],
-                 prompt: Sequence[int], *, n_rounds: int = 20, n_draft: int = 3,
-                 n_threads: int | None = None) -> LiveRun:
-    """A greedy MTP loop in llama.cpp (flash attention off), returning every draft step.
-
-    Round: the target's KV holds positions ``< p``; the pending token sits at ``p``. Each of the
-    ``n_draft`` steps feeds (token, h) at position ``p`` (``common/speculative.cpp``, shared memory);
-    the first h is the target's post-norm hidden at ``p - 1``, later ones the previous ``h_nextn``.
-    The target verifies ``[pending, d1..dK]``; the longest matching prefix is kept and rejected cells
-    are removed with ``llama_memory_seq_rm``.
-
-    Raises:
-        RuntimeUnavailableError / TraceError: as :mod:`traces.llama_runtime`.
-    """
-    from mtpscope.traces import llama_runtime as rt
-
-    tm = rt.LlamaModel(target_gguf)
-    dm = rt.LlamaModel(drafter_gguf)
-    n_ctx = 512
-    while n_ctx < len(prompt) + n_rounds * (n_draft + 1) + 8:
-        n_ctx *= 2
-    tctx = rt.LlamaContext(tm, n_ctx=n_ctx, n_batch=max(64, len(prompt)), flash_attn=False,
-                           n_threads=n_threads, nextn=True, masked=False)
-    dctx = rt.LlamaContext(dm, n_ctx=n_ctx, n_batch=8, mtp_of=tctx, flash_attn=False,
-                           n_threads=n_threads, nextn=True, masked=True)
-    tb = rt.TokenBatch(max(64, len(prompt)))
-    db = rt.DraftBatch(dm.n_embd_inp)
-    steps: list[LiveStep] = []
-    rounds: list[dict[str, Any]] = []
-    tokens = list(prompt)
-    try:
-        tb.set(list(prompt), 0, logits="all")
-        tctx.decode(tb)
-        h = np.array(tctx.nextn(len(prompt) - 1), dtype=np.float32)
-        pending = int(np.argmax(tctx.logits(len(prompt) - 1)))
-        for r in range(n_rounds):
-            p = len(tokens)
-            tok, hh, drafts = pending, h, []
-            for k in range(1, n_draft + 1):
-                db.set(tok, p, hh)
-                dctx.decode(db)
-                lg = np.array(dctx.logits(0), dtype=np.float32)
-                top2 = np.sort(lg)[-2:]
-                d = int(np.argmax(lg))
-                hn = np.array(dctx.nextn(0), dtype=np.float32)
-                steps.append(LiveStep(r, k, p, tok, hh.copy(), d, hn, (float(top2[1]), float(top2[0]))))
-                drafts.append(d)
-                tok, hh = d, hn
-            verify = [pending] + drafts
-            tb.set(verify, p, logits="all")
-            tctx.decode(tb)
-            tgt = [int(np.argmax(tctx.logits(i))) for i in range(len(verify))]
-            n_acc = 0
-            while n_acc < n_draft and drafts[n_acc] == tgt[n_acc]:
-                n_acc += 1
-            keep = [pending] + drafts[:n_acc]
-            h = np.array(tctx.nextn(n_acc), dtype=np.float32)
-            tokens += keep
-            tctx.seq_rm(p + len(keep), -1)
-            rounds.append({"round": r, "pos": p, "pending": pending, "drafted": drafts, "target": tgt,
-                           "n_accepted": n_acc})
-            pending = tgt[n_acc]
-    finally:
-        db.close()
-        tb.close()
-        dctx.close()
-        tctx.close()
-        dm.close()
-        tm.close()
-    return LiveRun(tokens=tokens, n_prompt=len(prompt), steps=steps, rounds=rounds)
-
-
-
-
-# --------------------------------------------------------------------------------------------------
-# replay of a recorded trace
 
 #: Options matching how ``mtpscope record`` drafts on CPU with upstream llama.cpp: dense head, the
 #: pending position, post-norm hidden, F16 KV cache, ggml's F16 GELU table.
@@ -379,13 +135,6 @@ class ReplayResult:
         return d if limit is None else d.head(limit)
 
 
-def _prompt_tokens(model: Any, text: str, chat: bool) -> list[int]:
-    # the same rule as traces.recorder.MtpRuntime.prompt_tokens
-    if chat:
-        return model.tokenize(model.apply_chat_template(text), add_special=False, parse_special=True)
-    return model.tokenize(text, add_special=True, parse_special=False)
-
-
 def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) -> Path | None:
     if given is not None:
         return Path(given)
@@ -400,7 +149,7 @@ def _model_mismatch_notes(man: dict[str, Any], used: dict[str, Path]) -> list[st
     """A note for each model whose header (sha256 of bytes [0, data_offset)) differs from the one
     the trace was recorded with: the replay then answers for another model than the recorded run."""
     from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.traces.recorder import model_info
+    from mtpscope.traces.preflight import model_info
 
     notes = []
     for role, path in used.items():
@@ -449,6 +198,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
 
     from mtpscope import traces as tr
     from mtpscope.traces import llama_runtime as rt
+    from mtpscope.traces.mtp_runtime import prompt_tokens
 
     tpath = Path(trace)
     t = tr.open(tpath)
@@ -484,7 +234,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
-        prompt_toks = {pid: _prompt_tokens(model, prompts[pid].get("text") or "", chat) for pid in prompts}
+        prompt_toks = {pid: prompt_tokens(model, prompts[pid].get("text") or "", chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         return res
@@ -496,6 +246,8 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                     ref: ReferenceDrafter, tg: Path, model: Any, rounds: Any, prompts: dict[int, Any],
                     prompt_toks: dict[int, list[int]], out: Any, chunk: int) -> ReplayResult:
     import pandas as pd
+
+    from mtpscope.traces.target_prefill import prefill, shape_kv
 
     params = man.get("params") or {}
     rec_hnext: dict[tuple[int, int, int], np.ndarray] = {}
@@ -544,12 +296,12 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                      for p, rec in zip(P.tolist(), recorded_all, strict=True)]
         # every variant: all rounds of the prompt in chunks, step k of all rows of a chunk at once
         drafts_v: dict[str, list[list[int]]] = {}
-        steps_v: dict[str, list[list[tuple[Any, ...]]]] = {}
+        steps_v: dict[str, list[list[LogitSummary]]] = {}
         for name, o in vmap.items():
             later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
             kv_all = pre.kv_before(int(P.max()) if len(P) else 0, f16=o.kv_f16)
             drafts = [[] for _ in recs]
-            summ: list[list[tuple[Any, ...]]] = [[] for _ in recs]
+            summ: list[list[LogitSummary]] = [[] for _ in recs]
             for c0 in range(0, len(recs), chunk):
                 rows = np.arange(c0, min(c0 + chunk, len(recs)))
                 tok = np.array([int(recs[i].pending_token) for i in rows], dtype=np.int64)
@@ -566,7 +318,9 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                         tok[j] = rr.token
                         h[j] = rr.h_next
                         if out is not None:
-                            summ[i].append(_step_summary(rr.logits, rr.token, truth_all[i][k]))
+                            tt = truth_all[i][k]
+                            summ[i].append(summarize_logits(rr.logits, rr.token, target=None if tt < 0 else tt,
+                                                            n_top=REPLAY_N_TOP))
                         if name == "baseline":
                             want = rec_hnext.get((pid, int(recs[i].round), k + 1))
                             if want is not None and np.all(np.isfinite(want)) and np.linalg.norm(want) > 0:
@@ -610,29 +364,17 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
         od = Path(out)
         od.mkdir(parents=True, exist_ok=True)
         res.out = os.fspath(od)
-        steps_df.to_parquet(od / "steps.parquet", index=False)
-        rounds_df.to_parquet(od / "rounds.parquet", index=False)
+        steps_df.to_parquet(od / STEPS_FILE, index=False)
+        rounds_df.to_parquet(od / ROUNDS_FILE, index=False)
         paths = _write_variant_traces(od, tpath, man, vmap, base, variant_records)
         res.notes.append("variant traces (open one as the second trace on the Compare page): "
                          + ", ".join(f"{n} -> {p}" for n, p in paths.items()))
         res.variant_traces = {n: os.fspath(p) for n, p in paths.items()}
-        (od / "summary.json").write_text(json.dumps(res.summary(), indent=2, default=float))
+        (od / SUMMARY_FILE).write_text(json.dumps(res.summary(), indent=2, default=float))
     return res
 
 
-def _rank(logits: np.ndarray, token: int) -> int:
-    return int(np.count_nonzero(logits > logits[token]))
-
-
-def _step_summary(lg: np.ndarray, d: int, truth: int) -> tuple[Any, ...]:
-    """(logit of the draft, its rank, top-10 ids, their logits, rank of the true token or None)."""
-    part = np.argpartition(-lg, min(10, lg.size - 1))[:10]
-    top = part[np.lexsort((part, -lg[part]))]            # best first, ties by id
-    return (float(lg[d]), _rank(lg, d), tuple(int(i) for i in top), tuple(float(lg[i]) for i in top),
-            None if truth < 0 else _rank(lg, truth))
-
-
-def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[tuple[Any, ...]], n_acc: int,
+def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[LogitSummary], n_acc: int,
                      truth: list[int], truth_seq: list[int]) -> tuple[Any, list[Any]]:
     """One round of a variant as trace records: would-be acceptance, the true continuation as target."""
     from mtpscope.traces.records import RoundRecord, StepRecord
@@ -651,11 +393,11 @@ def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[tup
                      n_draft=len(drafts), drafted=tuple(drafts), n_accepted=n_acc, target=target,
                      emitted=emitted if corr is not None else None)
     steps = []
-    for k, (d, (logit, rank, top_ids, top_logits, truth_rank)) in enumerate(zip(drafts, summ, strict=True), start=1):
+    for k, (d, ls) in enumerate(zip(drafts, summ, strict=True), start=1):
         visible_row = k - 1 <= n_acc                          # rows after a mismatch: unknown target
-        steps.append(StepRecord(k=k, token=int(d), logit=logit, rank=rank, top_ids=top_ids, top_logits=top_logits,
-                                target_token=known[k - 1] if visible_row else None,
-                                target_rank=truth_rank if visible_row else None, accepted=k <= n_acc))
+        steps.append(StepRecord(k=k, token=int(d), logit=ls.logit, rank=ls.rank, top_ids=ls.top_ids,
+                                top_logits=ls.top_logits, target_token=known[k - 1] if visible_row else None,
+                                target_rank=ls.target_rank if visible_row else None, accepted=k <= n_acc))
     return rr, steps
 
 
@@ -687,5 +429,37 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
     return paths
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "LiveRun", "LiveStep", "ReplayResult", "TargetPrefill", "donor_layers",
-           "live_mtp_run", "parse_variant", "prefill", "replay", "shape_kv"]
+
+# --------------------------------------------------------------------------------------------------
+# reading a replay output folder back
+# --------------------------------------------------------------------------------------------------
+
+
+def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
+    """``(summary dict, steps DataFrame)`` of a replay output folder (``mtpscope replay --out DIR``):
+    ``summary.json`` (:meth:`ReplayResult.summary`) and ``steps.parquet`` (:attr:`ReplayResult.steps`;
+    an empty DataFrame when the folder has none). Reads JSON and Parquet only (no llama.cpp).
+
+    Raises:
+        TraceFormatError: a missing or unreadable ``summary.json``, or an unreadable ``steps.parquet``
+            (naming the file).
+    """
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    try:
+        summary = json.loads((p / SUMMARY_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"unreadable replay summary ({e})", path=p / SUMMARY_FILE) from None
+    steps = None
+    if (p / STEPS_FILE).exists():
+        try:
+            steps = pq.read_table(p / STEPS_FILE).to_pandas()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise TraceFormatError(f"unreadable replay steps ({type(e).__name__}: {e})",
+                                   path=p / STEPS_FILE) from None
+    return summary, (steps if steps is not None else pd.DataFrame())
+
+
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "parse_variant", "read_replay", "replay"]

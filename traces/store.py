@@ -15,6 +15,9 @@ verified on read.
 
 Reading: :func:`open_trace` never fails because of one bad part; a torn or unreadable part is skipped
 with a warning naming the file (``Trace.warnings``) and the rest is read.
+
+Replacing a trace (``record --overwrite``): :func:`holds_trace`, :func:`partial_dir` (where the new
+one is written) and :func:`swap_in` (moved in only once complete, so a failed run keeps the old one).
 """
 
 from __future__ import annotations
@@ -461,6 +464,47 @@ class TraceWriter:
             arrays[name] = pa.FixedSizeListArray.from_arrays(
                 pa.array(flat.reshape(-1)), dim, mask=pa.array(mask) if mask.any() else None)
         return pa.table([arrays[f.name] for f in self.steps_schema], schema=self.steps_schema)
+
+
+# ---------------------------------------------------------------------------- replacing a trace
+
+
+def holds_trace(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a trace (a manifest or Parquet parts in ``rounds/`` / ``steps/``)."""
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        return True
+    return any(any((path / t).glob("part-*.parquet")) for t in ("rounds", "steps") if (path / t).is_dir())
+
+
+def partial_dir(out: str | os.PathLike[str]) -> Path:
+    """Where a replacement for the trace ``out`` is written until it is complete: the sibling folder
+    ``<out>.partial-<pid>`` (then moved in with :func:`swap_in`)."""
+    out = Path(out)
+    return out.with_name(f"{out.name}.partial-{os.getpid()}")
+
+
+def swap_in(new: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
+    """Replace the trace directory ``out`` with the finished ``new`` one: rename ``out`` to
+    ``<out>.old-<pid>``, ``new`` to ``out``, then delete the old one (on a failed second rename the
+    old trace is put back). The whole ``out`` folder is replaced, other files in it included.
+
+    Raises:
+        OSError: a rename failed (``out`` is then as it was).
+    """
+    import shutil  # noqa: PLC0415
+
+    new, out = Path(new), Path(out)
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:

@@ -5,13 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, state, views
+from mtpscope.traces import metrics
 
 st.title("Acceptance")
-path = state.get("trace")
-if not path:
-    st.info("Choose a trace on the Files page (the demo trace is preselected once built).")
-    state.demo_missing_hint()
-    st.stop()
+path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
 
 with state.guard("trace store"):
     tr = state.trace(path)
@@ -102,12 +99,12 @@ with state.guard("trace store"):
     c1, c2 = st.columns(2)
     with c1:
         with state.guard("metrics"):
-            pp = state.per_position(rep) if choice == ALL else views.per_position_from_rounds(rounds)
+            pp = state.per_position(rep) if choice == ALL else metrics.per_position_acceptance(rounds)
             st.plotly_chart(charts.per_position_figure(pp), key="acc.perpos", width="stretch")
     with c2:
         st.plotly_chart(charts.accepted_length_histogram(rounds), key="acc.hist", width="stretch")
     win = st.select_slider("rolling window (rounds)", [8, 16, 32, 64, 128, 256, 1024], value=64, key="w.acc.roll")
-    overall = float(rounds["n_accepted"].sum() / max(1, rounds["n_draft"].sum()))
+    overall = metrics.acceptance_rate(rounds)  # NaN when nothing was drafted: no overall line
     st.plotly_chart(charts.rolling_figure(views.rolling_acceptance(rounds, window=win), overall, window=win),
                     key="acc.rolling", width="stretch")
 

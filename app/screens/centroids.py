@@ -20,8 +20,8 @@ if tpath:
         src = state.model_path(state.trace(tpath), "centroids")
         if src and safety.is_allowed(src, state.roots()):
             candidates.append(src)
-demo_fork = str(state.demo_paths()["drafter"])
-if state.demo_paths()["drafter"].exists() and safety.is_allowed(demo_fork, state.roots()):
+demo_fork = str(state.demo_paths().drafter_fork)
+if state.demo_paths().drafter_fork.exists() and safety.is_allowed(demo_fork, state.roots()):
     candidates.append(demo_fork)
 candidates = list(dict.fromkeys(candidates))
 if not candidates:

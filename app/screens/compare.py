@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, state, views
+from mtpscope.traces import metrics
 
 st.title("Compare")
 mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key="w.cmp.mode")
@@ -48,9 +49,7 @@ def _traces() -> None:
         names = (f"prompt {pa_id}", f"prompt {pb_id}")
         ra = tr_a.rounds[tr_a.rounds["prompt_id"] == pa_id]
         rb = tr_a.rounds[tr_a.rounds["prompt_id"] == pb_id]
-        pa_, pb_ = views.per_position_from_rounds(ra), views.per_position_from_rounds(rb)
-        from mtpscope.traces import metrics
-
+        pa_, pb_ = metrics.per_position_acceptance(ra), metrics.per_position_acceptance(rb)
         rate_a, rate_b = metrics.acceptance_rate(ra), metrics.acceptance_rate(rb)
         len_a, len_b = metrics.mean_acceptance_length(ra), metrics.mean_acceptance_length(rb)
         prompts_a = prompts_b = state.manifest_prompts(tr_a)

@@ -21,10 +21,8 @@ def _dim(dims: dict, key: str) -> int:
 
 
 st.title("Step view")
-path = state.get("trace")
-if not path:
-    st.info("Choose a trace on the Files page, then click a round on the Acceptance timeline.")
-    st.stop()
+path = state.selected_or_stop("trace", "Choose a trace on the Files page, then click a round on the Acceptance "
+                              "timeline.", hint=False)
 
 with state.guard("trace store"):
     tr = state.trace(path)

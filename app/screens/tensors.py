@@ -8,11 +8,7 @@ from mtpscope.app import charts, state, views
 
 st.title("Tensors")
 which = st.radio("file", ["drafter", "target"], horizontal=True, key="w.tensors.which")
-path = state.get(which)
-if not path:
-    st.info(f"Choose a {which} on the Files page.")
-    state.demo_missing_hint()
-    st.stop()
+path = state.selected_or_stop(which, f"Choose a {which} on the Files page.")
 
 with state.guard("GGUF reader / inventory"):
     inv = state.inventory(path)

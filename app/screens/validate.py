@@ -8,11 +8,7 @@ import streamlit as st
 from mtpscope.app import state
 
 st.title("Validate")
-path = state.get("drafter")
-if not path:
-    st.info("Choose a drafter on the Files page.")
-    state.demo_missing_hint()
-    st.stop()
+path = state.selected_or_stop("drafter", "Choose a drafter on the Files page.")
 
 target = state.get("target")
 hf_dir = state.get("checkpoint")

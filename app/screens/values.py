@@ -12,10 +12,7 @@ st.title("Tensor values")
 MAX_ELEMENTS = 4_000_000
 
 which = st.radio("file", ["drafter", "target"], horizontal=True, key="w.values.which")
-path = state.get(which)
-if not path:
-    st.info(f"Choose a {which} on the Files page.")
-    st.stop()
+path = state.selected_or_stop(which, f"Choose a {which} on the Files page.", hint=False)
 
 with state.guard("GGUF reader"):
     f = state.gguf(path)

@@ -1,0 +1,452 @@
+"""File checks of one drafter / target GGUF: keys, tokenizer, tensors against the layout, values.
+
+One job: :func:`check_file`, every single-file check (superset of the fork's
+``scripts/verify-gemma4-assistant-gguf.py``, docs/reference/gemma4-assistant-facts.md §1): arch / dialect,
+required hyperparameter keys, the full expected tensor list of the dialect (:mod:`layouts`: missing,
+unexpected, duplicated, shapes, projection widths vs the backbone width, dtypes: 1-D F32, ordering I32),
+token_embd rank and width, the centroid head (shape, orientation, n_vocab % n_centroids, ordering non-zero /
+in range / a permutation, every centroid owning exactly n_vocab / n_centroids tokens), rope_freqs values,
+non-finite values in small tensors, tokenizer present and consistent with n_vocab. Also the small helpers
+over an open file that :mod:`pairing` and :mod:`loadability` share (:func:`tensor_map`, :func:`key_value`).
+
+Shapes in messages are GGUF ``ne`` order (innermost first) unless they say "numpy shape".
+
+May import: numpy, mtpscope.errors, inspector.findings, inspector.layouts, inspector.inventory (dialect
+detection of foreign architectures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mtpscope.errors import InspectorError, LayoutError
+from mtpscope.inspector import layouts as L
+from mtpscope.inspector.findings import ERROR, INFO, WARNING, Finding, finding
+
+# Tensors with at most this many elements (and every 1-D tensor) are read in full for the
+# non-finite check; larger ones are skipped (reading a 20 GB file is not a validation step).
+SMALL_TENSOR_ELEMENTS = 1 << 20
+
+
+# --- small helpers over the reader -----------------------------------------------------------------
+
+def tensor_map(f: Any) -> tuple[dict[str, Any], list[str]]:
+    """``(name -> TensorInfo (first occurrence), [duplicated names])`` of an open GGUF."""
+    out: dict[str, Any] = {}
+    dups: list[str] = []
+    for t in f.tensors:
+        if t.name in out:
+            dups.append(t.name)
+        else:
+            out[t.name] = t
+    return out, dups
+
+
+def key_value(f: Any, key: str) -> Any:
+    """The value of GGUF key ``key`` as a plain Python value (arrays as lists), None when absent."""
+    return L._scalar(f.get(key))
+
+
+def read_small(f: Any, name: str) -> np.ndarray | None:
+    """Tensor ``name`` read in full (numpy order), or None when it cannot be read."""
+    try:
+        return np.asarray(f.tensor_data(name))
+    except InspectorError:
+        return None
+
+
+# --- file checks ------------------------------------------------------------------------------------
+
+_FORK_TO_UPSTREAM = {
+    "mtp.pre_projection.weight": "nextn.pre_projection.weight",
+    "mtp.post_projection.weight": "nextn.post_projection.weight",
+    L.FORK_CENTROIDS: L.UPSTREAM_MASKED_CENTROIDS,
+    L.FORK_ORDERING: L.UPSTREAM_MASKED_ORDERING,
+}
+_UPSTREAM_TO_FORK = {v: k for k, v in _FORK_TO_UPSTREAM.items()}
+
+
+def _required_keys(dialect: str, hp: L.HParams | None) -> list[tuple[str, str]]:
+    """(key suffix, severity) the runtime reads without a default (src/llama-model.cpp, models/gemma4*.cpp)."""
+    keys = [("context_length", ERROR), ("embedding_length", ERROR), ("block_count", ERROR),
+            ("attention.head_count", ERROR), ("feed_forward_length", ERROR),
+            ("attention.sliding_window", ERROR), ("attention.layer_norm_rms_epsilon", ERROR),
+            ("attention.key_length_swa", ERROR), ("attention.value_length_swa", ERROR),
+            ("attention.key_length", WARNING), ("attention.value_length", WARNING),
+            ("rope.freq_base", WARNING), ("rope.freq_base_swa", WARNING)]
+    if dialect == "upstream":
+        keys += [("embedding_length_out", ERROR), ("nextn_predict_layers", ERROR)]
+    elif dialect == "fork":
+        keys += [("n_embd_backbone", ERROR)]
+        if hp is not None and hp.use_ordered_embeddings:
+            keys += [("n_centroids", ERROR), ("centroid_top_k", WARNING)]
+    elif dialect == "target":
+        keys += [("embedding_length_per_layer_input", ERROR)]
+    return keys
+
+
+def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_FACTOR_FULL,
+               scan_values: bool = True) -> tuple[str, L.HParams | None, list[Finding]]:
+    """All single-file checks.
+
+    Args:
+        f: an open GGUF file (inspector/gguf.py ``GGUFFile``).
+        partial_rotary_factor: the full-attention partial rotary factor the ``rope_freqs`` values are
+            checked against (0.25 for every published Gemma 4; an HF config can say otherwise).
+        scan_values: read small tensors for non-finite values and rope_freqs / ordering contents.
+
+    Returns:
+        (dialect, hparams or None when no layout could be derived, findings).
+    """
+    findings: list[Finding] = []
+    add = findings.append
+    arch = f.architecture
+    dialect = L.dialect_of(arch)
+    if not arch:
+        kv = f.kv.get("general.architecture")
+        if kv is None:
+            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", None,
+                   "no general.architecture key"))
+        elif isinstance(kv.value, str):
+            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", "''",
+                   "general.architecture is empty"))
+        else:
+            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "a STRING value", kv.type_name,
+                   "general.architecture is not a string"))
+        return "unknown", None, findings
+    if dialect == "other":
+        from mtpscope.inspector.inventory import detect_dialect
+
+        d = detect_dialect(f)
+        low = arch.lower()
+        if d.kind == "other" or "assistant" in low:
+            add(finding(WARNING, "W_ARCH_FOREIGN_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant",
+                   arch, f"drafter architecture {arch!r} is neither the fork's nor upstream's "
+                   f"({'; '.join(d.evidence)}); only generic checks apply and neither runtime loads it"))
+            return "other", None, findings
+        add(finding(WARNING, "W_ARCH_NOT_ASSISTANT", "general.architecture", "an assistant architecture", arch,
+               f"architecture {arch!r} is not a Gemma 4 drafter or target"))
+        return d.kind, None, findings
+    what = {"fork": "fork drafter (gemma4_assistant)", "upstream": "upstream drafter (gemma4-assistant)",
+            "target": "Gemma 4 target (gemma4)"}[dialect]
+    add(finding(INFO, "I_DIALECT", "general.architecture", None, arch, f"checked against the {what} layout"))
+
+    try:
+        hp = L.read_hparams(f)
+    except LayoutError as e:
+        code = "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING"
+        add(finding(ERROR, code, e.key or "", e.expected or "present", e.actual, e.message))
+        return dialect, None, findings
+
+    # --- keys
+    for suffix, sev in _required_keys(dialect, hp):
+        key = f"{arch}.{suffix}"
+        if f.get(key) is None:
+            add(finding(sev, "E_KEY_MISSING" if sev == ERROR else "W_KEY_MISSING", key, "present", None,
+                   f"key {key} is missing" + (" (the runtime needs it)" if sev == ERROR else
+                                               " (a default is used)")))
+    for a, b in (("attention.key_length", "attention.value_length"),
+                 ("attention.key_length_swa", "attention.value_length_swa")):
+        ka, kb = key_value(f, f"{arch}.{a}"), key_value(f, f"{arch}.{b}")
+        if ka is not None and kb is not None and ka != kb:
+            add(finding(ERROR, "E_HEAD_DIM_KV", f"{arch}.{b}", ka, kb,
+                   f"{a} = {ka} but {b} = {kb}; Gemma 4 requires equal K and V head dims"))
+    if any(ly.n_head <= 0 for ly in hp.layers) and f.get(f"{arch}.attention.head_count") is not None:
+        add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
+               "a layer with 0 attention heads"))
+    pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
+    if pattern is None:
+        add(finding(ERROR, "E_SWA_PATTERN", f"{arch}.attention.sliding_window_pattern", "array of bool", None,
+               "no sliding_window_pattern: layer types unknown (runtime needs it)"))
+    elif not isinstance(pattern, list) or len(pattern) != hp.n_layer:
+        add(finding(ERROR, "E_SWA_PATTERN", f"{arch}.attention.sliding_window_pattern", f"{hp.n_layer} bools",
+               pattern if not isinstance(pattern, list) else f"{len(pattern)} values",
+               "sliding_window_pattern must have one bool per block"))
+    types = "".join("s" if ly.sliding else "f" for ly in hp.layers)
+    add(finding(INFO, "I_LAYER_TYPES", f"{arch}.attention.sliding_window_pattern", None, types,
+           f"layer types (s = sliding, f = full): {types}; head dims swa {hp.head_dim_swa}, full {hp.head_dim_full}"))
+    if dialect in ("fork", "upstream"):
+        _check_drafter_keys(f, hp, dialect, add)
+
+    # --- tokenizer
+    _check_tokenizer(f, hp, add)
+
+    # --- tensors vs layout
+    tmap, dups = tensor_map(f)
+    for name in sorted(set(dups)):
+        add(finding(ERROR, "E_TENSOR_DUPLICATE", name, 1, 1 + dups.count(name), f"tensor {name} appears more than once"))
+    try:
+        layout = L.expected_layout(hp)
+    except LayoutError as e:
+        add(finding(ERROR, "E_KEY_MISSING", e.key or "", "present", None, f"no layout: {e.message}"))
+        layout = ()
+    if layout:
+        _check_tensors(f, hp, dialect, layout, tmap, add)
+    if scan_values:
+        _check_values(f, hp, dialect, tmap, add, partial_rotary_factor)
+    return dialect, hp, findings
+
+
+def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:
+    arch = hp.arch
+    if hp.n_embd_backbone is not None:
+        if hp.n_embd_backbone == hp.n_embd:
+            key = f"{arch}.embedding_length_out" if dialect == "upstream" else f"{arch}.n_embd_backbone"
+            add(finding(ERROR if dialect == "upstream" else WARNING, "E_BACKBONE_EQUALS_NEMBD" if dialect == "upstream"
+                   else "W_KEY_VALUE", key, f"!= embedding_length ({hp.n_embd})", hp.n_embd_backbone,
+                   "the backbone width equals the drafter's own width; upstream llama.cpp refuses this "
+                   "('embedding_length_out must carry the target hidden size')"))
+        elif hp.n_embd_backbone <= 0:
+            add(finding(ERROR, "E_KEY_VALUE", f"{arch}.n_embd_backbone", "> 0", hp.n_embd_backbone, "backbone width 0"))
+    if dialect == "upstream" and hp.nextn_predict_layers is not None and hp.nextn_predict_layers != hp.n_layer:
+        add(finding(ERROR, "E_NEXTN_LAYERS", f"{arch}.nextn_predict_layers", hp.n_layer, hp.nextn_predict_layers,
+               "nextn_predict_layers must equal block_count for a Gemma 4 assistant (the runtime only "
+               "builds blocks 0..nextn_predict_layers-1)"))
+    if dialect == "fork":
+        req = key_value(f, f"{arch}.requires_target_arch")
+        if req is not None and req != "gemma4":
+            add(finding(WARNING, "W_KEY_VALUE", f"{arch}.requires_target_arch", "gemma4", req,
+                   "the drafter declares a target architecture other than gemma4"))
+        if hp.use_ordered_embeddings and hp.n_centroids is not None and hp.centroid_top_k is not None:
+            if not 1 <= hp.centroid_top_k <= hp.n_centroids:
+                add(finding(ERROR, "E_TOP_K", f"{arch}.centroid_top_k", f"1..{hp.n_centroids}", hp.centroid_top_k,
+                       "centroid_top_k must be between 1 and n_centroids"))
+
+
+def _check_tokenizer(f: Any, hp: L.HParams, add: Any) -> None:
+    tokens = f.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        add(finding(ERROR, "E_TOKENIZER_MISSING", "tokenizer.ggml.tokens", "262144 token strings", None,
+               "no tokenizer in the file; llama.cpp cannot load it and the vocab cannot be matched to a target"))
+        return
+    n = len(tokens)
+    model = key_value(f, "tokenizer.ggml.model")
+    if model is None:
+        add(finding(ERROR, "E_TOKENIZER_MISSING", "tokenizer.ggml.model", "gemma4", None, "no tokenizer.ggml.model"))
+    elif model == "gemma4" and f.get("tokenizer.ggml.merges") is None:
+        add(finding(ERROR, "E_TOKENIZER_MISSING", "tokenizer.ggml.merges", "BPE merges", None,
+               "a gemma4 (BPE) tokenizer without merges; llama.cpp refuses it"))
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        v = f.get(key)
+        if v is not None and len(v) != n:
+            add(finding(ERROR, "E_TOKENIZER_LENGTHS", key, n, len(v), f"{key} has {len(v)} entries, tokens has {n}"))
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        v = key_value(f, f"tokenizer.ggml.{key}")
+        if isinstance(v, int) and not 0 <= v < n:
+            add(finding(ERROR, "E_SPECIAL_TOKEN_RANGE", f"tokenizer.ggml.{key}", f"0..{n - 1}", v,
+                   f"special token id {v} outside the vocabulary"))
+    te = {t.name: t for t in f.tensors}.get("token_embd.weight")
+    if te is not None and len(te.ne) >= 2 and te.ne[1] != n:
+        add(finding(ERROR, "E_VOCAB_SIZE", "token_embd.weight", n, te.ne[1],
+               f"token_embd has {te.ne[1]} rows (ne[1]) but the tokenizer has {n} tokens"))
+
+
+def _alt_name_hint(name: str, dialect: str) -> str:
+    if dialect == "upstream" and name in _FORK_TO_UPSTREAM:
+        return f"; this is the fork's name, upstream calls it {_FORK_TO_UPSTREAM[name]}"
+    if dialect == "fork" and name in _UPSTREAM_TO_FORK:
+        return f"; this is upstream's name, the fork calls it {_UPSTREAM_TO_FORK[name]}"
+    if dialect in ("fork", "upstream") and any(s in name for s in (".attn_k.", ".attn_v.", ".attn_k_norm.")):
+        return "; a drafter has no K/V tensors (it reads the target's KV cache)"
+    if name.startswith("blk."):
+        return "; not part of a Gemma 4 block of this layout"
+    low = name.lower()
+    want = {"fork": "mtp.", "upstream": "nextn."}.get(dialect, "")
+    for part, what in (("pre_proj", "pre_projection"), ("post_proj", "post_projection"),
+                       ("centroid", "centroids"), ("ordering", "token_ordering")):
+        if part in low and want:
+            return (f"; looks like the {what} under a name from another converter (facts: mtp_pre_proj, "
+                    f"mtp_centroids, assistant.pre_projection, ...), this dialect uses {want}{what}")
+    return ""
+
+
+def _check_tensors(f: Any, hp: L.HParams, dialect: str, layout: tuple[L.ExpectedTensor, ...],
+                   tmap: dict[str, Any], add: Any) -> None:
+    expected = {e.name: e for e in layout}
+    missing_by_layer: dict[int, list[str]] = {}
+    for e in layout:
+        t = tmap.get(e.name)
+        if t is None:
+            if e.required:
+                add(finding(ERROR, "E_TENSOR_MISSING", e.name, list(e.ne), None,
+                       f"required tensor {e.name} is missing ({e.why})"))
+                if e.layer is not None:
+                    missing_by_layer.setdefault(e.layer, []).append(e.name)
+            elif dialect != "target" or e.name.endswith("layer_output_scale.weight"):
+                add(finding(INFO, "I_TENSOR_OPTIONAL_ABSENT", e.name, list(e.ne), None,
+                       f"optional tensor {e.name} is absent"))
+            continue
+        ne = tuple(int(x) for x in t.ne)
+        if ne != e.ne:
+            code, msg = "E_TENSOR_SHAPE", f"{e.name}: expected ne {list(e.ne)} ({e.why}), found {list(ne)}"
+            if e.component == "projection":
+                code = "E_PROJ_SHAPE"
+                if "pre_projection" in e.name and len(ne) == 2:
+                    msg += (f"; it consumes concat(embedding, h) of width {ne[0]}, i.e. a backbone width of "
+                            f"{ne[0] / 2:g}, but the file says n_embd_backbone = {hp.n_embd_backbone}")
+                elif "post_projection" in e.name and len(ne) == 2:
+                    msg += f"; it produces width {ne[1]}, but the file says n_embd_backbone = {hp.n_embd_backbone}"
+            elif e.name == L.FORK_CENTROIDS:
+                if ne == tuple(reversed(e.ne)) and ne != e.ne:
+                    code = "E_CENTROID_TRANSPOSED"
+                    msg = (f"{e.name} is stored transposed: ne {list(ne)} = (n_centroids, n_embd), the runtime "
+                           f"expects ne {list(e.ne)} = (n_embd, n_centroids) (HF rows must be written as-is)")
+                else:
+                    code = "E_CENTROID_SHAPE"
+            elif e.name == "token_embd.weight":
+                code = "E_TOKEN_EMBD_SHAPE"
+                if len(ne) != 2:
+                    msg += "; token_embd must be rank 2"
+            add(finding(ERROR, code, e.name, list(e.ne), list(ne), msg))
+        if not e.type_ok(t.type_name):
+            if e.ggml_types == L.ORDERING_TYPES:
+                add(finding(ERROR, "E_ORDERING_TYPE", e.name, "I32", t.type_name,
+                       f"{e.name} must be I32 (the runtime gathers rows with it), found {t.type_name}"))
+            elif e.ggml_types == L.VECTOR_TYPES:
+                add(finding(WARNING, "W_DTYPE_VECTOR", e.name, "F32", t.type_name,
+                       f"1-D tensor {e.name} should be F32, found {t.type_name}"))
+            else:
+                add(finding(ERROR, "E_DTYPE", e.name, "a float or quantized type", t.type_name,
+                       f"{e.name} has type {t.type_name}"))
+    for il, names in sorted(missing_by_layer.items()):
+        n_all = sum(1 for e in layout if e.layer == il and e.required)
+        add(finding(ERROR, "E_LAYER_INCOMPLETE", f"blk.{il}", n_all, n_all - len(names),
+               f"block {il} has {n_all - len(names)} of its {n_all} required tensors; missing: "
+               + ", ".join(n.split(".", 2)[2] for n in names)))
+    for name, t in tmap.items():
+        if name in expected:
+            continue
+        if dialect == "upstream" and name in (L.UPSTREAM_MASKED_CENTROIDS, L.UPSTREAM_MASKED_ORDERING):
+            add(finding(ERROR, "E_MASKED_EMBD_UPSTREAM", name, "absent", list(t.ne),
+                   f"{name}: llama-cpp-python 0.3.36 refuses an upstream drafter carrying the centroid head "
+                   "(vector::_M_range_check); the upstream converter drops it"))
+            continue
+        if dialect == "fork" and name in (L.FORK_CENTROIDS, L.FORK_ORDERING) and not hp.use_ordered_embeddings:
+            add(finding(WARNING, "W_CENTROIDS_UNUSED", name, None, list(t.ne),
+                   f"{name} present while use_ordered_embeddings is off; the dense head is used"))
+            continue
+        m = name.split(".")
+        if len(m) > 2 and m[0] == "blk" and m[1].isdigit() and int(m[1]) >= hp.n_layer:
+            hint = f"; block {m[1]} is beyond block_count = {hp.n_layer}"
+        else:
+            hint = _alt_name_hint(name, dialect)
+        add(finding(ERROR, "E_TENSOR_UNEXPECTED", name, "absent", list(t.ne),
+               f"unexpected tensor {name}{hint} (llama.cpp refuses files with tensors it does not create)"))
+
+
+def _check_values(f: Any, hp: L.HParams, dialect: str, tmap: dict[str, Any], add: Any,
+                  partial_rotary_factor: float) -> None:
+    skipped = 0
+    for name, t in tmap.items():
+        if t.n_bytes is None:
+            continue
+        if len(t.ne) != 1 and t.n_elements > SMALL_TENSOR_ELEMENTS:
+            skipped += 1
+            continue
+        if t.type_name in L.INTEGER_TYPES:
+            continue
+        a = read_small(f, name)
+        if a is None:
+            continue
+        bad = ~np.isfinite(a.astype(np.float32, copy=False))
+        if bad.any():
+            first = int(np.flatnonzero(bad.ravel())[0])
+            add(finding(ERROR, "E_NONFINITE", name, 0, int(bad.sum()),
+                   f"{name} has {int(bad.sum())} non-finite values (first at flat index {first})"))
+    if skipped:
+        add(finding(INFO, "I_NONFINITE_SKIPPED", "", None, skipped,
+               f"{skipped} tensors above {SMALL_TENSOR_ELEMENTS} elements not scanned for NaN/Inf"))
+
+    rf = tmap.get("rope_freqs.weight")
+    if rf is not None and len(rf.ne) == 1 and rf.type_name in ("F32", "F16", "BF16"):
+        a = read_small(f, "rope_freqs.weight")
+        if a is not None:
+            _check_rope_freqs(a.astype(np.float64).ravel(), hp, add, partial_rotary_factor)
+
+    c_name = L.FORK_CENTROIDS if dialect == "fork" else (L.UPSTREAM_MASKED_CENTROIDS if dialect == "upstream" else None)
+    o_name = L.FORK_ORDERING if dialect == "fork" else (L.UPSTREAM_MASKED_ORDERING if dialect == "upstream" else None)
+    if dialect in ("fork", "upstream"):
+        _check_centroid_head(f, hp, tmap.get(c_name), tmap.get(o_name), add)
+
+
+def _check_rope_freqs(a: np.ndarray, hp: L.HParams, add: Any, factor: float) -> None:
+    ones = a == 1.0
+    big = a >= 1e29
+    n_rot = int(np.argmin(ones)) if not ones.all() else a.size
+    shape_ok = bool(ones[:n_rot].all() and big[n_rot:].all())
+    if not shape_ok:
+        add(finding(ERROR, "E_ROPE_FREQS_VALUES", "rope_freqs.weight", "[1.0]*n_rot + [1e30]*rest",
+               a[:8].tolist(), "rope_freqs is not a run of 1.0 followed by 1e30 (proportional RoPE of the "
+               "full-attention layers); drafts will be rotated wrongly"))
+        return
+    want = int(hp.head_dim_full * factor / 2)
+    if n_rot != want:
+        add(finding(WARNING, "W_ROPE_FREQS_ROTATED", "rope_freqs.weight", want, n_rot,
+               f"rope_freqs rotates {n_rot} of {a.size} pairs; head_dim_full {hp.head_dim_full} × partial "
+               f"factor {factor} / 2 = {want}"))
+
+
+def _check_centroid_head(f: Any, hp: L.HParams, ct: Any, ot: Any, add: Any) -> None:
+    """Fork-script checks plus permutation / cluster-size checks on the ordering."""
+    n_vocab = hp.n_vocab
+    n_c = hp.n_centroids
+    if ct is not None and n_c is None and len(ct.ne) == 2:
+        n_c = int(ct.ne[1])
+    if ct is not None and len(ct.ne) != 2:
+        add(finding(ERROR, "E_CENTROID_SHAPE", ct.name, "rank 2", list(ct.ne), f"{ct.name} must be rank 2"))
+    if n_c and n_vocab and n_vocab % n_c:
+        add(finding(ERROR, "E_CENTROID_DIVISIBILITY", f"{hp.arch}.n_centroids", f"a divisor of {n_vocab}", n_c,
+               f"n_vocab {n_vocab} is not a multiple of n_centroids {n_c}"))
+    if ot is None:
+        return
+    if len(ot.ne) != 1:
+        add(finding(ERROR, "E_ORDERING_LENGTH", ot.name, "rank 1", list(ot.ne), f"{ot.name} must be rank 1"))
+        return
+    if n_vocab is not None and ot.ne[0] != n_vocab:
+        add(finding(ERROR, "E_ORDERING_LENGTH", ot.name, n_vocab, int(ot.ne[0]),
+               f"{ot.name} has {ot.ne[0]} entries, n_vocab is {n_vocab}"))
+        return
+    if ot.type_name not in L.INTEGER_TYPES:
+        return  # E_ORDERING_TYPE already reported; values are not ids
+    o = read_small(f, ot.name)
+    if o is None:
+        return
+    o = o.astype(np.int64, copy=False).ravel()
+    if not o.any():
+        add(finding(ERROR, "E_ORDERING_ZERO", ot.name, "a permutation of 0..n_vocab-1", "all zero",
+               f"{ot.name} is all zero (the converter wrote no ordering)"))
+        return
+    n = o.size
+    out_of_range = int(((o < 0) | (o >= n)).sum())
+    if out_of_range:
+        add(finding(ERROR, "E_ORDERING_RANGE", ot.name, f"0..{n - 1}", out_of_range,
+               f"{out_of_range} ordering entries are outside 0..{n - 1}"))
+    valid = o[(o >= 0) & (o < n)]
+    counts = np.bincount(valid, minlength=n)
+    n_missing = int((counts == 0).sum())
+    n_repeated = int((counts > 1).sum())
+    if n_missing or n_repeated:
+        add(finding(ERROR, "E_ORDERING_NOT_PERMUTATION", ot.name, "each id exactly once",
+               {"ids_missing": n_missing, "ids_repeated": n_repeated},
+               f"{ot.name} is not a permutation: {n_missing} token ids never appear (no centroid can draft "
+               f"them), {n_repeated} appear more than once"))
+    if n_c and n % n_c == 0:
+        vsc = n // n_c
+        rows = np.sort(o.reshape(n_c, vsc), axis=1)
+        distinct = 1 + (np.diff(rows, axis=1) != 0).sum(axis=1)
+        ok_ids = ((rows >= 0) & (rows < n)).all(axis=1)
+        sizes = np.where(ok_ids, distinct, -1)
+        # a token listed in two rows belongs to both: count tokens owned by more than one centroid
+        bad = np.flatnonzero(sizes != vsc)
+        shared = n_repeated
+        if bad.size or shared:
+            add(finding(ERROR, "E_CLUSTER_SIZE", ot.name, vsc,
+                   {"centroids_wrong_size": int(bad.size), "first": bad[:8].tolist(),
+                    "tokens_in_several_centroids": shared},
+                   f"{bad.size} centroids do not own exactly n_vocab / n_centroids = {vsc} distinct tokens"
+                   + (f", {shared} tokens belong to several centroids" if shared else "")))
+
+
+__all__ = ["SMALL_TENSOR_ELEMENTS", "check_file", "key_value", "read_small", "tensor_map"]

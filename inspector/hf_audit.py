@@ -1,0 +1,256 @@
+"""The HF audit: an HF checkpoint (headers + config.json) against the GGUF converted from it, tensor by tensor.
+
+One job: :func:`audit` -> :class:`HFAudit` (one :class:`AuditRow` per HF tensor: its GGUF name in both
+dialects, the ``ne`` a converter writes, what the GGUF has; GGUF tensors with no HF source; config.json
+values vs the GGUF keys; findings with codes ``H_*``, see :data:`findings.CODES`).
+
+May import: mtpscope.errors, inspector.findings, inspector.layouts, inspector.safetensors,
+inspector.hf_checkpoint, inspector.hf_config, inspector.hf_names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.inspector import layouts as L
+from mtpscope.inspector.findings import ERROR, INFO, WARNING, finding
+from mtpscope.inspector.hf_checkpoint import HFCheckpoint, read_checkpoint
+from mtpscope.inspector.hf_config import TextHParams, hparams_from_config, text_hparams
+from mtpscope.inspector.hf_names import GENERATED, drop_reason, gguf_name
+from mtpscope.inspector.safetensors import HFTensor
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One HF tensor against the GGUF.
+
+    Attributes:
+        hf_name / hf_dtype / hf_shape: from the safetensors header (numpy order).
+        gguf_fork / gguf_upstream: its GGUF name in each dialect (None = dropped by that converter).
+        gguf_name: its name in the audited file's dialect (None = dropped / unmappable).
+        expected_ne: GGUF ``ne`` a converter writes (reversed hf_shape).
+        found_ne / found_type: what the GGUF has (None when absent).
+        status: ``ok``, ``missing``, ``shape``, ``dropped``, ``unmapped``.
+        note: a human explanation.
+    """
+
+    hf_name: str
+    hf_dtype: str
+    hf_shape: tuple[int, ...]
+    gguf_fork: str | None
+    gguf_upstream: str | None
+    gguf_name: str | None
+    expected_ne: tuple[int, ...]
+    found_ne: tuple[int, ...] | None
+    found_type: str | None
+    status: str
+    note: str = ""
+    expected_type: str | None = None
+
+
+def expected_gguf_type(t: HFTensor) -> str | None:
+    """ggml type a converter must write for ``t``: ``I32`` for the token ordering, ``F32`` for 1-D tensors
+    (norms, scalars); None for matrices (any float / quantized type, the converter's outtype)."""
+    if t.name == "masked_embedding.token_ordering":
+        return "I32"
+    if len(t.shape) <= 1:
+        return "F32"
+    return None
+
+
+@dataclass(frozen=True)
+class HFAudit:
+    """Result of :func:`audit`.
+
+    Attributes:
+        hf_dir / gguf_path / dialect: what was compared.
+        rows: one :class:`AuditRow` per HF tensor, checkpoint order.
+        gguf_only: GGUF tensors with no HF source -> explanation.
+        config: GGUF key -> {"hf": value from config.json, "gguf": value in the file, "ok": bool}.
+        findings: :class:`findings.Finding` records (codes ``H_*``).
+    """
+
+    hf_dir: str
+    gguf_path: str
+    dialect: str
+    rows: tuple[AuditRow, ...]
+    gguf_only: Mapping[str, str]
+    config: Mapping[str, Mapping[str, Any]]
+    findings: tuple[Any, ...] = field(default=())
+
+    @property
+    def dropped(self) -> tuple[AuditRow, ...]:
+        """Rows the converter of this dialect dropped."""
+        return tuple(r for r in self.rows if r.status == "dropped")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {"hf_dir": self.hf_dir, "gguf_path": self.gguf_path, "dialect": self.dialect,
+                "rows": [dataclasses.asdict(r) for r in self.rows], "gguf_only": dict(self.gguf_only),
+                "config": {k: dict(v) for k, v in self.config.items()},
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[str, Any]:
+    """GGUF key -> value the converter writes from config.json (conversion/gemma.py); text fields as
+    :func:`text_hparams` reads them, only those the config states (no expectation from a default)."""
+    c = ckpt.config
+    a = arch + "."
+    exp: dict[str, Any] = {}
+
+    def put(key: str, v: Any) -> None:
+        if v is not None:
+            exp[a + key] = v
+
+    try:
+        hp: TextHParams | None = text_hparams(ckpt.text_config, Path(ckpt.path) / "config.json", require=())
+    except HFCheckpointError:
+        hp = None                              # reported by the layout check (H_CONFIG_INCOMPLETE)
+    s = hp.stated if hp is not None else frozenset()
+
+    def said(attr: str) -> Any:
+        return getattr(hp, attr) if attr in s else None
+
+    put("embedding_length", said("n_embd"))
+    put("block_count", said("n_layer"))
+    put("feed_forward_length", said("n_ff"))
+    put("attention.head_count", said("n_head"))
+    put("attention.key_length_swa", said("head_dim_swa"))
+    put("attention.key_length", said("head_dim_full"))
+    put("attention.sliding_window", said("sliding_window"))
+    if hp is not None and "is_swa" in s:
+        put("attention.sliding_window_pattern", list(hp.is_swa))
+        put("attention.head_count_kv", list(hp.n_head_kv) if "n_head_kv" in s else None)
+    put("attention.layer_norm_rms_epsilon", said("eps"))
+    put("rope.freq_base", said("rope_base_full"))
+    put("rope.freq_base_swa", said("rope_base_swa"))
+    bb = c.get("backbone_hidden_size")
+    put("n_embd_backbone" if dialect == "fork" else "embedding_length_out", bb)
+    if dialect == "fork":
+        put("use_ordered_embeddings", c.get("use_ordered_embeddings"))
+        if c.get("use_ordered_embeddings"):
+            put("n_centroids", c.get("num_centroids"))
+            put("centroid_top_k", c.get("centroid_intermediate_top_k"))
+    else:
+        put("nextn_predict_layers", said("n_layer"))
+    if said("n_vocab") is not None:
+        exp["n_vocab"] = hp.n_vocab if hp is not None else None
+    return exp
+
+
+def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
+    """Compare an HF checkpoint (headers + config) with a converted GGUF drafter, tensor by tensor.
+
+    For every HF tensor: its GGUF name in both dialects, the ``ne`` a converter writes (reversed numpy
+    shape), what the GGUF has, and whether this dialect's converter dropped it; GGUF tensors with no HF
+    source; config.json values vs the GGUF keys.
+
+    Args:
+        ckpt: :class:`HFCheckpoint` or a folder path.
+        f: an open GGUF (inspector/gguf.py) of arch ``gemma4_assistant`` or ``gemma4-assistant``.
+
+    Raises:
+        HFCheckpointError: an unreadable folder (when a path is given).
+    """
+    if not isinstance(ckpt, HFCheckpoint):
+        ckpt = read_checkpoint(ckpt)
+    arch = f.architecture or ""
+    dialect = L.dialect_of(arch)
+    dmap = dialect if dialect in ("fork", "upstream") else "upstream"
+    tmap = {t.name: t for t in f.tensors}
+    rows: list[AuditRow] = []
+    fs: list[Any] = []
+    if dialect not in ("fork", "upstream"):
+        fs.append(finding(WARNING, "H_NOT_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant", arch,
+                     "the HF audit maps Gemma 4 assistant checkpoints; names are mapped as upstream's"))
+    mapped: set[str] = set()
+    cfg_layout: dict[str, Any] = {}
+    if ckpt.config:
+        try:
+            cfg_layout = {e.name: e for e in L.expected_drafter_layout(hparams_from_config(ckpt.config, "fork"))}
+        except (HFCheckpointError, LayoutError) as e:
+            fs.append(finding(WARNING, "H_CONFIG_INCOMPLETE", e.key or "config.json", e.expected, e.actual,
+                         f"no layout from config.json: {e.message}"))
+    for t in ckpt.tensors.values():
+        try:
+            fork_name = gguf_name(t.name, "fork")
+        except KeyError:
+            fork_name = None
+        want_cfg = cfg_layout.get(fork_name) if fork_name else None
+        if want_cfg is not None and tuple(want_cfg.ne) != t.ne:
+            fs.append(finding(ERROR, "H_HF_SHAPE", t.name, list(reversed(want_cfg.ne)), list(t.shape),
+                         f"HF tensor {t.name} has numpy shape {list(t.shape)}; its config.json implies "
+                         f"{list(reversed(want_cfg.ne))} ({want_cfg.why}, ne order)"))
+        try:
+            gf, gu = gguf_name(t.name, "fork"), gguf_name(t.name, "upstream")
+        except KeyError:
+            rows.append(AuditRow(t.name, t.dtype, t.shape, None, None, None, t.ne, None, None, "unmapped",
+                                 "no known GGUF name"))
+            fs.append(finding(WARNING, "H_UNMAPPED", t.name, "a known Gemma 4 assistant tensor", t.name,
+                         f"HF tensor {t.name} has no known GGUF name"))
+            continue
+        g = gf if dmap == "fork" else gu
+        if t.name == "lm_head.weight" and ckpt.config.get("tie_word_embeddings", True):
+            g = None
+        if g is None:
+            why = drop_reason(t.name) if dmap == "upstream" else "tied to token_embd"
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, None, t.ne, None, None, "dropped", why))
+            fs.append(finding(INFO, "H_DROPPED", t.name, None, None, f"{t.name}: {why}"))
+            continue
+        mapped.add(g)
+        gt = tmap.get(g)
+        if gt is None:
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, None, None, "missing",
+                                 f"{g} is not in the GGUF"))
+            fs.append(finding(ERROR, "H_TENSOR_MISSING", g, list(t.ne), None,
+                         f"HF tensor {t.name} (numpy shape {list(t.shape)}) should be {g}, which the GGUF lacks"))
+            continue
+        ne = tuple(int(x) for x in gt.ne)
+        if ne != t.ne:
+            note = f"expected ne {list(t.ne)} (reversed HF shape), found {list(ne)}"
+            if ne == tuple(t.shape) and len(ne) == 2:
+                note += ": written transposed"
+            rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "shape", note))
+            fs.append(finding(ERROR, "H_TENSOR_SHAPE", g, list(t.ne), list(ne), f"{g} (from {t.name}): {note}"))
+            continue
+        note = ""
+        want = expected_gguf_type(t)
+        if want is not None and gt.type_name != want:
+            note = f"should be {want} (HF {t.dtype}), found {gt.type_name}"
+            fs.append(finding(ERROR if want == "I32" else WARNING, "H_DTYPE", g, want, gt.type_name, f"{g}: {note}"))
+        rows.append(AuditRow(t.name, t.dtype, t.shape, gf, gu, g, t.ne, ne, gt.type_name, "ok", note, want))
+    gguf_only = {}
+    for name in tmap:
+        if name not in mapped:
+            gguf_only[name] = GENERATED.get(name, "no HF source tensor")
+            if name not in GENERATED:
+                fs.append(finding(WARNING, "H_GGUF_ONLY", name, None, list(tmap[name].ne),
+                             f"GGUF tensor {name} has no source in the HF checkpoint"))
+    # config vs keys
+    cfg: dict[str, dict[str, Any]] = {}
+    for key, want in _config_expectations(ckpt, arch, dmap).items():
+        if key == "n_vocab":
+            toks = f.get("tokenizer.ggml.tokens")
+            have = len(toks) if toks is not None else None
+        else:
+            have = L._scalar(f.get(key))
+        if isinstance(want, float):
+            ok = isinstance(have, int | float) and abs(have - want) <= 1e-6 * max(1.0, abs(want))
+        elif isinstance(want, list) and isinstance(have, int) and not isinstance(have, bool):
+            ok = all(w == have for w in want)        # one value for every layer written as a scalar
+        else:
+            ok = have == want
+        cfg[key] = {"hf": want, "gguf": have, "ok": ok}
+        if not ok:
+            fs.append(finding(ERROR, "H_CONFIG_MISMATCH", key, want, have,
+                         f"config.json says {want!r}, the GGUF has {have!r} for {key}"))
+    return HFAudit(ckpt.path, str(getattr(f, "path", "")), dialect, tuple(rows), gguf_only, cfg, tuple(fs))
+
+
+__all__ = ["AuditRow", "HFAudit", "audit", "expected_gguf_type"]

@@ -1,0 +1,115 @@
+"""Drafter ↔ target pairing: can this drafter run against this target, and which target layers donate K/V.
+
+One job: :func:`check_pairing` (facts §1 "Pairing rules", src/llama-model.cpp KV sharing): target arch,
+backbone width, identical vocabulary, per layer type the KV heads and head dims, windows and rope bases,
+the KV donor layers under llama.cpp's and HF's rules. Returns a :class:`findings.Pairing`.
+
+May import: mtpscope.errors, inspector.findings, inspector.layouts, inspector.checks (helpers),
+inspector.diff (byte comparison of string arrays).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mtpscope.errors import LayoutError
+from mtpscope.inspector import layouts as L
+from mtpscope.inspector.checks import key_value
+from mtpscope.inspector.findings import ERROR, INFO, WARNING, Finding, Pairing, finding
+
+
+def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pairing:
+    """Drafter ↔ target checks (facts §1 "Pairing rules", src/llama-model.cpp KV sharing).
+
+    Checks: target arch ``gemma4``; target ``embedding_length`` == drafter backbone width; identical
+    vocabulary (token text, in order); per layer type (sliding / full) the drafter's ``n_head_kv`` and head
+    dim equal the target's at the donor layer; windows and rope bases; which target layers donate K/V
+    (llama.cpp: n_layer−2 for sliding, n_layer−1 for full; HF: last layer of each type).
+
+    Args:
+        drafter / target: open GGUF files.
+        hp: drafter hparams if already read.
+    """
+    fs: list[Finding] = []
+    add = fs.append
+    tpath = os.fspath(getattr(target, "path", ""))
+    donors: dict[str, int | None] = {"sliding": None, "full": None}
+    donors_hf: dict[str, int | None] = {"sliding": None, "full": None}
+    if target.architecture != L.ARCH_TARGET:
+        add(finding(ERROR, "E_PAIR_TARGET_ARCH", "general.architecture", "gemma4", target.architecture,
+               f"the target must be a gemma4 model, found {target.architecture!r}"))
+        return Pairing(tpath, False, tuple(fs), donors, donors_hf)
+    if hp is None:
+        hp = L.read_hparams(drafter)
+    try:
+        thp = L.read_hparams(target)
+    except LayoutError as e:
+        add(finding(ERROR, "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING", e.key or "",
+               e.expected or "present", e.actual, f"target: {e.message}"))
+        return Pairing(tpath, False, tuple(fs), donors, donors_hf)
+    if hp.n_embd_backbone is not None and thp.n_embd != hp.n_embd_backbone:
+        add(finding(ERROR, "E_PAIR_BACKBONE", "gemma4.embedding_length", hp.n_embd_backbone, thp.n_embd,
+               f"the drafter expects a backbone width of {hp.n_embd_backbone}, the target's "
+               f"embedding_length is {thp.n_embd}"))
+    _compare_vocab(drafter, target, add)
+    n = thp.n_layer
+    if n >= 2:
+        donors = {"sliding": n - 2, "full": n - 1}
+    donors_hf = {"sliding": thp.last_layer_of(True), "full": thp.last_layer_of(False)}
+    for kind, il in donors.items():
+        if il is not None and thp.layers[il].sliding != (kind == "sliding"):
+            add(finding(WARNING, "W_PAIR_KV_DONOR", f"blk.{il}", kind, "sliding" if thp.layers[il].sliding else "full",
+                   f"llama.cpp takes {kind} K/V from target layer {il}, which is a "
+                   f"{'sliding' if thp.layers[il].sliding else 'full'} layer; HF uses layer {donors_hf[kind]}"))
+    add(finding(INFO, "I_PAIR_KV_DONORS", "", None, {"llama.cpp": donors, "hf": donors_hf},
+           f"K/V donors: sliding ← target layer {donors['sliding']}, full ← target layer {donors['full']} "
+           f"(HF: {donors_hf['sliding']}, {donors_hf['full']})"))
+    for kind, sliding in (("sliding", True), ("full", False)):
+        d_layers = [ly for ly in hp.layers if ly.sliding == sliding]
+        il = donors_hf[kind]
+        if not d_layers or il is None:
+            continue
+        t_ly = thp.layers[il]
+        for ly in d_layers:
+            if ly.n_head_kv != t_ly.n_head_kv:
+                add(finding(ERROR, "E_PAIR_KV_HEADS", f"{hp.arch}.attention.head_count_kv[{ly.il}]", t_ly.n_head_kv,
+                       ly.n_head_kv, f"drafter {kind} layer {ly.il} has n_head_kv {ly.n_head_kv}, the target's "
+                       f"{kind} layers have {t_ly.n_head_kv}"))
+            if ly.head_dim != t_ly.head_dim:
+                key = "attention.key_length_swa" if sliding else "attention.key_length"
+                add(finding(ERROR, "E_PAIR_HEAD_DIM", f"{hp.arch}.{key}", t_ly.head_dim, ly.head_dim,
+                       f"drafter {kind} head dim {ly.head_dim} != target {t_ly.head_dim}"))
+    for key, code in (("attention.sliding_window", "W_PAIR_WINDOW"), ("rope.freq_base", "W_PAIR_ROPE"),
+                      ("rope.freq_base_swa", "W_PAIR_ROPE")):
+        a, b = key_value(drafter, f"{hp.arch}.{key}"), key_value(target, f"gemma4.{key}")
+        if a is not None and b is not None and a != b:
+            add(finding(WARNING, code, f"{hp.arch}.{key}", b, a, f"{key}: drafter {a}, target {b}"))
+    ok = not any(x.severity == ERROR for x in fs)
+    return Pairing(tpath, ok, tuple(fs), donors, donors_hf)
+
+
+def _compare_vocab(a: Any, b: Any, add: Any) -> None:
+    ta, tb = a.get("tokenizer.ggml.tokens"), b.get("tokenizer.ggml.tokens")
+    if ta is None or tb is None:
+        add(finding(ERROR, "E_PAIR_VOCAB", "tokenizer.ggml.tokens", "both files carry a tokenizer",
+               {"drafter": ta is not None, "target": tb is not None}, "cannot compare vocabularies"))
+        return
+    if len(ta) != len(tb):
+        add(finding(ERROR, "E_PAIR_VOCAB", "tokenizer.ggml.tokens", len(tb), len(ta),
+               f"drafter has {len(ta)} tokens, target {len(tb)}"))
+        return
+    from mtpscope.inspector.diff import string_array_bytes
+
+    ra, rb = string_array_bytes(ta), string_array_bytes(tb)
+    if ra is not None and ra == rb:
+        return  # byte-identical token lists (the common case, no decoding of 262144 strings)
+    la, lb = ta.to_list(), tb.to_list()
+    if la != lb:
+        diff = [i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if x != y]
+        add(finding(ERROR, "E_PAIR_VOCAB", "tokenizer.ggml.tokens", "identical token text", f"{len(diff)} differ",
+               f"{len(diff)} token strings differ, first at id {diff[0]}: drafter {la[diff[0]]!r}, "
+               f"target {lb[diff[0]]!r}"))
+
+
+__all__ = ["check_pairing"]

@@ -1,0 +1,174 @@
+"""Checks before :func:`traces.recorder.record` loads anything, and the manifest's model entries.
+
+* :func:`check_draft_and_sampling`: draft / sampling parameters llama.cpp can run (``MAX_N_DRAFT``).
+* :func:`preflight`: our own GGUF reader and :mod:`inspector.validate` decide whether llama.cpp can run
+  a target / drafter pair, before llama.cpp sees the files (some bad drafters crash it).
+* :func:`model_info` / :func:`centroid_source_info`: the manifest's ``models`` entries (path, size,
+  architecture, dialect, header sha256); also used by the replay to notice a changed model file.
+
+Imports: mtpscope.errors, mtpscope.inspector (gguf, inventory, validate; inside the functions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from mtpscope.errors import LayoutError, TraceError
+
+#: the most drafts per round :func:`traces.recorder.record` accepts. llama.cpp's MTP default is 3 drafts per round;
+#: each round verifies ``n_draft + 1`` tokens in one target batch and the drafter's acceptance decays
+#: with depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise
+#: allocate gigabytes before llama.cpp fails).
+MAX_N_DRAFT = 64
+
+
+def check_draft_and_sampling(*, n_draft: int, temp: float, top_k: int, top_p: float) -> None:
+    """Refuse draft / sampling parameters that llama.cpp cannot run or the manifest cannot store.
+
+    Rules: ``1 <= n_draft <= MAX_N_DRAFT`` (64); ``temp`` finite and ``>= 0`` (0 = greedy); ``top_p``
+    finite in ``(0, 1]`` (1 = off); ``top_k >= 0`` (0 = off).
+
+    Raises:
+        TraceError: the first parameter that breaks a rule, naming it with expected vs actual.
+    """
+    if not (1 <= int(n_draft) <= MAX_N_DRAFT):
+        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
+                         "drafts than a verify batch holds is a mistake)", key="n_draft",
+                         expected=f"1..{MAX_N_DRAFT}", actual=n_draft)
+    t = float(temp)
+    if not math.isfinite(t) or t < 0:
+        raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
+                         expected="finite >= 0", actual=temp)
+    p = float(top_p)
+    if not math.isfinite(p) or not (0.0 < p <= 1.0):
+        raise TraceError("top_p must be in (0, 1] (1 = off)", key="top_p", expected="0 < top_p <= 1",
+                         actual=top_p)
+    if int(top_k) < 0:
+        raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=top_k)
+
+
+def _header_sha256(path: Path, data_offset: int) -> str:
+    h = hashlib.sha256()
+    left = data_offset
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def model_info(f: Any) -> dict[str, Any]:
+    """Manifest entry of an open GGUF: path, size (bytes), architecture, dialect, header_sha256
+    (sha256 of bytes [0, data_offset), i.e. header, metadata and tensor infos, not the weights)."""
+    from mtpscope.inspector.inventory import detect_dialect  # noqa: PLC0415
+
+    p = Path(f.path)
+    return {"path": os.fspath(p.resolve()), "size": int(f.file_size), "architecture": f.architecture,
+            "dialect": detect_dialect(f).kind, "header_sha256": _header_sha256(p, int(f.data_offset))}
+
+
+def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Manifest entry of a ``--centroids`` source (GGUF: as :func:`model_info`; HF: dialect ``hf``,
+    size = bytes of its safetensors files, header_sha256 over their headers in name order)."""
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".safetensors":
+        files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+        h = hashlib.sha256()
+        size = 0
+        for file in files:
+            size += file.stat().st_size
+            with open(file, "rb") as fh:
+                n8 = fh.read(8)
+                h.update(n8)
+                h.update(fh.read(int.from_bytes(n8, "little")))
+        arch = None
+        cfg = (p if p.is_dir() else p.parent) / "config.json"
+        if cfg.exists():
+            try:
+                arch = json.loads(cfg.read_text()).get("model_type")
+            except ValueError:
+                arch = None
+        return {"path": os.fspath(p.resolve()), "size": size, "architecture": arch, "dialect": "hf",
+                "header_sha256": h.hexdigest()}
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    with open_gguf(p) as f:
+        return model_info(f)
+
+
+#: :data:`inspector.validate.CODES` of wrong ggml types / tensor shapes that :func:`preflight` refuses
+#: (llama.cpp may load such a drafter and then segfault inside llama_decode)
+PREFLIGHT_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE"})
+
+
+def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Check with our own GGUF reader that llama.cpp can run this pair, before llama.cpp sees it.
+
+    Checks: both files readable GGUF; the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
+    ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
+    the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
+    inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
+    :func:`inspector.validate.verify` error about a tensor's ggml type or shape
+    (:data:`PREFLIGHT_CRASH_CODES`; the first three are listed in the message).
+
+    Returns:
+        ``{"target": model_info, "assistant": model_info}``.
+
+    Raises:
+        LayoutError: a refusal, naming the file, the key and expected vs actual (from the finding).
+        GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
+        FileNotFoundError: a missing file.
+    """
+    from mtpscope.inspector import validate as V  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    for p in (target, assistant):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+    with open_gguf(assistant) as d, open_gguf(target) as t:
+        if d.architecture == "gemma4_assistant":
+            raise LayoutError("fork-dialect drafter (gemma4_assistant): llama.cpp's runtime does not load it; "
+                              "record with an upstream gemma4-assistant drafter and pass this file as "
+                              "--centroids to compare its centroid head", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if d.architecture != "gemma4-assistant":
+            raise LayoutError("the assistant must be a gemma4-assistant drafter", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if t.architecture != "gemma4":
+            raise LayoutError("the target must be a gemma4 model", path=t.path, key="general.architecture",
+                              expected="gemma4", actual=t.architecture)
+        for f in (t, d):
+            v = V.upstream_verdict(f)
+            if v.loads is False:
+                raise LayoutError(f"llama.cpp would refuse this file: {v.reasons[0]}", path=f.path,
+                                  key="loadability", expected="loads", actual="refused")
+        pairing = V.check_pairing(d, t)
+        errors = [x for x in pairing.findings if x.severity == V.ERROR]
+        if errors:
+            e = errors[0]
+            raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
+                              expected=e.expected, actual=e.actual)
+        # wrong ggml types / shapes of the drafter's tensors: llama.cpp loads some of these and then
+        # crashes (segfault) inside llama_decode, so refuse them here
+        report = V.verify(d, target=t)
+        crash = [x for x in report.findings if x.severity == V.ERROR and x.code in PREFLIGHT_CRASH_CODES]
+        if crash:
+            e = crash[0]
+            listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
+            more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
+            raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
+                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope validate`)",
+                              path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
+        return {"target": model_info(t), "assistant": model_info(d)}
+
+
+__all__ = ["MAX_N_DRAFT", "PREFLIGHT_CRASH_CODES", "centroid_source_info", "check_draft_and_sampling",
+           "model_info", "preflight"]

@@ -1,0 +1,74 @@
+"""Top-k and rank over a score vector (logits, centroid logits): the one definition of both.
+
+Rules (the trace format's, ``docs/TRACE_FORMAT.md``): a top-k list is best first, ties broken by the
+lower index; a rank is the number of *strictly* greater scores (0 = best, tied scores share a rank).
+Used by the recorder's step analysis (:mod:`traces.step_analysis`), the centroid head's scoring
+(:mod:`traces.centroid_head`), the replay (:mod:`traces.replay`) and the live parity run.
+
+Imports: numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: block width of :func:`top_k_desc`'s fast path (vectors of at least 8 blocks, a multiple of it)
+_BLOCK = 512
+
+
+def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest values of ``x``, best first; ties: lower index first. Exact.
+
+    Args:
+        x: scores, any shape (read flattened, so 1-D in practice: ``(n,)``).
+        k: how many; more than ``n`` gives all ``n``, ``<= 0`` none.
+
+    Returns:
+        ``np.int64[min(k, n)]`` indices into the flattened ``x``.
+
+    Fast on large vectors (about 0.3 ms for 262144 float32 here, against 2 ms for a full
+    ``argpartition``): a block of 512 whose maximum is below the k-th largest block maximum cannot
+    hold a top-k value, so only the best k blocks are searched.
+    """
+    x = np.asarray(x).reshape(-1)
+    n = x.shape[0]
+    k = min(int(k), n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    b = _BLOCK
+    if n >= 8 * b and n % b == 0:
+        # "blocks" are the columns of x viewed as (n // 512, 512): column j holds j, j + 512, ...
+        grid = x.reshape(-1, b)
+        bmax = grid.max(axis=0)
+        kb = min(k, b)
+        thr = np.partition(bmax, b - kb)[b - kb]
+        sel = np.flatnonzero(bmax >= thr)
+        vals = grid[:, sel].reshape(-1)            # row-major over (rows, len(sel))
+        kk = min(k, vals.shape[0])
+        kth = -np.partition(-vals, kk - 1)[kk - 1]
+        hit = np.flatnonzero(vals >= kth)          # every value >= the k-th largest (ties included)
+        gid = (hit // sel.shape[0]) * b + sel[hit % sel.shape[0]]
+    else:
+        kth = -np.partition(-x, k - 1)[k - 1]
+        gid = np.flatnonzero(x >= kth)
+    order = np.lexsort((gid, -x[gid]))
+    return gid[order][:k]
+
+
+def rank(x: np.ndarray, i: int, top: np.ndarray | None = None) -> int:
+    """Rank of index ``i`` among the scores ``x`` (``(n,)``): how many scores are strictly greater
+    than ``x[i]`` (0 = best).
+
+    ``top``: a :func:`top_k_desc` list of ``x``, when at hand; if ``i`` is in it the rank is read off
+    the list (every strictly greater score is then in the list too), else the whole vector is counted.
+
+    Raises:
+        IndexError: ``i`` out of range.
+    """
+    v = x[i]
+    if top is not None and np.flatnonzero(top == i).size:
+        return int(np.count_nonzero(x[top] > v))
+    return int(np.count_nonzero(x > v))
+
+
+__all__ = ["rank", "top_k_desc"]
