@@ -378,7 +378,7 @@ def verdict_line(rep: Any) -> str:
     head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {errs} error(s), {warns} warning(s)"
     loads = []
     for v in rep.loadability:
-        word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules")
+        word = {"refuses": "does not load", "unknown": "no rules"}.get(v.outcome, v.outcome)
         loads.append(f"{v.runtime.split(' (')[0]} {word}")
     parts = [head, "; ".join(loads)]
     if rep.pairing is not None:

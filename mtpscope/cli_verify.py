@@ -50,8 +50,9 @@ def _print_report(report: object, verbose: bool) -> None:
     t.add_column("verdict")
     t.add_column("because")
     for v in r.loadability:  # type: ignore[attr-defined]
-        verdict = {True: "[green]loads[/green]", False: "[red]refuses[/red]", None: "unknown"}[v.loads]
-        t.add_row(v.runtime, verdict, v.reasons[0] if v.reasons else "")
+        outcome = getattr(v, "outcome", None) or {True: "loads", False: "refuses", None: "unknown"}[v.loads]
+        style = "green" if outcome == "loads" else "dim" if outcome == "unknown" else "red"
+        t.add_row(v.runtime, f"[{style}]{outcome}[/{style}]", escape(v.reasons[0]) if v.reasons else "")
     con.print(t)
     if r.hf_audit is not None:  # type: ignore[attr-defined]
         a = r.hf_audit  # type: ignore[attr-defined]
