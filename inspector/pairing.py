@@ -62,7 +62,8 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
             add(finding(ERROR, "E_PAIR_KV_DONOR", f"blk.{il}", kind, "sliding" if thp.layers[il].sliding else "full",
                    f"llama.cpp takes {kind} K/V from target layer {il}, which is a "
                    f"{'sliding' if thp.layers[il].sliding else 'full'} layer; HF uses layer {donors_hf[kind]} "
-                   "(llama.cpp runs and the drafter reads the wrong layer's cache)"))
+                   "(llama.cpp runs and the drafter silently reads another layer's cache: a donor missing from "
+                   "the target's cache of that type resolves to that cache's first layer)"))
     add(finding(INFO, "I_PAIR_KV_DONORS", "", None, {"llama.cpp": donors, "hf": donors_hf},
            f"K/V donors: sliding ← target layer {donors['sliding']}, full ← target layer {donors['full']} "
            f"(HF: {donors_hf['sliding']}, {donors_hf['full']})"))
