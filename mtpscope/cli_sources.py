@@ -27,15 +27,10 @@ def remote_options(allow_full_download: bool = False, max_header_mib: int = DEFA
                    timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     """:class:`mtpscope.inspector.remote.RemoteOptions` for the CLI (and the app), with the cached
     tokenizer as a layout hint when it exists."""
+    from mtpscope.cache import layout_hints
     from mtpscope.inspector.remote import RemoteOptions
 
-    from mtpscope.cache import vocab_path
-    from mtpscope.errors import MtpscopeError
-
-    try:
-        hints: tuple[str, ...] = (str(vocab_path(fetch=False)),)  # never fetched for a hint
-    except (MtpscopeError, OSError):
-        hints = ()
+    hints = layout_hints()
     return RemoteOptions(allow_full_download=allow_full_download, max_header_bytes=max_header_mib << 20,
                          timeout_s=timeout_s, layout_hints=hints)
 
