@@ -72,6 +72,15 @@ class _Handler(BaseHTTPRequestHandler):
         return sent
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        with self.server.lock:
+            self.server.active += 1
+        try:
+            self._get()
+        finally:
+            with self.server.lock:
+                self.server.active -= 1
+
+    def _get(self) -> None:
         parts = self.path.lstrip("/").split("/", 1)
         mode, name = (parts + [""])[:2]
         srv = self.server
@@ -136,6 +145,7 @@ class _Server(ThreadingHTTPServer):
         self.slow_s = slow_s
         self.hits: list[Hit] = []
         self.flaked: set[str] = set()
+        self.active = 0  # requests being answered
         self.lock = threading.Lock()
 
 
@@ -153,6 +163,14 @@ class FileServer:
 
     @property
     def hits(self) -> list[Hit]:
+        """Every request answered so far (waits up to 3 s for answers still being written: a client can
+        have read a whole body before the server thread logged it)."""
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            with self.srv.lock:
+                if not self.srv.active:
+                    break
+            time.sleep(0.01)
         with self.srv.lock:
             return list(self.srv.hits)
 

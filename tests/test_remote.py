@@ -242,3 +242,38 @@ def test_redirect_rules():
 def test_display_url_drops_secrets():
     assert display_url("https://user:pw@cdn-lfs.hf.co:443/x.gguf?X-Amz-Signature=s#f") == \
         "https://cdn-lfs.hf.co:443/x.gguf"
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+def test_cli_accepts_urls(server, files, demo_dir, vocab_gguf):
+    """inspect / verify / diff take a URL wherever they take a path; errors are one line, exit 2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli import app
+
+    runner = CliRunner()
+    with FileServer({"d.gguf": demo_dir.drafter_upstream, "t.gguf": demo_dir.target}) as s:
+        r = runner.invoke(app, ["inspect", s.url("range", "d.gguf"), "--json"])
+        assert r.exit_code == 0, r.output
+        remote = json.loads(r.stdout)
+        local = json.loads(runner.invoke(app, ["inspect", str(demo_dir.drafter_upstream), "--json"]).stdout)
+        assert remote["tensors"] == local["tensors"] and remote["metadata"] == local["metadata"]
+        assert remote["path"] == s.url("range", "d.gguf") and remote["remote"]["requests"] == len(s.hits)
+        r = runner.invoke(app, ["verify", s.url("range", "d.gguf"), "--target", s.url("range", "t.gguf"), "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["ok"] is True
+        r = runner.invoke(app, ["diff", s.url("range", "d.gguf"), str(demo_dir.drafter_upstream)])
+        assert r.exit_code == 0 and "identical" in r.stdout
+        r = runner.invoke(app, ["inspect", s.url("norange", "d.gguf")])
+        assert r.exit_code == 2 and "--allow-full-download" in r.output and len(r.output.strip().splitlines()) == 1
+        r = runner.invoke(app, ["inspect", s.url("norange", "d.gguf"), "--allow-full-download", "--json"])
+        assert r.exit_code == 0 and json.loads(r.stdout)["tensors"] == local["tensors"]
+        r = runner.invoke(app, ["verify", s.url("missing", "x.gguf")])
+        assert r.exit_code == 2 and "HTTP 404" in r.output
+        r = runner.invoke(app, ["estimate", "--target", s.url("range", "t.gguf"), "--assistant",
+                                s.url("range", "d.gguf"), "--json"])
+        assert r.exit_code == 0 and json.loads(r.stdout)["drafter"]["kv"] == 0
