@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from mtpscope.errors import InspectorError, RemoteFileError
 
@@ -603,8 +603,3 @@ def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple
         reader.close()
         raise
     return f, reader
-
-
-def quote_path(path: str) -> str:
-    """Percent-encode a path for a URL (helper for building test / shard URLs)."""
-    return quote(path, safe="/")
