@@ -21,6 +21,7 @@ PAGES = [
     st.Page("screens/acceptance.py", title="Acceptance", url_path="acceptance"),
     st.Page("screens/step.py", title="Step", url_path="step"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
+    st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
 ]
 
 page = st.navigation(PAGES)
