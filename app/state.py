@@ -379,7 +379,7 @@ def verdict_line(rep: Any) -> str:
     head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {errs} error(s), {warns} warning(s)"
     loads = []
     for v in rep.loadability:
-        word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules")
+        word = {"refuses": "does not load", "unknown": "no rules"}.get(v.outcome, v.outcome)
         loads.append(f"{v.runtime.split(' (')[0]} {word}")
     parts = [head, "; ".join(loads)]
     if rep.pairing is not None:
@@ -472,3 +472,56 @@ def resolve_near(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -
         if c.is_dir() and safety.is_allowed(c, roots()):
             return c.resolve()
     return None
+
+
+# ------------------------------------------------------------------- URLs and the memory estimate (issue 16)
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner="reading the GGUF header over HTTP…")
+def _remote(url: str):
+    from mtpscope.cache import layout_hints
+    from mtpscope.inspector.remote import RemoteOptions
+    from mtpscope.inspector.shards import open_model
+
+    return open_model(url, remote=RemoteOptions(timeout_s=20.0, retries=1, layout_hints=layout_hints()))
+
+
+def remote_gguf(url: str):
+    """The GGUF at ``url`` (header only), after :func:`mtpscope.app.safety.check_url` (switch + host
+    allow-list); cached ten minutes per URL."""
+    return _remote(safety.check_url(url))
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner=False)
+def _remote_report(url: str) -> dict[str, Any]:
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+
+    f = _remote(url)
+    readers = [getattr(x, "reader", None) for x in (getattr(f, "shards", None) or (f,))]
+    logs = [r.log for r in readers if r is not None and hasattr(r, "log")]
+    return {"file": f, "inventory": build_inventory(f), "report": verify(f),
+            "estimate": run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == "gemma4" else None,
+            "requests": sum(x.n_requests for x in logs), "bytes": sum(x.n_bytes for x in logs)}
+
+
+def remote_report(url: str) -> dict[str, Any]:
+    """For the Files page's URL field: ``file``, ``inventory``, ``report`` (verify), ``estimate`` (a target
+    at n_ctx 8192, else None), ``requests`` / ``bytes`` read; after :func:`mtpscope.app.safety.check_url`."""
+    return _remote_report(safety.check_url(url))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None, n_ctx: int):
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+
+    t = _open_gguf(target, *tkey)
+    d = _open_gguf(drafter, *dkey) if drafter else None
+    return run(t, d, EstimateParams(n_ctx=n_ctx))
+
+
+def estimate(target: str | os.PathLike[str], drafter: str | os.PathLike[str] | None, n_ctx: int):
+    """:func:`mtpscope.inspector.estimate.estimate` for the selected pair (llama-server's defaults: f16 KV,
+    flash attention, one sequence, CPU), cached by path, size and mtime."""
+    t = safety.check_path(target, roots())
+    d = safety.check_path(drafter, roots()) if drafter else None
+    return _estimate(str(t), _stat_key(t), str(d) if d else None, _stat_key(d) if d else None, int(n_ctx))

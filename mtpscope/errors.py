@@ -106,6 +106,12 @@ class PathNotAllowedError(InspectorError):
     """A path outside the folders the app may read (``MTPSCOPE_ROOTS``)."""
 
 
+class RemoteFileError(InspectorError):
+    """A GGUF URL (``https://`` / ``hf://``) that cannot be read: an HTTP error status, a server without
+    range requests, a redirect to a host that is not allowed, a timeout, a truncated response or a cap
+    exceeded. ``path`` is the URL without its query string; a token is never part of the message."""
+
+
 class TraceError(MtpscopeError):
     """Errors reading, writing or importing traces."""
 

@@ -109,6 +109,37 @@ st.subheader("Target")
 _picker("target", "target GGUF", "gguf", optional=True, upload="GGUF")
 _gguf_summary("target")
 
+def _estimate() -> None:
+    """Memory llama.cpp needs for the selected target (and drafter): weights, KV cache, buffers."""
+    target = state.get("target")
+    if not target:
+        st.caption("select a target to see the memory estimate")
+        return
+    n_ctx = st.number_input("n_ctx", min_value=256, max_value=1 << 20, value=8192, step=1024, key="w.est.n_ctx",
+                            help="context size; f16 KV cache, flash attention, one sequence, CPU (llama-server's "
+                                 "defaults); `mtpscope estimate` has every setting")
+    with state.guard("memory estimate"):
+        e = state.estimate(target, state.get("drafter"), int(n_ctx))
+        _estimate_table(e)
+
+
+def _estimate_table(e) -> None:
+    rows = [{"device": dev, **{k: charts.human_bytes(v) for k, v in b.items()}} for dev, b in e.by_device.items()]
+    st.dataframe(rows, hide_index=True)
+    t = e.target
+    own = [x for x in t.kv_layers if x.reuses is None]
+    line = (f"target KV {charts.human_bytes(t.kv)}: {sum(1 for x in own if not x.sliding)} full layers × "
+            f"{e.cells_full} cells, {sum(1 for x in own if x.sliding)} sliding × {e.cells_swa} cells"
+            + (f", {len(t.kv_layers) - len(own)} shared-KV layers hold none" if len(own) < len(t.kv_layers) else ""))
+    if e.drafter is not None:
+        line += (f" · drafter: weights {charts.human_bytes(e.drafter.weights)}, KV none (reads target layers "
+                 f"{e.drafter.kv_shared_from['sliding']} / {e.drafter.kv_shared_from['full']})")
+    st.caption(line + f" · total {charts.human_bytes(e.total)} · " + "; ".join(e.notes))
+
+
+st.subheader("Memory estimate (llama.cpp)")
+_estimate()
+
 st.subheader("Trace")
 _picker("trace", "trace folder", "trace", optional=True, upload="trace .zip")
 if state.get("trace"):
@@ -135,3 +166,27 @@ with st.expander("Second trace and replay results (Compare page), Hugging Face c
     _picker("trace_b", "trace B folder", "trace", optional=True, upload=None)
     _picker("replay", "replay output folder (mtpscope replay --out)", "replay", optional=True, upload=None)
     _picker("checkpoint", "Hugging Face checkpoint folder", "checkpoint", optional=True, upload=None)
+
+
+with st.expander("Read a GGUF header from a URL (nothing else is downloaded)"):
+    if not safety.urls_allowed():
+        st.caption(f"off: start the app with `{safety.ALLOW_URLS_ENV}=1` to read `https://` / `hf://` URLs "
+                   f"(hosts: {', '.join(safety.url_hosts())}; `{safety.URL_HOSTS_ENV}` changes the list)")
+    else:
+        url = st.text_input("URL", key="w.url", placeholder="hf://ORG/REPO/FILE.gguf or https://huggingface.co/…",
+                            help="only the header is read, with HTTP range requests; hosts: "
+                                 + ", ".join(safety.url_hosts())).strip()
+        if url:
+            with state.guard("remote GGUF"):
+                r = state.remote_report(url)
+                f = r["file"]
+                cols = st.columns(4)
+                cols[0].metric("architecture", f.architecture or "?")
+                cols[1].metric("dialect", r["inventory"].dialect.kind)
+                cols[2].metric("size", charts.human_bytes(f.file_size))
+                cols[3].metric("tensors", len(f.tensors))
+                if r["requests"]:
+                    st.caption(f"read {charts.human_bytes(r['bytes'])} in {r['requests']} requests")
+                (st.success if r["report"].ok else st.warning)(state.verdict_line(r["report"]))
+                if r["estimate"] is not None:
+                    _estimate_table(r["estimate"])
