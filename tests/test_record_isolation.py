@@ -208,3 +208,31 @@ def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_pa
         results.append((len(reported), len(survived)))
     (tmp_path / "results.json").write_text(json.dumps(results))
     print("reported vs survived per kill:", results)
+
+
+def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> None:  # noqa: ANN001
+    """Everything the loop produces passes the worker's transport unchanged: prompts given as text, token
+    ids and chat messages, h_target and the plain-decoding baseline; rounds, steps and hidden states
+    equal an in-process recording of the same run exactly."""
+    from mtpscope.traces.mtp_runtime import MtpRuntime
+    from mtpscope.traces.recorder import record
+
+    pf = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": PROMPT, "id": "fox", "category": "story"}, {"tokens": [2, 651, 3823, 1024], "id": 7},
+             {"messages": [{"role": "user", "content": "Hello"}]}]
+    pf.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, max_tokens=20, hidden="f32",
+              hidden_target=True, baseline=True, command=["test"], n_gpu_layers=0)
+    s_iso = record(out=tmp_path / "iso", **kw)
+    with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0) as r:
+        s_in = record(out=tmp_path / "in", runtime=r, **kw)
+    assert s_iso.isolated and not s_in.isolated and s_iso.outputs == s_in.outputs
+    a, b = traces.open(tmp_path / "iso"), traces.open(tmp_path / "in")
+    assert a.manifest["prompts"] == b.manifest["prompts"]
+    assert a.manifest["baseline"]["outputs_equal"] is True and a.manifest["params"]["isolated"] is True
+    cols = [c for c in a.rounds.columns if not c.startswith("t_")]          # timings differ, of course
+    assert a.rounds[cols].equals(b.rounds[cols])
+    assert a.steps.equals(b.steps)
+    for name in ("h", "h_next", "h_inner", "h_target"):
+        np.testing.assert_array_equal(a.hidden(name), b.hidden(name))
+    assert (tmp_path / "iso" / "llama.log").is_file()
