@@ -17,6 +17,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
+        ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
         ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
         └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
 """
@@ -122,6 +123,10 @@ class TraceFormatError(TraceError):
 
 class ImportFormatError(TraceError):
     """A foreign log (fork NDJSON, llama-server log) that cannot be imported at all."""
+
+
+class TraceMismatchError(TraceError):
+    """Two readable traces that cannot be compared: no prompt in common, or one of them has no rounds."""
 
 
 class RuntimeUnavailableError(TraceError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,16 @@ def read_prompt_specs(path: str | os.PathLike[str]) -> list[PromptSpec]:
     Raises:
         MtpscopeError: a line that is not JSON, has no / several prompt sources, a field of the wrong
             type, a repeated ``id`` (each names the file, the line and the field); a file without
-            prompts; bytes that are not UTF-8 (names the byte offset).
+            prompts; bytes that are not UTF-8 (names the byte offset); a path that is not a regular
+            file (a FIFO, a directory, a device: checked before it is opened).
         FileNotFoundError: missing file.
     """
     p = Path(path)
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):  # checked before opening: reading a FIFO would block forever
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise MtpscopeError("prompts file is not a regular file", path=p, expected="a regular file", actual=kind)
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8")
