@@ -45,52 +45,74 @@ def empty_figure(message: str, height: int = 200) -> go.Figure:
 def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                     max_marks: int = TIMELINE_MAX_MARKS, svg_limit: int = TIMELINE_SVG_LIMIT,
                     max_bins: int = 2000, min_streak: int = 2, title: str = "Acceptance timeline",
-                    highlight: tuple[int, int] | None = None) -> go.Figure:
+                    highlight: tuple[int, int] | None = None, labels: dict[int, str] | None = None) -> go.Figure:
     """The acceptance timeline.
 
     Args:
         rounds: rounds in timeline order with a ``seq`` column (:func:`mtpscope.app.views.ordered_rounds`):
             prompt_id, round, n_draft, n_accepted, drafted, target.
         decode: token id → display text for the hover boxes (drafted vs target).
-        max_marks: up to this many rounds one clickable mark per round (y = accepted length,
-            colour = accepted length, customdata = [prompt_id, round, seq]); beyond it the rounds
-            are aggregated into at most ``max_bins`` bins (y = mean accepted length per bin,
-            customdata = the bin's first round).
+        max_marks: up to this many rounds one clickable mark per round (y = accepted length, colour =
+            share of the round's drafts accepted, n_accepted / n_draft, so 2 of 2 is as green as 3 of
+            3; customdata = [prompt_id, round, seq]); rounds that drafted nothing are a second trace of
+            grey hollow marks (name ``drafted nothing``), never a red zero. Beyond ``max_marks`` the
+            rounds are aggregated into at most ``max_bins`` bins (y = mean accepted length per bin,
+            colour = the bin's acceptance rate, customdata = the bin's first round).
         svg_limit: above this many marks use WebGL (``Scattergl``).
         min_streak: zero-acceptance runs of at least this many rounds are shaded (longest
             :data:`MAX_STREAK_SHAPES` only).
         highlight: (first seq, last seq) of a window to outline (the detail window on the overview).
+        labels: prompt_id → prompt label (``prompt 3 “text…”``) for the hover boxes and the prompt
+            boundaries (each prompt's start is a dotted line labelled with its prompt, up to 60).
 
     Returns:
-        The figure; ``fig.layout.meta`` is ``{"mode": "marks" | "bins", "n_rounds": n}``.
+        The figure; ``fig.layout.meta`` is ``{"mode": "marks" | "bins", "n_rounds": n, "n_zero_draft": …,
+        "n_streaks_shaded": …}``.
     """
     n = len(rounds)
     if n == 0:
         return empty_figure("no rounds in this selection")
+    labels = labels or {}
     kmax = int(max(1, rounds["n_draft"].max()))
+    nd = rounds["n_draft"].to_numpy(dtype=np.int64)
+    na = rounds["n_accepted"].to_numpy(dtype=np.int64)
+    zero_draft = nd == 0
+    n_zero_draft = int(zero_draft.sum())
     if n <= max_marks:
-        hover = views.round_hover(rounds, decode)
+        hover = np.asarray(views.round_hover(rounds, decode, labels=labels), dtype=object)
         cls = go.Scattergl if n > svg_limit else go.Scatter
-        fig = go.Figure(cls(
-            x=rounds["seq"], y=rounds["n_accepted"], mode="markers",
-            marker=dict(size=9 if n <= 300 else 6, color=rounds["n_accepted"], colorscale=ACCEPT_SCALE,
-                        cmin=0, cmax=kmax, line=dict(width=0.5, color="#444"),
-                        colorbar=dict(title="accepted", thickness=12)),
-            customdata=np.stack([rounds["prompt_id"].to_numpy(), rounds["round"].to_numpy(),
-                                 rounds["seq"].to_numpy()], axis=1),
-            hovertext=hover, hoverinfo="text", name="round",
-        ))
+        custom = np.stack([rounds["prompt_id"].to_numpy(), rounds["round"].to_numpy(),
+                           rounds["seq"].to_numpy()], axis=1)
+        drew = ~zero_draft
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(nd > 0, na / np.maximum(nd, 1), np.nan)
+        size = 9 if n <= 300 else 6
+        traces = [cls(
+            x=rounds["seq"].to_numpy()[drew], y=na[drew], mode="markers",
+            marker=dict(size=size, color=share[drew], colorscale=ACCEPT_SCALE, cmin=0, cmax=1,
+                        line=dict(width=0.5, color="#444"),
+                        colorbar=dict(title="share<br>accepted", thickness=12, tickformat=".0%")),
+            customdata=custom[drew], hovertext=hover[drew], hoverinfo="text", name="round that drafted",
+        )]
+        if n_zero_draft:
+            traces.append(cls(
+                x=rounds["seq"].to_numpy()[zero_draft], y=np.zeros(n_zero_draft), mode="markers",
+                marker=dict(size=size, symbol="circle-open", color="#888", line=dict(width=1.5, color="#888")),
+                customdata=custom[zero_draft], hovertext=hover[zero_draft], hoverinfo="text",
+                name="drafted nothing"))
+        fig = go.Figure(traces)
         mode = "marks"
     else:
         b = views.binned_rounds(rounds, max_bins=max_bins)
-        hover = [f"rounds {s}–{e} (from prompt {p} · round {r})<br>mean accepted {m:.2f}<br>"
-                 f"acceptance rate {a:.1%}<br>zero-acceptance rounds {z}"
+        hover = [f"rounds {s}–{e} (from {views._esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
+                 f"mean accepted {m:.2f}<br>acceptance rate {'—' if np.isnan(a) else f'{a:.1%}'}<br>"
+                 f"zero-acceptance rounds {z}"
                  for s, e, p, r, m, a, z in zip(b["seq_start"], b["seq_end"], b["prompt_id"], b["round"],
-                                                 b["mean_accepted"], b["acceptance_rate"].fillna(0), b["n_zero"])]
+                                                 b["mean_accepted"], b["acceptance_rate"], b["n_zero"])]
         fig = go.Figure(go.Scattergl(
             x=b["seq_start"], y=b["mean_accepted"], mode="markers+lines",
-            marker=dict(size=4, color=b["mean_accepted"], colorscale=ACCEPT_SCALE, cmin=0, cmax=kmax,
-                        colorbar=dict(title="mean acc.", thickness=12)),
+            marker=dict(size=4, color=b["acceptance_rate"], colorscale=ACCEPT_SCALE, cmin=0, cmax=1,
+                        colorbar=dict(title="acceptance<br>rate", thickness=12, tickformat=".0%")),
             line=dict(width=1, color="#888"),
             customdata=np.stack([b["prompt_id"].to_numpy(), b["round"].to_numpy(), b["seq_start"].to_numpy()], axis=1),
             hovertext=hover, hoverinfo="text", name="bin",
@@ -99,30 +121,48 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     # Shapes are built as plain dicts and set once: plotly's add_vrect / add_vline re-validate the
     # whole shape list on every call (seconds for a hundred shapes).
     shapes: list[dict] = []
+    annotations: list[dict] = []
     streaks = views.zero_streaks(rounds, min_length=min_streak).head(MAX_STREAK_SHAPES)
     for s in streaks.itertuples(index=False):
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(s.start_seq) - 0.5,
                            x1=float(s.end_seq) + 0.5, y0=0, y1=1, fillcolor="#d62728", opacity=0.12,
                            line_width=0, layer="below"))
-    # prompt boundaries
+    # prompt boundaries, each labelled with its prompt
     first = rounds["prompt_id"].to_numpy()
-    change = np.flatnonzero(first[1:] != first[:-1]) + 1 if len(first) > 1 else np.zeros(0, dtype=np.int64)
-    if 0 < len(change) <= 60:
+    starts = np.concatenate([[0], np.flatnonzero(first[1:] != first[:-1]) + 1]) if len(first) else np.zeros(0, np.int64)
+    if len(starts) <= 60:
         seq = rounds["seq"].to_numpy()
-        for i in change:
-            shapes.append(dict(type="line", xref="x", yref="paper", x0=float(seq[i]) - 0.5, x1=float(seq[i]) - 0.5,
-                               y0=0, y1=1, line=dict(width=1, dash="dot", color="#999")))
+        for j, i in enumerate(starts):
+            if j:
+                shapes.append(dict(type="line", xref="x", yref="paper", x0=float(seq[i]) - 0.5, x1=float(seq[i]) - 0.5,
+                                   y0=0, y1=1, line=dict(width=1, dash="dot", color="#999")))
+            if len(starts) > 1 or labels:
+                pid = int(first[i])
+                annotations.append(dict(x=float(seq[i]) - 0.5, y=1.0, xref="x", yref="paper", xanchor="left",
+                                        yanchor="bottom", showarrow=False, textangle=0,
+                                        text=views._esc(labels.get(pid, f"prompt {pid}")), font=dict(size=10, color="#555"),
+                                        hovertext=views._esc(labels.get(pid, f"prompt {pid}"))))
     if highlight is not None:
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(highlight[0]) - 0.5,
                            x1=float(highlight[1]) + 0.5, y0=0, y1=1, fillcolor="#1f77b4", opacity=0.15,
                            line=dict(width=1, color="#1f77b4"), layer="below"))
-    fig.update_layout(shapes=shapes)
-    _layout(fig, title, height=340, clickmode="event+select", dragmode="zoom", showlegend=False,
-            meta={"mode": mode, "n_rounds": n, "n_streaks_shaded": len(streaks)})
+    fig.update_layout(shapes=shapes, annotations=_stagger(annotations))
+    _layout(fig, title, height=360, clickmode="event+select", dragmode="zoom",
+            showlegend=mode == "marks" and n_zero_draft > 0,
+            legend=dict(orientation="h", yanchor="top", y=-0.18, x=0),
+            margin=dict(l=50, r=20, t=80, b=40),
+            meta={"mode": mode, "n_rounds": n, "n_zero_draft": n_zero_draft, "n_streaks_shaded": len(streaks)})
     fig.update_xaxes(title="round (in prompt order)")
-    fig.update_yaxes(title="accepted length" if mode == "marks" else "mean accepted length",
-                     range=[-0.3, kmax + 0.3])
+    fig.update_yaxes(title="accepted drafts" if mode == "marks" else "mean accepted drafts",
+                     range=[-0.3, kmax + 0.3], dtick=1 if mode == "marks" else None)
     return fig
+
+
+def _stagger(annotations: list[dict], levels: int = 3) -> list[dict]:
+    """Prompt labels on up to ``levels`` rows (by yshift) so neighbouring labels do not sit on each other."""
+    for i, a in enumerate(annotations):
+        a["yshift"] = 14 * (i % levels) if len(annotations) > 1 else 0
+    return annotations
 
 
 def per_position_figure(per_pos: pd.DataFrame, other: pd.DataFrame | None = None,
@@ -143,22 +183,64 @@ def per_position_figure(per_pos: pd.DataFrame, other: pd.DataFrame | None = None
     return fig
 
 
-def rolling_figure(rolling: pd.DataFrame, overall: float | None = None, window: int = 64,
-                   other: pd.DataFrame | None = None, names: tuple[str, str] = ("A", "B")) -> go.Figure:
-    """Rolling acceptance rate (columns seq, rolling_rate) with the overall rate as a line."""
+#: Most prompts drawn as their own curve on the per-prompt rolling chart (the worst first).
+ROLLING_MAX_PROMPTS = 12
+
+
+def rolling_figure(rolling: pd.DataFrame, overall: float | None = None, window: int = 32,
+                   other: pd.DataFrame | None = None, names: tuple[str, str] = ("A", "B"),
+                   labels: dict[int, str] | None = None, per_prompt: bool = False) -> go.Figure:
+    """Rolling acceptance rate (:func:`mtpscope.app.views.rolling_acceptance`: columns seq, prompt_id,
+    round, rolling_rate, full) with the overall rate as a dashed line.
+
+    Across the trace (``per_prompt`` False): one curve over ``seq``; where the window is still filling
+    (the first ``window - 1`` rounds) it is dotted. Per prompt: one curve per prompt over the round
+    within the prompt, named by ``labels[prompt_id]`` (at most :data:`ROLLING_MAX_PROMPTS`, in the
+    order given), dotted where that prompt's window is still filling. ``other``: a second trace's
+    curve (Compare), across the trace."""
     if rolling is None or len(rolling) == 0:
         return empty_figure("no rounds")
+    labels = labels or {}
     fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=rolling["seq"], y=rolling["rolling_rate"], mode="lines",
-                               name=names[0] if other is not None else f"rolling ({window} rounds)"))
-    if other is not None and len(other):
-        fig.add_trace(go.Scattergl(x=other["seq"], y=other["rolling_rate"], mode="lines", name=names[1]))
+
+    def add(df: pd.DataFrame, x: str, name: str, color: str | None, group: str) -> None:
+        full = df["full"].to_numpy(dtype=bool) if "full" in df.columns else np.ones(len(df), dtype=bool)
+        y_full = np.where(full, df["rolling_rate"].to_numpy(dtype=float), np.nan)
+        # the filling part, joined to the first full point so the curve is continuous
+        fill = ~full
+        if fill.any() and full.any():
+            fill[np.argmax(full)] = True
+        y_fill = np.where(fill, df["rolling_rate"].to_numpy(dtype=float), np.nan)
+        line = dict(color=color) if color else {}
+        if fill.any():
+            fig.add_trace(go.Scatter(x=df[x], y=y_fill, mode="lines", name=f"{name} (window still filling)",
+                                     line=dict(dash="dot", width=1, **line), legendgroup=group, showlegend=False,
+                                     hovertemplate="%{y:.1%} (fewer rounds than the window so far)<extra>" + name + "</extra>"))
+        fig.add_trace(go.Scatter(x=df[x], y=y_full, mode="lines", name=name, line=dict(width=2, **line),
+                                 legendgroup=group, hovertemplate="%{y:.1%}<extra>" + name + "</extra>"))
+
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"]
+    if per_prompt:
+        pids = list(dict.fromkeys(int(p) for p in rolling["prompt_id"]))[:ROLLING_MAX_PROMPTS]
+        for i, pid in enumerate(pids):
+            sub = rolling[rolling["prompt_id"] == pid]
+            add(sub, "round", labels.get(pid, f"prompt {pid}"), palette[i % len(palette)], f"p{pid}")
+        xtitle = "round within the prompt"
+    else:
+        add(rolling, "seq", names[0] if other is not None else f"rolling ({window} rounds)", palette[0], "a")
+        if other is not None and len(other):
+            add(other, "seq", names[1], palette[1], "b")
+        xtitle = "round (in prompt order, window running across prompts)"
     if overall is not None and np.isfinite(overall):
         fig.add_hline(y=overall, line_dash="dash", line_color="#555",
                       annotation_text=f"overall {overall:.1%}", annotation_position="top left")
-    _layout(fig, f"Rolling acceptance rate (window {window} rounds)", height=280, showlegend=other is not None)
+    where = "per prompt" if per_prompt else "across the trace"
+    _layout(fig, f"Rolling acceptance rate (window {window} rounds, {where})", height=300,
+            showlegend=per_prompt or other is not None,
+            legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", title="acceptance rate")
-    fig.update_xaxes(title="round (in prompt order)")
+    fig.update_xaxes(title=xtitle)
     return fig
 
 
@@ -176,33 +258,70 @@ def accepted_length_histogram(rounds: pd.DataFrame) -> go.Figure:
 
 # ---------------------------------------------------------------------------------------- step
 
-def top_candidates_figure(top: pd.DataFrame, k: int) -> go.Figure:
-    """Horizontal bars of one step's top candidates (logits), the draft and the target marked."""
+def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -> go.Figure:
+    """Horizontal bars of one step's top candidates (logits; :func:`mtpscope.app.views.top_candidates`),
+    the draft blue and the target's token green. The target's bar is always there: when its token is
+    past the stored top candidates its logit is not in the trace, so its bar is drawn hatched up to the
+    last stored logit (an upper bound) and labelled with its rank."""
     if top is None or len(top) == 0:
         return empty_figure(f"step {k}: no top candidates stored", height=160)
+    stored = top["stored"].to_numpy(dtype=bool) if "stored" in top.columns else np.ones(len(top), dtype=bool)
     colors = ["#2ca02c" if t else ("#1f77b4" if d else "#aaaaaa")
               for d, t in zip(top["is_draft"], top["is_target"])]
-    labels = [f"{r}. {views._esc(t)}" for r, t in zip(top["rank"], top["text"])]
-    fig = go.Figure(go.Bar(x=top["logit"], y=labels, orientation="h", marker_color=colors,
-                           hovertext=[f"id {i}" for i in top["id"]], hoverinfo="text+x"))
-    _layout(fig, f"k={k} · green = target, blue = drafted", height=max(160, 26 * len(top) + 70))
+
+    def rank_text(r) -> str:
+        return "?" if r is None or r is pd.NA or (isinstance(r, float) and np.isnan(r)) else str(int(r))
+
+    labels = [f"{rank_text(r)}. {views._esc(t)}" for r, t in zip(top["rank"], top["text"])]
+    x = top["logit"].to_numpy(dtype=float).copy()
+    bound = top["logit_bound"].to_numpy(dtype=float) if "logit_bound" in top.columns else np.full(len(top), np.nan)
+    x[~stored] = bound[~stored]
+    hover = []
+    for i, (tid, r) in enumerate(zip(top["id"], top["rank"])):
+        if stored[i]:
+            hover.append(f"id {tid} · rank {rank_text(r)} · logit {x[i]:.3f}")
+        else:
+            b = "" if np.isnan(bound[i]) else f" (at most {bound[i]:.3f})"
+            hover.append(f"id {tid} · the target's token, rank {rank_text(r)} under the drafter: past the stored "
+                         f"top {int(stored.sum())}, its logit is not in the trace{b}")
+    fig = go.Figure(go.Bar(x=np.nan_to_num(x, nan=0.0), y=labels, orientation="h", marker_color=colors,
+                           marker_pattern_shape=["" if s else "/" for s in stored],
+                           hovertext=hover, hoverinfo="text"))
+    _layout(fig, title or f"k={k} · green = target, blue = drafted", height=max(160, 26 * len(top) + 70),
+            meta={"target_rows": [int(i) for i in np.flatnonzero(top["is_target"].to_numpy(dtype=bool))],
+                  "unstored_rows": [int(i) for i in np.flatnonzero(~stored)]})
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="logit")
+    fig.update_xaxes(title="drafter's logit")
     return fig
 
 
+#: One line each on what the stored hidden states are (docs/TRACE_FORMAT.md).
+HIDDEN_MEANING = {
+    "h": "h — the hidden state fed to this step: the target's last hidden state at k=1, the previous step's "
+         "h_next after that (width n_embd_backbone).",
+    "h_next": "h_next — what this step hands on: its output after the post-projection, fed to the next step "
+              "(width n_embd_backbone).",
+    "h_inner": "h_inner — the drafter's final-norm output before that projection; the logits are computed from "
+               "it (width n_embd).",
+}
+
+
 def hidden_norms_figure(norms: pd.DataFrame) -> go.Figure:
-    """L2 norms of the stored hidden states per draft step (columns k and one per hidden name)."""
+    """L2 norms of the stored hidden states per draft step (columns k and one per hidden name), one
+    panel per hidden state so no line hides another."""
     if norms is None or len(norms) == 0 or len(norms.columns) <= 1:
         return empty_figure("no hidden states stored in this trace", height=160)
-    fig = go.Figure()
-    for col in norms.columns:
-        if col == "k":
-            continue
-        fig.add_trace(go.Scatter(x=norms["k"], y=norms[col], mode="lines+markers", name=f"‖{col}‖"))
-    _layout(fig, "Hidden-state norms per draft step", height=260)
-    fig.update_xaxes(title="draft position k", dtick=1)
-    fig.update_yaxes(title="L2 norm")
+    from plotly.subplots import make_subplots
+
+    cols = [c for c in norms.columns if c != "k"]
+    fig = make_subplots(rows=1, cols=len(cols), shared_xaxes=True, subplot_titles=[f"‖{c}‖" for c in cols],
+                        horizontal_spacing=0.08)
+    for i, col in enumerate(cols):
+        fig.add_trace(go.Scatter(x=norms["k"], y=norms[col], mode="lines+markers", name=f"‖{col}‖",
+                                 hovertemplate="k=%{x}: %{y:.3f}<extra>‖" + col + "‖</extra>"), row=1, col=i + 1)
+        fig.update_xaxes(title="draft position k", dtick=1, row=1, col=i + 1)
+    _layout(fig, "Hidden-state norms per draft step", height=280, showlegend=False)
+    fig.update_yaxes(title="L2 norm", row=1, col=1)
     return fig
 
 

@@ -471,3 +471,39 @@ def resolve_near(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -
         if c.is_dir() and safety.is_allowed(c, roots()):
             return c.resolve()
     return None
+
+
+def same_trace(recorded: str | None, path: str | os.PathLike[str], near: str | os.PathLike[str]) -> bool:
+    """True when ``recorded`` (a trace path another command wrote, e.g. a replay summary's ``trace``;
+    resolved like :func:`resolve_near` from ``near``) is the trace folder ``path``."""
+    if not recorded:
+        return False
+    found = resolve_near(recorded, near)
+    try:
+        return found is not None and found == Path(path).resolve()
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------- explanations
+
+def drafting_head(tr: Any) -> str:
+    """``"centroid"`` when the trace's drafts came from the sparse (centroid) head, else ``"dense"``
+    (the centroid columns of a dense recording are a what-if)."""
+    m = getattr(tr, "manifest", None)
+    params = m.get("params") if isinstance(m, dict) else None
+    params = params if isinstance(params, dict) else {}
+    return "centroid" if "centroid" in (params.get("draft_head"), params.get("head")) else "dense"
+
+
+def round_verdict(tr: Any, path: str, row: Any, steps: Any, dec: TokenText, head: str = "dense") -> str:
+    """The Step view's one-line verdict for a round (:func:`mtpscope.app.views.round_verdict`), with the
+    rejected step's record for the drafter's rank and logits."""
+    from mtpscope.app import views
+
+    nd, na = int(row["n_draft"]), int(row["n_accepted"])
+    step = None
+    if na < nd and len(steps):
+        hit = steps[steps["k"] == na + 1]
+        step = hit.iloc[0].to_dict() if len(hit) else None
+    return views.round_verdict(nd, na, row.get("drafted"), row.get("target"), dec.label, step=step)
