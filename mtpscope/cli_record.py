@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Optional[Path] = typer.Option(
-            None, "--prompts", help="Prompts file: .jsonl (strings or {\"prompt\": ...}) or .txt (one per line)."),
+            None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
+                                    "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
         n_draft: int = typer.Option(
             3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
@@ -49,6 +50,12 @@ def register(app: typer.Typer) -> None:
         compact: bool = typer.Option(True, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+        hidden_target: bool = typer.Option(
+            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
+                                           "(h_target, for drafter drift in `mtpscope explain`)."),
+        baseline: bool = typer.Option(
+            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
+                                      "manifest (what-if speedups in `mtpscope explain`)."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
         from mtpscope.errors import LayoutError
@@ -70,7 +77,8 @@ def register(app: typer.Typer) -> None:
                            top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
                            n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
                            overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
-                           on_round=None if bar is None else bar.on_round)
+                           on_round=None if bar is None else bar.on_round, hidden_target=hidden_target,
+                           baseline=baseline)
                 if bar is not None:
                     bar.finish()
             finally:
@@ -104,9 +112,9 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from mtpscope.traces.prompts import read_prompts
+        from mtpscope.traces.prompts import read_prompt_specs
 
-        n_prompts = 1 if self.prompts_file is None else len(read_prompts(self.prompts_file))
+        n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file))
         self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                             TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
                             console=Console(stderr=True))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -114,16 +114,28 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        vocab: Optional[Path] = typer.Option(
+            None, "--vocab", help="GGUF vocabulary of the trace's tokens, for --json's by_class (default: the "
+                                  "recorded target)."),
     ) -> None:
         """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
 
-        Exit 1 when parts of the trace were unreadable and skipped (the report covers the rest).
+        ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
+        by_class, by_category, drift, what_if; docs/EXPLAIN.md). Exit 1 when parts of the trace were
+        unreadable and skipped (the report covers the rest).
         """
         with one_line_errors():
             from mtpscope.traces.metrics import report
             from mtpscope.traces.store import open_trace
 
-            rep = report(open_trace(trace))
+            tr = open_trace(trace)
+            rep = report(tr)
+            if as_json and rep["n_rounds"]:
+                from mtpscope.cli_explain import explain_json
+
+                sections, _ = explain_json(tr, vocab_path=vocab)
+                rep.update({k: v for k, v in sections.items() if k not in rep})
+                rep["warnings"] = list(tr.warnings)
         for w in rep["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         if as_json:

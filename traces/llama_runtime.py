@@ -472,9 +472,19 @@ class LlamaModel(_ClosedOnDelete):
         Raises:
             TraceError: the GGUF has no chat template.
         """
+        return self.render_chat([{"role": "user", "content": user_text}])
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """A chat (``[{"role", "content"}, ...]``) under the GGUF's own ``tokenizer.chat_template``, with
+        the generation prompt added (llama-cpp-python's Jinja2 chat formatter).
+
+        Raises:
+            TraceError: the GGUF has no chat template, or the template refuses the messages (its error
+                message is kept).
+        """
         tmpl = self.meta("tokenizer.chat_template")
         if not tmpl:
-            raise TraceError("the model has no chat template (--chat needs one)", path=self.path,
+            raise TraceError("the model has no chat template (--chat and chat prompts need one)", path=self.path,
                              key="tokenizer.chat_template")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
 
@@ -485,7 +495,11 @@ class LlamaModel(_ClosedOnDelete):
         eos_s = self.token_to_piece(eos).decode("utf-8", "replace") if eos >= 0 else ""
         fmt = Jinja2ChatFormatter(template=tmpl, eos_token=eos_s, bos_token=bos_s,
                                   add_generation_prompt=True)
-        return fmt(messages=[{"role": "user", "content": user_text}]).prompt
+        try:
+            return fmt(messages=[dict(m) for m in messages]).prompt
+        except Exception as e:  # noqa: BLE001 - jinja2's errors (TemplateError, TypeError) -> one line
+            raise TraceError(f"the chat template refused the messages: {type(e).__name__}: {e}", path=self.path,
+                             key="tokenizer.chat_template") from None
 
     def close(self) -> None:
         """Free the model (idempotent)."""

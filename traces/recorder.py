@@ -26,9 +26,9 @@ import numpy as np
 from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
 from mtpscope.traces import llama_runtime as rt
-from mtpscope.traces.mtp_runtime import MtpRuntime, RoundResult, Sampler
+from mtpscope.traces.mtp_runtime import MtpRuntime, RoundResult, Sampler, spec_tokens
 from mtpscope.traces.preflight import centroid_source_info, check_draft_and_sampling, model_info, preflight
-from mtpscope.traces.prompts import read_prompts
+from mtpscope.traces.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.step_analysis import round_record, step_records
 
 #: ``record(hidden=...)``: hidden states stored as float16, float32, or not at all
@@ -132,6 +132,27 @@ class RecordSummary:
 # --------------------------------------------------------------------------------------------------
 
 
+def _time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: int, temp: float, seed: int,
+                top_k: int, top_p: float) -> tuple[list[list[int]], dict[str, Any]]:
+    """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``."""
+    outs: list[list[int]] = []
+    per = []
+    for tk in toks:
+        timing: dict[str, float] = {}
+        sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+        try:
+            outs.append(rtm.generate_plain(tk, max_tokens=max_tokens, sampler=sampler, timing=timing))
+        finally:
+            sampler.close()
+        per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],
+                    "n_decodes": int(timing["n_decodes"])})
+    n_dec = sum(p["n_decodes"] for p in per)
+    dec = sum(p["decode_ms"] for p in per)
+    return outs, {"t_per_token_ms": dec / n_dec if n_dec else None, "n_tokens": sum(p["n_tokens"] for p in per),
+                  "n_decodes": n_dec, "decode_ms": dec, "prefill_ms": sum(p["prefill_ms"] for p in per),
+                  "per_prompt": per, "outputs_equal": None}
+
+
 def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str], out: str | os.PathLike[str],
            prompts: Sequence[str] | None = None, prompt: str | None = None,
            prompts_file: str | os.PathLike[str] | None = None, n_draft: int = 3, max_tokens: int = 128,
@@ -140,7 +161,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            command: Sequence[str] | None = None, runtime: MtpRuntime | None = None,
-           on_round: Callable[[int, RoundResult], None] | None = None) -> RecordSummary:
+           on_round: Callable[[int, RoundResult], None] | None = None, hidden_target: bool = False,
+           baseline: bool = False) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
@@ -155,12 +177,17 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     width n_embd_backbone) and ``h_inner`` (``result_norm`` via ``cb_eval``, width n_embd), stored as
     float16 (``"f16"``) or float32. With a centroid head (``centroids``: fork-dialect GGUF or HF
     directory): top-k centroid ids and logits, the sparse head's token, whether the target's token is a
-    candidate, the target token's centroid and that centroid's rank.
+    candidate, the target token's centroid and that centroid's rank. Always: the target's probability of
+    the drafted token and its entropy at the verify row that judged it (``target_p_drafted``,
+    ``target_entropy``; computed after the verify timing). With ``hidden_target``: the target's own
+    hidden state at that row (``h_target``, width n_embd_backbone).
 
     Args:
         target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
         out: the trace directory.
-        prompts / prompt / prompts_file: the prompts (exactly one of them).
+        prompts / prompt / prompts_file: the prompts (exactly one of them): texts or
+            :class:`traces.prompts.PromptSpec` objects, one text, or a prompts file
+            (:func:`traces.prompts.read_prompt_specs`: text / tokens / messages, id, category, extra fields).
         n_draft: drafts per round; max_tokens: tokens generated per prompt at most.
         temp / seed / top_k / top_p: the target's sampling (``temp <= 0``: greedy).
         chat: apply the GGUF's own chat template to each prompt.
@@ -181,6 +208,12 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here).
         on_round: called with ``(prompt_id, RoundResult)`` after each round is written (the CLI draws
             its progress bar from it).
+        hidden_target: store ``h_target`` per step (needs ``hidden`` f16 / f32); cost: one copy of
+            n_embd_backbone floats per draft and 2 * n_embd_backbone bytes on disk in f16.
+        baseline: first time plain greedy decoding of the same prompts (the target alone, one token
+            per decode) and store it in the manifest as ``baseline``: ``t_per_token_ms`` (decode time per
+            token after the first), ``n_tokens``, ``decode_ms``, ``prefill_ms``, ``per_prompt`` and, at the
+            end, ``outputs_equal`` (the speculative outputs equal plain decoding's; greedy only).
 
     Returns:
         :class:`RecordSummary`.
@@ -209,10 +242,17 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         if int(val) < lo:
             raise MtpscopeError(f"{name} must be >= {lo}", key=name, expected=f">= {lo}", actual=val)
     check_draft_and_sampling(n_draft=n_draft, temp=temp, top_k=top_k, top_p=top_p)
-    texts = list(prompts) if prompts is not None else ([prompt] if prompt is not None
-                                                       else read_prompts(prompts_file))  # type: ignore[arg-type]
-    if not texts:
+    if prompts is not None:
+        specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
+    elif prompt is not None:
+        specs = [PromptSpec(text=prompt)]
+    else:
+        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
+    if not specs:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
+    if hidden_target and hidden == "off":
+        raise MtpscopeError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
+                            expected="hidden f16 | f32", actual="hidden off")
 
     if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -247,25 +287,31 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         if need_capture and rtm.capture is None:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        toks = [rtm.prompt_tokens(t, chat=chat) for t in texts]
+        rendered = [spec_tokens(rtm.tmodel, sp, chat=chat) for sp in specs]
+        toks = [r[0] for r in rendered]
         rtm.ensure_context(max(len(t) for t in toks) + max_tokens + n_draft + 1)
         params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
                   "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
                   "centroids": None if centroids is None else os.fspath(centroids),
                   "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
                   "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
-                  "n_ctx": rtm.n_ctx, "greedy": temp <= 0}
+                  "n_ctx": rtm.n_ctx, "greedy": temp <= 0, "hidden_target": bool(hidden_target),
+                  "baseline": bool(baseline)}
         manifest = {
             "source": "record",
             "command": list(command) if command is not None else list(sys.argv),
             "params": params,
             "models": models,
             "runtime": rt.runtime_info(n_gpu_layers),
-            "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
-                        for i, (t, tk) in enumerate(zip(texts, toks, strict=True))],
+            "prompts": [sp.manifest_entry(i, len(tk), text=None if sp.source == "text" else txt)
+                        for i, (sp, (tk, txt)) in enumerate(zip(specs, rendered, strict=True))],
             "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                     "source": head.source, "kind": head.kind},
         }
+        plain_outputs: list[list[int]] | None = None
+        if baseline:
+            plain_outputs, manifest["baseline"] = _time_plain(rtm, toks, max_tokens=max_tokens, temp=temp,
+                                                              seed=seed, top_k=top_k, top_p=top_p)
         hd = None if hidden == "off" else hidden
         n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
         outputs: list[tuple[int, ...]] = []
@@ -279,7 +325,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else rtm.n_embd_backbone,
                             n_embd=None if hd is None else rtm.n_embd, hidden_dtype=hd,
                             centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
-                            compact=compact)
+                            compact=compact, h_target=bool(hidden_target))
             trace_s += time.perf_counter() - t0
             try:
                 for pid, tk in enumerate(toks):
@@ -287,7 +333,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                     gen: list[int] = []
                     try:
                         for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler,
-                                           trace=True):
+                                           trace=True, hidden_target=bool(hidden_target)):
                             t0 = time.perf_counter()
                             if not gen:
                                 gen.append(res.pending_token)
@@ -312,6 +358,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                 w.close(complete=False)  # keep the finished rounds, marked incomplete
                 raise
             t0 = time.perf_counter()
+            if plain_outputs is not None and temp <= 0:
+                w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == plain_outputs
             w.close()
             trace_s += time.perf_counter() - t0
         except BaseException as e:
@@ -330,7 +378,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     finally:
         if own:
             rtm.close()
-    return RecordSummary(out=os.fspath(out), n_prompts=len(texts), n_rounds=n_rounds, n_steps=n_steps,
+    return RecordSummary(out=os.fspath(out), n_prompts=len(specs), n_rounds=n_rounds, n_steps=n_steps,
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,

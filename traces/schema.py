@@ -21,7 +21,7 @@ SCHEMA_VERSION = 1
 
 SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay")
 HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
-HIDDEN_COLUMNS = ("h", "h_next", "h_inner")
+HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
                     "target_centroid", "target_centroid_rank")
 TABLES = ("rounds", "steps", "requests")
@@ -58,6 +58,10 @@ _STEPS_BASE = [
     pa.field("target_token", _i32),
     pa.field("target_rank", _i32),
     pa.field("accepted", pa.bool_()),
+    # the target's side at this step's verify row (k - 1): softmax(logits) at temperature 1; null in traces
+    # recorded before these columns existed and in imports
+    pa.field("target_p_drafted", _f32),      # the target's probability of the drafted token
+    pa.field("target_entropy", _f32),        # the target's entropy there, nats
 ]
 _STEPS_CENTROID = [
     pa.field("centroid_ids", pa.list_(_i32)),
@@ -102,19 +106,27 @@ def hidden_type(dim: int | None, hidden_dtype: str | None) -> pa.DataType:
     return pa.list_(HIDDEN_DTYPES[hidden_dtype], int(dim))
 
 
-def steps_schema(n_embd_backbone: int | None, n_embd: int | None, hidden_dtype: str | None) -> pa.Schema:
-    """The steps schema for given hidden widths (``None`` width or dtype -> that column is type null)."""
+def steps_schema(n_embd_backbone: int | None, n_embd: int | None, hidden_dtype: str | None,
+                 h_target: bool = False) -> pa.Schema:
+    """The steps schema for given hidden widths (``None`` width or dtype -> that column is type null).
+
+    ``h_target`` (``record --hidden-target``): the target's own hidden state at the step's verify row,
+    width ``n_embd_backbone``; type null unless true.
+    """
     return pa.schema(_STEPS_BASE + [
         pa.field("h", hidden_type(n_embd_backbone, hidden_dtype)),
         pa.field("h_next", hidden_type(n_embd_backbone, hidden_dtype)),
         pa.field("h_inner", hidden_type(n_embd, hidden_dtype)),
-    ] + _STEPS_CENTROID)
+    ] + _STEPS_CENTROID + [
+        pa.field("h_target", hidden_type(n_embd_backbone if h_target else None, hidden_dtype)),
+    ])
 
 
 def steps_schema_from_manifest(manifest: dict[str, Any]) -> pa.Schema:
-    """The steps schema implied by ``manifest["dims"]``."""
+    """The steps schema implied by ``manifest["dims"]`` (``dims.h_target`` true: ``h_target`` stored)."""
     dims = manifest.get("dims") or {}
-    return steps_schema(dims.get("n_embd_backbone"), dims.get("n_embd"), dims.get("hidden_dtype"))
+    return steps_schema(dims.get("n_embd_backbone"), dims.get("n_embd"), dims.get("hidden_dtype"),
+                        bool(dims.get("h_target")))
 
 
 STEPS_NON_HIDDEN = tuple(f.name for f in _STEPS_BASE + _STEPS_CENTROID)

@@ -111,6 +111,7 @@ class TraceWriter:
             ``dims``, ``complete`` and ``counts``.
         n_embd_backbone: width of ``h`` / ``h_next`` (the target's hidden size), or ``None``.
         n_embd: width of ``h_inner`` (the drafter's inner width), or ``None``.
+        h_target: also store ``h_target`` (width ``n_embd_backbone``; ``dims.h_target`` in the manifest).
         hidden_dtype: ``"f16"``, ``"f32"`` or ``None`` (no hidden states stored).
         centroids: whether the drafter has a centroid head (else ``manifest["centroids"]`` is null).
         flush_every: write a part every this many rounds (>= 1).
@@ -152,6 +153,7 @@ class TraceWriter:
         compact_rounds: int = COMPACT_ROUNDS,
         background: bool = True,
         overwrite: bool = False,
+        h_target: bool = False,
     ) -> None:
         if int(flush_every) < 1:
             raise TraceError("flush_every must be >= 1", key="flush_every", expected=">= 1",
@@ -164,8 +166,10 @@ class TraceWriter:
         self.n_embd = None if n_embd is None else int(n_embd)
         self.hidden_dtype = hidden_dtype
         self.centroids = bool(centroids)
-        self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype)
-        self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd}
+        self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
+        self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
+        self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
+                        "h_target": self.n_embd_backbone}
         self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
 
         m = dict(manifest)
@@ -179,6 +183,8 @@ class TraceWriter:
         m.setdefault("prompts", [])
         m["dims"] = {"n_embd_backbone": self.n_embd_backbone, "n_embd": self.n_embd,
                      "hidden_dtype": hidden_dtype}
+        if self.h_target:
+            m["dims"]["h_target"] = True
         if not self.centroids:
             m["centroids"] = None
         else:
@@ -695,7 +701,7 @@ class Trace:
         Only that column is read from each steps part (pyarrow column projection).
 
         Args:
-            name: ``"h"``, ``"h_next"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
+            name: ``"h"``, ``"h_next"``, ``"h_target"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
             where: which steps: ``None`` (all, in ``steps`` row order); a boolean mask aligned with
                 :attr:`steps` rows (numpy array or pandas Series of length ``len(steps)``; ``<NA>``
                 counts as false); or a string,
