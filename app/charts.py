@@ -325,6 +325,203 @@ def hidden_norms_figure(norms: pd.DataFrame) -> go.Figure:
     return fig
 
 
+# --------------------------------------------------------------------------------------- explain
+
+#: The rejection causes of the explanation layer (docs/EXPLAIN.md §1) in plain words.
+CAUSE_WORDS = {"near_tie": "near tie", "runner_up": "runner-up", "in_top_k": "in the drafter's top list",
+               "far_miss": "far miss", "unreachable": "unreachable (centroid head)",
+               "after_eog": "after end of generation", "unknown": "unknown"}
+CAUSE_COLOURS = {"near_tie": "#bcbd22", "runner_up": "#ff7f0e", "in_top_k": "#e377c2", "far_miss": "#d62728",
+                 "unreachable": "#9467bd", "after_eog": "#7f7f7f", "unknown": "#c7c7c7"}
+
+
+def causes_figure(causes: dict[str, int], title: str = "Why the first rejected draft of each round was rejected") -> go.Figure:
+    """Bars of the rejection causes (``rejections["causes"]``: cause → count), with each cause's share."""
+    items = [(c, int(v)) for c, v in (causes or {}).items() if v]
+    if not items:
+        return empty_figure("no rejected drafts with a known target token")
+    total = sum(v for _, v in items)
+    items.sort(key=lambda cv: -cv[1])
+    fig = go.Figure(go.Bar(x=[CAUSE_WORDS.get(c, c) for c, _ in items], y=[v for _, v in items],
+                           marker_color=[CAUSE_COLOURS.get(c, "#888") for c, _ in items],
+                           text=[f"{v} ({v / total:.0%})" for _, v in items], textposition="outside",
+                           hovertemplate="%{x}: %{y} rounds<extra></extra>"))
+    _layout(fig, title, height=300, meta={"counts": {c: v for c, v in items}})
+    fig.update_yaxes(title="rounds", rangemode="tozero")
+    return fig
+
+
+def rank_histogram_figure(hist: dict[str, int], title: str = "The target token's rank under the drafter") -> go.Figure:
+    """Bars of ``rejections["rank_histogram"]`` (rank bin "0".."9", "10+" → count): where the target's
+    token stood in the drafter's list at each round's first mismatch (0 = the drafter's own choice)."""
+    if not hist or not any(hist.values()):
+        return empty_figure("no ranks known")
+    keys = list(hist)
+    fig = go.Figure(go.Bar(x=keys, y=[int(hist[k]) for k in keys], marker_color="#1f77b4",
+                           hovertemplate="rank %{x}: %{y} rounds<extra></extra>"))
+    _layout(fig, title, height=300)
+    fig.update_xaxes(title="rank of the target's token (0 = the drafter's choice, 1 = runner-up)", type="category")
+    fig.update_yaxes(title="rounds")
+    return fig
+
+
+def causes_by_position_figure(by_position: Sequence[dict], title: str = "Causes by draft position") -> go.Figure:
+    """Stacked bars: for each draft position k of the first mismatch, its causes (``rejections["by_position"]``)."""
+    rows = [p for p in (by_position or []) if p.get("n")]
+    if not rows:
+        return empty_figure("no rejected drafts")
+    fig = go.Figure()
+    causes = list(CAUSE_WORDS)
+    for c in causes:
+        y = [int(p["causes"].get(c, 0)) for p in rows]
+        if any(y):
+            fig.add_bar(x=[f"k={p['k']}" for p in rows], y=y, name=CAUSE_WORDS[c], marker_color=CAUSE_COLOURS[c])
+    _layout(fig, title, height=300, barmode="stack", legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
+    fig.update_yaxes(title="rounds")
+    return fig
+
+
+def rate_bars_figure(groups: dict[str, dict] | None, title: str, what: str = "class") -> go.Figure:
+    """Acceptance rate per group (``{name: {n_drafted, n_accepted, acceptance_rate}}``: by class, channel
+    or category), worst first, each bar labelled with accepted / drafted."""
+    items = [(n, g) for n, g in (groups or {}).items() if g.get("n_drafted")]
+    if not items:
+        return empty_figure(f"no drafted tokens by {what}")
+    items.sort(key=lambda ng: (ng[1]["acceptance_rate"] if ng[1]["acceptance_rate"] is not None else 2.0, ng[0]))
+    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[g["acceptance_rate"] for _, g in items], marker_color="#2ca02c",
+                           text=[f"{g['n_accepted']}/{g['n_drafted']}" for _, g in items], textposition="outside",
+                           hovertemplate="%{x}: %{y:.1%} of drafts accepted (%{text})<extra></extra>"))
+    _layout(fig, title, height=300)
+    fig.update_yaxes(title="acceptance rate", range=[0, 1.12], tickformat=".0%")
+    fig.update_xaxes(title=what, type="category")
+    return fig
+
+
+def class_position_figure(by_class_position: dict[str, list[dict]] | None,
+                          title: str = "Acceptance by token class and draft position") -> go.Figure:
+    """Heatmap class × draft position k of the acceptance rate (``by_class_position``), each cell
+    labelled with its rate and accepted / drafted; empty where nothing was drafted."""
+    if not by_class_position:
+        return empty_figure("token classes need the trace's vocabulary")
+    classes = [c for c, rows in by_class_position.items() if any(r["n_drafted"] for r in rows)]
+    if not classes:
+        return empty_figure("no drafted tokens")
+    ks = sorted({int(r["k"]) for c in classes for r in by_class_position[c]})
+    z = np.full((len(classes), len(ks)), np.nan)
+    text = [["" for _ in ks] for _ in classes]
+    for i, c in enumerate(classes):
+        for r in by_class_position[c]:
+            j = ks.index(int(r["k"]))
+            if r["n_drafted"]:
+                z[i, j] = r["acceptance_rate"]
+                text[i][j] = f"{r['acceptance_rate']:.0%}<br>{r['n_accepted']}/{r['n_drafted']}"
+    fig = go.Figure(go.Heatmap(z=z, x=[f"k={k}" for k in ks], y=classes, zmin=0, zmax=1, colorscale=ACCEPT_SCALE,
+                               text=text, texttemplate="%{text}", hovertemplate="%{y} at %{x}: %{text}<extra></extra>",
+                               colorbar=dict(title="acceptance", tickformat=".0%", thickness=12)))
+    _layout(fig, title, height=max(220, 40 * len(classes) + 120))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def drift_figure(drift: dict | None, title: str = "How far the drafter's state drifts from the target's") -> go.Figure:
+    """Per draft position k: mean cosine and mean relative error of the drafter's ``h_next`` against the
+    target's own hidden state (``drift["per_position"]``), one panel each."""
+    if not drift or not drift.get("per_position"):
+        return empty_figure("drift needs the target's hidden states (record --hidden-target)")
+    from plotly.subplots import make_subplots
+
+    pp = drift["per_position"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["cosine (1 = same direction)", "relative error"])
+    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["cos_mean"] for p in pp], mode="lines+markers",
+                             name="cosine"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["rel_err_mean"] for p in pp], mode="lines+markers",
+                             name="relative error"), row=1, col=2)
+    fig.update_xaxes(title="draft position k", dtick=1)
+    return _layout(fig, title, height=280, showlegend=False)
+
+
+def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
+                   title: str = "Which n_draft? Estimated from this trace") -> go.Figure:
+    """The what-if estimate per n_draft (``what_if`` rows): acceptance rate and tokens per second (when
+    the trace has timings), the recorded n_draft and the recommended one marked."""
+    if not rows:
+        return empty_figure("nothing drafted: no estimate")
+    from plotly.subplots import make_subplots
+
+    n = [r["n_draft"] for r in rows]
+    has_speed = any(r.get("tokens_per_s") is not None for r in rows)
+    fig = make_subplots(rows=1, cols=2 if has_speed else 1,
+                        subplot_titles=["acceptance rate", "tokens per second"] if has_speed else ["acceptance rate"])
+    sym = ["star" if r["recorded"] else ("circle-open" if r["extrapolated"] else "circle") for r in rows]
+    fig.add_trace(go.Scatter(x=n, y=[r["acceptance_rate"] for r in rows], mode="lines+markers",
+                             marker=dict(symbol=sym, size=11), name="acceptance rate",
+                             hovertemplate="n_draft %{x}: %{y:.1%}<extra></extra>"), row=1, col=1)
+    if has_speed:
+        fig.add_trace(go.Scatter(x=n, y=[r["tokens_per_s"] for r in rows], mode="lines+markers",
+                                 marker=dict(symbol=sym, size=11), name="tokens/s",
+                                 hovertemplate="n_draft %{x}: %{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
+        if best is not None:
+            fig.add_vline(x=best, line_dash="dash", line_color="#2ca02c", row=1, col=2,
+                          annotation_text=f"best: {best}", annotation_position="top")
+    fig.update_xaxes(title="n_draft", dtick=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
+    return _layout(fig, title, height=300, showlegend=False)
+
+
+# ------------------------------------------------------------------------------------ generated text
+
+STATUS_COLOURS = {"accepted": "#b7e4b0", "bonus": "#b9d3f0", "rejected": "#f4b6b0", "prefill": "#e0e0e0"}
+CLASS_COLOURS = {"prose": "#e8e3d3", "code": "#cfe0f7", "json": "#f7dcc0", "number": "#e3d0f2",
+                 "punctuation": "#d9d9d9", "whitespace": "#f2f2f2", "special": "#f6c7d6", "unknown": "#ffffff",
+                 "": "#ffffff"}
+TEXT_LINE_PX = 24
+
+
+def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int = 100,
+                highlight_round: int | None = None, title: str = "") -> go.Figure:
+    """The generated-text view: every token of one prompt as a coloured box holding its text, line by
+    line (:func:`mtpscope.app.views.generated_text`), clickable (customdata = [round, g, k]).
+
+    ``colour_by="status"``: what produced the token (:data:`STATUS_COLOURS`: accepted draft, the
+    target's bonus token, the target's correction at a first rejection, the prefill's token);
+    ``"class"``: its token class (:data:`CLASS_COLOURS`). The tokens of ``highlight_round`` are
+    outlined. One bar trace per colour (so the legend names them); ``fig.layout.meta`` is
+    ``{"n_tokens", "n_lines", "colour_by"}``."""
+    if layout is None or len(layout) == 0:
+        return empty_figure("no generated text known for this prompt (rounds without emitted tokens)")
+    key = "status" if colour_by == "status" else "cls"
+    palette = STATUS_COLOURS if key == "status" else CLASS_COLOURS
+    words = views.TEXT_STATUS_WORDS
+    order = list(views.TEXT_STATUSES) if key == "status" else list(CLASS_COLOURS)
+    fig = go.Figure()
+    n_lines = int(layout["line"].max()) + 1
+    for name in order:
+        sub = layout[layout[key] == name]
+        if not len(sub):
+            continue
+        hl = (sub["round"].to_numpy() == highlight_round) if highlight_round is not None else np.zeros(len(sub), bool)
+        hover = [f"“{views._esc(t)}” · position {g} · {words.get(st_, st_)}<br>round {r}"
+                 + (f" · draft k={k}" if k else "") + (f" · class {c}" if c else "") + "<br>click to open the round"
+                 for t, g, st_, r, k, c in zip(sub["text"], sub["g"], sub["status"], sub["round"], sub["k"], sub["cls"])]
+        fig.add_trace(go.Bar(
+            x=sub["n_chars"], base=sub["col"], y=sub["line"], orientation="h", width=0.86,
+            marker=dict(color=palette.get(name, "#ffffff"),
+                        line=dict(width=np.where(hl, 2.5, 0.5).tolist(),
+                                  color=np.where(hl, "#000000", "#ffffff").tolist())),
+            text=[views._esc(t) for t in sub["text"]], textposition="inside", insidetextanchor="start",
+            textangle=0, textfont=dict(family="DejaVu Sans Mono, monospace", size=13, color="#111"),
+            cliponaxis=False, customdata=np.stack([sub["round"].to_numpy(), sub["g"].to_numpy(),
+                                                   sub["k"].to_numpy()], axis=1),
+            hovertext=hover, hoverinfo="text", name=words.get(name, name) if key == "status" else name))
+    _layout(fig, title, height=max(140, TEXT_LINE_PX * n_lines + 110), barmode="overlay", bargap=0,
+            clickmode="event+select", dragmode=False, uniformtext=dict(minsize=8, mode="show"),
+            legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0), margin=dict(l=10, r=10, t=40, b=10),
+            meta={"n_tokens": len(layout), "n_lines": n_lines, "colour_by": key})
+    fig.update_xaxes(visible=False, range=[0, width])
+    fig.update_yaxes(visible=False, autorange="reversed", range=None)
+    return fig
+
+
 # ---------------------------------------------------------------------------------------- tensors
 
 def treemap_figure(inv: pd.DataFrame, title: str = "Bytes by component and type") -> go.Figure:

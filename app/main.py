@@ -19,7 +19,9 @@ PAGES = [
     st.Page("screens/centroids.py", title="Centroids", url_path="centroids"),
     st.Page("screens/values.py", title="Tensor values", url_path="values"),
     st.Page("screens/acceptance.py", title="Acceptance", url_path="acceptance"),
+    st.Page("screens/text.py", title="Text", url_path="text"),
     st.Page("screens/step.py", title="Step", url_path="step"),
+    st.Page("screens/explain.py", title="Explain", url_path="explain"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
 ]
 

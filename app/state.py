@@ -488,22 +488,162 @@ def same_trace(recorded: str | None, path: str | os.PathLike[str], near: str | o
 # --------------------------------------------------------------------------------- explanations
 
 def drafting_head(tr: Any) -> str:
-    """``"centroid"`` when the trace's drafts came from the sparse (centroid) head, else ``"dense"``
-    (the centroid columns of a dense recording are a what-if)."""
+    """``"centroid"`` when the trace's drafts came from the sparse (centroid) head, else ``"dense"`` (the
+    centroid columns of a dense recording are a what-if): ``mtpscope.traces.explain_report.drafting_head``."""
+    from mtpscope.traces.explain_report import drafting_head as head_of
+
     m = getattr(tr, "manifest", None)
-    params = m.get("params") if isinstance(m, dict) else None
-    params = params if isinstance(params, dict) else {}
-    return "centroid" if "centroid" in (params.get("draft_head"), params.get("head")) else "dense"
+    return head_of(m if isinstance(m, dict) else {})
 
 
 def round_verdict(tr: Any, path: str, row: Any, steps: Any, dec: TokenText, head: str = "dense") -> str:
-    """The Step view's one-line verdict for a round (:func:`mtpscope.app.views.round_verdict`), with the
-    rejected step's record for the drafter's rank and logits."""
+    """The Step view's one-line verdict for a round (:func:`mtpscope.app.views.round_verdict`): the
+    rejected step's record for the drafter's rank and logits, and the explanation layer's sentence
+    for its cause and the target's side (``mtpscope.traces.explain.step_sentence`` of the round's
+    first mismatch, as ``mtpscope explain --prompt`` prints it)."""
     from mtpscope.app import views
+    from mtpscope.traces.explain import step_sentence
 
     nd, na = int(row["n_draft"]), int(row["n_accepted"])
     step = None
-    if na < nd and len(steps):
-        hit = steps[steps["k"] == na + 1]
-        step = hit.iloc[0].to_dict() if len(hit) else None
-    return views.round_verdict(nd, na, row.get("drafted"), row.get("target"), dec.label, step=step)
+    cause = None
+    if na < nd:
+        if len(steps):
+            hit = steps[steps["k"] == na + 1]
+            step = hit.iloc[0].to_dict() if len(hit) else None
+        x = explanation(path)
+        fm = x.first_mismatches
+        m = fm[(fm["prompt_id"] == int(row["prompt_id"])) & (fm["round"] == int(row["round"]))]
+        if len(m):
+            cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
+            cause = step_sentence(m.iloc[0].to_dict(), dec.label, n_centroids=cen.get("n_centroids"),
+                                  centroid_top_k=cen.get("top_k"))
+    return views.round_verdict(nd, na, row.get("drafted"), row.get("target"), dec.label, step=step, cause=cause)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _vocab(path: str, size: int, mtime_ns: int):
+    from mtpscope.traces.vocab import load_vocab
+
+    return load_vocab(path)
+
+
+def trace_vocab_path(tr: Any) -> str | None:
+    """The GGUF whose vocabulary a trace's tokens come from, as ``mtpscope explain`` picks it (the
+    recorded target, then the recorded assistant), then the selected target and drafter: the first that
+    is allowed, readable and has a token list; None without one."""
+    for c in (model_path(tr, "target"), model_path(tr, "assistant"), get("target"), get("drafter")):
+        if not c:
+            continue
+        try:
+            p = safety.check_path(c, roots(), kind="file")
+            _vocab(str(p), *_stat_key(p))
+        except (MtpscopeError, OSError, ValueError):
+            continue
+        return str(p)
+    return None
+
+
+def vocab(path: str | None):
+    """``mtpscope.traces.vocab.load_vocab`` of an allowed GGUF (cached by path, size, mtime); None for None."""
+    if not path:
+        return None
+    p = safety.check_path(path, roots(), kind="file")
+    return _vocab(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None):
+    from mtpscope.traces.explain_report import explain_trace
+
+    v = _vocab(vpath, *vkey) if vpath else None
+    return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
+
+
+def explanation(path: str | os.PathLike[str], prompt_id: int | None = None):
+    """``mtpscope.traces.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
+    prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
+    prints. Cached by the trace's and the vocabulary's file stats."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    vk = _stat_key(Path(vp)) if vp else None
+    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _positions(path: str, key: tuple):
+    from mtpscope.traces.positions import positions
+
+    tr = _open_trace(path, key)
+    return positions(tr.columns("rounds", ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]))
+
+
+def positions(path: str | os.PathLike[str]):
+    """``mtpscope.traces.positions.positions`` of an allowed trace's rounds (every emitted token's
+    output position and status), cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _positions(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _token_classes(path: str, key: tuple, vpath: str, vkey: tuple):
+    from mtpscope.traces.breakdown import classify_outputs
+    from mtpscope.traces.token_classes import Classifier
+
+    tr = _open_trace(path, key)
+    clf = Classifier(_vocab(vpath, *vkey), chat=bool((tr.manifest.get("params") or {}).get("chat")))
+    return classify_outputs(_positions(path, key), clf)
+
+
+def token_classes(path: str | os.PathLike[str]):
+    """``{prompt_id: TokenClasses}`` of every generated token (``mtpscope.traces.breakdown.classify_outputs``
+    with the trace's vocabulary, :func:`trace_vocab_path`), or None without a vocabulary."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    if not vp:
+        return None
+    return _token_classes(str(p), _trace_key(p), vp, _stat_key(Path(vp)))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _comparison(a: str, akey: tuple, b: str, bkey: tuple, vpath: str | None, vkey: tuple | None):
+    from mtpscope.traces.compare_report import compare_traces
+
+    v = _vocab(vpath, *vkey) if vpath else None
+    return compare_traces(_open_trace(a, akey), _open_trace(b, bkey), vocab=v)
+
+
+def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
+    """``mtpscope.traces.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
+    :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints. Cached."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    ta = _open_trace(str(pa_), _trace_key(pa_))
+    vp = trace_vocab_path(ta)
+    return _comparison(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_), vp, _stat_key(Path(vp)) if vp else None)
+
+
+def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) -> tuple[int, int] | None:
+    """The (prompt_id, round) a click on a chart chose, once per click: ``customdata`` [round, …] of the
+    first selected point (with ``prompt_id``), or [prompt_id, round, …] without it. ``handled_key``
+    remembers the last click so a rerun does not act on it twice; None when nothing new was clicked."""
+    pts = list(getattr(getattr(event, "selection", None), "points", None) or []) if event else []
+    if not pts:
+        st.session_state.pop(handled_key, None)  # so the same point can be clicked again later
+        return None
+    cd = pts[0].get("customdata")
+    if cd is None or len(cd) < (1 if prompt_id is not None else 2):
+        return None
+    sel = (int(prompt_id), int(cd[0])) if prompt_id is not None else (int(cd[0]), int(cd[1]))
+    if st.session_state.get(handled_key) == sel:
+        return None
+    st.session_state[handled_key] = sel
+    return sel
+
+
+def open_round(sel: tuple[int, int]) -> None:
+    """Select a round and open the Step view on it."""
+    st.session_state["sel.round"] = (int(sel[0]), int(sel[1]))
+    st.switch_page("screens/step.py")

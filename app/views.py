@@ -230,16 +230,30 @@ def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None], 
             detail.append(f"logit {lg[top.index(tgt)]:.2f} vs {dl:.2f} for {dec(drf)}")
         elif dl is not None and drf is not None:
             bound = f", at most {min(lg):.2f}" if lg else ""
-            detail.append(f"its logit is not stored{bound}, vs {dl:.2f} for {dec(drf)}")
+            detail.append(f"logit not stored{bound}, vs {dl:.2f} for {dec(drf)}")
     elif drf is not None:
         detail.append(f"the drafter drafted {dec(drf)}")
-    line = f"Rejected at k={k}: {what}" + (f" ({'; '.join(detail)})" if detail else "")
-    if cause:
-        line += f": {cause}"
+    tag, rest = _cause_parts(cause)
+    line = f"Rejected at k={k}" + (f" ({tag})" if tag else "") + f": {what}" \
+        + (f" ({', '.join(detail)})" if detail else "") + (f" — {rest}" if rest else "")
     if k < nd:
         rest = _k_range(k + 1, nd)
         line += f"; {rest} {'was' if k + 1 == nd else 'were'} not checked"
     return line
+
+
+def _cause_parts(cause: str | None) -> tuple[str | None, str | None]:
+    """An explanation sentence (``rejected (near tie): the target's …``) split into its tag without the
+    word "rejected" (``near tie``; None for a plain rejection) and the rest."""
+    if not cause:
+        return None, None
+    tag, sep, rest = cause.partition(": ")
+    if not sep:
+        return None, cause
+    tag = tag.strip()
+    if tag.startswith("rejected"):
+        tag = tag[len("rejected"):].strip().strip("()").strip()
+    return tag or None, rest.strip() or None
 
 
 def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8,
@@ -514,6 +528,70 @@ def replay_for_round(rsteps: pd.DataFrame, prompt_id: int, round_: int, variants
         row["would_draft_target"] = ", ".join(hits) if hits else ("none" if truth is not None else "?")
         rows.append(row)
     return pd.DataFrame(rows, columns=["k", "target", "recorded", *variants, "would_draft_target"])
+
+
+# ------------------------------------------------------------------------------------ generated text
+
+#: What produced each generated token, in the order the text view's legend lists them.
+TEXT_STATUSES = ("accepted", "bonus", "rejected", "prefill")
+TEXT_STATUS_WORDS = {"accepted": "accepted draft", "bonus": "target's bonus token (every draft accepted)",
+                     "rejected": "target's correction at a first rejection", "prefill": "the prefill's first token"}
+
+
+def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes=None,
+                   width: int = 100, max_tokens: int = 4000, start: int = 0) -> pd.DataFrame:
+    """One prompt's generated tokens laid out as lines of text for the text view.
+
+    Args:
+        pos: :class:`mtpscope.traces.positions.Positions` of the trace (its ``sequences`` and
+            ``emitted``: the status of every emitted token, ``accepted`` / ``rejected`` (the target's
+            correction of a rejected draft) / ``bonus``; the first token, position 0, is the prefill's).
+        prompt_id: the prompt.
+        decode: id -> readable text without quotes (``TokenText.text``).
+        classes: ``mtpscope.traces.token_classes.TokenClasses`` of that prompt's sequence (optional).
+        width: characters per line; a token whose text ends a line (``↵``) breaks it.
+        max_tokens / start: at most this many tokens from output position ``start`` on.
+
+    Returns:
+        DataFrame, one row per token: g (output position), token, text, status (one of
+        :data:`TEXT_STATUSES`), round, k (the draft position it answered, 0 for a bonus / prefill
+        token), cls (token class or ""), line, col, n_chars (the text's width in characters, at least 1).
+        Empty when the prompt's positions are not known.
+    """
+    cols = ["g", "token", "text", "status", "round", "k", "cls", "line", "col", "n_chars"]
+    seq = pos.sequences.get(int(prompt_id)) if pos is not None else None
+    if seq is None or len(seq) == 0:
+        return pd.DataFrame(columns=cols)
+    em = pos.emitted[pos.emitted["prompt_id"] == int(prompt_id)].sort_values("g", kind="stable")
+    n = len(seq)
+    status = np.full(n, "prefill", dtype=object)
+    rnd = np.zeros(n, dtype=np.int64)
+    kk = np.zeros(n, dtype=np.int64)
+    g = em["g"].to_numpy(dtype=np.int64)
+    ok = (g >= 0) & (g < n)
+    status[g[ok]] = em["status"].to_numpy(dtype=object)[ok]
+    rnd[g[ok]] = em["round"].to_numpy(dtype=np.int64)[ok]
+    kk[g[ok]] = em["k"].to_numpy(dtype=np.int64)[ok]
+    cls = [""] * n
+    if classes is not None:
+        from mtpscope.traces.token_classes import CLASSES
+
+        codes = np.asarray(classes.classes)
+        cls = [CLASSES[int(c)] if 0 <= int(c) < len(CLASSES) else "" for c in codes[:n]]
+        cls += [""] * (n - len(cls))
+    lo, hi = max(0, int(start)), min(n, int(start) + int(max_tokens))
+    rows = []
+    line = col = 0
+    for i in range(lo, hi):
+        t = decode(int(seq[i]))
+        w = max(1, len(t))
+        if col and col + w > width:
+            line, col = line + 1, 0
+        rows.append((i, int(seq[i]), t, status[i], int(rnd[i]), int(kk[i]), cls[i], line, col, w))
+        col += w
+        if t.endswith("↵"):
+            line, col = line + 1, 0
+    return pd.DataFrame(rows, columns=cols)
 
 
 # -------------------------------------------------------------------------------------- centroids
