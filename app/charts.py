@@ -693,19 +693,63 @@ def chosen_vs_home_figure(cov: views.Coverage, top: int = 40) -> go.Figure:
 
 # ---------------------------------------------------------------------------------------- compare
 
-def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"), top: int = 60) -> go.Figure:
-    """Per-prompt acceptance-rate delta (B − A), biggest drops first."""
+def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"), top: int = 60,
+                        labels: dict[int, str] | None = None) -> go.Figure:
+    """Per-prompt acceptance-rate delta (B − A), biggest drops first; the x axis names each prompt by
+    ``labels[prompt_id]`` (id and the start of its text) when given."""
     if deltas is None or len(deltas) == 0:
         return empty_figure("no prompts in common")
     d = deltas.dropna(subset=["delta_rate"]).head(top)
     if len(d) == 0:
         return empty_figure("no prompts in common")
+    labels = labels or {}
     colors = ["#d62728" if v < 0 else "#2ca02c" for v in d["delta_rate"]]
-    fig = go.Figure(go.Bar(x=[str(p) for p in d["prompt_id"]], y=d["delta_rate"], marker_color=colors,
-                           hovertemplate="prompt %{x}<br>Δ rate %{y:.1%}<extra></extra>"))
-    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})", height=300)
-    fig.update_xaxes(title="prompt", type="category")
+    x = [views._esc(labels.get(int(p), f"prompt {p}")) for p in d["prompt_id"]]
+    fig = go.Figure(go.Bar(x=x, y=d["delta_rate"], marker_color=colors,
+                           hovertemplate="%{x}<br>Δ rate %{y:.1%}<extra></extra>"))
+    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})", height=340,
+            margin=dict(l=50, r=20, t=50, b=110))
+    fig.update_xaxes(title="prompt", type="category", tickangle=-30)
     fig.update_yaxes(title="Δ acceptance rate", tickformat=".0%")
+    return fig
+
+
+def only_counts_figure(a_only: dict, b_only: dict, by: str = "by_class", names: tuple[str, str] = ("A", "B"),
+                       title: str | None = None) -> go.Figure:
+    """Grouped bars of the aligned diff's one-sided positions (``a_only`` / ``b_only``: ``{"n", "by_class",
+    "by_position"}``) by token class or by draft position."""
+    keys = sorted(set((a_only or {}).get(by, {})) | set((b_only or {}).get(by, {})),
+                  key=lambda k: (int(k) if str(k).isdigit() else 0, str(k)))
+    if not keys:
+        return empty_figure("no output position is accepted in one run and rejected in the other")
+    x = [f"k={k}" if by == "by_position" else str(k) for k in keys]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=[int(a_only.get(by, {}).get(k, 0)) for k in keys], name=f"accepted in {names[0]}, rejected in {names[1]}",
+                marker_color="#1f77b4")
+    fig.add_bar(x=x, y=[int(b_only.get(by, {}).get(k, 0)) for k in keys], name=f"accepted in {names[1]}, rejected in {names[0]}",
+                marker_color="#ff7f0e")
+    what = "token class" if by == "by_class" else "draft position of the run that rejected it"
+    _layout(fig, title or f"Positions accepted in one run only, by {what}", height=300, barmode="group",
+            legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
+    fig.update_yaxes(title="output positions")
+    return fig
+
+
+def delta_ci_figure(delta: dict[str, dict], names: tuple[str, str] = ("A", "B")) -> go.Figure:
+    """Acceptance-rate delta (B − A) per category with its 95 % bootstrap interval (``AlignedDiff.delta``)."""
+    items = [(c, x) for c, x in (delta or {}).items() if x.get("delta") is not None]
+    if not items:
+        return empty_figure("no drafted tokens in the paired prompts")
+    fig = go.Figure(go.Scatter(
+        x=[x["delta"] for _, x in items], y=[c for c, _ in items], mode="markers", marker=dict(size=11, color="#1f77b4"),
+        error_x=dict(type="data", symmetric=False,
+                     array=[(x["ci_high"] - x["delta"]) if x.get("ci_high") is not None else 0 for _, x in items],
+                     arrayminus=[(x["delta"] - x["ci_low"]) if x.get("ci_low") is not None else 0 for _, x in items]),
+        hovertemplate="%{y}: %{x:+.3f}<extra></extra>"))
+    fig.add_vline(x=0, line_dash="dot", line_color="#888")
+    _layout(fig, f"Acceptance-rate delta ({names[1]} − {names[0]}) with a 95 % interval", height=max(200, 50 * len(items) + 120))
+    fig.update_xaxes(title="Δ acceptance rate", tickformat="+.0%")
+    fig.update_yaxes(type="category", autorange="reversed")
     return fig
 
 

@@ -35,6 +35,7 @@ from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.validate import verify
+from mtpscope.traces.wording import plural
 
 # mtpscope.traces.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
 # and duckdb, which the model pages never need.
@@ -114,32 +115,73 @@ def demo_paths() -> DemoPaths:
 
 
 def init_selection() -> None:
-    """Preselect the demo (once per session) for every selection slot that is still unset."""
+    """Preselect the demo (once per session) for every selection slot that is still unset: the clean
+    demo trace, the models that recorded it (from its manifest, when readable and allowed), and the
+    noisy demo trace as trace B — never trace B = trace A."""
     if st.session_state.get("sel._init"):
         return
     st.session_state["sel._init"] = True
     demo = demo_paths()
     defaults = {"drafter": demo.drafter_fork, "target": demo.target, "trace": demo.traces_clean,
                 "trace_b": demo.traces_noisy, "checkpoint": None, "replay": None}
-    # The clean demo trace names the drafter that recorded it; prefer that one.
-    man = demo.traces_clean / "manifest.json"
-    if man.exists():
-        try:
-            import json
 
-            m = json.loads(man.read_text())
-            models = m.get("models") if isinstance(m, dict) else None
-            a = models.get("assistant") if isinstance(models, dict) else None
-            a = a.get("path") if isinstance(a, dict) else None
-            if isinstance(a, str) and a and Path(a).exists() and safety.is_allowed(a, roots()):
-                defaults["drafter"] = Path(a)
-        except (OSError, ValueError):
-            pass
+    def ok(v) -> bool:
+        return v is not None and Path(v).exists() and safety.is_allowed(v, roots())
+
+    trace_now = st.session_state.get("sel.trace", str(defaults["trace"]) if ok(defaults["trace"]) else None)
+    if trace_now:
+        defaults.update({k: Path(v) for k, v in recorded_models(trace_now).items()})
     for k, v in defaults.items():
         key = f"sel.{k}"
         if key not in st.session_state:
-            ok = v is not None and Path(v).exists() and safety.is_allowed(v, roots())
-            st.session_state[key] = str(v) if ok else None
+            st.session_state[key] = str(v) if ok(v) else None
+    a, b = st.session_state.get("sel.trace"), st.session_state.get("sel.trace_b")
+    if a and b and _same(a, b):
+        other = next((str(t) for t in (demo.traces_noisy, demo.traces_clean) if ok(t) and not _same(t, a)), None)
+        st.session_state["sel.trace_b"] = other
+
+
+def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return str(a) == str(b)
+
+
+def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:
+    """``{"drafter": path, "target": path}`` of the models a trace's manifest names (its ``assistant``
+    and ``target`` entries) that exist and are allowed; read from ``manifest.json`` only (nothing else
+    of the trace), so an unreadable trace gives ``{}``."""
+    import json
+
+    out: dict[str, str] = {}
+    try:
+        m = json.loads((Path(trace_path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return out
+    models = m.get("models") if isinstance(m, dict) else None
+    if not isinstance(models, dict):
+        return out
+    for role, slot in (("assistant", "drafter"), ("target", "target")):
+        e = models.get(role)
+        p = e.get("path") if isinstance(e, dict) else None
+        if isinstance(p, str) and p and "\x00" not in p and Path(p).is_file() and safety.is_allowed(p, roots()):
+            out[slot] = str(Path(p))
+    return out
+
+
+def select_trace(path: str | None) -> dict[str, str]:
+    """Select a trace and, when its manifest names models that are readable and allowed, the drafter
+    and target that recorded it. Returns the models it selected (slot -> path)."""
+    set_("trace", path)
+    if not path:
+        return {}
+    found = recorded_models(path)
+    for slot, p in found.items():
+        set_(slot, p)
+    if get("trace_b") and _same(get("trace_b"), path):
+        set_("trace_b", None)
+    return found
 
 
 def get(name: str) -> str | None:
@@ -375,7 +417,8 @@ def verdict_line(rep: Any) -> str:
     """One line: dialect, error / warning counts, loadability per runtime, pairing."""
     errs = len(rep.errors)
     warns = len(rep.warnings)
-    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {errs} error(s), {warns} warning(s)"
+    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {plural(errs, 'error')}, " \
+        f"{plural(warns, 'warning')}"
     loads = []
     for v in rep.loadability:
         word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules")
@@ -647,3 +690,41 @@ def open_round(sel: tuple[int, int]) -> None:
     """Select a round and open the Step view on it."""
     st.session_state["sel.round"] = (int(sel[0]), int(sel[1]))
     st.switch_page("screens/step.py")
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _gguf_role(path: str, size: int, mtime_ns: int) -> tuple[str, str | None]:
+    from mtpscope.inspector.inventory import detect_dialect
+
+    try:
+        f = open_gguf(path)
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+    try:
+        return detect_dialect(f).kind, f.architecture
+    finally:
+        f.close()
+
+
+def gguf_role(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """(dialect kind, general.architecture) of an allowed GGUF, read from its header and cached:
+    kind ``fork`` / ``upstream`` / ``other`` (drafters), ``target``, ``unknown``, or ``unreadable``
+    (also for a path that is not allowed or not a file)."""
+    try:
+        p = safety.check_path(path, roots(), kind="file")
+        return _gguf_role(str(p), *_stat_key(p))
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+
+
+DRAFTER_KINDS = ("fork", "upstream", "other")
+
+
+def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be the drafter (it is a target model), in one line; None when it may be
+    (a drafter, or a file whose own check will say what is wrong)."""
+    kind, arch = gguf_role(path)
+    if kind == "target":
+        return (f"{short(path)} is a target model (general.architecture {arch!r}), not a drafter: choose it as "
+                "the target, and a gemma4-assistant / gemma4_assistant file as the drafter")
+    return None

@@ -380,7 +380,7 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_
             "top_candidates": " · ".join(dec(t) for t in top),
         }
         if "centroid_ids" in d:
-            row["centroids"] = ", ".join(str(c) for c in cids[:8]) + (" …" if len(cids) > 8 else "")
+            row["centroids"] = ", ".join(str(c) for c in cids[:4]) + (" …" if len(cids) > 4 else "")
             row["target_centroid"] = _opt_int(d.get("target_centroid")) if checked else None
             row["target_centroid_rank"] = _opt_int(d.get("target_centroid_rank")) if checked else None
             row["centroid_head"] = reachability_words(None if _is_null(reach) or not checked else bool(reach), head)
@@ -594,6 +594,16 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
     return pd.DataFrame(rows, columns=cols)
 
 
+def round_position(pos, prompt_id: int, round_: int) -> int | None:
+    """The output position of the first token a round emitted (:class:`mtpscope.traces.positions.Positions`),
+    None when unknown."""
+    if pos is None or not len(pos.emitted):
+        return None
+    em = pos.emitted
+    g = em.loc[(em["prompt_id"].to_numpy() == int(prompt_id)) & (em["round"].to_numpy() == int(round_)), "g"]
+    return int(g.min()) if len(g) else None
+
+
 # -------------------------------------------------------------------------------------- centroids
 
 @dataclass(frozen=True)
@@ -782,63 +792,20 @@ def value_stats(a: np.ndarray) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------- compare
 
-def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100,
-                     decode: Decode | None = None) -> pd.DataFrame:
-    """Per prompt present in both, the first round where the two traces differ: drafted tokens,
-    accepted length or emitted tokens (checked in that order), or, when every common round agrees,
-    the round count. Columns: prompt_id, round, what, a, b (token lists as ids, or as text through
-    ``decode``). Rounds are matched on (prompt_id, round)."""
-    cols = [c for c in ("prompt_id", "round", "drafted", "n_accepted", "emitted") if c in a.columns and c in b.columns]
-    out_cols = ["prompt_id", "round", "what", "a", "b"]
-    if "prompt_id" not in cols or "round" not in cols:
-        return pd.DataFrame(columns=out_cols)
-    m = a[cols].merge(b[cols], on=["prompt_id", "round"], suffixes=("_a", "_b")).sort_values(
-        ["prompt_id", "round"], kind="stable")
-    diffs = {}
-    for c in ("drafted", "n_accepted", "emitted"):
-        if f"{c}_a" not in m.columns:
-            continue
-        if c == "n_accepted":
-            diffs[c] = (m[f"{c}_a"].to_numpy() != m[f"{c}_b"].to_numpy())
-        else:
-            diffs[c] = np.fromiter((_as_list(x) != _as_list(y) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"])),
-                                   dtype=bool, count=len(m))
-    rows = []
-    any_diff = np.zeros(len(m), dtype=bool)
-    for d in diffs.values():
-        any_diff |= d
-    first = m[any_diff].groupby("prompt_id", sort=True).head(1)
-    for idx, r in first.iterrows():
-        i = m.index.get_loc(idx)
-        what = next(c for c, d in diffs.items() if d[i])
-        va, vb = r[f"{what}_a"], r[f"{what}_b"]
-        if what == "n_accepted":
-            def fmt(v):
-                return str(int(v))
-        elif decode is None:
-            def fmt(v):
-                return str(_as_list(v))
-        else:
-            def fmt(v):
-                return " · ".join(decode(t) for t in _as_list(v))
-        rows.append({"prompt_id": int(r["prompt_id"]), "round": int(r["round"]), "what": what,
-                     "a": fmt(va), "b": fmt(vb)})
-    done = {row["prompt_id"] for row in rows}
-    na = a.groupby("prompt_id").size()
-    nb = b.groupby("prompt_id").size()
-    for pid in sorted(set(na.index) & set(nb.index)):
-        if int(pid) not in done and na[pid] != nb[pid]:
-            rows.append({"prompt_id": int(pid), "round": int(min(na[pid], nb[pid])), "what": "length",
-                         "a": f"{na[pid]} rounds", "b": f"{nb[pid]} rounds"})
-    out = pd.DataFrame(rows, columns=out_cols)
-    return out.sort_values(["prompt_id", "round"], kind="stable").head(limit).reset_index(drop=True)
-
-
-def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
-    """Join two :func:`per_prompt_table` results on prompt_id: rates a / b and delta (b − a),
-    sorted by delta ascending (biggest drop first)."""
+def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
+                  pairs: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
+    """Join two :func:`per_prompt_table` results: rates a / b and delta (b − a), sorted by delta
+    ascending (biggest drop first). ``pairs``: (prompt_id in A, prompt_id in B) as
+    :func:`mtpscope.traces.align.pair_prompts` pairs them (by id, text or prompt_id); without it prompts
+    are joined on prompt_id. The result's prompt_id is A's."""
     a = table_a.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
     b = table_b.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
+    if pairs is not None:
+        to_a = {int(pb_): int(pa_) for pa_, pb_ in pairs}
+        b = b[b.index.isin(list(to_a))]
+        b.index = [to_a[int(i)] for i in b.index]
+        b.index.name = "prompt_id"
+        a = a[a.index.isin([int(pa_) for pa_, _ in pairs])]
     j = a.merge(b, left_index=True, right_index=True, how="outer", suffixes=("_a", "_b"))
     j["delta_rate"] = j["acceptance_rate_b"] - j["acceptance_rate_a"]
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]

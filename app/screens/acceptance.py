@@ -70,6 +70,8 @@ with state.guard("trace store"):
                                                     "(click to move the window)",
                                                     highlight=(cur, cur + size - 1), labels=labels),
                              key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
+        st.caption("The whole trace in bins of consecutive rounds (colour = the bin's acceptance rate); click to "
+                   "move the detail window shown below.")
         opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
         if not opts:
             st.session_state.pop("acc.ov_handled", None)

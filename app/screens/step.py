@@ -12,6 +12,8 @@ from mtpscope.traces import wording
 
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20
+#: Tokens of the prompt's generated text shown around the round.
+STRIP_TOKENS = 600
 
 
 
@@ -78,6 +80,20 @@ with state.guard("trace store"):
                 + f" · position {int(row['pos'])} · pending token {dec.label(int(row['pending_token']))} · "
                 f"accepted **{na} of {nd}** · draft {row['t_draft_ms']:.2f} ms · verify {row['t_verify_ms']:.2f} ms")
     st.markdown("emitted: " + (dec.join(views._as_list(row["emitted"])) or "—"))
+    with st.expander("generated text of this prompt (this round outlined; click a token to open its round)",
+                     expanded=True):
+        pos = state.positions(path)
+        g0 = views.round_position(pos, int(pid), int(rnd))
+        layout = views.generated_text(pos, int(pid), dec.text, width=100, max_tokens=STRIP_TOKENS,
+                                      start=max(0, (g0 or 0) - STRIP_TOKENS // 2))
+        ev = st.plotly_chart(charts.text_figure(layout, highlight_round=int(rnd)), key="step.text",
+                             on_select="rerun", selection_mode="points", width="stretch")
+        st.caption("Green: accepted drafts · red: the target's correction of a rejected draft · blue: the target's "
+                   "bonus token · grey: the prefill's token.")
+        hit = state.clicked_round(ev, "step.text.handled", prompt_id=int(pid))
+        if hit is not None and hit != cur:
+            _go(hit)
+            st.rerun()
 
     if nd == 0:
         st.info(f"This round {views.ZERO_DRAFT_WORDS}, so there are no draft steps to show.",
@@ -90,7 +106,7 @@ with state.guard("trace store"):
         st.info("This trace has no per-step records for this round: it carries rounds only (an imported log), "
                 "so the drafter's candidates are not known.")
         st.stop()
-    table = views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head)
+    table = views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head, n_top=3)
     st.dataframe(table, hide_index=True, width="stretch", key="step.table",
                  column_config={"target_rank": st.column_config.NumberColumn(
                      "target rank", help="rank of the target's token among the drafter's logits (0 = the drafter's "
@@ -107,12 +123,11 @@ with state.guard("trace store"):
             top = views.top_candidates(s, dec.label)
             if v == views.VERDICT_NOT_CHECKED:
                 top = top[top["stored"]].assign(is_target=False)
-            st.plotly_chart(charts.top_candidates_figure(top, k, title=f"k={k} · {v} · green = target, blue = drafted"
-                                                         if v != views.VERDICT_NOT_CHECKED else
-                                                         f"k={k} · not checked · blue = drafted"),
+            st.plotly_chart(charts.top_candidates_figure(top, k, title=f"k={k} · {v}"),
                             key=f"step.top.{i}", width="stretch")
-    st.caption("The drafter's highest-scoring tokens at each step; a hatched bar is the target's token when it "
-               "ranked below the stored candidates (its logit is then not in the trace, at most the last bar's).")
+    st.caption("The drafter's highest-scoring tokens at each step: green is the target's token, blue the drafted one; "
+               "a hatched bar is the target's token when it ranked below the stored candidates (its logit is then "
+               "not in the trace, at most the last bar's).")
 
     if "centroid_ids" in steps.columns and steps["centroid_ids"].notna().any():
         st.subheader("Centroid head" + (" (what-if: this run drafted with the dense head)" if head == "dense" else ""))
