@@ -458,9 +458,9 @@ def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
     these steps may well be accepted: the list is what the centroid head would have got wrong."""
     if "target_in_candidates" not in steps.columns:
         return steps.iloc[0:0]
-    m = steps["target_in_candidates"].eq(False).fillna(False).to_numpy(dtype=bool)
+    m = np.asarray(steps["target_in_candidates"].eq(False).fillna(False), dtype=bool)
     if "accepted" in steps.columns and {"prompt_id", "round", "k"} <= set(steps.columns):
-        m &= checked_mask(steps)
+        m = m & checked_mask(steps)
     cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
                         "target_centroid_rank", "accepted") if c in steps.columns]
     return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
