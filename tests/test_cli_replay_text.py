@@ -33,8 +33,9 @@ def test_format_replay_text() -> None:
     lines = out.splitlines()
     assert "replay of t: 1 round, 3 steps" == lines[0]
     assert any(ln.startswith("head=centroid") and "0.3333" in ln for ln in lines)
-    assert "agreement = share of the recorded draft steps where the variant drafts the same token as" in out
-    assert "cannot tell position=p-1 from baseline" in " ".join(lines)
+    flat = " ".join(" ".join(lines).split())
+    assert "agreement = share of the recorded draft steps where the variant drafts the same token as" in flat
+    assert "cannot tell position=p-1 from baseline" in flat
     assert "prompt 0 · round 0 · k=1 · target 1651 “ seven”" in lines
     assert "    head=centroid  6819 “ islands”" in lines
     assert "  ✓ recorded       1651 “ seven”" in lines
