@@ -470,7 +470,8 @@ def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
 
 # ------------------------------------------------------------------------------------ generated text
 
-STATUS_COLOURS = {"accepted": "#b7e4b0", "bonus": "#b9d3f0", "rejected": "#f4b6b0", "prefill": "#e0e0e0"}
+STATUS_COLOURS = {"accepted": "#b7e4b0", "bonus": "#b9d3f0", "rejected": "#f4b6b0", "decode": "#f3e3b3",
+                  "prefill": "#e0e0e0"}
 CLASS_COLOURS = {"prose": "#e8e3d3", "code": "#cfe0f7", "json": "#f7dcc0", "number": "#e3d0f2",
                  "punctuation": "#d9d9d9", "whitespace": "#f2f2f2", "special": "#f6c7d6", "unknown": "#ffffff",
                  "": "#ffffff"}

@@ -131,12 +131,13 @@ def init_selection() -> None:
     trace_now = st.session_state.get("sel.trace", str(defaults["trace"]) if ok(defaults["trace"]) else None)
     if trace_now:
         defaults.update({k: Path(v) for k, v in recorded_models(trace_now).items()})
+    default_b = "sel.trace_b" not in st.session_state
     for k, v in defaults.items():
         key = f"sel.{k}"
         if key not in st.session_state:
             st.session_state[key] = str(v) if ok(v) else None
     a, b = st.session_state.get("sel.trace"), st.session_state.get("sel.trace_b")
-    if a and b and _same(a, b):
+    if default_b and a and b and _same(a, b):  # a default B is never A (a B the user chose is theirs)
         other = next((str(t) for t in (demo.traces_noisy, demo.traces_clean) if ok(t) and not _same(t, a)), None)
         st.session_state["sel.trace_b"] = other
 

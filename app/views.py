@@ -533,9 +533,10 @@ def replay_for_round(rsteps: pd.DataFrame, prompt_id: int, round_: int, variants
 # ------------------------------------------------------------------------------------ generated text
 
 #: What produced each generated token, in the order the text view's legend lists them.
-TEXT_STATUSES = ("accepted", "bonus", "rejected", "prefill")
+TEXT_STATUSES = ("accepted", "bonus", "rejected", "decode", "prefill")
 TEXT_STATUS_WORDS = {"accepted": "accepted draft", "bonus": "target's bonus token (every draft accepted)",
-                     "rejected": "target's correction at a first rejection", "prefill": "the prefill's first token"}
+                     "rejected": "target's correction at a first rejection",
+                     "decode": "target alone (the round drafted nothing)", "prefill": "the prefill's first token"}
 
 
 def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes=None,
@@ -548,6 +549,7 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
             correction of a rejected draft) / ``bonus``; the first token, position 0, is the prefill's).
         prompt_id: the prompt.
         decode: id -> readable text without quotes (``TokenText.text``).
+            A token of a round that drafted nothing is ``decode`` (the target decoded it alone).
         classes: ``mtpscope.traces.token_classes.TokenClasses`` of that prompt's sequence (optional).
         width: characters per line; a token whose text ends a line (``↵``) breaks it.
         max_tokens / start: at most this many tokens from output position ``start`` on.
@@ -569,7 +571,10 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
     kk = np.zeros(n, dtype=np.int64)
     g = em["g"].to_numpy(dtype=np.int64)
     ok = (g >= 0) & (g < n)
-    status[g[ok]] = em["status"].to_numpy(dtype=object)[ok]
+    st_ = em["status"].to_numpy(dtype=object).copy()
+    drafted_rounds = set(pos.drafts.loc[pos.drafts["prompt_id"].to_numpy() == int(prompt_id), "round"].tolist())
+    st_[~np.isin(em["round"].to_numpy(dtype=np.int64), list(drafted_rounds))] = "decode"
+    status[g[ok]] = st_[ok]
     rnd[g[ok]] = em["round"].to_numpy(dtype=np.int64)[ok]
     kk[g[ok]] = em["k"].to_numpy(dtype=np.int64)[ok]
     cls = [""] * n

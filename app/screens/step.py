@@ -89,7 +89,7 @@ with state.guard("trace store"):
         ev = st.plotly_chart(charts.text_figure(layout, highlight_round=int(rnd)), key="step.text",
                              on_select="rerun", selection_mode="points", width="stretch")
         st.caption("Green: accepted drafts · red: the target's correction of a rejected draft · blue: the target's "
-                   "bonus token · grey: the prefill's token.")
+                   "bonus token · yellow: decoded by the target alone · grey: the prefill's token.")
         hit = state.clicked_round(ev, "step.text.handled", prompt_id=int(pid))
         if hit is not None and hit != cur:
             _go(hit)

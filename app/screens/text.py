@@ -56,7 +56,9 @@ with state.guard("trace store"):
         st.caption(f"The target's output for this prompt, {wording.plural(n_gen, 'token')}: green tokens were "
                    f"accepted drafts ({counts.get('accepted', 0)}), red ones the target's correction where it "
                    f"rejected a draft ({counts.get('rejected', 0)}), blue its bonus token after a fully accepted "
-                   f"round ({counts.get('bonus', 0)}). Hover a token for its round; click it to open the round.")
+                   f"round ({counts.get('bonus', 0)})"
+                   + (f", yellow decoded by the target alone in a round that drafted nothing ({counts['decode']})"
+                      if counts.get("decode") else "") + ". Hover a token for its round; click it to open the round.")
     hit = state.clicked_round(event, "text.handled", prompt_id=pid)
     if hit is not None:
         state.open_round(hit)
