@@ -173,15 +173,17 @@ def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:
 
 def select_trace(path: str | None) -> dict[str, str]:
     """Select a trace and, when its manifest names models that are readable and allowed, the drafter
-    and target that recorded it. Returns the models it selected (slot -> path)."""
+    and target that recorded it; when trace B was this trace, B becomes the previous trace A. Returns
+    the models it selected (slot -> path)."""
+    previous = get("trace")
     set_("trace", path)
     if not path:
         return {}
     found = recorded_models(path)
     for slot, p in found.items():
         set_(slot, p)
-    if get("trace_b") and _same(get("trace_b"), path):
-        set_("trace_b", None)
+    if get("trace_b") and _same(get("trace_b"), path):  # never B = A: B becomes the trace A was
+        set_("trace_b", previous if previous and not _same(previous, path) else None)
     return found
 
 
@@ -678,6 +680,8 @@ def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) ->
         st.session_state.pop(handled_key, None)  # so the same point can be clicked again later
         return None
     cd = pts[0].get("customdata")
+    if isinstance(cd, dict):  # bar points come back as {"0": …, "1": …}
+        cd = [cd.get(str(i), cd.get(i)) for i in range(len(cd))]
     if cd is None or len(cd) < (1 if prompt_id is not None else 2):
         return None
     sel = (int(prompt_id), int(cd[0])) if prompt_id is not None else (int(cd[0]), int(cd[1]))

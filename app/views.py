@@ -355,7 +355,8 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_
     never judged it), drafted (text), target (text), the target token's rank among the drafter's
     logits (0 = the drafter's choice), the drafter's top candidates (text), and, when the trace has
     centroid columns, the chosen centroids and whether the sparse head could have drafted the target's
-    token (``head="dense"``: a what-if, "would be unreachable"), then the ids.
+    token (``head="dense"``: a what-if, "would be unreachable"): ``target_centroid`` "974 (rank 8)" and
+    ``centroid_head``; then the ids.
 
     ``n_draft`` / ``n_accepted`` default to what the steps say (their count, the leading accepted)."""
     dec = decode or (lambda t: "∅" if t is None else f"#{t}")
@@ -380,10 +381,11 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_
             "top_candidates": " · ".join(dec(t) for t in top),
         }
         if "centroid_ids" in d:
-            row["centroids"] = ", ".join(str(c) for c in cids[:4]) + (" …" if len(cids) > 4 else "")
-            row["target_centroid"] = _opt_int(d.get("target_centroid")) if checked else None
-            row["target_centroid_rank"] = _opt_int(d.get("target_centroid_rank")) if checked else None
-            row["centroid_head"] = reachability_words(None if _is_null(reach) or not checked else bool(reach), head)
+            tc, tcr = _opt_int(d.get("target_centroid")), _opt_int(d.get("target_centroid_rank"))
+            row["target_centroid"] = (f"{tc} (rank {tcr})" if tcr is not None else str(tc)) \
+                if checked and tc is not None else "—"
+            row["centroid_head"] = reachability_words(None if _is_null(reach) or not checked else bool(reach), head,
+                                                      short=True)
         row["drafted_id"] = int(d["token"])
         row["target_id"] = tgt if checked else None
         rows.append(row)
@@ -391,21 +393,20 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_
     if len(df):
         df["target_rank"] = df["target_rank"].astype("Int64")
         df["target_id"] = df["target_id"].astype("Int64")
-        for c in ("target_centroid", "target_centroid_rank"):
-            if c in df.columns:
-                df[c] = df[c].astype("Int64")
     return df
 
 
-def reachability_words(reachable: bool | None, head: str = "dense") -> str:
+def reachability_words(reachable: bool | None, head: str = "dense", short: bool = False) -> str:
     """Whether the sparse (centroid) head's candidates held the target's token, in words. On a
     recording drafted by the dense head (``head="dense"``) the centroid head is a what-if: "would be
-    unreachable with the centroid head"; drafted by the centroid head: "unreachable"."""
+    unreachable with the centroid head"; drafted by the centroid head: "unreachable". ``short``: without
+    "with the centroid head" (a table column that says it)."""
     if reachable is None:
         return "—"
     if head == "centroid":
         return "reachable" if reachable else "unreachable"
-    return "reachable with the centroid head" if reachable else "would be unreachable with the centroid head"
+    tail = "" if short else " with the centroid head"
+    return ("reachable" if reachable else "would be unreachable") + tail
 
 
 def _opt_int(v) -> int | None:

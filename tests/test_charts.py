@@ -358,8 +358,9 @@ def test_step_table_and_top_candidates() -> None:
     assert t["verdict"].tolist() == ["✓ accepted", "✗ rejected", "– not checked"]
     # the step after the first rejection was never judged: no target, no rank, no reachability
     assert t["target"].tolist() == ["t5", "t8", "—"] and t["target_id"].isna().tolist() == [False, False, True]
-    assert t["centroid_head"].tolist() == ["reachable with the centroid head",
-                                           "would be unreachable with the centroid head", "—"]
+    assert t["centroid_head"].tolist() == ["reachable", "would be unreachable", "—"]
+    assert t["target_centroid"].tolist() == ["3 (rank 0)", "4 (rank 40)", "—"]
+    assert views.reachability_words(False) == "would be unreachable with the centroid head"
     assert views.step_table(s, None, head="centroid")["centroid_head"].tolist()[:2] == ["reachable", "unreachable"]
     top = views.top_candidates(s.iloc[1].to_dict(), lambda i: f"t{i}")
     assert top["is_target"].tolist() == [False, True] and top["is_draft"].tolist() == [True, False]

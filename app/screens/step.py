@@ -108,9 +108,21 @@ with state.guard("trace store"):
         st.stop()
     table = views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head, n_top=3)
     st.dataframe(table, hide_index=True, width="stretch", key="step.table",
-                 column_config={"target_rank": st.column_config.NumberColumn(
-                     "target rank", help="rank of the target's token among the drafter's logits (0 = the drafter's "
-                                         "choice)")})
+                 column_config={
+                     "k": st.column_config.NumberColumn("k", width=40),
+                     "verdict": st.column_config.TextColumn("verdict", width=110),
+                     "target_rank": st.column_config.NumberColumn(
+                         "target rank", width=90, help="rank of the target's token among the drafter's logits "
+                                                       "(0 = the drafter's choice)"),
+                     "top_candidates": st.column_config.TextColumn("drafter's top 3"),
+                     "target_centroid": st.column_config.TextColumn(
+                         "target's centroid", help="the centroid holding the target's token, and its rank among "
+                                                   "all centroids"),
+                     "centroid_head": st.column_config.TextColumn(
+                         "centroid head (what-if)" if head == "dense" else "centroid head",
+                         help="whether the centroid head's candidates held the target's token"),
+                     "drafted_id": st.column_config.NumberColumn("drafted id", width=90),
+                     "target_id": st.column_config.NumberColumn("target id", width=90)})
     st.caption("One row per draft step: the drafted token against the target's; a step after the first rejection "
                "was never checked by the target.")
 
