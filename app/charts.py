@@ -431,12 +431,14 @@ def drift_figure(drift: dict | None, title: str = "How far the drafter's state d
     from plotly.subplots import make_subplots
 
     pp = drift["per_position"]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["cosine (1 = same direction)", "relative error"])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12)
     fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["cos_mean"] for p in pp], mode="lines+markers",
                              name="cosine"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["rel_err_mean"] for p in pp], mode="lines+markers",
                              name="relative error"), row=1, col=2)
     fig.update_xaxes(title="draft position k", dtick=1)
+    fig.update_yaxes(title="cosine (1 = same direction)", row=1, col=1)
+    fig.update_yaxes(title="relative error", row=1, col=2)
     return _layout(fig, title, height=280, showlegend=False)
 
 
@@ -450,8 +452,7 @@ def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
 
     n = [r["n_draft"] for r in rows]
     has_speed = any(r.get("tokens_per_s") is not None for r in rows)
-    fig = make_subplots(rows=1, cols=2 if has_speed else 1,
-                        subplot_titles=["acceptance rate", "tokens per second"] if has_speed else ["acceptance rate"])
+    fig = make_subplots(rows=1, cols=2 if has_speed else 1, horizontal_spacing=0.12)
     sym = ["star" if r["recorded"] else ("circle-open" if r["extrapolated"] else "circle") for r in rows]
     fig.add_trace(go.Scatter(x=n, y=[r["acceptance_rate"] for r in rows], mode="lines+markers",
                              marker=dict(symbol=sym, size=11), name="acceptance rate",
@@ -464,7 +465,9 @@ def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
             fig.add_vline(x=best, line_dash="dash", line_color="#2ca02c", row=1, col=2,
                           annotation_text=f"best: {best}", annotation_position="top")
     fig.update_xaxes(title="n_draft", dtick=1)
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title="acceptance rate", tickformat=".0%", range=[0, 1.05], row=1, col=1)
+    if has_speed:
+        fig.update_yaxes(title="tokens per second", row=1, col=2)
     return _layout(fig, title, height=300, showlegend=False)
 
 
@@ -729,8 +732,8 @@ def only_counts_figure(a_only: dict, b_only: dict, by: str = "by_class", names: 
                 marker_color="#1f77b4")
     fig.add_bar(x=x, y=[int(b_only.get(by, {}).get(k, 0)) for k in keys], name=f"accepted in {names[1]}, rejected in {names[0]}",
                 marker_color="#ff7f0e")
-    what = "token class" if by == "by_class" else "draft position of the run that rejected it"
-    _layout(fig, title or f"Positions accepted in one run only, by {what}", height=300, barmode="group",
+    what = "token class" if by == "by_class" else "draft position"
+    _layout(fig, title or f"Accepted in one run only, by {what}", height=300, barmode="group",
             legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
     fig.update_yaxes(title="output positions")
     return fig

@@ -156,14 +156,14 @@ with state.guard("trace store"):
     st.dataframe(shown[["prompt", "acceptance_rate", "mean_acceptance_length", "n_rounds", "n_drafted",
                         "n_accepted", "longest_zero_streak"]], hide_index=True, width="stretch",
                  column_config={
-                     "prompt": st.column_config.TextColumn("prompt", width="large",
+                     "prompt": st.column_config.TextColumn("prompt", width=280,
                                                            help="prompt id and the start of its text"),
                      "acceptance_rate": st.column_config.ProgressColumn(
-                         "acceptance rate", min_value=0.0, max_value=1.0, format="percent", width="small"),
-                     "mean_acceptance_length": st.column_config.NumberColumn("mean acc. length", format="%.3f",
-                                                                             width="small"),
-                     "n_rounds": st.column_config.NumberColumn("rounds", width="small"),
-                     "n_drafted": st.column_config.NumberColumn("drafted", width="small"),
-                     "n_accepted": st.column_config.NumberColumn("accepted", width="small"),
-                     "longest_zero_streak": st.column_config.NumberColumn("longest zero streak", width="small",
-                                                                          help="rounds in a row that accepted nothing")})
+                         "acceptance rate", min_value=0.0, max_value=1.0, format="percent", width=125),
+                     "mean_acceptance_length": st.column_config.NumberColumn(
+                         "mean acc. length", format="%.3f", width=130, help="mean acceptance length"),
+                     "n_rounds": st.column_config.NumberColumn("rounds", width=70),
+                     "n_drafted": st.column_config.NumberColumn("drafted", width=75),
+                     "n_accepted": st.column_config.NumberColumn("accepted", width=80),
+                     "longest_zero_streak": st.column_config.NumberColumn(
+                         "longest 0-streak", width=130, help="the most rounds in a row that accepted nothing")})

@@ -40,34 +40,38 @@ with state.guard("explanation"):
     c = st.columns(4)
     c[0].metric("acceptance rate", _f(t["acceptance_rate"]),
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
-    c[1].metric("rounds with a rejected draft", f"{rej['n_rounds_rejected']:,}",
+    c[1].metric("rounds with a rejection", f"{rej['n_rounds_rejected']:,}",
                 help="rounds whose drafts were not all accepted")
-    c[2].metric("first mismatches with a known target", f"{rej['n_first_mismatch']:,}",
-                help="of those rounds, the ones where the trace knows the target's token")
+    c[2].metric("of them, target known", f"{rej['n_first_mismatch']:,}",
+                help="of those rounds, the ones where the trace knows the target's token at the first rejection "
+                     "(the causes below count these)")
     best = (d.get("what_if_model") or {}).get("best_n_draft")
     c[3].metric("recommended n_draft", "—" if best is None else str(best),
                 help="the n_draft with the most tokens per second in the estimate below")
     st.caption(f"Drafts came from the {x.head} head.")
 
     st.subheader("Why drafts were rejected")
-    c1, c2 = st.columns(2)
-    with c1:
-        st.plotly_chart(charts.causes_figure(rej["causes"]), key="exp.causes", width="stretch")
-        st.caption("For each round's first rejected draft, the reason: a near tie (the target's token scored within "
-                   "0.5 logits of the draft), the drafter's runner-up, in its top list, or a far miss.")
-    with c2:
-        st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key="exp.ranks", width="stretch")
-        st.caption("Where the target's token stood in the drafter's ranking at the first rejection "
-                   "(0 = the drafter's own pick, 10+ = below the stored candidates).")
-    st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key="exp.bypos", width="stretch")
-    st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
+    if not rej["n_rounds_rejected"]:
+        st.success("No draft was rejected in this selection: every round accepted all it drafted.")
+    else:
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(charts.causes_figure(rej["causes"]), key="exp.causes", width="stretch")
+            st.caption("For each round's first rejected draft, the reason: a near tie (the target's token scored within "
+                       "0.5 logits of the draft), the drafter's runner-up, in its top list, or a far miss.")
+        with c2:
+            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key="exp.ranks", width="stretch")
+            st.caption("Where the target's token stood in the drafter's ranking at the first rejection "
+                       "(0 = the drafter's own pick, 10+ = below the stored candidates).")
+        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key="exp.bypos", width="stretch")
+        st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
     ts = rej["target_side"]
     if ts["hard"] or ts["wrong"]:
         c = st.columns(3)
-        c[0].metric("hard tokens (the target was unsure too)", ts["hard"],
+        c[0].metric("hard (target unsure too)", ts["hard"],
                     help="the target's entropy at that position was at least 1 nat")
-        c[1].metric("wrong drafts (the target was sure)", ts["wrong"])
-        c[2].metric("mean p(drafted): hard / wrong", f"{_f(ts['p_drafted_mean_hard'], '.3g')} / "
+        c[1].metric("wrong (target was sure)", ts["wrong"], help="the target's entropy there was below 1 nat")
+        c[2].metric("mean p(drafted) hard / wrong", f"{_f(ts['p_drafted_mean_hard'], '.3g')} / "
                                                       f"{_f(ts['p_drafted_mean_wrong'], '.3g')}",
                     help="the target's own probability of the drafted token, averaged")
         st.caption("A hard token is one the target itself was unsure about; a wrong draft is a miss where the target "
