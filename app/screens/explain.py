@@ -158,7 +158,11 @@ with state.guard("explanation"):
                     for r in sub.to_dict(orient="records")]})
         ev = st.dataframe(table, hide_index=True, width="stretch", key="exp.fm", on_select="rerun",
                           selection_mode="single-row",
-                          column_config={"why": st.column_config.TextColumn("why", width="large")})
+                          column_config={"prompt": st.column_config.TextColumn("prompt", width=200),
+                                         "round": st.column_config.NumberColumn("round", width=60),
+                                         "k": st.column_config.NumberColumn("k", width=40),
+                                         "why": st.column_config.TextColumn("why (hover for the whole sentence)",
+                                                                            width="large")})
         st.caption("Select a row to open that round in the Step view"
                    + (f" (first {MAX_ROWS} of {len(fm):,})." if len(fm) > MAX_ROWS else "."))
         picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []
