@@ -315,3 +315,28 @@ def test_acceptance_page_says_what_the_cli_says(demo_dir) -> None:
     # the timeline's prompt boundaries are labelled with the prompts
     tl = next(c for c in _charts(at) if (c["layout"].get("meta") or {}).get("mode") == "marks")
     assert [a["text"] for a in tl["layout"]["annotations"]][:1] == [f"prompt {first['prompt_id']} “{first['text']}”"]
+
+
+def test_step_view_shows_the_drift_when_the_target_state_is_stored(tmp_path: Path, monkeypatch) -> None:
+    import numpy as np
+
+    from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
+
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "cache"))
+    e = np.eye(4, dtype=np.float32)
+    # k=1: h_next e0 vs the target's e0 + e1 -> cosine 1/sqrt(2), relative error |−e1| / |e0 + e1| = 1/sqrt(2)
+    # k=2: h_next 2·e1 vs the target's e1 -> cosine 1, relative error |e1| / |e1| = 1
+    d = tmp_path / "drift"
+    man = {"source": "synthetic", "prompts": [{"prompt_id": 0, "text": "x"}]}
+    with TraceWriter(d, man, n_embd_backbone=4, n_embd=4, hidden_dtype="f32", centroids=False, h_target=True) as w:
+        w.add_round(RoundRecord(prompt_id=0, round=0, pos=1, pending_token=1, n_draft=2, drafted=(2, 3), n_accepted=1,
+                                target=(2, 4, 5), emitted=(2, 4)),
+                    [StepRecord(k=1, token=2, logit=1.0, rank=0, top_ids=(2,), top_logits=(1.0,), target_token=2,
+                                target_rank=0, accepted=True, h=e[3], h_next=e[0], h_inner=e[2], h_target=e[0] + e[1]),
+                     StepRecord(k=2, token=3, logit=1.0, rank=0, top_ids=(3,), top_logits=(1.0,), target_token=4,
+                                target_rank=5, accepted=False, h=e[0], h_next=2 * e[1], h_inner=e[2], h_target=e[1])])
+    at = _step(d, (0, 0))
+    fig = next(c for c in _charts(at) if "drafter's state against" in c["layout"]["title"]["text"])
+    assert list(_arr(fig["data"][0]["y"])) == pytest.approx([2 ** -0.5, 1.0], rel=1e-6)
+    assert list(_arr(fig["data"][1]["y"])) == pytest.approx([2 ** -0.5, 1.0], rel=1e-6)

@@ -191,10 +191,14 @@ with state.guard("trace store"):
     go_read = est <= HIDDEN_AUTO_BYTES or st.button(
         f"read hidden-state norms (scans about {charts.human_bytes(est)} of Parquet)", key="w.step.hidden")
     if go_read:
+        from mtpscope.traces.drift import drift, has_hidden_target
+
         norms = pd.DataFrame({"k": ks})
         notes = []
         errors = []
-        for name in ("h", "h_next", "h_inner"):
+        read: dict[str, np.ndarray] = {}
+        names = ("h", "h_next", "h_inner") + (("h_target",) if has_hidden_target(tr.manifest) else ())
+        for name in names:
             try:
                 h = tr.hidden(name, where=mask)
             except MtpscopeError as e:  # a trace without that hidden column: say so, keep going
@@ -203,7 +207,19 @@ with state.guard("trace store"):
             except Exception as e:  # noqa: BLE001 - e.g. a part whose h width disagrees with the manifest
                 errors.append(f"{name}: {state.internal_error_line(e, f'reading hidden states {name!r}')}")
                 continue
-            norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
+            read[name] = h
+            if name != "h_target":
+                norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
+        if "h_target" in read and "h_next" in read and len(read["h_next"]) == len(ks):
+            acc = tr.steps.loc[mask, "accepted"].to_numpy(dtype=bool, na_value=False)
+            dr = drift(ks, read["h_next"], read["h_target"], acc)
+            st.plotly_chart(charts.drift_figure(dr, title="This round: the drafter's state against the target's"),
+                            key="step.drift", width="stretch")
+            st.caption("How close each step's h_next stays to the target's own hidden state at the position it "
+                       "stands in for: cosine 1 and relative error 0 mean the same state.")
+        else:
+            st.caption("The drift view needs the target's hidden states (record with `--hidden-target`); the "
+                       "lengths of the drafter's own states are below.")
         norms = norms.sort_values("k")
         st.plotly_chart(charts.hidden_norms_figure(norms), key="step.norms", width="stretch")
         st.caption("The length (L2 norm) of each stored hidden state at each draft step of this round.")

@@ -19,12 +19,12 @@ with state.guard("GGUF reader / inventory"):
     c[2].metric("dialect", inv.dialect.kind)
     c[3].metric("layers", len(inv.layers))
 
-    f1, f2, f3, f4, f5 = st.columns([3, 2, 2, 2, 2])
+    f1, f2, f3, f4 = st.columns([3, 2, 2, 2])
     glob = f1.text_input("name glob", key="w.tensors.glob", placeholder="e.g. blk.3.* or attn_q")
     comps = f2.multiselect("component", sorted(df["component"].unique()), key="w.tensors.comp")
     layers = f3.multiselect("layer", list(inv.layers), key="w.tensors.layer")
     types = f4.multiselect("ggml type", sorted(df["type"].unique()), key="w.tensors.type")
-    focus = f5.toggle("mtp.* / nextn.* only", key="w.tensors.focus",
+    focus = st.toggle("only the drafter's own tensors (mtp.* / nextn.*)", key="w.tensors.focus",
                       help="only the drafter's own tensors (mtp.* in the fork's files, nextn.* in llama.cpp's)")
     shown = views.filter_inventory(df, glob, comps, layers, types, focus)
     st.caption(f"{len(shown)} of {len(df)} tensors · `ne` is GGUF order (innermost first), "
