@@ -762,3 +762,59 @@ def summary_bars(values: Sequence[float], labels: Sequence[str], title: str) -> 
     fig = go.Figure(go.Bar(x=list(labels), y=list(values), text=[f"{v:.3f}" for v in values],
                            textposition="outside"))
     return _layout(fig, title, height=260)
+
+
+# ------------------------------------------------------------------------------------------ sweep
+
+#: what the Sweep heatmap can colour by: label -> (cells column, number format, colour scale)
+SWEEP_VALUES = {
+    "speedup": ("speedup", ".2f", "RdYlGn"),
+    "acceptance rate": ("acceptance_rate", ".1%", "Viridis"),
+    "mean acceptance length": ("mean_acceptance_length", ".2f", "Viridis"),
+    "tokens/s": ("tokens_per_s", ".1f", "Viridis"),
+}
+
+
+def sweep_config_label(assistant: str, n_draft: int) -> str:
+    """Row label of a configuration in the Sweep heatmap (``q8 · n_draft 3``, ``baseline (plain)``)."""
+    return "baseline (plain)" if int(n_draft) == 0 else f"{assistant} · n_draft {int(n_draft)}"
+
+
+def sweep_heatmap(cells: pd.DataFrame, value: str = "speedup") -> go.Figure:
+    """Configuration × category heatmap of a sweep's cells.
+
+    Args:
+        cells: :meth:`traces.sweep_read.Sweep.cells` (columns assistant, n_draft, category, and the
+            value column); rows in its order become the heatmap's rows (top to bottom), categories in
+            order of first appearance its columns.
+        value: a key of :data:`SWEEP_VALUES`. Speedup is centred on 1 (red slower than the baseline,
+            green faster).
+
+    Returns:
+        The figure; each cell's ``customdata`` is ``[assistant, n_draft, category]`` and
+        ``fig.layout.meta`` is ``{"value": column, "rows": [(assistant, n_draft), ...], "columns": [...]}``.
+    """
+    if cells is None or len(cells) == 0:
+        return empty_figure("no finished task in this sweep yet")
+    col, fmt, scale = SWEEP_VALUES[value]
+    configs = list(dict.fromkeys(zip(cells["assistant"], cells["n_draft"].astype(int), strict=True)))
+    cats = list(dict.fromkeys(cells["category"]))
+    z = np.full((len(configs), len(cats)), np.nan)
+    idx = {c: i for i, c in enumerate(configs)}
+    jdx = {c: j for j, c in enumerate(cats)}
+    for a, k, c, v in zip(cells["assistant"], cells["n_draft"].astype(int), cells["category"], cells[col], strict=True):
+        z[idx[(a, k)], jdx[c]] = np.nan if v is None else float(v)
+    text = [[("" if np.isnan(v) else format(v, fmt)) for v in row] for row in z]
+    custom = [[[a, int(k), c] for c in cats] for a, k in configs]
+    labels = [sweep_config_label(a, k) for a, k in configs]
+    kw: dict = {}
+    if col == "speedup" and np.isfinite(z).any():
+        kw = {"zmid": 1.0}
+    fig = go.Figure(go.Heatmap(z=z, x=cats, y=labels, text=text, texttemplate="%{text}", customdata=custom,
+                               colorscale=scale, hoverongaps=False, colorbar=dict(title=value), **kw,
+                               hovertemplate="%{y}<br>%{x}<br>" + value + " %{text}<extra></extra>"))
+    _layout(fig, f"{value} by configuration and category", height=max(260, 60 + 34 * len(configs)),
+            meta={"value": col, "rows": [[a, int(k)] for a, k in configs], "columns": cats})
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category", side="top")
+    return fig

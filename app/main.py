@@ -33,6 +33,7 @@ PAGES = [
     st.Page("screens/step.py", title="Step", url_path="step"),
     st.Page("screens/explain.py", title="Explain", url_path="explain"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
+    st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
 ]
 
 page = st.navigation(PAGES)

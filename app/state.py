@@ -102,7 +102,8 @@ def manifest_prompts(tr: Any) -> list[dict]:
 # ------------------------------------------------------------------------------ roots and selection
 
 def roots() -> tuple[Path, ...]:
-    """The allowed folders (``MTPSCOPE_ROOTS``, default: working directory and demo cache)."""
+    """The allowed folders: working directory and demo cache, plus ``MTPSCOPE_ROOTS`` (see
+    :func:`app.safety.allowed_roots`)."""
     return safety.allowed_roots()
 
 

@@ -121,9 +121,16 @@ def register(app: typer.Typer) -> None:
         """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
 
         ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
-        by_class, by_category, drift, what_if; docs/EXPLAIN.md). Exit 1 when parts of the trace were
-        unreadable and skipped (the report covers the rest).
+        by_class, by_category, drift, what_if; docs/EXPLAIN.md). On a sweep directory (sweep.json): the
+        configuration x category table (docs/SWEEP.md). Exit 1 when parts of the trace were unreadable
+        and skipped (the report covers the rest).
         """
+        from mtpscope.traces.sweep_format import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli_sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json))
         with one_line_errors():
             from mtpscope.traces.metrics import report
             from mtpscope.traces.store import open_trace

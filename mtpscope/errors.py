@@ -13,6 +13,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── HFCheckpointError     unreadable Hugging Face config.json / safetensors header
     │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
+    ├── ServeRefusedError         `mtpscope app` asked to serve beyond this machine unsafely (app)
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
@@ -118,3 +119,7 @@ class ImportFormatError(TraceError):
 
 class RuntimeUnavailableError(TraceError):
     """llama-cpp-python is not installed or lacks a symbol the recorder needs."""
+
+
+class ServeRefusedError(MtpscopeError):
+    """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""

@@ -19,7 +19,7 @@ from mtpscope.errors import TraceFormatError
 
 SCHEMA_VERSION = 1
 
-SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay")
+SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay", "baseline")
 HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
 HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",

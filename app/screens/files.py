@@ -10,7 +10,7 @@ st.title("Files")
 state.init_selection()
 state.demo_missing_hint()
 roots = state.roots()
-st.caption("Allowed folders (`MTPSCOPE_ROOTS`): " + " · ".join(f"`{r}`" for r in roots))
+st.caption("Allowed folders (add more with `MTPSCOPE_ROOTS`): " + " · ".join(f"`{r}`" for r in roots))
 
 NONE = "—"
 
