@@ -116,6 +116,10 @@ with state.guard("centroid head"):
                                "the checked steps where the target's token was in none of the centroids the sparse "
                                "head would have chosen — whatever the dense head did there (the last column).")
                 if len(un):
+                    plabels = views.prompt_labels(sorted({int(p) for p in un["prompt_id"]}),
+                                                  state.manifest_prompts(tr), width=30)
+                    un = un.assign(prompt_id=[plabels[int(p)] for p in un["prompt_id"]]).rename(
+                        columns={"prompt_id": "prompt"})
                     un = un.assign(drafted=[dec.label(int(t)) for t in un["token"]],
                                    target=[dec.label(None if pd.isna(t) else int(t)) for t in un["target_token"]])
                     if "accepted" in un.columns:

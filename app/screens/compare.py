@@ -177,6 +177,13 @@ else:
                          "agreement", format="%.4f",
                          help="share of the recorded draft steps where the variant drafts the same token as the "
                               "recording")})
+        from mtpscope.traces.replay import indistinguishable
+
+        same = summary.get("indistinguishable")
+        if same is None and len(rsteps):  # summaries written before the key existed
+            same = indistinguishable(rsteps, list(variants))
+        for a, b in same or []:
+            st.caption(f"This trace cannot tell {b} from {a}: both draft the same token at every replayed step.")
         for note in summary.get("notes") or []:
             st.caption(note)
         dcols = [c for c in rsteps.columns if c.startswith("draft[")]
