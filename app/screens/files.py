@@ -26,10 +26,37 @@ def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
     return [str(p) for p in safety.discover(roots_key, marker="config.json", max_depth=3)]
 
 
+def _choose(slot: str, value: str | None) -> bool:
+    """Put ``value`` into selection slot ``slot``: a trace also selects the models that recorded it; a
+    target model offered as the drafter is refused (its reason kept for the page). True when chosen."""
+    st.session_state.pop(f"refused.{slot}", None)
+    if slot == "drafter" and value:
+        why = state.drafter_refusal(value)
+        if why:
+            st.session_state[f"refused.{slot}"] = (value, why)
+            return False
+    if slot == "trace":
+        found = state.select_trace(value)
+        st.session_state["trace.models_from_manifest"] = found
+    else:
+        state.set_(slot, value)
+    return True
+
+
+def _as_target(path: str) -> None:
+    state.set_("target", path)
+    st.session_state.pop("refused.drafter", None)
+
+
 def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None) -> None:
     """Path completion (select from the allowed folders), a free path, and an optional upload."""
     cur = state.get(slot) or ""
-    options = [NONE] + _candidates(tuple(str(r) for r in roots), kind)
+    found = _candidates(tuple(str(r) for r in roots), kind)
+    if slot == "drafter":  # drafters only; a target is refused with its reason when typed
+        found = [p for p in found if state.gguf_role(p)[0] in state.DRAFTER_KINDS]
+    elif slot == "target":
+        found = [p for p in found if state.gguf_role(p)[0] == "target"]
+    options = [NONE] + found
     if cur and cur not in options:
         options.append(cur)
     pick_key, text_key, seen_key = f"w.{slot}.pick", f"w.{slot}.text", f"w.{slot}.seen"
@@ -43,13 +70,14 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
 
     def on_pick() -> None:
         v = st.session_state[pick_key]
-        state.set_(slot, None if v == NONE else v)
-        st.session_state[text_key] = "" if v == NONE else v
+        _choose(slot, None if v == NONE else v)
+        st.session_state[text_key] = state.get(slot) or ""
         st.session_state[seen_key] = state.get(slot) or ""
 
     def on_text() -> None:
         v = st.session_state[text_key].strip()
-        state.set_(slot, v or None)
+        if not _choose(slot, v or None):
+            st.session_state[text_key] = state.get(slot) or ""
         st.session_state[seen_key] = state.get(slot) or ""
 
     c1, c2 = st.columns([3, 2])
@@ -71,8 +99,14 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
                 st.session_state[f"upl.{slot}"] = up.file_id
-                state.set_(slot, str(p))
-                st.rerun()
+                if _choose(slot, str(p)):
+                    st.rerun()
+    refused = st.session_state.get(f"refused.{slot}")
+    if refused:
+        st.error(refused[1], icon=":material/block:")
+        if slot == "drafter":
+            st.button("use it as the target instead", key="w.drafter.as_target", on_click=_as_target,
+                      args=(refused[0],))
 
 
 def _gguf_summary(slot: str) -> None:
@@ -99,6 +133,34 @@ def _verdict(slot: str) -> None:
         v = state.validation(state.get(slot), state.get("target") if slot == "drafter" else None)
         line = state.verdict_line(v)
         (st.success if state.verdict_ok(v) else st.warning)(line)
+
+
+def _recording(tr) -> None:
+    """The recording's parameters from the manifest: models, n_draft, temperature, hidden dtype, runtime."""
+    m = tr.manifest
+    params = m.get("params") if isinstance(m.get("params"), dict) else {}
+    dims = m.get("dims") if isinstance(m.get("dims"), dict) else {}
+    rt = m.get("runtime") if isinstance(m.get("runtime"), dict) else {}
+    rows = []
+    for role, word in (("assistant", "drafter"), ("target", "target"), ("centroids", "centroid head")):
+        p = state.model_path(tr, role)
+        if p:
+            e = state.manifest_models(tr).get(role, {})
+            rows.append((word, f"`{state.short(p)}` ({e.get('architecture', '?')}, {e.get('dialect', '?')})"))
+    for key, word in (("n_draft", "n_draft"), ("temp", "temperature"), ("max_tokens", "max_tokens"),
+                      ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed")):
+        if key in params:
+            rows.append((word, f"{params[key]}"))
+    if dims:
+        rows.append(("hidden states", str(dims.get("hidden_dtype") or "not stored")))
+    if rt:
+        rows.append(("runtime", ", ".join(f"{k} {v}" for k, v in rt.items() if v is not None)))
+    if rows:
+        st.markdown("**Recorded with** — " + " · ".join(f"{w}: {v}" for w, v in rows))
+    found = st.session_state.pop("trace.models_from_manifest", None)
+    if found:
+        st.caption("Selected the models that recorded this trace: "
+                   + ", ".join(f"{slot} `{state.short(p)}`" for slot, p in found.items()))
 
 
 st.subheader("Drafter")
@@ -155,6 +217,7 @@ if state.get("trace"):
         cols[4].metric("schema", m.get("schema_version", "?"))
         for w in tr.warnings[:20]:
             st.warning(w)
+        _recording(tr)
         with state.guard("metrics"):
             rep = state.report(state.get("trace"))
             st.success(f"acceptance rate {state.acceptance_rate(rep):.1%} · mean acceptance length "
