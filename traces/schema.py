@@ -155,8 +155,9 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
     Raises:
         TraceFormatError: not a JSON object, missing ``schema_version`` / ``source`` / ``complete`` /
             ``counts``, a schema version other than :data:`SCHEMA_VERSION`, an unknown source, a
-            top-level value of the wrong type, ``parts.<table>`` that is not a list of file names, or a
-            ``prompts[i].prompt_id`` that is not a non-negative integer.
+            top-level value of the wrong type, or ``parts.<table>`` that is not a list of file names.
+        Malformed ``prompts`` entries (not an object, or a ``prompt_id`` that is not an int >= 0) are
+        dropped from the returned manifest rather than refused.
     """
     if not isinstance(manifest, dict):
         raise TraceFormatError("manifest is not a JSON object", path=path,
@@ -194,9 +195,10 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
                                    key=f"parts.{table}", expected="list of str or null",
                                    actual=type(names).__name__ if not isinstance(names, list)
                                    else "list with " + type(next(n for n in names if not isinstance(n, str))).__name__)
-    for i, p in enumerate(manifest.get("prompts") or []):
-        pid = p.get("prompt_id") if isinstance(p, dict) else None  # other entries are skipped by readers
-        if isinstance(p, dict) and "prompt_id" in p and (not isinstance(pid, int) or isinstance(pid, bool) or pid < 0):
-            raise TraceFormatError("manifest prompt_id is not a non-negative integer", path=path,
-                                   key=f"prompts[{i}].prompt_id", expected="int >= 0", actual=repr(pid))
+    prompts = manifest.get("prompts")
+    if isinstance(prompts, list):
+        # a malformed prompt entry (not an object, or a prompt_id that is not an int >= 0) is left out of
+        # what readers see; the rounds of that prompt stay readable (nothing recorded is lost)
+        manifest["prompts"] = [p for p in prompts if isinstance(p, dict) and isinstance(p.get("prompt_id"), int)
+                               and not isinstance(p.get("prompt_id"), bool) and p["prompt_id"] >= 0]
     return manifest

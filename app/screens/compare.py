@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from mtpscope.errors import TraceMismatchError
 from mtpscope.app import charts, state, views
 from mtpscope.traces import metrics, wording
 
@@ -135,16 +136,22 @@ def _traces() -> None:
     st.caption(f"Each run's acceptance rate over its last {wording.plural(w, 'round')}, rounds in prompt order.")
 
     if mode == "two traces":
-        _aligned(a_path, b_path, names, labels_a)
-        st.subheader("Per-prompt deltas")
-        diff = state.comparison(a_path, b_path)
-        deltas = views.prompt_deltas(views.per_prompt_table(ra, prompts_a), views.per_prompt_table(rb, prompts_b),
-                                     pairs=diff.pairing.pairs)
-        deltas.insert(1, "prompt", [labels_a.get(int(p), str(p)) for p in deltas["prompt_id"]])
-        st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key="cmp.deltas", width="stretch")
-        st.caption("Each paired prompt's acceptance-rate change from A to B, biggest drop first.")
-        st.dataframe(deltas.head(500).drop(columns=["prompt_id"]), hide_index=True, width="stretch",
-                     column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
+        try:
+            state.comparison(a_path, b_path)
+        except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)
+            st.info(f"No aligned comparison of these two traces: {e.one_line()}")
+        else:
+            _aligned(a_path, b_path, names, labels_a)
+            st.subheader("Per-prompt deltas")
+            diff = state.comparison(a_path, b_path)
+            deltas = views.prompt_deltas(views.per_prompt_table(ra, prompts_a),
+                                         views.per_prompt_table(rb, prompts_b), pairs=diff.pairing.pairs)
+            deltas.insert(1, "prompt", [labels_a.get(int(p), str(p)) for p in deltas["prompt_id"]])
+            st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key="cmp.deltas",
+                            width="stretch")
+            st.caption("Each paired prompt's acceptance-rate change from A to B, biggest drop first.")
+            st.dataframe(deltas.head(500).drop(columns=["prompt_id"]), hide_index=True, width="stretch",
+                         column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
 
 
 with state.guard("trace store"):
