@@ -504,3 +504,57 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
                                  expected="a folder unpacked from this archive",
                                  actual="a folder without manifest.json") from None
     return out / top
+
+
+# ------------------------------------------------------------------------------ URLs (issue 16)
+
+#: ``MTPSCOPE_ALLOW_URLS=1`` lets the app read GGUF headers from URLs; off by default, because the app may
+#: be exposed on a network and a text box must not make it send requests to arbitrary hosts.
+ALLOW_URLS_ENV = "MTPSCOPE_ALLOW_URLS"
+#: Hosts the app may fetch from (comma-separated; sub-domains included), default the Hugging Face Hub.
+URL_HOSTS_ENV = "MTPSCOPE_URL_HOSTS"
+DEFAULT_URL_HOSTS = ("huggingface.co", "hf.co")
+
+
+def urls_allowed(environ: dict[str, str] | None = None) -> bool:
+    """True when ``MTPSCOPE_ALLOW_URLS`` is ``1`` (or ``true`` / ``yes``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ALLOW_URLS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def url_hosts(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The allow-list: ``MTPSCOPE_URL_HOSTS`` (comma-separated host names) or :data:`DEFAULT_URL_HOSTS`."""
+    env = os.environ if environ is None else environ
+    hosts = tuple(h.strip().lower().rstrip(".") for h in env.get(URL_HOSTS_ENV, "").split(",") if h.strip())
+    return hosts or DEFAULT_URL_HOSTS
+
+
+def check_url(url: str, environ: dict[str, str] | None = None) -> str:
+    """``url`` (``https://``, ``http://`` or ``hf://``) if the app may fetch it; pure (no request is sent).
+
+    Rules: URLs must be switched on (:func:`urls_allowed`); the URL's host (for ``hf://``, the Hub's, i.e.
+    the ``HF_ENDPOINT`` host) must be an allow-listed host or a sub-domain of one (``evilhf.co`` is not one
+    of ``hf.co``). Redirects are then followed only to the same host or the Hub's CDN
+    (:mod:`mtpscope.inspector.remote`).
+
+    Raises:
+        PathNotAllowedError: URLs are off, the URL cannot be parsed, or its host is not allowed.
+    """
+    from mtpscope.inspector.remote import resolve
+
+    if not urls_allowed(environ):
+        raise PathNotAllowedError("reading URLs is off in this app", key=ALLOW_URLS_ENV,
+                                  expected=f"{ALLOW_URLS_ENV}=1 in the app's environment", actual="unset")
+    try:
+        loc = resolve(url.strip())
+    except InspectorError as e:
+        raise PathNotAllowedError(f"not a URL the app can read: {e.message}", key="url",
+                                  expected="https://HOST/PATH.gguf or hf://ORG/REPO/FILE.gguf", actual=url[:120]) from None
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(loc.url).hostname or "").lower().rstrip(".")
+    hosts = url_hosts(environ)
+    if not any(host == h or host.endswith("." + h) for h in hosts):
+        raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
+                                  actual=host or "none")
+    return url.strip()

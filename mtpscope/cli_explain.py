@@ -5,7 +5,8 @@ token class / channel / category, drift, which n_draft; worst first.
 ``mtpscope compare A B [--json] [--vocab GGUF]``: the aligned diff of two traces of the same prompts.
 
 Exit codes: 0 ok; 1 the trace had unreadable parts that were skipped (explain) or the two runs' outputs
-differ so only their common prefix was compared (compare); 2 unreadable input (one line on stderr).
+differ so only their common prefix was compared, or they cannot be compared: no prompt in common, or one has no
+rounds (compare); 2 unreadable input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _pct(n: int, total: int) -> str:
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
 
 
 def _tok(row: dict[str, Any]) -> str:
@@ -211,15 +212,19 @@ def register(app: typer.Typer) -> None:
 
         Exit 1 when the two runs' outputs differ (then only the common prefix of each prompt is compared).
         """
-        with one_line_errors():
+        from mtpscope.errors import TraceMismatchError
+
+        with one_line_errors(refusals=(TraceMismatchError,)):
             from mtpscope.traces.compare_report import compare_traces
             from mtpscope.traces.store import open_trace
             from mtpscope.traces.vocab import trace_vocab
 
             ta, tb = open_trace(a), open_trace(b)
-            diff = compare_traces(ta, tb, vocab=trace_vocab(ta.manifest, vocab))
-        for w in [*ta.warnings, *tb.warnings]:
-            print(f"warning: {w}", file=sys.stderr)
+            try:
+                diff = compare_traces(ta, tb, vocab=trace_vocab(ta.manifest, vocab))
+            finally:  # a torn part explains an empty trace: say so before the error line
+                for w in [*ta.warnings, *tb.warnings]:
+                    print(f"warning: {w}", file=sys.stderr)
         d = diff.to_dict()
         if as_json:
             print(json.dumps({"a": str(ta.path), "b": str(tb.path), **d}, indent=2, allow_nan=False))

@@ -50,6 +50,12 @@ def register(app: typer.Typer) -> None:
         compact: bool = typer.Option(True, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+        hidden_target: bool = typer.Option(
+            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
+                                           "(h_target, for drafter drift in `mtpscope explain`)."),
+        baseline: bool = typer.Option(
+            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
+                                      "manifest (what-if speedups in `mtpscope explain`)."),
         verbose: bool = typer.Option(
             False, "--verbose", "-v",
             help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
@@ -60,12 +66,6 @@ def register(app: typer.Typer) -> None:
         isolate: bool = typer.Option(
             True, "--isolate/--in-process",
             help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
-        hidden_target: bool = typer.Option(
-            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
-                                           "(h_target, for drafter drift in `mtpscope explain`)."),
-        baseline: bool = typer.Option(
-            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
-                                      "manifest (what-if speedups in `mtpscope explain`)."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
 

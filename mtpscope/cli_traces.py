@@ -18,8 +18,11 @@ from typing import Any, Optional
 import typer
 
 from mtpscope.cli_common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.traces.wording import plural, rolling_words, shorten, streaks_line
 
 MAX_PROMPT_ROWS = 20
+#: Characters of each prompt's text in the per-prompt table (the whole text is in ``--json``).
+PROMPT_TEXT_CHARS = 40
 MAX_BAD_LINES_SHOWN = 20
 
 
@@ -53,15 +56,14 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(f"first mismatch: {parts}; all accepted: {rep['n_all_accepted']}")
     z = rep["zero_acceptance_streaks"]
     if rep["n_rounds"]:
-        lines.append(f"zero-acceptance streaks: {z['n_streaks']} ({z['n_rounds_in_streaks']} rounds), "
-                     f"longest {z['longest']}")
+        lines.append(streaks_line(z))
         for s in z["top"][:3]:
             if s["length"] > 1:
                 lines.append(f"  prompt {s['prompt_id']} rounds {s['start_round']}..{s['end_round']} "
-                             f"({s['length']})")
+                             f"({plural(s['length'], 'round')})")
     if rep.get("rolling"):
         ro = rep["rolling"]
-        lines.append(f"rolling acceptance rate (window {ro['window']} rounds): min {_fmt(ro['min'], '.3f')}, "
+        lines.append(f"rolling acceptance rate ({rolling_words(ro)}): min {_fmt(ro['min'], '.3f')}, "
                      f"p10 {_fmt(ro['p10'], '.3f')}, median {_fmt(ro['median'], '.3f')}, "
                      f"p90 {_fmt(ro['p90'], '.3f')}, max {_fmt(ro['max'], '.3f')}")
     if rep.get("timing_ms"):
@@ -70,14 +72,15 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms")
     if rep.get("centroid_coverage"):
         c = rep["centroid_coverage"]
-        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of {c['n_steps']} steps "
+        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of {plural(c['n_steps'], 'step')} "
                      f"had the target token among the sparse head's candidates)")
     if rep["prompts"]:
         lines.append("")
-        lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length")
+        lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")
         for p in rep["prompts"][:MAX_PROMPT_ROWS]:
             lines.append(f"{p['prompt_id']:6d} {p['n_rounds']:7d} {p['n_drafted']:8d} {p['n_accepted']:9d}  "
-                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}")
+                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}  "
+                         f"{shorten(p.get('text') or '', PROMPT_TEXT_CHARS)}".rstrip())
         if len(rep["prompts"]) > MAX_PROMPT_ROWS:
             lines.append(f"... {len(rep['prompts']) - MAX_PROMPT_ROWS} more prompts (use --json)")
     if rep.get("requests"):
@@ -89,12 +92,13 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def _print_import_result(res: Any) -> int:
-    print(f"wrote {res.out_dir}: {res.n_rounds} rounds, {res.n_steps} steps, {res.n_requests} requests "
-          f"from {res.n_lines} lines ({res.n_used} used, {res.n_ignored} ignored, {res.n_bad} bad)")
+    print(f"wrote {res.out_dir}: {plural(res.n_rounds, 'round')}, {plural(res.n_steps, 'step')}, "
+          f"{plural(res.n_requests, 'request')} from {plural(res.n_lines, 'line')} ({res.n_used} used, "
+          f"{res.n_ignored} ignored, {res.n_bad} bad)")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if res.n_bad:
-        print(f"mtpscope: {res.path}: {res.n_bad} bad lines skipped:", file=sys.stderr)
+        print(f"mtpscope: {res.path}: {plural(res.n_bad, 'bad line')} skipped:", file=sys.stderr)
         for line_no, reason in res.bad_lines[:MAX_BAD_LINES_SHOWN]:
             print(f"  line {line_no}: {reason}", file=sys.stderr)
         if res.n_bad > MAX_BAD_LINES_SHOWN:

@@ -17,6 +17,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
+        ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
         ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
         └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
 """
@@ -106,6 +107,12 @@ class PathNotAllowedError(InspectorError):
     """A path outside the folders the app may read (``MTPSCOPE_ROOTS``)."""
 
 
+class RemoteFileError(InspectorError):
+    """A GGUF URL (``https://`` / ``hf://``) that cannot be read: an HTTP error status, a server without
+    range requests, a redirect to a host that is not allowed, a timeout, a truncated response or a cap
+    exceeded. ``path`` is the URL without its query string; a token is never part of the message."""
+
+
 class TraceError(MtpscopeError):
     """Errors reading, writing or importing traces."""
 
@@ -118,8 +125,16 @@ class ImportFormatError(TraceError):
     """A foreign log (fork NDJSON, llama-server log) that cannot be imported at all."""
 
 
+class TraceMismatchError(TraceError):
+    """Two readable traces that cannot be compared: no prompt in common, or one of them has no rounds."""
+
+
 class RuntimeUnavailableError(TraceError):
     """llama-cpp-python is not installed or lacks a symbol the recorder needs."""
+
+
+class ServeRefusedError(MtpscopeError):
+    """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""
 
 
 class RuntimeAbortedError(TraceError):
@@ -139,7 +154,3 @@ class RuntimeAbortedError(TraceError):
         self.aborted = dict(aborted or {})
         self.trace = None if path is None else os.fspath(path)
         super().__init__(message)
-
-
-class ServeRefusedError(MtpscopeError):
-    """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""

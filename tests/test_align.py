@@ -129,3 +129,13 @@ def test_drift_by_hand() -> None:
                                     "cos_mean_rejected": None}
     with pytest.raises(TraceFormatError):
         drift(np.array([1]), np.zeros((1, 2)), np.zeros((1, 3)))
+
+
+def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:
+    ma = {"prompts": [{"prompt_id": 0, "text": "a"}, {"prompt_id": 1, "text": "b"}]}
+    mb = {"prompts": [{"prompt_id": 0, "text": "c"}, {"prompt_id": 1, "text": "d"}]}
+    p = pair_prompts(ma, mb, [0, 1], [0, 1])
+    assert p.by == "text" and p.pairs == () and p.unpaired_a == (0, 1) and p.unpaired_b == (0, 1)
+    # without texts on one side, prompt_id pairing stays (imported traces)
+    p2 = pair_prompts(ma, {"prompts": [{"prompt_id": 0, "text": None}]}, [0, 1], [0])
+    assert p2.by == "prompt_id" and p2.pairs == ((0, 0),)

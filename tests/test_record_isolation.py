@@ -78,7 +78,7 @@ def test_f16_norm_drafter_refused_then_aborts_llama_cpp(crashing, tmp_path) -> N
     # the pre-flight knows llama.cpp would abort (the inspector's rule): refused before loading
     res = _record([*args, "--out", str(tmp_path / "refused")])
     assert res.returncode == 1
-    assert "W_DTYPE_VECTOR blk.0.attn_norm.weight (expected F32, got F16)" in _one_line(res.stderr)
+    assert "E_DTYPE_VECTOR blk.0.attn_norm.weight (expected F32, got F16)" in _one_line(res.stderr)
     assert not (tmp_path / "refused").exists()
     # past the pre-flight, the real llama.cpp aborts at the first draft step: one line quoting it
     out = tmp_path / "aborted"

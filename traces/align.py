@@ -2,7 +2,9 @@
 upstream). Pure (numpy / pandas); one job.
 
 **Pairing prompts.** Prompts pair by their ``id`` (prompts files, §6 of docs/EXPLAIN.md) when both traces
-carry ids, else by their text, else by ``prompt_id``. Unpaired prompts are listed, not compared.
+carry ids, else by their text, else by ``prompt_id``. Unpaired prompts are listed, not compared. When both
+traces name every prompt (ids or texts) and no name matches, nothing is paired (two different prompt
+sets are never paired by ``prompt_id``).
 
 **Aligning rounds.** Rounds are aligned by *output position* (:mod:`traces.positions`): with greedy
 decoding the target's output does not depend on the drafter, so the two generated sequences of a
@@ -65,17 +67,21 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
         return out
 
     ea, eb = entries(manifest_a, ids_a), entries(manifest_b, ids_b)
+    carried = None  # the first key both traces carry for every prompt
     for by, key in (("id", "id"), ("text", "text")):
         ka = {pid: p.get(key) for pid, p in ea.items()}
         kb = {pid: p.get(key) for pid, p in eb.items()}
         if all(isinstance(v, str) and v for v in ka.values()) and all(isinstance(v, str) and v for v in kb.values()) \
                 and len(set(ka.values())) == len(ka) and len(set(kb.values())) == len(kb) and ka and kb:
+            carried = carried or by
             inv = {v: pid for pid, v in kb.items()}
             pairs = tuple((pa_, inv[v]) for pa_, v in sorted(ka.items()) if v in inv)
             if pairs:
                 used_b = {b for _, b in pairs}
                 return PromptPairing(pairs, by, tuple(p for p in sorted(ea) if p not in dict(pairs)),
                                      tuple(p for p in sorted(eb) if p not in used_b))
+    if carried is not None:  # both name their prompts and no name matches: different prompts, pair none
+        return PromptPairing((), carried, tuple(sorted(ea)), tuple(sorted(eb)))
     common = sorted(set(ea) & set(eb))
     return PromptPairing(tuple((p, p) for p in common), "prompt_id",
                          tuple(p for p in sorted(ea) if p not in common), tuple(p for p in sorted(eb) if p not in common))

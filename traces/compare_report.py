@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from mtpscope.errors import TraceMismatchError
 from mtpscope.traces.align import AlignedDiff, aligned_diff, pair_prompts
 from mtpscope.traces.breakdown import classify_outputs, prompt_categories
 from mtpscope.traces.positions import positions
@@ -25,12 +26,25 @@ def compare_traces(a: Any, b: Any, *, vocab: Vocab | None = None, n_boot: int = 
         a / b: the traces (A is the reference: its categories and token classes are used).
         vocab: A's vocabulary for token classes (None: classes ``unknown``).
         n_boot, seed: bootstrap resamples and seed.
+
+    Raises:
+        TraceMismatchError: A or B has no readable rounds, or the two share no prompt.
     """
     ra = a.columns("rounds", COMPARE_ROUNDS_COLUMNS)
     rb = b.columns("rounds", COMPARE_ROUNDS_COLUMNS)
+    for name, t, r in (("A", a, ra), ("B", b, rb)):
+        if not len(r):
+            raise TraceMismatchError(f"trace {name} has no rounds (nothing recorded, or its rounds parts were "
+                                     "unreadable): nothing to compare", path=t.path, key="rounds",
+                                     expected=">= 1 round", actual="0")
     pa_, pb_ = positions(ra), positions(rb)
     pairing = pair_prompts(a.manifest, b.manifest, np.unique(ra["prompt_id"]).tolist(),
                            np.unique(rb["prompt_id"]).tolist())
+    if not pairing.pairs:
+        raise TraceMismatchError(f"the two traces share no prompt (paired by {pairing.by}): they are runs of "
+                                 "different prompts", path=b.path, key="prompts",
+                                 expected=f"some of A's {len(pairing.unpaired_a)} prompts",
+                                 actual=f"{len(pairing.unpaired_b)} other prompts")
     classes = None
     if vocab is not None:
         clf = Classifier(vocab, chat=bool((a.manifest.get("params") or {}).get("chat")))

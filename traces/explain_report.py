@@ -177,6 +177,9 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         if steps is not None:
             steps = steps[steps["prompt_id"].to_numpy() == prompt_id]
     rounds = rounds.reset_index(drop=True)
+    if not len(rounds):
+        notes.append("the trace has no rounds" + (" for this prompt" if prompt_id is not None else "")
+                     + " (nothing was recorded, or its rounds parts were unreadable): nothing to explain")
     head = head or drafting_head(manifest)
     label = token_label(vocab)
     if steps is not None and len(steps):

@@ -58,6 +58,7 @@ _REQUIRED_EXT_SYMBOLS = (
 
 _state: dict[str, Any] = {}
 _log_lines: collections.deque[str] = collections.deque(maxlen=200)
+_log_sinks: list[list[str]] = []  # capture_log() blocks in progress
 
 
 def llama() -> ModuleType:
@@ -162,6 +163,20 @@ def recent_log(n: int = 12) -> str:
     return "".join(list(_log_lines)[-n:]).strip()
 
 
+@contextlib.contextmanager
+def capture_log() -> Iterator[list[str]]:
+    """Every piece of text llama.cpp logs inside the block (all levels, in order, as logged: a line may
+    come in several pieces; ``"".join(pieces).splitlines()`` gives the lines). For tests and checks that
+    compare with what llama.cpp reports (e.g. buffer sizes, inspector/estimate.py)."""
+    llama()  # installs the log callback
+    sink: list[str] = []
+    _log_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _log_sinks.remove(sink)
+
+
 def _install_log_callback(llama_cpp: ModuleType) -> None:
     echo = os.environ.get("MTPSCOPE_LLAMA_LOG", "") not in ("", "0")
 
@@ -171,6 +186,8 @@ def _install_log_callback(llama_cpp: ModuleType) -> None:
         try:
             s = text.decode("utf-8", "replace") if text else ""
             _log_lines.append(s)
+            for sink in _log_sinks:
+                sink.append(s)
             if echo:
                 sys.stderr.write(s)
         except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
@@ -566,6 +583,9 @@ class LlamaContext(_ClosedOnDelete):
         n_threads: CPU threads (None = llama.cpp default).
         nextn: turn on the nextn hidden-state output (``llama_set_embeddings_nextn``); ``masked``
             True keeps one row per output row (drafter), False one row per batch token (target).
+        n_ubatch / n_seq_max / kv_unified / swa_full / type_k / type_v: the ``llama_context_params``
+            fields of those names (``n_ubatch`` default ``n_batch``; None keeps llama.cpp's default;
+            ``type_k`` / ``type_v`` are ggml type ids, e.g. 8 = Q8_0).
 
     Raises:
         TraceError: llama.cpp could not create the context.
@@ -573,14 +593,21 @@ class LlamaContext(_ClosedOnDelete):
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, mtp_of: LlamaContext | None = None,
                  capture: NodeCapture | None = None, flash_attn: bool | None = False,
-                 n_threads: int | None = None, nextn: bool = True, masked: bool = False) -> None:
+                 n_threads: int | None = None, nextn: bool = True, masked: bool = False,
+                 n_ubatch: int | None = None, n_seq_max: int = 1, kv_unified: bool | None = None,
+                 swa_full: bool | None = None, type_k: int | None = None, type_v: int | None = None) -> None:
         lc = llama()
         self.model = model
         params = lc.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
-        params.n_ubatch = int(n_batch)
-        params.n_seq_max = 1
+        params.n_ubatch = int(n_batch if n_ubatch is None else n_ubatch)
+        params.n_seq_max = int(n_seq_max)
+        # None keeps llama.cpp's default (llama_context_default_params)
+        for name, value in (("kv_unified", kv_unified), ("swa_full", swa_full), ("type_k", type_k),
+                            ("type_v", type_v)):
+            if value is not None:
+                setattr(params, name, value)
         params.no_perf = True
         if flash_attn is not None:
             params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn

@@ -406,4 +406,33 @@ class MtpRuntime:
         self.close()
 
 
-__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens", "spec_tokens"]
+
+
+def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: int, temp: float, seed: int,
+                top_k: int, top_p: float) -> tuple[list[list[int]], dict[str, Any]]:
+    """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``.
+
+    Each prompt is decoded by :meth:`MtpRuntime.generate_plain` (the target alone, one token per decode);
+    the entry holds ``t_per_token_ms`` (decode time per generated token after the first), ``n_tokens``,
+    ``n_decodes``, ``decode_ms``, ``prefill_ms`` (milliseconds), ``per_prompt`` and ``outputs_equal`` (None;
+    the recorder fills it at the end, greedy only)."""
+    outs: list[list[int]] = []
+    per = []
+    for tk in toks:
+        timing: dict[str, float] = {}
+        sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+        try:
+            outs.append(rtm.generate_plain(tk, max_tokens=max_tokens, sampler=sampler, timing=timing))
+        finally:
+            sampler.close()
+        per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],
+                    "n_decodes": int(timing["n_decodes"])})
+    n_dec = sum(p["n_decodes"] for p in per)
+    dec = sum(p["decode_ms"] for p in per)
+    return outs, {"t_per_token_ms": dec / n_dec if n_dec else None, "n_tokens": sum(p["n_tokens"] for p in per),
+                  "n_decodes": n_dec, "decode_ms": dec, "prefill_ms": sum(p["prefill_ms"] for p in per),
+                  "per_prompt": per, "outputs_equal": None}
+
+
+__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens", "spec_tokens",
+           "time_plain"]

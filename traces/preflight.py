@@ -143,6 +143,7 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         FileNotFoundError: a missing file.
     """
     from mtpscope.inspector import validate as V  # noqa: PLC0415
+    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT  # noqa: PLC0415
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
     for p in (target, assistant):
@@ -162,9 +163,10 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
                               expected="gemma4", actual=t.architecture)
         for f in (t, d):
             v = V.upstream_verdict(f)
-            if v.loads is False:
-                raise LayoutError(f"llama.cpp would refuse this file: {v.reasons[0]}", path=f.path,
-                                  key="loadability", expected="loads", actual="refused")
+            if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:
+                word = "refuse" if v.loads is False and v.outcome == "refuses" else "abort on"
+                raise LayoutError(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
+                                  key="loadability", expected="loads", actual=v.outcome)
         pairing = V.check_pairing(d, t)
         errors = [x for x in pairing.findings if x.severity == V.ERROR]
         if errors:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,16 @@ def read_prompt_specs(path: str | os.PathLike[str]) -> list[PromptSpec]:
     Raises:
         MtpscopeError: a line that is not JSON, has no / several prompt sources, a field of the wrong
             type, a repeated ``id`` (each names the file, the line and the field); a file without
-            prompts; bytes that are not UTF-8 (names the byte offset).
+            prompts; bytes that are not UTF-8 (names the byte offset); a path that is not a regular
+            file (a FIFO, a directory, a device: checked before it is opened).
         FileNotFoundError: missing file.
     """
     p = Path(path)
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):  # checked before opening: reading a FIFO would block forever
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise MtpscopeError("prompts file is not a regular file", path=p, expected="a regular file", actual=kind)
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -220,4 +227,19 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-__all__ = ["PromptSpec", "check_tokens", "read_prompt_specs", "read_prompts"]
+def spec_to_dict(spec: PromptSpec) -> dict[str, Any]:
+    """A :class:`PromptSpec` as plain JSON values (what the recording worker receives)."""
+    return {"text": spec.text, "tokens": None if spec.tokens is None else [int(t) for t in spec.tokens],
+            "messages": None if spec.messages is None else [dict(m) for m in spec.messages], "id": spec.id,
+            "category": spec.category, "extra": dict(spec.extra), "path": spec.path, "line": spec.line}
+
+
+def spec_from_dict(d: dict[str, Any]) -> PromptSpec:
+    """The inverse of :func:`spec_to_dict`."""
+    return PromptSpec(text=d.get("text"), tokens=None if d.get("tokens") is None else tuple(d["tokens"]),
+                      messages=None if d.get("messages") is None else tuple(dict(m) for m in d["messages"]),
+                      id=d.get("id"), category=d.get("category"), extra=dict(d.get("extra") or {}),
+                      path=d.get("path"), line=d.get("line"))
+
+
+__all__ = ["PromptSpec", "check_tokens", "read_prompt_specs", "read_prompts", "spec_from_dict", "spec_to_dict"]

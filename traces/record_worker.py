@@ -132,53 +132,6 @@ def _instrument(rtm: Any, status: Status) -> None:
         ctx._mtpscope_status = status
 
 
-def time_plain(rtm: Any, toks: list[list[int]], cfg: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
-    """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``
-    (``t_per_token_ms``, ``n_tokens``, ``n_decodes``, ``decode_ms``, ``prefill_ms``, ``per_prompt``,
-    ``outputs_equal`` left None for the recorder)."""
-    from mtpscope.traces.mtp_runtime import Sampler  # noqa: PLC0415
-
-    outs: list[list[int]] = []
-    per = []
-    for tk in toks:
-        timing: dict[str, float] = {}
-        sampler = Sampler(temp=float(cfg["temp"]), seed=int(cfg["seed"]), top_k=int(cfg["top_k"]),
-                          top_p=float(cfg["top_p"]))
-        try:
-            outs.append(rtm.generate_plain(tk, max_tokens=int(cfg["max_tokens"]), sampler=sampler, timing=timing))
-        finally:
-            sampler.close()
-        per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],
-                    "n_decodes": int(timing["n_decodes"])})
-    n_dec = sum(p["n_decodes"] for p in per)
-    dec = sum(p["decode_ms"] for p in per)
-    return outs, {"t_per_token_ms": dec / n_dec if n_dec else None, "n_tokens": sum(p["n_tokens"] for p in per),
-                  "n_decodes": n_dec, "decode_ms": dec, "prefill_ms": sum(p["prefill_ms"] for p in per),
-                  "per_prompt": per, "outputs_equal": None}
-
-
-def prepare(rtm: Any, cfg: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
-    """The prompts' token ids and the ``hello`` facts for a loaded runtime: widths, vocabulary, context
-    (grown to fit), runtime, prompt lengths and rendered texts, and the plain-decoding baseline when
-    ``cfg["baseline"]``."""
-    from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
-    from mtpscope.traces.mtp_runtime import spec_tokens  # noqa: PLC0415
-    from mtpscope.traces.transport import unpack  # noqa: PLC0415
-
-    specs = [unpack(h, []) for h in cfg["prompts"]]
-    rendered = [spec_tokens(rtm.tmodel, sp, chat=bool(cfg.get("chat"))) for sp in specs]
-    toks = [list(r[0]) for r in rendered]
-    rtm.ensure_context(max(len(t) for t in toks) + int(cfg["max_tokens"]) + int(cfg["n_draft"]) + 1)
-    info: dict[str, Any] = {"n_vocab": rtm.n_vocab, "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd,
-                            "n_ctx": rtm.n_ctx, "capture": rtm.capture is not None,
-                            "runtime": rt.runtime_info(int(cfg["n_gpu_layers"])),
-                            "n_prompt_tokens": [len(t) for t in toks], "rendered": [r[1] for r in rendered],
-                            "baseline": None, "plain_outputs": None}
-    if cfg.get("baseline"):
-        info["plain_outputs"], info["baseline"] = time_plain(rtm, toks, cfg)
-    return toks, info
-
-
 def _error_message(e: BaseException) -> dict[str, Any]:
     if isinstance(e, MtpscopeError):
         return {"kind": "error", "class": type(e).__name__, "message": e.message, "path": e.path,
@@ -187,7 +140,35 @@ def _error_message(e: BaseException) -> dict[str, Any]:
     return {"kind": "error", "class": "internal", "message": f"{type(e).__name__}: {e}"}
 
 
+def prepare_prompts(rtm: Any, cfg: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
+    """Tokenize the run's prompts (``cfg["prompts"]``: :class:`~traces.prompts.PromptSpec` fields as
+    dicts), size the context, and time plain decoding first when ``cfg["baseline"]``.
+
+    Returns:
+        ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
+        stands for: the detokenized ids or the rendered chat), and with a baseline ``baseline`` (the
+        manifest entry of :func:`traces.mtp_runtime.time_plain`) and ``plain_outputs``.
+
+    Raises:
+        MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
+    """
+    from mtpscope.traces.mtp_runtime import spec_tokens, time_plain  # noqa: PLC0415
+    from mtpscope.traces.prompts import spec_from_dict  # noqa: PLC0415
+
+    specs = [spec_from_dict(d) for d in cfg["prompts"]]
+    rendered = [spec_tokens(rtm.tmodel, sp, chat=bool(cfg.get("chat"))) for sp in specs]
+    toks = [list(r[0]) for r in rendered]
+    rtm.ensure_context(max(len(t) for t in toks) + int(cfg["max_tokens"]) + int(cfg["n_draft"]) + 1)
+    extra: dict[str, Any] = {"n_prompt_tokens": [len(t) for t in toks], "prompt_texts": [r[1] for r in rendered]}
+    if cfg.get("baseline"):
+        plain, entry = time_plain(rtm, toks, max_tokens=int(cfg["max_tokens"]), temp=float(cfg["temp"]),
+                                  seed=int(cfg["seed"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]))
+        extra["baseline"], extra["plain_outputs"] = entry, plain
+    return toks, extra
+
+
 def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
+    from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
     from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: PLC0415
 
     status.set("load")
@@ -196,9 +177,12 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                      n_threads=cfg.get("n_threads"))
     sender = RoundSender(chan)
     try:
+        toks, extra = prepare_prompts(rtm, cfg)
         n_draft, max_tokens = int(cfg["n_draft"]), int(cfg["max_tokens"])
-        toks, info = prepare(rtm, cfg)
-        chan.send({"kind": "hello", "pid": os.getpid(), **info})
+        chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
+                   "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
+                   "capture": rtm.capture is not None, "runtime": rt.runtime_info(int(cfg["n_gpu_layers"])),
+                   **extra})
         t0, c0 = time.perf_counter(), time.process_time()
         trace = bool(cfg.get("trace", True))
         try:
@@ -554,8 +538,12 @@ class InProcessRounds:
         self.toks: list[list[int]] = []
 
     def hello(self) -> dict[str, Any]:
-        self.toks, info = prepare(self.rtm, self.cfg)
-        return info
+        from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
+
+        r, c = self.rtm, self.cfg
+        self.toks, extra = prepare_prompts(r, c)
+        return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
+                "capture": r.capture is not None, "runtime": rt.runtime_info(c["n_gpu_layers"]), **extra}
 
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
         from mtpscope.traces.mtp_runtime import Sampler  # noqa: PLC0415
@@ -588,7 +576,7 @@ class InProcessRounds:
 
 
 __all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "main", "prepare", "time_plain"]
+           "WorkerRound", "main", "prepare_prompts"]
 
 
 if __name__ == "__main__":

@@ -37,9 +37,8 @@ from mtpscope.traces.preflight import (centroid_source_info, check_draft_and_sam
                                        unchecked_models)
 from mtpscope.traces.record_worker import (STOP_GRACE_S, InProcessRounds, PromptDone, RecordWorker, WorkerDone,
                                            WorkerRound)
-from mtpscope.traces.prompts import PromptSpec, read_prompt_specs
+from mtpscope.traces.prompts import PromptSpec, read_prompt_specs, spec_to_dict
 from mtpscope.traces.step_analysis import round_record, step_records
-from mtpscope.traces.transport import pack
 
 #: ``record(hidden=...)``: hidden states stored as float16, float32, or not at all
 HIDDEN_CHOICES = ("f16", "f32", "off")
@@ -163,9 +162,9 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
            centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
            flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
            command: Sequence[str] | None = None, runtime: MtpRuntime | None = None,
-           on_round: Callable[[int, RoundResult], None] | None = None, hidden_target: bool = False,
-           baseline: bool = False, isolate: bool | None = None, preflight: bool = True,
-           echo_log: bool = False) -> RecordSummary:
+           on_round: Callable[[int, RoundResult], None] | None = None, isolate: bool | None = None,
+           preflight: bool = True, echo_log: bool = False, hidden_target: bool = False,
+           baseline: bool = False) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
@@ -180,12 +179,17 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     width n_embd_backbone) and ``h_inner`` (``result_norm`` via ``cb_eval``, width n_embd), stored as
     float16 (``"f16"``) or float32. With a centroid head (``centroids``: fork-dialect GGUF or HF
     directory): top-k centroid ids and logits, the sparse head's token, whether the target's token is a
-    candidate, the target token's centroid and that centroid's rank.
+    candidate, the target token's centroid and that centroid's rank. Always: the target's probability of
+    the drafted token and its entropy at the verify row that judged it (``target_p_drafted``,
+    ``target_entropy``; computed after the verify timing). With ``hidden_target``: the target's own
+    hidden state at that row (``h_target``, width n_embd_backbone).
 
     Args:
         target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
         out: the trace directory.
-        prompts / prompt / prompts_file: the prompts (exactly one of them).
+        prompts / prompt / prompts_file: the prompts (exactly one of them): texts or
+            :class:`traces.prompts.PromptSpec` objects, one text, or a prompts file
+            (:func:`traces.prompts.read_prompt_specs`: text / tokens / messages, id, category, extra fields).
         n_draft: drafts per round; max_tokens: tokens generated per prompt at most.
         temp / seed / top_k / top_p: the target's sampling (``temp <= 0``: greedy).
         chat: apply the GGUF's own chat template to each prompt.
@@ -217,10 +221,10 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         echo_log: isolated runs: copy llama.cpp's own output to stderr as it comes (``--verbose``).
         hidden_target: store ``h_target`` per step (needs ``hidden`` f16 / f32); cost: one copy of
             n_embd_backbone floats per draft and 2 * n_embd_backbone bytes on disk in f16.
-        baseline: first time plain greedy decoding of the same prompts and store it in the manifest as
-            ``baseline``: ``t_per_token_ms`` (decode time per token after the first), ``n_tokens``,
-            ``decode_ms``, ``prefill_ms``, ``per_prompt`` and, at the end, ``outputs_equal`` (the
-            speculative outputs equal plain decoding's; greedy only).
+        baseline: first time plain greedy decoding of the same prompts (the target alone, one token
+            per decode) and store it in the manifest as ``baseline``: ``t_per_token_ms`` (decode time per
+            token after the first), ``n_tokens``, ``decode_ms``, ``prefill_ms``, ``per_prompt`` and, at the
+            end, ``outputs_equal`` (the speculative outputs equal plain decoding's; greedy only).
 
     Returns:
         :class:`RecordSummary`.
@@ -294,8 +298,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
               "centroids": None if centroids is None else os.fspath(centroids),
               "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
               "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
-              "n_ctx": None, "greedy": temp <= 0, "hidden_target": bool(hidden_target), "baseline": bool(baseline),
-              "isolated": isolated, "preflight": bool(preflight)}
+              "n_ctx": None, "greedy": temp <= 0, "isolated": isolated, "preflight": bool(preflight),
+              "hidden_target": bool(hidden_target), "baseline": bool(baseline)}
     manifest = {
         "source": "record",
         "command": list(command) if command is not None else list(sys.argv),
@@ -307,7 +311,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     }
     cfg = {"target": os.fspath(target), "assistant": os.fspath(assistant), "n_gpu_layers": int(n_gpu_layers),
            "capture": need_capture, "flash_attn": flash_attn, "n_threads": n_threads,
-           "prompts": [pack(sp)[0] for sp in specs], "hidden_target": bool(hidden_target), "baseline": bool(baseline),
+           "prompts": [spec_to_dict(sp) for sp in specs], "hidden_target": bool(hidden_target),
+           "baseline": bool(baseline),
            "chat": bool(chat), "n_draft": int(n_draft), "max_tokens": int(max_tokens), "temp": float(temp),
            "seed": int(seed), "top_k": int(top_k), "top_p": float(top_p), "trace": True}
     hd = None if hidden == "off" else hidden
@@ -333,7 +338,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         manifest["runtime"] = info["runtime"]
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
                                for i, (sp, n, txt) in enumerate(zip(specs, info["n_prompt_tokens"],
-                                                                    info["rendered"], strict=True))]
+                                                                    info["prompt_texts"], strict=True))]
         plain_outputs = info.get("plain_outputs")
         if info.get("baseline") is not None:
             manifest["baseline"] = info["baseline"]

@@ -115,7 +115,8 @@ class ReplayResult:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
         (1 + accepted / rounds that drafted; both as :func:`traces.metrics.totals` defines them),
         ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
-        and the recorded run's rates."""
+        the recorded run's rates; and ``indistinguishable``: pairs of variants that draft the same token
+        at every replayed step (this trace cannot tell them apart, :func:`indistinguishable`)."""
         from mtpscope.traces.metrics import totals
 
         r = self.rounds
@@ -131,7 +132,8 @@ class ReplayResult:
                                "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
                                "out": self.out, "notes": list(self.notes),
                                "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
-                               "variant_traces": dict(self.variant_traces)}
+                               "variant_traces": dict(self.variant_traces),
+                               "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))]}
         for name, o in self.variants.items():
             ar, mal = rates(f"n_accepted[{name}]")
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
@@ -148,6 +150,17 @@ class ReplayResult:
             same &= (s[c] == s["recorded"]).to_numpy()
         d = s.loc[~same, ["prompt_id", "round", "k", "recorded", "truth", *cols]]
         return d if limit is None else d.head(limit)
+
+
+def indistinguishable(steps: Any, names: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs ``(a, b)`` of variants (in ``names`` order, ``a`` first) whose ``draft[NAME]`` columns are
+    equal at every row of ``steps`` (a replay's steps): on this trace the two options make no
+    difference to any draft. Empty when there are no steps."""
+    if steps is None or len(steps) == 0:
+        return []
+    cols = {n: steps[f"draft[{n}]"].to_numpy() for n in names if f"draft[{n}]" in steps.columns}
+    ns = list(cols)
+    return [(a, b) for i, a in enumerate(ns) for b in ns[i + 1:] if bool((cols[a] == cols[b]).all())]
 
 
 def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) -> Path | None:
@@ -478,5 +491,6 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     return summary, (steps if steps is not None else pd.DataFrame())
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for", "parse_variant",
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for", "indistinguishable",
+           "parse_variant",
            "read_replay", "replay"]

@@ -154,7 +154,10 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
 
     Raises:
         TraceFormatError: not a JSON object, missing ``schema_version`` / ``source`` / ``complete`` /
-            ``counts``, a schema version other than :data:`SCHEMA_VERSION`, or an unknown source.
+            ``counts``, a schema version other than :data:`SCHEMA_VERSION`, an unknown source, a
+            top-level value of the wrong type, or ``parts.<table>`` that is not a list of file names.
+        Malformed ``prompts`` entries (not an object, or a ``prompt_id`` that is not an int >= 0) are
+        dropped from the returned manifest rather than refused.
     """
     if not isinstance(manifest, dict):
         raise TraceFormatError("manifest is not a JSON object", path=path,
@@ -183,7 +186,19 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
             raise TraceFormatError("manifest hidden width is not a positive integer", path=path,
                                    key=f"dims.{key}", expected="int > 0 or null", actual=v)
     hd = dims.get("hidden_dtype")
-    if hd is not None and hd not in HIDDEN_DTYPES:
+    if hd is not None and (not isinstance(hd, str) or hd not in HIDDEN_DTYPES):
         raise TraceFormatError("unknown hidden dtype", path=path, key="dims.hidden_dtype",
                                expected="'f16', 'f32' or null", actual=hd)
+    for table, names in (manifest.get("parts") or {}).items():
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            raise TraceFormatError("manifest part list is not a list of file names", path=path,
+                                   key=f"parts.{table}", expected="list of str or null",
+                                   actual=type(names).__name__ if not isinstance(names, list)
+                                   else "list with " + type(next(n for n in names if not isinstance(n, str))).__name__)
+    prompts = manifest.get("prompts")
+    if isinstance(prompts, list):
+        # a malformed prompt entry (not an object, or a prompt_id that is not an int >= 0) is left out of
+        # what readers see; the rounds of that prompt stay readable (nothing recorded is lost)
+        manifest["prompts"] = [p for p in prompts if isinstance(p, dict) and isinstance(p.get("prompt_id"), int)
+                               and not isinstance(p.get("prompt_id"), bool) and p["prompt_id"] >= 0]
     return manifest

@@ -82,7 +82,7 @@ def read_prompt_set(path: str | os.PathLike[str]) -> tuple[SweepPrompt, ...]:
 
     Raises:
         MtpscopeError: what :func:`read_prompts` raises; a ``category`` that is not a non-empty string
-            (names the line).
+            or is the reserved :data:`ALL` (names the line).
         FileNotFoundError: missing file.
     """
     p = Path(path)
@@ -99,6 +99,10 @@ def read_prompt_set(path: str | os.PathLike[str]) -> tuple[SweepPrompt, ...]:
                 if not isinstance(c, str) or not c.strip():
                     raise MtpscopeError(f"line {n}: 'category' must be a non-empty string", path=p,
                                         key=f"line {n}", expected="a string", actual=repr(c))
+                if c.strip() == ALL:
+                    raise MtpscopeError(f"the category {ALL!r} is reserved for the totals over all prompts",
+                                        path=p, key=f"line {n}: category", expected=f"a category other than {ALL!r}",
+                                        actual=c.strip())
                 cats[i] = c.strip()
             i += 1
     return tuple(SweepPrompt(i, t, c) for i, (t, c) in enumerate(zip(texts, cats, strict=True)))
@@ -368,11 +372,12 @@ def is_sweep(path: str | os.PathLike[str]) -> bool:
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``DIR/sweep.json`` parsed and checked (version, tasks with known states).
+    """``DIR/sweep.json`` parsed and checked (version; prompts with index, shard, prompt_id, text and
+    category; tasks with task, assistant, n_draft, shard, dir and a known state).
 
     Raises:
         TraceFormatError: not a sweep directory, unreadable or malformed ``sweep.json`` (names the
-            offset or key).
+            offset or key, e.g. ``tasks[3].n_draft``).
     """
     p = Path(path) / SWEEP_FILE
     if not Path(path).is_dir():
@@ -398,13 +403,30 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
                                expected=SWEEP_VERSION, actual=state.get("sweep_version"))
     for key, kind in (("spec", dict), ("prompts", list), ("tasks", list)):
         if not isinstance(state.get(key), kind):
-            raise TraceFormatError("sweep.json lacks a key", path=p, key=key, expected=kind.__name__,
-                                   actual=type(state.get(key)).__name__)
+            raise TraceFormatError("sweep.json key missing or of the wrong type", path=p, key=key,
+                                   expected=kind.__name__,
+                                   actual="missing" if key not in state else type(state.get(key)).__name__)
+    for i, q in enumerate(state["prompts"]):
+        if not isinstance(q, dict):
+            raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}]",
+                                   expected="object", actual=type(q).__name__)
+        for k, kind in (("index", int), ("shard", int), ("prompt_id", int), ("text", str), ("category", str)):
+            v = q.get(k)
+            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+                raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}].{k}",
+                                       expected="int >= 0" if kind is int else "string",
+                                       actual="missing" if k not in q else repr(v)[:40])
     for i, t in enumerate(state["tasks"]):
         if not isinstance(t, dict) or t.get("state") not in STATES or not isinstance(t.get("dir"), str):
             raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}]",
                                    expected=f"object with dir and state in {STATES}",
                                    actual=repr(t)[:80])
+        for k, kind in (("task", str), ("assistant", str), ("n_draft", int), ("shard", int)):
+            v = t.get(k)
+            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+                raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].{k}",
+                                       expected="int >= 0" if kind is int else "string",
+                                       actual="missing" if k not in t else repr(v)[:40])
         d = Path(t["dir"])
         if d.is_absolute() or ".." in d.parts:
             raise TraceFormatError("task folder must lie inside the sweep directory", path=p,
