@@ -161,20 +161,27 @@ class FileServer:
     def url(self, mode: str, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/{name}"
 
-    @property
-    def hits(self) -> list[Hit]:
-        """Every request answered so far (waits up to 3 s for answers still being written: a client can
-        have read a whole body before the server thread logged it)."""
-        deadline = time.monotonic() + 3.0
+    def _settle(self, timeout_s: float = 3.0) -> None:
+        """Wait up to ``timeout_s`` for answers still being written: a client can have read a whole
+        response before the server thread logged it."""
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.srv.lock:
                 if not self.srv.active:
-                    break
+                    return
             time.sleep(0.01)
+
+    @property
+    def hits(self) -> list[Hit]:
+        """Every request answered so far (after :meth:`_settle`)."""
+        self._settle()
         with self.srv.lock:
             return list(self.srv.hits)
 
     def reset(self) -> None:
+        """Forget the hits so far; first let the answers in flight log themselves, so that a request
+        made before the reset is never counted after it."""
+        self._settle()
         with self.srv.lock:
             self.srv.hits.clear()
             self.srv.flaked.clear()
