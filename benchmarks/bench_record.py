@@ -18,7 +18,9 @@ one least disturbed by other processes):
 
 llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it and the
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
-(``RecordSummary.recorder_cpu_seconds``). Prints ratios on/off and the overhead in percent; exits 0
+(``RecordSummary.recorder_cpu_seconds``) and the time the worker's loop waited for it. Prints ratios
+on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
+just before it) and the overhead in percent; exits 0
 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
@@ -74,6 +76,11 @@ def _line(label: str, off: list[float], on: list[float]) -> None:
         r = f(on) / f(off)
         print(f"  [{label}] {how:6s} ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
               f"  (target <= 3 %)")
+    # each traced run against the untraced run just before it: drift of the machine's speed over the
+    # benchmark (a shared VM's neighbours, clock changes) cancels within a pair
+    r = statistics.median(b / a for a, b in zip(off, on, strict=True))
+    print(f"  [{label}] paired median ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
+          f"  (target <= 3 %)")
 
 
 def main() -> int:
@@ -105,6 +112,7 @@ def main() -> int:
 
     recorder_cpu: list[float] = []
     loop_cpu: list[float] = []
+    loop_wait: list[float] = []
 
     def run_on(tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
         s = record(target=t, assistant=a, out=tmp / f"on-{i}", prompt=PROMPT, n_draft=args.n_draft,
@@ -112,6 +120,7 @@ def main() -> int:
                    n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
+        loop_wait.append(s.loop_wait_seconds)
         return s.seconds, s.loop_cpu_seconds, s.cpu_seconds, s.n_generated, list(s.outputs[0])
 
     run_off()  # warm-up: graph allocation, page cache
@@ -121,6 +130,7 @@ def main() -> int:
         run_on(tmp, -1)
         recorder_cpu.clear()
         loop_cpu.clear()
+        loop_wait.clear()
         for i in range(args.repeats):
             s_off, c_off, n_off, out_off = run_off()
             s_on, c_loop, c_all, n_on, out_on = run_on(tmp, i)
@@ -143,6 +153,9 @@ def main() -> int:
     share = [r / (r + c) for r, c in zip(recorder_cpu, loop_cpu, strict=True) if r + c > 0]
     print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
           f"{statistics.median(recorder_cpu):.3f} s = {100 * statistics.median(share):.1f} % of both processes' CPU")
+    if loop_wait:
+        print(f"  [recorder] the worker's loop waited for the recorder: median {statistics.median(loop_wait):.3f} s "
+              f"per traced run")
     return 0
 
 

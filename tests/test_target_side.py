@@ -37,3 +37,19 @@ def test_by_hand_and_errors() -> None:
         target_stats(np.zeros((2, 4)), [0])
     with pytest.raises(TraceError):
         target_stats(np.zeros((1, 4)), [4])
+
+
+def test_finish_target_side_uses_the_kept_logits() -> None:
+    # the worker defers the target's side to the recorder: the same numbers from the kept verify rows
+    from mtpscope.traces.mtp_runtime import RoundResult, finish_target_side
+
+    x = np.array([[0.0, 0.0, 0.0, 0.0], [np.log(3.0), 0.0, -np.inf, 0.0]], dtype=np.float32)
+    res = RoundResult(round=0, pos=5, pending_token=1, drafted=(2, 0), target=(2, 1, 3), n_accepted=1,
+                      emitted=(2, 1), t_draft_ms=0.0, t_verify_ms=0.0, target_logits=(x[0], x[1]))
+    out = finish_target_side(res)
+    # by hand: row 0 uniform over 4 -> p 1/4, H log 4; row 1 weights 3:1:0:1 -> p(0) = 3/5,
+    # H = -(3/5 log 3/5 + 2/5 log 1/5)
+    assert out.target_p_drafted == pytest.approx((0.25, 0.6))
+    assert out.target_entropy == pytest.approx((np.log(4), -(0.6 * np.log(0.6) + 0.4 * np.log(0.2))))
+    assert out.target_logits == ()
+    assert finish_target_side(out) is out

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,9 @@ class RoundResult:
             tracing (else empty); computed after the verify timing.
         h_target: per draft, the target's ``nextn`` row at that verify row (``float32[n_embd_backbone]``),
             only with ``hidden_target`` (else empty).
+        target_logits: per draft, a copy of the target's logits at that verify row (``float32[n_vocab]``),
+            only with ``defer_target``: ``target_p_drafted`` / ``target_entropy`` are then empty until
+            :func:`finish_target_side` computes them (outside the loop, in the recording process).
     """
 
     round: int
@@ -131,6 +134,21 @@ class RoundResult:
     target_p_drafted: tuple[float, ...] = ()
     target_entropy: tuple[float, ...] = ()
     h_target: tuple[np.ndarray, ...] = field(repr=False, default=())
+    target_logits: tuple[np.ndarray, ...] = field(repr=False, default=())
+
+
+def finish_target_side(res: RoundResult) -> RoundResult:
+    """``res`` with ``target_p_drafted`` / ``target_entropy`` computed from its ``target_logits``
+    (:func:`traces.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
+    none. ``MtpRuntime.run(defer_target=True)`` leaves this to the process that analyses the round.
+
+    Raises:
+        TraceError: as :func:`traces.target_side.target_stats` (a draft id outside the vocabulary).
+    """
+    if not res.target_logits:
+        return res
+    pa_, ha_ = target_stats(np.stack(res.target_logits), res.drafted[:len(res.target_logits)])
+    return replace(res, target_p_drafted=tuple(pa_.tolist()), target_entropy=tuple(ha_.tolist()), target_logits=())
 
 
 class Sampler:
@@ -286,7 +304,8 @@ class MtpRuntime:
 
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
             sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
-            keep: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[RoundResult]:
+            keep: Callable[[np.ndarray], np.ndarray] | None = None,
+            defer_target: bool = False) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -300,6 +319,9 @@ class MtpRuntime:
                 (``RoundResult.h_target``; with ``trace``).
             keep: how a step's logits (a view llama.cpp overwrites at the next decode) are copied out
                 (default ``np.copy``; the recording worker copies them straight into its transport ring).
+            defer_target: with ``trace``, keep copies of the verify rows' logits (``RoundResult.
+                target_logits``, copied by ``keep``) instead of computing the target's side in the loop
+                (two passes over n_vocab per draft); :func:`finish_target_side` computes it later.
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -374,15 +396,20 @@ class MtpRuntime:
             p_d: tuple[float, ...] = ()
             ent: tuple[float, ...] = ()
             h_t: tuple[np.ndarray, ...] = ()
+            t_lg: tuple[np.ndarray, ...] = ()
             if trace and k_max:  # the target's side, from the verify rows still in tctx (outside the timing)
-                pa_, ha_ = target_stats(np.stack([tctx.logits(i) for i in range(k_max)]), drafted)
-                p_d, ent = tuple(pa_.tolist()), tuple(ha_.tolist())
+                if defer_target:
+                    cp = np.copy if keep is None else keep
+                    t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
+                else:
+                    pa_, ha_ = target_stats(np.stack([tctx.logits(i) for i in range(k_max)]), drafted)
+                    p_d, ent = tuple(pa_.tolist()), tuple(ha_.tolist())
                 if hidden_target:
                     h_t = tuple(tctx.nextn(i).copy() for i in range(k_max))
             yield RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
                               target=tuple(target), n_accepted=n_acc, emitted=tuple(emitted),
                               t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps),
-                              target_p_drafted=p_d, target_entropy=ent, h_target=h_t)
+                              target_p_drafted=p_d, target_entropy=ent, h_target=h_t, target_logits=t_lg)
             n_out += len(emitted)
             pos += n_acc + 1
             pending = emitted[-1]
@@ -434,5 +461,5 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: in
                   "per_prompt": per, "outputs_equal": None}
 
 
-__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens", "spec_tokens",
-           "time_plain"]
+__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+           "prompt_tokens", "spec_tokens", "time_plain"]

@@ -46,6 +46,11 @@ from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
 from mtpscope.traces.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
 
+#: the worker's environment besides :data:`traces.llama_runtime.ABORT_ENV`: numpy's OpenBLAS on one
+#: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
+#: took the core the recorder's analysis needs (measured: the worker used 2.0 CPU seconds per wall second
+#: with one llama.cpp thread). llama.cpp's own threads are ``n_threads``, set per context.
+WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
 STDERR_TAIL = 40
 #: seconds the worker gets to stop after a Ctrl-C before it is killed
@@ -193,7 +198,8 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                                   top_p=float(cfg["top_p"]))
                 try:
                     for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler, trace=trace,
-                                       hidden_target=bool(cfg.get("hidden_target")), keep=sender.stage):
+                                       hidden_target=bool(cfg.get("hidden_target")), keep=sender.stage,
+                                       defer_target=trace):  # the target's side: the recorder computes it
                         sender.send("round", res, prompt_id=pid)
                         status.next_round()
                 finally:
@@ -353,7 +359,7 @@ class RecordWorker:
             os.unlink(tmp)
         os.ftruncate(self._status_fd, mmap.PAGESIZE)
         self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
-        env = {**os.environ, **ABORT_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
         fds = (child_sock.fileno(), self._status_fd)
         try:
             self.proc = subprocess.Popen(
@@ -393,12 +399,14 @@ class RecordWorker:
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
         """The worker's rounds and prompt ends, then one :class:`WorkerDone`. After each
         :class:`WorkerRound`, call :meth:`release` once its arrays are no longer needed."""
+        from mtpscope.traces.mtp_runtime import finish_target_side  # noqa: PLC0415
+
         while True:
             msg = self._next()
             kind = msg["kind"]
             if kind == "round":
                 self.n_rounds_received += 1
-                yield WorkerRound(int(msg["prompt_id"]), self.receiver.unpack(msg))
+                yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
             elif kind == "prompt_done":
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
