@@ -1,5 +1,6 @@
 # mtpscope — two commands on a fresh machine:
-#   make run    set-up, demo data, then the Streamlit app on the demo
+#   make run    set-up, demo data, then the Streamlit app on the demo (127.0.0.1:8501;
+#               MTPSCOPE_ROOTS=/data/models make run ADDRESS=0.0.0.0 serves it to the network)
 #   make test   set-up, demo data, then the whole test suite
 # Both are idempotent: the venv is rebuilt only when pyproject.toml changes, the demo only when
 # its inputs change (see `mtpscope demo build`), and pip's wheel cache keeps llama-cpp-python's
@@ -11,7 +12,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mtpscope-installed
 PARITY_STAMP := $(VENV)/.mtpscope-parity-installed
 PORT   ?= 8501
-EXTRAS ?= test,runtime
+# 127.0.0.1: this machine only. Another address (make run ADDRESS=0.0.0.0) needs MTPSCOPE_ROOTS set.
+ADDRESS ?= 127.0.0.1
+EXTRAS ?= test,runtime,sweep
 
 .PHONY: setup venv demo run test test-fast browser bench clean-demo
 
@@ -36,7 +39,7 @@ demo: $(STAMP)
 	$(PY) -m mtpscope.cli demo build
 
 run: setup
-	$(VENV)/bin/mtpscope app --port $(PORT)
+	$(VENV)/bin/mtpscope app --port $(PORT) --address "$(ADDRESS)"
 
 # Debian's Chromium for the real-browser tests: installed when missing and possible (root + apt).
 browser:

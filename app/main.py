@@ -12,15 +12,28 @@ from mtpscope.app import state
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 
+FILES = st.Page("screens/files.py", title="Files", url_path="files")
+
+
+def _home() -> None:
+    """The app's root: open the Files page (the default page is served at "/" whatever its url_path says,
+    so the Files page itself is not the default: that keeps /files a working deep link)."""
+    st.switch_page(FILES)
+
+
 PAGES = [
-    st.Page("screens/files.py", title="Files", default=True, url_path="files"),
+    st.Page(_home, title="mtpscope", default=True, url_path="home", visibility="hidden"),
+    FILES,
     st.Page("screens/tensors.py", title="Tensors", url_path="tensors"),
     st.Page("screens/validate.py", title="Validate", url_path="validate"),
     st.Page("screens/centroids.py", title="Centroids", url_path="centroids"),
     st.Page("screens/values.py", title="Tensor values", url_path="values"),
     st.Page("screens/acceptance.py", title="Acceptance", url_path="acceptance"),
+    st.Page("screens/text.py", title="Text", url_path="text"),
     st.Page("screens/step.py", title="Step", url_path="step"),
+    st.Page("screens/explain.py", title="Explain", url_path="explain"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
+    st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
 ]
 
 page = st.navigation(PAGES)

@@ -1,30 +1,41 @@
 """Path and upload safety for the app (pure: no Streamlit, no network).
 
-The app reads files only under allowed folders. ``MTPSCOPE_ROOTS`` (``os.pathsep``-separated) names
-them; when unset the defaults are the working directory and the demo cache
-(:func:`mtpscope.cache.demo_dir`). Paths are resolved (``~`` expanded, symlinks followed, ``..``
-removed) before the check, so a symlink inside a root that points outside it is refused.
+The app reads files only under allowed folders: the working directory and the demo cache
+(:func:`mtpscope.cache.demo_dir`), plus the folders named in ``MTPSCOPE_ROOTS``
+(``os.pathsep``-separated); with ``MTPSCOPE_ROOTS_ONLY=1`` only the named ones. Paths are resolved
+(``~`` expanded, symlinks followed, ``..`` removed) before the check, so a symlink inside a root that
+points outside it is refused.
 
 Uploads are stored by content hash under ``<cache>/uploads`` (a folder the app always allows), never
-executed or unpickled: the GGUF reader memory-maps them like any other file.
+executed or unpickled, never over another file: the GGUF reader memory-maps them like any other file.
+
+Serving (:func:`serve_plan`): ``mtpscope app`` listens on 127.0.0.1; another address needs
+``MTPSCOPE_ROOTS`` set, and then only the named folders (and the uploads folder) are readable unless
+``MTPSCOPE_ROOTS_ONLY=0`` is set explicitly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import ipaddress
 import os
 import shutil
 import stat
+import tempfile
 import zipfile
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mtpscope.errors import InspectorError, PathNotAllowedError, TraceError
+from mtpscope.errors import InspectorError, PathNotAllowedError, ServeRefusedError, TraceError
 from mtpscope.inspector.paths import file_kind
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
+#: ``1`` (or true/yes/on): only the ``MTPSCOPE_ROOTS`` folders, without the working directory and demo.
+ROOTS_ONLY_ENV = "MTPSCOPE_ROOTS_ONLY"
 
 #: Largest upload the app accepts (bytes). Matches ``--server.maxUploadSize`` (MiB) in
 #: :data:`mtpscope.cli_app.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
@@ -47,35 +58,49 @@ def uploads_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     return Path(cache_root) / "uploads"
 
 
-def allowed_roots(environ: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+def roots_only(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``MTPSCOPE_ROOTS_ONLY`` asks for the named roots only.
+
+    Unset, empty, ``0``, ``false``, ``no`` and ``off`` (any case) mean False; any other value means
+    True (an unclear value errs on the side of reading less).
+    """
+    env = os.environ if environ is None else environ
+    v = env.get(ROOTS_ONLY_ENV, "").strip().lower()
+    return v not in ("", "0", "false", "no", "off")
+
+
+def named_roots(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The non-empty entries of ``MTPSCOPE_ROOTS`` (split on ``os.pathsep``, stripped), as written."""
+    env = os.environ if environ is None else environ
+    return [e.strip() for e in env.get(ROOTS_ENV, "").split(os.pathsep) if e.strip()]
+
+
+def allowed_roots(environ: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
                   demo: str | os.PathLike[str] | None = None,
                   uploads: str | os.PathLike[str] | None = None) -> tuple[Path, ...]:
     """The folders the app may read, resolved, duplicates removed, in order.
 
     Args:
-        environ: environment to read ``MTPSCOPE_ROOTS`` from (default ``os.environ``).
+        environ: environment to read ``MTPSCOPE_ROOTS`` / ``MTPSCOPE_ROOTS_ONLY`` from (default
+            ``os.environ``).
         cwd: working directory used for the default and for relative entries (default ``os.getcwd()``).
         demo: demo folder used for the default (default :func:`mtpscope.cache.demo_dir`).
         uploads: the uploads folder, always allowed (default :func:`uploads_dir`).
 
     Returns:
-        The roots from ``MTPSCOPE_ROOTS`` (empty entries ignored, relative ones taken from ``cwd``),
-        or ``(cwd, demo)`` when the variable is unset or has no entries; the uploads folder is
-        always appended.
+        ``(cwd, demo)`` (left out when :func:`roots_only`), then the ``MTPSCOPE_ROOTS`` entries (empty
+        entries ignored, ``~`` expanded, relative ones taken from ``cwd``), then the uploads folder.
     """
     env = os.environ if environ is None else environ
     base = Path(os.getcwd() if cwd is None else cwd)
-    raw = env.get(ROOTS_ENV, "")
-    entries = [e for e in raw.split(os.pathsep) if e.strip()]
     roots: list[Path] = []
-    if entries:
-        roots = [_resolve(base / Path(e.strip()).expanduser()) for e in entries]
-    else:
+    if not roots_only(env):
         if demo is None:
             from mtpscope.cache import demo_dir
 
             demo = demo_dir()
         roots = [_resolve(base), _resolve(Path(demo))]
+    roots += [_resolve(base / Path(e).expanduser()) for e in named_roots(env)]
     roots.append(_resolve(Path(uploads) if uploads is not None else uploads_dir()))
     out: list[Path] = []
     for r in roots:
@@ -96,6 +121,105 @@ def is_allowed(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[s
         if p == rr or p.is_relative_to(rr):
             return True
     return False
+
+
+# ------------------------------------------------------------------------------------- serving
+
+#: Host names a loopback server answers to (``server.allowedHosts``: a web page that rebinds its own
+#: DNS name to 127.0.0.1 is refused).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(address: str) -> bool:
+    """True when a server listening on ``address`` is reachable from this machine only.
+
+    ``localhost`` and any loopback IP literal (127.0.0.0/8, ``::1``, ``::ffff:127.x.y.z``, brackets
+    allowed) are loopback. Every other value is not: ``0.0.0.0``, ``::``, the empty string (Streamlit
+    then listens on every interface), a LAN address, and any other host name (it is not resolved).
+    """
+    a = address.strip().lower().removeprefix("[").removesuffix("]")
+    if a == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(a)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What ``mtpscope app --address A --port P`` will serve (see :func:`serve_plan`).
+
+    Attributes:
+        address, port: where the server listens.
+        loopback: :func:`is_loopback` of ``address``.
+        env: environment settings the server process gets on top of the caller's (name, value).
+        roots: the folders the served app can read (:func:`allowed_roots` under ``env``).
+        uploads: where uploads from any visitor are stored (also one of ``roots``).
+        allowed_hosts: Streamlit ``server.allowedHosts`` (``("*",)``: any Host header).
+    """
+
+    address: str
+    port: int
+    loopback: bool
+    env: tuple[tuple[str, str], ...]
+    roots: tuple[Path, ...]
+    uploads: Path
+    allowed_hosts: tuple[str, ...]
+
+    def exposure_line(self) -> str | None:
+        """One line saying what a non-loopback server exposes; None on loopback."""
+        if self.loopback:
+            return None
+        where = f"{self.address}:{self.port}" if self.address.strip() else f"every interface, port {self.port}"
+        readable = ", ".join(str(r) for r in self.roots if r != self.uploads) or "(no folder)"
+        return (f"serving on {where}: anyone who can reach this machine can browse GGUF headers, tensor "
+                f"values and traces under {readable} and upload files into {self.uploads} (no login; "
+                f"XSRF protection on)")
+
+
+def serve_plan(address: str, port: int, environ: Mapping[str, str] | None = None, *,
+               cwd: str | os.PathLike[str] | None = None, demo: str | os.PathLike[str] | None = None,
+               uploads: str | os.PathLike[str] | None = None) -> ServePlan:
+    """Decide whether and how the app may be served on ``address:port``.
+
+    A loopback address (:func:`is_loopback`) is always allowed; the server accepts only the
+    :data:`LOOPBACK_HOSTS` (and ``address``) as Host. Any other address is an explicit choice to
+    expose the app: it needs ``MTPSCOPE_ROOTS`` with at least one entry, and the server then reads
+    only those folders and the uploads folder (``MTPSCOPE_ROOTS_ONLY=1`` is set for it unless the
+    caller set ``MTPSCOPE_ROOTS_ONLY`` explicitly, e.g. ``0`` to keep the working directory and demo).
+
+    Args:
+        address: the listening address as given (``--address``).
+        port: the TCP port.
+        environ: the caller's environment (default ``os.environ``); ``cwd``, ``demo``, ``uploads``
+            as for :func:`allowed_roots`.
+
+    Raises:
+        ServeRefusedError: a non-loopback ``address`` while ``MTPSCOPE_ROOTS`` names no folder
+            (key: ``--address``; expected: the variable set; actual: what it holds).
+    """
+    env = dict(os.environ if environ is None else environ)
+    loopback = is_loopback(address)
+    overrides: list[tuple[str, str]] = []
+    if not loopback:
+        if not named_roots(env):
+            raw = env.get(ROOTS_ENV)
+            raise ServeRefusedError(
+                f"{address or '(every interface)'} is reachable from other machines: set {ROOTS_ENV} to the "
+                "folders the app may show, or keep 127.0.0.1 and use SSH port forwarding (README: Serving the app)",
+                key="--address", expected=f"{ROOTS_ENV} naming at least one folder",
+                actual="unset" if raw is None else repr(raw))
+        if ROOTS_ONLY_ENV not in env:
+            overrides.append((ROOTS_ONLY_ENV, "1"))
+    served_env = {**env, **dict(overrides)}
+    up = _resolve(Path(uploads) if uploads is not None else uploads_dir())
+    roots = allowed_roots(served_env, cwd=cwd, demo=demo, uploads=up)
+    hosts = tuple(dict.fromkeys((*LOOPBACK_HOSTS, address.strip().lower().strip("[]")))) if loopback else ("*",)
+    return ServePlan(address=address, port=port, loopback=loopback, env=tuple(overrides), roots=roots,
+                     uploads=up, allowed_hosts=hosts)
 
 
 def check_path(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]], *,
@@ -218,27 +342,70 @@ def discover(roots: Sequence[str | os.PathLike[str]], *, suffix: str | None = No
     return sorted(hits)[:limit]
 
 
+def _same_bytes(path: Path, size: int, sha256: str) -> bool:
+    """True when ``path`` is a regular file (not a link) of ``size`` bytes whose sha256 is ``sha256``."""
+    try:
+        st_ = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st_.st_mode) or st_.st_size != size:
+        return False
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest() == sha256
+
+
 def store_upload(data: bytes, name: str, dest: str | os.PathLike[str]) -> Path:
     """Write uploaded bytes to ``dest/<sha256[:16]>-<safe name>`` and return that path.
 
-    The bytes are written as they are (never executed, never unpickled). An existing file with the
-    same hash is reused.
+    The bytes are written as they are (never executed, never unpickled), first to a private temporary
+    file in ``dest`` and then linked to their final name, which fails if that name exists: an upload
+    never replaces another file. An existing file with the same name and the same bytes (the same
+    upload again) is reused. ``<safe name>``: the last path component of ``name`` with every character
+    other than letters, digits and ``._-`` replaced by ``_``, at most 80 characters.
 
     Raises:
-        InspectorError: more than :data:`MAX_UPLOAD_BYTES` bytes.
+        InspectorError: more than :data:`MAX_UPLOAD_BYTES` bytes; or the name is taken by something
+            else (other bytes with the same 64-bit hash prefix, a link, a folder): path: that name,
+            expected: the upload's sha256.
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise InspectorError("upload too large", key=name, expected=f"at most {MAX_UPLOAD_BYTES} bytes",
                              actual=f"{len(data)} bytes")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name)[:80] or "upload"
-    digest = hashlib.sha256(data).hexdigest()[:16]
+    full = hashlib.sha256(data).hexdigest()
     out_dir = Path(dest)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{digest}-{safe}"
-    if not (out.exists() and out.stat().st_size == len(data)):
-        tmp = out.with_suffix(out.suffix + ".part")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+    out = out_dir / f"{full[:16]}-{safe}"
+
+    def taken() -> InspectorError:
+        return InspectorError("upload name already taken by other content; not overwritten", path=out,
+                              expected=f"a file with sha256 {full}", actual="different bytes or not a file")
+
+    if os.path.lexists(out):
+        if _same_bytes(out, len(data), full):
+            return out
+        raise taken()
+    fd, tmp = tempfile.mkstemp(prefix=f".{full[:16]}-", suffix=".part", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, out)  # atomic, and refuses an existing name (unlike os.replace)
+        except FileExistsError:
+            if not _same_bytes(out, len(data), full):  # someone else got there first
+                raise taken() from None
+        except OSError:  # a file system without hard links: check, then move (a tiny race remains)
+            if os.path.lexists(out):
+                if not _same_bytes(out, len(data), full):
+                    raise taken() from None
+            else:
+                os.rename(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return out
 
 
@@ -250,12 +417,14 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
     members are refused. The trace folder is the one holding ``manifest.json``.
 
     Members are unpacked into a temporary folder that is moved in place only when all of them
-    unpacked cleanly (a failure leaves no folder behind).
+    unpacked cleanly (a failure leaves no folder behind). The folder is ``dest/trace-<sha256[:16]>``
+    of the archive's bytes; the same archive again reuses it, and it never replaces other files.
 
     Raises:
         TraceError: not a zip, unsafe or too large, no ``manifest.json`` inside, or a corrupt member
             (bad deflate data, a CRC mismatch, a member larger than it declares; key: the upload's
-            name and the member).
+            name and the member); or ``trace-<hash>`` is taken by a link, a file or a folder without
+            ``manifest.json`` (path: that name).
     """
     if len(data) > MAX_UPLOAD_BYTES:
         raise TraceError("upload too large", key=name, expected=f"at most {MAX_UPLOAD_BYTES} bytes",
@@ -285,6 +454,9 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
     top = min(manifests, key=lambda m: len(m.parts)).parent
     digest = hashlib.sha256(data).hexdigest()[:16]
     out = Path(dest) / f"trace-{digest}"
+    if out.is_symlink() or (os.path.lexists(out) and not out.is_dir()):
+        raise TraceError("upload folder name already taken by something else; not overwritten", path=out,
+                         expected="a folder unpacked from this archive", actual=file_kind(os.lstat(out).st_mode))
     if not (out / "manifest.json").is_file():
         # unpack into a fresh folder next to ``out`` and move it in place only when every member
         # unpacked cleanly: a corrupt archive leaves nothing behind (a half-unpacked folder with a
@@ -323,11 +495,66 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(out, ignore_errors=True)
         try:
-            os.replace(tmp, out)
+            os.rename(tmp, out)  # refuses a non-empty folder: never over another upload's files
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (out / "manifest.json").is_file():
-                raise
+            if not (out / "manifest.json").is_file():  # not the same archive unpacked meanwhile
+                raise TraceError("upload folder name already taken by other files; not overwritten", path=out,
+                                 expected="a folder unpacked from this archive",
+                                 actual="a folder without manifest.json") from None
     return out / top
+
+
+# ------------------------------------------------------------------------------ URLs (issue 16)
+
+#: ``MTPSCOPE_ALLOW_URLS=1`` lets the app read GGUF headers from URLs; off by default, because the app may
+#: be exposed on a network and a text box must not make it send requests to arbitrary hosts.
+ALLOW_URLS_ENV = "MTPSCOPE_ALLOW_URLS"
+#: Hosts the app may fetch from (comma-separated; sub-domains included), default the Hugging Face Hub.
+URL_HOSTS_ENV = "MTPSCOPE_URL_HOSTS"
+DEFAULT_URL_HOSTS = ("huggingface.co", "hf.co")
+
+
+def urls_allowed(environ: dict[str, str] | None = None) -> bool:
+    """True when ``MTPSCOPE_ALLOW_URLS`` is ``1`` (or ``true`` / ``yes``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ALLOW_URLS_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def url_hosts(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The allow-list: ``MTPSCOPE_URL_HOSTS`` (comma-separated host names) or :data:`DEFAULT_URL_HOSTS`."""
+    env = os.environ if environ is None else environ
+    hosts = tuple(h.strip().lower().rstrip(".") for h in env.get(URL_HOSTS_ENV, "").split(",") if h.strip())
+    return hosts or DEFAULT_URL_HOSTS
+
+
+def check_url(url: str, environ: dict[str, str] | None = None) -> str:
+    """``url`` (``https://``, ``http://`` or ``hf://``) if the app may fetch it; pure (no request is sent).
+
+    Rules: URLs must be switched on (:func:`urls_allowed`); the URL's host (for ``hf://``, the Hub's, i.e.
+    the ``HF_ENDPOINT`` host) must be an allow-listed host or a sub-domain of one (``evilhf.co`` is not one
+    of ``hf.co``). Redirects are then followed only to the same host or the Hub's CDN
+    (:mod:`mtpscope.inspector.remote`).
+
+    Raises:
+        PathNotAllowedError: URLs are off, the URL cannot be parsed, or its host is not allowed.
+    """
+    from mtpscope.inspector.remote import resolve
+
+    if not urls_allowed(environ):
+        raise PathNotAllowedError("reading URLs is off in this app", key=ALLOW_URLS_ENV,
+                                  expected=f"{ALLOW_URLS_ENV}=1 in the app's environment", actual="unset")
+    try:
+        loc = resolve(url.strip())
+    except InspectorError as e:
+        raise PathNotAllowedError(f"not a URL the app can read: {e.message}", key="url",
+                                  expected="https://HOST/PATH.gguf or hf://ORG/REPO/FILE.gguf", actual=url[:120]) from None
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(loc.url).hostname or "").lower().rstrip(".")
+    hosts = url_hosts(environ)
+    if not any(host == h or host.endswith("." + h) for h in hosts):
+        raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
+                                  actual=host or "none")
+    return url.strip()

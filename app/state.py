@@ -35,6 +35,7 @@ from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.validate import verify
+from mtpscope.traces.wording import plural
 
 # mtpscope.traces.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
 # and duckdb, which the model pages never need.
@@ -101,7 +102,8 @@ def manifest_prompts(tr: Any) -> list[dict]:
 # ------------------------------------------------------------------------------ roots and selection
 
 def roots() -> tuple[Path, ...]:
-    """The allowed folders (``MTPSCOPE_ROOTS``, default: working directory and demo cache)."""
+    """The allowed folders: working directory and demo cache, plus ``MTPSCOPE_ROOTS`` (see
+    :func:`app.safety.allowed_roots`)."""
     return safety.allowed_roots()
 
 
@@ -114,33 +116,78 @@ def demo_paths() -> DemoPaths:
 
 
 def init_selection() -> None:
-    """Preselect the demo (once per session) for every selection slot that is still unset."""
+    """Preselect the demo (once per session) for every selection slot that is still unset: the trained
+    pair's F32 trace with its buggy trace as trace B (``demo.json``'s default view; without it the
+    constructed clean and noisy traces), the models that recorded trace A (from its manifest, when
+    readable and allowed) — never trace B = trace A."""
     if st.session_state.get("sel._init"):
         return
     st.session_state["sel._init"] = True
     demo = demo_paths()
     defaults = {"drafter": demo.drafter_fork, "target": demo.target, "trace": demo.traces_clean,
                 "trace_b": demo.traces_noisy, "checkpoint": None, "replay": None}
-    # The clean demo trace names the drafter that recorded it; prefer that one.
-    man = demo.traces_clean / "manifest.json"
-    if man.exists():
-        try:
-            import json
+    defaults.update(_trained_defaults(demo.root))   # the trained pair's view, when it is built
 
-            m = json.loads(man.read_text())
-            models = m.get("models") if isinstance(m, dict) else None
-            a = models.get("assistant") if isinstance(models, dict) else None
-            a = a.get("path") if isinstance(a, dict) else None
-            if isinstance(a, str) and a and Path(a).exists() and safety.is_allowed(a, roots()):
-                defaults["drafter"] = Path(a)
-        except (OSError, ValueError):
-            pass
-    defaults.update(_trained_defaults(demo.root))
+    def ok(v) -> bool:
+        return v is not None and Path(v).exists() and safety.is_allowed(v, roots())
+
+    trace_now = st.session_state.get("sel.trace", str(defaults["trace"]) if ok(defaults["trace"]) else None)
+    if trace_now:
+        defaults.update({k: Path(v) for k, v in recorded_models(trace_now).items()})
+    default_b = "sel.trace_b" not in st.session_state
     for k, v in defaults.items():
         key = f"sel.{k}"
         if key not in st.session_state:
-            ok = v is not None and Path(v).exists() and safety.is_allowed(v, roots())
-            st.session_state[key] = str(v) if ok else None
+            st.session_state[key] = str(v) if ok(v) else None
+    a, b = st.session_state.get("sel.trace"), st.session_state.get("sel.trace_b")
+    if default_b and a and b and _same(a, b):  # a default B is never A (a B the user chose is theirs)
+        other = next((str(t) for t in (demo.traces_noisy, demo.traces_clean) if ok(t) and not _same(t, a)), None)
+        st.session_state["sel.trace_b"] = other
+
+
+def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return str(a) == str(b)
+
+
+def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:
+    """``{"drafter": path, "target": path}`` of the models a trace's manifest names (its ``assistant``
+    and ``target`` entries) that exist and are allowed; read from ``manifest.json`` only (nothing else
+    of the trace), so an unreadable trace gives ``{}``."""
+    import json
+
+    out: dict[str, str] = {}
+    try:
+        m = json.loads((Path(trace_path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return out
+    models = m.get("models") if isinstance(m, dict) else None
+    if not isinstance(models, dict):
+        return out
+    for role, slot in (("assistant", "drafter"), ("target", "target")):
+        e = models.get(role)
+        p = e.get("path") if isinstance(e, dict) else None
+        if isinstance(p, str) and p and "\x00" not in p and Path(p).is_file() and safety.is_allowed(p, roots()):
+            out[slot] = str(Path(p))
+    return out
+
+
+def select_trace(path: str | None) -> dict[str, str]:
+    """Select a trace and, when its manifest names models that are readable and allowed, the drafter
+    and target that recorded it; when trace B was this trace, B becomes the previous trace A. Returns
+    the models it selected (slot -> path)."""
+    previous = get("trace")
+    set_("trace", path)
+    if not path:
+        return {}
+    found = recorded_models(path)
+    for slot, p in found.items():
+        set_(slot, p)
+    if get("trace_b") and _same(get("trace_b"), path):  # never B = A: B becomes the trace A was
+        set_("trace_b", previous if previous and not _same(previous, path) else None)
+    return found
 
 
 def _trained_defaults(root: Path) -> dict[str, Any]:
@@ -399,10 +446,11 @@ def verdict_line(rep: Any) -> str:
     """One line: dialect, error / warning counts, loadability per runtime, pairing."""
     errs = len(rep.errors)
     warns = len(rep.warnings)
-    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {errs} error(s), {warns} warning(s)"
+    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {plural(errs, 'error')}, " \
+        f"{plural(warns, 'warning')}"
     loads = []
     for v in rep.loadability:
-        word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules")
+        word = {"refuses": "does not load", "unknown": "no rules"}.get(v.outcome, v.outcome)
         loads.append(f"{v.runtime.split(' (')[0]} {word}")
     parts = [head, "; ".join(loads)]
     if rep.pairing is not None:
@@ -494,4 +542,273 @@ def resolve_near(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -
     for c in tries:
         if c.is_dir() and safety.is_allowed(c, roots()):
             return c.resolve()
+    return None
+
+
+# ------------------------------------------------------------------- URLs and the memory estimate (issue 16)
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner="reading the GGUF header over HTTP…")
+def _remote(url: str):
+    from mtpscope.cache import layout_hints
+    from mtpscope.inspector.remote import RemoteOptions
+    from mtpscope.inspector.shards import open_model
+
+    return open_model(url, remote=RemoteOptions(timeout_s=20.0, retries=1, layout_hints=layout_hints()))
+
+
+def remote_gguf(url: str):
+    """The GGUF at ``url`` (header only), after :func:`mtpscope.app.safety.check_url` (switch + host
+    allow-list); cached ten minutes per URL."""
+    return _remote(safety.check_url(url))
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner=False)
+def _remote_report(url: str) -> dict[str, Any]:
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+
+    f = _remote(url)
+    readers = [getattr(x, "reader", None) for x in (getattr(f, "shards", None) or (f,))]
+    logs = [r.log for r in readers if r is not None and hasattr(r, "log")]
+    return {"file": f, "inventory": build_inventory(f), "report": verify(f),
+            "estimate": run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == "gemma4" else None,
+            "requests": sum(x.n_requests for x in logs), "bytes": sum(x.n_bytes for x in logs)}
+
+
+def remote_report(url: str) -> dict[str, Any]:
+    """For the Files page's URL field: ``file``, ``inventory``, ``report`` (verify), ``estimate`` (a target
+    at n_ctx 8192, else None), ``requests`` / ``bytes`` read; after :func:`mtpscope.app.safety.check_url`."""
+    return _remote_report(safety.check_url(url))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None, n_ctx: int):
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+
+    t = _open_gguf(target, *tkey)
+    d = _open_gguf(drafter, *dkey) if drafter else None
+    return run(t, d, EstimateParams(n_ctx=n_ctx))
+
+
+def estimate(target: str | os.PathLike[str], drafter: str | os.PathLike[str] | None, n_ctx: int):
+    """:func:`mtpscope.inspector.estimate.estimate` for the selected pair (llama-server's defaults: f16 KV,
+    flash attention, one sequence, CPU), cached by path, size and mtime."""
+    t = safety.check_path(target, roots())
+    d = safety.check_path(drafter, roots()) if drafter else None
+    return _estimate(str(t), _stat_key(t), str(d) if d else None, _stat_key(d) if d else None, int(n_ctx))
+
+
+def same_trace(recorded: str | None, path: str | os.PathLike[str], near: str | os.PathLike[str]) -> bool:
+    """True when ``recorded`` (a trace path another command wrote, e.g. a replay summary's ``trace``;
+    resolved like :func:`resolve_near` from ``near``) is the trace folder ``path``."""
+    if not recorded:
+        return False
+    found = resolve_near(recorded, near)
+    try:
+        return found is not None and found == Path(path).resolve()
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------- explanations
+
+def drafting_head(tr: Any) -> str:
+    """``"centroid"`` when the trace's drafts came from the sparse (centroid) head, else ``"dense"`` (the
+    centroid columns of a dense recording are a what-if): ``mtpscope.traces.explain_report.drafting_head``."""
+    from mtpscope.traces.explain_report import drafting_head as head_of
+
+    m = getattr(tr, "manifest", None)
+    return head_of(m if isinstance(m, dict) else {})
+
+
+def round_verdict(tr: Any, path: str, row: Any, steps: Any, dec: TokenText, head: str = "dense") -> str:
+    """The Step view's one-line verdict for a round (:func:`mtpscope.app.views.round_verdict`): the
+    rejected step's record for the drafter's rank and logits, and the explanation layer's sentence
+    for its cause and the target's side (``mtpscope.traces.explain.step_sentence`` of the round's
+    first mismatch, as ``mtpscope explain --prompt`` prints it)."""
+    from mtpscope.app import views
+    from mtpscope.traces.explain import step_sentence
+
+    nd, na = int(row["n_draft"]), int(row["n_accepted"])
+    step = None
+    cause = None
+    if na < nd:
+        if len(steps):
+            hit = steps[steps["k"] == na + 1]
+            step = hit.iloc[0].to_dict() if len(hit) else None
+        x = explanation(path)
+        fm = x.first_mismatches
+        m = fm[(fm["prompt_id"] == int(row["prompt_id"])) & (fm["round"] == int(row["round"]))]
+        if len(m):
+            cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
+            cause = step_sentence(m.iloc[0].to_dict(), dec.label, n_centroids=cen.get("n_centroids"),
+                                  centroid_top_k=cen.get("top_k"))
+    return views.round_verdict(nd, na, row.get("drafted"), row.get("target"), dec.label, step=step, cause=cause)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _vocab(path: str, size: int, mtime_ns: int):
+    from mtpscope.traces.vocab import load_vocab
+
+    return load_vocab(path)
+
+
+def trace_vocab_path(tr: Any) -> str | None:
+    """The GGUF whose vocabulary a trace's tokens come from, as ``mtpscope explain`` picks it (the
+    recorded target, then the recorded assistant), then the selected target and drafter: the first that
+    is allowed, readable and has a token list; None without one."""
+    for c in (model_path(tr, "target"), model_path(tr, "assistant"), get("target"), get("drafter")):
+        if not c:
+            continue
+        try:
+            p = safety.check_path(c, roots(), kind="file")
+            _vocab(str(p), *_stat_key(p))
+        except (MtpscopeError, OSError, ValueError):
+            continue
+        return str(p)
+    return None
+
+
+def vocab(path: str | None):
+    """``mtpscope.traces.vocab.load_vocab`` of an allowed GGUF (cached by path, size, mtime); None for None."""
+    if not path:
+        return None
+    p = safety.check_path(path, roots(), kind="file")
+    return _vocab(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None):
+    from mtpscope.traces.explain_report import explain_trace
+
+    v = _vocab(vpath, *vkey) if vpath else None
+    return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
+
+
+def explanation(path: str | os.PathLike[str], prompt_id: int | None = None):
+    """``mtpscope.traces.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
+    prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
+    prints. Cached by the trace's and the vocabulary's file stats."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    vk = _stat_key(Path(vp)) if vp else None
+    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _positions(path: str, key: tuple):
+    from mtpscope.traces.positions import positions
+
+    tr = _open_trace(path, key)
+    return positions(tr.columns("rounds", ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]))
+
+
+def positions(path: str | os.PathLike[str]):
+    """``mtpscope.traces.positions.positions`` of an allowed trace's rounds (every emitted token's
+    output position and status), cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _positions(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _token_classes(path: str, key: tuple, vpath: str, vkey: tuple):
+    from mtpscope.traces.breakdown import classify_outputs
+    from mtpscope.traces.token_classes import Classifier
+
+    tr = _open_trace(path, key)
+    clf = Classifier(_vocab(vpath, *vkey), chat=bool((tr.manifest.get("params") or {}).get("chat")))
+    return classify_outputs(_positions(path, key), clf)
+
+
+def token_classes(path: str | os.PathLike[str]):
+    """``{prompt_id: TokenClasses}`` of every generated token (``mtpscope.traces.breakdown.classify_outputs``
+    with the trace's vocabulary, :func:`trace_vocab_path`), or None without a vocabulary."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    if not vp:
+        return None
+    return _token_classes(str(p), _trace_key(p), vp, _stat_key(Path(vp)))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _comparison(a: str, akey: tuple, b: str, bkey: tuple, vpath: str | None, vkey: tuple | None):
+    from mtpscope.traces.compare_report import compare_traces
+
+    v = _vocab(vpath, *vkey) if vpath else None
+    return compare_traces(_open_trace(a, akey), _open_trace(b, bkey), vocab=v)
+
+
+def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
+    """``mtpscope.traces.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
+    :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints. Cached."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    ta = _open_trace(str(pa_), _trace_key(pa_))
+    vp = trace_vocab_path(ta)
+    return _comparison(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_), vp, _stat_key(Path(vp)) if vp else None)
+
+
+def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) -> tuple[int, int] | None:
+    """The (prompt_id, round) a click on a chart chose, once per click: ``customdata`` [round, …] of the
+    first selected point (with ``prompt_id``), or [prompt_id, round, …] without it. ``handled_key``
+    remembers the last click so a rerun does not act on it twice; None when nothing new was clicked."""
+    pts = list(getattr(getattr(event, "selection", None), "points", None) or []) if event else []
+    if not pts:
+        st.session_state.pop(handled_key, None)  # so the same point can be clicked again later
+        return None
+    cd = pts[0].get("customdata")
+    if isinstance(cd, dict):  # bar points come back as {"0": …, "1": …}
+        cd = [cd.get(str(i), cd.get(i)) for i in range(len(cd))]
+    if cd is None or len(cd) < (1 if prompt_id is not None else 2):
+        return None
+    sel = (int(prompt_id), int(cd[0])) if prompt_id is not None else (int(cd[0]), int(cd[1]))
+    if st.session_state.get(handled_key) == sel:
+        return None
+    st.session_state[handled_key] = sel
+    return sel
+
+
+def open_round(sel: tuple[int, int]) -> None:
+    """Select a round and open the Step view on it."""
+    st.session_state["sel.round"] = (int(sel[0]), int(sel[1]))
+    st.switch_page("screens/step.py")
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _gguf_role(path: str, size: int, mtime_ns: int) -> tuple[str, str | None]:
+    from mtpscope.inspector.inventory import detect_dialect
+
+    try:
+        f = open_gguf(path)
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+    try:
+        return detect_dialect(f).kind, f.architecture
+    finally:
+        f.close()
+
+
+def gguf_role(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """(dialect kind, general.architecture) of an allowed GGUF, read from its header and cached:
+    kind ``fork`` / ``upstream`` / ``other`` (drafters), ``target``, ``unknown``, or ``unreadable``
+    (also for a path that is not allowed or not a file)."""
+    try:
+        p = safety.check_path(path, roots(), kind="file")
+        return _gguf_role(str(p), *_stat_key(p))
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+
+
+DRAFTER_KINDS = ("fork", "upstream", "other")
+
+
+def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be the drafter (it is a target model), in one line; None when it may be
+    (a drafter, or a file whose own check will say what is wrong)."""
+    kind, arch = gguf_role(path)
+    if kind == "target":
+        return (f"{short(path)} is a target model (general.architecture {arch!r}), not a drafter: choose it as "
+                "the target, and a gemma4-assistant / gemma4_assistant file as the drafter")
     return None

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces import wording
+
 Decode = Callable[[int | None], str]
 
 
@@ -57,38 +59,19 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
     return t.sort_values(["acceptance_rate", "prompt_id"], kind="stable", na_position="first").reset_index(drop=True)
 
 
-def _prompt_id(v) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if isinstance(v, str) and v.strip().isdigit():
-        return int(v.strip())
-    return None
-
-
 def clean_prompts(prompts) -> list[dict]:
-    """The entries of a manifest's ``prompts`` list that are objects with an integer ``prompt_id``
-    (an int, or a string of digits), each copied with an ``int`` prompt_id and a ``str`` text;
-    anything else (not a list, a non-object entry, a missing / non-integer id) is left out."""
-    if not isinstance(prompts, (list, tuple)):
-        return []
-    out = []
-    for p in prompts:
-        if not isinstance(p, dict):
-            continue
-        pid = _prompt_id(p.get("prompt_id"))
-        if pid is None:
-            continue
-        text = p.get("text", "")
-        out.append({**p, "prompt_id": pid, "text": "" if text is None else str(text)})
-    return out
+    """A manifest's well-formed ``prompts`` entries (:func:`mtpscope.traces.wording.manifest_prompts`)."""
+    return wording.manifest_prompts(prompts)
 
 
 def prompt_texts(prompts) -> dict[int, str]:
-    """prompt_id -> text from a manifest's ``prompts`` (malformed entries skipped, see
-    :func:`clean_prompts`)."""
-    return {p["prompt_id"]: p["text"] for p in clean_prompts(prompts)}
+    """prompt_id -> text of a manifest's ``prompts`` (:func:`mtpscope.traces.wording.prompt_texts`)."""
+    return wording.prompt_texts(prompts)
+
+
+def prompt_labels(prompt_ids, prompts, width: int = wording.PROMPT_LABEL_CHARS) -> dict[int, str]:
+    """prompt_id -> ``prompt 3 “text…”`` (:func:`mtpscope.traces.wording.prompt_labels`)."""
+    return wording.prompt_labels(prompt_ids, prompts, width)
 
 
 def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
@@ -113,22 +96,41 @@ def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
     return st[cols].reset_index(drop=True)
 
 
-def rolling_acceptance(rounds: pd.DataFrame, window: int = 64, max_points: int = 4000) -> pd.DataFrame:
-    """:func:`mtpscope.traces.metrics.rolling_acceptance` (window restarting at each prompt) in
+def rolling_acceptance(rounds: pd.DataFrame, window: int | None = None, max_points: int = 4000,
+                       per_prompt: bool = False) -> pd.DataFrame:
+    """Rolling acceptance rate (:func:`mtpscope.traces.metrics.rolling_acceptance`: accepted / drafted over
+    the last ``window`` rounds, default :data:`mtpscope.traces.metrics.DEFAULT_ROLLING_WINDOW`) in
     :func:`ordered_rounds` order, subsampled to at most ``max_points`` points.
 
-    Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window).
+    ``per_prompt=False``: one window running over the whole trace (across prompt boundaries, as the
+    report's rolling summary); ``per_prompt=True``: each prompt's own window, restarting at its first
+    round (each prompt is its own curve).
+
+    Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window),
+    n_window (rounds the window holds so far: ``window`` once full) and full (``n_window == window``).
     """
     from mtpscope.traces import metrics
 
+    w = max(1, int(window if window is not None else metrics.DEFAULT_ROLLING_WINDOW))
     df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
+    cols = ["seq", "prompt_id", "round", "rolling_rate", "n_window", "full"]
     if len(df) == 0:
-        return pd.DataFrame(columns=["seq", "prompt_id", "round", "rolling_rate"])
-    r = metrics.rolling_acceptance(df, window=max(1, int(window)), by_prompt=True)
+        return pd.DataFrame(columns=cols)
+    r = metrics.rolling_acceptance(df, window=w, by_prompt=per_prompt)
     # metrics orders by (prompt_id, round) like ordered_rounds, so rows align with seq
+    if per_prompt:
+        pid = df["prompt_id"].to_numpy()
+        start = np.ones(len(df), dtype=bool)
+        start[1:] = pid[1:] != pid[:-1]
+        first = np.maximum.accumulate(np.where(start, np.arange(len(df)), 0))
+        n_in = np.arange(len(df)) - first + 1
+    else:
+        n_in = np.arange(len(df)) + 1
+    n_in = np.minimum(n_in, w)
     idx = _subsample_index(len(df), max_points)
     return pd.DataFrame({"seq": df["seq"].to_numpy()[idx], "prompt_id": r["prompt_id"].to_numpy()[idx],
-                         "round": r["round"].to_numpy()[idx], "rolling_rate": r["acceptance_rate"].to_numpy()[idx]})
+                         "round": r["round"].to_numpy()[idx], "rolling_rate": r["acceptance_rate"].to_numpy()[idx],
+                         "n_window": n_in[idx], "full": n_in[idx] == w})
 
 
 def _subsample_index(n: int, max_points: int) -> np.ndarray:
@@ -167,11 +169,103 @@ def binned_rounds(rounds: pd.DataFrame, max_bins: int = 2000) -> pd.DataFrame:
                          "n_rounds": cnt, "mean_accepted": s_acc / cnt, "acceptance_rate": rate, "n_zero": s_zero})
 
 
-def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8) -> list[str]:
-    """Hover text per round: prompt/round, accepted length, drafted vs target tokens as text.
+#: What a draft step's verify said: the target agreed, disagreed (the first rejection of the round), or
+#: was never asked (every draft after the first rejection is thrown away unchecked).
+VERDICT_ACCEPTED, VERDICT_REJECTED, VERDICT_NOT_CHECKED = "accepted", "rejected", "not checked"
+VERDICT_MARK = {VERDICT_ACCEPTED: "✓", VERDICT_REJECTED: "✗", VERDICT_NOT_CHECKED: "–"}
+#: Words for a round that drafted nothing (the target decoded one token alone).
+ZERO_DRAFT_WORDS = "drafted nothing: the target decoded one token alone (a plain decode step)"
+
+
+def step_verdict(k: int, n_draft: int, n_accepted: int) -> str:
+    """The verdict of draft ``k`` (1-based) of a round that drafted ``n_draft`` and had ``n_accepted``
+    accepted: :data:`VERDICT_ACCEPTED` for ``k <= n_accepted``, :data:`VERDICT_REJECTED` for the first
+    rejected draft ``k == n_accepted + 1``, :data:`VERDICT_NOT_CHECKED` after it."""
+    if k <= n_accepted:
+        return VERDICT_ACCEPTED
+    return VERDICT_REJECTED if k == n_accepted + 1 and k <= n_draft else VERDICT_NOT_CHECKED
+
+
+def _k_range(a: int, b: int) -> str:
+    return f"k={a}" if a == b else f"k={a}–{b}"
+
+
+def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None], target: Sequence[int | None],
+                  decode: Decode | None = None, step: dict | None = None, cause: str | None = None) -> str:
+    """One line saying what the target did with a round's drafts.
+
+    * nothing drafted: :data:`ZERO_DRAFT_WORDS`;
+    * all accepted: ``All 3 drafts accepted; the target added “ the” (its bonus token)``;
+    * else ``Rejected at k=1: the target chose “ islands” (drafter rank 13, logit 4.1 vs 5.3 for
+      “Chiesa”); k=2–3 were not checked``. ``step`` is the rejected step's record (columns token,
+      logit, top_ids, top_logits, target_rank) for the rank and logits (the target's logit under the
+      drafter is known only when its token is among the stored top candidates); ``cause`` is the
+      explanation of the rejection in words, appended after a colon.
+
+    ``drafted`` / ``target``: the round's drafted ids and the target's id at each verify row."""
+    dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    nd, na = int(n_draft), int(n_accepted)
+    d, t = _as_list(drafted), _as_list(target)
+    if nd == 0:
+        return ZERO_DRAFT_WORDS[0].upper() + ZERO_DRAFT_WORDS[1:]
+    if na >= nd:
+        bonus = t[nd] if len(t) > nd else None
+        tail = f"; the target added {dec(bonus)} (its bonus token)" if bonus is not None else ""
+        return f"All {nd} drafts accepted{tail}" if nd > 1 else f"The draft was accepted{tail}"
+    k = na + 1
+    tgt = t[k - 1] if len(t) >= k else None
+    drf = d[k - 1] if len(d) >= k else None
+    what = f"the target chose {dec(tgt)}" if tgt is not None else "the target's token is not in the trace"
+    detail = []
+    if step is not None:
+        rank = _opt_int(step.get("target_rank"))
+        if rank is not None:
+            detail.append(f"drafter rank {rank}")
+        top = _as_list(step.get("top_ids"))
+        lg = step.get("top_logits")
+        lg = [] if lg is None or _is_null(lg) else [float(x) for x in list(lg)]
+        dl = step.get("logit")
+        dl = None if dl is None or _is_null(dl) else float(dl)
+        if tgt is not None and tgt in top and top.index(tgt) < len(lg) and dl is not None:
+            detail.append(f"logit {lg[top.index(tgt)]:.2f} vs {dl:.2f} for {dec(drf)}")
+        elif dl is not None and drf is not None:
+            bound = f", at most {min(lg):.2f}" if lg else ""
+            detail.append(f"logit not stored{bound}, vs {dl:.2f} for {dec(drf)}")
+    elif drf is not None:
+        detail.append(f"the drafter drafted {dec(drf)}")
+    tag, rest = _cause_parts(cause)
+    line = f"Rejected at k={k}" + (f" ({tag})" if tag else "") + f": {what}" \
+        + (f" ({', '.join(detail)})" if detail else "") + (f" — {rest}" if rest else "")
+    if k < nd:
+        rest = _k_range(k + 1, nd)
+        line += f"; {rest} {'was' if k + 1 == nd else 'were'} not checked"
+    return line
+
+
+def _cause_parts(cause: str | None) -> tuple[str | None, str | None]:
+    """An explanation sentence (``rejected (near tie): the target's …``) split into its tag without the
+    word "rejected" (``near tie``; None for a plain rejection) and the rest."""
+    if not cause:
+        return None, None
+    tag, sep, rest = cause.partition(": ")
+    if not sep:
+        return None, cause
+    tag = tag.strip()
+    if tag.startswith("rejected"):
+        tag = tag[len("rejected"):].strip().strip("()").strip()
+    return tag or None, rest.strip() or None
+
+
+def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8,
+                labels: dict[int, str] | None = None) -> list[str]:
+    """Hover text per round: the prompt (``labels[prompt_id]``, see
+    :func:`mtpscope.traces.wording.prompt_labels`) and round, accepted length, and each drafted token
+    vs the target's token as text with its verdict (✓ accepted, ✗ rejected, – not checked); a round
+    that drafted nothing says so.
 
     Only call on a window (thousands of rounds at most): it decodes every token shown."""
     dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    labels = labels or {}
     out: list[str] = []
     pid = rounds["prompt_id"].to_numpy()
     rnd = rounds["round"].to_numpy()
@@ -180,14 +274,21 @@ def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8
     drafted = rounds["drafted"].to_numpy() if "drafted" in rounds.columns else [None] * len(rounds)
     target = rounds["target"].to_numpy() if "target" in rounds.columns else [None] * len(rounds)
     for i in range(len(rounds)):
+        head = f"{_esc(labels.get(int(pid[i]), f'prompt {pid[i]}'))} · round {rnd[i]}"
+        if ndr[i] == 0:
+            out.append(f"{head}<br>{ZERO_DRAFT_WORDS}")
+            continue
         d = _as_list(drafted[i])[:max_tokens]
         t = _as_list(target[i])[:max_tokens]
         marks = []
         for k, tok in enumerate(d):
+            v = step_verdict(k + 1, int(ndr[i]), int(nacc[i]))
+            if v == VERDICT_NOT_CHECKED:
+                marks.append(f"{k + 1}: {_esc(dec(tok))} – not checked")
+                continue
             tgt = t[k] if k < len(t) else None
-            ok = "✓" if k < nacc[i] else "✗"
-            marks.append(f"{k + 1}: {_esc(dec(tok))} vs {_esc(dec(tgt))} {ok}")
-        lines = [f"prompt {pid[i]} · round {rnd[i]}", f"accepted {nacc[i]} / {ndr[i]}"] + marks
+            marks.append(f"{k + 1}: {_esc(dec(tok))} vs {_esc(dec(tgt))} {VERDICT_MARK[v]}")
+        lines = [head, f"accepted {nacc[i]} of {ndr[i]}"] + marks
         out.append("<br>".join(lines))
     return out
 
@@ -236,35 +337,76 @@ def round_steps(steps: pd.DataFrame, prompt_id: int, round_: int) -> pd.DataFram
     return steps[m].sort_values("k", kind="stable").reset_index(drop=True)
 
 
-def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5) -> pd.DataFrame:
-    """Display table of one round's draft steps: k, drafted (text), target (text), accepted,
-    rank of the target among the drafter's logits, the drafter's top candidates (text), the chosen
-    centroids and whether the target token was reachable (in the candidate set)."""
+def leading_accepted(steps: pd.DataFrame) -> int:
+    """How many of a round's steps (sorted by k) were accepted before the first that was not: the
+    round's ``n_accepted`` as its steps tell it."""
+    n = 0
+    for v in (steps["accepted"] if "accepted" in steps.columns else []):
+        if _is_null(v) or not bool(v):
+            break
+        n += 1
+    return n
+
+
+def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_draft: int | None = None,
+               n_accepted: int | None = None, head: str = "dense") -> pd.DataFrame:
+    """Display table of one round's draft steps (sorted by k): k, verdict (:func:`step_verdict`: a
+    step after the first rejection is "not checked", its target token is not shown since the target
+    never judged it), drafted (text), target (text), the target token's rank among the drafter's
+    logits (0 = the drafter's choice), the drafter's top candidates (text), and, when the trace has
+    centroid columns, the chosen centroids and whether the sparse head could have drafted the target's
+    token (``head="dense"``: a what-if, "would be unreachable"): ``target_centroid`` "974 (rank 8)" and
+    ``centroid_head``; then the ids.
+
+    ``n_draft`` / ``n_accepted`` default to what the steps say (their count, the leading accepted)."""
     dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    nd = len(steps) if n_draft is None else int(n_draft)
+    na = leading_accepted(steps) if n_accepted is None else int(n_accepted)
     rows = []
     for r in steps.itertuples(index=False):
         d = r._asdict()
+        k = int(d["k"])
+        verdict = step_verdict(k, nd, na)
+        checked = verdict != VERDICT_NOT_CHECKED
         top = _as_list(d.get("top_ids"))[:n_top]
         cids = _as_list(d.get("centroid_ids"))
         tgt = _opt_int(d.get("target_token"))
         reach = d.get("target_in_candidates")
         row = {
-            "k": int(d["k"]),
+            "k": k,
+            "verdict": f"{VERDICT_MARK[verdict]} {verdict}",
             "drafted": dec(int(d["token"])),  # decode may quote (TokenText.label) so spaces show
-            "drafted_id": int(d["token"]),
-            "target": dec(tgt),
-            "target_id": tgt,
-            "accepted": None if _is_null(d.get("accepted")) else bool(d.get("accepted")),
-            "target_rank": _opt_int(d.get("target_rank")),
+            "target": dec(tgt) if checked else "—",
+            "target_rank": _opt_int(d.get("target_rank")) if checked else None,
             "top_candidates": " · ".join(dec(t) for t in top),
         }
         if "centroid_ids" in d:
-            row["centroids"] = ", ".join(str(c) for c in cids[:8]) + (" …" if len(cids) > 8 else "")
-            row["target_centroid"] = _opt_int(d.get("target_centroid"))
-            row["target_centroid_rank"] = _opt_int(d.get("target_centroid_rank"))
-            row["target_reachable"] = None if _is_null(reach) else bool(reach)
+            tc, tcr = _opt_int(d.get("target_centroid")), _opt_int(d.get("target_centroid_rank"))
+            row["target_centroid"] = (f"{tc} (rank {tcr})" if tcr is not None else str(tc)) \
+                if checked and tc is not None else "—"
+            row["centroid_head"] = reachability_words(None if _is_null(reach) or not checked else bool(reach), head,
+                                                      short=True)
+        row["drafted_id"] = int(d["token"])
+        row["target_id"] = tgt if checked else None
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["target_rank"] = df["target_rank"].astype("Int64")
+        df["target_id"] = df["target_id"].astype("Int64")
+    return df
+
+
+def reachability_words(reachable: bool | None, head: str = "dense", short: bool = False) -> str:
+    """Whether the sparse (centroid) head's candidates held the target's token, in words. On a
+    recording drafted by the dense head (``head="dense"``) the centroid head is a what-if: "would be
+    unreachable with the centroid head"; drafted by the centroid head: "unreachable". ``short``: without
+    "with the centroid head" (a table column that says it)."""
+    if reachable is None:
+        return "—"
+    if head == "centroid":
+        return "reachable" if reachable else "unreachable"
+    tail = "" if short else " with the centroid head"
+    return ("reachable" if reachable else "would be unreachable") + tail
 
 
 def _opt_int(v) -> int | None:
@@ -277,31 +419,195 @@ def _opt_int(v) -> int | None:
 
 
 def top_candidates(step: dict, decode: Decode | None, n: int = 10) -> pd.DataFrame:
-    """One step's top candidates: rank, id, text, logit, is_draft, is_target."""
+    """One step's top candidates: rank, id, text, logit, is_draft, is_target, stored.
+
+    The target's token is always a row: when it is not among the stored top ``n`` (its rank is
+    ``target_rank`` ≥ n, or unknown) a last row is added for it with ``stored`` False, ``rank`` its
+    rank (``<NA>`` unknown) and ``logit`` NaN — its logit is not in the trace; it is at most the last
+    stored logit (``logit_bound``). No target row when the target token is unknown."""
     dec = decode or (lambda t: f"#{t}")
     ids = _as_list(step.get("top_ids"))[:n]
     logits = list(step.get("top_logits") if step.get("top_logits") is not None else [])[:n]
     tgt = _opt_int(step.get("target_token"))
     tok = _opt_int(step.get("token"))
-    return pd.DataFrame({
-        "rank": np.arange(len(ids)),
+    lg = [float(x) for x in logits] + [np.nan] * (len(ids) - len(logits))
+    df = pd.DataFrame({
+        "rank": pd.array(np.arange(len(ids)), dtype="Int64"),
         "id": ids,
         "text": [dec(i) for i in ids],
-        "logit": [float(x) for x in logits] + [np.nan] * (len(ids) - len(logits)),
+        "logit": lg,
         "is_draft": [i == tok for i in ids],
         "is_target": [i == tgt for i in ids],
+        "stored": [True] * len(ids),
+        "logit_bound": [np.nan] * len(ids),
     })
+    if tgt is not None and tgt not in ids:
+        rank = _opt_int(step.get("target_rank"))
+        bound = min((x for x in lg if np.isfinite(x)), default=np.nan)
+        extra = pd.DataFrame({"rank": pd.array([rank], dtype="Int64"), "id": [tgt], "text": [dec(tgt)],
+                              "logit": [np.nan], "is_draft": [tgt == tok], "is_target": [True], "stored": [False],
+                              "logit_bound": [bound]})
+        df = pd.concat([df, extra], ignore_index=True) if len(df) else extra
+    return df
 
 
 def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
-    """Steps where the target token was outside the chosen centroids' candidates
-    (``target_in_candidates`` is False), in trace order, at most ``limit``."""
+    """Steps the sparse (centroid) head would have missed: the target's token was outside the chosen
+    centroids' candidates (``target_in_candidates`` is False), in trace order, at most ``limit``.
+    Only steps the target judged count (accepted, or the first rejection of their round): a step
+    after its round's first rejection was never checked. On a recording drafted by the dense head
+    these steps may well be accepted: the list is what the centroid head would have got wrong."""
     if "target_in_candidates" not in steps.columns:
         return steps.iloc[0:0]
-    m = steps["target_in_candidates"].eq(False)
+    m = np.asarray(steps["target_in_candidates"].eq(False).fillna(False), dtype=bool)
+    if "accepted" in steps.columns and {"prompt_id", "round", "k"} <= set(steps.columns):
+        m = m & checked_mask(steps)
     cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
                         "target_centroid_rank", "accepted") if c in steps.columns]
     return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
+
+
+def checked_mask(steps: pd.DataFrame) -> np.ndarray:
+    """Per step (columns prompt_id, round, k, accepted): True when the target judged it — accepted, or
+    the first rejected step of its round; False for the steps after the first rejection."""
+    acc = steps["accepted"].fillna(False).to_numpy(dtype=bool) if hasattr(steps["accepted"], "fillna") \
+        else np.asarray(steps["accepted"], dtype=bool)
+    k = steps["k"].to_numpy(dtype=np.int64)
+    big = np.iinfo(np.int64).max
+    key = pd.DataFrame({"p": steps["prompt_id"].to_numpy(dtype=np.int64), "r": steps["round"].to_numpy(dtype=np.int64),
+                        "rejk": np.where(acc, big, k)})
+    # the first rejected k of each round (``big`` where nothing was rejected)
+    first = key.groupby(["p", "r"], sort=False)["rejk"].transform("min").to_numpy(dtype=np.int64)
+    return k <= first
+
+
+def rejected_rounds(rounds: pd.DataFrame) -> list[tuple[int, int]]:
+    """(prompt_id, round) of every round with a rejected draft (``n_accepted < n_draft``), in
+    (prompt_id, round) order — the stops of the Step view's previous / next rejected round buttons."""
+    m = rounds["n_accepted"].to_numpy(dtype=np.int64) < rounds["n_draft"].to_numpy(dtype=np.int64)
+    sub = rounds.loc[m, ["prompt_id", "round"]].sort_values(["prompt_id", "round"], kind="stable")
+    return [(int(p), int(r)) for p, r in zip(sub["prompt_id"], sub["round"])]
+
+
+def neighbour(stops: Sequence[tuple[int, int]], current: tuple[int, int], direction: int) -> tuple[int, int] | None:
+    """The stop after (``direction`` > 0) or before (< 0) ``current`` in the sorted ``stops``
+    (``current`` need not be one of them); None when there is none."""
+    import bisect
+
+    cur = (int(current[0]), int(current[1]))
+    if direction > 0:
+        i = bisect.bisect_right(stops, cur)
+        return stops[i] if i < len(stops) else None
+    i = bisect.bisect_left(stops, cur) - 1
+    return stops[i] if i >= 0 else None
+
+
+def replay_for_round(rsteps: pd.DataFrame, prompt_id: int, round_: int, variants: Sequence[str],
+                     decode: Decode | None = None) -> pd.DataFrame:
+    """One round's rows of a replay's steps (``mtpscope replay --out``: columns prompt_id, round, k,
+    recorded, truth, ``draft[NAME]`` per variant) as a display table: k, the target's token
+    (``truth``: what the target emitted at that output position, "?" when unknown), the recorded draft,
+    then per variant its draft with ✓ when it equals the target's token, and ``would_draft_target``:
+    the variants that would have drafted the target's token (comma separated, "none")."""
+    dec = decode or (lambda t: "∅" if t is None else f"#{t}")
+    if rsteps is None or len(rsteps) == 0 or not {"prompt_id", "round", "k"} <= set(rsteps.columns):
+        return pd.DataFrame(columns=["k", "target", "recorded", "would_draft_target"])
+    sub = rsteps[(rsteps["prompt_id"] == prompt_id) & (rsteps["round"] == round_)].sort_values("k", kind="stable")
+    rows = []
+    for r in sub.to_dict("records"):
+        truth = _opt_int(r.get("truth"))
+        truth = None if truth is None or truth < 0 else truth
+        row = {"k": int(r["k"]), "target": dec(truth) if truth is not None else "?",
+               "recorded": dec(_opt_int(r.get("recorded")))}
+        hits = []
+        for name in variants:
+            d = _opt_int(r.get(f"draft[{name}]"))
+            ok = truth is not None and d == truth
+            row[name] = ("✓ " if ok else "") + dec(d)
+            if ok:
+                hits.append(name)
+        row["would_draft_target"] = ", ".join(hits) if hits else ("none" if truth is not None else "?")
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["k", "target", "recorded", *variants, "would_draft_target"])
+
+
+# ------------------------------------------------------------------------------------ generated text
+
+#: What produced each generated token, in the order the text view's legend lists them.
+TEXT_STATUSES = ("accepted", "bonus", "rejected", "decode", "prefill")
+TEXT_STATUS_WORDS = {"accepted": "accepted draft", "bonus": "target's bonus token (every draft accepted)",
+                     "rejected": "target's correction at a first rejection",
+                     "decode": "target alone (the round drafted nothing)", "prefill": "the prefill's first token"}
+
+
+def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes=None,
+                   width: int = 100, max_tokens: int = 4000, start: int = 0) -> pd.DataFrame:
+    """One prompt's generated tokens laid out as lines of text for the text view.
+
+    Args:
+        pos: :class:`mtpscope.traces.positions.Positions` of the trace (its ``sequences`` and
+            ``emitted``: the status of every emitted token, ``accepted`` / ``rejected`` (the target's
+            correction of a rejected draft) / ``bonus``; the first token, position 0, is the prefill's).
+        prompt_id: the prompt.
+        decode: id -> readable text without quotes (``TokenText.text``).
+            A token of a round that drafted nothing is ``decode`` (the target decoded it alone).
+        classes: ``mtpscope.traces.token_classes.TokenClasses`` of that prompt's sequence (optional).
+        width: characters per line; a token whose text ends a line (``↵``) breaks it.
+        max_tokens / start: at most this many tokens from output position ``start`` on.
+
+    Returns:
+        DataFrame, one row per token: g (output position), token, text, status (one of
+        :data:`TEXT_STATUSES`), round, k (the draft position it answered, 0 for a bonus / prefill
+        token), cls (token class or ""), line, col, n_chars (the text's width in characters, at least 1).
+        Empty when the prompt's positions are not known.
+    """
+    cols = ["g", "token", "text", "status", "round", "k", "cls", "line", "col", "n_chars"]
+    seq = pos.sequences.get(int(prompt_id)) if pos is not None else None
+    if seq is None or len(seq) == 0:
+        return pd.DataFrame(columns=cols)
+    em = pos.emitted[pos.emitted["prompt_id"] == int(prompt_id)].sort_values("g", kind="stable")
+    n = len(seq)
+    status = np.full(n, "prefill", dtype=object)
+    rnd = np.zeros(n, dtype=np.int64)
+    kk = np.zeros(n, dtype=np.int64)
+    g = em["g"].to_numpy(dtype=np.int64)
+    ok = (g >= 0) & (g < n)
+    st_ = em["status"].to_numpy(dtype=object).copy()
+    drafted_rounds = set(pos.drafts.loc[pos.drafts["prompt_id"].to_numpy() == int(prompt_id), "round"].tolist())
+    st_[~np.isin(em["round"].to_numpy(dtype=np.int64), list(drafted_rounds))] = "decode"
+    status[g[ok]] = st_[ok]
+    rnd[g[ok]] = em["round"].to_numpy(dtype=np.int64)[ok]
+    kk[g[ok]] = em["k"].to_numpy(dtype=np.int64)[ok]
+    cls = [""] * n
+    if classes is not None:
+        from mtpscope.traces.token_classes import CLASSES
+
+        codes = np.asarray(classes.classes)
+        cls = [CLASSES[int(c)] if 0 <= int(c) < len(CLASSES) else "" for c in codes[:n]]
+        cls += [""] * (n - len(cls))
+    lo, hi = max(0, int(start)), min(n, int(start) + int(max_tokens))
+    rows = []
+    line = col = 0
+    for i in range(lo, hi):
+        t = decode(int(seq[i]))
+        w = max(1, len(t))
+        if col and col + w > width:
+            line, col = line + 1, 0
+        rows.append((i, int(seq[i]), t, status[i], int(rnd[i]), int(kk[i]), cls[i], line, col, w))
+        col += w
+        if t.endswith("↵"):
+            line, col = line + 1, 0
+    return pd.DataFrame(rows, columns=cols)
+
+
+def round_position(pos, prompt_id: int, round_: int) -> int | None:
+    """The output position of the first token a round emitted (:class:`mtpscope.traces.positions.Positions`),
+    None when unknown."""
+    if pos is None or not len(pos.emitted):
+        return None
+    em = pos.emitted
+    g = em.loc[(em["prompt_id"].to_numpy() == int(prompt_id)) & (em["round"].to_numpy() == int(round_)), "g"]
+    return int(g.min()) if len(g) else None
 
 
 # -------------------------------------------------------------------------------------- centroids
@@ -492,63 +798,20 @@ def value_stats(a: np.ndarray) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------- compare
 
-def first_divergence(a: pd.DataFrame, b: pd.DataFrame, limit: int = 100,
-                     decode: Decode | None = None) -> pd.DataFrame:
-    """Per prompt present in both, the first round where the two traces differ: drafted tokens,
-    accepted length or emitted tokens (checked in that order), or, when every common round agrees,
-    the round count. Columns: prompt_id, round, what, a, b (token lists as ids, or as text through
-    ``decode``). Rounds are matched on (prompt_id, round)."""
-    cols = [c for c in ("prompt_id", "round", "drafted", "n_accepted", "emitted") if c in a.columns and c in b.columns]
-    out_cols = ["prompt_id", "round", "what", "a", "b"]
-    if "prompt_id" not in cols or "round" not in cols:
-        return pd.DataFrame(columns=out_cols)
-    m = a[cols].merge(b[cols], on=["prompt_id", "round"], suffixes=("_a", "_b")).sort_values(
-        ["prompt_id", "round"], kind="stable")
-    diffs = {}
-    for c in ("drafted", "n_accepted", "emitted"):
-        if f"{c}_a" not in m.columns:
-            continue
-        if c == "n_accepted":
-            diffs[c] = (m[f"{c}_a"].to_numpy() != m[f"{c}_b"].to_numpy())
-        else:
-            diffs[c] = np.fromiter((_as_list(x) != _as_list(y) for x, y in zip(m[f"{c}_a"], m[f"{c}_b"])),
-                                   dtype=bool, count=len(m))
-    rows = []
-    any_diff = np.zeros(len(m), dtype=bool)
-    for d in diffs.values():
-        any_diff |= d
-    first = m[any_diff].groupby("prompt_id", sort=True).head(1)
-    for idx, r in first.iterrows():
-        i = m.index.get_loc(idx)
-        what = next(c for c, d in diffs.items() if d[i])
-        va, vb = r[f"{what}_a"], r[f"{what}_b"]
-        if what == "n_accepted":
-            def fmt(v):
-                return str(int(v))
-        elif decode is None:
-            def fmt(v):
-                return str(_as_list(v))
-        else:
-            def fmt(v):
-                return " · ".join(decode(t) for t in _as_list(v))
-        rows.append({"prompt_id": int(r["prompt_id"]), "round": int(r["round"]), "what": what,
-                     "a": fmt(va), "b": fmt(vb)})
-    done = {row["prompt_id"] for row in rows}
-    na = a.groupby("prompt_id").size()
-    nb = b.groupby("prompt_id").size()
-    for pid in sorted(set(na.index) & set(nb.index)):
-        if int(pid) not in done and na[pid] != nb[pid]:
-            rows.append({"prompt_id": int(pid), "round": int(min(na[pid], nb[pid])), "what": "length",
-                         "a": f"{na[pid]} rounds", "b": f"{nb[pid]} rounds"})
-    out = pd.DataFrame(rows, columns=out_cols)
-    return out.sort_values(["prompt_id", "round"], kind="stable").head(limit).reset_index(drop=True)
-
-
-def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame) -> pd.DataFrame:
-    """Join two :func:`per_prompt_table` results on prompt_id: rates a / b and delta (b − a),
-    sorted by delta ascending (biggest drop first)."""
+def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
+                  pairs: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
+    """Join two :func:`per_prompt_table` results: rates a / b and delta (b − a), sorted by delta
+    ascending (biggest drop first). ``pairs``: (prompt_id in A, prompt_id in B) as
+    :func:`mtpscope.traces.align.pair_prompts` pairs them (by id, text or prompt_id); without it prompts
+    are joined on prompt_id. The result's prompt_id is A's."""
     a = table_a.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
     b = table_b.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
+    if pairs is not None:
+        to_a = {int(pb_): int(pa_) for pa_, pb_ in pairs}
+        b = b[b.index.isin(list(to_a))]
+        b.index = [to_a[int(i)] for i in b.index]
+        b.index.name = "prompt_id"
+        a = a[a.index.isin([int(pa_) for pa_, _ in pairs])]
     j = a.merge(b, left_index=True, right_index=True, how="outer", suffixes=("_a", "_b"))
     j["delta_rate"] = j["acceptance_rate_b"] - j["acceptance_rate_a"]
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]

@@ -75,7 +75,10 @@ def _required_keys(dialect: str, hp: L.HParams | None) -> list[tuple[str, str]]:
             ("attention.sliding_window", ERROR), ("attention.layer_norm_rms_epsilon", ERROR),
             ("attention.key_length_swa", ERROR), ("attention.value_length_swa", ERROR),
             ("attention.key_length", WARNING), ("attention.value_length", WARNING),
-            ("rope.freq_base", WARNING), ("rope.freq_base_swa", WARNING)]
+            # without rope.freq_base llama.cpp uses 10000 for the full-attention layers (Gemma 4: 1e6) and
+            # runs with wrongly rotated queries (checked: tests/test_runtime_verdicts.py); the sliding
+            # layers' default, 10000, is Gemma 4's own value
+            ("rope.freq_base", ERROR), ("rope.freq_base_swa", WARNING)]
     if dialect == "upstream":
         keys += [("embedding_length_out", ERROR), ("nextn_predict_layers", ERROR)]
     elif dialect == "fork":
@@ -144,9 +147,11 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     for suffix, sev in _required_keys(dialect, hp):
         key = f"{arch}.{suffix}"
         if f.get(key) is None:
+            why = (" (llama.cpp then uses 10000 for the full-attention layers, Gemma 4 uses 1e6: it runs and "
+                   "drafts wrong tokens)" if suffix == "rope.freq_base" else
+                   " (the runtime needs it)" if sev == ERROR else " (a default is used)")
             add(finding(sev, "E_KEY_MISSING" if sev == ERROR else "W_KEY_MISSING", key, "present", None,
-                   f"key {key} is missing" + (" (the runtime needs it)" if sev == ERROR else
-                                               " (a default is used)")))
+                   f"key {key} is missing" + why))
     for a, b in (("attention.key_length", "attention.value_length"),
                  ("attention.key_length_swa", "attention.value_length_swa")):
         ka, kb = key_value(f, f"{arch}.{a}"), key_value(f, f"{arch}.{b}")
@@ -169,6 +174,8 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
            f"layer types (s = sliding, f = full): {types}; head dims swa {hp.head_dim_swa}, full {hp.head_dim_full}"))
     if dialect in ("fork", "upstream"):
         _check_drafter_keys(f, hp, dialect, add)
+    if dialect == "target":
+        check_shared_kv(f, hp, add)
 
     # --- tokenizer
     _check_tokenizer(f, hp, add)
@@ -305,8 +312,12 @@ def _check_tensors(f: Any, hp: L.HParams, dialect: str, layout: tuple[L.Expected
                 add(finding(ERROR, "E_ORDERING_TYPE", e.name, "I32", t.type_name,
                        f"{e.name} must be I32 (the runtime gathers rows with it), found {t.type_name}"))
             elif e.ggml_types == L.VECTOR_TYPES:
-                add(finding(WARNING, "W_DTYPE_VECTOR", e.name, "F32", t.type_name,
-                       f"1-D tensor {e.name} should be F32, found {t.type_name}"))
+                then = ("llama.cpp aborts while loading (GGML_ASSERT(c->type == GGML_TYPE_F32), the RoPE frequency "
+                        "factors)" if e.name == "rope_freqs.weight" else
+                        "llama.cpp loads the file and aborts at the first " + ("decode" if dialect == "target" else "draft")
+                        + f" (binary_op: unsupported types: dst: f32, src0: f32, src1: {t.type_name.lower()})")
+                add(finding(ERROR, "E_DTYPE_VECTOR", e.name, "F32", t.type_name,
+                       f"1-D tensor {e.name} must be F32, found {t.type_name}: {then}"))
             else:
                 add(finding(ERROR, "E_DTYPE", e.name, "a float or quantized type", t.type_name,
                        f"{e.name} has type {t.type_name}"))
@@ -339,8 +350,12 @@ def _check_tensors(f: Any, hp: L.HParams, dialect: str, layout: tuple[L.Expected
 def _check_values(f: Any, hp: L.HParams, dialect: str, tmap: dict[str, Any], add: Any,
                   partial_rotary_factor: float) -> None:
     skipped = 0
+    remote = getattr(f, "reader", None) is not None
     for name, t in tmap.items():
         if t.n_bytes is None:
+            continue
+        if remote and name not in ("rope_freqs.weight",):  # a request per tensor: values read only for rules
+            skipped += 1
             continue
         if len(t.ne) != 1 and t.n_elements > SMALL_TENSOR_ELEMENTS:
             skipped += 1
@@ -357,7 +372,9 @@ def _check_values(f: Any, hp: L.HParams, dialect: str, tmap: dict[str, Any], add
                    f"{name} has {int(bad.sum())} non-finite values (first at flat index {first})"))
     if skipped:
         add(finding(INFO, "I_NONFINITE_SKIPPED", "", None, skipped,
-               f"{skipped} tensors above {SMALL_TENSOR_ELEMENTS} elements not scanned for NaN/Inf"))
+               f"{skipped} tensors not scanned for NaN/Inf ("
+               + ("a remote file: tensor data is read only where a rule needs it)" if remote else
+                  f"above {SMALL_TENSOR_ELEMENTS} elements)")))
 
     rf = tmap.get("rope_freqs.weight")
     if rf is not None and len(rf.ne) == 1 and rf.type_name in ("F32", "F16", "BF16"):
@@ -372,20 +389,52 @@ def _check_values(f: Any, hp: L.HParams, dialect: str, tmap: dict[str, Any], add
 
 
 def _check_rope_freqs(a: np.ndarray, hp: L.HParams, add: Any, factor: float) -> None:
-    ones = a == 1.0
-    big = a >= 1e29
-    n_rot = int(np.argmin(ones)) if not ones.all() else a.size
-    shape_ok = bool(ones[:n_rot].all() and big[n_rot:].all())
-    if not shape_ok:
-        add(finding(ERROR, "E_ROPE_FREQS_VALUES", "rope_freqs.weight", "[1.0]*n_rot + [1e30]*rest",
-               a[:8].tolist(), "rope_freqs is not a run of 1.0 followed by 1e30 (proportional RoPE of the "
-               "full-attention layers); drafts will be rotated wrongly"))
+    """``rope_freqs`` against the proportional RoPE the hyperparameters imply
+    (:func:`layouts.expected_rope_freqs`: ``head_dim_full * factor / 2`` pairs of 1.0, then 1e30, i.e.
+    unrotated). Any value >= 1e29 counts as unrotated (ggml divides the angle by the factor). The first
+    differing pair is reported with its expected and actual value: llama.cpp runs such a file and
+    rotates the full-attention queries wrongly (checked: tests/test_runtime_verdicts.py)."""
+    want = L.expected_rope_freqs(hp.head_dim_full, factor).astype(np.float64)
+    n = min(a.size, want.size)
+    unrot = want[:n] >= 1e29
+    same = np.where(unrot, a[:n] >= 1e29, a[:n] == want[:n])
+    bad = np.flatnonzero(~same)
+    if not bad.size:
         return
-    want = int(hp.head_dim_full * factor / 2)
-    if n_rot != want:
-        add(finding(WARNING, "W_ROPE_FREQS_ROTATED", "rope_freqs.weight", want, n_rot,
-               f"rope_freqs rotates {n_rot} of {a.size} pairs; head_dim_full {hp.head_dim_full} × partial "
-               f"factor {factor} / 2 = {want}"))
+    i = int(bad[0])
+    n_rot = int((want == 1.0).sum())
+    add(finding(ERROR, "E_ROPE_FREQS_VALUES", "rope_freqs.weight", {"pair": i, "value": float(want[i])},
+                {"pair": i, "value": float(a[i])},
+                f"rope_freqs pair {i} is {float(a[i]):g}, the hyperparameters imply {float(want[i]):g} (head_dim_full "
+                f"{hp.head_dim_full} x partial factor {factor:g} / 2 = {n_rot} rotated pairs of {want.size}, the rest "
+                f"unrotated); {int(bad.size)} pairs differ; llama.cpp runs and drafts silently wrong tokens"))
+
+
+def check_shared_kv(f: Any, hp: L.HParams, add: Any) -> None:
+    """A target's shared-KV layers (``attention.shared_kv_layers`` = s): llama.cpp lets layer ``il >= n - s``
+    reuse the cache of layer ``n - s - 2`` (sliding) or ``n - s - 1`` (full) and asserts that layer is of
+    the same type (src/llama-model.cpp ``reuse``, src/llama-kv-cache.cpp); otherwise, or with fewer than
+    2 layers holding KV, it aborts creating a context (checked: tests/test_runtime_verdicts.py)."""
+    s = hp.shared_kv_layers
+    if not s:
+        return
+    start = hp.n_layer - s
+    key = f"{hp.arch}.attention.shared_kv_layers"
+    if start < 2:
+        add(finding(ERROR, "E_SHARED_KV_LAYOUT", key, f"<= {hp.n_layer - 2}", s,
+                    f"{s} shared-KV layers leave {max(start, 0)} layers holding KV; llama.cpp needs at least 2 and "
+                    "aborts creating a context (GGML_ASSERT(hparams.n_layer_kv_from_start >= 2))"))
+        return
+    for ly in hp.layers[start:]:
+        src = start - (2 if ly.sliding else 1)
+        if hp.layers[src].sliding != ly.sliding:
+            kind = "sliding" if ly.sliding else "full"
+            add(finding(ERROR, "E_SHARED_KV_LAYOUT", key, f"layer {src} {kind}",
+                        f"layer {src} {'sliding' if hp.layers[src].sliding else 'full'}",
+                        f"shared-KV layer {ly.il} ({kind}) reuses the cache of layer {src}, which is not a {kind} "
+                        "layer: llama.cpp aborts creating a context (GGML_ASSERT(map_layer_ids.find(il_reuse) != "
+                        "map_layer_ids.end()) failed)"))
+            return
 
 
 def _check_centroid_head(f: Any, hp: L.HParams, ct: Any, ot: Any, add: Any) -> None:

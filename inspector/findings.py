@@ -25,6 +25,16 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 #: sort order of severities in a report (errors first)
 SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 
+#: Codes of findings on a drafter that llama.cpp (llama-cpp-python 0.3.36) loads and then crashes on
+#: inside ``llama_decode`` (``GGML_ABORT`` / ``GGML_ASSERT`` / segfault), whatever their severity here:
+#: a 1-D tensor not in F32 (``E_DTYPE_VECTOR``: ``binary_op: unsupported types: dst: f32, src0: f32, src1:
+#: f16`` at the first draft step; F16 ``rope_freqs`` aborts the load), integer / unknown types and wrong
+#: shapes of weight matrices, and a target whose shared-KV layers abort context creation
+#: (``E_SHARED_KV_LAYOUT``). The one list that ``mtpscope record``'s pre-flight (``traces.preflight``)
+#: refuses.
+RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "E_DTYPE_VECTOR",
+                                 "E_SHARED_KV_LAYOUT"})
+
 CODES: dict[str, str] = {
     "I_DIALECT": "which dialect / layout the file was checked against",
     "W_ARCH_NOT_ASSISTANT": "general.architecture does not name an assistant (fork script check)",
@@ -51,7 +61,8 @@ CODES: dict[str, str] = {
     "E_LAYER_INCOMPLETE": "a block lacks some of its tensors",
     "E_PROJ_SHAPE": "a pre/post projection whose shape does not match n_embd / the backbone width",
     "E_TOKEN_EMBD_SHAPE": "token_embd not rank 2 or its width is not embedding_length (fork script check)",
-    "W_DTYPE_VECTOR": "a 1-D tensor (norm, scale, rope_freqs) not F32",
+    "E_DTYPE_VECTOR": "a 1-D tensor (norm, layer output scale, rope_freqs) not F32: llama.cpp loads the drafter "
+                      "and aborts at its first draft (binary_op: unsupported types); rope_freqs aborts the load",
     "E_DTYPE": "a weight matrix with an integer or unknown ggml type",
     "E_MASKED_EMBD_UPSTREAM": "upstream file carrying masked_embd_* tensors (llama-cpp-python 0.3.36 refuses)",
     "W_CENTROIDS_UNUSED": "centroid tensors present while use_ordered_embeddings is off (fork script check)",
@@ -65,8 +76,8 @@ CODES: dict[str, str] = {
     "E_ORDERING_RANGE": "token ordering ids outside 0..n_vocab-1",
     "E_ORDERING_NOT_PERMUTATION": "token ordering repeats ids (so others are owned by no centroid)",
     "E_CLUSTER_SIZE": "centroids that do not own exactly n_vocab / n_centroids distinct tokens",
-    "E_ROPE_FREQS_VALUES": "rope_freqs not of the form [1.0 … 1.0, 1e30 … 1e30]",
-    "W_ROPE_FREQS_ROTATED": "rope_freqs rotates a number of pairs other than head_dim_full·factor/2",
+    "E_ROPE_FREQS_VALUES": "rope_freqs differs from the proportional RoPE the hyperparameters imply (first differing "
+                           "pair: expected vs actual); llama.cpp runs and drafts silently wrong tokens",
     "E_NONFINITE": "NaN or Inf in a small tensor",
     "I_NONFINITE_SKIPPED": "large tensors not scanned for non-finite values",
     "E_PAIR_TARGET_ARCH": "the target is not a gemma4 model",
@@ -75,8 +86,12 @@ CODES: dict[str, str] = {
     "E_PAIR_KV_HEADS": "drafter n_head_kv of a layer type != the target's",
     "E_PAIR_HEAD_DIM": "drafter head dim of a layer type != the target's",
     "W_PAIR_WINDOW": "sliding windows differ",
-    "W_PAIR_ROPE": "rope bases differ",
-    "W_PAIR_KV_DONOR": "llama.cpp's KV donors (n_layer-2, n_layer-1) are not the last sliding / full layers",
+    "E_PAIR_ROPE": "drafter and target rope bases differ: the drafter's queries and the target's cached keys are "
+                   "rotated differently (llama.cpp runs, drafts differ)",
+    "E_PAIR_KV_DONOR": "llama.cpp's KV donors (target layers n_layer-2, n_layer-1) are not a sliding and a full "
+                       "layer: the drafter silently reads another layer type's cache",
+    "E_SHARED_KV_LAYOUT": "target: a shared-KV layer's source (n_layer - shared_kv_layers - 2 / - 1) is not of its "
+                          "type, or fewer than 2 layers hold KV: llama.cpp aborts creating a context",
     "I_PAIR_KV_DONORS": "which target layers donate K/V to the drafter",
     "H_UNMAPPED": "an HF tensor with no known GGUF name",
     "H_HF_SHAPE": "an HF tensor whose shape contradicts its own config.json",
@@ -130,25 +145,55 @@ def finding(severity: str, code: str, subject: str, expected: Any, actual: Any, 
     return Finding(severity, code, subject, jsonable(expected), jsonable(actual), message)
 
 
+#: Verdict outcomes: the runtime loads the file and runs it; loads it and then aborts the process (at the
+#: first draft step of a drafter, the first decode of a target, or creating a context); aborts the process
+#: while loading it; refuses it (an error, the process goes on); no rules.
+OUTCOME_LOADS = "loads"
+OUTCOME_ABORTS_DRAFT = "aborts at first draft"
+OUTCOME_ABORTS_DECODE = "aborts at first decode"
+OUTCOME_ABORTS_CONTEXT = "aborts creating a context"
+OUTCOME_ABORTS_LOAD = "aborts while loading"
+OUTCOME_REFUSES = "refuses"
+OUTCOME_UNKNOWN = "unknown"
+OUTCOMES = (OUTCOME_LOADS, OUTCOME_ABORTS_DRAFT, OUTCOME_ABORTS_DECODE, OUTCOME_ABORTS_CONTEXT, OUTCOME_ABORTS_LOAD,
+            OUTCOME_REFUSES, OUTCOME_UNKNOWN)
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """Whether one runtime loads the file.
+    """Whether one runtime loads the file, and what it does then.
 
     Attributes:
         runtime: ``loadability.RUNTIME_UPSTREAM`` or ``loadability.RUNTIME_FORK``.
-        loads: True / False; None when mtpscope has no rules for this architecture in that runtime.
+        loads: True / False; None when mtpscope has no rules for this architecture in that runtime. True
+            also for a file that loads and then aborts (see ``outcome``).
         reasons: why (first the error the runtime reports first, as far as known).
         basis: where the rules come from (tested against the real runtime, or documented behaviour).
+        outcome: one of :data:`OUTCOMES` (default: ``loads`` / ``refuses`` / ``unknown`` from ``loads``).
+        message: for an abort, the runtime's own message (``binary_op: unsupported types: ...``).
     """
 
     runtime: str
     loads: bool | None
     reasons: tuple[str, ...]
     basis: str
+    outcome: str = ""
+    message: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            object.__setattr__(self, "outcome", {True: OUTCOME_LOADS, False: OUTCOME_REFUSES,
+                                                 None: OUTCOME_UNKNOWN}[self.loads])
+
+    @property
+    def runs(self) -> bool:
+        """Loads and does not abort."""
+        return self.outcome == OUTCOME_LOADS
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
-        return {"runtime": self.runtime, "loads": self.loads, "reasons": list(self.reasons), "basis": self.basis}
+        return {"runtime": self.runtime, "loads": self.loads, "outcome": self.outcome, "message": self.message,
+                "reasons": list(self.reasons), "basis": self.basis}
 
 
 @dataclass(frozen=True)
@@ -244,5 +289,5 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-__all__ = ["CODES", "ERROR", "INFO", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
+__all__ = ["CODES", "ERROR", "INFO", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
            "finding", "jsonable"]

@@ -28,10 +28,10 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -44,6 +44,9 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
 MAX_ARRAY_DEPTH = 16  # nesting of arrays of arrays; deeper is refused (it is never used in practice)
+# refusals of llama.cpp's GGUF parser (ggml/src/gguf.cpp, ggml.h) that make a file unreadable for us too
+GGUF_MAX_STRING_LENGTH = 1024 * 1024 * 1024  # any string: key, value, array element, tensor name
+GGML_MAX_NAME = 64  # tensor names must be shorter (bytes)
 _INT64_MAX = (1 << 63) - 1
 
 # GGUF value types (gguf.h enum gguf_type)
@@ -77,6 +80,32 @@ _HEAD = struct.Struct("<4sIQQ")
 _ARR_HEAD = struct.Struct("<IQ")
 # after a tensor's n_dims: ne[n_dims] u64, ggml_type u32, offset u64
 _TENSOR_TAIL = tuple(struct.Struct("<" + "Q" * n + "IQ") for n in range(GGML_MAX_DIMS + 1))
+
+
+class NeedMoreBytes(Exception):
+    """Raised by the header walk over a partial buffer (a :class:`ByteReader` source): the header goes on.
+
+    Not an error for users: :func:`open_gguf_reader` catches it and reads more. ``needed_end`` is the
+    absolute offset the walk must be able to read up to next (certain); ``estimated_end`` is its guess of
+    where the header ends (the rest of a string array at the mean element size walked so far, each
+    remaining metadata pair at 16 bytes, each remaining tensor-info record at the mean size walked so far
+    or 80 bytes), always ``>= needed_end``.
+    """
+
+    def __init__(self, needed_end: int, estimated_end: int, key: str | None = None, key_offset: int = -1,
+                 array_length: int | None = None, tensors_estimate: int = 0,
+                 pairs: Mapping[str, KeyValue] | None = None) -> None:
+        super().__init__(f"header continues to at least offset {needed_end} (estimated end {estimated_end})")
+        self.needed_end = needed_end
+        self.estimated_end = estimated_end
+        #: the metadata key being read when the bytes ran out (None: in the tensor-info table), the
+        #: offset of its pair, the length of the string array being walked, if any, and the estimated
+        #: bytes of the tensor-info records not yet read
+        self.key = key
+        self.key_offset = key_offset
+        self.array_length = array_length
+        self.tensors_estimate = tensors_estimate
+        self.pairs: Mapping[str, KeyValue] = pairs or {}  # the pairs read completely before it
 
 
 def value_type_name(value_type: int) -> str:
@@ -266,15 +295,35 @@ class TensorInfo:
 # ------------------------------------------------------------------------------------------- the file
 
 
+class ByteReader(Protocol):
+    """Where the bytes of a file that is not memory-mapped come from (the byte-source seam).
+
+    ``read(offset, n)`` returns exactly ``n`` bytes starting at absolute ``offset`` (fewer only at the end
+    of the file) or raises an :class:`~mtpscope.errors.InspectorError` naming the source. A local file is
+    never read through this: it is memory-mapped (:func:`open_gguf`). ``inspector/remote.py`` implements
+    it with HTTP range requests.
+    """
+
+    def read(self, offset: int, n: int) -> bytes: ...  # pragma: no cover - protocol
+
+
 class _Source:
-    """The open memory map plus the path, shared by a file and its lazy arrays."""
+    """The bytes of a file, shared by a file and its lazy arrays.
 
-    __slots__ = ("path", "mm", "size")
+    ``mm`` is the memory map of a local file (``avail == size``), or, for a file read through a
+    :class:`ByteReader`, the header bytes ``[0, avail)`` (the tensor-info table and every metadata value
+    lie inside them); tensor data then comes from ``reader``.
+    """
 
-    def __init__(self, path: str, mm: mmap.mmap | bytes, size: int) -> None:
+    __slots__ = ("path", "mm", "size", "avail", "reader")
+
+    def __init__(self, path: str, mm: mmap.mmap | bytes, size: int, avail: int | None = None,
+                 reader: ByteReader | None = None) -> None:
         self.path = path
         self.mm = mm
         self.size = size
+        self.avail = size if avail is None else avail
+        self.reader = reader
 
     def string_at(self, pos: int, key: str) -> str:
         """Decode the GGUF string whose length field is at ``pos`` (bounds were checked by the walk)."""
@@ -328,6 +377,11 @@ class GGUFFile:
         v = self.get("general.architecture")
         return v if isinstance(v, str) else None
 
+    @property
+    def reader(self) -> ByteReader | None:
+        """The :class:`ByteReader` tensor data comes from (a remote file), or None (memory-mapped)."""
+        return self._src.reader
+
     # -- tensors
     def tensor(self, name: str) -> TensorInfo:
         """The :class:`TensorInfo` named ``name``.
@@ -367,6 +421,8 @@ class GGUFFile:
             raise TensorDataError("cannot read data of an unknown ggml type", path=self.path, offset=t.offset,
                                   key=name, expected="a known ggml type", actual=t.type_name)
         shape = t.shape if t.shape else (1,)
+        if self._src.reader is not None:
+            return self._read_through(t, info, shape, rows, dequantize)
         mm = self._src.mm
         if info.numpy_dtype is not None:
             arr = np.ndarray(shape=shape, dtype=info.numpy_dtype, buffer=mm, offset=t.offset)
@@ -386,9 +442,53 @@ class GGUFFile:
         out = _dequantize(raw, t, self.path)
         return out[rows] if (one_d and rows is not None) else out
 
+    def _read_through(self, t: TensorInfo, info: Any, shape: tuple[int, ...], rows: slice | int | None,
+                      dequantize: bool) -> np.ndarray:
+        """:meth:`tensor_data` for a file read through a :class:`ByteReader`: only the selected rows'
+        bytes are read (one contiguous range covering them); same results as the memory-mapped path."""
+        reader = self._src.reader
+        assert reader is not None and t.n_bytes is not None  # noqa: S101 - checked by the caller
+        one_d = len(shape) == 1
+        n0 = shape[0]
+        sel: Any = rows
+        r0, r1 = 0, n0
+        if not one_d and isinstance(rows, slice):
+            idx = range(*rows.indices(n0))
+            r0, r1 = (min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1) if len(idx) else (0, 0)
+            sel = np.arange(idx.start, idx.stop, idx.step, dtype=np.int64) - r0
+        elif not one_d and rows is not None:
+            i = int(rows)
+            if i < 0:
+                i += n0
+            if not 0 <= i < n0:
+                raise IndexError(f"index {rows} is out of bounds for axis 0 with size {n0}")
+            r0, r1, sel = i, i + 1, 0
+        per_row = t.n_bytes // n0 if n0 else 0
+        if one_d:
+            if rows is not None and not dequantize and info.numpy_dtype is None:
+                raise LayoutError("the raw bytes of a 1-D quantized tensor have no element rows; read it "
+                                  "whole or dequantize", path=self.path, offset=t.offset, key=t.name)
+            data = reader.read(t.offset, t.n_bytes)
+        else:
+            data = reader.read(t.offset + r0 * per_row, (r1 - r0) * per_row)
+        sub = (r1 - r0, *shape[1:]) if not one_d else shape
+        if info.numpy_dtype is not None:
+            arr = np.frombuffer(data, dtype=info.numpy_dtype).reshape(sub)
+            return arr if sel is None else arr[sel]
+        row_bytes = shape[-1] // info.block_size * info.type_size
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(*sub[:-1], row_bytes)
+        if not dequantize:
+            return raw if sel is None else raw[sel]
+        out = _dequantize(raw, t, self.path)
+        return out if sel is None else out[sel]
+
     # -- lifetime
     def close(self) -> None:
-        """Close the memory map (arrays still viewing it keep it alive until they are freed)."""
+        """Close the memory map (arrays still viewing it keep it alive until they are freed), or the
+        connections of a file read through a :class:`ByteReader` that has a ``close()``."""
+        closer = getattr(self._src.reader, "close", None)
+        if closer is not None:
+            closer()
         mm = self._src.mm
         if isinstance(mm, mmap.mmap):
             try:
@@ -427,7 +527,17 @@ class _Parser:
         self.src = src
         self.buf = src.mm
         self.size = src.size
+        self.avail = src.avail  # bytes of the buffer present (== size for a memory-mapped file)
         self.path = src.path
+        # progress, read only when the buffer ends before the header does (see _more)
+        self.kv_left = 0
+        self.n_tensors = 0
+        self.ti_done = 0
+        self.ti_bytes = 0
+        self.strings: tuple[int, int, int, int] | None = None  # (start, n, i, pos) of a string array walk
+        self.key: str | None = None  # the key being read and the offset of its pair
+        self.key_at = -1
+        self.pairs: dict[str, KeyValue] = {}
 
     # -- errors and primitive reads
     def fail(self, message: str, offset: int, key: str | None = None, expected: Any = None,
@@ -435,9 +545,23 @@ class _Parser:
         raise cls(message, path=self.path, offset=offset, key=key, expected=expected, actual=actual)
 
     def need(self, pos: int, n: int, what: str, key: str | None = None) -> None:
-        if pos + n > self.size:
-            self.fail(f"file ends inside {what}", pos, key, expected=f"{n} bytes",
-                      actual=f"{max(0, self.size - pos)} bytes left")
+        if pos + n > self.avail:
+            if pos + n > self.size:
+                self.fail(f"file ends inside {what}", pos, key, expected=f"{n} bytes",
+                          actual=f"{max(0, self.size - pos)} bytes left")
+            self.more(pos + n)
+
+    def more(self, end: int) -> NoReturn:
+        """The header continues past the bytes present: say how far it certainly and probably goes."""
+        est = end
+        if self.strings is not None:  # inside a string array: the rest at the mean element size so far
+            start, n, i, pos = self.strings
+            est += int((n - i) * ((pos - start) / i if i else 16))
+        est += 16 * self.kv_left  # each remaining pair: a short key and a small value (at least 13 bytes)
+        left = self.n_tensors - self.ti_done
+        t_est = int(left * (self.ti_bytes / self.ti_done if self.ti_done else 80))
+        raise NeedMoreBytes(end, max(end, est + t_est), self.key, self.key_at,
+                            None if self.strings is None else self.strings[1], t_est, self.pairs)
 
     def read_string(self, pos: int, what: str, key: str | None = None) -> tuple[str, int]:
         self.need(pos, 8, f"the length of {what}", key)
@@ -446,6 +570,11 @@ class _Parser:
         if n > left:
             self.fail(f"length of {what} runs past the end of the file", pos, key,
                       expected=f"<= {left} bytes", actual=n)
+        if n > GGUF_MAX_STRING_LENGTH:
+            self.fail(f"string length {n} exceeds maximum {GGUF_MAX_STRING_LENGTH} ({what}; llama.cpp refuses it)",
+                      pos, key, expected=f"<= {GGUF_MAX_STRING_LENGTH} bytes", actual=n)
+        if pos + 8 + n > self.avail:
+            self.more(pos + 8 + n)
         raw = self.buf[pos + 8:pos + 8 + n]
         try:
             s = raw.decode("utf-8")
@@ -518,20 +647,31 @@ class _Parser:
                 pos += 8 + unpack(buf, pos)[0]
         except (struct.error, OverflowError):
             self.string_array_error(start, n, key)
-        if pos > self.size:
+        if pos > self.avail:
             self.string_array_error(start, n, key)
-        return np.frombuffer(offs, dtype=np.int64), pos
+        table = np.frombuffer(offs, dtype=np.int64)
+        if n and pos - start > GGUF_MAX_STRING_LENGTH:  # only then can an element be that long
+            lengths = np.diff(np.append(table, pos)) - 8
+            i = int(np.argmax(lengths))
+            if lengths[i] > GGUF_MAX_STRING_LENGTH:
+                self.fail(f"string length {int(lengths[i])} exceeds maximum {GGUF_MAX_STRING_LENGTH} (string {i} "
+                          "of the array; llama.cpp refuses it)", int(table[i]), key,
+                          expected=f"<= {GGUF_MAX_STRING_LENGTH} bytes", actual=int(lengths[i]))
+        return table, pos
 
     def string_array_error(self, start: int, n: int, key: str) -> NoReturn:
         """Slow second walk of a bad string array that names the first bad element."""
         pos, end = start, self.size
         for i in range(n):
+            self.strings = (start, n, i, pos)
             self.need(pos, 8, f"the length of string {i} of the array", key)
             ln = _U64.unpack_from(self.buf, pos)[0]
             if ln > end - pos - 8:
                 self.fail(f"string {i} of the array runs past the end of the file", pos, key,
                           expected=f"<= {end - pos - 8} bytes", actual=ln)
             pos += 8 + ln
+            if pos > self.avail:
+                self.more(pos)
         raise AssertionError("string_array_error called on a valid array")  # pragma: no cover
 
     # -- the header
@@ -561,10 +701,17 @@ class _Parser:
             self.fail("tensor count exceeds what the file can hold", 8, "GGUF.tensor_count",
                       expected=f"<= {(size - pos) // 24}", actual=n_tensors)
 
+        self.n_tensors = n_tensors
         kv: dict[str, KeyValue] = {}
+        self.pairs = kv
         for i in range(n_kv):
+            self.kv_left = n_kv - i - 1
             start = pos
             key, pos = self.read_string(pos, f"key {i}")
+            self.key, self.key_at, self.strings = key, start, None
+            if not key:
+                self.fail(f"key {i} is empty", start, "", expected="a non-empty key (llama.cpp refuses an empty one)",
+                          actual="''")
             self.need(pos, 4, "a value type", key)
             vtype = _U32.unpack_from(self.buf, pos)[0]
             pos += 4
@@ -572,7 +719,7 @@ class _Parser:
                 self.fail("unknown value type", pos - 4, key, expected="0..12", actual=vtype)
             value, pos = self.read_value(pos, vtype, key)
             if key in kv:
-                self.fail("duplicate key", start, key, expected="each key once",
+                self.fail(f"duplicate key '{key}' for KV pair {i}", start, key, expected="each key once",
                           actual=f"also at offset {kv[key].offset}")
             kv[key] = KeyValue(key, vtype, VALUE_TYPE_NAMES[vtype], start, value)
 
@@ -587,16 +734,19 @@ class _Parser:
                 self.fail("general.alignment must be a non-zero power of two", a_kv.offset, a_kv.key,
                           expected="a power of two", actual=alignment)
 
+        self.kv_left, self.key, self.strings = 0, None, None
         raw_tensors: list[tuple[str, tuple[int, ...], int, int, int, int]] = []
         append = raw_tensors.append
         buf, u64, u32, tails = self.buf, _U64.unpack_from, _U32.unpack_from, _TENSOR_TAIL
+        size = self.avail  # the fast path's bounds: the bytes present (the whole file when mapped)
+        ti_start = pos
         for i in range(n_tensors):
             # fast path, every bound checked; anything odd goes to tensor_info_error, which re-reads
             # the record slowly and raises the precise error
             start = pos
             if pos + 8 <= size:
                 end = pos + 8 + u64(buf, pos)[0]
-                if end + 4 <= size:
+                if end + 4 <= size and end - pos - 8 < GGML_MAX_NAME:
                     try:
                         name = buf[pos + 8:end].decode("utf-8")
                     except UnicodeDecodeError:
@@ -610,18 +760,25 @@ class _Parser:
                                 append((name, vals[:n_dims], vals[n_dims], vals[n_dims + 1], start, end + 4))
                                 pos = end + 4 + tail.size
                                 continue
+            self.ti_done, self.ti_bytes = i, start - ti_start
             self.tensor_info_error(start, i)
         header_end = pos
         data_offset = -(-pos // alignment) * alignment
 
         tensors = self.build_tensors(raw_tensors, data_offset, alignment)
         by_name = {t.name: t for t in tensors}
-        return GGUFFile(self.path, size, version, alignment, data_offset, header_end,
+        return GGUFFile(self.path, self.size, version, alignment, data_offset, header_end,
                         MappingProxyType(kv), tensors, self.src, MappingProxyType(by_name))
 
     def tensor_info_error(self, pos: int, i: int) -> NoReturn:
         """Re-read tensor info ``i`` at ``pos`` with every check spelled out; raises the first failure."""
+        start = pos
         name, pos = self.read_string(pos, f"the name of tensor {i}")
+        n = pos - start - 8
+        if n >= GGML_MAX_NAME:
+            self.fail(f"tensor name {i} is too long: {n} >= {GGML_MAX_NAME}", start, name,
+                      expected=f"< {GGML_MAX_NAME} bytes (GGML_MAX_NAME; llama.cpp refuses longer names)",
+                      actual=f"{n} bytes")
         self.need(pos, 4, "a tensor's n_dims", name)
         n_dims = _U32.unpack_from(self.buf, pos)[0]
         if n_dims > GGML_MAX_DIMS:
@@ -686,11 +843,13 @@ class _Parser:
         return tuple(out)
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFFile:
     """Open a GGUF file: map it, walk and validate the whole header, read no tensor data.
 
     Args:
         path: the file.
+        name: what errors and :attr:`GGUFFile.path` call the file (default ``path``; e.g. the URL a
+            downloaded copy came from).
 
     Returns:
         A :class:`GGUFFile`; its arrays and tensor data are read lazily from the memory map.
@@ -698,7 +857,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     Raises:
         GGUFFormatError: bad magic, truncation, impossible counts or lengths, unknown value types, bad
             ``general.alignment``, duplicate keys or tensor names, zero-sized or oversized dimensions,
-            invalid UTF-8 in keys or tensor names.
+            invalid UTF-8 in keys or tensor names; and what llama.cpp's GGUF parser refuses
+            (ggml/src/gguf.cpp), worded as it words it: an empty key ("key 3 is empty"), a string longer
+            than 1 GiB, a tensor name of 64 bytes or more ("tensor name 5 is too long: 70 >= 64").
         UnsupportedFileError: big-endian files, GGUF versions other than 2 and 3.
         TensorDataError: tensor data misaligned, outside the file, or overlapping another tensor.
         OSError: the file cannot be opened.
@@ -711,7 +872,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             mm: mmap.mmap | bytes = b""
         else:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    src = _Source(p, mm, size)
+    src = _Source(p if name is None else name, mm, size)
     try:
         return _Parser(src).parse()
     except Exception:
@@ -721,3 +882,105 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             except BufferError:
                 pass
         raise
+
+
+#: First read of a header through a :class:`ByteReader` (a small request: most of a drafter-only or
+#: tokenizer-less header, the start of a tokenizer's token list otherwise).
+FIRST_READ_BYTES = 256 * 1024
+#: Read past the walk's estimate of the header end, so that a small misestimate costs no extra read.
+READ_AHEAD_BYTES = 128 * 1024
+#: Cap on the extra margin given to the estimated (not yet walked) part of the header.
+READ_AHEAD_MAX = 512 * 1024
+
+
+def _hinted_end(e: NeedMoreBytes, buf: bytes | bytearray, hints: Iterable[GGUFFile]) -> int | None:
+    """Where the header ends if its metadata goes on as in a known file (see :func:`open_gguf_reader`).
+
+    A hint applies when it has the key being read, with an array of the same length if one is being
+    walked, the same values for the scalar keys of that key's group read so far (``tokenizer.ggml.model``
+    for ``tokenizer.ggml.tokens``), and byte-identical bytes for the part of the pair already read (at
+    least 4 KiB of it). The prediction is this pair's offset + the rest of the known file's metadata
+    section from the same key on + the estimated tensor-info table.
+    """
+    if e.key is None or e.key_offset < 0:
+        return None
+    group = e.key.rsplit(".", 1)[0] + "."
+    n = min(len(buf) - e.key_offset, 1 << 20)
+    if n < 4096:
+        return None
+    for h in hints:
+        kv = h.kv.get(e.key)
+        if kv is None:
+            continue
+        if e.array_length is not None and not (isinstance(kv.value, ArrayValue) and kv.value.length == e.array_length):
+            continue
+        same = all(h.kv[k].value == p.value for k, p in e.pairs.items()
+                   if k.startswith(group) and k in h.kv and not isinstance(p.value, ArrayValue))
+        if not same or bytes(h._src.mm[kv.offset:kv.offset + n]) != bytes(buf[e.key_offset:e.key_offset + n]):
+            continue
+        kv_end = h.tensors[0].info_offset if h.tensors else h.header_end
+        return e.key_offset + (kv_end - kv.offset) + e.tensors_estimate
+    return None
+
+
+def open_gguf_reader(name: str, reader: ByteReader, size: int, *, first: bytes = b"",
+                     first_bytes: int = FIRST_READ_BYTES, max_header_bytes: int | None = None,
+                     layout_hints: Iterable[GGUFFile] = ()) -> GGUFFile:
+    """Open a GGUF whose bytes come from ``reader`` (e.g. HTTP range requests): read only the header.
+
+    The walk is the same as :func:`open_gguf`'s (same checks, same records); it runs on the bytes read
+    so far and, when they end before the header does, says where it must and probably will end
+    (:class:`NeedMoreBytes`). Each further read goes from the end of the bytes present to that estimate
+    plus :data:`READ_AHEAD_BYTES` and an eighth of the estimated part (at most :data:`READ_AHEAD_MAX`),
+    so a header is read in a few requests and little past its end. Tensor data is read later, only
+    for the rows :meth:`GGUFFile.tensor_data` is asked for.
+
+    Args:
+        name: what errors and ``.path`` call the file (a URL).
+        reader: the byte source.
+        size: the file's size in bytes.
+        first: bytes ``[0, len(first))`` already read (e.g. with the request that learned ``size``).
+        first_bytes: size of the first read when ``first`` is empty.
+        max_header_bytes: refuse a header that needs more bytes than this (None: no cap).
+        layout_hints: local GGUF files whose metadata the remote one may repeat. Every Gemma 4 GGUF
+            carries the same 15.8 MB tokenizer (the token list, scores, types and 514906 merges); string
+            arrays can only be sized by walking them, so without a hint each array met is one more read
+            (5 for such a header), with the cached tokenizer GGUF as a hint 2 (see :func:`_hinted_end`).
+            A hint only sizes the reads; what is parsed is always the remote bytes.
+
+    Returns:
+        A :class:`GGUFFile` whose metadata and tensor-info records are in memory.
+
+    Raises:
+        GGUFFormatError / UnsupportedFileError / TensorDataError: as :func:`open_gguf`.
+        GGUFFormatError: the header needs more than ``max_header_bytes`` bytes.
+        InspectorError: whatever ``reader.read`` raises.
+    """
+    hints = tuple(layout_hints)
+    buf = bytearray(first)
+    if not buf and size:
+        want = min(size, first_bytes if max_header_bytes is None else min(first_bytes, max_header_bytes))
+        buf += reader.read(0, want)
+    while True:
+        src = _Source(name, bytes(buf), size, avail=len(buf), reader=reader)
+        try:
+            return _Parser(src).parse()
+        except NeedMoreBytes as e:
+            have = len(buf)
+            if max_header_bytes is not None and e.needed_end > max_header_bytes:
+                raise GGUFFormatError("the header is larger than the cap", path=name, offset=have,
+                                      expected=f"<= {max_header_bytes} bytes",
+                                      actual=f"at least {e.needed_end} bytes") from None
+            est = e.estimated_end
+            if hints:
+                est = max(e.needed_end, _hinted_end(e, buf, hints) or est)
+            margin = READ_AHEAD_BYTES + min(READ_AHEAD_MAX, (est - e.needed_end) // 8)
+            end = min(size, est + margin)
+            if max_header_bytes is not None:
+                end = min(end, max_header_bytes)
+            end = max(end, e.needed_end)
+            buf += reader.read(have, end - have)
+            if len(buf) < end:
+                raise GGUFFormatError("the source returned fewer bytes than asked", path=name, offset=len(buf),
+                                      expected=f"{end - have} bytes from offset {have}",
+                                      actual=f"{len(buf) - have} bytes")

@@ -15,8 +15,14 @@ from typing import Any
 
 from mtpscope.errors import LayoutError
 from mtpscope.inspector import layouts as L
-from mtpscope.inspector.checks import key_value, tensor_map
-from mtpscope.inspector.findings import Verdict
+from mtpscope.inspector.checks import check_shared_kv, key_value, tensor_map
+from mtpscope.inspector.findings import (
+    OUTCOME_ABORTS_CONTEXT,
+    OUTCOME_ABORTS_DECODE,
+    OUTCOME_ABORTS_DRAFT,
+    OUTCOME_ABORTS_LOAD,
+    Verdict,
+)
 
 RUNTIME_UPSTREAM = "llama.cpp (llama-cpp-python 0.3.36)"
 RUNTIME_FORK = "fork (atomic-llama-cpp-turboquant)"
@@ -129,6 +135,53 @@ def _read_for_load(f: Any, arch: str, runtime: str, basis: str) -> tuple[L.HPara
         return None, Verdict(runtime, False, (_layout_reason(e),), basis)
 
 
+#: llama.cpp's own messages for the aborts below (ggml/src/ggml-cpu/binary-ops.cpp, ggml/src/ggml.c,
+#: src/llama-kv-cache.cpp), as a child process running the real runtime prints them
+MSG_BINARY_OP = "binary_op: unsupported types: dst: f32, src0: f32, src1: {t}"
+MSG_ROPE_FREQS = "GGML_ASSERT(c->type == GGML_TYPE_F32) failed"
+MSG_SHARED_KV = "GGML_ASSERT(map_layer_ids.find(il_reuse) != map_layer_ids.end()) failed"
+_ABORT_NOTE = " (abort rules observed with upstream llama.cpp's CPU backend; the fork shares those ggml ops)"
+
+
+def aborts(f: Any, hp: L.HParams, runtime: str, basis: str) -> Verdict | None:
+    """For a file the runtime loads: the abort it meets after that, if any (checked against the real
+    llama.cpp in a child process, tests/test_runtime_verdicts.py).
+
+    * ``rope_freqs.weight`` not F32: ``ggml_rope_ext`` asserts F32 frequency factors while the model
+      loads (its weights' ops are built then) -> outcome "aborts while loading", ``loads`` False.
+    * another 1-D weight (norms, ``layer_output_scale``) in F16 / BF16: the CPU ``binary_op`` has no f32 x
+      f16 kernel -> "aborts at first draft" (a drafter) / "aborts at first decode" (a target).
+    * a target whose shared-KV layers reuse a layer of the other type: "aborts creating a context".
+    """
+    dialect = L.dialect_of(f.architecture)
+    try:
+        layout = L.expected_layout(hp)
+    except LayoutError:
+        return None
+    vectors = {e.name for e in layout if e.ggml_types == L.VECTOR_TYPES}
+    tmap, _ = tensor_map(f)
+    rope = tmap.get("rope_freqs.weight")
+    if rope is not None and rope.type_name != "F32":
+        return Verdict(runtime, False, (f"rope_freqs.weight is {rope.type_name}: {MSG_ROPE_FREQS} while loading "
+                                        "(the RoPE frequency factors must be F32)",), basis, OUTCOME_ABORTS_LOAD,
+                       MSG_ROPE_FREQS)
+    half = [tmap[n] for n in sorted(vectors) if n in tmap and tmap[n].type_name in ("F16", "BF16")]
+    if half:
+        t = half[0]
+        msg = MSG_BINARY_OP.format(t=t.type_name.lower())
+        outcome = OUTCOME_ABORTS_DECODE if dialect == "target" else OUTCOME_ABORTS_DRAFT
+        return Verdict(runtime, True, (f"{t.name} is {t.type_name} (and {len(half) - 1} more 1-D tensors): loads, then "
+                                       f"{msg}",) if len(half) > 1 else
+                       (f"{t.name} is {t.type_name}: loads, then {msg}",), basis, outcome, msg)
+    if dialect == "target":
+        found: list[Any] = []
+        check_shared_kv(f, hp, found.append)
+        if found:
+            return Verdict(runtime, True, (f"loads, then {MSG_SHARED_KV}: {found[0].message}",), basis,
+                           OUTCOME_ABORTS_CONTEXT, MSG_SHARED_KV)
+    return None
+
+
 def upstream_verdict(f: Any) -> Verdict:
     """Whether llama.cpp as vendored in llama-cpp-python 0.3.36 loads this file (rules, not a real load).
 
@@ -192,6 +245,9 @@ def upstream_verdict(f: Any) -> Verdict:
         reasons += _tensor_reasons(f, hp, layout, tmap)
     if reasons:
         return Verdict(RUNTIME_UPSTREAM, False, _capped(reasons), _BASIS_UPSTREAM)
+    aborted = aborts(f, hp, RUNTIME_UPSTREAM, _BASIS_UPSTREAM)
+    if aborted is not None:
+        return aborted
     return Verdict(RUNTIME_UPSTREAM, True, (f"loads: a valid {arch} file for this runtime",), _BASIS_UPSTREAM)
 
 
@@ -240,6 +296,9 @@ def fork_verdict(f: Any) -> Verdict:
         reasons += _tensor_reasons(f, hp, L.expected_target_layout(hp), tmap)
     if reasons:
         return Verdict(RUNTIME_FORK, False, _capped(reasons), _BASIS_FORK)
+    aborted = aborts(f, hp, RUNTIME_FORK, _BASIS_FORK + _ABORT_NOTE)
+    if aborted is not None:
+        return aborted
     return Verdict(RUNTIME_FORK, True, (f"loads: a valid {arch} file for the fork",), _BASIS_FORK)
 
 
@@ -248,5 +307,5 @@ def loadability(f: Any) -> tuple[Verdict, ...]:
     return (upstream_verdict(f), fork_verdict(f))
 
 
-__all__ = ["KNOWN_ARCHES_UPSTREAM", "MAX_REASONS", "RUNTIMES", "RUNTIME_FORK", "RUNTIME_UPSTREAM", "fork_verdict",
-           "loadability", "upstream_verdict"]
+__all__ = ["KNOWN_ARCHES_UPSTREAM", "MAX_REASONS", "RUNTIMES", "RUNTIME_FORK", "RUNTIME_UPSTREAM", "aborts",
+           "fork_verdict", "loadability", "upstream_verdict"]

@@ -59,9 +59,11 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     donors_hf = {"sliding": thp.last_layer_of(True), "full": thp.last_layer_of(False)}
     for kind, il in donors.items():
         if il is not None and thp.layers[il].sliding != (kind == "sliding"):
-            add(finding(WARNING, "W_PAIR_KV_DONOR", f"blk.{il}", kind, "sliding" if thp.layers[il].sliding else "full",
+            add(finding(ERROR, "E_PAIR_KV_DONOR", f"blk.{il}", kind, "sliding" if thp.layers[il].sliding else "full",
                    f"llama.cpp takes {kind} K/V from target layer {il}, which is a "
-                   f"{'sliding' if thp.layers[il].sliding else 'full'} layer; HF uses layer {donors_hf[kind]}"))
+                   f"{'sliding' if thp.layers[il].sliding else 'full'} layer; HF uses layer {donors_hf[kind]} "
+                   "(llama.cpp runs and the drafter silently reads another layer's cache: a donor missing from "
+                   "the target's cache of that type resolves to that cache's first layer)"))
     add(finding(INFO, "I_PAIR_KV_DONORS", "", None, {"llama.cpp": donors, "hf": donors_hf},
            f"K/V donors: sliding ← target layer {donors['sliding']}, full ← target layer {donors['full']} "
            f"(HF: {donors_hf['sliding']}, {donors_hf['full']})"))
@@ -80,11 +82,15 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
                 key = "attention.key_length_swa" if sliding else "attention.key_length"
                 add(finding(ERROR, "E_PAIR_HEAD_DIM", f"{hp.arch}.{key}", t_ly.head_dim, ly.head_dim,
                        f"drafter {kind} head dim {ly.head_dim} != target {t_ly.head_dim}"))
-    for key, code in (("attention.sliding_window", "W_PAIR_WINDOW"), ("rope.freq_base", "W_PAIR_ROPE"),
-                      ("rope.freq_base_swa", "W_PAIR_ROPE")):
+    # a different window: llama.cpp masks with the drafter's own window, as HF does (kept a warning);
+    # different rope bases: the drafter's queries and the target's cached keys are rotated differently,
+    # llama.cpp runs and drafts change (checked: tests/test_runtime_verdicts.py)
+    for key, code, sev in (("attention.sliding_window", "W_PAIR_WINDOW", WARNING),
+                           ("rope.freq_base", "E_PAIR_ROPE", ERROR), ("rope.freq_base_swa", "E_PAIR_ROPE", ERROR)):
         a, b = key_value(drafter, f"{hp.arch}.{key}"), key_value(target, f"gemma4.{key}")
         if a is not None and b is not None and a != b:
-            add(finding(WARNING, code, f"{hp.arch}.{key}", b, a, f"{key}: drafter {a}, target {b}"))
+            why = "" if sev == WARNING else "; queries and the target's cached keys are rotated differently"
+            add(finding(sev, code, f"{hp.arch}.{key}", b, a, f"{key}: drafter {a}, target {b}{why}"))
     ok = not any(x.severity == ERROR for x in fs)
     return Pairing(tpath, ok, tuple(fs), donors, donors_hf)
 

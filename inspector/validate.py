@@ -30,7 +30,7 @@ from typing import Any
 from mtpscope.inspector import layouts as L
 from mtpscope.inspector.checks import check_file
 from mtpscope.inspector.findings import (
-    CODES, ERROR, INFO, SEVERITY_ORDER, WARNING, Finding, Pairing, Report, Verdict, finding,
+    CODES, ERROR, INFO, RUNTIME_CRASH_CODES, SEVERITY_ORDER, WARNING, Finding, Pairing, Report, Verdict, finding,
 )
 from mtpscope.inspector.loadability import (
     RUNTIME_FORK, RUNTIME_UPSTREAM, RUNTIMES, fork_verdict, loadability, upstream_verdict,
@@ -92,6 +92,6 @@ def verify(path: Any, target: Any = None, hf_dir: Any = None) -> Report:
 
 
 __all__ = [
-    "CODES", "ERROR", "INFO", "RUNTIMES", "RUNTIME_FORK", "RUNTIME_UPSTREAM", "WARNING", "Finding", "Pairing",
+    "CODES", "ERROR", "INFO", "RUNTIMES", "RUNTIME_CRASH_CODES", "RUNTIME_FORK", "RUNTIME_UPSTREAM", "WARNING", "Finding", "Pairing",
     "Report", "Verdict", "check_file", "check_pairing", "fork_verdict", "loadability", "upstream_verdict", "verify",
 ]

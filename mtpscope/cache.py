@@ -133,3 +133,13 @@ def _download_sdist(into: Path) -> Path:
         raise MtpscopeError(f"pip download of the llama-cpp-python sdist failed: {proc.stderr.strip()[-500:]}",
                             key="llama-cpp-python==" + LLAMA_CPP_PYTHON_VERSION)
     return found[0]
+
+
+def layout_hints() -> tuple[str, ...]:
+    """Local GGUFs whose metadata remote Gemma 4 headers repeat: the cached tokenizer when it is there
+    (never fetched for this). Reads of a remote header are sized from it
+    (:func:`mtpscope.inspector.gguf.open_gguf_reader`); used by the CLI and the app."""
+    try:
+        return (str(vocab_path(fetch=False)),)
+    except (MtpscopeError, OSError):
+        return ()

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import typer
 
-from mtpscope import cli_app, cli_demo, cli_fidelity, cli_inspect, cli_record, cli_traces, cli_verify
+from mtpscope import (cli_app, cli_demo, cli_estimate, cli_explain, cli_fidelity, cli_inspect, cli_record,
+                      cli_sweep, cli_trace, cli_traces, cli_verify)
 
 app = typer.Typer(
     name="mtpscope",
@@ -42,7 +43,8 @@ def version() -> None:
         typer.echo(f"{dist} {v}")
 
 
-for _module in (cli_inspect, cli_verify, cli_traces, cli_record, cli_demo, cli_fidelity, cli_app):
+for _module in (cli_inspect, cli_verify, cli_traces, cli_trace, cli_record, cli_demo, cli_fidelity, cli_app,
+                cli_explain, cli_sweep, cli_estimate):
     _module.register(app)
 
 

@@ -69,34 +69,83 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(res.summary(), indent=2))
             return
-        _print_replay(res)
+        from mtpscope.traces.explain_report import token_label
+        from mtpscope.traces.vocab import trace_vocab
+
+        try:  # token text next to ids; ids alone when no vocabulary reads
+            vocab = trace_vocab(json.loads((Path(trace) / "manifest.json").read_text()), target)
+        except Exception:  # noqa: BLE001 - the text is a convenience, never a reason to fail
+            vocab = None
+        typer.echo(format_replay(res.summary(), res.disagreements(), token_label(vocab) if vocab else None))
 
 
-def _print_replay(res: object) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+#: Steps listed where the variants disagree; characters of token text shown per token.
+MAX_DISAGREEMENTS, TOKEN_CHARS = 20, 24
+_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
+AGREEMENT_WORDS = ("agreement = share of the recorded draft steps where the variant drafts the same token as "
+                   "the recording (1.0000: identical drafts)")
 
-    s = res.summary()  # type: ignore[attr-defined]
-    con = Console()
-    t = Table(title=f"replay of {s['trace']} ({s['n_rounds']} rounds, {s['n_steps']} steps)")
-    for col in ("variant", "options", "acceptance rate", "mean acceptance length", "agreement"):
-        t.add_column(col, overflow="fold")
+
+def _token(t: object, label) -> str:
+    """``1651 “ seven”``: the id, then its text (cut to TOKEN_CHARS) when a vocabulary is there."""
+    try:
+        i = int(t)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "?"
+    if i < 0:
+        return "? (unknown)"
+    if label is None:
+        return str(i)
+    text = "".join(_VISIBLE.get(c, c) for c in label(i))
+    return f"{i} “{text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS - 1] + '…'}”"
+
+
+def format_replay(s: dict, dis, label=None) -> str:
+    """A replay summary (``ReplayResult.summary()``) and its disagreeing steps (``disagreements()``) as
+    plain text for a terminal: a rate table, what agreement means, the variants this trace cannot tell
+    apart, then one block per disagreeing step with token ids and their text (``label``: id -> text);
+    every line is a few words, so nothing splits an id at 80 columns."""
+    from mtpscope.traces.wording import plural
+
+    lines = [f"replay of {s['trace']}: {plural(s['n_rounds'], 'round')}, {plural(s['n_steps'], 'step')}", ""]
+    names = ["recorded", *s["variants"]]
+    w = max(len(n) for n in names)
+    lines.append(f"{'variant':<{w}}  acceptance rate  mean acceptance length  agreement")
     rec = s["recorded"]
-    t.add_row("recorded", "-", f"{rec['acceptance_rate']:.4f}", f"{rec['mean_acceptance_length']:.3f}", "-")
+
+    def num(v, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    lines.append(f"{'recorded':<{w}}  {num(rec['acceptance_rate'], '.4f'):>15}  "
+                 f"{num(rec['mean_acceptance_length'], '.3f'):>22}  {'-':>9}")
     for name, v in s["variants"].items():
-        t.add_row(escape(name), escape(v["options"]), f"{v['acceptance_rate']:.4f}", f"{v['mean_acceptance_length']:.3f}",
-                  f"{v['agreement']:.4f}")
-    con.print(t)
-    dis = res.disagreements(limit=20)  # type: ignore[attr-defined]
-    if len(dis):
-        d = Table(title="steps where variants disagree (first 20)")
-        for col in dis.columns:  # "draft[head=centroid]": escape, or rich reads [..] as markup
-            d.add_column(escape(str(col)), overflow="fold")
-        for row in dis.itertuples(index=False):
-            d.add_row(*[escape(str(x)) for x in row])
-        con.print(d)
+        lines.append(f"{name:<{w}}  {num(v['acceptance_rate'], '.4f'):>15}  {num(v['mean_acceptance_length'], '.3f'):>22}"
+                     f"  {num(v['agreement'], '.4f'):>9}")
+    opts = [(n, v["options"]) for n, v in s["variants"].items() if v["options"] not in ("-", n)]
+    for n, o in opts:
+        lines.append(f"  {n}: {o}")
+    lines += ["", *_wrap(AGREEMENT_WORDS)]
+    for a, b in s.get("indistinguishable") or []:
+        lines += _wrap(f"note: this trace cannot tell {b} from {a}: both draft the same token at every one of "
+                       f"the {plural(s['n_steps'], 'replayed step')}")
+    if dis is not None and len(dis):
+        cols = [c for c in dis.columns if c.startswith("draft[")]
+        lines += ["", f"steps where the variants disagree (first {min(len(dis), MAX_DISAGREEMENTS)} of {len(dis)}):"]
+        for r in dis.head(MAX_DISAGREEMENTS).to_dict(orient="records"):
+            truth = r.get("truth")
+            lines.append(f"prompt {r['prompt_id']} · round {r['round']} · k={r['k']} · target {_token(truth, label)}")
+            for name, col in (("recorded", "recorded"), *((c[len('draft['):-1], c) for c in cols)):
+                mark = "✓" if r.get(col) == truth and truth is not None and int(truth) >= 0 else " "
+                lines.append(f"  {mark} {name:<{w}}  {_token(r.get(col), label)}")
     for note in s.get("notes") or []:
-        con.print(f"note: {escape(note)}")
+        lines += _wrap(f"note: {note}")
     if s.get("out"):
-        con.print(f"wrote {s['out']}")
+        lines.append(f"wrote {s['out']}")
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int = 80) -> list[str]:
+    """A sentence on lines of at most ``width`` columns, broken between words only."""
+    import textwrap
+
+    return textwrap.wrap(text, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)

@@ -18,6 +18,14 @@ from typing import Annotated, Any
 import typer
 
 from mtpscope.cli_common import one_line_errors
+from mtpscope.cli_sources import (
+    DEFAULT_MAX_HEADER_MIB,
+    DEFAULT_TIMEOUT_S,
+    AllowFullDownload,
+    MaxHeaderMiB,
+    Timeout,
+    open_source,
+)
 
 ARRAY_INLINE_MAX = 64
 """Arrays longer than this are summarised (type, length, first elements) unless ``--full``."""
@@ -68,24 +76,30 @@ def _totals_dict(totals: Any) -> dict[str, Any]:
                 "n_unknown_size": t.n_unknown_size} for k, t in totals.items()}
 
 
-def inspect_report(path: str | Path, full: bool = False, pattern: str | None = None) -> dict[str, Any]:
+def inspect_report(path: str | Path | Any, full: bool = False, pattern: str | None = None) -> dict[str, Any]:
     """The JSON-able report of ``mtpscope inspect``.
 
     Keys: ``path``, ``file_size``, ``gguf_version``, ``alignment``, ``data_offset``, ``architecture``,
     ``dialect`` {kind, arch, evidence, pattern}, ``metadata`` {key: value} (see :func:`metadata_value`),
     ``metadata_types`` {key: type}, ``shape_order`` ("ne"), ``filter``, ``n_tensors``, ``n_bytes``,
     ``tensors`` [{name, ggml_type, ggml_type_id, shape (ne order), n_elements, n_bytes, bits_per_weight,
-    offset (absolute bytes), component, layer}], ``by_component``, ``by_type`` (over the listed tensors).
+    offset (absolute bytes), component, layer}], ``by_component``, ``by_type`` (over the listed tensors);
+    for a split model ``shards`` [paths] and each tensor's ``shard`` (0-based; ``offset`` is within it);
+    for a URL ``remote`` {requests, bytes} (what reading the header cost).
+
+    ``path`` may also be an already open file (``GGUFFile`` / ``ShardedGGUF``, see
+    :func:`mtpscope.cli_sources.open_source`).
 
     Raises:
         InspectorError: the file is not a readable GGUF (see :func:`inspector.gguf.open_gguf`).
         OSError: the file cannot be opened.
     """
-    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.cli_sources import open_source, remote_summary
     from mtpscope.inspector.inventory import COMPONENTS, build_inventory, totals
 
-    f = open_gguf(path)
+    f = path if hasattr(path, "tensors") else open_source(str(path))
     inv = build_inventory(f)
+    shards = getattr(f, "shards", None)
     entries = list(inv.filter(pattern)) if pattern else list(inv.entries)
     by_comp: dict[str, list[Any]] = {}
     by_type: dict[str, list[Any]] = {}
@@ -95,7 +109,7 @@ def inspect_report(path: str | Path, full: bool = False, pattern: str | None = N
     comp_totals = {c: totals(by_comp[c]) for c in COMPONENTS if c in by_comp}
     type_totals = dict(sorted(((k, totals(v)) for k, v in by_type.items()),
                               key=lambda kv: (-kv[1].n_bytes, kv[0])))
-    return {
+    rep: dict[str, Any] = {
         "path": f.path,
         "file_size": f.file_size,
         "gguf_version": f.version,
@@ -120,6 +134,14 @@ def inspect_report(path: str | Path, full: bool = False, pattern: str | None = N
         "by_component": _totals_dict(comp_totals),
         "by_type": _totals_dict(type_totals),
     }
+    if shards:
+        rep["shards"] = [s.path for s in shards]
+        for row in rep["tensors"]:
+            row["shard"] = f.shard_of(row["name"])
+    remote = remote_summary(f)
+    if remote is not None:
+        rep["remote"] = remote
+    return rep
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -161,6 +183,9 @@ def format_text(rep: dict[str, Any], full: bool = False) -> str:
     out = [f"{rep['path']}",
            f"GGUF v{rep['gguf_version']}  {_human_bytes(rep['file_size'])}  alignment {rep['alignment']}"
            f"  data offset {rep['data_offset']}",
+           *([f"split model: {len(rep['shards'])} shards"] if rep.get("shards") else []),
+           *([f"read over HTTP: {rep['remote']['requests']} requests, {_human_bytes(rep['remote']['bytes'])}"]
+             if rep.get("remote") else []),
            f"architecture: {rep['architecture']}   dialect: {d['kind']}"
            + (f" (pattern {d['pattern']})" if d["pattern"] else ""),
            *(f"  evidence: {e}" for e in d["evidence"]),
@@ -215,12 +240,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("inspect")
     def inspect(
-        path: Annotated[Path, typer.Argument(help="A GGUF file.")],
+        path: Annotated[str, typer.Argument(help="A GGUF file, any shard of a split model, or an https:// or "
+                                                 "hf://ORG/REPO/[REVISION/]FILE.gguf URL (header only).")],
         as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
         markdown: Annotated[bool, typer.Option("--markdown", help="Markdown tables.")] = False,
         pattern: Annotated[str | None, typer.Option("--filter", metavar="GLOB",
                                                     help="Only tensors whose name matches (e.g. 'mtp.*').")] = None,
         full: Annotated[bool, typer.Option("--full", help="Print big arrays and long strings whole.")] = False,
+        allow_full_download: AllowFullDownload = False,
+        max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
+        timeout: Timeout = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Header, metadata and tensor inventory of a GGUF (no tensor data is read).
 
@@ -230,7 +259,8 @@ def register(app: typer.Typer) -> None:
             print("mtpscope: --json and --markdown exclude each other", file=sys.stderr)
             raise typer.Exit(2)
         with one_line_errors():
-            rep = inspect_report(path, full=full, pattern=pattern)
+            f = open_source(path, allow_full_download, max_header_mib, timeout)
+            rep = inspect_report(f, full=full, pattern=pattern)
         if as_json:
             sys.stdout.write(json.dumps(rep, ensure_ascii=False, allow_nan=False) + "\n")
         elif markdown:

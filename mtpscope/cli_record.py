@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Optional[Path] = typer.Option(
-            None, "--prompts", help="Prompts file: .jsonl (strings or {\"prompt\": ...}) or .txt (one per line)."),
+            None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
+                                    "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
         n_draft: int = typer.Option(
             3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
@@ -49,9 +50,29 @@ def register(app: typer.Typer) -> None:
         compact: bool = typer.Option(True, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+        hidden_target: bool = typer.Option(
+            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
+                                           "(h_target, for drafter drift in `mtpscope explain`)."),
+        baseline: bool = typer.Option(
+            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
+                                      "manifest (what-if speedups in `mtpscope explain`)."),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v",
+            help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
+                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace); no progress bar."),
+        no_preflight: bool = typer.Option(
+            False, "--no-preflight",
+            help="Skip the pre-flight check of the pair (for debugging a runtime crash on a pair it refuses)."),
+        isolate: bool = typer.Option(
+            True, "--isolate/--in-process",
+            help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
     ) -> None:
-        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory."""
-        from mtpscope.errors import LayoutError
+        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
+
+        A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
+        the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
+        """
+        from mtpscope.errors import LayoutError, RuntimeAbortedError
 
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
@@ -61,16 +82,23 @@ def register(app: typer.Typer) -> None:
         if hidden not in HIDDEN_CHOICES:
             print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        bar = _ProgressBar(max_tokens, prompts) if progress else None
-        # LayoutError: readable input that the pre-flight check refuses (exit 1); other errors exit 2
-        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError,)):
+        bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
+
+        def report_round(pid: int, res: Any) -> None:
+            print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+
+        on_round = report_round if verbose else (None if bar is None else bar.on_round)
+        # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
+        # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
+        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
             try:
                 s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
                            n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
                            top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
                            n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
                            overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
-                           on_round=None if bar is None else bar.on_round)
+                           on_round=on_round, isolate=isolate, preflight=not no_preflight, echo_log=verbose,
+                           hidden_target=hidden_target, baseline=baseline)
                 if bar is not None:
                     bar.finish()
             finally:
@@ -104,9 +132,9 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from mtpscope.traces.prompts import read_prompts
+        from mtpscope.traces.prompts import read_prompt_specs
 
-        n_prompts = 1 if self.prompts_file is None else len(read_prompts(self.prompts_file))
+        n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file))
         self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                             TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
                             console=Console(stderr=True))

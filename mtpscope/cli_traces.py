@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
 from mtpscope.cli_common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.traces.wording import plural, rolling_words, shorten, streaks_line
 
 MAX_PROMPT_ROWS = 20
+#: Characters of each prompt's text in the per-prompt table (the whole text is in ``--json``).
+PROMPT_TEXT_CHARS = 40
 MAX_BAD_LINES_SHOWN = 20
 
 
@@ -53,15 +56,14 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(f"first mismatch: {parts}; all accepted: {rep['n_all_accepted']}")
     z = rep["zero_acceptance_streaks"]
     if rep["n_rounds"]:
-        lines.append(f"zero-acceptance streaks: {z['n_streaks']} ({z['n_rounds_in_streaks']} rounds), "
-                     f"longest {z['longest']}")
+        lines.append(streaks_line(z))
         for s in z["top"][:3]:
             if s["length"] > 1:
                 lines.append(f"  prompt {s['prompt_id']} rounds {s['start_round']}..{s['end_round']} "
-                             f"({s['length']})")
+                             f"({plural(s['length'], 'round')})")
     if rep.get("rolling"):
         ro = rep["rolling"]
-        lines.append(f"rolling acceptance rate (window {ro['window']} rounds): min {_fmt(ro['min'], '.3f')}, "
+        lines.append(f"rolling acceptance rate ({rolling_words(ro)}): min {_fmt(ro['min'], '.3f')}, "
                      f"p10 {_fmt(ro['p10'], '.3f')}, median {_fmt(ro['median'], '.3f')}, "
                      f"p90 {_fmt(ro['p90'], '.3f')}, max {_fmt(ro['max'], '.3f')}")
     if rep.get("timing_ms"):
@@ -70,14 +72,15 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms")
     if rep.get("centroid_coverage"):
         c = rep["centroid_coverage"]
-        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of {c['n_steps']} steps "
+        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of {plural(c['n_steps'], 'step')} "
                      f"had the target token among the sparse head's candidates)")
     if rep["prompts"]:
         lines.append("")
-        lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length")
+        lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")
         for p in rep["prompts"][:MAX_PROMPT_ROWS]:
             lines.append(f"{p['prompt_id']:6d} {p['n_rounds']:7d} {p['n_drafted']:8d} {p['n_accepted']:9d}  "
-                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}")
+                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}  "
+                         f"{shorten(p.get('text') or '', PROMPT_TEXT_CHARS)}".rstrip())
         if len(rep["prompts"]) > MAX_PROMPT_ROWS:
             lines.append(f"... {len(rep['prompts']) - MAX_PROMPT_ROWS} more prompts (use --json)")
     if rep.get("requests"):
@@ -89,12 +92,13 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def _print_import_result(res: Any) -> int:
-    print(f"wrote {res.out_dir}: {res.n_rounds} rounds, {res.n_steps} steps, {res.n_requests} requests "
-          f"from {res.n_lines} lines ({res.n_used} used, {res.n_ignored} ignored, {res.n_bad} bad)")
+    print(f"wrote {res.out_dir}: {plural(res.n_rounds, 'round')}, {plural(res.n_steps, 'step')}, "
+          f"{plural(res.n_requests, 'request')} from {plural(res.n_lines, 'line')} ({res.n_used} used, "
+          f"{res.n_ignored} ignored, {res.n_bad} bad)")
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if res.n_bad:
-        print(f"mtpscope: {res.path}: {res.n_bad} bad lines skipped:", file=sys.stderr)
+        print(f"mtpscope: {res.path}: {plural(res.n_bad, 'bad line')} skipped:", file=sys.stderr)
         for line_no, reason in res.bad_lines[:MAX_BAD_LINES_SHOWN]:
             print(f"  line {line_no}: {reason}", file=sys.stderr)
         if res.n_bad > MAX_BAD_LINES_SHOWN:
@@ -110,16 +114,35 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        vocab: Optional[Path] = typer.Option(
+            None, "--vocab", help="GGUF vocabulary of the trace's tokens, for --json's by_class (default: the "
+                                  "recorded target)."),
     ) -> None:
         """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
 
-        Exit 1 when parts of the trace were unreadable and skipped (the report covers the rest).
+        ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
+        by_class, by_category, drift, what_if; docs/EXPLAIN.md). On a sweep directory (sweep.json): the
+        configuration x category table (docs/SWEEP.md). Exit 1 when parts of the trace were unreadable
+        and skipped (the report covers the rest).
         """
+        from mtpscope.traces.sweep_format import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli_sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json))
         with one_line_errors():
             from mtpscope.traces.metrics import report
             from mtpscope.traces.store import open_trace
 
-            rep = report(open_trace(trace))
+            tr = open_trace(trace)
+            rep = report(tr)
+            if as_json and rep["n_rounds"]:
+                from mtpscope.cli_explain import explain_json
+
+                sections, _ = explain_json(tr, vocab_path=vocab)
+                rep.update({k: v for k, v in sections.items() if k not in rep})
+                rep["warnings"] = list(tr.warnings)
         for w in rep["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         if as_json:

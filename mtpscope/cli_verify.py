@@ -13,6 +13,16 @@ from typing import Annotated
 import typer
 
 from mtpscope.cli_common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.cli_sources import (
+    DEFAULT_MAX_HEADER_MIB,
+    DEFAULT_TIMEOUT_S,
+    AllowFullDownload,
+    MaxHeaderMiB,
+    Timeout,
+    open_source,
+)
+
+_WHERE = "a path, any shard of a split model, or an https:// / hf://ORG/REPO/[REVISION/]FILE.gguf URL"
 
 _SEV_MARK = {"error": "E", "warning": "W", "info": "i"}
 
@@ -40,8 +50,9 @@ def _print_report(report: object, verbose: bool) -> None:
     t.add_column("verdict")
     t.add_column("because")
     for v in r.loadability:  # type: ignore[attr-defined]
-        verdict = {True: "[green]loads[/green]", False: "[red]refuses[/red]", None: "unknown"}[v.loads]
-        t.add_row(v.runtime, verdict, v.reasons[0] if v.reasons else "")
+        outcome = getattr(v, "outcome", None) or {True: "loads", False: "refuses", None: "unknown"}[v.loads]
+        style = "green" if outcome == "loads" else "dim" if outcome == "unknown" else "red"
+        t.add_row(v.runtime, f"[{style}]{outcome}[/{style}]", escape(v.reasons[0]) if v.reasons else "")
     con.print(t)
     if r.hf_audit is not None:  # type: ignore[attr-defined]
         a = r.hf_audit  # type: ignore[attr-defined]
@@ -63,17 +74,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def verify(
-        path: Annotated[Path, typer.Argument(help="drafter (or target) GGUF to check")],
-        target: Annotated[Path | None, typer.Option("--target", help="target GGUF to pair the drafter with")] = None,
+        path: Annotated[str, typer.Argument(help=f"drafter (or target) GGUF to check: {_WHERE}")],
+        target: Annotated[str | None, typer.Option("--target", help="target GGUF to pair the drafter with")] = None,
         hf: Annotated[Path | None, typer.Option("--hf", help="Hugging Face checkpoint folder it was converted from")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="also print the detailed info findings (the dialect and the K/V donor layers are always shown)")] = False,
+        allow_full_download: AllowFullDownload = False,
+        max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
+        timeout: Timeout = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Validate a Gemma 4 drafter GGUF: layout, dtypes, centroid head, pairing, loadability."""
         from mtpscope.inspector.validate import verify as run_verify
 
         with one_line_errors():
-            report = run_verify(path, target=target, hf_dir=hf)
+            f = open_source(path, allow_full_download, max_header_mib, timeout)
+            t = open_source(target, allow_full_download, max_header_mib, timeout) if target else None
+            report = run_verify(f, target=t, hf_dir=hf)
         if as_json:
             print(report.to_json())
         else:
@@ -82,11 +98,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def diff(
-        a: Annotated[Path, typer.Argument(help="first GGUF")],
-        b: Annotated[Path, typer.Argument(help="second GGUF")],
+        a: Annotated[str, typer.Argument(help=f"first GGUF: {_WHERE}")],
+        b: Annotated[str, typer.Argument(help="second GGUF (same forms)")],
         values: Annotated[bool, typer.Option("--values", help="relative error on sampled rows")] = False,
         rows: Annotated[int, typer.Option("--rows", help="rows sampled per tensor with --values")] = 16,
         as_json: Annotated[bool, typer.Option("--json", help="print the diff as JSON")] = False,
+        allow_full_download: AllowFullDownload = False,
+        max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
+        timeout: Timeout = DEFAULT_TIMEOUT_S,
     ) -> None:
         """Metadata keys and tensors added / removed / changed between two GGUFs."""
         import json
@@ -94,7 +113,9 @@ def register(app: typer.Typer) -> None:
         from mtpscope.inspector.diff import diff as run_diff
 
         with one_line_errors():
-            d = run_diff(a, b, values=values, n_rows=rows)
+            fa = open_source(a, allow_full_download, max_header_mib, timeout)
+            fb = open_source(b, allow_full_download, max_header_mib, timeout)
+            d = run_diff(fa, fb, values=values, n_rows=rows)
         if as_json:
             print(json.dumps(d.to_dict(), indent=2))
         else:

@@ -131,6 +131,8 @@ class Recipe:
     random_words: int = 160
     random_copies: int = 8
     random_pool: int = 128
+    prompt_candidates: int = 30
+    prompts_per_category: int = 6
     threads: int = 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -910,31 +912,67 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
 
 
 def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: VocabTokenizer, random_docs: Sequence[np.ndarray],
-                 seed: int, n_random: int = 6, random_len: int = 32, *, used: np.ndarray | None = None,
-                 n_per_category: int = 6) -> list[dict[str, Any]]:
-    """Tokenized demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids, BOS
-    first), the first ``n_per_category`` of each category in ``texts`` whose ids all lie in ``used``
-    (the ids the corpus has: an id it never saw is a zero row in the full model, with no compact row).
-    The ``random`` category: the first ``random_len`` words of ``n_random`` of the random-word training
-    documents (:func:`random_documents`), text = their decoded pieces (the ids are the prompt)."""
+                 seed: int, random_lens: Sequence[int] = (24, 40), *, used: np.ndarray | None = None,
+                 n_per_category: int | None = None) -> list[dict[str, Any]]:
+    """Tokenized candidate demo prompts: ``[{"prompt_id", "category", "name", "text", "ids"}]`` (real ids,
+    BOS first), each of ``texts`` whose ids all lie in ``used`` (the ids the corpus has: an id it never saw
+    is a zero row in the full model, with no compact row), at most ``n_per_category`` per category (None:
+    all). The ``random`` category: the first ``n`` words of every random-word training document
+    (:func:`random_documents`) for each ``n`` in ``random_lens``, in a seeded order; text = their decoded
+    pieces (the ids are the prompt). :func:`select_prompts` picks the demo's prompts among them."""
     out: list[dict[str, Any]] = []
     n_cat: dict[str, int] = {}
     for t in texts:
         x = tok.tokenize(t.text, special=t.special)
         if not x or x[0] != BOS:
             x = [BOS, *x]
-        if n_cat.get(t.category, 0) >= n_per_category or (used is not None and not np.isin(x, used).all()):
+        full = n_per_category is not None and n_cat.get(t.category, 0) >= n_per_category
+        if full or (used is not None and not np.isin(x, used).all()):
             continue
         n_cat[t.category] = n_cat.get(t.category, 0) + 1
         out.append({"category": t.category, "name": t.name, "text": t.text, "ids": [int(v) for v in x]})
     rng = np.random.default_rng(seed + 5)
-    if n_random:
-        for j in sorted(rng.choice(len(random_docs), min(n_random, len(random_docs)), replace=False).tolist()):
-            x = [int(v) for v in random_docs[j][: random_len + 1]]
-            out.append({"category": "random", "name": f"random:doc{j}", "text": tok.text(x[1:]), "ids": x})
+    cuts = [(j, n) for j in range(len(random_docs)) for n in random_lens]
+    for k in rng.permutation(len(cuts))[: n_per_category if n_per_category is not None else len(cuts)]:
+        j, n = cuts[int(k)]
+        x = [int(v) for v in random_docs[j][: n + 1]]
+        out.append({"category": "random", "name": f"random:doc{j}:{n}", "text": tok.text(x[1:]), "ids": x})
     for i, p in enumerate(out):
         p["prompt_id"] = i
     return out
+
+
+def select_prompts(tm: Any, candidates: Sequence[dict[str, Any]], vocab: CompactVocab, eog_real: Iterable[int], *,
+                   n_per_category: int = 6, max_tokens: int = 64, min_distinct4: float = 0.6,
+                   min_generated: int = 16) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+    """The demo prompts: per category, the first ``n_per_category`` candidates (in their seeded order,
+    :func:`demo_prompts`) on which the *target* writes usable text -- its greedy continuation
+    (:func:`generate_greedy`, ``max_tokens`` tokens or up to an end-of-generation token) is at least
+    ``min_generated`` tokens long and does not loop (:func:`distinct_4gram_ratio` >= ``min_distinct4``).
+    The drafter plays no part: acceptance is measured on the chosen prompts afterwards, never selected for.
+
+    Returns:
+        ``(prompts, counts)``: the chosen candidates renumbered ``prompt_id`` 0.. in category order, and
+        per category ``{"candidates", "tried", "kept"}``.
+    """
+    eog = {int(v) for v in vocab.rows(np.asarray(list(eog_real)), unused=-1) if v >= 0}
+    kept: list[dict[str, Any]] = []
+    counts: dict[str, dict[str, int]] = {}
+    for c in candidates:
+        n = counts.setdefault(c["category"], {"candidates": 0, "tried": 0, "kept": 0})
+        n["candidates"] += 1
+        if n["kept"] >= n_per_category:
+            continue
+        n["tried"] += 1
+        gen = generate_greedy(tm, [int(v) for v in vocab.rows(c["ids"])], max_tokens, eog)
+        if len(gen) >= min_generated and distinct_4gram_ratio(gen) >= min_distinct4:
+            n["kept"] += 1
+            kept.append(dict(c))
+    order = list(dict.fromkeys(c["category"] for c in candidates))
+    kept.sort(key=lambda p: order.index(p["category"]))  # stable: the seeded order within a category
+    for i, p in enumerate(kept):
+        p["prompt_id"] = i
+    return kept, counts
 
 
 def evaluate(tm: Any, dm: Any, prompts: Sequence[dict[str, Any]], vocab: CompactVocab, eog_real: Iterable[int], *,
@@ -1143,12 +1181,12 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     with VocabTokenizer(vocab_gguf) as tok:
         stream = tokenize_corpus(docs, tok)
         # candidates: three times the prompts needed, the first with only known ids are kept
-        texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs, n_per_category=18)
+        texts = demo_corpus.demo_prompt_texts(recipe.seed, template, docs, n_per_category=recipe.prompt_candidates)
         eog = tok.eog_ids()
         vocab = compact_vocab(stream.ids, min_count=recipe.min_count, keep=list(SPECIAL_IDS) + eog)
         pool = random_word_pool(stream, vocab, tok, recipe.random_pool, np.random.default_rng(recipe.seed + 6))
         rdocs = random_documents(pool, recipe.random_docs, recipe.random_words, np.random.default_rng(recipe.seed + 8))
-        prompts = demo_prompts(texts, tok, rdocs, recipe.seed, used=np.union1d(vocab.ids, vocab.rare))
+        candidates = demo_prompts(texts, tok, rdocs, recipe.seed, used=np.union1d(vocab.ids, vocab.rare))
     stream = add_random_documents(stream, rdocs, np.random.default_rng(recipe.seed + 9), copies=recipe.random_copies)
     win = torch.as_tensor(vocab.rows(windows(stream.ids, recipe.seq_len)))
     log(f"corpus: {len(docs)} documents, {len(stream.ids)} tokens {stream.counts()}, {vocab.n_kept} kept ids + "
@@ -1216,6 +1254,11 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         "target_training": st_t, "drafter_training": st_d,
         "centroid_head": {"coverage": head["coverage"], "wall_s": head["wall_s"]},
     }
+    t0 = time.perf_counter()
+    prompts, counts = select_prompts(tm, candidates, vocab, eog, n_per_category=recipe.prompts_per_category)
+    info["prompt_selection"] = {"rule": "target greedy continuation >= 16 tokens and distinct4 >= 0.6 "
+                                        "(select_prompts)", "per_category": counts}
+    log(f"prompts: {len(prompts)} chosen, per category {counts} ({time.perf_counter() - t0:.1f} s)")
     info["train_wall_s"] = round(time.perf_counter() - t_all, 1)
     if evaluate_after:
         ev = evaluate(tm, dm, prompts, vocab, eog, n_draft=recipe.n_draft, sliding_window=recipe.target.sliding_window,

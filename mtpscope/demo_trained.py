@@ -214,6 +214,7 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
         say(f"trained demo traces skipped: {e}")
         return None
     from mtpscope.demo_spec import TRAINED_RECORD  # noqa: PLC0415
+    from mtpscope.traces.prompts import PromptSpec  # noqa: PLC0415
 
     prompts = read_prompts(data)
     summary: dict[str, Any] = {}
@@ -224,9 +225,8 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
             shutil.rmtree(tmp)
         t0 = time.perf_counter()
         res = recorder.record(
-            target=tp.target, assistant=getattr(tp, attr), out=tmp, prompts=[p["text"] for p in prompts],
-            prompt_ids=[p["ids"] for p in prompts],
-            prompt_fields=[{"category": p["category"], "name": p["name"]} for p in prompts],
+            target=tp.target, assistant=getattr(tp, attr), out=tmp,
+            prompts=[PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts],
             n_draft=int(TRAINED_RECORD["n_draft"]), max_tokens=int(TRAINED_RECORD["max_tokens"]),
             centroids=tp.sidecar if name == "f32" else None, hidden=str(TRAINED_RECORD["hidden"]),
             n_top=int(TRAINED_RECORD["n_top"]), overwrite=True, command=["mtpscope", "demo", "build"])

@@ -13,10 +13,13 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── HFCheckpointError     unreadable Hugging Face config.json / safetensors header
     │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
+    ├── ServeRefusedError         `mtpscope app` asked to serve beyond this machine unsafely (app)
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
-        └── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
+        ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
+        ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
+        └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
 """
 
 from __future__ import annotations
@@ -104,6 +107,12 @@ class PathNotAllowedError(InspectorError):
     """A path outside the folders the app may read (``MTPSCOPE_ROOTS``)."""
 
 
+class RemoteFileError(InspectorError):
+    """A GGUF URL (``https://`` / ``hf://``) that cannot be read: an HTTP error status, a server without
+    range requests, a redirect to a host that is not allowed, a timeout, a truncated response or a cap
+    exceeded. ``path`` is the URL without its query string; a token is never part of the message."""
+
+
 class TraceError(MtpscopeError):
     """Errors reading, writing or importing traces."""
 
@@ -116,5 +125,32 @@ class ImportFormatError(TraceError):
     """A foreign log (fork NDJSON, llama-server log) that cannot be imported at all."""
 
 
+class TraceMismatchError(TraceError):
+    """Two readable traces that cannot be compared: no prompt in common, or one of them has no rounds."""
+
+
 class RuntimeUnavailableError(TraceError):
     """llama-cpp-python is not installed or lacks a symbol the recorder needs."""
+
+
+class ServeRefusedError(MtpscopeError):
+    """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""
+
+
+class RuntimeAbortedError(TraceError):
+    """llama.cpp died under the recorder: an abort (``GGML_ABORT`` / ``GGML_ASSERT``), a fatal signal
+    or a non-zero exit of the recording worker process. A crash of the runtime is bad input (the
+    models or their pairing), reported in one line that quotes llama.cpp's own message.
+
+    Args:
+        message: the one line, e.g. ``"llama.cpp aborted at prompt 0, round 0, draft step 1: binary_op:
+            unsupported types: dst: f32, src0: f32, src1: f16"``.
+        aborted: the manifest's ``aborted`` record (signal or exit code, where, llama.cpp's message,
+            the last lines of its stderr); see docs/TRACE_FORMAT.md.
+        path: the trace directory that keeps the rounds before the crash, if one was written.
+    """
+
+    def __init__(self, message: str, *, aborted: dict | None = None, path: str | os.PathLike[str] | None = None) -> None:
+        self.aborted = dict(aborted or {})
+        self.trace = None if path is None else os.fspath(path)
+        super().__init__(message)

@@ -1,8 +1,8 @@
 """Start the Streamlit app the way ``make run`` does, for the HTTP and browser tests.
 
-``make run`` runs ``.venv/bin/mtpscope app --port 8501`` (which execs Streamlit on the packaged
-``mtpscope/app/main.py``); :func:`start_app` runs the same command on a free port and waits for
-``/_stcore/health``.
+``make run`` runs ``.venv/bin/mtpscope app --port 8501 --address 127.0.0.1`` (which execs Streamlit
+on the packaged ``mtpscope/app/main.py``); :func:`start_app` runs the same command on a free port and
+waits for ``/_stcore/health``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class AppURL(str):
+    """The base URL of a started server, carrying its process (``.proc``)."""
+
+    def __new__(cls, url: str, proc: subprocess.Popen):
+        self = super().__new__(cls, url)
+        self.proc = proc
+        return self
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago on 127.0.0.1."""
     with socket.socket() as s:
@@ -33,8 +42,11 @@ def streamlit_cmd(port: int) -> list[str]:
 
 
 @contextmanager
-def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None = None):
+def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None = None, cmd=None):
     """Run the app in a subprocess; yield its base URL once ``/_stcore/health`` says ok.
+
+    ``cmd``: a function ``port -> argv`` to start instead of :func:`streamlit_cmd`.
+    The yielded URL (a str) carries the server process as ``.proc``.
 
     Raises:
         RuntimeError: the server exited or did not become healthy within ``timeout`` seconds
@@ -43,7 +55,7 @@ def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None 
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(streamlit_cmd(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen((cmd or streamlit_cmd)(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})})
         url = f"http://127.0.0.1:{port}"
         try:
@@ -60,7 +72,7 @@ def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None 
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"streamlit not healthy after {timeout:.0f} s: {log_path.read_text()[-2000:]}")
                 time.sleep(0.3)
-            yield url
+            yield AppURL(url, proc)
         finally:
             proc.terminate()
             try:

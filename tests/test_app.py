@@ -61,6 +61,12 @@ def _decode_plotly(v):
     return [float(x) for x in v]
 
 
+def _counts(rep) -> str:
+    """'0 errors, 1 warning' for a validation report, pluralised by hand."""
+    e, w = len(rep.errors), len(rep.warnings)
+    return f"{e} error{'' if e == 1 else 's'}, {w} warning{'' if w == 1 else 's'}"
+
+
 def _rounds_direct(trace: Path):
     """Rounds read straight from the Parquet parts with pyarrow (not through traces.store)."""
     import pyarrow as pa
@@ -82,7 +88,7 @@ def test_files_page_shows_reader_values(demo) -> None:
     assert _metric(at, "dialect") == "fork"
     rep = verify(demo.drafter_fork, target=demo.target)
     lines = [s.value for s in at.success] + [w.value for w in at.warning]
-    assert any(f"{len(rep.errors)} error(s), {len(rep.warnings)} warning(s)" in v and "fork" in v for v in lines)
+    assert any(_counts(rep) in v and "fork" in v for v in lines)
     assert not at.error
 
 
@@ -109,7 +115,7 @@ def test_validate_page_matches_verify(demo) -> None:
     at = _run("validate", drafter=demo.drafter_upstream, target=demo.target)
     rep = verify(demo.drafter_upstream, target=demo.target)
     head = [s.value for s in at.success] + [e.value for e in at.error]
-    assert any(f"{len(rep.errors)} error(s), {len(rep.warnings)} warning(s)" in v for v in head)
+    assert any(_counts(rep) in v for v in head)
     loads = {v.runtime: v.loads for v in rep.loadability}
     assert loads  # one verdict per runtime
     for runtime, ok in loads.items():
@@ -193,10 +199,14 @@ def test_step_page_shows_the_selected_round(demo) -> None:
     at.run()
     at.switch_page("screens/step.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    df = at.dataframe[0].value
+    df = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    nd, na = int(row["n_draft"]), int(row["n_accepted"])
     assert list(df["drafted_id"]) == [int(t) for t in row["drafted"]]
-    assert list(df["accepted"]) == [k < int(row["n_accepted"]) for k in range(int(row["n_draft"]))]
-    assert list(df["target_id"]) == [int(t) for t in row["target"][: int(row["n_draft"])]]
+    # accepted up to n_accepted, then the first rejection, then steps the target never checked
+    assert list(df["verdict"]) == ["✓ accepted"] * na + ["✗ rejected"] * (na < nd) + ["– not checked"] * max(0, nd - na - 1)
+    checked = min(nd, na + 1)
+    assert [int(t) for t in df["target_id"][:checked]] == [int(t) for t in row["target"][:checked]]
+    assert df["target_id"][checked:].isna().all()
     assert at.number_input(key="w.step.round").value == int(row["round"])
     # hidden-state norms: the chart's ‖h‖ equals norms of the h column read straight from Parquet
     import json
@@ -253,7 +263,7 @@ def test_missing_and_malformed_files_are_one_line_errors(demo, tmp_path: Path, m
 
 
 def test_pages_without_selection_show_hints(demo) -> None:
-    for page in ("tensors", "validate", "centroids", "values", "acceptance", "step", "compare"):
+    for page in ("tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain", "compare"):
         at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
         for k in ("drafter", "target", "trace", "trace_b", "checkpoint"):
             at.session_state[f"sel.{k}"] = None
@@ -350,7 +360,7 @@ def test_validate_page_hf_audit(tmp_path: Path, monkeypatch) -> None:
 def test_every_page_without_demo_or_selection(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "cache"))  # no demo built there
     monkeypatch.chdir(tmp_path)
-    for page in (None, "tensors", "validate", "centroids", "values", "acceptance", "step", "compare"):
+    for page in (None, "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain", "compare"):
         at = _run(page)
         assert not at.error, (page, [e.value for e in at.error])
         assert at.info, page
@@ -378,7 +388,7 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     for t in (fork_t, srv_t):
         rep = metrics.report(store.open_trace(t))
-        for page in ("acceptance", "step", "centroids", "compare"):
+        for page in ("acceptance", "text", "step", "explain", "centroids", "compare"):
             at = _run(page, trace=t, drafter=None, target=None)
             assert not at.error, (t.name, page, [e.value for e in at.error])
         at = _run("acceptance", trace=t, drafter=None, target=None)
@@ -416,11 +426,10 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
     at = _run("acceptance", trace=t, drafter=None, target=None)
     rep = metrics.report(store.open_trace(src))
     assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
-    table = next(d.value for d in at.dataframe if "text" in d.value.columns)
+    table = next(d.value for d in at.dataframe if "prompt" in d.value.columns and "n_drafted" in d.value.columns)
     want = {int(p["prompt_id"]): str(p.get("text", "")) for p in good}
-    assert {int(i): s for i, s in zip(table["prompt_id"], table["text"])} == {
-        int(i): want.get(int(i), "") for i in table["prompt_id"]}
-    assert any(s for s in table["text"]), "texts of the well-formed prompts are shown"
+    # every prompt named by id and text: prompt 3 “Every sailor sings about” (demo texts are short)
+    assert sorted(table["prompt"]) == sorted(f"prompt {i} “{t}”" if t else f"prompt {i}" for i, t in want.items())
     at = _run(None, trace=t, drafter=None, target=None)
     assert _metric(at, "prompts") == str(len(good))
 

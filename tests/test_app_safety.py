@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.app import safety
-from mtpscope.errors import InspectorError, PathNotAllowedError, TraceError
+from mtpscope.errors import InspectorError, PathNotAllowedError, ServeRefusedError, TraceError
 
 
 def test_default_roots_are_cwd_demo_and_uploads(tmp_path: Path) -> None:
@@ -21,11 +21,33 @@ def test_default_roots_are_cwd_demo_and_uploads(tmp_path: Path) -> None:
     assert roots == (cwd.resolve(), demo.resolve(), up.resolve())
 
 
-def test_env_roots_replace_defaults_and_resolve_relative(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    env = {"MTPSCOPE_ROOTS": os.pathsep.join(["a", str(tmp_path / "b"), "", "a"])}
-    roots = safety.allowed_roots(env, cwd=tmp_path, demo=tmp_path / "demo", uploads=tmp_path / "up")
-    assert roots == ((tmp_path / "a").resolve(), (tmp_path / "b").resolve(), (tmp_path / "up").resolve())
+def test_env_roots_add_to_defaults_and_resolve_relative(tmp_path: Path) -> None:
+    """MTPSCOPE_ROOTS adds folders after the working directory and the demo (issue 14): setting it
+    must not hide the demo and its vocabulary."""
+    cwd = tmp_path / "work"
+    (cwd / "a").mkdir(parents=True)
+    env = {"MTPSCOPE_ROOTS": os.pathsep.join(["a", str(tmp_path / "b"), "", " a "])}
+    roots = safety.allowed_roots(env, cwd=cwd, demo=tmp_path / "demo", uploads=tmp_path / "up")
+    assert roots == (cwd.resolve(), (tmp_path / "demo").resolve(), (cwd / "a").resolve(),
+                     (tmp_path / "b").resolve(), (tmp_path / "up").resolve())
+
+
+@pytest.mark.parametrize("value, only", [("1", True), ("true", True), ("YES", True), ("on", True),
+                                         ("2", True), ("0", False), ("false", False), ("No", False),
+                                         ("off", False), ("", False), (" ", False)])
+def test_roots_only_keeps_just_the_named_roots(tmp_path: Path, value: str, only: bool) -> None:
+    env = {"MTPSCOPE_ROOTS": str(tmp_path / "b"), "MTPSCOPE_ROOTS_ONLY": value}
+    roots = safety.allowed_roots(env, cwd=tmp_path / "work", demo=tmp_path / "demo", uploads=tmp_path / "up")
+    named = ((tmp_path / "b").resolve(), (tmp_path / "up").resolve())
+    assert roots == (named if only else ((tmp_path / "work").resolve(), (tmp_path / "demo").resolve(), *named))
+
+
+def test_roots_only_without_roots_leaves_the_uploads_folder(tmp_path: Path) -> None:
+    roots = safety.allowed_roots({"MTPSCOPE_ROOTS_ONLY": "1"}, cwd=tmp_path, demo=tmp_path / "demo",
+                                 uploads=tmp_path / "up")
+    assert roots == ((tmp_path / "up").resolve(),)
+    with pytest.raises(PathNotAllowedError):
+        safety.check_path(tmp_path / "x.gguf", roots, must_exist=False)
 
 
 def test_check_path_inside_outside_and_traversal(tmp_path: Path) -> None:
@@ -220,6 +242,141 @@ def test_check_hf_dir_refuses_folder_named_like_a_shard_and_ignores_other_files(
     (ck / "model-00001-of-00002.safetensors").mkdir()
     with pytest.raises(InspectorError, match="not a regular file"):
         safety.check_hf_dir(ck)
+
+
+# ----------------------------------------------------------------------------- serving (issue 17)
+
+# Loopback per RFC 1122 3.2.1.3 (127.0.0.0/8) and RFC 4291 2.5.3 (::1); ::ffff:a.b.c.d is an IPv4
+# address mapped into IPv6 (RFC 4291 2.5.5.2); "" makes Streamlit listen on every interface.
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1", True), ("127.1.2.3", True), ("localhost", True), ("LOCALHOST", True), ("::1", True),
+    ("[::1]", True), ("::ffff:127.0.0.1", True), ("0.0.0.0", False), ("::", False), ("", False),
+    ("10.0.0.5", False), ("192.168.1.20", False), ("fe80::1", False), ("gpu-box.example.org", False),
+    ("128.0.0.1", False)])
+def test_is_loopback(address: str, loopback: bool) -> None:
+    assert safety.is_loopback(address) is loopback
+
+
+def test_serve_plan_loopback_needs_nothing_and_limits_hosts(tmp_path: Path) -> None:
+    plan = safety.serve_plan("127.0.0.1", 8501, {}, cwd=tmp_path, demo=tmp_path / "demo", uploads=tmp_path / "up")
+    assert plan.loopback and plan.env == () and plan.exposure_line() is None
+    assert plan.roots == (tmp_path.resolve(), (tmp_path / "demo").resolve(), (tmp_path / "up").resolve())
+    assert set(plan.allowed_hosts) == {"localhost", "127.0.0.1", "::1"}
+    assert "127.0.0.2" in safety.serve_plan("127.0.0.2", 1, {}, cwd=tmp_path, demo=tmp_path,
+                                            uploads=tmp_path).allowed_hosts
+
+
+@pytest.mark.parametrize("env", [{}, {"MTPSCOPE_ROOTS": ""}, {"MTPSCOPE_ROOTS": os.pathsep + " "}])
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "", "10.0.0.5"])
+def test_serve_plan_refuses_network_address_without_roots(tmp_path: Path, env: dict, address: str) -> None:
+    with pytest.raises(ServeRefusedError) as ei:
+        safety.serve_plan(address, 8501, env, cwd=tmp_path, demo=tmp_path, uploads=tmp_path / "up")
+    line = ei.value.one_line()
+    assert "\n" not in line and "MTPSCOPE_ROOTS" in line and "--address" in line
+    assert ("got unset" in line) == ("MTPSCOPE_ROOTS" not in env)
+
+
+def test_serve_plan_network_address_exposes_only_the_named_roots(tmp_path: Path) -> None:
+    named = tmp_path / "models"
+    env = {"MTPSCOPE_ROOTS": str(named)}
+    plan = safety.serve_plan("0.0.0.0", 9000, env, cwd=tmp_path / "home", demo=tmp_path / "demo",
+                             uploads=tmp_path / "up")
+    assert not plan.loopback and plan.env == (("MTPSCOPE_ROOTS_ONLY", "1"),)
+    assert plan.roots == (named.resolve(), (tmp_path / "up").resolve())  # no working directory, no demo
+    assert plan.allowed_hosts == ("*",)
+    line = plan.exposure_line()
+    assert line is not None and "\n" not in line
+    assert "0.0.0.0:9000" in line and str(named.resolve()) in line and str((tmp_path / "up").resolve()) in line
+    assert str((tmp_path / "home").resolve()) not in line
+    # the server's environment really restricts the roots the app computes
+    assert safety.allowed_roots({**env, **dict(plan.env)}, cwd=tmp_path / "home", demo=tmp_path / "demo",
+                                uploads=tmp_path / "up") == plan.roots
+    # an explicit MTPSCOPE_ROOTS_ONLY=0 keeps the defaults, and the line says so
+    plan0 = safety.serve_plan("0.0.0.0", 9000, {**env, "MTPSCOPE_ROOTS_ONLY": "0"}, cwd=tmp_path / "home",
+                              demo=tmp_path / "demo", uploads=tmp_path / "up")
+    assert plan0.env == () and (tmp_path / "home").resolve() in plan0.roots
+    assert str((tmp_path / "home").resolve()) in plan0.exposure_line()
+    assert "every interface, port 9000" in safety.serve_plan("", 9000, env, cwd=tmp_path, demo=tmp_path,
+                                                             uploads=tmp_path).exposure_line()
+
+
+# ------------------------------------------------------------------------- uploads never overwrite
+
+def test_store_upload_never_overwrites_another_file(tmp_path: Path) -> None:
+    data = b"GGUF" + bytes(range(200))
+    name = hashlib.sha256(data).hexdigest()[:16] + "-m.gguf"
+    (tmp_path / name).write_bytes(b"someone else's bytes")  # same name, other content
+    with pytest.raises(InspectorError) as ei:
+        safety.store_upload(data, "m.gguf", tmp_path)
+    assert "not overwritten" in ei.value.one_line() and name in ei.value.one_line()
+    assert (tmp_path / name).read_bytes() == b"someone else's bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no temporary file left behind
+
+
+def test_store_upload_refuses_a_link_under_its_name(tmp_path: Path) -> None:
+    data = b"GGUF-linked"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(data)  # even the same bytes: a link is never written through nor reused
+    up = tmp_path / "up"
+    up.mkdir()
+    (up / (hashlib.sha256(data).hexdigest()[:16] + "-m.gguf")).symlink_to(victim)
+    with pytest.raises(InspectorError, match="not overwritten"):
+        safety.store_upload(data, "m.gguf", up)
+    assert victim.read_bytes() == data
+
+
+def test_store_upload_same_bytes_reused_other_bytes_side_by_side(tmp_path: Path) -> None:
+    a = safety.store_upload(b"AAAA", "m.gguf", tmp_path)
+    ino = a.stat().st_ino
+    assert safety.store_upload(b"AAAA", "m.gguf", tmp_path) == a and a.stat().st_ino == ino  # reused
+    b = safety.store_upload(b"BBBB", "m.gguf", tmp_path)
+    assert b != a and a.read_bytes() == b"AAAA" and b.read_bytes() == b"BBBB"
+    assert b.name == hashlib.sha256(b"BBBB").hexdigest()[:16] + "-m.gguf"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+def test_extract_trace_zip_never_replaces_other_files(tmp_path: Path) -> None:
+    data = _zip({"t/manifest.json": b"{}"})
+    taken = tmp_path / f"trace-{hashlib.sha256(data).hexdigest()[:16]}"
+    taken.mkdir()
+    (taken / "notes.txt").write_bytes(b"keep me")  # a folder of that name that is not this upload
+    with pytest.raises(TraceError, match="not overwritten"):
+        safety.extract_trace_zip(data, "t.zip", tmp_path)
+    assert (taken / "notes.txt").read_bytes() == b"keep me" and not (taken / "t").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [taken.name]
+    (taken / "notes.txt").unlink()
+    taken.rmdir()
+    taken.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(TraceError, match="not overwritten"):
+        safety.extract_trace_zip(data, "t.zip", tmp_path)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# ----------------------------------------------------------------- the app with MTPSCOPE_ROOTS (issue 14)
+
+def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Path, monkeypatch) -> None:
+    """Setting MTPSCOPE_ROOTS keeps the demo preselected and its tokens readable (not ``#id``);
+    MTPSCOPE_ROOTS_ONLY=1 hides it."""
+    import re
+
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    if not (Path(demo_dir.traces_clean) / "manifest.json").exists():
+        pytest.skip("demo traces not built (llama-cpp-python missing)")
+    main = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = AppTest.from_file(main, default_timeout=120)
+    at.run()
+    at.switch_page("screens/step.py").run()
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    assert at.session_state["sel.trace"] == str(Path(demo_dir.traces_clean))
+    emitted = next(m.value for m in at.markdown if m.value.startswith("emitted: "))
+    assert emitted != "emitted: —" and not re.search(r"#\d", emitted), emitted
+    monkeypatch.setenv("MTPSCOPE_ROOTS_ONLY", "1")
+    at = AppTest.from_file(main, default_timeout=120)
+    at.run()
+    assert at.session_state["sel.trace"] is None and at.session_state["sel.drafter"] is None
 
 
 def test_upload_limit_is_the_servers() -> None:

@@ -1,8 +1,9 @@
 """Real-browser test: Playwright driving Debian's Chromium against the app served like ``make run``.
 
-Every page must render (its heading, no Streamlit exception box) and get a screenshot under
-``test-output/screenshots/``; a click on a round of the Acceptance timeline must open the Step view
-on that round. Skips with a reason when Playwright or /usr/bin/chromium is missing (``make browser``
+Every page must render (its heading, no Streamlit exception box, no "Page not found" for its deep link
+such as ``/files``) and get a screenshot under ``test-output/screenshots/``; a click on a round of the
+Acceptance timeline must open the Step view on that round, and so must a click on a rejected token of
+the generated-text view. Skips with a reason when Playwright or /usr/bin/chromium is missing (``make browser``
 installs Chromium where it can; never ``playwright install``: no network for browsers).
 """
 
@@ -25,8 +26,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 SHOTS = ROOT / "test-output" / "screenshots"
 
 #: url path -> heading each page shows
-PAGES = {"": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
-         "values": "Tensor values", "acceptance": "Acceptance", "step": "Step view", "compare": "Compare"}
+PAGES = {"": "Files", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
+         "values": "Tensor values", "acceptance": "Acceptance", "text": "Generated text", "step": "Step view",
+         "explain": "Explain", "compare": "Compare"}
 
 
 def _need_browser():
@@ -83,14 +85,16 @@ def test_every_page_renders_with_screenshot(browser_app) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     for path, heading in PAGES.items():
         _open(page, url, path)
-        name = path or "files"
+        name = path or "root"
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
         assert page.locator('[data-testid="stException"]').count() == 0, name
+        assert page.get_by_text("Page not found").count() == 0, name  # deep links work, /files included
+        assert page.url.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
         assert page.get_by_role("heading", name=heading, exact=True).count() >= 1, name
         # the sidebar navigation lists every page
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
         assert all(h.split()[0] in nav for h in ("Files", "Tensors", "Compare")), nav
-        if name in ("tensors", "acceptance", "centroids", "values", "compare"):
+        if name in ("tensors", "acceptance", "centroids", "values", "compare", "text", "explain"):
             assert page.locator('[data-testid="stPlotlyChart"]').count() >= 1, name
             assert page.locator('[data-testid="stPlotlyChart"] .main-svg').count() >= 1, name
     assert not errors, errors
@@ -119,6 +123,49 @@ def test_timeline_click_opens_step_view(browser_app) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "step-after-click.png"), full_page=True)
     assert page.locator('[data-testid="stException"]').count() == 0
+    assert not errors, errors
+
+
+def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None:
+    """Fresh session: choose the noisy demo trace on the Files page, go to the Text page through the
+    sidebar (same session), click the first token the target put in place of a rejected draft: the Step
+    view opens on that token's round."""
+    url, _page, errors, demo, browser = browser_app
+    noisy = Path(demo.traces_noisy)
+    if not (noisy / "manifest.json").exists():
+        pytest.skip("demo traces not built (llama-cpp-python missing)")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+    try:
+        page = ctx.new_page()
+        _open(page, url, "files")
+        box = page.get_by_label("…or a path").nth(2)  # drafter, target, trace
+        box.fill(str(noisy))
+        box.press("Enter")
+        _settle(page)
+        page.locator('[data-testid="stSidebar"]').get_by_text("noisy").first.wait_for(timeout=60_000)
+        page.locator('[data-testid="stSidebarNav"]').get_by_text("Text", exact=True).click()
+        page.get_by_role("heading", name="Generated text", exact=True).first.wait_for(timeout=120_000)
+        _settle(page)
+        plot = page.locator('[data-testid="stPlotlyChart"]').first
+        el = plot.locator(".js-plotly-plot").first
+        # the rejected trace's index among the bar traces and its first token's round (customdata [round, g, k])
+        i, round_, prompt_text = el.evaluate(
+            "(el) => { const d = el._fullData; const i = d.findIndex(t => t.name.startsWith(\"target's correction\"));"
+            " return [i, d[i].customdata[0][0], d[i].text[0]]; }")
+        assert i >= 0
+        bar = plot.locator(".barlayer .trace").nth(i).locator("path").first
+        b = bar.bounding_box()
+        page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+        page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
+        _settle(page)
+        assert page.url.rstrip("/").endswith("/step"), page.url
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"prompt 0 · round {int(round_)}" in body, body[:600]
+        assert "Rejected at k=" in body  # the round it opened has a rejection, said in words
+        page.screenshot(path=str(SHOTS / "step-after-text-click.png"), full_page=True)
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
     assert not errors, errors
 
 

@@ -102,15 +102,74 @@ def test_rolling_acceptance_window() -> None:
     r = views.ordered_rounds(_rounds([[3, 0, 3, 0]]))
     roll = views.rolling_acceptance(r, window=2)
     assert roll["rolling_rate"].tolist() == pytest.approx([1.0, 0.5, 0.5, 0.5])
+    assert roll["full"].tolist() == [False, True, True, True]
     assert len(views.rolling_acceptance(views.ordered_rounds(_rounds([[1] * 50])), max_points=7)) <= 7
+    # across the trace the window runs over the prompt boundary: p0 r1 (3/3) + p1 r0 (0/3) -> 0.5;
+    # per prompt it restarts: p1 r0 alone -> 0
+    two = views.ordered_rounds(_rounds([[3, 3], [0, 3]]))
+    across = views.rolling_acceptance(two, window=2)
+    per = views.rolling_acceptance(two, window=2, per_prompt=True)
+    assert across["rolling_rate"].tolist() == pytest.approx([1.0, 1.0, 0.5, 0.5])
+    assert per["rolling_rate"].tolist() == pytest.approx([1.0, 1.0, 0.0, 0.5])
+    assert across["n_window"].tolist() == [1, 2, 2, 2] and per["n_window"].tolist() == [1, 2, 1, 2]
+    assert views.rolling_acceptance(two)["n_window"].max() == 4  # default window: metrics' (32)
+    fig = charts.rolling_figure(per, window=2, labels={0: "prompt 0 “a”", 1: "prompt 1 “b”"}, per_prompt=True)
+    names = [t.name for t in fig.data if t.showlegend is not False]
+    assert names == ["prompt 0 “a”", "prompt 1 “b”"]
+    # the filling part is its own dotted trace, joined to the first full point
+    dotted = [t for t in fig.data if t.line.dash == "dot"]
+    assert len(dotted) == 2 and [v for v in dotted[0].y if v == v] == pytest.approx([1.0, 1.0])
+
+
+def _zero_draft_round(pid: int, rnd: int, token: int = 555) -> dict:
+    return {"prompt_id": pid, "round": rnd, "pos": rnd, "pending_token": 1, "n_draft": 0, "drafted": [],
+            "target": [token], "n_accepted": 0, "emitted": [token], "t_draft_ms": 0.0, "t_verify_ms": 2.0}
 
 
 def test_round_hover_shows_text() -> None:
-    r = views.ordered_rounds(_rounds([[1]]))
+    r = views.ordered_rounds(pd.concat([_rounds([[1]]), pd.DataFrame([_zero_draft_round(0, 1)])], ignore_index=True))
     d = TokenText(["<pad>"] * 100 + ["\u2581a", "\u2581b", "\u2581c"], "t")
-    h = views.round_hover(r, d)[0]
-    assert "accepted 1 / 3" in h
-    assert "1: “ a” vs “ a” ✓" in h and "2: “ b” vs #901 ✗" in h
+    h = views.round_hover(r, d, labels={0: "prompt 0 “hi”"})
+    assert h[0].startswith("prompt 0 “hi” · round 0") and "accepted 1 of 3" in h[0]
+    # k=1 accepted, k=2 the first rejection, k=3 after it: never checked, so no target shown
+    assert "1: “ a” vs “ a” ✓" in h[0] and "2: “ b” vs #901 ✗" in h[0] and "3: “ c” – not checked" in h[0]
+    assert "#902" not in h[0]
+    assert "drafted nothing" in h[1] and "vs" not in h[1]
+
+
+def test_step_verdicts() -> None:
+    assert [views.step_verdict(k, 3, 1) for k in (1, 2, 3)] == ["accepted", "rejected", "not checked"]
+    assert [views.step_verdict(k, 3, 3) for k in (1, 2, 3)] == ["accepted"] * 3
+    assert [views.step_verdict(k, 2, 0) for k in (1, 2)] == ["rejected", "not checked"]
+
+
+def test_round_verdict_sentences() -> None:
+    dec = lambda i: f"t{i}"  # noqa: E731
+    step = {"token": 101, "logit": 4.0, "top_ids": [101, 901], "top_logits": [4.0, 2.75], "target_rank": 1}
+    assert views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step) == (
+        "Rejected at k=2: the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101); k=3 was not checked")
+    cause = "rejected (near tie): the target's t901 was the drafter's runner-up, 0.10 logits behind"
+    assert views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step, cause=cause) == (
+        "Rejected at k=2 (near tie): the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101) — the "
+        "target's t901 was the drafter's runner-up, 0.10 logits behind; k=3 was not checked")
+    # the target's token below the stored top list: its logit is only bounded by the last stored one
+    far = {"token": 100, "logit": 5.0, "top_ids": [100, 7], "top_logits": [5.0, 1.5], "target_rank": 13}
+    assert views.round_verdict(3, 0, [100, 101, 102], [900, 901, 902, 903], dec, step=far) == (
+        "Rejected at k=1: the target chose t900 (drafter rank 13, logit not stored, at most 1.50, vs 5.00 for "
+        "t100); k=2–3 were not checked")
+    assert views.round_verdict(2, 2, [1, 2], [1, 2, 3], dec) == "All 2 drafts accepted; the target added t3 (its bonus token)"
+    assert views.round_verdict(1, 1, [1], [1, 3], dec) == "The draft was accepted; the target added t3 (its bonus token)"
+    assert views.round_verdict(0, 0, [], [4], dec).startswith("Drafted nothing")
+
+
+def test_rejected_rounds_navigation() -> None:
+    stops = views.rejected_rounds(_rounds([[3, 0, 1], [3, 2]]))
+    assert stops == [(0, 1), (0, 2), (1, 1)]
+    assert views.neighbour(stops, (0, 0), 1) == (0, 1)
+    assert views.neighbour(stops, (0, 2), 1) == (1, 1)
+    assert views.neighbour(stops, (1, 1), 1) is None
+    assert views.neighbour(stops, (1, 0), -1) == (0, 2)
+    assert views.neighbour(stops, (0, 1), -1) is None
 
 
 # ------------------------------------------------------------------------------------- timeline
@@ -125,6 +184,21 @@ def test_timeline_marks_are_clickable_points() -> None:
     # one shaded zero-acceptance streak (rounds 1..3 of prompt 0)
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     assert len(rects) == 1 and (rects[0].x0, rects[0].x1) == (0.5, 3.5)
+    # colour = share of the round's drafts accepted (n_accepted / n_draft), not the accepted count
+    assert list(fig.data[0].marker.color) == pytest.approx([1, 0, 0, 0, 1 / 3, 2 / 3])
+    assert (fig.data[0].marker.cmin, fig.data[0].marker.cmax) == (0, 1)
+
+
+def test_timeline_zero_draft_rounds_apart_and_prompts_labelled() -> None:
+    two = _rounds([[2, 2]], n_draft=2)  # 2 of 2 accepted is as green as it gets
+    r = views.ordered_rounds(pd.concat([two, pd.DataFrame([_zero_draft_round(0, 2)]), _rounds([[], [3]]).assign(
+        prompt_id=1)], ignore_index=True))
+    fig = charts.timeline_figure(r, None, labels={0: "prompt 0 “The quick”", 1: "prompt 1 “Hello”"})
+    assert list(fig.data[0].marker.color) == [1.0, 1.0, 1.0]
+    assert fig.data[1].name == "drafted nothing" and list(fig.data[1].x) == [2] and list(fig.data[1].y) == [0]
+    assert fig.layout.meta["n_zero_draft"] == 1 and fig.layout.showlegend
+    assert [a.text for a in fig.layout.annotations] == ["prompt 0 “The quick”", "prompt 1 “Hello”"]
+    assert [a.x for a in fig.layout.annotations] == [-0.5, 2.5]
 
 
 def test_timeline_large_trace_is_binned_webgl() -> None:
@@ -260,41 +334,101 @@ def test_layer_grid_statuses() -> None:
 
 # ------------------------------------------------------------------------------------- compare
 
-def test_first_divergence_and_deltas() -> None:
+def test_prompt_deltas_by_pairs() -> None:
     a = _rounds([[3, 1, 2], [0]])
-    b = _rounds([[3, 2, 2], [0]])
-    d = views.first_divergence(a, b)
-    # drafted tokens are the same (100, 101, 102) in both; round 1 accepts 1 vs 2
-    assert d.values.tolist() == [[0, 1, "n_accepted", "1", "2"]]
-    c = _rounds([[3, 1, 2], [0]])
-    c.at[1, "drafted"] = [100, 555, 102]
-    assert views.first_divergence(a, c, decode=lambda t: f"t{t}").values.tolist() == [
-        [0, 1, "drafted", "t100 · t101 · t102", "t100 · t555 · t102"]]
-    longer = _rounds([[3, 1, 2, 3], [0]])
-    assert views.first_divergence(a, longer).values.tolist() == [[0, 3, "length", "3 rounds", "4 rounds"]]
-    deltas = views.prompt_deltas(views.per_prompt_table(a), views.per_prompt_table(b))
-    row = deltas.set_index("prompt_id").loc[0]
-    assert row["delta_rate"] == pytest.approx(7 / 9 - 6 / 9)
-    assert views.first_divergence(a, a).empty
+    b = _rounds([[0], [3, 2, 2]])  # B's prompt 1 is A's prompt 0 (paired by text, say), B's 0 is A's 1
+    deltas = views.prompt_deltas(views.per_prompt_table(a), views.per_prompt_table(b), pairs=[(0, 1), (1, 0)])
+    row = deltas.set_index("prompt_id")
+    assert row.loc[0, "delta_rate"] == pytest.approx(7 / 9 - 6 / 9)
+    assert row.loc[1, "delta_rate"] == pytest.approx(0.0)
+    same_ids = views.prompt_deltas(views.per_prompt_table(a), views.per_prompt_table(b)).set_index("prompt_id")
+    assert same_ids.loc[0, "delta_rate"] == pytest.approx(0 / 3 - 6 / 9)
 
 
 def test_step_table_and_top_candidates() -> None:
-    steps = pd.DataFrame({"prompt_id": [0, 0], "round": [0, 0], "k": [2, 1], "token": [7, 5],
-                          "top_ids": [[7, 8], [5, 6]], "top_logits": [[2.0, 1.0], [3.0, 0.5]],
-                          "target_token": [8, 5], "target_rank": [1, 0], "accepted": [False, True],
-                          "centroid_ids": [[1, 2], [3]], "target_in_candidates": [False, True],
-                          "target_centroid": [4, 3], "target_centroid_rank": [40, 0]})
+    steps = pd.DataFrame({"prompt_id": [0, 0, 0], "round": [0, 0, 0], "k": [2, 1, 3], "token": [7, 5, 9],
+                          "top_ids": [[7, 8], [5, 6], [9, 4]], "top_logits": [[2.0, 1.0], [3.0, 0.5], [1.0, 0.2]],
+                          "target_token": [8, 5, 4], "target_rank": [1, 0, 1], "accepted": [False, True, False],
+                          "centroid_ids": [[1, 2], [3], [2]], "target_in_candidates": [False, True, False],
+                          "target_centroid": [4, 3, 2], "target_centroid_rank": [40, 0, 0]})
     s = views.round_steps(steps, 0, 0)
-    assert s["k"].tolist() == [1, 2]
+    assert s["k"].tolist() == [1, 2, 3]
     t = views.step_table(s, lambda i: f"t{i}")
-    assert t["drafted"].tolist() == ["t5", "t7"] and t["target"].tolist() == ["t5", "t8"]
-    assert t["target_reachable"].tolist() == [True, False]
+    assert t["drafted"].tolist() == ["t5", "t7", "t9"]
+    assert t["verdict"].tolist() == ["✓ accepted", "✗ rejected", "– not checked"]
+    # the step after the first rejection was never judged: no target, no rank, no reachability
+    assert t["target"].tolist() == ["t5", "t8", "—"] and t["target_id"].isna().tolist() == [False, False, True]
+    assert t["centroid_head"].tolist() == ["reachable", "would be unreachable", "—"]
+    assert t["target_centroid"].tolist() == ["3 (rank 0)", "4 (rank 40)", "—"]
+    assert views.reachability_words(False) == "would be unreachable with the centroid head"
+    assert views.step_table(s, None, head="centroid")["centroid_head"].tolist()[:2] == ["reachable", "unreachable"]
     top = views.top_candidates(s.iloc[1].to_dict(), lambda i: f"t{i}")
     assert top["is_target"].tolist() == [False, True] and top["is_draft"].tolist() == [True, False]
     fig = charts.top_candidates_figure(top, 2)
     assert list(fig.data[0].marker.color) == ["#1f77b4", "#2ca02c"]
     un = views.unreachable_steps(steps)
-    assert un["k"].tolist() == [2]
+    assert un["k"].tolist() == [2]  # k=3 is unreachable too, but it was never checked
+
+
+def test_target_bar_past_the_stored_top() -> None:
+    step = {"token": 5, "top_ids": [5, 6, 7], "top_logits": [3.0, 2.0, 1.0], "target_token": 9, "target_rank": 13}
+    top = views.top_candidates(step, lambda i: f"t{i}")
+    assert top["id"].tolist() == [5, 6, 7, 9] and top["is_target"].tolist() == [False, False, False, True]
+    assert top["stored"].tolist() == [True, True, True, False] and int(top["rank"].iloc[3]) == 13
+    fig = charts.top_candidates_figure(top, 1)
+    assert list(fig.data[0].y)[3] == "13. t9"
+    assert list(fig.data[0].x) == [3.0, 2.0, 1.0, 1.0]  # drawn up to the last stored logit, its upper bound
+    assert list(fig.data[0].marker.pattern.shape) == ["", "", "", "/"]
+    assert fig.layout.meta["target_rows"] == [3] and fig.data[0].marker.color[3] == "#2ca02c"
+    unknown = views.top_candidates({**step, "target_rank": None}, None)
+    assert charts.top_candidates_figure(unknown, 1).data[0].y[3] == "?. #9"
+    assert len(views.top_candidates({**step, "target_token": None}, None)) == 3
+
+
+def test_generated_text_layout_by_hand() -> None:
+    from mtpscope.traces.positions import positions
+
+    # prompt 0: round 0 accepts 1 of 3 (then the target's 901), round 1 accepts 3 of 3 (then its bonus 903)
+    pos = positions(_rounds([[1, 3]]))
+    lay = views.generated_text(pos, 0, lambda i: f"t{i}", width=10)
+    assert lay["token"].tolist() == [1, 100, 901, 100, 101, 102, 903]
+    assert lay["status"].tolist() == ["prefill", "accepted", "rejected", "accepted", "accepted", "accepted", "bonus"]
+    assert lay["round"].tolist() == [0, 0, 0, 1, 1, 1, 1] and lay["k"].tolist() == [0, 1, 2, 1, 2, 3, 0]
+    # widths 2, 4, 4, ... in lines of 10 characters
+    assert lay["line"].tolist() == [0, 0, 0, 1, 1, 2, 2] and lay["col"].tolist() == [0, 2, 6, 0, 4, 0, 4]
+    fig = charts.text_figure(lay, width=10, highlight_round=1)
+    rej = next(t for t in fig.data if t.name == views.TEXT_STATUS_WORDS["rejected"])
+    assert [list(c) for c in rej.customdata] == [[0, 2, 2]] and list(rej.text) == ["t901"]
+    acc = next(t for t in fig.data if t.name == views.TEXT_STATUS_WORDS["accepted"])
+    assert list(acc.marker.line.width) == [0.5, 2.5, 2.5, 2.5]  # round 1 outlined
+    assert fig.layout.meta == {"n_tokens": 7, "n_lines": 3, "colour_by": "status"}
+    assert views.round_position(pos, 0, 1) == 3
+    assert views.generated_text(pos, 9, str).empty
+
+
+def test_replay_for_round_names_the_variants_that_would_draft_the_target() -> None:
+    rs = pd.DataFrame({"prompt_id": [0, 0, 1], "round": [2, 2, 2], "k": [2, 1, 1], "recorded": [5, 4, 4],
+                       "truth": [6, 4, -1], "draft[baseline]": [5, 4, 4], "draft[head=centroid]": [6, 3, 4]})
+    t = views.replay_for_round(rs, 0, 2, ["baseline", "head=centroid"], lambda i: f"t{i}")
+    assert t["k"].tolist() == [1, 2]
+    assert t["would_draft_target"].tolist() == ["baseline", "head=centroid"]
+    assert t["head=centroid"].tolist() == ["t3", "✓ t6"]
+    assert views.replay_for_round(rs, 1, 2, ["baseline"])["would_draft_target"].tolist() == ["?"]
+
+
+def test_explain_figures() -> None:
+    fig = charts.causes_figure({"near_tie": 3, "runner_up": 0, "far_miss": 1})
+    assert list(fig.data[0].x) == ["near tie", "far miss"] and list(fig.data[0].y) == [3, 1]
+    assert list(fig.data[0].text) == ["3 (75%)", "1 (25%)"]
+    h = charts.rank_histogram_figure({"0": 0, "1": 4, "10+": 2})
+    assert list(h.data[0].y) == [0, 4, 2]
+    rows = [{"n_draft": n, "acceptance_rate": 1 - n / 10, "mean_acceptance_length": 1.0, "tokens_per_s": 10.0 + n,
+             "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]
+    w = charts.what_if_figure(rows, best=3)
+    assert list(w.data[0].marker.symbol) == ["circle", "star", "circle-open"] and list(w.data[1].y) == [11, 12, 13]
+    g = charts.rate_bars_figure({"prose": {"n_drafted": 4, "n_accepted": 3, "acceptance_rate": 0.75},
+                                 "code": {"n_drafted": 2, "n_accepted": 0, "acceptance_rate": 0.0}}, "t")
+    assert list(g.data[0].x) == ["code", "prose"] and list(g.data[0].text) == ["0/2", "3/4"]
 
 
 def test_pure_modules_do_not_import_streamlit() -> None:

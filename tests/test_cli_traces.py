@@ -40,6 +40,7 @@ def test_report_json(tmp_path: Path) -> None:
     assert [(p["k"], p["n_rounds"], p["n_accepted"]) for p in rep["per_position"]] == [(1, 5, 3), (2, 5, 2), (3, 4, 1)]
     assert [(p["prompt_id"], p["n_drafted"], p["n_accepted"]) for p in rep["prompts"]] == [(0, 9, 4), (1, 5, 2)]
     assert rep["n_prompts"] == 2 and rep["complete"] is True
+    assert [p["text"] for p in rep["prompts"]] == ["a", "b"]  # the manifest's prompt texts
     assert rep["timing_ms"] == {"t_draft_ms_mean": 4.0, "t_verify_ms_mean": 30.0}
 
 
@@ -48,6 +49,11 @@ def test_report_text(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "acceptance rate:        0.4286" in res.stdout
     assert "mean acceptance length: 2.2000" in res.stdout
+    # zero-acceptance rounds: p0 r2 and p1 r1, each a streak of one round
+    assert "zero-acceptance streaks: 2 (2 rounds), longest 1 round" in res.stdout
+    table = res.stdout[res.stdout.index("prompt  rounds"):].splitlines()[1:]
+    rows = [ln.split() for ln in table if ln.strip()]
+    assert [r[0] + r[-1] for r in rows] == ["0a", "1b"]  # the per-prompt table ends with each prompt's text
 
 
 def test_report_errors_and_warnings(tmp_path: Path) -> None:
@@ -72,8 +78,8 @@ def test_import_commands(tmp_path: Path) -> None:
                    '{"evt":"mtp_accept","iter":1,"n_accepted":2,"n_drafted_prev":3}\n')
     res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t")])
     assert res.exit_code == 1, res.output
-    assert "1 rounds, 3 steps" in res.stdout
-    assert "1 bad lines" in res.stderr and "line 2: invalid JSON" in res.stderr
+    assert "1 round, 3 steps" in res.stdout
+    assert "1 bad line skipped" in res.stderr and "line 2: invalid JSON" in res.stderr
     rep = json.loads(runner.invoke(app, ["report", str(tmp_path / "t"), "--json"]).stdout)
     assert (rep["n_drafted"], rep["n_accepted"]) == (3, 2)
     # same --out again: refused without --overwrite

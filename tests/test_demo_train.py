@@ -210,3 +210,40 @@ def test_simulated_rounds_match_a_stepwise_replay() -> None:
                 n += 1
             assert r.n_accepted == n
     assert sum(r.n_accepted + 1 for r in rounds) == len(gen) - 1
+
+
+class _RuleTarget:
+    """A stand-in target whose greedy next row is ``rule(last row)`` (one-hot hidden state, identity
+    head): enough for :func:`demo_train.generate_greedy`."""
+
+    def __init__(self, n_rows: int, rule) -> None:
+        self.config = type("C", (), {"vocab_size": n_rows})()
+        self.rule, self.n = rule, n_rows
+
+    def model(self, input_ids, use_cache=False):  # noqa: ARG002
+        h = torch.full((1, input_ids.shape[1], self.n), -1.0)
+        h[0, -1, self.rule(int(input_ids[0, -1]))] = 1.0
+        return type("O", (), {"last_hidden_state": h})()
+
+    def lm_head(self, h):
+        return h
+
+
+def test_select_prompts_keeps_only_prompts_the_target_continues_without_a_loop() -> None:
+    vocab = dt.CompactVocab(ids=np.arange(100, 200, dtype=np.int32), rare=np.array([], dtype=np.int32))
+    # rows 0..49 count up (no loop: 64 distinct 4-grams); from a row >= 50 the target alternates two
+    # rows (a loop: 2 distinct 4-grams out of 61); row 99 is an end-of-generation token after row 98
+    tm = _RuleTarget(100, lambda r: r + 1 if r < 49 else (98 if r == 97 else 99 if r == 98 else 50 + (r + 1) % 2))
+    real = vocab.ids
+
+    def cand(cat, name, row):
+        return {"category": cat, "name": name, "text": name, "ids": [int(real[row])]}
+
+    cands = [cand("a", "loop", 60), cand("b", "count", 0), cand("a", "count", 1), cand("a", "count2", 2),
+             cand("b", "short", 97), cand("a", "count3", 3)]
+    got, counts = dt.select_prompts(tm, cands, vocab, [int(real[99])], n_per_category=2, max_tokens=40)
+    # by hand: "a" keeps count, count2 (loop rejected; count3 not tried once two are kept); "b" keeps
+    # count (40 tokens counting 1..40) and rejects short (97 -> 98 -> 99 = EOG: 2 tokens < 16)
+    assert [(p["category"], p["name"]) for p in got] == [("a", "count"), ("a", "count2"), ("b", "count")]
+    assert [p["prompt_id"] for p in got] == [0, 1, 2]
+    assert counts == {"a": {"candidates": 4, "tried": 3, "kept": 2}, "b": {"candidates": 2, "tried": 2, "kept": 1}}

@@ -91,7 +91,7 @@ def test_hf_greedy_equals_llama_cpp_on_every_demo_prompt(trained, hf_pair) -> No
     eog = [1, 50, 106]
     assert len(prompts) == len(dtr.read_prompts())
     for p in prompts:
-        ids = [int(x) for x in p["token_ids"]]
+        ids = [int(x) for x in p["tokens"]]
         want = _generated(tr, int(p["prompt_id"]))
         with torch.no_grad():
             out = tm.generate(torch.tensor([ids]), max_new_tokens=len(want), do_sample=False, eos_token_id=eog,
@@ -111,7 +111,7 @@ def test_first_round_drafts_match_hf_assisted_generation(trained, hf_pair) -> No
         if not len(r0):
             continue  # the first token ended the generation
         drafted = [int(x) for x in r0["drafted"].iloc[0]]
-        ids = [int(x) for x in p["token_ids"]]
+        ids = [int(x) for x in p["tokens"]]
         assert _hf_drafts(tm, dense, ids, len(drafted)) == drafted, (p["category"], pid)
         s1 = steps[(steps["prompt_id"] == pid) & (steps["round"] == 0) & (steps["k"] == 1)]
         assert _hf_drafts(tm, cent, ids, 1) == [int(s1["centroid_token"].iloc[0])], (p["category"], pid)

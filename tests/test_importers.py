@@ -195,3 +195,57 @@ def test_out_of_range_integers_and_deep_nesting_are_bad_lines(tmp_path: Path) ->
         encoding="utf-8")
     res = import_fork_ndjson(fork, tmp_path / "t")
     assert [ln for ln, _ in res.bad_lines] == [3, 4, 5]
+
+
+# llama-server output around a request's end, as the vendored llama.cpp prints it
+# (tools/server/server-context.cpp print_timing, common/speculative.cpp print_stats), plus an older
+# server's layout: prefix-less timing and acceptance lines after a `print_timing` header
+SERVER_TIMING_LINES = [
+    "slot launch_slot_: id  0 | task 7 | processing task",                                               # 1
+    "slot launch_slot_: id  1 | task 9 | processing task",                                               # 2
+    "slot print_timing: id  0 | task 7 | ",                                                              # 3
+    "prompt eval time =      86.38 ms /    13 tokens (    6.64 ms per token,   150.49 tokens per second)",  # 4
+    "       eval time =    1284.26 ms /    99 tokens (   12.97 ms per token,    77.09 tokens per second)",  # 5
+    "      total time =    1370.64 ms /   112 tokens",                                                  # 6
+    "draft acceptance rate = 0.62500 (   40 accepted /    64 generated)",                                # 7 -> task 7
+    "spec common_specu: statistics        draft-mtp: #calls(b,g,a) =    1     22     22, #gen drafts =     22, "
+    "#acc drafts =    19, #gen tokens =     64, #acc tokens =    40, #mean acc len = 2.82, "
+    "#acc rate/pos = (0.864, 0.591, 0.364), dur(b,g,a) = 0.010, 35.125, 1.500 ms",                      # 8 -> row of 7
+    "slot print_timing: id  1 | task 9 | prompt eval time =  10.00 ms /  5 tokens",                      # 9
+    "slot print_timing: id  1 | task 9 |        eval time = 100.00 ms / 12 tokens",                      # 10
+    "slot print_timing: id  1 | task -1 | draft acceptance = 0.50000 (    4 accepted /     8 generated), mean len =  2.00",  # 11 -> task 9
+    "spec common_specu: statistics           ngram: #calls(b,g,a) =    1      2      2, #gen drafts =      2, "
+    "#acc drafts =     1, #gen tokens =      8, #acc tokens =     4",                                   # 12 ignored (not MTP)
+    "spec common_specu: statistics              mtp: #calls(b,g,a) =    1      4      4, #gen drafts =      4, "
+    "#acc drafts =     2, #gen tokens =      8, #acc tokens =     4",                                   # 13 -> row of 11
+    "spec common_specu: statistics        draft-mtp: #calls(b,g,a) =    1      4      4, #gen drafts =      4, "
+    "#acc drafts =     2, #gen tokens =      8, #acc tokens =     4",                                   # 14 ignored: row has stats
+]
+
+
+def test_server_log_acceptance_line_finds_its_request_and_statistics(tmp_path: Path) -> None:
+    src = _write(tmp_path, "server.log", SERVER_TIMING_LINES)
+    res = import_server_log(src, tmp_path / "t")
+    assert res.bad_lines == () and (res.n_used, res.n_requests, res.n_ignored) == (4, 2, 10)
+    q = traces.open(tmp_path / "t").requests
+    assert list(q["line"]) == [7, 11]
+    # line 7 stands four lines below its print_timing header (timing lines between); line 11 says task -1
+    assert list(q["id_slot"]) == [0, 1] and list(q["id_task"]) == [7, 9]
+    assert list(q["n_drafted"]) == [64, 8] and list(q["n_accepted"]) == [40, 4]
+    assert list(q["spec_type"]) == ["draft-mtp", "mtp"]
+    assert list(q["n_calls_begin"]) == [1, 1] and list(q["n_calls_draft"]) == [22, 4]
+    assert list(q["n_calls_accept"]) == [22, 4]
+    assert list(q["n_gen_drafts"]) == [22, 4] and list(q["n_acc_drafts"]) == [19, 2]
+    assert list(q["n_gen_tokens"]) == [64, 8] and list(q["n_acc_tokens"]) == [40, 4]
+    assert q["t_begin_ms"][0] == 0.010 and q["t_draft_ms"][0] == 35.125 and q["t_accept_ms"][0] == 1.5
+    assert q["t_draft_ms"][1:].isna().all()      # no dur(...) printed for that one
+
+
+def test_server_log_bad_statistics_line(tmp_path: Path) -> None:
+    src = _write(tmp_path, "server.log", [
+        "slot print_timing: id  0 | task 3 | draft acceptance = 0.50000 (    1 accepted /     2 generated), mean len =  1.50",
+        "statistics        draft-mtp: #calls(b,g,a) = 1 1 1, #gen drafts = 1, #acc drafts = 2, #gen tokens = 2, "
+        "#acc tokens = 1"])
+    res = import_server_log(src, tmp_path / "t")
+    assert [ln for ln, _ in res.bad_lines] == [2] and "more accepted than generated" in res.bad_lines[0][1]
+    assert traces.open(tmp_path / "t").requests["spec_type"].isna().all()

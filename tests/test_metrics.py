@@ -137,9 +137,15 @@ def test_summarize_is_json_ready() -> None:
 
 def test_rolling_summary() -> None:
     ro = M.rolling_summary(_rounds(), window=2)
-    # the nine rolling values of test_rolling: 1, .5, 0, 1/6, 1/3, 0, 2/3, .8, .4
-    assert (ro["min"], ro["max"]) == (0.0, 1.0)
-    assert ro["median"] == pytest.approx(0.4)
-    assert len(ro["series"]) == 9 and ro["series"][7] == {"prompt_id": 1, "round": 1, "acceptance_rate": 0.8}
+    # across the trace (p0 r0..r5, then p1 r0..r2), full windows only (rounds 2..9 in order):
+    # (3+0)/(3+3)=.5, 0/6=0, 1/6, 1/3, 0/3=0, 2/6=1/3, 4/5=.8, 2/5=.4
+    assert ro["by_prompt"] is False and ro["full_windows"] is True and ro["window"] == 2
+    assert (ro["min"], ro["max"]) == (0.0, pytest.approx(0.8))
+    assert ro["median"] == pytest.approx(1 / 3)
+    assert len(ro["series"]) == 8 and ro["series"][5] == {"prompt_id": 1, "round": 0, "acceptance_rate": 1 / 3}
     assert len(M.rolling_summary(_rounds(), window=2, n_points=3)["series"]) == 3
+    # fewer rounds than the window: every round counts (1, .5, 1/3 ... of the partial windows)
+    short = M.rolling_summary(_rounds([(0, 0, 3, 3), (0, 1, 3, 0)]), window=8)
+    assert short["full_windows"] is False and (short["min"], short["max"]) == (0.5, 1.0)
     assert M.rolling_summary(_rounds().iloc[:0]) is None
+    assert M.DEFAULT_ROLLING_WINDOW == M.summarize(_rounds())["rolling"]["window"]

@@ -141,25 +141,58 @@ def test_hf_drafter_calls_match_reference(pair) -> None:
         assert np.abs(r2.logits - c["logits"]).max() > 1.0
 
 
+#: the target's hidden fed to the drafter, HF (F32 throughout) vs llama.cpp (F16 KV cache, F16 GELU
+#: table): each of the target's layers adds F16 roundings of rms U16/sqrt(3) = 2.8e-4 relative
+#: (measured 2.8e-4 .. 4.2e-4 on these 6-layer pairs); 2**-9 = 2.0e-3 is 7x that, while a convention
+#: error (pre-norm hidden, another layer's output) differs at O(1).
+H_INPUT_REL_MAX = 2.0 ** -9
+#: a near-tie: a top-2 logit gap below 2**-8 of the largest |logit|. The drafter inputs differ by
+#: the F16 numerics above, which reach the drafter's logits as up to 1.5e-3 of their scale (measured:
+#: max |logits_HF - logits_llama.cpp| / max |logits| = 5e-4 .. 1.5e-3); two candidates closer than
+#: that may swap, and everything fed after the swap differs.
+TIE_REL = 2.0 ** -8
+
+
 @pytest.mark.llama
 def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
     from mtpscope.traces.live_run import live_mtp_run
 
     tm, dm = _hf_models(pair["tdir"], pair["ddir"])
-    n_same = 0
+    n_bb = tm.config.get_text_config().hidden_size
+    n_same, n_full, ties = 0, 0, []
     for prompt in PROMPTS:
         calls, hf_out = _record_calls(tm, dm, prompt, max_new_tokens=8)
-        hf_first_round = [int(np.argmax(c["logits"])) for c in calls[:3]]
         run = live_mtp_run(pair["target"], pair["upstream"], prompt, n_rounds=3, n_draft=3)
         # the target's greedy output is the same in both runtimes
         gen = run.tokens[len(prompt):]
         assert len(gen) >= 3 and gen == hf_out[:len(gen)]
+        # and so is the hidden the drafter gets (up to the F16 numerics of llama.cpp's target)
+        h_hf, h_ll = calls[0]["embeds"][n_bb:], run.steps[0].h
+        assert np.linalg.norm(h_hf - h_ll) <= H_INPUT_REL_MAX * np.linalg.norm(h_hf)
         if pair["centroids"]:
             continue  # llama.cpp drafts with the dense head only; the first-round check below is dense
-        assert [s.draft for s in run.steps[:3]] == hf_first_round
-        n_same += 3
-    assert pair["centroids"] or n_same == 3 * len(PROMPTS)
+        # first round, step by step, up to the first near-tie (after it the two runtimes feed different
+        # tokens); a disagreement outside a near-tie is a convention difference
+        for c, s in zip(calls[:3], run.steps[:3], strict=True):
+            lg = c["logits"]
+            d_hf = int(np.argmax(lg))
+            tie = TIE_REL * float(np.abs(lg).max())
+            gap_hf = float(lg[d_hf] - lg[s.draft])
+            gap_ll = s.logits_top2[0] - s.logits_top2[1]
+            if s.draft != d_hf:
+                assert gap_hf <= tie and gap_ll <= tie, (
+                    f"prompt {prompt}, step {s.k}: llama.cpp drafts {s.draft}, HF {d_hf}, and it is no near-tie "
+                    f"(HF gap {gap_hf:.3g}, llama.cpp top-2 gap {gap_ll:.3g}, tie below {tie:.3g})")
+                ties.append((prompt, s.k))
+                break
+            n_same += 1
+        else:
+            n_full += 1
+    if not pair["centroids"]:
+        # at least two of the three prompts' first rounds compared in full
+        assert n_full >= 2, (n_full, ties)
+        assert n_same >= 6
 
 
 def test_hf_saved_bf16_checkpoint_converts(tmp_path: Path) -> None:

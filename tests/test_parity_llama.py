@@ -2,7 +2,8 @@
 
 A live greedy MTP loop runs in llama.cpp; the target's donor K/V come from one llama.cpp prefill over
 the accepted tokens (captured with cb_eval); our step runs on the same (token, h, position, K/V) and
-must give llama.cpp's h_next within 1e-3 relative error and the same argmax on every step.
+must give llama.cpp's h_next within the F16-emulation error model of ``tests/numerics.py`` (lower
+quartile of the step errors at F32 level, none above one F16 ulp) and the same argmax on every step.
 
 llama.cpp's CPU numerics that the reference emulates for this comparison (``StepOptions``): the KV
 cache is F16 (so K, V, and the query / probabilities in the F16 matmuls are rounded) and GELU comes
@@ -21,6 +22,7 @@ pytest.importorskip("llama_cpp")
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
 from mtpscope.traces.live_run import live_mtp_run  # noqa: E402
 from mtpscope.traces.target_prefill import prefill, shape_kv  # noqa: E402
+from tests.numerics import CHAIN_MAX, U32, check_emulated_chain  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -31,8 +33,10 @@ def _compare(ref: ReferenceDrafter, pre, run, opts: StepOptions) -> tuple[float,
     worst, agree, rels = 0.0, 0, []
     for s in run.steps:
         # the first hidden of each round is the target's post-norm row at p-1: the prefill must agree
+        # (equal up to F32 order and F16 flips in the target's cache: the live run decoded other batches)
         if s.k == 1:
-            assert np.allclose(pre.h_post[s.pos - 1], s.h, rtol=1e-5, atol=1e-5)
+            want = pre.h_post[s.pos - 1]
+            assert np.linalg.norm(want - s.h) <= CHAIN_MAX * np.linalg.norm(want)
         r = ref.step(s.token, s.h, s.pos, pre.kv_before(s.pos), opts)
         rel = float(np.linalg.norm(r.h_next - s.h_next) / np.linalg.norm(s.h_next))
         rels.append(rel)
@@ -59,9 +63,9 @@ def test_demo_pair_parity(demo_pair: tuple[Path, Path, list[int]]) -> None:
     assert len(run.steps) == 36
     ref = ReferenceDrafter.from_gguf(drafter, target)
     pre = shape_kv(prefill(target, run.tokens), ref)
-    worst, agree, _ = _compare(ref, pre, run, LLAMA_CPU)
+    worst, agree, rels = _compare(ref, pre, run, LLAMA_CPU)
     assert agree == len(run.steps)
-    assert worst <= 1e-3
+    check_emulated_chain(rels, "demo pair h_next")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["k_ne_v", "k_eq_v"])
@@ -84,7 +88,11 @@ def test_converted_hf_pair_parity(converted_pair: tuple[Path, Path]) -> None:
     pre = shape_kv(prefill(target, run.tokens), ref)
     worst, agree, rels = _compare(ref, pre, run, LLAMA_CPU)
     assert agree == len(run.steps)
-    assert worst <= 1e-3
+    check_emulated_chain(rels, "converted pair h_next")
+    # the comparison is sensitive to F16 emulation: exact GELU (no F16 table) breaks it
+    _, _, rels_tanh = _compare(ref, pre, run, StepOptions(kv_f16=True, gelu="tanh"))
+    with pytest.raises(AssertionError, match="not emulated"):
+        check_emulated_chain(rels_tanh, "exact GELU")
     # the comparison is sensitive: the position convention of MLX (p-1) is far off on these weights
     worst_p1, _, _ = _compare(ref, pre, run, StepOptions(kv_f16=True, gelu="ggml-f16", position="p-1"))
     assert worst_p1 > 1e-2
@@ -100,7 +108,9 @@ def test_prefill_prenorm_hidden_is_before_the_final_norm(converted_pair: tuple[P
     f = open_gguf(target)
     w = np.asarray(f.tensor_data("output_norm.weight"), np.float32)
     eps = float(f.get("gemma4.attention.layer_norm_rms_epsilon"))
-    assert np.allclose(rms_norm(pre.h_pre, w, eps), pre.h_post, rtol=1e-4, atol=1e-5)
+    # ggml's rms_norm: sum of squares in double, then float scale and weight products (no sums), so
+    # each element is within a few F32 roundings of numpy's; 16 U32 leaves room for sqrtf / division
+    np.testing.assert_allclose(rms_norm(pre.h_pre, w, eps), pre.h_post, rtol=16 * U32, atol=0)
     assert not np.allclose(pre.h_pre, pre.h_post, rtol=1e-2)
     assert pre.donor_layers == {"sliding": 4, "full": 5}
     assert pre.kv["sliding"].k.shape[0] == 10 and pre.argmax.shape == (10,)

@@ -16,7 +16,8 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
 from mtpscope.inspector.reference import ReferenceDrafterError  # noqa: E402
-from mtpscope.traces.replay import replay  # noqa: E402
+from mtpscope.traces.replay import BASELINE_CPU, BASELINE_GPU, baseline_for, replay  # noqa: E402
+from tests.numerics import check_emulated_chain  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -50,7 +51,9 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
     assert base["agreement"] == 1.0
     # h_next recomputed from the prefill's K/V vs the h_next llama.cpp produced during recording (f32)
     assert len(res.h_next_rel_err) == len(tr.steps)
-    assert s["baseline_h_next_rel_err_max"] <= 1e-3
+    assert res.baseline == BASELINE_CPU  # recorded with the default n_gpu_layers=-1 on a CPU-only build
+    check_emulated_chain(res.h_next_rel_err, "replayed h_next")  # tolerances: tests/numerics.py
+    assert s["baseline_h_next_rel_err_max"] == max(res.h_next_rel_err)
     # would-be acceptance of the baseline equals the recorder's own per-round counts
     assert res.rounds["n_accepted[baseline]"].tolist() == res.rounds["n_accepted"].tolist()
     rec_rate = tr.rounds["n_accepted"].sum() / tr.rounds["n_draft"].sum()
@@ -154,7 +157,23 @@ def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     words = demo.DEMO_PASSAGE.split()
     record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24,
            hidden="f32")
-    s = replay(tmp_path / "trace", variants=["position=p-1"]).summary()
+    res = replay(tmp_path / "trace", variants=["position=p-1"])
+    s = res.summary()
     assert s["variants"]["baseline"]["agreement"] == 1.0
-    assert s["baseline_h_next_rel_err_max"] <= 1e-3   # every recorded step, attention in play
+    check_emulated_chain(res.h_next_rel_err, "replayed h_next")  # every recorded step, attention in play
     assert s["variants"]["position=p-1"]["agreement"] < 1.0
+    # the exact-tanh GELU of a GPU build is a different convention here: F16-table rounding is missing
+    gpu = replay(tmp_path / "trace", baseline=BASELINE_GPU)
+    with pytest.raises(AssertionError, match="not emulated"):
+        check_emulated_chain(gpu.h_next_rel_err, "GPU baseline on a CPU trace")
+
+
+def test_baseline_follows_the_recorded_device() -> None:
+    """CPU numerics unless the manifest says the drafter ran on a GPU (n_gpu_layers=-1, the recorder's
+    default, is ignored by a CPU-only build, whose manifest says device "cpu")."""
+    cpu_default = {"params": {"n_gpu_layers": -1}, "runtime": {"device": "cpu"}}
+    assert baseline_for(cpu_default) == BASELINE_CPU
+    assert baseline_for({"params": {"n_gpu_layers": -1}, "runtime": {"device": "NVIDIA H200"}}) == BASELINE_GPU
+    assert baseline_for({"params": {"n_gpu_layers": 0}, "runtime": {"device": "NVIDIA H200"}}) == BASELINE_CPU
+    assert baseline_for({"params": {"n_gpu_layers": -1}}) == BASELINE_CPU
+    assert BASELINE_CPU.gelu == "ggml-f16" and BASELINE_GPU.gelu == "tanh"

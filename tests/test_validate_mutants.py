@@ -112,11 +112,15 @@ def test_duplicate_tensor_name_is_unreadable(tmp_path: Path) -> None:
 
 # --- dtypes and values ----------------------------------------------------------------------------------
 
-def test_vector_not_f32_is_a_warning(tmp_path: Path) -> None:
+def test_vector_not_f32_is_an_error(tmp_path: Path) -> None:
+    # llama.cpp loads such a drafter and aborts at its first draft (tests/test_runtime_verdicts.py)
     r = verify_kind(tmp_path, "upstream", MUTANTS["up_norm_f16"][1])
-    f = one(r, "W_DTYPE_VECTOR")
+    f = one(r, "E_DTYPE_VECTOR")
     assert (f.subject, f.expected, f.actual) == ("blk.0.attn_norm.weight", "F32", "F16")
-    assert r.ok
+    assert not r.ok
+    up = r.loadability[0]
+    assert up.loads is True and up.outcome == "aborts at first draft"
+    assert up.message == "binary_op: unsupported types: dst: f32, src0: f32, src1: f16"
 
 
 def test_quantized_matrices_are_fine(tmp_path: Path) -> None:
@@ -138,13 +142,21 @@ def test_nonfinite_value(tmp_path: Path) -> None:
 
 def test_rope_freqs_values(tmp_path: Path) -> None:
     # head_dim_full 64 -> 32 entries; partial factor 0.25 -> 64 * 0.25 / 2 = 8 rotated pairs
+    # all 1.0: the first differing pair is 8 (the first of the 24 that must stay unrotated)
     r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", np.ones(32, np.float32)))
-    f = one(r, "W_ROPE_FREQS_ROTATED")
-    assert (f.expected, f.actual) == (8, 32)
+    f = one(r, "E_ROPE_FREQS_VALUES")
+    unrot = float(np.float32(1e30))  # the float32 value the file stores
+    assert (f.expected, f.actual) == ({"pair": 8, "value": unrot}, {"pair": 8, "value": 1.0})
+    assert "24 pairs differ" in f.message and not r.ok
     bad = np.array([1.0] * 8 + [1e30] * 24, np.float32)
     bad[20] = 1.0
     r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", bad), name="b.gguf")
-    assert one(r, "E_ROPE_FREQS_VALUES").subject == "rope_freqs.weight"
+    f = one(r, "E_ROPE_FREQS_VALUES")
+    assert f.subject == "rope_freqs.weight" and f.actual == {"pair": 20, "value": 1.0}
+    few = np.array([1.0] * 4 + [1e30] * 28, np.float32)  # rotates 4 pairs, 8 implied
+    f = one(verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", few), name="d.gguf"),
+            "E_ROPE_FREQS_VALUES")
+    assert (f.expected, f.actual) == ({"pair": 4, "value": 1.0}, {"pair": 4, "value": unrot})
     r = verify_kind(tmp_path, "upstream", add_tensor("rope_freqs.weight", np.ones(16, np.float32)), name="c.gguf")
     assert (one(r, "E_TENSOR_SHAPE").expected, one(r, "E_TENSOR_SHAPE").actual) == ([32], [16])
 

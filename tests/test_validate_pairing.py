@@ -80,8 +80,8 @@ def test_donor_layers_of_an_unusual_target(tmp_path: Path, pair: dict[str, Path]
     pattern = MetaValue(GGUF_ARRAY, [True, True, False, True, False, True], GGUF_BOOL)
     r = verify(pair["upstream"], target=_target(tmp_path, set_key("gemma4.attention.sliding_window_pattern", pattern)))
     assert dict(r.pairing.kv_donors_hf) == {"sliding": 5, "full": 4}
-    warned = {f.subject for f in r.findings if f.code == "W_PAIR_KV_DONOR"}
-    assert warned == {"blk.4", "blk.5"}
+    flagged = {f.subject for f in r.findings if f.code == "E_PAIR_KV_DONOR" and f.severity == "error"}
+    assert flagged == {"blk.4", "blk.5"}
 
 
 def test_window_warning(tmp_path: Path, pair: dict[str, Path]) -> None:

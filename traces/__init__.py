@@ -1,6 +1,7 @@
 """Trace format, store, metrics and importers for MTP drafting runs.
 
-``traces.open(DIR)`` opens a trace directory (see :func:`traces.store.open_trace`);
+``traces.open(DIR)`` opens a trace directory (see :func:`traces.store.open_trace`), ``traces.open_sweep(DIR)``
+a sweep directory (:func:`traces.sweep_read.open_sweep`);
 :class:`TraceWriter` writes one; :class:`RoundRecord` / :class:`StepRecord` are what the recorder hands it.
 
 The public names below are imported lazily (PEP 562): importing a submodule by name, or finding it
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # "open" is left out of __all__ so that `from traces import *` never shadows the builtin open().
-__all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord"]
+__all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord", "open_sweep"]
 
 _FROM = {
     "RoundRecord": ("mtpscope.traces.records", "RoundRecord"),
@@ -22,11 +23,14 @@ _FROM = {
     "open_trace": ("mtpscope.traces.store", "open_trace"),
     # the documented reader entry point: traces.open(DIR)
     "open": ("mtpscope.traces.store", "open_trace"),
+    # a sweep directory (sweep.json + one trace per task) read as one dataset
+    "open_sweep": ("mtpscope.traces.sweep_read", "open_sweep"),
 }
 
 if TYPE_CHECKING:
     from mtpscope.traces.records import RoundRecord, StepRecord
     from mtpscope.traces.store import Trace, TraceWriter, open_trace
+    from mtpscope.traces.sweep_read import open_sweep
 
     open = open_trace  # noqa: A001
 

@@ -366,6 +366,32 @@ _RATE_RE = re.compile(
     r"draft acceptance(?: rate)?\s*=\s*(?P<rate>[-+0-9.eEnaif]+)\s*\(\s*(?P<acc>\d+)\s+accepted\s*/\s*"
     r"(?P<gen>\d+)\s+generated\s*\)(?:\s*,\s*mean len\s*=\s*(?P<mal>[-+0-9.eE]+))?")
 _SLOT_RE = re.compile(r"\bid\s+(?P<slot>\d+)\s*\|\s*task\s+(?P<task>-?\d+)\s*\|")
+#: ``common_speculative_print_stats`` (common/speculative.cpp): one line per speculative type
+_STATS_RE = re.compile(
+    r"statistics\s+(?P<type>[\w.-]+):\s*#calls\(b,g,a\)\s*=\s*(?P<cb>\d+)\s+(?P<cg>\d+)\s+(?P<ca>\d+)\s*,"
+    r"\s*#gen drafts\s*=\s*(?P<gd>\d+)\s*,\s*#acc drafts\s*=\s*(?P<ad>\d+)\s*,"
+    r"\s*#gen tokens\s*=\s*(?P<gt>\d+)\s*,\s*#acc tokens\s*=\s*(?P<at>\d+)"
+    r"(?P<rest>.*)$")
+_DUR_RE = re.compile(r"dur\(b,g,a\)\s*=\s*(?P<b>[-+0-9.eE]+)\s*,\s*(?P<g>[-+0-9.eE]+)\s*,\s*(?P<a>[-+0-9.eE]+)\s*ms")
+#: speculative types whose statistics describe an MTP drafter
+_MTP_SPEC_TYPES = ("draft-mtp", "mtp")
+_STATS_COLUMNS = ("spec_type", "n_calls_begin", "n_calls_draft", "n_calls_accept", "n_gen_drafts", "n_acc_drafts",
+                  "n_gen_tokens", "n_acc_tokens", "t_begin_ms", "t_draft_ms", "t_accept_ms")
+
+
+def _stats_fields(m: re.Match[str]) -> dict[str, Any] | str:
+    """The request-row fields of one ``statistics`` line, or the reason it is bad."""
+    ints = [int(m[g]) for g in ("cb", "cg", "ca", "gd", "ad", "gt", "at")]
+    if not all(_in_i32(v) for v in ints):
+        return "statistics counter does not fit int32"
+    if ints[4] > ints[3] or ints[6] > ints[5]:
+        return f"statistics: more accepted than generated ({ints[4]} / {ints[3]} drafts, {ints[6]} / {ints[5]} tokens)"
+    out: dict[str, Any] = dict(zip(_STATS_COLUMNS[1:8], ints, strict=True))
+    out["spec_type"] = m["type"]
+    d = _DUR_RE.search(m["rest"] or "")
+    for key, g in (("t_begin_ms", "b"), ("t_draft_ms", "g"), ("t_accept_ms", "a")):
+        out[key] = float(d[g]) if d else None
+    return out
 
 
 def _response_row(obj: dict, ln: int) -> tuple[str, Any]:
@@ -398,10 +424,16 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                       overwrite: bool = False) -> ImportResult:
     """Import a llama-server log (and/or per-response JSON) as per-request rows (source ``server-log``).
 
-    Each acceptance-rate log line gives a ``kind="log"`` row (slot and task ids from the line's
-    ``id N | task M |`` prefix, or from the line just before it); each JSON object with
-    ``timings.draft_n`` gives a ``kind="response"`` row. A log line whose printed rate disagrees with
-    ``accepted / generated`` by more than its 5 printed decimals allow is bad.
+    Each acceptance-rate log line gives a ``kind="log"`` row; each JSON object with ``timings.draft_n``
+    gives a ``kind="response"`` row. A log line whose printed rate disagrees with ``accepted / generated``
+    by more than its 5 printed decimals allow is bad.
+
+    Which request a log line is: its own ``id N | task M |`` prefix; with task ``-1`` (the slot had
+    already released its task) the last task seen on that slot; without a prefix (older servers print
+    the line after the timing lines) the most recent ``id N | task M |`` line, however many timing or
+    statistics lines stand between them. A ``statistics draft-mtp:`` (or ``statistics mtp:``) line
+    that follows goes into the same row (``spec_type``, ``n_calls_*``, ``n_gen_*`` / ``n_acc_*``,
+    ``t_*_ms``); statistics of other speculative types are ignored.
 
     Raises:
         ImportFormatError: the file is missing or holds no usable line.
@@ -411,7 +443,10 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     rows: list[dict] = []
     bad: list[tuple[int, str]] = []
     n_lines = n_ignored = 0
-    last_slot: tuple[int, int, int] | None = None    # (line, slot, task)
+    last_slot: tuple[int, int] | None = None         # the most recent (slot, task) prefix
+    slot_task: dict[int, int] = {}                    # per slot: its last task id >= 0
+    last_log: dict | None = None                      # the last acceptance row (statistics go there)
+    n_stats = 0                                       # statistics lines merged into a row
     for ln, line in _lines(path):
         n_lines = ln
         s = line.strip()
@@ -443,6 +478,18 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 n_ignored += 1
             continue
         slot_m = _SLOT_RE.search(s)
+        stats_m = _STATS_RE.search(s) if "statistics" in s else None
+        if stats_m is not None:
+            if stats_m["type"] not in _MTP_SPEC_TYPES or last_log is None or last_log["spec_type"] is not None:
+                n_ignored += 1           # another drafter type, or no acceptance line to attach it to
+                continue
+            fields = _stats_fields(stats_m)
+            if isinstance(fields, str):
+                bad.append((ln, fields))
+                continue
+            last_log.update(fields)
+            n_stats += 1
+            continue
         if "draft acceptance" in s:
             m = _RATE_RE.search(s)
             if not m:
@@ -470,15 +517,24 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 if not (_in_i32(slot) and _in_i32(task)):
                     bad.append((ln, f"slot id {slot} / task id {task} does not fit int32"))
                     continue
-            elif last_slot is not None and last_slot[0] >= ln - 2:
-                slot, task = last_slot[1], last_slot[2]
-            rows.append({"line": ln, "kind": "log", "id_slot": slot, "id_task": task,
-                         "n_drafted": gen, "n_accepted": acc, "acceptance_rate": acc / gen if gen else None,
-                         "mean_acceptance_length": float(m["mal"]) if m["mal"] else None,
-                         "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None})
+                if task < 0:
+                    task = slot_task.get(slot)
+            elif last_slot is not None:
+                slot, task = last_slot
+            last_log = {"line": ln, "kind": "log", "id_slot": slot, "id_task": task,
+                        "n_drafted": gen, "n_accepted": acc, "acceptance_rate": acc / gen if gen else None,
+                        "mean_acceptance_length": float(m["mal"]) if m["mal"] else None,
+                        "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
+                        **dict.fromkeys(_STATS_COLUMNS)}
+            rows.append(last_log)
             continue
         if slot_m and _in_i32(int(slot_m["slot"])) and _in_i32(int(slot_m["task"])):
-            last_slot = (ln, int(slot_m["slot"]), int(slot_m["task"]))
+            sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+            if tk >= 0:
+                slot_task[sl] = tk
+                last_slot = (sl, tk)
+            elif sl in slot_task:
+                last_slot = (sl, slot_task[sl])
         n_ignored += 1
 
     if not rows:
@@ -500,13 +556,13 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "command": list(sys.argv),
         "params": {"file": str(path)},
         "prompts": [],
-        "import": {"file": str(path), "n_lines": n_lines, "n_used": len(rows), "n_ignored": n_ignored,
+        "import": {"file": str(path), "n_lines": n_lines, "n_used": len(rows) + n_stats, "n_ignored": n_ignored,
                    "n_bad": len(bad), "bad_lines": [ln for ln, _ in bad[:1000]], "warnings": warnings},
     }
     with TraceWriter(out_dir, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                      centroids=False, compact=False, overwrite=overwrite) as w:
         w.write_tables(None, None, requests)
-    return ImportResult(str(path), str(out_dir), "server-log", n_lines, len(rows), n_ignored, len(bad),
+    return ImportResult(str(path), str(out_dir), "server-log", n_lines, len(rows) + n_stats, n_ignored, len(bad),
                         tuple(bad), tuple(warnings), n_requests=len(rows))
 
 

@@ -23,6 +23,7 @@ import collections
 import ctypes
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -57,6 +58,7 @@ _REQUIRED_EXT_SYMBOLS = (
 
 _state: dict[str, Any] = {}
 _log_lines: collections.deque[str] = collections.deque(maxlen=200)
+_log_sinks: list[list[str]] = []  # capture_log() blocks in progress
 
 
 def llama() -> ModuleType:
@@ -161,6 +163,20 @@ def recent_log(n: int = 12) -> str:
     return "".join(list(_log_lines)[-n:]).strip()
 
 
+@contextlib.contextmanager
+def capture_log() -> Iterator[list[str]]:
+    """Every piece of text llama.cpp logs inside the block (all levels, in order, as logged: a line may
+    come in several pieces; ``"".join(pieces).splitlines()`` gives the lines). For tests and checks that
+    compare with what llama.cpp reports (e.g. buffer sizes, inspector/estimate.py)."""
+    llama()  # installs the log callback
+    sink: list[str] = []
+    _log_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _log_sinks.remove(sink)
+
+
 def _install_log_callback(llama_cpp: ModuleType) -> None:
     echo = os.environ.get("MTPSCOPE_LLAMA_LOG", "") not in ("", "0")
 
@@ -170,6 +186,8 @@ def _install_log_callback(llama_cpp: ModuleType) -> None:
         try:
             s = text.decode("utf-8", "replace") if text else ""
             _log_lines.append(s)
+            for sink in _log_sinks:
+                sink.append(s)
             if echo:
                 sys.stderr.write(s)
         except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
@@ -285,14 +303,24 @@ class NodeCapture:
     Set :attr:`enabled` False to answer "not needed" for every node (the scheduler then runs the
     graph in one piece, but the Python callback is still invoked once per node).
 
+    The callback runs once per graph node (~140 per drafter step), so its cost is the capture's cost
+    in the loop. With ``fixed_graph`` (a context that always decodes the same batch shape, e.g. the
+    MTP drafter's one-token steps) it remembers, per node address, whether the node is wanted and how
+    to copy it: a dict lookup instead of reading the node's name (1.7 µs here) on every call. llama.cpp
+    rebuilds such a graph in the same memory in the same order, so addresses stay meaningful; as a
+    guard the remembered answers are dropped when a decode asks about a different number of nodes than
+    the one before, or when a remembered node turns out to have another name.
+
     Args:
         names: exact ggml node names to capture, e.g. ``("result_norm", "h_nextn")``.
+        fixed_graph: remember answers and copy layouts per node address (see above).
     """
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], *, fixed_graph: bool = False) -> None:
         self.names = frozenset(names)
         self._wanted = frozenset(n.encode() for n in self.names)
         self.enabled = True
+        self.fixed_graph = bool(fixed_graph)
         self.captured: list[tuple[str, np.ndarray]] = []
         #: an exception (e.g. KeyboardInterrupt) raised inside the callback, kept for :meth:`raise_pending`
         self.error: BaseException | None = None
@@ -301,6 +329,12 @@ class NodeCapture:
         wanted = self._wanted
         string_at = ctypes.string_at
         off = _NAME_OFFSET
+        memo: dict[int, bool] = {}
+        self._memo = memo
+        self._layout: dict[int, tuple[str, Any, tuple[int, ...], int]] = {}
+        self._asks = [0, -1]           # nodes asked about in this decode, in the previous one
+        asks = self._asks
+        fixed = self.fixed_graph
 
         def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
             # never raise: ctypes would print "Exception ignored" and drop the exception (a Ctrl-C
@@ -310,7 +344,13 @@ class NodeCapture:
                 if self.error is not None or _sigint["pending"]:
                     return False
                 if ask:
-                    return self.enabled and string_at(t + off) in wanted
+                    if not fixed:
+                        return self.enabled and string_at(t + off) in wanted
+                    asks[0] += 1
+                    v = memo.get(t)
+                    if v is None:
+                        v = memo[t] = string_at(t + off) in wanted
+                    return self.enabled and v
                 self._copy(t)
                 return True
             except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
@@ -323,8 +363,19 @@ class NodeCapture:
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(_cb)
 
     def _copy(self, t: int) -> None:
+        lay = self._layout.get(t) if self.fixed_graph else None
+        if lay is not None:   # fixed graph: the node's name, dtype, numpy shape and size as last time
+            name, dtype, shape, nbytes = lay
+            buf = np.empty(shape, dtype=dtype)
+            self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
+            self.captured.append((name, buf if dtype is np.float32 else buf.astype(np.float32)))
+            return
         tensor = GgmlTensor.from_address(t)
         name = tensor.name.decode("utf-8", "replace")
+        if self.fixed_graph and name not in self.names:   # a remembered address now holds another node
+            self._memo.clear()
+            self._layout.clear()
+            return
         if tensor.type not in (GGML_TYPE_F32, GGML_TYPE_F16):
             return  # nothing the recorder asks for; skip rather than misread
         nbytes = self._ggml["nbytes"](t)
@@ -339,6 +390,8 @@ class NodeCapture:
             self.captured.append((name, raw))
             return
         self._ggml["tensor_get"](t, buf.ctypes.data, 0, nbytes)
+        if self.fixed_graph:
+            self._layout[t] = (name, dtype, tuple(ne[::-1]), int(nbytes))
         self.captured.append((name, buf.reshape(ne[::-1]).astype(np.float32, copy=False)))
 
     def raise_pending(self) -> None:
@@ -352,8 +405,16 @@ class NodeCapture:
             raise e
 
     def reset(self) -> None:
-        """Forget what the previous decode captured."""
+        """Forget what the previous decode captured (before each decode)."""
         self.captured.clear()
+        if self.fixed_graph:
+            n, prev = self._asks
+            if n and prev >= 0 and n != prev:   # the graph changed: remembered addresses may be stale
+                self._memo.clear()
+                self._layout.clear()
+            if n:
+                self._asks[1] = n
+            self._asks[0] = 0
 
     def get(self, name: str, occurrence: int = 0) -> np.ndarray | None:
         """The ``occurrence``-th captured value of node ``name`` (float32, numpy order), or None."""
@@ -472,9 +533,19 @@ class LlamaModel(_ClosedOnDelete):
         Raises:
             TraceError: the GGUF has no chat template.
         """
+        return self.render_chat([{"role": "user", "content": user_text}])
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """A chat (``[{"role", "content"}, ...]``) under the GGUF's own ``tokenizer.chat_template``, with
+        the generation prompt added (llama-cpp-python's Jinja2 chat formatter).
+
+        Raises:
+            TraceError: the GGUF has no chat template, or the template refuses the messages (its error
+                message is kept).
+        """
         tmpl = self.meta("tokenizer.chat_template")
         if not tmpl:
-            raise TraceError("the model has no chat template (--chat needs one)", path=self.path,
+            raise TraceError("the model has no chat template (--chat and chat prompts need one)", path=self.path,
                              key="tokenizer.chat_template")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
 
@@ -485,7 +556,11 @@ class LlamaModel(_ClosedOnDelete):
         eos_s = self.token_to_piece(eos).decode("utf-8", "replace") if eos >= 0 else ""
         fmt = Jinja2ChatFormatter(template=tmpl, eos_token=eos_s, bos_token=bos_s,
                                   add_generation_prompt=True)
-        return fmt(messages=[{"role": "user", "content": user_text}]).prompt
+        try:
+            return fmt(messages=[dict(m) for m in messages]).prompt
+        except Exception as e:  # noqa: BLE001 - jinja2's errors (TemplateError, TypeError) -> one line
+            raise TraceError(f"the chat template refused the messages: {type(e).__name__}: {e}", path=self.path,
+                             key="tokenizer.chat_template") from None
 
     def close(self) -> None:
         """Free the model (idempotent)."""
@@ -508,6 +583,9 @@ class LlamaContext(_ClosedOnDelete):
         n_threads: CPU threads (None = llama.cpp default).
         nextn: turn on the nextn hidden-state output (``llama_set_embeddings_nextn``); ``masked``
             True keeps one row per output row (drafter), False one row per batch token (target).
+        n_ubatch / n_seq_max / kv_unified / swa_full / type_k / type_v: the ``llama_context_params``
+            fields of those names (``n_ubatch`` default ``n_batch``; None keeps llama.cpp's default;
+            ``type_k`` / ``type_v`` are ggml type ids, e.g. 8 = Q8_0).
 
     Raises:
         TraceError: llama.cpp could not create the context.
@@ -515,14 +593,21 @@ class LlamaContext(_ClosedOnDelete):
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, mtp_of: LlamaContext | None = None,
                  capture: NodeCapture | None = None, flash_attn: bool | None = False,
-                 n_threads: int | None = None, nextn: bool = True, masked: bool = False) -> None:
+                 n_threads: int | None = None, nextn: bool = True, masked: bool = False,
+                 n_ubatch: int | None = None, n_seq_max: int = 1, kv_unified: bool | None = None,
+                 swa_full: bool | None = None, type_k: int | None = None, type_v: int | None = None) -> None:
         lc = llama()
         self.model = model
         params = lc.llama_context_default_params()
         params.n_ctx = int(n_ctx)
         params.n_batch = int(n_batch)
-        params.n_ubatch = int(n_batch)
-        params.n_seq_max = 1
+        params.n_ubatch = int(n_batch if n_ubatch is None else n_ubatch)
+        params.n_seq_max = int(n_seq_max)
+        # None keeps llama.cpp's default (llama_context_default_params)
+        for name, value in (("kv_unified", kv_unified), ("swa_full", swa_full), ("type_k", type_k),
+                            ("type_v", type_v)):
+            if value is not None:
+                setattr(params, name, value)
         params.no_perf = True
         if flash_attn is not None:
             params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
@@ -679,6 +764,55 @@ class DraftBatch:
             self.batch.token = ctypes.POINTER(lc.llama_token)()
             lc.llama_batch_free(self.batch)
             self.batch = None
+
+
+# --------------------------------------------------------------------------------------------------
+# aborts: what llama.cpp / ggml print when they give up (for the isolated recording worker)
+# --------------------------------------------------------------------------------------------------
+
+#: Environment for a process that runs llama.cpp under the recorder. ggml's abort handler
+#: (``ggml_abort`` -> ``ggml_print_backtrace`` in ``ggml/src/ggml.c``; also ``std::terminate`` via
+#: ``ggml.cpp``) forks and execs ``gdb --batch -ex "attach PID" -ex bt`` (or lldb) unless
+#: ``GGML_NO_BACKTRACE`` is set, which prints ~200 lines of debugger output into the user's terminal
+#: and can take seconds; the message before it (``file:line: text``) is all we need.
+ABORT_ENV = {"GGML_NO_BACKTRACE": "1"}
+
+#: ``ggml_abort`` writes ``"<file>:<line>: <message>"`` to stderr before ``abort()``
+#: (``GGML_ABORT(...)``, ``GGML_ASSERT(x)`` -> ``GGML_ASSERT(x) failed``)
+_ABORT_LINE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|metal)):(?P<line>\d+): (?P<msg>.+)$")
+#: Python's faulthandler block that follows a fatal signal in the worker (not llama.cpp's words)
+_FAULTHANDLER_START = ("Fatal Python error:", "Current thread ", "Thread 0x", "Extension modules:",
+                       "Stack (most recent call first)")
+
+
+def abort_message(lines: Sequence[str]) -> str | None:
+    """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
+
+    The last ``ggml_abort`` line (``"ggml-cpu/binary-ops.cpp:135: binary_op: unsupported types: ..."``)
+    gives its message without the source path (``"binary_op: unsupported types: ..."``); for
+    ggml-cuda's generic ``CUDA error`` abort the preceding ``CUDA error: <reason>`` line is used.
+    Without an abort line: the last non-empty line before Python's faulthandler report, if any.
+    """
+    clean = [ln.rstrip("\r\n") for ln in lines]
+    for i in range(len(clean) - 1, -1, -1):
+        m = _ABORT_LINE.match(clean[i].strip())
+        if m:
+            msg = m["msg"].strip()
+            if msg == "CUDA error":
+                for j in range(i - 1, max(i - 8, -1), -1):
+                    if clean[j].strip().startswith("CUDA error:"):
+                        return clean[j].strip()
+            return msg
+    cut = len(clean)
+    for i, ln in enumerate(clean):
+        if ln.startswith(_FAULTHANDLER_START[0]):
+            cut = i
+            break
+    for ln in reversed(clean[:cut]):
+        t = ln.strip()
+        if t and not t.startswith(_FAULTHANDLER_START) and not t.startswith("File \""):
+            return t
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

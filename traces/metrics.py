@@ -37,8 +37,11 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.wording import prompt_texts
 
 REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
+#: The rolling acceptance window (rounds) of ``report`` and of the app's rolling chart: one default.
+DEFAULT_ROLLING_WINDOW = 32
 
 
 def _need(df: pd.DataFrame, cols: list[str], what: str) -> None:
@@ -141,7 +144,8 @@ def _ordered(rounds: pd.DataFrame) -> pd.DataFrame:
     return rounds.sort_values(["prompt_id", "round"], kind="stable")
 
 
-def rolling_acceptance(rounds: pd.DataFrame, window: int = 32, by_prompt: bool = True) -> pd.DataFrame:
+def rolling_acceptance(rounds: pd.DataFrame, window: int = DEFAULT_ROLLING_WINDOW,
+                       by_prompt: bool = True) -> pd.DataFrame:
     """Acceptance rate over the last ``window`` rounds (sum accepted / sum drafted in the window).
 
     Rounds are ordered by (``prompt_id``, ``round``); with ``by_prompt`` the window restarts at each
@@ -291,29 +295,41 @@ def _clean(obj: Any) -> Any:
     return _scalar(obj)
 
 
-def rolling_summary(rounds: pd.DataFrame, window: int = 32, n_points: int = 200) -> dict[str, Any] | None:
-    """:func:`rolling_acceptance` (per prompt) summarised: quantiles of the rolling rate and an evenly
-    subsampled series of at most ``n_points`` rows (for plotting); None when nothing was drafted.
+def rolling_summary(rounds: pd.DataFrame, window: int = DEFAULT_ROLLING_WINDOW,
+                    n_points: int = 200) -> dict[str, Any] | None:
+    """:func:`rolling_acceptance` over rounds across the whole trace (``by_prompt=False``: the window
+    runs on over prompt boundaries, in (prompt_id, round) order) summarised: quantiles of the rolling
+    rate and an evenly subsampled series of at most ``n_points`` rows (for plotting); None when
+    nothing was drafted.
+
+    Only full windows count (the first ``window - 1`` rounds, whose window is still filling, are left
+    out) unless the trace has fewer than ``window`` rounds, then every round counts
+    (``full_windows`` says which).
 
     Returns:
-        ``{"window", "min", "p10", "median", "p90", "max", "series": [{prompt_id, round, acceptance_rate}]}``.
+        ``{"window", "by_prompt": False, "full_windows", "min", "p10", "median", "p90", "max",
+        "series": [{prompt_id, round, acceptance_rate}]}``.
     """
     if not len(rounds):
         return None
-    r = rolling_acceptance(rounds, window=window, by_prompt=True)
+    r = rolling_acceptance(rounds, window=window, by_prompt=False)
+    full = len(r) >= window
+    if full:
+        r = r.iloc[window - 1:]
     v = r["acceptance_rate"].to_numpy(dtype=float)
     ok = ~np.isnan(v)
     if not ok.any():
         return None
     q = np.quantile(v[ok], [0.0, 0.1, 0.5, 0.9, 1.0])
     idx = np.unique(np.linspace(0, len(r) - 1, num=min(n_points, len(r))).round().astype(np.int64))
-    return {"window": int(window), "min": float(q[0]), "p10": float(q[1]), "median": float(q[2]),
-            "p90": float(q[3]), "max": float(q[4]), "series": _records(r.iloc[idx])}
+    return {"window": int(window), "by_prompt": False, "full_windows": bool(full), "min": float(q[0]),
+            "p10": float(q[1]), "median": float(q[2]), "p90": float(q[3]), "max": float(q[4]),
+            "series": _records(r.iloc[idx])}
 
 
 def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
               requests: pd.DataFrame | None = None, *, streak_top: int = 5,
-              max_k: int | None = None, window: int = 32) -> dict[str, Any]:
+              max_k: int | None = None, window: int = DEFAULT_ROLLING_WINDOW) -> dict[str, Any]:
     """Every metric as one JSON-ready dict (NaN -> None). Pure: works on DataFrames only.
 
     Keys: ``n_rounds``, ``n_verify_rounds``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``,
@@ -359,7 +375,8 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
 
 def report(trace: Any) -> dict[str, Any]:
     """:func:`summarize` for an opened trace, reading only the columns it needs, plus ``trace``,
-    ``source``, ``complete``, ``n_prompts`` and ``warnings``.
+    ``source``, ``complete``, ``n_prompts`` and ``warnings``; each ``prompts`` row also carries the
+    prompt's ``text`` from the manifest ("" when the manifest has none).
 
     Args:
         trace: a :class:`traces.store.Trace`.
@@ -379,5 +396,8 @@ def report(trace: Any) -> dict[str, Any]:
         "n_prompts": max(len(trace.manifest.get("prompts") or []), len(prompt_ids)),
     }
     out = {**head, **body}
+    texts = prompt_texts(trace.manifest.get("prompts"))
+    out["prompts"] = [{"prompt_id": p["prompt_id"], "text": texts.get(p["prompt_id"], ""),
+                       **{k: v for k, v in p.items() if k != "prompt_id"}} for p in out["prompts"]]
     out["warnings"] = list(trace.warnings)
     return out

@@ -27,15 +27,16 @@ With tracing on, the drafter context carries a ``cb_eval`` callback that copies 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
 
-Imports: numpy, mtpscope.errors, traces.llama_runtime (the only llama_cpp user; lazy).
+Imports: numpy, mtpscope.errors, traces.llama_runtime (the only llama_cpp user; lazy), traces.prompts,
+traces.target_side.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ import numpy as np
 
 from mtpscope.errors import TraceError
 from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.prompts import PromptSpec, check_tokens
+from mtpscope.traces.target_side import target_stats
 
 #: the drafter graph node copied by the ``cb_eval`` capture: ``h_inner`` (the drafter's final-norm output)
 H_INNER_NODE = "result_norm"
@@ -55,6 +58,25 @@ def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
     if chat:
         return model.tokenize(model.apply_chat_template(text), add_special=False, parse_special=True)
     return model.tokenize(text, add_special=True, parse_special=False)
+
+
+def spec_tokens(model: Any, spec: PromptSpec, *, chat: bool = False) -> tuple[list[int], str]:
+    """Token ids and the text they stand for of one prompts-file prompt (:class:`traces.prompts.PromptSpec`):
+    ``tokens`` as given (checked against the vocabulary; the text is their detokenization), ``messages``
+    rendered with the GGUF's chat template (special tokens parsed; the text is the rendered prompt), a
+    text by :func:`prompt_tokens`.
+
+    Raises:
+        MtpscopeError: a token id outside the vocabulary (names the file, line and ``tokens[i]``).
+        TraceError: no chat template for ``messages``.
+    """
+    if spec.tokens is not None:
+        check_tokens(spec, model.n_vocab)
+        return list(spec.tokens), model.detokenize(spec.tokens)
+    if spec.messages is not None:
+        text = model.render_chat(spec.messages)
+        return model.tokenize(text, add_special=False, parse_special=True), text
+    return prompt_tokens(model, spec.text or "", chat=chat), spec.text or ""
 
 
 @dataclass
@@ -89,6 +111,14 @@ class RoundResult:
         t_draft_ms / t_verify_ms: wall time of the K drafter decodes / of the verify decode,
             acceptance and KV roll-back, in milliseconds.
         steps: one :class:`DraftStep` per draft, only when tracing (else empty).
+        target_p_drafted / target_entropy: per draft, the target's probability of it and its entropy
+            (nats) at the verify row that judged it (:func:`traces.target_side.target_stats`), only when
+            tracing (else empty); computed after the verify timing.
+        h_target: per draft, the target's ``nextn`` row at that verify row (``float32[n_embd_backbone]``),
+            only with ``hidden_target`` (else empty).
+        target_logits: per draft, a copy of the target's logits at that verify row (``float32[n_vocab]``),
+            only with ``defer_target``: ``target_p_drafted`` / ``target_entropy`` are then empty until
+            :func:`finish_target_side` computes them (outside the loop, in the recording process).
     """
 
     round: int
@@ -101,6 +131,24 @@ class RoundResult:
     t_draft_ms: float
     t_verify_ms: float
     steps: tuple[DraftStep, ...] = field(repr=False, default=())
+    target_p_drafted: tuple[float, ...] = ()
+    target_entropy: tuple[float, ...] = ()
+    h_target: tuple[np.ndarray, ...] = field(repr=False, default=())
+    target_logits: tuple[np.ndarray, ...] = field(repr=False, default=())
+
+
+def finish_target_side(res: RoundResult) -> RoundResult:
+    """``res`` with ``target_p_drafted`` / ``target_entropy`` computed from its ``target_logits``
+    (:func:`traces.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
+    none. ``MtpRuntime.run(defer_target=True)`` leaves this to the process that analyses the round.
+
+    Raises:
+        TraceError: as :func:`traces.target_side.target_stats` (a draft id outside the vocabulary).
+    """
+    if not res.target_logits:
+        return res
+    pa_, ha_ = target_stats(np.stack(res.target_logits), res.drafted[:len(res.target_logits)])
+    return replace(res, target_p_drafted=tuple(pa_.tolist()), target_entropy=tuple(ha_.tolist()), target_logits=())
 
 
 class Sampler:
@@ -174,7 +222,7 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.NodeCapture([H_INNER_NODE]) if capture else None
+        self.capture = rt.NodeCapture([H_INNER_NODE], fixed_graph=True) if capture else None
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
@@ -222,18 +270,29 @@ class MtpRuntime:
             self.tbatch.set(chunk, i, logits="last")
             self.tctx.decode(self.tbatch)
 
-    def generate_plain(self, tokens: Sequence[int], *, max_tokens: int, sampler: Sampler | None = None) -> list[int]:
+    def generate_plain(self, tokens: Sequence[int], *, max_tokens: int, sampler: Sampler | None = None,
+                       timing: dict[str, float] | None = None) -> list[int]:
         """Plain decoding of the target alone, one token per decode (the reference for the
-        speculative loop). Same stopping rule as :meth:`run`. Returns the generated ids."""
+        speculative loop). Same stopping rule as :meth:`run`. Returns the generated ids.
+
+        ``timing``: a dict filled with ``prefill_ms`` (prompt decode and the first token's choice),
+        ``decode_ms`` (every later one-token decode with its token choice) and ``n_decodes``.
+        """
         sampler = sampler or Sampler()
         self._check_fits(len(tokens), max_tokens, 0)
+        perf = time.perf_counter
+        t0 = perf()
         self._prefill(tokens)
         out: list[int] = []
         pos = len(tokens)
         tok = sampler.sample(self.tctx, self.tbatch.batch.n_tokens - 1)
+        t1 = perf()
         while True:
             out.append(tok)
             if len(out) >= max_tokens or self.tmodel.is_eog(tok):
+                if timing is not None:
+                    timing.update(prefill_ms=(t1 - t0) * 1e3, decode_ms=(perf() - t1) * 1e3,
+                                  n_decodes=len(out) - 1)
                 return out
             self.tbatch.set([tok], pos, logits="last")
             self.tctx.decode(self.tbatch)
@@ -244,7 +303,9 @@ class MtpRuntime:
         self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
-            sampler: Sampler | None = None, trace: bool = True) -> Iterator[RoundResult]:
+            sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
+            keep: Callable[[np.ndarray], np.ndarray] | None = None,
+            defer_target: bool = False) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -252,7 +313,15 @@ class MtpRuntime:
             n_draft: drafts per round (K >= 1).
             max_tokens: generated tokens at most (the prefill's token included).
             sampler: the target's token choice (default greedy).
-            trace: keep per-step raw data (drafter logits, h, h_next, h_inner) in the results.
+            trace: keep per-step raw data (drafter logits, h, h_next, h_inner) and the target's side
+                (p of each draft, entropy) in the results.
+            hidden_target: also copy the target's ``nextn`` row of every verify row that judged a draft
+                (``RoundResult.h_target``; with ``trace``).
+            keep: how a step's logits (a view llama.cpp overwrites at the next decode) are copied out
+                (default ``np.copy``; the recording worker copies them straight into its transport ring).
+            defer_target: with ``trace``, keep copies of the verify rows' logits (``RoundResult.
+                target_logits``, copied by ``keep``) instead of computing the target's side in the loop
+                (two passes over n_vocab per draft); :func:`finish_target_side` computes it later.
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -292,7 +361,8 @@ class MtpRuntime:
                 h_next = dctx.nextn(0).copy()
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
-                    steps.append(DraftStep(d, lg.copy(), h_in, h_next, None if hi is None else hi.reshape(-1)))
+                    steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
+                                           None if hi is None else hi.reshape(-1)))
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
@@ -323,9 +393,23 @@ class MtpRuntime:
             h = tctx.nextn(n_acc).copy()
             tctx.seq_rm(pos + n_acc + 1, -1)
             t2 = perf()
+            p_d: tuple[float, ...] = ()
+            ent: tuple[float, ...] = ()
+            h_t: tuple[np.ndarray, ...] = ()
+            t_lg: tuple[np.ndarray, ...] = ()
+            if trace and k_max:  # the target's side, from the verify rows still in tctx (outside the timing)
+                if defer_target:
+                    cp = np.copy if keep is None else keep
+                    t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
+                else:
+                    pa_, ha_ = target_stats(np.stack([tctx.logits(i) for i in range(k_max)]), drafted)
+                    p_d, ent = tuple(pa_.tolist()), tuple(ha_.tolist())
+                if hidden_target:
+                    h_t = tuple(tctx.nextn(i).copy() for i in range(k_max))
             yield RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
                               target=tuple(target), n_accepted=n_acc, emitted=tuple(emitted),
-                              t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps))
+                              t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps),
+                              target_p_drafted=p_d, target_entropy=ent, h_target=h_t, target_logits=t_lg)
             n_out += len(emitted)
             pos += n_acc + 1
             pending = emitted[-1]
@@ -349,4 +433,33 @@ class MtpRuntime:
         self.close()
 
 
-__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "prompt_tokens"]
+
+
+def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: int, temp: float, seed: int,
+                top_k: int, top_p: float) -> tuple[list[list[int]], dict[str, Any]]:
+    """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``.
+
+    Each prompt is decoded by :meth:`MtpRuntime.generate_plain` (the target alone, one token per decode);
+    the entry holds ``t_per_token_ms`` (decode time per generated token after the first), ``n_tokens``,
+    ``n_decodes``, ``decode_ms``, ``prefill_ms`` (milliseconds), ``per_prompt`` and ``outputs_equal`` (None;
+    the recorder fills it at the end, greedy only)."""
+    outs: list[list[int]] = []
+    per = []
+    for tk in toks:
+        timing: dict[str, float] = {}
+        sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+        try:
+            outs.append(rtm.generate_plain(tk, max_tokens=max_tokens, sampler=sampler, timing=timing))
+        finally:
+            sampler.close()
+        per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],
+                    "n_decodes": int(timing["n_decodes"])})
+    n_dec = sum(p["n_decodes"] for p in per)
+    dec = sum(p["decode_ms"] for p in per)
+    return outs, {"t_per_token_ms": dec / n_dec if n_dec else None, "n_tokens": sum(p["n_tokens"] for p in per),
+                  "n_decodes": n_dec, "decode_ms": dec, "prefill_ms": sum(p["prefill_ms"] for p in per),
+                  "per_prompt": per, "outputs_equal": None}
+
+
+__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+           "prompt_tokens", "spec_tokens", "time_plain"]

@@ -104,9 +104,23 @@ def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         return model_info(f)
 
 
-#: :data:`inspector.validate.CODES` of wrong ggml types / tensor shapes that :func:`preflight` refuses
-#: (llama.cpp may load such a drafter and then segfault inside llama_decode)
-PREFLIGHT_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE"})
+def unchecked_models(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """``{"target": model_info, "assistant": model_info}`` without any check (``record(preflight=False)``,
+    for debugging a runtime crash on a pair that :func:`preflight` refuses).
+
+    Raises:
+        GGUFFormatError / UnsupportedFileError: a file our reader cannot read.
+        FileNotFoundError: a missing file.
+    """
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    out = {}
+    for role, p in (("target", target), ("assistant", assistant)):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+        with open_gguf(p) as f:
+            out[role] = model_info(f)
+    return out
 
 
 def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -116,8 +130,9 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
     ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
     the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
     inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
-    :func:`inspector.validate.verify` error about a tensor's ggml type or shape
-    (:data:`PREFLIGHT_CRASH_CODES`; the first three are listed in the message).
+    :func:`inspector.validate.verify` finding that llama.cpp crashes on (the inspector's one list,
+    :data:`inspector.findings.RUNTIME_CRASH_CODES`: a 1-D tensor not in F32, wrong ggml types or shapes
+    of weight matrices; the first three are listed in the message).
 
     Returns:
         ``{"target": model_info, "assistant": model_info}``.
@@ -128,6 +143,7 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         FileNotFoundError: a missing file.
     """
     from mtpscope.inspector import validate as V  # noqa: PLC0415
+    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT  # noqa: PLC0415
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
     for p in (target, assistant):
@@ -147,28 +163,28 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
                               expected="gemma4", actual=t.architecture)
         for f in (t, d):
             v = V.upstream_verdict(f)
-            if v.loads is False:
-                raise LayoutError(f"llama.cpp would refuse this file: {v.reasons[0]}", path=f.path,
-                                  key="loadability", expected="loads", actual="refused")
+            if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:
+                word = "refuse" if v.loads is False and v.outcome == "refuses" else "abort on"
+                raise LayoutError(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
+                                  key="loadability", expected="loads", actual=v.outcome)
         pairing = V.check_pairing(d, t)
         errors = [x for x in pairing.findings if x.severity == V.ERROR]
         if errors:
             e = errors[0]
             raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
                               expected=e.expected, actual=e.actual)
-        # wrong ggml types / shapes of the drafter's tensors: llama.cpp loads some of these and then
-        # crashes (segfault) inside llama_decode, so refuse them here
+        # what llama.cpp loads and then crashes on inside llama_decode (abort, segfault): refuse it here
         report = V.verify(d, target=t)
-        crash = [x for x in report.findings if x.severity == V.ERROR and x.code in PREFLIGHT_CRASH_CODES]
+        crash = [x for x in report.findings if x.code in V.RUNTIME_CRASH_CODES]
         if crash:
             e = crash[0]
             listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
             more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
             raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
-                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope validate`)",
+                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope verify`)",
                               path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
-__all__ = ["MAX_N_DRAFT", "PREFLIGHT_CRASH_CODES", "centroid_source_info", "check_draft_and_sampling",
-           "model_info", "preflight"]
+__all__ = ["MAX_N_DRAFT", "centroid_source_info", "check_draft_and_sampling", "model_info", "preflight",
+           "unchecked_models"]

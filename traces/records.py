@@ -130,6 +130,11 @@ class StepRecord:
         target_in_candidates: whether ``target_token`` was among the sparse head's candidate tokens.
         target_centroid: the centroid whose ordering row holds ``target_token``.
         target_centroid_rank: rank of ``target_centroid`` among all centroids (0 = best).
+        target_p_drafted: the target's probability of ``token`` at verify row ``k - 1`` (softmax of its
+            logits at temperature 1), or ``None``.
+        target_entropy: the target's entropy at that row, nats, or ``None``.
+        h_target: the target's own hidden state at verify row ``k - 1`` (the ``nextn`` row ``h_next``
+            stands in for), shape ``(n_embd_backbone,)``, or ``None``.
 
     Raises:
         TraceFormatError: ``k < 1``, a hidden state that is not 1-D, top lists of different lengths.
@@ -153,6 +158,9 @@ class StepRecord:
     target_in_candidates: bool | None = None
     target_centroid: int | None = None
     target_centroid_rank: int | None = None
+    target_p_drafted: float | None = None
+    target_entropy: float | None = None
+    h_target: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -168,5 +176,5 @@ class StepRecord:
             if va is not None and vb is not None and len(va) != len(vb):
                 raise TraceFormatError(f"{a} and {b} differ in length", key=b,
                                        expected=len(va), actual=len(vb))
-        for name in ("h", "h_next", "h_inner"):
+        for name in ("h", "h_next", "h_inner", "h_target"):
             object.__setattr__(self, name, _as_f32_vector(name, getattr(self, name)))

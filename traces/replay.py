@@ -50,6 +50,21 @@ BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16
 BASELINE_GPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="tanh")
 
 
+def baseline_for(manifest: dict[str, Any]) -> StepOptions:
+    """The baseline options for a recorded trace: :data:`BASELINE_GPU` when its drafter ran on a GPU
+    (``runtime.device`` names one and ``params.n_gpu_layers`` != 0), else :data:`BASELINE_CPU`.
+
+    ``n_gpu_layers`` alone does not tell: the recorder's default is -1 (offload all), which a CPU-only
+    build ignores; its manifest then says ``device: "cpu"`` and the CPU's F16 GELU table applies.
+    """
+    params = manifest.get("params") or {}
+    device = (manifest.get("runtime") or {}).get("device")
+    ngl = params.get("n_gpu_layers")
+    offloads = not isinstance(ngl, int) or isinstance(ngl, bool) or ngl != 0  # unknown: trust the device
+    on_gpu = isinstance(device, str) and device.lower() != "cpu" and offloads
+    return BASELINE_GPU if on_gpu else BASELINE_CPU
+
+
 def parse_variant(spec: str, base: StepOptions) -> StepOptions:
     """``"position=p-1,head=centroid"`` applied on top of ``base``.
 
@@ -100,7 +115,8 @@ class ReplayResult:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
         (1 + accepted / rounds that drafted; both as :func:`traces.metrics.totals` defines them),
         ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
-        and the recorded run's rates."""
+        the recorded run's rates; and ``indistinguishable``: pairs of variants that draft the same token
+        at every replayed step (this trace cannot tell them apart, :func:`indistinguishable`)."""
         from mtpscope.traces.metrics import totals
 
         r = self.rounds
@@ -116,7 +132,8 @@ class ReplayResult:
                                "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
                                "out": self.out, "notes": list(self.notes),
                                "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
-                               "variant_traces": dict(self.variant_traces)}
+                               "variant_traces": dict(self.variant_traces),
+                               "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))]}
         for name, o in self.variants.items():
             ar, mal = rates(f"n_accepted[{name}]")
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
@@ -133,6 +150,17 @@ class ReplayResult:
             same &= (s[c] == s["recorded"]).to_numpy()
         d = s.loc[~same, ["prompt_id", "round", "k", "recorded", "truth", *cols]]
         return d if limit is None else d.head(limit)
+
+
+def indistinguishable(steps: Any, names: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs ``(a, b)`` of variants (in ``names`` order, ``a`` first) whose ``draft[NAME]`` columns are
+    equal at every row of ``steps`` (a replay's steps): on this trace the two options make no
+    difference to any draft. Empty when there are no steps."""
+    if steps is None or len(steps) == 0:
+        return []
+    cols = {n: steps[f"draft[{n}]"].to_numpy() for n in names if f"draft[{n}]" in steps.columns}
+    ns = list(cols)
+    return [(a, b) for i, a in enumerate(ns) for b in ns[i + 1:] if bool((cols[a] == cols[b]).all())]
 
 
 def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) -> Path | None:
@@ -187,7 +215,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         out: folder to write ``summary.json`` and ``steps.parquet`` into.
         target / assistant / centroids: override the manifest's model paths.
         max_rounds: replay only the first N rounds (over all prompts).
-        baseline: the baseline options (default: the recorder's, CPU or GPU by ``params.n_gpu_layers``).
+        baseline: the baseline options (default: :func:`baseline_for` the manifest: CPU or GPU by the
+            device that ran the drafter).
         chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
 
     Raises:
@@ -208,7 +237,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         raise TraceError("replay needs a trace recorded by `mtpscope record` (prompt texts, model paths, "
                          "every round's drafts)", path=tpath, key="manifest.source", expected="record",
                          actual=man.get("source"))
-    base = baseline or (BASELINE_GPU if int(params.get("n_gpu_layers") or 0) != 0 else BASELINE_CPU)
+    base = baseline or baseline_for(man)
     vmap: dict[str, StepOptions] = {"baseline": base}
     for spec in variants:
         vmap[spec] = parse_variant(spec, base)
@@ -234,14 +263,26 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
-        # prompts recorded as token ids (recorder's prompt_ids) carry them; the others are re-tokenized
-        prompt_toks = {pid: ([int(x) for x in prompts[pid]["token_ids"]] if prompts[pid].get("token_ids")
-                             else prompt_tokens(model, prompts[pid].get("text") or "", chat=chat)) for pid in prompts}
+        prompt_toks = {pid: _recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         return res
     finally:
         model.close()
+
+
+def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
+    """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
+    its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
+    did (:func:`traces.mtp_runtime.spec_tokens`)."""
+    from mtpscope.traces.mtp_runtime import spec_tokens
+    from mtpscope.traces.prompts import PromptSpec
+
+    if entry.get("tokens"):
+        return [int(x) for x in entry["tokens"]]
+    if entry.get("messages"):
+        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])), chat=chat)[0]
+    return prompt_tokens(model, entry.get("text") or "", chat=chat)
 
 
 def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, StepOptions], base: StepOptions,
@@ -464,4 +505,6 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     return summary, (steps if steps is not None else pd.DataFrame())
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "parse_variant", "read_replay", "replay"]
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for", "indistinguishable",
+           "parse_variant",
+           "read_replay", "replay"]

@@ -19,9 +19,9 @@ from mtpscope.errors import TraceFormatError
 
 SCHEMA_VERSION = 1
 
-SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay")
+SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay", "baseline")
 HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
-HIDDEN_COLUMNS = ("h", "h_next", "h_inner")
+HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
                     "target_centroid", "target_centroid_rank")
 TABLES = ("rounds", "steps", "requests")
@@ -58,6 +58,10 @@ _STEPS_BASE = [
     pa.field("target_token", _i32),
     pa.field("target_rank", _i32),
     pa.field("accepted", pa.bool_()),
+    # the target's side at this step's verify row (k - 1): softmax(logits) at temperature 1; null in traces
+    # recorded before these columns existed and in imports
+    pa.field("target_p_drafted", _f32),      # the target's probability of the drafted token
+    pa.field("target_entropy", _f32),        # the target's entropy there, nats
 ]
 _STEPS_CENTROID = [
     pa.field("centroid_ids", pa.list_(_i32)),
@@ -82,6 +86,19 @@ REQUESTS_SCHEMA = pa.schema([
     pa.field("prompt_ms", _f64),                     # timings.prompt_ms
     pa.field("predicted_n", _i32),                   # timings.predicted_n (tokens)
     pa.field("predicted_ms", _f64),                  # timings.predicted_ms
+    # log only: llama.cpp's `statistics <type>:` line after the acceptance line (common/speculative.cpp;
+    # counters of the slot's speculative context as printed at the end of this request)
+    pa.field("spec_type", pa.string()),              # "draft-mtp" (upstream) | "mtp" (older builds)
+    pa.field("n_calls_begin", _i32),                 # #calls(b,g,a): begin / generate / accept calls
+    pa.field("n_calls_draft", _i32),
+    pa.field("n_calls_accept", _i32),
+    pa.field("n_gen_drafts", _i32),                  # #gen drafts
+    pa.field("n_acc_drafts", _i32),                  # #acc drafts
+    pa.field("n_gen_tokens", _i32),                  # #gen tokens
+    pa.field("n_acc_tokens", _i32),                  # #acc tokens
+    pa.field("t_begin_ms", _f64),                    # dur(b,g,a), ms (when llama.cpp measured them)
+    pa.field("t_draft_ms", _f64),
+    pa.field("t_accept_ms", _f64),
 ])
 
 
@@ -102,19 +119,27 @@ def hidden_type(dim: int | None, hidden_dtype: str | None) -> pa.DataType:
     return pa.list_(HIDDEN_DTYPES[hidden_dtype], int(dim))
 
 
-def steps_schema(n_embd_backbone: int | None, n_embd: int | None, hidden_dtype: str | None) -> pa.Schema:
-    """The steps schema for given hidden widths (``None`` width or dtype -> that column is type null)."""
+def steps_schema(n_embd_backbone: int | None, n_embd: int | None, hidden_dtype: str | None,
+                 h_target: bool = False) -> pa.Schema:
+    """The steps schema for given hidden widths (``None`` width or dtype -> that column is type null).
+
+    ``h_target`` (``record --hidden-target``): the target's own hidden state at the step's verify row,
+    width ``n_embd_backbone``; type null unless true.
+    """
     return pa.schema(_STEPS_BASE + [
         pa.field("h", hidden_type(n_embd_backbone, hidden_dtype)),
         pa.field("h_next", hidden_type(n_embd_backbone, hidden_dtype)),
         pa.field("h_inner", hidden_type(n_embd, hidden_dtype)),
-    ] + _STEPS_CENTROID)
+    ] + _STEPS_CENTROID + [
+        pa.field("h_target", hidden_type(n_embd_backbone if h_target else None, hidden_dtype)),
+    ])
 
 
 def steps_schema_from_manifest(manifest: dict[str, Any]) -> pa.Schema:
-    """The steps schema implied by ``manifest["dims"]``."""
+    """The steps schema implied by ``manifest["dims"]`` (``dims.h_target`` true: ``h_target`` stored)."""
     dims = manifest.get("dims") or {}
-    return steps_schema(dims.get("n_embd_backbone"), dims.get("n_embd"), dims.get("hidden_dtype"))
+    return steps_schema(dims.get("n_embd_backbone"), dims.get("n_embd"), dims.get("hidden_dtype"),
+                        bool(dims.get("h_target")))
 
 
 STEPS_NON_HIDDEN = tuple(f.name for f in _STEPS_BASE + _STEPS_CENTROID)
@@ -129,7 +154,10 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
 
     Raises:
         TraceFormatError: not a JSON object, missing ``schema_version`` / ``source`` / ``complete`` /
-            ``counts``, a schema version other than :data:`SCHEMA_VERSION`, or an unknown source.
+            ``counts``, a schema version other than :data:`SCHEMA_VERSION`, an unknown source, a
+            top-level value of the wrong type, or ``parts.<table>`` that is not a list of file names.
+        Malformed ``prompts`` entries (not an object, or a ``prompt_id`` that is not an int >= 0) are
+        dropped from the returned manifest rather than refused.
     """
     if not isinstance(manifest, dict):
         raise TraceFormatError("manifest is not a JSON object", path=path,
@@ -158,7 +186,19 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
             raise TraceFormatError("manifest hidden width is not a positive integer", path=path,
                                    key=f"dims.{key}", expected="int > 0 or null", actual=v)
     hd = dims.get("hidden_dtype")
-    if hd is not None and hd not in HIDDEN_DTYPES:
+    if hd is not None and (not isinstance(hd, str) or hd not in HIDDEN_DTYPES):
         raise TraceFormatError("unknown hidden dtype", path=path, key="dims.hidden_dtype",
                                expected="'f16', 'f32' or null", actual=hd)
+    for table, names in (manifest.get("parts") or {}).items():
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            raise TraceFormatError("manifest part list is not a list of file names", path=path,
+                                   key=f"parts.{table}", expected="list of str or null",
+                                   actual=type(names).__name__ if not isinstance(names, list)
+                                   else "list with " + type(next(n for n in names if not isinstance(n, str))).__name__)
+    prompts = manifest.get("prompts")
+    if isinstance(prompts, list):
+        # a malformed prompt entry (not an object, or a prompt_id that is not an int >= 0) is left out of
+        # what readers see; the rounds of that prompt stay readable (nothing recorded is lost)
+        manifest["prompts"] = [p for p in prompts if isinstance(p, dict) and isinstance(p.get("prompt_id"), int)
+                               and not isinstance(p.get("prompt_id"), bool) and p["prompt_id"] >= 0]
     return manifest

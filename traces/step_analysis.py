@@ -68,7 +68,7 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     Args:
         res: a round run with ``trace=True`` (its ``steps`` carry the raw data).
         n_top: drafter candidates kept per step.
-        hidden: ``"off"`` drops the hidden states; any other value keeps them (float32 here).
+        hidden: ``"off"`` drops the hidden states (``h_target`` too); any other value keeps them (float32 here).
         head: a centroid head checked by :meth:`~inspector.centroids.CentroidHead.ready`, or None; its
             columns are filled only when every step has ``h_inner``.
     """
@@ -83,6 +83,7 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             logits = [s.logits for s in steps]
         cs_all = centroid_steps(head, np.stack([s.h_inner for s in steps]), dense_logits=logits,
                                 target_tokens=targets)
+    p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
     for k, s in enumerate(steps, start=1):
         lg = s.logits
         tt = targets[k - 1]
@@ -92,6 +93,10 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
                   "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
                   "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
+        if k <= len(p_d):
+            kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
+        if keep_h and k <= len(h_t):
+            kw["h_target"] = h_t[k - 1]
         if lg is not None:
             ls = summarize_logits(lg, s.token, target=tt, n_top=n_top)
             kw.update(logit=ls.logit, rank=ls.rank, top_ids=ls.top_ids, top_logits=ls.top_logits,

@@ -13,6 +13,16 @@ so a ``kill -9`` leaves only finished parts plus at most one ``.tmp`` (ignored b
 close rewrites the manifest with ``complete: true`` and the counts. Parts carry Parquet page checksums,
 verified on read.
 
+Durable to one round (write-ahead log): every :meth:`TraceWriter.add_round` also appends the round's
+records to ``DIR/wal/part-NNNNN.{steps,rounds}.arrows`` (Arrow IPC stream messages, one ``write`` per
+message, steps first) before it returns, so a ``kill -9`` loses at most the round being appended. When
+the part ``NNNNN`` has been written the segment is deleted. While a writer is open it holds an
+exclusive ``flock`` on ``DIR/wal/lock`` (released by the kernel when the process dies). A reader that
+finds WAL segments and can take the lock (the writer is gone) turns them into the parts they would
+have become (:func:`recover`): complete messages are kept, a torn last message is dropped, steps
+whose round record is missing are dropped. The WAL protects against the death of the process, not of
+the machine (no ``fsync``).
+
 Reading: :func:`open_trace` never fails because of one bad part; a torn or unreadable part is skipped
 with a warning naming the file (``Trace.warnings``) and the rest is read.
 
@@ -23,6 +33,7 @@ one is written) and :func:`swap_in` (moved in only once complete, so a failed ru
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import queue
@@ -30,6 +41,7 @@ import re
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +56,9 @@ from mtpscope.traces import schema as S
 from mtpscope.traces.records import RoundRecord, StepRecord
 
 MANIFEST = "manifest.json"
+WAL_DIR = "wal"
+_WAL_LOCK = "lock"
+_WAL_RE = re.compile(r"^part-(\d{5,})\.(rounds|steps)\.arrows$")
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 _OURS_RE = re.compile(r"^(part|merged)-\d{5,}\.parquet(\.tmp)?$")
 COMPACT_ROUNDS = 65536
@@ -100,6 +115,226 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# ---------------------------------------------------------------------- write-ahead log
+def _try_lock(path: Path, create: bool) -> int | None:
+    """An fd holding an exclusive, non-blocking ``flock`` on ``path``, or None when another open file
+    holds it (a live writer) or the file is missing and ``create`` is false."""
+    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the recorder
+
+    try:
+        fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return fd
+
+
+class _WalSegment:
+    """The write-ahead segment of one future part: two Arrow IPC streams (steps, rounds) in ``wal/``.
+
+    Each record batch is serialised first and written with one ``os.write`` (no user-space buffer),
+    so when :meth:`append` returns the round is in the OS's page cache and survives a ``kill -9``.
+    """
+
+    def __init__(self, wal: Path, idx: int, steps_schema: pa.Schema) -> None:
+        self.idx = idx
+        self.paths = (wal / f"part-{idx:05d}.steps.arrows", wal / f"part-{idx:05d}.rounds.arrows")
+        self._fds: list[int] = []
+        for path, schema in zip(self.paths, (steps_schema, S.ROUNDS_SCHEMA)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._fds.append(fd)
+            _write_all(fd, schema.serialize())
+
+    def append(self, rounds: pa.RecordBatch, steps: pa.RecordBatch | None) -> None:
+        if steps is not None and steps.num_rows:
+            _write_all(self._fds[0], steps.serialize())
+        _write_all(self._fds[1], rounds.serialize())
+
+    def close(self) -> None:
+        for fd in self._fds:
+            try:
+                _write_all(fd, b"\xff\xff\xff\xff\x00\x00\x00\x00")  # end-of-stream marker
+            finally:
+                os.close(fd)
+        self._fds = []
+
+    def remove(self) -> None:
+        for p in self.paths:
+            p.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_wal_stream(path: Path) -> tuple[list[pa.RecordBatch], int]:
+    """The complete record batches of one WAL stream, and the number of bytes after the last one
+    (a torn tail: 0 when the stream ended cleanly)."""
+    size = path.stat().st_size
+    batches: list[pa.RecordBatch] = []
+    good = 0
+    try:
+        with pa.memory_map(str(path)) as src:
+            reader = pa.ipc.open_stream(src)
+            good = src.tell()
+            while True:
+                try:
+                    b = reader.read_next_batch()
+                except StopIteration:
+                    good = size
+                    break
+                batches.append(b)
+                good = src.tell()
+    except (pa.ArrowInvalid, OSError, ValueError):
+        pass
+    return batches, size - good
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover` did to a trace directory.
+
+    Attributes:
+        path: the trace directory.
+        status: ``"recovered"`` (segments turned into parts), ``"none"`` (no write-ahead log),
+            ``"live"`` (a writer holds the lock: nothing touched), ``"failed"`` (an OS error; see ``error``).
+        n_rounds / n_steps: rows recovered into new parts.
+        parts: the part files written (``part-NNNNN.parquet``).
+        torn_bytes: bytes of torn (incomplete) messages dropped.
+        n_steps_dropped: steps whose round record was torn.
+        error: the OS error's text for ``failed``.
+    """
+
+    path: str
+    status: str
+    n_rounds: int = 0
+    n_steps: int = 0
+    parts: tuple[str, ...] = ()
+    torn_bytes: int = 0
+    n_steps_dropped: int = 0
+    error: str | None = None
+
+
+def _wal_segments(wal: Path) -> dict[int, set[str]]:
+    segs: dict[int, set[str]] = {}
+    if wal.is_dir():
+        for p in wal.iterdir():
+            m = _WAL_RE.match(p.name)
+            if m:
+                segs.setdefault(int(m.group(1)), set()).add(m.group(2))
+    return segs
+
+
+def recover(path: str | os.PathLike[str]) -> Recovery:
+    """Turn the write-ahead log of an interrupted writer into the parts it would have written.
+
+    Per segment ``NNNNN`` (in order): if ``rounds/part-NNNNN.parquet`` exists and reads, the segment was
+    already written and is deleted; otherwise its complete messages become ``steps/`` and ``rounds/``
+    ``part-NNNNN.parquet`` (steps first, each via ``.tmp`` + rename), keeping only steps whose
+    ``(prompt_id, round)`` has a round record. Then the manifest's ``counts`` are recomputed from all
+    parts and ``recovered`` records what was done (``complete`` stays false). Nothing is touched while
+    a writer holds ``wal/lock``.
+
+    Returns:
+        :class:`Recovery`.
+
+    Raises:
+        TraceFormatError: the manifest is unreadable (as :func:`open_trace`).
+    """
+    p = Path(path)
+    wal = p / WAL_DIR
+    segs = _wal_segments(wal)
+    if not segs:
+        return Recovery(os.fspath(p), "none")
+    try:
+        fd = _try_lock(wal / _WAL_LOCK, create=True)
+    except OSError as e:
+        return Recovery(os.fspath(p), "failed", error=str(e))
+    if fd is None:
+        return Recovery(os.fspath(p), "live")
+    try:
+        return _recover_locked(p, wal, segs)
+    except OSError as e:
+        return Recovery(os.fspath(p), "failed", error=str(e))
+    finally:
+        os.close(fd)
+
+
+def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    manifest = _read_manifest(p / MANIFEST)
+    steps_schema = S.steps_schema_from_manifest(manifest)
+    n_rounds = n_steps = torn = dropped = 0
+    written: list[str] = []
+    for idx in sorted(segs):
+        name = f"part-{idx:05d}.parquet"
+        seg_paths = {t: wal / f"part-{idx:05d}.{t}.arrows" for t in ("rounds", "steps")}
+        done = p / "rounds" / name
+        if done.is_file():
+            try:
+                pq.read_metadata(done)
+                ok = True
+            except (OSError, pa.ArrowException):
+                ok = False
+            if ok:
+                for sp in seg_paths.values():
+                    sp.unlink(missing_ok=True)
+                continue
+        rb, t_r = _read_wal_stream(seg_paths["rounds"]) if seg_paths["rounds"].is_file() else ([], 0)
+        sb, t_s = _read_wal_stream(seg_paths["steps"]) if seg_paths["steps"].is_file() else ([], 0)
+        torn += t_r + t_s
+        if rb:
+            rounds = pa.Table.from_batches(rb).cast(S.ROUNDS_SCHEMA)
+            steps = (pa.Table.from_batches(sb).cast(steps_schema) if sb else steps_schema.empty_table())
+            keys = pc.add(pc.multiply(pc.cast(rounds["prompt_id"], pa.int64()), 1 << 32),
+                          pc.cast(rounds["round"], pa.int64()))
+            skeys = pc.add(pc.multiply(pc.cast(steps["prompt_id"], pa.int64()), 1 << 32),
+                           pc.cast(steps["round"], pa.int64()))
+            keep = pc.is_in(skeys, value_set=keys)
+            kept = steps.filter(keep)
+            dropped += steps.num_rows - kept.num_rows
+            (p / "steps").mkdir(exist_ok=True)
+            (p / "rounds").mkdir(exist_ok=True)
+            _write_part(kept, p / "steps" / name)
+            _write_part(rounds, p / "rounds" / name)
+            n_rounds += rounds.num_rows
+            n_steps += kept.num_rows
+            written.append(name)
+        else:
+            dropped += sum(b.num_rows for b in sb)
+        for sp in seg_paths.values():
+            sp.unlink(missing_ok=True)
+    counts = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
+    for t, key in (("rounds", "n_rounds"), ("steps", "n_steps")):
+        d = p / t
+        files = [f for f in d.iterdir() if _PART_RE.match(f.name)] if d.is_dir() else []
+        for f in files:
+            try:
+                counts[key] += pq.read_metadata(f).num_rows
+            except (OSError, pa.ArrowException):
+                pass
+        if t == "rounds":
+            counts["n_parts"] = len(files)
+    if "n_requests" in (manifest.get("counts") or {}):
+        counts["n_requests"] = manifest["counts"]["n_requests"]
+    manifest["counts"] = counts
+    manifest["complete"] = False
+    manifest["recovered"] = {"at": _now(), "n_rounds": n_rounds, "n_steps": n_steps, "parts": written,
+                             "torn_bytes": torn, "n_steps_dropped": dropped}
+    _write_json_atomic(p / MANIFEST, manifest)
+    return Recovery(os.fspath(p), "recovered", n_rounds, n_steps, tuple(written), torn, dropped)
+
+
 class TraceWriter:
     """Write a trace directory as the run goes; a context manager.
 
@@ -111,6 +346,7 @@ class TraceWriter:
             ``dims``, ``complete`` and ``counts``.
         n_embd_backbone: width of ``h`` / ``h_next`` (the target's hidden size), or ``None``.
         n_embd: width of ``h_inner`` (the drafter's inner width), or ``None``.
+        h_target: also store ``h_target`` (width ``n_embd_backbone``; ``dims.h_target`` in the manifest).
         hidden_dtype: ``"f16"``, ``"f32"`` or ``None`` (no hidden states stored).
         centroids: whether the drafter has a centroid head (else ``manifest["centroids"]`` is null).
         flush_every: write a part every this many rounds (>= 1).
@@ -124,11 +360,16 @@ class TraceWriter:
             ``add_round`` only converts records; at most 4 parts wait in its queue. A write error is
             raised (as ``TraceError``) by the next ``add_round`` / ``flush`` / ``close``. A kill -9
             loses only the parts still queued; every part already renamed into place stays.
-        overwrite: if ``out_dir`` already holds a trace, delete its manifest and parts first (only
-            those files); otherwise that raises.
+        overwrite: if ``out_dir`` already holds a trace, delete its manifest, parts and write-ahead
+            log first (only those files); otherwise that raises.
+        wal: append every round to the write-ahead log in ``DIR/wal/`` as :meth:`add_round` returns
+            (see the module docstring; a ``kill -9`` then loses at most the round being appended instead
+            of up to ``flush_every``). The writer holds ``DIR/wal/lock`` (an exclusive ``flock``) until
+            :meth:`close`.
 
     Raises:
-        TraceError: ``out_dir`` already holds a trace and ``overwrite`` is false, or ``flush_every < 1``.
+        TraceError: ``out_dir`` already holds a trace and ``overwrite`` is false, another process is
+            writing it (holds ``wal/lock``), or ``flush_every < 1``.
         TraceFormatError: bad ``hidden_dtype`` / widths, unknown source, non-JSON manifest values.
 
     Example::
@@ -152,6 +393,8 @@ class TraceWriter:
         compact_rounds: int = COMPACT_ROUNDS,
         background: bool = True,
         overwrite: bool = False,
+        h_target: bool = False,
+        wal: bool = True,
     ) -> None:
         if int(flush_every) < 1:
             raise TraceError("flush_every must be >= 1", key="flush_every", expected=">= 1",
@@ -164,8 +407,10 @@ class TraceWriter:
         self.n_embd = None if n_embd is None else int(n_embd)
         self.hidden_dtype = hidden_dtype
         self.centroids = bool(centroids)
-        self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype)
-        self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd}
+        self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
+        self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
+        self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
+                        "h_target": self.n_embd_backbone}
         self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
 
         m = dict(manifest)
@@ -179,6 +424,8 @@ class TraceWriter:
         m.setdefault("prompts", [])
         m["dims"] = {"n_embd_backbone": self.n_embd_backbone, "n_embd": self.n_embd,
                      "hidden_dtype": hidden_dtype}
+        if self.h_target:
+            m["dims"]["h_target"] = True
         if not self.centroids:
             m["centroids"] = None
         else:
@@ -192,9 +439,13 @@ class TraceWriter:
             raise TraceFormatError(f"manifest is not JSON serialisable: {e}", path=self.path / MANIFEST) from None
         self.manifest = m
 
+        self.wal = bool(wal)
+        self._lock_fd: int | None = None
         self._prepare_dir(overwrite)
         self._rounds: list[RoundRecord] = []
         self._steps: list[tuple[RoundRecord, StepRecord]] = []
+        self._batches: list[tuple[pa.RecordBatch, pa.RecordBatch | None]] = []  # WAL: per round, as appended
+        self._seg: _WalSegment | None = None
         self._next_part = 0
         self.background = bool(background)
         self._thread: threading.Thread | None = None
@@ -210,10 +461,22 @@ class TraceWriter:
         existing = self.path / MANIFEST
         parts = [p for t in S.TABLES if (self.path / t).is_dir() for p in (self.path / t).iterdir()
                  if _OURS_RE.match(p.name)]
-        if (existing.exists() or parts) and not overwrite:
+        wal = self.path / WAL_DIR
+        segs = [p for p in wal.iterdir() if _WAL_RE.match(p.name)] if wal.is_dir() else []
+        if (existing.exists() or parts or segs) and not overwrite:
             raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                              path=self.path)
-        for p in parts:
+        if self.wal or segs:
+            wal.mkdir(exist_ok=True)
+            fd = _try_lock(wal / _WAL_LOCK, create=True)
+            if fd is None:
+                raise TraceError("another process is writing a trace into this directory (it holds the "
+                                 "write-ahead log's lock)", path=self.path, key=f"{WAL_DIR}/{_WAL_LOCK}")
+            if self.wal:
+                self._lock_fd = fd
+            else:
+                os.close(fd)
+        for p in parts + segs:
             p.unlink()
         for t in ("rounds", "steps"):
             (self.path / t).mkdir(exist_ok=True)
@@ -252,14 +515,37 @@ class TraceWriter:
                 if v.shape[0] != self._widths[name]:
                     raise TraceFormatError("hidden state width differs from the trace's", key=name,
                                            expected=self._widths[name], actual=v.shape[0])
+        if self.wal:
+            self._append_wal(round, steps)
         self._rounds.append(round)
-        self._steps.extend((round, s) for s in steps)
+        if not self.wal:
+            self._steps.extend((round, s) for s in steps)
         if len(self._rounds) >= self.flush_every:
             self.flush()
+
+    def _append_wal(self, round: RoundRecord, steps: Sequence[StepRecord]) -> None:
+        try:
+            rb = self._rounds_table([round]).to_batches()[0]
+            sb = self._steps_table([(round, s) for s in steps]).combine_chunks().to_batches() if steps else []
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+            raise TraceFormatError(f"rounds do not fit the trace schema: {e}", path=self.path,
+                                   key=f"prompt {round.prompt_id} round {round.round}") from None
+        sbatch = sb[0] if sb else None
+        if self._seg is None:
+            self._seg = _WalSegment(self.path / WAL_DIR, self._next_part, self.steps_schema)
+        self._seg.append(rb, sbatch)
+        self._batches.append((rb, sbatch))
 
     def flush(self) -> None:
         """Write the buffered rounds (and their steps) as one part now (no-op when empty)."""
         if not self._rounds:
+            return
+        if self.wal:   # the rows were converted once, when they were appended to the WAL
+            rounds = pa.Table.from_batches([r for r, _ in self._batches], schema=S.ROUNDS_SCHEMA)
+            steps = pa.Table.from_batches([b for _, b in self._batches if b is not None], schema=self.steps_schema)
+            self._rounds, self._steps, self._batches = [], [], []
+            seg, self._seg = self._seg, None
+            self._write_parts(rounds, steps, None, seg)
             return
         try:
             rounds, steps = self._rounds_table(self._rounds), self._steps_table(self._steps)
@@ -288,6 +574,12 @@ class TraceWriter:
             raise TraceError("trace writer is closed", path=self.path)
         if self._rounds:
             self.flush()
+        return self._write_parts(rounds, steps, requests, None)
+
+    def _write_parts(self, rounds: pa.Table | None, steps: pa.Table | None, requests: pa.Table | None,
+                     seg: _WalSegment | None) -> int:
+        """Submit one part (steps, requests, rounds); ``seg``: the WAL segment these rows came from,
+        closed now and deleted once the part files are in place."""
         idx = self._next_part
         name = f"part-{idx:05d}.parquet"
         counts = self.manifest["counts"]
@@ -313,32 +605,40 @@ class TraceWriter:
         counts["n_parts"] += 1
         self._next_part += 1
         self._written.append(rec)
-        self._submit(jobs)
+        if seg is not None:
+            seg.close()
+        self._submit(jobs, seg)
         return idx
 
     # ------------------------------------------------------------------ background part writing
-    def _submit(self, jobs: list[tuple[pa.Table, Path]]) -> None:
-        """Write the part files (in order) now, or on the writer thread when ``background``."""
+    def _submit(self, jobs: list[tuple[pa.Table, Path]], seg: _WalSegment | None = None) -> None:
+        """Write the part files (in order) now, or on the writer thread when ``background``; then
+        delete the WAL segment ``seg`` they replace."""
         self._raise_background_error()
         if not self.background:
             for table, path in jobs:
                 _write_part(table, path)
+            if seg is not None:
+                seg.remove()
             return
         if self._thread is None:
             self._queue = queue.Queue(maxsize=4)
             self._thread = threading.Thread(target=self._worker, name="mtpscope-trace-writer", daemon=True)
             self._thread.start()
-        self._queue.put(jobs)
+        self._queue.put((jobs, seg))
 
     def _worker(self) -> None:
         while True:
-            jobs = self._queue.get()
-            if jobs is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            jobs, seg = item
             if self._error is None:
                 try:
                     for table, path in jobs:
                         _write_part(table, path)
+                    if seg is not None:
+                        seg.remove()
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                     self._error = e
 
@@ -354,16 +654,23 @@ class TraceWriter:
             e, self._error = self._error, None
             raise TraceError(f"writing a trace part failed: {e}", path=self.path) from e
 
-    def close(self, complete: bool = True) -> None:
+    def close(self, complete: bool = True, aborted: dict[str, Any] | None = None) -> None:
         """Write the remaining rounds, compact (see ``compact``) and rewrite the manifest with
-        ``complete``, ``counts`` and ``parts`` (the part file names per table). Idempotent."""
+        ``complete``, ``counts``, ``parts`` (the part file names per table) and, when given,
+        ``aborted`` (why the run stopped: see docs/TRACE_FORMAT.md); then remove the write-ahead log
+        and release its lock. Idempotent."""
         if self._closed:
             return
+        if aborted is not None:
+            self.manifest["aborted"] = aborted
         try:
             self.flush()
         finally:
             self._closed = True
-            self._drain()
+            try:
+                self._drain()
+            finally:
+                self._finish_wal()
         old: list[Path] = []
         listing = self._plain_listing()
         if self.compact and complete and len(self._written) > 1:
@@ -382,6 +689,26 @@ class TraceWriter:
         _write_json_atomic(self.path / MANIFEST, self.manifest)
         for p in old:                     # only now: the manifest no longer lists them
             p.unlink(missing_ok=True)
+
+    def _finish_wal(self) -> None:
+        """After the last part: keep segments whose part failed to write (a reader recovers them),
+        delete the rest of ``wal/`` and release the lock."""
+        if self._seg is not None:      # rounds appended after a failed flush
+            self._seg.close()
+            self._seg = None
+        if self._lock_fd is None:
+            return
+        wal = self.path / WAL_DIR
+        try:
+            if not _wal_segments(wal):
+                (wal / _WAL_LOCK).unlink(missing_ok=True)
+                try:
+                    wal.rmdir()
+                except OSError:
+                    pass
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _plain_listing(self) -> dict[str, Any]:
         return {t: [f"part-{w['idx']:05d}.parquet" for w in self._written if w[t] is not None]
@@ -695,7 +1022,7 @@ class Trace:
         Only that column is read from each steps part (pyarrow column projection).
 
         Args:
-            name: ``"h"``, ``"h_next"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
+            name: ``"h"``, ``"h_next"``, ``"h_target"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
             where: which steps: ``None`` (all, in ``steps`` row order); a boolean mask aligned with
                 :attr:`steps` rows (numpy array or pandas Series of length ``len(steps)``; ``<NA>``
                 counts as false); or a string,
@@ -834,22 +1161,12 @@ def _to_pandas(table: pa.Table, schema: pa.Schema) -> pd.DataFrame:
     return pd.DataFrame(data, index=pd.RangeIndex(table.num_rows), columns=table.column_names)
 
 
-def open_trace(path: str | os.PathLike[str]) -> Trace:
-    """Open a trace directory for reading (``traces.open`` is this function).
-
-    Reads and checks ``manifest.json`` now; parts are read lazily. Torn or unreadable parts are
-    skipped with a warning in ``Trace.warnings``; a trace whose manifest says ``complete: false``
-    (still running, or killed) gets a warning too.
+def _read_manifest(mpath: Path) -> dict[str, Any]:
+    """Read and check ``manifest.json``.
 
     Raises:
-        TraceFormatError: ``path`` is not a directory, has no readable ``manifest.json``, or the
-            manifest has another schema version / lacks required keys.
+        TraceFormatError: missing, not UTF-8, not JSON, or failing :func:`schema.check_manifest`.
     """
-    p = Path(path)
-    if not p.is_dir():
-        raise TraceFormatError("not a trace directory", path=p, expected="a directory with manifest.json",
-                               actual="missing" if not p.exists() else "not a directory")
-    mpath = p / MANIFEST
     try:
         raw = mpath.read_bytes()
     except FileNotFoundError:
@@ -868,7 +1185,42 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
         raise TraceFormatError("manifest JSON is nested too deeply", path=mpath,
                                expected="a flat JSON object", actual="deep nesting") from None
     S.check_manifest(manifest, str(mpath))
+    return manifest
+
+
+def open_trace(path: str | os.PathLike[str], *, recover_wal: bool = True) -> Trace:
+    """Open a trace directory for reading (``traces.open`` is this function).
+
+    Reads and checks ``manifest.json`` now; parts are read lazily. Torn or unreadable parts are
+    skipped with a warning in ``Trace.warnings``; a trace whose manifest says ``complete: false``
+    (still running, or killed) gets a warning too. A write-ahead log left by a writer that died
+    (``wal/``, see :func:`recover`) is first turned into parts (``recover_wal=False``: left alone,
+    with a warning); while its writer still runs it is left alone and the parts written so far are read.
+
+    Raises:
+        TraceFormatError: ``path`` is not a directory, has no readable ``manifest.json``, or the
+            manifest has another schema version / lacks required keys.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise TraceFormatError("not a trace directory", path=p, expected="a directory with manifest.json",
+                               actual="missing" if not p.exists() else "not a directory")
+    mpath = p / MANIFEST
+    manifest = _read_manifest(mpath)
     warnings: list[str] = []
+    if _wal_segments(p / WAL_DIR):
+        rec = recover(p) if recover_wal else Recovery(os.fspath(p), "skipped")
+        if rec.status == "recovered":
+            manifest = _read_manifest(mpath)
+            torn = f"; {rec.torn_bytes} bytes of a torn last round dropped" if rec.torn_bytes else ""
+            warnings.append(f"{p / WAL_DIR}: {rec.n_rounds} rounds ({rec.n_steps} steps) recovered from the "
+                            f"write-ahead log of an interrupted run{torn}")
+        elif rec.status == "failed":
+            warnings.append(f"{p / WAL_DIR}: write-ahead log not recovered ({rec.error}); run "
+                            f"`mtpscope trace repair {p}`")
+        elif rec.status == "skipped":
+            warnings.append(f"{p / WAL_DIR}: write-ahead log of an interrupted run not read; run "
+                            f"`mtpscope trace repair {p}`")
     if not manifest.get("complete"):
         warnings.append(f"{mpath}: trace is incomplete (still being written, or the run stopped early)")
     return Trace(p, manifest, warnings)

@@ -61,6 +61,7 @@ def write_synthetic_trace(
     rounds_per_part: int = 32768,
     seed: int = 0,
     overwrite: bool = True,
+    steps: bool = True,
 ) -> Path:
     """Write a synthetic trace directory and return its path.
 
@@ -77,6 +78,7 @@ def write_synthetic_trace(
         top_n: length of ``top_ids`` / ``top_logits`` per step.
         rounds_per_part: rounds per Parquet part.
         seed: RNG seed; the same arguments give the same trace.
+        steps: write the ``steps`` table (False: rounds only, about a tenth of the bytes and time).
 
     Raises:
         TraceError: a non-positive size argument, ``top_k > n_centroids`` or ``top_n > n_vocab``.
@@ -158,51 +160,53 @@ def write_synthetic_trace(
         "t_verify_ms": pa.array(t_verify, pa.float64()),
     })
 
-    # ---- steps (row-major over (round, k))
-    srow, scol = np.nonzero(dmask)
-    m = len(srow)
-    token = D[srow, scol]
-    accepted = scol < na[srow]
-    target_token = T[srow, scol]
-    target_rank = np.where(accepted, 0, 1 + rng.geometric(0.25, size=m) - 1).astype(np.int32)
-    logit = (rng.normal(18.0, 3.0, size=m)).astype(np.float32)
-    top_ids = rng.integers(0, n_vocab, size=(m, top_n), dtype=np.int64)
-    top_ids[:, 0] = token
-    put = (~accepted) & (target_rank < top_n)
-    top_ids[np.flatnonzero(put), target_rank[put]] = target_token[put]
-    top_logits = (logit[:, None] - np.cumsum(rng.exponential(0.8, size=(m, top_n)), axis=1)
-                  + rng.exponential(0.8, size=(m, 1))).astype(np.float32)
-    top_logits[:, 0] = logit
-    stride = max(n_centroids // top_k, 1)
-    cbase = rng.integers(0, n_centroids, size=m)
-    cids = (cbase[:, None] + np.arange(top_k)[None, :] * stride) % n_centroids
-    clogits = (rng.normal(6.0, 1.0, size=(m, 1))
-               - np.cumsum(rng.exponential(0.3, size=(m, top_k)), axis=1)).astype(np.float32)
-    in_cand = accepted | (rng.random(m) < 0.75)
-    crank = np.where(in_cand,
-                     np.where(accepted, 0, rng.integers(0, top_k, size=m)),
-                     rng.integers(top_k, max(n_centroids, top_k + 1), size=m)).astype(np.int32)
-    tcent = np.where(in_cand, cids[np.arange(m), np.minimum(crank, top_k - 1)],
-                     rng.integers(0, n_centroids, size=m))
-    steps = pa.table({
-        "prompt_id": pa.array(prompt_id[srow], pa.int32()),
-        "round": pa.array(round_idx[srow], pa.int32()),
-        "k": pa.array((scol + 1).astype(np.int32), pa.int32()),
-        "token": pa.array(token.astype(np.int32), pa.int32()),
-        "logit": pa.array(logit, pa.float32()),
-        "rank": pa.array(np.zeros(m, dtype=np.int32), pa.int32()),
-        "top_ids": _list_array(top_ids.reshape(-1).astype(np.int32), np.full(m, top_n), pa.int32()),
-        "top_logits": _list_array(top_logits.reshape(-1), np.full(m, top_n), pa.float32()),
-        "target_token": pa.array(target_token.astype(np.int32), pa.int32()),
-        "target_rank": pa.array(target_rank, pa.int32()),
-        "accepted": pa.array(accepted, pa.bool_()),
-        "centroid_ids": _list_array(cids.reshape(-1).astype(np.int32), np.full(m, top_k), pa.int32()),
-        "centroid_logits": _list_array(clogits.reshape(-1), np.full(m, top_k), pa.float32()),
-        "centroid_token": pa.array(token.astype(np.int32), pa.int32()),
-        "target_in_candidates": pa.array(in_cand, pa.bool_()),
-        "target_centroid": pa.array(tcent.astype(np.int32), pa.int32()),
-        "target_centroid_rank": pa.array(crank, pa.int32()),
-    })
+    # ---- steps (row-major over (round, k)); none with steps=False
+    steps_tbl = None
+    if steps:
+        srow, scol = np.nonzero(dmask)
+        m = len(srow)
+        token = D[srow, scol]
+        accepted = scol < na[srow]
+        target_token = T[srow, scol]
+        target_rank = np.where(accepted, 0, 1 + rng.geometric(0.25, size=m) - 1).astype(np.int32)
+        logit = (rng.normal(18.0, 3.0, size=m)).astype(np.float32)
+        top_ids = rng.integers(0, n_vocab, size=(m, top_n), dtype=np.int64)
+        top_ids[:, 0] = token
+        put = (~accepted) & (target_rank < top_n)
+        top_ids[np.flatnonzero(put), target_rank[put]] = target_token[put]
+        top_logits = (logit[:, None] - np.cumsum(rng.exponential(0.8, size=(m, top_n)), axis=1)
+                      + rng.exponential(0.8, size=(m, 1))).astype(np.float32)
+        top_logits[:, 0] = logit
+        stride = max(n_centroids // top_k, 1)
+        cbase = rng.integers(0, n_centroids, size=m)
+        cids = (cbase[:, None] + np.arange(top_k)[None, :] * stride) % n_centroids
+        clogits = (rng.normal(6.0, 1.0, size=(m, 1))
+                   - np.cumsum(rng.exponential(0.3, size=(m, top_k)), axis=1)).astype(np.float32)
+        in_cand = accepted | (rng.random(m) < 0.75)
+        crank = np.where(in_cand,
+                         np.where(accepted, 0, rng.integers(0, top_k, size=m)),
+                         rng.integers(top_k, max(n_centroids, top_k + 1), size=m)).astype(np.int32)
+        tcent = np.where(in_cand, cids[np.arange(m), np.minimum(crank, top_k - 1)],
+                         rng.integers(0, n_centroids, size=m))
+        steps_tbl = pa.table({
+            "prompt_id": pa.array(prompt_id[srow], pa.int32()),
+            "round": pa.array(round_idx[srow], pa.int32()),
+            "k": pa.array((scol + 1).astype(np.int32), pa.int32()),
+            "token": pa.array(token.astype(np.int32), pa.int32()),
+            "logit": pa.array(logit, pa.float32()),
+            "rank": pa.array(np.zeros(m, dtype=np.int32), pa.int32()),
+            "top_ids": _list_array(top_ids.reshape(-1).astype(np.int32), np.full(m, top_n), pa.int32()),
+            "top_logits": _list_array(top_logits.reshape(-1), np.full(m, top_n), pa.float32()),
+            "target_token": pa.array(target_token.astype(np.int32), pa.int32()),
+            "target_rank": pa.array(target_rank, pa.int32()),
+            "accepted": pa.array(accepted, pa.bool_()),
+            "centroid_ids": _list_array(cids.reshape(-1).astype(np.int32), np.full(m, top_k), pa.int32()),
+            "centroid_logits": _list_array(clogits.reshape(-1), np.full(m, top_k), pa.float32()),
+            "centroid_token": pa.array(token.astype(np.int32), pa.int32()),
+            "target_in_candidates": pa.array(in_cand, pa.bool_()),
+            "target_centroid": pa.array(tcent.astype(np.int32), pa.int32()),
+            "target_centroid_rank": pa.array(crank, pa.int32()),
+        })
 
     dims = (None, None) if not hidden else (int(hidden[0]), int(hidden[1]))
     manifest = {
@@ -224,7 +228,10 @@ def write_synthetic_trace(
         for a in range(0, n, rounds_per_part):
             b = min(a + rounds_per_part, n)
             sa, sb = int(step_off[a]), int(step_off[b])
-            st = steps.slice(sa, sb - sa)
+            if steps_tbl is None:
+                w.write_tables(rounds.slice(a, b - a), None)
+                continue
+            st = steps_tbl.slice(sa, sb - sa)
             if hidden:
                 mm = sb - sa
                 hn = rng.standard_normal((mm, dims[0]), dtype=np.float32).astype(np_dtype)
@@ -238,3 +245,105 @@ def write_synthetic_trace(
                        .append_column("h_inner", _fixed_list(hi, vt))
             w.write_tables(rounds.slice(a, b - a), st)
     return Path(out_dir)
+
+
+#: the categories of :func:`write_synthetic_sweep` (a SPEED-Bench-like dozen)
+SYNTHETIC_CATEGORIES = ("coding", "math", "reasoning", "writing", "roleplay", "qa", "summarization",
+                        "translation", "extraction", "stem", "humanities", "multilingual")
+
+
+def _synthetic_baseline(out_dir: Path, *, n_rounds: int, n_prompts: int, n_vocab: int, seed: int) -> None:
+    """A synthetic plain-decoding trace (``source: "baseline"``): one token per round, n_draft 0,
+    ``t_verify_ms`` about 24 ms (the synthetic MTP rounds' verify time without drafts)."""
+    rng = np.random.default_rng(seed)
+    n = int(n_rounds)
+    per = np.full(n_prompts, n // n_prompts, dtype=np.int64)
+    per[: n % n_prompts] += 1
+    prompt_id = np.repeat(np.arange(n_prompts, dtype=np.int32), per)
+    starts = np.concatenate([[0], np.cumsum(per)[:-1]])
+    round_idx = (np.arange(n) - np.repeat(starts, per)).astype(np.int32)
+    n_prompt_tokens = rng.integers(16, 256, size=n_prompts)
+    toks = rng.integers(0, n_vocab, size=n + n_prompts, dtype=np.int64).astype(np.int32)
+    nxt = toks[1:n + 1]
+    ones = np.ones(n, dtype=np.int32)
+    rounds = pa.table({
+        "prompt_id": pa.array(prompt_id, pa.int32()),
+        "round": pa.array(round_idx, pa.int32()),
+        "pos": pa.array((n_prompt_tokens[prompt_id] + round_idx).astype(np.int32), pa.int32()),
+        "pending_token": pa.array(toks[:n], pa.int32()),
+        "n_draft": pa.array(np.zeros(n, dtype=np.int32), pa.int32()),
+        "drafted": _list_array(np.zeros(0, dtype=np.int32), np.zeros(n, dtype=np.int32), pa.int32()),
+        "target": _list_array(nxt, ones, pa.int32()),
+        "n_accepted": pa.array(np.zeros(n, dtype=np.int32), pa.int32()),
+        "emitted": _list_array(nxt, ones, pa.int32()),
+        "t_draft_ms": pa.array(np.zeros(n), pa.float64()),
+        "t_verify_ms": pa.array(22.0 + rng.gamma(2.0, 1.0, size=n), pa.float64()),
+    })
+    manifest = {"source": "baseline", "command": ["write_synthetic_sweep"],
+                "params": {"decoding": "plain", "n_draft": 0, "synthetic": True, "seed": seed},
+                "prompts": [{"prompt_id": i, "text": f"synthetic prompt {i}", "n_prompt_tokens": int(n_prompt_tokens[i])}
+                            for i in range(n_prompts)]}
+    with TraceWriter(out_dir, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                     compact=False, overwrite=True) as w:
+        for a in range(0, n, 65536):
+            w.write_tables(rounds.slice(a, min(65536, n - a)))
+
+
+def write_synthetic_sweep(
+    out_dir: str | os.PathLike[str],
+    *,
+    n_rounds: int = 1_000_000,
+    assistants: tuple[str, ...] = ("assistant-q8_0", "assistant-q4_0"),
+    n_drafts: tuple[int, ...] = (1, 2, 3, 4, 6),
+    n_shards: int = 4,
+    n_prompts: int = 240,
+    categories: tuple[str, ...] = SYNTHETIC_CATEGORIES,
+    baseline: bool = True,
+    steps: bool = False,
+    n_vocab: int = 262144,
+    seed: int = 0,
+) -> Path:
+    """Write a synthetic sweep directory (docs/SWEEP.md layout, every task done) and return its path.
+
+    ``n_rounds`` are split evenly over the tasks (assistants x n_drafts x shards, plus one baseline
+    task per shard); each MTP task is a :func:`write_synthetic_trace` of its shard's prompts with its
+    own seed, each baseline task a plain-decoding trace. Prompt ``i`` has category
+    ``categories[i % len(categories)]`` and goes to shard ``i % n_shards``. The paths in the spec are
+    placeholders (no models exist). ``steps=False`` writes rounds only (1,000,000 rounds: about 70 MB,
+    a few seconds).
+
+    Raises:
+        TraceError: a non-positive size, or fewer rounds than tasks.
+        MtpscopeError: a spec that :meth:`SweepSpec.check` refuses (e.g. more shards than prompts).
+    """
+    from mtpscope.traces.sweep_format import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
+
+    out = Path(out_dir)
+    prompts = tuple(SweepPrompt(i, f"synthetic prompt {i}", categories[i % len(categories)])
+                    for i in range(int(n_prompts)))
+    spec = SweepSpec(target="synthetic-target.gguf", assistants=tuple((a, f"{a}.gguf") for a in assistants),
+                     prompts=prompts, n_drafts=tuple(n_drafts), n_shards=int(n_shards), baseline=baseline,
+                     max_tokens=1 << 20, hidden="off").check()
+    tasks = spec.tasks()
+    if int(n_rounds) < len(tasks):
+        raise TraceError("fewer rounds than tasks", key="n_rounds", expected=f">= {len(tasks)}", actual=n_rounds)
+    out.mkdir(parents=True, exist_ok=True)
+    state = new_state(spec, command=["write_synthetic_sweep"], ray={"address": "synthetic"})
+    per = np.full(len(tasks), int(n_rounds) // len(tasks), dtype=np.int64)
+    per[: int(n_rounds) % len(tasks)] += 1
+    entries = []
+    for i, (t, n) in enumerate(zip(tasks, per, strict=True)):
+        d = out / t.task_id
+        n_p = len(spec.shard_prompts(t.shard))
+        if t.is_baseline:
+            _synthetic_baseline(d, n_rounds=int(n), n_prompts=n_p, n_vocab=n_vocab, seed=seed + i)
+        else:
+            write_synthetic_trace(d, n_rounds=int(n), n_prompts=n_p, n_draft=t.n_draft, n_vocab=n_vocab,
+                                  seed=seed + i, steps=steps, rounds_per_part=65536)
+        e = dict(state["tasks"][i])
+        e.update(state="done", attempts=1, worker="synthetic", n_prompts=n_p, n_rounds=int(n))
+        entries.append(e)
+    state["tasks"] = entries
+    state["complete"] = True
+    write_state(out, state)
+    return out

@@ -5,7 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics
+from mtpscope.traces import metrics, wording
+
+#: Rolling windows offered (rounds); the default is the report's.
+ROLL_WINDOWS = sorted({8, 16, 32, 64, 128, 256, 1024, metrics.DEFAULT_ROLLING_WINDOW})
 
 st.title("Acceptance")
 path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
@@ -23,9 +26,9 @@ with state.guard("trace store"):
         rep = state.report(path)
         c = st.columns(4)
         c[0].metric("acceptance rate", f"{state.acceptance_rate(rep):.1%}",
-                    help="accepted drafts / drafted tokens (whole trace, traces.metrics.report)")
+                    help="accepted drafts / drafted tokens, over the whole trace (as `mtpscope report`)")
         c[1].metric("mean acceptance length", f"{state.mean_acceptance_length(rep):.3f}",
-                    help="1 + accepted / verify rounds (whole trace)")
+                    help="tokens per target verify: 1 + accepted drafts / rounds that drafted (whole trace)")
         c[2].metric("rounds", f"{len(rounds_all):,}")
         c[3].metric("drafted tokens", f"{int(rep.get('n_drafted') or 0):,}")
 
@@ -42,20 +45,20 @@ with state.guard("trace store"):
     # ---- prompt selector
     table = views.per_prompt_table(rounds_all, prompts)
     pids = [int(p) for p in sorted(rounds_all["prompt_id"].unique())]
-    texts = views.prompt_texts(prompts)
+    labels = views.prompt_labels(pids, prompts)
+    long_labels = views.prompt_labels(pids, prompts, width=80)
     ALL = -1
     if st.session_state.get("w.acc.prompt", ALL) not in [ALL] + pids:  # a preset (demo.json) from another trace
         st.session_state.pop("w.acc.prompt", None)
     choice = st.selectbox("prompt", [ALL] + pids, key="w.acc.prompt",
-                          format_func=lambda p: "all prompts" if p == ALL else
-                          f"prompt {p}: {texts.get(p, '')[:60]}")
+                          format_func=lambda p: "all prompts" if p == ALL else long_labels[p])
     rounds = views.ordered_rounds(rounds_all, None if choice == ALL else [choice])
     if choice != ALL:
         row = table[table["prompt_id"] == choice].iloc[0]
         c = st.columns(3)
         c[0].metric(f"prompt {choice}: acceptance rate", f"{row['acceptance_rate']:.1%}")
         c[1].metric("mean acceptance length", f"{row['mean_acceptance_length']:.3f}")
-        c[2].metric("longest zero-acceptance streak", f"{int(row['longest_zero_streak'])} rounds")
+        c[2].metric("longest zero-acceptance streak", wording.plural(int(row['longest_zero_streak']), "round"))
 
     # ---- timeline (window of individual marks; aggregated overview for long traces)
     n = len(rounds)
@@ -67,8 +70,10 @@ with state.guard("trace store"):
         cur = int(st.session_state.get("w.acc.window", 0))
         ov = st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned "
                                                     "(click to move the window)",
-                                                    highlight=(cur, cur + size - 1)),
+                                                    highlight=(cur, cur + size - 1), labels=labels),
                              key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
+        st.caption("The whole trace in bins of consecutive rounds (colour = the bin's acceptance rate); click to "
+                   "move the detail window shown below.")
         opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
         if not opts:
             st.session_state.pop("acc.ov_handled", None)
@@ -78,10 +83,12 @@ with state.guard("trace store"):
             st.rerun()
         start = st.slider("window start (round in prompt order)", 0, n - size, key="w.acc.window")
         window = rounds.iloc[start:start + size]
-    st.caption(f"Vocabulary for token text: {dec.source}. Click a round to open it in the Step view.")
-    fig = charts.timeline_figure(window, dec)
+    fig = charts.timeline_figure(window, dec, labels=labels)
     event = st.plotly_chart(fig, key="acc.timeline", on_select="rerun", selection_mode="points",
                             width="stretch")
+    st.caption("Each dot is one verify round: its height is how many drafts the target accepted, its colour the "
+               "share of that round's drafts accepted; grey rings drafted nothing; red bands are runs of rounds "
+               f"that accepted nothing. Click a round to open it in the Step view. Token text: {dec.source}.")
     pts = list(getattr(getattr(event, "selection", None), "points", None) or []) if event else []
     if not pts:
         st.session_state.pop("acc.handled", None)  # so the same round can be clicked again later
@@ -89,8 +96,9 @@ with state.guard("trace store"):
         p0 = pts[0]
         seq = p0.get("x")
         hit = window[window["seq"] == seq] if seq is not None else window.iloc[0:0]
-        if len(hit) == 0 and p0.get("point_index") is not None and fig.layout.meta["mode"] == "marks":
-            hit = window.iloc[[int(p0["point_index"])]]
+        cd = p0.get("customdata")
+        if len(hit) == 0 and cd is not None and len(cd) >= 2 and fig.layout.meta["mode"] == "marks":
+            hit = window[(window["prompt_id"] == int(cd[0])) & (window["round"] == int(cd[1]))]
         if len(hit):
             sel = (int(hit["prompt_id"].iloc[0]), int(hit["round"].iloc[0]))
             if st.session_state.get("acc.handled") != sel:
@@ -103,21 +111,61 @@ with state.guard("trace store"):
         with state.guard("metrics"):
             pp = state.per_position(rep) if choice == ALL else metrics.per_position_acceptance(rounds)
             st.plotly_chart(charts.per_position_figure(pp), key="acc.perpos", width="stretch")
+            st.caption("How often the k-th draft of a round was accepted, over the rounds that drafted a k-th token.")
     with c2:
-        st.plotly_chart(charts.accepted_length_histogram(rounds), key="acc.hist", width="stretch")
-    win = st.select_slider("rolling window (rounds)", [8, 16, 32, 64, 128, 256, 1024], value=64, key="w.acc.roll")
+        drafting = rounds[rounds["n_draft"] > 0]
+        st.plotly_chart(charts.accepted_length_histogram(drafting), key="acc.hist", width="stretch")
+        n0 = len(rounds) - len(drafting)
+        st.caption("How many rounds accepted 0, 1, 2 … drafts"
+                   + (f" (the {wording.plural(n0, 'round')} that drafted nothing left out)." if n0 else "."))
+    r1, r2 = st.columns([3, 2])
+    win = r1.select_slider("rolling window (rounds)", ROLL_WINDOWS, value=metrics.DEFAULT_ROLLING_WINDOW,
+                           key="w.acc.roll")
+    per = r2.radio("rolling over", ["the whole trace", "each prompt"], horizontal=True, key="w.acc.rollmode",
+                   disabled=choice != ALL) == "each prompt" and choice == ALL
     overall = metrics.acceptance_rate(rounds)  # NaN when nothing was drafted: no overall line
-    st.plotly_chart(charts.rolling_figure(views.rolling_acceptance(rounds, window=win), overall, window=win),
+    roll = views.rolling_acceptance(rounds, window=win, per_prompt=per)
+    if per:  # worst prompts first, as the table below
+        order = {int(p): i for i, p in enumerate(table["prompt_id"])}
+        roll = roll.sort_values(["prompt_id"], key=lambda c: c.map(order), kind="stable")
+    st.plotly_chart(charts.rolling_figure(roll, overall, window=win, labels=labels, per_prompt=per),
                     key="acc.rolling", width="stretch")
+    st.caption(("Each prompt's acceptance rate over its last " if per else
+                "Acceptance rate over the last ")
+               + f"{wording.plural(win, 'round')}" + (" (worst prompts first)" if per else
+                                                      ", the window running on across prompt boundaries")
+               + "; dotted where the window still holds fewer rounds.")
 
     st.subheader("Zero-acceptance streaks")
-    streaks = views.zero_streaks(rounds, min_length=2)
-    if len(streaks):
-        st.dataframe(streaks.head(200), hide_index=True, width="stretch")
-    else:
-        st.caption("no streak of two or more rounds with nothing accepted")
+    with state.guard("metrics"):
+        z = (rep.get("zero_acceptance_streaks") or {}) if choice == ALL else None
+        if z is not None:
+            st.markdown(wording.streaks_line(z))
+        streaks = views.zero_streaks(rounds, min_length=1)
+        if choice != ALL:
+            n_rounds_in = int(streaks["length"].sum()) if len(streaks) else 0
+            st.markdown(wording.streaks_line({"n_streaks": len(streaks), "n_rounds_in_streaks": n_rounds_in,
+                                              "longest": int(streaks["length"].max()) if len(streaks) else 0}))
+        if len(streaks):
+            st.dataframe(streaks.head(200).assign(prompt=lambda d: [labels.get(int(p), str(p)) for p in d["prompt_id"]])
+                         [["prompt", "start_round", "end_round", "length"]],
+                         hide_index=True, width="stretch",
+                         column_config={"length": st.column_config.NumberColumn("length (rounds)")})
+            st.caption("Runs of consecutive rounds of one prompt that drafted and accepted nothing, longest first.")
 
     st.subheader("Prompts, worst first")
-    st.dataframe(table.head(500), hide_index=True, width="stretch",
-                 column_config={"acceptance_rate": st.column_config.ProgressColumn(
-                     "acceptance rate", min_value=0.0, max_value=1.0, format="percent")})
+    shown = table.head(500).assign(prompt=lambda d: [labels.get(int(p), str(p)) for p in d["prompt_id"]])
+    st.dataframe(shown[["prompt", "acceptance_rate", "mean_acceptance_length", "n_rounds", "n_drafted",
+                        "n_accepted", "longest_zero_streak"]], hide_index=True, width="stretch",
+                 column_config={
+                     "prompt": st.column_config.TextColumn("prompt", width=280,
+                                                           help="prompt id and the start of its text"),
+                     "acceptance_rate": st.column_config.ProgressColumn(
+                         "acceptance rate", min_value=0.0, max_value=1.0, format="percent", width=125),
+                     "mean_acceptance_length": st.column_config.NumberColumn(
+                         "mean acc. length", format="%.3f", width=130, help="mean acceptance length"),
+                     "n_rounds": st.column_config.NumberColumn("rounds", width=70),
+                     "n_drafted": st.column_config.NumberColumn("drafted", width=75),
+                     "n_accepted": st.column_config.NumberColumn("accepted", width=80),
+                     "longest_zero_streak": st.column_config.NumberColumn(
+                         "longest 0-streak", width=130, help="the most rounds in a row that accepted nothing")})

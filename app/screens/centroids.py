@@ -53,6 +53,7 @@ with state.guard("centroid head"):
     st.caption(f"`{head.centroids_name}` · `{head.ordering_name}`"
                + (" · :material/warning: centroid matrix stored transposed" if head.transposed else ""))
     st.plotly_chart(charts.cluster_size_figure(sizes), key="cent.sizes", width="stretch")
+    st.caption("How many tokens each centroid holds; in a well-formed head every centroid holds vsc tokens.")
 
     st.subheader("Browse a centroid")
     b1, b2 = st.columns([1, 2])
@@ -93,17 +94,36 @@ with state.guard("centroid head"):
                 st.info("This trace has no centroid columns (recorded without a centroid head).")
             else:
                 rep = state.report(tpath)
+                head_kind = state.drafting_head(tr)
                 cc = rep.get("centroid_coverage") or {}
                 if cc:
                     st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
-                              help="mtpscope.traces.metrics.centroid_coverage: share of steps with target_in_candidates")
+                              help="share of the trace's draft steps where the target's token was among the "
+                                   "candidates of the centroids the sparse head chose (as `mtpscope report`)")
                 cov = state.coverage(tpath, path)
                 st.plotly_chart(charts.coverage_heatmap(cov), key="cent.cov", width="stretch")
+                st.caption("Each cell is one centroid: how often, when the target's token lived in it, the head "
+                           "chose it (green = always, red = never, grey = the target's token never lived there).")
                 st.plotly_chart(charts.chosen_vs_home_figure(cov), key="cent.cvh", width="stretch")
+                st.caption("For the centroids the target's tokens lived in most: how often each was chosen, and how "
+                           "often the target's token was reachable through it.")
                 un = views.unreachable_steps(steps)
-                st.markdown(f"**Steps where the target token was unreachable** ({len(un)}"
-                            f"{'+' if len(un) >= 500 else ''})")
+                title = ("Steps the centroid head would have missed" if head_kind == "dense"
+                         else "Steps where the target's token was unreachable")
+                st.markdown(f"**{title}** ({len(un)}{'+' if len(un) >= 500 else ''})")
+                if head_kind == "dense":
+                    st.caption("This run drafted with the dense head, so the centroid head is a what-if: these are "
+                               "the checked steps where the target's token was in none of the centroids the sparse "
+                               "head would have chosen — whatever the dense head did there (the last column).")
                 if len(un):
+                    plabels = views.prompt_labels(sorted({int(p) for p in un["prompt_id"]}),
+                                                  state.manifest_prompts(tr), width=30)
+                    un = un.assign(prompt_id=[plabels[int(p)] for p in un["prompt_id"]]).rename(
+                        columns={"prompt_id": "prompt"})
                     un = un.assign(drafted=[dec.label(int(t)) for t in un["token"]],
                                    target=[dec.label(None if pd.isna(t) else int(t)) for t in un["target_token"]])
+                    if "accepted" in un.columns:
+                        word = "dense head's draft" if head_kind == "dense" else "draft"
+                        un[word] = ["accepted" if bool(a) else "rejected" for a in un["accepted"].fillna(False)]
+                        un = un.drop(columns=["accepted"])
                     st.dataframe(un, hide_index=True, width="stretch", height=300)

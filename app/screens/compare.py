@@ -1,11 +1,16 @@
-"""Compare: two traces (or two prompts of one trace) side by side."""
+"""Compare: two traces aligned by prompt and output position (or two prompts of one trace), and replay
+results."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import streamlit as st
 
+from mtpscope.errors import TraceMismatchError
 from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics
+from mtpscope.traces import metrics, wording
 
 st.title("Compare")
 mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key="w.cmp.mode")
@@ -17,6 +22,59 @@ def _use_as_b(path: str) -> None:
     st.session_state["w.cmp.mode"] = "two traces"
 
 
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return a == b
+
+
+def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -> None:
+    """The aligned diff of A and B (``mtpscope compare A B``)."""
+    st.subheader("Aligned by prompt and output position")
+    diff = state.comparison(a, b)
+    d = diff.to_dict()
+    st.caption(f"Prompts paired by {d['paired_by']}: {wording.plural(d['n_pairs'], 'pair')}"
+               + (f"; unpaired in A: {len(d['unpaired_a'])}, in B: {len(d['unpaired_b'])}"
+                  if d["unpaired_a"] or d["unpaired_b"] else "") + ".")
+    if d["outputs_identical"]:
+        st.success("The two runs generated the same text for every paired prompt: each output position is "
+                   "compared.")
+    else:
+        st.warning("The two runs' outputs differ: each prompt is compared up to the first differing token only "
+                   "(later positions are different text).")
+    c = st.columns(3)
+    c[0].metric(f"accepted in {names[0]}, rejected in {names[1]}", f"{d['a_only']['n']:,}")
+    c[1].metric(f"accepted in {names[1]}, rejected in {names[0]}", f"{d['b_only']['n']:,}")
+    dall = d["delta"].get("all") or {}
+    ci = (f" [{dall['ci_low']:+.3f}, {dall['ci_high']:+.3f}]" if dall.get("ci_low") is not None else "")
+    c[2].metric(f"acceptance-rate delta ({names[1]} − {names[0]})",
+                "—" if dall.get("delta") is None else f"{dall['delta']:+.3f}",
+                help=f"over the paired prompts; 95 % bootstrap interval over prompts{ci or ': fewer than 2 prompts'}")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_class", names), key="cmp.only.cls",
+                        width="stretch")
+        st.caption("Output positions one run drafted right and the other did not, by the token's class.")
+    with c2:
+        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_position", names), key="cmp.only.k",
+                        width="stretch")
+        st.caption("The same positions by the draft position k of the run that rejected them.")
+    st.plotly_chart(charts.delta_ci_figure(d["delta"], names), key="cmp.delta", width="stretch")
+    st.caption("How much the acceptance rate moved from A to B, overall and per prompt category, with a 95 % "
+               "interval from resampling the prompts.")
+    rows = [{"prompt": labels_a.get(int(p["prompt_id_a"]), str(p["prompt_id_a"])), "prompt in B": p["prompt_id_b"],
+             "positions compared": p["n_compared"],
+             "same output": {True: "yes", False: "no", None: "unknown"}[p["identical_output"]],
+             "outputs differ from": p["diverged_at"], "first position judged differently": p["first_difference"]}
+            for p in d["prompts"]]
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="cmp.prompts",
+                     column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
+        st.caption("Per prompt: how many output positions were compared and the first one where one run "
+                   "accepted a draft and the other did not.")
+
+
 def _traces() -> None:
     """Two traces (or two prompts of one) side by side; returns early when a choice is missing."""
     if not a_path:
@@ -24,13 +82,20 @@ def _traces() -> None:
         state.demo_missing_hint()
         return
     tr_a = state.trace(a_path)
+    labels_a = views.prompt_labels(sorted(int(p) for p in tr_a.rounds["prompt_id"].unique()),
+                                   state.manifest_prompts(tr_a))
     if mode == "two traces":
         b_path = state.get("trace_b")
         if not b_path:
             st.info("Choose a second trace on the Files page (“Second trace”).")
             return
+        if _same_folder(a_path, b_path):
+            st.warning(f"Trace A and trace B are the same folder (`{state.short(a_path)}`): choose another trace B "
+                       "on the Files page (“Second trace”) to compare two runs.", icon=":material/warning:")
+            return
         tr_b = state.trace(b_path)
-        names = (state.short(a_path), state.short(b_path))
+        names = ("A", "B")
+        st.caption(f"A = `{state.short(a_path)}` · B = `{state.short(b_path)}`")
         ra, rb = tr_a.rounds, tr_b.rounds
         rep_a, rep_b = state.report(a_path), state.report(b_path)
         pa_, pb_ = state.per_position(rep_a), state.per_position(rep_b)
@@ -39,14 +104,16 @@ def _traces() -> None:
         prompts_a = state.manifest_prompts(tr_a)
         prompts_b = state.manifest_prompts(tr_b)
     else:
-        pids = [int(p) for p in sorted(tr_a.rounds["prompt_id"].unique())]
+        pids = sorted(labels_a)
         if len(pids) < 2:
             st.info("This trace has a single prompt.")
             return
         c1, c2 = st.columns(2)
-        pa_id = c1.selectbox("prompt A", pids, index=0, key="w.cmp.pa")
-        pb_id = c2.selectbox("prompt B", pids, index=1, key="w.cmp.pb")
+        pa_id = c1.selectbox("prompt A", pids, index=0, key="w.cmp.pa", format_func=labels_a.get)
+        pb_id = c2.selectbox("prompt B", pids, index=1, key="w.cmp.pb", format_func=labels_a.get)
         names = (f"prompt {pa_id}", f"prompt {pb_id}")
+        if pa_id == pb_id:
+            st.warning("Prompt A and prompt B are the same prompt.", icon=":material/warning:")
         ra = tr_a.rounds[tr_a.rounds["prompt_id"] == pa_id]
         rb = tr_a.rounds[tr_a.rounds["prompt_id"] == pb_id]
         pa_, pb_ = metrics.per_position_acceptance(ra), metrics.per_position_acceptance(rb)
@@ -61,21 +128,30 @@ def _traces() -> None:
     c[3].metric(f"mean acceptance length · {names[1]}", f"{len_b:.3f}", delta=f"{len_b - len_a:+.3f}")
 
     st.plotly_chart(charts.per_position_figure(pa_, pb_, names=names), key="cmp.perpos", width="stretch")
+    st.caption("How often the k-th draft was accepted in each run.")
     oa, ob = views.ordered_rounds(ra), views.ordered_rounds(rb)
-    st.plotly_chart(charts.rolling_figure(views.rolling_acceptance(oa), other=views.rolling_acceptance(ob),
-                                          names=names, window=64), key="cmp.rolling", width="stretch")
+    w = metrics.DEFAULT_ROLLING_WINDOW
+    st.plotly_chart(charts.rolling_figure(views.rolling_acceptance(oa, w), other=views.rolling_acceptance(ob, w),
+                                          names=names, window=w), key="cmp.rolling", width="stretch")
+    st.caption(f"Each run's acceptance rate over its last {wording.plural(w, 'round')}, rounds in prompt order.")
 
     if mode == "two traces":
-        st.subheader("Per-prompt deltas")
-        deltas = views.prompt_deltas(views.per_prompt_table(ra, prompts_a), views.per_prompt_table(rb, prompts_b))
-        st.plotly_chart(charts.prompt_delta_figure(deltas, names), key="cmp.deltas", width="stretch")
-        st.dataframe(deltas.head(500), hide_index=True, width="stretch")
-        st.subheader("First rounds where they diverge")
-        div = views.first_divergence(ra, rb, decode=state.trace_decoder(tr_a))
-        if len(div):
-            st.dataframe(div, hide_index=True, width="stretch")
+        try:
+            state.comparison(a_path, b_path)
+        except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)
+            st.info(f"No aligned comparison of these two traces: {e.one_line()}")
         else:
-            st.success("the two traces draft, accept and emit the same tokens in every common round")
+            _aligned(a_path, b_path, names, labels_a)
+            st.subheader("Per-prompt deltas")
+            diff = state.comparison(a_path, b_path)
+            deltas = views.prompt_deltas(views.per_prompt_table(ra, prompts_a),
+                                         views.per_prompt_table(rb, prompts_b), pairs=diff.pairing.pairs)
+            deltas.insert(1, "prompt", [labels_a.get(int(p), str(p)) for p in deltas["prompt_id"]])
+            st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key="cmp.deltas",
+                            width="stretch")
+            st.caption("Each paired prompt's acceptance-rate change from A to B, biggest drop first.")
+            st.dataframe(deltas.head(500).drop(columns=["prompt_id"]), hide_index=True, width="stretch",
+                         column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
 
 
 with state.guard("trace store"):
@@ -96,15 +172,25 @@ else:
                  "mean_acceptance_length": rec.get("mean_acceptance_length"), "agreement": None}]
         rows += [{"variant": n, **{k: v.get(k) for k in ("options", "acceptance_rate", "mean_acceptance_length",
                                                              "agreement")}} for n, v in variants.items()]
-        import pandas as pd
-
         table = pd.DataFrame(rows)
-        st.caption(f"replay of `{state.short(summary.get('trace'))}`: {summary.get('n_rounds')} rounds, "
-                   f"{summary.get('n_steps')} steps")
+        st.caption(f"replay of `{state.short(summary.get('trace'))}`: {wording.plural(summary.get('n_rounds') or 0, 'round')}, "
+                   f"{wording.plural(summary.get('n_steps') or 0, 'step')}")
         st.plotly_chart(charts.summary_bars([float(r or 0) for r in table["acceptance_rate"]], list(table["variant"]),
                                             "Acceptance rate: recorded vs replayed variants"),
                         key="cmp.replay", width="stretch")
-        st.dataframe(table, hide_index=True, width="stretch")
+        st.caption("The acceptance rate the recording had, and the one each replayed variant would have had.")
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={"agreement": st.column_config.NumberColumn(
+                         "agreement", format="%.4f",
+                         help="share of the recorded draft steps where the variant drafts the same token as the "
+                              "recording")})
+        from mtpscope.traces.replay import indistinguishable
+
+        same = summary.get("indistinguishable")
+        if same is None and len(rsteps):  # summaries written before the key existed
+            same = indistinguishable(rsteps, list(variants))
+        for a, b in same or []:
+            st.caption(f"This trace cannot tell {b} from {a}: both draft the same token at every replayed step.")
         for note in summary.get("notes") or []:
             st.caption(note)
         dcols = [c for c in rsteps.columns if c.startswith("draft[")]
@@ -115,11 +201,11 @@ else:
             st.markdown(f"**Steps where a variant drafts differently** ({int((~same).sum())})")
             for c in ["recorded", "truth", *dcols]:
                 if c in dis.columns:
-                    dis[c] = [dec.label(None if pd.isna(v) else int(v)) for v in dis[c]]
+                    dis[c] = [dec.label(None if pd.isna(v) or int(v) < 0 else int(v)) for v in dis[c]]
             st.dataframe(dis, hide_index=True, width="stretch")
         vt = summary.get("variant_traces") or {}
         if vt:
-            st.markdown("**Variant traces**: compare one round by round as trace B")
+            st.markdown("**Variant traces**: compare one with this trace as trace B")
             cols = st.columns(min(4, len(vt)))
             for i, (name, vp) in enumerate(vt.items()):
                 found = state.resolve_near(vp, rpath)

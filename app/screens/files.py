@@ -10,7 +10,7 @@ st.title("Files")
 state.init_selection()
 state.demo_missing_hint()
 roots = state.roots()
-st.caption("Allowed folders (`MTPSCOPE_ROOTS`): " + " · ".join(f"`{r}`" for r in roots))
+st.caption("Allowed folders (add more with `MTPSCOPE_ROOTS`): " + " · ".join(f"`{r}`" for r in roots))
 
 NONE = "—"
 
@@ -26,10 +26,37 @@ def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
     return [str(p) for p in safety.discover(roots_key, marker="config.json", max_depth=3)]
 
 
+def _choose(slot: str, value: str | None) -> bool:
+    """Put ``value`` into selection slot ``slot``: a trace also selects the models that recorded it; a
+    target model offered as the drafter is refused (its reason kept for the page). True when chosen."""
+    st.session_state.pop(f"refused.{slot}", None)
+    if slot == "drafter" and value:
+        why = state.drafter_refusal(value)
+        if why:
+            st.session_state[f"refused.{slot}"] = (value, why)
+            return False
+    if slot == "trace":
+        found = state.select_trace(value)
+        st.session_state["trace.models_from_manifest"] = found
+    else:
+        state.set_(slot, value)
+    return True
+
+
+def _as_target(path: str) -> None:
+    state.set_("target", path)
+    st.session_state.pop("refused.drafter", None)
+
+
 def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None) -> None:
     """Path completion (select from the allowed folders), a free path, and an optional upload."""
     cur = state.get(slot) or ""
-    options = [NONE] + _candidates(tuple(str(r) for r in roots), kind)
+    found = _candidates(tuple(str(r) for r in roots), kind)
+    if slot == "drafter":  # drafters only; a target is refused with its reason when typed
+        found = [p for p in found if state.gguf_role(p)[0] in state.DRAFTER_KINDS]
+    elif slot == "target":
+        found = [p for p in found if state.gguf_role(p)[0] == "target"]
+    options = [NONE] + found
     if cur and cur not in options:
         options.append(cur)
     pick_key, text_key, seen_key = f"w.{slot}.pick", f"w.{slot}.text", f"w.{slot}.seen"
@@ -43,13 +70,14 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
 
     def on_pick() -> None:
         v = st.session_state[pick_key]
-        state.set_(slot, None if v == NONE else v)
-        st.session_state[text_key] = "" if v == NONE else v
+        _choose(slot, None if v == NONE else v)
+        st.session_state[text_key] = state.get(slot) or ""
         st.session_state[seen_key] = state.get(slot) or ""
 
     def on_text() -> None:
         v = st.session_state[text_key].strip()
-        state.set_(slot, v or None)
+        if not _choose(slot, v or None):
+            st.session_state[text_key] = state.get(slot) or ""
         st.session_state[seen_key] = state.get(slot) or ""
 
     c1, c2 = st.columns([3, 2])
@@ -71,8 +99,14 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
                 st.session_state[f"upl.{slot}"] = up.file_id
-                state.set_(slot, str(p))
-                st.rerun()
+                if _choose(slot, str(p)):
+                    st.rerun()
+    refused = st.session_state.get(f"refused.{slot}")
+    if refused:
+        st.error(refused[1], icon=":material/block:")
+        if slot == "drafter":
+            st.button("use it as the target instead", key="w.drafter.as_target", on_click=_as_target,
+                      args=(refused[0],))
 
 
 def _gguf_summary(slot: str) -> None:
@@ -101,6 +135,34 @@ def _verdict(slot: str) -> None:
         (st.success if state.verdict_ok(v) else st.warning)(line)
 
 
+def _recording(tr) -> None:
+    """The recording's parameters from the manifest: models, n_draft, temperature, hidden dtype, runtime."""
+    m = tr.manifest
+    params = m.get("params") if isinstance(m.get("params"), dict) else {}
+    dims = m.get("dims") if isinstance(m.get("dims"), dict) else {}
+    rt = m.get("runtime") if isinstance(m.get("runtime"), dict) else {}
+    rows = []
+    for role, word in (("assistant", "drafter"), ("target", "target"), ("centroids", "centroid head")):
+        p = state.model_path(tr, role)
+        if p:
+            e = state.manifest_models(tr).get(role, {})
+            rows.append((word, f"`{state.short(p)}` ({e.get('architecture', '?')}, {e.get('dialect', '?')})"))
+    for key, word in (("n_draft", "n_draft"), ("temp", "temperature"), ("max_tokens", "max_tokens"),
+                      ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed")):
+        if key in params:
+            rows.append((word, f"{params[key]}"))
+    if dims:
+        rows.append(("hidden states", str(dims.get("hidden_dtype") or "not stored")))
+    if rt:
+        rows.append(("runtime", ", ".join(f"{k} {v}" for k, v in rt.items() if v is not None)))
+    if rows:
+        st.markdown("**Recorded with** — " + " · ".join(f"{w}: {v}" for w, v in rows))
+    found = st.session_state.pop("trace.models_from_manifest", None)
+    if found:
+        st.caption("Selected the models that recorded this trace: "
+                   + ", ".join(f"{slot} `{state.short(p)}`" for slot, p in found.items()))
+
+
 st.subheader("Drafter")
 _picker("drafter", "drafter GGUF", "gguf", optional=False, upload="GGUF")
 _gguf_summary("drafter")
@@ -108,6 +170,37 @@ _gguf_summary("drafter")
 st.subheader("Target")
 _picker("target", "target GGUF", "gguf", optional=True, upload="GGUF")
 _gguf_summary("target")
+
+def _estimate() -> None:
+    """Memory llama.cpp needs for the selected target (and drafter): weights, KV cache, buffers."""
+    target = state.get("target")
+    if not target:
+        st.caption("select a target to see the memory estimate")
+        return
+    n_ctx = st.number_input("n_ctx", min_value=256, max_value=1 << 20, value=8192, step=1024, key="w.est.n_ctx",
+                            help="context size; f16 KV cache, flash attention, one sequence, CPU (llama-server's "
+                                 "defaults); `mtpscope estimate` has every setting")
+    with state.guard("memory estimate"):
+        e = state.estimate(target, state.get("drafter"), int(n_ctx))
+        _estimate_table(e)
+
+
+def _estimate_table(e) -> None:
+    rows = [{"device": dev, **{k: charts.human_bytes(v) for k, v in b.items()}} for dev, b in e.by_device.items()]
+    st.dataframe(rows, hide_index=True)
+    t = e.target
+    own = [x for x in t.kv_layers if x.reuses is None]
+    line = (f"target KV {charts.human_bytes(t.kv)}: {sum(1 for x in own if not x.sliding)} full layers × "
+            f"{e.cells_full} cells, {sum(1 for x in own if x.sliding)} sliding × {e.cells_swa} cells"
+            + (f", {len(t.kv_layers) - len(own)} shared-KV layers hold none" if len(own) < len(t.kv_layers) else ""))
+    if e.drafter is not None:
+        line += (f" · drafter: weights {charts.human_bytes(e.drafter.weights)}, KV none (reads target layers "
+                 f"{e.drafter.kv_shared_from['sliding']} / {e.drafter.kv_shared_from['full']})")
+    st.caption(line + f" · total {charts.human_bytes(e.total)} · " + "; ".join(e.notes))
+
+
+st.subheader("Memory estimate (llama.cpp)")
+_estimate()
 
 st.subheader("Trace")
 _picker("trace", "trace folder", "trace", optional=True, upload="trace .zip")
@@ -124,6 +217,7 @@ if state.get("trace"):
         cols[4].metric("schema", m.get("schema_version", "?"))
         for w in tr.warnings[:20]:
             st.warning(w)
+        _recording(tr)
         with state.guard("metrics"):
             rep = state.report(state.get("trace"))
             st.success(f"acceptance rate {state.acceptance_rate(rep):.1%} · mean acceptance length "
@@ -135,3 +229,27 @@ with st.expander("Second trace and replay results (Compare page), Hugging Face c
     _picker("trace_b", "trace B folder", "trace", optional=True, upload=None)
     _picker("replay", "replay output folder (mtpscope replay --out)", "replay", optional=True, upload=None)
     _picker("checkpoint", "Hugging Face checkpoint folder", "checkpoint", optional=True, upload=None)
+
+
+with st.expander("Read a GGUF header from a URL (nothing else is downloaded)"):
+    if not safety.urls_allowed():
+        st.caption(f"off: start the app with `{safety.ALLOW_URLS_ENV}=1` to read `https://` / `hf://` URLs "
+                   f"(hosts: {', '.join(safety.url_hosts())}; `{safety.URL_HOSTS_ENV}` changes the list)")
+    else:
+        url = st.text_input("URL", key="w.url", placeholder="hf://ORG/REPO/FILE.gguf or https://huggingface.co/…",
+                            help="only the header is read, with HTTP range requests; hosts: "
+                                 + ", ".join(safety.url_hosts())).strip()
+        if url:
+            with state.guard("remote GGUF"):
+                r = state.remote_report(url)
+                f = r["file"]
+                cols = st.columns(4)
+                cols[0].metric("architecture", f.architecture or "?")
+                cols[1].metric("dialect", r["inventory"].dialect.kind)
+                cols[2].metric("size", charts.human_bytes(f.file_size))
+                cols[3].metric("tensors", len(f.tensors))
+                if r["requests"]:
+                    st.caption(f"read {charts.human_bytes(r['bytes'])} in {r['requests']} requests")
+                (st.success if r["report"].ok else st.warning)(state.verdict_line(r["report"]))
+                if r["estimate"] is not None:
+                    _estimate_table(r["estimate"])

@@ -8,9 +8,12 @@ import streamlit as st
 
 from mtpscope.app import charts, state, views
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces import wording
 
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20
+#: Tokens of the prompt's generated text shown around the round.
+STRIP_TOKENS = 600
 
 
 
@@ -18,6 +21,11 @@ def _dim(dims: dict, key: str) -> int:
     """``dims[key]`` as a non-negative int (0 when missing or not an integer)."""
     v = dims.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _go(target: tuple[int, int] | None) -> None:
+    if target is not None:
+        st.session_state["sel.round"] = target
 
 
 st.title("Step view")
@@ -31,62 +39,144 @@ with state.guard("trace store"):
         st.info("This trace has no rounds.")
         st.stop()
     dec = state.trace_decoder(tr)
+    prompts = state.manifest_prompts(tr)
+    head = state.drafting_head(tr)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
+    labels = views.prompt_labels(pids, prompts, width=80)
     sel = st.session_state.get("sel.round")
     if not sel or sel[0] not in pids:
         sel = (pids[0], int(rounds.loc[rounds["prompt_id"] == pids[0], "round"].min()))
-    # widgets follow the selection made on the timeline
-    if st.session_state.get("step.synced") != sel:
-        st.session_state["step.synced"] = sel
+    # widgets follow the selection made on the timeline, the text view or the buttons
+    if st.session_state.get("step.synced") != tuple(sel):
+        st.session_state["step.synced"] = tuple(sel)
         st.session_state["w.step.prompt"] = sel[0]
         st.session_state["w.step.round"] = sel[1]
-    c1, c2 = st.columns(2)
-    pid = c1.selectbox("prompt", pids, key="w.step.prompt")
+    c1, c2 = st.columns([3, 1])
+    pid = c1.selectbox("prompt", pids, key="w.step.prompt", format_func=labels.get)
     rmax = int(rounds.loc[rounds["prompt_id"] == pid, "round"].max())
     if st.session_state.get("w.step.round", 0) > rmax:
         st.session_state["w.step.round"] = 0
     rnd = c2.number_input("round", min_value=0, max_value=rmax, step=1, key="w.step.round")
-    st.session_state["sel.round"] = (int(pid), int(rnd))
-    st.session_state["step.synced"] = (int(pid), int(rnd))
+    cur = (int(pid), int(rnd))
+    st.session_state["sel.round"] = cur
+    st.session_state["step.synced"] = cur
+    stops = views.rejected_rounds(rounds)
+    prev_r, next_r = views.neighbour(stops, cur, -1), views.neighbour(stops, cur, +1)
+    b1, b2, b3 = st.columns([1, 1, 3])
+    b1.button("◀ previous rejected round", key="w.step.prev", disabled=prev_r is None, on_click=_go, args=(prev_r,),
+              help="the closest earlier round in which the target rejected a draft")
+    b2.button("next rejected round ▶", key="w.step.next", disabled=next_r is None, on_click=_go, args=(next_r,),
+              help="the closest later round in which the target rejected a draft")
+    b3.caption(f"{wording.plural(len(stops), 'round')} of {len(rounds):,} had a rejected draft.")
 
     r = rounds[(rounds["prompt_id"] == pid) & (rounds["round"] == rnd)]
     if len(r) == 0:
         st.info(f"prompt {pid} has no round {rnd}")
         st.stop()
     row = r.iloc[0]
-    st.markdown(f"**prompt {pid} · round {rnd}** · position {int(row['pos'])} · pending token "
-                f"{dec.label(int(row['pending_token']))} · accepted **{int(row['n_accepted'])} / "
-                f"{int(row['n_draft'])}** · draft {row['t_draft_ms']:.2f} ms · verify {row['t_verify_ms']:.2f} ms")
+    nd, na = int(row["n_draft"]), int(row["n_accepted"])
+    text = views.prompt_texts(prompts).get(int(pid))
+    st.markdown(f"**prompt {pid} · round {rnd}**" + (f" · “{wording.shorten(text, 60)}”" if text else "")
+                + f" · position {int(row['pos'])} · pending token {dec.label(int(row['pending_token']))} · "
+                f"accepted **{na} of {nd}** · draft {row['t_draft_ms']:.2f} ms · verify {row['t_verify_ms']:.2f} ms")
     st.markdown("emitted: " + (dec.join(views._as_list(row["emitted"])) or "—"))
+    with st.expander("generated text of this prompt (this round outlined; click a token to open its round)",
+                     expanded=True):
+        pos = state.positions(path)
+        g0 = views.round_position(pos, int(pid), int(rnd))
+        layout = views.generated_text(pos, int(pid), dec.text, width=100, max_tokens=STRIP_TOKENS,
+                                      start=max(0, (g0 or 0) - STRIP_TOKENS // 2))
+        ev = st.plotly_chart(charts.text_figure(layout, highlight_round=int(rnd)), key="step.text",
+                             on_select="rerun", selection_mode="points", width="stretch")
+        st.caption("Green: accepted drafts · red: the target's correction of a rejected draft · blue: the target's "
+                   "bonus token · yellow: decoded by the target alone · grey: the prefill's token.")
+        hit = state.clicked_round(ev, "step.text.handled", prompt_id=int(pid))
+        if hit is not None and hit != cur:
+            _go(hit)
+            st.rerun()
 
-    steps = views.round_steps(tr.steps, int(pid), int(rnd))
-    if len(steps) == 0:
-        st.info("No per-step records for this round (imported logs carry rounds only).")
+    if nd == 0:
+        st.info(f"This round {views.ZERO_DRAFT_WORDS}, so there are no draft steps to show.",
+                icon=":material/info:")
         st.stop()
-    table = views.step_table(steps, dec.label)
-    st.dataframe(table, hide_index=True, width="stretch", key="step.table")
+    steps = views.round_steps(tr.steps, int(pid), int(rnd))
+    verdict = state.round_verdict(tr, path, row, steps, dec, head)
+    (st.success if na == nd else st.warning)(verdict, icon=":material/check:" if na == nd else ":material/close:")
+    if len(steps) == 0:
+        st.info("This trace has no per-step records for this round: it carries rounds only (an imported log), "
+                "so the drafter's candidates are not known.")
+        st.stop()
+    table = views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head, n_top=3)
+    st.dataframe(table, hide_index=True, width="stretch", key="step.table",
+                 column_config={
+                     "k": st.column_config.NumberColumn("k", width=40),
+                     "verdict": st.column_config.TextColumn("verdict", width=110),
+                     "target_rank": st.column_config.NumberColumn(
+                         "target rank", width=90, help="rank of the target's token among the drafter's logits "
+                                                       "(0 = the drafter's choice)"),
+                     "top_candidates": st.column_config.TextColumn("drafter's top 3"),
+                     "target_centroid": st.column_config.TextColumn(
+                         "target's centroid", help="the centroid holding the target's token, and its rank among "
+                                                   "all centroids"),
+                     "centroid_head": st.column_config.TextColumn(
+                         "centroid head (what-if)" if head == "dense" else "centroid head",
+                         help="whether the centroid head's candidates held the target's token"),
+                     "drafted_id": st.column_config.NumberColumn("drafted id", width=90),
+                     "target_id": st.column_config.NumberColumn("target id", width=90)})
+    st.caption("One row per draft step: the drafted token against the target's; a step after the first rejection "
+               "was never checked by the target.")
 
     st.subheader("Drafter's top candidates")
     cols = st.columns(min(3, len(steps)))
     for i, s in enumerate(steps.to_dict("records")):
+        k = int(s["k"])
+        v = views.step_verdict(k, nd, na)
         with cols[i % len(cols)]:
             top = views.top_candidates(s, dec.label)
-            st.plotly_chart(charts.top_candidates_figure(top, int(s["k"])), key=f"step.top.{i}", width="stretch")
+            if v == views.VERDICT_NOT_CHECKED:
+                top = top[top["stored"]].assign(is_target=False)
+            st.plotly_chart(charts.top_candidates_figure(top, k, title=f"k={k} · {v}"),
+                            key=f"step.top.{i}", width="stretch")
+    st.caption("The drafter's highest-scoring tokens at each step: green is the target's token, blue the drafted one; "
+               "a hatched bar is the target's token when it ranked below the stored candidates (its logit is then "
+               "not in the trace, at most the last bar's).")
 
     if "centroid_ids" in steps.columns and steps["centroid_ids"].notna().any():
-        st.subheader("Centroid head")
+        st.subheader("Centroid head" + (" (what-if: this run drafted with the dense head)" if head == "dense" else ""))
         for s in steps.to_dict("records"):
             cids = views._as_list(s.get("centroid_ids"))
-            if not cids:
+            k = int(s["k"])
+            if not cids or views.step_verdict(k, nd, na) == views.VERDICT_NOT_CHECKED:
                 continue
             reach = s.get("target_in_candidates")
+            reach = None if reach is None or reach is pd.NA else bool(reach)
             tc = views._opt_int(s.get("target_centroid"))
-            verdict = ("reachable" if reach is True else "**unreachable**" if reach is False else "unknown")
-            st.markdown(f"k={int(s['k'])}: chose centroids {', '.join(map(str, cids[:32]))} · target "
-                        f"{dec.label(views._opt_int(s.get('target_token')))} lives in centroid {tc} "
-                        f"(rank {views._opt_int(s.get('target_centroid_rank'))}) → {verdict}")
+            st.markdown(f"k={k}: the target's {dec.label(views._opt_int(s.get('target_token')))} lives in centroid "
+                        f"{tc} (rank {views._opt_int(s.get('target_centroid_rank'))} among all centroids) → "
+                        f"**{views.reachability_words(reach, head)}** · chose centroids "
+                        f"{', '.join(map(str, cids[:16]))}{' …' if len(cids) > 16 else ''}")
 
-    st.subheader("Hidden-state norms")
+    rp = state.get("replay")
+    if rp:
+        st.subheader("Replay")
+        with state.guard("replay"):
+            summary, rsteps = state.replay(rp)
+            if not state.same_trace(summary.get("trace"), path, rp):
+                st.caption(f"The replay results chosen on the Files page are for another trace "
+                           f"(`{state.short(summary.get('trace'))}`).")
+            else:
+                names = list((summary.get("variants") or {}).keys())
+                rt = views.replay_for_round(rsteps, int(pid), int(rnd), names, dec.label)
+                if len(rt):
+                    st.dataframe(rt, hide_index=True, width="stretch", key="step.replay")
+                    st.caption("Each replayed variant's draft at this round (✓ = the target's token); the last "
+                               "column lists the variants that would have drafted it.")
+                else:
+                    st.caption("The replay did not cover this round.")
+
+    st.subheader("Hidden states")
+    for line in charts.HIDDEN_MEANING.values():
+        st.caption(line)
     dims = tr.manifest.get("dims")
     dims = dims if isinstance(dims, dict) else {}
     if not dims.get("hidden_dtype"):
@@ -101,10 +191,14 @@ with state.guard("trace store"):
     go_read = est <= HIDDEN_AUTO_BYTES or st.button(
         f"read hidden-state norms (scans about {charts.human_bytes(est)} of Parquet)", key="w.step.hidden")
     if go_read:
+        from mtpscope.traces.drift import drift, has_hidden_target
+
         norms = pd.DataFrame({"k": ks})
         notes = []
         errors = []
-        for name in ("h", "h_next", "h_inner"):
+        read: dict[str, np.ndarray] = {}
+        names = ("h", "h_next", "h_inner") + (("h_target",) if has_hidden_target(tr.manifest) else ())
+        for name in names:
             try:
                 h = tr.hidden(name, where=mask)
             except MtpscopeError as e:  # a trace without that hidden column: say so, keep going
@@ -113,9 +207,22 @@ with state.guard("trace store"):
             except Exception as e:  # noqa: BLE001 - e.g. a part whose h width disagrees with the manifest
                 errors.append(f"{name}: {state.internal_error_line(e, f'reading hidden states {name!r}')}")
                 continue
-            norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
+            read[name] = h
+            if name != "h_target":
+                norms[name] = np.linalg.norm(h.astype(np.float64), axis=1) if len(h) == len(ks) else np.nan
+        if "h_target" in read and "h_next" in read and len(read["h_next"]) == len(ks):
+            acc = tr.steps.loc[mask, "accepted"].to_numpy(dtype=bool, na_value=False)
+            dr = drift(ks, read["h_next"], read["h_target"], acc)
+            st.plotly_chart(charts.drift_figure(dr, title="This round: the drafter's state against the target's"),
+                            key="step.drift", width="stretch")
+            st.caption("How close each step's h_next stays to the target's own hidden state at the position it "
+                       "stands in for: cosine 1 and relative error 0 mean the same state.")
+        else:
+            st.caption("The drift view needs the target's hidden states (record with `--hidden-target`); the "
+                       "lengths of the drafter's own states are below.")
         norms = norms.sort_values("k")
         st.plotly_chart(charts.hidden_norms_figure(norms), key="step.norms", width="stretch")
+        st.caption("The length (L2 norm) of each stored hidden state at each draft step of this round.")
         for n_ in notes:
             st.caption(n_)
         for e_ in errors:

@@ -19,12 +19,13 @@ with state.guard("GGUF reader / inventory"):
     c[2].metric("dialect", inv.dialect.kind)
     c[3].metric("layers", len(inv.layers))
 
-    f1, f2, f3, f4, f5 = st.columns([3, 2, 2, 2, 1])
+    f1, f2, f3, f4 = st.columns([3, 2, 2, 2])
     glob = f1.text_input("name glob", key="w.tensors.glob", placeholder="e.g. blk.3.* or attn_q")
     comps = f2.multiselect("component", sorted(df["component"].unique()), key="w.tensors.comp")
     layers = f3.multiselect("layer", list(inv.layers), key="w.tensors.layer")
     types = f4.multiselect("ggml type", sorted(df["type"].unique()), key="w.tensors.type")
-    focus = f5.toggle("mtp.* / nextn.*", key="w.tensors.focus")
+    focus = st.toggle("only the drafter's own tensors (mtp.* / nextn.*)", key="w.tensors.focus",
+                      help="only the drafter's own tensors (mtp.* in the fork's files, nextn.* in llama.cpp's)")
     shown = views.filter_inventory(df, glob, comps, layers, types, focus)
     st.caption(f"{len(shown)} of {len(df)} tensors · `ne` is GGUF order (innermost first), "
                "`shape` is numpy order (outermost first)")
@@ -35,6 +36,7 @@ with state.guard("GGUF reader / inventory"):
     c1, c2 = st.columns(2)
     with c1:
         st.plotly_chart(charts.treemap_figure(df), key="tensors.treemap", width="stretch")
+        st.caption("Where the file's bytes go: by component, then by ggml type.")
     with c2:
         present = [(e.tensor.name, e.tensor.shape) for e in inv.entries]
         missing: list[str] = []
@@ -44,5 +46,6 @@ with state.guard("GGUF reader / inventory"):
             missing, wrong = state.grid_findings(rep)
         grid = views.layer_grid(present, missing, wrong)
         st.plotly_chart(charts.layer_grid_figure(grid), key="tensors.grid", width="stretch")
+        st.caption("Each layer's tensors: present, missing or with a wrong shape against the expected layout.")
         if missing or wrong:
             st.caption(f"{len(missing)} missing, {len(wrong)} with a wrong shape (see Validate)")

@@ -35,8 +35,9 @@ with state.guard("validation"):
     cols = st.columns(len(rep.loadability) or 1)
     for col, v in zip(cols, rep.loadability):
         with col:
-            word = "loads" if v.loads else ("does not load" if v.loads is False else "no rules for this file")
-            (st.success if v.loads else st.error if v.loads is False else st.info)(f"**{v.runtime}**: {word}")
+            word = {"refuses": "does not load", "unknown": "no rules for this file"}.get(v.outcome, v.outcome)
+            show = st.success if v.outcome == "loads" else st.info if v.outcome == "unknown" else st.error
+            show(f"**{v.runtime}**: {word}" + (f" — `{v.message}`" if v.message else ""))
             for r in v.reasons[:8]:
                 st.markdown(f"- {r}")
             st.caption(f"basis: {v.basis}")

@@ -49,8 +49,10 @@ with state.guard("GGUF reader"):
     log_y = st.toggle("log counts", key="w.values.log")
     st.plotly_chart(charts.histogram_figure(a, title=f"{name} rows {start}–{stop - 1}", log_y=log_y),
                     key="values.hist", width="stretch")
+    st.caption("How the values of these rows are spread (quantized types dequantized to float32).")
     if a.ndim >= 2:
         st.plotly_chart(charts.heatmap_figure(a.reshape(a.shape[0], -1), row_offset=start, title=name),
                         key="values.heat", width="stretch")
     else:
         st.plotly_chart(charts.heatmap_figure(a[None, :], title=f"{name} (1-D)"), key="values.heat", width="stretch")
+    st.caption("The same rows as colours (blue positive, red negative), block-averaged to fit when large.")

@@ -1,0 +1,173 @@
+"""Explain: why drafts were rejected, on which tokens, and which n_draft to use — the explanation layer's
+sections (``mtpscope explain``) as figures."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from mtpscope.app import charts, state, views
+from mtpscope.traces import wording
+
+st.title("Explain")
+path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
+
+#: First mismatches listed at most.
+MAX_ROWS = 500
+
+
+def _f(v, spec: str = ".1%") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+with state.guard("explanation"):
+    tr = state.trace(path)
+    rounds = tr.rounds
+    if len(rounds) == 0:
+        st.info("This trace has no rounds to explain.")
+        st.stop()
+    dec = state.trace_decoder(tr)
+    prompts = state.manifest_prompts(tr)
+    pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
+    labels = views.prompt_labels(pids, prompts, width=80)
+    ALL = -1
+    choice = st.selectbox("prompt", [ALL] + pids, key="w.exp.prompt",
+                          format_func=lambda p: "all prompts" if p == ALL else labels[p])
+    x = state.explanation(path, None if choice == ALL else choice)
+    d = x.to_dict()
+    rej, t = d["rejections"], x.totals
+
+    c = st.columns(4)
+    c[0].metric("acceptance rate", _f(t["acceptance_rate"]),
+                help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
+    c[1].metric("rounds with a rejection", f"{rej['n_rounds_rejected']:,}",
+                help="rounds whose drafts were not all accepted")
+    c[2].metric("of them, target known", f"{rej['n_first_mismatch']:,}",
+                help="of those rounds, the ones where the trace knows the target's token at the first rejection "
+                     "(the causes below count these)")
+    best = (d.get("what_if_model") or {}).get("best_n_draft")
+    c[3].metric("recommended n_draft", "—" if best is None else str(best),
+                help="the n_draft with the most tokens per second in the estimate below")
+    st.caption(f"Drafts came from the {x.head} head.")
+
+    st.subheader("Why drafts were rejected")
+    if not rej["n_rounds_rejected"]:
+        st.success("No draft was rejected in this selection: every round accepted all it drafted.")
+    else:
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(charts.causes_figure(rej["causes"]), key="exp.causes", width="stretch")
+            st.caption("For each round's first rejected draft, the reason: a near tie (the target's token scored within "
+                       "0.5 logits of the draft), the drafter's runner-up, in its top list, or a far miss.")
+        with c2:
+            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key="exp.ranks", width="stretch")
+            st.caption("Where the target's token stood in the drafter's ranking at the first rejection "
+                       "(0 = the drafter's own pick, 10+ = below the stored candidates).")
+        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key="exp.bypos", width="stretch")
+        st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
+    ts = rej["target_side"]
+    if ts["hard"] or ts["wrong"]:
+        c = st.columns(3)
+        c[0].metric("hard (target unsure too)", ts["hard"],
+                    help="the target's entropy at that position was at least 1 nat")
+        c[1].metric("wrong (target was sure)", ts["wrong"], help="the target's entropy there was below 1 nat")
+        c[2].metric("mean p(drafted) hard / wrong", f"{_f(ts['p_drafted_mean_hard'], '.3g')} / "
+                                                      f"{_f(ts['p_drafted_mean_wrong'], '.3g')}",
+                    help="the target's own probability of the drafted token, averaged")
+        st.caption("A hard token is one the target itself was unsure about; a wrong draft is a miss where the target "
+                   "was sure.")
+    if rej.get("sparse_unreachable") is not None:
+        st.caption(f"The centroid head could not have drafted {wording.plural(rej['sparse_unreachable'], 'target token')} "
+                   "of these either (not among its candidates).")
+    t1, t2 = st.columns(2)
+    for col, key, title in ((t1, "top_target_tokens", "Most-rejected target tokens"),
+                            (t2, "top_drafted_tokens", "Most-rejected drafts")):
+        rows = rej.get(key) or []
+        with col:
+            st.markdown(f"**{title}**")
+            if rows:
+                st.dataframe(pd.DataFrame({"token": [dec.label(int(r["token"])) for r in rows],
+                                           "times": [int(r["count"]) for r in rows],
+                                           "id": [int(r["token"]) for r in rows]}),
+                             hide_index=True, width="stretch", key=f"exp.{key}")
+            else:
+                st.caption("none")
+
+    st.subheader("Acceptance by token class")
+    if d.get("by_class"):
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(charts.rate_bars_figure(d["by_class"], "Acceptance rate by token class"),
+                            key="exp.class", width="stretch")
+            st.caption("Each draft counts in the class of the target's token at its position (prose, code, JSON, "
+                       "numbers, punctuation, …); labels are accepted / drafted.")
+        with c2:
+            st.plotly_chart(charts.class_position_figure(d.get("by_class_position")), key="exp.classpos",
+                            width="stretch")
+            st.caption("The same split by draft position k: which kinds of tokens the drafter loses, and how early.")
+    else:
+        st.caption("Token classes need the trace's vocabulary (the recorded target or drafter GGUF under an "
+                   "allowed folder).")
+    if d.get("by_channel"):
+        st.plotly_chart(charts.rate_bars_figure(d["by_channel"], "Acceptance rate by chat channel", "channel"),
+                        key="exp.channel", width="stretch")
+        st.caption("Thinking, answer and tool-call parts of a chat, as the Gemma 4 template marks them.")
+    if d.get("by_category"):
+        st.plotly_chart(charts.rate_bars_figure(d["by_category"], "Acceptance rate by prompt category", "category"),
+                        key="exp.category", width="stretch")
+        st.caption("The prompts file's categories, worst first.")
+
+    st.subheader("Drafter drift")
+    if d.get("drift"):
+        dr = d["drift"]
+        st.plotly_chart(charts.drift_figure(dr), key="exp.drift", width="stretch")
+        st.caption(f"How close the drafter's state stays to the target's own hidden state at each draft position "
+                   f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}).")
+    else:
+        st.caption("Not captured: record with `--hidden-target` to compare the drafter's state with the target's.")
+
+    st.subheader("Which n_draft?")
+    wi = d.get("what_if")
+    if wi:
+        st.plotly_chart(charts.what_if_figure(wi, best), key="exp.whatif", width="stretch")
+        st.caption("Acceptance and speed this trace predicts at other n_draft (star = recorded, hollow = "
+                   "extrapolated past it); formula in docs/EXPLAIN.md.")
+        st.dataframe(pd.DataFrame(wi), hide_index=True, width="stretch", key="exp.whatif.table",
+                     column_config={"acceptance_rate": st.column_config.NumberColumn("acceptance rate", format="%.4f"),
+                                    "mean_acceptance_length": st.column_config.NumberColumn("mean acc. length",
+                                                                                            format="%.3f"),
+                                    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+                                    "speedup": st.column_config.NumberColumn("speedup", format="%.2f")})
+        wic = d.get("what_if_by_category")
+        if wic:
+            st.caption("Recommended per category: " + ", ".join(f"{c}: {w['best_n_draft']}" for c, w in wic.items()))
+    for note in d.get("notes") or []:
+        st.caption(f"note: {note}")
+
+    st.subheader("First rejections, round by round")
+    fm = x.first_mismatches
+    if len(fm):
+        from mtpscope.traces.explain import step_sentence
+
+        cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
+        sub = fm.head(MAX_ROWS)
+        table = pd.DataFrame({
+            "prompt": [labels.get(int(p), str(p)) for p in sub["prompt_id"]],
+            "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
+            "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
+                    for r in sub.to_dict(orient="records")]})
+        ev = st.dataframe(table, hide_index=True, width="stretch", key="exp.fm", on_select="rerun",
+                          selection_mode="single-row",
+                          column_config={"prompt": st.column_config.TextColumn("prompt", width=200),
+                                         "round": st.column_config.NumberColumn("round", width=60),
+                                         "k": st.column_config.NumberColumn("k", width=40),
+                                         "why": st.column_config.TextColumn("why (hover for the whole sentence)",
+                                                                            width="large")})
+        st.caption("Select a row to open that round in the Step view"
+                   + (f" (first {MAX_ROWS} of {len(fm):,})." if len(fm) > MAX_ROWS else "."))
+        picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []
+        if picked:
+            r = sub.iloc[int(picked[0])]
+            state.open_round((int(r["prompt_id"]), int(r["round"])))
+    else:
+        st.caption("No rejected drafts.")

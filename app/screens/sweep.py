@@ -1,0 +1,125 @@
+"""Sweep: configuration × category heatmap of a sweep (``mtpscope sweep``); a cell opens its trace in
+Acceptance / Step / Explain. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from mtpscope.app import charts, safety, state
+
+st.title("Sweep")
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _load(path: str, key: tuple):  # noqa: ARG001 - key: sweep.json's (size, mtime) invalidates
+    from mtpscope.traces.sweep_read import open_sweep
+
+    sw = open_sweep(path)
+    return sw, sw.cells()
+
+
+def _key(p: Path) -> tuple:
+    s = (p / "sweep.json").stat()
+    return (s.st_size, s.st_mtime_ns)
+
+
+def _open(page: str, trace_dir: Path) -> None:
+    state.set_("trace", str(trace_dir))
+    st.switch_page(f"screens/{page}.py")
+
+
+if "w.sweep.path" not in st.session_state:
+    st.session_state["w.sweep.path"] = st.session_state.get("sel.sweep") or ""
+path = st.text_input("sweep directory (holds sweep.json)", key="w.sweep.path",
+                     help="The --out folder of `mtpscope sweep`; it must lie under an allowed root (MTPSCOPE_ROOTS).")
+if not path.strip():
+    st.info("Record a sweep with `mtpscope sweep --target T.gguf --assistant A.gguf --prompts P.jsonl "
+            "--n-draft 1,2,3 --baseline --out DIR`, then enter DIR here.")
+    st.stop()
+
+with state.guard("sweep"):
+    p = safety.check_path(path.strip(), state.roots(), kind="dir")
+    if not (p / "sweep.json").is_file():
+        st.error(f"{p}: not a sweep directory (no sweep.json)")
+        st.stop()
+    sw, cells = _load(str(p), _key(p))
+    st.session_state["sel.sweep"] = str(p)
+    m = sw.matrix
+    c = st.columns(5)
+    c[0].metric("tasks", f"{len(m)}")
+    c[1].metric("done", f"{int((m['state'] == 'done').sum())}")
+    c[2].metric("failed", f"{int((m['state'] == 'failed').sum())}")
+    c[3].metric("prompts", f"{len(sw.spec.prompts)}")
+    c[4].metric("categories", f"{len(sw.categories)}")
+    for w in sw.warnings[:10]:
+        st.warning(w)
+    if sw.failed:
+        st.error(f"{len(sw.failed)} task(s) failed")
+        st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
+                     width="stretch")
+
+    value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key="w.sweep.value")
+    fig = charts.sweep_heatmap(cells, value)
+    ev = st.plotly_chart(fig, key="sweep.heat", on_select="rerun", selection_mode="points", width="stretch")
+    if len(cells) == 0:
+        st.stop()
+
+    configs = [tuple(r) for r in fig.layout.meta["rows"]]
+    labels = {charts.sweep_config_label(a, k): (a, k) for a, k in configs}
+    cats = list(fig.layout.meta["columns"])
+    pts = list(getattr(getattr(ev, "selection", None), "points", None) or []) if ev else []
+    if pts and pts[0].get("y") in labels and pts[0].get("x") in cats:
+        pick = (pts[0]["y"], pts[0]["x"])
+        if st.session_state.get("sweep.handled") != pick:
+            st.session_state["sweep.handled"] = pick
+            st.session_state["w.sweep.config"] = pick[0]
+            st.session_state["w.sweep.category"] = pick[1]
+    if st.session_state.get("w.sweep.config") not in labels:
+        st.session_state["w.sweep.config"] = next(iter(labels))
+    if st.session_state.get("w.sweep.category") not in cats:
+        st.session_state["w.sweep.category"] = cats[0]
+    c1, c2 = st.columns(2)
+    label = c1.selectbox("configuration (or click the heatmap)", list(labels), key="w.sweep.config")
+    cat = c2.selectbox("category", cats, key="w.sweep.category")
+    assistant, n_draft = labels[label]
+    row = cells[(cells["assistant"] == assistant) & (cells["n_draft"] == n_draft) & (cells["category"] == cat)]
+    if len(row):
+        r = row.iloc[0]
+        k = st.columns(4)
+        k[0].metric("acceptance rate", "-" if r["acceptance_rate"] != r["acceptance_rate"] else f"{r['acceptance_rate']:.1%}")
+        k[1].metric("mean acceptance length", "-" if r["mean_acceptance_length"] != r["mean_acceptance_length"]
+                    else f"{r['mean_acceptance_length']:.3f}")
+        k[2].metric("tokens/s", "-" if r["tokens_per_s"] != r["tokens_per_s"] else f"{r['tokens_per_s']:.1f}")
+        k[3].metric("speedup", "-" if r["speedup"] != r["speedup"] else f"{r['speedup']:.3f}",
+                    help="measured tokens/s over the baseline's (plain decoding), same category")
+
+    # the traces of this cell: its finished shards that hold prompts of the category
+    pr = sw.prompts
+    want = set(pr["shard"]) if cat == "all" else set(pr.loc[pr["category"] == cat, "shard"])
+    tasks = m[(m["assistant"] == assistant) & (m["n_draft"] == n_draft) & (m["state"] == "done")
+              & m["shard"].isin(want)]
+    if len(tasks) == 0:
+        st.info("No finished trace for this cell.")
+    else:
+        n_in = {int(s): int(((pr["shard"] == s) & ((pr["category"] == cat) | (cat == "all"))).sum())
+                for s in tasks["shard"]}
+        shard = st.selectbox("trace (shard)", [int(s) for s in tasks["shard"]], key="w.sweep.shard",
+                             format_func=lambda s: f"shard {s} ({n_in.get(s, 0)} prompt{'s' if n_in.get(s, 0) != 1 else ''} "
+                                                   f"of this category)")
+        tdir = p / str(tasks[tasks["shard"] == shard]["dir"].iloc[0])
+        st.caption(f"trace: {state.short(tdir)}")
+        b = st.columns(3)
+        if b[0].button("open in Acceptance", key="sweep.open.acceptance"):
+            _open("acceptance", tdir)
+        if b[1].button("open in Step", key="sweep.open.step", disabled=n_draft == 0,
+                       help="plain decoding has no draft steps" if n_draft == 0 else None):
+            _open("step", tdir)
+        explain = Path(__file__).with_name("explain.py").exists()
+        if b[2].button("open in Explain", key="sweep.open.explain", disabled=not explain,
+                       help=None if explain else "the Explain page is not in this build"):
+            _open("explain", tdir)
+
+    with st.expander("tasks (sweep.json)"):
+        st.dataframe(m.drop(columns=["dir"]), hide_index=True, width="stretch")

@@ -1,0 +1,380 @@
+"""Memory estimate for a Gemma 4 target and its MTP drafter in llama.cpp: weights, KV cache, buffers.
+
+The rules are llama.cpp's, as vendored by llama-cpp-python 0.3.36 (file names below are under its
+``src/``), and are checked in tests/test_estimate.py against the sizes llama.cpp itself logs when it
+loads the models and creates the contexts (captured through ``traces.llama_runtime.capture_log``).
+
+**Weights** (exact): the sum of the tensors' bytes (``llama_model_size``). Per device
+(``llama-model.cpp`` ``load_tensors``): with ``n_gpu_layers = g`` (negative = all) layer ``il`` is on the
+GPU when ``il >= n_layer + 1 - g``, the output layer (index ``n_layer``) when ``g >= 1``; the input
+layer (``token_embd``) always stays on the CPU, so a tied output head (Gemma: ``output`` = ``token_embd``,
+``TENSOR_DUPLICATED``) puts a second copy of ``token_embd`` on the GPU. The drafter has no "layers" in
+that count (``llama_model_n_layer`` is 0 for it); here it goes to the GPU whole when ``g != 0``.
+The per-device split is read from the source and not checked on a GPU here (no GPU on the test machines).
+
+**KV cache** of the target (``llama-kv-cache-iswa.cpp``, ``llama-kv-cache.cpp``, ``llama-context.cpp``):
+``n_ctx`` is padded to 256 (0 = the model's ``context_length``); with ``n_parallel = p`` sequences
+and a non-unified cache each of ``p`` streams holds ``pad256(n_ctx / p)`` cells. Full-attention layers
+hold all cells; sliding-window layers hold ``pad256(min(cells, n_swa * (unified ? p : 1) + n_ubatch))``
+(all cells with ``swa_full``; llama-server's default is off, the library's ``llama_context_default_params``
+on). Layers at or past ``n_layer - shared_kv_layers`` reuse earlier layers' cache and hold none. A layer
+holds ``cells * row_size(type_k, n_head_kv(il) * head_dim_k(il))`` for K and the same for V with
+``head_dim_v``; without flash attention V is stored transposed and every layer's V row is padded to
+the widest (``n_embd_v_gqa_max``; Gemma 4 mixes 256- and 512-wide heads, so this matters).
+
+**Drafter KV**: none. The ``gemma4-assistant`` MTP context shares the target's cache (``share`` callback in
+``llama-model.cpp``: sliding layers read target layer ``n_layer - 2``, full ones ``n_layer - 1``); llama.cpp
+still logs a "size" line for the shared layers, but allocates no buffer.
+
+**Output buffer** (exact at context creation): ``n_vocab * 4`` bytes per sequence (logits of one row).
+
+**Compute buffer**: an estimate, not exact. llama.cpp reserves the graph of one ``n_ubatch`` step and
+ggml's allocator reuses memory between ops; the peak is modelled as the larger of the layer phase
+(one KQ mask per cache, ``cells * n_ubatch``, f16 with flash attention and f32 without; the residual;
+and the larger of the FFN, 4 live ``n_ff * n_ubatch`` f32 tensors, and the attention: q and its output,
+plus without flash attention the KQ scores of the widest layer, ``n_head * cells * n_ubatch * 4``) and
+the output phase (the logits of ``n_ubatch`` rows, ``n_vocab * n_ubatch * 4``). Measured against
+llama.cpp on the models in tests/test_estimate.py it is within :data:`COMPUTE_TOLERANCE` (see there).
+
+Shapes: sizes are bytes; widths in elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtpscope.errors import LayoutError
+from mtpscope.inspector import layouts as L
+
+#: KV cache types llama.cpp accepts for ``--cache-type-k/v``: name -> (block size, bytes per block)
+#: (ggml/src/ggml.c type traits).
+CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
+    "iq4_nl": (32, 18), "q5_0": (32, 22), "q5_1": (32, 24),
+}
+
+COMPUTE_NOTE = ("compute buffer: estimated from the largest phase of one n_ubatch graph step (masks + max of "
+                "logits, FFN, KQ scores); llama.cpp's allocator decides the real peak")
+GPU_NOTE = ("per-device split from llama.cpp's layer assignment rules (src/llama-model.cpp); checked on CPU only")
+
+MiB = 1 << 20
+#: Relative error of the compute-buffer estimate against llama.cpp's reports on the models tried (CPU).
+COMPUTE_TOLERANCE = 0.15
+
+
+def _pad(x: int, n: int) -> int:
+    return -(-x // n) * n
+
+
+def row_size(type_name: str, n: int) -> int:
+    """Bytes of ``n`` elements of a cache type (``ggml_row_size``).
+
+    Raises:
+        LayoutError: unknown type, or ``n`` not a multiple of the type's block size.
+    """
+    t = CACHE_TYPES.get(type_name.lower())
+    if t is None:
+        raise LayoutError("unknown KV cache type", key="cache type", expected=" | ".join(CACHE_TYPES),
+                          actual=type_name)
+    bs, ts = t
+    if n % bs:
+        raise LayoutError(f"KV row of {n} elements is not a multiple of the {type_name} block size", key="cache type",
+                          expected=f"a multiple of {bs}", actual=n)
+    return n // bs * ts
+
+
+@dataclass(frozen=True)
+class EstimateParams:
+    """llama.cpp context settings the estimate depends on (llama-server / ``llama_context_params`` names).
+
+    Attributes:
+        n_ctx: context size in tokens (0 = the target's ``context_length``).
+        n_parallel: sequences (``n_seq_max`` / ``--parallel``).
+        kv_unified: one cache shared by all sequences (``--kv-unified``).
+        cache_type_k / cache_type_v: ``f16``, ``q8_0``, ... (``--cache-type-k/-v``).
+        flash_attn: flash attention on (llama.cpp's ``auto`` turns it on where the backend has it, which
+            CPU and CUDA do; a quantized V cache requires it).
+        swa_full: sliding layers hold the whole context (``--swa-full``).
+        n_ubatch: physical batch (``--ubatch-size``, default 512).
+        n_gpu_layers: layers on the GPU (``-ngl``; negative = all, 0 = CPU only).
+    """
+
+    n_ctx: int = 8192
+    n_parallel: int = 1
+    kv_unified: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: bool = True
+    swa_full: bool = False
+    n_ubatch: int = 512
+    n_gpu_layers: int = 0
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """The KV cache of one target layer.
+
+    Attributes:
+        il: layer index. sliding: sliding-window layer. reuses: the layer whose cache it reads (shared KV),
+            or None when it holds its own. n_head_kv, head_dim_k, head_dim_v: as the file says.
+        cells: cells per stream; n_stream: streams. k_bytes / v_bytes: bytes it holds (0 when shared).
+        device: ``CPU`` or ``GPU``.
+    """
+
+    il: int
+    sliding: bool
+    reuses: int | None
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    cells: int
+    n_stream: int
+    k_bytes: int
+    v_bytes: int
+    device: str
+
+
+@dataclass(frozen=True)
+class ModelEstimate:
+    """One model's part.
+
+    Attributes:
+        path: the file. role: ``target`` or ``drafter``. arch: its architecture.
+        weights: bytes of all tensors. weights_by_device: {device: bytes} (a tied output head on the GPU
+            counts token_embd twice, see the module docstring).
+        kv_layers: per-layer KV (target; empty for the drafter). kv_k / kv_v: totals.
+        kv_shared_from: for the drafter, the target layers it reads ({"sliding": il, "full": il}).
+        output_bytes: output buffer at context creation. compute_bytes: compute buffer estimate.
+    """
+
+    path: str
+    role: str
+    arch: str | None
+    weights: int
+    weights_by_device: dict[str, int]
+    kv_layers: tuple[LayerKV, ...] = ()
+    kv_k: int = 0
+    kv_v: int = 0
+    kv_shared_from: dict[str, int] | None = None
+    output_bytes: int = 0
+    compute_bytes: int = 0
+
+    @property
+    def kv(self) -> int:
+        return self.kv_k + self.kv_v
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimate for a target (and drafter).
+
+    Attributes:
+        params: the settings. n_ctx: cells after llama.cpp's padding (all streams). cells_full /
+            cells_swa: cells per stream of the full and sliding layers.
+        target / drafter: :class:`ModelEstimate` (drafter None when not given).
+        by_device: {device: {"weights", "kv", "output", "compute", "total"}} bytes.
+        total: everything. notes: what is estimated rather than exact, and why.
+    """
+
+    params: EstimateParams
+    n_ctx: int
+    cells_full: int
+    cells_swa: int
+    target: ModelEstimate
+    drafter: ModelEstimate | None
+    by_device: dict[str, dict[str, int]]
+    total: int
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (bytes)."""
+        import dataclasses
+
+        def model(m: ModelEstimate | None) -> dict[str, Any] | None:
+            if m is None:
+                return None
+            d = dataclasses.asdict(m)
+            d["kv"] = m.kv
+            return d
+
+        return {"params": dataclasses.asdict(self.params), "n_ctx": self.n_ctx, "cells_full": self.cells_full,
+                "cells_swa": self.cells_swa, "target": model(self.target), "drafter": model(self.drafter),
+                "by_device": self.by_device, "total": self.total, "notes": list(self.notes), "unit": "bytes"}
+
+
+def _weights_by_device(f: Any, hp: L.HParams, n_gpu_layers: int, drafter: bool) -> dict[str, int]:
+    from mtpscope.inspector.inventory import classify
+
+    if n_gpu_layers == 0:
+        return {"CPU": sum(t.n_bytes or 0 for t in f.tensors)}
+    if drafter:
+        return {"GPU": sum(t.n_bytes or 0 for t in f.tensors)}
+    n = hp.n_layer
+    g = n + 1 if n_gpu_layers < 0 else n_gpu_layers
+    start = max(n + 1 - g, 0)
+    out = {"CPU": 0, "GPU": 0}
+    names = {t.name for t in f.tensors}
+    for t in f.tensors:
+        _, il = classify(t.name)
+        nb = t.n_bytes or 0
+        if t.name == "token_embd.weight":
+            out["CPU"] += nb
+            if "output.weight" not in names and n >= start:  # tied head duplicated on the output device
+                out["GPU"] += nb
+        elif il is not None:
+            out["GPU" if il >= start else "CPU"] += nb
+        elif t.name == "rope_freqs.weight":
+            first_full = next((ly.il for ly in hp.layers if not ly.sliding), n)
+            out["GPU" if first_full >= start else "CPU"] += nb
+        else:  # output_norm, output: the output layer
+            out["GPU" if n >= start else "CPU"] += nb
+    return {k: v for k, v in out.items() if v or k == "CPU"}
+
+
+def _compute(hp: L.HParams, n_vocab: int, cells: list[tuple[int, int]], p: EstimateParams, drafter: bool) -> int:
+    """Compute-buffer estimate (bytes) for one graph of ``n_ubatch`` tokens; see the module docstring.
+
+    ``cells``: (cells, n_layers) of each KV cache the graph masks (full, sliding). The peak is the
+    larger of two phases (ggml's allocator frees a tensor after its last use, inputs included): the
+    layers (the masks, the residual, and the larger of attention and FFN) and the output (the logits
+    of ``n_ubatch`` rows and the residual)."""
+    ub = p.n_ubatch
+    ub_pad = _pad(ub, 64)  # GGML_KQ_MASK_PAD
+    masks = sum(c for c, n in cells if n) * ub_pad * (2 if p.flash_attn else 4)
+    q_width = max((ly.n_head * ly.head_dim for ly in hp.layers), default=0)
+    attn = 3 * q_width * ub * 4  # q, the attention output, its contiguous copy
+    if not p.flash_attn:  # the KQ scores of the widest layer (soft_max works in place)
+        kq = 0
+        for (c, n), sliding in zip(cells, (False, True)):
+            if n:
+                heads = max((ly.n_head for ly in hp.layers if ly.sliding == sliding), default=0)
+                kq = max(kq, heads * c * ub * 4)
+        attn += kq
+    ffn = 4 * max((ly.n_ff for ly in hp.layers), default=0) * ub * 4
+    resid = 2 * hp.n_embd * ub * 4
+    return max(masks + max(attn, ffn) + resid, n_vocab * ub * 4 + resid)
+
+
+def _target_kv(f: Any, hp: L.HParams, p: EstimateParams) -> tuple[list[LayerKV], int, int, int]:
+    ctx_train = L._scalar(f.get(f"{hp.arch}.context_length")) or 0
+    n_ctx = p.n_ctx or int(ctx_train)
+    if n_ctx <= 0:
+        raise LayoutError("n_ctx is 0 and the file has no context_length", path=f.path,
+                          key=f"{hp.arch}.context_length", expected="> 0", actual=n_ctx)
+    n_ctx = _pad(n_ctx, 256)
+    seqs = max(1, p.n_parallel)
+    if p.kv_unified:
+        cells, n_stream = n_ctx, 1
+    else:
+        cells, n_stream = _pad(n_ctx // seqs, 256), seqs
+    n_swa = hp.sliding_window or 0
+    cells_swa = cells if p.swa_full else _pad(min(cells, n_swa * (seqs if p.kv_unified else 1) + p.n_ubatch), 256)
+    kv_start = hp.n_layer - hp.shared_kv_layers
+    arch = hp.arch
+    vl_full = L._scalar(f.get(f"{arch}.attention.value_length")) or hp.head_dim_full
+    vl_swa = L._scalar(f.get(f"{arch}.attention.value_length_swa")) or hp.head_dim_swa
+    v_max = max((ly.n_head_kv * (vl_swa if ly.sliding else vl_full) for ly in hp.layers), default=0)
+    g = p.n_gpu_layers
+    start = max(hp.n_layer + 1 - (hp.n_layer + 1 if g < 0 else g), 0) if g else hp.n_layer + 1
+    out: list[LayerKV] = []
+    for ly in hp.layers:
+        hd_v = vl_swa if ly.sliding else vl_full
+        c = cells_swa if ly.sliding else cells
+        dev = "GPU" if ly.il >= start else "CPU"
+        if ly.il >= kv_start:
+            reuse = kv_start - (2 if ly.sliding else 1)
+            out.append(LayerKV(ly.il, ly.sliding, reuse, ly.n_head_kv, ly.head_dim, hd_v, c, n_stream, 0, 0, dev))
+            continue
+        k = row_size(p.cache_type_k, ly.n_head_kv * ly.head_dim) * c * n_stream
+        v_w = ly.n_head_kv * hd_v if p.flash_attn else v_max
+        v = row_size(p.cache_type_v, v_w) * c * n_stream
+        out.append(LayerKV(ly.il, ly.sliding, None, ly.n_head_kv, ly.head_dim, hd_v, c, n_stream, k, v, dev))
+    return out, cells * n_stream, cells, cells_swa
+
+
+def estimate(target: Any, assistant: Any = None, params: EstimateParams | None = None) -> MemoryEstimate:
+    """Memory estimate of a target (and its drafter) under llama.cpp (see the module docstring).
+
+    Args:
+        target: the ``gemma4`` target, a path or an open GGUF file.
+        assistant: the drafter (``gemma4-assistant`` / ``gemma4_assistant``), or None.
+        params: :class:`EstimateParams` (default: n_ctx 8192, f16 cache, flash attention, 1 sequence).
+
+    Returns:
+        :class:`MemoryEstimate`.
+
+    Raises:
+        LayoutError: the target is not a gemma4 model, hyperparameters are missing, an unknown cache
+            type, or a quantized V cache without flash attention (llama.cpp refuses it).
+        GGUFFormatError & co: a file is unreadable.
+    """
+    p = params or EstimateParams()
+    if p.cache_type_v.lower() not in ("f32", "f16", "bf16") and not p.flash_attn:
+        raise LayoutError("a quantized V cache requires flash attention (llama.cpp refuses it)", key="cache type v",
+                          expected="flash_attn on, or an f16 / bf16 / f32 V cache", actual=p.cache_type_v)
+    tf = _open(target)
+    if tf.architecture != L.ARCH_TARGET:
+        raise LayoutError("the target must be a gemma4 model", path=tf.path, key="general.architecture",
+                          expected=L.ARCH_TARGET, actual=tf.architecture)
+    thp = L.read_hparams(tf)
+    n_vocab = thp.n_vocab or 0
+    layers, n_ctx, cells, cells_swa = _target_kv(tf, thp, p)
+    n_full = sum(1 for ly in layers if not ly.sliding and ly.reuses is None)
+    n_swa = sum(1 for ly in layers if ly.sliding and ly.reuses is None)
+    seqs = max(1, p.n_parallel)
+    t_est = ModelEstimate(
+        path=str(tf.path), role="target", arch=tf.architecture,
+        weights=sum(t.n_bytes or 0 for t in tf.tensors),
+        weights_by_device=_weights_by_device(tf, thp, p.n_gpu_layers, False),
+        kv_layers=tuple(layers), kv_k=sum(x.k_bytes for x in layers), kv_v=sum(x.v_bytes for x in layers),
+        output_bytes=n_vocab * 4 * seqs,
+        compute_bytes=_compute(thp, n_vocab, [(cells, n_full), (cells_swa, n_swa)], p, False))
+    d_est = None
+    if assistant is not None:
+        df = _open(assistant)
+        dhp = L.read_hparams(df)
+        if dhp.dialect not in ("fork", "upstream"):
+            raise LayoutError("the assistant must be a Gemma 4 drafter", path=df.path, key="general.architecture",
+                              expected="gemma4-assistant | gemma4_assistant", actual=df.architecture)
+        n = thp.n_layer
+        d_n_full = sum(1 for ly in dhp.layers if not ly.sliding)
+        d_n_swa = sum(1 for ly in dhp.layers if ly.sliding)
+        d_est = ModelEstimate(
+            path=str(df.path), role="drafter", arch=df.architecture,
+            weights=sum(t.n_bytes or 0 for t in df.tensors),
+            weights_by_device=_weights_by_device(df, dhp, p.n_gpu_layers, True),
+            kv_shared_from={"sliding": n - 2, "full": n - 1},
+            output_bytes=(dhp.n_vocab or n_vocab) * 4 * seqs,
+            compute_bytes=_compute(dhp, dhp.n_vocab or n_vocab, [(cells, d_n_full), (cells_swa, d_n_swa)], p, True))
+    by_dev: dict[str, dict[str, int]] = {}
+
+    def add(dev: str, what: str, n: int) -> None:
+        d = by_dev.setdefault(dev, {"weights": 0, "kv": 0, "output": 0, "compute": 0, "total": 0})
+        d[what] += n
+        d["total"] += n
+
+    gpu = p.n_gpu_layers != 0
+    for m in (t_est, d_est):
+        if m is None:
+            continue
+        for dev, n in m.weights_by_device.items():
+            add(dev, "weights", n)
+        add("CPU", "output", m.output_bytes)
+        add("GPU" if gpu else "CPU", "compute", m.compute_bytes)
+    for ly in layers:
+        if ly.k_bytes or ly.v_bytes:
+            add(ly.device, "kv", ly.k_bytes + ly.v_bytes)
+    notes = [COMPUTE_NOTE]
+    if gpu:
+        notes.append(GPU_NOTE)
+    total = sum(d["total"] for d in by_dev.values())
+    return MemoryEstimate(p, n_ctx, cells, cells_swa, t_est, d_est, by_dev, total, tuple(notes))
+
+
+def _open(x: Any) -> Any:
+    if hasattr(x, "tensors") and hasattr(x, "get"):
+        return x
+    from mtpscope.inspector.gguf import open_gguf
+
+    return open_gguf(x)

@@ -1,0 +1,131 @@
+"""Tolerances for comparing llama.cpp's CPU numerics with numpy, derived from the numerics.
+
+Every llama.cpp-vs-numpy comparison in the suite takes its tolerance from here, so that each has one
+documented derivation (docs/FIDELITY.md, "Tolerances"). They hold on any x86-64 CPU (AVX2 and
+AVX-512 builds pick different SIMD kernels and summation orders; nothing here depends on the order).
+
+Facts about ggml's x86 CPU backend (llama-cpp-python 0.3.36's vendored ggml, ``ggml-cpu/vec.cpp``,
+``ggml-cpu.c``, ``llamafile/sgemm.cpp``) that the bounds use:
+
+* ``mul_mat`` of an F32 weight with F32 activations: F32 products, F32 accumulation (SIMD lanes,
+  then a horizontal sum) in an order that depends on the kernel.
+* ``mul_mat`` of an **F16** weight: the activations are first converted to F16 (``vec_dot_type`` of
+  F16 is F16; round to nearest even), then F16 x F16 products (exact in F32: 11 + 11 significand bits)
+  accumulate in F32. So the numpy side must round the activations to F16 too (:func:`ggml_matvec`);
+  the remaining difference is F32 summation order only.
+* The KV cache is F16; the query and the softmax probabilities meet it in F16 ``mul_mat`` s (rounded
+  to F16); GELU is looked up in an F16 table (input and output rounded). The reference drafter
+  emulates all of these (``StepOptions(kv_f16=True, gelu="ggml-f16")``).
+
+Error model of a long chain whose F16 roundings are emulated (the reference drafter vs llama.cpp):
+both sides round the same values to F16, so they agree to F32 summation order (relative ~1e-7) --
+except where an F32 value lies so close to an F16 rounding midpoint that the two sides' F32 rounding
+noise puts it on different sides. That element then differs by one F16 ulp: at most ``2**-10`` of
+its own magnitude, so at most ``2**-10`` of the norm of the vector it is part of. Such "flips" are
+rare (the chance per rounded element is about F32 noise / F16 ulp, ~1e-4), so most steps show F32-level
+agreement and a few show up to about one F16 ulp. A missing emulation instead perturbs *every*
+element by up to ``U16`` (rms ``U16 / sqrt(3)`` = 2.8e-4), which lifts *every* step's error by three
+orders of magnitude. Hence two criteria (:func:`check_emulated_chain`): the lower quartile of the
+step errors against :data:`CHAIN_QUANTILE_MAX` (catches a wrong or missing convention) and the
+maximum against :data:`CHAIN_MAX` (one F16 ulp of the vector: catches a step that is wrong only
+sometimes). The lower quartile, not the median: in a replayed round the reference's own ``h_next``
+feeds the next step, so a flip at step k is carried into steps k+1..K; with a flip chance of about
+0.2 per step (measured on the tiny pairs) about half of the third steps carry one, but far fewer than
+three quarters of all steps do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+#: unit roundoff of IEEE binary32 (round to nearest): 2**-24
+U32 = 2.0 ** -24
+#: unit roundoff of IEEE binary16: 2**-11 (one F16 ulp is 2 * U16 relative at most)
+U16 = 2.0 ** -11
+#: one F16 ulp relative to the value, at most (a value just above a power of two)
+ULP16_REL = 2.0 ** -10
+
+#: :data:`CHAIN_QUANTILE` of the per-step relative errors of an emulated chain (h_next of the
+#: reference drafter vs llama.cpp's). 2**-16 = 1.5e-5 is 32 times below U16 -- a missing F16
+#: emulation puts even the smallest step errors near 1e-4 (measured medians: exact-tanh GELU instead
+#: of the F16 table 1.7e-4, F32 instead of F16 KV 2.1e-4) -- and 2**8 times above U32, far above F32
+#: summation noise (dot lengths <= 2**10: sqrt(n) * U32 <= 2e-6 typical; measured 2e-7 .. 4e-7).
+CHAIN_QUANTILE_MAX = 2.0 ** -16
+#: the quantile compared with :data:`CHAIN_QUANTILE_MAX` (the lower quartile, see the module text)
+CHAIN_QUANTILE = 0.25
+#: largest per-step relative error of an emulated chain: one F16 ulp of the vector (a single flip
+#: of the largest element; measured flips give 1e-5 .. 3e-4).
+CHAIN_MAX = ULP16_REL
+
+
+def gamma(n: int) -> float:
+    """Higham's ``gamma_n = n u / (1 - n u)`` for F32: the bound on the relative error of a sum of
+    ``n`` terms in any order, relative to the sum of their absolute values (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., Lemma 3.1 / eq. 3.5)."""
+    nu = n * U32
+    return nu / (1.0 - nu)
+
+
+def ggml_matvec(w: np.ndarray, x: np.ndarray, weight_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """What ggml's x86 CPU ``mul_mat`` computes for ``w @ x`` exactly, and the bound of its rounding.
+
+    Shapes: ``w`` numpy ``(n_out, n_in)`` (GGUF ``ne [n_in, n_out]``), values as stored (an F16
+    weight already widened exactly to float); ``x`` ``(n_in,)`` or ``(n_rows, n_in)`` F32
+    activations. ``weight_type``: the ggml type name of the weight, ``"F32"`` or ``"F16"`` (F16: the
+    activations are rounded to F16 first, as ggml converts them to the weight's ``vec_dot_type``).
+
+    Returns:
+        ``(exact, bound)``: the product in float64 of the (rounded) operands, and per element the
+        worst-case difference of any F32 evaluation order from it:
+        ``gamma(n_in) * (|w| @ |x|) + U32 * |exact|`` (the last term: the final rounding to F32).
+
+    Raises:
+        ValueError: a weight type other than F32 / F16.
+    """
+    if weight_type not in ("F32", "F16"):
+        raise ValueError(f"weight_type must be 'F32' or 'F16', got {weight_type!r}")
+    w64 = np.asarray(w, dtype=np.float64)
+    x64 = np.asarray(x, dtype=np.float64)
+    if weight_type == "F16":
+        x64 = x64.astype(np.float16).astype(np.float64)
+    exact = x64 @ w64.T
+    bound = gamma(w64.shape[1]) * (np.abs(x64) @ np.abs(w64).T) + U32 * np.abs(exact)
+    return exact, bound
+
+
+def assert_matvec_close(w: np.ndarray, x: np.ndarray, got: np.ndarray, weight_type: str, what: str) -> np.ndarray:
+    """Assert llama.cpp's ``got`` equals ``w @ x`` as ggml computes it (:func:`ggml_matvec`) within
+    the F32 summation bound, element by element. Returns the exact product (float64).
+
+    Raises:
+        AssertionError: an element outside its bound (names the worst one and its bound).
+    """
+    exact, bound = ggml_matvec(w, x, weight_type)
+    got64 = np.asarray(got, dtype=np.float64).reshape(exact.shape)
+    err = np.abs(got64 - exact)
+    ratio = err / np.maximum(bound, np.finfo(np.float64).tiny)
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    assert ratio[worst] <= 1.0, (f"{what}: element {tuple(int(i) for i in worst)} differs by {err[worst]:.3g}, "
+                                 f"above the F32 summation bound {bound[worst]:.3g} ({weight_type} weight)")
+    return exact
+
+
+def check_emulated_chain(rel_errs: Sequence[float], what: str, *, quantile_max: float = CHAIN_QUANTILE_MAX,
+                         max_max: float = CHAIN_MAX) -> tuple[float, float]:
+    """Assert per-step relative errors of an F16-emulating chain fit the error model above: the
+    :data:`CHAIN_QUANTILE` quantile at most ``quantile_max``, the largest at most ``max_max``.
+
+    Returns ``(quantile, max)``.
+
+    Raises:
+        AssertionError: no errors given, or a criterion broken (with both numbers).
+    """
+    e = np.asarray(list(rel_errs), dtype=np.float64)
+    assert e.size > 0, f"{what}: no steps compared"
+    q, mx = float(np.quantile(e, CHAIN_QUANTILE)), float(e.max())
+    assert q <= quantile_max, (f"{what}: lower-quartile relative error {q:.3g} > {quantile_max:.3g}: most steps "
+                               "differ by more than F32 rounding, an F16 rounding of llama.cpp is not emulated")
+    assert mx <= max_max, (f"{what}: max relative error {mx:.3g} > {max_max:.3g} (one F16 ulp of the vector)")
+    return q, mx

@@ -1,0 +1,141 @@
+"""Output positions, acceptance by label, the aligned diff of two runs and drift, on hand-built rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mtpscope.errors import TraceFormatError
+from mtpscope.traces import breakdown as B
+from mtpscope.traces.align import aligned_diff, bootstrap_delta, pair_prompts
+from mtpscope.traces.drift import drift
+from mtpscope.traces.positions import positions
+
+
+def _rounds(rows):
+    """rows: (prompt_id, round, pending, n_draft, n_accepted, emitted)."""
+    return pd.DataFrame({"prompt_id": [r[0] for r in rows], "round": [r[1] for r in rows],
+                         "pending_token": [r[2] for r in rows], "n_draft": [r[3] for r in rows],
+                         "n_accepted": [r[4] for r in rows], "emitted": [r[5] for r in rows]})
+
+
+# prompt 0 generates 100 101 102 103 104 105 106: run A accepts more than run B
+A = _rounds([(0, 0, 100, 3, 3, [101, 102, 103, 104]),   # g1..g3 accepted, g4 bonus
+             (0, 1, 104, 2, 1, [105, 106])])            # g5 accepted, g6 rejected (correction)
+B_ = _rounds([(0, 0, 100, 3, 1, [101, 102]),             # g1 accepted, g2 rejected
+              (0, 1, 102, 3, 0, [103]),                  # g3 rejected
+              (0, 2, 103, 3, 2, [104, 105, 106])])       # g4, g5 accepted, g6 rejected
+
+
+def test_positions_by_hand() -> None:
+    p = positions(A)
+    assert p.sequences[0].tolist() == [100, 101, 102, 103, 104, 105, 106]
+    assert p.drafts[["round", "k", "g", "accepted"]].values.tolist() == \
+        [[0, 1, 1, True], [0, 2, 2, True], [0, 3, 3, True], [1, 1, 5, True], [1, 2, 6, False]]
+    assert p.emitted[["g", "token", "status", "k"]].values.tolist() == \
+        [[1, 101, "accepted", 1], [2, 102, "accepted", 2], [3, 103, "accepted", 3], [4, 104, "bonus", 0],
+         [5, 105, "accepted", 1], [6, 106, "rejected", 2]]
+    # a gap in the rounds or an unknown emitted list: positions unknown for that prompt
+    gap = positions(A.iloc[[1]])
+    assert gap.sequences == {} and gap.drafts["g"].tolist() == [-1, -1]
+    with pytest.raises(TraceFormatError):
+        positions(A.drop(columns=["emitted"]))
+
+
+def test_breakdown_counts_add_up() -> None:
+    p = positions(B_)
+    cls = {0: np.array([0, 0, 3, 3, 4, 0, 0], dtype=np.int8)}   # prose prose number number punct prose prose
+    from mtpscope.traces.token_classes import TokenClasses
+    tc = {0: TokenClasses(cls[0], np.zeros(7, dtype=np.int8))}
+    c, ch = B.draft_labels(p, tc)
+    # drafts: r0 g1 g2 g3, r1 g3 g4 g5, r2 g4 g5 g6
+    assert c.tolist() == ["prose", "number", "number", "number", "punctuation", "prose", "punctuation", "prose", "prose"]
+    by = B.by_label(p, c)
+    assert by["number"] == {"n_drafted": 3, "n_accepted": 0, "acceptance_rate": 0.0}
+    assert by["prose"]["n_drafted"] == 4 and by["prose"]["n_accepted"] == 2      # g1 (r0) and g5 (r2)
+    assert sum(v["n_drafted"] for v in by.values()) == int(B_["n_draft"].sum())
+    bp = B.by_label_and_position(p, c, ["punctuation"])
+    assert bp == {"punctuation": [{"k": 1, "n_drafted": 1, "n_accepted": 1, "acceptance_rate": 1.0},
+                                  {"k": 2, "n_drafted": 1, "n_accepted": 0, "acceptance_rate": 0.0}]}
+    cats = B.prompt_categories({"prompts": [{"prompt_id": 0, "category": "story"}, {"prompt_id": 1}]})
+    assert cats == {0: "story", 1: "(none)"}
+    assert B.prompt_categories({"prompts": [{"prompt_id": 0}]}) is None
+    assert B.by_category(B_, cats) == {"story": {"n_prompts": 1, "n_drafted": 9, "n_accepted": 3,
+                                                 "acceptance_rate": 3 / 9}}
+
+
+def test_aligned_diff_by_hand() -> None:
+    pair = pair_prompts({"prompts": [{"prompt_id": 0, "text": "x"}]}, {"prompts": [{"prompt_id": 0, "text": "x"}]})
+    assert pair.by == "text" and pair.pairs == ((0, 0),)
+    d = aligned_diff(A, positions(A), B_, positions(B_), pair,
+                     classes_a={0: np.array(["prose", "prose", "json", "json", "prose", "prose", "code"], dtype=object)})
+    # A: g1 acc, g2 acc, g3 acc, g4 bonus, g5 acc, g6 rej ; B: g1 acc, g2 rej, g3 rej, g4 acc, g5 acc, g6 rej
+    assert d.outputs_identical
+    assert d.status_counts == {"accepted/accepted": 2, "accepted/rejected": 2, "bonus/accepted": 1,
+                               "rejected/rejected": 1}
+    # a_only: g2 (B rejected it as its draft 2) and g3 (B's draft 1); classes_a[2] = classes_a[3] = json
+    assert d.a_only == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}}
+    assert d.b_only["n"] == 0
+    assert d.prompts[0]["first_difference"] == 2 and d.prompts[0]["diverged_at"] is None
+    # acceptance: A 4/5, B 3/9
+    assert d.delta["all"]["rate_a"] == pytest.approx(0.8) and d.delta["all"]["rate_b"] == pytest.approx(1 / 3)
+    assert d.delta["all"]["ci_low"] is None           # one prompt: no interval
+
+
+def test_diverging_outputs_stop_the_comparison() -> None:
+    b2 = _rounds([(0, 0, 100, 3, 1, [101, 102]), (0, 1, 102, 3, 0, [999])])
+    pair = pair_prompts({}, {}, [0], [0])
+    assert pair.by == "prompt_id"
+    d = aligned_diff(A, positions(A), b2, positions(b2), pair)
+    assert not d.outputs_identical
+    assert d.prompts[0]["diverged_at"] == 3 and d.prompts[0]["n_compared"] == 2   # g1, g2 only
+
+
+def test_pairing_by_id_and_unpaired() -> None:
+    ma = {"prompts": [{"prompt_id": 0, "id": "q1", "text": "a"}, {"prompt_id": 1, "id": "q2", "text": "b"}]}
+    mb = {"prompts": [{"prompt_id": 0, "id": "q2", "text": "zz"}, {"prompt_id": 1, "id": "q3", "text": "a"}]}
+    p = pair_prompts(ma, mb)
+    assert p.by == "id" and p.pairs == ((1, 0),) and p.unpaired_a == (0,) and p.unpaired_b == (1,)
+
+
+def test_bootstrap_interval() -> None:
+    # every prompt: A 5/10, B 8/10 -> every resample gives +0.3
+    n = 6
+    out = bootstrap_delta(np.full(n, 10), np.full(n, 5), np.full(n, 10), np.full(n, 8), n_boot=500)
+    assert out["delta"] == pytest.approx(0.3)
+    assert out["ci_low"] == pytest.approx(0.3) and out["ci_high"] == pytest.approx(0.3)
+    # two prompts, opposite effects: the interval spans both single-prompt deltas' mixture
+    out2 = bootstrap_delta(np.array([10, 10]), np.array([2, 8]), np.array([10, 10]), np.array([8, 2]), n_boot=4000)
+    assert out2["delta"] == pytest.approx(0.0)
+    assert out2["ci_low"] == pytest.approx(-0.6) and out2["ci_high"] == pytest.approx(0.6)
+    assert bootstrap_delta(np.array([10, 10]), np.array([2, 8]), np.array([10, 10]), np.array([8, 2]),
+                           n_boot=300, seed=7) == bootstrap_delta(np.array([10, 10]), np.array([2, 8]),
+                                                                  np.array([10, 10]), np.array([8, 2]),
+                                                                  n_boot=300, seed=7)
+
+
+def test_drift_by_hand() -> None:
+    hn = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 3.0], [np.nan, 1.0]])
+    ht = np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    d = drift(np.array([1, 1, 2, 2]), hn, ht, accepted=np.array([True, False, True, True]))
+    # k1: cos 1/sqrt2 and 1, rel 1/sqrt2 and 0; k2: cos 1, rel 2; the NaN row is skipped
+    assert d["n_steps"] == 3
+    assert d["per_position"][0]["cos_mean"] == pytest.approx((2 ** -0.5 + 1) / 2)
+    assert d["per_position"][0]["rel_err_mean"] == pytest.approx(2 ** -0.5 / 2)
+    assert d["per_position"][0]["cos_mean_rejected"] == pytest.approx(1.0)
+    assert d["per_position"][1] == {"k": 2, "n_steps": 1, "cos_mean": pytest.approx(1.0),
+                                    "rel_err_mean": pytest.approx(2.0), "cos_mean_accepted": pytest.approx(1.0),
+                                    "cos_mean_rejected": None}
+    with pytest.raises(TraceFormatError):
+        drift(np.array([1]), np.zeros((1, 2)), np.zeros((1, 3)))
+
+
+def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:
+    ma = {"prompts": [{"prompt_id": 0, "text": "a"}, {"prompt_id": 1, "text": "b"}]}
+    mb = {"prompts": [{"prompt_id": 0, "text": "c"}, {"prompt_id": 1, "text": "d"}]}
+    p = pair_prompts(ma, mb, [0, 1], [0, 1])
+    assert p.by == "text" and p.pairs == () and p.unpaired_a == (0, 1) and p.unpaired_b == (0, 1)
+    # without texts on one side, prompt_id pairing stays (imported traces)
+    p2 = pair_prompts(ma, {"prompts": [{"prompt_id": 0, "text": None}]}, [0, 1], [0])
+    assert p2.by == "prompt_id" and p2.pairs == ((0, 0),)

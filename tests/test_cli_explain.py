@@ -1,0 +1,102 @@
+"""`mtpscope explain`, `mtpscope compare` and `report --json`'s explanation keys through the real typer app,
+on the demo traces (recorded by the real llama.cpp). Expected numbers are recomputed here straight from the
+Parquet parts with pyarrow, not through mtpscope's analysis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def noisy(demo_dir) -> Path:
+    p = Path(demo_dir.traces_noisy)
+    if not (p / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    return p
+
+
+def _table(trace: Path, name: str):
+    m = json.loads((trace / "manifest.json").read_text())
+    import pyarrow as pa
+
+    return pa.concat_tables([pq.read_table(trace / name / f) for f in m["parts"][name]])
+
+
+def test_explain_json_keys_and_values(noisy: Path) -> None:
+    res = runner.invoke(app, ["explain", str(noisy), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    rounds = _table(noisy, "rounds").to_pydict()
+    steps = _table(noisy, "steps").select(["prompt_id", "round", "k", "target_rank"]).to_pydict()
+    rank = {(p, r, k): t for p, r, k, t in zip(steps["prompt_id"], steps["round"], steps["k"], steps["target_rank"])}
+    fm = [(p, r, na + 1) for p, r, nd, na in zip(rounds["prompt_id"], rounds["round"], rounds["n_draft"],
+                                                 rounds["n_accepted"]) if na < nd]
+    rej = d["rejections"]
+    assert rej["n_first_mismatch"] == len(fm) == 36
+    hist = {b: 0 for b in [str(i) for i in range(10)] + ["10+"]}
+    for key in fm:
+        hist[str(rank[key]) if rank[key] < 10 else "10+"] += 1
+    assert rej["rank_histogram"] == hist
+    assert sum(rej["causes"].values()) == len(fm)
+    # every draft lands in exactly one class: the classes add up to the drafted total
+    n_drafted = sum(rounds["n_draft"])
+    assert sum(v["n_drafted"] for v in d["by_class"].values()) == n_drafted
+    assert sum(v["n_accepted"] for v in d["by_class"].values()) == sum(rounds["n_accepted"])
+    assert d["by_category"] is None and d["drift"] is None
+    wi = d["what_if"]
+    assert [r["n_draft"] for r in wi] == list(range(1, 9))
+    rec = [r for r in wi if r["recorded"]]
+    assert len(rec) == 1 and rec[0]["n_draft"] == 3
+    assert rec[0]["acceptance_rate"] == pytest.approx(sum(rounds["n_accepted"]) / n_drafted, abs=1e-12)
+    assert set(wi[0]) >= {"n_draft", "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup"}
+
+
+def test_report_json_carries_the_sections(noisy: Path) -> None:
+    res = runner.invoke(app, ["report", str(noisy), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    for key in ("rejections", "by_class", "by_category", "drift", "what_if", "per_position", "acceptance_rate"):
+        assert key in d
+    assert d["rejections"]["n_first_mismatch"] == 36
+
+
+def test_explain_text_and_prompt(noisy: Path) -> None:
+    res = runner.invoke(app, ["explain", str(noisy), "--prompt", "2"])
+    assert res.exit_code == 0, res.output
+    assert "Why drafts were rejected" in res.stdout and "Which n_draft?" in res.stdout
+    assert "First mismatches of this prompt:" in res.stdout and "round 0 k=" in res.stdout
+    bad = runner.invoke(app, ["explain", str(noisy), "--prompt", "nope"])
+    assert bad.exit_code == 2 and "no such prompt" in bad.stderr
+
+
+def test_compare_clean_vs_noisy(demo_dir, noisy: Path) -> None:
+    clean = Path(demo_dir.traces_clean)
+    res = runner.invoke(app, ["compare", str(clean), str(noisy), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["paired_by"] == "text" and d["n_pairs"] == 5 and d["outputs_identical"]
+    ra, rb = _table(clean, "rounds").to_pydict(), _table(noisy, "rounds").to_pydict()
+    rate = lambda r: sum(r["n_accepted"]) / sum(r["n_draft"])  # noqa: E731
+    assert d["delta"]["all"]["delta"] == pytest.approx(rate(rb) - rate(ra))
+    lo, hi = d["delta"]["all"]["ci_low"], d["delta"]["all"]["ci_high"]
+    assert lo <= d["delta"]["all"]["delta"] <= hi
+    # the clean drafter accepts everything: nothing is accepted in B and rejected in A
+    assert d["b_only"]["n"] == 0 and d["a_only"]["n"] > 0
+    # positions B rejected = rounds of B with a mismatch whose position A accepted (A never rejects)
+    n_rej_b = int(np.sum(np.array(rb["n_accepted"]) < np.array(rb["n_draft"])))
+    assert d["a_only"]["n"] + d["status_counts"].get("bonus/rejected", 0) == n_rej_b
+
+
+def test_compare_unreadable(tmp_path: Path, noisy: Path) -> None:
+    res = runner.invoke(app, ["compare", str(tmp_path / "missing"), str(noisy)])
+    assert res.exit_code == 2 and "not a trace directory" in res.stderr

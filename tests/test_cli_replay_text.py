@@ -1,0 +1,45 @@
+"""`mtpscope replay`'s text output (mtpscope/cli_fidelity.format_replay) on a hand-written summary: token
+text next to ids, agreement explained, indistinguishable variants noted, nothing over 80 columns that
+could split an id."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtpscope.cli_fidelity import format_replay
+from mtpscope.traces.replay import indistinguishable
+
+
+def _summary() -> dict:
+    return {"trace": "t", "n_rounds": 1, "n_steps": 3,
+            "recorded": {"acceptance_rate": 1 / 3, "mean_acceptance_length": 2.0},
+            "variants": {"baseline": {"options": "-", "acceptance_rate": 1 / 3, "mean_acceptance_length": 2.0,
+                                      "agreement": 1.0},
+                         "position=p-1": {"options": "position=p-1", "acceptance_rate": 1 / 3,
+                                          "mean_acceptance_length": 2.0, "agreement": 1.0},
+                         "head=centroid": {"options": "head=centroid", "acceptance_rate": 0.0,
+                                           "mean_acceptance_length": 1.0, "agreement": 1 / 3}},
+            "indistinguishable": [["baseline", "position=p-1"]], "notes": [], "out": None}
+
+
+def test_format_replay_text() -> None:
+    steps = pd.DataFrame({"prompt_id": [0, 0, 0], "round": [0, 0, 0], "k": [1, 2, 3], "recorded": [1651, 7, 8],
+                          "truth": [1651, 9, 10], "draft[baseline]": [1651, 7, 8], "draft[position=p-1]": [1651, 7, 8],
+                          "draft[head=centroid]": [6819, 9, 8]})
+    assert indistinguishable(steps, ["baseline", "position=p-1", "head=centroid"]) == [("baseline", "position=p-1")]
+    dis = steps[steps["draft[head=centroid]"] != steps["recorded"]]
+    label = {1651: " seven", 6819: " islands", 7: "\n", 8: "x", 9: "y", 10: "z"}.get
+    out = format_replay(_summary(), dis, label)
+    lines = out.splitlines()
+    assert "replay of t: 1 round, 3 steps" == lines[0]
+    assert any(ln.startswith("head=centroid") and "0.3333" in ln for ln in lines)
+    flat = " ".join(" ".join(lines).split())
+    assert "agreement = share of the recorded draft steps where the variant drafts the same token as" in flat
+    assert "cannot tell position=p-1 from baseline" in flat
+    assert "prompt 0 · round 0 · k=1 · target 1651 “ seven”" in lines
+    assert "    head=centroid  6819 “ islands”" in lines
+    assert "  ✓ recorded       1651 “ seven”" in lines
+    assert "    recorded       7 “↵”" in lines  # a newline token shown as a mark, not a line break
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    assert "1651" in format_replay(_summary(), dis, None) and "“" not in format_replay(_summary(), dis, None).split(
+        "steps where")[1]

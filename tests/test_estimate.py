@@ -1,0 +1,160 @@
+"""``inspector.estimate`` against llama.cpp's own reports, and ``mtpscope estimate``.
+
+The reference is what llama.cpp logs when it loads the model and creates the contexts
+(``load_tensors: CPU_Mapped model buffer size``, ``llama_kv_cache: CPU KV buffer size``, ``output buffer
+size``, ``compute buffer size``; printed in MiB with 2 decimals, so sizes agree to 0.005 MiB at best) and
+``llama_model_size`` (exact bytes). Models: the demo pair, and synthetic gemma4 targets with many layers
+(48 layers; 35 layers of which 20 share KV, E2B-like head dims 256 / 512) whose tensor data is a hole.
+Tolerances (the issue's): weights exact, KV within 2 %; the compute buffer within COMPUTE_TOLERANCE.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli import app
+from mtpscope.errors import LayoutError
+from mtpscope.inspector.estimate import COMPUTE_TOLERANCE, EstimateParams, estimate
+from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target
+
+MiB = 1 << 20
+LOG_RES = 0.005  # llama.cpp prints MiB with 2 decimals
+
+E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n_head=4, n_head_kv_swa=1,
+                       n_head_kv_full=1, head_dim_swa=256, head_dim_full=512, window=512,
+                       pattern=tuple(il % 5 != 4 for il in range(35)))
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: Any) -> dict[str, Path]:
+    from mtpscope.demo_vocab import load_vocab
+
+    voc = list(load_vocab("subset").kv)
+    d = tmp_path_factory.mktemp("estimate")
+    return {"many": write_synth_target(d / "many.gguf", SynthTarget(n_layer=48), voc),
+            "e2b": write_synth_target(d / "e2b.gguf", E2B_LIKE, voc)}
+
+
+def test_kv_layers_from_the_file(synth: dict[str, Path]) -> None:
+    """Layer bookkeeping read from the file: which layers hold KV, how many cells, how wide."""
+    e = estimate(synth["e2b"], params=EstimateParams(n_ctx=5000, n_ubatch=512))
+    assert e.n_ctx == 5120 and e.cells_full == 5120 and e.cells_swa == 1024  # pad256; pad256(512 + 512)
+    own = [x for x in e.target.kv_layers if x.reuses is None]
+    assert len(own) == 15 and all(x.il < 15 for x in own)
+    shared = [x for x in e.target.kv_layers if x.reuses is not None]
+    assert {x.reuses for x in shared if x.sliding} == {13} and {x.reuses for x in shared if not x.sliding} == {14}
+    full = [x for x in own if not x.sliding]
+    assert [x.il for x in full] == [4, 9, 14] and all(x.head_dim_k == 512 and x.cells == 5120 for x in full)
+    # 3 full layers x 5120 cells x 512 wide + 12 sliding x 1024 x 256, f16, K and V alike
+    assert e.target.kv_k == e.target.kv_v == 2 * (3 * 5120 * 512 + 12 * 1024 * 256)
+    no_fa = estimate(synth["e2b"], params=EstimateParams(n_ctx=5000, flash_attn=False))
+    assert no_fa.target.kv_v == 2 * (3 * 5120 * 512 + 12 * 1024 * 512)  # V rows padded to the widest (512)
+
+
+def test_bad_settings(synth: dict[str, Path], demo_dir: Any) -> None:
+    with pytest.raises(LayoutError, match="unknown KV cache type"):
+        estimate(synth["many"], params=EstimateParams(cache_type_k="q3_k"))
+    with pytest.raises(LayoutError, match="requires flash attention"):
+        estimate(synth["many"], params=EstimateParams(cache_type_v="q8_0", flash_attn=False))
+    with pytest.raises(LayoutError, match="must be a gemma4 model"):
+        estimate(demo_dir.drafter_upstream)
+
+
+def test_gpu_split_rules(demo_dir: Any) -> None:
+    """llama.cpp's rule: -ngl 1 puts only the output layer on the GPU; the tied head copies token_embd."""
+    from mtpscope.inspector.gguf import open_gguf
+
+    f = open_gguf(demo_dir.target)
+    size = {t.name: t.n_bytes for t in f.tensors}
+    e = estimate(f, params=EstimateParams(n_gpu_layers=1))
+    w = e.target.weights_by_device
+    assert w["GPU"] == size["token_embd.weight"] + size["output_norm.weight"]
+    assert w["CPU"] == e.target.weights - size["output_norm.weight"]
+    all_gpu = estimate(f, params=EstimateParams(n_gpu_layers=-1)).target.weights_by_device
+    assert all_gpu["CPU"] == size["token_embd.weight"]
+    assert all_gpu["GPU"] == e.target.weights
+    assert all(x.device == "GPU" for x in estimate(f, params=EstimateParams(n_gpu_layers=-1)).target.kv_layers)
+
+
+def test_cli(demo_dir: Any) -> None:
+    r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target), "--assistant",
+                                 str(demo_dir.drafter_upstream), "--n-ctx", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["unit"] == "bytes" and d["drafter"]["kv"] == 0 and d["target"]["kv"] > 0
+    assert d["total"] == sum(v["total"] for v in d["by_device"].values())
+    r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target), "--cache-type-v", "q8_0",
+                                 "--no-flash-attn"])
+    assert r.exit_code == 2 and "requires flash attention" in r.output
+    r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target)])
+    assert r.exit_code == 0 and "KV" in r.stdout and "total" in r.stdout
+
+
+CASES = [  # (n_ctx, flash_attn, swa_full, n_ubatch, cache type)
+    (4096, True, False, 512, "f16"),
+    (16384, False, True, 512, "f16"),
+    (65536, True, False, 512, "q8_0"),
+    (8192, True, False, 2048, "f16"),
+]
+_TYPE_ID = {"f16": 1, "q8_0": 8}
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["many", "e2b", "demo"])
+def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) -> None:
+    pytest.importorskip("llama_cpp")
+    from mtpscope.traces import llama_runtime as R
+
+    target = demo_dir.target if which == "demo" else synth[which]
+    drafter = demo_dir.drafter_upstream if which == "demo" else None
+    with R.capture_log() as log:
+        m = R.LlamaModel(target)
+    loaded = parse_llama_sizes(log)
+    dm = None
+    if drafter is not None:
+        with R.capture_log() as dlog:
+            dm = R.LlamaModel(drafter)
+        d_loaded = parse_llama_sizes(dlog)
+    try:
+        e0 = estimate(target, drafter)
+        assert e0.target.weights == R.llama().llama_model_size(m.ptr)  # exact bytes
+        assert abs(loaded["model"]["CPU_Mapped"] - e0.target.weights / MiB) <= LOG_RES
+        if dm is not None:
+            assert e0.drafter.weights == R.llama().llama_model_size(dm.ptr)
+            assert abs(d_loaded["model"]["CPU_Mapped"] - e0.drafter.weights / MiB) <= LOG_RES
+        for n_ctx, fa, swa_full, ub, ct in CASES:
+            p = EstimateParams(n_ctx=n_ctx, flash_attn=fa, swa_full=swa_full, n_ubatch=ub, cache_type_k=ct,
+                               cache_type_v=ct)
+            e = estimate(target, drafter, p)
+            with R.capture_log() as log:
+                c = R.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
+                                   type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+            got = parse_llama_sizes(log)
+            try:
+                kv = sum(got["kv_buffer"].values())
+                assert abs(e.target.kv / MiB - kv) <= max(0.02 * kv, 2 * LOG_RES), (p, kv)
+                assert abs(e.target.output_bytes / MiB - got["output"]["CPU"]) <= LOG_RES
+                comp = got["compute"]["CPU"]
+                assert abs(e.target.compute_bytes / MiB - comp) <= COMPUTE_TOLERANCE * comp, (p, comp)
+                if dm is not None:
+                    with R.capture_log() as dlog:
+                        dc = R.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
+                                            mtp_of=c, masked=True, type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+                    dgot = parse_llama_sizes(dlog)
+                    dc.close()
+                    assert dgot["kv_buffer"] == {}  # the drafter allocates no KV: it shares the target's
+                    assert e.drafter.kv == 0
+                    dcomp = dgot["compute"]["CPU"]
+                    assert abs(e.drafter.compute_bytes / MiB - dcomp) <= COMPUTE_TOLERANCE * dcomp
+            finally:
+                c.close()
+    finally:
+        m.close()
+        if dm is not None:
+            dm.close()

@@ -1,0 +1,83 @@
+"""Prompts files (.jsonl objects with category / id / tokens / messages) and their one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mtpscope.errors import MtpscopeError
+from mtpscope.traces.prompts import PromptSpec, check_tokens, read_prompt_specs
+
+
+def _file(tmp_path: Path, lines: list, name: str = "p.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("\n".join(x if isinstance(x, str) and x.startswith("#raw ") is False and not isinstance(x, str)
+                           else (x[5:] if isinstance(x, str) and x.startswith("#raw ") else json.dumps(x))
+                           for x in lines) + "\n")
+    return p
+
+
+def test_all_fields(tmp_path: Path) -> None:
+    p = _file(tmp_path, ["plain text", {"prompt": "a", "category": "code", "id": "q1", "source_url": "x", "n": 3},
+                         {"tokens": [2, 651, 13], "id": 7},
+                         {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                          "category": "chat"}, "#raw ", {"text": "b"}])
+    specs = read_prompt_specs(p)
+    assert [s.source for s in specs] == ["text", "text", "tokens", "messages", "text"]
+    assert specs[0].text == "plain text" and specs[0].line == 1
+    assert specs[1].category == "code" and specs[1].id == "q1" and specs[1].extra == {"source_url": "x", "n": 3}
+    assert specs[2].tokens == (2, 651, 13) and specs[2].id == "7"
+    assert specs[3].messages[1] == {"role": "user", "content": "hi"}
+    assert specs[4].text == "b" and specs[4].line == 6            # the blank line 5 is skipped
+    e = specs[1].manifest_entry(1, 4)
+    assert e == {"prompt_id": 1, "text": "a", "n_prompt_tokens": 4, "id": "q1", "category": "code",
+                 "extra": {"source_url": "x", "n": 3}}
+    e2 = specs[2].manifest_entry(2, 3, text="<bos>hello")
+    assert e2["tokens"] == [2, 651, 13] and e2["source"] == "tokens" and e2["text"] == "<bos>hello"
+    txt = tmp_path / "p.txt"
+    txt.write_text("one\n\n two \n")
+    assert [s.text for s in read_prompt_specs(txt)] == ["one", " two "]
+
+
+@pytest.mark.parametrize("line, key, fragment", [
+    ({"category": "x"}, "line 2: prompt", "exactly one"),
+    ({"prompt": "a", "tokens": [1]}, "line 2: prompt/tokens", "exactly one"),
+    ({"prompt": 3}, "line 2: prompt", "must be a string"),
+    ({"tokens": [1, "a"]}, "line 2: tokens[1]", "non-negative integer"),
+    ({"tokens": []}, "line 2: tokens", "non-empty"),
+    ({"messages": [{"role": "user"}]}, "line 2: messages[0].content", "must be a string"),
+    ({"messages": "hi"}, "line 2: messages", "non-empty list"),
+    ({"prompt": "a", "id": True}, "line 2: id", "string or an integer"),
+    ({"prompt": "a", "category": 5}, "line 2: category", "non-empty string"),
+    ({"prompt": "b", "id": "q"}, "line 2: id", "repeats the id of line 1"),
+    ("#raw {not json", "line 2: json", "is not JSON"),
+    (17, "line 2: prompt", "JSON string or an object"),
+])
+def test_bad_line_is_one_error(tmp_path: Path, line, key, fragment) -> None:
+    p = _file(tmp_path, [{"prompt": "a", "id": "q"}, line])
+    with pytest.raises(MtpscopeError) as ei:
+        read_prompt_specs(p)
+    assert ei.value.key == key and fragment in ei.value.message and ei.value.path == str(p)
+    assert "\n" not in str(ei.value) and str(p) in str(ei.value)
+
+
+def test_tokens_checked_against_the_vocabulary(tmp_path: Path) -> None:
+    s = read_prompt_specs(_file(tmp_path, [{"tokens": [5, 262144]}]))[0]
+    with pytest.raises(MtpscopeError) as ei:
+        check_tokens(s, 262144)
+    assert ei.value.key == "line 1: tokens[1]" and ei.value.actual == 262144
+    check_tokens(PromptSpec(tokens=(0, 262143)), 262144)
+
+
+def test_not_utf8_and_empty(tmp_path: Path) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b'"ok"\n"\xff"\n')
+    with pytest.raises(MtpscopeError) as ei:
+        read_prompt_specs(p)
+    assert ei.value.offset == 6
+    e = tmp_path / "e.jsonl"
+    e.write_text("\n\n")
+    with pytest.raises(MtpscopeError):
+        read_prompt_specs(e)

@@ -1,0 +1,88 @@
+"""Bad input to `mtpscope sweep` (prompts files: refused before Ray, which is blocked here) and to
+`mtpscope report DIR` on a sweep whose sweep.json is corrupt: one line naming the file and key, exit 2,
+never a traceback. No Ray is started."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli import app
+
+NO_RAY = "import sys; sys.modules['ray'] = None; "
+runner = CliRunner()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    code = NO_RAY + "import sys; from mtpscope.cli import main; sys.argv = ['mtpscope', *sys.argv[1:]]; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_sweep_prompts_fifo_and_reserved_category_are_one_line(demo_dir, tmp_path: Path) -> None:
+    fifo = tmp_path / "prompts.jsonl"
+    os.mkfifo(fifo)  # reading it would block forever
+    allcat = tmp_path / "all.jsonl"
+    allcat.write_text('{"prompt": "a", "category": "x"}\n{"prompt": "b", "category": "all"}\n')
+    base = ["sweep", "--target", str(demo_dir.target), "--assistant", str(demo_dir.drafter_upstream),
+            "--out", str(tmp_path / "o")]
+    for prompts, want in ((fifo, f"mtpscope: {fifo}: prompts file is not a regular file (expected a regular file, "
+                                 "got a FIFO)"),
+                          (allcat, f"mtpscope: {allcat}: 'line 2: category': the category 'all' is reserved for the "
+                                   "totals over all prompts (expected a category other than 'all', got all)"),
+                          (tmp_path, f"mtpscope: {tmp_path}: prompts file is not a regular file (expected a regular "
+                                     "file, got a directory)")):
+        r = _cli(*base, "--prompts", str(prompts))
+        assert r.returncode == 2 and r.stderr.splitlines() == [want], r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mtpscope.traces.synthetic import write_synthetic_sweep
+
+    return Path(write_synthetic_sweep(tmp_path_factory.mktemp("s") / "sw", n_rounds=200, assistants=("a",),
+                                      n_drafts=(2,), n_shards=1, n_prompts=2, categories=("x",), baseline=False))
+
+
+def _set(d: dict, path: tuple, val: object) -> dict:
+    d = copy.deepcopy(d)
+    o = d
+    for p in path[:-1]:
+        o = o[p]
+    if val is KeyError:
+        del o[path[-1]]
+    else:
+        o[path[-1]] = val
+    return d
+
+
+@pytest.mark.parametrize("path, val, key, got", [
+    (("tasks",), 5, "'tasks'", "expected list, got int"),
+    (("tasks",), KeyError, "'tasks'", "expected list, got missing"),
+    (("tasks", 0, "task"), KeyError, "'tasks[0].task'", "expected string, got missing"),
+    (("tasks", 0, "n_draft"), "x", "'tasks[0].n_draft'", "expected int >= 0, got 'x'"),
+    (("tasks", 0, "assistant"), None, "'tasks[0].assistant'", "expected string, got None"),
+    (("prompts", 0, "shard"), None, "'prompts[0].shard'", "expected int >= 0, got None"),
+    (("prompts", 0, "prompt_id"), KeyError, "'prompts[0].prompt_id'", "expected int >= 0, got missing"),
+    (("prompts", 1, "text"), 5, "'prompts[1].text'", "expected string, got 5"),
+])
+def test_report_on_a_corrupt_sweep_json_is_one_line_exit_2(tmp_path: Path, sweep: Path, path: tuple, val: object,
+                                                          key: str, got: str) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(sweep, bad)
+    state = json.loads((bad / "sweep.json").read_text())
+    (bad / "sweep.json").write_text(json.dumps(_set(state, path, val)))
+    res = runner.invoke(app, ["report", str(bad), "--json"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 2 and res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {bad / 'sweep.json'}: {key}: ") and got in lines[0], lines

@@ -1,0 +1,127 @@
+"""The token classifier on hand-labelled spans.
+
+The real Gemma 4 tokenizer (llama.cpp's own tokenize, through the demo target which carries every
+``tokenizer.*`` key of the real vocab GGUF) cuts each text into tokens; character spans of the text are
+labelled by hand below, and every token lying inside a span must get that span's label. Token offsets
+come from llama.cpp's ``token_to_piece``, not from our piece decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpscope.traces.token_classes import CHANNELS, CLASSES, Classifier, classify_ids, piece_text, text_class
+from mtpscope.traces.vocab import Vocab, load_vocab
+
+
+@pytest.fixture(scope="module")
+def vocab(vocab_gguf):
+    return load_vocab(vocab_gguf)
+
+
+@pytest.fixture(scope="module")
+def tok(demo_dir):
+    pytest.importorskip("llama_cpp")
+    from mtpscope.traces import llama_runtime as rt
+
+    m = rt.LlamaModel(demo_dir.target)
+    yield m
+    m.close()
+
+
+def _spans(tok, text, special=False):
+    """(ids, [(start, end)] character span of each token) via llama.cpp."""
+    ids = tok.tokenize(text, add_special=False, parse_special=special)
+    out, pos = [], 0
+    for t in ids:
+        piece = tok.token_to_piece(t).decode("utf-8", "replace")
+        if special and piece.startswith("<") and text.startswith(piece, pos):
+            pass
+        out.append((pos, pos + len(piece)))
+        pos += len(piece)
+    assert pos == len(text), "token pieces must rebuild the text"
+    return ids, out
+
+
+def _labels_inside(text, spans, labels, sub, start=0):
+    """Labels of the tokens lying entirely inside the first occurrence of ``sub`` (at or after ``start``)."""
+    a = text.index(sub, start)
+    b = a + len(sub)
+    return [lab for (s, e), lab in zip(spans, labels) if s >= a and e <= b and e > s]
+
+
+MARKDOWN = ('Sure, here is the code:\n```python\ndef f(x):\n    return x + 1\n```\n'
+            'The result is {"name": "Ada", "age": 36, "tags": [true, null]} and that is all.\n'
+            'Use `np.array` here. Total: 1234 items\n\n')
+
+
+def test_markdown_code_json_prose(tok, vocab) -> None:
+    ids, spans = _spans(tok, MARKDOWN)
+    labels = Classifier(vocab).classify(ids).class_names()
+    inside = lambda sub, start=0: _labels_inside(MARKDOWN, spans, labels, sub, start)  # noqa: E731
+    assert set(inside("```python\ndef f(x):\n    return x + 1\n```")) == {"code"}
+    assert set(inside("Sure, here is the code")) <= {"prose", "punctuation"}
+    assert "prose" in inside("Sure, here is the code")
+    # keys and structure are json; the string value is prose, the number value digits
+    assert set(inside('"name"')) == {"json"}
+    assert set(inside('"tags": [true, null]}')) == {"json"}
+    assert set(inside("Ada")) == {"prose"}
+    assert set(inside("36")) == {"number"}
+    assert set(inside(" and that is all")) == {"prose"}
+    assert set(inside("`np.array`")) == {"code"}
+    assert set(inside("1234")) == {"number"}
+    assert set(inside("\n\n", MARKDOWN.index("items"))) == {"whitespace"}
+    assert inside(" here.")[0] == "prose"
+
+
+def test_chat_channels(tok, vocab) -> None:
+    text = "<|channel>thought\nI should add.<channel|>The sum is 4.<|tool_call>call:add{a:1}<tool_call|>"
+    ids, spans = _spans(tok, text, special=True)
+    tc = Classifier(vocab, chat=True).classify(ids)
+    labels, chans = tc.class_names(), tc.channel_names()
+    by = lambda sub: _labels_inside(text, spans, chans, sub)  # noqa: E731
+    assert set(by("<|channel>thought\nI should add.<channel|>")) == {"thinking"}
+    assert set(by("The sum is 4.")) == {"answer"}
+    assert set(by("<|tool_call>call:add{a:1}<tool_call|>")) == {"tool_call"}
+    for special in ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>"):
+        assert _labels_inside(text, spans, labels, special) == ["special"]
+    assert _labels_inside(text, spans, labels, "4") == ["number"]
+    # the prompt's generation header puts chat output in the answer channel; plain text is "none"
+    assert set(Classifier(vocab).classify(tok.tokenize("Hi there", add_special=False)).channel_names()) == {"none"}
+
+
+def test_prefix_sets_the_context(tok, vocab) -> None:
+    pre = tok.tokenize("Here:\n```js\n", add_special=False)
+    ids = tok.tokenize("let a = 1;\n```\nDone", add_special=False)
+    names = Classifier(vocab).classify(ids, prefix=pre).class_names()
+    text = "let a = 1;\n```\nDone"
+    _, spans = _spans(tok, text)
+    assert set(_labels_inside(text, spans, names, "let a = 1;\n```")) == {"code"}
+    assert _labels_inside(text, spans, names, "Done") == ["prose"]
+
+
+def _v(pieces, types=None):
+    return Vocab(pieces, types)
+
+
+def test_rules_on_a_small_vocabulary() -> None:
+    #            0     1      2      3    4     5      6       7       8        9       10        11
+    pieces = ["{", "x", "}", "\u2581ok", '"', "a", '":', "\u2581[", "1", "],\u2581", "```", "json\n"]
+    v = _v(pieces + ["<0x0A>", "<|channel>", "<channel|>", "\u2581\u2581"],
+           [1] * 12 + [6, 4, 4, 1])
+    # "{x}" is not JSON: abandoned at "x", the rest is prose / punctuation
+    assert classify_ids(v, [0, 1, 2, 3]) == ["json", "prose", "punctuation", "prose"]
+    # {"a": [1], ...} : quotes, key, brackets are json; the number is a number
+    assert classify_ids(v, [0, 4, 5, 6, 7, 8, 9]) == ["json", "json", "json", "json", "json", "number", "json"]
+    # a json fence: JSON structure, not code; a bare fence line is code
+    assert classify_ids(v, [10, 11, 0, 4, 5, 6, 8, 2]) == \
+        ["code", "code", "json", "json", "json", "json", "number", "json"]
+    assert piece_text("<0x0A>", 6) == "\n" and piece_text("\u2581the") == " the" and piece_text("<0xE2>", 6) == "\ufffd"
+    assert [CLASSES[text_class(t)] for t in ("  ", "-3.5e2", "12%", "?!", "§", "word", "")] == \
+        ["whitespace", "number", "number", "punctuation", "punctuation", "prose", "prose"]
+    assert classify_ids(v, [99]) == ["unknown"]
+    # without token types the template tokens are still recognised by their text
+    v2 = _v(["<|channel>", "hi", "<channel|>", "yes"])
+    tc = Classifier(v2).classify([0, 1, 2, 3])
+    assert tc.class_names() == ["special", "prose", "special", "prose"]
+    assert [CHANNELS[c] for c in tc.channels] == ["thinking", "thinking", "thinking", "answer"]

@@ -1,0 +1,189 @@
+"""traces.transport: generic packing of records, the shared-memory ring, the control channel and the
+one-round-in-flight flow control, between two threads over a real socket pair and memfd."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from mtpscope.errors import TraceError
+from mtpscope.traces.records import RoundRecord, StepRecord
+from mtpscope.traces.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
+                                       TransportClosed, pack, unpack)
+
+
+def _step(k: int, dim: int) -> StepRecord:
+    rng = np.random.default_rng(k)
+    return StepRecord(k=k, token=10 + k, logit=1.5, top_ids=(10 + k, 3), top_logits=(1.5, -2.0),
+                      target_token=None, accepted=k == 1, h=rng.standard_normal(dim).astype(np.float32),
+                      h_next=None, h_inner=np.arange(dim, dtype=np.float32))
+
+
+def test_pack_unpack_round_trip() -> None:
+    s = _step(1, 8)
+    header, arrays = pack(s)
+    assert len(arrays) == 2 and arrays[0] is s.h                      # arrays by reference, in field order
+    assert header["__type__"] == "mtpscope.traces.records:StepRecord"
+    back = unpack(header, arrays)
+    assert isinstance(back, StepRecord) and back.top_ids == (11, 3) and back.top_logits == (1.5, -2.0)
+    assert back.h_next is None and back.target_token is None and back.accepted is True
+    np.testing.assert_array_equal(back.h_inner, s.h_inner)
+    r = RoundRecord(prompt_id=0, round=2, pos=9, pending_token=4, n_draft=2, drafted=(5, 6), n_accepted=1,
+                    target=(5, 7, None), emitted=(5, 7), t_draft_ms=float("nan"))
+    h, a = pack(r)
+    assert a == [] and unpack(h, a).target == (5, 7, None) and np.isnan(unpack(h, a).t_draft_ms)
+
+
+def test_unpack_refuses_foreign_types_and_bad_indices() -> None:
+    with pytest.raises(TraceError, match="outside mtpscope"):
+        unpack({"__type__": "subprocess:Popen", "fields": {}}, [])
+    with pytest.raises(TraceError, match="not a dataclass"):
+        unpack({"__type__": "mtpscope.traces.transport:Ring", "fields": {}}, [])
+    with pytest.raises(TraceError, match="does not carry"):
+        unpack({"__array__": 3}, [np.zeros(1)])
+    with pytest.raises(TypeError, match="cannot pack"):
+        pack(StepRecord(k=1, token=1, top_ids=None, logit=object()))  # type: ignore[arg-type]
+
+
+def test_ring_layout_copies_and_views() -> None:
+    ring = Ring.create(4 << 20)
+    try:
+        small = np.arange(5, dtype=np.int16)
+        big = np.linspace(0, 1, COPY_BELOW // 4 + 1, dtype=np.float32)   # just over the copy threshold
+        specs, need = Ring.layout([small, big])
+        assert specs[0].offset == 0 and specs[1].offset == 64 and need == 64 + -(-big.nbytes // 64) * 64
+        ring.write(1, [small, big], specs)
+        a, b = ring.read(1, specs)
+        np.testing.assert_array_equal(a, small)
+        np.testing.assert_array_equal(b, big)
+        assert a.flags.writeable and a.base is None                     # a copy: the record may keep it
+        assert not b.flags.writeable                                    # a view into slot 1
+        ring.write(1, [small, big * 0], specs)
+        assert a[4] == 4 and b[-1] == 0.0                               # the copy stayed, the view changed
+        bad = [type(specs[0])(ring.slot_bytes - 8, "<f4", (4,))]
+        with pytest.raises(TraceError, match="outside its ring slot"):
+            ring.read(0, bad)
+    finally:
+        del a, b
+        ring.close()
+
+
+def test_channel_messages_fds_and_eof() -> None:
+    a, b = socket.socketpair()
+    ca, cb = Channel(a), Channel(b)
+    r, w = os.pipe()
+    try:
+        def send_all() -> None:
+            ca.send({"kind": "x", "n": 1})
+            ca.send({"kind": "fd"}, fds=[w])
+            ca.send({"kind": "y", "text": "é" * 1_000_000})            # more than the socket buffer
+        t = threading.Thread(target=send_all)
+        t.start()
+        m1, f1 = cb.recv()
+        m2, f2 = cb.recv()
+        m3, _ = cb.recv()
+        assert (m1["kind"], m1["n"], f1) == ("x", 1, [])
+        assert m2["kind"] == "fd" and len(f2) == 1
+        os.write(f2[0], b"ok")                                          # the received fd is the pipe's
+        assert os.read(r, 2) == b"ok"
+        os.close(f2[0])
+        assert m3["text"] == "é" * 1_000_000
+        t.join()
+        assert cb.recv(timeout=0.05) is None
+        ca.close()
+        with pytest.raises(TransportClosed):
+            cb.recv(timeout=1.0)
+    finally:
+        cb.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_sender_receiver_one_round_in_flight() -> None:
+    """Arrays of all sizes arrive intact (the ring grows when a round does not fit), and the sender
+    never has more than one unreleased message at the receiver."""
+    a, b = socket.socketpair()
+    sender, receiver = RoundSender(Channel(a)), RoundReceiver(Channel(b))
+    dims = [16, 300_000, 16, 1_000_000, 64]            # 1.2 MB then 4 MB of h: two ring growths
+    ahead: list[int] = []
+    err: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for i, d in enumerate(dims):
+                sender.send("round", _step(i + 1, d), prompt_id=7)
+            sender.send("round", _step(9, 8))
+            sender._wait_released(sender.n_sent + 1)     # never comes: a stop does
+        except StopRequested:
+            sender.chan.send({"kind": "stopped"})
+        except BaseException as e:  # noqa: BLE001
+            err.append(e)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    got = []
+    while len(got) < len(dims):
+        msg, fds = receiver.chan.recv(timeout=30)
+        if msg["kind"] == "ring":
+            receiver.on_ring(msg, fds)
+            continue
+        assert msg["kind"] == "round" and msg["prompt_id"] == 7
+        s = receiver.unpack(msg)
+        want = _step(len(got) + 1, dims[len(got)])
+        np.testing.assert_array_equal(s.h, want.h)
+        assert s.k == want.k
+        ahead.append(sender.n_sent - receiver.n_released)
+        got.append(s.h.nbytes)
+        receiver.release()
+    # the last round is not released: ask to stop instead; the sender stops before sending another
+    receiver.chan.send({"kind": "stop"})
+    msg, _ = receiver.chan.recv(timeout=30)
+    while msg["kind"] == "round":      # the 6th round may already be on its way
+        receiver.release()
+        msg, _ = receiver.chan.recv(timeout=30)
+    t.join(30)
+    assert not err, err
+    assert msg["kind"] == "stopped"
+    assert max(ahead) <= 1
+    sender.close()
+    receiver.close()
+
+
+def test_staged_arrays_are_sent_from_where_they_lie() -> None:
+    """``stage`` copies an array straight into the next message's slot; ``send`` then keeps it there
+    (its spec points at it) and copies only the rest; before any ring exists it is a plain copy."""
+    a, b = socket.socketpair()
+    sender, receiver = RoundSender(Channel(a)), RoundReceiver(Channel(b))
+    big = np.arange(100_000, dtype=np.float32)
+    first = sender.stage(big)
+    assert first.base is None and np.array_equal(first, big)      # no ring yet: a copy of its own
+    out: list = []
+
+    def recv_one() -> None:
+        while True:
+            msg, fds = receiver.chan.recv(timeout=30)
+            if msg["kind"] == "ring":
+                receiver.on_ring(msg, fds)
+                continue
+            out.append((msg, receiver.unpack(msg)))
+            receiver.release()
+            return
+
+    for i in range(3):
+        staged = sender.stage(big + i)
+        s = StepRecord(k=1, token=i, h=staged, h_inner=np.full(4, i, np.float32))
+        t = threading.Thread(target=recv_one)
+        t.start()
+        sender.send("round", s)
+        t.join(30)
+        msg, got = out[-1]
+        np.testing.assert_array_equal(got.h, big + i)
+        np.testing.assert_array_equal(got.h_inner, np.full(4, i))
+        if i > 0:       # the ring existed when it was staged: sent from offset 0 of its slot, not copied
+            assert msg["arrays"][0][0] == 0 and sender.ring.offset_in(msg["slot"], staged) == 0
+    sender.close()
+    receiver.close()

@@ -1,0 +1,486 @@
+"""Transport between the recording worker (child process running llama.cpp) and the recorder.
+
+Two channels, both inherited file descriptors (no names, nothing to clean up when a process dies):
+
+* **control**: an ``AF_UNIX`` stream socket pair. A message is a 4-byte little-endian length and a
+  UTF-8 JSON object with a ``"kind"``; file descriptors travel with a message as ``SCM_RIGHTS``
+  ancillary data (:func:`socket.send_fds`), counted by its ``"n_fds"``.
+* **data**: a shared-memory :class:`Ring` (``memfd_create``, or an unlinked temporary file where that
+  is missing) of two slots. A round's numpy arrays (drafter logits: 1 MiB per step at a 262144-token
+  vocabulary; hidden states: a few KiB) are copied into a slot once and only their
+  ``(dtype, shape, offset)`` go over the socket, so the cost in the worker's loop is one ``memcpy``
+  per array plus one small ``send``.
+
+Rounds are generic: :func:`pack` turns any (frozen) dataclass into a JSON header and a list of
+arrays -- ``np.ndarray`` fields become arrays, tuples of dataclasses are packed item by item, every
+other value (numbers, strings, ``None``, tuples of those) goes into the header -- and :func:`unpack`
+rebuilds it, importing the classes by name (only from ``mtpscope.`` modules; nothing is unpickled).
+A field added to the round or step records passes through without any change here.
+
+Flow control (:class:`RoundSender` / :meth:`RoundReceiver.release`): the worker writes round ``n``
+into slot ``n % 2`` while the recorder may still hold round ``n - 1`` in the other slot, and sends it
+only after the recorder has released round ``n - 1``. So the recorder holds at most one round (the
+one it is analysing and writing) while llama.cpp computes the next: the trace never lags the runtime
+by more than one round, and a slot is never overwritten while it is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import mmap
+import os
+import select
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mtpscope.errors import TraceError
+
+#: arrays smaller than this are copied out of the ring on receipt (the records keep them); larger
+#: ones (the drafter's logits) are views into the ring, valid until :meth:`RoundReceiver.release`
+COPY_BELOW = 256 << 10
+_ALIGN = 64
+_LEN = struct.Struct("<I")
+#: the largest control message accepted (a JSON header; arrays go through the ring)
+MAX_MESSAGE = 64 << 20
+
+
+class TransportClosed(EOFError):
+    """The other process closed its end (it exited or died)."""
+
+
+# ------------------------------------------------------------------------------------------ packing
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve(name: str) -> type:
+    mod, _, qual = name.partition(":")
+    if not (mod == "mtpscope" or mod.startswith("mtpscope.")) or not qual:
+        raise TraceError("transport refuses a record type outside mtpscope", key="__type__",
+                         expected="mtpscope.<module>:<class>", actual=name)
+    obj: Any = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise TraceError("transport record type is not a dataclass", key="__type__", actual=name)
+    return obj
+
+
+def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A dataclass instance as ``(header, arrays)``: ``header`` JSON-able, arrays in header order.
+
+    Raises:
+        TypeError: a field value that is neither JSON-able, an array, nor a dataclass (or tuple of).
+    """
+    arrays: list[np.ndarray] = []
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            arrays.append(v)
+            return {"__array__": len(arrays) - 1}
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {"__type__": _type_name(type(v)),
+                    "fields": {f.name: walk(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        if isinstance(v, (tuple, list)):
+            return [walk(x) for x in v]
+        if isinstance(v, np.generic):
+            return v.item()
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, dict):
+            return {"__dict__": {str(k): walk(x) for k, x in v.items()}}
+        raise TypeError(f"cannot pack a {type(v).__name__} field")
+
+    return walk(obj), arrays
+
+
+def unpack(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> Any:
+    """Inverse of :func:`pack` (lists come back as tuples).
+
+    Raises:
+        TraceError: a type outside ``mtpscope`` or not a dataclass; an array index out of range.
+    """
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, list):
+            return tuple(walk(x) for x in v)
+        if isinstance(v, dict):
+            if "__array__" in v:
+                i = v["__array__"]
+                if not isinstance(i, int) or not 0 <= i < len(arrays):
+                    raise TraceError("transport message names an array it does not carry", key="__array__",
+                                     expected=f"0..{len(arrays) - 1}", actual=i)
+                return arrays[i]
+            if "__type__" in v:
+                cls = _resolve(v["__type__"])
+                return cls(**{k: walk(x) for k, x in v["fields"].items()})
+            if "__dict__" in v:
+                return {k: walk(x) for k, x in v["__dict__"].items()}
+        return v
+
+    return walk(header)
+
+
+# ------------------------------------------------------------------------------------------ ring
+def _anonymous_fd(size: int, name: str) -> int:
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name, getattr(os, "MFD_CLOEXEC", 0))
+    else:  # pragma: no cover - macOS: an unlinked temporary file
+        import tempfile  # noqa: PLC0415
+
+        fd, path = tempfile.mkstemp(prefix=name)
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Where one array lies in a ring slot: ``offset`` bytes into the slot, numpy ``dtype`` / ``shape``."""
+
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+
+class Ring:
+    """Two equal slots of shared memory behind one file descriptor.
+
+    Args:
+        fd: the memory's file descriptor (the ring takes ownership).
+        slot_bytes: size of one slot.
+    """
+
+    def __init__(self, fd: int, slot_bytes: int) -> None:
+        self.fd = fd
+        self.slot_bytes = int(slot_bytes)
+        self.mm = mmap.mmap(fd, 2 * self.slot_bytes)
+        self._u8 = np.frombuffer(self.mm, dtype=np.uint8)
+        self.address = int(self._u8.ctypes.data)
+
+    @classmethod
+    def create(cls, slot_bytes: int) -> Ring:
+        """A new ring with two slots of ``slot_bytes`` (rounded up to a page)."""
+        page = mmap.PAGESIZE
+        slot = max(page, -(-int(slot_bytes) // page) * page)
+        return cls(_anonymous_fd(2 * slot, "mtpscope-ring"), slot)
+
+    @staticmethod
+    def layout(arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
+        """Offsets of ``arrays`` packed into one slot (64-byte aligned) and the bytes they need."""
+        specs, off = [], 0
+        for a in arrays:
+            specs.append(ArraySpec(off, a.dtype.str, tuple(int(x) for x in a.shape)))
+            off += -(-a.nbytes // _ALIGN) * _ALIGN
+        return specs, off
+
+    def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
+        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`); an array that already lies
+        there (placed by :meth:`RoundSender.stage`) is not copied again."""
+        base = slot * self.slot_bytes
+        for a, s in zip(arrays, specs, strict=True):
+            dst = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
+            if a.ctypes.data != dst.ctypes.data:
+                np.copyto(dst, a, casting="no")
+
+    def offset_in(self, slot: int, a: np.ndarray) -> int | None:
+        """Where ``a`` (C-contiguous) lies inside ``slot``, in bytes, or None when it lies elsewhere."""
+        off = int(a.ctypes.data) - self.address - slot * self.slot_bytes
+        if a.flags.c_contiguous and 0 <= off and off + a.nbytes <= self.slot_bytes:
+            return off
+        return None
+
+    def read(self, slot: int, specs: Sequence[ArraySpec], copy_below: int = COPY_BELOW) -> list[np.ndarray]:
+        """The arrays of ``slot``: copies when smaller than ``copy_below`` bytes, else read-only views.
+
+        Raises:
+            TraceError: a spec outside the slot.
+        """
+        base = slot * self.slot_bytes
+        out = []
+        for s in specs:
+            if not (0 <= slot < 2) or s.offset < 0 or s.offset + s.nbytes > self.slot_bytes:
+                raise TraceError("transport array lies outside its ring slot", key="arrays",
+                                 expected=f"within {self.slot_bytes} bytes", actual=f"{s.offset}+{s.nbytes}")
+            v = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
+            if s.nbytes < copy_below:
+                v = v.copy()
+            else:
+                v.flags.writeable = False
+            out.append(v)
+        return out
+
+    def close(self) -> None:
+        self._u8 = None
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# ------------------------------------------------------------------------------------------ control
+class Channel:
+    """Length-prefixed JSON messages (and file descriptors) over a connected ``AF_UNIX`` socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._fds: deque[int] = deque()
+        self._msgs: deque[tuple[dict[str, Any], list[int]]] = deque()
+
+    def send(self, msg: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        """Send one message (``fds`` ride along; ``msg["n_fds"]`` is set).
+
+        Raises:
+            TransportClosed: the other end is gone.
+        """
+        body = json.dumps({**msg, "n_fds": len(fds)}, separators=(",", ":")).encode()
+        data = _LEN.pack(len(body)) + body
+        try:
+            if fds:
+                n = socket.send_fds(self.sock, [data], list(fds))
+                if n < len(data):
+                    self.sock.sendall(data[n:])
+            else:
+                self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise TransportClosed(str(e)) from None
+
+    def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[int]] | None:
+        """The next message and its descriptors; None when ``timeout`` seconds pass first.
+
+        Raises:
+            TransportClosed: the other end closed (or died) before a whole message arrived.
+            TraceError: a malformed message.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._msgs:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                    return None
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 20, 16)
+            except ConnectionResetError as e:
+                raise TransportClosed(str(e)) from None
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                raise TransportClosed("the other process closed the control socket")
+            self._fds.extend(fds)
+            self._buf += data
+            self._parse()
+        return self._msgs.popleft()
+
+    def poll(self) -> tuple[dict[str, Any], list[int]] | None:
+        """A message if one is already waiting, else None (never blocks)."""
+        return self.recv(timeout=0.0)
+
+    def _parse(self) -> None:
+        while len(self._buf) >= 4:
+            (n,) = _LEN.unpack_from(self._buf)
+            if n > MAX_MESSAGE:
+                raise TraceError("transport message too long", key="length", expected=f"<= {MAX_MESSAGE}", actual=n)
+            if len(self._buf) < 4 + n:
+                return
+            body = bytes(self._buf[4:4 + n])
+            del self._buf[:4 + n]
+            try:
+                msg = json.loads(body)
+            except (ValueError, RecursionError) as e:
+                raise TraceError(f"transport message is not JSON: {e}", key="message") from None
+            if not isinstance(msg, dict):
+                raise TraceError("transport message is not an object", key="message", actual=type(msg).__name__)
+            k = int(msg.get("n_fds") or 0)
+            fds = [self._fds.popleft() for _ in range(min(k, len(self._fds)))]
+            self._msgs.append((msg, fds))
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        self.sock.close()
+
+
+# ------------------------------------------------------------------------------------------ rounds
+class StopRequested(Exception):
+    """The recorder asked the worker to stop (Ctrl-C in the recorder)."""
+
+
+class RoundSender:
+    """Worker side: puts finished rounds into the ring and announces them (see the module docstring).
+
+    Args:
+        chan: the control channel to the recorder. ``release`` messages are counted; a ``stop``
+            raises :class:`StopRequested`; other messages are ignored.
+    """
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.ring: Ring | None = None
+        self.n_sent = 0
+        self.n_released = 0     # rounds the recorder has released
+        self.stopped = False
+        #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
+        self.wait_seconds = 0.0
+        self._stage_off = 0     # bytes of the next message's slot already filled by stage()
+
+    def stage(self, a: np.ndarray) -> np.ndarray:
+        """A copy of ``a`` placed straight into the ring slot the next message will use, so that
+        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the drafter's logits).
+        A plain copy when there is no ring yet or the slot is full."""
+        ring = self.ring
+        size = -(-a.nbytes // _ALIGN) * _ALIGN
+        if ring is None or self._stage_off + size > ring.slot_bytes:
+            return a.copy()
+        slot = self.n_sent % 2
+        dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
+        np.copyto(dst, a)
+        self._stage_off += size
+        return dst
+
+    def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        kind = msg.get("kind")
+        if kind == "release":
+            self.n_released = max(self.n_released, int(msg.get("n", 0)))
+        elif kind == "stop":
+            self.stopped = True
+            raise StopRequested
+
+    def check_stop(self) -> None:
+        """Handle waiting messages without blocking; raise :class:`StopRequested` if asked to stop."""
+        if self.stopped:
+            raise StopRequested
+        while True:
+            got = self.chan.poll()
+            if got is None:
+                return
+            self._handle(*got)
+
+    def _wait_released(self, n: int) -> None:
+        if self.n_released >= n:
+            return
+        t0 = time.perf_counter()
+        try:
+            while self.n_released < n:
+                got = self.chan.recv()
+                self._handle(*got)
+        finally:
+            self.wait_seconds += time.perf_counter() - t0
+
+    def send(self, kind: str, obj: Any, **extra: Any) -> None:
+        """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``.
+
+        Blocks until the recorder has released the previous such message.
+
+        Raises:
+            StopRequested: the recorder asked to stop (this message is not sent).
+            TransportClosed: the recorder is gone.
+        """
+        header, arrays = pack(obj)
+        slot = self.n_sent % 2
+        old = None
+        specs, need = self._layout(slot, arrays)
+        if self.ring is None or need > self.ring.slot_bytes:
+            self._wait_released(self.n_sent)         # the recorder is done with every slot
+            old = self.ring
+            self.ring = Ring.create(max(need, 2 * (old.slot_bytes if old else 0), 1 << 20))
+            self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
+            specs, need = Ring.layout(arrays)
+        self._stage_off = 0
+        self.ring.write(slot, arrays, specs)
+        if old is not None:
+            old.close()                               # after the copy: staged arrays lay in it
+        self.check_stop()
+        self._wait_released(self.n_sent)             # every earlier message released: round n - 1 too
+        self.chan.send({"kind": kind, "seq": self.n_sent, "slot": slot, "obj": header,
+                        "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
+        self.n_sent += 1
+
+    def _layout(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
+        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them."""
+        if self.ring is None or not self._stage_off:
+            return Ring.layout(arrays)
+        specs: list[ArraySpec | None] = []
+        for a in arrays:
+            off = self.ring.offset_in(slot, a)
+            specs.append(None if off is None or off >= self._stage_off else
+                         ArraySpec(off, a.dtype.str, tuple(int(x) for x in a.shape)))
+        end = self._stage_off
+        out = []
+        for a, sp in zip(arrays, specs, strict=True):
+            if sp is None:
+                sp = ArraySpec(end, a.dtype.str, tuple(int(x) for x in a.shape))
+                end += -(-a.nbytes // _ALIGN) * _ALIGN
+            out.append(sp)
+        return out, end
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+
+class RoundReceiver:
+    """Recorder side: turns ``ring`` / round messages back into objects (see :meth:`receive`)."""
+
+    def __init__(self, chan: Channel) -> None:
+        self.chan = chan
+        self.ring: Ring | None = None
+        self.n_released = 0
+
+    def on_ring(self, msg: dict[str, Any], fds: list[int]) -> None:
+        """Map the ring a ``ring`` message carries (replacing the previous one)."""
+        if len(fds) != 1:
+            raise TraceError("ring message without its memory descriptor", key="n_fds", expected=1, actual=len(fds))
+        if self.ring is not None:
+            self.ring.close()
+        self.ring = Ring(fds[0], int(msg["slot_bytes"]))
+
+    def unpack(self, msg: dict[str, Any]) -> Any:
+        """The object of a round message; arrays of ``COPY_BELOW`` bytes or more are views into the
+        ring, valid until :meth:`release`.
+
+        Raises:
+            TraceError: no ring yet, or a malformed message.
+        """
+        if self.ring is None:
+            raise TraceError("round message before any ring", key="ring")
+        try:
+            specs = [ArraySpec(int(o), str(d), tuple(int(x) for x in sh)) for o, d, sh in msg["arrays"]]
+            arrays = self.ring.read(int(msg["slot"]), specs)
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"malformed round message: {e}", key="arrays") from None
+        return unpack(msg["obj"], arrays)
+
+    def release(self) -> None:
+        """Tell the worker the last received round's slot may be reused (call after analysing it)."""
+        self.n_released += 1
+        self.chan.send({"kind": "release", "n": self.n_released})
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+
+__all__ = ["COPY_BELOW", "ArraySpec", "Channel", "Ring", "RoundReceiver", "RoundSender", "StopRequested",
+           "TransportClosed", "pack", "unpack"]
