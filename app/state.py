@@ -750,6 +750,24 @@ def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
     return _comparison(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_), vp, _stat_key(Path(vp)) if vp else None)
 
 
+def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """What differs between the runs of two allowed traces (``mtpscope.traces.run_diff``: parameters, and
+    the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
+    ``{"what", "name", "A", "B"}``. Cached per trace version."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
+    from mtpscope.traces.run_diff import difference_rows, run_differences
+
+    ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
+    return difference_rows(run_differences(ta.manifest, tb.manifest,
+                                           readable=lambda p: safety.is_allowed(p, roots())))
+
+
 def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) -> tuple[int, int] | None:
     """The (prompt_id, round) a click on a chart chose, once per click: ``customdata`` [round, …] of the
     first selected point (with ``prompt_id``), or [prompt_id, round, …] without it. ``handled_key``

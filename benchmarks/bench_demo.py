@@ -8,7 +8,12 @@ category: pooled acceptance rate, per-position acceptance p1..p3, the minimum di
 the issue's checks (distinct-4 >= 0.6 everywhere, highest - lowest category acceptance >= 0.25, the
 random category lowest, p1 > p2 > p3).
 
-    .venv/bin/python benchmarks/bench_demo.py [--src DIR] [--centroid] [--text] [--json]
+    .venv/bin/python benchmarks/bench_demo.py [--src DIR] [--centroid] [--text] [--json] [--demo DIR]
+
+Then, when the demo is built (``mtpscope demo build``; ``--demo``, default ``<cache>/demo``), the same
+per-category figures from the traces the real llama.cpp recorded for each drafter variant (F32, Q8_0,
+buggy): acceptance rate and p1..p3 per category, and the distinct-4-gram ratio of every prompt's
+generated tokens.
 
 Needs the parity extra (torch + transformers); ``--text`` also llama-cpp-python (to decode tokens).
 """
@@ -33,6 +38,7 @@ def main() -> int:
     ap.add_argument("--text", action="store_true", help="print each prompt's generated text (needs llama-cpp-python)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
+    ap.add_argument("--demo", default=None, help="built demo folder (default <cache>/demo)")
     a = ap.parse_args()
     dt.torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -76,7 +82,43 @@ def main() -> int:
           f"centroid coverage {rec.get('centroid_head', {}).get('coverage')}")
     if tok is not None:
         tok.close()
+    print(f"prompt selection: {rec.get('prompt_selection')}")
+    recorded(a.demo)
     return 0 if all(checks.values()) else 1
+
+
+def recorded(demo: str | None) -> None:
+    """The realism figures of the traces llama.cpp recorded in the built demo (if it is built)."""
+    from mtpscope.cache import demo_dir
+    from mtpscope.demo_spec import TrainedPaths
+    from mtpscope.traces import metrics
+    from mtpscope.traces.store import open_trace
+
+    tp = TrainedPaths.under(Path(demo) if demo else demo_dir())
+    print()
+    for name, d in tp.traces.items():
+        if not (d / "manifest.json").exists():
+            print(f"llama.cpp trace {name}: not built ({d})")
+            continue
+        tr = open_trace(d)
+        r = tr.columns("rounds", ["prompt_id", "round", "n_draft", "n_accepted", "pending_token", "emitted"])
+        cat = {int(p["prompt_id"]): p.get("category") for p in tr.manifest["prompts"]}
+        r["category"] = [cat[int(p)] for p in r["prompt_id"]]
+        d4 = {}
+        for pid, g in r.sort_values(["prompt_id", "round"]).groupby("prompt_id"):
+            toks = [int(g["pending_token"].iloc[0])] + [int(x) for e in g["emitted"] for x in e]
+            d4[int(pid)] = dt.distinct_4gram_ratio(toks)
+        print(f"llama.cpp trace {name} ({d}): acceptance rate {metrics.acceptance_rate(r):.3f}")
+        print(f"  {'category':8} {'accept':>6} {'d4 min':>6}  p1/p2/p3")
+        rows = []
+        for c, g in r.groupby("category"):
+            pk = metrics.per_position_acceptance(g)["acceptance"].tolist()
+            rows.append((metrics.acceptance_rate(g), c, pk, min(d4[int(p)] for p in g["prompt_id"].unique())))
+        for acc, c, pk, m in sorted(rows, reverse=True):
+            print(f"  {c:8} {acc:6.3f} {m:6.2f}  " + "/".join(f"{x:.2f}" for x in pk))
+        pk = metrics.per_position_acceptance(r)["acceptance"].tolist()
+        print(f"  spread {rows and max(x[0] for x in rows) - min(x[0] for x in rows):.3f}, overall p1/p2/p3 "
+              + "/".join(f"{x:.2f}" for x in pk) + f", distinct4 min {min(d4.values()):.2f}")
 
 
 if __name__ == "__main__":

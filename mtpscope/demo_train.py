@@ -660,7 +660,7 @@ def train_drafter(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, rec
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        hist.append([float(v) for v in losses] + accs)
+        hist.append([float(v.detach()) for v in losses] + accs)
         if step % 25 == 0 or step == recipe.drafter_steps - 1:
             m = np.mean(hist[-25:], axis=0)
             n = recipe.n_draft
@@ -792,7 +792,7 @@ def fit_centroid_head(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor,
             with torch.no_grad():
                 top = (hs[val] @ cent.T).topk(top_k, dim=1).indices
                 cov = float((top == yc[val][:, None]).any(dim=1).float().mean())
-            log(f"centroids step {step:4d}  loss {float(loss):.3f}  coverage {cov:.4f}")
+            log(f"centroids step {step:4d}  loss {float(loss.detach()):.3f}  coverage {cov:.4f}")
     return {"centroids": cent.detach().numpy().astype(np.float32), "ordering": ordering, "coverage": round(cov, 4),
             "wall_s": round(time.perf_counter() - t0, 1)}
 

@@ -11,8 +11,8 @@ converter into the demo's variants and records their traces with the real llama.
 * ``drafter.gguf`` (upstream ``gemma4-assistant``, F32) + ``drafter-centroids.gguf`` (its centroid head,
   sidecar) and ``drafter-fork.gguf`` (fork dialect with the head inside);
 * ``drafter-q8_0.gguf`` (``--outtype q8_0``: a real quantization effect);
-* ``drafter-buggy.gguf``: the F32 drafter with ``rope_freqs`` all 1.0, a conversion bug llama.cpp runs
-  silently (every pair of the full layer rotates, not 25 %); ``verify`` flags it, acceptance drops;
+* ``drafter-buggy.gguf``: the F32 drafter with ``rope.freq_base_swa`` = ``rope.freq_base`` (1e6 on the
+  sliding layers), a conversion bug llama.cpp runs silently; ``verify`` flags it, acceptance drops;
 * ``traces/f32``, ``traces/q8_0``, ``traces/buggy``: every demo prompt (``category`` and ``name`` in the
   manifest's prompt entries), greedy, 3 drafts per round, 64 tokens;
 * ``<demo>/demo.json``: each model and trace with its role, and the app's default view (the F32 trace,
@@ -126,28 +126,37 @@ def expand(out: str | os.PathLike[str], src: str | os.PathLike[str] = DATA_DIR) 
     return dirs[0], dirs[1]
 
 
-def write_buggy_rope(src: str | os.PathLike[str], out: str | os.PathLike[str], value: float = 1.0) -> Path:
-    """Copy a drafter GGUF with every ``rope_freqs.weight`` value set to ``value`` (the conversion bug of
-    the demo's buggy drafter: proportional RoPE lost, all pairs of the full layer rotate).
+def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Copy a ``gemma4-assistant`` drafter GGUF with ``rope.freq_base_swa`` set to its ``rope.freq_base``
+    (the demo's buggy drafter: a converter that writes the full layers' RoPE base, 1e6, for the sliding
+    layers too). llama.cpp runs it without a word; the drafter's sliding-layer queries then rotate
+    unlike the target's keys they attend to, so acceptance drops. ``verify`` names it (``E_PAIR_ROPE``
+    against the target). The FLOAT32 value is patched in place in the copy: the pair starts at the
+    key's offset (u64 length, key bytes, u32 value type, then the value; GGUF v3).
 
     Raises:
-        LayoutError: the file has no ``rope_freqs.weight`` (from the reader), or it is not F32.
+        LayoutError: not a ``gemma4-assistant`` file, a RoPE base missing or not FLOAT32.
     """
     from mtpscope.errors import LayoutError  # noqa: PLC0415
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
     src, out = Path(src), Path(out)
     with open_gguf(src) as f:
-        t = f.tensor("rope_freqs.weight")
-        if t.type_name != "F32":
-            raise LayoutError("rope_freqs.weight is not F32", path=src, key=t.name, expected="F32",
-                              actual=t.type_name)
-        off, n = t.offset, t.n_elements
+        if f.architecture != "gemma4-assistant":
+            raise LayoutError("not an upstream Gemma 4 drafter", path=src, key="general.architecture",
+                              expected="gemma4-assistant", actual=f.architecture)
+        kv = {k: v for k, v in f.kv.items() if k.endswith(("rope.freq_base", "rope.freq_base_swa"))}
+        full, swa = kv.get("gemma4-assistant.rope.freq_base"), kv.get("gemma4-assistant.rope.freq_base_swa")
+        for k, e in (("rope.freq_base", full), ("rope.freq_base_swa", swa)):
+            if e is None or e.type_name != "FLOAT32":
+                raise LayoutError("a RoPE base is missing or not FLOAT32", path=src, key=f"gemma4-assistant.{k}",
+                                  expected="FLOAT32", actual=None if e is None else e.type_name)
+        at = swa.offset + 8 + len(swa.key.encode()) + 4
     tmp = out.with_name(out.name + ".tmp")
     shutil.copyfile(src, tmp)
     with open(tmp, "r+b") as fh:
-        fh.seek(off)
-        fh.write(np.full(n, value, dtype="<f4").tobytes())
+        fh.seek(at)
+        fh.write(np.float32(full.value).astype("<f4").tobytes())
     os.replace(tmp, out)
     return out
 
@@ -162,8 +171,8 @@ def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
     convert(tp.hf_drafter, tp.drafter, dialect="upstream", outtype="f32", centroids_out=tp.sidecar)
     convert(tp.hf_drafter, tp.drafter_q8_0, dialect="upstream", outtype="q8_0")
     convert(tp.hf_drafter, tp.drafter_fork, dialect="fork", outtype="f32")
-    write_buggy_rope(tp.drafter, tp.drafter_buggy)
-    say(f"  converted target, drafter (f32, q8_0, fork, buggy rope_freqs) and sidecar "
+    write_buggy_swa_base(tp.drafter, tp.drafter_buggy)
+    say(f"  converted target, drafter (f32, q8_0, fork, buggy rope.freq_base_swa) and sidecar "
         f"({time.perf_counter() - t0:.1f} s)")
 
 
@@ -217,31 +226,43 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
     from mtpscope.traces.prompts import PromptSpec  # noqa: PLC0415
 
     prompts = read_prompts(data)
-    summary: dict[str, Any] = {}
-    for name, _role, attr in VARIANTS:
+    specs = [PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts]
+
+    def one(name: str, attr: str) -> dict[str, Any]:
         out = tp.traces[name]
         tmp = out.with_name(out.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
         t0 = time.perf_counter()
         res = recorder.record(
-            target=tp.target, assistant=getattr(tp, attr), out=tmp,
-            prompts=[PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts],
+            target=tp.target, assistant=getattr(tp, attr), out=tmp, prompts=specs,
             n_draft=int(TRAINED_RECORD["n_draft"]), max_tokens=int(TRAINED_RECORD["max_tokens"]),
             centroids=tp.sidecar if name == "f32" else None, hidden=str(TRAINED_RECORD["hidden"]),
-            n_top=int(TRAINED_RECORD["n_top"]), overwrite=True, command=["mtpscope", "demo", "build"])
+            n_top=int(TRAINED_RECORD["n_top"]), overwrite=True, n_threads=1, command=["mtpscope", "demo", "build"],
+            # the recorder's pre-flight refuses the buggy pair (E_PAIR_ROPE, as verify): the demo records it
+            # anyway, as `record --no-preflight` would, so that its trace shows what the bug costs
+            preflight=name != "buggy")
         if out.exists():
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, out)
         rows = per_prompt_acceptance(out)
-        summary[name] = {"acceptance_rate": res.acceptance_rate, "n_drafted": res.n_drafted,
-                         "n_accepted": res.n_accepted, "n_rounds": res.n_rounds,
-                         "categories": {k: round(v["acceptance_rate"], 4) for k, v in by_category(rows).items()
-                                        if v["acceptance_rate"] is not None},
-                         "prompts": rows}
         say(f"  trained {name}: acceptance rate {res.acceptance_rate:.3f} ({res.n_accepted}/{res.n_drafted}) "
             f"in {time.perf_counter() - t0:.1f} s")
+        return {"acceptance_rate": res.acceptance_rate, "n_drafted": res.n_drafted, "n_accepted": res.n_accepted,
+                "n_rounds": res.n_rounds,
+                "categories": {k: round(v["acceptance_rate"], 4) for k, v in by_category(rows).items()
+                               if v["acceptance_rate"] is not None},
+                "prompts": rows}
+
+    # each recording's llama.cpp runs in its own worker process on one thread: on a machine with
+    # cores to spare the variants record side by side (the traces are the same either way)
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    n_par = max(1, min(len(VARIANTS), (os.cpu_count() or 1)))
+    with ThreadPoolExecutor(max_workers=n_par) as ex:
+        futs = {name: ex.submit(one, name, attr) for name, _role, attr in VARIANTS}
+        summary: dict[str, Any] = {name: f.result() for name, f in futs.items()}
     return summary
 
 
@@ -262,7 +283,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
               {"role": "drafter-q8_0", "path": rel(tp.drafter_q8_0), "pair": "trained", "dialect": "upstream",
                "outtype": "q8_0"},
               {"role": "drafter-buggy", "path": rel(tp.drafter_buggy), "pair": "trained", "dialect": "upstream",
-               "bug": "rope_freqs all 1.0 (proportional RoPE lost on the full layer)"},
+               "bug": "rope.freq_base_swa = rope.freq_base (1e6, the full layers' RoPE base, on the sliding layers)"},
               {"role": "drafter-fork", "path": rel(tp.drafter_fork), "pair": "trained", "dialect": "fork"},
               {"role": "sidecar", "path": rel(tp.sidecar), "pair": "trained", "of": rel(tp.drafter)},
               {"role": "hf-target", "path": rel(tp.hf_target), "pair": "trained"},
@@ -334,5 +355,5 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
 
 
 __all__ = ["DATA_DIR", "DATA_FILES", "N_VOCAB", "VARIANTS", "build_trained", "by_category", "expand", "expand_rows",
-           "per_prompt_acceptance", "read_prompts", "read_recipe", "worst_prompt", "write_buggy_rope",
+           "per_prompt_acceptance", "read_prompts", "read_recipe", "worst_prompt", "write_buggy_swa_base",
            "write_demo_json"]

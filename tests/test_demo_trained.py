@@ -1,5 +1,5 @@
 """The trained demo pair's build helpers (mtpscope.demo_trained), without torch: row expansion, the
-buggy rope_freqs copy, per-category bookkeeping, and the committed data's integrity."""
+buggy RoPE-base copy, per-category bookkeeping, and the committed data's integrity."""
 
 from __future__ import annotations
 
@@ -39,22 +39,33 @@ def test_worst_prompt_is_the_worst_categorys_worst() -> None:
     assert dtr.worst_prompt(rows) == ("random", 3)
 
 
-def test_buggy_rope_copy_changes_only_rope_freqs(tmp_path) -> None:
+def test_buggy_copy_changes_only_the_sliding_rope_base(tmp_path) -> None:
+    from mtpscope.errors import LayoutError
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.gguf_write import f32, string, u32, write_gguf
 
     src = tmp_path / "d.gguf"
     rf = np.array([1.0, 1.0, 1e30, 1e30], dtype=np.float32)
-    other = np.arange(8, dtype=np.float32)
-    write_gguf(src, "gemma4-assistant", [("x.y", u32(1)), ("x.z", f32(0.5)), ("x.s", string("s"))],
-               {"rope_freqs.weight": rf, "blk.0.attn_norm.weight": other})
-    out = dtr.write_buggy_rope(src, tmp_path / "b.gguf")
+    kv = [("gemma4-assistant.rope.freq_base", f32(1e6)), ("gemma4-assistant.rope.freq_base_swa", f32(1e4)),
+          ("x.y", u32(1)), ("x.s", string("s"))]
+    write_gguf(src, "gemma4-assistant", kv, {"rope_freqs.weight": rf})
+    out = dtr.write_buggy_swa_base(src, tmp_path / "b.gguf")
     with open_gguf(src) as a, open_gguf(out) as b:
-        assert np.array_equal(b.tensor_data("rope_freqs.weight"), np.ones(4, np.float32))
-        assert np.array_equal(a.tensor_data("rope_freqs.weight"), rf)
-        assert np.array_equal(b.tensor_data("blk.0.attn_norm.weight"), other)
-        assert dict((k, v.value) for k, v in a.kv.items()) == dict((k, v.value) for k, v in b.kv.items())
-    assert src.stat().st_size == out.stat().st_size
+        va = {k: v.value for k, v in a.kv.items()}
+        vb = {k: v.value for k, v in b.kv.items()}
+        assert va["gemma4-assistant.rope.freq_base_swa"] == 1e4
+        assert vb["gemma4-assistant.rope.freq_base_swa"] == 1e6      # the full layers' base
+        assert {k: v for k, v in va.items() if not k.endswith("freq_base_swa")} == \
+               {k: v for k, v in vb.items() if not k.endswith("freq_base_swa")}
+        assert np.array_equal(b.tensor_data("rope_freqs.weight"), rf)
+    assert src.read_bytes() != out.read_bytes() and src.stat().st_size == out.stat().st_size
+    # only an upstream drafter with both bases
+    write_gguf(tmp_path / "t.gguf", "gemma4", kv, {"rope_freqs.weight": rf})
+    with pytest.raises(LayoutError):
+        dtr.write_buggy_swa_base(tmp_path / "t.gguf", tmp_path / "t2.gguf")
+    write_gguf(tmp_path / "n.gguf", "gemma4-assistant", kv[2:], {"rope_freqs.weight": rf})
+    with pytest.raises(LayoutError):
+        dtr.write_buggy_swa_base(tmp_path / "n.gguf", tmp_path / "n2.gguf")
 
 
 def test_committed_data_matches_its_recipe() -> None:

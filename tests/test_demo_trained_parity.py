@@ -154,3 +154,57 @@ def test_demo_json_lists_roles_and_a_worst_prompt(trained) -> None:
     buggy = next(t for t in doc["traces"] if t["role"] == "trace-buggy")["acceptance_rate"]
     assert buggy < f32
     assert np.isfinite(f32)
+
+
+def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_path) -> None:
+    """The demo's conversion bug (rope.freq_base_swa = 1e6 in the drafter) as a user meets it: verify
+    names the key against the target; replaying the buggy trace with the correct drafter file
+    recovers acceptance the buggy file does not; the Compare page's default view lists the key."""
+    from mtpscope.inspector.validate import verify
+    from mtpscope.traces.replay import replay
+
+    rep = verify(trained.drafter_buggy, target=trained.target)
+    codes = {f.code: f for f in rep.findings}
+    assert "E_PAIR_ROPE" in codes and "freq_base_swa" in codes["E_PAIR_ROPE"].message
+    assert "E_PAIR_ROPE" not in {f.code for f in verify(trained.drafter, target=trained.target).findings}
+
+    same = replay(trained.traces_buggy, max_rounds=60).summary()
+    fixed = replay(trained.traces_buggy, assistant=trained.drafter, max_rounds=60).summary()
+    # the reference drafter reproduces the buggy run from the buggy file, and the correct file drafts better
+    assert same["variants"]["baseline"]["agreement"] > 0.9
+    assert fixed["variants"]["baseline"]["acceptance_rate"] > same["variants"]["baseline"]["acceptance_rate"] + 0.03
+
+    from streamlit.testing.v1 import AppTest
+
+    from mtpscope.cli_app import main_script
+
+    at = AppTest.from_file(str(main_script()), default_timeout=120)
+    at.session_state["sel.trace"] = str(trained.traces_f32)
+    at.session_state["sel.trace_b"] = str(trained.traces_buggy)
+    at.run()
+    at.switch_page("screens/compare.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    rows = next(d.value for d in at.dataframe if "what" in d.value.columns)
+    hit = rows[rows["name"].str.endswith("rope.freq_base_swa")]
+    assert list(hit["A"]) == ["10000.0"] and list(hit["B"]) == ["1000000.0"]
+
+
+def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None:
+    import json
+
+    from streamlit.testing.v1 import AppTest
+
+    from mtpscope.cli_app import main_script
+
+    at = AppTest.from_file(str(main_script()), default_timeout=120)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    from pathlib import Path
+
+    assert Path(at.session_state["sel.trace"]).resolve() == trained.traces_f32.resolve()
+    assert Path(at.session_state["sel.trace_b"]).resolve() == trained.traces_buggy.resolve()
+    d = json.loads(trained.demo_json.read_text())["default"]
+    assert at.session_state["w.acc.prompt"] == d["prompt_id"]
+    at.switch_page("screens/acceptance.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="w.acc.prompt").value == d["prompt_id"]
