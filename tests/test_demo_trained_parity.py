@@ -69,7 +69,9 @@ def _generated(tr, pid: int) -> list[int]:
 
 
 def _hf_drafts(tm, dm, prompt: list[int], n: int = 3) -> list[int]:
-    """HF's own assisted generation, the first ``n`` drafter calls' argmax (the first round)."""
+    """HF's own assisted generation, the first ``n`` drafter calls' argmax (the first round). HF drafts
+    at most ``max_new_tokens - 2`` tokens in its first round (the prefill's token counts as generated and
+    one token is kept for the target's own), so ``max_new_tokens`` is ``n + 2``."""
     got: list[int] = []
 
     def hook(_m, _a, _k, out):
@@ -78,7 +80,7 @@ def _hf_drafts(tm, dm, prompt: list[int], n: int = 3) -> list[int]:
     h = dm.register_forward_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            tm.generate(torch.tensor([prompt]), assistant_model=dm, max_new_tokens=n + 1, do_sample=False)
+            tm.generate(torch.tensor([prompt]), assistant_model=dm, max_new_tokens=n + 2, do_sample=False)
     finally:
         h.remove()
     return got[:n]
