@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from mtpscope.cache import sha256_file
 from mtpscope.errors import MtpscopeError
 from mtpscope import demo_corpus
 
@@ -1035,14 +1036,6 @@ def _round_f16(model: Any) -> None:
             p.copy_(p.half().float())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
-
-
 def _state(model: Any, skip: tuple[str, ...] = ("lm_head.weight",)) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
     return {k: v.detach().to(torch.float16).contiguous() for k, v in sd.items()
@@ -1057,10 +1050,11 @@ def save_compact(out: str | os.PathLike[str], tm: Any, dm: Any, vocab: CompactVo
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(_state(tm), out / "target.safetensors", metadata={"format": "pt", "rows": "compact"})
+    # one metadata key: safetensors writes several in a random order (the file's bytes, not its tensors)
+    save_file(_state(tm), out / "target.safetensors", metadata={"format": "pt"})
     ds = _state(dm)
     ds["masked_embedding.centroids.weight"] = torch.as_tensor(head["centroids"]).to(torch.float16)
-    save_file(ds, out / "drafter.safetensors", metadata={"format": "pt", "rows": "compact"})
+    save_file(ds, out / "drafter.safetensors", metadata={"format": "pt"})
     save_file({"ids": torch.as_tensor(vocab.ids.astype(np.int32)), "rare": torch.as_tensor(vocab.rare.astype(np.int32)),
                "ordering": torch.as_tensor(head["ordering"])},
               out / "ids.safetensors", metadata={"format": "pt"})
@@ -1070,7 +1064,7 @@ def save_compact(out: str | os.PathLike[str], tm: Any, dm: Any, vocab: CompactVo
     (out / "prompts.json").write_text(json.dumps({"prompts": list(prompts)}, indent=1, ensure_ascii=False) + "\n")
     for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors"):
         os.chmod(out / n, 0o644)   # safetensors writes 0600; these are committed package data
-    files = {n: _sha256(out / n) for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors",
+    files = {n: sha256_file(out / n) for n in ("target.safetensors", "drafter.safetensors", "ids.safetensors",
                                            "target.json", "drafter.json", "prompts.json")}
     rec = {"recipe": recipe.to_dict(), **info, "files": files}
     (out / "recipe.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
@@ -1113,7 +1107,7 @@ def load_compact(src: str | os.PathLike[str] = DATA_DIR) -> CompactPair:
     except (OSError, ValueError) as e:
         raise MtpscopeError(f"cannot read the demo recipe: {e}", path=src / "recipe.json") from e
     for name, want in rec.get("files", {}).items():
-        if not (src / name).exists() or _sha256(src / name) != want:
+        if not (src / name).exists() or sha256_file(src / name) != want:
             raise MtpscopeError("demo checkpoint file missing or changed", path=src / name, expected=want)
     recipe = Recipe.from_dict(rec["recipe"])
     idmap = load_file(src / "ids.safetensors")
@@ -1146,6 +1140,29 @@ def _target_key(recipe: Recipe, win: torch.Tensor) -> str:
     h.update(win.numpy().astype(np.int64).tobytes())
     h.update(torch.__version__.encode())
     return h.hexdigest()
+
+
+def _staged(model: Any, cached: Path | None, name: str, train_fn: Callable[[], dict[str, Any]],
+            log: Callable[[str], None]) -> dict[str, Any]:
+    """Train ``model`` with ``train_fn`` (returning its stats), or load the identical earlier run kept in
+    ``cached`` (``<name>.safetensors`` without the tied ``lm_head``, ``stats.json``); keep a new run there."""
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    if cached is not None and (cached / "stats.json").exists():
+        model.load_state_dict({k: v.float() for k, v in load_file(cached / f"{name}.safetensors").items()},
+                              strict=False)
+        model.tie_weights()
+        model.eval()
+        st = json.loads((cached / "stats.json").read_text())
+        log(f"{name}: reusing the identical earlier run {cached} (trained in {st['wall_s']} s)")
+        return st
+    st = train_fn()
+    if cached is not None:
+        cached.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                  cached / f"{name}.safetensors")
+        (cached / "stats.json").write_text(json.dumps(st))
+    return st
 
 
 def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, *,
@@ -1193,25 +1210,8 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
         f"{len(vocab.rare)} rare, {len(win)} windows ({time.perf_counter() - t0:.1f} s)")
     tm = make_target(target_config(recipe.target, vocab.n_rows))
     key = _target_key(recipe, win)
-    cached = None if stage_cache is None else Path(stage_cache) / f"target-{key[:16]}"
-    if cached is not None and (cached / "stats.json").exists():
-        from safetensors.torch import load_file  # noqa: PLC0415
-
-        tm.load_state_dict({k: v.float() for k, v in load_file(cached / "target.safetensors").items()}, strict=False)
-        tm.tie_weights()
-        tm.eval()
-        st_t = json.loads((cached / "stats.json").read_text())
-        log(f"target: reusing the identical earlier run {cached} (trained in {st_t['wall_s']} s)")
-    else:
-        st_t = train_target(tm, win, recipe, vocab, log)
-        st_t["key"] = key
-        if cached is not None:
-            from safetensors.torch import save_file  # noqa: PLC0415
-
-            cached.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in tm.state_dict().items() if k != "lm_head.weight"},
-                      cached / "target.safetensors")
-            (cached / "stats.json").write_text(json.dumps(st_t))
+    st_t = _staged(tm, None if stage_cache is None else Path(stage_cache) / f"target-{key[:16]}", "target",
+                   lambda: {**train_target(tm, win, recipe, vocab, log), "key": key}, log)
     _round_f16(tm)
     # the drafter sees drafter_steps * drafter_batch windows (a seeded subset when that is fewer)
     n_d = min(len(win), recipe.drafter_steps * recipe.drafter_batch)
@@ -1223,31 +1223,15 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     dm = make_drafter(drafter_config(recipe.drafter, recipe.target, vocab.n_rows))
     dkey = hashlib.sha256((key + json.dumps({k: recipe.to_dict()[k] for k in (
         "drafter", "drafter_steps", "drafter_batch", "drafter_lr", "n_draft")}, sort_keys=True)).encode()).hexdigest()
-    dcached = None if stage_cache is None else Path(stage_cache) / f"drafter-{dkey[:16]}"
-    if dcached is not None and (dcached / "stats.json").exists():
-        from safetensors.torch import load_file  # noqa: PLC0415
-
-        dm.load_state_dict({k: v.float() for k, v in load_file(dcached / "drafter.safetensors").items()}, strict=False)
-        dm.tie_weights()
-        dm.eval()
-        st_d = json.loads((dcached / "stats.json").read_text())
-        log(f"drafter: reusing the identical earlier run {dcached} (trained in {st_d['wall_s']} s)")
-    else:
-        st_d = train_drafter(dm, tm, win, labels, recipe, vocab, log)
-        if dcached is not None:
-            from safetensors.torch import save_file  # noqa: PLC0415
-
-            dcached.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in dm.state_dict().items() if k != "lm_head.weight"},
-                      dcached / "drafter.safetensors")
-            (dcached / "stats.json").write_text(json.dumps(st_d))
+    st_d = _staged(dm, None if stage_cache is None else Path(stage_cache) / f"drafter-{dkey[:16]}", "drafter",
+                   lambda: train_drafter(dm, tm, win, labels, recipe, vocab, log), log)
     _round_f16(dm)
     head = fit_centroid_head(dm, tm, win, labels, vocab, recipe, log)
     head["centroids"] = head["centroids"].astype(np.float16).astype(np.float32)
     info: dict[str, Any] = {
         "python": demo_corpus.python_info(), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
-        "tokenizer": {"file": Path(vocab_gguf).name, "sha256": _sha256(Path(vocab_gguf))},
+        "tokenizer": {"file": Path(vocab_gguf).name, "sha256": sha256_file(Path(vocab_gguf))},
         "corpus": {"n_documents": len(docs), "n_tokens": int(len(stream.ids)), "tokens": stream.counts(),
                    "sha256": demo_corpus.corpus_sha256(docs)},
         "n_kept": vocab.n_kept, "n_rare": int(len(vocab.rare)), "n_unused": vocab.n_unused, "eog_ids": eog,

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from mtpscope.cache import sha256_file
 from mtpscope.errors import MtpscopeError
 
 N_VOCAB = 262144
@@ -44,14 +45,6 @@ VARIANTS = (("f32", "drafter", "drafter"), ("q8_0", "drafter-q8_0", "drafter_q8_
             ("buggy", "drafter-buggy", "drafter_buggy"))
 DATA_FILES = ("target.safetensors", "drafter.safetensors", "ids.safetensors", "target.json", "drafter.json",
               "prompts.json", "recipe.json")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
 
 
 def read_recipe(src: str | os.PathLike[str] = DATA_DIR) -> dict[str, Any]:
@@ -67,7 +60,7 @@ def read_recipe(src: str | os.PathLike[str] = DATA_DIR) -> dict[str, Any]:
         raise MtpscopeError(f"cannot read the demo recipe: {e}", path=src / "recipe.json") from e
     for name, want in rec.get("files", {}).items():
         p = src / name
-        if not p.is_file() or _sha256(p) != want:
+        if not p.is_file() or sha256_file(p) != want:
             raise MtpscopeError("demo checkpoint file missing or changed", path=p, expected=want)
     return rec
 
