@@ -116,15 +116,17 @@ def demo_paths() -> DemoPaths:
 
 
 def init_selection() -> None:
-    """Preselect the demo (once per session) for every selection slot that is still unset: the clean
-    demo trace, the models that recorded it (from its manifest, when readable and allowed), and the
-    noisy demo trace as trace B — never trace B = trace A."""
+    """Preselect the demo (once per session) for every selection slot that is still unset: the trained
+    pair's F32 trace with its buggy trace as trace B (``demo.json``'s default view; without it the
+    constructed clean and noisy traces), the models that recorded trace A (from its manifest, when
+    readable and allowed) — never trace B = trace A."""
     if st.session_state.get("sel._init"):
         return
     st.session_state["sel._init"] = True
     demo = demo_paths()
     defaults = {"drafter": demo.drafter_fork, "target": demo.target, "trace": demo.traces_clean,
                 "trace_b": demo.traces_noisy, "checkpoint": None, "replay": None}
+    defaults.update(_trained_defaults(demo.root))   # the trained pair's view, when it is built
 
     def ok(v) -> bool:
         return v is not None and Path(v).exists() and safety.is_allowed(v, roots())
@@ -186,6 +188,29 @@ def select_trace(path: str | None) -> dict[str, str]:
     if get("trace_b") and _same(get("trace_b"), path):  # never B = A: B becomes the trace A was
         set_("trace_b", previous if previous and not _same(previous, path) else None)
     return found
+
+
+def _trained_defaults(root: Path) -> dict[str, Any]:
+    """The trained demo's default view from ``<demo>/demo.json`` (trace, trace B, drafter, target), and
+    the Acceptance page's prompt preset to the worst category's worst prompt; {} when absent."""
+    import json
+
+    try:
+        doc = json.loads((root / "demo.json").read_text())
+        d = doc.get("default") if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for k in ("trace", "trace_b", "drafter", "target"):
+        v = d.get(k)
+        if isinstance(v, str) and v and (root / v).exists():
+            out[k] = root / v
+    pid = d.get("prompt_id")
+    if "trace" in out and isinstance(pid, int) and not isinstance(pid, bool) and "w.acc.prompt" not in st.session_state:
+        st.session_state["w.acc.prompt"] = pid
+    return out
 
 
 def get(name: str) -> str | None:
@@ -723,6 +748,24 @@ def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
     ta = _open_trace(str(pa_), _trace_key(pa_))
     vp = trace_vocab_path(ta)
     return _comparison(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_), vp, _stat_key(Path(vp)) if vp else None)
+
+
+def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """What differs between the runs of two allowed traces (``mtpscope.traces.run_diff``: parameters, and
+    the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
+    ``{"what", "name", "A", "B"}``. Cached per trace version."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
+    from mtpscope.traces.run_diff import difference_rows, run_differences
+
+    ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
+    return difference_rows(run_differences(ta.manifest, tb.manifest,
+                                           readable=lambda p: safety.is_allowed(p, roots())))
 
 
 def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) -> tuple[int, int] | None:

@@ -10,8 +10,8 @@ import typer
 
 from mtpscope.cli_common import one_line_errors
 
-demo_app = typer.Typer(help="The demo pair (tiny synthetic Gemma 4 target + MTP drafter, real tokenizer) "
-                            "and its traces.", no_args_is_help=True)
+demo_app = typer.Typer(help="The demo pairs (a trained tiny Gemma 4 target + MTP drafter and a constructed "
+                            "one, real tokenizer) and their traces.", no_args_is_help=True)
 
 
 @demo_app.command("build")
@@ -51,6 +51,32 @@ def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (defau
         print(json.dumps({k: str(v) for k, v in paths.__dict__.items()}, indent=2))
     else:
         print(paths.root)
+
+
+@demo_app.command("train")
+def train(out: Path | None = typer.Option(None, "--out", help="Where to write the compact checkpoints "
+                                          "(default: the package's mtpscope/demo_data)."),
+          seed: int = typer.Option(0, "--seed", help="The recipe's seed."),
+          target_steps: int | None = typer.Option(None, "--target-steps", help="Target optimizer steps."),
+          drafter_steps: int | None = typer.Option(None, "--drafter-steps", help="Drafter optimizer steps."),
+          threads: int = typer.Option(1, "--threads", help="torch threads (the recipe is deterministic per count)."),
+          no_eval: bool = typer.Option(False, "--no-eval", help="Skip the realism measurement."),
+          stage_cache: Path | None = typer.Option(None, "--stage-cache",
+                                                  help="Keep / reuse the trained target here (same result).")) -> None:
+    """Train the demo pair (tiny Gemma 4 target + MTP drafter on real text, real tokenizer; CPU, torch and
+    transformers from the parity extra) and write its compact checkpoints. Not part of `make run`."""
+    from dataclasses import replace
+
+    with one_line_errors():
+        from mtpscope import demo_train
+
+        r = demo_train.Recipe()
+        r = replace(r, seed=seed, threads=threads,
+                    target_steps=target_steps if target_steps is not None else r.target_steps,
+                    drafter_steps=drafter_steps if drafter_steps is not None else r.drafter_steps)
+        rec = demo_train.train(out if out is not None else demo_train.DATA_DIR, r, evaluate_after=not no_eval,
+                               stage_cache=stage_cache, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(json.dumps({"train_wall_s": rec.get("train_wall_s"), "measured": rec.get("measured")}, indent=1))
 
 
 @demo_app.command("clean")

@@ -434,18 +434,21 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
 
 
 def build_demo(out_dir: str | os.PathLike[str] | None = None, force: bool = False, *, traces: bool = True,
-               config: str | os.PathLike[str] | None = None,
+               config: str | os.PathLike[str] | None = None, trained: bool = True,
                log: Callable[[str], None] | None = None) -> DemoPaths:
-    """Build (or reuse) the demo folder: four GGUFs and, when the recorder and llama.cpp are available,
-    the two demo traces. Idempotent: ``stamp.json`` holds :func:`models_hash` / :func:`traces_hash`;
-    only what changed is rebuilt, and a current folder returns in milliseconds. A file lock
-    (``.lock``) keeps concurrent builders from writing the same folder.
+    """Build (or reuse) the demo folder: four constructed GGUFs and, when the recorder and llama.cpp are
+    available, their two traces; then the trained pair (``trained/``, :func:`mtpscope.demo_trained.build_trained`:
+    converted variants, their traces, ``demo.json``). Idempotent: ``stamp.json`` holds
+    :func:`models_hash` / :func:`traces_hash` (``trained/stamp.json`` the trained pair's); only what
+    changed is rebuilt, and a current folder returns in milliseconds. A file lock (``.lock``) keeps
+    concurrent builders from writing the same folder.
 
     Args:
         out_dir: the folder (default ``<cache>/demo``).
         force: rebuild everything.
         traces: also record the demo traces (skipped with a log line if llama-cpp-python is missing).
         config: recording configuration (default :data:`RECORD_CONFIG`).
+        trained: also build the trained pair (``trained/``) and ``demo.json``.
         log: receives one line per action (default: silent).
 
     Returns:
@@ -480,6 +483,10 @@ def build_demo(out_dir: str | os.PathLike[str] | None = None, force: bool = Fals
                 if summary is not None:
                     stamp = {**stamp, "traces": th, "summary": summary}
                     _write_stamp(paths.stamp, stamp)
+        if trained:
+            from mtpscope.demo_trained import build_trained
+
+            build_trained(root, force=force, traces=traces, log=say)
     return paths
 
 

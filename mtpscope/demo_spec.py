@@ -211,6 +211,93 @@ def _trace_complete(d: Path) -> bool:
     return bool(m.get("complete"))
 
 
+# ----------------------------------------------------------------------------------------------
+# the trained demo pair (mtpscope.demo_trained): built from the committed compact checkpoints
+
+#: the committed compact checkpoints of the trained pair (written by ``mtpscope demo train``)
+TRAINED_DATA = Path(str(importlib.resources.files("mtpscope").joinpath("demo_data")))
+#: how the trained pair's traces are recorded (every demo prompt, greedy)
+TRAINED_RECORD = {"n_draft": 3, "max_tokens": 64, "hidden": "f16", "n_top": 10}
+_TRAINED_SOURCES = ("mtpscope.demo_trained", "mtpscope.demo_spec", "mtpscope.inspector.convert",
+                    "mtpscope.inspector.gguf_write", "mtpscope.inspector.tokenizer", "mtpscope.inspector.safetensors")
+
+
+@dataclass(frozen=True)
+class TrainedPaths:
+    """Every path of the trained pair inside a demo folder (``<demo>/trained/``) and the demo's
+    ``demo.json`` (which lists each model and trace of the folder with its role)."""
+
+    root: Path
+    hf_target: Path
+    hf_drafter: Path
+    target: Path
+    drafter: Path
+    drafter_q8_0: Path
+    drafter_buggy: Path
+    drafter_fork: Path
+    sidecar: Path
+    traces_f32: Path
+    traces_q8_0: Path
+    traces_buggy: Path
+    stamp: Path
+    demo_json: Path
+
+    @classmethod
+    def under(cls, demo_root: Path) -> TrainedPaths:
+        r = Path(demo_root) / "trained"
+        return cls(root=r, hf_target=r / "hf" / "target", hf_drafter=r / "hf" / "drafter", target=r / "target.gguf",
+                   drafter=r / "drafter.gguf", drafter_q8_0=r / "drafter-q8_0.gguf",
+                   drafter_buggy=r / "drafter-buggy.gguf", drafter_fork=r / "drafter-fork.gguf",
+                   sidecar=r / "drafter-centroids.gguf", traces_f32=r / "traces" / "f32",
+                   traces_q8_0=r / "traces" / "q8_0", traces_buggy=r / "traces" / "buggy", stamp=r / "stamp.json",
+                   demo_json=Path(demo_root) / "demo.json")
+
+    @property
+    def models(self) -> tuple[Path, ...]:
+        return (self.target, self.drafter, self.drafter_q8_0, self.drafter_buggy, self.drafter_fork, self.sidecar)
+
+    @property
+    def traces(self) -> dict[str, Path]:
+        """Trace folder per drafter variant: ``f32``, ``q8_0``, ``buggy``."""
+        return {"f32": self.traces_f32, "q8_0": self.traces_q8_0, "buggy": self.traces_buggy}
+
+
+def trained_models_hash(data: Path = TRAINED_DATA) -> str | None:
+    """Hash of what the trained pair's GGUFs depend on (``recipe.json``, which carries every committed
+    file's sha256, and the builder / converter sources); None when the data is not there."""
+    try:
+        recipe = (Path(data) / "recipe.json").read_bytes()
+    except OSError:
+        return None
+    from mtpscope.cache import VOCAB_SHA256
+    return _digest({"recipe_sha256": hashlib.sha256(recipe).hexdigest(), "vocab_sha256": VOCAB_SHA256},
+                   _TRAINED_SOURCES)
+
+
+def trained_traces_hash(models: str) -> str:
+    """Hash of what the trained pair's traces depend on: the models' hash, :data:`TRAINED_RECORD`, the
+    recorder sources and the llama-cpp-python version."""
+    import importlib.metadata
+    try:
+        llama_version = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        llama_version = None
+    return _digest({"models": models, "record": TRAINED_RECORD, "llama_cpp_python": llama_version},
+                   _TRACE_SOURCES + ("mtpscope.demo_trained",))
+
+
+def trained_is_current(demo_root: Path, data: Path = TRAINED_DATA) -> bool:
+    """True when the trained pair under ``demo_root`` (models, traces, demo.json) matches today's inputs,
+    or when there is no trained data to build from."""
+    mh = trained_models_hash(data)
+    if mh is None:
+        return True
+    tp = TrainedPaths.under(Path(demo_root))
+    stamp = _read_stamp(tp.stamp)
+    return stamp.get("models") == mh and all(p.exists() for p in tp.models) and tp.demo_json.exists() and \
+        stamp.get("traces") == trained_traces_hash(mh) and all(_trace_complete(d) for d in tp.traces.values())
+
+
 def demo_is_current(out_dir: str | os.PathLike[str] | None = None, *, config: str | os.PathLike[str] | None = None
                     ) -> bool:
     """True when ``out_dir`` holds models (and, if recorded before, traces) matching today's inputs."""
@@ -221,4 +308,4 @@ def demo_is_current(out_dir: str | os.PathLike[str] | None = None, *, config: st
     mh = models_hash(cfg)
     return stamp.get("models") == mh and all(p.exists() for p in paths.models) and \
         stamp.get("traces") == traces_hash(cfg, mh) and _trace_complete(paths.traces_clean) and \
-        _trace_complete(paths.traces_noisy)
+        _trace_complete(paths.traces_noisy) and trained_is_current(paths.root)

@@ -263,12 +263,26 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = rt.LlamaModel(tg)
     try:
-        prompt_toks = {pid: prompt_tokens(model, prompts[pid].get("text") or "", chat=chat) for pid in prompts}
+        prompt_toks = {pid: _recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         return res
     finally:
         model.close()
+
+
+def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
+    """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
+    its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
+    did (:func:`traces.mtp_runtime.spec_tokens`)."""
+    from mtpscope.traces.mtp_runtime import spec_tokens
+    from mtpscope.traces.prompts import PromptSpec
+
+    if entry.get("tokens"):
+        return [int(x) for x in entry["tokens"]]
+    if entry.get("messages"):
+        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])), chat=chat)[0]
+    return prompt_tokens(model, entry.get("text") or "", chat=chat)
 
 
 def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, StepOptions], base: StepOptions,

@@ -48,6 +48,8 @@ with state.guard("trace store"):
     labels = views.prompt_labels(pids, prompts)
     long_labels = views.prompt_labels(pids, prompts, width=80)
     ALL = -1
+    if st.session_state.get("w.acc.prompt", ALL) not in [ALL] + pids:  # a preset (demo.json) from another trace
+        st.session_state.pop("w.acc.prompt", None)
     choice = st.selectbox("prompt", [ALL] + pids, key="w.acc.prompt",
                           format_func=lambda p: "all prompts" if p == ALL else long_labels[p])
     rounds = views.ordered_rounds(rounds_all, None if choice == ALL else [choice])

@@ -96,6 +96,13 @@ def _traces() -> None:
         tr_b = state.trace(b_path)
         names = ("A", "B")
         st.caption(f"A = `{state.short(a_path)}` · B = `{state.short(b_path)}`")
+        diff_rows = state.run_differences(a_path, b_path)
+        if diff_rows:
+            st.markdown("**What differs between the two runs** (parameters; the models' metadata and tensor "
+                        "tables)")
+            st.dataframe(pd.DataFrame(diff_rows), hide_index=True, width="stretch")
+        else:
+            st.caption("Same recording parameters and the same model files.")
         ra, rb = tr_a.rounds, tr_b.rounds
         rep_a, rep_b = state.report(a_path), state.report(b_path)
         pa_, pb_ = state.per_position(rep_a), state.per_position(rep_b)
