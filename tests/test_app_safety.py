@@ -370,7 +370,12 @@ def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Pa
     at.run()
     at.switch_page("screens/step.py").run()
     assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
-    assert at.session_state["sel.trace"] == str(Path(demo_dir.traces_clean))
+    # the demo's default view: the trained pair's F32 trace when it is built (demo.json), else the clean one
+    from mtpscope.demo_spec import TrainedPaths
+
+    f32 = TrainedPaths.under(Path(demo_dir.root)).traces_f32
+    want = f32 if (f32 / "manifest.json").exists() else Path(demo_dir.traces_clean)
+    assert Path(at.session_state["sel.trace"]).resolve() == want.resolve()
     emitted = next(m.value for m in at.markdown if m.value.startswith("emitted: "))
     assert emitted != "emitted: —" and not re.search(r"#\d", emitted), emitted
     monkeypatch.setenv("MTPSCOPE_ROOTS_ONLY", "1")

@@ -206,7 +206,12 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
             body = type_path(str(root / "inside.gguf"))
             assert "leakcheckarch" in body, body[:1500]  # the control: this file is readable when allowed
             for what, (typed, resolved) in refused.items():
-                body = type_path(typed)
+                type_path(typed)
+                # the refusal names the resolved path; read the page only once it is there (a heavier
+                # default page can still show the previous run when the DOM first looks settled)
+                page.locator('[data-testid="stAlert"]', has_text=str(resolved)).first.wait_for(timeout=60_000)
+                _settle(page)
+                body = page.locator('[data-testid="stMain"]').inner_text()
                 alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
                 assert any("outside the allowed folders" in a and str(resolved) in a for a in alerts), (what, alerts)
                 assert "leakcheckarch" not in body, (what, body[:1500])

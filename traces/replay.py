@@ -275,7 +275,7 @@ def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) ->
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
     did (:func:`traces.mtp_runtime.spec_tokens`)."""
-    from mtpscope.traces.mtp_runtime import spec_tokens
+    from mtpscope.traces.mtp_runtime import prompt_tokens, spec_tokens
     from mtpscope.traces.prompts import PromptSpec
 
     if entry.get("tokens"):
