@@ -1101,14 +1101,10 @@ def load_compact(src: str | os.PathLike[str] = DATA_DIR) -> CompactPair:
     """
     from safetensors.torch import load_file  # noqa: PLC0415
 
+    from mtpscope.demo_trained import read_recipe  # noqa: PLC0415
+
     src = Path(src)
-    try:
-        rec = json.loads((src / "recipe.json").read_text())
-    except (OSError, ValueError) as e:
-        raise MtpscopeError(f"cannot read the demo recipe: {e}", path=src / "recipe.json") from e
-    for name, want in rec.get("files", {}).items():
-        if not (src / name).exists() or sha256_file(src / name) != want:
-            raise MtpscopeError("demo checkpoint file missing or changed", path=src / name, expected=want)
+    rec = read_recipe(src)      # every listed file checked against its sha256
     recipe = Recipe.from_dict(rec["recipe"])
     idmap = load_file(src / "ids.safetensors")
     vocab = CompactVocab(idmap["ids"].numpy().astype(np.int32), idmap["rare"].numpy().astype(np.int32))
