@@ -393,23 +393,19 @@ class MtpRuntime:
             h = tctx.nextn(n_acc).copy()
             tctx.seq_rm(pos + n_acc + 1, -1)
             t2 = perf()
-            p_d: tuple[float, ...] = ()
-            ent: tuple[float, ...] = ()
             h_t: tuple[np.ndarray, ...] = ()
             t_lg: tuple[np.ndarray, ...] = ()
             if trace and k_max:  # the target's side, from the verify rows still in tctx (outside the timing)
-                if defer_target:
-                    cp = np.copy if keep is None else keep
-                    t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
-                else:
-                    pa_, ha_ = target_stats(np.stack([tctx.logits(i) for i in range(k_max)]), drafted)
-                    p_d, ent = tuple(pa_.tolist()), tuple(ha_.tolist())
+                # deferred: copies for the recorder; else the live views, used by finish_target_side below
+                cp = (np.copy if keep is None else keep) if defer_target else (lambda a: a)
+                t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
                 if hidden_target:
                     h_t = tuple(tctx.nextn(i).copy() for i in range(k_max))
-            yield RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
+            res = RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
                               target=tuple(target), n_accepted=n_acc, emitted=tuple(emitted),
                               t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps),
-                              target_p_drafted=p_d, target_entropy=ent, h_target=h_t, target_logits=t_lg)
+                              h_target=h_t, target_logits=t_lg)
+            yield res if defer_target else finish_target_side(res)
             n_out += len(emitted)
             pos += n_acc + 1
             pending = emitted[-1]
