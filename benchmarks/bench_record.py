@@ -20,8 +20,10 @@ llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no sp
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
 (``RecordSummary.recorder_cpu_seconds``) and the time the worker's loop waited for it. Prints ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
-just before it) and the overhead in percent; exits 0
-whatever the numbers (speed targets are reported, never asserted).
+just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
+time goes on each side (drafter steps, verify, the rest of the loop: per-round medians, which a slow
+moment of a shared machine moves far less than a run's tokens/s); exits 0 whatever the numbers (speed
+targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
 [--size tiny|medium] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
@@ -37,12 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope import demo  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
 from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.traces.store import open_trace  # noqa: E402
 
 PROMPT = "The quick brown fox"
 
@@ -78,9 +83,25 @@ def _line(label: str, off: list[float], on: list[float]) -> None:
               f"  (target <= 3 %)")
     # each traced run against the untraced run just before it: drift of the machine's speed over the
     # benchmark (a shared VM's neighbours, clock changes) cancels within a pair
-    r = statistics.median(b / a for a, b in zip(off, on, strict=True))
+    ratios = [b / a for a, b in zip(off, on, strict=True)]
+    r = statistics.median(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (r, r, r)
     print(f"  [{label}] paired median ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
-          f"  (target <= 3 %)")
+          f"  (target <= 3 %; middle half of the pairs {100 * (1 - q3):.1f} .. {100 * (1 - q1):.1f} %)")
+
+
+def _parts(off: list[tuple[float, float, float]], on: list[tuple[float, float, float]]) -> None:
+    """Where a round's time goes, untraced vs traced: medians over runs of (median over rounds of) the
+    drafter's K steps (``t_draft_ms``: decodes, argmax, the copies of the logits), the verify
+    (``t_verify_ms``) and the rest of the loop per round (the loop's time minus both, over the rounds: the
+    copies of the verify rows, handing the round over). Per-round medians shrug off a slow second of the
+    machine that moves a whole run's tokens/s."""
+    names = ("drafter steps", "verify", "rest of the loop")
+    base = sum(statistics.median(x[j] for x in off) for j in range(3))
+    for j, nm in enumerate(names):
+        a, b = statistics.median(x[j] for x in off), statistics.median(x[j] for x in on)
+        print(f"  [per round] {nm:16s} untraced {a:7.3f} ms  traced {b:7.3f} ms  "
+              f"difference {b - a:+7.3f} ms = {100 * (b - a) / base:+5.1f} % of an untraced round ({base:.2f} ms)")
 
 
 def main() -> int:
@@ -101,14 +122,23 @@ def main() -> int:
              if args.in_process else None)
     tokens = off_rt.prompt_tokens(PROMPT)
 
+    off_parts: list[tuple[float, float, float]] = []
+    on_parts: list[tuple[float, float, float]] = []
+
     def run_off() -> tuple[float, float, int, list[int]]:
         c0, t0 = time.process_time(), time.perf_counter()
         out: list[int] = []
+        td, tv = [], []
         for r in off_rt.run(tokens, n_draft=args.n_draft, max_tokens=args.max_tokens, trace=False):
             if not out:
                 out.append(r.pending_token)
             out.extend(r.emitted)
-        return time.perf_counter() - t0, time.process_time() - c0, len(out), out
+            td.append(r.t_draft_ms)
+            tv.append(r.t_verify_ms)
+        secs = time.perf_counter() - t0
+        if td:
+            off_parts.append((statistics.median(td), statistics.median(tv), (secs * 1e3 - sum(td) - sum(tv)) / len(td)))
+        return secs, time.process_time() - c0, len(out), out
 
     recorder_cpu: list[float] = []
     loop_cpu: list[float] = []
@@ -121,6 +151,11 @@ def main() -> int:
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
         loop_wait.append(s.loop_wait_seconds)
+        rounds = open_trace(tmp / f"on-{i}").rounds
+        td, tv = rounds["t_draft_ms"].to_numpy(), rounds["t_verify_ms"].to_numpy()
+        if len(td):
+            on_parts.append((float(np.median(td)), float(np.median(tv)),
+                             (s.loop_seconds * 1e3 - float(td.sum()) - float(tv.sum())) / len(td)))
         return s.seconds, s.loop_cpu_seconds, s.cpu_seconds, s.n_generated, list(s.outputs[0])
 
     run_off()  # warm-up: graph allocation, page cache
@@ -128,9 +163,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         run_on(tmp, -1)
-        recorder_cpu.clear()
-        loop_cpu.clear()
-        loop_wait.clear()
+        for lst in (recorder_cpu, loop_cpu, loop_wait, off_parts, on_parts):
+            lst.clear()
         for i in range(args.repeats):
             s_off, c_off, n_off, out_off = run_off()
             s_on, c_loop, c_all, n_on, out_on = run_on(tmp, i)
@@ -150,6 +184,8 @@ def main() -> int:
     _line("wall", off_w, on_w)
     _line("cpu (loop)", off_c, on_c)
     _line("cpu (all)", off_c, on_all)
+    if off_parts and on_parts:
+        _parts(off_parts, on_parts)
     share = [r / (r + c) for r, c in zip(recorder_cpu, loop_cpu, strict=True) if r + c > 0]
     print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
           f"{statistics.median(recorder_cpu):.3f} s = {100 * statistics.median(share):.1f} % of both processes' CPU")

@@ -22,7 +22,8 @@ an end-of-generation token or after ``max_tokens`` tokens (``t0`` included); the
 tokens so that no round overshoots ``max_tokens``.
 
 With tracing on, the drafter context carries a ``cb_eval`` callback that copies ``result_norm``
-(h_inner); logits and h_next come from the API. See :func:`traces.recorder.record` for what is stored.
+(h_inner; the callback is C where a compiler is at hand, :mod:`traces.native_capture`); logits and
+h_next come from the API. See :func:`traces.recorder.record` for what is stored.
 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
@@ -193,10 +194,13 @@ class MtpRuntime:
             contexts, same models) when prompt + max_tokens + n_draft + 1 does not fit.
         n_batch: largest decode batch (prompts are prefilled in chunks of this size).
         capture: install the ``cb_eval`` capture of ``result_norm`` on the drafter (needed for h_inner
-            and the centroid head); False runs the drafter without any callback.
+            and the centroid head; in C where it builds, :func:`traces.llama_runtime.node_capture`); False
+            runs the drafter without any callback.
         flash_attn: flash attention (off by default: batch-size dependent numerics can flip near-tie
             argmaxes, and the greedy-equivalence invariant is checked with it off).
         n_threads: CPU threads (None: llama.cpp's default).
+        native_capture: False keeps the Python ``cb_eval`` callback even where the C one builds (it can
+            cut a decode short on Ctrl-C; the C one lets the decode finish first).
 
     Raises:
         TraceError: llama.cpp cannot load a model or create a context.
@@ -205,7 +209,8 @@ class MtpRuntime:
 
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
-                 flash_attn: bool | None = False, n_threads: int | None = None) -> None:
+                 flash_attn: bool | None = False, n_threads: int | None = None,
+                 native_capture: bool = True) -> None:
         self.target_path, self.assistant_path = Path(target), Path(assistant)
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
@@ -222,7 +227,7 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.NodeCapture([H_INNER_NODE], fixed_graph=True) if capture else None
+        self.capture = rt.node_capture(H_INNER_NODE, native=native_capture) if capture else None
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
@@ -421,6 +426,8 @@ class MtpRuntime:
         for obj in (self.dbatch, self.tbatch, self.dctx, self.tctx, self.dmodel, self.tmodel):
             if obj is not None:
                 obj.close()
+        if self.capture is not None and hasattr(self.capture, "close"):
+            self.capture.close()     # the native capture's copy buffer, after the context that wrote it
 
     def __enter__(self) -> MtpRuntime:
         return self

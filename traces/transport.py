@@ -75,6 +75,18 @@ def _resolve(name: str) -> type:
     return obj
 
 
+#: per dataclass: its transport name and field names (``dataclasses.fields`` is slow for a per-round path)
+_FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _fields_of(cls: type) -> tuple[str, tuple[str, ...]] | None:
+    got = _FIELDS.get(cls)
+    if got is None and dataclasses.is_dataclass(cls):
+        got = _FIELDS[cls] = (_type_name(cls), tuple(f.name for f in dataclasses.fields(cls)))
+    return got
+
+
 def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
     """A dataclass instance as ``(header, arrays)``: ``header`` JSON-able, arrays in header order.
 
@@ -84,18 +96,23 @@ def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
     arrays: list[np.ndarray] = []
 
     def walk(v: Any) -> Any:
+        t = type(v)
+        if t in _SCALARS:
+            return v
+        if t is tuple or t is list:
+            return [walk(x) for x in v]
         if isinstance(v, np.ndarray):
             arrays.append(v)
             return {"__array__": len(arrays) - 1}
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {"__type__": _type_name(type(v)),
-                    "fields": {f.name: walk(getattr(v, f.name)) for f in dataclasses.fields(v)}}
-        if isinstance(v, (tuple, list)):
-            return [walk(x) for x in v]
+        fl = _fields_of(t)
+        if fl is not None:
+            return {"__type__": fl[0], "fields": {n: walk(getattr(v, n)) for n in fl[1]}}
         if isinstance(v, np.generic):
             return v.item()
-        if v is None or isinstance(v, (bool, int, float, str)):
+        if isinstance(v, _SCALARS):            # subclasses (an IntEnum, ...)
             return v
+        if isinstance(v, (tuple, list)):
+            return [walk(x) for x in v]
         if isinstance(v, dict):
             return {"__dict__": {str(k): walk(x) for k, x in v.items()}}
         raise TypeError(f"cannot pack a {type(v).__name__} field")
@@ -187,21 +204,16 @@ class Ring:
             off += -(-a.nbytes // _ALIGN) * _ALIGN
         return specs, off
 
-    def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
-        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`); an array that already lies
-        there (placed by :meth:`RoundSender.stage`) is not copied again."""
+    def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec],
+              skip: set[int] | frozenset[int] = frozenset()) -> None:
+        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`), all but the indices in
+        ``skip`` (arrays :meth:`RoundSender.stage` already put there)."""
         base = slot * self.slot_bytes
-        for a, s in zip(arrays, specs, strict=True):
+        for i, (a, s) in enumerate(zip(arrays, specs, strict=True)):
+            if i in skip:
+                continue
             dst = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
-            if a.ctypes.data != dst.ctypes.data:
-                np.copyto(dst, a, casting="no")
-
-    def offset_in(self, slot: int, a: np.ndarray) -> int | None:
-        """Where ``a`` (C-contiguous) lies inside ``slot``, in bytes, or None when it lies elsewhere."""
-        off = int(a.ctypes.data) - self.address - slot * self.slot_bytes
-        if a.flags.c_contiguous and 0 <= off and off + a.nbytes <= self.slot_bytes:
-            return off
-        return None
+            np.copyto(dst, a, casting="no")
 
     def read(self, slot: int, specs: Sequence[ArraySpec], copy_below: int = COPY_BELOW) -> list[np.ndarray]:
         """The arrays of ``slot``: copies when smaller than ``copy_below`` bytes, else read-only views.
@@ -340,6 +352,7 @@ class RoundSender:
         #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
         self.wait_seconds = 0.0
         self._stage_off = 0     # bytes of the next message's slot already filled by stage()
+        self._staged: dict[int, tuple[np.ndarray, int]] = {}   # id(array) -> (array, offset in the slot)
 
     def stage(self, a: np.ndarray) -> np.ndarray:
         """A copy of ``a`` placed straight into the ring slot the next message will use, so that
@@ -352,6 +365,8 @@ class RoundSender:
         slot = self.n_sent % 2
         dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
         np.copyto(dst, a)
+        # by id: the array itself is kept alive here until send(), so its id cannot be reused before
+        self._staged[id(dst)] = (dst, self._stage_off)
         self._stage_off += size
         return dst
 
@@ -398,15 +413,17 @@ class RoundSender:
         header, arrays = pack(obj)
         slot = self.n_sent % 2
         old = None
-        specs, need = self._layout(slot, arrays)
+        specs, need, placed = self._layout(arrays)
         if self.ring is None or need > self.ring.slot_bytes:
             self._wait_released(self.n_sent)         # the recorder is done with every slot
             old = self.ring
             self.ring = Ring.create(max(need, 2 * (old.slot_bytes if old else 0), 1 << 20))
             self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
             specs, need = Ring.layout(arrays)
+            placed = set()
         self._stage_off = 0
-        self.ring.write(slot, arrays, specs)
+        self._staged.clear()
+        self.ring.write(slot, arrays, specs, skip=placed)
         if old is not None:
             old.close()                               # after the copy: staged arrays lay in it
         self.check_stop()
@@ -415,23 +432,25 @@ class RoundSender:
                         "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
         self.n_sent += 1
 
-    def _layout(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
-        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them."""
-        if self.ring is None or not self._stage_off:
-            return Ring.layout(arrays)
-        specs: list[ArraySpec | None] = []
-        for a in arrays:
-            off = self.ring.offset_in(slot, a)
-            specs.append(None if off is None or off >= self._stage_off else
-                         ArraySpec(off, a.dtype.str, tuple(int(x) for x in a.shape)))
+    def _layout(self, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int, set[int]]:
+        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them: ``(specs, bytes
+        needed, indices of the arrays already in place)``."""
+        staged = self._staged
+        if self.ring is None or not staged:
+            specs, need = Ring.layout(arrays)
+            return specs, need, set()
+        specs: list[ArraySpec] = []
+        placed: set[int] = set()
         end = self._stage_off
-        out = []
-        for a, sp in zip(arrays, specs, strict=True):
-            if sp is None:
-                sp = ArraySpec(end, a.dtype.str, tuple(int(x) for x in a.shape))
+        for i, a in enumerate(arrays):
+            got = staged.get(id(a))
+            if got is not None and got[0] is a:
+                specs.append(ArraySpec(got[1], a.dtype.str, a.shape))
+                placed.add(i)
+            else:
+                specs.append(ArraySpec(end, a.dtype.str, a.shape))
                 end += -(-a.nbytes // _ALIGN) * _ALIGN
-            out.append(sp)
-        return out, end
+        return specs, end, placed
 
     def close(self) -> None:
         if self.ring is not None:
