@@ -21,9 +21,9 @@ recorder process has the other core). Also printed: the recorder's own CPU per t
 (``RecordSummary.recorder_cpu_seconds``) and the time the worker's loop waited for it. Prints ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
 just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
-time goes on each side (drafter steps, verify, the rest of the loop: per-round medians, which a slow
-moment of a shared machine moves far less than a run's tokens/s); exits 0 whatever the numbers (speed
-targets are reported, never asserted).
+time goes in the loop's thread on each side (inside llama.cpp's decodes / outside them: the Python that
+tracing adds, which a slow moment of a shared machine moves far less than a run's tokens/s); exits 0
+whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
 [--size tiny|medium] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
@@ -39,15 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope import demo  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
 from mtpscope.traces.recorder import record  # noqa: E402
-from mtpscope.traces.store import open_trace  # noqa: E402
 
 PROMPT = "The quick brown fox"
 
@@ -90,15 +87,13 @@ def _line(label: str, off: list[float], on: list[float]) -> None:
           f"  (target <= 3 %; middle half of the pairs {100 * (1 - q3):.1f} .. {100 * (1 - q1):.1f} %)")
 
 
-def _parts(off: list[tuple[float, float, float]], on: list[tuple[float, float, float]]) -> None:
-    """Where a round's time goes, untraced vs traced: medians over runs of (median over rounds of) the
-    drafter's K steps (``t_draft_ms``: decodes, argmax, the copies of the logits), the verify
-    (``t_verify_ms``) and the rest of the loop per round (the loop's time minus both, over the rounds: the
-    copies of the verify rows, handing the round over). Per-round medians shrug off a slow second of the
-    machine that moves a whole run's tokens/s."""
-    names = ("drafter steps", "verify", "rest of the loop")
-    base = sum(statistics.median(x[j] for x in off) for j in range(3))
-    for j, nm in enumerate(names):
+def _parts(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> None:
+    """Where a round's time goes in the loop's thread, untraced vs traced (medians over runs, ms per round):
+    inside llama.cpp's decodes (the cb_eval capture is there) and outside them (argmax, the copies of the
+    logits into the ring, handing the round to the sender thread, waiting for the GIL). The outside part
+    is what tracing adds in Python; a slow moment of a shared machine moves it far less than the decodes."""
+    base = statistics.median(x[0] + x[1] for x in off)
+    for j, nm in enumerate(("inside decodes", "outside decodes")):
         a, b = statistics.median(x[j] for x in off), statistics.median(x[j] for x in on)
         print(f"  [per round] {nm:16s} untraced {a:7.3f} ms  traced {b:7.3f} ms  "
               f"difference {b - a:+7.3f} ms = {100 * (b - a) / base:+5.1f} % of an untraced round ({base:.2f} ms)")
@@ -122,22 +117,31 @@ def main() -> int:
              if args.in_process else None)
     tokens = off_rt.prompt_tokens(PROMPT)
 
-    off_parts: list[tuple[float, float, float]] = []
-    on_parts: list[tuple[float, float, float]] = []
+    off_parts: list[tuple[float, float]] = []
+    on_parts: list[tuple[float, float]] = []
+    in_decode = [0.0]
+    for ctx in (off_rt.tctx, off_rt.dctx):     # time the untraced loop's decodes as the worker times its own
+        def timed(batch: object, _orig: object = ctx.decode) -> None:
+            t0 = time.perf_counter()
+            try:
+                _orig(batch)  # type: ignore[operator]
+            finally:
+                in_decode[0] += time.perf_counter() - t0
+        ctx.decode = timed  # type: ignore[method-assign]
 
     def run_off() -> tuple[float, float, int, list[int]]:
         c0, t0 = time.process_time(), time.perf_counter()
+        in_decode[0] = 0.0
         out: list[int] = []
-        td, tv = [], []
+        n_rounds = 0
         for r in off_rt.run(tokens, n_draft=args.n_draft, max_tokens=args.max_tokens, trace=False):
             if not out:
                 out.append(r.pending_token)
             out.extend(r.emitted)
-            td.append(r.t_draft_ms)
-            tv.append(r.t_verify_ms)
+            n_rounds += 1
         secs = time.perf_counter() - t0
-        if td:
-            off_parts.append((statistics.median(td), statistics.median(tv), (secs * 1e3 - sum(td) - sum(tv)) / len(td)))
+        if n_rounds:
+            off_parts.append((in_decode[0] * 1e3 / n_rounds, (secs - in_decode[0]) * 1e3 / n_rounds))
         return secs, time.process_time() - c0, len(out), out
 
     recorder_cpu: list[float] = []
@@ -151,11 +155,9 @@ def main() -> int:
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
         loop_wait.append(s.loop_wait_seconds)
-        rounds = open_trace(tmp / f"on-{i}").rounds
-        td, tv = rounds["t_draft_ms"].to_numpy(), rounds["t_verify_ms"].to_numpy()
-        if len(td):
-            on_parts.append((float(np.median(td)), float(np.median(tv)),
-                             (s.loop_seconds * 1e3 - float(td.sum()) - float(tv.sum())) / len(td)))
+        if s.n_rounds and s.loop_decode_seconds:
+            on_parts.append((s.loop_decode_seconds * 1e3 / s.n_rounds,
+                             (s.loop_seconds - s.loop_decode_seconds) * 1e3 / s.n_rounds))
         return s.seconds, s.loop_cpu_seconds, s.cpu_seconds, s.n_generated, list(s.outputs[0])
 
     run_off()  # warm-up: graph allocation, page cache

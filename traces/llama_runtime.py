@@ -29,7 +29,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -248,12 +248,9 @@ def _ggml_lib() -> Any:
         return lib
     llama_cpp = llama()
     candidates: list[Any] = []
-    try:
-        from llama_cpp import _ggml  # noqa: PLC0415
-
-        candidates.append(_ggml.libggml)
-    except Exception:  # noqa: BLE001 - older layouts: fall back to libllama's dependency tree
-        pass
+    libggml = getattr(_import_ggml(), "libggml", None)
+    if libggml is not None:
+        candidates.append(libggml)
     candidates.append(_libllama(llama_cpp))
     for cand in candidates:
         try:
@@ -274,6 +271,11 @@ def _ggml_lib() -> Any:
                 "struct ggml_tensor layout differs from mtpscope's ctypes mirror", key="ggml_tensor",
                 expected=f"sizeof {ctypes.sizeof(GgmlTensor)}", actual=f"sizeof {want}")
         ns = {"nbytes": nbytes, "tensor_get": get}
+        hook = getattr(cand, "ggml_set_abort_callback", None)
+        if hook is not None:
+            hook.argtypes = [ctypes.c_void_p]
+            hook.restype = ctypes.c_void_p
+            ns["set_abort_callback"] = hook
         for opt in ("ggml_commit", "ggml_version"):
             fn = getattr(cand, opt, None)
             if fn is not None:
@@ -802,6 +804,65 @@ _ABORT_LINE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|cu|h|hpp|m|metal)):(?P<lin
 #: Python's faulthandler block that follows a fatal signal in the worker (not llama.cpp's words)
 _FAULTHANDLER_START = ("Fatal Python error:", "Current thread ", "Thread 0x", "Extension modules:",
                        "Stack (most recent call first)")
+
+
+#: ``ggml_abort_callback_t``: ``void (*)(const char * error_message)``
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def set_abort_hook(hook: Callable[[str], None]) -> bool:
+    """Run ``hook(message)`` inside ``ggml_abort`` (``GGML_ABORT`` / ``GGML_ASSERT``, CUDA errors), just
+    before the process aborts: the recording worker sends the rounds it still holds. The message is
+    first written to stderr as ggml writes it (``"<file>:<line>: <message>"``, what :func:`abort_message`
+    reads); ggml's own backtrace is not printed. ``hook`` must not raise (what it raises is dropped).
+    Returns False when this ggml has no ``ggml_set_abort_callback`` (nothing changes then).
+
+    The callback stays installed for the life of the process (ggml keeps one, process-wide)."""
+    g = _ggml_lib()
+    setter = g.get("set_abort_callback")
+    if setter is None:
+        return False
+
+    def _on_abort(raw: bytes | None) -> None:
+        msg = (raw or b"").decode("utf-8", "replace")
+        try:
+            os.write(2, (msg + "\n").encode())
+        except OSError:
+            pass
+        try:
+            hook(msg)
+        except BaseException:  # noqa: BLE001, S110 - the process aborts next whatever happens
+            pass
+
+    cb = _ABORT_CALLBACK(_on_abort)
+    _state["abort_callback"] = cb     # kept alive: ggml holds only the C pointer
+    setter(ctypes.cast(cb, ctypes.c_void_p))
+    return True
+
+
+def ggml_abort(message: str) -> None:
+    """Abort the process through ggml's own ``ggml_abort`` (what ``GGML_ABORT(message)`` does, the hook
+    of :func:`set_abort_hook` included); for the recording worker's test fault. Does not return.
+
+    Raises:
+        RuntimeUnavailableError: this ggml exports no ``ggml_abort``.
+    """
+    for lib in (getattr(_import_ggml(), "libggml", None), _libllama(llama())):
+        fn = getattr(lib, "ggml_abort", None) if lib is not None else None
+        if fn is not None:
+            fn(b"mtpscope-fault.c", 1, b"%s", message.encode())   # variadic: (file, line, fmt, ...)
+    raise RuntimeUnavailableError("ggml_abort not found in the loaded libraries", key="ggml_abort")
+
+
+def _import_ggml() -> Any:
+    """llama-cpp-python's ``_ggml`` module (``.libggml``: the ggml library it loaded), or None (older
+    layouts: ggml's symbols then resolve through libllama's dependency tree)."""
+    try:
+        from llama_cpp import _ggml  # noqa: PLC0415
+
+        return _ggml
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def abort_message(lines: Sequence[str]) -> str | None:

@@ -310,7 +310,7 @@ class MtpRuntime:
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
             sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            defer_target: bool = False) -> Iterator[RoundResult]:
+            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -327,6 +327,10 @@ class MtpRuntime:
             defer_target: with ``trace``, keep copies of the verify rows' logits (``RoundResult.
                 target_logits``, copied by ``keep``) instead of computing the target's side in the loop
                 (two passes over n_vocab per draft); :func:`finish_target_side` computes it later.
+            fence: with ``defer_target``, hand out the verify rows' logits as live views instead of copies
+                (valid until the target's next decode) and call ``fence()`` before every target decode:
+                it must return only once whoever holds the views has copied them (the recording
+                worker's sender thread copies them while the drafter runs).
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -337,6 +341,9 @@ class MtpRuntime:
                              expected=f"<= {self.n_batch - 1}", actual=n_draft)
         sampler = sampler or Sampler()
         self._check_fits(len(tokens), max_tokens, n_draft)
+        live = fence is not None and defer_target and trace
+        if live:
+            fence()                     # the last prompt's views are about to be overwritten
         self._prefill(tokens)
         tctx, dctx, cap = self.tctx, self.dctx, self.capture
         db, tb = self.dbatch, self.tbatch
@@ -371,6 +378,8 @@ class MtpRuntime:
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
+            if live:
+                fence()                 # the previous round's verify rows have been copied out
             tb.set([pending, *drafted], pos, logits="all")
             tctx.decode(tb)
             target: list[int | None] = []
@@ -402,7 +411,7 @@ class MtpRuntime:
             t_lg: tuple[np.ndarray, ...] = ()
             if trace and k_max:  # the target's side, from the verify rows still in tctx (outside the timing)
                 # deferred: copies for the recorder; else the live views, used by finish_target_side below
-                cp = (np.copy if keep is None else keep) if defer_target else (lambda a: a)
+                cp = (np.copy if keep is None else keep) if defer_target and not live else (lambda a: a)
                 t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
                 if hidden_target:
                     h_t = tuple(tctx.nextn(i).copy() for i in range(k_max))

@@ -120,6 +120,8 @@ class RecordSummary:
             isolated).
         loop_wait_seconds: isolated: wall time the worker's loop waited for this process to take a round
             (the analysis and writing falling behind the loop); 0 otherwise.
+        loop_decode_seconds: isolated: wall time of the worker's loop inside llama.cpp decodes (the rest
+            of ``loop_seconds`` is the Python around them: argmax, copies, handing rounds over); 0 otherwise.
     """
 
     out: str
@@ -141,6 +143,7 @@ class RecordSummary:
     loop_cpu_seconds: float = 0.0
     recorder_cpu_seconds: float = 0.0
     loop_wait_seconds: float = 0.0
+    loop_decode_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -421,7 +424,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                          outputs=tuple(outputs), isolated=isolated,
                          loop_seconds=loop.loop_seconds if loop is not None else secs,
                          loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
-                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0)
+                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
+                         loop_decode_seconds=loop.decode_seconds if loop else 0.0)
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag

@@ -31,9 +31,11 @@ import importlib
 import json
 import mmap
 import os
+import queue
 import select
 import socket
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -338,50 +340,198 @@ class StopRequested(Exception):
 class RoundSender:
     """Worker side: puts finished rounds into the ring and announces them (see the module docstring).
 
+    With ``threaded``, :meth:`send` only queues the round: a sender thread packs it, copies what
+    :meth:`stage` did not place, waits for the recorder to release the round before, and writes the
+    message, while the loop (in llama.cpp, without the GIL) goes on. What stays in the loop is
+    :meth:`stage`'s copies. Before :meth:`stage` writes into a slot it waits until the round that last
+    used the slot was released, so a slot is still never overwritten while the recorder reads it.
+    The thread owns the socket while it runs; :meth:`flush` waits until it has sent everything queued
+    (call it before another message goes over the channel; :meth:`check_stop` and :meth:`close` do).
+
     Args:
         chan: the control channel to the recorder. ``release`` messages are counted; a ``stop``
             raises :class:`StopRequested`; other messages are ignored.
+        threaded: hand the sending to a thread (the recording worker), else send in the caller.
     """
 
-    def __init__(self, chan: Channel) -> None:
+    def __init__(self, chan: Channel, *, threaded: bool = False) -> None:
         self.chan = chan
         self.ring: Ring | None = None
-        self.n_sent = 0
+        self.n_sent = 0         # messages written to the channel
+        self.n_queued = 0       # messages handed to send() (== n_sent unless threaded)
+        self.n_written = 0      # messages whose arrays are all in the ring (see fence())
         self.n_released = 0     # rounds the recorder has released
         self.stopped = False
-        #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
+        #: seconds spent waiting for the recorder to release a round (back-pressure; the sender thread's
+        #: waits when threaded, plus the loop's waits for a free slot)
         self.wait_seconds = 0.0
         self._stage_off = 0     # bytes of the next message's slot already filled by stage()
-        self._staged: dict[int, tuple[np.ndarray, int]] = {}   # id(array) -> (array, offset in the slot)
+        # id(array) -> (array, offset in the slot, ring); the array is kept alive here until sent
+        self._staged: dict[int, tuple[np.ndarray, int, Ring]] = {}
+        self._stage_ring: Ring | None = None
+        self._old_rings: list[Ring] = []
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        if threaded:
+            self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="mtpscope-round-sender", daemon=True)
+            self._thread.start()
+
+    # -- the loop's side
+    def reserve(self, slot_bytes: int) -> None:
+        """Make the ring now (``slot_bytes`` per slot), so that the first round is staged too and no
+        round has to grow it. Call before the first :meth:`send`."""
+        self.flush()
+        if self.ring is None or self.ring.slot_bytes < slot_bytes:
+            self._new_ring(int(slot_bytes))
 
     def stage(self, a: np.ndarray) -> np.ndarray:
         """A copy of ``a`` placed straight into the ring slot the next message will use, so that
-        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the drafter's logits).
-        A plain copy when there is no ring yet or the slot is full."""
-        ring = self.ring
+        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the logits).
+        A plain copy when there is no ring yet or the slot is full.
+
+        Raises:
+            StopRequested / TransportClosed: (threaded) the sender thread met one.
+        """
+        if self._stage_off == 0:              # the first array of a message: its slot must be free
+            if self._thread is not None:
+                self._wait_slot_free(self.n_queued)
+            self._stage_ring = self.ring
+        ring = self._stage_ring
         size = -(-a.nbytes // _ALIGN) * _ALIGN
         if ring is None or self._stage_off + size > ring.slot_bytes:
             return a.copy()
-        slot = self.n_sent % 2
+        slot = self.n_queued % 2
         dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
         np.copyto(dst, a)
-        # by id: the array itself is kept alive here until send(), so its id cannot be reused before
-        self._staged[id(dst)] = (dst, self._stage_off)
+        self._staged[id(dst)] = (dst, self._stage_off, ring)
         self._stage_off += size
         return dst
+
+    def send(self, kind: str, obj: Any, **extra: Any) -> None:
+        """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``: now, after
+        the recorder has released the previous such message, or (threaded) queued for the sender thread.
+        The arrays must not change afterwards.
+
+        Raises:
+            StopRequested: the recorder asked to stop (this message is not sent).
+            TransportClosed: the recorder is gone.
+        """
+        job = (kind, obj, extra, self.n_queued % 2, self._staged, self._stage_off)
+        self._staged, self._stage_off, self._stage_ring = {}, 0, None
+        if self._thread is None:
+            self._send_now(*job)
+            self.n_queued = self.n_sent
+            return
+        self._raise_error()
+        self.n_queued += 1
+        self._q.put(job)
+
+    def fence(self) -> None:
+        """Return once the arrays of every message handed to :meth:`send` are in the ring (copied by the
+        sender thread when threaded), so that arrays that were views of someone else's buffer may be
+        overwritten there (``MtpRuntime.run(fence=...)``: the target's logits).
+
+        Raises:
+            StopRequested / TransportClosed: (threaded) the sender thread met one.
+        """
+        if self._thread is None or self.n_written >= self.n_queued:
+            self._raise_error()
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while self.n_written < self.n_queued and self._error is None:
+                self._cond.wait()
+        self.wait_seconds += time.perf_counter() - t0
+        self._raise_error()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the sender thread has sent (or, after an error, dropped) everything queued; False
+        when ``timeout`` seconds passed first. Never raises."""
+        if self._thread is None:
+            return True
+        q = self._q
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with q.all_tasks_done:
+            while q.unfinished_tasks:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                q.all_tasks_done.wait(left)
+        return True
+
+    def check_stop(self) -> None:
+        """Handle waiting messages without blocking (after a :meth:`flush`); raise :class:`StopRequested`
+        if asked to stop (or the error the sender thread met)."""
+        self.flush()
+        self._raise_error()
+        if self.stopped:
+            raise StopRequested
+        while True:
+            got = self.chan.poll()
+            if got is None:
+                return
+            self._handle(*got)
+
+    def close(self) -> None:
+        """Send what is queued, stop the sender thread, unmap the ring. Idempotent."""
+        if self._thread is not None:
+            self.flush()
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+        for r in [*self._old_rings, self.ring]:
+            if r is not None:
+                r.close()
+        self._old_rings.clear()
+        self.ring = None
+
+    # -- internals
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _wait_slot_free(self, n: int) -> None:
+        """(threaded) Block until message ``n - 2``, the last one in message ``n``'s slot, is released."""
+        if self.n_released >= n - 1:
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while self.n_released < n - 1 and self._error is None:
+                self._cond.wait()
+        self.wait_seconds += time.perf_counter() - t0
+        self._raise_error()
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    try:
+                        self._send_now(*job)
+                    except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+                        with self._cond:
+                            self._error = e
+                            self._cond.notify_all()
+            finally:
+                self._q.task_done()
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         for fd in fds:
             os.close(fd)
         kind = msg.get("kind")
         if kind == "release":
-            self.n_released = max(self.n_released, int(msg.get("n", 0)))
+            with self._cond:
+                self.n_released = max(self.n_released, int(msg.get("n", 0)))
+                self._cond.notify_all()
         elif kind == "stop":
             self.stopped = True
             raise StopRequested
 
-    def check_stop(self) -> None:
-        """Handle waiting messages without blocking; raise :class:`StopRequested` if asked to stop."""
+    def _poll(self) -> None:
         if self.stopped:
             raise StopRequested
         while True:
@@ -401,61 +551,52 @@ class RoundSender:
         finally:
             self.wait_seconds += time.perf_counter() - t0
 
-    def send(self, kind: str, obj: Any, **extra: Any) -> None:
-        """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``.
+    def _new_ring(self, slot_bytes: int) -> None:
+        self._wait_released(self.n_sent)             # the recorder is done with every slot
+        old = self.ring
+        self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20))
+        self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
+        if old is not None:
+            # staged arrays may still lie in it (the loop may be staging into it now): unmapped at close()
+            self._old_rings.append(old)
 
-        Blocks until the recorder has released the previous such message.
-
-        Raises:
-            StopRequested: the recorder asked to stop (this message is not sent).
-            TransportClosed: the recorder is gone.
-        """
+    def _send_now(self, kind: str, obj: Any, extra: dict[str, Any], slot: int,
+                  staged: dict[int, tuple[np.ndarray, int, Ring]], stage_off: int) -> None:
         header, arrays = pack(obj)
-        slot = self.n_sent % 2
-        old = None
-        specs, need, placed = self._layout(arrays)
+        specs, need, placed = self._layout(arrays, staged, stage_off)
         if self.ring is None or need > self.ring.slot_bytes:
-            self._wait_released(self.n_sent)         # the recorder is done with every slot
-            old = self.ring
-            self.ring = Ring.create(max(need, 2 * (old.slot_bytes if old else 0), 1 << 20))
-            self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
+            self._new_ring(need)
             specs, need = Ring.layout(arrays)
             placed = set()
-        self._stage_off = 0
-        self._staged.clear()
         self.ring.write(slot, arrays, specs, skip=placed)
-        if old is not None:
-            old.close()                               # after the copy: staged arrays lay in it
-        self.check_stop()
+        with self._cond:
+            self.n_written += 1
+            self._cond.notify_all()
+        self._poll()
         self._wait_released(self.n_sent)             # every earlier message released: round n - 1 too
         self.chan.send({"kind": kind, "seq": self.n_sent, "slot": slot, "obj": header,
                         "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
         self.n_sent += 1
 
-    def _layout(self, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int, set[int]]:
-        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them: ``(specs, bytes
-        needed, indices of the arrays already in place)``."""
-        staged = self._staged
+    def _layout(self, arrays: Sequence[np.ndarray], staged: dict[int, tuple[np.ndarray, int, Ring]],
+                stage_off: int) -> tuple[list[ArraySpec], int, set[int]]:
+        """:meth:`Ring.layout`, keeping staged arrays (of the current ring) where :meth:`stage` put them:
+        ``(specs, bytes needed, indices of the arrays already in place)``."""
         if self.ring is None or not staged:
             specs, need = Ring.layout(arrays)
             return specs, need, set()
         specs: list[ArraySpec] = []
         placed: set[int] = set()
-        end = self._stage_off
+        end = stage_off
         for i, a in enumerate(arrays):
             got = staged.get(id(a))
-            if got is not None and got[0] is a:
+            if got is not None and got[0] is a and got[2] is self.ring:
                 specs.append(ArraySpec(got[1], a.dtype.str, a.shape))
                 placed.add(i)
             else:
                 specs.append(ArraySpec(end, a.dtype.str, a.shape))
                 end += -(-a.nbytes // _ALIGN) * _ALIGN
         return specs, end, placed
-
-    def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
 
 
 class RoundReceiver:
