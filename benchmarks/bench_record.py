@@ -11,10 +11,11 @@ one least disturbed by other processes):
 
 * ``wall``: generated tokens per wall second (traced: from the worker's first decode to the trace's
   close; model loading excluded on both sides);
-* ``cpu (loop)``: per CPU second of the process running the MTP loop (traced: the worker's; the
-  stable measure on a shared machine, where wall time mostly measures the neighbours);
-* ``cpu (all)``: per CPU second of both processes (the analysis and writing are not free, they run
-  beside the loop: on a machine with a spare core they cost no wall time).
+* ``cpu (loop)``: per CPU second of the MTP loop (untraced: this process; traced: the worker process
+  without its sender thread, which packs and sends the rounds beside the loop); the stable measure on a
+  shared machine, where wall time mostly measures the neighbours;
+* ``cpu (all)``: per CPU second of both processes, every thread (the analysis and writing are not free,
+  they run beside the loop: on a machine with a spare core they cost no wall time).
 
 llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it and the
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
@@ -146,6 +147,7 @@ def main() -> int:
 
     recorder_cpu: list[float] = []
     loop_cpu: list[float] = []
+    all_cpu: list[float] = []
     loop_wait: list[float] = []
 
     def run_on(tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
@@ -154,6 +156,7 @@ def main() -> int:
                    n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
+        all_cpu.append(s.cpu_seconds)
         loop_wait.append(s.loop_wait_seconds)
         if s.n_rounds and s.loop_decode_seconds:
             on_parts.append((s.loop_decode_seconds * 1e3 / s.n_rounds,
@@ -165,7 +168,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         run_on(tmp, -1)
-        for lst in (recorder_cpu, loop_cpu, loop_wait, off_parts, on_parts):
+        for lst in (recorder_cpu, loop_cpu, all_cpu, loop_wait, off_parts, on_parts):
             lst.clear()
         for i in range(args.repeats):
             s_off, c_off, n_off, out_off = run_off()
@@ -188,7 +191,7 @@ def main() -> int:
     _line("cpu (all)", off_c, on_all)
     if off_parts and on_parts:
         _parts(off_parts, on_parts)
-    share = [r / (r + c) for r, c in zip(recorder_cpu, loop_cpu, strict=True) if r + c > 0]
+    share = [r / c for r, c in zip(recorder_cpu, all_cpu, strict=True) if c > 0]
     print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
           f"{statistics.median(recorder_cpu):.3f} s = {100 * statistics.median(share):.1f} % of both processes' CPU")
     if loop_wait:

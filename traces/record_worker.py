@@ -233,7 +233,7 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
                    "capture": rtm.capture is not None, "runtime": rt.runtime_info(int(cfg["n_gpu_layers"])),
                    **extra})
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
         trace = bool(cfg.get("trace", True))
         fault = _fault_round()
         if trace:
@@ -265,7 +265,9 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
         status.set("done")
         sender.flush()
         chan.send({"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
-                   "loop_cpu_seconds": time.process_time() - c0, "wait_seconds": sender.wait_seconds})
+                   "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
+                   "worker_cpu_seconds": time.process_time() - c0,
+                   "wait_seconds": sender.wait_seconds})
     finally:
         sender.close()
         rtm.close()
@@ -319,14 +321,17 @@ class PromptDone:
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """The worker finished every prompt: its loop's wall and CPU seconds (loading excluded), the
-    seconds it waited for the recorder to release a round (back-pressure; 0 in this process) and the
-    wall seconds of its loop spent inside llama.cpp decodes (0 when not measured: in this process)."""
+    """The worker finished every prompt: its loop's wall seconds and the CPU seconds of the loop's thread
+    (loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
+    this process), the wall seconds of its loop spent inside llama.cpp decodes and the CPU seconds of
+    the whole worker process over the loop, its sender thread included (both 0 when not measured: in
+    this process)."""
 
     loop_seconds: float
     loop_cpu_seconds: float
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
+    worker_cpu_seconds: float = 0.0
 
 
 class _LogPump(threading.Thread):
@@ -466,7 +471,8 @@ class RecordWorker:
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
                 yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
-                                 float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0))
+                                 float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0),
+                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]))
                 return
             elif kind == "stopped":
                 return

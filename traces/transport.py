@@ -446,6 +446,17 @@ class RoundSender:
         self.wait_seconds += time.perf_counter() - t0
         self._raise_error()
 
+    def thread_cpu_seconds(self) -> float:
+        """CPU seconds the sender thread has used so far (0 without one, or where the platform cannot
+        tell: ``time.pthread_getcpuclockid``)."""
+        th = self._thread
+        if th is None or th.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(th.ident))
+        except OSError:
+            return 0.0
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the sender thread has sent (or, after an error, dropped) everything queued; False
         when ``timeout`` seconds passed first. Never raises."""
