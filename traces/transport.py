@@ -477,13 +477,7 @@ class RoundSender:
         if asked to stop (or the error the sender thread met)."""
         self.flush()
         self._raise_error()
-        if self.stopped:
-            raise StopRequested
-        while True:
-            got = self.chan.poll()
-            if got is None:
-                return
-            self._handle(*got)
+        self._poll()
 
     def close(self) -> None:
         """Send what is queued, stop the sender thread, unmap the ring. Idempotent."""
@@ -543,6 +537,7 @@ class RoundSender:
             raise StopRequested
 
     def _poll(self) -> None:
+        """Handle the messages already waiting (no blocking); :class:`StopRequested` on a stop."""
         if self.stopped:
             raise StopRequested
         while True:
