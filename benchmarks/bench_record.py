@@ -11,16 +11,19 @@ one least disturbed by other processes):
 
 * ``wall``: generated tokens per wall second (traced: from the worker's first decode to the trace's
   close; model loading excluded on both sides);
-* ``cpu (loop)``: per CPU second of the process running the MTP loop (traced: the worker's; the
-  stable measure on a shared machine, where wall time mostly measures the neighbours);
-* ``cpu (all)``: per CPU second of both processes (the analysis and writing are not free, they run
-  beside the loop: on a machine with a spare core they cost no wall time).
+* ``cpu (loop)``: per CPU second of the MTP loop (untraced: this process; traced: the worker process
+  without its sender thread, which packs and sends the rounds beside the loop); the stable measure on a
+  shared machine, where wall time mostly measures the neighbours;
+* ``cpu (all)``: per CPU second of both processes, every thread (the analysis and writing are not free,
+  they run beside the loop: on a machine with a spare core they cost no wall time).
 
 llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it and the
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
 (``RecordSummary.recorder_cpu_seconds``) and the time the worker's loop waited for it. Prints ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
-just before it) and the overhead in percent; exits 0
+just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
+time goes in the loop's thread on each side (inside llama.cpp's decodes / outside them: the Python that
+tracing adds, which a slow moment of a shared machine moves far less than a run's tokens/s); exits 0
 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
@@ -78,9 +81,23 @@ def _line(label: str, off: list[float], on: list[float]) -> None:
               f"  (target <= 3 %)")
     # each traced run against the untraced run just before it: drift of the machine's speed over the
     # benchmark (a shared VM's neighbours, clock changes) cancels within a pair
-    r = statistics.median(b / a for a, b in zip(off, on, strict=True))
+    ratios = [b / a for a, b in zip(off, on, strict=True)]
+    r = statistics.median(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (r, r, r)
     print(f"  [{label}] paired median ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
-          f"  (target <= 3 %)")
+          f"  (target <= 3 %; middle half of the pairs {100 * (1 - q3):.1f} .. {100 * (1 - q1):.1f} %)")
+
+
+def _parts(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> None:
+    """Where a round's time goes in the loop's thread, untraced vs traced (medians over runs, ms per round):
+    inside llama.cpp's decodes (the cb_eval capture is there) and outside them (argmax, the copies of the
+    logits into the ring, handing the round to the sender thread, waiting for the GIL). The outside part
+    is what tracing adds in Python; a slow moment of a shared machine moves it far less than the decodes."""
+    base = statistics.median(x[0] + x[1] for x in off)
+    for j, nm in enumerate(("inside decodes", "outside decodes")):
+        a, b = statistics.median(x[j] for x in off), statistics.median(x[j] for x in on)
+        print(f"  [per round] {nm:16s} untraced {a:7.3f} ms  traced {b:7.3f} ms  "
+              f"difference {b - a:+7.3f} ms = {100 * (b - a) / base:+5.1f} % of an untraced round ({base:.2f} ms)")
 
 
 def main() -> int:
@@ -101,17 +118,36 @@ def main() -> int:
              if args.in_process else None)
     tokens = off_rt.prompt_tokens(PROMPT)
 
+    off_parts: list[tuple[float, float]] = []
+    on_parts: list[tuple[float, float]] = []
+    in_decode = [0.0]
+    for ctx in (off_rt.tctx, off_rt.dctx):     # time the untraced loop's decodes as the worker times its own
+        def timed(batch: object, _orig: object = ctx.decode) -> None:
+            t0 = time.perf_counter()
+            try:
+                _orig(batch)  # type: ignore[operator]
+            finally:
+                in_decode[0] += time.perf_counter() - t0
+        ctx.decode = timed  # type: ignore[method-assign]
+
     def run_off() -> tuple[float, float, int, list[int]]:
         c0, t0 = time.process_time(), time.perf_counter()
+        in_decode[0] = 0.0
         out: list[int] = []
+        n_rounds = 0
         for r in off_rt.run(tokens, n_draft=args.n_draft, max_tokens=args.max_tokens, trace=False):
             if not out:
                 out.append(r.pending_token)
             out.extend(r.emitted)
-        return time.perf_counter() - t0, time.process_time() - c0, len(out), out
+            n_rounds += 1
+        secs = time.perf_counter() - t0
+        if n_rounds:
+            off_parts.append((in_decode[0] * 1e3 / n_rounds, (secs - in_decode[0]) * 1e3 / n_rounds))
+        return secs, time.process_time() - c0, len(out), out
 
     recorder_cpu: list[float] = []
     loop_cpu: list[float] = []
+    all_cpu: list[float] = []
     loop_wait: list[float] = []
 
     def run_on(tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
@@ -120,7 +156,11 @@ def main() -> int:
                    n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
+        all_cpu.append(s.cpu_seconds)
         loop_wait.append(s.loop_wait_seconds)
+        if s.n_rounds and s.loop_decode_seconds:
+            on_parts.append((s.loop_decode_seconds * 1e3 / s.n_rounds,
+                             (s.loop_seconds - s.loop_decode_seconds) * 1e3 / s.n_rounds))
         return s.seconds, s.loop_cpu_seconds, s.cpu_seconds, s.n_generated, list(s.outputs[0])
 
     run_off()  # warm-up: graph allocation, page cache
@@ -128,9 +168,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         run_on(tmp, -1)
-        recorder_cpu.clear()
-        loop_cpu.clear()
-        loop_wait.clear()
+        for lst in (recorder_cpu, loop_cpu, all_cpu, loop_wait, off_parts, on_parts):
+            lst.clear()
         for i in range(args.repeats):
             s_off, c_off, n_off, out_off = run_off()
             s_on, c_loop, c_all, n_on, out_on = run_on(tmp, i)
@@ -150,7 +189,9 @@ def main() -> int:
     _line("wall", off_w, on_w)
     _line("cpu (loop)", off_c, on_c)
     _line("cpu (all)", off_c, on_all)
-    share = [r / (r + c) for r, c in zip(recorder_cpu, loop_cpu, strict=True) if r + c > 0]
+    if off_parts and on_parts:
+        _parts(off_parts, on_parts)
+    share = [r / c for r, c in zip(recorder_cpu, all_cpu, strict=True) if c > 0]
     print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
           f"{statistics.median(recorder_cpu):.3f} s = {100 * statistics.median(share):.1f} % of both processes' CPU")
     if loop_wait:

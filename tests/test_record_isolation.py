@@ -118,6 +118,26 @@ def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:  # noqa: ANN
     assert "ggml_can_mul_mat" in (out / "llama.log").read_text()
 
 
+def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path) -> None:  # noqa: ANN001
+    """ggml's own ``ggml_abort`` called by the worker right after its loop queued round 5 (the worker's
+    test fault), before its sender thread could send it: the abort hook lets the thread hand it over
+    before the process dies, so rounds 0-5 are all in the trace, the message is quoted in one line and
+    the manifest says where it stopped. (Without the hook round 5 is lost.)"""
+    out = tmp_path / "t"
+    env = {**os.environ, "MTPSCOPE_WORKER_FAULT": json.dumps({"abort_at_round": 6})}
+    res = _record(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
+                   "--max-tokens", "400", "--no-progress", "--out", str(out)], env=env)
+    assert res.returncode == 1
+    line = _one_line(res.stderr)
+    assert line.startswith("mtpscope: llama.cpp aborted at prompt 0, round 6") and line.split(": ", 2)[2].startswith(
+        "MTPSCOPE_WORKER_FAULT: injected abort at round 6 (trace "), line
+    tr = traces.open(out)
+    assert tr.manifest["complete"] is False and tr.manifest["aborted"]["signal"] == "SIGABRT"
+    assert tr.manifest["aborted"]["round"] == 6
+    assert list(tr.rounds["round"]) == [0, 1, 2, 3, 4, 5]
+    assert len(tr.steps) == int(tr.rounds["n_draft"].sum())
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -275,6 +275,48 @@ def test_compaction_at_close(tmp_path: Path) -> None:
     assert list(m.rounds["n_accepted"]) == ACC and len(m.steps) == 21
 
 
+def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With compact=True each part is appended to its group's merged file as it is written, so close()
+    reads no part back; the merged files equal what reading the parts back makes (same listing, rows,
+    row groups), several groups included."""
+    import mtpscope.traces.store as store
+
+    def build(d: Path) -> None:
+        with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
+                         n_embd_backbone=6, n_embd=4, hidden_dtype="f32", centroids=True, flush_every=2,
+                         compact_rounds=4) as w:
+            for r, a in enumerate(ACC):
+                w.add_round(_round(r, a), _steps(r, a))
+
+    with monkeypatch.context() as m:           # while writing: no part may be read back
+        def no_read(*a: object, **k: object) -> None:
+            raise AssertionError("a part was read back")
+        m.setattr(store.pq, "read_table", no_read)
+        build(tmp_path / "inc")
+    with monkeypatch.context() as m:           # the old way: the merger is off, close() reads the parts back
+        m.setattr(store._Merger, "add", lambda self, rec, tables: setattr(self, "error", RuntimeError("off")))
+        build(tmp_path / "old")
+    a, b = traces.open(tmp_path / "inc"), traces.open(tmp_path / "old")
+    assert a.manifest["parts"] == b.manifest["parts"]
+    assert a.manifest["parts"]["rounds"] == ["merged-00000.parquet", "merged-00001.parquet"]
+    for t in ("rounds", "steps"):
+        assert sorted(p.name for p in (tmp_path / "inc" / t).iterdir()) == sorted(a.manifest["parts"][t])
+        for name in a.manifest["parts"][t]:
+            fa, fb = pq.ParquetFile(tmp_path / "inc" / t / name), pq.ParquetFile(tmp_path / "old" / t / name)
+            assert fa.metadata.num_row_groups == fb.metadata.num_row_groups
+            assert fa.read().equals(fb.read())
+    assert list(a.rounds["n_accepted"]) == ACC
+    np.testing.assert_array_equal(a.hidden("h"), b.hidden("h"))
+    # a trace closed incomplete is not compacted: the merged files begun are deleted, the parts stay
+    w = TraceWriter(tmp_path / "inc2", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
+                    flush_every=2)
+    for r, a_ in enumerate(ACC):
+        w.add_round(_round(r, a_), _steps(r, a_, hidden=False))
+    w.close(complete=False)
+    assert sorted(p.name for p in (tmp_path / "inc2" / "rounds").iterdir()) == [f"part-{i:05d}.parquet"
+                                                                              for i in range(4)]
+
+
 def test_listed_part_missing(tmp_path: Path) -> None:
     _write(tmp_path)
     (tmp_path / "rounds" / "part-00001.parquet").unlink()
@@ -335,6 +377,8 @@ def test_sigkill_mid_run_loses_no_reported_round(tmp_path: Path, n_kill: int) ->
     np.testing.assert_array_equal(h[:, 0], np.arange(len(r), dtype=np.float32))
     assert t.manifest["counts"]["n_rounds"] == len(r)
     assert not any("unreadable" in w for w in t.warnings)
+    # the merged file the writer was building as it went (compact=True) is gone, not left as litter
+    assert not list(out.glob("*/merged-*.parquet.tmp"))
     # a second open finds nothing left to recover
     assert not any("write-ahead" in w for w in traces.open(out).warnings)
 

@@ -12,6 +12,8 @@ symbol the recorder needs is missing. This module wraps the low-level C API that
   llama.cpp that llama-cpp-python 0.3.36 vendors), checked against ``ggml_tensor_overhead()`` at run time.
 * :class:`NodeCapture`: a ``cb_eval`` callback that copies the output of named graph nodes (e.g.
   ``result_norm``, the drafter's h_inner) after they are computed, keyed by name and order.
+  :func:`node_capture` gives the drafter's one-node capture in C (:mod:`traces.native_capture`) where
+  that builds, this Python one otherwise.
 
 Shapes: GGUF / ggml ``ne`` order is innermost first; arrays returned here are in numpy ``shape`` order
 (outermost first), e.g. a ggml node with ``ne = [n_embd, n_tokens]`` comes back as ``(n_tokens, n_embd)``.
@@ -27,7 +29,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import RuntimeUnavailableError, TraceError
+from mtpscope.traces import native_capture
 
 #: llama-cpp-python version the recorder was written against (vendors llama.cpp with gemma4-assistant).
 SUPPORTED_VERSION = "0.3.36"
@@ -245,12 +248,9 @@ def _ggml_lib() -> Any:
         return lib
     llama_cpp = llama()
     candidates: list[Any] = []
-    try:
-        from llama_cpp import _ggml  # noqa: PLC0415
-
-        candidates.append(_ggml.libggml)
-    except Exception:  # noqa: BLE001 - older layouts: fall back to libllama's dependency tree
-        pass
+    libggml = getattr(_import_ggml(), "libggml", None)
+    if libggml is not None:
+        candidates.append(libggml)
     candidates.append(_libllama(llama_cpp))
     for cand in candidates:
         try:
@@ -271,6 +271,11 @@ def _ggml_lib() -> Any:
                 "struct ggml_tensor layout differs from mtpscope's ctypes mirror", key="ggml_tensor",
                 expected=f"sizeof {ctypes.sizeof(GgmlTensor)}", actual=f"sizeof {want}")
         ns = {"nbytes": nbytes, "tensor_get": get}
+        hook = getattr(cand, "ggml_set_abort_callback", None)
+        if hook is not None:
+            hook.argtypes = [ctypes.c_void_p]
+            hook.restype = ctypes.c_void_p
+            ns["set_abort_callback"] = hook
         for opt in ("ggml_commit", "ggml_version"):
             fn = getattr(cand, opt, None)
             if fn is not None:
@@ -427,6 +432,22 @@ class NodeCapture:
         return None
 
 
+def node_capture(name: str, *, native: bool = True) -> NodeCapture | native_capture.NativeCapture:
+    """The capture of one node in a context that decodes one shape over and over (the drafter's
+    ``result_norm``): :class:`traces.native_capture.NativeCapture` where ``capture.c`` builds and loads
+    (and ``native``), else :class:`NodeCapture` with ``fixed_graph``. Both copy the same bytes;
+    :func:`traces.native_capture.kind` says which one this process uses."""
+    lib = native_capture.load() if native else None
+    if lib is None:
+        return NodeCapture([name], fixed_graph=True)
+    g = _ggml_lib()
+    return native_capture.NativeCapture(
+        lib, name, callback_type=llama().ggml_backend_sched_eval_callback,
+        tensor_get=ctypes.cast(g["tensor_get"], ctypes.c_void_p).value,
+        nbytes=ctypes.cast(g["nbytes"], ctypes.c_void_p).value, name_offset=_NAME_OFFSET,
+        type_offset=GgmlTensor.type.offset, ne_offset=GgmlTensor.ne.offset)
+
+
 # --------------------------------------------------------------------------------------------------
 # models, contexts, batches
 # --------------------------------------------------------------------------------------------------
@@ -578,7 +599,7 @@ class LlamaContext(_ClosedOnDelete):
         n_batch: largest batch handed to :meth:`decode`.
         mtp_of: for an MTP drafter context, the target's context (``ctx_type = MTP``, ``ctx_other``):
             the drafter then reads the target's KV cache.
-        capture: a :class:`NodeCapture` installed as ``cb_eval``.
+        capture: a :class:`NodeCapture` (or :func:`node_capture`'s native one) installed as ``cb_eval``.
         flash_attn: flash attention on (True), off (False), or llama.cpp's auto (None).
         n_threads: CPU threads (None = llama.cpp default).
         nextn: turn on the nextn hidden-state output (``llama_set_embeddings_nextn``); ``masked``
@@ -592,7 +613,7 @@ class LlamaContext(_ClosedOnDelete):
     """
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, mtp_of: LlamaContext | None = None,
-                 capture: NodeCapture | None = None, flash_attn: bool | None = False,
+                 capture: NodeCapture | native_capture.NativeCapture | None = None, flash_attn: bool | None = False,
                  n_threads: int | None = None, nextn: bool = True, masked: bool = False,
                  n_ubatch: int | None = None, n_seq_max: int = 1, kv_unified: bool | None = None,
                  swa_full: bool | None = None, type_k: int | None = None, type_v: int | None = None) -> None:
@@ -621,7 +642,7 @@ class LlamaContext(_ClosedOnDelete):
         self.capture = capture
         if capture is not None:
             params.cb_eval = capture.callback
-            params.cb_eval_user_data = None
+            params.cb_eval_user_data = getattr(capture, "user_data", None)
         _log_lines.clear()
         ptr = lc.llama_init_from_model(model.ptr, params)
         pending = _state.pop("log_error", None)  # a Ctrl-C while the context was made
@@ -785,6 +806,65 @@ _FAULTHANDLER_START = ("Fatal Python error:", "Current thread ", "Thread 0x", "E
                        "Stack (most recent call first)")
 
 
+#: ``ggml_abort_callback_t``: ``void (*)(const char * error_message)``
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def set_abort_hook(hook: Callable[[str], None]) -> bool:
+    """Run ``hook(message)`` inside ``ggml_abort`` (``GGML_ABORT`` / ``GGML_ASSERT``, CUDA errors), just
+    before the process aborts: the recording worker sends the rounds it still holds. The message is
+    first written to stderr as ggml writes it (``"<file>:<line>: <message>"``, what :func:`abort_message`
+    reads); ggml's own backtrace is not printed. ``hook`` must not raise (what it raises is dropped).
+    Returns False when this ggml has no ``ggml_set_abort_callback`` (nothing changes then).
+
+    The callback stays installed for the life of the process (ggml keeps one, process-wide)."""
+    g = _ggml_lib()
+    setter = g.get("set_abort_callback")
+    if setter is None:
+        return False
+
+    def _on_abort(raw: bytes | None) -> None:
+        msg = (raw or b"").decode("utf-8", "replace")
+        try:
+            os.write(2, (msg + "\n").encode())
+        except OSError:
+            pass
+        try:
+            hook(msg)
+        except BaseException:  # noqa: BLE001, S110 - the process aborts next whatever happens
+            pass
+
+    cb = _ABORT_CALLBACK(_on_abort)
+    _state["abort_callback"] = cb     # kept alive: ggml holds only the C pointer
+    setter(ctypes.cast(cb, ctypes.c_void_p))
+    return True
+
+
+def ggml_abort(message: str) -> None:
+    """Abort the process through ggml's own ``ggml_abort`` (what ``GGML_ABORT(message)`` does, the hook
+    of :func:`set_abort_hook` included); for the recording worker's test fault. Does not return.
+
+    Raises:
+        RuntimeUnavailableError: this ggml exports no ``ggml_abort``.
+    """
+    for lib in (getattr(_import_ggml(), "libggml", None), _libllama(llama())):
+        fn = getattr(lib, "ggml_abort", None) if lib is not None else None
+        if fn is not None:
+            fn(b"mtpscope-fault.c", 1, b"%s", message.encode())   # variadic: (file, line, fmt, ...)
+    raise RuntimeUnavailableError("ggml_abort not found in the loaded libraries", key="ggml_abort")
+
+
+def _import_ggml() -> Any:
+    """llama-cpp-python's ``_ggml`` module (``.libggml``: the ggml library it loaded), or None (older
+    layouts: ggml's symbols then resolve through libllama's dependency tree)."""
+    try:
+        from llama_cpp import _ggml  # noqa: PLC0415
+
+        return _ggml
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def abort_message(lines: Sequence[str]) -> str | None:
     """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
 
@@ -821,7 +901,8 @@ def abort_message(lines: Sequence[str]) -> str | None:
 
 
 def runtime_info(n_gpu_layers: int = 0) -> dict[str, str]:
-    """``{"llama_cpp_python", "llama_cpp", "device"}`` for the trace manifest.
+    """``{"llama_cpp_python", "llama_cpp", "device"}`` for the trace manifest, plus ``"cb_eval"``
+    (:func:`traces.native_capture.kind`) when this process made a drafter capture.
 
     ``llama_cpp`` is ggml's build commit (``ggml_commit()``) when the build recorded one, else
     "unknown"; ``device`` is "cpu", or the first GPU's description when ``n_gpu_layers`` != 0 and
@@ -841,8 +922,12 @@ def runtime_info(n_gpu_layers: int = 0) -> dict[str, str]:
         gpu = gpu_name(lc)
         if gpu:
             device = gpu
-    return {"llama_cpp_python": str(getattr(lc, "__version__", "unknown")), "llama_cpp": commit,
+    info = {"llama_cpp_python": str(getattr(lc, "__version__", "unknown")), "llama_cpp": commit,
             "device": device}
+    kind = native_capture.kind()
+    if kind is not None:
+        info["cb_eval"] = kind
+    return info
 
 
 def gpu_name(lc: ModuleType | None = None) -> str | None:

@@ -22,7 +22,8 @@ an end-of-generation token or after ``max_tokens`` tokens (``t0`` included); the
 tokens so that no round overshoots ``max_tokens``.
 
 With tracing on, the drafter context carries a ``cb_eval`` callback that copies ``result_norm``
-(h_inner); logits and h_next come from the API. See :func:`traces.recorder.record` for what is stored.
+(h_inner; the callback is C where a compiler is at hand, :mod:`traces.native_capture`); logits and
+h_next come from the API. See :func:`traces.recorder.record` for what is stored.
 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
@@ -193,10 +194,13 @@ class MtpRuntime:
             contexts, same models) when prompt + max_tokens + n_draft + 1 does not fit.
         n_batch: largest decode batch (prompts are prefilled in chunks of this size).
         capture: install the ``cb_eval`` capture of ``result_norm`` on the drafter (needed for h_inner
-            and the centroid head); False runs the drafter without any callback.
+            and the centroid head; in C where it builds, :func:`traces.llama_runtime.node_capture`); False
+            runs the drafter without any callback.
         flash_attn: flash attention (off by default: batch-size dependent numerics can flip near-tie
             argmaxes, and the greedy-equivalence invariant is checked with it off).
         n_threads: CPU threads (None: llama.cpp's default).
+        native_capture: False keeps the Python ``cb_eval`` callback even where the C one builds (it can
+            cut a decode short on Ctrl-C; the C one lets the decode finish first).
 
     Raises:
         TraceError: llama.cpp cannot load a model or create a context.
@@ -205,7 +209,8 @@ class MtpRuntime:
 
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
-                 flash_attn: bool | None = False, n_threads: int | None = None) -> None:
+                 flash_attn: bool | None = False, n_threads: int | None = None,
+                 native_capture: bool = True) -> None:
         self.target_path, self.assistant_path = Path(target), Path(assistant)
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
@@ -222,7 +227,7 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.NodeCapture([H_INNER_NODE], fixed_graph=True) if capture else None
+        self.capture = rt.node_capture(H_INNER_NODE, native=native_capture) if capture else None
         self.tbatch = rt.TokenBatch(self.n_batch)
         self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
@@ -305,7 +310,7 @@ class MtpRuntime:
     def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
             sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            defer_target: bool = False) -> Iterator[RoundResult]:
+            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -322,6 +327,10 @@ class MtpRuntime:
             defer_target: with ``trace``, keep copies of the verify rows' logits (``RoundResult.
                 target_logits``, copied by ``keep``) instead of computing the target's side in the loop
                 (two passes over n_vocab per draft); :func:`finish_target_side` computes it later.
+            fence: with ``defer_target``, hand out the verify rows' logits as live views instead of copies
+                (valid until the target's next decode) and call ``fence()`` before every target decode:
+                it must return only once whoever holds the views has copied them (the recording
+                worker's sender thread copies them while the drafter runs).
         """
         if n_draft < 1:
             raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
@@ -332,6 +341,9 @@ class MtpRuntime:
                              expected=f"<= {self.n_batch - 1}", actual=n_draft)
         sampler = sampler or Sampler()
         self._check_fits(len(tokens), max_tokens, n_draft)
+        live = fence is not None and defer_target and trace
+        if live:
+            fence()                     # the last prompt's views are about to be overwritten
         self._prefill(tokens)
         tctx, dctx, cap = self.tctx, self.dctx, self.capture
         db, tb = self.dbatch, self.tbatch
@@ -366,6 +378,8 @@ class MtpRuntime:
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
+            if live:
+                fence()                 # the previous round's verify rows have been copied out
             tb.set([pending, *drafted], pos, logits="all")
             tctx.decode(tb)
             target: list[int | None] = []
@@ -397,7 +411,7 @@ class MtpRuntime:
             t_lg: tuple[np.ndarray, ...] = ()
             if trace and k_max:  # the target's side, from the verify rows still in tctx (outside the timing)
                 # deferred: copies for the recorder; else the live views, used by finish_target_side below
-                cp = (np.copy if keep is None else keep) if defer_target else (lambda a: a)
+                cp = (np.copy if keep is None else keep) if defer_target and not live else (lambda a: a)
                 t_lg = tuple(cp(tctx.logits(i)) for i in range(k_max))
                 if hidden_target:
                     h_t = tuple(tctx.nextn(i).copy() for i in range(k_max))
@@ -421,6 +435,8 @@ class MtpRuntime:
         for obj in (self.dbatch, self.tbatch, self.dctx, self.tctx, self.dmodel, self.tmodel):
             if obj is not None:
                 obj.close()
+        if self.capture is not None and hasattr(self.capture, "close"):
+            self.capture.close()     # the native capture's copy buffer, after the context that wrote it
 
     def __enter__(self) -> MtpRuntime:
         return self

@@ -14,7 +14,10 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    prompts and answers ``hello`` (widths, vocabulary, context size, runtime facts, prompt lengths).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
-   (loop wall and CPU seconds).
+   (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
+   sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
+   True)``), and a ``GGML_ABORT`` / ``GGML_ASSERT`` first lets it send what it holds
+   (:func:`traces.llama_runtime.set_abort_hook`), so the rounds before an abort still reach the trace.
 4. ``stop`` (Ctrl-C in the parent): the child stops before sending its next round and exits 0.
 
 The child dies with the parent (``PR_SET_PDEATHSIG``: no orphaned llama.cpp holding a GPU after a
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import mmap
 import os
 import signal
@@ -53,6 +57,14 @@ from mtpscope.traces.transport import Channel, RoundReceiver, RoundSender, StopR
 WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
 STDERR_TAIL = 40
+#: a test fault, JSON ``{"abort_at_round": N}``: the worker calls ggml's own ``ggml_abort`` right after
+#: handing round N - 1 of a prompt to its sender thread (the real abort path, hook included)
+FAULT_ENV = "MTPSCOPE_WORKER_FAULT"
+#: the worker's ``sys.setswitchinterval``: how soon the sender thread yields the GIL to the loop
+SWITCH_INTERVAL_S = 0.0002
+#: seconds an abort waits for the round sender to hand over the rounds it holds (a stuck recorder must not
+#: keep a dying llama.cpp, e.g. one holding a GPU, alive)
+ABORT_FLUSH_S = 5.0
 #: seconds the worker gets to stop after a Ctrl-C before it is killed
 STOP_GRACE_S = 10.0
 
@@ -71,6 +83,8 @@ class Status:
         self.prompt_id = self.round = self.step = 0
         self.phase = "start"
         self.n_decodes = 0
+        #: wall seconds spent inside llama.cpp decodes (the loop's time outside them is the Python around it)
+        self.decode_seconds = 0.0
         self._drafted = False
 
     def _store(self) -> None:
@@ -122,6 +136,14 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _fault_round() -> int | None:
+    """The round of the test fault :data:`FAULT_ENV` asks for, or None."""
+    raw = os.environ.get(FAULT_ENV)
+    if not raw:
+        return None
+    return int(json.loads(raw)["abort_at_round"])
+
+
 def _instrument(rtm: Any, status: Status) -> None:
     """Note every decode of the runtime's two contexts in ``status`` (instance-level wrappers)."""
     for ctx, draft in ((rtm.tctx, False), (rtm.dctx, True)):
@@ -129,9 +151,13 @@ def _instrument(rtm: Any, status: Status) -> None:
             continue
         orig = ctx.decode
 
-        def decode(batch: Any, _orig: Any = orig, _draft: bool = draft) -> None:
+        def decode(batch: Any, _orig: Any = orig, _draft: bool = draft, _perf: Any = time.perf_counter) -> None:
             status.on_decode(_draft)
-            _orig(batch)
+            t0 = _perf()
+            try:
+                _orig(batch)
+            finally:
+                status.decode_seconds += _perf() - t0
 
         ctx.decode = decode
         ctx._mtpscope_status = status
@@ -172,6 +198,20 @@ def prepare_prompts(rtm: Any, cfg: dict[str, Any]) -> tuple[list[list[int]], dic
     return toks, extra
 
 
+def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
+    """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
+    defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
+    h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target with ``hidden_target``; each array
+    64-byte aligned, plus a page."""
+    def row(n: int) -> int:
+        return -(-4 * int(n) // 64) * 64
+
+    step = 2 * row(rtm.n_vocab) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
+    if hidden_target:
+        step += row(rtm.n_embd_backbone)
+    return int(n_draft) * step + 4096
+
+
 def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
     from mtpscope.traces import llama_runtime as rt  # noqa: PLC0415
     from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: PLC0415
@@ -180,7 +220,12 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
     rtm = MtpRuntime(cfg["target"], cfg["assistant"], n_gpu_layers=int(cfg["n_gpu_layers"]),
                      capture=bool(cfg["capture"]), flash_attn=cfg.get("flash_attn", False),
                      n_threads=cfg.get("n_threads"))
-    sender = RoundSender(chan)
+    # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
+    # default, 5 ms, is more than a drafter step of a small pair)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sender = RoundSender(chan, threaded=True)
+    # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
+    rt.set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
         toks, extra = prepare_prompts(rtm, cfg)
         n_draft, max_tokens = int(cfg["n_draft"]), int(cfg["max_tokens"])
@@ -188,8 +233,11 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
                    "capture": rtm.capture is not None, "runtime": rt.runtime_info(int(cfg["n_gpu_layers"])),
                    **extra})
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
         trace = bool(cfg.get("trace", True))
+        fault = _fault_round()
+        if trace:
+            sender.reserve(round_bytes(rtm, n_draft, hidden_target=bool(cfg.get("hidden_target"))))
         try:
             for pid, tk in enumerate(toks):
                 _instrument(rtm, status)
@@ -199,20 +247,27 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                 try:
                     for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler, trace=trace,
                                        hidden_target=bool(cfg.get("hidden_target")), keep=sender.stage,
-                                       defer_target=trace):  # the target's side: the recorder computes it
+                                       defer_target=trace,   # the target's side: the recorder computes it
+                                       fence=sender.fence):  # from the verify rows the sender thread copies
                         sender.send("round", res, prompt_id=pid)
                         status.next_round()
+                        if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was
+                            rt.ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
                 finally:
                     sampler.close()
                 sender.check_stop()
                 chan.send({"kind": "prompt_done", "prompt_id": pid,
                            "first_token": None if rtm.first_token is None else int(rtm.first_token)})
         except StopRequested:
+            sender.flush()
             chan.send({"kind": "stopped"})
             return
         status.set("done")
-        chan.send({"kind": "done", "loop_seconds": time.perf_counter() - t0,
-                   "loop_cpu_seconds": time.process_time() - c0, "wait_seconds": sender.wait_seconds})
+        sender.flush()
+        chan.send({"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
+                   "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
+                   "worker_cpu_seconds": time.process_time() - c0,
+                   "wait_seconds": sender.wait_seconds})
     finally:
         sender.close()
         rtm.close()
@@ -266,12 +321,17 @@ class PromptDone:
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """The worker finished every prompt: its loop's wall and CPU seconds (loading excluded) and the
-    seconds it waited for the recorder to release a round (back-pressure; 0 in this process)."""
+    """The worker finished every prompt: its loop's wall seconds and the CPU seconds of the loop's thread
+    (loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
+    this process), the wall seconds of its loop spent inside llama.cpp decodes and the CPU seconds of
+    the whole worker process over the loop, its sender thread included (both 0 when not measured: in
+    this process)."""
 
     loop_seconds: float
     loop_cpu_seconds: float
     wait_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    worker_cpu_seconds: float = 0.0
 
 
 class _LogPump(threading.Thread):
@@ -411,7 +471,8 @@ class RecordWorker:
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
                 yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
-                                 float(msg.get("wait_seconds") or 0.0))
+                                 float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0),
+                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]))
                 return
             elif kind == "stopped":
                 return

@@ -107,19 +107,22 @@ class RecordSummary:
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
         seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
         cpu_seconds: CPU time of the processes over the same span (``time.process_time``; this process
-            and, when isolated, the worker's loop).
+            and, when isolated, the worker process over its loop: loop thread and sender thread).
         trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
             ranks, centroid head), records and Parquet writing (the ``cb_eval`` copy inside the drafter
             decode is not included).
         tokens_per_second: n_generated / seconds.
         outputs: generated token ids per prompt.
         isolated: llama.cpp ran in a worker process.
-        loop_seconds / loop_cpu_seconds: wall and CPU time of the MTP loop itself (the worker's, when
-            isolated; then ``cpu_seconds`` is ``recorder_cpu_seconds + loop_cpu_seconds``).
+        loop_seconds / loop_cpu_seconds: wall and CPU time of the MTP loop itself (when isolated: the
+            worker process's CPU without its sender thread, which packs and sends the rounds beside the
+            loop; that thread is in ``cpu_seconds`` = ``recorder_cpu_seconds`` + the worker process's CPU).
         recorder_cpu_seconds: CPU time of this process over ``seconds`` (analysis and writing, when
             isolated).
         loop_wait_seconds: isolated: wall time the worker's loop waited for this process to take a round
             (the analysis and writing falling behind the loop); 0 otherwise.
+        loop_decode_seconds: isolated: wall time of the worker's loop inside llama.cpp decodes (the rest
+            of ``loop_seconds`` is the Python around them: argmax, copies, handing rounds over); 0 otherwise.
     """
 
     out: str
@@ -141,6 +144,7 @@ class RecordSummary:
     loop_cpu_seconds: float = 0.0
     recorder_cpu_seconds: float = 0.0
     loop_wait_seconds: float = 0.0
+    loop_decode_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -409,19 +413,20 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             src.close()
         sigint.__exit__(None, None, None)
         blas.__exit__()
-    loop_cpu = loop.loop_cpu_seconds if (loop is not None and isolated) else 0.0
+    worker_cpu = loop.worker_cpu_seconds if (loop is not None and isolated) else 0.0
     if swap:
         swap_in(write_to, out)
     return RecordSummary(out=os.fspath(out), n_prompts=len(specs), n_rounds=n_rounds, n_steps=n_steps,
                          n_drafted=n_drafted, n_accepted=n_accepted,
                          acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
                          mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
-                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + loop_cpu, trace_seconds=trace_s,
+                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + worker_cpu, trace_seconds=trace_s,
                          tokens_per_second=n_gen / secs if secs > 0 else 0.0,
                          outputs=tuple(outputs), isolated=isolated,
                          loop_seconds=loop.loop_seconds if loop is not None else secs,
                          loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
-                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0)
+                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
+                         loop_decode_seconds=loop.decode_seconds if loop else 0.0)
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag

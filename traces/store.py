@@ -314,6 +314,9 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
             dropped += sum(b.num_rows for b in sb)
         for sp in seg_paths.values():
             sp.unlink(missing_ok=True)
+    for t in ("rounds", "steps"):     # merged files the writer was building when it died
+        for f in (p / t).glob("merged-*.parquet.tmp") if (p / t).is_dir() else ():
+            f.unlink(missing_ok=True)
     counts = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
     for t, key in (("rounds", "n_rounds"), ("steps", "n_steps")):
         d = p / t
@@ -333,6 +336,102 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
                              "torn_bytes": torn, "n_steps_dropped": dropped}
     _write_json_atomic(p / MANIFEST, manifest)
     return Recovery(os.fspath(p), "recovered", n_rounds, n_steps, tuple(written), torn, dropped)
+
+
+class _Merger:
+    """Builds the merged files of a compacting :class:`TraceWriter` while its parts are written: each
+    part's tables (in memory then) are appended to the open ``merged-NNNNN.parquet.tmp`` of their group,
+    so that :meth:`TraceWriter.close` only finishes the last group instead of reading every part back.
+    Groups, row groups and file names are those :meth:`TraceWriter._compact_parts` makes (the fallback
+    when anything here failed)."""
+
+    def __init__(self, path: Path, schemas: dict[str, pa.Schema], compact_rounds: int) -> None:
+        self.path, self.schemas, self.compact_rounds = path, schemas, compact_rounds
+        self.groups: list[dict[str, Any]] = []      # {"parts": [rec], "streams": {table: stream}}
+        self.n = 0                                   # rounds in the open group
+        self.error: BaseException | None = None
+
+    def add(self, rec: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        """Append one part (``rec`` as in ``TraceWriter._written``; ``tables`` by table name)."""
+        if self.error is not None:
+            return
+        try:
+            r = rec["rounds"] or rec["requests"] or 0
+            if not self.groups or (self.groups[-1]["parts"] and self.n + r > self.compact_rounds):
+                if self.groups:
+                    self._finish_group(self.groups[-1])
+                self.groups.append({"parts": [], "streams": {}})
+                self.n = 0
+            g = self.groups[-1]
+            g["parts"].append(rec)
+            self.n += r
+            name = f"merged-{len(self.groups) - 1:05d}.parquet"
+            for t, tb in tables.items():
+                st = g["streams"].get(t)
+                if st is None:
+                    tmp = self.path / t / (name + ".tmp")
+                    st = g["streams"][t] = {"tmp": tmp, "name": name, "writer": pq.ParquetWriter(
+                        tmp, self.schemas[t], **_writer_options(self.schemas[t])), "buf": [], "rows": 0, "nbytes": 0}
+                st["buf"].append(tb)
+                st["rows"] += tb.num_rows
+                st["nbytes"] += tb.nbytes
+                if st["rows"] >= _ROW_GROUP_ROUNDS * (3 if t == "steps" else 1) or st["nbytes"] >= _ROW_GROUP_BYTES:
+                    self._write_buf(st)
+        except BaseException as e:  # noqa: BLE001 - close() falls back to reading the parts back
+            self.error = e
+
+    @staticmethod
+    def _write_buf(st: dict[str, Any]) -> None:
+        if st["buf"]:
+            st["writer"].write_table(pa.concat_tables(st["buf"]), row_group_size=max(st["rows"], 1))
+        st["buf"], st["rows"], st["nbytes"] = [], 0, 0
+
+    def _finish_group(self, g: dict[str, Any]) -> None:
+        for st in g["streams"].values():
+            if st["writer"] is not None:
+                self._write_buf(st)
+                st["writer"].close()
+                st["writer"] = None
+
+    def finish(self, written: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Path]] | None:
+        """The listing and the replaced part files, the merged files renamed into place; None when the
+        groups do not cover ``written`` exactly or something failed (the caller compacts the old way)."""
+        if self.error is None:
+            try:
+                if self.groups:
+                    self._finish_group(self.groups[-1])
+            except BaseException as e:  # noqa: BLE001
+                self.error = e
+        if self.error is not None or [r for g in self.groups for r in g["parts"]] != written:
+            self.discard()
+            return None
+        listing: dict[str, Any] = {t: [] for t in S.TABLES}
+        old: list[Path] = []
+        if len(self.groups) == len(written):                 # one part per group: nothing to merge
+            self.discard()
+            return {t: [f"part-{w['idx']:05d}.parquet" for w in written if w[t] is not None] for t in S.TABLES}, []
+        for g in self.groups:
+            for t in S.TABLES:
+                st = g["streams"].get(t)
+                if st is None:
+                    continue
+                os.replace(st["tmp"], self.path / t / st["name"])
+                listing[t].append(st["name"])
+                old.extend(self.path / t / f"part-{w['idx']:05d}.parquet" for w in g["parts"] if w[t] is not None)
+        return listing, old
+
+    def discard(self) -> None:
+        """Close and delete every merged file this merger began."""
+        for g in self.groups:
+            for st in g["streams"].values():
+                if st["writer"] is not None:
+                    try:
+                        st["writer"].close()
+                    except Exception:  # noqa: BLE001, S110 - deleted next
+                        pass
+                    st["writer"] = None
+                st["tmp"].unlink(missing_ok=True)
+        self.groups = []
 
 
 class TraceWriter:
@@ -403,6 +502,7 @@ class TraceWriter:
         self.flush_every = int(flush_every)
         self.compact = bool(compact)
         self.compact_rounds = max(int(compact_rounds), 1)
+        self._merger: _Merger | None = None     # made at the first part, when compacting
         self.n_embd_backbone = None if n_embd_backbone is None else int(n_embd_backbone)
         self.n_embd = None if n_embd is None else int(n_embd)
         self.hidden_dtype = hidden_dtype
@@ -607,40 +707,48 @@ class TraceWriter:
         self._written.append(rec)
         if seg is not None:
             seg.close()
-        self._submit(jobs, seg)
+        self._submit(jobs, seg, rec)
         return idx
 
     # ------------------------------------------------------------------ background part writing
-    def _submit(self, jobs: list[tuple[pa.Table, Path]], seg: _WalSegment | None = None) -> None:
+    def _submit(self, jobs: list[tuple[pa.Table, Path]], seg: _WalSegment | None = None,
+                rec: dict[str, Any] | None = None) -> None:
         """Write the part files (in order) now, or on the writer thread when ``background``; then
-        delete the WAL segment ``seg`` they replace."""
+        delete the WAL segment ``seg`` they replace and (compacting) append the part ``rec`` to its
+        merged file."""
         self._raise_background_error()
+        if self.compact and rec is not None and self._merger is None:
+            self._merger = _Merger(self.path, {"rounds": S.ROUNDS_SCHEMA, "steps": self.steps_schema,
+                                               "requests": S.REQUESTS_SCHEMA}, self.compact_rounds)
         if not self.background:
-            for table, path in jobs:
-                _write_part(table, path)
-            if seg is not None:
-                seg.remove()
+            self._write_jobs(jobs, seg, rec)
             return
         if self._thread is None:
             self._queue = queue.Queue(maxsize=4)
             self._thread = threading.Thread(target=self._worker, name="mtpscope-trace-writer", daemon=True)
             self._thread.start()
-        self._queue.put((jobs, seg))
+        self._queue.put((jobs, seg, rec))
 
     def _worker(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            jobs, seg = item
+            jobs, seg, rec = item
             if self._error is None:
                 try:
-                    for table, path in jobs:
-                        _write_part(table, path)
-                    if seg is not None:
-                        seg.remove()
+                    self._write_jobs(jobs, seg, rec)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                     self._error = e
+
+    def _write_jobs(self, jobs: list[tuple[pa.Table, Path]], seg: _WalSegment | None,
+                    rec: dict[str, Any] | None) -> None:
+        for table, path in jobs:
+            _write_part(table, path)
+        if seg is not None:
+            seg.remove()
+        if self._merger is not None and rec is not None:
+            self._merger.add(rec, {path.parent.name: table for table, path in jobs})
 
     def _drain(self) -> None:
         if self._thread is not None:
@@ -673,9 +781,11 @@ class TraceWriter:
                 self._finish_wal()
         old: list[Path] = []
         listing = self._plain_listing()
+        merger, self._merger = self._merger, None
         if self.compact and complete and len(self._written) > 1:
             try:
-                listing, old = self._compact_parts()
+                done = merger.finish(self._written) if merger is not None else None
+                listing, old = done if done is not None else self._compact_parts()
             except (OSError, pa.ArrowException) as e:
                 for t in S.TABLES:
                     d = self.path / t
@@ -683,6 +793,8 @@ class TraceWriter:
                         p.unlink(missing_ok=True)
                 self.manifest.setdefault("warnings", []).append(f"compaction failed, small parts kept: {e}")
                 listing, old = self._plain_listing(), []
+        elif merger is not None:
+            merger.discard()
         self.manifest["parts"] = listing
         self.manifest["complete"] = bool(complete)
         self.manifest["counts"]["n_parts"] = max(len(v) for v in listing.values())

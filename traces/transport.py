@@ -31,9 +31,11 @@ import importlib
 import json
 import mmap
 import os
+import queue
 import select
 import socket
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -75,6 +77,18 @@ def _resolve(name: str) -> type:
     return obj
 
 
+#: per dataclass: its transport name and field names (``dataclasses.fields`` is slow for a per-round path)
+_FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _fields_of(cls: type) -> tuple[str, tuple[str, ...]] | None:
+    got = _FIELDS.get(cls)
+    if got is None and dataclasses.is_dataclass(cls):
+        got = _FIELDS[cls] = (_type_name(cls), tuple(f.name for f in dataclasses.fields(cls)))
+    return got
+
+
 def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
     """A dataclass instance as ``(header, arrays)``: ``header`` JSON-able, arrays in header order.
 
@@ -84,18 +98,23 @@ def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
     arrays: list[np.ndarray] = []
 
     def walk(v: Any) -> Any:
+        t = type(v)
+        if t in _SCALARS:
+            return v
+        if t is tuple or t is list:
+            return [walk(x) for x in v]
         if isinstance(v, np.ndarray):
             arrays.append(v)
             return {"__array__": len(arrays) - 1}
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {"__type__": _type_name(type(v)),
-                    "fields": {f.name: walk(getattr(v, f.name)) for f in dataclasses.fields(v)}}
-        if isinstance(v, (tuple, list)):
-            return [walk(x) for x in v]
+        fl = _fields_of(t)
+        if fl is not None:
+            return {"__type__": fl[0], "fields": {n: walk(getattr(v, n)) for n in fl[1]}}
         if isinstance(v, np.generic):
             return v.item()
-        if v is None or isinstance(v, (bool, int, float, str)):
+        if isinstance(v, _SCALARS):            # subclasses (an IntEnum, ...)
             return v
+        if isinstance(v, (tuple, list)):
+            return [walk(x) for x in v]
         if isinstance(v, dict):
             return {"__dict__": {str(k): walk(x) for k, x in v.items()}}
         raise TypeError(f"cannot pack a {type(v).__name__} field")
@@ -187,21 +206,16 @@ class Ring:
             off += -(-a.nbytes // _ALIGN) * _ALIGN
         return specs, off
 
-    def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
-        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`); an array that already lies
-        there (placed by :meth:`RoundSender.stage`) is not copied again."""
+    def write(self, slot: int, arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec],
+              skip: set[int] | frozenset[int] = frozenset()) -> None:
+        """Copy ``arrays`` into ``slot`` at ``specs`` (from :meth:`layout`), all but the indices in
+        ``skip`` (arrays :meth:`RoundSender.stage` already put there)."""
         base = slot * self.slot_bytes
-        for a, s in zip(arrays, specs, strict=True):
+        for i, (a, s) in enumerate(zip(arrays, specs, strict=True)):
+            if i in skip:
+                continue
             dst = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
-            if a.ctypes.data != dst.ctypes.data:
-                np.copyto(dst, a, casting="no")
-
-    def offset_in(self, slot: int, a: np.ndarray) -> int | None:
-        """Where ``a`` (C-contiguous) lies inside ``slot``, in bytes, or None when it lies elsewhere."""
-        off = int(a.ctypes.data) - self.address - slot * self.slot_bytes
-        if a.flags.c_contiguous and 0 <= off and off + a.nbytes <= self.slot_bytes:
-            return off
-        return None
+            np.copyto(dst, a, casting="no")
 
     def read(self, slot: int, specs: Sequence[ArraySpec], copy_below: int = COPY_BELOW) -> list[np.ndarray]:
         """The arrays of ``slot``: copies when smaller than ``copy_below`` bytes, else read-only views.
@@ -326,47 +340,204 @@ class StopRequested(Exception):
 class RoundSender:
     """Worker side: puts finished rounds into the ring and announces them (see the module docstring).
 
+    With ``threaded``, :meth:`send` only queues the round: a sender thread packs it, copies what
+    :meth:`stage` did not place, waits for the recorder to release the round before, and writes the
+    message, while the loop (in llama.cpp, without the GIL) goes on. What stays in the loop is
+    :meth:`stage`'s copies. Before :meth:`stage` writes into a slot it waits until the round that last
+    used the slot was released, so a slot is still never overwritten while the recorder reads it.
+    The thread owns the socket while it runs; :meth:`flush` waits until it has sent everything queued
+    (call it before another message goes over the channel; :meth:`check_stop` and :meth:`close` do).
+
     Args:
         chan: the control channel to the recorder. ``release`` messages are counted; a ``stop``
             raises :class:`StopRequested`; other messages are ignored.
+        threaded: hand the sending to a thread (the recording worker), else send in the caller.
     """
 
-    def __init__(self, chan: Channel) -> None:
+    def __init__(self, chan: Channel, *, threaded: bool = False) -> None:
         self.chan = chan
         self.ring: Ring | None = None
-        self.n_sent = 0
+        self.n_sent = 0         # messages written to the channel
+        self.n_queued = 0       # messages handed to send() (== n_sent unless threaded)
+        self.n_written = 0      # messages whose arrays are all in the ring (see fence())
         self.n_released = 0     # rounds the recorder has released
         self.stopped = False
-        #: seconds spent waiting for the recorder to release a round (back-pressure on the loop)
+        #: seconds spent waiting for the recorder to release a round (back-pressure; the sender thread's
+        #: waits when threaded, plus the loop's waits for a free slot)
         self.wait_seconds = 0.0
         self._stage_off = 0     # bytes of the next message's slot already filled by stage()
+        # id(array) -> (array, offset in the slot, ring); the array is kept alive here until sent
+        self._staged: dict[int, tuple[np.ndarray, int, Ring]] = {}
+        self._stage_ring: Ring | None = None
+        self._old_rings: list[Ring] = []
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        if threaded:
+            self._q: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="mtpscope-round-sender", daemon=True)
+            self._thread.start()
+
+    # -- the loop's side
+    def reserve(self, slot_bytes: int) -> None:
+        """Make the ring now (``slot_bytes`` per slot), so that the first round is staged too and no
+        round has to grow it. Call before the first :meth:`send`."""
+        self.flush()
+        if self.ring is None or self.ring.slot_bytes < slot_bytes:
+            self._new_ring(int(slot_bytes))
 
     def stage(self, a: np.ndarray) -> np.ndarray:
         """A copy of ``a`` placed straight into the ring slot the next message will use, so that
-        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the drafter's logits).
-        A plain copy when there is no ring yet or the slot is full."""
-        ring = self.ring
+        :meth:`send` need not copy it again (``MtpRuntime.run(keep=...)`` for the logits).
+        A plain copy when there is no ring yet or the slot is full.
+
+        Raises:
+            StopRequested / TransportClosed: (threaded) the sender thread met one.
+        """
+        if self._stage_off == 0:              # the first array of a message: its slot must be free
+            if self._thread is not None:
+                self._wait_slot_free(self.n_queued)
+            self._stage_ring = self.ring
+        ring = self._stage_ring
         size = -(-a.nbytes // _ALIGN) * _ALIGN
         if ring is None or self._stage_off + size > ring.slot_bytes:
             return a.copy()
-        slot = self.n_sent % 2
+        slot = self.n_queued % 2
         dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
         np.copyto(dst, a)
+        self._staged[id(dst)] = (dst, self._stage_off, ring)
         self._stage_off += size
         return dst
+
+    def send(self, kind: str, obj: Any, **extra: Any) -> None:
+        """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``: now, after
+        the recorder has released the previous such message, or (threaded) queued for the sender thread.
+        The arrays must not change afterwards.
+
+        Raises:
+            StopRequested: the recorder asked to stop (this message is not sent).
+            TransportClosed: the recorder is gone.
+        """
+        job = (kind, obj, extra, self.n_queued % 2, self._staged, self._stage_off)
+        self._staged, self._stage_off, self._stage_ring = {}, 0, None
+        if self._thread is None:
+            self._send_now(*job)
+            self.n_queued = self.n_sent
+            return
+        self._raise_error()
+        self.n_queued += 1
+        self._q.put(job)
+
+    def fence(self) -> None:
+        """Return once the arrays of every message handed to :meth:`send` are in the ring (copied by the
+        sender thread when threaded), so that arrays that were views of someone else's buffer may be
+        overwritten there (``MtpRuntime.run(fence=...)``: the target's logits).
+
+        Raises:
+            StopRequested / TransportClosed: (threaded) the sender thread met one.
+        """
+        if self._thread is None or self.n_written >= self.n_queued:
+            self._raise_error()
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while self.n_written < self.n_queued and self._error is None:
+                self._cond.wait()
+        self.wait_seconds += time.perf_counter() - t0
+        self._raise_error()
+
+    def thread_cpu_seconds(self) -> float:
+        """CPU seconds the sender thread has used so far (0 without one, or where the platform cannot
+        tell: ``time.pthread_getcpuclockid``)."""
+        th = self._thread
+        if th is None or th.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(th.ident))
+        except OSError:
+            return 0.0
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the sender thread has sent (or, after an error, dropped) everything queued; False
+        when ``timeout`` seconds passed first. Never raises."""
+        if self._thread is None:
+            return True
+        q = self._q
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with q.all_tasks_done:
+            while q.unfinished_tasks:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                q.all_tasks_done.wait(left)
+        return True
+
+    def check_stop(self) -> None:
+        """Handle waiting messages without blocking (after a :meth:`flush`); raise :class:`StopRequested`
+        if asked to stop (or the error the sender thread met)."""
+        self.flush()
+        self._raise_error()
+        self._poll()
+
+    def close(self) -> None:
+        """Send what is queued, stop the sender thread, unmap the ring. Idempotent."""
+        if self._thread is not None:
+            self.flush()
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+        for r in [*self._old_rings, self.ring]:
+            if r is not None:
+                r.close()
+        self._old_rings.clear()
+        self.ring = None
+
+    # -- internals
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _wait_slot_free(self, n: int) -> None:
+        """(threaded) Block until message ``n - 2``, the last one in message ``n``'s slot, is released."""
+        if self.n_released >= n - 1:
+            return
+        t0 = time.perf_counter()
+        with self._cond:
+            while self.n_released < n - 1 and self._error is None:
+                self._cond.wait()
+        self.wait_seconds += time.perf_counter() - t0
+        self._raise_error()
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    try:
+                        self._send_now(*job)
+                    except BaseException as e:  # noqa: BLE001 - handed to the loop's thread
+                        with self._cond:
+                            self._error = e
+                            self._cond.notify_all()
+            finally:
+                self._q.task_done()
 
     def _handle(self, msg: dict[str, Any], fds: list[int]) -> None:
         for fd in fds:
             os.close(fd)
         kind = msg.get("kind")
         if kind == "release":
-            self.n_released = max(self.n_released, int(msg.get("n", 0)))
+            with self._cond:
+                self.n_released = max(self.n_released, int(msg.get("n", 0)))
+                self._cond.notify_all()
         elif kind == "stop":
             self.stopped = True
             raise StopRequested
 
-    def check_stop(self) -> None:
-        """Handle waiting messages without blocking; raise :class:`StopRequested` if asked to stop."""
+    def _poll(self) -> None:
+        """Handle the messages already waiting (no blocking); :class:`StopRequested` on a stop."""
         if self.stopped:
             raise StopRequested
         while True:
@@ -386,57 +557,52 @@ class RoundSender:
         finally:
             self.wait_seconds += time.perf_counter() - t0
 
-    def send(self, kind: str, obj: Any, **extra: Any) -> None:
-        """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``.
-
-        Blocks until the recorder has released the previous such message.
-
-        Raises:
-            StopRequested: the recorder asked to stop (this message is not sent).
-            TransportClosed: the recorder is gone.
-        """
-        header, arrays = pack(obj)
-        slot = self.n_sent % 2
-        old = None
-        specs, need = self._layout(slot, arrays)
-        if self.ring is None or need > self.ring.slot_bytes:
-            self._wait_released(self.n_sent)         # the recorder is done with every slot
-            old = self.ring
-            self.ring = Ring.create(max(need, 2 * (old.slot_bytes if old else 0), 1 << 20))
-            self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
-            specs, need = Ring.layout(arrays)
-        self._stage_off = 0
-        self.ring.write(slot, arrays, specs)
+    def _new_ring(self, slot_bytes: int) -> None:
+        self._wait_released(self.n_sent)             # the recorder is done with every slot
+        old = self.ring
+        self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20))
+        self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
         if old is not None:
-            old.close()                               # after the copy: staged arrays lay in it
-        self.check_stop()
+            # staged arrays may still lie in it (the loop may be staging into it now): unmapped at close()
+            self._old_rings.append(old)
+
+    def _send_now(self, kind: str, obj: Any, extra: dict[str, Any], slot: int,
+                  staged: dict[int, tuple[np.ndarray, int, Ring]], stage_off: int) -> None:
+        header, arrays = pack(obj)
+        specs, need, placed = self._layout(arrays, staged, stage_off)
+        if self.ring is None or need > self.ring.slot_bytes:
+            self._new_ring(need)
+            specs, need = Ring.layout(arrays)
+            placed = set()
+        self.ring.write(slot, arrays, specs, skip=placed)
+        with self._cond:
+            self.n_written += 1
+            self._cond.notify_all()
+        self._poll()
         self._wait_released(self.n_sent)             # every earlier message released: round n - 1 too
         self.chan.send({"kind": kind, "seq": self.n_sent, "slot": slot, "obj": header,
                         "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
         self.n_sent += 1
 
-    def _layout(self, slot: int, arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
-        """:meth:`Ring.layout`, keeping staged arrays where :meth:`stage` put them."""
-        if self.ring is None or not self._stage_off:
-            return Ring.layout(arrays)
-        specs: list[ArraySpec | None] = []
-        for a in arrays:
-            off = self.ring.offset_in(slot, a)
-            specs.append(None if off is None or off >= self._stage_off else
-                         ArraySpec(off, a.dtype.str, tuple(int(x) for x in a.shape)))
-        end = self._stage_off
-        out = []
-        for a, sp in zip(arrays, specs, strict=True):
-            if sp is None:
-                sp = ArraySpec(end, a.dtype.str, tuple(int(x) for x in a.shape))
+    def _layout(self, arrays: Sequence[np.ndarray], staged: dict[int, tuple[np.ndarray, int, Ring]],
+                stage_off: int) -> tuple[list[ArraySpec], int, set[int]]:
+        """:meth:`Ring.layout`, keeping staged arrays (of the current ring) where :meth:`stage` put them:
+        ``(specs, bytes needed, indices of the arrays already in place)``."""
+        if self.ring is None or not staged:
+            specs, need = Ring.layout(arrays)
+            return specs, need, set()
+        specs: list[ArraySpec] = []
+        placed: set[int] = set()
+        end = stage_off
+        for i, a in enumerate(arrays):
+            got = staged.get(id(a))
+            if got is not None and got[0] is a and got[2] is self.ring:
+                specs.append(ArraySpec(got[1], a.dtype.str, a.shape))
+                placed.add(i)
+            else:
+                specs.append(ArraySpec(end, a.dtype.str, a.shape))
                 end += -(-a.nbytes // _ALIGN) * _ALIGN
-            out.append(sp)
-        return out, end
-
-    def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
+        return specs, end, placed
 
 
 class RoundReceiver:
