@@ -865,6 +865,16 @@ def _import_ggml() -> Any:
         return None
 
 
+def before_faulthandler(lines: Sequence[str]) -> list[str]:
+    """``lines`` up to Python's faulthandler report (``Fatal Python error: ...`` and the stacks after
+    it: the worker's Python, not llama.cpp's words), all of them when there is none."""
+    out = list(lines)
+    for i, ln in enumerate(out):
+        if ln.startswith(_FAULTHANDLER_START[0]):
+            return out[:i]
+    return out
+
+
 def abort_message(lines: Sequence[str]) -> str | None:
     """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
 
@@ -883,12 +893,7 @@ def abort_message(lines: Sequence[str]) -> str | None:
                     if clean[j].strip().startswith("CUDA error:"):
                         return clean[j].strip()
             return msg
-    cut = len(clean)
-    for i, ln in enumerate(clean):
-        if ln.startswith(_FAULTHANDLER_START[0]):
-            cut = i
-            break
-    for ln in reversed(clean[:cut]):
+    for ln in reversed(before_faulthandler(clean)):
         t = ln.strip()
         if t and not t.startswith(_FAULTHANDLER_START) and not t.startswith("File \""):
             return t

@@ -340,10 +340,10 @@ class MtpRuntime:
             raise TraceError("n_draft + 1 must fit one verify batch", key="n_draft",
                              expected=f"<= {self.n_batch - 1}", actual=n_draft)
         sampler = sampler or Sampler()
-        self._check_fits(len(tokens), max_tokens, n_draft)
         live = fence is not None and defer_target and trace
         if live:
-            fence()                     # the last prompt's views are about to be overwritten
+            fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
+        self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
         tctx, dctx, cap = self.tctx, self.dctx, self.capture
         db, tb = self.dbatch, self.tbatch

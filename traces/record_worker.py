@@ -56,7 +56,7 @@ from mtpscope.traces.transport import Channel, RoundReceiver, RoundSender, StopR
 #: with one llama.cpp thread). llama.cpp's own threads are ``n_threads``, set per context.
 WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
-STDERR_TAIL = 40
+STDERR_TAIL = 80
 #: a test fault, JSON ``{"abort_at_round": N}``: the worker calls ggml's own ``ggml_abort`` right after
 #: handing round N - 1 of a prompt to its sender thread (the real abort path, hook included)
 FAULT_ENV = "MTPSCOPE_WORKER_FAULT"
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the recorder decides what a Ctrl-C means
     import faulthandler  # noqa: PLC0415
 
-    faulthandler.enable()                             # a segfault in llama.cpp: Python's stack to llama.log
+    faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
     chan = Channel(socket.socket(fileno=sock_fd))
     status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
     try:
@@ -321,8 +321,8 @@ class PromptDone:
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """The worker finished every prompt: its loop's wall seconds and the CPU seconds of the loop's thread
-    (loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
+    """The worker finished every prompt: its loop's wall seconds and CPU seconds (the worker process's
+    without its sender thread; loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
     this process), the wall seconds of its loop spent inside llama.cpp decodes and the CPU seconds of
     the whole worker process over the loop, its sender thread included (both 0 when not measured: in
     this process)."""
@@ -562,7 +562,7 @@ class RecordWorker:
         self.log.join(timeout=5.0)
         st = Status.read(self._status)
         tail = list(self.log.tail)
-        from mtpscope.traces.llama_runtime import abort_message  # noqa: PLC0415
+        from mtpscope.traces.llama_runtime import abort_message, before_faulthandler  # noqa: PLC0415
 
         said = abort_message(tail)
         sig = None
@@ -585,7 +585,7 @@ class RecordWorker:
                    "step": None if st is None or st["phase"] != "draft" else st["step"],
                    "phase": None if st is None else st["phase"],
                    "n_rounds_received": self.n_rounds_received,
-                   "stderr_tail": tail[-20:], "log": "llama.log"}
+                   "stderr_tail": before_faulthandler(tail)[-20:], "log": "llama.log"}
         return RuntimeAbortedError(line, aborted=aborted, path=self.trace_dir)
 
 
