@@ -393,9 +393,11 @@ class _Merger:
                 st["writer"].close()
                 st["writer"] = None
 
-    def finish(self, written: list[dict[str, Any]]) -> tuple[dict[str, Any], list[Path]] | None:
-        """The listing and the replaced part files, the merged files renamed into place; None when the
-        groups do not cover ``written`` exactly or something failed (the caller compacts the old way)."""
+    def finish(self, written: list[dict[str, Any]],
+               plain: dict[str, Any]) -> tuple[dict[str, Any], list[Path]] | None:
+        """The listing and the replaced part files, the merged files renamed into place (``plain``, the
+        parts' own listing, when every group holds one part); None when the groups do not cover
+        ``written`` exactly or something failed (the caller compacts the old way)."""
         if self.error is None:
             try:
                 if self.groups:
@@ -409,7 +411,7 @@ class _Merger:
         old: list[Path] = []
         if len(self.groups) == len(written):                 # one part per group: nothing to merge
             self.discard()
-            return {t: [f"part-{w['idx']:05d}.parquet" for w in written if w[t] is not None] for t in S.TABLES}, []
+            return plain, []
         for g in self.groups:
             for t in S.TABLES:
                 st = g["streams"].get(t)
@@ -784,7 +786,7 @@ class TraceWriter:
         merger, self._merger = self._merger, None
         if self.compact and complete and len(self._written) > 1:
             try:
-                done = merger.finish(self._written) if merger is not None else None
+                done = merger.finish(self._written, listing) if merger is not None else None
                 listing, old = done if done is not None else self._compact_parts()
             except (OSError, pa.ArrowException) as e:
                 for t in S.TABLES:

@@ -436,15 +436,10 @@ class RoundSender:
         Raises:
             StopRequested / TransportClosed: (threaded) the sender thread met one.
         """
-        if self._thread is None or self.n_written >= self.n_queued:
+        if self._thread is None:
             self._raise_error()
             return
-        t0 = time.perf_counter()
-        with self._cond:
-            while self.n_written < self.n_queued and self._error is None:
-                self._cond.wait()
-        self.wait_seconds += time.perf_counter() - t0
-        self._raise_error()
+        self._wait_for(lambda: self.n_written >= self.n_queued)
 
     def thread_cpu_seconds(self) -> float:
         """CPU seconds the sender thread has used so far (0 without one, or where the platform cannot
@@ -499,13 +494,17 @@ class RoundSender:
 
     def _wait_slot_free(self, n: int) -> None:
         """(threaded) Block until message ``n - 2``, the last one in message ``n``'s slot, is released."""
-        if self.n_released >= n - 1:
-            return
-        t0 = time.perf_counter()
-        with self._cond:
-            while self.n_released < n - 1 and self._error is None:
-                self._cond.wait()
-        self.wait_seconds += time.perf_counter() - t0
+        self._wait_for(lambda: self.n_released >= n - 1)
+
+    def _wait_for(self, done: Any) -> None:
+        """(threaded) Block until ``done()`` holds (the sender thread notifies on every change), counting
+        the wait in :attr:`wait_seconds`; raise the sender thread's error instead if it met one."""
+        if not done():
+            t0 = time.perf_counter()
+            with self._cond:
+                while not done() and self._error is None:
+                    self._cond.wait()
+            self.wait_seconds += time.perf_counter() - t0
         self._raise_error()
 
     def _run(self) -> None:
