@@ -2,6 +2,6 @@
 
 Only this package imports streamlit, and within it only ``main``, ``state`` and the screens; ``charts``,
 ``views``, ``safety`` and ``tokens`` are pure (tested without a Streamlit runtime). The app sits on top:
-it may import ``mtpscope.traces``, ``mtpscope.inspector``, ``mtpscope.cache``, ``mtpscope.demo_spec`` and
+it may import ``mtpscope.traces``, ``mtpscope.inspector``, ``mtpscope.cache``, ``mtpscope.demo.spec`` and
 ``mtpscope.errors``; nothing below imports it (tests/test_architecture.py).
 """

@@ -168,7 +168,7 @@ def _stagger(annotations: list[dict], levels: int = 3) -> list[dict]:
 def per_position_figure(per_pos: pd.DataFrame, other: pd.DataFrame | None = None,
                         names: tuple[str, str] = ("A", "B"), title: str = "Per-position acceptance") -> go.Figure:
     """Bars of P(draft k accepted) for k = 1..K (columns k, acceptance as in
-    :func:`mtpscope.traces.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
+    :func:`mtpscope.traces.analysis.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
     if per_pos is None or len(per_pos) == 0:
         return empty_figure("no drafted tokens")
     fig = go.Figure()

@@ -38,7 +38,7 @@ ROOTS_ENV = "MTPSCOPE_ROOTS"
 ROOTS_ONLY_ENV = "MTPSCOPE_ROOTS_ONLY"
 
 #: Largest upload the app accepts (bytes). Matches ``--server.maxUploadSize`` (MiB) in
-#: :data:`mtpscope.cli_app.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
+#: :data:`mtpscope.cli.serve.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
 MAX_UPLOAD_BYTES = 256 * 1024 * 1024
 #: Largest total size unpacked from an uploaded trace archive (bytes).
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024

@@ -14,7 +14,7 @@ in the page; anything else is a bug: it is shown as one ``internal error (Type: 
 <what> — please report`` line instead of a traceback (set ``MTPSCOPE_DEBUG=1`` to let it propagate).
 
 Imports: streamlit, the pure app helpers, mtpscope.inspector, mtpscope.traces (inside the trace
-loaders), mtpscope.demo_spec, mtpscope.cache, mtpscope.errors.
+loaders), mtpscope.demo.spec, mtpscope.cache, mtpscope.errors.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ import streamlit as st
 
 from mtpscope.app import safety
 from mtpscope.app.tokens import TokenText
-from mtpscope.demo_spec import RECORD_CONFIG, DemoPaths
+from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths
 from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.validate import verify
-from mtpscope.traces.wording import plural
+from mtpscope.traces.analysis.wording import plural
 
-# mtpscope.traces.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
+# mtpscope.traces.store.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
 # and duckdb, which the model pages never need.
 
 SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint", "replay")
@@ -108,7 +108,7 @@ def roots() -> tuple[Path, ...]:
 
 
 def demo_paths() -> DemoPaths:
-    """Where the demo's files are (:class:`mtpscope.demo_spec.DemoPaths` under the cache's demo folder;
+    """Where the demo's files are (:class:`mtpscope.demo.spec.DemoPaths` under the cache's demo folder;
     they may not exist yet)."""
     from mtpscope.cache import demo_dir
 
@@ -292,13 +292,13 @@ def _trace_key(p: Path) -> tuple:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _open_trace(path: str, key: tuple):
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.store.store import open_trace
 
     return open_trace(path)
 
 
 def trace(path: str | os.PathLike[str]):
-    """The opened trace (``mtpscope.traces.store.Trace``) for an allowed directory, cached by the manifest's
+    """The opened trace (``mtpscope.traces.store.store.Trace``) for an allowed directory, cached by the manifest's
     and every part's (name, size, mtime)."""
     p = safety.check_path(path, roots(), kind="dir")
     return _open_trace(str(p), _trace_key(p))
@@ -306,13 +306,13 @@ def trace(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _report(path: str, key: tuple):
-    from mtpscope.traces.metrics import report
+    from mtpscope.traces.analysis.metrics import report
 
     return report(_open_trace(path, key))
 
 
 def report(path: str | os.PathLike[str]):
-    """``mtpscope.traces.metrics.report`` of an allowed trace, cached like :func:`trace`."""
+    """``mtpscope.traces.analysis.metrics.report`` of an allowed trace, cached like :func:`trace`."""
     p = safety.check_path(path, roots(), kind="dir")
     return _report(str(p), _trace_key(p))
 
@@ -521,7 +521,7 @@ def has_centroid_head(path: str | os.PathLike[str]) -> bool:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _replay(path: str, key: tuple):
-    from mtpscope.traces.replay import read_replay  # its reader lives with its writer
+    from mtpscope.traces.run.replay import read_replay  # its reader lives with its writer
 
     return read_replay(path)
 
@@ -614,8 +614,8 @@ def same_trace(recorded: str | None, path: str | os.PathLike[str], near: str | o
 
 def drafting_head(tr: Any) -> str:
     """``"centroid"`` when the trace's drafts came from the sparse (centroid) head, else ``"dense"`` (the
-    centroid columns of a dense recording are a what-if): ``mtpscope.traces.explain_report.drafting_head``."""
-    from mtpscope.traces.explain_report import drafting_head as head_of
+    centroid columns of a dense recording are a what-if): ``mtpscope.traces.analysis.explain_report.drafting_head``."""
+    from mtpscope.traces.analysis.explain_report import drafting_head as head_of
 
     m = getattr(tr, "manifest", None)
     return head_of(m if isinstance(m, dict) else {})
@@ -624,10 +624,10 @@ def drafting_head(tr: Any) -> str:
 def round_verdict(tr: Any, path: str, row: Any, steps: Any, dec: TokenText, head: str = "dense") -> str:
     """The Step view's one-line verdict for a round (:func:`mtpscope.app.views.round_verdict`): the
     rejected step's record for the drafter's rank and logits, and the explanation layer's sentence
-    for its cause and the target's side (``mtpscope.traces.explain.step_sentence`` of the round's
+    for its cause and the target's side (``mtpscope.traces.analysis.explain.step_sentence`` of the round's
     first mismatch, as ``mtpscope explain --prompt`` prints it)."""
     from mtpscope.app import views
-    from mtpscope.traces.explain import step_sentence
+    from mtpscope.traces.analysis.explain import step_sentence
 
     nd, na = int(row["n_draft"]), int(row["n_accepted"])
     step = None
@@ -648,7 +648,7 @@ def round_verdict(tr: Any, path: str, row: Any, steps: Any, dec: TokenText, head
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _vocab(path: str, size: int, mtime_ns: int):
-    from mtpscope.traces.vocab import load_vocab
+    from mtpscope.traces.analysis.vocab import load_vocab
 
     return load_vocab(path)
 
@@ -670,7 +670,7 @@ def trace_vocab_path(tr: Any) -> str | None:
 
 
 def vocab(path: str | None):
-    """``mtpscope.traces.vocab.load_vocab`` of an allowed GGUF (cached by path, size, mtime); None for None."""
+    """``mtpscope.traces.analysis.vocab.load_vocab`` of an allowed GGUF (cached by path, size, mtime); None for None."""
     if not path:
         return None
     p = safety.check_path(path, roots(), kind="file")
@@ -679,14 +679,14 @@ def vocab(path: str | None):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None):
-    from mtpscope.traces.explain_report import explain_trace
+    from mtpscope.traces.analysis.explain_report import explain_trace
 
     v = _vocab(vpath, *vkey) if vpath else None
     return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
 
 
 def explanation(path: str | os.PathLike[str], prompt_id: int | None = None):
-    """``mtpscope.traces.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
+    """``mtpscope.traces.analysis.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
     prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
     prints. Cached by the trace's and the vocabulary's file stats."""
     p = safety.check_path(path, roots(), kind="dir")
@@ -698,14 +698,14 @@ def explanation(path: str | os.PathLike[str], prompt_id: int | None = None):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _positions(path: str, key: tuple):
-    from mtpscope.traces.positions import positions
+    from mtpscope.traces.analysis.positions import positions
 
     tr = _open_trace(path, key)
     return positions(tr.columns("rounds", ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]))
 
 
 def positions(path: str | os.PathLike[str]):
-    """``mtpscope.traces.positions.positions`` of an allowed trace's rounds (every emitted token's
+    """``mtpscope.traces.analysis.positions.positions`` of an allowed trace's rounds (every emitted token's
     output position and status), cached like :func:`trace`."""
     p = safety.check_path(path, roots(), kind="dir")
     return _positions(str(p), _trace_key(p))
@@ -713,8 +713,8 @@ def positions(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _token_classes(path: str, key: tuple, vpath: str, vkey: tuple):
-    from mtpscope.traces.breakdown import classify_outputs
-    from mtpscope.traces.token_classes import Classifier
+    from mtpscope.traces.analysis.breakdown import classify_outputs
+    from mtpscope.traces.analysis.token_classes import Classifier
 
     tr = _open_trace(path, key)
     clf = Classifier(_vocab(vpath, *vkey), chat=bool((tr.manifest.get("params") or {}).get("chat")))
@@ -722,7 +722,7 @@ def _token_classes(path: str, key: tuple, vpath: str, vkey: tuple):
 
 
 def token_classes(path: str | os.PathLike[str]):
-    """``{prompt_id: TokenClasses}`` of every generated token (``mtpscope.traces.breakdown.classify_outputs``
+    """``{prompt_id: TokenClasses}`` of every generated token (``mtpscope.traces.analysis.breakdown.classify_outputs``
     with the trace's vocabulary, :func:`trace_vocab_path`), or None without a vocabulary."""
     p = safety.check_path(path, roots(), kind="dir")
     tr = _open_trace(str(p), _trace_key(p))
@@ -734,14 +734,14 @@ def token_classes(path: str | os.PathLike[str]):
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _comparison(a: str, akey: tuple, b: str, bkey: tuple, vpath: str | None, vkey: tuple | None):
-    from mtpscope.traces.compare_report import compare_traces
+    from mtpscope.traces.analysis.compare_report import compare_traces
 
     v = _vocab(vpath, *vkey) if vpath else None
     return compare_traces(_open_trace(a, akey), _open_trace(b, bkey), vocab=v)
 
 
 def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
-    """``mtpscope.traces.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
+    """``mtpscope.traces.analysis.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
     :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints. Cached."""
     pa_ = safety.check_path(a, roots(), kind="dir")
     pb_ = safety.check_path(b, roots(), kind="dir")
@@ -751,7 +751,7 @@ def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]):
 
 
 def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """What differs between the runs of two allowed traces (``mtpscope.traces.run_diff``: parameters, and
+    """What differs between the runs of two allowed traces (``mtpscope.traces.analysis.run_diff``: parameters, and
     the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
     ``{"what", "name", "A", "B"}``. Cached per trace version."""
     pa_ = safety.check_path(a, roots(), kind="dir")
@@ -761,7 +761,7 @@ def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> lis
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
-    from mtpscope.traces.run_diff import difference_rows, run_differences
+    from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
 
     ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
     return difference_rows(run_differences(ta.manifest, tb.manifest,

@@ -7,7 +7,7 @@ vectorised so a 100,000-round trace or a 262144-token vocabulary stays well unde
 Definitions (llama.cpp / vLLM, see docs/reference/gemma4-assistant-facts.md §4): acceptance rate = accepted drafts /
 drafted tokens; mean acceptance length = 1 + accepted / verify rounds; per-position acceptance =
 P(draft k accepted) for k = 1..K. The headline numbers shown in the app come from
-``mtpscope.traces.metrics.report``; the helpers here only serve views the report does not carry (windows,
+``mtpscope.traces.analysis.metrics.report``; the helpers here only serve views the report does not carry (windows,
 bins, streaks, tables for one round).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from mtpscope.traces import wording
+from mtpscope.traces.analysis import wording
 
 Decode = Callable[[int | None], str]
 
@@ -40,12 +40,12 @@ def ordered_rounds(rounds: pd.DataFrame, prompt_ids: Sequence[int] | None = None
 
 
 def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None) -> pd.DataFrame:
-    """One row per prompt, worst first: :func:`mtpscope.traces.metrics.per_prompt` (n_rounds, n_drafted,
+    """One row per prompt, worst first: :func:`mtpscope.traces.analysis.metrics.per_prompt` (n_rounds, n_drafted,
     n_accepted, acceptance_rate, mean_acceptance_length) plus the prompt's text (from the manifest's
     prompts when given) and its longest zero-acceptance streak (rounds, from
-    :func:`mtpscope.traces.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
+    :func:`mtpscope.traces.analysis.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
     then prompt_id."""
-    from mtpscope.traces import metrics
+    from mtpscope.traces.analysis import metrics
 
     t = metrics.per_prompt(rounds)
     streaks = metrics.zero_acceptance_streaks(rounds) if len(rounds) else None
@@ -60,24 +60,24 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
 
 
 def clean_prompts(prompts) -> list[dict]:
-    """A manifest's well-formed ``prompts`` entries (:func:`mtpscope.traces.wording.manifest_prompts`)."""
+    """A manifest's well-formed ``prompts`` entries (:func:`mtpscope.traces.analysis.wording.manifest_prompts`)."""
     return wording.manifest_prompts(prompts)
 
 
 def prompt_texts(prompts) -> dict[int, str]:
-    """prompt_id -> text of a manifest's ``prompts`` (:func:`mtpscope.traces.wording.prompt_texts`)."""
+    """prompt_id -> text of a manifest's ``prompts`` (:func:`mtpscope.traces.analysis.wording.prompt_texts`)."""
     return wording.prompt_texts(prompts)
 
 
 def prompt_labels(prompt_ids, prompts, width: int = wording.PROMPT_LABEL_CHARS) -> dict[int, str]:
-    """prompt_id -> ``prompt 3 “text…”`` (:func:`mtpscope.traces.wording.prompt_labels`)."""
+    """prompt_id -> ``prompt 3 “text…”`` (:func:`mtpscope.traces.analysis.wording.prompt_labels`)."""
     return wording.prompt_labels(prompt_ids, prompts, width)
 
 
 def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
-    """:func:`mtpscope.traces.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
+    """:func:`mtpscope.traces.analysis.metrics.zero_acceptance_streaks` (longest first) with the streaks' positions on
     the timeline: start_seq / end_seq from ``rounds``' ``seq`` column (:func:`ordered_rounds`)."""
-    from mtpscope.traces import metrics
+    from mtpscope.traces.analysis import metrics
 
     df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
     cols = ["prompt_id", "start_round", "end_round", "length", "start_seq", "end_seq"]
@@ -98,8 +98,8 @@ def zero_streaks(rounds: pd.DataFrame, min_length: int = 2) -> pd.DataFrame:
 
 def rolling_acceptance(rounds: pd.DataFrame, window: int | None = None, max_points: int = 4000,
                        per_prompt: bool = False) -> pd.DataFrame:
-    """Rolling acceptance rate (:func:`mtpscope.traces.metrics.rolling_acceptance`: accepted / drafted over
-    the last ``window`` rounds, default :data:`mtpscope.traces.metrics.DEFAULT_ROLLING_WINDOW`) in
+    """Rolling acceptance rate (:func:`mtpscope.traces.analysis.metrics.rolling_acceptance`: accepted / drafted over
+    the last ``window`` rounds, default :data:`mtpscope.traces.analysis.metrics.DEFAULT_ROLLING_WINDOW`) in
     :func:`ordered_rounds` order, subsampled to at most ``max_points`` points.
 
     ``per_prompt=False``: one window running over the whole trace (across prompt boundaries, as the
@@ -109,7 +109,7 @@ def rolling_acceptance(rounds: pd.DataFrame, window: int | None = None, max_poin
     Returns columns seq, prompt_id, round, rolling_rate (NaN where nothing was drafted in the window),
     n_window (rounds the window holds so far: ``window`` once full) and full (``n_window == window``).
     """
-    from mtpscope.traces import metrics
+    from mtpscope.traces.analysis import metrics
 
     w = max(1, int(window if window is not None else metrics.DEFAULT_ROLLING_WINDOW))
     df = rounds if "seq" in rounds.columns else ordered_rounds(rounds)
@@ -259,7 +259,7 @@ def _cause_parts(cause: str | None) -> tuple[str | None, str | None]:
 def round_hover(rounds: pd.DataFrame, decode: Decode | None, max_tokens: int = 8,
                 labels: dict[int, str] | None = None) -> list[str]:
     """Hover text per round: the prompt (``labels[prompt_id]``, see
-    :func:`mtpscope.traces.wording.prompt_labels`) and round, accepted length, and each drafted token
+    :func:`mtpscope.traces.analysis.wording.prompt_labels`) and round, accepted length, and each drafted token
     vs the target's token as text with its verdict (✓ accepted, ✗ rejected, – not checked); a round
     that drafted nothing says so.
 
@@ -545,13 +545,13 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
     """One prompt's generated tokens laid out as lines of text for the text view.
 
     Args:
-        pos: :class:`mtpscope.traces.positions.Positions` of the trace (its ``sequences`` and
+        pos: :class:`mtpscope.traces.analysis.positions.Positions` of the trace (its ``sequences`` and
             ``emitted``: the status of every emitted token, ``accepted`` / ``rejected`` (the target's
             correction of a rejected draft) / ``bonus``; the first token, position 0, is the prefill's).
         prompt_id: the prompt.
         decode: id -> readable text without quotes (``TokenText.text``).
             A token of a round that drafted nothing is ``decode`` (the target decoded it alone).
-        classes: ``mtpscope.traces.token_classes.TokenClasses`` of that prompt's sequence (optional).
+        classes: ``mtpscope.traces.analysis.token_classes.TokenClasses`` of that prompt's sequence (optional).
         width: characters per line; a token whose text ends a line (``↵``) breaks it.
         max_tokens / start: at most this many tokens from output position ``start`` on.
 
@@ -580,7 +580,7 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
     kk[g[ok]] = em["k"].to_numpy(dtype=np.int64)[ok]
     cls = [""] * n
     if classes is not None:
-        from mtpscope.traces.token_classes import CLASSES
+        from mtpscope.traces.analysis.token_classes import CLASSES
 
         codes = np.asarray(classes.classes)
         cls = [CLASSES[int(c)] if 0 <= int(c) < len(CLASSES) else "" for c in codes[:n]]
@@ -601,7 +601,7 @@ def generated_text(pos, prompt_id: int, decode: Callable[[int], str], *, classes
 
 
 def round_position(pos, prompt_id: int, round_: int) -> int | None:
-    """The output position of the first token a round emitted (:class:`mtpscope.traces.positions.Positions`),
+    """The output position of the first token a round emitted (:class:`mtpscope.traces.analysis.positions.Positions`),
     None when unknown."""
     if pos is None or not len(pos.emitted):
         return None
@@ -802,7 +802,7 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
                   pairs: Sequence[tuple[int, int]] | None = None) -> pd.DataFrame:
     """Join two :func:`per_prompt_table` results: rates a / b and delta (b − a), sorted by delta
     ascending (biggest drop first). ``pairs``: (prompt_id in A, prompt_id in B) as
-    :func:`mtpscope.traces.align.pair_prompts` pairs them (by id, text or prompt_id); without it prompts
+    :func:`mtpscope.traces.analysis.align.pair_prompts` pairs them (by id, text or prompt_id); without it prompts
     are joined on prompt_id. The result's prompt_id is A's."""
     a = table_a.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]
     b = table_b.set_index("prompt_id")[["acceptance_rate", "mean_acceptance_length"]]

@@ -32,7 +32,7 @@ from mtpscope.app import charts, views  # noqa: E402
 from mtpscope.app.tokens import TokenText  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
-from mtpscope.traces.store import open_trace  # noqa: E402
+from mtpscope.traces.store.store import open_trace  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32

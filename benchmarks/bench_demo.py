@@ -3,7 +3,7 @@
 For each categorised demo prompt: the target's greedy continuation (64 tokens, stopping at an
 end-of-generation token as the recorder does), its distinct-4-gram ratio, and greedy MTP with
 n_draft = 3 simulated in torch exactly as llama.cpp's loop runs (one teacher-forced target pass, the
-drafter chained on its own drafts at the pending position; mtpscope.demo_train.simulate_mtp). Then per
+drafter chained on its own drafts at the pending position; mtpscope.demo.train.simulate_mtp). Then per
 category: pooled acceptance rate, per-position acceptance p1..p3, the minimum distinct-4-gram ratio; and
 the issue's checks (distinct-4 >= 0.6 everywhere, highest - lowest category acceptance >= 0.25, the
 random category lowest, p1 > p2 > p3).
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope import demo_train as dt  # noqa: E402
+from mtpscope.demo import train as dt  # noqa: E402
 
 
 def main() -> int:
@@ -90,9 +90,9 @@ def main() -> int:
 def recorded(demo: str | None) -> None:
     """The realism figures of the traces llama.cpp recorded in the built demo (if it is built)."""
     from mtpscope.cache import demo_dir
-    from mtpscope.demo_spec import TrainedPaths
-    from mtpscope.traces import metrics
-    from mtpscope.traces.store import open_trace
+    from mtpscope.demo.spec import TrainedPaths
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.store.store import open_trace
 
     tp = TrainedPaths.under(Path(demo) if demo else demo_dir())
     print()

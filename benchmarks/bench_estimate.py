@@ -29,9 +29,9 @@ TYPE_ID = {"f16": 1, "q8_0": 8}
 
 
 def main() -> None:
-    from mtpscope.demo import build_demo
-    from mtpscope.demo_vocab import load_vocab
-    from mtpscope.traces import llama_runtime as R
+    from mtpscope.demo.build import build_demo
+    from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run import llama_runtime as R
 
     demo = build_demo(traces=False)
     voc = list(load_vocab("subset").kv)

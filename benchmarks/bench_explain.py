@@ -25,15 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.cache import cache_dir, vocab_path  # noqa: E402
-from mtpscope.traces import explain as E  # noqa: E402
-from mtpscope.traces.breakdown import classify_outputs, draft_labels  # noqa: E402
-from mtpscope.traces.explain_report import ROUNDS_COLUMNS, explain, step_columns  # noqa: E402
-from mtpscope.traces.metrics import report  # noqa: E402
-from mtpscope.traces.positions import positions  # noqa: E402
+from mtpscope.traces.analysis import explain as E  # noqa: E402
+from mtpscope.traces.analysis.breakdown import classify_outputs, draft_labels  # noqa: E402
+from mtpscope.traces.analysis.explain_report import ROUNDS_COLUMNS, explain, step_columns  # noqa: E402
+from mtpscope.traces.analysis.metrics import report  # noqa: E402
+from mtpscope.traces.analysis.positions import positions  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
-from mtpscope.traces.token_classes import Classifier  # noqa: E402
-from mtpscope.traces.vocab import load_vocab  # noqa: E402
-from mtpscope.traces.what_if import what_if  # noqa: E402
+from mtpscope.traces.analysis.token_classes import Classifier  # noqa: E402
+from mtpscope.traces.analysis.vocab import load_vocab  # noqa: E402
+from mtpscope.traces.analysis.what_if import what_if  # noqa: E402
 
 
 def _median(fn, repeats: int) -> float:

@@ -28,7 +28,7 @@ whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
 [--size tiny|medium] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
-worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo``.
+worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope import demo  # noqa: E402
+from mtpscope.demo import build as demo  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.recorder import record  # noqa: E402
 
 PROMPT = "The quick brown fox"
 

@@ -111,10 +111,10 @@ def bench_steps(repeats: int, context: int) -> None:
 
 
 def bench_replay(n_rounds: int, vocab: str) -> None:
-    from mtpscope import demo
-    from mtpscope.demo_vocab import load_vocab
-    from mtpscope.traces.recorder import record
-    from mtpscope.traces.replay import replay
+    from mtpscope.demo import build as demo
+    from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.run.replay import replay
 
     voc = load_vocab(vocab)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""Benchmark: sweeps (traces/sweep.py on Ray, traces/sweep_read.py).
+"""Benchmark: sweeps (traces/sweep/runner.py on Ray, traces/sweep/reader.py).
 
 Three parts (``--part ray|read|whatif|all``; targets are printed, never asserted; exit 0):
 
@@ -39,7 +39,7 @@ PROMPTS = [("The quick brown fox", "prose"), ("def fibonacci(n):", "code"), ("On
 READ_PROBE = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from mtpscope.traces.sweep_read import open_sweep
+from mtpscope.traces.sweep.reader import open_sweep
 t1 = time.perf_counter()
 sw = open_sweep(sys.argv[1]); m = sw.matrix
 t2 = time.perf_counter()
@@ -56,13 +56,13 @@ print(json.dumps({"import_s": t1 - t0, "open_matrix_s": t2 - t1, "timeline_s": t
 
 
 def _demo():
-    from mtpscope.demo import build_demo
+    from mtpscope.demo.build import build_demo
 
     return build_demo()
 
 
 def _spec(demo, n_drafts, n_shards, max_tokens, tmp: Path):
-    from mtpscope.traces.sweep_format import SweepSpec, read_prompt_set
+    from mtpscope.traces.sweep.spec import SweepSpec, read_prompt_set
 
     p = tmp / "prompts.jsonl"
     p.write_text("".join(json.dumps({"prompt": t, "category": c}) + "\n" for t, c in PROMPTS))
@@ -74,7 +74,7 @@ def _spec(demo, n_drafts, n_shards, max_tokens, tmp: Path):
 def part_ray(max_tokens: int) -> None:
     import ray
 
-    from mtpscope.traces.sweep import run_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -123,14 +123,14 @@ def part_read(n_rounds: int) -> None:
 
 def part_whatif(max_tokens: int) -> None:
     try:
-        from mtpscope.traces import what_if as W
+        from mtpscope.traces.analysis import what_if as W
     except ImportError:
         print("whatif: skipped: traces.what_if (issue 13) is not in this build")
         return
     import ray
 
-    from mtpscope.traces.sweep import run_sweep
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.metrics import report  # noqa: E402
+from mtpscope.traces.analysis.metrics import report  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 

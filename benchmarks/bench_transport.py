@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.traces.mtp_runtime import DraftStep, RoundResult  # noqa: E402
-from mtpscope.traces.transport import Channel, RoundReceiver, RoundSender  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import DraftStep, RoundResult  # noqa: E402
+from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender  # noqa: E402
 
 
 def _round(i: int, arrays: list[np.ndarray], n_draft: int) -> RoundResult:

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope import traces  # noqa: E402
-from mtpscope.demo import build_demo  # noqa: E402
-from mtpscope.traces.metrics import totals  # noqa: E402
-from mtpscope.traces.what_if import what_if_trace  # noqa: E402
+from mtpscope.demo.build import build_demo  # noqa: E402
+from mtpscope.traces.analysis.metrics import totals  # noqa: E402
+from mtpscope.traces.analysis.what_if import what_if_trace  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Tell me a story about dragons.", "Hello world", "Every sailor sings about",
            "Write a haiku about the moon.", "Seven clever wizards", "Purple dragons sleep", "Silver moons",
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from mtpscope.traces.recorder import MtpRuntime, record
+    from mtpscope.traces.run.recorder import MtpRuntime, record
 
     demo = build_demo()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-what-if-"))

@@ -39,7 +39,7 @@ if [ -n "${WHEELHOUSE:-}" ]; then FIND=(--no-index --find-links "$WHEELHOUSE"); 
 "${PIP[@]}" install -q "${FIND[@]}" --upgrade pip scikit-build-core cmake ninja || true
 "${PIP[@]}" install -q "${FIND[@]}" -e "$ROOT"
 if ! "$VENV/bin/python" - <<'EOF' 2>/dev/null
-from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.run import llama_runtime as rt
 import sys
 sys.exit(0 if rt.gpu_name() else 1)
 EOF
@@ -50,7 +50,7 @@ then
     --no-binary llama-cpp-python "$SRC"
 fi
 "$VENV/bin/python" - <<'EOF'
-from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.run import llama_runtime as rt
 print("llama.cpp sees GPU:", rt.gpu_name())
 print("runtime:", rt.runtime_info(-1))
 EOF
@@ -71,7 +71,7 @@ done
 import sys
 import numpy as np
 from mtpscope import traces
-from mtpscope.traces.replay import replay
+from mtpscope.traces.run.replay import replay
 
 gpu, cpu = traces.open(sys.argv[1]), traces.open(sys.argv[2])
 print("devices:", gpu.manifest["runtime"]["device"], "vs", cpu.manifest["runtime"]["device"])

@@ -2,7 +2,7 @@
 hole (``os.truncate``), written with gguf-py's GGUFWriter (header only) so llama.cpp loads them and
 creates contexts (no decode: the values are zeros).
 
-The tokenizer is the demo's real-token subset (first 4096 Gemma 4 tokens, mtpscope/demo_vocab.py).
+The tokenizer is the demo's real-token subset (first 4096 Gemma 4 tokens, mtpscope/demo/vocab.py).
 """
 
 from __future__ import annotations

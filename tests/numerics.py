@@ -129,3 +129,19 @@ def check_emulated_chain(rel_errs: Sequence[float], what: str, *, quantile_max: 
                                "differ by more than F32 rounding, an F16 rounding of llama.cpp is not emulated")
     assert mx <= max_max, (f"{what}: max relative error {mx:.3g} > {max_max:.3g} (one F16 ulp of the vector)")
     return q, mx
+
+
+def greedy_near_tie_tol(n_layer: int, logits: np.ndarray) -> float:
+    """How far below the best logit the token llama.cpp picked greedily may lie in an F32 reference's
+    logits (HF transformers, fp32) at one position, and still be the same computation.
+
+    llama.cpp keeps the KV cache in F16: every K and V element is rounded to F16 (relative error at
+    most :data:`U16`), so each layer's attention output carries a relative perturbation of about one
+    F16 ulp (:data:`ULP16_REL`) that the F32 reference does not have; the residual stream adds the
+    ``n_layer`` layers' perturbations, so the final hidden state and the logits ``W h`` differ by up to
+    about ``n_layer * ULP16_REL`` of the logits' scale (``max |logit|``). Two tokens whose logits lie
+    closer than that are a tie the two runtimes may break either way; anything farther apart is a real
+    disagreement. Measured on the trained demo target (6 layers, max |logit| 13.2): the one near tie on
+    an AVX-512 machine was 0.0074 apart, the bound is 0.078.
+    """
+    return float(n_layer * ULP16_REL * np.max(np.abs(logits)))

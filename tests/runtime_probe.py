@@ -26,7 +26,7 @@ PROMPT = ("The history of the city begins with a small market by the river, wher
 _CHILD = r"""
 import json, sys
 import numpy as np
-from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.run import llama_runtime as rt
 
 jobs, rounds, prompt = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 for job, (target, drafter) in enumerate(jobs):

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import breakdown as B
-from mtpscope.traces.align import aligned_diff, bootstrap_delta, pair_prompts
-from mtpscope.traces.drift import drift
-from mtpscope.traces.positions import positions
+from mtpscope.traces.analysis import breakdown as B
+from mtpscope.traces.analysis.align import aligned_diff, bootstrap_delta, pair_prompts
+from mtpscope.traces.analysis.drift import drift
+from mtpscope.traces.analysis.positions import positions
 
 
 def _rounds(rows):
@@ -46,7 +46,7 @@ def test_positions_by_hand() -> None:
 def test_breakdown_counts_add_up() -> None:
     p = positions(B_)
     cls = {0: np.array([0, 0, 3, 3, 4, 0, 0], dtype=np.int8)}   # prose prose number number punct prose prose
-    from mtpscope.traces.token_classes import TokenClasses
+    from mtpscope.traces.analysis.token_classes import TokenClasses
     tc = {0: TokenClasses(cls[0], np.zeros(7, dtype=np.int8))}
     c, ch = B.draft_labels(p, tc)
     # drafts: r0 g1 g2 g3, r1 g3 g4 g5, r2 g4 g5 g6

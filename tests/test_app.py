@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from mtpscope.cli_app import main_script  # noqa: E402
+from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged mtpscope/app/main.py)
 TIMEOUT = 120
@@ -23,7 +23,7 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def demo(demo_dir):
-    """The built demo (mtpscope.demo.DemoPaths); pages that need a trace skip without one."""
+    """The built demo (mtpscope.demo.spec.DemoPaths); pages that need a trace skip without one."""
     return demo_dir
 
 
@@ -166,7 +166,8 @@ def test_values_page_stats(demo) -> None:
 
 
 def test_acceptance_page_equals_report_and_parquet(demo) -> None:
-    from mtpscope.traces import metrics, store
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.store import store
 
     trace = _need_trace(demo)
     at = _run("acceptance", trace=trace)
@@ -227,7 +228,8 @@ def test_step_page_shows_the_selected_round(demo) -> None:
 
 
 def test_compare_page_two_traces(demo) -> None:
-    from mtpscope.traces import metrics, store
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.store import store
 
     a = _need_trace(demo)
     b = Path(demo.traces_noisy)
@@ -312,7 +314,7 @@ def test_compare_page_shows_replay_results(demo, tmp_path: Path, monkeypatch) ->
     import json
 
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.replay import replay
+    from mtpscope.traces.run.replay import replay
 
     trace = _need_trace(demo)
     out = tmp_path / "replay"
@@ -371,7 +373,9 @@ def test_every_page_without_demo_or_selection(tmp_path: Path, monkeypatch) -> No
 def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
     """Traces imported from the fork's NDJSON (rounds and steps without target tokens) and from a
     llama-server log (requests only) open on every trace page without an exception."""
-    from mtpscope.traces import importers, metrics, store
+    from mtpscope.traces import importers
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.store import store
 
     nd = tmp_path / "fork.ndjson"
     nd.write_text(
@@ -409,7 +413,8 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
     the well-formed prompts keep their texts."""
     import json
 
-    from mtpscope.traces import metrics, store
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.store import store
 
     src = _need_trace(demo)
     t = _copy_trace(src, tmp_path / "trace")

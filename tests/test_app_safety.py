@@ -371,7 +371,7 @@ def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Pa
     at.switch_page("screens/step.py").run()
     assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
     # the demo's default view: the trained pair's F32 trace when it is built (demo.json), else the clean one
-    from mtpscope.demo_spec import TrainedPaths
+    from mtpscope.demo.spec import TrainedPaths
 
     f32 = TrainedPaths.under(Path(demo_dir.root)).traces_f32
     want = f32 if (f32 / "manifest.json").exists() else Path(demo_dir.traces_clean)
@@ -388,7 +388,7 @@ def test_upload_limit_is_the_servers() -> None:
     """MAX_UPLOAD_BYTES is the limit `mtpscope app` gives Streamlit (and the checkout's config.toml)."""
     import tomllib
 
-    from mtpscope.cli_app import SERVER_FLAGS
+    from mtpscope.cli.serve import SERVER_FLAGS
 
     flags = dict(zip(SERVER_FLAGS[::2], SERVER_FLAGS[1::2]))
     assert int(flags["--server.maxUploadSize"]) * 1024 * 1024 == safety.MAX_UPLOAD_BYTES

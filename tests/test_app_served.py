@@ -32,7 +32,7 @@ TCP_LISTEN = "0A"
 
 def _make_run_argv(port: int, address: str | None = None) -> list[str]:
     """The command ``make run`` runs (read with ``make -n``), with this interpreter in place of
-    ``.venv/bin/mtpscope`` (the console script runs ``mtpscope.cli:main``, as ``-m mtpscope.cli`` does)."""
+    ``.venv/bin/mtpscope`` (the console script runs ``mtpscope.cli.main:main``, as ``-m mtpscope.cli`` does)."""
     if shutil.which("make") is None:
         pytest.skip("make not installed")
     args = ["make", "-n", "-s", "-C", str(ROOT), "run", f"PORT={port}"]
@@ -123,7 +123,7 @@ def test_network_address_with_roots_says_what_is_exposed(tmp_path: Path, monkeyp
     and MTPSCOPE_ROOTS_ONLY=1 in its environment."""
     from typer.testing import CliRunner
 
-    from mtpscope import cli, cli_app
+    from mtpscope.cli import main as cli, serve as cli_app
 
     calls = []
 

@@ -42,7 +42,7 @@ def test_host_allow_list() -> None:
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from mtpscope.cli_app import main_script  # noqa: E402
+from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())
 

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from mtpscope.cli_app import main_script  # noqa: E402
+from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())
 TIMEOUT = 120
@@ -214,7 +214,7 @@ def _metric(at: AppTest, label: str) -> str:
 def _cli_json(*args: str) -> dict:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     r = CliRunner().invoke(app, list(args))
     assert r.exit_code in (0, 1), r.output
@@ -298,8 +298,8 @@ def test_drafter_picker_lists_drafters_and_refuses_a_target(demo_dir) -> None:
 def test_acceptance_page_says_what_the_cli_says(demo_dir) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
-    from mtpscope.traces import metrics
+    from mtpscope.cli.main import app
+    from mtpscope.traces.analysis import metrics
 
     (noisy,) = _need(demo_dir, "traces_noisy")
     out = CliRunner().invoke(app, ["report", str(noisy)]).stdout

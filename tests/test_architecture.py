@@ -6,11 +6,11 @@ import name (``inspector/gguf.py`` -> ``mtpscope.inspector.gguf``, ``app/screens
 function (a lazy import is still an arrow), relative imports resolved. The rules:
 
 - only ``mtpscope.app`` imports ``streamlit``, and its pure helpers (charts, views, safety, tokens) do not;
-- only ``mtpscope.traces.llama_runtime`` imports ``llama_cpp``;
-- ``mtpscope.inspector`` imports neither ``mtpscope.traces`` nor ``mtpscope.app`` nor ``mtpscope.cli*`` /
-  ``mtpscope.demo*``;
-- ``mtpscope.traces`` imports neither ``mtpscope.app`` nor ``mtpscope.cli*`` / ``mtpscope.demo*``;
-- ``mtpscope.app`` imports no ``mtpscope.cli*`` and, of the demo, only ``mtpscope.demo_spec`` (its file
+- only ``mtpscope.traces.run.llama_runtime`` imports ``llama_cpp``;
+- ``mtpscope.inspector`` imports neither ``mtpscope.traces`` nor ``mtpscope.app`` nor ``mtpscope.cli.main*`` /
+  ``mtpscope.demo.build*``;
+- ``mtpscope.traces`` imports neither ``mtpscope.app`` nor ``mtpscope.cli.main*`` / ``mtpscope.demo.build*``;
+- ``mtpscope.app`` imports no ``mtpscope.cli.main*`` and, of the demo, only ``mtpscope.demo.spec`` (its file
   names, no numpy);
 - of the ``mtpscope`` folder's own modules the libraries import only the leaves ``mtpscope.errors``
   (which imports no other mtpscope module) and ``mtpscope.cache`` (which imports only the errors);
@@ -166,7 +166,7 @@ def layer_violations(g: Mapping[str, Mapping[str, int]]) -> list[str]:
             elif _under(m, "mtpscope.traces"):
                 up = _under(t, "mtpscope.app") or (root and t not in LEAVES)
             elif _under(m, "mtpscope.app"):
-                up = root and t not in LEAVES and t != "mtpscope.demo_spec"
+                up = root and t not in LEAVES and t != "mtpscope.demo.spec"
             elif m in LEAVES:
                 up = t != "mtpscope" and t not in LEAVES[m]
             if up:
@@ -262,7 +262,7 @@ def _fmt(cycle: list[str]) -> str:
 @pytest.fixture(scope="module")
 def tree() -> dict[str, tuple[Path, list[Imp]]]:
     mods = scan()
-    assert {"mtpscope.errors", "mtpscope.inspector.gguf", "mtpscope.traces.llama_runtime",
+    assert {"mtpscope.errors", "mtpscope.inspector.gguf", "mtpscope.traces.run.llama_runtime",
             "mtpscope.app.state", "mtpscope.app.screens.step"} <= set(mods), sorted(mods)
     return mods
 
@@ -272,7 +272,7 @@ def test_only_app_imports_streamlit(tree) -> None:
 
 
 def test_only_the_runtime_module_imports_llama_cpp(tree) -> None:
-    assert external_import_violations(tree, "llama_cpp", ["mtpscope.traces.llama_runtime"]) == []
+    assert external_import_violations(tree, "llama_cpp", ["mtpscope.traces.run.llama_runtime"]) == []
 
 
 def test_arrows_point_down(tree) -> None:
@@ -340,9 +340,9 @@ def test_rule_parser_sees_lazy_relative_and_from_imports() -> None:
         ("os", ()), ("mtpscope.inspector", ("gguf",)), ("mtpscope.inspector.layouts", ("read_hparams",)),
         ("mtpscope.traces", ("store",)), ("llama_cpp", ()), ("mtpscope.errors", ("LayoutError",))]
     assert [i.name for i in imports_of("from . import a\n", "mtpscope.traces", is_package=True)] == ["mtpscope.traces"]
-    known = {"mtpscope.inspector", "mtpscope.inspector.gguf", "mtpscope.traces", "mtpscope.traces.store"}
+    known = {"mtpscope.inspector", "mtpscope.inspector.gguf", "mtpscope.traces", "mtpscope.traces.store.store"}
     assert resolve(imps[1], known) == {"mtpscope.inspector.gguf"}
-    assert resolve(imps[3], known) == {"mtpscope.traces.store"}
+    assert resolve(imps[3], known) == {"mtpscope.traces.store.store"}
     assert resolve(Imp("mtpscope.inspector", ("open_gguf",), 1), known) == {"mtpscope.inspector"}
     assert resolve(Imp("numpy", (), 1), known) == set()
 
@@ -350,15 +350,15 @@ def test_rule_parser_sees_lazy_relative_and_from_imports() -> None:
 def test_rule_streamlit_and_llama_cpp_outside_their_modules_fail() -> None:
     mods = _mods({"mtpscope.app.state": "import streamlit as st\n",
                   "mtpscope.app.views": "def f():\n    import streamlit\n",
-                  "mtpscope.traces.metrics": "import streamlit.components.v1\n",
-                  "mtpscope.traces.llama_runtime": "def llama():\n    import llama_cpp\n",
-                  "mtpscope.traces.recorder": "from llama_cpp import llama_cpp as lc\n"})
+                  "mtpscope.traces.analysis.metrics": "import streamlit.components.v1\n",
+                  "mtpscope.traces.run.llama_runtime": "def llama():\n    import llama_cpp\n",
+                  "mtpscope.traces.run.recorder": "from llama_cpp import llama_cpp as lc\n"})
     assert external_import_violations(mods, "streamlit", ["mtpscope.app"], denied=PURE_APP) == [
-        "mtpscope.app.views:2 imports streamlit", "mtpscope.traces.metrics:1 imports streamlit.components.v1"]
-    assert external_import_violations(mods, "llama_cpp", ["mtpscope.traces.llama_runtime"]) == [
-        "mtpscope.traces.recorder:1 imports llama_cpp"]
+        "mtpscope.app.views:2 imports streamlit", "mtpscope.traces.analysis.metrics:1 imports streamlit.components.v1"]
+    assert external_import_violations(mods, "llama_cpp", ["mtpscope.traces.run.llama_runtime"]) == [
+        "mtpscope.traces.run.recorder:1 imports llama_cpp"]
     # a package whose name merely starts the same is not the package
-    assert external_import_violations(_mods({"mtpscope.cli": "import streamlit_extras\n"}), "streamlit",
+    assert external_import_violations(_mods({"mtpscope.cli.main": "import streamlit_extras\n"}), "streamlit",
                                       ["mtpscope.app"]) == []
 
 
@@ -366,30 +366,30 @@ def test_rule_upward_arrows_fail() -> None:
     g = graph(_mods({
         "mtpscope.errors": "import mtpscope.cache\n",
         "mtpscope.cache": "from mtpscope.errors import MtpscopeError\nfrom mtpscope import demo_spec\n",
-        "mtpscope.cli_verify": "",
-        "mtpscope.demo_vocab": "",
-        "mtpscope.demo": "",
-        "mtpscope.demo_spec": "",
+        "mtpscope.cli.verify": "",
+        "mtpscope.demo.vocab": "",
+        "mtpscope.demo.build": "",
+        "mtpscope.demo.spec": "",
         "mtpscope.app.state": "from mtpscope.inspector import gguf\nfrom mtpscope.traces import store\n"
-                              "from mtpscope.demo_spec import DemoPaths\n",
-        "mtpscope.app.views": "from mtpscope import demo\nfrom mtpscope.cli_verify import x\n",
+                              "from mtpscope.demo.spec import DemoPaths\n",
+        "mtpscope.app.views": "from mtpscope import demo\nfrom mtpscope.cli.verify import x\n",
         "mtpscope.inspector.gguf": "from mtpscope.errors import LayoutError\nfrom mtpscope.cache import demo_dir\n",
-        "mtpscope.inspector.convert": "def f():\n    from mtpscope.demo_vocab import load_vocab\n",
-        "mtpscope.inspector.diff": "from mtpscope.traces.store import open_trace\nimport mtpscope.cli_verify\n",
-        "mtpscope.traces.store": "from mtpscope.inspector.gguf import open_gguf\n",
-        "mtpscope.traces.replay": "from mtpscope.app import state\nimport mtpscope.cli\n",
-        "mtpscope.cli": "",
+        "mtpscope.inspector.convert": "def f():\n    from mtpscope.demo.vocab import load_vocab\n",
+        "mtpscope.inspector.diff": "from mtpscope.traces.store.store import open_trace\nimport mtpscope.cli.verify\n",
+        "mtpscope.traces.store.store": "from mtpscope.inspector.gguf import open_gguf\n",
+        "mtpscope.traces.run.replay": "from mtpscope.app import state\nimport mtpscope.cli.main\n",
+        "mtpscope.cli.main": "",
     }))
     assert layer_violations(g) == [
-        "mtpscope.app.views:2 imports mtpscope.cli_verify",
-        "mtpscope.app.views:1 imports mtpscope.demo",
-        "mtpscope.cache:2 imports mtpscope.demo_spec",
+        "mtpscope.app.views:2 imports mtpscope.cli.verify",
+        "mtpscope.app.views:1 imports mtpscope.demo.build",
+        "mtpscope.cache:2 imports mtpscope.demo.spec",
         "mtpscope.errors:1 imports mtpscope.cache",
-        "mtpscope.inspector.convert:2 imports mtpscope.demo_vocab",
-        "mtpscope.inspector.diff:2 imports mtpscope.cli_verify",
-        "mtpscope.inspector.diff:1 imports mtpscope.traces.store",
-        "mtpscope.traces.replay:1 imports mtpscope.app.state",
-        "mtpscope.traces.replay:2 imports mtpscope.cli",
+        "mtpscope.inspector.convert:2 imports mtpscope.demo.vocab",
+        "mtpscope.inspector.diff:2 imports mtpscope.cli.verify",
+        "mtpscope.inspector.diff:1 imports mtpscope.traces.store.store",
+        "mtpscope.traces.run.replay:1 imports mtpscope.app.state",
+        "mtpscope.traces.run.replay:2 imports mtpscope.cli.main",
     ]
 
 

@@ -1,4 +1,4 @@
-"""The plain-decoding baseline trace (traces/baseline.py) against llama.cpp's own plain decoding
+"""The plain-decoding baseline trace (traces/run/baseline.py) against llama.cpp's own plain decoding
 (``MtpRuntime.generate_plain`` run untimed), on the tiny demo pair."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ pytestmark = pytest.mark.llama
 
 
 def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
-    from mtpscope.traces import metrics
-    from mtpscope.traces.baseline import record_baseline, timed_plain
-    from mtpscope.traces.mtp_runtime import MtpRuntime
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.run.baseline import record_baseline, timed_plain
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.store.store import open_trace
 
     target, drafter = tiny_pair()
     prompts = ["The quick brown fox", "Once upon a time there was"]

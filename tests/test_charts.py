@@ -10,7 +10,7 @@ import pytest
 from mtpscope.app import charts, views
 from mtpscope.app.tokens import TokenText, readable
 from mtpscope.inspector.centroids import CentroidHead
-from mtpscope.traces import metrics
+from mtpscope.traces.analysis import metrics
 
 
 def _rounds(accepted: list[list[int]], n_draft: int = 3) -> pd.DataFrame:
@@ -386,7 +386,7 @@ def test_target_bar_past_the_stored_top() -> None:
 
 
 def test_generated_text_layout_by_hand() -> None:
-    from mtpscope.traces.positions import positions
+    from mtpscope.traces.analysis.positions import positions
 
     # prompt 0: round 0 accepts 1 of 3 (then the target's 901), round 1 accepts 3 of 3 (then its bonus 903)
     pos = positions(_rounds([[1, 3]]))

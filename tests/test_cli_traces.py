@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 from mtpscope.traces import RoundRecord, TraceWriter
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""The demo pair's training code (mtpscope.demo_train): its multi-query drafter forward against
+"""The demo pair's training code (mtpscope.demo.train): its multi-query drafter forward against
 transformers' own one-query-per-call drafter forward, the compact loss against the full-vocabulary
 softmax, the centroid head's permutation, and the MTP simulation's bookkeeping.
 
@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the demo training code needs the parity extra (torch)")
 pytest.importorskip("transformers", reason="the demo training code needs the parity extra (transformers)")
 
-from mtpscope import demo_train as dt  # noqa: E402
+from mtpscope.demo import train as dt  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

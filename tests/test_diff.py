@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mtpscope.inspector.diff import KeyChange, TensorChange, diff
-from mtpscope import demo
-from mtpscope.cli import app
+from mtpscope.demo import build as demo
+from mtpscope.cli.main import app
 from tests.builders import DIMS, MetaValue, parts, q8_0, write
 
 

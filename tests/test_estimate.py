@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 from mtpscope.errors import LayoutError
 from mtpscope.inspector.estimate import COMPUTE_TOLERANCE, EstimateParams, estimate
 from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target
@@ -32,7 +32,7 @@ E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: Any) -> dict[str, Path]:
-    from mtpscope.demo_vocab import load_vocab
+    from mtpscope.demo.vocab import load_vocab
 
     voc = list(load_vocab("subset").kv)
     d = tmp_path_factory.mktemp("estimate")
@@ -109,7 +109,7 @@ _TYPE_ID = {"f16": 1, "q8_0": 8}
 @pytest.mark.parametrize("which", ["many", "e2b", "demo"])
 def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces import llama_runtime as R
+    from mtpscope.traces.run import llama_runtime as R
 
     target = demo_dir.target if which == "demo" else synth[which]
     drafter = demo_dir.drafter_upstream if which == "demo" else None

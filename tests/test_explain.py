@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import explain as E
-from mtpscope.traces.records import RoundRecord, StepRecord
-from mtpscope.traces.store import TraceWriter, open_trace
+from mtpscope.traces.analysis import explain as E
+from mtpscope.traces.store.records import RoundRecord, StepRecord
+from mtpscope.traces.store.store import TraceWriter, open_trace
 
 EOG = 1
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import metrics as M
+from mtpscope.traces.analysis import metrics as M
 
 # (prompt_id, round, n_draft, n_accepted); given out of order on purpose
 ROWS = [

@@ -1,4 +1,4 @@
-"""The native ``cb_eval`` capture (traces/capture.c built by traces.native_capture) against the Python
+"""The native ``cb_eval`` capture (traces/run/capture.c built by traces.native_capture) against the Python
 one and against the drafter's own weights, on the real llama.cpp; and its fall-backs (no compiler, a
 failing compiler, the switch off), which leave the Python callback in place.
 
@@ -20,9 +20,9 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces import native_capture  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.run import native_capture  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
 from tests.numerics import assert_matvec_close  # noqa: E402
 from tests.test_recorder import PROMPTS, _gguf_arrays, _gguf_types, pair  # noqa: E402, F401
 

@@ -69,9 +69,9 @@ def test_installed_copy_runs_without_the_checkout(wheel: Path, tmp_path: Path) -
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
-        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.store as s\n"
-        "from mtpscope.demo_spec import RECORD_CONFIG, load_record_config\n"
-        "from mtpscope.cli_app import main_script\n"
+        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.store.store as s\n"
+        "from mtpscope.demo.spec import RECORD_CONFIG, load_record_config\n"
+        "from mtpscope.cli.serve import main_script\n"
         "print(json.dumps({'files': [mtpscope.__file__, g.__file__, s.__file__, str(main_script())],"
         " 'config': str(RECORD_CONFIG), 'n_prompts': len(load_record_config()['record']['prompts'])}))\n"
     )

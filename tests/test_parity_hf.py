@@ -156,7 +156,7 @@ TIE_REL = 2.0 ** -8
 @pytest.mark.llama
 def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.live_run import live_mtp_run
+    from mtpscope.traces.run.live_run import live_mtp_run
 
     tm, dm = _hf_models(pair["tdir"], pair["ddir"])
     n_bb = tm.config.get_text_config().hidden_size

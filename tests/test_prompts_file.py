@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import MtpscopeError
-from mtpscope.traces.prompts import PromptSpec, check_tokens, read_prompt_specs
+from mtpscope.traces.run.prompts import PromptSpec, check_tokens, read_prompt_specs
 
 
 def _file(tmp_path: Path, lines: list, name: str = "p.jsonl") -> Path:

@@ -19,9 +19,9 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import MtpscopeError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.recorder import record  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -120,8 +120,8 @@ def test_h_target_is_the_next_rounds_input(recorded) -> None:  # noqa: ANN001
 
 
 def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
-    from mtpscope.traces.explain_report import explain_trace
-    from mtpscope.traces.vocab import trace_vocab
+    from mtpscope.traces.analysis.explain_report import explain_trace
+    from mtpscope.traces.analysis.vocab import trace_vocab
 
     _, t, _ = recorded
     x = explain_trace(t, vocab=trace_vocab(t.manifest))

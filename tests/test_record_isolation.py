@@ -50,7 +50,7 @@ def _rewrite_gguf(src: Path, dst: Path, change: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def crashing(tiny_pair, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     target, noisy = tiny_pair(vocab="subset", noise=1.0)
     d = tmp_path_factory.mktemp("crash")
@@ -234,8 +234,8 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     """Everything the loop produces passes the worker's transport unchanged: prompts given as text, token
     ids and chat messages, h_target and the plain-decoding baseline; rounds, steps and hidden states
     equal an in-process recording of the same run exactly."""
-    from mtpscope.traces.mtp_runtime import MtpRuntime
-    from mtpscope.traces.recorder import record
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.recorder import record
 
     pf = tmp_path / "prompts.jsonl"
     lines = [{"prompt": PROMPT, "id": "fox", "category": "story"}, {"tokens": [2, 651, 3823, 1024], "id": 7},

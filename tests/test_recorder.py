@@ -25,11 +25,11 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
-from mtpscope.traces.prompts import read_prompts  # noqa: E402
-from mtpscope.traces.ranking import top_k_desc  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
+from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
+from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
+from mtpscope.traces.run.recorder import record  # noqa: E402
 from tests.numerics import assert_matvec_close, ggml_matvec  # noqa: E402
 
 pytestmark = pytest.mark.llama
@@ -337,7 +337,7 @@ def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # noqa: ANN001
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
         record(target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
@@ -349,7 +349,7 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
     with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
         record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
-    from mtpscope.demo_vocab import load_vocab
+    from mtpscope.demo.vocab import load_vocab
 
     small = demo.write_drafter(tmp_path / "v2048.gguf", vocab=load_vocab("subset", n_subset=2048))
     with pytest.raises(LayoutError, match="E_PAIR_VOCAB") as ei:
@@ -423,7 +423,7 @@ def test_top_k_desc_matches_lexsort() -> None:
 def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]),
@@ -485,7 +485,7 @@ def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_single_thread_blas_is_restored() -> None:
-    from mtpscope.traces.recorder import _openblas_thread_control, _SingleThreadBlas
+    from mtpscope.traces.run.recorder import _openblas_thread_control, _SingleThreadBlas
 
     ctl = _openblas_thread_control()
     if ctl is None:
@@ -501,7 +501,7 @@ def test_single_thread_blas_is_restored() -> None:
 
 def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from mtpscope.errors import TraceError
-    from mtpscope.traces import recorder
+    from mtpscope.traces.run import recorder
 
     def boom(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a model was loaded")
@@ -651,7 +651,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from tests.builders import parts, write
-    from mtpscope.traces import recorder
+    from mtpscope.traces.run import recorder
 
     arch, kv, tensors = parts("upstream")
     tensors["blk.0.attn_q.weight"] = tensors["blk.0.attn_q.weight"].astype(np.int32)  # I32 matrix
@@ -673,7 +673,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
 def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:  # noqa: ANN001
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompt", "x",
             "--no-progress", "--out", str(tmp_path / "t")]

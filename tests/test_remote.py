@@ -253,7 +253,7 @@ def test_cli_accepts_urls(server, files, demo_dir, vocab_gguf):
 
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     runner = CliRunner()
     with FileServer({"d.gguf": demo_dir.drafter_upstream, "t.gguf": demo_dir.target}) as s:

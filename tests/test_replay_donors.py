@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import LayoutError
-from mtpscope.traces.target_prefill import donor_layers
+from mtpscope.traces.run.target_prefill import donor_layers
 
 
 def _target(path: Path, n: int, shared: int, pattern: list[int]) -> Path:

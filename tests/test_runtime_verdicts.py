@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mtpscope import demo
+from mtpscope.demo import build as demo
 from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.errors import GGUFFormatError
 from mtpscope.inspector.gguf import open_gguf

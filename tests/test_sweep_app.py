@@ -27,7 +27,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_heatmap_holds_the_cells(sweep_dir: Path) -> None:
     from mtpscope.app import charts
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     cells = open_sweep(sweep_dir).cells()
     for label, (col, _, _) in charts.SWEEP_VALUES.items():
@@ -47,7 +47,7 @@ def test_heatmap_holds_the_cells(sweep_dir: Path) -> None:
 
 
 def test_sweep_page_and_opening_a_cell(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(sweep_dir.parent))
     at = AppTest.from_file(MAIN, default_timeout=120)

@@ -14,7 +14,7 @@ NO_RAY = "import sys; sys.modules['ray'] = None; "   # `import ray` now raises I
 
 
 def _cli(*args: str, no_ray: bool = False) -> subprocess.CompletedProcess:
-    code = (NO_RAY if no_ray else "") + "import sys; from mtpscope.cli import main; sys.argv = ['mtpscope', *sys.argv[1:]]; main()"
+    code = (NO_RAY if no_ray else "") + "import sys; from mtpscope.cli.main import main; sys.argv = ['mtpscope', *sys.argv[1:]]; main()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
 
 

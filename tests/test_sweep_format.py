@@ -1,4 +1,4 @@
-"""The sweep spec and sweep.json (traces/sweep_format.py): prompt sets with categories, shard assignment,
+"""The sweep spec and sweep.json (traces/sweep/spec.py): prompt sets with categories, shard assignment,
 task ids, refusals, the state file's checks. No Ray, no llama.cpp."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
-from mtpscope.traces.sweep_format import (
+from mtpscope.traces.sweep.spec import (
     SweepPrompt,
     SweepSpec,
     assistant_name,

@@ -1,4 +1,4 @@
-"""Reading a sweep as one dataset (traces/sweep_read.py) and ``mtpscope report DIR`` on a sweep, on a
+"""Reading a sweep as one dataset (traces/sweep/reader.py) and ``mtpscope report DIR`` on a sweep, on a
 small synthetic sweep. Expected values are computed straight from the Parquet files with pyarrow and
 numpy (not through our DuckDB views). No Ray, no llama.cpp."""
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces.sweep_read import CELL_COLUMNS, open_sweep
+from mtpscope.traces.sweep.reader import CELL_COLUMNS, open_sweep
 from mtpscope.traces.synthetic import write_synthetic_sweep
 
 CATS = ("code", "math", "prose")
@@ -102,8 +102,8 @@ def test_hive_columns_and_round_n_draft(sweep_dir: Path) -> None:
 
 
 def test_timeline_and_cell(sweep_dir: Path) -> None:
-    from mtpscope.traces.metrics import totals
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.analysis.metrics import totals
+    from mtpscope.traces.store.store import open_trace
 
     sw = open_sweep(sweep_dir)
     tl = sw.timeline("q4", 2, columns=("n_draft", "n_accepted", "pos"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtpscope.traces.token_classes import CHANNELS, CLASSES, Classifier, classify_ids, piece_text, text_class
-from mtpscope.traces.vocab import Vocab, load_vocab
+from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, classify_ids, piece_text, text_class
+from mtpscope.traces.analysis.vocab import Vocab, load_vocab
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def vocab(vocab_gguf):
 @pytest.fixture(scope="module")
 def tok(demo_dir):
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces import llama_runtime as rt
+    from mtpscope.traces.run import llama_runtime as rt
 
     m = rt.LlamaModel(demo_dir.target)
     yield m

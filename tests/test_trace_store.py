@@ -279,7 +279,7 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     """With compact=True each part is appended to its group's merged file as it is written, so close()
     reads no part back; the merged files equal what reading the parts back makes (same listing, rows,
     row groups), several groups included."""
-    import mtpscope.traces.store as store
+    import mtpscope.traces.store.store as store
 
     def build(d: Path) -> None:
         with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
@@ -410,7 +410,7 @@ def test_wal_torn_tail_and_live_writer(tmp_path: Path) -> None:
 
 
 def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store as store
+    import mtpscope.traces.store.store as store
 
     def boom(table, path):  # noqa: ANN001
         raise OSError(28, "No space left on device")
@@ -428,7 +428,7 @@ def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store as store
+    import mtpscope.traces.store.store as store
 
     class Broken:
         def __init__(self, *a, **k):  # noqa: ANN002, ANN003

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import metrics as M
-from mtpscope.traces.what_if import baseline_ms, fit_cost, start_types, survival, what_if, what_if_by_category
+from mtpscope.traces.analysis import metrics as M
+from mtpscope.traces.analysis.what_if import baseline_ms, fit_cost, start_types, survival, what_if, what_if_by_category
 
 
 def _rounds(na, nd=None, td=10.0, tv=30.0, pid=None):

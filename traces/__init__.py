@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord", "open_sweep"]
 
 _FROM = {
-    "RoundRecord": ("mtpscope.traces.records", "RoundRecord"),
-    "StepRecord": ("mtpscope.traces.records", "StepRecord"),
-    "Trace": ("mtpscope.traces.store", "Trace"),
-    "TraceWriter": ("mtpscope.traces.store", "TraceWriter"),
-    "open_trace": ("mtpscope.traces.store", "open_trace"),
+    "RoundRecord": ("mtpscope.traces.store.records", "RoundRecord"),
+    "StepRecord": ("mtpscope.traces.store.records", "StepRecord"),
+    "Trace": ("mtpscope.traces.store.store", "Trace"),
+    "TraceWriter": ("mtpscope.traces.store.store", "TraceWriter"),
+    "open_trace": ("mtpscope.traces.store.store", "open_trace"),
     # the documented reader entry point: traces.open(DIR)
-    "open": ("mtpscope.traces.store", "open_trace"),
+    "open": ("mtpscope.traces.store.store", "open_trace"),
     # a sweep directory (sweep.json + one trace per task) read as one dataset
-    "open_sweep": ("mtpscope.traces.sweep_read", "open_sweep"),
+    "open_sweep": ("mtpscope.traces.sweep.reader", "open_sweep"),
 }
 
 if TYPE_CHECKING:
-    from mtpscope.traces.records import RoundRecord, StepRecord
-    from mtpscope.traces.store import Trace, TraceWriter, open_trace
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.store.records import RoundRecord, StepRecord
+    from mtpscope.traces.store.store import Trace, TraceWriter, open_trace
+    from mtpscope.traces.sweep.reader import open_sweep
 
     open = open_trace  # noqa: A001
 

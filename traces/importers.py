@@ -52,8 +52,8 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import ImportFormatError
-from mtpscope.traces import schema as S
-from mtpscope.traces.store import TraceWriter
+from mtpscope.traces.store import schema as S
+from mtpscope.traces.store.store import TraceWriter
 
 ROUNDS_PER_PART = 65536
 MAX_LISTED = 10          # line numbers listed per warning

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.store import TraceWriter
+from mtpscope.traces.store.store import TraceWriter
 
 P_FIRST = 0.82
 P_DECAY = 0.88
@@ -316,7 +316,7 @@ def write_synthetic_sweep(
         TraceError: a non-positive size, or fewer rounds than tasks.
         MtpscopeError: a spec that :meth:`SweepSpec.check` refuses (e.g. more shards than prompts).
     """
-    from mtpscope.traces.sweep_format import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
+    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
 
     out = Path(out_dir)
     prompts = tuple(SweepPrompt(i, f"synthetic prompt {i}", categories[i % len(categories)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics, wording
+from mtpscope.traces.analysis import metrics, wording
 
 #: Rolling windows offered (rounds); the default is the report's.
 ROLL_WINDOWS = sorted({8, 16, 32, 64, 128, 256, 1024, metrics.DEFAULT_ROLLING_WINDOW})

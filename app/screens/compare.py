@@ -10,7 +10,7 @@ import streamlit as st
 
 from mtpscope.errors import TraceMismatchError
 from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics, wording
+from mtpscope.traces.analysis import metrics, wording
 
 st.title("Compare")
 mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key="w.cmp.mode")
@@ -191,7 +191,7 @@ else:
                          "agreement", format="%.4f",
                          help="share of the recorded draft steps where the variant drafts the same token as the "
                               "recording")})
-        from mtpscope.traces.replay import indistinguishable
+        from mtpscope.traces.run.replay import indistinguishable
 
         same = summary.get("indistinguishable")
         if same is None and len(rsteps):  # summaries written before the key existed

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from mtpscope.app import charts, state, views
-from mtpscope.traces import wording
+from mtpscope.traces.analysis import wording
 
 st.title("Explain")
 path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
@@ -147,7 +147,7 @@ with state.guard("explanation"):
     st.subheader("First rejections, round by round")
     fm = x.first_mismatches
     if len(fm):
-        from mtpscope.traces.explain import step_sentence
+        from mtpscope.traces.analysis.explain import step_sentence
 
         cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
         sub = fm.head(MAX_ROWS)

@@ -8,7 +8,7 @@ import streamlit as st
 
 from mtpscope.app import charts, state, views
 from mtpscope.errors import MtpscopeError
-from mtpscope.traces import wording
+from mtpscope.traces.analysis import wording
 
 #: Hidden states are read without asking when the whole hidden data of the trace is at most this big.
 HIDDEN_AUTO_BYTES = 256 * 2**20
@@ -191,7 +191,7 @@ with state.guard("trace store"):
     go_read = est <= HIDDEN_AUTO_BYTES or st.button(
         f"read hidden-state norms (scans about {charts.human_bytes(est)} of Parquet)", key="w.step.hidden")
     if go_read:
-        from mtpscope.traces.drift import drift, has_hidden_target
+        from mtpscope.traces.analysis.drift import drift, has_hidden_target
 
         norms = pd.DataFrame({"k": ks})
         notes = []

@@ -14,7 +14,7 @@ st.title("Sweep")
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _load(path: str, key: tuple):  # noqa: ARG001 - key: sweep.json's (size, mtime) invalidates
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     sw = open_sweep(path)
     return sw, sw.cells()

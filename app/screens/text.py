@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, state, views
-from mtpscope.traces import wording
+from mtpscope.traces.analysis import wording
 
 st.title("Generated text")
 path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
