@@ -56,7 +56,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 bench: setup
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do m=$$(basename $$b .py); echo "== $$m"; $(PY) -m benchmarks.$$m || exit 1; done
 
 clean-demo:
 	$(PY) -m mtpscope.cli demo clean

@@ -12,7 +12,7 @@
 Baseline: the issue's targets (2 s, 1 s); printed as ratio = median / target (< 1 is within target).
 Exits 0 whatever the numbers (speed targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_app.py [--rounds 100000] [--repeats 3]``. The trace is written once
+Usage: ``python -m benchmarks.bench_app [--rounds 100000] [--repeats 3]``. The trace is written once
 to ``<cache>/bench-app/trace-<rounds>``.
 """
 
@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.app import charts, views  # noqa: E402
-from mtpscope.app.tokens import TokenText  # noqa: E402
-from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
-from mtpscope.traces.store.store import open_trace  # noqa: E402
-from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
+from mtpscope.app import charts, views
+from mtpscope.app.tokens import TokenText
+from mtpscope.cache import cache_dir
+from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.traces.store.store import open_trace
+from mtpscope.traces.synthetic import write_synthetic_trace
 
 N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
 TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0

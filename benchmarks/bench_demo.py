@@ -8,7 +8,7 @@ category: pooled acceptance rate, per-position acceptance p1..p3, the minimum di
 the issue's checks (distinct-4 >= 0.6 everywhere, highest - lowest category acceptance >= 0.25, the
 random category lowest, p1 > p2 > p3).
 
-    .venv/bin/python benchmarks/bench_demo.py [--src DIR] [--centroid] [--text] [--json] [--demo DIR]
+    .venv/bin/python -m benchmarks.bench_demo [--src DIR] [--centroid] [--text] [--json] [--demo DIR]
 
 Then, when the demo is built (``mtpscope demo build``; ``--demo``, default ``<cache>/demo``), the same
 per-category figures from the traces the real llama.cpp recorded for each drafter variant (F32, Q8_0,
@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.demo import train as dt  # noqa: E402
+from mtpscope.demo import train as dt
 
 
 def main() -> int:

@@ -6,20 +6,18 @@ layers; 35 layers of which 20 share KV, head dims 256 / 512), loads each model w
 cache-type settings, and prints what llama.cpp logged (MiB), our estimate, and estimate / llama.cpp for
 the weights, the KV buffer and the compute buffer. Asserts nothing.
 
-Run: ``.venv/bin/python benchmarks/bench_estimate.py``.
+Run: ``.venv/bin/python -m benchmarks.bench_estimate``.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtpscope.inspector.estimate import EstimateParams, estimate  # noqa: E402
-from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target  # noqa: E402
-from tests.test_estimate import E2B_LIKE  # noqa: E402
+from mtpscope.inspector.estimate import EstimateParams, estimate
+from tests.estimate_models import E2B_LIKE, SynthTarget, parse_llama_sizes, write_synth_target
+
 
 MiB = 1 << 20
 SETTINGS = [(4096, True, False, 512, "f16"), (4096, False, False, 512, "f16"), (16384, True, False, 512, "q8_0"),

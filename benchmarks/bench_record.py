@@ -26,7 +26,7 @@ time goes in the loop's thread on each side (inside llama.cpp's decodes / outsid
 tracing adds, which a slow moment of a shared machine moves far less than a run's tokens/s); exits 0
 whatever the numbers (speed targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
+Usage: ``python -m benchmarks.bench_record [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
 [--size tiny|medium] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
 worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
 """
@@ -40,12 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.demo import build as demo  # noqa: E402
-from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.run.recorder import record  # noqa: E402
+from mtpscope.demo import build as demo
+from mtpscope.cache import cache_dir
+from mtpscope.traces.run.mtp_runtime import MtpRuntime
+from mtpscope.traces.run.recorder import record
 
 PROMPT = "The quick brown fox"
 

@@ -17,23 +17,21 @@ demo pair (4096-token vocabulary slice, or ``--vocab full``: all 262144 tokens) 
 variant; prints rounds, seconds, and ms per recomputed step. Exits 0 whatever the numbers (speed targets
 are reported, never asserted).
 
-Usage: ``python benchmarks/bench_reference.py [--repeats 5] [--context 2048] [--replay]``.
+Usage: ``python -m benchmarks.bench_reference [--repeats 5] [--context 2048] [--replay]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.inspector.reference import (  # noqa: E402
+from mtpscope.inspector.reference import (
     DonorKV,
     DrafterHParams,
     DrafterWeights,

@@ -15,7 +15,7 @@ Three parts (``--part ray|read|whatif|all``; targets are printed, never asserted
   from the sweep's n_draft=3 cell against the sweep's measured values at n_draft 1..6 on the demo pair
   (target + noisy drafter: the clean one accepts everything at every n_draft): the error per n_draft.
 
-Usage: ``python benchmarks/bench_sweep.py [--part all] [--rounds 1000000] [--max-tokens 48]``.
+Usage: ``python -m benchmarks.bench_sweep [--part all] [--rounds 1000000] [--max-tokens 48]``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.cache import cache_dir  # noqa: E402
+from mtpscope.cache import cache_dir
 
 PROMPTS = [("The quick brown fox", "prose"), ("def fibonacci(n):", "code"), ("Once upon a time", "prose"),
            ("import numpy as np", "code")]

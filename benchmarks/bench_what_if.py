@@ -7,22 +7,20 @@ real recording. Measured: :func:`traces.what_if.what_if_trace` of every recordin
 n_draft. Prints, per (estimated from K, real at N), the acceptance rate, the mean acceptance length and
 tokens/s of the estimate and of the recording, and the errors; exits 0 whatever the numbers.
 
-Usage: ``python benchmarks/bench_what_if.py [--n-max 4] [--max-tokens 96] [--out DIR]``.
+Usage: ``python -m benchmarks.bench_what_if [--n-max 4] [--max-tokens 96] [--out DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope import traces  # noqa: E402
-from mtpscope.demo.build import build_demo  # noqa: E402
-from mtpscope.traces.analysis.metrics import totals  # noqa: E402
-from mtpscope.traces.analysis.what_if import what_if_trace  # noqa: E402
+from mtpscope import traces
+from mtpscope.demo.build import build_demo
+from mtpscope.traces.analysis.metrics import totals
+from mtpscope.traces.analysis.what_if import what_if_trace
 
 PROMPTS = ["The quick brown fox", "Tell me a story about dragons.", "Hello world", "Every sailor sings about",
            "Write a haiku about the moon.", "Seven clever wizards", "Purple dragons sleep", "Silver moons",

@@ -98,6 +98,6 @@ print("replay of the GPU trace:", res.baseline, f"baseline agreement {res.summar
 EOF
 
 # ---------------------------------------------------------------------------------------- 4. overhead
-"$VENV/bin/python" "$ROOT/benchmarks/bench_record.py" --n-gpu-layers -1 --threads "$THREADS" --repeats "$REPEATS" \
-  --max-tokens "$MAX_TOKENS"
+(cd "$ROOT" && "$VENV/bin/python" -m benchmarks.bench_record --n-gpu-layers -1 --threads "$THREADS" --repeats "$REPEATS" \
+  --max-tokens "$MAX_TOKENS")
 echo "== gpu_check done"

@@ -35,6 +35,8 @@ from mtpscope.inspector.gguf_write import u32 as U32
 
 DIMS = demo.DEFAULT_DIMS
 N_VOCAB = 4096
+#: prompts the recorder tests run on the tiny pair (conftest's ``pair``)
+TINY_PROMPTS = ["The quick brown fox", "Every sailor sings about distant islands", "Hello world"]
 N_C = 32          # demo default for a 4096-token vocabulary
 VSC = N_VOCAB // N_C  # 128
 

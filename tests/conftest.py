@@ -104,3 +104,12 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[P
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
+    """The tiny pair the recorder tests run: target, clean / noisy upstream drafters, a fork drafter (subset vocab)."""
+    target, clean = tiny_pair(vocab="subset")
+    _, noisy = tiny_pair(vocab="subset", noise=2.0)
+    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
+    return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}

@@ -147,3 +147,9 @@ def parse_llama_sizes(pieces: list[str]) -> dict:
         if m:
             out["output"][m.group(1)] = out["output"].get(m.group(1), 0.0) + float(m.group(2))
     return out
+
+
+#: a synthetic target shaped like Gemma 4 E2B (35 layers, 20 of them sharing KV), small enough to load in llama.cpp
+E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n_head=4, n_head_kv_swa=1,
+                       n_head_kv_full=1, head_dim_swa=256, head_dim_full=512, window=512,
+                       pattern=tuple(il % 5 != 4 for il in range(35)))

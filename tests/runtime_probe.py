@@ -137,3 +137,60 @@ def probe_many(pairs: list[tuple[Path | str, Path | str]], rounds: int = 2, time
 def probe(target: Path | str, drafter: Path | str, rounds: int = 2, timeout: float = 300) -> Probe:
     """:func:`probe_many` for one pair."""
     return probe_many([(target, drafter)], rounds, timeout)[0]
+
+# ------------------------------------------------------------------- plain model loads (verdict tests)
+
+_LOAD_CHILD = r"""
+import json, os, sys
+import llama_cpp
+llama_cpp.llama_backend_init()
+for path in sys.argv[1:]:
+    print("@@BEGIN " + path, file=sys.stderr, flush=True)
+    p = llama_cpp.llama_model_default_params()
+    p.vocab_only = False
+    p.use_mmap = True
+    m = llama_cpp.llama_model_load_from_file(path.encode(), p)
+    ok = bool(m)
+    if ok:
+        llama_cpp.llama_model_free(m)
+    print("@@END " + path, file=sys.stderr, flush=True)
+    print(json.dumps({"path": path, "ok": ok}), flush=True)
+"""
+
+
+def run_loads(paths: list[str]) -> dict[str, tuple[str, str]]:
+    """Load each GGUF with llama.cpp's own ``llama_model_load_from_file`` in a child process (one child for
+    many files; a file that aborts the child is recorded as CRASH and a new child goes on with the rest).
+
+    Returns:
+        path -> (``"OK"`` | ``"FAIL"`` | ``"CRASH"``, llama.cpp's log of that load).
+    """
+    out: dict[str, tuple[str, str]] = {}
+    todo = list(paths)
+    while todo:
+        proc = subprocess.run([sys.executable, "-c", _LOAD_CHILD, *todo], capture_output=True, text=True, timeout=300)
+        done = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                done[r["path"]] = "OK" if r["ok"] else "FAIL"
+        logs: dict[str, str] = {}
+        cur = None
+        for line in proc.stderr.splitlines():
+            if line.startswith("@@BEGIN "):
+                cur = line[8:]
+                logs[cur] = ""
+            elif line.startswith("@@END "):
+                cur = None
+            elif cur is not None:
+                logs[cur] += line + "\n"
+        for p in todo:
+            if p in done:
+                out[p] = (done[p], logs.get(p, ""))
+        rest = [p for p in todo if p not in done]
+        if rest:
+            # the first unfinished file crashed the child; record it and go on with the others
+            out[rest[0]] = ("CRASH", logs.get(rest[0], proc.stderr[-2000:]))
+            rest = rest[1:]
+        todo = rest
+    return out

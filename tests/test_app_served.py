@@ -172,9 +172,9 @@ def test_streamlit_config_file_listens_on_loopback() -> None:
 @pytest.mark.slow
 def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> None:
     from tests.conftest import write_gguf_file
-    from tests.test_browser import ARGS, CHROMIUM, _need_browser, _settle
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
 
-    sync_api = _need_browser()
+    sync_api = need_browser()
     root, secret_dir = tmp_path / "root", tmp_path / "secret"
     root.mkdir()
     secret_dir.mkdir()
@@ -194,13 +194,13 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(url + "/")
             page.get_by_role("heading", name="Files", exact=True).first.wait_for(timeout=120_000)
-            _settle(page)
+            settle(page)
             box = page.get_by_label("…or a path").first
 
             def type_path(text: str) -> str:
                 box.fill(text)
                 box.press("Enter")
-                _settle(page)
+                settle(page)
                 return page.locator('[data-testid="stMain"]').inner_text()
 
             body = type_path(str(root / "inside.gguf"))
@@ -210,7 +210,7 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
                 # the refusal names the resolved path; read the page only once it is there (a heavier
                 # default page can still show the previous run when the DOM first looks settled)
                 page.locator('[data-testid="stAlert"]', has_text=str(resolved)).first.wait_for(timeout=60_000)
-                _settle(page)
+                settle(page)
                 body = page.locator('[data-testid="stMain"]').inner_text()
                 alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
                 assert any("outside the allowed folders" in a and str(resolved) in a for a in alerts), (what, alerts)
@@ -218,7 +218,7 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
             # the selection stays refused on the other pages of the same session
             page.locator('[data-testid="stSidebarNav"]').get_by_text("Tensors").first.click()
             page.get_by_role("heading", name="Tensors", exact=True).first.wait_for(timeout=60_000)
-            _settle(page)
+            settle(page)
             body = page.locator('[data-testid="stMain"]').inner_text()
             assert "outside the allowed folders" in body and "leakcheckarch" not in body, body[:1500]
             assert page.locator('[data-testid="stException"]').count() == 0

@@ -9,20 +9,16 @@ installs Chromium where it can; never ``playwright install``: no network for bro
 
 from __future__ import annotations
 
-import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.apphelpers import ROOT, start_app
+from tests.browser import ARGS, CHROMIUM, need_browser, settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = os.environ.get("MTPSCOPE_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "test-output" / "screenshots"
 
 #: url path -> heading each page shows
@@ -31,31 +27,9 @@ PAGES = {"": "Files", "files": "Files", "tensors": "Tensors", "validate": "Valid
          "explain": "Explain", "compare": "Compare"}
 
 
-def _need_browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (test extra) not installed")
-    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
-        pytest.skip(f"Chromium not found at {CHROMIUM} (run `make browser` to install Debian's chromium)")
-    return sync_api
-
-
-def _settle(page, timeout: float = 120.0) -> None:
-    """Wait until the script run is over: no running indicator, no skeletons, DOM size stable ~1.5 s."""
-    t0 = time.monotonic()
-    last, stable = -1, 0
-    while time.monotonic() - t0 < timeout:
-        n = page.locator("[data-testid]").count()
-        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').count()
-        stable = stable + 1 if (n == last and not busy) else 0
-        last = n
-        if stable >= 6:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"page did not settle within {timeout:.0f} s")
-
-
 @pytest.fixture(scope="module")
 def browser_app(demo_dir, tmp_path_factory):
-    sync_api = _need_browser()
+    sync_api = need_browser()
     work = tmp_path_factory.mktemp("browser")
     log = work / "server.log"
     # uploads made by the test go to a temporary folder, not into the user's cache
@@ -77,7 +51,7 @@ def browser_app(demo_dir, tmp_path_factory):
 def _open(page, url: str, path: str) -> None:
     page.goto(f"{url}/{path}")
     page.get_by_role("heading", name=PAGES[path], exact=True).first.wait_for(timeout=120_000)
-    _settle(page)
+    settle(page)
 
 
 def test_every_page_renders_with_screenshot(browser_app) -> None:
@@ -115,7 +89,7 @@ def test_timeline_click_opens_step_view(browser_app) -> None:
     box = points.nth(i).bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
-    _settle(page)
+    settle(page)
     assert page.url.rstrip("/").endswith("/step"), page.url
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert f"prompt {int(prompt_id)} · round {int(round_)}" in body, body[:500]
@@ -141,11 +115,11 @@ def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None
         box = page.get_by_label("…or a path").nth(2)  # drafter, target, trace
         box.fill(str(noisy))
         box.press("Enter")
-        _settle(page)
+        settle(page)
         page.locator('[data-testid="stSidebar"]').get_by_text("noisy").first.wait_for(timeout=60_000)
         page.locator('[data-testid="stSidebarNav"]').get_by_text("Text", exact=True).click()
         page.get_by_role("heading", name="Generated text", exact=True).first.wait_for(timeout=120_000)
-        _settle(page)
+        settle(page)
         plot = page.locator('[data-testid="stPlotlyChart"]').first
         el = plot.locator(".js-plotly-plot").first
         # the rejected trace's index among the bar traces and its first token's round (customdata [round, g, k])
@@ -157,7 +131,7 @@ def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None
         b = bar.bounding_box()
         page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
         page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
-        _settle(page)
+        settle(page)
         assert page.url.rstrip("/").endswith("/step"), page.url
         body = page.locator('[data-testid="stMain"]').inner_text()
         assert f"prompt 0 · round {int(round_)}" in body, body[:600]
@@ -185,7 +159,7 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(drafter))
         digest = hashlib.sha256(Path(drafter).read_bytes()).hexdigest()[:16]
         page.locator('[data-testid="stSidebar"]').get_by_text(digest).first.wait_for(timeout=60_000)
-        _settle(page)
+        settle(page)
         body = page.locator('[data-testid="stMain"]').inner_text()
         n = len(open_gguf(drafter).tensors)
         assert "gemma4_assistant" in body and f"tensors\n{n}" in body.replace("\n\n", "\n"), body[:800]

@@ -11,7 +11,7 @@ from gguf import GGUFReader, GGUFValueType as V
 from typer.testing import CliRunner
 
 from mtpscope.cli.main import app
-from tests.test_inventory import drafter_spec
+from tests.specs import drafter_spec
 
 runner = CliRunner()
 

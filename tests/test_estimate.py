@@ -20,14 +20,11 @@ from typer.testing import CliRunner
 from mtpscope.cli.main import app
 from mtpscope.errors import LayoutError
 from mtpscope.inspector.estimate import COMPUTE_TOLERANCE, EstimateParams, estimate
-from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target
+from tests.estimate_models import E2B_LIKE, SynthTarget, parse_llama_sizes, write_synth_target
 
 MiB = 1 << 20
 LOG_RES = 0.005  # llama.cpp prints MiB with 2 decimals
 
-E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n_head=4, n_head_kv_swa=1,
-                       n_head_kv_full=1, head_dim_swa=256, head_dim_full=512, window=512,
-                       pattern=tuple(il % 5 != 4 for il in range(35)))
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
 from mtpscope.traces.run import native_capture  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
 from tests.numerics import assert_matvec_close  # noqa: E402
-from tests.test_recorder import PROMPTS, _gguf_arrays, _gguf_types, pair  # noqa: E402, F401
+from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
+from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -45,7 +46,7 @@ def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:  # 
         tb.set(toks, 0)
         tc.decode(tb)
         tok, h = int(np.argmax(tc.logits(-1))), tc.nextn(len(toks) - 1).copy()
-        w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+        w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
         for _ in range(4):
             out = []
             for ctx, cap in ((dn, nat), (dp, py)):

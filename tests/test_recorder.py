@@ -30,20 +30,13 @@ from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
 from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
 from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
 from mtpscope.traces.run.recorder import record  # noqa: E402
+from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
+from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
 from tests.numerics import assert_matvec_close, ggml_matvec  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
-PROMPTS = ["The quick brown fox", "Every sailor sings about distant islands", "Hello world"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
-    target, clean = tiny_pair(vocab="subset")
-    _, noisy = tiny_pair(vocab="subset", noise=2.0)
-    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
-    return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +54,7 @@ def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
     return s, traces.open(out)
 
 
-def _gguf_types(path: Path) -> dict[str, str]:
-    """ggml type name of each tensor (gguf-py), e.g. ``{"token_embd.weight": "F16", ...}``."""
-    from gguf import GGUFReader
-
-    return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
-
-
-def _gguf_arrays(path: Path) -> dict[str, np.ndarray]:
-    from gguf import GGUFReader
-
-    r = GGUFReader(str(path))
-    return {t.name: np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-            if t.name != "mtp.token_ordering.weight" else np.asarray(t.data) for t in r.tensors
-            if t.name in ("token_embd.weight", "nextn.post_projection.weight", "mtp.centroids.weight",
-                          "mtp.token_ordering.weight", "mtp.post_projection.weight")}
-
-
 # ------------------------------------------------------------------------------------------ invariants
-
 
 def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN001
     accepted = drafted = 0
@@ -139,7 +114,7 @@ def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
         tb.set(toks, 0)
         tc.decode(tb)
         tok, h = int(np.argmax(tc.logits(-1))), tc.nextn(len(toks) - 1).copy()
-        w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+        w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
         assert ty["token_embd.weight"] == "F16"  # the case where ggml rounds the activations
         for _ in range(4):
             cap.reset()
@@ -223,7 +198,7 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
     later = np.flatnonzero(ks > 1)
     np.testing.assert_array_equal(h[later], hn[later - 1])
     # independent maths from the drafter's weights read with gguf-py
-    w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+    w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
     assert_matvec_close(w["nextn.post_projection.weight"], hi, hn, ty["nextn.post_projection.weight"], "h_next")
     # the logits as ggml computes them (tests/numerics.py); the stored top logits within that bound
     logits, bound = ggml_matvec(w["token_embd.weight"], hi, ty["token_embd.weight"])
@@ -234,7 +209,7 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
     got = np.stack(st["top_logits"].to_numpy()).astype(np.float64)
     assert (np.abs(np.take_along_axis(logits, top, axis=1) - got) <= np.take_along_axis(bound, top, axis=1)).all()
     # centroid head from the fork file (gguf-py): c = centroids · h_inner, top-4
-    f = _gguf_arrays(pair["fork"])
+    f = gguf_arrays(pair["fork"])
     c = hi.astype(np.float64) @ f["mtp.centroids.weight"].T.astype(np.float64)
     order = np.argsort(-c, axis=1, kind="stable")[:, :4]
     assert (np.stack(st["centroid_ids"].to_numpy()) == order).all()
@@ -251,7 +226,7 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
 def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, tmp_path) -> None:  # noqa: ANN001
     from safetensors.numpy import save_file
 
-    f = _gguf_arrays(pair["fork"])
+    f = gguf_arrays(pair["fork"])
     hf = tmp_path / "hf"
     hf.mkdir()
     save_file({"masked_embedding.centroids.weight": f["mtp.centroids.weight"],

@@ -21,7 +21,7 @@ from mtpscope.inspector.remote import RemoteOptions
 from mtpscope.inspector.shards import ShardedGGUF, open_model, shard_locations
 from tests.conftest import write_gguf_file
 from tests.remote_server import FileServer
-from tests.test_inventory import drafter_spec
+from tests.specs import drafter_spec
 
 
 @pytest.fixture(scope="module")
