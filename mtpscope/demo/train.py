@@ -166,7 +166,7 @@ class VocabTokenizer:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        from mtpscope.traces.run.llama_runtime import llama  # noqa: PLC0415 - the one place that imports llama_cpp
+        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415 - the one place that imports llama_cpp
 
         if path is None:
             from mtpscope.cache import vocab_path  # noqa: PLC0415
