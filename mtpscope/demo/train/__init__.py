@@ -109,7 +109,7 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     tm = make_target(target_config(recipe.target, vocab.n_rows))
     key = target_stage_key(recipe, win)
     st_t = staged(tm, None if stage_cache is None else Path(stage_cache) / f"target-{key[:16]}", "target",
-                   lambda: {**train_target(tm, win, recipe, vocab, log), "key": key}, log)
+                  lambda: {**train_target(tm, win, recipe, vocab, log), "key": key}, log)
     round_f16(tm)
     # the drafter sees drafter_steps * drafter_batch windows (a seeded subset when that is fewer)
     n_d = min(len(win), recipe.drafter_steps * recipe.drafter_batch)
@@ -121,7 +121,7 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     dm = make_drafter(drafter_config(recipe.drafter, recipe.target, vocab.n_rows))
     dkey = drafter_stage_key(key, recipe)
     st_d = staged(dm, None if stage_cache is None else Path(stage_cache) / f"drafter-{dkey[:16]}", "drafter",
-                   lambda: train_drafter(dm, tm, win, labels, recipe, vocab, log), log)
+                  lambda: train_drafter(dm, tm, win, labels, recipe, vocab, log), log)
     round_f16(dm)
     head = fit_centroid_head(dm, tm, win, labels, vocab, recipe, log)
     head["centroids"] = head["centroids"].astype(np.float16).astype(np.float32)
