@@ -2,7 +2,7 @@
 
 The rules are llama.cpp's, as vendored by llama-cpp-python 0.3.36 (file names below are under its
 ``src/``), and are checked in tests/test_estimate.py against the sizes llama.cpp itself logs when it
-loads the models and creates the contexts (captured through ``traces.llama_runtime.capture_log``).
+loads the models and creates the contexts (captured through ``traces.run.llama.logs.capture_log``).
 
 **Weights** (exact): the sum of the tensors' bytes (``llama_model_size``). Per device
 (``llama-model.cpp`` ``load_tensors``): with ``n_gpu_layers = g`` (negative = all) layer ``il`` is on the

@@ -1,4 +1,4 @@
-"""Run the real MTP loop (llama.cpp through traces.llama_runtime) on a target/drafter pair in a child process.
+"""Run the real MTP loop (llama.cpp through traces.run.llama) on a target/drafter pair in a child process.
 
 A file llama.cpp aborts on (GGML_ABORT / GGML_ASSERT -> SIGABRT) kills only the child; the parent gets the
 stage the child reached, its exit status / signal and llama.cpp's last stderr lines. Used by the tests
@@ -26,21 +26,21 @@ PROMPT = ("The history of the city begins with a small market by the river, wher
 _CHILD = r"""
 import json, sys
 import numpy as np
-from mtpscope.traces.run import llama_runtime as rt
+from mtpscope.traces.run.llama import model as lm
 
 jobs, rounds, prompt = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 for job, (target, drafter) in enumerate(jobs):
     def say(**kw):
         print(json.dumps({"job": job, **kw}), flush=True)
-    tm = rt.LlamaModel(target)
+    tm = lm.LlamaModel(target)
     say(stage="target_loaded")
-    dm = rt.LlamaModel(drafter)
+    dm = lm.LlamaModel(drafter)
     say(stage="loaded")
-    tctx = rt.LlamaContext(tm, n_ctx=1024, n_batch=512, flash_attn=False, nextn=True, masked=False)
-    dctx = rt.LlamaContext(dm, n_ctx=1024, n_batch=512, mtp_of=tctx, flash_attn=False, nextn=True, masked=True)
+    tctx = lm.LlamaContext(tm, n_ctx=1024, n_batch=512, flash_attn=False, nextn=True, masked=False)
+    dctx = lm.LlamaContext(dm, n_ctx=1024, n_batch=512, mtp_of=tctx, flash_attn=False, nextn=True, masked=True)
     say(stage="contexts")
-    tb = rt.TokenBatch(512)
-    db = rt.DraftBatch(dm.n_embd_inp)
+    tb = lm.TokenBatch(512)
+    db = lm.DraftBatch(dm.n_embd_inp)
     toks = tm.tokenize(prompt, add_special=True)
     tb.set(toks, 0, logits="last")
     tctx.decode(tb)

@@ -55,7 +55,7 @@ LEAVES = {"mtpscope.errors": (), "mtpscope.cache": ("mtpscope.errors",)}
 #: app modules documented as pure (no streamlit): tested without a Streamlit runtime.
 PURE_APP = ("mtpscope.app.charts", "mtpscope.app.views", "mtpscope.app.safety", "mtpscope.app.tokens")
 #: the one module that imports ``llama_cpp``.
-LLAMA_BINDING = "mtpscope.traces.run.llama_runtime"
+LLAMA_BINDING = "mtpscope.traces.run.llama.binding"
 #: the layers, bottom up: a module may reach only its own layer and those below.
 LAYERS = ("leaf", "inspector", "traces", "app", "top")
 #: the areas of ``mtpscope.traces``, bottom up (areas of equal rank may not import each other); a module

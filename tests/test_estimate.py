@@ -106,32 +106,32 @@ _TYPE_ID = {"f16": 1, "q8_0": 8}
 @pytest.mark.parametrize("which", ["many", "e2b", "demo"])
 def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.run import llama_runtime as R
+    from mtpscope.traces.run.llama import logs, model as lm
 
     target = demo_dir.target if which == "demo" else synth[which]
     drafter = demo_dir.drafter_upstream if which == "demo" else None
-    with R.capture_log() as log:
-        m = R.LlamaModel(target)
+    with logs.capture_log() as log:
+        m = lm.LlamaModel(target)
     loaded = parse_llama_sizes(log)
     dm = None
     if drafter is not None:
-        with R.capture_log() as dlog:
-            dm = R.LlamaModel(drafter)
+        with logs.capture_log() as dlog:
+            dm = lm.LlamaModel(drafter)
         d_loaded = parse_llama_sizes(dlog)
     try:
         e0 = estimate(target, drafter)
-        assert e0.target.weights == R.llama().llama_model_size(m.ptr)  # exact bytes
+        assert e0.target.weights == m.model_size  # exact bytes
         assert abs(loaded["model"]["CPU_Mapped"] - e0.target.weights / MiB) <= LOG_RES
         if dm is not None:
-            assert e0.drafter.weights == R.llama().llama_model_size(dm.ptr)
+            assert e0.drafter.weights == dm.model_size
             assert abs(d_loaded["model"]["CPU_Mapped"] - e0.drafter.weights / MiB) <= LOG_RES
         for n_ctx, fa, swa_full, ub, ct in CASES:
             p = EstimateParams(n_ctx=n_ctx, flash_attn=fa, swa_full=swa_full, n_ubatch=ub, cache_type_k=ct,
                                cache_type_v=ct)
             e = estimate(target, drafter, p)
-            with R.capture_log() as log:
-                c = R.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
-                                   type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+            with logs.capture_log() as log:
+                c = lm.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
+                                    type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
             got = parse_llama_sizes(log)
             try:
                 kv = sum(got["kv_buffer"].values())
@@ -140,9 +140,9 @@ def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) ->
                 comp = got["compute"]["CPU"]
                 assert abs(e.target.compute_bytes / MiB - comp) <= COMPUTE_TOLERANCE * comp, (p, comp)
                 if dm is not None:
-                    with R.capture_log() as dlog:
-                        dc = R.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
-                                            mtp_of=c, masked=True, type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+                    with logs.capture_log() as dlog:
+                        dc = lm.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
+                                             mtp_of=c, masked=True, type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
                     dgot = parse_llama_sizes(dlog)
                     dc.close()
                     assert dgot["kv_buffer"] == {}  # the drafter allocates no KV: it shares the target's

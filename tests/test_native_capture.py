@@ -1,5 +1,5 @@
-"""The native ``cb_eval`` capture (traces/run/capture.c built by traces.native_capture) against the Python
-one and against the drafter's own weights, on the real llama.cpp; and its fall-backs (no compiler, a
+"""The native ``cb_eval`` capture (traces/run/llama/capture.c built by traces.run.llama.native_capture) against
+the Python one and against the drafter's own weights, on the real llama.cpp; and its fall-backs (no compiler, a
 failing compiler, the switch off), which leave the Python callback in place.
 
 The C callback and the Python one copy the same node of the same graph with the same ggml call, so their
@@ -20,8 +20,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.run import native_capture  # noqa: E402
+from mtpscope.traces.run.llama import capture, model as lm, native_capture  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
 from tests.numerics import assert_matvec_close  # noqa: E402
 from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
@@ -33,14 +32,14 @@ pytestmark = pytest.mark.llama
 def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:  # noqa: ANN001, F811
     if native_capture.load() is None:
         pytest.skip(f"native capture not built here: {native_capture.unavailable_reason()}")
-    tm, dm = rt.LlamaModel(pair["target"]), rt.LlamaModel(pair["noisy"])
-    tc = rt.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
-    nat = rt.node_capture("result_norm")
-    py = rt.node_capture("result_norm", native=False)
-    assert isinstance(nat, native_capture.NativeCapture) and isinstance(py, rt.NodeCapture)
-    dn = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=nat, masked=True)
-    dp = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=py, masked=True)
-    tb, db = rt.TokenBatch(64), rt.DraftBatch(dm.n_embd_inp)
+    tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
+    tc = lm.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
+    nat = capture.node_capture("result_norm")
+    py = capture.node_capture("result_norm", native=False)
+    assert isinstance(nat, native_capture.NativeCapture) and isinstance(py, capture.NodeCapture)
+    dn = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=nat, masked=True)
+    dp = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=py, masked=True)
+    tb, db = lm.TokenBatch(64), lm.DraftBatch(dm.n_embd_inp)
     try:
         toks = tm.tokenize(PROMPTS[1])
         tb.set(toks, 0)
@@ -102,7 +101,7 @@ def test_no_compiler_keeps_the_python_callback(fresh, monkeypatch) -> None:  # n
     monkeypatch.setenv("CC", os.fspath(fresh / "no-such-cc"))
     assert native_capture.load() is None
     assert "no C compiler" in native_capture.unavailable_reason()
-    assert isinstance(rt.node_capture("result_norm"), rt.NodeCapture)
+    assert isinstance(capture.node_capture("result_norm"), capture.NodeCapture)
     assert native_capture.kind().startswith("python (") and "no C compiler" in native_capture.kind()
     assert not native_capture.library_path().exists()
 
@@ -130,4 +129,4 @@ def test_switch_off_and_a_real_build(fresh, monkeypatch) -> None:  # noqa: ANN00
     assert p.is_file() and p.parent == Path(os.environ["MTPSCOPE_CACHE"]) / "native"
     assert native_capture.kind() == "native"
     with pytest.raises(TraceError, match="too long"):
-        rt.node_capture("x" * 64)
+        capture.node_capture("x" * 64)

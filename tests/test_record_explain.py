@@ -19,7 +19,7 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import MtpscopeError  # noqa: E402
-from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.run.llama import model as lm  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
 from mtpscope.traces.run.recorder import record  # noqa: E402
 
@@ -76,12 +76,12 @@ def test_target_side_matches_an_independent_decode(recorded) -> None:  # noqa: A
     s0 = steps[(steps["prompt_id"] == 1) & (steps["round"] == 0)].sort_values("k")
     # verify row k-1 of round 0 = the target after prompt + pending + d1..d(k-1): decode that sequence
     # alone in a fresh context and read its last row
-    m = rt.LlamaModel(target)
+    m = lm.LlamaModel(target)
     try:
         for k in (1, 2):
             seq = [2, 651, 3823, 1024, int(r0["pending_token"]), *[int(x) for x in list(r0["drafted"])[:k - 1]]]
-            ctx = rt.LlamaContext(m, n_ctx=64, n_batch=64, nextn=False)
-            b = rt.TokenBatch(64)
+            ctx = lm.LlamaContext(m, n_ctx=64, n_batch=64, nextn=False)
+            b = lm.TokenBatch(64)
             try:
                 b.set(seq, 0, logits="last")
                 ctx.decode(b)

@@ -25,7 +25,7 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from mtpscope.traces.run import llama_runtime as rt  # noqa: E402
+from mtpscope.traces.run.llama import binding, capture, model as lm  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
 from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
 from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
@@ -104,11 +104,11 @@ def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN00
 
 
 def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
-    tm, dm = rt.LlamaModel(pair["target"]), rt.LlamaModel(pair["noisy"])
-    tc = rt.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
-    cap = rt.NodeCapture(["result_norm", "h_nextn", "result_output"])
-    dc = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=cap, masked=True)
-    tb, db = rt.TokenBatch(64), rt.DraftBatch(dm.n_embd_inp)
+    tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
+    tc = lm.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
+    cap = capture.NodeCapture(["result_norm", "h_nextn", "result_output"])
+    dc = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=cap, masked=True)
+    tb, db = lm.TokenBatch(64), lm.DraftBatch(dm.n_embd_inp)
     try:
         toks = tm.tokenize(PROMPTS[1])
         tb.set(toks, 0)
@@ -144,8 +144,8 @@ def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
 def test_ggml_tensor_mirror_matches_library() -> None:
     import ctypes
 
-    g = rt._ggml_lib()  # raises if sizeof differs from ggml_tensor_overhead() - GGML_OBJECT_SIZE
-    assert ctypes.sizeof(rt.GgmlTensor) == 336 and rt.GgmlTensor.name.offset == 256
+    g = capture.tensor_functions()  # raises if sizeof differs from ggml_tensor_overhead() - GGML_OBJECT_SIZE
+    assert ctypes.sizeof(capture.GgmlTensor) == 336 and capture.GgmlTensor.name.offset == 256
     assert "nbytes" in g
 
 
@@ -261,7 +261,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     import llama_cpp
 
     assert m["runtime"]["llama_cpp_python"] == llama_cpp.__version__ == "0.3.36"
-    assert m["runtime"]["device"] == (rt.gpu_name() or "cpu") and m["runtime"]["llama_cpp"]
+    assert m["runtime"]["device"] == (binding.gpu_name() or "cpu") and m["runtime"]["llama_cpp"]
     # the drafter's h_inner capture: the C callback wherever a C compiler is at hand (CI has one)
     import shutil
 
@@ -269,7 +269,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     assert m["runtime"]["cb_eval"] == "native" if has_cc else m["runtime"]["cb_eval"].startswith("python (")
     assert m["dims"] == {"n_embd_backbone": 64, "n_embd": 128, "hidden_dtype": "f32"}
     assert m["centroids"]["n_centroids"] == 64 and m["centroids"]["top_k"] == 4
-    tm = rt.LlamaModel(pair["target"])
+    tm = lm.LlamaModel(pair["target"])
     try:
         assert [p["n_prompt_tokens"] for p in m["prompts"]] == [len(tm.tokenize(p)) for p in PROMPTS]
     finally:
@@ -375,12 +375,12 @@ def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_runtime_unavailable_message(monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(rt, "_state", {})
+    monkeypatch.setattr(binding, "_state", {})
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
     with pytest.raises(RuntimeUnavailableError, match="pip install") as ei:
-        rt.llama()
+        binding.llama()
     assert ei.value.key == "llama_cpp"
-    assert rt.available() is False
+    assert binding.available() is False
 
 
 def test_top_k_desc_matches_lexsort() -> None:
@@ -520,7 +520,7 @@ def noisy_rt_python_capture(pair):  # noqa: ANN001, ANN201
 def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture, monkeypatch) -> None:  # noqa: ANN001
     noisy_rt = noisy_rt_python_capture
     cap = noisy_rt.capture
-    assert isinstance(cap, rt.NodeCapture)
+    assert isinstance(cap, capture.NodeCapture)
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
     calls = []
 

@@ -110,7 +110,7 @@ def test_remote_shards(split_fork: tuple[Path, list[Path]]) -> None:
 def test_llama_cpp_loads_the_same_split(tiny_pair: Any, tmp_path: Path) -> None:
     """Our shard naming is llama.cpp's: the real loader opens the first shard and finds the others."""
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.run.llama_runtime import LlamaModel
+    from mtpscope.traces.run.llama.model import LlamaModel
 
     target, _ = tiny_pair()
     src = open_model(target)

@@ -22,9 +22,9 @@ def vocab(vocab_gguf):
 @pytest.fixture(scope="module")
 def tok(demo_dir):
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.run import llama_runtime as rt
+    from mtpscope.traces.run.llama import model as lm
 
-    m = rt.LlamaModel(demo_dir.target)
+    m = lm.LlamaModel(demo_dir.target)
     yield m
     m.close()
 

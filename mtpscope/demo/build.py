@@ -509,7 +509,7 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
     or llama-cpp-python is unavailable (the models are still usable; a later build retries)."""
     try:
         from mtpscope.traces.run import recorder
-        from mtpscope.traces.run.llama_runtime import llama
+        from mtpscope.traces.run.llama.binding import llama
         llama()
     except Exception as e:  # ImportError, RuntimeUnavailableError: record later
         say(f"demo traces skipped: {e}")

@@ -109,8 +109,10 @@ RECORD_CONFIG = Path(str(importlib.resources.files("mtpscope.sample_configs").jo
 _MODEL_SOURCES = ("mtpscope.demo.build", "mtpscope.demo.vocab", "mtpscope.demo.spec", "mtpscope.inspector.gguf_write",
                   "mtpscope.inspector.tokenizer")
 _TRACE_SOURCES = ("mtpscope.traces.run.recorder", "mtpscope.traces.run.mtp_runtime", "mtpscope.traces.run.step_analysis",
-                  "mtpscope.traces.run.ranking", "mtpscope.traces.run.preflight", "mtpscope.traces.run.llama_runtime",
-                  "mtpscope.traces.store.store",
+                  "mtpscope.traces.run.ranking", "mtpscope.traces.run.preflight",
+                  "mtpscope.traces.run.llama.binding", "mtpscope.traces.run.llama.logs",
+                  "mtpscope.traces.run.llama.process", "mtpscope.traces.run.llama.capture",
+                  "mtpscope.traces.run.llama.model", "mtpscope.traces.store.store",
                   "mtpscope.traces.store.schema", "mtpscope.traces.store.records", "mtpscope.traces.run.centroid_head",
                   "mtpscope.inspector.centroids")
 

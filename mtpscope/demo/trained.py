@@ -211,7 +211,7 @@ def worst_prompt(rows: list[dict[str, Any]]) -> tuple[str | None, int | None]:
 def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, Any] | None:
     try:
         from mtpscope.traces.run import recorder  # noqa: PLC0415
-        from mtpscope.traces.run.llama_runtime import llama  # noqa: PLC0415
+        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
         llama()
     except Exception as e:  # noqa: BLE001 - ImportError, RuntimeUnavailableError: record later
         say(f"trained demo traces skipped: {e}")

@@ -17,7 +17,7 @@ second" = emitted tokens / (t_draft_ms + t_verify_ms) means the same in both: ge
 prefill's first token, prompt processing excluded. No ``steps``.
 
 Imports: traces.store, traces.records, traces.mtp_runtime (Sampler), traces.preflight (model_info),
-traces.llama_runtime, inspector.gguf.
+traces.run.llama.binding (runtime_info), inspector.gguf.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
             ``overwrite``; errors of the writer and the runtime.
     """
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-    from mtpscope.traces.run import llama_runtime as rt  # noqa: PLC0415
+    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
     from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
     from mtpscope.traces.store.store import TraceWriter  # noqa: PLC0415
 
@@ -142,7 +142,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
                    "greedy": True, "chat": bool(chat), "n_gpu_layers": int(n_gpu_layers),
                    "n_threads": rtm.n_threads, "n_ctx": rtm.n_ctx, "hidden": "off"},
         "models": {"target": target_info, "assistant": None, "centroids": None},
-        "runtime": rt.runtime_info(n_gpu_layers),
+        "runtime": runtime_info(n_gpu_layers),
         "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
                     for i, (t, tk) in enumerate(zip(prompts, toks, strict=True))],
     }

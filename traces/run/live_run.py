@@ -9,7 +9,7 @@ stops at an end-of-generation token, and keeps each step's fed ``(token, h)`` an
 
 Shapes are numpy order throughout.
 
-Imports: numpy, traces.llama_runtime (inside :func:`live_mtp_run`), traces.ranking.
+Imports: numpy, traces.run.llama.model (inside :func:`live_mtp_run`), traces.ranking.
 """
 
 from __future__ import annotations
@@ -60,21 +60,21 @@ def live_mtp_run(target_gguf: str | os.PathLike[str], drafter_gguf: str | os.Pat
     are removed with ``llama_memory_seq_rm``.
 
     Raises:
-        RuntimeUnavailableError / TraceError: as :mod:`traces.llama_runtime`.
+        RuntimeUnavailableError / TraceError: as :mod:`traces.run.llama.model`.
     """
-    from mtpscope.traces.run import llama_runtime as rt
+    from mtpscope.traces.run.llama.model import DraftBatch, LlamaContext, LlamaModel, TokenBatch
 
-    tm = rt.LlamaModel(target_gguf)
-    dm = rt.LlamaModel(drafter_gguf)
+    tm = LlamaModel(target_gguf)
+    dm = LlamaModel(drafter_gguf)
     n_ctx = 512
     while n_ctx < len(prompt) + n_rounds * (n_draft + 1) + 8:
         n_ctx *= 2
-    tctx = rt.LlamaContext(tm, n_ctx=n_ctx, n_batch=max(64, len(prompt)), flash_attn=False,
-                           n_threads=n_threads, nextn=True, masked=False)
-    dctx = rt.LlamaContext(dm, n_ctx=n_ctx, n_batch=8, mtp_of=tctx, flash_attn=False,
-                           n_threads=n_threads, nextn=True, masked=True)
-    tb = rt.TokenBatch(max(64, len(prompt)))
-    db = rt.DraftBatch(dm.n_embd_inp)
+    tctx = LlamaContext(tm, n_ctx=n_ctx, n_batch=max(64, len(prompt)), flash_attn=False,
+                        n_threads=n_threads, nextn=True, masked=False)
+    dctx = LlamaContext(dm, n_ctx=n_ctx, n_batch=8, mtp_of=tctx, flash_attn=False,
+                        n_threads=n_threads, nextn=True, masked=True)
+    tb = TokenBatch(max(64, len(prompt)))
+    db = DraftBatch(dm.n_embd_inp)
     steps: list[LiveStep] = []
     rounds: list[dict[str, Any]] = []
     tokens = list(prompt)

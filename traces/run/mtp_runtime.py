@@ -22,13 +22,13 @@ an end-of-generation token or after ``max_tokens`` tokens (``t0`` included); the
 tokens so that no round overshoots ``max_tokens``.
 
 With tracing on, the drafter context carries a ``cb_eval`` callback that copies ``result_norm``
-(h_inner; the callback is C where a compiler is at hand, :mod:`traces.native_capture`); logits and
+(h_inner; the callback is C where a compiler is at hand, :mod:`traces.run.llama.native_capture`); logits and
 h_next come from the API. See :func:`traces.recorder.record` for what is stored.
 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
 
-Imports: numpy, mtpscope.errors, traces.llama_runtime (the only llama_cpp user; lazy), traces.prompts,
+Imports: numpy, mtpscope.errors, traces.run.llama (capture, model: llama.cpp's C API, lazily), traces.prompts,
 traces.target_side.
 """
 
@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.run import llama_runtime as rt
+from mtpscope.traces.run.llama.capture import node_capture
+from mtpscope.traces.run.llama.model import DraftBatch, LlamaContext, LlamaModel, SamplerChain, TokenBatch
 from mtpscope.traces.run.prompts import PromptSpec, check_tokens
 from mtpscope.traces.run.target_side import target_stats
 
@@ -53,7 +54,7 @@ H_INNER_NODE = "result_norm"
 
 
 def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
-    """Token ids of a prompt with the target ``model`` (a :class:`traces.llama_runtime.LlamaModel`): BOS
+    """Token ids of a prompt with the target ``model`` (a :class:`traces.run.llama.model.LlamaModel`): BOS
     added as the vocab wants; with ``chat`` the GGUF's own chat template is applied first and special
     tokens in it are parsed. The one rule for the recorder and the replay."""
     if chat:
@@ -159,27 +160,19 @@ class Sampler:
     def __init__(self, *, temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0) -> None:
         self.temp, self.seed, self.top_k, self.top_p = float(temp), int(seed), int(top_k), float(top_p)
         self.greedy = self.temp <= 0.0
-        self._chain = None
+        self._chain: SamplerChain | None = None
         if not self.greedy:
-            lc = rt.llama()
-            chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-            if self.top_k > 0:
-                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(self.top_k))
-            if self.top_p < 1.0:
-                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(self.top_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(self.temp))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(self.seed & 0xFFFFFFFF))
-            self._chain = chain
+            self._chain = SamplerChain(temp=self.temp, seed=self.seed, top_k=self.top_k, top_p=self.top_p)
 
-    def sample(self, ctx: rt.LlamaContext, i: int) -> int:
+    def sample(self, ctx: LlamaContext, i: int) -> int:
         """The target's token at batch row ``i`` of the last decode of ``ctx``."""
         if self.greedy:
             return int(np.argmax(ctx.logits(i)))
-        return int(rt.llama().llama_sampler_sample(self._chain, ctx.ptr, int(i)))
+        return self._chain.sample(ctx, i)
 
     def close(self) -> None:
         if self._chain is not None:
-            rt.llama().llama_sampler_free(self._chain)
+            self._chain.close()
             self._chain = None
 
 
@@ -194,7 +187,7 @@ class MtpRuntime:
             contexts, same models) when prompt + max_tokens + n_draft + 1 does not fit.
         n_batch: largest decode batch (prompts are prefilled in chunks of this size).
         capture: install the ``cb_eval`` capture of ``result_norm`` on the drafter (needed for h_inner
-            and the centroid head; in C where it builds, :func:`traces.llama_runtime.node_capture`); False
+            and the centroid head; in C where it builds, :func:`traces.run.llama.capture.node_capture`); False
             runs the drafter without any callback.
         flash_attn: flash attention (off by default: batch-size dependent numerics can flip near-tie
             argmaxes, and the greedy-equivalence invariant is checked with it off).
@@ -217,9 +210,9 @@ class MtpRuntime:
         self.n_threads = n_threads
         self._closed = False
         self.tctx = self.dctx = None  # type: ignore[assignment]
-        self.tmodel = rt.LlamaModel(target, n_gpu_layers=n_gpu_layers)
+        self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers)
         try:
-            self.dmodel = rt.LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+            self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
         except BaseException:
             self.tmodel.close()
             raise
@@ -227,9 +220,9 @@ class MtpRuntime:
         self.n_embd_backbone = self.tmodel.n_embd_out
         self.n_embd = self.dmodel.n_embd
         self.n_batch = max(int(n_batch), 16)
-        self.capture = rt.node_capture(H_INNER_NODE, native=native_capture) if capture else None
-        self.tbatch = rt.TokenBatch(self.n_batch)
-        self.dbatch = rt.DraftBatch(self.dmodel.n_embd_inp)
+        self.capture = node_capture(H_INNER_NODE, native=native_capture) if capture else None
+        self.tbatch = TokenBatch(self.n_batch)
+        self.dbatch = DraftBatch(self.dmodel.n_embd_inp)
         self.n_ctx = 0
         try:
             self._make_contexts(n_ctx)
@@ -246,11 +239,11 @@ class MtpRuntime:
             self.dctx.close()
         if self.tctx is not None:
             self.tctx.close()
-        self.tctx = rt.LlamaContext(self.tmodel, n_ctx=n_ctx, n_batch=self.n_batch, flash_attn=self.flash_attn,
-                                    n_threads=self.n_threads, nextn=True, masked=False)
-        self.dctx = rt.LlamaContext(self.dmodel, n_ctx=n_ctx, n_batch=self.n_batch, mtp_of=self.tctx,
-                                    capture=self.capture, flash_attn=self.flash_attn, n_threads=self.n_threads,
-                                    nextn=True, masked=True)
+        self.tctx = LlamaContext(self.tmodel, n_ctx=n_ctx, n_batch=self.n_batch, flash_attn=self.flash_attn,
+                                 n_threads=self.n_threads, nextn=True, masked=False)
+        self.dctx = LlamaContext(self.dmodel, n_ctx=n_ctx, n_batch=self.n_batch, mtp_of=self.tctx,
+                                 capture=self.capture, flash_attn=self.flash_attn, n_threads=self.n_threads,
+                                 nextn=True, masked=True)
         self.n_ctx = self.tctx.n_ctx
 
     def ensure_context(self, n_tokens: int) -> None:

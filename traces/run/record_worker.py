@@ -7,7 +7,7 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
 
 1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
    notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
-   environment :data:`traces.llama_runtime.ABORT_ENV` (no debugger from ggml's abort handler). The
+   environment :data:`traces.run.llama.process.ABORT_ENV` (no debugger from ggml's abort handler). The
    child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
    copies to ``llama.log`` in the trace folder and keeps the tail of.
 2. ``start`` (parent -> child): the run's configuration. The child loads the models, tokenizes the
@@ -17,7 +17,7 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
    sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
    True)``), and a ``GGML_ABORT`` / ``GGML_ASSERT`` first lets it send what it holds
-   (:func:`traces.llama_runtime.set_abort_hook`), so the rounds before an abort still reach the trace.
+   (:func:`traces.run.llama.process.set_abort_hook`), so the rounds before an abort still reach the trace.
 4. ``stop`` (Ctrl-C in the parent): the child stops before sending its next round and exits 0.
 
 The child dies with the parent (``PR_SET_PDEATHSIG``: no orphaned llama.cpp holding a GPU after a
@@ -50,7 +50,7 @@ from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
 from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
 
-#: the worker's environment besides :data:`traces.llama_runtime.ABORT_ENV`: numpy's OpenBLAS on one
+#: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
 #: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
 #: took the core the recorder's analysis needs (measured: the worker used 2.0 CPU seconds per wall second
 #: with one llama.cpp thread). llama.cpp's own threads are ``n_threads``, set per context.
@@ -213,7 +213,8 @@ def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
 
 
 def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
-    from mtpscope.traces.run import llama_runtime as rt  # noqa: PLC0415
+    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
     from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: PLC0415
 
     status.set("load")
@@ -225,13 +226,13 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     sender = RoundSender(chan, threaded=True)
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
-    rt.set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
+    set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
         toks, extra = prepare_prompts(rtm, cfg)
         n_draft, max_tokens = int(cfg["n_draft"]), int(cfg["max_tokens"])
         chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
-                   "capture": rtm.capture is not None, "runtime": rt.runtime_info(int(cfg["n_gpu_layers"])),
+                   "capture": rtm.capture is not None, "runtime": runtime_info(int(cfg["n_gpu_layers"])),
                    **extra})
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
         trace = bool(cfg.get("trace", True))
@@ -252,7 +253,7 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
                         sender.send("round", res, prompt_id=pid)
                         status.next_round()
                         if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was
-                            rt.ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
+                            ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
                 finally:
                     sampler.close()
                 sender.check_stop()
@@ -408,7 +409,7 @@ class RecordWorker:
     """
 
     def __init__(self, config: dict[str, Any], *, echo: bool = False) -> None:
-        from mtpscope.traces.run.llama_runtime import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
+        from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
@@ -562,7 +563,7 @@ class RecordWorker:
         self.log.join(timeout=5.0)
         st = Status.read(self._status)
         tail = list(self.log.tail)
-        from mtpscope.traces.run.llama_runtime import abort_message, before_faulthandler  # noqa: PLC0415
+        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler  # noqa: PLC0415
 
         said = abort_message(tail)
         sig = None
@@ -607,12 +608,12 @@ class InProcessRounds:
         self.toks: list[list[int]] = []
 
     def hello(self) -> dict[str, Any]:
-        from mtpscope.traces.run import llama_runtime as rt  # noqa: PLC0415
+        from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
 
         r, c = self.rtm, self.cfg
         self.toks, extra = prepare_prompts(r, c)
         return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
-                "capture": r.capture is not None, "runtime": rt.runtime_info(c["n_gpu_layers"]), **extra}
+                "capture": r.capture is not None, "runtime": runtime_info(c["n_gpu_layers"]), **extra}
 
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
         from mtpscope.traces.run.mtp_runtime import Sampler  # noqa: PLC0415
@@ -634,7 +635,7 @@ class InProcessRounds:
         """Nothing to release: the arrays are the runtime's own copies."""
 
     def log_to(self, path: str | os.PathLike[str]) -> None:
-        """llama.cpp logs into this process (``traces.llama_runtime``): nothing to copy."""
+        """llama.cpp logs into this process (``traces.run.llama.logs``): nothing to copy."""
 
     def stop(self, grace: float = 0.0) -> None:
         """A Ctrl-C reaches the loop in this process directly."""

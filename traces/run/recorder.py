@@ -11,7 +11,7 @@ durable in its write-ahead log when ``on_round`` is called; ``overwrite`` of an 
 next to it and swapped in at the end, :func:`traces.store.swap_in`). Progress display is the caller's,
 through ``on_round``.
 
-Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.llama_runtime,
+Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.run.llama.process,
 traces.mtp_runtime, traces.preflight, traces.prompts, traces.record_worker, traces.step_analysis,
 traces.store.
 """
@@ -31,7 +31,7 @@ import numpy as np
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
-from mtpscope.traces.run import llama_runtime as rt
+from mtpscope.traces.run.llama.process import deferred_sigint
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import (centroid_source_info, check_draft_and_sampling, model_info, preflight,
                                        unchecked_models)
@@ -327,7 +327,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     w: TraceWriter | None = None
     src: RecordWorker | InProcessRounds | None = None
     blas = _SingleThreadBlas().__enter__()
-    sigint = contextlib.nullcontext() if isolated else rt.deferred_sigint()
+    sigint = contextlib.nullcontext() if isolated else deferred_sigint()
     sigint.__enter__()
     t_start, c_start = time.perf_counter(), time.process_time()
     try:

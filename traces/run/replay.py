@@ -18,7 +18,7 @@ Shapes are numpy order throughout.
 
 Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
 traces.step_analysis, traces.records, traces.metrics, traces.store; and, inside :func:`replay` only,
-traces.llama_runtime, traces.mtp_runtime, traces.preflight, traces.target_prefill (so that reading a
+traces.run.llama.model, traces.mtp_runtime, traces.preflight, traces.target_prefill (so that reading a
 replay folder never touches llama.cpp).
 """
 
@@ -226,7 +226,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     """
 
     from mtpscope import traces as tr
-    from mtpscope.traces.run import llama_runtime as rt
+    from mtpscope.traces.run.llama.model import LlamaModel
     from mtpscope.traces.run.mtp_runtime import prompt_tokens
 
     tpath = Path(trace)
@@ -261,7 +261,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         rounds = rounds.head(int(max_rounds))
     prompts = {int(p["prompt_id"]): p for p in man.get("prompts") or []}
     chat = bool(params.get("chat", False))
-    model = rt.LlamaModel(tg)
+    model = LlamaModel(tg)
     try:
         prompt_toks = {pid: _recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)

@@ -2,7 +2,7 @@
 :class:`TargetPrefill` (used by the replay and the parity tests).
 
 :func:`prefill` runs the **target** once in llama.cpp over a token sequence and captures, with
-``cb_eval`` (:class:`traces.llama_runtime.NodeCapture`), the K/V of the two donor layers
+``cb_eval`` (:class:`traces.run.llama.capture.NodeCapture`), the K/V of the two donor layers
 (:func:`donor_layers`, llama.cpp's rule, ``llama-model.cpp``: layer ``n_layer - 2`` for sliding
 attention, ``n_layer - 1`` for full attention; nodes ``Kcur_pos-{il}`` after ``attn_k_norm`` + RoPE
 and ``Vcur_normed-{il}``, ``src/models/gemma4.cpp``), the post-final-norm hidden per token
@@ -14,7 +14,7 @@ the K/V to the drafter's heads.
 Shapes are numpy order throughout.
 
 Imports: numpy, mtpscope.errors, inspector.gguf, inspector.reference (DonorKV, ReferenceDrafter),
-traces.llama_runtime (inside :func:`prefill`).
+traces.run.llama (capture, model; inside :func:`prefill`).
 """
 
 from __future__ import annotations
@@ -105,13 +105,14 @@ def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_bat
     """Run the target over ``tokens`` (positions ``0..n-1``) in llama.cpp and capture the donor K/V.
 
     Flash attention off. Runs in chunks of ``n_batch`` tokens. ``model``: an already loaded
-    :class:`traces.llama_runtime.LlamaModel` of ``target_gguf`` (not closed here); else it is loaded.
+    :class:`traces.run.llama.model.LlamaModel` of ``target_gguf`` (not closed here); else it is loaded.
 
     Raises:
         RuntimeUnavailableError: llama-cpp-python missing.
         TraceError: llama.cpp could not load / decode, or a captured node is missing.
     """
-    from mtpscope.traces.run import llama_runtime as rt
+    from mtpscope.traces.run.llama.capture import NodeCapture
+    from mtpscope.traces.run.llama.model import LlamaContext, LlamaModel, TokenBatch
 
     layers = donor_layers(target_gguf)
     toks = np.asarray(list(tokens), dtype=np.int64)
@@ -120,15 +121,15 @@ def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_bat
         raise TraceError("nothing to prefill", key="tokens", expected=">= 1 token", actual=0)
     own_model = model is None
     if own_model:
-        model = rt.LlamaModel(target_gguf)
+        model = LlamaModel(target_gguf)
     n_last = model.n_layer - 1
     names = [f"Kcur_pos-{il}" for il in layers.values()] + [f"Vcur_normed-{il}" for il in layers.values()]
     names.append(f"l_out-{n_last}")
-    cap = rt.NodeCapture(names)
+    cap = NodeCapture(names)
     n_ctx = max(256, ((n + 255) // 256) * 256)
-    ctx = rt.LlamaContext(model, n_ctx=n_ctx, n_batch=n_batch, capture=cap, flash_attn=False,
-                          n_threads=n_threads, nextn=True, masked=False)
-    batch = rt.TokenBatch(n_batch)
+    ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=n_batch, capture=cap, flash_attn=False,
+                       n_threads=n_threads, nextn=True, masked=False)
+    batch = TokenBatch(n_batch)
     parts: dict[str, list[np.ndarray]] = {nm: [] for nm in names}
     h_post, argmax = [], []
     try:

@@ -1,6 +1,6 @@
 /* mtpscope: a native ggml `cb_eval` callback that copies one named graph node per decode.
  *
- * Built on first use by mtpscope.traces.native_capture (cc -O2 -shared -fPIC) into the cache folder and
+ * Built on first use by mtpscope.traces.run.llama.native_capture (cc -O2 -shared -fPIC) into the cache folder and
  * loaded with ctypes. It links against nothing: ggml_backend_tensor_get / ggml_nbytes and the offsets of
  * the fields of `struct ggml_tensor` it reads come from Python in `mtps_capture` (the same ctypes mirror
  * the Python callback uses, checked against ggml_tensor_overhead()).

@@ -8,11 +8,11 @@ the wanted node with ``ggml_backend_tensor_get``; Python reads the copy after th
 Build: ``$CC`` (default ``cc``) ``-O2 -shared -fPIC`` into ``<cache>/native/capture-<sha256[:16]>.so``,
 keyed by the source's hash, written atomically (several workers may build at once). No compiler, a
 failed build or ``MTPSCOPE_NATIVE_CAPTURE=0``: :func:`load` says why and the runtime keeps the Python
-callback (:class:`traces.llama_runtime.NodeCapture`); both copy the same bytes.
+callback (:class:`mtpscope.traces.run.llama.capture.NodeCapture`); both copy the same bytes.
 
 The library links against nothing: the ggml functions and the ``struct ggml_tensor`` field offsets it
 uses are handed over in its ``mtps_capture`` struct (mirrored by :class:`_Capture`) by
-:mod:`traces.llama_runtime`, which checked them against ``ggml_tensor_overhead()``.
+:func:`mtpscope.traces.run.llama.capture.node_capture`, which checked them against ``ggml_tensor_overhead()``.
 
 Imports: ctypes, numpy, mtpscope.cache, mtpscope.errors (no llama_cpp).
 """
@@ -137,7 +137,7 @@ def kind() -> str | None:
 
 
 class NativeCapture:
-    """A ``cb_eval`` capture of one node, in C: the interface of :class:`traces.llama_runtime.NodeCapture`
+    """A ``cb_eval`` capture of one node, in C: the interface of :class:`.capture.NodeCapture`
     (:meth:`reset` before each decode, :meth:`get` after it; :attr:`enabled`; :attr:`callback` for
     ``llama_context_params.cb_eval``, plus :attr:`user_data` for ``cb_eval_user_data``).
 
