@@ -32,7 +32,8 @@ from mtpscope.app import charts, views  # noqa: E402
 from mtpscope.app.tokens import TokenText  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
-from mtpscope.traces.store.store import open_trace  # noqa: E402
+from mtpscope.traces.store.layout import MANIFEST  # noqa: E402
+from mtpscope.traces.store.reader import open_trace  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
@@ -41,7 +42,7 @@ TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0
 
 def trace_dir(n_rounds: int) -> Path:
     d = cache_dir() / "bench-app" / f"trace-{n_rounds}"
-    if not (d / "manifest.json").exists():
+    if not (d / MANIFEST).exists():
         t = time.perf_counter()
         write_synthetic_trace(d, n_rounds=n_rounds, n_prompts=50, n_vocab=N_VOCAB, n_centroids=N_CENTROIDS,
                               top_k=TOP_K, seed=0)

@@ -30,6 +30,7 @@ from mtpscope.traces.analysis.breakdown import classify_outputs, draft_labels  #
 from mtpscope.traces.analysis.explain_report import ROUNDS_COLUMNS, explain, step_columns  # noqa: E402
 from mtpscope.traces.analysis.metrics import report  # noqa: E402
 from mtpscope.traces.analysis.positions import positions  # noqa: E402
+from mtpscope.traces.store.layout import MANIFEST  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 from mtpscope.traces.analysis.token_classes import Classifier  # noqa: E402
 from mtpscope.traces.analysis.vocab import load_vocab  # noqa: E402
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     d = cache_dir() / "bench-explain" / f"syn-{args.rounds}"
-    if not (d / "manifest.json").exists():
+    if not (d / MANIFEST).exists():
         t0 = time.perf_counter()
         write_synthetic_trace(d, n_rounds=args.rounds, n_prompts=20, seed=0)
         print(f"wrote {d} in {time.perf_counter() - t0:.2f} s")

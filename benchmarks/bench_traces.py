@@ -28,6 +28,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from mtpscope import traces  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 from mtpscope.traces.analysis.metrics import report  # noqa: E402
+from mtpscope.traces.store.layout import MANIFEST  # noqa: E402
 from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     d = cache_dir() / "bench-traces" / f"syn-{args.rounds}"
-    if not (d / "manifest.json").exists():
+    if not (d / MANIFEST).exists():
         t0 = time.perf_counter()
         write_synthetic_trace(d, n_rounds=args.rounds, n_prompts=8, seed=0)
         print(f"wrote {d} in {time.perf_counter() - t0:.2f} s")

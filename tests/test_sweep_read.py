@@ -103,7 +103,7 @@ def test_hive_columns_and_round_n_draft(sweep_dir: Path) -> None:
 
 def test_timeline_and_cell(sweep_dir: Path) -> None:
     from mtpscope.traces.analysis.metrics import totals
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     sw = open_sweep(sweep_dir)
     tl = sw.timeline("q4", 2, columns=("n_draft", "n_accepted", "pos"))

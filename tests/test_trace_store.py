@@ -279,7 +279,7 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     """With compact=True each part is appended to its group's merged file as it is written, so close()
     reads no part back; the merged files equal what reading the parts back makes (same listing, rows,
     row groups), several groups included."""
-    import mtpscope.traces.store.store as store
+    import mtpscope.traces.store.merge as merge
 
     def build(d: Path) -> None:
         with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
@@ -291,10 +291,10 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     with monkeypatch.context() as m:           # while writing: no part may be read back
         def no_read(*a: object, **k: object) -> None:
             raise AssertionError("a part was read back")
-        m.setattr(store.pq, "read_table", no_read)
+        m.setattr(pq, "read_table", no_read)
         build(tmp_path / "inc")
     with monkeypatch.context() as m:           # the old way: the merger is off, close() reads the parts back
-        m.setattr(store._Merger, "add", lambda self, rec, tables: setattr(self, "error", RuntimeError("off")))
+        m.setattr(merge.Merger, "add", lambda self, rec, tables: setattr(self, "error", RuntimeError("off")))
         build(tmp_path / "old")
     a, b = traces.open(tmp_path / "inc"), traces.open(tmp_path / "old")
     assert a.manifest["parts"] == b.manifest["parts"]
@@ -410,14 +410,14 @@ def test_wal_torn_tail_and_live_writer(tmp_path: Path) -> None:
 
 
 def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store.store as store
+    import mtpscope.traces.store.writer as writer
 
     def boom(table, path):  # noqa: ANN001
         raise OSError(28, "No space left on device")
 
     w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
                     flush_every=1)
-    monkeypatch.setattr(store, "_write_part", boom)
+    monkeypatch.setattr(writer, "write_part", boom)
     w.add_round(_round(0, 1))                      # queued; the thread fails
     with pytest.raises(TraceError, match="No space left"):
         for r in range(1, 50):                     # surfaces at a later call at the latest at close
@@ -428,13 +428,11 @@ def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store.store as store
-
     class Broken:
         def __init__(self, *a, **k):  # noqa: ANN002, ANN003
             raise OSError("disk went away")
 
-    monkeypatch.setattr(store.pq, "ParquetWriter", Broken)
+    monkeypatch.setattr(pq, "ParquetWriter", Broken)
     _write(tmp_path, flush_every=2, compact=True)
     monkeypatch.undo()
     t = traces.open(tmp_path)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.store.layout import MANIFEST
 
 #: The sentence the demo target "knows": each word (one real token each, with its leading space)
 #: is followed by the next one, the last by the first. Words outside the vocabulary in use are skipped.
@@ -110,7 +111,8 @@ _MODEL_SOURCES = ("mtpscope.demo.build", "mtpscope.demo.vocab", "mtpscope.demo.s
                   "mtpscope.inspector.tokenizer")
 _TRACE_SOURCES = ("mtpscope.traces.run.recorder", "mtpscope.traces.run.mtp_runtime", "mtpscope.traces.run.step_analysis",
                   "mtpscope.traces.run.ranking", "mtpscope.traces.run.preflight", "mtpscope.traces.run.llama_runtime",
-                  "mtpscope.traces.store.store",
+                  "mtpscope.traces.store.layout", "mtpscope.traces.store.manifest", "mtpscope.traces.store.parts",
+                  "mtpscope.traces.store.wal", "mtpscope.traces.store.merge", "mtpscope.traces.store.writer",
                   "mtpscope.traces.store.schema", "mtpscope.traces.store.records", "mtpscope.traces.run.centroid_head",
                   "mtpscope.inspector.centroids")
 
@@ -207,7 +209,7 @@ def _write_stamp(path: Path, stamp: dict[str, Any]) -> None:
 
 
 def _trace_complete(d: Path) -> bool:
-    m = _read_stamp(d / "manifest.json")
+    m = _read_stamp(d / MANIFEST)
     return bool(m.get("complete"))
 
 
