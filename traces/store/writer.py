@@ -70,7 +70,7 @@ class TraceWriter:
         overwrite: if ``out_dir`` already holds a trace, delete its manifest, parts and write-ahead
             log first (only those files); otherwise that raises.
         wal: append every round to the write-ahead log in ``DIR/wal/`` as :meth:`add_round` returns
-            (see the module docstring; a ``kill -9`` then loses at most the round being appended instead
+            (:mod:`traces.store.wal`; a ``kill -9`` then loses at most the round being appended instead
             of up to ``flush_every``). The writer holds ``DIR/wal/lock`` (an exclusive ``flock``) until
             :meth:`close`.
 
