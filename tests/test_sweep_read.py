@@ -143,6 +143,12 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     assert sw.sql("SELECT count(*) AS n FROM rounds")["n"][0] == 6000   # the main views are back
     one = sw.cell("q4", 2, shard=1)
     assert len(one.rounds) == len(t1)
+    # a cell reads like a trace (traces.store.protocols.TraceLike): the analysis functions take it
+    from mtpscope.traces.analysis.explain_report import step_columns
+    from mtpscope.traces.analysis.metrics import report
+
+    assert cell.schemas == one.schemas and "token" in step_columns(cell)
+    assert report(cell)["n_accepted"] == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
 
 
 @pytest.mark.slow

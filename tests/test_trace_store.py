@@ -210,6 +210,65 @@ def test_open_errors(tmp_path: Path) -> None:
         traces.open(tmp_path)
 
 
+def test_read_manifest_is_the_file_checked_and_names_where_it_fails(tmp_path: Path) -> None:
+    from mtpscope.traces.store.reader import read_manifest
+
+    _write(tmp_path / "t")
+    assert read_manifest(tmp_path / "t") == json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert traces.read_manifest is read_manifest
+    with pytest.raises(TraceFormatError, match="not a trace directory"):
+        read_manifest(tmp_path / "missing")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(TraceFormatError, match="no manifest") as e:
+        read_manifest(bad)
+    assert str(bad / "manifest.json") in e.value.one_line()
+    (bad / "manifest.json").write_bytes(b'{"a": "\xff"}')          # byte 7 is not UTF-8
+    with pytest.raises(TraceFormatError, match="not UTF-8") as e:
+        read_manifest(bad)
+    assert "offset 7:" in e.value.one_line() and "0xff" in e.value.one_line()
+    text = '{"schema_version": 1,\n  "source": }'
+    (bad / "manifest.json").write_text(text)
+    with pytest.raises(TraceFormatError, match="not valid JSON") as e:
+        read_manifest(bad)
+    assert f"offset {text.index('}')}:" in e.value.one_line()       # where a value was expected
+    (bad / "manifest.json").write_text(json.dumps({"schema_version": 1, "source": "record", "complete": True}))
+    with pytest.raises(TraceFormatError, match="lacks a required key") as e:
+        read_manifest(bad)
+    assert "counts" in e.value.one_line()
+
+
+def test_trace_files_lists_what_a_reader_sees(tmp_path: Path) -> None:
+    """The manifest, then every finished part / merged file per table; never .tmp files or the WAL."""
+    from mtpscope.traces.store.layout import trace_files
+
+    assert trace_files(tmp_path) == []
+    _write(tmp_path, flush_every=3)
+    names = [p.relative_to(tmp_path).as_posix() for p in trace_files(tmp_path)]
+    assert names == ["manifest.json"] + [f"{t}/part-0000{i}.parquet" for t in ("rounds", "steps") for i in range(3)]
+    (tmp_path / "rounds" / "part-00003.parquet.tmp").write_bytes(b"PAR1")
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "part-00003.rounds.arrows").write_bytes(b"")
+    (tmp_path / "rounds" / "notes.txt").write_text("x")
+    assert [p.relative_to(tmp_path).as_posix() for p in trace_files(tmp_path)] == names
+    c = tmp_path / "c"
+    _write(c, flush_every=2, compact=True)
+    assert [p.relative_to(c).as_posix() for p in trace_files(c)] == [
+        "manifest.json", "rounds/merged-00000.parquet", "steps/merged-00000.parquet"]
+
+
+def test_replacement_leftovers(tmp_path: Path) -> None:
+    from mtpscope.traces.store.writer import partial_dir, replacement_leftovers
+
+    out = tmp_path / "t"
+    assert replacement_leftovers(out) == []
+    mine = partial_dir(out)
+    mine.mkdir()
+    for name in ("t.partial-1", "t.old-77", "t.other", "tt.partial-1", "u.old-1"):
+        (tmp_path / name).mkdir()
+    assert sorted(p.name for p in replacement_leftovers(out)) == sorted(["t.partial-1", "t.old-77", mine.name])
+
+
 def test_truncated_part_is_skipped_with_warning(tmp_path: Path) -> None:
     _write(tmp_path)
     bad = tmp_path / "rounds" / "part-00001.parquet"
