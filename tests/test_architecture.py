@@ -340,9 +340,9 @@ def test_rule_parser_sees_lazy_relative_and_from_imports() -> None:
         ("os", ()), ("mtpscope.inspector", ("gguf",)), ("mtpscope.inspector.layouts", ("read_hparams",)),
         ("mtpscope.traces", ("store",)), ("llama_cpp", ()), ("mtpscope.errors", ("LayoutError",))]
     assert [i.name for i in imports_of("from . import a\n", "mtpscope.traces", is_package=True)] == ["mtpscope.traces"]
-    known = {"mtpscope.inspector", "mtpscope.inspector.gguf", "mtpscope.traces", "mtpscope.traces.store.reader"}
+    known = {"mtpscope.inspector", "mtpscope.inspector.gguf", "mtpscope.traces", "mtpscope.traces.store.store"}
     assert resolve(imps[1], known) == {"mtpscope.inspector.gguf"}
-    assert resolve(imps[3], known) == {"mtpscope.traces.store.reader"}
+    assert resolve(imps[3], known) == {"mtpscope.traces.store.store"}
     assert resolve(Imp("mtpscope.inspector", ("open_gguf",), 1), known) == {"mtpscope.inspector"}
     assert resolve(Imp("numpy", (), 1), known) == set()
 
@@ -375,8 +375,8 @@ def test_rule_upward_arrows_fail() -> None:
         "mtpscope.app.views": "from mtpscope import demo\nfrom mtpscope.cli.verify import x\n",
         "mtpscope.inspector.gguf": "from mtpscope.errors import LayoutError\nfrom mtpscope.cache import demo_dir\n",
         "mtpscope.inspector.convert": "def f():\n    from mtpscope.demo.vocab import load_vocab\n",
-        "mtpscope.inspector.diff": "from mtpscope.traces.store.reader import open_trace\nimport mtpscope.cli.verify\n",
-        "mtpscope.traces.store.reader": "from mtpscope.inspector.gguf import open_gguf\n",
+        "mtpscope.inspector.diff": "from mtpscope.traces.store.store import open_trace\nimport mtpscope.cli.verify\n",
+        "mtpscope.traces.store.store": "from mtpscope.inspector.gguf import open_gguf\n",
         "mtpscope.traces.run.replay": "from mtpscope.app import state\nimport mtpscope.cli.main\n",
         "mtpscope.cli.main": "",
     }))
@@ -387,7 +387,7 @@ def test_rule_upward_arrows_fail() -> None:
         "mtpscope.errors:1 imports mtpscope.cache",
         "mtpscope.inspector.convert:2 imports mtpscope.demo.vocab",
         "mtpscope.inspector.diff:2 imports mtpscope.cli.verify",
-        "mtpscope.inspector.diff:1 imports mtpscope.traces.store.reader",
+        "mtpscope.inspector.diff:1 imports mtpscope.traces.store.store",
         "mtpscope.traces.run.replay:1 imports mtpscope.app.state",
         "mtpscope.traces.run.replay:2 imports mtpscope.cli.main",
     ]
