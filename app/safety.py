@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 
 from mtpscope.errors import InspectorError, PathNotAllowedError, ServeRefusedError, TraceError
 from mtpscope.inspector.paths import file_kind
+from mtpscope.traces.store.layout import MANIFEST
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
 #: ``1`` (or true/yes/on): only the ``MTPSCOPE_ROOTS`` folders, without the working directory and demo.
@@ -447,17 +448,17 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
         mode = (i.external_attr >> 16) & 0o170000
         if pp.is_absolute() or ".." in pp.parts or "\\" in i.filename or mode == 0o120000:
             raise TraceError("unsafe member name in archive", key=i.filename)
-        if not i.is_dir() and pp.name == "manifest.json":
+        if not i.is_dir() and pp.name == MANIFEST:
             manifests.append(pp)
     if not manifests:
-        raise TraceError("no manifest.json in the archive", key=name)
+        raise TraceError(f"no {MANIFEST} in the archive", key=name)
     top = min(manifests, key=lambda m: len(m.parts)).parent
     digest = hashlib.sha256(data).hexdigest()[:16]
     out = Path(dest) / f"trace-{digest}"
     if out.is_symlink() or (os.path.lexists(out) and not out.is_dir()):
         raise TraceError("upload folder name already taken by something else; not overwritten", path=out,
                          expected="a folder unpacked from this archive", actual=file_kind(os.lstat(out).st_mode))
-    if not (out / "manifest.json").is_file():
+    if not (out / MANIFEST).is_file():
         # unpack into a fresh folder next to ``out`` and move it in place only when every member
         # unpacked cleanly: a corrupt archive leaves nothing behind (a half-unpacked folder with a
         # manifest would otherwise be reused as if complete next time)
@@ -499,10 +500,10 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
             os.rename(tmp, out)  # refuses a non-empty folder: never over another upload's files
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (out / "manifest.json").is_file():  # not the same archive unpacked meanwhile
+            if not (out / MANIFEST).is_file():  # not the same archive unpacked meanwhile
                 raise TraceError("upload folder name already taken by other files; not overwritten", path=out,
                                  expected="a folder unpacked from this archive",
-                                 actual="a folder without manifest.json") from None
+                                 actual=f"a folder without {MANIFEST}") from None
     return out / top
 
 

@@ -37,7 +37,7 @@ from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.validate import verify
 from mtpscope.traces.analysis.wording import plural
 
-# mtpscope.traces.store.store / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
+# mtpscope.traces.store.reader / .metrics / .replay are imported inside the trace loaders: they pull in pyarrow
 # and duckdb, which the model pages never need.
 
 SEL_KEYS = ("drafter", "target", "trace", "trace_b", "checkpoint", "replay")
@@ -156,14 +156,14 @@ def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:
     """``{"drafter": path, "target": path}`` of the models a trace's manifest names (its ``assistant``
     and ``target`` entries) that exist and are allowed; read from ``manifest.json`` only (nothing else
     of the trace), so an unreadable trace gives ``{}``."""
-    import json
+    from mtpscope.traces.store.reader import read_manifest
 
     out: dict[str, str] = {}
     try:
-        m = json.loads((Path(trace_path) / "manifest.json").read_text())
-    except (OSError, ValueError):
+        m = read_manifest(trace_path)
+    except (MtpscopeError, OSError):
         return out
-    models = m.get("models") if isinstance(m, dict) else None
+    models = m.get("models")
     if not isinstance(models, dict):
         return out
     for role, slot in (("assistant", "drafter"), ("target", "target")):
@@ -277,28 +277,24 @@ def inventory(path: str | os.PathLike[str]):
 
 
 def _trace_key(p: Path) -> tuple:
+    from mtpscope.traces.store.layout import trace_files
+
     items: list[tuple] = []
-    man = p / "manifest.json"
-    if man.exists():
-        items.append(("manifest.json", *_stat_key(man)))
-    for sub in ("rounds", "steps", "requests"):
-        d = p / sub
-        if d.is_dir():
-            for f in sorted(d.iterdir()):
-                with contextlib.suppress(OSError):
-                    items.append((f"{sub}/{f.name}", *_stat_key(f)))
+    for f in trace_files(p):
+        with contextlib.suppress(OSError):
+            items.append((f.relative_to(p).as_posix(), *_stat_key(f)))
     return tuple(items)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _open_trace(path: str, key: tuple):
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     return open_trace(path)
 
 
 def trace(path: str | os.PathLike[str]):
-    """The opened trace (``mtpscope.traces.store.store.Trace``) for an allowed directory, cached by the manifest's
+    """The opened trace (``mtpscope.traces.store.reader.Trace``) for an allowed directory, cached by the manifest's
     and every part's (name, size, mtime)."""
     p = safety.check_path(path, roots(), kind="dir")
     return _open_trace(str(p), _trace_key(p))

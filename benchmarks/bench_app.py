@@ -30,7 +30,8 @@ from mtpscope.app import charts, views
 from mtpscope.app.tokens import TokenText
 from mtpscope.cache import cache_dir
 from mtpscope.inspector.centroids import CentroidHead
-from mtpscope.traces.store.store import open_trace
+from mtpscope.traces.store.layout import MANIFEST
+from mtpscope.traces.store.reader import open_trace
 from mtpscope.traces.synthetic import write_synthetic_trace
 
 N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
@@ -39,7 +40,7 @@ TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0
 
 def trace_dir(n_rounds: int) -> Path:
     d = cache_dir() / "bench-app" / f"trace-{n_rounds}"
-    if not (d / "manifest.json").exists():
+    if not (d / MANIFEST).exists():
         t = time.perf_counter()
         write_synthetic_trace(d, n_rounds=n_rounds, n_prompts=50, n_vocab=N_VOCAB, n_centroids=N_CENTROIDS,
                               top_k=TOP_K, seed=0)

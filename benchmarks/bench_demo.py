@@ -91,12 +91,13 @@ def recorded(demo: str | None) -> None:
     from mtpscope.cache import demo_dir
     from mtpscope.demo.spec import TrainedPaths
     from mtpscope.traces.analysis import metrics
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.layout import MANIFEST
+    from mtpscope.traces.store.reader import open_trace
 
     tp = TrainedPaths.under(Path(demo) if demo else demo_dir())
     print()
     for name, d in tp.traces.items():
-        if not (d / "manifest.json").exists():
+        if not (d / MANIFEST).exists():
             print(f"llama.cpp trace {name}: not built ({d})")
             continue
         tr = open_trace(d)

@@ -74,6 +74,7 @@ def part_ray(max_tokens: int) -> None:
     import ray
 
     from mtpscope.traces.sweep.runner import run_sweep
+    from mtpscope.traces.sweep.spec import read_state
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -87,7 +88,7 @@ def part_ray(max_tokens: int) -> None:
                 res = run_sweep(spec, Path(tmp) / f"w{workers}", workers=workers, threads_per_worker=1,
                                 command=["bench_sweep"])
                 walls[workers] = res.seconds
-                tasks = json.loads((Path(tmp) / f"w{workers}" / "sweep.json").read_text())["tasks"]
+                tasks = read_state(Path(tmp) / f"w{workers}")["tasks"]
                 busy = sum(t["seconds"] or 0 for t in tasks)
                 load = sum(t["load_seconds"] or 0 for t in tasks)
                 print(f"ray: {res.n_tasks} tasks on {workers} worker(s) x 1 thread: {res.seconds:.2f} s "
@@ -101,10 +102,11 @@ def part_ray(max_tokens: int) -> None:
 
 
 def part_read(n_rounds: int) -> None:
+    from mtpscope.traces.sweep.spec import is_sweep
     from mtpscope.traces.synthetic import write_synthetic_sweep
 
     d = cache_dir() / "bench-sweep" / f"syn-{n_rounds}"
-    if not (d / "sweep.json").exists():
+    if not is_sweep(d):
         t0 = time.perf_counter()
         write_synthetic_sweep(d, n_rounds=n_rounds)
         print(f"read: wrote {d} in {time.perf_counter() - t0:.2f} s")

@@ -52,11 +52,11 @@ def synthetic_trace(folder: str, n_rounds: int, n_prompts: int, seed: int = 0) -
     """``<cache>/<folder>/syn-<n_rounds>``: a synthetic trace (:func:`mtpscope.traces.synthetic.write_synthetic_trace`,
     3 drafts, centroid columns, no hidden states) written on first use and reused after."""
     from mtpscope.cache import cache_dir
-    from mtpscope.traces.store.layout import MANIFEST_NAME
+    from mtpscope.traces.store.layout import MANIFEST
     from mtpscope.traces.synthetic import write_synthetic_trace
 
     d = cache_dir() / folder / f"syn-{n_rounds}"
-    if not (d / MANIFEST_NAME).exists():
+    if not (d / MANIFEST).exists():
         t0 = time.perf_counter()
         write_synthetic_trace(d, n_rounds=n_rounds, n_prompts=n_prompts, seed=seed)
         print(f"wrote {d} in {time.perf_counter() - t0:.2f} s")

@@ -167,11 +167,11 @@ def test_values_page_stats(demo) -> None:
 
 def test_acceptance_page_equals_report_and_parquet(demo) -> None:
     from mtpscope.traces.analysis import metrics
-    from mtpscope.traces.store import store
+    from mtpscope.traces.store.reader import open_trace
 
     trace = _need_trace(demo)
     at = _run("acceptance", trace=trace)
-    rep = metrics.report(store.open_trace(trace))
+    rep = metrics.report(open_trace(trace))
     r = _rounds_direct(trace)
     direct = r["n_accepted"].sum() / r["n_draft"].sum()
     assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}" == f"{direct:.1%}"
@@ -229,14 +229,14 @@ def test_step_page_shows_the_selected_round(demo) -> None:
 
 def test_compare_page_two_traces(demo) -> None:
     from mtpscope.traces.analysis import metrics
-    from mtpscope.traces.store import store
+    from mtpscope.traces.store.reader import open_trace
 
     a = _need_trace(demo)
     b = Path(demo.traces_noisy)
     if not (b / "manifest.json").exists():
         pytest.skip("noisy demo trace not built")
     at = _run("compare", trace=a, trace_b=b)
-    ra, rb = metrics.report(store.open_trace(a)), metrics.report(store.open_trace(b))
+    ra, rb = metrics.report(open_trace(a)), metrics.report(open_trace(b))
     rates = [m.value for m in at.metric if m.label.startswith("acceptance rate")]
     assert rates == [f"{ra['acceptance_rate']:.1%}", f"{rb['acceptance_rate']:.1%}"]
     at.radio(key="w.cmp.mode").set_value("two prompts of one trace").run()
@@ -375,7 +375,7 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
     llama-server log (requests only) open on every trace page without an exception."""
     from mtpscope.traces import importers
     from mtpscope.traces.analysis import metrics
-    from mtpscope.traces.store import store
+    from mtpscope.traces.store.reader import open_trace
 
     nd = tmp_path / "fork.ndjson"
     nd.write_text(
@@ -391,7 +391,7 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
     importers.import_server_log(log, srv_t)
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     for t in (fork_t, srv_t):
-        rep = metrics.report(store.open_trace(t))
+        rep = metrics.report(open_trace(t))
         for page in ("acceptance", "text", "step", "explain", "centroids", "compare"):
             at = _run(page, trace=t, drafter=None, target=None)
             assert not at.error, (t.name, page, [e.value for e in at.error])
@@ -414,7 +414,7 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
     import json
 
     from mtpscope.traces.analysis import metrics
-    from mtpscope.traces.store import store
+    from mtpscope.traces.store.reader import open_trace
 
     src = _need_trace(demo)
     t = _copy_trace(src, tmp_path / "trace")
@@ -429,7 +429,7 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
         at = _run(page, trace=t, drafter=None, target=None)
         assert not at.error, (page, [e.value for e in at.error])
     at = _run("acceptance", trace=t, drafter=None, target=None)
-    rep = metrics.report(store.open_trace(src))
+    rep = metrics.report(open_trace(src))
     assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
     table = next(d.value for d in at.dataframe if "prompt" in d.value.columns and "n_drafted" in d.value.columns)
     want = {int(p["prompt_id"]): str(p.get("text", "")) for p in good}

@@ -13,7 +13,7 @@ def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
     from mtpscope.traces.analysis import metrics
     from mtpscope.traces.run.baseline import record_baseline, timed_plain
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     target, drafter = tiny_pair()
     prompts = ["The quick brown fox", "Once upon a time there was"]

@@ -57,7 +57,7 @@ def hf_pair(trained):
 
 
 def _trace(path):
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     return open_trace(path)
 

@@ -16,7 +16,8 @@ import pytest
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.store.records import RoundRecord, StepRecord
-from mtpscope.traces.store.store import TraceWriter, open_trace
+from mtpscope.traces.store.writer import TraceWriter
+from mtpscope.traces.store.reader import open_trace
 
 EOG = 1
 

@@ -51,6 +51,7 @@ def test_wheel_has_one_import_root_and_the_data(wheel: Path) -> None:
     roots = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith((".dist-info", ".data"))}
     assert roots == {"mtpscope"}  # never `inspector`, `traces` or `app` at the top of site-packages
     for must in ("mtpscope/errors.py", "mtpscope/inspector/gguf.py", "mtpscope/cli/main.py",
+                 "mtpscope/traces/store/reader.py",
                  "mtpscope/app/main.py", "mtpscope/app/screens/files.py",
                  "mtpscope/sample_configs/demo-record.json",
                  "mtpscope/sample_configs/gemma-4-E2B-it-assistant/config.json"):
@@ -81,7 +82,7 @@ def test_installed_copy_runs_without_the_checkout(installed: Path, tmp_path: Pat
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
-        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.run.recorder as s\n"
+        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.store.reader as s\n"
         "from mtpscope.demo.spec import RECORD_CONFIG, load_record_config\n"
         "from mtpscope.cli.serve import main_script\n"
         "print(json.dumps({'files': [mtpscope.__file__, g.__file__, s.__file__, str(main_script())],"

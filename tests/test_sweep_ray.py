@@ -68,7 +68,7 @@ def sequential(spec, tmp_path_factory):
     """Each task recorded here, one after the other, on one runtime: task id -> rounds / outputs."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
     from mtpscope.traces.run.recorder import record
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     out = {}
     root = tmp_path_factory.mktemp("seq")
@@ -91,7 +91,7 @@ def _canon(df):
 
 
 def _check_task(sweep_dir: Path, task_id: str, sequential) -> None:
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(sweep_dir / task_id)
     assert tr.manifest["complete"], task_id
@@ -146,7 +146,7 @@ def test_sweep_matches_sequential_and_retries_a_killed_worker(faulty_sweep, sequ
             _check_task(out, tid, sequential)
             assert t["n_rounds"] > 0 and t["tokens_per_s"] > 0
     # llama.cpp ran with the actor's thread count
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     assert open_trace(out / KILLED).manifest["params"]["n_threads"] == 1
 

@@ -103,7 +103,7 @@ def test_hive_columns_and_round_n_draft(sweep_dir: Path) -> None:
 
 def test_timeline_and_cell(sweep_dir: Path) -> None:
     from mtpscope.traces.analysis.metrics import totals
-    from mtpscope.traces.store.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     sw = open_sweep(sweep_dir)
     tl = sw.timeline("q4", 2, columns=("n_draft", "n_accepted", "pos"))
@@ -143,6 +143,12 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     assert sw.sql("SELECT count(*) AS n FROM rounds")["n"][0] == 6000   # the main views are back
     one = sw.cell("q4", 2, shard=1)
     assert len(one.rounds) == len(t1)
+    # a cell reads like a trace (traces.store.protocols.TraceLike): the analysis functions take it
+    from mtpscope.traces.analysis.explain_report import step_columns
+    from mtpscope.traces.analysis.metrics import report
+
+    assert cell.schemas == one.schemas and "token" in step_columns(cell)
+    assert report(cell)["n_accepted"] == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
 
 
 @pytest.mark.slow

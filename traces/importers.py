@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from mtpscope.errors import ImportFormatError
 from mtpscope.traces.store import schema as S
-from mtpscope.traces.store.store import TraceWriter
+from mtpscope.traces.store.writer import TraceWriter
 
 ROUNDS_PER_PART = 65536
 MAX_LISTED = 10          # line numbers listed per warning

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.store.store import TraceWriter
+from mtpscope.traces.store.writer import TraceWriter
 
 P_FIRST = 0.82
 P_DECAY = 0.88

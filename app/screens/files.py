@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mtpscope.app import charts, safety, state
+from mtpscope.traces.store.layout import MANIFEST
 
 st.title("Files")
 state.init_selection()
@@ -20,7 +21,7 @@ def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
     if kind == "gguf":
         return [str(p) for p in safety.discover(roots_key, suffix=".gguf")]
     if kind == "trace":
-        return [str(p) for p in safety.discover(roots_key, marker="manifest.json")]
+        return [str(p) for p in safety.discover(roots_key, marker=MANIFEST)]
     if kind == "replay":
         return [str(p) for p in safety.discover(roots_key, marker="summary.json")]
     return [str(p) for p in safety.discover(roots_key, marker="config.json", max_depth=3)]

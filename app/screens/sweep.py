@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from mtpscope.app import charts, safety, state
+from mtpscope.traces.sweep.spec import SWEEP_FILE
 
 st.title("Sweep")
 
@@ -21,7 +22,7 @@ def _load(path: str, key: tuple):  # noqa: ARG001 - key: sweep.json's (size, mti
 
 
 def _key(p: Path) -> tuple:
-    s = (p / "sweep.json").stat()
+    s = (p / SWEEP_FILE).stat()
     return (s.st_size, s.st_mtime_ns)
 
 
@@ -41,8 +42,8 @@ if not path.strip():
 
 with state.guard("sweep"):
     p = safety.check_path(path.strip(), state.roots(), kind="dir")
-    if not (p / "sweep.json").is_file():
-        st.error(f"{p}: not a sweep directory (no sweep.json)")
+    if not (p / SWEEP_FILE).is_file():
+        st.error(f"{p}: not a sweep directory (no {SWEEP_FILE})")
         st.stop()
     sw, cells = _load(str(p), _key(p))
     st.session_state["sel.sweep"] = str(p)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.traces.store.protocols import TraceLike
 
 MAX_STEP_LINES = 60
 
@@ -151,7 +152,7 @@ def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def explain_json(trace: Any, *, vocab_path: Path | None = None, prompt: str | None = None) -> tuple[dict[str, Any], Any]:
+def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None) -> tuple[dict[str, Any], Any]:
     """(JSON sections, Explanation) of an opened trace; the vocabulary from ``vocab_path`` or the manifest."""
     from mtpscope.traces.analysis.explain_report import explain_trace
     from mtpscope.traces.analysis.vocab import trace_vocab
@@ -176,7 +177,7 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
             from mtpscope.traces.analysis.explain_report import select_prompt, token_label
-            from mtpscope.traces.store.store import open_trace
+            from mtpscope.traces.store.reader import open_trace
 
             t = open_trace(trace)
             d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt)
@@ -216,7 +217,7 @@ def register(app: typer.Typer) -> None:
 
         with one_line_errors(refusals=(TraceMismatchError,)):
             from mtpscope.traces.analysis.compare_report import compare_traces
-            from mtpscope.traces.store.store import open_trace
+            from mtpscope.traces.store.reader import open_trace
             from mtpscope.traces.analysis.vocab import trace_vocab
 
             ta, tb = open_trace(a), open_trace(b)

@@ -71,9 +71,10 @@ def register(app: typer.Typer) -> None:
             return
         from mtpscope.traces.analysis.explain_report import token_label
         from mtpscope.traces.analysis.vocab import trace_vocab
+        from mtpscope.traces.store.reader import read_manifest
 
         try:  # token text next to ids; ids alone when no vocabulary reads
-            vocab = trace_vocab(json.loads((Path(trace) / "manifest.json").read_text()), target)
+            vocab = trace_vocab(read_manifest(trace), target)
         except Exception:  # noqa: BLE001 - the text is a convenience, never a reason to fail
             vocab = None
         typer.echo(format_replay(res.summary(), res.disagreements(), token_label(vocab) if vocab else None))

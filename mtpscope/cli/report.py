@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(sweep_report(trace, as_json))
         with one_line_errors():
             from mtpscope.traces.analysis.metrics import report
-            from mtpscope.traces.store.store import open_trace
+            from mtpscope.traces.store.reader import open_trace
 
             tr = open_trace(trace)
             rep = report(tr)

@@ -126,6 +126,7 @@ def register(app: typer.Typer) -> None:
             from mtpscope.errors import MtpscopeError
             from mtpscope.traces.sweep.runner import run_sweep
             from mtpscope.traces.sweep.spec import (
+                SWEEP_FILE,
                 SweepSpec,
                 file_sha256,
                 parse_assistant,
@@ -135,7 +136,7 @@ def register(app: typer.Typer) -> None:
 
             given = [x is not None for x in (target, assistant, prompts)]
             if resume and not any(given):
-                spec = SweepSpec.from_state(read_state(out), out / "sweep.json")
+                spec = SweepSpec.from_state(read_state(out), out / SWEEP_FILE)
             else:
                 if not all(given):
                     raise MtpscopeError("give --target, --assistant and --prompts (or --resume alone)",

@@ -1,7 +1,7 @@
 """CLI commands: ``mtpscope trace ...`` (maintenance of trace directories).
 
 ``mtpscope trace repair DIR [--json]``: turn the write-ahead log of an interrupted recording
-(``DIR/wal/``, see ``traces/store/store.py``) into Parquet parts, recount the manifest and list any part
+(``DIR/wal/``, see ``traces/store/wal.py``) into Parquet parts, recount the manifest and list any part
 that does not read. Opening a trace (``traces.open``, ``report``, the app) does the same recovery; this
 command does it on purpose and says what it did.
 
@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
     ) -> None:
         """Recover an interrupted trace's write-ahead log into parts and recount its manifest."""
-        from mtpscope.traces.store.store import open_trace, recover
+        from mtpscope.traces.store.reader import open_trace
+        from mtpscope.traces.store.wal import recover
 
         with one_line_errors():
             if not path.is_dir():

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.store.layout import MANIFEST
 
 #: The sentence the demo target "knows": each word (one real token each, with its leading space)
 #: is followed by the next one, the last by the first. Words outside the vocabulary in use are skipped.
@@ -112,7 +113,9 @@ _TRACE_SOURCES = ("mtpscope.traces.run.recorder", "mtpscope.traces.run.mtp_runti
                   "mtpscope.traces.run.ranking", "mtpscope.traces.run.preflight",
                   "mtpscope.traces.run.llama.binding", "mtpscope.traces.run.llama.logs",
                   "mtpscope.traces.run.llama.process", "mtpscope.traces.run.llama.capture",
-                  "mtpscope.traces.run.llama.model", "mtpscope.traces.store.store",
+                  "mtpscope.traces.run.llama.model",
+                  "mtpscope.traces.store.layout", "mtpscope.traces.store.manifest", "mtpscope.traces.store.parts",
+                  "mtpscope.traces.store.wal", "mtpscope.traces.store.merge", "mtpscope.traces.store.writer",
                   "mtpscope.traces.store.schema", "mtpscope.traces.store.records", "mtpscope.traces.run.centroid_head",
                   "mtpscope.inspector.centroids")
 
@@ -209,7 +212,7 @@ def _write_stamp(path: Path, stamp: dict[str, Any]) -> None:
 
 
 def _trace_complete(d: Path) -> bool:
-    m = _read_stamp(d / "manifest.json")
+    m = _read_stamp(d / MANIFEST)
     return bool(m.get("complete"))
 
 

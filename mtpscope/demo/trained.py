@@ -172,7 +172,7 @@ def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
 
 def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """``[{"prompt_id", "category", "n_drafted", "n_accepted", "acceptance_rate"}]`` of a recorded trace."""
-    from mtpscope.traces.store.store import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
 
     tr = open_trace(trace_dir)
     r = tr.columns("rounds", ["prompt_id", "n_draft", "n_accepted"])

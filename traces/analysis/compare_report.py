@@ -5,8 +5,6 @@ vocabulary, and call it.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from mtpscope.errors import TraceMismatchError
@@ -15,12 +13,13 @@ from mtpscope.traces.analysis.breakdown import classify_outputs, prompt_categori
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.token_classes import CLASSES, Classifier
 from mtpscope.traces.analysis.vocab import Vocab
+from mtpscope.traces.store.protocols import TraceLike
 
 COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]
 
 
-def compare_traces(a: Any, b: Any, *, vocab: Vocab | None = None, n_boot: int = 2000, seed: int = 0) -> AlignedDiff:
-    """:func:`traces.align.aligned_diff` of two opened :class:`traces.store.Trace` objects.
+def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_boot: int = 2000, seed: int = 0) -> AlignedDiff:
+    """:func:`traces.align.aligned_diff` of two opened traces (:class:`traces.store.protocols.TraceLike`).
 
     Args:
         a / b: the traces (A is the reference: its categories and token classes are used).

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.store.protocols import TraceLike
 
 DRIFT_STEP_COLUMNS = ["k", "accepted"]
 
@@ -74,7 +75,7 @@ def has_hidden_target(manifest: dict[str, Any]) -> bool:
     return bool(dims.get("h_target")) and dims.get("hidden_dtype") is not None
 
 
-def trace_drift(trace: Any) -> dict[str, Any] | None:
+def trace_drift(trace: TraceLike) -> dict[str, Any] | None:
     """:func:`drift` of an opened trace, or None when it stores no ``h_target`` (reads ``k``,
     ``accepted`` and the two hidden columns)."""
     if not has_hidden_target(trace.manifest):

@@ -25,6 +25,7 @@ from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
 from mtpscope.traces.analysis.what_if import WhatIf, baseline_ms, what_if, what_if_by_category
+from mtpscope.traces.store.protocols import TraceLike
 
 ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "n_accepted", "drafted", "target",
                   "emitted", "t_draft_ms", "t_verify_ms"]
@@ -239,13 +240,13 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
                        what_if_by_category=wic, drift=drift, totals=totals(rounds), head=head, notes=tuple(notes))
 
 
-def step_columns(trace: Any) -> list[str]:
+def step_columns(trace: TraceLike) -> list[str]:
     """The steps columns :func:`explain` uses that this trace's schema has."""
     names = set(trace.schemas["steps"].names)
     return [c for c in E.STEP_COLUMNS + E.OPTIONAL_STEP_COLUMNS if c in names]
 
 
-def explain_trace(trace: Any, *, vocab: Vocab | None = None, prompt: str | int | None = None,
+def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str | int | None = None,
                   head: str | None = None, with_drift: bool = True) -> Explanation:
     """:func:`explain` of an opened trace (reads only the columns it needs; drift from the hidden columns
     when ``with_drift`` and the trace stores ``h_target``).

@@ -38,6 +38,7 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.wording import prompt_texts
+from mtpscope.traces.store.protocols import TraceLike
 
 REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
 #: The rolling acceptance window (rounds) of ``report`` and of the app's rolling chart: one default.
@@ -373,7 +374,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
     return _clean(out)
 
 
-def report(trace: Any) -> dict[str, Any]:
+def report(trace: TraceLike) -> dict[str, Any]:
     """:func:`summarize` for an opened trace, reading only the columns it needs, plus ``trace``,
     ``source``, ``complete``, ``n_prompts`` and ``warnings``; each ``prompts`` row also carries the
     prompt's ``text`` from the manifest ("" when the manifest has none).

@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.store.protocols import TraceLike
 
 N_MAX = 8
 WHAT_IF_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
@@ -356,8 +357,8 @@ def what_if_by_category(rounds: pd.DataFrame, categories: Mapping[int, str], *, 
     return out
 
 
-def what_if_trace(trace: Any, *, n_max: int = N_MAX) -> WhatIf:
-    """:func:`what_if` of an opened :class:`traces.store.Trace` (reads only the columns it needs; the
+def what_if_trace(trace: TraceLike, *, n_max: int = N_MAX) -> WhatIf:
+    """:func:`what_if` of an opened trace (:class:`traces.store.protocols.TraceLike`; reads only the columns it needs; the
     baseline from its manifest). For the sweep comparison: the n_draft 1..8 rows are ``.rows``.
 
     Raises:

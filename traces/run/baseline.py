@@ -124,7 +124,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
     from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
     from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
-    from mtpscope.traces.store.store import TraceWriter  # noqa: PLC0415
+    from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
 
     if not prompts:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)

@@ -245,7 +245,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C (isolated: the worker is stopped first; in process: raised right after
             the llama.cpp decode it arrived in); the trace written so far stays readable, marked incomplete.
     """
-    from mtpscope.traces.store.store import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
+    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415
+    from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
 
     given = [x is not None for x in (prompts, prompt, prompts_file)]
     if sum(given) != 1:
@@ -271,7 +272,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         raise MtpscopeError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
                             expected="hidden f16 | f32", actual="hidden off")
 
-    if not overwrite and (Path(out) / "manifest.json").exists():  # fail before loading anything
+    if not overwrite and (Path(out) / MANIFEST).exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
     # --overwrite of an existing trace: record next to it and swap it in only when the run completes

@@ -225,12 +225,12 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         ReferenceDrafterError: a malformed variant.
     """
 
-    from mtpscope import traces as tr
     from mtpscope.traces.run.llama.model import LlamaModel
     from mtpscope.traces.run.mtp_runtime import prompt_tokens
+    from mtpscope.traces.store.reader import open_trace
 
     tpath = Path(trace)
-    t = tr.open(tpath)
+    t = open_trace(tpath)
     man = t.manifest
     params = man.get("params") or {}
     if man.get("source") != "record":
@@ -454,7 +454,7 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
                           base: StepOptions, recs: dict[str, list[tuple[Any, list[Any]]]]) -> dict[str, Path]:
     """One trace directory per variant (source ``replay``) under ``od/traces/``, readable by
     ``traces.open`` and the app like any recorded trace."""
-    from mtpscope.traces.store.store import TraceWriter
+    from mtpscope.traces.store.writer import TraceWriter
 
     paths: dict[str, Path] = {}
     for name, o in vmap.items():

@@ -24,7 +24,6 @@ HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
 HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
                     "target_centroid", "target_centroid_rank")
-TABLES = ("rounds", "steps", "requests")
 
 _i32 = pa.int32()
 _f32 = pa.float32()

@@ -1,6 +1,6 @@
 """Reading a sweep directory as one dataset: :func:`open_sweep` -> :class:`Sweep`.
 
-A sweep (:mod:`traces.sweep_format`, docs/SWEEP.md) is ``sweep.json`` plus one ordinary trace per task
+A sweep (:mod:`traces.sweep.spec`, docs/SWEEP.md) is ``sweep.json`` plus one ordinary trace per task
 under ``assistant=<a>/n_draft=<k>/shard=<i>/``. :class:`Sweep` gives
 
 - ``matrix``: one row per task (its state, attempts, counts, timings, error) from ``sweep.json``;
@@ -12,10 +12,10 @@ under ``assistant=<a>/n_draft=<k>/shard=<i>/``. :class:`Sweep` gives
   hive column takes the name ``n_draft``;
 - ``cells()``: the report's aggregates per (assistant, n_draft, category), computed in DuckDB;
 - ``timeline(...)``: one configuration's rounds in prompt order (only the columns asked for);
-- ``cell(assistant, n_draft, shard)``: that task's trace (:class:`traces.store.Trace`), and
-  ``cell(assistant, n_draft)``: a :class:`SweepCell` over all its shards with the ``Trace`` reading
-  interface (``manifest``, ``rounds``, ``steps``, ``columns``, ``sql``, ``hidden``, ``part_files``,
-  ``warnings``), prompt ids renumbered to the prompt set's indices.
+- ``cell(assistant, n_draft, shard)``: that task's trace (:class:`traces.store.reader.Trace`), and
+  ``cell(assistant, n_draft)``: a :class:`SweepCell` over all its shards, read like a trace
+  (:class:`traces.store.protocols.TraceLike`: ``manifest``, ``rounds``, ``steps``, ``columns``, ``sql``,
+  ``hidden``, ``part_files``, ``warnings``, ``schemas``), prompt ids renumbered to the prompt set's indices.
 
 Nothing reads all rounds into pandas: aggregates stay in DuckDB, and a cell holds one configuration.
 
@@ -25,7 +25,7 @@ emitted tokens / (t_draft_ms + t_verify_ms) over the rounds, i.e. generation aft
 first token, prompt processing excluded (the baseline's rounds are timed the same way,
 :mod:`traces.baseline`); speedup = tokens/s / the baseline's tokens/s over the same category.
 
-Imports: duckdb, pandas, traces.sweep_format, traces.store.
+Imports: duckdb, pandas, numpy, traces.sweep.spec, traces.store (``reader``, ``protocols``, ``schema``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces.sweep.spec import ALL, BASELINE, SweepSpec, read_state, task_states
+from mtpscope.traces.store import schema as S
+from mtpscope.traces.store.protocols import TraceLike
+from mtpscope.traces.store.reader import Trace, open_trace, sql_file_list, sql_str
+from mtpscope.traces.sweep.spec import ALL, BASELINE, SWEEP_FILE, SweepSpec, read_state, task_states
 
 #: the columns of :meth:`Sweep.cells` (and of ``report --json``'s ``cells``)
 CELL_COLUMNS = ("assistant", "n_draft", "category", "n_prompts", "n_rounds", "n_drafted", "n_accepted",
@@ -50,14 +53,6 @@ MATRIX_COLUMNS = ("task", "assistant", "n_draft", "shard", "state", "attempts", 
                   "n_rounds", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "tokens_per_s",
                   "seconds", "load_seconds", "started", "finished", "error", "dir")
 _HIVE_TYPES = "{'assistant': VARCHAR, 'n_draft': INTEGER, 'shard': INTEGER}"
-
-
-def _sql_str(s: str) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
-
-
-def _file_list(files: Sequence[Path]) -> str:
-    return "[" + ", ".join(_sql_str(os.fspath(p)) for p in files) + "]"
 
 
 class Sweep:
@@ -71,13 +66,13 @@ class Sweep:
     def __init__(self, path: Path, state: dict[str, Any]) -> None:
         self.path = path
         self.state = state
-        self.spec = SweepSpec.from_state(state, path / "sweep.json")
+        self.spec = SweepSpec.from_state(state, path / SWEEP_FILE)
         self.warnings: list[str] = []
         self._tasks = task_states(state)
         self._con: Any = None
         self._views = False
         self._lock = threading.RLock()
-        self._traces: dict[str, Any] = {}
+        self._traces: dict[str, Trace] = {}
 
     def __repr__(self) -> str:
         return f"Sweep({os.fspath(self.path)!r}, tasks={len(self._tasks)}, done={self.n_done})"
@@ -121,9 +116,7 @@ class Sweep:
         return list(dict.fromkeys((t.assistant, t.n_draft) for t in self._tasks))
 
     # ------------------------------------------------------------------ traces of tasks
-    def _trace(self, task_dir: str) -> Any:
-        from mtpscope.traces.store.store import open_trace  # noqa: PLC0415
-
+    def _trace(self, task_dir: str) -> Trace:
         with self._lock:
             if task_dir not in self._traces:
                 self._traces[task_dir] = open_trace(self.path / task_dir)
@@ -133,9 +126,9 @@ class Sweep:
         for t in self._tasks:
             if t.assistant == assistant and t.n_draft == int(n_draft) and t.shard == int(shard):
                 return t
-        raise TraceFormatError("no such task in this sweep", path=self.path / "sweep.json",
+        raise TraceFormatError("no such task in this sweep", path=self.path / SWEEP_FILE,
                                key=f"assistant={assistant}/n_draft={n_draft}/shard={shard}",
-                               expected="one of the tasks in sweep.json", actual="missing")
+                               expected=f"one of the tasks in {SWEEP_FILE}", actual="missing")
 
     def _done_files(self, table: str, config: tuple[str, int] | None = None) -> list[Path]:
         """Part files of ``table`` of every finished task (of one configuration when given)."""
@@ -168,12 +161,10 @@ class Sweep:
 
     def _relation(self, table: str, files: Sequence[Path]) -> str:
         """SQL for ``table``'s rows in ``files`` with the hive columns (rounds: plus ``round_n_draft``)."""
-        from mtpscope.traces.store import schema as S  # noqa: PLC0415
-
         opts = f"hive_partitioning = true, hive_types = {_HIVE_TYPES}, union_by_name = true"
         if files:
             extra = ", coalesce(len(drafted), 0)::INTEGER AS round_n_draft" if table == "rounds" else ""
-            return f"(SELECT *{extra} FROM read_parquet({_file_list(files)}, {opts}))"
+            return f"(SELECT *{extra} FROM read_parquet({sql_file_list(files)}, {opts}))"
         con = self._base_con()
         name = f"_empty_{table}"
         if table == "rounds":
@@ -293,8 +284,6 @@ class Sweep:
         Raises:
             TraceFormatError: an unknown column name.
         """
-        from mtpscope.traces.store import schema as S  # noqa: PLC0415
-
         names = set(S.ROUNDS_SCHEMA.names)
         sel = []
         for c in columns:
@@ -316,8 +305,8 @@ class Sweep:
                            f"p.prompt_id = r.prompt_id WHERE {where} ORDER BY p.prompt_index, r.round", params)
 
     # ------------------------------------------------------------------ cells
-    def cell(self, assistant: str, n_draft: int, shard: int | None = None) -> Any:
-        """One task's trace (``shard`` given: a :class:`traces.store.Trace`) or a configuration over all
+    def cell(self, assistant: str, n_draft: int, shard: int | None = None) -> TraceLike:
+        """One task's trace (``shard`` given: a :class:`traces.store.reader.Trace`) or a configuration over all
         its shards (:class:`SweepCell`).
 
         Raises:
@@ -340,7 +329,7 @@ class Sweep:
         for p in self.state["prompts"]:
             if int(p["index"]) == int(prompt_index):
                 return int(p["shard"]), int(p["prompt_id"])
-        raise TraceFormatError("no such prompt", path=self.path / "sweep.json", key="prompt_index",
+        raise TraceFormatError("no such prompt", path=self.path / SWEEP_FILE, key="prompt_index",
                                expected=f"0..{len(self.state['prompts']) - 1}", actual=prompt_index)
 
     def close(self) -> None:
@@ -351,16 +340,18 @@ class Sweep:
                 self._views = False
 
 
-class SweepCell:
-    """One configuration (assistant, n_draft) over all its shards, read like a :class:`Trace`.
+class SweepCell(TraceLike):
+    """One configuration (assistant, n_draft) over all its shards, read like a :class:`Trace`
+    (:class:`TraceLike`; ``rounds`` / ``steps`` / ``requests`` are ``columns(table)``).
 
     ``prompt_id`` in ``rounds`` / ``steps`` / ``sql`` / the manifest's ``prompts`` is the prompt set's
     index (unique over the shards); rows are in prompt-index order, then round (and k). ``manifest``
     is the first shard's with ``prompts`` (with ``category``) over all shards, ``complete`` true when
-    every shard's is, ``counts`` summed and ``sweep`` = ``{path, assistant, n_draft, shards}``.
+    every shard's is, ``counts`` summed and ``sweep`` = ``{path, assistant, n_draft, shards}``. ``schemas``
+    are the first shard's (every shard is recorded with the same settings).
     """
 
-    def __init__(self, sweep: Sweep, assistant: str, n_draft: int, traces: list[Any], shards: list[int]) -> None:
+    def __init__(self, sweep: Sweep, assistant: str, n_draft: int, traces: list[Trace], shards: list[int]) -> None:
         self.sweep = sweep
         self.assistant = assistant
         self.n_draft = n_draft
@@ -368,6 +359,7 @@ class SweepCell:
         self._shards = shards
         self.path = sweep.path / f"assistant={assistant}" / f"n_draft={n_draft}"
         self.warnings = [w for t in traces for w in t.warnings]
+        self.schemas = traces[0].schemas
         pmap = {(int(p["shard"]), int(p["prompt_id"])): p for p in sweep.state["prompts"]}
         self._index: dict[int, np.ndarray] = {}
         prompts = []
@@ -426,19 +418,7 @@ class SweepCell:
             self._cache[key] = self._concat(frames, table)
         return self._cache[key]
 
-    @property
-    def rounds(self) -> pd.DataFrame:
-        return self.columns("rounds")
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        return self.columns("steps")
-
-    @property
-    def requests(self) -> pd.DataFrame:
-        return self.columns("requests")
-
-    def hidden(self, name: str, where: str | None = None) -> np.ndarray:
+    def hidden(self, name: str, where: Any = None) -> np.ndarray:
         """As :meth:`Trace.hidden` over every shard, stacked in prompt order (``where``: None or a
         DuckDB predicate string; a boolean mask is aligned with :attr:`steps`)."""
         if where is not None and not isinstance(where, str):
@@ -468,7 +448,7 @@ class SweepCell:
         name = f"_cell_{abs(hash((self.assistant, self.n_draft))) % 10**9}"
         with self.sweep._lock:
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {name}")
-            a, k = _sql_str(self.assistant), int(self.n_draft)
+            a, k = sql_str(self.assistant), int(self.n_draft)
             con.execute(f"CREATE OR REPLACE VIEW {name}.rounds AS SELECT r.* EXCLUDE (assistant, shard, n_draft, "
                         f"round_n_draft, prompt_id), p.prompt_index AS prompt_id, r.round_n_draft AS n_draft "
                         f"FROM main.rounds r JOIN main.prompts p ON p.shard = r.shard AND p.prompt_id = r.prompt_id "

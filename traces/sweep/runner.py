@@ -51,6 +51,7 @@ from typing import Any
 from mtpscope.errors import MtpscopeError, RuntimeUnavailableError, TraceError
 from mtpscope.traces.sweep.spec import (
     LOG_DIR,
+    SWEEP_FILE,
     SweepSpec,
     SweepTask,
     TaskState,
@@ -203,9 +204,9 @@ class SweepWorker:
 def _clean_siblings(out: Path) -> None:
     """Remove what earlier attempts of this task left next to its folder (``<dir>.partial-*`` /
     ``<dir>.old-*`` of ``record(overwrite=True)``)."""
-    for p in out.parent.glob(f"{out.name}.partial-*"):
-        shutil.rmtree(p, ignore_errors=True)
-    for p in out.parent.glob(f"{out.name}.old-*"):
+    from mtpscope.traces.store.writer import replacement_leftovers  # noqa: PLC0415
+
+    for p in replacement_leftovers(out):
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -214,7 +215,7 @@ def trace_counts(trace_dir: str | os.PathLike[str]) -> dict[str, Any]:
     prompt's first token included), ``n_drafted``, ``n_accepted``, ``acceptance_rate`` (None without
     drafts) and ``tokens_per_s`` (emitted tokens / (t_draft_ms + t_verify_ms), the sweep's measured
     tokens/s; None without rounds)."""
-    from mtpscope.traces.store.store import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
 
     tr = open_trace(trace_dir)
     r = tr.sql("SELECT count(*) AS n, coalesce(sum(n_draft), 0) AS nd, coalesce(sum(n_accepted), 0) AS na, "
@@ -419,19 +420,19 @@ def _resume_state(spec: SweepSpec, out: Path, command: Sequence[str]) -> dict[st
         TraceError: the spec differs (naming what differs).
     """
     from mtpscope.errors import TraceFormatError  # noqa: PLC0415
-    from mtpscope.traces.store.store import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import read_manifest  # noqa: PLC0415
 
     state = read_state(out)
-    old = SweepSpec.from_state(state, out / "sweep.json")
+    old = SweepSpec.from_state(state, out / SWEEP_FILE)
     diff = old.differences(spec)
     if diff:
-        raise TraceError("--resume: this sweep was started with other settings", path=out / "sweep.json",
+        raise TraceError("--resume: this sweep was started with other settings", path=out / SWEEP_FILE,
                          key="spec", expected="the stored spec", actual="; ".join(diff[:3]))
     tasks = []
     for ts in task_states(state):
         if ts.state == "done":
             try:
-                ok = bool(open_trace(out / ts.dir).manifest.get("complete"))
+                ok = bool(read_manifest(out / ts.dir).get("complete"))
             except TraceFormatError:
                 ok = False
             if not ok:

@@ -32,7 +32,6 @@ in :meth:`SweepSpec.check`).
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -44,6 +43,7 @@ from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.traces.run.prompts import read_prompts
+from mtpscope.traces.store.layout import MANIFEST, now
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -57,11 +57,6 @@ ALL = "all"
 STATES = ("pending", "running", "done", "failed")
 HIDDEN_CHOICES = ("f16", "f32", "off")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def now() -> str:
-    """The current UTC time, ISO 8601 with seconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 # ------------------------------------------------------------------------------------------ prompts
@@ -381,12 +376,12 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = Path(path) / SWEEP_FILE
     if not Path(path).is_dir():
-        raise TraceFormatError("not a sweep directory", path=path, expected="a directory with sweep.json",
+        raise TraceFormatError("not a sweep directory", path=path, expected=f"a directory with {SWEEP_FILE}",
                                actual="missing" if not Path(path).exists() else "not a directory")
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise TraceFormatError("not a sweep directory (no sweep.json)", path=p, expected="sweep.json",
+        raise TraceFormatError(f"not a sweep directory (no {SWEEP_FILE})", path=p, expected=SWEEP_FILE,
                                actual="missing") from None
     try:
         state = json.loads(raw.decode("utf-8"))
@@ -446,10 +441,10 @@ def check_out_dir(out: str | os.PathLike[str], resume: bool) -> None:
         TraceError: naming the folder.
     """
     p = Path(out)
-    if (p / "manifest.json").exists():
+    if (p / MANIFEST).exists():
         raise TraceError("this folder holds a trace, not a sweep; choose another --out", path=p)
     if is_sweep(p) and not resume:
         raise TraceError("this folder already holds a sweep (pass --resume to finish it)", path=p,
-                         expected="an empty or new folder", actual="sweep.json present")
+                         expected="an empty or new folder", actual=f"{SWEEP_FILE} present")
     if resume and not is_sweep(p):
-        raise TraceError("--resume: no sweep here", path=p, expected="sweep.json", actual="missing")
+        raise TraceError("--resume: no sweep here", path=p, expected=SWEEP_FILE, actual="missing")
