@@ -226,7 +226,6 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     """
 
     from mtpscope.traces.run.llama.model import LlamaModel
-    from mtpscope.traces.run.mtp_runtime import prompt_tokens
     from mtpscope.traces.store.reader import open_trace
 
     tpath = Path(trace)
