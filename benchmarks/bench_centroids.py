@@ -24,9 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
 from mtpscope.inspector.gguf import open_gguf  # noqa: E402
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB  # noqa: E402
 from mtpscope.cache import cache_dir  # noqa: E402
 
-N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256
+N_VOCAB, N_CENTROIDS, N_EMBD = GEMMA4_N_VOCAB, 2048, 256
 
 
 def head_file() -> Path:
