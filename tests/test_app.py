@@ -28,9 +28,9 @@ def demo(demo_dir):
     return demo_dir
 
 
-def _run(page: str | None = None, **selection) -> AppTest:
+def _run(page: str | None = None, **slots) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    for k, v in selection.items():
+    for k, v in slots.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
     at.run()
     if page:

@@ -48,13 +48,13 @@ from mtpscope.cli.serve import main_script  # noqa: E402
 MAIN = str(main_script())
 
 
-def _files(monkeypatch: Any, env: dict[str, str], **selection: Any) -> AppTest:
+def _files(monkeypatch: Any, env: dict[str, str], **slots: Any) -> AppTest:
     for k in ("MTPSCOPE_ALLOW_URLS", "MTPSCOPE_URL_HOSTS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     at = AppTest.from_file(MAIN, default_timeout=120)
-    for k, v in selection.items():
+    for k, v in slots.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
