@@ -57,6 +57,7 @@ from mtpscope.cache import sha256_file
 from mtpscope.errors import MtpscopeError
 from mtpscope.demo import corpus as demo_corpus
 from mtpscope.demo.spec import TRAINED_DATA
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 
 try:  # torch / transformers come with the parity extra; importing this module needs them
     import torch
@@ -64,7 +65,7 @@ try:  # torch / transformers come with the parity extra; importing this module n
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise MtpscopeError("training the demo pair needs torch and transformers (pip install -e '.[parity]')") from e
 
-N_VOCAB = 262144
+N_VOCAB = GEMMA4_N_VOCAB
 BOS, EOS, PAD = 2, 1, 0
 #: special tokens always in the compact vocabulary (pad, eos, bos, unk, mask, the chat turn markers)
 SPECIAL_IDS = (0, 1, 2, 3, 4, 105, 106)
