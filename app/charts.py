@@ -1,7 +1,7 @@
 """Pure plotly figure builders for the app (no Streamlit import; tests call them directly).
 
-Every builder takes small, already-prepared data (see app/views.py) and returns a
-``plotly.graph_objects.Figure``. Sizes are bounded here too: the timeline draws one mark per round
+Every builder takes small, already-prepared data (see app/views.py, round_views.py, model_views.py) and
+returns a ``plotly.graph_objects.Figure``. Sizes are bounded here too: the timeline draws one mark per round
 only up to ``max_marks`` rounds (WebGL beyond ``svg_limit``) and aggregates longer traces into bins;
 heatmaps are block-averaged to a few hundred cells a side; histograms are computed with numpy and
 sent as bars, never as raw values.
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from mtpscope.app import views
+from mtpscope.app import model_views, round_views, views
 
 #: Accepted-length colours, 0 (red) … K (green).
 ACCEPT_SCALE = [[0.0, "#d62728"], [0.34, "#ff7f0e"], [0.67, "#bcbd22"], [1.0, "#2ca02c"]]
@@ -79,7 +79,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     zero_draft = nd == 0
     n_zero_draft = int(zero_draft.sum())
     if n <= max_marks:
-        hover = np.asarray(views.round_hover(rounds, decode, labels=labels), dtype=object)
+        hover = np.asarray(round_views.round_hover(rounds, decode, labels=labels), dtype=object)
         cls = go.Scattergl if n > svg_limit else go.Scatter
         custom = np.stack([rounds["prompt_id"].to_numpy(), rounds["round"].to_numpy(),
                            rounds["seq"].to_numpy()], axis=1)
@@ -104,7 +104,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         mode = "marks"
     else:
         b = views.binned_rounds(rounds, max_bins=max_bins)
-        hover = [f"rounds {s}–{e} (from {views._esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
+        hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
                  f"mean accepted {m:.2f}<br>acceptance rate {'—' if np.isnan(a) else f'{a:.1%}'}<br>"
                  f"zero-acceptance rounds {z}"
                  for s, e, p, r, m, a, z in zip(b["seq_start"], b["seq_end"], b["prompt_id"], b["round"],
@@ -140,8 +140,8 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                 pid = int(first[i])
                 annotations.append(dict(x=float(seq[i]) - 0.5, y=1.0, xref="x", yref="paper", xanchor="left",
                                         yanchor="bottom", showarrow=False, textangle=0,
-                                        text=views._esc(labels.get(pid, f"prompt {pid}")), font=dict(size=10, color="#555"),
-                                        hovertext=views._esc(labels.get(pid, f"prompt {pid}"))))
+                                        text=views.esc(labels.get(pid, f"prompt {pid}")), font=dict(size=10, color="#555"),
+                                        hovertext=views.esc(labels.get(pid, f"prompt {pid}"))))
     if highlight is not None:
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(highlight[0]) - 0.5,
                            x1=float(highlight[1]) + 0.5, y0=0, y1=1, fillcolor="#1f77b4", opacity=0.15,
@@ -259,7 +259,7 @@ def accepted_length_histogram(rounds: pd.DataFrame) -> go.Figure:
 # ---------------------------------------------------------------------------------------- step
 
 def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -> go.Figure:
-    """Horizontal bars of one step's top candidates (logits; :func:`mtpscope.app.views.top_candidates`),
+    """Horizontal bars of one step's top candidates (logits; :func:`mtpscope.app.round_views.top_candidates`),
     the draft blue and the target's token green. The target's bar is always there: when its token is
     past the stored top candidates its logit is not in the trace, so its bar is drawn hatched up to the
     last stored logit (an upper bound) and labelled with its rank."""
@@ -272,7 +272,7 @@ def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -
     def rank_text(r) -> str:
         return "?" if r is None or r is pd.NA or (isinstance(r, float) and np.isnan(r)) else str(int(r))
 
-    labels = [f"{rank_text(r)}. {views._esc(t)}" for r, t in zip(top["rank"], top["text"])]
+    labels = [f"{rank_text(r)}. {views.esc(t)}" for r, t in zip(top["rank"], top["text"])]
     x = top["logit"].to_numpy(dtype=float).copy()
     bound = top["logit_bound"].to_numpy(dtype=float) if "logit_bound" in top.columns else np.full(len(top), np.nan)
     x[~stored] = bound[~stored]
@@ -484,7 +484,7 @@ TEXT_LINE_PX = 24
 def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int = 100,
                 highlight_round: int | None = None, title: str = "") -> go.Figure:
     """The generated-text view: every token of one prompt as a coloured box holding its text, line by
-    line (:func:`mtpscope.app.views.generated_text`), clickable (customdata = [round, g, k]).
+    line (:func:`mtpscope.app.round_views.generated_text`), clickable (customdata = [round, g, k]).
 
     ``colour_by="status"``: what produced the token (:data:`STATUS_COLOURS`: accepted draft, the
     target's bonus token, the target's correction at a first rejection, the prefill's token);
@@ -495,8 +495,8 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
         return empty_figure("no generated text known for this prompt (rounds without emitted tokens)")
     key = "status" if colour_by == "status" else "cls"
     palette = STATUS_COLOURS if key == "status" else CLASS_COLOURS
-    words = views.TEXT_STATUS_WORDS
-    order = list(views.TEXT_STATUSES) if key == "status" else list(CLASS_COLOURS)
+    words = round_views.TEXT_STATUS_WORDS
+    order = list(round_views.TEXT_STATUSES) if key == "status" else list(CLASS_COLOURS)
     fig = go.Figure()
     n_lines = int(layout["line"].max()) + 1
     for name in order:
@@ -504,7 +504,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
         if not len(sub):
             continue
         hl = (sub["round"].to_numpy() == highlight_round) if highlight_round is not None else np.zeros(len(sub), bool)
-        hover = [f"“{views._esc(t)}” · position {g} · {words.get(st_, st_)}<br>round {r}"
+        hover = [f"“{views.esc(t)}” · position {g} · {words.get(st_, st_)}<br>round {r}"
                  + (f" · draft k={k}" if k else "") + (f" · class {c}" if c else "") + "<br>click to open the round"
                  for t, g, st_, r, k, c in zip(sub["text"], sub["g"], sub["status"], sub["round"], sub["k"], sub["cls"])]
         fig.add_trace(go.Bar(
@@ -512,7 +512,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
             marker=dict(color=palette.get(name, "#ffffff"),
                         line=dict(width=np.where(hl, 2.5, 0.5).tolist(),
                                   color=np.where(hl, "#000000", "#ffffff").tolist())),
-            text=[views._esc(t) for t in sub["text"]], textposition="inside", insidetextanchor="start",
+            text=[views.esc(t) for t in sub["text"]], textposition="inside", insidetextanchor="start",
             textangle=0, textfont=dict(family="DejaVu Sans Mono, monospace", size=13, color="#111"),
             cliponaxis=False, customdata=np.stack([sub["round"].to_numpy(), sub["g"].to_numpy(),
                                                    sub["k"].to_numpy()], axis=1),
@@ -530,7 +530,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
 
 def treemap_figure(inv: pd.DataFrame, title: str = "Bytes by component and type") -> go.Figure:
     """Treemap of bytes: file → component → ggml type (inventory table from
-    :func:`mtpscope.app.views.inventory_frame`)."""
+    :func:`mtpscope.app.model_views.inventory_frame`)."""
     if inv is None or len(inv) == 0:
         return empty_figure("no tensors")
     df = inv.assign(n_bytes=inv["n_bytes"].fillna(0).astype(np.int64))
@@ -565,7 +565,7 @@ def human_bytes(n: float | None) -> str:
 
 def layer_grid_figure(grid: pd.DataFrame, title: str = "Layers × tensors") -> go.Figure:
     """Heatmap of present / missing / wrong-shape per layer and per-block tensor
-    (:func:`mtpscope.app.views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
+    (:func:`mtpscope.app.model_views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
     if grid is None or len(grid) == 0:
         return empty_figure("no per-layer (blk.N.*) tensors")
     codes = {"present": 0, "wrong shape": 1, "missing": 2}
@@ -614,7 +614,7 @@ def heatmap_figure(matrix: np.ndarray, max_rows: int = 256, max_cols: int = 512,
                    title: str = "Values") -> go.Figure:
     """Block-averaged heatmap of a 2-D slice (numpy order: rows = outermost dim), diverging colours
     centred on 0. Axis labels are the original row / column indices of each block's start."""
-    small, fr, fc = views.downsample_matrix(matrix, max_rows=max_rows, max_cols=max_cols)
+    small, fr, fc = model_views.downsample_matrix(matrix, max_rows=max_rows, max_cols=max_cols)
     if small.size == 0:
         return empty_figure("empty slice")
     finite = small[np.isfinite(small)]
@@ -647,7 +647,7 @@ def cluster_size_figure(sizes: np.ndarray, title: str = "Cluster sizes (tokens p
     return fig
 
 
-def coverage_heatmap(cov: views.Coverage, cols: int = 64, title: str = "Centroid coverage") -> go.Figure:
+def coverage_heatmap(cov: model_views.Coverage, cols: int = 64, title: str = "Centroid coverage") -> go.Figure:
     """Per-centroid coverage on a grid (centroid id = row·cols + col): colour = fraction of the
     steps whose target token lived in that centroid where the centroid was chosen (reachable);
     grey = the target never lived there. Hover: chosen / target-home / covered counts."""
@@ -676,7 +676,7 @@ def coverage_heatmap(cov: views.Coverage, cols: int = 64, title: str = "Centroid
     return fig
 
 
-def chosen_vs_home_figure(cov: views.Coverage, top: int = 40) -> go.Figure:
+def chosen_vs_home_figure(cov: model_views.Coverage, top: int = 40) -> go.Figure:
     """For the ``top`` centroids where target tokens lived most often: how often each was chosen vs
     how often the target's token lived in it (and was reachable)."""
     tab = cov.table()
@@ -708,7 +708,7 @@ def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"
         return empty_figure("no prompts in common")
     labels = labels or {}
     colors = ["#d62728" if v < 0 else "#2ca02c" for v in d["delta_rate"]]
-    x = [views._esc(labels.get(int(p), f"prompt {p}")) for p in d["prompt_id"]]
+    x = [views.esc(labels.get(int(p), f"prompt {p}")) for p in d["prompt_id"]]
     fig = go.Figure(go.Bar(x=x, y=d["delta_rate"], marker_color=colors,
                            hovertemplate="%{x}<br>Δ rate %{y:.1%}<extra></extra>"))
     _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})", height=340,

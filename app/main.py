@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import state
+from mtpscope.app import guard, selection
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 
@@ -37,7 +37,7 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
-state.sidebar()
+selection.sidebar()
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
-with state.guard(f"showing the {page.title} page"):
+with guard.guard(f"showing the {page.title} page"):
     page.run()

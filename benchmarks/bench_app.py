@@ -6,7 +6,7 @@
    (when the tokenizer GGUF is in the cache), serialised to JSON like Streamlit does.
 2. "coverage" (target < 1 s): per-centroid coverage over the full 262144-token vocabulary: the
    token → centroid map of a 262144-entry ordering (2048 centroids) and
-   ``views.centroid_coverage`` over every step's 32 chosen centroids (steps' centroid columns already
+   ``model_views.centroid_coverage`` over every step's 32 chosen centroids (steps' centroid columns already
    loaded; the load is timed separately as "steps load").
 
 Baseline: the issue's targets (2 s, 1 s); printed as ratio = median / target (< 1 is within target).
@@ -26,15 +26,16 @@ from pathlib import Path
 import numpy as np
 
 
-from mtpscope.app import charts, views
+from mtpscope.app import charts, model_views, views
 from mtpscope.app.tokens import TokenText
 from mtpscope.cache import cache_dir
 from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.traces.store.layout import MANIFEST
 from mtpscope.traces.store.reader import open_trace
 from mtpscope.traces.synthetic import write_synthetic_trace
 
-N_VOCAB, N_CENTROIDS, TOP_K = 262144, 2048, 32
+N_VOCAB, N_CENTROIDS, TOP_K = GEMMA4_N_VOCAB, 2048, 32
 TARGET_TIMELINE_S, TARGET_COVERAGE_S = 2.0, 1.0
 
 
@@ -78,7 +79,7 @@ def timeline_once(d: Path, dec: TokenText | None) -> dict[str, float]:
 def coverage_once(steps, ordering: np.ndarray) -> float:
     t0 = time.perf_counter()
     home = CentroidHead.from_arrays(np.zeros((N_CENTROIDS, 1), np.float32), ordering).token_to_centroid
-    cov = views.centroid_coverage(steps, N_CENTROIDS, home)
+    cov = model_views.centroid_coverage(steps, N_CENTROIDS, home)
     t1 = time.perf_counter()
     assert int(cov.chosen.sum()) == TOP_K * len(steps)
     return t1 - t0

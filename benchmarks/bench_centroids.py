@@ -22,9 +22,10 @@ import numpy as np
 
 from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.cache import cache_dir
 
-N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256
+N_VOCAB, N_CENTROIDS, N_EMBD = GEMMA4_N_VOCAB, 2048, 256
 
 
 def head_file() -> Path:

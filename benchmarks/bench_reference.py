@@ -39,8 +39,9 @@ from mtpscope.inspector.reference import (
     ReferenceDrafter,
     StepOptions,
 )
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB  # noqa: E402
 
-N_VOCAB = 262144
+N_VOCAB = GEMMA4_N_VOCAB
 
 
 def make_drafter(n_embd: int, n_bb: int, n_ff: int, n_head: int, kv: tuple[int, int], window: int,

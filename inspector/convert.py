@@ -24,7 +24,7 @@ Proportional RoPE of full layers becomes ``rope_freqs.weight`` (``(head_dim/2,)`
 
 The tokenizer is not converted: ``tokenizer.*`` keys are copied from a GGUF (``vocab_from``), by
 default the real Gemma 4 tokenizer (``mtpscope.cache.vocab_path``), whole when the checkpoint's
-``vocab_size`` is 262144, else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
+``vocab_size`` is Gemma 4's (262144, ``layouts.GEMMA4_N_VOCAB``), else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
 loads, facts §5).
 
 Safetensors are read by :mod:`inspector.safetensors` (the one parser: header, then memmap views; BF16 widened
@@ -34,7 +34,7 @@ written by :func:`inspector.gguf_write.write_gguf`. The tiny random checkpoints 
 (:func:`write_tiny_pair`) are written here too.
 
 May import: numpy, gguf (quantization), mtpscope.errors, inspector.safetensors / hf_checkpoint / hf_config /
-tokenizer / gguf_write / gguf, and lazily mtpscope.cache (where the default real tokenizer is kept).
+tokenizer / gguf_write / gguf / layouts (``GEMMA4_N_VOCAB``), and lazily mtpscope.cache (where the default real tokenizer is kept).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from mtpscope.inspector import hf_checkpoint
 from mtpscope.inspector.gguf import BOOL, UINT32
 from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.safetensors import read_tensors, write_safetensors
 from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
@@ -188,13 +189,10 @@ def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint
 # writing
 
 
-#: vocabulary size of the real Gemma 4 tokenizer (copied whole; smaller checkpoints get its first tokens)
-N_VOCAB_FULL = 262144
-
-
 def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> list[tuple[str, MetaValue]]:
     """The ``tokenizer.*`` keys to write: all of ``vocab_from`` (which must have ``n_vocab`` tokens), or of the
-    real Gemma 4 tokenizer (whole for 262144 tokens, else its first ``n_vocab``)."""
+    real Gemma 4 tokenizer (whole for :data:`~mtpscope.inspector.layouts.GEMMA4_N_VOCAB` tokens, else its
+    first ``n_vocab``: a consistent subset)."""
     if vocab_from is not None:
         kv = tokenizer_kv(vocab_from)
         n = n_tokens(kv)
@@ -206,7 +204,7 @@ def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> li
 
     src = vocab_path()
     kv = tokenizer_kv(src)
-    return list(kv) if n_vocab == N_VOCAB_FULL else list(subset_kv(kv, n_vocab, src))
+    return list(kv) if n_vocab == GEMMA4_N_VOCAB else list(subset_kv(kv, n_vocab, src))
 
 
 def _tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:

@@ -35,6 +35,13 @@ SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "E_DTYPE_VECTOR",
                                  "E_SHARED_KV_LAYOUT"})
 
+#: Codes whose subject is a tensor the expected layout has and the file lacks (a layer grid's "missing").
+MISSING_CODES = frozenset({"E_TENSOR_MISSING"})
+#: Codes whose subject is a tensor present with a shape other than the layout's (a layer grid's "wrong
+#: shape"): any tensor, a pre/post projection, the centroid matrix (also stored transposed), token_embd.
+SHAPE_CODES = frozenset({"E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_CENTROID_SHAPE", "E_CENTROID_TRANSPOSED",
+                         "E_TOKEN_EMBD_SHAPE"})
+
 CODES: dict[str, str] = {
     "I_DIALECT": "which dialect / layout the file was checked against",
     "W_ARCH_NOT_ASSISTANT": "general.architecture does not name an assistant (fork script check)",
@@ -289,5 +296,5 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-__all__ = ["CODES", "ERROR", "INFO", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
-           "finding", "jsonable"]
+__all__ = ["CODES", "ERROR", "INFO", "MISSING_CODES", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "SHAPE_CODES", "WARNING",
+           "Finding", "Pairing", "Report", "Verdict", "finding", "jsonable"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import HFCheckpointError
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.paths import require_regular_file
 
 
@@ -49,7 +50,7 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 #: Gemma4TextConfig defaults (transformers 5.24 configuration_gemma4.py) for absent fields
 TEXT_DEFAULTS: Mapping[str, Any] = {
-    "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "vocab_size": GEMMA4_N_VOCAB, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
     "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sliding_window": 512,
 }

@@ -37,6 +37,10 @@ ARCH_TARGET = "gemma4"
 DIALECT_OF_ARCH: dict[str, str] = {ARCH_FORK: "fork", ARCH_UPSTREAM: "upstream", ARCH_TARGET: "target"}
 """``general.architecture`` -> layout dialect."""
 
+#: Vocabulary size of every Gemma 4 model (the real tokenizer's ``tokenizer.ggml.tokens``: 262144 tokens;
+#: ``vocab_size`` of the published configs).
+GEMMA4_N_VOCAB = 262144
+
 # Tensor-name prefix of the pre/post projections per dialect.
 PROJ_PREFIX = {"fork": "mtp", "upstream": "nextn"}
 

@@ -138,7 +138,7 @@ def _download_sdist(into: Path) -> Path:
 def layout_hints() -> tuple[str, ...]:
     """Local GGUFs whose metadata remote Gemma 4 headers repeat: the cached tokenizer when it is there
     (never fetched for this). Reads of a remote header are sized from it
-    (:func:`mtpscope.inspector.gguf.open_gguf_reader`); used by the CLI and the app."""
+    (:func:`mtpscope.inspector.remote.open_gguf_reader`); used by the CLI and the app."""
     try:
         return (str(vocab_path(fetch=False)),)
     except (MtpscopeError, OSError):

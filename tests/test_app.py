@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from mtpscope.app import selection  # noqa: E402
 from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged mtpscope/app/main.py)
@@ -27,10 +28,10 @@ def demo(demo_dir):
     return demo_dir
 
 
-def _run(page: str | None = None, **selection) -> AppTest:
+def _run(page: str | None = None, **slots) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    for k, v in selection.items():
-        at.session_state[f"sel.{k}"] = None if v is None else str(v)
+    for k, v in slots.items():
+        at.session_state[selection.slot_key(k)] = None if v is None else str(v)
     at.run()
     if page:
         at.switch_page(f"screens/{page}.py").run()
@@ -100,10 +101,10 @@ def test_tensors_page_counts_equal_inventory(demo) -> None:
     inv = build_inventory(open_gguf(demo.drafter_fork))
     assert _metric(at, "tensors") == str(inv.n_tensors) == "51"
     assert len(at.dataframe[0].value) == inv.n_tensors
-    at.text_input(key="w.tensors.glob").set_value("blk.0.*").run()
+    at.text_input(key=selection.TENSORS_GLOB).set_value("blk.0.*").run()
     assert len(at.dataframe[0].value) == len(inv.filter("blk.0.*"))
-    at.text_input(key="w.tensors.glob").set_value("").run()
-    at.toggle(key="w.tensors.focus").set_value(True).run()
+    at.text_input(key=selection.TENSORS_GLOB).set_value("").run()
+    at.toggle(key=selection.TENSORS_FOCUS).set_value(True).run()
     names = set(at.dataframe[0].value["name"])
     assert names == {e.name for e in inv.entries if e.name.startswith(("mtp.", "nextn."))} and names
     assert not at.exception and not at.error
@@ -155,11 +156,11 @@ def test_values_page_stats(demo) -> None:
     from mtpscope.inspector.gguf import open_gguf
 
     at = _run("values", drafter=demo.drafter_upstream)
-    name = at.selectbox(key="w.values.tensor").value
+    name = at.selectbox(key=selection.VALUES_TENSOR).value
     a = open_gguf(demo.drafter_upstream).tensor_data(name, rows=slice(0, 256))
     assert _metric(at, "max") == f"{float(np.max(a)):.4g}"
     assert _metric(at, "min") == f"{float(np.min(a)):.4g}"
-    at.selectbox(key="w.values.tensor").set_value("token_embd.weight").run()
+    at.selectbox(key=selection.VALUES_TENSOR).set_value("token_embd.weight").run()
     assert not at.exception
     a = open_gguf(demo.drafter_upstream).tensor_data("token_embd.weight", rows=slice(0, 256))
     assert _metric(at, "max") == f"{float(np.max(a)):.4g}"
@@ -184,7 +185,7 @@ def test_acceptance_page_equals_report_and_parquet(demo) -> None:
     assert list(table["acceptance_rate"]) == sorted(table["acceptance_rate"])
     # choose a prompt: its own numbers
     pid = int(r["prompt_id"].iloc[-1])
-    at.selectbox(key="w.acc.prompt").set_value(pid).run()
+    at.selectbox(key=selection.ACC_PROMPT).set_value(pid).run()
     sub = r[r["prompt_id"] == pid]
     assert _metric(at, f"prompt {pid}: acceptance rate") == f"{sub['n_accepted'].sum() / sub['n_draft'].sum():.1%}"
 
@@ -195,8 +196,8 @@ def test_step_page_shows_the_selected_round(demo) -> None:
     r = _rounds_direct(noisy)
     row = r[(r["n_accepted"] < r["n_draft"])].iloc[0] if (r["n_accepted"] < r["n_draft"]).any() else r.iloc[0]
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state["sel.trace"] = str(noisy)
-    at.session_state["sel.round"] = (int(row["prompt_id"]), int(row["round"]))
+    at.session_state[selection.slot_key(selection.TRACE)] = str(noisy)
+    at.session_state[selection.SEL_ROUND] = (int(row["prompt_id"]), int(row["round"]))
     at.run()
     at.switch_page("screens/step.py").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -208,7 +209,7 @@ def test_step_page_shows_the_selected_round(demo) -> None:
     checked = min(nd, na + 1)
     assert [int(t) for t in df["target_id"][:checked]] == [int(t) for t in row["target"][:checked]]
     assert df["target_id"][checked:].isna().all()
-    assert at.number_input(key="w.step.round").value == int(row["round"])
+    assert at.number_input(key=selection.STEP_ROUND).value == int(row["round"])
     # hidden-state norms: the chart's ‖h‖ equals norms of the h column read straight from Parquet
     import json
 
@@ -239,7 +240,7 @@ def test_compare_page_two_traces(demo) -> None:
     ra, rb = metrics.report(open_trace(a)), metrics.report(open_trace(b))
     rates = [m.value for m in at.metric if m.label.startswith("acceptance rate")]
     assert rates == [f"{ra['acceptance_rate']:.1%}", f"{rb['acceptance_rate']:.1%}"]
-    at.radio(key="w.cmp.mode").set_value("two prompts of one trace").run()
+    at.radio(key=selection.CMP_MODE).set_value("two prompts of one trace").run()
     assert not at.exception
 
 
@@ -268,8 +269,8 @@ def test_pages_without_selection_show_hints(demo) -> None:
     for page in ("tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain", "compare"):
         at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
         for k in ("drafter", "target", "trace", "trace_b", "checkpoint"):
-            at.session_state[f"sel.{k}"] = None
-        at.session_state["sel._init"] = True
+            at.session_state[selection.slot_key(k)] = None
+        at.session_state[selection.SEL_INIT] = True
         at.run()
         at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, (page, [e.value for e in at.exception])
@@ -280,13 +281,14 @@ def test_pages_without_selection_show_hints(demo) -> None:
 def test_files_picker_and_typed_path_change_the_selection(demo) -> None:
     at = _run(drafter=demo.drafter_fork, target=None, trace=None)
     assert _metric(at, "tensors") == "51"
-    at.selectbox(key="w.drafter.pick").set_value(str(Path(demo.drafter_upstream).resolve())).run()
+    pick, text, _ = selection.picker_keys(selection.DRAFTER)
+    at.selectbox(key=pick).set_value(str(Path(demo.drafter_upstream).resolve())).run()
     assert not at.exception
-    assert at.session_state["sel.drafter"] == str(Path(demo.drafter_upstream).resolve())
+    assert at.session_state[selection.slot_key(selection.DRAFTER)] == str(Path(demo.drafter_upstream).resolve())
     assert _metric(at, "tensors") == "49" and _metric(at, "dialect") == "upstream"
-    at.text_input(key="w.drafter.text").set_value(str(demo.drafter_fork)).run()
+    at.text_input(key=text).set_value(str(demo.drafter_fork)).run()
     assert _metric(at, "tensors") == "51"
-    at.text_input(key="w.drafter.text").set_value("/etc/passwd").run()
+    at.text_input(key=text).set_value("/etc/passwd").run()
     assert any("outside the allowed folders" in e.value for e in at.error)
 
 
@@ -304,7 +306,7 @@ def test_long_trace_is_windowed(demo, tmp_path: Path, monkeypatch) -> None:
     modes = [(m or {}).get("mode") for m in metas]
     assert modes[:2] == ["bins", "marks"], modes
     assert metas[1]["n_rounds"] == 3000  # the clickable window, never all 12,000 marks
-    at.slider(key="w.acc.window").set_value(6000).run()
+    at.slider(key=selection.ACC_WINDOW).set_value(6000).run()
     assert not at.exception
     assert json.loads(at.get("plotly_chart")[1].proto.spec)["layout"]["meta"]["n_rounds"] == 3000
 
@@ -331,7 +333,7 @@ def test_compare_page_shows_replay_results(demo, tmp_path: Path, monkeypatch) ->
     assert {b.label for b in buttons} == {f"trace B = {n}" for n in summary["variant_traces"]}
     buttons[-1].click().run()
     assert not at.exception
-    assert at.session_state["sel.trace_b"] == str((out / "traces").resolve() / Path(
+    assert at.session_state[selection.slot_key(selection.TRACE_B)] == str((out / "traces").resolve() / Path(
         list(summary["variant_traces"].values())[-1]).name)
 
 
@@ -460,8 +462,8 @@ def test_steps_part_with_wrong_hidden_width_is_one_line(demo, tmp_path: Path, mo
     r = _rounds_direct(t)
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state["sel.trace"] = str(t)
-    at.session_state["sel.round"] = (int(r.iloc[0]["prompt_id"]), int(r.iloc[0]["round"]))
+    at.session_state[selection.slot_key(selection.TRACE)] = str(t)
+    at.session_state[selection.SEL_ROUND] = (int(r.iloc[0]["prompt_id"]), int(r.iloc[0]["round"]))
     at.run()
     at.switch_page("screens/step.py").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -489,12 +491,10 @@ def test_unexpected_exception_in_a_page_is_one_line(demo, tmp_path: Path, monkey
 def test_exception_outside_any_block_guard_is_one_line(tmp_path: Path, monkeypatch) -> None:
     """main.py runs every page inside a guard: an exception raised outside the page's own guarded
     blocks is one ``internal error`` line naming the page."""
-    from mtpscope.app import state
-
     def boom() -> None:
         raise RuntimeError("hint exploded\nsecond line")
 
-    monkeypatch.setattr(state, "demo_missing_hint", boom)
+    monkeypatch.setattr(selection, "demo_missing_hint", boom)
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     at = _run("acceptance", trace=None, drafter=None, target=None)
     errs = [e.value for e in at.error]

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import TraceError
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.traces.store.writer import TraceWriter
 
 P_FIRST = 0.82
@@ -52,7 +53,7 @@ def write_synthetic_trace(
     n_rounds: int,
     n_prompts: int = 4,
     n_draft: int = 3,
-    n_vocab: int = 262144,
+    n_vocab: int = GEMMA4_N_VOCAB,
     n_centroids: int = 2048,
     top_k: int = 32,
     hidden: bool | tuple[int, int] = False,
@@ -300,7 +301,7 @@ def write_synthetic_sweep(
     categories: tuple[str, ...] = SYNTHETIC_CATEGORIES,
     baseline: bool = True,
     steps: bool = False,
-    n_vocab: int = 262144,
+    n_vocab: int = GEMMA4_N_VOCAB,
     seed: int = 0,
 ) -> Path:
     """Write a synthetic sweep directory (docs/SWEEP.md layout, every task done) and return its path.

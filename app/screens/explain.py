@@ -6,11 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, state, views
+from mtpscope.app import charts, loaders, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
 from mtpscope.traces.analysis import wording
 
 st.title("Explain")
-path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
+path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
 
 #: First mismatches listed at most.
 MAX_ROWS = 500
@@ -20,20 +22,20 @@ def _f(v, spec: str = ".1%") -> str:
     return "—" if v is None else format(v, spec)
 
 
-with state.guard("explanation"):
-    tr = state.trace(path)
+with guard("explanation"):
+    tr = loaders.trace(path)
     rounds = tr.rounds
     if len(rounds) == 0:
         st.info("This trace has no rounds to explain.")
         st.stop()
-    dec = state.trace_decoder(tr)
-    prompts = state.manifest_prompts(tr)
+    dec = loaders.trace_decoder(tr)
+    prompts = views.manifest_prompts(tr.manifest)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
     ALL = -1
-    choice = st.selectbox("prompt", [ALL] + pids, key="w.exp.prompt",
+    choice = st.selectbox("prompt", [ALL] + pids, key=sel.EXP_PROMPT,
                           format_func=lambda p: "all prompts" if p == ALL else labels[p])
-    x = state.explanation(path, None if choice == ALL else choice)
+    x = loaders.explanation(path, None if choice == ALL else choice)
     d = x.to_dict()
     rej, t = d["rejections"], x.totals
 
@@ -56,14 +58,14 @@ with state.guard("explanation"):
     else:
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(charts.causes_figure(rej["causes"]), key="exp.causes", width="stretch")
+            st.plotly_chart(charts.causes_figure(rej["causes"]), key=sel.EXP_CAUSES, width="stretch")
             st.caption("For each round's first rejected draft, the reason: a near tie (the target's token scored within "
                        "0.5 logits of the draft), the drafter's runner-up, in its top list, or a far miss.")
         with c2:
-            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key="exp.ranks", width="stretch")
+            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key=sel.EXP_RANKS, width="stretch")
             st.caption("Where the target's token stood in the drafter's ranking at the first rejection "
                        "(0 = the drafter's own pick, 10+ = below the stored candidates).")
-        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key="exp.bypos", width="stretch")
+        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key=sel.EXP_BY_POSITION, width="stretch")
         st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
     ts = rej["target_side"]
     if ts["hard"] or ts["wrong"]:
@@ -89,7 +91,7 @@ with state.guard("explanation"):
                 st.dataframe(pd.DataFrame({"token": [dec.label(int(r["token"])) for r in rows],
                                            "times": [int(r["count"]) for r in rows],
                                            "id": [int(r["token"]) for r in rows]}),
-                             hide_index=True, width="stretch", key=f"exp.{key}")
+                             hide_index=True, width="stretch", key=sel.exp_tokens_key(key))
             else:
                 st.caption("none")
 
@@ -98,11 +100,11 @@ with state.guard("explanation"):
         c1, c2 = st.columns(2)
         with c1:
             st.plotly_chart(charts.rate_bars_figure(d["by_class"], "Acceptance rate by token class"),
-                            key="exp.class", width="stretch")
+                            key=sel.EXP_CLASS, width="stretch")
             st.caption("Each draft counts in the class of the target's token at its position (prose, code, JSON, "
                        "numbers, punctuation, …); labels are accepted / drafted.")
         with c2:
-            st.plotly_chart(charts.class_position_figure(d.get("by_class_position")), key="exp.classpos",
+            st.plotly_chart(charts.class_position_figure(d.get("by_class_position")), key=sel.EXP_CLASS_POSITION,
                             width="stretch")
             st.caption("The same split by draft position k: which kinds of tokens the drafter loses, and how early.")
     else:
@@ -110,17 +112,17 @@ with state.guard("explanation"):
                    "allowed folder).")
     if d.get("by_channel"):
         st.plotly_chart(charts.rate_bars_figure(d["by_channel"], "Acceptance rate by chat channel", "channel"),
-                        key="exp.channel", width="stretch")
+                        key=sel.EXP_CHANNEL, width="stretch")
         st.caption("Thinking, answer and tool-call parts of a chat, as the Gemma 4 template marks them.")
     if d.get("by_category"):
         st.plotly_chart(charts.rate_bars_figure(d["by_category"], "Acceptance rate by prompt category", "category"),
-                        key="exp.category", width="stretch")
+                        key=sel.EXP_CATEGORY, width="stretch")
         st.caption("The prompts file's categories, worst first.")
 
     st.subheader("Drafter drift")
     if d.get("drift"):
         dr = d["drift"]
-        st.plotly_chart(charts.drift_figure(dr), key="exp.drift", width="stretch")
+        st.plotly_chart(charts.drift_figure(dr), key=sel.EXP_DRIFT, width="stretch")
         st.caption(f"How close the drafter's state stays to the target's own hidden state at each draft position "
                    f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}).")
     else:
@@ -129,10 +131,10 @@ with state.guard("explanation"):
     st.subheader("Which n_draft?")
     wi = d.get("what_if")
     if wi:
-        st.plotly_chart(charts.what_if_figure(wi, best), key="exp.whatif", width="stretch")
+        st.plotly_chart(charts.what_if_figure(wi, best), key=sel.EXP_WHAT_IF, width="stretch")
         st.caption("Acceptance and speed this trace predicts at other n_draft (star = recorded, hollow = "
                    "extrapolated past it); formula in docs/EXPLAIN.md.")
-        st.dataframe(pd.DataFrame(wi), hide_index=True, width="stretch", key="exp.whatif.table",
+        st.dataframe(pd.DataFrame(wi), hide_index=True, width="stretch", key=sel.EXP_WHAT_IF_TABLE,
                      column_config={"acceptance_rate": st.column_config.NumberColumn("acceptance rate", format="%.4f"),
                                     "mean_acceptance_length": st.column_config.NumberColumn("mean acc. length",
                                                                                             format="%.3f"),
@@ -156,7 +158,7 @@ with state.guard("explanation"):
             "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
             "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
                     for r in sub.to_dict(orient="records")]})
-        ev = st.dataframe(table, hide_index=True, width="stretch", key="exp.fm", on_select="rerun",
+        ev = st.dataframe(table, hide_index=True, width="stretch", key=sel.EXP_FIRST_MISMATCHES, on_select="rerun",
                           selection_mode="single-row",
                           column_config={"prompt": st.column_config.TextColumn("prompt", width=200),
                                          "round": st.column_config.NumberColumn("round", width=60),
@@ -168,6 +170,6 @@ with state.guard("explanation"):
         picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []
         if picked:
             r = sub.iloc[int(picked[0])]
-            state.open_round((int(r["prompt_id"]), int(r["round"])))
+            sel.open_round((int(r["prompt_id"]), int(r["round"])))
     else:
         st.caption("No rejected drafts.")

@@ -99,7 +99,6 @@ def inspect_report(path: str | Path | Any, full: bool = False, pattern: str | No
 
     f = path if hasattr(path, "tensors") else open_source(str(path))
     inv = build_inventory(f)
-    shards = getattr(f, "shards", None)
     entries = list(inv.filter(pattern)) if pattern else list(inv.entries)
     by_comp: dict[str, list[Any]] = {}
     by_type: dict[str, list[Any]] = {}
@@ -134,8 +133,8 @@ def inspect_report(path: str | Path | Any, full: bool = False, pattern: str | No
         "by_component": _totals_dict(comp_totals),
         "by_type": _totals_dict(type_totals),
     }
-    if shards:
-        rep["shards"] = [s.path for s in shards]
+    if len(f.shards) > 1:  # a split model
+        rep["shards"] = [s.path for s in f.shards]
         for row in rep["tensors"]:
             row["shard"] = f.shard_of(row["name"])
     remote = remote_summary(f)

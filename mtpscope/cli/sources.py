@@ -3,14 +3,18 @@
 One opener for ``inspect``, ``verify``, ``diff`` and ``estimate`` (:func:`open_source`), and the options
 they share for URLs (``--allow-full-download``, ``--max-header-mib``, ``--timeout``). Remote reads use
 the cached Gemma 4 tokenizer GGUF, when it is there, as a layout hint (fewer requests; see
-:func:`mtpscope.inspector.gguf.open_gguf_reader`).
+:func:`mtpscope.inspector.remote.open_gguf_reader`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.gguf import GGUFLike
+    from mtpscope.inspector.remote import RemoteOptions
 
 AllowFullDownload = Annotated[bool, typer.Option(
     "--allow-full-download",
@@ -24,7 +28,7 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 def remote_options(allow_full_download: bool = False, max_header_mib: int = DEFAULT_MAX_HEADER_MIB,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> RemoteOptions:
     """:class:`mtpscope.inspector.remote.RemoteOptions` for the CLI (and the app), with the cached
     tokenizer as a layout hint when it exists."""
     from mtpscope.cache import layout_hints
@@ -36,7 +40,7 @@ def remote_options(allow_full_download: bool = False, max_header_mib: int = DEFA
 
 
 def open_source(spec: str, allow_full_download: bool = False, max_header_mib: int = DEFAULT_MAX_HEADER_MIB,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> GGUFLike:
     """Open ``spec`` (path, URL or shard) with :func:`mtpscope.inspector.shards.open_model`; the remote
     options (and the tokenizer hint) are only made for a URL."""
     from mtpscope.inspector.remote import is_remote
@@ -46,11 +50,12 @@ def open_source(spec: str, allow_full_download: bool = False, max_header_mib: in
     return open_model(spec, remote=opts)
 
 
-def remote_summary(f: Any) -> dict[str, Any] | None:
-    """For a file read over HTTP: ``{"requests": n, "bytes": n}`` (every shard together), else None."""
-    shards = getattr(f, "shards", None) or (f,)
-    readers = [getattr(s, "reader", None) for s in shards]
-    readers = [r for r in readers if r is not None and hasattr(r, "log")]
-    if not readers:
+def remote_summary(f: GGUFLike) -> dict[str, Any] | None:
+    """For a file read over HTTP: ``{"requests": n, "bytes": n}`` (every shard together,
+    :func:`mtpscope.inspector.remote.request_totals`), else None."""
+    from mtpscope.inspector.remote import request_totals
+
+    totals = request_totals(f)
+    if totals is None:
         return None
-    return {"requests": sum(r.log.n_requests for r in readers), "bytes": sum(r.log.n_bytes for r in readers)}
+    return {"requests": totals[0], "bytes": totals[1]}

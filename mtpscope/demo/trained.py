@@ -38,8 +38,9 @@ import numpy as np
 from mtpscope.cache import sha256_file
 from mtpscope.demo.spec import TRAINED_DATA
 from mtpscope.errors import MtpscopeError
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 
-N_VOCAB = 262144
+N_VOCAB = GEMMA4_N_VOCAB  # the trained pair's checkpoints have the whole Gemma 4 vocabulary
 DATA_DIR = TRAINED_DATA  # the one home of the compact checkpoints: mtpscope.demo.spec
 #: the drafter variants recorded, by trace name: (role of the drafter in demo.json, its path attribute)
 VARIANTS = (("f32", "drafter", "drafter"), ("q8_0", "drafter-q8_0", "drafter_q8_0"),

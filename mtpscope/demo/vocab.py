@@ -19,9 +19,10 @@ from pathlib import Path
 
 from mtpscope.errors import LayoutError
 from mtpscope.inspector.gguf_write import MetaValue
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.tokenizer import TOKENS, subset_kv, tokenizer_kv
 
-N_VOCAB_FULL = 262144
+N_VOCAB_FULL = GEMMA4_N_VOCAB  # the whole real tokenizer
 N_VOCAB_SUBSET = 4096
 
 

@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mtpscope.demo import corpus as demo_corpus
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 
 #: the real Gemma 4 vocabulary: rows of the full-vocabulary models
-N_VOCAB = 262144
+N_VOCAB = GEMMA4_N_VOCAB
 BOS, EOS, PAD = 2, 1, 0
 #: special tokens always in the compact vocabulary (pad, eos, bos, unk, mask, the chat turn markers)
 SPECIAL_IDS = (0, 1, 2, 3, 4, 105, 106)

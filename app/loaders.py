@@ -1,0 +1,509 @@
+"""Cached, typed loaders: every file or folder a page reads, read once per version of it.
+
+Readers, inventories, traces, reports, explanations and the rest are cached with ``st.cache_resource``
+keyed by the resolved path, the file size and mtime (for a trace: the manifest's and every part's size and
+mtime), so an edited or rebuilt file is re-read and an unchanged one is not. Every path goes through
+:func:`mtpscope.app.safety.check_path` against :func:`mtpscope.app.selection.roots` first; a path outside
+them raises ``PathNotAllowedError``.
+
+Imports: streamlit, ``safety``, ``selection``, ``tokens``, ``model_views``, mtpscope.inspector,
+mtpscope.traces (inside the loaders: pyarrow and duckdb stay out of the model pages), mtpscope.errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from mtpscope.app import safety
+from mtpscope.app.selection import DRAFTER, TARGET, get, roots, short
+from mtpscope.app.tokens import TokenText
+from mtpscope.errors import MtpscopeError
+from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
+from mtpscope.inspector.gguf import GGUFFile, GGUFLike, open_gguf
+from mtpscope.inspector.inventory import DRAFTER_KINDS, Inventory, build_inventory
+from mtpscope.inspector.validate import verify
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from mtpscope.app.model_views import Coverage
+    from mtpscope.inspector.estimate import MemoryEstimate
+    from mtpscope.inspector.findings import Report
+    from mtpscope.traces import Trace
+    from mtpscope.traces.analysis.align import AlignedDiff
+    from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.positions import Positions
+    from mtpscope.traces.analysis.token_classes import TokenClasses
+    from mtpscope.traces.analysis.vocab import Vocab
+    from mtpscope.traces.sweep.reader import Sweep
+
+
+# ------------------------------------------------------------------------------------------ cache keys
+
+def _stat_key(p: Path) -> tuple[int, int]:
+    s = p.stat()
+    return s.st_size, s.st_mtime_ns
+
+
+def _trace_key(p: Path) -> tuple:
+    from mtpscope.traces.store.layout import trace_files
+
+    items: list[tuple] = []
+    for f in trace_files(p):
+        with contextlib.suppress(OSError):
+            items.append((f.relative_to(p).as_posix(), *_stat_key(f)))
+    return tuple(items)
+
+
+def _dir_key(p: Path) -> tuple:
+    items = []
+    with contextlib.suppress(OSError):
+        for f in sorted(p.iterdir())[:200]:
+            with contextlib.suppress(OSError):
+                items.append((f.name, *_stat_key(f)))
+    return tuple(items)
+
+
+# ------------------------------------------------------------------------------------------ GGUF files
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _open_gguf(path: str, size: int, mtime_ns: int) -> GGUFFile:
+    return open_gguf(path)
+
+
+def gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """The reader (``GGUFFile``) for an allowed path, cached by (path, size, mtime).
+
+    Raises:
+        PathNotAllowedError, InspectorError (missing / unreadable / malformed).
+    """
+    p = safety.check_path(path, roots(), kind="file")
+    return _open_gguf(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _inventory(path: str, size: int, mtime_ns: int) -> Inventory:
+    return build_inventory(_open_gguf(path, size, mtime_ns))
+
+
+def inventory(path: str | os.PathLike[str]) -> Inventory:
+    """``build_inventory`` of an allowed GGUF, cached by (path, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="file")
+    return _inventory(str(p), *_stat_key(p))
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _gguf_role(path: str, size: int, mtime_ns: int) -> tuple[str, str | None]:
+    from mtpscope.inspector.inventory import detect_dialect
+
+    try:
+        f = open_gguf(path)
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+    try:
+        return detect_dialect(f).kind, f.architecture
+    finally:
+        f.close()
+
+
+def gguf_role(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """(dialect kind, general.architecture) of an allowed GGUF, read from its header and cached:
+    kind ``fork`` / ``upstream`` / ``other`` (drafters), ``target``, ``unknown``, or ``unreadable``
+    (also for a path that is not allowed or not a file)."""
+    try:
+        p = safety.check_path(path, roots(), kind="file")
+        return _gguf_role(str(p), *_stat_key(p))
+    except (MtpscopeError, OSError):
+        return "unreadable", None
+
+
+def is_drafter(path: str | os.PathLike[str]) -> bool:
+    """True when the allowed GGUF at ``path`` is a drafter (its dialect kind is one of
+    :data:`mtpscope.inspector.inventory.DRAFTER_KINDS`)."""
+    return gguf_role(path)[0] in DRAFTER_KINDS
+
+
+def is_target(path: str | os.PathLike[str]) -> bool:
+    """True when the allowed GGUF at ``path`` is a target model."""
+    return gguf_role(path)[0] == "target"
+
+
+def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be the drafter (it is a target model), in one line; None when it may be
+    (a drafter, or a file whose own check will say what is wrong)."""
+    kind, arch = gguf_role(path)
+    if kind == "target":
+        return (f"{short(path)} is a target model (general.architecture {arch!r}), not a drafter: choose it as "
+                "the target, and a gemma4-assistant / gemma4_assistant file as the drafter")
+    return None
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _decoder(path: str, size: int, mtime_ns: int) -> TokenText:
+    f = _open_gguf(path, size, mtime_ns)
+    toks = f.get("tokenizer.ggml.tokens")
+    if toks is None:
+        return TokenText(None, source=f"{path} (no tokenizer.ggml.tokens)")
+    return TokenText(toks, source=path)
+
+
+def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
+    """A token decoder from the first candidate GGUF that is allowed, readable and has a vocabulary
+    (the selected drafter, then the target, then the models named in the trace); without one,
+    ids are shown as ``#id``."""
+    seen: list[str] = []
+    for c in candidates:
+        if not c or str(c) in seen:
+            continue
+        seen.append(str(c))
+        try:
+            p = safety.check_path(c, roots(), kind="file")
+            dec = _decoder(str(p), *_stat_key(p))
+        except (MtpscopeError, OSError):
+            continue
+        if dec.n_vocab:
+            return dec
+    return TokenText(None, source="no vocabulary available: ids shown as #id")
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None,
+                hkey: tuple | None) -> Report:
+    f = _open_gguf(path, *key)
+    t = _open_gguf(target, *tkey) if target else None
+    return verify(f, target=t, hf_dir=hf_dir)
+
+
+def validation(path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None,
+               hf_dir: str | os.PathLike[str] | None = None) -> Report:
+    """``mtpscope.inspector.validate.verify`` of an allowed GGUF (optionally paired with an allowed target and
+    audited against an allowed HF checkpoint folder), cached by the files' (path, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="file")
+    t = safety.check_path(target, roots(), kind="file") if target else None
+    h = safety.check_hf_dir(safety.check_path(hf_dir, roots(), kind="dir")) if hf_dir else None
+    if t is not None and t == p:
+        t = None
+    return _validation(str(p), _stat_key(p), str(t) if t else None, _stat_key(t) if t else None,
+                       str(h) if h else None, _dir_key(h) if h else None)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None, n_ctx: int) -> MemoryEstimate:
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+
+    t = _open_gguf(target, *tkey)
+    d = _open_gguf(drafter, *dkey) if drafter else None
+    return run(t, d, EstimateParams(n_ctx=n_ctx))
+
+
+def estimate(target: str | os.PathLike[str], drafter: str | os.PathLike[str] | None, n_ctx: int) -> MemoryEstimate:
+    """:func:`mtpscope.inspector.estimate.estimate` for the selected pair (llama-server's defaults: f16 KV,
+    flash attention, one sequence, CPU), cached by path, size and mtime."""
+    t = safety.check_path(target, roots())
+    d = safety.check_path(drafter, roots()) if drafter else None
+    return _estimate(str(t), _stat_key(t), str(d) if d else None, _stat_key(d) if d else None, int(n_ctx))
+
+
+# ---------------------------------------------------------------------------------------- centroid head
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _centroid_head(path: str, size: int, mtime_ns: int) -> CentroidHead:
+    return CentroidHead.from_gguf(_open_gguf(path, size, mtime_ns))
+
+
+def centroid_head(path: str | os.PathLike[str]) -> CentroidHead:
+    """``mtpscope.inspector.centroids.CentroidHead`` of an allowed GGUF, cached by (path, size, mtime).
+
+    Raises:
+        LayoutError: the file has no centroid head.
+    """
+    p = safety.check_path(path, roots(), kind="file")
+    return _centroid_head(str(p), *_stat_key(p))
+
+
+def has_centroid_head(path: str | os.PathLike[str]) -> bool:
+    """True when the allowed GGUF at ``path`` has a centroid matrix and a token ordering
+    (``mtpscope.inspector.centroids.find_centroid_tensors``); False when not, or unreadable / not allowed."""
+    try:
+        c, o = find_centroid_tensors(gguf(path))
+    except (MtpscopeError, OSError):
+        return False
+    return c is not None and o is not None
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _coverage(tpath: str, tkey: tuple, gpath: str, size: int, mtime_ns: int) -> Coverage:
+    from mtpscope.app.model_views import centroid_coverage
+
+    tr = _open_trace(tpath, tkey)
+    head = _centroid_head(gpath, size, mtime_ns)
+    steps = tr.columns("steps", ["centroid_ids", "target_token"])
+    return centroid_coverage(steps, head.n_centroids, head.token_to_centroid)
+
+
+def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike[str]) -> Coverage:
+    """Per-centroid chosen / target-home / covered counts of a trace against a drafter's head
+    (:func:`mtpscope.app.model_views.centroid_coverage`), cached by both inputs' keys."""
+    t = safety.check_path(trace_path, roots(), kind="dir")
+    g = safety.check_path(drafter_path, roots(), kind="file")
+    return _coverage(str(t), _trace_key(t), str(g), *_stat_key(g))
+
+
+# ------------------------------------------------------------------------------------------ URLs (issue 16)
+
+@dataclass(frozen=True)
+class RemoteSummary:
+    """What the Files page shows of a GGUF read over HTTP.
+
+    Attributes:
+        file: the model (header only; a split model's shards together).
+        inventory: its tensor inventory.
+        report: ``verify`` of it.
+        estimate: memory as a target at n_ctx 8192 (a ``gemma4`` file), else None.
+        n_requests / n_bytes: HTTP requests sent and bytes read for it (every shard together).
+    """
+
+    file: GGUFLike
+    inventory: Inventory
+    report: Report
+    estimate: MemoryEstimate | None
+    n_requests: int
+    n_bytes: int
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner="reading the GGUF header over HTTP…")
+def _remote(url: str) -> GGUFLike:
+    from mtpscope.cache import layout_hints
+    from mtpscope.inspector.remote import RemoteOptions
+    from mtpscope.inspector.shards import open_model
+
+    return open_model(url, remote=RemoteOptions(timeout_s=20.0, retries=1, layout_hints=layout_hints()))
+
+
+def remote_gguf(url: str) -> GGUFLike:
+    """The GGUF at ``url`` (header only), after :func:`mtpscope.app.safety.check_url` (switch + host
+    allow-list); cached ten minutes per URL."""
+    return _remote(safety.check_url(url))
+
+
+@st.cache_resource(max_entries=4, ttl=600, show_spinner=False)
+def _remote_summary(url: str) -> RemoteSummary:
+    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+    from mtpscope.inspector.remote import request_totals
+
+    f = _remote(url)
+    n_requests, n_bytes = request_totals(f) or (0, 0)
+    return RemoteSummary(f, build_inventory(f), verify(f),
+                         run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == "gemma4" else None,
+                         n_requests, n_bytes)
+
+
+def remote_summary(url: str) -> RemoteSummary:
+    """For the Files page's URL field: the file, its inventory, ``verify`` report, estimate and what was
+    read (:class:`RemoteSummary`); after :func:`mtpscope.app.safety.check_url`."""
+    return _remote_summary(safety.check_url(url))
+
+
+# ---------------------------------------------------------------------------------------------- traces
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _open_trace(path: str, key: tuple) -> Trace:
+    from mtpscope.traces.store.reader import open_trace
+
+    return open_trace(path)
+
+
+def trace(path: str | os.PathLike[str]) -> Trace:
+    """The opened trace (``mtpscope.traces.Trace``) for an allowed directory, cached by the manifest's
+    and every part's (name, size, mtime)."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _open_trace(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _report(path: str, key: tuple) -> dict[str, Any]:
+    from mtpscope.traces.analysis.metrics import report
+
+    return report(_open_trace(path, key))
+
+
+def report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``mtpscope.traces.analysis.metrics.report`` of an allowed trace, cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _report(str(p), _trace_key(p))
+
+
+def trace_decoder(tr: Trace) -> TokenText:
+    """Decoder for a trace's tokens: selected drafter, selected target, then the trace's models."""
+    from mtpscope.app.views import model_path
+
+    named = [model_path(tr.manifest, k) for k in ("assistant", "target")]
+    return decoder(get(DRAFTER), get(TARGET), *named)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _vocab(path: str, size: int, mtime_ns: int) -> Vocab:
+    from mtpscope.traces.analysis.vocab import load_vocab
+
+    return load_vocab(path)
+
+
+def trace_vocab_path(tr: Trace) -> str | None:
+    """The GGUF whose vocabulary a trace's tokens come from, as ``mtpscope explain`` picks it (the
+    recorded target, then the recorded assistant), then the selected target and drafter: the first that
+    is allowed, readable and has a token list; None without one."""
+    from mtpscope.app.views import model_path
+
+    for c in (model_path(tr.manifest, "target"), model_path(tr.manifest, "assistant"), get(TARGET), get(DRAFTER)):
+        if not c:
+            continue
+        try:
+            p = safety.check_path(c, roots(), kind="file")
+            _vocab(str(p), *_stat_key(p))
+        except (MtpscopeError, OSError, ValueError):
+            continue
+        return str(p)
+    return None
+
+
+def vocab(path: str | None) -> Vocab | None:
+    """``mtpscope.traces.analysis.vocab.load_vocab`` of an allowed GGUF (cached by path, size, mtime); None for None."""
+    if not path:
+        return None
+    p = safety.check_path(path, roots(), kind="file")
+    return _vocab(str(p), *_stat_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None) -> Explanation:
+    from mtpscope.traces.analysis.explain_report import explain_trace
+
+    v = _vocab(vpath, *vkey) if vpath and vkey else None
+    return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
+
+
+def explanation(path: str | os.PathLike[str], prompt_id: int | None = None) -> Explanation:
+    """``mtpscope.traces.analysis.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
+    prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
+    prints. Cached by the trace's and the vocabulary's file stats."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    vk = _stat_key(Path(vp)) if vp else None
+    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _positions(path: str, key: tuple) -> Positions:
+    from mtpscope.traces.analysis.positions import positions
+
+    tr = _open_trace(path, key)
+    return positions(tr.columns("rounds", ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]))
+
+
+def positions(path: str | os.PathLike[str]) -> Positions:
+    """``mtpscope.traces.analysis.positions.positions`` of an allowed trace's rounds (every emitted token's
+    output position and status), cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _positions(str(p), _trace_key(p))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _token_classes(path: str, key: tuple, vpath: str, vkey: tuple) -> dict[int, TokenClasses]:
+    from mtpscope.traces.analysis.breakdown import classify_outputs
+    from mtpscope.traces.analysis.token_classes import Classifier
+
+    tr = _open_trace(path, key)
+    clf = Classifier(_vocab(vpath, *vkey), chat=bool((tr.manifest.get("params") or {}).get("chat")))
+    return classify_outputs(_positions(path, key), clf)
+
+
+def token_classes(path: str | os.PathLike[str]) -> dict[int, TokenClasses] | None:
+    """``{prompt_id: TokenClasses}`` of every generated token (``mtpscope.traces.analysis.breakdown.classify_outputs``
+    with the trace's vocabulary, :func:`trace_vocab_path`), or None without a vocabulary."""
+    p = safety.check_path(path, roots(), kind="dir")
+    tr = _open_trace(str(p), _trace_key(p))
+    vp = trace_vocab_path(tr)
+    if not vp:
+        return None
+    return _token_classes(str(p), _trace_key(p), vp, _stat_key(Path(vp)))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _comparison(a: str, akey: tuple, b: str, bkey: tuple, vpath: str | None, vkey: tuple | None) -> AlignedDiff:
+    from mtpscope.traces.analysis.compare_report import compare_traces
+
+    v = _vocab(vpath, *vkey) if vpath and vkey else None
+    return compare_traces(_open_trace(a, akey), _open_trace(b, bkey), vocab=v)
+
+
+def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> AlignedDiff:
+    """``mtpscope.traces.analysis.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
+    :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints. Cached."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    ta = _open_trace(str(pa_), _trace_key(pa_))
+    vp = trace_vocab_path(ta)
+    return _comparison(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_), vp, _stat_key(Path(vp)) if vp else None)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
+    from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
+
+    ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
+    return difference_rows(run_differences(ta.manifest, tb.manifest,
+                                           readable=lambda p: safety.is_allowed(p, roots())))
+
+
+def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """What differs between the runs of two allowed traces (``mtpscope.traces.analysis.run_diff``: parameters, and
+    the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
+    ``{"what", "name", "A", "B"}``. Cached per trace version."""
+    pa_ = safety.check_path(a, roots(), kind="dir")
+    pb_ = safety.check_path(b, roots(), kind="dir")
+    return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))
+
+
+# ----------------------------------------------------------------------------------- replays and sweeps
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _replay(path: str, key: tuple) -> tuple[dict[str, Any], pd.DataFrame]:
+    from mtpscope.traces.run.replay import read_replay  # its reader lives with its writer
+
+    return read_replay(path)
+
+
+def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
+    """(summary dict, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
+    ``summary.json`` + ``steps.parquet``), cached by the folder's file stats. JSON and Parquet only."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _replay(str(p), _dir_key(p))
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame]:  # noqa: ARG001 - key invalidates
+    from mtpscope.traces.sweep.reader import open_sweep
+
+    sw = open_sweep(path)
+    return sw, sw.cells()
+
+
+def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame]:
+    """(the sweep, its configuration × category cells) of an allowed sweep directory (``mtpscope sweep
+    --out``: :func:`mtpscope.traces.sweep.reader.open_sweep`; DuckDB aggregates, never all rounds), cached
+    by its state file's (size, mtime).
+
+    Raises:
+        PathNotAllowedError; OSError: no state file (``sweep.json``); TraceFormatError: a malformed sweep.
+    """
+    from mtpscope.traces.sweep.spec import SWEEP_FILE
+
+    p = safety.check_path(path, roots(), kind="dir")
+    return _sweep(str(p), _stat_key(p / SWEEP_FILE))

@@ -1,0 +1,240 @@
+"""Model files as the Files, Tensors, Tensor values, Validate and Centroids pages show them (pure: pandas /
+numpy, no Streamlit, no plotly): the tensor inventory table and its filters, the layer × tensor grid, a
+validation report's one-line verdict and the grid's findings, value statistics and a downsampled matrix,
+and per-centroid coverage of a trace.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.inspector.findings import MISSING_CODES, SHAPE_CODES, Report
+from mtpscope.traces.analysis.wording import plural
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.inventory import TensorEntry
+
+# -------------------------------------------------------------------------------------- centroids
+
+@dataclass(frozen=True)
+class Coverage:
+    """Per-centroid counts over a trace's draft steps (arrays of length n_centroids).
+
+    chosen: steps where the centroid was among the top-k chosen (``centroid_ids``).
+    target_home: steps whose target token lives in the centroid.
+    covered: of those, steps where the centroid was chosen (target reachable).
+    """
+
+    chosen: np.ndarray
+    target_home: np.ndarray
+    covered: np.ndarray
+
+    @property
+    def n_centroids(self) -> int:
+        return int(self.chosen.size)
+
+    def table(self) -> pd.DataFrame:
+        """DataFrame: centroid, chosen, target_home, covered, coverage (covered / target_home)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cov = np.where(self.target_home > 0, self.covered / np.maximum(self.target_home, 1), np.nan)
+        return pd.DataFrame({"centroid": np.arange(self.n_centroids), "chosen": self.chosen,
+                             "target_home": self.target_home, "covered": self.covered, "coverage": cov})
+
+
+def centroid_coverage(steps: pd.DataFrame, n_centroids: int, home: np.ndarray | None = None) -> Coverage:
+    """Count per centroid how often it was chosen and how often the target token lived in it.
+
+    The target's centroid is ``home[target_token]`` when ``home`` (np.int32[n_vocab], -1 = no centroid:
+    ``CentroidHead.token_to_centroid`` of :mod:`mtpscope.inspector.centroids`, first row wins) is given,
+    else the trace's ``target_centroid`` column. Vectorised: one
+    concatenation of the ``centroid_ids`` lists and np.bincount.
+    """
+    n = int(n_centroids)
+    empty = np.zeros(n, dtype=np.int64)
+    if len(steps) == 0 or "centroid_ids" not in steps.columns:
+        return Coverage(empty, empty.copy(), empty.copy())
+    from mtpscope.traces.store.list_columns import flat_list  # pyarrow: only the pages that read traces
+
+    fl = flat_list(steps["centroid_ids"])
+    lens, flat = fl.lengths, fl.values
+    ok = (flat >= 0) & (flat < n)
+    chosen = np.bincount(flat[ok], minlength=n)[:n]
+    if home is not None and "target_token" in steps.columns:
+        tt = pd.to_numeric(steps["target_token"], errors="coerce").to_numpy(dtype=np.float64)
+        valid = ~np.isnan(tt)
+        tti = tt[valid].astype(np.int64)
+        inr = (tti >= 0) & (tti < home.size)
+        tc = np.full(len(steps), -1, dtype=np.int64)
+        sub = np.full(tti.size, -1, dtype=np.int64)
+        sub[inr] = home[tti[inr]]
+        tc[np.flatnonzero(valid)] = sub
+    elif "target_centroid" in steps.columns:
+        tc = pd.to_numeric(steps["target_centroid"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
+    else:
+        return Coverage(chosen, empty.copy(), empty.copy())
+    okt = (tc >= 0) & (tc < n)
+    target_home = np.bincount(tc[okt], minlength=n)[:n]
+    # covered: the target's centroid is among this step's chosen ids
+    step_of = np.repeat(np.arange(len(steps)), lens)
+    hit = flat == tc[step_of]
+    hit &= tc[step_of] >= 0
+    covered_steps = np.zeros(len(steps), dtype=bool)
+    covered_steps[step_of[hit]] = True
+    covered = np.bincount(tc[okt & covered_steps], minlength=n)[:n]
+    return Coverage(chosen, target_home, covered)
+
+
+# ---------------------------------------------------------------------------------------- tensors
+
+def inventory_frame(entries: Sequence[TensorEntry]) -> pd.DataFrame:
+    """Inventory entries (``TensorEntry``) → table: name, component, layer, type, ne (GGUF order),
+    shape (numpy order), n_elements, n_bytes, bits_per_weight, offset."""
+    rows = []
+    for e in entries:
+        t = e.tensor
+        rows.append({
+            "name": t.name, "component": e.component, "layer": e.layer, "type": t.type_name,
+            "ne": "×".join(str(x) for x in t.ne), "shape": "×".join(str(x) for x in t.shape),
+            "n_elements": int(t.n_elements), "n_bytes": t.n_bytes, "bits_per_weight": t.bits_per_weight,
+            "offset": int(t.offset),
+        })
+    df = pd.DataFrame(rows, columns=["name", "component", "layer", "type", "ne", "shape", "n_elements",
+                                     "n_bytes", "bits_per_weight", "offset"])
+    df["layer"] = df["layer"].astype("Int64")
+    df["n_bytes"] = df["n_bytes"].astype("Int64")
+    return df
+
+
+FOCUS_RE = re.compile(r"^(mtp|nextn)\.")
+
+
+def filter_inventory(df: pd.DataFrame, glob: str = "", components: Sequence[str] = (),
+                     layers: Sequence[int] = (), types: Sequence[str] = (), focus: bool = False) -> pd.DataFrame:
+    """Filter the inventory table: name glob (fnmatch, ``*`` when empty; a glob without wildcards
+    matches as a substring), components, layers, ggml types, and the ``mtp.*`` / ``nextn.*`` focus."""
+    m = np.ones(len(df), dtype=bool)
+    g = glob.strip()
+    if g:
+        pat = g if any(c in g for c in "*?[") else f"*{g}*"
+        m &= np.array([fnmatch.fnmatchcase(n, pat) for n in df["name"]], dtype=bool)
+    if components:
+        m &= df["component"].isin(list(components)).to_numpy()
+    if layers:
+        m &= df["layer"].isin(list(layers)).fillna(False).to_numpy(dtype=bool)
+    if types:
+        m &= df["type"].isin(list(types)).to_numpy()
+    if focus:
+        m &= df["name"].str.match(FOCUS_RE).to_numpy()
+    return df[m].reset_index(drop=True)
+
+
+_BLK_RE = re.compile(r"^blk\.(\d+)\.(.+?)(\.weight|\.bias)?$")
+
+
+def layer_grid(present: Sequence[tuple[str, tuple[int, ...]]], missing: Sequence[str] = (),
+               wrong_shape: Sequence[str] = ()) -> pd.DataFrame:
+    """Layer × tensor status grid.
+
+    Args:
+        present: (name, shape) of every tensor in the file.
+        missing: names the layout expects but the file lacks (from validation findings).
+        wrong_shape: names present with a shape other than expected (from validation findings).
+
+    Returns:
+        Long DataFrame with layer, tensor (name within the block, e.g. ``attn_q``), name, status
+        (``present`` / ``missing`` / ``wrong shape``), for every ``blk.{il}.*`` name.
+    """
+    status: dict[str, str] = {}
+    for name, _shape in present:
+        status[name] = "present"
+    for name in missing:
+        status[name] = "missing"
+    for name in wrong_shape:
+        status[name] = "wrong shape"
+    rows = []
+    for name, st in status.items():
+        m = _BLK_RE.match(name)
+        if not m:
+            continue
+        rows.append({"layer": int(m.group(1)), "tensor": m.group(2), "name": name, "status": st})
+    return pd.DataFrame(rows, columns=["layer", "tensor", "name", "status"])
+
+
+# ----------------------------------------------------------------------------------------- values
+
+def downsample_matrix(a: np.ndarray, max_rows: int = 256, max_cols: int = 512) -> tuple[np.ndarray, int, int]:
+    """Block-mean downsample a 2-D array to at most ``max_rows`` × ``max_cols`` (numpy order).
+
+    Returns (small, row_factor, col_factor); edge blocks that do not fill a whole factor are averaged
+    over what they hold (NaN-aware)."""
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim > 2:
+        a = a.reshape(-1, a.shape[-1])
+    r, c = a.shape
+    fr = max(1, -(-r // max_rows))
+    fc = max(1, -(-c // max_cols))
+    if fr == 1 and fc == 1:
+        return a, 1, 1
+    pr = (-r) % fr
+    pc = (-c) % fc
+    padded = np.pad(a, ((0, pr), (0, pc)), constant_values=np.nan)
+    blocks = padded.reshape(padded.shape[0] // fr, fr, padded.shape[1] // fc, fc)
+    with np.errstate(invalid="ignore"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            small = np.nanmean(blocks, axis=(1, 3))
+    return small.astype(np.float32), fr, fc
+
+
+def value_stats(a: np.ndarray) -> dict[str, float]:
+    """min, max, mean, std, abs max, fraction of zeros, count of non-finite values (float64 sums)."""
+    v = np.asarray(a, dtype=np.float32).ravel()
+    finite = np.isfinite(v)
+    f = v[finite]
+    if f.size == 0:
+        return {"n": float(v.size), "non_finite": float(v.size)}
+    return {"n": float(v.size), "min": float(f.min()), "max": float(f.max()),
+            "mean": float(f.mean(dtype=np.float64)), "std": float(f.std(dtype=np.float64)),
+            "abs_max": float(np.abs(f).max()), "zeros": float((f == 0).mean()),
+            "non_finite": float(v.size - f.size)}
+
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+def verdict_line(rep: Report) -> str:
+    """One line for a validation report: dialect, error / warning counts, loadability per runtime,
+    pairing, the first error."""
+    errs = len(rep.errors)
+    warns = len(rep.warnings)
+    head = ("✓ valid" if rep.ok else "✗ invalid") + f" {rep.dialect} file: {plural(errs, 'error')}, " \
+        f"{plural(warns, 'warning')}"
+    loads = []
+    for v in rep.loadability:
+        word = {"refuses": "does not load", "unknown": "no rules"}.get(v.outcome, v.outcome)
+        loads.append(f"{v.runtime.split(' (')[0]} {word}")
+    parts = [head, "; ".join(loads)]
+    if rep.pairing is not None:
+        parts.append("pairs with the target" if rep.pairing.ok else "does NOT pair with the target")
+    if errs:
+        first = rep.errors[0]
+        parts.append(f"first error: {first.code} {first.subject}: {first.message}")
+    return " · ".join(parts)
+
+
+def grid_findings(rep: Report) -> tuple[list[str], list[str]]:
+    """(missing tensor names, wrong-shape tensor names) from a validation report's findings
+    (:data:`mtpscope.inspector.findings.MISSING_CODES` / :data:`~mtpscope.inspector.findings.SHAPE_CODES`)."""
+    missing = [x.subject for x in rep.findings if x.code in MISSING_CODES and x.subject]
+    wrong = [x.subject for x in rep.findings if x.code in SHAPE_CODES and x.subject]
+    return missing, wrong
