@@ -334,7 +334,7 @@ def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
 
 def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(LayoutError, match="--centroids") as ei:
-        record(target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
     assert ei.value.key == "general.architecture" and ei.value.actual == "gemma4_assistant"
     assert not (tmp_path / "x").exists()
 
@@ -343,23 +343,24 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
     from mtpscope.demo import build as demo
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
-        record(target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
     assert ei.value.actual == "gemma4-assistant"
     with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
-        record(target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
     other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
                                dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
     with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
-        record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
     from mtpscope.demo.vocab import load_vocab
 
     small = demo.write_drafter(tmp_path / "v2048.gguf", vocab=load_vocab("subset", n_subset=2048))
     with pytest.raises(LayoutError, match="E_PAIR_VOCAB") as ei:
-        record(target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (4096, 2048)
     with pytest.raises(FileNotFoundError):
-        record(target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x",
+               prompt="x")
 
 
 def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
@@ -378,7 +379,7 @@ def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: 
 def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
     kw = {"target": pair["target"], "assistant": pair["noisy"], "out": tmp_path / "x"}
     with pytest.raises(MtpscopeError, match="exactly one"):
-        record(**kw)
+        record(RecordConfig(), **kw)
     with pytest.raises(MtpscopeError, match="hidden"):
         record(RecordConfig(hidden="f8"), **kw, prompt="x")
     with pytest.raises(MtpscopeError, match="n_draft"):
@@ -666,7 +667,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
     assert {t.name: t.tensor_type.name for t in GGUFReader(str(bad)).tensors}["blk.0.attn_q.weight"] == "I32"
     monkeypatch.setattr(recorder, "MtpRuntime", lambda *a, **k: pytest.fail("llama.cpp was reached"))
     with pytest.raises(LayoutError, match="E_DTYPE blk.0.attn_q.weight") as ei:
-        record(target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
     assert ei.value.key == "blk.0.attn_q.weight" and ei.value.actual == "I32"
     assert ei.value.path == os.fspath(bad) and not (tmp_path / "x").exists()
     # the unmutated drafter from the same parts passes the pre-flight

@@ -308,7 +308,7 @@ class MtpRuntime:
     def _check_fits(self, n_prompt: int, max_tokens: int, n_draft: int) -> None:
         self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
-    def run(self, tokens: Sequence[int], config: RecordConfig = RecordConfig(), *, trace: bool = True,
+    def run(self, tokens: Sequence[int], config: RecordConfig, *, trace: bool = True,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
             defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.

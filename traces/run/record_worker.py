@@ -12,7 +12,8 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    copies to ``llama.log`` in the trace folder and keeps the tail of.
 2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
    prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.transport.pack`.
-   The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context size, runtime facts, prompt lengths).
+   The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
+   size, runtime facts, prompt lengths).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a

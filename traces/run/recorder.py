@@ -156,7 +156,7 @@ class RecordSummary:
 # --------------------------------------------------------------------------------------------------
 
 
-def record(config: RecordConfig = RecordConfig(), *, target: str | os.PathLike[str],
+def record(config: RecordConfig, *, target: str | os.PathLike[str],
            assistant: str | os.PathLike[str], out: str | os.PathLike[str],
            prompts: Sequence[str | PromptSpec] | None = None, prompt: str | None = None,
            prompts_file: str | os.PathLike[str] | None = None, overwrite: bool = False,
@@ -185,7 +185,7 @@ def record(config: RecordConfig = RecordConfig(), *, target: str | os.PathLike[s
 
     Args:
         config: the run parameters (:class:`traces.run.record_config.RecordConfig`, valid by
-            construction; the default is ``mtpscope record``'s defaults): ``n_draft``, ``max_tokens``,
+            construction; ``RecordConfig()`` holds ``mtpscope record``'s defaults): ``n_draft``, ``max_tokens``,
             the target's sampling (``temp`` / ``seed`` / ``top_k`` / ``top_p``; ``temp <= 0``: greedy),
             ``chat``, ``n_gpu_layers``, the centroid head (``centroids`` / ``centroid_top_k``), what is
             stored (``hidden``, ``n_top``, ``hidden_target``), the writer (``flush_every``: a Parquet part
