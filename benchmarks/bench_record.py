@@ -44,6 +44,7 @@ from pathlib import Path
 from mtpscope.demo import build as demo
 from mtpscope.cache import cache_dir
 from mtpscope.traces.run.mtp_runtime import MtpRuntime
+from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.recorder import record
 
 PROMPT = "The quick brown fox"
@@ -134,7 +135,7 @@ def main() -> int:
         in_decode[0] = 0.0
         out: list[int] = []
         n_rounds = 0
-        for r in off_rt.run(tokens, n_draft=args.n_draft, max_tokens=args.max_tokens, trace=False):
+        for r in off_rt.run(tokens, RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens), trace=False):
             if not out:
                 out.append(r.pending_token)
             out.extend(r.emitted)
@@ -150,9 +151,9 @@ def main() -> int:
     loop_wait: list[float] = []
 
     def run_on(tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
-        s = record(target=t, assistant=a, out=tmp / f"on-{i}", prompt=PROMPT, n_draft=args.n_draft,
-                   max_tokens=args.max_tokens, centroids=f, hidden="f16", runtime=on_rt, command=["bench"],
-                   n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+        s = record(RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens, centroids=f, hidden="f16",
+                                n_gpu_layers=args.n_gpu_layers, n_threads=args.threads),
+                   target=t, assistant=a, out=tmp / f"on-{i}", prompt=PROMPT, runtime=on_rt, command=["bench"])
         recorder_cpu.append(s.recorder_cpu_seconds)
         loop_cpu.append(s.loop_cpu_seconds)
         all_cpu.append(s.cpu_seconds)

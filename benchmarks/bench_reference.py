@@ -112,6 +112,7 @@ def bench_steps(repeats: int, context: int) -> None:
 def bench_replay(n_rounds: int, vocab: str) -> None:
     from mtpscope.demo import build as demo
     from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
     from mtpscope.traces.run.replay import replay
 
@@ -123,8 +124,8 @@ def bench_replay(n_rounds: int, vocab: str) -> None:
         words = demo.DEMO_PASSAGE.split()
         prompts = [" ".join(words[i:i + 6]) for i in range(0, 24, 3)]
         t0 = time.perf_counter()
-        record(target=t, assistant=dr, out=d / "trace", prompts=prompts,
-                   max_tokens=max(64, int(n_rounds * 2.2 / len(prompts))))
+        record(RecordConfig(max_tokens=max(64, int(n_rounds * 2.2 / len(prompts)))), target=t, assistant=dr,
+               out=d / "trace", prompts=prompts)
         t_rec = time.perf_counter() - t0
         t0 = time.perf_counter()
         r = replay(d / "trace", variants=["position=p-1"])

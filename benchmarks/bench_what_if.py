@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import MtpRuntime, record
 
     demo = build_demo()
@@ -41,10 +42,9 @@ def main() -> None:
     with MtpRuntime(demo.target, demo.drafter_upstream_noisy, n_gpu_layers=0, capture=False) as rtm:
         for n in range(1, args.n_max + 1):
             d = out / f"n{n}"
-            kw = {"baseline": True} if "baseline" in record.__code__.co_varnames else {}
-            s = record(target=demo.target, assistant=demo.drafter_upstream_noisy, out=d, prompts=PROMPTS,
-                       n_draft=n, max_tokens=args.max_tokens, hidden="off", overwrite=True, runtime=rtm,
-                       command=["bench_what_if"], **kw)
+            s = record(RecordConfig(n_draft=n, max_tokens=args.max_tokens, hidden="off", baseline=True),
+                       target=demo.target, assistant=demo.drafter_upstream_noisy, out=d, prompts=PROMPTS,
+                       overwrite=True, runtime=rtm, command=["bench_what_if"])
             t = traces.open(d)
             tot = totals(t.rounds)
             r = t.rounds

@@ -13,6 +13,7 @@ def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
     from mtpscope.traces.analysis import metrics
     from mtpscope.traces.run.baseline import record_baseline, timed_plain
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.store.reader import open_trace
 
     target, drafter = tiny_pair()
@@ -23,7 +24,8 @@ def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
         long_toks = rtm.prompt_tokens(" ".join(["word"] * 40))
         gen, ms = timed_plain(rtm, long_toks, max_tokens=6)
         assert gen == rtm.generate_plain(long_toks, max_tokens=6) and len(ms) == len(gen) - 1
-        s = record_baseline(rtm=rtm, out=tmp_path / "b", prompts=prompts, max_tokens=10, command=["test"])
+        s = record_baseline(RecordConfig(max_tokens=10, n_gpu_layers=0), rtm=rtm, out=tmp_path / "b", prompts=prompts,
+                            command=["test"])
     assert [list(o) for o in s.outputs] == want
     tr = open_trace(tmp_path / "b")
     assert tr.manifest["source"] == "baseline" and tr.manifest["complete"]

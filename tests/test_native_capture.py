@@ -22,6 +22,7 @@ pytest.importorskip("llama_cpp")
 from mtpscope.errors import TraceError  # noqa: E402
 from mtpscope.traces.run.llama import capture, model as lm, native_capture  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
 from tests.numerics import assert_matvec_close  # noqa: E402
 from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
 from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
@@ -80,7 +81,8 @@ def test_runtime_drafts_the_same_with_either_capture(pair) -> None:  # noqa: ANN
     for native in (True, False):
         with MtpRuntime(pair["target"], pair["noisy"], n_ctx=512, native_capture=native) as r:
             toks = r.prompt_tokens(PROMPTS[0])
-            runs.append([(x.drafted, [s.h_inner for s in x.steps]) for x in r.run(toks, n_draft=3, max_tokens=24)])
+            rounds = r.run(toks, RecordConfig(n_draft=3, max_tokens=24))
+            runs.append([(x.drafted, [s.h_inner for s in x.steps]) for x in rounds])
     (a, b) = runs
     assert [d for d, _ in a] == [d for d, _ in b]
     for (_, ha), (_, hb) in zip(a, b, strict=True):

@@ -21,6 +21,7 @@ from mtpscope import traces  # noqa: E402
 from mtpscope.errors import MtpscopeError  # noqa: E402
 from mtpscope.traces.run.llama import model as lm  # noqa: E402
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
 from mtpscope.traces.run.recorder import record  # noqa: E402
 
 pytestmark = pytest.mark.llama
@@ -45,8 +46,8 @@ def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
     pf.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = d / "t"
     with MtpRuntime(target, noisy, n_ctx=512) as r:
-        s = record(target=target, assistant=noisy, out=out, prompts_file=pf, max_tokens=24, hidden="f32",
-                   hidden_target=True, baseline=True, runtime=r, command=["test"], centroids=fork)
+        s = record(RecordConfig(max_tokens=24, hidden="f32", hidden_target=True, baseline=True, centroids=fork),
+                   target=target, assistant=noisy, out=out, prompts_file=pf, runtime=r, command=["test"])
     return s, traces.open(out), target
 
 
@@ -147,8 +148,10 @@ def test_bad_tokens_and_hidden_target_without_hidden(pair, tmp_path) -> None:  #
     pf = tmp_path / "p.jsonl"
     pf.write_text('"fine"\n{"tokens": [2, 99999]}\n')
     with pytest.raises(MtpscopeError) as ei:
-        record(target=target, assistant=noisy, out=tmp_path / "o", prompts_file=pf, max_tokens=4, hidden="off")
+        record(RecordConfig(max_tokens=4, hidden="off"), target=target, assistant=noisy, out=tmp_path / "o",
+               prompts_file=pf)
     assert ei.value.key == "line 2: tokens[1]" and ei.value.path == str(pf)
     with pytest.raises(MtpscopeError) as ei:
-        record(target=target, assistant=noisy, out=tmp_path / "o2", prompt="x", hidden="off", hidden_target=True)
+        record(RecordConfig(hidden="off", hidden_target=True), target=target, assistant=noisy, out=tmp_path / "o2",
+               prompt="x")
     assert ei.value.key == "hidden_target"

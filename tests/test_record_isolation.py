@@ -235,17 +235,18 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     ids and chat messages, h_target and the plain-decoding baseline; rounds, steps and hidden states
     equal an in-process recording of the same run exactly."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
 
     pf = tmp_path / "prompts.jsonl"
     lines = [{"prompt": PROMPT, "id": "fox", "category": "story"}, {"tokens": [2, 651, 3823, 1024], "id": 7},
              {"messages": [{"role": "user", "content": "Hello"}]}]
     pf.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, max_tokens=20, hidden="f32",
-              hidden_target=True, baseline=True, command=["test"], n_gpu_layers=0)
-    s_iso = record(out=tmp_path / "iso", **kw)
+    cfg = RecordConfig(max_tokens=20, hidden="f32", hidden_target=True, baseline=True, n_gpu_layers=0)
+    kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, command=["test"])
+    s_iso = record(cfg, out=tmp_path / "iso", **kw)
     with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0) as r:
-        s_in = record(out=tmp_path / "in", runtime=r, **kw)
+        s_in = record(cfg, out=tmp_path / "in", runtime=r, **kw)
     assert s_iso.isolated and not s_in.isolated and s_iso.outputs == s_in.outputs
     a, b = traces.open(tmp_path / "iso"), traces.open(tmp_path / "in")
     assert a.manifest["prompts"] == b.manifest["prompts"]

@@ -29,6 +29,7 @@ from mtpscope.traces.run.llama import binding, capture, model as lm  # noqa: E40
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
 from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
 from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
 from mtpscope.traces.run.recorder import record  # noqa: E402
 from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
 from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
@@ -49,8 +50,9 @@ def noisy_rt(pair):  # noqa: ANN001, ANN201
 @pytest.fixture(scope="module")
 def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
     out = tmp_path_factory.mktemp("rec") / "noisy"
-    s = record(target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, max_tokens=40,
-               centroids=pair["fork"], hidden="f32", flush_every=3, runtime=noisy_rt, command=["test"])
+    s = record(RecordConfig(max_tokens=40, centroids=pair["fork"], hidden="f32", flush_every=3),
+               target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, runtime=noisy_rt,
+               command=["test"])
     return s, traces.open(out)
 
 
@@ -60,7 +62,7 @@ def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN0
     accepted = drafted = 0
     for p in PROMPTS:
         tk = noisy_rt.prompt_tokens(p)
-        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=48, trace=False))
+        rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=48), trace=False))
         spec = [rounds[0].pending_token] + [t for r in rounds for t in r.emitted]
         plain = noisy_rt.generate_plain(tk, max_tokens=48)
         assert spec == plain
@@ -73,7 +75,7 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
     with MtpRuntime(pair["target"], pair["noisy"], n_ctx=32, capture=False) as r:
         tk = r.prompt_tokens(PROMPTS[1])
         assert r.n_ctx == 256  # n_ctx is at least n_batch (256)
-        rounds = list(r.run(tk, n_draft=3, max_tokens=240, trace=False))
+        rounds = list(r.run(tk, RecordConfig(n_draft=3, max_tokens=240), trace=False))
         assert r.n_ctx == 512 >= len(tk) + 240 + 4
         assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
             r.generate_plain(tk, max_tokens=240)
@@ -82,7 +84,7 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
 def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:  # noqa: ANN001
     tk = noisy_rt.prompt_tokens(" ".join([PROMPTS[1]] * 60))
     assert len(tk) > noisy_rt.tctx.n_batch  # more than one prefill batch
-    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=False))
     assert rounds[0].pos == len(tk)
     assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
         noisy_rt.generate_plain(tk, max_tokens=20)
@@ -93,11 +95,12 @@ def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN00
     # speculative output must equal plain sampling with the same seed
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
     for seed in (1, 7):
-        s1, s2 = Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95), Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95)
-        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=40, sampler=s1, trace=False))
+        cfg = RecordConfig(n_draft=3, max_tokens=40, temp=0.9, seed=seed, top_k=20, top_p=0.95)
+        rounds = list(noisy_rt.run(tk, cfg, trace=False))
         spec = [noisy_rt.first_token] + [t for r in rounds for t in r.emitted]
+        s2 = Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95)
         assert spec == noisy_rt.generate_plain(tk, max_tokens=40, sampler=s2)
-        s1.close(), s2.close()
+        s2.close()
         for r in rounds:  # rows after the first mismatch are never sampled
             assert all(t is None for t in r.target[r.n_accepted + 1:])
             assert r.target[r.n_accepted] is not None
@@ -233,8 +236,8 @@ def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, 
                "masked_embedding.token_ordering": f["mtp.token_ordering.weight"].astype(np.int64)},
               str(hf / "model.safetensors"))
     (hf / "config.json").write_text(json.dumps({"model_type": "gemma4_assistant", "centroid_intermediate_top_k": 4}))
-    record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "t", prompts=PROMPTS[:1], max_tokens=40,
-           centroids=hf, hidden="off", runtime=noisy_rt)
+    record(RecordConfig(max_tokens=40, centroids=hf, hidden="off"), target=pair["target"], assistant=pair["noisy"],
+           out=tmp_path / "t", prompts=PROMPTS[:1], runtime=noisy_rt)
     a = traces.open(tmp_path / "t")
     b = noisy_trace[1]
     assert a.manifest["models"]["centroids"]["dialect"] == "hf" and a.manifest["centroids"]["top_k"] == 4
@@ -279,8 +282,8 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
 
 
 def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN001
-    s = record(target=pair["target"], assistant=pair["clean"], out=tmp_path / "t", prompt=PROMPTS[0],
-               max_tokens=30, hidden="off")
+    s = record(RecordConfig(max_tokens=30, hidden="off"), target=pair["target"], assistant=pair["clean"],
+               out=tmp_path / "t", prompt=PROMPTS[0])
     assert s.n_rounds > 0 and s.acceptance_rate == 1.0
     tr = traces.open(tmp_path / "t")
     assert tr.manifest["dims"]["hidden_dtype"] is None and tr.manifest["centroids"] is None
@@ -289,8 +292,8 @@ def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN0
 
 
 def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
-    s = record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "c", prompt="Hi there",
-               max_tokens=6, chat=True, runtime=noisy_rt)
+    s = record(RecordConfig(max_tokens=6, chat=True), target=pair["target"], assistant=pair["noisy"],
+               out=tmp_path / "c", prompt="Hi there", runtime=noisy_rt)
     tr = traces.open(tmp_path / "c")
     assert tr.manifest["dims"]["hidden_dtype"] == "f16"
     toks = noisy_rt.prompt_tokens("Hi there", chat=True)
@@ -306,7 +309,7 @@ def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
 
 def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(LayoutError, match="--centroids") as ei:
-        record(target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
     assert ei.value.key == "general.architecture" and ei.value.actual == "gemma4_assistant"
     assert not (tmp_path / "x").exists()
 
@@ -315,23 +318,24 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
     from mtpscope.demo import build as demo
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
-        record(target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
     assert ei.value.actual == "gemma4-assistant"
     with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
-        record(target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
     other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
                                dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
     with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
-        record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
     from mtpscope.demo.vocab import load_vocab
 
     small = demo.write_drafter(tmp_path / "v2048.gguf", vocab=load_vocab("subset", n_subset=2048))
     with pytest.raises(LayoutError, match="E_PAIR_VOCAB") as ei:
-        record(target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (4096, 2048)
     with pytest.raises(FileNotFoundError):
-        record(target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x",
+               prompt="x")
 
 
 def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
@@ -342,18 +346,19 @@ def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: 
                      tensors=[("mtp.centroids.weight", np.zeros((4, 16), np.float32)),
                               ("mtp.token_ordering.weight", np.arange(4096, dtype=np.int32))])
     with pytest.raises(LayoutError, match="n_embd") as ei:
-        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", centroids=bad)
+        record(RecordConfig(centroids=bad), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+               prompt="x")
     assert (ei.value.expected, ei.value.actual) == (128, 16)
 
 
 def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
     kw = {"target": pair["target"], "assistant": pair["noisy"], "out": tmp_path / "x"}
     with pytest.raises(MtpscopeError, match="exactly one"):
-        record(**kw)
+        record(RecordConfig(), **kw)
     with pytest.raises(MtpscopeError, match="hidden"):
-        record(**kw, prompt="x", hidden="f8")
+        record(RecordConfig(hidden="f8"), **kw, prompt="x")
     with pytest.raises(MtpscopeError, match="n_draft"):
-        record(**kw, prompt="x", n_draft=0)
+        record(RecordConfig(n_draft=0), **kw, prompt="x")
 
 
 def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
@@ -485,7 +490,8 @@ def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch)
     monkeypatch.setattr(recorder, "MtpRuntime", boom)
     for n in (65, 1_000_000_000):
         with pytest.raises(TraceError, match="n_draft") as ei:
-            record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", n_draft=n)
+            record(RecordConfig(n_draft=n), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+                   prompt="x")
         assert (ei.value.key, ei.value.expected, ei.value.actual) == ("n_draft", "1..64", n)
     assert not (tmp_path / "x").exists()
 
@@ -497,7 +503,8 @@ def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  
     from mtpscope.errors import TraceError
 
     with pytest.raises(TraceError) as ei:
-        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", **{name: value})
+        record(RecordConfig(**{name: value}), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+               prompt="x")
     assert ei.value.key == name
     assert not (tmp_path / "x").exists()
 
@@ -530,7 +537,7 @@ def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture
 
     monkeypatch.setattr(cap, "_copy", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=True))
+        list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=True))
     assert len(calls) == 1  # remembered once; the callback declined every later node
     assert cap.error is None  # raised once, then forgotten
     # the callback itself never raises: called directly it answers False and keeps the error
@@ -541,7 +548,7 @@ def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture
     cap.raise_pending()  # nothing pending: no-op
     monkeypatch.undo()
     # the runtime is still usable and exact afterwards
-    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=False))
     assert [rounds[0].pending_token] + [t for r in rounds for t in r.emitted] == \
         noisy_rt.generate_plain(tk, max_tokens=20)
 
@@ -562,8 +569,8 @@ def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capt
     monkeypatch.setattr(cap, "_copy", copy_then_interrupt)
     out = tmp_path / "int"
     with pytest.raises(KeyboardInterrupt):
-        record(target=pair["target"], assistant=pair["noisy"], out=out, prompt=PROMPTS[0], max_tokens=200,
-               flush_every=1, hidden="off", compact=False, runtime=noisy_rt)
+        record(RecordConfig(max_tokens=200, flush_every=1, hidden="off", compact=False), target=pair["target"],
+               assistant=pair["noisy"], out=out, prompt=PROMPTS[0], runtime=noisy_rt)
     tr = traces.open(out)
     assert tr.manifest["complete"] is False
     assert sorted(tr.rounds["round"].tolist()) == [0, 1, 2, 3]  # rounds 0-3 finished, round 4 interrupted
@@ -598,9 +605,8 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "t"
-    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0],
-          "hidden": "off", "runtime": noisy_rt, "flush_every": 1}
-    record(**kw, max_tokens=10)
+    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0], "runtime": noisy_rt}
+    record(RecordConfig(max_tokens=10, hidden="off", flush_every=1), **kw)
     before = (out / "manifest.json").read_bytes()
     n_before = len(traces.open(out).rounds)
 
@@ -609,7 +615,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom") as ei:
-        record(**kw, max_tokens=40, overwrite=True, on_round=fail)
+        record(RecordConfig(max_tokens=40, hidden="off", flush_every=1), **kw, overwrite=True, on_round=fail)
     partial = tmp_path / f"t.partial-{os.getpid()}"
     assert any(str(partial) in n for n in ei.value.__notes__)
     assert str(partial) in capsys.readouterr().err
@@ -617,7 +623,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
     tp = traces.open(partial)
     assert tp.manifest["complete"] is False and sorted(tp.rounds["round"].tolist()) == [0, 1, 2]
     # a run that completes replaces the old trace; no partial or old folder is left
-    s = record(**kw, max_tokens=40, overwrite=True)
+    s = record(RecordConfig(max_tokens=40, hidden="off", flush_every=1), **kw, overwrite=True)
     tr = traces.open(out)
     assert tr.manifest["complete"] is True and tr.manifest["params"]["max_tokens"] == 40
     assert len(tr.rounds) == s.n_rounds > n_before
@@ -636,7 +642,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
     assert {t.name: t.tensor_type.name for t in GGUFReader(str(bad)).tensors}["blk.0.attn_q.weight"] == "I32"
     monkeypatch.setattr(recorder, "MtpRuntime", lambda *a, **k: pytest.fail("llama.cpp was reached"))
     with pytest.raises(LayoutError, match="E_DTYPE blk.0.attn_q.weight") as ei:
-        record(target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
     assert ei.value.key == "blk.0.attn_q.weight" and ei.value.actual == "I32"
     assert ei.value.path == os.fspath(bad) and not (tmp_path / "x").exists()
     # the unmutated drafter from the same parts passes the pre-flight

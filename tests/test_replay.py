@@ -26,6 +26,7 @@ pytestmark = pytest.mark.llama
 def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from mtpscope.demo import build as demo
     from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
 
     voc = load_vocab("subset")
@@ -35,8 +36,8 @@ def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5,
                               centroid_top_k=2)  # 2 of 32 centroids: the sparse head really restricts
     words = demo.DEMO_PASSAGE.split()
-    record(target=t, assistant=dr, out=d / "trace", prompts=[" ".join(words[:5]), " ".join(words[7:12])],
-           max_tokens=40, centroids=fork, hidden="f32")
+    record(RecordConfig(max_tokens=40, centroids=fork, hidden="f32"), target=t, assistant=dr, out=d / "trace",
+           prompts=[" ".join(words[:5]), " ".join(words[7:12])])
     return {"target": t, "drafter": dr, "fork": fork, "trace": d / "trace"}
 
 
@@ -149,14 +150,15 @@ def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     """On a drafter whose attention matters, the position convention changes drafts."""
     from mtpscope.inspector.convert import convert, write_tiny_pair
     from mtpscope.demo import build as demo
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
 
     tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=5)
     t = convert(tdir, tmp_path / "t.gguf").out
     d = convert(ddir, tmp_path / "d.gguf").out
     words = demo.DEMO_PASSAGE.split()
-    record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24,
-           hidden="f32")
+    record(RecordConfig(max_tokens=24, hidden="f32"), target=t, assistant=d, out=tmp_path / "trace",
+           prompts=[" ".join(words[:9])])
     res = replay(tmp_path / "trace", variants=["position=p-1"])
     s = res.summary()
     assert s["variants"]["baseline"]["agreement"] == 1.0

@@ -67,6 +67,7 @@ def spec(demo_dir, tmp_path_factory):
 def sequential(spec, tmp_path_factory):
     """Each task recorded here, one after the other, on one runtime: task id -> rounds / outputs."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
     from mtpscope.traces.store.reader import open_trace
 
@@ -79,8 +80,8 @@ def sequential(spec, tmp_path_factory):
                 out[t.task_id] = [rtm.generate_plain(rtm.prompt_tokens(x), max_tokens=MAX_TOKENS) for x in texts]
             else:
                 d = root / t.task_id.replace("/", "_")
-                record(target=spec.target, assistant=spec.assistants[0][1], out=d, prompts=texts, n_draft=t.n_draft,
-                       max_tokens=MAX_TOKENS, hidden="off", runtime=rtm, n_gpu_layers=0)
+                record(RecordConfig(n_draft=t.n_draft, max_tokens=MAX_TOKENS, hidden="off", n_gpu_layers=0),
+                       target=spec.target, assistant=spec.assistants[0][1], out=d, prompts=texts, runtime=rtm)
                 out[t.task_id] = open_trace(d).rounds[COLUMNS]
     return out
 

@@ -1,15 +1,19 @@
-"""CLI commands: record (the real llama.cpp MTP loop; see traces/run/recorder.py), with its progress bar
-(rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
+"""CLI commands: record (the real llama.cpp MTP loop; see traces/run/recorder.py; its flags become one
+``RecordConfig``, traces/run/record_config.py), with its progress bar (rich, on stderr) drawn from
+``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_UNREADABLE, one_line_errors
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.record_config import RecordConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -77,11 +81,12 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from mtpscope.traces.run.recorder import HIDDEN_CHOICES, record
+        from mtpscope.traces.run.recorder import record
 
-        if hidden not in HIDDEN_CHOICES:
-            print(f"mtpscope: --hidden must be f16, f32 or off (got {hidden!r})", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE)
+        config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
+                         chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
+                         flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
+                         hidden_target=hidden_target, baseline=baseline)
         bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
 
         def report_round(pid: int, res: Any) -> None:
@@ -92,13 +97,9 @@ def register(app: typer.Typer) -> None:
         # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
         with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
             try:
-                s = record(target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
-                           n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
-                           top_p=top_p, chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden,
-                           n_top=n_top, flush_every=flush_every, flash_attn=flash_attn, n_threads=threads,
-                           overwrite=overwrite, compact=compact, command=["mtpscope", *sys.argv[1:]],
-                           on_round=on_round, isolate=isolate, preflight=not no_preflight, echo_log=verbose,
-                           hidden_target=hidden_target, baseline=baseline)
+                s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
+                           overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
+                           isolate=isolate, preflight=not no_preflight, echo_log=verbose)
                 if bar is not None:
                     bar.finish()
             finally:
@@ -111,6 +112,23 @@ def register(app: typer.Typer) -> None:
                    f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
         typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                    f"mean acceptance length {mal}")
+
+
+def _config(**kw: Any) -> RecordConfig:
+    """The :class:`~mtpscope.traces.run.record_config.RecordConfig` of the flags; a bad value ends the
+    command with one line (exit 2): ``--hidden`` in its own words, the others as the config names them."""
+    from mtpscope.errors import MtpscopeError
+    from mtpscope.traces.run.record_config import HIDDEN_CHOICES, RecordConfig
+
+    with one_line_errors(EXIT_UNREADABLE):
+        try:
+            return RecordConfig(**kw)
+        except MtpscopeError as e:
+            if e.key != "hidden":
+                raise
+    print(f"mtpscope: --hidden must be {', '.join(HIDDEN_CHOICES[:-1])} or {HIDDEN_CHOICES[-1]} "
+          f"(got {kw['hidden']!r})", file=sys.stderr)
+    raise typer.Exit(EXIT_UNREADABLE)
 
 
 class _ProgressBar:

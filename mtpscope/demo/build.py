@@ -510,11 +510,15 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
     try:
         from mtpscope.traces.run import recorder
         from mtpscope.traces.run.llama.binding import llama
+        from mtpscope.traces.run.record_config import RecordConfig
         llama()
     except Exception as e:  # ImportError, RuntimeUnavailableError: record later
         say(f"demo traces skipped: {e}")
         return None
     rec = cfg["record"]
+    config = RecordConfig(n_draft=int(rec["n_draft"]), max_tokens=int(rec["max_tokens"]),
+                          centroids=paths.drafter_fork if rec.get("centroids") == "fork" else None,
+                          hidden=str(rec.get("hidden", "f16")), n_top=int(rec.get("n_top", 10)))
     summary: dict[str, Any] = {}
     for name, drafter, out in (("clean", paths.drafter_upstream, paths.traces_clean),
                                ("noisy", paths.drafter_upstream_noisy, paths.traces_noisy)):
@@ -522,12 +526,8 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
         if tmp.exists():
             shutil.rmtree(tmp)
         say(f"recording demo trace {name} -> {out}")
-        res = recorder.record(
-            target=paths.target, assistant=drafter, out=tmp, prompts=list(rec["prompts"]),
-            n_draft=int(rec["n_draft"]), max_tokens=int(rec["max_tokens"]),
-            centroids=paths.drafter_fork if rec.get("centroids") == "fork" else None,
-            hidden=str(rec.get("hidden", "f16")), n_top=int(rec.get("n_top", 10)), overwrite=True,
-            command=["mtpscope", "demo", "build"])
+        res = recorder.record(config, target=paths.target, assistant=drafter, out=tmp, prompts=list(rec["prompts"]),
+                              overwrite=True, command=["mtpscope", "demo", "build"])
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -219,6 +219,7 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
         return None
     from mtpscope.demo.spec import TRAINED_RECORD  # noqa: PLC0415
     from mtpscope.traces.run.prompts import PromptSpec  # noqa: PLC0415
+    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
 
     prompts = read_prompts(data)
     specs = [PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts]
@@ -229,11 +230,12 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
         if tmp.exists():
             shutil.rmtree(tmp)
         t0 = time.perf_counter()
+        config = RecordConfig(n_draft=int(TRAINED_RECORD["n_draft"]), max_tokens=int(TRAINED_RECORD["max_tokens"]),
+                              centroids=tp.sidecar if name == "f32" else None, hidden=str(TRAINED_RECORD["hidden"]),
+                              n_top=int(TRAINED_RECORD["n_top"]), n_threads=1)
         res = recorder.record(
-            target=tp.target, assistant=getattr(tp, attr), out=tmp, prompts=specs,
-            n_draft=int(TRAINED_RECORD["n_draft"]), max_tokens=int(TRAINED_RECORD["max_tokens"]),
-            centroids=tp.sidecar if name == "f32" else None, hidden=str(TRAINED_RECORD["hidden"]),
-            n_top=int(TRAINED_RECORD["n_top"]), overwrite=True, n_threads=1, command=["mtpscope", "demo", "build"],
+            config, target=tp.target, assistant=getattr(tp, attr), out=tmp, prompts=specs, overwrite=True,
+            command=["mtpscope", "demo", "build"],
             # the recorder's pre-flight refuses the buggy pair (E_PAIR_ROPE, as verify): the demo records it
             # anyway, as `record --no-preflight` would, so that its trace shows what the bug costs
             preflight=name != "buggy")

@@ -16,8 +16,8 @@ prompt's text is ``[rounds[0].pending_token] + emitted...`` as for MTP traces, a
 second" = emitted tokens / (t_draft_ms + t_verify_ms) means the same in both: generation after the
 prefill's first token, prompt processing excluded. No ``steps``.
 
-Imports: traces.store, traces.records, traces.mtp_runtime (Sampler), traces.preflight (model_info),
-traces.run.llama.binding (runtime_info), inspector.gguf.
+Imports: traces.store, traces.records, traces.run.record_config, traces.mtp_runtime (Sampler), traces.preflight
+(model_info), traces.run.llama.binding (runtime_info), inspector.gguf.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError
+from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.store.records import RoundRecord
 
 
@@ -100,16 +101,17 @@ class BaselineSummary:
     outputs: tuple[tuple[int, ...], ...]
 
 
-def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str], max_tokens: int,
-                    chat: bool = False, n_gpu_layers: int = 0, overwrite: bool = False,
-                    command: Sequence[str] | None = None,
+def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str],
+                    overwrite: bool = False, command: Sequence[str] | None = None,
                     on_prompt: Callable[[int, int], None] | None = None) -> BaselineSummary:
     """Plain-decode each prompt with the loaded target of ``rtm`` and write a baseline trace.
 
     Args:
+        config: the run parameters (:class:`traces.run.record_config.RecordConfig`); plain greedy decoding
+            uses ``max_tokens`` (tokens per prompt at most), ``chat`` (apply the target's chat template)
+            and ``n_gpu_layers`` (as ``rtm`` was loaded, for the manifest's device), nothing else.
         rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime`.
-        out: the trace directory; prompts: prompt texts; max_tokens: tokens per prompt at most.
-        chat: apply the target's chat template; n_gpu_layers: as loaded (for the manifest's device).
+        out: the trace directory; prompts: prompt texts.
         overwrite: replace a trace already in ``out`` (its parts are deleted first).
         command: argv for the manifest (default ``sys.argv``).
         on_prompt: called with ``(prompt_id, generated tokens)`` after each prompt.
@@ -118,8 +120,8 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
         :class:`BaselineSummary`.
 
     Raises:
-        MtpscopeError: no prompts or ``max_tokens < 1``; TraceError: ``out`` holds a trace and not
-            ``overwrite``; errors of the writer and the runtime.
+        MtpscopeError: no prompts; TraceError: ``out`` holds a trace and not ``overwrite``; errors of the
+            writer and the runtime.
     """
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
     from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
@@ -128,8 +130,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
 
     if not prompts:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
-    if int(max_tokens) < 1:
-        raise MtpscopeError("max_tokens must be >= 1", key="max_tokens", expected=">= 1", actual=max_tokens)
+    max_tokens, chat, n_gpu_layers = config.max_tokens, config.chat, config.n_gpu_layers
     t_start = time.perf_counter()
     toks = [rtm.prompt_tokens(t, chat=chat) for t in prompts]
     rtm.ensure_context(max(len(t) for t in toks) + int(max_tokens) + 1)
@@ -138,8 +139,8 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     manifest = {
         "source": "baseline",
         "command": list(command) if command is not None else list(sys.argv),
-        "params": {"decoding": "plain", "n_draft": 0, "max_tokens": int(max_tokens), "temp": 0.0,
-                   "greedy": True, "chat": bool(chat), "n_gpu_layers": int(n_gpu_layers),
+        "params": {"decoding": "plain", "n_draft": 0, "max_tokens": max_tokens, "temp": 0.0,
+                   "greedy": True, "chat": chat, "n_gpu_layers": n_gpu_layers,
                    "n_threads": rtm.n_threads, "n_ctx": rtm.n_ctx, "hidden": "off"},
         "models": {"target": target_info, "assistant": None, "centroids": None},
         "runtime": runtime_info(n_gpu_layers),

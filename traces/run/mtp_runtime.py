@@ -29,7 +29,7 @@ h_next come from the API. See :func:`traces.recorder.record` for what is stored.
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
 
 Imports: numpy, mtpscope.errors, traces.run.llama (capture, model: llama.cpp's C API, lazily), traces.prompts,
-traces.target_side.
+traces.run.record_config, traces.target_side.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from mtpscope.errors import TraceError
 from mtpscope.traces.run.llama.capture import node_capture
 from mtpscope.traces.run.llama.model import DraftBatch, LlamaContext, LlamaModel, SamplerChain, TokenBatch
 from mtpscope.traces.run.prompts import PromptSpec, check_tokens
+from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.target_side import target_stats
 
 #: the drafter graph node copied by the ``cb_eval`` capture: ``h_inner`` (the drafter's final-norm output)
@@ -300,21 +301,21 @@ class MtpRuntime:
     def _check_fits(self, n_prompt: int, max_tokens: int, n_draft: int) -> None:
         self.ensure_context(n_prompt + max_tokens + n_draft + 1)
 
-    def run(self, tokens: Sequence[int], *, n_draft: int = 3, max_tokens: int = 128,
-            sampler: Sampler | None = None, trace: bool = True, hidden_target: bool = False,
+    def run(self, tokens: Sequence[int], config: RecordConfig, *, trace: bool = True,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
             defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
             tokens: prompt token ids.
-            n_draft: drafts per round (K >= 1).
-            max_tokens: generated tokens at most (the prefill's token included).
-            sampler: the target's token choice (default greedy).
+            config: the run (:class:`traces.run.record_config.RecordConfig`, already valid): ``n_draft``
+                drafts per round, ``max_tokens`` generated at most (the prefill's token included), the
+                target's token choice (a fresh :class:`Sampler` of ``temp`` / ``seed`` / ``top_k`` /
+                ``top_p`` per call; greedy at ``temp`` 0) and ``hidden_target``: also copy the target's
+                ``nextn`` row of every verify row that judged a draft (``RoundResult.h_target``; with
+                ``trace``). Its other fields (storage) are the recorder's.
             trace: keep per-step raw data (drafter logits, h, h_next, h_inner) and the target's side
                 (p of each draft, entropy) in the results.
-            hidden_target: also copy the target's ``nextn`` row of every verify row that judged a draft
-                (``RoundResult.h_target``; with ``trace``).
             keep: how a step's logits (a view llama.cpp overwrites at the next decode) are copied out
                 (default ``np.copy``; the recording worker copies them straight into its transport ring).
             defer_target: with ``trace``, keep copies of the verify rows' logits (``RoundResult.
@@ -324,15 +325,25 @@ class MtpRuntime:
                 (valid until the target's next decode) and call ``fence()`` before every target decode:
                 it must return only once whoever holds the views has copied them (the recording
                 worker's sender thread copies them while the drafter runs).
+
+        Raises:
+            TraceError: ``n_draft + 1`` does not fit this runtime's verify batch (``n_batch``); an empty prompt.
         """
-        if n_draft < 1:
-            raise TraceError("n_draft must be >= 1", key="n_draft", expected=">= 1", actual=n_draft)
-        if max_tokens < 1:
-            raise TraceError("max_tokens must be >= 1", key="max_tokens", expected=">= 1", actual=max_tokens)
+        n_draft, max_tokens, hidden_target = config.n_draft, config.max_tokens, config.hidden_target
         if n_draft + 1 > self.n_batch:
             raise TraceError("n_draft + 1 must fit one verify batch", key="n_draft",
                              expected=f"<= {self.n_batch - 1}", actual=n_draft)
-        sampler = sampler or Sampler()
+        sampler = _sampler(config)
+        try:
+            yield from self._rounds(tokens, n_draft, max_tokens, sampler, trace, hidden_target, keep,
+                                    defer_target, fence)
+        finally:
+            sampler.close()
+
+    def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
+                hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
+                fence: Callable[[], None] | None) -> Iterator[RoundResult]:
+        """The loop of :meth:`run` (its arguments checked and its sampler made)."""
         live = fence is not None and defer_target and trace
         if live:
             fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
@@ -440,11 +451,17 @@ class MtpRuntime:
 
 
 
-def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: int, temp: float, seed: int,
-                top_k: int, top_p: float) -> tuple[list[list[int]], dict[str, Any]]:
+def _sampler(config: RecordConfig) -> Sampler:
+    """A fresh :class:`Sampler` for the target's token choice of ``config``."""
+    return Sampler(temp=config.temp, seed=config.seed, top_k=config.top_k, top_p=config.top_p)
+
+
+def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
+               config: RecordConfig) -> tuple[list[list[int]], dict[str, Any]]:
     """Plain decoding of every prompt, timed (``record(baseline=True)``): ``(outputs, manifest entry)``.
 
-    Each prompt is decoded by :meth:`MtpRuntime.generate_plain` (the target alone, one token per decode);
+    Each prompt is decoded by :meth:`MtpRuntime.generate_plain` (the target alone, one token per decode;
+    ``config.max_tokens`` at most, the target's token choice of ``config``'s sampling, fresh per prompt);
     the entry holds ``t_per_token_ms`` (decode time per generated token after the first), ``n_tokens``,
     ``n_decodes``, ``decode_ms``, ``prefill_ms`` (milliseconds), ``per_prompt`` and ``outputs_equal`` (None;
     the recorder fills it at the end, greedy only)."""
@@ -452,9 +469,9 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]], *, max_tokens: in
     per = []
     for tk in toks:
         timing: dict[str, float] = {}
-        sampler = Sampler(temp=temp, seed=seed, top_k=top_k, top_p=top_p)
+        sampler = _sampler(config)
         try:
-            outs.append(rtm.generate_plain(tk, max_tokens=max_tokens, sampler=sampler, timing=timing))
+            outs.append(rtm.generate_plain(tk, max_tokens=config.max_tokens, sampler=sampler, timing=timing))
         finally:
             sampler.close()
         per.append({"n_tokens": len(outs[-1]), "prefill_ms": timing["prefill_ms"], "decode_ms": timing["decode_ms"],

@@ -1,6 +1,7 @@
 """Checks before :func:`traces.recorder.record` loads anything, and the manifest's model entries.
 
-* :func:`check_draft_and_sampling`: draft / sampling parameters llama.cpp can run (``MAX_N_DRAFT``).
+The run parameters are checked once, where they are built (:class:`traces.run.record_config.RecordConfig`).
+
 * :func:`preflight`: our own GGUF reader and :mod:`inspector.validate` decide whether llama.cpp can run
   a target / drafter pair, before llama.cpp sees the files (some bad drafters crash it).
 * :func:`model_info` / :func:`centroid_source_info`: the manifest's ``models`` entries (path, size,
@@ -13,43 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-from mtpscope.errors import LayoutError, TraceError
-
-#: the most drafts per round :func:`traces.recorder.record` accepts. llama.cpp's MTP default is 3 drafts per round;
-#: each round verifies ``n_draft + 1`` tokens in one target batch and the drafter's acceptance decays
-#: with depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise
-#: allocate gigabytes before llama.cpp fails).
-MAX_N_DRAFT = 64
-
-
-def check_draft_and_sampling(*, n_draft: int, temp: float, top_k: int, top_p: float) -> None:
-    """Refuse draft / sampling parameters that llama.cpp cannot run or the manifest cannot store.
-
-    Rules: ``1 <= n_draft <= MAX_N_DRAFT`` (64); ``temp`` finite and ``>= 0`` (0 = greedy); ``top_p``
-    finite in ``(0, 1]`` (1 = off); ``top_k >= 0`` (0 = off).
-
-    Raises:
-        TraceError: the first parameter that breaks a rule, naming it with expected vs actual.
-    """
-    if not (1 <= int(n_draft) <= MAX_N_DRAFT):
-        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
-                         "drafts than a verify batch holds is a mistake)", key="n_draft",
-                         expected=f"1..{MAX_N_DRAFT}", actual=n_draft)
-    t = float(temp)
-    if not math.isfinite(t) or t < 0:
-        raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
-                         expected="finite >= 0", actual=temp)
-    p = float(top_p)
-    if not math.isfinite(p) or not (0.0 < p <= 1.0):
-        raise TraceError("top_p must be in (0, 1] (1 = off)", key="top_p", expected="0 < top_p <= 1",
-                         actual=top_p)
-    if int(top_k) < 0:
-        raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=top_k)
+from mtpscope.errors import LayoutError
 
 
 def _header_sha256(path: Path, data_offset: int) -> str:
@@ -186,5 +155,4 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
-__all__ = ["MAX_N_DRAFT", "centroid_source_info", "check_draft_and_sampling", "model_info", "preflight",
-           "unchecked_models"]
+__all__ = ["centroid_source_info", "model_info", "preflight", "unchecked_models"]

@@ -227,19 +227,4 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-def spec_to_dict(spec: PromptSpec) -> dict[str, Any]:
-    """A :class:`PromptSpec` as plain JSON values (what the recording worker receives)."""
-    return {"text": spec.text, "tokens": None if spec.tokens is None else [int(t) for t in spec.tokens],
-            "messages": None if spec.messages is None else [dict(m) for m in spec.messages], "id": spec.id,
-            "category": spec.category, "extra": dict(spec.extra), "path": spec.path, "line": spec.line}
-
-
-def spec_from_dict(d: dict[str, Any]) -> PromptSpec:
-    """The inverse of :func:`spec_to_dict`."""
-    return PromptSpec(text=d.get("text"), tokens=None if d.get("tokens") is None else tuple(d["tokens"]),
-                      messages=None if d.get("messages") is None else tuple(dict(m) for m in d["messages"]),
-                      id=d.get("id"), category=d.get("category"), extra=dict(d.get("extra") or {}),
-                      path=d.get("path"), line=d.get("line"))
-
-
-__all__ = ["PromptSpec", "check_tokens", "read_prompt_specs", "read_prompts", "spec_from_dict", "spec_to_dict"]
+__all__ = ["PromptSpec", "check_tokens", "read_prompt_specs", "read_prompts"]

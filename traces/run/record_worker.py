@@ -10,8 +10,10 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    environment :data:`traces.run.llama.process.ABORT_ENV` (no debugger from ggml's abort handler). The
    child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
    copies to ``llama.log`` in the trace folder and keeps the tail of.
-2. ``start`` (parent -> child): the run's configuration. The child loads the models, tokenizes the
-   prompts and answers ``hello`` (widths, vocabulary, context size, runtime facts, prompt lengths).
+2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
+   prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.transport.pack`.
+   The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
+   size, runtime facts, prompt lengths).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
@@ -48,7 +50,9 @@ from typing import Any, BinaryIO
 
 from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
-from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
+from mtpscope.traces.run.record_config import RecordJob
+from mtpscope.traces.run.transport import (Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed, pack,
+                                           unpack)
 
 #: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
 #: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
@@ -171,9 +175,19 @@ def _error_message(e: BaseException) -> dict[str, Any]:
     return {"kind": "error", "class": "internal", "message": f"{type(e).__name__}: {e}"}
 
 
-def prepare_prompts(rtm: Any, cfg: dict[str, Any]) -> tuple[list[list[int]], dict[str, Any]]:
-    """Tokenize the run's prompts (``cfg["prompts"]``: :class:`~traces.prompts.PromptSpec` fields as
-    dicts), size the context, and time plain decoding first when ``cfg["baseline"]``.
+def load_runtime(job: RecordJob) -> Any:
+    """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
+    ``n_gpu_layers``, ``flash_attn``, ``n_threads`` and the ``cb_eval`` capture when it needs one."""
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+
+    c = job.config
+    return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
+                      flash_attn=c.flash_attn, n_threads=c.n_threads)
+
+
+def prepare_prompts(rtm: Any, job: RecordJob) -> tuple[list[list[int]], dict[str, Any]]:
+    """Tokenize the job's prompts, size the context, and time plain decoding first with the config's
+    ``baseline``.
 
     Returns:
         ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
@@ -184,16 +198,14 @@ def prepare_prompts(rtm: Any, cfg: dict[str, Any]) -> tuple[list[list[int]], dic
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
     """
     from mtpscope.traces.run.mtp_runtime import spec_tokens, time_plain  # noqa: PLC0415
-    from mtpscope.traces.run.prompts import spec_from_dict  # noqa: PLC0415
 
-    specs = [spec_from_dict(d) for d in cfg["prompts"]]
-    rendered = [spec_tokens(rtm.tmodel, sp, chat=bool(cfg.get("chat"))) for sp in specs]
+    c = job.config
+    rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
     toks = [list(r[0]) for r in rendered]
-    rtm.ensure_context(max(len(t) for t in toks) + int(cfg["max_tokens"]) + int(cfg["n_draft"]) + 1)
+    rtm.ensure_context(max(len(t) for t in toks) + c.max_tokens + c.n_draft + 1)
     extra: dict[str, Any] = {"n_prompt_tokens": [len(t) for t in toks], "prompt_texts": [r[1] for r in rendered]}
-    if cfg.get("baseline"):
-        plain, entry = time_plain(rtm, toks, max_tokens=int(cfg["max_tokens"]), temp=float(cfg["temp"]),
-                                  seed=int(cfg["seed"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]))
+    if c.baseline:
+        plain, entry = time_plain(rtm, toks, c)
         extra["baseline"], extra["plain_outputs"] = entry, plain
     return toks, extra
 
@@ -212,15 +224,13 @@ def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
     return int(n_draft) * step + 4096
 
 
-def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
+def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
-    from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: PLC0415
 
     status.set("load")
-    rtm = MtpRuntime(cfg["target"], cfg["assistant"], n_gpu_layers=int(cfg["n_gpu_layers"]),
-                     capture=bool(cfg["capture"]), flash_attn=cfg.get("flash_attn", False),
-                     n_threads=cfg.get("n_threads"))
+    c = job.config
+    rtm = load_runtime(job)
     # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
     # default, 5 ms, is more than a drafter step of a small pair)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -228,34 +238,28 @@ def _serve(chan: Channel, status: Status, cfg: dict[str, Any]) -> None:
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
-        toks, extra = prepare_prompts(rtm, cfg)
-        n_draft, max_tokens = int(cfg["n_draft"]), int(cfg["max_tokens"])
+        toks, extra = prepare_prompts(rtm, job)
         chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
-                   "capture": rtm.capture is not None, "runtime": runtime_info(int(cfg["n_gpu_layers"])),
-                   **extra})
+                   "capture": rtm.capture is not None, "runtime": runtime_info(c.n_gpu_layers), **extra})
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
-        trace = bool(cfg.get("trace", True))
         fault = _fault_round()
-        if trace:
-            sender.reserve(round_bytes(rtm, n_draft, hidden_target=bool(cfg.get("hidden_target"))))
+        sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
         try:
             for pid, tk in enumerate(toks):
                 _instrument(rtm, status)
                 status.set("prefill", prompt_id=pid)
-                sampler = Sampler(temp=float(cfg["temp"]), seed=int(cfg["seed"]), top_k=int(cfg["top_k"]),
-                                  top_p=float(cfg["top_p"]))
+                rounds = rtm.run(tk, c, trace=True, keep=sender.stage,
+                                 defer_target=True,    # the target's side: the recorder computes it from
+                                 fence=sender.fence)   # the verify rows the sender thread copies
                 try:
-                    for res in rtm.run(tk, n_draft=n_draft, max_tokens=max_tokens, sampler=sampler, trace=trace,
-                                       hidden_target=bool(cfg.get("hidden_target")), keep=sender.stage,
-                                       defer_target=trace,   # the target's side: the recorder computes it
-                                       fence=sender.fence):  # from the verify rows the sender thread copies
+                    for res in rounds:
                         sender.send("round", res, prompt_id=pid)
                         status.next_round()
                         if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was
                             ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
                 finally:
-                    sampler.close()
+                    rounds.close()                     # frees the prompt's sampler now
                 sender.check_stop()
                 chan.send({"kind": "prompt_done", "prompt_id": pid,
                            "first_token": None if rtm.first_token is None else int(rtm.first_token)})
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = got[0] if got else {}
         if msg.get("kind") != "start":
             return 2
-        _serve(chan, status, msg["config"])
+        _serve(chan, status, unpack(msg["job"], ()))
         return 0
     except TransportClosed:
         return 1                                      # the recorder is gone
@@ -397,9 +401,8 @@ class RecordWorker:
     """Parent-side handle on one recording worker (see the module docstring).
 
     Args:
-        config: the run (``target``, ``assistant``, ``n_gpu_layers``, ``capture``, ``flash_attn``,
-            ``n_threads``, ``prompts`` (texts), ``chat``, ``n_draft``, ``max_tokens``, ``temp``, ``seed``,
-            ``top_k``, ``top_p``, ``trace``).
+        job: the run: models, prompts and :class:`~traces.run.record_config.RecordConfig` (sent to the
+            child packed by :func:`traces.transport.pack`).
         echo: copy the worker's stderr (llama.cpp's log) to ours as it comes (``--verbose``).
 
     Raises (from :meth:`hello` and :meth:`events`):
@@ -408,7 +411,7 @@ class RecordWorker:
         RuntimeError: the worker reported an internal error (a bug; its traceback is in the log).
     """
 
-    def __init__(self, config: dict[str, Any], *, echo: bool = False) -> None:
+    def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
         from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -437,7 +440,7 @@ class RecordWorker:
         self._closed = False
         self.n_rounds_received = 0
         try:
-            self.chan.send({"kind": "start", "config": config})
+            self.chan.send({"kind": "start", "job": pack(job)[0]})
         except TransportClosed:
             pass  # reported by hello()
 
@@ -593,41 +596,33 @@ class RecordWorker:
 class InProcessRounds:
     """The recording loop in this process, with :class:`RecordWorker`'s interface (``hello`` /
     ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
-    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded from
-    ``config`` (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
+    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
+    (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
     """
 
-    def __init__(self, runtime: Any, config: dict[str, Any]) -> None:
-        from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
-
-        self.cfg = config
+    def __init__(self, runtime: Any, job: RecordJob) -> None:
+        self.job = job
         self.own = runtime is None
-        self.rtm = runtime if runtime is not None else MtpRuntime(
-            config["target"], config["assistant"], n_gpu_layers=config["n_gpu_layers"],
-            capture=config["capture"], flash_attn=config["flash_attn"], n_threads=config["n_threads"])
+        self.rtm = runtime if runtime is not None else load_runtime(job)
         self.toks: list[list[int]] = []
 
     def hello(self) -> dict[str, Any]:
         from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
 
-        r, c = self.rtm, self.cfg
-        self.toks, extra = prepare_prompts(r, c)
+        r = self.rtm
+        self.toks, extra = prepare_prompts(r, self.job)
         return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
-                "capture": r.capture is not None, "runtime": runtime_info(c["n_gpu_layers"]), **extra}
+                "capture": r.capture is not None, "runtime": runtime_info(self.job.config.n_gpu_layers), **extra}
 
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
-        from mtpscope.traces.run.mtp_runtime import Sampler  # noqa: PLC0415
-
-        c = self.cfg
         t0, c0 = time.perf_counter(), time.process_time()
         for pid, tk in enumerate(self.toks):
-            sampler = Sampler(temp=c["temp"], seed=c["seed"], top_k=c["top_k"], top_p=c["top_p"])
+            rounds = self.rtm.run(tk, self.job.config, trace=True)
             try:
-                for res in self.rtm.run(tk, n_draft=c["n_draft"], max_tokens=c["max_tokens"], sampler=sampler,
-                                        trace=c["trace"], hidden_target=bool(c.get("hidden_target"))):
+                for res in rounds:
                     yield WorkerRound(pid, res)
             finally:
-                sampler.close()
+                rounds.close()
             yield PromptDone(pid, self.rtm.first_token)
         yield WorkerDone(time.perf_counter() - t0, time.process_time() - c0)
 
@@ -646,7 +641,7 @@ class InProcessRounds:
 
 
 __all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "main", "prepare_prompts"]
+           "WorkerRound", "load_runtime", "main", "prepare_prompts"]
 
 
 if __name__ == "__main__":

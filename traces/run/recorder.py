@@ -1,8 +1,9 @@
 """Record a trace from the real llama.cpp MTP loop: :func:`record` (``mtpscope record``) and its
 :class:`RecordSummary`.
 
-The driver only: it checks the arguments and the model pair (:mod:`traces.preflight`, before anything
-is loaded), reads the prompts (:mod:`traces.prompts`), runs :class:`traces.mtp_runtime.MtpRuntime`
+The driver only: it takes the run parameters as one :class:`traces.run.record_config.RecordConfig`
+(checked when it was built), checks the model pair (:mod:`traces.preflight`, before anything is
+loaded), reads the prompts (:mod:`traces.prompts`), runs :class:`traces.mtp_runtime.MtpRuntime`
 per prompt -- by default in a worker process (:class:`traces.record_worker.RecordWorker`), so that a
 crash of llama.cpp ends the run with one line and keeps the trace; with a loaded ``runtime`` in this
 process (:class:`traces.record_worker.InProcessRounds`) -- turns each round into records
@@ -12,8 +13,8 @@ next to it and swapped in at the end, :func:`traces.store.swap_in`). Progress di
 through ``on_round``.
 
 Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.run.llama.process,
-traces.mtp_runtime, traces.preflight, traces.prompts, traces.record_worker, traces.step_analysis,
-traces.store.
+traces.mtp_runtime, traces.preflight, traces.prompts, traces.run.record_config, traces.record_worker,
+traces.step_analysis, traces.store.
 """
 
 from __future__ import annotations
@@ -33,15 +34,12 @@ from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
 from mtpscope.traces.run.llama.process import deferred_sigint
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, RoundResult
-from mtpscope.traces.run.preflight import (centroid_source_info, check_draft_and_sampling, model_info, preflight,
-                                       unchecked_models)
+from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
+from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+from mtpscope.traces.run.record_config import RecordConfig, RecordJob
 from mtpscope.traces.run.record_worker import (STOP_GRACE_S, InProcessRounds, PromptDone, RecordWorker, WorkerDone,
-                                           WorkerRound)
-from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs, spec_to_dict
+                                               WorkerRound)
 from mtpscope.traces.run.step_analysis import round_record, step_records
-
-#: ``record(hidden=...)``: hidden states stored as float16, float32, or not at all
-HIDDEN_CHOICES = ("f16", "f32", "off")
 
 # --------------------------------------------------------------------------------------------------
 # numpy's BLAS threads during the run
@@ -158,17 +156,13 @@ class RecordSummary:
 # --------------------------------------------------------------------------------------------------
 
 
-def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str], out: str | os.PathLike[str],
-           prompts: Sequence[str] | None = None, prompt: str | None = None,
-           prompts_file: str | os.PathLike[str] | None = None, n_draft: int = 3, max_tokens: int = 128,
-           temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0, chat: bool = False,
-           n_gpu_layers: int = -1, centroids: str | os.PathLike[str] | None = None,
-           centroid_top_k: int | None = None, hidden: str = "f16", n_top: int = 10, flush_every: int = 8,
-           flash_attn: bool = False, n_threads: int | None = None, overwrite: bool = False, compact: bool = True,
+def record(config: RecordConfig, *, target: str | os.PathLike[str],
+           assistant: str | os.PathLike[str], out: str | os.PathLike[str],
+           prompts: Sequence[str | PromptSpec] | None = None, prompt: str | None = None,
+           prompts_file: str | os.PathLike[str] | None = None, overwrite: bool = False,
            command: Sequence[str] | None = None, runtime: MtpRuntime | None = None,
            on_round: Callable[[int, RoundResult], None] | None = None, isolate: bool | None = None,
-           preflight: bool = True, echo_log: bool = False, hidden_target: bool = False,
-           baseline: bool = False) -> RecordSummary:
+           preflight: bool = True, echo_log: bool = False) -> RecordSummary:
     """Run the real MTP loop on each prompt and write a trace directory (schema version 1).
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
@@ -186,30 +180,33 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     candidate, the target token's centroid and that centroid's rank. Always: the target's probability of
     the drafted token and its entropy at the verify row that judged it (``target_p_drafted``,
     ``target_entropy``; computed after the verify timing). With ``hidden_target``: the target's own
-    hidden state at that row (``h_target``, width n_embd_backbone).
+    hidden state at that row (``h_target``, width n_embd_backbone). The manifest's ``params`` are
+    :meth:`RecordConfig.manifest_params`.
 
     Args:
+        config: the run parameters (:class:`traces.run.record_config.RecordConfig`, valid by
+            construction; ``RecordConfig()`` holds ``mtpscope record``'s defaults): ``n_draft``, ``max_tokens``,
+            the target's sampling (``temp`` / ``seed`` / ``top_k`` / ``top_p``; ``temp <= 0``: greedy),
+            ``chat``, ``n_gpu_layers``, the centroid head (``centroids`` / ``centroid_top_k``), what is
+            stored (``hidden``, ``n_top``, ``hidden_target``), the writer (``flush_every``: a Parquet part
+            every this many rounds, the crash safety granularity; ``compact``: at the end, merge the
+            small parts into large ones, hidden states included), ``flash_attn``, ``n_threads`` and
+            ``baseline``: first time plain greedy decoding of the same prompts (the target alone, one
+            token per decode) and store it in the manifest as ``baseline``: ``t_per_token_ms`` (decode
+            time per token after the first), ``n_tokens``, ``decode_ms``, ``prefill_ms``, ``per_prompt``
+            and, at the end, ``outputs_equal`` (the speculative outputs equal plain decoding's; greedy
+            only). ``hidden_target`` costs one copy of n_embd_backbone floats per draft and
+            2 * n_embd_backbone bytes on disk in f16.
         target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
         out: the trace directory.
         prompts / prompt / prompts_file: the prompts (exactly one of them): texts or
             :class:`traces.prompts.PromptSpec` objects, one text, or a prompts file
             (:func:`traces.prompts.read_prompt_specs`: text / tokens / messages, id, category, extra fields).
-        n_draft: drafts per round; max_tokens: tokens generated per prompt at most.
-        temp / seed / top_k / top_p: the target's sampling (``temp <= 0``: greedy).
-        chat: apply the GGUF's own chat template to each prompt.
-        n_gpu_layers: layers offloaded (-1 = all, the default; no effect in a CPU-only build).
-        centroids / centroid_top_k: centroid head source and its k (default: the source's).
-        hidden: ``"f16"``, ``"f32"`` or ``"off"``.
-        n_top: drafter candidates stored per step.
-        flush_every: write a Parquet part every this many rounds (crash safety granularity).
-        flash_attn: flash attention on (default off).
         overwrite: replace an existing trace in ``out``. The new trace is then written to the sibling
             folder ``<out>.partial-<pid>`` and swapped in only when the run completes; if it fails (an
             error, Ctrl-C) the old trace stays untouched and the partial one is left where it is (named
             on stderr and in a note on the exception). Without an existing trace ``out`` is written in
             place (crash-safe parts).
-        compact: at the end, merge the small Parquet parts into large ones (the writer's default; it
-            rewrites the trace once, hidden states included).
         command: argv for the manifest (default ``sys.argv``).
         runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here; runs in this
             process).
@@ -223,12 +220,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         preflight: check the pair with the inspector before loading (default). ``False`` skips it, for
             debugging a runtime crash on a pair that pre-flight refuses (``params.preflight`` says so).
         echo_log: isolated runs: copy llama.cpp's own output to stderr as it comes (``--verbose``).
-        hidden_target: store ``h_target`` per step (needs ``hidden`` f16 / f32); cost: one copy of
-            n_embd_backbone floats per draft and 2 * n_embd_backbone bytes on disk in f16.
-        baseline: first time plain greedy decoding of the same prompts (the target alone, one token
-            per decode) and store it in the manifest as ``baseline``: ``t_per_token_ms`` (decode time per
-            token after the first), ``n_tokens``, ``decode_ms``, ``prefill_ms``, ``per_prompt`` and, at the
-            end, ``outputs_equal`` (the speculative outputs equal plain decoding's; greedy only).
 
     Returns:
         :class:`RecordSummary`.
@@ -236,11 +227,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     Raises:
         RuntimeAbortedError: llama.cpp died in the worker process (abort, fatal signal, exit); the trace
             written so far is closed incomplete with ``aborted`` in its manifest and ``llama.log``.
-        LayoutError: the pre-flight check refused the pair or the centroid source does not fit.
-        TraceError: n_draft outside 1..64 or bad sampling values
-            (:func:`traces.preflight.check_draft_and_sampling`), before any model is loaded; errors from
-            the writer.
-        MtpscopeError: bad arguments or prompts file; GGUF reader errors.
+        LayoutError: the pre-flight check refused the pair or the centroid source does not fit (its
+            ``centroid_top_k`` outside 1..n_centroids included).
+        TraceError: ``out`` already holds a trace (without ``overwrite``); errors from the writer.
+        MtpscopeError: not exactly one prompt source, no prompts, a bad prompts file; ``isolate=True``
+            with a ``runtime``; GGUF reader errors.
         RuntimeUnavailableError: llama-cpp-python missing.
         KeyboardInterrupt: a Ctrl-C (isolated: the worker is stopped first; in process: raised right after
             the llama.cpp decode it arrived in); the trace written so far stays readable, marked incomplete.
@@ -252,14 +243,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     if sum(given) != 1:
         raise MtpscopeError("give exactly one of prompts, prompt, prompts_file", key="prompts",
                             expected="one source", actual=sum(given))
-    if hidden not in HIDDEN_CHOICES:
-        raise MtpscopeError("unknown hidden-state storage", key="hidden", expected="f16 | f32 | off",
-                            actual=hidden)
-    for name, val, lo in (("n_draft", n_draft, 1), ("max_tokens", max_tokens, 1), ("n_top", n_top, 1),
-                          ("flush_every", flush_every, 1)):
-        if int(val) < lo:
-            raise MtpscopeError(f"{name} must be >= {lo}", key=name, expected=f">= {lo}", actual=val)
-    check_draft_and_sampling(n_draft=n_draft, temp=temp, top_k=top_k, top_p=top_p)
     if prompts is not None:
         specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
     elif prompt is not None:
@@ -268,9 +251,6 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
     if not specs:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
-    if hidden_target and hidden == "off":
-        raise MtpscopeError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
-                            expected="hidden f16 | f32", actual="hidden off")
 
     if not overwrite and (Path(out) / MANIFEST).exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -285,26 +265,20 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
     head = None
     models["centroids"] = None
-    if centroids is not None:
-        cp = Path(centroids)
+    if config.centroids is not None:
+        cp = Path(config.centroids)
         if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
             from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
 
             with open_gguf(cp) as cf:
-                head = head_from_gguf(cf, top_k=centroid_top_k)
+                head = head_from_gguf(cf, top_k=config.centroid_top_k)
                 models["centroids"] = model_info(cf)
         else:
-            head = load_centroid_head(cp, top_k=centroid_top_k)
+            head = load_centroid_head(cp, top_k=config.centroid_top_k)
             models["centroids"] = centroid_source_info(cp)
 
-    need_capture = hidden != "off" or head is not None
-    params = {"n_draft": n_draft, "max_tokens": max_tokens, "temp": temp, "seed": seed, "top_k": top_k,
-              "top_p": top_p, "chat": chat, "n_gpu_layers": n_gpu_layers,
-              "centroids": None if centroids is None else os.fspath(centroids),
-              "centroid_top_k": None if head is None else head.top_k, "hidden": hidden, "n_top": n_top,
-              "flush_every": flush_every, "compact": compact, "flash_attn": flash_attn, "n_threads": n_threads,
-              "n_ctx": None, "greedy": temp <= 0, "isolated": isolated, "preflight": bool(preflight),
-              "hidden_target": bool(hidden_target), "baseline": bool(baseline)}
+    params = config.manifest_params(centroid_top_k=None if head is None else head.top_k, n_ctx=None,
+                                    isolated=isolated, preflight=preflight)
     manifest = {
         "source": "record",
         "command": list(command) if command is not None else list(sys.argv),
@@ -314,13 +288,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                 "source": head.source, "kind": head.kind},
     }
-    cfg = {"target": os.fspath(target), "assistant": os.fspath(assistant), "n_gpu_layers": int(n_gpu_layers),
-           "capture": need_capture, "flash_attn": flash_attn, "n_threads": n_threads,
-           "prompts": [spec_to_dict(sp) for sp in specs], "hidden_target": bool(hidden_target),
-           "baseline": bool(baseline),
-           "chat": bool(chat), "n_draft": int(n_draft), "max_tokens": int(max_tokens), "temp": float(temp),
-           "seed": int(seed), "top_k": int(top_k), "top_p": float(top_p), "trace": True}
-    hd = None if hidden == "off" else hidden
+    job = RecordJob(target=os.fspath(target), assistant=os.fspath(assistant), prompts=tuple(specs), config=config)
+    hd = None if config.hidden == "off" else config.hidden
     n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
     outputs: list[tuple[int, ...]] = []
     trace_s = 0.0
@@ -332,11 +301,11 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
     sigint.__enter__()
     t_start, c_start = time.perf_counter(), time.process_time()
     try:
-        src = RecordWorker(cfg, echo=echo_log) if isolated else InProcessRounds(runtime, cfg)
+        src = RecordWorker(job, echo=echo_log) if isolated else InProcessRounds(runtime, job)
         info = src.hello()
         if head is not None:
             head.check_compatible(n_embd=info["n_embd"], n_vocab=info["n_vocab"], drafter=assistant)
-        if need_capture and not info["capture"]:
+        if config.capture and not info["capture"]:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
         params["n_ctx"] = info["n_ctx"]
@@ -350,8 +319,8 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
         t_start, c_start = time.perf_counter(), time.process_time()
         w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else info["n_embd_backbone"],
                         n_embd=None if hd is None else info["n_embd"], hidden_dtype=hd,
-                        centroids=head is not None, flush_every=flush_every, overwrite=overwrite or swap,
-                        compact=compact, h_target=bool(hidden_target))
+                        centroids=head is not None, flush_every=config.flush_every, overwrite=overwrite or swap,
+                        compact=config.compact, h_target=config.hidden_target)
         src.log_to(write_to / "llama.log")
         trace_s += time.perf_counter() - t_start
         gen: list[int] = []
@@ -362,7 +331,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                 if not gen:
                     gen.append(res.pending_token)
                 gen.extend(res.emitted)
-                steps = step_records(res, n_top=n_top, hidden=hidden, head=head)
+                steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=head)
                 src.release()          # the records own copies of all they keep: the worker may go on
                 w.add_round(round_record(pid, res), steps)
                 trace_s += time.perf_counter() - t0
@@ -382,7 +351,7 @@ def record(*, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
             elif isinstance(ev, WorkerDone):
                 loop = ev
         t0 = time.perf_counter()
-        if plain_outputs is not None and temp <= 0:
+        if plain_outputs is not None and config.greedy:
             w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == [list(o) for o in plain_outputs]
         w.close()
         trace_s += time.perf_counter() - t0
@@ -443,4 +412,4 @@ def _note_partial(e: BaseException, swap: bool, write_to: Path, out: Any) -> Non
         e.add_note(msg)
 
 
-__all__ = ["HIDDEN_CHOICES", "RecordSummary", "record"]
+__all__ = ["RecordSummary", "record"]

@@ -44,7 +44,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +157,10 @@ class SweepWorker:
 
         print(f"{TASK_MARK}{task['task']} attempt {attempt} ===", file=sys.stderr, flush=True)
         out = Path(task["out"])
-        hidden = task["hidden"]
-        baseline = task["n_draft"] == 0
-        capture = hidden != "off"
+        # the task's run parameters on this actor's device and threads
+        config = replace(task["config"], n_gpu_layers=self.n_gpu_layers, n_threads=self.n_threads)
+        baseline = task["baseline"]
+        capture = config.capture
         if baseline and self._rtm is not None and self._key is not None and self._key[0] == task["target"]:
             rtm, load_s = self._rtm, 0.0              # plain decoding needs the target only
         else:
@@ -174,9 +175,8 @@ class SweepWorker:
                 prog["rounds"] += max(n_gen - 1, 0)
                 _fault_action(fault, attempt, pid + 1)
 
-            record_baseline(rtm=rtm, out=out, prompts=task["prompts"], max_tokens=task["max_tokens"],
-                            chat=task["chat"], n_gpu_layers=self.n_gpu_layers, overwrite=True,
-                            command=command, on_prompt=on_prompt)
+            record_baseline(config, rtm=rtm, out=out, prompts=task["prompts"], overwrite=True, command=command,
+                            on_prompt=on_prompt)
         else:
             def on_round(pid: int, res: Any) -> None:
                 prog["rounds"] += 1
@@ -185,10 +185,8 @@ class SweepWorker:
                 prog["generated"] += len(res.emitted) + (1 if res.round == 0 else 0)
                 _fault_action(fault, attempt, prog["rounds"])
 
-            record(target=task["target"], assistant=task["assistant_path"], out=out, prompts=task["prompts"],
-                   n_draft=task["n_draft"], max_tokens=task["max_tokens"], chat=task["chat"],
-                   n_gpu_layers=self.n_gpu_layers, hidden=hidden, n_threads=self.n_threads, overwrite=True,
-                   command=command, runtime=rtm, on_round=on_round)
+            record(config, target=task["target"], assistant=task["assistant_path"], out=out, prompts=task["prompts"],
+                   overwrite=True, command=command, runtime=rtm, on_round=on_round)
         seconds = time.perf_counter() - t0
         _clean_siblings(out)
         counts = trace_counts(out)
@@ -259,10 +257,12 @@ class SweepResult:
 
 
 def _task_payload(spec: SweepSpec, t: SweepTask, out: Path, command: Sequence[str]) -> dict[str, Any]:
+    """What an actor needs for task ``t``: its folder, models, prompts and run parameters
+    (:meth:`SweepSpec.record_config`; the baseline's takes only ``max_tokens`` and ``chat`` from it)."""
     prompts = [p.text for p in spec.shard_prompts(t.shard)]
     apath = spec.assistant_path(t.assistant) if not t.is_baseline else spec.assistants[0][1]
     return {"task": t.task_id, "out": os.fspath(out / t.task_id), "target": spec.target, "assistant_path": apath,
-            "n_draft": t.n_draft, "max_tokens": spec.max_tokens, "hidden": spec.hidden, "chat": spec.chat,
+            "baseline": t.is_baseline, "config": spec.record_config(None if t.is_baseline else t.n_draft),
             "prompts": prompts, "command": list(command)}
 
 

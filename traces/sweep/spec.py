@@ -26,8 +26,8 @@ changes state, so a killed sweep leaves a readable one. Its keys (version 1)::
 
 ``state`` is ``pending`` | ``running`` | ``done`` | ``failed``.
 
-Imports: mtpscope.errors, traces.prompts (the one prompts-file parser), traces.preflight (``MAX_N_DRAFT``,
-in :meth:`SweepSpec.check`).
+Imports: mtpscope.errors, traces.prompts (the one prompts-file parser), traces.run.record_config (a task's
+run parameters: :meth:`SweepSpec.record_config`, whose rules :meth:`SweepSpec.check` applies).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import Any
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.traces.run.prompts import read_prompts
 from mtpscope.traces.store.layout import MANIFEST, now
+from mtpscope.traces.run.record_config import MAX_N_DRAFT, RecordConfig
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -55,7 +56,6 @@ DEFAULT_CATEGORY = "default"
 #: the category of totals over every prompt in reports
 ALL = "all"
 STATES = ("pending", "running", "done", "failed")
-HIDDEN_CHOICES = ("f16", "f32", "off")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -172,8 +172,6 @@ class SweepSpec:
         Raises:
             MtpscopeError: the first broken rule, naming the option with expected vs actual.
         """
-        from mtpscope.traces.run.preflight import MAX_N_DRAFT  # noqa: PLC0415
-
         if not self.assistants:
             raise MtpscopeError("a sweep needs at least one assistant", key="--assistant",
                                 expected=">= 1", actual=0)
@@ -199,23 +197,32 @@ class SweepSpec:
                                     actual=p.category)
         if not self.n_drafts:
             raise MtpscopeError("no n_draft values", key="--n-draft", expected="e.g. 1,2,3", actual="none")
-        for k in self.n_drafts:
-            if not 1 <= k <= MAX_N_DRAFT:
-                raise MtpscopeError(f"n_draft must be in 1..{MAX_N_DRAFT}", key="--n-draft",
-                                    expected=f"1..{MAX_N_DRAFT}", actual=k)
+        for k in self.n_drafts:           # each task's run parameters, by the recorder's rules
+            try:
+                self.record_config(k)
+            except TraceError as e:        # again with the sweep's option as the key (``--max-tokens``)
+                msg = f"n_draft must be in 1..{MAX_N_DRAFT}" if e.key == "n_draft" else e.message
+                raise MtpscopeError(msg, key=f"--{str(e.key).replace('_', '-')}", expected=e.expected,
+                                    actual=e.actual) from None
         if len(set(self.n_drafts)) != len(self.n_drafts):
             raise MtpscopeError("n_draft values repeat", key="--n-draft", expected="distinct values",
                                 actual=",".join(map(str, self.n_drafts)))
         if not 1 <= self.n_shards <= len(self.prompts):
             raise MtpscopeError("shards must be in 1..number of prompts", key="--shards",
                                 expected=f"1..{len(self.prompts)}", actual=self.n_shards)
-        if self.max_tokens < 1:
-            raise MtpscopeError("max_tokens must be >= 1", key="--max-tokens", expected=">= 1",
-                                actual=self.max_tokens)
-        if self.hidden not in HIDDEN_CHOICES:
-            raise MtpscopeError("unknown hidden-state storage", key="--hidden",
-                                expected=" | ".join(HIDDEN_CHOICES), actual=self.hidden)
         return self
+
+    def record_config(self, n_draft: int | None = None) -> RecordConfig:
+        """The run parameters of this sweep's tasks with ``n_draft`` drafts per round (None: the
+        baseline's plain decoding, which uses only ``max_tokens`` and ``chat``): ``max_tokens``,
+        ``hidden`` and ``chat`` from the spec, the rest :class:`RecordConfig`'s defaults (the runner sets
+        its actor's ``n_gpu_layers`` and ``n_threads``).
+
+        Raises:
+            TraceError: a value :class:`RecordConfig` refuses (:meth:`check` reports it per option).
+        """
+        kw: dict[str, Any] = {} if n_draft is None else {"n_draft": n_draft}
+        return RecordConfig(max_tokens=self.max_tokens, hidden=self.hidden, chat=self.chat, **kw)
 
     def shard_prompts(self, shard: int) -> tuple[SweepPrompt, ...]:
         """The prompts of ``shard`` in their order there (its trace's prompt_id = position)."""
