@@ -22,7 +22,8 @@ END = "<!-- signatures: end -->"
 #: the documented entry points (functions, classes: their constructor or dataclass fields), by import path
 ENTRY_POINTS = (
     "mtpscope.inspector.gguf:open_gguf",
-    "mtpscope.inspector.gguf:open_gguf_reader",
+    "mtpscope.inspector.remote:open_gguf_reader",
+    "mtpscope.inspector.remote:RemoteOptions",
     "mtpscope.inspector.gguf:TensorInfo",
     "mtpscope.inspector.shards:open_model",
     "mtpscope.inspector.inventory:build_inventory",

@@ -12,8 +12,9 @@ import pytest
 
 from mtpscope.errors import TraceError
 from mtpscope.traces.store.records import RoundRecord, StepRecord
+from mtpscope.traces.run.packing import pack, unpack
 from mtpscope.traces.run.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
-                                       TransportClosed, pack, unpack)
+                                           TransportClosed)
 
 
 def _step(k: int, dim: int) -> StepRecord:

@@ -169,8 +169,8 @@ def _check(c: RecordConfig) -> None:
 @dataclass(frozen=True)
 class RecordJob:
     """One recording as the worker runs it (the worker protocol's ``start`` message, packed by
-    :func:`traces.run.transport.pack`): the model paths, the prompts (read and checked by the recorder)
-    and the :class:`RecordConfig`. It comes back from :func:`traces.run.transport.unpack` equal, except
+    :func:`traces.run.packing.pack`): the model paths, the prompts (read and checked by the recorder)
+    and the :class:`RecordConfig`. It comes back from :func:`traces.run.packing.unpack` equal, except
     that lists inside a prompt's ``extra`` fields come back as tuples (the worker does not read them)."""
 
     target: str

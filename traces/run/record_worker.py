@@ -11,7 +11,7 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
    copies to ``llama.log`` in the trace folder and keeps the tail of.
 2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
-   prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.transport.pack`.
+   prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.run.packing.pack`.
    The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
    size, runtime facts, prompt lengths).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
@@ -51,8 +51,8 @@ from typing import Any, BinaryIO
 from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
 from mtpscope.traces.run.record_config import RecordJob
-from mtpscope.traces.run.transport import (Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed, pack,
-                                           unpack)
+from mtpscope.traces.run.packing import pack, unpack
+from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
 
 #: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
 #: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
@@ -402,7 +402,7 @@ class RecordWorker:
 
     Args:
         job: the run: models, prompts and :class:`~traces.run.record_config.RecordConfig` (sent to the
-            child packed by :func:`traces.transport.pack`).
+            child packed by :func:`traces.run.packing.pack`).
         echo: copy the worker's stderr (llama.cpp's log) to ours as it comes (``--verbose``).
 
     Raises (from :meth:`hello` and :meth:`events`):
