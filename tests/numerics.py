@@ -145,3 +145,31 @@ def greedy_near_tie_tol(n_layer: int, logits: np.ndarray) -> float:
     an AVX-512 machine was 0.0074 apart, the bound is 0.078.
     """
     return float(n_layer * ULP16_REL * np.max(np.abs(logits)))
+
+
+
+#: the largest share of the F16 effect ``E`` (:func:`f16_effect`) that llama.cpp's flips may reach: see there
+FLIP_SHARE_MAX = 1.0
+
+
+def f16_effect(hf: np.ndarray, emulated: np.ndarray) -> float:
+    """``E``: the effect of llama.cpp's F16 roundings on one prompt's logits of a whole target, measured on HF
+    itself: ``max |emulated - hf|`` over positions and vocabulary.
+
+    ``hf``: HF's fp32 logits ``(n_pos, n_vocab)``; ``emulated``: the same model with every F16 rounding of
+    llama.cpp's CPU graph applied (tests/hf_ggml.py: F16 KV cache, Q and the softmax probabilities meeting it
+    in F16, ggml's F16 GELU table). ``E`` is what the roundings do to *this* model, amplified by its own layers
+    (a fixed bound like :func:`greedy_near_tie_tol` assumes about one ulp per layer; the tiny random targets of
+    tests/test_families.py amplify more: measured ``E / max|logit|`` 5e-4 .. 1.7e-2).
+
+    llama.cpp rounds the same values, so it differs from the emulated model only where its F32 evaluation order
+    puts a value on the other side of an F16 rounding midpoint (a flip: one F16 ulp of one element), which then
+    propagates like any rounding. Flips are a small subset of the roundings (the chance per rounded element is
+    F32 noise / F16 ulp, 1e-4 .. 1e-3), so their effect is a fraction of ``E``: measured ``max |llama -
+    emulated| / E`` 0.3 .. 0.5 per prompt; :data:`FLIP_SHARE_MAX` = 1 lets it reach ``E`` itself. Then
+    ``max |llama - hf| <= max |llama - emulated| + E <= (1 + FLIP_SHARE_MAX) E``. A convention error (a wrong
+    scale, swapped gate / up halves, another layer's cache) moves the logits by O(max |logit|), far above.
+    In greedy decoding two tokens whose HF logits are closer than ``2 (1 + FLIP_SHARE_MAX) E`` may swap (each
+    of the two logits may move by ``(1 + FLIP_SHARE_MAX) E``).
+    """
+    return float(np.abs(np.asarray(emulated, np.float64) - np.asarray(hf, np.float64)).max())
