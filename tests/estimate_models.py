@@ -147,3 +147,13 @@ def parse_llama_sizes(pieces: list[str]) -> dict:
         if m:
             out["output"][m.group(1)] = out["output"].get(m.group(1), 0.0) + float(m.group(2))
     return out
+
+
+def compute_close(m, got_mib: float) -> bool:
+    """Whether llama.cpp's compute buffer (``got_mib``, MiB as logged) lies within
+    :data:`inspector.estimate.COMPUTE_TOLERANCE` of one of the two allocator outcomes of a
+    :class:`inspector.estimate.ModelEstimate` (``compute_bytes`` / ``compute_bytes_max``)."""
+    from mtpscope.inspector.estimate import COMPUTE_TOLERANCE
+
+    return any(abs(b / (1 << 20) - got_mib) <= COMPUTE_TOLERANCE * got_mib
+               for b in (m.compute_bytes, m.compute_bytes_max))

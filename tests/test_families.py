@@ -375,3 +375,55 @@ def test_app_pages_open_on_a_family_trace(fam, recorded, monkeypatch: pytest.Mon
     for page in ("acceptance", "step", "explain", "compare", "tensors", "validate"):
         at.switch_page(f"screens/{page}.py").run()
         assert not at.exception, (page, [e.value for e in at.exception])
+
+
+# ------------------------------------------------------------------------------------------- estimate
+
+#: (n_ctx, cache type) cases of the issue; flash attention on (llama.cpp's auto on CPU), swa_full off (llama-server)
+EST_CASES = [(4096, "f16"), (4096, "q8_0"), (131072, "f16"), (131072, "q8_0")]
+_GGML_TYPE = {"f16": 1, "q8_0": 8}
+
+
+@pytest.mark.llama
+def test_estimate_against_llama_cpp(fam) -> None:
+    """``estimate`` vs what llama.cpp allocates for the pair: weights exact (bytes), KV within 1 % (shared-KV
+    layers and sliding windows included; the drafter none), output buffers exact to the log's 0.01 MiB, compute
+    buffers within COMPUTE_TOLERANCE of one of the estimate's two allocator outcomes."""
+    pytest.importorskip("llama_cpp")
+    from mtpscope.inspector.estimate import EstimateParams, estimate
+    from mtpscope.traces.run import llama_runtime as R
+    from tests.estimate_models import compute_close, parse_llama_sizes
+
+    mib, res = 1 << 20, 0.005  # llama.cpp prints MiB with 2 decimals
+    t, d = R.LlamaModel(fam.target), R.LlamaModel(fam.drafter)
+    try:
+        e0 = estimate(fam.target, fam.drafter)
+        assert e0.target.weights == R.llama().llama_model_size(t.ptr)
+        assert e0.drafter.weights == R.llama().llama_model_size(d.ptr)
+        n = SPECS[fam.name].target["num_hidden_layers"]
+        n_kv = n - SPECS[fam.name].target["num_kv_shared_layers"]
+        assert e0.drafter.kv_shared_from == {"sliding": n_kv - 2, "full": n_kv - 1}
+        for n_ctx, ct in EST_CASES:
+            e = estimate(fam.target, fam.drafter, EstimateParams(n_ctx=n_ctx, cache_type_k=ct, cache_type_v=ct))
+            with R.capture_log() as log:
+                c = R.LlamaContext(t, n_ctx=n_ctx, n_batch=512, flash_attn=True, swa_full=False,
+                                   type_k=_GGML_TYPE[ct], type_v=_GGML_TYPE[ct])
+            got = parse_llama_sizes(log)
+            try:
+                with R.capture_log() as dlog:
+                    dc = R.LlamaContext(d, n_ctx=n_ctx, n_batch=512, flash_attn=True, swa_full=False, mtp_of=c,
+                                        masked=True, type_k=_GGML_TYPE[ct], type_v=_GGML_TYPE[ct])
+                dc.close()
+            finally:
+                c.close()
+            dgot = parse_llama_sizes(dlog)
+            kv = sum(got["kv_buffer"].values())
+            case = (fam.name, n_ctx, ct)
+            assert abs(e.target.kv / mib - kv) <= max(0.01 * kv, 2 * res), (case, e.target.kv / mib, kv)
+            assert dgot["kv_buffer"] == {} and e.drafter.kv == 0
+            assert abs(e.target.output_bytes / mib - got["output"]["CPU"]) <= res, case
+            assert compute_close(e.target, got["compute"]["CPU"]), (case, got["compute"])
+            assert compute_close(e.drafter, dgot["compute"]["CPU"]), (case, dgot["compute"])
+    finally:
+        d.close()
+        t.close()
