@@ -60,7 +60,7 @@ from mtpscope.inspector.convert_common import (
     write_converted,
 )
 from mtpscope.inspector.convert_target import convert_target
-from mtpscope.inspector.gguf_write import boolean, string, u32
+from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import gguf_name
 from mtpscope.inspector.safetensors import read_tensors, write_safetensors
@@ -166,6 +166,25 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
                             expected="gemma4_assistant, gemma4_text or gemma4", actual=mt)
 
 
+def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list[tuple[str, MetaValue]]:
+    """The ``{arch}.*`` keys of a drafter converted from an assistant ``config`` (text part read into ``hp``) in
+    ``dialect``: the common keys, then upstream ``embedding_length_out`` / ``nextn_predict_layers`` or the
+    fork's ``n_embd_backbone``, ``use_ordered_embeddings``, ``attention.k_eq_v``, ``requires_target_arch`` and,
+    with a centroid head, ``n_centroids`` / ``centroid_top_k`` (``general.name`` not included)."""
+    arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
+    n_bb = int(config.get("backbone_hidden_size", 1536))
+    kv = common_kv(arch, hp)
+    if dialect == "upstream":
+        return kv + [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
+    ordered = bool(config.get("use_ordered_embeddings", False))
+    kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
+           (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
+    if ordered:
+        kv += [(arch + ".n_centroids", u32(int(config.get("num_centroids", 2048)))),
+               (arch + ".centroid_top_k", u32(int(config.get("centroid_intermediate_top_k", 32))))]
+    return kv
+
+
 def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, dialect: str,
                      outtype: str, centroids_out: Any, vocab_from: Any, where: str) -> ConvertResult:
     tc = config.get("text_config")
@@ -194,16 +213,10 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
                               key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
         order = np.asarray(order).astype(np.int32)
     arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
-    kv = [("general.name", string("mtpscope-converted-drafter"))] + common_kv(arch, hp)
-    if dialect == "upstream":
-        kv += [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
-    else:
-        kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
-               (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
-        if ordered:
-            kv += [(arch + ".n_centroids", u32(n_cen)), (arch + ".centroid_top_k", u32(top_k))]
-            g["mtp.centroids.weight"] = cen
-            g["mtp.token_ordering.weight"] = order
+    kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
+    if dialect == "fork" and ordered:
+        g["mtp.centroids.weight"] = cen
+        g["mtp.token_ordering.weight"] = order
     tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)
     write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
@@ -332,5 +345,5 @@ def write_tiny_pair(root: str | os.PathLike[str], *, seed: int = 0, vocab_size: 
     return root / "target", root / "drafter"
 
 
-__all__ = ["DIALECTS", "OUTTYPES", "ConvertResult", "convert", "map_drafter_tensors", "random_text_tensors",
+__all__ = ["DIALECTS", "OUTTYPES", "ConvertResult", "convert", "drafter_kv", "map_drafter_tensors", "random_text_tensors",
            "read_checkpoint", "tiny_text_config", "write_tiny_pair"]

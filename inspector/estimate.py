@@ -38,11 +38,14 @@ through every layer; and the larger of the FFN — 4 live ``n_ff * n_ubatch`` f3
 the experts' ``gate_up`` / ``geglu`` / ``down`` of the ``n_expert_used`` chosen experts plus the dense MLP's
 output — and the attention: q and its output, plus without flash attention the KQ scores of the widest layer,
 ``n_head * cells * n_ubatch * 4``) and the output phase (the logits of ``n_ubatch`` rows,
-``n_vocab * n_ubatch * 4``). ggml's best-fit allocator (``ggml-alloc.c``) frees the KQ masks after the last
+``n_vocab * n_ubatch * 4``, and four ``n_embd`` rows per token of the residual stream still alive: the last layer's
+output, the output norm, its weighted copy, the rows picked for output). ggml's best-fit allocator (``ggml-alloc.c``) frees the KQ masks after the last
 layer, but whether the logits then fit into their freed block depends on where it placed a few small tensors
-(the output rows' ``result_norm``, ``out_ids``): seen both ways on the tiny family targets. So the estimate has
-two outcomes: ``compute_bytes`` (the block reused) and ``compute_bytes_max`` (the masks' block left beside the
-logits: output phase + masks); the totals use the larger, to plan with. Measured against llama.cpp on the models
+(the output rows' ``result_norm``, ``out_ids``): seen both ways on the tiny family targets and on the real-size
+E2B. So the estimate has two outcomes: ``compute_bytes`` (the block reused) and ``compute_bytes_max`` (the
+logits above what the graph allocated first: the masks, and with per-layer embeddings about three
+``n_embd_per_layer * n_layer * n_ubatch`` f32 tensors of their input chain); the totals use the larger, to plan
+with. Measured against llama.cpp on the models
 in tests/test_estimate.py and tests/test_families.py llama.cpp's buffer lies within :data:`COMPUTE_TOLERANCE`
 of one of the two (see there).
 
@@ -65,7 +68,8 @@ CACHE_TYPES: dict[str, tuple[int, int]] = {
 }
 
 COMPUTE_NOTE = ("compute buffer: estimated from the largest phase of one n_ubatch graph step (masks + max of "
-                "logits, FFN, KQ scores); llama.cpp's allocator decides the real peak")
+                "logits, FFN, KQ scores); ggml's allocator decides the real peak, and whether the logits reuse "
+                "what the first-allocated inputs free: the totals take the larger outcome")
 GPU_NOTE = ("per-device split from llama.cpp's layer assignment rules (src/llama-model.cpp); checked on CPU only")
 
 MiB = 1 << 20
@@ -273,11 +277,16 @@ def _compute(hp: L.HParams, n_vocab: int, cells: list[tuple[int, int]], p: Estim
         # the chosen experts' gate_up (2 n_ff_exp), geglu (n_ff_exp) and down (n_embd) rows, beside the dense MLP
         used = int(L._scalar(hp.raw.get(f"{hp.arch}.expert_used_count")) or 0)
         ffn = max(ffn, ((3 * hp.n_ff_exp + hp.n_embd) * used + hp.n_embd) * ub * 4)
-    ple = 2 * hp.n_embd_per_layer * hp.n_layer * ub * 4 if not drafter else 0
+    ple = hp.n_embd_per_layer * hp.n_layer * ub * 4 if not drafter else 0  # one [n_embd_per_layer * n_layer, ub]
     resid = 2 * hp.n_embd * ub * 4
-    layer = masks + max(attn, ffn) + resid + ple
-    out = n_vocab * ub * 4 + resid
-    return max(layer, out), max(layer, out + masks)
+    layer = masks + max(attn, ffn) + resid + 2 * ple
+    # the logits, beside what of the residual stream is still alive: the last layer's output, the output norm,
+    # its weighted copy and the rows picked for output (4 x n_embd per token)
+    out = n_vocab * ub * 4 + 2 * resid
+    # the graph's inputs (masks) and the per-layer embeddings' chain (get_rows, projection, norm, sum: about three
+    # of them) are allocated first, at the bottom of the buffer; when what they free cannot hold the logits, the
+    # logits go above them
+    return max(layer, out), max(layer, out + masks + 3 * ple)
 
 
 def _target_kv(f: Any, hp: L.HParams, p: EstimateParams) -> tuple[list[LayerKV], int, int, int]:
@@ -321,7 +330,8 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
     """Memory estimate of a target (and its drafter) under llama.cpp (see the module docstring).
 
     Args:
-        target: the ``gemma4`` target, a path or an open GGUF file.
+        target: the ``gemma4`` target, a path or an open GGUF file, or a model laid out from its HF config
+            (:func:`inspector.config_model.model_from_config`: same keys and tensor table, no data).
         assistant: the drafter (``gemma4-assistant`` / ``gemma4_assistant``), or None.
         params: :class:`EstimateParams` (default: n_ctx 8192, f16 cache, flash attention, 1 sequence).
 
@@ -394,6 +404,9 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
     notes = [COMPUTE_NOTE]
     if gpu:
         notes.append(GPU_NOTE)
+    notes += list(getattr(tf, "notes", ()))  # a model laid out from its config.json says what it assumed
+    if assistant is not None:
+        notes += list(getattr(df, "notes", ()))
     total = sum(d["total"] for d in by_dev.values())
     return MemoryEstimate(p, n_ctx, cells, cells_swa, t_est, d_est, by_dev, total, tuple(notes))
 

@@ -157,3 +157,39 @@ def compute_close(m, got_mib: float) -> bool:
 
     return any(abs(b / (1 << 20) - got_mib) <= COMPUTE_TOLERANCE * got_mib
                for b in (m.compute_bytes, m.compute_bytes_max))
+
+
+def write_hole_gguf(path: Path, model, vocab_kv: list) -> Path:
+    """A GGUF with the keys and tensor table of ``model`` (:class:`inspector.config_model.ConfigModel`: what the
+    converter would write from a published config) and ``vocab_kv`` (``tokenizer.*`` writer values), the tensor
+    data a hole: llama.cpp loads it (mmap) and creates contexts at the model's real size, no data read.
+    Written with gguf-py's GGUFWriter (an independent writer)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), model.architecture)
+
+    def add(key: str, mv) -> None:
+        vt = gguf.GGUFValueType(mv.type)
+        if vt == gguf.GGUFValueType.ARRAY:
+            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
+            w.add_key_value(key, val, vt, sub_type=gguf.GGUFValueType(mv.sub_type))
+        else:
+            w.add_key_value(key, mv.value, vt)
+
+    for key, mv in model.meta.items():
+        add(key, mv)
+    for key, mv in vocab_kv:
+        add(key, mv)
+    for t in model.tensors:
+        raw = gguf.GGMLQuantizationType(t.ggml_type)
+        w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.n_bytes, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    align = 32
+    total = -(-path.stat().st_size // align) * align
+    for ti in w.tensors[0].values():
+        total += -(-ti.nbytes // align) * align
+    os.truncate(path, total)
+    return path
