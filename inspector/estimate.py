@@ -43,8 +43,8 @@ output, the output norm, its weighted copy, the rows picked for output). ggml's 
 layer, but whether the logits then fit into their freed block depends on where it placed a few small tensors
 (the output rows' ``result_norm``, ``out_ids``): seen both ways on the tiny family targets and on the real-size
 E2B. So the estimate has two outcomes: ``compute_bytes`` (the block reused) and ``compute_bytes_max`` (the
-logits above what the graph allocated first: the masks, and with per-layer embeddings about three
-``n_embd_per_layer * n_layer * n_ubatch`` f32 tensors of their input chain); the totals use the larger, to plan
+logits above what the graph allocated first: the masks, or with per-layer embeddings about three
+``n_embd_per_layer * n_layer * n_ubatch`` f32 tensors of their input chain when those are larger); the totals use the larger, to plan
 with. Measured against llama.cpp on the models
 in tests/test_estimate.py and tests/test_families.py llama.cpp's buffer lies within :data:`COMPUTE_TOLERANCE`
 of one of the two (see there).
@@ -285,8 +285,8 @@ def _compute(hp: L.HParams, n_vocab: int, cells: list[tuple[int, int]], p: Estim
     out = n_vocab * ub * 4 + 2 * resid
     # the graph's inputs (masks) and the per-layer embeddings' chain (get_rows, projection, norm, sum: about three
     # of them) are allocated first, at the bottom of the buffer; when what they free cannot hold the logits, the
-    # logits go above them
-    return max(layer, out), max(layer, out + masks + 3 * ple)
+    # logits go above the larger of the two (measured: tiny and real-size E2B / E4B at 4k and 128k, within 1 %)
+    return max(layer, out), max(layer, out + max(masks, 3 * ple))
 
 
 def _target_kv(f: Any, hp: L.HParams, p: EstimateParams) -> tuple[list[LayerKV], int, int, int]:

@@ -148,8 +148,8 @@ def greedy_near_tie_tol(n_layer: int, logits: np.ndarray) -> float:
 
 
 
-#: the largest share of the F16 effect ``E`` (:func:`f16_effect`) that llama.cpp's flips may reach: see there
-FLIP_SHARE_MAX = 1.0
+#: the largest multiple of the F16 effect ``E`` (:func:`f16_effect`) that llama.cpp's flips may reach: see there
+FLIP_SHARE_MAX = 2.0
 
 
 def f16_effect(hf: np.ndarray, emulated: np.ndarray) -> float:
@@ -166,9 +166,11 @@ def f16_effect(hf: np.ndarray, emulated: np.ndarray) -> float:
     puts a value on the other side of an F16 rounding midpoint (a flip: one F16 ulp of one element), which then
     propagates like any rounding. Flips are a small subset of the roundings (the chance per rounded element is
     F32 noise / F16 ulp, 1e-4 .. 1e-3), so their effect is a fraction of ``E``: measured ``max |llama -
-    emulated| / E`` 0.3 .. 0.5 per prompt; :data:`FLIP_SHARE_MAX` = 1 lets it reach ``E`` itself. Then
-    ``max |llama - hf| <= max |llama - emulated| + E <= (1 + FLIP_SHARE_MAX) E``. A convention error (a wrong
-    scale, swapped gate / up halves, another layer's cache) moves the logits by O(max |logit|), far above.
+    emulated| / E`` 0.10 .. 0.78 per prompt over the four families (x86-64, AVX2 build). Another CPU sums in
+    another order and flips other elements, so :data:`FLIP_SHARE_MAX` = 2 leaves that room. Then
+    ``max |llama - hf| <= max |llama - emulated| + E <= (1 + FLIP_SHARE_MAX) E`` (measured up to 1.44 E). A
+    convention error moves the logits by far more: swapping the experts' gate / up halves 141 E, dropping the
+    per-expert scale 94 E, the per-layer projection norm 47 E (measured on the tiny 26B-A4B / E2B targets).
     In greedy decoding two tokens whose HF logits are closer than ``2 (1 + FLIP_SHARE_MAX) E`` may swap (each
     of the two logits may move by ``(1 + FLIP_SHARE_MAX) E``).
     """

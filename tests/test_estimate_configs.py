@@ -89,7 +89,7 @@ def test_cli_estimate_on_published_configs() -> None:
 
 @pytest.mark.slow
 @pytest.mark.llama
-@pytest.mark.parametrize("variant,contexts", [("E2B", (4096, 131072)), ("E4B", (4096,))])
+@pytest.mark.parametrize("variant,contexts", [("E2B", (4096, 131072)), ("E4B", (4096, 131072))])
 def test_published_config_at_real_size_against_llama_cpp(variant: str, contexts: tuple[int, ...],
                                                         tmp_path: Path) -> None:
     """The header laid out from the published config, tensor data a hole: llama.cpp loads exactly that tensor
