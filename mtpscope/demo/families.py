@@ -188,14 +188,6 @@ def _gguf_hash(hf: str) -> str:
     return h.hexdigest()
 
 
-def _read_stamp(p: Path) -> dict[str, Any]:
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-        return d if isinstance(d, dict) else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
 def family_root(name: str, root: str | os.PathLike[str] | None = None) -> Path:
     """``<root or cache>/families/<name>``."""
     if root is None:
@@ -220,6 +212,8 @@ def build_family(name: str, root: str | os.PathLike[str] | None = None, *, force
         MtpscopeError: unknown family, or torch / transformers >= 5.24 missing when the checkpoints must be built.
         HFCheckpointError / LayoutError: the conversion refused the checkpoint.
     """
+    from mtpscope.demo.spec import _read_stamp, _write_stamp
+
     s = spec(name)
     paths = FamilyPaths.under(family_root(name, root), s)
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -240,12 +234,6 @@ def build_family(name: str, root: str | os.PathLike[str] | None = None, *, force
         convert(paths.hf_drafter, paths.drafter, dialect="upstream", centroids_out=paths.sidecar)
         _write_stamp(paths.stamp, {"hf": hf, "gguf": gg})
     return paths
-
-
-def _write_stamp(p: Path, d: dict[str, Any]) -> None:
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
 
 
 def _draw(name: str, shape: tuple[int, ...], rng: Any) -> Any:
