@@ -179,6 +179,36 @@ def test_converter_refuses_what_llama_cpp_cannot_load(fam, tmp_path: Path) -> No
         convert(src, tmp_path / "t.gguf")
 
 
+@pytest.mark.llama
+def test_preflight_and_verify_name_what_llama_cpp_aborts_on(tmp_path: Path) -> None:
+    """An E2B target whose KV-shared layers llama.cpp cannot place (6 shared of 10: a full shared layer would
+    reuse layer 3, a sliding one): llama.cpp loads it and aborts creating the context (its own message, run in a
+    child process); ``verify`` names it (E_SHARED_KV_LAYOUT, verdict "aborts creating a context" with that
+    message) and ``record``'s pre-flight refuses the pair before llama.cpp sees it."""
+    pytest.importorskip("llama_cpp")
+    from mtpscope.errors import LayoutError
+    from mtpscope.inspector.gguf_write import meta_value, u32, write_gguf
+    from mtpscope.inspector.validate import verify
+    from mtpscope.traces.run.preflight import preflight
+    from tests.runtime_probe import probe
+
+    fam = build_family("e2b")
+    f = open_gguf(fam.target)
+    kv = [(k, meta_value(v)) for k, v in f.kv.items() if k != "general.architecture"]
+    kv = [(k, u32(6) if k == "gemma4.attention.shared_kv_layers" else v) for k, v in kv]
+    bad = write_gguf(tmp_path / "bad.gguf", "gemma4", kv, {t.name: np.array(f.tensor_data(t.name)) for t in f.tensors})
+    res = probe(bad, fam.drafter)
+    msg = "GGML_ASSERT(map_layer_ids.find(il_reuse) != map_layer_ids.end()) failed"
+    assert res.signal == "SIGABRT" and msg in res.stderr
+    r = verify(bad)
+    e = next(x for x in r.errors if x.code == "E_SHARED_KV_LAYOUT")
+    assert e.expected == "layer 3 full" and e.actual == "layer 3 sliding"
+    assert r.loadability[0].outcome == "aborts creating a context" and r.loadability[0].message == msg
+    with pytest.raises(LayoutError, match="llama.cpp would abort on this file"):
+        preflight(bad, fam.drafter)
+    assert preflight(fam.target, fam.drafter)["target"]["architecture"] == "gemma4"
+
+
 # ------------------------------------------------------------------------------------------- HF parity
 
 
