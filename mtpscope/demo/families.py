@@ -39,7 +39,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,6 @@ class FamilySpec:
     target: dict[str, Any]
     drafter: dict[str, Any]
     centroids: tuple[int, int] | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def _text(**kw: Any) -> dict[str, Any]:
@@ -240,15 +239,13 @@ def _draw(name: str, shape: tuple[int, ...], rng: Any) -> Any:
     """Seeded values for one parameter (numpy float32, numpy ``shape``), by what the name says it is."""
     import numpy as np
 
-    leaf = name.rsplit(".", 1)[-1] if not name.endswith(".weight") else name.rsplit(".", 2)[-2]
     if name.endswith("layer_scalar") or name.endswith("per_expert_scale"):
         return rng.uniform(0.5, 1.5, shape).astype(np.float32)
     if len(shape) == 1:  # norm weights and the router's input scale: near 1
         return (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
     if "embed_tokens" in name:
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
-    if leaf in ("gate_up_proj", "down_proj") and len(shape) == 3:  # experts (n_expert, out, in)
-        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    # matrices (out, in) and the experts' (n_expert, out, in): N(0, 1 / fan_in)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
 
 
