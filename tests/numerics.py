@@ -185,3 +185,40 @@ def greedy_near_tie_tol(n_layer: int, logits: np.ndarray) -> float:
     an AVX-512 machine was 0.0074 apart, the bound is 0.078.
     """
     return float(n_layer * ULP16_REL * np.max(np.abs(logits)))
+
+
+
+#: the largest multiple of the F16 effect ``E`` (:func:`f16_effect`) that llama.cpp's flips may reach: see there
+FLIP_SHARE_MAX = 2.0
+
+
+def f16_effect(hf: np.ndarray, emulated: np.ndarray) -> float:
+    """``E``: the effect of llama.cpp's F16 roundings on one prompt's logits of a whole target, measured on HF
+    itself: ``max |emulated - hf|`` over positions and vocabulary.
+
+    ``hf``: HF's fp32 logits ``(n_pos, n_vocab)``; ``emulated``: the same model with every F16 rounding of
+    llama.cpp's CPU graph applied (tests/hf_ggml.py: F16 KV cache, Q and the softmax probabilities meeting it
+    in F16, ggml's F16 GELU table). ``E`` is what the roundings do to *this* model, amplified by its own layers
+    (a fixed bound like :func:`greedy_near_tie_tol` assumes about one ulp per layer; the tiny random targets of
+    tests/test_families.py amplify more: measured ``E / max|logit|`` 5e-4 .. 1.7e-2).
+
+    llama.cpp rounds the same values, so it differs from the emulated model only where its F32 evaluation order
+    puts a value on the other side of an F16 rounding midpoint (a flip: one F16 ulp of one element), which then
+    propagates like any rounding. Flips are a small subset of the roundings (the chance per rounded element is
+    F32 noise / F16 ulp, 1e-4 .. 1e-3), so their effect is a fraction of ``E``: measured ``max |llama -
+    emulated| / E`` 0.10 .. 0.78 per prompt over the four families (x86-64, AVX2 build). Another CPU sums in
+    another order and flips other elements, so :data:`FLIP_SHARE_MAX` = 2 leaves that room. Then
+    ``max |llama - hf| <= max |llama - emulated| + E <= (1 + FLIP_SHARE_MAX) E`` (measured up to 1.44 E). A
+    convention error moves the logits by far more: swapping the experts' gate / up halves 141 E, dropping the
+    per-expert scale 94 E, the per-layer projection norm 47 E (measured on the tiny 26B-A4B / E2B targets).
+    In greedy decoding two tokens whose HF logits are closer than ``2 (1 + FLIP_SHARE_MAX) E`` may swap (each
+    of the two logits may move by ``(1 + FLIP_SHARE_MAX) E``).
+    """
+    return float(np.abs(np.asarray(emulated, np.float64) - np.asarray(hf, np.float64)).max())
+
+
+#: a near-tie: a top-2 logit gap below 2**-8 of the largest |logit|. The drafter inputs (HF vs llama.cpp)
+#: differ by the target's F16 numerics (tests/test_parity_hf.py), which reach the drafter's logits as up to 1.5e-3 of their scale (measured:
+#: max |logits_HF - logits_llama.cpp| / max |logits| = 5e-4 .. 1.5e-3); two candidates closer than
+#: that may swap, and everything fed after the swap differs.
+TIE_REL = 2.0 ** -8

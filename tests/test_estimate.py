@@ -5,7 +5,8 @@ The reference is what llama.cpp logs when it loads the model and creates the con
 size``, ``compute buffer size``; printed in MiB with 2 decimals, so sizes agree to 0.005 MiB at best) and
 ``llama_model_size`` (exact bytes). Models: the demo pair, and synthetic gemma4 targets with many layers
 (48 layers; 35 layers of which 20 share KV, E2B-like head dims 256 / 512) whose tensor data is a hole.
-Tolerances (the issue's): weights exact, KV within 2 %; the compute buffer within COMPUTE_TOLERANCE.
+Tolerances (the issue's): weights exact, KV within 1 %; the compute buffer within COMPUTE_TOLERANCE of one of
+the estimate's two allocator outcomes (``compute_bytes`` / ``compute_bytes_max``, inspector/estimate.py).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typer.testing import CliRunner
 
 from mtpscope.cli.main import app
 from mtpscope.errors import LayoutError
-from mtpscope.inspector.estimate import COMPUTE_TOLERANCE, EstimateParams, estimate
-from tests.estimate_models import E2B_LIKE, SynthTarget, parse_llama_sizes, write_synth_target
+from mtpscope.inspector.estimate import EstimateParams, estimate
+from tests.estimate_models import E2B_LIKE, SynthTarget, compute_close, parse_llama_sizes, write_synth_target
 
 MiB = 1 << 20
 LOG_RES = 0.005  # llama.cpp prints MiB with 2 decimals
@@ -135,10 +136,10 @@ def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) ->
             got = parse_llama_sizes(log)
             try:
                 kv = sum(got["kv_buffer"].values())
-                assert abs(e.target.kv / MiB - kv) <= max(0.02 * kv, 2 * LOG_RES), (p, kv)
+                assert abs(e.target.kv / MiB - kv) <= max(0.01 * kv, 2 * LOG_RES), (p, kv)
                 assert abs(e.target.output_bytes / MiB - got["output"]["CPU"]) <= LOG_RES
                 comp = got["compute"]["CPU"]
-                assert abs(e.target.compute_bytes / MiB - comp) <= COMPUTE_TOLERANCE * comp, (p, comp)
+                assert compute_close(e.target, comp), (p, comp)
                 if dm is not None:
                     with logs.capture_log() as dlog:
                         dc = lm.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
@@ -148,7 +149,7 @@ def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) ->
                     assert dgot["kv_buffer"] == {}  # the drafter allocates no KV: it shares the target's
                     assert e.drafter.kv == 0
                     dcomp = dgot["compute"]["CPU"]
-                    assert abs(e.drafter.compute_bytes / MiB - dcomp) <= COMPUTE_TOLERANCE * dcomp
+                    assert compute_close(e.drafter, dcomp), (p, dcomp)
             finally:
                 c.close()
     finally:

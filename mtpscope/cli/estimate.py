@@ -1,10 +1,12 @@
 """CLI command: estimate (see mtpscope/cli/main.py).
 
 ``mtpscope estimate --target T [--assistant A] [--n-ctx 8192] [--cache-type-k f16|q8_0 …] [--n-gpu-layers N]
-[--n-parallel 1] [--json]``: memory llama.cpp needs for a Gemma 4 target and its MTP drafter (weights per
-device, the target's KV cache, the drafter's none, output and compute buffers); see
-inspector/estimate.py for the rules and what is exact. Exit 0; 2 with one line when a file is unreadable
-or the settings are impossible.
+[--n-parallel 1] [--weight-type bf16] [--json]``: memory llama.cpp needs for a Gemma 4 target and its MTP
+drafter (weights per device, the target's KV cache, the drafter's none, output and compute buffers); see
+inspector/estimate.py for the rules and what is exact. T and A are GGUFs (path, shard or URL) or a Hugging Face
+model folder with its ``config.json`` (e.g. ``sample_configs/gemma-4-E2B-it``): then the weights are those
+``mtpscope convert --outtype <weight-type>`` would write (inspector/config_model.py). Exit 0; 2 with one line
+when a file is unreadable or the settings are impossible.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def format_text(e: Any) -> str:
         lines.append(f"{dev:<8} {_mib(b['weights']):>14} {_mib(b['kv']):>14} {_mib(b['output']):>12} "
                      f"{_mib(b['compute']):>14} {_mib(b['total']):>14}")
     lines += [f"{'total':<8} {'':>14} {'':>14} {'':>12} {'':>14} {_mib(e.total):>14}", ""]
+    for m in (t, e.drafter):
+        if m is not None and m.compute_bytes_max != m.compute_bytes:
+            lines.append(f"{m.role} compute {_mib(m.compute_bytes)} when ggml's allocator reuses the KQ masks' "
+                         f"block for the logits, {_mib(m.compute_bytes_max)} when not (the totals use the larger)")
     lines += [f"note: {n}" for n in e.notes]
     return "\n".join(lines)
 
@@ -78,6 +84,8 @@ def register(app: typer.Typer) -> None:
                                                  "(llama.cpp's auto turns it on on CPU and CUDA)")] = True,
         swa_full: Annotated[bool, typer.Option("--swa-full", help="sliding layers keep the whole context")] = False,
         n_ubatch: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="physical batch size")] = 512,
+        weight_type: Annotated[str, typer.Option("--weight-type", help="for a config.json folder: the weights' type "
+                                                 "as convert --outtype writes them (f32, f16, bf16, q8_0)")] = "bf16",
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object (bytes)")] = False,
         allow_full_download: AllowFullDownload = False,
         max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
@@ -91,9 +99,16 @@ def register(app: typer.Typer) -> None:
                                 cache_type_k=cache_type_k.lower(), cache_type_v=cache_type_v.lower(),
                                 flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch,
                                 n_gpu_layers=n_gpu_layers)
+        from mtpscope.inspector.config_model import is_config_source, model_from_config
+
+        def source(loc: str) -> object:
+            if is_config_source(loc):
+                return model_from_config(loc, weight_type=weight_type.lower())
+            return open_source(loc, allow_full_download, max_header_mib, timeout)
+
         with one_line_errors():
-            t = open_source(target, allow_full_download, max_header_mib, timeout)
-            a = open_source(assistant, allow_full_download, max_header_mib, timeout) if assistant else None
+            t = source(target)
+            a = source(assistant) if assistant else None
             e = run(t, a, params)
         if as_json:
             sys.stdout.write(json.dumps(e.to_dict()) + "\n")

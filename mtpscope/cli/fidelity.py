@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
             "--vocab-from", help="GGUF to copy tokenizer.* keys from (default: the real Gemma 4 tokenizer, "
                                  "its first vocab_size tokens for smaller vocabularies)")] = None,
     ) -> None:
-        """Convert a Gemma4AssistantForCausalLM (drafter) or Gemma4ForCausalLM (target) checkpoint to GGUF."""
+        """Convert a Gemma4AssistantForCausalLM (drafter) or Gemma4ForCausalLM / Gemma4ForConditionalGeneration
+        (target: dense, K = V, per-layer embeddings with KV-shared layers, or MoE) checkpoint to GGUF."""
         from mtpscope.inspector.convert import DIALECTS, OUTTYPES
         from mtpscope.inspector.convert import convert as do_convert
 

@@ -224,7 +224,10 @@ TRAINED_DATA = Path(str(importlib.resources.files("mtpscope").joinpath("demo_dat
 #: how the trained pair's traces are recorded (every demo prompt, greedy)
 TRAINED_RECORD = {"n_draft": 3, "max_tokens": 64, "hidden": "f16", "n_top": 10}
 _TRAINED_SOURCES = ("mtpscope.demo.trained", "mtpscope.demo.spec", "mtpscope.inspector.convert",
-                    "mtpscope.inspector.gguf_write", "mtpscope.inspector.tokenizer", "mtpscope.inspector.safetensors")
+                    "mtpscope.inspector.convert_common", "mtpscope.inspector.convert_target",
+                    "mtpscope.inspector.hf_names", "mtpscope.inspector.hf_config", "mtpscope.inspector.gguf_write",
+                    "mtpscope.inspector.tokenizer",
+                    "mtpscope.inspector.safetensors")
 
 
 @dataclass(frozen=True)

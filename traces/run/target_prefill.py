@@ -75,29 +75,18 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
             llama.cpp assumes (its rule would then pair the drafter with the wrong cache).
     """
     from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.layouts import read_hparams
 
     f = open_gguf(target_gguf)
-    arch = f.architecture or "gemma4"
-    n = f.get(arch + ".block_count")
-    if n is None:
-        raise LayoutError("missing key", path=os.fspath(target_gguf), key=arch + ".block_count")
-    n = int(n)
-    pat = f.get(arch + ".attention.sliding_window_pattern")
-    swa = [bool(v) for v in pat.to_list()] if pat is not None else None
-    if swa is not None and len(swa) == n and not (swa[n - 2] and not swa[n - 1]):
+    hp = read_hparams(f)
+    n = hp.n_layer
+    if n < 2 or not (hp.layers[n - 2].sliding and not hp.layers[n - 1].sliding):
         raise LayoutError("llama.cpp's donor rule needs layer n_layer-2 sliding and n_layer-1 full",
-                          path=os.fspath(target_gguf), key=arch + ".attention.sliding_window_pattern",
-                          expected="[..., true, false]", actual=swa[-2:])
-    donors = {"sliding": n - 2, "full": n - 1}
-    # targets whose last layers reuse earlier caches (E2B / E4B): llama.cpp's ``reuse`` maps a layer
-    # il >= n_layer_kv_from_start to n_layer_kv_from_start - 2 (sliding) or - 1 (full); the drafter then
-    # reads that cache, and that layer's K/V nodes are the ones to capture
-    n_shared = int(f.get(arch + ".attention.shared_kv_layers") or 0)
-    n_kv = n - n_shared
-    if 0 < n_shared and n_kv >= 2:
-        donors = {kind: (n_kv - (2 if kind == "sliding" else 1)) if il >= n_kv else il
-                  for kind, il in donors.items()}
-    return donors
+                          path=os.fspath(target_gguf), key=hp.arch + ".attention.sliding_window_pattern",
+                          expected="[..., true, false]", actual=[ly.sliding for ly in hp.layers[-2:]])
+    # targets whose last layers reuse earlier caches (E2B / E4B): the drafter then reads that layer's cache,
+    # and that layer's K/V nodes are the ones to capture (layouts.HParams.kv_owner, llama.cpp's ``reuse``)
+    return {"sliding": hp.kv_owner(n - 2), "full": hp.kv_owner(n - 1)}
 
 
 def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_batch: int = 256,
