@@ -385,8 +385,6 @@ class HTTPRangeReader:
 
     def _read_body(self, resp: Any, limit: int) -> bytes:
         """The body, at most ``limit`` bytes (a body longer than asked is an error, not a download)."""
-        import httpx2
-
         out = bytearray()
         try:
             for chunk in resp.iter_raw():

@@ -24,7 +24,6 @@ Rebuilds only what changed (``trained/stamp.json``: :func:`mtpscope.demo.spec.tr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
