@@ -830,3 +830,92 @@ def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
         return (f"{short(path)} is a target model (general.architecture {arch!r}), not a drafter: choose it as "
                 "the target, and a gemma4-assistant / gemma4_assistant file as the drafter")
     return None
+
+
+# ============================================================================ Server page (issue 24)
+# A probe runs on a thread of this app process (the page refreshes from its trace while it writes); a replay
+# runs mtpscope's recorder (in its worker process). Both are library calls (mtpscope.traces.server).
+
+def server_url(url: str) -> str:
+    """``url`` if the Server page may send requests to it (:func:`mtpscope.app.safety.check_server_url`)."""
+    return safety.check_server_url(url)
+
+
+def server_probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLike[str], *, n_predict: int,
+                       repeat: int, header: str | None = None) -> dict[str, Any]:
+    """Start ``mtpscope probe`` on a thread after the URL and path checks; the job dict (``out``, ``done``,
+    ``error``, ``summary``) is kept in the session (``server.job``) and returned.
+
+    Raises:
+        PathNotAllowedError: a URL or path the app may not use.
+    """
+    import threading
+
+    from mtpscope.traces.server.client import parse_header
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+
+    base = server_url(url)
+    pfile = safety.check_path(prompts, roots(), kind="file")
+    out_p = Path(out).expanduser()
+    safety.check_path(out_p.parent, roots(), kind="dir")
+    headers = dict([parse_header(header)]) if header and header.strip() else {}
+    job: dict[str, Any] = {"out": str(out_p), "done": False, "error": None, "summary": None, "url": base}
+
+    def run() -> None:
+        try:
+            job["summary"] = probe(base, prompts_file=pfile, out=out_p, headers=headers, overwrite=True,
+                                   settings=ProbeSettings(n_predict=int(n_predict), repeat=int(repeat)),
+                                   command=["mtpscope app", "probe", base])
+        except Exception as e:  # noqa: BLE001 - shown on the page as one line
+            job["error"] = e.one_line() if isinstance(e, MtpscopeError) else internal_error_line(e, "probing")
+        finally:
+            job["done"] = True
+
+    threading.Thread(target=run, name="mtpscope-probe", daemon=True).start()
+    st.session_state["server.job"] = job
+    return job
+
+
+def server_job() -> dict[str, Any] | None:
+    """The probe started in this session, if any."""
+    return st.session_state.get("server.job")
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _server_view(path: str, key: tuple):
+    from mtpscope.traces.analysis import requests as R
+
+    t = _open_trace(path, key)
+    req = t.requests
+    return {"manifest": t.manifest, "warnings": list(t.warnings), "table": R.request_table(req),
+            "totals": R.totals(req), "by_category": R.by_category(req), "per_position": R.per_position(req),
+            "alarm": R.not_drafting_alarm(req)}
+
+
+def server_view(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A request trace (probe or server-log import) read for the Server page: ``table`` / ``totals`` /
+    ``by_category`` / ``per_position`` (:mod:`mtpscope.traces.analysis.requests`), ``alarm``, ``manifest``,
+    ``warnings``; cached like :func:`trace` (a probe that writes a row makes a new key)."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _server_view(str(p), _trace_key(p))
+
+
+def server_replay(path: str | os.PathLike[str], request: int, assistant: str | os.PathLike[str],
+                  target: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Replay one request of a probe trace with mtpscope's recorder (``mtpscope.traces.server.replay``) into
+    ``<trace>/replay-request-N``; the comparison as a dict."""
+    from mtpscope.traces.server.replay import replay_probe
+
+    p = safety.check_path(path, roots(), kind="dir")
+    a = safety.check_path(assistant, roots(), kind="file")
+    t = safety.check_path(target, roots(), kind="file") if target else None
+    res = replay_probe(p, assistant=a, target=t, requests=[int(request)], out=p / f"replay-request-{int(request)}",
+                       command=["mtpscope app", "replay", str(p), str(request)])
+    return res.to_dict()
+
+
+def open_step(trace_dir: str | os.PathLike[str], prompt_id: int, round_: int = 0) -> None:
+    """Select ``trace_dir`` and open the Step view at (prompt_id, round)."""
+    select_trace(str(trace_dir))
+    st.session_state["sel.round"] = (int(prompt_id), int(round_))
+    st.switch_page("screens/step.py")
