@@ -26,7 +26,9 @@
 
 * :func:`import_server_log` reads llama-server output: the per-slot line
   ``draft acceptance rate = 0.57143 (  4 accepted /   7 generated)`` (newer servers:
-  ``draft acceptance = ... , mean len = 1.57``), with the slot prefix ``id N | task M |`` when present,
+  ``draft acceptance = ... , mean len = 1.57``), with the slot prefix ``id N | task M |`` when present (the
+  vendored server prints it after a log prefix such as ``0.35.364.818 I slot print_timing:``), the
+  ``prompt eval time`` / ``eval time`` lines before it (tokens and milliseconds, tokens per second),
   and per-response JSON with ``timings.draft_n`` / ``timings.draft_n_accepted`` (a JSON object per line,
   optionally after ``data: `` as in streamed responses). Each becomes one row of ``requests``
   (schema ``traces.schema.REQUESTS_SCHEMA``); rounds and steps stay empty.
@@ -372,6 +374,11 @@ _STATS_RE = re.compile(
     r"\s*#gen drafts\s*=\s*(?P<gd>\d+)\s*,\s*#acc drafts\s*=\s*(?P<ad>\d+)\s*,"
     r"\s*#gen tokens\s*=\s*(?P<gt>\d+)\s*,\s*#acc tokens\s*=\s*(?P<at>\d+)"
     r"(?P<rest>.*)$")
+#: ``print_timing`` (tools/server/server-context.cpp): ``prompt eval time = 86.38 ms / 13 tokens (6.64 ms per token,
+#: 150.49 tokens per second)`` and the same for ``eval time`` (generation)
+_EVAL_RE = re.compile(
+    r"(?P<prompt>prompt\s+)?eval time\s*=\s*(?P<ms>[-+0-9.eE]+)\s*ms\s*/\s*(?P<n>\d+)\s+tokens"
+    r"(?:\s*\(\s*[-+0-9.eE]+\s*ms per token,\s*(?P<tps>[-+0-9.eE]+|inf|nan)\s*tokens per second\s*\))?")
 _DUR_RE = re.compile(r"dur\(b,g,a\)\s*=\s*(?P<b>[-+0-9.eE]+)\s*,\s*(?P<g>[-+0-9.eE]+)\s*,\s*(?P<a>[-+0-9.eE]+)\s*ms")
 #: speculative types whose statistics describe an MTP drafter
 _MTP_SPEC_TYPES = ("draft-mtp", "mtp")
@@ -417,7 +424,8 @@ def _response_row(obj: dict, ln: int) -> tuple[str, Any]:
                   "id_task": None, "n_drafted": dn, "n_accepted": da,
                   "acceptance_rate": da / dn if dn else None, "mean_acceptance_length": None,
                   "prompt_n": num("prompt_n", True), "prompt_ms": num("prompt_ms"),
-                  "predicted_n": num("predicted_n", True), "predicted_ms": num("predicted_ms")}
+                  "predicted_n": num("predicted_n", True), "predicted_ms": num("predicted_ms"),
+                  "tokens_per_s": num("predicted_per_second")}
 
 
 def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
@@ -431,7 +439,9 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     Which request a log line is: its own ``id N | task M |`` prefix; with task ``-1`` (the slot had
     already released its task) the last task seen on that slot; without a prefix (older servers print
     the line after the timing lines) the most recent ``id N | task M |`` line, however many timing or
-    statistics lines stand between them. A ``statistics draft-mtp:`` (or ``statistics mtp:``) line
+    statistics lines stand between them. The ``prompt eval time`` / ``eval time`` lines of the same request
+    (same slot and task, found the same way) give ``prompt_n`` / ``prompt_ms`` / ``predicted_n`` /
+    ``predicted_ms`` / ``tokens_per_s``. A ``statistics draft-mtp:`` (or ``statistics mtp:``) line
     that follows goes into the same row (``spec_type``, ``n_calls_*``, ``n_gen_*`` / ``n_acc_*``,
     ``t_*_ms``); statistics of other speculative types are ignored.
 
@@ -447,6 +457,8 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     slot_task: dict[int, int] = {}                    # per slot: its last task id >= 0
     last_log: dict | None = None                      # the last acceptance row (statistics go there)
     n_stats = 0                                       # statistics lines merged into a row
+    timing: dict[tuple[int, int] | None, dict[str, Any]] = {}   # (slot, task) -> its eval-time numbers so far
+    n_timing = 0                                      # eval-time lines merged into a row
     for ln, line in _lines(path):
         n_lines = ln
         s = line.strip()
@@ -478,6 +490,28 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 n_ignored += 1
             continue
         slot_m = _SLOT_RE.search(s)
+        eval_m = _EVAL_RE.search(s) if "eval time" in s else None
+        if eval_m is not None:
+            key = last_slot
+            if slot_m and _in_i32(int(slot_m["slot"])) and _in_i32(int(slot_m["task"])):
+                sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+                if tk >= 0:
+                    slot_task[sl] = tk
+                key = (sl, tk if tk >= 0 else slot_task.get(sl, tk))
+                last_slot = key
+            n, ms = int(eval_m["n"]), float(eval_m["ms"])
+            if not _in_i32(n) or not math.isfinite(ms):
+                bad.append((ln, "eval time: token count or milliseconds out of range"))
+                continue
+            t = timing.setdefault(key, {})
+            if eval_m["prompt"]:
+                t.update(prompt_n=n, prompt_ms=ms)
+            else:
+                tps = float(eval_m["tps"]) if eval_m["tps"] else None
+                t.update(predicted_n=n, predicted_ms=ms, tokens_per_s=tps if tps is not None and math.isfinite(tps)
+                         else None)
+            n_timing += 1
+            continue
         stats_m = _STATS_RE.search(s) if "statistics" in s else None
         if stats_m is not None:
             if stats_m["type"] not in _MTP_SPEC_TYPES or last_log is None or last_log["spec_type"] is not None:
@@ -525,7 +559,8 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                         "n_drafted": gen, "n_accepted": acc, "acceptance_rate": acc / gen if gen else None,
                         "mean_acceptance_length": float(m["mal"]) if m["mal"] else None,
                         "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
-                        **dict.fromkeys(_STATS_COLUMNS)}
+                        "tokens_per_s": None, **dict.fromkeys(_STATS_COLUMNS),
+                        **timing.pop((slot, task) if slot is not None else None, {})}
             rows.append(last_log)
             continue
         if slot_m and _in_i32(int(slot_m["slot"])) and _in_i32(int(slot_m["task"])):
@@ -556,13 +591,15 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "command": list(sys.argv),
         "params": {"file": str(path)},
         "prompts": [],
-        "import": {"file": str(path), "n_lines": n_lines, "n_used": len(rows) + n_stats, "n_ignored": n_ignored,
-                   "n_bad": len(bad), "bad_lines": [ln for ln, _ in bad[:1000]], "warnings": warnings},
+        "import": {"file": str(path), "n_lines": n_lines, "n_used": len(rows) + n_stats + n_timing,
+                   "n_ignored": n_ignored, "n_bad": len(bad), "bad_lines": [ln for ln, _ in bad[:1000]],
+                   "warnings": warnings},
     }
     with TraceWriter(out_dir, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                      centroids=False, compact=False, overwrite=overwrite) as w:
         w.write_tables(None, None, requests)
-    return ImportResult(str(path), str(out_dir), "server-log", n_lines, len(rows) + n_stats, n_ignored, len(bad),
+    return ImportResult(str(path), str(out_dir), "server-log", n_lines, len(rows) + n_stats + n_timing, n_ignored,
+                        len(bad),
                         tuple(bad), tuple(warnings), n_requests=len(rows))
 
 

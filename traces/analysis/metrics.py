@@ -380,6 +380,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
         if not len(rounds):
             out["n_drafted"], out["n_accepted"] = req["n_drafted"], req["n_accepted"]
             out["acceptance_rate"] = req["acceptance_rate"]
+            out["mean_acceptance_length"] = req["mean_acceptance_length"]
     out["requests"] = req
     return _clean(out)
 

@@ -232,7 +232,8 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
         out: the trace directory.
         settings: :class:`ProbeSettings` (default: 128 tokens, one pass, greedy).
         headers: extra headers (an API key); sent to ``url``'s origin only, never written.
-        resume: continue the probe trace in ``out`` (same prompts file; requests already answered are kept).
+        resume: continue the probe trace in ``out`` (same prompts file; requests already answered are kept; the
+            settings it started with are kept too).
         overwrite: replace a trace already in ``out`` (written beside it, swapped in at the end).
         on_request: called with each row as it is written (the CLI's progress line).
         command: argv for the manifest (default ``sys.argv``).
@@ -267,6 +268,13 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
     elif exists and not overwrite:
         raise TraceError("directory already holds a trace (--resume continues a probe, --overwrite replaces it)",
                          path=out)
+    if old_manifest is not None:        # a resumed probe keeps the settings it started with
+        op = old_manifest.get("params") or {}
+        settings = ProbeSettings(n_predict=int(op.get("n_predict", settings.n_predict)),
+                                 repeat=int(op.get("repeat", settings.repeat)),
+                                 temperature=float(op.get("temperature", settings.temperature)),
+                                 seed=int(op.get("seed", settings.seed)), timeout_s=settings.timeout_s)
+        plan = [(rep, i) for rep in range(settings.repeat) for i in range(len(specs))]
     done = {(int(r["repeat"]), int(r["prompt_id"])) for r in old_rows
             if r.get("repeat") is not None and r.get("prompt_id") is not None}
     todo = [(rep, i) for rep, i in plan if (rep, i) not in done]

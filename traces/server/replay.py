@@ -114,7 +114,6 @@ def settings_table(probe_manifest: dict[str, Any], record_manifest: dict[str, An
     pp = probe_manifest.get("params") or {}
     rp = record_manifest.get("params") or {}
     runtime = record_manifest.get("runtime") or {}
-    params = props.get("params") or {}
     models = record_manifest.get("models") or {}
     build = props.get("build_info")
     rec_build = runtime.get("llama_cpp")
@@ -125,9 +124,6 @@ def settings_table(probe_manifest: dict[str, Any], record_manifest: dict[str, An
                    None if not props.get("model_path") else
                    _same_file(props.get("model_path"), (models.get("target") or {}).get("path"))),
         SettingRow("draft model", NOT_REPORTED, (models.get("assistant") or {}).get("path"), None),
-        SettingRow("speculative types", params.get("speculative.types"), "draft-mtp",
-                   None if params.get("speculative.types") is None else
-                   "draft-mtp" in str(params.get("speculative.types"))),
         SettingRow("draft max (--spec-draft-n-max)", server_n_draft(probe_manifest) or NOT_REPORTED,
                    rp.get("n_draft"), None if server_n_draft(probe_manifest) is None else
                    server_n_draft(probe_manifest) == rp.get("n_draft")),
