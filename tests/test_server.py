@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.llama]
 
 KEY = "mtps-test-key-5f2c9a0e"
 N_PREDICT = 32
+KILL_PREDICT = 16
 CATEGORIES = ("code", "prose", "json", "numbers", "chat", "random")
 ROOT = Path(__file__).resolve().parents[1]
 #: one thread each: the test machine is shared, and spinning threads of a busy server only wait on each other
@@ -240,7 +241,7 @@ def test_server_killed_mid_probe_keeps_the_answered_requests(server_bin, pair, p
                 threading.Timer(0.02, srv.kill).start()
 
         with pytest.raises(ServerError) as e:
-            probe(srv.url, prompts_file=prompts_file, out=out, settings=ProbeSettings(n_predict=N_PREDICT),
+            probe(srv.url, prompts_file=prompts_file, out=out, settings=ProbeSettings(n_predict=KILL_PREDICT),
                   on_request=kill_after_two)
     finally:
         srv.stop()
@@ -252,7 +253,7 @@ def test_server_killed_mid_probe_keeps_the_answered_requests(server_bin, pair, p
     first_two = t.requests.sort_values("request")[["request", "n_drafted", "started_unix_s"]].to_dict("records")
     # --resume on another server (the module's, which wants a key): the two answered requests are kept as they
     # were, the other four are sent
-    s2 = probe(mtp_server.url, prompts_file=prompts_file, out=out, settings=ProbeSettings(n_predict=N_PREDICT),
+    s2 = probe(mtp_server.url, prompts_file=prompts_file, out=out, settings=ProbeSettings(n_predict=KILL_PREDICT),
                resume=True, headers={"Authorization": f"Bearer {KEY}"})
     assert (s2.n_resumed, s2.n_sent, s2.n_requests) == (2, 4, 6)
     t2 = open_trace(out)

@@ -226,8 +226,14 @@ def register(app: typer.Typer) -> None:
 
         with one_line_errors():
             s = launch(target, assistant, n_draft=n_draft, port=port, extra=list(ctx.args), log=log)
+        import signal
+
+        def _stop(signum, frame):  # noqa: ANN001, ARG001 - SIGTERM (kill, a service manager): stop it too
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _stop)
         print(s.url, flush=True)
-        print(f"llama-server pid {s.pid}, log {s.log}; Ctrl-C stops it", file=sys.stderr)
+        print(f"llama-server pid {s.pid}, log {s.log}; Ctrl-C (or SIGTERM) stops it", file=sys.stderr)
         try:
             rc = s.process.wait()
         except KeyboardInterrupt:
