@@ -319,3 +319,40 @@ def test_server_page_in_chromium(probed, tmp_path):
         finally:
             browser.close()
     assert "Traceback" not in (tmp_path / "app.log").read_text()
+
+
+def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_path, monkeypatch):
+    """The page's own probe: a URL, a key, a prompts file; the probe runs on a thread and the page shows it."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from mtpscope.cli.serve import main_script
+
+    monkeypatch.setenv("MTPSCOPE_ROOTS", f"{tmp_path}:{prompts_file.parent}")
+    out = tmp_path / "page-probe"
+    at = AppTest.from_file(str(main_script()), default_timeout=120)
+    at.run()
+    at.switch_page("screens/server.py").run()
+    at.radio(key="w.server.mode").set_value("probe a server").run()
+    at.text_input(key="w.server.url").set_value(mtp_server.url)
+    at.text_input(key="w.server.header").set_value(f"Authorization: Bearer {KEY}")
+    at.text_input(key="w.server.prompts").set_value(str(prompts_file))
+    at.text_input(key="w.server.out").set_value(str(out))
+    at.number_input(key="w.server.n_predict").set_value(8)
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    job = at.session_state["server.job"]
+    deadline = time.monotonic() + 300
+    while not job["done"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job["done"] and job["error"] is None, job
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert {m.label: m.value for m in at.metric}["requests"] == "6"
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert KEY.encode() not in f.read_bytes(), f
+    # another host is refused without the switch and the allow-list, before anything is sent
+    at.text_input(key="w.server.url").set_value("http://192.0.2.7:8080")
+    at.button[0].click().run()
+    assert any("only this machine's llama-server" in str(e.value) for e in at.error), [e.value for e in at.error]

@@ -72,9 +72,10 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     """
     r = request_rows(requests)
     out = pd.DataFrame(index=r.index)
-    out["request"] = _col(r, "request").astype("Int64") if len(r) else pd.Series(dtype="Int64")
-    prompt = _col(r, "prompt")
-    out["prompt"] = [p if isinstance(p, str) else f"#{int(q)}" for p, q in zip(prompt, out["request"], strict=True)]
+    req = pd.to_numeric(_col(r, "request"), errors="coerce").to_numpy(np.float64)
+    req = np.where(np.isnan(req), np.arange(len(r)), req).astype(np.int64)    # no request number: the row's place
+    out["request"] = req
+    out["prompt"] = [p if isinstance(p, str) else f"#{q}" for p, q in zip(_col(r, "prompt"), req, strict=True)]
     out["category"] = _col(r, "category").astype(object)
     out["repeat"] = _col(r, "repeat")
     out["n_prompt_tokens"] = _col(r, "n_prompt_tokens")
