@@ -263,8 +263,8 @@ def build_server(*, force: bool = False, jobs: int | None = None, progress=None)
 
     Raises:
         ServerBuildUnavailableError: no cmake, compiler or llama-cpp-python libraries.
-        ServerError: the download, the configure or the build failed (one line naming ``build.log``), or
-            the built binary does not start (``--version``).
+        ServerError: the download, the configure or the build failed (one line naming the build's log, kept as
+            ``<cache>/server/<key>-failed-build.log``), or the built binary does not start (``--version``).
     """
     say = progress or (lambda _line: None)
     key, inputs = build_key()
@@ -285,6 +285,14 @@ def build_server(*, force: bool = False, jobs: int | None = None, progress=None)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(built, final)
+        except ServerError as e:             # keep the log of a failed build where the message says
+            log = work / "out" / "build.log"
+            if log.is_file():
+                kept = root / f"{key}-failed-build.log"
+                shutil.copy2(log, kept)
+                e.path = os.fspath(kept)
+                e.args = (e.one_line(),)
+            raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
     b = _read_build(final)
