@@ -262,7 +262,7 @@ def test_server_killed_mid_probe_keeps_the_answered_requests(server_bin, pair, p
 
 # ------------------------------------------------------------------------------------------------ the app
 
-def test_server_page_in_apptest(probed, monkeypatch):
+def test_server_page_in_apptest(probed, pair, monkeypatch):
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
@@ -282,6 +282,18 @@ def test_server_page_in_apptest(probed, monkeypatch):
     assert metrics["acceptance rate"] == f"{req['n_accepted'].sum() / req['n_drafted'].sum():.3f}"
     assert not [e for e in at.error if "not running MTP" in str(e.value)]
     assert len(at.get("plotly_chart")) == 3
+    # replay one request from the page: mtpscope's recording agrees with the server's numbers of that request
+    monkeypatch.setenv("MTPSCOPE_ROOTS", f"{out.parent}:{pair.root}")
+    at.selectbox(key="w.server.request").set_value(3).run()
+    at.text_input(key="w.server.assistant").set_value(str(pair.drafter))
+    at.text_input(key="w.server.target").set_value(str(pair.target))
+    next(b for b in at.button if b.key == "server.replay").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [s.value for s in at.success] == ["same output, same drafted, same accepted"], [e.value for e in at.error]
+    row = req[req["request"] == 3].iloc[0]
+    shown = at.dataframe[-1].value
+    assert list(shown["drafted (server)"]) == [row["n_drafted"]] == list(shown["drafted (mtpscope)"])
+    assert list(shown["accepted (server)"]) == [row["n_accepted"]] == list(shown["accepted (mtpscope)"])
 
 
 @pytest.mark.browser

@@ -98,10 +98,15 @@ with state.guard("the requests table"):
     if v["manifest"].get("source") != "server-probe":
         st.caption("Replaying needs a probe trace (it holds each prompt's token ids).")
         st.stop()
-    if not picked:
-        st.caption("Select a request to replay it with mtpscope's recorder and compare.")
-        st.stop()
-    req = int(table.iloc[picked[0]]["request"])
+    numbers = [int(r) for r in table["request"]]
+    labels = dict(zip(numbers, table["prompt"].astype(str), strict=True))
+    if picked and st.session_state.get("server.picked") != picked[0]:   # a click on a row selects its request
+        st.session_state["server.picked"] = picked[0]
+        st.session_state["w.server.request"] = numbers[picked[0]]
+    if st.session_state.get("w.server.request") not in numbers:
+        st.session_state["w.server.request"] = numbers[0]
+    req = st.selectbox("request to replay (or click its row)", numbers, key="w.server.request",
+                       format_func=lambda r: f"request {r} (prompt {labels[r]})")
     props = (v["manifest"].get("server") or {}).get("props") or {}
     c1, c2 = st.columns(2)
     assistant = c1.text_input("assistant GGUF the server runs (-md)", value=state.get("drafter") or "",
