@@ -507,3 +507,28 @@ def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame]:
 
     p = safety.check_path(path, roots(), kind="dir")
     return _sweep(str(p), _stat_key(p / SWEEP_FILE))
+
+
+# ------------------------------------------------------------------------------------------ Server page (issue 24)
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _server_view(path: str, key: tuple) -> dict[str, Any]:
+    from mtpscope.traces.analysis import requests as R
+
+    t = _open_trace(path, key)
+    req = t.requests
+    return {"manifest": t.manifest, "warnings": list(t.warnings), "table": R.request_table(req),
+            "totals": R.totals(req), "by_category": R.by_category(req), "per_position": R.per_position(req),
+            "alarm": R.not_drafting_alarm(req)}
+
+
+def server_view(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A request trace (probe or server-log import) read for the Server page: ``table`` / ``totals`` /
+    ``by_category`` / ``per_position`` (:mod:`mtpscope.traces.analysis.requests`), ``alarm``, ``manifest``,
+    ``warnings``; cached like :func:`trace` (a probe that writes a row makes a new key).
+
+    Raises:
+        PathNotAllowedError: a path outside the allowed folders; TraceError & co: an unreadable trace.
+    """
+    p = safety.check_path(path, roots(), kind="dir")
+    return _server_view(str(p), _trace_key(p))

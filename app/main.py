@@ -34,6 +34,7 @@ PAGES = [
     st.Page("screens/explain.py", title="Explain", url_path="explain"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
     st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
+    st.Page("screens/server.py", title="Server", url_path="server"),
 ]
 
 page = st.navigation(PAGES)

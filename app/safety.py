@@ -559,3 +559,42 @@ def check_url(url: str, environ: dict[str, str] | None = None) -> str:
         raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
                                   actual=host or "none")
     return url.strip()
+
+
+# ------------------------------------------------------------------------------ llama-server URLs (issue 24)
+
+#: hosts a Server page may always talk to: this machine
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def check_server_url(url: str, environ: dict[str, str] | None = None) -> str:
+    """``url`` (``http://`` / ``https://``) if the Server page may send requests to it; pure (nothing is sent).
+
+    Rules: a loopback host (:data:`LOOPBACK_HOSTS`, any port) is always allowed; any other host only with URLs
+    switched on (:func:`urls_allowed`, ``MTPSCOPE_ALLOW_URLS=1``) and the host in the allow-list
+    (``MTPSCOPE_URL_HOSTS``, a host or a sub-domain of one), as for remote GGUFs. No user info, query or
+    fragment (:func:`mtpscope.traces.server.client.check_base_url`).
+
+    Raises:
+        PathNotAllowedError: not an http(s) URL, or a host that is not allowed (naming the switch or the list).
+    """
+    from urllib.parse import urlsplit
+
+    from mtpscope.errors import ServerError
+    from mtpscope.traces.server.client import check_base_url
+
+    try:
+        base = check_base_url(url)
+    except ServerError as e:
+        raise PathNotAllowedError(e.message, key="url", expected=e.expected, actual=e.actual) from None
+    host = (urlsplit(base).hostname or "").lower().rstrip(".")
+    if host in LOOPBACK_HOSTS:
+        return base
+    if not urls_allowed(environ):
+        raise PathNotAllowedError("only this machine's llama-server (127.0.0.1) is allowed", key=ALLOW_URLS_ENV,
+                                  expected=f"{ALLOW_URLS_ENV}=1 and the host in {URL_HOSTS_ENV}", actual=host)
+    hosts = url_hosts(environ)
+    if not any(host == h or host.endswith("." + h) for h in hosts):
+        raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
+                                  actual=host)
+    return base

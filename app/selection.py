@@ -207,6 +207,29 @@ def cmp_variant_key(i: int) -> str:
     return f"w.cmp.vt.{i}"
 
 
+# Server (issue 24)
+SERVER_MODE = "w.server.mode"
+SERVER_URL = "w.server.url"
+SERVER_HEADER = "w.server.header"
+SERVER_PROMPTS = "w.server.prompts"
+SERVER_OUT = "w.server.out"
+SERVER_N_PREDICT = "w.server.n_predict"
+SERVER_REPEAT = "w.server.repeat"
+SERVER_TRACE = "w.server.trace"
+SERVER_TIME = "server.time"
+SERVER_CAT = "server.cat"
+SERVER_POS = "server.pos"
+SERVER_TABLE = "server.table"
+SERVER_PICKED = "server.picked"
+SERVER_REQUEST = "w.server.request"
+SERVER_ASSISTANT = "w.server.assistant"
+SERVER_TARGET = "w.server.target"
+SERVER_REPLAY = "server.replay"
+SERVER_REPLAYED = "server.replayed"
+SERVER_STEP = "server.step"
+SERVER_PROBE_FORM = "server.probe"
+SERVER_JOB = "server.job"
+
 # Sweep
 SWEEP_PATH = "w.sweep.path"
 SWEEP_VALUE = "w.sweep.value"

@@ -19,7 +19,9 @@ expected and what was found, so the one-line message is enough to fix the input:
         ├── ImportFormatError     a foreign log that cannot be imported at all
         ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
         ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
-        └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
+        ├── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
+        └── ServerError           llama-server: cannot be built or started here, or a probe failed
+            └── ServerBuildUnavailableError  no cmake / C++ compiler / llama-cpp-python to build it with
 """
 
 from __future__ import annotations
@@ -131,6 +133,17 @@ class TraceMismatchError(TraceError):
 
 class RuntimeUnavailableError(TraceError):
     """llama-cpp-python is not installed or lacks a symbol the recorder needs."""
+
+
+class ServerError(TraceError):
+    """llama-server (traces/server/): a build that failed, a server that would not start, or a probe that
+    could not go on (server down, an HTTP error status, a response that is not the server's JSON).
+    ``path`` is the URL, the binary or the build log concerned; an API key is never part of the message."""
+
+
+class ServerBuildUnavailableError(ServerError):
+    """llama-server cannot be built on this machine at all: cmake, a C++ compiler or llama-cpp-python's
+    own libraries are missing (the message names which)."""
 
 
 class ServeRefusedError(MtpscopeError):

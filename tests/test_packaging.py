@@ -53,7 +53,7 @@ def test_wheel_has_one_import_root_and_the_data(wheel: Path) -> None:
     for must in ("mtpscope/errors.py", "mtpscope/inspector/gguf.py", "mtpscope/cli/main.py",
                  "mtpscope/traces/store/reader.py",
                  "mtpscope/app/main.py", "mtpscope/app/screens/files.py",
-                 "mtpscope/sample_configs/demo-record.json",
+                 "mtpscope/sample_configs/demo-record.json", "mtpscope/traces/server/llama_server.cmake",
                  "mtpscope/sample_configs/gemma-4-E2B-it-assistant/config.json"):
         assert must in names, must
     # every module of the libraries and of the mtpscope folder is in the wheel, sub-packages included

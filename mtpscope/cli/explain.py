@@ -172,8 +172,18 @@ def register(app: typer.Typer) -> None:
         prompt: Optional[str] = typer.Option(None, "--prompt", help="Only this prompt (its id or prompt_id)."),
         vocab: Optional[Path] = typer.Option(
             None, "--vocab", help="GGUF whose vocabulary the trace's tokens come from (default: the recorded target)."),
+        by: str = typer.Option("round", "--by", help="round: rejections and causes (default); request: one row "
+                                                     "per llama-server request (probe, server log; a recording "
+                                                     "prompt by prompt), worst first."),
     ) -> None:
         """Why drafts were rejected, on which tokens, and which n_draft to use (worst first)."""
+        if by not in ("round", "request"):
+            print(f"mtpscope: '--by': expected round or request, got {by!r}", file=sys.stderr)
+            raise typer.Exit(2)
+        if by == "request":
+            from mtpscope.cli.server import explain_requests
+
+            raise typer.Exit(explain_requests(trace, as_json))
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
             from mtpscope.traces.analysis.explain_report import select_prompt, token_label
@@ -221,6 +231,11 @@ def register(app: typer.Typer) -> None:
             from mtpscope.traces.analysis.vocab import trace_vocab
 
             ta, tb = open_trace(a), open_trace(b)
+            if any(t.part_files("requests") and not (t.manifest.get("counts") or {}).get("n_rounds")
+                   for t in (ta, tb)):
+                from mtpscope.cli.server import compare_request_traces
+
+                raise typer.Exit(compare_request_traces(ta, tb, as_json))
             try:
                 diff = compare_traces(ta, tb, vocab=trace_vocab(ta.manifest, vocab))
             finally:  # a torn part explains an empty trace: say so before the error line

@@ -20,6 +20,7 @@ from mtpscope.cli import inspect as cli_inspect
 from mtpscope.cli import record as cli_record
 from mtpscope.cli import report as cli_report
 from mtpscope.cli import serve as cli_serve
+from mtpscope.cli import server as cli_server
 from mtpscope.cli import sweep as cli_sweep
 from mtpscope.cli import trace as cli_trace
 from mtpscope.cli import verify as cli_verify
@@ -53,7 +54,7 @@ def version() -> None:
 
 
 for _module in (cli_inspect, cli_verify, cli_report, cli_trace, cli_record, cli_demo, cli_fidelity, cli_serve,
-                cli_explain, cli_sweep, cli_estimate):
+                cli_explain, cli_sweep, cli_estimate, cli_server):
     _module.register(app)
 
 

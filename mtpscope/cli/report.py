@@ -87,7 +87,20 @@ def format_report(rep: dict[str, Any]) -> str:
         r = rep["requests"]
         lines.append("")
         lines.append(f"requests ({r['kind']} rows): {r['n_requests']}, drafted {r['n_drafted']}, "
-                     f"accepted {r['n_accepted']}, acceptance rate {_fmt(r['acceptance_rate'])}")
+                     f"accepted {r['n_accepted']}, acceptance rate {_fmt(r['acceptance_rate'])}"
+                     + (f", mean acceptance length {_fmt(r['mean_acceptance_length'], '.2f')}"
+                        if r.get("mean_acceptance_length") is not None else "")
+                     + (f", {_fmt(r['tokens_per_s_mean'], '.1f')} tokens/s (mean per request)"
+                        if r.get("tokens_per_s_mean") is not None else ""))
+        if r.get("alarm"):
+            lines.append(f"ALARM: {r['alarm']}")
+        if r.get("per_position"):
+            lines.append("accepted per draft position (server counters): " + ", ".join(
+                f"k={p['k']} {_fmt(p['rate'])}" for p in r["per_position"]))
+        if len(r.get("by_category") or []) > 1:
+            lines.append("by category (worst first): " + ", ".join(
+                f"{c['category']} {_fmt(c['acceptance_rate'])} ({plural(c['n_requests'], 'request')})"
+                for c in r["by_category"]))
     return "\n".join(lines)
 
 

@@ -259,19 +259,30 @@ def centroid_coverage(steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
-    """Totals over server-log request rows (columns ``kind``, ``n_drafted``, ``n_accepted``).
+    """Totals over llama-server request rows (``requests`` table: at least ``kind``, ``n_drafted``,
+    ``n_accepted``; the other columns where present).
 
-    The per-response ``timings`` rows (kind ``response``) are used when there are any, else the
-    log lines (kind ``log``); the two kinds describe the same requests and are never added together.
+    One kind of row counts (:func:`mtpscope.traces.analysis.requests.request_rows`: probe rows, else the
+    per-response ``timings`` rows, else the log lines); kinds describing the same requests are never added
+    together. Keys: ``kind``, ``n_requests``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``by_kind``,
+    and from :func:`mtpscope.traces.analysis.requests.totals`: ``n_drafts``, ``mean_acceptance_length``,
+    ``tokens_per_s_mean``; ``alarm`` (the not-drafting alarm or None), ``by_category`` and ``per_position``
+    (records).
     """
+    from mtpscope.traces.analysis import requests as R
+
     _need(requests, ["kind", "n_drafted", "n_accepted"], "requests")
     kinds = set(requests["kind"].tolist())
-    kind = "response" if "response" in kinds else "log"
-    sub = requests[requests["kind"] == kind]
+    sub = R.request_rows(requests)
+    kind = str(sub["kind"].iloc[0]) if len(sub) else "log"
     nd, na = _ints(sub["n_drafted"]), _ints(sub["n_accepted"])
+    tot = R.totals(requests)
     return {"kind": kind, "n_requests": int(len(sub)), "n_drafted": int(nd.sum()), "n_accepted": int(na.sum()),
             "acceptance_rate": _div(na.sum(), nd.sum()),
-            "by_kind": {k: int((requests["kind"] == k).sum()) for k in sorted(kinds)}}
+            "by_kind": {k: int((requests["kind"] == k).sum()) for k in sorted(kinds)},
+            "n_drafts": tot["n_drafts"], "mean_acceptance_length": tot["mean_acceptance_length"],
+            "tokens_per_s_mean": tot["tokens_per_s_mean"], "alarm": R.not_drafting_alarm(requests),
+            "by_category": _records(R.by_category(requests)), "per_position": _records(R.per_position(requests))}
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -370,6 +381,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
         if not len(rounds):
             out["n_drafted"], out["n_accepted"] = req["n_drafted"], req["n_accepted"]
             out["acceptance_rate"] = req["acceptance_rate"]
+            out["mean_acceptance_length"] = req["mean_acceptance_length"]
     out["requests"] = req
     return _clean(out)
 
@@ -386,8 +398,7 @@ def report(trace: TraceLike) -> dict[str, Any]:
     steps = None
     if trace.manifest.get("centroids") is not None:
         steps = trace.columns("steps", ["k", "target_in_candidates"])
-    requests = trace.columns("requests", ["kind", "n_drafted", "n_accepted"]) \
-        if trace.part_files("requests") else None
+    requests = trace.requests if trace.part_files("requests") else None
     body = summarize(rounds, steps, requests)
     prompt_ids = set(int(p) for p in rounds["prompt_id"].unique()) if len(rounds) else set()
     head = {

@@ -19,7 +19,7 @@ from mtpscope.errors import TraceFormatError
 
 SCHEMA_VERSION = 1
 
-SOURCES = ("record", "fork-ndjson", "server-log", "synthetic", "replay", "baseline")
+SOURCES = ("record", "fork-ndjson", "server-log", "server-probe", "synthetic", "replay", "baseline")
 HIDDEN_DTYPES = {"f16": pa.float16(), "f32": pa.float32()}
 HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
@@ -71,16 +71,20 @@ _STEPS_CENTROID = [
     pa.field("target_centroid_rank", _i32),
 ]
 
+# One row per llama-server request, written by the server-log importer (traces/importers/server_log.py, kind "log" /
+# "response") and by `mtpscope probe` (traces/server/probe.py, kind "probe"); report, explain --by request,
+# compare and the app's Server page read both alike. A column a source cannot know is null.
 REQUESTS_SCHEMA = pa.schema([
-    pa.field("request", _i32, nullable=False),       # 0-based, in file order
-    pa.field("line", _i32, nullable=False),          # 1-based line number in the source log
+    pa.field("request", _i32, nullable=False),       # 0-based, in file / sending order
+    pa.field("line", _i32, nullable=False),          # 1-based line number in the source log (probe: request + 1)
     pa.field("kind", pa.string(), nullable=False),   # "log" (acceptance-rate line) | "response" (timings JSON)
+                                                     # | "probe" (a request `mtpscope probe` sent)
     pa.field("id_slot", _i32),
     pa.field("id_task", _i32),
     pa.field("n_drafted", _i32, nullable=False),     # log: "generated"; response: timings.draft_n
     pa.field("n_accepted", _i32, nullable=False),    # log: "accepted"; response: timings.draft_n_accepted
     pa.field("acceptance_rate", _f64),               # n_accepted / n_drafted; null when n_drafted == 0
-    pa.field("mean_acceptance_length", _f64),        # log only: the server's "mean len" (newer servers)
+    pa.field("mean_acceptance_length", _f64),        # 1 + accepted / drafts (log: the server's "mean len")
     pa.field("prompt_n", _i32),                      # timings.prompt_n (tokens)
     pa.field("prompt_ms", _f64),                     # timings.prompt_ms
     pa.field("predicted_n", _i32),                   # timings.predicted_n (tokens)
@@ -98,6 +102,21 @@ REQUESTS_SCHEMA = pa.schema([
     pa.field("t_begin_ms", _f64),                    # dur(b,g,a), ms (when llama.cpp measured them)
     pa.field("t_draft_ms", _f64),
     pa.field("t_accept_ms", _f64),
+    # which prompt (probe: index into manifest.prompts; the prompt's own id and category as in the prompts file)
+    pa.field("prompt_id", _i32),
+    pa.field("prompt", pa.string()),                 # the prompt's id from the prompts file (else its index)
+    pa.field("category", pa.string()),
+    pa.field("repeat", _i32),                        # probe --repeat: 0-based pass over the prompts
+    pa.field("n_prompt_tokens", _i32),               # tokens in: the prompt's length (cached tokens included)
+    pa.field("n_drafts", _i32),                      # verification steps (drafts sent to the target): counter delta
+    pa.field("accepted_per_pos", pa.list_(_i32)),    # accepted at draft position 1, 2, …: per-position counter delta
+    pa.field("tokens_per_s", _f64),                  # generation speed: timings.predicted_per_second
+    pa.field("wall_ms", _f64),                       # the request's wall time as the client saw it
+    pa.field("started_unix_s", _f64),                # when it was sent (seconds since the epoch)
+    pa.field("counters_match", pa.bool_()),          # the /metrics deltas equal this response's draft_n / accepted
+    pa.field("stop_type", pa.string()),              # "eos" | "limit" | "word" (the server's stop_type)
+    pa.field("output_text", pa.string()),            # the generated text (probe)
+    pa.field("output_tokens", pa.list_(_i32)),       # the generated token ids (probe: return_tokens)
 ])
 
 
