@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError
+from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.store.records import RoundRecord
 
 
@@ -100,7 +101,7 @@ class BaselineSummary:
     outputs: tuple[tuple[int, ...], ...]
 
 
-def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str], max_tokens: int,
+def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str | PromptSpec], max_tokens: int,
                     chat: bool = False, n_gpu_layers: int = 0, overwrite: bool = False,
                     command: Sequence[str] | None = None,
                     on_prompt: Callable[[int, int], None] | None = None) -> BaselineSummary:
@@ -108,7 +109,9 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
 
     Args:
         rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime`.
-        out: the trace directory; prompts: prompt texts; max_tokens: tokens per prompt at most.
+        out: the trace directory; prompts: prompt texts or :class:`traces.run.prompts.PromptSpec` (text,
+            ``tokens`` or ``messages``, as ``record`` takes them; their id and category go to the
+            manifest's prompt entries); max_tokens: tokens per prompt at most.
         chat: apply the target's chat template; n_gpu_layers: as loaded (for the manifest's device).
         overwrite: replace a trace already in ``out`` (its parts are deleted first).
         command: argv for the manifest (default ``sys.argv``).
@@ -123,6 +126,7 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     """
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
     from mtpscope.traces.run import llama_runtime as rt  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
     from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
     from mtpscope.traces.store.store import TraceWriter  # noqa: PLC0415
 
@@ -131,7 +135,9 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
     if int(max_tokens) < 1:
         raise MtpscopeError("max_tokens must be >= 1", key="max_tokens", expected=">= 1", actual=max_tokens)
     t_start = time.perf_counter()
-    toks = [rtm.prompt_tokens(t, chat=chat) for t in prompts]
+    specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
+    rendered = [spec_tokens(rtm.tmodel, sp, chat=chat) for sp in specs]
+    toks = [tk for tk, _ in rendered]
     rtm.ensure_context(max(len(t) for t in toks) + int(max_tokens) + 1)
     with open_gguf(rtm.target_path) as f:
         target_info = model_info(f)
@@ -143,8 +149,8 @@ def record_baseline(*, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[
                    "n_threads": rtm.n_threads, "n_ctx": rtm.n_ctx, "hidden": "off"},
         "models": {"target": target_info, "assistant": None, "centroids": None},
         "runtime": rt.runtime_info(n_gpu_layers),
-        "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
-                    for i, (t, tk) in enumerate(zip(prompts, toks, strict=True))],
+        "prompts": [sp.manifest_entry(i, len(tk), text=None if sp.source == "text" else txt)
+                    for i, (sp, (tk, txt)) in enumerate(zip(specs, rendered, strict=True))],
     }
     n_rounds = n_gen = 0
     decode_ms = 0.0

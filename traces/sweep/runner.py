@@ -152,6 +152,7 @@ class SweepWorker:
     def run(self, task: Mapping[str, Any], attempt: int, fault: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one task (a :func:`_task_payload`) and return its counters (see :class:`TaskState`)."""
         from mtpscope.traces.run.baseline import record_baseline  # noqa: PLC0415
+        from mtpscope.traces.run.prompts import spec_from_dict  # noqa: PLC0415
         from mtpscope.traces.run.recorder import record  # noqa: PLC0415
 
         print(f"{TASK_MARK}{task['task']} attempt {attempt} ===", file=sys.stderr, flush=True)
@@ -167,13 +168,14 @@ class SweepWorker:
         self._progress = prog
         t0 = time.perf_counter()
         command = [*task["command"], "--task", task["task"]]
+        prompts = [spec_from_dict(p) for p in task["prompts"]]
         if baseline:
             def on_prompt(pid: int, n_gen: int) -> None:
                 prog["generated"] += n_gen
                 prog["rounds"] += max(n_gen - 1, 0)
                 _fault_action(fault, attempt, pid + 1)
 
-            record_baseline(rtm=rtm, out=out, prompts=task["prompts"], max_tokens=task["max_tokens"],
+            record_baseline(rtm=rtm, out=out, prompts=prompts, max_tokens=task["max_tokens"],
                             chat=task["chat"], n_gpu_layers=self.n_gpu_layers, overwrite=True,
                             command=command, on_prompt=on_prompt)
         else:
@@ -184,7 +186,7 @@ class SweepWorker:
                 prog["generated"] += len(res.emitted) + (1 if res.round == 0 else 0)
                 _fault_action(fault, attempt, prog["rounds"])
 
-            record(target=task["target"], assistant=task["assistant_path"], out=out, prompts=task["prompts"],
+            record(target=task["target"], assistant=task["assistant_path"], out=out, prompts=prompts,
                    n_draft=task["n_draft"], max_tokens=task["max_tokens"], chat=task["chat"],
                    n_gpu_layers=self.n_gpu_layers, hidden=hidden, n_threads=self.n_threads, overwrite=True,
                    command=command, runtime=rtm, on_round=on_round)
@@ -258,7 +260,9 @@ class SweepResult:
 
 
 def _task_payload(spec: SweepSpec, t: SweepTask, out: Path, command: Sequence[str]) -> dict[str, Any]:
-    prompts = [p.text for p in spec.shard_prompts(t.shard)]
+    from mtpscope.traces.run.prompts import spec_to_dict  # noqa: PLC0415
+
+    prompts = [spec_to_dict(p.prompt_spec()) for p in spec.shard_prompts(t.shard)]
     apath = spec.assistant_path(t.assistant) if not t.is_baseline else spec.assistants[0][1]
     return {"task": t.task_id, "out": os.fspath(out / t.task_id), "target": spec.target, "assistant_path": apath,
             "n_draft": t.n_draft, "max_tokens": spec.max_tokens, "hidden": spec.hidden, "chat": spec.chat,
