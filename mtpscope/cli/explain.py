@@ -31,6 +31,44 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
 
 
+def _fv(row: dict[str, Any], key: str, spec: str) -> str:
+    """A value and its interval: ``0.534 [0.501, 0.570]``."""
+    v, iv = row.get(key), row.get(f"{key}_interval")
+    if v is None:
+        return "-"
+    return f"{format(v, spec)} [{format(iv[0], spec)}, {format(iv[1], spec)}]" if iv else format(v, spec)
+
+
+def _choice(rec: dict[str, Any]) -> str:
+    c = rec.get("choice")
+    if c is None:
+        return "no recommendation"
+    who = f"{rec['assistant']} " if rec.get("assistant") else ""
+    return "plain decoding" if c == "plain" else f"{who}n_draft {c}"
+
+
+def format_advice(d: dict[str, Any]) -> list[str]:
+    """The ``recommendation`` and ``break_even`` keys (:meth:`traces.analysis.advice.Advice.to_dict`) as
+    terminal lines, overall and per category: what ``explain`` and the sweep report print."""
+    rec = d.get("recommendation")
+    if not rec:
+        return []
+    out = ["", f"Recommendation: {_choice(rec)}{' (a tie)' if rec.get('tie') else ''}", f"  {rec['reason']}"]
+    for cat, r in (rec.get("by_category") or {}).items():
+        out.append(f"  {cat}: {r.get('headline') or r['reason']}")
+    be = d.get("break_even")
+    if be:
+        out += ["", f"Break-even: {be['words']}"]
+        for cat, b in (be.get("by_category") or {}).items():
+            need = b["draft_cost_ratio_needed"]
+            step = (f"a draft step under {need:.2f} of a plain decode (now {b['draft_cost_ratio']:.2f})" if need > 0
+                    else f"cannot pay at this verify cost ({b['verify_cost_ratio']:.2f} decodes)")
+            out.append(f"  {cat}: {'pays' if b['pays'] else 'would pay'} at n_draft {b['n_draft']} with {step}; mean "
+                       f"acceptance length needed {b['mean_acceptance_length_needed']:.2f} (now "
+                       f"{b['mean_acceptance_length']:.2f})")
+    return out
+
+
 def _tok(row: dict[str, Any]) -> str:
     text = row.get("text")
     return f"“{text}”" if text is not None else f"#{row['token']}"
@@ -95,23 +133,20 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
     wi = d.get("what_if")
     if wi:
         m = d["what_if_model"]
-        lines += ["", "Which n_draft? (estimate from this trace; formula in docs/EXPLAIN.md)",
-                  "  n_draft  acceptance rate  mean acceptance length  tokens/s  speedup"]
+        lines += ["", "Which n_draft? (estimate from this trace, 95 % intervals over prompts; model in docs/EXPLAIN.md §4)",
+                  "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
         for r in wi:
             mark = " (recorded)" if r["recorded"] else (" (extrapolated)" if r["extrapolated"] else "")
-            best = "  <- best" if r["n_draft"] == m["best_n_draft"] else ""
-            lines.append(f"  {r['n_draft']:7d}  {_f(r['acceptance_rate']):>15}  {_f(r['mean_acceptance_length']):>22}  "
-                         f"{_f(r['tokens_per_s'], '.1f'):>8}  {_f(r['speedup'], '.2f'):>7}{mark}{best}")
+            lines.append(f"  {r['n_draft']:7d}  {_fv(r, 'acceptance_rate', '.3f'):<20}  "
+                         f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
+                         f"{_fv(r, 'speedup', '.2f'):<18}{mark}")
         if m.get("cost"):
             c = m["cost"]
-            lines.append(f"  cost model: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify {_f(c['v0_ms'], '.2f')} + "
-                         f"{_f(c['v1_ms'], '.2f')} ms per token; plain decoding {_f(c['t_plain_ms'], '.2f')} ms per "
-                         f"token ({c['baseline']})")
-        if m.get("best_n_draft") is not None:
-            lines.append(f"  recommended: n_draft {m['best_n_draft']}")
-        wic = d.get("what_if_by_category")
-        if wic:
-            lines.append("  per category: " + ", ".join(f"{c}: n_draft {w['best_n_draft']}" for c, w in wic.items()))
+            lines.append(f"  costs: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify "
+                         + ", ".join(f"{n} tokens {_f(v, '.2f')} ms" for n, v in c["verify_ms"].items())
+                         + f" (other sizes {_f(c['v0_ms'], '.2f')} + {_f(c['v1_ms'], '.2f')} ms per token); plain decoding "
+                         f"{_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})")
+    lines += format_advice(d)
     if sentences:
         lines += ["", "First mismatches of this prompt:"]
         lines += [f"  {s}" for s in sentences[:MAX_STEP_LINES]]
@@ -151,13 +186,16 @@ def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def explain_json(trace: Any, *, vocab_path: Path | None = None, prompt: str | None = None) -> tuple[dict[str, Any], Any]:
-    """(JSON sections, Explanation) of an opened trace; the vocabulary from ``vocab_path`` or the manifest."""
-    from mtpscope.traces.analysis.explain_report import explain_trace
+def explain_json(trace: Any, *, vocab_path: Path | None = None, prompt: str | None = None,
+                 category_field: str | None = None) -> tuple[dict[str, Any], Any]:
+    """(JSON sections, Explanation) of an opened trace (:func:`traces.sweep.advice.explain_with_baseline`:
+    a sweep cell's speedups against the sweep's plain decoding); the vocabulary from ``vocab_path`` or
+    the manifest."""
     from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     vocab = trace_vocab(trace.manifest, vocab_path)
-    x = explain_trace(trace, vocab=vocab, prompt=prompt)
+    x = explain_with_baseline(trace, vocab=vocab, prompt=prompt, category_field=category_field)
     return x.to_dict(), (x, vocab)
 
 
@@ -171,15 +209,25 @@ def register(app: typer.Typer) -> None:
         prompt: Optional[str] = typer.Option(None, "--prompt", help="Only this prompt (its id or prompt_id)."),
         vocab: Optional[Path] = typer.Option(
             None, "--vocab", help="GGUF whose vocabulary the trace's tokens come from (default: the recorded target)."),
+        category_field: Optional[str] = typer.Option(
+            None, "--category-field", help="Take each prompt's category from this field of the prompts file "
+                                           "(kept in the manifest's prompt entries) instead of 'category'."),
     ) -> None:
-        """Why drafts were rejected, on which tokens, and which n_draft to use (worst first)."""
+        """Why drafts were rejected, on which tokens, and which n_draft to use (worst first); plain decoding
+        is always a candidate. On a sweep directory: the sweep's measured recommendation and break-even."""
+        from mtpscope.traces.sweep.spec import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli.sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json, advice_only=True))
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
             from mtpscope.traces.analysis.explain_report import select_prompt, token_label
             from mtpscope.traces.store.store import open_trace
 
             t = open_trace(trace)
-            d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt)
+            d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)
         totals = x.totals
