@@ -678,22 +678,25 @@ def vocab(path: str | None):
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None):
-    from mtpscope.traces.analysis.explain_report import explain_trace
+def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None,
+                 category_field: str | None = None):
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     v = _vocab(vpath, *vkey) if vpath else None
-    return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
+    return explain_with_baseline(_open_trace(path, key), vocab=v, prompt=prompt_id, category_field=category_field)
 
 
-def explanation(path: str | os.PathLike[str], prompt_id: int | None = None):
-    """``mtpscope.traces.analysis.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
-    prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
-    prints. Cached by the trace's and the vocabulary's file stats."""
+def explanation(path: str | os.PathLike[str], prompt_id: int | None = None, category_field: str | None = None):
+    """``mtpscope.traces.sweep.advice.explain_with_baseline`` of an allowed trace (the whole trace, or one
+    prompt; a sweep cell's speedups against the sweep's plain decoding; ``category_field``: as ``explain
+    --category-field``), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope
+    explain`` prints. Cached by the trace's and the vocabulary's file stats."""
     p = safety.check_path(path, roots(), kind="dir")
     tr = _open_trace(str(p), _trace_key(p))
     vp = trace_vocab_path(tr)
     vk = _stat_key(Path(vp)) if vp else None
-    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id))
+    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id),
+                        category_field or None)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)

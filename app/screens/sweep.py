@@ -7,17 +7,18 @@ from pathlib import Path
 
 import streamlit as st
 
-from mtpscope.app import charts, safety, state
+from mtpscope.app import charts, safety, state, views
 
 st.title("Sweep")
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _load(path: str, key: tuple):  # noqa: ARG001 - key: sweep.json's (size, mtime) invalidates
+    from mtpscope.traces.sweep.advice import sweep_advice_dict
     from mtpscope.traces.sweep.reader import open_sweep
 
     sw = open_sweep(path)
-    return sw, sw.cells()
+    return sw, sw.cells(), sweep_advice_dict(sw)
 
 
 def _key(p: Path) -> tuple:
@@ -44,7 +45,7 @@ with state.guard("sweep"):
     if not (p / "sweep.json").is_file():
         st.error(f"{p}: not a sweep directory (no sweep.json)")
         st.stop()
-    sw, cells = _load(str(p), _key(p))
+    sw, cells, advice = _load(str(p), _key(p))
     st.session_state["sel.sweep"] = str(p)
     m = sw.matrix
     c = st.columns(5)
@@ -59,6 +60,22 @@ with state.guard("sweep"):
         st.error(f"{len(sw.failed)} task(s) failed")
         st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
                      width="stretch")
+
+    rec = advice.get("recommendation") or {}
+    if rec:
+        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
+        if rec.get("by_category"):
+            with st.expander("per category", expanded=False):
+                st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                             key="sweep.rec.cat")
+    be = advice.get("break_even")
+    if be:
+        st.caption(f"Break-even: {be['words']}.")
+        if be.get("by_category"):
+            with st.expander("break-even per category", expanded=False):
+                st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                             key="sweep.be.cat")
 
     value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key="w.sweep.value")
     fig = charts.sweep_heatmap(cells, value)
