@@ -39,14 +39,14 @@ def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None 
 
 
 def classify_outputs(pos: Positions, classifier: Classifier,
-                     prefixes: Mapping[int, Sequence[int]] | None = None,
+                     prefixes: Mapping[int, Sequence[int] | str] | None = None,
                      chat_prompts: Collection[int] = ()) -> dict[int, TokenClasses]:
     """Classes and channels of every known prompt's generated sequence.
 
     Args:
         pos: :func:`traces.positions.positions` of the trace.
         classifier: over the trace's vocabulary (``chat`` as recorded).
-        prefixes: prompt token ids per prompt_id, read for context (optional).
+        prefixes: per prompt_id the prompt, read for context: its token ids or its text (optional).
         chat_prompts: prompt ids rendered with the chat template although ``classifier`` is not a chat
             one (prompts-file ``messages`` prompts): classified with ``chat=True``.
     """

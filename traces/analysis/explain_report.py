@@ -218,13 +218,15 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         pos = positions(rounds)
         params = manifest.get("params") or {}
         clf = Classifier(vocab, chat=bool(params.get("chat")))
-        prefixes: dict[int, list[int]] = {}
+        prefixes: dict[int, list[int] | str] = {}
         chat_ids: set[int] = set()
         for i, p in enumerate(manifest.get("prompts") or []):
             if not isinstance(p, dict):
                 continue
-            if isinstance(p.get("tokens"), list):
+            if isinstance(p.get("tokens"), list):       # the prompt read for context: its ids, else its text
                 prefixes[int(p.get("prompt_id", i))] = [int(t) for t in p["tokens"] if isinstance(t, int)]
+            elif isinstance(p.get("text"), str) and p["text"] and not params.get("chat"):
+                prefixes[int(p.get("prompt_id", i))] = p["text"]
             if p.get("source") == "messages":
                 chat_ids.add(int(p.get("prompt_id", i)))
         classes = B.classify_outputs(pos, clf, prefixes, chat_ids)
