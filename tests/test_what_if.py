@@ -205,3 +205,17 @@ def test_errors() -> None:
     est = what_if(_rounds([0, 1, 2, 2]).drop(columns=["t_draft_ms", "t_verify_ms"]), n_boot=0)
     assert est.cost is None and est.best_n_draft is None
     assert all(x.tokens_per_s is None and x.speedup is None for x in est.rows)
+
+
+def test_long_outputs_continue_at_the_stationary_rate(monkeypatch) -> None:
+    # the pass beyond PREDICT_EXACT positions (stationary counts + the cap's exact end correction) against
+    # the exact pass over every position: ends 300 (capped at max_tokens 301) and 250 (not capped)
+    two = AM.Params(np.array([0.3, 0.7]), np.array([[0.9, 0.1], [0.2, 0.8]]),
+                    np.array([[0.9, 0.8, 0.7, 0.7], [0.2, 0.1, 0.05, 0.05]]))
+    ends = np.array([300, 250, 40])
+    exact = AM.predict_all(two, [1, 2, 4], ends, max_tokens=301)
+    monkeypatch.setattr(AM, "PREDICT_EXACT", 80)
+    approx = AM.predict_all(two, [1, 2, 4], ends, max_tokens=301)
+    for n in (1, 2, 4):
+        for f in ("accepted", "drafted", "rounds", "plain"):
+            assert getattr(approx[n], f)[0] == pytest.approx(getattr(exact[n], f)[0], rel=1e-6, abs=1e-6), (n, f)

@@ -28,11 +28,18 @@ n_out - 1)`` tokens (the recorder's cap, ``n_out`` the tokens out so far), so th
 ``max_tokens``-capped prompt draft fewer. The pass accumulates the expected accepted drafts, drafted
 tokens, rounds per draft count and plain steps, for each prompt length at once, and for a batch of
 parameter sets (the bootstrap) in one go.
+
+**Long outputs.** The fit cuts outputs longer than ``FIT_BLOCK`` positions into blocks, each started
+from ``pi`` (at most ``FIT_MAX_BLOCKS`` blocks, spread over the trace); the forward pass runs exactly over
+``PREDICT_EXACT`` positions and continues longer outputs at the chain's stationary per-position counts,
+plus the exact difference the ``max_tokens`` cap makes over a capped output's last ``2 N + 3``
+positions (both chains run from the same state).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,8 +53,17 @@ N_STATES = 2
 #: prior's mean, each row of A and pi with PRIOR / S more of each transition
 PRIOR = 1.0
 #: expectation maximisation stops when the log-likelihood gains less than this per observation
-TOL = 1e-7
-MAX_ITER = 200
+TOL = 1e-6
+MAX_ITER = 60
+#: the fit cuts longer outputs into blocks of this many positions, each started from ``pi`` (the chain
+#: forgets its start within a few dozen positions; the forward-backward loop runs over block positions)
+FIT_BLOCK = 128
+#: the fit uses at most this many blocks, spread evenly over the trace (then one E-step over every block
+#: gives the statistics the bootstrap reweights)
+FIT_MAX_BLOCKS = 256
+#: the forward pass runs exactly over this many positions; a longer output continues at the per-position
+#: counts of the chain's state there (stationary by then), plus what the cap changes at its end
+PREDICT_EXACT = 160
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,27 @@ class Stats:
     a: np.ndarray
 
 
+def blocks(obs: Observations, length: int = FIT_BLOCK) -> Observations:
+    """``obs`` with every prompt longer than ``length`` positions cut into blocks of ``length`` (each a row
+    of its own, started from ``pi`` by the fit; bootstrap units kept per position)."""
+    P, G = obs.depth.shape
+    if G <= length:
+        return obs
+    nb = -(-G // length)
+    pad = nb * length - G
+
+    def cut(a: np.ndarray, fill: Any) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, pad)), constant_values=fill).reshape(P * nb, length)
+
+    ends = np.clip(obs.ends[:, None] - np.arange(nb)[None, :] * length, 0, length).reshape(-1)
+    keep = ends > 0
+    if not keep.any():
+        keep[0] = True
+    return Observations(cut(obs.depth, 0)[keep], cut(obs.accepted, False)[keep], cut(obs.mask, False)[keep],
+                        ends[keep], np.repeat(obs.prompt_ids, nb)[keep], obs.max_depth,
+                        None if obs.unit is None else cut(obs.unit, -1)[keep])
+
+
 def _emission(obs: Observations, p: np.ndarray) -> np.ndarray:
     """``float[P, G, S]`` likelihood of each position's observation under each state."""
     P, G = obs.depth.shape
@@ -187,23 +224,31 @@ def _emission(obs: Observations, p: np.ndarray) -> np.ndarray:
     e = np.ones((P, G, S))
     m = obs.mask & (obs.depth > 0)
     if m.any():
-        d = obs.depth[m].astype(np.int64) - 1
+        d = np.minimum(obs.depth[m].astype(np.int64), p.shape[1]) - 1
         pd_ = p[:, d].T                                   # [n_obs, S]
         e[m] = np.where(obs.accepted[m][:, None], pd_, 1.0 - pd_)
     return e
 
 
+def _scatter(rows: np.ndarray, n_rows: int, values: np.ndarray) -> np.ndarray:
+    """``float[n_rows, S]``: the sum of ``values[i]`` (``float[n, S]``) per ``rows[i]``."""
+    out = np.zeros((n_rows, values.shape[1]))
+    for s_ in range(values.shape[1]):
+        out[:, s_] = np.bincount(rows, values[:, s_], minlength=n_rows)
+    return out
+
+
 def expected_stats(obs: Observations, params: Params, n_units: int | None = None) -> tuple[Stats, float]:
     """E-step: the expected counts under ``params`` (one set) and the log-likelihood (scaled
     forward–backward, vectorised over prompts; positions past a prompt's end carry no observation and
-    no transition). Counts per prompt, or with ``n_units`` per bootstrap unit (:attr:`Observations.unit`:
-    a position's emission and the transition into it count in its unit)."""
+    no transition). Counts per row of ``obs`` (a prompt or a block), or with ``n_units`` per bootstrap
+    unit (:attr:`Observations.unit`: a position's emission and the transition into it count in its unit)."""
     P, G = obs.depth.shape
     S = params.pi.shape[0]
     D = params.p.shape[1]
     if P == 0 or G == 0:
-        z = np.zeros((P, S))
-        return Stats(z + params.pi, np.zeros((P, S, S)), np.zeros((P, S, D)), np.zeros((P, S, D))), 0.0
+        R = P if n_units is None or obs.unit is None else int(n_units)
+        return Stats(np.zeros((R, S)), np.zeros((R, S, S)), np.zeros((R, S, D)), np.zeros((R, S, D))), 0.0
     e = _emission(obs, params.p)
     A = params.A
     alpha = np.empty((P, G, S))
@@ -213,48 +258,48 @@ def expected_stats(obs: Observations, params: Params, n_units: int | None = None
     alpha[:, 0] = a / c[:, :1]
     for g in range(1, G):
         a = (alpha[:, g - 1] @ A) * e[:, g]
-        c[:, g] = a.sum(1)
-        alpha[:, g] = a / c[:, g:g + 1]
+        cg = a.sum(1)
+        c[:, g] = cg
+        alpha[:, g] = a / cg[:, None]
     beta = np.empty((P, G, S))
     beta[:, -1] = 1.0
+    eb = np.empty((P, S))
     for g in range(G - 2, -1, -1):
-        beta[:, g] = ((e[:, g + 1] * beta[:, g + 1]) @ A.T) / c[:, g + 1:g + 2]
+        np.multiply(e[:, g + 1], beta[:, g + 1], out=eb)
+        beta[:, g] = (eb @ A.T) / c[:, g + 1, None]
     gamma = alpha * beta
     gamma /= gamma.sum(2, keepdims=True)
-    # transitions between real positions only
-    nxt = e[:, 1:] * beta[:, 1:] / c[:, 1:, None]             # [P, G-1, S]
-    w = obs.mask[:, 1:].astype(np.float64)
-    trans = np.einsum("pgs,pgt,pg->pst", alpha[:, :-1], nxt, w) * A[None]
-    dm = obs.depth.astype(np.int64)
-    real = obs.mask & (dm > 0)
-    n = np.zeros((P, S, D))
-    acc = np.zeros((P, S, D))
-    for d in range(1, min(D, obs.max_depth) + 1):
-        md = (real & (dm == d)).astype(np.float64)
-        n[:, :, d - 1] = np.einsum("pgs,pg->ps", gamma, md)
-        acc[:, :, d - 1] = np.einsum("pgs,pg->ps", gamma, md * obs.accepted)
+    # transitions into real positions only: xi_g(s, t) = alpha_g(s) A(s, t) e_{g+1}(t) beta_{g+1}(t) / c_{g+1}
+    nxt = e[:, 1:] * beta[:, 1:] / c[:, 1:, None] * obs.mask[:, 1:, None]   # [P, G-1, S]
     ll = float(np.log(c[obs.mask]).sum())
-    if n_units is None or obs.unit is None:
-        return Stats(gamma[:, 0], trans, n, acc), ll
-    U = int(n_units)
-    real_u = obs.mask & (obs.unit >= 0)
-    u = obs.unit[real_u]
-    init = np.zeros((U, S))
-    np.add.at(init, obs.unit[:, 0][obs.mask[:, 0]], gamma[:, 0][obs.mask[:, 0]])
-    xi = alpha[:, :-1, :, None] * A[None, None] * nxt[:, :, None, :]          # [P, G-1, S, S]
-    tm = obs.mask[:, 1:] & (obs.unit[:, 1:] >= 0)
-    trans_u = np.zeros((U, S, S))
-    np.add.at(trans_u, obs.unit[:, 1:][tm], xi[tm])
-    n_u = np.zeros((U, S, D))
-    a_u = np.zeros((U, S, D))
-    dd = dm[real_u]
-    obs_ok = dd > 0
-    idx_u, idx_d = u[obs_ok], dd[obs_ok] - 1
-    keep = idx_d < D
-    gam = gamma[real_u][obs_ok][keep]
-    np.add.at(n_u, (idx_u[keep], slice(None), idx_d[keep]), gam)
-    np.add.at(a_u, (idx_u[keep], slice(None), idx_d[keep]), gam * obs.accepted[real_u][obs_ok][keep][:, None])
-    return Stats(init, trans_u, n_u, a_u), ll
+    by_unit = n_units is not None and obs.unit is not None
+    R = int(n_units) if by_unit else P
+    row_of = obs.unit if by_unit else np.broadcast_to(np.arange(P)[:, None], (P, G))
+    if by_unit:
+        keep_t = obs.mask[:, 1:] & (obs.unit[:, 1:] >= 0)
+        rows_t = obs.unit[:, 1:][keep_t]
+        al, nx = alpha[:, :-1][keep_t], nxt[keep_t]                # [n, S] each
+        trans = np.zeros((R, S, S))
+        for s_ in range(S):
+            trans[:, s_, :] = _scatter(rows_t, R, al[:, s_:s_ + 1] * nx)
+        trans *= A[None]
+        first = obs.mask[:, 0] & (obs.unit[:, 0] >= 0)
+        init = _scatter(obs.unit[first, 0], R, gamma[first, 0])
+    else:
+        trans = np.matmul(alpha[:, :-1].transpose(0, 2, 1), nxt) * A[None]
+        init = gamma[:, 0].copy()
+    m = obs.mask & (obs.depth > 0) & (row_of >= 0)
+    d = np.minimum(obs.depth[m].astype(np.int64), D) - 1
+    rows = row_of[m].astype(np.int64)
+    gm = gamma[m]
+    accm = obs.accepted[m].astype(np.float64)
+    n = np.zeros((R, S, D))
+    acc = np.zeros((R, S, D))
+    key = rows * D + d
+    for s_ in range(S):
+        n[:, s_, :] = np.bincount(key, gm[:, s_], minlength=R * D).reshape(R, D)
+        acc[:, s_, :] = np.bincount(key, gm[:, s_] * accm, minlength=R * D).reshape(R, D)
+    return Stats(init, trans, n, acc), ll
 
 
 def m_step(stats: Stats, weights: np.ndarray | None = None, prior: Params | None = None,
@@ -310,10 +355,14 @@ def fit(obs: Observations, *, n_states: int = N_STATES, prior: Params | None = N
         start: the starting parameters (default: the prior, else :func:`_initial`).
 
     Returns:
-        ``(params, stats, log_likelihood)``: ``stats`` are the E-step's under the returned parameters
-        (what a bootstrap reweights).
+        ``(params, stats, log_likelihood)``: ``stats`` and the log-likelihood are the E-step's under the
+        returned parameters, per row of the observations the fit used (prompts cut into blocks of
+        ``FIT_BLOCK`` positions, :func:`blocks`; at most ``FIT_MAX_BLOCKS`` of them, spread evenly).
     """
     D = max(int(obs.max_depth), 1)
+    obs = blocks(obs)
+    if obs.n_prompts > FIT_MAX_BLOCKS:
+        obs = obs.subset(np.unique(np.linspace(0, obs.n_prompts - 1, FIT_MAX_BLOCKS).round().astype(np.int64)))
     if start is None:
         start = prior if prior is not None else _initial(obs, n_states, D)
     params = Params(start.pi, start.A, _depths(start.p, D))
@@ -362,69 +411,161 @@ class Prediction:
 
 def predict(params: Params, n_draft: int, ends: np.ndarray, *, max_tokens: int | None = None,
             weights: np.ndarray | None = None) -> Prediction:
-    """Expected counts at ``n_draft`` for prompts whose last output position is ``ends`` (module
-    docstring: the exact forward pass of the joint chain).
+    """Expected counts at ``n_draft`` for prompts whose last output position is ``ends``
+    (:func:`predict_all` for one n_draft).
+
+    Raises:
+        TraceFormatError: ``n_draft < 1`` or ``p`` shorter than ``n_draft``.
+    """
+    return predict_all(params, [n_draft], ends, max_tokens=max_tokens, weights=weights)[int(n_draft)]
+
+
+def predict_all(params: Params, n_values: Sequence[int], ends: np.ndarray, *, max_tokens: int | None = None,
+                weights: np.ndarray | None = None) -> dict[int, Prediction]:
+    """Expected counts at every n_draft of ``n_values`` (module docstring: the exact forward pass of the
+    joint chain, all n_draft and all parameter sets of the batch in one pass).
+
+    The chain on (hidden state s, depth d of the position, d = 0..N) is linear, ``alpha_{g+1} = alpha_g
+    T_g``: from depth d >= 1 the draft is accepted with ``p[s, d]`` (to depth d + 1, or to the bonus
+    position, depth 0, when d is the round's last draft) or rejected (the correction starts a new round:
+    depth 1, or 0 when the cap leaves no draft); from depth 0 a new round starts; the hidden state then
+    moves by ``A``. ``T_g`` is the same everywhere except within ``2 N + 3`` positions of the cap.
 
     Args:
-        params: one set or a batch (``p`` needs at least ``n_draft`` depths: extend it first).
+        params: one set or a batch (``p`` needs at least ``max(n_values)`` depths: extend it first).
+        n_values: the n_draft values.
         ends: ``int[P]`` last output position per prompt (its generated tokens - 1).
         max_tokens: the recording's cap (a round drafts ``min(N, max_tokens - n_out - 1)``); None: the
             longest prompt's length (the cap binds only where a prompt stopped at it).
         weights: ``float[P]`` or ``float[B, P]``: how many times each prompt counts (the bootstrap).
 
+    Returns:
+        ``{n_draft: Prediction}``.
+
     Raises:
-        TraceFormatError: ``n_draft < 1`` or ``p`` shorter than ``n_draft``.
+        TraceFormatError: an n_draft < 1 or ``p`` shorter than the largest.
     """
-    N = int(n_draft)
+    Ns = sorted({int(x) for x in n_values})
     pi, A, p = (np.asarray(x, dtype=np.float64) for x in (params.pi, params.A, params.p))
     if pi.ndim == 1:
         pi, A, p = pi[None], A[None], p[None]
-    if N < 1 or p.shape[-1] < N:
+    if not Ns or Ns[0] < 1 or p.shape[-1] < Ns[-1]:
         raise TraceFormatError("the model has fewer depths than n_draft", key="n_draft",
-                               expected=f"1..{p.shape[-1]}", actual=N)
-    B, S = pi.shape
-    ends = np.asarray(ends, dtype=np.int64)
-    Gmax = int(ends.max()) if len(ends) else 0
-    M = int(max_tokens) if max_tokens is not None else Gmax + 1
-    w = np.ones(len(ends)) if weights is None else np.asarray(weights, dtype=np.float64)
-    W = np.broadcast_to(w if w.ndim == 2 else w[None], (B, len(ends)))
-    # per position: cumulative expected accepted (by position g) and rounds created (pending g)
-    cum_acc = np.zeros((B, Gmax + 1))
-    cum_sz = np.zeros((B, Gmax + 1, N + 1))
-    if Gmax == 0:
-        z = np.zeros(B)
-        return Prediction(N, z, z, z, z, np.zeros((B, N + 1)), W @ ends.astype(np.float64))
-    pd_ = p[:, :, :N]
-    alpha = np.zeros((B, S, N + 1))
+                               expected=f"1..{p.shape[-1]}", actual=Ns[-1] if Ns else None)
+    B0, S = pi.shape
+    J, Nm = len(Ns), Ns[-1]
+    ends_all = np.asarray(ends, dtype=np.int64)
+    M = int(max_tokens) if max_tokens is not None else int(ends_all.max(initial=0)) + 1
+    capped = ends_all >= M - 1                               # stopped by max_tokens: the cap binds at its end
+    G0 = min(int(ends_all.max(initial=0)), PREDICT_EXACT)
+    w = np.ones(len(ends_all)) if weights is None else np.asarray(weights, dtype=np.float64)
+    W = np.broadcast_to(w if w.ndim == 2 else w[None], (B0, len(ends_all)))
+    emitted = W @ ends_all.astype(np.float64)
+    if G0 == 0:
+        z = np.zeros(B0)
+        return {N: Prediction(N, z, z, z, z, np.zeros((B0, N + 1)), emitted) for N in Ns}
+    # batch index = j * B0 + b (n_draft j, parameter set b); states s * (Nm + 1) + d
+    B = J * B0
+    n = S * (Nm + 1)
+    pdj = np.zeros((J, B0, S, Nm))
+    for j, N in enumerate(Ns):
+        pdj[j, :, :, :N] = p[:, :, :N]
+    pdj = pdj.reshape(B, S, Nm)
+    Aj = np.broadcast_to(A[None], (J, B0, S, S)).reshape(B, S, S)
+    Nj = np.repeat(np.array(Ns), B0)
 
-    def new_round(mass: np.ndarray, g: int) -> None:      # rounds with pending position g
-        k = min(N, M - g - 2)
-        k = max(k, 0)
-        alpha[:, :, 1 if k >= 1 else 0] += mass
-        cum_sz[:, g, k] += mass.sum(1)
+    def kernels(pos_cap: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(T: [B, n, n], size of a round with pending position ``pos_cap`` per batch row); ``pos_cap``
+        None: far from the cap (the bulk)."""
+        K_ = np.zeros((B, S, Nm + 1, Nm + 1))
+        k_new = Nj.copy() if pos_cap is None else np.clip(np.minimum(Nj, M - pos_cap - 2), 0, None)
+        start = (k_new >= 1).astype(np.int64)
+        rows = np.arange(B)
+        for s_ in range(S):
+            K_[rows, s_, 0, start] += 1.0
+            for d in range(1, Nm + 1):
+                live = d <= Nj
+                acc = pdj[:, s_, d - 1]
+                K_[rows[live], s_, d, start[live]] += 1.0 - acc[live]
+                kmax = Nj if pos_cap is None else np.clip(np.minimum(Nj, M - pos_cap + d - 2), d, None)
+                nxt = np.where(d < kmax, d + 1, 0)
+                K_[rows[live], s_, d, nxt[live]] += acc[live]
+        T = np.einsum("bsde,bst->bsdte", K_, Aj).reshape(B, n, n)
+        return T, k_new
 
-    new_round(pi, 0)                                        # position 1 (state distribution pi)
-    acc_run = 0.0
-    for g in range(1, Gmax + 1):
-        a = alpha[:, :, 1:] * pd_                           # accepted mass at depth d of position g
-        acc_run = acc_run + a.sum((1, 2))
+    v_acc = np.zeros((B, n))
+    v_new = np.zeros((B, n))
+    for s_ in range(S):
+        base = s_ * (Nm + 1)
+        v_acc[:, base + 1:base + Nm + 1] = pdj[:, s_, :]
+        v_new[:, base] = 1.0
+        v_new[:, base + 1:base + Nm + 1] = 1.0 - pdj[:, s_, :]
+    T_bulk, _ = kernels(None)
+    cap_from = M - 2 * Nm - 3                                # T_g may differ from the bulk from here on
+    rowsB = np.arange(B)
+    cum_acc = np.zeros((B, G0 + 1))
+    cum_sz = np.zeros((B, G0 + 1, Nm + 1))
+    alpha = np.zeros((B, n))
+    k0 = np.clip(np.minimum(Nj, M - 2), 0, None)
+    pij = np.broadcast_to(pi[None], (J, B0, S)).reshape(B, S)
+    for s_ in range(S):
+        alpha[rowsB, s_ * (Nm + 1) + (k0 >= 1)] = pij[:, s_]
+    cum_sz[rowsB, 0, k0] += 1.0
+    acc_run = np.zeros(B)
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def step_kernel(g: int) -> tuple[np.ndarray, np.ndarray]:
+        if g < cap_from:
+            return T_bulk, Nj
+        if g not in cache:
+            cache[g] = kernels(g)
+        return cache[g]
+
+    for g in range(1, G0 + 1):
+        acc_run = acc_run + np.einsum("bi,bi->b", alpha, v_acc)
         cum_acc[:, g] = acc_run
-        if g == Gmax:
+        if g == G0:
             break
-        r = alpha[:, :, 1:] - a
-        d = np.arange(1, N + 1)
-        kmax = np.clip(np.minimum(N, M - g + d - 2), d, None)   # the round's draft count (>= d)
-        last = d == kmax
-        nxt = np.zeros((B, S, N + 1))
-        nxt[:, :, 2:] = np.where(last[:-1], 0.0, a[:, :, :-1])
-        nxt[:, :, 0] = (a * last).sum(2)                    # bonus position after a full round
-        pending = r.sum(2) + alpha[:, :, 0]                 # corrections and bonus / plain positions
-        alpha = nxt
-        new_round(pending, g)
-        alpha = np.einsum("bsd,bst->btd", alpha, A)
+        T, k_new = step_kernel(g)
+        cum_sz[rowsB, g, k_new] += np.einsum("bi,bi->b", alpha, v_new)
+        alpha = np.matmul(alpha[:, None, :], T)[:, 0]
     cum_sz = np.cumsum(cum_sz, axis=1)
-    # a prompt ending at E: accepted through E, rounds with pending 0..E-1
-    acc = np.einsum("bp,bp->b", W, cum_acc[:, ends])
-    sz = np.einsum("bp,bpk->bk", W, cum_sz[:, np.maximum(ends - 1, 0)] * (ends > 0)[None, :, None])
-    L = np.arange(N + 1, dtype=np.float64)
-    return Prediction(N, acc, sz @ L, sz[:, 1:].sum(1), sz[:, 0], sz, W @ ends.astype(np.float64))
+    e_in = np.minimum(ends_all, G0)
+    accp = cum_acc[:, e_in]                                              # [B, P]
+    szp = cum_sz[:, np.maximum(e_in - 1, 0)] * (e_in > 0)[None, :, None]  # [B, P, Nm + 1]
+    long_ = ends_all > G0
+    if long_.any():
+        # beyond the exact positions the chain is stationary: alpha_G0's per-position counts, and at a
+        # capped end the difference the cap's last 2 Nm + 3 positions make (run from alpha_G0 both ways)
+        extra = (ends_all - G0).astype(np.float64)
+        rate_acc = np.einsum("bi,bi->b", alpha, v_acc)
+        rate_new = np.einsum("bi,bi->b", alpha, v_new)
+        accp = accp + rate_acc[:, None] * extra[None, :] * long_
+        szp[rowsB[:, None], np.arange(len(ends_all))[None, :], Nj[:, None]] += \
+            (rate_new[:, None] * extra[None, :]) * long_
+        L = min(2 * Nm + 3, M - 1)
+        if (long_ & capped).any() and L > 0:
+            d_acc = np.zeros(B)
+            d_sz = np.zeros((B, Nm + 1))
+            a_cap, a_bulk = alpha.copy(), alpha.copy()
+            for g in range(M - 1 - L, M):                     # positions M-1-L .. M-1 (the last)
+                d_acc += np.einsum("bi,bi->b", a_cap, v_acc) - np.einsum("bi,bi->b", a_bulk, v_acc)
+                if g == M - 1:
+                    break
+                T, k_new = kernels(g)
+                d_sz[rowsB, k_new] += np.einsum("bi,bi->b", a_cap, v_new)
+                d_sz[rowsB, Nj] -= np.einsum("bi,bi->b", a_bulk, v_new)
+                a_cap = np.matmul(a_cap[:, None, :], T)[:, 0]
+                a_bulk = np.matmul(a_bulk[:, None, :], T_bulk)[:, 0]
+            m = long_ & capped
+            accp = accp + d_acc[:, None] * m
+            szp = szp + d_sz[:, None, :] * m[None, :, None]
+    Wj = np.broadcast_to(W[None], (J, B0, len(ends_all))).reshape(B, -1)
+    acc = np.einsum("bp,bp->b", Wj, accp).reshape(J, B0)
+    sz = np.einsum("bp,bpk->bk", Wj, szp).reshape(J, B0, Nm + 1)
+    out = {}
+    for j, N in enumerate(Ns):
+        s_j = sz[j, :, :N + 1]
+        Lv = np.arange(N + 1, dtype=np.float64)
+        out[N] = Prediction(N, acc[j], s_j @ Lv, s_j[:, 1:].sum(1), s_j[:, 0], s_j, emitted)
+    return out

@@ -58,6 +58,8 @@ N_BOOT = 200
 SEED = 0
 #: pseudo-counts pulling a category's model towards the pooled one (drafts per p[s, d], transitions per row)
 CATEGORY_PRIOR = 20.0
+#: EM iterations of a category's fit (it starts from the pooled fit)
+CATEGORY_ITER = 25
 #: fewer prompts than this in a group: the bootstrap resamples blocks of rounds instead
 MIN_BOOT_UNITS = 8
 BLOCK_ROUNDS = 16
@@ -386,9 +388,9 @@ def _group(name: str, r: pd.DataFrame, prior: AM.Params | None, sizes: list[int]
     elif prior is None:
         params, _, _ = AM.fit(obs, n_states=n_states)
     else:
-        params, _, _ = AM.fit(obs, prior=prior, strength=CATEGORY_PRIOR)
+        params, _, _ = AM.fit(obs, prior=prior, strength=CATEGORY_PRIOR, max_iter=CATEGORY_ITER)
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
-    stats, _ = AM.expected_stats(obs, params, n_units)
+    stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
     return _Group(name, r, obs, params, stats, prior, unit_prompt, _unit_sums(r, units, n_units, sizes))
 
 
@@ -432,7 +434,7 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     emitted = float(ends.sum())
     s = g.sums
     em_obs = np.maximum(W @ s["emitted"], 1e-12)
-    preds = {N: AM.predict(params, N, ends, max_tokens=max_tokens) for N in sorted(set(n_values) | {K})}
+    preds = AM.predict_all(params, sorted(set(n_values) | {K}), ends, max_tokens=max_tokens)
     model_k = {"accepted": preds[K].accepted, "drafted": preds[K].drafted, "verify": preds[K].rounds}
     ratio = {k: ((W @ s[k]) / em_obs) / np.maximum(model_k[k] / max(emitted, 1e-12), 1e-12) for k in model_k}
     if costs is not None:
