@@ -12,16 +12,18 @@ trace did not record come from a least-squares line ``v0 + v1 n`` through the re
 through the origin when the free intercept is negative, flat with one point.
 
 **Acceptance** (:mod:`traces.analysis.acceptance_model`): the hidden-Markov model of which output
-positions the drafter gets right, fitted per prompt category (each category's fit shrunk towards the
-pooled one with ``CATEGORY_PRIOR`` pseudo-counts) and run at every n_draft over the trace's own prompt
-lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` keep ``p[s, K]`` (``extend_depths``).
+positions the drafter gets right, fitted per prompt category (a category of fewer than
+``CATEGORY_MIN_ROUNDS`` drafting rounds uses the fit over all prompts) and run at every n_draft over the
+trace's own prompt lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` keep ``p[s, K]``
+(``extend_depths``).
 
-**Calibration, so the trace reproduces itself.** For each category and each count X (accepted drafts,
-drafted tokens, verify rounds, loop time) per emitted token, the model's value at ``K`` is scaled to the
-trace's own: ``X(N) = X_model(N) * (X_trace / emitted) / (X_model(K) / emitted)``. At ``N = K`` the
-estimate therefore equals the trace's acceptance rate, mean acceptance length and measured tokens/s
-(emitted tokens / (t_draft + t_verify)), whatever the model's error there; the categories' counts add
-up to the totals. Then
+**Calibration, so the trace reproduces itself.** For each category and each count X (drafted tokens,
+verify rounds, loop time) per emitted token, the model's value at ``K`` is scaled to the trace's own:
+``X(N) = X_model(N) * (X_trace / emitted) / (X_model(K) / emitted)``; the acceptance rate the same way
+on its odds (so it stays in [0, 1]): ``odds(N) = odds_model(N) * odds_trace / odds_model(K)``,
+accepted(N) = rate(N) * drafted(N). At ``N = K`` the estimate therefore equals the trace's acceptance
+rate, mean acceptance length and measured tokens/s (emitted tokens / (t_draft + t_verify)), whatever
+the model's error there; the categories' counts add up to the totals. Then
 
     acceptance rate(N)        = accepted(N) / drafted(N)
     mean acceptance length(N) = 1 + accepted(N) / verify rounds(N)
@@ -56,10 +58,8 @@ from mtpscope.traces.analysis.metrics import emitted_counts
 N_MAX = 8
 N_BOOT = 200
 SEED = 0
-#: pseudo-counts pulling a category's model towards the pooled one (drafts per p[s, d], transitions per row)
-CATEGORY_PRIOR = 20.0
-#: EM iterations of a category's fit (it starts from the pooled fit)
-CATEGORY_ITER = 25
+#: a category with fewer rounds that drafted than this uses the pooled fit (calibrated to its own rounds)
+CATEGORY_MIN_ROUNDS = 30
 #: fewer prompts than this in a group: the bootstrap resamples blocks of rounds instead
 MIN_BOOT_UNITS = 8
 BLOCK_ROUNDS = 16
@@ -328,7 +328,6 @@ class _Group:
     obs: AM.Observations
     params: AM.Params
     stats: AM.Stats
-    prior: AM.Params | None
     unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
     sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify, time, td, tv<n>, cnt<n>
 
@@ -336,9 +335,6 @@ class _Group:
     def n_units(self) -> int:
         return len(self.sums["emitted"])
 
-    @property
-    def strength(self) -> float:
-        return CATEGORY_PRIOR if self.prior is not None else AM.PRIOR
 
 
 def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int, sizes: list[int]) -> dict[str, np.ndarray]:
@@ -375,23 +371,19 @@ def _units(r: pd.DataFrame) -> tuple[np.ndarray, int, np.ndarray | None]:
     return blk.astype(np.int64), int(blk.max()) + 1 if len(blk) else 0, None
 
 
-def _group(name: str, r: pd.DataFrame, prior: AM.Params | None, sizes: list[int], n_states: int, K: int,
+def _group(name: str, r: pd.DataFrame, sizes: list[int], n_states: int, K: int,
            pooled: AM.Params | None = None) -> _Group:
-    """A group's fit (``pooled`` as it is, else fitted, shrunk to ``prior`` when given), every
-    parameter over K depths, and its E-step statistics per bootstrap unit."""
+    """A group's fit (``pooled`` as it is, else its own), every parameter over K depths, and its E-step
+    statistics per bootstrap unit."""
     units, n_units, unit_prompt = _units(r)
     obs = AM.observations(r, units)
-    if prior is not None:
-        prior = AM.Params(prior.pi, prior.A, AM._depths(prior.p, K))
     if pooled is not None:
         params = pooled
-    elif prior is None:
-        params, _, _ = AM.fit(obs, n_states=n_states)
     else:
-        params, _, _ = AM.fit(obs, prior=prior, strength=CATEGORY_PRIOR, max_iter=CATEGORY_ITER)
+        params, _, _ = AM.fit(obs, n_states=n_states)
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
     stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
-    return _Group(name, r, obs, params, stats, prior, unit_prompt, _unit_sums(r, units, n_units, sizes))
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units, sizes))
 
 
 def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -424,7 +416,7 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     """Calibrated counts per n_draft for every weight row (``{count: float[B, n]}``, ``"emitted":
     float[B]``) and the point estimate's calibration factors (trace / model at K)."""
     B = W.shape[0]
-    params = AM.m_step(g.stats, W, prior=g.prior, strength=g.strength)
+    params = AM.m_step(g.stats, W)
     D = max(max(n_values), K)
     p = extend_depths(params.p, D)
     pi, A = params.pi.copy(), params.A.copy()
@@ -435,21 +427,34 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     s = g.sums
     em_obs = np.maximum(W @ s["emitted"], 1e-12)
     preds = AM.predict_all(params, sorted(set(n_values) | {K}), ends, max_tokens=max_tokens)
-    model_k = {"accepted": preds[K].accepted, "drafted": preds[K].drafted, "verify": preds[K].rounds}
+    model_k = {"drafted": preds[K].drafted, "verify": preds[K].rounds}
     ratio = {k: ((W @ s[k]) / em_obs) / np.maximum(model_k[k] / max(emitted, 1e-12), 1e-12) for k in model_k}
     if costs is not None:
         ratio["time"] = ((W @ s["time"]) / em_obs) / np.maximum(_model_time(costs, preds[K]) / max(emitted, 1e-12),
                                                                 1e-12)
+    # the acceptance rate is calibrated on the odds (it stays in [0, 1]); accepted = rate x drafted
+    rate_obs = _clip01((W @ s["accepted"]) / np.maximum(W @ s["drafted"], 1e-12))
+    rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
+    ratio["acceptance_odds"] = _odds(rate_obs) / _odds(rate_k)
     out = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
     for j, N in enumerate(n_values):
         pr = preds[N]
-        out["accepted"][:, j] = pr.accepted * ratio["accepted"]
+        o = _odds(_clip01(pr.accepted / np.maximum(pr.drafted, 1e-12))) * ratio["acceptance_odds"]
         out["drafted"][:, j] = pr.drafted * ratio["drafted"]
+        out["accepted"][:, j] = o / (1.0 + o) * out["drafted"][:, j]
         out["verify"][:, j] = pr.rounds * ratio["verify"]
         if costs is not None:
             out["time"][:, j] = _model_time(costs, pr) * ratio["time"]
     out["emitted"] = np.full(B, emitted)
     return out, {k: float(v[0]) for k, v in ratio.items()}
+
+
+def _clip01(x: np.ndarray) -> np.ndarray:
+    return np.clip(x, 1e-9, 1.0 - 1e-9)
+
+
+def _odds(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 - x)
 
 
 def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.ndarray], B: int,
@@ -605,9 +610,13 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     if categories:
         lab = np.array([categories.get(int(p), UNCATEGORIZED) for p in pid], dtype=object)
         names = sorted(set(lab.tolist()))
-        groups = [_group(n, rounds[lab == n].reset_index(drop=True), pooled, sizes, n_states, K) for n in names]
+        groups = []
+        for n in names:
+            sub = rounds[lab == n].reset_index(drop=True)
+            few = int((sub["n_draft"].to_numpy() > 0).sum()) < CATEGORY_MIN_ROUNDS
+            groups.append(_group(n, sub, sizes, n_states, K, pooled=pooled if few else None))
     else:
-        groups = [_group("", rounds, None, sizes, n_states, K, pooled=pooled)]
+        groups = [_group("", rounds, sizes, n_states, K, pooled=pooled)]
     rng = np.random.default_rng(seed)
     Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
     B = 1 + n_boot
