@@ -8,9 +8,11 @@ worker, one thread, greedy) at n_draft 1..6 plus plain decoding; an existing com
 is reused (``--resume`` finishes a partial one). Baseline: each real recording of the sweep. Measured:
 :func:`traces.analysis.what_if.what_if` of the ``--from`` cell (n_draft 3 by default; its categories from the
 manifest; plain decoding from the sweep's baseline task, :func:`traces.sweep.advice.trace_baseline`),
-predicting every other n_draft. Prints per n_draft and category the predicted and measured acceptance
-rate, mean acceptance length and tokens/s with their errors, then the worst errors and whether the goals
-are met; exits 0 whatever the numbers.
+predicting every other n_draft. Prints per n_draft and category the predicted (with its 95 % interval)
+and measured acceptance rate, mean acceptance length and tokens/s with their errors, and the tokens/s the
+predicted counts give with each recording's *own* measured costs (on a shared machine the draft-step and
+verify costs move between recordings; this column checks the position model apart from that), then the
+worst errors and whether the goals are met; exits 0 whatever the numbers.
 
 Usage: ``python benchmarks/bench_what_if.py [--out DIR] [--n-draft 1,2,3,4,5,6] [--from 3] [--max-tokens 64]
 [--target T --assistant A --prompts P.jsonl]``.
@@ -69,6 +71,21 @@ def record(args: argparse.Namespace, out: Path) -> None:
     print(f"recorded {res.n_done} of {res.n_tasks} tasks in {time.perf_counter() - t0:.0f} s -> {out}")
 
 
+_EMITTED: dict[tuple[int, str], float] = {}
+
+
+def _emitted(sw, name: str, n: int, cat: str) -> float:
+    """Emitted tokens of a recording (one category, or all): the same at every n_draft (greedy)."""
+    if (n, cat) not in _EMITTED:
+        q = ("SELECT p.category, sum(len(r.emitted)) AS ne FROM rounds r JOIN prompts p ON p.shard = r.shard AND "
+             f"p.prompt_id = r.prompt_id WHERE r.assistant = '{name}' AND r.n_draft = {int(n)} GROUP BY ALL")
+        df = sw.sql(q)
+        for c, ne in zip(df["category"], df["ne"], strict=True):
+            _EMITTED[(n, str(c))] = float(ne)
+        _EMITTED[(n, "all")] = float(df["ne"].sum())
+    return _EMITTED[(n, cat)]
+
+
 def _err(p: float | None, m: float | None, rel: bool = False) -> float:
     if p is None or m is None or (isinstance(m, float) and math.isnan(m)):
         return math.nan
@@ -116,14 +133,31 @@ def main() -> None:
           f"{time.perf_counter() - t0:.2f} s; plain decoding: {base.how if base else 'estimated'}")
     cells = sw.cells()
     meas = {(int(r["n_draft"]), str(r["category"])): r for r in cells[cells["assistant"] == name].to_dict("records")}
+    # each recording's own costs (the machine's load changes between recordings): the model's counts
+    # priced with them separate the position model from the drift of the costs
+    from mtpscope.traces.analysis.metrics import timing
+    from mtpscope.traces.analysis.what_if import verify_line
+
+    own: dict[int, tuple[float, dict[int, float], tuple[float, float]]] = {}
+    for n in args.n_draft:
+        t = timing(sw.cell(name, n).columns("rounds", ["n_draft", "n_accepted", "emitted", "t_draft_ms",
+                                                        "t_verify_ms"]))
+        tv = {int(k): v for k, v in t["t_verify_ms"].items()}
+        own[n] = (t["t_step_ms"], tv, verify_line(list(map(float, tv)), list(tv.values()), [1.0] * len(tv))[:2])
+
+    def own_tps(n: int, row, cat: str) -> float:
+        t_step, tv, (v0, v1) = own[n]
+        t = t_step * row.n_drafted + sum(c * tv.get(L + 1, v0 + v1 * (L + 1)) for L, c in enumerate(row.rounds_by_size))
+        return 1000.0 * _emitted(sw, name, n, cat) / t
     groups = [("all", est)] + sorted(est.by_category.items())
     print(f"\n{'n_draft':>7} {'category':<10} {'acceptance rate (pred [95 %] / meas / |d|)':>45} "
-          f"{'mean acc. length':>22} {'tokens/s':>26}")
+          f"{'mean acc. length':>22} {'tokens/s':>26} {'own costs':>16}")
     print(f"{'':>7} {'':<10} {'pred':>8} {'95 %':>15} {'meas':>8} {'|d|':>7} {'pred':>7} {'meas':>7} {'|d|':>6} "
-          f"{'pred':>8} {'meas':>8} {'err':>7}")
+          f"{'pred':>8} {'meas':>8} {'err':>7} {'pred':>8} {'err':>7}")
     worst_acc = worst_tps = 0.0
     worst_acc_all = worst_tps_all = 0.0
     covered = [0, 0]
+    worst_own = worst_own_all = 0.0
     for n in args.n_draft:
         for cat, w in groups:
             m = meas.get((n, cat))
@@ -133,6 +167,8 @@ def main() -> None:
             da = _err(r.acceptance_rate, m["acceptance_rate"])
             dm = _err(r.mean_acceptance_length, m["mean_acceptance_length"])
             dt = _err(r.tokens_per_s, m["tokens_per_s"], rel=True)
+            po = own_tps(n, r, cat)
+            do = _err(po, m["tokens_per_s"], rel=True)
             mark = " (fit)" if n == args.k else ""
             iv = r.acceptance_rate_interval
             ivs = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "-"
@@ -141,13 +177,15 @@ def main() -> None:
             covered[1] += iv is not None and n != args.k
             print(f"{n:>7} {cat:<10} {r.acceptance_rate:8.4f} {ivs:>15} {m['acceptance_rate']:8.4f} {abs(da):7.4f} "
                   f"{r.mean_acceptance_length:7.3f} {m['mean_acceptance_length']:7.3f} {abs(dm):6.3f} "
-                  f"{(r.tokens_per_s or math.nan):8.2f} {m['tokens_per_s']:8.2f} {dt:+7.1%}{mark}")
+                  f"{(r.tokens_per_s or math.nan):8.2f} {m['tokens_per_s']:8.2f} {dt:+7.1%} {po:8.2f} {do:+7.1%}{mark}")
             if n != args.k and math.isfinite(da):
                 worst_acc = max(worst_acc, abs(da))
                 worst_tps = max(worst_tps, abs(dt)) if math.isfinite(dt) else worst_tps
+                worst_own = max(worst_own, abs(do))
                 if cat == "all":
                     worst_acc_all = max(worst_acc_all, abs(da))
                     worst_tps_all = max(worst_tps_all, abs(dt)) if math.isfinite(dt) else worst_tps_all
+                    worst_own_all = max(worst_own_all, abs(do))
         print()
     print(f"worst |delta acceptance rate| at another n_draft: all prompts {worst_acc_all:.4f}, any category "
           f"{worst_acc:.4f} (goal <= {GOAL_ACC}: {'met' if worst_acc_all <= GOAL_ACC else 'NOT met'} overall, "
@@ -157,6 +195,10 @@ def main() -> None:
     print(f"worst tokens/s error at another n_draft: all prompts {worst_tps_all:.1%}, any category {worst_tps:.1%} "
           f"(goal <= {GOAL_TPS:.0%}: {'met' if worst_tps_all <= GOAL_TPS else 'NOT met'} overall, "
           f"{'met' if worst_tps <= GOAL_TPS else 'NOT met'} per category)")
+    print(f"the same priced with each recording's own measured costs (the position model alone): all prompts "
+          f"{worst_own_all:.1%}, any category {worst_own:.1%}")
+    costs = ", ".join(f"n_draft {n}: {own[n][0]:.1f}" for n in args.n_draft)
+    print(f"each recording's own draft-step cost (ms; the machine's load moves it): {costs}")
 
 
 if __name__ == "__main__":

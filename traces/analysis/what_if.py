@@ -254,9 +254,13 @@ class WhatIfRow:
     mean_acceptance_length_interval: tuple[float, float] | None = None
     tokens_per_s_interval: tuple[float, float] | None = None
     speedup_interval: tuple[float, float] | None = None
+    n_drafted: float | None = None
+    n_verify_rounds: float | None = None
+    rounds_by_size: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (intervals as ``[low, high]``)."""
+        """JSON-able dict (intervals as ``[low, high]``; ``n_drafted``, ``n_verify_rounds``: expected counts
+        over the trace's prompts; ``rounds_by_size[L]``: rounds drafting L tokens, L = 0 plain steps)."""
         d = asdict(self)
         for k, v in d.items():
             if k.endswith("_interval") and v is not None:
@@ -437,8 +441,11 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
     ratio["acceptance_odds"] = _odds(rate_obs) / _odds(rate_k)
     out = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
+    out["by_size"] = np.zeros((B, len(n_values), max(n_values) + 1))
     for j, N in enumerate(n_values):
         pr = preds[N]
+        out["by_size"][:, j, :N + 1] = pr.by_size
+        out["by_size"][:, j, 1:N + 1] *= ratio["verify"][:, None]
         o = _odds(_clip01(pr.accepted / np.maximum(pr.drafted, 1e-12))) * ratio["acceptance_odds"]
         out["drafted"][:, j] = pr.drafted * ratio["drafted"]
         out["accepted"][:, j] = o / (1.0 + o) * out["drafted"][:, j]
@@ -545,6 +552,8 @@ def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values
             return _interval(x[:, j]) if resampled else None
 
         rows.append(WhatIfRow(n_draft=N, acceptance_rate=val(rate, j), mean_acceptance_length=val(mal, j),
+                              n_drafted=val(dr, j), n_verify_rounds=val(ver, j),
+                              rounds_by_size=tuple(float(x) for x in counts["by_size"][0, j, :N + 1]),
                               tokens_per_s=val(tps, j), speedup=val(sp, j), recorded=N == K, extrapolated=N > K,
                               acceptance_rate_interval=iv(rate), mean_acceptance_length_interval=iv(mal),
                               tokens_per_s_interval=iv(tps) if timed else None,
@@ -627,7 +636,7 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     if timed and plain is None:
         plain = _tv(costs, 1)
     per = {g.name: _predict_group(g, W, n_values, K, max_tokens, costs) for g, W in zip(groups, Ws, strict=True)}
-    total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted")}
+    total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted", "by_size")}
     calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
              for k in per[groups[0].name][1]}
     resampled = n_boot > 0
