@@ -61,11 +61,14 @@ def format_advice(d: dict[str, Any]) -> list[str]:
         out += ["", f"Break-even: {be['words']}"]
         for cat, b in (be.get("by_category") or {}).items():
             need = b["draft_cost_ratio_needed"]
-            step = (f"a draft step under {need:.2f} of a plain decode (now {b['draft_cost_ratio']:.2f})" if need > 0
-                    else f"cannot pay at this verify cost ({b['verify_cost_ratio']:.2f} decodes)")
-            out.append(f"  {cat}: {'pays' if b['pays'] else 'would pay'} at n_draft {b['n_draft']} with {step}; mean "
-                       f"acceptance length needed {b['mean_acceptance_length_needed']:.2f} (now "
-                       f"{b['mean_acceptance_length']:.2f})")
+            if need > 0:
+                head = (f"{'pays' if b['pays'] else 'would pay'} at n_draft {b['n_draft']} with a draft step under "
+                        f"{need:.2f} of a plain decode (now {b['draft_cost_ratio']:.2f})")
+            else:
+                head = (f"cannot pay at n_draft {b['n_draft']} at this verify cost ({b['verify_cost_ratio']:.2f} "
+                        "decodes) whatever a draft step costs")
+            out.append(f"  {cat}: {head}; mean acceptance length needed {b['mean_acceptance_length_needed']:.2f} "
+                       f"(now {b['mean_acceptance_length']:.2f})")
     return out
 
 

@@ -296,7 +296,7 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
     alpha = best["acceptance_rate_needed"]
     need = (f"a mean acceptance length of {best['mean_acceptance_length_needed']:.2f} "
             + (f"(acceptance rate {alpha:.2f} at every position)" if alpha is not None
-               else f"(more than n_draft + 1 = {n + 1}: out of reach)"))
+               else f"(out of reach: a round of {n} drafts emits at most {n + 1} tokens)"))
     flat = best["flat_verify_draft_cost_ratio_needed"]
     if pays:
         words = (f"MTP pays here: at n_draft {n} a draft step costs {c:.2f} of a plain decode, under the "
