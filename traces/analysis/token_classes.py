@@ -19,16 +19,19 @@ the region before it:
   ``class`` headers, a compound statement ending in ``:`` (``if``, ``for``, ``while``, ``with``, ``try``,
   ``except``, ``else`` ...), ``return`` / ``yield`` / ``raise`` / ``import`` / ``from .. import`` /
   ``pass`` / ``break`` / ``continue`` / ``assert`` statements, an assignment (``name = ...``, ``a.b[i]
-  += ...``), a statement that is a call (``name(...``), a decorator, a triple quote; ``comment`` -- a
-  ``#`` line; ``text`` -- anything else;
+  += ...``), a statement that is a call (``name(...``), a decorator, a triple quote; ``repl`` -- an
+  interactive-prompt line (``>>>``, ``...``: a doctest), code on its own without changing the region
+  around it; ``comment`` -- a ``#`` line; ``text`` -- anything else;
 * regions: ``text`` turns ``code`` at a code line and ``json`` at a json line; ``code`` stays code for
   every line that is indented, blank, a comment, JSON-like (a dict literal) or code, and while a triple-
   quoted string is open (docstrings are code), and turns ``text`` at an unindented text line; ``json``
-  stays json for json and value lines and turns text (or code) at a text (or code) line. A blank line
-  belongs to the region before it when the next line continues that region, else to ``text``.
+  stays json for json and value lines and any line that starts like JSON (a quote, a bracket, a
+  number, a literal), and turns text (or code) at a text (or code) line. A blank line belongs to the
+  region before it when the next line continues that region, else to ``text``.
 
-Inside ``text`` lines, an inline backtick span (backticks included) is code and an inline JSON object
-(``{"key": ...}`` up to its balancing brace) is json. Then each character of a text region is
+Inside ``text`` lines, an inline backtick span (backticks included) is code, and json: an inline JSON
+object (``{"key": ...}`` up to its balancing brace) and a run of two or more ``"key": value`` pairs
+(JSON written without its opening brace). Then each character of a text region is
 ``whitespace``, part of a **number** (digits with ``.`` / ``,`` groups, a sign before them, an exponent, a
 ``%`` after them; digits glued to letters, as in ``s30``, belong to the word), a **letter** (a word:
 letters, digits in words, an apostrophe between letters) or **punctuation** (anything else).
@@ -138,7 +141,7 @@ class TokenClasses:
 # ------------------------------------------------------------------------------------------ lines
 
 R_TEXT, R_CODE, R_JSON = 0, 1, 2
-K_BLANK, K_TEXT, K_CODE, K_JSON, K_VALUE, K_COMMENT, K_FENCE = range(7)
+K_BLANK, K_TEXT, K_CODE, K_JSON, K_VALUE, K_COMMENT, K_FENCE, K_REPL = range(8)
 
 _FENCE_RE = re.compile(r"^\s*(`{3,})\s*([A-Za-z0-9_+.-]*)")
 _JSON_RE = re.compile(r'^(?:[\[{]\s*$|[\]}]\s*,?\s*$|\[\s*\{|\{\s*"(?:[^"\\]|\\.)*"\s*:|'
@@ -158,6 +161,14 @@ _CODE_RES = tuple(re.compile(x) for x in (
     r"^[A-Za-z_][\w.]*\(",
     r"^[rbuf]{0,2}(?:\"\"\"|\'\'\')",
 ))
+#: an interactive-prompt line (a doctest, a REPL session): code on its own, the region around it unchanged
+_REPL_RE = re.compile(r"^(?:>>>|\.\.\.)(?:\s|$)")
+#: a run of two or more ``"key": value`` pairs inside a text line: JSON without its opening brace
+_PAIRS_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"\s*:\s*(?:"(?:[^"\\\n]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null)'
+                       r'(?:\s*,\s*"(?:[^"\\\n]|\\.)*"\s*:\s*(?:"(?:[^"\\\n]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|[\[{]))+'
+                       r'\s*,?')
+#: in a JSON region, a line that starts like JSON (a string, a bracket, a number, a literal) stays JSON
+_JSONISH_START_RE = re.compile(r'^(?:"|[\[\]{}]|-?\d|true\b|false\b|null\b)')
 _TRIPLE_RE = re.compile(r"\"\"\"|\'\'\'")
 _INLINE_JSON_RE = re.compile(r'\{\s*"(?:[^"\\]|\\.)*"\s*:')
 _NUMBER_SPAN_RE = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?%?(?![A-Za-z_])")
@@ -166,7 +177,7 @@ _JSON_FENCES = frozenset({"json", "jsonl", "json5"})
 
 def line_kind(line: str) -> int:
     """What one line looks like on its own (module docstring): ``K_BLANK``, ``K_JSON``, ``K_VALUE``,
-    ``K_CODE``, ``K_COMMENT``, ``K_FENCE`` or ``K_TEXT``."""
+    ``K_CODE``, ``K_COMMENT``, ``K_FENCE``, ``K_REPL`` or ``K_TEXT``."""
     s = line.strip()
     if not s:
         return K_BLANK
@@ -178,6 +189,8 @@ def line_kind(line: str) -> int:
         return K_VALUE
     if s.startswith("#"):
         return K_COMMENT
+    if _REPL_RE.match(s):
+        return K_REPL
     if any(r.match(s) for r in _CODE_RES):
         return K_CODE
     return K_TEXT
@@ -213,10 +226,19 @@ def line_regions(lines: Sequence[str]) -> list[int]:
             blanks.append(i)
             continue
         indented = line[:1] in (" ", "\t")
+        if kind == K_REPL and region != R_CODE:      # a doctest line: code, the region goes on around it
+            for j in blanks:
+                out[j] = R_TEXT
+            blanks = []
+            out[i] = R_CODE
+            continue
         if region == R_CODE:
             new = R_TEXT if (kind == K_TEXT and not indented) else R_CODE
         elif region == R_JSON:
-            new = R_JSON if kind in (K_JSON, K_VALUE, K_BLANK) else (R_CODE if kind == K_CODE else R_TEXT)
+            if kind in (K_JSON, K_VALUE, K_BLANK) or _JSONISH_START_RE.match(line.strip()):
+                new = R_JSON
+            else:
+                new = R_CODE if kind == K_CODE else R_TEXT
         else:
             new = R_CODE if kind == K_CODE else (R_JSON if kind == K_JSON else R_TEXT)
         for j in blanks:                 # blank lines inside a region belong to it
@@ -300,6 +322,13 @@ def _inline_spans(line: str, out: np.ndarray, base: int) -> None:
             if end is not None:
                 sl = out[base + m.start():base + end]
                 sl[sl != C_REGION_CODE] = C_REGION_JSON
+    if '":' in line:
+        for m in _PAIRS_RE.finditer(line):
+            end = m.end()
+            if line[end - 1] in "[{":                 # the last value opens a bracket: up to its close
+                end = _balanced_end(line, end - 1) or end
+            sl = out[base + m.start():base + end]
+            sl[sl != C_REGION_CODE] = C_REGION_JSON
 
 
 def _balanced_end(line: str, start: int) -> int | None:
