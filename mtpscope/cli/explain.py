@@ -133,6 +133,11 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
         for p in dr["per_position"]:
             lines.append(f"  k={p['k']}: cosine {_f(p['cos_mean'])}, relative error {_f(p['rel_err_mean'])} "
                          f"({p['n_steps']} steps)")
+        if dr.get("by_quantile"):
+            lines.append("  acceptance by cosine quarter (checked steps): " + ", ".join(
+                f"{q['cos_low']:.2f}..{q['cos_high']:.2f}: {q['acceptance_rate']:.0%}" for q in dr["by_quantile"]))
+        if dr.get("words"):
+            lines.append(f"  {dr['words']}")
     wi = d.get("what_if")
     if wi:
         m = d["what_if_model"]
