@@ -50,7 +50,7 @@ def format_sweep_report(rep: dict[str, Any]) -> str:
     if not rep["cells"]:
         lines.append("(no finished task yet)")
     if rep.get("recommendation"):
-        from mtpscope.cli.explain import format_advice
+        from mtpscope.cli.advice import format_advice
 
         lines += format_advice(rep)
     if rep["failed"]:
@@ -80,7 +80,7 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
     if as_json:
         print(json.dumps(rep, indent=2, allow_nan=False))
     elif advice_only:
-        from mtpscope.cli.explain import format_advice
+        from mtpscope.cli.advice import format_advice
 
         print("\n".join([f"sweep: {rep['sweep']}", *format_advice(rep)]))
     else:
