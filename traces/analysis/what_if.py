@@ -14,8 +14,8 @@ through the origin when the free intercept is negative, flat with one point.
 **Acceptance** (:mod:`traces.analysis.acceptance_model`): the hidden-Markov model of which output
 positions the drafter gets right, fitted per prompt category (a category of fewer than
 ``CATEGORY_MIN_ROUNDS`` drafting rounds uses the fit over all prompts) and run at every n_draft over the
-trace's own prompt lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` keep ``p[s, K]``
-(``extend_depths``).
+trace's own prompt lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` fall on from
+``p[s, K]`` by the ratio of the last two recorded depths (``extend_depths``).
 
 **Calibration, so the trace reproduces itself.** For each category and each count X (drafted tokens,
 verify rounds, loop time) per emitted token, the model's value at ``K`` is scaled to the trace's own:
@@ -317,10 +317,18 @@ class WhatIf:
 # ------------------------------------------------------------------------------------------ the estimate
 
 def extend_depths(p: np.ndarray, n: int) -> np.ndarray:
-    """``p[..., S, D]`` extended to ``n`` depths: depths beyond the recorded ``D`` keep ``p[..., D]``
-    (the drafter's state after D chained steps is taken as no worse further on; the hidden state
-    already carries the decline of long runs)."""
-    return AM._depths(np.asarray(p), max(n, p.shape[-1]))
+    """``p[..., S, D]`` extended to ``n`` depths: beyond the recorded ``D`` each state's acceptance keeps
+    falling by the ratio of its last two recorded depths, ``p[s, d] = p[s, D] r_s^(d - D)`` with ``r_s =
+    p[s, D] / p[s, D - 1]`` clipped to [0.5, 1] (the drafter's chained state goes on degrading as at its
+    last recorded step; 1 when D = 1: held flat)."""
+    p = np.asarray(p, dtype=np.float64)
+    D = p.shape[-1]
+    if n <= D:
+        return p
+    if D < 2:
+        return AM._depths(p, n)
+    r = np.clip(p[..., D - 1] / np.maximum(p[..., D - 2], 1e-12), 0.5, 1.0)
+    return np.concatenate([p, p[..., -1:] * r[..., None] ** np.arange(1, n - D + 1)], axis=-1)
 
 
 @dataclass
@@ -653,7 +661,8 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
                                      n_verify=int((nd > 0).sum()), n_prompts=g.obs.n_prompts, cost=cost,
                                      baseline=gb, model=_model_dict(g.params), calibration=per[g.name][1],
                                      resampled=resampled)
-    model = _model_dict(pooled, max_tokens=int(max_tokens), extrapolation="p[s, d] = p[s, K] for d > K",
+    model = _model_dict(pooled, max_tokens=int(max_tokens),
+                        extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
                         per_category=bool(categories))
     return _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
                    n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
