@@ -14,8 +14,12 @@ predicted counts give with each recording's *own* measured costs (on a shared ma
 verify costs move between recordings; this column checks the position model apart from that), then the
 worst errors and whether the goals are met; exits 0 whatever the numbers.
 
+A pair of your own, kept out of the repository: ``mtpscope demo train --out DIR --seed 11 --target-steps 300
+--drafter-steps 300`` (about an hour of CPU), then ``--pair DIR`` converts its compact checkpoints into
+``DIR/target.gguf`` / ``DIR/drafter.gguf`` (our converter, as ``demo build`` does) and uses its prompts.
+
 Usage: ``python benchmarks/bench_what_if.py [--out DIR] [--n-draft 1,2,3,4,5,6] [--from 3] [--max-tokens 64]
-[--target T --assistant A --prompts P.jsonl]``.
+[--target T --assistant A --prompts P.jsonl | --pair DIR]``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,29 @@ def demo_prompts(path: Path) -> Path:
             seen.add(pid)
             fh.write(json.dumps({"tokens": p["ids"], "id": pid, "category": p["category"]}) + "\n")
     return path
+
+
+def build_pair(root: Path) -> tuple[str, str, str]:
+    """GGUFs and a prompts file from compact checkpoints written by ``mtpscope demo train --out root``."""
+    from mtpscope.demo.trained import expand
+    from mtpscope.inspector.convert import convert
+
+    target, drafter = root / "target.gguf", root / "drafter.gguf"
+    if not (target.exists() and drafter.exists()):
+        t, d = expand(root / "hf", root)
+        convert(t, target, outtype="f16")
+        convert(d, drafter, dialect="upstream", outtype="f32")
+    prompts = root / "prompts.jsonl"
+    if not prompts.exists():
+        from mtpscope.demo.trained import read_prompts
+
+        seen: set[str] = set()
+        with open(prompts, "w", encoding="utf-8") as fh:
+            for i, p in enumerate(read_prompts(root)):
+                pid = p["name"] if p["name"] not in seen else f"{p['name']}#{i}"
+                seen.add(pid)
+                fh.write(json.dumps({"tokens": p["ids"], "id": pid, "category": p["category"]}) + "\n")
+    return str(target), str(drafter), str(prompts)
 
 
 def record(args: argparse.Namespace, out: Path) -> None:
@@ -101,7 +128,10 @@ def main() -> None:
     ap.add_argument("--target", default=None)
     ap.add_argument("--assistant", default=None)
     ap.add_argument("--prompts", default=None)
+    ap.add_argument("--pair", type=Path, default=None, help="compact checkpoints of `mtpscope demo train --out DIR`")
     args = ap.parse_args()
+    if args.pair is not None:
+        args.target, args.assistant, args.prompts = build_pair(args.pair)
     if args.target is None or args.assistant is None:
         from mtpscope.demo.build import build_demo
         from mtpscope.demo.spec import TrainedPaths
