@@ -434,14 +434,15 @@ def drift_figure(drift: dict | None, title: str = "How far the drafter's state d
     quant = drift.get("by_quantile") or []
     fig = make_subplots(rows=1, cols=3 if quant else 2, horizontal_spacing=0.09)
     ks = [p["k"] for p in pp]
+    rel = [p["rel_err_mean"] for p in pp]
+    # trace 0: cosine, trace 1: relative error; then the cosine of accepted / rejected drafts
     fig.add_trace(go.Scatter(x=ks, y=[p["cos_mean"] for p in pp], mode="lines+markers", name="cosine, all"),
                   row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=rel, mode="lines+markers", name="relative error"), row=1, col=2)
     for key, name, dash in (("cos_mean_accepted", "accepted", "dot"), ("cos_mean_rejected", "rejected", "dash")):
         if any(p.get(key) is not None for p in pp):
             fig.add_trace(go.Scatter(x=ks, y=[p.get(key) for p in pp], mode="lines+markers", name=f"cosine, {name}",
                                      line=dict(dash=dash)), row=1, col=1)
-    rel = [p["rel_err_mean"] for p in pp]
-    fig.add_trace(go.Scatter(x=ks, y=rel, mode="lines+markers", name="relative error"), row=1, col=2)
     fig.update_xaxes(title="draft position k", dtick=1, row=1, col=1)
     fig.update_xaxes(title="draft position k", dtick=1, row=1, col=2)
     # whole scales: a cosine is in [-1, 1]; a relative error of 1 is "as far as a zero vector"
