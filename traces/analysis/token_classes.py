@@ -281,12 +281,11 @@ def char_classes(text: str) -> np.ndarray:
     digit = (cp >= 48) & (cp <= 57)
     hi = cp >= 128
     letter = ascii_letter.copy()
-    if hi.any():
-        for c in np.unique(cp[hi]).tolist():
-            if chr(c).isalpha():
-                letter |= cp == c
-            elif chr(c).isspace():
-                space |= cp == c
+    if hi.any():                                   # other scripts: one lookup per distinct character
+        uniq, inv = np.unique(cp[hi], return_inverse=True)
+        chars = [chr(c) for c in uniq.tolist()]
+        letter[hi] = np.array([c.isalpha() for c in chars], dtype=bool)[inv]
+        space[hi] |= np.array([c.isspace() for c in chars], dtype=bool)[inv]
     out[:] = C_PUNCT_CH
     out[letter | digit] = C_LETTER
     # an apostrophe between letters is part of the word
@@ -358,6 +357,23 @@ def _balanced_end(line: str, start: int) -> int | None:
     return len(line.rstrip("\n"))
 
 
+class _Facts:
+    """Per-id facts over a vocabulary (+1 slot for ids outside it), filled as ids are met: text, its
+    length, special, the channel a template token opens (-1 none) or closes to (-1 none, -2 ends the turn
+    without changing it)."""
+
+    def __init__(self, n: int) -> None:
+        self.known = np.zeros(n + 1, dtype=bool)
+        self.known[n] = True
+        self.text: list[str] = [""] * (n + 1)
+        self.length = np.zeros(n + 1, dtype=np.int64)
+        self.special = np.zeros(n + 1, dtype=bool)
+        self.unknown = np.zeros(n + 1, dtype=bool)
+        self.unknown[n] = True
+        self.opens = np.full(n + 1, -1, dtype=np.int8)
+        self.closes = np.full(n + 1, -1, dtype=np.int8)
+
+
 class Classifier:
     """Classes and channels of token sequences over one vocabulary (see the module docstring).
 
@@ -370,28 +386,34 @@ class Classifier:
         self.vocab = vocab
         self.chat = bool(chat)
         # per-id facts do not depend on the context: shared by every classifier of this vocabulary
-        self._info: dict[int, tuple[str, bool, int | None, int | None]] = _INFO.setdefault(vocab, {})
+        self._cache: dict[str, _Facts] = _INFO.setdefault(vocab, {})
 
-    def _token(self, tid: int) -> tuple[str, bool, int | None, int | None] | None:
-        """(text, special, opens channel, closes channel: -1 = ends the turn) of one id; None out of range."""
-        hit = self._info.get(tid)
-        if hit is not None or tid in self._info:
-            return hit
-        piece = self.vocab.piece(tid)
-        if piece is None:
-            info = None
-        else:
+    def _facts(self, ids: np.ndarray) -> _Facts:
+        """The facts, filled for every id of ``ids`` (already mapped into ``[0, n_vocab]``)."""
+        f = self._cache.get("facts")
+        if f is None:
+            f = self._cache["facts"] = _Facts(self.vocab.n_vocab)
+        seen = np.zeros(len(f.known), dtype=bool)
+        seen[ids] = True
+        new = np.flatnonzero(seen & ~f.known)
+        if len(new) > 4096:
+            self.vocab.decode_all()      # one bulk decode beats many single reads
+        for tid in new.tolist():
+            piece = self.vocab.piece(tid)
+            if piece is None:
+                f.unknown[tid] = True
+                continue
             ttype = self.vocab.token_type(tid)
             special = ttype in _SPECIAL_TYPES or (self.vocab.types is None and (
                 piece in TEMPLATE_OPEN or piece in TEMPLATE_CLOSE))
             text = "" if special else piece_text(piece, ttype)
-            opens = TEMPLATE_OPEN.get(piece) if special or piece in TEMPLATE_OPEN else None
-            closes = None
+            f.text[tid], f.length[tid], f.special[tid] = text, len(text), special
+            if (special or piece in TEMPLATE_OPEN) and piece in TEMPLATE_OPEN:
+                f.opens[tid] = TEMPLATE_OPEN[piece]
             if piece in TEMPLATE_CLOSE:
-                closes = TEMPLATE_CLOSE[piece] if TEMPLATE_CLOSE[piece] is not None else -1
-            info = (text, special, opens, closes)
-        self._info[tid] = info
-        return info
+                f.closes[tid] = TEMPLATE_CLOSE[piece] if TEMPLATE_CLOSE[piece] is not None else -2
+        f.known[new] = True
+        return f
 
     def classify(self, ids: Sequence[int] | np.ndarray, prefix: Sequence[int] | np.ndarray | str = ()) -> TokenClasses:
         """Classes and channels of ``ids`` (one generated sequence, in order).
@@ -403,74 +425,73 @@ class Classifier:
         Returns:
             :class:`TokenClasses` with ``n`` entries.
         """
-        ids = [int(t) for t in np.asarray(ids, dtype=np.int64).reshape(-1)]
-        n = len(ids)
+        nv = self.vocab.n_vocab
+        out_ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        n = len(out_ids)
+        text_prefix = prefix if isinstance(prefix, str) else ""
+        pre_ids = np.zeros(0, np.int64) if isinstance(prefix, str) else np.asarray(prefix, dtype=np.int64).reshape(-1)
+        seq = np.concatenate([pre_ids, out_ids])
+        seq = np.where((seq >= 0) & (seq < nv), seq, nv)          # outside the vocabulary: the last slot
+        f = self._facts(seq)
+        off = len(pre_ids)
         classes = np.full(n, C_PROSE, dtype=np.int8)
-        channels = np.full(n, CH_ANSWER if self.chat else CH_NONE, dtype=np.int8)
-        if isinstance(prefix, str):
-            pre_infos = [(prefix, False, None, None)] if prefix else []
-        else:
-            pre_infos = [self._token(int(t)) for t in np.asarray(prefix, dtype=np.int64).reshape(-1)]
-        infos = [self._token(t) for t in ids]
-        seq = pre_infos + infos
-        off = len(pre_infos)
-        # channels: a walk over the special tokens only
-        ch = CH_ANSWER if self.chat else CH_NONE
-        naming = False
-        for i, info in enumerate(seq):
-            if info is None:
-                if i >= off:
-                    channels[i - off] = ch
-                continue
-            text, special, opens, closes = info
-            cur = ch
-            if special:
-                if closes is not None:
-                    if closes >= 0:
-                        ch = closes
-                    naming = False
-                elif opens is not None:
-                    ch = cur = opens
-                    naming = opens == CH_THINKING
-            elif naming and "\n" in text:
-                naming = False
-            if i >= off:
-                channels[i - off] = cur
-        # classes: per segment between special tokens
-        start = 0
-        for i in range(len(seq) + 1):
-            if i == len(seq) or seq[i] is None or seq[i][1]:
-                if i > start:
-                    self._segment(seq, start, i, off, classes)
-                if i < len(seq) and i >= off:
-                    classes[i - off] = C_UNKNOWN if seq[i] is None else C_SPECIAL
-                start = i + 1
+        start_ch = CH_ANSWER if self.chat else CH_NONE
+        channels = np.full(n, start_ch, dtype=np.int8)
+        # channels: a walk over the template tokens only, the runs between them filled at once
+        marks = np.flatnonzero((f.opens[seq] >= 0) | (f.closes[seq] != -1))
+        ch, prev = start_ch, 0
+        full = np.empty(len(seq), dtype=np.int8)
+        for i in marks.tolist():
+            full[prev:i] = ch
+            t = seq[i]
+            if f.closes[t] != -1:
+                full[i] = ch
+                if f.closes[t] >= 0:
+                    ch = int(f.closes[t])
+            else:
+                ch = int(f.opens[t])
+                full[i] = ch
+            prev = i + 1
+        full[prev:] = ch
+        channels[:] = full[off:]
+        # classes: per segment between special (or unknown) tokens; a text prefix is one more segment head
+        stops = np.flatnonzero(f.special[seq] | f.unknown[seq])
+        bounds = [-1, *stops.tolist(), len(seq)]
+        for a_, b_ in zip(bounds[:-1], bounds[1:]):
+            lo, hi = a_ + 1, b_
+            head = text_prefix if lo == 0 else ""
+            if hi > lo or head:
+                self._segment(f, seq[lo:hi], head, lo, off, classes)
+        if len(stops):
+            so = stops[stops >= off]
+            classes[so - off] = np.where(f.unknown[seq[so]], C_UNKNOWN, C_SPECIAL)
         return TokenClasses(classes, channels)
 
     @staticmethod
-    def _segment(seq: list, a: int, b: int, off: int, classes: np.ndarray) -> None:
-        texts = [seq[i][0] for i in range(a, b)]
-        lens = np.array([len(t) for t in texts], dtype=np.int64)
-        text = "".join(texts)
+    def _segment(f: _Facts, seg: np.ndarray, head: str, lo: int, off: int, classes: np.ndarray) -> None:
+        """Classes of the tokens ``seg`` (sequence positions ``lo..``; ``head``: text before them, context only)."""
+        if lo + len(seg) <= off:                 # wholly inside the prompt: nothing to label
+            return
+        texts = f.text
+        text = head + "".join([texts[t] for t in seg.tolist()])
         if not text:
             return
         cc = char_classes(text)
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        lens = f.length[seg]
+        starts = len(head) + np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
         ok = lens > 0
 
         def any_of(code: int) -> np.ndarray:
-            flag = (cc == code).astype(np.int64)
             out = np.zeros(len(lens), dtype=bool)
             if ok.any():
-                sums = np.add.reduceat(flag, starts[ok]) if len(flag) else np.zeros(int(ok.sum()), np.int64)
-                out[ok] = sums > 0
+                flag = (cc == code).astype(np.int64)
+                out[ok] = np.add.reduceat(flag, starts[ok]) > 0
             return out
 
         code, js, let, num, pun = (any_of(c) for c in (C_REGION_CODE, C_REGION_JSON, C_LETTER, C_NUM, C_PUNCT_CH))
         cls = np.select([code, js, let, num, pun, ok], [C_CODE, C_JSON, C_PROSE, C_NUMBER, C_PUNCT, C_SPACE], C_PROSE)
-        lo, hi = max(a, off), b
-        if hi > lo:
-            classes[lo - off:hi - off] = cls[lo - a:hi - a].astype(np.int8)
+        a = max(lo, off)
+        classes[a - off:lo + len(seg) - off] = cls[a - lo:].astype(np.int8)
 
 
 def classify_ids(vocab: Vocab, ids: Sequence[int], *, chat: bool = False, prefix: Sequence[int] = ()) -> list[str]:
