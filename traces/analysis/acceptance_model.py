@@ -53,8 +53,8 @@ N_STATES = 2
 #: prior's mean, each row of A and pi with PRIOR / S more of each transition
 PRIOR = 1.0
 #: expectation maximisation stops when the log-likelihood gains less than this per observation
-TOL = 1e-6
-MAX_ITER = 60
+TOL = 1e-5
+MAX_ITER = 30
 #: the fit cuts longer outputs into blocks of this many positions, each started from ``pi`` (the chain
 #: forgets its start within a few dozen positions; the forward-backward loop runs over block positions)
 FIT_BLOCK = 128
