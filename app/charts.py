@@ -431,21 +431,39 @@ def drift_figure(drift: dict | None, title: str = "How far the drafter's state d
     from plotly.subplots import make_subplots
 
     pp = drift["per_position"]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12)
-    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["cos_mean"] for p in pp], mode="lines+markers",
-                             name="cosine"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["rel_err_mean"] for p in pp], mode="lines+markers",
-                             name="relative error"), row=1, col=2)
-    fig.update_xaxes(title="draft position k", dtick=1)
-    fig.update_yaxes(title="cosine (1 = same direction)", row=1, col=1)
-    fig.update_yaxes(title="relative error", row=1, col=2)
-    return _layout(fig, title, height=280, showlegend=False)
+    quant = drift.get("by_quantile") or []
+    fig = make_subplots(rows=1, cols=3 if quant else 2, horizontal_spacing=0.09)
+    ks = [p["k"] for p in pp]
+    rel = [p["rel_err_mean"] for p in pp]
+    # trace 0: cosine, trace 1: relative error; then the cosine of accepted / rejected drafts
+    fig.add_trace(go.Scatter(x=ks, y=[p["cos_mean"] for p in pp], mode="lines+markers", name="cosine, all"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=rel, mode="lines+markers", name="relative error"), row=1, col=2)
+    for key, name, dash in (("cos_mean_accepted", "accepted", "dot"), ("cos_mean_rejected", "rejected", "dash")):
+        if any(p.get(key) is not None for p in pp):
+            fig.add_trace(go.Scatter(x=ks, y=[p.get(key) for p in pp], mode="lines+markers", name=f"cosine, {name}",
+                                     line=dict(dash=dash)), row=1, col=1)
+    fig.update_xaxes(title="draft position k", dtick=1, row=1, col=1)
+    fig.update_xaxes(title="draft position k", dtick=1, row=1, col=2)
+    # whole scales: a cosine is in [-1, 1]; a relative error of 1 is "as far as a zero vector"
+    fig.update_yaxes(title="cosine (1 = same direction)", range=[-1.05, 1.05], row=1, col=1)
+    top = max([1.5] + [1.1 * r for r in rel if r is not None])
+    fig.update_yaxes(title="relative error", range=[0, top], row=1, col=2)
+    if quant:
+        fig.add_trace(go.Bar(x=[f"{q['cos_low']:.2f}..{q['cos_high']:.2f}" for q in quant],
+                             y=[q["acceptance_rate"] for q in quant], name="acceptance by cosine quarter",
+                             text=[f"{q['acceptance_rate']:.0%} of {q['n_steps']}" for q in quant],
+                             textposition="outside"), row=1, col=3)
+        fig.update_yaxes(title="acceptance rate", range=[0, 1.1], tickformat=".0%", row=1, col=3)
+        fig.update_xaxes(title="cosine quarter (checked steps)", row=1, col=3)
+    return _layout(fig, title, height=300, showlegend=False)
 
 
 def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
-                   title: str = "Which n_draft? Estimated from this trace") -> go.Figure:
+                   title: str = "Which n_draft? Estimated from this trace", plain: float | None = None) -> go.Figure:
     """The what-if estimate per n_draft (``what_if`` rows): acceptance rate and tokens per second (when
-    the trace has timings), the recorded n_draft and the recommended one marked."""
+    the trace has timings) with their 95 % intervals as error bars, the recorded n_draft, the fastest
+    one and plain decoding's tokens/s (``plain``, a horizontal line) marked."""
     if not rows:
         return empty_figure("nothing drafted: no estimate")
     from plotly.subplots import make_subplots
@@ -454,16 +472,28 @@ def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
     has_speed = any(r.get("tokens_per_s") is not None for r in rows)
     fig = make_subplots(rows=1, cols=2 if has_speed else 1, horizontal_spacing=0.12)
     sym = ["star" if r["recorded"] else ("circle-open" if r["extrapolated"] else "circle") for r in rows]
+
+    def bars(key: str) -> dict | None:
+        ivs = [r.get(f"{key}_interval") for r in rows]
+        if not any(ivs):
+            return None
+        return dict(type="data", symmetric=False,
+                    array=[(iv[1] - r[key]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)],
+                    arrayminus=[(r[key] - iv[0]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)])
+
     fig.add_trace(go.Scatter(x=n, y=[r["acceptance_rate"] for r in rows], mode="lines+markers",
-                             marker=dict(symbol=sym, size=11), name="acceptance rate",
+                             marker=dict(symbol=sym, size=11), name="acceptance rate", error_y=bars("acceptance_rate"),
                              hovertemplate="n_draft %{x}: %{y:.1%}<extra></extra>"), row=1, col=1)
     if has_speed:
         fig.add_trace(go.Scatter(x=n, y=[r["tokens_per_s"] for r in rows], mode="lines+markers",
-                                 marker=dict(symbol=sym, size=11), name="tokens/s",
+                                 marker=dict(symbol=sym, size=11), name="tokens/s", error_y=bars("tokens_per_s"),
                                  hovertemplate="n_draft %{x}: %{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
         if best is not None:
             fig.add_vline(x=best, line_dash="dash", line_color="#2ca02c", row=1, col=2,
-                          annotation_text=f"best: {best}", annotation_position="top")
+                          annotation_text=f"fastest: {best}", annotation_position="top")
+        if plain is not None:
+            fig.add_hline(y=plain, line_dash="dot", line_color="#d62728", row=1, col=2,
+                          annotation_text="plain decoding", annotation_position="bottom right")
     fig.update_xaxes(title="n_draft", dtick=1)
     fig.update_yaxes(title="acceptance rate", tickformat=".0%", range=[0, 1.05], row=1, col=1)
     if has_speed:

@@ -381,22 +381,26 @@ def vocab(path: str | None) -> Vocab | None:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None) -> Explanation:
-    from mtpscope.traces.analysis.explain_report import explain_trace
+def _explanation(path: str, key: tuple, vpath: str | None, vkey: tuple | None, prompt_id: int | None,
+                 category_field: str | None = None) -> Explanation:
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     v = _vocab(vpath, *vkey) if vpath and vkey else None
-    return explain_trace(_open_trace(path, key), vocab=v, prompt=prompt_id)
+    return explain_with_baseline(_open_trace(path, key), vocab=v, prompt=prompt_id, category_field=category_field)
 
 
-def explanation(path: str | os.PathLike[str], prompt_id: int | None = None) -> Explanation:
-    """``mtpscope.traces.analysis.explain_report.explain_trace`` of an allowed trace (the whole trace, or one
-    prompt), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope explain``
-    prints. Cached by the trace's and the vocabulary's file stats."""
+def explanation(path: str | os.PathLike[str], prompt_id: int | None = None,
+                category_field: str | None = None) -> Explanation:
+    """``mtpscope.traces.sweep.advice.explain_with_baseline`` of an allowed trace (the whole trace, or one
+    prompt; a sweep cell's speedups against the sweep's plain decoding; ``category_field``: as ``explain
+    --category-field``), with the vocabulary of :func:`trace_vocab_path`: the same sections ``mtpscope
+    explain`` prints. Cached by the trace's and the vocabulary's file stats."""
     p = safety.check_path(path, roots(), kind="dir")
     tr = _open_trace(str(p), _trace_key(p))
     vp = trace_vocab_path(tr)
     vk = _stat_key(Path(vp)) if vp else None
-    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id))
+    return _explanation(str(p), _trace_key(p), vp, vk, None if prompt_id is None else int(prompt_id),
+                        category_field or None)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -488,17 +492,19 @@ def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame]:  # noqa: ARG001 - key invalidates
+def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, dict[str, Any]]:  # noqa: ARG001
+    from mtpscope.traces.sweep.advice import sweep_advice_dict
     from mtpscope.traces.sweep.reader import open_sweep
 
     sw = open_sweep(path)
-    return sw, sw.cells()
+    return sw, sw.cells(), sweep_advice_dict(sw)
 
 
-def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame]:
-    """(the sweep, its configuration × category cells) of an allowed sweep directory (``mtpscope sweep
-    --out``: :func:`mtpscope.traces.sweep.reader.open_sweep`; DuckDB aggregates, never all rounds), cached
-    by its state file's (size, mtime).
+def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame, dict[str, Any]]:
+    """(the sweep, its configuration × category cells, its advice: recommendation and break-even as
+    ``mtpscope report DIR --json`` gives them) of an allowed sweep directory (``mtpscope sweep --out``:
+    :func:`mtpscope.traces.sweep.reader.open_sweep`; DuckDB aggregates, never all rounds), cached by its state
+    file's (size, mtime).
 
     Raises:
         PathNotAllowedError; OSError: no state file (``sweep.json``); TraceFormatError: a malformed sweep.

@@ -301,24 +301,12 @@ def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
         return steps.iloc[0:0]
     m = np.asarray(steps["target_in_candidates"].eq(False).fillna(False), dtype=bool)
     if "accepted" in steps.columns and {"prompt_id", "round", "k"} <= set(steps.columns):
+        from mtpscope.traces.analysis.metrics import checked_mask
+
         m = m & checked_mask(steps)
     cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
                         "target_centroid_rank", "accepted") if c in steps.columns]
     return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
-
-
-def checked_mask(steps: pd.DataFrame) -> np.ndarray:
-    """Per step (columns prompt_id, round, k, accepted): True when the target judged it — accepted, or
-    the first rejected step of its round; False for the steps after the first rejection."""
-    acc = steps["accepted"].fillna(False).to_numpy(dtype=bool) if hasattr(steps["accepted"], "fillna") \
-        else np.asarray(steps["accepted"], dtype=bool)
-    k = steps["k"].to_numpy(dtype=np.int64)
-    big = np.iinfo(np.int64).max
-    key = pd.DataFrame({"p": steps["prompt_id"].to_numpy(dtype=np.int64), "r": steps["round"].to_numpy(dtype=np.int64),
-                        "rejk": np.where(acc, big, k)})
-    # the first rejected k of each round (``big`` where nothing was rejected)
-    first = key.groupby(["p", "r"], sort=False)["rejk"].transform("min").to_numpy(dtype=np.int64)
-    return k <= first
 
 
 def rejected_rounds(rounds: pd.DataFrame) -> list[tuple[int, int]]:

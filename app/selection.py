@@ -181,6 +181,9 @@ EXP_DRIFT = "exp.drift"
 EXP_WHAT_IF = "exp.whatif"
 EXP_WHAT_IF_TABLE = "exp.whatif.table"
 EXP_FIRST_MISMATCHES = "exp.fm"
+EXP_CATEGORY_FIELD = "w.exp.catfield"
+EXP_RECOMMENDATION_BY_CATEGORY = "exp.rec.cat"
+EXP_BREAK_EVEN_BY_CATEGORY = "exp.be.cat"
 
 
 def exp_tokens_key(section: str) -> str:
@@ -238,6 +241,8 @@ SWEEP_CATEGORY = "w.sweep.category"
 SWEEP_SHARD = "w.sweep.shard"
 SWEEP_HEAT = "sweep.heat"
 SWEEP_HANDLED = "sweep.handled"
+SWEEP_RECOMMENDATION_BY_CATEGORY = "sweep.rec.cat"
+SWEEP_BREAK_EVEN_BY_CATEGORY = "sweep.be.cat"
 
 
 def sweep_open_key(page: str) -> str:

@@ -271,3 +271,63 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]
     return j.reset_index().sort_values("delta_rate", kind="stable", na_position="last").reset_index(drop=True)
 
+
+# ------------------------------------------------------------------------------------------ advice
+
+def recommendation_label(rec: dict | None) -> str:
+    """A recommendation (``Recommendation.to_dict()``) in two or three words: ``plain decoding``,
+    ``n_draft 3``, ``q8 n_draft 3``, ``… (tie)``; ``—`` without one, ``too few rounds`` below the minimum."""
+    if not rec:
+        return "—"
+    c = rec.get("choice")
+    if c is None:
+        return "too few rounds" if "too few" in (rec.get("reason") or "") else "—"
+    who = f"{rec['assistant']} " if rec.get("assistant") else ""
+    label = "plain decoding" if c == "plain" else f"{who}n_draft {c}"
+    return label + (" (tie)" if rec.get("tie") else "")
+
+
+def _iv(v) -> str:
+    return "" if not v else f"{v[0]:.3g} – {v[1]:.3g}"
+
+
+def what_if_table(rows: Sequence[dict]) -> pd.DataFrame:
+    """The what-if rows (``Explanation.to_dict()["what_if"]``) as a table: each value with its 95 % interval."""
+    out = []
+    for r in rows:
+        out.append({"n_draft": r["n_draft"],
+                    "acceptance rate": r.get("acceptance_rate"),
+                    "acceptance rate 95 %": _iv(r.get("acceptance_rate_interval")),
+                    "mean acceptance length": r.get("mean_acceptance_length"),
+                    "mean acceptance length 95 %": _iv(r.get("mean_acceptance_length_interval")),
+                    "tokens/s": r.get("tokens_per_s"), "tokens/s 95 %": _iv(r.get("tokens_per_s_interval")),
+                    "speedup": r.get("speedup"), "speedup 95 %": _iv(r.get("speedup_interval")),
+                    "n_draft is": "recorded" if r.get("recorded") else ("extrapolated" if r.get("extrapolated")
+                                                                        else "estimated")})
+    return pd.DataFrame(out)
+
+
+def recommendation_table(by_category: dict[str, dict]) -> pd.DataFrame:
+    """Per-category recommendations (``recommendation["by_category"]``): category, choice, speedup and its
+    interval, tie, and the short reason."""
+    rows = []
+    for cat, r in by_category.items():
+        sp = r.get("speedup") or {}
+        rows.append({"category": cat, "recommendation": recommendation_label(r), "speedup": sp.get("value"),
+                     "interval": _iv(sp.get("interval")), "tie": bool(r.get("tie")),
+                     "why": r.get("headline") or r.get("reason")})
+    return pd.DataFrame(rows, columns=["category", "recommendation", "speedup", "interval", "tie", "why"])
+
+
+def break_even_table(by_category: dict[str, dict]) -> pd.DataFrame:
+    """Per-category break-even (``break_even["by_category"]``): the n_draft closest to paying, the draft
+    cost ratio now and needed, the mean acceptance length now and needed, whether MTP pays."""
+    rows = []
+    for cat, b in by_category.items():
+        rows.append({"category": cat, "n_draft": b["n_draft"], "draft step / plain decode": b["draft_cost_ratio"],
+                     "needed below": b["draft_cost_ratio_needed"],
+                     "mean acc. length": b["mean_acceptance_length"],
+                     "needed": b["mean_acceptance_length_needed"],
+                     "with a flat verify: draft step needed below": b["flat_verify_draft_cost_ratio_needed"],
+                     "pays": bool(b["pays"])})
+    return pd.DataFrame(rows)

@@ -230,13 +230,17 @@ def test_explain_page_numbers_equal_the_cli(demo_dir) -> None:
     assert _metric(at, "acceptance rate") == f"{cli['acceptance_rate']:.1%}"
     assert _metric(at, "rounds with a rejection") == f"{rej['n_rounds_rejected']:,}"
     assert _metric(at, "of them, target known") == f"{rej['n_first_mismatch']:,}"
-    assert _metric(at, "recommended n_draft") == str(cli["what_if_model"]["best_n_draft"])
+    rec = cli["recommendation"]
+    want = ("too few rounds" if rec["choice"] is None else "plain decoding" if rec["choice"] == "plain"
+            else f"n_draft {rec['choice']}") + (" (tie)" if rec["tie"] else "")
+    assert _metric(at, "recommendation") == want
     figs = _charts(at)
     causes = next(f for f in figs if (f["layout"].get("meta") or {}).get("counts") is not None)
     assert causes["layout"]["meta"]["counts"] == {c: v for c, v in rej["causes"].items() if v}
-    wi = next(d.value for d in at.dataframe if "tokens_per_s" in d.value.columns)
+    wi = next(d.value for d in at.dataframe if "tokens/s" in d.value.columns)
     assert list(wi["n_draft"]) == [r["n_draft"] for r in cli["what_if"]]
-    assert list(wi["acceptance_rate"]) == pytest.approx([r["acceptance_rate"] for r in cli["what_if"]])
+    assert list(wi["acceptance rate"]) == pytest.approx([r["acceptance_rate"] for r in cli["what_if"]])
+    assert list(wi["tokens/s"]) == pytest.approx([r["tokens_per_s"] for r in cli["what_if"]])
     if cli.get("by_class"):
         bars = next(f for f in figs if f["layout"]["title"]["text"] == "Acceptance rate by token class")
         assert dict(zip(bars["data"][0]["x"], bars["data"][0]["y"])) == pytest.approx(

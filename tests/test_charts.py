@@ -469,3 +469,23 @@ def test_pure_modules_do_not_import_streamlit() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_drift_figure_whole_scales_and_acceptance_by_cosine() -> None:
+    dr = {"per_position": [{"k": 1, "cos_mean": -0.05, "rel_err_mean": 1.04, "cos_mean_accepted": -0.04,
+                            "cos_mean_rejected": -0.06},
+                           {"k": 2, "cos_mean": -0.08, "rel_err_mean": 1.06, "cos_mean_accepted": None,
+                            "cos_mean_rejected": -0.08}],
+          "by_quantile": [{"cos_low": -0.3, "cos_high": -0.1, "n_steps": 10, "acceptance_rate": 0.2},
+                          {"cos_low": -0.1, "cos_high": 0.2, "n_steps": 10, "acceptance_rate": 0.3}]}
+    f = charts.drift_figure(dr)
+    # a cosine axis over [-1, 1] and a relative error from 0: values near 0 / 1 do not fill the panel
+    assert tuple(f.layout.yaxis.range) == (-1.05, 1.05) and f.layout.yaxis2.range[0] == 0
+    assert f.layout.yaxis2.range[1] >= 1.5
+    bars = [d for d in f.data if d.type == "bar"]
+    assert list(bars[0].y) == [0.2, 0.3] and list(bars[0].x) == ["-0.30..-0.10", "-0.10..0.20"]
+    w = charts.what_if_figure([{"n_draft": 1, "acceptance_rate": 0.5, "tokens_per_s": 10.0, "recorded": True,
+                                "extrapolated": False, "acceptance_rate_interval": [0.4, 0.6],
+                                "tokens_per_s_interval": [9.0, 12.0]}], plain=20.0)
+    assert list(w.data[1].error_y.array) == [2.0] and list(w.data[1].error_y.arrayminus) == [1.0]
+    assert any(s.y0 == 20.0 for s in w.layout.shapes)

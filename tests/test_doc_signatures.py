@@ -50,6 +50,9 @@ ENTRY_POINTS = (
     "mtpscope.traces.analysis.explain_report:explain_trace",
     "mtpscope.traces.analysis.compare_report:compare_traces",
     "mtpscope.traces.analysis.what_if:what_if",
+    "mtpscope.traces.analysis.advice:advise",
+    "mtpscope.traces.analysis.advice:Recommendation",
+    "mtpscope.traces.server.probe:probe",
     "mtpscope.demo.build:build_demo",
 )
 

@@ -428,6 +428,28 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     assert tr.manifest["dims"]["hidden_dtype"] is None and sorted(tr.rounds.prompt_id.unique()) == [0, 1]
 
 
+def test_cli_record_category_field(pair, tmp_path) -> None:  # noqa: ANN001
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("".join(_json.dumps({"prompt": t, "domain": d}) + "\n" for t, d in (("Hello world", "greet"),
+                                                                                     ("Once upon", "story"))))
+    base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]), "--prompts", str(pf),
+            "--max-tokens", "6", "--hidden", "off", "--no-progress"]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "no 'category' but a 'domain' field: pass --category-field domain" in res.stderr
+    assert "category" not in traces.open(tmp_path / "a").manifest["prompts"][0]
+    res = CliRunner().invoke(app, [*base, "--category-field", "domain", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert "--category-field" not in res.stderr
+    assert [p["category"] for p in traces.open(tmp_path / "b").manifest["prompts"]] == ["greet", "story"]
+
+
 def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),

@@ -59,6 +59,14 @@ def test_sweep_page_and_opening_a_cell(sweep_dir: Path, monkeypatch: pytest.Monk
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["tasks"] == "10" and metrics["done"] == "10" and metrics["failed"] == "0"
+    # the page's recommendation is the CLI's (`mtpscope report DIR --json`), word for word
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    rep = __import__("json").loads(CliRunner().invoke(app, ["report", str(sweep_dir), "--json"]).stdout)
+    boxes = [b.value for b in (*at.success, *at.warning)]
+    assert any(rep["recommendation"]["reason"] in b for b in boxes), boxes
     at.selectbox(key=selection.SWEEP_CONFIG).set_value("q4 · n_draft 3")
     at.selectbox(key=selection.SWEEP_CATEGORY).set_value("code")
     at.run()

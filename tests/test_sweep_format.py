@@ -48,6 +48,34 @@ def test_prompt_set_bad_category_names_the_line(tmp_path: Path) -> None:
         read_prompt_set(p)
 
 
+def test_prompt_set_takes_what_record_takes(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    lines = [{"tokens": [2, 651, 13], "id": "t1", "domain": "ids"},
+             {"messages": [{"role": "user", "content": "hi"}], "domain": "chat", "source_url": "x"},
+             {"prompt": "plain", "domain": "story"}]
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    got = read_prompt_set(p)
+    assert [x.category for x in got] == ["default"] * 3
+    from mtpscope.traces.sweep.spec import prompt_set_note
+
+    assert "--category-field domain" in prompt_set_note(got)
+    got = read_prompt_set(p, category_field="domain")
+    assert [x.category for x in got] == ["ids", "chat", "story"] and prompt_set_note(got) is None
+    assert got[0].tokens == (2, 651, 13) and got[0].text == "" and got[0].id == "t1"
+    assert got[1].messages == (("user", "hi"),) and dict(got[1].extra) == {"source_url": "x"}
+    # what the recorder receives: the same prompt, its category included
+    spec0 = got[0].prompt_spec()
+    assert spec0.tokens == (2, 651, 13) and spec0.text is None and spec0.category == "ids" and spec0.id == "t1"
+    assert got[1].prompt_spec().messages == ({"role": "user", "content": "hi"},)
+    # sweep.json keeps them: a resumed sweep records the same prompts
+    s = SweepSpec(target="/t.gguf", assistants=(("a", "/a.gguf"),), prompts=got, n_drafts=(2,), n_shards=1).check()
+    st = new_state(s, command=["x"])
+    assert st["prompts"][0]["tokens"] == [2, 651, 13] and st["prompts"][1]["messages"] == [{"role": "user",
+                                                                                          "content": "hi"}]
+    write_state(tmp_path, st)
+    assert SweepSpec.from_state(read_state(tmp_path)) == s
+
+
 def test_shards_round_robin_and_tasks() -> None:
     s = _spec(5).check()
     assert [p.index for p in s.shard_prompts(0)] == [0, 2, 4]

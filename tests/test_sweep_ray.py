@@ -146,6 +146,12 @@ def test_sweep_matches_sequential_and_retries_a_killed_worker(faulty_sweep, sequ
         if t["state"] == "done":
             _check_task(out, tid, sequential)
             assert t["n_rounds"] > 0 and t["tokens_per_s"] > 0
+            # every cell's manifest names its prompts' categories (the baseline's too)
+            from mtpscope.traces.store.reader import open_trace
+
+            shard = int(tid.rsplit("=", 1)[1])
+            want = [c for i, (_, c) in enumerate(PROMPTS) if i % 2 == shard]
+            assert [p.get("category") for p in open_trace(out / tid).manifest["prompts"]] == want, tid
     # llama.cpp ran with the actor's thread count
     from mtpscope.traces.store.reader import open_trace
 

@@ -102,8 +102,9 @@ with guard("centroid head"):
                 cc = rep.get("centroid_coverage") or {}
                 if cc:
                     st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
-                              help="share of the trace's draft steps where the target's token was among the "
-                                   "candidates of the centroids the sparse head chose (as `mtpscope report`)")
+                              help="share of the draft steps the target checked (accepted, or a round's first "
+                                   "rejection: the steps the table below lists) where the target's token was among "
+                                   "the candidates of the centroids the sparse head chose (as `mtpscope report`)")
                 cov = loaders.coverage(tpath, path)
                 st.plotly_chart(charts.coverage_heatmap(cov), key=sel.CENT_COVERAGE, width="stretch")
                 st.caption("Each cell is one centroid: how often, when the target's token lived in it, the head "

@@ -33,9 +33,13 @@ with guard("explanation"):
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
     ALL = -1
-    choice = st.selectbox("prompt", [ALL] + pids, key=sel.EXP_PROMPT,
+    c1, c2 = st.columns([3, 1])
+    choice = c1.selectbox("prompt", [ALL] + pids, key=sel.EXP_PROMPT,
                           format_func=lambda p: "all prompts" if p == ALL else labels[p])
-    x = loaders.explanation(path, None if choice == ALL else choice)
+    cat_field = c2.text_input("category field", key=sel.EXP_CATEGORY_FIELD, placeholder="category",
+                              help="The prompts file's field that holds each prompt's category (as `mtpscope "
+                                   "explain --category-field`); empty: 'category'.")
+    x = loaders.explanation(path, None if choice == ALL else choice, cat_field.strip() or None)
     d = x.to_dict()
     rej, t = d["rejections"], x.totals
 
@@ -47,9 +51,11 @@ with guard("explanation"):
     c[2].metric("of them, target known", f"{rej['n_first_mismatch']:,}",
                 help="of those rounds, the ones where the trace knows the target's token at the first rejection "
                      "(the causes below count these)")
+    rec = d.get("recommendation") or {}
     best = (d.get("what_if_model") or {}).get("best_n_draft")
-    c[3].metric("recommended n_draft", "—" if best is None else str(best),
-                help="the n_draft with the most tokens per second in the estimate below")
+    c[3].metric("recommendation", views.recommendation_label(rec),
+                help="plain decoding or the n_draft with the most tokens per second, plain decoding always a "
+                     "candidate; 'a tie' when its interval overlaps the runner-up's (as `mtpscope explain`)")
     st.caption(f"Drafts came from the {x.head} head.")
 
     st.subheader("Why drafts were rejected")
@@ -122,27 +128,37 @@ with guard("explanation"):
     st.subheader("Drafter drift")
     if d.get("drift"):
         dr = d["drift"]
+        if dr.get("related") is False:
+            st.info(dr["words"][:1].upper() + dr["words"][1:] + ".")
         st.plotly_chart(charts.drift_figure(dr), key=sel.EXP_DRIFT, width="stretch")
         st.caption(f"How close the drafter's state stays to the target's own hidden state at each draft position "
-                   f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}).")
+                   f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}), and "
+                   f"whether it tells accepted from rejected drafts: {dr.get('words', '')}.")
     else:
         st.caption("Not captured: record with `--hidden-target` to compare the drafter's state with the target's.")
 
-    st.subheader("Which n_draft?")
+    st.subheader("Which n_draft? Or plain decoding?")
     wi = d.get("what_if")
+    if rec:
+        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
     if wi:
-        st.plotly_chart(charts.what_if_figure(wi, best), key=sel.EXP_WHAT_IF, width="stretch")
+        plain = ((d.get("candidates") or {}).get("all") or [{}])[0].get("tokens_per_s")
+        st.plotly_chart(charts.what_if_figure(wi, best, plain=plain), key=sel.EXP_WHAT_IF, width="stretch")
         st.caption("Acceptance and speed this trace predicts at other n_draft (star = recorded, hollow = "
-                   "extrapolated past it); formula in docs/EXPLAIN.md.")
-        st.dataframe(pd.DataFrame(wi), hide_index=True, width="stretch", key=sel.EXP_WHAT_IF_TABLE,
-                     column_config={"acceptance_rate": st.column_config.NumberColumn("acceptance rate", format="%.4f"),
-                                    "mean_acceptance_length": st.column_config.NumberColumn("mean acc. length",
-                                                                                            format="%.3f"),
-                                    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
-                                    "speedup": st.column_config.NumberColumn("speedup", format="%.2f")})
-        wic = d.get("what_if_by_category")
-        if wic:
-            st.caption("Recommended per category: " + ", ".join(f"{c}: {w['best_n_draft']}" for c, w in wic.items()))
+                   "extrapolated past it; bars: 95 % intervals over prompts); model in docs/EXPLAIN.md §4.")
+        st.dataframe(views.what_if_table(wi), hide_index=True, width="stretch", key=sel.EXP_WHAT_IF_TABLE)
+    if rec.get("by_category"):
+        st.markdown("**Per category**")
+        st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                     key=sel.EXP_RECOMMENDATION_BY_CATEGORY)
+    be = d.get("break_even")
+    if be:
+        st.markdown("**Break-even**")
+        st.caption(be["words"] + ".")
+        if be.get("by_category"):
+            st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                         key=sel.EXP_BREAK_EVEN_BY_CATEGORY)
     for note in d.get("notes") or []:
         st.caption(f"note: {note}")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, safety
+from mtpscope.app import charts, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.traces.sweep.spec import SWEEP_FILE
@@ -34,7 +34,7 @@ with guard("sweep"):
     if not (p / SWEEP_FILE).is_file():
         st.error(f"{p}: not a sweep directory (no {SWEEP_FILE})")
         st.stop()
-    sw, cells = loaders.sweep(p)
+    sw, cells, advice = loaders.sweep(p)
     st.session_state[sel.SEL_SWEEP] = str(p)
     m = sw.matrix
     c = st.columns(5)
@@ -49,6 +49,22 @@ with guard("sweep"):
         st.error(f"{len(sw.failed)} task(s) failed")
         st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
                      width="stretch")
+
+    rec = advice.get("recommendation") or {}
+    if rec:
+        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
+        if rec.get("by_category"):
+            with st.expander("per category", expanded=False):
+                st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                             key=sel.SWEEP_RECOMMENDATION_BY_CATEGORY)
+    be = advice.get("break_even")
+    if be:
+        st.caption(f"Break-even: {be['words']}.")
+        if be.get("by_category"):
+            with st.expander("break-even per category", expanded=False):
+                st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                             key=sel.SWEEP_BREAK_EVEN_BY_CATEGORY)
 
     value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key=sel.SWEEP_VALUE)
     fig = charts.sweep_heatmap(cells, value)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 
+from mtpscope.cli.advice import format_advice
 from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
 from mtpscope.traces.store.protocols import TraceLike
 
@@ -30,6 +31,14 @@ def _pct(n: int, total: int) -> str:
 
 def _f(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
+
+
+def _fv(row: dict[str, Any], key: str, spec: str) -> str:
+    """A value and its interval: ``0.534 [0.501, 0.570]``."""
+    v, iv = row.get(key), row.get(f"{key}_interval")
+    if v is None:
+        return "-"
+    return f"{format(v, spec)} [{format(iv[0], spec)}, {format(iv[1], spec)}]" if iv else format(v, spec)
 
 
 def _tok(row: dict[str, Any]) -> str:
@@ -93,26 +102,28 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
         for p in dr["per_position"]:
             lines.append(f"  k={p['k']}: cosine {_f(p['cos_mean'])}, relative error {_f(p['rel_err_mean'])} "
                          f"({p['n_steps']} steps)")
+        if dr.get("by_quantile"):
+            lines.append("  acceptance by cosine quarter (checked steps): " + ", ".join(
+                f"{q['cos_low']:.2f}..{q['cos_high']:.2f}: {q['acceptance_rate']:.0%}" for q in dr["by_quantile"]))
+        if dr.get("words"):
+            lines.append(f"  {dr['words']}")
     wi = d.get("what_if")
     if wi:
         m = d["what_if_model"]
-        lines += ["", "Which n_draft? (estimate from this trace; formula in docs/EXPLAIN.md)",
-                  "  n_draft  acceptance rate  mean acceptance length  tokens/s  speedup"]
+        lines += ["", "Which n_draft? (estimate from this trace, 95 % intervals over prompts; model in docs/EXPLAIN.md §4)",
+                  "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
         for r in wi:
             mark = " (recorded)" if r["recorded"] else (" (extrapolated)" if r["extrapolated"] else "")
-            best = "  <- best" if r["n_draft"] == m["best_n_draft"] else ""
-            lines.append(f"  {r['n_draft']:7d}  {_f(r['acceptance_rate']):>15}  {_f(r['mean_acceptance_length']):>22}  "
-                         f"{_f(r['tokens_per_s'], '.1f'):>8}  {_f(r['speedup'], '.2f'):>7}{mark}{best}")
+            lines.append(f"  {r['n_draft']:7d}  {_fv(r, 'acceptance_rate', '.3f'):<20}  "
+                         f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
+                         f"{_fv(r, 'speedup', '.2f'):<18}{mark}")
         if m.get("cost"):
             c = m["cost"]
-            lines.append(f"  cost model: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify {_f(c['v0_ms'], '.2f')} + "
-                         f"{_f(c['v1_ms'], '.2f')} ms per token; plain decoding {_f(c['t_plain_ms'], '.2f')} ms per "
-                         f"token ({c['baseline']})")
-        if m.get("best_n_draft") is not None:
-            lines.append(f"  recommended: n_draft {m['best_n_draft']}")
-        wic = d.get("what_if_by_category")
-        if wic:
-            lines.append("  per category: " + ", ".join(f"{c}: n_draft {w['best_n_draft']}" for c, w in wic.items()))
+            lines.append(f"  costs: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify "
+                         + ", ".join(f"{n} tokens {_f(v, '.2f')} ms" for n, v in c["verify_ms"].items())
+                         + f" (other sizes {_f(c['v0_ms'], '.2f')} + {_f(c['v1_ms'], '.2f')} ms per token); plain decoding "
+                         f"{_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})")
+    lines += format_advice(d)
     if sentences:
         lines += ["", "First mismatches of this prompt:"]
         lines += [f"  {s}" for s in sentences[:MAX_STEP_LINES]]
@@ -152,13 +163,16 @@ def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None) -> tuple[dict[str, Any], Any]:
-    """(JSON sections, Explanation) of an opened trace; the vocabulary from ``vocab_path`` or the manifest."""
-    from mtpscope.traces.analysis.explain_report import explain_trace
+def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
+                 category_field: str | None = None) -> tuple[dict[str, Any], Any]:
+    """(JSON sections, Explanation) of an opened trace (:func:`traces.sweep.advice.explain_with_baseline`:
+    a sweep cell's speedups against the sweep's plain decoding); the vocabulary from ``vocab_path`` or
+    the manifest."""
     from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     vocab = trace_vocab(trace.manifest, vocab_path)
-    x = explain_trace(trace, vocab=vocab, prompt=prompt)
+    x = explain_with_baseline(trace, vocab=vocab, prompt=prompt, category_field=category_field)
     return x.to_dict(), (x, vocab)
 
 
@@ -175,8 +189,12 @@ def register(app: typer.Typer) -> None:
         by: str = typer.Option("round", "--by", help="round: rejections and causes (default); request: one row "
                                                      "per llama-server request (probe, server log; a recording "
                                                      "prompt by prompt), worst first."),
+        category_field: Optional[str] = typer.Option(
+            None, "--category-field", help="Take each prompt's category from this field of the prompts file "
+                                           "(kept in the manifest's prompt entries) instead of 'category'."),
     ) -> None:
-        """Why drafts were rejected, on which tokens, and which n_draft to use (worst first)."""
+        """Why drafts were rejected, on which tokens, and which n_draft to use (worst first); plain decoding
+        is always a candidate. On a sweep directory: the sweep's measured recommendation and break-even."""
         if by not in ("round", "request"):
             print(f"mtpscope: '--by': expected round or request, got {by!r}", file=sys.stderr)
             raise typer.Exit(2)
@@ -184,13 +202,19 @@ def register(app: typer.Typer) -> None:
             from mtpscope.cli.server import explain_requests
 
             raise typer.Exit(explain_requests(trace, as_json))
+        from mtpscope.traces.sweep.spec import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli.sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json, advice_only=True))
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
             from mtpscope.traces.analysis.explain_report import select_prompt, token_label
             from mtpscope.traces.store.reader import open_trace
 
             t = open_trace(trace)
-            d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt)
+            d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)
         totals = x.totals

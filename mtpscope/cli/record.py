@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
         prompts: Optional[Path] = typer.Option(
             None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
                                     "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
+        category_field: str = typer.Option(
+            "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
         n_draft: int = typer.Option(
             3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
@@ -87,7 +89,7 @@ def register(app: typer.Typer) -> None:
                          chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
                          hidden_target=hidden_target, baseline=baseline)
-        bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
+        bar = _ProgressBar(max_tokens, prompts, category_field) if progress and not verbose else None
 
         def report_round(pid: int, res: Any) -> None:
             print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
@@ -96,8 +98,16 @@ def register(app: typer.Typer) -> None:
         # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
         # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
         with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
+            specs = None
+            if prompts is not None:
+                from mtpscope.traces.run.prompts import category_note, read_prompt_specs
+
+                specs = read_prompt_specs(prompts, category_field=category_field)
+                note = category_note(specs)
+                if note:
+                    print(f"note: {note}", file=sys.stderr)
             try:
-                s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts_file=prompts,
+                s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
                            overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
                            isolate=isolate, preflight=not no_preflight, echo_log=verbose)
                 if bar is not None:
@@ -139,7 +149,8 @@ class _ProgressBar:
     read and checked it by then); None for one ``--prompt``. The bar appears at the first round.
     """
 
-    def __init__(self, max_tokens: int, prompts_file: Path | None) -> None:
+    def __init__(self, max_tokens: int, prompts_file: Path | None, category_field: str = "category") -> None:
+        self.category_field = category_field
         self.max_tokens = int(max_tokens)
         self.prompts_file = prompts_file
         self.bar: Any = None
@@ -152,7 +163,8 @@ class _ProgressBar:
 
         from mtpscope.traces.run.prompts import read_prompt_specs
 
-        n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file))
+        n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file,
+                                                                                  category_field=self.category_field))
         self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                             TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
                             console=Console(stderr=True))

@@ -72,8 +72,8 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms")
     if rep.get("centroid_coverage"):
         c = rep["centroid_coverage"]
-        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of {plural(c['n_steps'], 'step')} "
-                     f"had the target token among the sparse head's candidates)")
+        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of the {plural(c['n_steps'], 'step')} "
+                     f"the target checked had its token among the sparse head's candidates)")
     if rep["prompts"]:
         lines.append("")
         lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")

@@ -49,31 +49,40 @@ def format_sweep_report(rep: dict[str, Any]) -> str:
                      f"{_fmt(c['speedup'], '.3f'):>8}")
     if not rep["cells"]:
         lines.append("(no finished task yet)")
-    if rep["best_configs"]:
-        lines += ["", "best n_draft per category (highest measured tokens/s):"]
-        for cat, b in rep["best_configs"].items():
-            sp = f", speedup {b['speedup']:.3f}" if b.get("speedup") is not None else ""
-            lines.append(f"  {cat}: n_draft {b['n_draft']} ({b['assistant']}, {b['tokens_per_s']:.1f} tokens/s{sp})")
+    if rep.get("recommendation"):
+        from mtpscope.cli.advice import format_advice
+
+        lines += format_advice(rep)
     if rep["failed"]:
         lines += ["", f"failed tasks ({len(rep['failed'])}):"]
         lines += [f"  {f['task']}: {f['error']}" for f in rep["failed"]]
     lines += ["", "tokens/s: emitted tokens / (draft + verify time), prompt processing excluded; speedup: over "
-              "the baseline (plain decoding) of the same category"]
+              "the baseline (plain decoding) of the same category; intervals: 95 % bootstrap over prompts"]
     return "\n".join(lines)
 
 
-def sweep_report(path: Path, as_json: bool) -> int:
-    """``mtpscope report DIR`` on a sweep: print the report; return the exit code (1 when a task failed,
-    the sweep is incomplete or a finished task's trace was unreadable)."""
+def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
+    """``mtpscope report DIR`` on a sweep: print the report, with the recommendation and break-even
+    (:func:`traces.sweep.advice.advise_sweep`); ``advice_only`` (``explain DIR``): only those. Return the
+    exit code (1 when a task failed, the sweep is incomplete or a finished task's trace was unreadable)."""
     with one_line_errors():
+        from mtpscope.traces.sweep.advice import sweep_advice_dict
         from mtpscope.traces.sweep.reader import open_sweep
 
         sw = open_sweep(path)
         rep = sw.report()
+        rep.update(sweep_advice_dict(sw))
+        if advice_only:
+            rep = {k: rep[k] for k in ("sweep", "complete", "n_tasks", "n_done", "recommendation", "break_even",
+                                       "candidates", "baseline", "failed", "warnings")}
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     if as_json:
         print(json.dumps(rep, indent=2, allow_nan=False))
+    elif advice_only:
+        from mtpscope.cli.advice import format_advice
+
+        print("\n".join([f"sweep: {rep['sweep']}", *format_advice(rep)]))
     else:
         print(format_sweep_report(rep))
     return EXIT_FINDINGS if (rep["failed"] or not rep["complete"] or rep["warnings"]) else EXIT_OK
@@ -101,7 +110,10 @@ def register(app: typer.Typer) -> None:
             None, "--assistant", help="Drafter GGUF (gemma4-assistant), repeatable; NAME=PATH names it "
                                       "(default name: the file's stem)."),
         prompts: Optional[Path] = typer.Option(
-            None, "--prompts", help="Prompt set: .jsonl ({\"prompt\": ..., \"category\": ...} or strings) or .txt."),
+            None, "--prompts", help="Prompt set, as `record --prompts`: .jsonl (strings, or objects with prompt/text, "
+                                    "tokens or messages, optional id and category) or .txt (one per line)."),
+        category_field: str = typer.Option(
+            "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
         n_draft: str = typer.Option("3", "--n-draft", help="Drafts per round of each configuration, e.g. 1,2,3,4,6."),
         baseline: bool = typer.Option(False, "--baseline", help="Also record plain decoding of the target "
                                                                 "(the speedup's reference)."),
@@ -130,6 +142,7 @@ def register(app: typer.Typer) -> None:
                 SweepSpec,
                 file_sha256,
                 parse_assistant,
+                prompt_set_note,
                 read_prompt_set,
                 read_state,
             )
@@ -144,7 +157,11 @@ def register(app: typer.Typer) -> None:
                                         actual=", ".join(n for n, g in zip(("--target", "--assistant", "--prompts"),
                                                                              given, strict=True) if g) or "none")
                 pairs = [parse_assistant(a) for a in assistant or []]
-                spec = SweepSpec(target=os.path.abspath(target), prompts=read_prompt_set(prompts),
+                prompt_set = read_prompt_set(prompts, category_field=category_field)
+                note = prompt_set_note(prompt_set)
+                if note:
+                    print(f"note: {note}", file=sys.stderr)
+                spec = SweepSpec(target=os.path.abspath(target), prompts=prompt_set,
                                  assistants=tuple((n, os.path.abspath(p)) for n, p in pairs),
                                  n_drafts=_ints(n_draft), n_shards=shards, baseline=baseline,
                                  max_tokens=max_tokens, hidden=hidden, chat=chat,

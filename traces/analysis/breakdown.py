@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.traces.analysis.positions import Positions
+from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, C_UNKNOWN, Classifier, TokenClasses
 
 UNCATEGORIZED = "(none)"
@@ -38,14 +39,14 @@ def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None 
 
 
 def classify_outputs(pos: Positions, classifier: Classifier,
-                     prefixes: Mapping[int, Sequence[int]] | None = None,
+                     prefixes: Mapping[int, Sequence[int] | str] | None = None,
                      chat_prompts: Collection[int] = ()) -> dict[int, TokenClasses]:
     """Classes and channels of every known prompt's generated sequence.
 
     Args:
         pos: :func:`traces.positions.positions` of the trace.
         classifier: over the trace's vocabulary (``chat`` as recorded).
-        prefixes: prompt token ids per prompt_id, read for context (optional).
+        prefixes: per prompt_id the prompt, read for context: its token ids or its text (optional).
         chat_prompts: prompt ids rendered with the chat template although ``classifier`` is not a chat
             one (prompts-file ``messages`` prompts): classified with ``chat=True``.
     """
@@ -108,9 +109,11 @@ def by_label_and_position(pos: Positions, labels: np.ndarray,
     return out
 
 
-def prompt_categories(manifest: Mapping[str, Any]) -> dict[int, str] | None:
-    """``{prompt_id: category}`` from ``manifest["prompts"]`` (field ``category``); prompts without one get
-    :data:`UNCATEGORIZED`; None when no prompt has a category."""
+def prompt_categories(manifest: Mapping[str, Any], field: str | None = None) -> dict[int, str] | None:
+    """``{prompt_id: category}`` from ``manifest["prompts"]``: the entry's ``category``, or with ``field``
+    (``explain --category-field NAME``) the field of that name among the entry's ``extra`` fields (a
+    number is taken as its text); prompts without one get :data:`UNCATEGORIZED`; None when no prompt
+    has one."""
     prompts = manifest.get("prompts") or []
     cats: dict[int, str] = {}
     any_cat = False
@@ -118,13 +121,29 @@ def prompt_categories(manifest: Mapping[str, Any]) -> dict[int, str] | None:
         if not isinstance(p, dict):
             continue
         pid = p.get("prompt_id", i)
-        c = p.get("category")
+        if field is None or field == "category":
+            c = p.get("category")
+        else:
+            extra = p.get("extra") if isinstance(p.get("extra"), dict) else {}
+            c = extra.get(field, p.get(field))
+            if isinstance(c, (int, float)) and not isinstance(c, bool):
+                c = str(c)
         if isinstance(c, str) and c:
             any_cat = True
             cats[int(pid)] = c
         else:
             cats[int(pid)] = UNCATEGORIZED
     return cats if any_cat else None
+
+
+def category_note(manifest: Mapping[str, Any]) -> str | None:
+    """The one-line note when the manifest's prompts carry no category but every one carries an
+    ``extra`` field that looks like one (:func:`traces.analysis.wording.category_field_note`), else None."""
+    prompts = [p for p in manifest.get("prompts") or [] if isinstance(p, dict)]
+    if not prompts or any(isinstance(p.get("category"), str) and p.get("category") for p in prompts):
+        return None
+    return category_field_note(category_like_fields(
+        (p.get("extra") or {}).keys() if isinstance(p.get("extra"), dict) else () for p in prompts))
 
 
 def by_category(rounds: pd.DataFrame, categories: Mapping[int, str]) -> dict[str, dict[str, Any]]:

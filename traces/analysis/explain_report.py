@@ -20,11 +20,13 @@ import pandas as pd
 from mtpscope.errors import TraceError, TraceFormatError
 from mtpscope.traces.analysis import breakdown as B
 from mtpscope.traces.analysis import explain as E
+from mtpscope.traces.analysis.advice import Advice, advise
 from mtpscope.traces.analysis.metrics import totals
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
-from mtpscope.traces.analysis.what_if import WhatIf, baseline_ms, what_if, what_if_by_category
+from mtpscope.traces.analysis.costs import PlainBaseline, manifest_baseline
+from mtpscope.traces.analysis.what_if import WhatIf, what_if
 from mtpscope.traces.store.protocols import TraceLike
 
 ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "n_accepted", "drafted", "target",
@@ -92,8 +94,10 @@ class Explanation:
         by_class / by_channel / by_category: ``{name: {n_drafted, n_accepted, acceptance_rate}}`` or None
             when not available (no vocabulary; not a chat trace; no categories).
         by_class_position: ``{class: [{k, n_drafted, n_accepted, acceptance_rate}]}`` or None.
-        what_if: :class:`traces.what_if.WhatIf` or None (nothing drafted).
-        what_if_by_category: ``{category: WhatIf}`` or None.
+        what_if: :class:`traces.what_if.WhatIf` or None (nothing drafted); its ``by_category`` holds
+            each category's estimate.
+        advice: :class:`traces.analysis.advice.Advice` (recommendation with plain decoding as a
+            candidate, break-even; overall and per category) or None (nothing drafted).
         drift: :func:`traces.drift.drift` result or None (not captured).
         totals: :func:`traces.metrics.totals`.
         head: ``"dense"`` / ``"centroid"``.
@@ -108,7 +112,7 @@ class Explanation:
     by_channel: dict[str, Any] | None
     by_category: dict[str, Any] | None
     what_if: WhatIf | None
-    what_if_by_category: dict[str, WhatIf] | None
+    advice: Advice | None
     drift: dict[str, Any] | None
     totals: dict[str, Any]
     head: str
@@ -117,8 +121,11 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         """The JSON sections (docs/EXPLAIN.md): ``rejections``, ``by_class``, ``by_class_position``,
         ``by_channel``, ``by_category``, ``drift``, ``what_if`` (list of rows), ``what_if_model``,
-        ``what_if_by_category``, ``head``, ``notes``."""
+        ``what_if_by_category``, ``recommendation``, ``break_even``, ``candidates``, ``baseline``, ``head``,
+        ``notes``."""
         wi = self.what_if
+        adv = self.advice.to_dict() if self.advice is not None else {"recommendation": None, "break_even": None,
+                                                                     "candidates": None, "baseline": None}
         return _clean({
             "rejections": self.rejections,
             "by_class": self.by_class,
@@ -127,10 +134,12 @@ class Explanation:
             "by_category": self.by_category,
             "drift": self.drift,
             "what_if": [r.to_dict() for r in wi.rows] if wi is not None else None,
-            "what_if_model": None if wi is None else {k: v for k, v in wi.to_dict().items() if k != "rows"},
-            "what_if_by_category": None if self.what_if_by_category is None else {
-                c: {"best_n_draft": w.best_n_draft, "rows": [r.to_dict() for r in w.rows]}
-                for c, w in self.what_if_by_category.items()},
+            "what_if_model": None if wi is None else {k: v for k, v in wi.to_dict().items()
+                                                      if k not in ("rows", "by_category")},
+            "what_if_by_category": None if wi is None or not wi.by_category else {
+                c: {"best_n_draft": w.best_n_draft, "n_rounds": w.n_rounds, "n_prompts": w.n_prompts,
+                    "rows": [r.to_dict() for r in w.rows]} for c, w in wi.by_category.items()},
+            **adv,
             "head": self.head,
             "notes": list(self.notes),
         })
@@ -156,7 +165,8 @@ def _clean(obj: Any) -> Any:
 def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[str, Any], *,
             vocab: Vocab | None = None, prompt_id: int | None = None, head: str | None = None,
             near_tie_gap: float = E.NEAR_TIE_GAP, drift: dict[str, Any] | None = None,
-            n_top_tokens: int = 10) -> Explanation:
+            n_top_tokens: int = 10, baseline: PlainBaseline | None = None,
+            category_field: str | None = None, categories: Mapping[int, str] | None = None) -> Explanation:
     """Every section for one trace (pure).
 
     Args:
@@ -168,6 +178,13 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         prompt_id: only this prompt.
         head: ``"dense"`` / ``"centroid"``; default :func:`drafting_head`.
         drift: a precomputed :func:`traces.drift.drift` result to include.
+        baseline: plain decoding measured elsewhere (a sweep's baseline task,
+            :func:`traces.sweep.advice.trace_baseline`); default the manifest's ``baseline``
+            (``record --baseline``), else estimated.
+        category_field: take each prompt's category from this ``extra`` field of the manifest's prompt
+            entries (``explain --category-field``).
+        categories: ``{prompt_id: category}`` known from elsewhere (a sweep's ``sweep.json``), used when
+            the manifest names none.
 
     Raises:
         TraceFormatError: rounds without the basic columns.
@@ -203,13 +220,15 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         pos = positions(rounds)
         params = manifest.get("params") or {}
         clf = Classifier(vocab, chat=bool(params.get("chat")))
-        prefixes: dict[int, list[int]] = {}
+        prefixes: dict[int, list[int] | str] = {}
         chat_ids: set[int] = set()
         for i, p in enumerate(manifest.get("prompts") or []):
             if not isinstance(p, dict):
                 continue
-            if isinstance(p.get("tokens"), list):
+            if isinstance(p.get("tokens"), list):       # the prompt read for context: its ids, else its text
                 prefixes[int(p.get("prompt_id", i))] = [int(t) for t in p["tokens"] if isinstance(t, int)]
+            elif isinstance(p.get("text"), str) and p["text"] and not params.get("chat"):
+                prefixes[int(p.get("prompt_id", i))] = p["text"]
             if p.get("source") == "messages":
                 chat_ids.add(int(p.get("prompt_id", i)))
         classes = B.classify_outputs(pos, clf, prefixes, chat_ids)
@@ -224,20 +243,29 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
     elif vocab is None:
         notes.append("no vocabulary (the recorded target GGUF is not at its recorded path; pass --vocab): "
                      "acceptance by token class is not available")
-    cats = B.prompt_categories(manifest)
+    cats = B.prompt_categories(manifest, category_field)
+    if cats is None and categories and category_field in (None, "category"):
+        cats = {int(k): str(v) for k, v in categories.items()}
+    if cats is None and category_field not in (None, "category"):
+        notes.append(f"no prompt has a {category_field!r} field: no categories")
+    elif cats is None:
+        note = B.category_note(manifest)
+        if note:
+            notes.append(note.replace("--category-field", "explain --category-field"))
     by_cat = B.by_category(rounds, cats) if cats is not None and len(rounds) else None
-    wi = wic = None
-    t_plain = baseline_ms(manifest)
+    wi = adv = None
+    base = baseline if baseline is not None else manifest_baseline(manifest)
+    mt = (manifest.get("params") or {}).get("max_tokens")
     if len(rounds) and (rounds["n_draft"].to_numpy() > 0).any():
-        wi = what_if(rounds, t_plain_ms=t_plain)
-        if cats is not None:
-            wic = what_if_by_category(rounds, cats, t_plain_ms=t_plain)
-        if t_plain is None and wi.cost is not None:
-            notes.append("no plain-decoding baseline in the manifest (record --baseline): speedup uses the "
-                         "fitted 1-token verify time")
+        wi = what_if(rounds, categories=cats, baseline=base,
+                     max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None)
+        adv = advise(wi)
+        if wi.cost is not None and (base is None or not base.measured):
+            notes.append("no plain decoding was measured for these prompts (record --baseline, sweep --baseline): "
+                         "speedups are estimated from the trace's own one-token verify time")
     return Explanation(causes=causes, first_mismatches=fm, rejections=rej, by_class=by_class,
                        by_class_position=by_cp, by_channel=by_channel, by_category=by_cat, what_if=wi,
-                       what_if_by_category=wic, drift=drift, totals=totals(rounds), head=head, notes=tuple(notes))
+                       advice=adv, drift=drift, totals=totals(rounds), head=head, notes=tuple(notes))
 
 
 def step_columns(trace: TraceLike) -> list[str]:
@@ -247,9 +275,11 @@ def step_columns(trace: TraceLike) -> list[str]:
 
 
 def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str | int | None = None,
-                  head: str | None = None, with_drift: bool = True) -> Explanation:
+                  head: str | None = None, with_drift: bool = True, baseline: PlainBaseline | None = None,
+                  category_field: str | None = None, categories: Mapping[int, str] | None = None) -> Explanation:
     """:func:`explain` of an opened trace (reads only the columns it needs; drift from the hidden columns
-    when ``with_drift`` and the trace stores ``h_target``).
+    when ``with_drift`` and the trace stores ``h_target``; ``baseline`` / ``category_field`` /
+    ``categories`` as :func:`explain`).
 
     Raises:
         TraceError: ``prompt`` names no prompt of the trace.
@@ -266,4 +296,5 @@ def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str |
             dr = trace_drift(trace)
         except TraceFormatError:
             dr = None
-    return explain(rounds, steps, trace.manifest, vocab=vocab, prompt_id=pid, head=head, drift=dr)
+    return explain(rounds, steps, trace.manifest, vocab=vocab, prompt_id=pid, head=head, drift=dr,
+                   baseline=baseline, category_field=category_field, categories=categories)

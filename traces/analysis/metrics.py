@@ -21,7 +21,13 @@ Definitions (the ones llama.cpp's speculative decoding and vLLM's spec-decode me
 * **zero-acceptance streak** = a maximal run of consecutive rounds of one prompt (ordered by ``round``)
   that drafted tokens and accepted none. Rounds with ``n_draft == 0`` neither extend nor break a streak.
 * **centroid coverage** = share of draft steps whose target token was among the sparse (centroid)
-  head's candidate tokens (``target_in_candidates``), over steps where that is known.
+  head's candidate tokens (``target_in_candidates``), over the steps the target checked (accepted, or
+  the first rejection of their round: :func:`checked_mask`) where that is known. A draft after its
+  round's first rejection was compared with a target token that followed a wrong draft: never checked.
+* **measured tokens/s** = emitted tokens / (``t_draft_ms`` + ``t_verify_ms``) over the rounds
+  (generation after each prompt's first token; prompt processing excluded), with the costs the
+  what-if uses: a draft step = sum ``t_draft_ms`` / sum ``n_draft``, a verify of ``n`` tokens = mean
+  ``t_verify_ms`` of the rounds of that size (:func:`timing`).
 
 All functions take the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.Trace` (only the
 columns named in each docstring are used) and return floats, dicts or DataFrames; NaN where a
@@ -39,8 +45,9 @@ import pandas as pd
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.wording import prompt_texts
 from mtpscope.traces.store.protocols import TraceLike
+from mtpscope.traces.store.list_columns import flat_list
 
-REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
+REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 #: The rolling acceptance window (rounds) of ``report`` and of the app's rolling chart: one default.
 DEFAULT_ROLLING_WINDOW = 32
 
@@ -236,10 +243,23 @@ def n_all_accepted(rounds: pd.DataFrame) -> int:
     return int(((nd > 0) & (na == nd)).sum())
 
 
-def centroid_coverage(steps: pd.DataFrame) -> dict[str, Any]:
-    """Share of steps whose target token was reachable by the sparse head (``target_in_candidates``).
+def checked_mask(steps: pd.DataFrame) -> np.ndarray:
+    """Per step (columns ``prompt_id``, ``round``, ``k``, ``accepted``): True when the target judged it --
+    accepted, or the first rejected step of its round; False for the steps after the first rejection."""
+    acc = steps["accepted"].fillna(False).to_numpy(dtype=bool) if hasattr(steps["accepted"], "fillna") \
+        else np.asarray(steps["accepted"], dtype=bool)
+    k = _ints(steps["k"])
+    big = np.iinfo(np.int64).max
+    key = pd.DataFrame({"p": _ints(steps["prompt_id"]), "r": _ints(steps["round"]), "rejk": np.where(acc, big, k)})
+    first = key.groupby(["p", "r"], sort=False)["rejk"].transform("min").to_numpy(dtype=np.int64)
+    return k <= first
 
-    Uses columns ``k`` and ``target_in_candidates``; steps where it is null are not counted.
+
+def centroid_coverage(steps: pd.DataFrame) -> dict[str, Any]:
+    """Share of checked steps whose target token was reachable by the sparse head (``target_in_candidates``).
+
+    Uses columns ``k`` and ``target_in_candidates``, and with ``prompt_id``, ``round``, ``accepted``
+    only the steps the target checked (:func:`checked_mask`); steps where it is null are not counted.
 
     Returns:
         ``{"n_steps": known steps, "n_covered": ..., "coverage": share or NaN,
@@ -247,6 +267,8 @@ def centroid_coverage(steps: pd.DataFrame) -> dict[str, Any]:
     """
     _need(steps, ["k", "target_in_candidates"], "steps")
     known = steps["target_in_candidates"].notna().to_numpy()
+    if {"prompt_id", "round", "accepted"} <= set(steps.columns):
+        known = known & checked_mask(steps)
     cov = steps["target_in_candidates"].to_numpy(dtype=bool, na_value=False)
     k = _ints(steps["k"])
     per = []
@@ -256,6 +278,36 @@ def centroid_coverage(steps: pd.DataFrame) -> dict[str, Any]:
                     "coverage": _div(cov[m].sum(), m.sum())})
     return {"n_steps": int(known.sum()), "n_covered": int(cov[known].sum()),
             "coverage": _div(cov[known].sum(), known.sum()), "per_position": per}
+
+
+def emitted_counts(rounds: pd.DataFrame) -> np.ndarray:
+    """``int64[n]`` tokens each round emitted: ``len(emitted)`` where known, else ``n_accepted + 1``
+    (the measured tokens/s counts these)."""
+    na = rounds["n_accepted"].to_numpy(dtype=np.int64) if "n_accepted" in rounds.columns else np.zeros(len(rounds),
+                                                                                                         np.int64)
+    if "emitted" in rounds.columns:
+        fl = flat_list(rounds["emitted"])
+        return np.where(fl.valid, fl.lengths, na + 1).astype(np.int64)
+    return na + 1
+
+
+def timing(rounds: pd.DataFrame) -> dict[str, Any] | None:
+    """The measured speed and costs of the rounds (columns ``n_draft``, ``n_accepted``, ``t_draft_ms``,
+    ``t_verify_ms``; ``emitted`` when present), the definitions the what-if shares: ``tokens_per_s``
+    (emitted tokens / (draft + verify) s), ``t_step_ms`` (sum ``t_draft_ms`` / sum ``n_draft`` over rounds
+    that drafted), ``t_verify_ms`` (``{n: mean}`` per verify size ``n = n_draft + 1``),
+    ``t_draft_ms_mean`` / ``t_verify_ms_mean`` (per round). None without timings."""
+    if "t_verify_ms" not in rounds.columns or not rounds["t_verify_ms"].notna().any():
+        return None
+    nd = _ints(rounds["n_draft"])
+    td = pd.to_numeric(rounds["t_draft_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+    tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+    t = float(td.sum() + tv.sum())
+    ne = int(emitted_counts(rounds).sum())
+    return {"tokens_per_s": 1000.0 * ne / t if t > 0 else None,
+            "t_step_ms": float(td[nd > 0].sum() / nd[nd > 0].sum()) if nd.sum() > 0 else None,
+            "t_verify_ms": {str(int(n) + 1): float(tv[nd == n].mean()) for n in np.unique(nd)},
+            "t_draft_ms_mean": float(td.mean()), "t_verify_ms_mean": float(tv.mean())}
 
 
 def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
@@ -365,11 +417,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
         "top": _records(streaks.head(streak_top)),
     }
     out["rolling"] = rolling_summary(rounds, window) if {"prompt_id", "round"} <= set(rounds.columns) else None
-    timing = None
-    if "t_verify_ms" in rounds.columns and rounds["t_verify_ms"].notna().any():
-        timing = {"t_draft_ms_mean": float(rounds["t_draft_ms"].mean()),
-                  "t_verify_ms_mean": float(rounds["t_verify_ms"].mean())}
-    out["timing_ms"] = timing
+    out["timing_ms"] = timing(rounds)
     cc = None
     if steps is not None and "target_in_candidates" in steps.columns and \
             steps["target_in_candidates"].notna().any():
@@ -397,7 +445,7 @@ def report(trace: TraceLike) -> dict[str, Any]:
     rounds = trace.columns("rounds", REPORT_ROUNDS_COLUMNS)
     steps = None
     if trace.manifest.get("centroids") is not None:
-        steps = trace.columns("steps", ["k", "target_in_candidates"])
+        steps = trace.columns("steps", ["prompt_id", "round", "k", "accepted", "target_in_candidates"])
     requests = trace.requests if trace.part_files("requests") else None
     body = summarize(rounds, steps, requests)
     prompt_ids = set(int(p) for p in rounds["prompt_id"].unique()) if len(rounds) else set()

@@ -1,109 +1,80 @@
-"""Which n_draft? An estimate, from one trace, of acceptance and speed at n_draft = 1..8.
+"""Which n_draft? An estimate, from one trace, of acceptance and speed at n_draft = 1..8, with intervals.
 
-One job: the what-if model below, fitted to one trace's ``rounds`` (pure) and, through
-:func:`what_if_trace`, to an opened trace and its manifest's ``baseline`` (plain greedy decoding timed by
-``mtpscope record --baseline``). The formula is printed in ``docs/EXPLAIN.md``.
+One job: the what-if of docs/EXPLAIN.md §4, fitted to one trace's ``rounds`` (pure; :func:`what_if_trace`
+reads an opened trace). Three parts:
 
-**Acceptance.** With greedy verification a draft's fate does not depend on how many drafts follow it,
-but it does depend on where the round starts: after a rejection the pending token is the target's
-correction of a draft the drafter got wrong, after a fully accepted round it is a bonus token. Which
-positions start rounds changes with n_draft (shorter drafts start rounds everywhere), so the trace's
-rounds are split by their **start type** ``T``: ``B`` (the prompt's first round, or the previous round
-accepted every draft) or ``M`` (the previous round had a mismatch). Per type, the survival
-``q^T_k = P(drafts 1..k all accepted) = #(T, n_accepted >= k) / #(T, n_draft >= k)`` (k = 1..K, K = the
-recorded n_draft; a type without such rounds uses the pooled ``q_k``). Beyond K the conditional
-acceptance ``c_k = q_k / q_{k-1}`` of each type is extrapolated geometrically: ``c_k = c_K * b^(k-K)``
-with ``b`` the ratio of a count-weighted least-squares fit of ``log c_k`` on ``k`` (k = 1..K), clipped to
-``[0, 1]`` (``b = 1`` when K = 1). At n_draft ``N`` a round ends fully accepted with probability
-``q^T_N``, so the start type is a two-state Markov chain whose stationary share of ``B`` starts is
+**Costs**: :mod:`traces.analysis.costs` (the definitions the measured tokens/s uses too).
 
-    pi_B(N) = q^M_N / (1 - q^B_N + q^M_N)
+**Acceptance** (:mod:`traces.analysis.acceptance_model`): the hidden-Markov model of which output
+positions the drafter gets right, fitted per prompt category (a category of fewer than
+``CATEGORY_MIN_ROUNDS`` drafting rounds uses the fit over all prompts) and run at every n_draft over the
+trace's own prompt lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` fall on from
+``p[s, K]`` by the ratio of the last two recorded depths (``extend_depths``).
 
-shifted by the trace's own offset ``s_B - pi_B(K)`` (``s_B``: the share of B starts among the trace's
-rounds; the shift carries the prompts' first rounds and makes N = K exact) and clipped to [0, 1]. A round
-``r`` of the trace drafts ``L_r(N) = N`` tokens, or ``min(n_draft_r, N)`` when it was capped (it drafted
-fewer than K: the end of ``max_tokens``). With ``Q^T(L) = q^T_1 + ... + q^T_L``:
+**Calibration, so the trace reproduces itself.** For each category and each count X (drafted tokens,
+verify rounds, loop time) per emitted token, the model's value at ``K`` is scaled to the trace's own:
+``X(N) = X_model(N) * (X_trace / emitted) / (X_model(K) / emitted)``; the acceptance rate the same way
+on its odds (so it stays in [0, 1]): ``odds(N) = odds_model(N) * odds_trace / odds_model(K)``,
+accepted(N) = rate(N) * drafted(N). At ``N = K`` the estimate therefore equals the trace's acceptance
+rate, mean acceptance length and measured tokens/s (emitted tokens / (t_draft + t_verify)), whatever
+the model's error there; the categories' counts add up to the totals. Then
 
-    E[accepted](N)          = sum_r ( pi_B Q^B(L_r) + (1 - pi_B) Q^M(L_r) )
-    acceptance rate(N)      = E[accepted](N) / sum_r L_r(N)
-    mean acceptance length  = 1 + E[accepted](N) / #rounds
+    acceptance rate(N)        = accepted(N) / drafted(N)
+    mean acceptance length(N) = 1 + accepted(N) / verify rounds(N)
+    time(N)                   = t_step * drafted(N) + sum_L rounds_L(N) * t_verify(L + 1)    (L = 0: plain steps)
+    tokens/s(N)               = 1000 * emitted / time(N)
+    speedup(N)                = tokens/s(N) * t_plain / 1000
 
-plus ``residual * sum_r L_r(N)``, where ``residual`` is the model's acceptance-rate error at N = K (left by
-capped rounds whose start types are not spread like the others'): the estimate reproduces the trace's own
-acceptance rate and mean acceptance length exactly at N = K. With one start type only (``pi_B``
-constant) this is the plain per-position model.
+**Intervals.** ``n_boot`` bootstrap resamples of the prompts (within each category; with fewer than
+``MIN_BOOT_UNITS`` prompts, of blocks of ``BLOCK_ROUNDS`` consecutive rounds): each resample reweights
+the fit's per-prompt expected counts (one EM step from the fit), the costs and the trace's own
+values, and, when plain decoding was measured per prompt, the baseline too (paired); the 2.5 / 97.5 %
+quantiles are the interval (seeded: the same trace gives the same interval).
 
-**Cost.** Drafting is sequential: ``t_draft(L) = L * t_step`` with ``t_step = sum t_draft_ms / sum
-n_draft`` (ms per draft step). Verifying ``n = L + 1`` tokens in one target batch: ``t_verify(n) = v0 +
-v1 * n``, a least-squares line through the median ``t_verify_ms`` of each recorded verify size and, when
-the manifest has a baseline, the point ``(1, t_plain)`` (plain decoding's ms per token: one target
-decode of one token). With a single point the line is flat (``v1 = 0``: verify cost independent of the
-batch size, the memory-bound case; ``cost.basis`` says so). ``v1`` is clipped at 0; a negative ``v0``
-(noise) refits the line through the origin.
-
-    tokens/s(N) = 1000 * (#rounds + E[accepted](N)) / sum_r (t_draft(L_r(N)) + t_verify(L_r(N) + 1))
-    speedup(N)  = tokens/s(N) / (1000 / t_plain)
-
-``t_plain`` is the baseline's measured ms per token, else the fitted ``t_verify(1)`` (``baseline:
-"estimated"``). The recommended n_draft maximises tokens/s (ties: the smaller n_draft).
+``t_plain``: :class:`traces.analysis.costs.PlainBaseline`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis import acceptance_model as AM
+from mtpscope.traces.analysis.costs import CostModel, PlainBaseline, fit_cost, manifest_baseline, verify_line
+from mtpscope.traces.analysis.metrics import emitted_counts
 from mtpscope.traces.store.protocols import TraceLike
 
 N_MAX = 8
-WHAT_IF_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "t_draft_ms", "t_verify_ms"]
+N_BOOT = 200
+SEED = 0
+#: a category with fewer rounds that drafted than this uses the pooled fit (calibrated to its own rounds)
+CATEGORY_MIN_ROUNDS = 30
+#: fewer prompts than this in a group: the bootstrap resamples blocks of rounds instead
+MIN_BOOT_UNITS = 8
+BLOCK_ROUNDS = 16
+WHAT_IF_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
+QUANTILES = (0.025, 0.975)
+UNCATEGORIZED = "(none)"
 
 
-@dataclass(frozen=True)
-class CostModel:
-    """Fitted cost per round (milliseconds).
-
-    Attributes:
-        t_step_ms: drafter cost per draft step.
-        v0_ms, v1_ms: ``t_verify(n) = v0_ms + v1_ms * n`` for a verify batch of ``n`` tokens.
-        t_plain_ms: plain decoding's cost per token (measured baseline, or ``t_verify(1)``).
-        baseline: ``"measured"`` or ``"estimated"``.
-        basis: how the verify line was fitted, in words.
-        verify_sizes: ``{n: median t_verify_ms}`` of the recorded verify sizes.
-    """
-
-    t_step_ms: float | None
-    v0_ms: float | None
-    v1_ms: float | None
-    t_plain_ms: float | None
-    baseline: str
-    basis: str
-    verify_sizes: dict[int, float]
-
-    def t_round_ms(self, n_draft: np.ndarray) -> np.ndarray:
-        """Cost of rounds drafting ``n_draft`` tokens each (``shape`` of ``n_draft``)."""
-        n = np.asarray(n_draft, dtype=np.float64)
-        return n * (self.t_step_ms or 0.0) + (self.v0_ms or 0.0) + (self.v1_ms or 0.0) * (n + 1)
-
+# ------------------------------------------------------------------------------------------ records
 
 @dataclass(frozen=True)
 class WhatIfRow:
-    """The estimate at one n_draft.
+    """The estimate at one n_draft; each value with a 95 % bootstrap interval ``(low, high)`` (None
+    when it cannot be resampled: one prompt of one block, or no timings).
 
     Attributes:
-        n_draft: drafts per round.
-        acceptance_rate: accepted / drafted.
-        mean_acceptance_length: 1 + accepted / verify rounds (tokens per target verify).
-        tokens_per_s: generated tokens per second (None without timings).
-        speedup: tokens_per_s over plain decoding's (None without timings).
-        recorded: n_draft is the trace's own.
-        extrapolated: uses per-position acceptance beyond the recorded n_draft.
+        n_draft: drafts per round. recorded: the trace's own n_draft. extrapolated: beyond it.
+        acceptance_rate: accepted / drafted. mean_acceptance_length: 1 + accepted / verify rounds.
+        tokens_per_s: emitted tokens per second of draft + verify time (None without timings).
+        speedup: tokens/s over plain decoding's (None without timings).
     """
 
     n_draft: int
@@ -113,256 +84,443 @@ class WhatIfRow:
     speedup: float | None
     recorded: bool
     extrapolated: bool
+    acceptance_rate_interval: tuple[float, float] | None = None
+    mean_acceptance_length_interval: tuple[float, float] | None = None
+    tokens_per_s_interval: tuple[float, float] | None = None
+    speedup_interval: tuple[float, float] | None = None
+    n_drafted: float | None = None
+    n_verify_rounds: float | None = None
+    rounds_by_size: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict."""
-        return asdict(self)
+        """JSON-able dict (intervals as ``[low, high]``; ``n_drafted``, ``n_verify_rounds``: expected counts
+        over the trace's prompts; ``rounds_by_size[L]``: rounds drafting L tokens, L = 0 plain steps)."""
+        d = asdict(self)
+        for k, v in d.items():
+            if k.endswith("_interval") and v is not None:
+                d[k] = [float(v[0]), float(v[1])]
+        return d
 
 
 @dataclass(frozen=True)
 class WhatIf:
-    """The what-if estimate of one trace (or one category of it).
+    """The what-if estimate of one trace, or of one category of it.
 
     Attributes:
         rows: :class:`WhatIfRow` for n_draft = 1..n_max.
-        best_n_draft: the n_draft with the highest tokens/s (None without timings).
-        recorded_n_draft: K, the largest n_draft of the trace.
-        q: ``P(drafts 1..k accepted)`` for k = 1..n_max over all rounds (measured up to K, then
-            extrapolated).
-        tail_ratio: ``b`` of the extrapolation (all rounds).
-        q_b / q_m: the same for rounds of start type B / M.
-        share_b: the share of B starts among the trace's rounds.
-        cost: the :class:`CostModel` (None without timings).
-        n_rounds: rounds the estimate is fitted on.
+        best_n_draft: the n_draft with the highest estimated tokens/s (None without timings; the
+            recommendation, :mod:`traces.analysis.advice`, weighs it against plain decoding and the runner-up).
+        recorded_n_draft: K, the trace's n_draft.
+        n_rounds / n_verify_rounds / n_prompts: what the estimate is fitted on (verify rounds = first drafts).
+        cost: :class:`CostModel` (None without timings); baseline: the :class:`PlainBaseline` used.
+        model: the pooled fit of :mod:`traces.analysis.acceptance_model` (``pi``, ``A``, ``p``).
+        calibration: ``{count: trace / model at K}`` (1 = the model reproduced the trace by itself).
+        by_category: ``{category: WhatIf}`` (categories of the manifest), empty without categories.
+        samples: ``{"tokens_per_s": float[B, n_max], "speedup": float[B, n_max], ...}``: the bootstrap
+            values behind the intervals (not in JSON).
     """
 
     rows: tuple[WhatIfRow, ...]
     best_n_draft: int | None
     recorded_n_draft: int
-    q: tuple[float, ...]
-    tail_ratio: float
-    cost: CostModel | None
     n_rounds: int
-    q_b: tuple[float, ...] = ()
-    q_m: tuple[float, ...] = ()
-    share_b: float | None = None
+    n_verify_rounds: int
+    n_prompts: int
+    cost: CostModel | None
+    baseline: PlainBaseline | None
+    model: dict[str, Any]
+    calibration: dict[str, float]
+    by_category: dict[str, WhatIf] = field(default_factory=dict)
+    samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def row(self, n_draft: int) -> WhatIfRow:
+        return self.rows[int(n_draft) - 1]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (``rows`` as dicts)."""
+        """JSON-able dict: ``rows``, ``best_n_draft``, ``recorded_n_draft``, ``n_rounds``,
+        ``n_verify_rounds``, ``n_prompts``, ``cost``, ``baseline``, ``model``, ``calibration``, ``by_category``."""
         return {"rows": [r.to_dict() for r in self.rows], "best_n_draft": self.best_n_draft,
-                "recorded_n_draft": self.recorded_n_draft, "q": list(self.q), "tail_ratio": self.tail_ratio,
-                "cost": None if self.cost is None else asdict(self.cost), "n_rounds": self.n_rounds,
-                "q_b": list(self.q_b), "q_m": list(self.q_m), "share_b": self.share_b}
+                "recorded_n_draft": self.recorded_n_draft, "n_rounds": self.n_rounds,
+                "n_verify_rounds": self.n_verify_rounds, "n_prompts": self.n_prompts,
+                "cost": None if self.cost is None else self.cost.to_dict(),
+                "baseline": None if self.baseline is None else self.baseline.to_dict(),
+                "model": self.model, "calibration": self.calibration,
+                "by_category": {c: w.to_dict() for c, w in self.by_category.items()}}
 
 
-def _survival(nd: np.ndarray, na: np.ndarray, K: int, n_all: int) -> tuple[np.ndarray, float, np.ndarray]:
-    """``(q[0..n_all-1], b, den)`` for rounds with draft counts ``nd`` / accepted ``na`` (module docstring);
-    ``q`` NaN where no round drafted that far (k <= K)."""
-    kk = np.arange(1, K + 1)
-    den = np.array([(nd >= k).sum() for k in kk], dtype=np.float64)
-    num = np.array([(na >= k).sum() for k in kk], dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-    prev = np.concatenate([[1.0], q[:-1]])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(prev > 0, q / prev, 0.0)
-    b = 1.0
-    ok = (c > 0) & (den > 0)
-    if K >= 2 and ok.sum() >= 2:
-        w = den[ok]
-        x, y = kk[ok].astype(np.float64), np.log(c[ok])
-        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-        var = np.average((x - xm) ** 2, weights=w)
-        slope = np.average((x - xm) * (y - ym), weights=w) / var if var > 0 else 0.0
-        b = float(min(max(math.exp(slope), 0.0), 1.0))
-    out = np.empty(n_all, dtype=np.float64)
-    out[:K] = q
-    cK = float(c[-1]) if np.isfinite(c[-1]) else 0.0
-    for k in range(K + 1, n_all + 1):
-        out[k - 1] = out[k - 2] * min(max(cK * b ** (k - K), 0.0), 1.0)
-    return out, b, den
+# ------------------------------------------------------------------------------------------ the estimate
+
+def extend_depths(p: np.ndarray, n: int) -> np.ndarray:
+    """``p[..., S, D]`` extended to ``n`` depths: beyond the recorded ``D`` each state's acceptance keeps
+    falling by the ratio of its last two recorded depths, ``p[s, d] = p[s, D] r_s^(d - D)`` with ``r_s =
+    p[s, D] / p[s, D - 1]`` clipped to [0.5, 1] (the drafter's chained state goes on degrading as at its
+    last recorded step; 1 when D = 1: held flat)."""
+    p = np.asarray(p, dtype=np.float64)
+    D = p.shape[-1]
+    if n <= D:
+        return p
+    if D < 2:
+        return AM._depths(p, n)
+    r = np.clip(p[..., D - 1] / np.maximum(p[..., D - 2], 1e-12), 0.5, 1.0)
+    return np.concatenate([p, p[..., -1:] * r[..., None] ** np.arange(1, n - D + 1)], axis=-1)
 
 
-def start_types(rounds: pd.DataFrame) -> np.ndarray:
-    """Start type of each round (``True`` = B: the prompt's first round or the previous round of the same
-    prompt accepted all its drafts; ``False`` = M), aligned with ``rounds`` rows (columns ``prompt_id``,
-    ``round``, ``n_draft``, ``n_accepted``)."""
-    n = len(rounds)
-    if not n:
-        return np.zeros(0, dtype=bool)
-    order = np.lexsort((rounds["round"].to_numpy(), rounds["prompt_id"].to_numpy()))
-    pid = rounds["prompt_id"].to_numpy()[order]
-    nd = rounds["n_draft"].to_numpy(dtype=np.int64)[order]
-    na = rounds["n_accepted"].to_numpy(dtype=np.int64)[order]
-    b = np.ones(n, dtype=bool)
-    b[1:] = (pid[1:] != pid[:-1]) | (na[:-1] == nd[:-1])
-    out = np.empty(n, dtype=bool)
-    out[order] = b
+@dataclass
+class _Group:
+    """One category's rounds, observations, fit and per-unit sums (the bootstrap's units)."""
+
+    name: str
+    rounds: pd.DataFrame
+    obs: AM.Observations
+    params: AM.Params
+    stats: AM.Stats
+    unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
+    sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify, time, td, tv<n>, cnt<n>
+
+    @property
+    def n_units(self) -> int:
+        return len(self.sums["emitted"])
+
+
+
+def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int, sizes: list[int]) -> dict[str, np.ndarray]:
+    nd = r["n_draft"].to_numpy(dtype=np.int64)
+    na = r["n_accepted"].to_numpy(dtype=np.int64)
+    ne = emitted_counts(r)
+    out = {"emitted": np.bincount(units, ne, n_units), "accepted": np.bincount(units, na, n_units),
+           "drafted": np.bincount(units, nd, n_units), "verify": np.bincount(units, (nd > 0).astype(float), n_units)}
+    if "t_draft_ms" in r.columns and "t_verify_ms" in r.columns:
+        td = pd.to_numeric(r["t_draft_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+        tv = pd.to_numeric(r["t_verify_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+        out["time"] = np.bincount(units, td + tv, n_units)
+        out["td"] = np.bincount(units, np.where(nd > 0, td, 0.0), n_units)
+        for n in sizes:
+            m = nd == n - 1
+            out[f"tv{n}"] = np.bincount(units, np.where(m, tv, 0.0), n_units)
+            out[f"cnt{n}"] = np.bincount(units, m.astype(float), n_units)
     return out
 
 
-def survival(rounds: pd.DataFrame, n_max: int = N_MAX) -> tuple[np.ndarray, float, int]:
-    """``(q, b, K)`` over all rounds (one start type): ``q[k-1] = P(drafts 1..k accepted)`` for k = 1..max(n_max,
-    K) (measured up to the recorded K, extrapolated after), the tail ratio ``b`` and K.
+def _units(r: pd.DataFrame) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """Bootstrap units of the rounds: prompts, or blocks of ``BLOCK_ROUNDS`` consecutive rounds of a
+    prompt when there are fewer than ``MIN_BOOT_UNITS`` prompts. Returns ``(unit per round, number of
+    units, prompt id per unit or None for blocks)``."""
+    pid = r["prompt_id"].to_numpy(dtype=np.int64)
+    uniq, inv = np.unique(pid, return_inverse=True)
+    if len(uniq) >= MIN_BOOT_UNITS:
+        return inv.astype(np.int64), len(uniq), uniq
+    order = np.lexsort((r["round"].to_numpy(), pid))
+    rank = np.empty(len(r), np.int64)
+    first = np.searchsorted(pid[order], uniq)
+    rank[order] = np.arange(len(r)) - np.repeat(first, np.bincount(inv, minlength=len(uniq)))
+    _, blk = np.unique(inv.astype(np.int64) * (len(r) + 1) + rank // BLOCK_ROUNDS, return_inverse=True)
+    return blk.astype(np.int64), int(blk.max()) + 1 if len(blk) else 0, None
 
-    Raises:
-        TraceFormatError: no round drafted anything.
-    """
-    nd = rounds["n_draft"].to_numpy(dtype=np.int64)
-    na = rounds["n_accepted"].to_numpy(dtype=np.int64)
-    K = int(nd.max()) if len(nd) else 0
-    if K < 1:
-        raise TraceFormatError("no round drafted a token: nothing to estimate from", key="n_draft",
-                               expected="> 0", actual=0)
-    q, b, _ = _survival(nd, na, K, max(n_max, K))
-    return q, b, K
 
-
-def fit_cost(rounds: pd.DataFrame, t_plain_ms: float | None = None) -> CostModel | None:
-    """The cost model (module docstring) from ``t_draft_ms`` / ``t_verify_ms`` / ``n_draft`` of the rounds
-    that drafted; ``t_plain_ms``: the measured baseline (ms per token) or None. None when the rounds have
-    no timings."""
-    if "t_draft_ms" not in rounds.columns or "t_verify_ms" not in rounds.columns:
-        return None
-    nd = rounds["n_draft"].to_numpy(dtype=np.int64)
-    td = pd.to_numeric(rounds["t_draft_ms"], errors="coerce").to_numpy(dtype=np.float64)
-    tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce").to_numpy(dtype=np.float64)
-    m = (nd > 0) & np.isfinite(td) & np.isfinite(tv)
-    if not m.any():
-        return None
-    t_step = float(td[m].sum() / nd[m].sum())
-    sizes = {int(n + 1): float(np.median(tv[m & (nd == n)])) for n in np.unique(nd[m])}
-    counts = {int(n + 1): int((m & (nd == n)).sum()) for n in np.unique(nd[m])}
-    xs = list(sizes)
-    ys = [sizes[x] for x in xs]
-    ws = [counts[x] for x in xs]
-    if t_plain_ms is not None and math.isfinite(t_plain_ms) and t_plain_ms > 0:
-        xs.append(1)
-        ys.append(float(t_plain_ms))
-        ws.append(max(ws))
-        basis = "line through the median verify time per recorded verify size and the measured baseline"
+def _group(name: str, r: pd.DataFrame, sizes: list[int], n_states: int, K: int,
+           pooled: AM.Params | None = None) -> _Group:
+    """A group's fit (``pooled`` as it is, else its own), every parameter over K depths, and its E-step
+    statistics per bootstrap unit."""
+    units, n_units, unit_prompt = _units(r)
+    obs = AM.observations(r, units)
+    if pooled is not None:
+        params = pooled
     else:
-        basis = "line through the median verify time per recorded verify size"
-    x, y, w = np.asarray(xs, float), np.asarray(ys, float), np.asarray(ws, float)
-    if len(np.unique(x)) >= 2:
-        xm, ym = np.average(x, weights=w), np.average(y, weights=w)
-        v1 = float(np.average((x - xm) * (y - ym), weights=w) / np.average((x - xm) ** 2, weights=w))
-        v1 = max(v1, 0.0)
-        v0 = float(ym - v1 * xm)
-        if v0 < 0:  # a negative fixed cost is noise: refit through the origin
-            v0, v1 = 0.0, float(np.sum(w * x * y) / np.sum(w * x * x))
-            basis += " (through the origin: the free fit had a negative intercept)"
-    else:
-        v1, v0 = 0.0, float(y[0])
-        basis = "one verify size measured: verify cost taken as independent of the batch size"
-    measured = t_plain_ms is not None and math.isfinite(t_plain_ms) and t_plain_ms > 0
-    t_plain = float(t_plain_ms) if measured else v0 + v1
-    return CostModel(t_step_ms=t_step, v0_ms=v0, v1_ms=v1, t_plain_ms=t_plain,
-                     baseline="measured" if measured else "estimated", basis=basis, verify_sizes=sizes)
+        params, _, _ = AM.fit(obs, n_states=n_states)
+    params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
+    stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units, sizes))
 
 
-def what_if(rounds: pd.DataFrame, *, t_plain_ms: float | None = None, n_max: int = N_MAX) -> WhatIf:
+def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``float[1 + n_boot, n_units]``: row 0 all ones (the estimate), then multinomial resamples."""
+    w = np.ones((1 + n_boot, n_units))
+    if n_units and n_boot:
+        w[1:] = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot)
+    return w
+
+
+def _tv(costs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Per-replicate verify cost of ``n`` tokens: the replicate's mean where recorded, else its line."""
+    mean = costs.get(f"tv{n}")
+    line = costs["v0"] + costs["v1"] * n
+    return line if mean is None else np.where(np.isfinite(mean), mean, line)
+
+
+def _model_time(costs: Mapping[str, np.ndarray], pr: AM.Prediction) -> np.ndarray:
+    t = costs["t_step"] * pr.drafted
+    for L in range(pr.by_size.shape[1]):
+        t = t + pr.by_size[:, L] * _tv(costs, L + 1)
+    return t
+
+
+COUNTS = ("accepted", "drafted", "verify", "time")
+
+
+def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens: int,
+                   costs: Mapping[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Calibrated counts per n_draft for every weight row (``{count: float[B, n]}``, ``"emitted":
+    float[B]``) and the point estimate's calibration factors (trace / model at K)."""
+    B = W.shape[0]
+    params = AM.m_step(g.stats, W)
+    D = max(max(n_values), K)
+    p = extend_depths(params.p, D)
+    pi, A = params.pi.copy(), params.A.copy()
+    pi[0], A[0], p[0] = g.params.pi, g.params.A, extend_depths(g.params.p, D)
+    params = AM.Params(pi, A, p)
+    ends = g.obs.ends
+    emitted = float(ends.sum())
+    s = g.sums
+    em_obs = np.maximum(W @ s["emitted"], 1e-12)
+    preds = AM.predict_all(params, sorted(set(n_values) | {K}), ends, max_tokens=max_tokens)
+    model_k = {"drafted": preds[K].drafted, "verify": preds[K].rounds}
+    ratio = {k: ((W @ s[k]) / em_obs) / np.maximum(model_k[k] / max(emitted, 1e-12), 1e-12) for k in model_k}
+    if costs is not None:
+        ratio["time"] = ((W @ s["time"]) / em_obs) / np.maximum(_model_time(costs, preds[K]) / max(emitted, 1e-12),
+                                                                1e-12)
+    # the acceptance rate is calibrated on the odds (it stays in [0, 1]); accepted = rate x drafted
+    rate_obs = _clip01((W @ s["accepted"]) / np.maximum(W @ s["drafted"], 1e-12))
+    rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
+    ratio["acceptance_odds"] = _odds(rate_obs) / _odds(rate_k)
+    out = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
+    out["by_size"] = np.zeros((B, len(n_values), max(n_values) + 1))
+    for j, N in enumerate(n_values):
+        pr = preds[N]
+        out["by_size"][:, j, :N + 1] = pr.by_size
+        out["by_size"][:, j, 1:N + 1] *= ratio["verify"][:, None]
+        o = _odds(_clip01(pr.accepted / np.maximum(pr.drafted, 1e-12))) * ratio["acceptance_odds"]
+        out["drafted"][:, j] = pr.drafted * ratio["drafted"]
+        out["accepted"][:, j] = o / (1.0 + o) * out["drafted"][:, j]
+        out["verify"][:, j] = pr.rounds * ratio["verify"]
+        if costs is not None:
+            out["time"][:, j] = _model_time(costs, pr) * ratio["time"]
+    out["emitted"] = np.full(B, emitted)
+    return out, {k: float(v[0]) for k, v in ratio.items()}
+
+
+def _clip01(x: np.ndarray) -> np.ndarray:
+    return np.clip(x, 1e-9, 1.0 - 1e-9)
+
+
+def _odds(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 - x)
+
+
+def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.ndarray], B: int,
+           only: _Group | None = None) -> np.ndarray | None:
+    """Plain decoding's ms per token per replicate: paired with the prompts' resample when it was measured
+    per prompt and the units are prompts, else fixed; None when not measured."""
+    if baseline is None or not baseline.measured:
+        return None
+    sel = [(g, W) for g, W in zip(groups, Ws, strict=True) if only is None or g is only]
+    if baseline.per_prompt and all(g.unit_prompt is not None for g, _ in sel):
+        tok = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[0] for p in g.unit_prompt], float)
+                  for g, W in sel)
+        ms = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[1] for p in g.unit_prompt], float)
+                 for g, W in sel)
+        fallback = baseline.for_prompts([p for g, _ in sel for p in g.unit_prompt])
+        return np.where(tok > 0, ms / np.maximum(tok, 1e-12), fallback)
+    ids = None if only is None else only.obs.prompt_ids
+    return np.full(B, baseline.t_per_token_ms if ids is None else baseline.for_prompts(ids))
+
+
+def _costs(groups: list[_Group], Ws: list[np.ndarray], sizes: list[int],
+           plain: np.ndarray | None) -> dict[str, np.ndarray] | None:
+    """Per-replicate costs over all groups (the categories ran on one machine): ``t_step``, the mean
+    verify time per recorded size ``tv<n>`` (NaN where a replicate has no such round) and the line
+    ``v0``, ``v1`` (through the measured plain decoding too)."""
+    if any("time" not in g.sums for g in groups):
+        return None
+
+    def tot(key: str) -> np.ndarray:
+        return sum(W @ g.sums[key] for g, W in zip(groups, Ws, strict=True))
+
+    out: dict[str, np.ndarray] = {"t_step": tot("td") / np.maximum(tot("drafted"), 1e-12)}
+    cnt = {}
+    for n in sizes:
+        c = tot(f"cnt{n}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[f"tv{n}"] = np.where(c > 0, tot(f"tv{n}") / np.where(c > 0, c, 1), np.nan)
+        cnt[n] = c
+    B = len(out["t_step"])
+    v0, v1 = np.empty(B), np.empty(B)
+    for b in range(B):
+        pts = [(float(n), float(out[f"tv{n}"][b]), float(cnt[n][b])) for n in sizes if np.isfinite(out[f"tv{n}"][b])]
+        if plain is not None:
+            pts.append((1.0, float(plain[b]), max([w for _, _, w in pts], default=1.0)))
+        if pts:
+            v0[b], v1[b], _ = verify_line(*map(list, zip(*pts, strict=True)))
+        else:
+            v0[b] = v1[b] = 0.0
+    out["v0"], out["v1"] = v0, v1
+    return out
+
+
+def _interval(v: np.ndarray) -> tuple[float, float] | None:
+    """95 % percentile interval of the bootstrap values ``v[1:]`` (None with fewer than two finite ones)."""
+    s = v[1:]
+    s = s[np.isfinite(s)]
+    if len(s) < 2:
+        return None
+    lo, hi = np.quantile(s, QUANTILES)
+    return float(lo), float(hi)
+
+
+def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values: range, K: int, *, timed: bool,
+            n_rounds: int, n_verify: int, n_prompts: int, cost: CostModel | None, baseline: PlainBaseline | None,
+            model: dict[str, Any], calibration: dict[str, float], resampled: bool,
+            by_category: dict[str, WhatIf] | None = None) -> WhatIf:
+    acc, dr, ver, tm = (counts[k] for k in COUNTS)
+    em = counts["emitted"][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(dr > 0, acc / dr, np.nan)
+        mal = np.where(ver > 0, 1.0 + acc / ver, np.nan)
+        tps = np.where(tm > 0, 1000.0 * em / tm, np.nan) if timed else np.full_like(rate, np.nan)
+        if not timed:
+            plain_ms = None
+        elif plain is not None:
+            plain_ms = plain
+        else:
+            plain_ms = np.full(len(tps), cost.t_plain_ms if cost is not None else np.nan)
+        sp = tps * plain_ms[:, None] / 1000.0 if plain_ms is not None else np.full_like(rate, np.nan)
+
+    def val(x: np.ndarray, j: int) -> float | None:
+        v = float(x[0, j])
+        return v if math.isfinite(v) else None
+
+    rows = []
+    for j, N in enumerate(n_values):
+        def iv(x: np.ndarray, j: int = j) -> tuple[float, float] | None:
+            return _interval(x[:, j]) if resampled else None
+
+        rows.append(WhatIfRow(n_draft=N, acceptance_rate=val(rate, j), mean_acceptance_length=val(mal, j),
+                              n_drafted=val(dr, j), n_verify_rounds=val(ver, j),
+                              rounds_by_size=tuple(float(x) for x in counts["by_size"][0, j, :N + 1]),
+                              tokens_per_s=val(tps, j), speedup=val(sp, j), recorded=N == K, extrapolated=N > K,
+                              acceptance_rate_interval=iv(rate), mean_acceptance_length_interval=iv(mal),
+                              tokens_per_s_interval=iv(tps) if timed else None,
+                              speedup_interval=iv(sp) if timed else None))
+    best = None
+    cands = [r for r in rows if r.tokens_per_s is not None]
+    if cands:
+        best = max(cands, key=lambda r: (r.tokens_per_s, -r.n_draft)).n_draft
+    samples = {"acceptance_rate": rate, "mean_acceptance_length": mal, "tokens_per_s": tps, "speedup": sp}
+    if plain_ms is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            samples["plain_tokens_per_s"] = np.where(plain_ms > 0, 1000.0 / np.where(plain_ms > 0, plain_ms, 1), np.nan)
+    return WhatIf(rows=tuple(rows), best_n_draft=best, recorded_n_draft=K, n_rounds=n_rounds, n_verify_rounds=n_verify,
+                  n_prompts=n_prompts, cost=cost, baseline=baseline, model=model, calibration=calibration,
+                  by_category=by_category or {}, samples=samples)
+
+
+def _model_dict(params: AM.Params, **more: Any) -> dict[str, Any]:
+    return {"n_states": int(params.pi.shape[-1]), **params.to_dict(), **more}
+
+
+def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None,
+            baseline: PlainBaseline | None = None, max_tokens: int | None = None, n_max: int = N_MAX,
+            n_boot: int = N_BOOT, seed: int = SEED, n_states: int = AM.N_STATES,
+            t_plain_ms: float | None = None) -> WhatIf:
     """The estimate for n_draft = 1..``n_max`` (module docstring) from a trace's rounds.
 
     Args:
-        rounds: columns ``n_draft``, ``n_accepted``; ``t_draft_ms``, ``t_verify_ms`` for speed.
-        t_plain_ms: plain decoding's measured ms per token (``manifest["baseline"]["t_per_token_ms"]``).
-        n_max: the largest n_draft estimated (>= 1).
+        rounds: columns ``prompt_id``, ``round``, ``n_draft``, ``n_accepted`` (``emitted`` when known);
+            ``t_draft_ms``, ``t_verify_ms`` for speed.
+        categories: ``{prompt_id: category}``: fitted per category (shrunk to the pooled fit) and
+            combined by adding their counts; each category's estimate is in ``by_category``. None: one
+            group (the pooled fit).
+        baseline: plain decoding (:class:`PlainBaseline`), else estimated as ``t_verify(1)``;
+            ``t_plain_ms``: a measured ms per token given as a number instead.
+        max_tokens: the recording's cap (``params.max_tokens``); None: the longest prompt's length.
+        n_max: the largest n_draft estimated (>= 1); n_boot: bootstrap resamples (0: no intervals);
+        seed: their seed; n_states: hidden states of the model.
 
     Raises:
         TraceFormatError: missing columns, no drafting round, ``n_max < 1``.
     """
-    for c in ("n_draft", "n_accepted"):
+    for c in ("prompt_id", "round", "n_draft", "n_accepted"):
         if c not in rounds.columns:
             raise TraceFormatError("rounds lacks a column", key=c, expected="present", actual="missing")
     if n_max < 1:
         raise TraceFormatError("n_max must be >= 1", key="n_max", expected=">= 1", actual=n_max)
     nd_all = rounds["n_draft"].to_numpy(dtype=np.int64)
-    drafting = rounds[nd_all > 0]
-    q, b, K = survival(drafting, n_max)
-    n_all = len(q)
-    nd = drafting["n_draft"].to_numpy(dtype=np.int64)
-    na = drafting["n_accepted"].to_numpy(dtype=np.int64)
-    is_b = start_types(drafting) if {"prompt_id", "round"} <= set(drafting.columns) else np.ones(len(nd), bool)
-    per_type = {}
-    for t, m in ((True, is_b), (False, ~is_b)):
-        qt, _, _ = _survival(nd[m], na[m], K, n_all) if m.any() else (np.full(n_all, np.nan), 1.0, None)
-        per_type[t] = np.where(np.isnan(qt), q, qt)          # a type that never drafted that far: pooled
-    QB = np.concatenate([[0.0], np.cumsum(per_type[True])])
-    QM = np.concatenate([[0.0], np.cumsum(per_type[False])])
-
-    def pi_b(N: int) -> float:
-        qb, qm = per_type[True][N - 1], per_type[False][N - 1]
-        den = 1.0 - qb + qm
-        return float(qm / den) if den > 0 else 1.0
-
-    share_b = float(is_b.mean()) if len(is_b) else 1.0
-    shift = share_b - pi_b(K)
-    capped = nd < K
-
-    def model(N: int) -> tuple[np.ndarray, float]:
-        L = np.where(capped, np.minimum(nd, N), N)
-        pb = min(max(pi_b(N) + shift, 0.0), 1.0)
-        return L, float(pb * QB[L].sum() + (1.0 - pb) * QM[L].sum())
-
-    L_K, acc_K = model(K)
-    residual = (float(na.sum()) - acc_K) / float(L_K.sum())     # the model's rate error at N = K
-    cost = fit_cost(drafting, t_plain_ms)
-    rows = []
-    for N in range(1, n_max + 1):
-        L, acc = model(N)
-        drafted = float(L.sum())
-        acc = min(max(acc + residual * drafted, 0.0), drafted)
-        n_r = len(L)
-        tps = speed = None
-        if cost is not None:
-            t = float(cost.t_round_ms(L).sum())
-            tps = 1000.0 * (n_r + acc) / t if t > 0 else None
-            speed = tps * cost.t_plain_ms / 1000.0 if tps is not None and cost.t_plain_ms else None
-        rows.append(WhatIfRow(n_draft=N, acceptance_rate=acc / drafted if drafted else None,
-                              mean_acceptance_length=1.0 + acc / n_r if n_r else None, tokens_per_s=tps,
-                              speedup=speed, recorded=N == K, extrapolated=N > K))
-    best = None
-    if cost is not None:
-        cands = [r for r in rows if r.tokens_per_s is not None]
-        if cands:
-            best = max(cands, key=lambda r: (r.tokens_per_s, -r.n_draft)).n_draft
-    return WhatIf(rows=tuple(rows), best_n_draft=best, recorded_n_draft=K, q=tuple(float(v) for v in q[:n_max]),
-                  tail_ratio=b, cost=cost, n_rounds=int(len(drafting)),
-                  q_b=tuple(float(v) for v in per_type[True][:n_max]),
-                  q_m=tuple(float(v) for v in per_type[False][:n_max]), share_b=share_b)
+    if not len(nd_all) or nd_all.max() < 1:
+        raise TraceFormatError("no round drafted a token: nothing to estimate from", key="n_draft",
+                               expected="> 0", actual=0)
+    if baseline is None and t_plain_ms is not None and math.isfinite(t_plain_ms) and t_plain_ms > 0:
+        baseline = PlainBaseline(float(t_plain_ms), "manifest", "given as a number")
+    rounds = rounds.reset_index(drop=True)
+    K = int(nd_all.max())
+    n_values = range(1, n_max + 1)
+    sizes = sorted(int(n) + 1 for n in np.unique(nd_all))
+    pid = rounds["prompt_id"].to_numpy(dtype=np.int64)
+    obs_all = AM.observations(rounds)
+    if max_tokens is None:
+        max_tokens = int(obs_all.ends.max()) + 1 if obs_all.n_prompts else 1
+    pooled, _, _ = AM.fit(obs_all, n_states=n_states)
+    if categories:
+        lab = np.array([categories.get(int(p), UNCATEGORIZED) for p in pid], dtype=object)
+        names = sorted(set(lab.tolist()))
+        groups = []
+        for n in names:
+            sub = rounds[lab == n].reset_index(drop=True)
+            few = int((sub["n_draft"].to_numpy() > 0).sum()) < CATEGORY_MIN_ROUNDS
+            groups.append(_group(n, sub, sizes, n_states, K, pooled=pooled if few else None))
+    else:
+        groups = [_group("", rounds, sizes, n_states, K, pooled=pooled)]
+    rng = np.random.default_rng(seed)
+    Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
+    B = 1 + n_boot
+    plain = _plain(baseline, groups, Ws, B)
+    costs = _costs(groups, Ws, sizes, plain)
+    timed = costs is not None
+    cost = fit_cost(rounds, baseline) if timed else None
+    if timed and plain is None:
+        plain = _tv(costs, 1)
+    per = {g.name: _predict_group(g, W, n_values, K, max_tokens, costs) for g, W in zip(groups, Ws, strict=True)}
+    total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted", "by_size")}
+    calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
+             for k in per[groups[0].name][1]}
+    resampled = n_boot > 0
+    by_cat: dict[str, WhatIf] = {}
+    if categories:
+        for g, W in zip(groups, Ws, strict=True):
+            nd = g.rounds["n_draft"].to_numpy(dtype=np.int64)
+            gp = _plain(baseline, groups, Ws, B, only=g) if timed else None
+            if timed and gp is None:
+                gp = plain
+            gb = None if baseline is None else PlainBaseline(baseline.for_prompts(g.obs.prompt_ids), baseline.source,
+                                                             baseline.how, baseline.per_prompt)
+            by_cat[g.name] = _whatif(per[g.name][0], gp, n_values, K, timed=timed, n_rounds=len(g.rounds),
+                                     n_verify=int((nd > 0).sum()), n_prompts=g.obs.n_prompts, cost=cost,
+                                     baseline=gb, model=_model_dict(g.params), calibration=per[g.name][1],
+                                     resampled=resampled)
+    model = _model_dict(pooled, max_tokens=int(max_tokens),
+                        extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
+                        per_category=bool(categories))
+    return _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
+                   n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
+                   resampled=resampled, by_category=by_cat)
 
 
 def baseline_ms(manifest: Mapping[str, Any]) -> float | None:
     """Plain decoding's ms per token from ``manifest["baseline"]["t_per_token_ms"]`` (``record
     --baseline``), None when absent or not a positive number."""
-    b = manifest.get("baseline")
-    v = b.get("t_per_token_ms") if isinstance(b, dict) else None
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-        return float(v)
-    return None
+    b = manifest_baseline(manifest)
+    return None if b is None else b.t_per_token_ms
 
 
-def what_if_by_category(rounds: pd.DataFrame, categories: Mapping[int, str], *, t_plain_ms: float | None = None,
-                        n_max: int = N_MAX) -> dict[str, WhatIf]:
-    """:func:`what_if` per prompt category (``{prompt_id: category}``; others ``(none)``); categories
-    whose rounds drafted nothing are left out."""
-    pid = rounds["prompt_id"].to_numpy(dtype=np.int64)
-    lab = pd.Series(pid).map(lambda p: categories.get(int(p), "(none)")).to_numpy(dtype=object)
-    out: dict[str, WhatIf] = {}
-    for name in sorted(set(lab.tolist())):
-        sub = rounds[lab == name]
-        if (sub["n_draft"].to_numpy() > 0).any():
-            out[name] = what_if(sub, t_plain_ms=t_plain_ms, n_max=n_max)
-    return out
-
-
-def what_if_trace(trace: TraceLike, *, n_max: int = N_MAX) -> WhatIf:
-    """:func:`what_if` of an opened trace (:class:`traces.store.protocols.TraceLike`; reads only the columns it needs; the
-    baseline from its manifest). For the sweep comparison: the n_draft 1..8 rows are ``.rows``.
+def what_if_trace(trace: TraceLike, *, categories: Mapping[int, str] | None = None, baseline: PlainBaseline | None = None,
+                  n_max: int = N_MAX, n_boot: int = N_BOOT) -> WhatIf:
+    """:func:`what_if` of an opened trace (reads only the columns it needs; ``max_tokens`` from its
+    manifest; the baseline from its manifest unless given).
 
     Raises:
         TraceFormatError: the trace has no drafting round.
     """
-    rounds = trace.columns("rounds", WHAT_IF_ROUNDS_COLUMNS)
-    return what_if(rounds, t_plain_ms=baseline_ms(trace.manifest), n_max=n_max)
+    names = set(trace.schemas["rounds"].names) if hasattr(trace, "schemas") else set(WHAT_IF_ROUNDS_COLUMNS)
+    rounds = trace.columns("rounds", [c for c in WHAT_IF_ROUNDS_COLUMNS if c in names])
+    mt = (trace.manifest.get("params") or {}).get("max_tokens")
+    return what_if(rounds, categories=categories, baseline=baseline or manifest_baseline(trace.manifest),
+                   max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
+                   n_max=n_max, n_boot=n_boot)

@@ -91,6 +91,36 @@ def prompt_labels(prompt_ids: Iterable[int], prompts: Any, width: int = PROMPT_L
     return {int(p): prompt_label(int(p), texts.get(int(p)), width) for p in prompt_ids}
 
 
+#: Field names that often hold what mtpscope calls a prompt's ``category`` (prompts files of other tools:
+#: SPEED-Bench's ``category``, others' ``domain``, ``task``, ``type`` ...), in the order they are suggested.
+CATEGORY_LIKE_FIELDS = ("domain", "type", "task", "topic", "kind", "subject", "genre", "label", "class", "group",
+                        "category_name", "task_type", "dataset", "source")
+
+
+def category_like_fields(field_sets: Iterable[Iterable[str]]) -> list[str]:
+    """The names among :data:`CATEGORY_LIKE_FIELDS` (in that order) that every non-empty one of
+    ``field_sets`` (each prompt's field names) carries; ``[]`` when there is none or no set."""
+    common: set[str] | None = None
+    for fields in field_sets:
+        names = {str(f) for f in fields}
+        if not names:
+            continue
+        common = names if common is None else common & names
+    return [f for f in CATEGORY_LIKE_FIELDS if common and f in common]
+
+
+def category_field_note(fields: Iterable[str], option: str = "--category-field") -> str | None:
+    """The one-line note when prompts carry no ``category`` but a field that looks like one
+    (:func:`category_like_fields`'s result): ``prompts have no 'category' but a 'domain' field: pass
+    --category-field domain to break the results down by it``; None for no such field."""
+    fields = list(fields)
+    if not fields:
+        return None
+    more = f" (also {', '.join(repr(f) for f in fields[1:])})" if len(fields) > 1 else ""
+    return (f"prompts have no 'category' but a {fields[0]!r} field{more}: pass {option} {fields[0]} to break the "
+            "results down by it")
+
+
 def streaks_line(z: dict[str, Any]) -> str:
     """``report()['zero_acceptance_streaks']`` in words, the one wording the CLI and the app share:
     ``zero-acceptance streaks: 12 (12 rounds), longest 1 round`` or ``zero-acceptance streaks: none``."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.store.records import RoundRecord
 
 
@@ -101,7 +102,7 @@ class BaselineSummary:
     outputs: tuple[tuple[int, ...], ...]
 
 
-def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str],
+def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str | PromptSpec],
                     overwrite: bool = False, command: Sequence[str] | None = None,
                     on_prompt: Callable[[int, int], None] | None = None) -> BaselineSummary:
     """Plain-decode each prompt with the loaded target of ``rtm`` and write a baseline trace.
@@ -111,7 +112,9 @@ def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[st
             uses ``max_tokens`` (tokens per prompt at most), ``chat`` (apply the target's chat template)
             and ``n_gpu_layers`` (as ``rtm`` was loaded, for the manifest's device), nothing else.
         rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime`.
-        out: the trace directory; prompts: prompt texts.
+        out: the trace directory; prompts: prompt texts or :class:`traces.run.prompts.PromptSpec` (text,
+            ``tokens`` or ``messages``, as ``record`` takes them; their id and category go to the
+            manifest's prompt entries).
         overwrite: replace a trace already in ``out`` (its parts are deleted first).
         command: argv for the manifest (default ``sys.argv``).
         on_prompt: called with ``(prompt_id, generated tokens)`` after each prompt.
@@ -125,6 +128,7 @@ def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[st
     """
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
     from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
     from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
     from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
 
@@ -132,7 +136,9 @@ def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[st
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
     max_tokens, chat, n_gpu_layers = config.max_tokens, config.chat, config.n_gpu_layers
     t_start = time.perf_counter()
-    toks = [rtm.prompt_tokens(t, chat=chat) for t in prompts]
+    specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
+    rendered = [spec_tokens(rtm.tmodel, sp, chat=chat) for sp in specs]
+    toks = [tk for tk, _ in rendered]
     rtm.ensure_context(max(len(t) for t in toks) + int(max_tokens) + 1)
     with open_gguf(rtm.target_path) as f:
         target_info = model_info(f)
@@ -144,8 +150,8 @@ def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[st
                    "n_threads": rtm.n_threads, "n_ctx": rtm.n_ctx, "hidden": "off"},
         "models": {"target": target_info, "assistant": None, "centroids": None},
         "runtime": runtime_info(n_gpu_layers),
-        "prompts": [{"prompt_id": i, "text": t, "n_prompt_tokens": len(tk)}
-                    for i, (t, tk) in enumerate(zip(prompts, toks, strict=True))],
+        "prompts": [sp.manifest_entry(i, len(tk), text=None if sp.source == "text" else txt)
+                    for i, (sp, (tk, txt)) in enumerate(zip(specs, rendered, strict=True))],
     }
     n_rounds = n_gen = 0
     decode_ms = 0.0

@@ -8,13 +8,18 @@ prompt is. UTF-8 only.
   :func:`check_tokens`), or ``messages`` (a chat: a non-empty list of ``{"role": str, "content": str}``,
   rendered with the GGUF's own chat template and its generation prompt);
 * optionally ``id`` (a string or integer, unique in the file; kept in the trace, used by ``explain
-  --prompt`` and ``compare``) and ``category`` (free text: acceptance and what-if per category);
+  --prompt`` and ``compare``) and ``category`` (free text: acceptance and what-if per category; another
+  field holds it with ``category_field``, ``--category-field NAME``);
 * any other field: kept as it is in the manifest's prompt entry under ``extra``.
+
+When no prompt has a category but all carry a field that looks like one (``domain``, ``type``, ``task``
+...: :data:`mtpscope.traces.analysis.wording.CATEGORY_LIKE_FIELDS`), :func:`category_note` says so in
+one line (``record`` and ``sweep`` print it).
 
 Any other file: one prompt text per non-empty line. A bad line is one :class:`MtpscopeError` naming the
 file, the line number and the field (``key`` = ``"line N: field"``).
 
-Imports: mtpscope.errors only.
+Imports: mtpscope.errors, traces.analysis.wording (standard library only).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
 
 SOURCES = ("prompt", "text", "tokens", "messages")
-KNOWN = (*SOURCES, "id", "category")
+#: the field a prompt's category is read from unless ``category_field`` names another
+CATEGORY_FIELD = "category"
+KNOWN = (*SOURCES, "id", CATEGORY_FIELD)
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ def _short(v: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _spec(obj: Any, p: Path, n: int) -> PromptSpec:
+def _spec(obj: Any, p: Path, n: int, category_field: str = CATEGORY_FIELD) -> PromptSpec:
     if isinstance(obj, str):
         return PromptSpec(text=obj, path=os.fspath(p), line=n)
     if not isinstance(obj, dict):
@@ -141,16 +149,25 @@ def _spec(obj: Any, p: Path, n: int) -> PromptSpec:
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, (str, int)) or pid == ""):
         raise _fail(p, n, "id", "must be a non-empty string or an integer", expected="string or int",
                     actual=_short(pid))
-    cat = obj.get("category")
+    cat = obj.get(category_field)
+    if isinstance(cat, (int, float)) and not isinstance(cat, bool) and category_field != CATEGORY_FIELD:
+        cat = str(cat)                  # another tool's numeric label (``"task": 3``) names a category too
     if cat is not None and (not isinstance(cat, str) or not cat):
-        raise _fail(p, n, "category", "must be a non-empty string", expected="string", actual=_short(cat))
-    extra = {k: v for k, v in obj.items() if k not in KNOWN}
+        raise _fail(p, n, category_field, "must be a non-empty string", expected="string", actual=_short(cat))
+    known = (*SOURCES, "id", category_field)
+    extra = {k: v for k, v in obj.items() if k not in known}
     return PromptSpec(text=text, tokens=tokens, messages=messages, id=None if pid is None else str(pid),
                       category=cat, extra=extra, path=os.fspath(p), line=n)
 
 
-def read_prompt_specs(path: str | os.PathLike[str]) -> list[PromptSpec]:
+def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CATEGORY_FIELD) -> list[PromptSpec]:
     """The prompts of a prompts file (module docstring).
+
+    Args:
+        path: the prompts file.
+        category_field: the ``.jsonl`` field that holds each prompt's category (default ``category``;
+            a string, or a number taken as its text); with another name, a ``category`` field is kept
+            under ``extra`` like any other field.
 
     Raises:
         MtpscopeError: a line that is not JSON, has no / several prompt sources, a field of the wrong
@@ -181,7 +198,7 @@ def read_prompt_specs(path: str | os.PathLike[str]) -> list[PromptSpec]:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:
                 raise _fail(p, n, "json", f"is not JSON: {e}") from None
-            s = _spec(obj, p, n)
+            s = _spec(obj, p, n, category_field)
             if s.id is not None:
                 if s.id in seen:
                     raise _fail(p, n, "id", f"repeats the id of line {seen[s.id]}", expected="a unique id",
@@ -194,6 +211,14 @@ def read_prompt_specs(path: str | os.PathLike[str]) -> list[PromptSpec]:
     if not specs:
         raise MtpscopeError("no prompts in file", path=p, expected=">= 1 prompt", actual=0)
     return specs
+
+
+def category_note(specs: list[PromptSpec], option: str = "--category-field") -> str | None:
+    """One line when no prompt has a category but every prompt carries a field that looks like one
+    (:func:`mtpscope.traces.analysis.wording.category_field_note`), else None."""
+    if not specs or any(s.category is not None for s in specs):
+        return None
+    return category_field_note(category_like_fields(s.extra.keys() for s in specs), option)
 
 
 def check_tokens(spec: PromptSpec, n_vocab: int) -> None:
@@ -227,4 +252,4 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-__all__ = ["PromptSpec", "check_tokens", "read_prompt_specs", "read_prompts"]
+__all__ = ["CATEGORY_FIELD", "PromptSpec", "category_note", "check_tokens", "read_prompt_specs", "read_prompts"]

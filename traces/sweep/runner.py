@@ -169,13 +169,14 @@ class SweepWorker:
         self._progress = prog
         t0 = time.perf_counter()
         command = [*task["command"], "--task", task["task"]]
+        prompts = list(task["prompts"])
         if baseline:
             def on_prompt(pid: int, n_gen: int) -> None:
                 prog["generated"] += n_gen
                 prog["rounds"] += max(n_gen - 1, 0)
                 _fault_action(fault, attempt, pid + 1)
 
-            record_baseline(config, rtm=rtm, out=out, prompts=task["prompts"], overwrite=True, command=command,
+            record_baseline(config, rtm=rtm, out=out, prompts=prompts, overwrite=True, command=command,
                             on_prompt=on_prompt)
         else:
             def on_round(pid: int, res: Any) -> None:
@@ -185,7 +186,7 @@ class SweepWorker:
                 prog["generated"] += len(res.emitted) + (1 if res.round == 0 else 0)
                 _fault_action(fault, attempt, prog["rounds"])
 
-            record(config, target=task["target"], assistant=task["assistant_path"], out=out, prompts=task["prompts"],
+            record(config, target=task["target"], assistant=task["assistant_path"], out=out, prompts=prompts,
                    overwrite=True, command=command, runtime=rtm, on_round=on_round)
         seconds = time.perf_counter() - t0
         _clean_siblings(out)
@@ -257,9 +258,10 @@ class SweepResult:
 
 
 def _task_payload(spec: SweepSpec, t: SweepTask, out: Path, command: Sequence[str]) -> dict[str, Any]:
-    """What an actor needs for task ``t``: its folder, models, prompts and run parameters
-    (:meth:`SweepSpec.record_config`; the baseline's takes only ``max_tokens`` and ``chat`` from it)."""
-    prompts = [p.text for p in spec.shard_prompts(t.shard)]
+    """What an actor needs for task ``t``: its folder, models, prompts (:class:`traces.run.prompts.PromptSpec`:
+    text, tokens or messages, with id and category) and run parameters (:meth:`SweepSpec.record_config`; the
+    baseline's takes only ``max_tokens`` and ``chat`` from it)."""
+    prompts = [p.prompt_spec() for p in spec.shard_prompts(t.shard)]
     apath = spec.assistant_path(t.assistant) if not t.is_baseline else spec.assistants[0][1]
     return {"task": t.task_id, "out": os.fspath(out / t.task_id), "target": spec.target, "assistant_path": apath,
             "baseline": t.is_baseline, "config": spec.record_config(None if t.is_baseline else t.n_draft),

@@ -18,7 +18,7 @@ Only the driver writes ``sweep.json`` (to a temporary file, then ``os.replace``)
 changes state, so a killed sweep leaves a readable one. Its keys (version 1)::
 
     sweep_version, created, updated, command, complete (every task done), spec {...},
-    prompts [{index, category, shard, prompt_id, text}],
+    prompts [{index, category, shard, prompt_id, text[, tokens, messages, id, extra]}],
     ray {address, workers, threads_per_worker, gpus_per_worker},
     tasks [{task, assistant, n_draft, shard, dir, state, attempts, worker, started, finished, seconds,
             load_seconds, n_prompts, n_rounds, n_generated, n_drafted, n_accepted, tokens_per_s,
@@ -26,8 +26,8 @@ changes state, so a killed sweep leaves a readable one. Its keys (version 1)::
 
 ``state`` is ``pending`` | ``running`` | ``done`` | ``failed``.
 
-Imports: mtpscope.errors, traces.prompts (the one prompts-file parser), traces.run.record_config (a task's
-run parameters: :meth:`SweepSpec.record_config`, whose rules :meth:`SweepSpec.check` applies).
+Imports: mtpscope.errors, traces.run.prompts (the one prompts-file parser), traces.run.record_config (a task's
+run parameters: :meth:`SweepSpec.record_config`, whose rules :meth:`SweepSpec.check` applies), traces.analysis.wording.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
-from mtpscope.traces.run.prompts import read_prompts
-from mtpscope.traces.store.layout import MANIFEST, now
+from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
+from mtpscope.traces.run.prompts import CATEGORY_FIELD, PromptSpec, read_prompt_specs
 from mtpscope.traces.run.record_config import MAX_N_DRAFT, RecordConfig
+from mtpscope.traces.store.layout import MANIFEST, now
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -63,44 +64,84 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class SweepPrompt:
-    """One prompt of the prompt set: ``index`` (0-based line order), its ``text`` and ``category``."""
+    """One prompt of the prompt set: ``index`` (0-based line order), its ``text`` and ``category``, and
+    for a ``tokens`` / ``messages`` prompt its ids or chat (``text`` is then ``""``: the recorded trace
+    holds the detokenized or rendered text), with the line's ``id`` and other fields (``extra``)."""
 
     index: int
     text: str
     category: str
+    tokens: tuple[int, ...] | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    id: str | None = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def prompt_spec(self) -> PromptSpec:
+        """The prompt as the recorder takes it (:class:`traces.run.prompts.PromptSpec`, with its category)."""
+        msgs = None if self.messages is None else tuple({"role": r, "content": c} for r, c in self.messages)
+        return PromptSpec(text=None if self.tokens is not None or msgs is not None else self.text,
+                          tokens=self.tokens, messages=msgs, id=self.id, category=self.category,
+                          extra=dict(self.extra))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prompt's ``sweep.json`` fields besides ``shard`` / ``prompt_id``: ``index``, ``category``,
+        ``text``, and when set ``tokens``, ``messages``, ``id``, ``extra``."""
+        d: dict[str, Any] = {"index": self.index, "category": self.category, "text": self.text}
+        if self.tokens is not None:
+            d["tokens"] = list(self.tokens)
+        if self.messages is not None:
+            d["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        if self.id is not None:
+            d["id"] = self.id
+        if self.extra:
+            d["extra"] = dict(self.extra)
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> SweepPrompt:
+        """The inverse of :meth:`to_dict` (``KeyError`` / ``TypeError`` / ``ValueError`` on a malformed entry)."""
+        toks = d.get("tokens")
+        msgs = d.get("messages")
+        return SweepPrompt(int(d["index"]), str(d["text"]), str(d["category"]),
+                           tokens=None if toks is None else tuple(int(t) for t in toks),
+                           messages=None if msgs is None else tuple((str(m["role"]), str(m["content"])) for m in msgs),
+                           id=None if d.get("id") is None else str(d["id"]),
+                           extra=tuple(sorted(dict(d.get("extra") or {}).items())))
 
 
-def read_prompt_set(path: str | os.PathLike[str]) -> tuple[SweepPrompt, ...]:
-    """The prompt set of a sweep: the prompts of :func:`traces.prompts.read_prompts` (same formats and
-    errors) with a category each: a ``.jsonl`` object's ``category`` string (SPEED-Bench style), else
-    :data:`DEFAULT_CATEGORY`.
+def read_prompt_set(path: str | os.PathLike[str], *, category_field: str = CATEGORY_FIELD) -> tuple[SweepPrompt, ...]:
+    """The prompt set of a sweep: the prompts of :func:`traces.run.prompts.read_prompt_specs` (the one
+    prompts reader ``record`` uses too: text, ``tokens`` and ``messages`` prompts, ``id``, other fields)
+    with a category each: the ``.jsonl`` object's ``category`` (or ``category_field``) string
+    (SPEED-Bench style), else :data:`DEFAULT_CATEGORY`.
 
     Raises:
-        MtpscopeError: what :func:`read_prompts` raises; a ``category`` that is not a non-empty string
-            or is the reserved :data:`ALL` (names the line).
+        MtpscopeError: what :func:`read_prompt_specs` raises; a category that is the reserved :data:`ALL`
+            (names the line).
         FileNotFoundError: missing file.
     """
-    p = Path(path)
-    texts = read_prompts(p)
-    cats = [DEFAULT_CATEGORY] * len(texts)
-    if p.suffix.lower() == ".jsonl":
-        i = 0
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)            # read_prompts has accepted every line already
-            if isinstance(obj, dict) and "category" in obj:
-                c = obj["category"]
-                if not isinstance(c, str) or not c.strip():
-                    raise MtpscopeError(f"line {n}: 'category' must be a non-empty string", path=p,
-                                        key=f"line {n}", expected="a string", actual=repr(c))
-                if c.strip() == ALL:
-                    raise MtpscopeError(f"the category {ALL!r} is reserved for the totals over all prompts",
-                                        path=p, key=f"line {n}: category", expected=f"a category other than {ALL!r}",
-                                        actual=c.strip())
-                cats[i] = c.strip()
-            i += 1
-    return tuple(SweepPrompt(i, t, c) for i, (t, c) in enumerate(zip(texts, cats, strict=True)))
+    out = []
+    for i, sp in enumerate(read_prompt_specs(path, category_field=category_field)):
+        cat = sp.category.strip() if sp.category is not None else DEFAULT_CATEGORY
+        if not cat:
+            raise MtpscopeError(f"line {sp.line}: {category_field!r} must be a non-empty string", path=sp.path,
+                                key=f"line {sp.line}", expected="a string", actual=repr(sp.category))
+        if cat == ALL:
+            raise MtpscopeError(f"the category {ALL!r} is reserved for the totals over all prompts",
+                                path=sp.path, key=f"line {sp.line}: {category_field}",
+                                expected=f"a category other than {ALL!r}", actual=cat)
+        msgs = None if sp.messages is None else tuple((m["role"], m["content"]) for m in sp.messages)
+        out.append(SweepPrompt(i, sp.text or "", cat, tokens=sp.tokens, messages=msgs, id=sp.id,
+                               extra=tuple(sorted(sp.extra.items()))))
+    return tuple(out)
+
+
+def prompt_set_note(prompts: Sequence[SweepPrompt]) -> str | None:
+    """The one-line note of :func:`traces.run.prompts.category_note` for a prompt set: no prompt has a
+    category (all :data:`DEFAULT_CATEGORY`) but every prompt carries a field that looks like one."""
+    if not prompts or any(p.category != DEFAULT_CATEGORY for p in prompts):
+        return None
+    return category_field_note(category_like_fields(dict(p.extra).keys() for p in prompts))
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -256,8 +297,7 @@ class SweepSpec:
         """
         try:
             s = state["spec"]
-            prompts = tuple(SweepPrompt(int(p["index"]), str(p["text"]), str(p["category"]))
-                            for p in state["prompts"])
+            prompts = tuple(SweepPrompt.from_dict(p) for p in state["prompts"])
             return SweepSpec(target=str(s["target"]),
                              assistants=tuple((str(a["name"]), str(a["path"])) for a in s["assistants"]),
                              prompts=prompts, n_drafts=tuple(int(k) for k in s["n_draft"]),
@@ -351,7 +391,7 @@ def new_state(spec: SweepSpec, *, command: Sequence[str], ray: Mapping[str, Any]
     prompts = []
     for s in range(spec.n_shards):
         for pid, p in enumerate(spec.shard_prompts(s)):
-            prompts.append({"index": p.index, "category": p.category, "shard": s, "prompt_id": pid, "text": p.text})
+            prompts.append({**p.to_dict(), "shard": s, "prompt_id": pid})
     prompts.sort(key=lambda d: d["index"])
     t = now()
     return {"sweep_version": SWEEP_VERSION, "created": t, "updated": t, "command": list(command),

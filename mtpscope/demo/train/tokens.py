@@ -104,16 +104,18 @@ def random_word_pool(stream: TokenStream, vocab: CompactVocab, tok: LlamaVocab, 
 
 def random_documents(pool: np.ndarray, n_docs: int, n_words: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``n_docs`` documents of ``n_words`` words drawn uniformly from ``pool`` (BOS, words, EOS): text
-    without any rule, which the target can only learn by heart."""
+    without any rule, which the target could only learn by heart (with the recipe's copies it does not:
+    docs/DEMO.md)."""
     return [np.concatenate([[BOS], rng.choice(pool, n_words), [EOS]]).astype(np.int32) for _ in range(n_docs)]
 
 
 def add_random_documents(stream: TokenStream, docs: Sequence[np.ndarray], rng: np.random.Generator,
                          copies: int = 1) -> TokenStream:
     """Insert ``copies`` copies of each of ``docs`` (:func:`random_documents`, category ``random``) between
-    the stream's documents at seeded places. The target learns them by heart (it sees each many times),
-    so a prompt cut from one continues without a loop; the much smaller drafter, trained for fewer
-    passes, cannot follow them: the demo's unpredictable category."""
+    the stream's documents at seeded places. With the recipe's 8 copies the target does *not* learn them
+    by heart: cut from one, it continues with a word or two of the document and then other words of the
+    pool, without a loop, unsure at almost every position (docs/DEMO.md); the drafter cannot follow
+    either: the demo's unpredictable category, where both models are unsure ("hard", not "wrong")."""
     docs = [d for d in docs for _ in range(copies)]
     starts = np.flatnonzero(stream.ids == BOS)
     parts_ids = np.split(stream.ids, starts[1:])
