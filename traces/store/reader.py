@@ -295,7 +295,10 @@ class Trace(TraceLike):
             for t in TABLES:
                 files = self._files[t]
                 if files:
-                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({sql_file_list(files)})")
+                    # hive_partitioning off: a trace under ``key=value`` folders (every sweep cell) reads its own
+                    # columns, never values from its path (DuckDB would otherwise replace ``n_draft``)
+                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({sql_file_list(files)}, "
+                                "hive_partitioning = false)")
                 else:
                     con.register(f"_empty_{t}", self.schemas[t].empty_table())
                     con.execute(f"CREATE VIEW {t} AS SELECT * FROM _empty_{t}")
