@@ -15,7 +15,8 @@ what a module can reach. The rules:
   top; nothing reaches a layer above its own, not even through another module or a package's ``__init__``
   (the app may reach ``mtpscope.demo.spec`` -- the demo's file names -- and nothing else of the demo);
 - inside ``mtpscope.traces`` the areas, bottom up: ``store`` (schema, records, the trace files), ``analysis``
-  (pure over frames), ``run`` (llama.cpp, the recorder, replay), then ``sweep`` and ``server``; an area
+  (pure over frames), ``run`` (llama.cpp, the recorder, replay), then ``sweep`` and ``server``, then
+  ``diagnose`` (which runs all of them); an area
   imports only its own modules and the areas below it, so the store imports nothing above it and the
   analysis never imports the run;
 - no import cycle between the project's modules (reported by its path ``a -> b -> a``);
@@ -61,7 +62,7 @@ LLAMA_BINDING = "mtpscope.traces.run.llama.binding"
 LAYERS = ("leaf", "inspector", "traces", "app", "top")
 #: the areas of ``mtpscope.traces``, bottom up (areas of equal rank may not import each other); a module
 #: directly in ``traces/`` (the package's public face, importers, synthetic traces) sits above them all.
-TRACE_AREAS = {"store": 0, "analysis": 1, "run": 2, "sweep": 3, "server": 3}
+TRACE_AREAS = {"store": 0, "analysis": 1, "run": 2, "sweep": 3, "server": 3, "diagnose": 4}
 #: what the app may reach of the top layer: the demo's file names (and the packages that hold them).
 APP_MAY_REACH_TOP = ("mtpscope.demo.spec", "mtpscope.demo")
 #: a module over this many lines must be named, with its one job, in ARCHITECTURE.md's "Long modules".
