@@ -215,6 +215,8 @@ SWEEP_CATEGORY = "w.sweep.category"
 SWEEP_SHARD = "w.sweep.shard"
 SWEEP_HEAT = "sweep.heat"
 SWEEP_HANDLED = "sweep.handled"
+SWEEP_QUANT_VALUE = "w.sweep.quant_value"
+SWEEP_QUANT_TABLE = "sweep.quant"
 
 
 def sweep_open_key(page: str) -> str:

@@ -1,5 +1,6 @@
 """Sweep: configuration × category heatmap of a sweep (``mtpscope sweep``); a cell opens its trace in
-Acceptance / Step / Explain. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
+Acceptance / Step / Explain; a sweep over drafter quantizations (``--assistant-quant``) also gets a type ×
+category table. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, safety
+from mtpscope.app import charts, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
+from mtpscope.traces.sweep.quant import quant_table
 from mtpscope.traces.sweep.spec import SWEEP_FILE
 
 st.title("Sweep")
@@ -49,6 +51,16 @@ with guard("sweep"):
         st.error(f"{len(sw.failed)} task(s) failed")
         st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
                      width="stretch")
+
+    # --- drafter quantizations (sweep --assistant-quant): one row per llama.cpp type, one column per category
+    quant = quant_table(cells, sw.spec)
+    if len(quant):
+        st.subheader("Drafter quantizations")
+        qv = st.radio("value per type × category", list(views.QUANT_VALUES), horizontal=True,
+                      key=sel.SWEEP_QUANT_VALUE)
+        st.dataframe(views.quant_matrix(quant, qv), width="stretch", key=sel.SWEEP_QUANT_TABLE)
+        st.caption(f"Each type is the drafter {', '.join(sorted(set(quant['source'])))} quantized by llama.cpp's "
+                   "own quantizer (`mtpscope quantize`), recorded as its own assistant.")
 
     value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key=sel.SWEEP_VALUE)
     fig = charts.sweep_heatmap(cells, value)
