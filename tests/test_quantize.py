@@ -203,3 +203,43 @@ def test_the_cache_is_keyed_by_content_and_type(pair, tmp_path: Path) -> None:
     os.truncate(a.out, 100)
     d = quantized_copy(pair["drafter"], "q8_0", cache=tmp_path, n_threads=1, on_quantize=said.append)
     assert not d.cached and len(said) == 3 and GGUFReader(d.out).fields["mtpscope.quantize.type"].contents() == "q8_0"
+
+
+def test_sweep_quant_assistants_names_refusals_and_resume(pair, tmp_path: Path) -> None:
+    from mtpscope.errors import MtpscopeError
+    from mtpscope.traces.sweep.quant import quant_assistants, restore_quantized
+    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a b c", "category": "x"}\n')
+    base = ["sweep", "--target", str(pair["target"]), "--assistant", str(pair["drafter"]), "--prompts", str(prompts),
+            "--out", str(tmp_path / "o")]
+    line = _one_line(runner.invoke(app, [*base, "--assistant-quant", "q8_0,q5"]))
+    assert "'--assistant-quant'" in line and "got q5" in line and "q4_k_m" in line
+    line = _one_line(runner.invoke(app, [*base, "--assistant-quant", "q8_0,Q8_0"]))
+    assert "repeat" in line and "q8_0" in line
+    line = _one_line(runner.invoke(app, [*base, "--assistant", str(pair["q4_k_m"]), "--assistant-quant", "q8_0"]))
+    assert "requantizing from type q4_K is disabled" in line
+    assert not (tmp_path / "o").exists()
+
+    cache = tmp_path / "cache"
+    one, recs = quant_assistants([("d", str(pair["drafter"]))], ["f32", "q8_0"], cache=cache, n_threads=1)
+    assert [n for n, _ in one] == ["f32", "q8_0"] and [r.qtype for r in recs] == ["f32", "q8_0"]
+    two, _ = quant_assistants([("a", str(pair["drafter"])), ("b", str(pair["f32"]))], ["q8_0"], cache=cache,
+                              n_threads=1)
+    assert [n for n, _ in two] == ["a-q8_0", "b-q8_0"]
+    spec = SweepSpec(target=str(pair["target"]), assistants=one, prompts=(SweepPrompt(0, "a b c", "x"),),
+                     n_drafts=(2,), n_shards=1, quantized=recs).check()
+    assert SweepSpec.from_state({"spec": spec.to_dict(), "prompts": [
+        {"index": 0, "text": "a b c", "category": "x"}]}) == spec
+    assert restore_quantized(spec, cache=cache) is spec        # every file there: nothing to do
+    Path(one[1][1]).unlink()
+    said: list[str] = []
+    again = restore_quantized(spec, cache=cache, n_threads=1, on_quantize=said.append)
+    assert again.assistants == spec.assistants and Path(one[1][1]).is_file() and len(said) == 1
+    Path(one[1][1]).unlink()
+    moved = replace(spec, quantized=(recs[0], replace(recs[1], source_sha256="0" * 64)))
+    with pytest.raises(MtpscopeError, match="source drafter is gone or changed"):
+        restore_quantized(moved, cache=cache)
+    with pytest.raises(MtpscopeError, match="not one of the sweep's assistants"):
+        replace(spec, quantized=(replace(recs[0], name="other"),)).check()
