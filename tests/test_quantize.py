@@ -205,7 +205,7 @@ def test_the_cache_is_keyed_by_content_and_type(pair, tmp_path: Path) -> None:
     assert not d.cached and len(said) == 3 and GGUFReader(d.out).fields["mtpscope.quantize.type"].contents() == "q8_0"
 
 
-def test_sweep_quant_assistants_names_refusals_and_resume(pair, tmp_path: Path) -> None:
+def test_sweep_quant_assistants_names_refusals_and_resume(pair, tmp_path: Path, monkeypatch) -> None:
     from mtpscope.errors import MtpscopeError
     from mtpscope.traces.sweep.quant import quant_assistants, restore_quantized
     from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec
@@ -218,8 +218,14 @@ def test_sweep_quant_assistants_names_refusals_and_resume(pair, tmp_path: Path) 
     assert "'--assistant-quant'" in line and "got q5" in line and "q4_k_m" in line
     line = _one_line(runner.invoke(app, [*base, "--assistant-quant", "q8_0,Q8_0"]))
     assert "repeat" in line and "q8_0" in line
-    line = _one_line(runner.invoke(app, [*base, "--assistant", str(pair["q4_k_m"]), "--assistant-quant", "q8_0"]))
-    assert "requantizing from type q4_K is disabled" in line
+    monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "cli-cache"))
+    r = runner.invoke(app, [*base, "--assistant", str(pair["q4_k_m"]), "--assistant-quant", "q8_0"])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]   # progress lines, then the one error line
+    assert [ln for ln in lines if ln.startswith("mtpscope:")] == lines[-1:]
+    assert "requantizing from type q4_K is disabled" in lines[-1] and all(ln.startswith("quantizing ") for ln in lines[:-1])
+    refused = hashlib.sha256(pair["q4_k_m"].read_bytes()).hexdigest()
+    assert not (tmp_path / "cli-cache" / "quant" / refused).exists()
     assert not (tmp_path / "o").exists()
 
     cache = tmp_path / "cache"

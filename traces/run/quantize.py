@@ -28,6 +28,7 @@ run llama.cpp.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -240,7 +241,12 @@ def quantized_copy(src: str | os.PathLike[str], qtype: str, *, cache: str | os.P
                               n_bytes_out=out.stat().st_size, tensor_types=hit[1], cached=True)
     if on_quantize is not None:
         on_quantize(f"quantizing {src_p.name} to {name} with llama.cpp -> {out}")
-    return quantize_file(src_p, out, name, n_threads=n_threads, overwrite=True, source_sha256=digest)
+    try:
+        return quantize_file(src_p, out, name, n_threads=n_threads, overwrite=True, source_sha256=digest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            out.parent.rmdir()          # only when empty: no folder of a refused quantization stays behind
+        raise
 
 
 def _cached(out: Path, name: str, digest: str) -> tuple[dict[str, str], dict[str, int]] | None:
