@@ -243,6 +243,8 @@ SWEEP_HEAT = "sweep.heat"
 SWEEP_HANDLED = "sweep.handled"
 SWEEP_RECOMMENDATION_BY_CATEGORY = "sweep.rec.cat"
 SWEEP_BREAK_EVEN_BY_CATEGORY = "sweep.be.cat"
+SWEEP_QUANT_VALUE = "w.sweep.quant_value"
+SWEEP_QUANT_TABLE = "sweep.quant"
 
 
 def sweep_open_key(page: str) -> str:

@@ -331,3 +331,40 @@ def break_even_table(by_category: dict[str, dict]) -> pd.DataFrame:
                      "with a flat verify: draft step needed below": b["flat_verify_draft_cost_ratio_needed"],
                      "pays": bool(b["pays"])})
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ sweep: drafter quantizations (--assistant-quant)
+
+#: what the Sweep page's quantization table shows per type x category: label -> column of
+#: :func:`mtpscope.traces.sweep.quant.quant_table` and its format
+QUANT_VALUES = {"acceptance rate": ("acceptance_rate", "{:.1%}"),
+                "mean acceptance length": ("mean_acceptance_length", "{:.3f}"),
+                "tokens/s": ("tokens_per_s", "{:.1f}"), "speedup": ("speedup", "{:.3f}")}
+
+
+def quant_matrix(quant: pd.DataFrame, value: str) -> pd.DataFrame:
+    """The quantization table of a sweep (:func:`mtpscope.traces.sweep.quant.quant_table`) as one row per
+    llama.cpp type (``q4_k_m``; ``q4_k_m n_draft 3`` when the sweep has several n_draft values) and one
+    column per category (``all`` first), each cell ``value`` (a key of :data:`QUANT_VALUES`) as text,
+    with the interval ``[lo, hi]`` where the table has one; a first column ``size MiB`` (the quantized
+    file). Empty frame for an empty table.
+
+    Raises:
+        KeyError: an unknown ``value``.
+    """
+    col, fmt = QUANT_VALUES[value]
+    if quant is None or len(quant) == 0:
+        return pd.DataFrame()
+    several = quant["n_draft"].nunique() > 1
+    rows: dict[str, dict[str, str]] = {}
+    for r in quant.to_dict("records"):
+        label = f"{r['qtype']} n_draft {int(r['n_draft'])}" if several else str(r["qtype"])
+        row = rows.setdefault(label, {"size MiB": f"{float(r['n_bytes']) / (1024 * 1024):.1f}"})
+        v, lo, hi = r.get(col), r.get(f"{col}_lo"), r.get(f"{col}_hi")
+        text = "-" if is_null(v) else fmt.format(float(v))
+        if not is_null(v) and lo is not None and hi is not None and not (is_null(lo) or is_null(hi)):
+            text += f" [{fmt.format(float(lo))}, {fmt.format(float(hi))}]"
+        row[str(r["category"])] = text
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index.name = "type"
+    return out.fillna("-")

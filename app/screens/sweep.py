@@ -1,5 +1,6 @@
 """Sweep: configuration × category heatmap of a sweep (``mtpscope sweep``); a cell opens its trace in
-Acceptance / Step / Explain. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
+Acceptance / Step / Explain; a sweep over drafter quantizations (``--assistant-quant``) also gets a type ×
+category table. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import streamlit as st
 from mtpscope.app import charts, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
+from mtpscope.traces.sweep.quant import quant_table
 from mtpscope.traces.sweep.spec import SWEEP_FILE
 
 st.title("Sweep")
@@ -65,6 +67,16 @@ with guard("sweep"):
             with st.expander("break-even per category", expanded=False):
                 st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
                              key=sel.SWEEP_BREAK_EVEN_BY_CATEGORY)
+
+    # --- drafter quantizations (sweep --assistant-quant): one row per llama.cpp type, one column per category
+    quant = quant_table(cells, sw.spec)
+    if len(quant):
+        st.subheader("Drafter quantizations")
+        qv = st.radio("value per type × category", list(views.QUANT_VALUES), horizontal=True,
+                      key=sel.SWEEP_QUANT_VALUE)
+        st.dataframe(views.quant_matrix(quant, qv), width="stretch", key=sel.SWEEP_QUANT_TABLE)
+        st.caption(f"Each type is the drafter {', '.join(sorted(set(quant['source'])))} quantized by llama.cpp's "
+                   "own quantizer (`mtpscope quantize`), recorded as its own assistant.")
 
     value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key=sel.SWEEP_VALUE)
     fig = charts.sweep_heatmap(cells, value)

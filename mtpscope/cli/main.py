@@ -17,6 +17,7 @@ from mtpscope.cli import estimate as cli_estimate
 from mtpscope.cli import explain as cli_explain
 from mtpscope.cli import fidelity as cli_fidelity
 from mtpscope.cli import inspect as cli_inspect
+from mtpscope.cli import quantize as cli_quantize
 from mtpscope.cli import record as cli_record
 from mtpscope.cli import report as cli_report
 from mtpscope.cli import serve as cli_serve
@@ -54,7 +55,7 @@ def version() -> None:
 
 
 for _module in (cli_inspect, cli_verify, cli_report, cli_trace, cli_record, cli_demo, cli_fidelity, cli_serve,
-                cli_explain, cli_sweep, cli_estimate, cli_server):
+                cli_explain, cli_sweep, cli_estimate, cli_server, cli_quantize):
     _module.register(app)
 
 

@@ -1,8 +1,10 @@
 """CLI commands: sweep (see mtpscope/cli/main.py; the runner is traces/sweep/runner.py, the reader traces/sweep/reader.py).
 
-``mtpscope sweep --target T --assistant A [--assistant B ...] --prompts P.jsonl --n-draft 1,2,3
-[--baseline] [--shards N] --out DIR [--ray auto|local|ADDRESS] [--workers N] [--gpus-per-worker G]
-[--resume]``: record every (assistant, n_draft, prompt shard) on Ray.
+``mtpscope sweep --target T --assistant A [--assistant B ...] [--assistant-quant f32,q8_0,q4_k_m] --prompts
+P.jsonl --n-draft 1,2,3 [--baseline] [--shards N] --out DIR [--ray auto|local|ADDRESS] [--workers N]
+[--gpus-per-worker G] [--resume]``: record every (assistant, n_draft, prompt shard) on Ray; with
+``--assistant-quant`` the assistants are the given drafters quantized by llama.cpp to each type
+(:mod:`traces.sweep.quant`), and the report gains a section per quantization x category.
 ``mtpscope report DIR`` on a sweep directory prints :func:`format_sweep_report` (cli_traces detects
 ``sweep.json`` and calls :func:`sweep_report`).
 
@@ -53,6 +55,7 @@ def format_sweep_report(rep: dict[str, Any]) -> str:
         from mtpscope.cli.advice import format_advice
 
         lines += format_advice(rep)
+    lines += format_quant_section(rep.get("quantization") or [])
     if rep["failed"]:
         lines += ["", f"failed tasks ({len(rep['failed'])}):"]
         lines += [f"  {f['task']}: {f['error']}" for f in rep["failed"]]
@@ -60,6 +63,38 @@ def format_sweep_report(rep: dict[str, Any]) -> str:
               "the baseline (plain decoding) of the same category; intervals: 95 % bootstrap over prompts"]
     return "\n".join(lines)
 
+
+# ------------------------------------------------------------------ drafter quantizations (--assistant-quant)
+
+def format_quant_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The sweep report's section on drafter quantizations (``report["quantization"]``,
+    :func:`traces.sweep.quant.quant_table`): per category, one line per llama.cpp type (and n_draft) with
+    the quantized file's size, acceptance rate, mean acceptance length, tokens/s and speedup; where a row
+    carries ``<metric>_lo`` / ``_hi`` the interval follows the number. No lines without quantizations."""
+    if not rows:
+        return []
+    sources = sorted({str(r["source"]) for r in rows})
+    lines = ["", f"drafter quantizations (llama.cpp's quantizer; source {', '.join(sources)}):",
+             f"{'category':<16} {'type':<12} {'n_draft':>7} {'size MiB':>9} {'acceptance rate':>15} "
+             f"{'mean acc. length':>16} {'tokens/s':>9} {'speedup':>8}"]
+    prev = None
+
+    def num(r: dict[str, Any], k: str, spec: str) -> str:
+        v = _fmt(r.get(k), spec)
+        lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
+        return v if lo is None or hi is None else f"{v} [{_fmt(lo, spec)}, {_fmt(hi, spec)}]"
+
+    for r in rows:
+        cat = str(r["category"])
+        lines.append(f"{(cat if cat != prev else '')[:16]:<16} {str(r['qtype'])[:12]:<12} {r['n_draft']:>7} "
+                     f"{r['n_bytes'] / (1024 * 1024):>9.1f} {num(r, 'acceptance_rate', '.4f'):>15} "
+                     f"{num(r, 'mean_acceptance_length', '.3f'):>16} {num(r, 'tokens_per_s', '.1f'):>9} "
+                     f"{num(r, 'speedup', '.3f'):>8}")
+        prev = cat
+    return lines
+
+
+# ------------------------------------------------------------------ the report
 
 def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
     """``mtpscope report DIR`` on a sweep: print the report, with the recommendation and break-even
@@ -109,6 +144,10 @@ def register(app: typer.Typer) -> None:
         assistant: Optional[list[str]] = typer.Option(
             None, "--assistant", help="Drafter GGUF (gemma4-assistant), repeatable; NAME=PATH names it "
                                       "(default name: the file's stem)."),
+        assistant_quant: Optional[str] = typer.Option(
+            None, "--assistant-quant", help="Sweep each --assistant quantized by llama.cpp's quantizer to each of "
+                                            "these types instead (e.g. f32,q8_0,q6_k,q4_k_m,q4_0; quantized once "
+                                            "into the cache, named by type)."),
         prompts: Optional[Path] = typer.Option(
             None, "--prompts", help="Prompt set, as `record --prompts`: .jsonl (strings, or objects with prompt/text, "
                                     "tokens or messages, optional id and category) or .txt (one per line)."),
@@ -147,9 +186,14 @@ def register(app: typer.Typer) -> None:
                 read_state,
             )
 
+            from mtpscope.traces.sweep.quant import quant_assistants, restore_quantized
+
+            def say(line: str) -> None:
+                print(line, file=sys.stderr)
+
             given = [x is not None for x in (target, assistant, prompts)]
             if resume and not any(given):
-                spec = SweepSpec.from_state(read_state(out), out / SWEEP_FILE)
+                spec = restore_quantized(SweepSpec.from_state(read_state(out), out / SWEEP_FILE), on_quantize=say)
             else:
                 if not all(given):
                     raise MtpscopeError("give --target, --assistant and --prompts (or --resume alone)",
@@ -157,15 +201,19 @@ def register(app: typer.Typer) -> None:
                                         actual=", ".join(n for n, g in zip(("--target", "--assistant", "--prompts"),
                                                                              given, strict=True) if g) or "none")
                 pairs = [parse_assistant(a) for a in assistant or []]
-                prompt_set = read_prompt_set(prompts, category_field=category_field)
-                note = prompt_set_note(prompt_set)
+                prompt_set, n_drafts = read_prompt_set(prompts, category_field=category_field), _ints(n_draft)
+                note = prompt_set_note(prompt_set)                 # bad input first, then quantize
                 if note:
                     print(f"note: {note}", file=sys.stderr)
-                spec = SweepSpec(target=os.path.abspath(target), prompts=prompt_set,
-                                 assistants=tuple((n, os.path.abspath(p)) for n, p in pairs),
-                                 n_drafts=_ints(n_draft), n_shards=shards, baseline=baseline,
+                quantized: tuple = ()
+                assistants = tuple((n, os.path.abspath(p)) for n, p in pairs)
+                if assistant_quant is not None:
+                    assistants, quantized = quant_assistants(assistants, assistant_quant.split(","), on_quantize=say)
+                spec = SweepSpec(target=os.path.abspath(target), prompts=prompt_set, assistants=assistants,
+                                 n_drafts=n_drafts, n_shards=shards, baseline=baseline,
                                  max_tokens=max_tokens, hidden=hidden, chat=chat,
-                                 prompts_file=os.path.abspath(prompts), prompts_sha256=file_sha256(prompts))
+                                 prompts_file=os.path.abspath(prompts), prompts_sha256=file_sha256(prompts),
+                                 quantized=quantized)
             res = run_sweep(spec, out, ray_address=ray_address, workers=workers, threads_per_worker=threads,
                             gpus_per_worker=gpus_per_worker, resume=resume, progress=progress,
                             command=["mtpscope", *sys.argv[1:]])

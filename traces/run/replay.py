@@ -18,8 +18,8 @@ Shapes are numpy order throughout.
 
 Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
 traces.step_analysis, traces.records, traces.metrics, traces.store; and, inside :func:`replay` only,
-traces.run.llama.model, traces.mtp_runtime, traces.preflight, traces.target_prefill (so that reading a
-replay folder never touches llama.cpp).
+traces.run.llama.model, traces.mtp_runtime, traces.preflight, traces.target_prefill, inspector.gguf and
+traces.run.quantize (the drafter's quantization) (so that reading a replay folder never touches llama.cpp).
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ class ReplayResult:
             (recorded) and per variant ``n_accepted[NAME]``.
         baseline: the options of the baseline variant.
         out: where summary.json / steps.parquet went, if anywhere.
-        notes: diagnostics (e.g. the largest difference between recorded and recomputed h_next).
+        notes: diagnostics (e.g. the largest difference between recorded and recomputed h_next; why a
+            quantized drafter's agreement is below 1.0).
         h_next_rel_err: per baseline step with a recorded h_next: ``|h_next - recorded| / |recorded|``.
+        drafter_weights: the replayed drafter's quantization (:func:`traces.run.quantize.weight_types`:
+            ``matrices`` {ggml type: count}, ``type`` llama.cpp's file type name or None, ``quantized``).
     """
 
     trace: str
@@ -110,6 +113,7 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     h_next_rel_err: list[float] = field(default_factory=list)
     variant_traces: dict[str, str] = field(default_factory=dict)
+    drafter_weights: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
@@ -133,6 +137,7 @@ class ReplayResult:
                                "out": self.out, "notes": list(self.notes),
                                "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
                                "variant_traces": dict(self.variant_traces),
+                               "drafter_weights": dict(self.drafter_weights),
                                "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))]}
         for name, o in self.variants.items():
             ar, mal = rates(f"n_accepted[{name}]")
@@ -265,9 +270,30 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         prompt_toks = {pid: _recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
+        res.drafter_weights = _drafter_weights(dr)
+        if res.drafter_weights["quantized"]:
+            res.notes.append(_QUANTIZED_NOTE.format(types=", ".join(
+                f"{n} x{c}" for n, c in res.drafter_weights["matrices"].items())))
         return res
     finally:
         model.close()
+
+
+#: why a quantized drafter's baseline agreement is below 1.0 (docs/FIDELITY.md, "Quantized drafters")
+_QUANTIZED_NOTE = ("the drafter's matrices are quantized ({types}): the reference dequantizes them exactly "
+                   "(gguf.quants), while llama.cpp also quantizes the activations they multiply (Q8_K for "
+                   "k-quants, Q8_0 / Q8_1 for the 32-element blocks), so drafts that are near ties can differ: baseline "
+                   "agreement below 1.0 is expected")
+
+
+def _drafter_weights(path: Path) -> dict[str, Any]:
+    """:func:`traces.run.quantize.weight_types` of the drafter file (its matrices' ggml types, its
+    llama.cpp file type when ``mtpscope quantize`` wrote it)."""
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.run.quantize import weight_types
+
+    with open_gguf(path) as f:
+        return weight_types(f)
 
 
 def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:

@@ -25,7 +25,8 @@ emitted tokens / (t_draft_ms + t_verify_ms) over the rounds, i.e. generation aft
 first token, prompt processing excluded (the baseline's rounds are timed the same way,
 :mod:`traces.baseline`); speedup = tokens/s / the baseline's tokens/s over the same category.
 
-Imports: duckdb, pandas, numpy, traces.sweep.spec, traces.store (``reader``, ``protocols``, ``schema``).
+Imports: duckdb, pandas, numpy, traces.sweep.spec, traces.sweep.quant (the quantizations' table),
+traces.store (``reader``, ``protocols``, ``schema``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mtpscope.errors import TraceFormatError
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.reader import Trace, open_trace, sql_file_list, sql_str
+from mtpscope.traces.sweep.quant import quant_table
 from mtpscope.traces.sweep.spec import ALL, BASELINE, SWEEP_FILE, SweepSpec, read_state, task_states
 
 #: the columns of :meth:`Sweep.cells` (and of ``report --json``'s ``cells``)
@@ -261,19 +263,17 @@ class Sweep:
         """``mtpscope report DIR --json`` on a sweep: ``sweep``, ``complete``, ``n_tasks``, ``n_done``,
         ``categories``, ``cells`` (list of dicts, :data:`CELL_COLUMNS`), ``failed`` (``[{task, error,
         attempts}]``), ``best`` (``{category: n_draft}``), ``best_configs`` (:meth:`best`),
-        ``warnings``. NaN becomes null."""
+        ``warnings``, ``quantization`` (the quantized assistants' rows, :func:`traces.sweep.quant.quant_table`;
+        empty without ``--assistant-quant``). NaN becomes null."""
         cells = self.cells()
         best = self.best(cells)
-        recs = []
-        for r in cells.to_dict("records"):
-            recs.append({k: (None if isinstance(v, float) and math.isnan(v) else
-                             (int(v) if isinstance(v, (np.integer,)) else
-                              float(v) if isinstance(v, np.floating) else v)) for k, v in r.items()})
         return {"sweep": os.fspath(self.path), "complete": self.complete, "n_tasks": len(self._tasks),
-                "n_done": self.n_done, "categories": list(self.categories), "cells": recs,
+                "n_done": self.n_done, "categories": list(self.categories), "cells": _json_records(cells),
                 "failed": [{k: f[k] for k in ("task", "error", "attempts")} for f in self.failed],
                 "best": {c: b["n_draft"] for c, b in best.items()}, "best_configs": best,
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings),
+                # --- drafter quantizations (--assistant-quant): traces.sweep.quant; [] without them
+                "quantization": _json_records(quant_table(cells, self.spec))}
 
     def timeline(self, assistant: str, n_draft: int, category: str | None = None,
                  columns: Sequence[str] = ("n_draft", "n_accepted")) -> pd.DataFrame:
@@ -461,6 +461,14 @@ class SweepCell(TraceLike):
                 return self.sweep.sql(query)
             finally:
                 con.execute("SET schema = 'main'")
+
+
+def _json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """A frame's rows as JSON-able dicts: NaN -> None, numpy scalars -> Python numbers."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else
+                 (int(v) if isinstance(v, (np.integer,)) else
+                  float(v) if isinstance(v, np.floating) else v)) for k, v in r.items()}
+            for r in df.to_dict("records")]
 
 
 def open_sweep(path: str | os.PathLike[str]) -> Sweep:

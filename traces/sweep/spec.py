@@ -181,6 +181,20 @@ def parse_assistant(arg: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class QuantAssistant:
+    """An assistant that the sweep made by quantizing a drafter with llama.cpp's quantizer
+    (``--assistant-quant``, :mod:`traces.sweep.quant`): its partition ``name`` (one of the spec's
+    assistants), llama.cpp's file type ``qtype`` (``"q4_k_m"``), the ``source`` drafter (absolute path),
+    the source's content hash ``source_sha256`` and the quantized file's size ``n_bytes``."""
+
+    name: str
+    qtype: str
+    source: str
+    source_sha256: str
+    n_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     """What a sweep records (the part of ``sweep.json`` that ``--resume`` must match).
 
@@ -193,6 +207,8 @@ class SweepSpec:
         baseline: also record plain decoding of the target (tasks with ``n_draft`` 0).
         max_tokens: tokens generated per prompt at most; hidden: ``f16`` | ``f32`` | ``off``.
         chat: apply the target's chat template; prompts_file / prompts_sha256: where the prompts came from.
+        quantized: the assistants made by ``--assistant-quant`` (:class:`QuantAssistant`; each names one of
+            ``assistants``), empty otherwise.
     """
 
     target: str
@@ -206,6 +222,7 @@ class SweepSpec:
     chat: bool = False
     prompts_file: str | None = None
     prompts_sha256: str | None = None
+    quantized: tuple[QuantAssistant, ...] = ()
 
     def check(self) -> SweepSpec:
         """Return self after checking the rules above.
@@ -251,6 +268,10 @@ class SweepSpec:
         if not 1 <= self.n_shards <= len(self.prompts):
             raise MtpscopeError("shards must be in 1..number of prompts", key="--shards",
                                 expected=f"1..{len(self.prompts)}", actual=self.n_shards)
+        for q in self.quantized:
+            if self.assistant_path(q.name) is None:
+                raise MtpscopeError("a quantized assistant is not one of the sweep's assistants",
+                                    key="--assistant-quant", expected=", ".join(names), actual=q.name)
         return self
 
     def record_config(self, n_draft: int | None = None) -> RecordConfig:
@@ -286,7 +307,7 @@ class SweepSpec:
                 "n_draft": list(self.n_drafts), "shards": self.n_shards, "baseline": self.baseline,
                 "max_tokens": self.max_tokens, "hidden": self.hidden, "chat": self.chat,
                 "prompts_file": self.prompts_file, "prompts_sha256": self.prompts_sha256,
-                "n_prompts": len(self.prompts)}
+                "n_prompts": len(self.prompts), "assistant_quant": [asdict(q) for q in self.quantized]}
 
     @staticmethod
     def from_state(state: Mapping[str, Any], path: str | os.PathLike[str] = SWEEP_FILE) -> SweepSpec:
@@ -303,7 +324,10 @@ class SweepSpec:
                              prompts=prompts, n_drafts=tuple(int(k) for k in s["n_draft"]),
                              n_shards=int(s["shards"]), baseline=bool(s["baseline"]),
                              max_tokens=int(s["max_tokens"]), hidden=str(s["hidden"]), chat=bool(s["chat"]),
-                             prompts_file=s.get("prompts_file"), prompts_sha256=s.get("prompts_sha256"))
+                             prompts_file=s.get("prompts_file"), prompts_sha256=s.get("prompts_sha256"),
+                             quantized=tuple(QuantAssistant(str(q["name"]), str(q["qtype"]), str(q["source"]),
+                                                            str(q["source_sha256"]), int(q.get("n_bytes") or 0))
+                                             for q in s.get("assistant_quant") or ()))
         except (KeyError, TypeError, ValueError) as e:
             raise TraceFormatError(f"sweep.json spec is malformed ({type(e).__name__}: {e})", path=path,
                                    key="spec", expected="the keys of docs/SWEEP.md", actual="other") from None

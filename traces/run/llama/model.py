@@ -2,7 +2,8 @@
 tokenization needs), a loaded model (:class:`LlamaModel`), a context on it (:class:`LlamaContext`: target
 or MTP drafter; decode, logits and the "nextn" hidden rows as numpy views, KV clean-up), the batches
 (:class:`TokenBatch`: tokens only; :class:`DraftBatch`: token + one hidden row, the input of a
-``gemma4-assistant`` drafter step) and the seeded sampler chain (:class:`SamplerChain`).
+``gemma4-assistant`` drafter step), the seeded sampler chain (:class:`SamplerChain`) and llama.cpp's own
+quantizer (:func:`quantize`, ``llama_model_quantize``; its file types by name: :func:`ftype_ids`).
 
 Each holds a C pointer: call ``close()`` when done (also on garbage collection, best effort).
 
@@ -440,3 +441,109 @@ class SamplerChain(_ClosedOnDelete):
         if getattr(self, "ptr", None):
             binding.llama().llama_sampler_free(self.ptr)
             self.ptr = None
+
+
+# --------------------------------------------------------------------------------------------------
+# llama.cpp's quantizer (llama-quantize's library call)
+# --------------------------------------------------------------------------------------------------
+
+#: ``llama_model_kv_override`` keeps a key and a string value in ``char[128]`` each (``include/llama.h``)
+KV_OVERRIDE_MAX_BYTES = 127
+
+
+def ftype_ids() -> dict[str, int]:
+    """llama.cpp's file types (``enum llama_ftype`` of ``include/llama.h``, as llama-cpp-python exports
+    it) by llama-quantize's lower-case names, ordered by id: ``LLAMA_FTYPE_ALL_F32`` -> ``"f32"``,
+    ``LLAMA_FTYPE_MOSTLY_Q4_K_M`` -> ``"q4_k_m"``, ... (``LLAMA_FTYPE_GUESSED`` is not a file type).
+
+    Raises:
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+    lc = binding.llama()
+    out: dict[str, int] = {}
+    for attr in dir(lc):
+        for prefix in ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_"):
+            if attr.startswith(prefix):
+                out[attr[len(prefix):].lower()] = int(getattr(lc, attr))
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str = "q8_0", *,
+             n_threads: int = 0, pure: bool = False, metadata: dict[str, str] | None = None) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize`` on
+    ``llama_model_quantize_default_params()``), as ``llama-quantize SRC DST TYPE`` does: the weight
+    matrices to the file type's types by llama.cpp's per-tensor rules (``src/llama-quant.cpp``: e.g.
+    ``q4_k_m`` keeps some ``ffn_down`` / ``attn_v`` at Q6_K, a tied output head at Q6_K or Q8_0, and falls
+    back to Q5_0 / Q8_0 / F16 where a row's length is not a multiple of the block), 1-D tensors as
+    they are. llama.cpp writes ``dst`` itself (not atomically: :func:`mtpscope.traces.run.quantize.quantize_file`
+    writes to a temporary name and renames).
+
+    Args:
+        src: an F32 / F16 / BF16 GGUF (llama.cpp refuses to requantize quantized tensors).
+        dst: the file to write.
+        ftype: a name of :func:`ftype_ids` (case-insensitive: ``"Q8_0"`` = ``"q8_0"``).
+        n_threads: quantizer threads (0: llama.cpp's default, one per core).
+        pure: every matrix to the file type's default type (llama-quantize's ``--pure``).
+        metadata: string keys added to the output's metadata (llama.cpp's ``kv_overrides``, which the
+            quantizer writes into the new file; key and value at most :data:`KV_OVERRIDE_MAX_BYTES` bytes
+            of UTF-8 each).
+
+    Returns:
+        ``dst`` as a :class:`Path`.
+
+    Raises:
+        TraceError: an unknown file type (the line lists llama.cpp's), a metadata key or value too long,
+            or llama.cpp refused (its own message, e.g. "requantizing from type q8_0 is disabled").
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+    ids = ftype_ids()
+    name = str(ftype).lower()
+    if name not in ids:
+        raise TraceError("unknown llama.cpp quantization type", key="type", expected=", ".join(ids), actual=ftype)
+    lc = binding.llama()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = ids[name]
+    params.nthread = int(n_threads)
+    params.pure = bool(pure)
+    overrides = _kv_overrides(lc, metadata or {})
+    if overrides is not None:
+        params.kv_overrides = ctypes.cast(overrides, ctypes.POINTER(lc.llama_model_kv_override))
+    logs.clear_recent()
+    rc = lc.llama_model_quantize(os.fspath(src).encode(), os.fspath(dst).encode(), ctypes.byref(params))
+    logs.raise_pending_log()
+    if rc != 0:
+        raise TraceError(f"llama.cpp refused to quantize the model: {_quantize_refusal()}", path=src,
+                         key=f"type {name}")
+    return Path(dst)
+
+
+def _kv_overrides(lc: Any, metadata: dict[str, str]) -> Any:
+    """``metadata`` as a ``llama_model_kv_override`` array ended by an empty key (None when empty).
+
+    Raises:
+        TraceError: a key or value longer than :data:`KV_OVERRIDE_MAX_BYTES` bytes.
+    """
+    if not metadata:
+        return None
+    arr = (lc.llama_model_kv_override * (len(metadata) + 1))()
+    for i, (k, v) in enumerate(metadata.items()):
+        kb, vb = str(k).encode(), str(v).encode()
+        for what, b in (("key", kb), ("value", vb)):
+            if len(b) > KV_OVERRIDE_MAX_BYTES:
+                raise TraceError(f"metadata {what} too long for llama.cpp's kv_overrides", key=str(k),
+                                 expected=f"<= {KV_OVERRIDE_MAX_BYTES} bytes", actual=f"{len(b)} bytes")
+        arr[i].key = kb
+        arr[i].tag = lc.LLAMA_KV_OVERRIDE_TYPE_STR
+        arr[i].value.val_str = vb
+    return arr
+
+
+def _quantize_refusal() -> str:
+    """llama.cpp's own reason from its log: the text after ``failed to quantize:`` (what
+    ``llama_model_quantize`` logs when its implementation throws), else its last log lines."""
+    lines = logs.recent_log(40).splitlines()
+    for ln in reversed(lines):
+        _, sep, why = ln.partition("failed to quantize: ")
+        if sep:
+            return why.strip() or ln.strip()
+    return " ".join(ln.strip() for ln in lines[-3:] if ln.strip()) or "no log"
