@@ -39,7 +39,7 @@ def server_bin() -> Path:
         pytest.skip(f"llama-server cannot be built here: {why}")
     b = find_build()
     if b is None:
-        pytest.skip("llama-server is not built: run `mtpscope server build` (`make setup` does)")
+        pytest.skip("llama-server is not built: run `mtpscope server build` (`make test` builds it)")
     return b.binary
 
 
