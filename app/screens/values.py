@@ -44,10 +44,12 @@ with guard("GGUF reader"):
         st.info(f"dtype {a.dtype} cannot be plotted")
         st.stop()
     stats = model_views.value_stats(a)
-    cols = st.columns(6)
-    for col, key in zip(cols, ("min", "max", "mean", "std", "zeros", "non_finite")):
-        v = stats.get(key)
-        col.metric(key, "—" if v is None else (f"{v:.1%}" if key == "zeros" else f"{v:.4g}"))
+    for row in (("min", "max", "mean"), ("std", "zeros", "non_finite")):  # three wide boxes: no value is cut
+        for col, key in zip(st.columns(3), row):
+            v = stats.get(key)
+            col.metric(key, "—" if v is None else f"{v:.1%}" if key == "zeros" else f"{int(v):,}"
+                       if key == "non_finite" else model_views.compact_number(v),
+                       help=None if v is None or key in ("zeros", "non_finite") else f"{v!r}")
     log_y = st.toggle("log counts", key=sel.VALUES_LOG)
     st.plotly_chart(charts.histogram_figure(a, title=f"{name} rows {start}–{stop - 1}", log_y=log_y),
                     key=sel.VALUES_HIST, width="stretch")
