@@ -278,3 +278,16 @@ def test_long_text_tables_wrap(demo) -> None:
     _open(at, "step", prompt=34, round=0)
     steps = next(d for d in at.dataframe if "verdict" in d.value.columns)
     assert steps.proto.row_height > 64
+
+
+def test_a_values_link_opens_its_tensor(demo) -> None:
+    import gguf
+
+    drafter = Path(demo.root) / "trained" / "drafter.gguf"
+    name = [t.name for t in gguf.GGUFReader(str(drafter)).tensors if t.name.endswith("ffn_up.weight")][0]
+    at = _open(_app(), "values", drafter=drafter, tensor=name)
+    assert at.selectbox(key=selection.VALUES_TENSOR).value == name and not at.error
+    at = _open(_app(), "values", drafter=drafter, tensor="blk.99.nope")
+    assert [e.value for e in at.error] == [
+        f"'tensor': no such tensor in demo/trained/drafter.gguf (expected one of its "
+        f"{len(gguf.GGUFReader(str(drafter)).tensors)} tensors, got 'blk.99.nope')"]

@@ -50,6 +50,8 @@ ENTRY_POINTS = (
     "mtpscope.traces.analysis.compare_report:compare_traces",
     "mtpscope.traces.analysis.what_if:what_if",
     "mtpscope.demo.build:build_demo",
+    "mtpscope.app.links:view_url",
+    "mtpscope.app.links:View",
 )
 
 
