@@ -8,8 +8,9 @@ name; with ``match_dialects`` the fork / upstream names of the same tensor (``mt
 Tensor data is compared by default, byte for byte in the files' own encoding (quantized blocks undecoded),
 for every tensor present in both with the same type and shape, read through the memory map (never a whole
 big tensor at once): ``data="sampled"`` (default) compares a tensor of at most :data:`WHOLE_BYTES` whole and
-a larger one on :data:`SAMPLE_ROWS` evenly spaced rows of its outermost numpy dimension (first and last
-included), so the cost is bounded per tensor whatever the file size (a 20 GB model: tens of MB read);
+a larger one on :data:`SAMPLE_ROWS` rows of its outermost numpy dimension, in :data:`SAMPLE_RUNS` runs of
+consecutive rows evenly spaced from the first row to the last (:func:`sample_rows_of`), so the cost is
+bounded per tensor whatever the file size (a 20 GB model: tens of MB read, a few seeks per tensor);
 ``data="whole"`` compares every byte; ``data="none"`` compares no data. Each compared tensor gets a
 blake2b digest of the bytes compared in each file (:class:`DataCompare`), and :class:`Compared` says what
 was compared. Files read over HTTP (header only) have their data left out, said so.
@@ -76,6 +77,8 @@ class ValueDiff:
 WHOLE_BYTES = 1 << 20
 #: Rows (outermost numpy dimension) compared per larger tensor with ``data="sampled"``.
 SAMPLE_ROWS = 32
+#: Runs of consecutive rows the sampled rows come in (one read each).
+SAMPLE_RUNS = 4
 #: Bytes of each file read per step when a tensor is compared whole (bounds the memory of a comparison).
 CHUNK_BYTES = 16 << 20
 #: The ``data`` modes of :func:`diff`.
@@ -143,8 +146,8 @@ class Compared:
         head = f"compared: {self.keys} metadata keys, {self.tensors} tensors (names, types, shapes)"
         if self.data == "none":
             return head + "; tensor data not compared" + (f" ({self.note})" if self.note else "")
-        parts = [f"{self.data_whole} whole"] + ([f"{self.data_sampled} on {self.sample_rows} evenly spaced rows "
-                                                 "each"] if self.data_sampled else [])
+        parts = [f"{self.data_whole} whole"] + ([f"{self.data_sampled} on {self.sample_rows} sampled rows each"]
+                                                if self.data_sampled else [])
         skipped = f", {len(self.data_skipped)} not (type or shape differ)" if self.data_skipped else ""
         return (head + f"; tensor bytes: {' + '.join(parts)}{skipped} ({_mib(self.bytes_read)} of "
                 f"{_mib(self.bytes_total)} read)")
@@ -313,9 +316,16 @@ def compare_data(fa: Any, fb: Any, na: str, nb: str, rows: np.ndarray | None = N
     return DataCompare(na if na == nb else f"{na} | {nb}", n_rows, total, n_bytes, first is None, first, da, db)
 
 
-def _sample_rows(total: int, n: int) -> np.ndarray:
-    """``n`` evenly spaced distinct rows of ``total`` (first and last included)."""
-    return np.unique(np.linspace(0, total - 1, num=min(n, total)).round().astype(np.int64))
+def sample_rows_of(total: int, n: int, runs: int = SAMPLE_RUNS) -> np.ndarray:
+    """The rows a sampled comparison reads of a tensor of ``total`` rows: about ``n`` rows in ``runs`` runs of
+    ``ceil(n / runs)`` consecutive rows, the runs' starts evenly spaced from the first row to the last run
+    ending at the last row (sorted, distinct). Runs, not single rows: one read each, so a cold file costs
+    ``runs`` seeks per tensor, not ``n``."""
+    length = -(-n // max(1, runs))
+    if total <= n or length >= total:
+        return np.arange(total, dtype=np.int64)
+    starts = np.linspace(0, total - length, num=min(runs, total)).round().astype(np.int64)
+    return np.unique((starts[:, None] + np.arange(length, dtype=np.int64)[None, :]).ravel())
 
 
 def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects: bool = True,
@@ -330,7 +340,7 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
         match_dialects: match fork / upstream names of the same tensor and report them as renamed; the
             ``general.architecture``-prefixed keys are then compared by suffix too.
         data: tensor bytes compared: ``"sampled"`` (tensors of at most ``whole_bytes`` whole, larger ones on
-            ``sample_rows`` evenly spaced rows), ``"whole"`` (every byte) or ``"none"``. Files read over
+            ``sample_rows`` rows: :func:`sample_rows_of`), ``"whole"`` (every byte) or ``"none"``. Files read over
             HTTP have no data compared (:attr:`Compared.note` says so).
         sample_rows: rows compared per larger tensor with ``data="sampled"``.
         whole_bytes: the largest tensor compared whole with ``data="sampled"`` (bytes).
@@ -399,7 +409,7 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
         t = ta[na]
         total = (t.shape[0] if len(t.shape) > 1 else 1) if t.shape else 1
         small = mode == "whole" or (t.n_bytes or 0) <= whole_bytes or total <= sample_rows
-        compares.append(compare_data(fa, fb, na, nb, None if small else _sample_rows(total, sample_rows)))
+        compares.append(compare_data(fa, fb, na, nb, None if small else sample_rows_of(total, sample_rows)))
     compared = Compared(
         keys=sum(1 for k in ka if k in kb), tensors=len(pairs), data=mode,
         data_whole=sum(1 for c in compares if c.whole), data_sampled=sum(1 for c in compares if not c.whole),

@@ -155,7 +155,7 @@ def test_large_tensors_are_compared_on_sampled_rows_and_whole_on_request(tmp_pat
     assert emb.same and r.identical  # the changed row is not among the sampled ones: said, not hidden
     per_row = len(_raw(a, name)) // n
     assert emb.bytes_compared == len(rows) * per_row
-    assert "on 4 evenly spaced rows each" in r.compared.line()
+    assert "on 4 sampled rows each" in r.compared.line()
     r = diff(a, b, data="whole")
     emb = next(c for c in r.data if c.name == name)
     assert emb.whole and not emb.same and emb.first_diff_row == unsampled and not r.identical
@@ -164,6 +164,16 @@ def test_large_tensors_are_compared_on_sampled_rows_and_whole_on_request(tmp_pat
     t3[name][int(rows[2])] += 1.0  # a sampled row
     r = diff(a, write(tmp_path / "c.gguf", arch, kv, t3), sample_rows=4, whole_bytes=0)
     assert [(c.name, c.first_diff_row) for c in r.data_differ] == [(name, int(rows[2]))]
+
+
+def test_sampled_rows_come_in_evenly_spaced_runs() -> None:
+    from mtpscope.inspector.diff import sample_rows_of
+
+    # 32 rows in 4 runs of 8: starts at 0, 92/3, 2*92/3, 92 (rounded), the last run ending at row 99
+    want = [*range(0, 8), *range(31, 39), *range(61, 69), *range(92, 100)]
+    assert sample_rows_of(100, 32).tolist() == want
+    assert sample_rows_of(20, 32).tolist() == list(range(20))  # fewer rows than the sample: all of them
+    assert sample_rows_of(10, 4).tolist() == [0, 3, 6, 9]       # runs of one row
 
 
 def test_cli_diff_says_what_was_compared(tmp_path: Path) -> None:

@@ -104,8 +104,8 @@ def register(app: typer.Typer) -> None:
         b: Annotated[str, typer.Argument(help="second GGUF (same forms)")],
         data: Annotated[str, typer.Option(
             "--data", help="tensor bytes compared: 'sampled' (tensors up to 1 MiB whole, larger ones on "
-                           "--sample-rows evenly spaced rows; stays fast on 20 GB files), 'whole' (every byte) "
-                           "or 'none'")] = "sampled",
+                           "--sample-rows rows in 4 evenly spaced runs, first and last rows included; stays fast on "
+                           "20 GB files), 'whole' (every byte) or 'none'")] = "sampled",
         sample_rows: Annotated[int, typer.Option("--sample-rows", help="rows compared per larger tensor with "
                                                                          "--data sampled")] = 32,
         values: Annotated[bool, typer.Option("--values", help="also the relative error (dequantized) on sampled "
