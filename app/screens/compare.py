@@ -109,10 +109,15 @@ def _traces() -> None:
                     st.warning(f"Likely cause: `{r['name']}` ({r['A']} in A, {r['B']} in B) — {r['verify']}",
                                icon=":material/troubleshoot:")
             st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
-                         column_config={"verify": st.column_config.TextColumn(
-                             "verify says", width="large",
-                             help="the finding of `mtpscope verify DRAFTER --target TARGET` (on the run's recorded "
-                                  "models) that names this key or tensor: a difference verify explains")})
+                         column_config={"what": st.column_config.TextColumn("what", width=110),
+                                        "name": st.column_config.TextColumn("name", width=230),
+                                        "A": st.column_config.TextColumn("A", width=150),
+                                        "B": st.column_config.TextColumn("B", width=150),
+                                        "verify": st.column_config.TextColumn(
+                                            "verify says", width=280,
+                                            help="the finding of `mtpscope verify DRAFTER --target TARGET` (on the "
+                                                 "run's recorded models) that names this key or tensor: a "
+                                                 "difference verify explains")})
             st.caption("Rows verify explains come first; the rest are differences verify has nothing against.")
         else:
             st.caption("Same recording parameters and the same model files.")

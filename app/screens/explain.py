@@ -155,17 +155,18 @@ with guard("explanation"):
 
         cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
         sub = fm.head(MAX_ROWS)
+        short_labels = views.prompt_labels(pids, prompts, width=24)
         table = pd.DataFrame({
-            "prompt": [labels.get(int(p), str(p)) for p in sub["prompt_id"]],
+            "prompt": [short_labels.get(int(p), str(p)) for p in sub["prompt_id"]],
             "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
             "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
                     for r in sub.to_dict(orient="records")]})
         ev = st.dataframe(table, hide_index=True, width="stretch", key=sel.EXP_FIRST_MISMATCHES, on_select="rerun",
                           selection_mode="single-row", row_height=views.WRAPPED_ROW_PX,  # the sentence wraps
-                          column_config={"prompt": st.column_config.TextColumn("prompt", width=160),
+                          column_config={"prompt": st.column_config.TextColumn("prompt", width=150),
                                          "round": st.column_config.NumberColumn("round", width=60),
                                          "k": st.column_config.NumberColumn("k", width=40),
-                                         "why": st.column_config.TextColumn("why", width=820)})
+                                         "why": st.column_config.TextColumn("why", width=620)})
         st.caption("Select a row to open that round in the Step view"
                    + (f" (first {MAX_ROWS} of {len(fm):,})." if len(fm) > MAX_ROWS else "."))
         picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []

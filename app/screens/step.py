@@ -64,14 +64,14 @@ with guard("trace store"):
     stops = round_views.rejected_rounds(rounds)
     prev_r, next_r = round_views.neighbour(stops, cur, -1), round_views.neighbour(stops, cur, +1)
     worst = round_views.worst_round(rounds, pid)
-    b1, b2, b3, b4 = st.columns([1, 1, 1, 2])
+    b1, b2, b3, b4 = st.columns([5, 4, 3, 5])
     b1.button("◀ previous rejected round", key=sel.STEP_PREV, disabled=prev_r is None, on_click=_go, args=(prev_r,),
               help="the closest earlier round in which the target rejected a draft")
     b2.button("next rejected round ▶", key=sel.STEP_NEXT, disabled=next_r is None, on_click=_go, args=(next_r,),
               help="the closest later round in which the target rejected a draft")
-    b3.button("worst round of this prompt", key=sel.STEP_WORST, disabled=worst is None or worst == cur, on_click=_go,
-              args=(worst,), help="the round that lost the most drafts; among those, the one opening the longest "
-                                  "run of rounds that accepted nothing")
+    b3.button("worst round", key=sel.STEP_WORST, disabled=worst is None or worst == cur, on_click=_go,
+              args=(worst,), help="this prompt's round that lost the most drafts; among those, the one opening the "
+                                  "longest run of rounds that accepted nothing")
     b4.caption(f"{wording.plural(len(stops), 'round')} of {len(rounds):,} had a rejected draft.")
     if not lo <= rnd <= hi:
         st.error(f"round {rnd}: prompt {pid} has rounds {lo}–{hi}", icon=":material/error:")
@@ -131,25 +131,27 @@ with guard("trace store"):
         st.markdown(f"The link points at draft step **k={k_focus}** (highlighted).")
     shown = table.style.apply(lambda r: ["background-color: #fff3c4" if int(r["k"]) == k_focus else ""] * len(r),
                               axis=1) if k_focus is not None else table
-    # every cell readable: token columns wide enough for a token's text, long text wraps (WRAPPED_ROW_PX)
+    # every cell readable at ~940 px: widths that sum to less, long text wrapping (WRAPPED_ROW_PX)
     st.dataframe(shown, hide_index=True, width="stretch", key=sel.STEP_TABLE, row_height=views.WRAPPED_ROW_PX,
+                 placeholder="—",
                  column_config={
-                     "k": st.column_config.NumberColumn("k", width=40),
-                     "verdict": st.column_config.TextColumn("verdict", width=110),
-                     "drafted": st.column_config.TextColumn("drafted", width=140),
-                     "target": st.column_config.TextColumn("target", width=140),
+                     "k": st.column_config.NumberColumn("k", width=36),
+                     "verdict": st.column_config.TextColumn("verdict", width=100),
+                     "drafted": st.column_config.TextColumn("drafted", width=100),
+                     "target": st.column_config.TextColumn("target", width=100),
                      "target_rank": st.column_config.NumberColumn(
-                         "target rank", width=90, help="rank of the target's token among the drafter's logits "
-                                                       "(0 = the drafter's choice)"),
-                     "top_candidates": st.column_config.TextColumn("drafter's top 3", width=260),
+                         "rank", width=60, help="rank of the target's token among the drafter's logits "
+                                                "(0 = the drafter's choice)"),
+                     "top_candidates": st.column_config.TextColumn("drafter's top 3", width=170),
                      "target_centroid": st.column_config.TextColumn(
-                         "target's centroid", help="the centroid holding the target's token, and its rank among "
-                                                   "all centroids"),
+                         "centroid", width=90, help="the centroid holding the target's token, and its rank among all "
+                                                    "centroids"),
                      "centroid_head": st.column_config.TextColumn(
-                         "centroid head (what-if)" if head == "dense" else "centroid head",
-                         help="whether the centroid head's candidates held the target's token"),
-                     "drafted_id": st.column_config.NumberColumn("drafted id", width=90),
-                     "target_id": st.column_config.NumberColumn("target id", width=90)})
+                         "reach (what-if)" if head == "dense" else "reach", width=100,
+                         help="whether the centroid head's candidates held the target's token"
+                              + (" (this run drafted with the dense head: a what-if)" if head == "dense" else "")),
+                     "drafted_id": st.column_config.NumberColumn("drafted id", width=80),
+                     "target_id": st.column_config.NumberColumn("target id", width=80)})
     st.caption("One row per draft step: the drafted token against the target's; a step after the first rejection "
                "was never checked by the target.")
 
