@@ -727,24 +727,34 @@ def chosen_vs_home_figure(cov: model_views.Coverage, top: int = 40) -> go.Figure
 
 # ---------------------------------------------------------------------------------------- compare
 
+#: Pixels per prompt of the per-prompt delta chart (one horizontal bar and its label per row).
+DELTA_ROW_PX = 22
+#: Characters of a prompt's label shown on the per-prompt delta chart's axis (the whole label on hover).
+DELTA_LABEL_CHARS = 44
+
+
 def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"), top: int = 60,
                         labels: dict[int, str] | None = None) -> go.Figure:
-    """Per-prompt acceptance-rate delta (B − A), biggest drops first; the x axis names each prompt by
-    ``labels[prompt_id]`` (id and the start of its text) when given."""
+    """Per-prompt acceptance-rate delta (B − A): one horizontal bar per prompt, biggest drop at the top, the
+    prompt named on the y axis by ``labels[prompt_id]`` (id and the start of its text) cut to
+    :data:`DELTA_LABEL_CHARS` characters (the whole label on hover). The figure grows by
+    :data:`DELTA_ROW_PX` per prompt, so the labels sit one per row and never overlap."""
     if deltas is None or len(deltas) == 0:
         return empty_figure("no prompts in common")
     d = deltas.dropna(subset=["delta_rate"]).head(top)
     if len(d) == 0:
         return empty_figure("no prompts in common")
     labels = labels or {}
+    full = [labels.get(int(p), f"prompt {p}") for p in d["prompt_id"]]
+    y = [views.esc(t if len(t) <= DELTA_LABEL_CHARS else t[:DELTA_LABEL_CHARS - 1] + "…") for t in full]
     colors = ["#d62728" if v < 0 else "#2ca02c" for v in d["delta_rate"]]
-    x = [views.esc(labels.get(int(p), f"prompt {p}")) for p in d["prompt_id"]]
-    fig = go.Figure(go.Bar(x=x, y=d["delta_rate"], marker_color=colors,
-                           hovertemplate="%{x}<br>Δ rate %{y:.1%}<extra></extra>"))
-    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})", height=340,
-            margin=dict(l=50, r=20, t=50, b=110))
-    fig.update_xaxes(title="prompt", type="category", tickangle=-30)
-    fig.update_yaxes(title="Δ acceptance rate", tickformat=".0%")
+    fig = go.Figure(go.Bar(x=d["delta_rate"], y=y, orientation="h", marker_color=colors,
+                           customdata=[views.esc(t) for t in full],
+                           hovertemplate="%{customdata}<br>Δ rate %{x:.1%}<extra></extra>"))
+    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})",
+            height=110 + DELTA_ROW_PX * len(d), margin=dict(l=20, r=20, t=50, b=50))
+    fig.update_yaxes(type="category", autorange="reversed", automargin=True)
+    fig.update_xaxes(title="Δ acceptance rate", tickformat=".0%", zeroline=True)
     return fig
 
 

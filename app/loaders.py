@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from mtpscope.app import safety
-from mtpscope.app.selection import DRAFTER, TARGET, get, roots, short
+from mtpscope.app.selection import DRAFTER, TARGET, TRACE, TRACE_B, get, roots, short
 from mtpscope.app.tokens import TokenText
 from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
@@ -142,6 +142,24 @@ def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
         return (f"{short(path)} is a target model (general.architecture {arch!r}), not a drafter: choose it as "
                 "the target, and a gemma4-assistant / gemma4_assistant file as the drafter")
     return None
+
+
+def slot_refusal(slot: str, path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be selected for selection slot ``slot``, in one line: outside the allowed
+    folders, missing, a file where a folder is needed (or the reverse), a trace folder without its manifest,
+    or a target model offered as the drafter (:func:`drafter_refusal`); None when it may be selected (its
+    reader says what else is wrong with it). The Files page and links refuse with it, so a refused path
+    is never the selection."""
+    from mtpscope.traces.store.layout import MANIFEST
+
+    kind = "file" if slot in (DRAFTER, TARGET) else "dir"
+    try:
+        p = safety.check_path(path, roots(), kind=kind)
+    except MtpscopeError as e:
+        return e.one_line()
+    if slot in (TRACE, TRACE_B) and not (p / MANIFEST).is_file():
+        return f"{p}: not a trace folder (no {MANIFEST} in it)"
+    return drafter_refusal(p) if slot == DRAFTER else None
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -473,6 +491,23 @@ def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> lis
     pa_ = safety.check_path(a, roots(), kind="dir")
     pb_ = safety.check_path(b, roots(), kind="dir")
     return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))
+
+
+def recorded_validation(tr: Trace) -> Report | None:
+    """``verify`` of the drafter a trace was recorded with, paired with its recorded target when that is
+    there too (:func:`validation`); None when the manifest names no drafter or it is not allowed / readable.
+    What the Compare page joins with the differences between two runs."""
+    from mtpscope.app.views import model_path
+
+    d, t = model_path(tr.manifest, "assistant"), model_path(tr.manifest, "target")
+    if not d or slot_refusal(DRAFTER, d):
+        return None
+    if t and slot_refusal(TARGET, t):
+        t = None
+    try:
+        return validation(d, t)
+    except (MtpscopeError, OSError):
+        return None
 
 
 # ----------------------------------------------------------------------------------- replays and sweeps

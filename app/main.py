@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import guard, selection
+from mtpscope.app import guard, selection, url_state
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 
@@ -38,7 +38,11 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES)
+url_state.arrive(page.url_path)  # a link's files are selected before the sidebar shows the selection
 selection.sidebar()
+if url_state.refusal():  # a refused link: its one line, nothing of the page under it
+    st.title(page.title)
+    url_state.refuse(url_state.refusal())
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
 with guard.guard(f"showing the {page.title} page"):
     page.run()

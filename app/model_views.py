@@ -210,6 +210,22 @@ def value_stats(a: np.ndarray) -> dict[str, float]:
 
 
 
+def compact_number(v: float, digits: int = 3) -> str:
+    """``v`` in at most about 9 characters with ``digits`` significant digits: fixed notation for
+    1e-2 <= |v| < 1e5, else scientific with a short exponent (``-5.66e-4``, ``1.2e+7``); ``0`` for zero
+    (also -0.0). What a narrow metric box shows in full (a long fixed form such as ``-0.0005663`` is cut to
+    ``-0.000…`` by the box)."""
+    if v == 0:
+        return "0"
+    if not np.isfinite(v):
+        return str(v)
+    a = abs(v)
+    if 1e-2 <= a < 1e5 and "e" not in f"{v:.{digits}g}":
+        return f"{v:.{digits}g}"
+    mant, exp = f"{v:.{digits - 1}e}".split("e")
+    return f"{mant}e{int(exp):+d}" if int(exp) > 0 else f"{mant}e{int(exp)}"
+
+
 # ------------------------------------------------------------------------------------------ validation
 
 def verdict_line(rep: Report) -> str:
@@ -238,3 +254,31 @@ def grid_findings(rep: Report) -> tuple[list[str], list[str]]:
     missing = [x.subject for x in rep.findings if x.code in MISSING_CODES and x.subject]
     wrong = [x.subject for x in rep.findings if x.code in SHAPE_CODES and x.subject]
     return missing, wrong
+
+
+# ---------------------------------------------------------------------------- what differs between runs
+
+def explained_differences(rows: Sequence[dict], reports: dict[str, Report | None]) -> list[dict]:
+    """What differs between two runs (:func:`mtpscope.traces.analysis.run_diff.difference_rows`: ``what``,
+    ``name``, ``A``, ``B``) joined with verify: each model metadata key or tensor row gets a ``verify``
+    cell naming the findings (error or warning) of ``reports[run]`` whose subject is that key or tensor
+    (``B: ✗ E_PAIR_ROPE …``), so a difference verify explains is told from the others; rows so explained
+    come first (errors first), the rest keep their order.
+
+    Args:
+        rows: the difference rows (a renamed key's name is ``"a | b"``: either name matches).
+        reports: run name (``"A"``, ``"B"``) -> ``verify`` of that run's drafter paired with its target
+            (:class:`mtpscope.inspector.findings.Report`), or None when it could not be checked.
+    """
+    out = []
+    for i, r in enumerate(rows):
+        names = set(str(r.get("name", "")).split(" | ")) if str(r.get("what", "")).endswith(("metadata", "tensor")) \
+            else set()
+        notes, worst = [], 2
+        for run, rep in reports.items():
+            for f in (rep.findings if rep is not None else ()):
+                if f.severity in ("error", "warning") and f.subject in names:
+                    notes.append(f"{run}: {'✗' if f.severity == 'error' else '⚠'} {f.code} — {f.message}")
+                    worst = min(worst, 0 if f.severity == "error" else 1)
+        out.append((worst, i, {**r, "verify": "; ".join(notes)}))
+    return [r for _, _, r in sorted(out, key=lambda t: (t[0], t[1]))]

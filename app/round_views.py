@@ -330,6 +330,45 @@ def neighbour(stops: Sequence[tuple[int, int]], current: tuple[int, int], direct
     return stops[i] if i >= 0 else None
 
 
+def prompt_round_spans(rounds: pd.DataFrame) -> dict[int, tuple[int, int]]:
+    """prompt_id -> (first round, last round) of a trace's ``rounds`` table (what a link's ``prompt`` and
+    ``round`` are checked against: :func:`mtpscope.app.links.check_in_trace`)."""
+    if len(rounds) == 0:
+        return {}
+    g = rounds.groupby("prompt_id", sort=True)["round"].agg(["min", "max"])
+    return {int(p): (int(lo), int(hi)) for p, lo, hi in zip(g.index, g["min"], g["max"])}
+
+
+def worst_round(rounds: pd.DataFrame, prompt_id: int | None = None) -> tuple[int, int] | None:
+    """The worst round of a trace (or of one prompt): the round that lost the most drafts
+    (``n_draft − n_accepted``); among those, the one that opens the longest run of rounds that drafted and
+    accepted nothing (:func:`mtpscope.traces.analysis.metrics.zero_acceptance_streaks` by its first round);
+    then the earliest (prompt_id, round). None when no round lost a draft.
+
+    Args:
+        rounds: the ``rounds`` table (columns prompt_id, round, n_draft, n_accepted).
+        prompt_id: only this prompt's rounds; None for every prompt.
+    """
+    from mtpscope.traces.analysis import metrics
+
+    df = rounds if prompt_id is None else rounds[rounds["prompt_id"] == int(prompt_id)]
+    if len(df) == 0:
+        return None
+    lost = df["n_draft"].to_numpy(dtype=np.int64) - df["n_accepted"].to_numpy(dtype=np.int64)
+    if lost.max() <= 0:
+        return None
+    cand = pd.DataFrame({"prompt_id": df["prompt_id"].to_numpy(dtype=np.int64),
+                         "round": df["round"].to_numpy(dtype=np.int64), "lost": lost})
+    cand = cand[cand["lost"] == lost.max()]
+    streaks = metrics.zero_acceptance_streaks(df, min_length=1)
+    runs = pd.DataFrame({"prompt_id": streaks["prompt_id"].to_numpy(dtype=np.int64),
+                         "round": streaks["start_round"].to_numpy(dtype=np.int64),
+                         "run": streaks["length"].to_numpy(dtype=np.int64)})
+    cand = cand.merge(runs, on=["prompt_id", "round"], how="left").fillna({"run": 0})
+    best = cand.sort_values(["run", "prompt_id", "round"], ascending=[False, True, True], kind="stable").iloc[0]
+    return int(best["prompt_id"]), int(best["round"])
+
+
 def replay_for_round(rsteps: pd.DataFrame, prompt_id: int, round_: int, variants: Sequence[str],
                      decode: Decode | None = None) -> pd.DataFrame:
     """One round's rows of a replay's steps (``mtpscope replay --out``: columns prompt_id, round, k,

@@ -12,7 +12,13 @@ the page's prefix. A key built from a value (one per tensor, per prompt, per slo
 Paths: every selected path is checked by the loaders (:mod:`mtpscope.app.loaders`) through
 :func:`mtpscope.app.safety.check_path` against :func:`roots`.
 
-Imports: streamlit, ``safety``, mtpscope.demo.spec, mtpscope.cache.
+One prompt and one round across pages: :data:`SEL_PROMPT` (a ``prompt_id``, or :data:`ALL` = every
+prompt) and :data:`SEL_ROUND` are shared by Acceptance, Text, Step, Explain and Compare; each page's prompt
+box shows and sets them (:func:`prompt_picker`), and a page that shows one prompt at a time shows the
+selected round's prompt while the selection is "all prompts". They are per trace: choosing another trace
+clears them.
+
+Imports: streamlit, ``safety``, ``links``, mtpscope.demo.spec, mtpscope.cache.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 import streamlit as st
 
-from mtpscope.app import safety
+from mtpscope.app import links, safety
 from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths
 from mtpscope.errors import MtpscopeError
 
@@ -46,6 +52,16 @@ def slot_key(slot: str) -> str:
 SEL_INIT = "sel._init"
 #: The selected round: (prompt_id, round), shared by the Acceptance, Text and Step pages.
 SEL_ROUND = "sel.round"
+#: The selected prompt, shared by the trace pages: a prompt_id, or :data:`ALL` (every prompt).
+SEL_PROMPT = "sel.prompt"
+#: Every prompt of the trace (the value of :data:`SEL_PROMPT`; ``prompt=all`` in a link).
+ALL = links.ALL
+#: The draft step a link pointed at: (prompt_id, round, k), highlighted while that round is shown.
+SEL_STEP = "sel.step"
+#: The URL the app last wrote or took for the page shown: (page, sorted query items).
+URL_SEEN = "url.seen"
+#: What this run's URL asked for (a :class:`mtpscope.app.links.View`), or its one-line refusal (str).
+URL_ARRIVAL = "url.arrival"
 #: The sweep directory last opened on the Sweep page.
 SEL_SWEEP = "sel.sweep"
 
@@ -133,6 +149,7 @@ ACC_HANDLED = "acc.handled"
 ACC_PER_POSITION = "acc.perpos"
 ACC_HIST = "acc.hist"
 ACC_ROLLING = "acc.rolling"
+ACC_WORST = "w.acc.worst"
 
 # Text
 TEXT_PROMPT = "w.text.prompt"
@@ -154,7 +171,7 @@ STEP_ROUND = "w.step.round"
 STEP_PREV = "w.step.prev"
 STEP_NEXT = "w.step.next"
 STEP_HIDDEN = "w.step.hidden"
-STEP_SYNCED = "step.synced"  # the selected round the widgets were last set from
+STEP_WORST = "w.step.worst"
 STEP_TEXT = "step.text"
 STEP_TEXT_HANDLED = "step.text.handled"
 STEP_TABLE = "step.table"
@@ -371,12 +388,16 @@ def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:
 
 def select_trace(path: str | None) -> dict[str, str]:
     """Select a trace and, when its manifest names models that are readable and allowed, the drafter
-    and target that recorded it; when trace B was this trace, B becomes the previous trace A. Returns
-    the models it selected (slot -> path)."""
+    and target that recorded it; when trace B was this trace, B becomes the previous trace A. Another
+    trace than the one selected clears the prompt and round selection (they are the old trace's ids).
+    Returns the models it selected (slot -> path)."""
     previous = get(TRACE)
     set_(TRACE, path)
     if not path:
         return {}
+    if not previous or not same_path(previous, path):
+        for k in (SEL_PROMPT, SEL_ROUND, SEL_STEP):
+            st.session_state.pop(k, None)
     found = recorded_models(path)
     for slot, p in found.items():
         set_(slot, p)
@@ -388,7 +409,7 @@ def select_trace(path: str | None) -> dict[str, str]:
 
 def _trained_defaults(root: Path) -> dict[str, Path]:
     """The trained demo's default view from ``<demo>/demo.json`` (trace, trace B, drafter, target), and
-    the Acceptance page's prompt preset to the worst category's worst prompt; {} when absent."""
+    the selected prompt preset to the worst category's worst prompt; {} when absent."""
     try:
         doc = json.loads((root / "demo.json").read_text())
         d = doc.get("default") if isinstance(doc, dict) else None
@@ -402,8 +423,8 @@ def _trained_defaults(root: Path) -> dict[str, Path]:
         if isinstance(v, str) and v and (root / v).exists():
             out[k] = root / v
     pid = d.get("prompt_id")
-    if TRACE in out and isinstance(pid, int) and not isinstance(pid, bool) and ACC_PROMPT not in st.session_state:
-        st.session_state[ACC_PROMPT] = pid
+    if TRACE in out and isinstance(pid, int) and not isinstance(pid, bool) and SEL_PROMPT not in st.session_state:
+        st.session_state[SEL_PROMPT] = pid
     return out
 
 
@@ -426,14 +447,60 @@ def selected_round() -> tuple[int, int] | None:
 
 
 def select_round(sel: tuple[int, int]) -> None:
-    """Select a round (the Step view opens on it)."""
-    st.session_state[SEL_ROUND] = (int(sel[0]), int(sel[1]))
+    """Select a round (the Step view opens on it); a selected single prompt follows it (a selection of
+    every prompt stays so)."""
+    p, r = int(sel[0]), int(sel[1])
+    st.session_state[SEL_ROUND] = (p, r)
+    if isinstance(st.session_state.get(SEL_PROMPT), int):
+        st.session_state[SEL_PROMPT] = p
+
+
+def selected_prompt() -> int | str | None:
+    """The selected prompt: a prompt_id, :data:`ALL`, or None when none was chosen yet."""
+    v = st.session_state.get(SEL_PROMPT)
+    return v if v == ALL or (isinstance(v, int) and not isinstance(v, bool)) else None
+
+
+def select_prompt(p: int | str) -> None:
+    """Select a prompt (a prompt_id) or every prompt (:data:`ALL`) on every trace page; a selected round
+    of another prompt is dropped."""
+    if p == ALL:
+        st.session_state[SEL_PROMPT] = ALL
+        return
+    st.session_state[SEL_PROMPT] = int(p)
+    r = selected_round()
+    if r is not None and r[0] != int(p):
+        st.session_state.pop(SEL_ROUND, None)
+
+
+def page_prompt(pids: list[int], allow_all: bool) -> int | str:
+    """The prompt a trace page shows of ``pids`` (the trace's prompt ids, sorted): the selected prompt;
+    with every prompt (or none) selected, :data:`ALL` where the page can show it, else the selected round's
+    prompt, else the first. A selection the trace does not have counts as none."""
+    p = selected_prompt()
+    if isinstance(p, int) and p in pids:
+        return p
+    if allow_all:
+        return ALL
+    r = selected_round()
+    return r[0] if r is not None and r[0] in pids else pids[0]
+
+
+def prompt_picker(where: Any, key: str, pids: list[int], labels: dict[int, str], allow_all: bool = False,
+                  label: str = "prompt") -> int | str:
+    """The page's prompt box (select box ``key`` in ``where``, a column or ``st``), showing and setting the
+    shared prompt (:func:`page_prompt`, :func:`select_prompt`); returns the prompt shown."""
+    options: list[int | str] = ([ALL] if allow_all else []) + list(pids)
+    st.session_state[key] = page_prompt(pids, allow_all)
+    return where.selectbox(label, options, key=key, on_change=lambda: select_prompt(st.session_state[key]),
+                           format_func=lambda p: "all prompts" if p == ALL else labels.get(p, f"prompt {p}"))
 
 
 def open_round(sel: tuple[int, int]) -> None:
-    """Select a round and open the Step view on it."""
+    """Select a round and open the Step view on it (its link in the address bar)."""
     select_round(sel)
-    st.switch_page("screens/step.py")
+    view = links.View("step", trace=get(TRACE), prompt=int(sel[0]), round=int(sel[1]))
+    st.switch_page("screens/step.py", query_params=view.params())
 
 
 def clicked_round(event: Any, handled_key: str, prompt_id: int | None = None) -> tuple[int, int] | None:

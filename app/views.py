@@ -27,6 +27,10 @@ from mtpscope.traces.analysis import wording
 
 Decode = Callable[[int | None], str]
 
+#: Row height (px) of a table whose long text cells must wrap instead of being cut: Streamlit's data grid
+#: wraps a cell's text only in rows taller than 4rem (64 px); 88 px holds four lines.
+WRAPPED_ROW_PX = 88
+
 
 # ------------------------------------------------------------------------------------------- cells
 

@@ -14,6 +14,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
     ├── ServeRefusedError         `mtpscope app` asked to serve beyond this machine unsafely (app)
+    ├── LinkError                 a link to an app view the app cannot show (bad page, parameter or value)
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
@@ -148,6 +149,12 @@ class ServerBuildUnavailableError(ServerError):
 
 class ServeRefusedError(MtpscopeError):
     """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""
+
+
+class LinkError(MtpscopeError):
+    """A link to a view of the app (``/step?prompt=34&round=20``) that the app cannot show: an unknown page
+    or parameter, a value of the wrong kind, or a prompt / round / draft step the trace does not have.
+    ``key`` is the parameter, ``actual`` the value given, ``expected`` what is allowed."""
 
 
 class RuntimeAbortedError(TraceError):

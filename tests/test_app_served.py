@@ -205,6 +205,7 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
 
             body = type_path(str(root / "inside.gguf"))
             assert "leakcheckarch" in body, body[:1500]  # the control: this file is readable when allowed
+            type_path("")  # nothing selected: a refused path must not bring the same bytes back
             for what, (typed, resolved) in refused.items():
                 type_path(typed)
                 # the refusal names the resolved path; read the page only once it is there (a heavier
@@ -215,12 +216,14 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
                 alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
                 assert any("outside the allowed folders" in a and str(resolved) in a for a in alerts), (what, alerts)
                 assert "leakcheckarch" not in body, (what, body[:1500])
-            # the selection stays refused on the other pages of the same session
+            # a refused path is never selected (issue 27): not in the sidebar, not on the other pages
+            side = page.locator('[data-testid="stSidebar"]').inner_text()
+            assert "leak" not in side and "link.gguf" not in side, side
             page.locator('[data-testid="stSidebarNav"]').get_by_text("Tensors").first.click()
             page.get_by_role("heading", name="Tensors", exact=True).first.wait_for(timeout=60_000)
             settle(page)
             body = page.locator('[data-testid="stMain"]').inner_text()
-            assert "outside the allowed folders" in body and "leakcheckarch" not in body, body[:1500]
+            assert "leakcheckarch" not in body and "Choose a drafter" in body, body[:1500]
             assert page.locator('[data-testid="stException"]').count() == 0
             assert not errors, errors
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -63,7 +64,8 @@ def test_every_page_renders_with_screenshot(browser_app) -> None:
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
         assert page.locator('[data-testid="stException"]').count() == 0, name
         assert page.get_by_text("Page not found").count() == 0, name  # deep links work, /files included
-        assert page.url.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
+        # the path is the page's (a trace page's view follows in the query string)
+        assert urlsplit(page.url).path.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
         assert page.get_by_role("heading", name=heading, exact=True).count() >= 1, name
         # the sidebar navigation lists every page
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
@@ -90,7 +92,7 @@ def test_timeline_click_opens_step_view(browser_app) -> None:
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
     settle(page)
-    assert page.url.rstrip("/").endswith("/step"), page.url
+    assert urlsplit(page.url).path.rstrip("/").endswith("/step"), page.url
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert f"prompt {int(prompt_id)} · round {int(round_)}" in body, body[:500]
     assert page.locator('[data-testid="stDataFrame"]').count() >= 1
@@ -132,7 +134,7 @@ def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None
         page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
         page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
         settle(page)
-        assert page.url.rstrip("/").endswith("/step"), page.url
+        assert urlsplit(page.url).path.rstrip("/").endswith("/step"), page.url
         body = page.locator('[data-testid="stMain"]').inner_text()
         assert f"prompt 0 · round {int(round_)}" in body, body[:600]
         assert "Rejected at k=" in body  # the round it opened has a rejection, said in words
@@ -167,3 +169,59 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         ctx.close()
+
+
+def test_deep_link_opens_its_prompt_and_round(browser_app) -> None:
+    """A link built with mtpscope.app.links.view_url opens the Step view on its prompt and round in a fresh
+    session; a bad round is refused in one line; a round typed past the last is refused and the next click
+    clears the refusal (no stale range error)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mtpscope.app.links import view_url
+
+    url, _page, errors, demo, browser = browser_app
+    trace = Path(demo.root) / "trained" / "traces" / "f32"
+    if not (trace / "manifest.json").exists():
+        trace = Path(demo.traces_noisy)
+    if not (trace / "manifest.json").exists():
+        pytest.skip("demo traces not built (llama-cpp-python missing)")
+    r = pa.concat_tables([pq.read_table(p) for p in sorted((trace / "rounds").glob("*.parquet"))]).to_pandas()
+    pid = int(r["prompt_id"].max())
+    rounds = sorted(int(x) for x in r.loc[r["prompt_id"] == pid, "round"])
+    rnd, hi = rounds[len(rounds) // 2], rounds[-1]
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+    try:
+        page = ctx.new_page()
+        page.goto(view_url("step", trace=trace, prompt=pid, round=rnd, base=url))
+        page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=120_000)
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"prompt {pid} · round {rnd}" in body, body[:600]
+        assert f"prompt={pid}&round={rnd}" in page.url, page.url
+        page.screenshot(path=str(SHOTS / "step-deep-link.png"), full_page=True)
+
+        page.goto(view_url("step", prompt=pid, round=999999, base=url))
+        page.get_by_text("no such round").first.wait_for(timeout=60_000)
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"'round': no such round of prompt {pid} (expected a round 0–{hi}, got 999999)" in body, body[:600]
+        assert f"prompt {pid} · round" not in body
+
+        page.goto(view_url("step", prompt=pid, round=rounds[0], base=url))
+        page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
+        settle(page)
+        box = page.get_by_label("round")
+        box.fill(str(hi + 1000))
+        box.press("Enter")
+        page.get_by_text(f"round {hi + 1000}: prompt {pid} has rounds").first.wait_for(timeout=60_000)
+        settle(page)
+        page.get_by_role("button", name="◀ previous rejected round").click()
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert "has rounds" not in body and "outside the allowed range" not in body, body[:600]
+        assert f"prompt {pid} · round" in body
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
+    assert not errors, errors

@@ -54,6 +54,8 @@ ENTRY_POINTS = (
     "mtpscope.traces.analysis.advice:Recommendation",
     "mtpscope.traces.server.probe:probe",
     "mtpscope.demo.build:build_demo",
+    "mtpscope.app.links:view_url",
+    "mtpscope.app.links:View",
 )
 
 

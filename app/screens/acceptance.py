@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, views
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
+from mtpscope.errors import LinkError
 from mtpscope.traces.analysis import metrics, wording
 
 #: Rolling windows offered (rounds); the default is the report's.
@@ -14,6 +15,7 @@ ROLL_WINDOWS = sorted({8, 16, 32, 64, 128, 256, 1024, metrics.DEFAULT_ROLLING_WI
 
 st.title("Acceptance")
 path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
+view = url_state.requested("acceptance")
 
 with guard("trace store"):
     tr = loaders.trace(path)
@@ -49,11 +51,22 @@ with guard("trace store"):
     pids = [int(p) for p in sorted(rounds_all["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts)
     long_labels = views.prompt_labels(pids, prompts, width=80)
-    ALL = -1
-    if st.session_state.get(sel.ACC_PROMPT, ALL) not in [ALL] + pids:  # a preset (demo.json) from another trace
-        st.session_state.pop(sel.ACC_PROMPT, None)
-    choice = st.selectbox("prompt", [ALL] + pids, key=sel.ACC_PROMPT,
-                          format_func=lambda p: "all prompts" if p == ALL else long_labels[p])
+    ALL = sel.ALL
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds_all))
+    if view is not None and view.window is not None:
+        try:
+            links.check_offered(view, "window", ROLL_WINDOWS)
+        except LinkError as e:
+            url_state.refuse(e)
+        st.session_state[sel.ACC_ROLL] = view.window
+    p1, p2 = st.columns([4, 1])
+    choice = sel.prompt_picker(p1, sel.ACC_PROMPT, pids, long_labels, allow_all=True)
+    worst = round_views.worst_round(rounds_all, None if choice == ALL else choice)
+    if p2.button("worst round ▶", key=sel.ACC_WORST, disabled=worst is None, width="stretch",
+                 help="open the Step view on the round that lost the most drafts"
+                      + (" (of every prompt)" if choice == ALL else " of this prompt")
+                      + "; among those, the one opening the longest run of rounds that accepted nothing"):
+        sel.open_round(worst)
     rounds = views.ordered_rounds(rounds_all, None if choice == ALL else [choice])
     if choice != ALL:
         row = table[table["prompt_id"] == choice].iloc[0]
@@ -120,8 +133,9 @@ with guard("trace store"):
         st.caption("How many rounds accepted 0, 1, 2 … drafts"
                    + (f" (the {wording.plural(n0, 'round')} that drafted nothing left out)." if n0 else "."))
     r1, r2 = st.columns([3, 2])
-    win = r1.select_slider("rolling window (rounds)", ROLL_WINDOWS, value=metrics.DEFAULT_ROLLING_WINDOW,
-                           key=sel.ACC_ROLL)
+    st.session_state.setdefault(sel.ACC_ROLL, metrics.DEFAULT_ROLLING_WINDOW)
+    win = r1.select_slider("rolling window (rounds)", ROLL_WINDOWS, key=sel.ACC_ROLL)
+    url_state.publish(links.View("acceptance", trace=path, prompt=choice, window=win))
     per = r2.radio("rolling over", ["the whole trace", "each prompt"], horizontal=True, key=sel.ACC_ROLL_MODE,
                    disabled=choice != ALL) == "each prompt" and choice == ALL
     overall = metrics.acceptance_rate(rounds)  # NaN when nothing was drafted: no overall line

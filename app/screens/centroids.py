@@ -74,11 +74,18 @@ with guard("centroid head"):
             hits = [int(q.strip().lstrip("#"))]
         else:
             hits = dec.find(q, limit=20)
-        if not hits:
+        past = [h for h in hits if not 0 <= h < head.n_vocab]
+        hits = [h for h in hits if 0 <= h < head.n_vocab]
+        for h in past:
+            st.warning(f"no such token: #{h} — the head's vocabulary has {head.n_vocab:,} tokens "
+                       f"(ids 0–{head.n_vocab - 1:,})", icon=":material/search_off:")
+        if not hits and not past:
             st.info(f"no token whose text contains “{q}” (vocabulary: {dec.source})")
-        else:
+        elif hits:
+            homes = [head.centroid_of(h) for h in hits]  # -1: listed in no centroid's ordering row
             st.dataframe(pd.DataFrame({"token id": hits, "text": [dec.label(h) for h in hits],
-                                       "centroid": [head.centroid_of(h) if 0 <= h < head.n_vocab else -1 for h in hits]}),
+                                       "centroid": [str(c) if c >= 0 else "none (in no centroid's row)"
+                                                    for c in homes]}),
                          hide_index=True, width="stretch")
 
     st.subheader("Coverage on the selected trace")

@@ -6,20 +6,25 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, loaders, views
+from mtpscope.app import charts, links, loaders, model_views, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import TraceMismatchError
 from mtpscope.traces.analysis import metrics, wording
 
 st.title("Compare")
-mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key=sel.CMP_MODE)
+view = url_state.requested("compare")
+#: The two modes and their link values.
+MODES = {"traces": "two traces", "prompts": "two prompts of one trace"}
+if view is not None and view.mode is not None:
+    st.session_state[sel.CMP_MODE] = MODES[view.mode]
+mode = st.radio("compare", list(MODES.values()), horizontal=True, key=sel.CMP_MODE)
 a_path = sel.get(sel.TRACE)
 
 
 def _use_as_b(path: str) -> None:
     sel.set_(sel.TRACE_B, path)
-    st.session_state[sel.CMP_MODE] = "two traces"
+    st.session_state[sel.CMP_MODE] = MODES["traces"]
 
 
 def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -> None:
@@ -77,8 +82,12 @@ def _traces() -> None:
     tr_a = loaders.trace(a_path)
     labels_a = views.prompt_labels(sorted(int(p) for p in tr_a.rounds["prompt_id"].unique()),
                                    views.manifest_prompts(tr_a.manifest))
-    if mode == "two traces":
+    pids = sorted(labels_a)
+    if pids:
+        url_state.take_prompt_round(view, round_views.prompt_round_spans(tr_a.rounds), sel.page_prompt(pids, False))
+    if mode == MODES["traces"]:
         b_path = sel.get(sel.TRACE_B)
+        url_state.publish(links.View("compare", trace=a_path, trace_b=b_path, mode="traces"))
         if not b_path:
             st.info("Choose a second trace on the Files page (“Second trace”).")
             return
@@ -93,7 +102,23 @@ def _traces() -> None:
         if diff_rows:
             st.markdown("**What differs between the two runs** (parameters; the models' metadata and tensor "
                         "tables)")
-            st.dataframe(pd.DataFrame(diff_rows), hide_index=True, width="stretch")
+            rows = model_views.explained_differences(diff_rows, {"A": loaders.recorded_validation(tr_a),
+                                                                 "B": loaders.recorded_validation(tr_b)})
+            for r in rows:
+                if r["verify"]:
+                    st.warning(f"Likely cause: `{r['name']}` ({r['A']} in A, {r['B']} in B) — {r['verify']}",
+                               icon=":material/troubleshoot:")
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
+                         column_config={"what": st.column_config.TextColumn("what", width=110),
+                                        "name": st.column_config.TextColumn("name", width=230),
+                                        "A": st.column_config.TextColumn("A", width=150),
+                                        "B": st.column_config.TextColumn("B", width=150),
+                                        "verify": st.column_config.TextColumn(
+                                            "verify says", width=280,
+                                            help="the finding of `mtpscope verify DRAFTER --target TARGET` (on the "
+                                                 "run's recorded models) that names this key or tensor: a "
+                                                 "difference verify explains")})
+            st.caption("Rows verify explains come first; the rest are differences verify has nothing against.")
         else:
             st.caption("Same recording parameters and the same model files.")
         ra, rb = tr_a.rounds, tr_b.rounds
@@ -104,13 +129,17 @@ def _traces() -> None:
         prompts_a = views.manifest_prompts(tr_a.manifest)
         prompts_b = views.manifest_prompts(tr_b.manifest)
     else:
-        pids = sorted(labels_a)
         if len(pids) < 2:
             st.info("This trace has a single prompt.")
             return
+        if view is not None and view.prompt_b is not None:
+            st.session_state[sel.CMP_PROMPT_B] = view.prompt_b
+        elif st.session_state.get(sel.CMP_PROMPT_B) not in pids:
+            st.session_state[sel.CMP_PROMPT_B] = pids[1]
         c1, c2 = st.columns(2)
-        pa_id = c1.selectbox("prompt A", pids, index=0, key=sel.CMP_PROMPT_A, format_func=labels_a.get)
-        pb_id = c2.selectbox("prompt B", pids, index=1, key=sel.CMP_PROMPT_B, format_func=labels_a.get)
+        pa_id = int(sel.prompt_picker(c1, sel.CMP_PROMPT_A, pids, labels_a, label="prompt A"))
+        pb_id = c2.selectbox("prompt B", pids, key=sel.CMP_PROMPT_B, format_func=labels_a.get)
+        url_state.publish(links.View("compare", trace=a_path, mode="prompts", prompt=pa_id, prompt_b=pb_id))
         names = (f"prompt {pa_id}", f"prompt {pb_id}")
         if pa_id == pb_id:
             st.warning("Prompt A and prompt B are the same prompt.", icon=":material/warning:")
@@ -135,7 +164,7 @@ def _traces() -> None:
                                           names=names, window=w), key=sel.CMP_ROLLING, width="stretch")
     st.caption(f"Each run's acceptance rate over its last {wording.plural(w, 'round')}, rounds in prompt order.")
 
-    if mode == "two traces":
+    if mode == MODES["traces"]:
         try:
             loaders.comparison(a_path, b_path)
         except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)

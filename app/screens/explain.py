@@ -6,13 +6,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, loaders, views
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.traces.analysis import wording
 
 st.title("Explain")
 path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
+view = url_state.requested("explain")
 
 #: First mismatches listed at most.
 MAX_ROWS = 500
@@ -32,13 +33,14 @@ with guard("explanation"):
     prompts = views.manifest_prompts(tr.manifest)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
-    ALL = -1
+    ALL = sel.ALL
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds))
     c1, c2 = st.columns([3, 1])
-    choice = c1.selectbox("prompt", [ALL] + pids, key=sel.EXP_PROMPT,
-                          format_func=lambda p: "all prompts" if p == ALL else labels[p])
+    choice = sel.prompt_picker(c1, sel.EXP_PROMPT, pids, labels, allow_all=True)
     cat_field = c2.text_input("category field", key=sel.EXP_CATEGORY_FIELD, placeholder="category",
                               help="The prompts file's field that holds each prompt's category (as `mtpscope "
                                    "explain --category-field`); empty: 'category'.")
+    url_state.publish(links.View("explain", trace=path, prompt=choice))
     x = loaders.explanation(path, None if choice == ALL else choice, cat_field.strip() or None)
     d = x.to_dict()
     rej, t = d["rejections"], x.totals
@@ -169,18 +171,18 @@ with guard("explanation"):
 
         cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
         sub = fm.head(MAX_ROWS)
+        short_labels = views.prompt_labels(pids, prompts, width=24)
         table = pd.DataFrame({
-            "prompt": [labels.get(int(p), str(p)) for p in sub["prompt_id"]],
+            "prompt": [short_labels.get(int(p), str(p)) for p in sub["prompt_id"]],
             "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
             "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
                     for r in sub.to_dict(orient="records")]})
         ev = st.dataframe(table, hide_index=True, width="stretch", key=sel.EXP_FIRST_MISMATCHES, on_select="rerun",
-                          selection_mode="single-row",
-                          column_config={"prompt": st.column_config.TextColumn("prompt", width=200),
+                          selection_mode="single-row", row_height=views.WRAPPED_ROW_PX,  # the sentence wraps
+                          column_config={"prompt": st.column_config.TextColumn("prompt", width=150),
                                          "round": st.column_config.NumberColumn("round", width=60),
                                          "k": st.column_config.NumberColumn("k", width=40),
-                                         "why": st.column_config.TextColumn("why (hover for the whole sentence)",
-                                                                            width="large")})
+                                         "why": st.column_config.TextColumn("why", width=620)})
         st.caption("Select a row to open that round in the Step view"
                    + (f" (first {MAX_ROWS} of {len(fm):,})." if len(fm) > MAX_ROWS else "."))
         picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []

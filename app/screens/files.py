@@ -6,7 +6,8 @@ import streamlit as st
 
 from mtpscope.app import charts, loaders, model_views, safety, views
 from mtpscope.app import selection as sel
-from mtpscope.app.guard import guard
+from mtpscope.app.guard import guard, status_line
+from mtpscope.errors import MtpscopeError
 from mtpscope.traces.store.layout import MANIFEST
 
 st.title("Files")
@@ -30,11 +31,13 @@ def _candidates(roots_key: tuple[str, ...], kind: str) -> list[str]:
 
 
 def _choose(slot: str, value: str | None) -> bool:
-    """Put ``value`` into selection slot ``slot``: a trace also selects the models that recorded it; a
-    target model offered as the drafter is refused (its reason kept for the page). True when chosen."""
+    """Put ``value`` into selection slot ``slot``: a trace also selects the models that recorded it; a path
+    that cannot be selected (outside the allowed folders, missing, not a trace folder, a target model offered
+    as the drafter: :func:`mtpscope.app.loaders.slot_refusal`) is refused, its reason kept for the page and
+    the selection left as it was. True when chosen."""
     st.session_state.pop(sel.refused_key(slot), None)
-    if slot == sel.DRAFTER and value:
-        why = loaders.drafter_refusal(value)
+    if value:
+        why = loaders.slot_refusal(slot, value)
         if why:
             st.session_state[sel.refused_key(slot)] = (value, why)
             return False
@@ -43,6 +46,17 @@ def _choose(slot: str, value: str | None) -> bool:
         st.session_state[sel.FILES_MODELS_FROM_MANIFEST] = found
     else:
         sel.set_(slot, value)
+    return True
+
+
+def _unchanged(slot: str) -> bool:
+    """True (and a line saying what is still selected) while a refusal is shown for ``slot``: the summary of
+    the selection it did not replace is not shown under it."""
+    if not st.session_state.get(sel.refused_key(slot)):
+        return False
+    cur = sel.get(slot)
+    st.caption(f"The selection is unchanged: `{sel.short(cur)}`; choose another path (or clear the upload) to "
+               "see its summary again." if cur else "Nothing is selected here.")
     return True
 
 
@@ -93,27 +107,36 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
                               help=f"at most {safety.MAX_UPLOAD_BYTES // 2**20} MiB; stored under the uploads "
                                    "folder and read like any other file, never executed")
         # act once per uploaded file: the uploader keeps its file across reruns, and a later pick in
-        # the select box must win over it
+        # the select box must win over it; a refused upload stays refused until it is cleared
         if up is not None and st.session_state.get(sel.uploaded_key(slot)) != up.file_id:
-            with guard():
+            st.session_state[sel.uploaded_key(slot)] = up.file_id
+            try:
                 data = up.getvalue()
                 if upload == "GGUF":
                     p = safety.store_upload(data, up.name, safety.uploads_dir())
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
-                st.session_state[sel.uploaded_key(slot)] = up.file_id
+            except (MtpscopeError, OSError) as e:
+                st.session_state[sel.refused_key(slot)] = (up.name, f"upload refused: {status_line(e)}")
+            else:
                 if _choose(slot, str(p)):
                     st.rerun()
+        elif up is None and st.session_state.pop(sel.uploaded_key(slot), None) is not None:
+            refused = st.session_state.get(sel.refused_key(slot))
+            if refused and refused[1].startswith("upload refused:"):  # the refused upload was cleared
+                st.session_state.pop(sel.refused_key(slot), None)
     refused = st.session_state.get(sel.refused_key(slot))
     if refused:
         st.error(refused[1], icon=":material/block:")
-        if slot == sel.DRAFTER:
+        if slot == sel.DRAFTER and loaders.drafter_refusal(refused[0]):  # a target model: offer it as the target
             st.button("use it as the target instead", key=sel.FILES_AS_TARGET, on_click=_as_target,
                       args=(refused[0],))
 
 
 def _gguf_summary(slot: str) -> None:
     path = sel.get(slot)
+    if _unchanged(slot):
+        return
     if not path:
         st.caption("none selected")
         return
@@ -207,7 +230,9 @@ _estimate()
 
 st.subheader("Trace")
 _picker(sel.TRACE, "trace folder", "trace", optional=True, upload="trace .zip")
-if sel.get(sel.TRACE):
+if _unchanged(sel.TRACE):
+    pass
+elif sel.get(sel.TRACE):
     with guard("trace store"):
         tr = loaders.trace(sel.get(sel.TRACE))
         m = tr.manifest

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, loaders, round_views, views
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard, internal_error_line, status_line
-from mtpscope.errors import MtpscopeError
+from mtpscope.errors import LinkError, MtpscopeError
 from mtpscope.traces.analysis import wording
 from mtpscope.traces.analysis.explain_report import drafting_head
 
@@ -30,9 +30,14 @@ def _go(target: tuple[int, int] | None) -> None:
         sel.select_round(target)
 
 
+def _round_typed(pid: int) -> None:
+    sel.select_round((pid, int(st.session_state[sel.STEP_ROUND])))
+
+
 st.title("Step view")
 path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page, then click a round on the Acceptance "
                               "timeline.", hint=False)
+view = url_state.requested("step")
 
 with guard("trace store"):
     tr = loaders.trace(path)
@@ -45,31 +50,36 @@ with guard("trace store"):
     head = drafting_head(tr.manifest)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
-    picked = sel.selected_round()
-    if not picked or picked[0] not in pids:
-        picked = (pids[0], int(rounds.loc[rounds["prompt_id"] == pids[0], "round"].min()))
-    # widgets follow the selection made on the timeline, the text view or the buttons
-    if st.session_state.get(sel.STEP_SYNCED) != tuple(picked):
-        st.session_state[sel.STEP_SYNCED] = tuple(picked)
-        st.session_state[sel.STEP_PROMPT] = picked[0]
-        st.session_state[sel.STEP_ROUND] = picked[1]
+    spans = round_views.prompt_round_spans(rounds)
+    url_state.take_prompt_round(view, spans, sel.page_prompt(pids, allow_all=False))
     c1, c2 = st.columns([3, 1])
-    pid = c1.selectbox("prompt", pids, key=sel.STEP_PROMPT, format_func=labels.get)
-    rmax = int(rounds.loc[rounds["prompt_id"] == pid, "round"].max())
-    if st.session_state.get(sel.STEP_ROUND, 0) > rmax:
-        st.session_state[sel.STEP_ROUND] = 0
-    rnd = c2.number_input("round", min_value=0, max_value=rmax, step=1, key=sel.STEP_ROUND)
-    cur = (int(pid), int(rnd))
+    pid = int(sel.prompt_picker(c1, sel.STEP_PROMPT, pids, labels))
+    lo, hi = spans[pid]
+    picked = sel.selected_round()
+    st.session_state[sel.STEP_ROUND] = picked[1] if picked and picked[0] == pid else lo
+    # no max_value: a round typed past the last is refused below in one line that the next click clears
+    rnd = int(c2.number_input("round", min_value=0, step=1, key=sel.STEP_ROUND, on_change=_round_typed, args=(pid,)))
+    cur = (pid, rnd)
     sel.select_round(cur)
-    st.session_state[sel.STEP_SYNCED] = cur
     stops = round_views.rejected_rounds(rounds)
     prev_r, next_r = round_views.neighbour(stops, cur, -1), round_views.neighbour(stops, cur, +1)
-    b1, b2, b3 = st.columns([1, 1, 3])
+    worst = round_views.worst_round(rounds, pid)
+    b1, b2, b3, b4 = st.columns([5, 4, 3, 5])
     b1.button("◀ previous rejected round", key=sel.STEP_PREV, disabled=prev_r is None, on_click=_go, args=(prev_r,),
               help="the closest earlier round in which the target rejected a draft")
     b2.button("next rejected round ▶", key=sel.STEP_NEXT, disabled=next_r is None, on_click=_go, args=(next_r,),
               help="the closest later round in which the target rejected a draft")
-    b3.caption(f"{wording.plural(len(stops), 'round')} of {len(rounds):,} had a rejected draft.")
+    b3.button("worst round", key=sel.STEP_WORST, disabled=worst is None or worst == cur, on_click=_go,
+              args=(worst,), help="this prompt's round that lost the most drafts; among those, the one opening the "
+                                  "longest run of rounds that accepted nothing")
+    b4.caption(f"{wording.plural(len(stops), 'round')} of {len(rounds):,} had a rejected draft.")
+    if not lo <= rnd <= hi:
+        st.error(f"round {rnd}: prompt {pid} has rounds {lo}–{hi}", icon=":material/error:")
+        st.stop()
+    if view is not None and view.step is not None:  # the draft step a link points at, while its round is shown
+        st.session_state[sel.SEL_STEP] = (*cur, view.step)
+    focus = st.session_state.get(sel.SEL_STEP)
+    k_focus = focus[2] if focus and tuple(focus[:2]) == cur else None
 
     r = rounds[(rounds["prompt_id"] == pid) & (rounds["round"] == rnd)]
     if len(r) == 0:
@@ -77,6 +87,13 @@ with guard("trace store"):
         st.stop()
     row = r.iloc[0]
     nd, na = int(row["n_draft"]), int(row["n_accepted"])
+    if k_focus is not None:
+        try:
+            links.check_step(links.View("step", step=k_focus), nd, f"prompt {pid}, round {rnd}")
+        except LinkError as e:
+            st.session_state.pop(sel.SEL_STEP, None)
+            url_state.refuse(e)
+    url_state.publish(links.View("step", trace=path, prompt=pid, round=rnd, step=k_focus))
     text = views.prompt_texts(prompts).get(int(pid))
     st.markdown(f"**prompt {pid} · round {rnd}**" + (f" · “{wording.shorten(text, 60)}”" if text else "")
                 + f" · position {int(row['pos'])} · pending token {dec.label(int(row['pending_token']))} · "
@@ -110,22 +127,31 @@ with guard("trace store"):
                 "so the drafter's candidates are not known.")
         st.stop()
     table = round_views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head, n_top=3)
-    st.dataframe(table, hide_index=True, width="stretch", key=sel.STEP_TABLE,
+    if k_focus is not None:
+        st.markdown(f"The link points at draft step **k={k_focus}** (highlighted).")
+    shown = table.style.apply(lambda r: ["background-color: #fff3c4" if int(r["k"]) == k_focus else ""] * len(r),
+                              axis=1) if k_focus is not None else table
+    # every cell readable at ~940 px: widths that sum to less, long text wrapping (WRAPPED_ROW_PX)
+    st.dataframe(shown, hide_index=True, width="stretch", key=sel.STEP_TABLE, row_height=views.WRAPPED_ROW_PX,
+                 placeholder="—",
                  column_config={
-                     "k": st.column_config.NumberColumn("k", width=40),
-                     "verdict": st.column_config.TextColumn("verdict", width=110),
+                     "k": st.column_config.NumberColumn("k", width=36),
+                     "verdict": st.column_config.TextColumn("verdict", width=100),
+                     "drafted": st.column_config.TextColumn("drafted", width=100),
+                     "target": st.column_config.TextColumn("target", width=100),
                      "target_rank": st.column_config.NumberColumn(
-                         "target rank", width=90, help="rank of the target's token among the drafter's logits "
-                                                       "(0 = the drafter's choice)"),
-                     "top_candidates": st.column_config.TextColumn("drafter's top 3"),
+                         "rank", width=60, help="rank of the target's token among the drafter's logits "
+                                                "(0 = the drafter's choice)"),
+                     "top_candidates": st.column_config.TextColumn("drafter's top 3", width=170),
                      "target_centroid": st.column_config.TextColumn(
-                         "target's centroid", help="the centroid holding the target's token, and its rank among "
-                                                   "all centroids"),
+                         "centroid", width=90, help="the centroid holding the target's token, and its rank among all "
+                                                    "centroids"),
                      "centroid_head": st.column_config.TextColumn(
-                         "centroid head (what-if)" if head == "dense" else "centroid head",
-                         help="whether the centroid head's candidates held the target's token"),
-                     "drafted_id": st.column_config.NumberColumn("drafted id", width=90),
-                     "target_id": st.column_config.NumberColumn("target id", width=90)})
+                         "reach (what-if)" if head == "dense" else "reach", width=100,
+                         help="whether the centroid head's candidates held the target's token"
+                              + (" (this run drafted with the dense head: a what-if)" if head == "dense" else "")),
+                     "drafted_id": st.column_config.NumberColumn("drafted id", width=80),
+                     "target_id": st.column_config.NumberColumn("target id", width=80)})
     st.caption("One row per draft step: the drafted token against the target's; a step after the first rejection "
                "was never checked by the target.")
 

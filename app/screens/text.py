@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, round_views, views
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.traces.analysis import wording
 
 st.title("Generated text")
 path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
+view = url_state.requested("text")
+#: The "colour by" choices and their link values.
+COLOURS = {"status": "what produced it", "class": "token class"}
 
 #: Characters per line of the text view, and the most tokens drawn at once.
 WIDTH, MAX_TOKENS = 100, 3000
@@ -26,15 +29,19 @@ with guard("trace store"):
     prompts = views.manifest_prompts(tr.manifest)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
-    cur = sel.selected_round()
-    if st.session_state.get(sel.TEXT_PROMPT) not in pids:
-        st.session_state[sel.TEXT_PROMPT] = cur[0] if cur and cur[0] in pids else pids[0]
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds), sel.page_prompt(pids, allow_all=False))
+    if view is not None and view.colour is not None:
+        st.session_state[sel.TEXT_COLOUR] = COLOURS[view.colour]
     c1, c2 = st.columns([3, 1])
-    pid = c1.selectbox("prompt", pids, key=sel.TEXT_PROMPT, format_func=labels.get)
-    colour = c2.radio("colour by", ["what produced it", "token class"], horizontal=True, key=sel.TEXT_COLOUR)
+    pid = int(sel.prompt_picker(c1, sel.TEXT_PROMPT, pids, labels))
+    cur = sel.selected_round()
+    colour = c2.radio("colour by", list(COLOURS.values()), horizontal=True, key=sel.TEXT_COLOUR)
+    url_state.publish(links.View("text", trace=path, prompt=pid, round=cur[1] if cur and cur[0] == pid else None,
+                                 colour=next(k for k, v in COLOURS.items() if v == colour)))
     text = views.prompt_texts(prompts).get(pid)
-    if text:
-        st.markdown(f"**Prompt:** {text}")
+    if text:  # as written: its line breaks and indentation kept (markdown would join its lines)
+        st.markdown("**Prompt:**")
+        st.code(text, language=None, wrap_lines=True)
     pos = loaders.positions(path)
     classes = None
     if colour == "token class":

@@ -5,14 +5,18 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from mtpscope.app import charts, loaders, model_views
+from mtpscope.app import charts, loaders, model_views, url_state
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
+from mtpscope.errors import LinkError
 
 st.title("Tensor values")
 #: Most elements read for one view (a row slice of a big matrix, never the whole tensor).
 MAX_ELEMENTS = 4_000_000
 
+view = url_state.requested("values")
+if view is not None and view.tensor is not None:  # a link's tensor is the drafter's
+    st.session_state[sel.VALUES_WHICH] = sel.DRAFTER
 which = st.radio("file", [sel.DRAFTER, sel.TARGET], horizontal=True, key=sel.VALUES_WHICH)
 path = sel.selected_or_stop(which, f"Choose a {which} on the Files page.", hint=False)
 
@@ -22,6 +26,11 @@ with guard("GGUF reader"):
     if not names:
         st.info("This file has no tensors.")
         st.stop()
+    if view is not None and view.tensor is not None:
+        if view.tensor not in names:
+            url_state.refuse(LinkError(f"no such tensor in {sel.short(path)}", key="tensor",
+                                       expected=f"one of its {len(names)} tensors", actual=repr(view.tensor)))
+        st.session_state[sel.VALUES_TENSOR] = view.tensor
     default = next((n for n in names if n.startswith(("mtp.", "nextn."))), names[0])
     if st.session_state.get(sel.VALUES_TENSOR) not in names:
         st.session_state[sel.VALUES_TENSOR] = default
@@ -44,10 +53,12 @@ with guard("GGUF reader"):
         st.info(f"dtype {a.dtype} cannot be plotted")
         st.stop()
     stats = model_views.value_stats(a)
-    cols = st.columns(6)
-    for col, key in zip(cols, ("min", "max", "mean", "std", "zeros", "non_finite")):
-        v = stats.get(key)
-        col.metric(key, "—" if v is None else (f"{v:.1%}" if key == "zeros" else f"{v:.4g}"))
+    for row in (("min", "max", "mean"), ("std", "zeros", "non_finite")):  # three wide boxes: no value is cut
+        for col, key in zip(st.columns(3), row):
+            v = stats.get(key)
+            col.metric(key, "—" if v is None else f"{v:.1%}" if key == "zeros" else f"{int(v):,}"
+                       if key == "non_finite" else model_views.compact_number(v),
+                       help=None if v is None or key in ("zeros", "non_finite") else f"{v!r}")
     log_y = st.toggle("log counts", key=sel.VALUES_LOG)
     st.plotly_chart(charts.histogram_figure(a, title=f"{name} rows {start}–{stop - 1}", log_y=log_y),
                     key=sel.VALUES_HIST, width="stretch")

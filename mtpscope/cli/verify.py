@@ -2,7 +2,9 @@
 
 ``mtpscope verify PATH [--target T] [--hf DIR] [--json]``: exit 0 when no finding is an error, 1 when
 some are, 2 when a file is unreadable (one line on stderr).
-``mtpscope diff A B [--values] [--json]``: exit 0 when the files do not differ, 1 when they do, 2 unreadable.
+``mtpscope diff A B [--data sampled|whole|none] [--values] [--json]``: metadata keys, tensor table and tensor
+bytes (by default small tensors whole and larger ones on sampled rows; ``--data whole`` every byte), and what
+was compared; exit 0 when the files do not differ, 1 when they do, 2 unreadable.
 """
 
 from __future__ import annotations
@@ -100,14 +102,21 @@ def register(app: typer.Typer) -> None:
     def diff(
         a: Annotated[str, typer.Argument(help=f"first GGUF: {_WHERE}")],
         b: Annotated[str, typer.Argument(help="second GGUF (same forms)")],
-        values: Annotated[bool, typer.Option("--values", help="relative error on sampled rows")] = False,
+        data: Annotated[str, typer.Option(
+            "--data", help="tensor bytes compared: 'sampled' (tensors up to 1 MiB whole, larger ones on "
+                           "--sample-rows rows in 4 evenly spaced runs, first and last rows included; stays fast on "
+                           "20 GB files), 'whole' (every byte) or 'none'")] = "sampled",
+        sample_rows: Annotated[int, typer.Option("--sample-rows", help="rows compared per larger tensor with "
+                                                                         "--data sampled")] = 32,
+        values: Annotated[bool, typer.Option("--values", help="also the relative error (dequantized) on sampled "
+                                                                "rows: how much the values differ")] = False,
         rows: Annotated[int, typer.Option("--rows", help="rows sampled per tensor with --values")] = 16,
         as_json: Annotated[bool, typer.Option("--json", help="print the diff as JSON")] = False,
         allow_full_download: AllowFullDownload = False,
         max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
         timeout: Timeout = DEFAULT_TIMEOUT_S,
     ) -> None:
-        """Metadata keys and tensors added / removed / changed between two GGUFs."""
+        """Metadata keys, tensors and tensor bytes added / removed / changed between two GGUFs."""
         import json
 
         from mtpscope.inspector.diff import diff as run_diff
@@ -115,7 +124,7 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             fa = open_source(a, allow_full_download, max_header_mib, timeout)
             fb = open_source(b, allow_full_download, max_header_mib, timeout)
-            d = run_diff(fa, fb, values=values, n_rows=rows)
+            d = run_diff(fa, fb, values=values, n_rows=rows, data=data, sample_rows=sample_rows)
         if as_json:
             print(json.dumps(d.to_dict(), indent=2))
         else:
@@ -142,9 +151,18 @@ def _print_diff(d: object) -> None:
         con.print(f"[cyan]= tensor {x} -> {y} (same tensor, other dialect's name)[/cyan]")
     for c in d.tensors_changed:  # type: ignore[attr-defined]
         con.print(f"[yellow]~ tensor {c.name}: {c.a_type} ne {list(c.a_ne)} -> {c.b_type} ne {list(c.b_ne)}[/yellow]")
+    for c in d.data_differ:  # type: ignore[attr-defined]
+        how = "every row" if c.whole else f"{c.rows_compared} of {c.rows_total} rows"
+        con.print(f"[yellow]~ data {c.name}: bytes differ (first at row {c.first_diff_row}; {how} "
+                  f"compared)[/yellow]")
     for v in d.values:  # type: ignore[attr-defined]
         if not v.identical:
             con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} "
                       f"({v.rows_sampled} of {v.rows_total} rows)")
+    comp = d.compared  # type: ignore[attr-defined]
+    if comp is not None:
+        con.print(comp.line(), markup=False)
     if d.identical:  # type: ignore[attr-defined]
-        con.print("identical")
+        sampled = comp is not None and comp.data_sampled > 0
+        con.print("identical" + (" (rows not sampled were not compared: --data whole compares every byte)"
+                                 if sampled else ""))

@@ -67,7 +67,7 @@ def _entry(man: dict[str, Any], role: str) -> dict[str, Any] | None:
 def _gguf_changes(pa: str, pb: str) -> tuple[tuple[tuple[str, Any, Any], ...], tuple[tuple[str, str | None, str | None], ...]]:
     from mtpscope.inspector.diff import diff
 
-    d = diff(pa, pb, values=False)
+    d = diff(pa, pb, values=False, data="none")  # keys and tensor table only (fast)
     keys = [(c.key, c.a, c.b) for c in d.keys_changed]
     keys += [(k, None, "(present)") for k in d.keys_added] + [(k, "(present)", None) for k in d.keys_removed]
     tens = [(t.name, f"{t.a_type} {list(t.a_ne)}", f"{t.b_type} {list(t.b_ne)}") for t in d.tensors_changed]
