@@ -153,7 +153,8 @@ with guard("explanation"):
     if rec.get("by_category"):
         st.markdown("**Per category**")
         st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
-                     key=sel.EXP_RECOMMENDATION_BY_CATEGORY)
+                     key=sel.EXP_RECOMMENDATION_BY_CATEGORY, row_height=views.WRAPPED_ROW_PX,  # the reason wraps
+                     column_config={"why": st.column_config.TextColumn("why", width=520)})
     be = d.get("break_even")
     if be:
         st.markdown("**Break-even**")

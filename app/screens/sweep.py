@@ -59,7 +59,9 @@ with guard("sweep"):
         if rec.get("by_category"):
             with st.expander("per category", expanded=False):
                 st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
-                             key=sel.SWEEP_RECOMMENDATION_BY_CATEGORY)
+                             key=sel.SWEEP_RECOMMENDATION_BY_CATEGORY,
+                             row_height=views.WRAPPED_ROW_PX,  # the reason wraps
+                             column_config={"why": st.column_config.TextColumn("why", width=520)})
     be = advice.get("break_even")
     if be:
         st.caption(f"Break-even: {be['words']}.")
