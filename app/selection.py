@@ -233,6 +233,23 @@ SERVER_STEP = "server.step"
 SERVER_PROBE_FORM = "server.probe"
 SERVER_JOB = "server.job"
 
+# Diagnose (issue 27)
+DIAG_REFERENCE = "w.diag.reference"
+DIAG_SAVED = "w.diag.saved"
+DIAG_RUN = "diag.run"  # the inputs of the diagnosis the page shows (set by its button)
+DIAG_FIGURES = "diag.fig"
+
+
+def diag_open_key(i: int) -> str:
+    """The Diagnose page's "open" button of the ``i``-th finding."""
+    return f"w.diag.open.{i}"
+
+
+def diag_figure_key(name: str) -> str:
+    """The Diagnose page's figure ``name`` (``per_position``, ``variants``, ...)."""
+    return f"diag.fig.{name}"
+
+
 # Sweep
 SWEEP_PATH = "w.sweep.path"
 SWEEP_VALUE = "w.sweep.value"
@@ -482,3 +499,41 @@ def selected_or_stop(slot: str, message: str, hint: bool = True) -> str:
             demo_missing_hint()
         st.stop()
     return path
+
+
+# ------------------------------------------------------------------------------------- opening a view
+
+#: The pages a link can open, by URL path -> the page's script.
+PAGE_SCRIPTS = {name: f"screens/{name}.py" for name in (
+    "files", "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain", "compare", "sweep",
+    "server", "diagnose")}
+#: The prompt selectors' value meaning every prompt (Acceptance, Explain).
+ALL_PROMPTS = -1
+
+
+def open_view(page: str, params: dict[str, Any]) -> None:
+    """Open ``page`` on the view a finding's link names (``diagnose``'s ``ViewRef``: ``trace``, ``trace_b``,
+    ``drafter``, ``target``, ``prompt``, ``round``, ``step``): select its files (a trace also selects the models that
+    recorded it, then the link's own models win), its prompt on the page's selector and its round, then switch to
+    the page with the link's parameters in its URL.
+
+    Raises:
+        MtpscopeError: no such page.
+    """
+    script = PAGE_SCRIPTS.get(page)
+    if script is None:
+        raise MtpscopeError("no such page in the app", key="page", expected=", ".join(PAGE_SCRIPTS), actual=page)
+    if params.get("trace"):
+        select_trace(str(params["trace"]))
+    for slot in (TRACE_B, DRAFTER, TARGET):
+        if params.get(slot):
+            set_(slot, str(params[slot]))
+    prompt = params.get("prompt")
+    pid = ALL_PROMPTS if prompt in (None, "all") else int(prompt)
+    if page == "explain":
+        st.session_state[EXP_PROMPT] = pid
+    elif page == "acceptance":
+        st.session_state[ACC_PROMPT] = pid
+    if pid != ALL_PROMPTS and params.get("round") is not None:
+        select_round((pid, int(params["round"])))
+    st.switch_page(script, query_params={k: str(v) for k, v in params.items()})

@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
                                       "replayed through the reference drafter)."),
         reference_assistant: Optional[Path] = typer.Option(
             None, "--reference-assistant", help="A known good drafter GGUF to compare with."),
+        centroids: Optional[Path] = typer.Option(
+            None, "--centroids", help="The drafter's centroid head (sidecar / fork GGUF, or HF folder): recorded "
+                                      "beside the dense head, and the replay tries drafting with it."),
         n_draft: int = typer.Option(3, "--n-draft", min=1, max=64, help="Drafts per round of the recording."),
         max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Generated tokens per prompt."),
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
@@ -101,7 +104,7 @@ def register(app: typer.Typer) -> None:
             if specs is not None:
                 say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
             d = diagnose(target=target, assistant=assistant, trace=trace, prompts=specs, prompts_file=prompts,
-                         reference_hf=reference, reference_assistant=reference_assistant, n_draft=n_draft,
+                         reference_hf=reference, reference_assistant=reference_assistant, centroids=centroids, n_draft=n_draft,
                          max_tokens=max_tokens, out=out, replay=not no_replay, command=list(sys.argv), on_step=say)
             doc = d.to_dict()
             for f in doc["findings"]:

@@ -5,8 +5,8 @@ hard vs wrong, token classes, categories, what-if, the advice with its intervals
 report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position), say
 
 * whether the recorded n_draft is **past the decay** of acceptance by position: the drafts at the last depth add
-  fewer than :data:`MARGINAL_MIN` accepted tokens per round, 95 % interval included (the what-if's paired bootstrap
-  of the mean acceptance length, :mod:`mtpscope.traces.analysis.what_if`): a warning, with the n_draft to use;
+  fewer than :data:`MARGINAL_MIN` accepted tokens per round, 95 % interval over prompts included
+  (:func:`depth_gain`, measured on the trace's rounds): a warning, with the n_draft to use;
 * the advice (plain decoding or which n_draft, overall and per category, with intervals and break-even) as a
   note: what pays depends on the machine's costs, so it is never a defect by itself;
 * **what limits acceptance** (:func:`limit_sentences`): hard vs wrong first misses, the worst categories and token
@@ -42,18 +42,32 @@ def _iv(iv: Sequence[float] | None, spec: str = ".2f") -> str:
     return "" if iv is None else f" [{format(iv[0], spec)}, {format(iv[1], spec)}]"
 
 
-def marginal_gain(what_if: Any, n: int) -> tuple[float, tuple[float, float] | None] | None:
-    """Accepted tokens per round that the n-th draft adds: ``tau(n) - tau(n - 1)`` (``tau``: the what-if's mean
-    acceptance length; ``tau(0) = 1``), with its 95 % interval over the what-if's paired bootstrap resamples.
-    None when the what-if lacks n."""
-    s = getattr(what_if, "samples", {}).get("mean_acceptance_length")
-    if s is None or n < 1 or s.shape[1] < n:
+def depth_gain(rounds: Any, n: int, *, n_boot: int = 1000, seed: int = 0
+               ) -> tuple[float, tuple[float, float] | None] | None:
+    """Accepted tokens per round that the n-th draft adds, measured: among the rounds that drafted at least n, the
+    share whose first n drafts were all accepted (= ``tau(n) - tau(n - 1)``, ``tau`` the mean acceptance length at
+    n_draft n), with its 95 % percentile interval over ``n_boot`` resamples of the prompts (seeded). None when no
+    round drafted n.
+
+    Args:
+        rounds: a trace's rounds (``prompt_id``, ``n_draft``, ``n_accepted``).
+    """
+    pid = np.asarray(rounds["prompt_id"], dtype=np.int64)
+    nd = np.asarray(rounds["n_draft"], dtype=np.int64)
+    na = np.asarray(rounds["n_accepted"], dtype=np.int64)
+    m = nd >= n
+    if not m.any():
         return None
-    prev = s[:, n - 2] if n >= 2 else np.ones(len(s))
-    d = s[:, n - 1] - prev
-    rest = d[1:][np.isfinite(d[1:])]
-    iv = (float(np.quantile(rest, 0.025)), float(np.quantile(rest, 0.975))) if len(rest) >= 2 else None
-    return float(d[0]), iv
+    ids, inv = np.unique(pid[m], return_inverse=True)
+    tot = np.bincount(inv, minlength=len(ids)).astype(np.float64)
+    hit = np.bincount(inv, weights=(na[m] >= n).astype(np.float64), minlength=len(ids))
+    gain = float(hit.sum() / tot.sum())
+    if len(ids) < 2 or n_boot < 1:
+        return gain, None
+    w = np.random.default_rng(seed).multinomial(len(ids), np.full(len(ids), 1 / len(ids)), size=n_boot)
+    den = w @ tot
+    s = (w @ hit)[den > 0] / den[den > 0]
+    return gain, (float(np.quantile(s, 0.025)), float(np.quantile(s, 0.975)))
 
 
 def limit_sentences(x: Any, report: Mapping[str, Any]) -> list[str]:
@@ -100,9 +114,10 @@ def _category_lines(advice: Any) -> list[str]:
     return [f"{c}: {r.headline or r.reason}" for c, r in sorted((advice.by_category or {}).items())]
 
 
-def n_draft_findings(x: Any, *, trace: str, n_draft: int) -> list[Finding]:
-    """The n_draft finding: a warning when the recorded n_draft is past the decay (module docstring), else the
-    advice as a note (plain decoding or which n_draft, per category, break-even)."""
+def n_draft_findings(x: Any, rounds: Any, *, trace: str, n_draft: int) -> list[Finding]:
+    """The n_draft finding: a warning when the recorded n_draft is past the decay (module docstring; ``rounds``:
+    the trace's ``prompt_id``, ``n_draft``, ``n_accepted``), else the advice as a note (plain decoding or which
+    n_draft, per category, break-even)."""
     wi, adv = x.what_if, x.advice
     if wi is None or adv is None:
         return []
@@ -115,27 +130,35 @@ def n_draft_findings(x: Any, *, trace: str, n_draft: int) -> list[Finding]:
                          {"choice": rec.choice, "speedup": rec.speedup, "interval": rec.interval, "tie": rec.tie})
     ev_cats = (Evidence("advice", "per category: " + "; ".join(per_cat),
                         {c: r.choice for c, r in (adv.by_category or {}).items()}),) if per_cat else ()
-    mg = marginal_gain(wi, n_draft) if n_draft >= 2 else None
+    mg = depth_gain(rounds, n_draft) if n_draft >= 2 else None
     if mg is not None and mg[1] is not None and mg[1][1] < MARGINAL_MIN:
-        keep = [n for n in range(1, n_draft) if (m := marginal_gain(wi, n)) is not None and m[0] >= MARGINAL_MIN]
-        best = rec.choice if isinstance(rec.choice, int) and not isinstance(rec.choice, bool) and rec.choice < n_draft \
-            else (max(keep) if keep else 1)
-        r_rec, r_best = wi.row(n_draft), wi.row(best)
+        keep = [n for n in range(1, n_draft) if (m := depth_gain(rounds, n, n_boot=0)) is not None
+                and m[0] >= MARGINAL_MIN]
+        best: int | str = max(keep) if keep else "plain"
+        rows = {r.n_draft: r for r in wi.rows}
+        r_rec, r_best = rows.get(n_draft), rows.get(best) if isinstance(best, int) else None
         speed = ""
-        if r_rec.speedup is not None and r_best.speedup is not None:
+        if r_rec is not None and r_best is not None and r_rec.speedup is not None and r_best.speedup is not None:
             speed = (f"; what-if: n_draft {best} at {r_best.speedup:.2f}x{_iv(r_best.speedup_interval)} plain "
                      f"decoding's speed, n_draft {n_draft} at {r_rec.speedup:.2f}x{_iv(r_rec.speedup_interval)}")
         ev = Evidence("explain", f"draft {n_draft} adds {mg[0]:.3f}{_iv(mg[1], '.3f')} accepted tokens per round "
-                      f"(mean acceptance length {r_rec.mean_acceptance_length:.2f} at n_draft {n_draft}, "
-                      f"{wi.row(n_draft - 1).mean_acceptance_length:.2f} at {n_draft - 1}); under {MARGINAL_MIN} a draft "
-                      f"step never pays{speed}",
+                      f"(the share of rounds that drafted {n_draft} with all {n_draft} drafts accepted; 95 % interval "
+                      f"over prompts); under {MARGINAL_MIN} a draft step never pays{speed}",
                       {"marginal": mg[0], "interval": mg[1], "n_draft": n_draft, "suggested": best})
+        use = f"n_draft {best}" if isinstance(best, int) else "plain decoding: no draft position adds " \
+            f"{MARGINAL_MIN} accepted tokens per round"
+        here = "" if rec.choice is None else (f"; on this machine the advice is "
+                                               f"{'plain decoding' if rec.choice == 'plain' else f'n_draft {rec.choice}'}"
+                                               + (" (a tie)" if rec.tie else ""))
+        fix = (Fix("n_draft", f"draft at most {best} tokens per round, the last position that adds {MARGINAL_MIN} "
+                   f"accepted tokens (llama.cpp: --spec-draft-n-max {best}; mtpscope record --n-draft {best}){here}",
+                   key="n_draft", value=best) if isinstance(best, int) else
+               Fix("runtime_flag", "decode without the drafter until the findings above are fixed", key="n_draft",
+                   value="plain"))
         return [Finding("n_draft", WARNING, HIGH,
                         f"n_draft {n_draft} is past the decay: draft {n_draft} adds {mg[0]:.3f} accepted tokens per "
-                        f"round; use n_draft {best}", (ev, ev_advice, *ev_cats),
-                        Fix("n_draft", f"draft {best} tokens per round (llama.cpp: --spec-draft-n-max {best}; "
-                            f"mtpscope record --n-draft {best})", key="n_draft", value=best),
-                        link, subject="n_draft", expected=best, actual=n_draft)]
+                        f"round; use {use}", (ev, ev_advice, *ev_cats), fix, link, subject="n_draft", expected=best,
+                        actual=n_draft)]
     if rec.choice is None:
         return [Finding("n_draft", INFO, MEDIUM, f"advice: {rec.headline or rec.reason}", (ev_advice,), None, link,
                         subject="n_draft", actual=n_draft)]
@@ -172,5 +195,5 @@ def summary(x: Any, report: Mapping[str, Any]) -> dict[str, Any]:
             "recommendation": None if adv is None else adv.recommendation.to_dict()}
 
 
-__all__ = ["MARGINAL_MIN", "MIN_GROUP_DRAFTS", "limit_finding", "limit_sentences", "marginal_gain", "n_draft_findings",
+__all__ = ["MARGINAL_MIN", "MIN_GROUP_DRAFTS", "limit_finding", "limit_sentences", "depth_gain", "n_draft_findings",
            "summary"]

@@ -12,6 +12,7 @@ and this area's records.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mtpscope.inspector.findings import RUNTIME_CRASH_CODES
@@ -106,8 +107,10 @@ def file_findings(report: Any, *, assistant: str, target: str | None) -> list[Fi
         crash = " llama.cpp aborts on it." if f.code in RUNTIME_CRASH_CODES else ""
         ev = Evidence("verify", f"{f.code} [{f.subject or 'file'}]: {f.message}{crash}",
                       {"code": f.code, "expected": f.expected, "actual": f.actual})
-        out.append(Finding(cause, f.severity, HIGH, _title(cause, f), (ev,), _fix(cause, f.code, f.subject, f.expected),
-                           link, subject=f.subject or f.code, expected=f.expected, actual=f.actual))
+        # one finding per key: per-layer subjects (head_count_kv[0], [1], ...) merge, each layer its own evidence
+        subject = re.sub(r"\[\d+\]$", "", f.subject) or f.code
+        out.append(Finding(cause, f.severity, HIGH, _title(cause, f), (ev,), _fix(cause, f.code, subject, f.expected),
+                           link, subject=subject, expected=f.expected, actual=f.actual))
     return out
 
 

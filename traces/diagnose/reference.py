@@ -16,8 +16,8 @@ same conventions, the same prefill of the target), then
 The drafts' difference is a ``quantization`` finding when the file's matrices are quantized (a note unless the
 reference is clearly better: the measured cost of the quantization), else a ``weights`` finding.
 
-Imports: numpy, inspector (convert, diff, gguf: lazily), traces.analysis.align / compare_report, traces.store.reader
-(lazily), this area's records, ``files.cause_of`` and ``variants`` (the replay and its thresholds).
+Imports: numpy, inspector (convert, gguf: lazily), traces.analysis.align, this area's records, ``files.cause_of`` and
+``variants`` (the replay and its thresholds).
 """
 
 from __future__ import annotations

@@ -97,12 +97,13 @@ def _llama_missing() -> str | None:
 
 def _record(steps: _Steps, found: list[Finding], *, target: str, assistant: str, out: Path, n_draft: int,
             max_tokens: int, prompts: Sequence[Any] | None, prompts_file: Any, command: Sequence[str] | None,
-            on_round: Any) -> Path | None:
+            on_round: Any, centroids: Any) -> Path | None:
     from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
     from mtpscope.traces.run.recorder import record  # noqa: PLC0415
 
     dst = out / TRACE_DIR
-    cfg = RecordConfig(n_draft=n_draft, max_tokens=max_tokens, baseline=True)
+    cfg = RecordConfig(n_draft=n_draft, max_tokens=max_tokens, baseline=True,
+                       centroids=None if centroids is None else os.fspath(centroids))
     try:
         with steps.step("record", f"recording with llama.cpp into {dst} (n_draft {n_draft}, {max_tokens} tokens per "
                         "prompt, plain decoding measured first)") as box:
@@ -129,7 +130,8 @@ def _record(steps: _Steps, found: list[Finding], *, target: str, assistant: str,
 def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
              trace: str | os.PathLike[str] | None = None, prompts: Sequence[Any] | None = None,
              prompts_file: str | os.PathLike[str] | None = None, reference_hf: str | os.PathLike[str] | None = None,
-             reference_assistant: str | os.PathLike[str] | None = None, n_draft: int = 3,
+             reference_assistant: str | os.PathLike[str] | None = None,
+             centroids: str | os.PathLike[str] | None = None, n_draft: int = 3,
              max_tokens: int = MAX_TOKENS, out: str | os.PathLike[str] | None = None, replay: bool = True,
              replay_prompts: int = variants.N_PROMPTS, rounds_per_prompt: int = variants.ROUNDS_PER_PROMPT,
              command: Sequence[str] | None = None, on_step: Callable[[str, str], None] | None = None,
@@ -142,6 +144,8 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         prompts / prompts_file: what to record (:class:`mtpscope.traces.run.prompts.PromptSpec` objects or texts,
             or a prompts file); one of them without ``trace``.
         reference_hf / reference_assistant: a reference drafter (an HF checkpoint folder, or a good GGUF).
+        centroids: the drafter's centroid head (a sidecar or fork GGUF, or an HF folder) for the recording: the
+            trace then scores it beside the dense head and the replay adds the ``head=centroid`` variant.
         n_draft / max_tokens: the recording's drafts per round and tokens per prompt.
         out: the output folder (``trace/``, ``replay/``, ``reference/``, ``diagnosis.json``); needed to record,
             replay or convert a reference (without it, with a trace: steps 1, 2, 4 and 7 only).
@@ -193,7 +197,7 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         else:
             rec = _record(steps, found, target=target, assistant=assistant, out=outp, n_draft=n_draft,  # type: ignore[arg-type]
                           max_tokens=max_tokens, prompts=prompts, prompts_file=prompts_file, command=command,
-                          on_round=on_round)
+                          on_round=on_round, centroids=centroids)
             trace = os.fspath(rec) if rec is not None else None
     else:
         steps.runs.append(StepRun("record", "skipped", 0.0, f"the trace {trace} was given"))
@@ -256,7 +260,8 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
 
     if x is not None:
         with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
-            found += behaviour.n_draft_findings(x, trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
+            found += behaviour.n_draft_findings(x, open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"]),
+                                                trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
             lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
     else:
         lf = None
@@ -275,6 +280,24 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     if outp is not None:
         (outp / DIAGNOSIS_FILE).write_text(json.dumps(d.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")
     return d
+
+
+def read_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The diagnosis document (``Diagnosis.to_dict()``) that :func:`diagnose` wrote into ``folder``.
+
+    Raises:
+        MtpscopeError: no ``diagnosis.json`` there, or not one (naming the file).
+    """
+    p = Path(folder) / DIAGNOSIS_FILE
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MtpscopeError("no diagnosis in this folder (run `mtpscope diagnose --out FOLDER`)", path=p) from None
+    except (OSError, ValueError) as e:
+        raise MtpscopeError(f"unreadable diagnosis ({e})", path=p) from None
+    if not isinstance(doc, dict) or doc.get("schema") != 1 or not isinstance(doc.get("findings"), list):
+        raise MtpscopeError("not a diagnosis document", path=p, expected="mtpscope diagnose's diagnosis.json (schema 1)")
+    return doc
 
 
 def _quantization_note(assistant: str, trace: str | None) -> list[Finding]:
@@ -323,4 +346,5 @@ def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list
                                         quantized=reference.quantized_types(assistant))
 
 
-__all__ = ["DIAGNOSIS_FILE", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR", "diagnose"]
+__all__ = ["DIAGNOSIS_FILE", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR", "diagnose",
+           "read_diagnosis"]

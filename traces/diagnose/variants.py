@@ -192,8 +192,8 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
         link = ViewRef.of("compare", trace=trace, trace_b=entry["trace"]) if entry["trace"] else None
         found.append(Finding("convention", ERROR if strong else WARNING, HIGH if strong else MEDIUM,
                              f"{conv.as_if}: replaying with {name} raises acceptance {d['rate_a']:.2f} -> "
-                             f"{d['rate_b']:.2f}", (ev,), Fix(conv.fix_kind, conv.fix, key=name.split("=")[0],
-                                                              value=name.split("=", 1)[1]),
+                             f"{d['rate_b']:.2f}", (ev,), Fix(conv.fix_kind, conv.fix, key=name.partition("=")[0],
+                                                              value=name.partition("=")[2] or None),
                              link, subject=name, expected=d["rate_b"], actual=d["rate_a"]))
     agree, first = agreement(res)
     numbers["baseline_agreement"] = agree
