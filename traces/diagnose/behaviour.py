@@ -9,6 +9,8 @@ report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position)
   (:func:`depth_gain`, measured on the trace's rounds): a warning, with the n_draft to use;
 * the advice (plain decoding or which n_draft, overall and per category, with intervals and break-even) as a
   note: what pays depends on the machine's costs, so it is never a defect by itself;
+* a drafter that is almost never accepted (:func:`broken_finding`): a ``weights`` warning of low confidence, the
+  cause no other check pinned;
 * **what limits acceptance** (:func:`limit_sentences`): hard vs wrong first misses, the worst categories and token
   classes, the decay by position.
 
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.traces.diagnose.records import HIGH, INFO, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
+from mtpscope.traces.diagnose.records import HIGH, INFO, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 
 #: A draft position adding fewer accepted tokens per round than this (upper end of its 95 % interval) is past the
 #: decay: a draft step costs more than that on any runtime (on a GPU about 0.05 - 0.1 of a target decode; here,
@@ -30,6 +32,8 @@ from mtpscope.traces.diagnose.records import HIGH, INFO, MEDIUM, WARNING, Eviden
 MARGINAL_MIN = 0.05
 #: Groups (categories, token classes) with fewer drafts than this are not named in the limits.
 MIN_GROUP_DRAFTS = 20
+#: Acceptance under this is a drafter that does not work at all (:func:`broken_finding`).
+BROKEN_RATE = 0.05
 #: Token classes that say nothing about the text (not named in the limits).
 _SKIP_CLASSES = ("unknown", "special")
 
@@ -170,6 +174,26 @@ def n_draft_findings(x: Any, rounds: Any, *, trace: str, n_draft: int) -> list[F
                     subject="n_draft", expected=rec.choice, actual=n_draft)]
 
 
+def broken_finding(report: Mapping[str, Any], x: Any, *, trace: str) -> Finding | None:
+    """A low-confidence ``weights`` warning when drafts are almost never accepted (acceptance under
+    :data:`BROKEN_RATE` over at least :data:`MIN_GROUP_DRAFTS` x 5 drafts): no trained drafter that loads and pairs
+    drafts that badly, so something the checks above do not see (a tensor's values, a conversion) is wrong. None
+    otherwise."""
+    rate, n = report.get("acceptance_rate"), int(report.get("n_drafted") or 0)
+    if rate is None or n < 5 * MIN_GROUP_DRAFTS or rate >= BROKEN_RATE:
+        return None
+    ts = (x.rejections or {}).get("target_side") or {}
+    hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
+    side = f"; {_pct(wrong / (hard + wrong))} of first misses are tokens the target was sure of" if hard + wrong else ""
+    return Finding("weights", WARNING, LOW, f"drafts are almost never accepted ({rate:.3f} of {n}): the drafter's "
+                   "values or their conversion, which no check above pins down",
+                   (Evidence("explain", f"acceptance rate {rate:.3f} over {n} drafted tokens (a trained drafter that loads "
+                             f"and pairs is accepted far more often){side}", {"acceptance_rate": rate, "n_drafted": n}),),
+                   Fix("reconvert", "compare with a reference (--reference HF_DIR or --reference-assistant GOOD.gguf) "
+                       "and `mtpscope diff` the two files; reconvert"),
+                   ViewRef.of("explain", trace=trace, prompt="all"), subject="weights", expected=None, actual=rate)
+
+
 def limit_finding(x: Any, report: Mapping[str, Any], *, trace: str) -> tuple[Finding | None, list[str]]:
     """The ``acceptance_limit`` note (its title: the first of :func:`limit_sentences`) and every sentence."""
     lines = limit_sentences(x, report)
@@ -195,5 +219,5 @@ def summary(x: Any, report: Mapping[str, Any]) -> dict[str, Any]:
             "recommendation": None if adv is None else adv.recommendation.to_dict()}
 
 
-__all__ = ["MARGINAL_MIN", "MIN_GROUP_DRAFTS", "limit_finding", "limit_sentences", "depth_gain", "n_draft_findings",
-           "summary"]
+__all__ = ["BROKEN_RATE", "MARGINAL_MIN", "MIN_GROUP_DRAFTS", "broken_finding", "depth_gain", "limit_finding",
+           "limit_sentences", "n_draft_findings", "summary"]

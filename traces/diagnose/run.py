@@ -61,7 +61,9 @@ class _Steps:
         self.say(name, f"skipped: {why}")
 
     @contextmanager
-    def step(self, name: str, what: str) -> Any:
+    def step(self, name: str, what: str, *, fatal: bool = False) -> Any:
+        """Time the block; an error of ours (or an OSError) marks the step failed and raises :class:`_StepFailed`
+        (the caller goes on), or, with ``fatal``, the error itself (unreadable input ends the diagnosis)."""
         self.say(name, what)
         t0 = time.perf_counter()
         box: dict[str, str] = {}
@@ -71,6 +73,8 @@ class _Steps:
             self.runs.append(StepRun(name, "failed", time.perf_counter() - t0, str(e)))
             self.notes.append(f"{name}: failed ({e})")
             self.say(name, f"failed: {e}")
+            if fatal:
+                raise
             raise _StepFailed(name) from e
         self.runs.append(StepRun(name, "ran", time.perf_counter() - t0, box.get("note", "")))
 
@@ -181,10 +185,10 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     if outp is not None:
         outp.mkdir(parents=True, exist_ok=True)
 
-    with steps.step("verify", "verify: the drafter, the pair and the runtime verdicts"):
+    with steps.step("verify", "verify: the drafter, the pair and the runtime verdicts", fatal=True):
         report = verify(assistant, target=target, hf_dir=reference_hf)
         found += files.file_findings(report, assistant=assistant, target=target)
-    with steps.step("published", "the drafter's metadata against the published Gemma 4 configurations"):
+    with steps.step("published", "the drafter's metadata against the published Gemma 4 configurations", fatal=True):
         with open_gguf(assistant) as f:
             pf, pub = published.published_findings(f, assistant=assistant, target=target)
         found += pf
@@ -258,13 +262,16 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     if ref_numbers is None:
         found += _quantization_note(assistant, trace)
 
+    lf = None
     if x is not None:
-        with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
-            found += behaviour.n_draft_findings(x, open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"]),
-                                                trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
-            lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
-    else:
-        lf = None
+        try:
+            with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
+                cols = open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"])  # type: ignore[arg-type]
+                found += behaviour.n_draft_findings(x, cols, trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
+                found += [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]  # type: ignore[arg-type]
+                lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
+        except _StepFailed:
+            lf = None
     ranked = rank.rank(found)
     if lf is not None:
         if not any(f.is_defect for f in ranked):
