@@ -102,14 +102,21 @@ def first(d):  # noqa: ANN001, ANN201
 
 
 def test_buggy_rope_base_ranks_first_with_the_published_value(trained: TrainedPaths, tmp_path: Path) -> None:
-    d = diagnose(trace=trained.traces_buggy, out=tmp_path, **SMALL)
+    # with the HF checkpoint it was converted from as the reference: four steps name the same key
+    d = diagnose(trace=trained.traces_buggy, reference_hf=trained.hf_drafter, out=tmp_path, **SMALL)
     f = first(d)
     thetas = {json.loads((p / "config.json").read_text())["text_config"]["rope_parameters"]["sliding_attention"]
               ["rope_theta"] for p in CONFIGS.glob("*-assistant")}
     assert thetas == {10000.0}
     assert (f.cause, f.severity, f.subject) == ("rope", "error", "gemma4-assistant.rope.freq_base_swa")
     assert f.expected == 10000.0 and f.actual == 1e6 and f.fix.value == 10000.0
-    assert {e.step for e in f.evidence} == {"verify", "published"} and f.confidence == "high"
+    assert {e.step for e in f.evidence} == {"verify", "published", "reference"} and f.confidence == "high"
+    assert {e.numbers.get("code") for e in f.evidence if e.step == "verify"} == {"E_PAIR_ROPE", "H_CONFIG_MISMATCH"}
+    # the same tensors, another key: the replayed difference is that key's cost, not a weights finding
+    assert d.reference["tensors_differ"] == [] and d.reference["keys_differ"] == [
+        "gemma4-assistant.rope.freq_base_swa"]
+    assert not [g for g in d.findings if g.cause == "weights"]
+    assert d.reference["rate_b"] > d.reference["rate_a"]
     assert d.exit_code == 1
 
 

@@ -14,7 +14,8 @@ same conventions, the same prefill of the target), then
   expected one.
 
 The drafts' difference is a ``quantization`` finding when the file's matrices are quantized (a note unless the
-reference is clearly better: the measured cost of the quantization), else a ``weights`` finding.
+reference is clearly better: the measured cost of the quantization); when only keys differ (the same tensor values)
+it is the changed keys' evidence (what they cost, measured); else a ``weights`` finding.
 
 Imports: numpy, inspector (convert, gguf: lazily), traces.analysis.align, this area's records, ``files.cause_of`` and
 ``variants`` (the replay and its thresholds).
@@ -23,6 +24,7 @@ Imports: numpy, inspector (convert, gguf: lazily), traces.analysis.align, this a
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +144,9 @@ def reference_findings(res_file: Any, res_ref: Any, *, trace: str, assistant: st
                             "tensors_differ": [{"name": n, "rel_err_max": e} for n, e in tensors],
                             "keys_differ": [] if gdiff is None else [k.key for k in gdiff.keys_changed],
                             "quantized": list(quantized or [])}
-    if gdiff is not None:
-        found += key_findings(gdiff, assistant=assistant, reference=reference)
+    keys = key_findings(gdiff, assistant=assistant, reference=reference) if gdiff is not None else []
     if agree is None or delta["delta"] is None:
-        return found, nums
+        return found + keys, nums
     where = "" if first is None else (f"; they first differ at prompt {first['prompt_id']}, round {first['round']}, "
                                       f"draft {first['k']}")
     tens = ""
@@ -171,6 +172,9 @@ def reference_findings(res_file: Any, res_ref: Any, *, trace: str, assistant: st
                              Fix("reconvert", "convert with a wider type (--outtype f16 / bf16 / f32)" if better else
                                  "nothing to change", key="outtype", value="f16" if better else None),
                              link, subject="quantization", expected=delta["rate_b"], actual=delta["rate_a"]))
+    elif (agree < AGREEMENT_MIN or better) and keys and not tensors:
+        # the same weights, other keys: the drafts differ because of the keys; the replay measures what they cost
+        keys = [replace(k, evidence=(*k.evidence, ev)) for k in keys]
     elif agree < AGREEMENT_MIN or better:
         sev = ERROR if better else WARNING
         found.append(Finding("weights", sev, HIGH if better else MEDIUM,
@@ -179,7 +183,7 @@ def reference_findings(res_file: Any, res_ref: Any, *, trace: str, assistant: st
                              Fix("reconvert", "reconvert the drafter from the reference checkpoint (`mtpscope convert`), "
                                  "or use the reference file"), link, subject="weights",
                              expected=delta["rate_b"], actual=delta["rate_a"]))
-    return found, nums
+    return keys + found, nums
 
 
 __all__ = ["QUANT_PREFIXES", "key_findings", "quantized_types", "reference_findings", "reference_gguf",
