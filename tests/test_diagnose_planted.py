@@ -162,7 +162,8 @@ def test_n_draft_far_past_the_decay_ranks_first(trained: TrainedPaths, tmp_path:
 def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, tmp_path: Path) -> None:
     d = diagnose(trace=trained.traces_f32, out=tmp_path, **SMALL)
     assert d.exit_code == 0 and not d.defects, [f.title for f in d.defects]
-    assert d.limits[0].endswith(NOTHING_WRONG) and d.findings[-1].cause == "acceptance_limit"
+    assert d.limits[0].endswith(NOTHING_WRONG) and d.findings[0].cause == "acceptance_limit"
+    assert d.findings[0].title == d.limits[0] == d.headline
     # the hard share, by hand: each round's first rejected draft, hard when the target's entropy >= 1 nat
     from mtpscope.traces.store.reader import open_trace
 

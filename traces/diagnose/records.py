@@ -48,7 +48,8 @@ class Cause:
 
 #: Every cause a finding can have, in ranking order (a finding of an earlier cause ranks first among findings of
 #: the same severity: a file the runtime refuses hides everything after it; a wrong key explains a replay that
-#: disagrees). Stable ids: tests, the app and the JSON key on them.
+#: disagrees; among notes, what limits acceptance comes before the quantization and n_draft notes). Stable ids:
+#: tests, the app and the JSON key on them.
 CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("runtime_refuses", "runtime refuses",
           "llama.cpp refuses the drafter or the pair, or aborts running it"),
@@ -69,14 +70,14 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "llama.cpp drafts other tokens than the reference drafter reading the same file"),
     Cause("weights", "weights",
           "the drafter's weights differ from the reference's (the HF checkpoint, or a good GGUF)"),
+    Cause("acceptance_limit", "what limits acceptance",
+          "nothing points at the files or the runtime: what limits acceptance instead (hard tokens, token classes, "
+          "categories)"),
     Cause("quantization", "quantization",
           "the drafter's matrices are quantized: what that costs in acceptance"),
     Cause("n_draft", "n_draft",
           "drafts past the decay of acceptance by position (a smaller n_draft is as good and cheaper), or MTP that "
           "does not pay on this machine"),
-    Cause("acceptance_limit", "what limits acceptance",
-          "nothing points at the files or the runtime: what limits acceptance instead (hard tokens, token classes, "
-          "categories)"),
 )}
 
 #: Kinds of fix: a metadata key and its value, a runtime flag, a reconversion from the checkpoint, an n_draft,
