@@ -34,7 +34,7 @@ from mtpscope.errors import LinkError
 
 #: The app's pages by URL path (``st.Page(..., url_path=...)`` in ``mtpscope/app/main.py``).
 PAGES = ("files", "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain",
-         "compare", "sweep")
+         "compare", "sweep", "server", "diagnose")
 #: The pages that show a trace (trace A) and read a prompt from their link.
 TRACE_PAGES = ("acceptance", "text", "step", "explain", "compare")
 #: The value of ``prompt`` meaning every prompt of the trace (Acceptance, Explain).

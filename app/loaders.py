@@ -573,3 +573,61 @@ def server_view(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     p = safety.check_path(path, roots(), kind="dir")
     return _server_view(str(p), _trace_key(p))
+
+
+# ------------------------------------------------------------------------------------------ Diagnose page (issue 27)
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
+               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> dict[str, Any]:  # noqa: ARG001
+    from mtpscope.traces.diagnose.run import diagnose
+
+    ref = Path(reference) if reference else None
+    d = diagnose(trace=trace, assistant=drafter, target=target, out=out,
+                 reference_hf=ref if ref is not None and ref.is_dir() else None,
+                 reference_assistant=ref if ref is not None and ref.is_file() else None)
+    return d.to_dict()
+
+
+def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
+              target: str | os.PathLike[str] | None = None,
+              reference: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``mtpscope diagnose --trace`` of an allowed trace as its JSON document (``Diagnosis.to_dict()``), the models
+    the selected ones (default: the trace's own), ``reference`` an HF checkpoint folder or a good drafter GGUF;
+    its replays written under the uploads folder (``diagnose/<key>/``, allowed, so the findings' links open them).
+    Cached by every input's file stats.
+
+    Raises:
+        PathNotAllowedError; MtpscopeError & co: unreadable input.
+    """
+    import hashlib
+
+    t = safety.check_path(trace, roots(), kind="dir")
+    d = safety.check_path(drafter, roots(), kind="file") if drafter else None
+    g = safety.check_path(target, roots(), kind="file") if target else None
+    r = safety.check_path(reference, roots(), kind="dir" if Path(reference).is_dir() else "file") if reference else None
+    key = hashlib.sha256(repr((str(t), str(d), str(g), str(r))).encode()).hexdigest()[:16]
+    out = safety.uploads_dir() / "diagnose" / key
+    return _diagnosis(str(t), _trace_key(t), None if d is None else str(d), None if d is None else _stat_key(d),
+                      None if g is None else str(g), None if g is None else _stat_key(g),
+                      None if r is None else str(r), None if r is None else (_dir_key(r) if r.is_dir() else _stat_key(r)),
+                      str(out))
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _saved_diagnosis(path: str, key: tuple[int, int]) -> dict[str, Any]:  # noqa: ARG001
+    from mtpscope.traces.diagnose.run import read_diagnosis
+
+    return read_diagnosis(path)
+
+
+def saved_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``diagnosis.json`` that ``mtpscope diagnose --out FOLDER`` wrote (``read_diagnosis``), cached by its stats.
+
+    Raises:
+        PathNotAllowedError; MtpscopeError: missing, unreadable or not a diagnosis.
+    """
+    from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE
+
+    p = safety.check_path(folder, roots(), kind="dir")
+    return _saved_diagnosis(str(p), _stat_key(p / DIAGNOSIS_FILE) if (p / DIAGNOSIS_FILE).is_file() else (0, 0))

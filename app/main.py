@@ -35,6 +35,7 @@ PAGES = [
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
     st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
     st.Page("screens/server.py", title="Server", url_path="server"),
+    st.Page("screens/diagnose.py", title="Diagnose", url_path="diagnose"),
 ]
 
 page = st.navigation(PAGES)

@@ -250,6 +250,23 @@ SERVER_STEP = "server.step"
 SERVER_PROBE_FORM = "server.probe"
 SERVER_JOB = "server.job"
 
+# Diagnose (issue 27)
+DIAG_REFERENCE = "w.diag.reference"
+DIAG_SAVED = "w.diag.saved"
+DIAG_RUN = "diag.run"  # the inputs of the diagnosis the page shows (set by its button)
+DIAG_FIGURES = "diag.fig"
+
+
+def diag_open_key(i: int) -> str:
+    """The Diagnose page's "open" button of the ``i``-th finding."""
+    return f"w.diag.open.{i}"
+
+
+def diag_figure_key(name: str) -> str:
+    """The Diagnose page's figure ``name`` (``per_position``, ``variants``, ...)."""
+    return f"diag.fig.{name}"
+
+
 # Sweep
 SWEEP_PATH = "w.sweep.path"
 SWEEP_VALUE = "w.sweep.value"
@@ -551,3 +568,22 @@ def selected_or_stop(slot: str, message: str, hint: bool = True) -> str:
             demo_missing_hint()
         st.stop()
     return path
+
+
+# ------------------------------------------------------------------------------------- opening a view
+
+#: The pages a link can open, by URL path -> the page's script.
+PAGE_SCRIPTS = {name: f"screens/{name}.py" for name in links.PAGES}
+
+
+def open_view(page: str, params: dict[str, Any]) -> None:
+    """Open ``page`` on the view a finding's link names (``diagnose``'s ``ViewRef``: ``trace``, ``trace_b``,
+    ``drafter``, ``target``, ``prompt``, ``round``, ``step``): the link's parameters go into the page's URL, and
+    the page takes them on arrival as it takes any deep link (:mod:`mtpscope.app.url_state`: files selected and
+    checked, the prompt and round selected, a bad value refused in one line).
+
+    Raises:
+        LinkError: an unknown page, or a parameter the page does not take (:func:`mtpscope.app.links.make_view`).
+    """
+    view = links.make_view(page, **params)
+    st.switch_page(PAGE_SCRIPTS[page], query_params=view.params())

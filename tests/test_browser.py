@@ -25,7 +25,7 @@ SHOTS = ROOT / "test-output" / "screenshots"
 #: url path -> heading each page shows
 PAGES = {"": "Files", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
          "values": "Tensor values", "acceptance": "Acceptance", "text": "Generated text", "step": "Step view",
-         "explain": "Explain", "compare": "Compare"}
+         "explain": "Explain", "compare": "Compare", "diagnose": "Diagnose"}
 
 
 @pytest.fixture(scope="module")

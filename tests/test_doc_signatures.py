@@ -53,6 +53,8 @@ ENTRY_POINTS = (
     "mtpscope.traces.analysis.advice:advise",
     "mtpscope.traces.analysis.advice:Recommendation",
     "mtpscope.traces.server.probe:probe",
+    "mtpscope.traces.diagnose.run:diagnose",
+    "mtpscope.traces.diagnose.records:Finding",
     "mtpscope.demo.build:build_demo",
     "mtpscope.app.links:view_url",
     "mtpscope.app.links:View",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import typer
 
 from mtpscope.cli import demo as cli_demo
+from mtpscope.cli import diagnose as cli_diagnose
 from mtpscope.cli import estimate as cli_estimate
 from mtpscope.cli import explain as cli_explain
 from mtpscope.cli import fidelity as cli_fidelity
@@ -55,7 +56,7 @@ def version() -> None:
 
 
 for _module in (cli_inspect, cli_verify, cli_report, cli_trace, cli_record, cli_demo, cli_fidelity, cli_serve,
-                cli_explain, cli_sweep, cli_estimate, cli_server, cli_quantize):
+                cli_explain, cli_sweep, cli_estimate, cli_server, cli_quantize, cli_diagnose):
     _module.register(app)
 
 

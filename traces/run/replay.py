@@ -201,7 +201,8 @@ def _model_mismatch_notes(man: dict[str, Any], used: dict[str, Path]) -> list[st
 def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: str | os.PathLike[str] | None = None,
            target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
            centroids: str | os.PathLike[str] | None = None, max_rounds: int | None = None,
-           baseline: StepOptions | None = None, chunk: int = 32) -> ReplayResult:
+           baseline: StepOptions | None = None, chunk: int = 32, prompt_ids: Sequence[int] | None = None,
+           rounds_per_prompt: int | None = None) -> ReplayResult:
     """Recompute every recorded draft step of a trace with the reference drafter under each variant.
 
     Per prompt, the accepted token sequence (prompt re-tokenized as the recorder did, then each round's
@@ -219,7 +220,10 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
             ``"fill=min-1,head=centroid"``, ``"hidden=prenorm"``.
         out: folder to write ``summary.json`` and ``steps.parquet`` into.
         target / assistant / centroids: override the manifest's model paths.
-        max_rounds: replay only the first N rounds (over all prompts).
+        max_rounds: replay only the first N rounds (over all prompts, after the two selections below).
+        prompt_ids: replay only these prompts (prompt_id values; unknown ones are ignored).
+        rounds_per_prompt: replay only each prompt's first N rounds (a sample spread over the prompts: the
+            prefill then covers only those rounds' tokens).
         baseline: the baseline options (default: :func:`baseline_for` the manifest: CPU or GPU by the
             device that ran the drafter).
         chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
@@ -259,6 +263,13 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
                          key="centroids")
     ref = ReferenceDrafter.from_gguf(dr, tg, centroids=cen if need_centroids else None)
     rounds = t.rounds.sort_values(["prompt_id", "round"]).reset_index(drop=True)
+    if prompt_ids is not None:
+        rounds = rounds[rounds["prompt_id"].isin([int(p) for p in prompt_ids])].reset_index(drop=True)
+    if rounds_per_prompt is not None:
+        if int(rounds_per_prompt) < 1:
+            raise TraceError("rounds_per_prompt must be positive", key="rounds_per_prompt", expected=">= 1",
+                             actual=rounds_per_prompt)
+        rounds = rounds.groupby("prompt_id", sort=True).head(int(rounds_per_prompt)).reset_index(drop=True)
     if max_rounds is not None:
         if int(max_rounds) < 1:
             raise TraceError("max_rounds must be positive", key="max_rounds", expected=">= 1", actual=max_rounds)

@@ -19,6 +19,7 @@ traces.run.llama (capture, model; inside :func:`prefill`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,17 +69,24 @@ class TargetPrefill:
 def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
     """``{"sliding": n_layer - 2, "full": n_layer - 1}`` as llama.cpp shares them (``llama-model.cpp``,
     the drafter's ``share`` rule), mapped through the target's own KV reuse when it has
-    ``attention.shared_kv_layers``.
+    ``attention.shared_kv_layers``. Read once per file version (path, size, mtime): a replay prefills every
+    prompt of a trace and the target's header (a 262144-token vocabulary) takes a third of a second to walk.
 
     Raises:
         LayoutError: the target lacks ``{arch}.block_count`` or the two layers are not of the types
             llama.cpp assumes (its rule would then pair the drafter with the wrong cache).
     """
+    st = os.stat(target_gguf)
+    return dict(_donor_layers(os.fspath(target_gguf), st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _donor_layers(target_gguf: str, size: int, mtime_ns: int) -> tuple[tuple[str, int], ...]:  # noqa: ARG001
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.layouts import read_hparams
 
-    f = open_gguf(target_gguf)
-    hp = read_hparams(f)
+    with open_gguf(target_gguf) as f:
+        hp = read_hparams(f)
     n = hp.n_layer
     if n < 2 or not (hp.layers[n - 2].sliding and not hp.layers[n - 1].sliding):
         raise LayoutError("llama.cpp's donor rule needs layer n_layer-2 sliding and n_layer-1 full",
@@ -86,7 +94,7 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
                           expected="[..., true, false]", actual=[ly.sliding for ly in hp.layers[-2:]])
     # targets whose last layers reuse earlier caches (E2B / E4B): the drafter then reads that layer's cache,
     # and that layer's K/V nodes are the ones to capture (layouts.HParams.kv_owner, llama.cpp's ``reuse``)
-    return {"sliding": hp.kv_owner(n - 2), "full": hp.kv_owner(n - 1)}
+    return (("sliding", hp.kv_owner(n - 2)), ("full", hp.kv_owner(n - 1)))
 
 
 def prefill(target_gguf: str | os.PathLike[str], tokens: Sequence[int], *, n_batch: int = 256,
