@@ -194,6 +194,7 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
 
     from streamlit.testing.v1 import AppTest
 
+    from mtpscope.app import selection
     from mtpscope.cli.serve import main_script
 
     at = AppTest.from_file(str(main_script()), default_timeout=120)
@@ -212,6 +213,7 @@ def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None
 
     from streamlit.testing.v1 import AppTest
 
+    from mtpscope.app import selection
     from mtpscope.cli.serve import main_script
 
     at = AppTest.from_file(str(main_script()), default_timeout=120)
@@ -222,7 +224,7 @@ def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None
     assert Path(at.session_state["sel.trace"]).resolve() == trained.traces_f32.resolve()
     assert Path(at.session_state["sel.trace_b"]).resolve() == trained.traces_buggy.resolve()
     d = json.loads(trained.demo_json.read_text())["default"]
-    assert at.session_state["w.acc.prompt"] == d["prompt_id"]
+    assert at.session_state[selection.SEL_PROMPT] == d["prompt_id"]    # the one prompt every trace page shows
     at.switch_page("screens/acceptance.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.selectbox(key="w.acc.prompt").value == d["prompt_id"]
+    assert at.selectbox(key=selection.ACC_PROMPT).value == d["prompt_id"]

@@ -298,10 +298,10 @@ def test_server_page_in_apptest(probed, pair, monkeypatch):
 
 @pytest.mark.browser
 def test_server_page_in_chromium(probed, tmp_path):
-    from tests.test_browser import ARGS, CHROMIUM, _need_browser, _settle
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
     from tests.apphelpers import start_app
 
-    sync_api = _need_browser()
+    sync_api = need_browser()
     out, _ = probed
     _, req = _requests(out)
     with start_app(tmp_path / "app.log", env={"MTPSCOPE_ROOTS": str(out.parent)}) as url, \
@@ -317,7 +317,7 @@ def test_server_page_in_chromium(probed, tmp_path):
             box.fill(str(out))
             box.press("Enter")
             page.get_by_text("mean acceptance length").first.wait_for(timeout=120_000)
-            _settle(page)
+            settle(page)
             body = page.locator('[data-testid="stMain"]').inner_text()
             assert f"{req['n_accepted'].sum() / req['n_drafted'].sum():.3f}" in body, body[:800]
             assert page.locator('[data-testid="stPlotlyChart"]').count() == 3
