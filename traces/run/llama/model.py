@@ -2,7 +2,8 @@
 tokenization needs), a loaded model (:class:`LlamaModel`), a context on it (:class:`LlamaContext`: target
 or MTP drafter; decode, logits and the "nextn" hidden rows as numpy views, KV clean-up), the batches
 (:class:`TokenBatch`: tokens only; :class:`DraftBatch`: token + one hidden row, the input of a
-``gemma4-assistant`` drafter step) and the seeded sampler chain (:class:`SamplerChain`).
+``gemma4-assistant`` drafter step), the seeded sampler chain (:class:`SamplerChain`) and llama.cpp's own
+quantizer (:func:`quantize`, ``llama_model_quantize``).
 
 Each holds a C pointer: call ``close()`` when done (also on garbage collection, best effort).
 
@@ -440,3 +441,43 @@ class SamplerChain(_ClosedOnDelete):
         if getattr(self, "ptr", None):
             binding.llama().llama_sampler_free(self.ptr)
             self.ptr = None
+
+
+#: the ``llama_ftype`` ids :func:`quantize` accepts, by the ggml type name of the matrices they produce
+#: (``include/llama.h``, ``enum llama_ftype``: "MOSTLY_<type>", 1-D tensors stay F32)
+QUANTIZE_FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ggml_type: str = "Q8_0", *,
+             n_threads: int = 0, pure: bool = False) -> Path:
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), as ``llama-quantize``
+    does: weight matrices to ``ggml_type``, 1-D tensors kept in F32; llama.cpp's per-tensor rules may
+    pick another type for some tensors (e.g. the tied output head) unless ``pure``.
+
+    Args:
+        src: an F32 / F16 / BF16 GGUF; dst: the file to write (written in place by llama.cpp).
+        ggml_type: one of :data:`QUANTIZE_FTYPES` (``"Q8_0"``, ``"Q4_0"``, ``"F16"``, ``"BF16"``).
+        n_threads: quantizer threads (0: llama.cpp's default, one per core).
+        pure: every matrix to ``ggml_type`` (llama.cpp's ``--pure``).
+
+    Returns:
+        ``dst`` as a :class:`Path`.
+
+    Raises:
+        TraceError: an unknown ``ggml_type``, or llama.cpp failed (its last log lines in the message).
+        RuntimeUnavailableError: llama-cpp-python missing.
+    """
+    if ggml_type not in QUANTIZE_FTYPES:
+        raise TraceError("unknown quantization type", key="ggml_type",
+                         expected=" | ".join(QUANTIZE_FTYPES), actual=ggml_type)
+    lc = binding.llama()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = QUANTIZE_FTYPES[ggml_type]
+    params.nthread = int(n_threads)
+    params.pure = bool(pure)
+    logs.clear_recent()
+    rc = lc.llama_model_quantize(os.fspath(src).encode(), os.fspath(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise TraceError(f"llama.cpp could not quantize the model (rc {rc}): {logs.recent_log(4) or 'no log'}",
+                         path=src)
+    return Path(dst)
