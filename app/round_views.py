@@ -291,36 +291,6 @@ def top_candidates(step: dict, decode: Decode | None, n: int = 10) -> pd.DataFra
     return df
 
 
-def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
-    """Steps the sparse (centroid) head would have missed: the target's token was outside the chosen
-    centroids' candidates (``target_in_candidates`` is False), in trace order, at most ``limit``.
-    Only steps the target judged count (accepted, or the first rejection of their round): a step
-    after its round's first rejection was never checked. On a recording drafted by the dense head
-    these steps may well be accepted: the list is what the centroid head would have got wrong."""
-    if "target_in_candidates" not in steps.columns:
-        return steps.iloc[0:0]
-    m = np.asarray(steps["target_in_candidates"].eq(False).fillna(False), dtype=bool)
-    if "accepted" in steps.columns and {"prompt_id", "round", "k"} <= set(steps.columns):
-        m = m & checked_mask(steps)
-    cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
-                        "target_centroid_rank", "accepted") if c in steps.columns]
-    return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
-
-
-def checked_mask(steps: pd.DataFrame) -> np.ndarray:
-    """Per step (columns prompt_id, round, k, accepted): True when the target judged it — accepted, or
-    the first rejected step of its round; False for the steps after the first rejection."""
-    acc = steps["accepted"].fillna(False).to_numpy(dtype=bool) if hasattr(steps["accepted"], "fillna") \
-        else np.asarray(steps["accepted"], dtype=bool)
-    k = steps["k"].to_numpy(dtype=np.int64)
-    big = np.iinfo(np.int64).max
-    key = pd.DataFrame({"p": steps["prompt_id"].to_numpy(dtype=np.int64), "r": steps["round"].to_numpy(dtype=np.int64),
-                        "rejk": np.where(acc, big, k)})
-    # the first rejected k of each round (``big`` where nothing was rejected)
-    first = key.groupby(["p", "r"], sort=False)["rejk"].transform("min").to_numpy(dtype=np.int64)
-    return k <= first
-
-
 def rejected_rounds(rounds: pd.DataFrame) -> list[tuple[int, int]]:
     """(prompt_id, round) of every round with a rejected draft (``n_accepted < n_draft``), in
     (prompt_id, round) order — the stops of the Step view's previous / next rejected round buttons."""
