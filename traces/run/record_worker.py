@@ -5,7 +5,8 @@ without the process, for an already loaded runtime).
 Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
 (``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`:
 
-1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
+1. The parent starts the child (before its pre-flight check: the child imports llama.cpp meanwhile and
+   touches no model until ``start``; a refused pair ends it with ``stop``) with a control socket, a 4 KiB shared *status* block (where the child
    notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
    environment :data:`traces.run.llama.process.ABORT_ENV` (no debugger from ggml's abort handler). The
    child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
@@ -13,7 +14,9 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
 2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
    prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.transport.pack`.
    The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
-   size, runtime facts, prompt lengths).
+   size, runtime facts, prompt lengths). When the run derives ``h_inner`` (no ``cb_eval`` in the loop), a
+   ``calibration`` message follows (:class:`~traces.mtp_runtime.Calibration`: a few drafter steps run
+   before the loop in a temporary context with the in-graph capture; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
@@ -210,6 +213,16 @@ def prepare_prompts(rtm: Any, job: RecordJob) -> tuple[list[list[int]], dict[str
     return toks, extra
 
 
+def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
+    """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
+    the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
+    from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
+
+    if not job.config.derive or rtm.capture is not None or not toks:
+        return None
+    return Calibration(tuple(rtm.calibrate(toks[0])))
+
+
 def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
     defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
@@ -239,12 +252,15 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
         toks, extra = prepare_prompts(rtm, job)
+        cal = calibration(rtm, job, toks)
         chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
                    "capture": rtm.capture is not None, "runtime": runtime_info(c.n_gpu_layers), **extra})
+        sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
+        if cal is not None:
+            sender.send("calibration", cal)
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
         fault = _fault_round()
-        sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
         try:
             for pid, tk in enumerate(toks):
                 _instrument(rtm, status)
@@ -278,6 +294,18 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
         rtm.close()
 
 
+def _warm_up() -> None:
+    """Import llama.cpp and the loop before the run arrives (the recorder runs its pre-flight check
+    meanwhile); touches no model file. An error here is left for the run to meet and report."""
+    try:
+        from mtpscope.traces.run import mtp_runtime  # noqa: F401, PLC0415
+        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
+
+        llama()
+    except BaseException:  # noqa: BLE001 - reported when the run needs it
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: ``python -m mtpscope.traces.run.record_worker SOCK_FD STATUS_FD PARENT_PID``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -289,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
     chan = Channel(socket.socket(fileno=sock_fd))
     status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
+    _warm_up()
     try:
         got = chan.recv()
         msg = got[0] if got else {}
@@ -402,7 +431,8 @@ class RecordWorker:
 
     Args:
         job: the run: models, prompts and :class:`~traces.run.record_config.RecordConfig` (sent to the
-            child packed by :func:`traces.transport.pack`).
+            child packed by :func:`traces.transport.pack`); None starts the child without it (it imports
+            llama.cpp and waits): :meth:`start` hands it over later, :meth:`abandon` ends it unused.
         echo: copy the worker's stderr (llama.cpp's log) to ours as it comes (``--verbose``).
 
     Raises (from :meth:`hello` and :meth:`events`):
@@ -411,7 +441,7 @@ class RecordWorker:
         RuntimeError: the worker reported an internal error (a bug; its traceback is in the log).
     """
 
-    def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
+    def __init__(self, job: RecordJob | None = None, *, echo: bool = False) -> None:
         from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -439,12 +469,27 @@ class RecordWorker:
         self.trace_dir: Path | None = None
         self._closed = False
         self.n_rounds_received = 0
+        if job is not None:
+            self.start(job)
+
+    # -- parent API
+    def start(self, job: RecordJob) -> RecordWorker:
+        """Hand the worker its run (it has been importing llama.cpp meanwhile); returns self."""
         try:
             self.chan.send({"kind": "start", "job": pack(job)[0]})
         except TransportClosed:
             pass  # reported by hello()
+        return self
 
-    # -- parent API
+    def abandon(self) -> None:
+        """End a worker that was never started (the pre-flight check refused the pair): it exits without
+        loading anything. Idempotent with :meth:`close`."""
+        try:
+            self.chan.send({"kind": "stop"})
+        except (TransportClosed, OSError):
+            pass
+        self.close()
+
     def hello(self) -> dict[str, Any]:
         """Wait for the worker to load the models; its ``hello`` (n_vocab, n_embd_backbone, n_embd,
         n_ctx, capture, runtime, n_prompt_tokens)."""
@@ -460,9 +505,10 @@ class RecordWorker:
         self.trace_dir = Path(path).parent
         self.log.log_to(Path(path))
 
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
-        """The worker's rounds and prompt ends, then one :class:`WorkerDone`. After each
-        :class:`WorkerRound`, call :meth:`release` once its arrays are no longer needed."""
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        """The worker's :class:`~traces.mtp_runtime.Calibration` first (when the run derives ``h_inner``),
+        its rounds and prompt ends, then one :class:`WorkerDone`. After a :class:`WorkerRound` or the
+        calibration, call :meth:`release` once its arrays are no longer needed."""
         from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
 
         while True:
@@ -471,6 +517,8 @@ class RecordWorker:
             if kind == "round":
                 self.n_rounds_received += 1
                 yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
+            elif kind == "calibration":
+                yield self.receiver.unpack(msg)
             elif kind == "prompt_done":
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
@@ -605,16 +653,20 @@ class InProcessRounds:
         self.own = runtime is None
         self.rtm = runtime if runtime is not None else load_runtime(job)
         self.toks: list[list[int]] = []
+        self.cal: Any = None
 
     def hello(self) -> dict[str, Any]:
         from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
 
         r = self.rtm
         self.toks, extra = prepare_prompts(r, self.job)
+        self.cal = calibration(r, self.job, self.toks)
         return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
                 "capture": r.capture is not None, "runtime": runtime_info(self.job.config.n_gpu_layers), **extra}
 
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        if self.cal is not None:
+            yield self.cal
         t0, c0 = time.perf_counter(), time.process_time()
         for pid, tk in enumerate(self.toks):
             rounds = self.rtm.run(tk, self.job.config, trace=True)
@@ -641,7 +693,7 @@ class InProcessRounds:
 
 
 __all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "load_runtime", "main", "prepare_prompts"]
+           "WorkerRound", "calibration", "load_runtime", "main", "prepare_prompts"]
 
 
 if __name__ == "__main__":
