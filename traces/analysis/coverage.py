@@ -7,7 +7,8 @@ carries the counts the writer kept (manifest ``centroid_counts``, :mod:`traces.s
 the head's token -> centroid map agrees with the trace's own ``target_centroid`` on every step (one DuckDB
 pass over the distinct (target_token, target_centroid) pairs), those are the answer. Otherwise (another head,
 a recovered or older trace) DuckDB streams the ``centroid_ids`` / ``target_token`` columns out of the Parquet
-parts and returns n_centroids rows (the map enters the query as a table). Either way the memory is a few MB;
+parts and returns n_centroids rows (the map enters the query as a table; the chosen counts, which do not
+depend on the map, still come from the manifest when it has them). Either way the memory is a few MB;
 ``benchmarks/bench_app.py`` measures both.
 
 Imports: duckdb (lazily), numpy, pandas, pyarrow, traces.store.centroid_counts, traces.store.protocols (the
@@ -96,8 +97,10 @@ def centroid_coverage(trace: TraceLike, n_centroids: int, home: np.ndarray | Non
         if counts is not None and (home is None or _home_agrees(con, src, names, home, n)):
             return Coverage(*counts)
         con.execute("SET threads TO 2")
-        chosen = _counts(con.execute(f"SELECT c, count(*) AS n FROM (SELECT unnest(centroid_ids) AS c FROM {src}) "
-                                     f"WHERE c BETWEEN 0 AND {n - 1} GROUP BY c").df(), "n", n)
+        # how often each id was chosen does not depend on the map: the writer's counts when there are any
+        chosen = counts[0] if counts is not None else _counts(con.execute(
+            f"SELECT c, count(*) AS n FROM (SELECT unnest(centroid_ids) AS c FROM {src}) "
+            f"WHERE c BETWEEN 0 AND {n - 1} GROUP BY c").df(), "n", n)
         if home is not None and "target_token" in names:
             h = np.asarray(home, dtype=np.int32)
             con.register("home", pa.table({"token": pa.array(np.arange(h.size, dtype=np.int32)), "c": pa.array(h)}))

@@ -38,8 +38,8 @@ from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import (STOP_GRACE_S, InProcessRounds, PromptDone, RecordWorker, WorkerDone,
-                                               WorkerRound)
+from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, InProcessRounds, PromptDone, RecordWorker,
+                                               WorkerDone, WorkerRound)
 from mtpscope.traces.run.step_analysis import round_record, step_records
 
 # --------------------------------------------------------------------------------------------------
@@ -104,7 +104,8 @@ class RecordSummary:
         mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
             same definition as :func:`traces.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
-        seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
+        seconds: wall time of the generation loops (prefill and trace writing included; loading, the derived
+            h_inner's solve set-up and its calibration excluded).
         cpu_seconds: CPU time of the processes over the same span (``time.process_time``; this process
             and, when isolated, the worker process over its loop: loop thread and sender thread).
         trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
@@ -123,8 +124,10 @@ class RecordSummary:
         loop_decode_seconds: isolated: wall time of the worker's loop inside llama.cpp decodes (the rest
             of ``loop_seconds`` is the Python around them: argmax, copies, handing rounds over); 0 otherwise.
         preflight_seconds: wall time of the pre-flight check (with the centroid head's loading).
-        startup_seconds: wall time from the call to the runtime's ``hello``, right before the first decode
-            (pre-flight, worker start, model loading, prompts, the derived h_inner's solve and calibration).
+        startup_seconds: wall time from the call to the loop's first decode (pre-flight beside the worker's
+            start and model loading, prompts, the derived h_inner's solve and calibration).
+        startup_cpu_seconds: CPU time of this process from its start to the runtime's ``hello`` (imports
+            included) plus, when isolated, the worker process's up to its loop's start.
     """
 
     out: str
@@ -149,6 +152,7 @@ class RecordSummary:
     loop_decode_seconds: float = 0.0
     preflight_seconds: float = 0.0
     startup_seconds: float = 0.0
+    startup_cpu_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -269,9 +273,11 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     if isolated and runtime is not None:
         raise MtpscopeError("a loaded runtime runs in this process; isolate=True needs runtime=None",
                             key="isolate", expected="runtime=None", actual="a MtpRuntime")
-    t_enter = time.perf_counter()
-    # the worker starts now and imports llama.cpp while the pair is checked; it loads nothing before start()
-    early = RecordWorker(echo=echo_log) if isolated else None
+    t_enter, t_enter_epoch = time.perf_counter(), time.time()
+    job = RecordJob(target=os.fspath(target), assistant=os.fspath(assistant), prompts=tuple(specs), config=config)
+    # isolated: the worker loads the pair while it is checked here, and decodes nothing before go(); a refused
+    # pair ends it (it has loaded at most, in its own process): start-up is the longer of the two, not the sum
+    early = RecordWorker(job, echo=echo_log) if isolated else None
     try:
         models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
         preflight_s = time.perf_counter() - t_enter
@@ -290,8 +296,10 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                 models["centroids"] = centroid_source_info(cp)
     except BaseException:
         if early is not None:
-            early.abandon()                      # refused: llama.cpp never sees the files
+            early.abandon()                      # refused: the worker decoded nothing
         raise
+    if early is not None:
+        early.go()
 
     params = config.manifest_params(centroid_top_k=None if head is None else head.top_k, n_ctx=None,
                                     isolated=isolated, preflight=preflight)
@@ -305,7 +313,6 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                                                 "source": head.source, "kind": head.kind},
         "derived": None,
     }
-    job = RecordJob(target=os.fspath(target), assistant=os.fspath(assistant), prompts=tuple(specs), config=config)
     hd = None if config.hidden == "off" else config.hidden
     n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
     outputs: list[tuple[int, ...]] = []
@@ -318,18 +325,18 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     sigint.__enter__()
     t_start, c_start = time.perf_counter(), time.process_time()
     try:
-        src = early.start(job) if early is not None else InProcessRounds(runtime, job)
-        # while the worker loads llama.cpp: the solve that derives h_inner from the logits and h_next
-        solver = _solver(assistant) if config.derive else None
+        src = early if early is not None else InProcessRounds(runtime, job)
         info = src.hello()
-        startup_s = time.perf_counter() - t_enter
+        cpu_at_hello = time.process_time()
         if head is not None:
             head.check_compatible(n_embd=info["n_embd"], n_vocab=info["n_vocab"], drafter=assistant)
         if config.capture and not info["capture"]:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        if info["capture"]:
-            solver = None      # a loaded runtime with the capture: h_inner comes from the graph anyway
+        # h_inner from the logits and h_next, unless a loaded runtime with the capture gives it from the graph;
+        # the solve is built while the worker's first round runs (nothing before the first decode waits for it)
+        solver = None
+        derive = config.derive and not info["capture"]
         params["n_ctx"] = info["n_ctx"]
         manifest["runtime"] = info["runtime"]
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
@@ -346,8 +353,20 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         src.log_to(write_to / "llama.log")
         trace_s += time.perf_counter() - t_start
         gen: list[int] = []
+        cal_s = 0.0            # the solve's set-up and the calibration after the loop: not part of the run's timing
+        t_ev = time.perf_counter()
         for ev in src.events():
-            if isinstance(ev, Calibration):
+            if derive and solver is None:
+                t_sv = time.perf_counter()
+                solver = _solver(assistant)
+                w.manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off",
+                                                      centroids=head is not None)
+                cal_s += time.perf_counter() - t_sv
+            if isinstance(ev, Baseline):
+                w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
+                t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
+            elif isinstance(ev, Calibration):
+                cal_s += time.perf_counter() - t_ev
                 if solver is not None:
                     w.manifest["derived"] = derived_entry(solver, ev.steps, hidden=config.hidden != "off",
                                                           centroids=head is not None)
@@ -377,13 +396,14 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                 gen = []
             elif isinstance(ev, WorkerDone):
                 loop = ev
+            t_ev = time.perf_counter()
         t0 = time.perf_counter()
         if plain_outputs is not None and config.greedy:
             w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == [list(o) for o in plain_outputs]
         w.close()
         trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
-        secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
+        secs, cpu_secs = time.perf_counter() - t_start - cal_s, time.process_time() - c_start
     except RuntimeAbortedError as e:
         # llama.cpp died: keep every round received, say where it stopped and what llama.cpp said
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
@@ -424,7 +444,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                          loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
                          recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
                          loop_decode_seconds=loop.decode_seconds if loop else 0.0,
-                         preflight_seconds=preflight_s, startup_seconds=startup_s)
+                         preflight_seconds=preflight_s,
+                         startup_seconds=(loop.started_at - t_enter_epoch) if loop and loop.started_at else 0.0,
+                         startup_cpu_seconds=cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag
