@@ -23,7 +23,7 @@ order); rows from two weights mix two roundings. Sources are therefore taken in 
 (:data:`ACTIVATION_ROUNDING`, at most :data:`U_FLOOR`). :meth:`HInnerSolver.bound` is the resulting worst-case norm-wise relative
 error against the graph's ``result_norm`` (each source's rounding times the solve's amplification of it, plus
 F32 summation noise); the recorder also measures the agreement with the in-graph capture on a few
-calibration steps of every run and writes both to the manifest (``derived``).
+calibration steps after every run and writes both to the manifest (``derived``).
 
 Shapes: numpy order. Imports: numpy, mtpscope.errors (the GGUF comes in opened, a ``GGUFLike``).
 """
@@ -283,7 +283,7 @@ def calibration_entry(solver: HInnerSolver, steps: Sequence[Any]) -> dict[str, A
         d.update(max_rel_err=float(err.max()), n_calibration=len(cal))
     else:
         d.update(max_rel_err=None, n_calibration=0)
-    d["against"] = "cb_eval capture of result_norm (calibration steps before the run)"
+    d["against"] = "cb_eval capture of result_norm (calibration steps after the run)"
     return d
 
 

@@ -63,7 +63,7 @@ class RecordConfig:
             the graph in pieces). Default False: ``h_inner`` and the centroid head's inputs are derived in
             the recording process from the logits and ``h_next`` llama.cpp returns anyway
             (:mod:`traces.run.derived`; manifest ``derived``: the solve, its bound and the agreement with
-            the in-graph capture measured on calibration steps before the run).
+            the in-graph capture measured on calibration steps after the run).
 
     Ints are stored as ``int``, reals as ``float``, flags as ``bool``, ``centroids`` as ``str``.
 

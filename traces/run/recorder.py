@@ -104,8 +104,8 @@ class RecordSummary:
         mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
             same definition as :func:`traces.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
-        seconds: wall time of the generation loops (prefill and trace writing included; loading, the derived
-            h_inner's solve set-up and its calibration excluded).
+        seconds: wall time of the generation loops (prefill and trace writing included; loading and the
+            derived h_inner's calibration after the loop excluded).
         cpu_seconds: CPU time of the processes over the same span (``time.process_time``; this process
             and, when isolated, the worker process over its loop: loop thread and sender thread).
         trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
@@ -326,6 +326,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     t_start, c_start = time.perf_counter(), time.process_time()
     try:
         src = early if early is not None else InProcessRounds(runtime, job)
+        # while the worker loads the models: the solve that derives h_inner from the logits and h_next (built
+        # here, it never holds up the loop; unused when a loaded runtime brings the graph capture)
+        solver = _solver(assistant) if config.derive else None
         info = src.hello()
         cpu_at_hello = time.process_time()
         if head is not None:
@@ -333,10 +336,10 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         if config.capture and not info["capture"]:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        # h_inner from the logits and h_next, unless a loaded runtime with the capture gives it from the graph;
-        # the solve is built while the worker's first round runs (nothing before the first decode waits for it)
-        solver = None
-        derive = config.derive and not info["capture"]
+        if info["capture"]:
+            solver = None
+        if solver is not None:
+            manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         params["n_ctx"] = info["n_ctx"]
         manifest["runtime"] = info["runtime"]
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
@@ -353,15 +356,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         src.log_to(write_to / "llama.log")
         trace_s += time.perf_counter() - t_start
         gen: list[int] = []
-        cal_s = 0.0            # the solve's set-up and the calibration after the loop: not part of the run's timing
+        cal_s = 0.0            # the calibration after the loop: not part of the run's timing
         t_ev = time.perf_counter()
         for ev in src.events():
-            if derive and solver is None:
-                t_sv = time.perf_counter()
-                solver = _solver(assistant)
-                w.manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off",
-                                                      centroids=head is not None)
-                cal_s += time.perf_counter() - t_sv
             if isinstance(ev, Baseline):
                 w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
                 t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
