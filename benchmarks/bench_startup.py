@@ -17,7 +17,7 @@ both processes), and where record's start-up goes (Python start and imports, the
 while the worker loads the models --, the rest up to the first decode). Ratios of the medians and the
 median of the paired ratios; exits 0 whatever the numbers (speed targets are reported, never asserted).
 
-Usage: ``python -m benchmarks.bench_startup [--pair demo|real] [--repeats 5]``.
+Usage: ``python -m benchmarks.bench_startup [--pair demo|real] [--repeats 5] [--no-repack]``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ _LLAMA_ALONE = """
 import json, sys, time
 t_spawn = float(sys.argv[1])
 from mtpscope.traces.run.llama.model import LlamaModel
-a = LlamaModel(sys.argv[2]); b = LlamaModel(sys.argv[3])
+repack = sys.argv[4] == "1"
+a = LlamaModel(sys.argv[2], repack=repack); b = LlamaModel(sys.argv[3], repack=repack)
 print(json.dumps({"loaded": time.time() - t_spawn, "cpu": time.process_time()}))
 """
 
@@ -50,8 +51,8 @@ import mtpscope.cli.main
 from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.recorder import record
 t_enter = time.time()
-s = record(RecordConfig(max_tokens=2), target=sys.argv[2], assistant=sys.argv[3], out=sys.argv[4], prompt=sys.argv[5],
-           command=["bench"])
+s = record(RecordConfig(max_tokens=2, repack=sys.argv[6] == "1"), target=sys.argv[2], assistant=sys.argv[3],
+           out=sys.argv[4], prompt=sys.argv[5], command=["bench"])
 print(json.dumps({"imports": t_enter - t_spawn, "preflight": s.preflight_seconds, "startup": s.startup_seconds,
                   "first_decode": t_enter - t_spawn + s.startup_seconds, "cpu": s.startup_cpu_seconds}))
 """
@@ -77,35 +78,38 @@ def pair_paths(which: str) -> tuple[Path, Path]:
     return d.target, d.drafter_upstream_noisy
 
 
-def llama_alone(target: Path, assistant: Path) -> tuple[float, float]:
+def llama_alone(target: Path, assistant: Path, repack: bool = True) -> tuple[float, float]:
     """(wall seconds from Popen to both models loaded, CPU seconds of the process by then)."""
     t = time.time()
-    out = subprocess.run([sys.executable, "-c", _LLAMA_ALONE, repr(t), os.fspath(target), os.fspath(assistant)],
+    out = subprocess.run([sys.executable, "-c", _LLAMA_ALONE, repr(t), os.fspath(target), os.fspath(assistant),
+                          "1" if repack else "0"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     js = json.loads(out.strip().splitlines()[-1])
     return float(js["loaded"]), float(js["cpu"])
 
 
-def record_run(target: Path, assistant: Path) -> dict[str, float]:
+def record_run(target: Path, assistant: Path, repack: bool = True) -> dict[str, float]:
     """``record()`` in a fresh process: imports, pre-flight, start-up, first decode (seconds from Popen), CPU."""
     with tempfile.TemporaryDirectory() as td:
         t = time.time()
         out = subprocess.run([sys.executable, "-c", _RECORD, repr(t), os.fspath(target), os.fspath(assistant),
-                              os.fspath(Path(td) / "t"), PROMPT], capture_output=True, text=True, cwd=ROOT)
+                              os.fspath(Path(td) / "t"), PROMPT, "1" if repack else "0"], capture_output=True,
+                             text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"record failed ({out.returncode}): {out.stderr[-800:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(target: Path, assistant: Path, repeats: int) -> dict[str, object]:
-    """Alternating runs; medians and the ratios (start to first decode / llama.cpp's load)."""
-    llama_alone(target, assistant)          # page cache warm for both sides
+def measure(target: Path, assistant: Path, repeats: int, repack: bool = True) -> dict[str, object]:
+    """Alternating runs; medians and the ratios (start to first decode / llama.cpp's load). ``repack``:
+    llama.cpp's extra CPU weight buffers on both sides (``record --no-repack`` when False)."""
+    llama_alone(target, assistant, repack)  # page cache warm for both sides
     la, la_cpu, runs = [], [], []
     for _ in range(repeats):
-        w, c = llama_alone(target, assistant)
+        w, c = llama_alone(target, assistant, repack)
         la.append(w)
         la_cpu.append(c)
-        runs.append(record_run(target, assistant))
+        runs.append(record_run(target, assistant, repack))
     med = statistics.median
     rc = [r["first_decode"] for r in runs]
     return {"llama": la, "record": rc, "llama_cpu": la_cpu, "record_cpu": [r["cpu"] for r in runs],
@@ -133,9 +137,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="demo", choices=("demo", "real"))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-repack", action="store_true", help="both sides without llama.cpp's extra CPU weight "
+                    "buffers (record --no-repack; needed for the real pair's MoE target on AMX CPUs)")
     a = ap.parse_args()
     target, assistant = pair_paths(a.pair)
-    m = measure(target, assistant, a.repeats)
+    m = measure(target, assistant, a.repeats, repack=not a.no_repack)
     print(f"bench_startup: {a.pair} pair ({target.name} + {assistant.name}), {a.repeats} alternating repeats; "
           f"load average {os.getloadavg()[0]:.2f}")
     report(m)

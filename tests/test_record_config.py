@@ -39,6 +39,7 @@ BAD = [
     ("hidden_target", 3, "bool"),
     ("baseline", [], "bool"),
     ("graph_capture", "graph", "bool"),
+    ("repack", "no", "bool"),
 ]
 
 
@@ -105,7 +106,7 @@ def _through_the_transport(obj: object) -> object:
     RecordConfig(),
     RecordConfig(n_draft=7, max_tokens=33, temp=0.7, seed=2**40, top_k=5, top_p=0.9, chat=True, n_gpu_layers=0,
                  centroids="/m/fork dir", centroid_top_k=4, hidden="f32", n_top=3, flush_every=2, compact=False,
-                 flash_attn=True, n_threads=1, hidden_target=True, baseline=True, graph_capture=True),
+                 flash_attn=True, n_threads=1, hidden_target=True, baseline=True, graph_capture=True, repack=False),
 ])
 def test_a_good_config_round_trips_through_the_worker_transport(cfg: RecordConfig) -> None:
     back = _through_the_transport(cfg)
@@ -126,7 +127,7 @@ def test_manifest_params_keep_the_trace_format_key_order() -> None:
     # docs/TRACE_FORMAT.md's params, in the order every recorded manifest has them
     order = ["n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "chat", "n_gpu_layers", "centroids",
              "centroid_top_k", "hidden", "n_top", "flush_every", "compact", "flash_attn", "n_threads", "n_ctx",
-             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture"]
+             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture", "repack"]
     p = RecordConfig(temp=0.5, centroids="/c", centroid_top_k=3).manifest_params(
         centroid_top_k=32, n_ctx=1024, isolated=True, preflight=False)
     assert list(p) == order

@@ -70,6 +70,10 @@ def register(app: typer.Typer) -> None:
         isolate: bool = typer.Option(
             True, "--isolate/--in-process",
             help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
+        repack: bool = typer.Option(
+            True, "--repack/--no-repack",
+            help="Let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default). "
+                 "--no-repack works around llama.cpp 0.3.36 crashing on Gemma 4 MoE targets on AVX-512 / AMX CPUs."),
         capture: str = typer.Option(
             "derived", "--capture",
             help="Where h_inner (and the centroid head's inputs) come from: 'derived' (default) from the logits "
@@ -95,7 +99,8 @@ def register(app: typer.Typer) -> None:
         config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
                          chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
-                         hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph")
+                         hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",
+                         repack=repack)
         bar = _ProgressBar(max_tokens, prompts) if progress and not verbose else None
 
         def report_round(pid: int, res: Any) -> None:

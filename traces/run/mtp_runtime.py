@@ -210,6 +210,7 @@ class MtpRuntime:
         n_threads: CPU threads (None: llama.cpp's default).
         native_capture: False keeps the Python ``cb_eval`` callback even where the C one builds (it can
             cut a decode short on Ctrl-C; the C one lets the decode finish first).
+        repack: llama.cpp's extra CPU weight buffers (:class:`traces.run.llama.model.LlamaModel`), both models.
 
     Raises:
         TraceError: llama.cpp cannot load a model or create a context.
@@ -219,16 +220,16 @@ class MtpRuntime:
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
                  flash_attn: bool | None = False, n_threads: int | None = None,
-                 native_capture: bool = True) -> None:
+                 native_capture: bool = True, repack: bool = True) -> None:
         self.target_path, self.assistant_path = Path(target), Path(assistant)
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
         self.n_threads = n_threads
         self._closed = False
         self.tctx = self.dctx = None  # type: ignore[assignment]
-        self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers)
+        self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers, repack=repack)
         try:
-            self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+            self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers, repack=repack)
         except BaseException:
             self.tmodel.close()
             raise

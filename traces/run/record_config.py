@@ -64,6 +64,9 @@ class RecordConfig:
             the recording process from the logits and ``h_next`` llama.cpp returns anyway
             (:mod:`traces.run.derived`; manifest ``derived``: the solve, its bound and the agreement with
             the in-graph capture measured on calibration steps after the run).
+        repack: let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default).
+            ``--no-repack`` (as llama.cpp's own tools call it) works around llama.cpp 0.3.36 crashing on Gemma 4
+            MoE targets on AVX-512 / AMX CPUs with them (:class:`traces.run.llama.model.LlamaModel`).
 
     Ints are stored as ``int``, reals as ``float``, flags as ``bool``, ``centroids`` as ``str``.
 
@@ -91,6 +94,7 @@ class RecordConfig:
     hidden_target: bool = False
     baseline: bool = False
     graph_capture: bool = False
+    repack: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -133,14 +137,14 @@ class RecordConfig:
                 "n_top": self.n_top, "flush_every": self.flush_every, "compact": self.compact,
                 "flash_attn": self.flash_attn, "n_threads": self.n_threads, "n_ctx": n_ctx, "greedy": self.greedy,
                 "isolated": bool(isolated), "preflight": bool(preflight), "hidden_target": self.hidden_target,
-                "baseline": self.baseline, "graph_capture": self.graph_capture}
+                "baseline": self.baseline, "graph_capture": self.graph_capture, "repack": self.repack}
 
 
 _KINDS = {"n_draft": _INT, "max_tokens": _INT, "temp": _REAL, "seed": _INT, "top_k": _INT, "top_p": _REAL,
           "chat": _BOOL, "n_gpu_layers": _INT, "centroids": _OPT_PATH, "centroid_top_k": _OPT_INT,
           "hidden": _CHOICE, "n_top": _INT, "flush_every": _INT, "compact": _BOOL, "flash_attn": _BOOL,
           "n_threads": _OPT_INT, "hidden_target": _BOOL, "baseline": _BOOL,
-          "graph_capture": _BOOL}
+          "graph_capture": _BOOL, "repack": _BOOL}
 
 
 def _typed(name: str, kind: str, v: Any) -> Any:

@@ -183,12 +183,12 @@ def _error_message(e: BaseException) -> dict[str, Any]:
 
 def load_runtime(job: RecordJob) -> Any:
     """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
-    ``n_gpu_layers``, ``flash_attn``, ``n_threads`` and the ``cb_eval`` capture when it needs one."""
+    ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
     c = job.config
     return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
-                      flash_attn=c.flash_attn, n_threads=c.n_threads)
+                      flash_attn=c.flash_attn, n_threads=c.n_threads, repack=c.repack)
 
 
 def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple[list[list[int]], dict[str, Any]]:
