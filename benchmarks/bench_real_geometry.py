@@ -12,15 +12,17 @@ Everything below is measured in this one run and printed as a ratio against its 
 3. tracing overhead: the bare MTP loop (no callback, no copies, no trace) against ``record`` with full tracing
    (worker process, h / h_next / h_inner f16, the centroid head), each traced run paired with the untraced
    run just before it; for each capture (``derived``, the default, and ``graph``); goal <= 2 %.
-4. the recorder's memory: RSS of the recording process and of the worker, sampled every round of the traced
-   runs: at the start, at the end, and the growth per 1000 rounds (least-squares slope).
-5. trace bytes per round (and per draft step) on disk.
-6. readers: ``report``, ``explain`` and every app page (Streamlit's AppTest) on the recorded trace, and
-   ``explain`` on a 10k-round trace made of copies of it; goals: explain on 10k rounds < 1 s, every page < 2 s.
+4. the recorder's memory: a longer recording in a fresh process, RSS of the recording process and of the
+   worker sampled after every round: at the start, at the end, and the growth per 1000 rounds (least-squares
+   slope over the second half of the rounds).
+5. trace bytes per round (and per draft step) on disk, of that recording.
+6. readers: ``report``, ``explain`` on that trace and on a 10k-round trace made of copies of it, and every app
+   page (Streamlit's AppTest) on the 10k-round one; goals: explain on 10k rounds < 1 s, every page < 2 s.
 
 Prints the machine's load average with each section; exits 0 whatever the numbers (speed targets are
 reported, never asserted). Usage: ``python -m benchmarks.bench_real_geometry [--max-tokens 24] [--prompts 3]
-[--repeats 3] [--skip estimate,startup,overhead,readers] [--repack]``. Every load is without llama.cpp's extra
+[--repeats 3] [--memory-prompts 5] [--memory-tokens 64] [--skip estimate,startup,overhead,readers]
+[--repack]``. Every load is without llama.cpp's extra
 CPU weight buffers unless ``--repack`` (llama.cpp 0.3.36 crashes with them on this MoE target on AMX CPUs).
 """
 
@@ -52,27 +54,6 @@ GOALS = {"overhead": 0.02, "startup": 1.25, "explain_10k": 1.0, "page": 2.0}
 
 def load() -> str:
     return f"load average {os.getloadavg()[0]:.2f}"
-
-
-def _rss_kib(pid: int | str = "self") -> int:
-    """VmRSS of a process, KiB (0 when gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _child_pids() -> list[int]:
-    out: list[int] = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            out += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 # ------------------------------------------------------------------------------------------- estimate
@@ -128,8 +109,8 @@ def bench_start(pair: RealPair, repeats: int) -> None:
 
 # ------------------------------------------------------------------------------------------- overhead
 
-def bench_overhead(pair: RealPair, prompts: list[str], max_tokens: int, repeats: int, out: Path) -> Path:
-    """Untraced / traced pairs per capture mode; returns the last derived trace (with RSS samples printed)."""
+def bench_overhead(pair: RealPair, prompts: list[str], max_tokens: int, repeats: int, out: Path) -> None:
+    """Untraced / traced pairs per capture mode."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
     from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
@@ -148,25 +129,11 @@ def bench_overhead(pair: RealPair, prompts: list[str], max_tokens: int, repeats:
             n += 1 + sum(len(r.emitted) for r in rs)
         return time.perf_counter() - t0, n, time.process_time() - c0
 
-    rss: dict[str, list[tuple[int, int, int]]] = {}
-    last: dict[str, Path] = {}
-
     def run_on(mode: str, i: int) -> tuple[float, int, Any]:
-        samples: list[tuple[int, int, int]] = []
-        worker: list[int] = []
-
-        def on_round(pid: int, res: Any) -> None:
-            if not worker:
-                worker.extend(_child_pids())
-            samples.append((len(samples) + 1, _rss_kib(), _rss_kib(worker[0]) if worker else 0))
-
-        d = out / f"{mode}-{i}"
         cfg = RecordConfig(max_tokens=max_tokens, n_threads=1, hidden="f16", centroids=pair.centroids,
                            graph_capture=mode == "graph", repack=REPACK[0])
-        s = record(cfg, target=pair.target, assistant=pair.assistant, out=d, prompts=prompts,
-                   command=["bench_real_geometry"], on_round=on_round, overwrite=True)
-        rss[f"{mode}-{i}"] = samples
-        last[mode] = d
+        s = record(cfg, target=pair.target, assistant=pair.assistant, out=out / f"{mode}-{i}", prompts=prompts,
+                   command=["bench_real_geometry"], overwrite=True)
         return s.seconds, s.n_generated, s
 
     run_off()                                   # warm-up
@@ -192,18 +159,74 @@ def bench_overhead(pair: RealPair, prompts: list[str], max_tokens: int, repeats:
         print(f"    rounds per run {ms[-1].n_rounds}, loop waited for the recorder "
               f"{statistics.median(x.loop_wait_seconds for x in ms):.3f} s/run, recorder CPU "
               f"{statistics.median(x.recorder_cpu_seconds for x in ms):.2f} s/run")
-    # memory: every sample of every derived run, in order
-    pts = [p for k, v in rss.items() if k.startswith("derived") for p in v]
-    if len(pts) > 2:
-        x = np.arange(len(pts), dtype=np.float64)
-        rec = np.array([p[1] for p in pts], dtype=np.float64)
-        wrk = np.array([p[2] for p in pts], dtype=np.float64)
-        per = lambda y: float(np.polyfit(x, y, 1)[0]) * 1000 / 1024  # noqa: E731 - MiB per 1000 rounds
-        print(f"\n[4] memory over {len(pts)} traced rounds (capture derived): recorder RSS {rec[0] / 1024:.0f} -> "
-              f"{rec[-1] / 1024:.0f} MiB (growth {per(rec):+.1f} MiB per 1000 rounds), worker RSS "
-              f"{wrk[0] / 1024:.0f} -> {wrk[-1] / 1024:.0f} MiB (growth {per(wrk):+.1f} MiB per 1000 rounds); "
-              f"ratio recorder / worker {rec[-1] / max(wrk[-1], 1):.2f}")
-    return last["derived"]
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+_RSS_RUN = """
+import json, sys
+from pathlib import Path
+from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.recorder import record
+
+def rss(pid):
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+def children():
+    out = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+samples, worker = [], []
+
+def on_round(pid, res):
+    if not worker:
+        worker.extend(children())
+    samples.append((rss("self"), rss(worker[0]) if worker else 0))
+
+a = json.loads(sys.argv[1])
+s = record(RecordConfig(max_tokens=a["max_tokens"], n_threads=1, hidden="f16", centroids=a["centroids"],
+                        repack=a["repack"]), target=a["target"], assistant=a["assistant"], out=a["out"],
+           prompts=a["prompts"], command=["bench_real_geometry", "memory"], on_round=on_round)
+print(json.dumps({"samples": samples, "n_rounds": s.n_rounds, "seconds": s.seconds}))
+"""
+
+
+def bench_memory(pair: RealPair, prompts: list[str], max_tokens: int, out: Path) -> Path:
+    """A recording in a fresh process (``record`` as the CLI runs it, capture derived), sampling the recorder's
+    and the worker's RSS after every round; returns its trace."""
+    import json
+    import subprocess
+    import sys
+
+    print(f"\n[4] memory: a recording of {len(prompts)} prompts x {max_tokens} tokens in a fresh process, RSS of the "
+          f"recorder and of the worker after every round; {load()}")
+    args = {"max_tokens": max_tokens, "centroids": os.fspath(pair.centroids), "repack": REPACK[0],
+            "target": os.fspath(pair.target), "assistant": os.fspath(pair.assistant), "out": os.fspath(out),
+            "prompts": prompts}
+    r = subprocess.run([sys.executable, "-c", _RSS_RUN, json.dumps(args)], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    if r.returncode != 0:
+        raise RuntimeError(f"memory run failed: {r.stderr[-1500:]}")
+    js = json.loads(r.stdout.strip().splitlines()[-1])
+    pts = np.array(js["samples"], dtype=np.float64) / 1024          # MiB
+    x = np.arange(len(pts), dtype=np.float64)
+    half = len(pts) // 2      # the slope over the second half: past the first rounds' one-time allocations
+    per = lambda y: float(np.polyfit(x[half:], y[half:], 1)[0]) * 1000  # noqa: E731 - MiB per 1000 rounds
+    print(f"  {js['n_rounds']} rounds in {js['seconds']:.0f} s: recorder RSS {pts[0, 0]:.0f} -> {pts[-1, 0]:.0f} MiB "
+          f"(growth {per(pts[:, 0]):+.1f} MiB per 1000 rounds), worker RSS {pts[0, 1]:.0f} -> {pts[-1, 1]:.0f} MiB "
+          f"(growth {per(pts[:, 1]):+.1f} MiB per 1000 rounds); recorder / worker {pts[-1, 0] / max(pts[-1, 1], 1):.2f}")
+    return out
 
 
 # ------------------------------------------------------------------------------------------- trace size
@@ -305,10 +328,10 @@ def bench_pages(pair: RealPair, trace_dir: Path) -> None:
         t1 = time.perf_counter()
         at.run()
         t2 = time.perf_counter()
-        err = [e.value for e in at.exception][:1] + [e.value for e in at.error][:1]
+        err = [e.value for e in at.exception][:1]
         print(f"    {page:<11} {t1 - t0:7.2f} s  rerun {t2 - t1:6.2f} s  ratio {(t1 - t0) / GOALS['page']:5.2f}  "
               f"({len(at.metric)} metrics, {len(at.dataframe)} tables, {len(at.get('plotly_chart'))} charts)"
-              + (f"  ERROR {str(err[0])!r:.160}" if err else ""))
+              + (f"  EXCEPTION {str(err[0])!r:.160}" if err else ""))
 
 
 def main() -> int:
@@ -317,6 +340,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--startup-repeats", type=int, default=3)
+    ap.add_argument("--memory-prompts", type=int, default=5)
+    ap.add_argument("--memory-tokens", type=int, default=64)
     ap.add_argument("--skip", default="", help="comma-separated: estimate,startup,overhead,readers")
     ap.add_argument("--repack", action="store_true", help="llama.cpp's extra CPU weight buffers on (crashes "
                     "llama.cpp 0.3.36 with this MoE target on AVX-512 / AMX CPUs)")
@@ -333,19 +358,11 @@ def main() -> int:
         bench_start(pair, a.startup_repeats)
     work = Path(tempfile.mkdtemp(prefix="bench-real-", dir=cache_dir()))
     try:
-        trace = None
         if "overhead" not in skip:
-            trace = bench_overhead(pair, PROMPTS[:a.prompts], a.max_tokens, a.repeats, work)
-            bench_bytes(trace)
+            bench_overhead(pair, PROMPTS[:a.prompts], a.max_tokens, a.repeats, work)
+        trace = bench_memory(pair, PROMPTS[:a.memory_prompts], a.memory_tokens, work / "memory")
+        bench_bytes(trace)
         if "readers" not in skip:
-            if trace is None:
-                from mtpscope.traces.run.record_config import RecordConfig
-                from mtpscope.traces.run.recorder import record
-
-                trace = work / "t"
-                record(RecordConfig(max_tokens=a.max_tokens, hidden="f16", centroids=pair.centroids,
-                                    repack=REPACK[0]), target=pair.target, assistant=pair.assistant, out=trace, prompts=PROMPTS[:a.prompts])
-                bench_bytes(trace)
             bench_readers(pair, trace, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

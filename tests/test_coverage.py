@@ -161,3 +161,19 @@ def test_a_trace_without_centroid_columns(tmp_path: Path) -> None:
     cov = centroid_coverage(tr, 4, np.zeros(8, np.int32))
     assert cov.chosen.tolist() == [0, 0, 0, 0] and cov.covered.sum() == 0
     assert len(unreachable_steps(tr)) == 0
+
+
+def test_a_trace_under_hive_style_folders_reads_its_own_columns(tmp_path: Path) -> None:
+    import json
+
+    from mtpscope.traces.store.layout import MANIFEST
+
+    # a sweep cell lives under key=value folders; DuckDB must not read "target_centroid=1" / "k=9" from the path
+    d = _write(tmp_path / "target_centroid=1" / "k=9" / "t", [(0, 0, [2], 0, [_cols([0, 2], 2, False)])])
+    man = json.loads((d / MANIFEST).read_text())
+    del man["centroid_counts"]                            # the DuckDB path
+    (d / MANIFEST).write_text(json.dumps(man))
+    tr = traces.open(d)
+    cov = centroid_coverage(tr, 3)
+    assert cov.target_home.tolist() == [0, 0, 1] and cov.covered.tolist() == [0, 0, 1]
+    assert unreachable_steps(tr)["k"].tolist() == [1]

@@ -45,10 +45,10 @@ def test_quantize_to_q8_0(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
 
 
 def test_bad_type_and_bad_file(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="unknown quantization type") as ei:
+    with pytest.raises(TraceError, match="unknown llama.cpp quantization type") as ei:
         lm.quantize(tmp_path / "a.gguf", tmp_path / "b.gguf", "Q3_K_XL")
-    assert ei.value.key == "ggml_type"
+    assert ei.value.key == "type"
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")
-    with pytest.raises(TraceError, match="could not quantize"):
+    with pytest.raises(TraceError, match="refused to quantize"):
         lm.quantize(bad, tmp_path / "b.gguf", "Q8_0")

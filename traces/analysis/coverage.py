@@ -58,8 +58,10 @@ class Coverage:
 
 
 def _steps_source(trace: TraceLike) -> str | None:
+    """The trace's steps parts as a DuckDB table expression (None without parts). ``hive_partitioning`` off:
+    a trace under ``key=value`` folders (a sweep cell) reads its own columns, never values from its path."""
     files = trace.part_files("steps")
-    return f"read_parquet({sql_file_list(files)})" if files else None
+    return f"read_parquet({sql_file_list(files)}, hive_partitioning = false)" if files else None
 
 
 def _counts(df: pd.DataFrame, col: str, n: int) -> np.ndarray:

@@ -448,41 +448,42 @@ class SamplerChain(_ClosedOnDelete):
             self.ptr = None
 
 
-#: the ``llama_ftype`` ids :func:`quantize` accepts, by the ggml type name of the matrices they produce
-#: (``include/llama.h``, ``enum llama_ftype``: "MOSTLY_<type>", 1-D tensors stay F32)
-QUANTIZE_FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}
+#: the ``llama_ftype`` ids :func:`quantize` accepts by llama-quantize's lower-case names (``include/llama.h``,
+#: ``enum llama_ftype``: "MOSTLY_<type>"; 1-D tensors stay F32)
+QUANTIZE_FTYPES = {"f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
 
 
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ggml_type: str = "Q8_0", *,
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], ftype: str = "q8_0", *,
              n_threads: int = 0, pure: bool = False) -> Path:
-    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), as ``llama-quantize``
-    does: weight matrices to ``ggml_type``, 1-D tensors kept in F32; llama.cpp's per-tensor rules may
-    pick another type for some tensors (e.g. the tied output head) unless ``pure``.
+    """Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), as ``llama-quantize SRC DST
+    TYPE`` does: weight matrices to ``ftype``'s type by llama.cpp's per-tensor rules (e.g. a tied output head
+    may get another type unless ``pure``), 1-D tensors kept in F32. llama.cpp writes ``dst`` itself.
 
     Args:
-        src: an F32 / F16 / BF16 GGUF; dst: the file to write (written in place by llama.cpp).
-        ggml_type: one of :data:`QUANTIZE_FTYPES` (``"Q8_0"``, ``"Q4_0"``, ``"F16"``, ``"BF16"``).
+        src: an F32 / F16 / BF16 GGUF; dst: the file to write.
+        ftype: one of :data:`QUANTIZE_FTYPES`, case-insensitive (``"Q8_0"`` = ``"q8_0"``).
         n_threads: quantizer threads (0: llama.cpp's default, one per core).
-        pure: every matrix to ``ggml_type`` (llama.cpp's ``--pure``).
+        pure: every matrix to ``ftype``'s type (llama-quantize's ``--pure``).
 
     Returns:
         ``dst`` as a :class:`Path`.
 
     Raises:
-        TraceError: an unknown ``ggml_type``, or llama.cpp failed (its last log lines in the message).
+        TraceError: an unknown type, or llama.cpp refused (its last log lines in the message).
         RuntimeUnavailableError: llama-cpp-python missing.
     """
-    if ggml_type not in QUANTIZE_FTYPES:
-        raise TraceError("unknown quantization type", key="ggml_type",
-                         expected=" | ".join(QUANTIZE_FTYPES), actual=ggml_type)
+    name = str(ftype).lower()
+    if name not in QUANTIZE_FTYPES:
+        raise TraceError("unknown llama.cpp quantization type", key="type",
+                         expected=", ".join(QUANTIZE_FTYPES), actual=ftype)
     lc = binding.llama()
     params = lc.llama_model_quantize_default_params()
-    params.ftype = QUANTIZE_FTYPES[ggml_type]
+    params.ftype = QUANTIZE_FTYPES[name]
     params.nthread = int(n_threads)
     params.pure = bool(pure)
     logs.clear_recent()
     rc = lc.llama_model_quantize(os.fspath(src).encode(), os.fspath(dst).encode(), ctypes.byref(params))
     if rc != 0:
-        raise TraceError(f"llama.cpp could not quantize the model (rc {rc}): {logs.recent_log(4) or 'no log'}",
-                         path=src)
+        raise TraceError(f"llama.cpp refused to quantize the model: {logs.recent_log(4) or 'no log'}", path=src,
+                         key=f"type {name}")
     return Path(dst)
