@@ -236,3 +236,31 @@ def test_recorded_derived_columns_equal_the_graph_capture(pair, two_traces) -> N
     same = ["centroid_token", "target_in_candidates", "target_centroid"]
     assert (g.steps[same] == d.steps[same]).all().all()
     assert (g.steps["target_centroid_rank"] - d.steps["target_centroid_rank"]).abs().max() <= 1
+
+
+def test_the_solve_is_kept_per_drafter_file(tiny_pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import os
+
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.run.derived import cached_solver
+
+    monkeypatch.setenv("MTPSCOPE_CACHE", str(tmp_path / "cache"))
+    _, drafter = tiny_pair(vocab="subset", noise=2.0)
+    with open_gguf(drafter) as f:
+        want = h_inner_solver(f)
+    a = cached_solver(drafter)                                   # built and kept
+    entries = sorted((tmp_path / "cache" / "derived").glob("*.npz"))
+    assert len(entries) == 1
+    b = cached_solver(drafter)                                   # read back
+    for s in (a, b):
+        np.testing.assert_array_equal(s.xt, want.xt)
+        assert s.describe() == want.describe() and s.amplification == want.amplification
+        assert [x.name for x in s.sources] == [x.name for x in want.sources]
+        for x, y in zip(s.sources, want.sources, strict=True):
+            assert (x.rows is None and y.rows is None) or np.array_equal(x.rows, y.rows)
+    entries[0].write_bytes(b"not an npz")                        # a damaged entry is rebuilt
+    np.testing.assert_array_equal(cached_solver(drafter).xt, want.xt)
+    st = os.stat(drafter)
+    os.utime(drafter, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # another version of the file: its own entry
+    cached_solver(drafter)
+    assert len(list((tmp_path / "cache" / "derived").glob("*.npz"))) == 2

@@ -25,14 +25,19 @@ error against the graph's ``result_norm`` (each source's rounding times the solv
 F32 summation noise); the recorder also measures the agreement with the in-graph capture on a few
 calibration steps after every run and writes both to the manifest (``derived``).
 
-Shapes: numpy order. Imports: numpy, mtpscope.errors (the GGUF comes in opened, a ``GGUFLike``).
+Shapes: numpy order. Imports: numpy, mtpscope.errors; lazily mtpscope.cache and inspector.gguf
+(:func:`cached_solver`: the solve kept in the cache folder per drafter file).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +68,9 @@ RCOND = 1e-6
 U_FLOOR = 2.0 ** -16
 #: a source whose condition number is at most this determines h_inner alone
 COND_ALONE = 100.0
+#: up to this n_embd, a solve over several sources computes its norms exactly (SVDs of n x m matrices); above,
+#: it bounds them from the eigenvalues (one source never needs them: its amplification is exactly 1)
+EXACT_NORMS_MAX = 512
 #: token_embd rows taken per n_embd when logits rows are needed, and the blocks they come in
 ROWS_PER_EMBD, ROW_BLOCKS = 2, 16
 POST_PROJECTION = "nextn.post_projection.weight"
@@ -192,17 +200,23 @@ def _rows_of(f: Any, name: str, blocks: list[slice] | None) -> tuple[np.ndarray,
 def _factor(blocks: list[tuple[np.ndarray, float]], n_embd: int) -> tuple[np.ndarray, int, float, list[float], float]:
     """Weighted least squares over the row blocks ``(W_k, u_k)``: rows normalised to unit length and
     weighted by ``1 / max(u_k, U_FLOOR)``. Returns ``(X, rank, cond, amplification_k, bound)`` with
-    ``h = X @ y`` (X float64 ``(n_embd, m)``)."""
-    scaled, scales = [], []
+    ``h = X @ y`` (X float64 ``(n_embd, m)``).
+
+    Costs two ``m n^2`` products and one ``n^3`` eigendecomposition. One source's amplification is exactly 1
+    (``X W`` projects onto the rows' span) and its norms are bounded from the eigenvalues
+    (``||X|| <= max(s) / sigma_min(A_w)``, ``||A|| <= ||A||_F``); several sources get exact norms up to
+    :data:`EXACT_NORMS_MAX` (SVDs), those bounds above it."""
+    scaled, scales, grams = [], [], []
     for w, u in blocks:
         norms = np.linalg.norm(w, axis=1)
         ok = norms > 0
         s = np.zeros_like(norms)
         s[ok] = 1.0 / (norms[ok] * max(u, U_FLOOR))
-        scaled.append(w * s[:, None])
+        aw = w * s[:, None]
+        scaled.append(aw)
         scales.append(s)
-    a_w = np.concatenate(scaled)
-    g = a_w.T @ a_w
+        grams.append(aw.T @ aw)
+    g = np.sum(grams, axis=0)
     lam, v = np.linalg.eigh(g)
     lam = np.clip(lam, 0.0, None)
     sig = np.sqrt(lam)
@@ -211,19 +225,23 @@ def _factor(blocks: list[tuple[np.ndarray, float]], n_embd: int) -> tuple[np.nda
     cond = float(sig[-1] / sig[keep][0]) if rank else math.inf
     vk = v[:, keep]
     pinv_g = (vk / lam[keep]) @ vk.T                      # (n, n): the pseudo-inverse of the normal equations
-    x = pinv_g @ a_w.T * np.concatenate(scales)[None, :]   # (n, m): h = X @ y for the raw y
-    amps, bound, m0 = [], 0.0, 0
-    m_all = x.shape[1]
-    for (w, u), s in zip(blocks, scales, strict=True):
-        xk = x[:, m0:m0 + w.shape[0]]
-        amp = float(np.linalg.norm(xk @ w, 2))
-        amps.append(amp)
+    x = np.concatenate([pinv_g @ aw.T * s[None, :] for aw, s in zip(scaled, scales, strict=True)], axis=1)
+    inv_smin = 1.0 / float(sig[keep][0]) if rank else math.inf
+    exact = len(blocks) > 1 and n_embd <= EXACT_NORMS_MAX
+    if len(blocks) == 1:
+        amps = [1.0]
+    else:      # ||G^+ G_k||: exact up to EXACT_NORMS_MAX, else its Frobenius norm (an upper bound)
+        amps = [float(np.linalg.norm(pinv_g @ gk, 2 if exact else "fro")) for gk in grams]
+    bound, m0 = 0.0, 0
+    for (w, u), s, amp in zip(blocks, scales, amps, strict=True):
+        xk_norm = float(np.linalg.norm(x[:, m0:m0 + w.shape[0]], 2)) if exact else inv_smin * float(s.max())
         # rounding of the activations, and F32 summation in each of the block's dot products
-        bound += amp * u + float(np.linalg.norm(xk, 2)) * gamma(n_embd) * float(np.linalg.norm(w))
+        bound += amp * u + xk_norm * gamma(n_embd) * float(np.linalg.norm(w))
         m0 += w.shape[0]
     # the solve itself in F32: one m-term dot product per output element
     a_all = np.concatenate([w for w, _ in blocks])
-    bound += gamma(m_all) * float(np.linalg.norm(x, 2)) * float(np.linalg.norm(a_all, 2))
+    x_norm = float(np.linalg.norm(x, 2)) if exact else inv_smin * max(float(s.max()) for s in scales)
+    bound += gamma(x.shape[1]) * x_norm * float(np.linalg.norm(a_all, 2 if exact else "fro"))
     return x, rank, cond, amps, bound
 
 
@@ -263,6 +281,66 @@ def h_inner_solver(f: Any) -> HInnerSolver:
                         amplification=tuple(amps), bound_rel=bound)
 
 
+#: bump when what :func:`h_inner_solver` computes changes: solves cached under an older version are rebuilt
+SOLVER_VERSION = 1
+
+
+def cached_solver(path: str | os.PathLike[str]) -> HInnerSolver:
+    """:func:`h_inner_solver` of the drafter GGUF at ``path``, kept in ``<cache>/derived/`` (an ``.npz`` of its
+    arrays and a JSON of the rest, no pickle) under the file's resolved path, size, mtime and
+    :data:`SOLVER_VERSION`, so that later recordings with the same drafter load it (a few MB) instead of
+    rebuilding it (about 0.7 CPU seconds at the 26B-A4B drafter's geometry). A cache entry that cannot be
+    read is rebuilt; one that cannot be written is skipped.
+
+    Raises:
+        LayoutError: as :func:`h_inner_solver`; GGUFFormatError & co.: an unreadable GGUF; FileNotFoundError.
+    """
+    from mtpscope.cache import cache_dir  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    p = Path(path).resolve()
+    st = p.stat()
+    key = hashlib.sha256(f"{SOLVER_VERSION}|{p}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    entry = cache_dir() / "derived" / f"{key}.npz"
+    if entry.exists():
+        try:
+            return _load_solver(entry)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    with open_gguf(p) as f:
+        solver = h_inner_solver(f)
+    try:
+        _save_solver(solver, entry)
+    except OSError:
+        pass
+    return solver
+
+
+def _save_solver(s: HInnerSolver, entry: Path) -> None:
+    meta = {"n_embd": s.n_embd, "n_embd_backbone": s.n_embd_backbone, "n_vocab": s.n_vocab, "rank": s.rank,
+            "cond": s.cond, "amplification": list(s.amplification), "bound_rel": s.bound_rel,
+            "sources": [{"name": x.name, "tensor": x.tensor, "ggml_type": x.ggml_type, "rounding": x.rounding}
+                        for x in s.sources]}
+    rows = {f"rows{i}": x.rows for i, x in enumerate(s.sources) if x.rows is not None}
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_name(entry.name + f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, xt=s.xt, meta=np.array(json.dumps(meta)), **rows)
+    os.replace(tmp, entry)
+
+
+def _load_solver(entry: Path) -> HInnerSolver:
+    with np.load(entry, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        sources = tuple(Source(m["name"], m["tensor"], m["ggml_type"], float(m["rounding"]),
+                               np.asarray(z[f"rows{i}"], dtype=np.int64) if f"rows{i}" in z.files else None)
+                        for i, m in enumerate(meta["sources"]))
+        xt = np.ascontiguousarray(z["xt"], dtype=np.float32)
+    return HInnerSolver(n_embd=int(meta["n_embd"]), n_embd_backbone=int(meta["n_embd_backbone"]),
+                        n_vocab=int(meta["n_vocab"]), sources=sources, xt=xt, rank=int(meta["rank"]),
+                        cond=float(meta["cond"]), amplification=tuple(float(a) for a in meta["amplification"]),
+                        bound_rel=float(meta["bound_rel"]))
+
+
 def relative_errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """Per row, ``||got - ref|| / ||ref||`` (float64; 0 where both are 0)."""
     got64, ref64 = np.asarray(got, np.float64), np.asarray(ref, np.float64)
@@ -287,5 +365,6 @@ def calibration_entry(solver: HInnerSolver, steps: Sequence[Any]) -> dict[str, A
     return d
 
 
-__all__ = ["ACTIVATION_ROUNDING", "COND_ALONE", "HInnerSolver", "RCOND", "Source", "activation_rounding",
-           "calibration_entry", "gamma", "h_inner_solver", "relative_errors"]
+__all__ = ["ACTIVATION_ROUNDING", "COND_ALONE", "HInnerSolver", "RCOND", "SOLVER_VERSION", "Source",
+           "activation_rounding", "cached_solver", "calibration_entry", "gamma", "h_inner_solver",
+           "relative_errors"]

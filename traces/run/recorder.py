@@ -33,7 +33,7 @@ import numpy as np
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
 from mtpscope.traces.run.llama.process import deferred_sigint
-from mtpscope.traces.run.derived import HInnerSolver, calibration_entry, h_inner_solver
+from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
 from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
@@ -456,11 +456,9 @@ DERIVED_CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token",
 
 
 def _solver(assistant: str | os.PathLike[str]) -> HInnerSolver:
-    """The drafter's :class:`~traces.run.derived.HInnerSolver` (our reader, the weights' dequantized values)."""
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-
-    with open_gguf(assistant) as f:
-        return h_inner_solver(f)
+    """The drafter's :class:`~traces.run.derived.HInnerSolver` (our reader, the weights' dequantized values;
+    kept in the cache folder per drafter file: :func:`~traces.run.derived.cached_solver`)."""
+    return cached_solver(assistant)
 
 
 def derived_entry(solver: HInnerSolver, steps: Sequence[Any], *, hidden: bool, centroids: bool) -> dict[str, Any]:
