@@ -14,14 +14,16 @@ Everything below is measured in this one run and printed as a ratio against its 
    run just before it; for each capture (``derived``, the default, and ``graph``); goal <= 2 %.
 4. the recorder's memory: a longer recording in a fresh process, RSS of the recording process and of the
    worker sampled after every round: at the start, at the end, and the growth per 1000 rounds (least-squares
-   slope over the second half of the rounds).
+   slope over the second half of the rounds). The recorder's grows while the merged file's current row group
+   fills (the compaction buffer, at most 64 MiB of steps per table: ``traces.store.parts.row_group_full``),
+   then drops when it is written; ``--no-compact`` keeps it flat.
 5. trace bytes per round (and per draft step) on disk, of that recording.
 6. readers: ``report``, ``explain`` on that trace and on a 10k-round trace made of copies of it, and every app
    page (Streamlit's AppTest) on the 10k-round one; goals: explain on 10k rounds < 1 s, every page < 2 s.
 
 Prints the machine's load average with each section; exits 0 whatever the numbers (speed targets are
 reported, never asserted). Usage: ``python -m benchmarks.bench_real_geometry [--max-tokens 24] [--prompts 3]
-[--repeats 3] [--memory-prompts 5] [--memory-tokens 64] [--skip estimate,startup,overhead,readers]
+[--repeats 3] [--memory-prompts 5] [--memory-tokens 64] [--skip estimate,startup,overhead,memory,readers]
 [--repack]``. Every load is without llama.cpp's extra
 CPU weight buffers unless ``--repack`` (llama.cpp 0.3.36 crashes with them on this MoE target on AMX CPUs).
 """
@@ -342,7 +344,8 @@ def main() -> int:
     ap.add_argument("--startup-repeats", type=int, default=3)
     ap.add_argument("--memory-prompts", type=int, default=5)
     ap.add_argument("--memory-tokens", type=int, default=64)
-    ap.add_argument("--skip", default="", help="comma-separated: estimate,startup,overhead,readers")
+    ap.add_argument("--skip", default="", help="comma-separated: estimate,startup,overhead,memory,readers "
+                    "(the readers need the memory run's trace)")
     ap.add_argument("--repack", action="store_true", help="llama.cpp's extra CPU weight buffers on (crashes "
                     "llama.cpp 0.3.36 with this MoE target on AVX-512 / AMX CPUs)")
     a = ap.parse_args()
@@ -360,10 +363,11 @@ def main() -> int:
     try:
         if "overhead" not in skip:
             bench_overhead(pair, PROMPTS[:a.prompts], a.max_tokens, a.repeats, work)
-        trace = bench_memory(pair, PROMPTS[:a.memory_prompts], a.memory_tokens, work / "memory")
-        bench_bytes(trace)
-        if "readers" not in skip:
-            bench_readers(pair, trace, work)
+        if not {"memory", "readers"} <= skip:
+            trace = bench_memory(pair, PROMPTS[:a.memory_prompts], a.memory_tokens, work / "memory")
+            bench_bytes(trace)
+            if "readers" not in skip:
+                bench_readers(pair, trace, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

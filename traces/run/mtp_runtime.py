@@ -55,7 +55,7 @@ from mtpscope.traces.run.target_side import target_stats
 #: the drafter graph node copied by the ``cb_eval`` capture: ``h_inner`` (the drafter's final-norm output)
 H_INNER_NODE = "result_norm"
 #: :meth:`MtpRuntime.calibrate`: drafter steps with the in-graph capture, and prompt tokens prefilled for them
-CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 64
+CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 16
 
 
 def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
