@@ -247,8 +247,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C (isolated: the worker is stopped first; in process: raised right after
             the llama.cpp decode it arrived in); the trace written so far stays readable, marked incomplete.
     """
-    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415
-    from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
+    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
 
     given = [x is not None for x in (prompts, prompt, prompts_file)]
     if sum(given) != 1:
@@ -266,9 +265,6 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     if not overwrite and (Path(out) / MANIFEST).exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
-    # --overwrite of an existing trace: record next to it and swap it in only when the run completes
-    swap = bool(overwrite) and holds_trace(out)
-    write_to = partial_dir(out) if swap else Path(out)
     isolated = (runtime is None) if isolate is None else bool(isolate)
     if isolated and runtime is not None:
         raise MtpscopeError("a loaded runtime runs in this process; isolate=True needs runtime=None",
@@ -279,8 +275,14 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     # pair ends it (it has loaded at most, in its own process): start-up is the longer of the two, not the sum
     early = RecordWorker(job, echo=echo_log) if isolated else None
     try:
+        from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
+
+        # --overwrite of an existing trace: record next to it and swap it in only when the run completes
+        swap = bool(overwrite) and holds_trace(out)
+        write_to = partial_dir(out) if swap else Path(out)
+        t_pf = time.perf_counter()
         models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
-        preflight_s = time.perf_counter() - t_enter
+        preflight_s = time.perf_counter() - t_pf
         head = None
         models["centroids"] = None
         if config.centroids is not None:
