@@ -244,6 +244,12 @@ def bench_bytes(trace_dir: Path) -> None:
     print(f"\n[5] trace bytes: {size / n_r / 1024:.1f} KiB per round, {size / n_s / 1024:.1f} KiB per step "
           f"({n_r} rounds, {n_s} steps, {size / MiB:.1f} MiB); per step the f16 hidden states alone are "
           f"{raw / 1024:.1f} KiB: ratio on disk / raw hidden {size / n_s / raw:.2f}")
+    d = t.manifest.get("derived") or {}
+    if d:
+        print(f"    derived h_inner (capture derived): from {d.get('from')} {d.get('weights')}, rank {d.get('rank')} of "
+              f"{d.get('n_embd')}, cond {d.get('cond', 0):.2f}; agreement with the in-graph capture on "
+              f"{d.get('n_calibration')} calibration steps: max relative error {d.get('max_rel_err')} (bound "
+              f"{d.get('bound_rel', 0):.3g})")
 
 
 # ------------------------------------------------------------------------------------------- readers
