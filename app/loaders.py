@@ -257,20 +257,47 @@ def has_centroid_head(path: str | os.PathLike[str]) -> bool:
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _coverage(tpath: str, tkey: tuple, gpath: str, size: int, mtime_ns: int) -> Coverage:
-    from mtpscope.app.model_views import centroid_coverage
+    from mtpscope.traces.analysis.coverage import centroid_coverage
 
     tr = _open_trace(tpath, tkey)
     head = _centroid_head(gpath, size, mtime_ns)
-    steps = tr.columns("steps", ["centroid_ids", "target_token"])
-    return centroid_coverage(steps, head.n_centroids, head.token_to_centroid)
+    return centroid_coverage(tr, head.n_centroids, head.token_to_centroid)
 
 
 def coverage(trace_path: str | os.PathLike[str], drafter_path: str | os.PathLike[str]) -> Coverage:
-    """Per-centroid chosen / target-home / covered counts of a trace against a drafter's head
-    (:func:`mtpscope.app.model_views.centroid_coverage`), cached by both inputs' keys."""
+    """Per-centroid chosen / target-home / covered counts of a trace against a drafter's head, aggregated in
+    DuckDB (:func:`mtpscope.traces.analysis.coverage.centroid_coverage`), cached by both inputs' keys."""
     t = safety.check_path(trace_path, roots(), kind="dir")
     g = safety.check_path(drafter_path, roots(), kind="file")
     return _coverage(str(t), _trace_key(t), str(g), *_stat_key(g))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _has_centroid_columns(tpath: str, tkey: tuple) -> bool:
+    tr = _open_trace(tpath, tkey)
+    if "centroid_ids" not in tr.schemas["steps"].names:
+        return False
+    return len(tr.sql("SELECT 1 FROM steps WHERE centroid_ids IS NOT NULL LIMIT 1")) > 0
+
+
+def has_centroid_columns(trace_path: str | os.PathLike[str]) -> bool:
+    """Whether the trace's steps carry centroid-head columns (one DuckDB probe, no steps loaded)."""
+    t = safety.check_path(trace_path, roots(), kind="dir")
+    return _has_centroid_columns(str(t), _trace_key(t))
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _unreachable(tpath: str, tkey: tuple, limit: int) -> pd.DataFrame:
+    from mtpscope.traces.analysis.coverage import unreachable_steps
+
+    return unreachable_steps(_open_trace(tpath, tkey), limit)
+
+
+def unreachable_steps(trace_path: str | os.PathLike[str], limit: int = 500) -> pd.DataFrame:
+    """The steps the centroid head would have missed, at most ``limit``, in trace order
+    (:func:`mtpscope.traces.analysis.coverage.unreachable_steps`, DuckDB), cached by the trace's key."""
+    t = safety.check_path(trace_path, roots(), kind="dir")
+    return _unreachable(str(t), _trace_key(t), int(limit))
 
 
 # ------------------------------------------------------------------------------------------ URLs (issue 16)

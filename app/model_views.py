@@ -1,7 +1,8 @@
 """Model files as the Files, Tensors, Tensor values, Validate and Centroids pages show them (pure: pandas /
 numpy, no Streamlit, no plotly): the tensor inventory table and its filters, the layer × tensor grid, a
-validation report's one-line verdict and the grid's findings, value statistics and a downsampled matrix,
-and per-centroid coverage of a trace.
+validation report's one-line verdict and the grid's findings, value statistics and a downsampled matrix;
+per-centroid coverage of a trace is :mod:`mtpscope.traces.analysis.coverage`'s (``Coverage`` named here for the
+charts).
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import fnmatch
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from mtpscope.inspector.findings import MISSING_CODES, SHAPE_CODES, Report
+from mtpscope.traces.analysis import coverage
 from mtpscope.traces.analysis.wording import plural
 
 if TYPE_CHECKING:
@@ -24,72 +25,9 @@ if TYPE_CHECKING:
 
 # -------------------------------------------------------------------------------------- centroids
 
-@dataclass(frozen=True)
-class Coverage:
-    """Per-centroid counts over a trace's draft steps (arrays of length n_centroids).
-
-    chosen: steps where the centroid was among the top-k chosen (``centroid_ids``).
-    target_home: steps whose target token lives in the centroid.
-    covered: of those, steps where the centroid was chosen (target reachable).
-    """
-
-    chosen: np.ndarray
-    target_home: np.ndarray
-    covered: np.ndarray
-
-    @property
-    def n_centroids(self) -> int:
-        return int(self.chosen.size)
-
-    def table(self) -> pd.DataFrame:
-        """DataFrame: centroid, chosen, target_home, covered, coverage (covered / target_home)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            cov = np.where(self.target_home > 0, self.covered / np.maximum(self.target_home, 1), np.nan)
-        return pd.DataFrame({"centroid": np.arange(self.n_centroids), "chosen": self.chosen,
-                             "target_home": self.target_home, "covered": self.covered, "coverage": cov})
-
-
-def centroid_coverage(steps: pd.DataFrame, n_centroids: int, home: np.ndarray | None = None) -> Coverage:
-    """Count per centroid how often it was chosen and how often the target token lived in it.
-
-    The target's centroid is ``home[target_token]`` when ``home`` (np.int32[n_vocab], -1 = no centroid:
-    ``CentroidHead.token_to_centroid`` of :mod:`mtpscope.inspector.centroids`, first row wins) is given,
-    else the trace's ``target_centroid`` column. Vectorised: one
-    concatenation of the ``centroid_ids`` lists and np.bincount.
-    """
-    n = int(n_centroids)
-    empty = np.zeros(n, dtype=np.int64)
-    if len(steps) == 0 or "centroid_ids" not in steps.columns:
-        return Coverage(empty, empty.copy(), empty.copy())
-    from mtpscope.traces.store.list_columns import flat_list  # pyarrow: only the pages that read traces
-
-    fl = flat_list(steps["centroid_ids"])
-    lens, flat = fl.lengths, fl.values
-    ok = (flat >= 0) & (flat < n)
-    chosen = np.bincount(flat[ok], minlength=n)[:n]
-    if home is not None and "target_token" in steps.columns:
-        tt = pd.to_numeric(steps["target_token"], errors="coerce").to_numpy(dtype=np.float64)
-        valid = ~np.isnan(tt)
-        tti = tt[valid].astype(np.int64)
-        inr = (tti >= 0) & (tti < home.size)
-        tc = np.full(len(steps), -1, dtype=np.int64)
-        sub = np.full(tti.size, -1, dtype=np.int64)
-        sub[inr] = home[tti[inr]]
-        tc[np.flatnonzero(valid)] = sub
-    elif "target_centroid" in steps.columns:
-        tc = pd.to_numeric(steps["target_centroid"], errors="coerce").fillna(-1).to_numpy(dtype=np.int64)
-    else:
-        return Coverage(chosen, empty.copy(), empty.copy())
-    okt = (tc >= 0) & (tc < n)
-    target_home = np.bincount(tc[okt], minlength=n)[:n]
-    # covered: the target's centroid is among this step's chosen ids
-    step_of = np.repeat(np.arange(len(steps)), lens)
-    hit = flat == tc[step_of]
-    hit &= tc[step_of] >= 0
-    covered_steps = np.zeros(len(steps), dtype=bool)
-    covered_steps[step_of[hit]] = True
-    covered = np.bincount(tc[okt & covered_steps], minlength=n)[:n]
-    return Coverage(chosen, target_home, covered)
+#: per-centroid coverage of a trace (aggregated in DuckDB: :mod:`mtpscope.traces.analysis.coverage`); the
+#: charts draw it
+Coverage = coverage.Coverage
 
 
 # ---------------------------------------------------------------------------------------- tensors

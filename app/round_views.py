@@ -291,24 +291,6 @@ def top_candidates(step: dict, decode: Decode | None, n: int = 10) -> pd.DataFra
     return df
 
 
-def unreachable_steps(steps: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
-    """Steps the sparse (centroid) head would have missed: the target's token was outside the chosen
-    centroids' candidates (``target_in_candidates`` is False), in trace order, at most ``limit``.
-    Only steps the target judged count (accepted, or the first rejection of their round): a step
-    after its round's first rejection was never checked. On a recording drafted by the dense head
-    these steps may well be accepted: the list is what the centroid head would have got wrong."""
-    if "target_in_candidates" not in steps.columns:
-        return steps.iloc[0:0]
-    m = np.asarray(steps["target_in_candidates"].eq(False).fillna(False), dtype=bool)
-    if "accepted" in steps.columns and {"prompt_id", "round", "k"} <= set(steps.columns):
-        from mtpscope.traces.analysis.metrics import checked_mask
-
-        m = m & checked_mask(steps)
-    cols = [c for c in ("prompt_id", "round", "k", "token", "target_token", "target_centroid",
-                        "target_centroid_rank", "accepted") if c in steps.columns]
-    return steps.loc[m, cols].sort_values(["prompt_id", "round", "k"], kind="stable").head(limit).reset_index(drop=True)
-
-
 def rejected_rounds(rounds: pd.DataFrame) -> list[tuple[int, int]]:
     """(prompt_id, round) of every round with a rejected draft (``n_accepted < n_draft``), in
     (prompt_id, round) order — the stops of the Step view's previous / next rejected round buttons."""

@@ -610,8 +610,9 @@ def _dequantize(raw: np.ndarray, t: TensorInfo, path: str) -> np.ndarray:
 class _Parser:
     """Walks a GGUF header on a buffer; every read is bounds-checked first."""
 
-    def __init__(self, src: _Source) -> None:
+    def __init__(self, src: _Source, like: GGUFFile | None = None) -> None:
         self.src = src
+        self.like = like  # a GGUF parsed before whose string arrays this one may repeat byte for byte
         self.buf = src.mm
         self.size = src.size
         self.avail = src.avail  # bytes of the buffer present (== size for a memory-mapped file)
@@ -703,7 +704,8 @@ class _Parser:
             if n > left // 8:
                 self.fail(f"array of {n} strings runs past the end of the file", pos + 4, key,
                           expected=f"<= {left // 8} elements ({left} bytes left)", actual=n)
-            offsets, end = self.walk_strings(start, n, key)
+            reused = self.reuse_strings(start, n, key)
+            offsets, end = reused if reused is not None else self.walk_strings(start, n, key)
             return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=offsets), end
         if etype == ARRAY:
             if n > left // 12:
@@ -718,6 +720,23 @@ class _Parser:
                 _, p = self.read_array(p, key, depth + 1)
             return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=np.frombuffer(offs, np.int64)), p
         self.fail("unknown array element type", pos, key, expected="0..12", actual=etype)
+
+    def reuse_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int] | None:
+        """The element offsets and end of the string array ``key`` at ``start`` taken from :attr:`like`'s
+        array of that key when it has ``n`` elements and the same bytes (so the same strings, lengths and
+        checks): no walk. None when there is no such array or any byte differs."""
+        kv = self.like.kv.get(key) if self.like is not None else None
+        v = kv.value if kv is not None else None
+        if not isinstance(v, ArrayValue) or v.element_type != STRING or v.length != n or v._elem_offsets is None:
+            return None
+        if n == 0:
+            return np.empty(0, dtype=np.int64), start
+        other = v._file.mm
+        s0, last = int(v._elem_offsets[0]), int(v._elem_offsets[-1])
+        n_bytes = last + 8 + _U64.unpack_from(other, last)[0] - s0
+        if start + n_bytes > self.avail or self.buf[start:start + n_bytes] != other[s0:s0 + n_bytes]:
+            return None
+        return v._elem_offsets - s0 + start, start + n_bytes
 
     def walk_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int]:
         """Offsets of ``n`` consecutive GGUF strings starting at ``start``; checks each against the end.
@@ -930,13 +949,16 @@ class _Parser:
         return tuple(out)
 
 
-def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFFile:
+def open_gguf(path: str | os.PathLike[str], *, name: str | None = None, like: GGUFFile | None = None) -> GGUFFile:
     """Open a GGUF file: map it, walk and validate the whole header, read no tensor data.
 
     Args:
         path: the file.
         name: what errors and :attr:`GGUFFile.path` call the file (default ``path``; e.g. the URL a
             downloaded copy came from).
+        like: an open GGUF whose string arrays this file probably repeats (a drafter carries its target's
+            262144-token vocabulary): an array of the same key and length whose bytes equal ``like``'s is
+            not walked again (a byte comparison instead of 780k length reads); any difference walks it.
 
     Returns:
         A :class:`GGUFFile`; its arrays and tensor data are read lazily from the memory map.
@@ -961,7 +983,7 @@ def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFF
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     src = _Source(p if name is None else name, mm, size)
     try:
-        return _Parser(src).parse()
+        return _Parser(src, like).parse()
     except Exception:
         if isinstance(mm, mmap.mmap):
             try:

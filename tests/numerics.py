@@ -222,3 +222,41 @@ def f16_effect(hf: np.ndarray, emulated: np.ndarray) -> float:
 #: max |logits_HF - logits_llama.cpp| / max |logits| = 5e-4 .. 1.5e-3); two candidates closer than
 #: that may swap, and everything fed after the swap differs.
 TIE_REL = 2.0 ** -8
+
+
+# ------------------------------------------------------------------------------------ derived h_inner
+
+#: Error model of a derived ``h_inner`` (traces/run/derived.py: the drafter's ``result_norm`` solved from the
+#: logits and ``h_next`` llama.cpp returns, ``h* = X y``). llama.cpp computes each output block ``k`` as
+#: ``y_k = W_k r_k(h) + e_k``: ``r_k`` rounds the activations once per ``mul_mat`` (the same rounded vector for
+#: every row of that weight; F16 weight: F16 on the "f16" kernel, nothing on the AMX "f32" one; F32: nothing)
+#: and ``e_k`` is F32 summation noise (``|e_k| <= gamma(n_embd) |W_k| |h|``, :func:`ggml_matvec`). A left
+#: inverse ``X`` (``X W = I`` on the directions the outputs see) turns that into
+#: ``h* - h = sum_k X_k W_k (r_k(h) - h) + X e``: one source alone gives back ``r_k(h)`` exactly (its rounding,
+#: not amplified); two sources mix their roundings through ``X_k W_k``. Hence the comparison of a derived
+#: ``h_inner`` with the graph's (:func:`derived_tolerance`): ``sum_k ||X_k W_k||_2 * ||r_k(h) - h||`` (the
+#: roundings measured on the captured ``h``, in norm) plus the summation noise propagated element by element
+#: through ``|X|``, plus our own F32 solve (``gamma(m) |X| |y|``).
+def derived_tolerance(x_blocks: Sequence[np.ndarray], w_blocks: Sequence[np.ndarray],
+                      rounded: Sequence[np.ndarray], h: np.ndarray) -> float:
+    """Largest ``||h* - h||`` (absolute, norm) a derived ``h_inner`` may differ from the captured ``h`` by
+    (the error model above).
+
+    Args:
+        x_blocks: per source, the columns of the solve ``X`` that act on it (numpy ``(n_embd, m_k)``).
+        w_blocks: per source, its weight rows as values (numpy ``(m_k, n_embd)``, dequantized / widened).
+        rounded: per source, ``r_k(h)``: ``h`` as ggml rounds it for that weight's ``mul_mat``.
+        h: the captured ``h_inner`` (``(n_embd,)``).
+    """
+    h64 = np.asarray(h, np.float64)
+    tol = 0.0
+    y_abs = []
+    for xk, wk, rk in zip(x_blocks, w_blocks, rounded, strict=True):
+        x64, w64 = np.asarray(xk, np.float64), np.asarray(wk, np.float64)
+        tol += float(np.linalg.norm(x64 @ w64, 2)) * float(np.linalg.norm(np.asarray(rk, np.float64) - h64))
+        e = gamma(w64.shape[1]) * (np.abs(w64) @ np.abs(np.asarray(rk, np.float64))) + U32 * np.abs(w64 @ rk)
+        tol += float(np.linalg.norm(np.abs(x64) @ e))
+        y_abs.append(np.abs(w64 @ np.asarray(rk, np.float64)))
+    x_all = np.concatenate([np.asarray(x, np.float64) for x in x_blocks], axis=1)
+    tol += float(np.linalg.norm(gamma(x_all.shape[1]) * (np.abs(x_all) @ np.concatenate(y_abs))))
+    return tol

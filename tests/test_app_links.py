@@ -108,7 +108,7 @@ def test_link_of_another_trace_selects_it_and_its_models(demo) -> None:
     assert at.session_state[selection.slot_key(selection.TRACE)] == str(buggy)
     assert at.session_state[selection.slot_key(selection.DRAFTER)] == man["models"]["assistant"]["path"]
     assert at.selectbox(key=selection.EXP_PROMPT).value == "all"
-    assert f"`demo/trained/traces/buggy`" in " ".join(c.value for c in at.sidebar.caption)
+    assert "`demo/trained/traces/buggy`" in " ".join(c.value for c in at.sidebar.caption)
 
 
 # ------------------------------------------------------------------------------- one prompt selection

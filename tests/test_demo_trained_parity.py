@@ -194,7 +194,6 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
 
     from streamlit.testing.v1 import AppTest
 
-    from mtpscope.app import selection
     from mtpscope.cli.serve import main_script
 
     at = AppTest.from_file(str(main_script()), default_timeout=120)

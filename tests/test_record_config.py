@@ -12,7 +12,7 @@ import pytest
 
 from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.traces.run.prompts import PromptSpec
-from mtpscope.traces.run.record_config import HIDDEN_CHOICES, MAX_N_DRAFT, RecordConfig, RecordJob
+from mtpscope.traces.run.record_config import CAPTURE_CHOICES, HIDDEN_CHOICES, MAX_N_DRAFT, RecordConfig, RecordJob
 from mtpscope.traces.run.packing import pack, unpack
 
 # (field, bad value, expected as the error states it); one case per rule and per type
@@ -38,6 +38,8 @@ BAD = [
     ("n_threads", "4", "int | None"),
     ("hidden_target", 3, "bool"),
     ("baseline", [], "bool"),
+    ("graph_capture", "graph", "bool"),
+    ("repack", "no", "bool"),
 ]
 
 
@@ -85,8 +87,11 @@ def test_good_values_at_the_edges_and_normalized_types() -> None:
     assert type(c.n_draft) is int and type(c.temp) is float and type(c.top_p) is float and type(c.chat) is bool
     assert RecordConfig(top_p=1e-9).top_p == 1e-9 and RecordConfig(n_draft=1).n_draft == 1
     assert c.greedy and not RecordConfig(temp=0.1).greedy
-    assert c.capture                                   # a centroid head needs h_inner
-    assert not RecordConfig(hidden="off").capture and RecordConfig().capture
+    assert c.needs_h_inner and c.derive and not c.capture  # a centroid head needs h_inner: derived by default
+    assert not RecordConfig(hidden="off").needs_h_inner and RecordConfig().derive and not RecordConfig().capture
+    assert RecordConfig(graph_capture=True).capture and not RecordConfig(graph_capture=True).derive
+    assert not RecordConfig(hidden="off", graph_capture=True).capture    # nothing to capture
+    assert CAPTURE_CHOICES == ("derived", "graph")
     assert HIDDEN_CHOICES == ("f16", "f32", "off")
 
 
@@ -101,7 +106,7 @@ def _through_the_transport(obj: object) -> object:
     RecordConfig(),
     RecordConfig(n_draft=7, max_tokens=33, temp=0.7, seed=2**40, top_k=5, top_p=0.9, chat=True, n_gpu_layers=0,
                  centroids="/m/fork dir", centroid_top_k=4, hidden="f32", n_top=3, flush_every=2, compact=False,
-                 flash_attn=True, n_threads=1, hidden_target=True, baseline=True),
+                 flash_attn=True, n_threads=1, hidden_target=True, baseline=True, graph_capture=True, repack=False),
 ])
 def test_a_good_config_round_trips_through_the_worker_transport(cfg: RecordConfig) -> None:
     back = _through_the_transport(cfg)
@@ -122,7 +127,7 @@ def test_manifest_params_keep_the_trace_format_key_order() -> None:
     # docs/TRACE_FORMAT.md's params, in the order every recorded manifest has them
     order = ["n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "chat", "n_gpu_layers", "centroids",
              "centroid_top_k", "hidden", "n_top", "flush_every", "compact", "flash_attn", "n_threads", "n_ctx",
-             "greedy", "isolated", "preflight", "hidden_target", "baseline"]
+             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture", "repack"]
     p = RecordConfig(temp=0.5, centroids="/c", centroid_top_k=3).manifest_params(
         centroid_top_k=32, n_ctx=1024, isolated=True, preflight=False)
     assert list(p) == order

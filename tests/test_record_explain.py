@@ -10,7 +10,6 @@ next round's drafter input, which the runtime copies from the same verify row.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -245,11 +245,13 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     cfg = RecordConfig(max_tokens=20, hidden="f32", hidden_target=True, baseline=True, n_gpu_layers=0)
     kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, command=["test"])
     s_iso = record(cfg, out=tmp_path / "iso", **kw)
-    with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0) as r:
+    # no cb_eval in the loop, as in the worker: h_inner derived from the same outputs by the same solve
+    with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0, capture=False) as r:
         s_in = record(cfg, out=tmp_path / "in", runtime=r, **kw)
     assert s_iso.isolated and not s_in.isolated and s_iso.outputs == s_in.outputs
     a, b = traces.open(tmp_path / "iso"), traces.open(tmp_path / "in")
     assert a.manifest["prompts"] == b.manifest["prompts"]
+    assert a.manifest["derived"] == b.manifest["derived"] and a.manifest["derived"]["columns"] == ["h_inner"]
     assert a.manifest["baseline"]["outputs_equal"] is True and a.manifest["params"]["isolated"] is True
     cols = [c for c in a.rounds.columns if not c.startswith("t_")]          # timings differ, of course
     assert a.rounds[cols].equals(b.rounds[cols])

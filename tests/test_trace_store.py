@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -557,3 +556,30 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as e:
         traces.open(d).rounds
     assert e.value.key == "prompt_id"
+
+
+def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from mtpscope.traces.store import parts
+
+    monkeypatch.setattr(parts, "ROW_GROUP_ROUNDS", 1)      # a row group every 3 steps in the merged file
+    _write(tmp_path / "t", flush_every=1, compact=True)
+    t = traces.open(tmp_path / "t")
+    merged = t.part_files("steps")
+    assert len(merged) == 1 and pq.ParquetFile(merged[0]).metadata.num_row_groups > 2
+    full = t.hidden("h")
+    assert full.shape == (3 * len(ACC), 6)
+    np.testing.assert_array_equal(full[:, 0], [r * 10 + k for r in range(len(ACC)) for k in (1, 2, 3)])
+    for mask in ((t.steps["round"] == 2).to_numpy(), (t.steps["k"] == 3).to_numpy(),
+                 np.arange(len(full)) % 5 == 0, np.arange(len(full)) == len(full) - 1):
+        np.testing.assert_array_equal(t.hidden("h", where=mask), full[mask])
+        np.testing.assert_array_equal(t.hidden("h_inner", where=mask), t.hidden("h_inner")[mask])
+    read: list[list[int]] = []
+    orig = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        read.append(list(groups))
+        return orig(self, groups, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    t.hidden("h", where=np.arange(len(full)) == 4)
+    assert read == [[1]]                                     # step 4 lives in the second group of 3 steps

@@ -63,6 +63,7 @@ def write_synthetic_trace(
     seed: int = 0,
     overwrite: bool = True,
     steps: bool = True,
+    home: np.ndarray | None = None,
 ) -> Path:
     """Write a synthetic trace directory and return its path.
 
@@ -80,6 +81,10 @@ def write_synthetic_trace(
         rounds_per_part: rounds per Parquet part.
         seed: RNG seed; the same arguments give the same trace.
         steps: write the ``steps`` table (False: rounds only, about a tenth of the bytes and time).
+        home: a centroid head's token -> centroid map (int32[n_vocab], ``CentroidHead.token_to_centroid``):
+            ``target_centroid`` is then ``home[target_token]`` and ``target_in_candidates`` whether it is
+            among the step's ``centroid_ids``, as a recording scored with that head has them; None: both drawn
+            at random (about three quarters of the targets reachable).
 
     Raises:
         TraceError: a non-positive size argument, ``top_k > n_centroids`` or ``top_n > n_vocab``.
@@ -189,6 +194,10 @@ def write_synthetic_trace(
                          rng.integers(top_k, max(n_centroids, top_k + 1), size=m)).astype(np.int32)
         tcent = np.where(in_cand, cids[np.arange(m), np.minimum(crank, top_k - 1)],
                          rng.integers(0, n_centroids, size=m))
+        if home is not None:
+            tcent = np.asarray(home, dtype=np.int64)[target_token]
+            in_cand = (cids == tcent[:, None]).any(axis=1)
+            crank = np.where(in_cand, np.argmax(cids == tcent[:, None], axis=1), crank).astype(np.int32)
         steps_tbl = pa.table({
             "prompt_id": pa.array(prompt_id[srow], pa.int32()),
             "round": pa.array(round_idx[srow], pa.int32()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, loaders, round_views, safety, views
+from mtpscope.app import charts, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 
@@ -95,11 +95,7 @@ with guard("centroid head"):
     else:
         with guard("trace store"):
             tr = loaders.trace(tpath)
-            steps = tr.columns("steps", [c for c in ("prompt_id", "round", "k", "token", "target_token",
-                                                     "accepted", "centroid_ids", "target_in_candidates",
-                                                     "target_centroid", "target_centroid_rank")
-                                         if c in tr.schemas["steps"].names])
-            if "centroid_ids" not in steps.columns or not steps["centroid_ids"].notna().any():
+            if not loaders.has_centroid_columns(tpath):
                 st.info("This trace has no centroid columns (recorded without a centroid head).")
             else:
                 from mtpscope.traces.analysis.explain_report import drafting_head
@@ -119,7 +115,7 @@ with guard("centroid head"):
                 st.plotly_chart(charts.chosen_vs_home_figure(cov), key=sel.CENT_CHOSEN_VS_HOME, width="stretch")
                 st.caption("For the centroids the target's tokens lived in most: how often each was chosen, and how "
                            "often the target's token was reachable through it.")
-                un = round_views.unreachable_steps(steps)
+                un = loaders.unreachable_steps(tpath)
                 title = ("Steps the centroid head would have missed" if head_kind == "dense"
                          else "Steps where the target's token was unreachable")
                 st.markdown(f"**{title}** ({len(un)}{'+' if len(un) >= 500 else ''})")

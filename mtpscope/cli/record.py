@@ -72,6 +72,15 @@ def register(app: typer.Typer) -> None:
         isolate: bool = typer.Option(
             True, "--isolate/--in-process",
             help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
+        repack: bool = typer.Option(
+            True, "--repack/--no-repack",
+            help="Let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default). "
+                 "--no-repack works around llama.cpp 0.3.36 crashing on Gemma 4 MoE targets on AVX-512 / AMX CPUs."),
+        capture: str = typer.Option(
+            "derived", "--capture",
+            help="Where h_inner (and the centroid head's inputs) come from: 'derived' (default) from the logits "
+                 "and h_next llama.cpp returns, no graph hook (manifest 'derived' gives the measured agreement); "
+                 "'graph' a cb_eval copy out of every drafter decode (slower: docs/RECORDING.md)."),
     ) -> None:
         """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
 
@@ -83,12 +92,17 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
+        from mtpscope.traces.run.record_config import CAPTURE_CHOICES
         from mtpscope.traces.run.recorder import record
 
+        if capture not in CAPTURE_CHOICES:
+            print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
         config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
                          chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
-                         hidden_target=hidden_target, baseline=baseline)
+                         hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",
+                         repack=repack)
         bar = _ProgressBar(max_tokens, prompts, category_field) if progress and not verbose else None
 
         def report_round(pid: int, res: Any) -> None:

@@ -110,6 +110,7 @@ RECORD_CONFIG = Path(str(importlib.resources.files("mtpscope.sample_configs").jo
 _MODEL_SOURCES = ("mtpscope.demo.build", "mtpscope.demo.vocab", "mtpscope.demo.spec", "mtpscope.inspector.gguf_write",
                   "mtpscope.inspector.tokenizer")
 _TRACE_SOURCES = ("mtpscope.traces.run.recorder", "mtpscope.traces.run.mtp_runtime", "mtpscope.traces.run.step_analysis",
+                  "mtpscope.traces.run.derived",
                   "mtpscope.traces.run.ranking", "mtpscope.traces.run.preflight",
                   "mtpscope.traces.run.llama.binding", "mtpscope.traces.run.llama.logs",
                   "mtpscope.traces.run.llama.process", "mtpscope.traces.run.llama.capture",

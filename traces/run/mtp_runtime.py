@@ -21,9 +21,11 @@ A prompt's generated text is ``[rounds[0].pending_token] + concat(round.emitted)
 an end-of-generation token or after ``max_tokens`` tokens (``t0`` included); the last rounds draft fewer
 tokens so that no round overshoots ``max_tokens``.
 
-With tracing on, the drafter context carries a ``cb_eval`` callback that copies ``result_norm``
-(h_inner; the callback is C where a compiler is at hand, :mod:`traces.run.llama.native_capture`); logits and
-h_next come from the API. See :func:`traces.recorder.record` for what is stored.
+With tracing and ``capture`` on, the drafter context carries a ``cb_eval`` callback that copies
+``result_norm`` (h_inner; the callback is C where a compiler is at hand, :mod:`traces.run.llama.native_capture`);
+logits and h_next come from the API. Without it (a recording's default) the loop hooks nothing and
+``h_inner`` is derived from the logits and h_next (:mod:`traces.run.derived`); :meth:`MtpRuntime.calibrate`
+gives the steps that measure the agreement. See :func:`traces.recorder.record` for what is stored.
 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
 :mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
@@ -52,6 +54,8 @@ from mtpscope.traces.run.target_side import target_stats
 
 #: the drafter graph node copied by the ``cb_eval`` capture: ``h_inner`` (the drafter's final-norm output)
 H_INNER_NODE = "result_norm"
+#: :meth:`MtpRuntime.calibrate`: drafter steps with the in-graph capture, and prompt tokens prefilled for them
+CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 16
 
 
 def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
@@ -140,6 +144,17 @@ class RoundResult:
     target_logits: tuple[np.ndarray, ...] = field(repr=False, default=())
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The steps of :meth:`MtpRuntime.calibrate` (the worker sends them to the recorder like a round).
+
+    Attributes:
+        steps: drafter steps with logits, ``h``, ``h_next`` and the in-graph ``h_inner``.
+    """
+
+    steps: tuple[DraftStep, ...] = field(repr=False, default=())
+
+
 def finish_target_side(res: RoundResult) -> RoundResult:
     """``res`` with ``target_p_drafted`` / ``target_entropy`` computed from its ``target_logits``
     (:func:`traces.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
@@ -195,6 +210,7 @@ class MtpRuntime:
         n_threads: CPU threads (None: llama.cpp's default).
         native_capture: False keeps the Python ``cb_eval`` callback even where the C one builds (it can
             cut a decode short on Ctrl-C; the C one lets the decode finish first).
+        repack: llama.cpp's extra CPU weight buffers (:class:`traces.run.llama.model.LlamaModel`), both models.
 
     Raises:
         TraceError: llama.cpp cannot load a model or create a context.
@@ -204,16 +220,16 @@ class MtpRuntime:
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
                  flash_attn: bool | None = False, n_threads: int | None = None,
-                 native_capture: bool = True) -> None:
+                 native_capture: bool = True, repack: bool = True) -> None:
         self.target_path, self.assistant_path = Path(target), Path(assistant)
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
         self.n_threads = n_threads
         self._closed = False
         self.tctx = self.dctx = None  # type: ignore[assignment]
-        self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers)
+        self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers, repack=repack)
         try:
-            self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers)
+            self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers, repack=repack)
         except BaseException:
             self.tmodel.close()
             raise
@@ -431,6 +447,52 @@ class MtpRuntime:
             if eog(pending) or n_out >= max_tokens:
                 return
 
+    def calibrate(self, tokens: Sequence[int], n_steps: int = CALIBRATION_STEPS) -> list[DraftStep]:
+        """Drafter steps with the in-graph ``h_inner`` beside what llama.cpp returns, for measuring how well
+        a derived ``h_inner`` (:mod:`traces.run.derived`) agrees with the graph.
+
+        Prefills the first :data:`CALIBRATION_TOKENS` of ``tokens`` in the target, then runs ``n_steps``
+        greedy drafter steps (as :meth:`run` does: the same position, each step fed the previous draft and
+        ``h_next``) in a temporary drafter context that carries the ``cb_eval`` capture of
+        ``result_norm``; the loop's own drafter context is not touched (it may have no callback at all).
+        The target's memory is cleared afterwards.
+
+        Returns:
+            ``n_steps`` :class:`DraftStep` s with copies of the logits, ``h``, ``h_next`` and ``h_inner``.
+
+        Raises:
+            TraceError: llama.cpp could not create the context or decode; an empty prompt.
+        """
+        cap = self.capture or node_capture(H_INNER_NODE)
+        own = self.capture is None
+        ctx = None
+        tok_s = list(tokens[:CALIBRATION_TOKENS])
+        try:
+            ctx = LlamaContext(self.dmodel, n_ctx=self.n_ctx, n_batch=self.n_batch, mtp_of=self.tctx, capture=cap,
+                               flash_attn=self.flash_attn, n_threads=self.n_threads, nextn=True, masked=True)
+            self._prefill(tok_s)
+            last = self.tbatch.batch.n_tokens - 1
+            tok, h = int(np.argmax(self.tctx.logits(last))), self.tctx.nextn(last).copy()
+            pos = len(tok_s)
+            steps: list[DraftStep] = []
+            for _ in range(int(n_steps)):
+                cap.reset()
+                self.dbatch.set(tok, pos, h)
+                ctx.decode(self.dbatch)
+                lg = ctx.logits(0).copy()
+                hn = ctx.nextn(0).copy()
+                hi = cap.get(H_INNER_NODE)
+                d = int(np.argmax(lg))
+                steps.append(DraftStep(d, lg, h, hn, None if hi is None else hi.reshape(-1).copy()))
+                tok, h = d, hn
+            return steps
+        finally:
+            if ctx is not None:
+                ctx.close()
+            if own and hasattr(cap, "close"):
+                cap.close()
+            self.tctx.clear()
+
     def close(self) -> None:
         """Free batches, contexts (drafter first) and models. Idempotent."""
         if self._closed:
@@ -483,5 +545,5 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
                   "per_prompt": per, "outputs_equal": None}
 
 
-__all__ = ["H_INNER_NODE", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "Calibration", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
            "prompt_tokens", "spec_tokens", "time_plain"]

@@ -118,7 +118,8 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
     for p in (target, assistant):
         if not Path(p).is_file():
             raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
-    with open_gguf(assistant) as d, open_gguf(target) as t:
+    # the target repeats the drafter's tokenizer: its string arrays are compared, not walked a second time
+    with open_gguf(assistant) as d, open_gguf(target, like=d) as t:
         if d.architecture == "gemma4_assistant":
             raise LayoutError("fork-dialect drafter (gemma4_assistant): llama.cpp's runtime does not load it; "
                               "record with an upstream gemma4-assistant drafter and pass this file as "

@@ -25,6 +25,9 @@ from mtpscope.traces.run.prompts import PromptSpec
 
 #: ``hidden``: hidden states stored as float16, float32, or not at all
 HIDDEN_CHOICES = ("f16", "f32", "off")
+#: ``mtpscope record --capture``: h_inner derived from what llama.cpp returns, or copied out of the graph
+#: (``RecordConfig.graph_capture``)
+CAPTURE_CHOICES = ("derived", "graph")
 #: the most drafts per round a recording accepts. llama.cpp's MTP default is 3 drafts per round; each
 #: round verifies ``n_draft + 1`` tokens in one target batch and the drafter's acceptance decays with
 #: depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise allocate
@@ -55,6 +58,15 @@ class RecordConfig:
         n_threads: llama.cpp CPU threads (None: llama.cpp's default).
         hidden_target: also store the target's hidden state per draft (needs ``hidden`` f16 / f32).
         baseline: time plain decoding of the same prompts first (the manifest's ``baseline``).
+        graph_capture: copy ``h_inner`` (the drafter's ``result_norm``) out of llama.cpp's graph with a
+            ``cb_eval`` callback in every drafter decode (``--capture graph``; ggml's scheduler then computes
+            the graph in pieces). Default False: ``h_inner`` and the centroid head's inputs are derived in
+            the recording process from the logits and ``h_next`` llama.cpp returns anyway
+            (:mod:`traces.run.derived`; manifest ``derived``: the solve, its bound and the agreement with
+            the in-graph capture measured on calibration steps after the run).
+        repack: let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default).
+            ``--no-repack`` (as llama.cpp's own tools call it) works around llama.cpp 0.3.36 crashing on Gemma 4
+            MoE targets on AVX-512 / AMX CPUs with them (:class:`traces.run.llama.model.LlamaModel`).
 
     Ints are stored as ``int``, reals as ``float``, flags as ``bool``, ``centroids`` as ``str``.
 
@@ -81,6 +93,8 @@ class RecordConfig:
     n_threads: int | None = None
     hidden_target: bool = False
     baseline: bool = False
+    graph_capture: bool = False
+    repack: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -93,10 +107,20 @@ class RecordConfig:
         return self.temp <= 0
 
     @property
-    def capture(self) -> bool:
-        """Whether the drafter needs the ``cb_eval`` capture of ``h_inner``: hidden states are stored or a
-        centroid head is scored."""
+    def needs_h_inner(self) -> bool:
+        """Whether the run needs ``h_inner``: hidden states are stored or a centroid head is scored."""
         return self.hidden != "off" or self.centroids is not None
+
+    @property
+    def capture(self) -> bool:
+        """Whether the drafter needs the ``cb_eval`` capture of ``h_inner`` in every decode: ``h_inner`` is
+        needed and ``graph_capture`` asks for it from the graph (else it is derived)."""
+        return self.needs_h_inner and self.graph_capture
+
+    @property
+    def derive(self) -> bool:
+        """Whether ``h_inner`` is derived from the logits and ``h_next`` (:mod:`traces.run.derived`)."""
+        return self.needs_h_inner and not self.graph_capture
 
     def manifest_params(self, *, centroid_top_k: int | None, n_ctx: int | None, isolated: bool,
                         preflight: bool) -> dict[str, Any]:
@@ -113,13 +137,14 @@ class RecordConfig:
                 "n_top": self.n_top, "flush_every": self.flush_every, "compact": self.compact,
                 "flash_attn": self.flash_attn, "n_threads": self.n_threads, "n_ctx": n_ctx, "greedy": self.greedy,
                 "isolated": bool(isolated), "preflight": bool(preflight), "hidden_target": self.hidden_target,
-                "baseline": self.baseline}
+                "baseline": self.baseline, "graph_capture": self.graph_capture, "repack": self.repack}
 
 
 _KINDS = {"n_draft": _INT, "max_tokens": _INT, "temp": _REAL, "seed": _INT, "top_k": _INT, "top_p": _REAL,
           "chat": _BOOL, "n_gpu_layers": _INT, "centroids": _OPT_PATH, "centroid_top_k": _OPT_INT,
           "hidden": _CHOICE, "n_top": _INT, "flush_every": _INT, "compact": _BOOL, "flash_attn": _BOOL,
-          "n_threads": _OPT_INT, "hidden_target": _BOOL, "baseline": _BOOL}
+          "n_threads": _OPT_INT, "hidden_target": _BOOL, "baseline": _BOOL,
+          "graph_capture": _BOOL, "repack": _BOOL}
 
 
 def _typed(name: str, kind: str, v: Any) -> Any:
@@ -179,4 +204,4 @@ class RecordJob:
     config: RecordConfig
 
 
-__all__ = ["HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]
+__all__ = ["CAPTURE_CHOICES", "HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]

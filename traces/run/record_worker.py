@@ -13,7 +13,13 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
 2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
    prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.run.packing.pack`.
    The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
-   size, runtime facts, prompt lengths).
+   size, runtime facts, prompt lengths), then waits for ``go``: the parent sends the job first and runs its
+   pre-flight check while the child loads (start-up = the longer of the two, not their sum), so nothing is
+   decoded before the pair passed the check; a refused pair ends the child (:meth:`RecordWorker.abandon`,
+   it has loaded at most). When the run derives ``h_inner`` (no ``cb_eval`` in the loop), a
+   ``calibration`` message comes after the last prompt (:class:`~traces.mtp_runtime.Calibration`: a few
+   drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
+   does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
@@ -177,17 +183,17 @@ def _error_message(e: BaseException) -> dict[str, Any]:
 
 def load_runtime(job: RecordJob) -> Any:
     """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
-    ``n_gpu_layers``, ``flash_attn``, ``n_threads`` and the ``cb_eval`` capture when it needs one."""
+    ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
     c = job.config
     return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
-                      flash_attn=c.flash_attn, n_threads=c.n_threads)
+                      flash_attn=c.flash_attn, n_threads=c.n_threads, repack=c.repack)
 
 
-def prepare_prompts(rtm: Any, job: RecordJob) -> tuple[list[list[int]], dict[str, Any]]:
-    """Tokenize the job's prompts, size the context, and time plain decoding first with the config's
-    ``baseline``.
+def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple[list[list[int]], dict[str, Any]]:
+    """Tokenize the job's prompts, size the context, and (with ``baseline`` and the config's) time plain
+    decoding first (:func:`time_baseline`).
 
     Returns:
         ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
@@ -197,17 +203,55 @@ def prepare_prompts(rtm: Any, job: RecordJob) -> tuple[list[list[int]], dict[str
     Raises:
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
     """
-    from mtpscope.traces.run.mtp_runtime import spec_tokens, time_plain  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
 
     c = job.config
     rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
     toks = [list(r[0]) for r in rendered]
     rtm.ensure_context(max(len(t) for t in toks) + c.max_tokens + c.n_draft + 1)
     extra: dict[str, Any] = {"n_prompt_tokens": [len(t) for t in toks], "prompt_texts": [r[1] for r in rendered]}
-    if c.baseline:
-        plain, entry = time_plain(rtm, toks, c)
-        extra["baseline"], extra["plain_outputs"] = entry, plain
+    if baseline:
+        extra.update(time_baseline(rtm, job, toks))
     return toks, extra
+
+
+def time_baseline(rtm: Any, job: RecordJob, toks: list[list[int]]) -> dict[str, Any]:
+    """With the config's ``baseline``: plain decoding of the prompts timed
+    (:func:`traces.mtp_runtime.time_plain`) as ``{"baseline": manifest entry, "plain_outputs": ids}``; else
+    ``{}``."""
+    from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
+
+    if not job.config.baseline:
+        return {}
+    plain, entry = time_plain(rtm, toks, job.config)
+    return {"baseline": entry, "plain_outputs": plain}
+
+
+def _wait_go(chan: Channel) -> bool:
+    """After ``hello``: block until the recorder says ``go`` (the pre-flight check passed: True) or ``stop``
+    (refused, or the recorder gave up: False)."""
+    while True:
+        got = chan.recv()
+        if got is None:
+            continue
+        msg, fds = got
+        for fd in fds:
+            os.close(fd)
+        kind = msg.get("kind")
+        if kind == "go":
+            return True
+        if kind == "stop":
+            return False
+
+
+def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
+    """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
+    the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
+    from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
+
+    if not job.config.derive or rtm.capture is not None or not toks:
+        return None
+    return Calibration(tuple(rtm.calibrate(toks[0])))
 
 
 def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
@@ -238,13 +282,20 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
-        toks, extra = prepare_prompts(rtm, job)
+        toks, extra = prepare_prompts(rtm, job, baseline=False)
         chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
                    "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
                    "capture": rtm.capture is not None, "runtime": runtime_info(c.n_gpu_layers), **extra})
-        t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
-        fault = _fault_round()
+        if not _wait_go(chan):
+            return                                     # the pre-flight check refused the pair: nothing decoded
+        base = time_baseline(rtm, job, toks)
+        if base:
+            chan.send({"kind": "baseline", **base})
         sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
+        started_at = time.time()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
+        cpu_at_start = c0
+        fault = _fault_round()
         try:
             for pid, tk in enumerate(toks):
                 _instrument(rtm, status)
@@ -269,10 +320,16 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
             return
         status.set("done")
         sender.flush()
-        chan.send({"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
-                   "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
-                   "worker_cpu_seconds": time.process_time() - c0,
-                   "wait_seconds": sender.wait_seconds})
+        done = {"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
+                "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
+                "worker_cpu_seconds": time.process_time() - c0,
+                "wait_seconds": sender.wait_seconds, "started_at": started_at, "cpu_at_start": cpu_at_start}
+        # the derived h_inner's agreement, measured after the loop: nothing waits for it before the first decode
+        cal = calibration(rtm, job, toks)
+        if cal is not None:
+            sender.send("calibration", cal)
+            sender.flush()
+        chan.send(done)
     finally:
         sender.close()
         rtm.close()
@@ -325,6 +382,15 @@ class PromptDone:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The worker timed plain decoding first (``record --baseline``): the manifest entry
+    (:func:`traces.mtp_runtime.time_plain`) and the plain outputs."""
+
+    entry: dict[str, Any]
+    plain_outputs: list[list[int]]
+
+
+@dataclass(frozen=True)
 class WorkerDone:
     """The worker finished every prompt: its loop's wall seconds and CPU seconds (the worker process's
     without its sender thread; loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
@@ -337,6 +403,10 @@ class WorkerDone:
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
     worker_cpu_seconds: float = 0.0
+    #: when the loop began (``time.time()``, right before the first prompt's prefill decode) and the worker
+    #: process's CPU seconds by then (imports, loading and prompts); 0 when not measured
+    started_at: float = 0.0
+    cpu_at_start: float = 0.0
 
 
 class _LogPump(threading.Thread):
@@ -402,7 +472,9 @@ class RecordWorker:
 
     Args:
         job: the run: models, prompts and :class:`~traces.run.record_config.RecordConfig` (sent to the
-            child packed by :func:`traces.run.packing.pack`).
+            child packed by :func:`traces.run.packing.pack`). The child loads the models and tokenizes the
+            prompts at once, then waits after ``hello`` for :meth:`go` (the recorder's pre-flight check runs
+            meanwhile; :meth:`abandon` ends a refused run).
         echo: copy the worker's stderr (llama.cpp's log) to ours as it comes (``--verbose``).
 
     Raises (from :meth:`hello` and :meth:`events`):
@@ -445,9 +517,25 @@ class RecordWorker:
             pass  # reported by hello()
 
     # -- parent API
+    def go(self) -> None:
+        """Let the worker decode (the pre-flight check passed): after its ``hello`` it calibrates and runs the
+        loop. Until then it only loads the models and tokenizes the prompts."""
+        try:
+            self.chan.send({"kind": "go"})
+        except TransportClosed:
+            pass  # reported by hello() / events()
+
+    def abandon(self) -> None:
+        """End a worker whose run will not happen (the pre-flight check refused the pair) at once: it is
+        killed wherever it is (loading the models at most: it decodes nothing before :meth:`go`).
+        Idempotent with :meth:`close`."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.close()
+
     def hello(self) -> dict[str, Any]:
         """Wait for the worker to load the models; its ``hello`` (n_vocab, n_embd_backbone, n_embd,
-        n_ctx, capture, runtime, n_prompt_tokens)."""
+        n_ctx, capture, runtime, n_prompt_tokens, ``cpu_seconds``: the worker's CPU time so far)."""
         while self.info is None:
             msg = self._next()
             if msg["kind"] == "hello":
@@ -460,9 +548,10 @@ class RecordWorker:
         self.trace_dir = Path(path).parent
         self.log.log_to(Path(path))
 
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
-        """The worker's rounds and prompt ends, then one :class:`WorkerDone`. After each
-        :class:`WorkerRound`, call :meth:`release` once its arrays are no longer needed."""
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
+        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), then one :class:`WorkerDone`. After a :class:`WorkerRound` or the
+        calibration, call :meth:`release` once its arrays are no longer needed."""
         from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
 
         while True:
@@ -471,12 +560,17 @@ class RecordWorker:
             if kind == "round":
                 self.n_rounds_received += 1
                 yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
+            elif kind == "calibration":
+                yield self.receiver.unpack(msg)
+            elif kind == "baseline":
+                yield Baseline(msg["baseline"], [list(o) for o in msg["plain_outputs"]])
             elif kind == "prompt_done":
                 yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
             elif kind == "done":
                 yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
                                  float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0),
-                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]))
+                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]),
+                                 float(msg.get("started_at") or 0.0), float(msg.get("cpu_at_start") or 0.0))
                 return
             elif kind == "stopped":
                 return
@@ -614,7 +708,8 @@ class InProcessRounds:
         return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
                 "capture": r.capture is not None, "runtime": runtime_info(self.job.config.n_gpu_layers), **extra}
 
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone]:
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        started_at = time.time()
         t0, c0 = time.perf_counter(), time.process_time()
         for pid, tk in enumerate(self.toks):
             rounds = self.rtm.run(tk, self.job.config, trace=True)
@@ -624,7 +719,11 @@ class InProcessRounds:
             finally:
                 rounds.close()
             yield PromptDone(pid, self.rtm.first_token)
-        yield WorkerDone(time.perf_counter() - t0, time.process_time() - c0)
+        done = WorkerDone(time.perf_counter() - t0, time.process_time() - c0, started_at=started_at)
+        cal = calibration(self.rtm, self.job, self.toks)
+        if cal is not None:
+            yield cal
+        yield done
 
     def release(self) -> None:
         """Nothing to release: the arrays are the runtime's own copies."""
@@ -640,8 +739,8 @@ class InProcessRounds:
             self.rtm.close()
 
 
-__all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "load_runtime", "main", "prepare_prompts"]
+__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
+           "WorkerRound", "calibration", "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ next to it and swapped in at the end, :func:`traces.store.swap_in`). Progress di
 through ``on_round``.
 
 Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.run.llama.process,
-traces.mtp_runtime, traces.preflight, traces.prompts, traces.run.record_config, traces.record_worker,
+traces.run.derived, traces.mtp_runtime, traces.preflight, traces.prompts, traces.run.record_config, traces.record_worker,
 traces.step_analysis, traces.store.
 """
 
@@ -33,12 +33,13 @@ import numpy as np
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
 from mtpscope.traces.run.llama.process import deferred_sigint
-from mtpscope.traces.run.mtp_runtime import MtpRuntime, RoundResult
+from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
+from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import (STOP_GRACE_S, InProcessRounds, PromptDone, RecordWorker, WorkerDone,
-                                               WorkerRound)
+from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, InProcessRounds, PromptDone, RecordWorker,
+                                               WorkerDone, WorkerRound)
 from mtpscope.traces.run.step_analysis import round_record, step_records
 
 # --------------------------------------------------------------------------------------------------
@@ -103,7 +104,8 @@ class RecordSummary:
         mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
             same definition as :func:`traces.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
-        seconds: wall time of the generation loops (prefill and trace writing included, loading excluded).
+        seconds: wall time of the generation loops (prefill and trace writing included; loading and the
+            derived h_inner's calibration after the loop excluded).
         cpu_seconds: CPU time of the processes over the same span (``time.process_time``; this process
             and, when isolated, the worker process over its loop: loop thread and sender thread).
         trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
@@ -121,6 +123,11 @@ class RecordSummary:
             (the analysis and writing falling behind the loop); 0 otherwise.
         loop_decode_seconds: isolated: wall time of the worker's loop inside llama.cpp decodes (the rest
             of ``loop_seconds`` is the Python around them: argmax, copies, handing rounds over); 0 otherwise.
+        preflight_seconds: wall time of the pre-flight check (with the centroid head's loading).
+        startup_seconds: wall time from the call to the loop's first decode (pre-flight beside the worker's
+            start and model loading, prompts, the derived h_inner's solve and calibration).
+        startup_cpu_seconds: CPU time of this process from its start to the runtime's ``hello`` (imports
+            included) plus, when isolated, the worker process's up to its loop's start.
     """
 
     out: str
@@ -143,6 +150,9 @@ class RecordSummary:
     recorder_cpu_seconds: float = 0.0
     loop_wait_seconds: float = 0.0
     loop_decode_seconds: float = 0.0
+    preflight_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    startup_cpu_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -174,8 +184,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     (1-based), the token, its logit and rank, the top ``n_top`` drafter candidates with logits, the
     target's token at that position and its rank among the drafter's logits, accepted, and unless
     ``hidden="off"``: ``h`` (fed in, width n_embd_backbone), ``h_next`` (post-projection output,
-    width n_embd_backbone) and ``h_inner`` (``result_norm`` via ``cb_eval``, width n_embd), stored as
-    float16 (``"f16"``) or float32. With a centroid head (``centroids``: fork-dialect GGUF or HF
+    width n_embd_backbone) and ``h_inner`` (the drafter's ``result_norm``, width n_embd: derived from the
+    logits and ``h_next`` by :mod:`traces.run.derived`, or with ``graph_capture`` copied by ``cb_eval``), stored
+    as float16 (``"f16"``) or float32. With a centroid head (``centroids``: fork-dialect GGUF or HF
     directory): top-k centroid ids and logits, the sparse head's token, whether the target's token is a
     candidate, the target token's centroid and that centroid's rank. Always: the target's probability of
     the drafted token and its entropy at the verify row that judged it (``target_p_drafted``,
@@ -236,8 +247,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C (isolated: the worker is stopped first; in process: raised right after
             the llama.cpp decode it arrived in); the trace written so far stays readable, marked incomplete.
     """
-    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415
-    from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
+    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
 
     given = [x is not None for x in (prompts, prompt, prompts_file)]
     if sum(given) != 1:
@@ -255,27 +265,43 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     if not overwrite and (Path(out) / MANIFEST).exists():  # fail before loading anything
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
-    # --overwrite of an existing trace: record next to it and swap it in only when the run completes
-    swap = bool(overwrite) and holds_trace(out)
-    write_to = partial_dir(out) if swap else Path(out)
     isolated = (runtime is None) if isolate is None else bool(isolate)
     if isolated and runtime is not None:
         raise MtpscopeError("a loaded runtime runs in this process; isolate=True needs runtime=None",
                             key="isolate", expected="runtime=None", actual="a MtpRuntime")
-    models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
-    head = None
-    models["centroids"] = None
-    if config.centroids is not None:
-        cp = Path(config.centroids)
-        if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
-            from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    t_enter_epoch = time.time()
+    job = RecordJob(target=os.fspath(target), assistant=os.fspath(assistant), prompts=tuple(specs), config=config)
+    # isolated: the worker loads the pair while it is checked here, and decodes nothing before go(); a refused
+    # pair ends it (it has loaded at most, in its own process): start-up is the longer of the two, not the sum
+    early = RecordWorker(job, echo=echo_log) if isolated else None
+    try:
+        from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
 
-            with open_gguf(cp) as cf:
-                head = head_from_gguf(cf, top_k=config.centroid_top_k)
-                models["centroids"] = model_info(cf)
-        else:
-            head = load_centroid_head(cp, top_k=config.centroid_top_k)
-            models["centroids"] = centroid_source_info(cp)
+        # --overwrite of an existing trace: record next to it and swap it in only when the run completes
+        swap = bool(overwrite) and holds_trace(out)
+        write_to = partial_dir(out) if swap else Path(out)
+        t_pf = time.perf_counter()
+        models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
+        preflight_s = time.perf_counter() - t_pf
+        head = None
+        models["centroids"] = None
+        if config.centroids is not None:
+            cp = Path(config.centroids)
+            if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
+                from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+                with open_gguf(cp) as cf:
+                    head = head_from_gguf(cf, top_k=config.centroid_top_k)
+                    models["centroids"] = model_info(cf)
+            else:
+                head = load_centroid_head(cp, top_k=config.centroid_top_k)
+                models["centroids"] = centroid_source_info(cp)
+    except BaseException:
+        if early is not None:
+            early.abandon()                      # refused: the worker decoded nothing
+        raise
+    if early is not None:
+        early.go()
 
     params = config.manifest_params(centroid_top_k=None if head is None else head.top_k, n_ctx=None,
                                     isolated=isolated, preflight=preflight)
@@ -287,8 +313,8 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         "prompts": [sp.manifest_entry(i, 0) for i, sp in enumerate(specs)],
         "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                 "source": head.source, "kind": head.kind},
+        "derived": None,
     }
-    job = RecordJob(target=os.fspath(target), assistant=os.fspath(assistant), prompts=tuple(specs), config=config)
     hd = None if config.hidden == "off" else config.hidden
     n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
     outputs: list[tuple[int, ...]] = []
@@ -301,13 +327,21 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     sigint.__enter__()
     t_start, c_start = time.perf_counter(), time.process_time()
     try:
-        src = RecordWorker(job, echo=echo_log) if isolated else InProcessRounds(runtime, job)
+        src = early if early is not None else InProcessRounds(runtime, job)
+        # while the worker loads the models: the solve that derives h_inner from the logits and h_next (built
+        # here, it never holds up the loop; unused when a loaded runtime brings the graph capture)
+        solver = _solver(assistant) if config.derive else None
         info = src.hello()
+        cpu_at_hello = time.process_time()
         if head is not None:
             head.check_compatible(n_embd=info["n_embd"], n_vocab=info["n_vocab"], drafter=assistant)
         if config.capture and not info["capture"]:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
+        if info["capture"]:
+            solver = None
+        if solver is not None:
+            manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         params["n_ctx"] = info["n_ctx"]
         manifest["runtime"] = info["runtime"]
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
@@ -324,14 +358,25 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         src.log_to(write_to / "llama.log")
         trace_s += time.perf_counter() - t_start
         gen: list[int] = []
+        cal_s = 0.0            # the calibration after the loop: not part of the run's timing
+        t_ev = time.perf_counter()
         for ev in src.events():
-            if isinstance(ev, WorkerRound):
+            if isinstance(ev, Baseline):
+                w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
+                t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
+            elif isinstance(ev, Calibration):
+                cal_s += time.perf_counter() - t_ev
+                if solver is not None:
+                    w.manifest["derived"] = derived_entry(solver, ev.steps, hidden=config.hidden != "off",
+                                                          centroids=head is not None)
+                src.release()
+            elif isinstance(ev, WorkerRound):
                 pid, res = ev.prompt_id, ev.result
                 t0 = time.perf_counter()
                 if not gen:
                     gen.append(res.pending_token)
                 gen.extend(res.emitted)
-                steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=head)
+                steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=head, solver=solver)
                 src.release()          # the records own copies of all they keep: the worker may go on
                 w.add_round(round_record(pid, res), steps)
                 trace_s += time.perf_counter() - t0
@@ -350,13 +395,14 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                 gen = []
             elif isinstance(ev, WorkerDone):
                 loop = ev
+            t_ev = time.perf_counter()
         t0 = time.perf_counter()
         if plain_outputs is not None and config.greedy:
             w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == [list(o) for o in plain_outputs]
         w.close()
         trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
-        secs, cpu_secs = time.perf_counter() - t_start, time.process_time() - c_start
+        secs, cpu_secs = time.perf_counter() - t_start - cal_s, time.process_time() - c_start
     except RuntimeAbortedError as e:
         # llama.cpp died: keep every round received, say where it stopped and what llama.cpp said
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
@@ -396,11 +442,33 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                          loop_seconds=loop.loop_seconds if loop is not None else secs,
                          loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
                          recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
-                         loop_decode_seconds=loop.decode_seconds if loop else 0.0)
+                         loop_decode_seconds=loop.decode_seconds if loop else 0.0,
+                         preflight_seconds=preflight_s,
+                         startup_seconds=(loop.started_at - t_enter_epoch) if loop and loop.started_at else 0.0,
+                         startup_cpu_seconds=cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag
 _preflight = preflight
+
+#: the steps columns a derived ``h_inner`` feeds (manifest ``derived.columns``): h_inner itself (stored with
+#: hidden states) and every centroid-head column (scored from it)
+DERIVED_CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
+                            "target_centroid", "target_centroid_rank")
+
+
+def _solver(assistant: str | os.PathLike[str]) -> HInnerSolver:
+    """The drafter's :class:`~traces.run.derived.HInnerSolver` (our reader, the weights' dequantized values;
+    kept in the cache folder per drafter file: :func:`~traces.run.derived.cached_solver`)."""
+    return cached_solver(assistant)
+
+
+def derived_entry(solver: HInnerSolver, steps: Sequence[Any], *, hidden: bool, centroids: bool) -> dict[str, Any]:
+    """The manifest's ``derived`` record (docs/TRACE_FORMAT.md): which steps columns are derived rather than
+    copied from llama.cpp's graph, how (:meth:`~traces.run.derived.HInnerSolver.describe`), the worst-case
+    bound and the agreement with the in-graph capture measured on the calibration ``steps``."""
+    cols = (["h_inner"] if hidden else []) + (list(DERIVED_CENTROID_COLUMNS) if centroids else [])
+    return {"columns": cols, **calibration_entry(solver, steps)}
 
 
 def _note_partial(e: BaseException, swap: bool, write_to: Path, out: Any) -> None:

@@ -8,7 +8,7 @@ summarized exactly like a recorded one); :func:`step_records` / :func:`round_rec
 states stay float32 here; the writer converts them to the trace's f16 / f32).
 
 Imports: numpy, traces.records, traces.ranking, traces.centroid_head (and, for types only,
-traces.mtp_runtime and inspector.centroids).
+traces.mtp_runtime, traces.run.derived and inspector.centroids).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mtpscope.traces.store.records import RoundRecord, StepRecord
 
 if TYPE_CHECKING:
     from mtpscope.inspector.centroids import CentroidHead
+    from mtpscope.traces.run.derived import HInnerSolver
     from mtpscope.traces.run.mtp_runtime import RoundResult
 
 
@@ -61,8 +62,21 @@ def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = Non
                         target_rank=None if target is None else rank(logits, target, top))
 
 
+def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | None]:
+    """Each step's ``h_inner``: the captured one, or derived by ``solver`` (:mod:`traces.run.derived`) from
+    the step's logits and ``h_next`` where it was not captured (None where those are missing too)."""
+    steps = res.steps
+    out: list[np.ndarray | None] = [s.h_inner for s in steps]
+    todo = [i for i, s in enumerate(steps) if s.h_inner is None and s.logits is not None and s.h_next is not None]
+    if todo:
+        got = solver.solve([steps[i].logits for i in todo], [steps[i].h_next for i in todo])
+        for j, i in enumerate(todo):
+            out[i] = got[j]
+    return out
+
+
 def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
-                 head: CentroidHead | None = None) -> list[StepRecord]:
+                 head: CentroidHead | None = None, solver: HInnerSolver | None = None) -> list[StepRecord]:
     """Per-step trace records of one round (see :func:`traces.recorder.record` for the fields).
 
     Args:
@@ -71,18 +85,20 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
         hidden: ``"off"`` drops the hidden states (``h_target`` too); any other value keeps them (float32 here).
         head: a centroid head checked by :meth:`~inspector.centroids.CentroidHead.ready`, or None; its
             columns are filled only when every step has ``h_inner``.
+        solver: derives ``h_inner`` from the logits and ``h_next`` of steps that carry no captured one
+            (:func:`derive_h_inner`); None keeps only captured values.
     """
     out: list[StepRecord] = []
     keep_h = hidden != "off"
     steps = res.steps
     targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
+    inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
     cs_all = None
-    if head is not None and steps and all(s.h_inner is not None for s in steps):
+    if head is not None and steps and all(h is not None for h in inner):
         logits = None
         if all(s.logits is not None for s in steps):
             logits = [s.logits for s in steps]
-        cs_all = centroid_steps(head, np.stack([s.h_inner for s in steps]), dense_logits=logits,
-                                target_tokens=targets)
+        cs_all = centroid_steps(head, np.stack(inner), dense_logits=logits, target_tokens=targets)
     p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
     for k, s in enumerate(steps, start=1):
         lg = s.logits
@@ -104,7 +120,7 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
         out.append(StepRecord(
             k=k, token=s.token, target_token=tt, accepted=k <= res.n_accepted,
             h=s.h if keep_h else None, h_next=s.h_next if keep_h else None,
-            h_inner=s.h_inner if keep_h else None, **kw))
+            h_inner=inner[k - 1] if keep_h else None, **kw))
     return out
 
 
@@ -116,4 +132,4 @@ def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
                        t_verify_ms=res.t_verify_ms)
 
 
-__all__ = ["LogitSummary", "round_record", "step_records", "summarize_logits"]
+__all__ = ["LogitSummary", "derive_h_inner", "round_record", "step_records", "summarize_logits"]

@@ -45,6 +45,34 @@ def sql_file_list(files: Sequence[Path]) -> str:
     return "[" + ", ".join(sql_str(os.fspath(p)) for p in files) + "]"
 
 
+def _hidden_rows(path: Path, name: str, dim: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Hidden column ``name`` of one steps part as float32 ``(n, dim)`` (null rows NaN), read only from the row
+    groups that hold ``rows`` (all of them for None): ``(block, rows within the block)``. A merged part's row
+    groups are at most 64 MiB (:func:`traces.store.parts.row_group_full`), so one round's hidden states of a
+    long trace at real widths cost one row group's column chunk, not the whole file."""
+    pf = pq.ParquetFile(path, page_checksum_verification=True)
+    md = pf.metadata
+    if rows is not None and md.num_row_groups > 1:
+        starts = np.concatenate([[0], np.cumsum([md.row_group(i).num_rows for i in range(md.num_row_groups)])])
+        groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
+        table = pf.read_row_groups([int(g) for g in groups], columns=[name])
+        # the selected groups' rows, renumbered from 0 in the order read
+        base = np.concatenate([[0], np.cumsum([starts[g + 1] - starts[g] for g in groups])])
+        where = np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)
+        rows = base[where] + (rows - starts[groups[where]])
+    else:
+        table = pf.read(columns=[name])
+    col = table.column(name)
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    vals = arr.values.to_numpy(zero_copy_only=False)
+    start = arr.offset * dim
+    block = np.asarray(vals[start:start + len(arr) * dim], dtype=np.float32).reshape(-1, dim)
+    if arr.null_count:
+        block = block.copy()
+        block[arr.is_null().to_numpy(zero_copy_only=False)] = np.nan
+    return block, rows
+
+
 class Trace(TraceLike):
     """An opened trace directory (see :func:`open_trace`).
 
@@ -185,7 +213,8 @@ class Trace(TraceLike):
     def hidden(self, name: str, where: Any = None) -> np.ndarray:
         """One hidden-state column as a float32 array of shape ``(n, dim)`` (numpy order).
 
-        Only that column is read from each steps part (pyarrow column projection).
+        Only that column is read from each steps part (pyarrow column projection), and with ``where`` only
+        from the row groups holding the selected rows.
 
         Args:
             name: ``"h"``, ``"h_next"``, ``"h_target"`` (dim ``n_embd_backbone``) or ``"h_inner"`` (dim ``n_embd``).
@@ -239,14 +268,7 @@ class Trace(TraceLike):
             if rows is not None and len(rows) == 0:
                 continue
             try:
-                col = pq.read_table(p, columns=[name], page_checksum_verification=True).column(name)
-                arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-                vals = arr.values.to_numpy(zero_copy_only=False)
-                start = arr.offset * dim
-                block = np.asarray(vals[start:start + len(arr) * dim], dtype=np.float32).reshape(-1, dim)
-                if arr.null_count:
-                    block = block.copy()
-                    block[arr.is_null().to_numpy(zero_copy_only=False)] = np.nan
+                block, rows = _hidden_rows(p, name, dim, rows)
             except (OSError, pa.ArrowException) as e:
                 self.warnings.append(f"{p}: hidden column {name!r} unreadable, rows set to NaN ({e})")
                 block = np.full((size, dim), np.nan, dtype=np.float32)

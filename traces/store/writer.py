@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from mtpscope.errors import TraceError, TraceFormatError
 from mtpscope.traces.store import schema as S
+from mtpscope.traces.store.centroid_counts import MANIFEST_KEY as COUNTS_KEY, CentroidCounts
 from mtpscope.traces.store.layout import (MANIFEST, TABLES, WAL_DIR, WAL_LOCK, merged_files, now, part_name,
                                           plain_parts, try_lock, wal_files, wal_segments, writer_files)
 from mtpscope.traces.store.manifest import manifest_text, write_manifest
@@ -115,6 +116,8 @@ class TraceWriter:
         self.n_embd = None if n_embd is None else int(n_embd)
         self.hidden_dtype = hidden_dtype
         self.centroids = bool(centroids)
+        #: per-centroid counts of the steps written (manifest ``centroid_counts`` at a clean close)
+        self._counts = CentroidCounts() if self.centroids else None
         self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
         self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
         self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
@@ -293,6 +296,8 @@ class TraceWriter:
         jobs: list[tuple[pa.Table, Path]] = []
         if steps is not None:
             steps = conform(steps, self.steps_schema, "steps")
+            if self._counts is not None:
+                self._counts.add(steps)
             jobs.append((steps, self.path / "steps" / name))
             counts["n_steps"] += steps.num_rows
             rec["steps"] = steps.num_rows
@@ -401,6 +406,9 @@ class TraceWriter:
             merger.discard()
         self.manifest["parts"] = listing
         self.manifest["complete"] = bool(complete)
+        if self._counts is not None and complete:
+            nc = (self.manifest.get("centroids") or {}).get("n_centroids")
+            self.manifest[COUNTS_KEY] = self._counts.entry(nc if isinstance(nc, int) else None)
         self.manifest["counts"]["n_parts"] = max(len(v) for v in listing.values())
         write_manifest(self.path, self.manifest)
         for p in old:                     # only now: the manifest no longer lists them

@@ -131,10 +131,10 @@ class SweepWorker:
         """Counters of the task in flight: ``task``, ``rounds``, ``drafted``, ``accepted``, ``generated``."""
         return dict(self._progress)
 
-    def _runtime(self, target: str, assistant: str, capture: bool) -> tuple[Any, float]:
+    def _runtime(self, target: str, assistant: str, capture: bool, repack: bool = True) -> tuple[Any, float]:
         from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
-        key = (target, assistant, capture)
+        key = (target, assistant, capture, repack)
         if self._rtm is not None and self._key == key:
             return self._rtm, 0.0
         if self._rtm is not None:
@@ -142,7 +142,7 @@ class SweepWorker:
             self._rtm = self._key = None
         t0 = time.perf_counter()
         self._rtm = MtpRuntime(target, assistant, n_gpu_layers=self.n_gpu_layers, capture=capture,
-                               n_threads=self.n_threads)
+                               n_threads=self.n_threads, repack=repack)
         self._key = key
         return self._rtm, time.perf_counter() - t0
 
@@ -164,7 +164,7 @@ class SweepWorker:
         if baseline and self._rtm is not None and self._key is not None and self._key[0] == task["target"]:
             rtm, load_s = self._rtm, 0.0              # plain decoding needs the target only
         else:
-            rtm, load_s = self._runtime(task["target"], task["assistant_path"], capture)
+            rtm, load_s = self._runtime(task["target"], task["assistant_path"], capture, config.repack)
         prog = {"task": task["task"], "rounds": 0, "drafted": 0, "accepted": 0, "generated": 0}
         self._progress = prog
         t0 = time.perf_counter()

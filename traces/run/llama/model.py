@@ -68,13 +68,14 @@ class LlamaVocab(_ClosedOnDelete):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._load(path, vocab_only=True, n_gpu_layers=0)
 
-    def _load(self, path: str | os.PathLike[str], *, vocab_only: bool, n_gpu_layers: int) -> None:
+    def _load(self, path: str | os.PathLike[str], *, vocab_only: bool, n_gpu_layers: int, repack: bool = True) -> None:
         lc = binding.llama()
         self.path = Path(path)
         params = lc.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
         params.use_mmap = True
         params.vocab_only = bool(vocab_only)
+        params.use_extra_bufts = bool(repack)
         logs.clear_recent()
         ptr = lc.llama_model_load_from_file(os.fspath(self.path).encode(), params)
         pending = logs.take_pending()  # a Ctrl-C during the load
@@ -185,6 +186,10 @@ class LlamaModel(LlamaVocab):
     Args:
         path: the GGUF file.
         n_gpu_layers: layers to offload (-1 = all, 0 = CPU only).
+        repack: let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts:
+            ``llama_model_params.use_extra_bufts``, llama.cpp's default; ``--no-repack`` in its own tools). False
+            works around llama.cpp 0.3.36 crashing (SIGSEGV in the first decode) on a Gemma 4 MoE target on an
+            AVX-512 / AMX CPU with them (measured with benchmarks/real_pair.py's 26B-A4B-shaped target).
 
     Raises:
         TraceError: llama.cpp could not load the file (the message carries llama.cpp's last log lines).
@@ -193,8 +198,8 @@ class LlamaModel(LlamaVocab):
 
     _what = "model"
 
-    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0) -> None:
-        self._load(path, vocab_only=False, n_gpu_layers=n_gpu_layers)
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, repack: bool = True) -> None:
+        self._load(path, vocab_only=False, n_gpu_layers=n_gpu_layers, repack=repack)
         lc = binding.llama()
         ptr = self.ptr
         self.n_embd = int(lc.llama_model_n_embd(ptr))
