@@ -36,6 +36,7 @@ import numpy as np
 
 from mtpscope.inspector.diff import diff
 from mtpscope.inspector.gguf import open_gguf
+from tests.estimate_models import header_and_hole
 
 N_EMBD, N_FF, N_HEAD, HEAD_DIM = 5376, 21504, 32, 256
 BLOCK = 16 << 20
@@ -79,15 +80,7 @@ def write_model(path: Path, gib: float, sparse: bool = False) -> list[str]:
         q8(b + "ffn_gate.weight", (N_FF, N_EMBD))
         q8(b + "ffn_up.weight", (N_FF, N_EMBD))
         q8(b + "ffn_down.weight", (N_EMBD, N_FF))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    align = 32
-    total = -(-path.stat().st_size // align) * align
-    for ti in w.tensors[0].values():
-        total += -(-ti.nbytes // align) * align
-    os.truncate(path, total)  # the data region's size; every byte of it is written below
+    header_and_hole(w, path)  # the data region's size; every byte of it is written below
     f = open_gguf(path)
     infos = [(t.offset, t.n_bytes or 0) for t in f.tensors]
     f.close()

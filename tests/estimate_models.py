@@ -108,10 +108,10 @@ def write_synth_target(path: Path, s: SynthTarget, vocab_kv: list) -> Path:
         mat(b + "ffn_up.weight", s.n_embd, s.n_ff)
         mat(b + "ffn_down.weight", s.n_ff, s.n_embd)
         vec(b + "post_ffw_norm.weight", s.n_embd)
-    return _header_and_hole(w, path)
+    return header_and_hole(w, path)
 
 
-def _header_and_hole(w, path: Path) -> Path:
+def header_and_hole(w, path: Path) -> Path:
     """Write GGUFWriter ``w``'s header and tensor table, then extend the file to where its tensor data would end
     (a hole: no data written, nothing read by llama.cpp's mmap until used)."""
     w.write_header_to_file()
@@ -195,4 +195,4 @@ def write_hole_gguf(path: Path, model, vocab_kv: list) -> Path:
     for t in model.tensors:
         raw = gguf.GGMLQuantizationType(t.ggml_type)
         w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.n_bytes, raw_dtype=raw)
-    return _header_and_hole(w, path)
+    return header_and_hole(w, path)
