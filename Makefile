@@ -3,8 +3,10 @@
 #               MTPSCOPE_ROOTS=/data/models make run ADDRESS=0.0.0.0 serves it to the network)
 #   make test   set-up, demo data, then the whole test suite
 # Both are idempotent: the venv is rebuilt only when pyproject.toml changes, the demo only when
-# its inputs change (see `mtpscope demo build`), and pip's wheel cache keeps llama-cpp-python's
-# 6-minute source build to the first time.
+# its inputs change (see `mtpscope demo build`), llama-server only when its sources or
+# llama-cpp-python's libraries change (`mtpscope server build`, a few minutes once: it compiles the
+# server and links llama-cpp-python's own ggml / llama), and pip's wheel cache keeps
+# llama-cpp-python's 6-minute source build to the first time.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -16,7 +18,7 @@ PORT   ?= 8501
 ADDRESS ?= 127.0.0.1
 EXTRAS ?= test,runtime,sweep
 
-.PHONY: setup venv demo run test test-fast browser bench clean-demo
+.PHONY: setup venv demo server run test test-fast browser bench clean-demo
 
 setup: $(STAMP) demo
 
@@ -38,6 +40,12 @@ $(PARITY_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(PY) -m mtpscope.cli demo build
 
+# llama-server from the llama.cpp llama-cpp-python vendors (docs/SERVER.md); without cmake or a compiler one
+# line says so and the server tests skip.
+server: $(STAMP)
+	@CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m mtpscope.cli server build --if-possible \
+		|| echo "warning: llama-server build failed (see its build.log); the server tests will skip"
+
 run: setup
 	$(VENV)/bin/mtpscope app --port $(PORT) --address "$(ADDRESS)"
 
@@ -49,14 +57,14 @@ browser:
 			|| echo "warning: could not install chromium; browser tests will skip"; \
 		else echo "note: chromium missing and not installable here; browser tests will skip"; fi; }
 
-test: setup $(PARITY_STAMP) browser
+test: setup server $(PARITY_STAMP) browser
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 bench: setup
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do m=$$(basename $$b .py); echo "== $$m"; $(PY) -m benchmarks.$$m || exit 1; done
 
 clean-demo:
 	$(PY) -m mtpscope.cli demo clean

@@ -1,7 +1,7 @@
 """Pure plotly figure builders for the app (no Streamlit import; tests call them directly).
 
-Every builder takes small, already-prepared data (see app/views.py) and returns a
-``plotly.graph_objects.Figure``. Sizes are bounded here too: the timeline draws one mark per round
+Every builder takes small, already-prepared data (see app/views.py, round_views.py, model_views.py) and
+returns a ``plotly.graph_objects.Figure``. Sizes are bounded here too: the timeline draws one mark per round
 only up to ``max_marks`` rounds (WebGL beyond ``svg_limit``) and aggregates longer traces into bins;
 heatmaps are block-averaged to a few hundred cells a side; histograms are computed with numpy and
 sent as bars, never as raw values.
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from mtpscope.app import views
+from mtpscope.app import model_views, round_views, views
 
 #: Accepted-length colours, 0 (red) … K (green).
 ACCEPT_SCALE = [[0.0, "#d62728"], [0.34, "#ff7f0e"], [0.67, "#bcbd22"], [1.0, "#2ca02c"]]
@@ -79,7 +79,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     zero_draft = nd == 0
     n_zero_draft = int(zero_draft.sum())
     if n <= max_marks:
-        hover = np.asarray(views.round_hover(rounds, decode, labels=labels), dtype=object)
+        hover = np.asarray(round_views.round_hover(rounds, decode, labels=labels), dtype=object)
         cls = go.Scattergl if n > svg_limit else go.Scatter
         custom = np.stack([rounds["prompt_id"].to_numpy(), rounds["round"].to_numpy(),
                            rounds["seq"].to_numpy()], axis=1)
@@ -104,7 +104,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         mode = "marks"
     else:
         b = views.binned_rounds(rounds, max_bins=max_bins)
-        hover = [f"rounds {s}–{e} (from {views._esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
+        hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
                  f"mean accepted {m:.2f}<br>acceptance rate {'—' if np.isnan(a) else f'{a:.1%}'}<br>"
                  f"zero-acceptance rounds {z}"
                  for s, e, p, r, m, a, z in zip(b["seq_start"], b["seq_end"], b["prompt_id"], b["round"],
@@ -140,8 +140,8 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                 pid = int(first[i])
                 annotations.append(dict(x=float(seq[i]) - 0.5, y=1.0, xref="x", yref="paper", xanchor="left",
                                         yanchor="bottom", showarrow=False, textangle=0,
-                                        text=views._esc(labels.get(pid, f"prompt {pid}")), font=dict(size=10, color="#555"),
-                                        hovertext=views._esc(labels.get(pid, f"prompt {pid}"))))
+                                        text=views.esc(labels.get(pid, f"prompt {pid}")), font=dict(size=10, color="#555"),
+                                        hovertext=views.esc(labels.get(pid, f"prompt {pid}"))))
     if highlight is not None:
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(highlight[0]) - 0.5,
                            x1=float(highlight[1]) + 0.5, y0=0, y1=1, fillcolor="#1f77b4", opacity=0.15,
@@ -168,7 +168,7 @@ def _stagger(annotations: list[dict], levels: int = 3) -> list[dict]:
 def per_position_figure(per_pos: pd.DataFrame, other: pd.DataFrame | None = None,
                         names: tuple[str, str] = ("A", "B"), title: str = "Per-position acceptance") -> go.Figure:
     """Bars of P(draft k accepted) for k = 1..K (columns k, acceptance as in
-    :func:`mtpscope.traces.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
+    :func:`mtpscope.traces.analysis.metrics.per_position_acceptance`); a second table adds a second series (Compare)."""
     if per_pos is None or len(per_pos) == 0:
         return empty_figure("no drafted tokens")
     fig = go.Figure()
@@ -259,7 +259,7 @@ def accepted_length_histogram(rounds: pd.DataFrame) -> go.Figure:
 # ---------------------------------------------------------------------------------------- step
 
 def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -> go.Figure:
-    """Horizontal bars of one step's top candidates (logits; :func:`mtpscope.app.views.top_candidates`),
+    """Horizontal bars of one step's top candidates (logits; :func:`mtpscope.app.round_views.top_candidates`),
     the draft blue and the target's token green. The target's bar is always there: when its token is
     past the stored top candidates its logit is not in the trace, so its bar is drawn hatched up to the
     last stored logit (an upper bound) and labelled with its rank."""
@@ -272,7 +272,7 @@ def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -
     def rank_text(r) -> str:
         return "?" if r is None or r is pd.NA or (isinstance(r, float) and np.isnan(r)) else str(int(r))
 
-    labels = [f"{rank_text(r)}. {views._esc(t)}" for r, t in zip(top["rank"], top["text"])]
+    labels = [f"{rank_text(r)}. {views.esc(t)}" for r, t in zip(top["rank"], top["text"])]
     x = top["logit"].to_numpy(dtype=float).copy()
     bound = top["logit_bound"].to_numpy(dtype=float) if "logit_bound" in top.columns else np.full(len(top), np.nan)
     x[~stored] = bound[~stored]
@@ -431,21 +431,39 @@ def drift_figure(drift: dict | None, title: str = "How far the drafter's state d
     from plotly.subplots import make_subplots
 
     pp = drift["per_position"]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12)
-    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["cos_mean"] for p in pp], mode="lines+markers",
-                             name="cosine"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=[p["k"] for p in pp], y=[p["rel_err_mean"] for p in pp], mode="lines+markers",
-                             name="relative error"), row=1, col=2)
-    fig.update_xaxes(title="draft position k", dtick=1)
-    fig.update_yaxes(title="cosine (1 = same direction)", row=1, col=1)
-    fig.update_yaxes(title="relative error", row=1, col=2)
-    return _layout(fig, title, height=280, showlegend=False)
+    quant = drift.get("by_quantile") or []
+    fig = make_subplots(rows=1, cols=3 if quant else 2, horizontal_spacing=0.09)
+    ks = [p["k"] for p in pp]
+    rel = [p["rel_err_mean"] for p in pp]
+    # trace 0: cosine, trace 1: relative error; then the cosine of accepted / rejected drafts
+    fig.add_trace(go.Scatter(x=ks, y=[p["cos_mean"] for p in pp], mode="lines+markers", name="cosine, all"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=rel, mode="lines+markers", name="relative error"), row=1, col=2)
+    for key, name, dash in (("cos_mean_accepted", "accepted", "dot"), ("cos_mean_rejected", "rejected", "dash")):
+        if any(p.get(key) is not None for p in pp):
+            fig.add_trace(go.Scatter(x=ks, y=[p.get(key) for p in pp], mode="lines+markers", name=f"cosine, {name}",
+                                     line=dict(dash=dash)), row=1, col=1)
+    fig.update_xaxes(title="draft position k", dtick=1, row=1, col=1)
+    fig.update_xaxes(title="draft position k", dtick=1, row=1, col=2)
+    # whole scales: a cosine is in [-1, 1]; a relative error of 1 is "as far as a zero vector"
+    fig.update_yaxes(title="cosine (1 = same direction)", range=[-1.05, 1.05], row=1, col=1)
+    top = max([1.5] + [1.1 * r for r in rel if r is not None])
+    fig.update_yaxes(title="relative error", range=[0, top], row=1, col=2)
+    if quant:
+        fig.add_trace(go.Bar(x=[f"{q['cos_low']:.2f}..{q['cos_high']:.2f}" for q in quant],
+                             y=[q["acceptance_rate"] for q in quant], name="acceptance by cosine quarter",
+                             text=[f"{q['acceptance_rate']:.0%} of {q['n_steps']}" for q in quant],
+                             textposition="outside"), row=1, col=3)
+        fig.update_yaxes(title="acceptance rate", range=[0, 1.1], tickformat=".0%", row=1, col=3)
+        fig.update_xaxes(title="cosine quarter (checked steps)", row=1, col=3)
+    return _layout(fig, title, height=300, showlegend=False)
 
 
 def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
-                   title: str = "Which n_draft? Estimated from this trace") -> go.Figure:
+                   title: str = "Which n_draft? Estimated from this trace", plain: float | None = None) -> go.Figure:
     """The what-if estimate per n_draft (``what_if`` rows): acceptance rate and tokens per second (when
-    the trace has timings), the recorded n_draft and the recommended one marked."""
+    the trace has timings) with their 95 % intervals as error bars, the recorded n_draft, the fastest
+    one and plain decoding's tokens/s (``plain``, a horizontal line) marked."""
     if not rows:
         return empty_figure("nothing drafted: no estimate")
     from plotly.subplots import make_subplots
@@ -454,16 +472,28 @@ def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
     has_speed = any(r.get("tokens_per_s") is not None for r in rows)
     fig = make_subplots(rows=1, cols=2 if has_speed else 1, horizontal_spacing=0.12)
     sym = ["star" if r["recorded"] else ("circle-open" if r["extrapolated"] else "circle") for r in rows]
+
+    def bars(key: str) -> dict | None:
+        ivs = [r.get(f"{key}_interval") for r in rows]
+        if not any(ivs):
+            return None
+        return dict(type="data", symmetric=False,
+                    array=[(iv[1] - r[key]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)],
+                    arrayminus=[(r[key] - iv[0]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)])
+
     fig.add_trace(go.Scatter(x=n, y=[r["acceptance_rate"] for r in rows], mode="lines+markers",
-                             marker=dict(symbol=sym, size=11), name="acceptance rate",
+                             marker=dict(symbol=sym, size=11), name="acceptance rate", error_y=bars("acceptance_rate"),
                              hovertemplate="n_draft %{x}: %{y:.1%}<extra></extra>"), row=1, col=1)
     if has_speed:
         fig.add_trace(go.Scatter(x=n, y=[r["tokens_per_s"] for r in rows], mode="lines+markers",
-                                 marker=dict(symbol=sym, size=11), name="tokens/s",
+                                 marker=dict(symbol=sym, size=11), name="tokens/s", error_y=bars("tokens_per_s"),
                                  hovertemplate="n_draft %{x}: %{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
         if best is not None:
             fig.add_vline(x=best, line_dash="dash", line_color="#2ca02c", row=1, col=2,
-                          annotation_text=f"best: {best}", annotation_position="top")
+                          annotation_text=f"fastest: {best}", annotation_position="top")
+        if plain is not None:
+            fig.add_hline(y=plain, line_dash="dot", line_color="#d62728", row=1, col=2,
+                          annotation_text="plain decoding", annotation_position="bottom right")
     fig.update_xaxes(title="n_draft", dtick=1)
     fig.update_yaxes(title="acceptance rate", tickformat=".0%", range=[0, 1.05], row=1, col=1)
     if has_speed:
@@ -484,7 +514,7 @@ TEXT_LINE_PX = 24
 def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int = 100,
                 highlight_round: int | None = None, title: str = "") -> go.Figure:
     """The generated-text view: every token of one prompt as a coloured box holding its text, line by
-    line (:func:`mtpscope.app.views.generated_text`), clickable (customdata = [round, g, k]).
+    line (:func:`mtpscope.app.round_views.generated_text`), clickable (customdata = [round, g, k]).
 
     ``colour_by="status"``: what produced the token (:data:`STATUS_COLOURS`: accepted draft, the
     target's bonus token, the target's correction at a first rejection, the prefill's token);
@@ -495,8 +525,8 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
         return empty_figure("no generated text known for this prompt (rounds without emitted tokens)")
     key = "status" if colour_by == "status" else "cls"
     palette = STATUS_COLOURS if key == "status" else CLASS_COLOURS
-    words = views.TEXT_STATUS_WORDS
-    order = list(views.TEXT_STATUSES) if key == "status" else list(CLASS_COLOURS)
+    words = round_views.TEXT_STATUS_WORDS
+    order = list(round_views.TEXT_STATUSES) if key == "status" else list(CLASS_COLOURS)
     fig = go.Figure()
     n_lines = int(layout["line"].max()) + 1
     for name in order:
@@ -504,7 +534,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
         if not len(sub):
             continue
         hl = (sub["round"].to_numpy() == highlight_round) if highlight_round is not None else np.zeros(len(sub), bool)
-        hover = [f"“{views._esc(t)}” · position {g} · {words.get(st_, st_)}<br>round {r}"
+        hover = [f"“{views.esc(t)}” · position {g} · {words.get(st_, st_)}<br>round {r}"
                  + (f" · draft k={k}" if k else "") + (f" · class {c}" if c else "") + "<br>click to open the round"
                  for t, g, st_, r, k, c in zip(sub["text"], sub["g"], sub["status"], sub["round"], sub["k"], sub["cls"])]
         fig.add_trace(go.Bar(
@@ -512,7 +542,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
             marker=dict(color=palette.get(name, "#ffffff"),
                         line=dict(width=np.where(hl, 2.5, 0.5).tolist(),
                                   color=np.where(hl, "#000000", "#ffffff").tolist())),
-            text=[views._esc(t) for t in sub["text"]], textposition="inside", insidetextanchor="start",
+            text=[views.esc(t) for t in sub["text"]], textposition="inside", insidetextanchor="start",
             textangle=0, textfont=dict(family="DejaVu Sans Mono, monospace", size=13, color="#111"),
             cliponaxis=False, customdata=np.stack([sub["round"].to_numpy(), sub["g"].to_numpy(),
                                                    sub["k"].to_numpy()], axis=1),
@@ -530,7 +560,7 @@ def text_figure(layout: pd.DataFrame, *, colour_by: str = "status", width: int =
 
 def treemap_figure(inv: pd.DataFrame, title: str = "Bytes by component and type") -> go.Figure:
     """Treemap of bytes: file → component → ggml type (inventory table from
-    :func:`mtpscope.app.views.inventory_frame`)."""
+    :func:`mtpscope.app.model_views.inventory_frame`)."""
     if inv is None or len(inv) == 0:
         return empty_figure("no tensors")
     df = inv.assign(n_bytes=inv["n_bytes"].fillna(0).astype(np.int64))
@@ -565,7 +595,7 @@ def human_bytes(n: float | None) -> str:
 
 def layer_grid_figure(grid: pd.DataFrame, title: str = "Layers × tensors") -> go.Figure:
     """Heatmap of present / missing / wrong-shape per layer and per-block tensor
-    (:func:`mtpscope.app.views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
+    (:func:`mtpscope.app.model_views.layer_grid`). Empty cells: the name is neither in the file nor expected."""
     if grid is None or len(grid) == 0:
         return empty_figure("no per-layer (blk.N.*) tensors")
     codes = {"present": 0, "wrong shape": 1, "missing": 2}
@@ -614,7 +644,7 @@ def heatmap_figure(matrix: np.ndarray, max_rows: int = 256, max_cols: int = 512,
                    title: str = "Values") -> go.Figure:
     """Block-averaged heatmap of a 2-D slice (numpy order: rows = outermost dim), diverging colours
     centred on 0. Axis labels are the original row / column indices of each block's start."""
-    small, fr, fc = views.downsample_matrix(matrix, max_rows=max_rows, max_cols=max_cols)
+    small, fr, fc = model_views.downsample_matrix(matrix, max_rows=max_rows, max_cols=max_cols)
     if small.size == 0:
         return empty_figure("empty slice")
     finite = small[np.isfinite(small)]
@@ -647,7 +677,7 @@ def cluster_size_figure(sizes: np.ndarray, title: str = "Cluster sizes (tokens p
     return fig
 
 
-def coverage_heatmap(cov: views.Coverage, cols: int = 64, title: str = "Centroid coverage") -> go.Figure:
+def coverage_heatmap(cov: model_views.Coverage, cols: int = 64, title: str = "Centroid coverage") -> go.Figure:
     """Per-centroid coverage on a grid (centroid id = row·cols + col): colour = fraction of the
     steps whose target token lived in that centroid where the centroid was chosen (reachable);
     grey = the target never lived there. Hover: chosen / target-home / covered counts."""
@@ -676,7 +706,7 @@ def coverage_heatmap(cov: views.Coverage, cols: int = 64, title: str = "Centroid
     return fig
 
 
-def chosen_vs_home_figure(cov: views.Coverage, top: int = 40) -> go.Figure:
+def chosen_vs_home_figure(cov: model_views.Coverage, top: int = 40) -> go.Figure:
     """For the ``top`` centroids where target tokens lived most often: how often each was chosen vs
     how often the target's token lived in it (and was reachable)."""
     tab = cov.table()
@@ -697,24 +727,34 @@ def chosen_vs_home_figure(cov: views.Coverage, top: int = 40) -> go.Figure:
 
 # ---------------------------------------------------------------------------------------- compare
 
+#: Pixels per prompt of the per-prompt delta chart (one horizontal bar and its label per row).
+DELTA_ROW_PX = 22
+#: Characters of a prompt's label shown on the per-prompt delta chart's axis (the whole label on hover).
+DELTA_LABEL_CHARS = 44
+
+
 def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"), top: int = 60,
                         labels: dict[int, str] | None = None) -> go.Figure:
-    """Per-prompt acceptance-rate delta (B − A), biggest drops first; the x axis names each prompt by
-    ``labels[prompt_id]`` (id and the start of its text) when given."""
+    """Per-prompt acceptance-rate delta (B − A): one horizontal bar per prompt, biggest drop at the top, the
+    prompt named on the y axis by ``labels[prompt_id]`` (id and the start of its text) cut to
+    :data:`DELTA_LABEL_CHARS` characters (the whole label on hover). The figure grows by
+    :data:`DELTA_ROW_PX` per prompt, so the labels sit one per row and never overlap."""
     if deltas is None or len(deltas) == 0:
         return empty_figure("no prompts in common")
     d = deltas.dropna(subset=["delta_rate"]).head(top)
     if len(d) == 0:
         return empty_figure("no prompts in common")
     labels = labels or {}
+    full = [labels.get(int(p), f"prompt {p}") for p in d["prompt_id"]]
+    y = [views.esc(t if len(t) <= DELTA_LABEL_CHARS else t[:DELTA_LABEL_CHARS - 1] + "…") for t in full]
     colors = ["#d62728" if v < 0 else "#2ca02c" for v in d["delta_rate"]]
-    x = [views._esc(labels.get(int(p), f"prompt {p}")) for p in d["prompt_id"]]
-    fig = go.Figure(go.Bar(x=x, y=d["delta_rate"], marker_color=colors,
-                           hovertemplate="%{x}<br>Δ rate %{y:.1%}<extra></extra>"))
-    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})", height=340,
-            margin=dict(l=50, r=20, t=50, b=110))
-    fig.update_xaxes(title="prompt", type="category", tickangle=-30)
-    fig.update_yaxes(title="Δ acceptance rate", tickformat=".0%")
+    fig = go.Figure(go.Bar(x=d["delta_rate"], y=y, orientation="h", marker_color=colors,
+                           customdata=[views.esc(t) for t in full],
+                           hovertemplate="%{customdata}<br>Δ rate %{x:.1%}<extra></extra>"))
+    _layout(fig, f"Per-prompt acceptance-rate delta ({names[1]} − {names[0]})",
+            height=110 + DELTA_ROW_PX * len(d), margin=dict(l=20, r=20, t=50, b=50))
+    fig.update_yaxes(type="category", autorange="reversed", automargin=True)
+    fig.update_xaxes(title="Δ acceptance rate", tickformat=".0%", zeroline=True)
     return fig
 
 
@@ -817,4 +857,29 @@ def sweep_heatmap(cells: pd.DataFrame, value: str = "speedup") -> go.Figure:
             meta={"value": col, "rows": [[a, int(k)] for a, k in configs], "columns": cats})
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(type="category", side="top")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ diagnose
+
+def variants_figure(variants: dict[str, dict] | None, title: str = "Replayed acceptance per convention variant"
+                    ) -> go.Figure:
+    """Would-be acceptance of each replay variant on the same rounds (``diagnose``'s ``variants["variants"]``:
+    ``{name: {acceptance_rate, delta, ci_low, ci_high, recovers}}``, ``baseline`` first), the change against the
+    baseline as a label with its 95 % interval, a variant that recovers acceptance in red."""
+    items = [(n, v) for n, v in (variants or {}).items() if v.get("acceptance_rate") is not None]
+    if not items:
+        return empty_figure("no replay")
+    text = []
+    for n, v in items:
+        d = v.get("delta")
+        iv = f" [{v['ci_low']:+.2f}, {v['ci_high']:+.2f}]" if v.get("ci_low") is not None else ""
+        text.append(f"{v['acceptance_rate']:.2f}" if d is None else f"{v['acceptance_rate']:.2f} ({d:+.2f}{iv})")
+    colours = ["#7f7f7f" if n == "baseline" else ("#d62728" if v.get("recovers") else "#1f77b4") for n, v in items]
+    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[v["acceptance_rate"] for _, v in items], marker_color=colours,
+                           text=text, textposition="outside",
+                           hovertemplate="%{x}: %{y:.1%} of drafts would be accepted<extra></extra>"))
+    _layout(fig, title, height=300, meta={"recovers": [n for n, v in items if v.get("recovers")]})
+    fig.update_yaxes(title="acceptance rate", range=[0, 1.12], tickformat=".0%")
+    fig.update_xaxes(title="variant (on top of the recorder's conventions)", type="category")
     return fig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import state
+from mtpscope.app import guard, selection, url_state
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 
@@ -34,10 +34,16 @@ PAGES = [
     st.Page("screens/explain.py", title="Explain", url_path="explain"),
     st.Page("screens/compare.py", title="Compare", url_path="compare"),
     st.Page("screens/sweep.py", title="Sweep", url_path="sweep"),
+    st.Page("screens/server.py", title="Server", url_path="server"),
+    st.Page("screens/diagnose.py", title="Diagnose", url_path="diagnose"),
 ]
 
 page = st.navigation(PAGES)
-state.sidebar()
+url_state.arrive(page.url_path)  # a link's files are selected before the sidebar shows the selection
+selection.sidebar()
+if url_state.refusal():  # a refused link: its one line, nothing of the page under it
+    st.title(page.title)
+    url_state.refuse(url_state.refusal())
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
-with state.guard(f"showing the {page.title} page"):
+with guard.guard(f"showing the {page.title} page"):
     page.run()

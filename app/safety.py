@@ -32,13 +32,14 @@ from pathlib import Path, PurePosixPath
 
 from mtpscope.errors import InspectorError, PathNotAllowedError, ServeRefusedError, TraceError
 from mtpscope.inspector.paths import file_kind
+from mtpscope.traces.store.layout import MANIFEST
 
 ROOTS_ENV = "MTPSCOPE_ROOTS"
 #: ``1`` (or true/yes/on): only the ``MTPSCOPE_ROOTS`` folders, without the working directory and demo.
 ROOTS_ONLY_ENV = "MTPSCOPE_ROOTS_ONLY"
 
 #: Largest upload the app accepts (bytes). Matches ``--server.maxUploadSize`` (MiB) in
-#: :data:`mtpscope.cli_app.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
+#: :data:`mtpscope.cli.serve.SERVER_FLAGS` (what ``mtpscope app`` passes) and .streamlit/config.toml.
 MAX_UPLOAD_BYTES = 256 * 1024 * 1024
 #: Largest total size unpacked from an uploaded trace archive (bytes).
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024
@@ -447,17 +448,17 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
         mode = (i.external_attr >> 16) & 0o170000
         if pp.is_absolute() or ".." in pp.parts or "\\" in i.filename or mode == 0o120000:
             raise TraceError("unsafe member name in archive", key=i.filename)
-        if not i.is_dir() and pp.name == "manifest.json":
+        if not i.is_dir() and pp.name == MANIFEST:
             manifests.append(pp)
     if not manifests:
-        raise TraceError("no manifest.json in the archive", key=name)
+        raise TraceError(f"no {MANIFEST} in the archive", key=name)
     top = min(manifests, key=lambda m: len(m.parts)).parent
     digest = hashlib.sha256(data).hexdigest()[:16]
     out = Path(dest) / f"trace-{digest}"
     if out.is_symlink() or (os.path.lexists(out) and not out.is_dir()):
         raise TraceError("upload folder name already taken by something else; not overwritten", path=out,
                          expected="a folder unpacked from this archive", actual=file_kind(os.lstat(out).st_mode))
-    if not (out / "manifest.json").is_file():
+    if not (out / MANIFEST).is_file():
         # unpack into a fresh folder next to ``out`` and move it in place only when every member
         # unpacked cleanly: a corrupt archive leaves nothing behind (a half-unpacked folder with a
         # manifest would otherwise be reused as if complete next time)
@@ -499,10 +500,10 @@ def extract_trace_zip(data: bytes, name: str, dest: str | os.PathLike[str]) -> P
             os.rename(tmp, out)  # refuses a non-empty folder: never over another upload's files
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (out / "manifest.json").is_file():  # not the same archive unpacked meanwhile
+            if not (out / MANIFEST).is_file():  # not the same archive unpacked meanwhile
                 raise TraceError("upload folder name already taken by other files; not overwritten", path=out,
                                  expected="a folder unpacked from this archive",
-                                 actual="a folder without manifest.json") from None
+                                 actual=f"a folder without {MANIFEST}") from None
     return out / top
 
 
@@ -558,3 +559,42 @@ def check_url(url: str, environ: dict[str, str] | None = None) -> str:
         raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
                                   actual=host or "none")
     return url.strip()
+
+
+# ------------------------------------------------------------------------------ llama-server URLs (issue 24)
+
+#: hosts a Server page may always talk to: this machine
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def check_server_url(url: str, environ: dict[str, str] | None = None) -> str:
+    """``url`` (``http://`` / ``https://``) if the Server page may send requests to it; pure (nothing is sent).
+
+    Rules: a loopback host (:data:`LOOPBACK_HOSTS`, any port) is always allowed; any other host only with URLs
+    switched on (:func:`urls_allowed`, ``MTPSCOPE_ALLOW_URLS=1``) and the host in the allow-list
+    (``MTPSCOPE_URL_HOSTS``, a host or a sub-domain of one), as for remote GGUFs. No user info, query or
+    fragment (:func:`mtpscope.traces.server.client.check_base_url`).
+
+    Raises:
+        PathNotAllowedError: not an http(s) URL, or a host that is not allowed (naming the switch or the list).
+    """
+    from urllib.parse import urlsplit
+
+    from mtpscope.errors import ServerError
+    from mtpscope.traces.server.client import check_base_url
+
+    try:
+        base = check_base_url(url)
+    except ServerError as e:
+        raise PathNotAllowedError(e.message, key="url", expected=e.expected, actual=e.actual) from None
+    host = (urlsplit(base).hostname or "").lower().rstrip(".")
+    if host in LOOPBACK_HOSTS:
+        return base
+    if not urls_allowed(environ):
+        raise PathNotAllowedError("only this machine's llama-server (127.0.0.1) is allowed", key=ALLOW_URLS_ENV,
+                                  expected=f"{ALLOW_URLS_ENV}=1 and the host in {URL_HOSTS_ENV}", actual=host)
+    hosts = url_hosts(environ)
+    if not any(host == h or host.endswith("." + h) for h in hosts):
+        raise PathNotAllowedError("host not in the allow-list", key=URL_HOSTS_ENV, expected=", ".join(hosts),
+                                  actual=host)
+    return base

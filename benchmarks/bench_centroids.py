@@ -6,7 +6,7 @@ Measured ("head"): ``open_gguf`` + ``CentroidHead.from_gguf`` on a fork-dialect 
 reader must do). Prints both medians and the ratio head/read; exits 0 whatever the numbers (speed targets
 are reported, never asserted).
 
-Usage: ``python benchmarks/bench_centroids.py [--repeats 7]``. The file is written once to
+Usage: ``python -m benchmarks.bench_centroids [--repeats 7]``. The file is written once to
 ``<cache>/bench-centroids/head.gguf`` with gguf-py's GGUFWriter.
 """
 
@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.inspector.centroids import CentroidHead  # noqa: E402
-from mtpscope.inspector.gguf import open_gguf  # noqa: E402
-from mtpscope.cache import cache_dir  # noqa: E402
+from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.cache import cache_dir
 
-N_VOCAB, N_CENTROIDS, N_EMBD = 262144, 2048, 256
+N_VOCAB, N_CENTROIDS, N_EMBD = GEMMA4_N_VOCAB, 2048, 256
 
 
 def head_file() -> Path:

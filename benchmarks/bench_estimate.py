@@ -2,24 +2,22 @@
 
 For the demo pair and two synthetic gemma4 targets with many layers (tests/estimate_models.py: 48
 layers; 35 layers of which 20 share KV, head dims 256 / 512), loads each model with the real llama.cpp
-(through ``traces.llama_runtime``, log captured), creates contexts at several n_ctx / flash-attention /
+(through ``traces.run.llama``, log captured), creates contexts at several n_ctx / flash-attention /
 cache-type settings, and prints what llama.cpp logged (MiB), our estimate, and estimate / llama.cpp for
 the weights, the KV buffer and the compute buffer. Asserts nothing.
 
-Run: ``.venv/bin/python benchmarks/bench_estimate.py``.
+Run: ``.venv/bin/python -m benchmarks.bench_estimate``.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtpscope.inspector.estimate import EstimateParams, estimate  # noqa: E402
-from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target  # noqa: E402
-from tests.test_estimate import E2B_LIKE  # noqa: E402
+from mtpscope.inspector.estimate import EstimateParams, estimate
+from tests.estimate_models import E2B_LIKE, SynthTarget, parse_llama_sizes, write_synth_target
+
 
 MiB = 1 << 20
 SETTINGS = [(4096, True, False, 512, "f16"), (4096, False, False, 512, "f16"), (16384, True, False, 512, "q8_0"),
@@ -29,9 +27,9 @@ TYPE_ID = {"f16": 1, "q8_0": 8}
 
 
 def main() -> None:
-    from mtpscope.demo import build_demo
-    from mtpscope.demo_vocab import load_vocab
-    from mtpscope.traces import llama_runtime as R
+    from mtpscope.demo.build import build_demo
+    from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.llama import logs, model as lm
 
     demo = build_demo(traces=False)
     voc = list(load_vocab("subset").kv)
@@ -42,26 +40,26 @@ def main() -> None:
                                                                                         voc), None)}
         worst = {"kv": 0.0, "compute": 0.0}
         for name, (tp, dp) in models.items():
-            with R.capture_log() as log:
-                m = R.LlamaModel(tp)
+            with logs.capture_log() as log:
+                m = lm.LlamaModel(tp)
             w_log = parse_llama_sizes(log)["model"]["CPU_Mapped"]
             e0 = estimate(tp, dp)
-            exact = e0.target.weights == R.llama().llama_model_size(m.ptr)
+            exact = e0.target.weights == m.model_size
             print(f"== {name}: weights llama.cpp {w_log:.2f} MiB (llama_model_size "
-                  f"{R.llama().llama_model_size(m.ptr)} B), estimate {e0.target.weights} B -> "
+                  f"{m.model_size} B), estimate {e0.target.weights} B -> "
                   f"{'exact' if exact else 'DIFFERENT'}")
-            dm = R.LlamaModel(dp) if dp else None
+            dm = lm.LlamaModel(dp) if dp else None
             if dm:
-                print(f"   drafter weights: llama_model_size {R.llama().llama_model_size(dm.ptr)} B, "
+                print(f"   drafter weights: llama_model_size {dm.model_size} B, "
                       f"estimate {e0.drafter.weights} B")
             print(f"   {'n_ctx':>7} {'fa':>4} {'swa':>7} {'ub':>5} {'K/V':>5} | {'KV llama':>10} {'est':>10} {'ratio':>7} |"
                   f" {'compute llama':>13} {'est':>10} {'ratio':>7}" + (" | drafter KV buffers / compute ratio" if dm else ""))
             for n_ctx, fa, swa_full, ub, ct in SETTINGS:
                 e = estimate(tp, dp, EstimateParams(n_ctx=n_ctx, flash_attn=fa, swa_full=swa_full, n_ubatch=ub,
                                                     cache_type_k=ct, cache_type_v=ct))
-                with R.capture_log() as log:
-                    c = R.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
-                                       type_k=TYPE_ID[ct], type_v=TYPE_ID[ct])
+                with logs.capture_log() as log:
+                    c = lm.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
+                                        type_k=TYPE_ID[ct], type_v=TYPE_ID[ct])
                 got = parse_llama_sizes(log)
                 kv = sum(got["kv_buffer"].values())
                 comp = got["compute"]["CPU"]
@@ -70,9 +68,9 @@ def main() -> None:
                 worst["compute"] = max(worst["compute"], abs(r_c - 1))
                 extra = ""
                 if dm:
-                    with R.capture_log() as dlog:
-                        dc = R.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, mtp_of=c,
-                                            masked=True, type_k=TYPE_ID[ct], type_v=TYPE_ID[ct])
+                    with logs.capture_log() as dlog:
+                        dc = lm.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, mtp_of=c,
+                                             masked=True, type_k=TYPE_ID[ct], type_v=TYPE_ID[ct])
                     dg = parse_llama_sizes(dlog)
                     dc.close()
                     rd = e.drafter.compute_bytes / MiB / dg["compute"]["CPU"]

@@ -10,39 +10,25 @@ Baseline: :func:`traces.metrics.report` on the same trace (what ``mtpscope repor
 position, what-if, categories), each part of it, and end-to-end (open + read + analyse). Prints seconds and
 ratios against the baseline; exits 0 whatever the numbers (targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_explain.py [--rounds 100000] [--repeats 3]``.
+Usage: ``python -m benchmarks.bench_explain [--rounds 100000] [--repeats 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mtpscope import traces  # noqa: E402
-from mtpscope.cache import cache_dir, vocab_path  # noqa: E402
-from mtpscope.traces import explain as E  # noqa: E402
-from mtpscope.traces.breakdown import classify_outputs, draft_labels  # noqa: E402
-from mtpscope.traces.explain_report import ROUNDS_COLUMNS, explain, step_columns  # noqa: E402
-from mtpscope.traces.metrics import report  # noqa: E402
-from mtpscope.traces.positions import positions  # noqa: E402
-from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
-from mtpscope.traces.token_classes import Classifier  # noqa: E402
-from mtpscope.traces.vocab import load_vocab  # noqa: E402
-from mtpscope.traces.what_if import what_if  # noqa: E402
 
 
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from benchmarks.harness import median_time, synthetic_trace
+from mtpscope import traces
+from mtpscope.cache import vocab_path
+from mtpscope.traces.analysis import explain as E
+from mtpscope.traces.analysis.breakdown import classify_outputs, draft_labels
+from mtpscope.traces.analysis.explain_report import ROUNDS_COLUMNS, explain, step_columns
+from mtpscope.traces.analysis.metrics import report
+from mtpscope.traces.analysis.positions import positions
+from mtpscope.traces.analysis.token_classes import Classifier
+from mtpscope.traces.analysis.vocab import load_vocab
+from mtpscope.traces.analysis.what_if import what_if
 
 
 def main() -> None:
@@ -50,11 +36,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    d = cache_dir() / "bench-explain" / f"syn-{args.rounds}"
-    if not (d / "manifest.json").exists():
-        t0 = time.perf_counter()
-        write_synthetic_trace(d, n_rounds=args.rounds, n_prompts=20, seed=0)
-        print(f"wrote {d} in {time.perf_counter() - t0:.2f} s")
+    d = synthetic_trace("bench-explain", args.rounds, n_prompts=20)
     vocab = load_vocab(vocab_path())
     t = traces.open(d)
 
@@ -63,18 +45,18 @@ def main() -> None:
 
     rounds, steps = read(t)
     print(f"trace: {args.rounds} rounds, {len(steps)} steps; vocabulary {vocab.n_vocab} tokens")
-    base = _median(lambda: report(traces.open(d)), args.repeats)
-    t_read = _median(lambda: read(traces.open(d)), args.repeats)
+    base = median_time(lambda: report(traces.open(d)), args.repeats)
+    t_read = median_time(lambda: read(traces.open(d)), args.repeats)
     # warm the per-id token cache once, as a long-lived app process would have it; cold is reported too
-    t_cold = _median(lambda: explain(rounds, steps, t.manifest, vocab=load_vocab(vocab_path())), 1)
-    t_all = _median(lambda: explain(rounds, steps, t.manifest, vocab=vocab), args.repeats)
-    t_causes = _median(lambda: E.first_mismatches(rounds, E.step_causes(rounds, steps)), args.repeats)
+    t_cold = median_time(lambda: explain(rounds, steps, t.manifest, vocab=load_vocab(vocab_path())), 1)
+    t_all = median_time(lambda: explain(rounds, steps, t.manifest, vocab=vocab), args.repeats)
+    t_causes = median_time(lambda: E.first_mismatches(rounds, E.step_causes(rounds, steps)), args.repeats)
     clf = Classifier(vocab)
     pos = positions(rounds)
-    t_pos = _median(lambda: positions(rounds), args.repeats)
-    t_cls = _median(lambda: draft_labels(pos, classify_outputs(pos, clf)), args.repeats)
-    t_wi = _median(lambda: what_if(rounds), args.repeats)
-    t_e2e = _median(lambda: (lambda tr: explain(*read(tr), tr.manifest, vocab=vocab))(traces.open(d)), args.repeats)
+    t_pos = median_time(lambda: positions(rounds), args.repeats)
+    t_cls = median_time(lambda: draft_labels(pos, classify_outputs(pos, clf)), args.repeats)
+    t_wi = median_time(lambda: what_if(rounds), args.repeats)
+    t_e2e = median_time(lambda: (lambda tr: explain(*read(tr), tr.manifest, vocab=vocab))(traces.open(d)), args.repeats)
     print(f"baseline traces.metrics.report (open + read + report): {base:.3f} s")
     for name, v in (("read the explain columns", t_read), ("explain analysis (cold vocabulary cache)", t_cold),
                     ("explain analysis (warm)", t_all), ("  causes + first mismatches", t_causes),

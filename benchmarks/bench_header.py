@@ -10,7 +10,7 @@
    in the header.
 3. Peak Python heap (tracemalloc) of each parse and the process's max RSS.
 
-Run: ``.venv/bin/python benchmarks/bench_header.py [--repeat N] [--layers L]``. Prints numbers; asserts
+Run: ``.venv/bin/python -m benchmarks.bench_header [--repeat N] [--layers L]``. Prints numbers; asserts
 nothing about time (speed targets are reported, not tested).
 """
 
@@ -27,32 +27,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from mtpscope.inspector.gguf import ArrayValue, open_gguf  # noqa: E402
-from mtpscope.inspector.inventory import build_inventory  # noqa: E402
-
-
-def _best(fn: Any, repeat: int) -> tuple[float, Any]:
-    """Best wall time of ``repeat`` runs, and the last result."""
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
-
-
-def _best_cpu(fn: Any, repeat: int) -> float:
-    """Best CPU time (``time.process_time``) of ``repeat`` runs: robust when other jobs share the cores."""
-    best = math.inf
-    for _ in range(repeat):
-        c0 = time.process_time()
-        fn()
-        best = min(best, time.process_time() - c0)
-    return best
+from benchmarks.harness import best_cpu_time, best_time
+from mtpscope.inspector.gguf import ArrayValue, open_gguf
+from mtpscope.inspector.inventory import build_inventory
 
 
 def _peak(fn: Any) -> int:
@@ -178,15 +158,15 @@ def main() -> None:
 
     vocab = args.vocab
     print(f"file: {vocab} ({vocab.stat().st_size:,} bytes)")
-    t_ours, f = _best(lambda: open_gguf(vocab), args.repeat)
+    t_ours, f = best_time(lambda: open_gguf(vocab), args.repeat)
     t0 = time.perf_counter()
     reader = GGUFReader(vocab)
     t_ref = time.perf_counter() - t0
     t0 = time.perf_counter()
     n_values = check_equal(vocab, reader)
     t_check = time.perf_counter() - t0
-    t_decode, _ = _best(lambda: [kv.value.to_list() for kv in f.kv.values() if isinstance(kv.value, ArrayValue)], 1)
-    c_ours = _best_cpu(lambda: open_gguf(vocab), args.repeat)
+    t_decode, _ = best_time(lambda: [kv.value.to_list() for kv in f.kv.values() if isinstance(kv.value, ArrayValue)], 1)
+    c_ours = best_cpu_time(lambda: open_gguf(vocab), args.repeat)
     print(f"  ours open_gguf (best of {args.repeat}): {t_ours * 1000:8.1f} ms wall, {c_ours * 1000:.1f} ms CPU")
     print(f"  gguf-py GGUFReader (1 run):       {t_ref * 1000:8.1f} ms")
     print(f"  ratio GGUFReader / ours:          {t_ref / t_ours:8.1f}x   (target >= 40x)")
@@ -204,10 +184,10 @@ def main() -> None:
             label = "with the real tokenizer keys" if with_vocab else "metadata: 2 keys"
             print(f"sparse model ({label}): {size / 1e9:.1f} GB, {n_t} tensors, "
                   f"{used / 2**20:.1f} MiB on disk")
-            t_open, g = _best(lambda: open_gguf(p), args.repeat)
-            t_inv, inv = _best(lambda: build_inventory(g), args.repeat)
-            t_both, _ = _best(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
-            c_both = _best_cpu(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
+            t_open, g = best_time(lambda: open_gguf(p), args.repeat)
+            t_inv, inv = best_time(lambda: build_inventory(g), args.repeat)
+            t_both, _ = best_time(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
+            c_both = best_cpu_time(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
             if inv.n_bytes + g.data_offset > size or len(inv.entries) != n_t:
                 raise SystemExit("inventory does not match the file")
             print(f"  open_gguf {t_open * 1000:.1f} ms + build_inventory {t_inv * 1000:.1f} ms; "

@@ -2,12 +2,15 @@
 
 Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in this process, with
 no ``cb_eval`` callback, no per-step copies, no analysis and no trace writing. Traced ("on"): what
-``mtpscope record`` does by default -- :func:`traces.recorder.record` with llama.cpp in a worker process
+``mtpscope record`` does -- :func:`traces.recorder.record` with llama.cpp in a worker process
 (``isolate=True``), hidden states (h, h_next, h_inner) as f16 and the fork drafter's centroid head, the
 analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
-Parquet parts, compaction) in the recorder process beside the loop. Both generate the same tokens
-(greedy). Runs alternate off / on ``--repeats`` times; the medians are compared (the best run too: the
-one least disturbed by other processes):
+Parquet parts, compaction) in the recorder process beside the loop -- in each ``--capture`` mode: ``derived``
+(the default: no graph hook, h_inner derived from the logits and h_next in the recorder process, a few
+calibration steps before the run) and ``graph`` (``--capture graph``: the ``cb_eval`` copy of
+``result_norm`` in every drafter decode). All generate the same tokens (greedy). Each repeat runs, per mode,
+an untraced run and then a traced one (the modes' order alternating); the medians are compared (the best
+run too: the one least disturbed by other processes):
 
 * ``wall``: generated tokens per wall second (traced: from the worker's first decode to the trace's
   close; model loading excluded on both sides);
@@ -26,28 +29,32 @@ time goes in the loop's thread on each side (inside llama.cpp's decodes / outsid
 tracing adds, which a slow moment of a shared machine moves far less than a run's tokens/s); exits 0
 whatever the numbers (speed targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_record.py [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
-[--size tiny|medium] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
-worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo``.
+Usage: ``python -m benchmarks.bench_record [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
+[--size tiny|medium] [--capture derived|graph|both] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
+worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope import demo  # noqa: E402
-from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.demo import build as demo
+from mtpscope.cache import cache_dir
+from mtpscope.traces.run.mtp_runtime import MtpRuntime
+from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.recorder import record
 
 PROMPT = "The quick brown fox"
+#: what each ``--capture`` mode does for h_inner
+CAPTURE_WORDS = {"derived": "h_inner derived from the logits and h_next, no graph hook: the default",
+                 "graph": "cb_eval copy of result_norm in every drafter decode: --capture graph"}
 
 
 #: "tiny": the demo pair (target width 64, drafter 128); "medium": target 256, drafter 512 (steps
@@ -110,16 +117,16 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--in-process", action="store_true", help="traced runs in this process (no worker)")
+    ap.add_argument("--capture", default="both", choices=("derived", "graph", "both"),
+                    help="traced runs with h_inner derived (the default of `mtpscope record`), copied from the graph "
+                         "(--capture graph), or both, each paired with its own untraced run")
     args = ap.parse_args()
 
     t, a, f = models(args.vocab, args.size)
     off_rt = MtpRuntime(t, a, capture=False, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
-    on_rt = (MtpRuntime(t, a, capture=True, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
-             if args.in_process else None)
     tokens = off_rt.prompt_tokens(PROMPT)
 
     off_parts: list[tuple[float, float]] = []
-    on_parts: list[tuple[float, float]] = []
     in_decode = [0.0]
     for ctx in (off_rt.tctx, off_rt.dctx):     # time the untraced loop's decodes as the worker times its own
         def timed(batch: object, _orig: object = ctx.decode) -> None:
@@ -135,7 +142,7 @@ def main() -> int:
         in_decode[0] = 0.0
         out: list[int] = []
         n_rounds = 0
-        for r in off_rt.run(tokens, n_draft=args.n_draft, max_tokens=args.max_tokens, trace=False):
+        for r in off_rt.run(tokens, RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens), trace=False):
             if not out:
                 out.append(r.pending_token)
             out.extend(r.emitted)
@@ -145,58 +152,74 @@ def main() -> int:
             off_parts.append((in_decode[0] * 1e3 / n_rounds, (secs - in_decode[0]) * 1e3 / n_rounds))
         return secs, time.process_time() - c0, len(out), out
 
-    recorder_cpu: list[float] = []
-    loop_cpu: list[float] = []
-    all_cpu: list[float] = []
-    loop_wait: list[float] = []
+    modes = ("derived", "graph") if args.capture == "both" else (args.capture,)
+    on_rts = {m: MtpRuntime(t, a, capture=m == "graph", n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+              for m in modes} if args.in_process else {m: None for m in modes}
+    stats: dict[str, dict[str, list]] = {m: {k: [] for k in ("recorder_cpu", "loop_cpu", "all_cpu", "loop_wait",
+                                                              "parts", "off_parts", "off_w", "on_w", "off_c",
+                                                              "on_c", "on_all")} for m in modes}
 
-    def run_on(tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
-        s = record(target=t, assistant=a, out=tmp / f"on-{i}", prompt=PROMPT, n_draft=args.n_draft,
-                   max_tokens=args.max_tokens, centroids=f, hidden="f16", runtime=on_rt, command=["bench"],
-                   n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
-        recorder_cpu.append(s.recorder_cpu_seconds)
-        loop_cpu.append(s.loop_cpu_seconds)
-        all_cpu.append(s.cpu_seconds)
-        loop_wait.append(s.loop_wait_seconds)
+    def run_on(mode: str, tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
+        st = stats[mode]
+        s = record(RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens, centroids=f, hidden="f16",
+                                n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
+                                graph_capture=mode == "graph"),
+                   target=t, assistant=a, out=tmp / f"{mode}-{i}", prompt=PROMPT, runtime=on_rts[mode],
+                   command=["bench"], overwrite=True)
+        st["recorder_cpu"].append(s.recorder_cpu_seconds)
+        st["loop_cpu"].append(s.loop_cpu_seconds)
+        st["all_cpu"].append(s.cpu_seconds)
+        st["loop_wait"].append(s.loop_wait_seconds)
         if s.n_rounds and s.loop_decode_seconds:
-            on_parts.append((s.loop_decode_seconds * 1e3 / s.n_rounds,
-                             (s.loop_seconds - s.loop_decode_seconds) * 1e3 / s.n_rounds))
+            st["parts"].append((s.loop_decode_seconds * 1e3 / s.n_rounds,
+                                (s.loop_seconds - s.loop_decode_seconds) * 1e3 / s.n_rounds))
         return s.seconds, s.loop_cpu_seconds, s.cpu_seconds, s.n_generated, list(s.outputs[0])
 
     run_off()  # warm-up: graph allocation, page cache
-    off_w, on_w, off_c, on_c, on_all = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
-        run_on(tmp, -1)
-        for lst in (recorder_cpu, loop_cpu, all_cpu, loop_wait, off_parts, on_parts):
-            lst.clear()
+        for m in modes:
+            run_on(m, tmp, -1)
+            for lst in stats[m].values():
+                lst.clear()
+        off_parts.clear()
         for i in range(args.repeats):
-            s_off, c_off, n_off, out_off = run_off()
-            s_on, c_loop, c_all, n_on, out_on = run_on(tmp, i)
-            if out_off != out_on:
-                print("warning: traced and untraced runs generated different tokens", file=sys.stderr)
-            off_w.append(n_off / s_off)
-            on_w.append(n_on / s_on)
-            off_c.append(n_off / c_off)
-            on_c.append(n_on / c_loop)
-            on_all.append(n_on / c_all)
-    if on_rt is not None:
-        on_rt.close()
+            # each traced run is paired with an untraced run just before it; the modes' order alternates
+            for m in (modes if i % 2 == 0 else modes[::-1]):
+                st = stats[m]
+                s_off, c_off, n_off, out_off = run_off()
+                st["off_parts"].append(off_parts[-1])
+                s_on, c_loop, c_all, n_on, out_on = run_on(m, tmp, i)
+                if out_off != out_on:
+                    print(f"warning: {m}: traced and untraced runs generated different tokens", file=sys.stderr)
+                st["off_w"].append(n_off / s_off)
+                st["on_w"].append(n_on / s_on)
+                st["off_c"].append(n_off / c_off)
+                st["on_c"].append(n_on / c_loop)
+                st["on_all"].append(n_on / c_all)
+    for rt in on_rts.values():
+        if rt is not None:
+            rt.close()
     off_rt.close()
     where = "in this process" if args.in_process else "llama.cpp in a worker process"
     print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
-          f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}")
-    _line("wall", off_w, on_w)
-    _line("cpu (loop)", off_c, on_c)
-    _line("cpu (all)", off_c, on_all)
-    if off_parts and on_parts:
-        _parts(off_parts, on_parts)
-    share = [r / c for r, c in zip(recorder_cpu, all_cpu, strict=True) if c > 0]
-    print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
-          f"{statistics.median(recorder_cpu):.3f} s = {100 * statistics.median(share):.1f} % of both processes' CPU")
-    if loop_wait:
-        print(f"  [recorder] the worker's loop waited for the recorder: median {statistics.median(loop_wait):.3f} s "
-              f"per traced run")
+          f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for m in modes:
+        st = stats[m]
+        print(f"capture {m} ({CAPTURE_WORDS[m]}):")
+        _line("wall", st["off_w"], st["on_w"])
+        _line("cpu (loop)", st["off_c"], st["on_c"])
+        _line("cpu (all)", st["off_c"], st["on_all"])
+        if st["off_parts"] and st["parts"]:
+            _parts(st["off_parts"], st["parts"])
+        share = [r / c for r, c in zip(st["recorder_cpu"], st["all_cpu"], strict=True) if c > 0]
+        print(f"  [recorder] CPU of the recording process (analysis and writing) per traced run: median "
+              f"{statistics.median(st['recorder_cpu']):.3f} s = {100 * statistics.median(share):.1f} % of both "
+              "processes' CPU")
+        if st["loop_wait"]:
+            print(f"  [recorder] the worker's loop waited for the recorder: median "
+                  f"{statistics.median(st['loop_wait']):.3f} s per traced run")
     return 0
 
 

@@ -17,23 +17,21 @@ demo pair (4096-token vocabulary slice, or ``--vocab full``: all 262144 tokens) 
 variant; prints rounds, seconds, and ms per recomputed step. Exits 0 whatever the numbers (speed targets
 are reported, never asserted).
 
-Usage: ``python benchmarks/bench_reference.py [--repeats 5] [--context 2048] [--replay]``.
+Usage: ``python -m benchmarks.bench_reference [--repeats 5] [--context 2048] [--replay]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.inspector.reference import (  # noqa: E402
+from mtpscope.inspector.reference import (
     DonorKV,
     DrafterHParams,
     DrafterWeights,
@@ -41,8 +39,9 @@ from mtpscope.inspector.reference import (  # noqa: E402
     ReferenceDrafter,
     StepOptions,
 )
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB  # noqa: E402
 
-N_VOCAB = 262144
+N_VOCAB = GEMMA4_N_VOCAB
 
 
 def make_drafter(n_embd: int, n_bb: int, n_ff: int, n_head: int, kv: tuple[int, int], window: int,
@@ -111,10 +110,11 @@ def bench_steps(repeats: int, context: int) -> None:
 
 
 def bench_replay(n_rounds: int, vocab: str) -> None:
-    from mtpscope import demo
-    from mtpscope.demo_vocab import load_vocab
-    from mtpscope.traces.recorder import record
-    from mtpscope.traces.replay import replay
+    from mtpscope.demo import build as demo
+    from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.run.replay import replay
 
     voc = load_vocab(vocab)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,8 +124,8 @@ def bench_replay(n_rounds: int, vocab: str) -> None:
         words = demo.DEMO_PASSAGE.split()
         prompts = [" ".join(words[i:i + 6]) for i in range(0, 24, 3)]
         t0 = time.perf_counter()
-        record(target=t, assistant=dr, out=d / "trace", prompts=prompts,
-                   max_tokens=max(64, int(n_rounds * 2.2 / len(prompts))))
+        record(RecordConfig(max_tokens=max(64, int(n_rounds * 2.2 / len(prompts)))), target=t, assistant=dr,
+               out=d / "trace", prompts=prompts)
         t_rec = time.perf_counter() - t0
         t0 = time.perf_counter()
         r = replay(d / "trace", variants=["position=p-1"])

@@ -7,22 +7,20 @@ GGUF carries), and (3) the real tokenizer GGUF itself. For each: requests sent a
 wrote for ``open_remote`` + ``build_inventory``, against the header size; with and without the cached
 tokenizer as a layout hint. Targets (issue 16): <= 3 requests and <= header + 1 MiB.
 
-Run: ``.venv/bin/python benchmarks/bench_remote.py``. Prints numbers; asserts nothing.
+Run: ``.venv/bin/python -m benchmarks.bench_remote``. Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mtpscope.inspector.gguf import open_gguf  # noqa: E402
-from mtpscope.inspector.inventory import build_inventory  # noqa: E402
-from mtpscope.inspector.remote import RemoteOptions, open_remote  # noqa: E402
-from tests.remote_server import FileServer, write_sparse_gguf  # noqa: E402
+from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.inventory import build_inventory
+from mtpscope.inspector.remote import RemoteOptions, open_remote
+from tests.remote_server import FileServer, write_sparse_gguf
 
 MiB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Benchmark: sweeps (traces/sweep.py on Ray, traces/sweep_read.py).
+"""Benchmark: sweeps (traces/sweep/runner.py on Ray, traces/sweep/reader.py).
 
 Three parts (``--part ray|read|whatif|all``; targets are printed, never asserted; exit 0):
 
@@ -15,7 +15,7 @@ Three parts (``--part ray|read|whatif|all``; targets are printed, never asserted
   from the sweep's n_draft=3 cell against the sweep's measured values at n_draft 1..6 on the demo pair
   (target + noisy drafter: the clean one accepts everything at every n_draft): the error per n_draft.
 
-Usage: ``python benchmarks/bench_sweep.py [--part all] [--rounds 1000000] [--max-tokens 48]``.
+Usage: ``python -m benchmarks.bench_sweep [--part all] [--rounds 1000000] [--max-tokens 48]``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.cache import cache_dir  # noqa: E402
+from mtpscope.cache import cache_dir
 
 PROMPTS = [("The quick brown fox", "prose"), ("def fibonacci(n):", "code"), ("Once upon a time", "prose"),
            ("import numpy as np", "code")]
@@ -39,7 +38,7 @@ PROMPTS = [("The quick brown fox", "prose"), ("def fibonacci(n):", "code"), ("On
 READ_PROBE = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from mtpscope.traces.sweep_read import open_sweep
+from mtpscope.traces.sweep.reader import open_sweep
 t1 = time.perf_counter()
 sw = open_sweep(sys.argv[1]); m = sw.matrix
 t2 = time.perf_counter()
@@ -56,13 +55,13 @@ print(json.dumps({"import_s": t1 - t0, "open_matrix_s": t2 - t1, "timeline_s": t
 
 
 def _demo():
-    from mtpscope.demo import build_demo
+    from mtpscope.demo.build import build_demo
 
     return build_demo()
 
 
 def _spec(demo, n_drafts, n_shards, max_tokens, tmp: Path):
-    from mtpscope.traces.sweep_format import SweepSpec, read_prompt_set
+    from mtpscope.traces.sweep.spec import SweepSpec, read_prompt_set
 
     p = tmp / "prompts.jsonl"
     p.write_text("".join(json.dumps({"prompt": t, "category": c}) + "\n" for t, c in PROMPTS))
@@ -74,7 +73,8 @@ def _spec(demo, n_drafts, n_shards, max_tokens, tmp: Path):
 def part_ray(max_tokens: int) -> None:
     import ray
 
-    from mtpscope.traces.sweep import run_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
+    from mtpscope.traces.sweep.spec import read_state
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -88,7 +88,7 @@ def part_ray(max_tokens: int) -> None:
                 res = run_sweep(spec, Path(tmp) / f"w{workers}", workers=workers, threads_per_worker=1,
                                 command=["bench_sweep"])
                 walls[workers] = res.seconds
-                tasks = json.loads((Path(tmp) / f"w{workers}" / "sweep.json").read_text())["tasks"]
+                tasks = read_state(Path(tmp) / f"w{workers}")["tasks"]
                 busy = sum(t["seconds"] or 0 for t in tasks)
                 load = sum(t["load_seconds"] or 0 for t in tasks)
                 print(f"ray: {res.n_tasks} tasks on {workers} worker(s) x 1 thread: {res.seconds:.2f} s "
@@ -102,10 +102,11 @@ def part_ray(max_tokens: int) -> None:
 
 
 def part_read(n_rounds: int) -> None:
+    from mtpscope.traces.sweep.spec import is_sweep
     from mtpscope.traces.synthetic import write_synthetic_sweep
 
     d = cache_dir() / "bench-sweep" / f"syn-{n_rounds}"
-    if not (d / "sweep.json").exists():
+    if not is_sweep(d):
         t0 = time.perf_counter()
         write_synthetic_sweep(d, n_rounds=n_rounds)
         print(f"read: wrote {d} in {time.perf_counter() - t0:.2f} s")
@@ -123,14 +124,14 @@ def part_read(n_rounds: int) -> None:
 
 def part_whatif(max_tokens: int) -> None:
     try:
-        from mtpscope.traces import what_if as W
+        from mtpscope.traces.analysis import what_if as W
     except ImportError:
         print("whatif: skipped: traces.what_if (issue 13) is not in this build")
         return
     import ray
 
-    from mtpscope.traces.sweep import run_sweep
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,

@@ -8,36 +8,23 @@ followed by ``to_pandas()`` (what any reader has to pay). Measured: ``traces.ope
 (``flush_every=8``) and compacted at close, per round. Prints medians and ratios vs the baseline;
 exits 0 whatever the numbers (targets are reported, never asserted).
 
-Usage: ``python benchmarks/bench_traces.py [--rounds 100000] [--repeats 3]``.
+Usage: ``python -m benchmarks.bench_traces [--rounds 100000] [--repeats 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from mtpscope import traces  # noqa: E402
-from mtpscope.cache import cache_dir  # noqa: E402
-from mtpscope.traces.metrics import report  # noqa: E402
-from mtpscope.traces.synthetic import write_synthetic_trace  # noqa: E402
-
-
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from benchmarks.harness import median_time, synthetic_trace
+from mtpscope import traces
+from mtpscope.traces.analysis.metrics import report
 
 
 def main() -> None:
@@ -45,18 +32,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    d = cache_dir() / "bench-traces" / f"syn-{args.rounds}"
-    if not (d / "manifest.json").exists():
-        t0 = time.perf_counter()
-        write_synthetic_trace(d, n_rounds=args.rounds, n_prompts=8, seed=0)
-        print(f"wrote {d} in {time.perf_counter() - t0:.2f} s")
+    d = synthetic_trace("bench-traces", args.rounds, n_prompts=8)
 
     files = traces.open(d).part_files("rounds")
-    base = _median(lambda: pa.concat_tables([pq.read_table(f) for f in files]).to_pandas(), args.repeats)
-    rounds = _median(lambda: traces.open(d).rounds, args.repeats)
-    rep = _median(lambda: report(traces.open(d)), args.repeats)
-    both = _median(lambda: (lambda t: (t.rounds, report(t)))(traces.open(d)), args.repeats)
-    steps = _median(lambda: traces.open(d).steps, args.repeats)
+    base = median_time(lambda: pa.concat_tables([pq.read_table(f) for f in files]).to_pandas(), args.repeats)
+    rounds = median_time(lambda: traces.open(d).rounds, args.repeats)
+    rep = median_time(lambda: report(traces.open(d)), args.repeats)
+    both = median_time(lambda: (lambda t: (t.rounds, report(t)))(traces.open(d)), args.repeats)
+    steps = median_time(lambda: traces.open(d).steps, args.repeats)
     print(f"baseline pyarrow read_table+to_pandas (rounds): {base:.3f} s")
     print(f"traces.open + rounds:                {rounds:.3f} s  ratio vs baseline {rounds / base:.2f}")
     print(f"traces.open + report:                {rep:.3f} s")
@@ -79,7 +62,7 @@ def main() -> None:
                              for k in (1, 2, 3)])
             t1 = time.perf_counter()
         t2 = time.perf_counter()
-        t_open = _median(lambda: traces.open(Path(tmp) / "t").rounds, args.repeats)
+        t_open = median_time(lambda: traces.open(Path(tmp) / "t").rounds, args.repeats)
     print(f"TraceWriter.add_round (flush_every 8): {(t1 - t0) / n * 1e3:.3f} ms per round; "
           f"close + compaction of {n // 8} parts: {t2 - t1:.2f} s; reading it back: {t_open:.3f} s")
 

@@ -8,7 +8,7 @@ logits as ring views) and releases each round. Printed: rounds per second and GB
 the worker's time per round inside ``send`` -- the transport's cost in the MTP loop -- next to the
 baseline of one plain ``np.copy`` of the same arrays (what the loop copies anyway).
 
-Usage: ``python benchmarks/bench_transport.py [--rounds 2000] [--n-draft 3] [--n-vocab 262144]
+Usage: ``python -m benchmarks.bench_transport [--rounds 2000] [--n-draft 3] [--n-vocab 262144]
 [--n-embd-backbone 2816] [--n-embd 1024]``. Exits 0 whatever the numbers.
 """
 
@@ -18,16 +18,13 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtpscope.traces.mtp_runtime import DraftStep, RoundResult  # noqa: E402
-from mtpscope.traces.transport import Channel, RoundReceiver, RoundSender  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import DraftStep, RoundResult
+from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender
 
 
 def _round(i: int, arrays: list[np.ndarray], n_draft: int) -> RoundResult:

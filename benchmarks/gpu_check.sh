@@ -39,9 +39,9 @@ if [ -n "${WHEELHOUSE:-}" ]; then FIND=(--no-index --find-links "$WHEELHOUSE"); 
 "${PIP[@]}" install -q "${FIND[@]}" --upgrade pip scikit-build-core cmake ninja || true
 "${PIP[@]}" install -q "${FIND[@]}" -e "$ROOT"
 if ! "$VENV/bin/python" - <<'EOF' 2>/dev/null
-from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.run.llama import binding
 import sys
-sys.exit(0 if rt.gpu_name() else 1)
+sys.exit(0 if binding.gpu_name() else 1)
 EOF
 then
   echo "== building llama-cpp-python 0.3.36 with GGML_CUDA=on (several minutes)"
@@ -50,9 +50,9 @@ then
     --no-binary llama-cpp-python "$SRC"
 fi
 "$VENV/bin/python" - <<'EOF'
-from mtpscope.traces import llama_runtime as rt
-print("llama.cpp sees GPU:", rt.gpu_name())
-print("runtime:", rt.runtime_info(-1))
+from mtpscope.traces.run.llama import binding
+print("llama.cpp sees GPU:", binding.gpu_name())
+print("runtime:", binding.runtime_info(-1))
 EOF
 
 # ---------------------------------------------------------------------------------------- 2. two recordings
@@ -71,7 +71,7 @@ done
 import sys
 import numpy as np
 from mtpscope import traces
-from mtpscope.traces.replay import replay
+from mtpscope.traces.run.replay import replay
 
 gpu, cpu = traces.open(sys.argv[1]), traces.open(sys.argv[2])
 print("devices:", gpu.manifest["runtime"]["device"], "vs", cpu.manifest["runtime"]["device"])
@@ -98,6 +98,6 @@ print("replay of the GPU trace:", res.baseline, f"baseline agreement {res.summar
 EOF
 
 # ---------------------------------------------------------------------------------------- 4. overhead
-"$VENV/bin/python" "$ROOT/benchmarks/bench_record.py" --n-gpu-layers -1 --threads "$THREADS" --repeats "$REPEATS" \
-  --max-tokens "$MAX_TOKENS"
+(cd "$ROOT" && "$VENV/bin/python" -m benchmarks.bench_record --n-gpu-layers -1 --threads "$THREADS" --repeats "$REPEATS" \
+  --max-tokens "$MAX_TOKENS")
 echo "== gpu_check done"

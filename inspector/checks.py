@@ -225,7 +225,7 @@ def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:
 def _check_tokenizer(f: Any, hp: L.HParams, add: Any) -> None:
     tokens = f.get("tokenizer.ggml.tokens")
     if tokens is None:
-        add(finding(ERROR, "E_TOKENIZER_MISSING", "tokenizer.ggml.tokens", "262144 token strings", None,
+        add(finding(ERROR, "E_TOKENIZER_MISSING", "tokenizer.ggml.tokens", f"{L.GEMMA4_N_VOCAB} token strings", None,
                "no tokenizer in the file; llama.cpp cannot load it and the vocab cannot be matched to a target"))
         return
     n = len(tokens)

@@ -11,30 +11,27 @@
   embedding_length, vocab_size}`` (what ``inspector.centroids.load_centroid_head`` and so
   ``record --centroids`` read).
 * ``Gemma4ForCausalLM`` (``model_type: gemma4_text`` or ``gemma4`` with a text config) -> a ``gemma4``
-  target GGUF (dense layers only: no MoE, no per-layer embeddings), for tiny test models.
+  target GGUF of any published family (dense, K = V, per-layer embeddings with KV-shared layers, MoE):
+  :mod:`inspector.convert_target`.
 
-Name mapping (facts §2): ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` ->
-``post_attention_norm``, ``pre_feedforward_layernorm`` -> ``ffn_norm``, ``post_feedforward_layernorm``
--> ``post_ffw_norm``, ``layer_scalar`` -> ``layer_output_scale``, ``q/k/v/o_proj`` -> ``attn_q/k/v/output``,
-``q_norm``/``k_norm`` -> ``attn_q_norm``/``attn_k_norm``, ``mlp.{gate,up,down}_proj`` -> ``ffn_*``,
-``model.norm`` -> ``output_norm``, ``embed_tokens`` -> ``token_embd``. An HF ``Linear`` weight of
-numpy shape ``(out, in)`` is written as-is: GGUF ``ne [in, out]``, what llama.cpp's loader expects.
+Names: :mod:`inspector.hf_names` (the one mapping). An HF ``Linear`` weight of numpy shape ``(out, in)`` is
+written as-is: GGUF ``ne [in, out]``, what llama.cpp's loader expects.
 Proportional RoPE of full layers becomes ``rope_freqs.weight`` (``(head_dim/2,)``: 1.0 for the
 ``partial_rotary_factor`` share of pairs, 1e30 for the rest), as llama.cpp's converter does.
 
 The tokenizer is not converted: ``tokenizer.*`` keys are copied from a GGUF (``vocab_from``), by
 default the real Gemma 4 tokenizer (``mtpscope.cache.vocab_path``), whole when the checkpoint's
-``vocab_size`` is 262144, else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
+``vocab_size`` is Gemma 4's (262144, ``layouts.GEMMA4_N_VOCAB``), else its first ``vocab_size`` tokens (a consistent subset that llama.cpp
 loads, facts §5).
 
 Safetensors are read by :mod:`inspector.safetensors` (the one parser: header, then memmap views; BF16 widened
 to float32) through :mod:`inspector.hf_checkpoint`; the config by :func:`inspector.hf_config.text_hparams`; the
 tokenizer is copied by :mod:`inspector.tokenizer` (read with the hardened reader, ``open_gguf``); the file is
-written by :func:`inspector.gguf_write.write_gguf`. The tiny random checkpoints of the tests
-(:func:`write_tiny_pair`) are written here too.
+written by :func:`inspector.gguf_write.write_gguf` (shared steps: :mod:`inspector.convert_common`). The tiny
+random checkpoints of the tests (:func:`write_tiny_pair`) are written here too.
 
-May import: numpy, gguf (quantization), mtpscope.errors, inspector.safetensors / hf_checkpoint / hf_config /
-tokenizer / gguf_write / gguf, and lazily mtpscope.cache (where the default real tokenizer is kept).
+May import: numpy, mtpscope.errors, inspector.safetensors / hf_checkpoint / hf_config / hf_names / gguf_write /
+convert_common / convert_target.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +47,25 @@ import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector import hf_checkpoint
-from mtpscope.inspector.gguf import BOOL, UINT32
-from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
+from mtpscope.inspector.convert_common import ordered as ordered_tensors
+from mtpscope.inspector.convert_common import (
+    FORK_ARCH,
+    OUTTYPES,
+    SIDECAR_ARCH,
+    TARGET_ARCH,
+    UPSTREAM_ARCH,
+    ConvertResult,
+    common_kv,
+    tokenizer_kv_for,
+    write_converted,
+)
+from mtpscope.inspector.convert_target import convert_target
+from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
+from mtpscope.inspector.hf_names import gguf_name
 from mtpscope.inspector.safetensors import read_tensors, write_safetensors
-from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 DIALECTS = ("upstream", "fork")
-UPSTREAM_ARCH = "gemma4-assistant"
-FORK_ARCH = "gemma4_assistant"
-TARGET_ARCH = "gemma4"
-SIDECAR_ARCH = "gemma4-assistant-centroids"
 
 # --------------------------------------------------------------------------------------------------
 # reading
@@ -84,172 +87,47 @@ def read_checkpoint(hf_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
 
 
 # --------------------------------------------------------------------------------------------------
-# hyperparameters (read by inspector.hf_config.text_hparams, the one reading of a Gemma 4 config)
+# the drafter's tensors
 
 
-def _refuse_unsupported(tc: Mapping[str, Any], where: str) -> None:
-    """Raise HFCheckpointError for what this converter does not write: MoE blocks, per-layer embeddings."""
-    if tc.get("enable_moe_block") or tc.get("hidden_size_per_layer_input"):
-        raise HFCheckpointError("MoE blocks and per-layer embeddings are not supported by this converter",
-                                path=where, key="enable_moe_block / hidden_size_per_layer_input",
+def _refuse_unsupported_drafter(tc: Mapping[str, Any], hp: TextHParams, where: str) -> None:
+    """Raise HFCheckpointError for what llama.cpp's ``gemma4-assistant`` has no tensors for: MoE blocks and
+    per-layer embeddings in a drafter (``src/models/gemma4-assistant.cpp``)."""
+    if hp.n_expert or (hp.n_embd_per_layer and "n_embd_per_layer" in hp.stated):
+        raise HFCheckpointError("a drafter with MoE blocks or per-layer embeddings: llama.cpp's gemma4-assistant "
+                                "has neither", path=where, key="enable_moe_block / hidden_size_per_layer_input",
                                 expected="false / 0", actual=(tc.get("enable_moe_block"),
                                                               tc.get("hidden_size_per_layer_input")))
 
 
-def _common_kv(arch: str, hp: TextHParams) -> list[tuple[str, MetaValue]]:
-    """Architecture keys shared by target and drafter."""
-    a = arch + "."
-    kv_heads = u32(hp.n_head_kv[0]) if len(set(hp.n_head_kv)) == 1 else array([int(v) for v in hp.n_head_kv], UINT32)
-    return [
-        (a + "context_length", u32(hp.context_length)),
-        (a + "embedding_length", u32(hp.n_embd)),
-        (a + "block_count", u32(hp.n_layer)),
-        (a + "feed_forward_length", u32(hp.n_ff)),
-        (a + "attention.head_count", u32(hp.n_head)),
-        (a + "attention.head_count_kv", kv_heads),
-        (a + "attention.key_length", u32(hp.head_dim_full)),
-        (a + "attention.value_length", u32(hp.head_dim_full)),
-        (a + "attention.key_length_swa", u32(hp.head_dim_swa)),
-        (a + "attention.value_length_swa", u32(hp.head_dim_swa)),
-        (a + "attention.sliding_window", u32(hp.sliding_window)),
-        (a + "attention.sliding_window_pattern", array([bool(v) for v in hp.is_swa], BOOL)),
-        (a + "attention.layer_norm_rms_epsilon", f32(hp.eps)),
-        (a + "attention.shared_kv_layers", u32(0)),
-        (a + "rope.freq_base", f32(hp.rope_base_full)),
-        (a + "rope.freq_base_swa", f32(hp.rope_base_swa)),
-        (a + "rope.dimension_count", u32(hp.head_dim_full)),
-        (a + "rope.dimension_count_swa", u32(hp.head_dim_swa)),
-    ]
+#: per-layer drafter tensors left out: the drafter reads the target's cache (no K/V of its own)
+_DRAFTER_KV = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
 
 
-# --------------------------------------------------------------------------------------------------
-# tensor mapping
-
-_LAYER_MAP = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "layer_scalar": "layer_output_scale.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-_MULTIMODAL = ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector")
-
-
-def map_text_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint",
-                     drop_kv: bool = False) -> dict[str, np.ndarray]:
-    """HF ``model.*`` / ``model.language_model.*`` names -> GGUF names (``token_embd``, ``blk.N.*``, ...).
-
-    ``drop_kv`` leaves out ``attn_k`` / ``attn_v`` / ``attn_k_norm`` (the drafter reads the target's cache).
-    Unknown names raise, so nothing is silently dropped.
+def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
+                        where: str = "checkpoint") -> dict[str, np.ndarray]:
+    """HF drafter ``model.*`` / projection tensors -> GGUF names in ``dialect`` (:func:`inspector.hf_names.gguf_name`);
+    K/V tensors, ``lm_head`` (tied) and the centroid head (``masked_embedding.*``, written by the caller) are
+    left out.
 
     Raises:
         HFCheckpointError: a tensor name the mapping does not know.
     """
     out: dict[str, np.ndarray] = {}
     for name, arr in tensors.items():
-        if any(part in name for part in _MULTIMODAL):
-            continue  # a Gemma4ForConditionalGeneration checkpoint: only the language model is converted
-        short = name
-        for pre in ("model.language_model.", "model."):
-            if short.startswith(pre):
-                short = short[len(pre):]
-                break
-        if short == "embed_tokens.weight":
-            out["token_embd.weight"] = arr
-        elif short == "norm.weight":
-            out["output_norm.weight"] = arr
-        elif short.startswith("layers."):
-            _, il, rest = short.split(".", 2)
-            g = _LAYER_MAP.get(rest)
-            if g is None:
-                raise HFCheckpointError("unknown layer tensor", path=where, key=name)
-            if drop_kv and g.split(".")[0] in ("attn_k", "attn_v", "attn_k_norm"):
-                continue
-            out[f"blk.{int(il)}.{g}"] = arr.reshape(1) if g.startswith("layer_output_scale") else arr
-        elif name == "lm_head.weight":
-            continue  # tied to embed_tokens in Gemma 4
-        else:
-            raise HFCheckpointError("unknown tensor", path=where, key=name)
+        if name.startswith("masked_embedding.") or name == "lm_head.weight" or name.endswith(_DRAFTER_KV):
+            continue
+        try:
+            g = gguf_name(name, dialect)
+        except KeyError:
+            raise HFCheckpointError("unknown tensor", path=where, key=name) from None
+        if g is not None:
+            out[g] = np.asarray(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
     return out
 
 
 # --------------------------------------------------------------------------------------------------
 # writing
-
-
-#: vocabulary size of the real Gemma 4 tokenizer (copied whole; smaller checkpoints get its first tokens)
-N_VOCAB_FULL = 262144
-
-
-def _tokenizer_kv(n_vocab: int, vocab_from: str | os.PathLike[str] | None) -> list[tuple[str, MetaValue]]:
-    """The ``tokenizer.*`` keys to write: all of ``vocab_from`` (which must have ``n_vocab`` tokens), or of the
-    real Gemma 4 tokenizer (whole for 262144 tokens, else its first ``n_vocab``)."""
-    if vocab_from is not None:
-        kv = tokenizer_kv(vocab_from)
-        n = n_tokens(kv)
-        if n != n_vocab:
-            raise LayoutError("tokenizer size differs from the checkpoint's vocab_size", path=os.fspath(vocab_from),
-                              key="tokenizer.ggml.tokens", expected=n_vocab, actual=n)
-        return list(kv)
-    from mtpscope.cache import vocab_path
-
-    src = vocab_path()
-    kv = tokenizer_kv(src)
-    return list(kv) if n_vocab == N_VOCAB_FULL else list(subset_kv(kv, n_vocab, src))
-
-
-def _tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:
-    """The arrays to write (:func:`inspector.gguf_write.write_gguf` values): integers as I32, 1-D tensors F32,
-    2-D+ tensors in ``outtype`` (Q8_0 falls back to F16 for rows not a multiple of its block of 32)."""
-    import gguf
-
-    qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
-    out: dict[str, Any] = {}
-    for name, arr in tensors.items():
-        a = np.asarray(arr)
-        if a.dtype.kind in "iu":
-            out[name] = np.ascontiguousarray(a.astype(np.int32))
-            continue
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        t = qt if a.ndim >= 2 else gguf.GGMLQuantizationType.F32
-        if t == gguf.GGMLQuantizationType.Q8_0 and a.shape[-1] % 32:
-            t = gguf.GGMLQuantizationType.F16  # rows not a multiple of the Q8_0 block (32)
-        if t == gguf.GGMLQuantizationType.F32:
-            out[name] = a
-        elif t == gguf.GGMLQuantizationType.F16:
-            out[name] = a.astype(np.float16)
-        else:
-            out[name] = (gguf.quants.quantize(a, t), t)
-    return out
-
-
-def _write(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_kv: list[tuple[str, MetaValue]],
-           tensors: Mapping[str, np.ndarray], outtype: str) -> Path:
-    return write_gguf(path, arch, kv + tok_kv, _tensor_values(tensors, outtype))
-
-
-@dataclass(frozen=True)
-class ConvertResult:
-    """What :func:`convert` wrote."""
-
-    out: Path
-    kind: str            # "drafter" | "target"
-    dialect: str | None  # drafter: "upstream" | "fork"
-    arch: str
-    n_tensors: int
-    centroids_out: Path | None = None
 
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dialect: str = "upstream",
@@ -283,32 +161,28 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         return _convert_drafter(config, tensors, out, dialect, outtype, centroids_out, vocab_from, where)
     if mt in ("gemma4_text", "gemma4"):
         tc = config.get("text_config", config) if mt == "gemma4" else config
-        return _convert_target(tc, tensors, out, outtype, vocab_from, where)
+        return convert_target(tc, tensors, out, outtype, vocab_from, where)
     raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
                             expected="gemma4_assistant, gemma4_text or gemma4", actual=mt)
 
 
-def _convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
-                    vocab_from: Any, where: str) -> ConvertResult:
-    hp = text_hparams(tc, where)
-    _refuse_unsupported(tc, where)
-    g = map_text_tensors(tensors, where)
-    g["rope_freqs.weight"] = hp.rope_freqs
-    kv = _common_kv(TARGET_ARCH, hp)
-    kv.append((TARGET_ARCH + ".embedding_length_per_layer_input", u32(0)))
-    if hp.softcap:
-        kv.append((TARGET_ARCH + ".final_logit_softcapping", f32(hp.softcap)))
-    kv.insert(0, ("general.name", string("mtpscope-converted-target")))
-    _write(out, TARGET_ARCH, kv, _tokenizer_kv(hp.n_vocab, vocab_from), _ordered(g), outtype)
-    return ConvertResult(out=out, kind="target", dialect=None, arch=TARGET_ARCH, n_tensors=len(g))
-
-
-def _ordered(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    def key(n: str) -> tuple[int, int, str]:
-        if n.startswith("blk."):
-            return (1, int(n.split(".")[1]), n)
-        return (0 if n in ("token_embd.weight", "rope_freqs.weight") else 2, 0, n)
-    return {n: g[n] for n in sorted(g, key=key)}
+def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list[tuple[str, MetaValue]]:
+    """The ``{arch}.*`` keys of a drafter converted from an assistant ``config`` (text part read into ``hp``) in
+    ``dialect``: the common keys, then upstream ``embedding_length_out`` / ``nextn_predict_layers`` or the
+    fork's ``n_embd_backbone``, ``use_ordered_embeddings``, ``attention.k_eq_v``, ``requires_target_arch`` and,
+    with a centroid head, ``n_centroids`` / ``centroid_top_k`` (``general.name`` not included)."""
+    arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
+    n_bb = int(config.get("backbone_hidden_size", 1536))
+    kv = common_kv(arch, hp)
+    if dialect == "upstream":
+        return kv + [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
+    ordered = bool(config.get("use_ordered_embeddings", False))
+    kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
+           (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
+    if ordered:
+        kv += [(arch + ".n_centroids", u32(int(config.get("num_centroids", 2048)))),
+               (arch + ".centroid_top_k", u32(int(config.get("centroid_intermediate_top_k", 32))))]
+    return kv
 
 
 def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, dialect: str,
@@ -317,19 +191,15 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
     if not isinstance(tc, dict):
         raise HFCheckpointError("missing text_config", path=where, key="text_config")
     hp = text_hparams(tc, where)
-    _refuse_unsupported(tc, where)
+    _refuse_unsupported_drafter(tc, hp, where)
     n_bb = int(config.get("backbone_hidden_size", 1536))
     if n_bb == hp.n_embd:
         raise LayoutError("backbone_hidden_size equals hidden_size: llama.cpp refuses such a drafter",
                           path=where, key="backbone_hidden_size", expected=f"!= {hp.n_embd}", actual=n_bb)
-    inner = {k: v for k, v in tensors.items() if k.startswith("model.")}
-    g = map_text_tensors(inner, where, drop_kv=True)
     for hf_name in ("pre_projection.weight", "post_projection.weight"):
         if hf_name not in tensors:
             raise LayoutError("tensor missing from the checkpoint", path=where, key=hf_name)
-    proj = "nextn." if dialect == "upstream" else "mtp."
-    g[proj + "pre_projection.weight"] = tensors["pre_projection.weight"]
-    g[proj + "post_projection.weight"] = tensors["post_projection.weight"]
+    g = map_drafter_tensors(tensors, dialect, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     ordered = bool(config.get("use_ordered_embeddings", False))
     n_cen = int(config.get("num_centroids", 2048))
@@ -343,18 +213,12 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
                               key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
         order = np.asarray(order).astype(np.int32)
     arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
-    kv = [("general.name", string("mtpscope-converted-drafter"))] + _common_kv(arch, hp)
-    if dialect == "upstream":
-        kv += [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
-    else:
-        kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
-               (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
-        if ordered:
-            kv += [(arch + ".n_centroids", u32(n_cen)), (arch + ".centroid_top_k", u32(top_k))]
-            g["mtp.centroids.weight"] = cen
-            g["mtp.token_ordering.weight"] = order
-    tok_kv = _tokenizer_kv(hp.n_vocab, vocab_from)
-    _write(out, arch, kv, tok_kv, _ordered(g), outtype)
+    kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
+    if dialect == "fork" and ordered:
+        g["mtp.centroids.weight"] = cen
+        g["mtp.token_ordering.weight"] = order
+    tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)
+    write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
     if centroids_out is not None:
         if not ordered:
@@ -365,8 +229,8 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
         skv = [("general.name", string("mtpscope-centroid-sidecar")),
                (a + "n_centroids", u32(n_cen)), (a + "centroid_top_k", u32(top_k)),
                (a + "embedding_length", u32(hp.n_embd)), (a + "vocab_size", u32(hp.n_vocab))]
-        _write(side, SIDECAR_ARCH, skv, [], {"mtp.centroids.weight": cen, "mtp.token_ordering.weight": order},
-               outtype)
+        write_converted(side, SIDECAR_ARCH, skv, [], {"mtp.centroids.weight": cen, "mtp.token_ordering.weight": order},
+                        outtype)
     return ConvertResult(out=out, kind="drafter", dialect=dialect, arch=arch, n_tensors=len(g), centroids_out=side)
 
 
@@ -481,5 +345,5 @@ def write_tiny_pair(root: str | os.PathLike[str], *, seed: int = 0, vocab_size: 
     return root / "target", root / "drafter"
 
 
-__all__ = ["ConvertResult", "convert", "map_text_tensors", "random_text_tensors", "read_checkpoint",
-           "tiny_text_config", "write_tiny_pair"]
+__all__ = ["DIALECTS", "OUTTYPES", "ConvertResult", "convert", "drafter_kv", "map_drafter_tensors", "random_text_tensors",
+           "read_checkpoint", "tiny_text_config", "write_tiny_pair"]

@@ -1,18 +1,31 @@
-"""Difference between two GGUF files: metadata keys, tensor table, and optionally sampled values.
+"""Difference between two GGUF files: metadata keys, tensor table, tensor data, and optionally sampled values.
 
-``diff(a, b, values=False)`` -> :class:`GGUFDiff`. Keys are compared by decoded value (arrays: length,
-then elements; string arrays such as the 262144-token vocabulary compare their raw bytes first). Tensors
-are matched by name; with ``match_dialects`` the fork / upstream names of the same tensor
-(``mtp.pre_projection.weight`` ↔ ``nextn.pre_projection.weight``) are matched and reported as renamed.
+``diff(a, b)`` -> :class:`GGUFDiff`. Keys are compared by decoded value (arrays: length, then elements;
+string arrays such as the 262144-token vocabulary compare their raw bytes first). Tensors are matched by
+name; with ``match_dialects`` the fork / upstream names of the same tensor (``mtp.pre_projection.weight`` ↔
+``nextn.pre_projection.weight``) are matched and reported as renamed.
+
+Tensor data is compared by default, byte for byte in the files' own encoding (quantized blocks undecoded),
+for every tensor present in both with the same type and shape, read through the memory map (never a whole
+big tensor at once): ``data="sampled"`` (default) compares a tensor of at most :data:`WHOLE_BYTES` whole and
+a larger one on :data:`SAMPLE_ROWS` rows of its outermost numpy dimension, in :data:`SAMPLE_RUNS` runs of
+consecutive rows evenly spaced from the first row to the last (:func:`sample_rows_of`), so the cost is
+bounded per tensor whatever the file size (a 20 GB model: tens of MB read, a few seeks per tensor);
+``data="whole"`` compares every byte; ``data="none"`` compares no data. Each compared tensor gets a
+blake2b digest of the bytes compared in each file (:class:`DataCompare`), and :class:`Compared` says what
+was compared. Files read over HTTP (header only) have their data left out, said so.
+
 With ``values`` a relative-error summary is computed on up to ``n_rows`` evenly spaced rows (outermost
 numpy dimension) of every tensor present in both with the same shape:
 ``rel = ||a − b||₂ / max(||a||₂, ||b||₂)`` per row (0 when both rows are zero; at most 2), reported as max
-and mean over the sampled rows (values dequantized, computed in float64).
+and mean over the sampled rows (values dequantized, computed in float64): how much, where the data
+comparison says whether.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,6 +73,90 @@ class ValueDiff:
     identical: bool
 
 
+#: Tensors of at most this many bytes have their data compared whole with ``data="sampled"``.
+WHOLE_BYTES = 1 << 20
+#: Rows (outermost numpy dimension) compared per larger tensor with ``data="sampled"``.
+SAMPLE_ROWS = 32
+#: Runs of consecutive rows the sampled rows come in (one read each).
+SAMPLE_RUNS = 4
+#: Bytes of each file read per step when a tensor is compared whole (bounds the memory of a comparison).
+CHUNK_BYTES = 16 << 20
+#: The ``data`` modes of :func:`diff`.
+DATA_MODES = ("sampled", "whole", "none")
+
+
+@dataclass(frozen=True)
+class DataCompare:
+    """One tensor's data compared byte for byte (each file's encoding; quantized blocks undecoded).
+
+    Attributes:
+        name: the tensor (``a | b`` for a renamed pair).
+        rows_compared / rows_total: rows of the outermost numpy dimension compared / in the tensor (a 1-D
+            tensor counts as one row).
+        bytes_compared: bytes compared in each file.
+        same: every compared byte is equal.
+        first_diff_row: the first compared row whose bytes differ (None when ``same``).
+        digest_a / digest_b: blake2b (128-bit, hex) of the compared bytes of each file, rows in order.
+    """
+
+    name: str
+    rows_compared: int
+    rows_total: int
+    bytes_compared: int
+    same: bool
+    first_diff_row: int | None
+    digest_a: str
+    digest_b: str
+
+    @property
+    def whole(self) -> bool:
+        """Every row was compared."""
+        return self.rows_compared == self.rows_total
+
+
+@dataclass(frozen=True)
+class Compared:
+    """What :func:`diff` compared.
+
+    Attributes:
+        keys: metadata keys present in both files (compared by value).
+        tensors: tensors present in both (compared by type and ``ne``), renamed pairs included.
+        data: the data mode (:data:`DATA_MODES`), or ``"none"`` when the data could not be read.
+        data_whole / data_sampled: tensors whose data was compared whole / on ``sample_rows`` rows.
+        data_skipped: tensors present in both whose data was not compared (type or shape differ, unknown
+            type).
+        sample_rows: rows compared per sampled tensor.
+        bytes_read: tensor bytes read (both files together); bytes_total: tensor data bytes of both files.
+        note: why no data was compared (a file read over HTTP), or None.
+    """
+
+    keys: int
+    tensors: int
+    data: str
+    data_whole: int = 0
+    data_sampled: int = 0
+    data_skipped: tuple[str, ...] = ()
+    sample_rows: int = SAMPLE_ROWS
+    bytes_read: int = 0
+    bytes_total: int = 0
+    note: str | None = None
+
+    def line(self) -> str:
+        """What was compared, in one line."""
+        head = f"compared: {self.keys} metadata keys, {self.tensors} tensors (names, types, shapes)"
+        if self.data == "none":
+            return head + "; tensor data not compared" + (f" ({self.note})" if self.note else "")
+        parts = [f"{self.data_whole} whole"] + ([f"{self.data_sampled} on {self.sample_rows} sampled rows each"]
+                                                if self.data_sampled else [])
+        skipped = f", {len(self.data_skipped)} not (type or shape differ)" if self.data_skipped else ""
+        return (head + f"; tensor bytes: {' + '.join(parts)}{skipped} ({_mib(self.bytes_read)} of "
+                f"{_mib(self.bytes_total)} read)")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 @dataclass(frozen=True)
 class GGUFDiff:
     """Result of :func:`diff`.
@@ -72,6 +169,8 @@ class GGUFDiff:
         tensors_renamed: (name in a, name in b) pairs matched across dialects.
         tensors_changed: :class:`TensorChange` list.
         values: :class:`ValueDiff` list (empty unless ``values=True``).
+        data: :class:`DataCompare` per tensor whose data was compared (``data`` of :func:`diff`).
+        compared: :class:`Compared`: what was compared.
     """
 
     a: str
@@ -84,13 +183,21 @@ class GGUFDiff:
     tensors_renamed: tuple[tuple[str, str], ...]
     tensors_changed: tuple[TensorChange, ...]
     values: tuple[ValueDiff, ...] = ()
+    data: tuple[DataCompare, ...] = ()
+    compared: Compared | None = None
+
+    @property
+    def data_differ(self) -> tuple[DataCompare, ...]:
+        """The tensors whose compared bytes differ."""
+        return tuple(d for d in self.data if not d.same)
 
     @property
     def identical(self) -> bool:
-        """No key or tensor difference (and no value difference when values were compared)."""
+        """No key or tensor difference, no compared tensor byte different (and no value difference when
+        values were compared). What was compared: :attr:`compared`."""
         return not (self.keys_added or self.keys_removed or self.keys_changed or self.tensors_added
                     or self.tensors_removed or self.tensors_renamed or self.tensors_changed
-                    or any(not v.identical for v in self.values))
+                    or self.data_differ or any(not v.identical for v in self.values))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
@@ -156,20 +263,94 @@ def _row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
 
 
-def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects: bool = True) -> GGUFDiff:
-    """Compare two GGUF files.
+def _raw_rows(f: Any, name: str, shape: tuple[int, ...], r0: int, r1: int) -> np.ndarray:
+    """Rows ``r0:r1`` (outermost numpy dimension) of a tensor as bytes, shape (rows, bytes per row): a view
+    of the memory map for plain and quantized types alike. A 1-D tensor is one row (read whole)."""
+    if len(shape) <= 1:
+        raw = np.asarray(f.tensor_data(name, dequantize=False))
+        return np.ascontiguousarray(raw).reshape(1, -1).view(np.uint8)
+    raw = np.ascontiguousarray(f.tensor_data(name, rows=slice(r0, r1), dequantize=False))
+    return raw.reshape(r1 - r0, -1).view(np.uint8)
+
+
+def compare_data(fa: Any, fb: Any, na: str, nb: str, rows: np.ndarray | None = None,
+                 chunk_bytes: int = CHUNK_BYTES) -> DataCompare:
+    """Compare the bytes of tensor ``na`` of ``fa`` and ``nb`` of ``fb`` (same type and shape), through the
+    memory map.
 
     Args:
-        a / b: paths or open ``GGUFFile`` objects.
-        values: also compare sampled tensor values.
-        n_rows: rows sampled per tensor (evenly spaced over numpy ``shape[0]``; 1-D tensors are compared
-            whole).
+        fa / fb: open GGUF readers (``GGUFLike`` of local files).
+        na / nb: the tensor's name in each.
+        rows: sorted distinct row indices (outermost numpy dimension) to compare; None compares every row,
+            ``chunk_bytes`` of each file at a time.
+
+    Returns:
+        :class:`DataCompare` (digests over the compared rows, in order).
+    """
+    t = fa.tensor(na)
+    shape = tuple(int(x) for x in t.shape) or (1,)
+    total = shape[0] if len(shape) > 1 else 1
+    per_row = max(1, (t.n_bytes or 0) // max(1, total))
+    ha, hb = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
+    first: int | None = None
+    n_rows = n_bytes = 0
+    if rows is None:
+        step = max(1, chunk_bytes // per_row)
+        spans = [(r, min(total, r + step)) for r in range(0, total, step)]
+    else:  # runs of consecutive sampled rows read together
+        idx = [int(i) for i in rows]
+        spans, start = [], 0
+        for j in range(1, len(idx) + 1):
+            if j == len(idx) or idx[j] != idx[j - 1] + 1:
+                spans.append((idx[start], idx[j - 1] + 1))
+                start = j
+    for r0, r1 in spans:
+        xa, xb = _raw_rows(fa, na, shape, r0, r1), _raw_rows(fb, nb, shape, r0, r1)
+        ha.update(xa.data)
+        hb.update(xb.data)
+        n_rows += xa.shape[0]
+        n_bytes += xa.nbytes
+        if first is None and not np.array_equal(xa, xb):
+            first = r0 + int(np.flatnonzero((xa != xb).any(axis=1))[0])
+    da, db = ha.hexdigest(), hb.hexdigest()
+    return DataCompare(na if na == nb else f"{na} | {nb}", n_rows, total, n_bytes, first is None, first, da, db)
+
+
+def sample_rows_of(total: int, n: int, runs: int = SAMPLE_RUNS) -> np.ndarray:
+    """The rows a sampled comparison reads of a tensor of ``total`` rows: about ``n`` rows in ``runs`` runs of
+    ``ceil(n / runs)`` consecutive rows, the runs' starts evenly spaced from the first row to the last run
+    ending at the last row (sorted, distinct). Runs, not single rows: one read each, so a cold file costs
+    ``runs`` seeks per tensor, not ``n``."""
+    length = -(-n // max(1, runs))
+    if total <= n or length >= total:
+        return np.arange(total, dtype=np.int64)
+    starts = np.linspace(0, total - length, num=min(runs, total)).round().astype(np.int64)
+    return np.unique((starts[:, None] + np.arange(length, dtype=np.int64)[None, :]).ravel())
+
+
+def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects: bool = True,
+         data: str = "sampled", sample_rows: int = SAMPLE_ROWS, whole_bytes: int = WHOLE_BYTES) -> GGUFDiff:
+    """Compare two GGUF files: metadata keys, tensor table, tensor data (and optionally value errors).
+
+    Args:
+        a / b: paths or open ``GGUFLike`` readers.
+        values: also compute the relative error of sampled rows (dequantized; ``n_rows`` rows per tensor).
+        n_rows: rows sampled per tensor with ``values`` (evenly spaced over numpy ``shape[0]``; 1-D tensors
+            are compared whole).
         match_dialects: match fork / upstream names of the same tensor and report them as renamed; the
             ``general.architecture``-prefixed keys are then compared by suffix too.
+        data: tensor bytes compared: ``"sampled"`` (tensors of at most ``whole_bytes`` whole, larger ones on
+            ``sample_rows`` rows: :func:`sample_rows_of`), ``"whole"`` (every byte) or ``"none"``. Files read over
+            HTTP have no data compared (:attr:`Compared.note` says so).
+        sample_rows: rows compared per larger tensor with ``data="sampled"``.
+        whole_bytes: the largest tensor compared whole with ``data="sampled"`` (bytes).
+
+    Returns:
+        :class:`GGUFDiff`; its ``compared`` says what was compared.
 
     Raises:
         GGUFFormatError / UnsupportedFileError / TensorDataError: an unreadable file.
-        InspectorError: ``n_rows < 1`` with ``values``.
+        InspectorError: ``n_rows < 1`` with ``values``, ``sample_rows < 1``, or an unknown ``data`` mode.
     """
     from mtpscope.errors import InspectorError
     from mtpscope.inspector.gguf import open_gguf
@@ -177,6 +358,11 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
     if values and n_rows < 1:
         raise InspectorError("rows sampled per tensor must be positive", key="n_rows", expected=">= 1",
                              actual=n_rows)
+    if data not in DATA_MODES:
+        raise InspectorError("unknown data comparison", key="data", expected=" | ".join(DATA_MODES), actual=data)
+    if sample_rows < 1:
+        raise InspectorError("rows compared per tensor must be positive", key="sample_rows", expected=">= 1",
+                             actual=sample_rows)
     fa = a if hasattr(a, "tensors") else open_gguf(a)
     fb = b if hasattr(b, "tensors") else open_gguf(b)
     arch_a, arch_b = fa.architecture or "", fb.architecture or ""
@@ -213,6 +399,24 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
                                   tuple(ta[na].ne), tuple(tb[nb].ne))
                      for na, nb in pairs
                      if ta[na].type_name != tb[nb].type_name or tuple(ta[na].ne) != tuple(tb[nb].ne))
+    same_layout = [(na, nb) for na, nb in pairs if ta[na].type_name == tb[nb].type_name
+                   and tuple(ta[na].ne) == tuple(tb[nb].ne) and ta[na].n_bytes is not None]
+    skipped = tuple(na if na == nb else f"{na} | {nb}" for na, nb in pairs if (na, nb) not in same_layout)
+    remote = getattr(fa, "reader", None) is not None or getattr(fb, "reader", None) is not None
+    mode = "none" if remote else data
+    compares: list[DataCompare] = []
+    for na, nb in (same_layout if mode != "none" else ()):
+        t = ta[na]
+        total = (t.shape[0] if len(t.shape) > 1 else 1) if t.shape else 1
+        small = mode == "whole" or (t.n_bytes or 0) <= whole_bytes or total <= sample_rows
+        compares.append(compare_data(fa, fb, na, nb, None if small else sample_rows_of(total, sample_rows)))
+    compared = Compared(
+        keys=sum(1 for k in ka if k in kb), tensors=len(pairs), data=mode,
+        data_whole=sum(1 for c in compares if c.whole), data_sampled=sum(1 for c in compares if not c.whole),
+        data_skipped=skipped if mode != "none" else (), sample_rows=sample_rows,
+        bytes_read=2 * sum(c.bytes_compared for c in compares),
+        bytes_total=sum(t.n_bytes or 0 for t in ta.values()) + sum(t.n_bytes or 0 for t in tb.values()),
+        note="a file read over HTTP: only its header is here" if remote and data != "none" else None)
     vals: list[ValueDiff] = []
     if values:
         for na, nb in pairs:
@@ -234,7 +438,7 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
             vals.append(ValueDiff(na if na == nb else f"{na} | {nb}", sampled, total, float(rel.max()),
                                   float(rel.mean()), bool(np.array_equal(xa, ya))))
     return GGUFDiff(str(getattr(fa, "path", a)), str(getattr(fb, "path", b)), added, removed, changed,
-                    tuple(only_b), tuple(only_a), tuple(renamed), tchanged, tuple(vals))
+                    tuple(only_b), tuple(only_a), tuple(renamed), tchanged, tuple(vals), tuple(compares), compared)
 
 
 def summarize(d: GGUFDiff) -> Mapping[str, int]:
@@ -242,5 +446,5 @@ def summarize(d: GGUFDiff) -> Mapping[str, int]:
     return {"keys_added": len(d.keys_added), "keys_removed": len(d.keys_removed),
             "keys_changed": len(d.keys_changed), "tensors_added": len(d.tensors_added),
             "tensors_removed": len(d.tensors_removed), "tensors_renamed": len(d.tensors_renamed),
-            "tensors_changed": len(d.tensors_changed),
+            "tensors_changed": len(d.tensors_changed), "data_differ": len(d.data_differ),
             "values_differ": sum(1 for v in d.values if not v.identical)}

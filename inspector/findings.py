@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,13 @@ SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 #: refuses.
 RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "E_DTYPE_VECTOR",
                                  "E_SHARED_KV_LAYOUT"})
+
+#: Codes whose subject is a tensor the expected layout has and the file lacks (a layer grid's "missing").
+MISSING_CODES = frozenset({"E_TENSOR_MISSING"})
+#: Codes whose subject is a tensor present with a shape other than the layout's (a layer grid's "wrong
+#: shape"): any tensor, a pre/post projection, the centroid matrix (also stored transposed), token_embd.
+SHAPE_CODES = frozenset({"E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_CENTROID_SHAPE", "E_CENTROID_TRANSPOSED",
+                         "E_TOKEN_EMBD_SHAPE"})
 
 CODES: dict[str, str] = {
     "I_DIALECT": "which dialect / layout the file was checked against",
@@ -207,6 +214,9 @@ class Pairing:
         kv_donors: target layer that donates K/V per drafter layer type under llama.cpp's rule
             (``{"sliding": n_layer-2, "full": n_layer-1}``).
         kv_donors_hf: same under HF's rule (last target layer of each type).
+        kv_cache / kv_cache_hf: the target layer whose K/V cache the drafter really reads, per type: the donor
+            resolved through the target's own KV sharing (``attention.shared_kv_layers``; E2B / E4B) under
+            llama.cpp's ``reuse`` rule / HF's ``"store"`` layer. Equal to the donors when nothing is shared.
     """
 
     target: str
@@ -214,11 +224,14 @@ class Pairing:
     findings: tuple[Finding, ...]
     kv_donors: Mapping[str, int | None]
     kv_donors_hf: Mapping[str, int | None]
+    kv_cache: Mapping[str, int | None] = field(default_factory=dict)
+    kv_cache_hf: Mapping[str, int | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
         return {"target": self.target, "ok": self.ok, "findings": [x.to_dict() for x in self.findings],
-                "kv_donors": dict(self.kv_donors), "kv_donors_hf": dict(self.kv_donors_hf)}
+                "kv_donors": dict(self.kv_donors), "kv_donors_hf": dict(self.kv_donors_hf),
+                "kv_cache": dict(self.kv_cache), "kv_cache_hf": dict(self.kv_cache_hf)}
 
 
 @dataclass(frozen=True)
@@ -289,5 +302,5 @@ def jsonable(v: Any) -> Any:
     return v
 
 
-__all__ = ["CODES", "ERROR", "INFO", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "WARNING", "Finding", "Pairing", "Report", "Verdict",
-           "finding", "jsonable"]
+__all__ = ["CODES", "ERROR", "INFO", "MISSING_CODES", "RUNTIME_CRASH_CODES", "SEVERITY_ORDER", "SHAPE_CODES", "WARNING",
+           "Finding", "Pairing", "Report", "Verdict", "finding", "jsonable"]

@@ -19,6 +19,11 @@ through :meth:`GGUFFile.tensor_data`, a row slice at a time, as a numpy view of 
 
 Big-endian files are recognised (byte-swapped version field) and refused with
 :class:`UnsupportedFileError`. Unknown ggml type ids are kept (``"unknown type N"``, sizes None).
+
+A file whose bytes do not come from a memory map is walked by :func:`parse_header` over the bytes read
+so far (the byte-source seam, :class:`ByteReader`); how many bytes to read, and when, is the caller's
+strategy (:func:`mtpscope.inspector.remote.open_gguf_reader`). :class:`GGUFLike` is what every model
+reader answers (one file, or a split model read as one: :mod:`mtpscope.inspector.shards`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NoReturn, Protocol
@@ -85,7 +90,8 @@ _TENSOR_TAIL = tuple(struct.Struct("<" + "Q" * n + "IQ") for n in range(GGML_MAX
 class NeedMoreBytes(Exception):
     """Raised by the header walk over a partial buffer (a :class:`ByteReader` source): the header goes on.
 
-    Not an error for users: :func:`open_gguf_reader` catches it and reads more. ``needed_end`` is the
+    Not an error for users: :func:`parse_header` raises it and the read strategy
+    (:func:`mtpscope.inspector.remote.open_gguf_reader`) catches it and reads more. ``needed_end`` is the
     absolute offset the walk must be able to read up to next (certain); ``estimated_end`` is its guess of
     where the header ends (the rest of a string array at the mean element size walked so far, each
     remaining metadata pair at 16 bytes, each remaining tensor-info record at the mean size walked so far
@@ -307,6 +313,66 @@ class ByteReader(Protocol):
     def read(self, offset: int, n: int) -> bytes: ...  # pragma: no cover - protocol
 
 
+class GGUFLike(Protocol):
+    """What the readers of a model give (the Reader contract): one file (:class:`GGUFFile`) or a split
+    model read as one (:class:`mtpscope.inspector.shards.ShardedGGUF`), local or remote.
+
+    ``shards`` are the files the model is read from, in order (a single file answers ``(itself,)``);
+    their ``reader`` is each file's :class:`ByteReader` (None when memory-mapped); ``shard_of(name)`` the
+    0-based shard holding a tensor (0 for a single file). The other members
+    are :class:`GGUFFile`'s: a split model answers with its first shard's header fields and metadata,
+    every shard's tensors, ``file_size`` summed.
+    """
+
+    @property
+    def path(self) -> str: ...  # pragma: no cover - protocol
+
+    @property
+    def file_size(self) -> int: ...  # pragma: no cover - protocol
+
+    @property
+    def version(self) -> int: ...  # pragma: no cover - protocol
+
+    @property
+    def alignment(self) -> int: ...  # pragma: no cover - protocol
+
+    @property
+    def data_offset(self) -> int: ...  # pragma: no cover - protocol
+
+    @property
+    def header_end(self) -> int: ...  # pragma: no cover - protocol
+
+    @property
+    def kv(self) -> Mapping[str, KeyValue]: ...  # pragma: no cover - protocol
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]: ...  # pragma: no cover - protocol
+
+    @property
+    def architecture(self) -> str | None: ...  # pragma: no cover - protocol
+
+    @property
+    def reader(self) -> ByteReader | None: ...  # pragma: no cover - protocol
+
+    @property
+    def shards(self) -> tuple[GGUFFile, ...]: ...  # pragma: no cover - protocol
+
+    def get(self, key: str, default: Any = None) -> Any: ...  # pragma: no cover - protocol
+
+    def shard_of(self, name: str) -> int: ...  # pragma: no cover - protocol
+
+    def tensor(self, name: str) -> TensorInfo: ...  # pragma: no cover - protocol
+
+    def tensor_data(self, name: str, rows: slice | int | None = None,
+                    dequantize: bool = True) -> np.ndarray: ...  # pragma: no cover - protocol
+
+    def close(self) -> None: ...  # pragma: no cover - protocol
+
+    def __enter__(self) -> GGUFLike: ...  # pragma: no cover - protocol
+
+    def __exit__(self, *exc: object) -> None: ...  # pragma: no cover - protocol
+
+
 class _Source:
     """The bytes of a file, shared by a file and its lazy arrays.
 
@@ -381,6 +447,27 @@ class GGUFFile:
     def reader(self) -> ByteReader | None:
         """The :class:`ByteReader` tensor data comes from (a remote file), or None (memory-mapped)."""
         return self._src.reader
+
+    @property
+    def shards(self) -> tuple[GGUFFile, ...]:
+        """The files this model is read from: ``(self,)`` (a split model's :class:`GGUFLike` answers
+        with every shard)."""
+        return (self,)
+
+    def shard_of(self, name: str) -> int:
+        """0-based index of the shard holding tensor ``name``: 0, a single file holds all its tensors.
+
+        Raises:
+            LayoutError: no such tensor.
+        """
+        self.tensor(name)
+        return 0
+
+    def header_bytes(self, offset: int, n: int) -> bytes:
+        """Bytes ``[offset, offset + n)`` of the file's header (fewer at the end of the bytes held: a
+        file read through a :class:`ByteReader` holds only its header)."""
+        end = min(offset + max(0, n), self._src.avail)
+        return bytes(self._src.mm[offset:end]) if 0 <= offset < end else b""
 
     # -- tensors
     def tensor(self, name: str) -> TensorInfo:
@@ -523,8 +610,9 @@ def _dequantize(raw: np.ndarray, t: TensorInfo, path: str) -> np.ndarray:
 class _Parser:
     """Walks a GGUF header on a buffer; every read is bounds-checked first."""
 
-    def __init__(self, src: _Source) -> None:
+    def __init__(self, src: _Source, like: GGUFFile | None = None) -> None:
         self.src = src
+        self.like = like  # a GGUF parsed before whose string arrays this one may repeat byte for byte
         self.buf = src.mm
         self.size = src.size
         self.avail = src.avail  # bytes of the buffer present (== size for a memory-mapped file)
@@ -616,7 +704,8 @@ class _Parser:
             if n > left // 8:
                 self.fail(f"array of {n} strings runs past the end of the file", pos + 4, key,
                           expected=f"<= {left // 8} elements ({left} bytes left)", actual=n)
-            offsets, end = self.walk_strings(start, n, key)
+            reused = self.reuse_strings(start, n, key)
+            offsets, end = reused if reused is not None else self.walk_strings(start, n, key)
             return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=offsets), end
         if etype == ARRAY:
             if n > left // 12:
@@ -631,6 +720,23 @@ class _Parser:
                 _, p = self.read_array(p, key, depth + 1)
             return ArrayValue(etype, n, pos, self.src, key, _elem_offsets=np.frombuffer(offs, np.int64)), p
         self.fail("unknown array element type", pos, key, expected="0..12", actual=etype)
+
+    def reuse_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int] | None:
+        """The element offsets and end of the string array ``key`` at ``start`` taken from :attr:`like`'s
+        array of that key when it has ``n`` elements and the same bytes (so the same strings, lengths and
+        checks): no walk. None when there is no such array or any byte differs."""
+        kv = self.like.kv.get(key) if self.like is not None else None
+        v = kv.value if kv is not None else None
+        if not isinstance(v, ArrayValue) or v.element_type != STRING or v.length != n or v._elem_offsets is None:
+            return None
+        if n == 0:
+            return np.empty(0, dtype=np.int64), start
+        other = v._file.mm
+        s0, last = int(v._elem_offsets[0]), int(v._elem_offsets[-1])
+        n_bytes = last + 8 + _U64.unpack_from(other, last)[0] - s0
+        if start + n_bytes > self.avail or self.buf[start:start + n_bytes] != other[s0:s0 + n_bytes]:
+            return None
+        return v._elem_offsets - s0 + start, start + n_bytes
 
     def walk_strings(self, start: int, n: int, key: str) -> tuple[np.ndarray, int]:
         """Offsets of ``n`` consecutive GGUF strings starting at ``start``; checks each against the end.
@@ -843,13 +949,16 @@ class _Parser:
         return tuple(out)
 
 
-def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFFile:
+def open_gguf(path: str | os.PathLike[str], *, name: str | None = None, like: GGUFFile | None = None) -> GGUFFile:
     """Open a GGUF file: map it, walk and validate the whole header, read no tensor data.
 
     Args:
         path: the file.
         name: what errors and :attr:`GGUFFile.path` call the file (default ``path``; e.g. the URL a
             downloaded copy came from).
+        like: an open GGUF whose string arrays this file probably repeats (a drafter carries its target's
+            262144-token vocabulary): an array of the same key and length whose bytes equal ``like``'s is
+            not walked again (a byte comparison instead of 780k length reads); any difference walks it.
 
     Returns:
         A :class:`GGUFFile`; its arrays and tensor data are read lazily from the memory map.
@@ -874,7 +983,7 @@ def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFF
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     src = _Source(p if name is None else name, mm, size)
     try:
-        return _Parser(src).parse()
+        return _Parser(src, like).parse()
     except Exception:
         if isinstance(mm, mmap.mmap):
             try:
@@ -884,103 +993,26 @@ def open_gguf(path: str | os.PathLike[str], *, name: str | None = None) -> GGUFF
         raise
 
 
-#: First read of a header through a :class:`ByteReader` (a small request: most of a drafter-only or
-#: tokenizer-less header, the start of a tokenizer's token list otherwise).
-FIRST_READ_BYTES = 256 * 1024
-#: Read past the walk's estimate of the header end, so that a small misestimate costs no extra read.
-READ_AHEAD_BYTES = 128 * 1024
-#: Cap on the extra margin given to the estimated (not yet walked) part of the header.
-READ_AHEAD_MAX = 512 * 1024
+def parse_header(name: str, head: bytes, size: int, reader: ByteReader) -> GGUFFile:
+    """Walk a GGUF header from its first ``len(head)`` bytes (the byte-source seam; the read strategy
+    that calls it is :func:`mtpscope.inspector.remote.open_gguf_reader`).
 
-
-def _hinted_end(e: NeedMoreBytes, buf: bytes | bytearray, hints: Iterable[GGUFFile]) -> int | None:
-    """Where the header ends if its metadata goes on as in a known file (see :func:`open_gguf_reader`).
-
-    A hint applies when it has the key being read, with an array of the same length if one is being
-    walked, the same values for the scalar keys of that key's group read so far (``tokenizer.ggml.model``
-    for ``tokenizer.ggml.tokens``), and byte-identical bytes for the part of the pair already read (at
-    least 4 KiB of it). The prediction is this pair's offset + the rest of the known file's metadata
-    section from the same key on + the estimated tensor-info table.
-    """
-    if e.key is None or e.key_offset < 0:
-        return None
-    group = e.key.rsplit(".", 1)[0] + "."
-    n = min(len(buf) - e.key_offset, 1 << 20)
-    if n < 4096:
-        return None
-    for h in hints:
-        kv = h.kv.get(e.key)
-        if kv is None:
-            continue
-        if e.array_length is not None and not (isinstance(kv.value, ArrayValue) and kv.value.length == e.array_length):
-            continue
-        same = all(h.kv[k].value == p.value for k, p in e.pairs.items()
-                   if k.startswith(group) and k in h.kv and not isinstance(p.value, ArrayValue))
-        if not same or bytes(h._src.mm[kv.offset:kv.offset + n]) != bytes(buf[e.key_offset:e.key_offset + n]):
-            continue
-        kv_end = h.tensors[0].info_offset if h.tensors else h.header_end
-        return e.key_offset + (kv_end - kv.offset) + e.tensors_estimate
-    return None
-
-
-def open_gguf_reader(name: str, reader: ByteReader, size: int, *, first: bytes = b"",
-                     first_bytes: int = FIRST_READ_BYTES, max_header_bytes: int | None = None,
-                     layout_hints: Iterable[GGUFFile] = ()) -> GGUFFile:
-    """Open a GGUF whose bytes come from ``reader`` (e.g. HTTP range requests): read only the header.
-
-    The walk is the same as :func:`open_gguf`'s (same checks, same records); it runs on the bytes read
-    so far and, when they end before the header does, says where it must and probably will end
-    (:class:`NeedMoreBytes`). Each further read goes from the end of the bytes present to that estimate
-    plus :data:`READ_AHEAD_BYTES` and an eighth of the estimated part (at most :data:`READ_AHEAD_MAX`),
-    so a header is read in a few requests and little past its end. Tensor data is read later, only
-    for the rows :meth:`GGUFFile.tensor_data` is asked for.
+    The walk is :func:`open_gguf`'s (same checks, same records), run on the bytes present; tensor data is
+    read later through ``reader.read(offset, n)``, only for the rows :meth:`GGUFFile.tensor_data` is
+    asked for.
 
     Args:
         name: what errors and ``.path`` call the file (a URL).
-        reader: the byte source.
+        head: bytes ``[0, len(head))`` of the file.
         size: the file's size in bytes.
-        first: bytes ``[0, len(first))`` already read (e.g. with the request that learned ``size``).
-        first_bytes: size of the first read when ``first`` is empty.
-        max_header_bytes: refuse a header that needs more bytes than this (None: no cap).
-        layout_hints: local GGUF files whose metadata the remote one may repeat. Every Gemma 4 GGUF
-            carries the same 15.8 MB tokenizer (the token list, scores, types and 514906 merges); string
-            arrays can only be sized by walking them, so without a hint each array met is one more read
-            (5 for such a header), with the cached tokenizer GGUF as a hint 2 (see :func:`_hinted_end`).
-            A hint only sizes the reads; what is parsed is always the remote bytes.
+        reader: where tensor rows come from.
 
     Returns:
         A :class:`GGUFFile` whose metadata and tensor-info records are in memory.
 
     Raises:
+        NeedMoreBytes: ``head`` ends before the header does; it says where the header must end
+            (``needed_end``) and probably ends (``estimated_end``), and what was read so far.
         GGUFFormatError / UnsupportedFileError / TensorDataError: as :func:`open_gguf`.
-        GGUFFormatError: the header needs more than ``max_header_bytes`` bytes.
-        InspectorError: whatever ``reader.read`` raises.
     """
-    hints = tuple(layout_hints)
-    buf = bytearray(first)
-    if not buf and size:
-        want = min(size, first_bytes if max_header_bytes is None else min(first_bytes, max_header_bytes))
-        buf += reader.read(0, want)
-    while True:
-        src = _Source(name, bytes(buf), size, avail=len(buf), reader=reader)
-        try:
-            return _Parser(src).parse()
-        except NeedMoreBytes as e:
-            have = len(buf)
-            if max_header_bytes is not None and e.needed_end > max_header_bytes:
-                raise GGUFFormatError("the header is larger than the cap", path=name, offset=have,
-                                      expected=f"<= {max_header_bytes} bytes",
-                                      actual=f"at least {e.needed_end} bytes") from None
-            est = e.estimated_end
-            if hints:
-                est = max(e.needed_end, _hinted_end(e, buf, hints) or est)
-            margin = READ_AHEAD_BYTES + min(READ_AHEAD_MAX, (est - e.needed_end) // 8)
-            end = min(size, est + margin)
-            if max_header_bytes is not None:
-                end = min(end, max_header_bytes)
-            end = max(end, e.needed_end)
-            buf += reader.read(have, end - have)
-            if len(buf) < end:
-                raise GGUFFormatError("the source returned fewer bytes than asked", path=name, offset=len(buf),
-                                      expected=f"{end - have} bytes from offset {have}",
-                                      actual=f"{len(buf) - have} bytes")
+    return _Parser(_Source(name, bytes(head), size, avail=len(head), reader=reader)).parse()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import HFCheckpointError
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.paths import require_regular_file
 
 
@@ -49,9 +50,10 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 #: Gemma4TextConfig defaults (transformers 5.24 configuration_gemma4.py) for absent fields
 TEXT_DEFAULTS: Mapping[str, Any] = {
-    "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "vocab_size": GEMMA4_N_VOCAB, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
     "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sliding_window": 512,
+    "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_kv_shared_layers": 0,
 }
 #: fields the converter cannot do without
 CONVERT_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -75,6 +77,12 @@ class TextHParams:
         partial_rotary_factor: share of the full layers' rotary pairs that rotate (proportional RoPE).
         k_eq_v: ``attention_k_eq_v``; context_length: ``max_position_embeddings``;
         softcap: ``final_logit_softcapping`` or None.
+        n_embd_per_layer: ``hidden_size_per_layer_input`` (per-layer embeddings, PLE; 0 = none; transformers'
+            default when absent is 256); n_vocab_per_layer: ``vocab_size_per_layer_input``.
+        shared_kv_layers: ``num_kv_shared_layers`` (the last that many layers reuse an earlier layer's K/V).
+        n_expert / n_expert_used / n_ff_exp: ``num_experts`` / ``top_k_experts`` / ``moe_intermediate_size``
+            when ``enable_moe_block`` is true, else 0.
+        double_wide_mlp: ``use_double_wide_mlp`` (the KV-shared layers' MLP is ``2 * n_ff`` wide).
         stated: names of the attributes above that config.json states (directly, through
             ``per_layer_config`` or, for n_head_kv, through ``num_key_value_heads`` + ``layer_types``);
             the others hold transformers' defaults.
@@ -97,7 +105,26 @@ class TextHParams:
     k_eq_v: bool
     context_length: int
     softcap: float | None
+    n_embd_per_layer: int = 0
+    n_vocab_per_layer: int = 0
+    shared_kv_layers: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    double_wide_mlp: bool = False
     stated: frozenset[str] = frozenset()
+
+    @property
+    def n_ff_layers(self) -> tuple[int, ...]:
+        """The dense MLP width of each layer: ``2 * n_ff`` on KV-shared layers with ``use_double_wide_mlp``
+        (transformers ``Gemma4TextMLP``), else ``n_ff``."""
+        first_shared = self.n_layer - self.shared_kv_layers
+        return tuple(2 * self.n_ff if self.double_wide_mlp and il >= first_shared else self.n_ff
+                     for il in range(self.n_layer))
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer ``il`` computes its own K/V (the first ``n_layer - shared_kv_layers`` layers)."""
+        return il < self.n_layer - self.shared_kv_layers
 
     @property
     def rope_freqs(self) -> Any:
@@ -212,6 +239,19 @@ def text_hparams(tc: Mapping[str, Any], where: str | os.PathLike[str] = "config.
         return default
 
     sc = tc.get("final_logit_softcapping")
+    moe = bool(tc.get("enable_moe_block", False))
+    n_expert = n_used = n_ff_exp = 0
+    if moe:
+        for k in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+            if not isinstance(tc.get(k), int) or isinstance(tc.get(k), bool) or tc.get(k) <= 0:
+                raise HFCheckpointError("enable_moe_block is true but a MoE field is missing or not a positive "
+                                        "integer", path=where, key=k, expected="int > 0", actual=tc.get(k))
+        n_expert, n_used, n_ff_exp = int(tc["num_experts"]), int(tc["top_k_experts"]), int(tc["moe_intermediate_size"])
+        stated.add("moe")
+    n_shared = num("num_kv_shared_layers", "shared_kv_layers")
+    if not 0 <= n_shared <= n_layer:
+        raise HFCheckpointError("num_kv_shared_layers out of range", path=where, key="num_kv_shared_layers",
+                                expected=f"0..{n_layer}", actual=n_shared)
     return TextHParams(
         n_vocab=num("vocab_size", "n_vocab"), n_embd=num("hidden_size", "n_embd"),
         n_ff=num("intermediate_size", "n_ff"), n_layer=n_layer, n_head=num("num_attention_heads", "n_head"),
@@ -223,7 +263,10 @@ def text_hparams(tc: Mapping[str, Any], where: str | os.PathLike[str] = "config.
         partial_rotary_factor=rope(full_rp, "partial_rotary_factor", 0.25, "partial_rotary_factor"),
         k_eq_v=k_eq_v, context_length=num("max_position_embeddings", "context_length"),
         softcap=float(sc) if isinstance(sc, int | float) and not isinstance(sc, bool) else None,
-        stated=frozenset(stated))
+        n_embd_per_layer=num("hidden_size_per_layer_input", "n_embd_per_layer"),
+        n_vocab_per_layer=num("vocab_size_per_layer_input", "n_vocab_per_layer"), shared_kv_layers=n_shared,
+        n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+        double_wide_mlp=bool(tc.get("use_double_wide_mlp", False)), stated=frozenset(stated))
 
 
 def partial_rotary_factor_full(config: Mapping[str, Any]) -> float | None:

@@ -1,6 +1,6 @@
 """The tensor inventory of a GGUF: each tensor's component and layer, totals, and the drafter dialect.
 
-Nothing here reads tensor data: the inventory is built from the header (:class:`inspector.gguf.GGUFFile`).
+Nothing here reads tensor data: the inventory is built from the header (:class:`inspector.gguf.GGUFLike`).
 
 Components (``TensorEntry.component``):
 
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from mtpscope.inspector.gguf import GGUFFile, TensorInfo
+from mtpscope.inspector.gguf import GGUFLike, TensorInfo
 
 COMPONENTS: tuple[str, ...] = (
     "token_embd", "projection", "centroid_head", "token_ordering", "output_norm", "output", "rope_freqs",
@@ -54,6 +54,8 @@ UPSTREAM_ARCH = "gemma4-assistant"
 TARGET_ARCH = "gemma4"
 
 DIALECT_KINDS = ("fork", "upstream", "target", "other", "unknown")
+#: The dialect kinds of an MTP drafter (under some name).
+DRAFTER_KINDS = ("fork", "upstream", "other")
 
 # names seen in the wild for the same drafter (facts file section 1); searched in the architecture and
 # in tensor names, in this order. (pattern label, regex)
@@ -87,8 +89,8 @@ class Dialect:
 
     @property
     def is_drafter(self) -> bool:
-        """True for fork, upstream and other (an MTP drafter under some name)."""
-        return self.kind in ("fork", "upstream", "other")
+        """True for fork, upstream and other (an MTP drafter under some name: :data:`DRAFTER_KINDS`)."""
+        return self.kind in DRAFTER_KINDS
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ def _classify_in_layer(base: str) -> str:
 # --------------------------------------------------------------------------------------- dialect
 
 
-def detect_dialect(f: GGUFFile) -> Dialect:
+def detect_dialect(f: GGUFLike) -> Dialect:
     """The dialect of ``f`` from ``general.architecture`` and tensor names (facts file section 1)."""
     arch = f.architecture
     names = [t.name for t in f.tensors]
@@ -314,11 +316,12 @@ def totals(entries: list[TensorEntry] | tuple[TensorEntry, ...]) -> Totals:
     return Totals(len(entries), n_el, n_b, n_unk)
 
 
-def build_inventory(f: GGUFFile) -> Inventory:
+def build_inventory(f: GGUFLike) -> Inventory:
     """Classify every tensor of ``f`` and total them; reads the header only, never tensor data.
 
     Args:
-        f: an opened file (:func:`inspector.gguf.open_gguf`).
+        f: an opened model (:func:`inspector.gguf.open_gguf`, or a split model: any
+            :class:`inspector.gguf.GGUFLike`).
 
     Returns:
         The :class:`Inventory`.

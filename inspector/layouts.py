@@ -37,6 +37,10 @@ ARCH_TARGET = "gemma4"
 DIALECT_OF_ARCH: dict[str, str] = {ARCH_FORK: "fork", ARCH_UPSTREAM: "upstream", ARCH_TARGET: "target"}
 """``general.architecture`` -> layout dialect."""
 
+#: Vocabulary size of every Gemma 4 model (the real tokenizer's ``tokenizer.ggml.tokens``: 262144 tokens;
+#: ``vocab_size`` of the published configs).
+GEMMA4_N_VOCAB = 262144
+
 # Tensor-name prefix of the pre/post projections per dialect.
 PROJ_PREFIX = {"fork": "mtp", "upstream": "nextn"}
 
@@ -158,6 +162,23 @@ class HParams:
     def has_kv(self, il: int) -> bool:
         """Whether target layer ``il`` computes its own K/V (else it reuses an earlier layer's)."""
         return il < self.n_layer_kv_from_start
+
+    def kv_owner(self, il: int) -> int:
+        """The target layer whose K/V cache layer ``il`` reads in llama.cpp: ``il`` itself when it has its own,
+        else ``n_kv - 2`` (sliding) / ``n_kv - 1`` (full), ``n_kv = n_layer - shared_kv_layers``
+        (``src/llama-model.cpp``, the ``reuse`` callback of Gemma 3n / Gemma 4)."""
+        if self.has_kv(il) or self.n_layer_kv_from_start < 2:
+            return il
+        return self.n_layer_kv_from_start - (2 if self.layers[il].sliding else 1)
+
+    def kv_store_hf(self, sliding: bool) -> int | None:
+        """HF's K/V source of a layer type for KV-shared layers and the drafter: the last layer of that type that
+        computes its own K/V (transformers ``Gemma4TextConfig.kv_sharing_modes``, mode ``"store"``); None when
+        no such layer exists."""
+        for ly in reversed(self.layers[:self.n_layer_kv_from_start]):
+            if ly.sliding == sliding:
+                return ly.il
+        return None
 
     @property
     def has_full_layer(self) -> bool:

@@ -25,7 +25,9 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     Checks: target arch ``gemma4``; target ``embedding_length`` == drafter backbone width; identical
     vocabulary (token text, in order); per layer type (sliding / full) the drafter's ``n_head_kv`` and head
     dim equal the target's at the donor layer; windows and rope bases; which target layers donate K/V
-    (llama.cpp: n_layer−2 for sliding, n_layer−1 for full; HF: last layer of each type).
+    (llama.cpp: n_layer−2 for sliding, n_layer−1 for full; HF: last layer of each type) and, on a target with
+    KV-shared layers, whose cache that is (llama.cpp's ``reuse`` rule vs HF's ``"store"`` layer: an error when
+    they differ).
 
     Args:
         drafter / target: open GGUF files.
@@ -64,9 +66,22 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
                    f"{'sliding' if thp.layers[il].sliding else 'full'} layer; HF uses layer {donors_hf[kind]} "
                    "(llama.cpp runs and the drafter silently reads another layer's cache: a donor missing from "
                    "the target's cache of that type resolves to that cache's first layer)"))
-    add(finding(INFO, "I_PAIR_KV_DONORS", "", None, {"llama.cpp": donors, "hf": donors_hf},
+    # the target's own KV sharing (E2B / E4B): a donor without K/V reads an earlier layer's cache
+    cache = {k: (thp.kv_owner(il) if il is not None else None) for k, il in donors.items()}
+    cache_hf = {"sliding": thp.kv_store_hf(True), "full": thp.kv_store_hf(False)}
+    if thp.shared_kv_layers:
+        for kind in ("sliding", "full"):
+            if cache[kind] is not None and cache_hf[kind] is not None and cache[kind] != cache_hf[kind]:
+                add(finding(ERROR, "E_PAIR_KV_DONOR", "gemma4.attention.shared_kv_layers", cache_hf[kind],
+                       cache[kind], f"with {thp.shared_kv_layers} KV-shared target layers llama.cpp's drafter reads "
+                       f"the {kind} cache of target layer {cache[kind]}, HF's reads layer {cache_hf[kind]}"))
+    shared = (f"; through the target's {thp.shared_kv_layers} KV-shared layers the caches of layers "
+              f"{cache['sliding']} and {cache['full']} (HF: {cache_hf['sliding']}, {cache_hf['full']})"
+              if thp.shared_kv_layers else "")
+    add(finding(INFO, "I_PAIR_KV_DONORS", "", None, {"llama.cpp": donors, "hf": donors_hf, "cache": cache,
+                                                      "cache_hf": cache_hf},
            f"K/V donors: sliding ← target layer {donors['sliding']}, full ← target layer {donors['full']} "
-           f"(HF: {donors_hf['sliding']}, {donors_hf['full']})"))
+           f"(HF: {donors_hf['sliding']}, {donors_hf['full']}){shared}"))
     for kind, sliding in (("sliding", True), ("full", False)):
         d_layers = [ly for ly in hp.layers if ly.sliding == sliding]
         il = donors_hf[kind]
@@ -92,7 +107,7 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
             why = "" if sev == WARNING else "; queries and the target's cached keys are rotated differently"
             add(finding(sev, code, f"{hp.arch}.{key}", b, a, f"{key}: drafter {a}, target {b}{why}"))
     ok = not any(x.severity == ERROR for x in fs)
-    return Pairing(tpath, ok, tuple(fs), donors, donors_hf)
+    return Pairing(tpath, ok, tuple(fs), donors, donors_hf, cache, cache_hf)
 
 
 def _compare_vocab(a: Any, b: Any, add: Any) -> None:

@@ -1,9 +1,10 @@
 """GGUF headers over HTTP: ``https://…/x.gguf`` and ``hf://ORG/REPO/[REVISION/]FILE.gguf`` without a download.
 
 Only the header is read, with HTTP range requests: one small first request (it also tells the file size,
-from ``Content-Range``), then reads sized by the header walk of :func:`inspector.gguf.open_gguf_reader`
-(it knows the counts and lengths read so far and estimates the rest). Tensor data is read only when a
-caller asks for values, and then only the rows asked for (:meth:`GGUFFile.tensor_data`).
+from ``Content-Range``), then reads sized by the header walk (:func:`open_gguf_reader`, the read strategy
+over :func:`mtpscope.inspector.gguf.parse_header`: the walk knows the counts and lengths read so far and
+estimates the rest; known local files, the layout hints, size the reads of what they repeat). Tensor data
+is read only when a caller asks for values, and then only the rows asked for (:meth:`GGUFFile.tensor_data`).
 
 Library choice (on merit, for this job): **httpx2** (the HTTP client huggingface_hub itself is built on)
 for the requests: explicit ``Range`` headers, streamed bodies (a server that ignores ``Range`` is noticed
@@ -41,10 +42,13 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from mtpscope.errors import InspectorError, RemoteFileError
+from mtpscope.errors import GGUFFormatError, InspectorError, RemoteFileError
+
+if TYPE_CHECKING:  # the reader itself is imported where a header is read (numpy stays out of ``import remote``)
+    from mtpscope.inspector.gguf import ByteReader, GGUFFile, GGUFLike, NeedMoreBytes
 
 #: Hosts (and their sub-domains) that serve the Hub's files: redirects there are followed.
 HUB_HOST_SUFFIXES = ("huggingface.co", "hf.co")
@@ -55,6 +59,14 @@ MAX_RETRY_AFTER_S = 30.0
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 #: Characters of a response body quoted in an error line.
 _BODY_QUOTE = 120
+
+#: First read of a header (a small request: most of a drafter-only or tokenizer-less header, the start of
+#: a tokenizer's token list otherwise).
+FIRST_READ_BYTES = 256 * 1024
+#: Read past the walk's estimate of the header end, so that a small misestimate costs no extra read.
+READ_AHEAD_BYTES = 128 * 1024
+#: Cap on the extra margin given to the estimated (not yet walked) part of the header.
+READ_AHEAD_MAX = 512 * 1024
 
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$", re.IGNORECASE)
 
@@ -77,14 +89,14 @@ class RemoteOptions:
         cdn_suffixes: host suffixes a redirect may go to (default :data:`HUB_HOST_SUFFIXES`).
         cdn_require_https: redirects to those hosts only over https (False only for local test servers).
         layout_hints: local GGUF paths whose metadata a remote header may repeat (the cached Gemma 4
-            tokenizer: reads sized from it, see :func:`inspector.gguf.open_gguf_reader`).
+            tokenizer: reads sized from it, see :func:`open_gguf_reader`).
         download_dir: where ``allow_full_download`` puts its temporary copy (default the system temp).
     """
 
     timeout_s: float = 30.0
     retries: int = 3
     backoff_s: float = 1.0
-    first_bytes: int = 256 * 1024
+    first_bytes: int = FIRST_READ_BYTES
     max_header_bytes: int = 64 * 1024 * 1024
     max_read_bytes: int = 256 * 1024 * 1024
     allow_full_download: bool = False
@@ -373,8 +385,6 @@ class HTTPRangeReader:
 
     def _read_body(self, resp: Any, limit: int) -> bytes:
         """The body, at most ``limit`` bytes (a body longer than asked is an error, not a download)."""
-        import httpx2
-
         out = bytearray()
         try:
             for chunk in resp.iter_raw():
@@ -535,13 +545,112 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+# -------------------------------------------------------------------------------- the header read strategy
+
+
+def _hinted_end(e: NeedMoreBytes, buf: bytes | bytearray, hints: Sequence[GGUFFile]) -> int | None:
+    """Where the header ends if its metadata goes on as in a known file (see :func:`open_gguf_reader`).
+
+    A hint applies when it has the key being read, with an array of the same length if one is being
+    walked, the same values for the scalar keys of that key's group read so far (``tokenizer.ggml.model``
+    for ``tokenizer.ggml.tokens``), and byte-identical bytes for the part of the pair already read (at
+    least 4 KiB of it). The prediction is this pair's offset + the rest of the known file's metadata
+    section from the same key on + the estimated tensor-info table.
+    """
+    from mtpscope.inspector.gguf import ArrayValue
+
+    if e.key is None or e.key_offset < 0:
+        return None
+    group = e.key.rsplit(".", 1)[0] + "."
+    n = min(len(buf) - e.key_offset, 1 << 20)
+    if n < 4096:
+        return None
+    for h in hints:
+        kv = h.kv.get(e.key)
+        if kv is None:
+            continue
+        if e.array_length is not None and not (isinstance(kv.value, ArrayValue) and kv.value.length == e.array_length):
+            continue
+        same = all(h.kv[k].value == p.value for k, p in e.pairs.items()
+                   if k.startswith(group) and k in h.kv and not isinstance(p.value, ArrayValue))
+        if not same or h.header_bytes(kv.offset, n) != bytes(buf[e.key_offset:e.key_offset + n]):
+            continue
+        kv_end = h.tensors[0].info_offset if h.tensors else h.header_end
+        return e.key_offset + (kv_end - kv.offset) + e.tensors_estimate
+    return None
+
+
+def open_gguf_reader(name: str, reader: ByteReader, size: int, *, first: bytes = b"",
+                     first_bytes: int = FIRST_READ_BYTES, max_header_bytes: int | None = None,
+                     layout_hints: Sequence[GGUFFile] = ()) -> GGUFFile:
+    """Open a GGUF whose bytes come from ``reader`` (e.g. HTTP range requests): read only the header.
+
+    The walk is :func:`mtpscope.inspector.gguf.parse_header` (the same checks and records as
+    ``open_gguf``) on the bytes read so far; when they end before the header does, it says where it must
+    and probably will end (:class:`~mtpscope.inspector.gguf.NeedMoreBytes`). Each further read goes from
+    the end of the bytes present to that estimate plus :data:`READ_AHEAD_BYTES` and an eighth of the
+    estimated part (at most :data:`READ_AHEAD_MAX`), so a header is read in a few requests and little
+    past its end. Tensor data is read later, only for the rows ``GGUFFile.tensor_data`` is asked for.
+
+    Args:
+        name: what errors and ``.path`` call the file (a URL).
+        reader: the byte source.
+        size: the file's size in bytes.
+        first: bytes ``[0, len(first))`` already read (e.g. with the request that learned ``size``).
+        first_bytes: size of the first read when ``first`` is empty.
+        max_header_bytes: refuse a header that needs more bytes than this (None: no cap).
+        layout_hints: local GGUF files whose metadata the remote one may repeat. Every Gemma 4 GGUF
+            carries the same 15.8 MB tokenizer (the token list, scores, types and 514906 merges); string
+            arrays can only be sized by walking them, so without a hint each array met is one more read
+            (5 for such a header), with the cached tokenizer GGUF as a hint 2 (see :func:`_hinted_end`).
+            A hint only sizes the reads; what is parsed is always the remote bytes.
+
+    Returns:
+        A ``GGUFFile`` whose metadata and tensor-info records are in memory.
+
+    Raises:
+        GGUFFormatError / UnsupportedFileError / TensorDataError: as ``open_gguf``.
+        GGUFFormatError: the header needs more than ``max_header_bytes`` bytes.
+        InspectorError: whatever ``reader.read`` raises.
+    """
+    from mtpscope.inspector.gguf import NeedMoreBytes, parse_header
+
+    hints = tuple(layout_hints)
+    buf = bytearray(first)
+    if not buf and size:
+        want = min(size, first_bytes if max_header_bytes is None else min(first_bytes, max_header_bytes))
+        buf += reader.read(0, want)
+    while True:
+        try:
+            return parse_header(name, bytes(buf), size, reader)
+        except NeedMoreBytes as e:
+            have = len(buf)
+            if max_header_bytes is not None and e.needed_end > max_header_bytes:
+                raise GGUFFormatError("the header is larger than the cap", path=name, offset=have,
+                                      expected=f"<= {max_header_bytes} bytes",
+                                      actual=f"at least {e.needed_end} bytes") from None
+            est = e.estimated_end
+            if hints:
+                est = max(e.needed_end, _hinted_end(e, buf, hints) or est)
+            margin = READ_AHEAD_BYTES + min(READ_AHEAD_MAX, (est - e.needed_end) // 8)
+            end = min(size, est + margin)
+            if max_header_bytes is not None:
+                end = min(end, max_header_bytes)
+            end = max(end, e.needed_end)
+            buf += reader.read(have, end - have)
+            if len(buf) < end:
+                raise GGUFFormatError("the source returned fewer bytes than asked", path=name, offset=len(buf),
+                                      expected=f"{end - have} bytes from offset {have}",
+                                      actual=f"{len(buf) - have} bytes")
+
+
 # ----------------------------------------------------------------------------------------- opening
 
 
-_HINTS: dict[tuple[str, float, int], Any] = {}
+_HINTS: dict[tuple[str, float, int], GGUFFile] = {}
 
 
-def _hints(paths: Sequence[str]) -> list[Any]:
+def _hints(paths: Sequence[str]) -> list[GGUFFile]:
     """The layout hints that open (a missing or unreadable one is skipped: hints only size reads);
     each is parsed once per process while it is unchanged on disk."""
     from mtpscope.inspector.gguf import open_gguf
@@ -559,13 +668,13 @@ def _hints(paths: Sequence[str]) -> list[Any]:
     return out
 
 
-def open_remote(spec: str, options: RemoteOptions | None = None) -> Any:
+def open_remote(spec: str, options: RemoteOptions | None = None) -> GGUFFile:
     """Open the GGUF at an ``https://`` / ``hf://`` location, header only; see :func:`open_remote_reader`
     (this returns only the file)."""
     return open_remote_reader(spec, options)[0]
 
 
-def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple[Any, HTTPRangeReader]:
+def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple[GGUFFile, HTTPRangeReader]:
     """Open the GGUF at an ``https://`` / ``hf://`` location: header only (see the module docstring).
 
     Args:
@@ -573,7 +682,7 @@ def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple
         options: :class:`RemoteOptions` (default: 30 s timeouts, 3 retries, 64 MiB header cap).
 
     Returns:
-        (file, reader): an :class:`inspector.gguf.GGUFFile` whose ``path`` is the URL (no query string)
+        (file, reader): an :class:`mtpscope.inspector.gguf.GGUFFile` whose ``path`` is the URL (no query string)
         and whose tensor rows are read by range requests on demand (``f.close()`` closes the
         connections), and its :class:`HTTPRangeReader` (``reader.log``: every request and its bytes).
 
@@ -581,7 +690,7 @@ def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple
         RemoteFileError: see :class:`HTTPRangeReader`.
         GGUFFormatError / UnsupportedFileError / TensorDataError: the bytes are not a valid GGUF.
     """
-    from mtpscope.inspector.gguf import open_gguf, open_gguf_reader
+    from mtpscope.inspector.gguf import open_gguf
 
     o = options or RemoteOptions()
     loc = resolve(spec)
@@ -603,3 +712,13 @@ def open_remote_reader(spec: str, options: RemoteOptions | None = None) -> tuple
         reader.close()
         raise
     return f, reader
+
+
+def request_totals(f: GGUFLike) -> tuple[int, int] | None:
+    """(HTTP requests sent, bytes read) for a model read over HTTP, every shard together (each shard's
+    :attr:`HTTPRangeReader.log`); None when no shard was read over HTTP."""
+    logs = [s.reader.log for s in f.shards if isinstance(s.reader, HTTPRangeReader)]
+    if not logs:
+        return None
+    return sum(x.n_requests for x in logs), sum(x.n_bytes for x in logs)
+

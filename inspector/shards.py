@@ -17,11 +17,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtpscope.errors import GGUFFormatError, LayoutError
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.gguf import ByteReader, GGUFFile, GGUFLike, KeyValue, TensorInfo
+    from mtpscope.inspector.remote import RemoteOptions
 
 SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
@@ -48,7 +52,7 @@ def shard_locations(location: str) -> list[str] | None:
 
 @dataclass(frozen=True, eq=False)
 class ShardedGGUF:
-    """A split model read as one (duck-types :class:`inspector.gguf.GGUFFile`).
+    """A split model read as one (a :class:`mtpscope.inspector.gguf.GGUFLike`, as a single file is).
 
     Attributes:
         path: the first shard's path or URL.
@@ -60,14 +64,14 @@ class ShardedGGUF:
     """
 
     path: str
-    shards: tuple[Any, ...]
+    shards: tuple[GGUFFile, ...]
     file_size: int
     version: int
     alignment: int
     data_offset: int
     header_end: int
-    kv: Mapping[str, Any]
-    tensors: tuple[Any, ...]
+    kv: Mapping[str, KeyValue]
+    tensors: tuple[TensorInfo, ...]
     _owner: Mapping[str, int] = field(repr=False)
 
     def __repr__(self) -> str:
@@ -81,11 +85,12 @@ class ShardedGGUF:
 
     @property
     def architecture(self) -> str | None:
+        """``general.architecture`` of the first shard if it is a string, else None."""
         v = self.get("general.architecture")
         return v if isinstance(v, str) else None
 
     @property
-    def reader(self) -> Any:
+    def reader(self) -> ByteReader | None:
         """The first shard's byte reader (None when local)."""
         return self.shards[0].reader
 
@@ -100,7 +105,8 @@ class ShardedGGUF:
             raise LayoutError("no such tensor", path=self.path, key=name)
         return i
 
-    def tensor(self, name: str) -> Any:
+    def tensor(self, name: str) -> TensorInfo:
+        """The record of tensor ``name`` (its ``offset`` is within its shard); unknown name -> LayoutError."""
         return self.shards[self.shard_of(name)].tensor(name)
 
     def tensor_data(self, name: str, rows: slice | int | None = None, dequantize: bool = True) -> np.ndarray:
@@ -118,12 +124,12 @@ class ShardedGGUF:
         self.close()
 
 
-def _split_int(f: Any, key: str) -> int | None:
+def _split_int(f: GGUFLike, key: str) -> int | None:
     v = f.get(key)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def combine(shards: list[Any]) -> ShardedGGUF:
+def combine(shards: list[GGUFFile]) -> ShardedGGUF:
     """Check open shards against each other and combine them (see the module docstring).
 
     Raises:
@@ -156,7 +162,7 @@ def combine(shards: list[Any]) -> ShardedGGUF:
                        first.alignment, first.data_offset, first.header_end, first.kv, tuple(tensors), owner)
 
 
-def _open_one(location: str, remote: Any) -> Any:
+def _open_one(location: str, remote: RemoteOptions | None) -> GGUFFile:
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.remote import is_remote, open_remote
 
@@ -165,7 +171,7 @@ def _open_one(location: str, remote: Any) -> Any:
     return open_gguf(location)
 
 
-def open_model(location: str | os.PathLike[str], remote: Any = None) -> Any:
+def open_model(location: str | os.PathLike[str], remote: RemoteOptions | None = None) -> GGUFLike:
     """Open a GGUF model: a local path, an ``https://`` / ``hf://`` URL, or any shard of a split model.
 
     A file named like a shard whose ``split.count`` is more than 1 is opened with all its siblings (same
@@ -177,7 +183,8 @@ def open_model(location: str | os.PathLike[str], remote: Any = None) -> Any:
         remote: :class:`inspector.remote.RemoteOptions` for URLs (None: the defaults).
 
     Returns:
-        ``GGUFFile`` or ``ShardedGGUF``.
+        a :class:`mtpscope.inspector.gguf.GGUFLike`: the ``GGUFFile`` or the ``ShardedGGUF``
+        (``.shards``: the files, one for a single file).
 
     Raises:
         GGUFFormatError: a shard is missing (naming it) or does not fit (see :func:`combine`), or the
@@ -195,7 +202,7 @@ def open_model(location: str | os.PathLike[str], remote: Any = None) -> Any:
                                   "others by name)", path=f.path, key=SPLIT_COUNT,
                                   expected="a name like NAME-00001-of-%05d.gguf" % cnt, actual=Path(loc).name)
         return f
-    opened: list[Any] = []
+    opened: list[GGUFFile] = []
     try:
         first = _open_one(names[0], remote)
         opened.append(first)

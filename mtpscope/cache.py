@@ -3,10 +3,12 @@
 Nothing here is ever committed to git. The folder is ``$MTPSCOPE_CACHE`` if set, else
 ``$XDG_CACHE_HOME/mtpscope``, else ``~/.cache/mtpscope``.
 
-The only thing ever fetched is the real Gemma 4 tokenizer GGUF, ``ggml-vocab-gemma-4.gguf``, which ships
-inside the llama-cpp-python 0.3.36 source distribution (``vendor/llama.cpp/models/``). It is fetched by
-``pip download`` from the package registry at set-up time (never at run time of the app or the
-inspector), checked by sha256 and cached.
+The only thing ever fetched is the llama-cpp-python 0.3.36 source distribution, by ``pip download`` from
+the package registry at set-up time (never at run time of the app or the inspector); pip's own cache makes
+a second fetch cheap. Two things come out of it: the real Gemma 4 tokenizer GGUF,
+``ggml-vocab-gemma-4.gguf`` (``vendor/llama.cpp/models/``), checked by sha256 and cached; and the
+llama.cpp sources that ``mtpscope server build`` compiles ``llama-server`` from
+(:func:`llama_cpp_sdist`, the whole archive checked against :data:`LLAMA_CPP_SDIST_SHA256`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from mtpscope.errors import MtpscopeError
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VOCAB_NAME = "ggml-vocab-gemma-4.gguf"
 VOCAB_MEMBER = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/models/{VOCAB_NAME}"
+#: sha256 of ``llama_cpp_python-0.3.36.tar.gz`` as the package registry serves it (its files are immutable)
+LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+#: the llama.cpp tree inside that sdist
+LLAMA_CPP_SDIST_ROOT = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 VOCAB_SIZE_BYTES = 15_776_467
 VOCAB_SHA256 = "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65"
 # llama.cpp's own tokenizer test pairs for that file (text in, token ids out), kept beside it.
@@ -74,7 +80,7 @@ def vocab_path(fetch: bool = True) -> Path:
                             path=dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        sdist = _download_sdist(Path(tmp))
+        sdist = download_sdist(Path(tmp))
         pinned = {"": VOCAB_SHA256, **VOCAB_TEST_SHA256}
         with tarfile.open(sdist, "r:gz") as tar:
             for suffix, want in pinned.items():
@@ -123,8 +129,13 @@ def _extract_checked(tar: tarfile.TarFile, sdist: Path, member_name: str, dest: 
     os.replace(part, dest)
 
 
-def _download_sdist(into: Path) -> Path:
-    """``pip download`` the llama-cpp-python sdist (pip's own cache makes a second call cheap)."""
+def download_sdist(into: Path) -> Path:
+    """``pip download`` the llama-cpp-python sdist into the folder ``into`` (pip's own cache makes a second
+    call cheap); the path of the ``.tar.gz``.
+
+    Raises:
+        MtpscopeError: pip could not fetch it (pip's last words quoted).
+    """
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            "-d", str(into), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -135,10 +146,24 @@ def _download_sdist(into: Path) -> Path:
     return found[0]
 
 
+def llama_cpp_sdist(into: Path) -> Path:
+    """:func:`download_sdist`, then check the whole archive against :data:`LLAMA_CPP_SDIST_SHA256`.
+
+    Raises:
+        MtpscopeError: the download failed, or the archive's sha256 differs from the pinned one.
+    """
+    sdist = download_sdist(into)
+    digest = sha256_file(sdist)
+    if digest != LLAMA_CPP_SDIST_SHA256:
+        raise MtpscopeError("sha256 mismatch of the llama-cpp-python sdist", path=sdist,
+                            expected=LLAMA_CPP_SDIST_SHA256, actual=digest)
+    return sdist
+
+
 def layout_hints() -> tuple[str, ...]:
     """Local GGUFs whose metadata remote Gemma 4 headers repeat: the cached tokenizer when it is there
     (never fetched for this). Reads of a remote header are sized from it
-    (:func:`mtpscope.inspector.gguf.open_gguf_reader`); used by the CLI and the app."""
+    (:func:`mtpscope.inspector.remote.open_gguf_reader`); used by the CLI and the app."""
     try:
         return (str(vocab_path(fetch=False)),)
     except (MtpscopeError, OSError):

@@ -14,12 +14,15 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
     ├── ServeRefusedError         `mtpscope app` asked to serve beyond this machine unsafely (app)
+    ├── LinkError                 a link to an app view the app cannot show (bad page, parameter or value)
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
         ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
         ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
-        └── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
+        ├── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
+        └── ServerError           llama-server: cannot be built or started here, or a probe failed
+            └── ServerBuildUnavailableError  no cmake / C++ compiler / llama-cpp-python to build it with
 """
 
 from __future__ import annotations
@@ -133,8 +136,25 @@ class RuntimeUnavailableError(TraceError):
     """llama-cpp-python is not installed or lacks a symbol the recorder needs."""
 
 
+class ServerError(TraceError):
+    """llama-server (traces/server/): a build that failed, a server that would not start, or a probe that
+    could not go on (server down, an HTTP error status, a response that is not the server's JSON).
+    ``path`` is the URL, the binary or the build log concerned; an API key is never part of the message."""
+
+
+class ServerBuildUnavailableError(ServerError):
+    """llama-server cannot be built on this machine at all: cmake, a C++ compiler or llama-cpp-python's
+    own libraries are missing (the message names which)."""
+
+
 class ServeRefusedError(MtpscopeError):
     """``mtpscope app`` asked to listen on a non-loopback address without ``MTPSCOPE_ROOTS`` set."""
+
+
+class LinkError(MtpscopeError):
+    """A link to a view of the app (``/step?prompt=34&round=20``) that the app cannot show: an unknown page
+    or parameter, a value of the wrong kind, or a prompt / round / draft step the trace does not have.
+    ``key`` is the parameter, ``actual`` the value given, ``expected`` what is allowed."""
 
 
 class RuntimeAbortedError(TraceError):

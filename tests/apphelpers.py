@@ -42,10 +42,12 @@ def streamlit_cmd(port: int) -> list[str]:
 
 
 @contextmanager
-def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None = None, cmd=None):
+def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None = None, cmd=None,
+              cwd: Path = ROOT):
     """Run the app in a subprocess; yield its base URL once ``/_stcore/health`` says ok.
 
-    ``cmd``: a function ``port -> argv`` to start instead of :func:`streamlit_cmd`.
+    ``cmd``: a function ``port -> argv`` to start instead of :func:`streamlit_cmd`; ``cwd``: its working
+    directory (the checkout by default).
     The yielded URL (a str) carries the server process as ``.proc``.
 
     Raises:
@@ -55,7 +57,7 @@ def start_app(log_path: Path, timeout: float = 90.0, env: dict[str, str] | None 
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen((cmd or streamlit_cmd)(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen((cmd or streamlit_cmd)(port), cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})})
         url = f"http://127.0.0.1:{port}"
         try:

@@ -1,6 +1,6 @@
 """Builders of test GGUF files: the demo's tiny pair as parts, written one defect at a time.
 
-Files are the demo's tiny pair (mtpscope/demo.py: drafter n_embd 128, backbone 64, 4 layers [s,s,s,f],
+Files are the demo's tiny pair (mtpscope/demo/build.py: drafter n_embd 128, backbone 64, 4 layers [s,s,s,f],
 n_head 2, n_head_kv 1, head dims 32 / 64, n_ff 128) with the first 4096 real Gemma 4 tokens, written with
 mtpscope's one GGUF writer (:func:`mtpscope.inspector.gguf_write.write_gguf`, gguf-py's GGUFWriter underneath,
 independent of the reader under test), then mutated one defect at a time.
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope import demo
+from mtpscope.demo import build as demo
 from mtpscope.inspector.gguf import ARRAY as GGUF_ARRAY
 from mtpscope.inspector.gguf import BOOL as GGUF_BOOL
 from mtpscope.inspector.gguf import STRING as GGUF_STRING
@@ -35,6 +35,8 @@ from mtpscope.inspector.gguf_write import u32 as U32
 
 DIMS = demo.DEFAULT_DIMS
 N_VOCAB = 4096
+#: prompts the recorder tests run on the tiny pair (conftest's ``pair``)
+TINY_PROMPTS = ["The quick brown fox", "Every sailor sings about distant islands", "Hello world"]
 N_C = 32          # demo default for a 4096-token vocabulary
 VSC = N_VOCAB // N_C  # 128
 

@@ -66,15 +66,15 @@ def write_gguf(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-# ---------------------------------------------------------------------------------- demo (mtpscope/demo.py)
+# ---------------------------------------------------------------------------------- demo (mtpscope/demo/build.py)
 
 
 @pytest.fixture(scope="session")
 def demo_dir() -> Any:
     """The cached demo folder (``<cache>/demo``), built once if its stamp is stale: a
-    :class:`mtpscope.demo.DemoPaths`. Full real tokenizer; traces only where llama-cpp-python is
+    :class:`mtpscope.demo.spec.DemoPaths`. Full real tokenizer; traces only where llama-cpp-python is
     installed (``paths.traces_clean`` may be missing otherwise)."""
-    from mtpscope.demo import build_demo
+    from mtpscope.demo.build import build_demo
 
     return build_demo()
 
@@ -85,7 +85,7 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[P
     -> (target_path, drafter_path)``: a demo target and drafter written once per argument set
     (session cache). ``vocab="subset"`` (first 4096 real tokens) files are ~2 MB and load in llama.cpp
     in well under a second."""
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     root = tmp_path_factory.mktemp("tiny_pair")
     made: dict[tuple[Any, ...], tuple[Path, Path]] = {}
@@ -104,3 +104,12 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[P
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
+    """The tiny pair the recorder tests run: target, clean / noisy upstream drafters, a fork drafter (subset vocab)."""
+    target, clean = tiny_pair(vocab="subset")
+    _, noisy = tiny_pair(vocab="subset", noise=2.0)
+    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
+    return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}

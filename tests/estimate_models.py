@@ -2,7 +2,7 @@
 hole (``os.truncate``), written with gguf-py's GGUFWriter (header only) so llama.cpp loads them and
 creates contexts (no decode: the values are zeros).
 
-The tokenizer is the demo's real-token subset (first 4096 Gemma 4 tokens, mtpscope/demo_vocab.py).
+The tokenizer is the demo's real-token subset (first 4096 Gemma 4 tokens, mtpscope/demo/vocab.py).
 """
 
 from __future__ import annotations
@@ -108,6 +108,12 @@ def write_synth_target(path: Path, s: SynthTarget, vocab_kv: list) -> Path:
         mat(b + "ffn_up.weight", s.n_embd, s.n_ff)
         mat(b + "ffn_down.weight", s.n_ff, s.n_embd)
         vec(b + "post_ffw_norm.weight", s.n_embd)
+    return header_and_hole(w, path)
+
+
+def header_and_hole(w, path: Path) -> Path:
+    """Write GGUFWriter ``w``'s header and tensor table, then extend the file to where its tensor data would end
+    (a hole: no data written, nothing read by llama.cpp's mmap until used)."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -147,3 +153,46 @@ def parse_llama_sizes(pieces: list[str]) -> dict:
         if m:
             out["output"][m.group(1)] = out["output"].get(m.group(1), 0.0) + float(m.group(2))
     return out
+
+
+#: a synthetic target shaped like Gemma 4 E2B (35 layers, 20 of them sharing KV), small enough to load in llama.cpp
+E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n_head=4, n_head_kv_swa=1,
+                       n_head_kv_full=1, head_dim_swa=256, head_dim_full=512, window=512,
+                       pattern=tuple(il % 5 != 4 for il in range(35)))
+
+
+def compute_close(m, got_mib: float) -> bool:
+    """Whether llama.cpp's compute buffer (``got_mib``, MiB as logged) lies within
+    :data:`inspector.estimate.COMPUTE_TOLERANCE` of one of the two allocator outcomes of a
+    :class:`inspector.estimate.ModelEstimate` (``compute_bytes`` / ``compute_bytes_max``)."""
+    from mtpscope.inspector.estimate import COMPUTE_TOLERANCE
+
+    return any(abs(b / (1 << 20) - got_mib) <= COMPUTE_TOLERANCE * got_mib
+               for b in (m.compute_bytes, m.compute_bytes_max))
+
+
+def write_hole_gguf(path: Path, model, vocab_kv: list) -> Path:
+    """A GGUF with the keys and tensor table of ``model`` (:class:`inspector.config_model.ConfigModel`: what the
+    converter would write from a published config) and ``vocab_kv`` (``tokenizer.*`` writer values), the tensor
+    data a hole: llama.cpp loads it (mmap) and creates contexts at the model's real size, no data read.
+    Written with gguf-py's GGUFWriter (an independent writer)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), model.architecture)
+
+    def add(key: str, mv) -> None:
+        vt = gguf.GGUFValueType(mv.type)
+        if vt == gguf.GGUFValueType.ARRAY:
+            val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
+            w.add_key_value(key, val, vt, sub_type=gguf.GGUFValueType(mv.sub_type))
+        else:
+            w.add_key_value(key, mv.value, vt)
+
+    for key, mv in model.meta.items():
+        add(key, mv)
+    for key, mv in vocab_kv:
+        add(key, mv)
+    for t in model.tensors:
+        raw = gguf.GGMLQuantizationType(t.ggml_type)
+        w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), t.n_bytes, raw_dtype=raw)
+    return header_and_hole(w, path)

@@ -1,4 +1,4 @@
-"""Run the real MTP loop (llama.cpp through traces.llama_runtime) on a target/drafter pair in a child process.
+"""Run the real MTP loop (llama.cpp through traces.run.llama) on a target/drafter pair in a child process.
 
 A file llama.cpp aborts on (GGML_ABORT / GGML_ASSERT -> SIGABRT) kills only the child; the parent gets the
 stage the child reached, its exit status / signal and llama.cpp's last stderr lines. Used by the tests
@@ -26,21 +26,21 @@ PROMPT = ("The history of the city begins with a small market by the river, wher
 _CHILD = r"""
 import json, sys
 import numpy as np
-from mtpscope.traces import llama_runtime as rt
+from mtpscope.traces.run.llama import model as lm
 
 jobs, rounds, prompt = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 for job, (target, drafter) in enumerate(jobs):
     def say(**kw):
         print(json.dumps({"job": job, **kw}), flush=True)
-    tm = rt.LlamaModel(target)
+    tm = lm.LlamaModel(target)
     say(stage="target_loaded")
-    dm = rt.LlamaModel(drafter)
+    dm = lm.LlamaModel(drafter)
     say(stage="loaded")
-    tctx = rt.LlamaContext(tm, n_ctx=1024, n_batch=512, flash_attn=False, nextn=True, masked=False)
-    dctx = rt.LlamaContext(dm, n_ctx=1024, n_batch=512, mtp_of=tctx, flash_attn=False, nextn=True, masked=True)
+    tctx = lm.LlamaContext(tm, n_ctx=1024, n_batch=512, flash_attn=False, nextn=True, masked=False)
+    dctx = lm.LlamaContext(dm, n_ctx=1024, n_batch=512, mtp_of=tctx, flash_attn=False, nextn=True, masked=True)
     say(stage="contexts")
-    tb = rt.TokenBatch(512)
-    db = rt.DraftBatch(dm.n_embd_inp)
+    tb = lm.TokenBatch(512)
+    db = lm.DraftBatch(dm.n_embd_inp)
     toks = tm.tokenize(prompt, add_special=True)
     tb.set(toks, 0, logits="last")
     tctx.decode(tb)
@@ -137,3 +137,60 @@ def probe_many(pairs: list[tuple[Path | str, Path | str]], rounds: int = 2, time
 def probe(target: Path | str, drafter: Path | str, rounds: int = 2, timeout: float = 300) -> Probe:
     """:func:`probe_many` for one pair."""
     return probe_many([(target, drafter)], rounds, timeout)[0]
+
+# ------------------------------------------------------------------- plain model loads (verdict tests)
+
+_LOAD_CHILD = r"""
+import json, os, sys
+import llama_cpp
+llama_cpp.llama_backend_init()
+for path in sys.argv[1:]:
+    print("@@BEGIN " + path, file=sys.stderr, flush=True)
+    p = llama_cpp.llama_model_default_params()
+    p.vocab_only = False
+    p.use_mmap = True
+    m = llama_cpp.llama_model_load_from_file(path.encode(), p)
+    ok = bool(m)
+    if ok:
+        llama_cpp.llama_model_free(m)
+    print("@@END " + path, file=sys.stderr, flush=True)
+    print(json.dumps({"path": path, "ok": ok}), flush=True)
+"""
+
+
+def run_loads(paths: list[str]) -> dict[str, tuple[str, str]]:
+    """Load each GGUF with llama.cpp's own ``llama_model_load_from_file`` in a child process (one child for
+    many files; a file that aborts the child is recorded as CRASH and a new child goes on with the rest).
+
+    Returns:
+        path -> (``"OK"`` | ``"FAIL"`` | ``"CRASH"``, llama.cpp's log of that load).
+    """
+    out: dict[str, tuple[str, str]] = {}
+    todo = list(paths)
+    while todo:
+        proc = subprocess.run([sys.executable, "-c", _LOAD_CHILD, *todo], capture_output=True, text=True, timeout=300)
+        done = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                done[r["path"]] = "OK" if r["ok"] else "FAIL"
+        logs: dict[str, str] = {}
+        cur = None
+        for line in proc.stderr.splitlines():
+            if line.startswith("@@BEGIN "):
+                cur = line[8:]
+                logs[cur] = ""
+            elif line.startswith("@@END "):
+                cur = None
+            elif cur is not None:
+                logs[cur] += line + "\n"
+        for p in todo:
+            if p in done:
+                out[p] = (done[p], logs.get(p, ""))
+        rest = [p for p in todo if p not in done]
+        if rest:
+            # the first unfinished file crashed the child; record it and go on with the others
+            out[rest[0]] = ("CRASH", logs.get(rest[0], proc.stderr[-2000:]))
+            rest = rest[1:]
+        todo = rest
+    return out

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import breakdown as B
-from mtpscope.traces.align import aligned_diff, bootstrap_delta, pair_prompts
-from mtpscope.traces.drift import drift
-from mtpscope.traces.positions import positions
+from mtpscope.traces.analysis import breakdown as B
+from mtpscope.traces.analysis.align import aligned_diff, bootstrap_delta, pair_prompts
+from mtpscope.traces.analysis.drift import drift
+from mtpscope.traces.analysis.positions import positions
 
 
 def _rounds(rows):
@@ -46,7 +46,7 @@ def test_positions_by_hand() -> None:
 def test_breakdown_counts_add_up() -> None:
     p = positions(B_)
     cls = {0: np.array([0, 0, 3, 3, 4, 0, 0], dtype=np.int8)}   # prose prose number number punct prose prose
-    from mtpscope.traces.token_classes import TokenClasses
+    from mtpscope.traces.analysis.token_classes import TokenClasses
     tc = {0: TokenClasses(cls[0], np.zeros(7, dtype=np.int8))}
     c, ch = B.draft_labels(p, tc)
     # drafts: r0 g1 g2 g3, r1 g3 g4 g5, r2 g4 g5 g6
@@ -126,9 +126,35 @@ def test_drift_by_hand() -> None:
     assert d["per_position"][0]["cos_mean_rejected"] == pytest.approx(1.0)
     assert d["per_position"][1] == {"k": 2, "n_steps": 1, "cos_mean": pytest.approx(1.0),
                                     "rel_err_mean": pytest.approx(2.0), "cos_mean_accepted": pytest.approx(1.0),
-                                    "cos_mean_rejected": None}
+                                    "cos_mean_rejected": None, "separation": None}
+    # accepted cosines 1/sqrt2 and 1 against the rejected 1: pairs (0.707 < 1) 0, (1 = 1) 1/2 -> 0.25
+    assert d["separation"] == pytest.approx(0.25) and d["related"] is True
     with pytest.raises(TraceFormatError):
         drift(np.array([1]), np.zeros((1, 2)), np.zeros((1, 3)))
+
+
+def test_drift_tells_whether_it_predicts_rejection() -> None:
+    rng = np.random.default_rng(0)
+    ht = rng.normal(size=(400, 8))
+    noise = rng.normal(size=(400, 8))
+    acc = np.arange(400) % 2 == 0
+    # accepted drafts near the target's state, rejected ones far: cosines separate them
+    hn = np.where(acc[:, None], ht + 0.3 * noise, ht + 3.0 * noise)
+    d = drift(np.ones(400, int), hn, ht, accepted=acc)
+    cos = (hn * ht).sum(1) / np.linalg.norm(hn, axis=1) / np.linalg.norm(ht, axis=1)
+    pairs = (cos[acc][:, None] > cos[~acc][None, :]).mean() + 0.5 * (cos[acc][:, None] == cos[~acc][None, :]).mean()
+    assert d["separation"] == pytest.approx(pairs) and d["separation"] > 0.9
+    assert d["words"].startswith("drift predicts rejection")
+    q = d["by_quantile"]
+    assert [x["n_steps"] for x in q] == [100] * 4 and q[0]["acceptance_rate"] < q[-1]["acceptance_rate"]
+    # a drafter whose state has nothing to do with the target's: the view does not apply
+    u = drift(np.ones(400, int), rng.normal(size=(400, 8)), ht, accepted=acc)
+    assert u["related"] is False and "unrelated" in u["words"]
+    # steps after a round's first rejection were never checked: left out of the split
+    chk = np.ones(400, bool)
+    chk[1::4] = False
+    c = drift(np.ones(400, int), hn, ht, accepted=acc, checked=chk)
+    assert sum(x["n_steps"] for x in c["by_quantile"]) == 300
 
 
 def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:

@@ -362,6 +362,8 @@ def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Pa
     pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
 
+    from mtpscope.app import selection
+
     if not (Path(demo_dir.traces_clean) / "manifest.json").exists():
         pytest.skip("demo traces not built (llama-cpp-python missing)")
     main = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
@@ -371,24 +373,25 @@ def test_app_with_roots_set_keeps_demo_and_its_vocabulary(demo_dir, tmp_path: Pa
     at.switch_page("screens/step.py").run()
     assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
     # the demo's default view: the trained pair's F32 trace when it is built (demo.json), else the clean one
-    from mtpscope.demo_spec import TrainedPaths
+    from mtpscope.demo.spec import TrainedPaths
 
     f32 = TrainedPaths.under(Path(demo_dir.root)).traces_f32
     want = f32 if (f32 / "manifest.json").exists() else Path(demo_dir.traces_clean)
-    assert Path(at.session_state["sel.trace"]).resolve() == want.resolve()
+    assert Path(at.session_state[selection.slot_key(selection.TRACE)]).resolve() == want.resolve()
     emitted = next(m.value for m in at.markdown if m.value.startswith("emitted: "))
     assert emitted != "emitted: —" and not re.search(r"#\d", emitted), emitted
     monkeypatch.setenv("MTPSCOPE_ROOTS_ONLY", "1")
     at = AppTest.from_file(main, default_timeout=120)
     at.run()
-    assert at.session_state["sel.trace"] is None and at.session_state["sel.drafter"] is None
+    assert at.session_state[selection.slot_key(selection.TRACE)] is None
+    assert at.session_state[selection.slot_key(selection.DRAFTER)] is None
 
 
 def test_upload_limit_is_the_servers() -> None:
     """MAX_UPLOAD_BYTES is the limit `mtpscope app` gives Streamlit (and the checkout's config.toml)."""
     import tomllib
 
-    from mtpscope.cli_app import SERVER_FLAGS
+    from mtpscope.cli.serve import SERVER_FLAGS
 
     flags = dict(zip(SERVER_FLAGS[::2], SERVER_FLAGS[1::2]))
     assert int(flags["--server.maxUploadSize"]) * 1024 * 1024 == safety.MAX_UPLOAD_BYTES

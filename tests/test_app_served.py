@@ -32,7 +32,7 @@ TCP_LISTEN = "0A"
 
 def _make_run_argv(port: int, address: str | None = None) -> list[str]:
     """The command ``make run`` runs (read with ``make -n``), with this interpreter in place of
-    ``.venv/bin/mtpscope`` (the console script runs ``mtpscope.cli:main``, as ``-m mtpscope.cli`` does)."""
+    ``.venv/bin/mtpscope`` (the console script runs ``mtpscope.cli.main:main``, as ``-m mtpscope.cli`` does)."""
     if shutil.which("make") is None:
         pytest.skip("make not installed")
     args = ["make", "-n", "-s", "-C", str(ROOT), "run", f"PORT={port}"]
@@ -123,7 +123,7 @@ def test_network_address_with_roots_says_what_is_exposed(tmp_path: Path, monkeyp
     and MTPSCOPE_ROOTS_ONLY=1 in its environment."""
     from typer.testing import CliRunner
 
-    from mtpscope import cli, cli_app
+    from mtpscope.cli import main as cli, serve as cli_app
 
     calls = []
 
@@ -172,9 +172,9 @@ def test_streamlit_config_file_listens_on_loopback() -> None:
 @pytest.mark.slow
 def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> None:
     from tests.conftest import write_gguf_file
-    from tests.test_browser import ARGS, CHROMIUM, _need_browser, _settle
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
 
-    sync_api = _need_browser()
+    sync_api = need_browser()
     root, secret_dir = tmp_path / "root", tmp_path / "secret"
     root.mkdir()
     secret_dir.mkdir()
@@ -194,33 +194,36 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(url + "/")
             page.get_by_role("heading", name="Files", exact=True).first.wait_for(timeout=120_000)
-            _settle(page)
+            settle(page)
             box = page.get_by_label("…or a path").first
 
             def type_path(text: str) -> str:
                 box.fill(text)
                 box.press("Enter")
-                _settle(page)
+                settle(page)
                 return page.locator('[data-testid="stMain"]').inner_text()
 
             body = type_path(str(root / "inside.gguf"))
             assert "leakcheckarch" in body, body[:1500]  # the control: this file is readable when allowed
+            type_path("")  # nothing selected: a refused path must not bring the same bytes back
             for what, (typed, resolved) in refused.items():
                 type_path(typed)
                 # the refusal names the resolved path; read the page only once it is there (a heavier
                 # default page can still show the previous run when the DOM first looks settled)
                 page.locator('[data-testid="stAlert"]', has_text=str(resolved)).first.wait_for(timeout=60_000)
-                _settle(page)
+                settle(page)
                 body = page.locator('[data-testid="stMain"]').inner_text()
                 alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
                 assert any("outside the allowed folders" in a and str(resolved) in a for a in alerts), (what, alerts)
                 assert "leakcheckarch" not in body, (what, body[:1500])
-            # the selection stays refused on the other pages of the same session
+            # a refused path is never selected (issue 27): not in the sidebar, not on the other pages
+            side = page.locator('[data-testid="stSidebar"]').inner_text()
+            assert "leak" not in side and "link.gguf" not in side, side
             page.locator('[data-testid="stSidebarNav"]').get_by_text("Tensors").first.click()
             page.get_by_role("heading", name="Tensors", exact=True).first.wait_for(timeout=60_000)
-            _settle(page)
+            settle(page)
             body = page.locator('[data-testid="stMain"]').inner_text()
-            assert "outside the allowed folders" in body and "leakcheckarch" not in body, body[:1500]
+            assert "leakcheckarch" not in body and "Choose a drafter" in body, body[:1500]
             assert page.locator('[data-testid="stException"]').count() == 0
             assert not errors, errors
         finally:

@@ -42,19 +42,20 @@ def test_host_allow_list() -> None:
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from mtpscope.cli_app import main_script  # noqa: E402
+from mtpscope.app import selection  # noqa: E402
+from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())
 
 
-def _files(monkeypatch: Any, env: dict[str, str], **selection: Any) -> AppTest:
+def _files(monkeypatch: Any, env: dict[str, str], **slots: Any) -> AppTest:
     for k in ("MTPSCOPE_ALLOW_URLS", "MTPSCOPE_URL_HOSTS"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     at = AppTest.from_file(MAIN, default_timeout=120)
-    for k, v in selection.items():
-        at.session_state[f"sel.{k}"] = None if v is None else str(v)
+    for k, v in slots.items():
+        at.session_state[selection.slot_key(k)] = None if v is None else str(v)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -81,11 +82,11 @@ def test_files_page_url_field(monkeypatch: Any, demo_dir: Any) -> None:
 
     with FileServer({"t.gguf": demo_dir.target}) as srv:
         at = _files(monkeypatch, {**ON, "MTPSCOPE_URL_HOSTS": "127.0.0.1"}, drafter=None, target=None, trace=None)
-        at.text_input(key="w.url").input(srv.url("range", "t.gguf")).run()
+        at.text_input(key=selection.FILES_URL).input(srv.url("range", "t.gguf")).run()
         assert not at.exception, [e.value for e in at.exception]
         f = open_gguf(demo_dir.target)
         assert [m.value for m in at.metric if m.label == "tensors"][-1] == str(len(f.tensors))
         assert any("requests" in c.value for c in at.caption)
         assert all(h.status == 206 for h in srv.hits) and len(srv.hits) <= 6
-        at.text_input(key="w.url").input("https://example.org/x.gguf").run()
+        at.text_input(key=selection.FILES_URL).input("https://example.org/x.gguf").run()
         assert any("host not in the allow-list" in e.value for e in at.error)

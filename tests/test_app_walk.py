@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from mtpscope.cli_app import main_script  # noqa: E402
+from mtpscope.app import selection  # noqa: E402
+from mtpscope.cli.serve import main_script  # noqa: E402
 
 MAIN = str(main_script())
 TIMEOUT = 120
@@ -79,11 +80,11 @@ def hand(tmp_path: Path, monkeypatch) -> Path:
 def _step(trace: Path, sel: tuple[int, int], **more) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     for k in ("drafter", "target", "trace_b", "checkpoint", "replay"):
-        at.session_state[f"sel.{k}"] = None
-    at.session_state["sel.trace"] = str(trace)
+        at.session_state[selection.slot_key(k)] = None
+    at.session_state[selection.slot_key(selection.TRACE)] = str(trace)
     for k, v in more.items():
-        at.session_state[f"sel.{k}"] = str(v)
-    at.session_state["sel.round"] = sel
+        at.session_state[selection.slot_key(k)] = str(v)
+    at.session_state[selection.SEL_ROUND] = sel
     at.run()
     at.switch_page("screens/step.py").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -141,11 +142,11 @@ def test_zero_draft_round_says_so(hand: Path) -> None:
 
 def test_previous_and_next_rejected_round(hand: Path) -> None:
     at = _step(hand, (0, 1))
-    at.button(key="w.step.next").click().run()
-    assert at.session_state["sel.round"] == (0, 2) and at.number_input(key="w.step.round").value == 2
-    at.button(key="w.step.prev").click().run()
-    assert at.session_state["sel.round"] == (0, 0)
-    assert at.button(key="w.step.prev").disabled
+    at.button(key=selection.STEP_NEXT).click().run()
+    assert at.session_state[selection.SEL_ROUND] == (0, 2) and at.number_input(key=selection.STEP_ROUND).value == 2
+    at.button(key=selection.STEP_PREV).click().run()
+    assert at.session_state[selection.SEL_ROUND] == (0, 0)
+    assert at.button(key=selection.STEP_PREV).disabled
 
 
 def test_replay_results_in_the_step(hand: Path, tmp_path: Path) -> None:
@@ -166,7 +167,7 @@ def test_replay_results_in_the_step(hand: Path, tmp_path: Path) -> None:
 
 def test_text_view_colours_every_token_by_what_produced_it(hand: Path) -> None:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state["sel.trace"] = str(hand)
+    at.session_state[selection.slot_key(selection.TRACE)] = str(hand)
     at.run()
     at.switch_page("screens/text.py").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -181,8 +182,8 @@ def test_text_view_colours_every_token_by_what_produced_it(hand: Path) -> None:
     want = [("#10", "prefill", 0), ("#11", "accepted", 0), ("#20", "rejected", 0), ("#30", "decode", 1),
             ("#40", "rejected", 2), ("#41", "accepted", 3), ("#42", "accepted", 3), ("#43", "bonus", 3)]
     assert [got[g] for g in range(8)] == [(t, words[s], r) for t, s, r in want]
-    assert at.selectbox(key="w.text.prompt").options == ["prompt 0 “Hello there”"]
-    assert not at.button(key="w.text.next").disabled
+    assert at.selectbox(key=selection.TEXT_PROMPT).options == ["prompt 0 “Hello there”"]
+    assert not at.button(key=selection.TEXT_NEXT).disabled
 
 
 # ------------------------------------------------------------------------------ the demo traces
@@ -197,7 +198,7 @@ def _need(demo_dir, *names: str) -> list[Path]:
 def _run(page: str | None = None, **sel) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     for k, v in sel.items():
-        at.session_state[f"sel.{k}"] = None if v is None else str(v)
+        at.session_state[selection.slot_key(k)] = None if v is None else str(v)
     at.run()
     if page:
         at.switch_page(f"screens/{page}.py").run()
@@ -214,7 +215,7 @@ def _metric(at: AppTest, label: str) -> str:
 def _cli_json(*args: str) -> dict:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     r = CliRunner().invoke(app, list(args))
     assert r.exit_code in (0, 1), r.output
@@ -229,20 +230,24 @@ def test_explain_page_numbers_equal_the_cli(demo_dir) -> None:
     assert _metric(at, "acceptance rate") == f"{cli['acceptance_rate']:.1%}"
     assert _metric(at, "rounds with a rejection") == f"{rej['n_rounds_rejected']:,}"
     assert _metric(at, "of them, target known") == f"{rej['n_first_mismatch']:,}"
-    assert _metric(at, "recommended n_draft") == str(cli["what_if_model"]["best_n_draft"])
+    rec = cli["recommendation"]
+    want = ("too few rounds" if rec["choice"] is None else "plain decoding" if rec["choice"] == "plain"
+            else f"n_draft {rec['choice']}") + (" (tie)" if rec["tie"] else "")
+    assert _metric(at, "recommendation") == want
     figs = _charts(at)
     causes = next(f for f in figs if (f["layout"].get("meta") or {}).get("counts") is not None)
     assert causes["layout"]["meta"]["counts"] == {c: v for c, v in rej["causes"].items() if v}
-    wi = next(d.value for d in at.dataframe if "tokens_per_s" in d.value.columns)
+    wi = next(d.value for d in at.dataframe if "tokens/s" in d.value.columns)
     assert list(wi["n_draft"]) == [r["n_draft"] for r in cli["what_if"]]
-    assert list(wi["acceptance_rate"]) == pytest.approx([r["acceptance_rate"] for r in cli["what_if"]])
+    assert list(wi["acceptance rate"]) == pytest.approx([r["acceptance_rate"] for r in cli["what_if"]])
+    assert list(wi["tokens/s"]) == pytest.approx([r["tokens_per_s"] for r in cli["what_if"]])
     if cli.get("by_class"):
         bars = next(f for f in figs if f["layout"]["title"]["text"] == "Acceptance rate by token class")
         assert dict(zip(bars["data"][0]["x"], bars["data"][0]["y"])) == pytest.approx(
             {c: g["acceptance_rate"] for c, g in cli["by_class"].items() if g["n_drafted"]})
     # one prompt, as `explain --prompt 3`
     one = _cli_json("explain", str(noisy), "--json", "--prompt", "3")
-    at.selectbox(key="w.exp.prompt").set_value(3).run()
+    at.selectbox(key=selection.EXP_PROMPT).set_value(3).run()
     assert _metric(at, "rounds with a rejection") == f"{one['rejections']['n_rounds_rejected']:,}"
 
 
@@ -264,7 +269,7 @@ def test_compare_warns_when_a_is_b_and_b_defaults_elsewhere(demo_dir) -> None:
     assert not any(m.label.startswith("accepted in A") for m in at.metric)
     # a session that starts on the noisy trace: trace B's default is not the noisy trace again
     at = _run("compare", trace=noisy)
-    b = at.session_state["sel.trace_b"]
+    b = at.session_state[selection.slot_key(selection.TRACE_B)]
     assert b and Path(b).resolve() != noisy.resolve()
 
 
@@ -272,10 +277,10 @@ def test_choosing_a_trace_selects_its_models_and_shows_its_parameters(demo_dir) 
     (noisy,) = _need(demo_dir, "traces_noisy")
     man = json.loads((noisy / "manifest.json").read_text())
     at = _run(None, drafter=demo_dir.drafter_fork, target=None, trace=None)
-    at.selectbox(key="w.trace.pick").set_value(str(noisy.resolve())).run()
+    at.selectbox(key=selection.picker_keys(selection.TRACE)[0]).set_value(str(noisy.resolve())).run()
     assert not at.exception
-    assert Path(at.session_state["sel.drafter"]) == Path(man["models"]["assistant"]["path"])
-    assert Path(at.session_state["sel.target"]) == Path(man["models"]["target"]["path"])
+    assert Path(at.session_state[selection.slot_key(selection.DRAFTER)]) == Path(man["models"]["assistant"]["path"])
+    assert Path(at.session_state[selection.slot_key(selection.TARGET)]) == Path(man["models"]["target"]["path"])
     text = " ".join(m.value for m in at.markdown)
     p = man["params"]
     assert f"n_draft: {p['n_draft']}" in text and f"temperature: {p['temp']}" in text
@@ -285,33 +290,35 @@ def test_choosing_a_trace_selects_its_models_and_shows_its_parameters(demo_dir) 
 
 def test_drafter_picker_lists_drafters_and_refuses_a_target(demo_dir) -> None:
     at = _run(None, drafter=demo_dir.drafter_fork, target=None, trace=None)
-    opts = at.selectbox(key="w.drafter.pick").options
+    pick, text, _ = selection.picker_keys(selection.DRAFTER)
+    opts = at.selectbox(key=pick).options
     assert not any(o.endswith("target.gguf") for o in opts) and any(o.endswith("drafter-fork.gguf") for o in opts)
-    at.text_input(key="w.drafter.text").set_value(str(demo_dir.target)).run()
+    at.text_input(key=text).set_value(str(demo_dir.target)).run()
     errs = [e.value for e in at.error]
     assert any("is a target model" in e and "'gemma4'" in e for e in errs), errs
-    assert at.session_state["sel.drafter"] == str(demo_dir.drafter_fork)  # the selection did not move
-    at.button(key="w.drafter.as_target").click().run()
-    assert at.session_state["sel.target"] == str(demo_dir.target)
+    # the selection did not move
+    assert at.session_state[selection.slot_key(selection.DRAFTER)] == str(demo_dir.drafter_fork)
+    at.button(key=selection.FILES_AS_TARGET).click().run()
+    assert at.session_state[selection.slot_key(selection.TARGET)] == str(demo_dir.target)
 
 
 def test_acceptance_page_says_what_the_cli_says(demo_dir) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
-    from mtpscope.traces import metrics
+    from mtpscope.cli.main import app
+    from mtpscope.traces.analysis import metrics
 
     (noisy,) = _need(demo_dir, "traces_noisy")
     out = CliRunner().invoke(app, ["report", str(noisy)]).stdout
     streak_line = next(ln for ln in out.splitlines() if ln.startswith("zero-acceptance streaks"))
     at = _run("acceptance", trace=noisy)
     assert streak_line in [m.value for m in at.markdown]
-    assert at.select_slider(key="w.acc.roll").value == metrics.DEFAULT_ROLLING_WINDOW
+    assert at.select_slider(key=selection.ACC_ROLL).value == metrics.DEFAULT_ROLLING_WINDOW
     rep = _cli_json("report", str(noisy), "--json")
     assert rep["rolling"]["window"] == metrics.DEFAULT_ROLLING_WINDOW
     man = json.loads((noisy / "manifest.json").read_text())
     first = man["prompts"][0]
-    assert f"prompt {first['prompt_id']} “{first['text']}”" in at.selectbox(key="w.acc.prompt").options
+    assert f"prompt {first['prompt_id']} “{first['text']}”" in at.selectbox(key=selection.ACC_PROMPT).options
     # the timeline's prompt boundaries are labelled with the prompts
     tl = next(c for c in _charts(at) if (c["layout"].get("meta") or {}).get("mode") == "marks")
     assert [a["text"] for a in tl["layout"]["annotations"]][:1] == [f"prompt {first['prompt_id']} “{first['text']}”"]

@@ -9,53 +9,28 @@ installs Chromium where it can; never ``playwright install``: no network for bro
 
 from __future__ import annotations
 
-import os
 import shutil
-import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.apphelpers import ROOT, start_app
+from tests.browser import ARGS, CHROMIUM, need_browser, settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = os.environ.get("MTPSCOPE_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "test-output" / "screenshots"
 
 #: url path -> heading each page shows
 PAGES = {"": "Files", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
          "values": "Tensor values", "acceptance": "Acceptance", "text": "Generated text", "step": "Step view",
-         "explain": "Explain", "compare": "Compare"}
-
-
-def _need_browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (test extra) not installed")
-    if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
-        pytest.skip(f"Chromium not found at {CHROMIUM} (run `make browser` to install Debian's chromium)")
-    return sync_api
-
-
-def _settle(page, timeout: float = 120.0) -> None:
-    """Wait until the script run is over: no running indicator, no skeletons, DOM size stable ~1.5 s."""
-    t0 = time.monotonic()
-    last, stable = -1, 0
-    while time.monotonic() - t0 < timeout:
-        n = page.locator("[data-testid]").count()
-        busy = page.locator('[data-testid="stStatusWidget"], [data-testid="stSkeleton"]').count()
-        stable = stable + 1 if (n == last and not busy) else 0
-        last = n
-        if stable >= 6:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"page did not settle within {timeout:.0f} s")
+         "explain": "Explain", "compare": "Compare", "diagnose": "Diagnose"}
 
 
 @pytest.fixture(scope="module")
 def browser_app(demo_dir, tmp_path_factory):
-    sync_api = _need_browser()
+    sync_api = need_browser()
     work = tmp_path_factory.mktemp("browser")
     log = work / "server.log"
     # uploads made by the test go to a temporary folder, not into the user's cache
@@ -77,7 +52,7 @@ def browser_app(demo_dir, tmp_path_factory):
 def _open(page, url: str, path: str) -> None:
     page.goto(f"{url}/{path}")
     page.get_by_role("heading", name=PAGES[path], exact=True).first.wait_for(timeout=120_000)
-    _settle(page)
+    settle(page)
 
 
 def test_every_page_renders_with_screenshot(browser_app) -> None:
@@ -89,7 +64,8 @@ def test_every_page_renders_with_screenshot(browser_app) -> None:
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
         assert page.locator('[data-testid="stException"]').count() == 0, name
         assert page.get_by_text("Page not found").count() == 0, name  # deep links work, /files included
-        assert page.url.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
+        # the path is the page's (a trace page's view follows in the query string)
+        assert urlsplit(page.url).path.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
         assert page.get_by_role("heading", name=heading, exact=True).count() >= 1, name
         # the sidebar navigation lists every page
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
@@ -115,8 +91,8 @@ def test_timeline_click_opens_step_view(browser_app) -> None:
     box = points.nth(i).bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
-    _settle(page)
-    assert page.url.rstrip("/").endswith("/step"), page.url
+    settle(page)
+    assert urlsplit(page.url).path.rstrip("/").endswith("/step"), page.url
     body = page.locator('[data-testid="stMain"]').inner_text()
     assert f"prompt {int(prompt_id)} · round {int(round_)}" in body, body[:500]
     assert page.locator('[data-testid="stDataFrame"]').count() >= 1
@@ -141,11 +117,11 @@ def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None
         box = page.get_by_label("…or a path").nth(2)  # drafter, target, trace
         box.fill(str(noisy))
         box.press("Enter")
-        _settle(page)
+        settle(page)
         page.locator('[data-testid="stSidebar"]').get_by_text("noisy").first.wait_for(timeout=60_000)
         page.locator('[data-testid="stSidebarNav"]').get_by_text("Text", exact=True).click()
         page.get_by_role("heading", name="Generated text", exact=True).first.wait_for(timeout=120_000)
-        _settle(page)
+        settle(page)
         plot = page.locator('[data-testid="stPlotlyChart"]').first
         el = plot.locator(".js-plotly-plot").first
         # the rejected trace's index among the bar traces and its first token's round (customdata [round, g, k])
@@ -157,8 +133,8 @@ def test_text_view_click_on_a_rejected_token_opens_its_step(browser_app) -> None
         b = bar.bounding_box()
         page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
         page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
-        _settle(page)
-        assert page.url.rstrip("/").endswith("/step"), page.url
+        settle(page)
+        assert urlsplit(page.url).path.rstrip("/").endswith("/step"), page.url
         body = page.locator('[data-testid="stMain"]').inner_text()
         assert f"prompt 0 · round {int(round_)}" in body, body[:600]
         assert "Rejected at k=" in body  # the round it opened has a rejection, said in words
@@ -185,7 +161,7 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(drafter))
         digest = hashlib.sha256(Path(drafter).read_bytes()).hexdigest()[:16]
         page.locator('[data-testid="stSidebar"]').get_by_text(digest).first.wait_for(timeout=60_000)
-        _settle(page)
+        settle(page)
         body = page.locator('[data-testid="stMain"]').inner_text()
         n = len(open_gguf(drafter).tensors)
         assert "gemma4_assistant" in body and f"tensors\n{n}" in body.replace("\n\n", "\n"), body[:800]
@@ -193,3 +169,59 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         ctx.close()
+
+
+def test_deep_link_opens_its_prompt_and_round(browser_app) -> None:
+    """A link built with mtpscope.app.links.view_url opens the Step view on its prompt and round in a fresh
+    session; a bad round is refused in one line; a round typed past the last is refused and the next click
+    clears the refusal (no stale range error)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mtpscope.app.links import view_url
+
+    url, _page, errors, demo, browser = browser_app
+    trace = Path(demo.root) / "trained" / "traces" / "f32"
+    if not (trace / "manifest.json").exists():
+        trace = Path(demo.traces_noisy)
+    if not (trace / "manifest.json").exists():
+        pytest.skip("demo traces not built (llama-cpp-python missing)")
+    r = pa.concat_tables([pq.read_table(p) for p in sorted((trace / "rounds").glob("*.parquet"))]).to_pandas()
+    pid = int(r["prompt_id"].max())
+    rounds = sorted(int(x) for x in r.loc[r["prompt_id"] == pid, "round"])
+    rnd, hi = rounds[len(rounds) // 2], rounds[-1]
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+    try:
+        page = ctx.new_page()
+        page.goto(view_url("step", trace=trace, prompt=pid, round=rnd, base=url))
+        page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=120_000)
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"prompt {pid} · round {rnd}" in body, body[:600]
+        assert f"prompt={pid}&round={rnd}" in page.url, page.url
+        page.screenshot(path=str(SHOTS / "step-deep-link.png"), full_page=True)
+
+        page.goto(view_url("step", prompt=pid, round=999999, base=url))
+        page.get_by_text("no such round").first.wait_for(timeout=60_000)
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"'round': no such round of prompt {pid} (expected a round 0–{hi}, got 999999)" in body, body[:600]
+        assert f"prompt {pid} · round" not in body
+
+        page.goto(view_url("step", prompt=pid, round=rounds[0], base=url))
+        page.get_by_role("heading", name="Step view", exact=True).first.wait_for(timeout=60_000)
+        settle(page)
+        box = page.get_by_label("round")
+        box.fill(str(hi + 1000))
+        box.press("Enter")
+        page.get_by_text(f"round {hi + 1000}: prompt {pid} has rounds").first.wait_for(timeout=60_000)
+        settle(page)
+        page.get_by_role("button", name="◀ previous rejected round").click()
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert "has rounds" not in body and "outside the allowed range" not in body, body[:600]
+        assert f"prompt {pid} · round" in body
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
+    assert not errors, errors

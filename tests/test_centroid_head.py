@@ -1,4 +1,4 @@
-"""Centroid head (traces/centroid_head.py): hand-computed steps, GGUF (gguf-py writer) and Hugging Face
+"""Centroid head (traces/run/centroid_head.py): hand-computed steps, GGUF (gguf-py writer) and Hugging Face
 (safetensors) sources, errors. No llama.cpp needed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mtpscope.errors import HFCheckpointError, LayoutError
-from mtpscope.traces.centroid_head import centroid_step, head_from_arrays, load_centroid_head
+from mtpscope.traces.run.centroid_head import centroid_step, head_from_arrays, load_centroid_head
 
 # n_centroids 4, n_embd 2, n_vocab 8 (vsc 2); ordering rows: 0:[7,6] 1:[5,4] 2:[3,2] 3:[1,0]
 CENTROIDS = np.array([[0.5, 0.0], [2.0, 0.0], [-1.0, 0.0], [1.0, 1.0]], dtype=np.float32)
@@ -158,7 +158,7 @@ def test_hf_errors(tmp_path: Path) -> None:
 
 
 def test_batched_steps_equal_single_steps() -> None:
-    from mtpscope.traces.centroid_head import centroid_steps
+    from mtpscope.traces.run.centroid_head import centroid_steps
 
     rng = np.random.default_rng(0)
     cent = rng.standard_normal((16, 8)).astype(np.float32)

@@ -41,7 +41,7 @@ def test_sizes_rows_and_map(fork_file: tuple[Path, dict]) -> None:
 
 
 def test_token_text_uses_the_files_vocabulary(fork_file: tuple[Path, dict]) -> None:
-    from mtpscope.demo import load_vocab
+    from mtpscope.demo.build import load_vocab
 
     p, _ = fork_file
     voc = load_vocab("subset")
@@ -120,7 +120,7 @@ def test_one_record_from_every_source(fork_file: tuple[Path, dict], tmp_path: Pa
 
     from mtpscope.inspector.convert import convert, write_tiny_pair
     from mtpscope.inspector.safetensors import read_safetensors
-    from mtpscope.traces import centroid_head as tch
+    from mtpscope.traces.run import centroid_head as tch
 
     assert tch.CentroidHead is CentroidHead
     p, t = fork_file

@@ -1,4 +1,5 @@
-"""app/charts.py, app/views.py and app/tokens.py: pure builders, checked against hand-computed values."""
+"""app/charts.py, app/views.py, app/round_views.py, app/model_views.py and app/tokens.py: pure builders, checked
+against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from mtpscope.app import charts, views
+from mtpscope.app import charts, model_views, round_views, views
 from mtpscope.app.tokens import TokenText, readable
 from mtpscope.inspector.centroids import CentroidHead
-from mtpscope.traces import metrics
+from mtpscope.traces.analysis import metrics
 
 
 def _rounds(accepted: list[list[int]], n_draft: int = 3) -> pd.DataFrame:
@@ -129,7 +130,7 @@ def _zero_draft_round(pid: int, rnd: int, token: int = 555) -> dict:
 def test_round_hover_shows_text() -> None:
     r = views.ordered_rounds(pd.concat([_rounds([[1]]), pd.DataFrame([_zero_draft_round(0, 1)])], ignore_index=True))
     d = TokenText(["<pad>"] * 100 + ["\u2581a", "\u2581b", "\u2581c"], "t")
-    h = views.round_hover(r, d, labels={0: "prompt 0 “hi”"})
+    h = round_views.round_hover(r, d, labels={0: "prompt 0 “hi”"})
     assert h[0].startswith("prompt 0 “hi” · round 0") and "accepted 1 of 3" in h[0]
     # k=1 accepted, k=2 the first rejection, k=3 after it: never checked, so no target shown
     assert "1: “ a” vs “ a” ✓" in h[0] and "2: “ b” vs #901 ✗" in h[0] and "3: “ c” – not checked" in h[0]
@@ -138,38 +139,38 @@ def test_round_hover_shows_text() -> None:
 
 
 def test_step_verdicts() -> None:
-    assert [views.step_verdict(k, 3, 1) for k in (1, 2, 3)] == ["accepted", "rejected", "not checked"]
-    assert [views.step_verdict(k, 3, 3) for k in (1, 2, 3)] == ["accepted"] * 3
-    assert [views.step_verdict(k, 2, 0) for k in (1, 2)] == ["rejected", "not checked"]
+    assert [round_views.step_verdict(k, 3, 1) for k in (1, 2, 3)] == ["accepted", "rejected", "not checked"]
+    assert [round_views.step_verdict(k, 3, 3) for k in (1, 2, 3)] == ["accepted"] * 3
+    assert [round_views.step_verdict(k, 2, 0) for k in (1, 2)] == ["rejected", "not checked"]
 
 
 def test_round_verdict_sentences() -> None:
     dec = lambda i: f"t{i}"  # noqa: E731
     step = {"token": 101, "logit": 4.0, "top_ids": [101, 901], "top_logits": [4.0, 2.75], "target_rank": 1}
-    assert views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step) == (
+    assert round_views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step) == (
         "Rejected at k=2: the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101); k=3 was not checked")
     cause = "rejected (near tie): the target's t901 was the drafter's runner-up, 0.10 logits behind"
-    assert views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step, cause=cause) == (
+    assert round_views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step, cause=cause) == (
         "Rejected at k=2 (near tie): the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101) — the "
         "target's t901 was the drafter's runner-up, 0.10 logits behind; k=3 was not checked")
     # the target's token below the stored top list: its logit is only bounded by the last stored one
     far = {"token": 100, "logit": 5.0, "top_ids": [100, 7], "top_logits": [5.0, 1.5], "target_rank": 13}
-    assert views.round_verdict(3, 0, [100, 101, 102], [900, 901, 902, 903], dec, step=far) == (
+    assert round_views.round_verdict(3, 0, [100, 101, 102], [900, 901, 902, 903], dec, step=far) == (
         "Rejected at k=1: the target chose t900 (drafter rank 13, logit not stored, at most 1.50, vs 5.00 for "
         "t100); k=2–3 were not checked")
-    assert views.round_verdict(2, 2, [1, 2], [1, 2, 3], dec) == "All 2 drafts accepted; the target added t3 (its bonus token)"
-    assert views.round_verdict(1, 1, [1], [1, 3], dec) == "The draft was accepted; the target added t3 (its bonus token)"
-    assert views.round_verdict(0, 0, [], [4], dec).startswith("Drafted nothing")
+    assert round_views.round_verdict(2, 2, [1, 2], [1, 2, 3], dec) == "All 2 drafts accepted; the target added t3 (its bonus token)"
+    assert round_views.round_verdict(1, 1, [1], [1, 3], dec) == "The draft was accepted; the target added t3 (its bonus token)"
+    assert round_views.round_verdict(0, 0, [], [4], dec).startswith("Drafted nothing")
 
 
 def test_rejected_rounds_navigation() -> None:
-    stops = views.rejected_rounds(_rounds([[3, 0, 1], [3, 2]]))
+    stops = round_views.rejected_rounds(_rounds([[3, 0, 1], [3, 2]]))
     assert stops == [(0, 1), (0, 2), (1, 1)]
-    assert views.neighbour(stops, (0, 0), 1) == (0, 1)
-    assert views.neighbour(stops, (0, 2), 1) == (1, 1)
-    assert views.neighbour(stops, (1, 1), 1) is None
-    assert views.neighbour(stops, (1, 0), -1) == (0, 2)
-    assert views.neighbour(stops, (0, 1), -1) is None
+    assert round_views.neighbour(stops, (0, 0), 1) == (0, 1)
+    assert round_views.neighbour(stops, (0, 2), 1) == (1, 1)
+    assert round_views.neighbour(stops, (1, 1), 1) is None
+    assert round_views.neighbour(stops, (1, 0), -1) == (0, 2)
+    assert round_views.neighbour(stops, (0, 1), -1) is None
 
 
 # ------------------------------------------------------------------------------------- timeline
@@ -230,7 +231,7 @@ def test_per_position_and_other_figures_build() -> None:
 
 def test_histogram_and_heatmap_downsampling() -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
-    small, fr, fc = views.downsample_matrix(a, max_rows=2, max_cols=2)
+    small, fr, fc = model_views.downsample_matrix(a, max_rows=2, max_cols=2)
     # row blocks [0,1] and [2] (NaN padded), column blocks [0,1], [2,3]
     assert (fr, fc) == (2, 2)
     assert small.tolist() == [[2.5, 4.5], [8.5, 10.5]]
@@ -239,7 +240,7 @@ def test_histogram_and_heatmap_downsampling() -> None:
     v = np.array([0.0, 0.0, 1.0, np.inf, np.nan], dtype=np.float32)
     h = charts.histogram_figure(v, bins=2)
     assert sum(h.data[0].y) == 3
-    st = views.value_stats(v)
+    st = model_views.value_stats(v)
     assert st["non_finite"] == 2 and st["zeros"] == pytest.approx(2 / 3) and st["max"] == 1.0
 
 
@@ -251,24 +252,9 @@ def test_token_to_centroid_inverse() -> None:
     assert home.tolist() == [0, 1, 2, 1, 2, 0]
 
 
-def test_centroid_coverage_counts_by_hand() -> None:
-    home = np.array([0, 0, 1, 1, 2, 2])  # token -> centroid
-    steps = pd.DataFrame({
-        "centroid_ids": [[0, 1], [1, 2], [2, 0], None],
-        "target_token": [2, 0, 5, 1],  # homes 1, 0, 2, 0
-    })
-    cov = views.centroid_coverage(steps, 3, home)
-    assert cov.chosen.tolist() == [2, 2, 2]
-    assert cov.target_home.tolist() == [2, 1, 1]
-    # step0 home 1 in [0,1] yes; step1 home 0 in [1,2] no; step2 home 2 in [2,0] yes; step3 no ids
-    assert cov.covered.tolist() == [0, 1, 1]
-    # same result from an Arrow-backed list column (how Trace.steps returns lists)
-    import pyarrow as pa
-
-    arrow = steps.assign(centroid_ids=pd.Series(pa.array(steps["centroid_ids"].tolist(), pa.list_(pa.int32())),
-                                                dtype=pd.ArrowDtype(pa.list_(pa.int32()))))
-    cov2 = views.centroid_coverage(arrow, 3, home)
-    assert cov2.covered.tolist() == [0, 1, 1] and cov2.chosen.tolist() == [2, 2, 2]
+def test_coverage_heatmap_by_hand() -> None:
+    # counts of tests/test_coverage.py's hand-made trace (centroid_coverage itself is tested there)
+    cov = model_views.Coverage(np.array([2, 2, 2]), np.array([2, 1, 1]), np.array([0, 1, 1]))
     fig = charts.coverage_heatmap(cov, cols=2)
     z = np.asarray(fig.data[0].z, dtype=float)
     assert z.shape == (2, 2) and z[0, 0] == 0.0 and z[0, 1] == 1.0 and z[1, 0] == 1.0 and np.isnan(z[1, 1])
@@ -299,18 +285,46 @@ def _inv() -> pd.DataFrame:
           _E(_T("blk.0.attn_q.weight", "F16", (8, 8), 128), "attention", 0),
           _E(_T("blk.1.attn_q.weight", "F16", (8, 8), 128), "attention", 1),
           _E(_T("blk.1.attn_norm.weight", "F32", (8,), 32), "norm", 1)]
-    return views.inventory_frame(es)
+    return model_views.inventory_frame(es)
 
 
 def test_inventory_frame_and_filters() -> None:
     df = _inv()
     assert df.loc[0, "ne"] == "8×100" and df.loc[0, "shape"] == "100×8"
-    assert views.filter_inventory(df, "blk.1.*")["name"].tolist() == ["blk.1.attn_q.weight", "blk.1.attn_norm.weight"]
-    assert views.filter_inventory(df, "attn_q")["name"].tolist() == ["blk.0.attn_q.weight", "blk.1.attn_q.weight"]
-    assert views.filter_inventory(df, focus=True)["name"].tolist() == ["mtp.pre_projection.weight"]
-    assert len(views.filter_inventory(df, layers=[1], types=["F32"])) == 1
-    assert views.filter_inventory(df, components=["norm", "projection"])["name"].tolist() == [
+    assert model_views.filter_inventory(df, "blk.1.*")["name"].tolist() == ["blk.1.attn_q.weight", "blk.1.attn_norm.weight"]
+    assert model_views.filter_inventory(df, "attn_q")["name"].tolist() == ["blk.0.attn_q.weight", "blk.1.attn_q.weight"]
+    assert model_views.filter_inventory(df, focus=True)["name"].tolist() == ["mtp.pre_projection.weight"]
+    assert len(model_views.filter_inventory(df, layers=[1], types=["F32"])) == 1
+    assert model_views.filter_inventory(df, components=["norm", "projection"])["name"].tolist() == [
         "mtp.pre_projection.weight", "blk.1.attn_norm.weight"]
+
+
+def test_grid_findings_and_verdict_line() -> None:
+    """The layer grid's missing / wrong-shape names come from the findings' codes; the verdict line counts
+    errors and warnings and names the first error."""
+    from mtpscope.inspector.findings import ERROR, WARNING, Report, Verdict, finding
+
+    fs = (finding(ERROR, "E_TENSOR_MISSING", "blk.1.ffn_up.weight", "present", "absent", "missing"),
+          finding(ERROR, "E_CENTROID_TRANSPOSED", "mtp.centroids.weight", [8, 4], [4, 8], "transposed"),
+          finding(ERROR, "E_PROJ_SHAPE", "mtp.pre_projection.weight", [8, 32], [8, 16], "bad"),
+          finding(WARNING, "W_KEY_MISSING", "x.key", 1, None, "absent"),
+          finding(ERROR, "E_TENSOR_MISSING", "", "present", "absent", "no subject"))
+    rep = Report("fork", False, fs, (Verdict("llama.cpp (upstream)", False, ("r",), "b"),))
+    assert model_views.grid_findings(rep) == (["blk.1.ffn_up.weight"],
+                                              ["mtp.centroids.weight", "mtp.pre_projection.weight"])
+    assert model_views.verdict_line(rep) == (
+        "✗ invalid fork file: 4 errors, 1 warning · llama.cpp does not load · "
+        "first error: E_TENSOR_MISSING blk.1.ffn_up.weight: missing")
+
+
+def test_manifest_fields_tolerate_malformed_entries() -> None:
+    m = {"models": {"target": {"path": "/m/t.gguf"}, "assistant": "not an object", "centroids": {"path": ""}},
+         "prompts": [{"prompt_id": "3", "text": "hi"}, {"text": "no id"}, 7]}
+    assert views.model_path(m, "target") == "/m/t.gguf"
+    assert views.model_path(m, "assistant") is None and views.model_path(m, "centroids") is None
+    assert list(views.manifest_models(m)) == ["target", "centroids"]
+    assert views.manifest_prompts(m) == [{"prompt_id": 3, "text": "hi"}]
+    assert views.manifest_models({"models": [1]}) == {} and views.manifest_prompts({}) == []
 
 
 def test_treemap_sums_bytes() -> None:
@@ -323,7 +337,7 @@ def test_treemap_sums_bytes() -> None:
 
 def test_layer_grid_statuses() -> None:
     present = [("blk.0.attn_q.weight", (8, 8)), ("blk.1.attn_q.weight", (8, 8)), ("token_embd.weight", (1, 1))]
-    g = views.layer_grid(present, missing=["blk.1.ffn_up.weight"], wrong_shape=["blk.0.attn_q.weight"])
+    g = model_views.layer_grid(present, missing=["blk.1.ffn_up.weight"], wrong_shape=["blk.0.attn_q.weight"])
     got = {(r.layer, r.tensor): r.status for r in g.itertuples()}
     assert got == {(0, "attn_q"): "wrong shape", (1, "attn_q"): "present", (1, "ffn_up"): "missing"}
     fig = charts.layer_grid_figure(g)
@@ -351,28 +365,26 @@ def test_step_table_and_top_candidates() -> None:
                           "target_token": [8, 5, 4], "target_rank": [1, 0, 1], "accepted": [False, True, False],
                           "centroid_ids": [[1, 2], [3], [2]], "target_in_candidates": [False, True, False],
                           "target_centroid": [4, 3, 2], "target_centroid_rank": [40, 0, 0]})
-    s = views.round_steps(steps, 0, 0)
+    s = round_views.round_steps(steps, 0, 0)
     assert s["k"].tolist() == [1, 2, 3]
-    t = views.step_table(s, lambda i: f"t{i}")
+    t = round_views.step_table(s, lambda i: f"t{i}")
     assert t["drafted"].tolist() == ["t5", "t7", "t9"]
     assert t["verdict"].tolist() == ["✓ accepted", "✗ rejected", "– not checked"]
     # the step after the first rejection was never judged: no target, no rank, no reachability
     assert t["target"].tolist() == ["t5", "t8", "—"] and t["target_id"].isna().tolist() == [False, False, True]
     assert t["centroid_head"].tolist() == ["reachable", "would be unreachable", "—"]
     assert t["target_centroid"].tolist() == ["3 (rank 0)", "4 (rank 40)", "—"]
-    assert views.reachability_words(False) == "would be unreachable with the centroid head"
-    assert views.step_table(s, None, head="centroid")["centroid_head"].tolist()[:2] == ["reachable", "unreachable"]
-    top = views.top_candidates(s.iloc[1].to_dict(), lambda i: f"t{i}")
+    assert round_views.reachability_words(False) == "would be unreachable with the centroid head"
+    assert round_views.step_table(s, None, head="centroid")["centroid_head"].tolist()[:2] == ["reachable", "unreachable"]
+    top = round_views.top_candidates(s.iloc[1].to_dict(), lambda i: f"t{i}")
     assert top["is_target"].tolist() == [False, True] and top["is_draft"].tolist() == [True, False]
     fig = charts.top_candidates_figure(top, 2)
     assert list(fig.data[0].marker.color) == ["#1f77b4", "#2ca02c"]
-    un = views.unreachable_steps(steps)
-    assert un["k"].tolist() == [2]  # k=3 is unreachable too, but it was never checked
 
 
 def test_target_bar_past_the_stored_top() -> None:
     step = {"token": 5, "top_ids": [5, 6, 7], "top_logits": [3.0, 2.0, 1.0], "target_token": 9, "target_rank": 13}
-    top = views.top_candidates(step, lambda i: f"t{i}")
+    top = round_views.top_candidates(step, lambda i: f"t{i}")
     assert top["id"].tolist() == [5, 6, 7, 9] and top["is_target"].tolist() == [False, False, False, True]
     assert top["stored"].tolist() == [True, True, True, False] and int(top["rank"].iloc[3]) == 13
     fig = charts.top_candidates_figure(top, 1)
@@ -380,40 +392,40 @@ def test_target_bar_past_the_stored_top() -> None:
     assert list(fig.data[0].x) == [3.0, 2.0, 1.0, 1.0]  # drawn up to the last stored logit, its upper bound
     assert list(fig.data[0].marker.pattern.shape) == ["", "", "", "/"]
     assert fig.layout.meta["target_rows"] == [3] and fig.data[0].marker.color[3] == "#2ca02c"
-    unknown = views.top_candidates({**step, "target_rank": None}, None)
+    unknown = round_views.top_candidates({**step, "target_rank": None}, None)
     assert charts.top_candidates_figure(unknown, 1).data[0].y[3] == "?. #9"
-    assert len(views.top_candidates({**step, "target_token": None}, None)) == 3
+    assert len(round_views.top_candidates({**step, "target_token": None}, None)) == 3
 
 
 def test_generated_text_layout_by_hand() -> None:
-    from mtpscope.traces.positions import positions
+    from mtpscope.traces.analysis.positions import positions
 
     # prompt 0: round 0 accepts 1 of 3 (then the target's 901), round 1 accepts 3 of 3 (then its bonus 903)
     pos = positions(_rounds([[1, 3]]))
-    lay = views.generated_text(pos, 0, lambda i: f"t{i}", width=10)
+    lay = round_views.generated_text(pos, 0, lambda i: f"t{i}", width=10)
     assert lay["token"].tolist() == [1, 100, 901, 100, 101, 102, 903]
     assert lay["status"].tolist() == ["prefill", "accepted", "rejected", "accepted", "accepted", "accepted", "bonus"]
     assert lay["round"].tolist() == [0, 0, 0, 1, 1, 1, 1] and lay["k"].tolist() == [0, 1, 2, 1, 2, 3, 0]
     # widths 2, 4, 4, ... in lines of 10 characters
     assert lay["line"].tolist() == [0, 0, 0, 1, 1, 2, 2] and lay["col"].tolist() == [0, 2, 6, 0, 4, 0, 4]
     fig = charts.text_figure(lay, width=10, highlight_round=1)
-    rej = next(t for t in fig.data if t.name == views.TEXT_STATUS_WORDS["rejected"])
+    rej = next(t for t in fig.data if t.name == round_views.TEXT_STATUS_WORDS["rejected"])
     assert [list(c) for c in rej.customdata] == [[0, 2, 2]] and list(rej.text) == ["t901"]
-    acc = next(t for t in fig.data if t.name == views.TEXT_STATUS_WORDS["accepted"])
+    acc = next(t for t in fig.data if t.name == round_views.TEXT_STATUS_WORDS["accepted"])
     assert list(acc.marker.line.width) == [0.5, 2.5, 2.5, 2.5]  # round 1 outlined
     assert fig.layout.meta == {"n_tokens": 7, "n_lines": 3, "colour_by": "status"}
-    assert views.round_position(pos, 0, 1) == 3
-    assert views.generated_text(pos, 9, str).empty
+    assert round_views.round_position(pos, 0, 1) == 3
+    assert round_views.generated_text(pos, 9, str).empty
 
 
 def test_replay_for_round_names_the_variants_that_would_draft_the_target() -> None:
     rs = pd.DataFrame({"prompt_id": [0, 0, 1], "round": [2, 2, 2], "k": [2, 1, 1], "recorded": [5, 4, 4],
                        "truth": [6, 4, -1], "draft[baseline]": [5, 4, 4], "draft[head=centroid]": [6, 3, 4]})
-    t = views.replay_for_round(rs, 0, 2, ["baseline", "head=centroid"], lambda i: f"t{i}")
+    t = round_views.replay_for_round(rs, 0, 2, ["baseline", "head=centroid"], lambda i: f"t{i}")
     assert t["k"].tolist() == [1, 2]
     assert t["would_draft_target"].tolist() == ["baseline", "head=centroid"]
     assert t["head=centroid"].tolist() == ["t3", "✓ t6"]
-    assert views.replay_for_round(rs, 1, 2, ["baseline"])["would_draft_target"].tolist() == ["?"]
+    assert round_views.replay_for_round(rs, 1, 2, ["baseline"])["would_draft_target"].tolist() == ["?"]
 
 
 def test_explain_figures() -> None:
@@ -435,8 +447,28 @@ def test_pure_modules_do_not_import_streamlit() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import mtpscope.app.charts, mtpscope.app.views, mtpscope.app.safety, mtpscope.app.tokens; "
-            "print('streamlit' in sys.modules)")
+    code = ("import sys; import mtpscope.app.charts, mtpscope.app.views, mtpscope.app.round_views, "
+            "mtpscope.app.model_views, mtpscope.app.safety, mtpscope.app.tokens; print('streamlit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_drift_figure_whole_scales_and_acceptance_by_cosine() -> None:
+    dr = {"per_position": [{"k": 1, "cos_mean": -0.05, "rel_err_mean": 1.04, "cos_mean_accepted": -0.04,
+                            "cos_mean_rejected": -0.06},
+                           {"k": 2, "cos_mean": -0.08, "rel_err_mean": 1.06, "cos_mean_accepted": None,
+                            "cos_mean_rejected": -0.08}],
+          "by_quantile": [{"cos_low": -0.3, "cos_high": -0.1, "n_steps": 10, "acceptance_rate": 0.2},
+                          {"cos_low": -0.1, "cos_high": 0.2, "n_steps": 10, "acceptance_rate": 0.3}]}
+    f = charts.drift_figure(dr)
+    # a cosine axis over [-1, 1] and a relative error from 0: values near 0 / 1 do not fill the panel
+    assert tuple(f.layout.yaxis.range) == (-1.05, 1.05) and f.layout.yaxis2.range[0] == 0
+    assert f.layout.yaxis2.range[1] >= 1.5
+    bars = [d for d in f.data if d.type == "bar"]
+    assert list(bars[0].y) == [0.2, 0.3] and list(bars[0].x) == ["-0.30..-0.10", "-0.10..0.20"]
+    w = charts.what_if_figure([{"n_draft": 1, "acceptance_rate": 0.5, "tokens_per_s": 10.0, "recorded": True,
+                                "extrapolated": False, "acceptance_rate_interval": [0.4, 0.6],
+                                "tokens_per_s_interval": [9.0, 12.0]}], plain=20.0)
+    assert list(w.data[1].error_y.array) == [2.0] and list(w.data[1].error_y.arrayminus) == [1.0]
+    assert any(s.y0 == 20.0 for s in w.layout.shapes)

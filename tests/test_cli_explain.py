@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 
 runner = CliRunner()
 

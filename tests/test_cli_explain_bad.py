@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 
 runner = CliRunner()
 

@@ -10,8 +10,8 @@ import pytest
 from gguf import GGUFReader, GGUFValueType as V
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
-from tests.test_inventory import drafter_spec
+from mtpscope.cli.main import app
+from tests.specs import drafter_spec
 
 runner = CliRunner()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpscope import cli
+from mtpscope.cli import main as cli
 
 
 def _boom(**_kw: object) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mtpscope.cli_fidelity import format_replay
-from mtpscope.traces.replay import indistinguishable
+from mtpscope.cli.fidelity import format_replay
+from mtpscope.traces.run.replay import indistinguishable
 
 
 def _summary() -> dict:

@@ -102,7 +102,7 @@ def test_drafter_dialects(hf_pair: tuple[Path, Path], converted: dict[str, Path]
 
 
 def test_sidecar_loads_as_centroid_head(hf_pair: tuple[Path, Path], converted: dict[str, Path]) -> None:
-    from mtpscope.traces.centroid_head import load_centroid_head
+    from mtpscope.traces.run.centroid_head import load_centroid_head
 
     _, st = read_checkpoint(hf_pair[1])
     head = load_centroid_head(converted["side"])
@@ -145,7 +145,7 @@ def test_convert_errors(hf_pair: tuple[Path, Path], tmp_path: Path) -> None:
 def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str, Path], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     r = CliRunner().invoke(app, ["convert", str(hf_pair[1]), "--out", str(tmp_path / "d.gguf"),
                                  "--dialect", "fork", "--outtype", "f16"])
@@ -162,15 +162,15 @@ def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str,
 @pytest.mark.llama
 def test_converted_pair_loads_in_llama_cpp(converted: dict[str, Path]) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces import llama_runtime as rt
+    from mtpscope.traces.run.llama import model as lm
 
-    tm = rt.LlamaModel(converted["target"])
-    dm = rt.LlamaModel(converted["upstream"])
+    tm = lm.LlamaModel(converted["target"])
+    dm = lm.LlamaModel(converted["upstream"])
     try:
         assert tm.n_layer == 6 and tm.n_embd == 64 and tm.n_vocab == 4096
         assert dm.n_layer_nextn == 4 and dm.n_embd == 48 and dm.n_embd_inp == 64
-        tctx = rt.LlamaContext(tm, n_ctx=256, n_batch=32)
-        dctx = rt.LlamaContext(dm, n_ctx=256, n_batch=8, mtp_of=tctx, masked=True)
+        tctx = lm.LlamaContext(tm, n_ctx=256, n_batch=32)
+        dctx = lm.LlamaContext(dm, n_ctx=256, n_batch=8, mtp_of=tctx, masked=True)
         dctx.close()
         tctx.close()
     finally:

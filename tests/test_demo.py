@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope import demo
+from mtpscope.demo import build as demo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -298,7 +298,7 @@ def test_bad_record_config_names_the_key(tmp_path: Path) -> None:
 def test_cli_demo_path_and_clean(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["demo", "path", "--out", str(tmp_path / "d"), "--json"])

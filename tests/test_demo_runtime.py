@@ -1,6 +1,6 @@
 """The demo pair in the real runtime (llama-cpp-python 0.3.36): it loads, tokenizes like the real
 tokenizer, generates the passage, the noise-free drafter's greedy drafts equal the target's next tokens
-(driven here through the low-level C API, independently of traces/recorder.py), and the demo traces
+(driven here through the low-level C API, independently of traces/run/recorder.py), and the demo traces
 show the acceptance rates predicted by construction."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.llama
 L = pytest.importorskip("llama_cpp")
 X = pytest.importorskip("llama_cpp.llama_cpp_ext")
 
-from mtpscope import demo  # noqa: E402
+from mtpscope.demo import build as demo  # noqa: E402
 from mtpscope.cache import vocab_test_pairs  # noqa: E402
 
 
@@ -259,9 +259,9 @@ def test_demo_build_on_a_current_demo_does_not_import_numpy(demo_dir) -> None:  
 
     if not (demo_dir.traces_clean / "manifest.json").exists():
         pytest.skip("demo traces not recorded, so the demo is never 'current'")
-    code = ("import sys\nfrom mtpscope.cli import app\n"
+    code = ("import sys\nfrom mtpscope.cli.main import app\n"
             "try:\n    app(['demo', 'build', '-q'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "print('numpy' in sys.modules, 'mtpscope.demo' in sys.modules)")
+            "print('numpy' in sys.modules, 'mtpscope.demo.build' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[-2:] == ["False", "False"]
     assert out[0] == str(demo_dir.root)

@@ -1,4 +1,4 @@
-"""The demo pair's training code (mtpscope.demo_train): its multi-query drafter forward against
+"""The demo pair's training code (mtpscope.demo.train): its multi-query drafter forward against
 transformers' own one-query-per-call drafter forward, the compact loss against the full-vocabulary
 softmax, the centroid head's permutation, and the MTP simulation's bookkeeping.
 
@@ -15,19 +15,20 @@ import pytest
 torch = pytest.importorskip("torch", reason="the demo training code needs the parity extra (torch)")
 pytest.importorskip("transformers", reason="the demo training code needs the parity extra (transformers)")
 
-from mtpscope import demo_train as dt  # noqa: E402
+from mtpscope.demo.train import centroids, compact, evaluation, models, recipe  # noqa: E402
+from mtpscope.errors import MtpscopeError  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-SMALL_T = dt.TargetShape(n_embd=32, n_head=2, n_head_kv=2, n_head_kv_full=1, head_dim=16, head_dim_full=32,
-                         n_ff=64, sliding_window=6, n_ctx=256)
-SMALL_D = dt.DrafterShape(n_embd=24, n_head=2, n_ff=48, n_centroids=8, top_k=2)
+SMALL_T = recipe.TargetShape(n_embd=32, n_head=2, n_head_kv=2, n_head_kv_full=1, head_dim=16, head_dim_full=32,
+                             n_ff=64, sliding_window=6, n_ctx=256)
+SMALL_D = recipe.DrafterShape(n_embd=24, n_head=2, n_ff=48, n_centroids=8, top_k=2)
 
 
 def _models(seed: int = 0, n_vocab: int = 300):
     torch.manual_seed(seed)
-    tm = dt.make_target(dt.target_config(SMALL_T, n_vocab)).eval()
-    dm = dt.make_drafter(dt.drafter_config(SMALL_D, SMALL_T, n_vocab)).eval()
+    tm = models.make_target(models.target_config(SMALL_T, n_vocab)).eval()
+    dm = models.make_drafter(models.drafter_config(SMALL_D, SMALL_T, n_vocab)).eval()
     # HF's init leaves norms at 1 and the projections tiny; make every weight matter
     with torch.no_grad():
         for m in (tm, dm):
@@ -50,8 +51,8 @@ def _chain_vs_hf(extra_sliding: int = 0, position_shift: int = 0) -> list[float]
     worst = [0.0] * n_draft
     n = 0
     with torch.no_grad():
-        tp = dt.target_pass(tm, ids, logits=False)
-        ours = dt.drafter_chain(dm, tm, ids, tp, n_draft, W)
+        tp = models.target_pass(tm, ids, logits=False)
+        ours = models.drafter_chain(dm, tm, ids, tp, n_draft, W)
         emb = tm.model.embed_tokens(ids)
         for b in range(2):
             for t in range(T - n_draft):
@@ -105,7 +106,7 @@ def test_multi_query_call_without_slice_hits_the_known_trap() -> None:
     tm, dm = _models()
     ids = torch.randint(5, 300, (1, 8))
     with torch.no_grad():
-        tp = dt.target_pass(tm, ids, logits=False)
+        tp = models.target_pass(tm, ids, logits=False)
         x = dm.pre_projection(torch.cat([tm.model.embed_tokens(ids), tp["h"]], -1))
         with pytest.raises(TypeError):
             dm.model(inputs_embeds=x, position_ids=torch.arange(8)[None], shared_kv_states=dict(tp["kv"]),
@@ -115,12 +116,13 @@ def test_multi_query_call_without_slice_hits_the_known_trap() -> None:
 def test_compact_cross_entropy_equals_full_vocabulary_softmax() -> None:
     """A 40-id vocabulary: 4 kept ids, 3 rare ids sharing one row, 33 unused (zero rows). The compact
     loss equals the full model's cross-entropy (rare label: the log-probability of the 3 copies)."""
-    vocab = dt.CompactVocab(np.array([0, 5, 9, 20], dtype=np.int32), np.array([3, 11, 30], dtype=np.int32), n_vocab=40)
+    vocab = compact.CompactVocab(np.array([0, 5, 9, 20], dtype=np.int32), np.array([3, 11, 30], dtype=np.int32),
+                                 n_vocab=40)
     assert vocab.n_rows == 5 and vocab.n_unused == 33
     g = torch.Generator().manual_seed(3)
     lg = torch.randn(7, 5, generator=g) * 3
     lab = torch.tensor([0, 1, 2, 3, 4, 5, 2])    # 4 = rare, 5 = an unused id
-    got = dt.compact_cross_entropy(lg, lab, vocab, reduction="none")
+    got = compact.compact_cross_entropy(lg, lab, vocab, reduction="none")
     full = torch.zeros(7, 40)
     full[:, torch.tensor([0, 5, 9, 20])] = lg[:, :4]
     full[:, torch.tensor([3, 11, 30])] = lg[:, 4:5]
@@ -131,18 +133,18 @@ def test_compact_cross_entropy_equals_full_vocabulary_softmax() -> None:
     assert torch.allclose(got, want, atol=1e-5)
     assert vocab.rows([0, 3, 20, 30]).tolist() == [0, 4, 3, 4]
     assert vocab.rows([7], unused=-1).tolist() == [-1]
-    with pytest.raises(dt.MtpscopeError):
+    with pytest.raises(MtpscopeError):
         vocab.rows([7])
     assert [vocab.real(r) for r in range(6)] == [0, 5, 9, 20, 3, 1]
 
 
 def test_full_argmax_prefers_unused_zero_logits_when_all_negative() -> None:
     lg = torch.tensor([[-1.0, -0.5, -3.0], [0.2, -1.0, 0.1]])
-    assert dt.full_argmax(lg).tolist() == [3, 0]
+    assert compact.full_argmax(lg).tolist() == [3, 0]
 
 
 def test_drafter_masks_follow_llama_cpp_window() -> None:
-    m = dt.drafter_masks(4, 6, sliding_window=3, offset=2)
+    m = models.drafter_masks(4, 6, sliding_window=3, offset=2)
     vis_full = (m["full_attention"][0, 0] == 0).int().tolist()
     vis_swa = (m["sliding_attention"][0, 0] == 0).int().tolist()
     # base t = 2..5 (query position t + 1): full sees j <= t; sliding also needs t + 1 - j < 3
@@ -154,7 +156,7 @@ def test_token_ordering_is_a_permutation_with_used_ids_first() -> None:
     rng = np.random.default_rng(0)
     ids = np.array([0, 1, 2, 7, 9, 30, 31, 40], dtype=np.int32)
     cluster = np.array([0, 0, 1, 1, 2, 2, 3, 3], dtype=np.int32)
-    o = dt.token_ordering(ids, cluster, 4, 64, rng)
+    o = centroids.token_ordering(ids, cluster, 4, 64, rng)
     assert sorted(o.tolist()) == list(range(64))
     rows = o.reshape(4, 16)
     for c in range(4):
@@ -166,20 +168,20 @@ def test_balanced_clusters_respect_capacity_and_group_directions() -> None:
     rng = np.random.default_rng(1)
     base = rng.standard_normal((4, 8))
     rows = np.concatenate([base[i] + 0.01 * rng.standard_normal((3, 8)) for i in range(4)]).astype(np.float32)
-    c = dt.balanced_clusters(rows, 4, 3, np.random.default_rng(2))
+    c = centroids.balanced_clusters(rows, 4, 3, np.random.default_rng(2))
     assert np.bincount(c, minlength=4).max() <= 3
     for i in range(4):  # the three near-copies of one direction share a cluster
         assert len(set(c[3 * i: 3 * i + 3].tolist())) == 1
 
 
 def test_acceptance_stats_and_distinct_4grams() -> None:
-    r = [dt.SimRound(5, (1, 2, 3), 3), dt.SimRound(9, (4, 5, 6), 1), dt.SimRound(11, (7, 8), 0)]
-    s = dt.acceptance_stats(r, 3)
+    r = [evaluation.SimRound(5, (1, 2, 3), 3), evaluation.SimRound(9, (4, 5, 6), 1), evaluation.SimRound(11, (7, 8), 0)]
+    s = evaluation.acceptance_stats(r, 3)
     assert s["n_drafted"] == 8 and s["n_accepted"] == 4
     assert s["acceptance_rate"] == 0.5
     assert s["p_k"] == [2 / 3, 1 / 3, 1 / 2]
-    assert dt.distinct_4gram_ratio([1, 2, 3, 4, 1, 2, 3, 4]) == 4 / 5
-    assert dt.distinct_4gram_ratio([1, 2]) == 1.0
+    assert evaluation.distinct_4gram_ratio([1, 2, 3, 4, 1, 2, 3, 4]) == 4 / 5
+    assert evaluation.distinct_4gram_ratio([1, 2]) == 1.0
 
 
 def test_simulated_rounds_match_a_stepwise_replay() -> None:
@@ -187,12 +189,12 @@ def test_simulated_rounds_match_a_stepwise_replay() -> None:
     drafter's own argmax, and acceptance follows the generated tokens."""
     tm, dm = _models(seed=4)
     prompt = [2, 17, 33, 48, 5, 99, 123]
-    gen = dt.generate_greedy(tm, prompt, 12, eog=set())
+    gen = evaluation.generate_greedy(tm, prompt, 12, eog=set())
     assert len(gen) == 12
-    rounds = dt.simulate_mtp(tm, dm, prompt, gen, n_draft=3, sliding_window=SMALL_T.sliding_window, eog=set())
+    rounds = evaluation.simulate_mtp(tm, dm, prompt, gen, n_draft=3, sliding_window=SMALL_T.sliding_window, eog=set())
     seq = prompt + gen
     with torch.no_grad():
-        tp = dt.target_pass(tm, torch.tensor([seq]), logits=False)
+        tp = models.target_pass(tm, torch.tensor([seq]), logits=False)
         for r in rounds:
             p = r.pos
             lo = max(0, p + 1 - SMALL_T.sliding_window)
@@ -214,7 +216,7 @@ def test_simulated_rounds_match_a_stepwise_replay() -> None:
 
 class _RuleTarget:
     """A stand-in target whose greedy next row is ``rule(last row)`` (one-hot hidden state, identity
-    head): enough for :func:`demo_train.generate_greedy`."""
+    head): enough for :func:`mtpscope.demo.train.evaluation.generate_greedy`."""
 
     def __init__(self, n_rows: int, rule) -> None:
         self.config = type("C", (), {"vocab_size": n_rows})()
@@ -230,7 +232,7 @@ class _RuleTarget:
 
 
 def test_select_prompts_keeps_only_prompts_the_target_continues_without_a_loop() -> None:
-    vocab = dt.CompactVocab(ids=np.arange(100, 200, dtype=np.int32), rare=np.array([], dtype=np.int32))
+    vocab = compact.CompactVocab(ids=np.arange(100, 200, dtype=np.int32), rare=np.array([], dtype=np.int32))
     # rows 0..49 count up (no loop: 64 distinct 4-grams); from a row >= 50 the target alternates two
     # rows (a loop: 2 distinct 4-grams out of 61); row 99 is an end-of-generation token after row 98
     tm = _RuleTarget(100, lambda r: r + 1 if r < 49 else (98 if r == 97 else 99 if r == 98 else 50 + (r + 1) % 2))
@@ -241,7 +243,7 @@ def test_select_prompts_keeps_only_prompts_the_target_continues_without_a_loop()
 
     cands = [cand("a", "loop", 60), cand("b", "count", 0), cand("a", "count", 1), cand("a", "count2", 2),
              cand("b", "short", 97), cand("a", "count3", 3)]
-    got, counts = dt.select_prompts(tm, cands, vocab, [int(real[99])], n_per_category=2, max_tokens=40)
+    got, counts = evaluation.select_prompts(tm, cands, vocab, [int(real[99])], n_per_category=2, max_tokens=40)
     # by hand: "a" keeps count, count2 (loop rejected; count3 not tried once two are kept); "b" keeps
     # count (40 tokens counting 1..40) and rejects short (97 -> 98 -> 99 = EOG: 2 tokens < 16)
     assert [(p["category"], p["name"]) for p in got] == [("a", "count"), ("a", "count2"), ("b", "count")]

@@ -1,4 +1,4 @@
-"""The trained demo pair's build helpers (mtpscope.demo_trained), without torch: row expansion, the
+"""The trained demo pair's build helpers (mtpscope.demo.trained), without torch: row expansion, the
 buggy RoPE-base copy, per-category bookkeeping, and the committed data's integrity."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from mtpscope import demo_trained as dtr
+from mtpscope.demo import trained as dtr
 from mtpscope.errors import MtpscopeError
 
 

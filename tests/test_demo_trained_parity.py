@@ -1,9 +1,9 @@
 """The trained demo pair as built by ``mtpscope demo build`` (``<cache>/demo/trained``): HF transformers
 and llama.cpp agree on it, and a second build does nothing.
 
-* greedy: HF's own greedy decoding of the full-vocabulary HF target (fp32) gives, on every demo prompt,
-  the tokens the real llama.cpp generated in the recorded F32 trace (64 tokens or up to an
-  end-of-generation token);
+* greedy: teacher-forced on the tokens the real llama.cpp generated in the recorded F32 trace (64 tokens
+  or up to an end-of-generation token), the full-vocabulary HF target (fp32) puts its argmax on each of
+  them, except at a rare near tie within the F16-KV bound of ``tests.numerics.greedy_near_tie_tol``;
 * first round: HF's own assisted generation (``generate(assistant_model=...)``, dense head) drafts what
   llama.cpp drafted in round 0 of each prompt (later rounds differ by design: docs/FIDELITY.md), and the
   centroid head's first draft equals the trace's ``centroid_token`` of step 1;
@@ -17,12 +17,14 @@ import time
 import numpy as np
 import pytest
 
+from tests.numerics import greedy_near_tie_tol
+
 torch = pytest.importorskip("torch", reason="HF parity needs the parity extra (torch)")
 transformers = pytest.importorskip("transformers", reason="HF parity needs the parity extra (transformers)")
 pytest.importorskip("llama_cpp", reason="the demo traces need llama-cpp-python")
 
-from mtpscope import demo_trained as dtr  # noqa: E402
-from mtpscope.demo_spec import TrainedPaths  # noqa: E402
+from mtpscope.demo import trained as dtr  # noqa: E402
+from mtpscope.demo.spec import TrainedPaths  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
 
@@ -55,7 +57,7 @@ def hf_pair(trained):
 
 
 def _trace(path):
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     return open_trace(path)
 
@@ -86,20 +88,34 @@ def _hf_drafts(tm, dm, prompt: list[int], n: int = 3) -> list[int]:
     return got[:n]
 
 
-def test_hf_greedy_equals_llama_cpp_on_every_demo_prompt(trained, hf_pair) -> None:
+def test_hf_agrees_with_llama_cpp_greedy_on_every_demo_prompt(trained, hf_pair) -> None:
+    """Teacher-forced on llama.cpp's greedy output: at every generated position the token llama.cpp
+    picked is HF's argmax, or (a near tie broken the other way by llama.cpp's F16 KV cache) lies within
+    :func:`tests.numerics.greedy_near_tie_tol` of HF's best logit; near ties stay rare."""
     tm = hf_pair[0]
     tr = _trace(trained.traces_f32)
     prompts = tr.manifest["prompts"]
-    eog = [1, 50, 106]
     assert len(prompts) == len(dtr.read_prompts())
+    n_layer = tm.config.num_hidden_layers
+    n_tokens, ties = 0, []
     for p in prompts:
         ids = [int(x) for x in p["tokens"]]
         want = _generated(tr, int(p["prompt_id"]))
         with torch.no_grad():
-            out = tm.generate(torch.tensor([ids]), max_new_tokens=len(want), do_sample=False, eos_token_id=eog,
-                              pad_token_id=0)
-        got = out[0, len(ids):].tolist()
-        assert got == want, (p["category"], p["prompt_id"])
+            logits = tm(torch.tensor([ids + want[:-1]])).logits[0, len(ids) - 1:].double().numpy()
+        assert logits.shape[0] == len(want)
+        for i, tok in enumerate(want):
+            row = logits[i]
+            best = int(row.argmax())
+            n_tokens += 1
+            if best == tok:
+                continue
+            gap = float(row[best] - row[tok])
+            tol = greedy_near_tie_tol(n_layer, row)
+            assert gap <= tol, (p["category"], p["prompt_id"], i, best, tok, gap, tol)
+            ties.append((p["prompt_id"], i, gap))
+    assert n_tokens >= 1000
+    assert len(ties) <= n_tokens // 200, ties
 
 
 def test_first_round_drafts_match_hf_assisted_generation(trained, hf_pair) -> None:
@@ -163,7 +179,7 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
     names the key against the target; replaying the buggy trace with the correct drafter file
     recovers acceptance the buggy file does not; the Compare page's default view lists the key."""
     from mtpscope.inspector.validate import verify
-    from mtpscope.traces.replay import replay
+    from mtpscope.traces.run.replay import replay
 
     rep = verify(trained.drafter_buggy, target=trained.target)
     codes = {f.code: f for f in rep.findings}
@@ -178,7 +194,7 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
 
     from streamlit.testing.v1 import AppTest
 
-    from mtpscope.cli_app import main_script
+    from mtpscope.cli.serve import main_script
 
     at = AppTest.from_file(str(main_script()), default_timeout=120)
     at.session_state["sel.trace"] = str(trained.traces_f32)
@@ -196,7 +212,8 @@ def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None
 
     from streamlit.testing.v1 import AppTest
 
-    from mtpscope.cli_app import main_script
+    from mtpscope.app import selection
+    from mtpscope.cli.serve import main_script
 
     at = AppTest.from_file(str(main_script()), default_timeout=120)
     at.run()
@@ -206,7 +223,7 @@ def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None
     assert Path(at.session_state["sel.trace"]).resolve() == trained.traces_f32.resolve()
     assert Path(at.session_state["sel.trace_b"]).resolve() == trained.traces_buggy.resolve()
     d = json.loads(trained.demo_json.read_text())["default"]
-    assert at.session_state["w.acc.prompt"] == d["prompt_id"]
+    assert at.session_state[selection.SEL_PROMPT] == d["prompt_id"]    # the one prompt every trace page shows
     at.switch_page("screens/acceptance.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.selectbox(key="w.acc.prompt").value == d["prompt_id"]
+    assert at.selectbox(key=selection.ACC_PROMPT).value == d["prompt_id"]

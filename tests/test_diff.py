@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mtpscope.inspector.diff import KeyChange, TensorChange, diff
-from mtpscope import demo
-from mtpscope.cli import app
+from mtpscope.demo import build as demo
+from mtpscope.cli.main import app
 from tests.builders import DIMS, MetaValue, parts, q8_0, write
 
 
@@ -99,3 +99,100 @@ def test_cli_diff(files: dict[str, Path], tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF\x03\x00")
     res = run(app, ["diff", str(files["upstream"]), str(bad)])
     assert res.exit_code == 2
+
+
+# ------------------------------------------------------------------ tensor bytes compared by default
+
+def _raw(path: Path, name: str) -> bytes:
+    """A tensor's bytes as stored, read with gguf-py's GGUFReader (not our reader)."""
+    import gguf
+
+    t = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+    return np.asarray(t.data).tobytes()
+
+
+def test_feed_forward_weights_that_differ_are_not_identical(tmp_path: Path) -> None:
+    """Issue 27: two drafters whose feed-forward weights differ printed ``identical`` without --values."""
+    import hashlib
+
+    arch, kv, t = parts("upstream")
+    a = write(tmp_path / "good.gguf", arch, kv, t)
+    t2 = {k: v.copy() for k, v in t.items()}
+    t2["blk.1.ffn_up.weight"][5:, :] += 0.25  # rows 5.. differ
+    t2["blk.2.ffn_down.weight"] = q8_0(t2["blk.2.ffn_down.weight"])[0], q8_0(t2["blk.2.ffn_down.weight"])[1]
+    b = write(tmp_path / "bad.gguf", arch, kv, t2)
+    r = diff(a, b)
+    assert not r.identical and r.keys_changed == () and r.tensors_changed != ()  # ffn_down's type changed
+    assert [c.name for c in r.data_differ] == ["blk.1.ffn_up.weight"]
+    c = r.data_differ[0]
+    assert c.first_diff_row == 5 and c.whole and c.rows_total == t["blk.1.ffn_up.weight"].shape[0]
+    assert c.digest_a == hashlib.blake2b(_raw(a, c.name), digest_size=16).hexdigest()
+    assert c.digest_b == hashlib.blake2b(_raw(b, c.name), digest_size=16).hexdigest()
+    comp = r.compared
+    assert comp.data == "sampled" and comp.data_skipped == ("blk.2.ffn_down.weight",)
+    assert comp.tensors == len(t) and comp.keys == len(kv) + 1  # + general.architecture
+    same = [n for n in t if n != "blk.2.ffn_down.weight"]
+    assert comp.data_whole + comp.data_sampled == len(same) == len(r.data)
+    # --values measures how much (across types too: ffn_down's Q8_0 rounding)
+    assert {v.name for v in diff(a, b, values=True, data="none").values if not v.identical} == \
+        {"blk.1.ffn_up.weight", "blk.2.ffn_down.weight"}
+    assert diff(a, b, data="none").compared.line().endswith("tensor data not compared")
+
+
+def test_large_tensors_are_compared_on_sampled_rows_and_whole_on_request(tmp_path: Path) -> None:
+    arch, kv, t = parts("upstream")
+    a = write(tmp_path / "a.gguf", arch, kv, t)
+    name = "token_embd.weight"
+    n = t[name].shape[0]
+    rows = np.unique(np.linspace(0, n - 1, num=4).round().astype(int))  # the 4 rows compared, by hand
+    unsampled = int(next(i for i in range(n) if i not in set(rows)))
+    t2 = {k: v.copy() for k, v in t.items()}
+    t2[name][unsampled] += 1.0
+    b = write(tmp_path / "b.gguf", arch, kv, t2)
+    r = diff(a, b, sample_rows=4, whole_bytes=0)  # every tensor of more than 4 rows sampled
+    emb = next(c for c in r.data if c.name == name)
+    assert (emb.rows_compared, emb.rows_total) == (len(rows), n) and not emb.whole
+    assert emb.same and r.identical  # the changed row is not among the sampled ones: said, not hidden
+    per_row = len(_raw(a, name)) // n
+    assert emb.bytes_compared == len(rows) * per_row
+    assert "on 4 sampled rows each" in r.compared.line()
+    r = diff(a, b, data="whole")
+    emb = next(c for c in r.data if c.name == name)
+    assert emb.whole and not emb.same and emb.first_diff_row == unsampled and not r.identical
+    assert r.compared.bytes_read == 2 * sum(len(_raw(a, x)) for x in t)  # every byte of both files
+    t3 = {k: v.copy() for k, v in t.items()}
+    t3[name][int(rows[2])] += 1.0  # a sampled row
+    r = diff(a, write(tmp_path / "c.gguf", arch, kv, t3), sample_rows=4, whole_bytes=0)
+    assert [(c.name, c.first_diff_row) for c in r.data_differ] == [(name, int(rows[2]))]
+
+
+def test_sampled_rows_come_in_evenly_spaced_runs() -> None:
+    from mtpscope.inspector.diff import sample_rows_of
+
+    # 32 rows in 4 runs of 8: starts at 0, 92/3, 2*92/3, 92 (rounded), the last run ending at row 99
+    want = [*range(0, 8), *range(31, 39), *range(61, 69), *range(92, 100)]
+    assert sample_rows_of(100, 32).tolist() == want
+    assert sample_rows_of(20, 32).tolist() == list(range(20))  # fewer rows than the sample: all of them
+    assert sample_rows_of(10, 4).tolist() == [0, 3, 6, 9]       # runs of one row
+
+
+def test_cli_diff_says_what_was_compared(tmp_path: Path) -> None:
+    arch, kv, t = parts("upstream")
+    a = write(tmp_path / "good.gguf", arch, kv, t)
+    t["blk.0.ffn_gate.weight"] = t["blk.0.ffn_gate.weight"] * 2
+    b = write(tmp_path / "bad.gguf", arch, kv, t)
+    run = CliRunner().invoke
+    res = run(app, ["diff", str(a), str(b)])
+    assert res.exit_code == 1, res.output
+    assert "~ data blk.0.ffn_gate.weight: bytes differ (first at row 0; every row compared)" in res.stdout
+    assert f"compared: {len(kv) + 1} metadata keys, {len(t)} tensors (names, types, shapes); tensor bytes:" in res.stdout
+    assert "identical" not in res.stdout
+    res = run(app, ["diff", str(a), str(a), "--sample-rows", "2"])
+    assert res.exit_code == 0 and "identical" in res.stdout and "compared:" in res.stdout
+    res = run(app, ["diff", str(a), str(b), "--data", "none"])
+    assert res.exit_code == 0 and "tensor data not compared" in res.stdout  # what was not compared is said
+    d = json.loads(run(app, ["diff", str(a), str(b), "--json"]).stdout)
+    assert [x["name"] for x in d["data"] if not x["same"]] == ["blk.0.ffn_gate.weight"]
+    assert d["compared"]["data"] == "sampled"
+    res = run(app, ["diff", str(a), str(b), "--data", "all"])
+    assert res.exit_code == 2 and "sampled | whole | none" in res.output

@@ -5,7 +5,8 @@ The reference is what llama.cpp logs when it loads the model and creates the con
 size``, ``compute buffer size``; printed in MiB with 2 decimals, so sizes agree to 0.005 MiB at best) and
 ``llama_model_size`` (exact bytes). Models: the demo pair, and synthetic gemma4 targets with many layers
 (48 layers; 35 layers of which 20 share KV, E2B-like head dims 256 / 512) whose tensor data is a hole.
-Tolerances (the issue's): weights exact, KV within 2 %; the compute buffer within COMPUTE_TOLERANCE.
+Tolerances (the issue's): weights exact, KV within 1 %; the compute buffer within COMPUTE_TOLERANCE of one of
+the estimate's two allocator outcomes (``compute_bytes`` / ``compute_bytes_max``, inspector/estimate.py).
 """
 
 from __future__ import annotations
@@ -17,22 +18,19 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 from mtpscope.errors import LayoutError
-from mtpscope.inspector.estimate import COMPUTE_TOLERANCE, EstimateParams, estimate
-from tests.estimate_models import SynthTarget, parse_llama_sizes, write_synth_target
+from mtpscope.inspector.estimate import EstimateParams, estimate
+from tests.estimate_models import E2B_LIKE, SynthTarget, compute_close, parse_llama_sizes, write_synth_target
 
 MiB = 1 << 20
 LOG_RES = 0.005  # llama.cpp prints MiB with 2 decimals
 
-E2B_LIKE = SynthTarget(n_layer=35, shared_kv_layers=20, n_embd=384, n_ff=2048, n_head=4, n_head_kv_swa=1,
-                       n_head_kv_full=1, head_dim_swa=256, head_dim_full=512, window=512,
-                       pattern=tuple(il % 5 != 4 for il in range(35)))
 
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory: Any) -> dict[str, Path]:
-    from mtpscope.demo_vocab import load_vocab
+    from mtpscope.demo.vocab import load_vocab
 
     voc = list(load_vocab("subset").kv)
     d = tmp_path_factory.mktemp("estimate")
@@ -109,49 +107,49 @@ _TYPE_ID = {"f16": 1, "q8_0": 8}
 @pytest.mark.parametrize("which", ["many", "e2b", "demo"])
 def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces import llama_runtime as R
+    from mtpscope.traces.run.llama import logs, model as lm
 
     target = demo_dir.target if which == "demo" else synth[which]
     drafter = demo_dir.drafter_upstream if which == "demo" else None
-    with R.capture_log() as log:
-        m = R.LlamaModel(target)
+    with logs.capture_log() as log:
+        m = lm.LlamaModel(target)
     loaded = parse_llama_sizes(log)
     dm = None
     if drafter is not None:
-        with R.capture_log() as dlog:
-            dm = R.LlamaModel(drafter)
+        with logs.capture_log() as dlog:
+            dm = lm.LlamaModel(drafter)
         d_loaded = parse_llama_sizes(dlog)
     try:
         e0 = estimate(target, drafter)
-        assert e0.target.weights == R.llama().llama_model_size(m.ptr)  # exact bytes
+        assert e0.target.weights == m.model_size  # exact bytes
         assert abs(loaded["model"]["CPU_Mapped"] - e0.target.weights / MiB) <= LOG_RES
         if dm is not None:
-            assert e0.drafter.weights == R.llama().llama_model_size(dm.ptr)
+            assert e0.drafter.weights == dm.model_size
             assert abs(d_loaded["model"]["CPU_Mapped"] - e0.drafter.weights / MiB) <= LOG_RES
         for n_ctx, fa, swa_full, ub, ct in CASES:
             p = EstimateParams(n_ctx=n_ctx, flash_attn=fa, swa_full=swa_full, n_ubatch=ub, cache_type_k=ct,
                                cache_type_v=ct)
             e = estimate(target, drafter, p)
-            with R.capture_log() as log:
-                c = R.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
-                                   type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+            with logs.capture_log() as log:
+                c = lm.LlamaContext(m, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full, nextn=False,
+                                    type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
             got = parse_llama_sizes(log)
             try:
                 kv = sum(got["kv_buffer"].values())
-                assert abs(e.target.kv / MiB - kv) <= max(0.02 * kv, 2 * LOG_RES), (p, kv)
+                assert abs(e.target.kv / MiB - kv) <= max(0.01 * kv, 2 * LOG_RES), (p, kv)
                 assert abs(e.target.output_bytes / MiB - got["output"]["CPU"]) <= LOG_RES
                 comp = got["compute"]["CPU"]
-                assert abs(e.target.compute_bytes / MiB - comp) <= COMPUTE_TOLERANCE * comp, (p, comp)
+                assert compute_close(e.target, comp), (p, comp)
                 if dm is not None:
-                    with R.capture_log() as dlog:
-                        dc = R.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
-                                            mtp_of=c, masked=True, type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
+                    with logs.capture_log() as dlog:
+                        dc = lm.LlamaContext(dm, n_ctx=n_ctx, n_batch=ub, flash_attn=fa, swa_full=swa_full,
+                                             mtp_of=c, masked=True, type_k=_TYPE_ID[ct], type_v=_TYPE_ID[ct])
                     dgot = parse_llama_sizes(dlog)
                     dc.close()
                     assert dgot["kv_buffer"] == {}  # the drafter allocates no KV: it shares the target's
                     assert e.drafter.kv == 0
                     dcomp = dgot["compute"]["CPU"]
-                    assert abs(e.drafter.compute_bytes / MiB - dcomp) <= COMPUTE_TOLERANCE * dcomp
+                    assert compute_close(e.drafter, dcomp), (p, dcomp)
             finally:
                 c.close()
     finally:

@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import explain as E
-from mtpscope.traces.records import RoundRecord, StepRecord
-from mtpscope.traces.store import TraceWriter, open_trace
+from mtpscope.traces.analysis import explain as E
+from mtpscope.traces.store.records import RoundRecord, StepRecord
+from mtpscope.traces.store.writer import TraceWriter
+from mtpscope.traces.store.reader import open_trace
 
 EOG = 1
 

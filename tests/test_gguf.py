@@ -12,69 +12,13 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFEndian, GGUFReader, GGUFValueType as V, quants
 
-from mtpscope.inspector import ArrayValue, GGUFFile, KeyValue, TensorInfo, open_gguf
+from mtpscope.inspector import ArrayValue, KeyValue, TensorInfo, open_gguf
 from mtpscope.errors import InspectorError, LayoutError, TensorDataError, UnsupportedFileError
 from mtpscope.inspector.ggml_types import GGML_TYPES, type_info
+from tests.gguf_oracle import assert_parity
 
 
 # ------------------------------------------------------------------------------------ oracle helpers
-
-
-def _flatten(v: Any) -> list[Any]:
-    if isinstance(v, list):
-        return [x for item in v for x in _flatten(item)]
-    return [v]
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return type(a) is type(b) and a == b
-
-
-def assert_parity(ours: GGUFFile, oracle: GGUFReader) -> int:
-    """Every key, value and tensor record of ``ours`` equals GGUFReader's; returns the values compared."""
-    keys = [k for k in oracle.fields if not k.startswith("GGUF.")]
-    assert list(ours.kv) == keys
-    assert ours.version == int(oracle.fields["GGUF.version"].parts[0][0])
-    assert ours.alignment == oracle.alignment
-    assert ours.data_offset == oracle.data_offset
-    n_values = 0
-    for k in keys:
-        field, kv = oracle.fields[k], ours.kv[k]
-        assert kv.key == k
-        assert kv.offset == field.offset, k
-        assert kv.value_type == int(field.types[0]), k
-        assert kv.type_name == field.types[0].name, k
-        want = field.contents()
-        if kv.value_type == V.ARRAY:
-            arr = kv.value
-            assert isinstance(arr, ArrayValue)
-            assert arr.element_type == int(field.types[1]), k
-            got = arr.to_list()
-            if arr.element_type == V.ARRAY:
-                got = _flatten(got)
-            assert len(got) == len(want), k
-            assert all(_same(a, b) for a, b in zip(got, want)), k
-            n_values += len(got)
-        else:
-            assert _same(kv.value, want), (k, kv.value, want)
-            n_values += 1
-    assert len(ours.tensors) == len(oracle.tensors)
-    for t, rt in zip(ours.tensors, oracle.tensors):
-        assert t.name == rt.name
-        assert t.ggml_type == int(rt.tensor_type)
-        assert t.type_name == rt.tensor_type.name
-        assert t.ne == tuple(int(d) for d in rt.shape)
-        assert t.shape == tuple(reversed(t.ne))
-        assert t.n_elements == rt.n_elements
-        assert t.n_bytes == rt.n_bytes
-        assert t.offset == rt.data_offset
-        assert t.info_offset == rt.field.offset
-        raw = ours.tensor_data(t.name, dequantize=False)
-        assert raw.shape == rt.data.shape and raw.dtype == rt.data.dtype, t.name
-        assert np.array_equal(raw, rt.data, equal_nan=raw.dtype.kind == "f"), t.name
-    return n_values
 
 
 # ----------------------------------------------------------------------------------- the real file

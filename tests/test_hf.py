@@ -18,7 +18,7 @@ from mtpscope.inspector.hf_checkpoint import INDEX_NAME, read_checkpoint
 from mtpscope.inspector.hf_config import hparams_from_config, text_hparams
 from mtpscope.inspector.hf_names import GENERATED, drop_reason, gguf_name
 from mtpscope.inspector.safetensors import read_safetensors, read_safetensors_header, tensor_array
-from mtpscope.demo import DEFAULT_DIMS as D
+from mtpscope.demo.build import DEFAULT_DIMS as D
 from tests.builders import hf_config as config
 from tests.builders import N_C, hf_tensors, parts, write
 
@@ -178,7 +178,7 @@ def test_verify_with_hf_and_cli_json(ckpt_dir: Path, ggufs: dict[str, Path]) -> 
     from typer.testing import CliRunner
 
     from mtpscope.inspector.validate import verify
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     r = verify(ggufs["upstream"], hf_dir=ckpt_dir)
     assert r.ok and r.hf_audit is not None and "H_DROPPED" in r.codes()
@@ -206,7 +206,7 @@ def test_audit_dtype_rules(tmp_path: Path, ckpt_dir: Path) -> None:
 def test_cli_human_audit(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     res = CliRunner().invoke(app, ["verify", str(ggufs["upstream"]), "--hf", str(ckpt_dir)])
     assert res.exit_code == 0, res.output

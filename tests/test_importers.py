@@ -9,7 +9,7 @@ import pytest
 from mtpscope import traces
 from mtpscope.errors import ImportFormatError
 from mtpscope.traces.importers import import_fork_ndjson, import_server_log
-from mtpscope.traces.metrics import report
+from mtpscope.traces.analysis.metrics import report
 
 FORK_LINES = [
     '{"evt":"mtp_draft","iter":1,"path":"sync","seq_id":0,"id_last":818,"h_idx":0,"attn_pos":57,"n_steps":3,"h_l2":93.5,"drafts":[10,11,12]}',  # 1
@@ -226,9 +226,14 @@ SERVER_TIMING_LINES = [
 def test_server_log_acceptance_line_finds_its_request_and_statistics(tmp_path: Path) -> None:
     src = _write(tmp_path, "server.log", SERVER_TIMING_LINES)
     res = import_server_log(src, tmp_path / "t")
-    assert res.bad_lines == () and (res.n_used, res.n_requests, res.n_ignored) == (4, 2, 10)
+    # used: 2 acceptance lines, 2 statistics lines, 4 eval-time lines (4, 5, 9, 10)
+    assert res.bad_lines == () and (res.n_used, res.n_requests, res.n_ignored) == (8, 2, 6)
     q = traces.open(tmp_path / "t").requests
     assert list(q["line"]) == [7, 11]
+    # eval-time lines of the same request: prefix-less under task 7's header, and task 9's own prefix
+    assert list(q["prompt_n"]) == [13, 5] and list(q["prompt_ms"]) == [86.38, 10.0]
+    assert list(q["predicted_n"]) == [99, 12] and list(q["predicted_ms"]) == [1284.26, 100.0]
+    assert q["tokens_per_s"][0] == 77.09 and q["tokens_per_s"][1:].isna().all()
     # line 7 stands four lines below its print_timing header (timing lines between); line 11 says task -1
     assert list(q["id_slot"]) == [0, 1] and list(q["id_task"]) == [7, 9]
     assert list(q["n_drafted"]) == [64, 8] and list(q["n_accepted"]) == [40, 4]

@@ -117,7 +117,7 @@ def _demo_file(tmp_path: Path, kind: str) -> Path:
 
 def test_read_hparams_of_demo_drafter(tmp_path: Path) -> None:
     from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.demo import DEFAULT_DIMS as D
+    from mtpscope.demo.build import DEFAULT_DIMS as D
 
     with open_gguf(_demo_file(tmp_path, "fork")) as f:
         hp = L.read_hparams(f)
@@ -133,7 +133,7 @@ def test_target_layout_matches_demo_target_that_llama_cpp_loads(tmp_path: Path) 
     """The demo target loads in llama.cpp (tests/test_loadability.py): every tensor it has is in the
     layout, and every required tensor of the layout is in it. Its full layers have K = V (no attn_v)."""
     from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.demo import DEFAULT_DIMS as D
+    from mtpscope.demo.build import DEFAULT_DIMS as D
 
     with open_gguf(_demo_file(tmp_path, "target")) as f:
         hp = L.read_hparams(f)

@@ -11,33 +11,14 @@ GGML_ASSERT) is recorded as CRASH and the child restarts after that file. The te
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.builders import MUTANTS, build
+from tests.runtime_probe import run_loads
 
 pytestmark = pytest.mark.llama
-
-_CHILD = r"""
-import json, os, sys
-import llama_cpp
-llama_cpp.llama_backend_init()
-for path in sys.argv[1:]:
-    print("@@BEGIN " + path, file=sys.stderr, flush=True)
-    p = llama_cpp.llama_model_default_params()
-    p.vocab_only = False
-    p.use_mmap = True
-    m = llama_cpp.llama_model_load_from_file(path.encode(), p)
-    ok = bool(m)
-    if ok:
-        llama_cpp.llama_model_free(m)
-    print("@@END " + path, file=sys.stderr, flush=True)
-    print(json.dumps({"path": path, "ok": ok}), flush=True)
-"""
 
 # phrase of llama.cpp's log line that each kind of first reason corresponds to
 _PHRASES = (
@@ -56,39 +37,6 @@ _PHRASES = (
 )
 
 
-def _run_loads(paths: list[str]) -> dict[str, tuple[str, str]]:
-    """path -> (OK | FAIL | CRASH, llama.cpp log of that load)."""
-    out: dict[str, tuple[str, str]] = {}
-    todo = list(paths)
-    while todo:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, *todo], capture_output=True, text=True, timeout=300)
-        done = {}
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                done[r["path"]] = "OK" if r["ok"] else "FAIL"
-        logs: dict[str, str] = {}
-        cur = None
-        for line in proc.stderr.splitlines():
-            if line.startswith("@@BEGIN "):
-                cur = line[8:]
-                logs[cur] = ""
-            elif line.startswith("@@END "):
-                cur = None
-            elif cur is not None:
-                logs[cur] += line + "\n"
-        for p in todo:
-            if p in done:
-                out[p] = (done[p], logs.get(p, ""))
-        rest = [p for p in todo if p not in done]
-        if rest:
-            # the first unfinished file crashed the child; record it and go on with the others
-            out[rest[0]] = ("CRASH", logs.get(rest[0], proc.stderr[-2000:]))
-            rest = rest[1:]
-        todo = rest
-    return out
-
-
 @pytest.fixture(scope="module")
 def real_loads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str, str]]:
     pytest.importorskip("llama_cpp")
@@ -96,7 +44,7 @@ def real_loads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
     paths = {name: build(d, name) for name in MUTANTS}
     from mtpscope.cache import vocab_path
     paths["real_vocab_file"] = vocab_path()          # the real tokenizer GGUF: arch gemma4, no tensors
-    res = _run_loads([str(p) for p in paths.values()])
+    res = run_loads([str(p) for p in paths.values()])
     return {name: (p, *res[str(p)]) for name, p in paths.items()}
 
 

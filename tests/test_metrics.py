@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import metrics as M
+from mtpscope.traces.analysis import metrics as M
 
 # (prompt_id, round, n_draft, n_accepted); given out of order on purpose
 ROWS = [
@@ -102,6 +102,28 @@ def test_centroid_coverage() -> None:
     assert c["coverage"] == pytest.approx(0.8)
     assert c["per_position"] == [{"k": 1, "n_steps": 3, "n_covered": 3, "coverage": 1.0},
                                  {"k": 2, "n_steps": 2, "n_covered": 1, "coverage": 0.5}]
+
+
+def test_centroid_coverage_counts_checked_steps_only() -> None:
+    # round (0, 0): k1 accepted, k2 rejected (checked), k3 after the rejection (never checked);
+    # round (0, 1): k1 rejected (checked), k2 and k3 not checked
+    steps = pd.DataFrame({"prompt_id": [0] * 6, "round": [0, 0, 0, 1, 1, 1], "k": [1, 2, 3, 1, 2, 3],
+                          "accepted": [True, False, False, False, False, False],
+                          "target_in_candidates": pd.array([True, True, False, False, False, False], dtype="boolean")})
+    c = M.centroid_coverage(steps)
+    # checked: (0,0,k1) covered, (0,0,k2) covered, (0,1,k1) not: 2 of 3
+    assert (c["n_steps"], c["n_covered"]) == (3, 2) and c["coverage"] == pytest.approx(2 / 3)
+    assert M.checked_mask(steps).tolist() == [True, True, False, True, False, False]
+
+
+def test_timing_by_hand() -> None:
+    r = pd.DataFrame({"n_draft": [3, 3, 1, 0], "n_accepted": [3, 0, 1, 0], "emitted": [[1, 2, 3, 4], [5], [6, 7], [8]],
+                      "t_draft_ms": [6.0, 6.0, 2.0, 0.0], "t_verify_ms": [20.0, 20.0, 12.0, 9.0]})
+    t = M.timing(r)
+    # 8 tokens in 14 + 40 + 9 = 75 ms; 14 ms of drafting for 7 drafts; verify 4 tokens: 20 ms, 2: 12, 1: 9
+    assert t["tokens_per_s"] == pytest.approx(8000 / 75) and t["t_step_ms"] == pytest.approx(2.0)
+    assert t["t_verify_ms"] == {"4": 20.0, "2": 12.0, "1": 9.0}
+    assert M.timing(r.drop(columns=["t_verify_ms"])) is None
 
 
 def test_empty_and_missing_columns() -> None:

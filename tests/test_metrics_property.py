@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtpscope.traces import metrics as M
+from mtpscope.traces.analysis import metrics as M
 
 K = 4
 

@@ -1,5 +1,5 @@
-"""The native ``cb_eval`` capture (traces/capture.c built by traces.native_capture) against the Python
-one and against the drafter's own weights, on the real llama.cpp; and its fall-backs (no compiler, a
+"""The native ``cb_eval`` capture (traces/run/llama/capture.c built by traces.run.llama.native_capture) against
+the Python one and against the drafter's own weights, on the real llama.cpp; and its fall-backs (no compiler, a
 failing compiler, the switch off), which leave the Python callback in place.
 
 The C callback and the Python one copy the same node of the same graph with the same ggml call, so their
@@ -20,11 +20,12 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces import native_capture  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.llama import capture, model as lm, native_capture  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
 from tests.numerics import assert_matvec_close  # noqa: E402
-from tests.test_recorder import PROMPTS, _gguf_arrays, _gguf_types, pair  # noqa: E402, F401
+from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
+from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -32,20 +33,20 @@ pytestmark = pytest.mark.llama
 def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:  # noqa: ANN001, F811
     if native_capture.load() is None:
         pytest.skip(f"native capture not built here: {native_capture.unavailable_reason()}")
-    tm, dm = rt.LlamaModel(pair["target"]), rt.LlamaModel(pair["noisy"])
-    tc = rt.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
-    nat = rt.node_capture("result_norm")
-    py = rt.node_capture("result_norm", native=False)
-    assert isinstance(nat, native_capture.NativeCapture) and isinstance(py, rt.NodeCapture)
-    dn = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=nat, masked=True)
-    dp = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=py, masked=True)
-    tb, db = rt.TokenBatch(64), rt.DraftBatch(dm.n_embd_inp)
+    tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
+    tc = lm.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
+    nat = capture.node_capture("result_norm")
+    py = capture.node_capture("result_norm", native=False)
+    assert isinstance(nat, native_capture.NativeCapture) and isinstance(py, capture.NodeCapture)
+    dn = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=nat, masked=True)
+    dp = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=py, masked=True)
+    tb, db = lm.TokenBatch(64), lm.DraftBatch(dm.n_embd_inp)
     try:
         toks = tm.tokenize(PROMPTS[1])
         tb.set(toks, 0)
         tc.decode(tb)
         tok, h = int(np.argmax(tc.logits(-1))), tc.nextn(len(toks) - 1).copy()
-        w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+        w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
         for _ in range(4):
             out = []
             for ctx, cap in ((dn, nat), (dp, py)):
@@ -80,7 +81,8 @@ def test_runtime_drafts_the_same_with_either_capture(pair) -> None:  # noqa: ANN
     for native in (True, False):
         with MtpRuntime(pair["target"], pair["noisy"], n_ctx=512, native_capture=native) as r:
             toks = r.prompt_tokens(PROMPTS[0])
-            runs.append([(x.drafted, [s.h_inner for s in x.steps]) for x in r.run(toks, n_draft=3, max_tokens=24)])
+            rounds = r.run(toks, RecordConfig(n_draft=3, max_tokens=24))
+            runs.append([(x.drafted, [s.h_inner for s in x.steps]) for x in rounds])
     (a, b) = runs
     assert [d for d, _ in a] == [d for d, _ in b]
     for (_, ha), (_, hb) in zip(a, b, strict=True):
@@ -101,7 +103,7 @@ def test_no_compiler_keeps_the_python_callback(fresh, monkeypatch) -> None:  # n
     monkeypatch.setenv("CC", os.fspath(fresh / "no-such-cc"))
     assert native_capture.load() is None
     assert "no C compiler" in native_capture.unavailable_reason()
-    assert isinstance(rt.node_capture("result_norm"), rt.NodeCapture)
+    assert isinstance(capture.node_capture("result_norm"), capture.NodeCapture)
     assert native_capture.kind().startswith("python (") and "no C compiler" in native_capture.kind()
     assert not native_capture.library_path().exists()
 
@@ -129,4 +131,4 @@ def test_switch_off_and_a_real_build(fresh, monkeypatch) -> None:  # noqa: ANN00
     assert p.is_file() and p.parent == Path(os.environ["MTPSCOPE_CACHE"]) / "native"
     assert native_capture.kind() == "native"
     with pytest.raises(TraceError, match="too long"):
-        rt.node_capture("x" * 64)
+        capture.node_capture("x" * 64)

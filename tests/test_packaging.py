@@ -1,5 +1,5 @@
 """A regular (non-editable) install works without the checkout: one import root, the app and the demo's
-data packaged (issue 10 §1).
+data packaged, the demo built and the app served from the installed copy.
 
 The wheel is built from a copy of the tracked files (so the checkout gets no ``build/`` folder), unpacked
 with pip into a target folder, and run from an empty working directory with only that folder first on
@@ -50,28 +50,41 @@ def test_wheel_has_one_import_root_and_the_data(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     roots = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith((".dist-info", ".data"))}
     assert roots == {"mtpscope"}  # never `inspector`, `traces` or `app` at the top of site-packages
-    for must in ("mtpscope/errors.py", "mtpscope/inspector/gguf.py", "mtpscope/traces/store.py",
+    for must in ("mtpscope/errors.py", "mtpscope/inspector/gguf.py", "mtpscope/cli/main.py",
+                 "mtpscope/traces/store/reader.py",
                  "mtpscope/app/main.py", "mtpscope/app/screens/files.py",
-                 "mtpscope/sample_configs/demo-record.json",
+                 "mtpscope/sample_configs/demo-record.json", "mtpscope/traces/server/llama_server.cmake",
                  "mtpscope/sample_configs/gemma-4-E2B-it-assistant/config.json"):
         assert must in names, must
-    # every module of the three libraries is in the wheel
-    for pkg in ("inspector", "traces", "app"):
-        for f in (ROOT / pkg).glob("*.py"):
-            assert f"mtpscope/{pkg}/{f.name}" in names, f
+    # every module of the libraries and of the mtpscope folder is in the wheel, sub-packages included
+    for folder, pkg in (("inspector", "mtpscope/inspector"), ("traces", "mtpscope/traces"), ("app", "mtpscope/app"),
+                        ("mtpscope", "mtpscope")):
+        for f in (ROOT / folder).rglob("*.py"):
+            rel = f.relative_to(ROOT / folder)
+            if "__pycache__" not in rel.parts:
+                assert f"{pkg}/{rel.as_posix()}" in names, f
+    for data in ("capture.c",):
+        assert any(n.endswith("/" + data) for n in names), data
 
 
-def test_installed_copy_runs_without_the_checkout(wheel: Path, tmp_path: Path) -> None:
-    target = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel unpacked by pip into a target folder (put first on ``PYTHONPATH`` by the tests)."""
+    target = tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
+    return target
+
+
+def test_installed_copy_runs_without_the_checkout(installed: Path, tmp_path: Path) -> None:
+    target = installed
     work = tmp_path / "cwd"
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
-        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.store as s\n"
-        "from mtpscope.demo_spec import RECORD_CONFIG, load_record_config\n"
-        "from mtpscope.cli_app import main_script\n"
+        "import json, mtpscope, mtpscope.inspector.gguf as g, mtpscope.traces.store.reader as s\n"
+        "from mtpscope.demo.spec import RECORD_CONFIG, load_record_config\n"
+        "from mtpscope.cli.serve import main_script\n"
         "print(json.dumps({'files': [mtpscope.__file__, g.__file__, s.__file__, str(main_script())],"
         " 'config': str(RECORD_CONFIG), 'n_prompts': len(load_record_config()['record']['prompts'])}))\n"
     )
@@ -86,3 +99,34 @@ def test_installed_copy_runs_without_the_checkout(wheel: Path, tmp_path: Path) -
     r = subprocess.run([sys.executable, "-m", "mtpscope.cli", "app", "--help"], cwd=work, env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0 and "--address" in r.stdout, r.stdout + r.stderr
+
+
+def test_installed_copy_builds_the_demo_and_serves_the_app(installed: Path, tmp_path: Path,
+                                                            vocab_gguf: Path) -> None:
+    """From an empty working directory with only the installed copy: ``mtpscope demo build`` writes the demo's
+    models into a fresh cache (the real tokenizer copied in, so nothing is fetched), and ``mtpscope app``
+    serves the app on it (``/_stcore/health`` ok, the page's HTML)."""
+    from tests.apphelpers import start_app
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    cache = tmp_path / "cache"
+    (cache / "vocab").mkdir(parents=True)
+    for f in vocab_gguf.parent.iterdir():
+        if f.name.startswith(vocab_gguf.name):
+            shutil.copy2(f, cache / "vocab" / f.name)
+    env = {**os.environ, "PYTHONPATH": str(installed), "MTPSCOPE_CACHE": str(cache)}
+    r = subprocess.run([sys.executable, "-m", "mtpscope.cli", "demo", "build", "--no-traces", "-q"], cwd=work,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    demo = cache / "demo"
+    for name in ("target.gguf", "drafter-upstream.gguf", "drafter-fork.gguf"):
+        assert (demo / name).stat().st_size > 0, name
+    with start_app(tmp_path / "app.log", env=env, cwd=work) as url:
+        import urllib.request
+
+        with urllib.request.urlopen(url + "/", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+        # `mtpscope app` exec'd Streamlit on the installed copy's main.py (same process id)
+        argv = Path(f"/proc/{url.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert any(a.decode().startswith(str(installed)) and a.endswith(b"main.py") for a in argv), argv

@@ -29,6 +29,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from mtpscope.inspector.convert import convert, write_tiny_pair  # noqa: E402
 from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions  # noqa: E402
+from tests.numerics import TIE_REL  # noqa: E402
 
 if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24):  # pragma: no cover
     pytest.skip(f"transformers {transformers.__version__} cannot run Gemma4AssistantForCausalLM "
@@ -146,17 +147,12 @@ def test_hf_drafter_calls_match_reference(pair) -> None:
 #: (measured 2.8e-4 .. 4.2e-4 on these 6-layer pairs); 2**-9 = 2.0e-3 is 7x that, while a convention
 #: error (pre-norm hidden, another layer's output) differs at O(1).
 H_INPUT_REL_MAX = 2.0 ** -9
-#: a near-tie: a top-2 logit gap below 2**-8 of the largest |logit|. The drafter inputs differ by
-#: the F16 numerics above, which reach the drafter's logits as up to 1.5e-3 of their scale (measured:
-#: max |logits_HF - logits_llama.cpp| / max |logits| = 5e-4 .. 1.5e-3); two candidates closer than
-#: that may swap, and everything fed after the swap differs.
-TIE_REL = 2.0 ** -8
 
 
 @pytest.mark.llama
 def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.live_run import live_mtp_run
+    from mtpscope.traces.run.live_run import live_mtp_run
 
     tm, dm = _hf_models(pair["tdir"], pair["ddir"])
     n_bb = tm.config.get_text_config().hidden_size

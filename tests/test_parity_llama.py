@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
-from mtpscope.traces.live_run import live_mtp_run  # noqa: E402
-from mtpscope.traces.target_prefill import prefill, shape_kv  # noqa: E402
+from mtpscope.traces.run.live_run import live_mtp_run  # noqa: E402
+from mtpscope.traces.run.target_prefill import prefill, shape_kv  # noqa: E402
 from tests.numerics import CHAIN_MAX, U32, check_emulated_chain  # noqa: E402
 
 pytestmark = pytest.mark.llama
@@ -47,8 +47,8 @@ def _compare(ref: ReferenceDrafter, pre, run, opts: StepOptions) -> tuple[float,
 
 @pytest.fixture(scope="module")
 def demo_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
-    from mtpscope import demo
-    from mtpscope.demo_vocab import load_vocab
+    from mtpscope.demo import build as demo
+    from mtpscope.demo.vocab import load_vocab
 
     voc = load_vocab("subset")
     d = tmp_path_factory.mktemp("demo")

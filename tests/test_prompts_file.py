@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import MtpscopeError
-from mtpscope.traces.prompts import PromptSpec, check_tokens, read_prompt_specs
+from mtpscope.traces.run.prompts import PromptSpec, check_tokens, read_prompt_specs
 
 
 def _file(tmp_path: Path, lines: list, name: str = "p.jsonl") -> Path:
@@ -81,3 +81,22 @@ def test_not_utf8_and_empty(tmp_path: Path) -> None:
     e.write_text("\n\n")
     with pytest.raises(MtpscopeError):
         read_prompt_specs(e)
+
+
+def test_category_under_another_field(tmp_path: Path) -> None:
+    from mtpscope.traces.run.prompts import category_note
+
+    p = _file(tmp_path, [{"prompt": "a", "domain": "code", "category": "x"}, {"prompt": "b", "domain": 3}])
+    specs = read_prompt_specs(p, category_field="domain")
+    # the named field is the category (a number by its text); 'category' is then an ordinary extra field
+    assert [s.category for s in specs] == ["code", "3"] and specs[0].extra == {"category": "x"}
+    plain = read_prompt_specs(_file(tmp_path, [{"prompt": "a", "task": "qa", "type": "x"},
+                                               {"prompt": "b", "task": "sum", "type": "y"}], "q.jsonl"))
+    note = category_note(plain)
+    # 'type' comes before 'task' in the suggestions; both are named
+    assert note == ("prompts have no 'category' but a 'type' field (also 'task'): pass --category-field type to "
+                    "break the results down by it")
+    assert category_note(specs) is None
+    with pytest.raises(MtpscopeError) as ei:
+        read_prompt_specs(_file(tmp_path, [{"prompt": "a", "domain": ["x"]}], "r.jsonl"), category_field="domain")
+    assert ei.value.key == "line 1: domain"

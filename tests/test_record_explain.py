@@ -10,7 +10,6 @@ next round's drafter input, which the runtime copies from the same verify row.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +18,10 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import MtpscopeError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
+from mtpscope.traces.run.llama import model as lm  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
+from mtpscope.traces.run.recorder import record  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -45,8 +45,8 @@ def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
     pf.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = d / "t"
     with MtpRuntime(target, noisy, n_ctx=512) as r:
-        s = record(target=target, assistant=noisy, out=out, prompts_file=pf, max_tokens=24, hidden="f32",
-                   hidden_target=True, baseline=True, runtime=r, command=["test"], centroids=fork)
+        s = record(RecordConfig(max_tokens=24, hidden="f32", hidden_target=True, baseline=True, centroids=fork),
+                   target=target, assistant=noisy, out=out, prompts_file=pf, runtime=r, command=["test"])
     return s, traces.open(out), target
 
 
@@ -76,12 +76,12 @@ def test_target_side_matches_an_independent_decode(recorded) -> None:  # noqa: A
     s0 = steps[(steps["prompt_id"] == 1) & (steps["round"] == 0)].sort_values("k")
     # verify row k-1 of round 0 = the target after prompt + pending + d1..d(k-1): decode that sequence
     # alone in a fresh context and read its last row
-    m = rt.LlamaModel(target)
+    m = lm.LlamaModel(target)
     try:
         for k in (1, 2):
             seq = [2, 651, 3823, 1024, int(r0["pending_token"]), *[int(x) for x in list(r0["drafted"])[:k - 1]]]
-            ctx = rt.LlamaContext(m, n_ctx=64, n_batch=64, nextn=False)
-            b = rt.TokenBatch(64)
+            ctx = lm.LlamaContext(m, n_ctx=64, n_batch=64, nextn=False)
+            b = lm.TokenBatch(64)
             try:
                 b.set(seq, 0, logits="last")
                 ctx.decode(b)
@@ -120,8 +120,8 @@ def test_h_target_is_the_next_rounds_input(recorded) -> None:  # noqa: ANN001
 
 
 def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
-    from mtpscope.traces.explain_report import explain_trace
-    from mtpscope.traces.vocab import trace_vocab
+    from mtpscope.traces.analysis.explain_report import explain_trace
+    from mtpscope.traces.analysis.vocab import trace_vocab
 
     _, t, _ = recorded
     x = explain_trace(t, vocab=trace_vocab(t.manifest))
@@ -147,8 +147,10 @@ def test_bad_tokens_and_hidden_target_without_hidden(pair, tmp_path) -> None:  #
     pf = tmp_path / "p.jsonl"
     pf.write_text('"fine"\n{"tokens": [2, 99999]}\n')
     with pytest.raises(MtpscopeError) as ei:
-        record(target=target, assistant=noisy, out=tmp_path / "o", prompts_file=pf, max_tokens=4, hidden="off")
+        record(RecordConfig(max_tokens=4, hidden="off"), target=target, assistant=noisy, out=tmp_path / "o",
+               prompts_file=pf)
     assert ei.value.key == "line 2: tokens[1]" and ei.value.path == str(pf)
     with pytest.raises(MtpscopeError) as ei:
-        record(target=target, assistant=noisy, out=tmp_path / "o2", prompt="x", hidden="off", hidden_target=True)
+        record(RecordConfig(hidden="off", hidden_target=True), target=target, assistant=noisy, out=tmp_path / "o2",
+               prompt="x")
     assert ei.value.key == "hidden_target"

@@ -50,7 +50,7 @@ def _rewrite_gguf(src: Path, dst: Path, change: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def crashing(tiny_pair, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     target, noisy = tiny_pair(vocab="subset", noise=1.0)
     d = tmp_path_factory.mktemp("crash")
@@ -234,21 +234,24 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     """Everything the loop produces passes the worker's transport unchanged: prompts given as text, token
     ids and chat messages, h_target and the plain-decoding baseline; rounds, steps and hidden states
     equal an in-process recording of the same run exactly."""
-    from mtpscope.traces.mtp_runtime import MtpRuntime
-    from mtpscope.traces.recorder import record
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
 
     pf = tmp_path / "prompts.jsonl"
     lines = [{"prompt": PROMPT, "id": "fox", "category": "story"}, {"tokens": [2, 651, 3823, 1024], "id": 7},
              {"messages": [{"role": "user", "content": "Hello"}]}]
     pf.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, max_tokens=20, hidden="f32",
-              hidden_target=True, baseline=True, command=["test"], n_gpu_layers=0)
-    s_iso = record(out=tmp_path / "iso", **kw)
-    with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0) as r:
-        s_in = record(out=tmp_path / "in", runtime=r, **kw)
+    cfg = RecordConfig(max_tokens=20, hidden="f32", hidden_target=True, baseline=True, n_gpu_layers=0)
+    kw = dict(target=crashing["target"], assistant=crashing["noisy"], prompts_file=pf, command=["test"])
+    s_iso = record(cfg, out=tmp_path / "iso", **kw)
+    # no cb_eval in the loop, as in the worker: h_inner derived from the same outputs by the same solve
+    with MtpRuntime(crashing["target"], crashing["noisy"], n_gpu_layers=0, capture=False) as r:
+        s_in = record(cfg, out=tmp_path / "in", runtime=r, **kw)
     assert s_iso.isolated and not s_in.isolated and s_iso.outputs == s_in.outputs
     a, b = traces.open(tmp_path / "iso"), traces.open(tmp_path / "in")
     assert a.manifest["prompts"] == b.manifest["prompts"]
+    assert a.manifest["derived"] == b.manifest["derived"] and a.manifest["derived"]["columns"] == ["h_inner"]
     assert a.manifest["baseline"]["outputs_equal"] is True and a.manifest["params"]["isolated"] is True
     cols = [c for c in a.rounds.columns if not c.startswith("t_")]          # timings differ, of course
     assert a.rounds[cols].equals(b.rounds[cols])

@@ -25,25 +25,19 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from mtpscope.traces import llama_runtime as rt  # noqa: E402
-from mtpscope.traces.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
-from mtpscope.traces.prompts import read_prompts  # noqa: E402
-from mtpscope.traces.ranking import top_k_desc  # noqa: E402
-from mtpscope.traces.recorder import record  # noqa: E402
-from tests.numerics import assert_matvec_close, ggml_matvec  # noqa: E402
+from mtpscope.traces.run.llama import binding, capture, model as lm  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
+from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
+from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
+from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
+from mtpscope.traces.run.recorder import record  # noqa: E402
+from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
+from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
+from tests.numerics import assert_matvec_close, ggml_matvec_fit  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
-PROMPTS = ["The quick brown fox", "Every sailor sings about distant islands", "Hello world"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
-    target, clean = tiny_pair(vocab="subset")
-    _, noisy = tiny_pair(vocab="subset", noise=2.0)
-    _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
-    return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}
 
 
 @pytest.fixture(scope="module")
@@ -56,36 +50,19 @@ def noisy_rt(pair):  # noqa: ANN001, ANN201
 @pytest.fixture(scope="module")
 def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
     out = tmp_path_factory.mktemp("rec") / "noisy"
-    s = record(target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, max_tokens=40,
-               centroids=pair["fork"], hidden="f32", flush_every=3, runtime=noisy_rt, command=["test"])
+    s = record(RecordConfig(max_tokens=40, centroids=pair["fork"], hidden="f32", flush_every=3),
+               target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, runtime=noisy_rt,
+               command=["test"])
     return s, traces.open(out)
 
 
-def _gguf_types(path: Path) -> dict[str, str]:
-    """ggml type name of each tensor (gguf-py), e.g. ``{"token_embd.weight": "F16", ...}``."""
-    from gguf import GGUFReader
-
-    return {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
-
-
-def _gguf_arrays(path: Path) -> dict[str, np.ndarray]:
-    from gguf import GGUFReader
-
-    r = GGUFReader(str(path))
-    return {t.name: np.asarray(t.data, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-            if t.name != "mtp.token_ordering.weight" else np.asarray(t.data) for t in r.tensors
-            if t.name in ("token_embd.weight", "nextn.post_projection.weight", "mtp.centroids.weight",
-                          "mtp.token_ordering.weight", "mtp.post_projection.weight")}
-
-
 # ------------------------------------------------------------------------------------------ invariants
-
 
 def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN001
     accepted = drafted = 0
     for p in PROMPTS:
         tk = noisy_rt.prompt_tokens(p)
-        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=48, trace=False))
+        rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=48), trace=False))
         spec = [rounds[0].pending_token] + [t for r in rounds for t in r.emitted]
         plain = noisy_rt.generate_plain(tk, max_tokens=48)
         assert spec == plain
@@ -98,7 +75,7 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
     with MtpRuntime(pair["target"], pair["noisy"], n_ctx=32, capture=False) as r:
         tk = r.prompt_tokens(PROMPTS[1])
         assert r.n_ctx == 256  # n_ctx is at least n_batch (256)
-        rounds = list(r.run(tk, n_draft=3, max_tokens=240, trace=False))
+        rounds = list(r.run(tk, RecordConfig(n_draft=3, max_tokens=240), trace=False))
         assert r.n_ctx == 512 >= len(tk) + 240 + 4
         assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
             r.generate_plain(tk, max_tokens=240)
@@ -107,7 +84,7 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
 def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:  # noqa: ANN001
     tk = noisy_rt.prompt_tokens(" ".join([PROMPTS[1]] * 60))
     assert len(tk) > noisy_rt.tctx.n_batch  # more than one prefill batch
-    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=False))
     assert rounds[0].pos == len(tk)
     assert [rounds[0].pending_token] + [t for x in rounds for t in x.emitted] == \
         noisy_rt.generate_plain(tk, max_tokens=20)
@@ -118,28 +95,29 @@ def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN00
     # speculative output must equal plain sampling with the same seed
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
     for seed in (1, 7):
-        s1, s2 = Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95), Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95)
-        rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=40, sampler=s1, trace=False))
+        cfg = RecordConfig(n_draft=3, max_tokens=40, temp=0.9, seed=seed, top_k=20, top_p=0.95)
+        rounds = list(noisy_rt.run(tk, cfg, trace=False))
         spec = [noisy_rt.first_token] + [t for r in rounds for t in r.emitted]
+        s2 = Sampler(temp=0.9, seed=seed, top_k=20, top_p=0.95)
         assert spec == noisy_rt.generate_plain(tk, max_tokens=40, sampler=s2)
-        s1.close(), s2.close()
+        s2.close()
         for r in rounds:  # rows after the first mismatch are never sampled
             assert all(t is None for t in r.target[r.n_accepted + 1:])
             assert r.target[r.n_accepted] is not None
 
 
 def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
-    tm, dm = rt.LlamaModel(pair["target"]), rt.LlamaModel(pair["noisy"])
-    tc = rt.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
-    cap = rt.NodeCapture(["result_norm", "h_nextn", "result_output"])
-    dc = rt.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=cap, masked=True)
-    tb, db = rt.TokenBatch(64), rt.DraftBatch(dm.n_embd_inp)
+    tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
+    tc = lm.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
+    cap = capture.NodeCapture(["result_norm", "h_nextn", "result_output"])
+    dc = lm.LlamaContext(dm, n_ctx=256, n_batch=64, mtp_of=tc, capture=cap, masked=True)
+    tb, db = lm.TokenBatch(64), lm.DraftBatch(dm.n_embd_inp)
     try:
         toks = tm.tokenize(PROMPTS[1])
         tb.set(toks, 0)
         tc.decode(tb)
         tok, h = int(np.argmax(tc.logits(-1))), tc.nextn(len(toks) - 1).copy()
-        w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+        w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
         assert ty["token_embd.weight"] == "F16"  # the case where ggml rounds the activations
         for _ in range(4):
             cap.reset()
@@ -169,8 +147,8 @@ def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
 def test_ggml_tensor_mirror_matches_library() -> None:
     import ctypes
 
-    g = rt._ggml_lib()  # raises if sizeof differs from ggml_tensor_overhead() - GGML_OBJECT_SIZE
-    assert ctypes.sizeof(rt.GgmlTensor) == 336 and rt.GgmlTensor.name.offset == 256
+    g = capture.tensor_functions()  # raises if sizeof differs from ggml_tensor_overhead() - GGML_OBJECT_SIZE
+    assert ctypes.sizeof(capture.GgmlTensor) == 336 and capture.GgmlTensor.name.offset == 256
     assert "nbytes" in g
 
 
@@ -223,18 +201,18 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
     later = np.flatnonzero(ks > 1)
     np.testing.assert_array_equal(h[later], hn[later - 1])
     # independent maths from the drafter's weights read with gguf-py
-    w, ty = _gguf_arrays(pair["noisy"]), _gguf_types(pair["noisy"])
+    w, ty = gguf_arrays(pair["noisy"]), gguf_types(pair["noisy"])
     assert_matvec_close(w["nextn.post_projection.weight"], hi, hn, ty["nextn.post_projection.weight"], "h_next")
-    # the logits as ggml computes them (tests/numerics.py); the stored top logits within that bound
-    logits, bound = ggml_matvec(w["token_embd.weight"], hi, ty["token_embd.weight"])
+    # the logits as one of ggml's kernels computes them (tests/numerics.py): the stored top logits within its bound
+    top = np.stack(st["top_ids"].to_numpy())
+    got = np.stack(st["top_logits"].to_numpy()).astype(np.float64)
+    logits, bound, _ = ggml_matvec_fit(w["token_embd.weight"], hi, got, ty["token_embd.weight"], "top logits",
+                                       cols=top)
     rows, tok, best = np.arange(len(st)), st["token"].to_numpy(), np.argmax(logits, axis=1)
     # the drafted token is the argmax (up to a near-tie inside the two logits' bounds)
     assert (logits[rows, best] - logits[rows, tok] <= bound[rows, best] + bound[rows, tok]).all()
-    top = np.stack(st["top_ids"].to_numpy())
-    got = np.stack(st["top_logits"].to_numpy()).astype(np.float64)
-    assert (np.abs(np.take_along_axis(logits, top, axis=1) - got) <= np.take_along_axis(bound, top, axis=1)).all()
     # centroid head from the fork file (gguf-py): c = centroids · h_inner, top-4
-    f = _gguf_arrays(pair["fork"])
+    f = gguf_arrays(pair["fork"])
     c = hi.astype(np.float64) @ f["mtp.centroids.weight"].T.astype(np.float64)
     order = np.argsort(-c, axis=1, kind="stable")[:, :4]
     assert (np.stack(st["centroid_ids"].to_numpy()) == order).all()
@@ -251,15 +229,15 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
 def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, tmp_path) -> None:  # noqa: ANN001
     from safetensors.numpy import save_file
 
-    f = _gguf_arrays(pair["fork"])
+    f = gguf_arrays(pair["fork"])
     hf = tmp_path / "hf"
     hf.mkdir()
     save_file({"masked_embedding.centroids.weight": f["mtp.centroids.weight"],
                "masked_embedding.token_ordering": f["mtp.token_ordering.weight"].astype(np.int64)},
               str(hf / "model.safetensors"))
     (hf / "config.json").write_text(json.dumps({"model_type": "gemma4_assistant", "centroid_intermediate_top_k": 4}))
-    record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "t", prompts=PROMPTS[:1], max_tokens=40,
-           centroids=hf, hidden="off", runtime=noisy_rt)
+    record(RecordConfig(max_tokens=40, centroids=hf, hidden="off"), target=pair["target"], assistant=pair["noisy"],
+           out=tmp_path / "t", prompts=PROMPTS[:1], runtime=noisy_rt)
     a = traces.open(tmp_path / "t")
     b = noisy_trace[1]
     assert a.manifest["models"]["centroids"]["dialect"] == "hf" and a.manifest["centroids"]["top_k"] == 4
@@ -286,7 +264,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     import llama_cpp
 
     assert m["runtime"]["llama_cpp_python"] == llama_cpp.__version__ == "0.3.36"
-    assert m["runtime"]["device"] == (rt.gpu_name() or "cpu") and m["runtime"]["llama_cpp"]
+    assert m["runtime"]["device"] == (binding.gpu_name() or "cpu") and m["runtime"]["llama_cpp"]
     # the drafter's h_inner capture: the C callback wherever a C compiler is at hand (CI has one)
     import shutil
 
@@ -294,7 +272,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     assert m["runtime"]["cb_eval"] == "native" if has_cc else m["runtime"]["cb_eval"].startswith("python (")
     assert m["dims"] == {"n_embd_backbone": 64, "n_embd": 128, "hidden_dtype": "f32"}
     assert m["centroids"]["n_centroids"] == 64 and m["centroids"]["top_k"] == 4
-    tm = rt.LlamaModel(pair["target"])
+    tm = lm.LlamaModel(pair["target"])
     try:
         assert [p["n_prompt_tokens"] for p in m["prompts"]] == [len(tm.tokenize(p)) for p in PROMPTS]
     finally:
@@ -304,8 +282,8 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
 
 
 def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN001
-    s = record(target=pair["target"], assistant=pair["clean"], out=tmp_path / "t", prompt=PROMPTS[0],
-               max_tokens=30, hidden="off")
+    s = record(RecordConfig(max_tokens=30, hidden="off"), target=pair["target"], assistant=pair["clean"],
+               out=tmp_path / "t", prompt=PROMPTS[0])
     assert s.n_rounds > 0 and s.acceptance_rate == 1.0
     tr = traces.open(tmp_path / "t")
     assert tr.manifest["dims"]["hidden_dtype"] is None and tr.manifest["centroids"] is None
@@ -314,8 +292,8 @@ def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN0
 
 
 def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
-    s = record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "c", prompt="Hi there",
-               max_tokens=6, chat=True, runtime=noisy_rt)
+    s = record(RecordConfig(max_tokens=6, chat=True), target=pair["target"], assistant=pair["noisy"],
+               out=tmp_path / "c", prompt="Hi there", runtime=noisy_rt)
     tr = traces.open(tmp_path / "c")
     assert tr.manifest["dims"]["hidden_dtype"] == "f16"
     toks = noisy_rt.prompt_tokens("Hi there", chat=True)
@@ -331,32 +309,33 @@ def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
 
 def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(LayoutError, match="--centroids") as ei:
-        record(target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
     assert ei.value.key == "general.architecture" and ei.value.actual == "gemma4_assistant"
     assert not (tmp_path / "x").exists()
 
 
 def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # noqa: ANN001
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
-        record(target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
     assert ei.value.actual == "gemma4-assistant"
     with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
-        record(target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
     other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
                                dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
     with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
-        record(target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
-    from mtpscope.demo_vocab import load_vocab
+    from mtpscope.demo.vocab import load_vocab
 
     small = demo.write_drafter(tmp_path / "v2048.gguf", vocab=load_vocab("subset", n_subset=2048))
     with pytest.raises(LayoutError, match="E_PAIR_VOCAB") as ei:
-        record(target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=small, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (4096, 2048)
     with pytest.raises(FileNotFoundError):
-        record(target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=tmp_path / "missing.gguf", out=tmp_path / "x",
+               prompt="x")
 
 
 def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
@@ -367,18 +346,19 @@ def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: 
                      tensors=[("mtp.centroids.weight", np.zeros((4, 16), np.float32)),
                               ("mtp.token_ordering.weight", np.arange(4096, dtype=np.int32))])
     with pytest.raises(LayoutError, match="n_embd") as ei:
-        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", centroids=bad)
+        record(RecordConfig(centroids=bad), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+               prompt="x")
     assert (ei.value.expected, ei.value.actual) == (128, 16)
 
 
 def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
     kw = {"target": pair["target"], "assistant": pair["noisy"], "out": tmp_path / "x"}
     with pytest.raises(MtpscopeError, match="exactly one"):
-        record(**kw)
+        record(RecordConfig(), **kw)
     with pytest.raises(MtpscopeError, match="hidden"):
-        record(**kw, prompt="x", hidden="f8")
+        record(RecordConfig(hidden="f8"), **kw, prompt="x")
     with pytest.raises(MtpscopeError, match="n_draft"):
-        record(**kw, prompt="x", n_draft=0)
+        record(RecordConfig(n_draft=0), **kw, prompt="x")
 
 
 def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
@@ -400,12 +380,12 @@ def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_runtime_unavailable_message(monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(rt, "_state", {})
+    monkeypatch.setattr(binding, "_state", {})
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
     with pytest.raises(RuntimeUnavailableError, match="pip install") as ei:
-        rt.llama()
+        binding.llama()
     assert ei.value.key == "llama_cpp"
-    assert rt.available() is False
+    assert binding.available() is False
 
 
 def test_top_k_desc_matches_lexsort() -> None:
@@ -423,7 +403,7 @@ def test_top_k_desc_matches_lexsort() -> None:
 def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]),
@@ -446,6 +426,28 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     tr = traces.open(tmp_path / "t")
     assert [p["text"] for p in tr.manifest["prompts"]] == ["The quick brown fox", "Hello world"]
     assert tr.manifest["dims"]["hidden_dtype"] is None and sorted(tr.rounds.prompt_id.unique()) == [0, 1]
+
+
+def test_cli_record_category_field(pair, tmp_path) -> None:  # noqa: ANN001
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("".join(_json.dumps({"prompt": t, "domain": d}) + "\n" for t, d in (("Hello world", "greet"),
+                                                                                     ("Once upon", "story"))))
+    base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]), "--prompts", str(pf),
+            "--max-tokens", "6", "--hidden", "off", "--no-progress"]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "no 'category' but a 'domain' field: pass --category-field domain" in res.stderr
+    assert "category" not in traces.open(tmp_path / "a").manifest["prompts"][0]
+    res = CliRunner().invoke(app, [*base, "--category-field", "domain", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert "--category-field" not in res.stderr
+    assert [p["category"] for p in traces.open(tmp_path / "b").manifest["prompts"]] == ["greet", "story"]
 
 
 def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
@@ -485,7 +487,7 @@ def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_single_thread_blas_is_restored() -> None:
-    from mtpscope.traces.recorder import _openblas_thread_control, _SingleThreadBlas
+    from mtpscope.traces.run.recorder import _openblas_thread_control, _SingleThreadBlas
 
     ctl = _openblas_thread_control()
     if ctl is None:
@@ -501,7 +503,7 @@ def test_single_thread_blas_is_restored() -> None:
 
 def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from mtpscope.errors import TraceError
-    from mtpscope.traces import recorder
+    from mtpscope.traces.run import recorder
 
     def boom(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a model was loaded")
@@ -510,7 +512,8 @@ def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch)
     monkeypatch.setattr(recorder, "MtpRuntime", boom)
     for n in (65, 1_000_000_000):
         with pytest.raises(TraceError, match="n_draft") as ei:
-            record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", n_draft=n)
+            record(RecordConfig(n_draft=n), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+                   prompt="x")
         assert (ei.value.key, ei.value.expected, ei.value.actual) == ("n_draft", "1..64", n)
     assert not (tmp_path / "x").exists()
 
@@ -522,7 +525,8 @@ def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  
     from mtpscope.errors import TraceError
 
     with pytest.raises(TraceError) as ei:
-        record(target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x", **{name: value})
+        record(RecordConfig(**{name: value}), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+               prompt="x")
     assert ei.value.key == name
     assert not (tmp_path / "x").exists()
 
@@ -545,7 +549,7 @@ def noisy_rt_python_capture(pair):  # noqa: ANN001, ANN201
 def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture, monkeypatch) -> None:  # noqa: ANN001
     noisy_rt = noisy_rt_python_capture
     cap = noisy_rt.capture
-    assert isinstance(cap, rt.NodeCapture)
+    assert isinstance(cap, capture.NodeCapture)
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
     calls = []
 
@@ -555,7 +559,7 @@ def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture
 
     monkeypatch.setattr(cap, "_copy", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=True))
+        list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=True))
     assert len(calls) == 1  # remembered once; the callback declined every later node
     assert cap.error is None  # raised once, then forgotten
     # the callback itself never raises: called directly it answers False and keeps the error
@@ -566,7 +570,7 @@ def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture
     cap.raise_pending()  # nothing pending: no-op
     monkeypatch.undo()
     # the runtime is still usable and exact afterwards
-    rounds = list(noisy_rt.run(tk, n_draft=3, max_tokens=20, trace=False))
+    rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=False))
     assert [rounds[0].pending_token] + [t for r in rounds for t in r.emitted] == \
         noisy_rt.generate_plain(tk, max_tokens=20)
 
@@ -587,8 +591,8 @@ def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capt
     monkeypatch.setattr(cap, "_copy", copy_then_interrupt)
     out = tmp_path / "int"
     with pytest.raises(KeyboardInterrupt):
-        record(target=pair["target"], assistant=pair["noisy"], out=out, prompt=PROMPTS[0], max_tokens=200,
-               flush_every=1, hidden="off", compact=False, runtime=noisy_rt)
+        record(RecordConfig(max_tokens=200, flush_every=1, hidden="off", compact=False), target=pair["target"],
+               assistant=pair["noisy"], out=out, prompt=PROMPTS[0], runtime=noisy_rt)
     tr = traces.open(out)
     assert tr.manifest["complete"] is False
     assert sorted(tr.rounds["round"].tolist()) == [0, 1, 2, 3]  # rounds 0-3 finished, round 4 interrupted
@@ -623,9 +627,8 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "t"
-    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0],
-          "hidden": "off", "runtime": noisy_rt, "flush_every": 1}
-    record(**kw, max_tokens=10)
+    kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0], "runtime": noisy_rt}
+    record(RecordConfig(max_tokens=10, hidden="off", flush_every=1), **kw)
     before = (out / "manifest.json").read_bytes()
     n_before = len(traces.open(out).rounds)
 
@@ -634,7 +637,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom") as ei:
-        record(**kw, max_tokens=40, overwrite=True, on_round=fail)
+        record(RecordConfig(max_tokens=40, hidden="off", flush_every=1), **kw, overwrite=True, on_round=fail)
     partial = tmp_path / f"t.partial-{os.getpid()}"
     assert any(str(partial) in n for n in ei.value.__notes__)
     assert str(partial) in capsys.readouterr().err
@@ -642,7 +645,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
     tp = traces.open(partial)
     assert tp.manifest["complete"] is False and sorted(tp.rounds["round"].tolist()) == [0, 1, 2]
     # a run that completes replaces the old trace; no partial or old folder is left
-    s = record(**kw, max_tokens=40, overwrite=True)
+    s = record(RecordConfig(max_tokens=40, hidden="off", flush_every=1), **kw, overwrite=True)
     tr = traces.open(out)
     assert tr.manifest["complete"] is True and tr.manifest["params"]["max_tokens"] == 40
     assert len(tr.rounds) == s.n_rounds > n_before
@@ -651,7 +654,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     from tests.builders import parts, write
-    from mtpscope.traces import recorder
+    from mtpscope.traces.run import recorder
 
     arch, kv, tensors = parts("upstream")
     tensors["blk.0.attn_q.weight"] = tensors["blk.0.attn_q.weight"].astype(np.int32)  # I32 matrix
@@ -661,7 +664,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
     assert {t.name: t.tensor_type.name for t in GGUFReader(str(bad)).tensors}["blk.0.attn_q.weight"] == "I32"
     monkeypatch.setattr(recorder, "MtpRuntime", lambda *a, **k: pytest.fail("llama.cpp was reached"))
     with pytest.raises(LayoutError, match="E_DTYPE blk.0.attn_q.weight") as ei:
-        record(target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
+        record(RecordConfig(), target=pair["target"], assistant=bad, out=tmp_path / "x", prompt="x")
     assert ei.value.key == "blk.0.attn_q.weight" and ei.value.actual == "I32"
     assert ei.value.path == os.fspath(bad) and not (tmp_path / "x").exists()
     # the unmutated drafter from the same parts passes the pre-flight
@@ -673,7 +676,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
 def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:  # noqa: ANN001
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompt", "x",
             "--no-progress", "--out", str(tmp_path / "t")]

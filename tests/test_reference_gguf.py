@@ -84,7 +84,7 @@ def test_quantized_drafter_stays_close(files: dict[str, Path], name: str, tol: f
 
 
 def test_centroid_head_agrees_with_recorder_implementation(files: dict[str, Path]) -> None:
-    from mtpscope.traces.centroid_head import centroid_step, load_centroid_head
+    from mtpscope.traces.run.centroid_head import centroid_step, load_centroid_head
 
     fork = ReferenceDrafter.from_gguf(files["fork"], files["target"])
     head = load_centroid_head(files["fork"])

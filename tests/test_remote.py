@@ -19,6 +19,7 @@ from mtpscope.inspector.remote import (
     open_remote_reader,
     parse_hf,
     redirect_allowed,
+    request_totals,
     resolve,
 )
 from tests.remote_server import FileServer, write_sparse_gguf
@@ -66,7 +67,11 @@ def test_sparse_inventory_in_one_request(server, files):
     assert len(hits) == 1 and hits[0].status == 206
     assert sum(h.sent for h in hits) <= local.header_end + MiB
     assert r.log.n_requests == 1 and r.log.n_bytes == hits[0].sent
+    assert request_totals(f) == (1, hits[0].sent) and request_totals(local) is None
     assert f.path == server.url("range", "sparse.gguf")
+    # the header bytes a remote file holds are the local file's
+    assert f.header_bytes(0, local.header_end) == local.header_bytes(0, local.header_end)
+    assert local.header_bytes(0, 4) == b"GGUF" and f.header_bytes(local.file_size, 8) == b""
 
 
 def test_rows_read_by_range_only(server, files):
@@ -253,7 +258,7 @@ def test_cli_accepts_urls(server, files, demo_dir, vocab_gguf):
 
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     runner = CliRunner()
     with FileServer({"d.gguf": demo_dir.drafter_upstream, "t.gguf": demo_dir.target}) as s:

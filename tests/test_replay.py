@@ -16,7 +16,7 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
 from mtpscope.inspector.reference import ReferenceDrafterError  # noqa: E402
-from mtpscope.traces.replay import BASELINE_CPU, BASELINE_GPU, baseline_for, replay  # noqa: E402
+from mtpscope.traces.run.replay import BASELINE_CPU, BASELINE_GPU, baseline_for, replay  # noqa: E402
 from tests.numerics import check_emulated_chain  # noqa: E402
 
 pytestmark = pytest.mark.llama
@@ -24,9 +24,10 @@ pytestmark = pytest.mark.llama
 
 @pytest.fixture(scope="module")
 def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from mtpscope import demo
-    from mtpscope.demo_vocab import load_vocab
-    from mtpscope.traces.recorder import record
+    from mtpscope.demo import build as demo
+    from mtpscope.demo.vocab import load_vocab
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
 
     voc = load_vocab("subset")
     d = tmp_path_factory.mktemp("demo")
@@ -35,8 +36,8 @@ def demo_trace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fork = demo.write_drafter(d / "drafter-fork.gguf", vocab=voc, noise=1.5, dialect="fork", centroid_misplace=0.5,
                               centroid_top_k=2)  # 2 of 32 centroids: the sparse head really restricts
     words = demo.DEMO_PASSAGE.split()
-    record(target=t, assistant=dr, out=d / "trace", prompts=[" ".join(words[:5]), " ".join(words[7:12])],
-           max_tokens=40, centroids=fork, hidden="f32")
+    record(RecordConfig(max_tokens=40, centroids=fork, hidden="f32"), target=t, assistant=dr, out=d / "trace",
+           prompts=[" ".join(words[:5]), " ".join(words[7:12])])
     return {"target": t, "drafter": dr, "fork": fork, "trace": d / "trace"}
 
 
@@ -89,7 +90,7 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
     # the drafter's own logits are kept: the greedy draft is rank 0
     assert (vp.steps["rank"] == 0).all()
     # step 1 of the centroid variant sees the recorded inputs: it must pick the centroid head's token that
-    # the recorder computed from llama.cpp's h_inner (traces/centroid_head.py, an independent implementation)
+    # the recorder computed from llama.cpp's h_inner (traces/run/centroid_head.py, an independent implementation)
     m = steps.merge(tr.steps[["prompt_id", "round", "k", "centroid_token"]], on=["prompt_id", "round", "k"])
     k1 = m[m["k"] == 1]
     assert len(k1) == len(tr.rounds)
@@ -100,7 +101,7 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.cli import app
+    from mtpscope.cli.main import app
 
     r = CliRunner().invoke(app, ["replay", str(demo_trace["trace"]), "--variant", "position=p-1",
                                  "--max-rounds", "4", "--json"])
@@ -148,15 +149,16 @@ def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
 def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     """On a drafter whose attention matters, the position convention changes drafts."""
     from mtpscope.inspector.convert import convert, write_tiny_pair
-    from mtpscope import demo
-    from mtpscope.traces.recorder import record
+    from mtpscope.demo import build as demo
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
 
     tdir, ddir = write_tiny_pair(tmp_path / "hf", seed=5)
     t = convert(tdir, tmp_path / "t.gguf").out
     d = convert(ddir, tmp_path / "d.gguf").out
     words = demo.DEMO_PASSAGE.split()
-    record(target=t, assistant=d, out=tmp_path / "trace", prompts=[" ".join(words[:9])], max_tokens=24,
-           hidden="f32")
+    record(RecordConfig(max_tokens=24, hidden="f32"), target=t, assistant=d, out=tmp_path / "trace",
+           prompts=[" ".join(words[:9])])
     res = replay(tmp_path / "trace", variants=["position=p-1"])
     s = res.summary()
     assert s["variants"]["baseline"]["agreement"] == 1.0

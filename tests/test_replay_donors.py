@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import LayoutError
-from mtpscope.traces.target_prefill import donor_layers
+from mtpscope.traces.run.target_prefill import donor_layers
 
 
 def _target(path: Path, n: int, shared: int, pattern: list[int]) -> Path:
     from mtpscope.inspector.gguf import BOOL
     from mtpscope.inspector.gguf_write import array, u32, write_gguf
 
-    return write_gguf(path, "gemma4", {"gemma4.block_count": u32(n), "gemma4.attention.shared_kv_layers": u32(shared),
+    return write_gguf(path, "gemma4", {"gemma4.block_count": u32(n), "gemma4.embedding_length": u32(64),
+                                       "gemma4.attention.shared_kv_layers": u32(shared),
                                        "gemma4.attention.sliding_window_pattern": array(map(bool, pattern), BOOL)}, {})
 
 

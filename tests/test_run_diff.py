@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtpscope.inspector.gguf_write import f32, u32, write_gguf
-from mtpscope.traces.run_diff import difference_rows, run_differences
+from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
 
 
 def _gguf(path, swa_base: float, norm_dtype=np.float32) -> str:

@@ -1,7 +1,7 @@
 """verify's errors and verdicts against what the real llama.cpp does with the same files (issue 16 §3).
 
 Each file is run by the real MTP loop in a child process (tests/runtime_probe.py: llama.cpp through
-traces.llama_runtime; a GGML abort kills only the child), and the test asserts both sides: the runtime's
+traces.run.llama; a GGML abort kills only the child), and the test asserts both sides: the runtime's
 exit signal and message, or its output, and the finding / verdict verify gives.
 
 Files: the demo's tiny pair with the first 4096 real Gemma 4 tokens (tests/builders.py). The demo drafter's
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mtpscope import demo
+from mtpscope.demo import build as demo
 from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.errors import GGUFFormatError
 from mtpscope.inspector.gguf import open_gguf

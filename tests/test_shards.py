@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from mtpscope.errors import GGUFFormatError
+from mtpscope.errors import GGUFFormatError, LayoutError
 from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.remote import RemoteOptions
 from mtpscope.inspector.shards import ShardedGGUF, open_model, shard_locations
 from tests.conftest import write_gguf_file
 from tests.remote_server import FileServer
-from tests.test_inventory import drafter_spec
+from tests.specs import drafter_spec
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,20 @@ def test_any_shard_opens_the_model(split_fork: tuple[Path, list[Path]]) -> None:
     assert inv.dialect.kind == "fork" and inv.n_bytes == ref.n_bytes
     assert [(e.tensor.name, e.component, e.layer) for e in inv.entries] == \
         [(e.tensor.name, e.component, e.layer) for e in ref.entries]
+
+
+def test_one_file_and_a_split_model_answer_alike(split_fork: tuple[Path, list[Path]]) -> None:
+    """The reader protocol (GGUFLike): a single file is its own only shard and holds every tensor."""
+    whole, shards = split_fork
+    f = open_model(whole)
+    assert f.shards == (f,) and f.reader is None
+    name = f.tensors[-1].name
+    assert f.shard_of(name) == 0
+    m = open_model(shards[0])
+    assert len(m.shards) == 3 and m.shard_of(name) == 2 and m.reader is None
+    for x in (f, m):
+        with pytest.raises(LayoutError):
+            x.shard_of("no.such.tensor")
 
 
 def test_verify_split_equals_whole(split_fork: tuple[Path, list[Path]]) -> None:
@@ -110,7 +124,7 @@ def test_remote_shards(split_fork: tuple[Path, list[Path]]) -> None:
 def test_llama_cpp_loads_the_same_split(tiny_pair: Any, tmp_path: Path) -> None:
     """Our shard naming is llama.cpp's: the real loader opens the first shard and finds the others."""
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.llama_runtime import LlamaModel
+    from mtpscope.traces.run.llama.model import LlamaModel
 
     target, _ = tiny_pair()
     src = open_model(target)

@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from mtpscope.app import selection  # noqa: E402
+
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
 
@@ -27,7 +29,7 @@ def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_heatmap_holds_the_cells(sweep_dir: Path) -> None:
     from mtpscope.app import charts
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     cells = open_sweep(sweep_dir).cells()
     for label, (col, _, _) in charts.SWEEP_VALUES.items():
@@ -47,18 +49,26 @@ def test_heatmap_holds_the_cells(sweep_dir: Path) -> None:
 
 
 def test_sweep_page_and_opening_a_cell(sweep_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(sweep_dir.parent))
     at = AppTest.from_file(MAIN, default_timeout=120)
-    at.session_state["sel.sweep"] = str(sweep_dir)
+    at.session_state[selection.SEL_SWEEP] = str(sweep_dir)
     at.run()
     at.switch_page("screens/sweep.py").run()
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["tasks"] == "10" and metrics["done"] == "10" and metrics["failed"] == "0"
-    at.selectbox(key="w.sweep.config").set_value("q4 · n_draft 3")
-    at.selectbox(key="w.sweep.category").set_value("code")
+    # the page's recommendation is the CLI's (`mtpscope report DIR --json`), word for word
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    rep = __import__("json").loads(CliRunner().invoke(app, ["report", str(sweep_dir), "--json"]).stdout)
+    boxes = [b.value for b in (*at.success, *at.warning)]
+    assert any(rep["recommendation"]["reason"] in b for b in boxes), boxes
+    at.selectbox(key=selection.SWEEP_CONFIG).set_value("q4 · n_draft 3")
+    at.selectbox(key=selection.SWEEP_CATEGORY).set_value("code")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     cells = open_sweep(sweep_dir).cells()
@@ -66,14 +76,14 @@ def test_sweep_page_and_opening_a_cell(sweep_dir: Path, monkeypatch: pytest.Monk
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["acceptance rate"] == f"{r['acceptance_rate']:.1%}"
     assert metrics["speedup"] == f"{r['speedup']:.3f}"
-    assert at.selectbox(key="w.sweep.shard").options == ["shard 0 (1 prompt of this category)",
+    assert at.selectbox(key=selection.SWEEP_SHARD).options == ["shard 0 (1 prompt of this category)",
                                                          "shard 1 (1 prompt of this category)"]
-    at.selectbox(key="w.sweep.shard").set_value(1)
+    at.selectbox(key=selection.SWEEP_SHARD).set_value(1)
     at.run()
-    at.button(key="sweep.open.acceptance").click()
+    at.button(key=selection.sweep_open_key("acceptance")).click()
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.session_state["sel.trace"] == str(sweep_dir / "assistant=q4" / "n_draft=3" / "shard=1")
+    assert at.session_state[selection.slot_key(selection.TRACE)] == str(sweep_dir / "assistant=q4" / "n_draft=3" / "shard=1")
     assert [t.value for t in at.title] == ["Acceptance"]
 
 
@@ -81,7 +91,7 @@ def test_sweep_page_refuses_paths_outside_the_roots(sweep_dir: Path, monkeypatch
                                                     tmp_path: Path) -> None:
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
     at = AppTest.from_file(MAIN, default_timeout=120)
-    at.session_state["sel.sweep"] = str(sweep_dir)
+    at.session_state[selection.SEL_SWEEP] = str(sweep_dir)
     at.run()
     at.switch_page("screens/sweep.py").run()
     assert not at.exception

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 
 NO_RAY = "import sys; sys.modules['ray'] = None; "
 runner = CliRunner()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    code = NO_RAY + "import sys; from mtpscope.cli import main; sys.argv = ['mtpscope', *sys.argv[1:]]; main()"
+    code = NO_RAY + "import sys; from mtpscope.cli.main import main; sys.argv = ['mtpscope', *sys.argv[1:]]; main()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""The sweep spec and sweep.json (traces/sweep_format.py): prompt sets with categories, shard assignment,
+"""The sweep spec and sweep.json (traces/sweep/spec.py): prompt sets with categories, shard assignment,
 task ids, refusals, the state file's checks. No Ray, no llama.cpp."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
-from mtpscope.traces.sweep_format import (
+from mtpscope.traces.sweep.spec import (
     SweepPrompt,
     SweepSpec,
     assistant_name,
@@ -46,6 +46,34 @@ def test_prompt_set_bad_category_names_the_line(tmp_path: Path) -> None:
     p.write_text('{"prompt": "a"}\n\n{"prompt": "b", "category": 3}\n')
     with pytest.raises(MtpscopeError, match="line 3"):
         read_prompt_set(p)
+
+
+def test_prompt_set_takes_what_record_takes(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    lines = [{"tokens": [2, 651, 13], "id": "t1", "domain": "ids"},
+             {"messages": [{"role": "user", "content": "hi"}], "domain": "chat", "source_url": "x"},
+             {"prompt": "plain", "domain": "story"}]
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    got = read_prompt_set(p)
+    assert [x.category for x in got] == ["default"] * 3
+    from mtpscope.traces.sweep.spec import prompt_set_note
+
+    assert "--category-field domain" in prompt_set_note(got)
+    got = read_prompt_set(p, category_field="domain")
+    assert [x.category for x in got] == ["ids", "chat", "story"] and prompt_set_note(got) is None
+    assert got[0].tokens == (2, 651, 13) and got[0].text == "" and got[0].id == "t1"
+    assert got[1].messages == (("user", "hi"),) and dict(got[1].extra) == {"source_url": "x"}
+    # what the recorder receives: the same prompt, its category included
+    spec0 = got[0].prompt_spec()
+    assert spec0.tokens == (2, 651, 13) and spec0.text is None and spec0.category == "ids" and spec0.id == "t1"
+    assert got[1].prompt_spec().messages == ({"role": "user", "content": "hi"},)
+    # sweep.json keeps them: a resumed sweep records the same prompts
+    s = SweepSpec(target="/t.gguf", assistants=(("a", "/a.gguf"),), prompts=got, n_drafts=(2,), n_shards=1).check()
+    st = new_state(s, command=["x"])
+    assert st["prompts"][0]["tokens"] == [2, 651, 13] and st["prompts"][1]["messages"] == [{"role": "user",
+                                                                                          "content": "hi"}]
+    write_state(tmp_path, st)
+    assert SweepSpec.from_state(read_state(tmp_path)) == s
 
 
 def test_shards_round_robin_and_tasks() -> None:

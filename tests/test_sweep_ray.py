@@ -54,7 +54,7 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def spec(demo_dir, tmp_path_factory):
-    from mtpscope.traces.sweep_format import SweepSpec, read_prompt_set
+    from mtpscope.traces.sweep.spec import SweepSpec, read_prompt_set
 
     p = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     p.write_text("".join(json.dumps({"prompt": t, "category": c}) + "\n" for t, c in PROMPTS))
@@ -66,9 +66,10 @@ def spec(demo_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sequential(spec, tmp_path_factory):
     """Each task recorded here, one after the other, on one runtime: task id -> rounds / outputs."""
-    from mtpscope.traces.mtp_runtime import MtpRuntime
-    from mtpscope.traces.recorder import record
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.store.reader import open_trace
 
     out = {}
     root = tmp_path_factory.mktemp("seq")
@@ -79,8 +80,8 @@ def sequential(spec, tmp_path_factory):
                 out[t.task_id] = [rtm.generate_plain(rtm.prompt_tokens(x), max_tokens=MAX_TOKENS) for x in texts]
             else:
                 d = root / t.task_id.replace("/", "_")
-                record(target=spec.target, assistant=spec.assistants[0][1], out=d, prompts=texts, n_draft=t.n_draft,
-                       max_tokens=MAX_TOKENS, hidden="off", runtime=rtm, n_gpu_layers=0)
+                record(RecordConfig(n_draft=t.n_draft, max_tokens=MAX_TOKENS, hidden="off", n_gpu_layers=0),
+                       target=spec.target, assistant=spec.assistants[0][1], out=d, prompts=texts, runtime=rtm)
                 out[t.task_id] = open_trace(d).rounds[COLUMNS]
     return out
 
@@ -91,7 +92,7 @@ def _canon(df):
 
 
 def _check_task(sweep_dir: Path, task_id: str, sequential) -> None:
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(sweep_dir / task_id)
     assert tr.manifest["complete"], task_id
@@ -118,7 +119,7 @@ def _mtimes(d: Path, tasks) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def faulty_sweep(ray_local, spec, tmp_path_factory):
-    from mtpscope.traces.sweep import run_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     out = tmp_path_factory.mktemp("sweep") / "a"
     faults = {KILLED: {"kind": "kill", "round": 2},
@@ -145,15 +146,21 @@ def test_sweep_matches_sequential_and_retries_a_killed_worker(faulty_sweep, sequ
         if t["state"] == "done":
             _check_task(out, tid, sequential)
             assert t["n_rounds"] > 0 and t["tokens_per_s"] > 0
+            # every cell's manifest names its prompts' categories (the baseline's too)
+            from mtpscope.traces.store.reader import open_trace
+
+            shard = int(tid.rsplit("=", 1)[1])
+            want = [c for i, (_, c) in enumerate(PROMPTS) if i % 2 == shard]
+            assert [p.get("category") for p in open_trace(out / tid).manifest["prompts"]] == want, tid
     # llama.cpp ran with the actor's thread count
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.store.reader import open_trace
 
     assert open_trace(out / KILLED).manifest["params"]["n_threads"] == 1
 
 
 def test_resume_finishes_only_the_failed_task(faulty_sweep, sequential, spec) -> None:
-    from mtpscope.traces.sweep import run_sweep
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
+    from mtpscope.traces.sweep.reader import open_sweep
 
     out, _ = faulty_sweep
     done = [t for t, s in _states(out).items() if s["state"] == "done"]
@@ -177,7 +184,7 @@ def test_resume_finishes_only_the_failed_task(faulty_sweep, sequential, spec) ->
 
 
 def test_resume_after_the_driver_is_killed(ray_local, spec, sequential, tmp_path) -> None:
-    from mtpscope.traces.sweep import run_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     out = tmp_path / "b"
     prompts = tmp_path / "p.jsonl"

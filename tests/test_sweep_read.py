@@ -1,4 +1,4 @@
-"""Reading a sweep as one dataset (traces/sweep_read.py) and ``mtpscope report DIR`` on a sweep, on a
+"""Reading a sweep as one dataset (traces/sweep/reader.py) and ``mtpscope report DIR`` on a sweep, on a
 small synthetic sweep. Expected values are computed straight from the Parquet files with pyarrow and
 numpy (not through our DuckDB views). No Ray, no llama.cpp."""
 
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces.sweep_read import CELL_COLUMNS, open_sweep
+from mtpscope.traces.sweep.reader import CELL_COLUMNS, open_sweep
 from mtpscope.traces.synthetic import write_synthetic_sweep
 
 CATS = ("code", "math", "prose")
@@ -102,8 +102,8 @@ def test_hive_columns_and_round_n_draft(sweep_dir: Path) -> None:
 
 
 def test_timeline_and_cell(sweep_dir: Path) -> None:
-    from mtpscope.traces.metrics import totals
-    from mtpscope.traces.store import open_trace
+    from mtpscope.traces.analysis.metrics import totals
+    from mtpscope.traces.store.reader import open_trace
 
     sw = open_sweep(sweep_dir)
     tl = sw.timeline("q4", 2, columns=("n_draft", "n_accepted", "pos"))
@@ -143,6 +143,12 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     assert sw.sql("SELECT count(*) AS n FROM rounds")["n"][0] == 6000   # the main views are back
     one = sw.cell("q4", 2, shard=1)
     assert len(one.rounds) == len(t1)
+    # a cell reads like a trace (traces.store.protocols.TraceLike): the analysis functions take it
+    from mtpscope.traces.analysis.explain_report import step_columns
+    from mtpscope.traces.analysis.metrics import report
+
+    assert cell.schemas == one.schemas and "token" in step_columns(cell)
+    assert report(cell)["n_accepted"] == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
 
 
 @pytest.mark.slow
@@ -184,7 +190,7 @@ def test_report_json_failed_and_incomplete(sweep_dir: Path, tmp_path: Path) -> N
     run = subprocess.run([sys.executable, "-m", "mtpscope.cli", "report", str(sweep_dir)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert "best n_draft per category" in run.stdout and "speedup" in run.stdout
+    assert "Recommendation:" in run.stdout and "speedup" in run.stdout
     (d / "sweep.json").write_text("{")
     run = subprocess.run([sys.executable, "-m", "mtpscope.cli", "report", str(d)], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "sweep.json" in run.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from mtpscope import traces
 from mtpscope.errors import TraceError
-from mtpscope.traces import metrics as M
+from mtpscope.traces.analysis import metrics as M
 from mtpscope.traces.synthetic import write_synthetic_trace
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.target_side import target_stats
+from mtpscope.traces.run.target_side import target_stats
 
 
 def test_against_torch() -> None:
@@ -41,7 +41,7 @@ def test_by_hand_and_errors() -> None:
 
 def test_finish_target_side_uses_the_kept_logits() -> None:
     # the worker defers the target's side to the recorder: the same numbers from the kept verify rows
-    from mtpscope.traces.mtp_runtime import RoundResult, finish_target_side
+    from mtpscope.traces.run.mtp_runtime import RoundResult, finish_target_side
 
     x = np.array([[0.0, 0.0, 0.0, 0.0], [np.log(3.0), 0.0, -np.inf, 0.0]], dtype=np.float32)
     res = RoundResult(round=0, pos=5, pending_token=1, drafted=(2, 0), target=(2, 1, 3), n_accepted=1,

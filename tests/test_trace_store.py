@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +209,65 @@ def test_open_errors(tmp_path: Path) -> None:
         traces.open(tmp_path)
 
 
+def test_read_manifest_is_the_file_checked_and_names_where_it_fails(tmp_path: Path) -> None:
+    from mtpscope.traces.store.reader import read_manifest
+
+    _write(tmp_path / "t")
+    assert read_manifest(tmp_path / "t") == json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert traces.read_manifest is read_manifest
+    with pytest.raises(TraceFormatError, match="not a trace directory"):
+        read_manifest(tmp_path / "missing")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises(TraceFormatError, match="no manifest") as e:
+        read_manifest(bad)
+    assert str(bad / "manifest.json") in e.value.one_line()
+    (bad / "manifest.json").write_bytes(b'{"a": "\xff"}')          # byte 7 is not UTF-8
+    with pytest.raises(TraceFormatError, match="not UTF-8") as e:
+        read_manifest(bad)
+    assert "offset 7:" in e.value.one_line() and "0xff" in e.value.one_line()
+    text = '{"schema_version": 1,\n  "source": }'
+    (bad / "manifest.json").write_text(text)
+    with pytest.raises(TraceFormatError, match="not valid JSON") as e:
+        read_manifest(bad)
+    assert f"offset {text.index('}')}:" in e.value.one_line()       # where a value was expected
+    (bad / "manifest.json").write_text(json.dumps({"schema_version": 1, "source": "record", "complete": True}))
+    with pytest.raises(TraceFormatError, match="lacks a required key") as e:
+        read_manifest(bad)
+    assert "counts" in e.value.one_line()
+
+
+def test_trace_files_lists_what_a_reader_sees(tmp_path: Path) -> None:
+    """The manifest, then every finished part / merged file per table; never .tmp files or the WAL."""
+    from mtpscope.traces.store.layout import trace_files
+
+    assert trace_files(tmp_path) == []
+    _write(tmp_path, flush_every=3)
+    names = [p.relative_to(tmp_path).as_posix() for p in trace_files(tmp_path)]
+    assert names == ["manifest.json"] + [f"{t}/part-0000{i}.parquet" for t in ("rounds", "steps") for i in range(3)]
+    (tmp_path / "rounds" / "part-00003.parquet.tmp").write_bytes(b"PAR1")
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "part-00003.rounds.arrows").write_bytes(b"")
+    (tmp_path / "rounds" / "notes.txt").write_text("x")
+    assert [p.relative_to(tmp_path).as_posix() for p in trace_files(tmp_path)] == names
+    c = tmp_path / "c"
+    _write(c, flush_every=2, compact=True)
+    assert [p.relative_to(c).as_posix() for p in trace_files(c)] == [
+        "manifest.json", "rounds/merged-00000.parquet", "steps/merged-00000.parquet"]
+
+
+def test_replacement_leftovers(tmp_path: Path) -> None:
+    from mtpscope.traces.store.writer import partial_dir, replacement_leftovers
+
+    out = tmp_path / "t"
+    assert replacement_leftovers(out) == []
+    mine = partial_dir(out)
+    mine.mkdir()
+    for name in ("t.partial-1", "t.old-77", "t.other", "tt.partial-1", "u.old-1"):
+        (tmp_path / name).mkdir()
+    assert sorted(p.name for p in replacement_leftovers(out)) == sorted(["t.partial-1", "t.old-77", mine.name])
+
+
 def test_truncated_part_is_skipped_with_warning(tmp_path: Path) -> None:
     _write(tmp_path)
     bad = tmp_path / "rounds" / "part-00001.parquet"
@@ -279,7 +337,7 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     """With compact=True each part is appended to its group's merged file as it is written, so close()
     reads no part back; the merged files equal what reading the parts back makes (same listing, rows,
     row groups), several groups included."""
-    import mtpscope.traces.store as store
+    import mtpscope.traces.store.merge as merge
 
     def build(d: Path) -> None:
         with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
@@ -291,10 +349,10 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     with monkeypatch.context() as m:           # while writing: no part may be read back
         def no_read(*a: object, **k: object) -> None:
             raise AssertionError("a part was read back")
-        m.setattr(store.pq, "read_table", no_read)
+        m.setattr(pq, "read_table", no_read)
         build(tmp_path / "inc")
     with monkeypatch.context() as m:           # the old way: the merger is off, close() reads the parts back
-        m.setattr(store._Merger, "add", lambda self, rec, tables: setattr(self, "error", RuntimeError("off")))
+        m.setattr(merge.Merger, "add", lambda self, rec, tables: setattr(self, "error", RuntimeError("off")))
         build(tmp_path / "old")
     a, b = traces.open(tmp_path / "inc"), traces.open(tmp_path / "old")
     assert a.manifest["parts"] == b.manifest["parts"]
@@ -410,14 +468,14 @@ def test_wal_torn_tail_and_live_writer(tmp_path: Path) -> None:
 
 
 def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store as store
+    import mtpscope.traces.store.writer as writer
 
     def boom(table, path):  # noqa: ANN001
         raise OSError(28, "No space left on device")
 
     w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
                     flush_every=1)
-    monkeypatch.setattr(store, "_write_part", boom)
+    monkeypatch.setattr(writer, "write_part", boom)
     w.add_round(_round(0, 1))                      # queued; the thread fails
     with pytest.raises(TraceError, match="No space left"):
         for r in range(1, 50):                     # surfaces at a later call at the latest at close
@@ -428,13 +486,11 @@ def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import mtpscope.traces.store as store
-
     class Broken:
         def __init__(self, *a, **k):  # noqa: ANN002, ANN003
             raise OSError("disk went away")
 
-    monkeypatch.setattr(store.pq, "ParquetWriter", Broken)
+    monkeypatch.setattr(pq, "ParquetWriter", Broken)
     _write(tmp_path, flush_every=2, compact=True)
     monkeypatch.undo()
     t = traces.open(tmp_path)
@@ -500,3 +556,30 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
     with pytest.raises(TraceFormatError) as e:
         traces.open(d).rounds
     assert e.value.key == "prompt_id"
+
+
+def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from mtpscope.traces.store import parts
+
+    monkeypatch.setattr(parts, "ROW_GROUP_ROUNDS", 1)      # a row group every 3 steps in the merged file
+    _write(tmp_path / "t", flush_every=1, compact=True)
+    t = traces.open(tmp_path / "t")
+    merged = t.part_files("steps")
+    assert len(merged) == 1 and pq.ParquetFile(merged[0]).metadata.num_row_groups > 2
+    full = t.hidden("h")
+    assert full.shape == (3 * len(ACC), 6)
+    np.testing.assert_array_equal(full[:, 0], [r * 10 + k for r in range(len(ACC)) for k in (1, 2, 3)])
+    for mask in ((t.steps["round"] == 2).to_numpy(), (t.steps["k"] == 3).to_numpy(),
+                 np.arange(len(full)) % 5 == 0, np.arange(len(full)) == len(full) - 1):
+        np.testing.assert_array_equal(t.hidden("h", where=mask), full[mask])
+        np.testing.assert_array_equal(t.hidden("h_inner", where=mask), t.hidden("h_inner")[mask])
+    read: list[list[int]] = []
+    orig = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        read.append(list(groups))
+        return orig(self, groups, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    t.hidden("h", where=np.arange(len(full)) == 4)
+    assert read == [[1]]                                     # step 4 lives in the second group of 3 steps

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.records import RoundRecord, StepRecord
-from mtpscope.traces.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
-                                       TransportClosed, pack, unpack)
+from mtpscope.traces.store.records import RoundRecord, StepRecord
+from mtpscope.traces.run.packing import pack, unpack
+from mtpscope.traces.run.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
+                                           TransportClosed)
 
 
 def _step(k: int, dim: int) -> StepRecord:
@@ -27,7 +28,7 @@ def test_pack_unpack_round_trip() -> None:
     s = _step(1, 8)
     header, arrays = pack(s)
     assert len(arrays) == 2 and arrays[0] is s.h                      # arrays by reference, in field order
-    assert header["__type__"] == "mtpscope.traces.records:StepRecord"
+    assert header["__type__"] == "mtpscope.traces.store.records:StepRecord"
     back = unpack(header, arrays)
     assert isinstance(back, StepRecord) and back.top_ids == (11, 3) and back.top_logits == (1.5, -2.0)
     assert back.h_next is None and back.target_token is None and back.accepted is True
@@ -42,7 +43,7 @@ def test_unpack_refuses_foreign_types_and_bad_indices() -> None:
     with pytest.raises(TraceError, match="outside mtpscope"):
         unpack({"__type__": "subprocess:Popen", "fields": {}}, [])
     with pytest.raises(TraceError, match="not a dataclass"):
-        unpack({"__type__": "mtpscope.traces.transport:Ring", "fields": {}}, [])
+        unpack({"__type__": "mtpscope.traces.run.transport:Ring", "fields": {}}, [])
     with pytest.raises(TraceError, match="does not carry"):
         unpack({"__array__": 3}, [np.zeros(1)])
     with pytest.raises(TypeError, match="cannot pack"):

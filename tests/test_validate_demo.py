@@ -46,10 +46,10 @@ def test_demo_verdicts_against_llama_cpp(demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.loadability import upstream_verdict
-    from tests.test_loadability import _run_loads
+    from tests.runtime_probe import run_loads
 
     paths = [str(p) for p in (demo_dir.target, demo_dir.drafter_upstream, demo_dir.drafter_fork)]
-    real = _run_loads(paths)
+    real = run_loads(paths)
     for p in paths:
         with open_gguf(p) as f:
             assert upstream_verdict(f).loads is (real[p][0] == "OK"), (p, real[p][0])

@@ -1,6 +1,6 @@
 """Mutant drafter / target files and the findings ``verify`` must report for each.
 
-Files are the demo's tiny pair (mtpscope/demo.py: drafter n_embd 128, backbone 64, 4 layers [s,s,s,f],
+Files are the demo's tiny pair (mtpscope/demo/build.py: drafter n_embd 128, backbone 64, 4 layers [s,s,s,f],
 n_head 2, n_head_kv 1, head dims 32 / 64, n_ff 128) with the first 4096 real Gemma 4 tokens, written
 by the builders of tests/builders.py (``parts``, ``write``, ``MUTANTS``), then mutated one defect at a time.
 Expected values in the assertions are computed by hand from those dimensions.

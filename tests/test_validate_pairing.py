@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mtpscope.inspector.validate import verify
-from mtpscope.cli import app
+from mtpscope.cli.main import app
 from tests.builders import (
     FK, GGUF_ARRAY, GGUF_BOOL, UP, U32, MetaValue, build, one, parts, set_key, write,
 )
@@ -38,7 +38,7 @@ def test_valid_pair(pair: dict[str, Path], kind: str) -> None:
 
 
 def test_backbone_width_mismatch(tmp_path: Path, pair: dict[str, Path]) -> None:
-    from mtpscope import demo
+    from mtpscope.demo import build as demo
 
     t = demo.write_target(tmp_path / "t96.gguf", vocab="subset",
                           dims=demo.TinyDims(n_embd_backbone=96, n_embd=128))

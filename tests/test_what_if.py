@@ -1,4 +1,6 @@
-"""The n_draft what-if estimate on hand-computed rounds (arithmetic in the comments)."""
+"""The n_draft what-if: the position model's observations and forward pass on hand-computed cases, the costs
+by hand, the trace reproducing itself, intervals, and estimates at other n_draft against an independent
+simulation of the MTP loop (a different code path: rounds drafted and verified position by position)."""
 
 from __future__ import annotations
 
@@ -6,126 +8,208 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces import metrics as M
-from mtpscope.traces.what_if import baseline_ms, fit_cost, start_types, survival, what_if, what_if_by_category
+from mtpscope.traces.analysis import acceptance_model as AM
+from mtpscope.traces.analysis.costs import PlainBaseline, fit_cost, manifest_baseline, rounds_baseline
+from mtpscope.traces.analysis.what_if import what_if, what_if_trace
 
 
-def _rounds(na, nd=None, td=10.0, tv=30.0, pid=None):
+def _rounds(na, nd=None, td=10.0, tv=30.0, pid=None, emitted=None):
     n = len(na)
     nd = [2] * n if nd is None else nd
-    return pd.DataFrame({"prompt_id": pid or [0] * n, "round": list(range(n)), "n_draft": nd, "n_accepted": na,
-                         "t_draft_ms": [td] * n if np.isscalar(td) else td,
-                         "t_verify_ms": [tv] * n if np.isscalar(tv) else tv})
+    pid = pid or [0] * n
+    rnd, seen = [], {}
+    for p in pid:
+        rnd.append(seen.get(p, 0))
+        seen[p] = seen.get(p, 0) + 1
+    df = pd.DataFrame({"prompt_id": pid, "round": rnd, "n_draft": nd, "n_accepted": na,
+                       "t_draft_ms": [td] * n if np.isscalar(td) else td,
+                       "t_verify_ms": [tv] * n if np.isscalar(tv) else tv})
+    if emitted is not None:
+        df["emitted"] = emitted
+    return df
 
 
-def test_survival_and_tail() -> None:
-    q, b, K = survival(_rounds([0, 1, 2, 2]), n_max=4)
-    # q1 = 3/4, q2 = 2/4; c1 = 3/4, c2 = (1/2)/(3/4) = 2/3; b = c2 / c1 = 8/9 (two points, equal weights)
-    assert K == 2
-    assert b == pytest.approx(8 / 9)
-    c3 = (2 / 3) * (8 / 9)
-    c4 = (2 / 3) * (8 / 9) ** 2
-    assert list(q) == pytest.approx([0.75, 0.5, 0.5 * c3, 0.5 * c3 * c4])
-    # K = 1: no decay can be fitted, the conditional stays flat
-    q1, b1, _ = survival(_rounds([0, 1, 1, 1], nd=[1] * 4), n_max=3)
-    assert b1 == 1.0 and list(q1) == pytest.approx([0.75, 0.75 ** 2, 0.75 ** 3])
+def test_observations_by_hand() -> None:
+    # prompt 0: r0 drafts 3, accepts 1 -> position 1 accepted at depth 1, position 2 the correction of the
+    # draft rejected at depth 2; r1 accepts all 3 -> positions 3, 4, 5 at depths 1..3, position 6 the bonus;
+    # r2 drafts 1, accepts 0 -> position 7 rejected at depth 1. prompt 1: one plain step -> position 1.
+    r = _rounds([1, 3, 0, 0], nd=[3, 3, 1, 0], pid=[0, 0, 0, 1])
+    o = AM.observations(r.iloc[::-1])            # row order does not matter
+    assert o.ends.tolist() == [7, 1] and o.prompt_ids.tolist() == [0, 1] and o.max_depth == 3
+    assert o.depth[0].tolist() == [1, 2, 1, 2, 3, 0, 1]
+    assert o.accepted[0].tolist() == [True, False, True, True, True, False, False]
+    assert o.depth[1, :1].tolist() == [0] and o.mask[1].tolist() == [True] + [False] * 6
+    # an end-of-generation draft cuts the round: emitted holds the drafts up to it, no correction
+    e = AM.observations(_rounds([2], nd=[3], emitted=[[5, 6]]))
+    assert e.ends.tolist() == [2] and e.depth[0].tolist() == [1, 2] and e.accepted[0].tolist() == [True, True]
+
+
+def test_forward_pass_by_hand() -> None:
+    a = 0.7
+    one = AM.Params(np.array([1.0]), np.array([[1.0]]), np.array([[a]]))
+    # two positions, no cap: round 1 drafts position 1; accepted (a): position 2 is its bonus; rejected:
+    # position 1 is the correction and round 2 drafts position 2 (accepted with a)
+    p = AM.predict(one, 1, np.array([2]), max_tokens=100)
+    assert p.rounds[0] == pytest.approx(2 - a) and p.drafted[0] == pytest.approx(2 - a)
+    assert p.accepted[0] == pytest.approx(a + (1 - a) * a) and p.emitted[0] == 2
+    # capped at 3 tokens: round 2 (2 tokens out) may draft min(1, 3 - 2 - 1) = 0 -> a plain step
+    c = AM.predict(one, 1, np.array([2]), max_tokens=3)
+    assert (c.drafted[0], c.rounds[0], c.accepted[0]) == pytest.approx((1.0, 1.0, a))
+    assert c.plain[0] == pytest.approx(1 - a)
+    # two persistent states (A = identity), half the prompts always right, half never; N = 2, 6 positions:
+    # easy: rounds at pending 0 and 3 draft 2 each, 4 accepted; hard: a rejection at every position,
+    # rounds at pending 0..5 draft 2 each (the second draft never checked): 12 drafted, 0 accepted
+    two = AM.Params(np.array([0.5, 0.5]), np.eye(2), np.array([[1.0, 1.0], [0.0, 0.0]]))
+    q = AM.predict(two, 2, np.array([6]), max_tokens=100)
+    assert (q.rounds[0], q.drafted[0], q.accepted[0]) == pytest.approx((4.0, 8.0, 2.0))
     with pytest.raises(TraceFormatError):
-        survival(_rounds([0, 0], nd=[0, 0]))
+        AM.predict(two, 3, np.array([6]))
 
 
-def test_reproduces_the_recorded_acceptance() -> None:
-    # capped rounds (n_draft < K) included: rate and mean acceptance length equal the trace's at N = K
-    r = _rounds([0, 1, 3, 3, 2, 1, 0], nd=[3, 3, 3, 3, 3, 1, 2])
-    est = what_if(r)
-    row = est.rows[2]
+def _simulate(texts: list[np.ndarray], n_draft: int, max_tokens: int) -> pd.DataFrame:
+    """The MTP loop over fixed texts: ``a[g - 1, d - 1]`` says whether output position g is drafted
+    right at depth d; a round drafts ``min(N, max_tokens - n_out - 1)``, stops at the first miss."""
+    rows = []
+    for pid, a in enumerate(texts):
+        n_out, pos, rnd = 1, 0, 0
+        while n_out < max_tokens and pos < len(a):
+            k = min(n_draft, max_tokens - n_out - 1)
+            na = 0
+            while na < k and a[pos + na, na]:
+                na += 1
+            rows.append({"prompt_id": pid, "round": rnd, "n_draft": k, "n_accepted": na,
+                         "t_draft_ms": 2.0 * k, "t_verify_ms": 10.0 + 2.0 * (k + 1)})
+            n_out, pos, rnd = n_out + na + 1, pos + na + 1, rnd + 1
+    return pd.DataFrame(rows)
+
+
+def _texts(n: int, length: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    A = np.array([[0.9, 0.1], [0.2, 0.8]])
+    p = np.array([[0.9, 0.8, 0.75, 0.7, 0.65, 0.6], [0.2, 0.1, 0.05, 0.05, 0.05, 0.05]])
+    out = []
+    for _ in range(n):
+        s = np.empty(length, int)
+        s[0] = rng.integers(2)
+        for g in range(1, length):
+            s[g] = rng.choice(2, p=A[s[g - 1]])
+        out.append(rng.random((length, 6)) < p[s])
+    return out
+
+
+def test_other_n_draft_against_a_simulation() -> None:
+    # texts from a known two-state process; recorded at n_draft 3, estimated at 1, 2, 4, 5; the simulated
+    # recordings at those n_draft are the truth. Tolerance 0.02: the estimate of 300 prompts' parameters
+    # (the bootstrap interval here is about +-0.02) and depths > 3 extrapolated as p[s, 3]
+    texts = _texts(300, 63)
+    rec = _simulate(texts, 3, 64)
+    est = what_if(rec, max_tokens=64, n_max=5, n_boot=0)
+    for n in (1, 2, 4, 5):
+        real = _simulate(texts, n, 64)
+        assert est.row(n).acceptance_rate == pytest.approx(real.n_accepted.sum() / real.n_draft.sum(), abs=0.02)
+        tps = 1000 * (real.n_accepted + 1).sum() / (real.t_draft_ms + real.t_verify_ms).sum()
+        assert est.row(n).tokens_per_s == pytest.approx(tps, rel=0.03)
+    # the hidden states: the fitted chain is persistent and its states far apart
+    p = np.array(est.model["p"])
+    assert p[0, 0] > 0.8 and p[1, 0] < 0.3
+
+
+def test_the_trace_reproduces_itself(tmp_path) -> None:
+    from mtpscope import traces
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=600, n_prompts=12, n_draft=3, steps=False)
+    tr = traces.open(d)
+    tab = pa.concat_tables([pq.read_table(d / "rounds" / f) for f in tr.manifest["parts"]["rounds"]])
+    nd = np.asarray(tab["n_draft"]); na = np.asarray(tab["n_accepted"])
+    ne = np.asarray([len(x) for x in tab["emitted"].to_pylist()])
+    t = np.asarray(tab["t_draft_ms"]) + np.asarray(tab["t_verify_ms"])
+    cats = {p: ("a" if p % 3 else "b") for p in range(12)}
+    est = what_if_trace(tr, categories=cats, n_boot=40)
+    row = est.row(3)
     assert row.recorded and not row.extrapolated and est.recorded_n_draft == 3
-    tot = M.totals(r)
-    assert row.acceptance_rate == pytest.approx(tot["acceptance_rate"], abs=1e-12)
-    assert row.mean_acceptance_length == pytest.approx(tot["mean_acceptance_length"], abs=1e-12)
-    assert [x.extrapolated for x in est.rows] == [False, False, False, True, True, True, True, True]
+    assert row.acceptance_rate == pytest.approx(na.sum() / nd.sum(), rel=1e-9)
+    assert row.mean_acceptance_length == pytest.approx(1 + na.sum() / (nd > 0).sum(), rel=1e-9)
+    assert row.tokens_per_s == pytest.approx(1000 * ne.sum() / t.sum(), rel=1e-9)
+    # each category reproduces its own rounds too, and their counts add up to the totals
+    pid = np.asarray(tab["prompt_id"])
+    for name in ("a", "b"):
+        m = np.array([cats[int(p)] == name for p in pid])
+        c = est.by_category[name].row(3)
+        assert c.acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum(), rel=1e-9)
+        assert c.tokens_per_s == pytest.approx(1000 * ne[m].sum() / t[m].sum(), rel=1e-9)
+    # every value has an interval, around the estimate
+    for x in est.rows:
+        lo, hi = x.acceptance_rate_interval
+        assert lo <= x.acceptance_rate + 1e-9 and x.acceptance_rate - 1e-9 <= hi
+        assert x.tokens_per_s_interval is not None and x.speedup_interval is not None
+    # the same seed, the same intervals; no resamples, no intervals
+    again = what_if_trace(tr, categories=cats, n_boot=40)
+    assert [x.tokens_per_s_interval for x in again.rows] == [x.tokens_per_s_interval for x in est.rows]
+    assert what_if_trace(tr, n_boot=0).row(1).acceptance_rate_interval is None
 
 
-def test_start_types() -> None:
-    r = _rounds([0, 1, 2, 2, 1], pid=[0, 0, 0, 0, 1])
-    # B: a prompt's first round or after a fully accepted round; M: after a mismatch
-    assert start_types(r).tolist() == [True, False, False, True, True]
-    assert start_types(r.iloc[::-1]).tolist() == [True, True, False, False, True]   # row order kept
-
-
-def test_other_n_draft_by_hand() -> None:
-    r = _rounds([0, 1, 2, 2])
-    est = what_if(r)
-    # start types B M M B: B rounds accepted 0 and 2 -> q^B = (1/2, 1/2); M rounds 1 and 2 -> q^M = (1, 1/2)
-    assert est.q_b == pytest.approx((0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5))
-    assert est.q_m[:2] == pytest.approx((1.0, 0.5)) and est.share_b == 0.5
-    # pi_B(N) = q^M_N / (1 - q^B_N + q^M_N): pi_B(2) = 0.5 (= the trace's share: no shift), pi_B(1) = 2/3
-    # N = 1: per round 2/3 * 1/2 + 1/3 * 1 = 2/3 accepted of 1 drafted
-    assert est.rows[0].acceptance_rate == pytest.approx(2 / 3)
-    assert est.rows[0].mean_acceptance_length == pytest.approx(1 + 2 / 3)
-    # N = 3: B: c = (1/2, 1) -> b = 1, q^B_3 = 1/2; M: c = (1, 1/2) -> b = 1/2, c3 = 1/4, q^M_3 = 1/8;
-    # pi_B(3) = (1/8) / (1 - 1/2 + 1/8) = 1/5; per round 1/5 * 3/2 + 4/5 * 13/8 = 1.6 accepted of 3
-    assert est.q_m[2] == pytest.approx(0.125)
-    assert est.rows[2].acceptance_rate == pytest.approx(1.6 / 3)
-    # speed: t_step = 40 ms / 8 drafts = 5 ms; one verify size (3 tokens, 30 ms): flat verify cost
-    assert est.cost.t_step_ms == pytest.approx(5.0)
-    assert est.cost.v1_ms == 0.0 and est.cost.v0_ms == pytest.approx(30.0)
-    assert est.cost.baseline == "estimated" and est.cost.t_plain_ms == pytest.approx(30.0)
-    # N = 2: 1000 * (4 rounds + 5 accepted) / (4 * (2 * 5 + 30)) = 56.25 tokens/s
-    assert est.rows[1].tokens_per_s == pytest.approx(56.25)
-    # N = 1: 1000 * (4 + 8/3) / (4 * (5 + 30))
-    assert est.rows[0].tokens_per_s == pytest.approx(1000 * (4 + 8 / 3) / 140)
-    assert est.best_n_draft == max(est.rows, key=lambda x: x.tokens_per_s).n_draft
-
-
-def test_measured_baseline_gives_the_verify_slope() -> None:
-    r = _rounds([0, 1, 2, 2])
-    est = what_if(r, t_plain_ms=20.0)
-    # points (3 tokens, 30 ms) and (1 token, 20 ms), equal weights: v1 = 5, v0 = 15
-    assert est.cost.v1_ms == pytest.approx(5.0) and est.cost.v0_ms == pytest.approx(15.0)
-    assert est.cost.baseline == "measured"
-    # N = 2: t_round = 2 * 5 + 15 + 5 * 3 = 40; 56.25 tokens/s; speedup = 56.25 * 20 / 1000
-    assert est.rows[1].tokens_per_s == pytest.approx(56.25)
-    assert est.rows[1].speedup == pytest.approx(1.125)
-    # N = 1: t_round = 5 + 15 + 10 = 30 -> 1000 * (4 + 8/3) / 120
-    assert est.rows[0].tokens_per_s == pytest.approx(1000 * (4 + 8 / 3) / 120)
-
-
-def test_verify_sizes_fit_a_line() -> None:
-    # verify sizes 2 and 4 tokens at 20 and 40 ms (medians; one outlier ignored by the median)
-    r = _rounds([1, 1, 1, 0, 0, 0, 0], nd=[1, 1, 1, 3, 3, 3, 3], tv=[20, 20, 500, 40, 40, 40, 41],
-                td=[5, 5, 5, 15, 15, 15, 15])
+def test_costs_by_hand() -> None:
+    # draft steps: (5 + 5 + 15 + 15) ms over 1 + 1 + 3 + 3 drafts = 5 ms; verify of 2 tokens: mean 22 ms
+    # (20, 24); of 4 tokens: 40 ms; a plain step (1 token): 9 ms
+    r = _rounds([1, 0, 0, 3, 0], nd=[1, 1, 3, 3, 0], td=[5, 5, 15, 15, 0], tv=[20, 24, 40, 40, 9])
     c = fit_cost(r)
-    assert c.verify_sizes == {2: 20.0, 4: 40.0}
-    assert c.v1_ms == pytest.approx(10.0) and c.v0_ms == pytest.approx(0.0, abs=1e-9)
+    assert c.t_step_ms == pytest.approx(5.0)
+    assert c.verify_ms == {1: 9.0, 2: 22.0, 4: 40.0} and c.verify_rounds == {1: 1, 2: 2, 4: 2}
+    assert c.t_verify(2) == 22.0 and c.baseline == "estimated" and c.t_plain_ms == 9.0
+    # the line through (1, 9) w 1, (2, 22) w 2, (4, 40) w 2: weighted means x = 13/5, y = 133/5;
+    # v1 = sum w (x - xm)(y - ym) / sum w (x - xm)^2
+    x, y, w = np.array([1, 2, 4.]), np.array([9, 22, 40.]), np.array([1, 2, 2.])
+    xm, ym = (w * x).sum() / 5, (w * y).sum() / 5
+    v1 = (w * (x - xm) * (y - ym)).sum() / (w * (x - xm) ** 2).sum()
+    assert c.v1_ms == pytest.approx(v1) and c.v0_ms == pytest.approx(ym - v1 * xm)
+    assert c.t_verify(3) == pytest.approx(ym - v1 * xm + 3 * v1)
+    m = fit_cost(r, PlainBaseline(8.0, "manifest", "test"))
+    assert m.baseline == "measured" and m.t_plain_ms == 8.0
     assert fit_cost(r.drop(columns=["t_verify_ms"])) is None
 
 
-def test_no_timings_no_speed() -> None:
-    r = _rounds([0, 1, 2, 2]).drop(columns=["t_draft_ms", "t_verify_ms"])
-    est = what_if(r)
+def test_baselines() -> None:
+    m = {"prompts": [{"prompt_id": 0}, {"prompt_id": 1}],
+         "baseline": {"t_per_token_ms": 12.5, "per_prompt": [{"n_decodes": 10, "decode_ms": 100.0},
+                                                             {"n_decodes": 30, "decode_ms": 400.0}]}}
+    b = manifest_baseline(m)
+    assert b.t_per_token_ms == 12.5 and b.source == "manifest" and b.per_prompt == {0: (10, 100.0), 1: (30, 400.0)}
+    assert b.for_prompts([1]) == pytest.approx(400 / 30)
+    assert manifest_baseline({"baseline": {"t_per_token_ms": math.nan}}) is None and manifest_baseline({}) is None
+    # a plain-decoding trace: one token per round; ms per token = time / tokens, per prompt too
+    base = _rounds([0, 0, 0], nd=[0, 0, 0], td=0.0, tv=[10, 20, 30], pid=[0, 0, 1], emitted=[[1], [2], [3]])
+    rb = rounds_baseline(base, "test")
+    assert rb.t_per_token_ms == pytest.approx(20.0) and rb.per_prompt == {0: (2, 30.0), 1: (1, 30.0)}
+
+
+def test_errors() -> None:
+    with pytest.raises(TraceFormatError):
+        what_if(_rounds([0, 0], nd=[0, 0]))
+    with pytest.raises(TraceFormatError):
+        what_if(_rounds([1]).drop(columns=["round"]))
+    with pytest.raises(TraceFormatError):
+        what_if(_rounds([1]), n_max=0)
+    # no timings: acceptance only
+    est = what_if(_rounds([0, 1, 2, 2]).drop(columns=["t_draft_ms", "t_verify_ms"]), n_boot=0)
     assert est.cost is None and est.best_n_draft is None
     assert all(x.tokens_per_s is None and x.speedup is None for x in est.rows)
-    assert est.rows[0].acceptance_rate == pytest.approx(2 / 3)     # as in test_other_n_draft_by_hand
 
 
-def test_by_category_and_baseline_key() -> None:
-    r = _rounds([2, 2, 0, 0], pid=[0, 0, 1, 1])
-    w = what_if_by_category(r, {0: "code"})
-    assert set(w) == {"code", "(none)"}
-    assert w["code"].rows[1].acceptance_rate == pytest.approx(1.0)
-    assert w["(none)"].rows[1].acceptance_rate == pytest.approx(0.0)
-    assert baseline_ms({"baseline": {"t_per_token_ms": 12.5}}) == 12.5
-    assert baseline_ms({"baseline": {"t_per_token_ms": math.nan}}) is None
-    assert baseline_ms({}) is None
-
-
-def test_negative_intercept_refits_through_the_origin() -> None:
-    # verify medians 10 ms at 2 tokens and 40 ms at 4: the free line is -20 + 15 n; through the origin,
-    # with weights 1 and 1: v1 = (2*10 + 4*40) / (2*2 + 4*4) = 180 / 20 = 9
-    r = _rounds([1, 0], nd=[1, 3], tv=[10, 40], td=[5, 15])
-    c = fit_cost(r)
-    assert c.v0_ms == 0.0 and c.v1_ms == pytest.approx(9.0) and c.t_plain_ms == pytest.approx(9.0)
-    assert "origin" in c.basis
+def test_long_outputs_continue_at_the_stationary_rate(monkeypatch) -> None:
+    # the pass beyond PREDICT_EXACT positions (stationary counts + the cap's exact end correction) against
+    # the exact pass over every position: ends 300 (capped at max_tokens 301) and 250 (not capped)
+    two = AM.Params(np.array([0.3, 0.7]), np.array([[0.9, 0.1], [0.2, 0.8]]),
+                    np.array([[0.9, 0.8, 0.7, 0.7], [0.2, 0.1, 0.05, 0.05]]))
+    ends = np.array([300, 250, 40])
+    exact = AM.predict_all(two, [1, 2, 4], ends, max_tokens=301)
+    monkeypatch.setattr(AM, "PREDICT_EXACT", 80)
+    approx = AM.predict_all(two, [1, 2, 4], ends, max_tokens=301)
+    for n in (1, 2, 4):
+        for f in ("accepted", "drafted", "rounds", "plain"):
+            assert getattr(approx[n], f)[0] == pytest.approx(getattr(exact[n], f)[0], rel=1e-6, abs=1e-6), (n, f)

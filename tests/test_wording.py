@@ -1,8 +1,8 @@
-"""traces/wording.py: the words the CLI and the app share (expected strings written by hand)."""
+"""traces/analysis/wording.py: the words the CLI and the app share (expected strings written by hand)."""
 
 from __future__ import annotations
 
-from mtpscope.traces import wording as W
+from mtpscope.traces.analysis import wording as W
 
 
 def test_plural() -> None:

@@ -1,8 +1,8 @@
 """Trace format, store, metrics and importers for MTP drafting runs.
 
-``traces.open(DIR)`` opens a trace directory (see :func:`traces.store.open_trace`), ``traces.open_sweep(DIR)``
-a sweep directory (:func:`traces.sweep_read.open_sweep`);
-:class:`TraceWriter` writes one; :class:`RoundRecord` / :class:`StepRecord` are what the recorder hands it.
+``traces.open(DIR)`` opens a trace directory (see :func:`traces.store.reader.open_trace`),
+``traces.open_sweep(DIR)`` a sweep directory (:func:`traces.sweep.reader.open_sweep`);
+:func:`read_manifest` reads its manifest alone; :class:`TraceWriter` writes one; :class:`RoundRecord` / :class:`StepRecord` are what the recorder hands it.
 
 The public names below are imported lazily (PEP 562): importing a submodule by name, or finding it
 (the demo stamp hashes module sources by import name), does not pull in numpy, pyarrow and pandas.
@@ -13,24 +13,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 # "open" is left out of __all__ so that `from traces import *` never shadows the builtin open().
-__all__ = ["open_trace", "Trace", "TraceWriter", "RoundRecord", "StepRecord", "open_sweep"]
+__all__ = ["open_trace", "read_manifest", "Trace", "TraceWriter", "RoundRecord", "StepRecord", "open_sweep"]
 
 _FROM = {
-    "RoundRecord": ("mtpscope.traces.records", "RoundRecord"),
-    "StepRecord": ("mtpscope.traces.records", "StepRecord"),
-    "Trace": ("mtpscope.traces.store", "Trace"),
-    "TraceWriter": ("mtpscope.traces.store", "TraceWriter"),
-    "open_trace": ("mtpscope.traces.store", "open_trace"),
+    "RoundRecord": ("mtpscope.traces.store.records", "RoundRecord"),
+    "StepRecord": ("mtpscope.traces.store.records", "StepRecord"),
+    "Trace": ("mtpscope.traces.store.reader", "Trace"),
+    "TraceWriter": ("mtpscope.traces.store.writer", "TraceWriter"),
+    "open_trace": ("mtpscope.traces.store.reader", "open_trace"),
+    "read_manifest": ("mtpscope.traces.store.reader", "read_manifest"),
     # the documented reader entry point: traces.open(DIR)
-    "open": ("mtpscope.traces.store", "open_trace"),
+    "open": ("mtpscope.traces.store.reader", "open_trace"),
     # a sweep directory (sweep.json + one trace per task) read as one dataset
-    "open_sweep": ("mtpscope.traces.sweep_read", "open_sweep"),
+    "open_sweep": ("mtpscope.traces.sweep.reader", "open_sweep"),
 }
 
 if TYPE_CHECKING:
-    from mtpscope.traces.records import RoundRecord, StepRecord
-    from mtpscope.traces.store import Trace, TraceWriter, open_trace
-    from mtpscope.traces.sweep_read import open_sweep
+    from mtpscope.traces.store.records import RoundRecord, StepRecord
+    from mtpscope.traces.store.reader import Trace, open_trace, read_manifest
+    from mtpscope.traces.store.writer import TraceWriter
+    from mtpscope.traces.sweep.reader import open_sweep
 
     open = open_trace  # noqa: A001
 

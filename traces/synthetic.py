@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.store import TraceWriter
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.traces.store.writer import TraceWriter
 
 P_FIRST = 0.82
 P_DECAY = 0.88
@@ -52,7 +53,7 @@ def write_synthetic_trace(
     n_rounds: int,
     n_prompts: int = 4,
     n_draft: int = 3,
-    n_vocab: int = 262144,
+    n_vocab: int = GEMMA4_N_VOCAB,
     n_centroids: int = 2048,
     top_k: int = 32,
     hidden: bool | tuple[int, int] = False,
@@ -62,6 +63,7 @@ def write_synthetic_trace(
     seed: int = 0,
     overwrite: bool = True,
     steps: bool = True,
+    home: np.ndarray | None = None,
 ) -> Path:
     """Write a synthetic trace directory and return its path.
 
@@ -79,6 +81,10 @@ def write_synthetic_trace(
         rounds_per_part: rounds per Parquet part.
         seed: RNG seed; the same arguments give the same trace.
         steps: write the ``steps`` table (False: rounds only, about a tenth of the bytes and time).
+        home: a centroid head's token -> centroid map (int32[n_vocab], ``CentroidHead.token_to_centroid``):
+            ``target_centroid`` is then ``home[target_token]`` and ``target_in_candidates`` whether it is
+            among the step's ``centroid_ids``, as a recording scored with that head has them; None: both drawn
+            at random (about three quarters of the targets reachable).
 
     Raises:
         TraceError: a non-positive size argument, ``top_k > n_centroids`` or ``top_n > n_vocab``.
@@ -188,6 +194,10 @@ def write_synthetic_trace(
                          rng.integers(top_k, max(n_centroids, top_k + 1), size=m)).astype(np.int32)
         tcent = np.where(in_cand, cids[np.arange(m), np.minimum(crank, top_k - 1)],
                          rng.integers(0, n_centroids, size=m))
+        if home is not None:
+            tcent = np.asarray(home, dtype=np.int64)[target_token]
+            in_cand = (cids == tcent[:, None]).any(axis=1)
+            crank = np.where(in_cand, np.argmax(cids == tcent[:, None], axis=1), crank).astype(np.int32)
         steps_tbl = pa.table({
             "prompt_id": pa.array(prompt_id[srow], pa.int32()),
             "round": pa.array(round_idx[srow], pa.int32()),
@@ -300,7 +310,7 @@ def write_synthetic_sweep(
     categories: tuple[str, ...] = SYNTHETIC_CATEGORIES,
     baseline: bool = True,
     steps: bool = False,
-    n_vocab: int = 262144,
+    n_vocab: int = GEMMA4_N_VOCAB,
     seed: int = 0,
 ) -> Path:
     """Write a synthetic sweep directory (docs/SWEEP.md layout, every task done) and return its path.
@@ -316,7 +326,7 @@ def write_synthetic_sweep(
         TraceError: a non-positive size, or fewer rounds than tasks.
         MtpscopeError: a spec that :meth:`SweepSpec.check` refuses (e.g. more shards than prompts).
     """
-    from mtpscope.traces.sweep_format import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
+    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
 
     out = Path(out_dir)
     prompts = tuple(SweepPrompt(i, f"synthetic prompt {i}", categories[i % len(categories)])

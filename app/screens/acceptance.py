@@ -4,30 +4,34 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics, wording
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
+from mtpscope.errors import LinkError
+from mtpscope.traces.analysis import metrics, wording
 
 #: Rolling windows offered (rounds); the default is the report's.
 ROLL_WINDOWS = sorted({8, 16, 32, 64, 128, 256, 1024, metrics.DEFAULT_ROLLING_WINDOW})
 
 st.title("Acceptance")
-path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
+path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
+view = url_state.requested("acceptance")
 
-with state.guard("trace store"):
-    tr = state.trace(path)
+with guard("trace store"):
+    tr = loaders.trace(path)
     rounds_all = tr.rounds
-    prompts = state.manifest_prompts(tr)
-    dec = state.trace_decoder(tr)
+    prompts = views.manifest_prompts(tr.manifest)
+    dec = loaders.trace_decoder(tr)
     for w in tr.warnings[:10]:
         st.warning(w)
 
     # ---- headline numbers: from traces.metrics.report (the library's definitions)
-    with state.guard("metrics"):
-        rep = state.report(path)
+    with guard("metrics"):
+        rep = loaders.report(path)
         c = st.columns(4)
-        c[0].metric("acceptance rate", f"{state.acceptance_rate(rep):.1%}",
+        c[0].metric("acceptance rate", f"{views.acceptance_rate(rep):.1%}",
                     help="accepted drafts / drafted tokens, over the whole trace (as `mtpscope report`)")
-        c[1].metric("mean acceptance length", f"{state.mean_acceptance_length(rep):.3f}",
+        c[1].metric("mean acceptance length", f"{views.mean_acceptance_length(rep):.3f}",
                     help="tokens per target verify: 1 + accepted drafts / rounds that drafted (whole trace)")
         c[2].metric("rounds", f"{len(rounds_all):,}")
         c[3].metric("drafted tokens", f"{int(rep.get('n_drafted') or 0):,}")
@@ -47,11 +51,22 @@ with state.guard("trace store"):
     pids = [int(p) for p in sorted(rounds_all["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts)
     long_labels = views.prompt_labels(pids, prompts, width=80)
-    ALL = -1
-    if st.session_state.get("w.acc.prompt", ALL) not in [ALL] + pids:  # a preset (demo.json) from another trace
-        st.session_state.pop("w.acc.prompt", None)
-    choice = st.selectbox("prompt", [ALL] + pids, key="w.acc.prompt",
-                          format_func=lambda p: "all prompts" if p == ALL else long_labels[p])
+    ALL = sel.ALL
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds_all))
+    if view is not None and view.window is not None:
+        try:
+            links.check_offered(view, "window", ROLL_WINDOWS)
+        except LinkError as e:
+            url_state.refuse(e)
+        st.session_state[sel.ACC_ROLL] = view.window
+    p1, p2 = st.columns([4, 1])
+    choice = sel.prompt_picker(p1, sel.ACC_PROMPT, pids, long_labels, allow_all=True)
+    worst = round_views.worst_round(rounds_all, None if choice == ALL else choice)
+    if p2.button("worst round ▶", key=sel.ACC_WORST, disabled=worst is None, width="stretch",
+                 help="open the Step view on the round that lost the most drafts"
+                      + (" (of every prompt)" if choice == ALL else " of this prompt")
+                      + "; among those, the one opening the longest run of rounds that accepted nothing"):
+        sel.open_round(worst)
     rounds = views.ordered_rounds(rounds_all, None if choice == ALL else [choice])
     if choice != ALL:
         row = table[table["prompt_id"] == choice].iloc[0]
@@ -65,33 +80,33 @@ with state.guard("trace store"):
     window = rounds
     if n > charts.TIMELINE_MAX_MARKS:
         size = charts.TIMELINE_MAX_MARKS
-        if st.session_state.get("w.acc.window", 0) > n - size:
-            st.session_state["w.acc.window"] = n - size
-        cur = int(st.session_state.get("w.acc.window", 0))
+        if st.session_state.get(sel.ACC_WINDOW, 0) > n - size:
+            st.session_state[sel.ACC_WINDOW] = n - size
+        cur = int(st.session_state.get(sel.ACC_WINDOW, 0))
         ov = st.plotly_chart(charts.timeline_figure(rounds, dec, title=f"Overview: {n:,} rounds, binned "
                                                     "(click to move the window)",
                                                     highlight=(cur, cur + size - 1), labels=labels),
-                             key="acc.overview", on_select="rerun", selection_mode="points", width="stretch")
+                             key=sel.ACC_OVERVIEW, on_select="rerun", selection_mode="points", width="stretch")
         st.caption("The whole trace in bins of consecutive rounds (colour = the bin's acceptance rate); click to "
                    "move the detail window shown below.")
         opts = list(getattr(getattr(ov, "selection", None), "points", None) or []) if ov else []
         if not opts:
-            st.session_state.pop("acc.ov_handled", None)
-        elif opts[0].get("x") is not None and st.session_state.get("acc.ov_handled") != opts[0]["x"]:
-            st.session_state["acc.ov_handled"] = opts[0]["x"]
-            st.session_state["w.acc.window"] = int(min(max(0, int(opts[0]["x"]) - size // 2), n - size))
+            st.session_state.pop(sel.ACC_OVERVIEW_HANDLED, None)
+        elif opts[0].get("x") is not None and st.session_state.get(sel.ACC_OVERVIEW_HANDLED) != opts[0]["x"]:
+            st.session_state[sel.ACC_OVERVIEW_HANDLED] = opts[0]["x"]
+            st.session_state[sel.ACC_WINDOW] = int(min(max(0, int(opts[0]["x"]) - size // 2), n - size))
             st.rerun()
-        start = st.slider("window start (round in prompt order)", 0, n - size, key="w.acc.window")
+        start = st.slider("window start (round in prompt order)", 0, n - size, key=sel.ACC_WINDOW)
         window = rounds.iloc[start:start + size]
     fig = charts.timeline_figure(window, dec, labels=labels)
-    event = st.plotly_chart(fig, key="acc.timeline", on_select="rerun", selection_mode="points",
+    event = st.plotly_chart(fig, key=sel.ACC_TIMELINE, on_select="rerun", selection_mode="points",
                             width="stretch")
     st.caption("Each dot is one verify round: its height is how many drafts the target accepted, its colour the "
                "share of that round's drafts accepted; grey rings drafted nothing; red bands are runs of rounds "
                f"that accepted nothing. Click a round to open it in the Step view. Token text: {dec.source}.")
     pts = list(getattr(getattr(event, "selection", None), "points", None) or []) if event else []
     if not pts:
-        st.session_state.pop("acc.handled", None)  # so the same round can be clicked again later
+        st.session_state.pop(sel.ACC_HANDLED, None)  # so the same round can be clicked again later
     else:
         p0 = pts[0]
         seq = p0.get("x")
@@ -100,28 +115,28 @@ with state.guard("trace store"):
         if len(hit) == 0 and cd is not None and len(cd) >= 2 and fig.layout.meta["mode"] == "marks":
             hit = window[(window["prompt_id"] == int(cd[0])) & (window["round"] == int(cd[1]))]
         if len(hit):
-            sel = (int(hit["prompt_id"].iloc[0]), int(hit["round"].iloc[0]))
-            if st.session_state.get("acc.handled") != sel:
-                st.session_state["acc.handled"] = sel
-                st.session_state["sel.round"] = sel
-                st.switch_page("screens/step.py")
+            picked = (int(hit["prompt_id"].iloc[0]), int(hit["round"].iloc[0]))
+            if st.session_state.get(sel.ACC_HANDLED) != picked:
+                st.session_state[sel.ACC_HANDLED] = picked
+                sel.open_round(picked)
 
     c1, c2 = st.columns(2)
     with c1:
-        with state.guard("metrics"):
-            pp = state.per_position(rep) if choice == ALL else metrics.per_position_acceptance(rounds)
-            st.plotly_chart(charts.per_position_figure(pp), key="acc.perpos", width="stretch")
+        with guard("metrics"):
+            pp = views.per_position(rep) if choice == ALL else metrics.per_position_acceptance(rounds)
+            st.plotly_chart(charts.per_position_figure(pp), key=sel.ACC_PER_POSITION, width="stretch")
             st.caption("How often the k-th draft of a round was accepted, over the rounds that drafted a k-th token.")
     with c2:
         drafting = rounds[rounds["n_draft"] > 0]
-        st.plotly_chart(charts.accepted_length_histogram(drafting), key="acc.hist", width="stretch")
+        st.plotly_chart(charts.accepted_length_histogram(drafting), key=sel.ACC_HIST, width="stretch")
         n0 = len(rounds) - len(drafting)
         st.caption("How many rounds accepted 0, 1, 2 … drafts"
                    + (f" (the {wording.plural(n0, 'round')} that drafted nothing left out)." if n0 else "."))
     r1, r2 = st.columns([3, 2])
-    win = r1.select_slider("rolling window (rounds)", ROLL_WINDOWS, value=metrics.DEFAULT_ROLLING_WINDOW,
-                           key="w.acc.roll")
-    per = r2.radio("rolling over", ["the whole trace", "each prompt"], horizontal=True, key="w.acc.rollmode",
+    st.session_state.setdefault(sel.ACC_ROLL, metrics.DEFAULT_ROLLING_WINDOW)
+    win = r1.select_slider("rolling window (rounds)", ROLL_WINDOWS, key=sel.ACC_ROLL)
+    url_state.publish(links.View("acceptance", trace=path, prompt=choice, window=win))
+    per = r2.radio("rolling over", ["the whole trace", "each prompt"], horizontal=True, key=sel.ACC_ROLL_MODE,
                    disabled=choice != ALL) == "each prompt" and choice == ALL
     overall = metrics.acceptance_rate(rounds)  # NaN when nothing was drafted: no overall line
     roll = views.rolling_acceptance(rounds, window=win, per_prompt=per)
@@ -129,7 +144,7 @@ with state.guard("trace store"):
         order = {int(p): i for i, p in enumerate(table["prompt_id"])}
         roll = roll.sort_values(["prompt_id"], key=lambda c: c.map(order), kind="stable")
     st.plotly_chart(charts.rolling_figure(roll, overall, window=win, labels=labels, per_prompt=per),
-                    key="acc.rolling", width="stretch")
+                    key=sel.ACC_ROLLING, width="stretch")
     st.caption(("Each prompt's acceptance rate over its last " if per else
                 "Acceptance rate over the last ")
                + f"{wording.plural(win, 'round')}" + (" (worst prompts first)" if per else
@@ -137,7 +152,7 @@ with state.guard("trace store"):
                + "; dotted where the window still holds fewer rounds.")
 
     st.subheader("Zero-acceptance streaks")
-    with state.guard("metrics"):
+    with guard("metrics"):
         z = (rep.get("zero_acceptance_streaks") or {}) if choice == ALL else None
         if z is not None:
             st.markdown(wording.streaks_line(z))

@@ -5,44 +5,46 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, safety, state, views
+from mtpscope.app import charts, loaders, safety, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
 
 st.title("Centroids")
-drafter = state.get("drafter")
-tpath = state.get("trace")
+drafter = sel.get(sel.DRAFTER)
+tpath = sel.get(sel.TRACE)
 # The centroid head can come from the selected drafter, from the file a trace names as its centroid
 # source (a trace recorded with an upstream drafter scores a fork file's head next to it), or the demo.
 candidates: list[str] = []
 if drafter:
     candidates.append(drafter)
 if tpath:
-    with state.guard("trace store"):
-        src = state.model_path(state.trace(tpath), "centroids")
-        if src and safety.is_allowed(src, state.roots()):
+    with guard("trace store"):
+        src = views.model_path(loaders.trace(tpath).manifest, "centroids")
+        if src and safety.is_allowed(src, sel.roots()):
             candidates.append(src)
-demo_fork = str(state.demo_paths().drafter_fork)
-if state.demo_paths().drafter_fork.exists() and safety.is_allowed(demo_fork, state.roots()):
+demo_fork = str(sel.demo_paths().drafter_fork)
+if sel.demo_paths().drafter_fork.exists() and safety.is_allowed(demo_fork, sel.roots()):
     candidates.append(demo_fork)
 candidates = list(dict.fromkeys(candidates))
 if not candidates:
     st.info("Choose a fork-dialect drafter (with a centroid head) on the Files page.")
-    state.demo_missing_hint()
+    sel.demo_missing_hint()
     st.stop()
 if drafter:
-    with state.guard("GGUF reader"):
-        state.gguf(drafter)  # an unreadable / not allowed drafter: its one-line error here
-with_head = [c for c in candidates if state.has_centroid_head(c)]
-if st.session_state.get("w.cent.src") not in candidates:
-    st.session_state["w.cent.src"] = (with_head or candidates)[0]
-path = st.selectbox("centroid head from", candidates, key="w.cent.src", format_func=state.short)
+    with guard("GGUF reader"):
+        loaders.gguf(drafter)  # an unreadable / not allowed drafter: its one-line error here
+with_head = [c for c in candidates if loaders.has_centroid_head(c)]
+if st.session_state.get(sel.CENT_SOURCE) not in candidates:
+    st.session_state[sel.CENT_SOURCE] = (with_head or candidates)[0]
+path = st.selectbox("centroid head from", candidates, key=sel.CENT_SOURCE, format_func=sel.short)
 if drafter and path != drafter:
-    st.caption(f"The selected drafter `{state.short(drafter)}` "
+    st.caption(f"The selected drafter `{sel.short(drafter)}` "
                + ("has no centroid head; " if drafter not in with_head else "")
-               + f"showing the head of `{state.short(path)}`.")
+               + f"showing the head of `{sel.short(path)}`.")
 
-with state.guard("centroid head"):
-    head = state.centroid_head(path)
-    dec = state.decoder(path, drafter, state.get("target"))
+with guard("centroid head"):
+    head = loaders.centroid_head(path)
+    dec = loaders.decoder(path, drafter, sel.get(sel.TARGET))
     sizes = head.cluster_sizes()
     c = st.columns(5)
     c[0].metric("centroids", f"{head.n_centroids:,}")
@@ -52,13 +54,13 @@ with state.guard("centroid head"):
     c[4].metric("centroids not of size vsc", int((sizes != head.vsc).sum()))
     st.caption(f"`{head.centroids_name}` · `{head.ordering_name}`"
                + (" · :material/warning: centroid matrix stored transposed" if head.transposed else ""))
-    st.plotly_chart(charts.cluster_size_figure(sizes), key="cent.sizes", width="stretch")
+    st.plotly_chart(charts.cluster_size_figure(sizes), key=sel.CENT_SIZES, width="stretch")
     st.caption("How many tokens each centroid holds; in a well-formed head every centroid holds vsc tokens.")
 
     st.subheader("Browse a centroid")
     b1, b2 = st.columns([1, 2])
     with b1:
-        cid = int(st.number_input("centroid", 0, head.n_centroids - 1, 0, key="w.cent.id"))
+        cid = int(st.number_input("centroid", 0, head.n_centroids - 1, 0, key=sel.CENT_ID))
         ids = head.tokens_of(cid)
         st.caption(f"{len(ids)} tokens")
     with b2:
@@ -66,17 +68,24 @@ with state.guard("centroid head"):
                      hide_index=True, width="stretch", height=280)
 
     st.subheader("Find a token's centroid")
-    q = st.text_input("token text or #id", key="w.cent.q", placeholder="e.g.  fox  or #1234")
+    q = st.text_input("token text or #id", key=sel.CENT_QUERY, placeholder="e.g.  fox  or #1234")
     if q:
         if q.strip().lstrip("#").isdigit():
             hits = [int(q.strip().lstrip("#"))]
         else:
             hits = dec.find(q, limit=20)
-        if not hits:
+        past = [h for h in hits if not 0 <= h < head.n_vocab]
+        hits = [h for h in hits if 0 <= h < head.n_vocab]
+        for h in past:
+            st.warning(f"no such token: #{h} — the head's vocabulary has {head.n_vocab:,} tokens "
+                       f"(ids 0–{head.n_vocab - 1:,})", icon=":material/search_off:")
+        if not hits and not past:
             st.info(f"no token whose text contains “{q}” (vocabulary: {dec.source})")
-        else:
+        elif hits:
+            homes = [head.centroid_of(h) for h in hits]  # -1: listed in no centroid's ordering row
             st.dataframe(pd.DataFrame({"token id": hits, "text": [dec.label(h) for h in hits],
-                                       "centroid": [head.centroid_of(h) if 0 <= h < head.n_vocab else -1 for h in hits]}),
+                                       "centroid": [str(c) if c >= 0 else "none (in no centroid's row)"
+                                                    for c in homes]}),
                          hide_index=True, width="stretch")
 
     st.subheader("Coverage on the selected trace")
@@ -84,30 +93,29 @@ with state.guard("centroid head"):
         st.caption("Choose a trace on the Files page to see which centroids were chosen and where the target's "
                    "token lived.")
     else:
-        with state.guard("trace store"):
-            tr = state.trace(tpath)
-            steps = tr.columns("steps", [c for c in ("prompt_id", "round", "k", "token", "target_token",
-                                                     "accepted", "centroid_ids", "target_in_candidates",
-                                                     "target_centroid", "target_centroid_rank")
-                                         if c in tr.schemas["steps"].names])
-            if "centroid_ids" not in steps.columns or not steps["centroid_ids"].notna().any():
+        with guard("trace store"):
+            tr = loaders.trace(tpath)
+            if not loaders.has_centroid_columns(tpath):
                 st.info("This trace has no centroid columns (recorded without a centroid head).")
             else:
-                rep = state.report(tpath)
-                head_kind = state.drafting_head(tr)
+                from mtpscope.traces.analysis.explain_report import drafting_head
+
+                rep = loaders.report(tpath)
+                head_kind = drafting_head(tr.manifest)
                 cc = rep.get("centroid_coverage") or {}
                 if cc:
                     st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
-                              help="share of the trace's draft steps where the target's token was among the "
-                                   "candidates of the centroids the sparse head chose (as `mtpscope report`)")
-                cov = state.coverage(tpath, path)
-                st.plotly_chart(charts.coverage_heatmap(cov), key="cent.cov", width="stretch")
+                              help="share of the draft steps the target checked (accepted, or a round's first "
+                                   "rejection: the steps the table below lists) where the target's token was among "
+                                   "the candidates of the centroids the sparse head chose (as `mtpscope report`)")
+                cov = loaders.coverage(tpath, path)
+                st.plotly_chart(charts.coverage_heatmap(cov), key=sel.CENT_COVERAGE, width="stretch")
                 st.caption("Each cell is one centroid: how often, when the target's token lived in it, the head "
                            "chose it (green = always, red = never, grey = the target's token never lived there).")
-                st.plotly_chart(charts.chosen_vs_home_figure(cov), key="cent.cvh", width="stretch")
+                st.plotly_chart(charts.chosen_vs_home_figure(cov), key=sel.CENT_CHOSEN_VS_HOME, width="stretch")
                 st.caption("For the centroids the target's tokens lived in most: how often each was chosen, and how "
                            "often the target's token was reachable through it.")
-                un = views.unreachable_steps(steps)
+                un = loaders.unreachable_steps(tpath)
                 title = ("Steps the centroid head would have missed" if head_kind == "dense"
                          else "Steps where the target's token was unreachable")
                 st.markdown(f"**{title}** ({len(un)}{'+' if len(un) >= 500 else ''})")
@@ -117,7 +125,7 @@ with state.guard("centroid head"):
                                "head would have chosen — whatever the dense head did there (the last column).")
                 if len(un):
                     plabels = views.prompt_labels(sorted({int(p) for p in un["prompt_id"]}),
-                                                  state.manifest_prompts(tr), width=30)
+                                                  views.manifest_prompts(tr.manifest), width=30)
                     un = un.assign(prompt_id=[plabels[int(p)] for p in un["prompt_id"]]).rename(
                         columns={"prompt_id": "prompt"})
                     un = un.assign(drafted=[dec.label(int(t)) for t in un["token"]],

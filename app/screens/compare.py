@@ -3,36 +3,34 @@ results."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
+from mtpscope.app import charts, links, loaders, model_views, round_views, url_state, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
 from mtpscope.errors import TraceMismatchError
-from mtpscope.app import charts, state, views
-from mtpscope.traces import metrics, wording
+from mtpscope.traces.analysis import metrics, wording
 
 st.title("Compare")
-mode = st.radio("compare", ["two traces", "two prompts of one trace"], horizontal=True, key="w.cmp.mode")
-a_path = state.get("trace")
+view = url_state.requested("compare")
+#: The two modes and their link values.
+MODES = {"traces": "two traces", "prompts": "two prompts of one trace"}
+if view is not None and view.mode is not None:
+    st.session_state[sel.CMP_MODE] = MODES[view.mode]
+mode = st.radio("compare", list(MODES.values()), horizontal=True, key=sel.CMP_MODE)
+a_path = sel.get(sel.TRACE)
 
 
 def _use_as_b(path: str) -> None:
-    state.set_("trace_b", path)
-    st.session_state["w.cmp.mode"] = "two traces"
-
-
-def _same_folder(a: str, b: str) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return a == b
+    sel.set_(sel.TRACE_B, path)
+    st.session_state[sel.CMP_MODE] = MODES["traces"]
 
 
 def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -> None:
     """The aligned diff of A and B (``mtpscope compare A B``)."""
     st.subheader("Aligned by prompt and output position")
-    diff = state.comparison(a, b)
+    diff = loaders.comparison(a, b)
     d = diff.to_dict()
     st.caption(f"Prompts paired by {d['paired_by']}: {wording.plural(d['n_pairs'], 'pair')}"
                + (f"; unpaired in A: {len(d['unpaired_a'])}, in B: {len(d['unpaired_b'])}"
@@ -53,14 +51,14 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                 help=f"over the paired prompts; 95 % bootstrap interval over prompts{ci or ': fewer than 2 prompts'}")
     c1, c2 = st.columns(2)
     with c1:
-        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_class", names), key="cmp.only.cls",
+        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_class", names), key=sel.CMP_ONLY_CLASS,
                         width="stretch")
         st.caption("Output positions one run drafted right and the other did not, by the token's class.")
     with c2:
-        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_position", names), key="cmp.only.k",
+        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_position", names), key=sel.CMP_ONLY_POSITION,
                         width="stretch")
         st.caption("The same positions by the draft position k of the run that rejected them.")
-    st.plotly_chart(charts.delta_ci_figure(d["delta"], names), key="cmp.delta", width="stretch")
+    st.plotly_chart(charts.delta_ci_figure(d["delta"], names), key=sel.CMP_DELTA, width="stretch")
     st.caption("How much the acceptance rate moved from A to B, overall and per prompt category, with a 95 % "
                "interval from resampling the prompts.")
     rows = [{"prompt": labels_a.get(int(p["prompt_id_a"]), str(p["prompt_id_a"])), "prompt in B": p["prompt_id_b"],
@@ -69,7 +67,7 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
              "outputs differ from": p["diverged_at"], "first position judged differently": p["first_difference"]}
             for p in d["prompts"]]
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="cmp.prompts",
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key=sel.CMP_PROMPTS,
                      column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
         st.caption("Per prompt: how many output positions were compared and the first one where one run "
                    "accepted a draft and the other did not.")
@@ -79,45 +77,69 @@ def _traces() -> None:
     """Two traces (or two prompts of one) side by side; returns early when a choice is missing."""
     if not a_path:
         st.info("Choose a trace on the Files page (and a second one under “Second trace”).")
-        state.demo_missing_hint()
+        sel.demo_missing_hint()
         return
-    tr_a = state.trace(a_path)
+    tr_a = loaders.trace(a_path)
     labels_a = views.prompt_labels(sorted(int(p) for p in tr_a.rounds["prompt_id"].unique()),
-                                   state.manifest_prompts(tr_a))
-    if mode == "two traces":
-        b_path = state.get("trace_b")
+                                   views.manifest_prompts(tr_a.manifest))
+    pids = sorted(labels_a)
+    if pids:
+        url_state.take_prompt_round(view, round_views.prompt_round_spans(tr_a.rounds), sel.page_prompt(pids, False))
+    if mode == MODES["traces"]:
+        b_path = sel.get(sel.TRACE_B)
+        url_state.publish(links.View("compare", trace=a_path, trace_b=b_path, mode="traces"))
         if not b_path:
             st.info("Choose a second trace on the Files page (“Second trace”).")
             return
-        if _same_folder(a_path, b_path):
-            st.warning(f"Trace A and trace B are the same folder (`{state.short(a_path)}`): choose another trace B "
+        if sel.same_path(a_path, b_path):
+            st.warning(f"Trace A and trace B are the same folder (`{sel.short(a_path)}`): choose another trace B "
                        "on the Files page (“Second trace”) to compare two runs.", icon=":material/warning:")
             return
-        tr_b = state.trace(b_path)
+        tr_b = loaders.trace(b_path)
         names = ("A", "B")
-        st.caption(f"A = `{state.short(a_path)}` · B = `{state.short(b_path)}`")
-        diff_rows = state.run_differences(a_path, b_path)
+        st.caption(f"A = `{sel.short(a_path)}` · B = `{sel.short(b_path)}`")
+        diff_rows = loaders.run_differences(a_path, b_path)
         if diff_rows:
             st.markdown("**What differs between the two runs** (parameters; the models' metadata and tensor "
                         "tables)")
-            st.dataframe(pd.DataFrame(diff_rows), hide_index=True, width="stretch")
+            rows = model_views.explained_differences(diff_rows, {"A": loaders.recorded_validation(tr_a),
+                                                                 "B": loaders.recorded_validation(tr_b)})
+            for r in rows:
+                if r["verify"]:
+                    st.warning(f"Likely cause: `{r['name']}` ({r['A']} in A, {r['B']} in B) — {r['verify']}",
+                               icon=":material/troubleshoot:")
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
+                         column_config={"what": st.column_config.TextColumn("what", width=110),
+                                        "name": st.column_config.TextColumn("name", width=230),
+                                        "A": st.column_config.TextColumn("A", width=150),
+                                        "B": st.column_config.TextColumn("B", width=150),
+                                        "verify": st.column_config.TextColumn(
+                                            "verify says", width=280,
+                                            help="the finding of `mtpscope verify DRAFTER --target TARGET` (on the "
+                                                 "run's recorded models) that names this key or tensor: a "
+                                                 "difference verify explains")})
+            st.caption("Rows verify explains come first; the rest are differences verify has nothing against.")
         else:
             st.caption("Same recording parameters and the same model files.")
         ra, rb = tr_a.rounds, tr_b.rounds
-        rep_a, rep_b = state.report(a_path), state.report(b_path)
-        pa_, pb_ = state.per_position(rep_a), state.per_position(rep_b)
-        rate_a, rate_b = state.acceptance_rate(rep_a), state.acceptance_rate(rep_b)
-        len_a, len_b = state.mean_acceptance_length(rep_a), state.mean_acceptance_length(rep_b)
-        prompts_a = state.manifest_prompts(tr_a)
-        prompts_b = state.manifest_prompts(tr_b)
+        rep_a, rep_b = loaders.report(a_path), loaders.report(b_path)
+        pa_, pb_ = views.per_position(rep_a), views.per_position(rep_b)
+        rate_a, rate_b = views.acceptance_rate(rep_a), views.acceptance_rate(rep_b)
+        len_a, len_b = views.mean_acceptance_length(rep_a), views.mean_acceptance_length(rep_b)
+        prompts_a = views.manifest_prompts(tr_a.manifest)
+        prompts_b = views.manifest_prompts(tr_b.manifest)
     else:
-        pids = sorted(labels_a)
         if len(pids) < 2:
             st.info("This trace has a single prompt.")
             return
+        if view is not None and view.prompt_b is not None:
+            st.session_state[sel.CMP_PROMPT_B] = view.prompt_b
+        elif st.session_state.get(sel.CMP_PROMPT_B) not in pids:
+            st.session_state[sel.CMP_PROMPT_B] = pids[1]
         c1, c2 = st.columns(2)
-        pa_id = c1.selectbox("prompt A", pids, index=0, key="w.cmp.pa", format_func=labels_a.get)
-        pb_id = c2.selectbox("prompt B", pids, index=1, key="w.cmp.pb", format_func=labels_a.get)
+        pa_id = int(sel.prompt_picker(c1, sel.CMP_PROMPT_A, pids, labels_a, label="prompt A"))
+        pb_id = c2.selectbox("prompt B", pids, key=sel.CMP_PROMPT_B, format_func=labels_a.get)
+        url_state.publish(links.View("compare", trace=a_path, mode="prompts", prompt=pa_id, prompt_b=pb_id))
         names = (f"prompt {pa_id}", f"prompt {pb_id}")
         if pa_id == pb_id:
             st.warning("Prompt A and prompt B are the same prompt.", icon=":material/warning:")
@@ -126,7 +148,7 @@ def _traces() -> None:
         pa_, pb_ = metrics.per_position_acceptance(ra), metrics.per_position_acceptance(rb)
         rate_a, rate_b = metrics.acceptance_rate(ra), metrics.acceptance_rate(rb)
         len_a, len_b = metrics.mean_acceptance_length(ra), metrics.mean_acceptance_length(rb)
-        prompts_a = prompts_b = state.manifest_prompts(tr_a)
+        prompts_a = prompts_b = views.manifest_prompts(tr_a.manifest)
 
     c = st.columns(4)
     c[0].metric(f"acceptance rate · {names[0]}", f"{rate_a:.1%}")
@@ -134,45 +156,45 @@ def _traces() -> None:
     c[2].metric(f"mean acceptance length · {names[0]}", f"{len_a:.3f}")
     c[3].metric(f"mean acceptance length · {names[1]}", f"{len_b:.3f}", delta=f"{len_b - len_a:+.3f}")
 
-    st.plotly_chart(charts.per_position_figure(pa_, pb_, names=names), key="cmp.perpos", width="stretch")
+    st.plotly_chart(charts.per_position_figure(pa_, pb_, names=names), key=sel.CMP_PER_POSITION, width="stretch")
     st.caption("How often the k-th draft was accepted in each run.")
     oa, ob = views.ordered_rounds(ra), views.ordered_rounds(rb)
     w = metrics.DEFAULT_ROLLING_WINDOW
     st.plotly_chart(charts.rolling_figure(views.rolling_acceptance(oa, w), other=views.rolling_acceptance(ob, w),
-                                          names=names, window=w), key="cmp.rolling", width="stretch")
+                                          names=names, window=w), key=sel.CMP_ROLLING, width="stretch")
     st.caption(f"Each run's acceptance rate over its last {wording.plural(w, 'round')}, rounds in prompt order.")
 
-    if mode == "two traces":
+    if mode == MODES["traces"]:
         try:
-            state.comparison(a_path, b_path)
+            loaders.comparison(a_path, b_path)
         except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)
             st.info(f"No aligned comparison of these two traces: {e.one_line()}")
         else:
             _aligned(a_path, b_path, names, labels_a)
             st.subheader("Per-prompt deltas")
-            diff = state.comparison(a_path, b_path)
+            diff = loaders.comparison(a_path, b_path)
             deltas = views.prompt_deltas(views.per_prompt_table(ra, prompts_a),
                                          views.per_prompt_table(rb, prompts_b), pairs=diff.pairing.pairs)
             deltas.insert(1, "prompt", [labels_a.get(int(p), str(p)) for p in deltas["prompt_id"]])
-            st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key="cmp.deltas",
+            st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key=sel.CMP_DELTAS,
                             width="stretch")
             st.caption("Each paired prompt's acceptance-rate change from A to B, biggest drop first.")
             st.dataframe(deltas.head(500).drop(columns=["prompt_id"]), hide_index=True, width="stretch",
                          column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
 
 
-with state.guard("trace store"):
+with guard("trace store"):
     _traces()
 
 st.subheader("Replay results")
-rpath = state.get("replay")
+rpath = sel.get(sel.REPLAY)
 if not rpath:
     st.caption("Choose a replay output folder (`mtpscope replay TRACE --out DIR`) on the Files page to see "
                "how each variant would have drafted the same rounds.")
 else:
-    with state.guard("replay"):
-        summary, rsteps = state.replay(rpath)
-        dec = state.decoder(state.get("drafter"), state.get("target"))
+    with guard("replay"):
+        summary, rsteps = loaders.replay(rpath)
+        dec = loaders.decoder(sel.get(sel.DRAFTER), sel.get(sel.TARGET))
         rec = summary.get("recorded") or {}
         variants = summary.get("variants") or {}
         rows = [{"variant": "recorded", "options": "-", "acceptance_rate": rec.get("acceptance_rate"),
@@ -180,18 +202,18 @@ else:
         rows += [{"variant": n, **{k: v.get(k) for k in ("options", "acceptance_rate", "mean_acceptance_length",
                                                              "agreement")}} for n, v in variants.items()]
         table = pd.DataFrame(rows)
-        st.caption(f"replay of `{state.short(summary.get('trace'))}`: {wording.plural(summary.get('n_rounds') or 0, 'round')}, "
+        st.caption(f"replay of `{sel.short(summary.get('trace'))}`: {wording.plural(summary.get('n_rounds') or 0, 'round')}, "
                    f"{wording.plural(summary.get('n_steps') or 0, 'step')}")
         st.plotly_chart(charts.summary_bars([float(r or 0) for r in table["acceptance_rate"]], list(table["variant"]),
                                             "Acceptance rate: recorded vs replayed variants"),
-                        key="cmp.replay", width="stretch")
+                        key=sel.CMP_REPLAY, width="stretch")
         st.caption("The acceptance rate the recording had, and the one each replayed variant would have had.")
         st.dataframe(table, hide_index=True, width="stretch",
                      column_config={"agreement": st.column_config.NumberColumn(
                          "agreement", format="%.4f",
                          help="share of the recorded draft steps where the variant drafts the same token as the "
                               "recording")})
-        from mtpscope.traces.replay import indistinguishable
+        from mtpscope.traces.run.replay import indistinguishable
 
         same = summary.get("indistinguishable")
         if same is None and len(rsteps):  # summaries written before the key existed
@@ -215,6 +237,6 @@ else:
             st.markdown("**Variant traces**: compare one with this trace as trace B")
             cols = st.columns(min(4, len(vt)))
             for i, (name, vp) in enumerate(vt.items()):
-                found = state.resolve_near(vp, rpath)
-                cols[i % len(cols)].button(f"trace B = {name}", key=f"w.cmp.vt.{i}", disabled=found is None,
+                found = sel.resolve_near(vp, rpath)
+                cols[i % len(cols)].button(f"trace B = {name}", key=sel.cmp_variant_key(i), disabled=found is None,
                                            on_click=_use_as_b, args=(str(found),))

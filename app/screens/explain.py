@@ -6,11 +6,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, state, views
-from mtpscope.traces import wording
+from mtpscope.app import charts, links, loaders, round_views, url_state, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
+from mtpscope.traces.analysis import wording
 
 st.title("Explain")
-path = state.selected_or_stop("trace", "Choose a trace on the Files page (the demo trace is preselected once built).")
+path = sel.selected_or_stop(sel.TRACE, "Choose a trace on the Files page (the demo trace is preselected once built).")
+view = url_state.requested("explain")
 
 #: First mismatches listed at most.
 MAX_ROWS = 500
@@ -20,20 +23,25 @@ def _f(v, spec: str = ".1%") -> str:
     return "—" if v is None else format(v, spec)
 
 
-with state.guard("explanation"):
-    tr = state.trace(path)
+with guard("explanation"):
+    tr = loaders.trace(path)
     rounds = tr.rounds
     if len(rounds) == 0:
         st.info("This trace has no rounds to explain.")
         st.stop()
-    dec = state.trace_decoder(tr)
-    prompts = state.manifest_prompts(tr)
+    dec = loaders.trace_decoder(tr)
+    prompts = views.manifest_prompts(tr.manifest)
     pids = [int(p) for p in sorted(rounds["prompt_id"].unique())]
     labels = views.prompt_labels(pids, prompts, width=80)
-    ALL = -1
-    choice = st.selectbox("prompt", [ALL] + pids, key="w.exp.prompt",
-                          format_func=lambda p: "all prompts" if p == ALL else labels[p])
-    x = state.explanation(path, None if choice == ALL else choice)
+    ALL = sel.ALL
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds))
+    c1, c2 = st.columns([3, 1])
+    choice = sel.prompt_picker(c1, sel.EXP_PROMPT, pids, labels, allow_all=True)
+    cat_field = c2.text_input("category field", key=sel.EXP_CATEGORY_FIELD, placeholder="category",
+                              help="The prompts file's field that holds each prompt's category (as `mtpscope "
+                                   "explain --category-field`); empty: 'category'.")
+    url_state.publish(links.View("explain", trace=path, prompt=choice))
+    x = loaders.explanation(path, None if choice == ALL else choice, cat_field.strip() or None)
     d = x.to_dict()
     rej, t = d["rejections"], x.totals
 
@@ -45,9 +53,11 @@ with state.guard("explanation"):
     c[2].metric("of them, target known", f"{rej['n_first_mismatch']:,}",
                 help="of those rounds, the ones where the trace knows the target's token at the first rejection "
                      "(the causes below count these)")
+    rec = d.get("recommendation") or {}
     best = (d.get("what_if_model") or {}).get("best_n_draft")
-    c[3].metric("recommended n_draft", "—" if best is None else str(best),
-                help="the n_draft with the most tokens per second in the estimate below")
+    c[3].metric("recommendation", views.recommendation_label(rec),
+                help="plain decoding or the n_draft with the most tokens per second, plain decoding always a "
+                     "candidate; 'a tie' when its interval overlaps the runner-up's (as `mtpscope explain`)")
     st.caption(f"Drafts came from the {x.head} head.")
 
     st.subheader("Why drafts were rejected")
@@ -56,14 +66,14 @@ with state.guard("explanation"):
     else:
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(charts.causes_figure(rej["causes"]), key="exp.causes", width="stretch")
+            st.plotly_chart(charts.causes_figure(rej["causes"]), key=sel.EXP_CAUSES, width="stretch")
             st.caption("For each round's first rejected draft, the reason: a near tie (the target's token scored within "
                        "0.5 logits of the draft), the drafter's runner-up, in its top list, or a far miss.")
         with c2:
-            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key="exp.ranks", width="stretch")
+            st.plotly_chart(charts.rank_histogram_figure(rej["rank_histogram"]), key=sel.EXP_RANKS, width="stretch")
             st.caption("Where the target's token stood in the drafter's ranking at the first rejection "
                        "(0 = the drafter's own pick, 10+ = below the stored candidates).")
-        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key="exp.bypos", width="stretch")
+        st.plotly_chart(charts.causes_by_position_figure(rej["by_position"]), key=sel.EXP_BY_POSITION, width="stretch")
         st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
     ts = rej["target_side"]
     if ts["hard"] or ts["wrong"]:
@@ -89,7 +99,7 @@ with state.guard("explanation"):
                 st.dataframe(pd.DataFrame({"token": [dec.label(int(r["token"])) for r in rows],
                                            "times": [int(r["count"]) for r in rows],
                                            "id": [int(r["token"]) for r in rows]}),
-                             hide_index=True, width="stretch", key=f"exp.{key}")
+                             hide_index=True, width="stretch", key=sel.exp_tokens_key(key))
             else:
                 st.caption("none")
 
@@ -98,11 +108,11 @@ with state.guard("explanation"):
         c1, c2 = st.columns(2)
         with c1:
             st.plotly_chart(charts.rate_bars_figure(d["by_class"], "Acceptance rate by token class"),
-                            key="exp.class", width="stretch")
+                            key=sel.EXP_CLASS, width="stretch")
             st.caption("Each draft counts in the class of the target's token at its position (prose, code, JSON, "
                        "numbers, punctuation, …); labels are accepted / drafted.")
         with c2:
-            st.plotly_chart(charts.class_position_figure(d.get("by_class_position")), key="exp.classpos",
+            st.plotly_chart(charts.class_position_figure(d.get("by_class_position")), key=sel.EXP_CLASS_POSITION,
                             width="stretch")
             st.caption("The same split by draft position k: which kinds of tokens the drafter loses, and how early.")
     else:
@@ -110,64 +120,75 @@ with state.guard("explanation"):
                    "allowed folder).")
     if d.get("by_channel"):
         st.plotly_chart(charts.rate_bars_figure(d["by_channel"], "Acceptance rate by chat channel", "channel"),
-                        key="exp.channel", width="stretch")
+                        key=sel.EXP_CHANNEL, width="stretch")
         st.caption("Thinking, answer and tool-call parts of a chat, as the Gemma 4 template marks them.")
     if d.get("by_category"):
         st.plotly_chart(charts.rate_bars_figure(d["by_category"], "Acceptance rate by prompt category", "category"),
-                        key="exp.category", width="stretch")
+                        key=sel.EXP_CATEGORY, width="stretch")
         st.caption("The prompts file's categories, worst first.")
 
     st.subheader("Drafter drift")
     if d.get("drift"):
         dr = d["drift"]
-        st.plotly_chart(charts.drift_figure(dr), key="exp.drift", width="stretch")
+        if dr.get("related") is False:
+            st.info(dr["words"][:1].upper() + dr["words"][1:] + ".")
+        st.plotly_chart(charts.drift_figure(dr), key=sel.EXP_DRIFT, width="stretch")
         st.caption(f"How close the drafter's state stays to the target's own hidden state at each draft position "
-                   f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}).")
+                   f"(mean cosine {_f(dr['cos_mean'], '.3f')} over {wording.plural(dr['n_steps'], 'step')}), and "
+                   f"whether it tells accepted from rejected drafts: {dr.get('words', '')}.")
     else:
         st.caption("Not captured: record with `--hidden-target` to compare the drafter's state with the target's.")
 
-    st.subheader("Which n_draft?")
+    st.subheader("Which n_draft? Or plain decoding?")
     wi = d.get("what_if")
+    if rec:
+        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
     if wi:
-        st.plotly_chart(charts.what_if_figure(wi, best), key="exp.whatif", width="stretch")
+        plain = ((d.get("candidates") or {}).get("all") or [{}])[0].get("tokens_per_s")
+        st.plotly_chart(charts.what_if_figure(wi, best, plain=plain), key=sel.EXP_WHAT_IF, width="stretch")
         st.caption("Acceptance and speed this trace predicts at other n_draft (star = recorded, hollow = "
-                   "extrapolated past it); formula in docs/EXPLAIN.md.")
-        st.dataframe(pd.DataFrame(wi), hide_index=True, width="stretch", key="exp.whatif.table",
-                     column_config={"acceptance_rate": st.column_config.NumberColumn("acceptance rate", format="%.4f"),
-                                    "mean_acceptance_length": st.column_config.NumberColumn("mean acc. length",
-                                                                                            format="%.3f"),
-                                    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
-                                    "speedup": st.column_config.NumberColumn("speedup", format="%.2f")})
-        wic = d.get("what_if_by_category")
-        if wic:
-            st.caption("Recommended per category: " + ", ".join(f"{c}: {w['best_n_draft']}" for c, w in wic.items()))
+                   "extrapolated past it; bars: 95 % intervals over prompts); model in docs/EXPLAIN.md §4.")
+        st.dataframe(views.what_if_table(wi), hide_index=True, width="stretch", key=sel.EXP_WHAT_IF_TABLE)
+    if rec.get("by_category"):
+        st.markdown("**Per category**")
+        st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                     key=sel.EXP_RECOMMENDATION_BY_CATEGORY, row_height=views.WRAPPED_ROW_PX,  # the reason wraps
+                     column_config={"why": st.column_config.TextColumn("why", width=520)})
+    be = d.get("break_even")
+    if be:
+        st.markdown("**Break-even**")
+        st.caption(be["words"] + ".")
+        if be.get("by_category"):
+            st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                         key=sel.EXP_BREAK_EVEN_BY_CATEGORY)
     for note in d.get("notes") or []:
         st.caption(f"note: {note}")
 
     st.subheader("First rejections, round by round")
     fm = x.first_mismatches
     if len(fm):
-        from mtpscope.traces.explain import step_sentence
+        from mtpscope.traces.analysis.explain import step_sentence
 
         cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
         sub = fm.head(MAX_ROWS)
+        short_labels = views.prompt_labels(pids, prompts, width=24)
         table = pd.DataFrame({
-            "prompt": [labels.get(int(p), str(p)) for p in sub["prompt_id"]],
+            "prompt": [short_labels.get(int(p), str(p)) for p in sub["prompt_id"]],
             "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
             "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
                     for r in sub.to_dict(orient="records")]})
-        ev = st.dataframe(table, hide_index=True, width="stretch", key="exp.fm", on_select="rerun",
-                          selection_mode="single-row",
-                          column_config={"prompt": st.column_config.TextColumn("prompt", width=200),
+        ev = st.dataframe(table, hide_index=True, width="stretch", key=sel.EXP_FIRST_MISMATCHES, on_select="rerun",
+                          selection_mode="single-row", row_height=views.WRAPPED_ROW_PX,  # the sentence wraps
+                          column_config={"prompt": st.column_config.TextColumn("prompt", width=150),
                                          "round": st.column_config.NumberColumn("round", width=60),
                                          "k": st.column_config.NumberColumn("k", width=40),
-                                         "why": st.column_config.TextColumn("why (hover for the whole sentence)",
-                                                                            width="large")})
+                                         "why": st.column_config.TextColumn("why", width=620)})
         st.caption("Select a row to open that round in the Step view"
                    + (f" (first {MAX_ROWS} of {len(fm):,})." if len(fm) > MAX_ROWS else "."))
         picked = list(getattr(getattr(ev, "selection", None), "rows", None) or []) if ev else []
         if picked:
             r = sub.iloc[int(picked[0])]
-            state.open_round((int(r["prompt_id"]), int(r["round"])))
+            sel.open_round((int(r["prompt_id"]), int(r["round"])))
     else:
         st.caption("No rejected drafts.")

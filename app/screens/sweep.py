@@ -1,5 +1,6 @@
 """Sweep: configuration × category heatmap of a sweep (``mtpscope sweep``); a cell opens its trace in
-Acceptance / Step / Explain. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
+Acceptance / Step / Explain; a sweep over drafter quantizations (``--assistant-quant``) also gets a type ×
+category table. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
 
 from __future__ import annotations
 
@@ -7,45 +8,36 @@ from pathlib import Path
 
 import streamlit as st
 
-from mtpscope.app import charts, safety, state
+from mtpscope.app import charts, loaders, safety, views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
+from mtpscope.traces.sweep.quant import quant_table
+from mtpscope.traces.sweep.spec import SWEEP_FILE
 
 st.title("Sweep")
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _load(path: str, key: tuple):  # noqa: ARG001 - key: sweep.json's (size, mtime) invalidates
-    from mtpscope.traces.sweep_read import open_sweep
-
-    sw = open_sweep(path)
-    return sw, sw.cells()
-
-
-def _key(p: Path) -> tuple:
-    s = (p / "sweep.json").stat()
-    return (s.st_size, s.st_mtime_ns)
-
-
 def _open(page: str, trace_dir: Path) -> None:
-    state.set_("trace", str(trace_dir))
+    sel.set_(sel.TRACE, str(trace_dir))
     st.switch_page(f"screens/{page}.py")
 
 
-if "w.sweep.path" not in st.session_state:
-    st.session_state["w.sweep.path"] = st.session_state.get("sel.sweep") or ""
-path = st.text_input("sweep directory (holds sweep.json)", key="w.sweep.path",
+if sel.SWEEP_PATH not in st.session_state:
+    st.session_state[sel.SWEEP_PATH] = st.session_state.get(sel.SEL_SWEEP) or ""
+path = st.text_input(f"sweep directory (holds {SWEEP_FILE})", key=sel.SWEEP_PATH,
                      help="The --out folder of `mtpscope sweep`; it must lie under an allowed root (MTPSCOPE_ROOTS).")
 if not path.strip():
     st.info("Record a sweep with `mtpscope sweep --target T.gguf --assistant A.gguf --prompts P.jsonl "
             "--n-draft 1,2,3 --baseline --out DIR`, then enter DIR here.")
     st.stop()
 
-with state.guard("sweep"):
-    p = safety.check_path(path.strip(), state.roots(), kind="dir")
-    if not (p / "sweep.json").is_file():
-        st.error(f"{p}: not a sweep directory (no sweep.json)")
+with guard("sweep"):
+    p = safety.check_path(path.strip(), sel.roots(), kind="dir")
+    if not (p / SWEEP_FILE).is_file():
+        st.error(f"{p}: not a sweep directory (no {SWEEP_FILE})")
         st.stop()
-    sw, cells = _load(str(p), _key(p))
-    st.session_state["sel.sweep"] = str(p)
+    sw, cells, advice = loaders.sweep(p)
+    st.session_state[sel.SEL_SWEEP] = str(p)
     m = sw.matrix
     c = st.columns(5)
     c[0].metric("tasks", f"{len(m)}")
@@ -60,9 +52,37 @@ with state.guard("sweep"):
         st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
                      width="stretch")
 
-    value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key="w.sweep.value")
+    rec = advice.get("recommendation") or {}
+    if rec:
+        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
+        if rec.get("by_category"):
+            with st.expander("per category", expanded=False):
+                st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                             key=sel.SWEEP_RECOMMENDATION_BY_CATEGORY,
+                             row_height=views.WRAPPED_ROW_PX,  # the reason wraps
+                             column_config={"why": st.column_config.TextColumn("why", width=520)})
+    be = advice.get("break_even")
+    if be:
+        st.caption(f"Break-even: {be['words']}.")
+        if be.get("by_category"):
+            with st.expander("break-even per category", expanded=False):
+                st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                             key=sel.SWEEP_BREAK_EVEN_BY_CATEGORY)
+
+    # --- drafter quantizations (sweep --assistant-quant): one row per llama.cpp type, one column per category
+    quant = quant_table(cells, sw.spec)
+    if len(quant):
+        st.subheader("Drafter quantizations")
+        qv = st.radio("value per type × category", list(views.QUANT_VALUES), horizontal=True,
+                      key=sel.SWEEP_QUANT_VALUE)
+        st.dataframe(views.quant_matrix(quant, qv), width="stretch", key=sel.SWEEP_QUANT_TABLE)
+        st.caption(f"Each type is the drafter {', '.join(sorted(set(quant['source'])))} quantized by llama.cpp's "
+                   "own quantizer (`mtpscope quantize`), recorded as its own assistant.")
+
+    value = st.radio("colour", list(charts.SWEEP_VALUES), horizontal=True, key=sel.SWEEP_VALUE)
     fig = charts.sweep_heatmap(cells, value)
-    ev = st.plotly_chart(fig, key="sweep.heat", on_select="rerun", selection_mode="points", width="stretch")
+    ev = st.plotly_chart(fig, key=sel.SWEEP_HEAT, on_select="rerun", selection_mode="points", width="stretch")
     if len(cells) == 0:
         st.stop()
 
@@ -72,17 +92,17 @@ with state.guard("sweep"):
     pts = list(getattr(getattr(ev, "selection", None), "points", None) or []) if ev else []
     if pts and pts[0].get("y") in labels and pts[0].get("x") in cats:
         pick = (pts[0]["y"], pts[0]["x"])
-        if st.session_state.get("sweep.handled") != pick:
-            st.session_state["sweep.handled"] = pick
-            st.session_state["w.sweep.config"] = pick[0]
-            st.session_state["w.sweep.category"] = pick[1]
-    if st.session_state.get("w.sweep.config") not in labels:
-        st.session_state["w.sweep.config"] = next(iter(labels))
-    if st.session_state.get("w.sweep.category") not in cats:
-        st.session_state["w.sweep.category"] = cats[0]
+        if st.session_state.get(sel.SWEEP_HANDLED) != pick:
+            st.session_state[sel.SWEEP_HANDLED] = pick
+            st.session_state[sel.SWEEP_CONFIG] = pick[0]
+            st.session_state[sel.SWEEP_CATEGORY] = pick[1]
+    if st.session_state.get(sel.SWEEP_CONFIG) not in labels:
+        st.session_state[sel.SWEEP_CONFIG] = next(iter(labels))
+    if st.session_state.get(sel.SWEEP_CATEGORY) not in cats:
+        st.session_state[sel.SWEEP_CATEGORY] = cats[0]
     c1, c2 = st.columns(2)
-    label = c1.selectbox("configuration (or click the heatmap)", list(labels), key="w.sweep.config")
-    cat = c2.selectbox("category", cats, key="w.sweep.category")
+    label = c1.selectbox("configuration (or click the heatmap)", list(labels), key=sel.SWEEP_CONFIG)
+    cat = c2.selectbox("category", cats, key=sel.SWEEP_CATEGORY)
     assistant, n_draft = labels[label]
     row = cells[(cells["assistant"] == assistant) & (cells["n_draft"] == n_draft) & (cells["category"] == cat)]
     if len(row):
@@ -105,21 +125,21 @@ with state.guard("sweep"):
     else:
         n_in = {int(s): int(((pr["shard"] == s) & ((pr["category"] == cat) | (cat == "all"))).sum())
                 for s in tasks["shard"]}
-        shard = st.selectbox("trace (shard)", [int(s) for s in tasks["shard"]], key="w.sweep.shard",
+        shard = st.selectbox("trace (shard)", [int(s) for s in tasks["shard"]], key=sel.SWEEP_SHARD,
                              format_func=lambda s: f"shard {s} ({n_in.get(s, 0)} prompt{'s' if n_in.get(s, 0) != 1 else ''} "
                                                    f"of this category)")
         tdir = p / str(tasks[tasks["shard"] == shard]["dir"].iloc[0])
-        st.caption(f"trace: {state.short(tdir)}")
+        st.caption(f"trace: {sel.short(tdir)}")
         b = st.columns(3)
-        if b[0].button("open in Acceptance", key="sweep.open.acceptance"):
+        if b[0].button("open in Acceptance", key=sel.sweep_open_key("acceptance")):
             _open("acceptance", tdir)
-        if b[1].button("open in Step", key="sweep.open.step", disabled=n_draft == 0,
+        if b[1].button("open in Step", key=sel.sweep_open_key("step"), disabled=n_draft == 0,
                        help="plain decoding has no draft steps" if n_draft == 0 else None):
             _open("step", tdir)
         explain = Path(__file__).with_name("explain.py").exists()
-        if b[2].button("open in Explain", key="sweep.open.explain", disabled=not explain,
+        if b[2].button("open in Explain", key=sel.sweep_open_key("explain"), disabled=not explain,
                        help=None if explain else "the Explain page is not in this build"):
             _open("explain", tdir)
 
-    with st.expander("tasks (sweep.json)"):
+    with st.expander(f"tasks ({SWEEP_FILE})"):
         st.dataframe(m.drop(columns=["dir"]), hide_index=True, width="stretch")

@@ -5,18 +5,20 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import state
+from mtpscope.app import loaders, model_views
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import guard
 
 st.title("Validate")
-path = state.selected_or_stop("drafter", "Choose a drafter on the Files page.")
+path = sel.selected_or_stop(sel.DRAFTER, "Choose a drafter on the Files page.")
 
-target = state.get("target")
-hf_dir = state.get("checkpoint")
+target = sel.get(sel.TARGET)
+hf_dir = sel.get(sel.CHECKPOINT)
 c1, c2 = st.columns(2)
-pair = c1.toggle("pair with the selected target", value=bool(target), disabled=not target, key="w.val.pair")
-audit = c2.toggle("audit the Hugging Face checkpoint", value=bool(hf_dir), disabled=not hf_dir, key="w.val.hf")
-st.caption(f"drafter `{state.short(path)}`" + (f" · target `{state.short(target)}`" if pair and target else "")
-           + (f" · checkpoint `{state.short(hf_dir)}`" if audit and hf_dir else ""))
+pair = c1.toggle("pair with the selected target", value=bool(target), disabled=not target, key=sel.VAL_PAIR)
+audit = c2.toggle("audit the Hugging Face checkpoint", value=bool(hf_dir), disabled=not hf_dir, key=sel.VAL_HF)
+st.caption(f"drafter `{sel.short(path)}`" + (f" · target `{sel.short(target)}`" if pair and target else "")
+           + (f" · checkpoint `{sel.short(hf_dir)}`" if audit and hf_dir else ""))
 
 SEV_ICON = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:"}
 
@@ -27,9 +29,9 @@ def _findings_frame(findings) -> pd.DataFrame:
                         columns=["code", "subject", "expected", "actual", "message"])
 
 
-with state.guard("validation"):
-    rep = state.validation(path, target if pair else None, hf_dir if audit else None)
-    (st.success if rep.ok else st.error)(state.verdict_line(rep))
+with guard("validation"):
+    rep = loaders.validation(path, target if pair else None, hf_dir if audit else None)
+    (st.success if rep.ok else st.error)(model_views.verdict_line(rep))
 
     st.subheader("Loadability per runtime")
     cols = st.columns(len(rep.loadability) or 1)
@@ -55,7 +57,7 @@ with state.guard("validation"):
     if rep.pairing is not None:
         st.subheader("Pairing with the target")
         p = rep.pairing
-        (st.success if p.ok else st.error)(("pairs" if p.ok else "does NOT pair") + f" with `{state.short(p.target)}`")
+        (st.success if p.ok else st.error)(("pairs" if p.ok else "does NOT pair") + f" with `{sel.short(p.target)}`")
         c1, c2 = st.columns(2)
         c1.markdown("**KV donors (llama.cpp rule)**: " + ", ".join(f"{k} → target layer {v}" for k, v in p.kv_donors.items()))
         c2.markdown("**KV donors (HF rule)**: " + ", ".join(f"{k} → target layer {v}" for k, v in p.kv_donors_hf.items()))
@@ -69,11 +71,11 @@ with state.guard("validation"):
     if rep.hf_audit is not None:
         st.subheader("Hugging Face audit")
         a = rep.hf_audit
-        fs = list(getattr(a, "findings", ()) or ())
-        rows = list(getattr(a, "rows", ()) or ())
+        fs = list(a.findings)
+        rows = list(a.rows)
         bad = [r for r in rows if r.status not in ("ok", "dropped")]
-        st.caption(f"checkpoint `{state.short(getattr(a, 'hf_dir', hf_dir))}` vs `{state.short(path)}` "
-                   f"({getattr(a, 'dialect', '?')} dialect): {len(rows)} checkpoint tensors, "
+        st.caption(f"checkpoint `{sel.short(a.hf_dir)}` vs `{sel.short(path)}` "
+                   f"({a.dialect} dialect): {len(rows)} checkpoint tensors, "
                    f"{sum(r.status == 'ok' for r in rows)} ok, {sum(r.status == 'dropped' for r in rows)} dropped "
                    f"by the converter, {len(bad)} other")
         if fs:
@@ -86,17 +88,17 @@ with state.guard("validation"):
                 "gguf_name": r.gguf_name, "expected ne": "×".join(map(str, r.expected_ne)),
                 "found ne": "" if r.found_ne is None else "×".join(map(str, r.found_ne)),
                 "found type": r.found_type or "", "status": r.status, "note": r.note} for r in rows]),
-                hide_index=True, width="stretch", height=min(500, 38 + 35 * len(rows)), key="val.hf.rows")
-        cfg = dict(getattr(a, "config", {}) or {})
+                hide_index=True, width="stretch", height=min(500, 38 + 35 * len(rows)), key=sel.VAL_HF_ROWS)
+        cfg = dict(a.config)
         if cfg:
             st.markdown("**config.json vs GGUF keys**")
             st.dataframe(pd.DataFrame([{"GGUF key": k, "config.json": str(v.get("hf")), "GGUF": str(v.get("gguf")),
                                         "ok": bool(v.get("ok"))} for k, v in cfg.items()]),
-                         hide_index=True, width="stretch", key="val.hf.cfg")
-        only = dict(getattr(a, "gguf_only", {}) or {})
+                         hide_index=True, width="stretch", key=sel.VAL_HF_CONFIG)
+        only = dict(a.gguf_only)
         if only:
             st.markdown("**GGUF tensors with no checkpoint source**")
             st.dataframe(pd.DataFrame({"tensor": list(only), "why": list(only.values())}), hide_index=True,
-                         width="stretch", key="val.hf.only")
+                         width="stretch", key=sel.VAL_HF_ONLY)
     elif not hf_dir:
         st.caption("Hugging Face audit: give a checkpoint folder (config.json + safetensors) on the Files page.")

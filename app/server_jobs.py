@@ -1,0 +1,89 @@
+"""What the Server page starts: a probe on a thread of this app process (the page refreshes from its trace while
+it writes) and a replay of one request with mtpscope's recorder (in its worker process). Both are library calls
+(:mod:`mtpscope.traces.server`); the job lives in the session (:data:`mtpscope.app.selection.SERVER_JOB`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from mtpscope.app import safety
+from mtpscope.app import selection as sel
+from mtpscope.app.guard import internal_error_line
+from mtpscope.errors import MtpscopeError
+
+
+def server_url(url: str) -> str:
+    """``url`` if the Server page may send requests to it (:func:`mtpscope.app.safety.check_server_url`).
+
+    Raises:
+        PathNotAllowedError: another host without ``MTPSCOPE_ALLOW_URLS=1`` and the allow-list.
+    """
+    return safety.check_server_url(url)
+
+
+def probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLike[str], *, n_predict: int,
+                repeat: int, header: str | None = None) -> dict[str, Any]:
+    """Start ``mtpscope probe`` on a thread after the URL and path checks; the job dict (``out``, ``done``,
+    ``error``, ``summary``, ``url``) is kept in the session and returned.
+
+    Raises:
+        PathNotAllowedError: a URL or path the app may not use.
+    """
+    from mtpscope.traces.server.client import parse_header
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+
+    base = server_url(url)
+    pfile = safety.check_path(prompts, sel.roots(), kind="file")
+    out_p = Path(out).expanduser()
+    safety.check_path(out_p.parent, sel.roots(), kind="dir")
+    headers = dict([parse_header(header)]) if header and header.strip() else {}
+    job: dict[str, Any] = {"out": str(out_p), "done": False, "error": None, "summary": None, "url": base}
+
+    def run() -> None:
+        try:
+            job["summary"] = probe(base, prompts_file=pfile, out=out_p, headers=headers, overwrite=True,
+                                   settings=ProbeSettings(n_predict=int(n_predict), repeat=int(repeat)),
+                                   command=["mtpscope app", "probe", base])
+        except Exception as e:  # noqa: BLE001 - shown on the page as one line
+            job["error"] = e.one_line() if isinstance(e, MtpscopeError) else internal_error_line(e, "probing")
+        finally:
+            job["done"] = True
+
+    threading.Thread(target=run, name="mtpscope-probe", daemon=True).start()
+    st.session_state[sel.SERVER_JOB] = job
+    return job
+
+
+def probe_job() -> dict[str, Any] | None:
+    """The probe started in this session, if any."""
+    return st.session_state.get(sel.SERVER_JOB)
+
+
+def replay_request(path: str | os.PathLike[str], request: int, assistant: str | os.PathLike[str],
+                   target: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Replay one request of a probe trace with mtpscope's recorder (:mod:`mtpscope.traces.server.replay`) into
+    ``<trace>/replay-request-N``; the comparison as a dict.
+
+    Raises:
+        PathNotAllowedError: a path outside the allowed folders; ServerError & co: the replay failed.
+    """
+    from mtpscope.traces.server.replay import replay_probe
+
+    p = safety.check_path(path, sel.roots(), kind="dir")
+    a = safety.check_path(assistant, sel.roots(), kind="file")
+    t = safety.check_path(target, sel.roots(), kind="file") if target else None
+    res = replay_probe(p, assistant=a, target=t, requests=[int(request)], out=p / f"replay-request-{int(request)}",
+                       command=["mtpscope app", "replay", str(p), str(request)])
+    return res.to_dict()
+
+
+def open_step(trace_dir: str | os.PathLike[str], prompt_id: int, round_: int = 0) -> None:
+    """Select ``trace_dir`` and open the Step view at (prompt_id, round)."""
+    sel.select_trace(str(trace_dir))
+    sel.open_round((int(prompt_id), int(round_)))

@@ -1,0 +1,124 @@
+"""The view in the address bar: a page's state read from its URL on arrival and written back as it changes.
+
+A link (:mod:`mtpscope.app.links`) opens a page on a view: ``/step?trace=DIR&prompt=34&round=20``. The router
+calls :func:`arrive` before the sidebar: it parses the page's query parameters and selects the files they
+name (a path outside the allowed folders, missing, or a target offered as the drafter is refused, the
+selection kept); what the page itself shows (prompt, round, step, filters) the page takes with
+:func:`requested` and :func:`take_prompt_round`. Each trace page then writes its state with :func:`publish`,
+so the address bar always holds the link of what is shown. A URL the app wrote itself, or already took, is
+not taken again (the widgets own the view between links); a new one (typed, pasted, Back / Forward, a
+link from ``mtpscope diagnose``) is.
+
+A bad value is refused in one line naming the parameter, the value and what is allowed, and the page
+stops there: nothing of another prompt or round is shown under it.
+
+Imports: streamlit, ``links``, ``loaders``, ``selection``, mtpscope.errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NoReturn
+
+import streamlit as st
+
+from mtpscope.app import links, loaders
+from mtpscope.app import selection as sel
+from mtpscope.errors import LinkError, MtpscopeError
+
+
+def _query() -> dict[str, list[str]]:
+    """The page's query parameters (every value of a repeated one), Streamlit's own left out."""
+    qp = st.query_params
+    return {k: qp.get_all(k) for k in qp.keys() if k not in links.STREAMLIT_PARAMS}
+
+
+def _seen_key(page: str, params: Mapping[str, object]) -> tuple:
+    return page, tuple(sorted((k, tuple(v) if isinstance(v, list) else (str(v),)) for k, v in params.items()))
+
+
+def arrive(page: str) -> None:
+    """Take this run's URL for ``page`` (a URL path of :data:`mtpscope.app.links.PAGES`; others are
+    ignored): when it is not the one last written or taken, parse it and select the files it names.
+    Leaves for the page the view asked for, or the refusal (see :func:`requested`)."""
+    st.session_state.pop(sel.URL_ARRIVAL, None)
+    if page not in links.PAGES:
+        return
+    q = _query()
+    if not q or _seen_key(page, q) == st.session_state.get(sel.URL_SEEN):
+        return
+    try:
+        view = links.parse_view(page, q, other_pages="ignore")
+        for slot, path in _ordered_slots(view):
+            why = loaders.slot_refusal(slot, path)
+            if why:
+                raise LinkError(why, key=slot)
+            if slot == sel.TRACE:
+                sel.select_trace(path)
+            else:
+                sel.set_(slot, path)
+    except MtpscopeError as e:
+        st.session_state[sel.URL_ARRIVAL] = e.one_line()
+        return
+    st.session_state[sel.URL_ARRIVAL] = view
+    if page not in links.TRACE_PAGES:  # nothing for the page to check: taken
+        st.session_state[sel.URL_SEEN] = _seen_key(page, q)
+
+
+def _ordered_slots(view: links.View) -> list[tuple[str, str]]:
+    """The link's files, the trace first (it selects the models that recorded it; a link's own drafter or
+    target then wins)."""
+    slots = view.slots
+    order = (sel.TRACE, sel.TRACE_B, sel.DRAFTER, sel.TARGET)
+    return [(s, slots[s]) for s in order if s in slots]
+
+
+def refusal() -> str | None:
+    """The one-line refusal of this run's URL, or None."""
+    a = st.session_state.get(sel.URL_ARRIVAL)
+    return a if isinstance(a, str) else None
+
+
+def refuse(line: str | MtpscopeError) -> NoReturn:
+    """Show a link's refusal in one line and stop the page (nothing else of it is shown)."""
+    st.error(line.one_line() if isinstance(line, MtpscopeError) else line, icon=":material/link_off:")
+    st.caption("Fix the address, or open the page from the sidebar to show the current selection.")
+    st.stop()
+    raise AssertionError("unreachable")  # st.stop raises
+
+
+def requested(page: str) -> links.View | None:
+    """The view this run's URL asks ``page`` to show (None: the URL is the app's own, or empty); a refused
+    URL is shown in one line and the page stops (:func:`refuse`)."""
+    a = st.session_state.get(sel.URL_ARRIVAL)
+    if isinstance(a, str):
+        refuse(a)
+    return a if isinstance(a, links.View) and a.page == page else None
+
+
+def take_prompt_round(view: links.View | None, prompt_rounds: Mapping[int, tuple[int, int]],
+                      current_prompt: int | None = None) -> None:
+    """Check a link's prompt / round against the opened trace (:func:`mtpscope.app.links.check_in_trace`;
+    ``prompt_rounds``: prompt_id -> (first, last round); ``current_prompt``: the prompt the page shows, which
+    a round without a prompt belongs to) and select them; a value the trace does not have is refused
+    (:func:`refuse`)."""
+    if view is None:
+        return
+    try:
+        links.check_in_trace(view, prompt_rounds, current_prompt)
+    except LinkError as e:
+        refuse(e)
+    if view.prompt is not None:
+        sel.select_prompt(view.prompt)
+    if view.round is not None:
+        pid = view.prompt if isinstance(view.prompt, int) else current_prompt
+        sel.select_round((int(pid), view.round))
+
+
+def publish(view: links.View) -> None:
+    """Write ``view`` into the address bar (when it differs from what is there) and remember it as the
+    app's own, so the next run does not take it as a new link."""
+    params = view.params()
+    st.session_state[sel.URL_SEEN] = _seen_key(view.page, params)
+    if _query() != {k: [v] for k, v in params.items()}:
+        st.query_params.from_dict(params)

@@ -1,0 +1,129 @@
+"""Convert a Hugging Face Gemma 4 target (``Gemma4ForCausalLM``, or the language model of a
+``Gemma4ForConditionalGeneration``) to a ``gemma4`` GGUF, every published family: dense (31B, K = V on the
+full layers), per-layer embeddings with KV-shared layers (E2B / E4B) and the mixture-of-experts block
+(26B-A4B).
+
+One job: the target's GGUF keys (:func:`target_kv`), its tensors in llama.cpp's names and layout
+(:func:`map_target_tensors`) and the conversion (:func:`convert_target`). Names come from
+:mod:`inspector.hf_names`; what llama.cpp loads is ``src/models/gemma4.cpp`` ``load_arch_tensors`` /
+``load_arch_hparams`` (llama-cpp-python 0.3.36), the keys llama.cpp's converter writes are
+``conversion/gemma.py`` ``Gemma4Model.set_gguf_parameters``:
+
+* ``attention.shared_kv_layers`` = ``num_kv_shared_layers`` (layers ``il >= n_layer - shared`` have no K/V of
+  their own; llama.cpp's ``reuse`` maps them to layer ``n_layer - shared - 2`` (sliding) / ``- 1`` (full));
+* ``embedding_length_per_layer_input`` = ``hidden_size_per_layer_input`` (0 = no PLE; the loader needs the key);
+  ``per_layer_token_embd`` ``ne [n_embd_per_layer·n_layer, n_vocab]`` — llama.cpp sizes it by ``n_vocab``,
+  so ``vocab_size_per_layer_input`` must equal ``vocab_size`` (refused otherwise: the file would not load);
+* ``expert_count`` / ``expert_used_count`` / ``expert_feed_forward_length`` from ``num_experts`` /
+  ``top_k_experts`` / ``moe_intermediate_size``; the router's ``per_expert_scale`` becomes
+  ``ffn_down_exps.scale`` (llama.cpp scales each selected expert's down projection by it, which equals HF's
+  scaling of the normalised top-k weights);
+* ``feed_forward_length`` per layer when ``use_double_wide_mlp`` doubles the KV-shared layers' MLP;
+* K = V (``attention_k_eq_v``): the full layers carry no ``attn_v``; llama.cpp then uses K as V.
+
+An HF ``Linear`` weight of numpy shape ``(out, in)`` is written as-is (GGUF ``ne [in, out]``); the expert
+tensors ``(n_expert, rows, cols)`` likewise (``ne [cols, rows, n_expert]``).
+
+May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_config,
+inspector.hf_names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtpscope.errors import HFCheckpointError
+from mtpscope.inspector.convert_common import (
+    TARGET_ARCH,
+    ConvertResult,
+    common_kv,
+    ordered,
+    tokenizer_kv_for,
+    write_converted,
+)
+from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
+from mtpscope.inspector.hf_config import TextHParams, text_hparams
+from mtpscope.inspector.hf_names import target_gguf_name
+
+
+def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
+    """The ``gemma4.*`` keys of a target with these hyperparameters (see the module docstring), in the order
+    they are written (``general.name`` not included)."""
+    a = TARGET_ARCH + "."
+    kv = [(k, v) for k, v in common_kv(TARGET_ARCH, hp) if k != a + "attention.shared_kv_layers"]
+    kv.append((a + "attention.shared_kv_layers", u32(hp.shared_kv_layers)))
+    kv.append((a + "embedding_length_per_layer_input", u32(hp.n_embd_per_layer)))
+    if hp.n_expert:
+        kv += [(a + "expert_count", u32(hp.n_expert)), (a + "expert_used_count", u32(hp.n_expert_used)),
+               (a + "expert_feed_forward_length", u32(hp.n_ff_exp))]
+    if hp.softcap:
+        kv.append((a + "final_logit_softcapping", f32(hp.softcap)))
+    return kv
+
+
+def check_target_hparams(hp: TextHParams, where: str) -> None:
+    """Refuse what llama.cpp cannot load from a converted target.
+
+    Raises:
+        HFCheckpointError: PLE with ``vocab_size_per_layer_input`` != ``vocab_size`` (the file would not
+            load); KV-shared layers whose donors (llama.cpp's rule: layers ``n_kv - 2`` sliding, ``n_kv - 1``
+            full, ``n_kv = n_layer - num_kv_shared_layers``) are not of those types (llama.cpp aborts creating a
+            context, ``GGML_ASSERT(map_layer_ids.find(il_reuse) != map_layer_ids.end())``; the inspector's
+            ``E_SHARED_KV_LAYOUT``).
+    """
+    if hp.n_embd_per_layer and hp.n_vocab_per_layer != hp.n_vocab:
+        raise HFCheckpointError("per-layer embeddings over another vocabulary than the model's: llama.cpp sizes "
+                                "per_layer_token_embd by vocab_size", path=where, key="vocab_size_per_layer_input",
+                                expected=hp.n_vocab, actual=hp.n_vocab_per_layer)
+    if hp.shared_kv_layers:
+        n_kv = hp.n_layer - hp.shared_kv_layers
+        if n_kv < 2 or not hp.is_swa[n_kv - 2] or hp.is_swa[n_kv - 1]:
+            raise HFCheckpointError(
+                "KV-shared layers llama.cpp cannot place: it reuses layer n_kv-2 for sliding and n_kv-1 for full "
+                "attention (n_kv = num_hidden_layers - num_kv_shared_layers) and aborts creating a context when "
+                "those are of the other type", path=where,
+                key="layer_types / num_kv_shared_layers", expected="layer n_kv-2 sliding, n_kv-1 full",
+                actual=[("sliding" if s else "full") for s in hp.is_swa[max(n_kv - 2, 0):max(n_kv, 0)]])
+
+
+def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint") -> dict[str, np.ndarray]:
+    """HF target tensors -> GGUF names (``token_embd``, ``per_layer_*``, ``blk.N.*``); ``lm_head`` (tied) and
+    the vision / audio towers are left out. ``layer_scalar`` becomes a 1-element vector.
+
+    Raises:
+        HFCheckpointError: a tensor name the mapping does not know (nothing is dropped silently).
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, arr in tensors.items():
+        try:
+            g = target_gguf_name(name)
+        except KeyError:
+            raise HFCheckpointError("unknown tensor", path=where, key=name) from None
+        if g is None:
+            continue
+        out[g] = np.asarray(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
+    return out
+
+
+def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
+                   vocab_from: Any, where: str) -> ConvertResult:
+    """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (see the module docstring).
+
+    Raises:
+        HFCheckpointError: a bad config or an unknown tensor name (see :func:`check_target_hparams`).
+        LayoutError: the tokenizer has another size than ``vocab_size``.
+    """
+    hp = text_hparams(tc, where)
+    check_target_hparams(hp, where)
+    g = map_target_tensors(tensors, where)
+    g["rope_freqs.weight"] = hp.rope_freqs
+    kv = [("general.name", string("mtpscope-converted-target"))] + target_kv(hp)
+    write_converted(out, TARGET_ARCH, kv, tokenizer_kv_for(hp.n_vocab, vocab_from), ordered(g), outtype)
+    return ConvertResult(out=out, kind="target", dialect=None, arch=TARGET_ARCH, n_tensors=len(g))
+
+
+__all__ = ["check_target_hparams", "convert_target", "map_target_tensors", "target_kv"]

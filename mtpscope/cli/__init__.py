@@ -1,0 +1,1 @@
+"""The ``mtpscope`` command line: ``main.py`` registers one module per command group."""

@@ -1,0 +1,125 @@
+"""CLI command: ``diagnose`` (docs/DIAGNOSE.md): every check of a drafter / target pair in order, the findings
+ranked worst first as text, ``--json`` or a one-file ``--html`` report; exit 1 when a defect is found."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, one_line_errors
+
+#: Where the results go without --out.
+DEFAULT_OUT = "mtpscope-diagnose"
+
+
+def demo_prompts() -> list[Any]:
+    """The demo's 36 categorised prompts (code, prose, json, numbers, chat, random; Gemma 4 token ids), used when
+    neither ``--prompts`` nor ``--trace`` is given."""
+    from mtpscope.demo.spec import TRAINED_DATA
+    from mtpscope.traces.run.prompts import PromptSpec
+
+    doc = json.loads((TRAINED_DATA / "prompts.json").read_text(encoding="utf-8"))
+    return [PromptSpec(tokens=tuple(int(t) for t in p["ids"]), id=str(p["name"]), category=str(p["category"]))
+            for p in doc["prompts"]]
+
+
+def format_text(d: dict[str, Any], *, base: str) -> str:
+    """The diagnosis as terminal text: the verdict, the findings worst first (evidence, fix, view), what limits
+    acceptance, the steps and notes."""
+    from mtpscope.app.diagnose_report import finding_lines
+
+    lines = [f"drafter {d['assistant']}", f"target  {d['target']}", f"trace   {d.get('trace') or '-'}"]
+    s = d.get("summary") or {}
+    if s.get("acceptance_rate") is not None:
+        lines.append(f"acceptance rate {s['acceptance_rate']:.3f} ({s.get('n_accepted')} / {s.get('n_drafted')}), "
+                     f"mean acceptance length {s.get('mean_acceptance_length') or 0:.2f}, n_draft {s.get('n_draft')}")
+    lines += ["", ("DEFECT: " if d["defect"] else "no defect: ") + str(d["headline"]), ""]
+    lines += finding_lines(d["findings"], base=base) or ["no findings"]
+    if d.get("limits"):
+        lines += ["", "What limits acceptance:"] + [f"  - {x}" for x in d["limits"]]
+    lines += ["", "steps: " + ", ".join(f"{st['name']} {st['seconds']:.1f} s" if st["status"] == "ran"
+                                         else f"{st['name']} {st['status']}" for st in d["steps"])]
+    if d.get("notes"):
+        lines += ["notes:"] + [f"  - {n}" for n in d["notes"]]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's command to the root ``mtpscope`` app."""
+
+    @app.command("diagnose")
+    def diagnose_cmd(
+        target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF (default with --trace: the "
+                                                                      "trace's own)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant", help="Drafter GGUF (default with --trace: the "
+                                                                            "trace's own)."),
+        prompts: Optional[Path] = typer.Option(
+            None, "--prompts", help="Prompts file to record (docs/EXPLAIN.md §6; default: the demo's 36 categorised "
+                                    "prompts)."),
+        trace: Optional[Path] = typer.Option(None, "--trace", help="Diagnose this recorded trace instead of recording."),
+        reference: Optional[Path] = typer.Option(
+            None, "--reference", help="A Hugging Face checkpoint of the drafter to compare with (converted, then "
+                                      "replayed through the reference drafter)."),
+        reference_assistant: Optional[Path] = typer.Option(
+            None, "--reference-assistant", help="A known good drafter GGUF to compare with."),
+        centroids: Optional[Path] = typer.Option(
+            None, "--centroids", help="The drafter's centroid head (sidecar / fork GGUF, or HF folder): recorded "
+                                      "beside the dense head, and the replay tries drafting with it."),
+        n_draft: int = typer.Option(3, "--n-draft", min=1, max=64, help="Drafts per round of the recording."),
+        max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Generated tokens per prompt."),
+        out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
+                                 help="Output folder: the recording, the replays, diagnosis.json."),
+        html_out: Optional[Path] = typer.Option(None, "--html", help="Write the one-file HTML report here."),
+        as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (docs/DIAGNOSE.md)."),
+        no_replay: bool = typer.Option(False, "--no-replay", help="Skip the replays (steps 5 and 6)."),
+        app_url: str = typer.Option("http://127.0.0.1:8501", "--app-url",
+                                    help="The app's address, for the findings' links (`mtpscope app`)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    ) -> None:
+        """Check a drafter / target pair from every side and rank what is wrong, worst first.
+
+        Runs verify (with the runtime verdicts), the metadata against the published Gemma 4 configurations, a
+        recording (or --trace), explain, a replay under each convention variant, with a reference the same
+        rounds through it, and the advice. Exit 1 when a defect is found, 0 when none, 2 on unreadable input.
+        """
+        from mtpscope.traces.diagnose.run import diagnose
+
+        if prompts is not None and trace is not None:
+            print("mtpscope: give --prompts or --trace, not both", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        if reference is not None and reference_assistant is not None:
+            print("mtpscope: give --reference or --reference-assistant, not both", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+
+        def say(step: str, message: str) -> None:
+            if not quiet:
+                print(f"[{step}] {message}", file=sys.stderr, flush=True)
+
+        with one_line_errors(EXIT_UNREADABLE):
+            specs = demo_prompts() if prompts is None and trace is None else None
+            if specs is not None:
+                say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
+            d = diagnose(target=target, assistant=assistant, trace=trace, prompts=specs, prompts_file=prompts,
+                         reference_hf=reference, reference_assistant=reference_assistant, centroids=centroids, n_draft=n_draft,
+                         max_tokens=max_tokens, out=out, replay=not no_replay, command=list(sys.argv), on_step=say)
+            doc = d.to_dict()
+            for f in doc["findings"]:
+                if f.get("link"):
+                    from mtpscope.app.diagnose_report import link_url
+
+                    f["link"]["url"] = link_url(f["link"], app_url)
+            if html_out is not None:
+                from mtpscope.app.diagnose_report import html_report
+
+                html_out.parent.mkdir(parents=True, exist_ok=True)
+                html_out.write_text(html_report(doc, base=app_url), encoding="utf-8")
+                say("html", f"report written to {html_out}")
+        if as_json:
+            typer.echo(json.dumps(doc, indent=2, default=str))
+        else:
+            typer.echo(format_text(doc, base=app_url))
+        raise typer.Exit(EXIT_FINDINGS if d.defects else EXIT_OK)

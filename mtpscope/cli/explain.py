@@ -1,0 +1,282 @@
+"""CLI commands: explain and compare (see docs/EXPLAIN.md).
+
+``mtpscope explain TRACE [--json] [--prompt ID] [--vocab GGUF]``: why drafts were rejected, acceptance by
+token class / channel / category, drift, which n_draft; worst first.
+``mtpscope compare A B [--json] [--vocab GGUF]``: the aligned diff of two traces of the same prompts.
+
+Exit codes: 0 ok; 1 the trace had unreadable parts that were skipped (explain) or the two runs' outputs
+differ so only their common prefix was compared, or they cannot be compared: no prompt in common, or one has no
+rounds (compare); 2 unreadable input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from mtpscope.cli.advice import format_advice
+from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.traces.store.protocols import TraceLike
+
+MAX_STEP_LINES = 60
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{100.0 * n / total:5.1f} %" if total else "    - "
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
+
+
+def _fv(row: dict[str, Any], key: str, spec: str) -> str:
+    """A value and its interval: ``0.534 [0.501, 0.570]``."""
+    v, iv = row.get(key), row.get(f"{key}_interval")
+    if v is None:
+        return "-"
+    return f"{format(v, spec)} [{format(iv[0], spec)}, {format(iv[1], spec)}]" if iv else format(v, spec)
+
+
+def _tok(row: dict[str, Any]) -> str:
+    text = row.get("text")
+    return f"“{text}”" if text is not None else f"#{row['token']}"
+
+
+def _rate_table(title: str, groups: dict[str, dict[str, Any]] | None) -> list[str]:
+    if not groups:
+        return []
+    rows = sorted(groups.items(), key=lambda kv: (kv[1]["acceptance_rate"] if kv[1]["acceptance_rate"] is not None
+                                                   else 2.0, kv[0]))
+    out = ["", f"{title} (worst first)       drafted  accepted  acceptance rate"]
+    for name, g in rows:
+        out.append(f"  {name:<22} {g['n_drafted']:9d} {g['n_accepted']:9d}  {_f(g['acceptance_rate']):>15}")
+    return out
+
+
+def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[str] | None = None) -> str:
+    """The explanation (``Explanation.to_dict()`` plus a ``head`` with trace, totals) as terminal text."""
+    t = head["totals"]
+    lines = [f"trace: {head['trace']} (source {head['source']}{'' if head['complete'] else ', INCOMPLETE'})"
+             + (f", prompt {head['prompt']}" if head.get("prompt") is not None else ""),
+             f"acceptance rate {_f(t['acceptance_rate'], '.4f')} ({t['n_accepted']} / {t['n_drafted']} drafted), "
+             f"mean acceptance length {_f(t['mean_acceptance_length'])}; drafts from the {d['head']} head"]
+    rej = d["rejections"]
+    n = rej["n_first_mismatch"]
+    lines += ["", f"Why drafts were rejected: {rej['n_rounds_rejected']} rounds had a first mismatch "
+                  f"({n} with a known target token)"]
+    causes = sorted(((c, v) for c, v in rej["causes"].items() if v), key=lambda cv: (-cv[1], cv[0]))
+    for c, v in causes:
+        lines.append(f"  {c:<14} {v:7d}  {_pct(v, n)}")
+    hist = rej["rank_histogram"]
+    if any(hist.values()):
+        lines.append("  target token's rank under the drafter at the first mismatch: "
+                     + ", ".join(f"{b}: {v}" for b, v in hist.items() if v))
+    for p in rej["by_position"]:
+        if p["n"]:
+            cs = ", ".join(f"{c} {v}" for c, v in sorted(p["causes"].items(), key=lambda cv: -cv[1]) if v)
+            lines.append(f"  k={p['k']}: {p['n']} ({cs})")
+    ts = rej["target_side"]
+    if ts["hard"] or ts["wrong"]:
+        lines.append(f"  target side: hard (target unsure, entropy >= 1 nat) {ts['hard']}, wrong (target sure) "
+                     f"{ts['wrong']}, unknown {ts['unknown']}; mean p(drafted) hard {_f(ts['p_drafted_mean_hard'])}, "
+                     f"wrong {_f(ts['p_drafted_mean_wrong'])}")
+    if rej.get("sparse_unreachable") is not None:
+        lines.append(f"  the centroid head could not have drafted {rej['sparse_unreachable']} of these target "
+                     "tokens either (not among its candidates)")
+    if rej["top_target_tokens"]:
+        lines.append("  most-rejected target tokens: " + ", ".join(f"{_tok(r)} {r['count']}×"
+                                                                   for r in rej["top_target_tokens"]))
+        lines.append("  most-rejected drafts:        " + ", ".join(f"{_tok(r)} {r['count']}×"
+                                                                   for r in rej["top_drafted_tokens"]))
+    lines += _rate_table("Acceptance by token class", d.get("by_class"))
+    lines += _rate_table("Acceptance by channel", d.get("by_channel"))
+    lines += _rate_table("Acceptance by category", d.get("by_category"))
+    dr = d.get("drift")
+    if dr:
+        lines += ["", f"Drafter drift (h_next vs the target's hidden state): mean cosine {_f(dr['cos_mean'])}, "
+                      f"mean relative error {_f(dr['rel_err_mean'])} over {dr['n_steps']} steps"]
+        for p in dr["per_position"]:
+            lines.append(f"  k={p['k']}: cosine {_f(p['cos_mean'])}, relative error {_f(p['rel_err_mean'])} "
+                         f"({p['n_steps']} steps)")
+        if dr.get("by_quantile"):
+            lines.append("  acceptance by cosine quarter (checked steps): " + ", ".join(
+                f"{q['cos_low']:.2f}..{q['cos_high']:.2f}: {q['acceptance_rate']:.0%}" for q in dr["by_quantile"]))
+        if dr.get("words"):
+            lines.append(f"  {dr['words']}")
+    wi = d.get("what_if")
+    if wi:
+        m = d["what_if_model"]
+        lines += ["", "Which n_draft? (estimate from this trace, 95 % intervals over prompts; model in docs/EXPLAIN.md §4)",
+                  "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
+        for r in wi:
+            mark = " (recorded)" if r["recorded"] else (" (extrapolated)" if r["extrapolated"] else "")
+            lines.append(f"  {r['n_draft']:7d}  {_fv(r, 'acceptance_rate', '.3f'):<20}  "
+                         f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
+                         f"{_fv(r, 'speedup', '.2f'):<18}{mark}")
+        if m.get("cost"):
+            c = m["cost"]
+            lines.append(f"  costs: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify "
+                         + ", ".join(f"{n} tokens {_f(v, '.2f')} ms" for n, v in c["verify_ms"].items())
+                         + f" (other sizes {_f(c['v0_ms'], '.2f')} + {_f(c['v1_ms'], '.2f')} ms per token); plain decoding "
+                         f"{_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})")
+    lines += format_advice(d)
+    if sentences:
+        lines += ["", "First mismatches of this prompt:"]
+        lines += [f"  {s}" for s in sentences[:MAX_STEP_LINES]]
+        if len(sentences) > MAX_STEP_LINES:
+            lines.append(f"  ... {len(sentences) - MAX_STEP_LINES} more (use --json)")
+    if d.get("notes"):
+        lines += [""] + [f"note: {x}" for x in d["notes"]]
+    return "\n".join(lines)
+
+
+def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
+    """The aligned diff (``AlignedDiff.to_dict()``) as terminal text."""
+    lines = [f"A: {a}", f"B: {b}",
+             f"prompts paired by {d['paired_by']}: {d['n_pairs']} (unpaired: A {len(d['unpaired_a'])}, "
+             f"B {len(d['unpaired_b'])}); outputs identical: {'yes' if d['outputs_identical'] else 'NO'}"]
+    for p in d["prompts"]:
+        if p["identical_output"] is False:
+            lines.append(f"  prompt {p['prompt_id_a']}/{p['prompt_id_b']}: outputs differ from position "
+                         f"{p['diverged_at']} on; compared positions before it only")
+        elif p["identical_output"] is None:
+            lines.append(f"  prompt {p['prompt_id_a']}/{p['prompt_id_b']}: output unknown (no emitted tokens)")
+    for name, key, k_of in (("accepted in A, rejected in B", "a_only", "B's"),
+                            ("accepted in B, rejected in A", "b_only", "A's")):
+        x = d[key]
+        cls = ", ".join(f"{c} {v}" for c, v in sorted(x["by_class"].items(), key=lambda cv: -cv[1]))
+        ks = ", ".join(f"k={k}: {v}" for k, v in x["by_position"].items())
+        lines.append(f"{name}: {x['n']}" + (f" (by class: {cls}; by {k_of} draft position: {ks})" if x["n"] else ""))
+    firsts = [f"{p['prompt_id_a']}: {p['first_difference']}" for p in d["prompts"] if p["first_difference"] is not None]
+    if firsts:
+        lines.append("first differing position per prompt: " + ", ".join(firsts[:30])
+                     + (" ..." if len(firsts) > 30 else ""))
+    lines.append("acceptance rate delta (B - A), 95 % bootstrap interval over prompts:")
+    for cat, x in d["delta"].items():
+        ci = f"[{_f(x['ci_low'], '+.3f')}, {_f(x['ci_high'], '+.3f')}]" if x["ci_low"] is not None else "[-]"
+        lines.append(f"  {cat:<20} {_f(x['delta'], '+.3f')} {ci}  (A {_f(x['rate_a'])}, B {_f(x['rate_b'])}, "
+                     f"{x['n_prompts']} prompts)")
+    return "\n".join(lines)
+
+
+def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
+                 category_field: str | None = None) -> tuple[dict[str, Any], Any]:
+    """(JSON sections, Explanation) of an opened trace (:func:`traces.sweep.advice.explain_with_baseline`:
+    a sweep cell's speedups against the sweep's plain decoding); the vocabulary from ``vocab_path`` or
+    the manifest."""
+    from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.sweep.advice import explain_with_baseline
+
+    vocab = trace_vocab(trace.manifest, vocab_path)
+    x = explain_with_baseline(trace, vocab=vocab, prompt=prompt, category_field=category_field)
+    return x.to_dict(), (x, vocab)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root mtpscope app."""
+
+    @app.command("explain")
+    def explain_cmd(
+        trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the sections as JSON."),
+        prompt: Optional[str] = typer.Option(None, "--prompt", help="Only this prompt (its id or prompt_id)."),
+        vocab: Optional[Path] = typer.Option(
+            None, "--vocab", help="GGUF whose vocabulary the trace's tokens come from (default: the recorded target)."),
+        by: str = typer.Option("round", "--by", help="round: rejections and causes (default); request: one row "
+                                                     "per llama-server request (probe, server log; a recording "
+                                                     "prompt by prompt), worst first."),
+        category_field: Optional[str] = typer.Option(
+            None, "--category-field", help="Take each prompt's category from this field of the prompts file "
+                                           "(kept in the manifest's prompt entries) instead of 'category'."),
+    ) -> None:
+        """Why drafts were rejected, on which tokens, and which n_draft to use (worst first); plain decoding
+        is always a candidate. On a sweep directory: the sweep's measured recommendation and break-even."""
+        if by not in ("round", "request"):
+            print(f"mtpscope: '--by': expected round or request, got {by!r}", file=sys.stderr)
+            raise typer.Exit(2)
+        if by == "request":
+            from mtpscope.cli.server import explain_requests
+
+            raise typer.Exit(explain_requests(trace, as_json))
+        from mtpscope.traces.sweep.spec import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli.sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json, advice_only=True))
+        with one_line_errors():
+            from mtpscope.traces.analysis.explain import step_sentence
+            from mtpscope.traces.analysis.explain_report import select_prompt, token_label
+            from mtpscope.traces.store.reader import open_trace
+
+            t = open_trace(trace)
+            d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
+        for w in t.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        totals = x.totals
+        head = {"trace": str(t.path), "source": t.manifest.get("source"), "complete": bool(t.manifest.get("complete")),
+                "prompt": None if prompt is None else select_prompt(t.manifest, prompt), "totals": totals}
+        if as_json:
+            print(json.dumps({"trace": head["trace"], "prompt": head["prompt"], **_clean_totals(totals), **d},
+                             indent=2, allow_nan=False))
+        else:
+            sentences = None
+            if prompt is not None:
+                lab = token_label(voc)
+                cen = t.manifest.get("centroids") or {}
+                sentences = [f"round {int(r['round'])} k={int(r['k'])}: " + step_sentence(
+                    r, lambda i: f"“{lab(i)}”", n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
+                    for r in x.first_mismatches.to_dict(orient="records")]
+            print(format_explanation(head, d, sentences))
+        if t.warnings:
+            raise typer.Exit(EXIT_FINDINGS)
+
+    @app.command("compare")
+    def compare_cmd(
+        a: Path = typer.Argument(..., help="Trace A (the reference)."),
+        b: Path = typer.Argument(..., help="Trace B."),
+        as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+        vocab: Optional[Path] = typer.Option(None, "--vocab", help="GGUF vocabulary of A's tokens (token classes)."),
+    ) -> None:
+        """Aligned diff of two traces of the same prompts: positions accepted in one and rejected in the
+        other, by token class and draft position; acceptance delta per category with a bootstrap interval.
+
+        Exit 1 when the two runs' outputs differ (then only the common prefix of each prompt is compared).
+        """
+        from mtpscope.errors import TraceMismatchError
+
+        with one_line_errors(refusals=(TraceMismatchError,)):
+            from mtpscope.traces.analysis.compare_report import compare_traces
+            from mtpscope.traces.store.reader import open_trace
+            from mtpscope.traces.analysis.vocab import trace_vocab
+
+            ta, tb = open_trace(a), open_trace(b)
+            if any(t.part_files("requests") and not (t.manifest.get("counts") or {}).get("n_rounds")
+                   for t in (ta, tb)):
+                from mtpscope.cli.server import compare_request_traces
+
+                raise typer.Exit(compare_request_traces(ta, tb, as_json))
+            try:
+                diff = compare_traces(ta, tb, vocab=trace_vocab(ta.manifest, vocab))
+            finally:  # a torn part explains an empty trace: say so before the error line
+                for w in [*ta.warnings, *tb.warnings]:
+                    print(f"warning: {w}", file=sys.stderr)
+        d = diff.to_dict()
+        if as_json:
+            print(json.dumps({"a": str(ta.path), "b": str(tb.path), **d}, indent=2, allow_nan=False))
+        else:
+            print(format_comparison(str(ta.path), str(tb.path), d))
+        if not diff.outputs_identical:
+            print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
+                  "compared", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS)
+
+
+def _clean_totals(t: dict[str, Any]) -> dict[str, Any]:
+    import math
+
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in t.items()}

@@ -1,0 +1,92 @@
+"""The ``mtpscope`` command line (typer).
+
+Sub-commands live in one module per area so that each can grow on its own; every module exposes
+``register(app)``. Heavy imports (numpy, pyarrow, llama_cpp) happen inside the commands, so
+``mtpscope --help`` stays fast and works without llama-cpp-python.
+
+Exit codes: 0 success, 1 the input is readable but has errors (e.g. ``verify`` findings),
+2 the input is unreadable (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from mtpscope.cli import demo as cli_demo
+from mtpscope.cli import diagnose as cli_diagnose
+from mtpscope.cli import estimate as cli_estimate
+from mtpscope.cli import explain as cli_explain
+from mtpscope.cli import fidelity as cli_fidelity
+from mtpscope.cli import inspect as cli_inspect
+from mtpscope.cli import quantize as cli_quantize
+from mtpscope.cli import record as cli_record
+from mtpscope.cli import report as cli_report
+from mtpscope.cli import serve as cli_serve
+from mtpscope.cli import server as cli_server
+from mtpscope.cli import sweep as cli_sweep
+from mtpscope.cli import trace as cli_trace
+from mtpscope.cli import verify as cli_verify
+
+app = typer.Typer(
+    name="mtpscope",
+    help="Inspector and tracer for Gemma 4 MTP (assistant) drafters in llama.cpp / GGUF.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """Inspector and tracer for Gemma 4 MTP (assistant) drafters in llama.cpp / GGUF."""
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions of mtpscope and of the libraries it reads and runs with."""
+    from importlib import metadata
+
+    for dist in ("mtpscope", "gguf", "llama-cpp-python", "streamlit", "pyarrow", "duckdb"):
+        try:
+            v = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            v = "not installed"
+        typer.echo(f"{dist} {v}")
+
+
+for _module in (cli_inspect, cli_verify, cli_report, cli_trace, cli_record, cli_demo, cli_fidelity, cli_serve,
+                cli_explain, cli_sweep, cli_estimate, cli_server, cli_quantize, cli_diagnose):
+    _module.register(app)
+
+
+EXIT_INTERNAL = 3
+
+
+def main() -> None:
+    """Console-script entry point.
+
+    Expected bad input is reported by each command as one line (exit 2, see ``mtpscope.cli.common``). Anything
+    else that escapes a command is a bug in mtpscope: it is still reported as one line naming the
+    exception (exit 3), and ``MTPSCOPE_DEBUG=1`` shows the full traceback.
+    """
+    import os
+    import sys
+
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("mtpscope: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
+        if os.environ.get("MTPSCOPE_DEBUG"):
+            raise
+        print(f"mtpscope: internal error ({type(e).__name__}: {e}); this is a bug in mtpscope, "
+              "please report it with MTPSCOPE_DEBUG=1 output", file=sys.stderr)
+        raise SystemExit(EXIT_INTERNAL) from None
+
+
+if __name__ == "__main__":
+    main()

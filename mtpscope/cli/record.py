@@ -1,0 +1,207 @@
+"""CLI commands: record (the real llama.cpp MTP loop; see traces/run/recorder.py; its flags become one
+``RecordConfig``, traces/run/record_config.py), with its progress bar (rich, on stderr) drawn from
+``record``'s ``on_round`` callback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+from mtpscope.cli.common import EXIT_UNREADABLE, one_line_errors
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.record_config import RecordConfig
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root ``mtpscope`` app."""
+
+    @app.command("record")
+    def record_cmd(
+        target: Path = typer.Option(..., "--target", help="Target GGUF (arch gemma4)."),
+        assistant: Path = typer.Option(..., "--assistant", help="Drafter GGUF (arch gemma4-assistant, upstream)."),
+        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
+        prompts: Optional[Path] = typer.Option(
+            None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
+                                    "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
+        category_field: str = typer.Option(
+            "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
+        n_draft: int = typer.Option(
+            3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
+        max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
+        temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature, finite >= 0 (0 = greedy)."),
+        seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+        top_k: int = typer.Option(40, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
+        top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
+        chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
+        n_gpu_layers: int = typer.Option(
+            -1, "--n-gpu-layers",
+            help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
+        centroids: Optional[Path] = typer.Option(
+            None, "--centroids",
+            help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
+                 "checkpoint directory (masked_embedding.*)."),
+        hidden: str = typer.Option("f16", "--hidden", help="Store hidden states as f16, f32, or off."),
+        n_top: int = typer.Option(10, "--n-top", min=1, help="Drafter candidates stored per step."),
+        flush_every: int = typer.Option(8, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
+        flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
+                                       "completes; until then it is written to <out>.partial-<pid>)."),
+        compact: bool = typer.Option(True, "--compact/--no-compact",
+                                     help="Merge the small Parquet parts at the end (rewrites the trace once)."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
+        hidden_target: bool = typer.Option(
+            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
+                                           "(h_target, for drafter drift in `mtpscope explain`)."),
+        baseline: bool = typer.Option(
+            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
+                                      "manifest (what-if speedups in `mtpscope explain`)."),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v",
+            help="Show llama.cpp's own output as it comes, and one flushed stderr line per finished round "
+                 "(`round PROMPT:ROUND n_accepted=N`, printed once the round is in the trace); no progress bar."),
+        no_preflight: bool = typer.Option(
+            False, "--no-preflight",
+            help="Skip the pre-flight check of the pair (for debugging a runtime crash on a pair it refuses)."),
+        isolate: bool = typer.Option(
+            True, "--isolate/--in-process",
+            help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
+        repack: bool = typer.Option(
+            True, "--repack/--no-repack",
+            help="Let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default). "
+                 "--no-repack works around llama.cpp 0.3.36 crashing on Gemma 4 MoE targets on AVX-512 / AMX CPUs."),
+        capture: str = typer.Option(
+            "derived", "--capture",
+            help="Where h_inner (and the centroid head's inputs) come from: 'derived' (default) from the logits "
+                 "and h_next llama.cpp returns, no graph hook (manifest 'derived' gives the measured agreement); "
+                 "'graph' a cb_eval copy out of every drafter decode (slower: docs/RECORDING.md)."),
+    ) -> None:
+        """Run the real MTP loop (target + drafter in llama.cpp) and write a trace directory.
+
+        A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
+        the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
+        """
+        from mtpscope.errors import LayoutError, RuntimeAbortedError
+
+        if (prompt is None) == (prompts is None):
+            print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        from mtpscope.traces.run.record_config import CAPTURE_CHOICES
+        from mtpscope.traces.run.recorder import record
+
+        if capture not in CAPTURE_CHOICES:
+            print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
+                         chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
+                         flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
+                         hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",
+                         repack=repack)
+        bar = _ProgressBar(max_tokens, prompts, category_field) if progress and not verbose else None
+
+        def report_round(pid: int, res: Any) -> None:
+            print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+
+        on_round = report_round if verbose else (None if bar is None else bar.on_round)
+        # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
+        # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
+        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
+            specs = None
+            if prompts is not None:
+                from mtpscope.traces.run.prompts import category_note, read_prompt_specs
+
+                specs = read_prompt_specs(prompts, category_field=category_field)
+                note = category_note(specs)
+                if note:
+                    print(f"note: {note}", file=sys.stderr)
+            try:
+                s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
+                           overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
+                           isolate=isolate, preflight=not no_preflight, echo_log=verbose)
+                if bar is not None:
+                    bar.finish()
+            finally:
+                if bar is not None:
+                    bar.stop()
+        acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+        mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
+        typer.echo(f"trace: {s.out}")
+        typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
+                   f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
+        typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
+                   f"mean acceptance length {mal}")
+
+
+def _config(**kw: Any) -> RecordConfig:
+    """The :class:`~mtpscope.traces.run.record_config.RecordConfig` of the flags; a bad value ends the
+    command with one line (exit 2): ``--hidden`` in its own words, the others as the config names them."""
+    from mtpscope.errors import MtpscopeError
+    from mtpscope.traces.run.record_config import HIDDEN_CHOICES, RecordConfig
+
+    with one_line_errors(EXIT_UNREADABLE):
+        try:
+            return RecordConfig(**kw)
+        except MtpscopeError as e:
+            if e.key != "hidden":
+                raise
+    print(f"mtpscope: --hidden must be {', '.join(HIDDEN_CHOICES[:-1])} or {HIDDEN_CHOICES[-1]} "
+          f"(got {kw['hidden']!r})", file=sys.stderr)
+    raise typer.Exit(EXIT_UNREADABLE)
+
+
+class _ProgressBar:
+    """The ``record`` progress bar on stderr: tokens generated (``max_tokens`` per prompt) and the
+    running acceptance rate, advanced by :meth:`on_round` (``record``'s ``on_round`` callback).
+
+    ``prompts_file``: the ``--prompts`` file, counted for the total at the first round (``record`` has
+    read and checked it by then); None for one ``--prompt``. The bar appears at the first round.
+    """
+
+    def __init__(self, max_tokens: int, prompts_file: Path | None, category_field: str = "category") -> None:
+        self.category_field = category_field
+        self.max_tokens = int(max_tokens)
+        self.prompts_file = prompts_file
+        self.bar: Any = None
+        self.pid = -1
+        self.n_gen = self.n_drafted = self.n_accepted = 0
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from mtpscope.traces.run.prompts import read_prompt_specs
+
+        n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file,
+                                                                                  category_field=self.category_field))
+        self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                            TextColumn("{task.fields[acc]}"), TimeElapsedColumn(), transient=False,
+                            console=Console(stderr=True))
+        self.bar.start()
+        self.bar.add_task("record", total=self.max_tokens * n_prompts, acc="acceptance rate -")
+
+    def on_round(self, pid: int, res: Any) -> None:
+        """``record``'s callback: ``(prompt_id, RoundResult)`` after each written round."""
+        if self.bar is None:
+            self._start()
+        if pid != self.pid:  # a prompt's first round also counts its pending (prefill) token
+            self.pid, self.n_gen = pid, 1
+        self.n_gen += len(res.emitted)
+        self.n_drafted += len(res.drafted)
+        self.n_accepted += res.n_accepted
+        acc = f"acceptance rate {self.n_accepted / self.n_drafted:.3f}" if self.n_drafted else ""
+        self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
+
+    def finish(self) -> None:
+        """The run completed: every prompt is done."""
+        if self.bar is not None:
+            self.bar.update(self.bar.task_ids[0], completed=self.bar.tasks[0].total)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,197 @@
+"""CLI commands: traces (see mtpscope/cli/main.py).
+
+``mtpscope report TRACE [--json]``: acceptance metrics of a trace directory.
+``mtpscope import fork-ndjson FILE --out DIR``: the fork's ``LLAMA_MTP_ACC_TRACE`` NDJSON -> trace.
+``mtpscope import server-log FILE --out DIR``: llama-server log / response timings -> trace.
+
+Exit codes: 0 ok; 1 the import wrote a trace but skipped bad lines; 2 unreadable input (one line on
+stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
+
+MAX_PROMPT_ROWS = 20
+#: Characters of each prompt's text in the per-prompt table (the whole text is in ``--json``).
+PROMPT_TEXT_CHARS = 40
+MAX_BAD_LINES_SHOWN = 20
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """The report dict (``traces.metrics.report``) as plain text for a terminal."""
+    lines = [f"trace: {rep['trace']} (source {rep['source']}, "
+             f"{'complete' if rep['complete'] else 'INCOMPLETE'})"]
+    lines.append(f"prompts: {rep['n_prompts']}   rounds: {rep['n_rounds']} "
+                 f"(verify rounds {rep['n_verify_rounds']})   drafted: {rep['n_drafted']}   "
+                 f"accepted: {rep['n_accepted']}")
+    lines.append(f"acceptance rate:        {_fmt(rep['acceptance_rate'])}   (accepted / drafted)")
+    lines.append(f"mean acceptance length: {_fmt(rep['mean_acceptance_length'])}   "
+                 f"(1 + accepted / verify rounds)")
+    if rep["per_position"]:
+        lines.append("")
+        lines.append("per draft position   k   rounds  accepted  P(accepted)  P(accepted | k-1 accepted)")
+        for p in rep["per_position"]:
+            lines.append(f"{'':20} {p['k']:2d} {p['n_rounds']:8d} {p['n_accepted']:9d}  "
+                         f"{_fmt(p['acceptance']):>11}  {_fmt(p['conditional']):>11}")
+    if rep["first_mismatch"]:
+        lines.append("")
+        parts = ", ".join(f"k={f['k']}: {f['n_rounds']}" for f in rep["first_mismatch"])
+        lines.append(f"first mismatch: {parts}; all accepted: {rep['n_all_accepted']}")
+    z = rep["zero_acceptance_streaks"]
+    if rep["n_rounds"]:
+        lines.append(streaks_line(z))
+        for s in z["top"][:3]:
+            if s["length"] > 1:
+                lines.append(f"  prompt {s['prompt_id']} rounds {s['start_round']}..{s['end_round']} "
+                             f"({plural(s['length'], 'round')})")
+    if rep.get("rolling"):
+        ro = rep["rolling"]
+        lines.append(f"rolling acceptance rate ({rolling_words(ro)}): min {_fmt(ro['min'], '.3f')}, "
+                     f"p10 {_fmt(ro['p10'], '.3f')}, median {_fmt(ro['median'], '.3f')}, "
+                     f"p90 {_fmt(ro['p90'], '.3f')}, max {_fmt(ro['max'], '.3f')}")
+    if rep.get("timing_ms"):
+        t = rep["timing_ms"]
+        lines.append(f"mean time per round: draft {_fmt(t['t_draft_ms_mean'], '.2f')} ms, "
+                     f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms")
+    if rep.get("centroid_coverage"):
+        c = rep["centroid_coverage"]
+        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of the {plural(c['n_steps'], 'step')} "
+                     f"the target checked had its token among the sparse head's candidates)")
+    if rep["prompts"]:
+        lines.append("")
+        lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")
+        for p in rep["prompts"][:MAX_PROMPT_ROWS]:
+            lines.append(f"{p['prompt_id']:6d} {p['n_rounds']:7d} {p['n_drafted']:8d} {p['n_accepted']:9d}  "
+                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}  "
+                         f"{shorten(p.get('text') or '', PROMPT_TEXT_CHARS)}".rstrip())
+        if len(rep["prompts"]) > MAX_PROMPT_ROWS:
+            lines.append(f"... {len(rep['prompts']) - MAX_PROMPT_ROWS} more prompts (use --json)")
+    if rep.get("requests"):
+        r = rep["requests"]
+        lines.append("")
+        lines.append(f"requests ({r['kind']} rows): {r['n_requests']}, drafted {r['n_drafted']}, "
+                     f"accepted {r['n_accepted']}, acceptance rate {_fmt(r['acceptance_rate'])}"
+                     + (f", mean acceptance length {_fmt(r['mean_acceptance_length'], '.2f')}"
+                        if r.get("mean_acceptance_length") is not None else "")
+                     + (f", {_fmt(r['tokens_per_s_mean'], '.1f')} tokens/s (mean per request)"
+                        if r.get("tokens_per_s_mean") is not None else ""))
+        if r.get("alarm"):
+            lines.append(f"ALARM: {r['alarm']}")
+        if r.get("per_position"):
+            lines.append("accepted per draft position (server counters): " + ", ".join(
+                f"k={p['k']} {_fmt(p['rate'])}" for p in r["per_position"]))
+        if len(r.get("by_category") or []) > 1:
+            lines.append("by category (worst first): " + ", ".join(
+                f"{c['category']} {_fmt(c['acceptance_rate'])} ({plural(c['n_requests'], 'request')})"
+                for c in r["by_category"]))
+    return "\n".join(lines)
+
+
+def _print_import_result(res: Any) -> int:
+    print(f"wrote {res.out_dir}: {plural(res.n_rounds, 'round')}, {plural(res.n_steps, 'step')}, "
+          f"{plural(res.n_requests, 'request')} from {plural(res.n_lines, 'line')} ({res.n_used} used, "
+          f"{res.n_ignored} ignored, {res.n_bad} bad)")
+    for w in res.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if res.n_bad:
+        print(f"mtpscope: {res.path}: {plural(res.n_bad, 'bad line')} skipped:", file=sys.stderr)
+        for line_no, reason in res.bad_lines[:MAX_BAD_LINES_SHOWN]:
+            print(f"  line {line_no}: {reason}", file=sys.stderr)
+        if res.n_bad > MAX_BAD_LINES_SHOWN:
+            print(f"  ... {res.n_bad - MAX_BAD_LINES_SHOWN} more", file=sys.stderr)
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root mtpscope app."""
+
+    @app.command("report")
+    def report_cmd(
+        trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        vocab: Optional[Path] = typer.Option(
+            None, "--vocab", help="GGUF vocabulary of the trace's tokens, for --json's by_class (default: the "
+                                  "recorded target)."),
+    ) -> None:
+        """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
+
+        ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
+        by_class, by_category, drift, what_if; docs/EXPLAIN.md). On a sweep directory (sweep.json): the
+        configuration x category table (docs/SWEEP.md). Exit 1 when parts of the trace were unreadable
+        and skipped (the report covers the rest).
+        """
+        from mtpscope.traces.sweep.spec import is_sweep
+
+        if is_sweep(trace):
+            from mtpscope.cli.sweep import sweep_report
+
+            raise typer.Exit(sweep_report(trace, as_json))
+        with one_line_errors():
+            from mtpscope.traces.analysis.metrics import report
+            from mtpscope.traces.store.reader import open_trace
+
+            tr = open_trace(trace)
+            rep = report(tr)
+            if as_json and rep["n_rounds"]:
+                from mtpscope.cli.explain import explain_json
+
+                sections, _ = explain_json(tr, vocab_path=vocab)
+                rep.update({k: v for k, v in sections.items() if k not in rep})
+                rep["warnings"] = list(tr.warnings)
+        for w in rep["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
+        if as_json:
+            print(json.dumps(rep, indent=2, allow_nan=False))
+        else:
+            print(format_report(rep))
+        if rep["warnings"]:
+            raise typer.Exit(EXIT_FINDINGS)
+
+    imp = typer.Typer(help="Import foreign logs (fork NDJSON, llama-server logs) as traces.",
+                      no_args_is_help=True)
+
+    @imp.command("fork-ndjson")
+    def import_fork(
+        file: Path = typer.Argument(..., help="NDJSON written by the fork with LLAMA_MTP_ACC_TRACE."),
+        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
+    ) -> None:
+        """Fork NDJSON (mtp_draft + mtp_accept events joined on iter) -> trace (source fork-ndjson)."""
+        with one_line_errors():
+            from mtpscope.traces.importers import import_fork_ndjson
+
+            res = import_fork_ndjson(file, out, overwrite=overwrite)
+        raise typer.Exit(_print_import_result(res))
+
+    @imp.command("server-log")
+    def import_server(
+        file: Path = typer.Argument(..., help="llama-server log and/or per-response JSON with timings."),
+        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
+    ) -> None:
+        """llama-server log (acceptance-rate lines, response timings) -> per-request rows (source server-log)."""
+        with one_line_errors():
+            from mtpscope.traces.importers import import_server_log
+
+            res = import_server_log(file, out, overwrite=overwrite)
+        raise typer.Exit(_print_import_result(res))
+
+    app.add_typer(imp, name="import")

@@ -1,0 +1,319 @@
+"""CLI commands for llama-server (docs/SERVER.md).
+
+``mtpscope server build [--force] [--jobs N]``: build llama-server into the cache (reused while its inputs are
+unchanged). ``mtpscope server path``: print the built binary (exit 1 when not built). ``mtpscope server run
+--target T --assistant A [--n-draft N] [--port P] [--log FILE] [-- llama-server flags…]``: start it on 127.0.0.1
+with MTP on, print the URL, run until Ctrl-C.
+
+``mtpscope probe URL --prompts P [--out DIR] [--n-predict N] [--repeat K] [--header 'K: V'] [--resume]
+[--replay --assistant A [--target T] [--n-draft N]]``: send the prompts, write a trace of the server's
+requests; with ``--replay`` also record them with mtpscope and compare request by request.
+
+Exit codes: 0 fine; 1 the probe raised the not-drafting alarm, or the replay found a request that differs;
+2 bad input, a server that cannot be reached or answered garbage (one line), a build that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.traces.analysis.wording import plural
+
+
+def _f(v, spec: str = ".3f") -> str:  # noqa: ANN001
+    try:
+        return "—" if v is None or v != v else format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _s(v) -> str:  # noqa: ANN001
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def request_view(trace) -> dict:  # noqa: ANN001
+    """The request tables of an opened trace: its ``requests`` rows, or for a recording its prompts seen as
+    requests (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
+    from mtpscope.traces.analysis import requests as R
+
+    req = trace.requests if trace.part_files("requests") else R.requests_from_rounds(
+        trace.rounds, trace.manifest.get("prompts"))
+    table = R.request_table(req)
+    return {"table": table, "totals": R.totals(req), "by_category": R.by_category(req),
+            "per_position": R.per_position(req), "alarm": R.not_drafting_alarm(req)}
+
+
+def format_requests(v: dict, limit: int = 50) -> str:
+    """:func:`request_view` as text: one line per request, worst acceptance rate first."""
+    t = v["table"].sort_values("acceptance_rate", kind="stable", na_position="first")
+    tot = v["totals"]
+    lines = [f"{plural(tot['n_requests'], 'request')}: drafted {tot['n_drafted']}, accepted {tot['n_accepted']}, "
+             f"acceptance rate {_f(tot['acceptance_rate'])}, mean acceptance length "
+             f"{_f(tot['mean_acceptance_length'], '.2f')}, {_f(tot['tokens_per_s_mean'], '.1f')} tokens/s (mean)"]
+    if v["alarm"]:
+        lines.append(f"ALARM: {v['alarm']}")
+    lines += ["", "request  prompt                category    in   out  drafted  accepted   rate  mean len  "
+                  "per position    tokens/s  wall ms"]
+    for r in t.head(limit).to_dict(orient="records"):
+        per = "" if r["accepted_per_pos"] is None else ",".join(str(x) for x in r["accepted_per_pos"])
+        lines.append(f"{int(r['request']):7d}  {str(r['prompt'])[:20]:20}  {_s(r['category'])[:9]:9} "
+                     f"{_f(r['n_prompt_tokens'], '')[:5]:>5} {_f(r['n_output_tokens'], '')[:5]:>5}  "
+                     f"{_f(r['n_drafted'], '')[:7]:>7}  {_f(r['n_accepted'], '')[:8]:>8}  {_f(r['acceptance_rate']):>5}"
+                     f"  {_f(r['mean_acceptance_length'], '.2f'):>8}  {per[:14]:14}  {_f(r['tokens_per_s'], '.1f'):>8}"
+                     f"  {_f(r['wall_ms'], '.0f'):>7}")
+    if len(t) > limit:
+        lines.append(f"... {len(t) - limit} more requests (use --json)")
+    if len(v["by_category"]) > 1:
+        lines += ["", "category        requests  drafted  accepted   rate  mean len"]
+        for c in v["by_category"].to_dict(orient="records"):
+            lines.append(f"{str(c['category'])[:15]:15} {c['n_requests']:9d} {c['n_drafted']:8d} {c['n_accepted']:9d}"
+                         f"  {_f(c['acceptance_rate']):>5}  {_f(c['mean_acceptance_length'], '.2f'):>8}")
+    if len(v["per_position"]):
+        lines += ["", "accepted per draft position: " + ", ".join(
+            f"k={int(p['k'])} {int(p['n_accepted'])} / {int(p['n_drafts'])} ({_f(p['rate'])})"
+            for p in v["per_position"].to_dict(orient="records"))]
+    return "\n".join(lines)
+
+
+def _json_clean(obj):  # noqa: ANN001, ANN202
+    if isinstance(obj, dict):
+        return {k: _json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_clean(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
+
+
+def compare_request_traces(ta, tb, as_json: bool) -> int:  # noqa: ANN001
+    """``mtpscope compare A B`` when one of them is a request trace (probe, server log): request by request
+    (:func:`mtpscope.traces.analysis.requests.compare_requests`; a recording's prompts count as requests).
+    The exit code: 1 when a paired request differs or none could be paired."""
+    from mtpscope.traces.analysis.requests import compare_requests
+
+    va, vb = request_view(ta), request_view(tb)
+    ra = ta.requests if ta.part_files("requests") else None
+    rb = tb.requests if tb.part_files("requests") else None
+    from mtpscope.traces.analysis.requests import requests_from_rounds
+
+    ra = ra if ra is not None else requests_from_rounds(ta.rounds, ta.manifest.get("prompts"))
+    rb = rb if rb is not None else requests_from_rounds(tb.rounds, tb.manifest.get("prompts"))
+    d = compare_requests(ra, rb)
+    rows = json.loads(d.to_json(orient="records"))
+    if as_json:
+        print(json.dumps(_json_clean({"a": str(ta.path), "b": str(tb.path), "totals_a": va["totals"],
+                                      "totals_b": vb["totals"], "requests": rows}), indent=2, default=str))
+    else:
+        print(f"A {ta.path}: {plural(va['totals']['n_requests'], 'request')}, acceptance rate "
+              f"{_f(va['totals']['acceptance_rate'])}")
+        print(f"B {tb.path}: {plural(vb['totals']['n_requests'], 'request')}, acceptance rate "
+              f"{_f(vb['totals']['acceptance_rate'])}")
+        print("")
+        print("request A  request B  prompt                drafted A / B    accepted A / B   output")
+        for r in rows:
+            out = {True: "same", False: "differs", None: "?"}[r["same_output"]]
+            print(f"{r['request_a']:9} {r['request_b']:10}  {str(r['prompt'])[:20]:20}  {r['drafted_a']:>6} / "
+                  f"{r['drafted_b']:<6}  {r['accepted_a']:>6} / {r['accepted_b']:<6}  {out}")
+        n_diff = sum(1 for r in rows if not r["same_counts"] or r["same_output"] is False)
+        print("")
+        print(f"{plural(len(rows), 'request')} paired, {n_diff} differ")
+    return EXIT_FINDINGS if (not rows or any(not r["same_counts"] or r["same_output"] is False for r in rows)) else 0
+
+
+def explain_requests(path: Path, as_json: bool) -> int:
+    """``mtpscope explain DIR --by request``; the exit code (1 with the not-drafting alarm)."""
+    with one_line_errors():
+        from mtpscope.traces.store.reader import open_trace
+
+        t = open_trace(path)
+        v = request_view(t)
+    for w in t.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(_json_clean({"trace": str(t.path), "totals": v["totals"], "alarm": v["alarm"],
+                                      "requests": json.loads(v["table"].to_json(orient="records")),
+                                      "by_category": json.loads(v["by_category"].to_json(orient="records")),
+                                      "per_position": json.loads(v["per_position"].to_json(orient="records"))}),
+                         indent=2, default=str))
+    else:
+        print(format_requests(v))
+    return EXIT_FINDINGS if v["alarm"] or t.warnings else 0
+
+
+def format_replay(res: dict) -> str:
+    """The server-vs-recording comparison as text: one line per request, the settings, the first difference."""
+    lines = ["request  prompt                drafted (server / mtpscope)  accepted (server / mtpscope)  output"]
+    for r in res["requests"]:
+        out = {True: "same", False: "differs", None: "?"}[r["same_output"]]
+        lines.append(f"{r['request_a']:7d}  {str(r['prompt'])[:20]:20}  {r['drafted_a']:>10} / {r['drafted_b']:<14}"
+                     f"  {r['accepted_a']:>11} / {r['accepted_b']:<14}  {out}")
+    lines.append("")
+    lines.append("setting                                      server                       mtpscope recording")
+    for s in res["settings"]:
+        mark = {True: " ", False: "≠", None: "?"}[s["same"]]
+        lines.append(f"{mark} {s['setting'][:42]:42}  {str(s['server'])[:27]:27}  {s['recording']}")
+    fd = res["first_difference"]
+    lines.append("")
+    if fd is None:
+        lines.append(f"all {plural(len(res['requests']), 'request')} agree: same output, same drafted, same accepted")
+    else:
+        lines.append(f"first request that differs: {fd['request']} (prompt {fd['prompt']}): server "
+                     f"{fd['server']}, recording {fd['recording']}; look at it with `{fd['explain']}`")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``server`` (build / path / run) and ``probe`` to the root mtpscope app."""
+    srv = typer.Typer(help="Build and run llama-server (the llama.cpp mtpscope records with).",
+                      no_args_is_help=True)
+
+    @srv.command("build")
+    def build_cmd(force: bool = typer.Option(False, "--force", help="Build again even if a build is cached."),
+                  jobs: Optional[int] = typer.Option(None, "--jobs", help="Parallel compile jobs (default: CPUs)."),
+                  if_possible: bool = typer.Option(False, "--if-possible",
+                                                   help="Where it cannot be built (no cmake, compiler or "
+                                                        "llama-cpp-python), say so in one line and exit 0."),
+                  ) -> None:
+        """Build llama-server from llama-cpp-python 0.3.36's llama.cpp into the cache (minutes, once)."""
+        from mtpscope.traces.server.build import build_server, unavailable_reason
+
+        if if_possible:
+            why = unavailable_reason()
+            if why is not None:
+                print(f"note: llama-server not built ({why}); the server tests will skip")
+                raise typer.Exit(0)
+        with one_line_errors():
+            b = build_server(force=force, jobs=jobs, progress=lambda line: print(line, file=sys.stderr))
+        if b.built_now:
+            print(f"built {b.binary} (configure {b.configure_s:.0f} s, build {b.build_s:.0f} s with "
+                  f"{b.jobs} jobs; log {b.log})")
+        else:
+            print(f"up to date: {b.binary}")
+
+    @srv.command("path")
+    def path_cmd() -> None:
+        """Print the built llama-server (exit 1 when it is not built)."""
+        from mtpscope.traces.server.build import server_path
+
+        with one_line_errors():
+            p = server_path()
+        if p is None:
+            print("mtpscope: llama-server is not built: run `mtpscope server build`", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS)
+        print(p)
+
+    @srv.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def run_cmd(
+        ctx: typer.Context,
+        target: Path = typer.Option(..., "--target", help="Target GGUF (gemma4)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant",
+                                                 help="Drafter GGUF (gemma4-assistant); without it: no MTP."),
+        n_draft: int = typer.Option(3, "--n-draft", help="--spec-draft-n-max."),
+        port: Optional[int] = typer.Option(None, "--port", help="Port on 127.0.0.1 (default: a free one)."),
+        log: Optional[Path] = typer.Option(None, "--log", help="Log file (default llama-server-PORT.log)."),
+    ) -> None:
+        """Start llama-server on 127.0.0.1 with MTP on (draft-mtp, --metrics), print its URL, run until Ctrl-C.
+
+        Flags after the options (e.g. `-- --ctx-size 8192`) go to llama-server as they are.
+        """
+        from mtpscope.traces.server.launch import launch
+
+        with one_line_errors():
+            s = launch(target, assistant, n_draft=n_draft, port=port, extra=list(ctx.args), log=log)
+        import signal
+
+        def _stop(signum, frame):  # noqa: ANN001, ARG001 - SIGTERM (kill, a service manager): stop it too
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _stop)
+        print(s.url, flush=True)
+        print(f"llama-server pid {s.pid}, log {s.log}; Ctrl-C (or SIGTERM) stops it", file=sys.stderr)
+        try:
+            rc = s.process.wait()
+        except KeyboardInterrupt:
+            s.stop()
+            raise typer.Exit(0) from None
+        print(f"mtpscope: llama-server exited with status {rc}; see {s.log}", file=sys.stderr)
+        raise typer.Exit(2)
+
+    app.add_typer(srv, name="server")
+
+    @app.command("probe")
+    def probe_cmd(
+        url: str = typer.Argument(..., help="The server, e.g. http://127.0.0.1:8080."),
+        prompts: Path = typer.Option(..., "--prompts", help="Prompts file (as `record --prompts`)."),
+        out: Path = typer.Option(Path("probe"), "--out", help="Trace directory to write."),
+        n_predict: int = typer.Option(128, "--n-predict", help="Tokens to generate per request at most."),
+        repeat: int = typer.Option(1, "--repeat", help="Passes over the prompts file."),
+        temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature (0: greedy)."),
+        seed: int = typer.Option(0, "--seed", help="Sampling seed sent with each request."),
+        header: Optional[list[str]] = typer.Option(None, "--header",
+                                                   help="'Name: value' sent with each request (an API key); "
+                                                        "never written into the trace. Repeatable."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the probe trace in --out."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
+        timeout: float = typer.Option(600.0, "--timeout", help="Longest wait for an answer, seconds."),
+        replay: bool = typer.Option(False, "--replay", help="Record the same token ids with mtpscope and compare."),
+        target: Optional[Path] = typer.Option(None, "--target", help="--replay: target GGUF (default /props' path)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant", help="--replay: the server's drafter GGUF."),
+        n_draft: Optional[int] = typer.Option(None, "--n-draft",
+                                              help="--replay: the server's draft max when /metrics does not show it."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary (and the replay) as JSON."),
+    ) -> None:
+        """Probe a running llama-server: per-request drafted / accepted, counters, tokens/s -> a trace."""
+        from mtpscope.errors import MtpscopeError
+        from mtpscope.traces.server.client import parse_header
+        from mtpscope.traces.server.probe import ProbeSettings, probe
+
+        with one_line_errors():
+            if replay and assistant is None:
+                raise MtpscopeError("--replay needs --assistant (the server does not report its draft model)",
+                                    key="--assistant")
+            headers = dict(parse_header(h) for h in header or [])
+
+            def progress(row: dict) -> None:
+                if not as_json:
+                    rate = row["acceptance_rate"]
+                    print(f"request {row['request']} ({row['prompt']}): drafted {row['n_drafted']}, accepted "
+                          f"{row['n_accepted']}" + (f" ({rate:.3f})" if rate is not None else "")
+                          + (f", {row['tokens_per_s']:.1f} tokens/s" if row["tokens_per_s"] else ""),
+                          file=sys.stderr)
+
+            summary = probe(url, prompts_file=prompts, out=out,
+                            settings=ProbeSettings(n_predict=n_predict, repeat=repeat, temperature=temperature,
+                                                   seed=seed, timeout_s=timeout),
+                            headers=headers, resume=resume, overwrite=overwrite, on_request=progress)
+        doc = {"trace": summary.out, "n_requests": summary.n_requests, "n_sent": summary.n_sent,
+               "n_resumed": summary.n_resumed, "alarm": summary.alarm,
+               "counters": None if summary.counters is None else summary.counters.to_dict(),
+               "warnings": list(summary.warnings)}
+        for w in summary.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        if not as_json:
+            c = summary.counters
+            print(f"wrote {summary.out}: {plural(summary.n_requests, 'request')} ({summary.n_sent} sent now"
+                  + (f", {summary.n_resumed} kept" if summary.n_resumed else "") + ")"
+                  + ("" if c is None else f"; counters: {c.n_draft_tokens} drafted, {c.n_accepted} accepted in "
+                                          f"{c.n_drafts} drafts, per position {list(c.accepted_per_pos)}"))
+        if summary.alarm:
+            print(f"mtpscope: {summary.alarm}", file=sys.stderr)
+        code = EXIT_FINDINGS if summary.alarm else 0
+        if replay:
+            from mtpscope.traces.server.replay import replay_probe
+
+            with one_line_errors():
+                res = replay_probe(out, assistant=assistant, target=target, n_draft=n_draft).to_dict()
+            doc["replay"] = res
+            if not as_json:
+                print(format_replay(res))
+            if not res["all_equal"]:
+                code = EXIT_FINDINGS
+        if as_json:
+            print(json.dumps(doc, indent=2, default=str))
+        raise typer.Exit(code)

@@ -1,0 +1,1 @@
+"""The built-in demo: its specification (``spec``, no numpy), builder, training and the trained pair."""

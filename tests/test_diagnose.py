@@ -1,0 +1,263 @@
+"""``mtpscope diagnose``'s parts without llama.cpp: the cause of every verify code, the published configurations,
+merging and ranking, the n_draft decay, the replay variants' rule, the links, the HTML report, the CLI's argument
+errors.
+
+Expected values come from the inputs by hand (the published config.json files read as JSON, counts written out),
+never from diagnose's own output."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mtpscope.app.diagnose_report import figures, html_report, link_url
+from mtpscope.app.links import view_url
+from mtpscope.inspector.config_model import model_from_config
+from mtpscope.inspector.findings import CODES
+from mtpscope.traces.diagnose import behaviour, files, published, rank, variants
+from mtpscope.traces.diagnose.records import CAUSES, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef
+
+CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
+
+
+# ------------------------------------------------------------------------------------------ causes
+
+def test_every_verify_code_lands_on_a_documented_cause() -> None:
+    for code in CODES:
+        assert files.cause_of(code) in CAUSES, code
+    want = {"E_PAIR_ROPE": "rope", "E_ROPE_FREQS_VALUES": "rope", "E_PAIR_KV_DONOR": "pair_mismatch",
+            "E_PAIR_HEAD_DIM": "pair_mismatch", "E_PAIR_KV_HEADS": "pair_mismatch", "E_SHARED_KV_LAYOUT": "pair_mismatch",
+            "E_TENSOR_SHAPE": "file_layout", "E_DTYPE_VECTOR": "file_layout", "E_CLUSTER_SIZE": "file_layout",
+            "E_KEY_VALUE": "metadata", "E_HEAD_DIM_KV": "metadata", "H_CONFIG_MISMATCH": "metadata"}
+    assert {c: files.cause_of(c) for c in want} == want
+    # codes added later land by family; a finding on a RoPE key is a RoPE finding whatever its code
+    assert files.cause_of("E_PAIR_SOMETHING_NEW") == "pair_mismatch"
+    assert files.cause_of("W_KEY_SOMETHING_NEW") == "metadata"
+    assert files.cause_of("E_SOMETHING_NEW") == "file_layout"
+    assert files.cause_of("H_CONFIG_MISMATCH", "gemma4-assistant.rope.freq_base_swa") == "rope"
+
+
+def test_the_cause_list_is_documented() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "DIAGNOSE.md").read_text()
+    for name in CAUSES:
+        assert f"| `{name}` |" in doc, name
+
+
+# --------------------------------------------------------------------------------- published configs
+
+def _published_swa_theta() -> set[float]:
+    out = set()
+    for d in CONFIGS.glob("*-assistant"):
+        tc = json.loads((d / "config.json").read_text())["text_config"]
+        out.add(float(tc["rope_parameters"]["sliding_attention"]["rope_theta"]))
+    return out
+
+
+def test_a_published_variant_has_no_finding_and_is_matched() -> None:
+    m = model_from_config(CONFIGS / "gemma-4-E2B-it-assistant")
+    found, s = published.published_findings(m, assistant="a.gguf")
+    assert found == []
+    assert s["variant"] == "gemma-4-E2B-it-assistant" and s["matched"] is True
+
+
+def test_rope_base_unlike_every_published_drafter() -> None:
+    m = model_from_config(CONFIGS / "gemma-4-E4B-it-assistant")
+    kv = dict(m.kv)
+    kv["gemma4-assistant.rope.freq_base_swa"] = 1e6
+    found, _ = published.published_findings(replace(m, kv=kv), assistant="a.gguf")
+    (f,) = found
+    assert (f.cause, f.severity, f.subject) == ("rope", "error", "gemma4-assistant.rope.freq_base_swa")
+    assert _published_swa_theta() == {10000.0}
+    assert f.expected == 10000.0 and f.actual == 1e6
+    assert f.fix.key == "gemma4-assistant.rope.freq_base_swa" and f.fix.value == 10000.0
+
+
+def test_geometry_counts_only_for_a_published_geometry() -> None:
+    m = model_from_config(CONFIGS / "gemma-4-E2B-it-assistant")
+    kv = dict(m.kv)
+    kv["gemma4-assistant.attention.sliding_window"] = 1024
+    found, s = published.published_findings(replace(m, kv=kv), assistant="a.gguf")
+    (f,) = found
+    assert (f.cause, f.severity, f.expected, f.actual) == ("metadata", "warning", 512, 1024)
+    # the same window on a custom geometry (other widths): listed, not a finding
+    kv["gemma4-assistant.embedding_length"] = 64
+    kv["gemma4-assistant.embedding_length_out"] = 128
+    found, s = published.published_findings(replace(m, kv=kv), assistant="a.gguf")
+    assert found == [] and s["matched"] is False and "attention.sliding_window" in s["custom"]
+
+
+@pytest.mark.parametrize(("eps", "severity"), [(5e-7, "info"), (5e-6, "info"), (1e-2, "warning")])
+def test_an_epsilon_is_a_note_near_the_published_one(eps: float, severity: str) -> None:
+    m = model_from_config(CONFIGS / "gemma-4-E2B-it-assistant")
+    kv = dict(m.kv)
+    kv["gemma4-assistant.attention.layer_norm_rms_epsilon"] = eps
+    (f,), _ = published.published_findings(replace(m, kv=kv), assistant="a.gguf")
+    assert (f.cause, f.severity, f.expected) == ("metadata", severity, 1e-6)
+
+
+def test_rotated_share_of_a_head() -> None:
+    m = model_from_config(CONFIGS / "gemma-4-31B-it-assistant")
+    kv = dict(m.kv)
+    kv["gemma4-assistant.rope.dimension_count"] = 128          # a quarter of the 512-wide full head
+    (f,), _ = published.published_findings(replace(m, kv=kv), assistant="a.gguf")
+    assert (f.cause, f.subject, f.expected) == ("rope", "gemma4-assistant.rope.dimension_count", 512)
+
+
+# ------------------------------------------------------------------------------------- merge and rank
+
+def _f(cause: str, severity: str, subject: str, step: str, confidence: str = "medium") -> Finding:
+    return Finding(cause, severity, confidence, f"{cause} {subject}", (Evidence(step, f"{step} says {subject}"),),
+                   Fix("metadata", "set it", key=subject, value=1), ViewRef.of("validate", drafter="d.gguf"),
+                   subject=subject)
+
+
+def test_merge_joins_steps_and_rank_orders_severity_then_cause() -> None:
+    fs = [_f("n_draft", "warning", "n_draft", "explain", "high"),
+          _f("acceptance_limit", "info", "acceptance", "explain"),
+          _f("convention", "error", "hidden=prenorm", "replay"),
+          _f("rope", "error", "k", "verify"), _f("rope", "error", "k", "published")]
+    out = rank.rank(fs)
+    assert [f.cause for f in out] == ["rope", "convention", "n_draft", "acceptance_limit"]
+    assert out[0].confidence == "high" and [e.step for e in out[0].evidence] == ["verify", "published"]
+
+
+def test_diagnosis_exit_code_and_json() -> None:
+    info = _f("acceptance_limit", "info", "acceptance", "explain")
+    d = Diagnosis("t.gguf", "a.gguf", None, (info,), limits=("x",), steps=(StepRun("verify", "ran", 0.1),))
+    assert d.exit_code == 0 and d.headline == "x"
+    doc = d.to_dict()
+    assert doc["findings"][0]["rank"] == 1 and doc["findings"][0]["link"] == {"page": "validate",
+                                                                             "params": {"drafter": "d.gguf"}}
+    d2 = replace(d, findings=(_f("rope", "error", "k", "verify"), info))
+    assert d2.exit_code == 1 and d2.to_dict()["defect"] is True
+    json.dumps(d2.to_dict())
+
+
+# ------------------------------------------------------------------------------------------- n_draft
+
+def test_depth_gain_by_hand() -> None:
+    # prompt 0: rounds of 3 drafts accepting 3, 1, 0; prompt 1: 3 accepting 3, and a capped round of 1 draft
+    r = pd.DataFrame({"prompt_id": [0, 0, 0, 1, 1], "n_draft": [3, 3, 3, 3, 1], "n_accepted": [3, 1, 0, 3, 1]})
+    assert behaviour.depth_gain(r, 3, n_boot=0) == (2 / 4, None)
+    assert behaviour.depth_gain(r, 1, n_boot=0) == (4 / 5, None)
+    g, iv = behaviour.depth_gain(r, 2, n_boot=500)
+    assert g == 2 / 4 and iv[0] <= g <= iv[1]
+    assert behaviour.depth_gain(r, 4) is None
+
+
+# -------------------------------------------------------------------------------- replay variants' rule
+
+def _replay(rise_per_prompt: list[int], n_prompts: int = 6):
+    """A replay of ``n_prompts`` prompts x 2 rounds of 3 drafts: the baseline accepts 1 per round, the variant
+    ``v`` 1 + rise_per_prompt[p] per round."""
+    from mtpscope.traces.run.replay import ReplayResult
+    from mtpscope.inspector.reference import StepOptions
+
+    rows, steps = [], []
+    for p in range(n_prompts):
+        for r in range(2):
+            rows.append({"prompt_id": p, "round": r, "pos": 10 * r, "n_draft": 3, "n_accepted": 1,
+                         "n_accepted[baseline]": 1, "n_accepted[v]": 1 + rise_per_prompt[p]})
+            for k in range(1, 4):
+                steps.append({"prompt_id": p, "round": r, "k": k, "pos": 10 * r, "recorded": k, "truth": k,
+                              "draft[baseline]": k, "accepted[baseline]": k <= 1, "draft[v]": k,
+                              "accepted[v]": k <= 1 + rise_per_prompt[p]})
+    return ReplayResult("t", {"baseline": StepOptions(), "v": StepOptions(position="p-1")}, pd.DataFrame(steps),
+                        pd.DataFrame(rows), StepOptions(), variant_traces={"v": "/x/traces/v"})
+
+
+def test_a_variant_that_recovers_clearly_is_a_convention_finding() -> None:
+    found, nums = variants.variant_findings(_replay([1, 1, 2, 1, 2, 1]), trace="/x/t")
+    (f,) = found
+    # baseline 12 / 36 accepted, variant (12 + 2 * (1+1+2+1+2+1)) / 36 = 28 / 36
+    assert f.cause == "convention" and f.subject == "v" and f.severity == "error"
+    assert f.actual == pytest.approx(12 / 36) and f.expected == pytest.approx(28 / 36)
+    assert nums["variants"]["v"]["recovers"] is True and nums["baseline_agreement"] == 1.0
+    assert f.link == ViewRef.of("compare", trace="/x/t", trace_b="/x/traces/v")
+
+
+def test_a_variant_within_noise_is_no_finding() -> None:
+    found, nums = variants.variant_findings(_replay([0, 0, 0, 0, 0, 1]), trace="/x/t")
+    assert found == [] and nums["variants"]["v"]["recovers"] is False
+
+
+def test_sample_takes_each_category_in_turn_shortest_first() -> None:
+    man = {"prompts": [{"prompt_id": i, "category": c, "n_prompt_tokens": n}
+                       for i, (c, n) in enumerate([("a", 50), ("a", 10), ("b", 30), ("b", 40), ("c", 5), ("a", 20)])]}
+    assert variants.sample_prompts(man, range(6), 4) == [1, 2, 4, 5]
+
+
+def test_convention_variants_follow_the_reference_options() -> None:
+    from mtpscope.traces.run.replay import BASELINE_CPU
+
+    assert variants.convention_variants(BASELINE_CPU, centroids=False) == ["hidden=prenorm", "position=p-1",
+                                                                             "gelu=tanh"]
+    assert "head=centroid" in variants.convention_variants(BASELINE_CPU, centroids=True)
+
+
+# ---------------------------------------------------------------------------------- links and report
+
+def test_view_url_and_link_url() -> None:
+    assert view_url("step", trace="/data/t f32", prompt=34, round=20) == "/step?trace=%2Fdata%2Ft+f32&prompt=34&round=20"
+    assert link_url({"page": "explain", "params": {"trace": "/t", "prompt": "all"}}, "http://h:1/") == \
+        "http://h:1/explain?trace=%2Ft&prompt=all"
+    assert link_url(None) is None
+
+
+def _doc() -> dict:
+    per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5},
+               {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6}]
+    summary = {"acceptance_rate": 8 / 19, "mean_acceptance_length": 1.8, "n_draft": 2, "per_position": per_pos,
+               "by_category": {"code": {"n_drafted": 10, "n_accepted": 4, "acceptance_rate": 0.4}},
+               "causes": {"near_tie": 3, "far_miss": 2},
+               "what_if": [{"n_draft": n, "acceptance_rate": 0.5 / n, "mean_acceptance_length": 1.5, "tokens_per_s": 10.0,
+                            "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]}
+    var = {"variants": {"baseline": {"acceptance_rate": 0.1}, "hidden=prenorm": {
+        "acceptance_rate": 0.4, "delta": 0.3, "ci_low": 0.2, "ci_high": 0.4, "recovers": True}}}
+    d = Diagnosis("t.gguf", "a.gguf", "/tr", (_f("convention", "error", "hidden=prenorm", "replay"),),
+                  limits=("hard <tokens>",), summary=summary, variants=var)
+    return d.to_dict()
+
+
+def test_figures_of_a_diagnosis() -> None:
+    names = [n for n, _ in figures(_doc())]
+    assert names == ["per_position", "by_category", "causes", "variants", "what_if"]
+    fig = dict(figures(_doc()))["variants"]
+    assert fig.layout.meta == {"recovers": ["hidden=prenorm"]}
+
+
+def test_html_report_is_one_file_that_fetches_nothing() -> None:
+    page = html_report(_doc(), base="http://127.0.0.1:8501")
+    assert page.count("<!DOCTYPE html>") == 1
+    assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
+    assert "@import" not in page and "url(http" not in page
+    # outside the scripts (plotly.js, the figures' data) the only links are the findings' links into the app
+    html_only = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    assert re.findall(r'(?:href|src)="([^"]+)"', html_only) == ["http://127.0.0.1:8501/validate?drafter=d.gguf"]
+    assert "hard &lt;tokens&gt;" in page                     # escaped
+    assert page.count('class="figure"') == 5
+    assert len(page.encode()) < 5_000_000
+    doc = re.search(r'<script type="application/json" id="diagnosis">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(doc)["findings"][0]["cause"] == "convention"
+
+
+def test_cli_refuses_both_prompts_and_trace(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    r = CliRunner().invoke(app, ["diagnose", "--trace", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl")])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(app, ["diagnose", "--trace", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "not a trace directory" in r.output
+
+
+def test_no_numbers_sneak_into_json_as_numpy() -> None:
+    d = replace(Diagnosis("t", "a", None, ()), summary={"x": np.float64(1.5), "y": np.int32(2), "z": float("nan")})
+    assert d.to_dict()["summary"] == {"x": 1.5, "y": 2, "z": None}

@@ -1,0 +1,107 @@
+"""The Diagnose page (Streamlit AppTest) and the HTML report in a real Chromium, on a diagnosis of the demo's buggy
+trace (one diagnose run, a small replay, shared by the module).
+
+The page must show the same findings as the library, worst first, and a finding's button must open the page and
+selection that show its evidence. The report must open from a file with every figure drawn by plotly and without
+a single request beyond the file itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from mtpscope.app import selection  # noqa: E402
+from mtpscope.app.diagnose_report import figures, html_report  # noqa: E402
+from mtpscope.demo.spec import TrainedPaths  # noqa: E402
+from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose  # noqa: E402
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+
+
+@pytest.fixture(scope="module")
+def buggy(demo_dir, tmp_path_factory) -> dict:  # noqa: ANN001
+    tp = TrainedPaths.under(demo_dir.root)
+    if not (tp.traces_buggy / "manifest.json").exists():
+        pytest.skip("the trained demo traces are not built")
+    out = tmp_path_factory.mktemp("diag")
+    d = diagnose(trace=tp.traces_buggy, out=out, replay_prompts=4, rounds_per_prompt=4)
+    return {"out": out, "doc": d.to_dict(), "paths": tp}
+
+
+def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeypatch) -> None:  # noqa: ANN001
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(buggy["out"]))
+    doc = json.loads((buggy["out"] / DIAGNOSIS_FILE).read_text())
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.run()
+    at.switch_page("screens/diagnose.py").run()
+    at.text_input(key=selection.DIAG_SAVED).input(str(buggy["out"])).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.error[0].value.startswith("Defect found: " + doc["headline"])
+    titles = [b.value for b in at.error[1:]] + [b.value for b in at.info]
+    assert len([t for t in titles if t.startswith("**")]) == len(doc["findings"])
+    assert titles[0].startswith(f"**1. {doc['findings'][0]['title']}**")
+    assert len(at.get("plotly_chart")) == len(figures(doc))
+    at.button(key=selection.diag_open_key(0)).click().run()      # the RoPE finding: the Validate page
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[selection.slot_key(selection.DRAFTER)] == str(buggy["paths"].drafter_buggy)
+    assert [h.value for h in at.title] == ["Validate"]
+
+
+def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:  # noqa: ANN001
+    from streamlit.testing.v1 import AppTest
+
+    tp = buggy["paths"]
+    at = AppTest.from_file(MAIN, default_timeout=240)
+    for slot, path in ((selection.TRACE, tp.traces_buggy), (selection.DRAFTER, tp.drafter_buggy),
+                       (selection.TARGET, tp.target)):
+        at.session_state[selection.slot_key(slot)] = str(path)
+    at.run()
+    at.switch_page("screens/diagnose.py").run()
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    first = buggy["doc"]["findings"][0]
+    assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
+
+
+def test_html_report_draws_its_figures_offline_in_chromium(buggy, tmp_path: Path) -> None:  # noqa: ANN001
+    from tests.browser import ARGS, CHROMIUM, need_browser
+
+    sync_api = need_browser()
+    page_file = tmp_path / "report.html"
+    page_file.write_text(html_report(buggy["doc"]), encoding="utf-8")
+    assert page_file.stat().st_size < 5_000_000
+    n_figs = len(figures(buggy["doc"]))
+    assert n_figs == 5                                         # position, category, causes, variants, what-if
+    requests: list[str] = []
+    with sync_api.sync_playwright() as p:
+        exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+        browser = p.chromium.launch(executable_path=exe, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("request", lambda r: requests.append(r.url))
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(page_file.as_uri())
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figs}",
+                                   timeout=60_000)
+            # a figure is drawn when plotly rendered its traces (bars, lines) into its SVG
+            drawn = page.evaluate("[...document.querySelectorAll('.js-plotly-plot')].filter(d => "
+                                  "d.querySelectorAll('.main-svg g.trace').length > 0).length")
+            bars = page.evaluate("document.querySelectorAll('.js-plotly-plot .bars path').length")
+            doc = json.loads(page.evaluate("document.getElementById('diagnosis').textContent"))
+        finally:
+            browser.close()
+    assert errors == []
+    assert requests == [page_file.as_uri()], requests
+    assert drawn == n_figs and bars > 0
+    assert doc["findings"][0]["cause"] == "rope"

@@ -1,0 +1,107 @@
+"""The explanation's recommendation, categories under another field name, and a sweep cell explained against
+the sweep's own plain decoding, on synthetic traces and sweeps (expected values from the Parquet parts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli.main import app
+from mtpscope.traces.analysis import breakdown as B
+from mtpscope.traces.analysis.explain_report import explain_trace
+from mtpscope.traces.store.reader import open_trace
+from mtpscope.traces.synthetic import write_synthetic_sweep, write_synthetic_trace
+
+runner = CliRunner()
+
+
+def _tab(trace_dir: Path) -> pa.Table:
+    m = json.loads((trace_dir / "manifest.json").read_text())
+    files = m["parts"]["rounds"] if m.get("parts") else sorted(p.name for p in (trace_dir / "rounds").glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(trace_dir / "rounds" / f) for f in files])
+
+
+def _with_prompts(d: Path, entries: list[dict]) -> None:
+    m = json.loads((d / "manifest.json").read_text())
+    m["prompts"] = entries
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_categories_from_another_field_and_the_note(tmp_path: Path) -> None:
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=400, n_prompts=8, n_draft=3, steps=False)
+    _with_prompts(d, [{"prompt_id": i, "text": f"p{i}", "extra": {"domain": "code" if i < 4 else "chat"}}
+                      for i in range(8)])
+    assert B.prompt_categories(json.loads((d / "manifest.json").read_text())) is None
+    x = explain_trace(open_trace(d), with_drift=False)
+    assert x.by_category is None
+    assert any("no 'category' but a 'domain' field" in n and "explain --category-field domain" in n for n in x.notes)
+    y = explain_trace(open_trace(d), with_drift=False, category_field="domain")
+    tab = _tab(d)
+    pid, nd, na = (np.asarray(tab[c]) for c in ("prompt_id", "n_draft", "n_accepted"))
+    for name, m in (("code", pid < 4), ("chat", pid >= 4)):
+        assert y.by_category[name]["acceptance_rate"] == pytest.approx(na[m].sum() / nd[m].sum())
+        assert y.what_if.by_category[name].row(3).acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum())
+    rec = y.to_dict()["recommendation"]
+    assert set(rec["by_category"]) == {"code", "chat"}
+    # without a measured plain decoding the speedups are labelled estimated, with how
+    assert rec["speedup"]["estimated"] is True or rec["choice"] is None
+    assert any("no plain decoding was measured" in n for n in y.notes)
+
+
+def test_a_sweep_cell_uses_the_sweeps_plain_decoding(tmp_path: Path) -> None:
+    from mtpscope.traces.sweep.advice import explain_with_baseline, trace_baseline
+
+    d = write_synthetic_sweep(tmp_path / "s", n_rounds=3000, assistants=("q8",), n_drafts=(2, 3), n_shards=2,
+                              n_prompts=16, categories=("code", "chat"))
+    cell = open_trace(d / "assistant=q8" / "n_draft=3" / "shard=1")
+    base, note = trace_baseline(cell)
+    assert note is None and base.source == "sweep"
+    bt = _tab(d / "assistant=baseline" / "n_draft=0" / "shard=1")
+    ms = float(np.sum(bt["t_verify_ms"]) + np.sum(bt["t_draft_ms"]))
+    ne = sum(len(x) for x in bt["emitted"].to_pylist())
+    assert base.t_per_token_ms == pytest.approx(ms / ne)
+    x = explain_with_baseline(cell, with_drift=False)
+    d3 = x.to_dict()
+    assert d3["baseline"]["source"] == "sweep" and d3["what_if_model"]["cost"]["baseline"] == "measured"
+    # the recorded n_draft's speedup = measured tokens/s of the cell over the baseline's, same prompts
+    ct = _tab(d / "assistant=q8" / "n_draft=3" / "shard=1")
+    tps = 1000 * sum(len(x) for x in ct["emitted"].to_pylist()) / float(np.sum(ct["t_draft_ms"]) + np.sum(ct["t_verify_ms"]))
+    row = next(r for r in d3["what_if"] if r["recorded"])
+    assert row["tokens_per_s"] == pytest.approx(tps) and row["speedup"] == pytest.approx(tps * ms / ne / 1000)
+    assert not any("no plain decoding" in n for n in x.notes)
+    # a sweep without its baseline: estimated, and it says so
+    e = write_synthetic_sweep(tmp_path / "nb", n_rounds=600, assistants=("q8",), n_drafts=(3,), n_shards=1,
+                              n_prompts=8, baseline=False)
+    y = explain_with_baseline(open_trace(e / "assistant=q8" / "n_draft=3" / "shard=0"), with_drift=False)
+    assert any("recorded no plain decoding" in n for n in y.notes)
+    assert y.to_dict()["recommendation"]["speedup"]["estimated"] is True
+
+
+def test_cli_explain_and_report_on_a_sweep(tmp_path: Path) -> None:
+    d = write_synthetic_sweep(tmp_path / "s", n_rounds=3000, assistants=("q8",), n_drafts=(1, 3), n_shards=2,
+                              n_prompts=18, categories=("code", "chat", "json"))
+    for cmd in (["explain", str(d), "--json"], ["report", str(d), "--json"]):
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        rec = out["recommendation"]
+        assert rec["choice"] == "plain" or rec["choice"] in (1, 3)
+        assert set(rec["speedup"]) == {"value", "interval", "estimated"} and isinstance(rec["tie"], bool)
+        assert set(rec["by_category"]) == {"code", "chat", "json"} and out["break_even"] is not None
+        assert out["baseline"]["source"] == "sweep"
+    text = runner.invoke(app, ["explain", str(d)])
+    assert text.exit_code == 0 and "Recommendation:" in text.stdout and "Break-even:" in text.stdout
+    cell = d / "assistant=q8" / "n_draft=3" / "shard=0"
+    res = runner.invoke(app, ["explain", str(cell), "--json"])
+    assert res.exit_code == 0, res.output
+    j = json.loads(res.stdout)
+    assert j["baseline"]["source"] == "sweep" and "recommendation" in j and "break_even" in j
+    # shard 0 holds prompts 0, 2, ..., 16: every category (from sweep.json: these synthetic traces'
+    # manifests name none)
+    assert set(j["recommendation"]["by_category"]) == {"code", "chat", "json"}

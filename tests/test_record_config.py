@@ -1,0 +1,145 @@
+"""The run config of a recording (traces/run/record_config.py): every bad field is one TraceError naming
+it, with expected vs actual; a good config passes the worker transport unchanged; the manifest's
+``params`` keep the key order traces have always had (docs/TRACE_FORMAT.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mtpscope.errors import MtpscopeError, TraceError
+from mtpscope.traces.run.prompts import PromptSpec
+from mtpscope.traces.run.record_config import CAPTURE_CHOICES, HIDDEN_CHOICES, MAX_N_DRAFT, RecordConfig, RecordJob
+from mtpscope.traces.run.packing import pack, unpack
+
+# (field, bad value, expected as the error states it); one case per rule and per type
+BAD = [
+    ("n_draft", 0, "1..64"), ("n_draft", MAX_N_DRAFT + 1, "1..64"), ("n_draft", 10**9, "1..64"),
+    ("n_draft", "3", "int"), ("n_draft", 2.0, "int"), ("n_draft", True, "int"),
+    ("max_tokens", 0, ">= 1"), ("max_tokens", None, "int"),
+    ("temp", -0.5, "finite >= 0"), ("temp", math.nan, "finite >= 0"), ("temp", math.inf, "finite >= 0"),
+    ("temp", "0.7", "real"),
+    ("seed", 1.5, "int"),
+    ("top_k", -1, ">= 0"),
+    ("top_p", 0.0, "0 < top_p <= 1"), ("top_p", 1.5, "0 < top_p <= 1"), ("top_p", math.nan, "0 < top_p <= 1"),
+    ("top_p", -math.inf, "0 < top_p <= 1"),
+    ("chat", 2, "bool"), ("chat", "yes", "bool"),
+    ("n_gpu_layers", None, "int"),
+    ("centroids", 3, "path | None"),
+    ("centroid_top_k", 2.5, "int | None"),
+    ("hidden", "f8", "f16 | f32 | off"), ("hidden", None, "choice"),
+    ("n_top", 0, ">= 1"),
+    ("flush_every", 0, ">= 1"), ("flush_every", -3, ">= 1"),
+    ("compact", None, "bool"),
+    ("flash_attn", "on", "bool"),
+    ("n_threads", "4", "int | None"),
+    ("hidden_target", 3, "bool"),
+    ("baseline", [], "bool"),
+    ("graph_capture", "graph", "bool"),
+    ("repack", "no", "bool"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+def test_each_bad_field_is_one_error_naming_it(name: str, value: object, expected: str) -> None:
+    with pytest.raises(TraceError) as ei:
+        RecordConfig(**{name: value})
+    e = ei.value
+    assert e.key == name and e.expected == expected
+    assert e.one_line().startswith(f"'{name}': ")              # the field leads the one line
+
+
+def test_hidden_target_needs_stored_hidden_states() -> None:
+    with pytest.raises(TraceError) as ei:
+        RecordConfig(hidden="off", hidden_target=True)
+    assert (ei.value.key, ei.value.expected, ei.value.actual) == ("hidden_target", "hidden f16 | f32", "hidden off")
+    for h in ("f16", "f32"):
+        assert RecordConfig(hidden=h, hidden_target=True).hidden_target is True
+
+
+def test_messages_the_cli_prints_are_unchanged() -> None:
+    """``mtpscope record`` prints these lines for bad flags (the text before this config existed)."""
+    def line(**kw: object) -> str:
+        with pytest.raises(MtpscopeError) as ei:
+            RecordConfig(**kw)
+        return ei.value.one_line()
+
+    assert line(n_draft=65) == ("'n_draft': n_draft must be in 1..64 (llama.cpp's MTP default is 3; far more drafts "
+                                "than a verify batch holds is a mistake) (expected 1..64, got 65)")
+    assert line(temp=-0.5) == "'temp': temp must be a finite number >= 0 (0 = greedy) (expected finite >= 0, got -0.5)"
+    assert line(top_p=0.0) == "'top_p': top_p must be in (0, 1] (1 = off) (expected 0 < top_p <= 1, got 0.0)"
+    assert line(top_k=-1) == "'top_k': top_k must be >= 0 (0 = off) (expected >= 0, got -1)"
+    assert line(hidden="off", hidden_target=True) == (
+        "'hidden_target': hidden_target stores a hidden state: it needs hidden f16 or f32 "
+        "(expected hidden f16 | f32, got hidden off)")
+
+
+def test_good_values_at_the_edges_and_normalized_types() -> None:
+    import numpy as np
+
+    c = RecordConfig(n_draft=np.int64(MAX_N_DRAFT), max_tokens=1, temp=0, top_k=0, top_p=1, seed=-5, chat=1,
+                     n_gpu_layers=0, centroids=Path("/m/fork.gguf"), centroid_top_k=8, hidden="off", n_top=1,
+                     flush_every=1, n_threads=2)
+    assert (c.n_draft, c.temp, c.top_p, c.chat, c.centroids) == (64, 0.0, 1.0, True, "/m/fork.gguf")
+    assert type(c.n_draft) is int and type(c.temp) is float and type(c.top_p) is float and type(c.chat) is bool
+    assert RecordConfig(top_p=1e-9).top_p == 1e-9 and RecordConfig(n_draft=1).n_draft == 1
+    assert c.greedy and not RecordConfig(temp=0.1).greedy
+    assert c.needs_h_inner and c.derive and not c.capture  # a centroid head needs h_inner: derived by default
+    assert not RecordConfig(hidden="off").needs_h_inner and RecordConfig().derive and not RecordConfig().capture
+    assert RecordConfig(graph_capture=True).capture and not RecordConfig(graph_capture=True).derive
+    assert not RecordConfig(hidden="off", graph_capture=True).capture    # nothing to capture
+    assert CAPTURE_CHOICES == ("derived", "graph")
+    assert HIDDEN_CHOICES == ("f16", "f32", "off")
+
+
+def _through_the_transport(obj: object) -> object:
+    """What the recording worker gets: :func:`pack`, the control channel's JSON, :func:`unpack`."""
+    header, arrays = pack(obj)
+    assert arrays == []
+    return unpack(json.loads(json.dumps(header, separators=(",", ":"))), arrays)
+
+
+@pytest.mark.parametrize("cfg", [
+    RecordConfig(),
+    RecordConfig(n_draft=7, max_tokens=33, temp=0.7, seed=2**40, top_k=5, top_p=0.9, chat=True, n_gpu_layers=0,
+                 centroids="/m/fork dir", centroid_top_k=4, hidden="f32", n_top=3, flush_every=2, compact=False,
+                 flash_attn=True, n_threads=1, hidden_target=True, baseline=True, graph_capture=True, repack=False),
+])
+def test_a_good_config_round_trips_through_the_worker_transport(cfg: RecordConfig) -> None:
+    back = _through_the_transport(cfg)
+    assert type(back) is RecordConfig and back == cfg
+    assert [type(getattr(back, f)) for f in cfg.__dataclass_fields__] == \
+        [type(getattr(cfg, f)) for f in cfg.__dataclass_fields__]
+
+
+def test_the_worker_job_round_trips() -> None:
+    cfg = RecordConfig(n_draft=2, hidden="off")
+    specs = (PromptSpec(text="The quick brown fox"), PromptSpec(tokens=(2, 651, 3823), id="t", category="c"),
+             PromptSpec(messages=({"role": "user", "content": "Hello"},), path="/p.jsonl", line=3))
+    job = RecordJob(target="/m/t.gguf", assistant="/m/a.gguf", prompts=specs, config=cfg)
+    assert _through_the_transport(job) == job
+
+
+def test_manifest_params_keep_the_trace_format_key_order() -> None:
+    # docs/TRACE_FORMAT.md's params, in the order every recorded manifest has them
+    order = ["n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "chat", "n_gpu_layers", "centroids",
+             "centroid_top_k", "hidden", "n_top", "flush_every", "compact", "flash_attn", "n_threads", "n_ctx",
+             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture", "repack"]
+    p = RecordConfig(temp=0.5, centroids="/c", centroid_top_k=3).manifest_params(
+        centroid_top_k=32, n_ctx=1024, isolated=True, preflight=False)
+    assert list(p) == order
+    assert (p["centroid_top_k"], p["n_ctx"], p["greedy"], p["isolated"], p["preflight"]) == (32, 1024, False, True,
+                                                                                            False)
+
+
+def test_the_config_is_frozen() -> None:
+    from dataclasses import FrozenInstanceError, replace
+
+    c = RecordConfig()
+    with pytest.raises(FrozenInstanceError):
+        c.n_draft = 4  # type: ignore[misc]
+    with pytest.raises(TraceError, match="n_draft"):
+        replace(c, n_draft=0)                          # a changed copy is checked again

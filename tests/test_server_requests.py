@@ -1,0 +1,176 @@
+"""llama-server requests without a llama-server: the Prometheus text reader, counter deltas, the request tables
+and their groupings, the alarm, the request diff, the URL rules of the Server page, and the client's one-line
+errors against a real HTTP server on 127.0.0.1 that is not llama-server (redirects elsewhere, garbage).
+The real llama-server is in tests/test_server.py."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from mtpscope.errors import PathNotAllowedError, ServerError
+from mtpscope.traces.analysis import requests as R
+from mtpscope.traces.server.client import (ServerClient, SpecCounters, check_base_url, parse_header,
+                                           parse_prometheus, redact_headers, spec_counters)
+
+# llama-server's /metrics as its to_metrics() prints it (tools/server/server-task.cpp), values typed by hand
+METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 57
+llamacpp:tokens_predicted_total 31
+# HELP llamacpp:spec_decode_num_draft_tokens_total Speculative: Total draft tokens generated
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total 27
+llamacpp:spec_decode_num_accepted_tokens_total 13
+llamacpp:spec_decode_num_drafts_total 9
+llamacpp:predicted_tokens_seconds 41.5
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 2
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 4
+"""
+
+
+def test_prometheus_text_and_counters():
+    m = parse_prometheus(METRICS)
+    assert m["llamacpp:predicted_tokens_seconds"][()] == 41.5
+    assert m["llamacpp:spec_decode_num_accepted_tokens_per_pos_total"][(("position", "1"),)] == 4
+    c = spec_counters(m)
+    assert (c.n_draft_tokens, c.n_accepted, c.n_drafts, c.accepted_per_pos) == (27, 13, 9, (7, 4, 2))
+    assert (c.n_predicted, c.n_prompt) == (31, 57)
+    before = SpecCounters(20, 10, 7, (6, 3), 20, 40)
+    d = c.minus(before)
+    assert (d.n_draft_tokens, d.n_accepted, d.n_drafts, d.accepted_per_pos) == (7, 3, 2, (1, 1, 2))
+    assert not spec_counters({}).present
+
+
+@pytest.mark.parametrize("text,where", [("llamacpp:x 1 2 3", "line 1"), ("ok 1\nbad{position=1} 2", "line 2"),
+                                        ("n 1.5e", "line 1")])
+def test_prometheus_bad_lines_name_the_line(text, where):
+    with pytest.raises(ServerError, match=where):
+        parse_prometheus(text)
+
+
+def test_fractional_counter_is_refused():
+    with pytest.raises(ServerError, match="non-negative integer"):
+        spec_counters(parse_prometheus("llamacpp:spec_decode_num_drafts_total 2.5"))
+
+
+def test_urls_and_headers():
+    assert check_base_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
+    for bad in ("ftp://x", "http://u:p@127.0.0.1:1", "http://127.0.0.1:1/?key=s3cret", "127.0.0.1:8080"):
+        with pytest.raises(ServerError) as e:
+            check_base_url(bad)
+        assert "s3cret" not in str(e.value) and ":p@" not in str(e.value)
+    assert parse_header("Authorization: Bearer abc") == ("Authorization", "Bearer abc")
+    with pytest.raises(ServerError) as e:
+        parse_header("Bearer-abc-no-colon")
+    assert "abc" not in str(e.value)
+    assert redact_headers({"Authorization": "Bearer abc"}) == {"Authorization": "<redacted>"}
+
+
+def _rows() -> pd.DataFrame:
+    # four requests of two categories; counts chosen by hand
+    return pd.DataFrame([
+        {"request": 0, "kind": "probe", "prompt": "a", "category": "code", "n_drafted": 12, "n_accepted": 6,
+         "n_drafts": 4, "accepted_per_pos": [3, 2, 1], "tokens_per_s": 10.0, "predicted_n": 11},
+        {"request": 1, "kind": "probe", "prompt": "b", "category": "prose", "n_drafted": 9, "n_accepted": 0,
+         "n_drafts": 3, "accepted_per_pos": [0, 0, 0], "tokens_per_s": 6.0, "predicted_n": 4},
+        {"request": 2, "kind": "probe", "prompt": "a", "category": "code", "n_drafted": 6, "n_accepted": 6,
+         "n_drafts": 2, "accepted_per_pos": [2, 2, 2], "tokens_per_s": 20.0, "predicted_n": 9},
+        {"request": 3, "kind": "probe", "prompt": "c", "category": None, "n_drafted": 0, "n_accepted": 0,
+         "n_drafts": None, "accepted_per_pos": None, "tokens_per_s": None, "predicted_n": 1},
+    ])
+
+
+def test_request_table_groupings():
+    t = R.request_table(_rows())
+    assert list(t["acceptance_rate"].round(4))[:3] == [0.5, 0.0, 1.0] and math.isnan(t["acceptance_rate"][3])
+    assert list(t["mean_acceptance_length"])[:3] == [2.5, 1.0, 4.0]
+    tot = R.totals(_rows())
+    assert (tot["n_requests"], tot["n_drafted"], tot["n_accepted"], tot["n_drafts"]) == (4, 27, 12, 9)
+    assert tot["acceptance_rate"] == pytest.approx(12 / 27)
+    assert tot["mean_acceptance_length"] == pytest.approx(1 + 12 / 9)
+    cat = R.by_category(_rows()).set_index("category")
+    assert cat.loc["code", "n_drafted"] == 18 and cat.loc["code", "acceptance_rate"] == pytest.approx(12 / 18)
+    assert cat.loc["(none)", "n_requests"] == 1
+    assert list(R.by_category(_rows())["category"])[0] == "prose"          # worst first
+    pos = R.per_position(_rows())
+    assert list(pos["n_accepted"]) == [5, 4, 3] and list(pos["rate"]) == pytest.approx([5 / 9, 4 / 9, 3 / 9])
+
+
+def test_alarm_only_when_nothing_was_drafted():
+    assert R.not_drafting_alarm(_rows()) is None
+    none = _rows().assign(n_drafted=0, n_accepted=0)
+    msg = R.not_drafting_alarm(none)
+    assert msg == ("the server is not running MTP: no draft tokens in 4 requests — check `--spec-type draft-mtp` "
+                   "and the draft model")
+    assert R.not_drafting_alarm(none.iloc[:0]) is None
+
+
+def test_kinds_are_never_added_together():
+    both = pd.concat([_rows().assign(kind="log"), _rows().assign(kind="response", n_drafted=1, n_accepted=1)])
+    assert R.totals(both)["n_drafted"] == 4            # the response rows, not the log rows, not both
+
+
+def test_compare_requests_pairs_by_prompt_and_occurrence():
+    a = _rows()
+    b = pd.DataFrame([{"request": 0, "kind": "record", "prompt": "a", "n_drafted": 12, "n_accepted": 6},
+                      {"request": 1, "kind": "record", "prompt": "b", "n_drafted": 9, "n_accepted": 1},
+                      {"request": 2, "kind": "record", "prompt": "c", "n_drafted": 0, "n_accepted": 0}])
+    d = R.compare_requests(a, b, reuse_b=True)
+    assert list(d["request_a"]) == [0, 1, 2, 3]
+    assert list(d["same_counts"]) == [True, False, False, True]        # request 2 (a again) vs a's 12 / 6
+    d2 = R.compare_requests(a, b)
+    assert list(d2["request_a"]) == [0, 1, 3]                           # a's second occurrence has no partner
+
+
+def test_requests_from_rounds_by_hand():
+    rounds = pd.DataFrame({"prompt_id": [0, 0, 0, 1], "round": [0, 1, 2, 0], "n_draft": [3, 3, 2, 3],
+                           "n_accepted": [3, 1, 0, 2], "pending_token": [5, 9, 8, 4],
+                           "emitted": [[1, 2, 3, 9], [4, 8], [7], [6, 6, 2]]})
+    r = R.requests_from_rounds(rounds, [{"prompt_id": 0, "id": "x"}, {"prompt_id": 1}, {"prompt_id": 2}])
+    assert list(r["n_drafted"]) == [8, 3, 0] and list(r["n_accepted"]) == [4, 2, 0]
+    assert list(r["accepted_per_pos"][0]) == [2, 1, 1] and r["n_drafts"][0] == 3
+    assert list(r["output_tokens"][0]) == [5, 1, 2, 3, 9, 4, 8, 7] and r["prompt"][0] == "x"
+    assert r["output_tokens"][2] is None
+
+
+def test_server_page_url_rules():
+    from mtpscope.app.safety import check_server_url
+
+    assert check_server_url("http://127.0.0.1:8080") == "http://127.0.0.1:8080"
+    assert check_server_url("http://localhost:1/") == "http://localhost:1"
+    with pytest.raises(PathNotAllowedError, match="MTPSCOPE_ALLOW_URLS"):
+        check_server_url("http://gpu-box:8080", environ={})
+    with pytest.raises(PathNotAllowedError, match="allow-list"):
+        check_server_url("http://gpu-box:8080", environ={"MTPSCOPE_ALLOW_URLS": "1"})
+    env = {"MTPSCOPE_ALLOW_URLS": "1", "MTPSCOPE_URL_HOSTS": "gpu-box,lab.example"}
+    assert check_server_url("https://a.lab.example", environ=env) == "https://a.lab.example"
+    with pytest.raises(PathNotAllowedError):
+        check_server_url("https://evillab.example", environ=env)
+
+
+def test_client_errors_against_a_real_http_server(tmp_path):
+    from tests.remote_server import FileServer
+
+    garbage = tmp_path / "garbage"
+    garbage.write_text("<html>not llama-server</html>")
+    with FileServer({"p/health": garbage}) as fs:
+        base = f"http://127.0.0.1:{fs.port}"
+        with ServerClient(base + "/away/p", headers={"Authorization": "Bearer s3cret"}, timeout_s=10) as c:
+            with pytest.raises(ServerError, match="redirect to another origin refused") as e:
+                c.health()
+        assert "s3cret" not in str(e.value) and "localhost" in str(e.value)
+        with ServerClient(base + "/norange/p", timeout_s=10) as c:
+            with pytest.raises(ServerError, match="not JSON") as e:
+                c.health()
+        assert "/norange/p/health" in str(e.value) and "GET /health" in str(e.value)
+        with ServerClient(base + "/missing/p", timeout_s=10) as c:
+            with pytest.raises(ServerError, match="HTTP 404"):
+                c.props()
+    with ServerClient(base, timeout_s=5) as c:       # the server is gone now
+        with pytest.raises(ServerError, match="cannot connect"):
+            c.health()

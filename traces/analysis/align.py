@@ -1,0 +1,238 @@
+"""Aligned diff of two traces of the same prompts (two builds, two drafter quantizations, fork vs
+upstream). Pure (numpy / pandas); one job.
+
+**Pairing prompts.** Prompts pair by their ``id`` (prompts files, §6 of docs/EXPLAIN.md) when both traces
+carry ids, else by their text, else by ``prompt_id``. Unpaired prompts are listed, not compared. When both
+traces name every prompt (ids or texts) and no name matches, nothing is paired (two different prompt
+sets are never paired by ``prompt_id``).
+
+**Aligning rounds.** Rounds are aligned by *output position* (:mod:`traces.positions`): with greedy
+decoding the target's output does not depend on the drafter, so the two generated sequences of a
+prompt are identical when the target (and its build) is the same. Where they differ the comparison stops
+at the first differing position (``diverged_at``) and the result says so: later positions describe
+different text.
+
+**Per output position** each run says how the token got there: an ``accepted`` draft, the target's
+correction of a ``rejected`` draft, or a ``bonus`` token (no draft covered it). ``a_only`` lists
+positions accepted in A and rejected in B, ``b_only`` the reverse; by token class (when classes are
+given) and by draft position (the draft position of the run that *rejected* it: B's for ``a_only``,
+A's for ``b_only``). ``first_difference`` is, per prompt, the first position whose status differs.
+
+**Acceptance delta** per category (and ``all``): ``rate_B - rate_A`` with ``rate`` = accepted / drafted
+over the category's paired prompts, each trace's own rounds; a percentile bootstrap over prompts (paired:
+the same resampled prompts for A and B; ``n_boot`` resamples, seeded) gives the 95 % interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.traces.analysis.positions import Positions
+
+N_BOOT = 2000
+
+
+@dataclass(frozen=True)
+class PromptPairing:
+    """Which prompt of A goes with which of B.
+
+    Attributes:
+        pairs: ``((prompt_id_a, prompt_id_b), ...)`` in A's order.
+        by: ``"id"``, ``"text"`` or ``"prompt_id"``.
+        unpaired_a / unpaired_b: prompt ids left over.
+    """
+
+    pairs: tuple[tuple[int, int], ...]
+    by: str
+    unpaired_a: tuple[int, ...] = ()
+    unpaired_b: tuple[int, ...] = ()
+
+
+def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
+                 ids_a: Sequence[int] = (), ids_b: Sequence[int] = ()) -> PromptPairing:
+    """Pair prompts (module docstring). ``ids_a`` / ``ids_b``: prompt ids present in each trace's rounds
+    (added when the manifest lists fewer)."""
+    def entries(m: Mapping[str, Any], extra: Sequence[int]) -> dict[int, dict[str, Any]]:
+        out = {}
+        for i, p in enumerate(m.get("prompts") or []):
+            if isinstance(p, dict):
+                out[int(p.get("prompt_id", i))] = p
+        for i in extra:
+            out.setdefault(int(i), {})
+        return out
+
+    ea, eb = entries(manifest_a, ids_a), entries(manifest_b, ids_b)
+    carried = None  # the first key both traces carry for every prompt
+    for by, key in (("id", "id"), ("text", "text")):
+        ka = {pid: p.get(key) for pid, p in ea.items()}
+        kb = {pid: p.get(key) for pid, p in eb.items()}
+        if all(isinstance(v, str) and v for v in ka.values()) and all(isinstance(v, str) and v for v in kb.values()) \
+                and len(set(ka.values())) == len(ka) and len(set(kb.values())) == len(kb) and ka and kb:
+            carried = carried or by
+            inv = {v: pid for pid, v in kb.items()}
+            pairs = tuple((pa_, inv[v]) for pa_, v in sorted(ka.items()) if v in inv)
+            if pairs:
+                used_b = {b for _, b in pairs}
+                return PromptPairing(pairs, by, tuple(p for p in sorted(ea) if p not in dict(pairs)),
+                                     tuple(p for p in sorted(eb) if p not in used_b))
+    if carried is not None:  # both name their prompts and no name matches: different prompts, pair none
+        return PromptPairing((), carried, tuple(sorted(ea)), tuple(sorted(eb)))
+    common = sorted(set(ea) & set(eb))
+    return PromptPairing(tuple((p, p) for p in common), "prompt_id",
+                         tuple(p for p in sorted(ea) if p not in common), tuple(p for p in sorted(eb) if p not in common))
+
+
+@dataclass(frozen=True)
+class AlignedDiff:
+    """The aligned diff (module docstring).
+
+    Attributes:
+        pairing: the :class:`PromptPairing`.
+        positions: DataFrame, one row per compared output position: ``prompt_id_a``, ``prompt_id_b``,
+            ``g``, ``token``, ``status_a``, ``status_b``, ``k_a``, ``k_b`` (0 for bonus), ``cls`` (token class or
+            ``unknown``).
+        status_counts: ``{"accepted/rejected": n, ...}`` over (status_a, status_b) pairs.
+        a_only / b_only: ``{"n", "by_class": {cls: n}, "by_position": {k: n}}``.
+        prompts: per pair ``{prompt_id_a, prompt_id_b, n_compared, identical_output, diverged_at,
+            first_difference}`` (positions; None when none).
+        outputs_identical: every pair's outputs are identical over their common length and of equal length.
+        delta: ``{category: {n_prompts, rate_a, rate_b, delta, ci_low, ci_high}}`` (``all`` included).
+    """
+
+    pairing: PromptPairing
+    positions: pd.DataFrame
+    status_counts: dict[str, int]
+    a_only: dict[str, Any]
+    b_only: dict[str, Any]
+    prompts: list[dict[str, Any]]
+    outputs_identical: bool
+    delta: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self, max_positions: int = 0) -> dict[str, Any]:
+        """JSON-able dict; ``max_positions`` rows of ``positions`` (0: none) under ``positions``."""
+        d = {"paired_by": self.pairing.by, "n_pairs": len(self.pairing.pairs),
+             "unpaired_a": list(self.pairing.unpaired_a), "unpaired_b": list(self.pairing.unpaired_b),
+             "outputs_identical": self.outputs_identical, "status_counts": self.status_counts,
+             "a_only": self.a_only, "b_only": self.b_only, "prompts": self.prompts, "delta": self.delta}
+        if max_positions:
+            d["positions"] = self.positions.head(max_positions).to_dict(orient="records")
+        return d
+
+
+def _summary(rows: pd.DataFrame, k_col: str) -> dict[str, Any]:
+    by_cls = rows["cls"].value_counts().sort_index()
+    by_k = rows[k_col].value_counts().sort_index()
+    return {"n": int(len(rows)), "by_class": {str(c): int(v) for c, v in by_cls.items()},
+            "by_position": {str(int(k)): int(v) for k, v in by_k.items()}}
+
+
+def bootstrap_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
+                    *, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
+    """``rate_b - rate_a`` over paired prompts (per-prompt counts, ``shape (n_prompts,)`` each) and its
+    percentile bootstrap interval (prompts resampled with replacement, the same indices for A and B).
+
+    Returns:
+        ``{"n_prompts", "rate_a", "rate_b", "delta", "ci_low", "ci_high", "level", "n_boot"}``; rates None
+        when nothing was drafted, interval None with fewer than 2 prompts.
+    """
+    da, aa, db, ab = (np.asarray(x, dtype=np.float64) for x in (drafted_a, accepted_a, drafted_b, accepted_b))
+    n = len(da)
+    ra = aa.sum() / da.sum() if da.sum() else None
+    rb = ab.sum() / db.sum() if db.sum() else None
+    out: dict[str, Any] = {"n_prompts": int(n), "rate_a": ra, "rate_b": rb,
+                           "delta": None if ra is None or rb is None else rb - ra,
+                           "ci_low": None, "ci_high": None, "level": level, "n_boot": int(n_boot)}
+    if n >= 2 and out["delta"] is not None:
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(0, n, size=(int(n_boot), n))
+        sda, saa, sdb, sab = da[idx].sum(1), aa[idx].sum(1), db[idx].sum(1), ab[idx].sum(1)
+        ok = (sda > 0) & (sdb > 0)
+        d = sab[ok] / sdb[ok] - saa[ok] / sda[ok]
+        if len(d):
+            lo, hi = np.quantile(d, [(1 - level) / 2, 1 - (1 - level) / 2])
+            out["ci_low"], out["ci_high"] = float(lo), float(hi)
+    return out
+
+
+def _per_prompt_counts(rounds: pd.DataFrame) -> dict[int, tuple[int, int]]:
+    g = pd.DataFrame({"p": rounds["prompt_id"].to_numpy(dtype=np.int64),
+                      "d": rounds["n_draft"].to_numpy(dtype=np.int64),
+                      "a": rounds["n_accepted"].to_numpy(dtype=np.int64)}).groupby("p").sum()
+    return {int(p): (int(r.d), int(r.a)) for p, r in g.iterrows()}
+
+
+def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFrame, pos_b: Positions,
+                 pairing: PromptPairing, *, classes_a: Mapping[int, np.ndarray] | None = None,
+                 categories: Mapping[int, str] | None = None, n_boot: int = N_BOOT, seed: int = 0) -> AlignedDiff:
+    """The aligned diff of two traces.
+
+    Args:
+        rounds_a / rounds_b: rounds (``prompt_id``, ``n_draft``, ``n_accepted``) of A and B.
+        pos_a / pos_b: :func:`traces.positions.positions` of each.
+        pairing: :func:`pair_prompts`.
+        classes_a: ``{prompt_id_a: class names per output position}`` (e.g. from
+            :func:`traces.breakdown.classify_outputs` on A), optional.
+        categories: ``{prompt_id_a: category}`` (A's manifest), optional.
+        n_boot, seed: bootstrap resamples and seed.
+    """
+    ga = {int(p): f for p, f in pos_a.emitted.groupby("prompt_id", sort=False)}
+    gb = {int(p): f for p, f in pos_b.emitted.groupby("prompt_id", sort=False)}
+    empty = pos_a.emitted.iloc[:0]
+    frames = []
+    prompts = []
+    identical = True
+    for pa_, pb_ in pairing.pairs:
+        sa, sb = pos_a.sequences.get(pa_), pos_b.sequences.get(pb_)
+        if sa is None or sb is None:
+            prompts.append({"prompt_id_a": pa_, "prompt_id_b": pb_, "n_compared": 0, "identical_output": None,
+                            "diverged_at": None, "first_difference": None})
+            identical = False
+            continue
+        n = min(len(sa), len(sb))
+        neq = np.flatnonzero(sa[:n] != sb[:n])
+        div = int(neq[0]) if len(neq) else (n if len(sa) != len(sb) else None)
+        same = div is None
+        identical &= same
+        upto = div if div is not None else n
+        xa, xb = ga.get(pa_, empty), gb.get(pb_, empty)
+        xa = xa.loc[xa["g"].to_numpy() < upto, ["g", "token", "status", "k"]]
+        xb = xb.loc[xb["g"].to_numpy() < upto, ["g", "status", "k"]]
+        j = xa.merge(xb, on="g", how="inner", suffixes=("_a", "_b"), sort=True)
+        j.insert(0, "prompt_id_b", pb_)
+        j.insert(0, "prompt_id_a", pa_)
+        cls = classes_a.get(pa_) if classes_a else None
+        gg = j["g"].to_numpy(dtype=np.int64)
+        if cls is not None:
+            cl = np.asarray(cls, dtype=object)
+            j["cls"] = np.where(gg < len(cl), cl[np.minimum(gg, max(len(cl) - 1, 0))], "unknown") if len(cl) else "unknown"
+        else:
+            j["cls"] = "unknown"
+        frames.append(j)
+        differs = np.flatnonzero(j["status_a"].to_numpy() != j["status_b"].to_numpy())
+        prompts.append({"prompt_id_a": pa_, "prompt_id_b": pb_, "n_compared": int(len(j)), "identical_output": same,
+                        "diverged_at": div, "first_difference": int(gg[differs[0]]) if len(differs) else None})
+    cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls"]
+    allpos = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+    sc = allpos.groupby(["status_a", "status_b"]).size() if len(allpos) else pd.Series(dtype=int)
+    status_counts = {f"{a}/{b}": int(v) for (a, b), v in sc.items()}
+    a_only = allpos[(allpos["status_a"] == "accepted") & (allpos["status_b"] == "rejected")]
+    b_only = allpos[(allpos["status_a"] == "rejected") & (allpos["status_b"] == "accepted")]
+    # acceptance delta per category, bootstrap over the paired prompts
+    ca, cb = _per_prompt_counts(rounds_a), _per_prompt_counts(rounds_b)
+    pairs = [(a, b) for a, b in pairing.pairs if a in ca and b in cb]
+    cat = np.asarray([(categories or {}).get(a, "all") if categories else "all" for a, _ in pairs], dtype=object)
+    arr = np.asarray([(*ca[a], *cb[b]) for a, b in pairs], dtype=np.float64).reshape(-1, 4)
+    delta = {"all": bootstrap_delta(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], n_boot=n_boot, seed=seed)}
+    if categories:
+        for name in sorted(set(cat.tolist())):
+            m = cat == name
+            delta[name] = bootstrap_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
+    return AlignedDiff(pairing=pairing, positions=allpos, status_counts=status_counts,
+                       a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=prompts,
+                       outputs_identical=bool(identical and not pairing.unpaired_a and not pairing.unpaired_b),
+                       delta=delta)

@@ -1,0 +1,252 @@
+"""llama-server requests: the per-request table every request trace shares (probe, server-log import, and a
+recording seen request by request), its groupings, the not-drafting alarm and a request-by-request diff.
+Pure functions over DataFrames (no I/O).
+
+Definitions (llama-server's own, tools/server/server-context.cpp of the vendored llama.cpp):
+
+* **acceptance rate** of a request = ``draft_n_accepted / draft_n`` (null when nothing was drafted);
+* **mean acceptance length** = ``1 + accepted / drafts``, drafts being verification steps (the server's
+  ``spec_decode_num_drafts_total``; its log's ``mean len``);
+* **acceptance at draft position i** (1-based here; the server's ``position`` label is 0-based) = accepted at
+  position i / drafts: what the server's log prints as ``acc per pos``, and
+  :func:`mtpscope.traces.analysis.metrics.per_position_acceptance`'s ``per_verify_round``;
+* **tokens/s** = the server's ``timings.predicted_per_second`` (generated tokens over generation time, prompt
+  processing excluded).
+
+Which rows count: a trace may hold several kinds of rows for the same requests (an imported log with both
+acceptance lines and response JSON); :func:`request_rows` keeps one kind, preferring ``probe``, then
+``response``, then ``log`` (:data:`KIND_PREFERENCE`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.traces.analysis.wording import plural
+
+#: the row kinds of ``requests``, preferred first
+KIND_PREFERENCE = ("probe", "response", "log")
+
+#: columns of :func:`request_table`, in display order
+TABLE_COLUMNS = ("request", "prompt", "category", "repeat", "n_prompt_tokens", "n_output_tokens", "n_drafted",
+                 "n_accepted", "acceptance_rate", "n_drafts", "mean_acceptance_length", "accepted_per_pos",
+                 "tokens_per_s", "wall_ms", "started_unix_s")
+
+ALARM = ("the server is not running MTP: no draft tokens in {n} — check `--spec-type draft-mtp` and the draft "
+         "model")
+
+
+def request_rows(requests: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one kind (see the module docstring), in ``request`` order; empty stays empty."""
+    if not len(requests) or "kind" not in requests.columns:
+        return requests
+    kinds = set(requests["kind"].tolist())
+    kind = next((k for k in KIND_PREFERENCE if k in kinds), sorted(kinds)[0])
+    sub = requests[requests["kind"] == kind]
+    return sub.sort_values("request", kind="stable") if "request" in sub.columns else sub
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series([None] * len(df), index=df.index, dtype=object)
+
+
+def _num(s: pd.Series) -> np.ndarray:
+    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _div(a: float, b: float) -> float:
+    return float(a) / float(b) if b else math.nan
+
+
+def request_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per request (:func:`request_rows`) with :data:`TABLE_COLUMNS`: the prompt's id (the request
+    number where none is known), tokens in / out (``n_output_tokens`` = ``predicted_n``), drafted, accepted,
+    acceptance rate, drafts, mean acceptance length (1 + accepted / drafts, or the log's own ``mean len``),
+    accepted per position (list, 1-based order), tokens/s (``timings.predicted_per_second``, else
+    ``predicted_n / predicted_ms``), wall time. Missing values are NaN / None.
+    """
+    r = request_rows(requests)
+    out = pd.DataFrame(index=r.index)
+    req = pd.to_numeric(_col(r, "request"), errors="coerce").to_numpy(np.float64)
+    req = np.where(np.isnan(req), np.arange(len(r)), req).astype(np.int64)    # no request number: the row's place
+    out["request"] = req
+    out["prompt"] = [p if isinstance(p, str) else f"#{q}" for p, q in zip(_col(r, "prompt"), req, strict=True)]
+    out["category"] = _col(r, "category").astype(object)
+    out["repeat"] = _col(r, "repeat")
+    out["n_prompt_tokens"] = _col(r, "n_prompt_tokens")
+    out["n_output_tokens"] = _col(r, "predicted_n")
+    nd, na = _num(_col(r, "n_drafted")), _num(_col(r, "n_accepted"))
+    out["n_drafted"], out["n_accepted"] = _col(r, "n_drafted"), _col(r, "n_accepted")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["acceptance_rate"] = np.where(nd > 0, na / np.where(nd > 0, nd, 1), np.nan)
+        drafts = _num(_col(r, "n_drafts"))
+        mal = np.where(drafts > 0, 1.0 + na / np.where(drafts > 0, drafts, 1), np.nan)
+    stored = _num(_col(r, "mean_acceptance_length"))
+    out["n_drafts"] = _col(r, "n_drafts")
+    out["mean_acceptance_length"] = np.where(np.isnan(mal), stored, mal)
+    out["accepted_per_pos"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+                               for v in _col(r, "accepted_per_pos")]
+    tps = _num(_col(r, "tokens_per_s"))
+    pn, pms = _num(_col(r, "predicted_n")), _num(_col(r, "predicted_ms"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        derived = np.where(pms > 0, pn / np.where(pms > 0, pms, 1) * 1e3, np.nan)
+    out["tokens_per_s"] = np.where(np.isnan(tps), derived, tps)
+    out["wall_ms"] = _num(_col(r, "wall_ms"))
+    out["started_unix_s"] = _num(_col(r, "started_unix_s"))
+    return out.reset_index(drop=True)
+
+
+def _totals(t: pd.DataFrame) -> dict[str, Any]:
+    nd = float(np.nansum(_num(t["n_drafted"]))) if len(t) else 0.0
+    na = float(np.nansum(_num(t["n_accepted"]))) if len(t) else 0.0
+    drafts = _num(t["n_drafts"]) if len(t) else np.array([])
+    known = ~np.isnan(drafts)
+    na_known = float(np.nansum(_num(t["n_accepted"])[known])) if len(t) else 0.0
+    tps = _num(t["tokens_per_s"]) if len(t) else np.array([])
+    return {"n_requests": int(len(t)), "n_drafted": int(nd), "n_accepted": int(na),
+            "acceptance_rate": _div(na, nd),
+            "n_drafts": int(drafts[known].sum()) if known.any() else None,
+            "mean_acceptance_length": 1.0 + _div(na_known, drafts[known].sum()) if known.any() and drafts[known].sum()
+            else math.nan,
+            "tokens_per_s_mean": float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan}
+
+
+def totals(requests: pd.DataFrame) -> dict[str, Any]:
+    """Totals over :func:`request_table`'s rows: ``n_requests``, ``n_drafted``, ``n_accepted``,
+    ``acceptance_rate``, ``n_drafts`` (None when unknown), ``mean_acceptance_length`` (over requests whose drafts
+    are known), ``tokens_per_s_mean`` (mean over requests)."""
+    return _totals(request_table(requests))
+
+
+def by_category(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per category (``"(none)"`` for requests without one): the :func:`totals` fields, worst acceptance rate
+    first."""
+    t = request_table(requests)
+    if not len(t):
+        return pd.DataFrame(columns=["category", "n_requests", "n_drafted", "n_accepted", "acceptance_rate",
+                                     "n_drafts", "mean_acceptance_length", "tokens_per_s_mean"])
+    cat = t["category"].where(t["category"].notna(), "(none)")
+    rows = [{"category": c, **_totals(t[cat == c])} for c in sorted(set(cat))]
+    return pd.DataFrame(rows).sort_values("acceptance_rate", kind="stable", na_position="last").reset_index(drop=True)
+
+
+def per_position(requests: pd.DataFrame) -> pd.DataFrame:
+    """Accepted per draft position over the requests whose per-position counts are known: columns ``k``
+    (1-based), ``n_accepted``, ``n_drafts`` (their drafts), ``rate`` (``n_accepted / n_drafts``: the server's
+    ``acc per pos``). Empty when no request has them."""
+    t = request_table(requests)
+    known = [(v, d) for v, d in zip(t["accepted_per_pos"], _num(t["n_drafts"]), strict=True)
+             if v is not None and not math.isnan(d)] if len(t) else []
+    if not known:
+        return pd.DataFrame(columns=["k", "n_accepted", "n_drafts", "rate"])
+    n = max(len(v) for v, _ in known)
+    acc = np.zeros(n, dtype=np.int64)
+    for v, _ in known:
+        acc[:len(v)] += np.asarray(v, dtype=np.int64)
+    drafts = float(sum(d for _, d in known))
+    return pd.DataFrame({"k": np.arange(1, n + 1), "n_accepted": acc, "n_drafts": int(drafts),
+                         "rate": acc / drafts if drafts else np.nan})
+
+
+def not_drafting_alarm(requests: pd.DataFrame) -> str | None:
+    """The alarm when the server is not drafting: every request drafted nothing (its ``timings`` had
+    ``draft_n`` 0, or no ``draft_n`` at all, which is how llama-server answers when it drafted nothing); None
+    otherwise, and with no requests at all (nothing is known yet)."""
+    r = request_rows(requests)
+    if not len(r):
+        return None
+    if float(np.nansum(_num(_col(r, "n_drafted")))) == 0:
+        return ALARM.format(n=plural(len(r), "request"))
+    return None
+
+
+def requests_from_rounds(rounds: pd.DataFrame, prompts: Sequence[Mapping[str, Any]] | None = None) -> pd.DataFrame:
+    """A recorded trace seen request by request (one prompt = one request): the ``requests`` columns that a
+    recording knows, so that its prompts compare with a server's requests. ``n_drafts`` = rounds that drafted;
+    ``accepted_per_pos[i]`` = rounds with ``n_accepted > i``; ``predicted_n`` = emitted tokens + the prefill's
+    one; ``output_tokens`` = the pending token of round 0 then every round's emitted tokens (null without
+    ``emitted``). Prompt ids and categories come from the manifest's ``prompts``.
+
+    Uses columns ``prompt_id``, ``round``, ``n_draft``, ``n_accepted``, ``pending_token``, ``emitted``.
+    """
+    meta = {int(p["prompt_id"]): p for p in (prompts or []) if isinstance(p, Mapping) and "prompt_id" in p}
+    r = rounds.sort_values(["prompt_id", "round"], kind="stable") if len(rounds) else rounds
+    groups = {int(k): g for k, g in r.groupby("prompt_id", sort=True)} if len(r) else {}
+    rows = []
+    for pid in sorted(set(meta) | set(groups)):
+        p = meta.get(pid, {})
+        g = groups.get(pid)
+        # no round: the prefill's token ended the prompt (EOG, or max_tokens 1); nothing was drafted
+        nd = g["n_draft"].to_numpy(np.int64) if g is not None else np.zeros(0, np.int64)
+        na = g["n_accepted"].to_numpy(np.int64) if g is not None else np.zeros(0, np.int64)
+        out = None
+        if g is not None and "emitted" in g.columns and "pending_token" in g.columns and g["emitted"].notna().all():
+            out = [int(g["pending_token"].iloc[0])] + [int(t) for e in g["emitted"] for t in e]
+        drafts = int((nd > 0).sum())
+        rows.append({"request": len(rows), "line": len(rows) + 1, "kind": "record", "prompt_id": pid,
+                     "prompt": p.get("prompt") or p.get("id") or str(pid), "category": p.get("category"),
+                     "n_prompt_tokens": p.get("n_prompt_tokens"), "n_drafted": int(nd.sum()),
+                     "n_accepted": int(na.sum()), "acceptance_rate": _div(na.sum(), nd.sum()), "n_drafts": drafts,
+                     "mean_acceptance_length": 1.0 + _div(na.sum(), drafts) if drafts else math.nan,
+                     "accepted_per_pos": [int((na > i).sum()) for i in range(int(nd.max()) if len(nd) else 0)],
+                     "predicted_n": None if out is None else len(out), "output_tokens": out})
+    return pd.DataFrame(rows)
+
+
+def compare_requests(a: pd.DataFrame, b: pd.DataFrame, *, reuse_b: bool = False) -> pd.DataFrame:
+    """Request-by-request diff of two request tables (:func:`request_rows` of each, or
+    :func:`requests_from_rounds`): requests are paired by prompt id and occurrence (the k-th request of prompt
+    ``p`` in A with the k-th in B) when both know prompt ids, else by order; ``reuse_b``: every request of
+    prompt ``p`` in A is paired with B's first one (a probe's repeats against one recording of each prompt).
+    Columns: ``prompt``, ``occurrence``,
+    ``request_a`` / ``request_b``, ``drafted_a`` / ``drafted_b``, ``accepted_a`` / ``accepted_b``,
+    ``same_counts``, ``same_output`` (token ids equal; None when a side lacks them), in A's order; unpaired
+    requests are left out."""
+    ra, rb = request_rows(a), request_rows(b)
+
+    def keyed(r: pd.DataFrame) -> list[tuple[Any, int, dict[str, Any]]]:
+        seen: dict[Any, int] = {}
+        out = []
+        use_prompt = "prompt" in r.columns and r["prompt"].notna().all()
+        for i, row in enumerate(r.to_dict(orient="records")):
+            key = row["prompt"] if use_prompt else i
+            occ = seen.get(key, 0)
+            seen[key] = occ + 1
+            out.append((key, occ, row))
+        return out
+
+    ka, kb = keyed(ra), keyed(rb)
+    by_prompt = bool(len(ra)) and bool(len(rb)) and all(isinstance(k, str) for k, _, _ in ka + kb)
+    if not by_prompt:
+        ka = [(i, 0, row) for i, (_, _, row) in enumerate(ka)]
+        kb = [(i, 0, row) for i, (_, _, row) in enumerate(kb)]
+    index_b = {(k, o): row for k, o, row in kb}
+    rows = []
+    for k, o, x in ka:
+        y = index_b.get((k, 0 if reuse_b and by_prompt else o))
+        if y is None:
+            continue
+        ta, tb = x.get("output_tokens"), y.get("output_tokens")
+        same_out = None
+        if _is_list(ta) and _is_list(tb):
+            same_out = [int(t) for t in ta] == [int(t) for t in tb]
+        rows.append({"prompt": k if by_prompt else x.get("prompt"), "occurrence": o, "request_a": x.get("request"),
+                     "request_b": y.get("request"), "drafted_a": x.get("n_drafted"), "drafted_b": y.get("n_drafted"),
+                     "accepted_a": x.get("n_accepted"), "accepted_b": y.get("n_accepted"),
+                     "same_counts": x.get("n_drafted") == y.get("n_drafted")
+                     and x.get("n_accepted") == y.get("n_accepted"), "same_output": same_out})
+    return pd.DataFrame(rows, columns=["prompt", "occurrence", "request_a", "request_b", "drafted_a", "drafted_b",
+                                       "accepted_a", "accepted_b", "same_counts", "same_output"])
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple, np.ndarray))
+
+
+__all__ = ["ALARM", "KIND_PREFERENCE", "TABLE_COLUMNS", "by_category", "compare_requests", "not_drafting_alarm",
+           "per_position", "request_rows", "request_table", "requests_from_rounds", "totals"]

@@ -1,0 +1,526 @@
+"""Which n_draft? An estimate, from one trace, of acceptance and speed at n_draft = 1..8, with intervals.
+
+One job: the what-if of docs/EXPLAIN.md §4, fitted to one trace's ``rounds`` (pure; :func:`what_if_trace`
+reads an opened trace). Three parts:
+
+**Costs**: :mod:`traces.analysis.costs` (the definitions the measured tokens/s uses too).
+
+**Acceptance** (:mod:`traces.analysis.acceptance_model`): the hidden-Markov model of which output
+positions the drafter gets right, fitted per prompt category (a category of fewer than
+``CATEGORY_MIN_ROUNDS`` drafting rounds uses the fit over all prompts) and run at every n_draft over the
+trace's own prompt lengths and ``max_tokens`` cap. Depths beyond the recorded ``K`` fall on from
+``p[s, K]`` by the ratio of the last two recorded depths (``extend_depths``).
+
+**Calibration, so the trace reproduces itself.** For each category and each count X (drafted tokens,
+verify rounds, loop time) per emitted token, the model's value at ``K`` is scaled to the trace's own:
+``X(N) = X_model(N) * (X_trace / emitted) / (X_model(K) / emitted)``; the acceptance rate the same way
+on its odds (so it stays in [0, 1]): ``odds(N) = odds_model(N) * odds_trace / odds_model(K)``,
+accepted(N) = rate(N) * drafted(N). At ``N = K`` the estimate therefore equals the trace's acceptance
+rate, mean acceptance length and measured tokens/s (emitted tokens / (t_draft + t_verify)), whatever
+the model's error there; the categories' counts add up to the totals. Then
+
+    acceptance rate(N)        = accepted(N) / drafted(N)
+    mean acceptance length(N) = 1 + accepted(N) / verify rounds(N)
+    time(N)                   = t_step * drafted(N) + sum_L rounds_L(N) * t_verify(L + 1)    (L = 0: plain steps)
+    tokens/s(N)               = 1000 * emitted / time(N)
+    speedup(N)                = tokens/s(N) * t_plain / 1000
+
+**Intervals.** ``n_boot`` bootstrap resamples of the prompts (within each category; with fewer than
+``MIN_BOOT_UNITS`` prompts, of blocks of ``BLOCK_ROUNDS`` consecutive rounds): each resample reweights
+the fit's per-prompt expected counts (one EM step from the fit), the costs and the trace's own
+values, and, when plain decoding was measured per prompt, the baseline too (paired); the 2.5 / 97.5 %
+quantiles are the interval (seeded: the same trace gives the same interval).
+
+``t_plain``: :class:`traces.analysis.costs.PlainBaseline`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis import acceptance_model as AM
+from mtpscope.traces.analysis.costs import CostModel, PlainBaseline, fit_cost, manifest_baseline, verify_line
+from mtpscope.traces.analysis.metrics import emitted_counts
+from mtpscope.traces.store.protocols import TraceLike
+
+N_MAX = 8
+N_BOOT = 200
+SEED = 0
+#: a category with fewer rounds that drafted than this uses the pooled fit (calibrated to its own rounds)
+CATEGORY_MIN_ROUNDS = 30
+#: fewer prompts than this in a group: the bootstrap resamples blocks of rounds instead
+MIN_BOOT_UNITS = 8
+BLOCK_ROUNDS = 16
+WHAT_IF_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
+QUANTILES = (0.025, 0.975)
+UNCATEGORIZED = "(none)"
+
+
+# ------------------------------------------------------------------------------------------ records
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    """The estimate at one n_draft; each value with a 95 % bootstrap interval ``(low, high)`` (None
+    when it cannot be resampled: one prompt of one block, or no timings).
+
+    Attributes:
+        n_draft: drafts per round. recorded: the trace's own n_draft. extrapolated: beyond it.
+        acceptance_rate: accepted / drafted. mean_acceptance_length: 1 + accepted / verify rounds.
+        tokens_per_s: emitted tokens per second of draft + verify time (None without timings).
+        speedup: tokens/s over plain decoding's (None without timings).
+    """
+
+    n_draft: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    tokens_per_s: float | None
+    speedup: float | None
+    recorded: bool
+    extrapolated: bool
+    acceptance_rate_interval: tuple[float, float] | None = None
+    mean_acceptance_length_interval: tuple[float, float] | None = None
+    tokens_per_s_interval: tuple[float, float] | None = None
+    speedup_interval: tuple[float, float] | None = None
+    n_drafted: float | None = None
+    n_verify_rounds: float | None = None
+    rounds_by_size: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (intervals as ``[low, high]``; ``n_drafted``, ``n_verify_rounds``: expected counts
+        over the trace's prompts; ``rounds_by_size[L]``: rounds drafting L tokens, L = 0 plain steps)."""
+        d = asdict(self)
+        for k, v in d.items():
+            if k.endswith("_interval") and v is not None:
+                d[k] = [float(v[0]), float(v[1])]
+        return d
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The what-if estimate of one trace, or of one category of it.
+
+    Attributes:
+        rows: :class:`WhatIfRow` for n_draft = 1..n_max.
+        best_n_draft: the n_draft with the highest estimated tokens/s (None without timings; the
+            recommendation, :mod:`traces.analysis.advice`, weighs it against plain decoding and the runner-up).
+        recorded_n_draft: K, the trace's n_draft.
+        n_rounds / n_verify_rounds / n_prompts: what the estimate is fitted on (verify rounds = first drafts).
+        cost: :class:`CostModel` (None without timings); baseline: the :class:`PlainBaseline` used.
+        model: the pooled fit of :mod:`traces.analysis.acceptance_model` (``pi``, ``A``, ``p``).
+        calibration: ``{count: trace / model at K}`` (1 = the model reproduced the trace by itself).
+        by_category: ``{category: WhatIf}`` (categories of the manifest), empty without categories.
+        samples: ``{"tokens_per_s": float[B, n_max], "speedup": float[B, n_max], ...}``: the bootstrap
+            values behind the intervals (not in JSON).
+    """
+
+    rows: tuple[WhatIfRow, ...]
+    best_n_draft: int | None
+    recorded_n_draft: int
+    n_rounds: int
+    n_verify_rounds: int
+    n_prompts: int
+    cost: CostModel | None
+    baseline: PlainBaseline | None
+    model: dict[str, Any]
+    calibration: dict[str, float]
+    by_category: dict[str, WhatIf] = field(default_factory=dict)
+    samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def row(self, n_draft: int) -> WhatIfRow:
+        return self.rows[int(n_draft) - 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict: ``rows``, ``best_n_draft``, ``recorded_n_draft``, ``n_rounds``,
+        ``n_verify_rounds``, ``n_prompts``, ``cost``, ``baseline``, ``model``, ``calibration``, ``by_category``."""
+        return {"rows": [r.to_dict() for r in self.rows], "best_n_draft": self.best_n_draft,
+                "recorded_n_draft": self.recorded_n_draft, "n_rounds": self.n_rounds,
+                "n_verify_rounds": self.n_verify_rounds, "n_prompts": self.n_prompts,
+                "cost": None if self.cost is None else self.cost.to_dict(),
+                "baseline": None if self.baseline is None else self.baseline.to_dict(),
+                "model": self.model, "calibration": self.calibration,
+                "by_category": {c: w.to_dict() for c, w in self.by_category.items()}}
+
+
+# ------------------------------------------------------------------------------------------ the estimate
+
+def extend_depths(p: np.ndarray, n: int) -> np.ndarray:
+    """``p[..., S, D]`` extended to ``n`` depths: beyond the recorded ``D`` each state's acceptance keeps
+    falling by the ratio of its last two recorded depths, ``p[s, d] = p[s, D] r_s^(d - D)`` with ``r_s =
+    p[s, D] / p[s, D - 1]`` clipped to [0.5, 1] (the drafter's chained state goes on degrading as at its
+    last recorded step; 1 when D = 1: held flat)."""
+    p = np.asarray(p, dtype=np.float64)
+    D = p.shape[-1]
+    if n <= D:
+        return p
+    if D < 2:
+        return AM._depths(p, n)
+    r = np.clip(p[..., D - 1] / np.maximum(p[..., D - 2], 1e-12), 0.5, 1.0)
+    return np.concatenate([p, p[..., -1:] * r[..., None] ** np.arange(1, n - D + 1)], axis=-1)
+
+
+@dataclass
+class _Group:
+    """One category's rounds, observations, fit and per-unit sums (the bootstrap's units)."""
+
+    name: str
+    rounds: pd.DataFrame
+    obs: AM.Observations
+    params: AM.Params
+    stats: AM.Stats
+    unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
+    sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify, time, td, tv<n>, cnt<n>
+
+    @property
+    def n_units(self) -> int:
+        return len(self.sums["emitted"])
+
+
+
+def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int, sizes: list[int]) -> dict[str, np.ndarray]:
+    nd = r["n_draft"].to_numpy(dtype=np.int64)
+    na = r["n_accepted"].to_numpy(dtype=np.int64)
+    ne = emitted_counts(r)
+    out = {"emitted": np.bincount(units, ne, n_units), "accepted": np.bincount(units, na, n_units),
+           "drafted": np.bincount(units, nd, n_units), "verify": np.bincount(units, (nd > 0).astype(float), n_units)}
+    if "t_draft_ms" in r.columns and "t_verify_ms" in r.columns:
+        td = pd.to_numeric(r["t_draft_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+        tv = pd.to_numeric(r["t_verify_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+        out["time"] = np.bincount(units, td + tv, n_units)
+        out["td"] = np.bincount(units, np.where(nd > 0, td, 0.0), n_units)
+        for n in sizes:
+            m = nd == n - 1
+            out[f"tv{n}"] = np.bincount(units, np.where(m, tv, 0.0), n_units)
+            out[f"cnt{n}"] = np.bincount(units, m.astype(float), n_units)
+    return out
+
+
+def _units(r: pd.DataFrame) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """Bootstrap units of the rounds: prompts, or blocks of ``BLOCK_ROUNDS`` consecutive rounds of a
+    prompt when there are fewer than ``MIN_BOOT_UNITS`` prompts. Returns ``(unit per round, number of
+    units, prompt id per unit or None for blocks)``."""
+    pid = r["prompt_id"].to_numpy(dtype=np.int64)
+    uniq, inv = np.unique(pid, return_inverse=True)
+    if len(uniq) >= MIN_BOOT_UNITS:
+        return inv.astype(np.int64), len(uniq), uniq
+    order = np.lexsort((r["round"].to_numpy(), pid))
+    rank = np.empty(len(r), np.int64)
+    first = np.searchsorted(pid[order], uniq)
+    rank[order] = np.arange(len(r)) - np.repeat(first, np.bincount(inv, minlength=len(uniq)))
+    _, blk = np.unique(inv.astype(np.int64) * (len(r) + 1) + rank // BLOCK_ROUNDS, return_inverse=True)
+    return blk.astype(np.int64), int(blk.max()) + 1 if len(blk) else 0, None
+
+
+def _group(name: str, r: pd.DataFrame, sizes: list[int], n_states: int, K: int,
+           pooled: AM.Params | None = None) -> _Group:
+    """A group's fit (``pooled`` as it is, else its own), every parameter over K depths, and its E-step
+    statistics per bootstrap unit."""
+    units, n_units, unit_prompt = _units(r)
+    obs = AM.observations(r, units)
+    if pooled is not None:
+        params = pooled
+    else:
+        params, _, _ = AM.fit(obs, n_states=n_states)
+    params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
+    stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units, sizes))
+
+
+def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``float[1 + n_boot, n_units]``: row 0 all ones (the estimate), then multinomial resamples."""
+    w = np.ones((1 + n_boot, n_units))
+    if n_units and n_boot:
+        w[1:] = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot)
+    return w
+
+
+def _tv(costs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Per-replicate verify cost of ``n`` tokens: the replicate's mean where recorded, else its line."""
+    mean = costs.get(f"tv{n}")
+    line = costs["v0"] + costs["v1"] * n
+    return line if mean is None else np.where(np.isfinite(mean), mean, line)
+
+
+def _model_time(costs: Mapping[str, np.ndarray], pr: AM.Prediction) -> np.ndarray:
+    t = costs["t_step"] * pr.drafted
+    for L in range(pr.by_size.shape[1]):
+        t = t + pr.by_size[:, L] * _tv(costs, L + 1)
+    return t
+
+
+COUNTS = ("accepted", "drafted", "verify", "time")
+
+
+def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens: int,
+                   costs: Mapping[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Calibrated counts per n_draft for every weight row (``{count: float[B, n]}``, ``"emitted":
+    float[B]``) and the point estimate's calibration factors (trace / model at K)."""
+    B = W.shape[0]
+    params = AM.m_step(g.stats, W)
+    D = max(max(n_values), K)
+    p = extend_depths(params.p, D)
+    pi, A = params.pi.copy(), params.A.copy()
+    pi[0], A[0], p[0] = g.params.pi, g.params.A, extend_depths(g.params.p, D)
+    params = AM.Params(pi, A, p)
+    ends = g.obs.ends
+    emitted = float(ends.sum())
+    s = g.sums
+    em_obs = np.maximum(W @ s["emitted"], 1e-12)
+    preds = AM.predict_all(params, sorted(set(n_values) | {K}), ends, max_tokens=max_tokens)
+    model_k = {"drafted": preds[K].drafted, "verify": preds[K].rounds}
+    ratio = {k: ((W @ s[k]) / em_obs) / np.maximum(model_k[k] / max(emitted, 1e-12), 1e-12) for k in model_k}
+    if costs is not None:
+        ratio["time"] = ((W @ s["time"]) / em_obs) / np.maximum(_model_time(costs, preds[K]) / max(emitted, 1e-12),
+                                                                1e-12)
+    # the acceptance rate is calibrated on the odds (it stays in [0, 1]); accepted = rate x drafted
+    rate_obs = _clip01((W @ s["accepted"]) / np.maximum(W @ s["drafted"], 1e-12))
+    rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
+    ratio["acceptance_odds"] = _odds(rate_obs) / _odds(rate_k)
+    out = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
+    out["by_size"] = np.zeros((B, len(n_values), max(n_values) + 1))
+    for j, N in enumerate(n_values):
+        pr = preds[N]
+        out["by_size"][:, j, :N + 1] = pr.by_size
+        out["by_size"][:, j, 1:N + 1] *= ratio["verify"][:, None]
+        o = _odds(_clip01(pr.accepted / np.maximum(pr.drafted, 1e-12))) * ratio["acceptance_odds"]
+        out["drafted"][:, j] = pr.drafted * ratio["drafted"]
+        out["accepted"][:, j] = o / (1.0 + o) * out["drafted"][:, j]
+        out["verify"][:, j] = pr.rounds * ratio["verify"]
+        if costs is not None:
+            out["time"][:, j] = _model_time(costs, pr) * ratio["time"]
+    out["emitted"] = np.full(B, emitted)
+    return out, {k: float(v[0]) for k, v in ratio.items()}
+
+
+def _clip01(x: np.ndarray) -> np.ndarray:
+    return np.clip(x, 1e-9, 1.0 - 1e-9)
+
+
+def _odds(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 - x)
+
+
+def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.ndarray], B: int,
+           only: _Group | None = None) -> np.ndarray | None:
+    """Plain decoding's ms per token per replicate: paired with the prompts' resample when it was measured
+    per prompt and the units are prompts, else fixed; None when not measured."""
+    if baseline is None or not baseline.measured:
+        return None
+    sel = [(g, W) for g, W in zip(groups, Ws, strict=True) if only is None or g is only]
+    if baseline.per_prompt and all(g.unit_prompt is not None for g, _ in sel):
+        tok = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[0] for p in g.unit_prompt], float)
+                  for g, W in sel)
+        ms = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[1] for p in g.unit_prompt], float)
+                 for g, W in sel)
+        fallback = baseline.for_prompts([p for g, _ in sel for p in g.unit_prompt])
+        return np.where(tok > 0, ms / np.maximum(tok, 1e-12), fallback)
+    ids = None if only is None else only.obs.prompt_ids
+    return np.full(B, baseline.t_per_token_ms if ids is None else baseline.for_prompts(ids))
+
+
+def _costs(groups: list[_Group], Ws: list[np.ndarray], sizes: list[int],
+           plain: np.ndarray | None) -> dict[str, np.ndarray] | None:
+    """Per-replicate costs over all groups (the categories ran on one machine): ``t_step``, the mean
+    verify time per recorded size ``tv<n>`` (NaN where a replicate has no such round) and the line
+    ``v0``, ``v1`` (through the measured plain decoding too)."""
+    if any("time" not in g.sums for g in groups):
+        return None
+
+    def tot(key: str) -> np.ndarray:
+        return sum(W @ g.sums[key] for g, W in zip(groups, Ws, strict=True))
+
+    out: dict[str, np.ndarray] = {"t_step": tot("td") / np.maximum(tot("drafted"), 1e-12)}
+    cnt = {}
+    for n in sizes:
+        c = tot(f"cnt{n}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[f"tv{n}"] = np.where(c > 0, tot(f"tv{n}") / np.where(c > 0, c, 1), np.nan)
+        cnt[n] = c
+    B = len(out["t_step"])
+    v0, v1 = np.empty(B), np.empty(B)
+    for b in range(B):
+        pts = [(float(n), float(out[f"tv{n}"][b]), float(cnt[n][b])) for n in sizes if np.isfinite(out[f"tv{n}"][b])]
+        if plain is not None:
+            pts.append((1.0, float(plain[b]), max([w for _, _, w in pts], default=1.0)))
+        if pts:
+            v0[b], v1[b], _ = verify_line(*map(list, zip(*pts, strict=True)))
+        else:
+            v0[b] = v1[b] = 0.0
+    out["v0"], out["v1"] = v0, v1
+    return out
+
+
+def _interval(v: np.ndarray) -> tuple[float, float] | None:
+    """95 % percentile interval of the bootstrap values ``v[1:]`` (None with fewer than two finite ones)."""
+    s = v[1:]
+    s = s[np.isfinite(s)]
+    if len(s) < 2:
+        return None
+    lo, hi = np.quantile(s, QUANTILES)
+    return float(lo), float(hi)
+
+
+def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values: range, K: int, *, timed: bool,
+            n_rounds: int, n_verify: int, n_prompts: int, cost: CostModel | None, baseline: PlainBaseline | None,
+            model: dict[str, Any], calibration: dict[str, float], resampled: bool,
+            by_category: dict[str, WhatIf] | None = None) -> WhatIf:
+    acc, dr, ver, tm = (counts[k] for k in COUNTS)
+    em = counts["emitted"][:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(dr > 0, acc / dr, np.nan)
+        mal = np.where(ver > 0, 1.0 + acc / ver, np.nan)
+        tps = np.where(tm > 0, 1000.0 * em / tm, np.nan) if timed else np.full_like(rate, np.nan)
+        if not timed:
+            plain_ms = None
+        elif plain is not None:
+            plain_ms = plain
+        else:
+            plain_ms = np.full(len(tps), cost.t_plain_ms if cost is not None else np.nan)
+        sp = tps * plain_ms[:, None] / 1000.0 if plain_ms is not None else np.full_like(rate, np.nan)
+
+    def val(x: np.ndarray, j: int) -> float | None:
+        v = float(x[0, j])
+        return v if math.isfinite(v) else None
+
+    rows = []
+    for j, N in enumerate(n_values):
+        def iv(x: np.ndarray, j: int = j) -> tuple[float, float] | None:
+            return _interval(x[:, j]) if resampled else None
+
+        rows.append(WhatIfRow(n_draft=N, acceptance_rate=val(rate, j), mean_acceptance_length=val(mal, j),
+                              n_drafted=val(dr, j), n_verify_rounds=val(ver, j),
+                              rounds_by_size=tuple(float(x) for x in counts["by_size"][0, j, :N + 1]),
+                              tokens_per_s=val(tps, j), speedup=val(sp, j), recorded=N == K, extrapolated=N > K,
+                              acceptance_rate_interval=iv(rate), mean_acceptance_length_interval=iv(mal),
+                              tokens_per_s_interval=iv(tps) if timed else None,
+                              speedup_interval=iv(sp) if timed else None))
+    best = None
+    cands = [r for r in rows if r.tokens_per_s is not None]
+    if cands:
+        best = max(cands, key=lambda r: (r.tokens_per_s, -r.n_draft)).n_draft
+    samples = {"acceptance_rate": rate, "mean_acceptance_length": mal, "tokens_per_s": tps, "speedup": sp}
+    if plain_ms is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            samples["plain_tokens_per_s"] = np.where(plain_ms > 0, 1000.0 / np.where(plain_ms > 0, plain_ms, 1), np.nan)
+    return WhatIf(rows=tuple(rows), best_n_draft=best, recorded_n_draft=K, n_rounds=n_rounds, n_verify_rounds=n_verify,
+                  n_prompts=n_prompts, cost=cost, baseline=baseline, model=model, calibration=calibration,
+                  by_category=by_category or {}, samples=samples)
+
+
+def _model_dict(params: AM.Params, **more: Any) -> dict[str, Any]:
+    return {"n_states": int(params.pi.shape[-1]), **params.to_dict(), **more}
+
+
+def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None,
+            baseline: PlainBaseline | None = None, max_tokens: int | None = None, n_max: int = N_MAX,
+            n_boot: int = N_BOOT, seed: int = SEED, n_states: int = AM.N_STATES,
+            t_plain_ms: float | None = None) -> WhatIf:
+    """The estimate for n_draft = 1..``n_max`` (module docstring) from a trace's rounds.
+
+    Args:
+        rounds: columns ``prompt_id``, ``round``, ``n_draft``, ``n_accepted`` (``emitted`` when known);
+            ``t_draft_ms``, ``t_verify_ms`` for speed.
+        categories: ``{prompt_id: category}``: fitted per category (shrunk to the pooled fit) and
+            combined by adding their counts; each category's estimate is in ``by_category``. None: one
+            group (the pooled fit).
+        baseline: plain decoding (:class:`PlainBaseline`), else estimated as ``t_verify(1)``;
+            ``t_plain_ms``: a measured ms per token given as a number instead.
+        max_tokens: the recording's cap (``params.max_tokens``); None: the longest prompt's length.
+        n_max: the largest n_draft estimated (>= 1); n_boot: bootstrap resamples (0: no intervals);
+        seed: their seed; n_states: hidden states of the model.
+
+    Raises:
+        TraceFormatError: missing columns, no drafting round, ``n_max < 1``.
+    """
+    for c in ("prompt_id", "round", "n_draft", "n_accepted"):
+        if c not in rounds.columns:
+            raise TraceFormatError("rounds lacks a column", key=c, expected="present", actual="missing")
+    if n_max < 1:
+        raise TraceFormatError("n_max must be >= 1", key="n_max", expected=">= 1", actual=n_max)
+    nd_all = rounds["n_draft"].to_numpy(dtype=np.int64)
+    if not len(nd_all) or nd_all.max() < 1:
+        raise TraceFormatError("no round drafted a token: nothing to estimate from", key="n_draft",
+                               expected="> 0", actual=0)
+    if baseline is None and t_plain_ms is not None and math.isfinite(t_plain_ms) and t_plain_ms > 0:
+        baseline = PlainBaseline(float(t_plain_ms), "manifest", "given as a number")
+    rounds = rounds.reset_index(drop=True)
+    K = int(nd_all.max())
+    n_values = range(1, n_max + 1)
+    sizes = sorted(int(n) + 1 for n in np.unique(nd_all))
+    pid = rounds["prompt_id"].to_numpy(dtype=np.int64)
+    obs_all = AM.observations(rounds)
+    if max_tokens is None:
+        max_tokens = int(obs_all.ends.max()) + 1 if obs_all.n_prompts else 1
+    pooled, _, _ = AM.fit(obs_all, n_states=n_states)
+    if categories:
+        lab = np.array([categories.get(int(p), UNCATEGORIZED) for p in pid], dtype=object)
+        names = sorted(set(lab.tolist()))
+        groups = []
+        for n in names:
+            sub = rounds[lab == n].reset_index(drop=True)
+            few = int((sub["n_draft"].to_numpy() > 0).sum()) < CATEGORY_MIN_ROUNDS
+            groups.append(_group(n, sub, sizes, n_states, K, pooled=pooled if few else None))
+    else:
+        groups = [_group("", rounds, sizes, n_states, K, pooled=pooled)]
+    rng = np.random.default_rng(seed)
+    Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
+    B = 1 + n_boot
+    plain = _plain(baseline, groups, Ws, B)
+    costs = _costs(groups, Ws, sizes, plain)
+    timed = costs is not None
+    cost = fit_cost(rounds, baseline) if timed else None
+    if timed and plain is None:
+        plain = _tv(costs, 1)
+    per = {g.name: _predict_group(g, W, n_values, K, max_tokens, costs) for g, W in zip(groups, Ws, strict=True)}
+    total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted", "by_size")}
+    calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
+             for k in per[groups[0].name][1]}
+    resampled = n_boot > 0
+    by_cat: dict[str, WhatIf] = {}
+    if categories:
+        for g, W in zip(groups, Ws, strict=True):
+            nd = g.rounds["n_draft"].to_numpy(dtype=np.int64)
+            gp = _plain(baseline, groups, Ws, B, only=g) if timed else None
+            if timed and gp is None:
+                gp = plain
+            gb = None if baseline is None else PlainBaseline(baseline.for_prompts(g.obs.prompt_ids), baseline.source,
+                                                             baseline.how, baseline.per_prompt)
+            by_cat[g.name] = _whatif(per[g.name][0], gp, n_values, K, timed=timed, n_rounds=len(g.rounds),
+                                     n_verify=int((nd > 0).sum()), n_prompts=g.obs.n_prompts, cost=cost,
+                                     baseline=gb, model=_model_dict(g.params), calibration=per[g.name][1],
+                                     resampled=resampled)
+    model = _model_dict(pooled, max_tokens=int(max_tokens),
+                        extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
+                        per_category=bool(categories))
+    return _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
+                   n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
+                   resampled=resampled, by_category=by_cat)
+
+
+def baseline_ms(manifest: Mapping[str, Any]) -> float | None:
+    """Plain decoding's ms per token from ``manifest["baseline"]["t_per_token_ms"]`` (``record
+    --baseline``), None when absent or not a positive number."""
+    b = manifest_baseline(manifest)
+    return None if b is None else b.t_per_token_ms
+
+
+def what_if_trace(trace: TraceLike, *, categories: Mapping[int, str] | None = None, baseline: PlainBaseline | None = None,
+                  n_max: int = N_MAX, n_boot: int = N_BOOT) -> WhatIf:
+    """:func:`what_if` of an opened trace (reads only the columns it needs; ``max_tokens`` from its
+    manifest; the baseline from its manifest unless given).
+
+    Raises:
+        TraceFormatError: the trace has no drafting round.
+    """
+    names = set(trace.schemas["rounds"].names) if hasattr(trace, "schemas") else set(WHAT_IF_ROUNDS_COLUMNS)
+    rounds = trace.columns("rounds", [c for c in WHAT_IF_ROUNDS_COLUMNS if c in names])
+    mt = (trace.manifest.get("params") or {}).get("max_tokens")
+    return what_if(rounds, categories=categories, baseline=baseline or manifest_baseline(trace.manifest),
+                   max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
+                   n_max=n_max, n_boot=n_boot)

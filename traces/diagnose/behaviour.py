@@ -1,0 +1,223 @@
+"""Steps 4 and 7 of ``diagnose``: the trace's explanation and advice read as findings.
+
+One job: from an :class:`~mtpscope.traces.analysis.explain_report.Explanation` (``explain_with_baseline``: causes,
+hard vs wrong, token classes, categories, what-if, the advice with its intervals and break-even) and the trace's
+report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position), say
+
+* whether the recorded n_draft is **past the decay** of acceptance by position: the drafts at the last depth add
+  fewer than :data:`MARGINAL_MIN` accepted tokens per round, 95 % interval over prompts included
+  (:func:`depth_gain`, measured on the trace's rounds): a warning, with the n_draft to use;
+* the advice (plain decoding or which n_draft, overall and per category, with intervals and break-even) as a
+  note: what pays depends on the machine's costs, so it is never a defect by itself;
+* a drafter that is almost never accepted (:func:`broken_finding`): a ``weights`` warning of low confidence, the
+  cause no other check pinned;
+* **what limits acceptance** (:func:`limit_sentences`): hard vs wrong first misses, the worst categories and token
+  classes, the decay by position.
+
+Imports: numpy and this area's records (the explanation's records are read by attribute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mtpscope.traces.diagnose.records import HIGH, INFO, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
+
+#: A draft position adding fewer accepted tokens per round than this (upper end of its 95 % interval) is past the
+#: decay: a draft step costs more than that on any runtime (on a GPU about 0.05 - 0.1 of a target decode; here,
+#: on CPU, 0.3 and more), so the drafts there never pay.
+MARGINAL_MIN = 0.05
+#: Groups (categories, token classes) with fewer drafts than this are not named in the limits.
+MIN_GROUP_DRAFTS = 20
+#: Acceptance under this is a drafter that does not work at all (:func:`broken_finding`).
+BROKEN_RATE = 0.05
+#: Token classes that say nothing about the text (not named in the limits).
+_SKIP_CLASSES = ("unknown", "special")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def _iv(iv: Sequence[float] | None, spec: str = ".2f") -> str:
+    return "" if iv is None else f" [{format(iv[0], spec)}, {format(iv[1], spec)}]"
+
+
+def depth_gain(rounds: Any, n: int, *, n_boot: int = 1000, seed: int = 0
+               ) -> tuple[float, tuple[float, float] | None] | None:
+    """Accepted tokens per round that the n-th draft adds, measured: among the rounds that drafted at least n, the
+    share whose first n drafts were all accepted (= ``tau(n) - tau(n - 1)``, ``tau`` the mean acceptance length at
+    n_draft n), with its 95 % percentile interval over ``n_boot`` resamples of the prompts (seeded). None when no
+    round drafted n.
+
+    Args:
+        rounds: a trace's rounds (``prompt_id``, ``n_draft``, ``n_accepted``).
+    """
+    pid = np.asarray(rounds["prompt_id"], dtype=np.int64)
+    nd = np.asarray(rounds["n_draft"], dtype=np.int64)
+    na = np.asarray(rounds["n_accepted"], dtype=np.int64)
+    m = nd >= n
+    if not m.any():
+        return None
+    ids, inv = np.unique(pid[m], return_inverse=True)
+    tot = np.bincount(inv, minlength=len(ids)).astype(np.float64)
+    hit = np.bincount(inv, weights=(na[m] >= n).astype(np.float64), minlength=len(ids))
+    gain = float(hit.sum() / tot.sum())
+    if len(ids) < 2 or n_boot < 1:
+        return gain, None
+    w = np.random.default_rng(seed).multinomial(len(ids), np.full(len(ids), 1 / len(ids)), size=n_boot)
+    den = w @ tot
+    s = (w @ hit)[den > 0] / den[den > 0]
+    return gain, (float(np.quantile(s, 0.025)), float(np.quantile(s, 0.975)))
+
+
+def limit_sentences(x: Any, report: Mapping[str, Any]) -> list[str]:
+    """What limits acceptance, in sentences, most telling first: hard vs wrong first misses, the worst and best
+    categories, the worst token classes, the decay by draft position."""
+    out: list[str] = []
+    rej = x.rejections or {}
+    ts = rej.get("target_side") or {}
+    hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
+    if hard + wrong:
+        h = hard / (hard + wrong)
+        if h >= 0.5:
+            out.append(f"{_pct(h)} of first misses are hard tokens: the target itself was unsure (entropy >= 1 nat, "
+                       f"mean p(drafted) {ts.get('p_drafted_mean_hard') or 0:.2f})")
+        else:
+            out.append(f"{_pct(1 - h)} of first misses are tokens the target was sure of: the drafter predicts them "
+                       "wrongly (its quality, not the runtime)")
+    cats = {k: v for k, v in (x.by_category or {}).items()
+            if v.get("acceptance_rate") is not None and (v.get("n_drafted") or 0) >= MIN_GROUP_DRAFTS}
+    if len(cats) >= 2:
+        lo = min(cats, key=lambda c: cats[c]["acceptance_rate"])
+        hi = max(cats, key=lambda c: cats[c]["acceptance_rate"])
+        out.append(f"acceptance by category ranges from {cats[lo]['acceptance_rate']:.2f} ({lo}, "
+                   f"{cats[lo]['n_drafted']} drafts) to {cats[hi]['acceptance_rate']:.2f} ({hi})")
+    cls = {k: v for k, v in (x.by_class or {}).items() if k not in _SKIP_CLASSES
+           and v.get("acceptance_rate") is not None and (v.get("n_drafted") or 0) >= MIN_GROUP_DRAFTS}
+    if cls:
+        worst = sorted(cls, key=lambda c: cls[c]["acceptance_rate"])[:2]
+        out.append("the hardest token classes: " + ", ".join(
+            f"{c} {cls[c]['acceptance_rate']:.2f} of {cls[c]['n_drafted']} drafts" for c in worst))
+    pp = [p for p in report.get("per_position") or [] if p.get("acceptance") is not None]
+    if len(pp) >= 2:
+        out.append("acceptance falls with the draft position: " + ", ".join(
+            f"k={p['k']} {p['acceptance']:.2f}" for p in pp))
+    causes = rej.get("causes") or {}
+    n_fm = sum(int(v) for v in causes.values())
+    if n_fm and causes.get("far_miss"):
+        out.append(f"{_pct(int(causes['far_miss']) / n_fm)} of first misses are far misses (the target's token "
+                   "outside the drafter's stored top list)")
+    return out
+
+
+def _category_lines(advice: Any) -> list[str]:
+    return [f"{c}: {r.headline or r.reason}" for c, r in sorted((advice.by_category or {}).items())]
+
+
+def n_draft_findings(x: Any, rounds: Any, *, trace: str, n_draft: int) -> list[Finding]:
+    """The n_draft finding: a warning when the recorded n_draft is past the decay (module docstring; ``rounds``:
+    the trace's ``prompt_id``, ``n_draft``, ``n_accepted``), else the advice as a note (plain decoding or which
+    n_draft, per category, break-even)."""
+    wi, adv = x.what_if, x.advice
+    if wi is None or adv is None:
+        return []
+    link = ViewRef.of("explain", trace=trace, prompt="all")
+    rec = adv.recommendation
+    per_cat = _category_lines(adv)
+    be = adv.break_even
+    ev_advice = Evidence("advice", f"recommendation: {rec.headline or rec.reason}"
+                         + (f"; break-even: {be.words}" if be is not None else ""),
+                         {"choice": rec.choice, "speedup": rec.speedup, "interval": rec.interval, "tie": rec.tie})
+    ev_cats = (Evidence("advice", "per category: " + "; ".join(per_cat),
+                        {c: r.choice for c, r in (adv.by_category or {}).items()}),) if per_cat else ()
+    mg = depth_gain(rounds, n_draft) if n_draft >= 2 else None
+    if mg is not None and mg[1] is not None and mg[1][1] < MARGINAL_MIN:
+        keep = [n for n in range(1, n_draft) if (m := depth_gain(rounds, n, n_boot=0)) is not None
+                and m[0] >= MARGINAL_MIN]
+        best: int | str = max(keep) if keep else "plain"
+        rows = {r.n_draft: r for r in wi.rows}
+        r_rec, r_best = rows.get(n_draft), rows.get(best) if isinstance(best, int) else None
+        speed = ""
+        if r_rec is not None and r_best is not None and r_rec.speedup is not None and r_best.speedup is not None:
+            speed = (f"; what-if: n_draft {best} at {r_best.speedup:.2f}x{_iv(r_best.speedup_interval)} plain "
+                     f"decoding's speed, n_draft {n_draft} at {r_rec.speedup:.2f}x{_iv(r_rec.speedup_interval)}")
+        ev = Evidence("explain", f"draft {n_draft} adds {mg[0]:.3f}{_iv(mg[1], '.3f')} accepted tokens per round "
+                      f"(the share of rounds that drafted {n_draft} with all {n_draft} drafts accepted; 95 % interval "
+                      f"over prompts); under {MARGINAL_MIN} a draft step never pays{speed}",
+                      {"marginal": mg[0], "interval": mg[1], "n_draft": n_draft, "suggested": best})
+        use = f"n_draft {best}" if isinstance(best, int) else "plain decoding: no draft position adds " \
+            f"{MARGINAL_MIN} accepted tokens per round"
+        here = "" if rec.choice is None else (f"; on this machine the advice is "
+                                               f"{'plain decoding' if rec.choice == 'plain' else f'n_draft {rec.choice}'}"
+                                               + (" (a tie)" if rec.tie else ""))
+        fix = (Fix("n_draft", f"draft at most {best} tokens per round, the last position that adds {MARGINAL_MIN} "
+                   f"accepted tokens (llama.cpp: --spec-draft-n-max {best}; mtpscope record --n-draft {best}){here}",
+                   key="n_draft", value=best) if isinstance(best, int) else
+               Fix("runtime_flag", "decode without the drafter until the findings above are fixed", key="n_draft",
+                   value="plain"))
+        return [Finding("n_draft", WARNING, HIGH,
+                        f"n_draft {n_draft} is past the decay: draft {n_draft} adds {mg[0]:.3f} accepted tokens per "
+                        f"round; use {use}", (ev, ev_advice, *ev_cats), fix, link, subject="n_draft", expected=best,
+                        actual=n_draft)]
+    if rec.choice is None:
+        return [Finding("n_draft", INFO, MEDIUM, f"advice: {rec.headline or rec.reason}", (ev_advice,), None, link,
+                        subject="n_draft", actual=n_draft)]
+    what = "plain decoding" if rec.choice == "plain" else f"n_draft {rec.choice}"
+    title = f"advice: {what}" + (" (a tie)" if rec.tie else "") + f" -- {rec.headline or rec.reason}"
+    fix = Fix("n_draft", f"{what} on this machine" + (" (a tie: the intervals overlap)" if rec.tie else ""),
+              key="n_draft", value=rec.choice)
+    return [Finding("n_draft", INFO, MEDIUM if rec.tie else HIGH, title, (ev_advice, *ev_cats), fix, link,
+                    subject="n_draft", expected=rec.choice, actual=n_draft)]
+
+
+def broken_finding(report: Mapping[str, Any], x: Any, *, trace: str) -> Finding | None:
+    """A low-confidence ``weights`` warning when drafts are almost never accepted (acceptance under
+    :data:`BROKEN_RATE` over at least :data:`MIN_GROUP_DRAFTS` x 5 drafts): no trained drafter that loads and pairs
+    drafts that badly, so something the checks above do not see (a tensor's values, a conversion) is wrong. None
+    otherwise."""
+    rate, n = report.get("acceptance_rate"), int(report.get("n_drafted") or 0)
+    if rate is None or n < 5 * MIN_GROUP_DRAFTS or rate >= BROKEN_RATE:
+        return None
+    ts = (x.rejections or {}).get("target_side") or {}
+    hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
+    side = f"; {_pct(wrong / (hard + wrong))} of first misses are tokens the target was sure of" if hard + wrong else ""
+    return Finding("weights", WARNING, LOW, f"drafts are almost never accepted ({rate:.3f} of {n}): the drafter's "
+                   "values or their conversion, which no check above pins down",
+                   (Evidence("explain", f"acceptance rate {rate:.3f} over {n} drafted tokens (a trained drafter that loads "
+                             f"and pairs is accepted far more often){side}", {"acceptance_rate": rate, "n_drafted": n}),),
+                   Fix("reconvert", "compare with a reference (--reference HF_DIR or --reference-assistant GOOD.gguf) "
+                       "and `mtpscope diff` the two files; reconvert"),
+                   ViewRef.of("explain", trace=trace, prompt="all"), subject="weights", expected=None, actual=rate)
+
+
+def limit_finding(x: Any, report: Mapping[str, Any], *, trace: str) -> tuple[Finding | None, list[str]]:
+    """The ``acceptance_limit`` note (its title: the first of :func:`limit_sentences`) and every sentence."""
+    lines = limit_sentences(x, report)
+    if not lines:
+        return None, []
+    ev = [Evidence("explain", s) for s in lines]
+    return Finding("acceptance_limit", INFO, MEDIUM, lines[0], tuple(ev), Fix("none", "nothing to change in the files "
+                   "or the runtime for this: a better-trained drafter, or prompts the target is sure of"),
+                   ViewRef.of("explain", trace=trace, prompt="all"), subject="acceptance"), lines
+
+
+def summary(x: Any, report: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace's numbers for the diagnosis' ``summary`` and the figures: acceptance, per position, by category
+    and class, the first misses' causes and sides, the what-if rows and the recommendation."""
+    wi, adv = x.what_if, x.advice
+    return {"acceptance_rate": report.get("acceptance_rate"), "mean_acceptance_length": report.get("mean_acceptance_length"),
+            "n_prompts": report.get("n_prompts"), "n_rounds": report.get("n_rounds"), "n_drafted": report.get("n_drafted"),
+            "n_accepted": report.get("n_accepted"), "per_position": report.get("per_position"),
+            "by_category": x.by_category, "by_class": x.by_class, "causes": (x.rejections or {}).get("causes"),
+            "target_side": (x.rejections or {}).get("target_side"),
+            "what_if": None if wi is None else [r.to_dict() for r in wi.rows],
+            "best_n_draft": None if wi is None else wi.best_n_draft,
+            "recommendation": None if adv is None else adv.recommendation.to_dict()}
+
+
+__all__ = ["BROKEN_RATE", "MARGINAL_MIN", "MIN_GROUP_DRAFTS", "broken_finding", "depth_gain", "limit_finding",
+           "limit_sentences", "n_draft_findings", "summary"]

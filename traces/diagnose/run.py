@@ -1,0 +1,357 @@
+"""``diagnose(...)``: every step of ``mtpscope diagnose`` in order, and the :class:`Diagnosis` they add up to.
+
+One job: run the steps (docs/DIAGNOSE.md, "Steps"), time them, keep going when one cannot run (saying why), and
+rank what they found:
+
+1. ``verify`` of the drafter with its target (and the HF checkpoint given as reference), with the runtime
+   verdicts (:mod:`files`);
+2. the drafter's metadata against the published configurations (:mod:`published`);
+3. a recording of the prompts with llama.cpp (:func:`mtpscope.traces.run.recorder.record`: categories, the
+   target's side, plain decoding measured: ``RecordConfig(baseline=True)``), or the given trace;
+4. its explanation (:func:`mtpscope.traces.sweep.advice.explain_with_baseline`) and report
+   (:func:`mtpscope.traces.analysis.metrics.report`);
+5. a replay of a sample of its rounds under each convention variant (:mod:`variants`);
+6. with a reference, the same sample replayed through it, and the two files' differences (:mod:`reference`);
+7. the advice: n_draft per category or plain decoding, and what limits acceptance (:mod:`behaviour`).
+
+Imports: this area's modules; inspector (gguf, validate through :mod:`files`); traces.run (recorder, record_config,
+replay, llama binding); traces.analysis (metrics, vocab, compare_report); traces.sweep.advice; traces.store.reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailableError
+from mtpscope.traces.diagnose import behaviour, files, published, rank, reference, variants
+from mtpscope.traces.diagnose.records import (
+    ERROR, HIGH, INFO, MEDIUM, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef,
+)
+
+#: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.
+DIAGNOSIS_FILE, TRACE_DIR, REPLAY_DIR, REFERENCE_DIR = "diagnosis.json", "trace", "replay", "reference"
+#: Default recording: tokens per prompt (the demo's traces record 64).
+MAX_TOKENS = 64
+#: Said when nothing points at a defect.
+NOTHING_WRONG = "nothing points at the drafter file or the runtime"
+
+
+class _Steps:
+    """The step log: each step's status, time and note, and a progress callback."""
+
+    def __init__(self, on_step: Callable[[str, str], None] | None) -> None:
+        self.runs: list[StepRun] = []
+        self.notes: list[str] = []
+        self.on_step = on_step
+
+    def say(self, name: str, message: str) -> None:
+        if self.on_step is not None:
+            self.on_step(name, message)
+
+    def skip(self, name: str, why: str) -> None:
+        self.runs.append(StepRun(name, "skipped", 0.0, why))
+        self.notes.append(f"{name}: skipped ({why})")
+        self.say(name, f"skipped: {why}")
+
+    @contextmanager
+    def step(self, name: str, what: str, *, fatal: bool = False) -> Any:
+        """Time the block; an error of ours (or an OSError) marks the step failed and raises :class:`_StepFailed`
+        (the caller goes on), or, with ``fatal``, the error itself (unreadable input ends the diagnosis)."""
+        self.say(name, what)
+        t0 = time.perf_counter()
+        box: dict[str, str] = {}
+        try:
+            yield box
+        except (MtpscopeError, OSError) as e:
+            self.runs.append(StepRun(name, "failed", time.perf_counter() - t0, str(e)))
+            self.notes.append(f"{name}: failed ({e})")
+            self.say(name, f"failed: {e}")
+            if fatal:
+                raise
+            raise _StepFailed(name) from e
+        self.runs.append(StepRun(name, "ran", time.perf_counter() - t0, box.get("note", "")))
+
+
+class _StepFailed(Exception):
+    pass
+
+
+def _manifest_model(manifest: dict[str, Any], role: str) -> str | None:
+    m = (manifest.get("models") or {}).get(role)
+    p = m.get("path") if isinstance(m, dict) else None
+    return p if isinstance(p, str) and Path(p).is_file() else None
+
+
+def _llama_missing() -> str | None:
+    try:
+        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
+
+        llama()
+    except RuntimeUnavailableError as e:
+        return str(e)
+    return None
+
+
+def _record(steps: _Steps, found: list[Finding], *, target: str, assistant: str, out: Path, n_draft: int,
+            max_tokens: int, prompts: Sequence[Any] | None, prompts_file: Any, command: Sequence[str] | None,
+            on_round: Any, centroids: Any) -> Path | None:
+    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
+    from mtpscope.traces.run.recorder import record  # noqa: PLC0415
+
+    dst = out / TRACE_DIR
+    cfg = RecordConfig(n_draft=n_draft, max_tokens=max_tokens, baseline=True,
+                       centroids=None if centroids is None else os.fspath(centroids))
+    try:
+        with steps.step("record", f"recording with llama.cpp into {dst} (n_draft {n_draft}, {max_tokens} tokens per "
+                        "prompt, plain decoding measured first)") as box:
+            try:
+                s = record(cfg, target=target, assistant=assistant, out=dst, prompts=prompts,
+                           prompts_file=prompts_file, overwrite=True, command=command, on_round=on_round,
+                           preflight=False)
+            except RuntimeAbortedError as e:
+                found.append(Finding(
+                    "runtime_refuses", ERROR, HIGH, f"llama.cpp aborted running the pair: {e}",
+                    (Evidence("record", f"recording stopped: {e}", {"aborted": e.aborted}),),
+                    Fix("replace_file", "the pair crashes llama.cpp: fix the findings of `mtpscope verify` first"),
+                    ViewRef.of("validate", drafter=assistant, target=target), subject="recording",
+                    expected="runs", actual="aborted"))
+                box["note"] = "llama.cpp aborted"
+                return None
+            box["note"] = (f"{s.n_prompts} prompts, {s.n_rounds} rounds, acceptance rate "
+                           f"{s.acceptance_rate if s.acceptance_rate is not None else float('nan'):.3f}")
+    except _StepFailed:
+        return None
+    return dst
+
+
+def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
+             trace: str | os.PathLike[str] | None = None, prompts: Sequence[Any] | None = None,
+             prompts_file: str | os.PathLike[str] | None = None, reference_hf: str | os.PathLike[str] | None = None,
+             reference_assistant: str | os.PathLike[str] | None = None,
+             centroids: str | os.PathLike[str] | None = None, n_draft: int = 3,
+             max_tokens: int = MAX_TOKENS, out: str | os.PathLike[str] | None = None, replay: bool = True,
+             replay_prompts: int = variants.N_PROMPTS, rounds_per_prompt: int = variants.ROUNDS_PER_PROMPT,
+             command: Sequence[str] | None = None, on_step: Callable[[str, str], None] | None = None,
+             on_round: Callable[..., None] | None = None) -> Diagnosis:
+    """Diagnose a drafter / target pair (module docstring); write ``diagnosis.json`` into ``out``.
+
+    Args:
+        target / assistant: the GGUFs (default with ``trace``: the models its manifest names).
+        trace: a recorded trace to diagnose instead of recording one.
+        prompts / prompts_file: what to record (:class:`mtpscope.traces.run.prompts.PromptSpec` objects or texts,
+            or a prompts file); one of them without ``trace``.
+        reference_hf / reference_assistant: a reference drafter (an HF checkpoint folder, or a good GGUF).
+        centroids: the drafter's centroid head (a sidecar or fork GGUF, or an HF folder) for the recording: the
+            trace then scores it beside the dense head and the replay adds the ``head=centroid`` variant.
+        n_draft / max_tokens: the recording's drafts per round and tokens per prompt.
+        out: the output folder (``trace/``, ``replay/``, ``reference/``, ``diagnosis.json``); needed to record,
+            replay or convert a reference (without it, with a trace: steps 1, 2, 4 and 7 only).
+        replay: run steps 5 and 6 (the replays need llama.cpp and ``out``).
+        replay_prompts / rounds_per_prompt: the replayed sample.
+        command: argv for the recording's manifest.
+        on_step: progress, called ``(step, message)``; on_round: the recorder's per-round callback.
+
+    Returns:
+        :class:`Diagnosis` (findings ranked).
+
+    Raises:
+        MtpscopeError: no target or assistant, neither a trace nor prompts, no ``out`` to record into.
+        GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input.
+    """
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.validate import verify  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace, read_manifest  # noqa: PLC0415
+
+    steps = _Steps(on_step)
+    found: list[Finding] = []
+    outp = Path(out) if out is not None else None
+    man: dict[str, Any] = read_manifest(trace) if trace is not None else {}
+    target = os.fspath(target) if target is not None else _manifest_model(man, "target")
+    assistant = os.fspath(assistant) if assistant is not None else _manifest_model(man, "assistant")
+    if target is None or assistant is None:
+        raise MtpscopeError("diagnose needs the target and the assistant GGUFs (the trace's manifest names none that "
+                            "exist)", key="target" if target is None else "assistant", expected="a GGUF path")
+    if trace is None and prompts is None and prompts_file is None:
+        raise MtpscopeError("diagnose needs prompts to record, or a trace", key="prompts", expected="prompts or a trace")
+    if trace is None and outp is None:
+        raise MtpscopeError("recording needs an output folder", key="out", expected="a folder")
+    if outp is not None:
+        outp.mkdir(parents=True, exist_ok=True)
+
+    with steps.step("verify", "verify: the drafter, the pair and the runtime verdicts", fatal=True):
+        report = verify(assistant, target=target, hf_dir=reference_hf)
+        found += files.file_findings(report, assistant=assistant, target=target)
+    with steps.step("published", "the drafter's metadata against the published Gemma 4 configurations", fatal=True):
+        with open_gguf(assistant) as f:
+            pf, pub = published.published_findings(f, assistant=assistant, target=target)
+        found += pf
+
+    llama_missing = _llama_missing()
+    if trace is None:
+        why = files.can_record(report) or llama_missing
+        if why:
+            steps.skip("record", why)
+        else:
+            rec = _record(steps, found, target=target, assistant=assistant, out=outp, n_draft=n_draft,  # type: ignore[arg-type]
+                          max_tokens=max_tokens, prompts=prompts, prompts_file=prompts_file, command=command,
+                          on_round=on_round, centroids=centroids)
+            trace = os.fspath(rec) if rec is not None else None
+    else:
+        steps.runs.append(StepRun("record", "skipped", 0.0, f"the trace {trace} was given"))
+        trace = os.fspath(trace)
+
+    x = rep = None
+    summary: dict[str, Any] = {}
+    limits: list[str] = []
+    variant_numbers = ref_numbers = None
+    res_file = None
+    if trace is not None:
+        try:
+            with steps.step("explain", "explain: causes, hard vs wrong, classes, categories, what-if, advice"):
+                x, rep, man = _explain(trace)
+                summary = behaviour.summary(x, rep)
+                summary["n_draft"] = (man.get("params") or {}).get("n_draft", n_draft)
+        except _StepFailed:
+            x = None
+    rec_n = int(summary.get("n_draft") or n_draft)
+
+    can_replay = trace is not None and x is not None and man.get("source") == "record"
+    if not replay:
+        steps.skip("replay", "replay off")
+    elif not can_replay:
+        steps.skip("replay", "no recorded trace to replay" if trace is None or x is None else
+                   f"the trace's source is {man.get('source')!r}: only `mtpscope record` traces replay")
+    elif llama_missing or outp is None:
+        steps.skip("replay", llama_missing or "no output folder for the replay")
+    else:
+        from mtpscope.traces.run.replay import baseline_for  # noqa: PLC0415
+
+        t = open_trace(trace)
+        pids = variants.sample_prompts(man, t.rounds["prompt_id"].unique().tolist(), replay_prompts)
+        cen = (man.get("params") or {}).get("centroids")
+        specs = variants.convention_variants(baseline_for(man), centroids=bool(cen) and Path(str(cen)).exists())
+        try:
+            with steps.step("replay", f"replay: {len(pids)} prompts x {rounds_per_prompt} rounds under "
+                            f"{', '.join(specs)}") as box:
+                res_file = variants.run_variants(trace, variants=specs, out=outp / REPLAY_DIR, prompt_ids=pids,
+                                                 rounds_per_prompt=rounds_per_prompt, target=target,
+                                                 assistant=assistant)
+                vf, variant_numbers = variants.variant_findings(res_file, trace=trace)
+                found += vf
+                steps.notes.extend(f"replay: {n}" for n in res_file.notes if "variant traces" not in n)
+                box["note"] = f"{variant_numbers['n_rounds']} rounds, {variant_numbers['n_steps']} steps"
+        except _StepFailed:
+            res_file = None
+        if (reference_hf or reference_assistant) and res_file is not None:
+            try:
+                with steps.step("reference", "the same rounds through the reference drafter"):
+                    f_ref, ref_numbers = _reference(trace, assistant, outp, res_file, pids, rounds_per_prompt,
+                                                    reference_hf, reference_assistant)
+                    found += f_ref
+            except _StepFailed:
+                pass
+    if (reference_hf or reference_assistant) and not any(s.name == "reference" for s in steps.runs):
+        steps.skip("reference", "needs a replayed trace (llama.cpp and an output folder)")
+    if ref_numbers is None:
+        found += _quantization_note(assistant, trace)
+
+    lf = None
+    if x is not None:
+        try:
+            with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
+                cols = open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"])  # type: ignore[arg-type]
+                found += behaviour.n_draft_findings(x, cols, trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
+                found += [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]  # type: ignore[arg-type]
+                lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
+        except _StepFailed:
+            lf = None
+    ranked = rank.rank(found)
+    if lf is not None:
+        if not any(f.is_defect for f in ranked):
+            lf = replace(lf, title=f"{lf.title}; {NOTHING_WRONG}")
+            limits = [f"{limits[0]}; {NOTHING_WRONG}", *limits[1:]]
+        ranked = rank.rank([*ranked, lf])
+    elif not any(f.is_defect for f in ranked) and trace is None:
+        steps.notes.append("no trace: what limits acceptance is unknown (record one, or pass --trace)")
+    d = Diagnosis(target=target, assistant=assistant, trace=trace, findings=ranked, limits=tuple(limits),
+                  steps=tuple(steps.runs), summary=summary, variants=variant_numbers, published=pub,
+                  reference=ref_numbers, notes=tuple(steps.notes), explanation=x,
+                  out=None if outp is None else os.fspath(outp))
+    if outp is not None:
+        (outp / DIAGNOSIS_FILE).write_text(json.dumps(d.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")
+    return d
+
+
+def read_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The diagnosis document (``Diagnosis.to_dict()``) that :func:`diagnose` wrote into ``folder``.
+
+    Raises:
+        MtpscopeError: no ``diagnosis.json`` there, or not one (naming the file).
+    """
+    p = Path(folder) / DIAGNOSIS_FILE
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MtpscopeError("no diagnosis in this folder (run `mtpscope diagnose --out FOLDER`)", path=p) from None
+    except (OSError, ValueError) as e:
+        raise MtpscopeError(f"unreadable diagnosis ({e})", path=p) from None
+    if not isinstance(doc, dict) or doc.get("schema") != 1 or not isinstance(doc.get("findings"), list):
+        raise MtpscopeError("not a diagnosis document", path=p, expected="mtpscope diagnose's diagnosis.json (schema 1)")
+    return doc
+
+
+def _quantization_note(assistant: str, trace: str | None) -> list[Finding]:
+    """A ``quantization`` note for a quantized drafter diagnosed without a reference (its cost unmeasured)."""
+    q = reference.quantized_types(assistant)
+    if not q:
+        return []
+    link = ViewRef.of("explain", trace=trace, prompt="all") if trace else ViewRef.of("tensors", drafter=assistant)
+    return [Finding("quantization", INFO, MEDIUM, f"the drafter's matrices are {'/'.join(q)}: their cost in "
+                    "acceptance is not measured here (pass --reference HF_DIR or --reference-assistant F32.gguf)",
+                    (Evidence("verify", f"quantized tensor types: {', '.join(q)}", {"types": q}),),
+                    Fix("none", "nothing to change unless a reference shows a cost"), link, subject="quantization")]
+
+
+def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    from mtpscope.traces.analysis.metrics import report  # noqa: PLC0415
+    from mtpscope.traces.analysis.vocab import trace_vocab  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.sweep.advice import explain_with_baseline  # noqa: PLC0415
+
+    t = open_trace(trace)
+    x = explain_with_baseline(t, vocab=trace_vocab(t.manifest), with_drift=True)
+    return x, report(t), t.manifest
+
+
+def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list[int], rounds_per_prompt: int,
+               reference_hf: Any, reference_assistant: Any) -> tuple[list[Finding], dict[str, Any]]:
+    from mtpscope.inspector.diff import diff  # noqa: PLC0415
+    from mtpscope.traces.analysis.compare_report import compare_traces  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+
+    ref, kind = reference.reference_gguf(outp / REFERENCE_DIR, hf_dir=reference_hf, gguf=reference_assistant)
+    res_ref = reference.replay_reference(trace, ref, out=outp / REFERENCE_DIR / "replay", prompt_ids=pids,
+                                         rounds_per_prompt=rounds_per_prompt)
+    gd = diff(assistant, ref, values=True)
+    aligned = None
+    a, b = res_file.variant_traces.get("baseline"), res_ref.variant_traces.get("baseline")
+    if a and b:
+        try:
+            aligned = compare_traces(open_trace(a), open_trace(b))
+        except MtpscopeError:
+            aligned = None
+    shown = os.fspath(reference_hf if kind == "hf" else ref)
+    return reference.reference_findings(res_file, res_ref, trace=trace, assistant=assistant, reference=shown,
+                                        kind=kind, gdiff=gd, aligned=aligned,
+                                        quantized=reference.quantized_types(assistant))
+
+
+__all__ = ["DIAGNOSIS_FILE", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR", "diagnose",
+           "read_diagnosis"]

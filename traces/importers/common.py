@@ -1,0 +1,77 @@
+"""What the importers share: :class:`ImportResult`, reading a log file line by line, small value checks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mtpscope.errors import ImportFormatError
+
+ROUNDS_PER_PART = 65536
+MAX_LISTED = 10          # line numbers listed per warning
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import read and wrote.
+
+    Attributes:
+        path: the source file.
+        out_dir: the trace directory written.
+        source: ``"fork-ndjson"`` or ``"server-log"``.
+        n_lines: lines in the file.
+        n_used: lines that went into the trace.
+        n_ignored: lines that are not trace data (other log output, other event kinds); not errors.
+        n_bad: lines that looked like trace data but could not be used.
+        bad_lines: ``(line number (1-based), reason)`` for every bad line.
+        warnings: other findings (unmatched events, inconsistent counts), each naming line numbers.
+        n_rounds, n_steps, n_requests: rows written.
+    """
+
+    path: str
+    out_dir: str
+    source: str
+    n_lines: int
+    n_used: int
+    n_ignored: int
+    n_bad: int
+    bad_lines: tuple[tuple[int, str], ...]
+    warnings: tuple[str, ...]
+    n_rounds: int = 0
+    n_steps: int = 0
+    n_requests: int = 0
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise ImportFormatError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise ImportFormatError("is a directory, not a log file", path=path) from None
+    with fh:
+        for i, raw in enumerate(fh, start=1):
+            yield i, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def listed(nums: list[int]) -> str:
+    head = ", ".join(map(str, nums[:MAX_LISTED]))
+    return head + (f", ... ({len(nums)} in all)" if len(nums) > MAX_LISTED else "")
+
+
+I32_RANGE = (-(2 ** 31), 2 ** 31 - 1)
+
+
+def in_i32(v: int) -> bool:
+    return I32_RANGE[0] <= v <= I32_RANGE[1]

@@ -1,0 +1,159 @@
+"""Checks before :func:`traces.recorder.record` loads anything, and the manifest's model entries.
+
+The run parameters are checked once, where they are built (:class:`traces.run.record_config.RecordConfig`).
+
+* :func:`preflight`: our own GGUF reader and :mod:`inspector.validate` decide whether llama.cpp can run
+  a target / drafter pair, before llama.cpp sees the files (some bad drafters crash it).
+* :func:`model_info` / :func:`centroid_source_info`: the manifest's ``models`` entries (path, size,
+  architecture, dialect, header sha256); also used by the replay to notice a changed model file.
+
+Imports: mtpscope.errors, mtpscope.inspector (gguf, inventory, validate; inside the functions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mtpscope.errors import LayoutError
+
+
+def _header_sha256(path: Path, data_offset: int) -> str:
+    h = hashlib.sha256()
+    left = data_offset
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def model_info(f: Any) -> dict[str, Any]:
+    """Manifest entry of an open GGUF: path, size (bytes), architecture, dialect, header_sha256
+    (sha256 of bytes [0, data_offset), i.e. header, metadata and tensor infos, not the weights)."""
+    from mtpscope.inspector.inventory import detect_dialect  # noqa: PLC0415
+
+    p = Path(f.path)
+    return {"path": os.fspath(p.resolve()), "size": int(f.file_size), "architecture": f.architecture,
+            "dialect": detect_dialect(f).kind, "header_sha256": _header_sha256(p, int(f.data_offset))}
+
+
+def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Manifest entry of a ``--centroids`` source (GGUF: as :func:`model_info`; HF: dialect ``hf``,
+    size = bytes of its safetensors files, header_sha256 over their headers in name order)."""
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".safetensors":
+        files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+        h = hashlib.sha256()
+        size = 0
+        for file in files:
+            size += file.stat().st_size
+            with open(file, "rb") as fh:
+                n8 = fh.read(8)
+                h.update(n8)
+                h.update(fh.read(int.from_bytes(n8, "little")))
+        arch = None
+        cfg = (p if p.is_dir() else p.parent) / "config.json"
+        if cfg.exists():
+            try:
+                arch = json.loads(cfg.read_text()).get("model_type")
+            except ValueError:
+                arch = None
+        return {"path": os.fspath(p.resolve()), "size": size, "architecture": arch, "dialect": "hf",
+                "header_sha256": h.hexdigest()}
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    with open_gguf(p) as f:
+        return model_info(f)
+
+
+def unchecked_models(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """``{"target": model_info, "assistant": model_info}`` without any check (``record(preflight=False)``,
+    for debugging a runtime crash on a pair that :func:`preflight` refuses).
+
+    Raises:
+        GGUFFormatError / UnsupportedFileError: a file our reader cannot read.
+        FileNotFoundError: a missing file.
+    """
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    out = {}
+    for role, p in (("target", target), ("assistant", assistant)):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+        with open_gguf(p) as f:
+            out[role] = model_info(f)
+    return out
+
+
+def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """Check with our own GGUF reader that llama.cpp can run this pair, before llama.cpp sees it.
+
+    Checks: both files readable GGUF; the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
+    ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
+    the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
+    inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
+    :func:`inspector.validate.verify` finding that llama.cpp crashes on (the inspector's one list,
+    :data:`inspector.findings.RUNTIME_CRASH_CODES`: a 1-D tensor not in F32, wrong ggml types or shapes
+    of weight matrices; the first three are listed in the message).
+
+    Returns:
+        ``{"target": model_info, "assistant": model_info}``.
+
+    Raises:
+        LayoutError: a refusal, naming the file, the key and expected vs actual (from the finding).
+        GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
+        FileNotFoundError: a missing file.
+    """
+    from mtpscope.inspector import validate as V  # noqa: PLC0415
+    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    for p in (target, assistant):
+        if not Path(p).is_file():
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
+    # the target repeats the drafter's tokenizer: its string arrays are compared, not walked a second time
+    with open_gguf(assistant) as d, open_gguf(target, like=d) as t:
+        if d.architecture == "gemma4_assistant":
+            raise LayoutError("fork-dialect drafter (gemma4_assistant): llama.cpp's runtime does not load it; "
+                              "record with an upstream gemma4-assistant drafter and pass this file as "
+                              "--centroids to compare its centroid head", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if d.architecture != "gemma4-assistant":
+            raise LayoutError("the assistant must be a gemma4-assistant drafter", path=d.path,
+                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
+        if t.architecture != "gemma4":
+            raise LayoutError("the target must be a gemma4 model", path=t.path, key="general.architecture",
+                              expected="gemma4", actual=t.architecture)
+        for f in (t, d):
+            v = V.upstream_verdict(f)
+            if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:
+                word = "refuse" if v.loads is False and v.outcome == "refuses" else "abort on"
+                raise LayoutError(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
+                                  key="loadability", expected="loads", actual=v.outcome)
+        pairing = V.check_pairing(d, t)
+        errors = [x for x in pairing.findings if x.severity == V.ERROR]
+        if errors:
+            e = errors[0]
+            raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
+                              expected=e.expected, actual=e.actual)
+        # what llama.cpp loads and then crashes on inside llama_decode (abort, segfault): refuse it here
+        report = V.verify(d, target=t)
+        crash = [x for x in report.findings if x.code in V.RUNTIME_CRASH_CODES]
+        if crash:
+            e = crash[0]
+            listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
+            more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
+            raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
+                              f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope verify`)",
+                              path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
+        return {"target": model_info(t), "assistant": model_info(d)}
+
+
+__all__ = ["centroid_source_info", "model_info", "preflight", "unchecked_models"]

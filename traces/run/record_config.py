@@ -1,0 +1,207 @@
+"""The run parameters of one recording: :class:`RecordConfig` (validated once, in its constructor) and
+:class:`RecordJob` (a config with its models and prompts: what the recording worker runs).
+
+A :class:`RecordConfig` is built where the parameters come in -- ``mtpscope record``'s flags, a sweep
+task (:meth:`traces.sweep.spec.SweepSpec.record_config`), the demo build -- and goes unchanged to
+:func:`traces.run.recorder.record`, through the worker protocol (:mod:`traces.run.transport` packs it
+like any dataclass) to :meth:`traces.run.mtp_runtime.MtpRuntime.run`; the trace manifest's ``params``
+object is :meth:`RecordConfig.manifest_params`. Nothing downstream checks these values again; what
+depends on the models stays with them (``n_draft`` against the runtime's batch in ``MtpRuntime.run``,
+``centroid_top_k`` against the head's n_centroids in :meth:`inspector.centroids.CentroidHead.ready`).
+
+Imports: mtpscope.errors, traces.run.prompts (:class:`PromptSpec`, the job's prompts).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from mtpscope.errors import TraceError
+from mtpscope.traces.run.prompts import PromptSpec
+
+#: ``hidden``: hidden states stored as float16, float32, or not at all
+HIDDEN_CHOICES = ("f16", "f32", "off")
+#: ``mtpscope record --capture``: h_inner derived from what llama.cpp returns, or copied out of the graph
+#: (``RecordConfig.graph_capture``)
+CAPTURE_CHOICES = ("derived", "graph")
+#: the most drafts per round a recording accepts. llama.cpp's MTP default is 3 drafts per round; each
+#: round verifies ``n_draft + 1`` tokens in one target batch and the drafter's acceptance decays with
+#: depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise allocate
+#: gigabytes before llama.cpp fails).
+MAX_N_DRAFT = 64
+
+_INT, _REAL, _BOOL, _OPT_INT, _OPT_PATH, _CHOICE = "int", "real", "bool", "int | None", "path | None", "choice"
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """The run parameters of a recording (``mtpscope record``'s flags; the defaults are the CLI's).
+
+    Attributes:
+        n_draft: drafts per round, 1..:data:`MAX_N_DRAFT` (64).
+        max_tokens: tokens generated per prompt at most (the prefill's token included), >= 1.
+        temp / seed / top_k / top_p: the target's sampling: ``temp`` finite >= 0 (0 = greedy), any
+            integer seed, ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1] (1 = off).
+        chat: apply the target GGUF's own chat template to each text prompt.
+        n_gpu_layers: layers offloaded (-1 = all; no effect in a CPU-only build).
+        centroids: centroid head source (fork-dialect GGUF or HF directory), kept as a path string; None.
+        centroid_top_k: that head's k (None: the source's own; its range is the head's: 1..n_centroids).
+        hidden: hidden states stored as ``"f16"``, ``"f32"`` or ``"off"`` (:data:`HIDDEN_CHOICES`).
+        n_top: drafter candidates stored per step, >= 1.
+        flush_every: rounds per Parquet part, >= 1.
+        compact: merge the small parts at the end.
+        flash_attn: flash attention (off by default: see :class:`traces.run.mtp_runtime.MtpRuntime`).
+        n_threads: llama.cpp CPU threads (None: llama.cpp's default).
+        hidden_target: also store the target's hidden state per draft (needs ``hidden`` f16 / f32).
+        baseline: time plain decoding of the same prompts first (the manifest's ``baseline``).
+        graph_capture: copy ``h_inner`` (the drafter's ``result_norm``) out of llama.cpp's graph with a
+            ``cb_eval`` callback in every drafter decode (``--capture graph``; ggml's scheduler then computes
+            the graph in pieces). Default False: ``h_inner`` and the centroid head's inputs are derived in
+            the recording process from the logits and ``h_next`` llama.cpp returns anyway
+            (:mod:`traces.run.derived`; manifest ``derived``: the solve, its bound and the agreement with
+            the in-graph capture measured on calibration steps after the run).
+        repack: let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default).
+            ``--no-repack`` (as llama.cpp's own tools call it) works around llama.cpp 0.3.36 crashing on Gemma 4
+            MoE targets on AVX-512 / AMX CPUs with them (:class:`traces.run.llama.model.LlamaModel`).
+
+    Ints are stored as ``int``, reals as ``float``, flags as ``bool``, ``centroids`` as ``str``.
+
+    Raises:
+        TraceError: the first field that breaks its rule, naming it (``key``) with expected vs actual
+            (a value of the wrong type too: ``n_draft="3"``).
+    """
+
+    n_draft: int = 3
+    max_tokens: int = 128
+    temp: float = 0.0
+    seed: int = 0
+    top_k: int = 40
+    top_p: float = 1.0
+    chat: bool = False
+    n_gpu_layers: int = -1
+    centroids: str | None = None
+    centroid_top_k: int | None = None
+    hidden: str = "f16"
+    n_top: int = 10
+    flush_every: int = 8
+    compact: bool = True
+    flash_attn: bool = False
+    n_threads: int | None = None
+    hidden_target: bool = False
+    baseline: bool = False
+    graph_capture: bool = False
+    repack: bool = True
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _typed(f.name, _KINDS[f.name], getattr(self, f.name)))
+        _check(self)
+
+    @property
+    def greedy(self) -> bool:
+        """``temp <= 0``: the target takes its argmax."""
+        return self.temp <= 0
+
+    @property
+    def needs_h_inner(self) -> bool:
+        """Whether the run needs ``h_inner``: hidden states are stored or a centroid head is scored."""
+        return self.hidden != "off" or self.centroids is not None
+
+    @property
+    def capture(self) -> bool:
+        """Whether the drafter needs the ``cb_eval`` capture of ``h_inner`` in every decode: ``h_inner`` is
+        needed and ``graph_capture`` asks for it from the graph (else it is derived)."""
+        return self.needs_h_inner and self.graph_capture
+
+    @property
+    def derive(self) -> bool:
+        """Whether ``h_inner`` is derived from the logits and ``h_next`` (:mod:`traces.run.derived`)."""
+        return self.needs_h_inner and not self.graph_capture
+
+    def manifest_params(self, *, centroid_top_k: int | None, n_ctx: int | None, isolated: bool,
+                        preflight: bool) -> dict[str, Any]:
+        """The trace manifest's ``params`` object (docs/TRACE_FORMAT.md; key order fixed, as traces have it).
+
+        Args:
+            centroid_top_k: the centroid head's k in use (None without a head).
+            n_ctx: the context size (None until the runtime is loaded).
+            isolated: llama.cpp runs in a worker process; preflight: the pair was checked before loading.
+        """
+        return {"n_draft": self.n_draft, "max_tokens": self.max_tokens, "temp": self.temp, "seed": self.seed,
+                "top_k": self.top_k, "top_p": self.top_p, "chat": self.chat, "n_gpu_layers": self.n_gpu_layers,
+                "centroids": self.centroids, "centroid_top_k": centroid_top_k, "hidden": self.hidden,
+                "n_top": self.n_top, "flush_every": self.flush_every, "compact": self.compact,
+                "flash_attn": self.flash_attn, "n_threads": self.n_threads, "n_ctx": n_ctx, "greedy": self.greedy,
+                "isolated": bool(isolated), "preflight": bool(preflight), "hidden_target": self.hidden_target,
+                "baseline": self.baseline, "graph_capture": self.graph_capture, "repack": self.repack}
+
+
+_KINDS = {"n_draft": _INT, "max_tokens": _INT, "temp": _REAL, "seed": _INT, "top_k": _INT, "top_p": _REAL,
+          "chat": _BOOL, "n_gpu_layers": _INT, "centroids": _OPT_PATH, "centroid_top_k": _OPT_INT,
+          "hidden": _CHOICE, "n_top": _INT, "flush_every": _INT, "compact": _BOOL, "flash_attn": _BOOL,
+          "n_threads": _OPT_INT, "hidden_target": _BOOL, "baseline": _BOOL,
+          "graph_capture": _BOOL, "repack": _BOOL}
+
+
+def _typed(name: str, kind: str, v: Any) -> Any:
+    """``v`` as the field's type, or a :class:`TraceError` naming the field."""
+    if v is None and kind in (_OPT_INT, _OPT_PATH):
+        return None
+    if kind in (_INT, _OPT_INT) and isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if kind == _REAL and isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return float(v)
+    if kind == _BOOL and isinstance(v, (bool, numbers.Integral)) and int(v) in (0, 1):
+        return bool(v)
+    if kind == _OPT_PATH and isinstance(v, (str, os.PathLike)):
+        return os.fspath(v)
+    if kind == _CHOICE and isinstance(v, str):
+        return v
+    want = {_INT: "an integer", _OPT_INT: "an integer or None", _REAL: "a number", _BOOL: "true or false",
+            _OPT_PATH: "a path or None", _CHOICE: "a string"}[kind]
+    raise TraceError(f"{name} must be {want}", key=name, expected=kind, actual=repr(v)[:60])
+
+
+def _check(c: RecordConfig) -> None:
+    """The rules of :class:`RecordConfig` (the first broken one raises)."""
+    if not 1 <= c.n_draft <= MAX_N_DRAFT:
+        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
+                         "drafts than a verify batch holds is a mistake)", key="n_draft",
+                         expected=f"1..{MAX_N_DRAFT}", actual=c.n_draft)
+    for name in ("max_tokens", "n_top", "flush_every"):
+        if getattr(c, name) < 1:
+            raise TraceError(f"{name} must be >= 1", key=name, expected=">= 1", actual=getattr(c, name))
+    if not math.isfinite(c.temp) or c.temp < 0:
+        raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
+                         expected="finite >= 0", actual=c.temp)
+    if not math.isfinite(c.top_p) or not 0.0 < c.top_p <= 1.0:
+        raise TraceError("top_p must be in (0, 1] (1 = off)", key="top_p", expected="0 < top_p <= 1",
+                         actual=c.top_p)
+    if c.top_k < 0:
+        raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=c.top_k)
+    if c.hidden not in HIDDEN_CHOICES:
+        raise TraceError("unknown hidden-state storage", key="hidden", expected=" | ".join(HIDDEN_CHOICES),
+                         actual=c.hidden)
+    if c.hidden_target and c.hidden == "off":
+        raise TraceError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
+                         expected="hidden f16 | f32", actual="hidden off")
+
+
+@dataclass(frozen=True)
+class RecordJob:
+    """One recording as the worker runs it (the worker protocol's ``start`` message, packed by
+    :func:`traces.run.packing.pack`): the model paths, the prompts (read and checked by the recorder)
+    and the :class:`RecordConfig`. It comes back from :func:`traces.run.packing.unpack` equal, except
+    that lists inside a prompt's ``extra`` fields come back as tuples (the worker does not read them)."""
+
+    target: str
+    assistant: str
+    prompts: tuple[PromptSpec, ...]
+    config: RecordConfig
+
+
+__all__ = ["CAPTURE_CHOICES", "HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]

@@ -1,0 +1,747 @@
+"""The recording worker: llama.cpp and the MTP loop in a child process, so that a crash of the runtime
+costs the recorder nothing but the round in progress (and :class:`InProcessRounds`, the same interface
+without the process, for an already loaded runtime).
+
+Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
+(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`:
+
+1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
+   notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
+   environment :data:`traces.run.llama.process.ABORT_ENV` (no debugger from ggml's abort handler). The
+   child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
+   copies to ``llama.log`` in the trace folder and keeps the tail of.
+2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
+   prompts, :class:`~traces.run.record_config.RecordConfig`) packed by :func:`traces.run.packing.pack`.
+   The child loads the models, tokenizes the prompts and answers ``hello`` (widths, vocabulary, context
+   size, runtime facts, prompt lengths), then waits for ``go``: the parent sends the job first and runs its
+   pre-flight check while the child loads (start-up = the longer of the two, not their sum), so nothing is
+   decoded before the pair passed the check; a refused pair ends the child (:meth:`RecordWorker.abandon`,
+   it has loaded at most). When the run derives ``h_inner`` (no ``cb_eval`` in the loop), a
+   ``calibration`` message comes after the last prompt (:class:`~traces.mtp_runtime.Calibration`: a few
+   drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
+   does not wait for them; released like a round).
+3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
+   parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
+   (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
+   sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
+   True)``), and a ``GGML_ABORT`` / ``GGML_ASSERT`` first lets it send what it holds
+   (:func:`traces.run.llama.process.set_abort_hook`), so the rounds before an abort still reach the trace.
+4. ``stop`` (Ctrl-C in the parent): the child stops before sending its next round and exits 0.
+
+The child dies with the parent (``PR_SET_PDEATHSIG``: no orphaned llama.cpp holding a GPU after a
+``kill -9`` of the recorder) and ignores SIGINT (the parent decides). When the child dies instead
+(signal, non-zero exit, socket closed), :meth:`RecordWorker.events` raises
+:class:`~mtpscope.errors.RuntimeAbortedError` carrying the ``aborted`` record for the manifest.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import mmap
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from mtpscope import errors as E
+from mtpscope.errors import MtpscopeError, RuntimeAbortedError
+from mtpscope.traces.run.record_config import RecordJob
+from mtpscope.traces.run.packing import pack, unpack
+from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
+
+#: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
+#: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
+#: took the core the recorder's analysis needs (measured: the worker used 2.0 CPU seconds per wall second
+#: with one llama.cpp thread). llama.cpp's own threads are ``n_threads``, set per context.
+WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+#: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
+STDERR_TAIL = 80
+#: a test fault, JSON ``{"abort_at_round": N}``: the worker calls ggml's own ``ggml_abort`` right after
+#: handing round N - 1 of a prompt to its sender thread (the real abort path, hook included)
+FAULT_ENV = "MTPSCOPE_WORKER_FAULT"
+#: the worker's ``sys.setswitchinterval``: how soon the sender thread yields the GIL to the loop
+SWITCH_INTERVAL_S = 0.0002
+#: seconds an abort waits for the round sender to hand over the rounds it holds (a stuck recorder must not
+#: keep a dying llama.cpp, e.g. one holding a GPU, alive)
+ABORT_FLUSH_S = 5.0
+#: seconds the worker gets to stop after a Ctrl-C before it is killed
+STOP_GRACE_S = 10.0
+
+# status block: magic, prompt_id, round, step, phase, n_decodes (int64 each)
+_STATUS = struct.Struct("<6q")
+_MAGIC = 0x6D7470736370  # "mtpscp"
+PHASES = ("start", "load", "prefill", "draft", "verify", "done")
+_PHASE = {p: i for i, p in enumerate(PHASES)}
+
+
+class Status:
+    """Where the worker is: written by the child before each decode, read by the parent after a crash."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self.mm = mm
+        self.prompt_id = self.round = self.step = 0
+        self.phase = "start"
+        self.n_decodes = 0
+        #: wall seconds spent inside llama.cpp decodes (the loop's time outside them is the Python around it)
+        self.decode_seconds = 0.0
+        self._drafted = False
+
+    def _store(self) -> None:
+        _STATUS.pack_into(self.mm, 0, _MAGIC, self.prompt_id, self.round, self.step, _PHASE[self.phase],
+                          self.n_decodes)
+
+    def set(self, phase: str, prompt_id: int | None = None) -> None:
+        if prompt_id is not None:
+            self.prompt_id, self.round, self.step, self._drafted = int(prompt_id), 0, 0, False
+        self.phase = phase
+        self._store()
+
+    def on_decode(self, draft: bool) -> None:
+        """Before a llama.cpp decode: the drafter's (``draft``) or the target's (prefill / verify)."""
+        self.n_decodes += 1
+        if draft:
+            self.step += 1
+            self._drafted = True
+            self.phase = "draft"
+        else:
+            self.phase = "verify" if self._drafted else "prefill"
+        self._store()
+
+    def next_round(self) -> None:
+        self.round += 1
+        self.step = 0
+        self._drafted = True  # later target decodes of this prompt are verifies
+        self._store()
+
+    @staticmethod
+    def read(mm: mmap.mmap) -> dict[str, Any] | None:
+        magic, pid, rnd, step, phase, n = _STATUS.unpack_from(mm, 0)
+        if magic != _MAGIC:
+            return None
+        return {"prompt_id": pid, "round": rnd, "step": step,
+                "phase": PHASES[phase] if 0 <= phase < len(PHASES) else "unknown", "n_decodes": n}
+
+
+# ================================================================================== child side
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when the parent dies (also if it already has)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _fault_round() -> int | None:
+    """The round of the test fault :data:`FAULT_ENV` asks for, or None."""
+    raw = os.environ.get(FAULT_ENV)
+    if not raw:
+        return None
+    return int(json.loads(raw)["abort_at_round"])
+
+
+def _instrument(rtm: Any, status: Status) -> None:
+    """Note every decode of the runtime's two contexts in ``status`` (instance-level wrappers)."""
+    for ctx, draft in ((rtm.tctx, False), (rtm.dctx, True)):
+        if getattr(ctx, "_mtpscope_status", None) is status:
+            continue
+        orig = ctx.decode
+
+        def decode(batch: Any, _orig: Any = orig, _draft: bool = draft, _perf: Any = time.perf_counter) -> None:
+            status.on_decode(_draft)
+            t0 = _perf()
+            try:
+                _orig(batch)
+            finally:
+                status.decode_seconds += _perf() - t0
+
+        ctx.decode = decode
+        ctx._mtpscope_status = status
+
+
+def _error_message(e: BaseException) -> dict[str, Any]:
+    if isinstance(e, MtpscopeError):
+        return {"kind": "error", "class": type(e).__name__, "message": e.message, "path": e.path,
+                "offset": e.offset, "key": e.key, "expected": None if e.expected is None else str(e.expected),
+                "actual": None if e.actual is None else str(e.actual)}
+    return {"kind": "error", "class": "internal", "message": f"{type(e).__name__}: {e}"}
+
+
+def load_runtime(job: RecordJob) -> Any:
+    """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
+    ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+
+    c = job.config
+    return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
+                      flash_attn=c.flash_attn, n_threads=c.n_threads, repack=c.repack)
+
+
+def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple[list[list[int]], dict[str, Any]]:
+    """Tokenize the job's prompts, size the context, and (with ``baseline`` and the config's) time plain
+    decoding first (:func:`time_baseline`).
+
+    Returns:
+        ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
+        stands for: the detokenized ids or the rendered chat), and with a baseline ``baseline`` (the
+        manifest entry of :func:`traces.mtp_runtime.time_plain`) and ``plain_outputs``.
+
+    Raises:
+        MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
+    """
+    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
+
+    c = job.config
+    rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
+    toks = [list(r[0]) for r in rendered]
+    rtm.ensure_context(max(len(t) for t in toks) + c.max_tokens + c.n_draft + 1)
+    extra: dict[str, Any] = {"n_prompt_tokens": [len(t) for t in toks], "prompt_texts": [r[1] for r in rendered]}
+    if baseline:
+        extra.update(time_baseline(rtm, job, toks))
+    return toks, extra
+
+
+def time_baseline(rtm: Any, job: RecordJob, toks: list[list[int]]) -> dict[str, Any]:
+    """With the config's ``baseline``: plain decoding of the prompts timed
+    (:func:`traces.mtp_runtime.time_plain`) as ``{"baseline": manifest entry, "plain_outputs": ids}``; else
+    ``{}``."""
+    from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
+
+    if not job.config.baseline:
+        return {}
+    plain, entry = time_plain(rtm, toks, job.config)
+    return {"baseline": entry, "plain_outputs": plain}
+
+
+def _wait_go(chan: Channel) -> bool:
+    """After ``hello``: block until the recorder says ``go`` (the pre-flight check passed: True) or ``stop``
+    (refused, or the recorder gave up: False)."""
+    while True:
+        got = chan.recv()
+        if got is None:
+            continue
+        msg, fds = got
+        for fd in fds:
+            os.close(fd)
+        kind = msg.get("kind")
+        if kind == "go":
+            return True
+        if kind == "stop":
+            return False
+
+
+def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
+    """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
+    the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
+    from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
+
+    if not job.config.derive or rtm.capture is not None or not toks:
+        return None
+    return Calibration(tuple(rtm.calibrate(toks[0])))
+
+
+def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
+    """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
+    defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
+    h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target with ``hidden_target``; each array
+    64-byte aligned, plus a page."""
+    def row(n: int) -> int:
+        return -(-4 * int(n) // 64) * 64
+
+    step = 2 * row(rtm.n_vocab) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
+    if hidden_target:
+        step += row(rtm.n_embd_backbone)
+    return int(n_draft) * step + 4096
+
+
+def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
+    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
+
+    status.set("load")
+    c = job.config
+    rtm = load_runtime(job)
+    # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
+    # default, 5 ms, is more than a drafter step of a small pair)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sender = RoundSender(chan, threaded=True)
+    # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
+    set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
+    try:
+        toks, extra = prepare_prompts(rtm, job, baseline=False)
+        chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
+                   "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
+                   "capture": rtm.capture is not None, "runtime": runtime_info(c.n_gpu_layers), **extra})
+        if not _wait_go(chan):
+            return                                     # the pre-flight check refused the pair: nothing decoded
+        base = time_baseline(rtm, job, toks)
+        if base:
+            chan.send({"kind": "baseline", **base})
+        sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
+        started_at = time.time()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
+        cpu_at_start = c0
+        fault = _fault_round()
+        try:
+            for pid, tk in enumerate(toks):
+                _instrument(rtm, status)
+                status.set("prefill", prompt_id=pid)
+                rounds = rtm.run(tk, c, trace=True, keep=sender.stage,
+                                 defer_target=True,    # the target's side: the recorder computes it from
+                                 fence=sender.fence)   # the verify rows the sender thread copies
+                try:
+                    for res in rounds:
+                        sender.send("round", res, prompt_id=pid)
+                        status.next_round()
+                        if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was
+                            ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
+                finally:
+                    rounds.close()                     # frees the prompt's sampler now
+                sender.check_stop()
+                chan.send({"kind": "prompt_done", "prompt_id": pid,
+                           "first_token": None if rtm.first_token is None else int(rtm.first_token)})
+        except StopRequested:
+            sender.flush()
+            chan.send({"kind": "stopped"})
+            return
+        status.set("done")
+        sender.flush()
+        done = {"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
+                "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
+                "worker_cpu_seconds": time.process_time() - c0,
+                "wait_seconds": sender.wait_seconds, "started_at": started_at, "cpu_at_start": cpu_at_start}
+        # the derived h_inner's agreement, measured after the loop: nothing waits for it before the first decode
+        cal = calibration(rtm, job, toks)
+        if cal is not None:
+            sender.send("calibration", cal)
+            sender.flush()
+        chan.send(done)
+    finally:
+        sender.close()
+        rtm.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: ``python -m mtpscope.traces.run.record_worker SOCK_FD STATUS_FD PARENT_PID``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    sock_fd, status_fd, parent = int(args[0]), int(args[1]), int(args[2])
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # the recorder decides what a Ctrl-C means
+    import faulthandler  # noqa: PLC0415
+
+    faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
+    chan = Channel(socket.socket(fileno=sock_fd))
+    status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
+    try:
+        got = chan.recv()
+        msg = got[0] if got else {}
+        if msg.get("kind") != "start":
+            return 2
+        _serve(chan, status, unpack(msg["job"], ()))
+        return 0
+    except TransportClosed:
+        return 1                                      # the recorder is gone
+    except BaseException as e:  # noqa: BLE001 - reported to the recorder, traceback to llama.log
+        traceback.print_exc()
+        try:
+            chan.send(_error_message(e))
+        except (TransportClosed, OSError):
+            pass
+        return 1
+
+
+# ================================================================================== parent side
+@dataclass(frozen=True)
+class WorkerRound:
+    """A finished round from the worker; ``result``'s large arrays are ring views until released."""
+
+    prompt_id: int
+    result: Any
+
+
+@dataclass(frozen=True)
+class PromptDone:
+    """The worker finished a prompt; ``first_token``: the prefill's token (also when no round followed)."""
+
+    prompt_id: int
+    first_token: int | None
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The worker timed plain decoding first (``record --baseline``): the manifest entry
+    (:func:`traces.mtp_runtime.time_plain`) and the plain outputs."""
+
+    entry: dict[str, Any]
+    plain_outputs: list[list[int]]
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """The worker finished every prompt: its loop's wall seconds and CPU seconds (the worker process's
+    without its sender thread; loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
+    this process), the wall seconds of its loop spent inside llama.cpp decodes and the CPU seconds of
+    the whole worker process over the loop, its sender thread included (both 0 when not measured: in
+    this process)."""
+
+    loop_seconds: float
+    loop_cpu_seconds: float
+    wait_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    worker_cpu_seconds: float = 0.0
+    #: when the loop began (``time.time()``, right before the first prompt's prefill decode) and the worker
+    #: process's CPU seconds by then (imports, loading and prompts); 0 when not measured
+    started_at: float = 0.0
+    cpu_at_start: float = 0.0
+
+
+class _LogPump(threading.Thread):
+    """Copies the worker's output to a file (once known; buffered until then), keeps its tail, and
+    echoes it to our stderr when ``echo``."""
+
+    def __init__(self, pipe: BinaryIO, echo: bool) -> None:
+        super().__init__(name="mtpscope-worker-log", daemon=True)
+        self.pipe = pipe
+        self.echo = echo
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self._lock = threading.Lock()
+        self._buf: list[bytes] = []
+        self._fh: BinaryIO | None = None
+
+    def run(self) -> None:
+        for raw in iter(self.pipe.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            with self._lock:
+                self.tail.append(text.rstrip("\n"))
+                if self._fh is not None:
+                    self._fh.write(raw)
+                    self._fh.flush()
+                else:
+                    self._buf.append(raw)
+            if self.echo:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+
+    def log_to(self, path: Path) -> None:
+        with self._lock:
+            fh = open(path, "wb")  # noqa: SIM115 - kept open while the worker runs
+            fh.write(b"".join(self._buf))
+            fh.flush()
+            self._buf = []
+            self._fh = fh
+
+    def close(self) -> None:
+        self.join(timeout=5.0)
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+
+def _where(st: dict[str, Any] | None) -> str:
+    if not st:
+        return "while starting"
+    phase = st["phase"]
+    if phase in ("start", "load"):
+        return "while loading the models"
+    if phase == "prefill":
+        return f"at prompt {st['prompt_id']}, prefill"
+    if phase == "draft":
+        return f"at prompt {st['prompt_id']}, round {st['round']}, draft step {st['step']}"
+    if phase == "verify":
+        return f"at prompt {st['prompt_id']}, round {st['round']}, verify"
+    return "after the last prompt"
+
+
+class RecordWorker:
+    """Parent-side handle on one recording worker (see the module docstring).
+
+    Args:
+        job: the run: models, prompts and :class:`~traces.run.record_config.RecordConfig` (sent to the
+            child packed by :func:`traces.run.packing.pack`). The child loads the models and tokenizes the
+            prompts at once, then waits after ``hello`` for :meth:`go` (the recorder's pre-flight check runs
+            meanwhile; :meth:`abandon` ends a refused run).
+        echo: copy the worker's stderr (llama.cpp's log) to ours as it comes (``--verbose``).
+
+    Raises (from :meth:`hello` and :meth:`events`):
+        RuntimeAbortedError: the worker died; ``.aborted`` is the manifest record.
+        MtpscopeError (or subclass): the worker reported one (e.g. llama.cpp could not load a model).
+        RuntimeError: the worker reported an internal error (a bug; its traceback is in the log).
+    """
+
+    def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
+        from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
+
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
+        if self._status_fd is None:  # pragma: no cover - macOS
+            import tempfile  # noqa: PLC0415
+
+            self._status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
+            os.unlink(tmp)
+        os.ftruncate(self._status_fd, mmap.PAGESIZE)
+        self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
+        env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
+        fds = (child_sock.fileno(), self._status_fd)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mtpscope.traces.run.record_worker", str(fds[0]), str(fds[1]), str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=fds, env=env)
+        finally:
+            child_sock.close()
+        self.chan = Channel(parent_sock)
+        self.receiver = RoundReceiver(self.chan)
+        self.log = _LogPump(self.proc.stdout, echo)
+        self.log.start()
+        self.info: dict[str, Any] | None = None
+        self.trace_dir: Path | None = None
+        self._closed = False
+        self.n_rounds_received = 0
+        try:
+            self.chan.send({"kind": "start", "job": pack(job)[0]})
+        except TransportClosed:
+            pass  # reported by hello()
+
+    # -- parent API
+    def go(self) -> None:
+        """Let the worker decode (the pre-flight check passed): after its ``hello`` it calibrates and runs the
+        loop. Until then it only loads the models and tokenizes the prompts."""
+        try:
+            self.chan.send({"kind": "go"})
+        except TransportClosed:
+            pass  # reported by hello() / events()
+
+    def abandon(self) -> None:
+        """End a worker whose run will not happen (the pre-flight check refused the pair) at once: it is
+        killed wherever it is (loading the models at most: it decodes nothing before :meth:`go`).
+        Idempotent with :meth:`close`."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.close()
+
+    def hello(self) -> dict[str, Any]:
+        """Wait for the worker to load the models; its ``hello`` (n_vocab, n_embd_backbone, n_embd,
+        n_ctx, capture, runtime, n_prompt_tokens, ``cpu_seconds``: the worker's CPU time so far)."""
+        while self.info is None:
+            msg = self._next()
+            if msg["kind"] == "hello":
+                self.info = msg
+            # anything else before hello is ignored
+        return self.info
+
+    def log_to(self, path: str | os.PathLike[str]) -> None:
+        """From now on copy the worker's output to ``path`` (what came before is written first)."""
+        self.trace_dir = Path(path).parent
+        self.log.log_to(Path(path))
+
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
+        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), then one :class:`WorkerDone`. After a :class:`WorkerRound` or the
+        calibration, call :meth:`release` once its arrays are no longer needed."""
+        from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
+
+        while True:
+            msg = self._next()
+            kind = msg["kind"]
+            if kind == "round":
+                self.n_rounds_received += 1
+                yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
+            elif kind == "calibration":
+                yield self.receiver.unpack(msg)
+            elif kind == "baseline":
+                yield Baseline(msg["baseline"], [list(o) for o in msg["plain_outputs"]])
+            elif kind == "prompt_done":
+                yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
+            elif kind == "done":
+                yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
+                                 float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0),
+                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]),
+                                 float(msg.get("started_at") or 0.0), float(msg.get("cpu_at_start") or 0.0))
+                return
+            elif kind == "stopped":
+                return
+
+    def release(self) -> None:
+        """The last round's arrays may be overwritten: the worker may send the next round."""
+        try:
+            self.receiver.release()
+        except TransportClosed:
+            pass  # the worker died: the next events() step reports it
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Ask the worker to stop (Ctrl-C) and wait up to ``grace`` seconds for it to exit, then kill it."""
+        try:
+            self.chan.send({"kind": "stop"})
+        except (TransportClosed, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        """Wait for (or kill) the worker and free the channels. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        self.receiver.close()
+        self.chan.close()
+        try:
+            self._status.close()
+        finally:
+            os.close(self._status_fd)
+
+    def __enter__(self) -> RecordWorker:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None and self.proc.poll() is None:
+            self.stop(grace=2.0 if exc_type is KeyboardInterrupt else 0.0)
+        self.close()
+
+    # -- internals
+    def _next(self) -> dict[str, Any]:
+        while True:
+            try:
+                got = self.chan.recv(timeout=1.0)
+            except TransportClosed:
+                raise self._death() from None
+            if got is None:
+                if self.proc.poll() is not None:
+                    raise self._death()
+                continue
+            msg, fds = got
+            kind = msg.get("kind")
+            if kind == "ring":
+                self.receiver.on_ring(msg, fds)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == "error":
+                raise self._reported_error(msg)
+            return msg
+
+    def _reported_error(self, msg: dict[str, Any]) -> BaseException:
+        self.proc.wait()
+        cls = getattr(E, str(msg.get("class")), None)
+        if isinstance(cls, type) and issubclass(cls, MtpscopeError) and cls is not RuntimeAbortedError:
+            return cls(str(msg.get("message")), path=msg.get("path"), offset=msg.get("offset"), key=msg.get("key"),
+                       expected=msg.get("expected"), actual=msg.get("actual"))
+        return RuntimeError(f"recording worker failed: {msg.get('message')} (traceback in llama.log)")
+
+    def _death(self) -> RuntimeAbortedError:
+        """The worker is gone: wait for it and describe how it died."""
+        try:
+            rc = self.proc.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:  # socket closed but still running: kill it
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.log.join(timeout=5.0)
+        st = Status.read(self._status)
+        tail = list(self.log.tail)
+        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler  # noqa: PLC0415
+
+        said = abort_message(tail)
+        sig = None
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+        if sig == "SIGABRT":
+            verb = "aborted"
+        elif sig is not None:
+            verb = f"crashed ({sig})" if sig != "SIGKILL" else "was killed (SIGKILL; out of memory?)"
+        else:
+            verb = f"exited with code {rc}"
+        where = _where(st)
+        line = f"llama.cpp {verb} {where}" + (f": {said}" if said else "")
+        aborted = {"signal": sig, "exit_code": None if rc < 0 else rc, "message": said, "where": where,
+                   "prompt_id": None if st is None else st["prompt_id"],
+                   "round": None if st is None else st["round"],
+                   "step": None if st is None or st["phase"] != "draft" else st["step"],
+                   "phase": None if st is None else st["phase"],
+                   "n_rounds_received": self.n_rounds_received,
+                   "stderr_tail": before_faulthandler(tail)[-20:], "log": "llama.log"}
+        return RuntimeAbortedError(line, aborted=aborted, path=self.trace_dir)
+
+
+class InProcessRounds:
+    """The recording loop in this process, with :class:`RecordWorker`'s interface (``hello`` /
+    ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
+    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
+    (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
+    """
+
+    def __init__(self, runtime: Any, job: RecordJob) -> None:
+        self.job = job
+        self.own = runtime is None
+        self.rtm = runtime if runtime is not None else load_runtime(job)
+        self.toks: list[list[int]] = []
+
+    def hello(self) -> dict[str, Any]:
+        from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+
+        r = self.rtm
+        self.toks, extra = prepare_prompts(r, self.job)
+        return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
+                "capture": r.capture is not None, "runtime": runtime_info(self.job.config.n_gpu_layers), **extra}
+
+    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+        started_at = time.time()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for pid, tk in enumerate(self.toks):
+            rounds = self.rtm.run(tk, self.job.config, trace=True)
+            try:
+                for res in rounds:
+                    yield WorkerRound(pid, res)
+            finally:
+                rounds.close()
+            yield PromptDone(pid, self.rtm.first_token)
+        done = WorkerDone(time.perf_counter() - t0, time.process_time() - c0, started_at=started_at)
+        cal = calibration(self.rtm, self.job, self.toks)
+        if cal is not None:
+            yield cal
+        yield done
+
+    def release(self) -> None:
+        """Nothing to release: the arrays are the runtime's own copies."""
+
+    def log_to(self, path: str | os.PathLike[str]) -> None:
+        """llama.cpp logs into this process (``traces.run.llama.logs``): nothing to copy."""
+
+    def stop(self, grace: float = 0.0) -> None:
+        """A Ctrl-C reaches the loop in this process directly."""
+
+    def close(self) -> None:
+        if self.own:
+            self.rtm.close()
+
+
+__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
+           "WorkerRound", "calibration", "load_runtime", "main", "prepare_prompts", "time_baseline"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

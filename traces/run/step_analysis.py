@@ -1,0 +1,135 @@
+"""Turning drafter outputs into trace records: per-step logit summaries (draft logit and rank, top-n
+candidates, the target token's rank), centroid-head scoring, and the ``RoundRecord`` / ``StepRecord``
+of a recorded round.
+
+:func:`summarize_logits` is the analysis the recorder and the replay share (a replayed step is
+summarized exactly like a recorded one); :func:`step_records` / :func:`round_record` turn a
+:class:`traces.mtp_runtime.RoundResult` into what :class:`traces.store.TraceWriter` stores (hidden
+states stay float32 here; the writer converts them to the trace's f16 / f32).
+
+Imports: numpy, traces.records, traces.ranking, traces.centroid_head (and, for types only,
+traces.mtp_runtime, traces.run.derived and inspector.centroids).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mtpscope.traces.run.centroid_head import centroid_steps
+from mtpscope.traces.run.ranking import rank, top_k_desc
+from mtpscope.traces.store.records import RoundRecord, StepRecord
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.centroids import CentroidHead
+    from mtpscope.traces.run.derived import HInnerSolver
+    from mtpscope.traces.run.mtp_runtime import RoundResult
+
+
+@dataclass(frozen=True)
+class LogitSummary:
+    """What the trace keeps of one step's dense logits.
+
+    Attributes:
+        logit: the draft's logit.
+        rank: the draft's rank (:func:`traces.ranking.rank`; 0 = best).
+        top_ids: the ``n_top`` best token ids, best first, ties by lower id.
+        top_logits: their logits, same order.
+        target_rank: rank of the target's token, or None when no target token is known.
+    """
+
+    logit: float
+    rank: int
+    top_ids: tuple[int, ...]
+    top_logits: tuple[float, ...]
+    target_rank: int | None
+
+
+def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = None,
+                     n_top: int = 10) -> LogitSummary:
+    """Summarize one step's dense logits (``(n_vocab,)``) for the draft ``token`` and, when known, the
+    target's token ``target``.
+
+    Raises:
+        IndexError: ``token`` or ``target`` out of range.
+    """
+    top = top_k_desc(logits, n_top)
+    top_vals = logits[top]
+    return LogitSummary(logit=float(logits[token]), rank=rank(logits, token, top),
+                        top_ids=tuple(top.tolist()), top_logits=tuple(top_vals.tolist()),
+                        target_rank=None if target is None else rank(logits, target, top))
+
+
+def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | None]:
+    """Each step's ``h_inner``: the captured one, or derived by ``solver`` (:mod:`traces.run.derived`) from
+    the step's logits and ``h_next`` where it was not captured (None where those are missing too)."""
+    steps = res.steps
+    out: list[np.ndarray | None] = [s.h_inner for s in steps]
+    todo = [i for i, s in enumerate(steps) if s.h_inner is None and s.logits is not None and s.h_next is not None]
+    if todo:
+        got = solver.solve([steps[i].logits for i in todo], [steps[i].h_next for i in todo])
+        for j, i in enumerate(todo):
+            out[i] = got[j]
+    return out
+
+
+def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
+                 head: CentroidHead | None = None, solver: HInnerSolver | None = None) -> list[StepRecord]:
+    """Per-step trace records of one round (see :func:`traces.recorder.record` for the fields).
+
+    Args:
+        res: a round run with ``trace=True`` (its ``steps`` carry the raw data).
+        n_top: drafter candidates kept per step.
+        hidden: ``"off"`` drops the hidden states (``h_target`` too); any other value keeps them (float32 here).
+        head: a centroid head checked by :meth:`~inspector.centroids.CentroidHead.ready`, or None; its
+            columns are filled only when every step has ``h_inner``.
+        solver: derives ``h_inner`` from the logits and ``h_next`` of steps that carry no captured one
+            (:func:`derive_h_inner`); None keeps only captured values.
+    """
+    out: list[StepRecord] = []
+    keep_h = hidden != "off"
+    steps = res.steps
+    targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
+    inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
+    cs_all = None
+    if head is not None and steps and all(h is not None for h in inner):
+        logits = None
+        if all(s.logits is not None for s in steps):
+            logits = [s.logits for s in steps]
+        cs_all = centroid_steps(head, np.stack(inner), dense_logits=logits, target_tokens=targets)
+    p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
+    for k, s in enumerate(steps, start=1):
+        lg = s.logits
+        tt = targets[k - 1]
+        kw: dict[str, Any] = {}
+        if cs_all is not None:
+            cs = cs_all[k - 1]
+            kw = {"centroid_ids": cs.centroid_ids.tolist(), "centroid_logits": cs.centroid_logits.tolist(),
+                  "centroid_token": cs.centroid_token, "target_in_candidates": cs.target_in_candidates,
+                  "target_centroid": cs.target_centroid, "target_centroid_rank": cs.target_centroid_rank}
+        if k <= len(p_d):
+            kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
+        if keep_h and k <= len(h_t):
+            kw["h_target"] = h_t[k - 1]
+        if lg is not None:
+            ls = summarize_logits(lg, s.token, target=tt, n_top=n_top)
+            kw.update(logit=ls.logit, rank=ls.rank, top_ids=ls.top_ids, top_logits=ls.top_logits,
+                      target_rank=ls.target_rank)
+        out.append(StepRecord(
+            k=k, token=s.token, target_token=tt, accepted=k <= res.n_accepted,
+            h=s.h if keep_h else None, h_next=s.h_next if keep_h else None,
+            h_inner=inner[k - 1] if keep_h else None, **kw))
+    return out
+
+
+def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
+    """The trace record of one round."""
+    return RoundRecord(prompt_id=prompt_id, round=res.round, pos=res.pos, pending_token=res.pending_token,
+                       n_draft=len(res.drafted), drafted=res.drafted, n_accepted=res.n_accepted,
+                       target=res.target, emitted=res.emitted, t_draft_ms=res.t_draft_ms,
+                       t_verify_ms=res.t_verify_ms)
+
+
+__all__ = ["LogitSummary", "derive_h_inner", "round_record", "step_records", "summarize_logits"]
