@@ -1,7 +1,8 @@
 """Benchmark: cost of tracing in the real MTP loop (target: tracing costs at most 3 %).
 
-Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in this process, with
-no ``cb_eval`` callback, no per-step copies, no analysis and no trace writing. Traced ("on"): what
+Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in a process of its own
+(as the traced loop runs in the worker; with ``--in-process`` in this process, as the traced runs then are),
+with no ``cb_eval`` callback, no per-step copies, no analysis and no trace writing. Traced ("on"): what
 ``mtpscope record`` does -- :func:`traces.recorder.record` with llama.cpp in a worker process
 (``isolate=True``), hidden states (h, h_next, h_inner) as f16 and the fork drafter's centroid head, the
 analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
@@ -14,7 +15,7 @@ run too: the one least disturbed by other processes):
 
 * ``wall``: generated tokens per wall second (traced: from the worker's first decode to the trace's
   close; model loading excluded on both sides);
-* ``cpu (loop)``: per CPU second of the MTP loop (untraced: this process; traced: the worker process
+* ``cpu (loop)``: per CPU second of the MTP loop (untraced: its process; traced: the worker process
   without its sender thread, which packs and sends the rounds beside the loop); the stable measure on a
   shared machine, where wall time mostly measures the neighbours;
 * ``cpu (all)``: per CPU second of both processes, every thread (the analysis and writing are not free,
@@ -37,12 +38,15 @@ worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` wi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 from mtpscope.demo import build as demo
@@ -75,6 +79,76 @@ def models(vocab: str, size: str = "tiny") -> tuple[Path, Path, Path]:
     if not f.exists():
         demo.write_drafter(f, vocab=vocab, dialect="fork", dims=dims)
     return t, a, f
+
+
+class _OffLoop:
+    """The bare MTP loop (no callback, no copies, no analysis, no writing) with its decodes timed as the
+    worker times its own."""
+
+    def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int) -> None:
+        self.rt = MtpRuntime(target, assistant, capture=False, n_gpu_layers=n_gpu_layers, n_threads=threads)
+        self.tokens = self.rt.prompt_tokens(PROMPT)
+        self.in_decode = 0.0
+        for ctx in (self.rt.tctx, self.rt.dctx):
+            def timed(batch: object, _orig: object = ctx.decode) -> None:
+                t0 = time.perf_counter()
+                try:
+                    _orig(batch)  # type: ignore[operator]
+                finally:
+                    self.in_decode += time.perf_counter() - t0
+            ctx.decode = timed  # type: ignore[method-assign]
+
+    def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
+        """One untraced run: wall and CPU seconds, rounds, seconds inside decodes, the tokens."""
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.in_decode = 0.0
+        out: list[int] = []
+        n_rounds = 0
+        for r in self.rt.run(self.tokens, RecordConfig(n_draft=n_draft, max_tokens=max_tokens), trace=False):
+            if not out:
+                out.append(r.pending_token)
+            out.extend(r.emitted)
+            n_rounds += 1
+        return {"secs": time.perf_counter() - t0, "cpu": time.process_time() - c0, "n_rounds": n_rounds,
+                "in_decode": self.in_decode, "out": out}
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+class _OffChild:
+    """:class:`_OffLoop` in a child process (``python -m benchmarks.bench_record --off-loop ...``): one JSON
+    line per run on its stdout."""
+
+    def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_record", "--off-loop", os.fspath(target),
+                                      os.fspath(assistant), str(threads), str(n_gpu_layers)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
+        if self.proc.stdin is None or self.proc.stdout is None:
+            raise RuntimeError("the untraced loop's process has no pipes")
+        self.proc.stdin.write(f"{n_draft} {max_tokens}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the untraced loop's process ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _off_loop_main(argv: list[str]) -> int:
+    """The child of :class:`_OffChild`: loads the pair once, then one untraced run per stdin line."""
+    loop = _OffLoop(Path(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3]))
+    for line in sys.stdin:
+        n_draft, max_tokens = (int(x) for x in line.split())
+        print(json.dumps(loop.run(n_draft, max_tokens)), flush=True)
+    loop.close()
+    return 0
 
 
 def _line(label: str, off: list[float], on: list[float]) -> None:
@@ -123,34 +197,19 @@ def main() -> int:
     args = ap.parse_args()
 
     t, a, f = models(args.vocab, args.size)
-    off_rt = MtpRuntime(t, a, capture=False, n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
-    tokens = off_rt.prompt_tokens(PROMPT)
-
+    # the untraced loop runs where the traced one does: in a process of its own beside this one (as the
+    # worker), or in this process with --in-process (measured: the same decodes take ~14 % longer in this
+    # process, which holds the recorder's imports and state, than in a fresh one)
+    off_loop: _OffLoop | _OffChild = (_OffLoop(t, a, args.threads, args.n_gpu_layers) if args.in_process
+                                      else _OffChild(t, a, args.threads, args.n_gpu_layers))
     off_parts: list[tuple[float, float]] = []
-    in_decode = [0.0]
-    for ctx in (off_rt.tctx, off_rt.dctx):     # time the untraced loop's decodes as the worker times its own
-        def timed(batch: object, _orig: object = ctx.decode) -> None:
-            t0 = time.perf_counter()
-            try:
-                _orig(batch)  # type: ignore[operator]
-            finally:
-                in_decode[0] += time.perf_counter() - t0
-        ctx.decode = timed  # type: ignore[method-assign]
 
     def run_off() -> tuple[float, float, int, list[int]]:
-        c0, t0 = time.process_time(), time.perf_counter()
-        in_decode[0] = 0.0
-        out: list[int] = []
-        n_rounds = 0
-        for r in off_rt.run(tokens, RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens), trace=False):
-            if not out:
-                out.append(r.pending_token)
-            out.extend(r.emitted)
-            n_rounds += 1
-        secs = time.perf_counter() - t0
-        if n_rounds:
-            off_parts.append((in_decode[0] * 1e3 / n_rounds, (secs - in_decode[0]) * 1e3 / n_rounds))
-        return secs, time.process_time() - c0, len(out), out
+        r = off_loop.run(args.n_draft, args.max_tokens)
+        if r["n_rounds"]:
+            off_parts.append((r["in_decode"] * 1e3 / r["n_rounds"],
+                              (r["secs"] - r["in_decode"]) * 1e3 / r["n_rounds"]))
+        return r["secs"], r["cpu"], len(r["out"]), list(r["out"])
 
     modes = ("derived", "graph") if args.capture == "both" else (args.capture,)
     on_rts = {m: MtpRuntime(t, a, capture=m == "graph", n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
@@ -200,8 +259,9 @@ def main() -> int:
     for rt in on_rts.values():
         if rt is not None:
             rt.close()
-    off_rt.close()
-    where = "in this process" if args.in_process else "llama.cpp in a worker process"
+    off_loop.close()
+    where = ("in this process" if args.in_process
+             else "llama.cpp in a worker process, the untraced loop in a process of its own")
     print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -224,4 +284,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--off-loop"]:
+        raise SystemExit(_off_loop_main(sys.argv[2:]))
     raise SystemExit(main())
