@@ -51,6 +51,7 @@ def test_too_few_rounds_to_tell() -> None:
                            "t_draft_ms": [1.0] * 4, "t_verify_ms": [10.0] * 4})
     a = advise(what_if(rounds, n_boot=20))
     assert a.recommendation.choice is None and "too few rounds" in a.recommendation.reason
+    assert a.break_even is None     # no "MTP pays here" beside "too few rounds to tell"
 
 
 def test_break_even_by_hand() -> None:

@@ -100,3 +100,19 @@ def test_compare_clean_vs_noisy(demo_dir, noisy: Path) -> None:
 def test_compare_unreadable(tmp_path: Path, noisy: Path) -> None:
     res = runner.invoke(app, ["compare", str(tmp_path / "missing"), str(noisy)])
     assert res.exit_code == 2 and "not a trace directory" in res.stderr
+
+
+def test_explain_by_request_on_a_recording_gives_each_prompts_speed(noisy: Path) -> None:
+    """A recording seen request by request carries each prompt's tokens/s: its emitted tokens over its rounds'
+    draft + verify time (the definition `report` uses for the whole trace), recomputed here from the parts."""
+    from mtpscope.cli.server import request_view
+    from mtpscope.traces.store.reader import open_trace
+
+    r = _table(noisy, "rounds").to_pandas()
+    want = {int(p): 1000.0 * sum(len(e) for e in g["emitted"]) / float(g["t_draft_ms"].sum() + g["t_verify_ms"].sum())
+            for p, g in r.groupby("prompt_id")}
+    t = request_view(open_trace(noisy))["table"]
+    got = dict(zip(t["request"].astype(int), t["tokens_per_s"].astype(float), strict=True))
+    assert set(got) == set(want) and all(abs(got[p] - want[p]) <= 1e-9 * want[p] for p in want), (got, want)
+    res = runner.invoke(app, ["explain", str(noisy), "--by", "request"])
+    assert res.exit_code == 0 and "— tokens/s" not in res.stdout, res.output

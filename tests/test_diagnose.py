@@ -261,3 +261,32 @@ def test_cli_refuses_both_prompts_and_trace(tmp_path: Path) -> None:
 def test_no_numbers_sneak_into_json_as_numpy() -> None:
     d = replace(Diagnosis("t", "a", None, ()), summary={"x": np.float64(1.5), "y": np.int32(2), "z": float("nan")})
     assert d.to_dict()["summary"] == {"x": 1.5, "y": 2, "z": None}
+
+
+def test_a_trace_with_a_missing_or_unreadable_part_is_refused_naming_it(demo_dir, tmp_path: Path) -> None:
+    """A damaged trace is bad input (one line naming the part, exit 2), never a healthy diagnosis of the rows
+    that are left; the trace is left as it was."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    parts = json.loads((src / "manifest.json").read_text())["parts"]
+    for table, damage in (("rounds", "delete"), ("steps", "truncate")):
+        tr = tmp_path / f"{table}-{damage}"
+        shutil.copytree(src, tr)
+        part = tr / table / parts[table][0]
+        if damage == "delete":
+            part.unlink()
+        else:
+            part.write_bytes(part.read_bytes()[:200])
+        before = sorted((p.relative_to(tr), p.stat().st_size) for p in tr.rglob("*") if p.is_file())
+        r = CliRunner().invoke(app, ["diagnose", "--trace", str(tr), "--no-replay", "-q"])
+        lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("[")]
+        assert r.exit_code == 2, r.output
+        assert len(lines) == 1 and str(part) in lines[0] and "cannot be read" in lines[0], r.output
+        assert sorted((p.relative_to(tr), p.stat().st_size) for p in tr.rglob("*") if p.is_file()) == before

@@ -176,7 +176,28 @@ def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, t
     share = float((m["target_entropy"] >= 1.0).mean())
     pct = int(d.limits[0].split(" %")[0])
     assert abs(pct - 100 * share) <= 1.5, (pct, share)
+    # the target judged none past an end-of-generation token: a round whose emitted tokens stop at its
+    # accepted drafts (an accepted draft ended the generation, no correction token followed)
+    ended = {(int(p), int(q)) for p, q, e, a in zip(r["prompt_id"], r["round"], r["emitted"], r["n_accepted"],
+                                                    strict=True) if len(e) == a}
+    judged = m[[(int(p), int(q)) not in ended for p, q in zip(m["prompt_id"], m["round"], strict=True)]]
+    hard = int((judged["target_entropy"] >= 1.0).sum())
+    assert f"({hard} of the {len(judged)} the target judged)" in d.limits[0], d.limits[0]
     assert d.variants["baseline_agreement"] == 1.0
+    # explain's target-side line accounts for every rejected round: hard + wrong + unknown + those past the
+    # end of generation (no target side) = the rounds with a first mismatch, counted here by hand
+    import re
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    out = CliRunner().invoke(app, ["explain", str(trained.traces_f32)]).stdout
+    line = next(ln for ln in out.splitlines() if "target side:" in ln)
+    nums = [int(re.search(rf"{w}\D*?(\d+)", line).group(1)) for w in ("nat\\) ", "sure\\) ", "unknown ")]
+    eog = re.search(r"none after the end of generation (\d+)", line)
+    assert sum(nums) + (int(eog.group(1)) if eog else 0) == len(rej), (line, len(rej))
+    assert nums[0] == hard and (int(eog.group(1)) if eog else 0) == len(m) - len(judged), line
 
 
 def test_q8_0_drafter_no_defect_quantization_cost_measured(trained: TrainedPaths, tmp_path: Path) -> None:

@@ -177,6 +177,27 @@ def test_bad_input_is_one_line_and_leaves_no_file(pair, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "o.gguf"]
 
 
+
+def test_an_output_that_is_no_regular_file_or_cannot_be_written_is_refused_naming_it(pair, tmp_path: Path) -> None:
+    import stat
+
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder.gguf"
+    folder.mkdir()
+    for out, kind in ((fifo, "a FIFO"), (folder, "a directory")):
+        for extra in ([], ["--overwrite"]):   # --overwrite never replaces a device, FIFO or folder
+            line = _one_line(runner.invoke(app, ["quantize", str(pair["drafter"]), str(out), "--type", "q8_0", *extra]))
+            assert str(out) in line and "not a regular file" in line and kind in line, line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and folder.is_dir() and not any(folder.iterdir())
+    # a folder that takes no new file (here: a path below a regular file): the line names the output
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    out = plain / "o.gguf"
+    line = _one_line(runner.invoke(app, ["quantize", str(pair["drafter"]), str(out), "--type", "q8_0"]))
+    assert str(out) in line and "cannot write the output" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.gguf", "pipe.gguf", "plain.txt"]
+
 def test_the_cache_is_keyed_by_content_and_type(pair, tmp_path: Path) -> None:
     from mtpscope.traces.run.quantize import quantized_copy
 

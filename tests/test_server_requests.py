@@ -174,3 +174,22 @@ def test_client_errors_against_a_real_http_server(tmp_path):
     with ServerClient(base, timeout_s=5) as c:       # the server is gone now
         with pytest.raises(ServerError, match="cannot connect"):
             c.health()
+
+
+def test_launch_checks_the_model_files_with_our_reader_before_starting_anything(tmp_path, monkeypatch):
+    """A file that is no GGUF is named with our reader's offset before llama-server runs or writes a log."""
+    from mtpscope.errors import InspectorError
+    from mtpscope.traces.server.launch import launch
+
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "notgguf.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    with pytest.raises(InspectorError) as e:
+        launch(bad, None, binary="/nonexistent/llama-server")
+    assert str(bad) in str(e.value) and "offset 0" in str(e.value) and "magic" in str(e.value)
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little"))
+    with pytest.raises(InspectorError) as e:
+        launch(trunc, None, binary="/nonexistent/llama-server")
+    assert str(trunc) in str(e.value) and "offset" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notgguf.gguf", "trunc.gguf"]   # no log written

@@ -81,9 +81,10 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
             lines.append(f"  k={p['k']}: {p['n']} ({cs})")
     ts = rej["target_side"]
     if ts["hard"] or ts["wrong"]:
+        eog = int(rej["causes"].get("after_eog") or 0)   # past the end of generation: the target judged nothing
         lines.append(f"  target side: hard (target unsure, entropy >= 1 nat) {ts['hard']}, wrong (target sure) "
-                     f"{ts['wrong']}, unknown {ts['unknown']}; mean p(drafted) hard {_f(ts['p_drafted_mean_hard'])}, "
-                     f"wrong {_f(ts['p_drafted_mean_wrong'])}")
+                     f"{ts['wrong']}, unknown {ts['unknown']}" + (f", none after the end of generation {eog}" if eog else "")
+                     + f"; mean p(drafted) hard {_f(ts['p_drafted_mean_hard'])}, wrong {_f(ts['p_drafted_mean_wrong'])}")
     if rej.get("sparse_unreachable") is not None:
         lines.append(f"  the centroid head could not have drafted {rej['sparse_unreachable']} of these target "
                      "tokens either (not among its candidates)")

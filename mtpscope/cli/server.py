@@ -41,9 +41,15 @@ def request_view(trace) -> dict:  # noqa: ANN001
     """The request tables of an opened trace: its ``requests`` rows, or for a recording its prompts seen as
     requests (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
     from mtpscope.traces.analysis import requests as R
+    from mtpscope.traces.analysis.metrics import tokens_per_s_by_prompt
 
-    req = trace.requests if trace.part_files("requests") else R.requests_from_rounds(
-        trace.rounds, trace.manifest.get("prompts"))
+    if trace.part_files("requests"):
+        req = trace.requests
+    else:   # a recording: each prompt's tokens/s as `report` measures the whole trace's (metrics.timing)
+        req = R.requests_from_rounds(trace.rounds, trace.manifest.get("prompts"))
+        speed = tokens_per_s_by_prompt(trace.rounds)
+        if len(req):
+            req["tokens_per_s"] = [speed.get(int(p)) for p in req["prompt_id"]]
     table = R.request_table(req)
     return {"table": table, "totals": R.totals(req), "by_category": R.by_category(req),
             "per_position": R.per_position(req), "alarm": R.not_drafting_alarm(req)}

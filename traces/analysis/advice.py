@@ -361,7 +361,7 @@ def advise(w: Any) -> Advice:
         cands = _what_if_candidates(x)
         rec = recommend(cands, n_first_drafts=x.n_verify_rounds, estimated=estimated, estimate_how=how)
         be = None
-        if cost is not None:
+        if cost is not None and rec.choice is not None:   # too few rounds to tell: no break-even either
             tau = {r.n_draft: r.mean_acceptance_length for r in x.rows if r.mean_acceptance_length is not None}
             t_plain = x.baseline.t_per_token_ms if (x.baseline is not None and x.baseline.measured) else cost.t_plain_ms
             be = break_even(tau, cost.t_step_ms, cost.t_verify, t_plain, estimated=estimated)
@@ -391,8 +391,11 @@ def advise_candidates(candidates: Sequence[Candidate], by_category: Mapping[str,
           for c, v in by_category.items()}
     be, beby = None, {}
     if tau and t_step_ms is not None and t_verify_ms is not None and t_plain_ms:
-        be = break_even(tau, t_step_ms, t_verify_ms, t_plain_ms, estimated=estimated)
+        # where there are too few rounds to tell (no choice), there is no break-even either
+        be = break_even(tau, t_step_ms, t_verify_ms, t_plain_ms, estimated=estimated) if rec.choice is not None else None
         for c, tc in (tau_by_category or {}).items():
+            if c in by and by[c].choice is None:
+                continue
             b = break_even(tc, t_step_ms, t_verify_ms, t_plain_ms, estimated=estimated)
             if b is not None:
                 beby[c] = b

@@ -310,6 +310,18 @@ def timing(rounds: pd.DataFrame) -> dict[str, Any] | None:
             "t_draft_ms_mean": float(td.mean()), "t_verify_ms_mean": float(tv.mean())}
 
 
+def tokens_per_s_by_prompt(rounds: pd.DataFrame) -> dict[int, float | None]:
+    """Each prompt's measured speed, :func:`timing`'s ``tokens_per_s`` over its own rounds (columns
+    ``prompt_id`` and :func:`timing`'s): ``{prompt_id: tokens/s}``, None where a prompt has no timed rounds;
+    ``{}`` without timings."""
+    if "t_verify_ms" not in rounds.columns or not len(rounds):
+        return {}
+    out: dict[int, float | None] = {}
+    for pid, g in rounds.groupby("prompt_id", sort=True):
+        t = timing(g)
+        out[int(pid)] = None if t is None else t["tokens_per_s"]
+    return out
+
 def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
     """Totals over llama-server request rows (``requests`` table: at least ``kind``, ``n_drafted``,
     ``n_accepted``; the other columns where present).

@@ -84,11 +84,12 @@ def limit_sentences(x: Any, report: Mapping[str, Any]) -> list[str]:
     if hard + wrong:
         h = hard / (hard + wrong)
         if h >= 0.5:
-            out.append(f"{_pct(h)} of first misses are hard tokens: the target itself was unsure (entropy >= 1 nat, "
+            out.append(f"{_pct(h)} of first misses are hard tokens ({hard} of the {hard + wrong} the target judged): the "
+                       "target itself was unsure (entropy >= 1 nat, "
                        f"mean p(drafted) {ts.get('p_drafted_mean_hard') or 0:.2f})")
         else:
-            out.append(f"{_pct(1 - h)} of first misses are tokens the target was sure of: the drafter predicts them "
-                       "wrongly (its quality, not the runtime)")
+            out.append(f"{_pct(1 - h)} of first misses are tokens the target was sure of ({wrong} of the {hard + wrong} "
+                       "it judged): the drafter predicts them wrongly (its quality, not the runtime)")
     cats = {k: v for k, v in (x.by_category or {}).items()
             if v.get("acceptance_rate") is not None and (v.get("n_drafted") or 0) >= MIN_GROUP_DRAFTS}
     if len(cats) >= 2:

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailableError
+from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailableError, TraceError
 from mtpscope.traces.diagnose import behaviour, files, published, rank, reference, variants
 from mtpscope.traces.diagnose.records import (
     ERROR, HIGH, INFO, MEDIUM, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef,
@@ -171,6 +171,7 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
 
     steps = _Steps(on_step)
     found: list[Finding] = []
+    given = trace is not None
     outp = Path(out) if out is not None else None
     man: dict[str, Any] = read_manifest(trace) if trace is not None else {}
     target = os.fspath(target) if target is not None else _manifest_model(man, "target")
@@ -214,7 +215,9 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     res_file = None
     if trace is not None:
         try:
-            with steps.step("explain", "explain: causes, hard vs wrong, classes, categories, what-if, advice"):
+            # a trace the user gave that cannot be read whole is bad input; one we recorded is a failed step
+            with steps.step("explain", "explain: causes, hard vs wrong, classes, categories, what-if, advice",
+                            fatal=given):
                 x, rep, man = _explain(trace)
                 summary = behaviour.summary(x, rep)
                 summary["n_draft"] = (man.get("params") or {}).get("n_draft", n_draft)
@@ -259,6 +262,8 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
                 pass
     if (reference_hf or reference_assistant) and not any(s.name == "reference" for s in steps.runs):
         steps.skip("reference", "needs a replayed trace (llama.cpp and an output folder)")
+    elif not (reference_hf or reference_assistant):
+        steps.runs.append(StepRun("reference", "skipped", 0.0, "no --reference / --reference-assistant given"))
     if ref_numbers is None:
         found += _quantization_note(assistant, trace)
 
@@ -327,7 +332,12 @@ def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
     t = open_trace(trace)
     x = explain_with_baseline(t, vocab=trace_vocab(t.manifest), with_drift=True)
-    return x, report(t), t.manifest
+    rep = report(t)
+    if t.skipped:   # ranking causes over the rows that are left would pass a damaged trace as healthy
+        raise TraceError("the trace has parts that cannot be read: diagnose needs every recorded round "
+                         f"({len(t.skipped)} part(s); `mtpscope report` lists them)", path=t.skipped[0],
+                         expected="a readable part", actual="missing" if not t.skipped[0].exists() else "unreadable")
+    return x, rep, t.manifest
 
 
 def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list[int], rounds_per_prompt: int,

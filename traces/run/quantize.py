@@ -151,12 +151,14 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
 
     Raises:
         InspectorError: ``src`` is not a readable GGUF (our reader's line: file, offset).
-        TraceError: ``out`` exists (without ``overwrite``) or is ``src``; an unknown type (the line lists
+        TraceError: ``out`` exists (without ``overwrite``), is ``src`` or is not a regular file (a device,
+            FIFO or folder); its folder takes no new file (the OS's reason); an unknown type (the line lists
             llama.cpp's); llama.cpp refused (its message quoted, e.g. "requantizing from type q8_0 is
             disabled"); the written file does not read back. Nothing is left at ``out`` then.
         FileNotFoundError: ``src`` is missing.
         RuntimeUnavailableError: llama-cpp-python missing.
     """
+    from mtpscope.inspector.paths import file_kind  # noqa: PLC0415
     from mtpscope.traces.run.llama.model import quantize  # noqa: PLC0415
 
     src_p, out_p = Path(src), Path(out)
@@ -164,6 +166,9 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
     if out_p.exists() and out_p.resolve() == src_p.resolve():
         raise TraceError("the output would replace the input", path=out_p, expected="another file",
                          actual="the input file")
+    if out_p.exists() and not out_p.is_file():  # a device, FIFO or folder is never replaced by the rename
+        raise TraceError("the output is not a regular file", path=out_p, expected="a regular file (or a new name)",
+                         actual=file_kind(out_p.stat().st_mode))
     if out_p.exists() and not overwrite:
         raise TraceError("the output exists (pass --overwrite to replace it)", path=out_p,
                          expected="a new file", actual="an existing file")
@@ -172,8 +177,13 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
             PROVENANCE_PREFIX + "type": name, PROVENANCE_PREFIX + "llama_cpp": llama_cpp_version()}
     if source_sha256:
         prov[PROVENANCE_PREFIX + "source_sha256"] = source_sha256
-    out_p.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_p.with_name(f".{out_p.name}.{os.getpid()}.tmp")
+    try:  # the output's folder must take a new file: checked here, where the line can name the output
+        out_p.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    except OSError as e:
+        raise TraceError("cannot write the output", path=out_p, expected="a writable folder",
+                         actual=e.strerror or type(e).__name__) from None
     t0 = time.perf_counter()
     try:
         quantize(src_p, tmp, name, n_threads=n_threads, metadata=prov)

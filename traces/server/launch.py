@@ -121,17 +121,22 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
         wait_s: how long the model may take to load.
 
     Raises:
+        InspectorError: a model file is not a readable GGUF (our reader's line: file, offset).
         ServerError: no built server (``mtpscope server build``), a model file missing, the server exited
             before it was ready (the log's last lines quoted) or was not ready within ``wait_s``.
     """
+    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+    for role, p in (("target", target), ("assistant", assistant)):
+        if p is not None and not Path(p).is_file():
+            raise ServerError(f"{role} GGUF not found", path=p)
+        if p is not None:   # our reader's line (file, offset) before llama-server's own words in a log
+            open_gguf(p).close()
     if binary is None:
         binary = server_path()
         if binary is None:
             raise ServerError("llama-server is not built: run `mtpscope server build` (or `make setup`)",
                               key="llama-server")
-    for role, p in (("target", target), ("assistant", assistant)):
-        if p is not None and not Path(p).is_file():
-            raise ServerError(f"{role} GGUF not found", path=p)
     port = free_port() if port is None else int(port)
     log_path = Path(log) if log is not None else Path(f"llama-server-{port}.log")
     argv = server_argv(binary, target, assistant, n_draft=n_draft, port=port, extra=extra)

@@ -98,6 +98,9 @@ class Trace(TraceLike):
         self.path = path
         self.manifest = manifest
         self.warnings = warnings
+        #: part files whose rows this reader could not give: listed in the manifest but missing, or found
+        #: unreadable while reading (each also has its line in ``warnings``)
+        self.skipped: list[Path] = []
         self.schemas = {"rounds": S.ROUNDS_SCHEMA, "steps": S.steps_schema_from_manifest(manifest),
                         "requests": S.REQUESTS_SCHEMA}
         self._files: dict[str, list[Path]] = {t: self._list_parts(t) for t in TABLES}
@@ -120,6 +123,7 @@ class Trace(TraceLike):
                     self.warnings.append(f"{self.path / MANIFEST}: part name {name!r} in 'parts' ignored")
                 elif not p.is_file():
                     self.warnings.append(f"{p}: listed in the manifest but missing, skipped")
+                    self.skipped.append(p)
                 else:
                     out.append(p)
             return out
@@ -144,6 +148,7 @@ class Trace(TraceLike):
             self._files[table].remove(path)
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             self.warnings.append(f"{path}: unreadable {table} part skipped ({msg})")
+            self.skipped.append(path)
             self._cache = {k: v for k, v in self._cache.items() if k[0] != table}
             if self._con is not None:
                 self._con.close()
