@@ -30,6 +30,23 @@ from mtpscope.traces.run.llama.native_capture import NativeCapture
 from mtpscope.traces.run.llama.process import sigint_state
 
 
+def _created(ptr: Any, free: Any, what: str, path: Any) -> Any:
+    """``ptr`` as a llama.cpp create call (a model load, a context) returned it, checked: a Ctrl-C caught in
+    the log callback during the call is raised (``ptr`` freed with ``free`` first); a null ``ptr`` raises.
+
+    Raises:
+        KeyboardInterrupt: the pending Ctrl-C. TraceError: llama.cpp could not ``what`` (its last log lines).
+    """
+    pending = logs.take_pending()
+    if pending is not None:
+        if ptr:
+            free(ptr)
+        raise pending
+    if not ptr:
+        raise TraceError(f"llama.cpp could not {what}: {logs.recent_log(4) or 'no log'}", path=path)
+    return ptr
+
+
 class _ClosedOnDelete:
     """Calls ``close()`` when garbage-collected (best effort: errors at interpreter exit are ignored);
     a context manager that closes on exit."""
@@ -77,16 +94,8 @@ class LlamaVocab(_ClosedOnDelete):
         params.vocab_only = bool(vocab_only)
         params.use_extra_bufts = bool(repack)
         logs.clear_recent()
-        ptr = lc.llama_model_load_from_file(os.fspath(self.path).encode(), params)
-        pending = logs.take_pending()  # a Ctrl-C during the load
-        if pending is not None:
-            if ptr:
-                lc.llama_model_free(ptr)
-            raise pending
-        if not ptr:
-            raise TraceError(f"llama.cpp could not load the {self._what}: {logs.recent_log(4) or 'no log'}",
-                             path=self.path)
-        self.ptr = ptr
+        self.ptr = ptr = _created(lc.llama_model_load_from_file(os.fspath(self.path).encode(), params),
+                                  lc.llama_model_free, f"load the {self._what}", self.path)
         self.vocab = lc.llama_model_get_vocab(ptr)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
 
@@ -271,16 +280,8 @@ class LlamaContext(_ClosedOnDelete):
             params.cb_eval = capture.callback
             params.cb_eval_user_data = getattr(capture, "user_data", None)
         logs.clear_recent()
-        ptr = lc.llama_init_from_model(model.ptr, params)
-        pending = logs.take_pending()  # a Ctrl-C while the context was made
-        if pending is not None:
-            if ptr:
-                lc.llama_free(ptr)
-            raise pending
-        if not ptr:
-            raise TraceError(f"llama.cpp could not create a context: {logs.recent_log(4) or 'no log'}",
-                             path=model.path)
-        self.ptr = ptr
+        self.ptr = ptr = _created(lc.llama_init_from_model(model.ptr, params), lc.llama_free, "create a context",
+                                  model.path)
         self.n_ctx = int(lc.llama_n_ctx(ptr))
         self.n_batch = int(lc.llama_n_batch(ptr))  # llama.cpp clamps n_batch to n_ctx
         self.mem = lc.llama_get_memory(ptr)
