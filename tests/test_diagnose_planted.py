@@ -118,6 +118,9 @@ def test_buggy_rope_base_ranks_first_with_the_published_value(trained: TrainedPa
     assert not [g for g in d.findings if g.cause == "weights"]
     assert d.reference["rate_b"] > d.reference["rate_a"]
     assert d.exit_code == 1
+    # what limits acceptance was measured with the defect in place: its fix never says "nothing to change"
+    lim = [g for g in d.findings if g.cause == "acceptance_limit"]
+    assert lim and all("nothing to change" not in g.fix.text and "defects ranked above" in g.fix.text for g in lim)
 
 
 def test_drafter_meant_for_its_centroid_head_names_the_variant(trained: TrainedPaths, tmp_path: Path) -> None:

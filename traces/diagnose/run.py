@@ -282,6 +282,9 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         if not any(f.is_defect for f in ranked):
             lf = replace(lf, title=f"{lf.title}; {NOTHING_WRONG}")
             limits = [f"{limits[0]}; {NOTHING_WRONG}", *limits[1:]]
+        else:   # measured with the defects in place: "nothing to change" would contradict them
+            lf = replace(lf, fix=Fix("none", "fix the defects ranked above first: this limit was measured with them "
+                                             "in place"))
         ranked = rank.rank([*ranked, lf])
     elif not any(f.is_defect for f in ranked) and trace is None:
         steps.notes.append("no trace: what limits acceptance is unknown (record one, or pass --trace)")
