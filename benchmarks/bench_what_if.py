@@ -191,6 +191,7 @@ def main() -> None:
     worst_acc = worst_tps = 0.0
     worst_acc_all = worst_tps_all = 0.0
     covered = [0, 0]
+    within_se = [0, 0]      # |d| within 2 binomial standard errors of the measured rate, per category
     worst_own = worst_own_all = 0.0
     for n in args.n_draft:
         for cat, w in groups:
@@ -209,6 +210,10 @@ def main() -> None:
             inside = iv is not None and iv[0] <= m["acceptance_rate"] <= iv[1]
             covered[0] += inside and n != args.k
             covered[1] += iv is not None and n != args.k
+            if cat != "all" and n != args.k and m["n_drafted"]:
+                se = math.sqrt(max(m["acceptance_rate"] * (1 - m["acceptance_rate"]), 1e-12) / m["n_drafted"])
+                within_se[0] += abs(da) <= 2 * se
+                within_se[1] += 1
             print(f"{n:>7} {cat:<10} {r.acceptance_rate:8.4f} {ivs:>15} {m['acceptance_rate']:8.4f} {abs(da):7.4f} "
                   f"{r.mean_acceptance_length:7.3f} {m['mean_acceptance_length']:7.3f} {abs(dm):6.3f} "
                   f"{(r.tokens_per_s or math.nan):8.2f} {m['tokens_per_s']:8.2f} {dt:+7.1%} {po:8.2f} {do:+7.1%}{mark}")
@@ -226,6 +231,9 @@ def main() -> None:
           f"{'met' if worst_acc <= GOAL_ACC else 'NOT met'} per category)")
     print(f"measured acceptance rate inside the predicted 95 % interval: {covered[0]} of {covered[1]} (n_draft, "
           "category) pairs at other n_draft")
+    print("per category |delta| within 2 standard errors of the measured rate (sqrt(r (1 - r) / drafted): how much the "
+          f"rate of a few hundred drafted positions moves with which positions a run drafts): {within_se[0]} of "
+          f"{within_se[1]}")
     print(f"worst tokens/s error at another n_draft: all prompts {worst_tps_all:.1%}, any category {worst_tps:.1%} "
           f"(goal <= {GOAL_TPS:.0%}: {'met' if worst_tps_all <= GOAL_TPS else 'NOT met'} overall, "
           f"{'met' if worst_tps <= GOAL_TPS else 'NOT met'} per category)")

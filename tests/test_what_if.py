@@ -182,6 +182,13 @@ def test_costs_by_hand() -> None:
     assert few.verify_ms[5] == 90.0 and few.t_verify(5) == pytest.approx(few.v0_ms + 5 * few.v1_ms)
 
 
+def test_the_probe_covers_the_what_if_range() -> None:
+    from mtpscope.traces.analysis.costs import N_MAX
+    from mtpscope.traces.run.mtp_runtime import PROBE_N_MAX
+
+    assert PROBE_N_MAX == N_MAX == 8
+
+
 def test_costs_from_the_probe_by_hand() -> None:
     # the probe gives the shape, the trace the level: verify scale = (5 * 9 + 10 * 22 + 10 * 40) /
     # (5 * 10 + 10 * 20 + 10 * 50) = 665 / 750; draft scale = (10 * 5 + 10 * 15) / (10 * 6 + 10 * 16) = 200 / 220

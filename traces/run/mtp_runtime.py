@@ -57,7 +57,8 @@ H_INNER_NODE = "result_norm"
 #: :meth:`MtpRuntime.calibrate`: drafter steps with the in-graph capture, and prompt tokens prefilled for them
 CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 16
 #: :meth:`MtpRuntime.probe_costs`: round sizes probed (drafts 0..PROBE_N_MAX: the what-if's range,
-#: ``traces.analysis.what_if.N_MAX``), repetitions at most, and the wall seconds after which no new one starts
+#: ``traces.analysis.costs.N_MAX``, held equal by tests/test_what_if.py; the worker does not load the
+#: analysis modules), repetitions at most, and the wall seconds after which no new one starts
 PROBE_N_MAX, PROBE_REPS, PROBE_BUDGET_S = 8, 5, 3.0
 
 
