@@ -360,6 +360,16 @@ class MtpRuntime:
         finally:
             sampler.close()
 
+    def _draft_step(self, tok: int, pos: int, h_in: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """One drafter step at ``pos`` fed ``tok`` and hidden row ``h_in``: ``(draft, logits view, h_next copy)``
+        (the capture, when installed, reset first)."""
+        if self.capture is not None:
+            self.capture.reset()
+        self.dbatch.set(tok, pos, h_in)
+        self.dctx.decode(self.dbatch)
+        lg = self.dctx.logits(0)
+        return int(np.argmax(lg)), lg, self.dctx.nextn(0).copy()
+
     def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
                 hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
                 fence: Callable[[], None] | None) -> Iterator[RoundResult]:
@@ -369,8 +379,7 @@ class MtpRuntime:
             fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
         self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
-        tctx, dctx, cap = self.tctx, self.dctx, self.capture
-        db, tb = self.dbatch, self.tbatch
+        tctx, cap, tb = self.tctx, self.capture, self.tbatch
         pos = len(tokens)
         pending = sampler.sample(tctx, tb.batch.n_tokens - 1)
         self.first_token = pending
@@ -388,13 +397,7 @@ class MtpRuntime:
             t0 = perf()
             tok, h_in = pending, h
             for _ in range(k_max):
-                if cap is not None:
-                    cap.reset()
-                db.set(tok, pos, h_in)
-                dctx.decode(db)
-                lg = dctx.logits(0)
-                d = int(np.argmax(lg))
-                h_next = dctx.nextn(0).copy()
+                d, lg, h_next = self._draft_step(tok, pos, h_in)
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
                     steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
@@ -477,7 +480,7 @@ class MtpRuntime:
         n_max = max(int(n_max), 1)
         self.ensure_context(min(len(tokens), 64) + n_max + 2)
         prefix = list(tokens[:max(1, min(len(tokens), self.n_ctx - n_max - 2))])
-        tctx, dctx, cap, db, tb = self.tctx, self.dctx, self.capture, self.dbatch, self.tbatch
+        tctx, tb = self.tctx, self.tbatch
         td: dict[int, list[float]] = {k: [] for k in range(1, n_max + 1)}
         tv: dict[int, list[float]] = {k + 1: [] for k in range(n_max + 1)}
         try:
@@ -493,14 +496,8 @@ class MtpRuntime:
                     drafted: list[int] = []
                     tok, h_in = pending, h0
                     for _ in range(k):
-                        if cap is not None:
-                            cap.reset()
-                        db.set(tok, pos, h_in)
-                        dctx.decode(db)
-                        lg = dctx.logits(0)
-                        d = int(np.argmax(lg))
+                        d, lg, h_in = self._draft_step(tok, pos, h_in)
                         lg.copy()                       # the loop copies each step's logits out
-                        h_in = dctx.nextn(0).copy()
                         drafted.append(d)
                         tok = d
                     t1 = perf()
