@@ -4,7 +4,8 @@ within 10 % at every n_draft, per category and overall).
 Pair: the demo's trained pair (``mtpscope demo build``: ``trained/target.gguf`` + the F32 ``drafter.gguf``)
 and its 36 categorised prompts (token ids), or any pair given with ``--target`` / ``--assistant`` /
 ``--prompts``. Recording: one sweep (``mtpscope sweep ... --baseline``, real llama.cpp on local Ray, one
-worker, one thread, greedy) at n_draft 1..6 plus plain decoding; an existing complete sweep in ``--out``
+worker, one thread, greedy, ``--shards`` 6: the cells run interleaved shard by shard) at n_draft 1..6 plus
+plain decoding; an existing complete sweep in ``--out``
 is reused (``--resume`` finishes a partial one). Baseline: each real recording of the sweep. Measured:
 :func:`traces.analysis.what_if.what_if` of the ``--from`` cell (n_draft 3 by default; its categories from the
 manifest; plain decoding from the sweep's baseline task, :func:`traces.sweep.advice.trace_baseline`),
@@ -86,7 +87,7 @@ def record(args: argparse.Namespace, out: Path) -> None:
     else:
         prompts = Path(args.prompts) if args.prompts else demo_prompts(out.parent / f"{out.name}-prompts.jsonl")
         spec = SweepSpec(target=str(Path(args.target).resolve()), assistants=(("a", str(Path(args.assistant).resolve())),),
-                         prompts=read_prompt_set(prompts), n_drafts=tuple(args.n_draft), n_shards=1, baseline=True,
+                         prompts=read_prompt_set(prompts), n_drafts=tuple(args.n_draft), n_shards=args.shards, baseline=True,
                          max_tokens=args.max_tokens, hidden="off", prompts_file=str(prompts),
                          prompts_sha256=file_sha256(prompts))
         resume = False
@@ -123,6 +124,8 @@ def main() -> None:
     ap.add_argument("--n-draft", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 5, 6])
     ap.add_argument("--from", dest="k", type=int, default=3, help="the n_draft the estimate is fitted on")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=6, help="shards of the sweep (its cells run interleaved shard by "
+                    "shard, so a drift of the machine's speed hits every n_draft alike)")
     ap.add_argument("--target", default=None)
     ap.add_argument("--assistant", default=None)
     ap.add_argument("--prompts", default=None)
@@ -142,6 +145,7 @@ def main() -> None:
     record(args, out)
 
     from mtpscope.traces.analysis.breakdown import prompt_categories
+    from mtpscope.traces.analysis.costs import CostProbe
     from mtpscope.traces.analysis.what_if import what_if
     from mtpscope.traces.sweep.advice import trace_baseline
     from mtpscope.traces.sweep.reader import open_sweep
@@ -156,7 +160,9 @@ def main() -> None:
                                      "t_verify_ms"])
     cats = prompt_categories(cell.manifest)
     t0 = time.perf_counter()
-    est = what_if(rounds, categories=cats, baseline=base, max_tokens=sw.spec.max_tokens, n_max=max(args.n_draft))
+    probe = CostProbe.from_manifest(cell.manifest)
+    est = what_if(rounds, categories=cats, baseline=base, max_tokens=sw.spec.max_tokens, n_max=max(args.n_draft),
+                  probe=probe)
     print(f"what-if fitted on n_draft {args.k} ({len(rounds)} rounds, {len(cats or {})} prompts) in "
           f"{time.perf_counter() - t0:.2f} s; plain decoding: {base.how if base else 'estimated'}")
     cells = sw.cells()
@@ -185,6 +191,7 @@ def main() -> None:
     worst_acc = worst_tps = 0.0
     worst_acc_all = worst_tps_all = 0.0
     covered = [0, 0]
+    within_se = [0, 0]      # |d| within 2 binomial standard errors of the measured rate, per category
     worst_own = worst_own_all = 0.0
     for n in args.n_draft:
         for cat, w in groups:
@@ -203,6 +210,10 @@ def main() -> None:
             inside = iv is not None and iv[0] <= m["acceptance_rate"] <= iv[1]
             covered[0] += inside and n != args.k
             covered[1] += iv is not None and n != args.k
+            if cat != "all" and n != args.k and m["n_drafted"]:
+                se = math.sqrt(max(m["acceptance_rate"] * (1 - m["acceptance_rate"]), 1e-12) / m["n_drafted"])
+                within_se[0] += abs(da) <= 2 * se
+                within_se[1] += 1
             print(f"{n:>7} {cat:<10} {r.acceptance_rate:8.4f} {ivs:>15} {m['acceptance_rate']:8.4f} {abs(da):7.4f} "
                   f"{r.mean_acceptance_length:7.3f} {m['mean_acceptance_length']:7.3f} {abs(dm):6.3f} "
                   f"{(r.tokens_per_s or math.nan):8.2f} {m['tokens_per_s']:8.2f} {dt:+7.1%} {po:8.2f} {do:+7.1%}{mark}")
@@ -220,6 +231,9 @@ def main() -> None:
           f"{'met' if worst_acc <= GOAL_ACC else 'NOT met'} per category)")
     print(f"measured acceptance rate inside the predicted 95 % interval: {covered[0]} of {covered[1]} (n_draft, "
           "category) pairs at other n_draft")
+    print("per category |delta| within 2 standard errors of the measured rate (sqrt(r (1 - r) / drafted): how much the "
+          f"rate of a few hundred drafted positions moves with which positions a run drafts): {within_se[0]} of "
+          f"{within_se[1]}")
     print(f"worst tokens/s error at another n_draft: all prompts {worst_tps_all:.1%}, any category {worst_tps:.1%} "
           f"(goal <= {GOAL_TPS:.0%}: {'met' if worst_tps_all <= GOAL_TPS else 'NOT met'} overall, "
           f"{'met' if worst_tps <= GOAL_TPS else 'NOT met'} per category)")
@@ -227,6 +241,16 @@ def main() -> None:
           f"{worst_own_all:.1%}, any category {worst_own:.1%}")
     costs = ", ".join(f"n_draft {n}: {own[n][0]:.1f}" for n in args.n_draft)
     print(f"each recording's own draft-step cost (ms; the machine's load moves it): {costs}")
+    c = est.cost
+    if c is not None:
+        print("the what-if's round costs (ms; draft + verify) against each recording's own at its n_draft:")
+        for n in args.n_draft:
+            t_step, tv, _ = own[n]
+            rec = sw.cell(name, n).columns("rounds", ["n_draft", "t_draft_ms", "t_verify_ms"])
+            full = rec[rec["n_draft"] == n]
+            print(f"  n_draft {n}: draft {c.t_draft(n):6.2f} vs {full['t_draft_ms'].mean():6.2f}   verify "
+                  f"{c.t_verify(n + 1):6.2f} vs {full['t_verify_ms'].mean():6.2f}")
+        print(f"  probe: {'none' if probe is None else f'{probe.reps} repetitions over the shards'}; {c.basis}")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,11 @@ def test_break_even_by_hand() -> None:
     far = break_even({1: 1.1}, 9.0, lambda n: 30.0, 10.0)
     assert far.acceptance_rate_needed is None and "cannot pay" in far.words
     assert break_even({}, 1.0, lambda n: 1.0, 1.0) is None
+    # a round's drafts priced per N (the what-if's t_draft): N = 1 costs 3 ms (c 0.3), N = 2 costs 4 ms (c 0.2
+    # per step); c* as above (0.1 at both): the first N wins the tie and reports its own c
+    per = break_even(tau, 2.0, lambda n: 10.0 + 2.0 * n, 10.0, t_draft_ms=lambda n: {1: 3.0, 2: 4.0}[n])
+    assert per.n_draft == 1 and per.draft_cost_ratio == pytest.approx(0.3)
+    assert per.per_n_draft[1]["mean_acceptance_length_needed"] == pytest.approx(2 * 0.2 + 1.6)
 
 
 def test_sweep_advice_against_the_measured_cells(tmp_path: Path) -> None:

@@ -253,6 +253,11 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     assert a.manifest["prompts"] == b.manifest["prompts"]
     assert a.manifest["derived"] == b.manifest["derived"] and a.manifest["derived"]["columns"] == ["h_inner"]
     assert a.manifest["baseline"]["outputs_equal"] is True and a.manifest["params"]["isolated"] is True
+    # both ran the probe of every round size after the loop (timings differ, the sizes do not)
+    for m in (a.manifest, b.manifest):
+        cp = m["cost_probe"]
+        assert sorted(map(int, cp["verify_ms"])) == list(range(1, 10)) and sorted(map(int, cp["draft_ms"])) == list(range(1, 9))
+        assert all(v > 0 for v in [*cp["verify_ms"].values(), *cp["draft_ms"].values()]) and cp["reps"] >= 1
     cols = [c for c in a.rounds.columns if not c.startswith("t_")]          # timings differ, of course
     assert a.rounds[cols].equals(b.rounds[cols])
     assert a.steps.equals(b.steps)

@@ -71,6 +71,20 @@ def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN0
     assert 0 < accepted < drafted  # rejections happened, so roll-back was exercised
 
 
+def test_cost_probe_times_every_size_and_leaves_the_loop_as_it_was(noisy_rt) -> None:  # noqa: ANN001
+    tk = noisy_rt.prompt_tokens(PROMPTS[0])
+    cfg = RecordConfig(n_draft=3, max_tokens=24)
+    before = [(r.drafted, r.emitted) for r in noisy_rt.run(tk, cfg, trace=False)]
+    cp = noisy_rt.probe_costs(tk, n_max=3, reps=2, budget_s=60.0)
+    assert sorted(cp["verify_ms"]) == ["1", "2", "3", "4"] and sorted(cp["draft_ms"]) == ["1", "2", "3"]
+    assert cp["reps"] == 2 and cp["pos"] == len(tk)
+    assert all(v > 0 for v in [*cp["verify_ms"].values(), *cp["draft_ms"].values()])
+    # a repetition more only while under the budget: at least one
+    assert noisy_rt.probe_costs(tk, n_max=1, reps=5, budget_s=0.0)["reps"] == 1
+    # the probe cleared what it decoded: the loop runs as before
+    assert [(r.drafted, r.emitted) for r in noisy_rt.run(tk, cfg, trace=False)] == before
+
+
 def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
     with MtpRuntime(pair["target"], pair["noisy"], n_ctx=32, capture=False) as r:
         tk = r.prompt_tokens(PROMPTS[1])

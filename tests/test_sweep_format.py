@@ -81,9 +81,10 @@ def test_shards_round_robin_and_tasks() -> None:
     assert [p.index for p in s.shard_prompts(0)] == [0, 2, 4]
     assert [p.index for p in s.shard_prompts(1)] == [1, 3]
     ids = [t.task_id for t in s.tasks()]
-    assert ids == ["assistant=a/n_draft=1/shard=0", "assistant=a/n_draft=1/shard=1",
-                   "assistant=a/n_draft=3/shard=0", "assistant=a/n_draft=3/shard=1",
-                   "assistant=baseline/n_draft=0/shard=0", "assistant=baseline/n_draft=0/shard=1"]
+    # interleaved shard by shard (a drift of the machine's speed hits every cell alike), plain decoding with
+    # its shard
+    assert ids == ["assistant=a/n_draft=1/shard=0", "assistant=a/n_draft=3/shard=0", "assistant=baseline/n_draft=0/shard=0",
+                   "assistant=a/n_draft=1/shard=1", "assistant=a/n_draft=3/shard=1", "assistant=baseline/n_draft=0/shard=1"]
     st = new_state(s, command=["x"])
     # every prompt once, with its shard and position there
     assert [(p["index"], p["shard"], p["prompt_id"]) for p in st["prompts"]] == [

@@ -14,7 +14,8 @@ import pytest
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
-from mtpscope.traces.analysis.costs import PlainBaseline, fit_cost, manifest_baseline, rounds_baseline
+from mtpscope.traces.analysis.costs import (MIN_SIZE_ROUNDS, CostProbe, PlainBaseline, fit_cost, manifest_baseline,
+                                            rounds_baseline)
 from mtpscope.traces.analysis.what_if import what_if, what_if_trace
 
 
@@ -155,23 +156,72 @@ def test_the_trace_reproduces_itself(tmp_path) -> None:
 
 
 def test_costs_by_hand() -> None:
-    # draft steps: (5 + 5 + 15 + 15) ms over 1 + 1 + 3 + 3 drafts = 5 ms; verify of 2 tokens: mean 22 ms
-    # (20, 24); of 4 tokens: 40 ms; a plain step (1 token): 9 ms
-    r = _rounds([1, 0, 0, 3, 0], nd=[1, 1, 3, 3, 0], td=[5, 5, 15, 15, 0], tv=[20, 24, 40, 40, 9])
+    # every round five times (MIN_SIZE_ROUNDS): draft steps (5 + 5 + 15 + 15) ms over 1 + 1 + 3 + 3 drafts
+    # = 5 ms; verify of 2 tokens: mean 22 ms (20, 24); of 4 tokens: 40 ms; a plain step (1 token): 9 ms
+    assert MIN_SIZE_ROUNDS == 5
+    r = _rounds([1, 0, 0, 3, 0] * 5, nd=[1, 1, 3, 3, 0] * 5, td=[5, 5, 15, 15, 0] * 5, tv=[20, 24, 40, 40, 9] * 5)
     c = fit_cost(r)
     assert c.t_step_ms == pytest.approx(5.0)
-    assert c.verify_ms == {1: 9.0, 2: 22.0, 4: 40.0} and c.verify_rounds == {1: 1, 2: 2, 4: 2}
-    assert c.t_verify(2) == 22.0 and c.baseline == "estimated" and c.t_plain_ms == 9.0
-    # the line through (1, 9) w 1, (2, 22) w 2, (4, 40) w 2: weighted means x = 13/5, y = 133/5;
+    assert c.verify_ms == {1: 9.0, 2: 22.0, 4: 40.0} and c.verify_rounds == {1: 5, 2: 10, 4: 10}
+    assert c.draft_ms == {1: 5.0, 3: 15.0} and c.draft_rounds == {1: 10, 3: 10}
+    assert c.t_verify(2) == 22.0 and c.t_draft(3) == 15.0 and c.baseline == "estimated" and c.t_plain_ms == 9.0
+    # the verify line through (1, 9) w 5, (2, 22) w 10, (4, 40) w 10: weighted means x = 13/5, y = 133/5;
     # v1 = sum w (x - xm)(y - ym) / sum w (x - xm)^2
     x, y, w = np.array([1, 2, 4.]), np.array([9, 22, 40.]), np.array([1, 2, 2.])
     xm, ym = (w * x).sum() / 5, (w * y).sum() / 5
     v1 = (w * (x - xm) * (y - ym)).sum() / (w * (x - xm) ** 2).sum()
     assert c.v1_ms == pytest.approx(v1) and c.v0_ms == pytest.approx(ym - v1 * xm)
     assert c.t_verify(3) == pytest.approx(ym - v1 * xm + 3 * v1)
+    # the draft line through (1, 5) and (3, 15): 5 ms per step, no intercept
+    assert c.t_draft(2) == pytest.approx(10.0) and c.t_draft(0) == 0.0
     m = fit_cost(r, PlainBaseline(8.0, "manifest", "test"))
     assert m.baseline == "measured" and m.t_plain_ms == 8.0
     assert fit_cost(r.drop(columns=["t_verify_ms"])) is None
+    # fewer than five rounds of a size: priced by the line, not by its mean
+    few = fit_cost(_rounds([0] * 5 + [0], nd=[2] * 5 + [4], td=[10] * 5 + [30], tv=[30] * 5 + [90]))
+    assert few.verify_ms[5] == 90.0 and few.t_verify(5) == pytest.approx(few.v0_ms + 5 * few.v1_ms)
+
+
+def test_the_probe_covers_the_what_if_range() -> None:
+    from mtpscope.traces.analysis.costs import N_MAX
+    from mtpscope.traces.run.mtp_runtime import PROBE_N_MAX
+
+    assert PROBE_N_MAX == N_MAX == 8
+
+
+def test_costs_from_the_probe_by_hand() -> None:
+    # the probe gives the shape, the trace the level: verify scale = (5 * 9 + 10 * 22 + 10 * 40) /
+    # (5 * 10 + 10 * 20 + 10 * 50) = 665 / 750; draft scale = (10 * 5 + 10 * 15) / (10 * 6 + 10 * 16) = 200 / 220
+    r = _rounds([1, 0, 0, 3, 0] * 5, nd=[1, 1, 3, 3, 0] * 5, td=[5, 5, 15, 15, 0] * 5, tv=[20, 24, 40, 40, 9] * 5)
+    probe = CostProbe.from_manifest({"cost_probe": {"verify_ms": {"1": 10, "2": 20, "3": 30, "4": 50, "5": 80},
+                                                    "draft_ms": {"1": 6, "2": 11, "3": 16, "4": 21}, "reps": 3}})
+    c = fit_cost(r, probe=probe)
+    assert c.verify_scale == pytest.approx(665 / 750) and c.draft_scale == pytest.approx(200 / 220)
+    assert c.t_verify(2) == 22.0 and c.t_draft(1) == 5.0                     # recorded: their means
+    assert c.t_verify(3) == pytest.approx(30 * 665 / 750) and c.t_verify(5) == pytest.approx(80 * 665 / 750)
+    assert c.t_draft(2) == pytest.approx(11 * 200 / 220) and c.t_draft(4) == pytest.approx(21 * 200 / 220)
+    assert c.t_verify(6) == pytest.approx(c.v0_ms + 6 * c.v1_ms)          # beyond the probe: the line
+    # a sweep cell's shards: per size the median of the probes that timed it
+    m = CostProbe.merged([CostProbe({1: 1.0, 2: 4.0}, {1: 2.0}, 3), None, CostProbe({1: 3.0, 2: 6.0}, {1: 4.0, 2: 9.0}, 2),
+                          CostProbe({1: 2.5}, {}, 1)])
+    assert m.verify_ms == {1: 2.5, 2: 5.0} and m.draft_ms == {1: 3.0, 2: 9.0} and m.reps == 6
+    assert CostProbe.merged([None]) is None
+    # a malformed probe is no probe
+    for bad in ({"cost_probe": "x"}, {"cost_probe": {"verify_ms": {"1": -1}}}, {}):
+        assert CostProbe.from_manifest(bad) is None
+    # the what-if prices the sizes it did not record with it, and still reproduces the trace at its n_draft
+    rng = np.random.default_rng(3)
+    n = 400
+    na = rng.integers(0, 4, n)
+    rr = _rounds(na.tolist(), nd=[3] * n, td=rng.normal(30, 1, n).tolist(), tv=rng.normal(40, 1, n).tolist(),
+                 pid=(np.arange(n) // 20).tolist())
+    flat = what_if(rr, n_boot=0)
+    jump = what_if(rr, n_boot=0, probe=CostProbe({1: 10, 2: 12, 3: 14, 4: 16, 5: 160}, {1: 10, 2: 20, 3: 30, 4: 40}, 3))
+    t, ne = rr["t_draft_ms"].sum() + rr["t_verify_ms"].sum(), (na + 1).sum()
+    for est in (flat, jump):
+        assert est.row(3).tokens_per_s == pytest.approx(1000 * ne / t, rel=1e-9)
+    assert jump.cost.t_verify(5) == pytest.approx(160 * 40 / 16, rel=0.05)
+    assert jump.row(4).tokens_per_s < 0.5 * flat.row(4).tokens_per_s
 
 
 def test_baselines() -> None:

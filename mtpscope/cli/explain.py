@@ -33,6 +33,25 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
 
 
+def _cost_lines(c: dict[str, Any]) -> list[str]:
+    """The round costs as the what-if prices them (``*``: the trace's own mean)."""
+    pr = c["priced"]
+
+    def sizes(key: str, own: list[int]) -> str:
+        return ", ".join(f"{n}: {_f(v, '.2f')}{'*' if int(n) in own else ''}" for n, v in pr[key].items())
+
+    if c.get("probe"):
+        how = (f"other sizes from the recorder's probe, scaled x{_f(c.get('verify_scale'), '.2f')} (verify) / "
+               f"x{_f(c.get('draft_scale'), '.2f')} (drafts) to this trace")
+    else:
+        how = "other sizes on lines through the trace's means (no probe in this trace)"
+    return [f"  costs (ms, * the trace's own mean; {how}):",
+            f"    verify of n tokens  {sizes('verify_ms', pr['own_verify'])}",
+            f"    k drafter steps     {sizes('draft_ms', pr['own_draft'])}",
+            f"    plain decoding {_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']}); mean draft step "
+            f"{_f(c['t_step_ms'], '.2f')} ms"]
+
+
 def _fv(row: dict[str, Any], key: str, spec: str) -> str:
     """A value and its interval: ``0.534 [0.501, 0.570]``."""
     v, iv = row.get(key), row.get(f"{key}_interval")
@@ -119,11 +138,7 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
                          f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
                          f"{_fv(r, 'speedup', '.2f'):<18}{mark}")
         if m.get("cost"):
-            c = m["cost"]
-            lines.append(f"  costs: {_f(c['t_step_ms'], '.2f')} ms per draft step; verify "
-                         + ", ".join(f"{n} tokens {_f(v, '.2f')} ms" for n, v in c["verify_ms"].items())
-                         + f" (other sizes {_f(c['v0_ms'], '.2f')} + {_f(c['v1_ms'], '.2f')} ms per token); plain decoding "
-                         f"{_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})")
+            lines += _cost_lines(m["cost"])
     lines += format_advice(d)
     if sentences:
         lines += ["", "First mismatches of this prompt:"]

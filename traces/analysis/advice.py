@@ -16,7 +16,8 @@ measured options (a sweep's cells, :mod:`traces.sweep.advice`). Rules (docs/EXPL
   "estimated"``): the reason says so and how.
 
 **Break-even** (:func:`break_even`), from the costs and the mean acceptance length ``tau(N)``
-(estimated, or measured per n_draft): with ``c = t_step / t_plain`` (a draft step in plain decodes) and
+(estimated, or measured per n_draft): with ``c = t_step / t_plain`` (a draft step in plain decodes; from a
+trace's what-if ``c(N) = t_draft(N) / (N t_plain)``, its price of a round's N drafter steps) and
 ``rho(N) = t_verify(N + 1) / t_plain``, a round of N drafts costs ``N c + rho(N)`` plain decodes and
 emits ``tau(N)`` tokens, so MTP pays when ``tau(N) > N c + rho(N)``:
 
@@ -120,7 +121,8 @@ class BreakEven:
 
     Attributes:
         n_draft: the n_draft closest to paying (largest ``draft_cost_ratio_needed``).
-        draft_cost_ratio: measured ``t_step / t_plain``.
+        draft_cost_ratio: a draft step in plain decodes at that n_draft (``t_step / t_plain``, or ``t_draft(N)
+            / (N t_plain)`` from a what-if).
         verify_cost_ratio: ``t_verify(n_draft + 1) / t_plain``.
         mean_acceptance_length: ``tau`` at that n_draft (estimated or measured).
         draft_cost_ratio_needed: ``c*``: a draft step must cost less than this many plain decodes.
@@ -269,17 +271,20 @@ def _alpha_for(tau: float, n: int) -> float | None:
 
 
 def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable[[int], float], t_plain_ms: float,
-               *, estimated: bool = False) -> BreakEven | None:
+               *, estimated: bool = False, t_draft_ms: Callable[[int], float] | None = None) -> BreakEven | None:
     """:class:`BreakEven` from the mean acceptance length per n_draft (``tau``), the draft-step cost, the
-    verify cost of ``n`` tokens and plain decoding's ms per token (module docstring). None when
+    verify cost of ``n`` tokens and plain decoding's ms per token (module docstring). ``t_draft_ms``: a
+    round's ``N`` drafter steps in ms (the what-if's pricing, :class:`traces.analysis.costs.CostModel`):
+    then ``c(N) = t_draft(N) / (N t_plain)`` per n_draft, else ``t_step / t_plain`` at every N. None when
     nothing is known (no n_draft, no positive plain cost)."""
     if not tau or not (t_plain_ms and t_plain_ms > 0 and math.isfinite(t_plain_ms)):
         return None
-    c = t_step_ms / t_plain_ms
     rows = []
+    cs: dict[int, float] = {}
     for n, tn in sorted(tau.items()):
         if tn is None or not math.isfinite(tn):
             continue
+        c = cs[n] = (t_draft_ms(n) / n if t_draft_ms is not None else t_step_ms) / t_plain_ms
         rho = t_verify_ms(n + 1) / t_plain_ms
         need_c = (tn - rho) / n
         need_tau = n * c + rho
@@ -292,6 +297,7 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
         return None
     best = max(rows, key=lambda r: (r["draft_cost_ratio_needed"], -r["n_draft"]))
     n = best["n_draft"]
+    c = cs[n]
     pays = c < best["draft_cost_ratio_needed"]
     alpha = best["acceptance_rate_needed"]
     need = (f"a mean acceptance length of {best['mean_acceptance_length_needed']:.2f} "
@@ -364,7 +370,7 @@ def advise(w: Any) -> Advice:
         if cost is not None and rec.choice is not None:   # too few rounds to tell: no break-even either
             tau = {r.n_draft: r.mean_acceptance_length for r in x.rows if r.mean_acceptance_length is not None}
             t_plain = x.baseline.t_per_token_ms if (x.baseline is not None and x.baseline.measured) else cost.t_plain_ms
-            be = break_even(tau, cost.t_step_ms, cost.t_verify, t_plain, estimated=estimated)
+            be = break_even(tau, cost.t_step_ms, cost.t_verify, t_plain, estimated=estimated, t_draft_ms=cost.t_draft)
         return rec, be, cands
 
     rec, be, cands = one(w)

@@ -1,13 +1,19 @@
 """The costs of a trace's drafting, and of plain decoding: what the what-if (:mod:`traces.analysis.what_if`) prices
 counts with, defined as the measured tokens/s defines them (:func:`mtpscope.traces.analysis.metrics.timing`).
 
-**Costs** (:class:`CostModel`, :func:`fit_cost`), the definitions the measured tokens/s uses too
-(:func:`mtpscope.traces.analysis.metrics.timing`): a draft step costs ``t_step = sum t_draft_ms /
-sum n_draft`` (the mean, over rounds that drafted); a verify of ``n`` tokens (``n = n_draft + 1``;
-``n = 1``: a plain decode step) costs the mean ``t_verify_ms`` of the rounds of that size. Sizes the
-trace did not record come from a least-squares line ``v0 + v1 n`` through the recorded sizes' means
-(weighted by their rounds) and, when plain decoding was measured, the point ``(1, t_plain)``; ``v1 >= 0``,
-through the origin when the free intercept is negative, flat with one point.
+**Costs** (:class:`CostModel`, :func:`fit_cost`; :class:`SizeCosts` holds the rule, for the what-if's
+bootstrap replicates too), on the definitions the measured tokens/s uses (:func:`mtpscope.traces.analysis.metrics.timing`):
+a round that drafts ``k`` tokens costs ``t_draft(k) + t_verify(k + 1)`` (``k = 0``: a plain decode step).
+A size the trace recorded (at least ``MIN_SIZE_ROUNDS`` rounds) costs the mean of its rounds. Other sizes
+come from the recorder's **probe** (manifest ``cost_probe``: every size timed on the same machine after
+the loop, :meth:`traces.run.mtp_runtime.MtpRuntime.probe_costs`) scaled to this trace by ``sum_m c_m
+mean_m / sum_m c_m probe(m)`` over the recorded sizes ``m`` (``c_m`` rounds): the probe gives the shape
+(llama.cpp's verify time jumps where its kernels change with the batch size; a round's first draft step
+costs more than the next), the trace the level. Without a probe (older traces, imports): lines, ``v0 +
+v1 n`` through the recorded verify means (weighted by their rounds) and, when plain decoding was
+measured, the point ``(1, t_plain)``, ``v1 >= 0``, through the origin when the free intercept is
+negative, flat with one size; ``d0 + d1 k`` the same way through the draft means, proportional with one
+count. ``t_step = sum t_draft_ms / sum n_draft`` (the mean draft step) is the break-even's draft cost.
 
 ``t_plain`` (:class:`PlainBaseline`): plain decoding measured by the sweep's baseline task or ``record
 --baseline`` (``source`` says which), else estimated as ``t_verify(1)`` (``source: "estimated"``).
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -107,17 +113,177 @@ def rounds_baseline(rounds: pd.DataFrame, how: str, source: str = "sweep") -> Pl
 
 # ------------------------------------------------------------------------------------------ costs
 
+#: the largest n_draft the what-if estimates and :meth:`CostModel.to_dict` prices
+N_MAX = 8
+#: a round size with fewer rounds than this in the trace is priced like one it did not record (its few
+#: rounds still count towards the probe's scale)
+MIN_SIZE_ROUNDS = 5
+
+
 @dataclass(frozen=True)
-class CostModel:
-    """Costs per round (milliseconds; module docstring).
+class CostProbe:
+    """The recorder's timing of a round of every size (manifest ``cost_probe``,
+    :meth:`traces.run.mtp_runtime.MtpRuntime.probe_costs`): medians in ms, at one position.
 
     Attributes:
-        t_step_ms: a draft step (mean over drafted tokens).
-        verify_ms: ``{n: mean t_verify_ms}`` of the recorded verify sizes (n = draft count + 1).
-        verify_rounds: ``{n: rounds}`` behind each mean.
-        v0_ms, v1_ms: the line ``v0 + v1 n`` for sizes not recorded.
+        verify_ms: ``{n: ms}`` the target's verify of ``n`` tokens (``n = 1``: a plain decode step).
+        draft_ms: ``{k: ms}`` a round's ``k`` drafter steps.
+        reps: repetitions behind each median.
+    """
+
+    verify_ms: Mapping[int, float]
+    draft_ms: Mapping[int, float]
+    reps: int
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> CostProbe | None:
+        """The manifest's ``cost_probe``, None when absent or malformed (positive finite numbers only)."""
+        e = manifest.get("cost_probe")
+        if not isinstance(e, dict):
+            return None
+
+        def sizes(d: Any) -> dict[int, float]:
+            out = {}
+            for k, v in (d or {}).items() if isinstance(d, dict) else ():
+                if (str(k).isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                        and v > 0):
+                    out[int(k)] = float(v)
+            return out
+
+        v, d = sizes(e.get("verify_ms")), sizes(e.get("draft_ms"))
+        reps = e.get("reps")
+        if not v:
+            return None
+        return cls(v, d, int(reps) if isinstance(reps, int) and not isinstance(reps, bool) else 0)
+
+    @classmethod
+    def merged(cls, probes: Any) -> CostProbe | None:
+        """One probe from several (a sweep cell's shards): per size the median of the probes that timed it;
+        None when there is none."""
+        ps = [p for p in probes if p is not None]
+        if not ps:
+            return None
+
+        def med(key: str) -> dict[int, float]:
+            sizes = sorted({n for p in ps for n in getattr(p, key)})
+            return {n: float(np.median([getattr(p, key)[n] for p in ps if n in getattr(p, key)])) for n in sizes}
+
+        return cls(med("verify_ms"), med("draft_ms"), sum(p.reps for p in ps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verify_ms": {str(k): v for k, v in self.verify_ms.items()},
+                "draft_ms": {str(k): v for k, v in self.draft_ms.items()}, "reps": self.reps}
+
+
+def draft_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float, str]:
+    """``(d0, d1, how)``: a round's draft time ``d0 + d1 k`` through the recorded draft counts ``xs`` (mean
+    ms ``ys``, weights ``ws``): :func:`verify_line`'s rule, except that with one count it is proportional
+    (``d0 = 0``: each step costs the same)."""
+    x, y, w = (np.asarray(v, float) for v in (xs, ys, ws))
+    if len(np.unique(x)) < 2:
+        return 0.0, float(np.average(y / x, weights=w)), "one draft count: every step costs the same"
+    return verify_line(xs, ys, ws)
+
+
+@dataclass(frozen=True)
+class SizeCosts:
+    """The price of a round of each size, for ``B`` replicates at once (the point estimate: ``B = 1``):
+    ``verify(n)`` and ``draft(k)`` as ``float[B]`` ms. One rule for the what-if and :func:`fit_cost`:
+
+    * a size with at least ``MIN_SIZE_ROUNDS`` rounds in the trace: their mean;
+    * else, with a probe (:class:`CostProbe`) that timed it: the probe's time scaled to the trace,
+      ``probe(n) * sum_m c_m mean_m / sum_m c_m probe(m)`` over the trace's sizes ``m`` (``c_m`` rounds);
+    * else the line (:func:`verify_line` for verify, through the measured plain decoding too;
+      :func:`draft_line` for drafts).
+    """
+
+    mean_v: Mapping[int, np.ndarray]
+    count_v: Mapping[int, np.ndarray]
+    mean_d: Mapping[int, np.ndarray]
+    count_d: Mapping[int, np.ndarray]
+    v_line: tuple[np.ndarray, np.ndarray]
+    d_line: tuple[np.ndarray, np.ndarray]
+    v_scale: np.ndarray | None
+    d_scale: np.ndarray | None
+    probe: CostProbe | None
+
+    @classmethod
+    def fit(cls, sums_v: Mapping[int, np.ndarray], count_v: Mapping[int, np.ndarray],
+            sums_d: Mapping[int, np.ndarray], count_d: Mapping[int, np.ndarray], probe: CostProbe | None,
+            plain: np.ndarray | None) -> SizeCosts:
+        """From per-replicate sums of ms and round counts per verify size ``n`` / draft count ``k`` (``float[B]``
+        each), a probe and plain decoding's ms per token (``float[B]``, or None when not measured)."""
+        B = len(next(iter(count_v.values())))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean_v = {n: np.where(count_v[n] > 0, sums_v[n] / np.where(count_v[n] > 0, count_v[n], 1), np.nan)
+                      for n in count_v}
+            mean_d = {k: np.where(count_d[k] > 0, sums_d[k] / np.where(count_d[k] > 0, count_d[k], 1), np.nan)
+                      for k in count_d}
+        lines = []
+        for means, counts, fit, extra in ((mean_v, count_v, verify_line, plain), (mean_d, count_d, draft_line, None)):
+            a, b = np.zeros(B), np.zeros(B)
+            for i in range(B):
+                pts = [(float(n), float(means[n][i]), float(counts[n][i])) for n in means if counts[n][i] > 0]
+                if extra is not None:
+                    pts.append((1.0, float(extra[i]), max([w for _, _, w in pts], default=1.0)))
+                if pts:
+                    a[i], b[i], _ = fit(*map(list, zip(*pts, strict=True)))
+            lines.append((a, b))
+
+        def scale(sums: Mapping[int, np.ndarray], counts: Mapping[int, np.ndarray],
+                  times: Mapping[int, float] | None) -> np.ndarray | None:
+            if not times:
+                return None
+            num = sum((sums[n] for n in sums if n in times), np.zeros(B))
+            den = sum((counts[n] * times[n] for n in counts if n in times), np.zeros(B))
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan) if np.any(den > 0) else None
+
+        return cls(mean_v, count_v, mean_d, count_d, lines[0], lines[1],
+                   scale(sums_v, count_v, probe.verify_ms if probe else None),
+                   scale(sums_d, count_d, probe.draft_ms if probe else None), probe)
+
+    def _price(self, x: int, means: Mapping[int, np.ndarray], counts: Mapping[int, np.ndarray],
+               probe_t: Mapping[int, float] | None, sc: np.ndarray | None, line: tuple[np.ndarray, np.ndarray]
+               ) -> np.ndarray:
+        out = line[0] + line[1] * x
+        if probe_t and x in probe_t and sc is not None:
+            out = np.where(np.isfinite(sc), probe_t[x] * sc, out)
+        if x in means:
+            out = np.where(counts[x] >= MIN_SIZE_ROUNDS, means[x], out)
+        return out
+
+    def verify(self, n: int) -> np.ndarray:
+        """ms to verify ``n`` tokens (``float[B]``)."""
+        return self._price(n, self.mean_v, self.count_v, self.probe.verify_ms if self.probe else None,
+                           self.v_scale, self.v_line)
+
+    def draft(self, k: int) -> np.ndarray:
+        """ms of a round's ``k`` drafter steps (``float[B]``; 0 for ``k = 0``)."""
+        if k <= 0:
+            return np.zeros(len(self.v_line[0]))
+        return self._price(k, self.mean_d, self.count_d, self.probe.draft_ms if self.probe else None,
+                           self.d_scale, self.d_line)
+
+    def round(self, k: int) -> np.ndarray:
+        """ms of a round that drafts ``k`` tokens and verifies ``k + 1`` (``k = 0``: a plain step)."""
+        return self.draft(k) + self.verify(k + 1)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs per round (milliseconds; module docstring), the point values of :class:`SizeCosts`.
+
+    Attributes:
+        t_step_ms: a draft step (mean over drafted tokens; the break-even's draft cost).
+        verify_ms / verify_rounds: ``{n: mean t_verify_ms}`` of the verify sizes recorded (n = draft count
+            + 1) and ``{n: rounds}`` behind each.
+        draft_ms / draft_rounds: ``{k: mean t_draft_ms}`` of the draft counts recorded, ``{k: rounds}``.
+        v0_ms, v1_ms / d0_ms, d1_ms: the lines ``v0 + v1 n`` / ``d0 + d1 k`` for sizes neither recorded
+            nor probed.
+        probe: the recorder's timing of every size (:class:`CostProbe`) when the trace has one;
+            verify_scale / draft_scale: trace / probe over the recorded sizes.
         t_plain_ms: plain decoding per token (measured baseline, else ``t_verify(1)``).
-        baseline: ``"measured"`` or ``"estimated"``; basis: how the line was fitted, in words.
+        baseline: ``"measured"`` or ``"estimated"``; basis: how sizes not recorded are priced, in words.
     """
 
     t_step_ms: float
@@ -128,15 +294,39 @@ class CostModel:
     t_plain_ms: float
     baseline: str
     basis: str
+    draft_ms: dict[int, float] = field(default_factory=dict)
+    draft_rounds: dict[int, int] = field(default_factory=dict)
+    d0_ms: float = 0.0
+    d1_ms: float = 0.0
+    probe: CostProbe | None = None
+    verify_scale: float | None = None
+    draft_scale: float | None = None
+    sizes: SizeCosts | None = field(default=None, repr=False, compare=False)
 
     def t_verify(self, n: int) -> float:
-        """ms to verify ``n`` tokens: the recorded mean, else the line."""
-        return self.verify_ms[n] if n in self.verify_ms else self.v0_ms + self.v1_ms * n
+        """ms to verify ``n`` tokens (:class:`SizeCosts` rule)."""
+        return float(self.sizes.verify(n)[0]) if self.sizes is not None else self.v0_ms + self.v1_ms * n
+
+    def t_draft(self, k: int) -> float:
+        """ms of a round's ``k`` drafter steps (:class:`SizeCosts` rule)."""
+        return float(self.sizes.draft(k)[0]) if self.sizes is not None else self.d0_ms + self.d1_ms * k
+
+    def own(self, kind: str) -> list[int]:
+        """The sizes priced at the trace's own mean (``kind``: ``"verify"`` or ``"draft"``)."""
+        rounds = self.verify_rounds if kind == "verify" else self.draft_rounds
+        return sorted(n for n, c in rounds.items() if c >= MIN_SIZE_ROUNDS)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["verify_ms"] = {str(k): v for k, v in self.verify_ms.items()}
-        d["verify_rounds"] = {str(k): v for k, v in self.verify_rounds.items()}
+        """JSON-able: the fields (``verify_ms`` / ``draft_ms``: the trace's means, also of sizes with too few
+        rounds to be used) and ``priced``: what the what-if uses, ``verify_ms`` for n = 1..N_MAX + 1,
+        ``draft_ms`` for k = 1..N_MAX, ``own_verify`` / ``own_draft`` the sizes priced at their own mean."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("sizes", "probe")}
+        for k in ("verify_ms", "verify_rounds", "draft_ms", "draft_rounds"):
+            d[k] = {str(n): v for n, v in getattr(self, k).items()}
+        d["probe"] = None if self.probe is None else self.probe.to_dict()
+        d["priced"] = {"verify_ms": {str(n): self.t_verify(n) for n in range(1, N_MAX + 2)},
+                       "draft_ms": {str(k): self.t_draft(k) for k in range(1, N_MAX + 1)},
+                       "own_verify": self.own("verify"), "own_draft": self.own("draft")}
         return d
 
 
@@ -155,31 +345,67 @@ def verify_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[floa
     return v0, v1, "weighted least squares"
 
 
-def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None) -> CostModel | None:
-    """The cost model from ``n_draft``, ``t_draft_ms``, ``t_verify_ms`` of the rounds (module docstring);
-    None without timings or without a drafting round."""
-    if "t_draft_ms" not in rounds.columns or "t_verify_ms" not in rounds.columns or not len(rounds):
+def size_sums(rounds: pd.DataFrame, units: np.ndarray | None = None, n_units: int = 1
+              ) -> dict[str, np.ndarray] | None:
+    """Per-unit sums for :meth:`SizeCosts.fit` (``float[n_units]`` each; ``units`` maps each round to its unit,
+    None: one unit): ``tv<n>`` / ``cnt<n>`` (verify ms and rounds of size ``n = n_draft + 1``), ``td<k>`` (draft
+    ms of rounds drafting ``k``, whose count is ``cnt<k+1>``), ``td`` (draft ms), ``time`` (draft + verify ms).
+    None without timings. Columns ``n_draft``, ``t_draft_ms``, ``t_verify_ms``; a round with either time
+    missing counts towards no size."""
+    if "t_draft_ms" not in rounds.columns or "t_verify_ms" not in rounds.columns:
         return None
+    u = np.zeros(len(rounds), np.int64) if units is None else units
     nd = rounds["n_draft"].to_numpy(dtype=np.int64)
     td = pd.to_numeric(rounds["t_draft_ms"], errors="coerce").to_numpy(dtype=np.float64)
     tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce").to_numpy(dtype=np.float64)
     ok = np.isfinite(td) & np.isfinite(tv)
-    m = ok & (nd > 0)
-    if not m.any() or nd[m].sum() <= 0:
+    td0, tv0 = np.where(np.isfinite(td), td, 0.0), np.where(np.isfinite(tv), tv, 0.0)
+    out = {"time": np.bincount(u, td0 + tv0, n_units), "td": np.bincount(u, np.where(nd > 0, td0, 0.0), n_units)}
+    for k in np.unique(nd):
+        m = ok & (nd == k)
+        out[f"tv{k + 1}"] = np.bincount(u, np.where(m, tv0, 0.0), n_units)
+        out[f"cnt{k + 1}"] = np.bincount(u, m.astype(float), n_units)
+        if k > 0:
+            out[f"td{k}"] = np.bincount(u, np.where(m, td0, 0.0), n_units)
+    return out
+
+
+def size_costs(sums: Mapping[str, np.ndarray], probe: CostProbe | None, plain: np.ndarray | None) -> SizeCosts:
+    """:meth:`SizeCosts.fit` from :func:`size_sums`-keyed totals (``float[B]`` each)."""
+    sizes = sorted(int(k[3:]) for k in sums if k.startswith("cnt"))
+    return SizeCosts.fit({n: sums[f"tv{n}"] for n in sizes}, {n: sums[f"cnt{n}"] for n in sizes},
+                         {n - 1: sums[f"td{n - 1}"] for n in sizes if n > 1},
+                         {n - 1: sums[f"cnt{n}"] for n in sizes if n > 1}, probe, plain)
+
+
+def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None, probe: CostProbe | None = None
+             ) -> CostModel | None:
+    """The cost model from ``n_draft``, ``t_draft_ms``, ``t_verify_ms`` of the rounds and the recorder's
+    ``probe`` (module docstring; :class:`SizeCosts`); None without timings or without a drafting round."""
+    if not len(rounds):
         return None
-    t_step = float(td[m].sum() / nd[m].sum())
-    sizes = sorted(int(n) + 1 for n in np.unique(nd[ok]))
-    verify = {n: float(tv[ok & (nd == n - 1)].mean()) for n in sizes}
-    counts = {n: int((ok & (nd == n - 1)).sum()) for n in sizes}
-    xs, ys, ws = [float(n) for n in sizes], [verify[n] for n in sizes], [float(counts[n]) for n in sizes]
+    s = size_sums(rounds)
+    if s is None:
+        return None
+    nd = rounds["n_draft"].to_numpy(dtype=np.int64)
+    sizes = sorted(int(k[3:]) for k in s if k.startswith("cnt") and s[k][0] > 0)
+    drafted = sum(float(s[f"cnt{n}"][0]) * (n - 1) for n in sizes)
+    if drafted <= 0 or not (nd > 0).any():
+        return None
     measured = baseline is not None and baseline.measured
-    if measured:
-        xs.append(1.0)
-        ys.append(baseline.t_per_token_ms)
-        ws.append(float(max(ws)))
-    v0, v1, how = verify_line(xs, ys, ws)
-    basis = ("mean verify time per recorded size; other sizes on a line (" + how + ") through those means"
-             + (" and the measured plain decoding" if measured else ""))
-    t_plain = baseline.t_per_token_ms if measured else (verify[1] if 1 in verify else v0 + v1)
-    return CostModel(t_step_ms=t_step, verify_ms=verify, verify_rounds=counts, v0_ms=v0, v1_ms=v1,
-                     t_plain_ms=float(t_plain), baseline="measured" if measured else "estimated", basis=basis)
+    sc = size_costs(s, probe, np.array([baseline.t_per_token_ms]) if measured else None)
+    verify = {n: float(s[f"tv{n}"][0] / s[f"cnt{n}"][0]) for n in sizes}
+    counts = {n: int(s[f"cnt{n}"][0]) for n in sizes}
+    draft = {n - 1: float(s[f"td{n - 1}"][0] / s[f"cnt{n}"][0]) for n in sizes if n > 1}
+    dcounts = {n - 1: counts[n] for n in sizes if n > 1}
+    t_step = sum(s[f"td{k}"][0] for k in draft) / drafted
+    how = (f"recorded sizes (at least {MIN_SIZE_ROUNDS} rounds) at their mean; "
+           + ("others from the recorder's probe of every size, scaled to this trace" if probe is not None
+              else "others on lines through the recorded means" + (" and the measured plain decoding" if measured else "")))
+    t_plain = baseline.t_per_token_ms if measured else float(sc.verify(1)[0])
+    return CostModel(t_step_ms=float(t_step), verify_ms=verify, verify_rounds=counts, v0_ms=float(sc.v_line[0][0]),
+                     v1_ms=float(sc.v_line[1][0]), t_plain_ms=float(t_plain),
+                     baseline="measured" if measured else "estimated", basis=how, draft_ms=draft, draft_rounds=dcounts,
+                     d0_ms=float(sc.d_line[0][0]), d1_ms=float(sc.d_line[1][0]), probe=probe,
+                     verify_scale=None if sc.v_scale is None else float(sc.v_scale[0]),
+                     draft_scale=None if sc.d_scale is None else float(sc.d_scale[0]), sizes=sc)

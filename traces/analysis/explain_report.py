@@ -25,7 +25,7 @@ from mtpscope.traces.analysis.metrics import totals
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
-from mtpscope.traces.analysis.costs import PlainBaseline, manifest_baseline
+from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
 from mtpscope.traces.analysis.what_if import WhatIf, what_if
 from mtpscope.traces.store.protocols import TraceLike
 
@@ -258,7 +258,8 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
     mt = (manifest.get("params") or {}).get("max_tokens")
     if len(rounds) and (rounds["n_draft"].to_numpy() > 0).any():
         wi = what_if(rounds, categories=cats, baseline=base,
-                     max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None)
+                     max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
+                     probe=CostProbe.from_manifest(manifest))
         adv = advise(wi)
         if wi.cost is not None and (base is None or not base.measured):
             notes.append("no plain decoding was measured for these prompts (record --baseline, sweep --baseline): "

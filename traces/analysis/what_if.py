@@ -21,7 +21,7 @@ the model's error there; the categories' counts add up to the totals. Then
 
     acceptance rate(N)        = accepted(N) / drafted(N)
     mean acceptance length(N) = 1 + accepted(N) / verify rounds(N)
-    time(N)                   = t_step * drafted(N) + sum_L rounds_L(N) * t_verify(L + 1)    (L = 0: plain steps)
+    time(N)                   = sum_L rounds_L(N) * (t_draft(L) + t_verify(L + 1))   (L = 0: plain steps)
     tokens/s(N)               = 1000 * emitted / time(N)
     speedup(N)                = tokens/s(N) * t_plain / 1000
 
@@ -46,11 +46,11 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
-from mtpscope.traces.analysis.costs import CostModel, PlainBaseline, fit_cost, manifest_baseline, verify_line
+from mtpscope.traces.analysis.costs import (N_MAX, CostModel, CostProbe, PlainBaseline, SizeCosts, fit_cost,
+                                            manifest_baseline, size_costs, size_sums)
 from mtpscope.traces.analysis.metrics import emitted_counts
 from mtpscope.traces.store.protocols import TraceLike
 
-N_MAX = 8
 N_BOOT = 200
 SEED = 0
 #: a category with fewer rounds that drafted than this uses the pooled fit (calibrated to its own rounds)
@@ -175,7 +175,7 @@ class _Group:
     params: AM.Params
     stats: AM.Stats
     unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
-    sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify, time, td, tv<n>, cnt<n>
+    sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify; costs.size_sums' keys
 
     @property
     def n_units(self) -> int:
@@ -183,21 +183,13 @@ class _Group:
 
 
 
-def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int, sizes: list[int]) -> dict[str, np.ndarray]:
+def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int) -> dict[str, np.ndarray]:
     nd = r["n_draft"].to_numpy(dtype=np.int64)
     na = r["n_accepted"].to_numpy(dtype=np.int64)
     ne = emitted_counts(r)
     out = {"emitted": np.bincount(units, ne, n_units), "accepted": np.bincount(units, na, n_units),
            "drafted": np.bincount(units, nd, n_units), "verify": np.bincount(units, (nd > 0).astype(float), n_units)}
-    if "t_draft_ms" in r.columns and "t_verify_ms" in r.columns:
-        td = pd.to_numeric(r["t_draft_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
-        tv = pd.to_numeric(r["t_verify_ms"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
-        out["time"] = np.bincount(units, td + tv, n_units)
-        out["td"] = np.bincount(units, np.where(nd > 0, td, 0.0), n_units)
-        for n in sizes:
-            m = nd == n - 1
-            out[f"tv{n}"] = np.bincount(units, np.where(m, tv, 0.0), n_units)
-            out[f"cnt{n}"] = np.bincount(units, m.astype(float), n_units)
+    out.update(size_sums(r, units, n_units) or {})
     return out
 
 
@@ -217,7 +209,7 @@ def _units(r: pd.DataFrame) -> tuple[np.ndarray, int, np.ndarray | None]:
     return blk.astype(np.int64), int(blk.max()) + 1 if len(blk) else 0, None
 
 
-def _group(name: str, r: pd.DataFrame, sizes: list[int], n_states: int, K: int,
+def _group(name: str, r: pd.DataFrame, n_states: int, K: int,
            pooled: AM.Params | None = None) -> _Group:
     """A group's fit (``pooled`` as it is, else its own), every parameter over K depths, and its E-step
     statistics per bootstrap unit."""
@@ -229,7 +221,7 @@ def _group(name: str, r: pd.DataFrame, sizes: list[int], n_states: int, K: int,
         params, _, _ = AM.fit(obs, n_states=n_states)
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
     stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
-    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units, sizes))
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units))
 
 
 def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -240,17 +232,11 @@ def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     return w
 
 
-def _tv(costs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-    """Per-replicate verify cost of ``n`` tokens: the replicate's mean where recorded, else its line."""
-    mean = costs.get(f"tv{n}")
-    line = costs["v0"] + costs["v1"] * n
-    return line if mean is None else np.where(np.isfinite(mean), mean, line)
-
-
-def _model_time(costs: Mapping[str, np.ndarray], pr: AM.Prediction) -> np.ndarray:
-    t = costs["t_step"] * pr.drafted
+def _model_time(costs: SizeCosts, pr: AM.Prediction) -> np.ndarray:
+    """Per-replicate ms of the predicted rounds: ``sum_L rounds_L * (t_draft(L) + t_verify(L + 1))``."""
+    t = np.zeros(pr.by_size.shape[0])
     for L in range(pr.by_size.shape[1]):
-        t = t + pr.by_size[:, L] * _tv(costs, L + 1)
+        t = t + pr.by_size[:, L] * costs.round(L)
     return t
 
 
@@ -258,7 +244,7 @@ COUNTS = ("accepted", "drafted", "verify", "time")
 
 
 def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens: int,
-                   costs: Mapping[str, np.ndarray] | None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                   costs: SizeCosts | None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Calibrated counts per n_draft for every weight row (``{count: float[B, n]}``, ``"emitted":
     float[B]``) and the point estimate's calibration factors (trace / model at K)."""
     B = W.shape[0]
@@ -324,36 +310,16 @@ def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.nda
     return np.full(B, baseline.t_per_token_ms if ids is None else baseline.for_prompts(ids))
 
 
-def _costs(groups: list[_Group], Ws: list[np.ndarray], sizes: list[int],
-           plain: np.ndarray | None) -> dict[str, np.ndarray] | None:
-    """Per-replicate costs over all groups (the categories ran on one machine): ``t_step``, the mean
-    verify time per recorded size ``tv<n>`` (NaN where a replicate has no such round) and the line
-    ``v0``, ``v1`` (through the measured plain decoding too)."""
+def _costs(groups: list[_Group], Ws: list[np.ndarray], probe: CostProbe | None,
+           plain: np.ndarray | None) -> SizeCosts | None:
+    """Per-replicate round costs over all groups (the categories ran on one machine):
+    :class:`traces.analysis.costs.SizeCosts` of the replicates' sums (a size a group lacks counts 0 there)."""
     if any("time" not in g.sums for g in groups):
         return None
-
-    def tot(key: str) -> np.ndarray:
-        return sum(W @ g.sums[key] for g, W in zip(groups, Ws, strict=True))
-
-    out: dict[str, np.ndarray] = {"t_step": tot("td") / np.maximum(tot("drafted"), 1e-12)}
-    cnt = {}
-    for n in sizes:
-        c = tot(f"cnt{n}")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out[f"tv{n}"] = np.where(c > 0, tot(f"tv{n}") / np.where(c > 0, c, 1), np.nan)
-        cnt[n] = c
-    B = len(out["t_step"])
-    v0, v1 = np.empty(B), np.empty(B)
-    for b in range(B):
-        pts = [(float(n), float(out[f"tv{n}"][b]), float(cnt[n][b])) for n in sizes if np.isfinite(out[f"tv{n}"][b])]
-        if plain is not None:
-            pts.append((1.0, float(plain[b]), max([w for _, _, w in pts], default=1.0)))
-        if pts:
-            v0[b], v1[b], _ = verify_line(*map(list, zip(*pts, strict=True)))
-        else:
-            v0[b] = v1[b] = 0.0
-    out["v0"], out["v1"] = v0, v1
-    return out
+    keys = sorted({k for g in groups for k in g.sums if k.startswith(("tv", "td", "cnt"))})
+    B = Ws[0].shape[0]
+    tot = {k: sum((W @ g.sums[k] for g, W in zip(groups, Ws, strict=True) if k in g.sums), np.zeros(B)) for k in keys}
+    return size_costs(tot, probe, plain)
 
 
 def _interval(v: np.ndarray) -> tuple[float, float] | None:
@@ -420,7 +386,7 @@ def _model_dict(params: AM.Params, **more: Any) -> dict[str, Any]:
 def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None,
             baseline: PlainBaseline | None = None, max_tokens: int | None = None, n_max: int = N_MAX,
             n_boot: int = N_BOOT, seed: int = SEED, n_states: int = AM.N_STATES,
-            t_plain_ms: float | None = None) -> WhatIf:
+            t_plain_ms: float | None = None, probe: CostProbe | None = None) -> WhatIf:
     """The estimate for n_draft = 1..``n_max`` (module docstring) from a trace's rounds.
 
     Args:
@@ -434,6 +400,8 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
         max_tokens: the recording's cap (``params.max_tokens``); None: the longest prompt's length.
         n_max: the largest n_draft estimated (>= 1); n_boot: bootstrap resamples (0: no intervals);
         seed: their seed; n_states: hidden states of the model.
+        probe: the recorder's timing of every round size (:class:`traces.analysis.costs.CostProbe`, manifest
+            ``cost_probe``), which prices the sizes the trace did not record; None: lines through the recorded.
 
     Raises:
         TraceFormatError: missing columns, no drafting round, ``n_max < 1``.
@@ -452,7 +420,6 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     rounds = rounds.reset_index(drop=True)
     K = int(nd_all.max())
     n_values = range(1, n_max + 1)
-    sizes = sorted(int(n) + 1 for n in np.unique(nd_all))
     pid = rounds["prompt_id"].to_numpy(dtype=np.int64)
     obs_all = AM.observations(rounds)
     if max_tokens is None:
@@ -465,18 +432,18 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
         for n in names:
             sub = rounds[lab == n].reset_index(drop=True)
             few = int((sub["n_draft"].to_numpy() > 0).sum()) < CATEGORY_MIN_ROUNDS
-            groups.append(_group(n, sub, sizes, n_states, K, pooled=pooled if few else None))
+            groups.append(_group(n, sub, n_states, K, pooled=pooled if few else None))
     else:
-        groups = [_group("", rounds, sizes, n_states, K, pooled=pooled)]
+        groups = [_group("", rounds, n_states, K, pooled=pooled)]
     rng = np.random.default_rng(seed)
     Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
     B = 1 + n_boot
     plain = _plain(baseline, groups, Ws, B)
-    costs = _costs(groups, Ws, sizes, plain)
+    costs = _costs(groups, Ws, probe, plain)
     timed = costs is not None
-    cost = fit_cost(rounds, baseline) if timed else None
+    cost = fit_cost(rounds, baseline, probe) if timed else None
     if timed and plain is None:
-        plain = _tv(costs, 1)
+        plain = costs.verify(1)
     per = {g.name: _predict_group(g, W, n_values, K, max_tokens, costs) for g, W in zip(groups, Ws, strict=True)}
     total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted", "by_size")}
     calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
@@ -523,4 +490,4 @@ def what_if_trace(trace: TraceLike, *, categories: Mapping[int, str] | None = No
     mt = (trace.manifest.get("params") or {}).get("max_tokens")
     return what_if(rounds, categories=categories, baseline=baseline or manifest_baseline(trace.manifest),
                    max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
-                   n_max=n_max, n_boot=n_boot)
+                   n_max=n_max, n_boot=n_boot, probe=CostProbe.from_manifest(trace.manifest))

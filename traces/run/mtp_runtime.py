@@ -56,6 +56,10 @@ from mtpscope.traces.run.target_side import target_stats
 H_INNER_NODE = "result_norm"
 #: :meth:`MtpRuntime.calibrate`: drafter steps with the in-graph capture, and prompt tokens prefilled for them
 CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 16
+#: :meth:`MtpRuntime.probe_costs`: round sizes probed (drafts 0..PROBE_N_MAX: the what-if's range,
+#: ``traces.analysis.costs.N_MAX``, held equal by tests/test_what_if.py; the worker does not load the
+#: analysis modules), repetitions at most, and the wall seconds after which no new one starts
+PROBE_N_MAX, PROBE_REPS, PROBE_BUDGET_S = 8, 5, 3.0
 
 
 def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
@@ -356,6 +360,16 @@ class MtpRuntime:
         finally:
             sampler.close()
 
+    def _draft_step(self, tok: int, pos: int, h_in: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """One drafter step at ``pos`` fed ``tok`` and hidden row ``h_in``: ``(draft, logits view, h_next copy)``
+        (the capture, when installed, reset first)."""
+        if self.capture is not None:
+            self.capture.reset()
+        self.dbatch.set(tok, pos, h_in)
+        self.dctx.decode(self.dbatch)
+        lg = self.dctx.logits(0)
+        return int(np.argmax(lg)), lg, self.dctx.nextn(0).copy()
+
     def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
                 hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
                 fence: Callable[[], None] | None) -> Iterator[RoundResult]:
@@ -365,8 +379,7 @@ class MtpRuntime:
             fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
         self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
-        tctx, dctx, cap = self.tctx, self.dctx, self.capture
-        db, tb = self.dbatch, self.tbatch
+        tctx, cap, tb = self.tctx, self.capture, self.tbatch
         pos = len(tokens)
         pending = sampler.sample(tctx, tb.batch.n_tokens - 1)
         self.first_token = pending
@@ -384,13 +397,7 @@ class MtpRuntime:
             t0 = perf()
             tok, h_in = pending, h
             for _ in range(k_max):
-                if cap is not None:
-                    cap.reset()
-                db.set(tok, pos, h_in)
-                dctx.decode(db)
-                lg = dctx.logits(0)
-                d = int(np.argmax(lg))
-                h_next = dctx.nextn(0).copy()
+                d, lg, h_next = self._draft_step(tok, pos, h_in)
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
                     steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
@@ -446,6 +453,70 @@ class MtpRuntime:
             rnd += 1
             if eog(pending) or n_out >= max_tokens:
                 return
+
+    def probe_costs(self, tokens: Sequence[int], *, n_max: int = PROBE_N_MAX, reps: int = PROBE_REPS,
+                    budget_s: float = PROBE_BUDGET_S) -> dict[str, Any]:
+        """Time a round of every size on this machine, as :meth:`run` times one: for ``k = 0..n_max`` the
+        drafter's ``k`` chained steps (``t_draft``) and the target's verify of ``k + 1`` tokens with its
+        token choice, ``h`` copy and KV removal (``t_verify``), at the position after ``tokens`` (the
+        first prompt, cut to fit the context). Sizes are interleaved within each repetition (a drift of the
+        machine's speed hits them alike); up to ``reps`` repetitions, at least one, more only while the
+        probe has run under ``budget_s`` seconds. The target's memory is cleared afterwards.
+
+        What it is for: the what-if (:mod:`traces.analysis.costs`) prices the round sizes a recording did
+        not run with this curve's shape, scaled to the recording's own costs (llama.cpp's verify time is
+        not a line in the batch size: kernels change with it).
+
+        Returns:
+            The manifest's ``cost_probe`` entry: ``verify_ms`` ``{"n": median ms}`` for ``n = 1..n_max + 1``,
+            ``draft_ms`` ``{"k": median ms}`` for ``k = 1..n_max`` (a round's ``k`` drafter steps), ``reps``,
+            ``pos`` (the position probed), ``seconds`` (the probe's wall time).
+
+        Raises:
+            TraceError: an empty prompt; llama.cpp could not decode.
+        """
+        perf = time.perf_counter
+        t_start = perf()
+        n_max = max(int(n_max), 1)
+        self.ensure_context(min(len(tokens), 64) + n_max + 2)
+        prefix = list(tokens[:max(1, min(len(tokens), self.n_ctx - n_max - 2))])
+        tctx, tb = self.tctx, self.tbatch
+        td: dict[int, list[float]] = {k: [] for k in range(1, n_max + 1)}
+        tv: dict[int, list[float]] = {k + 1: [] for k in range(n_max + 1)}
+        try:
+            self._prefill(prefix)
+            pos = len(prefix)
+            last = tb.batch.n_tokens - 1
+            pending = int(np.argmax(tctx.logits(last)))
+            h0 = tctx.nextn(last).copy()
+            rep = 0
+            while rep < max(int(reps), 1) and (rep == 0 or perf() - t_start < budget_s):
+                for k in range(n_max + 1):
+                    t0 = perf()
+                    drafted: list[int] = []
+                    tok, h_in = pending, h0
+                    for _ in range(k):
+                        d, lg, h_in = self._draft_step(tok, pos, h_in)
+                        lg.copy()                       # the loop copies each step's logits out
+                        drafted.append(d)
+                        tok = d
+                    t1 = perf()
+                    tb.set([pending, *drafted], pos, logits="all")
+                    tctx.decode(tb)
+                    for i in range(k + 1):
+                        int(np.argmax(tctx.logits(i)))
+                    tctx.nextn(0).copy()
+                    tctx.seq_rm(pos, -1)
+                    t2 = perf()
+                    if k:
+                        td[k].append((t1 - t0) * 1e3)
+                    tv[k + 1].append((t2 - t1) * 1e3)
+                rep += 1
+        finally:
+            self.tctx.clear()
+        return {"verify_ms": {str(n): float(np.median(v)) for n, v in tv.items()},
+                "draft_ms": {str(k): float(np.median(v)) for k, v in td.items()},
+                "reps": rep, "pos": pos, "seconds": perf() - t_start}
 
     def calibrate(self, tokens: Sequence[int], n_steps: int = CALIBRATION_STEPS) -> list[DraftStep]:
         """Drafter steps with the in-graph ``h_inner`` beside what llama.cpp returns, for measuring how well
@@ -545,5 +616,5 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
                   "per_prompt": per, "outputs_equal": None}
 
 
-__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "Calibration", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "PROBE_BUDGET_S", "PROBE_N_MAX", "PROBE_REPS", "Calibration", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
            "prompt_tokens", "spec_tokens", "time_plain"]

@@ -254,6 +254,14 @@ def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
     return Calibration(tuple(rtm.calibrate(toks[0])))
 
 
+def cost_probe(rtm: Any, toks: list[list[int]]) -> CostProbe | None:
+    """The round sizes timed after the loop (:meth:`~traces.mtp_runtime.MtpRuntime.probe_costs` on the first
+    prompt), None without prompts."""
+    if not toks:
+        return None
+    return CostProbe(rtm.probe_costs(toks[0]))
+
+
 def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
     defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
@@ -329,6 +337,9 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
         if cal is not None:
             sender.send("calibration", cal)
             sender.flush()
+        probe = cost_probe(rtm, toks)
+        if probe is not None:
+            chan.send({"kind": "cost_probe", "entry": probe.entry})
         chan.send(done)
     finally:
         sender.close()
@@ -388,6 +399,14 @@ class Baseline:
 
     entry: dict[str, Any]
     plain_outputs: list[list[int]]
+
+
+@dataclass(frozen=True)
+class CostProbe:
+    """The worker timed a round of every size after its loop: the manifest's ``cost_probe`` entry
+    (:meth:`traces.mtp_runtime.MtpRuntime.probe_costs`)."""
+
+    entry: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -562,6 +581,8 @@ class RecordWorker:
                 yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
             elif kind == "calibration":
                 yield self.receiver.unpack(msg)
+            elif kind == "cost_probe":
+                yield CostProbe(dict(msg["entry"]))
             elif kind == "baseline":
                 yield Baseline(msg["baseline"], [list(o) for o in msg["plain_outputs"]])
             elif kind == "prompt_done":
@@ -723,6 +744,9 @@ class InProcessRounds:
         cal = calibration(self.rtm, self.job, self.toks)
         if cal is not None:
             yield cal
+        probe = cost_probe(self.rtm, self.toks)
+        if probe is not None:
+            yield probe
         yield done
 
     def release(self) -> None:
@@ -739,8 +763,8 @@ class InProcessRounds:
             self.rtm.close()
 
 
-__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "calibration", "load_runtime", "main", "prepare_prompts", "time_baseline"]
+__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "CostProbe", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
+           "WorkerRound", "calibration", "cost_probe", "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 
 if __name__ == "__main__":

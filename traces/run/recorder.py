@@ -38,7 +38,7 @@ from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, InProcessRounds, PromptDone, RecordWorker,
+from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, CostProbe, InProcessRounds, PromptDone, RecordWorker,
                                                WorkerDone, WorkerRound)
 from mtpscope.traces.run.step_analysis import round_record, step_records
 
@@ -206,7 +206,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
             token per decode) and store it in the manifest as ``baseline``: ``t_per_token_ms`` (decode
             time per token after the first), ``n_tokens``, ``decode_ms``, ``prefill_ms``, ``per_prompt``
             and, at the end, ``outputs_equal`` (the speculative outputs equal plain decoding's; greedy
-            only). ``hidden_target`` costs one copy of n_embd_backbone floats per draft and
+            only). After the loop the worker times a round of every size
+            (:meth:`MtpRuntime.probe_costs`, outside the run's timing) into the manifest's ``cost_probe``,
+            which the what-if prices round sizes with. ``hidden_target`` costs one copy of n_embd_backbone floats per draft and
             2 * n_embd_backbone bytes on disk in f16.
         target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
         out: the trace directory.
@@ -364,6 +366,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
             if isinstance(ev, Baseline):
                 w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
                 t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
+            elif isinstance(ev, CostProbe):
+                cal_s += time.perf_counter() - t_ev
+                w.manifest["cost_probe"] = ev.entry
             elif isinstance(ev, Calibration):
                 cal_s += time.perf_counter() - t_ev
                 if solver is not None:

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis.costs import CostProbe
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.reader import Trace, open_trace, sql_file_list, sql_str
@@ -382,6 +383,8 @@ class SweepCell(TraceLike):
         m["counts"] = {k: sum(int((t.manifest.get("counts") or {}).get(k) or 0) for t in traces)
                        for k in ("n_rounds", "n_steps", "n_parts")}
         m["sweep"] = {"path": os.fspath(sweep.path), "assistant": assistant, "n_draft": n_draft, "shards": shards}
+        probe = CostProbe.merged([CostProbe.from_manifest(t.manifest) for t in traces])
+        m["cost_probe"] = None if probe is None else probe.to_dict()
         self.manifest = m
         self._cache: dict[tuple[str, tuple[str, ...] | None], pd.DataFrame] = {}
 

@@ -561,13 +561,9 @@ def _drive(ray: Any, spec: SweepSpec, out: Path, tasks: Mapping[str, SweepTask],
         if no in reserved:
             return reserved.pop(no)
         want = loaded.get(no)
-        for tid in pending:                      # same assistant first (models stay loaded)
-            if want is not None and tasks[tid].assistant == want:
-                return tid
-        if want is not None:
-            for tid in pending:                  # plain decoding runs on any loaded target
-                if tasks[tid].is_baseline:
-                    return tid
+        for tid in pending:                      # in order, on the models loaded: the same assistant, or plain
+            if want is not None and (tasks[tid].assistant == want or tasks[tid].is_baseline):   # decoding (any
+                return tid                       # loaded target runs it)
         taken = set(loaded.values())
         for tid in pending:                      # an assistant no other actor holds
             if tasks[tid].assistant not in taken:

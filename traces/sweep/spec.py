@@ -291,10 +291,16 @@ class SweepSpec:
         return tuple(p for p in self.prompts if p.index % self.n_shards == shard)
 
     def tasks(self) -> tuple[SweepTask, ...]:
-        """Every task, ordered by assistant, n_draft, shard; baseline tasks last."""
-        out = [SweepTask(a, k, s) for a, _ in self.assistants for k in self.n_drafts for s in range(self.n_shards)]
-        if self.baseline:
-            out += [SweepTask(BASELINE, 0, s) for s in range(self.n_shards)]
+        """Every task, in the order they start: assistant, then shard, then n_draft, each shard's plain
+        decoding after its n_drafts. The cells of one assistant are interleaved shard by shard, so a change
+        of the machine's speed during the sweep (a shared or throttling machine) hits every n_draft and
+        the baseline alike instead of biasing the cells run first or last."""
+        out = []
+        for i, (a, _) in enumerate(self.assistants):
+            for s in range(self.n_shards):
+                out += [SweepTask(a, k, s) for k in self.n_drafts]
+                if self.baseline and i == 0:
+                    out.append(SweepTask(BASELINE, 0, s))
         return tuple(out)
 
     def assistant_path(self, name: str) -> str | None:
