@@ -86,3 +86,22 @@ def test_report_on_a_corrupt_sweep_json_is_one_line_exit_2(tmp_path: Path, sweep
     assert res.exit_code == 2 and res.stdout == ""
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {bad / 'sweep.json'}: {key}: ") and got in lines[0], lines
+
+
+def test_a_sweep_folder_that_holds_no_trace_is_one_line(tmp_path: Path) -> None:
+    # explain / report on DIR/assistant=a/n_draft=1 (a configuration folder: its traces are the shard
+    # folders below it) names the sweep and what can be read, exit 1; a shard's trace folder is read as usual
+    root = tmp_path / "sw"
+    cell = root / "assistant=a" / "n_draft=1"
+    (cell / "shard=0").mkdir(parents=True)
+    (root / "sweep.json").write_text("{}")
+    for cmd in ("explain", "report"):
+        for folder in (cell, cell.parent):
+            r = runner.invoke(app, [cmd, str(folder)])
+            assert r.exit_code == 1, r.output
+            assert r.output.strip().splitlines() == [
+                f"mtpscope: {folder} is a folder of the sweep {root.resolve()}, not a trace: mtpscope {cmd} "
+                f"{root.resolve()} (every configuration, measured) or one shard's trace (a shard=N folder below it)"]
+        # the shard folder is a trace folder (here an empty one): the reader's own one-line error, not this one
+        r = runner.invoke(app, [cmd, str(cell / "shard=0")])
+        assert "is a folder of the sweep" not in r.output and r.exit_code != 0

@@ -207,8 +207,16 @@ def test_costs_from_the_probe_by_hand() -> None:
     assert m.verify_ms == {1: 2.5, 2: 5.0} and m.draft_ms == {1: 3.0, 2: 9.0} and m.reps == 6
     assert CostProbe.merged([None]) is None
     # a malformed probe is no probe
-    for bad in ({"cost_probe": "x"}, {"cost_probe": {"verify_ms": {"1": -1}}}, {}):
-        assert CostProbe.from_manifest(bad) is None
+    good = {"1": 10.0, "2": 12.0}
+    bads = [{"verify_ms": {"1": -1}}, {"verify_ms": {"1": 10, "2": "x"}}, {"verify_ms": {"1": 10, "²": 5.0}},
+            {"verify_ms": {"①": 5.0}}, {"verify_ms": {"\u0665": 5.0}}, {"verify_ms": {"0": 5.0}},
+            {"verify_ms": {"1": 1e308}}, {"verify_ms": {"1": 1e-300}}, {"verify_ms": {"1": math.inf}},
+            {"verify_ms": {"1": math.nan}}, {"verify_ms": {"1": True}}, {"verify_ms": {}}, {"verify_ms": [1, 2]},
+            {"verify_ms": good, "draft_ms": {"1": -3.0}}, {"verify_ms": good, "draft_ms": "x"}]
+    for bad in [{"cost_probe": "x"}, {}, *({"cost_probe": b} for b in bads)]:
+        assert CostProbe.from_manifest(bad) is None, bad
+    only_verify = CostProbe.from_manifest({"cost_probe": {"verify_ms": good, "reps": True}})
+    assert only_verify.verify_ms == {1: 10.0, 2: 12.0} and only_verify.draft_ms == {} and only_verify.reps == 0
     # the what-if prices the sizes it did not record with it, and still reproduces the trace at its n_draft
     rng = np.random.default_rng(3)
     n = 400

@@ -41,15 +41,18 @@ def _cost_lines(c: dict[str, Any]) -> list[str]:
         return ", ".join(f"{n}: {_f(v, '.2f')}{'*' if int(n) in own else ''}" for n, v in pr[key].items())
 
     if c.get("probe"):
-        how = (f"other sizes from the recorder's probe, scaled x{_f(c.get('verify_scale'), '.2f')} (verify) / "
-               f"x{_f(c.get('draft_scale'), '.2f')} (drafts) to this trace")
+        ds = c.get("draft_scale")
+        how = (f"other sizes from the recorder's probe scaled to this trace, x{_f(c.get('verify_scale'), '.2f')} "
+               "(verify) / " + (f"x{_f(ds, '.2f')} (drafts)" if ds is not None else "drafts on a line (the probe has none)")
+               + ("; sizes the probe lacks on lines through the trace's means"
+                  if set(pr["verify_ms"]) - set(c["probe"]["verify_ms"]) or set(pr["draft_ms"]) - set(c["probe"]["draft_ms"])
+                  else ""))
     else:
-        how = "other sizes on lines through the trace's means (no probe in this trace)"
+        how = "other sizes on lines through the trace's means (no usable probe in this trace)"
     return [f"  costs (ms, * the trace's own mean; {how}):",
             f"    verify of n tokens  {sizes('verify_ms', pr['own_verify'])}",
             f"    k drafter steps     {sizes('draft_ms', pr['own_draft'])}",
-            f"    plain decoding {_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']}); mean draft step "
-            f"{_f(c['t_step_ms'], '.2f')} ms"]
+            f"    plain decoding {_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})"]
 
 
 def _fv(row: dict[str, Any], key: str, spec: str) -> str:
@@ -224,6 +227,9 @@ def register(app: typer.Typer) -> None:
             from mtpscope.cli.sweep import sweep_report
 
             raise typer.Exit(sweep_report(trace, as_json, advice_only=True))
+        from mtpscope.cli.sweep import refuse_sweep_folder
+
+        refuse_sweep_folder(trace, "mtpscope explain")
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
             from mtpscope.traces.analysis.explain_report import select_prompt, token_label

@@ -133,7 +133,8 @@ def register(app: typer.Typer) -> None:
         mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
         typer.echo(f"trace: {s.out}")
         typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
-                   f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s)")
+                   f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s of wall time, "
+                   "prefill included; `mtpscope report` gives the draft + verify rate)")
         typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                    f"mean acceptance length {mal}")
 

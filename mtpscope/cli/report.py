@@ -69,7 +69,8 @@ def format_report(rep: dict[str, Any]) -> str:
     if rep.get("timing_ms"):
         t = rep["timing_ms"]
         lines.append(f"mean time per round: draft {_fmt(t['t_draft_ms_mean'], '.2f')} ms, "
-                     f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms")
+                     f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms; {_fmt(t.get('tokens_per_s'), '.1f')} tokens/s "
+                     "(emitted tokens / draft + verify time)")
     if rep.get("centroid_coverage"):
         c = rep["centroid_coverage"]
         lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of the {plural(c['n_steps'], 'step')} "
@@ -144,6 +145,9 @@ def register(app: typer.Typer) -> None:
             from mtpscope.cli.sweep import sweep_report
 
             raise typer.Exit(sweep_report(trace, as_json))
+        from mtpscope.cli.sweep import refuse_sweep_folder
+
+        refuse_sweep_folder(trace, "mtpscope report")
         with one_line_errors():
             from mtpscope.traces.analysis.metrics import report
             from mtpscope.traces.store.reader import open_trace

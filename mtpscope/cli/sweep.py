@@ -96,6 +96,20 @@ def format_quant_section(rows: list[dict[str, Any]]) -> list[str]:
 
 # ------------------------------------------------------------------ the report
 
+def refuse_sweep_folder(path: Path, command: str) -> None:
+    """Exit 1 with one line when ``path`` is a folder inside a sweep that holds no trace (a configuration
+    folder, ``DIR/assistant=A/n_draft=N``): name the sweep and the folders that can be read."""
+    from mtpscope.traces.store.layout import MANIFEST
+    from mtpscope.traces.sweep.spec import sweep_of
+
+    root = sweep_of(path)
+    if root is None or (Path(path) / MANIFEST).exists() or Path(path).name.startswith("shard="):
+        return                   # a shard folder is a trace's (without a manifest: the reader says so)
+    print(f"mtpscope: {path} is a folder of the sweep {root}, not a trace: {command} {root} (every configuration, "
+          f"measured) or one shard's trace (a shard=N folder below it)", file=sys.stderr)
+    raise typer.Exit(1)
+
+
 def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
     """``mtpscope report DIR`` on a sweep: print the report, with the recommendation and break-even
     (:func:`traces.sweep.advice.advise_sweep`); ``advice_only`` (``explain DIR``): only those. Return the

@@ -335,7 +335,7 @@ def _estimate_how(baseline: Any, t_plain_ms: float | None) -> str:
         return ""
     ms = f"{t_plain_ms:.2f} ms" if t_plain_ms is not None else "unknown"
     return (f"no plain decoding was measured (record --baseline, sweep --baseline); its time per token taken as the "
-            f"trace's mean time to verify one token, {ms}")
+            f"cost of verifying one token as the what-if prices it (docs/EXPLAIN.md §4), {ms}")
 
 
 def _what_if_candidates(w: Any) -> tuple[Candidate, ...]:

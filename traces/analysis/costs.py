@@ -13,7 +13,10 @@ costs more than the next), the trace the level. Without a probe (older traces, i
 v1 n`` through the recorded verify means (weighted by their rounds) and, when plain decoding was
 measured, the point ``(1, t_plain)``, ``v1 >= 0``, through the origin when the free intercept is
 negative, flat with one size; ``d0 + d1 k`` the same way through the draft means, proportional with one
-count. ``t_step = sum t_draft_ms / sum n_draft`` (the mean draft step) is the break-even's draft cost.
+count. ``t_step = sum t_draft_ms / sum n_draft`` is the mean draft step over the trace's rounds (a sweep's
+measured break-even uses it; a trace's break-even prices a round's drafts as above). A probe is used
+only when it is well formed: sizes are positive integers, times finite within
+``PROBE_MS_RANGE``; a malformed probe is no probe.
 
 ``t_plain`` (:class:`PlainBaseline`): plain decoding measured by the sweep's baseline task or ``record
 --baseline`` (``source`` says which), else estimated as ``t_verify(1)`` (``source: "estimated"``).
@@ -22,6 +25,7 @@ count. ``t_step = sum t_draft_ms / sum n_draft`` (the mean draft step) is the br
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -113,6 +117,8 @@ def rounds_baseline(rounds: pd.DataFrame, how: str, source: str = "sweep") -> Pl
 
 # ------------------------------------------------------------------------------------------ costs
 
+#: a probe's times (ms) must lie in this range, else the probe is malformed and not used
+PROBE_MS_RANGE = (1e-4, 1e7)
 #: the largest n_draft the what-if estimates and :meth:`CostModel.to_dict` prices
 N_MAX = 8
 #: a round size with fewer rounds than this in the trace is priced like one it did not record (its few
@@ -137,22 +143,29 @@ class CostProbe:
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> CostProbe | None:
-        """The manifest's ``cost_probe``, None when absent or malformed (positive finite numbers only)."""
+        """The manifest's ``cost_probe``, None when absent or malformed: ``verify_ms`` (and ``draft_ms`` when
+        present) must map sizes (decimal strings of positive integers) to times in ``PROBE_MS_RANGE`` ms."""
         e = manifest.get("cost_probe")
         if not isinstance(e, dict):
             return None
+        lo, hi = PROBE_MS_RANGE
 
-        def sizes(d: Any) -> dict[int, float]:
+        def sizes(d: Any) -> dict[int, float] | None:
+            if d is None:
+                return {}
+            if not isinstance(d, dict):
+                return None
             out = {}
-            for k, v in (d or {}).items() if isinstance(d, dict) else ():
-                if (str(k).isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                        and v > 0):
-                    out[int(k)] = float(v)
+            for k, v in d.items():
+                if not (isinstance(k, str) and re.fullmatch(r"[1-9][0-9]{0,3}", k) and isinstance(v, (int, float))
+                        and not isinstance(v, bool) and lo <= v <= hi):
+                    return None
+                out[int(k)] = float(v)
             return out
 
         v, d = sizes(e.get("verify_ms")), sizes(e.get("draft_ms"))
         reps = e.get("reps")
-        if not v:
+        if not v or d is None:
             return None
         return cls(v, d, int(reps) if isinstance(reps, int) and not isinstance(reps, bool) else 0)
 
@@ -274,7 +287,7 @@ class CostModel:
     """Costs per round (milliseconds; module docstring), the point values of :class:`SizeCosts`.
 
     Attributes:
-        t_step_ms: a draft step (mean over drafted tokens; the break-even's draft cost).
+        t_step_ms: a draft step (the mean over the trace's drafted tokens).
         verify_ms / verify_rounds: ``{n: mean t_verify_ms}`` of the verify sizes recorded (n = draft count
             + 1) and ``{n: rounds}`` behind each.
         draft_ms / draft_rounds: ``{k: mean t_draft_ms}`` of the draft counts recorded, ``{k: rounds}``.

@@ -438,6 +438,16 @@ def write_state(out: str | os.PathLike[str], state: dict[str, Any]) -> None:
     os.replace(tmp, p)
 
 
+def sweep_of(path: str | os.PathLike[str], levels: int = 3) -> Path | None:
+    """The sweep directory ``path`` lies inside (``path`` itself excluded; up to ``levels`` folders up), or
+    None: a configuration folder ``DIR/assistant=A/n_draft=N`` holds no trace of its own."""
+    p = Path(path).resolve()
+    for parent in list(p.parents)[:levels]:
+        if is_sweep(parent):
+            return parent
+    return None
+
+
 def is_sweep(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a directory holding a ``sweep.json``."""
     return (Path(path) / SWEEP_FILE).is_file()
