@@ -362,7 +362,7 @@ def size_sums(rounds: pd.DataFrame, units: np.ndarray | None = None, n_units: in
               ) -> dict[str, np.ndarray] | None:
     """Per-unit sums for :meth:`SizeCosts.fit` (``float[n_units]`` each; ``units`` maps each round to its unit,
     None: one unit): ``tv<n>`` / ``cnt<n>`` (verify ms and rounds of size ``n = n_draft + 1``), ``td<k>`` (draft
-    ms of rounds drafting ``k``, whose count is ``cnt<k+1>``), ``td`` (draft ms), ``time`` (draft + verify ms).
+    ms of rounds drafting ``k``, whose count is ``cnt<k+1>``), ``time`` (draft + verify ms).
     None without timings. Columns ``n_draft``, ``t_draft_ms``, ``t_verify_ms``; a round with either time
     missing counts towards no size."""
     if "t_draft_ms" not in rounds.columns or "t_verify_ms" not in rounds.columns:
@@ -373,7 +373,7 @@ def size_sums(rounds: pd.DataFrame, units: np.ndarray | None = None, n_units: in
     tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce").to_numpy(dtype=np.float64)
     ok = np.isfinite(td) & np.isfinite(tv)
     td0, tv0 = np.where(np.isfinite(td), td, 0.0), np.where(np.isfinite(tv), tv, 0.0)
-    out = {"time": np.bincount(u, td0 + tv0, n_units), "td": np.bincount(u, np.where(nd > 0, td0, 0.0), n_units)}
+    out = {"time": np.bincount(u, td0 + tv0, n_units)}
     for k in np.unique(nd):
         m = ok & (nd == k)
         out[f"tv{k + 1}"] = np.bincount(u, np.where(m, tv0, 0.0), n_units)
@@ -400,10 +400,9 @@ def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None, probe:
     s = size_sums(rounds)
     if s is None:
         return None
-    nd = rounds["n_draft"].to_numpy(dtype=np.int64)
     sizes = sorted(int(k[3:]) for k in s if k.startswith("cnt") and s[k][0] > 0)
     drafted = sum(float(s[f"cnt{n}"][0]) * (n - 1) for n in sizes)
-    if drafted <= 0 or not (nd > 0).any():
+    if drafted <= 0:
         return None
     measured = baseline is not None and baseline.measured
     sc = size_costs(s, probe, np.array([baseline.t_per_token_ms]) if measured else None)

@@ -316,11 +316,14 @@ def tokens_per_s_by_prompt(rounds: pd.DataFrame) -> dict[int, float | None]:
     ``{}`` without timings."""
     if "t_verify_ms" not in rounds.columns or not len(rounds):
         return {}
-    out: dict[int, float | None] = {}
-    for pid, g in rounds.groupby("prompt_id", sort=True):
-        t = timing(g)
-        out[int(pid)] = None if t is None else t["tokens_per_s"]
-    return out
+    tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce")
+    td = pd.to_numeric(rounds["t_draft_ms"], errors="coerce").fillna(0.0)
+    g = pd.DataFrame({"p": rounds["prompt_id"].to_numpy(dtype=np.int64), "ne": emitted_counts(rounds),
+                      "t": td.to_numpy() + tv.fillna(0.0).to_numpy(), "timed": tv.notna().to_numpy()}
+                     ).groupby("p", sort=True).sum()          # one pass, the sums timing() takes per prompt
+    return {int(p): 1000.0 * float(ne) / float(t) if timed and t > 0 else None
+            for p, ne, t, timed in zip(g.index, g["ne"], g["t"], g["timed"], strict=True)}
+
 
 def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
     """Totals over llama-server request rows (``requests`` table: at least ``kind``, ``n_drafted``,

@@ -254,12 +254,12 @@ def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
     return Calibration(tuple(rtm.calibrate(toks[0])))
 
 
-def cost_probe(rtm: Any, toks: list[list[int]]) -> CostProbe | None:
+def cost_probe(rtm: Any, toks: list[list[int]]) -> ProbeDone | None:
     """The round sizes timed after the loop (:meth:`~traces.mtp_runtime.MtpRuntime.probe_costs` on the first
     prompt), None without prompts."""
     if not toks:
         return None
-    return CostProbe(rtm.probe_costs(toks[0]))
+    return ProbeDone(rtm.probe_costs(toks[0]))
 
 
 def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
@@ -402,7 +402,7 @@ class Baseline:
 
 
 @dataclass(frozen=True)
-class CostProbe:
+class ProbeDone:
     """The worker timed a round of every size after its loop: the manifest's ``cost_probe`` entry
     (:meth:`traces.mtp_runtime.MtpRuntime.probe_costs`)."""
 
@@ -569,8 +569,9 @@ class RecordWorker:
 
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
         """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
-        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), then one :class:`WorkerDone`. After a :class:`WorkerRound` or the
-        calibration, call :meth:`release` once its arrays are no longer needed."""
+        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
+        one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
+        arrays are no longer needed."""
         from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
 
         while True:
@@ -582,7 +583,7 @@ class RecordWorker:
             elif kind == "calibration":
                 yield self.receiver.unpack(msg)
             elif kind == "cost_probe":
-                yield CostProbe(dict(msg["entry"]))
+                yield ProbeDone(dict(msg["entry"]))
             elif kind == "baseline":
                 yield Baseline(msg["baseline"], [list(o) for o in msg["plain_outputs"]])
             elif kind == "prompt_done":
@@ -763,7 +764,7 @@ class InProcessRounds:
             self.rtm.close()
 
 
-__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "CostProbe", "InProcessRounds", "PromptDone", "RecordWorker", "Status", "WorkerDone",
+__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "InProcessRounds", "ProbeDone", "PromptDone", "RecordWorker", "Status", "WorkerDone",
            "WorkerRound", "calibration", "cost_probe", "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 

@@ -38,7 +38,7 @@ from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, CostProbe, InProcessRounds, PromptDone, RecordWorker,
+from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, InProcessRounds, ProbeDone, PromptDone, RecordWorker,
                                                WorkerDone, WorkerRound)
 from mtpscope.traces.run.step_analysis import round_record, step_records
 
@@ -366,7 +366,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
             if isinstance(ev, Baseline):
                 w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
                 t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
-            elif isinstance(ev, CostProbe):
+            elif isinstance(ev, ProbeDone):
                 cal_s += time.perf_counter() - t_ev
                 w.manifest["cost_probe"] = ev.entry
             elif isinstance(ev, Calibration):
