@@ -271,3 +271,26 @@ def test_long_outputs_continue_at_the_stationary_rate(monkeypatch) -> None:
     for n in (1, 2, 4):
         for f in ("accepted", "drafted", "rounds", "plain"):
             assert getattr(approx[n], f)[0] == pytest.approx(getattr(exact[n], f)[0], rel=1e-6, abs=1e-6), (n, f)
+
+
+def test_small_categories_on_the_pooled_fit_keep_their_estimate_inside_the_interval() -> None:
+    # 12 prompts in 6 categories of 2 (each under CATEGORY_MIN_ROUNDS drafting rounds: the pooled fit), very
+    # different acceptance per category: every resample uses the pooled fit too, so each interval holds its
+    # own estimate (refitting a category's own rounds would centre its interval on another model)
+    rng = np.random.default_rng(5)
+    na, pid = [], []
+    for p in range(12):
+        rate = [0.9, 0.2, 0.6, 0.4, 0.8, 0.1][p // 2]
+        for _ in range(12):
+            k = 0
+            while k < 3 and rng.random() < rate:
+                k += 1
+            na.append(k)
+            pid.append(p)
+    r = _rounds(na, nd=[3] * len(na), td=rng.normal(30, 1, len(na)).tolist(), tv=rng.normal(40, 1, len(na)).tolist(),
+                pid=pid)
+    est = what_if(r, categories={p: "abcdef"[p // 2] for p in range(12)}, n_boot=200)
+    for w in (est, *est.by_category.values()):
+        for x in w.rows:
+            for v, iv in ((x.acceptance_rate, x.acceptance_rate_interval), (x.tokens_per_s, x.tokens_per_s_interval)):
+                assert iv[0] - 1e-9 <= v <= iv[1] + 1e-9, (x.n_draft, v, iv)

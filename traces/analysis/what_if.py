@@ -176,6 +176,7 @@ class _Group:
     stats: AM.Stats
     unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
     sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify; costs.size_sums' keys
+    own: bool = True                    # fitted on its own rounds (the bootstrap refits it), else the pooled fit
 
     @property
     def n_units(self) -> int:
@@ -210,9 +211,11 @@ def _units(r: pd.DataFrame) -> tuple[np.ndarray, int, np.ndarray | None]:
 
 
 def _group(name: str, r: pd.DataFrame, n_states: int, K: int,
-           pooled: AM.Params | None = None) -> _Group:
+           pooled: AM.Params | None = None, own: bool | None = None) -> _Group:
     """A group's fit (``pooled`` as it is, else its own), every parameter over K depths, and its E-step
-    statistics per bootstrap unit."""
+    statistics per bootstrap unit. ``own``: the bootstrap refits the group (default: when not pooled; the
+    one group of a trace without categories is fitted on its own rounds even as ``pooled``)."""
+    own = pooled is None if own is None else own
     units, n_units, unit_prompt = _units(r)
     obs = AM.observations(r, units)
     if pooled is not None:
@@ -221,7 +224,7 @@ def _group(name: str, r: pd.DataFrame, n_states: int, K: int,
         params, _, _ = AM.fit(obs, n_states=n_states)
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
     stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
-    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units))
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units), own=own)
 
 
 def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -248,11 +251,17 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     """Calibrated counts per n_draft for every weight row (``{count: float[B, n]}``, ``"emitted":
     float[B]``) and the point estimate's calibration factors (trace / model at K)."""
     B = W.shape[0]
-    params = AM.m_step(g.stats, W)
     D = max(max(n_values), K)
-    p = extend_depths(params.p, D)
-    pi, A = params.pi.copy(), params.A.copy()
-    pi[0], A[0], p[0] = g.params.pi, g.params.A, extend_depths(g.params.p, D)
+    if g.own:       # each resample refits its own rounds (one EM step from the fit); row 0 is the fit itself
+        params = AM.m_step(g.stats, W)
+        p = extend_depths(params.p, D)
+        pi, A = params.pi.copy(), params.A.copy()
+        pi[0], A[0], p[0] = g.params.pi, g.params.A, extend_depths(g.params.p, D)
+    else:           # a small category on the pooled fit: so is every resample (refitting it on its own
+        pi = np.broadcast_to(g.params.pi, (B, *g.params.pi.shape)).copy()   # rounds would centre the
+        A = np.broadcast_to(g.params.A, (B, *g.params.A.shape)).copy()      # interval on another model)
+        pe = extend_depths(g.params.p, D)
+        p = np.broadcast_to(pe, (B, *pe.shape)).copy()
     params = AM.Params(pi, A, p)
     ends = g.obs.ends
     emitted = float(ends.sum())
@@ -434,7 +443,7 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
             few = int((sub["n_draft"].to_numpy() > 0).sum()) < CATEGORY_MIN_ROUNDS
             groups.append(_group(n, sub, n_states, K, pooled=pooled if few else None))
     else:
-        groups = [_group("", rounds, n_states, K, pooled=pooled)]
+        groups = [_group("", rounds, n_states, K, pooled=pooled, own=True)]
     rng = np.random.default_rng(seed)
     Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
     B = 1 + n_boot
