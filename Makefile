@@ -18,7 +18,7 @@ PORT   ?= 8501
 ADDRESS ?= 127.0.0.1
 EXTRAS ?= test,runtime,sweep
 
-.PHONY: setup venv demo server run test test-fast browser bench clean-demo
+.PHONY: setup venv demo server run test test-fast test-avx2 browser bench clean-demo
 
 setup: $(STAMP) demo
 
@@ -59,6 +59,43 @@ browser:
 
 test: setup server $(PARITY_STAMP) browser
 	$(PY) -m pytest -q
+
+# The llama.cpp-dependent tests (marker `llama`) against a second llama-cpp-python built for AVX2 without
+# AVX-512 / AMX (docs/FIDELITY.md, "Every x86 CPU"): what most AMD and older Intel machines run. Its wheel is
+# built once into the cache folder (pip's wheel cache keys by version, not by CMAKE_ARGS, so it is built
+# without it), its venv is $(AVX2_VENV), and its demo, traces and llama-server live in their own cache folder
+# so that everything those tests read was made by the AVX2 build. Not part of `make test` (it rebuilds
+# llama.cpp and the demo once: about 15 minutes on 2 cores, then about 10).
+AVX2_VENV  ?= .venv-avx2
+AVX2_PY    := $(AVX2_VENV)/bin/python
+AVX2_CACHE ?= $(or $(MTPSCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mtpscope)/avx2
+AVX2_WHEEL_DIR := $(AVX2_CACHE)/wheels
+AVX2_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF
+AVX2_STAMP := $(AVX2_VENV)/.mtpscope-installed
+
+$(AVX2_STAMP): pyproject.toml
+	@mkdir -p "$(AVX2_WHEEL_DIR)"
+	@ls "$(AVX2_WHEEL_DIR)"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || { \
+		echo "building llama-cpp-python 0.3.36 for AVX2 without AVX-512 / AMX (once, into $(AVX2_WHEEL_DIR))"; \
+		CMAKE_ARGS="$(AVX2_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PYTHON) -m pip wheel -q --no-deps \
+			--no-cache-dir --no-binary llama-cpp-python -w "$(AVX2_WHEEL_DIR)" llama-cpp-python==0.3.36; }
+	@test -x $(AVX2_PY) || $(PYTHON) -m venv $(AVX2_VENV)
+	$(AVX2_PY) -m pip install -q --upgrade pip
+	$(AVX2_PY) -m pip install -q --no-index --find-links "$(AVX2_WHEEL_DIR)" --force-reinstall --no-deps \
+		llama-cpp-python==0.3.36
+	$(AVX2_PY) -m pip install -q -e '.[test,runtime]'
+	@touch $(AVX2_STAMP)
+
+test-avx2: $(AVX2_STAMP)
+	@$(AVX2_PY) -c "import llama_cpp, sys; s = llama_cpp.llama_print_system_info().decode(); print('llama.cpp:', s); \
+		sys.exit(0 if 'AVX2 = 1' in s and 'AVX512 = 1' not in s and 'AMX_INT8 = 1' not in s else \
+		'error: $(AVX2_VENV) is not an AVX2-only build of llama.cpp')"
+	MTPSCOPE_CACHE="$(AVX2_CACHE)" $(AVX2_PY) -m mtpscope.cli demo build
+	@MTPSCOPE_CACHE="$(AVX2_CACHE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(AVX2_PY) -m mtpscope.cli server build \
+		--if-possible || echo "warning: llama-server build failed; the server tests will skip"
+	MTPSCOPE_CACHE="$(AVX2_CACHE)" $(AVX2_PY) -m pytest -q -m "llama and not browser"
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,12 @@ class StepOptions:
         kv_f16: emulate llama.cpp's non-flash attention over an F16 KV cache: K, V, the query and the
             softmax probabilities are rounded to F16 before their dot products (ggml's F16 mul_mat
             converts the F32 operand to F16).
+        act_quant: emulate ggml-cpu's conversion of the activations before each matrix product with a
+            weight: to the weight type's ``vec_dot_type`` (:data:`VEC_DOT_TYPES`: Q8_0 blocks for Q8_0 /
+            Q4_0 / Q5_0, Q8_1 for Q4_1 / Q5_1, Q8_K for the k-quants, F16 for F16, BF16 for BF16;
+            :func:`round_activations`), as every x86 kernel path of ggml-cpu does (vec_dot, llamafile's
+            tinyBLAS, the AVX2 repack, AMX). Only the dense head and the layers; the centroid head is not
+            emulated. No effect on F32 weights or on a drafter built without weight types.
     """
 
     position: str = "p"
@@ -97,6 +103,7 @@ class StepOptions:
     top_k: int | None = None
     gelu: str = "tanh"
     kv_f16: bool = False
+    act_quant: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("position", POSITIONS), ("fill", FILLS), ("head", HEADS),
@@ -127,8 +134,8 @@ class StepOptions:
                 raise ReferenceDrafterError("top_k is not an integer", key=spec, expected="an integer >= 1",
                                             actual=value)
             return replace(self, top_k=int(value))
-        if name == "kv_f16":
-            return replace(self, kv_f16=value.lower() in ("1", "true", "yes", "on"))
+        if name in ("kv_f16", "act_quant"):
+            return replace(self, **{name: value.lower() in ("1", "true", "yes", "on")})
         return replace(self, **{name: value})
 
 
@@ -363,6 +370,71 @@ def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (x @ w.T).astype(np.float32, copy=False)
 
 
+_K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+             "IQ1_M", "IQ4_XS", "TQ1_0", "TQ2_0")
+#: ggml-cpu's ``type_traits_cpu[type].vec_dot_type`` (ggml/src/ggml-cpu/ggml-cpu.c of the llama.cpp that
+#: llama-cpp-python 0.3.36 vendors): what a matrix product with a weight of this ggml type converts its F32
+#: activations to before the dot products. The same on every x86 path (the AVX2 / AVX-512 vec_dot, llamafile's
+#: tinyBLAS, the AVX2 repack, AMX's ``GGML_DISPATCH_QTYPES``): they differ in summation order, not in what
+#: they round. F32 weights (and any type not listed) keep F32 activations.
+VEC_DOT_TYPES: dict[str, str] = {
+    "F16": "F16", "BF16": "BF16",
+    **{t: "Q8_0" for t in ("Q1_0", "Q2_0", "Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4", "IQ4_NL")},
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    **{t: "Q8_K" for t in _K_QUANTS},
+}
+#: block length along the dot product of each activation type (``QK8_0``, ``QK8_1``, ``QK_K``)
+_ACT_BLOCK = {"Q8_0": 32, "Q8_1": 32, "Q8_K": 256}
+
+
+def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
+    """``x`` ``(R, n)`` as ggml-cpu hands it to the dot products of a matrix product whose weight has
+    ``vec_dot_type`` ``act_type`` (:data:`VEC_DOT_TYPES`), dequantized back to float32.
+
+    * ``F16`` / ``BF16``: rounded to that type (round to nearest even).
+    * ``Q8_0`` / ``Q8_1`` (``quantize_row_q8_0_ref``): per block of 32, ``d = amax / 127`` stored as F16,
+      ``q = roundf(x / d)``; the value is ``q * d``.
+    * ``Q8_K`` (``quantize_row_q8_K_ref``): per block of 256, ``iscale = -127 / m`` with ``m`` the element of
+      largest magnitude (sign kept), ``q = min(127, nearest_int(iscale * x))``, ``d = 1 / iscale`` in F32.
+
+    The integer dot products ggml then sums are exact; only the summation order differs from a float
+    product of these values. ``None``, ``F32``, an unknown type or a row length that is not a multiple of
+    the block: ``x`` unchanged (ggml needs whole blocks; such a weight cannot have a quantized type).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if act_type in ("F16",):
+        return x.astype(np.float16).astype(np.float32)
+    if act_type == "BF16":
+        u = x.view(np.uint32).astype(np.uint64)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+        return u.astype(np.uint32).view(np.float32).reshape(x.shape)
+    qk = _ACT_BLOCK.get(act_type or "")
+    if qk is None or x.shape[-1] % qk:
+        return x
+    b = x.reshape(*x.shape[:-1], x.shape[-1] // qk, qk)
+    if act_type == "Q8_K":
+        idx = np.argmax(np.abs(b), axis=-1)[..., None]
+        m = np.take_along_axis(b, idx, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(m != 0, np.float32(-127.0) / m, np.float32(0.0)).astype(np.float32)
+            q = np.minimum(127.0, np.rint(iscale * b))                   # nearest_int: round half to even
+            d = np.where(m != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
+        return (q * d).astype(np.float32).reshape(x.shape)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        idv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    v = b * idv
+    q = np.trunc(v + np.copysign(np.float32(0.5), v))                  # roundf: half away from zero
+    d16 = d.astype(np.float16).astype(np.float32)
+    return (q * d16).astype(np.float32).reshape(x.shape)
+
+
+def _mmq(x: np.ndarray, w: np.ndarray, act_type: str | None) -> np.ndarray:
+    """:func:`_mm` after :func:`round_activations` of ``x`` to ``act_type`` (None: plain :func:`_mm`)."""
+    return _mm(x if act_type is None else round_activations(x, act_type), w)
+
+
 def centroid_head(h_inner: np.ndarray, centroids: np.ndarray, ordering: np.ndarray,
                   token_embd_rows: Callable[[np.ndarray], np.ndarray], n_vocab: int, top_k: int,
                   fill: str = "-1e30") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -427,6 +499,10 @@ class DrafterWeights:
     rope_freqs: np.ndarray | None = None   # (head_dim_full/2,)
     centroids: np.ndarray | None = None    # (n_centroids, n_embd)
     token_ordering: np.ndarray | None = None  # (n_vocab,) int
+    #: activation type of each matrix product (:data:`VEC_DOT_TYPES` of the file's ggml type), keyed by the
+    #: GGUF tensor name without ``.weight`` and with ``blk.{il}.`` for layers (``blk.0.attn_q``, ``token_embd``,
+    #: ``pre_projection``, ``post_projection``); empty: no emulation (``StepOptions.act_quant`` has no effect)
+    act_types: Mapping[str, str] = field(default_factory=dict)
 
 
 class ReferenceDrafter:
@@ -534,7 +610,8 @@ class ReferenceDrafter:
             token_embd=data("token_embd.weight"), output_norm=data("output_norm.weight"),
             layers=tuple(layers),
             rope_freqs=data("rope_freqs.weight") if _has(f, "rope_freqs.weight") else None,
-            centroids=cen, token_ordering=None if order is None else order.reshape(-1))
+            centroids=cen, token_ordering=None if order is None else order.reshape(-1),
+            act_types=_act_types(f, names, hp.n_layer))
         t = open_gguf(target)
         t_name = "token_embd.weight"
         if not _has(t, t_name):
@@ -644,7 +721,8 @@ class ReferenceDrafter:
         t = trace
         e = np.asarray(self._target_rows(toks), dtype=np.float32).reshape(R, -1) * \
             np.float32(math.sqrt(hp.n_embd_backbone))
-        x = _mm(np.concatenate([e, h], axis=1), w.pre_projection)                  # (R, n_embd)
+        vd = w.act_types if o.act_quant else {}
+        x = _mmq(np.concatenate([e, h], axis=1), w.pre_projection, vd.get("pre_projection"))  # (R, n_embd)
         if t is not None:
             t["inp_embd_target"], t["pre_proj"] = e[0], x[0]
         for il, lw in enumerate(w.layers):
@@ -659,7 +737,8 @@ class ReferenceDrafter:
                                      expected=f"k, v (n_kv, n_head_kv, {hd}), pos (n_kv,)",
                                      actual=f"k {d.k.shape}, v {d.v.shape}, pos {d.pos.shape}")
             xn = rms_norm(x, lw.attn_norm, hp.eps)
-            q = rms_norm(_mm(xn, lw.attn_q).reshape(R, nh, hd), lw.attn_q_norm, hp.eps)
+            b = f"blk.{il}."
+            q = rms_norm(_mmq(xn, lw.attn_q, vd.get(b + "attn_q")).reshape(R, nh, hd), lw.attn_q_norm, hp.eps)
             ff = None if hp.is_swa[il] else w.rope_freqs
             q = np.stack([rope_neox(q[r], int(qpos[r]), hp.rope_base[il], hp.n_rot[il], ff) for r in range(R)])
             win = hp.sliding_window if hp.is_swa[il] else None
@@ -672,17 +751,17 @@ class ReferenceDrafter:
             if kv_limit is not None:
                 m &= d.pos[None, :] < np.asarray(kv_limit).reshape(-1)[:, None]
             att = _attend(q, d.k, d.v, m, o.kv_f16, d.f16).reshape(R, nh * hd)
-            a = rms_norm(_mm(att, lw.attn_output), lw.post_attention_norm, hp.eps) + x
+            a = rms_norm(_mmq(att, lw.attn_output, vd.get(b + "attn_output")), lw.post_attention_norm, hp.eps) + x
             fn = rms_norm(a, lw.ffn_norm, hp.eps)
-            g = gelu_tanh(_mm(fn, lw.ffn_gate), o.gelu) * _mm(fn, lw.ffn_up)
-            f_out = _mm(g, lw.ffn_down)
+            g = gelu_tanh(_mmq(fn, lw.ffn_gate, vd.get(b + "ffn_gate")), o.gelu) * _mmq(fn, lw.ffn_up, vd.get(b + "ffn_up"))
+            f_out = _mmq(g, lw.ffn_down, vd.get(b + "ffn_down"))
             y = (rms_norm(f_out, lw.post_ffw_norm, hp.eps) + a) * np.float32(lw.layer_output_scale)
             if t is not None:
                 t[f"attn_norm-{il}"], t[f"Qcur_pos-{il}"], t[f"kqv_out-{il}"] = xn[0], q[0], att[0].reshape(nh, hd)
                 t[f"attn_out-{il}"], t[f"ffn_out-{il}"], t[f"out_scaled-{il}"] = a[0], f_out[0], y[0]
             x = y.astype(np.float32)
         h_inner = rms_norm(x, w.output_norm, hp.eps)
-        h_next = _mm(h_inner, w.post_projection)
+        h_next = _mmq(h_inner, w.post_projection, vd.get("post_projection"))
         head = o.head
         if head == "auto":
             head = "centroid" if w.centroids is not None else "dense"
@@ -697,7 +776,7 @@ class ReferenceDrafter:
                                                      lambda ids: w.token_embd[ids], hp.n_vocab, k, o.fill)
                 out.append(StepResult(int(np.argmax(lg)), lg, h_inner[r], h_next[r], cids, clog, cand))
         else:
-            logits = _mm(h_inner, w.token_embd)                                       # (R, n_vocab)
+            logits = _mmq(h_inner, w.token_embd, vd.get("token_embd"))                # (R, n_vocab)
             for r in range(R):
                 out.append(StepResult(int(np.argmax(logits[r])), logits[r], h_inner[r], h_next[r]))
         if t is not None:
@@ -715,6 +794,22 @@ POST_NAMES = ("nextn.post_projection.weight", "mtp.post_projection.weight", "mtp
 #: keys (after ``{arch}.``) the reference needs the file to state; the others fall back to llama.cpp defaults
 REQUIRED_KEYS = ("attention.sliding_window_pattern", "attention.key_length", "attention.sliding_window",
                  "attention.head_count", "attention.head_count_kv", "feed_forward_length")
+
+
+def _act_types(f: Any, names: Mapping[str, str], n_layer: int) -> dict[str, str]:
+    """:attr:`DrafterWeights.act_types` of an open drafter GGUF: each matrix's ggml type through
+    :data:`VEC_DOT_TYPES` (F32 matrices and unknown types are left out: their activations stay F32)."""
+    wanted = {"pre_projection": names["pre_projection"], "post_projection": names["post_projection"],
+              "token_embd": "token_embd.weight"}
+    for il in range(n_layer):
+        for m in ("attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            wanted[f"blk.{il}.{m}"] = f"blk.{il}.{m}.weight"
+    out = {}
+    for key, name in wanted.items():
+        act = VEC_DOT_TYPES.get(f.tensor(name).type_name)
+        if act is not None:
+            out[key] = act
+    return out
 
 
 def _has(f: Any, name: str) -> bool:
@@ -785,6 +880,6 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
 
 __all__ = [
     "DonorKV", "DrafterHParams", "DrafterWeights", "LayerWeights", "ReferenceDrafter", "ReferenceDrafterError",
-    "StepOptions", "StepResult", "attention", "centroid_head", "gelu_tanh", "rms_norm", "rope_neox",
-    "visible",
+    "StepOptions", "StepResult", "VEC_DOT_TYPES", "attention", "centroid_head", "gelu_tanh", "rms_norm",
+    "rope_neox", "round_activations", "visible",
 ]

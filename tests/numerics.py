@@ -260,3 +260,21 @@ def derived_tolerance(x_blocks: Sequence[np.ndarray], w_blocks: Sequence[np.ndar
     x_all = np.concatenate([np.asarray(x, np.float64) for x in x_blocks], axis=1)
     tol += float(np.linalg.norm(gamma(x_all.shape[1]) * (np.abs(x_all) @ np.concatenate(y_abs))))
     return tol
+
+
+def assert_replay_faithful(summary: dict, what: str) -> None:
+    """A replay's baseline (``ReplayResult.summary()``) reproduces llama.cpp up to what the numerics allow
+    (docs/FIDELITY.md, "Every x86 CPU"): every round's first differing draft is a near tie (within
+    ``NEAR_TIE_FACTOR`` x the step's numerical effect), and the agreement is at least the expected agreement
+    (the share of steps no faithful runtime can flip). No fixed agreement: it holds on any CPU.
+
+    Raises:
+        AssertionError: naming ``what``, the unexplained count, the first unexplained step and the agreements.
+    """
+    nc = summary["numerics"]
+    agree = summary["variants"]["baseline"]["agreement"]
+    assert nc["judged"], f"{what}: the replay carries no numerics columns"
+    assert nc["unexplained"] == 0, (f"{what}: {nc['unexplained']} differing drafts the numerics cannot explain "
+                                    f"(first {nc['first_unexplained']}); agreement {agree}")
+    assert agree >= nc["expected_agreement"], (f"{what}: agreement {agree} under the expected "
+                                               f"{nc['expected_agreement']}")

@@ -694,7 +694,7 @@ def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:  # n
 
     base = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompt", "x",
             "--no-progress", "--out", str(tmp_path / "t")]
-    for extra, name in ((["--n-draft", "1000000000"], "n_draft"), (["--temp", "nan"], "temp"),
+    for extra, name in ((["--n-draft", "1000000000"], "--n-draft"), (["--temp", "nan"], "temp"),
                         (["--top-p", "nan"], "top_p"), (["--top-k", "-1"], "top_k")):
         res = CliRunner().invoke(app, [*base, *extra])
         assert res.exit_code == 2 and f"'{name}'" in res.output, res.output

@@ -1,18 +1,27 @@
-"""Helpers shared by the CLI modules: turning our errors into one line on stderr and an exit code."""
+"""Helpers shared by the CLI modules: turning our errors into one line on stderr and an exit code, and the
+checks of option values that typer would otherwise answer with its usage box (``--n-draft``, a GGUF path
+that is a folder)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT, MAX_N_DRAFT
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_UNREADABLE = 2
+
+#: ``--n-draft``'s allowed range in words (the recorder's rule: :data:`traces.run.record_config.MAX_N_DRAFT`)
+N_DRAFT_RANGE = f"an integer in 1..{MAX_N_DRAFT}"
 
 
 @contextlib.contextmanager
@@ -29,3 +38,115 @@ def one_line_errors(code: int = EXIT_UNREADABLE, *,
     except OSError as e:
         print(f"mtpscope: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(code) from None
+
+
+def refuse(error: MtpscopeError, code: int = EXIT_UNREADABLE) -> NoReturn:
+    """Print ``error`` as one line on stderr (``mtpscope: ...``, as :func:`one_line_errors`) and exit with
+    ``code``; for checks that run while typer parses the command line, outside any :func:`one_line_errors`.
+
+    Raises:
+        typer.Exit: always, with ``code``.
+    """
+    print(f"mtpscope: {error.one_line()}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def check_n_draft(value: Any, option: str = "--n-draft") -> int:
+    """``value`` (the command line's text, or an int) as drafts per round, 1..:data:`MAX_N_DRAFT`.
+
+    Raises:
+        MtpscopeError: not an integer, or out of range; ``key`` = ``option``, expected
+            :data:`N_DRAFT_RANGE`, actual the value as given.
+    """
+    n: int | None
+    if isinstance(value, bool):
+        n = None
+    elif isinstance(value, int):
+        n = value
+    else:
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            n = None
+    if n is None:
+        raise MtpscopeError("drafts per round must be a whole number", key=option, expected=N_DRAFT_RANGE,
+                            actual=repr(value) if isinstance(value, str) else value)
+    if not 1 <= n <= MAX_N_DRAFT:
+        raise MtpscopeError("drafts per round out of range", key=option, expected=N_DRAFT_RANGE, actual=value)
+    return n
+
+
+def _parse_n_draft(value: Any) -> int:
+    try:
+        return check_n_draft(value)
+    except MtpscopeError as e:
+        refuse(e)
+
+
+def _parse_n_drafts(value: Any) -> tuple[int, ...]:
+    items = [x for x in str(value).replace(" ", "").split(",") if x]
+    expected = f"integers in 1..{MAX_N_DRAFT} separated by commas, e.g. 1,2,3"
+    if not items:
+        refuse(MtpscopeError("no drafts per round given", key="--n-draft", expected=expected, actual=repr(value)))
+    if len(items) == 1:                 # one value: the same line as every other command's --n-draft
+        return (_parse_n_draft(items[0]),)
+    out = []
+    for x in items:
+        try:
+            out.append(check_n_draft(x))
+        except MtpscopeError as e:
+            refuse(MtpscopeError(f"{x!r}: {e.message}", key="--n-draft", expected=expected, actual=repr(value)))
+    return tuple(out)
+
+
+def n_draft_option(help: str, default: int | None = DEFAULT_N_DRAFT) -> Any:
+    """The ``--n-draft N`` option of every command that takes one (``typer.Option``): drafts per round in
+    1..:data:`MAX_N_DRAFT`, checked while the command line is parsed, so a bad value (``0``, ``-1``,
+    ``three``) is one line on stderr and exit 2 (:func:`check_n_draft`) before the command runs, never
+    typer's usage box. ``default``: :data:`DEFAULT_N_DRAFT`, or None where the command finds it elsewhere."""
+    return typer.Option(default, "--n-draft", parser=_parse_n_draft, metavar="N",
+                        help=f"{help} ({N_DRAFT_RANGE.removeprefix('an ')})")
+
+
+def n_drafts_option(help: str, default: str = str(DEFAULT_N_DRAFT)) -> Any:
+    """``--n-draft 1,2,3`` (``sweep``): one or more drafts per round separated by commas, each checked as
+    :func:`n_draft_option` checks one; the command gets a ``tuple[int, ...]``."""
+    return typer.Option(default, "--n-draft", parser=_parse_n_drafts, metavar="N[,N...]",
+                        help=f"{help} (each {N_DRAFT_RANGE.removeprefix('an ')})")
+
+
+def check_gguf_path(value: str | os.PathLike[str] | None, option: str) -> None:
+    """Refuse a GGUF argument that names a folder (``--target DIR``), in one line naming the option.
+
+    A URL (``https://``, ``hf://``), a missing path or a file passes: the reader says what is wrong with it.
+
+    Raises:
+        MtpscopeError: ``path`` = the folder, ``key`` = ``option``, expected a GGUF file, got a folder.
+    """
+    if value is None:
+        return
+    s = os.fspath(value)
+    if "://" in s:
+        return
+    if Path(s).is_dir():
+        raise MtpscopeError("is a folder, not a GGUF file", path=s, key=option, expected="a GGUF file",
+                            actual="a folder")
+
+
+def gguf_path(param: typer.CallbackParam, value: Any) -> Any:
+    """A typer ``callback=`` for a GGUF path option or argument (one path, or a list of them whose items may be
+    ``NAME=PATH``, as ``sweep --assistant`` takes them): a folder is refused by :func:`check_gguf_path` in one line, exit 2,
+    while the command line is parsed. Returns ``value`` unchanged."""
+    option = param.opts[0] if param.opts and param.opts[0].startswith("-") else str(param.name).upper()
+    many = isinstance(value, (list, tuple))
+    for v in value if many else [value]:
+        if v is None:
+            continue
+        s = os.fspath(v)
+        try:
+            check_gguf_path(s, option)
+            if many and "=" in s and not Path(s).exists():          # sweep's NAME=PATH
+                check_gguf_path(s.split("=", 1)[1], option)
+        except MtpscopeError as e:
+            refuse(e)
+    return value

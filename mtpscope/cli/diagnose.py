@@ -4,13 +4,14 @@ ranked worst first as text, ``--json`` or a one-file ``--html`` report; exit 1 w
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
 
 #: Where the results go without --out.
 DEFAULT_OUT = "mtpscope-diagnose"
@@ -25,6 +26,16 @@ def demo_prompts() -> list[Any]:
     doc = json.loads((TRAINED_DATA / "prompts.json").read_text(encoding="utf-8"))
     return [PromptSpec(tokens=tuple(int(t) for t in p["ids"]), id=str(p["name"]), category=str(p["category"]))
             for p in doc["prompts"]]
+
+
+def absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` from the root (``os.path.abspath``: the working folder joined in front, ``..`` folded; symbolic
+    links kept as given)."""
+    return Path(os.path.abspath(os.fspath(path)))
+
+
+def _absolute(path: Optional[Path]) -> Optional[Path]:
+    return None if path is None else absolute(path)
 
 
 def format_text(d: dict[str, Any], *, base: str) -> str:
@@ -53,10 +64,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("diagnose")
     def diagnose_cmd(
-        target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF (default with --trace: the "
-                                                                      "trace's own)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant", help="Drafter GGUF (default with --trace: the "
-                                                                            "trace's own)."),
+        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+                                              help="Target GGUF (default with --trace: the trace's own)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
+                                                 help="Drafter GGUF (default with --trace: the trace's own)."),
         prompts: Optional[Path] = typer.Option(
             None, "--prompts", help="Prompts file to record (docs/EXPLAIN.md §6; default: the demo's 36 categorised "
                                     "prompts)."),
@@ -65,14 +76,15 @@ def register(app: typer.Typer) -> None:
             None, "--reference", help="A Hugging Face checkpoint of the drafter to compare with (converted, then "
                                       "replayed through the reference drafter)."),
         reference_assistant: Optional[Path] = typer.Option(
-            None, "--reference-assistant", help="A known good drafter GGUF to compare with."),
+            None, "--reference-assistant", callback=gguf_path, help="A known good drafter GGUF to compare with."),
         centroids: Optional[Path] = typer.Option(
             None, "--centroids", help="The drafter's centroid head (sidecar / fork GGUF, or HF folder): recorded "
                                       "beside the dense head, and the replay tries drafting with it."),
-        n_draft: int = typer.Option(3, "--n-draft", min=1, max=64, help="Drafts per round of the recording."),
+        n_draft: int = n_draft_option("Drafts per round of the recording"),
         max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Generated tokens per prompt."),
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
-                                 help="Output folder: the recording, the replays, diagnosis.json."),
+                                 help="Output folder: the recording, the replays, diagnosis.json (made absolute: "
+                                      "the paths and links written name it from the root)."),
         html_out: Optional[Path] = typer.Option(None, "--html", help="Write the one-file HTML report here."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (docs/DIAGNOSE.md)."),
         no_replay: bool = typer.Option(False, "--no-replay", help="Skip the replays (steps 5 and 6)."),
@@ -99,11 +111,23 @@ def register(app: typer.Typer) -> None:
             if not quiet:
                 print(f"[{step}] {message}", file=sys.stderr, flush=True)
 
+        # every path the diagnosis writes (diagnosis.json, the links, the text) names the file from the root, so
+        # that it still works from another folder (the app starts wherever it is started); --prompts stays as
+        # given (it is read here, not written anywhere, and its errors read as `record --prompts`'s)
+        out = absolute(out)
+        target, assistant, trace = _absolute(target), _absolute(assistant), _absolute(trace)
+        centroids, html_out = _absolute(centroids), _absolute(html_out)
+        reference, reference_assistant = _absolute(reference), _absolute(reference_assistant)
         with one_line_errors(EXIT_UNREADABLE):
-            specs = demo_prompts() if prompts is None and trace is None else None
-            if specs is not None:
-                say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
-            d = diagnose(target=target, assistant=assistant, trace=trace, prompts=specs, prompts_file=prompts,
+            if prompts is not None:       # bad input first: read and check the whole file before anything runs
+                from mtpscope.traces.run.prompts import read_prompt_specs
+
+                specs = read_prompt_specs(prompts)
+            else:
+                specs = demo_prompts() if trace is None else None
+                if specs is not None:
+                    say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
+            d = diagnose(target=target, assistant=assistant, trace=trace, prompts=specs,
                          reference_hf=reference, reference_assistant=reference_assistant, centroids=centroids, n_draft=n_draft,
                          max_tokens=max_tokens, out=out, replay=not no_replay, command=list(sys.argv), on_step=say)
             doc = d.to_dict()

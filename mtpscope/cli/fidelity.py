@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, one_line_errors
+from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, one_line_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -54,8 +54,10 @@ def register(app: typer.Typer) -> None:
             "--variant", help="NAME=VALUE[,NAME=VALUE...] on top of the baseline, e.g. position=p-1, "
                               "head=centroid, head=dense, fill=min-1, hidden=prenorm, top_k=8 (repeatable)")] = None,
         out: Annotated[Path | None, typer.Option("--out", help="folder for summary.json and steps.parquet")] = None,
-        target: Annotated[Path | None, typer.Option("--target", help="target GGUF (default: the manifest's)")] = None,
-        assistant: Annotated[Path | None, typer.Option("--assistant", help="drafter GGUF (default: the manifest's)")] = None,
+        target: Annotated[Path | None, typer.Option("--target", callback=gguf_path,
+                                                    help="target GGUF (default: the manifest's)")] = None,
+        assistant: Annotated[Path | None, typer.Option("--assistant", callback=gguf_path,
+                                                       help="drafter GGUF (default: the manifest's)")] = None,
         centroids: Annotated[Path | None, typer.Option(
             "--centroids", help="centroid head source (default: the manifest's, if any)")] = None,
         max_rounds: Annotated[int | None, typer.Option("--max-rounds", help="replay only the first N rounds")] = None,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, one_line_errors
+from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.record_config import RecordConfig
@@ -21,8 +21,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("record")
     def record_cmd(
-        target: Path = typer.Option(..., "--target", help="Target GGUF (arch gemma4)."),
-        assistant: Path = typer.Option(..., "--assistant", help="Drafter GGUF (arch gemma4-assistant, upstream)."),
+        target: Path = typer.Option(..., "--target", callback=gguf_path, help="Target GGUF (arch gemma4)."),
+        assistant: Path = typer.Option(..., "--assistant", callback=gguf_path,
+                                       help="Drafter GGUF (arch gemma4-assistant, upstream)."),
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Optional[Path] = typer.Option(
@@ -30,8 +31,7 @@ def register(app: typer.Typer) -> None:
                                     "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
         category_field: str = typer.Option(
             "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
-        n_draft: int = typer.Option(
-            3, "--n-draft", min=1, help="Drafts per round, 1..64 (llama.cpp's MTP default is 3)."),
+        n_draft: int = n_draft_option("Drafts per round (the default is llama.cpp's MTP default)"),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
         temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature, finite >= 0 (0 = greedy)."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed."),

@@ -22,7 +22,7 @@ from typing import Optional
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors
 from mtpscope.traces.analysis.wording import plural
 
 
@@ -217,10 +217,10 @@ def register(app: typer.Typer) -> None:
     @srv.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
         ctx: typer.Context,
-        target: Path = typer.Option(..., "--target", help="Target GGUF (gemma4)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant",
+        target: Path = typer.Option(..., "--target", callback=gguf_path, help="Target GGUF (gemma4)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
                                                  help="Drafter GGUF (gemma4-assistant); without it: no MTP."),
-        n_draft: int = typer.Option(3, "--n-draft", help="--spec-draft-n-max."),
+        n_draft: int = n_draft_option("Drafts per round: llama-server's --spec-draft-n-max"),
         port: Optional[int] = typer.Option(None, "--port", help="Port on 127.0.0.1 (default: a free one)."),
         log: Optional[Path] = typer.Option(None, "--log", help="Log file (default llama-server-PORT.log)."),
     ) -> None:
@@ -266,10 +266,12 @@ def register(app: typer.Typer) -> None:
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
         timeout: float = typer.Option(600.0, "--timeout", help="Longest wait for an answer, seconds."),
         replay: bool = typer.Option(False, "--replay", help="Record the same token ids with mtpscope and compare."),
-        target: Optional[Path] = typer.Option(None, "--target", help="--replay: target GGUF (default /props' path)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant", help="--replay: the server's drafter GGUF."),
-        n_draft: Optional[int] = typer.Option(None, "--n-draft",
-                                              help="--replay: the server's draft max when /metrics does not show it."),
+        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+                                              help="--replay: target GGUF (default /props' path)."),
+        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
+                                                 help="--replay: the server's drafter GGUF."),
+        n_draft: Optional[int] = n_draft_option("--replay: the server's draft max when /metrics does not show it",
+                                                default=None),
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the replay) as JSON."),
     ) -> None:
         """Probe a running llama-server: per-request drafted / accepted, counters, tokens/s -> a trace."""

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -137,27 +137,17 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
     return EXIT_FINDINGS if (rep["failed"] or not rep["complete"] or rep["warnings"]) else EXIT_OK
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    from mtpscope.errors import MtpscopeError
-
-    try:
-        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise MtpscopeError("--n-draft takes integers separated by commas", key="--n-draft",
-                            expected="e.g. 1,2,3,4,6", actual=text) from None
-    return vals
-
-
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the root ``mtpscope`` app."""
 
     @app.command("sweep")
     def sweep_cmd(
         out: Path = typer.Option(..., "--out", help="Sweep directory (sweep.json + one trace per task)."),
-        target: Optional[Path] = typer.Option(None, "--target", help="Target GGUF (arch gemma4)."),
+        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+                                              help="Target GGUF (arch gemma4)."),
         assistant: Optional[list[str]] = typer.Option(
-            None, "--assistant", help="Drafter GGUF (gemma4-assistant), repeatable; NAME=PATH names it "
-                                      "(default name: the file's stem)."),
+            None, "--assistant", callback=gguf_path,
+            help="Drafter GGUF (gemma4-assistant), repeatable; NAME=PATH names it (default name: the file's stem)."),
         assistant_quant: Optional[str] = typer.Option(
             None, "--assistant-quant", help="Sweep each --assistant quantized by llama.cpp's quantizer to each of "
                                             "these types instead (e.g. f32,q8_0,q6_k,q4_k_m,q4_0; quantized once "
@@ -167,7 +157,7 @@ def register(app: typer.Typer) -> None:
                                     "tokens or messages, optional id and category) or .txt (one per line)."),
         category_field: str = typer.Option(
             "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
-        n_draft: str = typer.Option("3", "--n-draft", help="Drafts per round of each configuration, e.g. 1,2,3,4,6."),
+        n_draft: Any = n_drafts_option("Drafts per round of each configuration, e.g. 1,2,3,4,6"),  # tuple[int, ...]
         baseline: bool = typer.Option(False, "--baseline", help="Also record plain decoding of the target "
                                                                 "(the speedup's reference)."),
         hidden: str = typer.Option("off", "--hidden", help="Hidden states in the traces: off, f16 or f32."),
@@ -215,7 +205,7 @@ def register(app: typer.Typer) -> None:
                                         actual=", ".join(n for n, g in zip(("--target", "--assistant", "--prompts"),
                                                                              given, strict=True) if g) or "none")
                 pairs = [parse_assistant(a) for a in assistant or []]
-                prompt_set, n_drafts = read_prompt_set(prompts, category_field=category_field), _ints(n_draft)
+                prompt_set, n_drafts = read_prompt_set(prompts, category_field=category_field), n_draft
                 note = prompt_set_note(prompt_set)                 # bad input first, then quantize
                 if note:
                     print(f"note: {note}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """CLI commands: ``mtpscope trace ...`` (maintenance of trace directories).
 
 ``mtpscope trace repair DIR [--json]``: turn the write-ahead log of an interrupted recording
-(``DIR/wal/``, see ``traces/store/wal.py``) into Parquet parts, recount the manifest and list any part
-that does not read. Opening a trace (``traces.open``, ``report``, the app) does the same recovery; this
-command does it on purpose and says what it did.
+(``DIR/wal/``, see ``traces/store/wal.py``) into Parquet parts, recount the manifest, delete the unfinished
+``.tmp`` parts a writer that died left behind (also when there is no log to recover) and list any part
+that does not read. Opening a trace (``traces.open``, ``report``, the app) does the same recovery but
+leaves the ``.tmp`` files (it only reads); this command does it on purpose and says what it did.
 
 Exit codes: 0 done (also when there was nothing to do); 1 a writer is still running in DIR (nothing
 touched); 2 unreadable trace or an OS error (one line on stderr).
@@ -30,36 +31,43 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="Trace directory."),
         as_json: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
     ) -> None:
-        """Recover an interrupted trace's write-ahead log into parts and recount its manifest."""
-        from mtpscope.traces.store.reader import open_trace
+        """Recover an interrupted trace's write-ahead log into parts, recount its manifest and delete the
+        unfinished (.tmp) parts a writer left behind."""
+        from mtpscope.traces.store.reader import open_trace, read_manifest
         from mtpscope.traces.store.wal import recover
 
         with one_line_errors():
-            if not path.is_dir():
-                open_trace(path)  # raises the reader's one-line error
+            read_manifest(path)  # not a trace: the reader's one-line error, before anything is touched
             rec = recover(path)
             if rec.status == "failed":
                 print(f"mtpscope: {path}: write-ahead log not recovered: {rec.error}", file=sys.stderr)
                 raise typer.Exit(EXIT_UNREADABLE)
+            # the .tmp parts of a writer that died (also with no log to recover); None: a writer runs
+            removed = None if rec.status == "live" else remove_unfinished(path)
+            status = "live" if removed is None and rec.status == "none" else rec.status
             t = open_trace(path, recover_wal=False)
             t.check_parts()
             n_rounds, n_steps = len(t.columns("rounds", ["round"])), len(t.columns("steps", ["k"]))
-        out = {"path": str(path), "status": rec.status, "recovered_rounds": rec.n_rounds,
+        out = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
                "recovered_steps": rec.n_steps, "parts_written": list(rec.parts), "torn_bytes": rec.torn_bytes,
-               "steps_dropped": rec.n_steps_dropped, "n_rounds": n_rounds, "n_steps": n_steps,
+               "steps_dropped": rec.n_steps_dropped, "tmp_removed": list(removed or ()),
+               "n_rounds": n_rounds, "n_steps": n_steps,
                "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
                "warnings": [w for w in t.warnings if "trace is incomplete" not in w]}
         if as_json:
             typer.echo(json.dumps(out, indent=2))
         else:
-            if rec.status == "live":
+            if status == "live":
                 typer.echo(f"{path}: a recorder is still writing this trace (it holds wal/lock); nothing touched")
-            elif rec.status == "recovered":
+            elif status == "recovered":
                 torn = f", dropped a torn last round ({rec.torn_bytes} bytes)" if rec.torn_bytes else ""
                 typer.echo(f"{path}: recovered {rec.n_rounds} rounds ({rec.n_steps} steps) from the write-ahead "
                            f"log into {', '.join(rec.parts) or 'no part'}{torn}")
             else:
                 typer.echo(f"{path}: no write-ahead log to recover")
+            if removed:
+                typer.echo(f"{path}: removed {len(removed)} unfinished part{'s' if len(removed) != 1 else ''} "
+                           f"(.tmp) a writer left: {', '.join(removed)}")
             state = "complete" if out["complete"] else "incomplete"
             typer.echo(f"trace: {n_rounds} rounds, {n_steps} draft steps, {state}")
             ab = out["aborted"]
@@ -67,4 +75,36 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"aborted: {ab.get('where') or ''}: {ab.get('message') or ab.get('signal') or ''}")
             for w in out["warnings"]:
                 typer.echo(f"warning: {w}")
-        raise typer.Exit(EXIT_FINDINGS if rec.status == "live" else EXIT_OK)
+        raise typer.Exit(EXIT_FINDINGS if status == "live" else EXIT_OK)
+
+
+def remove_unfinished(path: Path) -> tuple[str, ...] | None:
+    """Delete the unfinished Parquet files (``<table>/part-NNNNN.parquet.tmp``, ``merged-NNNNN.parquet.tmp``) that a
+    writer which died left in the trace ``path`` (readers skip them, with a warning). Nothing is touched while a
+    writer holds ``wal/lock``.
+
+    Returns:
+        the deleted files relative to ``path`` (``rounds/part-00003.parquet.tmp``), sorted; ``()`` when there were
+        none; None when a writer holds the lock (nothing deleted).
+
+    Raises:
+        OSError: the lock or a file could not be opened / deleted for another reason.
+    """
+    import os
+
+    from mtpscope.traces.store.layout import WAL_DIR, WAL_LOCK, try_lock, writer_files
+
+    lock = path / WAL_DIR / WAL_LOCK
+    fd = None
+    if lock.exists():
+        fd = try_lock(lock, create=False)
+        if fd is None and lock.exists():      # held: a writer runs (a lock gone meanwhile: its writer closed)
+            return None
+    try:
+        tmps = sorted(f for f in writer_files(path) if f.name.endswith(".tmp"))
+        for f in tmps:
+            f.unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return tuple(f.relative_to(path).as_posix() for f in tmps)

@@ -196,8 +196,12 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
                 continue
             try:
                 obj = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                raise _fail(p, n, "json", f"is not JSON: {e}") from None
+            except json.JSONDecodeError as e:
+                raise _fail(p, n, "json", f"is not JSON ({e.msg} at column {e.colno})",
+                            expected="one JSON value: a string or an object", actual=_short(line.strip())) from None
+            except (ValueError, RecursionError):
+                raise _fail(p, n, "json", "is not JSON (nested too deeply)",
+                            expected="one JSON value: a string or an object", actual=_short(line.strip())) from None
             s = _spec(obj, p, n, category_field)
             if s.id is not None:
                 if s.id in seen:

@@ -33,6 +33,9 @@ CAPTURE_CHOICES = ("derived", "graph")
 #: depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise allocate
 #: gigabytes before llama.cpp fails).
 MAX_N_DRAFT = 64
+#: drafts per round unless told otherwise: llama.cpp's MTP default (``RecordConfig.n_draft``; the CLI's
+#: ``--n-draft`` default)
+DEFAULT_N_DRAFT = 3
 
 _INT, _REAL, _BOOL, _OPT_INT, _OPT_PATH, _CHOICE = "int", "real", "bool", "int | None", "path | None", "choice"
 
@@ -75,7 +78,7 @@ class RecordConfig:
             (a value of the wrong type too: ``n_draft="3"``).
     """
 
-    n_draft: int = 3
+    n_draft: int = DEFAULT_N_DRAFT
     max_tokens: int = 128
     temp: float = 0.0
     seed: int = 0
@@ -204,4 +207,4 @@ class RecordJob:
     config: RecordConfig
 
 
-__all__ = ["CAPTURE_CHOICES", "HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]
+__all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]

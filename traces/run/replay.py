@@ -35,6 +35,7 @@ import numpy as np
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
 from mtpscope.traces.run.step_analysis import LogitSummary, summarize_logits
 
 #: file names of a replay output folder
@@ -44,12 +45,14 @@ REPLAY_N_TOP = 10
 
 
 #: Options matching how ``mtpscope record`` drafts on CPU with upstream llama.cpp: dense head, the
-#: pending position, post-norm hidden, F16 KV cache, ggml's F16 GELU table.
-BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="ggml-f16")
-#: On a GPU build the GELU is computed in F32 (no table).
+#: pending position, post-norm hidden, F16 KV cache, ggml's F16 GELU table, and the activations of every
+#: matrix product converted to the weight type's ``vec_dot_type`` (F16 for F16 weights, 8-bit blocks for
+#: quantized ones: ``StepOptions.act_quant``), as every x86 kernel path of ggml-cpu does.
+BASELINE_CPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="ggml-f16",
+                           act_quant=True)
+#: On a GPU build the GELU is computed in F32 (no table); CUDA's own activation rounding (MMVQ's Q8_1) is
+#: not emulated: the numerical tolerance (:func:`numerics_options`) covers it.
 BASELINE_GPU = StepOptions(position="p", head="dense", hidden="postnorm", kv_f16=True, gelu="tanh")
-
-
 def baseline_for(manifest: dict[str, Any]) -> StepOptions:
     """The baseline options for a recorded trace: :data:`BASELINE_GPU` when its drafter ran on a GPU
     (``runtime.device`` names one and ``params.n_gpu_layers`` != 0), else :data:`BASELINE_CPU`.
@@ -92,7 +95,10 @@ class ReplayResult:
         variants: ``{name: StepOptions}`` in order (``"baseline"`` first).
         steps: one row per recorded draft step: ``prompt_id``, ``round``, ``k``, ``pos``, ``recorded``
             (the recorded draft), ``truth`` (the token the target emitted at that position, or -1 when
-            unknown), and per variant ``draft[NAME]`` and ``accepted[NAME]`` (would-be acceptance).
+            unknown), per variant ``draft[NAME]`` and ``accepted[NAME]`` (would-be acceptance), and for the
+            baseline the numerics (:func:`numerics_check`): ``gap[baseline]`` (the reference's logit of its draft
+            minus its logit of the recorded draft, >= 0), ``tol[baseline]`` (``NEAR_TIE_FACTOR * E``, ``E`` the
+            step's numerical effect, logits) and ``margin[baseline]`` (its top-2 logit gap).
         rounds: one row per round: ``prompt_id``, ``round``, ``pos``, ``n_draft``, ``n_accepted``
             (recorded) and per variant ``n_accepted[NAME]``.
         baseline: the options of the baseline variant.
@@ -138,7 +144,8 @@ class ReplayResult:
                                "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
                                "variant_traces": dict(self.variant_traces),
                                "drafter_weights": dict(self.drafter_weights),
-                               "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))]}
+                               "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))],
+                               "numerics": numerics_check(self.steps)}
         for name, o in self.variants.items():
             ar, mal = rates(f"n_accepted[{name}]")
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
@@ -291,10 +298,10 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
 
 
 #: why a quantized drafter's baseline agreement is below 1.0 (docs/FIDELITY.md, "Quantized drafters")
-_QUANTIZED_NOTE = ("the drafter's matrices are quantized ({types}): the reference dequantizes them exactly "
-                   "(gguf.quants), while llama.cpp also quantizes the activations they multiply (Q8_K for "
-                   "k-quants, Q8_0 / Q8_1 for the 32-element blocks), so drafts that are near ties can differ: baseline "
-                   "agreement below 1.0 is expected")
+_QUANTIZED_NOTE = ("the drafter's matrices are quantized ({types}): llama.cpp quantizes the activations they "
+                   "multiply (Q8_K for k-quants, Q8_0 / Q8_1 for the 32-element blocks) and the baseline emulates "
+                   "that; drafts that are near ties may still differ with the CPU's summation order, which the "
+                   "near-tie rule counts (summary `numerics`)")
 
 
 def _drafter_weights(path: Path) -> dict[str, Any]:
@@ -376,23 +383,43 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
         # every variant: all rounds of the prompt in chunks, step k of all rows of a chunk at once
         drafts_v: dict[str, list[list[int]]] = {}
         steps_v: dict[str, list[list[LogitSummary]]] = {}
+        numerics: dict[tuple[int, int], tuple[float, float, float]] = {}  # baseline (gap, tol, margin)
         for name, o in vmap.items():
             later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
             kv_all = pre.kv_before(int(P.max()) if len(P) else 0, f16=o.kv_f16)
             drafts = [[] for _ in recs]
             summ: list[list[LogitSummary]] = [[] for _ in recs]
+            num = numerics_options(o)
+            num_later = replace(num, hidden="postnorm")
+            if name == "baseline" and o.kv_f16 != num.kv_f16:
+                kv_num = pre.kv_before(int(P.max()) if len(P) else 0, f16=num.kv_f16)
+            else:
+                kv_num = kv_all
             for c0 in range(0, len(recs), chunk):
                 rows = np.arange(c0, min(c0 + chunk, len(recs)))
                 tok = np.array([int(recs[i].pending_token) for i in rows], dtype=np.int64)
                 h = pre.h_post[P[rows] - 1]
                 hpre = pre.h_pre[P[rows] - 1]
+                h_num = h.copy()  # the numerics chain: the baseline's tokens, its own h_next
                 kmax = max(len(recorded_all[i]) for i in rows)
                 for k in range(kmax):
                     act = np.array([j for j, i in enumerate(rows) if k < len(recorded_all[i])], dtype=np.int64)
+                    if name == "baseline":
+                        res_num = ref.step_batch(tok[act], h_num[act], P[rows[act]], kv_num,
+                                                 num if k == 0 else num_later, kv_limit=P[rows[act]],
+                                                 h_prenorm=hpre[act] if k == 0 else None)
                     res = ref.step_batch(tok[act], h[act], P[rows[act]], kv_all, o if k == 0 else later,
                                          kv_limit=P[rows[act]], h_prenorm=hpre[act] if k == 0 else None)
-                    for j, rr in zip(act.tolist(), res, strict=True):
+                    for jj, (j, rr) in enumerate(zip(act.tolist(), res, strict=True)):
                         i = int(rows[j])
+                        if name == "baseline":
+                            rn = res_num[jj]
+                            h_num[j] = rn.h_next
+                            lg = rr.logits
+                            e = float(np.max(np.abs(lg.astype(np.float64) - rn.logits)))
+                            top2 = np.partition(lg, -2)[-2:]
+                            numerics[(i, k)] = (float(lg[rr.token]) - float(lg[recorded_all[i][k]]),
+                                                NEAR_TIE_FACTOR * e, float(top2[1]) - float(top2[0]))
                         drafts[i].append(rr.token)
                         tok[j] = rr.token
                         h[j] = rr.h_next
@@ -426,12 +453,14 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                 for name in vmap:
                     row[f"draft[{name}]"] = drafts_v[name][i][k]
                     row[f"accepted[{name}]"] = k < rrow[f"n_accepted[{name}]"]
+                row["gap[baseline]"], row["tol[baseline]"], row["margin[baseline]"] = numerics[(i, k)]
                 step_rows.append(row)
     steps_df = pd.DataFrame(step_rows)
     rounds_df = pd.DataFrame(round_rows)
     if steps_df.empty:
         steps_df = pd.DataFrame(columns=["prompt_id", "round", "k", "pos", "recorded", "truth",
-                                         *[f"draft[{n}]" for n in vmap], *[f"accepted[{n}]" for n in vmap]])
+                                         *[f"draft[{n}]" for n in vmap], *[f"accepted[{n}]" for n in vmap],
+                                         "gap[baseline]", "tol[baseline]", "margin[baseline]"])
         rounds_df = pd.DataFrame(columns=["prompt_id", "round", "pos", "n_draft", "n_accepted",
                                           *[f"n_accepted[{n}]" for n in vmap]])
     if h_errs:
@@ -541,6 +570,6 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     return summary, (steps if steps is not None else pd.DataFrame())
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for", "indistinguishable",
-           "parse_variant",
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for",
+           "indistinguishable", "parse_variant",
            "read_replay", "replay"]

@@ -1,0 +1,276 @@
+"""Bad command-line input answered in one line on stderr with exit 2 (never typer's usage box, never a run
+that goes ahead): a bad ``--prompts`` file before ``diagnose`` / ``record`` run anything, a GGUF option that
+names a folder, ``--n-draft`` out of 1..64 or not a number on every command that takes it; ``diagnose``'s
+paths and links absolute whatever folder it ran in; ``trace repair`` deleting the ``.tmp`` parts a dead writer
+left.
+
+Expected lines are built from the inputs (the file, its line number, the option, the value given), not copied
+from mtpscope's output; nothing here runs llama.cpp except the ``diagnose --trace`` test (which only reads)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from typer.testing import CliRunner
+
+from mtpscope.cli.main import app
+from mtpscope.traces.run.record_config import MAX_N_DRAFT
+
+runner = CliRunner()
+
+
+def _one_line(res) -> str:  # noqa: ANN001
+    """The one stderr line of a refused command (exit 2, no traceback, no usage box)."""
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Usage:" not in res.output and "╭" not in res.output and "Traceback" not in res.output, res.output
+    assert lines[0].startswith("mtpscope: "), lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------- --prompts
+
+BAD_PROMPTS = [
+    # (file lines, the line that is wrong, what the line must say)
+    (['{"prompt": "fine"}', '{"prompt": "b",'], 2, ["line 2", "not JSON", "expected one JSON value",
+                                                    "got '{\"prompt\": \"b\",'"]),
+    (['{"tokens": ["a", "b"]}'], 1, ["line 1", "tokens[0]", "expected int >= 0", "got 'a'"]),
+]
+
+
+@pytest.mark.parametrize("lines, line_no, says", BAD_PROMPTS)
+def test_a_bad_prompts_file_is_refused_before_diagnose_or_record_runs(demo_dir, tmp_path: Path, lines: list[str],
+                                                                       line_no: int, says: list[str]) -> None:
+    """With a real, valid pair, a malformed JSONL line or string token ids end ``diagnose`` with one line naming the
+    file and the line (was: "[record] failed" and "no defect found", exit 0); nothing is written; ``record`` says
+    the same line."""
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pair = ["--target", str(demo_dir.target), "--assistant", str(demo_dir.drafter_upstream)]
+    out = tmp_path / "diag"
+    d_line = _one_line(runner.invoke(app, ["diagnose", *pair, "--prompts", str(bad), "--out", str(out)]))
+    assert d_line.startswith(f"mtpscope: {bad}: 'line {line_no}: "), d_line
+    for s in says:
+        assert s in d_line, (s, d_line)
+    assert not out.exists()                          # refused before verify, before the recording
+    r_line = _one_line(runner.invoke(app, ["record", *pair, "--prompts", str(bad), "--out", str(tmp_path / "rec")]))
+    assert r_line == d_line
+    assert not (tmp_path / "rec").exists()
+
+
+# ------------------------------------------------------------------------------------ a GGUF that is a folder
+
+def _folder_commands(folder: Path, tmp_path: Path) -> list[tuple[str, list[str]]]:
+    gguf = tmp_path / "model.gguf"          # a file that is not there: the folder must be what is refused
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    o = str(tmp_path / "o")
+    f = str(folder)
+    return [
+        ("--target", ["record", "--target", f, "--assistant", str(gguf), "--prompt", "x", "--out", o]),
+        ("--assistant", ["record", "--target", str(gguf), "--assistant", f, "--prompt", "x", "--out", o]),
+        ("--target", ["diagnose", "--target", f, "--assistant", str(gguf), "--out", o]),
+        ("--assistant", ["diagnose", "--target", str(gguf), "--assistant", f, "--out", o]),
+        ("--reference-assistant", ["diagnose", "--target", str(gguf), "--assistant", str(gguf),
+                                   "--reference-assistant", f, "--out", o]),
+        ("--target", ["server", "run", "--target", f]),
+        ("--assistant", ["server", "run", "--target", str(gguf), "--assistant", f]),
+        ("--assistant", ["probe", "http://127.0.0.1:9", "--prompts", str(prompts), "--out", o, "--replay",
+                         "--assistant", f]),
+        ("--target", ["sweep", "--out", o, "--target", f]),
+        ("--assistant", ["sweep", "--out", o, "--assistant", f"name={f}"]),
+        ("--target", ["replay", str(tmp_path / "trace"), "--target", f]),
+    ]
+
+
+def test_a_gguf_option_that_names_a_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record --target DIR`` (was "No such file or directory") and every other model option of the commands that
+    hand a GGUF to llama.cpp: one line naming the folder and the option, expected a GGUF file; nothing started."""
+    import mtpscope.traces.server.launch as launch
+    import mtpscope.traces.server.probe as probe
+
+    def must_not_run(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("started although an option was bad")
+
+    monkeypatch.setattr(launch, "launch", must_not_run)
+    monkeypatch.setattr(probe, "probe", must_not_run)
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for option, args in _folder_commands(folder, tmp_path):
+        line = _one_line(runner.invoke(app, args))
+        assert line.startswith(f"mtpscope: {folder}: '{option}': "), (args, line)
+        assert "folder" in line and "expected a GGUF file" in line, (args, line)
+        assert not (tmp_path / "o").exists(), args
+
+
+# ------------------------------------------------------------------------------------------- --n-draft
+
+def _n_draft_commands(tmp_path: Path) -> dict[str, list[str]]:
+    gguf = str(tmp_path / "model.gguf")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    o = str(tmp_path / "o")
+    return {
+        "record": ["record", "--target", gguf, "--assistant", gguf, "--prompt", "x", "--out", o],
+        "diagnose": ["diagnose", "--target", gguf, "--assistant", gguf, "--out", o],
+        "sweep": ["sweep", "--target", gguf, "--assistant", gguf, "--prompts", str(prompts), "--out", o],
+        "server run": ["server", "run", "--target", gguf, "--assistant", gguf],
+        "probe --replay": ["probe", "http://127.0.0.1:9", "--prompts", str(prompts), "--out", o, "--replay",
+                           "--assistant", gguf],
+    }
+
+
+@pytest.mark.parametrize("value, got", [("0", "got 0"), ("-1", "got -1"), ("three", "got 'three'"),
+                                        (str(MAX_N_DRAFT + 1), f"got {MAX_N_DRAFT + 1}")])
+@pytest.mark.parametrize("cmd", ["record", "diagnose", "sweep", "server run", "probe --replay"])
+def test_n_draft_out_of_range_or_not_a_number_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cmd: str,
+                                                          value: str, got: str) -> None:
+    """``--n-draft 0`` / ``-1`` / ``three`` / 65: one line naming the option, the range 1..64 and the value given
+    (was typer's "Invalid value" box, or for ``server run`` / ``probe --replay`` no check at all); the server is
+    not started, no request is sent, nothing is written."""
+    import mtpscope.traces.server.launch as launch
+    import mtpscope.traces.server.probe as probe
+
+    def must_not_run(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("started although --n-draft was bad")
+
+    monkeypatch.setattr(launch, "launch", must_not_run)
+    monkeypatch.setattr(probe, "probe", must_not_run)
+    assert MAX_N_DRAFT == 64
+    line = _one_line(runner.invoke(app, [*_n_draft_commands(tmp_path)[cmd], "--n-draft", value]))
+    assert line.startswith("mtpscope: '--n-draft': "), line
+    assert "1..64" in line and got in line, line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", ["1", "64"])
+def test_n_draft_in_range_passes_the_check(tmp_path: Path, value: str) -> None:
+    """1 and 64 are allowed: the command goes on and fails on what is really wrong (the missing model)."""
+    line = _one_line(runner.invoke(app, [*_n_draft_commands(tmp_path)["record"], "--n-draft", value]))
+    assert "--n-draft" not in line and "model.gguf" in line, line
+
+
+def test_sweep_n_draft_list_names_the_bad_item(tmp_path: Path) -> None:
+    line = _one_line(runner.invoke(app, [*_n_draft_commands(tmp_path)["sweep"], "--n-draft", "1,2,x"]))
+    assert line.startswith("mtpscope: '--n-draft': 'x'"), line
+    assert "1..64" in line and "got '1,2,x'" in line, line
+
+
+# ----------------------------------------------------------------------------------- diagnose --out, absolute
+
+def test_diagnose_writes_absolute_paths_and_links_with_the_default_out(demo_dir, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in a folder with relative --trace / --target / --assistant and the default --out: diagnosis.json, the
+    --json document and every link's trace / model parameter name the files from the root, and they still exist
+    when looked up from another folder (the app starts wherever it is started)."""
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rel = {name: os.path.relpath(p, work) for name, p in
+           (("trace", src), ("target", demo_dir.target), ("assistant", demo_dir.drafter_upstream_noisy))}
+    assert not any(os.path.isabs(p) for p in rel.values())
+    res = runner.invoke(app, ["diagnose", "--trace", rel["trace"], "--target", rel["target"], "--assistant",
+                              rel["assistant"], "--no-replay", "--json", "-q"])
+    assert res.exit_code in (0, 1), (res.exit_code, res.stderr)
+    doc = json.loads(res.stdout)
+    out = work / "mtpscope-diagnose"
+    assert doc["out"] == str(out)
+    on_disk = json.loads((out / "diagnosis.json").read_text())
+    for d in (doc, on_disk):
+        assert os.path.samefile(d["trace"], src)
+        for k in ("trace", "target", "assistant", "out"):
+            assert os.path.isabs(d[k]), (k, d[k])
+    paths = []
+    links = [f["link"] for f in doc["findings"] if f.get("link")]
+    assert links, doc["findings"]
+    for link in links:
+        query = parse_qs(urlsplit(link["url"]).query)
+        for key in ("trace", "trace_b", "drafter", "target"):
+            for v in [*query.get(key, []), *([link["params"][key]] if link["params"].get(key) else [])]:
+                assert os.path.isabs(v), (key, v, link)
+                paths.append(v)
+    assert paths
+    monkeypatch.chdir(tmp_path)                      # another folder: every path still names its file
+    assert all(Path(p).exists() for p in paths), paths
+
+
+# ------------------------------------------------------------------------------------------- trace repair
+
+def _trace(d: Path, n_rounds: int = 5, **kw) -> object:  # noqa: ANN003
+    from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
+
+    w = TraceWriter(d, {"source": "synthetic"}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                    centroids=False, flush_every=2, compact=False, **kw)
+    for r in range(n_rounds):
+        a = r % 4
+        w.add_round(RoundRecord(prompt_id=0, round=r, pos=r, pending_token=r, n_draft=3,
+                                drafted=(r, r + 1, r + 2), n_accepted=min(a, 3)),
+                    [StepRecord(k=k, token=r + k - 1, accepted=k <= a) for k in (1, 2, 3)])
+    return w
+
+
+def _leave_tmp_parts(d: Path) -> list[str]:
+    """What a writer killed while writing a part or a merged file leaves: ``.tmp`` Parquet files."""
+    names = ["rounds/part-00009.parquet.tmp", "steps/merged-00000.parquet.tmp"]
+    for n in names:
+        (d / n).parent.mkdir(exist_ok=True)
+        (d / n).write_bytes(b"PAR1 half a file")
+    return names
+
+
+def test_repair_with_nothing_to_recover_removes_the_tmp_parts(tmp_path: Path) -> None:
+    from mtpscope import traces
+
+    d = tmp_path / "t"
+    _trace(d).close(complete=False)
+    finished = sorted(p.relative_to(d).as_posix() for p in d.rglob("*.parquet"))
+    tmps = _leave_tmp_parts(d)
+    assert all((d / n).is_file() for n in tmps)
+    res = runner.invoke(app, ["trace", "repair", str(d), "--json"])
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "none" and sorted(doc["tmp_removed"]) == sorted(tmps)
+    assert not any((d / n).exists() for n in tmps)
+    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*.parquet")) == finished   # parts untouched
+    assert doc["n_rounds"] == 5 and not any(".tmp" in w for w in doc["warnings"])
+    assert not any(".tmp" in w for w in traces.open(d).warnings)
+    # the text says it, and a second repair has nothing left to remove
+    _leave_tmp_parts(d)
+    text = runner.invoke(app, ["trace", "repair", str(d)])
+    assert text.exit_code == 0 and "removed 2 unfinished parts" in text.stdout and tmps[0] in text.stdout
+    again = runner.invoke(app, ["trace", "repair", str(d), "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout)["tmp_removed"] == []
+
+
+def test_repair_after_a_recovery_removes_the_tmp_parts_too(tmp_path: Path) -> None:
+    d = tmp_path / "t"
+    w = _trace(d, background=False)
+    os.close(w._lock_fd)                       # the writer dies: its lock is released, its log stays
+    w._lock_fd = None
+    tmps = _leave_tmp_parts(d)
+    doc = json.loads(runner.invoke(app, ["trace", "repair", str(d), "--json"]).stdout)
+    assert doc["status"] == "recovered" and doc["n_rounds"] == 5
+    assert not any((d / n).exists() for n in tmps)
+    assert tmps[0] in doc["tmp_removed"]     # (the recovery itself drops the merged file being built)
+
+
+def test_repair_touches_nothing_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
+    d = tmp_path / "t"
+    w = _trace(d, n_rounds=0)                  # open, no round yet: no log segment, but the lock is held
+    try:
+        tmps = _leave_tmp_parts(d)
+        res = runner.invoke(app, ["trace", "repair", str(d), "--json"])
+        assert res.exit_code == 1, (res.stdout, res.stderr)
+        assert json.loads(res.stdout)["status"] == "live"
+        assert all((d / n).exists() for n in tmps)
+    finally:
+        w.close()
