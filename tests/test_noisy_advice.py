@@ -154,3 +154,27 @@ def test_a_tie_names_both() -> None:
                    Candidate(3, None, 1.1, None, (1.0, 1.2))], n_first_drafts=500)
     assert r.choice == 2 and r.tie and r.runner_up == "plain"
     assert "a tie between n_draft 2 and plain decoding" in r.headline
+
+
+def test_the_sweep_report_warns_when_cells_ran_under_different_load(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mtpscope.traces.sweep.advice import load_warnings, sweep_advice_dict
+    from mtpscope.traces.sweep.reader import open_sweep
+    from mtpscope.traces.synthetic import write_synthetic_sweep
+
+    d = write_synthetic_sweep(tmp_path / "s", n_rounds=1200, assistants=("q8",), n_drafts=(1, 3), n_shards=2,
+                              n_prompts=8)
+    assert load_warnings(open_sweep(d)) == []          # one load: no warning
+    # plain decoding of shard 1 under a second process: every token 3x slower
+    cell = d / "assistant=baseline" / "n_draft=0" / "shard=1" / "rounds"
+    for f in cell.glob("part-*.parquet"):
+        t = pq.read_table(f)
+        i = t.schema.get_field_index("t_verify_ms")
+        t = t.set_column(i, "t_verify_ms", pa.array(np.asarray(t["t_verify_ms"]) * 3.0, pa.float64()))
+        pq.write_table(t, f)
+    ws = load_warnings(open_sweep(d))
+    assert [w.n for w in ws] == [1] and ws[0].slow == "baseline/n_draft=0/shard=1"
+    assert ws[0].ratio > 2.5                # 3x the same cell's level (~24 ms against ~70 ms)
+    assert sweep_advice_dict(open_sweep(d))["load_warnings"][0]["n"] == 1

@@ -26,7 +26,7 @@ def format_advice(d: dict[str, Any]) -> list[str]:
     if tq:
         out.append(f"  timing quality: {'DISTURBED, ' if tq.get('disturbed') else ''}{tq.get('words', '')}")
     for w in d.get("load_warnings") or []:
-        out.append(f"  load warning: {w}")
+        out.append(f"  load warning: {w['words'] if isinstance(w, dict) else w}")
     for cat, r in (rec.get("by_category") or {}).items():
         out.append(f"  {cat}: {r.get('headline') or r['reason']}")
     be = d.get("break_even")
