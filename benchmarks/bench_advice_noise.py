@@ -43,8 +43,8 @@ Prints one table row per (pattern, source, group): the advice, its speedups of n
 (explain: the what-if's estimates; report: the sweep's own), the sweep's best configuration and measured speedups,
 the verdict, and whether the intervals hold their estimates; then a summary; the benchmark's own CPU load beside it
 (``os.getloadavg``) is printed too: other processes on the machine are a disturbance the advice must survive.
-Exit 0 whatever the numbers (reported, never asserted). About 8-12 minutes on a busy 2-core machine with
-the defaults.
+Exit 0 whatever the numbers (reported, never asserted). About 3.5 minutes on a busy 2-core machine with the
+defaults (207 s at a load average of 2-4 from other processes).
 
 Usage: ``python -m benchmarks.bench_advice_noise [--prompts 12] [--tokens 32] [--patterns none,probe,baseline,loop,steady]
 [--shards 6] [--burners N] [--burst-on 1.5] [--burst-off 1.5] [--tol 0.10] [--out DIR] [--json FILE]``.
