@@ -274,3 +274,20 @@ def test_a_baseline_timed_under_load_cannot_make_mtp_win() -> None:
     w = what_if(quiet, baseline=base, n_boot=20, probe=probe)
     adv = advise(w, timing_quality(quiet, w.cost, base, probe))
     assert adv.recommendation.cannot_tell and adv.recommendation.choice is None
+
+
+def test_an_extrapolated_n_draft_is_labelled_in_the_advice() -> None:
+    # issue 34 (4): n_draft values past the recorded one rest on extrapolated acceptance. Recorded at n_draft 1
+    # (K = 1) with ~60 % acceptance, 1 ms drafts and a 40 ms verify whose probe is flat (every size 40 ms), more
+    # drafts per round pay: the best n_draft is past 1, and the advice says it is extrapolated
+    quiet = _trace(nd=1, td=1.0, tv=40.0)
+    probe = CostProbe({n: 40.0 for n in range(1, 10)}, {k: 1.0 * k for k in range(1, 9)}, 5)
+    base = PlainBaseline(40.0, "manifest", "test", {p: (100, 4000.0) for p in range(12)})
+    w = what_if(quiet, baseline=base, n_boot=20, probe=probe)
+    adv = advise(w, timing_quality(quiet, w.cost, base, probe))
+    rec = adv.recommendation
+    assert isinstance(rec.choice, int) and rec.choice > 1, rec.headline
+    assert rec.headline.startswith(f"n_draft {rec.choice} (extrapolated) at ")
+    cands = {c["choice"]: c for c in adv.to_dict()["candidates"]["all"]}
+    assert cands[1]["extrapolated"] is False and all(cands[n]["extrapolated"] for n in range(2, 9))
+    assert [c.label() for c in adv.candidates[:3]] == ["plain decoding", "n_draft 1", "n_draft 2 (extrapolated)"]

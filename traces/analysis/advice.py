@@ -57,6 +57,7 @@ class Candidate:
         tokens_per_s / speedup: point values (speedup over plain decoding; 1 for plain decoding).
         tokens_per_s_interval / speedup_interval: 95 % intervals or None.
         measured: recorded (a sweep cell, the trace's own n_draft) rather than estimated.
+        extrapolated: a what-if's n_draft past the recorded one (its acceptance extrapolated): labelled so.
     """
 
     choice: str | int
@@ -66,12 +67,14 @@ class Candidate:
     speedup_interval: tuple[float, float] | None = None
     measured: bool = False
     assistant: str | None = None
+    extrapolated: bool = False
 
     def label(self) -> str:
-        """``plain decoding``, ``n_draft 3`` or ``q8 n_draft 3``."""
+        """``plain decoding``, ``n_draft 3``, ``q8 n_draft 3`` or ``n_draft 6 (extrapolated)``."""
         if self.choice == PLAIN:
             return "plain decoding"
-        return f"{self.assistant} n_draft {self.choice}" if self.assistant else f"n_draft {self.choice}"
+        name = f"{self.assistant} n_draft {self.choice}" if self.assistant else f"n_draft {self.choice}"
+        return f"{name} (extrapolated)" if self.extrapolated else name
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -383,7 +386,7 @@ def _what_if_candidates(w: Any) -> tuple[Candidate, ...]:
                                                                            and w.baseline.measured))]
     for r in w.rows:
         out.append(Candidate(r.n_draft, r.tokens_per_s, r.speedup, r.tokens_per_s_interval, r.speedup_interval,
-                             measured=r.recorded))
+                             measured=r.recorded, extrapolated=bool(r.extrapolated)))
     return tuple(out)
 
 
