@@ -9,12 +9,14 @@ report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position)
   (:func:`depth_gain`, measured on the trace's rounds): a warning, with the n_draft to use;
 * the advice (plain decoding or which n_draft, overall and per category, with intervals and break-even) as a
   note: what pays depends on the machine's costs, so it is never a defect by itself;
-* a drafter that is almost never accepted (:func:`broken_finding`): a ``weights`` warning of low confidence, the
-  cause no other check pinned;
+* a drafter that is almost never accepted (:func:`broken_finding`), or one that misses the tokens the target was sure
+  of nearly as often as the hard ones (:func:`sure_miss_finding`): a ``weights`` warning of low confidence, the cause
+  no other check pinned, with the check that would (a reference, ``mtpscope diff``);
 * **what limits acceptance** (:func:`limit_sentences`): hard vs wrong first misses, the worst categories and token
   classes, the decay by position.
 
-Imports: numpy and this area's records (the explanation's records are read by attribute).
+Imports: numpy, traces.analysis.explain (``HARD_ENTROPY_NATS``), this area's records and ``reference``
+(``weights_severity``, the one rule of a weights finding's severity); the explanation's records are read by attribute.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.traces.diagnose.records import HIGH, INFO, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
+from mtpscope.traces.analysis.explain import HARD_ENTROPY_NATS
+from mtpscope.traces.diagnose.records import HIGH, INFO, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
+from mtpscope.traces.diagnose.reference import weights_severity
 
 #: A draft position adding fewer accepted tokens per round than this (upper end of its 95 % interval) is past the
 #: decay: a draft step costs more than that on any runtime (on a GPU about 0.05 - 0.1 of a target decode; here,
@@ -34,6 +38,18 @@ MARGINAL_MIN = 0.05
 MIN_GROUP_DRAFTS = 20
 #: Acceptance under this is a drafter that does not work at all (:func:`broken_finding`).
 BROKEN_RATE = 0.05
+#: A drafter whose first misses are tokens the target was sure of (entropy under ``HARD_ENTROPY_NATS``) in at least
+#: this share of the sure share of the steps the target judged points at its weights (:func:`sure_miss_finding`). A
+#: drafter blind to what the target knows misses sure and hard tokens alike: its misses are sure as often as the
+#: judged steps are (a ratio of 1). A drafter that reads the target's state misses sure tokens several times less
+#: often than hard ones: the demo's trained F32 drafter misses 9 % of sure tokens and 65 % of hard ones, 9 % of its
+#: first misses sure against 41 % of its judged steps (a ratio of 0.21; its Q8_0 copy the same). Half of the blind
+#: ratio lies between the two, and means a sure token is missed at least a third as often as a hard one when the
+#: judged steps are half sure.
+SURE_MISS_RATIO = 0.5
+#: Said where the behaviour points at the drafter and no check could pin it: the checks that would.
+UNPINNED = ("the behaviour points at the drafter, which no check here could pin: compare it with a reference "
+            "(--reference HF_DIR or --reference-assistant GOOD.gguf) or `mtpscope diff` it against a good conversion")
 #: Token classes that say nothing about the text (not named in the limits).
 _SKIP_CLASSES = ("unknown", "special")
 
@@ -186,13 +202,83 @@ def broken_finding(report: Mapping[str, Any], x: Any, *, trace: str) -> Finding 
     ts = (x.rejections or {}).get("target_side") or {}
     hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
     side = f"; {_pct(wrong / (hard + wrong))} of first misses are tokens the target was sure of" if hard + wrong else ""
-    return Finding("weights", WARNING, LOW, f"drafts are almost never accepted ({rate:.3f} of {n}): the drafter's "
+    sev, conf = weights_severity()
+    return Finding("weights", sev, conf, f"drafts are almost never accepted ({rate:.3f} of {n}): the drafter's "
                    "values or their conversion, which no check above pins down",
                    (Evidence("explain", f"acceptance rate {rate:.3f} over {n} drafted tokens (a trained drafter that loads "
                              f"and pairs is accepted far more often){side}", {"acceptance_rate": rate, "n_drafted": n}),),
                    Fix("reconvert", "compare with a reference (--reference HF_DIR or --reference-assistant GOOD.gguf) "
                        "and `mtpscope diff` the two files; reconvert"),
                    ViewRef.of("explain", trace=trace, prompt="all"), subject="weights", expected=None, actual=rate)
+
+
+def sure_shares(causes: Any, *, hard_entropy: float = HARD_ENTROPY_NATS) -> dict[str, Any] | None:
+    """How the drafter's misses split between tokens the target was sure of and hard ones, over the steps the target
+    judged: every accepted step and every round's first miss whose target token is known (not past an
+    end-of-generation token), with a known target entropy. Sure: entropy under ``hard_entropy`` nats (explain's
+    ``target_side`` ``wrong``), hard: at least that (``hard``).
+
+    Args:
+        causes: :func:`mtpscope.traces.analysis.explain.step_causes` (``accepted``, ``first_mismatch``,
+            ``target_token``, ``target_entropy``, ``target_side``), one row per draft step.
+
+    Returns:
+        ``{"judged_sure", "judged_hard", "missed_sure", "missed_hard"}`` (counts of steps), ``share_missed_sure``
+        (``missed_sure / (missed_sure + missed_hard)``), ``share_judged_sure`` (``judged_sure / (judged_sure +
+        judged_hard)``), ``p_miss_sure`` / ``p_miss_hard`` (misses / judged, per side; None with none judged) and
+        ``ratio`` (``share_missed_sure / share_judged_sure``); None when no step was judged or nothing was missed.
+    """
+    if causes is None or not len(causes) or "target_entropy" not in causes.columns:
+        return None
+    ent = np.asarray(causes["target_entropy"], dtype=np.float64)
+    known = ~np.isnan(ent)
+    acc = np.asarray(causes["accepted"], dtype=bool) & known
+    side = np.asarray(causes["target_side"].astype(object).where(causes["target_side"].notna(), ""), dtype=object)
+    tt = np.asarray(causes["target_token"].notna(), dtype=bool)
+    miss = np.asarray(causes["first_mismatch"], dtype=bool) & tt & known & np.isin(side, ("hard", "wrong"))
+    sure = ent < hard_entropy
+    js, jh = int((acc & sure).sum() + (miss & sure).sum()), int((acc & ~sure).sum() + (miss & ~sure).sum())
+    ms, mh = int((miss & sure).sum()), int((miss & ~sure).sum())
+    if js + jh == 0 or ms + mh == 0:
+        return None
+    share_m, share_j = ms / (ms + mh), js / (js + jh)
+    return {"judged_sure": js, "judged_hard": jh, "missed_sure": ms, "missed_hard": mh,
+            "share_missed_sure": share_m, "share_judged_sure": share_j,
+            "p_miss_sure": ms / js if js else None, "p_miss_hard": mh / jh if jh else None,
+            "ratio": share_m / share_j if share_j else None}
+
+
+def sure_miss_finding(x: Any, *, trace: str) -> Finding | None:
+    """The behaviour pointing at the drafter: a ``weights`` warning of low confidence (:func:`weights_severity`
+    without a reference) when the share of first misses on tokens the target was sure of is at least
+    :data:`SURE_MISS_RATIO` of the sure share of the judged steps (:func:`sure_shares`: a healthy drafter misses
+    mostly hard tokens), over at least :data:`MIN_GROUP_DRAFTS` first misses and as many sure steps. None otherwise."""
+    sh = sure_shares(getattr(x, "causes", None))
+    if sh is None or sh["ratio"] is None or sh["missed_sure"] + sh["missed_hard"] < MIN_GROUP_DRAFTS \
+            or sh["judged_sure"] < MIN_GROUP_DRAFTS or sh["ratio"] < SURE_MISS_RATIO:
+        return None
+    ms, n_m = sh["missed_sure"], sh["missed_sure"] + sh["missed_hard"]
+    n_j = sh["judged_sure"] + sh["judged_hard"]
+    p_h = "n/a" if sh["p_miss_hard"] is None else _pct(sh["p_miss_hard"])
+    sev, conf = weights_severity()
+    ev = Evidence("explain", f"{_pct(sh['share_missed_sure'])} of first misses ({ms} of {n_m}) are tokens the target "
+                  f"was sure of (entropy < {HARD_ENTROPY_NATS:g} nat), against {_pct(sh['share_judged_sure'])} of the "
+                  f"{n_j} steps it judged ({sh['judged_sure']} sure): the drafter misses {_pct(sh['p_miss_sure'])} of "
+                  f"the sure tokens and {p_h} of the hard ones. A drafter that reads the target's state misses mostly "
+                  "hard tokens; one blind to it would miss sure tokens in the share they are judged "
+                  f"({_pct(sh['share_judged_sure'])}); at least {SURE_MISS_RATIO:g} of that share "
+                  f"({_pct(SURE_MISS_RATIO * sh['share_judged_sure'])}) points at the drafter's weights",
+                  {**sh, "threshold_ratio": SURE_MISS_RATIO})
+    return Finding("weights", sev, conf, f"the drafter misses tokens the target was sure of: "
+                   f"{_pct(sh['share_missed_sure'])} of first misses ({ms} of {n_m}) where "
+                   f"{_pct(sh['share_judged_sure'])} of the judged steps are sure (it misses "
+                   f"{_pct(sh['p_miss_sure'])} of sure tokens, {p_h} of hard ones): its weights or their conversion, "
+                   "which no check here could pin", (ev,),
+                   Fix("reconvert", "settle it with a reference: --reference HF_DIR (the checkpoint it was converted "
+                       "from) or --reference-assistant GOOD.gguf, or `mtpscope diff THIS.gguf GOOD.gguf --values` "
+                       "against a good conversion; reconvert where they differ"),
+                   ViewRef.of("explain", trace=trace, prompt="all"), subject="weights", expected=None,
+                   actual=sh["share_missed_sure"])
 
 
 def limit_finding(x: Any, report: Mapping[str, Any], *, trace: str) -> tuple[Finding | None, list[str]]:
@@ -220,5 +306,6 @@ def summary(x: Any, report: Mapping[str, Any]) -> dict[str, Any]:
             "recommendation": None if adv is None else adv.recommendation.to_dict()}
 
 
-__all__ = ["BROKEN_RATE", "MARGINAL_MIN", "MIN_GROUP_DRAFTS", "broken_finding", "depth_gain", "limit_finding",
-           "limit_sentences", "n_draft_findings", "summary"]
+__all__ = ["BROKEN_RATE", "MARGINAL_MIN", "MIN_GROUP_DRAFTS", "SURE_MISS_RATIO", "UNPINNED", "broken_finding",
+           "depth_gain", "limit_finding", "limit_sentences", "n_draft_findings", "summary", "sure_miss_finding",
+           "sure_shares"]

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Severities, worst first. ``error``: the drafter, the pair or the runtime is wrong (drafts change, or
-#: nothing runs); ``warning``: a defect that costs speed or acceptance; ``info``: not a defect (a note, what
-#: limits acceptance). A diagnosis with an error or a warning is a defect (exit code 1).
+#: nothing runs); ``warning``: a defect that costs speed or acceptance, or a value that contradicts the target whose
+#: cost the sample does not show (docs/DIAGNOSE.md, "A key that differs from the target's"); ``info``: not a defect
+#: (a note, what limits acceptance). A diagnosis with an error or a warning is a defect (exit code 1). A ``weights``
+#: finding's severity follows one rule (:func:`mtpscope.traces.diagnose.reference.weights_severity`).
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
 DEFECT_SEVERITIES = (ERROR, WARNING)
@@ -69,7 +71,9 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
     Cause("runtime_divergence", "runtime divergence",
           "llama.cpp drafts other tokens than the reference drafter reading the same file"),
     Cause("weights", "weights",
-          "the drafter's weights differ from the reference's (the HF checkpoint, or a good GGUF)"),
+          "the drafter's weights differ from the reference's (the HF checkpoint, or a good GGUF): a tensor's known "
+          "conversion mistake named, or the differences no pattern explains; without a reference, the behaviour "
+          "pointing at the weights"),
     Cause("acceptance_limit", "what limits acceptance",
           "nothing points at the files or the runtime: what limits acceptance instead (hard tokens, token classes, "
           "categories)"),

@@ -10,9 +10,12 @@ rank what they found:
    target's side, plain decoding measured: ``RecordConfig(baseline=True)``), or the given trace;
 4. its explanation (:func:`mtpscope.traces.sweep.advice.explain_with_baseline`) and report
    (:func:`mtpscope.traces.analysis.metrics.report`);
-5. a replay of a sample of its rounds under each convention variant (:mod:`variants`);
+5. a replay of a sample of its rounds under each convention variant (:mod:`variants`), and, for a key that differs
+   from the target's (the sliding window), once more with the target's value (:func:`files.key_cost`);
 6. with a reference, the same sample replayed through it, and the two files' differences (:mod:`reference`);
-7. the advice: n_draft per category or plain decoding, and what limits acceptance (:mod:`behaviour`).
+7. the advice: n_draft per category or plain decoding, what limits acceptance, and, without a reference, the
+   behaviour that points at the drafter (:mod:`behaviour`; never the all-clear :data:`NOTHING_WRONG` then, but
+   :data:`behaviour.UNPINNED`, the check that would pin it).
 
 Imports: this area's modules; inspector (gguf, validate through :mod:`files`); traces.run (recorder, record_config,
 replay, llama binding); traces.analysis (metrics, vocab, compare_report); traces.sweep.advice; traces.store.reader.
@@ -37,6 +40,8 @@ from mtpscope.traces.diagnose.records import (
 
 #: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.
 DIAGNOSIS_FILE, TRACE_DIR, REPLAY_DIR, REFERENCE_DIR = "diagnosis.json", "trace", "replay", "reference"
+#: Where a key that differs from the target's is replayed with the target's value (a copy of the drafter, its replay).
+KEY_DIR = "replay-key"
 #: Default recording: tokens per prompt (the demo's traces record 64).
 MAX_TOKENS = 64
 #: Said when nothing points at a defect.
@@ -151,8 +156,9 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         centroids: the drafter's centroid head (a sidecar or fork GGUF, or an HF folder) for the recording: the
             trace then scores it beside the dense head and the replay adds the ``head=centroid`` variant.
         n_draft / max_tokens: the recording's drafts per round and tokens per prompt.
-        out: the output folder (``trace/``, ``replay/``, ``reference/``, ``diagnosis.json``); needed to record,
-            replay or convert a reference (without it, with a trace: steps 1, 2, 4 and 7 only).
+        out: the output folder (``trace/``, ``replay/``, ``reference/``, ``replay-key/`` (a key that differs from
+            the target's: a copy of the drafter with the target's value and its replay), ``diagnosis.json``); needed
+            to record, replay or convert a reference (without it, with a trace: steps 1, 2, 4 and 7 only).
         replay: run steps 5 and 6 (the replays need llama.cpp and ``out``).
         replay_prompts / rounds_per_prompt: the replayed sample.
         command: argv for the recording's manifest.
@@ -226,13 +232,14 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     rec_n = int(summary.get("n_draft") or n_draft)
 
     can_replay = trace is not None and x is not None and man.get("source") == "record"
+    key_why = None      # why the keys that differ from the target's were not replayed with the target's value
     if not replay:
-        steps.skip("replay", "replay off")
+        steps.skip("replay", key_why := "replay off")
     elif not can_replay:
-        steps.skip("replay", "no recorded trace to replay" if trace is None or x is None else
+        steps.skip("replay", key_why := "no recorded trace to replay" if trace is None or x is None else
                    f"the trace's source is {man.get('source')!r}: only `mtpscope record` traces replay")
     elif llama_missing or outp is None:
-        steps.skip("replay", llama_missing or "no output folder for the replay")
+        steps.skip("replay", key_why := llama_missing or "no output folder for the replay")
     else:
         from mtpscope.traces.run.replay import baseline_for  # noqa: PLC0415
 
@@ -250,13 +257,19 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
                 found += vf
                 steps.notes.extend(f"replay: {n}" for n in res_file.notes if "variant traces" not in n)
                 box["note"] = f"{variant_numbers['n_rounds']} rounds, {variant_numbers['n_steps']} steps"
+                found = _pair_key_costs(found, trace=trace, assistant=assistant, outp=outp, res_file=res_file,
+                                        pids=pids, rounds_per_prompt=rounds_per_prompt, rounds=t.rounds,
+                                        recorded_rate=summary.get("acceptance_rate"))
         except _StepFailed:
             res_file = None
+            key_why = "the replay failed"
         if (reference_hf or reference_assistant) and res_file is not None:
             try:
                 with steps.step("reference", "the same rounds through the reference drafter"):
                     f_ref, ref_numbers = _reference(trace, assistant, outp, res_file, pids, rounds_per_prompt,
-                                                    reference_hf, reference_assistant)
+                                                    reference_hf, reference_assistant,
+                                                    pair_subjects=[f.subject for f in found
+                                                                   if f.cause == "pair_mismatch"])
                     found += f_ref
             except _StepFailed:
                 pass
@@ -266,19 +279,32 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         steps.runs.append(StepRun("reference", "skipped", 0.0, "no --reference / --reference-assistant given"))
     if ref_numbers is None:
         found += _quantization_note(assistant, trace)
+    if res_file is not None:
+        found = _with_expected_agreement(found, res_file)
+    found = _pair_key_costs(found, trace=trace, assistant=assistant, why=key_why or "no replay",
+                            recorded_rate=summary.get("acceptance_rate"))
 
     lf = None
+    hints: list[Finding] = []
     if x is not None:
         try:
             with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
                 cols = open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"])  # type: ignore[arg-type]
                 found += behaviour.n_draft_findings(x, cols, trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
-                found += [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]  # type: ignore[arg-type]
+                hints = [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]  # type: ignore[arg-type]
+                # the behaviour points at the drafter: only where no reference compared the weights and no error
+                # found elsewhere already explains the drafts
+                if ref_numbers is None and not any(f.severity == ERROR for f in found):
+                    hints += [h for h in (behaviour.sure_miss_finding(x, trace=trace),) if h is not None]  # type: ignore[arg-type]
+                found += hints
                 lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
         except _StepFailed:
             lf = None
     ranked = rank.rank(found)
     if lf is not None:
+        if hints:   # never an all-clear where the behaviour points at the drafter: the check that would pin it
+            lf = replace(lf, title=f"{lf.title}; {behaviour.UNPINNED}")
+            limits = [f"{limits[0]}; {behaviour.UNPINNED}", *limits[1:]]
         if not any(f.is_defect for f in ranked):
             lf = replace(lf, title=f"{lf.title}; {NOTHING_WRONG}")
             limits = [f"{limits[0]}; {NOTHING_WRONG}", *limits[1:]]
@@ -327,6 +353,77 @@ def _quantization_note(assistant: str, trace: str | None) -> list[Finding]:
                     Fix("none", "nothing to change unless a reference shows a cost"), link, subject="quantization")]
 
 
+def _with_expected_agreement(found: list[Finding], res_file: Any) -> list[Finding]:
+    """Each ``quantization`` finding with the replay's evidence of what the quantized file's numerics lead to expect
+    of llama.cpp against the reference (:func:`variants.expected_agreement_text`: the expected agreement, the
+    measured one, the near ties, the activation type each matrix multiplies)."""
+    summ = res_file.summary()
+    agree = summ["variants"].get("baseline", {}).get("agreement")
+    text = variants.expected_agreement_text(summ.get("numerics") or {}, agree, summ.get("drafter_weights") or {})
+    if not text:
+        return found
+    nc = summ["numerics"]
+    ev = Evidence("replay", f"llama.cpp against the reference drafter reading this file: {text}",
+                  {"expected_agreement": nc["expected_agreement"], "agreement": agree, "near_ties": nc["near_ties"],
+                   "unexplained": nc["unexplained"]})
+    return [replace(f, evidence=(*f.evidence, ev)) if f.cause == "quantization" else f for f in found]
+
+
+def _is_measured_key(f: Finding) -> bool:
+    """A finding of one key that differs from the target's while llama.cpp runs the pair (``files.MEASURED_PAIR_CODES``)
+    whose cost is not stated yet."""
+    return (f.cause == "pair_mismatch" and any(e.numbers.get("code") in files.MEASURED_PAIR_CODES for e in f.evidence)
+            and not any(e.step == "replay" and "measured" in e.numbers for e in f.evidence))
+
+
+def _pair_key_costs(found: list[Finding], *, trace: str | None, assistant: str, outp: Path | None = None,
+                    res_file: Any = None, pids: Sequence[int] = (), rounds_per_prompt: int | None = None,
+                    rounds: Any = None, why: str = "no replay", recorded_rate: float | None = None) -> list[Finding]:
+    """Each key that differs from the target's (the sliding window) with what setting it to the target's value does:
+    with ``res_file`` (the sample's baseline replay) the sample is replayed once more with a copy of the drafter
+    whose key holds the target's value (``out/replay-key/``; skipped when no position of the sample reaches the smaller
+    window: the masks are then the same) and the two compared (``reference.replay_delta``); without it, the finding
+    says why nothing was measured. A failure of that replay is said in the finding, never raised."""
+    out = []
+    for f in found:
+        if not _is_measured_key(f) or not isinstance(f.expected, int) or not isinstance(f.actual, int):
+            out.append(f)
+            continue
+        smaller = min(f.expected, f.actual) if f.subject.endswith("attention.sliding_window") else None
+        if res_file is None or outp is None or trace is None:
+            top = None
+            if trace is not None and smaller is not None:
+                from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+
+                try:
+                    r = open_trace(trace).columns("rounds", ["pos", "n_draft"])
+                    top = int((r["pos"] + r["n_draft"] - 1).max()) if len(r) else None
+                except (MtpscopeError, OSError, KeyError, ValueError):
+                    top = None      # a trace without positions (an import): the recording's reach is unknown
+            out.append(files.key_cost(f, None, value=f.expected, smaller=smaller, max_pos=top, why=why,
+                                          recorded_rate=recorded_rate))
+            continue
+        r = rounds[rounds["prompt_id"].isin(list(pids))].sort_values(["prompt_id", "round"])
+        r = r.groupby("prompt_id", sort=True).head(int(rounds_per_prompt)) if rounds_per_prompt else r
+        top = int((r["pos"] + r["n_draft"] - 1).max()) if len(r) else None
+        if smaller is not None and top is not None and top < smaller:
+            out.append(files.key_cost(f, None, value=f.expected, smaller=smaller, max_pos=top))
+            continue
+        dst = outp / KEY_DIR / f.subject.rpartition(".")[2]
+        try:
+            copy = files.with_key_value(assistant, dst / "drafter.gguf", f.subject, f.expected)
+            res_key = reference.replay_reference(trace, copy, out=dst / "replay", prompt_ids=pids,
+                                                 rounds_per_prompt=rounds_per_prompt)
+        except (MtpscopeError, OSError) as e:
+            out.append(files.key_cost(f, None, value=f.expected, why=f"the replay with it failed: {e}"))
+            continue
+        m = reference.replay_delta(res_file, res_key)
+        a, b = res_file.variant_traces.get("baseline"), res_key.variant_traces.get("baseline")
+        out.append(files.key_cost(f, m, value=f.expected, smaller=smaller, max_pos=top, recorded_rate=recorded_rate,
+                                      link=ViewRef.of("compare", trace=a, trace_b=b) if a and b else None))
+    return out
+
+
 def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     from mtpscope.traces.analysis.metrics import report  # noqa: PLC0415
     from mtpscope.traces.analysis.vocab import trace_vocab  # noqa: PLC0415
@@ -344,7 +441,8 @@ def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
 
 def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list[int], rounds_per_prompt: int,
-               reference_hf: Any, reference_assistant: Any) -> tuple[list[Finding], dict[str, Any]]:
+               reference_hf: Any, reference_assistant: Any, *, pair_subjects: Sequence[str] = ()
+               ) -> tuple[list[Finding], dict[str, Any]]:
     from mtpscope.inspector.diff import diff  # noqa: PLC0415
     from mtpscope.traces.analysis.compare_report import compare_traces  # noqa: PLC0415
     from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
@@ -363,8 +461,9 @@ def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list
     shown = os.fspath(reference_hf if kind == "hf" else ref)
     return reference.reference_findings(res_file, res_ref, trace=trace, assistant=assistant, reference=shown,
                                         kind=kind, gdiff=gd, aligned=aligned,
-                                        quantized=reference.quantized_types(assistant))
+                                        quantized=reference.quantized_types(assistant), file_path=assistant,
+                                        reference_path=ref, pair_subjects=pair_subjects)
 
 
-__all__ = ["DIAGNOSIS_FILE", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR", "diagnose",
-           "read_diagnosis"]
+__all__ = ["DIAGNOSIS_FILE", "KEY_DIR", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR",
+           "diagnose", "read_diagnosis"]

@@ -229,9 +229,14 @@ def expected_agreement_text(nc: Mapping[str, Any], agree: float | None, weights:
     types = ", ".join(f"{t} x{c}" for t, c in mats.items())
     why = (f"its matrices ({types}) multiply activations rounded to "
            + ", ".join(sorted({VEC_DOT_NAMES.get(t, t) for t in mats})) if mats else "")
+    if not nc["n_differ"]:
+        tail = "no draft differs"
+    else:
+        tail = (f"of the rounds whose drafts differ, {nc['near_ties']} first differ at a near tie the numerics explain "
+                f"and {nc['unexplained']} beyond it")
     return (f"expected agreement at least {nc['expected_agreement']:.1%} (steps whose top-2 logit margin exceeds "
             f"{NEAR_TIE_FACTOR:g}x the step's numerical effect{'; ' + why if why else ''}), measured {agree:.1%}; "
-            f"{nc['near_ties']} differing draft(s) are near ties the numerics explain, {nc['unexplained']} not")
+            f"{tail}")
 
 
 #: the activation type of a weight type in words (for :func:`expected_agreement_text`)
