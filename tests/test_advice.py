@@ -35,7 +35,7 @@ def test_the_fastest_n_draft_and_ties() -> None:
                   n_first_drafts=500)
     # n_draft 2's [1.4, 1.6] overlaps n_draft 3's [1.2, 1.45]: a tie, n_draft 2 still the choice
     assert (r.choice, r.speedup, r.interval, r.tie, r.runner_up) == (2, 1.5, (1.4, 1.6), True, 3)
-    assert "a tie with n_draft 3 (1.35× [1.20, 1.45])" in r.reason
+    assert "a tie between n_draft 2 and n_draft 3 (1.35× [1.20, 1.45])" in r.reason   # both named (issue 34)
     s = recommend([_c("plain", 1.0), _c(2, 1.5, (1.45, 1.6)), _c(3, 1.3, (1.2, 1.4))], n_first_drafts=500,
                   estimated=True, estimate_how="plain decoding taken as the 1-token verify time")
     assert not s.tie and s.estimated and "speedup estimated: plain decoding taken as" in s.reason

@@ -77,7 +77,11 @@ def test_cost_probe_times_every_size_and_leaves_the_loop_as_it_was(noisy_rt) -> 
     before = [(r.drafted, r.emitted) for r in noisy_rt.run(tk, cfg, trace=False)]
     cp = noisy_rt.probe_costs(tk, n_max=3, reps=2, budget_s=60.0)
     assert sorted(cp["verify_ms"]) == ["1", "2", "3", "4"] and sorted(cp["draft_ms"]) == ["1", "2", "3"]
-    assert cp["reps"] == 2 and cp["pos"] == len(tk)
+    # 2 repetitions, unless a size's two differ by over PROBE_SPREAD (1.5x; sub-millisecond sizes of the tiny pair
+    # jitter that much on a busy machine): then more, to PROBE_MAX_REPS (9) within the budget -- max / min over a
+    # size's repetitions never shrinks, so once they disagree the probe runs them all
+    first2 = [v[:2] for v in (*cp["verify_reps_ms"].values(), *cp["draft_reps_ms"].values())]
+    assert cp["reps"] == (9 if any(max(v) / min(v) > 1.5 for v in first2) else 2) and cp["pos"] == len(tk)
     assert all(v > 0 for v in [*cp["verify_ms"].values(), *cp["draft_ms"].values()])
     # a repetition more only while under the budget: at least one
     assert noisy_rt.probe_costs(tk, n_max=1, reps=5, budget_s=0.0)["reps"] == 1

@@ -9,18 +9,24 @@ from typing import Any
 def _choice(rec: dict[str, Any]) -> str:
     c = rec.get("choice")
     if c is None:
-        return "no recommendation"
+        return "cannot tell from these timings" if rec.get("cannot_tell") else "no recommendation"
     who = f"{rec['assistant']} " if rec.get("assistant") else ""
     return "plain decoding" if c == "plain" else f"{who}n_draft {c}"
 
 
 def format_advice(d: dict[str, Any]) -> list[str]:
-    """The ``recommendation`` and ``break_even`` keys (:meth:`traces.analysis.advice.Advice.to_dict`) as
-    terminal lines, overall and per category: what ``explain`` and the sweep report print."""
+    """The ``recommendation``, ``timing_quality``, ``load_warnings`` (a sweep's) and ``break_even`` keys
+    (:meth:`traces.analysis.advice.Advice.to_dict`) as terminal lines, overall and per category: what
+    ``explain`` and the sweep report print."""
     rec = d.get("recommendation")
     if not rec:
         return []
     out = ["", f"Recommendation: {_choice(rec)}{' (a tie)' if rec.get('tie') else ''}", f"  {rec['reason']}"]
+    tq = d.get("timing_quality")
+    if tq:
+        out.append(f"  timing quality: {'DISTURBED, ' if tq.get('disturbed') else ''}{tq.get('words', '')}")
+    for w in d.get("load_warnings") or []:
+        out.append(f"  load warning: {w['words'] if isinstance(w, dict) else w}")
     for cat, r in (rec.get("by_category") or {}).items():
         out.append(f"  {cat}: {r.get('headline') or r['reason']}")
     be = d.get("break_even")

@@ -123,9 +123,12 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
         rep.update(sweep_advice_dict(sw))
         if advice_only:
             rep = {k: rep[k] for k in ("sweep", "complete", "n_tasks", "n_done", "recommendation", "break_even",
-                                       "candidates", "baseline", "failed", "warnings")}
+                                       "candidates", "baseline", "load_warnings", "failed", "warnings")
+                   if k in rep}
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
+    for w in rep.get("load_warnings") or []:
+        print(f"warning: {w['words']}", file=sys.stderr)
     if as_json:
         print(json.dumps(rep, indent=2, allow_nan=False))
     elif advice_only:
@@ -162,7 +165,8 @@ def register(app: typer.Typer) -> None:
                                                                 "(the speedup's reference)."),
         hidden: str = typer.Option("off", "--hidden", help="Hidden states in the traces: off, f16 or f32."),
         max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
-        shards: int = typer.Option(1, "--shards", min=1, help="Split the prompts into N shards (one task each)."),
+        shards: int = typer.Option(0, "--shards", min=0, help="Split the prompts into N shards (one task each; "
+                                   "0, the default: min(4, number of prompts), so the cells interleave in time)."),
         chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
         ray_address: str = typer.Option("auto", "--ray", help="auto ($RAY_ADDRESS, else a local Ray sized to this "
                                                               "machine), local, or a cluster address."),
@@ -183,6 +187,7 @@ def register(app: typer.Typer) -> None:
             from mtpscope.traces.sweep.spec import (
                 SWEEP_FILE,
                 SweepSpec,
+                default_shards,
                 file_sha256,
                 parse_assistant,
                 prompt_set_note,
@@ -214,7 +219,8 @@ def register(app: typer.Typer) -> None:
                 if assistant_quant is not None:
                     assistants, quantized = quant_assistants(assistants, assistant_quant.split(","), on_quantize=say)
                 spec = SweepSpec(target=os.path.abspath(target), prompts=prompt_set, assistants=assistants,
-                                 n_drafts=n_drafts, n_shards=shards, baseline=baseline,
+                                 n_drafts=n_drafts, n_shards=shards or default_shards(len(prompt_set)),
+                                 baseline=baseline,
                                  max_tokens=max_tokens, hidden=hidden, chat=chat,
                                  prompts_file=os.path.abspath(prompts), prompts_sha256=file_sha256(prompts),
                                  quantized=quantized)

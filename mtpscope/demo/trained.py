@@ -251,14 +251,11 @@ def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, An
                                if v["acceptance_rate"] is not None},
                 "prompts": rows}
 
-    # each recording's llama.cpp runs in its own worker process on one thread: on a machine with
-    # cores to spare the variants record side by side (the traces are the same either way)
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-    n_par = max(1, min(len(VARIANTS), (os.cpu_count() or 1)))
-    with ThreadPoolExecutor(max_workers=n_par) as ex:
-        futs = {name: ex.submit(one, name, attr) for name, _role, attr in VARIANTS}
-        summary: dict[str, Any] = {name: f.result() for name, f in futs.items()}
+    # one after another: a trace's timings are part of it (the what-if prices them, the timing-quality
+    # check reads their drift), and recordings side by side share the cores and memory bandwidth, so each
+    # one's speed changes when another starts or ends: the demo's advice would read "cannot tell from these
+    # timings" (docs/EXPLAIN.md §4). The tokens and counts would be the same either way.
+    summary: dict[str, Any] = {name: one(name, attr) for name, _role, attr in VARIANTS}
     return summary
 
 

@@ -7,9 +7,13 @@ measured options (a sweep's cells, :mod:`traces.sweep.advice`). Rules (docs/EXPL
 
 * **Plain decoding is always a candidate**, at speedup 1 (its interval, when plain decoding was
   measured per prompt, is folded into every speedup's interval: paired resamples).
-* The **choice** is the candidate with the highest speedup; it is a **tie** when its 95 % interval
-  overlaps the runner-up's (for plain decoding, the point 1: an n_draft whose speedup interval reaches
-  1 ties with plain decoding).
+* The question first: plain decoding or the best n_draft (the highest speedup). Answered only when the
+  best n_draft's 95 % speedup interval excludes 1 (the speedup folds in the trace's, the probe's and the
+  baseline's timing spread); otherwise it is **a tie between** the two, both named (the choice is the
+  higher point value). When MTP wins clearly, a runner-up n_draft whose interval overlaps the best's is
+  also a tie, both named.
+* When ``timing_quality`` (:mod:`traces.analysis.timing_quality`) finds the load changed during the
+  recording there is no choice: "cannot tell from these timings", with the evidence.
 * Below ``MIN_FIRST_DRAFTS`` first drafts (= rounds that drafted) in a group, or without timings, there
   is no choice: "too few rounds to tell".
 * The speedup is **estimated** when plain decoding was not measured (``PlainBaseline.source ==
@@ -33,7 +37,7 @@ reported at the n_draft with the largest ``c*`` (where MTP is closest to paying)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -53,6 +57,7 @@ class Candidate:
         tokens_per_s / speedup: point values (speedup over plain decoding; 1 for plain decoding).
         tokens_per_s_interval / speedup_interval: 95 % intervals or None.
         measured: recorded (a sweep cell, the trace's own n_draft) rather than estimated.
+        extrapolated: a what-if's n_draft past the recorded one (its acceptance extrapolated): labelled so.
     """
 
     choice: str | int
@@ -62,12 +67,14 @@ class Candidate:
     speedup_interval: tuple[float, float] | None = None
     measured: bool = False
     assistant: str | None = None
+    extrapolated: bool = False
 
     def label(self) -> str:
-        """``plain decoding``, ``n_draft 3`` or ``q8 n_draft 3``."""
+        """``plain decoding``, ``n_draft 3``, ``q8 n_draft 3`` or ``n_draft 6 (extrapolated)``."""
         if self.choice == PLAIN:
             return "plain decoding"
-        return f"{self.assistant} n_draft {self.choice}" if self.assistant else f"n_draft {self.choice}"
+        name = f"{self.assistant} n_draft {self.choice}" if self.assistant else f"n_draft {self.choice}"
+        return f"{name} (extrapolated)" if self.extrapolated else name
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -85,11 +92,14 @@ class Recommendation:
         choice: ``"plain"``, an n_draft, or None ("too few rounds to tell").
         assistant: the drafter of the choice (sweeps with several assistants), else None.
         speedup / interval: the choice's speedup over plain decoding and its 95 % interval.
-        tie: the choice's interval overlaps the runner-up's.
+        tie: plain decoding vs the best n_draft is not settled (its interval reaches 1), or the runner-up
+            n_draft's interval overlaps the best's.
         runner_up: the second-best candidate's choice (None without one).
         reason: one sentence, the numbers included (and how plain decoding was estimated).
-        headline: the reason's short form (``n_draft 2: 1.16× [0.82, 1.64], a tie with plain decoding``).
+        headline: the reason's short form (``n_draft 2 at 1.16× [0.82, 1.64], a tie between n_draft 2 and plain
+            decoding``).
         estimated: plain decoding was not measured (the speedup is an estimate; the reason says how).
+        cannot_tell: the timings were disturbed (``timing_quality``): no choice, the reason says why.
     """
 
     choice: str | int | None
@@ -101,15 +111,17 @@ class Recommendation:
     assistant: str | None = None
     estimated: bool = False
     headline: str = ""
+    cannot_tell: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """``{choice, speedup: {value, interval, estimated}, tie, reason, headline, runner_up[, assistant]}``."""
+        """``{choice, speedup: {value, interval, estimated}, tie, reason, headline, runner_up, cannot_tell[,
+        assistant]}``."""
         d: dict[str, Any] = {"choice": self.choice,
                              "speedup": {"value": self.speedup,
                                          "interval": None if self.interval is None else [float(x) for x in self.interval],
                                          "estimated": self.estimated},
                              "tie": self.tie, "reason": self.reason, "headline": self.headline or self.reason,
-                             "runner_up": self.runner_up}
+                             "runner_up": self.runner_up, "cannot_tell": self.cannot_tell}
         if self.assistant is not None:
             d["assistant"] = self.assistant
         return d
@@ -172,10 +184,12 @@ class Advice:
     candidates: tuple[Candidate, ...] = ()
     candidates_by_category: dict[str, tuple[Candidate, ...]] = field(default_factory=dict)
     baseline: dict[str, Any] | None = None
+    timing_quality: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON keys ``recommendation`` (overall, with ``by_category``), ``break_even`` (overall, with
-        ``by_category``; null without timings) and ``candidates`` (with ``by_category``)."""
+        ``by_category``; null without timings), ``candidates`` (with ``by_category``), ``baseline`` and
+        ``timing_quality`` (:class:`traces.analysis.timing_quality.TimingQuality`'s dict, or null)."""
         rec = self.recommendation.to_dict()
         rec["by_category"] = {c: r.to_dict() for c, r in self.by_category.items()}
         be = None
@@ -186,7 +200,8 @@ class Advice:
                 "candidates": {"all": [c.to_dict() for c in self.candidates],
                                "by_category": {k: [c.to_dict() for c in v]
                                                for k, v in self.candidates_by_category.items()}},
-                "baseline": self.baseline}
+                "baseline": self.baseline,
+                "timing_quality": None if self.timing_quality is None else self.timing_quality.to_dict()}
 
 
 def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
@@ -218,38 +233,41 @@ def recommend(candidates: Sequence[Candidate], *, n_first_drafts: int | None = N
         return Recommendation(None, None, None, False, "too few rounds to tell: no timed rounds to compare speeds",
                               estimated=estimated, headline="too few rounds to tell (no timings)")
     plain = next((c for c in scored if c.choice == PLAIN), Candidate(PLAIN, None, 1.0, None, (1.0, 1.0), True))
-    pool = [plain, *mtp]
-    order = sorted(pool, key=lambda c: (-c.speedup, 0 if c.choice == PLAIN else 1,
-                                        c.choice if isinstance(c.choice, int) else 0))
-    best, second = order[0], order[1] if len(order) > 1 else None
-    iv_best = best.speedup_interval if best.choice != PLAIN else (1.0, 1.0)
-    iv_second = None if second is None else (second.speedup_interval if second.choice != PLAIN else (1.0, 1.0))
-    tie = second is not None and _overlap(iv_best, iv_second)
     est = (f" (speedup estimated: {estimate_how})" if estimate_how else " (speedup estimated)") if estimated else ""
     best_mtp = max(mtp, key=lambda c: (c.speedup, -(c.choice if isinstance(c.choice, int) else 0)))
-    if best.choice == PLAIN:
+    iv = best_mtp.speedup_interval
+    # THE question: plain decoding or the best n_draft; answered only when the interval excludes 1
+    plain_tie = iv is not None and iv[0] <= 1.0 <= iv[1]
+    if best_mtp.speedup <= 1.0:
         n = len(mtp)
         every = f"at every n_draft ({n} tried)" if n > 1 else "at the one n_draft tried"
-        reason = (f"plain decoding is faster here {every}: best {best_mtp.speedup:.2f}×{_fmt_iv(best_mtp.speedup_interval)} "
+        reason = (f"plain decoding is faster here {every}: best {best_mtp.speedup:.2f}×{_fmt_iv(iv)} "
                   f"with {best_mtp.label()}")
-        head = f"plain decoding (best MTP: {best_mtp.label()} at {best_mtp.speedup:.2f}×{_fmt_iv(best_mtp.speedup_interval)})"
-        if tie:
-            reason += f"; {second.label()}'s interval reaches 1×: a tie"
-            head += ", a tie"
-        return Recommendation(PLAIN, 1.0, iv_best if best.speedup_interval is None else best.speedup_interval, tie,
-                              reason + est, None if second is None else second.choice, None, estimated, head)
-    reason = f"{best.label()}: {best.speedup:.2f}×{_fmt_iv(best.speedup_interval)} plain decoding's speed"
-    head = f"{best.label()} at {best.speedup:.2f}×{_fmt_iv(best.speedup_interval)}"
+        head = f"plain decoding (best MTP: {best_mtp.label()} at {best_mtp.speedup:.2f}×{_fmt_iv(iv)})"
+        if plain_tie:
+            reason += f"; a tie between plain decoding and {best_mtp.label()}: its interval reaches 1×"
+            head += f", a tie between plain decoding and {best_mtp.label()}"
+        return Recommendation(PLAIN, 1.0, (1.0, 1.0) if plain.speedup_interval is None else plain.speedup_interval,
+                              plain_tie, reason + est, best_mtp.choice, None, estimated, head)
+    others = sorted((c for c in mtp if c is not best_mtp), key=lambda c: -c.speedup)
+    second = others[0] if others else None
+    reason = f"{best_mtp.label()}: {best_mtp.speedup:.2f}×{_fmt_iv(iv)} plain decoding's speed"
+    head = f"{best_mtp.label()} at {best_mtp.speedup:.2f}×{_fmt_iv(iv)}"
+    if plain_tie:
+        reason += f"; a tie between {best_mtp.label()} and plain decoding: its interval reaches 1×"
+        head += f", a tie between {best_mtp.label()} and plain decoding"
+        return Recommendation(best_mtp.choice, best_mtp.speedup, iv, True, reason + est, PLAIN, best_mtp.assistant,
+                              estimated, head)
+    tie = second is not None and _overlap(iv, second.speedup_interval)
     if second is not None:
         if tie:
-            what = "plain decoding (1×)" if second.choice == PLAIN else \
-                f"{second.label()} ({second.speedup:.2f}×{_fmt_iv(second.speedup_interval)})"
-            reason += f"; a tie with {what}: the intervals overlap"
-            head += f", a tie with {'plain decoding' if second.choice == PLAIN else second.label()}"
+            reason += (f"; a tie between {best_mtp.label()} and {second.label()} "
+                       f"({second.speedup:.2f}×{_fmt_iv(second.speedup_interval)}): the intervals overlap")
+            head += f", a tie between {best_mtp.label()} and {second.label()}"
         else:
             reason += f"; next {second.label()} at {second.speedup:.2f}×"
-    return Recommendation(best.choice, best.speedup, best.speedup_interval, tie, reason + est,
-                          None if second is None else second.choice, best.assistant, estimated, head)
+    return Recommendation(best_mtp.choice, best_mtp.speedup, iv, tie, reason + est,
+                          PLAIN if second is None else second.choice, best_mtp.assistant, estimated, head)
 
 
 def _alpha_for(tau: float, n: int) -> float | None:
@@ -271,11 +289,21 @@ def _alpha_for(tau: float, n: int) -> float | None:
 
 
 def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable[[int], float], t_plain_ms: float,
-               *, estimated: bool = False, t_draft_ms: Callable[[int], float] | None = None) -> BreakEven | None:
+               *, estimated: bool = False, t_draft_ms: Callable[[int], float] | None = None,
+               speedup: Mapping[int, float | None] | None = None, grounded: Collection[int] | None = None
+               ) -> BreakEven | None:
     """:class:`BreakEven` from the mean acceptance length per n_draft (``tau``), the draft-step cost, the
     verify cost of ``n`` tokens and plain decoding's ms per token (module docstring). ``t_draft_ms``: a
     round's ``N`` drafter steps in ms (the what-if's pricing, :class:`traces.analysis.costs.CostModel`):
-    then ``c(N) = t_draft(N) / (N t_plain)`` per n_draft, else ``t_step / t_plain`` at every N. None when
+    then ``c(N) = t_draft(N) / (N t_plain)`` per n_draft, else ``t_step / t_plain`` at every N.
+
+    ``speedup``: the what-if's speedup per n_draft (THE number the recommendation uses). Then a round's
+    whole cost in plain decodes is the one that speedup implies, ``r(N) = tau(N) / speedup(N)`` (verify,
+    plain tail steps and the calibration to the trace included), split into its drafts ``N c`` and the rest
+    ``r(N) - N c``; ``c* = (tau - (r - N c)) / N``, ``tau* = r``, so the row's speedup ``tau / tau*`` is the
+    what-if's exactly and "pays" is "speedup > 1" (issue 34: the two numbers could disagree).
+    ``grounded``: the n_draft values recorded or probed; the break-even is reported at one of them (rows
+    outside it are labelled ``extrapolated``; with none grounded, the words say extrapolated). None when
     nothing is known (no n_draft, no positive plain cost)."""
     if not tau or not (t_plain_ms and t_plain_ms > 0 and math.isfinite(t_plain_ms)):
         return None
@@ -286,16 +314,21 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
             continue
         c = cs[n] = (t_draft_ms(n) / n if t_draft_ms is not None else t_step_ms) / t_plain_ms
         rho = t_verify_ms(n + 1) / t_plain_ms
-        need_c = (tn - rho) / n
-        need_tau = n * c + rho
+        sp = None if speedup is None else speedup.get(n)
+        rest = (tn / sp - n * c) if sp is not None and math.isfinite(sp) and sp > 0 else rho
+        need_c = (tn - rest) / n
+        need_tau = n * c + rest
         rows.append({"n_draft": int(n), "mean_acceptance_length": float(tn), "verify_cost_ratio": float(rho),
+                     "other_cost_ratio": float(rest),
                      "draft_cost_ratio_needed": float(need_c), "mean_acceptance_length_needed": float(need_tau),
                      "acceptance_rate_needed": _alpha_for(need_tau, n),
                      "flat_verify_draft_cost_ratio_needed": float((tn - 1.0) / n),
-                     "speedup": float(tn / need_tau) if need_tau > 0 else None})
+                     "speedup": float(tn / need_tau) if need_tau > 0 else None,
+                     "extrapolated": grounded is not None and n not in grounded})
     if not rows:
         return None
-    best = max(rows, key=lambda r: (r["draft_cost_ratio_needed"], -r["n_draft"]))
+    pool = [r for r in rows if not r["extrapolated"]] or rows
+    best = max(pool, key=lambda r: (r["draft_cost_ratio_needed"], -r["n_draft"]))
     n = best["n_draft"]
     c = cs[n]
     pays = c < best["draft_cost_ratio_needed"]
@@ -320,6 +353,8 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
     if flat > 0:
         words += (f"; where verifying costs one decode whatever the size (a GPU), a draft step under {flat:.2f} of a "
                   "decode pays")
+    if best["extrapolated"]:
+        words += f" (n_draft {n} was neither recorded nor probed: extrapolated)"
     if estimated:
         words += " (plain decoding estimated, not measured)"
     return BreakEven(n_draft=n, draft_cost_ratio=float(c), verify_cost_ratio=best["verify_cost_ratio"],
@@ -351,26 +386,58 @@ def _what_if_candidates(w: Any) -> tuple[Candidate, ...]:
                                                                            and w.baseline.measured))]
     for r in w.rows:
         out.append(Candidate(r.n_draft, r.tokens_per_s, r.speedup, r.tokens_per_s_interval, r.speedup_interval,
-                             measured=r.recorded))
+                             measured=r.recorded, extrapolated=bool(r.extrapolated)))
     return tuple(out)
 
 
-def advise(w: Any) -> Advice:
+def grounded_n_drafts(w: Any) -> set[int]:
+    """The n_draft values of a what-if that were recorded or probed: ``N <= K`` (acceptance not extrapolated)
+    whose round (``N`` drafter steps, a verify of ``N + 1``) is priced from the trace's own rounds or the probe,
+    not from a line (:meth:`traces.analysis.costs.SizeCosts.source`)."""
+    cost = w.cost
+    out = set()
+    for r in w.rows:
+        if r.extrapolated:
+            continue
+        sz = None if cost is None else cost.sizes
+        if sz is None or (sz.source("verify", r.n_draft + 1) != "line" and sz.source("draft", r.n_draft) != "line"):
+            out.add(r.n_draft)
+    return out
+
+
+def cannot_tell(quality: Any, estimated: bool = False) -> Recommendation:
+    """The recommendation when ``quality`` (:class:`traces.analysis.timing_quality.TimingQuality`) says the
+    timings were disturbed: no choice, "cannot tell from these timings", with the evidence."""
+    return Recommendation(None, None, None, False, f"cannot tell from these timings: {quality.words}; re-record on a "
+                          "quiet machine, or compare n_draft values by an interleaved sweep (docs/SWEEP.md)",
+                          estimated=estimated, headline="cannot tell from these timings (the load changed)",
+                          cannot_tell=True)
+
+
+def advise(w: Any, quality: Any = None) -> Advice:
     """The :class:`Advice` of a trace's what-if (:class:`traces.analysis.what_if.WhatIf`): candidates plain
-    decoding and n_draft 1..n_max, overall and per category; break-even from its cost model and
-    estimated mean acceptance lengths."""
+    decoding and n_draft 1..n_max, overall and per category; break-even from its cost model, estimated
+    mean acceptance lengths and the what-if's own speedups (one number: ``break_even(speedup=...)``), at
+    the n_draft values recorded or probed (:func:`grounded_n_drafts`). ``quality``: the trace's
+    :class:`traces.analysis.timing_quality.TimingQuality`; when disturbed, every recommendation is
+    :func:`cannot_tell` and there is no break-even."""
     cost = w.cost
     estimated = cost is None or cost.baseline != "measured"
     how = _estimate_how(w.baseline, None if cost is None else cost.t_plain_ms)
+    disturbed = quality is not None and quality.disturbed
+    grounded = grounded_n_drafts(w)
 
     def one(x: Any) -> tuple[Recommendation, BreakEven | None, tuple[Candidate, ...]]:
         cands = _what_if_candidates(x)
         rec = recommend(cands, n_first_drafts=x.n_verify_rounds, estimated=estimated, estimate_how=how)
+        if disturbed and rec.choice is not None:
+            rec = cannot_tell(quality, estimated)
         be = None
         if cost is not None and rec.choice is not None:   # too few rounds to tell: no break-even either
             tau = {r.n_draft: r.mean_acceptance_length for r in x.rows if r.mean_acceptance_length is not None}
             t_plain = x.baseline.t_per_token_ms if (x.baseline is not None and x.baseline.measured) else cost.t_plain_ms
-            be = break_even(tau, cost.t_step_ms, cost.t_verify, t_plain, estimated=estimated, t_draft_ms=cost.t_draft)
+            be = break_even(tau, cost.t_step_ms, cost.t_verify, t_plain, estimated=estimated, t_draft_ms=cost.t_draft,
+                            speedup={r.n_draft: r.speedup for r in x.rows}, grounded=grounded)
         return rec, be, cands
 
     rec, be, cands = one(w)
@@ -379,7 +446,7 @@ def advise(w: Any) -> Advice:
         by[name], b, cby[name] = one(x)
         if b is not None:
             beby[name] = b
-    return Advice(rec, by, be, beby, cands, cby, None if w.baseline is None else w.baseline.to_dict())
+    return Advice(rec, by, be, beby, cands, cby, None if w.baseline is None else w.baseline.to_dict(), quality)
 
 
 def advise_candidates(candidates: Sequence[Candidate], by_category: Mapping[str, Sequence[Candidate]], *,

@@ -4,16 +4,17 @@ counts with, defined as the measured tokens/s defines them (:func:`mtpscope.trac
 **Costs** (:class:`CostModel`, :func:`fit_cost`; :class:`SizeCosts` holds the rule, for the what-if's
 bootstrap replicates too), on the definitions the measured tokens/s uses (:func:`mtpscope.traces.analysis.metrics.timing`):
 a round that drafts ``k`` tokens costs ``t_draft(k) + t_verify(k + 1)`` (``k = 0``: a plain decode step).
-A size the trace recorded (at least ``MIN_SIZE_ROUNDS`` rounds) costs the mean of its rounds. Other sizes
+A size the trace recorded (at least ``MIN_SIZE_ROUNDS`` rounds) costs the **median** of its rounds (a few load
+spikes cannot move it; :class:`SizeCosts`, the one pricing rule). Other sizes
 come from the recorder's **probe** (manifest ``cost_probe``: every size timed on the same machine after
 the loop, :meth:`traces.run.mtp_runtime.MtpRuntime.probe_costs`) scaled to this trace by ``sum_m c_m
-mean_m / sum_m c_m probe(m)`` over the recorded sizes ``m`` (``c_m`` rounds): the probe gives the shape
+med_m / sum_m c_m probe(m)`` over the recorded sizes ``m`` (``c_m`` rounds): the probe gives the shape
 (llama.cpp's verify time jumps where its kernels change with the batch size; a round's first draft step
 costs more than the next), the trace the level. Without a probe (older traces, imports): lines, ``v0 +
-v1 n`` through the recorded verify means (weighted by their rounds) and, when plain decoding was
+v1 n`` through the recorded verify medians (weighted by their rounds) and, when plain decoding was
 measured, the point ``(1, t_plain)``, ``v1 >= 0``, through the origin when the free intercept is
-negative, flat with one size; ``d0 + d1 k`` the same way through the draft means, proportional with one
-count. ``t_step = sum t_draft_ms / sum n_draft`` is the mean draft step over the trace's rounds (a sweep's
+negative, flat with one size; ``d0 + d1 k`` the same way through the draft medians, proportional with one
+count. ``t_step = sum_k c_k med_d(k) / sum_k c_k k`` is the draft step at the robust prices (a sweep's
 measured break-even uses it; a trace's break-even prices a round's drafts as above). A probe is used
 only when it is well formed: sizes are positive integers, times finite within
 ``PROBE_MS_RANGE``; a malformed probe is no probe.
@@ -135,11 +136,32 @@ class CostProbe:
         verify_ms: ``{n: ms}`` the target's verify of ``n`` tokens (``n = 1``: a plain decode step).
         draft_ms: ``{k: ms}`` a round's ``k`` drafter steps.
         reps: repetitions behind each median.
+        verify_reps_ms / draft_reps_ms: ``{n: (ms, ...)}`` every repetition's time (manifest
+            ``verify_reps_ms`` / ``draft_reps_ms``; empty for probes recorded before them): the probe's own
+            spread, which :meth:`draws` carries into the what-if's intervals.
     """
 
     verify_ms: Mapping[int, float]
     draft_ms: Mapping[int, float]
     reps: int
+    verify_reps_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    draft_reps_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+
+    def draws(self, B: int, rng: np.random.Generator) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+        """``(verify {n: float[B]}, draft {k: float[B]})``: replicate 0 the probe's medians, the others the
+        median of a resample (with replacement) of that size's repetitions; sizes without repetitions keep
+        their median in every replicate."""
+        out: list[dict[int, np.ndarray]] = []
+        for med, reps in ((self.verify_ms, self.verify_reps_ms), (self.draft_ms, self.draft_reps_ms)):
+            d = {}
+            for n, t in sorted(med.items()):
+                v = np.full(B, float(t))
+                r = np.asarray(reps.get(n, ()), np.float64)
+                if len(r) >= 2 and B > 1:
+                    v[1:] = np.median(r[rng.integers(0, len(r), size=(B - 1, len(r)))], axis=1)
+                d[n] = v
+            out.append(d)
+        return out[0], out[1]
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> CostProbe | None:
@@ -163,11 +185,22 @@ class CostProbe:
                 out[int(k)] = float(v)
             return out
 
+        def rep_lists(d: Any) -> dict[int, tuple[float, ...]]:
+            if not isinstance(d, dict):
+                return {}
+            out = {}
+            for k, v in d.items():
+                if (isinstance(k, str) and re.fullmatch(r"[1-9][0-9]{0,3}", k) and isinstance(v, list) and v
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi for x in v)):
+                    out[int(k)] = tuple(float(x) for x in v)
+            return out
+
         v, d = sizes(e.get("verify_ms")), sizes(e.get("draft_ms"))
         reps = e.get("reps")
         if not v or d is None:
             return None
-        return cls(v, d, int(reps) if isinstance(reps, int) and not isinstance(reps, bool) else 0)
+        return cls(v, d, int(reps) if isinstance(reps, int) and not isinstance(reps, bool) else 0,
+                   rep_lists(e.get("verify_reps_ms")), rep_lists(e.get("draft_reps_ms")))
 
     @classmethod
     def merged(cls, probes: Any) -> CostProbe | None:
@@ -181,11 +214,18 @@ class CostProbe:
             sizes = sorted({n for p in ps for n in getattr(p, key)})
             return {n: float(np.median([getattr(p, key)[n] for p in ps if n in getattr(p, key)])) for n in sizes}
 
-        return cls(med("verify_ms"), med("draft_ms"), sum(p.reps for p in ps))
+        def cat(key: str) -> dict[int, tuple[float, ...]]:
+            sizes = sorted({n for p in ps for n in getattr(p, key)})
+            return {n: tuple(x for p in ps for x in getattr(p, key).get(n, ())) for n in sizes}
+
+        return cls(med("verify_ms"), med("draft_ms"), sum(p.reps for p in ps), cat("verify_reps_ms"),
+                   cat("draft_reps_ms"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"verify_ms": {str(k): v for k, v in self.verify_ms.items()},
-                "draft_ms": {str(k): v for k, v in self.draft_ms.items()}, "reps": self.reps}
+                "draft_ms": {str(k): v for k, v in self.draft_ms.items()}, "reps": self.reps,
+                "verify_reps_ms": {str(k): list(v) for k, v in self.verify_reps_ms.items()},
+                "draft_reps_ms": {str(k): list(v) for k, v in self.draft_reps_ms.items()}}
 
 
 def draft_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float, str]:
@@ -198,88 +238,150 @@ def draft_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float
     return verify_line(xs, ys, ws)
 
 
+def weighted_median(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The median of ``x`` (``float[r]``) under each row of integer weights ``w`` (``int[B, r]``: a round
+    counted ``w[b, i]`` times) as ``float[B]``: the median of the expanded sample (for an even total the mean
+    of the two middle values, as :func:`numpy.median`); NaN for a row of total weight 0."""
+    order = np.argsort(x, kind="stable")
+    xs = np.asarray(x, np.float64)[order]
+    cum = np.cumsum(np.asarray(w)[:, order], axis=1, dtype=np.int64)
+    tot = cum[:, -1] if cum.shape[1] else np.zeros(cum.shape[0], np.int64)
+    lo_j, hi_j = (tot + 1) // 2, tot // 2 + 1
+    lo = np.minimum((cum < lo_j[:, None]).sum(axis=1), len(xs) - 1)
+    hi = np.minimum((cum < hi_j[:, None]).sum(axis=1), len(xs) - 1)
+    return np.where(tot > 0, (xs[lo] + xs[hi]) / 2.0, np.nan) if len(xs) else np.full(cum.shape[0], np.nan)
+
+
 @dataclass(frozen=True)
 class SizeCosts:
-    """The price of a round of each size, for ``B`` replicates at once (the point estimate: ``B = 1``):
-    ``verify(n)`` and ``draft(k)`` as ``float[B]`` ms. One rule for the what-if and :func:`fit_cost`:
+    """The price of a round of each size, for ``B`` replicates at once (the point estimate is replicate 0):
+    ``verify(n)`` and ``draft(k)`` as ``float[B]`` ms. THE pricing rule: the what-if's point estimate,
+    each of its bootstrap replicates, :func:`fit_cost` (the break-even) and so the recommendation all
+    price through it. Per size, the source is fixed by the point estimate (a replicate never switches it):
 
-    * a size with at least ``MIN_SIZE_ROUNDS`` rounds in the trace: their mean;
-    * else, with a probe (:class:`CostProbe`) that timed it: the probe's time scaled to the trace,
-      ``probe(n) * sum_m c_m mean_m / sum_m c_m probe(m)`` over the trace's sizes ``m`` (``c_m`` rounds);
-    * else the line (:func:`verify_line` for verify, through the measured plain decoding too;
-      :func:`draft_line` for drafts).
+    * ``own``: a size with at least ``MIN_SIZE_ROUNDS`` rounds in the trace: the **median** of its rounds
+      (each replicate: the median of its resample of them, so the spread of the trace's own times enters
+      the intervals; a replicate without such a round keeps the point value);
+    * ``probe``: else, with a probe (:class:`CostProbe`) that timed it: the probe's median scaled to the
+      trace, ``probe(n) * sum_m c_m med_m / sum_m c_m probe(m)`` over the trace's own sizes ``m`` (``c_m``
+      rounds; every replicate with its own medians and its resample of the probe's repetitions);
+    * ``line``: else the line (:func:`verify_line` for verify, through the measured plain decoding too;
+      :func:`draft_line` for drafts) through the medians of every recorded size.
+
+    Why medians: a load spike of a few rounds (the issue-34 traces: 475 and 565 ms among 7 ms verifies)
+    moves a mean by any amount and a median not at all while fewer than half the rounds are hit.
     """
 
-    mean_v: Mapping[int, np.ndarray]
+    med_v: Mapping[int, np.ndarray]
     count_v: Mapping[int, np.ndarray]
-    mean_d: Mapping[int, np.ndarray]
+    med_d: Mapping[int, np.ndarray]
     count_d: Mapping[int, np.ndarray]
+    own_v: frozenset[int]
+    own_d: frozenset[int]
     v_line: tuple[np.ndarray, np.ndarray]
     d_line: tuple[np.ndarray, np.ndarray]
     v_scale: np.ndarray | None
     d_scale: np.ndarray | None
+    probe_v: Mapping[int, np.ndarray]
+    probe_d: Mapping[int, np.ndarray]
     probe: CostProbe | None
 
     @classmethod
-    def fit(cls, sums_v: Mapping[int, np.ndarray], count_v: Mapping[int, np.ndarray],
-            sums_d: Mapping[int, np.ndarray], count_d: Mapping[int, np.ndarray], probe: CostProbe | None,
-            plain: np.ndarray | None) -> SizeCosts:
-        """From per-replicate sums of ms and round counts per verify size ``n`` / draft count ``k`` (``float[B]``
-        each), a probe and plain decoding's ms per token (``float[B]``, or None when not measured)."""
-        B = len(next(iter(count_v.values())))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean_v = {n: np.where(count_v[n] > 0, sums_v[n] / np.where(count_v[n] > 0, count_v[n], 1), np.nan)
-                      for n in count_v}
-            mean_d = {k: np.where(count_d[k] > 0, sums_d[k] / np.where(count_d[k] > 0, count_d[k], 1), np.nan)
-                      for k in count_d}
+    def from_rounds(cls, nd: np.ndarray, td: np.ndarray, tv: np.ndarray, w: np.ndarray | None = None,
+                    probe: CostProbe | None = None, plain: np.ndarray | None = None,
+                    probe_draws: tuple[Mapping[int, np.ndarray], Mapping[int, np.ndarray]] | None = None) -> SizeCosts:
+        """From the rounds' draft counts ``nd`` (``int[R]``), draft and verify ms ``td`` / ``tv`` (``float[R]``,
+        NaN when missing: such a round prices no size), replicate weights ``w`` (``int[B, R]``, None: one
+        replicate of ones), a probe, plain decoding's ms per token (``float[B]``, None when not measured) and
+        the probe per replicate (``(verify {n: float[B]}, draft {k: float[B]})``, :meth:`CostProbe.draws`;
+        None: the probe's medians in every replicate)."""
+        nd = np.asarray(nd, np.int64)
+        td, tv = np.asarray(td, np.float64), np.asarray(tv, np.float64)
+        w = np.ones((1, len(nd)), np.int64) if w is None else np.asarray(w)
+        B = w.shape[0]
+        ok = np.isfinite(td) & np.isfinite(tv)
+        med_v, count_v, med_d, count_d = {}, {}, {}, {}
+        for k in np.unique(nd[ok]):
+            m = ok & (nd == k)
+            wk = w[:, m]
+            count_v[int(k) + 1] = wk.sum(axis=1).astype(np.float64)
+            med_v[int(k) + 1] = weighted_median(tv[m], wk)
+            if k > 0:
+                count_d[int(k)] = count_v[int(k) + 1]
+                med_d[int(k)] = weighted_median(td[m], wk)
+        own_v = frozenset(n for n, c in count_v.items() if c[0] >= MIN_SIZE_ROUNDS)
+        own_d = frozenset(k for k, c in count_d.items() if c[0] >= MIN_SIZE_ROUNDS)
         lines = []
-        for means, counts, fit, extra in ((mean_v, count_v, verify_line, plain), (mean_d, count_d, draft_line, None)):
+        for meds, counts, fit, extra in ((med_v, count_v, verify_line, plain), (med_d, count_d, draft_line, None)):
             a, b = np.zeros(B), np.zeros(B)
             for i in range(B):
-                pts = [(float(n), float(means[n][i]), float(counts[n][i])) for n in means if counts[n][i] > 0]
+                pts = [(float(n), float(meds[n][i]), float(counts[n][i])) for n in meds
+                       if counts[n][i] > 0 and np.isfinite(meds[n][i])]
                 if extra is not None:
-                    pts.append((1.0, float(extra[i]), max([w for _, _, w in pts], default=1.0)))
+                    pts.append((1.0, float(extra[i]), max([p[2] for p in pts], default=1.0)))
                 if pts:
                     a[i], b[i], _ = fit(*map(list, zip(*pts, strict=True)))
             lines.append((a, b))
+        if probe is not None and probe_draws is None:
+            probe_draws = ({n: np.full(B, t) for n, t in probe.verify_ms.items()},
+                           {k: np.full(B, t) for k, t in probe.draft_ms.items()})
+        pv, pd_ = probe_draws if probe is not None and probe_draws is not None else ({}, {})
 
-        def scale(sums: Mapping[int, np.ndarray], counts: Mapping[int, np.ndarray],
-                  times: Mapping[int, float] | None) -> np.ndarray | None:
-            if not times:
+        def scale(meds: Mapping[int, np.ndarray], counts: Mapping[int, np.ndarray], own: frozenset[int],
+                  times: Mapping[int, np.ndarray]) -> np.ndarray | None:
+            use = [n for n in own if n in times] or [n for n in meds if n in times and counts[n][0] > 0]
+            if not use:
                 return None
-            num = sum((sums[n] for n in sums if n in times), np.zeros(B))
-            den = sum((counts[n] * times[n] for n in counts if n in times), np.zeros(B))
-            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan) if np.any(den > 0) else None
+            num = sum((counts[n] * np.nan_to_num(meds[n]) for n in use), np.zeros(B))
+            den = sum((counts[n] * times[n] for n in use), np.zeros(B))
+            out = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+            return out if np.isfinite(out[0]) else None
 
-        return cls(mean_v, count_v, mean_d, count_d, lines[0], lines[1],
-                   scale(sums_v, count_v, probe.verify_ms if probe else None),
-                   scale(sums_d, count_d, probe.draft_ms if probe else None), probe)
+        return cls(med_v, count_v, med_d, count_d, own_v, own_d, lines[0], lines[1],
+                   scale(med_v, count_v, own_v, pv), scale(med_d, count_d, own_d, pd_), pv, pd_, probe)
 
-    def _price(self, x: int, means: Mapping[int, np.ndarray], counts: Mapping[int, np.ndarray],
-               probe_t: Mapping[int, float] | None, sc: np.ndarray | None, line: tuple[np.ndarray, np.ndarray]
-               ) -> np.ndarray:
-        out = line[0] + line[1] * x
-        if probe_t and x in probe_t and sc is not None:
-            out = np.where(np.isfinite(sc), probe_t[x] * sc, out)
-        if x in means:
-            out = np.where(counts[x] >= MIN_SIZE_ROUNDS, means[x], out)
-        return out
+    def source(self, kind: str, x: int) -> str:
+        """Where size ``x`` is priced from (``kind``: ``"verify"`` / ``"draft"``): ``"own"``, ``"probe"`` or
+        ``"line"`` (class docstring); the same for every replicate."""
+        own, pt, sc = (self.own_v, self.probe_v, self.v_scale) if kind == "verify" else \
+            (self.own_d, self.probe_d, self.d_scale)
+        if x in own:
+            return "own"
+        if x in pt and sc is not None:
+            return "probe"
+        return "line"
+
+    def _price(self, kind: str, x: int) -> np.ndarray:
+        meds, pt, sc, line = (self.med_v, self.probe_v, self.v_scale, self.v_line) if kind == "verify" else \
+            (self.med_d, self.probe_d, self.d_scale, self.d_line)
+        src = self.source(kind, x)
+        if src == "own":
+            m = meds[x]
+            return np.where(np.isfinite(m), m, m[0])
+        if src == "probe":
+            s = np.where(np.isfinite(sc), sc, sc[0])
+            return pt[x] * s
+        return line[0] + line[1] * x
 
     def verify(self, n: int) -> np.ndarray:
         """ms to verify ``n`` tokens (``float[B]``)."""
-        return self._price(n, self.mean_v, self.count_v, self.probe.verify_ms if self.probe else None,
-                           self.v_scale, self.v_line)
+        return self._price("verify", n)
 
     def draft(self, k: int) -> np.ndarray:
         """ms of a round's ``k`` drafter steps (``float[B]``; 0 for ``k = 0``)."""
         if k <= 0:
             return np.zeros(len(self.v_line[0]))
-        return self._price(k, self.mean_d, self.count_d, self.probe.draft_ms if self.probe else None,
-                           self.d_scale, self.d_line)
+        return self._price("draft", k)
 
     def round(self, k: int) -> np.ndarray:
         """ms of a round that drafts ``k`` tokens and verifies ``k + 1`` (``k = 0``: a plain step)."""
         return self.draft(k) + self.verify(k + 1)
+
+    def trace_time(self, counts: Mapping[int, np.ndarray]) -> np.ndarray:
+        """The robust time of rounds ``{k: float[B]}`` (rounds drafting ``k``): ``sum_k counts_k round(k)``,
+        ``float[B]`` ms: what the trace's own rounds cost at these prices (the what-if's calibration)."""
+        B = len(self.v_line[0])
+        return sum((np.asarray(c, np.float64) * self.round(k) for k, c in counts.items()), np.zeros(B))
 
 
 @dataclass(frozen=True)
@@ -287,10 +389,10 @@ class CostModel:
     """Costs per round (milliseconds; module docstring), the point values of :class:`SizeCosts`.
 
     Attributes:
-        t_step_ms: a draft step (the mean over the trace's drafted tokens).
-        verify_ms / verify_rounds: ``{n: mean t_verify_ms}`` of the verify sizes recorded (n = draft count
+        t_step_ms: a draft step (the draft medians weighted by their rounds, per drafted token).
+        verify_ms / verify_rounds: ``{n: median t_verify_ms}`` of the verify sizes recorded (n = draft count
             + 1) and ``{n: rounds}`` behind each.
-        draft_ms / draft_rounds: ``{k: mean t_draft_ms}`` of the draft counts recorded, ``{k: rounds}``.
+        draft_ms / draft_rounds: ``{k: median t_draft_ms}`` of the draft counts recorded, ``{k: rounds}``.
         v0_ms, v1_ms / d0_ms, d1_ms: the lines ``v0 + v1 n`` / ``d0 + d1 k`` for sizes neither recorded
             nor probed.
         probe: the recorder's timing of every size (:class:`CostProbe`) when the trace has one;
@@ -325,14 +427,15 @@ class CostModel:
         return float(self.sizes.draft(k)[0]) if self.sizes is not None else self.d0_ms + self.d1_ms * k
 
     def own(self, kind: str) -> list[int]:
-        """The sizes priced at the trace's own mean (``kind``: ``"verify"`` or ``"draft"``)."""
+        """The sizes priced at the trace's own median (``kind``: ``"verify"`` or ``"draft"``)."""
         rounds = self.verify_rounds if kind == "verify" else self.draft_rounds
         return sorted(n for n, c in rounds.items() if c >= MIN_SIZE_ROUNDS)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: the fields (``verify_ms`` / ``draft_ms``: the trace's means, also of sizes with too few
+        """JSON-able: the fields (``verify_ms`` / ``draft_ms``: the trace's medians, also of sizes with too few
         rounds to be used) and ``priced``: what the what-if uses, ``verify_ms`` for n = 1..N_MAX + 1,
-        ``draft_ms`` for k = 1..N_MAX, ``own_verify`` / ``own_draft`` the sizes priced at their own mean."""
+        ``draft_ms`` for k = 1..N_MAX, ``own_verify`` / ``own_draft`` the sizes priced at their own median, ``source_verify`` /
+        ``source_draft`` each size's source (``own`` / ``probe`` / ``line``, :meth:`SizeCosts.source`)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("sizes", "probe")}
         for k in ("verify_ms", "verify_rounds", "draft_ms", "draft_rounds"):
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
@@ -340,6 +443,9 @@ class CostModel:
         d["priced"] = {"verify_ms": {str(n): self.t_verify(n) for n in range(1, N_MAX + 2)},
                        "draft_ms": {str(k): self.t_draft(k) for k in range(1, N_MAX + 1)},
                        "own_verify": self.own("verify"), "own_draft": self.own("draft")}
+        if self.sizes is not None:
+            d["priced"]["source_verify"] = {str(n): self.sizes.source("verify", n) for n in range(1, N_MAX + 2)}
+            d["priced"]["source_draft"] = {str(k): self.sizes.source("draft", k) for k in range(1, N_MAX + 1)}
         return d
 
 
@@ -360,7 +466,7 @@ def verify_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[floa
 
 def size_sums(rounds: pd.DataFrame, units: np.ndarray | None = None, n_units: int = 1
               ) -> dict[str, np.ndarray] | None:
-    """Per-unit sums for :meth:`SizeCosts.fit` (``float[n_units]`` each; ``units`` maps each round to its unit,
+    """Per-unit sums (the what-if's counts) (``float[n_units]`` each; ``units`` maps each round to its unit,
     None: one unit): ``tv<n>`` / ``cnt<n>`` (verify ms and rounds of size ``n = n_draft + 1``), ``td<k>`` (draft
     ms of rounds drafting ``k``, whose count is ``cnt<k+1>``), ``time`` (draft + verify ms).
     None without timings. Columns ``n_draft``, ``t_draft_ms``, ``t_verify_ms``; a round with either time
@@ -383,37 +489,40 @@ def size_sums(rounds: pd.DataFrame, units: np.ndarray | None = None, n_units: in
     return out
 
 
-def size_costs(sums: Mapping[str, np.ndarray], probe: CostProbe | None, plain: np.ndarray | None) -> SizeCosts:
-    """:meth:`SizeCosts.fit` from :func:`size_sums`-keyed totals (``float[B]`` each)."""
-    sizes = sorted(int(k[3:]) for k in sums if k.startswith("cnt"))
-    return SizeCosts.fit({n: sums[f"tv{n}"] for n in sizes}, {n: sums[f"cnt{n}"] for n in sizes},
-                         {n - 1: sums[f"td{n - 1}"] for n in sizes if n > 1},
-                         {n - 1: sums[f"cnt{n}"] for n in sizes if n > 1}, probe, plain)
+def round_arrays(rounds: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(n_draft int[R], t_draft_ms float[R], t_verify_ms float[R])`` of the rounds (NaN where a time is
+    missing), None without the timing columns."""
+    if "t_draft_ms" not in rounds.columns or "t_verify_ms" not in rounds.columns:
+        return None
+    return (rounds["n_draft"].to_numpy(dtype=np.int64),
+            pd.to_numeric(rounds["t_draft_ms"], errors="coerce").to_numpy(dtype=np.float64),
+            pd.to_numeric(rounds["t_verify_ms"], errors="coerce").to_numpy(dtype=np.float64))
 
 
 def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None, probe: CostProbe | None = None
              ) -> CostModel | None:
     """The cost model from ``n_draft``, ``t_draft_ms``, ``t_verify_ms`` of the rounds and the recorder's
-    ``probe`` (module docstring; :class:`SizeCosts`); None without timings or without a drafting round."""
+    ``probe`` (module docstring; the point values of :class:`SizeCosts`, the one pricing rule); None without
+    timings or without a drafting round."""
     if not len(rounds):
         return None
-    s = size_sums(rounds)
-    if s is None:
-        return None
-    sizes = sorted(int(k[3:]) for k in s if k.startswith("cnt") and s[k][0] > 0)
-    drafted = sum(float(s[f"cnt{n}"][0]) * (n - 1) for n in sizes)
-    if drafted <= 0:
+    arr = round_arrays(rounds)
+    if arr is None:
         return None
     measured = baseline is not None and baseline.measured
-    sc = size_costs(s, probe, np.array([baseline.t_per_token_ms]) if measured else None)
-    verify = {n: float(s[f"tv{n}"][0] / s[f"cnt{n}"][0]) for n in sizes}
-    counts = {n: int(s[f"cnt{n}"][0]) for n in sizes}
-    draft = {n - 1: float(s[f"td{n - 1}"][0] / s[f"cnt{n}"][0]) for n in sizes if n > 1}
+    sc = SizeCosts.from_rounds(*arr, probe=probe, plain=np.array([baseline.t_per_token_ms]) if measured else None)
+    sizes = sorted(n for n, c in sc.count_v.items() if c[0] > 0)
+    drafted = sum(float(sc.count_v[n][0]) * (n - 1) for n in sizes)
+    if drafted <= 0:
+        return None
+    verify = {n: float(sc.med_v[n][0]) for n in sizes}
+    counts = {n: int(sc.count_v[n][0]) for n in sizes}
+    draft = {n - 1: float(sc.med_d[n - 1][0]) for n in sizes if n > 1}
     dcounts = {n - 1: counts[n] for n in sizes if n > 1}
-    t_step = sum(s[f"td{k}"][0] for k in draft) / drafted
-    how = (f"recorded sizes (at least {MIN_SIZE_ROUNDS} rounds) at their mean; "
+    t_step = sum(draft[k] * dcounts[k] for k in draft) / drafted
+    how = (f"recorded sizes (at least {MIN_SIZE_ROUNDS} rounds) at their median; "
            + ("others from the recorder's probe of every size, scaled to this trace" if probe is not None
-              else "others on lines through the recorded means" + (" and the measured plain decoding" if measured else "")))
+              else "others on lines through the recorded medians" + (" and the measured plain decoding" if measured else "")))
     t_plain = baseline.t_per_token_ms if measured else float(sc.verify(1)[0])
     return CostModel(t_step_ms=float(t_step), verify_ms=verify, verify_rounds=counts, v0_ms=float(sc.v_line[0][0]),
                      v1_ms=float(sc.v_line[1][0]), t_plain_ms=float(t_plain),

@@ -23,6 +23,7 @@ from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.analysis.advice import Advice, advise
 from mtpscope.traces.analysis.metrics import totals
 from mtpscope.traces.analysis.positions import positions
+from mtpscope.traces.analysis.timing_quality import timing_quality
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
 from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
@@ -121,11 +122,12 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         """The JSON sections (docs/EXPLAIN.md): ``rejections``, ``by_class``, ``by_class_position``,
         ``by_channel``, ``by_category``, ``drift``, ``what_if`` (list of rows), ``what_if_model``,
-        ``what_if_by_category``, ``recommendation``, ``break_even``, ``candidates``, ``baseline``, ``head``,
-        ``notes``."""
+        ``what_if_by_category``, ``recommendation``, ``break_even``, ``candidates``, ``baseline``,
+        ``timing_quality``, ``head``, ``notes``."""
         wi = self.what_if
         adv = self.advice.to_dict() if self.advice is not None else {"recommendation": None, "break_even": None,
-                                                                     "candidates": None, "baseline": None}
+                                                                     "candidates": None, "baseline": None,
+                                                                     "timing_quality": None}
         return _clean({
             "rejections": self.rejections,
             "by_class": self.by_class,
@@ -260,7 +262,8 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         wi = what_if(rounds, categories=cats, baseline=base,
                      max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
                      probe=CostProbe.from_manifest(manifest))
-        adv = advise(wi)
+        tq = timing_quality(rounds, wi.cost, base, CostProbe.from_manifest(manifest))
+        adv = advise(wi, tq)
         if wi.cost is not None and (base is None or not base.measured):
             notes.append("no plain decoding was measured for these prompts (record --baseline, sweep --baseline): "
                          "speedups are estimated from the price of a one-token verify (the trace's own mean, "

@@ -47,7 +47,7 @@ import pandas as pd
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
 from mtpscope.traces.analysis.costs import (N_MAX, CostModel, CostProbe, PlainBaseline, SizeCosts, fit_cost,
-                                            manifest_baseline, size_costs, size_sums)
+                                            manifest_baseline, round_arrays, size_sums)
 from mtpscope.traces.analysis.metrics import emitted_counts
 from mtpscope.traces.store.protocols import TraceLike
 
@@ -176,6 +176,7 @@ class _Group:
     stats: AM.Stats
     unit_prompt: np.ndarray | None      # units are prompts: the prompt id of each unit, else None (blocks)
     sums: dict[str, np.ndarray]         # per unit: emitted, accepted, drafted, verify; costs.size_sums' keys
+    units: np.ndarray | None = None     # the unit of each round
     own: bool = True                    # fitted on its own rounds (the bootstrap refits it), else the pooled fit
 
     @property
@@ -224,7 +225,7 @@ def _group(name: str, r: pd.DataFrame, n_states: int, K: int,
         params, _, _ = AM.fit(obs, n_states=n_states)
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
     stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
-    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units), own=own)
+    return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units), units, own=own)
 
 
 def _weights(n_units: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
@@ -270,9 +271,9 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     preds = AM.predict_all(params, sorted(set(n_values) | {K}), ends, max_tokens=max_tokens)
     model_k = {"drafted": preds[K].drafted, "verify": preds[K].rounds}
     ratio = {k: ((W @ s[k]) / em_obs) / np.maximum(model_k[k] / max(emitted, 1e-12), 1e-12) for k in model_k}
-    if costs is not None:
-        ratio["time"] = ((W @ s["time"]) / em_obs) / np.maximum(_model_time(costs, preds[K]) / max(emitted, 1e-12),
-                                                                1e-12)
+    if costs is not None:     # the trace's own rounds at the robust prices (not their raw sum: spikes)
+        own_t = costs.trace_time({int(k[3:]) - 1: W @ s[k] for k in s if k.startswith("cnt")})
+        ratio["time"] = (own_t / em_obs) / np.maximum(_model_time(costs, preds[K]) / max(emitted, 1e-12), 1e-12)
     # the acceptance rate is calibrated on the odds (it stays in [0, 1]); accepted = rate x drafted
     rate_obs = _clip01((W @ s["accepted"]) / np.maximum(W @ s["drafted"], 1e-12))
     rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
@@ -302,12 +303,23 @@ def _odds(x: np.ndarray) -> np.ndarray:
 
 
 def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.ndarray], B: int,
-           only: _Group | None = None) -> np.ndarray | None:
+           only: _Group | None = None, rng: np.random.Generator | None = None) -> np.ndarray | None:
     """Plain decoding's ms per token per replicate: paired with the prompts' resample when it was measured
-    per prompt and the units are prompts, else fixed; None when not measured."""
+    per prompt and the units are prompts; else, measured per prompt, a resample of its own prompts (``rng``:
+    its spread enters the intervals too); else fixed. None when not measured."""
     if baseline is None or not baseline.measured:
         return None
     sel = [(g, W) for g, W in zip(groups, Ws, strict=True) if only is None or g is only]
+    if baseline.per_prompt and rng is not None and B > 1 and not all(g.unit_prompt is not None for g, _ in sel):
+        ids = sorted(baseline.per_prompt) if only is None else \
+            [int(p) for p in only.obs.prompt_ids if int(p) in baseline.per_prompt]
+        if len(ids) >= 2:
+            tok = np.array([baseline.per_prompt[p][0] for p in ids], float)
+            ms = np.array([baseline.per_prompt[p][1] for p in ids], float)
+            Wb = _weights(len(ids), B - 1, rng)
+            out = (Wb @ ms) / np.maximum(Wb @ tok, 1e-12)
+            out[0] = baseline.t_per_token_ms if only is None else baseline.for_prompts(ids)
+            return out
     if baseline.per_prompt and all(g.unit_prompt is not None for g, _ in sel):
         tok = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[0] for p in g.unit_prompt], float)
                   for g, W in sel)
@@ -320,24 +332,32 @@ def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.nda
 
 
 def _costs(groups: list[_Group], Ws: list[np.ndarray], probe: CostProbe | None,
-           plain: np.ndarray | None) -> SizeCosts | None:
+           plain: np.ndarray | None, rng: np.random.Generator | None = None) -> SizeCosts | None:
     """Per-replicate round costs over all groups (the categories ran on one machine):
-    :class:`traces.analysis.costs.SizeCosts` of the replicates' sums (a size a group lacks counts 0 there)."""
-    if any("time" not in g.sums for g in groups):
+    :class:`traces.analysis.costs.SizeCosts` of every round weighted by its unit's weight in each replicate
+    (the medians of the resampled rounds), the probe resampled over its repetitions (``rng``)."""
+    arrs = [round_arrays(g.rounds) for g in groups]
+    if any(a is None for a in arrs):
         return None
-    keys = sorted({k for g in groups for k in g.sums if k.startswith(("tv", "td", "cnt"))})
-    B = Ws[0].shape[0]
-    tot = {k: sum((W @ g.sums[k] for g, W in zip(groups, Ws, strict=True) if k in g.sums), np.zeros(B)) for k in keys}
-    return size_costs(tot, probe, plain)
+    nd = np.concatenate([a[0] for a in arrs])
+    td = np.concatenate([a[1] for a in arrs])
+    tv = np.concatenate([a[2] for a in arrs])
+    w = np.concatenate([W[:, g.units].astype(np.int64) for g, W in zip(groups, Ws, strict=True)], axis=1)
+    B = w.shape[0]
+    draws = probe.draws(B, rng) if probe is not None and rng is not None else None
+    return SizeCosts.from_rounds(nd, td, tv, w, probe, plain, draws)
 
 
 def _interval(v: np.ndarray) -> tuple[float, float] | None:
-    """95 % percentile interval of the bootstrap values ``v[1:]`` (None with fewer than two finite ones)."""
+    """95 % percentile interval of the bootstrap values ``v[1:]`` (None with fewer than two finite ones),
+    widened to hold the estimate ``v[0]`` (a median's resamples can all fall on one side of it)."""
     s = v[1:]
     s = s[np.isfinite(s)]
     if len(s) < 2:
         return None
     lo, hi = np.quantile(s, QUANTILES)
+    if math.isfinite(float(v[0])):
+        lo, hi = min(float(lo), float(v[0])), max(float(hi), float(v[0]))
     return float(lo), float(hi)
 
 
@@ -447,8 +467,8 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     rng = np.random.default_rng(seed)
     Ws = [_weights(g.n_units, n_boot, rng) for g in groups]
     B = 1 + n_boot
-    plain = _plain(baseline, groups, Ws, B)
-    costs = _costs(groups, Ws, probe, plain)
+    plain = _plain(baseline, groups, Ws, B, rng=rng)
+    costs = _costs(groups, Ws, probe, plain, rng)
     timed = costs is not None
     cost = fit_cost(rounds, baseline, probe) if timed else None
     if timed and plain is None:
@@ -462,7 +482,7 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     if categories:
         for g, W in zip(groups, Ws, strict=True):
             nd = g.rounds["n_draft"].to_numpy(dtype=np.int64)
-            gp = _plain(baseline, groups, Ws, B, only=g) if timed else None
+            gp = _plain(baseline, groups, Ws, B, only=g, rng=rng) if timed else None
             if timed and gp is None:
                 gp = plain
             gb = None if baseline is None else PlainBaseline(baseline.for_prompts(g.obs.prompt_ids), baseline.source,

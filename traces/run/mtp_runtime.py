@@ -60,6 +60,9 @@ CALIBRATION_STEPS, CALIBRATION_TOKENS = 3, 16
 #: ``traces.analysis.costs.N_MAX``, held equal by tests/test_what_if.py; the worker does not load the
 #: analysis modules), repetitions at most, and the wall seconds after which no new one starts
 PROBE_N_MAX, PROBE_REPS, PROBE_BUDGET_S = 8, 5, 3.0
+#: where a size's repetitions differ by more than PROBE_SPREAD (max / min), the probe adds repetitions, up to
+#: PROBE_MAX_REPS, within PROBE_EXTRA_BUDGET_S more seconds (issue 34: a 2-repetition probe priced a spike)
+PROBE_SPREAD, PROBE_MAX_REPS, PROBE_EXTRA_BUDGET_S = 1.5, 9, 3.0
 
 
 def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
@@ -461,7 +464,9 @@ class MtpRuntime:
         token choice, ``h`` copy and KV removal (``t_verify``), at the position after ``tokens`` (the
         first prompt, cut to fit the context). Sizes are interleaved within each repetition (a drift of the
         machine's speed hits them alike); up to ``reps`` repetitions, at least one, more only while the
-        probe has run under ``budget_s`` seconds. The target's memory is cleared afterwards.
+        probe has run under ``budget_s`` seconds; where a size's repetitions differ by more than
+        ``PROBE_SPREAD`` (a load spike), more, up to ``PROBE_MAX_REPS``, within ``PROBE_EXTRA_BUDGET_S`` more
+        seconds. The target's memory is cleared afterwards.
 
         What it is for: the what-if (:mod:`traces.analysis.costs`) prices the round sizes a recording did
         not run with this curve's shape, scaled to the recording's own costs (llama.cpp's verify time is
@@ -469,7 +474,8 @@ class MtpRuntime:
 
         Returns:
             The manifest's ``cost_probe`` entry: ``verify_ms`` ``{"n": median ms}`` for ``n = 1..n_max + 1``,
-            ``draft_ms`` ``{"k": median ms}`` for ``k = 1..n_max`` (a round's ``k`` drafter steps), ``reps``,
+            ``draft_ms`` ``{"k": median ms}`` for ``k = 1..n_max`` (a round's ``k`` drafter steps),
+            ``verify_reps_ms`` / ``draft_reps_ms`` every repetition's ms (the probe's spread), ``reps``,
             ``pos`` (the position probed), ``seconds`` (the probe's wall time).
 
         Raises:
@@ -490,7 +496,12 @@ class MtpRuntime:
             pending = int(np.argmax(tctx.logits(last)))
             h0 = tctx.nextn(last).copy()
             rep = 0
-            while rep < max(int(reps), 1) and (rep == 0 or perf() - t_start < budget_s):
+            def disagree() -> bool:
+                return any(len(v) >= 2 and min(v) > 0 and max(v) / min(v) > PROBE_SPREAD
+                           for v in (*td.values(), *tv.values()))
+
+            while rep == 0 or (rep < max(int(reps), 1) and perf() - t_start < budget_s) or (
+                    rep < PROBE_MAX_REPS and perf() - t_start < budget_s + PROBE_EXTRA_BUDGET_S and disagree()):
                 for k in range(n_max + 1):
                     t0 = perf()
                     drafted: list[int] = []
@@ -516,6 +527,8 @@ class MtpRuntime:
             self.tctx.clear()
         return {"verify_ms": {str(n): float(np.median(v)) for n, v in tv.items()},
                 "draft_ms": {str(k): float(np.median(v)) for k, v in td.items()},
+                "verify_reps_ms": {str(n): [float(x) for x in v] for n, v in tv.items()},
+                "draft_reps_ms": {str(k): [float(x) for x in v] for k, v in td.items()},
                 "reps": rep, "pos": pos, "seconds": perf() - t_start}
 
     def calibrate(self, tokens: Sequence[int], n_steps: int = CALIBRATION_STEPS) -> list[DraftStep]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.advice import PLAIN, Advice, Candidate, advise_candidates
-from mtpscope.traces.analysis.costs import PlainBaseline, manifest_baseline, rounds_baseline, verify_line
+from mtpscope.traces.analysis.costs import (MIN_SIZE_ROUNDS, PlainBaseline, manifest_baseline, rounds_baseline,
+                                            verify_line)
+from mtpscope.traces.analysis.timing_quality import LOAD_FACTOR
 from mtpscope.traces.analysis.what_if import N_BOOT, QUANTILES, SEED
 from mtpscope.traces.sweep.spec import ALL, BASELINE, is_sweep, read_state
 
@@ -263,10 +266,59 @@ def advise_sweep(sw: Any, *, n_boot: int = N_BOOT, seed: int = SEED) -> Advice:
                              baseline=baseline)
 
 
+@dataclass(frozen=True)
+class LoadWarning:
+    """Cells of a sweep that ran under different load (:func:`load_warnings`).
+
+    Attributes:
+        n: the verify size compared (1: a plain decode step, the baseline's every token).
+        slow / fast: the cells (``assistant/n_draft/shard``) with the highest and lowest median.
+        slow_ms / fast_ms: their medians (ms). ratio: ``slow_ms / fast_ms``. words: one sentence.
+    """
+
+    n: int
+    slow: str
+    fast: str
+    slow_ms: float
+    fast_ms: float
+    ratio: float
+    words: str
+
+
+def load_warnings(sw: Any, factor: float = LOAD_FACTOR) -> list[LoadWarning]:
+    """Verify sizes whose median ``t_verify_ms`` differs by more than ``factor`` between the sweep's cells
+    (each task: assistant, n_draft, shard; the baseline's rounds are verifies of 1 token), over cells with at
+    least ``MIN_SIZE_ROUNDS`` rounds of that size. A verify of ``n`` tokens costs the same whatever the
+    configuration, so a gap is load (docs/SWEEP.md): the cells' speeds are not comparable."""
+    try:
+        df = sw.sql("SELECT assistant, n_draft, shard, round_n_draft + 1 AS n, median(t_verify_ms) AS ms, "
+                    "count(*) AS c FROM rounds WHERE t_verify_ms IS NOT NULL GROUP BY ALL")
+    except Exception:   # noqa: BLE001 -- a sweep without rounds yet: nothing to compare
+        return []
+    out = []
+    df = df[(df["c"] >= MIN_SIZE_ROUNDS) & (df["ms"] > 0)]
+    for n, g in df.groupby("n"):
+        if len(g) < 2:
+            continue
+        hi, lo = g.loc[g["ms"].idxmax()], g.loc[g["ms"].idxmin()]
+        ratio = float(hi["ms"] / lo["ms"])
+        if ratio > factor:
+            name = lambda r: f"{r['assistant']}/n_draft={int(r['n_draft'])}/shard={int(r['shard'])}"  # noqa: E731
+            out.append(LoadWarning(int(n), name(hi), name(lo), float(hi["ms"]), float(lo["ms"]), ratio,
+                                   f"cells ran under different load: a verify of {int(n)} token{'s' if n > 1 else ''} "
+                                   f"took {float(hi['ms']):.2f} ms (median) in {name(hi)} and {float(lo['ms']):.2f} ms "
+                                   f"in {name(lo)}, {ratio:.2f}× (over {factor:g}×); compare speeds only from "
+                                   "cells recorded under the same load (more shards interleave them)"))
+    return out
+
+
 def sweep_advice_dict(sw: Any) -> dict[str, Any]:
-    """:func:`advise_sweep` as the JSON keys ``recommendation``, ``break_even``, ``candidates``, ``baseline``."""
-    return advise_sweep(sw).to_dict()
+    """:func:`advise_sweep` as the JSON keys ``recommendation``, ``break_even``, ``candidates``, ``baseline``,
+    and ``load_warnings`` (:func:`load_warnings`, as dicts)."""
+    d = advise_sweep(sw).to_dict()
+    d["load_warnings"] = [asdict(w) for w in load_warnings(sw)]
+    return d
 
 
-__all__ = ["ALL", "advise_sweep", "explain_with_baseline", "per_prompt", "sweep_advice_dict", "sweep_of",
+__all__ = ["ALL", "LoadWarning", "advise_sweep", "load_warnings", "explain_with_baseline", "per_prompt", "sweep_advice_dict", "sweep_of",
            "trace_baseline", "trace_categories", "verify_costs"]

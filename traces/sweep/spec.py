@@ -136,6 +136,17 @@ def read_prompt_set(path: str | os.PathLike[str], *, category_field: str = CATEG
     return tuple(out)
 
 
+#: ``sweep``'s default shard count (at most the number of prompts): several shards interleave every cell in
+#: time, so a change of load hits them alike (issue 34: one shard ran n_draft 1 at 0.104x against n_draft 3's
+#: 0.425x, pure load)
+DEFAULT_SHARDS = 4
+
+
+def default_shards(n_prompts: int) -> int:
+    """``min(DEFAULT_SHARDS, n_prompts)``, at least 1: the shard count of a sweep run without ``--shards``."""
+    return max(1, min(DEFAULT_SHARDS, int(n_prompts)))
+
+
 def prompt_set_note(prompts: Sequence[SweepPrompt]) -> str | None:
     """The one-line note of :func:`traces.run.prompts.category_note` for a prompt set: no prompt has a
     category (all :data:`DEFAULT_CATEGORY`) but every prompt carries a field that looks like one."""
