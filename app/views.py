@@ -280,11 +280,14 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
 
 def recommendation_label(rec: dict | None) -> str:
     """A recommendation (``Recommendation.to_dict()``) in two or three words: ``plain decoding``,
-    ``n_draft 3``, ``q8 n_draft 3``, ``… (tie)``; ``—`` without one, ``too few rounds`` below the minimum."""
+    ``n_draft 3``, ``q8 n_draft 3``, ``… (tie)``; ``—`` without one, ``too few rounds`` below the minimum,
+    ``cannot tell (timings disturbed)`` when the timing-quality check withheld it (``cannot_tell``)."""
     if not rec:
         return "—"
     c = rec.get("choice")
     if c is None:
+        if rec.get("cannot_tell"):
+            return "cannot tell (timings disturbed)"
         return "too few rounds" if "too few" in (rec.get("reason") or "") else "—"
     who = f"{rec['assistant']} " if rec.get("assistant") else ""
     label = "plain decoding" if c == "plain" else f"{who}n_draft {c}"

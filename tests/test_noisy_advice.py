@@ -291,3 +291,27 @@ def test_an_extrapolated_n_draft_is_labelled_in_the_advice() -> None:
     cands = {c["choice"]: c for c in adv.to_dict()["candidates"]["all"]}
     assert cands[1]["extrapolated"] is False and all(cands[n]["extrapolated"] for n in range(2, 9))
     assert [c.label() for c in adv.candidates[:3]] == ["plain decoding", "n_draft 1", "n_draft 2 (extrapolated)"]
+
+
+def test_the_recorded_row_names_the_measured_rate_beside_the_median_price() -> None:
+    # the recorded row prices rounds at their medians; report's tokens/s takes every round at its own time:
+    # both are printed at the recorded row, so the two numbers never stand unexplained side by side
+    from mtpscope.traces.analysis.metrics import timing
+
+    r = _trace()
+    r.loc[r.index[::10], "t_verify_ms"] = 400.0                          # 10 % slow rounds
+    w = what_if(r, baseline=PlainBaseline(25.0, "manifest", "test"), n_boot=20)
+    # by hand: emitted tokens / (draft + verify) seconds over every round, spikes included
+    emitted = float((r["n_accepted"] + 1).sum())
+    by_hand = emitted / ((r["t_draft_ms"].sum() + r["t_verify_ms"].sum()) / 1000.0)
+    assert w.measured_tokens_per_s == pytest.approx(by_hand) == pytest.approx(timing(r)["tokens_per_s"])
+    assert w.to_dict()["measured_tokens_per_s"] == w.measured_tokens_per_s
+    assert w.row(3).tokens_per_s > 1.5 * by_hand                        # the median price leaves the spikes out
+
+
+def test_the_app_label_of_a_withheld_recommendation() -> None:
+    from mtpscope.app.views import recommendation_label
+
+    assert recommendation_label({"choice": None, "cannot_tell": True, "reason": "x"}) == \
+        "cannot tell (timings disturbed)"
+    assert recommendation_label({"choice": None, "reason": "too few rounds to tell"}) == "too few rounds"

@@ -21,10 +21,16 @@ def format_advice(d: dict[str, Any]) -> list[str]:
     rec = d.get("recommendation")
     if not rec:
         return []
-    out = ["", f"Recommendation: {_choice(rec)}{' (a tie)' if rec.get('tie') else ''}", f"  {rec['reason']}"]
+    out = ["", f"Recommendation: {_choice(rec)}{' (a tie)' if rec.get('tie') else ''}"]
     tq = d.get("timing_quality")
+    words = tq.get("words", "") if tq else ""
+    if rec.get("cannot_tell") and words and words in rec["reason"]:
+        # the reason quotes the timing-quality evidence: print it once, as the timing quality line
+        out.append(f"  {rec['reason'].replace(words, 'the timings are disturbed (below)')}")
+    else:
+        out.append(f"  {rec['reason']}")
     if tq:
-        out.append(f"  timing quality: {'DISTURBED, ' if tq.get('disturbed') else ''}{tq.get('words', '')}")
+        out.append(f"  timing quality: {'DISTURBED, ' if tq.get('disturbed') else ''}{words}")
     for w in d.get("load_warnings") or []:
         out.append(f"  load warning: {w['words'] if isinstance(w, dict) else w}")
     for cat, r in (rec.get("by_category") or {}).items():

@@ -34,7 +34,7 @@ def _f(v: Any, spec: str = ".3f") -> str:
 
 
 def _cost_lines(c: dict[str, Any]) -> list[str]:
-    """The round costs as the what-if prices them (``*``: the trace's own mean)."""
+    """The round costs as the what-if prices them (``*``: the trace's own median)."""
     pr = c["priced"]
 
     def sizes(key: str, own: list[int]) -> str:
@@ -49,7 +49,7 @@ def _cost_lines(c: dict[str, Any]) -> list[str]:
                   else ""))
     else:
         how = "other sizes on lines through the trace's means (no usable probe in this trace)"
-    return [f"  costs (ms, * the trace's own mean; {how}):",
+    return [f"  costs (ms, * the trace's own median; {how}):",
             f"    verify of n tokens  {sizes('verify_ms', pr['own_verify'])}",
             f"    k drafter steps     {sizes('draft_ms', pr['own_draft'])}",
             f"    plain decoding {_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})"]
@@ -137,6 +137,8 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
                   "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
         for r in wi:
             mark = " (recorded)" if r["recorded"] else (" (extrapolated)" if r["extrapolated"] else "")
+            if r["recorded"] and m.get("measured_tokens_per_s") is not None:
+                mark = f" (recorded: measured {_f(m['measured_tokens_per_s'], '.1f')} tokens/s at each round's own time)"
             lines.append(f"  {r['n_draft']:7d}  {_fv(r, 'acceptance_rate', '.3f'):<20}  "
                          f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
                          f"{_fv(r, 'speedup', '.2f'):<18}{mark}")

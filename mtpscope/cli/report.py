@@ -70,7 +70,8 @@ def format_report(rep: dict[str, Any]) -> str:
         t = rep["timing_ms"]
         lines.append(f"mean time per round: draft {_fmt(t['t_draft_ms_mean'], '.2f')} ms, "
                      f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms; {_fmt(t.get('tokens_per_s'), '.1f')} tokens/s "
-                     "(emitted tokens / draft + verify time)")
+                     "(emitted tokens / draft + verify time; `explain` prices each round size at its median, which "
+                     "slow rounds do not move)")
     if rep.get("centroid_coverage"):
         c = rep["centroid_coverage"]
         lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of the {plural(c['n_steps'], 'step')} "

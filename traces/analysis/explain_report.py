@@ -266,7 +266,7 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         adv = advise(wi, tq)
         if wi.cost is not None and (base is None or not base.measured):
             notes.append("no plain decoding was measured for these prompts (record --baseline, sweep --baseline): "
-                         "speedups are estimated from the price of a one-token verify (the trace's own mean, "
+                         "speedups are estimated from the price of a one-token verify (the trace's own median, "
                          "or the recorder's probe scaled to the trace, or a line through its verify costs)")
     return Explanation(causes=causes, first_mismatches=fm, rejections=rej, by_class=by_class,
                        by_class_position=by_cp, by_channel=by_channel, by_category=by_cat, what_if=wi,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
 from mtpscope.traces.analysis.costs import (N_MAX, CostModel, CostProbe, PlainBaseline, SizeCosts, fit_cost,
                                             manifest_baseline, round_arrays, size_sums)
-from mtpscope.traces.analysis.metrics import emitted_counts
+from mtpscope.traces.analysis.metrics import emitted_counts, timing
 from mtpscope.traces.store.protocols import TraceLike
 
 N_BOOT = 200
@@ -118,6 +118,10 @@ class WhatIf:
         by_category: ``{category: WhatIf}`` (categories of the manifest), empty without categories.
         samples: ``{"tokens_per_s": float[B, n_max], "speedup": float[B, n_max], ...}``: the bootstrap
             values behind the intervals (not in JSON).
+        measured_tokens_per_s: the trace's own tokens/s at the recorded n_draft as ``report`` measures it
+            (:func:`traces.analysis.metrics.timing`: emitted tokens / draft + verify time, every round at its own
+            time); the recorded row's ``tokens_per_s`` prices each round size at its median instead (docs/EXPLAIN.md
+            §4), so the two differ by what slow rounds cost. None without timings, and per category.
     """
 
     rows: tuple[WhatIfRow, ...]
@@ -132,6 +136,7 @@ class WhatIf:
     calibration: dict[str, float]
     by_category: dict[str, WhatIf] = field(default_factory=dict)
     samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    measured_tokens_per_s: float | None = None
 
     def row(self, n_draft: int) -> WhatIfRow:
         return self.rows[int(n_draft) - 1]
@@ -145,7 +150,8 @@ class WhatIf:
                 "cost": None if self.cost is None else self.cost.to_dict(),
                 "baseline": None if self.baseline is None else self.baseline.to_dict(),
                 "model": self.model, "calibration": self.calibration,
-                "by_category": {c: w.to_dict() for c, w in self.by_category.items()}}
+                "by_category": {c: w.to_dict() for c, w in self.by_category.items()},
+                "measured_tokens_per_s": self.measured_tokens_per_s}
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -494,9 +500,11 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     model = _model_dict(pooled, max_tokens=int(max_tokens),
                         extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
                         per_category=bool(categories))
-    return _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
-                   n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
-                   resampled=resampled, by_category=by_cat)
+    est = _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
+                  n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
+                  resampled=resampled, by_category=by_cat)
+    measured = timing(rounds) if timed else None
+    return replace(est, measured_tokens_per_s=None if measured is None else measured.get("tokens_per_s"))
 
 
 def baseline_ms(manifest: Mapping[str, Any]) -> float | None:
