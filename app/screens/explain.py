@@ -144,6 +144,10 @@ with guard("explanation"):
     if rec:
         (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
             f"**{views.recommendation_label(rec)}** — {rec['reason']}")
+    tq = d.get("timing_quality")
+    if tq:
+        st.caption(f"Timing quality: {'**disturbed**, ' if tq.get('disturbed') else ''}{tq.get('words', '')} "
+                   "(docs/EXPLAIN.md §4).")
     if wi:
         plain = ((d.get("candidates") or {}).get("all") or [{}])[0].get("tokens_per_s")
         st.plotly_chart(charts.what_if_figure(wi, best, plain=plain), key=sel.EXP_WHAT_IF, width="stretch")
