@@ -37,6 +37,7 @@ from mtpscope.traces.diagnose import behaviour, files, published, rank, referenc
 from mtpscope.traces.diagnose.records import (
     ERROR, HIGH, INFO, MEDIUM, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef,
 )
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
 #: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.
 DIAGNOSIS_FILE, TRACE_DIR, REPLAY_DIR, REFERENCE_DIR = "diagnosis.json", "trace", "replay", "reference"
@@ -140,7 +141,7 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
              trace: str | os.PathLike[str] | None = None, prompts: Sequence[Any] | None = None,
              prompts_file: str | os.PathLike[str] | None = None, reference_hf: str | os.PathLike[str] | None = None,
              reference_assistant: str | os.PathLike[str] | None = None,
-             centroids: str | os.PathLike[str] | None = None, n_draft: int = 3,
+             centroids: str | os.PathLike[str] | None = None, n_draft: int = DEFAULT_N_DRAFT,
              max_tokens: int = MAX_TOKENS, out: str | os.PathLike[str] | None = None, replay: bool = True,
              replay_prompts: int = variants.N_PROMPTS, rounds_per_prompt: int = variants.ROUNDS_PER_PROMPT,
              command: Sequence[str] | None = None, on_step: Callable[[str, str], None] | None = None,

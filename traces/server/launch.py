@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mtpscope.errors import ServerError
 from mtpscope.traces.server.build import server_path
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 from mtpscope.traces.server.client import ServerClient
 
 HOST = "127.0.0.1"
@@ -44,7 +45,7 @@ def free_port(host: str = HOST) -> int:
 
 
 def server_argv(binary: str | os.PathLike[str], target: str | os.PathLike[str],
-                assistant: str | os.PathLike[str] | None, *, n_draft: int = 3, port: int,
+                assistant: str | os.PathLike[str] | None, *, n_draft: int = DEFAULT_N_DRAFT, port: int,
                 extra: Sequence[str] = ()) -> list[str]:
     """The llama-server command line (see the module docstring)."""
     argv = [os.fspath(binary), "-m", os.fspath(target)]
@@ -106,7 +107,7 @@ def _log_tail(log: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:])[:400]
 
 
-def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | None = None, *, n_draft: int = 3,
+def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | None = None, *, n_draft: int = DEFAULT_N_DRAFT,
            port: int | None = None, extra: Sequence[str] = (), log: str | os.PathLike[str] | None = None,
            binary: str | os.PathLike[str] | None = None, wait_s: float = 180.0) -> LaunchedServer:
     """Start llama-server (see the module docstring) and wait until ``/health`` answers ok.
