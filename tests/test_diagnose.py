@@ -285,7 +285,8 @@ def test_a_trace_with_a_missing_or_unreadable_part_is_refused_naming_it(demo_dir
         else:
             part.write_bytes(part.read_bytes()[:200])
         before = sorted((p.relative_to(tr), p.stat().st_size) for p in tr.rglob("*") if p.is_file())
-        r = CliRunner().invoke(app, ["diagnose", "--trace", str(tr), "--no-replay", "-q"])
+        r = CliRunner().invoke(app, ["diagnose", "--trace", str(tr), "--no-replay", "-q",
+                                     "--out", str(tmp_path / f"out-{table}")])   # not ./mtpscope-diagnose
         lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("[")]
         assert r.exit_code == 2, r.output
         assert len(lines) == 1 and str(part) in lines[0] and "cannot be read" in lines[0], r.output
