@@ -105,6 +105,21 @@ GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in _TABLE}
 """Known ggml types by name (``"Q8_0"``)."""
 
 
+_K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+             "IQ1_M", "IQ4_XS", "TQ1_0", "TQ2_0")
+#: ggml-cpu's ``type_traits_cpu[type].vec_dot_type`` (ggml/src/ggml-cpu/ggml-cpu.c of the llama.cpp that
+#: llama-cpp-python 0.3.36 vendors): what a matrix product with a weight of this ggml type converts its F32
+#: activations to before the dot products. The same on every x86 path (the AVX2 / AVX-512 vec_dot, llamafile's
+#: tinyBLAS, the AVX2 repack, AMX's ``GGML_DISPATCH_QTYPES``): they differ in summation order, not in what
+#: they round. F32 weights (and any type not listed) keep F32 activations.
+VEC_DOT_TYPES: dict[str, str] = {
+    "F16": "F16", "BF16": "BF16",
+    **{t: "Q8_0" for t in ("Q1_0", "Q2_0", "Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4", "IQ4_NL")},
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    **{t: "Q8_K" for t in _K_QUANTS},
+}
+
+
 def type_info(type_id: int) -> GGMLType:
     """The :class:`GGMLType` of ``type_id``; an ``"unknown type N"`` record (sizes None) if not known."""
     t = GGML_TYPES.get(type_id)

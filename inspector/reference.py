@@ -53,6 +53,7 @@ import numpy as np
 
 from mtpscope.errors import LayoutError, ReferenceDrafterError
 from mtpscope.inspector.centroids import CENTROID_NAMES, ORDERING_NAMES
+from mtpscope.inspector.ggml_types import GGML_TYPES_BY_NAME, VEC_DOT_TYPES
 from mtpscope.inspector.layouts import read_hparams
 
 # --------------------------------------------------------------------------------------------------
@@ -370,23 +371,6 @@ def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (x @ w.T).astype(np.float32, copy=False)
 
 
-_K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
-             "IQ1_M", "IQ4_XS", "TQ1_0", "TQ2_0")
-#: ggml-cpu's ``type_traits_cpu[type].vec_dot_type`` (ggml/src/ggml-cpu/ggml-cpu.c of the llama.cpp that
-#: llama-cpp-python 0.3.36 vendors): what a matrix product with a weight of this ggml type converts its F32
-#: activations to before the dot products. The same on every x86 path (the AVX2 / AVX-512 vec_dot, llamafile's
-#: tinyBLAS, the AVX2 repack, AMX's ``GGML_DISPATCH_QTYPES``): they differ in summation order, not in what
-#: they round. F32 weights (and any type not listed) keep F32 activations.
-VEC_DOT_TYPES: dict[str, str] = {
-    "F16": "F16", "BF16": "BF16",
-    **{t: "Q8_0" for t in ("Q1_0", "Q2_0", "Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4", "IQ4_NL")},
-    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
-    **{t: "Q8_K" for t in _K_QUANTS},
-}
-#: block length along the dot product of each activation type (``QK8_0``, ``QK8_1``, ``QK_K``)
-_ACT_BLOCK = {"Q8_0": 32, "Q8_1": 32, "Q8_K": 256}
-
-
 def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
     """``x`` ``(R, n)`` as ggml-cpu hands it to the dot products of a matrix product whose weight has
     ``vec_dot_type`` ``act_type`` (:data:`VEC_DOT_TYPES`), dequantized back to float32.
@@ -408,7 +392,7 @@ def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
         u = x.view(np.uint32).astype(np.uint64)
         u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
         return u.astype(np.uint32).view(np.float32).reshape(x.shape)
-    qk = _ACT_BLOCK.get(act_type or "")
+    qk = GGML_TYPES_BY_NAME[act_type].block_size if act_type in ("Q8_0", "Q8_1", "Q8_K") else None
     if qk is None or x.shape[-1] % qk:
         return x
     b = x.reshape(*x.shape[:-1], x.shape[-1] // qk, qk)
@@ -880,6 +864,6 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
 
 __all__ = [
     "DonorKV", "DrafterHParams", "DrafterWeights", "LayerWeights", "ReferenceDrafter", "ReferenceDrafterError",
-    "StepOptions", "StepResult", "VEC_DOT_TYPES", "attention", "centroid_head", "gelu_tanh", "rms_norm",
+    "StepOptions", "StepResult", "attention", "centroid_head", "gelu_tanh", "rms_norm",
     "rope_neox", "round_activations", "visible",
 ]

@@ -10,7 +10,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from mtpscope.inspector.reference import VEC_DOT_TYPES, StepOptions, round_activations
+from mtpscope.inspector.ggml_types import VEC_DOT_TYPES
+from mtpscope.inspector.reference import StepOptions, round_activations
 from mtpscope.traces.diagnose.variants import divergence_finding
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
 from mtpscope.traces.run.replay import BASELINE_CPU, BASELINE_GPU

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.inspector.reference import GELUS, HIDDENS, POSITIONS, VEC_DOT_TYPES, StepOptions
+from mtpscope.inspector.ggml_types import VEC_DOT_TYPES
+from mtpscope.inspector.reference import GELUS, HIDDENS, POSITIONS, StepOptions
 from mtpscope.traces.analysis.align import bootstrap_delta
 from mtpscope.traces.diagnose.records import ERROR, HIGH, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR

@@ -389,12 +389,11 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
             kv_all = pre.kv_before(int(P.max()) if len(P) else 0, f16=o.kv_f16)
             drafts = [[] for _ in recs]
             summ: list[list[LogitSummary]] = [[] for _ in recs]
-            num = numerics_options(o)
-            num_later = replace(num, hidden="postnorm")
-            if name == "baseline" and o.kv_f16 != num.kv_f16:
-                kv_num = pre.kv_before(int(P.max()) if len(P) else 0, f16=num.kv_f16)
-            else:
-                kv_num = kv_all
+            if name == "baseline":  # the numerics pass (numerics_options) runs beside the baseline only
+                num = numerics_options(o)
+                num_later = replace(num, hidden="postnorm")
+                kv_num = kv_all if o.kv_f16 == num.kv_f16 else pre.kv_before(int(P.max()) if len(P) else 0,
+                                                                              f16=num.kv_f16)
             for c0 in range(0, len(recs), chunk):
                 rows = np.arange(c0, min(c0 + chunk, len(recs)))
                 tok = np.array([int(recs[i].pending_token) for i in rows], dtype=np.int64)
