@@ -255,7 +255,9 @@ def _values_equal(va: Any, vb: Any) -> bool:
         return va.to_list() == vb.to_list()
 
 
-def _row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row ``||x - y||_2 / max(||x||_2, ||y||_2)`` in float64 (0 where both rows are zero; at most 2): the
+    relative error the sampled comparison reports. Shapes: ``(n_rows, ...)`` each, rows flattened."""
     x = x.reshape(x.shape[0], -1).astype(np.float64)
     y = y.reshape(y.shape[0], -1).astype(np.float64)
     num = np.linalg.norm(x - y, axis=1)
@@ -434,7 +436,7 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
                 xa = np.stack([np.asarray(fa.tensor_data(na, rows=int(i)), dtype=np.float64) for i in idx])
                 ya = np.stack([np.asarray(fb.tensor_data(nb, rows=int(i)), dtype=np.float64) for i in idx])
                 sampled = len(idx)
-            rel = _row_rel_err(xa, ya)
+            rel = row_rel_err(xa, ya)
             vals.append(ValueDiff(na if na == nb else f"{na} | {nb}", sampled, total, float(rel.max()),
                                   float(rel.mean()), bool(np.array_equal(xa, ya))))
     return GGUFDiff(str(getattr(fa, "path", a)), str(getattr(fb, "path", b)), added, removed, changed,

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from mtpscope.inspector.diff import row_rel_err
 from mtpscope.traces.analysis.align import bootstrap_delta
 from mtpscope.traces.diagnose.files import EFFECT_WORDS, cause_of, effect
 from mtpscope.traces.diagnose.records import ERROR, HIGH, INFO, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
@@ -149,9 +150,7 @@ def _rows(f: Any, name: str, idx: np.ndarray | None) -> np.ndarray:
 
 def _rel_max(x: np.ndarray, y: np.ndarray) -> float:
     """The largest row relative error ``||x - y|| / max(||x||, ||y||)`` (0 for two zero rows)."""
-    num = np.linalg.norm(x - y, axis=1)
-    den = np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1))
-    return float(np.divide(num, den, out=np.zeros_like(num), where=den > 0).max()) if len(num) else 0.0
+    return float(row_rel_err(x, y).max()) if len(x) else 0.0
 
 
 def _partner(name: str) -> tuple[str, str] | None:
