@@ -175,7 +175,7 @@ def _typed(name: str, kind: str, v: Any) -> Any:
 def _check(c: RecordConfig) -> None:
     """The rules of :class:`RecordConfig` (the first broken one raises)."""
     if not 1 <= c.n_draft <= MAX_N_DRAFT:
-        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
+        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is {DEFAULT_N_DRAFT}; far more "
                          "drafts than a verify batch holds is a mistake)", key="n_draft",
                          expected=f"1..{MAX_N_DRAFT}", actual=c.n_draft)
     for name in ("max_tokens", "n_top", "flush_every"):
