@@ -27,6 +27,7 @@ from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
 from mtpscope.inspector.gguf import GGUFFile, GGUFLike, open_gguf
 from mtpscope.inspector.inventory import DRAFTER_KINDS, Inventory, build_inventory
+from mtpscope.inspector.layouts import ARCH_TARGET
 from mtpscope.inspector.validate import verify
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ def _remote_summary(url: str) -> RemoteSummary:
     f = _remote(url)
     n_requests, n_bytes = request_totals(f) or (0, 0)
     return RemoteSummary(f, build_inventory(f), verify(f),
-                         run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == "gemma4" else None,
+                         run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == ARCH_TARGET else None,
                          n_requests, n_bytes)
 
 

@@ -50,15 +50,17 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.inspector.layouts import (ARCH_FORK, FORK_CENTROIDS, FORK_ORDERING, UPSTREAM_MASKED_CENTROIDS,
+                                        UPSTREAM_MASKED_ORDERING)
 
 #: Default number of centroids kept when the source does not say (Gemma 4 E2B / E4B configs use 32).
 DEFAULT_TOP_K = 32
 
 #: Known names of the centroid matrix and the token ordering, preferred first: the fork's, upstream's masked
 #: names, other converters' spellings, the HF names. THE one list (the reference drafter uses it too).
-CENTROID_NAMES = ("mtp.centroids.weight", "masked_embd_centroids.weight", "mtp_centroids.weight",
+CENTROID_NAMES = (FORK_CENTROIDS, UPSTREAM_MASKED_CENTROIDS, "mtp_centroids.weight",
                   "masked_embedding.centroids.weight")
-ORDERING_NAMES = ("mtp.token_ordering.weight", "mtp.token_ordering", "masked_embd_ordering",
+ORDERING_NAMES = (FORK_ORDERING, "mtp.token_ordering", UPSTREAM_MASKED_ORDERING,
                   "masked_embd_ordering.weight", "mtp_token_ordering.weight", "mtp_token_ordering",
                   "masked_embedding.token_ordering")
 HF_CENTROIDS = "masked_embedding.centroids.weight"
@@ -182,7 +184,7 @@ class CentroidHead:
         path = str(getattr(f, "path", ""))
         if c_name is None or o_name is None:
             raise LayoutError("no centroid head in this file (no centroid matrix / token ordering tensor)",
-                              path=path, key=c_name or o_name or "mtp.centroids.weight")
+                              path=path, key=c_name or o_name or FORK_CENTROIDS)
         ct, ot = f.tensor(c_name), f.tensor(o_name)
         if len(ot.ne) != 1 or ot.type_name not in ("I32", "I64", "I16"):
             raise LayoutError("token ordering must be a 1-D integer tensor", path=path, key=o_name,
@@ -196,7 +198,7 @@ class CentroidHead:
         transposed = ct.ne[1] != n_c and ct.ne[0] == n_c
         m = np.asarray(f.tensor_data(c_name), dtype=np.float32)
         top_k = None
-        for key in (f"{arch}.centroid_top_k", "gemma4_assistant.centroid_top_k"):
+        for key in (f"{arch}.centroid_top_k", f"{ARCH_FORK}.centroid_top_k"):
             v = f.get(key)
             if isinstance(v, int | np.integer) and not isinstance(v, bool):
                 top_k = int(v)

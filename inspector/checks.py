@@ -59,13 +59,7 @@ def read_small(f: Any, name: str) -> np.ndarray | None:
 
 # --- file checks ------------------------------------------------------------------------------------
 
-_FORK_TO_UPSTREAM = {
-    "mtp.pre_projection.weight": "nextn.pre_projection.weight",
-    "mtp.post_projection.weight": "nextn.post_projection.weight",
-    L.FORK_CENTROIDS: L.UPSTREAM_MASKED_CENTROIDS,
-    L.FORK_ORDERING: L.UPSTREAM_MASKED_ORDERING,
-}
-_UPSTREAM_TO_FORK = {v: k for k, v in _FORK_TO_UPSTREAM.items()}
+_UPSTREAM_TO_FORK = {v: k for k, v in L.FORK_TO_UPSTREAM.items()}
 
 
 def _required_keys(dialect: str, hp: L.HParams | None) -> list[tuple[str, str]]:
@@ -110,10 +104,10 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     if not arch:
         kv = f.kv.get("general.architecture")
         if kv is None:
-            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", None,
+            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", f"{L.ARCH_FORK} or {L.ARCH_UPSTREAM}", None,
                    "no general.architecture key"))
         elif isinstance(kv.value, str):
-            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "gemma4_assistant or gemma4-assistant", "''",
+            add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", f"{L.ARCH_FORK} or {L.ARCH_UPSTREAM}", "''",
                    "general.architecture is empty"))
         else:
             add(finding(ERROR, "E_ARCH_MISSING", "general.architecture", "a STRING value", kv.type_name,
@@ -125,7 +119,7 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
         d = detect_dialect(f)
         low = arch.lower()
         if d.kind == "other" or "assistant" in low:
-            add(finding(WARNING, "W_ARCH_FOREIGN_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant",
+            add(finding(WARNING, "W_ARCH_FOREIGN_DRAFTER", "general.architecture", f"{L.ARCH_FORK} | {L.ARCH_UPSTREAM}",
                    arch, f"drafter architecture {arch!r} is neither the fork's nor upstream's "
                    f"({'; '.join(d.evidence)}); only generic checks apply and neither runtime loads it"))
             return "other", None, findings
@@ -213,8 +207,8 @@ def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:
                "builds blocks 0..nextn_predict_layers-1)"))
     if dialect == "fork":
         req = key_value(f, f"{arch}.requires_target_arch")
-        if req is not None and req != "gemma4":
-            add(finding(WARNING, "W_KEY_VALUE", f"{arch}.requires_target_arch", "gemma4", req,
+        if req is not None and req != L.ARCH_TARGET:
+            add(finding(WARNING, "W_KEY_VALUE", f"{arch}.requires_target_arch", L.ARCH_TARGET, req,
                    "the drafter declares a target architecture other than gemma4"))
         if hp.use_ordered_embeddings and hp.n_centroids is not None and hp.centroid_top_k is not None:
             if not 1 <= hp.centroid_top_k <= hp.n_centroids:
@@ -251,8 +245,8 @@ def _check_tokenizer(f: Any, hp: L.HParams, add: Any) -> None:
 
 
 def _alt_name_hint(name: str, dialect: str) -> str:
-    if dialect == "upstream" and name in _FORK_TO_UPSTREAM:
-        return f"; this is the fork's name, upstream calls it {_FORK_TO_UPSTREAM[name]}"
+    if dialect == "upstream" and name in L.FORK_TO_UPSTREAM:
+        return f"; this is the fork's name, upstream calls it {L.FORK_TO_UPSTREAM[name]}"
     if dialect == "fork" and name in _UPSTREAM_TO_FORK:
         return f"; this is upstream's name, the fork calls it {_UPSTREAM_TO_FORK[name]}"
     if dialect in ("fork", "upstream") and any(s in name for s in (".attn_k.", ".attn_v.", ".attn_k_norm.")):

@@ -31,7 +31,7 @@ written by :func:`inspector.gguf_write.write_gguf` (shared steps: :mod:`inspecto
 random checkpoints of the tests (:func:`write_tiny_pair`) are written here too.
 
 May import: numpy, mtpscope.errors, inspector.safetensors / hf_checkpoint / hf_config / hf_names / gguf_write /
-convert_common / convert_target.
+convert_common / convert_target / layouts (the architecture and drafter tensor names).
 """
 
 from __future__ import annotations
@@ -49,11 +49,8 @@ from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector import hf_checkpoint
 from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_common import (
-    FORK_ARCH,
     OUTTYPES,
     SIDECAR_ARCH,
-    TARGET_ARCH,
-    UPSTREAM_ARCH,
     ConvertResult,
     common_kv,
     tokenizer_kv_for,
@@ -63,6 +60,7 @@ from mtpscope.inspector.convert_target import convert_target
 from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import gguf_name
+from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM, FORK_CENTROIDS, FORK_ORDERING
 from mtpscope.inspector.safetensors import read_tensors, write_safetensors
 
 DIALECTS = ("upstream", "fork")
@@ -171,14 +169,14 @@ def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list
     ``dialect``: the common keys, then upstream ``embedding_length_out`` / ``nextn_predict_layers`` or the
     fork's ``n_embd_backbone``, ``use_ordered_embeddings``, ``attention.k_eq_v``, ``requires_target_arch`` and,
     with a centroid head, ``n_centroids`` / ``centroid_top_k`` (``general.name`` not included)."""
-    arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
+    arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
     n_bb = int(config.get("backbone_hidden_size", 1536))
     kv = common_kv(arch, hp)
     if dialect == "upstream":
         return kv + [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
     ordered = bool(config.get("use_ordered_embeddings", False))
     kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
-           (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(TARGET_ARCH))]
+           (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(ARCH_TARGET))]
     if ordered:
         kv += [(arch + ".n_centroids", u32(int(config.get("num_centroids", 2048)))),
                (arch + ".centroid_top_k", u32(int(config.get("centroid_intermediate_top_k", 32))))]
@@ -212,11 +210,11 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
             raise LayoutError("use_ordered_embeddings is true but the centroid head is missing", path=where,
                               key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
         order = np.asarray(order).astype(np.int32)
-    arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
+    arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
     kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
     if dialect == "fork" and ordered:
-        g["mtp.centroids.weight"] = cen
-        g["mtp.token_ordering.weight"] = order
+        g[FORK_CENTROIDS] = cen
+        g[FORK_ORDERING] = order
     tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)
     write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
@@ -229,7 +227,7 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
         skv = [("general.name", string("mtpscope-centroid-sidecar")),
                (a + "n_centroids", u32(n_cen)), (a + "centroid_top_k", u32(top_k)),
                (a + "embedding_length", u32(hp.n_embd)), (a + "vocab_size", u32(hp.n_vocab))]
-        write_converted(side, SIDECAR_ARCH, skv, [], {"mtp.centroids.weight": cen, "mtp.token_ordering.weight": order},
+        write_converted(side, SIDECAR_ARCH, skv, [], {FORK_CENTROIDS: cen, FORK_ORDERING: order},
                         outtype)
     return ConvertResult(out=out, kind="drafter", dialect=dialect, arch=arch, n_tensors=len(g), centroids_out=side)
 

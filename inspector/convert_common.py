@@ -32,9 +32,6 @@ from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-UPSTREAM_ARCH = "gemma4-assistant"
-FORK_ARCH = "gemma4_assistant"
-TARGET_ARCH = "gemma4"
 SIDECAR_ARCH = "gemma4-assistant-centroids"
 #: vocabulary size of the real Gemma 4 tokenizer (copied whole; smaller checkpoints get its first tokens)
 N_VOCAB_FULL = GEMMA4_N_VOCAB
@@ -151,5 +148,5 @@ def write_converted(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_
     return write_gguf(path, arch, kv + tok_kv, tensor_values(tensors, outtype))
 
 
-__all__ = ["FORK_ARCH", "N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "TARGET_ARCH", "UPSTREAM_ARCH", "ConvertResult",
+__all__ = ["N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "ConvertResult",
            "common_kv", "ordered", "per_layer_u32", "tensor_values", "tokenizer_kv_for", "write_converted"]

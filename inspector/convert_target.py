@@ -25,7 +25,7 @@ An HF ``Linear`` weight of numpy shape ``(out, in)`` is written as-is (GGUF ``ne
 tensors ``(n_expert, rows, cols)`` likewise (``ne [cols, rows, n_expert]``).
 
 May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_config,
-inspector.hf_names.
+inspector.hf_names, inspector.layouts (``ARCH_TARGET``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import numpy as np
 
 from mtpscope.errors import HFCheckpointError
 from mtpscope.inspector.convert_common import (
-    TARGET_ARCH,
     ConvertResult,
     common_kv,
     ordered,
@@ -48,13 +47,14 @@ from mtpscope.inspector.convert_common import (
 from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import target_gguf_name
+from mtpscope.inspector.layouts import ARCH_TARGET
 
 
 def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
     """The ``gemma4.*`` keys of a target with these hyperparameters (see the module docstring), in the order
     they are written (``general.name`` not included)."""
-    a = TARGET_ARCH + "."
-    kv = [(k, v) for k, v in common_kv(TARGET_ARCH, hp) if k != a + "attention.shared_kv_layers"]
+    a = ARCH_TARGET + "."
+    kv = [(k, v) for k, v in common_kv(ARCH_TARGET, hp) if k != a + "attention.shared_kv_layers"]
     kv.append((a + "attention.shared_kv_layers", u32(hp.shared_kv_layers)))
     kv.append((a + "embedding_length_per_layer_input", u32(hp.n_embd_per_layer)))
     if hp.n_expert:
@@ -122,8 +122,8 @@ def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out
     g = map_target_tensors(tensors, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     kv = [("general.name", string("mtpscope-converted-target"))] + target_kv(hp)
-    write_converted(out, TARGET_ARCH, kv, tokenizer_kv_for(hp.n_vocab, vocab_from), ordered(g), outtype)
-    return ConvertResult(out=out, kind="target", dialect=None, arch=TARGET_ARCH, n_tensors=len(g))
+    write_converted(out, ARCH_TARGET, kv, tokenizer_kv_for(hp.n_vocab, vocab_from), ordered(g), outtype)
+    return ConvertResult(out=out, kind="target", dialect=None, arch=ARCH_TARGET, n_tensors=len(g))
 
 
 __all__ = ["check_target_hparams", "convert_target", "map_target_tensors", "target_kv"]

@@ -33,12 +33,10 @@ from typing import Any
 
 import numpy as np
 
-RENAMES = {
-    "mtp.pre_projection.weight": "nextn.pre_projection.weight",
-    "mtp.post_projection.weight": "nextn.post_projection.weight",
-    "mtp.centroids.weight": "masked_embd_centroids.weight",
-    "mtp.token_ordering.weight": "masked_embd_ordering",
-}
+from mtpscope.inspector.layouts import FORK_TO_UPSTREAM
+
+#: a fork-dialect tensor's upstream name (:data:`inspector.layouts.FORK_TO_UPSTREAM`)
+RENAMES = FORK_TO_UPSTREAM
 
 
 @dataclass(frozen=True)

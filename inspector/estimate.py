@@ -371,7 +371,7 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
         dhp = L.read_hparams(df)
         if dhp.dialect not in ("fork", "upstream"):
             raise LayoutError("the assistant must be a Gemma 4 drafter", path=df.path, key="general.architecture",
-                              expected="gemma4-assistant | gemma4_assistant", actual=df.architecture)
+                              expected=f"{L.ARCH_UPSTREAM} | {L.ARCH_FORK}", actual=df.architecture)
         n = thp.n_layer
         d_n_full = sum(1 for ly in dhp.layers if not ly.sliding)
         d_n_swa = sum(1 for ly in dhp.layers if ly.sliding)

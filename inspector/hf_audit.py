@@ -167,7 +167,7 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
     rows: list[AuditRow] = []
     fs: list[Any] = []
     if dialect not in ("fork", "upstream"):
-        fs.append(finding(WARNING, "H_NOT_DRAFTER", "general.architecture", "gemma4_assistant | gemma4-assistant", arch,
+        fs.append(finding(WARNING, "H_NOT_DRAFTER", "general.architecture", f"{L.ARCH_FORK} | {L.ARCH_UPSTREAM}", arch,
                      "the HF audit maps Gemma 4 assistant checkpoints; names are mapped as upstream's"))
     mapped: set[str] = set()
     cfg_layout: dict[str, Any] = {}

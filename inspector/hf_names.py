@@ -27,12 +27,14 @@ Mapping (docs/reference/gemma4-assistant-facts.md §2; llama.cpp's gguf-py ``ten
   ``masked_embedding.token_ordering`` → ``mtp.centroids.weight`` / ``mtp.token_ordering.weight`` (I32) in the
   fork and **dropped** by the upstream converter.
 
-May import: nothing of mtpscope.
+May import: inspector.layouts (the drafter tensor names).
 """
 
 from __future__ import annotations
 
 import re
+
+from mtpscope.inspector.layouts import FORK_CENTROIDS, FORK_ORDERING, POST_PROJECTION, PRE_PROJECTION
 
 #: per-layer tensors every Gemma 4 block has (drafter and target)
 _LAYER_MAP = {
@@ -86,10 +88,10 @@ PLE_STEMS = ("inp_gate", "proj", "post_norm")
 _GLOBAL_MAP: dict[str, dict[str, str | None]] = {
     "model.embed_tokens.weight": {"fork": "token_embd.weight", "upstream": "token_embd.weight"},
     "model.norm.weight": {"fork": "output_norm.weight", "upstream": "output_norm.weight"},
-    "pre_projection.weight": {"fork": "mtp.pre_projection.weight", "upstream": "nextn.pre_projection.weight"},
-    "post_projection.weight": {"fork": "mtp.post_projection.weight", "upstream": "nextn.post_projection.weight"},
-    "masked_embedding.centroids.weight": {"fork": "mtp.centroids.weight", "upstream": None},
-    "masked_embedding.token_ordering": {"fork": "mtp.token_ordering.weight", "upstream": None},
+    "pre_projection.weight": dict(PRE_PROJECTION),
+    "post_projection.weight": dict(POST_PROJECTION),
+    "masked_embedding.centroids.weight": {"fork": FORK_CENTROIDS, "upstream": None},
+    "masked_embedding.token_ordering": {"fork": FORK_ORDERING, "upstream": None},
     "lm_head.weight": {"fork": "output.weight", "upstream": None},
 }
 _DROP_REASON = {

@@ -42,16 +42,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from mtpscope.inspector.gguf import GGUFLike, TensorInfo
+from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM
 
 COMPONENTS: tuple[str, ...] = (
     "token_embd", "projection", "centroid_head", "token_ordering", "output_norm", "output", "rope_freqs",
     "attention", "feed_forward", "norm", "layer_scale", "moe_experts", "per_layer_embd", "other",
 )
 """Every component name, in display order."""
-
-FORK_ARCH = "gemma4_assistant"
-UPSTREAM_ARCH = "gemma4-assistant"
-TARGET_ARCH = "gemma4"
 
 DIALECT_KINDS = ("fork", "upstream", "target", "other", "unknown")
 #: The dialect kinds of an MTP drafter (under some name).
@@ -275,17 +272,17 @@ def detect_dialect(f: GGUFLike) -> Dialect:
         if nextn:
             evidence.append(f"{len(nextn)} nextn.* tensors ({', '.join(nextn[:3])})")
 
-    if arch == FORK_ARCH:
-        if f"{FORK_ARCH}.n_embd_backbone" in f.kv:
-            evidence.append(f"key {FORK_ARCH}.n_embd_backbone")
+    if arch == ARCH_FORK:
+        if f"{ARCH_FORK}.n_embd_backbone" in f.kv:
+            evidence.append(f"key {ARCH_FORK}.n_embd_backbone")
         families()
         return Dialect("fork", arch, tuple(evidence))
-    if arch == UPSTREAM_ARCH:
-        if f"{UPSTREAM_ARCH}.embedding_length_out" in f.kv:
-            evidence.append(f"key {UPSTREAM_ARCH}.embedding_length_out")
+    if arch == ARCH_UPSTREAM:
+        if f"{ARCH_UPSTREAM}.embedding_length_out" in f.kv:
+            evidence.append(f"key {ARCH_UPSTREAM}.embedding_length_out")
         families()
         return Dialect("upstream", arch, tuple(evidence))
-    if arch == TARGET_ARCH:
+    if arch == ARCH_TARGET:
         families()
         return Dialect("target", arch, tuple(evidence))
     for label, rx in OTHER_PATTERNS:

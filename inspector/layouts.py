@@ -51,6 +51,19 @@ FORK_ORDERING = "mtp.token_ordering.weight"
 UPSTREAM_MASKED_CENTROIDS = "masked_embd_centroids.weight"
 UPSTREAM_MASKED_ORDERING = "masked_embd_ordering"
 
+#: The pre / post projection's tensor name per dialect (``mtp.pre_projection.weight`` /
+#: ``nextn.pre_projection.weight``, ...): THE drafter tensor names every other module takes.
+PRE_PROJECTION: dict[str, str] = {d: f"{p}.pre_projection.weight" for d, p in PROJ_PREFIX.items()}
+POST_PROJECTION: dict[str, str] = {d: f"{p}.post_projection.weight" for d, p in PROJ_PREFIX.items()}
+#: A fork-dialect drafter tensor's upstream name (the projections and the centroid head; the other
+#: tensors carry one name in both dialects).
+FORK_TO_UPSTREAM: dict[str, str] = {
+    PRE_PROJECTION["fork"]: PRE_PROJECTION["upstream"],
+    POST_PROJECTION["fork"]: POST_PROJECTION["upstream"],
+    FORK_CENTROIDS: UPSTREAM_MASKED_CENTROIDS,
+    FORK_ORDERING: UPSTREAM_MASKED_ORDERING,
+}
+
 # Default partial rotary factor of Gemma 4 full-attention layers ("proportional" RoPE), used when no
 # HF config says otherwise (conversion/gemma.py; HF Gemma4TextConfig default).
 DEFAULT_PARTIAL_ROTARY_FACTOR_FULL = 0.25
@@ -436,7 +449,6 @@ def expected_drafter_layout(hp: HParams, dialect: str | None = None) -> tuple[Ex
         key = "n_embd_backbone" if dialect == "fork" else "embedding_length_out"
         raise LayoutError("backbone width unknown", key=f"{hp.arch}.{key}")
     n_embd, n_bb, n_vocab = hp.n_embd, hp.n_embd_backbone, hp.n_vocab
-    pre = PROJ_PREFIX[dialect]
     out: list[ExpectedTensor] = [
         _mat("token_embd.weight", (n_embd, n_vocab), "token_embd", None, "ne = (n_embd, n_vocab)"),
         _vec("output_norm.weight", n_embd, "output_norm", None, "ne = (n_embd,)"),
@@ -444,9 +456,9 @@ def expected_drafter_layout(hp: HParams, dialect: str | None = None) -> tuple[Ex
     if hp.has_full_layer:
         out.append(_vec("rope_freqs.weight", hp.head_dim_full // 2, "rope_freqs", None,
                         "ne = (head_dim_full/2,)"))
-    out.append(_mat(f"{pre}.pre_projection.weight", (2 * n_bb, n_embd), "projection", None,
+    out.append(_mat(PRE_PROJECTION[dialect], (2 * n_bb, n_embd), "projection", None,
                     "ne = (2·n_embd_backbone, n_embd)"))
-    out.append(_mat(f"{pre}.post_projection.weight", (n_embd, n_bb), "projection", None,
+    out.append(_mat(POST_PROJECTION[dialect], (n_embd, n_bb), "projection", None,
                     "ne = (n_embd, n_embd_backbone)"))
     if dialect == "fork" and hp.use_ordered_embeddings:
         n_c = hp.n_centroids or 0

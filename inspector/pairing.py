@@ -39,8 +39,8 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     donors: dict[str, int | None] = {"sliding": None, "full": None}
     donors_hf: dict[str, int | None] = {"sliding": None, "full": None}
     if target.architecture != L.ARCH_TARGET:
-        add(finding(ERROR, "E_PAIR_TARGET_ARCH", "general.architecture", "gemma4", target.architecture,
-               f"the target must be a gemma4 model, found {target.architecture!r}"))
+        add(finding(ERROR, "E_PAIR_TARGET_ARCH", "general.architecture", L.ARCH_TARGET, target.architecture,
+               f"the target must be a {L.ARCH_TARGET} model, found {target.architecture!r}"))
         return Pairing(tpath, False, tuple(fs), donors, donors_hf)
     if hp is None:
         hp = L.read_hparams(drafter)
@@ -51,7 +51,7 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
                e.expected or "present", e.actual, f"target: {e.message}"))
         return Pairing(tpath, False, tuple(fs), donors, donors_hf)
     if hp.n_embd_backbone is not None and thp.n_embd != hp.n_embd_backbone:
-        add(finding(ERROR, "E_PAIR_BACKBONE", "gemma4.embedding_length", hp.n_embd_backbone, thp.n_embd,
+        add(finding(ERROR, "E_PAIR_BACKBONE", f"{L.ARCH_TARGET}.embedding_length", hp.n_embd_backbone, thp.n_embd,
                f"the drafter expects a backbone width of {hp.n_embd_backbone}, the target's "
                f"embedding_length is {thp.n_embd}"))
     _compare_vocab(drafter, target, add)
@@ -72,7 +72,7 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     if thp.shared_kv_layers:
         for kind in ("sliding", "full"):
             if cache[kind] is not None and cache_hf[kind] is not None and cache[kind] != cache_hf[kind]:
-                add(finding(ERROR, "E_PAIR_KV_DONOR", "gemma4.attention.shared_kv_layers", cache_hf[kind],
+                add(finding(ERROR, "E_PAIR_KV_DONOR", f"{L.ARCH_TARGET}.attention.shared_kv_layers", cache_hf[kind],
                        cache[kind], f"with {thp.shared_kv_layers} KV-shared target layers llama.cpp's drafter reads "
                        f"the {kind} cache of target layer {cache[kind]}, HF's reads layer {cache_hf[kind]}"))
     shared = (f"; through the target's {thp.shared_kv_layers} KV-shared layers the caches of layers "
@@ -102,7 +102,7 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     # llama.cpp runs and drafts change (checked: tests/test_runtime_verdicts.py)
     for key, code, sev in (("attention.sliding_window", "W_PAIR_WINDOW", WARNING),
                            ("rope.freq_base", "E_PAIR_ROPE", ERROR), ("rope.freq_base_swa", "E_PAIR_ROPE", ERROR)):
-        a, b = key_value(drafter, f"{hp.arch}.{key}"), key_value(target, f"gemma4.{key}")
+        a, b = key_value(drafter, f"{hp.arch}.{key}"), key_value(target, f"{L.ARCH_TARGET}.{key}")
         if a is not None and b is not None and a != b:
             why = "" if sev == WARNING else "; queries and the target's cached keys are rotated differently"
             add(finding(sev, code, f"{hp.arch}.{key}", b, a, f"{key}: drafter {a}, target {b}{why}"))

@@ -54,7 +54,7 @@ import numpy as np
 from mtpscope.errors import LayoutError, ReferenceDrafterError
 from mtpscope.inspector.centroids import CENTROID_NAMES, ORDERING_NAMES
 from mtpscope.inspector.ggml_types import GGML_TYPES_BY_NAME, VEC_DOT_TYPES
-from mtpscope.inspector.layouts import read_hparams
+from mtpscope.inspector.layouts import FORK_CENTROIDS, POST_PROJECTION, PRE_PROJECTION, read_hparams
 
 # --------------------------------------------------------------------------------------------------
 # constants and options
@@ -753,7 +753,7 @@ class ReferenceDrafter:
         if head == "centroid":
             if w.centroids is None or w.token_ordering is None:
                 raise ReferenceDrafterError("centroid head requested but the drafter has none", path=self.source or None,
-                                     key="mtp.centroids.weight")
+                                     key=FORK_CENTROIDS)
             k = o.top_k or hp.centroid_top_k or 32
             for r in range(R):
                 lg, cids, clog, cand = centroid_head(h_inner[r], w.centroids, w.token_ordering,
@@ -771,9 +771,9 @@ class ReferenceDrafter:
 # --------------------------------------------------------------------------------------------------
 # GGUF hyperparameters (both dialects): inspector.layouts.read_hparams, the one reading of a file's keys
 
-PRE_NAMES = ("nextn.pre_projection.weight", "mtp.pre_projection.weight", "blk.0.nextn.pre_projection.weight",
+PRE_NAMES = (PRE_PROJECTION["upstream"], PRE_PROJECTION["fork"], "blk.0.nextn.pre_projection.weight",
              "mtp_pre_proj.weight", "assistant.pre_projection.weight")
-POST_NAMES = ("nextn.post_projection.weight", "mtp.post_projection.weight", "mtp_post_proj.weight",
+POST_NAMES = (POST_PROJECTION["upstream"], POST_PROJECTION["fork"], "mtp_post_proj.weight",
               "assistant.post_projection.weight")
 #: keys (after ``{arch}.``) the reference needs the file to state; the others fall back to llama.cpp defaults
 REQUIRED_KEYS = ("attention.sliding_window_pattern", "attention.key_length", "attention.sliding_window",

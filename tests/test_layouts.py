@@ -173,3 +173,29 @@ def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_la
     with open_gguf(p) as f, pytest.raises(LayoutError) as e:
         L.read_hparams(f)
     assert e.value.key == f"{arch}.block_count" and e.value.actual == n_layer
+
+
+def test_drafter_tensor_names_have_one_home() -> None:
+    """The projections' names per dialect (llama.cpp's ``src/llama-arch.cpp``: ``nextn.*`` upstream, the fork's
+    ``mtp.*``), and every module that maps fork <-> upstream names takes layouts' table."""
+    from mtpscope.inspector import centroids, checks, diff, hf_names, reference
+
+    assert L.PRE_PROJECTION == {"fork": "mtp.pre_projection.weight", "upstream": "nextn.pre_projection.weight"}
+    assert L.POST_PROJECTION == {"fork": "mtp.post_projection.weight", "upstream": "nextn.post_projection.weight"}
+    assert L.FORK_TO_UPSTREAM == {"mtp.pre_projection.weight": "nextn.pre_projection.weight",
+                                  "mtp.post_projection.weight": "nextn.post_projection.weight",
+                                  "mtp.centroids.weight": "masked_embd_centroids.weight",
+                                  "mtp.token_ordering.weight": "masked_embd_ordering"}
+    assert diff.RENAMES is L.FORK_TO_UPSTREAM and checks.L.FORK_TO_UPSTREAM is L.FORK_TO_UPSTREAM
+    assert centroids.CENTROID_NAMES[:2] == ("mtp.centroids.weight", "masked_embd_centroids.weight")
+    assert reference.PRE_NAMES[:2] == ("nextn.pre_projection.weight", "mtp.pre_projection.weight")
+    assert hf_names.gguf_name("post_projection.weight", "fork") == "mtp.post_projection.weight"
+
+
+def test_demo_spec_architecture_names_equal_layouts() -> None:
+    """``mtpscope.demo.spec`` spells the architecture names itself (it stays numpy-free for the app, and its
+    source is a stamp input of the demo models, so it is not edited to import them): the same values."""
+    from mtpscope.demo import spec
+
+    assert (spec.FORK_ARCH, spec.UPSTREAM_ARCH, spec.TARGET_ARCH) == (L.ARCH_FORK, L.ARCH_UPSTREAM, L.ARCH_TARGET)
+    assert (L.ARCH_FORK, L.ARCH_UPSTREAM, L.ARCH_TARGET) == ("gemma4_assistant", "gemma4-assistant", "gemma4")

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from mtpscope.errors import TraceError
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 from mtpscope.traces.store.writer import TraceWriter
 
 P_FIRST = 0.82
@@ -52,7 +53,7 @@ def write_synthetic_trace(
     *,
     n_rounds: int,
     n_prompts: int = 4,
-    n_draft: int = 3,
+    n_draft: int = DEFAULT_N_DRAFT,
     n_vocab: int = GEMMA4_N_VOCAB,
     n_centroids: int = 2048,
     top_k: int = 32,

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
+from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
-if TYPE_CHECKING:
-    from mtpscope.traces.run.record_config import RecordConfig
+#: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
+_D = RecordConfig()
 
 
 def register(app: typer.Typer) -> None:
@@ -32,35 +33,35 @@ def register(app: typer.Typer) -> None:
         category_field: str = typer.Option(
             "category", "--category-field", help="The prompts file's field that holds each prompt's category."),
         n_draft: int = n_draft_option("Drafts per round (the default is llama.cpp's MTP default)"),
-        max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
-        temp: float = typer.Option(0.0, "--temp", help="Target sampling temperature, finite >= 0 (0 = greedy)."),
-        seed: int = typer.Option(0, "--seed", help="Sampling seed."),
-        top_k: int = typer.Option(40, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
-        top_p: float = typer.Option(1.0, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
-        chat: bool = typer.Option(False, "--chat", help="Apply the GGUF's own chat template to each prompt."),
+        max_tokens: int = typer.Option(_D.max_tokens, "--max-tokens", min=1, help="Generated tokens per prompt at most."),
+        temp: float = typer.Option(_D.temp, "--temp", help="Target sampling temperature, finite >= 0 (0 = greedy)."),
+        seed: int = typer.Option(_D.seed, "--seed", help="Sampling seed."),
+        top_k: int = typer.Option(_D.top_k, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
+        top_p: float = typer.Option(_D.top_p, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
+        chat: bool = typer.Option(_D.chat, "--chat", help="Apply the GGUF's own chat template to each prompt."),
         n_gpu_layers: int = typer.Option(
-            -1, "--n-gpu-layers",
+            _D.n_gpu_layers, "--n-gpu-layers",
             help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
         centroids: Optional[Path] = typer.Option(
             None, "--centroids",
             help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
                  "checkpoint directory (masked_embedding.*)."),
-        hidden: str = typer.Option("f16", "--hidden", help="Store hidden states as f16, f32, or off."),
-        n_top: int = typer.Option(10, "--n-top", min=1, help="Drafter candidates stored per step."),
-        flush_every: int = typer.Option(8, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
-        flash_attn: bool = typer.Option(False, "--flash-attn/--no-flash-attn", help="Flash attention."),
-        threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for llama.cpp."),
+        hidden: str = typer.Option(_D.hidden, "--hidden", help="Store hidden states as f16, f32, or off."),
+        n_top: int = typer.Option(_D.n_top, "--n-top", min=1, help="Drafter candidates stored per step."),
+        flush_every: int = typer.Option(_D.flush_every, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
+        flash_attn: bool = typer.Option(_D.flash_attn, "--flash-attn/--no-flash-attn", help="Flash attention."),
+        threads: Optional[int] = typer.Option(_D.n_threads, "--threads", help="CPU threads for llama.cpp."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
                                        "completes; until then it is written to <out>.partial-<pid>)."),
-        compact: bool = typer.Option(True, "--compact/--no-compact",
+        compact: bool = typer.Option(_D.compact, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
         hidden_target: bool = typer.Option(
-            False, "--hidden-target", help="Also store the target's own hidden state at every verify row "
+            _D.hidden_target, "--hidden-target", help="Also store the target's own hidden state at every verify row "
                                            "(h_target, for drafter drift in `mtpscope explain`)."),
         baseline: bool = typer.Option(
-            False, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
+            _D.baseline, "--baseline", help="First time plain greedy decoding of the same prompts and store it in the "
                                       "manifest (what-if speedups in `mtpscope explain`)."),
         verbose: bool = typer.Option(
             False, "--verbose", "-v",
@@ -73,7 +74,7 @@ def register(app: typer.Typer) -> None:
             True, "--isolate/--in-process",
             help="Run llama.cpp in a worker process (default), so that a crash of llama.cpp keeps the trace."),
         repack: bool = typer.Option(
-            True, "--repack/--no-repack",
+            _D.repack, "--repack/--no-repack",
             help="Let llama.cpp put CPU weights in its extra buffer types (AMX, repacked layouts; its default). "
                  "--no-repack works around llama.cpp 0.3.36 crashing on Gemma 4 MoE targets on AVX-512 / AMX CPUs."),
         capture: str = typer.Option(
@@ -92,7 +93,6 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from mtpscope.traces.run.record_config import CAPTURE_CHOICES
         from mtpscope.traces.run.recorder import record
 
         if capture not in CAPTURE_CHOICES:
@@ -143,7 +143,7 @@ def _config(**kw: Any) -> RecordConfig:
     """The :class:`~mtpscope.traces.run.record_config.RecordConfig` of the flags; a bad value ends the
     command with one line (exit 2): ``--hidden`` in its own words, the others as the config names them."""
     from mtpscope.errors import MtpscopeError
-    from mtpscope.traces.run.record_config import HIDDEN_CHOICES, RecordConfig
+    from mtpscope.traces.run.record_config import HIDDEN_CHOICES
 
     with one_line_errors(EXIT_UNREADABLE):
         try:

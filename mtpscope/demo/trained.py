@@ -37,7 +37,7 @@ import numpy as np
 from mtpscope.cache import sha256_file
 from mtpscope.demo.spec import TRAINED_DATA
 from mtpscope.errors import MtpscopeError
-from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.inspector.layouts import ARCH_UPSTREAM, GEMMA4_N_VOCAB
 
 N_VOCAB = GEMMA4_N_VOCAB  # the trained pair's checkpoints have the whole Gemma 4 vocabulary
 DATA_DIR = TRAINED_DATA  # the one home of the compact checkpoints: mtpscope.demo.spec
@@ -136,14 +136,14 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
 
     src, out = Path(src), Path(out)
     with open_gguf(src) as f:
-        if f.architecture != "gemma4-assistant":
+        if f.architecture != ARCH_UPSTREAM:
             raise LayoutError("not an upstream Gemma 4 drafter", path=src, key="general.architecture",
-                              expected="gemma4-assistant", actual=f.architecture)
+                              expected=ARCH_UPSTREAM, actual=f.architecture)
         kv = {k: v for k, v in f.kv.items() if k.endswith(("rope.freq_base", "rope.freq_base_swa"))}
-        full, swa = kv.get("gemma4-assistant.rope.freq_base"), kv.get("gemma4-assistant.rope.freq_base_swa")
+        full, swa = kv.get(f"{ARCH_UPSTREAM}.rope.freq_base"), kv.get(f"{ARCH_UPSTREAM}.rope.freq_base_swa")
         for k, e in (("rope.freq_base", full), ("rope.freq_base_swa", swa)):
             if e is None or e.type_name != "FLOAT32":
-                raise LayoutError("a RoPE base is missing or not FLOAT32", path=src, key=f"gemma4-assistant.{k}",
+                raise LayoutError("a RoPE base is missing or not FLOAT32", path=src, key=f"{ARCH_UPSTREAM}.{k}",
                                   expected="FLOAT32", actual=None if e is None else e.type_name)
         at = swa.offset + 8 + len(swa.key.encode()) + 4
     tmp = out.with_name(out.name + ".tmp")

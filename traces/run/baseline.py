@@ -28,12 +28,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.store.records import RoundRecord
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
 
 class _TimedContext:
@@ -51,7 +54,7 @@ class _TimedContext:
         return getattr(self._ctx, name)
 
 
-def timed_plain(rtm: Any, tokens: Sequence[int], *, max_tokens: int) -> tuple[list[int], list[float]]:
+def timed_plain(rtm: MtpRuntime, tokens: Sequence[int], *, max_tokens: int) -> tuple[list[int], list[float]]:
     """Greedy plain decoding of ``tokens`` with ``rtm.generate_plain``, timed.
 
     Args:
@@ -102,7 +105,7 @@ class BaselineSummary:
     outputs: tuple[tuple[int, ...], ...]
 
 
-def record_baseline(config: RecordConfig, *, rtm: Any, out: str | os.PathLike[str], prompts: Sequence[str | PromptSpec],
+def record_baseline(config: RecordConfig, *, rtm: MtpRuntime, out: str | os.PathLike[str], prompts: Sequence[str | PromptSpec],
                     overwrite: bool = False, command: Sequence[str] | None = None,
                     on_prompt: Callable[[int, int], None] | None = None) -> BaselineSummary:
     """Plain-decode each prompt with the loaded target of ``rtm`` and write a baseline trace.

@@ -25,7 +25,7 @@ error against the graph's ``result_norm`` (each source's rounding times the solv
 F32 summation noise); the recorder also measures the agreement with the in-graph capture on a few
 calibration steps after every run and writes both to the manifest (``derived``).
 
-Shapes: numpy order. Imports: numpy, mtpscope.errors; lazily mtpscope.cache and inspector.gguf
+Shapes: numpy order. Imports: numpy, mtpscope.errors, inspector.layouts (tensor names); lazily mtpscope.cache and inspector.gguf
 (:func:`cached_solver`: the solve kept in the cache folder per drafter file).
 """
 
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.layouts import POST_PROJECTION as _POST_BY_DIALECT
 
 #: unit roundoff of IEEE binary32 / binary16 / bfloat16 (round to nearest)
 _U32, _U16, _UBF16 = 2.0 ** -24, 2.0 ** -11, 2.0 ** -8
@@ -73,7 +74,8 @@ COND_ALONE = 100.0
 EXACT_NORMS_MAX = 512
 #: token_embd rows taken per n_embd when logits rows are needed, and the blocks they come in
 ROWS_PER_EMBD, ROW_BLOCKS = 2, 16
-POST_PROJECTION = "nextn.post_projection.weight"
+#: the upstream drafter's post projection and embedding (tensor names: :mod:`inspector.layouts`)
+POST_PROJECTION = _POST_BY_DIALECT["upstream"]
 TOKEN_EMBD = "token_embd.weight"
 
 

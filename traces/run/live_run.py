@@ -9,7 +9,7 @@ stops at an end-of-generation token, and keeps each step's fed ``(token, h)`` an
 
 Shapes are numpy order throughout.
 
-Imports: numpy, traces.run.llama.model (inside :func:`live_mtp_run`), traces.ranking.
+Imports: numpy, traces.run.llama.model (inside :func:`live_mtp_run`), traces.ranking, traces.run.record_config (``DEFAULT_N_DRAFT``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.traces.run.ranking import top_k_desc
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LiveRun:
 
 
 def live_mtp_run(target_gguf: str | os.PathLike[str], drafter_gguf: str | os.PathLike[str],
-                 prompt: Sequence[int], *, n_rounds: int = 20, n_draft: int = 3,
+                 prompt: Sequence[int], *, n_rounds: int = 20, n_draft: int = DEFAULT_N_DRAFT,
                  n_threads: int | None = None) -> LiveRun:
     """A greedy MTP loop in llama.cpp (flash attention off), returning every draft step.
 

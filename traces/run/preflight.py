@@ -7,7 +7,7 @@ The run parameters are checked once, where they are built (:class:`traces.run.re
 * :func:`model_info` / :func:`centroid_source_info`: the manifest's ``models`` entries (path, size,
   architecture, dialect, header sha256); also used by the replay to notice a changed model file.
 
-Imports: mtpscope.errors, mtpscope.inspector (gguf, inventory, validate; inside the functions).
+Imports: mtpscope.errors, mtpscope.inspector (gguf, inventory, layouts, validate; inside the functions).
 """
 
 from __future__ import annotations
@@ -114,23 +114,24 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
     from mtpscope.inspector import validate as V  # noqa: PLC0415
     from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT  # noqa: PLC0415
     from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM  # noqa: PLC0415
 
     for p in (target, assistant):
         if not Path(p).is_file():
             raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
     # the target repeats the drafter's tokenizer: its string arrays are compared, not walked a second time
     with open_gguf(assistant) as d, open_gguf(target, like=d) as t:
-        if d.architecture == "gemma4_assistant":
-            raise LayoutError("fork-dialect drafter (gemma4_assistant): llama.cpp's runtime does not load it; "
-                              "record with an upstream gemma4-assistant drafter and pass this file as "
+        if d.architecture == ARCH_FORK:
+            raise LayoutError(f"fork-dialect drafter ({ARCH_FORK}): llama.cpp's runtime does not load it; "
+                              f"record with an upstream {ARCH_UPSTREAM} drafter and pass this file as "
                               "--centroids to compare its centroid head", path=d.path,
-                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
-        if d.architecture != "gemma4-assistant":
-            raise LayoutError("the assistant must be a gemma4-assistant drafter", path=d.path,
-                              key="general.architecture", expected="gemma4-assistant", actual=d.architecture)
-        if t.architecture != "gemma4":
-            raise LayoutError("the target must be a gemma4 model", path=t.path, key="general.architecture",
-                              expected="gemma4", actual=t.architecture)
+                              key="general.architecture", expected=ARCH_UPSTREAM, actual=d.architecture)
+        if d.architecture != ARCH_UPSTREAM:
+            raise LayoutError(f"the assistant must be a {ARCH_UPSTREAM} drafter", path=d.path,
+                              key="general.architecture", expected=ARCH_UPSTREAM, actual=d.architecture)
+        if t.architecture != ARCH_TARGET:
+            raise LayoutError(f"the target must be a {ARCH_TARGET} model", path=t.path, key="general.architecture",
+                              expected=ARCH_TARGET, actual=t.architecture)
         for f in (t, d):
             v = V.upstream_verdict(f)
             if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:

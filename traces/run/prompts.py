@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,29 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
     return specs
 
 
+def prompt_specs(prompts: Sequence[str | PromptSpec] | None, prompt: str | None,
+                 prompts_file: str | os.PathLike[str] | None) -> list[PromptSpec]:
+    """A recording's prompts from exactly one of three sources (:func:`traces.run.recorder.record`'s): texts or
+    :class:`PromptSpec` objects, one text, or a prompts file (:func:`read_prompt_specs`).
+
+    Raises:
+        MtpscopeError: not exactly one source, no prompts, a bad prompts file.
+    """
+    given = [x is not None for x in (prompts, prompt, prompts_file)]
+    if sum(given) != 1:
+        raise MtpscopeError("give exactly one of prompts, prompt, prompts_file", key="prompts",
+                            expected="one source", actual=sum(given))
+    if prompts is not None:
+        specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
+    elif prompt is not None:
+        specs = [PromptSpec(text=prompt)]
+    else:
+        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
+    if not specs:
+        raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
+    return specs
+
+
 def category_note(specs: list[PromptSpec], option: str = "--category-field") -> str | None:
     """One line when no prompt has a category but every prompt carries a field that looks like one
     (:func:`mtpscope.traces.analysis.wording.category_field_note`), else None."""
@@ -256,4 +280,4 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-__all__ = ["CATEGORY_FIELD", "PromptSpec", "category_note", "check_tokens", "read_prompt_specs", "read_prompts"]
+__all__ = ["CATEGORY_FIELD", "PromptSpec", "category_note", "check_tokens", "prompt_specs", "read_prompt_specs", "read_prompts"]

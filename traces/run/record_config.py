@@ -127,27 +127,30 @@ class RecordConfig:
 
     def manifest_params(self, *, centroid_top_k: int | None, n_ctx: int | None, isolated: bool,
                         preflight: bool) -> dict[str, Any]:
-        """The trace manifest's ``params`` object (docs/TRACE_FORMAT.md; key order fixed, as traces have it).
+        """The trace manifest's ``params`` object (docs/TRACE_FORMAT.md; key order fixed, as traces have it):
+        every field in its order, the run's own entries (``n_ctx``, ``greedy``, ``isolated``, ``preflight``)
+        after ``n_threads``.
 
         Args:
-            centroid_top_k: the centroid head's k in use (None without a head).
+            centroid_top_k: the centroid head's k in use (None without a head); it stands for the field.
             n_ctx: the context size (None until the runtime is loaded).
             isolated: llama.cpp runs in a worker process; preflight: the pair was checked before loading.
         """
-        return {"n_draft": self.n_draft, "max_tokens": self.max_tokens, "temp": self.temp, "seed": self.seed,
-                "top_k": self.top_k, "top_p": self.top_p, "chat": self.chat, "n_gpu_layers": self.n_gpu_layers,
-                "centroids": self.centroids, "centroid_top_k": centroid_top_k, "hidden": self.hidden,
-                "n_top": self.n_top, "flush_every": self.flush_every, "compact": self.compact,
-                "flash_attn": self.flash_attn, "n_threads": self.n_threads, "n_ctx": n_ctx, "greedy": self.greedy,
-                "isolated": bool(isolated), "preflight": bool(preflight), "hidden_target": self.hidden_target,
-                "baseline": self.baseline, "graph_capture": self.graph_capture, "repack": self.repack}
+        run = {"n_ctx": n_ctx, "greedy": self.greedy, "isolated": bool(isolated), "preflight": bool(preflight)}
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            out[f.name] = centroid_top_k if f.name == "centroid_top_k" else getattr(self, f.name)
+            if f.name == _RUN_PARAMS_AFTER:
+                out.update(run)
+        return out
 
 
-_KINDS = {"n_draft": _INT, "max_tokens": _INT, "temp": _REAL, "seed": _INT, "top_k": _INT, "top_p": _REAL,
-          "chat": _BOOL, "n_gpu_layers": _INT, "centroids": _OPT_PATH, "centroid_top_k": _OPT_INT,
-          "hidden": _CHOICE, "n_top": _INT, "flush_every": _INT, "compact": _BOOL, "flash_attn": _BOOL,
-          "n_threads": _OPT_INT, "hidden_target": _BOOL, "baseline": _BOOL,
-          "graph_capture": _BOOL, "repack": _BOOL}
+#: the field after which the manifest's ``params`` hold the run's own entries (the order traces have)
+_RUN_PARAMS_AFTER = "n_threads"
+#: each field's kind, read from its annotation (``RecordConfig``'s fields are the one list)
+_KIND_OF_ANNOTATION = {"int": _INT, "float": _REAL, "bool": _BOOL, "int | None": _OPT_INT, "str | None": _OPT_PATH,
+                       "str": _CHOICE}
+_KINDS = {f.name: _KIND_OF_ANNOTATION[str(f.type)] for f in fields(RecordConfig)}
 
 
 def _typed(name: str, kind: str, v: Any) -> Any:
@@ -172,7 +175,7 @@ def _typed(name: str, kind: str, v: Any) -> Any:
 def _check(c: RecordConfig) -> None:
     """The rules of :class:`RecordConfig` (the first broken one raises)."""
     if not 1 <= c.n_draft <= MAX_N_DRAFT:
-        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is 3; far more "
+        raise TraceError(f"n_draft must be in 1..{MAX_N_DRAFT} (llama.cpp's MTP default is {DEFAULT_N_DRAFT}; far more "
                          "drafts than a verify batch holds is a mistake)", key="n_draft",
                          expected=f"1..{MAX_N_DRAFT}", actual=c.n_draft)
     for name in ("max_tokens", "n_top", "flush_every"):

@@ -3,7 +3,8 @@ costs the recorder nothing but the round in progress (and :class:`InProcessRound
 without the process, for an already loaded runtime).
 
 Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
-(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`:
+(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`, every
+message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, read by its attributes):
 
 1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
    notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
@@ -50,15 +51,19 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
 from mtpscope.traces.run.record_config import RecordJob
-from mtpscope.traces.run.packing import pack, unpack
 from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
+from mtpscope.traces.run.worker_protocol import (CALIBRATION, ROUND, Baseline, Event, Go, Hello, ProbeDone, PromptDone,
+                                                 Start, Stop, Stopped, WorkerDone, WorkerError, WorkerRound, decode,
+                                                 encode)
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime
 
 #: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
 #: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
@@ -154,14 +159,14 @@ def _fault_round() -> int | None:
     return int(json.loads(raw)["abort_at_round"])
 
 
-def _instrument(rtm: Any, status: Status) -> None:
+def _instrument(rtm: MtpRuntime, status: Status) -> None:
     """Note every decode of the runtime's two contexts in ``status`` (instance-level wrappers)."""
     for ctx, draft in ((rtm.tctx, False), (rtm.dctx, True)):
         if getattr(ctx, "_mtpscope_status", None) is status:
             continue
         orig = ctx.decode
 
-        def decode(batch: Any, _orig: Any = orig, _draft: bool = draft, _perf: Any = time.perf_counter) -> None:
+        def timed_decode(batch: Any, _orig: Any = orig, _draft: bool = draft, _perf: Any = time.perf_counter) -> None:
             status.on_decode(_draft)
             t0 = _perf()
             try:
@@ -169,19 +174,19 @@ def _instrument(rtm: Any, status: Status) -> None:
             finally:
                 status.decode_seconds += _perf() - t0
 
-        ctx.decode = decode
+        ctx.decode = timed_decode
         ctx._mtpscope_status = status
 
 
-def _error_message(e: BaseException) -> dict[str, Any]:
+def _error_message(e: BaseException) -> WorkerError:
     if isinstance(e, MtpscopeError):
-        return {"kind": "error", "class": type(e).__name__, "message": e.message, "path": e.path,
-                "offset": e.offset, "key": e.key, "expected": None if e.expected is None else str(e.expected),
-                "actual": None if e.actual is None else str(e.actual)}
-    return {"kind": "error", "class": "internal", "message": f"{type(e).__name__}: {e}"}
+        return WorkerError(type(e).__name__, e.message, path=None if e.path is None else os.fspath(e.path),
+                           offset=e.offset, key=e.key, expected=None if e.expected is None else str(e.expected),
+                           actual=None if e.actual is None else str(e.actual))
+    return WorkerError("internal", f"{type(e).__name__}: {e}")
 
 
-def load_runtime(job: RecordJob) -> Any:
+def load_runtime(job: RecordJob) -> MtpRuntime:
     """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
     ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
@@ -191,14 +196,12 @@ def load_runtime(job: RecordJob) -> Any:
                       flash_attn=c.flash_attn, n_threads=c.n_threads, repack=c.repack)
 
 
-def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple[list[list[int]], dict[str, Any]]:
-    """Tokenize the job's prompts, size the context, and (with ``baseline`` and the config's) time plain
-    decoding first (:func:`time_baseline`).
+def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], list[str]]:
+    """Tokenize the job's prompts and size the context.
 
     Returns:
-        ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
-        stands for: the detokenized ids or the rendered chat), and with a baseline ``baseline`` (the
-        manifest entry of :func:`traces.mtp_runtime.time_plain`) and ``plain_outputs``.
+        ``(token lists, texts)``: each prompt's ids and the text it stands for (the detokenized ids or the
+        rendered chat).
 
     Raises:
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
@@ -209,27 +212,34 @@ def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple
     rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
     toks = [list(r[0]) for r in rendered]
     rtm.ensure_context(max(len(t) for t in toks) + c.max_tokens + c.n_draft + 1)
-    extra: dict[str, Any] = {"n_prompt_tokens": [len(t) for t in toks], "prompt_texts": [r[1] for r in rendered]}
-    if baseline:
-        extra.update(time_baseline(rtm, job, toks))
-    return toks, extra
+    return toks, [r[1] for r in rendered]
 
 
-def time_baseline(rtm: Any, job: RecordJob, toks: list[list[int]]) -> dict[str, Any]:
+def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list[str], *, pid: int | None = None,
+             baseline: Baseline | None = None) -> Hello:
+    """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
+    (:func:`prepare_prompts`)."""
+    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+
+    return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
+                 capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
+                 n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline)
+
+
+def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
     """With the config's ``baseline``: plain decoding of the prompts timed
-    (:func:`traces.mtp_runtime.time_plain`) as ``{"baseline": manifest entry, "plain_outputs": ids}``; else
-    ``{}``."""
+    (:func:`traces.mtp_runtime.time_plain`): its manifest entry and outputs; else None."""
     from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
 
     if not job.config.baseline:
-        return {}
+        return None
     plain, entry = time_plain(rtm, toks, job.config)
-    return {"baseline": entry, "plain_outputs": plain}
+    return Baseline(entry, plain)
 
 
 def _wait_go(chan: Channel) -> bool:
-    """After ``hello``: block until the recorder says ``go`` (the pre-flight check passed: True) or ``stop``
-    (refused, or the recorder gave up: False)."""
+    """After ``hello``: block until the recorder says :class:`Go` (the pre-flight check passed: True) or
+    :class:`Stop` (refused, or the recorder gave up: False)."""
     while True:
         got = chan.recv()
         if got is None:
@@ -237,14 +247,12 @@ def _wait_go(chan: Channel) -> bool:
         msg, fds = got
         for fd in fds:
             os.close(fd)
-        kind = msg.get("kind")
-        if kind == "go":
-            return True
-        if kind == "stop":
-            return False
+        said = decode(msg, Go, Stop)
+        if said is not None:
+            return isinstance(said, Go)
 
 
-def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
+def calibration(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Calibration | None:
     """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
     the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
     from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
@@ -254,7 +262,7 @@ def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
     return Calibration(tuple(rtm.calibrate(toks[0])))
 
 
-def cost_probe(rtm: Any, toks: list[list[int]]) -> ProbeDone | None:
+def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
     """The round sizes timed after the loop (:meth:`~traces.mtp_runtime.MtpRuntime.probe_costs` on the first
     prompt), None without prompts."""
     if not toks:
@@ -262,7 +270,7 @@ def cost_probe(rtm: Any, toks: list[list[int]]) -> ProbeDone | None:
     return ProbeDone(rtm.probe_costs(toks[0]))
 
 
-def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
+def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
     defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
     h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target with ``hidden_target``; each array
@@ -277,7 +285,6 @@ def round_bytes(rtm: Any, n_draft: int, *, hidden_target: bool = False) -> int:
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
-    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
 
     status.set("load")
@@ -290,15 +297,13 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
     try:
-        toks, extra = prepare_prompts(rtm, job, baseline=False)
-        chan.send({"kind": "hello", "pid": os.getpid(), "n_vocab": rtm.n_vocab,
-                   "n_embd_backbone": rtm.n_embd_backbone, "n_embd": rtm.n_embd, "n_ctx": rtm.n_ctx,
-                   "capture": rtm.capture is not None, "runtime": runtime_info(c.n_gpu_layers), **extra})
+        toks, texts = prepare_prompts(rtm, job)
+        chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid())))
         if not _wait_go(chan):
             return                                     # the pre-flight check refused the pair: nothing decoded
         base = time_baseline(rtm, job, toks)
-        if base:
-            chan.send({"kind": "baseline", **base})
+        if base is not None:
+            chan.send(encode(base))
         sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
         started_at = time.time()
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
@@ -313,34 +318,34 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
                                  fence=sender.fence)   # the verify rows the sender thread copies
                 try:
                     for res in rounds:
-                        sender.send("round", res, prompt_id=pid)
+                        sender.send(ROUND, res, prompt_id=pid)
                         status.next_round()
                         if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was
                             ggml_abort(f"{FAULT_ENV}: injected abort at round {fault}")  # just queued
                 finally:
                     rounds.close()                     # frees the prompt's sampler now
                 sender.check_stop()
-                chan.send({"kind": "prompt_done", "prompt_id": pid,
-                           "first_token": None if rtm.first_token is None else int(rtm.first_token)})
+                chan.send(encode(PromptDone(pid, None if rtm.first_token is None else int(rtm.first_token))))
         except StopRequested:
             sender.flush()
-            chan.send({"kind": "stopped"})
+            chan.send(encode(Stopped()))
             return
         status.set("done")
         sender.flush()
-        done = {"kind": "done", "loop_seconds": time.perf_counter() - t0, "decode_seconds": status.decode_seconds,
-                "loop_cpu_seconds": (time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
-                "worker_cpu_seconds": time.process_time() - c0,
-                "wait_seconds": sender.wait_seconds, "started_at": started_at, "cpu_at_start": cpu_at_start}
+        done = WorkerDone(loop_seconds=time.perf_counter() - t0,
+                          loop_cpu_seconds=(time.process_time() - c0) - (sender.thread_cpu_seconds() - s0),
+                          wait_seconds=sender.wait_seconds, decode_seconds=status.decode_seconds,
+                          worker_cpu_seconds=time.process_time() - c0, started_at=started_at,
+                          cpu_at_start=cpu_at_start)
         # the derived h_inner's agreement, measured after the loop: nothing waits for it before the first decode
         cal = calibration(rtm, job, toks)
         if cal is not None:
-            sender.send("calibration", cal)
+            sender.send(CALIBRATION, cal)
             sender.flush()
         probe = cost_probe(rtm, toks)
         if probe is not None:
-            chan.send({"kind": "cost_probe", "entry": probe.entry})
-        chan.send(done)
+            chan.send(encode(probe))
+        chan.send(encode(done))
     finally:
         sender.close()
         rtm.close()
@@ -359,75 +364,23 @@ def main(argv: list[str] | None = None) -> int:
     status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
     try:
         got = chan.recv()
-        msg = got[0] if got else {}
-        if msg.get("kind") != "start":
+        start = decode(got[0], Start) if got else None
+        if start is None:
             return 2
-        _serve(chan, status, unpack(msg["job"], ()))
+        _serve(chan, status, start.job)
         return 0
     except TransportClosed:
         return 1                                      # the recorder is gone
     except BaseException as e:  # noqa: BLE001 - reported to the recorder, traceback to llama.log
         traceback.print_exc()
         try:
-            chan.send(_error_message(e))
+            chan.send(encode(_error_message(e)))
         except (TransportClosed, OSError):
             pass
         return 1
 
 
 # ================================================================================== parent side
-@dataclass(frozen=True)
-class WorkerRound:
-    """A finished round from the worker; ``result``'s large arrays are ring views until released."""
-
-    prompt_id: int
-    result: Any
-
-
-@dataclass(frozen=True)
-class PromptDone:
-    """The worker finished a prompt; ``first_token``: the prefill's token (also when no round followed)."""
-
-    prompt_id: int
-    first_token: int | None
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The worker timed plain decoding first (``record --baseline``): the manifest entry
-    (:func:`traces.mtp_runtime.time_plain`) and the plain outputs."""
-
-    entry: dict[str, Any]
-    plain_outputs: list[list[int]]
-
-
-@dataclass(frozen=True)
-class ProbeDone:
-    """The worker timed a round of every size after its loop: the manifest's ``cost_probe`` entry
-    (:meth:`traces.mtp_runtime.MtpRuntime.probe_costs`)."""
-
-    entry: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class WorkerDone:
-    """The worker finished every prompt: its loop's wall seconds and CPU seconds (the worker process's
-    without its sender thread; loading excluded), the seconds it waited for the recorder to release a round (back-pressure; 0 in
-    this process), the wall seconds of its loop spent inside llama.cpp decodes and the CPU seconds of
-    the whole worker process over the loop, its sender thread included (both 0 when not measured: in
-    this process)."""
-
-    loop_seconds: float
-    loop_cpu_seconds: float
-    wait_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    worker_cpu_seconds: float = 0.0
-    #: when the loop began (``time.time()``, right before the first prompt's prefill decode) and the worker
-    #: process's CPU seconds by then (imports, loading and prompts); 0 when not measured
-    started_at: float = 0.0
-    cpu_at_start: float = 0.0
-
-
 class _LogPump(threading.Thread):
     """Copies the worker's output to a file (once known; buffered until then), keeps its tail, and
     echoes it to our stderr when ``echo``."""
@@ -526,12 +479,12 @@ class RecordWorker:
         self.receiver = RoundReceiver(self.chan)
         self.log = _LogPump(self.proc.stdout, echo)
         self.log.start()
-        self.info: dict[str, Any] | None = None
+        self.info: Hello | None = None
         self.trace_dir: Path | None = None
         self._closed = False
         self.n_rounds_received = 0
         try:
-            self.chan.send({"kind": "start", "job": pack(job)[0]})
+            self.chan.send(encode(Start(job)))
         except TransportClosed:
             pass  # reported by hello()
 
@@ -540,7 +493,7 @@ class RecordWorker:
         """Let the worker decode (the pre-flight check passed): after its ``hello`` it calibrates and runs the
         loop. Until then it only loads the models and tokenizes the prompts."""
         try:
-            self.chan.send({"kind": "go"})
+            self.chan.send(encode(Go()))
         except TransportClosed:
             pass  # reported by hello() / events()
 
@@ -552,14 +505,11 @@ class RecordWorker:
             self.proc.kill()
         self.close()
 
-    def hello(self) -> dict[str, Any]:
-        """Wait for the worker to load the models; its ``hello`` (n_vocab, n_embd_backbone, n_embd,
-        n_ctx, capture, runtime, n_prompt_tokens, ``cpu_seconds``: the worker's CPU time so far)."""
+    def hello(self) -> Hello:
+        """Wait for the worker to load the models and tokenize the prompts: its
+        :class:`~traces.run.worker_protocol.Hello`."""
         while self.info is None:
-            msg = self._next()
-            if msg["kind"] == "hello":
-                self.info = msg
-            # anything else before hello is ignored
+            self.info = decode(self._next(), Hello)   # anything else before hello is ignored
         return self.info
 
     def log_to(self, path: str | os.PathLike[str]) -> None:
@@ -567,7 +517,7 @@ class RecordWorker:
         self.trace_dir = Path(path).parent
         self.log.log_to(Path(path))
 
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+    def events(self) -> Iterator[Event]:
         """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
         :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
         one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
@@ -576,25 +526,20 @@ class RecordWorker:
 
         while True:
             msg = self._next()
-            kind = msg["kind"]
-            if kind == "round":
+            kind = msg.get("kind")
+            if kind == ROUND:      # through the ring: the transport's message, its prompt id beside it
                 self.n_rounds_received += 1
                 yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
-            elif kind == "calibration":
+                continue
+            if kind == CALIBRATION:
                 yield self.receiver.unpack(msg)
-            elif kind == "cost_probe":
-                yield ProbeDone(dict(msg["entry"]))
-            elif kind == "baseline":
-                yield Baseline(msg["baseline"], [list(o) for o in msg["plain_outputs"]])
-            elif kind == "prompt_done":
-                yield PromptDone(int(msg["prompt_id"]), msg.get("first_token"))
-            elif kind == "done":
-                yield WorkerDone(float(msg["loop_seconds"]), float(msg["loop_cpu_seconds"]),
-                                 float(msg.get("wait_seconds") or 0.0), float(msg.get("decode_seconds") or 0.0),
-                                 float(msg.get("worker_cpu_seconds") or msg["loop_cpu_seconds"]),
-                                 float(msg.get("started_at") or 0.0), float(msg.get("cpu_at_start") or 0.0))
+                continue
+            ev = decode(msg, Baseline, PromptDone, ProbeDone, WorkerDone, Stopped)
+            if isinstance(ev, Stopped):
                 return
-            elif kind == "stopped":
+            if ev is not None:
+                yield ev
+            if isinstance(ev, WorkerDone):
                 return
 
     def release(self) -> None:
@@ -607,7 +552,7 @@ class RecordWorker:
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Ask the worker to stop (Ctrl-C) and wait up to ``grace`` seconds for it to exit, then kill it."""
         try:
-            self.chan.send({"kind": "stop"})
+            self.chan.send(encode(Stop()))
         except (TransportClosed, OSError):
             pass
         try:
@@ -660,17 +605,18 @@ class RecordWorker:
                 continue
             for fd in fds:
                 os.close(fd)
-            if kind == "error":
-                raise self._reported_error(msg)
+            failed = decode(msg, WorkerError)
+            if failed is not None:
+                raise self._reported_error(failed)
             return msg
 
-    def _reported_error(self, msg: dict[str, Any]) -> BaseException:
+    def _reported_error(self, err: WorkerError) -> BaseException:
         self.proc.wait()
-        cls = getattr(E, str(msg.get("class")), None)
+        cls = getattr(E, err.error_class, None)
         if isinstance(cls, type) and issubclass(cls, MtpscopeError) and cls is not RuntimeAbortedError:
-            return cls(str(msg.get("message")), path=msg.get("path"), offset=msg.get("offset"), key=msg.get("key"),
-                       expected=msg.get("expected"), actual=msg.get("actual"))
-        return RuntimeError(f"recording worker failed: {msg.get('message')} (traceback in llama.log)")
+            return cls(err.message, path=err.path, offset=err.offset, key=err.key, expected=err.expected,
+                       actual=err.actual)
+        return RuntimeError(f"recording worker failed: {err.message} (traceback in llama.log)")
 
     def _death(self) -> RuntimeAbortedError:
         """The worker is gone: wait for it and describe how it died."""
@@ -716,21 +662,19 @@ class InProcessRounds:
     (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
     """
 
-    def __init__(self, runtime: Any, job: RecordJob) -> None:
+    def __init__(self, runtime: MtpRuntime | None, job: RecordJob) -> None:
         self.job = job
         self.own = runtime is None
         self.rtm = runtime if runtime is not None else load_runtime(job)
         self.toks: list[list[int]] = []
 
-    def hello(self) -> dict[str, Any]:
-        from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    def hello(self) -> Hello:
+        """Tokenize the prompts and (``baseline``) time plain decoding: the
+        :class:`~traces.run.worker_protocol.Hello`, its :class:`Baseline` in it."""
+        self.toks, texts = prepare_prompts(self.rtm, self.job)
+        return hello_of(self.rtm, self.job, self.toks, texts, baseline=time_baseline(self.rtm, self.job, self.toks))
 
-        r = self.rtm
-        self.toks, extra = prepare_prompts(r, self.job)
-        return {"n_vocab": r.n_vocab, "n_embd_backbone": r.n_embd_backbone, "n_embd": r.n_embd, "n_ctx": r.n_ctx,
-                "capture": r.capture is not None, "runtime": runtime_info(self.job.config.n_gpu_layers), **extra}
-
-    def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
+    def events(self) -> Iterator[Event]:
         started_at = time.time()
         t0, c0 = time.perf_counter(), time.process_time()
         for pid, tk in enumerate(self.toks):
@@ -764,8 +708,8 @@ class InProcessRounds:
             self.rtm.close()
 
 
-__all__ = ["PHASES", "STOP_GRACE_S", "Baseline", "InProcessRounds", "ProbeDone", "PromptDone", "RecordWorker", "Status", "WorkerDone",
-           "WorkerRound", "calibration", "cost_probe", "load_runtime", "main", "prepare_prompts", "time_baseline"]
+__all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "RecordWorker", "Status", "calibration", "cost_probe", "hello_of",
+           "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 
 if __name__ == "__main__":

@@ -12,9 +12,15 @@ durable in its write-ahead log when ``on_round`` is called; ``overwrite`` of an 
 next to it and swapped in at the end, :func:`traces.store.swap_in`). Progress display is the caller's,
 through ``on_round``.
 
+:func:`record` runs its steps in order: the prompts (:func:`traces.run.prompts.prompt_specs`), the output folder
+(:func:`_check_out`), the pair's pre-flight check and the centroid head beside the worker's start
+(:func:`_check_inputs`), the manifest (:func:`_manifest`), then one :class:`_Recording` (one method per step:
+the runtime's hello, each event of the loop, the closed trace, what a failure keeps, the summary). The loop
+it reads is a :class:`traces.run.worker_protocol.RoundSource`, its messages that module's typed records.
+
 Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.run.llama.process,
 traces.run.derived, traces.mtp_runtime, traces.preflight, traces.prompts, traces.run.record_config, traces.record_worker,
-traces.step_analysis, traces.store.
+traces.run.worker_protocol, traces.step_analysis, traces.store.
 """
 
 from __future__ import annotations
@@ -26,21 +32,25 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
-from mtpscope.inspector.centroids import head_from_gguf, load_centroid_head
-from mtpscope.traces.run.llama.process import deferred_sigint
+from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
 from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
+from mtpscope.traces.run.llama.process import deferred_sigint
 from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
-from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+from mtpscope.traces.run.prompts import PromptSpec, prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import (STOP_GRACE_S, Baseline, InProcessRounds, ProbeDone, PromptDone, RecordWorker,
-                                               WorkerDone, WorkerRound)
+from mtpscope.traces.run.record_worker import STOP_GRACE_S, InProcessRounds, RecordWorker
 from mtpscope.traces.run.step_analysis import round_record, step_records
+from mtpscope.traces.run.worker_protocol import (Baseline, Event, ProbeDone, PromptDone, RoundSource, WorkerDone,
+                                                 WorkerRound)
+
+if TYPE_CHECKING:
+    from mtpscope.traces.store.writer import TraceWriter
 
 # --------------------------------------------------------------------------------------------------
 # numpy's BLAS threads during the run
@@ -249,24 +259,8 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         KeyboardInterrupt: a Ctrl-C (isolated: the worker is stopped first; in process: raised right after
             the llama.cpp decode it arrived in); the trace written so far stays readable, marked incomplete.
     """
-    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
-
-    given = [x is not None for x in (prompts, prompt, prompts_file)]
-    if sum(given) != 1:
-        raise MtpscopeError("give exactly one of prompts, prompt, prompts_file", key="prompts",
-                            expected="one source", actual=sum(given))
-    if prompts is not None:
-        specs = [p if isinstance(p, PromptSpec) else PromptSpec(text=p) for p in prompts]
-    elif prompt is not None:
-        specs = [PromptSpec(text=prompt)]
-    else:
-        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
-    if not specs:
-        raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
-
-    if not overwrite and (Path(out) / MANIFEST).exists():  # fail before loading anything
-        raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
-                         path=out)
+    specs = prompt_specs(prompts, prompt, prompts_file)
+    _check_out(out, overwrite)                   # fail before loading anything
     isolated = (runtime is None) if isolate is None else bool(isolate)
     if isolated and runtime is not None:
         raise MtpscopeError("a loaded runtime runs in this process; isolate=True needs runtime=None",
@@ -277,27 +271,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     # pair ends it (it has loaded at most, in its own process): start-up is the longer of the two, not the sum
     early = RecordWorker(job, echo=echo_log) if isolated else None
     try:
-        from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in  # noqa: PLC0415
-
-        # --overwrite of an existing trace: record next to it and swap it in only when the run completes
-        swap = bool(overwrite) and holds_trace(out)
-        write_to = partial_dir(out) if swap else Path(out)
-        t_pf = time.perf_counter()
-        models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
-        preflight_s = time.perf_counter() - t_pf
-        head = None
-        models["centroids"] = None
-        if config.centroids is not None:
-            cp = Path(config.centroids)
-            if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
-                from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-
-                with open_gguf(cp) as cf:
-                    head = head_from_gguf(cf, top_k=config.centroid_top_k)
-                    models["centroids"] = model_info(cf)
-            else:
-                head = load_centroid_head(cp, top_k=config.centroid_top_k)
-                models["centroids"] = centroid_source_info(cp)
+        checked = _check_inputs(config, target, assistant, out, overwrite=overwrite, preflight=preflight)
     except BaseException:
         if early is not None:
             early.abandon()                      # refused: the worker decoded nothing
@@ -305,152 +279,288 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     if early is not None:
         early.go()
 
+    run = _Recording(config, specs, checked, _manifest(config, specs, checked, command, isolated=isolated,
+                                                       preflight=preflight),
+                     assistant=assistant, out=out, overwrite=overwrite, isolated=isolated, on_round=on_round)
+    run.run(lambda: early if early is not None else InProcessRounds(runtime, job))
+    if checked.swap:
+        from mtpscope.traces.store.writer import swap_in  # noqa: PLC0415
+
+        swap_in(checked.write_to, out)
+    return run.summary(t_enter_epoch)
+
+
+# --------------------------------------------------------------------------------------------------
+# its steps
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_out(out: str | os.PathLike[str], overwrite: bool) -> None:
+    """Refuse an ``out`` that holds a trace unless ``overwrite`` (TraceError)."""
+    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
+
+    if not overwrite and (Path(out) / MANIFEST).exists():
+        raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
+                         path=out)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the checks before the run found: the manifest's model entries (``centroids`` included), the
+    centroid head (None without one), the pre-flight's wall seconds, and where the trace is written
+    (``swap``: beside an existing trace in ``write_to``, swapped in at the end)."""
+
+    models: dict[str, Any]
+    head: CentroidHead | None
+    preflight_seconds: float
+    swap: bool
+    write_to: Path
+
+
+def _check_inputs(config: RecordConfig, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
+                  out: str | os.PathLike[str], *, overwrite: bool, preflight: bool) -> _Checked:
+    """The pair's pre-flight check (or its unchecked entries) and the centroid head, before anything decodes.
+
+    Raises:
+        LayoutError: the pre-flight check refused the pair, or the centroid source does not fit.
+    """
+    from mtpscope.traces.store.writer import holds_trace, partial_dir  # noqa: PLC0415
+
+    # --overwrite of an existing trace: record next to it and swap it in only when the run completes
+    swap = bool(overwrite) and holds_trace(out)
+    write_to = partial_dir(out) if swap else Path(out)
+    t_pf = time.perf_counter()
+    models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
+    preflight_s = time.perf_counter() - t_pf
+    head = None
+    models["centroids"] = None
+    if config.centroids is not None:
+        cp = Path(config.centroids)
+        if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
+            from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+
+            with open_gguf(cp) as cf:
+                head = head_from_gguf(cf, top_k=config.centroid_top_k)
+                models["centroids"] = model_info(cf)
+        else:
+            head = load_centroid_head(cp, top_k=config.centroid_top_k)
+            models["centroids"] = centroid_source_info(cp)
+    return _Checked(models, head, preflight_s, swap, write_to)
+
+
+def _manifest(config: RecordConfig, specs: Sequence[PromptSpec], checked: _Checked, command: Sequence[str] | None,
+              *, isolated: bool, preflight: bool) -> dict[str, Any]:
+    """The manifest as far as it is known before the runtime's hello (:meth:`_Recording.start` completes it)."""
+    head = checked.head
     params = config.manifest_params(centroid_top_k=None if head is None else head.top_k, n_ctx=None,
                                     isolated=isolated, preflight=preflight)
-    manifest = {
+    return {
         "source": "record",
         "command": list(command) if command is not None else list(sys.argv),
         "params": params,
-        "models": models,
+        "models": checked.models,
         "prompts": [sp.manifest_entry(i, 0) for i, sp in enumerate(specs)],
         "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
                                                 "source": head.source, "kind": head.kind},
         "derived": None,
     }
-    hd = None if config.hidden == "off" else config.hidden
-    n_rounds = n_steps = n_drafted = n_accepted = n_gen = n_verify = 0
-    outputs: list[tuple[int, ...]] = []
-    trace_s = 0.0
-    loop: WorkerDone | None = None
-    w: TraceWriter | None = None
-    src: RecordWorker | InProcessRounds | None = None
-    blas = _SingleThreadBlas().__enter__()
-    sigint = contextlib.nullcontext() if isolated else deferred_sigint()
-    sigint.__enter__()
-    t_start, c_start = time.perf_counter(), time.process_time()
-    try:
-        src = early if early is not None else InProcessRounds(runtime, job)
+
+
+class _Recording:
+    """One run of :func:`record` from the runtime's hello to the closed trace: one method per step
+    (:meth:`start`, one per event of the loop, :meth:`finish`, what a failure keeps, :meth:`summary`)."""
+
+    def __init__(self, config: RecordConfig, specs: Sequence[PromptSpec], checked: _Checked,
+                 manifest: dict[str, Any], *, assistant: str | os.PathLike[str], out: str | os.PathLike[str],
+                 overwrite: bool, isolated: bool, on_round: Callable[[int, RoundResult], None] | None) -> None:
+        self.config, self.specs, self.checked, self.manifest = config, specs, checked, manifest
+        self.head = checked.head
+        self.assistant, self.out, self.overwrite, self.isolated = assistant, out, overwrite, isolated
+        self.on_round = on_round
+        self.hd = None if config.hidden == "off" else config.hidden
+        self.n_rounds = self.n_steps = self.n_drafted = self.n_accepted = self.n_gen = self.n_verify = 0
+        self.outputs: list[tuple[int, ...]] = []
+        self.gen: list[int] = []
+        self.trace_s = 0.0
+        self.cal_s = 0.0            # the calibration after the loop: not part of the run's timing
+        self.loop: WorkerDone | None = None
+        self.w: TraceWriter | None = None
+        self.src: RoundSource | None = None
+        self.solver: HInnerSolver | None = None
+        self.plain_outputs: Sequence[Sequence[int]] | None = None
+        self.t_start = self.c_start = self.t_ev = self.cpu_at_hello = 0.0
+        self.secs = self.cpu_secs = 0.0
+
+    @property
+    def write_to(self) -> Path:
+        return self.checked.write_to
+
+    def run(self, open_source: Callable[[], RoundSource]) -> None:
+        """The loop from the runtime's hello to the closed trace, numpy's BLAS on one thread and (in this
+        process) a Ctrl-C deferred past llama.cpp's decodes; on a failure the trace written so far is kept,
+        marked incomplete (:meth:`aborted`, :meth:`failed`)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_SingleThreadBlas())
+            stack.enter_context(contextlib.nullcontext() if self.isolated else deferred_sigint())
+            self.t_start, self.c_start = time.perf_counter(), time.process_time()
+            try:
+                self.src = open_source()
+                stack.callback(self.src.close)
+                self.start(self.src)
+                self.t_ev = time.perf_counter()
+                for ev in self.src.events():
+                    self.on_event(ev)
+                    self.t_ev = time.perf_counter()
+                self.finish()
+            except RuntimeAbortedError as e:
+                self.aborted(e)
+                raise
+            except BaseException as e:
+                self.failed(e)
+                raise
+
+    def start(self, src: RoundSource) -> None:
+        """The runtime's :class:`~traces.run.worker_protocol.Hello` into the manifest (checked against the
+        centroid head and the capture), then the trace writer."""
+        config, head, manifest = self.config, self.head, self.manifest
         # while the worker loads the models: the solve that derives h_inner from the logits and h_next (built
         # here, it never holds up the loop; unused when a loaded runtime brings the graph capture)
-        solver = _solver(assistant) if config.derive else None
+        solver = _solver(self.assistant) if config.derive else None
         info = src.hello()
-        cpu_at_hello = time.process_time()
+        self.cpu_at_hello = time.process_time()
         if head is not None:
-            head.check_compatible(n_embd=info["n_embd"], n_vocab=info["n_vocab"], drafter=assistant)
-        if config.capture and not info["capture"]:
+            head.check_compatible(n_embd=info.n_embd, n_vocab=info.n_vocab, drafter=self.assistant)
+        if config.capture and not info.capture:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
-        if info["capture"]:
+        if info.capture:
             solver = None
+        self.solver = solver
         if solver is not None:
             manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
-        params["n_ctx"] = info["n_ctx"]
-        manifest["runtime"] = info["runtime"]
+        manifest["params"]["n_ctx"] = info.n_ctx
+        manifest["runtime"] = info.runtime
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
-                               for i, (sp, n, txt) in enumerate(zip(specs, info["n_prompt_tokens"],
-                                                                    info["prompt_texts"], strict=True))]
-        plain_outputs = info.get("plain_outputs")
-        if info.get("baseline") is not None:
-            manifest["baseline"] = info["baseline"]
-        t_start, c_start = time.perf_counter(), time.process_time()
-        w = TraceWriter(write_to, manifest, n_embd_backbone=None if hd is None else info["n_embd_backbone"],
-                        n_embd=None if hd is None else info["n_embd"], hidden_dtype=hd,
-                        centroids=head is not None, flush_every=config.flush_every, overwrite=overwrite or swap,
-                        compact=config.compact, h_target=config.hidden_target)
-        src.log_to(write_to / "llama.log")
-        trace_s += time.perf_counter() - t_start
-        gen: list[int] = []
-        cal_s = 0.0            # the calibration after the loop: not part of the run's timing
-        t_ev = time.perf_counter()
-        for ev in src.events():
-            if isinstance(ev, Baseline):
-                w.manifest["baseline"], plain_outputs = ev.entry, ev.plain_outputs
-                t_start, c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
-            elif isinstance(ev, ProbeDone):
-                cal_s += time.perf_counter() - t_ev
-                w.manifest["cost_probe"] = ev.entry
-            elif isinstance(ev, Calibration):
-                cal_s += time.perf_counter() - t_ev
-                if solver is not None:
-                    w.manifest["derived"] = derived_entry(solver, ev.steps, hidden=config.hidden != "off",
-                                                          centroids=head is not None)
-                src.release()
-            elif isinstance(ev, WorkerRound):
-                pid, res = ev.prompt_id, ev.result
-                t0 = time.perf_counter()
-                if not gen:
-                    gen.append(res.pending_token)
-                gen.extend(res.emitted)
-                steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=head, solver=solver)
-                src.release()          # the records own copies of all they keep: the worker may go on
-                w.add_round(round_record(pid, res), steps)
-                trace_s += time.perf_counter() - t0
-                n_rounds += 1
-                n_steps += len(steps)
-                n_drafted += len(res.drafted)
-                n_verify += 1 if res.drafted else 0
-                n_accepted += res.n_accepted
-                if on_round is not None:
-                    on_round(pid, res)
-            elif isinstance(ev, PromptDone):
-                if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
-                    gen = [int(ev.first_token)] if ev.first_token is not None else []
-                outputs.append(tuple(gen))
-                n_gen += len(gen)
-                gen = []
-            elif isinstance(ev, WorkerDone):
-                loop = ev
-            t_ev = time.perf_counter()
+                               for i, (sp, n, txt) in enumerate(zip(self.specs, info.n_prompt_tokens,
+                                                                    info.prompt_texts, strict=True))]
+        if info.baseline is not None:
+            self.plain_outputs = info.baseline.plain_outputs
+            manifest["baseline"] = info.baseline.entry
+        self.t_start, self.c_start = time.perf_counter(), time.process_time()
+        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+
+        hd = self.hd
+        self.w = TraceWriter(self.write_to, manifest, n_embd_backbone=None if hd is None else info.n_embd_backbone,
+                             n_embd=None if hd is None else info.n_embd, hidden_dtype=hd,
+                             centroids=head is not None, flush_every=config.flush_every,
+                             overwrite=self.overwrite or self.checked.swap, compact=config.compact,
+                             h_target=config.hidden_target)
+        src.log_to(self.write_to / "llama.log")
+        self.trace_s += time.perf_counter() - self.t_start
+
+    def on_event(self, ev: Event) -> None:
+        """One event of the loop (:data:`~traces.run.worker_protocol.Event`)."""
+        if isinstance(ev, Baseline):
+            self.w.manifest["baseline"], self.plain_outputs = ev.entry, ev.plain_outputs
+            self.t_start, self.c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
+        elif isinstance(ev, ProbeDone):
+            self.cal_s += time.perf_counter() - self.t_ev
+            self.w.manifest["cost_probe"] = ev.entry
+        elif isinstance(ev, Calibration):
+            self.cal_s += time.perf_counter() - self.t_ev
+            if self.solver is not None:
+                self.w.manifest["derived"] = derived_entry(self.solver, ev.steps, hidden=self.config.hidden != "off",
+                                                           centroids=self.head is not None)
+            self.src.release()
+        elif isinstance(ev, WorkerRound):
+            self.on_round_done(ev.prompt_id, ev.result)
+        elif isinstance(ev, PromptDone):
+            gen = self.gen
+            if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
+                gen = [int(ev.first_token)] if ev.first_token is not None else []
+            self.outputs.append(tuple(gen))
+            self.n_gen += len(gen)
+            self.gen = []
+        elif isinstance(ev, WorkerDone):
+            self.loop = ev
+
+    def on_round_done(self, pid: int, res: RoundResult) -> None:
+        """A finished round: its records into the trace (the worker may go on once they are built)."""
+        config = self.config
         t0 = time.perf_counter()
-        if plain_outputs is not None and config.greedy:
-            w.manifest["baseline"]["outputs_equal"] = [list(o) for o in outputs] == [list(o) for o in plain_outputs]
-        w.close()
-        trace_s += time.perf_counter() - t0
+        if not self.gen:
+            self.gen.append(res.pending_token)
+        self.gen.extend(res.emitted)
+        steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=self.head, solver=self.solver)
+        self.src.release()          # the records own copies of all they keep: the worker may go on
+        self.w.add_round(round_record(pid, res), steps)
+        self.trace_s += time.perf_counter() - t0
+        self.n_rounds += 1
+        self.n_steps += len(steps)
+        self.n_drafted += len(res.drafted)
+        self.n_verify += 1 if res.drafted else 0
+        self.n_accepted += res.n_accepted
+        if self.on_round is not None:
+            self.on_round(pid, res)
+
+    def finish(self) -> None:
+        """The loop is over: the baseline's comparison, the trace closed, the run's wall and CPU seconds."""
+        t0 = time.perf_counter()
+        if self.plain_outputs is not None and self.config.greedy:
+            self.w.manifest["baseline"]["outputs_equal"] = ([list(o) for o in self.outputs]
+                                                            == [list(o) for o in self.plain_outputs])
+        self.w.close()
+        self.trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
-        secs, cpu_secs = time.perf_counter() - t_start - cal_s, time.process_time() - c_start
-    except RuntimeAbortedError as e:
-        # llama.cpp died: keep every round received, say where it stopped and what llama.cpp said
+        self.secs = time.perf_counter() - self.t_start - self.cal_s
+        self.cpu_secs = time.process_time() - self.c_start
+
+    def aborted(self, e: RuntimeAbortedError) -> None:
+        """llama.cpp died: keep every round received, say where it stopped and what llama.cpp said."""
+        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+
+        w, write_to = self.w, self.write_to
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
-            w = TraceWriter(write_to, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
-                            centroids=head is not None, overwrite=overwrite or swap, compact=False)
-            src.log_to(write_to / "llama.log")
-        src.close()        # all of llama.cpp's output is in llama.log now
+            w = self.w = TraceWriter(write_to, self.manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                                     centroids=self.head is not None, overwrite=self.overwrite or self.checked.swap,
+                                     compact=False)
+            self.src.log_to(write_to / "llama.log")
+        self.src.close()   # all of llama.cpp's output is in llama.log now
         w.close(complete=False, aborted=e.aborted)
         e.trace = os.fspath(write_to)
-        e.message = (f"{e.message} (trace {os.fspath(write_to)}: {n_rounds} rounds kept, marked incomplete; "
+        e.message = (f"{e.message} (trace {os.fspath(write_to)}: {self.n_rounds} rounds kept, marked incomplete; "
                      f"llama.cpp's output in llama.log there)")
         e.args = (e.one_line(),)
-        _note_partial(e, swap, write_to, out)
-        raise
-    except BaseException as e:
-        if src is not None and isolated:
-            src.stop(grace=STOP_GRACE_S if isinstance(e, KeyboardInterrupt) else 0.0)
-        if w is not None:
-            w.close(complete=False)  # keep the finished rounds, marked incomplete
-        _note_partial(e, swap, write_to, out)
-        raise
-    finally:
-        if src is not None:
-            src.close()
-        sigint.__exit__(None, None, None)
-        blas.__exit__()
-    worker_cpu = loop.worker_cpu_seconds if (loop is not None and isolated) else 0.0
-    if swap:
-        swap_in(write_to, out)
-    return RecordSummary(out=os.fspath(out), n_prompts=len(specs), n_rounds=n_rounds, n_steps=n_steps,
-                         n_drafted=n_drafted, n_accepted=n_accepted,
-                         acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
-                         mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
-                         n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + worker_cpu, trace_seconds=trace_s,
-                         tokens_per_second=n_gen / secs if secs > 0 else 0.0,
-                         outputs=tuple(outputs), isolated=isolated,
-                         loop_seconds=loop.loop_seconds if loop is not None else secs,
-                         loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
-                         recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
-                         loop_decode_seconds=loop.decode_seconds if loop else 0.0,
-                         preflight_seconds=preflight_s,
-                         startup_seconds=(loop.started_at - t_enter_epoch) if loop and loop.started_at else 0.0,
-                         startup_cpu_seconds=cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
+        _note_partial(e, self.checked.swap, write_to, self.out)
+
+    def failed(self, e: BaseException) -> None:
+        """Any other failure (a Ctrl-C included): the worker stopped, the finished rounds kept, marked
+        incomplete."""
+        if self.src is not None and self.isolated:
+            self.src.stop(grace=STOP_GRACE_S if isinstance(e, KeyboardInterrupt) else 0.0)
+        if self.w is not None:
+            self.w.close(complete=False)  # keep the finished rounds, marked incomplete
+        _note_partial(e, self.checked.swap, self.write_to, self.out)
+
+    def summary(self, t_enter_epoch: float) -> RecordSummary:
+        """The :class:`RecordSummary` of the completed run (``t_enter_epoch``: when :func:`record` was called)."""
+        loop, secs, cpu_secs, isolated = self.loop, self.secs, self.cpu_secs, self.isolated
+        worker_cpu = loop.worker_cpu_seconds if (loop is not None and isolated) else 0.0
+        n_drafted, n_accepted, n_verify, n_gen = self.n_drafted, self.n_accepted, self.n_verify, self.n_gen
+        return RecordSummary(out=os.fspath(self.out), n_prompts=len(self.specs), n_rounds=self.n_rounds,
+                             n_steps=self.n_steps, n_drafted=n_drafted, n_accepted=n_accepted,
+                             acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
+                             mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
+                             n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + worker_cpu,
+                             trace_seconds=self.trace_s, tokens_per_second=n_gen / secs if secs > 0 else 0.0,
+                             outputs=tuple(self.outputs), isolated=isolated,
+                             loop_seconds=loop.loop_seconds if loop is not None else secs,
+                             loop_cpu_seconds=loop.loop_cpu_seconds if loop is not None else cpu_secs,
+                             recorder_cpu_seconds=cpu_secs, loop_wait_seconds=loop.wait_seconds if loop else 0.0,
+                             loop_decode_seconds=loop.decode_seconds if loop else 0.0,
+                             preflight_seconds=self.checked.preflight_seconds,
+                             startup_seconds=(loop.started_at - t_enter_epoch) if loop and loop.started_at else 0.0,
+                             startup_cpu_seconds=self.cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
 
 
 #: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag

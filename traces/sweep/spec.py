@@ -213,7 +213,7 @@ class SweepSpec:
         target: target GGUF path (absolute).
         assistants: ``(name, path)`` pairs, names unique, none :data:`BASELINE`.
         prompts: the prompt set.
-        n_drafts: drafts per round of each configuration (each in 1..64, distinct, ascending).
+        n_drafts: drafts per round of each configuration (each in 1..``MAX_N_DRAFT``, distinct, ascending).
         n_shards: prompt shards (1..number of prompts).
         baseline: also record plain decoding of the target (tasks with ``n_draft`` 0).
         max_tokens: tokens generated per prompt at most; hidden: ``f16`` | ``f32`` | ``off``.
