@@ -19,7 +19,7 @@ Sources (all give the same :class:`CentroidHead`):
 * numpy arrays (:meth:`CentroidHead.from_arrays`).
 
 Loading is tolerant so that broken heads can be explored (ids out of range, a transposed matrix);
-:meth:`CentroidHead.ready` checks what per-step scoring (``traces.centroid_head``) needs and fixes
+:meth:`CentroidHead.ready` checks what per-step scoring (``traces.run.centroid_head``) needs and fixes
 ``top_k``. :func:`load_centroid_head`, :func:`head_from_gguf` and :func:`head_from_arrays` are the loaders
 followed by ``ready``.
 

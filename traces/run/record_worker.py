@@ -2,8 +2,8 @@
 costs the recorder nothing but the round in progress (and :class:`InProcessRounds`, the same interface
 without the process, for an already loaded runtime).
 
-Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
-(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`:
+Parent (:class:`RecordWorker`, used by :func:`traces.run.recorder.record`) and child
+(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.run.transport`:
 
 1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
    notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
@@ -17,7 +17,7 @@ Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
    pre-flight check while the child loads (start-up = the longer of the two, not their sum), so nothing is
    decoded before the pair passed the check; a refused pair ends the child (:meth:`RecordWorker.abandon`,
    it has loaded at most). When the run derives ``h_inner`` (no ``cb_eval`` in the loop), a
-   ``calibration`` message comes after the last prompt (:class:`~traces.mtp_runtime.Calibration`: a few
+   ``calibration`` message comes after the last prompt (:class:`~traces.run.mtp_runtime.Calibration`: a few
    drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
    does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
@@ -182,7 +182,7 @@ def _error_message(e: BaseException) -> dict[str, Any]:
 
 
 def load_runtime(job: RecordJob) -> Any:
-    """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
+    """The :class:`~traces.run.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
     ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
@@ -198,7 +198,7 @@ def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple
     Returns:
         ``(token lists, hello fields)``: ``n_prompt_tokens``, ``prompt_texts`` (the text each prompt
         stands for: the detokenized ids or the rendered chat), and with a baseline ``baseline`` (the
-        manifest entry of :func:`traces.mtp_runtime.time_plain`) and ``plain_outputs``.
+        manifest entry of :func:`traces.run.mtp_runtime.time_plain`) and ``plain_outputs``.
 
     Raises:
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
@@ -217,7 +217,7 @@ def prepare_prompts(rtm: Any, job: RecordJob, *, baseline: bool = True) -> tuple
 
 def time_baseline(rtm: Any, job: RecordJob, toks: list[list[int]]) -> dict[str, Any]:
     """With the config's ``baseline``: plain decoding of the prompts timed
-    (:func:`traces.mtp_runtime.time_plain`) as ``{"baseline": manifest entry, "plain_outputs": ids}``; else
+    (:func:`traces.run.mtp_runtime.time_plain`) as ``{"baseline": manifest entry, "plain_outputs": ids}``; else
     ``{}``."""
     from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
 
@@ -245,7 +245,7 @@ def _wait_go(chan: Channel) -> bool:
 
 
 def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
-    """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
+    """The run's :class:`~traces.run.mtp_runtime.Calibration` (:meth:`~traces.run.mtp_runtime.MtpRuntime.calibrate` on
     the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
     from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
 
@@ -255,7 +255,7 @@ def calibration(rtm: Any, job: RecordJob, toks: list[list[int]]) -> Any:
 
 
 def cost_probe(rtm: Any, toks: list[list[int]]) -> ProbeDone | None:
-    """The round sizes timed after the loop (:meth:`~traces.mtp_runtime.MtpRuntime.probe_costs` on the first
+    """The round sizes timed after the loop (:meth:`~traces.run.mtp_runtime.MtpRuntime.probe_costs` on the first
     prompt), None without prompts."""
     if not toks:
         return None
@@ -395,7 +395,7 @@ class PromptDone:
 @dataclass(frozen=True)
 class Baseline:
     """The worker timed plain decoding first (``record --baseline``): the manifest entry
-    (:func:`traces.mtp_runtime.time_plain`) and the plain outputs."""
+    (:func:`traces.run.mtp_runtime.time_plain`) and the plain outputs."""
 
     entry: dict[str, Any]
     plain_outputs: list[list[int]]
@@ -404,7 +404,7 @@ class Baseline:
 @dataclass(frozen=True)
 class ProbeDone:
     """The worker timed a round of every size after its loop: the manifest's ``cost_probe`` entry
-    (:meth:`traces.mtp_runtime.MtpRuntime.probe_costs`)."""
+    (:meth:`traces.run.mtp_runtime.MtpRuntime.probe_costs`)."""
 
     entry: dict[str, Any]
 
@@ -569,7 +569,7 @@ class RecordWorker:
 
     def events(self) -> Iterator[WorkerRound | PromptDone | WorkerDone | Any]:
         """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
-        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
+        :class:`~traces.run.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
         one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
         arrays are no longer needed."""
         from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
@@ -712,7 +712,7 @@ class RecordWorker:
 class InProcessRounds:
     """The recording loop in this process, with :class:`RecordWorker`'s interface (``hello`` /
     ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
-    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
+    :class:`~traces.run.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
     (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
     """
 

@@ -2,7 +2,7 @@
 
 :func:`run_sweep` (``mtpscope sweep``) runs every task of a :class:`SweepSpec` -- one per (assistant,
 n_draft, prompt shard), plus one per shard of plain decoding with ``baseline`` -- on Ray actors and
-keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up to date.
+keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep.spec`, docs/SWEEP.md) up to date.
 
 - **Actors load once, run many.** Each :class:`SweepWorker` actor keeps its llama.cpp models loaded
   (an :class:`MtpRuntime`) and takes the next task of the same assistant when there is one, so model
@@ -10,7 +10,7 @@ keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up 
   ``num_cpus = threads_per_worker`` and llama.cpp runs that many threads (``n_threads``); with
   ``gpus_per_worker`` it asks for ``num_gpus`` (Ray sets ``CUDA_VISIBLE_DEVICES``) and offloads every
   layer.
-- **A task** is :func:`traces.recorder.record` (MTP) or :func:`traces.baseline.record_baseline`
+- **A task** is :func:`traces.run.recorder.record` (MTP) or :func:`traces.run.baseline.record_baseline`
   (plain decoding) into ``DIR/<task_id>/``, in the actor's process, on its loaded runtime.
 - **The actor process is the isolation boundary.** A llama.cpp abort, a segfault or the OOM killer
   ends the actor; Ray reports it (``RayActorError``), the driver starts a fresh actor and runs the
@@ -29,8 +29,8 @@ keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up 
 Ray is an optional extra (``pip install 'mtpscope[sweep]'``); it is imported only inside
 :func:`run_sweep`. Everything else (reading sweeps, reports, the app) works without it.
 
-Imports: ray (lazily), traces.sweep_format, traces.recorder, traces.mtp_runtime, traces.preflight,
-traces.baseline, traces.store.
+Imports: ray (lazily), traces.sweep.spec, traces.run.recorder, traces.run.mtp_runtime, traces.run.preflight,
+traces.run.baseline, traces.store.
 """
 
 from __future__ import annotations
