@@ -1,4 +1,4 @@
-"""`mtpscope replay`'s text output (mtpscope/cli_fidelity.format_replay) on a hand-written summary: token
+"""`mtpscope replay`'s text output (mtpscope.cli.fidelity.format_replay) on a hand-written summary: token
 text next to ids, agreement explained, indistinguishable variants noted, nothing over 80 columns that
 could split an id."""
 

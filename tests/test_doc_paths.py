@@ -1,6 +1,6 @@
 """Every module path named in the prose exists: docs/*.md, README.md and the docstrings and comments of the
-package (``inspector/``, ``traces/``, ``app/``, ``mtpscope/``), checked statically (``ast``; nothing is
-imported).
+package (``inspector/``, ``traces/``, ``app/``, ``mtpscope/``), the tests and the benchmarks, checked
+statically (``ast``; nothing is imported).
 
 Two kinds of names are checked:
 
@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: source folder -> import package (pyproject.toml's package-dir mapping).
 PACKAGES = {"mtpscope": "mtpscope", "inspector": "mtpscope.inspector", "traces": "mtpscope.traces",
             "app": "mtpscope.app", "sample_configs": "mtpscope.sample_configs"}
+#: folders whose Python files are scanned too (their docstrings name the modules they test or time).
+OTHER_FOLDERS = ("tests", "benchmarks")
+#: files whose docstrings name made-up modules on purpose (the rule self-tests).
+MADE_UP = ("tests/test_architecture.py", "tests/test_doc_paths.py")
 #: the short roots the prose uses for ``mtpscope.<root>``.
 SHORT_ROOTS = ("traces", "inspector", "app")
 #: folders a file path may start with.
@@ -187,11 +191,13 @@ def references(files: Mapping[str, str]) -> list[Ref]:
 
 
 def prose_files(root: Path = ROOT) -> dict[str, str]:
-    """docs/*.md, README.md and every ``.py`` of the package folders (relative path -> text)."""
+    """docs/*.md, README.md and every ``.py`` of the package folders, the tests and the benchmarks but
+    :data:`MADE_UP` (relative path -> text)."""
     paths = [*sorted((root / "docs").glob("*.md")), root / "README.md"]
-    for folder in PACKAGES:
+    for folder in (*PACKAGES, *OTHER_FOLDERS):
         paths += [p for p in sorted((root / folder).rglob("*.py")) if "__pycache__" not in p.parts]
-    return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in paths}
+    files = {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in paths}
+    return {rel: text for rel, text in files.items() if rel not in MADE_UP}
 
 
 # ------------------------------------------------------------------------------------------ the check

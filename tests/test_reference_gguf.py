@@ -1,6 +1,6 @@
 """The reference drafter loaded from GGUFs: both dialects and the centroid sidecar give the same step,
 quantized files (dequantized through gguf.quants) stay close, and the centroid head agrees with the
-recorder's independent implementation (traces.centroid_head)."""
+recorder's independent implementation (traces.run.centroid_head)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""traces.transport: generic packing of records, the shared-memory ring, the control channel and the
+"""traces.run.transport: generic packing of records, the shared-memory ring, the control channel and the
 one-round-in-flight flow control, between two threads over a real socket pair and memfd."""
 
 from __future__ import annotations
