@@ -65,8 +65,9 @@ from mtpscope.traces.sweep.spec import (
 
 #: how often a task runs at most when its worker dies (the first run and one retry)
 MAX_ATTEMPTS = 2
-#: test hook: JSON ``{task_id: {"kind": "kill"|"abort"|"hang", "round": r, "attempts": [1, ...],
-#: "message": "..."}}``, read by :func:`run_sweep` when ``faults`` is not given (docs/SWEEP.md)
+#: test seam, not an interface: JSON ``{task_id: {"kind": "kill"|"abort"|"hang", "round": r, "attempts": [1, ...],
+#: "message": "..."}}`` in this variable makes chosen tasks die on purpose; read in one place,
+#: :func:`_load_faults`, when :func:`run_sweep` starts (docs/SWEEP.md)
 FAULTS_ENV = "MTPSCOPE_SWEEP_FAULTS"
 TASK_MARK = "=== mtpscope sweep task "
 STDERR_TAIL_LINES = 20
@@ -393,9 +394,12 @@ class _Progress:
             self.bar.stop()
 
 
-def _load_faults(faults: Mapping[str, Any] | None) -> dict[str, Any]:
-    if faults is not None:
-        return dict(faults)
+def _load_faults() -> dict[str, Any]:
+    """The test faults of :data:`FAULTS_ENV` (``{}`` when unset), per task id.
+
+    Raises:
+        MtpscopeError: the variable is set but not JSON.
+    """
     raw = os.environ.get(FAULTS_ENV)
     if not raw:
         return {}
@@ -447,8 +451,7 @@ def _resume_state(spec: SweepSpec, out: Path, command: Sequence[str]) -> dict[st
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str = "auto",
               workers: int | None = None, threads_per_worker: int | None = None, gpus_per_worker: float = 0.0,
-              resume: bool = False, progress: bool = False, command: Sequence[str] | None = None,
-              faults: Mapping[str, Any] | None = None) -> SweepResult:
+              resume: bool = False, progress: bool = False, command: Sequence[str] | None = None) -> SweepResult:
     """Run (or, with ``resume``, finish) a sweep on Ray; see the module docstring.
 
     Args:
@@ -462,7 +465,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
         resume: finish an existing sweep (the spec must match).
         progress: show the progress bar on stderr.
         command: argv for ``sweep.json`` and the traces' manifests (default ``sys.argv``).
-        faults: test hook (:data:`FAULTS_ENV`).
 
     Returns:
         :class:`SweepResult` (``failed`` names each failed task with its message).
@@ -478,7 +480,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
     out = Path(out)
     check_out_dir(out, resume)
     command = list(command) if command is not None else list(sys.argv)
-    faults = _load_faults(faults)
+    faults = _load_faults()                           # tests only: tasks that die on purpose
     state = _resume_state(spec, out, command) if resume else new_state(spec, command=command)
     tasks = {t.task_id: t for t in spec.tasks()}
     states = {ts.task: ts for ts in task_states(state)}
