@@ -333,7 +333,8 @@ class CentroidHead:
         valid = (rows >= 0) & (rows < self.n_vocab)
         new = np.ones_like(rows, dtype=bool)
         new[:, 1:] = rows[:, 1:] != rows[:, :-1]
-        return (new & valid).sum(axis=1).astype(np.int64)
+        out: np.ndarray = (new & valid).sum(axis=1).astype(np.int64)
+        return out
 
     def tokens_of(self, centroid: int) -> np.ndarray:
         """Token ids of ``centroid`` (its ordering row), np.ndarray[vsc] int32.
@@ -360,7 +361,7 @@ class CentroidHead:
     def token_text(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         """Token texts from the GGUF's own ``tokenizer.ggml.tokens`` (``"<id N>"`` where the source has no
         open tokenizer or the id is out of its range)."""
-        toks = self._file.get("tokenizer.ggml.tokens") if self._file is not None else None
+        toks: Any = self._file.get("tokenizer.ggml.tokens") if self._file is not None else None
         n = len(toks) if toks is not None else 0
         return [toks[int(i)] if 0 <= int(i) < n else f"<id {int(i)}>" for i in np.asarray(ids).ravel()]
 
@@ -374,7 +375,8 @@ class CentroidHead:
     def centroid_norms(self) -> np.ndarray:
         """L2 norm of every centroid vector, np.ndarray[n_centroids] float32."""
         m = self.centroids
-        return np.sqrt(np.einsum("ij,ij->i", m, m, dtype=np.float64)).astype(np.float32)
+        out: np.ndarray = np.sqrt(np.einsum("ij,ij->i", m, m, dtype=np.float64)).astype(np.float32)
+        return out
 
     def pairwise_similarity(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cosine similarity between the given centroids, np.ndarray[k, k] float32 (0 for zero vectors)."""
@@ -382,7 +384,8 @@ class CentroidHead:
         n = np.linalg.norm(m, axis=1)
         n[n == 0] = 1.0
         u = m / n[:, None]
-        return (u @ u.T).astype(np.float32)
+        out: np.ndarray = (u @ u.T).astype(np.float32)
+        return out
 
     def sample(self, k: int, seed: int = 0) -> np.ndarray:
         """``k`` distinct centroid ids chosen with a seeded generator (sorted), np.ndarray[k] int64."""

@@ -47,7 +47,6 @@ import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector import hf_checkpoint
-from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_common import (
     FORK_ARCH,
     OUTTYPES,
@@ -59,6 +58,7 @@ from mtpscope.inspector.convert_common import (
     tokenizer_kv_for,
     write_converted,
 )
+from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_target import convert_target
 from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
@@ -214,14 +214,14 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
         order = np.asarray(order).astype(np.int32)
     arch = UPSTREAM_ARCH if dialect == "upstream" else FORK_ARCH
     kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
-    if dialect == "fork" and ordered:
+    if dialect == "fork" and cen is not None and order is not None:   # both set exactly when ordered
         g["mtp.centroids.weight"] = cen
         g["mtp.token_ordering.weight"] = order
     tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)
     write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
     if centroids_out is not None:
-        if not ordered:
+        if not ordered or cen is None or order is None:
             raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
                               key="use_ordered_embeddings", expected=True, actual=False)
         side = Path(centroids_out)

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.inspector.gguf import open_gguf
-from tests.builders import FK, N_C, N_VOCAB, VSC, U32, parts, write
+from tests.builders import FK, N_C, N_VOCAB, U32, VSC, parts, write
 
 
 @pytest.fixture(scope="module")

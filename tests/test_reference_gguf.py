@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
 from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
 
 

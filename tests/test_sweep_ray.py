@@ -174,8 +174,8 @@ def test_sweep_matches_sequential_and_retries_a_killed_worker(faulty_sweep, sequ
 
 
 def test_resume_finishes_only_the_failed_task(faulty_sweep, sequential, spec) -> None:
-    from mtpscope.traces.sweep.runner import run_sweep
     from mtpscope.traces.sweep.reader import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     out, _ = faulty_sweep
     done = [t for t, s in _states(out).items() if s["state"] == "done"]

@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.store.records import RoundRecord, StepRecord
 from mtpscope.traces.run.packing import pack, unpack
-from mtpscope.traces.run.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
-                                           TransportClosed)
+from mtpscope.traces.run.transport import (
+    COPY_BELOW,
+    Channel,
+    Ring,
+    RoundReceiver,
+    RoundSender,
+    StopRequested,
+    TransportClosed,
+)
+from mtpscope.traces.store.records import RoundRecord, StepRecord
 
 
 def _step(k: int, dim: int) -> StepRecord:
