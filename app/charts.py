@@ -824,7 +824,7 @@ def sweep_heatmap(cells: pd.DataFrame, value: str = "speedup") -> go.Figure:
     """Configuration × category heatmap of a sweep's cells.
 
     Args:
-        cells: :meth:`traces.sweep_read.Sweep.cells` (columns assistant, n_draft, category, and the
+        cells: :meth:`traces.sweep.reader.Sweep.cells` (columns assistant, n_draft, category, and the
             value column); rows in its order become the heatmap's rows (top to bottom), categories in
             order of first appearance its columns.
         value: a key of :data:`SWEEP_VALUES`. Speedup is centred on 1 (red slower than the baseline,

@@ -9,7 +9,7 @@ gives each finding the link of the view that shows its evidence)::
     parse_url("/step?prompt=34&round=20")  -> View(page="step", prompt=34, round=20)
 
 A link names the page by its URL path (:data:`PAGES`, the ``url_path`` of each page in
-``mtpscope/app/main.py``) and carries query parameters (:data:`PARAMS`): the selected files (``trace``,
+``app/main.py``) and carries query parameters (:data:`PARAMS`): the selected files (``trace``,
 ``trace_b``, ``drafter``, ``target``: paths as the app's selection holds them), the prompt (a
 ``prompt_id``; ``all`` where a page can show every prompt), the round (0-based within its prompt, as the
 trace's ``round`` column), the draft step (``step``: the 1-based draft position k of the trace's ``steps``
@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from mtpscope.errors import LinkError
 
-#: The app's pages by URL path (``st.Page(..., url_path=...)`` in ``mtpscope/app/main.py``).
+#: The app's pages by URL path (``st.Page(..., url_path=...)`` in ``app/main.py``).
 PAGES = ("files", "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain",
          "compare", "sweep", "server", "diagnose")
 #: The pages that show a trace (trace A) and read a prompt from their link.

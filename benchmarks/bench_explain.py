@@ -4,9 +4,9 @@ Trace: :func:`traces.synthetic.write_synthetic_trace` with ``--rounds`` rounds (
 3 drafts, centroid columns, no hidden states), written once under ``<cache>/bench-explain/``; its token ids
 are drawn over the real 262144-token Gemma 4 vocabulary, which is used for the token classes.
 
-Baseline: :func:`traces.metrics.report` on the same trace (what ``mtpscope report`` pays today). Measured
+Baseline: :func:`traces.analysis.metrics.report` on the same trace (what ``mtpscope report`` pays today). Measured
 (medians): reading the columns the explanation needs (``Trace.columns``), the analysis alone on those frames
-(:func:`traces.explain_report.explain`: causes, first mismatches, aggregates, token classes of every output
+(:func:`traces.analysis.explain_report.explain`: causes, first mismatches, aggregates, token classes of every output
 position, what-if, categories), each part of it, and end-to-end (open + read + analyse). Prints seconds and
 ratios against the baseline; exits 0 whatever the numbers (targets are reported, never asserted).
 

@@ -3,7 +3,7 @@
 Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in a process of its own
 (as the traced loop runs in the worker; with ``--in-process`` in this process, as the traced runs then are),
 with no ``cb_eval`` callback, no per-step copies, no analysis and no trace writing. Traced ("on"): what
-``mtpscope record`` does -- :func:`traces.recorder.record` with llama.cpp in a worker process
+``mtpscope record`` does -- :func:`traces.run.recorder.record` with llama.cpp in a worker process
 (``isolate=True``), hidden states (h, h_next, h_inner) as f16 and the fork drafter's centroid head, the
 analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
 Parquet parts, compaction) in the recorder process beside the loop -- in each ``--capture`` mode: ``derived``

@@ -11,7 +11,7 @@ Three parts (``--part ray|read|whatif|all``; targets are printed, never asserted
   once under ``<cache>/bench-sweep/``; then, in a fresh process: ``open_sweep`` + ``matrix`` + one
   configuration's timeline (goal < 1.5 s, peak RSS < 1 GB; imports timed apart), and the full cells
   aggregate. Baseline: the goals.
-* **whatif** -- the n_draft what-if estimate of issue 13 (``traces.what_if``, when this build has it)
+* **whatif** -- the n_draft what-if estimate of issue 13 (``traces.analysis.what_if``, when this build has it)
   from the sweep's n_draft=3 cell against the sweep's measured values at n_draft 1..6 on the demo pair
   (target + noisy drafter: the clean one accepts everything at every n_draft): the error per n_draft.
 

@@ -4,7 +4,7 @@ Trace: :func:`traces.synthetic.write_synthetic_trace` with ``--rounds`` rounds (
 8 prompts, 3 drafts, centroid columns, no hidden states), written once under
 ``<cache>/bench-traces/``. Baseline: plain ``pyarrow.parquet.read_table`` of the same rounds files
 followed by ``to_pandas()`` (what any reader has to pay). Measured: ``traces.open`` + ``.rounds``;
-``traces.metrics.report``; ``.steps``; a small-part trace written through ``TraceWriter.add_round``
+``traces.analysis.metrics.report``; ``.steps``; a small-part trace written through ``TraceWriter.add_round``
 (``flush_every=8``) and compacted at close, per round. Prints medians and ratios vs the baseline;
 exits 0 whatever the numbers (targets are reported, never asserted).
 

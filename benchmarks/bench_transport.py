@@ -1,4 +1,4 @@
-"""Benchmark: the recording worker's transport (``traces.transport``) at real sizes.
+"""Benchmark: the recording worker's transport (``traces.run.transport``) at real sizes.
 
 A forked child plays the worker: per round it builds a ``RoundResult`` of ``--n-draft`` steps with
 the drafter's logits (``--n-vocab`` float32, 1 MiB at 262144), ``h`` / ``h_next`` (``--n-embd-backbone``,

@@ -19,7 +19,7 @@ Sources (all give the same :class:`CentroidHead`):
 * numpy arrays (:meth:`CentroidHead.from_arrays`).
 
 Loading is tolerant so that broken heads can be explored (ids out of range, a transposed matrix);
-:meth:`CentroidHead.ready` checks what per-step scoring (``traces.centroid_head``) needs and fixes
+:meth:`CentroidHead.ready` checks what per-step scoring (``traces.run.centroid_head``) needs and fixes
 ``top_k``. :func:`load_centroid_head`, :func:`head_from_gguf` and :func:`head_from_arrays` are the loaders
 followed by ``ready``.
 
@@ -50,8 +50,13 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
-from mtpscope.inspector.layouts import (ARCH_FORK, FORK_CENTROIDS, FORK_ORDERING, UPSTREAM_MASKED_CENTROIDS,
-                                        UPSTREAM_MASKED_ORDERING)
+from mtpscope.inspector.layouts import (
+    ARCH_FORK,
+    FORK_CENTROIDS,
+    FORK_ORDERING,
+    UPSTREAM_MASKED_CENTROIDS,
+    UPSTREAM_MASKED_ORDERING,
+)
 
 #: Default number of centroids kept when the source does not say (Gemma 4 E2B / E4B configs use 32).
 DEFAULT_TOP_K = 32
@@ -335,7 +340,8 @@ class CentroidHead:
         valid = (rows >= 0) & (rows < self.n_vocab)
         new = np.ones_like(rows, dtype=bool)
         new[:, 1:] = rows[:, 1:] != rows[:, :-1]
-        return (new & valid).sum(axis=1).astype(np.int64)
+        out: np.ndarray = (new & valid).sum(axis=1).astype(np.int64)
+        return out
 
     def tokens_of(self, centroid: int) -> np.ndarray:
         """Token ids of ``centroid`` (its ordering row), np.ndarray[vsc] int32.
@@ -362,7 +368,7 @@ class CentroidHead:
     def token_text(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         """Token texts from the GGUF's own ``tokenizer.ggml.tokens`` (``"<id N>"`` where the source has no
         open tokenizer or the id is out of its range)."""
-        toks = self._file.get("tokenizer.ggml.tokens") if self._file is not None else None
+        toks: Any = self._file.get("tokenizer.ggml.tokens") if self._file is not None else None
         n = len(toks) if toks is not None else 0
         return [toks[int(i)] if 0 <= int(i) < n else f"<id {int(i)}>" for i in np.asarray(ids).ravel()]
 
@@ -376,7 +382,8 @@ class CentroidHead:
     def centroid_norms(self) -> np.ndarray:
         """L2 norm of every centroid vector, np.ndarray[n_centroids] float32."""
         m = self.centroids
-        return np.sqrt(np.einsum("ij,ij->i", m, m, dtype=np.float64)).astype(np.float32)
+        out: np.ndarray = np.sqrt(np.einsum("ij,ij->i", m, m, dtype=np.float64)).astype(np.float32)
+        return out
 
     def pairwise_similarity(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Cosine similarity between the given centroids, np.ndarray[k, k] float32 (0 for zero vectors)."""
@@ -384,7 +391,8 @@ class CentroidHead:
         n = np.linalg.norm(m, axis=1)
         n[n == 0] = 1.0
         u = m / n[:, None]
-        return (u @ u.T).astype(np.float32)
+        out: np.ndarray = (u @ u.T).astype(np.float32)
+        return out
 
     def sample(self, k: int, seed: int = 0) -> np.ndarray:
         """``k`` distinct centroid ids chosen with a seeded generator (sorted), np.ndarray[k] int64."""

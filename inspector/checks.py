@@ -210,10 +210,10 @@ def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:
         if req is not None and req != L.ARCH_TARGET:
             add(finding(WARNING, "W_KEY_VALUE", f"{arch}.requires_target_arch", L.ARCH_TARGET, req,
                    "the drafter declares a target architecture other than gemma4"))
-        if hp.use_ordered_embeddings and hp.n_centroids is not None and hp.centroid_top_k is not None:
-            if not 1 <= hp.centroid_top_k <= hp.n_centroids:
-                add(finding(ERROR, "E_TOP_K", f"{arch}.centroid_top_k", f"1..{hp.n_centroids}", hp.centroid_top_k,
-                       "centroid_top_k must be between 1 and n_centroids"))
+        if hp.use_ordered_embeddings and hp.n_centroids is not None and hp.centroid_top_k is not None \
+                and not 1 <= hp.centroid_top_k <= hp.n_centroids:
+            add(finding(ERROR, "E_TOP_K", f"{arch}.centroid_top_k", f"1..{hp.n_centroids}", hp.centroid_top_k,
+                        "centroid_top_k must be between 1 and n_centroids"))
 
 
 def _check_tokenizer(f: Any, hp: L.HParams, add: Any) -> None:
@@ -376,9 +376,9 @@ def _check_values(f: Any, hp: L.HParams, dialect: str, tmap: dict[str, Any], add
         if a is not None:
             _check_rope_freqs(a.astype(np.float64).ravel(), hp, add, partial_rotary_factor)
 
-    c_name = L.FORK_CENTROIDS if dialect == "fork" else (L.UPSTREAM_MASKED_CENTROIDS if dialect == "upstream" else None)
-    o_name = L.FORK_ORDERING if dialect == "fork" else (L.UPSTREAM_MASKED_ORDERING if dialect == "upstream" else None)
     if dialect in ("fork", "upstream"):
+        c_name = L.FORK_CENTROIDS if dialect == "fork" else L.UPSTREAM_MASKED_CENTROIDS
+        o_name = L.FORK_ORDERING if dialect == "fork" else L.UPSTREAM_MASKED_ORDERING
         _check_centroid_head(f, hp, tmap.get(c_name), tmap.get(o_name), add)
 
 

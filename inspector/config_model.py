@@ -169,7 +169,7 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
         hp = L.read_hparams(_KeysOnly(arch, kv))
         layout = tuple(e for e in L.expected_target_layout(hp, k_eq_v=hp_text.k_eq_v)
                        if e.required or (e.layer is not None and e.name.split(".", 2)[2] in _WRITTEN_OPTIONAL
-                                         and (hp.n_expert or not e.component == "moe_experts")))
+                                         and (hp.n_expert or e.component != "moe_experts")))
         if hp_text.shared_kv_layers:
             shared = [ly for ly in hp.layers if not hp.has_kv(ly.il)]
             extra = sum(2 * hp.n_embd * ly.n_head_kv * ly.head_dim * 2 + ly.head_dim * 4 for ly in shared)

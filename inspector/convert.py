@@ -47,7 +47,6 @@ import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector import hf_checkpoint
-from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_common import (
     OUTTYPES,
     SIDECAR_ARCH,
@@ -56,6 +55,7 @@ from mtpscope.inspector.convert_common import (
     tokenizer_kv_for,
     write_converted,
 )
+from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_target import convert_target
 from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
@@ -212,7 +212,7 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
         order = np.asarray(order).astype(np.int32)
     arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
     kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
-    if dialect == "fork" and ordered:
+    if dialect == "fork" and cen is not None and order is not None:   # both set exactly when ordered
         g[FORK_CENTROIDS] = cen
         g[FORK_ORDERING] = order
     tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)

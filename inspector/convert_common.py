@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,8 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 SIDECAR_ARCH = "gemma4-assistant-centroids"
 #: vocabulary size of the real Gemma 4 tokenizer (copied whole; smaller checkpoints get its first tokens)
 N_VOCAB_FULL = GEMMA4_N_VOCAB
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, 
     return out
 
 
-def ordered(g: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def ordered(g: Mapping[str, _T]) -> dict[str, _T]:
     """Tensors in the order llama.cpp's converter writes them: ``token_embd``, ``rope_freqs`` and the other
     globals first, then the blocks by index, then the rest."""
     def key(n: str) -> tuple[int, int, str]:

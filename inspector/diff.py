@@ -199,7 +199,8 @@ class GGUFDiff:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=_default))
+        out: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self), default=_default))
+        return out
 
 
 def _default(o: Any) -> Any:
@@ -250,7 +251,7 @@ def _values_equal(va: Any, vb: Any) -> bool:
     try:
         return bool(np.array_equal(va.to_numpy(), vb.to_numpy()))
     except Exception:  # noqa: BLE001 - strings / nested arrays: fall back to decoded lists
-        return va.to_list() == vb.to_list()
+        return bool(va.to_list() == vb.to_list())
 
 
 def row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -260,7 +261,8 @@ def row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     y = y.reshape(y.shape[0], -1).astype(np.float64)
     num = np.linalg.norm(x - y, axis=1)
     den = np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1))
-    return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    out: np.ndarray = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    return out
 
 
 def _raw_rows(f: Any, name: str, shape: tuple[int, ...], r0: int, r1: int) -> np.ndarray:

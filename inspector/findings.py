@@ -30,7 +30,7 @@ SEVERITY_ORDER = {ERROR: 0, WARNING: 1, INFO: 2}
 #: a 1-D tensor not in F32 (``E_DTYPE_VECTOR``: ``binary_op: unsupported types: dst: f32, src0: f32, src1:
 #: f16`` at the first draft step; F16 ``rope_freqs`` aborts the load), integer / unknown types and wrong
 #: shapes of weight matrices, and a target whose shared-KV layers abort context creation
-#: (``E_SHARED_KV_LAYOUT``). The one list that ``mtpscope record``'s pre-flight (``traces.preflight``)
+#: (``E_SHARED_KV_LAYOUT``). The one list that ``mtpscope record``'s pre-flight (``traces.run.preflight``)
 #: refuses.
 RUNTIME_CRASH_CODES = frozenset({"E_DTYPE", "E_TENSOR_SHAPE", "E_PROJ_SHAPE", "E_TOKEN_EMBD_SHAPE", "E_DTYPE_VECTOR",
                                  "E_SHARED_KV_LAYOUT"})

@@ -114,9 +114,9 @@ _K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S
 #: they round. F32 weights (and any type not listed) keep F32 activations.
 VEC_DOT_TYPES: dict[str, str] = {
     "F16": "F16", "BF16": "BF16",
-    **{t: "Q8_0" for t in ("Q1_0", "Q2_0", "Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4", "IQ4_NL")},
+    **dict.fromkeys(("Q1_0", "Q2_0", "Q4_0", "Q5_0", "Q8_0", "MXFP4", "NVFP4", "IQ4_NL"), "Q8_0"),
     "Q4_1": "Q8_1", "Q5_1": "Q8_1",
-    **{t: "Q8_K" for t in _K_QUANTS},
+    **dict.fromkeys(_K_QUANTS, "Q8_K"),
 }
 
 

@@ -198,8 +198,7 @@ class ArrayValue:
         end = last + 8 + _U64.unpack_from(src.mm, last)[0]
         region = src.mm[first:end]
         starts = (offs - (first - 8)).tolist()  # each string's bytes, relative to the region
-        stops = offs[1:] - first
-        stops = [*stops.tolist(), end - first]
+        stops = [*(offs[1:] - first).tolist(), end - first]
         return [region[a:b] for a, b in zip(starts, stops)]
 
     def _strings(self) -> list[str]:
@@ -247,7 +246,8 @@ class ArrayValue:
             return self._strings()
         if et == ARRAY:
             return [self._item(i).to_list() for i in range(self.length)]
-        return self.to_numpy().tolist()
+        out: list[Any] = self.to_numpy().tolist()
+        return out
 
 
 @dataclass(frozen=True)
@@ -543,7 +543,7 @@ class GGUFFile:
             idx = range(*rows.indices(n0))
             r0, r1 = (min(idx[0], idx[-1]), max(idx[0], idx[-1]) + 1) if len(idx) else (0, 0)
             sel = np.arange(idx.start, idx.stop, idx.step, dtype=np.int64) - r0
-        elif not one_d and rows is not None:
+        elif not one_d and rows is not None and not isinstance(rows, slice):   # (a slice took the branch above)
             i = int(rows)
             if i < 0:
                 i += n0
@@ -921,7 +921,7 @@ class _Parser:
                 info = cache[ggml_type] = type_info(ggml_type)
             offset = data_offset + rel
             n_bytes = None
-            if info.block_size is not None:
+            if info.block_size is not None and info.type_size is not None:   # both known, or both None
                 if ne and ne[0] % info.block_size:
                     self.fail(f"row size ne[0] is not a multiple of the {info.name} block size", ne_pos,
                               name, expected=f"a multiple of {info.block_size}", actual=ne[0])

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -121,7 +121,7 @@ def write_gguf(path: str | os.PathLike[str], arch: str | None,
             vtype = gguf.GGUFValueType(mv.type)
             if mv.type == ARRAY:
                 val = mv.value.tolist() if isinstance(mv.value, np.ndarray) else list(mv.value)
-                w.add_key_value(key, val, vtype, sub_type=gguf.GGUFValueType(mv.sub_type))
+                w.add_key_value(key, val, vtype, sub_type=gguf.GGUFValueType(cast(int, mv.sub_type)))
             else:
                 w.add_key_value(key, mv.value, vtype)
         for name, arr in tensors.items():

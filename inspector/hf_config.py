@@ -243,7 +243,7 @@ def text_hparams(tc: Mapping[str, Any], where: str | os.PathLike[str] = "config.
     n_expert = n_used = n_ff_exp = 0
     if moe:
         for k in ("num_experts", "top_k_experts", "moe_intermediate_size"):
-            if not isinstance(tc.get(k), int) or isinstance(tc.get(k), bool) or tc.get(k) <= 0:
+            if not isinstance(v := tc.get(k), int) or isinstance(v, bool) or v <= 0:
                 raise HFCheckpointError("enable_moe_block is true but a MoE field is missing or not a positive "
                                         "integer", path=where, key=k, expected="int > 0", actual=tc.get(k))
         n_expert, n_used, n_ff_exp = int(tc["num_experts"]), int(tc["top_k_experts"]), int(tc["moe_intermediate_size"])

@@ -122,17 +122,17 @@ def _layout_reason(e: LayoutError) -> str:
     return f"key {e.key}: {e.message} (expected {e.expected}, got {e.actual})"
 
 
-def _read_for_load(f: Any, arch: str, runtime: str, basis: str) -> tuple[L.HParams | None, Verdict | None]:
+def _read_for_load(f: Any, arch: str, runtime: str, basis: str) -> L.HParams | Verdict:
     """What both loaders check first: the keys they read without a default, the vocabulary, then the
-    hyperparameters. Returns ``(hparams, None)``, or ``(None, refusing Verdict)``."""
+    hyperparameters. Returns the hyperparameters, or the refusing :class:`Verdict`."""
     reasons = [f"key not found in model: {k}" for k in _runtime_keys(arch, L.dialect_of(arch)) if f.get(k) is None]
     reasons += _tokenizer_reasons(f)
     if reasons:
-        return None, Verdict(runtime, False, _capped(reasons), basis)
+        return Verdict(runtime, False, _capped(reasons), basis)
     try:
-        return L.read_hparams(f), None
+        return L.read_hparams(f)
     except LayoutError as e:
-        return None, Verdict(runtime, False, (_layout_reason(e),), basis)
+        return Verdict(runtime, False, (_layout_reason(e),), basis)
 
 
 #: llama.cpp's own messages for the aborts below (ggml/src/ggml-cpu/binary-ops.cpp, ggml/src/ggml.c,
@@ -203,9 +203,9 @@ def upstream_verdict(f: Any) -> Verdict:
         return Verdict(RUNTIME_UPSTREAM, None, (f"mtpscope has no load rules for architecture '{arch}'",),
                        _BASIS_UPSTREAM)
     dialect = L.dialect_of(arch)
-    hp, refusal = _read_for_load(f, arch, RUNTIME_UPSTREAM, _BASIS_UPSTREAM)
-    if hp is None:
-        return refusal
+    hp = _read_for_load(f, arch, RUNTIME_UPSTREAM, _BASIS_UPSTREAM)
+    if isinstance(hp, Verdict):
+        return hp
     reasons: list[str] = []
     for a, b in (("attention.key_length", "attention.value_length"),
                  ("attention.key_length_swa", "attention.value_length_swa")):
@@ -270,9 +270,9 @@ def fork_verdict(f: Any) -> Verdict:
                        (f"mtpscope has no fork rules for architecture '{arch}'" if arch in KNOWN_ARCHES_UPSTREAM
                         else f"unknown model architecture: '{arch}'",), _BASIS_FORK)
     dialect = L.dialect_of(arch)
-    hp, refusal = _read_for_load(f, arch, RUNTIME_FORK, _BASIS_FORK)
-    if hp is None:
-        return refusal
+    hp = _read_for_load(f, arch, RUNTIME_FORK, _BASIS_FORK)
+    if isinstance(hp, Verdict):
+        return hp
     reasons: list[str] = []
     tmap, dups = tensor_map(f)
     if dups:

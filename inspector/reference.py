@@ -47,7 +47,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -136,8 +136,10 @@ class StepOptions:
                                             actual=value)
             return replace(self, top_k=int(value))
         if name in ("kv_f16", "act_quant"):
-            return replace(self, **{name: value.lower() in ("1", "true", "yes", "on")})
-        return replace(self, **{name: value})
+            flag: dict[str, Any] = {name: value.lower() in ("1", "true", "yes", "on")}
+            return replace(self, **flag)
+        other: dict[str, Any] = {name: value}
+        return replace(self, **other)
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,8 @@ def _mv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     ``np.einsum`` (no BLAS): BLAS threading costs 10-100x on small matrix-vector products on a busy
     machine, and einsum is as fast as BLAS on large ones (memory bound).
     """
-    return np.einsum("ij,j->i", w, x.astype(w.dtype, copy=False)).astype(np.float32, copy=False)
+    res: np.ndarray = np.einsum("ij,j->i", w, x.astype(w.dtype, copy=False)).astype(np.float32, copy=False)
+    return res
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,7 +254,8 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float = 1e-6) -> np.ndarr
     x64 = x.astype(np.float64)
     scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
     y = (x64 * scale).astype(np.float32)
-    return y if w is None else y * w.astype(np.float32)
+    res: np.ndarray = y if w is None else y * w.astype(np.float32)
+    return res
 
 
 def gelu_tanh(x: np.ndarray, mode: str = "tanh") -> np.ndarray:
@@ -321,7 +325,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     ``f16`` rounds q, K, V and the probabilities to F16 first (llama.cpp, non-FA, F16 cache);
     ``kv_rounded`` says K and V already are (see :meth:`DonorKV.rounded_f16`).
     """
-    return _attend(np.asarray(q)[None], k, v, np.asarray(mask, dtype=bool)[None], f16, kv_rounded, scale)[0]
+    res: np.ndarray = _attend(np.asarray(q)[None], k, v, np.asarray(mask, dtype=bool)[None], f16, kv_rounded, scale)[0]
+    return res
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, f16: bool = False,
@@ -334,7 +339,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, f16: 
     if n_head % n_head_kv:
         raise ReferenceDrafterError("n_head is not a multiple of n_head_kv", key="n_head_kv",
                              expected=f"a divisor of {n_head}", actual=n_head_kv)
-    seen = mask.any(axis=0)
+    seen = np.asarray(mask.any(axis=0))   # (an array: mask is 2-D)
     if not seen.any():
         return np.zeros((R, n_head, d), dtype=np.float32)
     lo = int(np.argmax(seen))                  # the visible run (usually all of it): views, no copies
@@ -360,7 +365,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, f16: 
     if f16:
         pr = pr.astype(np.float16).astype(np.float32)
     out = np.einsum("rhgn,nhd->rhgd", pr, vs, optimize=batched)
-    return out.reshape(R, n_head, d).astype(np.float32)
+    res: np.ndarray = out.reshape(R, n_head, d).astype(np.float32)
+    return res
 
 
 def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -368,7 +374,8 @@ def _mm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     Several rows: one BLAS product; one row: :func:`_mv` (no BLAS)."""
     if x.shape[0] == 1:
         return _mv(w, x[0])[None, :]
-    return (x @ w.T).astype(np.float32, copy=False)
+    res: np.ndarray = (x @ w.T).astype(np.float32, copy=False)
+    return res
 
 
 def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
@@ -389,7 +396,7 @@ def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
     if act_type in ("F16",):
         return x.astype(np.float16).astype(np.float32)
     if act_type == "BF16":
-        u = x.view(np.uint32).astype(np.uint64)
+        u: np.ndarray = x.view(np.uint32).astype(np.uint64)
         u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
         return u.astype(np.uint32).view(np.float32).reshape(x.shape)
     qk = GGML_TYPES_BY_NAME[act_type].block_size if act_type in ("Q8_0", "Q8_1", "Q8_K") else None
@@ -403,7 +410,8 @@ def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
             iscale = np.where(m != 0, np.float32(-127.0) / m, np.float32(0.0)).astype(np.float32)
             q = np.minimum(127.0, np.rint(iscale * b))                   # nearest_int: round half to even
             d = np.where(m != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
-        return (q * d).astype(np.float32).reshape(x.shape)
+        blocks: np.ndarray = (q * d).astype(np.float32).reshape(x.shape)
+        return blocks
     amax = np.abs(b).max(axis=-1, keepdims=True)
     d = (amax / np.float32(127.0)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -411,7 +419,8 @@ def round_activations(x: np.ndarray, act_type: str | None) -> np.ndarray:
     v = b * idv
     q = np.trunc(v + np.copysign(np.float32(0.5), v))                  # roundf: half away from zero
     d16 = d.astype(np.float16).astype(np.float32)
-    return (q * d16).astype(np.float32).reshape(x.shape)
+    res: np.ndarray = (q * d16).astype(np.float32).reshape(x.shape)
+    return res
 
 
 def _mmq(x: np.ndarray, w: np.ndarray, act_type: str | None) -> np.ndarray:
@@ -564,7 +573,10 @@ class ReferenceDrafter:
 
         f = open_gguf(drafter)
         hp, names = _hparams_from_gguf(f, drafter)
-        data = lambda n: np.asarray(f.tensor_data(n), dtype=np.float32)  # noqa: E731
+
+        def data(n: str) -> np.ndarray:
+            return np.asarray(f.tensor_data(n), dtype=np.float32)
+
         layers = []
         for il in range(hp.n_layer):
             b = f"blk.{il}."
@@ -588,7 +600,7 @@ class ReferenceDrafter:
             head = load_centroid_head(centroids)
             cen = np.asarray(head.centroids, dtype=np.float32)
             order = np.asarray(head.ordering).astype(np.int64).reshape(-1)
-            hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(head.top_k))
+            hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(cast(int, head.top_k)))
         weights = DrafterWeights(
             pre_projection=data(names["pre_projection"]), post_projection=data(names["post_projection"]),
             token_embd=data("token_embd.weight"), output_norm=data("output_norm.weight"),
@@ -856,7 +868,7 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
         is_swa=is_swa, head_dim=tuple(ly.head_dim for ly in hp.layers),
         n_rot=tuple(rot_swa if sw else rot_full for sw in is_swa),
         rope_base=tuple(base_swa if sw else base_full for sw in is_swa),
-        sliding_window=int(hp.sliding_window),
+        sliding_window=int(cast(int, hp.sliding_window)),
         eps=float(hp.raw.get(p + "attention.layer_norm_rms_epsilon") or 1e-6),
         n_centroids=n_cen, centroid_top_k=top_k)
     return dhp, names

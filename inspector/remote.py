@@ -160,7 +160,7 @@ def parse_hf(spec: str, endpoint: str | None = None) -> Location:
     from huggingface_hub import hf_hub_url
 
     rest = spec[len("hf://"):]
-    parts = [x for x in rest.split("/")]
+    parts = rest.split("/")
     if len(parts) < 3 or any(not x for x in parts):
         raise RemoteFileError("not an hf:// file location", path=spec,
                               expected="hf://ORG/REPO/[REVISION/]FILE.gguf or hf://ORG/REPO@REVISION/PATH",
@@ -641,7 +641,7 @@ def open_gguf_reader(name: str, reader: ByteReader, size: int, *, first: bytes =
             if len(buf) < end:
                 raise GGUFFormatError("the source returned fewer bytes than asked", path=name, offset=len(buf),
                                       expected=f"{end - have} bytes from offset {have}",
-                                      actual=f"{len(buf) - have} bytes")
+                                      actual=f"{len(buf) - have} bytes") from None
 
 
 # ----------------------------------------------------------------------------------------- opening

@@ -105,23 +105,23 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, HFTensor]
         try:
             dtype = str(ent["dtype"])
             shape = tuple(int(x) for x in ent["shape"])
-            b, e = (int(x) for x in ent["data_offsets"])
+            b, end = (int(x) for x in ent["data_offsets"])
         except (KeyError, TypeError, ValueError) as ex:
             raise HFCheckpointError("tensor entry lacks dtype / shape / data_offsets", path=p, offset=8,
                                     key=name) from ex
-        if not 0 <= b <= e <= data_len:
+        if not 0 <= b <= end <= data_len:
             raise HFCheckpointError("data offsets out of range (beyond the end of the file)", path=p,
                                     offset=8 + n + b, key=name,
-                                    expected=f"0 <= begin <= end <= {data_len}", actual=[b, e])
+                                    expected=f"0 <= begin <= end <= {data_len}", actual=[b, end])
         item = _DTYPE_SIZES.get(dtype)
         if item is not None:
             n_el = 1
             for d in shape:
                 n_el *= d
-            if n_el * item != e - b:
+            if n_el * item != end - b:
                 raise HFCheckpointError("data length does not match dtype and shape", path=p, offset=8 + n + b,
-                                        key=name, expected=n_el * item, actual=e - b)
-        out[name] = HFTensor(name, dtype, shape, p, (b, e), 8 + n)
+                                        key=name, expected=n_el * item, actual=end - b)
+        out[name] = HFTensor(name, dtype, shape, p, (b, end), 8 + n)
     return out
 
 

@@ -200,7 +200,7 @@ def open_model(location: str | os.PathLike[str], remote: RemoteOptions | None = 
             f.close()
             raise GGUFFormatError("a shard of a split model whose name does not say which (llama.cpp finds the "
                                   "others by name)", path=f.path, key=SPLIT_COUNT,
-                                  expected="a name like NAME-00001-of-%05d.gguf" % cnt, actual=Path(loc).name)
+                                  expected=f"a name like NAME-00001-of-{cnt:05d}.gguf", actual=Path(loc).name)
         return f
     opened: list[GGUFFile] = []
     try:

@@ -30,10 +30,25 @@ from typing import Any
 from mtpscope.inspector import layouts as L
 from mtpscope.inspector.checks import check_file
 from mtpscope.inspector.findings import (
-    CODES, ERROR, INFO, RUNTIME_CRASH_CODES, SEVERITY_ORDER, WARNING, Finding, Pairing, Report, Verdict, finding,
+    CODES,
+    ERROR,
+    INFO,
+    RUNTIME_CRASH_CODES,
+    SEVERITY_ORDER,
+    WARNING,
+    Finding,
+    Pairing,
+    Report,
+    Verdict,
+    finding,
 )
 from mtpscope.inspector.loadability import (
-    RUNTIME_FORK, RUNTIME_UPSTREAM, RUNTIMES, fork_verdict, loadability, upstream_verdict,
+    RUNTIME_FORK,
+    RUNTIME_UPSTREAM,
+    RUNTIMES,
+    fork_verdict,
+    loadability,
+    upstream_verdict,
 )
 from mtpscope.inspector.pairing import check_pairing
 

@@ -1,7 +1,7 @@
 """Start the Streamlit app the way ``make run`` does, for the HTTP and browser tests.
 
 ``make run`` runs ``.venv/bin/mtpscope app --port 8501 --address 127.0.0.1`` (which execs Streamlit
-on the packaged ``mtpscope/app/main.py``); :func:`start_app` runs the same command on a free port and
+on the packaged ``app/main.py``); :func:`start_app` runs the same command on a free port and
 waits for ``/_stcore/health``.
 """
 

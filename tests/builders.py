@@ -41,7 +41,7 @@ N_C = 32          # demo default for a 4096-token vocabulary
 VSC = N_VOCAB // N_C  # 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _base(kind: str) -> tuple[str, tuple[tuple[str, MetaValue], ...], tuple[tuple[str, np.ndarray], ...]]:
     voc = demo.load_vocab("subset")
     tw = demo.target_weights(voc, DIMS, 0)

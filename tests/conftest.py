@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-
 # ---------------------------------------------------------------------------------- GGUF (inspector)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType as V
+from gguf import GGUFReader
+from gguf import GGUFValueType as V
 
 from mtpscope.inspector import ArrayValue, GGUFFile
 

@@ -40,7 +40,7 @@ class Hit:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: _Server
 
     def log_message(self, *args: object) -> None:  # quiet
         pass

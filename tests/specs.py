@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFValueType as V, quants
+from gguf import GGUFValueType as V
+from gguf import quants
 
 N_EMBD, N_BB, N_FF, N_HEAD, HD_SWA, HD_FULL, N_VOCAB, N_CENTROIDS = 32, 64, 64, 2, 32, 64, 256, 8
 SWA = [True, True, True, False]  # three sliding layers then one full

@@ -1,7 +1,7 @@
 """AppTest for every page of the Streamlit app on the demo data.
 
 Each page must run without an exception and show the same key values as the libraries (reader,
-inventory, validation, centroid head, traces.metrics.report) — and, for the acceptance numbers, the
+inventory, validation, centroid head, traces.analysis.metrics.report) — and, for the acceptance numbers, the
 same values as a direct pyarrow read of the trace's Parquet parts.
 """
 
@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from mtpscope.app import selection  # noqa: E402
 from mtpscope.cli.serve import main_script  # noqa: E402
 
-MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged mtpscope/app/main.py)
+MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged app/main.py)
 TIMEOUT = 120
 
 

@@ -123,7 +123,8 @@ def test_network_address_with_roots_says_what_is_exposed(tmp_path: Path, monkeyp
     and MTPSCOPE_ROOTS_ONLY=1 in its environment."""
     from typer.testing import CliRunner
 
-    from mtpscope.cli import main as cli, serve as cli_app
+    from mtpscope.cli import main as cli
+    from mtpscope.cli import serve as cli_app
 
     calls = []
 
@@ -171,8 +172,8 @@ def test_streamlit_config_file_listens_on_loopback() -> None:
 @pytest.mark.browser
 @pytest.mark.slow
 def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> None:
-    from tests.conftest import write_gguf_file
     from tests.browser import ARGS, CHROMIUM, need_browser, settle
+    from tests.conftest import write_gguf_file
 
     sync_api = need_browser()
     root, secret_dir = tmp_path / "root", tmp_path / "secret"

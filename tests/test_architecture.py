@@ -5,7 +5,8 @@ import name (``inspector/gguf.py`` -> ``mtpscope.inspector.gguf``, ``traces/stor
 ``mtpscope.traces.store.reader``, ``app/screens/step.py`` -> ``mtpscope.app.screens.step``). Every
 ``import`` / ``from ... import`` counts, at module level or inside a function (a lazy import is still an
 arrow), relative imports resolved, and so does ``importlib.import_module("x")`` / ``__import__("x")`` with a
-literal name. Importing ``a.b.c`` also runs the packages ``a`` and ``a.b``: those implicit arrows count for
+literal name, and so does each entry of a package's lazy-export table (``_FROM = {"name": "module"}`` or
+``{"name": ("module", "attr")}``, imported by its PEP 562 ``__getattr__``). Importing ``a.b.c`` also runs the packages ``a`` and ``a.b``: those implicit arrows count for
 what a module can reach. The rules:
 
 - only ``mtpscope.app`` imports ``streamlit``, and its pure helpers (charts, views, ...) do not;
@@ -26,7 +27,10 @@ what a module can reach. The rules:
 - docs/ARCHITECTURE.md's module tables list every module file, and only those; each row's "may import"
   column names exactly the project modules and third-party packages the module imports;
 - no module is over :data:`MAX_LINES` lines unless ARCHITECTURE.md's "Long modules" list names it with the
-  one job it holds.
+  one job it holds;
+- every module name the demo's stamp hashes (the dotted ``mtpscope.*`` strings of :data:`DEMO_SPEC`) names a
+  module of the tree, so that a rename fails here instead of silently hashing ``b"<missing>"`` into a
+  new stamp.
 
 Each rule is a pure function over an import graph; the ``test_rule_*`` self-tests feed it a small
 synthetic graph that breaks it, so a rule that could never fail would be caught.
@@ -67,6 +71,10 @@ TRACE_AREAS = {"store": 0, "analysis": 1, "run": 2, "sweep": 3, "server": 3, "di
 APP_MAY_REACH_TOP = ("mtpscope.demo.spec", "mtpscope.demo")
 #: a module over this many lines must be named, with its one job, in ARCHITECTURE.md's "Long modules".
 MAX_LINES = 600
+#: the demo's specification: its ``mtpscope.*`` strings name the modules whose sources the stamp hashes.
+DEMO_SPEC = ROOT / "mtpscope" / "demo" / "spec.py"
+#: the name of a package's lazy-export table (``name -> module`` or ``name -> (module, attr)``).
+LAZY_TABLE = "_FROM"
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,14 @@ _DYNAMIC = ("import_module", "__import__")
 def imports_of(source: str, module: str, is_package: bool = False) -> list[Imp]:
     """Every import in ``source`` (module level, in functions, in ``if`` blocks), relative ones resolved
     against ``module`` (``is_package``: ``module`` is a package's ``__init__``), and every
-    ``importlib.import_module("x")`` / ``import_module("x")`` / ``__import__("x")`` with a literal name."""
+    ``importlib.import_module("x")`` / ``import_module("x")`` / ``__import__("x")`` with a literal name, and
+    every entry of a module-level lazy-export table (:data:`LAZY_TABLE`: ``"name": "module"`` counts as
+    ``from module import name``, ``"name": ("module", "attr")`` as ``from module import attr``)."""
     out: list[Imp] = []
     base = module.split(".") if is_package else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    out += lazy_exports(tree)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [Imp(a.name, (), node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -116,6 +128,41 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[Imp]:
             if fname in _DYNAMIC:
                 out.append(Imp(node.args[0].value, (), node.lineno))
     return sorted(out, key=lambda i: i.line)
+
+
+def lazy_exports(tree: ast.Module) -> list[Imp]:
+    """The imports a module-level ``_FROM = {...}`` table stands for (see :func:`imports_of`); a value that
+    is neither a string nor a tuple starting with one is skipped."""
+    out: list[Imp] = []
+    for node in tree.body:
+        if not (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if not any(isinstance(t, ast.Name) and t.id == LAZY_TABLE for t in targets):
+            continue
+        for k, v in zip(node.value.keys, node.value.values):
+            key = k.value if isinstance(k, ast.Constant) and isinstance(k.value, str) else None
+            parts = v.elts if isinstance(v, ast.Tuple) else [v]
+            strs = [e.value for e in parts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if not strs or not (isinstance(parts[0], ast.Constant) and isinstance(parts[0].value, str)):
+                continue
+            name = strs[1] if isinstance(v, ast.Tuple) and len(strs) > 1 else key
+            out.append(Imp(strs[0], (name,) if name else (), v.lineno))
+    return out
+
+
+def demo_stamp_modules(source: str) -> list[tuple[str, int]]:
+    """``(module name, line)`` for every string constant of the demo's spec that looks like a module path
+    (``mtpscope`` or ``mtpscope.x.y``, dotted words only)."""
+    return sorted({(n.value, n.lineno) for n in ast.walk(ast.parse(source))
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and re.fullmatch(r"mtpscope(\.\w+)*", n.value)}, key=lambda x: (x[1], x[0]))
+
+
+def missing_modules(names: Iterable[tuple[str, int]], known: Iterable[str]) -> list[str]:
+    """``line: name`` for every name that is not a module or package among ``known``."""
+    known = set(known)
+    return [f"{line}: {n}" for n, line in names if n not in known]
 
 
 def scan(root: Path = ROOT, packages: Mapping[str, str] = PACKAGES) -> dict[str, tuple[Path, list[Imp]]]:
@@ -575,6 +622,21 @@ def test_no_sys_path_edits(tree) -> None:
     assert [f"{f}:{line}" for f, src in sorted(srcs.items()) for line in sys_path_edits(src)] == []
 
 
+def test_lazy_export_tables_are_seen_as_imports(tree) -> None:
+    """The packages' ``_FROM`` tables reach the modules they name (and so fall under every rule above)."""
+    g = graph(tree)
+    assert {"mtpscope.traces.store.reader", "mtpscope.traces.sweep.reader"} <= set(g["mtpscope.traces"])
+    assert {"mtpscope.inspector.gguf", "mtpscope.inspector.inventory"} <= set(g["mtpscope.inspector"])
+
+
+def test_demo_stamp_names_existing_modules(tree) -> None:
+    """Every module the demo's stamp hashes exists (a rename must fail here, not change the stamp)."""
+    names = demo_stamp_modules(DEMO_SPEC.read_text(encoding="utf-8"))
+    assert len(names) >= 20, names   # the three source tuples are seen at all
+    known = set(tree) | set(scan(packages={"sample_configs": "mtpscope.sample_configs"}))
+    assert missing_modules(names, known) == []
+
+
 def test_architecture_doc_tables_match_the_imports(tree, doc) -> None:
     """Every module has a row, every row a module, and each row's "may import" is exactly what it imports."""
     assert table_problems(documented_rows(doc), tree) == []
@@ -782,3 +844,36 @@ def test_rule_long_modules_must_be_listed(tmp_path) -> None:
         f"{small.as_posix()} is in 'Long modules' but is not over 10 lines"]
     md = "### Long modules\n\n- `traces/run/replay.py`: one job (replay)\n\n## Next\n- `x.py`: no\n"
     assert long_modules_listed(md) == {"traces/run/replay.py"}
+
+
+def test_rule_lazy_export_tables_count_as_imports() -> None:
+    src = ('_FROM = {\n    "open_gguf": "mtpscope.inspector.gguf",\n    "open": ("mtpscope.traces.store.reader", "open_trace"),\n'
+           '    "bad": 3,\n    "up": ("mtpscope.app.views", "f"),\n}\nOTHER = {"x": "mtpscope.cli.main"}\n'
+           'def __getattr__(n):\n    import importlib\n    return importlib.import_module(_FROM[n])\n')
+    assert [(i.name, i.names, i.line) for i in imports_of(src, "mtpscope.traces", is_package=True)
+            if i.name != "importlib"] == [
+        ("mtpscope.inspector.gguf", ("open_gguf",), 2), ("mtpscope.traces.store.reader", ("open_trace",), 3),
+        ("mtpscope.app.views", ("f",), 5)]
+    # an upward import named only in a package's table fails the layer rules, directly and by reach
+    g = graph(_mods({"mtpscope.inspector": '_FROM = {"x": ("mtpscope.traces.store.reader", "x")}\n',
+                     "mtpscope.inspector.gguf": "", "mtpscope.traces": "", "mtpscope.traces.store": "",
+                     "mtpscope.traces.store.reader": '_FROM = {"v": "mtpscope.app.views"}\n',
+                     "mtpscope.app": "", "mtpscope.app.views": ""}))
+    assert layer_violations(g) == ["mtpscope.inspector:1 imports mtpscope.traces.store.reader",
+                                   "mtpscope.traces.store.reader:1 imports mtpscope.app.views"]
+    assert "mtpscope.inspector reaches mtpscope.app.views via mtpscope.inspector -> " \
+           "mtpscope.traces.store.reader -> mtpscope.app.views" in reach_violations(g)
+
+
+def test_rule_a_renamed_demo_stamp_module_fails() -> None:
+    src = ('import importlib.resources\n_MODEL = ("mtpscope.demo.build", "mtpscope.inspector.gguf_write")\n'
+           '_TRACE = ("mtpscope.traces.run.recorder",\n          "mtpscope.traces.mtp_runtime")\n'
+           'R = importlib.resources.files("mtpscope.sample_configs").joinpath("demo-record.json")\n'
+           'CMD = "mtpscope record"\nKEY = "mtpscope.demo-x"\n')
+    names = demo_stamp_modules(src)
+    assert names == [("mtpscope.demo.build", 2), ("mtpscope.inspector.gguf_write", 2),
+                     ("mtpscope.traces.run.recorder", 3), ("mtpscope.traces.mtp_runtime", 4),
+                     ("mtpscope.sample_configs", 5)]
+    known = {"mtpscope.demo.build", "mtpscope.inspector.gguf_write", "mtpscope.traces.run.recorder",
+             "mtpscope.traces.run.mtp_runtime", "mtpscope.sample_configs"}
+    assert missing_modules(names, known) == ["4: mtpscope.traces.mtp_runtime"]

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.inspector.gguf import open_gguf
-from tests.builders import FK, N_C, N_VOCAB, VSC, U32, parts, write
+from tests.builders import FK, N_C, N_VOCAB, U32, VSC, parts, write
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_full_size_ordering(tmp_path: Path) -> None:
 
 def test_one_record_from_every_source(fork_file: tuple[Path, dict], tmp_path: Path) -> None:
     """Fork GGUF, upstream sidecar GGUF and HF safetensors all give inspector.centroids.CentroidHead, the
-    record traces.centroid_head scores with; arrays equal what the files were written from."""
+    record traces.run.centroid_head scores with; arrays equal what the files were written from."""
     import json
 
     from mtpscope.inspector.convert import convert, write_tiny_pair

@@ -43,7 +43,7 @@ def test_explain_json_keys_and_values(noisy: Path) -> None:
                                                  rounds["n_accepted"]) if na < nd]
     rej = d["rejections"]
     assert rej["n_first_mismatch"] == len(fm) == 36
-    hist = {b: 0 for b in [str(i) for i in range(10)] + ["10+"]}
+    hist = dict.fromkeys([str(i) for i in range(10)] + ["10+"], 0)
     for key in fm:
         hist[str(rank[key]) if rank[key] < 10 else "10+"] += 1
     assert rej["rank_histogram"] == hist

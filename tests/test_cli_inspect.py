@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf import GGUFReader, GGUFValueType as V
+from gguf import GGUFReader
+from gguf import GGUFValueType as V
 from typer.testing import CliRunner
 
 from mtpscope.cli.main import app

@@ -1,4 +1,4 @@
-"""`mtpscope replay`'s text output (mtpscope/cli_fidelity.format_replay) on a hand-written summary: token
+"""`mtpscope replay`'s text output (mtpscope.cli.fidelity.format_replay) on a hand-written summary: token
 text next to ids, agreement explained, indistinguishable variants noted, nothing over 80 columns that
 could split an id."""
 
@@ -31,7 +31,7 @@ def test_format_replay_text() -> None:
     label = {1651: " seven", 6819: " islands", 7: "\n", 8: "x", 9: "y", 10: "z"}.get
     out = format_replay(_summary(), dis, label)
     lines = out.splitlines()
-    assert "replay of t: 1 round, 3 steps" == lines[0]
+    assert lines[0] == "replay of t: 1 round, 3 steps"
     assert any(ln.startswith("head=centroid") and "0.3333" in ln for ln in lines)
     flat = " ".join(" ".join(lines).split())
     assert "agreement = share of the recorded draft steps where the variant drafts the same token as" in flat

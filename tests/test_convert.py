@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
-from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
 from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
 from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
 
 
 @pytest.fixture(scope="module")

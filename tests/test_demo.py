@@ -170,6 +170,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 def test_subset_tokenizer_is_consistent_with_the_real_one(subset_files: dict[str, Path]) -> None:
     import gguf
+
     from mtpscope.cache import vocab_path
     from mtpscope.inspector.gguf import open_gguf
 

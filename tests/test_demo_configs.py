@@ -44,8 +44,8 @@ def test_published_head_types() -> None:
 
 
 def test_26b_target_matches_the_real_gguf_hparams() -> None:
-    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.cache import vocab_path
+    from mtpscope.inspector.gguf import open_gguf
 
     tc = _cfg("gemma-4-26B-A4B-it")["text_config"]
     with open_gguf(vocab_path()) as f:

@@ -16,9 +16,8 @@ pytestmark = pytest.mark.llama
 L = pytest.importorskip("llama_cpp")
 X = pytest.importorskip("llama_cpp.llama_cpp_ext")
 
-from mtpscope.demo import build as demo  # noqa: E402
 from mtpscope.cache import vocab_test_pairs  # noqa: E402
-
+from mtpscope.demo import build as demo  # noqa: E402
 
 
 class Pair:
@@ -138,8 +137,8 @@ def clean_pair(demo_dir) -> Pair:  # noqa: ANN001
 
 def _real_token_ids(texts: list[str]) -> list[int]:
     """Ids by exact token text in the real tokenizer file (read with the project's GGUF reader)."""
-    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.cache import vocab_path
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(vocab_path()) as f:
         toks = f.get("tokenizer.ggml.tokens")

@@ -32,7 +32,7 @@ def _models(seed: int = 0, n_vocab: int = 300):
     # HF's init leaves norms at 1 and the projections tiny; make every weight matter
     with torch.no_grad():
         for m in (tm, dm):
-            for name, p in m.named_parameters():
+            for _name, p in m.named_parameters():
                 if p.ndim == 1:
                     p.copy_(1 + 0.3 * torch.randn_like(p))
                 else:

@@ -156,8 +156,8 @@ def test_depth_gain_by_hand() -> None:
 def _replay(rise_per_prompt: list[int], n_prompts: int = 6):
     """A replay of ``n_prompts`` prompts x 2 rounds of 3 drafts: the baseline accepts 1 per round, the variant
     ``v`` 1 + rise_per_prompt[p] per round."""
-    from mtpscope.traces.run.replay import ReplayResult
     from mtpscope.inspector.reference import StepOptions
+    from mtpscope.traces.run.replay import ReplayResult
 
     rows, steps = [], []
     for p in range(n_prompts):

@@ -32,7 +32,7 @@ REF = {"blk.0.attn_q.weight": RNG.standard_normal((8, 6)).astype(np.float32),
 
 
 def _files(write_gguf, changes: dict[str, np.ndarray]) -> tuple[Path, Path]:  # noqa: ANN001
-    ref = write_gguf("ref.gguf", "gemma4-assistant", tensors=[(n, a) for n, a in REF.items()])
+    ref = write_gguf("ref.gguf", "gemma4-assistant", tensors=list(REF.items()))
     f = write_gguf("file.gguf", "gemma4-assistant", tensors=[(n, changes.get(n, a)) for n, a in REF.items()])
     return f, ref
 

@@ -326,7 +326,7 @@ def test_a_sliding_window_unlike_the_targets_says_what_it_costs(trained: Trained
     words = ("it costs acceptance" if lo > 0 and dl >= 0.03 else
              "drafts better with its own value" if hi < 0 and dl <= -0.03 else
              "a small effect" if lo > 0 or hi < 0 else
-             "no measurable effect on acceptance" if -0.03 < lo and hi < 0.03 else "not clearly different from no effect")
+             "no measurable effect on acceptance" if lo > -0.03 and hi < 0.03 else "not clearly different from no effect")
     assert words in f.title and f"{dl:+.3f}" in f.title and f"{1 - m['agreement']:.0%} of steps" in f.title, f.title
     # the recording's own acceptance (with the drafter's window), counted from its rounds
     from mtpscope.traces.store.reader import open_trace

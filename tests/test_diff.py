@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.inspector.diff import KeyChange, TensorChange, diff
-from mtpscope.demo import build as demo
 from mtpscope.cli.main import app
+from mtpscope.demo import build as demo
+from mtpscope.inspector.diff import KeyChange, TensorChange, diff
 from tests.builders import DIMS, MetaValue, parts, q8_0, write
 
 

@@ -107,7 +107,8 @@ _TYPE_ID = {"f16": 1, "q8_0": 8}
 @pytest.mark.parametrize("which", ["many", "e2b", "demo"])
 def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) -> None:
     pytest.importorskip("llama_cpp")
-    from mtpscope.traces.run.llama import logs, model as lm
+    from mtpscope.traces.run.llama import logs
+    from mtpscope.traces.run.llama import model as lm
 
     target = demo_dir.target if which == "demo" else synth[which]
     drafter = demo_dir.drafter_upstream if which == "demo" else None

@@ -15,9 +15,9 @@ import pytest
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import explain as E
+from mtpscope.traces.store.reader import open_trace
 from mtpscope.traces.store.records import RoundRecord, StepRecord
 from mtpscope.traces.store.writer import TraceWriter
-from mtpscope.traces.store.reader import open_trace
 
 EOG = 1
 
@@ -83,7 +83,7 @@ def trace(tmp_path):
 
 
 def _frames(t):
-    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", [c for c in E.STEP_COLUMNS])
+    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", list(E.STEP_COLUMNS))
 
 
 def test_step_causes_by_hand(trace) -> None:
@@ -155,7 +155,7 @@ def test_first_mismatches_and_summary(trace) -> None:
     assert summ["causes"] == {"near_tie": 1, "runner_up": 1, "in_top_k": 1, "far_miss": 1, "unreachable": 0,
                               "after_eog": 1, "unknown": 0}
     # ranks at the first mismatch: 1 (r0 k2), 3, 1, 15, and the eog step's 1 (7 at logit 1 vs 2)
-    assert summ["rank_histogram"] == {**{b: 0 for b in E.RANK_BINS}, "1": 3, "3": 1, "10+": 1}
+    assert summ["rank_histogram"] == {**dict.fromkeys(E.RANK_BINS, 0), "1": 3, "3": 1, "10+": 1}
     assert [p["n"] for p in summ["by_position"]] == [3, 2]
     assert summ["target_side"]["unknown"] == 4 and summ["target_side"]["hard"] == 0
     assert summ["top_drafted_tokens"][0] == {"token": 5, "count": 1}

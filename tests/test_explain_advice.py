@@ -83,7 +83,7 @@ def test_a_sweep_cell_uses_the_sweeps_plain_decoding(tmp_path: Path) -> None:
     yv = [mv[k] for k in cnt] + [ms / ne]
     wv = list(cnt.values()) + [max(cnt.values())]
     v1, v0 = np.polyfit(xv, yv, 1, w=np.sqrt(wv))
-    kd = [k for k in md]
+    kd = list(md)
     d1, d0 = np.polyfit(kd, [md[k] for k in kd], 1, w=np.sqrt([cnt[k] for k in kd]))
     assert min(v0, v1, d0, d1) >= 0        # the free fits, as the rule keeps them
     price = {k: (md[k] if k and cnt[k] >= 5 else (d0 + d1 * k if k else 0.0))

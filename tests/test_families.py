@@ -323,7 +323,7 @@ def test_drafter_first_round_drafts_like_hf(fam, torch_hf) -> None:
     n_same = 0
     for prompt in [p for p in PROMPTS if len(p) < SPECS[fam.name].drafter["sliding_window"]]:
         got: list[np.ndarray] = []
-        h = dm.register_forward_hook(lambda _m, _a, _k, out: got.append(out.logits[0, -1].double().numpy()),
+        h = dm.register_forward_hook(lambda _m, _a, _k, out, got=got: got.append(out.logits[0, -1].double().numpy()),
                                      with_kwargs=True)
         try:
             with torch.no_grad():

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFEndian, GGUFReader, GGUFValueType as V, quants
+from gguf import GGUFEndian, GGUFReader, quants
+from gguf import GGUFValueType as V
 
-from mtpscope.inspector import ArrayValue, KeyValue, TensorInfo, open_gguf
 from mtpscope.errors import InspectorError, LayoutError, TensorDataError, UnsupportedFileError
+from mtpscope.inspector import ArrayValue, KeyValue, TensorInfo, open_gguf
 from mtpscope.inspector.ggml_types import GGML_TYPES, type_info
 from tests.gguf_oracle import assert_parity
-
 
 # ------------------------------------------------------------------------------------ oracle helpers
 

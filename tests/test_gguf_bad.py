@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtpscope.inspector import build_inventory, open_gguf
-from mtpscope.errors import GGUFFormatError, InspectorError, TensorDataError, UnsupportedFileError
 from mtpscope.cli.inspect import inspect_report
+from mtpscope.errors import GGUFFormatError, InspectorError, TensorDataError, UnsupportedFileError
+from mtpscope.inspector import build_inventory, open_gguf
 
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 _FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q",

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtpscope.demo.build import DEFAULT_DIMS as D
 from mtpscope.errors import HFCheckpointError
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.hf_audit import audit
@@ -18,9 +19,8 @@ from mtpscope.inspector.hf_checkpoint import INDEX_NAME, read_checkpoint
 from mtpscope.inspector.hf_config import hparams_from_config, text_hparams
 from mtpscope.inspector.hf_names import GENERATED, drop_reason, gguf_name
 from mtpscope.inspector.safetensors import read_safetensors, read_safetensors_header, tensor_array
-from mtpscope.demo.build import DEFAULT_DIMS as D
-from tests.builders import hf_config as config
 from tests.builders import N_C, hf_tensors, parts, write
+from tests.builders import hf_config as config
 
 st = pytest.importorskip("safetensors.numpy")
 
@@ -102,7 +102,7 @@ def test_sharded_index(tmp_path: Path) -> None:
     a, b = names[: len(names) // 2], names[len(names) // 2:]
     st.save_file({k: t[k] for k in a}, str(tmp_path / "model-00001-of-00002.safetensors"))
     st.save_file({k: t[k] for k in b}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    wm = {k: "model-00001-of-00002.safetensors" for k in a} | {k: "model-00002-of-00002.safetensors" for k in b}
+    wm = dict.fromkeys(a, "model-00001-of-00002.safetensors") | dict.fromkeys(b, "model-00002-of-00002.safetensors")
     (tmp_path / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     ck = read_checkpoint(tmp_path)
     assert set(ck.tensors) == set(t) and len(ck.files) == 2
@@ -177,8 +177,8 @@ def test_audit_finds_transposed_and_config_mismatch(tmp_path: Path, ckpt_dir: Pa
 def test_verify_with_hf_and_cli_json(ckpt_dir: Path, ggufs: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 
-    from mtpscope.inspector.validate import verify
     from mtpscope.cli.main import app
+    from mtpscope.inspector.validate import verify
 
     r = verify(ggufs["upstream"], hf_dir=ckpt_dir)
     assert r.ok and r.hf_audit is not None and "H_DROPPED" in r.codes()

@@ -8,8 +8,8 @@ import pytest
 
 from mtpscope import traces
 from mtpscope.errors import ImportFormatError
-from mtpscope.traces.importers import import_fork_ndjson, import_server_log
 from mtpscope.traces.analysis.metrics import report
+from mtpscope.traces.importers import import_fork_ndjson, import_server_log
 
 FORK_LINES = [
     '{"evt":"mtp_draft","iter":1,"path":"sync","seq_id":0,"id_last":818,"h_idx":0,"attn_pos":57,"n_steps":3,"h_l2":93.5,"drafts":[10,11,12]}',  # 1

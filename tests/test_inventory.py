@@ -19,6 +19,7 @@ from mtpscope.inspector.inventory import COMPONENTS, classify
 from tests.gguf_oracle import assert_parity
 from tests.specs import HD_FULL, N_BB, N_EMBD, N_HEAD, drafter_spec, target_spec
 
+
 def _nbytes(item: tuple[Any, ...]) -> int:
     return int(item[1].nbytes)
 

@@ -116,8 +116,8 @@ def _demo_file(tmp_path: Path, kind: str) -> Path:
 
 
 def test_read_hparams_of_demo_drafter(tmp_path: Path) -> None:
-    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.demo.build import DEFAULT_DIMS as D
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(_demo_file(tmp_path, "fork")) as f:
         hp = L.read_hparams(f)
@@ -132,8 +132,8 @@ def test_read_hparams_of_demo_drafter(tmp_path: Path) -> None:
 def test_target_layout_matches_demo_target_that_llama_cpp_loads(tmp_path: Path) -> None:
     """The demo target loads in llama.cpp (tests/test_loadability.py): every tensor it has is in the
     layout, and every required tensor of the layout is in it. Its full layers have K = V (no attn_v)."""
-    from mtpscope.inspector.gguf import open_gguf
     from mtpscope.demo.build import DEFAULT_DIMS as D
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(_demo_file(tmp_path, "target")) as f:
         hp = L.read_hparams(f)
@@ -162,10 +162,10 @@ def test_target_shared_kv_layers_make_k_optional() -> None:
 def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_layer: int) -> None:  # noqa: ANN001
     """llama.cpp caps layers at LLAMA_MAX_LAYERS = 512; a larger (or zero) block_count is refused by
     name, without building per-layer lists of that length."""
+    from gguf import GGUFValueType as VT
+
     from mtpscope.errors import LayoutError
     from mtpscope.inspector.gguf import open_gguf
-
-    from gguf import GGUFValueType as VT
 
     arch = "gemma4-assistant"
     p = write_gguf("bc.gguf", arch, kv=[(f"{arch}.block_count", n_layer, VT.UINT32),

@@ -45,7 +45,7 @@ def test_parse_url(url: str, view: View) -> None:
 def test_a_built_link_parses_back_to_its_view() -> None:
     for v in (View("step", trace="/t/f32", prompt=34, round=20, step=2), View("explain", trace="/t", prompt="all"),
               View("compare", trace="/a", trace_b="/b", mode="traces"), View("text", prompt=0, round=0, colour="status")):
-        url = view_url(v.page, **{k: x for k, x in v.params().items()}, base="http://127.0.0.1:1")
+        url = view_url(v.page, **v.params(), base="http://127.0.0.1:1")
         assert parse_url(url) == links.make_view(v.page, **v.params()) == v
         assert v.url() == url.removeprefix("http://127.0.0.1:1")
 
@@ -89,7 +89,7 @@ def test_other_pages_parameters_can_be_ignored() -> None:
 
 
 def test_check_in_trace_names_what_the_trace_has() -> None:
-    spans = {i: (0, 57) for i in range(36)}
+    spans = dict.fromkeys(range(36), (0, 57))
     check_in_trace(View("step", prompt=3, round=57), spans)
     check_in_trace(View("acceptance", prompt="all"), spans)
     with pytest.raises(LinkError) as e:

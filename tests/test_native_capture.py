@@ -20,12 +20,13 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces.run.llama import capture, model as lm, native_capture  # noqa: E402
+from mtpscope.traces.run.llama import capture, native_capture  # noqa: E402
+from mtpscope.traces.run.llama import model as lm
 from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
 from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
-from tests.numerics import assert_matvec_close  # noqa: E402
 from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
 from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
+from tests.numerics import assert_matvec_close  # noqa: E402
 
 pytestmark = pytest.mark.llama
 

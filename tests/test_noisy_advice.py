@@ -104,7 +104,7 @@ def test_break_even_only_at_recorded_or_probed_n_draft() -> None:
 
 def test_the_detector_on_planted_load_changes() -> None:
     quiet = _trace()
-    base = PlainBaseline(40.0, "manifest", "test", {p: (100, 4000.0) for p in range(12)})
+    base = PlainBaseline(40.0, "manifest", "test", dict.fromkeys(range(12), (100, 4000.0)))
     # the probe: a one-token verify 38 ms, the loop's verify of 4 at its 40 ms (scale 1); plain decoding 40 ms
     probe1 = CostProbe({1: 38.0, 4: 40.0}, {3: 12.0}, 5)
     q = timing_quality(quiet, fit_cost(quiet, base, probe1), base, probe1)
@@ -261,7 +261,7 @@ def test_a_baseline_timed_under_load_cannot_make_mtp_win() -> None:
     quiet = _trace()
     probe = CostProbe({1: 38.0, 4: 40.0}, {3: 12.0}, 5)
     for ms, disturbed in ((38.0 * 1.10, False), (38.0 / 1.2, False), (38.0 * 1.40, True), (38.0 / 1.35, True)):
-        base = PlainBaseline(ms, "manifest", "test", {p: (100, 100 * ms) for p in range(12)})
+        base = PlainBaseline(ms, "manifest", "test", dict.fromkeys(range(12), (100, 100 * ms)))
         q = timing_quality(quiet, fit_cost(quiet, base, probe), base, probe)
         assert q.disturbed is disturbed, (ms, q.words)
         ev = [e for e in q.evidence if e.kind == "baseline_level"]
@@ -270,7 +270,7 @@ def test_a_baseline_timed_under_load_cannot_make_mtp_win() -> None:
             assert ev[0].ratio == pytest.approx(ms / 38.0, rel=1e-3)    # the scale: medians of 40 +- 0.1
     # 1.40x: plain decoding priced at 53.2 ms per token against MTP's ~18.9 would read as a clear MTP win;
     # the advice cannot tell instead
-    base = PlainBaseline(38.0 * 1.40, "manifest", "test", {p: (100, 100 * 38.0 * 1.40) for p in range(12)})
+    base = PlainBaseline(38.0 * 1.40, "manifest", "test", dict.fromkeys(range(12), (100, 100 * 38.0 * 1.4)))
     w = what_if(quiet, baseline=base, n_boot=20, probe=probe)
     adv = advise(w, timing_quality(quiet, w.cost, base, probe))
     assert adv.recommendation.cannot_tell and adv.recommendation.choice is None
@@ -281,8 +281,8 @@ def test_an_extrapolated_n_draft_is_labelled_in_the_advice() -> None:
     # (K = 1) with ~60 % acceptance, 1 ms drafts and a 40 ms verify whose probe is flat (every size 40 ms), more
     # drafts per round pay: the best n_draft is past 1, and the advice says it is extrapolated
     quiet = _trace(nd=1, td=1.0, tv=40.0)
-    probe = CostProbe({n: 40.0 for n in range(1, 10)}, {k: 1.0 * k for k in range(1, 9)}, 5)
-    base = PlainBaseline(40.0, "manifest", "test", {p: (100, 4000.0) for p in range(12)})
+    probe = CostProbe(dict.fromkeys(range(1, 10), 40.0), {k: 1.0 * k for k in range(1, 9)}, 5)
+    base = PlainBaseline(40.0, "manifest", "test", dict.fromkeys(range(12), (100, 4000.0)))
     w = what_if(quiet, baseline=base, n_boot=20, probe=probe)
     adv = advise(w, timing_quality(quiet, w.cost, base, probe))
     rec = adv.recommendation

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from mtpscope.errors import MtpscopeError, TraceError
+from mtpscope.traces.run.packing import pack, unpack
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, HIDDEN_CHOICES, MAX_N_DRAFT, RecordConfig, RecordJob
-from mtpscope.traces.run.packing import pack, unpack
 
 # (field, bad value, expected as the error states it); one case per rule and per type
 BAD = [

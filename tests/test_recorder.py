@@ -25,7 +25,8 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope import traces  # noqa: E402
 from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from mtpscope.traces.run.llama import binding, capture, model as lm  # noqa: E402
+from mtpscope.traces.run.llama import binding, capture  # noqa: E402
+from mtpscope.traces.run.llama import model as lm
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
 from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
 from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
@@ -671,8 +672,8 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
 
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
-    from tests.builders import parts, write
     from mtpscope.traces.run import recorder
+    from tests.builders import parts, write
 
     arch, kv, tensors = parts("upstream")
     tensors["blk.0.attn_q.weight"] = tensors["blk.0.attn_q.weight"].astype(np.int32)  # I32 matrix

@@ -1,6 +1,6 @@
 """The reference drafter loaded from GGUFs: both dialects and the centroid sidecar give the same step,
 quantized files (dequantized through gguf.quants) stay close, and the centroid head agrees with the
-recorder's independent implementation (traces.centroid_head)."""
+recorder's independent implementation (traces.run.centroid_head)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
 from mtpscope.errors import LayoutError
+from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
 from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
 
 

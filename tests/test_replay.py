@@ -151,8 +151,8 @@ def test_replay_errors(demo_trace: dict[str, Path], tmp_path: Path) -> None:
 
 def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     """On a drafter whose attention matters, the position convention changes drafts."""
-    from mtpscope.inspector.convert import convert, write_tiny_pair
     from mtpscope.demo import build as demo
+    from mtpscope.inspector.convert import convert, write_tiny_pair
     from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
 

@@ -1,4 +1,4 @@
-"""What differs between two runs (traces.run_diff): parameters and, per model role, GGUF metadata and
+"""What differs between two runs (traces.analysis.run_diff): parameters and, per model role, GGUF metadata and
 tensor-table changes, on files written here with known differences."""
 
 from __future__ import annotations

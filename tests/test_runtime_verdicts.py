@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from mtpscope.demo import build as demo
-from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.errors import GGUFFormatError
 from mtpscope.inspector.gguf import open_gguf
+from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.inspector.validate import verify
 from tests.builders import DIMS, parts, write
 from tests.runtime_probe import probe, probe_many

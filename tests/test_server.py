@@ -298,8 +298,8 @@ def test_server_page_in_apptest(probed, pair, monkeypatch):
 
 @pytest.mark.browser
 def test_server_page_in_chromium(probed, tmp_path):
-    from tests.browser import ARGS, CHROMIUM, need_browser, settle
     from tests.apphelpers import start_app
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
 
     sync_api = need_browser()
     out, _ = probed

@@ -12,8 +12,15 @@ import pytest
 
 from mtpscope.errors import PathNotAllowedError, ServerError
 from mtpscope.traces.analysis import requests as R
-from mtpscope.traces.server.client import (ServerClient, SpecCounters, check_base_url, parse_header,
-                                           parse_prometheus, redact_headers, spec_counters)
+from mtpscope.traces.server.client import (
+    ServerClient,
+    SpecCounters,
+    check_base_url,
+    parse_header,
+    parse_prometheus,
+    redact_headers,
+    spec_counters,
+)
 
 # llama-server's /metrics as its to_metrics() prints it (tools/server/server-task.cpp), values typed by hand
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
@@ -168,9 +175,8 @@ def test_client_errors_against_a_real_http_server(tmp_path):
             with pytest.raises(ServerError, match="not JSON") as e:
                 c.health()
         assert "/norange/p/health" in str(e.value) and "GET /health" in str(e.value)
-        with ServerClient(base + "/missing/p", timeout_s=10) as c:
-            with pytest.raises(ServerError, match="HTTP 404"):
-                c.props()
+        with ServerClient(base + "/missing/p", timeout_s=10) as c, pytest.raises(ServerError, match="HTTP 404"):
+            c.props()
     with ServerClient(base, timeout_s=5) as c:       # the server is gone now
         with pytest.raises(ServerError, match="cannot connect"):
             c.health()

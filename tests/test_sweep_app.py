@@ -1,4 +1,4 @@
-"""The Sweep page (app/screens/sweep.py) and its figure (app/charts.sweep_heatmap) on a small synthetic
+"""The Sweep page (app/screens/sweep.py) and its figure (app.charts.sweep_heatmap) on a small synthetic
 sweep: the heatmap holds the cells' values, the page shows them, and a cell opens its trace in the
 Acceptance page."""
 

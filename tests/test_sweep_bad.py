@@ -105,3 +105,22 @@ def test_a_sweep_folder_that_holds_no_trace_is_one_line(tmp_path: Path) -> None:
         # the shard folder is a trace folder (here an empty one): the reader's own one-line error, not this one
         r = runner.invoke(app, [cmd, str(cell / "shard=0")])
         assert "is a folder of the sweep" not in r.output and r.exit_code != 0
+
+
+def test_test_faults_come_only_from_the_environment_seam(monkeypatch) -> None:
+    """The runner's test faults are read in one place (``_load_faults``) from ``MTPSCOPE_SWEEP_FAULTS``; the
+    public ``run_sweep`` has no parameter for them; a value that is not JSON is one error naming the variable."""
+    import inspect
+
+    from mtpscope.errors import MtpscopeError
+    from mtpscope.traces.sweep.runner import FAULTS_ENV, _load_faults, run_sweep
+
+    assert FAULTS_ENV == "MTPSCOPE_SWEEP_FAULTS"
+    assert "faults" not in inspect.signature(run_sweep).parameters
+    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    assert _load_faults() == {}
+    monkeypatch.setenv(FAULTS_ENV, '{"a/n_draft=2/shard=0": {"kind": "kill", "round": 2}}')
+    assert _load_faults() == {"a/n_draft=2/shard=0": {"kind": "kill", "round": 2}}
+    monkeypatch.setenv(FAULTS_ENV, "{not json")
+    with pytest.raises(MtpscopeError, match=FAULTS_ENV):
+        _load_faults()

@@ -9,18 +9,21 @@
 - ``resume`` finishes only what is missing: after the failure above, and after the driver itself
   (``mtpscope sweep`` in a subprocess) is killed with SIGKILL mid-sweep.
 
-Faults are injected with the runner's test hook (``MTPSCOPE_SWEEP_FAULTS`` / ``faults=``); the deaths
-are real process deaths that Ray reports.
+Faults are injected through the runner's test seam, the ``MTPSCOPE_SWEEP_FAULTS`` environment variable
+(:func:`sweep_faults` here, or the subprocess's environment); the deaths are real process deaths that Ray
+reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +112,17 @@ def _check_task(sweep_dir: Path, task_id: str, sequential) -> None:
         assert _canon(tr.rounds.sort_values(["prompt_id", "round"])) == _canon(want), task_id
 
 
+@contextlib.contextmanager
+def sweep_faults(faults: dict[str, dict]) -> Iterator[None]:
+    """Run the block with ``faults`` (task id -> fault) in the runner's test seam,
+    :data:`~mtpscope.traces.sweep.runner.FAULTS_ENV`; it is unset again afterwards."""
+    from mtpscope.traces.sweep.runner import FAULTS_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FAULTS_ENV, json.dumps(faults))
+        yield
+
+
 def _states(d: Path) -> dict[str, dict]:
     return {t["task"]: t for t in json.loads((d / "sweep.json").read_text())["tasks"]}
 
@@ -125,7 +139,8 @@ def faulty_sweep(ray_local, spec, tmp_path_factory):
     faults = {KILLED: {"kind": "kill", "round": 2},
               ABORTED: {"kind": "abort", "round": 1, "attempts": [1, 2],
                         "message": "GGML_ASSERT(injected != nullptr) failed"}}
-    res = run_sweep(spec, out, workers=2, threads_per_worker=1, faults=faults, command=["test"])
+    with sweep_faults(faults):
+        res = run_sweep(spec, out, workers=2, threads_per_worker=1, command=["test"])
     return out, res
 
 
@@ -159,8 +174,8 @@ def test_sweep_matches_sequential_and_retries_a_killed_worker(faulty_sweep, sequ
 
 
 def test_resume_finishes_only_the_failed_task(faulty_sweep, sequential, spec) -> None:
-    from mtpscope.traces.sweep.runner import run_sweep
     from mtpscope.traces.sweep.reader import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     out, _ = faulty_sweep
     done = [t for t, s in _states(out).items() if s["state"] == "done"]
@@ -190,7 +205,9 @@ def test_resume_after_the_driver_is_killed(ray_local, spec, sequential, tmp_path
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t, "category": c}) + "\n" for t, c in PROMPTS))
     addr = ray_local.get_runtime_context().gcs_address
-    env = {**os.environ, "MTPSCOPE_SWEEP_FAULTS": json.dumps({HUNG: {"kind": "hang", "round": 1}})}
+    from mtpscope.traces.sweep.runner import FAULTS_ENV
+
+    env = {**os.environ, FAULTS_ENV: json.dumps({HUNG: {"kind": "hang", "round": 1}})}
     cmd = [sys.executable, "-m", "mtpscope.cli", "sweep", "--target", spec.target,
            "--assistant", f"up={spec.assistants[0][1]}", "--prompts", str(prompts), "--n-draft", "2,3",
            "--shards", "2", "--baseline", "--max-tokens", str(MAX_TOKENS), "--hidden", "f16",

@@ -550,11 +550,11 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
     i = t.schema.get_field_index("n_accepted")
     pq.write_table(t.set_column(i, "n_accepted", pa.compute.add(t["n_draft"], 1)), part)
     with pytest.raises(TraceFormatError) as e:
-        traces.open(d).rounds
+        _ = traces.open(d).rounds
     assert e.value.key == "n_accepted" and "n_accepted <= n_draft" in str(e.value)
     pq.write_table(t.drop(["prompt_id"]), part)
     with pytest.raises(TraceFormatError) as e:
-        traces.open(d).rounds
+        _ = traces.open(d).rounds
     assert e.value.key == "prompt_id"
 
 

@@ -1,4 +1,4 @@
-"""traces.transport: generic packing of records, the shared-memory ring, the control channel and the
+"""traces.run.transport: generic packing of records, the shared-memory ring, the control channel and the
 one-round-in-flight flow control, between two threads over a real socket pair and memfd."""
 
 from __future__ import annotations
@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 
 from mtpscope.errors import TraceError
-from mtpscope.traces.store.records import RoundRecord, StepRecord
 from mtpscope.traces.run.packing import pack, unpack
-from mtpscope.traces.run.transport import (COPY_BELOW, Channel, Ring, RoundReceiver, RoundSender, StopRequested,
-                                           TransportClosed)
+from mtpscope.traces.run.transport import (
+    COPY_BELOW,
+    Channel,
+    Ring,
+    RoundReceiver,
+    RoundSender,
+    StopRequested,
+    TransportClosed,
+)
+from mtpscope.traces.store.records import RoundRecord, StepRecord
 
 
 def _step(k: int, dim: int) -> StepRecord:

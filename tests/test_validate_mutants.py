@@ -15,10 +15,29 @@ import numpy as np
 import pytest
 
 from tests.builders import (
-    FK, GGUF_ARRAY, GGUF_BOOL, MUTANTS, N_C, N_VOCAB, UP, VSC, U32, MetaValue, add_tensor,
-    chain, drop_keys, drop_tensors, map_tensor, one, parts, rename, set_arch, set_key, verify_kind, write,
+    FK,
+    GGUF_ARRAY,
+    GGUF_BOOL,
+    MUTANTS,
+    N_C,
+    N_VOCAB,
+    U32,
+    UP,
+    VSC,
+    MetaValue,
+    add_tensor,
+    chain,
+    drop_keys,
+    drop_tensors,
+    map_tensor,
+    one,
+    parts,
+    rename,
+    set_arch,
+    set_key,
+    verify_kind,
+    write,
 )
-
 
 # --- valid files ---------------------------------------------------------------------------------------
 

@@ -8,10 +8,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mtpscope.inspector.validate import verify
 from mtpscope.cli.main import app
+from mtpscope.inspector.validate import verify
 from tests.builders import (
-    FK, GGUF_ARRAY, GGUF_BOOL, UP, U32, MetaValue, build, one, parts, set_key, write,
+    FK,
+    GGUF_ARRAY,
+    GGUF_BOOL,
+    U32,
+    UP,
+    MetaValue,
+    build,
+    one,
+    parts,
+    set_key,
+    write,
 )
 
 

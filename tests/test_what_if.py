@@ -14,8 +14,14 @@ import pytest
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
-from mtpscope.traces.analysis.costs import (MIN_SIZE_ROUNDS, CostProbe, PlainBaseline, fit_cost, manifest_baseline,
-                                            rounds_baseline)
+from mtpscope.traces.analysis.costs import (
+    MIN_SIZE_ROUNDS,
+    CostProbe,
+    PlainBaseline,
+    fit_cost,
+    manifest_baseline,
+    rounds_baseline,
+)
 from mtpscope.traces.analysis.what_if import what_if, what_if_trace
 
 
@@ -127,7 +133,8 @@ def test_the_trace_reproduces_itself(tmp_path) -> None:
     d = write_synthetic_trace(tmp_path / "t", n_rounds=600, n_prompts=12, n_draft=3, steps=False)
     tr = traces.open(d)
     tab = pa.concat_tables([pq.read_table(d / "rounds" / f) for f in tr.manifest["parts"]["rounds"]])
-    nd = np.asarray(tab["n_draft"]); na = np.asarray(tab["n_accepted"])
+    nd = np.asarray(tab["n_draft"])
+    na = np.asarray(tab["n_accepted"])
     ne = np.asarray([len(x) for x in tab["emitted"].to_pylist()])
     t = np.asarray(tab["t_draft_ms"]) + np.asarray(tab["t_verify_ms"])
     cats = {p: ("a" if p % 3 else "b") for p in range(12)}

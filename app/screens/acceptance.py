@@ -25,7 +25,7 @@ with guard("trace store"):
     for w in tr.warnings[:10]:
         st.warning(w)
 
-    # ---- headline numbers: from traces.metrics.report (the library's definitions)
+    # ---- headline numbers: from traces.analysis.metrics.report (the library's definitions)
     with guard("metrics"):
         rep = loaders.report(path)
         c = st.columns(4)

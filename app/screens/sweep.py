@@ -1,6 +1,6 @@
 """Sweep: configuration × category heatmap of a sweep (``mtpscope sweep``); a cell opens its trace in
 Acceptance / Step / Explain; a sweep over drafter quantizations (``--assistant-quant``) also gets a type ×
-category table. Aggregates come from DuckDB (traces.sweep_read), never all rounds."""
+category table. Aggregates come from DuckDB (traces.sweep.reader), never all rounds."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 
 def format_report(rep: dict[str, Any]) -> str:
-    """The report dict (``traces.metrics.report``) as plain text for a terminal."""
+    """The report dict (``traces.analysis.metrics.report``) as plain text for a terminal."""
     lines = [f"trace: {rep['trace']} (source {rep['source']}, "
              f"{'complete' if rep['complete'] else 'INCOMPLETE'})"]
     lines.append(f"prompts: {rep['n_prompts']}   rounds: {rep['n_rounds']} "

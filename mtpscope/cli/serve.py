@@ -37,7 +37,7 @@ DEFAULT_ADDRESS = "127.0.0.1"
 
 
 def main_script() -> Path:
-    """Path of the app's entry script (``mtpscope/app/main.py`` as installed; ``app/main.py`` in a checkout)."""
+    """Path of the app's entry script (``app/main.py`` as installed; ``app/main.py`` in a checkout)."""
     import mtpscope.app
 
     return Path(mtpscope.app.__file__).resolve().parent / "main.py"

@@ -32,7 +32,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def format_sweep_report(rep: dict[str, Any]) -> str:
-    """The sweep report dict (:meth:`traces.sweep_read.Sweep.report`) as plain text: one line per
+    """The sweep report dict (:meth:`traces.sweep.reader.Sweep.report`) as plain text: one line per
     configuration × category, the best n_draft per category, the failed tasks."""
     state = "complete" if rep["complete"] else f"INCOMPLETE: {rep['n_done']} of {rep['n_tasks']} tasks done"
     lines = [f"sweep: {rep['sweep']} ({state})"]

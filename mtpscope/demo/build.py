@@ -505,7 +505,7 @@ def _write_models(paths: DemoPaths, cfg: dict[str, Any]) -> None:
 
 def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any] | None:
     """HOOK (helper H4's recorder): record ``traces/clean`` and ``traces/noisy`` with the real llama.cpp
-    MTP loop, :func:`traces.recorder.record`. Returns per-trace summaries, or None when the recorder
+    MTP loop, :func:`traces.run.recorder.record`. Returns per-trace summaries, or None when the recorder
     or llama-cpp-python is unavailable (the models are still usable; a later build retries)."""
     try:
         from mtpscope.traces.run import recorder

@@ -6,7 +6,7 @@ carry ids, else by their text, else by ``prompt_id``. Unpaired prompts are liste
 traces name every prompt (ids or texts) and no name matches, nothing is paired (two different prompt
 sets are never paired by ``prompt_id``).
 
-**Aligning rounds.** Rounds are aligned by *output position* (:mod:`traces.positions`): with greedy
+**Aligning rounds.** Rounds are aligned by *output position* (:mod:`traces.analysis.positions`): with greedy
 decoding the target's output does not depend on the drafter, so the two generated sequences of a
 prompt are identical when the target (and its build) is the same. Where they differ the comparison stops
 at the first differing position (``diverged_at``) and the result says so: later positions describe
@@ -173,10 +173,10 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
 
     Args:
         rounds_a / rounds_b: rounds (``prompt_id``, ``n_draft``, ``n_accepted``) of A and B.
-        pos_a / pos_b: :func:`traces.positions.positions` of each.
+        pos_a / pos_b: :func:`traces.analysis.positions.positions` of each.
         pairing: :func:`pair_prompts`.
         classes_a: ``{prompt_id_a: class names per output position}`` (e.g. from
-            :func:`traces.breakdown.classify_outputs` on A), optional.
+            :func:`traces.analysis.breakdown.classify_outputs` on A), optional.
         categories: ``{prompt_id_a: category}`` (A's manifest), optional.
         n_boot, seed: bootstrap resamples and seed.
     """

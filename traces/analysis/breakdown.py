@@ -2,11 +2,11 @@
 position, prompt category. Pure (numpy / pandas); one job.
 
 A drafted step counts in the class of the **target's token at its output position** (the token the
-generated sequence holds at the position the draft stood in for, :mod:`traces.positions`), so the
+generated sequence holds at the position the draft stood in for, :mod:`traces.analysis.positions`), so the
 classes' drafted counts add up to the trace's drafted total; a draft whose position is unknown (a prompt
 without ``emitted``, a gap in its rounds, no vocabulary) or lies past the end of the output counts as
 ``unknown``. Acceptance rate = accepted / drafted within the group (llama.cpp's definition,
-:mod:`traces.metrics`).
+:mod:`traces.analysis.metrics`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def classify_outputs(pos: Positions, classifier: Classifier,
     """Classes and channels of every known prompt's generated sequence.
 
     Args:
-        pos: :func:`traces.positions.positions` of the trace.
+        pos: :func:`traces.analysis.positions.positions` of the trace.
         classifier: over the trace's vocabulary (``chat`` as recorded).
         prefixes: per prompt_id the prompt, read for context: its token ids or its text (optional).
         chat_prompts: prompt ids rendered with the chat template although ``classifier`` is not a chat

@@ -1,5 +1,5 @@
 """The aligned diff of two opened traces (what ``mtpscope compare A B`` prints). One job: read the
-columns :func:`traces.align.aligned_diff` needs from both traces, classify A's output with its
+columns :func:`traces.analysis.align.aligned_diff` needs from both traces, classify A's output with its
 vocabulary, and call it.
 """
 
@@ -19,7 +19,7 @@ COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pending_token", "n_draft", "n_a
 
 
 def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_boot: int = 2000, seed: int = 0) -> AlignedDiff:
-    """:func:`traces.align.aligned_diff` of two opened traces (:class:`traces.store.protocols.TraceLike`).
+    """:func:`traces.analysis.align.aligned_diff` of two opened traces (:class:`traces.store.protocols.TraceLike`).
 
     Args:
         a / b: the traces (A is the reference: its categories and token classes are used).

@@ -1,6 +1,6 @@
 """Why drafts were rejected: a cause per draft step and per round's first mismatch, from the trace alone.
 
-Pure functions over the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.Trace` (no I/O, no
+Pure functions over the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.reader.Trace` (no I/O, no
 Streamlit); the API and the rules are listed in ``docs/EXPLAIN.md``.
 
 Vocabulary: a round drafts ``d1..dK``; the target verifies them; draft ``k`` is *accepted* when it and

@@ -1,11 +1,11 @@
 """The explanation of one trace, all sections together: rejections and their causes, acceptance by
 token class / channel / category, drift, what-if n_draft. One job: compose the pure analyses
-(:mod:`traces.explain`, :mod:`traces.breakdown`, :mod:`traces.what_if`, :mod:`traces.drift`) over a
+(:mod:`traces.analysis.explain`, :mod:`traces.analysis.breakdown`, :mod:`traces.analysis.what_if`, :mod:`traces.analysis.drift`) over a
 trace's frames, and give the JSON that ``mtpscope explain --json`` and ``mtpscope report --json`` print
 (keys in docs/EXPLAIN.md).
 
 :func:`explain` is pure (frames and manifest in, :class:`Explanation` out); :func:`explain_trace` reads
-the columns it needs from an opened :class:`traces.store.Trace` first (and the hidden states for drift).
+the columns it needs from an opened :class:`traces.store.reader.Trace` first (and the hidden states for drift).
 """
 
 from __future__ import annotations
@@ -89,18 +89,18 @@ class Explanation:
     """Everything :func:`explain` found.
 
     Attributes:
-        causes: :func:`traces.explain.step_causes` (one row per step; empty without steps).
-        first_mismatches: :func:`traces.explain.first_mismatches`.
-        rejections: :func:`traces.explain.rejection_summary`.
+        causes: :func:`traces.analysis.explain.step_causes` (one row per step; empty without steps).
+        first_mismatches: :func:`traces.analysis.explain.first_mismatches`.
+        rejections: :func:`traces.analysis.explain.rejection_summary`.
         by_class / by_channel / by_category: ``{name: {n_drafted, n_accepted, acceptance_rate}}`` or None
             when not available (no vocabulary; not a chat trace; no categories).
         by_class_position: ``{class: [{k, n_drafted, n_accepted, acceptance_rate}]}`` or None.
-        what_if: :class:`traces.what_if.WhatIf` or None (nothing drafted); its ``by_category`` holds
+        what_if: :class:`traces.analysis.what_if.WhatIf` or None (nothing drafted); its ``by_category`` holds
             each category's estimate.
         advice: :class:`traces.analysis.advice.Advice` (recommendation with plain decoding as a
             candidate, break-even; overall and per category) or None (nothing drafted).
-        drift: :func:`traces.drift.drift` result or None (not captured).
-        totals: :func:`traces.metrics.totals`.
+        drift: :func:`traces.analysis.drift.drift` result or None (not captured).
+        totals: :func:`traces.analysis.metrics.totals`.
         head: ``"dense"`` / ``"centroid"``.
         notes: what is missing and why, in words.
     """
@@ -173,13 +173,13 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
 
     Args:
         rounds: rounds frame (columns :data:`ROUNDS_COLUMNS`; missing list columns reduce what is known).
-        steps: steps frame (:data:`traces.explain.STEP_COLUMNS` and, when recorded,
+        steps: steps frame (:data:`traces.analysis.explain.STEP_COLUMNS` and, when recorded,
             ``target_p_drafted`` / ``target_entropy``), or None.
         manifest: the trace's manifest (prompts with ``category`` / ``tokens``, ``params.chat``, baseline).
         vocab: the vocabulary (for token classes and token text), or None.
         prompt_id: only this prompt.
         head: ``"dense"`` / ``"centroid"``; default :func:`drafting_head`.
-        drift: a precomputed :func:`traces.drift.drift` result to include.
+        drift: a precomputed :func:`traces.analysis.drift.drift` result to include.
         baseline: plain decoding measured elsewhere (a sweep's baseline task,
             :func:`traces.sweep.advice.trace_baseline`); default the manifest's ``baseline``
             (``record --baseline``), else estimated.

@@ -29,7 +29,7 @@ Definitions (the ones llama.cpp's speculative decoding and vLLM's spec-decode me
   what-if uses: a draft step = sum ``t_draft_ms`` / sum ``n_draft``, a verify of ``n`` tokens = mean
   ``t_verify_ms`` of the rounds of that size (:func:`timing`).
 
-All functions take the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.Trace` (only the
+All functions take the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.reader.Trace` (only the
 columns named in each docstring are used) and return floats, dicts or DataFrames; NaN where a
 denominator is zero.
 """
@@ -455,7 +455,7 @@ def report(trace: TraceLike) -> dict[str, Any]:
     prompt's ``text`` from the manifest ("" when the manifest has none).
 
     Args:
-        trace: a :class:`traces.store.Trace`.
+        trace: a :class:`traces.store.reader.Trace`.
     """
     rounds = trace.columns("rounds", REPORT_ROUNDS_COLUMNS)
     steps = None

@@ -3,7 +3,7 @@ models themselves (GGUF metadata keys and tensor types / shapes, when both files
 job: the "why would B differ from A" list that the Compare page shows above the numbers.
 
 A model counts as the same when its manifest entries carry the same ``header_sha256`` (sha256 of the
-GGUF's header, metadata and tensor infos; :func:`traces.preflight.model_info`), so a re-quantized or
+GGUF's header, metadata and tensor infos; :func:`traces.run.preflight.model_info`), so a re-quantized or
 re-converted drafter shows up even at the same path. Weights alone (same header, other values) are not
 compared here: ``mtpscope diff --values`` does that.
 """

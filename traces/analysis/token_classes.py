@@ -2,7 +2,7 @@
 together.
 
 One job: give every position of a generated token sequence a **class** and, for chat output, the Gemma 4
-template **channel** it is in, from the GGUF's own vocabulary (:class:`traces.vocab.Vocab`). Pure: no
+template **channel** it is in, from the GGUF's own vocabulary (:class:`traces.analysis.vocab.Vocab`). Pure: no
 I/O; the same ids (and prompt) give the same classes. The prompt is read as context only: a prompt that
 opens code or JSON is continued by its output.
 

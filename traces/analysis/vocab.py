@@ -1,6 +1,6 @@
 """A trace's vocabulary: token pieces and token types, read lazily from a GGUF's own tokenizer.
 
-One job: give the analysis (:mod:`traces.token_classes`, :mod:`traces.explain`) the raw pieces of the
+One job: give the analysis (:mod:`traces.analysis.token_classes`, :mod:`traces.analysis.explain`) the raw pieces of the
 ids it meets, without decoding the 262144-entry ``tokenizer.ggml.tokens`` array whole. The pieces stay
 in the memory-mapped GGUF; a piece is decoded when it is first asked for and cached.
 

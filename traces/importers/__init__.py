@@ -31,7 +31,7 @@
   ``prompt eval time`` / ``eval time`` lines before it (tokens and milliseconds, tokens per second),
   and per-response JSON with ``timings.draft_n`` / ``timings.draft_n_accepted`` (a JSON object per line,
   optionally after ``data: `` as in streamed responses). Each becomes one row of ``requests``
-  (schema ``traces.schema.REQUESTS_SCHEMA``); rounds and steps stay empty.
+  (schema ``traces.store.schema.REQUESTS_SCHEMA``); rounds and steps stay empty.
 
 Both return an :class:`ImportResult` and raise :class:`ImportFormatError` when not a single line
 could be used.

@@ -16,7 +16,7 @@ prompt's text is ``[rounds[0].pending_token] + emitted...`` as for MTP traces, a
 second" = emitted tokens / (t_draft_ms + t_verify_ms) means the same in both: generation after the
 prefill's first token, prompt processing excluded. No ``steps``.
 
-Imports: traces.store, traces.records, traces.run.record_config, traces.mtp_runtime (Sampler), traces.preflight
+Imports: traces.store, traces.store.records, traces.run.record_config, traces.run.mtp_runtime (Sampler), traces.run.preflight
 (model_info), traces.run.llama.binding (runtime_info), inspector.gguf.
 """
 
@@ -58,7 +58,7 @@ def timed_plain(rtm: MtpRuntime, tokens: Sequence[int], *, max_tokens: int) -> t
     """Greedy plain decoding of ``tokens`` with ``rtm.generate_plain``, timed.
 
     Args:
-        rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime` (only its target is used).
+        rtm: a loaded :class:`traces.run.mtp_runtime.MtpRuntime` (only its target is used).
         tokens: prompt token ids; max_tokens: generated tokens at most (the prefill's token included).
 
     Returns:
@@ -114,7 +114,7 @@ def record_baseline(config: RecordConfig, *, rtm: MtpRuntime, out: str | os.Path
         config: the run parameters (:class:`traces.run.record_config.RecordConfig`); plain greedy decoding
             uses ``max_tokens`` (tokens per prompt at most), ``chat`` (apply the target's chat template)
             and ``n_gpu_layers`` (as ``rtm`` was loaded, for the manifest's device), nothing else.
-        rtm: a loaded :class:`traces.mtp_runtime.MtpRuntime`.
+        rtm: a loaded :class:`traces.run.mtp_runtime.MtpRuntime`.
         out: the trace directory; prompts: prompt texts or :class:`traces.run.prompts.PromptSpec` (text,
             ``tokens`` or ``messages``, as ``record`` takes them; their id and category go to the
             manifest's prompt entries).

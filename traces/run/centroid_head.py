@@ -14,9 +14,9 @@ out; the sparse draft is the argmax.
 The head itself (data, loading from a fork / sidecar GGUF or a Hugging Face checkpoint, checks) is
 :class:`inspector.centroids.CentroidHead`; ``CentroidHead``, ``DEFAULT_TOP_K``, ``head_from_arrays``,
 ``head_from_gguf`` and ``load_centroid_head`` are re-exported from there. Top-k and ranks follow
-:mod:`traces.ranking` (best first, ties by lower id; rank = strictly greater logits).
+:mod:`traces.run.ranking` (best first, ties by lower id; rank = strictly greater logits).
 
-Imports: numpy, mtpscope.errors, inspector.centroids, traces.ranking.
+Imports: numpy, mtpscope.errors, inspector.centroids, traces.run.ranking.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ parity tests (reference drafter vs llama.cpp): :func:`live_mtp_run` -> :class:`L
 
 Target + ``LLAMA_CONTEXT_TYPE_MTP`` drafter context; every draft step of a round at the pending
 position, as llama.cpp's ``common/speculative.cpp`` does for shared-memory Gemma 4 assistants. Unlike
-:class:`traces.mtp_runtime.MtpRuntime` (the recorder's loop) it runs a fixed number of rounds, never
+:class:`traces.run.mtp_runtime.MtpRuntime` (the recorder's loop) it runs a fixed number of rounds, never
 stops at an end-of-generation token, and keeps each step's fed ``(token, h)`` and llama.cpp's
 ``h_nextn`` / logits argmax rather than trace records.
 
 Shapes are numpy order throughout.
 
-Imports: numpy, traces.run.llama.model (inside :func:`live_mtp_run`), traces.ranking, traces.run.record_config (``DEFAULT_N_DRAFT``).
+Imports: numpy, traces.run.llama.model (inside :func:`live_mtp_run`), traces.run.ranking, traces.run.record_config (``DEFAULT_N_DRAFT``).
 """
 
 from __future__ import annotations

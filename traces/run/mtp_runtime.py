@@ -25,13 +25,13 @@ With tracing and ``capture`` on, the drafter context carries a ``cb_eval`` callb
 ``result_norm`` (h_inner; the callback is C where a compiler is at hand, :mod:`traces.run.llama.native_capture`);
 logits and h_next come from the API. Without it (a recording's default) the loop hooks nothing and
 ``h_inner`` is derived from the logits and h_next (:mod:`traces.run.derived`); :meth:`MtpRuntime.calibrate`
-gives the steps that measure the agreement. See :func:`traces.recorder.record` for what is stored.
+gives the steps that measure the agreement. See :func:`traces.run.recorder.record` for what is stored.
 
 :meth:`MtpRuntime.run` yields one :class:`RoundResult` per round (with per-step raw data when tracing);
-:mod:`traces.step_analysis` turns those into trace records and :func:`traces.recorder.record` drives it.
+:mod:`traces.run.step_analysis` turns those into trace records and :func:`traces.run.recorder.record` drives it.
 
-Imports: numpy, mtpscope.errors, traces.run.llama (capture, model: llama.cpp's C API, lazily), traces.prompts,
-traces.run.record_config, traces.target_side.
+Imports: numpy, mtpscope.errors, traces.run.llama (capture, model: llama.cpp's C API, lazily), traces.run.prompts,
+traces.run.record_config, traces.run.target_side.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
 
 
 def spec_tokens(model: Any, spec: PromptSpec, *, chat: bool = False) -> tuple[list[int], str]:
-    """Token ids and the text they stand for of one prompts-file prompt (:class:`traces.prompts.PromptSpec`):
+    """Token ids and the text they stand for of one prompts-file prompt (:class:`traces.run.prompts.PromptSpec`):
     ``tokens`` as given (checked against the vocabulary; the text is their detokenization), ``messages``
     rendered with the GGUF's chat template (special tokens parsed; the text is the rendered prompt), a
     text by :func:`prompt_tokens`.
@@ -126,7 +126,7 @@ class RoundResult:
             acceptance and KV roll-back, in milliseconds.
         steps: one :class:`DraftStep` per draft, only when tracing (else empty).
         target_p_drafted / target_entropy: per draft, the target's probability of it and its entropy
-            (nats) at the verify row that judged it (:func:`traces.target_side.target_stats`), only when
+            (nats) at the verify row that judged it (:func:`traces.run.target_side.target_stats`), only when
             tracing (else empty); computed after the verify timing.
         h_target: per draft, the target's ``nextn`` row at that verify row (``float32[n_embd_backbone]``),
             only with ``hidden_target`` (else empty).
@@ -164,11 +164,11 @@ class Calibration:
 
 def finish_target_side(res: RoundResult) -> RoundResult:
     """``res`` with ``target_p_drafted`` / ``target_entropy`` computed from its ``target_logits``
-    (:func:`traces.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
+    (:func:`traces.run.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
     none. ``MtpRuntime.run(defer_target=True)`` leaves this to the process that analyses the round.
 
     Raises:
-        TraceError: as :func:`traces.target_side.target_stats` (a draft id outside the vocabulary).
+        TraceError: as :func:`traces.run.target_side.target_stats` (a draft id outside the vocabulary).
     """
     if not res.target_logits:
         return res
@@ -201,10 +201,10 @@ class Sampler:
 
 class MtpRuntime:
     """A target and its drafter loaded in llama.cpp, with their contexts; reusable across prompts
-    and :func:`traces.recorder.record` calls (tests and benchmarks load once).
+    and :func:`traces.run.recorder.record` calls (tests and benchmarks load once).
 
     Args:
-        target / assistant: GGUF paths (run :func:`traces.preflight.preflight` first; this class does not).
+        target / assistant: GGUF paths (run :func:`traces.run.preflight.preflight` first; this class does not).
         n_gpu_layers: layers to offload (-1 all, 0 CPU only), for both models.
         n_ctx: initial context size in tokens; :meth:`run` and :meth:`generate_plain` grow it (new
             contexts, same models) when prompt + max_tokens + n_draft + 1 does not fit.

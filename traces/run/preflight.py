@@ -1,4 +1,4 @@
-"""Checks before :func:`traces.recorder.record` loads anything, and the manifest's model entries.
+"""Checks before :func:`traces.run.recorder.record` loads anything, and the manifest's model entries.
 
 The run parameters are checked once, where they are built (:class:`traces.run.record_config.RecordConfig`).
 

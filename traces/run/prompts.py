@@ -1,4 +1,4 @@
-"""Reading a prompts file for :func:`traces.recorder.record` (``mtpscope record --prompts FILE``): what one
+"""Reading a prompts file for :func:`traces.run.recorder.record` (``mtpscope record --prompts FILE``): what one
 prompt is. UTF-8 only.
 
 ``.jsonl``: one JSON value per non-empty line, either a string (the prompt text) or an object with

@@ -2,8 +2,8 @@
 
 Rules (the trace format's, ``docs/TRACE_FORMAT.md``): a top-k list is best first, ties broken by the
 lower index; a rank is the number of *strictly* greater scores (0 = best, tied scores share a rank).
-Used by the recorder's step analysis (:mod:`traces.step_analysis`), the centroid head's scoring
-(:mod:`traces.centroid_head`), the replay (:mod:`traces.replay`) and the live parity run.
+Used by the recorder's step analysis (:mod:`traces.run.step_analysis`), the centroid head's scoring
+(:mod:`traces.run.centroid_head`), the replay (:mod:`traces.run.replay`) and the live parity run.
 
 Imports: numpy only.
 """

@@ -2,8 +2,8 @@
 costs the recorder nothing but the round in progress (and :class:`InProcessRounds`, the same interface
 without the process, for an already loaded runtime).
 
-Parent (:class:`RecordWorker`, used by :func:`traces.recorder.record`) and child
-(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.transport`, every
+Parent (:class:`RecordWorker`, used by :func:`traces.run.recorder.record`) and child
+(``python -m mtpscope.traces.run.record_worker``, :func:`main`) talk through :mod:`traces.run.transport`, every
 message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, read by its attributes):
 
 1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
@@ -18,7 +18,7 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
    pre-flight check while the child loads (start-up = the longer of the two, not their sum), so nothing is
    decoded before the pair passed the check; a refused pair ends the child (:meth:`RecordWorker.abandon`,
    it has loaded at most). When the run derives ``h_inner`` (no ``cb_eval`` in the loop), a
-   ``calibration`` message comes after the last prompt (:class:`~traces.mtp_runtime.Calibration`: a few
+   ``calibration`` message comes after the last prompt (:class:`~traces.run.mtp_runtime.Calibration`: a few
    drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
    does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
@@ -187,7 +187,7 @@ def _error_message(e: BaseException) -> WorkerError:
 
 
 def load_runtime(job: RecordJob) -> MtpRuntime:
-    """The :class:`~traces.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
+    """The :class:`~traces.run.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
     ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
     from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
 
@@ -228,7 +228,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
 
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
     """With the config's ``baseline``: plain decoding of the prompts timed
-    (:func:`traces.mtp_runtime.time_plain`): its manifest entry and outputs; else None."""
+    (:func:`traces.run.mtp_runtime.time_plain`): its manifest entry and outputs; else None."""
     from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
 
     if not job.config.baseline:
@@ -253,7 +253,7 @@ def _wait_go(chan: Channel) -> bool:
 
 
 def calibration(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Calibration | None:
-    """The run's :class:`~traces.mtp_runtime.Calibration` (:meth:`~traces.mtp_runtime.MtpRuntime.calibrate` on
+    """The run's :class:`~traces.run.mtp_runtime.Calibration` (:meth:`~traces.run.mtp_runtime.MtpRuntime.calibrate` on
     the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
     from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
 
@@ -263,7 +263,7 @@ def calibration(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Calib
 
 
 def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
-    """The round sizes timed after the loop (:meth:`~traces.mtp_runtime.MtpRuntime.probe_costs` on the first
+    """The round sizes timed after the loop (:meth:`~traces.run.mtp_runtime.MtpRuntime.probe_costs` on the first
     prompt), None without prompts."""
     if not toks:
         return None
@@ -519,7 +519,7 @@ class RecordWorker:
 
     def events(self) -> Iterator[Event]:
         """The worker's :class:`Baseline` (``--baseline``) first, its rounds and prompt ends, its
-        :class:`~traces.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
+        :class:`~traces.run.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
         one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
         arrays are no longer needed."""
         from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
@@ -658,7 +658,7 @@ class RecordWorker:
 class InProcessRounds:
     """The recording loop in this process, with :class:`RecordWorker`'s interface (``hello`` /
     ``events`` / ``release`` / ``log_to`` / ``stop`` / ``close``): an already loaded
-    :class:`~traces.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
+    :class:`~traces.run.mtp_runtime.MtpRuntime` (``runtime``; not closed here), or one loaded for ``job``
     (closed by :meth:`close`). No isolation: a crash of llama.cpp takes this process with it.
     """
 

@@ -2,14 +2,14 @@
 :class:`RecordSummary`.
 
 The driver only: it takes the run parameters as one :class:`traces.run.record_config.RecordConfig`
-(checked when it was built), checks the model pair (:mod:`traces.preflight`, before anything is
-loaded), reads the prompts (:mod:`traces.prompts`), runs :class:`traces.mtp_runtime.MtpRuntime`
-per prompt -- by default in a worker process (:class:`traces.record_worker.RecordWorker`), so that a
+(checked when it was built), checks the model pair (:mod:`traces.run.preflight`, before anything is
+loaded), reads the prompts (:mod:`traces.run.prompts`), runs :class:`traces.run.mtp_runtime.MtpRuntime`
+per prompt -- by default in a worker process (:class:`traces.run.record_worker.RecordWorker`), so that a
 crash of llama.cpp ends the run with one line and keeps the trace; with a loaded ``runtime`` in this
-process (:class:`traces.record_worker.InProcessRounds`) -- turns each round into records
-(:mod:`traces.step_analysis`) and writes them with :class:`traces.store.TraceWriter` (each round
+process (:class:`traces.run.record_worker.InProcessRounds`) -- turns each round into records
+(:mod:`traces.run.step_analysis`) and writes them with :class:`traces.store.writer.TraceWriter` (each round
 durable in its write-ahead log when ``on_round`` is called; ``overwrite`` of an existing trace: written
-next to it and swapped in at the end, :func:`traces.store.swap_in`). Progress display is the caller's,
+next to it and swapped in at the end, :func:`traces.store.writer.swap_in`). Progress display is the caller's,
 through ``on_round``.
 
 :func:`record` runs its steps in order: the prompts (:func:`traces.run.prompts.prompt_specs`), the output folder
@@ -19,8 +19,8 @@ the runtime's hello, each event of the loop, the closed trace, what a failure ke
 it reads is a :class:`traces.run.worker_protocol.RoundSource`, its messages that module's typed records.
 
 Imports: numpy, mtpscope.errors, mtpscope.inspector (centroids, gguf), traces.run.llama.process,
-traces.run.derived, traces.mtp_runtime, traces.preflight, traces.prompts, traces.run.record_config, traces.record_worker,
-traces.run.worker_protocol, traces.step_analysis, traces.store.
+traces.run.derived, traces.run.mtp_runtime, traces.run.preflight, traces.run.prompts, traces.run.record_config, traces.run.record_worker,
+traces.run.worker_protocol, traces.run.step_analysis, traces.store.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class RecordSummary:
         n_drafted, n_accepted: draft tokens proposed / accepted.
         acceptance_rate: n_accepted / n_drafted (llama.cpp's definition), None with no drafts.
         mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
-            same definition as :func:`traces.metrics.totals`), None with no such round.
+            same definition as :func:`traces.analysis.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
         seconds: wall time of the generation loops (prefill and trace writing included; loading and the
             derived h_inner's calibration after the loop excluded).
@@ -223,8 +223,8 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         target / assistant: GGUF paths (gemma4 target, gemma4-assistant drafter).
         out: the trace directory.
         prompts / prompt / prompts_file: the prompts (exactly one of them): texts or
-            :class:`traces.prompts.PromptSpec` objects, one text, or a prompts file
-            (:func:`traces.prompts.read_prompt_specs`: text / tokens / messages, id, category, extra fields).
+            :class:`traces.run.prompts.PromptSpec` objects, one text, or a prompts file
+            (:func:`traces.run.prompts.read_prompt_specs`: text / tokens / messages, id, category, extra fields).
         overwrite: replace an existing trace in ``out``. The new trace is then written to the sibling
             folder ``<out>.partial-<pid>`` and swapped in only when the run completes; if it fails (an
             error, Ctrl-C) the old trace stays untouched and the partial one is left where it is (named
@@ -236,7 +236,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
         on_round: called with ``(prompt_id, RoundResult)`` after each round is written -- into the
             write-ahead log, so it survives a ``kill -9`` from then on (the CLI draws its progress bar
             and ``--verbose`` lines from it).
-        isolate: run llama.cpp in a worker process (:mod:`traces.record_worker`; default: yes unless
+        isolate: run llama.cpp in a worker process (:mod:`traces.run.record_worker`; default: yes unless
             ``runtime`` is given). A crash of llama.cpp then raises
             :class:`~mtpscope.errors.RuntimeAbortedError` (one line quoting llama.cpp) and the trace keeps
             every round before it, marked incomplete, with an ``aborted`` record and ``llama.log``.
@@ -563,7 +563,7 @@ class _Recording:
                              startup_cpu_seconds=self.cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
 
 
-#: :func:`traces.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag
+#: :func:`traces.run.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag
 _preflight = preflight
 
 #: the steps columns a derived ``h_inner`` feeds (manifest ``derived.columns``): h_inner itself (stored with

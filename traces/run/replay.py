@@ -2,10 +2,10 @@
 (issue 7): :func:`replay` -> :class:`ReplayResult`, its output folder, and :func:`read_replay`.
 
 Per prompt the accepted token sequence is prefilled once in llama.cpp
-(:func:`traces.target_prefill.prefill`), then every recorded round is recomputed by
+(:func:`traces.run.target_prefill.prefill`), then every recorded round is recomputed by
 :class:`inspector.reference.ReferenceDrafter` under each variant (:func:`parse_variant` on top of the
 baseline, :data:`BASELINE_CPU` / :data:`BASELINE_GPU`); a step is summarized like a recorded one
-(:func:`traces.step_analysis.summarize_logits`).
+(:func:`traces.run.step_analysis.summarize_logits`).
 
 Output folder (``mtpscope replay --out DIR``), written here and read back by :func:`read_replay` (the
 app's Compare page)::
@@ -17,8 +17,8 @@ app's Compare page)::
 Shapes are numpy order throughout.
 
 Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
-traces.step_analysis, traces.records, traces.metrics, traces.store; and, inside :func:`replay` only,
-traces.run.llama.model, traces.mtp_runtime, traces.preflight, traces.target_prefill, inspector.gguf and
+traces.run.step_analysis, traces.store.records, traces.analysis.metrics, traces.store; and, inside :func:`replay` only,
+traces.run.llama.model, traces.run.mtp_runtime, traces.run.preflight, traces.run.target_prefill, inspector.gguf and
 traces.run.quantize (the drafter's quantization) (so that reading a replay folder never touches llama.cpp).
 """
 
@@ -123,7 +123,7 @@ class ReplayResult:
 
     def summary(self) -> dict[str, Any]:
         """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
-        (1 + accepted / rounds that drafted; both as :func:`traces.metrics.totals` defines them),
+        (1 + accepted / rounds that drafted; both as :func:`traces.analysis.metrics.totals` defines them),
         ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
         the recorded run's rates; and ``indistinguishable``: pairs of variants that draft the same token
         at every replayed step (this trace cannot tell them apart, :func:`indistinguishable`)."""
@@ -317,7 +317,7 @@ def _drafter_weights(path: Path) -> dict[str, Any]:
 def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
-    did (:func:`traces.mtp_runtime.spec_tokens`)."""
+    did (:func:`traces.run.mtp_runtime.spec_tokens`)."""
     from mtpscope.traces.run.mtp_runtime import prompt_tokens, spec_tokens
     from mtpscope.traces.run.prompts import PromptSpec
 

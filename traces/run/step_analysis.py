@@ -4,11 +4,11 @@ of a recorded round.
 
 :func:`summarize_logits` is the analysis the recorder and the replay share (a replayed step is
 summarized exactly like a recorded one); :func:`step_records` / :func:`round_record` turn a
-:class:`traces.mtp_runtime.RoundResult` into what :class:`traces.store.TraceWriter` stores (hidden
+:class:`traces.run.mtp_runtime.RoundResult` into what :class:`traces.store.writer.TraceWriter` stores (hidden
 states stay float32 here; the writer converts them to the trace's f16 / f32).
 
-Imports: numpy, traces.records, traces.ranking, traces.centroid_head (and, for types only,
-traces.mtp_runtime, traces.run.derived and inspector.centroids).
+Imports: numpy, traces.store.records, traces.run.ranking, traces.run.centroid_head (and, for types only,
+traces.run.mtp_runtime, traces.run.derived and inspector.centroids).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class LogitSummary:
 
     Attributes:
         logit: the draft's logit.
-        rank: the draft's rank (:func:`traces.ranking.rank`; 0 = best).
+        rank: the draft's rank (:func:`traces.run.ranking.rank`; 0 = best).
         top_ids: the ``n_top`` best token ids, best first, ties by lower id.
         top_logits: their logits, same order.
         target_rank: rank of the target's token, or None when no target token is known.
@@ -77,7 +77,7 @@ def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | 
 
 def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
                  head: CentroidHead | None = None, solver: HInnerSolver | None = None) -> list[StepRecord]:
-    """Per-step trace records of one round (see :func:`traces.recorder.record` for the fields).
+    """Per-step trace records of one round (see :func:`traces.run.recorder.record` for the fields).
 
     Args:
         res: a round run with ``trace=True`` (its ``steps`` carry the raw data).

@@ -60,7 +60,7 @@ class Stop:
 @dataclass(frozen=True)
 class Baseline:
     """The worker timed plain decoding first (``record --baseline``): the manifest entry
-    (:func:`traces.mtp_runtime.time_plain`) and the plain outputs."""
+    (:func:`traces.run.mtp_runtime.time_plain`) and the plain outputs."""
 
     kind: ClassVar[str] = "baseline"
     entry: Mapping[str, Any]
@@ -108,7 +108,7 @@ class PromptDone:
 @dataclass(frozen=True)
 class ProbeDone:
     """The worker timed a round of every size after its loop: the manifest's ``cost_probe`` entry
-    (:meth:`traces.mtp_runtime.MtpRuntime.probe_costs`)."""
+    (:meth:`traces.run.mtp_runtime.MtpRuntime.probe_costs`)."""
 
     kind: ClassVar[str] = "cost_probe"
     entry: Mapping[str, Any]

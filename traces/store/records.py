@@ -1,6 +1,6 @@
 """Typed records of one speculative-decoding round and one draft step.
 
-These are what the recorder (``traces/run/recorder.py``) hands to :class:`traces.store.TraceWriter`; the
+These are what the recorder (``traces/run/recorder.py``) hands to :class:`traces.store.writer.TraceWriter`; the
 on-disk columns are defined in ``traces/store/schema.py`` and documented in ``docs/TRACE_FORMAT.md``.
 
 Vocabulary (same as llama.cpp): a *round* drafts ``n_draft`` tokens ``d1..dK`` from the pending token,

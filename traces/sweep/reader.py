@@ -19,11 +19,11 @@ under ``assistant=<a>/n_draft=<k>/shard=<i>/``. :class:`Sweep` gives
 
 Nothing reads all rounds into pandas: aggregates stay in DuckDB, and a cell holds one configuration.
 
-Definitions (the same as :func:`traces.metrics.totals`): acceptance rate = accepted / drafted;
+Definitions (the same as :func:`traces.analysis.metrics.totals`): acceptance rate = accepted / drafted;
 mean acceptance length = 1 + accepted / verify rounds (rounds that drafted); measured tokens/s =
 emitted tokens / (t_draft_ms + t_verify_ms) over the rounds, i.e. generation after each prompt's
 first token, prompt processing excluded (the baseline's rounds are timed the same way,
-:mod:`traces.baseline`); speedup = tokens/s / the baseline's tokens/s over the same category.
+:mod:`traces.run.baseline`); speedup = tokens/s / the baseline's tokens/s over the same category.
 
 Imports: duckdb, pandas, numpy, traces.sweep.spec, traces.sweep.quant (the quantizations' table),
 traces.store (``reader``, ``protocols``, ``schema``).

@@ -2,7 +2,7 @@
 
 :func:`run_sweep` (``mtpscope sweep``) runs every task of a :class:`SweepSpec` -- one per (assistant,
 n_draft, prompt shard), plus one per shard of plain decoding with ``baseline`` -- on Ray actors and
-keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up to date.
+keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep.spec`, docs/SWEEP.md) up to date.
 
 - **Actors load once, run many.** Each :class:`SweepWorker` actor keeps its llama.cpp models loaded
   (an :class:`MtpRuntime`) and takes the next task of the same assistant when there is one, so model
@@ -10,7 +10,7 @@ keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up 
   ``num_cpus = threads_per_worker`` and llama.cpp runs that many threads (``n_threads``); with
   ``gpus_per_worker`` it asks for ``num_gpus`` (Ray sets ``CUDA_VISIBLE_DEVICES``) and offloads every
   layer.
-- **A task** is :func:`traces.recorder.record` (MTP) or :func:`traces.baseline.record_baseline`
+- **A task** is :func:`traces.run.recorder.record` (MTP) or :func:`traces.run.baseline.record_baseline`
   (plain decoding) into ``DIR/<task_id>/``, in the actor's process, on its loaded runtime.
 - **The actor process is the isolation boundary.** A llama.cpp abort, a segfault or the OOM killer
   ends the actor; Ray reports it (``RayActorError``), the driver starts a fresh actor and runs the
@@ -29,8 +29,8 @@ keeps ``DIR/sweep.json`` (layout: :mod:`traces.sweep_format`, docs/SWEEP.md) up 
 Ray is an optional extra (``pip install 'mtpscope[sweep]'``); it is imported only inside
 :func:`run_sweep`. Everything else (reading sweeps, reports, the app) works without it.
 
-Imports: ray (lazily), traces.sweep_format, traces.recorder, traces.mtp_runtime, traces.preflight,
-traces.baseline, traces.store.
+Imports: ray (lazily), traces.sweep.spec, traces.run.recorder, traces.run.mtp_runtime, traces.run.preflight,
+traces.run.baseline, traces.store.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ from mtpscope.traces.sweep.spec import (
 
 #: how often a task runs at most when its worker dies (the first run and one retry)
 MAX_ATTEMPTS = 2
-#: test hook: JSON ``{task_id: {"kind": "kill"|"abort"|"hang", "round": r, "attempts": [1, ...],
-#: "message": "..."}}``, read by :func:`run_sweep` when ``faults`` is not given (docs/SWEEP.md)
+#: test seam, not an interface: JSON ``{task_id: {"kind": "kill"|"abort"|"hang", "round": r, "attempts": [1, ...],
+#: "message": "..."}}`` in this variable makes chosen tasks die on purpose; read in one place,
+#: :func:`_load_faults`, when :func:`run_sweep` starts (docs/SWEEP.md)
 FAULTS_ENV = "MTPSCOPE_SWEEP_FAULTS"
 TASK_MARK = "=== mtpscope sweep task "
 STDERR_TAIL_LINES = 20
@@ -393,9 +394,12 @@ class _Progress:
             self.bar.stop()
 
 
-def _load_faults(faults: Mapping[str, Any] | None) -> dict[str, Any]:
-    if faults is not None:
-        return dict(faults)
+def _load_faults() -> dict[str, Any]:
+    """The test faults of :data:`FAULTS_ENV` (``{}`` when unset), per task id.
+
+    Raises:
+        MtpscopeError: the variable is set but not JSON.
+    """
     raw = os.environ.get(FAULTS_ENV)
     if not raw:
         return {}
@@ -447,8 +451,7 @@ def _resume_state(spec: SweepSpec, out: Path, command: Sequence[str]) -> dict[st
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str = "auto",
               workers: int | None = None, threads_per_worker: int | None = None, gpus_per_worker: float = 0.0,
-              resume: bool = False, progress: bool = False, command: Sequence[str] | None = None,
-              faults: Mapping[str, Any] | None = None) -> SweepResult:
+              resume: bool = False, progress: bool = False, command: Sequence[str] | None = None) -> SweepResult:
     """Run (or, with ``resume``, finish) a sweep on Ray; see the module docstring.
 
     Args:
@@ -462,7 +465,6 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
         resume: finish an existing sweep (the spec must match).
         progress: show the progress bar on stderr.
         command: argv for ``sweep.json`` and the traces' manifests (default ``sys.argv``).
-        faults: test hook (:data:`FAULTS_ENV`).
 
     Returns:
         :class:`SweepResult` (``failed`` names each failed task with its message).
@@ -478,7 +480,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, ray_address: str 
     out = Path(out)
     check_out_dir(out, resume)
     command = list(command) if command is not None else list(sys.argv)
-    faults = _load_faults(faults)
+    faults = _load_faults()                           # tests only: tasks that die on purpose
     state = _resume_state(spec, out, command) if resume else new_state(spec, command=command)
     tasks = {t.task_id: t for t in spec.tasks()}
     states = {ts.task: ts for ts in task_states(state)}

@@ -1,5 +1,5 @@
 """The sweep directory and its ``sweep.json``: the one description of a sweep's layout, shared by the
-Ray runner (:mod:`traces.sweep`) and the reader (:mod:`traces.sweep_read`).
+Ray runner (:mod:`traces.sweep`) and the reader (:mod:`traces.sweep.reader`).
 
 A sweep records one prompt set against several configurations; each task is one (assistant, n_draft,
 prompt shard) and writes an ordinary trace (docs/TRACE_FORMAT.md) into a hive-partitioned folder::

@@ -60,7 +60,7 @@ def simulate_mtp(tm: Any, dm: Any, prompt: Sequence[int], generated: Sequence[in
     (identical to incremental decoding for a causal model); each round drafts ``min(n_draft, left)``
     tokens from the pending position (steps chained on the drafter's own argmax and h_next, all at
     the pending position, K/V of positions before it), accepts the longest prefix equal to the target's
-    tokens, and moves on by ``n_accepted + 1``, as :mod:`traces.recorder` does. ``head``: a centroid
+    tokens, and moves on by ``n_accepted + 1``, as :mod:`traces.run.recorder` does. ``head``: a centroid
     head ``{"centroids": [C, n_embd] tensor, "ordering_rows": [C, vsc] compact rows or -1, "top_k"}``
     to draft with instead of the dense head.
     """
