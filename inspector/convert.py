@@ -219,7 +219,7 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
     write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
     if centroids_out is not None:
-        if not ordered:
+        if not ordered or cen is None or order is None:
             raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
                               key="use_ordered_embeddings", expected=True, actual=False)
         side = Path(centroids_out)
