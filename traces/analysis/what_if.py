@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,17 @@ class WhatIfRow:
             if k.endswith("_interval") and v is not None:
                 d[k] = [float(v[0]), float(v[1])]
         return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WhatIfRow:
+        """The row back from its :meth:`to_dict` JSON (a document read back: ``diagnosis.json``'s summary);
+        keys it lacks keep their defaults."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        for k, v in kw.items():
+            if (k.endswith("_interval") or k == "rounds_by_size") and v is not None:
+                kw[k] = tuple(float(x) for x in v)
+        return cls(**kw)
 
 
 @dataclass(frozen=True)
