@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.costs import CostModel
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
 
@@ -227,7 +228,7 @@ def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
 
 
 def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
-                 category_field: str | None = None) -> tuple[dict[str, Any], Any]:
+                 category_field: str | None = None) -> tuple[dict[str, Any], tuple[Explanation, Vocab | None]]:
     """(JSON sections, (Explanation, vocabulary)) of an opened trace
     (:func:`traces.sweep.advice.explain_with_baseline`: a sweep cell's speedups against the sweep's plain
     decoding); the vocabulary from ``vocab_path`` or the manifest. The sections are

@@ -221,6 +221,12 @@ class Advice:
     baseline: PlainBaseline | None = None
     timing_quality: TimingQuality | None = None
 
+    @staticmethod
+    def null_dict() -> dict[str, Any]:
+        """:meth:`to_dict`'s keys, each None: the JSON where there is no advice (nothing drafted)."""
+        return {"recommendation": None, "break_even": None, "candidates": None, "baseline": None,
+                "timing_quality": None}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON keys ``recommendation`` (overall, with ``by_category``), ``break_even`` (overall, with
         ``by_category``; null without timings), ``candidates`` (with ``by_category``), ``baseline`` and

@@ -129,9 +129,7 @@ class Explanation:
         ``what_if_by_category``, ``recommendation``, ``break_even``, ``candidates``, ``baseline``,
         ``timing_quality``, ``head``, ``notes``."""
         wi = self.what_if
-        adv = self.advice.to_dict() if self.advice is not None else {"recommendation": None, "break_even": None,
-                                                                     "candidates": None, "baseline": None,
-                                                                     "timing_quality": None}
+        adv = self.advice.to_dict() if self.advice is not None else Advice.null_dict()
         def groups(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
             return None if g is None else {name: a.to_dict() for name, a in g.items()}
 
