@@ -130,6 +130,7 @@ class Explanation:
         ``timing_quality``, ``head``, ``notes``."""
         wi = self.what_if
         adv = self.advice.to_dict() if self.advice is not None else Advice.null_dict()
+
         def groups(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
             return None if g is None else {name: a.to_dict() for name, a in g.items()}
 
