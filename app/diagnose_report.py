@@ -42,7 +42,7 @@ def figures(d: Mapping[str, Any]) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis document, ``(name, figure)`` in reading order: acceptance by draft position,
     by category, the first misses' causes, the replay variants (the one that recovers in red), the what-if.
     Sections the diagnosis lacks (no trace, no replay) are left out."""
-    from mtpscope.traces.analysis.breakdown import CategoryAcceptance  # noqa: PLC0415 -- the figures' records
+    from mtpscope.traces.analysis.breakdown import Acceptance  # noqa: PLC0415 -- the figures' records
     from mtpscope.traces.analysis.what_if import WhatIfRow  # noqa: PLC0415
 
     s = d.get("summary") or {}
@@ -51,7 +51,7 @@ def figures(d: Mapping[str, Any]) -> list[tuple[str, go.Figure]]:
         out.append(("per_position", charts.per_position_figure(views.per_position(s),
                                                                 title="Acceptance by draft position")))
     if s.get("by_category"):
-        cats = {k: CategoryAcceptance.from_dict(v) for k, v in s["by_category"].items()}
+        cats = {k: Acceptance.from_dict(v) for k, v in s["by_category"].items()}
         out.append(("by_category", charts.rate_bars_figure(cats, "Acceptance by prompt category", what="category")))
     if s.get("causes"):
         out.append(("causes", charts.causes_figure(s["causes"])))

@@ -44,6 +44,13 @@ class Acceptance(JsonKeys):
         """``{n_drafted, n_accepted, acceptance_rate}`` (docs/EXPLAIN.md)."""
         return {"n_drafted": self.n_drafted, "n_accepted": self.n_accepted, "acceptance_rate": self.acceptance_rate}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Acceptance:
+        """The counts back from a group's JSON (:meth:`to_dict`, or :class:`CategoryAcceptance`'s: its
+        ``n_prompts`` left out), as a document read back carries them (``diagnosis.json``'s summary)."""
+        rate = d.get("acceptance_rate")
+        return cls(int(d["n_drafted"]), int(d["n_accepted"]), None if rate is None else float(rate))
+
 
 @dataclass(frozen=True)
 class PositionAcceptance:
@@ -75,11 +82,6 @@ class CategoryAcceptance(JsonKeys):
         return {"n_prompts": self.n_prompts, "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
                 "acceptance_rate": self.acceptance_rate}
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CategoryAcceptance:
-        """The record back from its :meth:`to_dict` JSON (a document read back: ``diagnosis.json``'s summary)."""
-        rate = d.get("acceptance_rate")
-        return cls(int(d["n_prompts"]), int(d["n_drafted"]), int(d["n_accepted"]), None if rate is None else float(rate))
 
 
 def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
