@@ -9,13 +9,21 @@ sent as bars, never as raw values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from mtpscope.app import model_views, round_views, views
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.breakdown import Acceptance, CategoryAcceptance, PositionAcceptance
+    from mtpscope.traces.analysis.drift import Drift
+    from mtpscope.traces.analysis.explain import PositionRejections
+    from mtpscope.traces.analysis.what_if import WhatIfRow
 
 #: Accepted-length colours, 0 (red) … K (green).
 ACCEPT_SCALE = [[0.0, "#d62728"], [0.34, "#ff7f0e"], [0.67, "#bcbd22"], [1.0, "#2ca02c"]]
@@ -335,8 +343,13 @@ CAUSE_COLOURS = {"near_tie": "#bcbd22", "runner_up": "#ff7f0e", "in_top_k": "#e3
                  "unreachable": "#9467bd", "after_eog": "#7f7f7f", "unknown": "#c7c7c7"}
 
 
-def causes_figure(causes: dict[str, int], title: str = "Why the first rejected draft of each round was rejected") -> go.Figure:
-    """Bars of the rejection causes (``rejections["causes"]``: cause → count), with each cause's share."""
+def _finite(v: float | None) -> float | None:
+    """None for a missing, NaN or infinite value (as the JSON carries it)."""
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def causes_figure(causes: Mapping[str, int], title: str = "Why the first rejected draft of each round was rejected") -> go.Figure:
+    """Bars of the rejection causes (``Rejections.causes``: cause → count), with each cause's share."""
     items = [(c, int(v)) for c, v in (causes or {}).items() if v]
     if not items:
         return empty_figure("no rejected drafts with a known target token")
@@ -351,8 +364,8 @@ def causes_figure(causes: dict[str, int], title: str = "Why the first rejected d
     return fig
 
 
-def rank_histogram_figure(hist: dict[str, int], title: str = "The target token's rank under the drafter") -> go.Figure:
-    """Bars of ``rejections["rank_histogram"]`` (rank bin "0".."9", "10+" → count): where the target's
+def rank_histogram_figure(hist: Mapping[str, int], title: str = "The target token's rank under the drafter") -> go.Figure:
+    """Bars of ``Rejections.rank_histogram`` (rank bin "0".."9", "10+" → count): where the target's
     token stood in the drafter's list at each round's first mismatch (0 = the drafter's own choice)."""
     if not hist or not any(hist.values()):
         return empty_figure("no ranks known")
@@ -365,31 +378,33 @@ def rank_histogram_figure(hist: dict[str, int], title: str = "The target token's
     return fig
 
 
-def causes_by_position_figure(by_position: Sequence[dict], title: str = "Causes by draft position") -> go.Figure:
-    """Stacked bars: for each draft position k of the first mismatch, its causes (``rejections["by_position"]``)."""
-    rows = [p for p in (by_position or []) if p.get("n")]
+def causes_by_position_figure(by_position: Sequence[PositionRejections], title: str = "Causes by draft position"
+                              ) -> go.Figure:
+    """Stacked bars: for each draft position k of the first mismatch, its causes (``Rejections.by_position``)."""
+    rows = [p for p in (by_position or ()) if p.n]
     if not rows:
         return empty_figure("no rejected drafts")
     fig = go.Figure()
     causes = list(CAUSE_WORDS)
     for c in causes:
-        y = [int(p["causes"].get(c, 0)) for p in rows]
+        y = [int(p.causes.get(c, 0)) for p in rows]
         if any(y):
-            fig.add_bar(x=[f"k={p['k']}" for p in rows], y=y, name=CAUSE_WORDS[c], marker_color=CAUSE_COLOURS[c])
+            fig.add_bar(x=[f"k={p.k}" for p in rows], y=y, name=CAUSE_WORDS[c], marker_color=CAUSE_COLOURS[c])
     _layout(fig, title, height=300, barmode="stack", legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
     fig.update_yaxes(title="rounds")
     return fig
 
 
-def rate_bars_figure(groups: dict[str, dict] | None, title: str, what: str = "class") -> go.Figure:
-    """Acceptance rate per group (``{name: {n_drafted, n_accepted, acceptance_rate}}``: by class, channel
-    or category), worst first, each bar labelled with accepted / drafted."""
-    items = [(n, g) for n, g in (groups or {}).items() if g.get("n_drafted")]
+def rate_bars_figure(groups: Mapping[str, Acceptance | CategoryAcceptance] | None, title: str,
+                     what: str = "class") -> go.Figure:
+    """Acceptance rate per group (``{name: Acceptance}``: by class, channel or category), worst first, each
+    bar labelled with accepted / drafted."""
+    items = [(n, g) for n, g in (groups or {}).items() if g.n_drafted]
     if not items:
         return empty_figure(f"no drafted tokens by {what}")
-    items.sort(key=lambda ng: (ng[1]["acceptance_rate"] if ng[1]["acceptance_rate"] is not None else 2.0, ng[0]))
-    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[g["acceptance_rate"] for _, g in items], marker_color="#2ca02c",
-                           text=[f"{g['n_accepted']}/{g['n_drafted']}" for _, g in items], textposition="outside",
+    items.sort(key=lambda ng: (ng[1].acceptance_rate if ng[1].acceptance_rate is not None else 2.0, ng[0]))
+    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[g.acceptance_rate for _, g in items], marker_color="#2ca02c",
+                           text=[f"{g.n_accepted}/{g.n_drafted}" for _, g in items], textposition="outside",
                            hovertemplate="%{x}: %{y:.1%} of drafts accepted (%{text})<extra></extra>"))
     _layout(fig, title, height=300)
     fig.update_yaxes(title="acceptance rate", range=[0, 1.12], tickformat=".0%")
@@ -397,24 +412,24 @@ def rate_bars_figure(groups: dict[str, dict] | None, title: str, what: str = "cl
     return fig
 
 
-def class_position_figure(by_class_position: dict[str, list[dict]] | None,
+def class_position_figure(by_class_position: Mapping[str, Sequence[PositionAcceptance]] | None,
                           title: str = "Acceptance by token class and draft position") -> go.Figure:
-    """Heatmap class × draft position k of the acceptance rate (``by_class_position``), each cell
+    """Heatmap class × draft position k of the acceptance rate (``Explanation.by_class_position``), each cell
     labelled with its rate and accepted / drafted; empty where nothing was drafted."""
     if not by_class_position:
         return empty_figure("token classes need the trace's vocabulary")
-    classes = [c for c, rows in by_class_position.items() if any(r["n_drafted"] for r in rows)]
+    classes = [c for c, rows in by_class_position.items() if any(r.n_drafted for r in rows)]
     if not classes:
         return empty_figure("no drafted tokens")
-    ks = sorted({int(r["k"]) for c in classes for r in by_class_position[c]})
+    ks = sorted({int(r.k) for c in classes for r in by_class_position[c]})
     z = np.full((len(classes), len(ks)), np.nan)
     text = [["" for _ in ks] for _ in classes]
     for i, c in enumerate(classes):
         for r in by_class_position[c]:
-            j = ks.index(int(r["k"]))
-            if r["n_drafted"]:
-                z[i, j] = r["acceptance_rate"]
-                text[i][j] = f"{r['acceptance_rate']:.0%}<br>{r['n_accepted']}/{r['n_drafted']}"
+            j = ks.index(int(r.k))
+            if r.n_drafted:
+                z[i, j] = r.acceptance_rate
+                text[i][j] = f"{r.acceptance_rate:.0%}<br>{r.n_accepted}/{r.n_drafted}"
     fig = go.Figure(go.Heatmap(z=z, x=[f"k={k}" for k in ks], y=classes, zmin=0, zmax=1, colorscale=ACCEPT_SCALE,
                                text=text, texttemplate="%{text}", hovertemplate="%{y} at %{x}: %{text}<extra></extra>",
                                colorbar=dict(title="acceptance", tickformat=".0%", thickness=12)))
@@ -423,25 +438,26 @@ def class_position_figure(by_class_position: dict[str, list[dict]] | None,
     return fig
 
 
-def drift_figure(drift: dict | None, title: str = "How far the drafter's state drifts from the target's") -> go.Figure:
+def drift_figure(drift: Drift | None, title: str = "How far the drafter's state drifts from the target's") -> go.Figure:
     """Per draft position k: mean cosine and mean relative error of the drafter's ``h_next`` against the
-    target's own hidden state (``drift["per_position"]``), one panel each."""
-    if not drift or not drift.get("per_position"):
+    target's own hidden state (``Drift.per_position``), one panel each."""
+    if drift is None or not drift.per_position:
         return empty_figure("drift needs the target's hidden states (record --hidden-target)")
     from plotly.subplots import make_subplots
 
-    pp = drift["per_position"]
-    quant = drift.get("by_quantile") or []
+    pp = drift.per_position
+    quant = drift.by_quantile
     fig = make_subplots(rows=1, cols=3 if quant else 2, horizontal_spacing=0.09)
-    ks = [p["k"] for p in pp]
-    rel = [p["rel_err_mean"] for p in pp]
+    ks = [p.k for p in pp]
+    rel = [p.rel_err_mean for p in pp]
     # trace 0: cosine, trace 1: relative error; then the cosine of accepted / rejected drafts
-    fig.add_trace(go.Scatter(x=ks, y=[p["cos_mean"] for p in pp], mode="lines+markers", name="cosine, all"),
+    fig.add_trace(go.Scatter(x=ks, y=[p.cos_mean for p in pp], mode="lines+markers", name="cosine, all"),
                   row=1, col=1)
     fig.add_trace(go.Scatter(x=ks, y=rel, mode="lines+markers", name="relative error"), row=1, col=2)
-    for key, name, dash in (("cos_mean_accepted", "accepted", "dot"), ("cos_mean_rejected", "rejected", "dash")):
-        if any(p.get(key) is not None for p in pp):
-            fig.add_trace(go.Scatter(x=ks, y=[p.get(key) for p in pp], mode="lines+markers", name=f"cosine, {name}",
+    for side, dash in (("accepted", "dot"), ("rejected", "dash")):
+        ys = [p.cos_mean_accepted if side == "accepted" else p.cos_mean_rejected for p in pp]
+        if any(y is not None for y in ys):
+            fig.add_trace(go.Scatter(x=ks, y=ys, mode="lines+markers", name=f"cosine, {side}",
                                      line=dict(dash=dash)), row=1, col=1)
     fig.update_xaxes(title="draft position k", dtick=1, row=1, col=1)
     fig.update_xaxes(title="draft position k", dtick=1, row=1, col=2)
@@ -450,43 +466,45 @@ def drift_figure(drift: dict | None, title: str = "How far the drafter's state d
     top = max([1.5] + [1.1 * r for r in rel if r is not None])
     fig.update_yaxes(title="relative error", range=[0, top], row=1, col=2)
     if quant:
-        fig.add_trace(go.Bar(x=[f"{q['cos_low']:.2f}..{q['cos_high']:.2f}" for q in quant],
-                             y=[q["acceptance_rate"] for q in quant], name="acceptance by cosine quarter",
-                             text=[f"{q['acceptance_rate']:.0%} of {q['n_steps']}" for q in quant],
+        fig.add_trace(go.Bar(x=[f"{q.cos_low:.2f}..{q.cos_high:.2f}" for q in quant],
+                             y=[q.acceptance_rate for q in quant], name="acceptance by cosine quarter",
+                             text=[f"{q.acceptance_rate:.0%} of {q.n_steps}" for q in quant],
                              textposition="outside"), row=1, col=3)
         fig.update_yaxes(title="acceptance rate", range=[0, 1.1], tickformat=".0%", row=1, col=3)
         fig.update_xaxes(title="cosine quarter (checked steps)", row=1, col=3)
     return _layout(fig, title, height=300, showlegend=False)
 
 
-def what_if_figure(rows: Sequence[dict] | None, best: int | None = None,
+def what_if_figure(rows: Sequence[WhatIfRow] | None, best: int | None = None,
                    title: str = "Which n_draft? Estimated from this trace", plain: float | None = None) -> go.Figure:
-    """The what-if estimate per n_draft (``what_if`` rows): acceptance rate and tokens per second (when
+    """The what-if estimate per n_draft (``WhatIf.rows``): acceptance rate and tokens per second (when
     the trace has timings) with their 95 % intervals as error bars, the recorded n_draft, the fastest
     one and plain decoding's tokens/s (``plain``, a horizontal line) marked."""
     if not rows:
         return empty_figure("nothing drafted: no estimate")
     from plotly.subplots import make_subplots
 
-    n = [r["n_draft"] for r in rows]
-    has_speed = any(r.get("tokens_per_s") is not None for r in rows)
+    n = [r.n_draft for r in rows]
+    has_speed = any(_finite(r.tokens_per_s) is not None for r in rows)
     fig = make_subplots(rows=1, cols=2 if has_speed else 1, horizontal_spacing=0.12)
-    sym = ["star" if r["recorded"] else ("circle-open" if r["extrapolated"] else "circle") for r in rows]
+    sym = ["star" if r.recorded else ("circle-open" if r.extrapolated else "circle") for r in rows]
 
-    def bars(key: str) -> dict | None:
-        ivs = [r.get(f"{key}_interval") for r in rows]
+    def bars(vals: list[float | None], ivs: list[tuple[float, float] | None]) -> dict | None:
         if not any(ivs):
             return None
         return dict(type="data", symmetric=False,
-                    array=[(iv[1] - r[key]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)],
-                    arrayminus=[(r[key] - iv[0]) if iv and r.get(key) is not None else 0 for r, iv in zip(rows, ivs)])
+                    array=[(iv[1] - v) if iv and v is not None else 0 for v, iv in zip(vals, ivs)],
+                    arrayminus=[(v - iv[0]) if iv and v is not None else 0 for v, iv in zip(vals, ivs)])
 
-    fig.add_trace(go.Scatter(x=n, y=[r["acceptance_rate"] for r in rows], mode="lines+markers",
-                             marker=dict(symbol=sym, size=11), name="acceptance rate", error_y=bars("acceptance_rate"),
+    rate = [_finite(r.acceptance_rate) for r in rows]
+    fig.add_trace(go.Scatter(x=n, y=rate, mode="lines+markers", marker=dict(symbol=sym, size=11),
+                             name="acceptance rate", error_y=bars(rate, [r.acceptance_rate_interval for r in rows]),
                              hovertemplate="n_draft %{x}: %{y:.1%}<extra></extra>"), row=1, col=1)
     if has_speed:
-        fig.add_trace(go.Scatter(x=n, y=[r["tokens_per_s"] for r in rows], mode="lines+markers",
-                                 marker=dict(symbol=sym, size=11), name="tokens/s", error_y=bars("tokens_per_s"),
+        tps = [_finite(r.tokens_per_s) for r in rows]
+        fig.add_trace(go.Scatter(x=n, y=tps, mode="lines+markers",
+                                 marker=dict(symbol=sym, size=11), name="tokens/s",
+                                 error_y=bars(tps, [r.tokens_per_s_interval for r in rows]),
                                  hovertemplate="n_draft %{x}: %{y:.1f} tokens/s<extra></extra>"), row=1, col=2)
         if best is not None:
             fig.add_vline(x=best, line_dash="dash", line_color="#2ca02c", row=1, col=2,

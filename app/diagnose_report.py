@@ -7,7 +7,7 @@ own builders); ``mtpscope diagnose --html`` and the Diagnose page both call :fun
 :func:`html_report` writes one self-contained HTML file: plotly.js inlined once, the figures' data inline, styles
 inline, no URL fetched when it is opened (the findings' links point at the app, and are only followed on a click).
 
-Imports: plotly, the app's charts, views and links.
+Imports: plotly, the app's charts, views and links; the records the figures take (breakdown, what_if).
 """
 
 from __future__ import annotations
@@ -42,21 +42,25 @@ def figures(d: Mapping[str, Any]) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis document, ``(name, figure)`` in reading order: acceptance by draft position,
     by category, the first misses' causes, the replay variants (the one that recovers in red), the what-if.
     Sections the diagnosis lacks (no trace, no replay) are left out."""
+    from mtpscope.traces.analysis.breakdown import Acceptance  # noqa: PLC0415 -- the figures' records
+    from mtpscope.traces.analysis.what_if import WhatIfRow  # noqa: PLC0415
+
     s = d.get("summary") or {}
     out: list[tuple[str, go.Figure]] = []
     if s.get("per_position"):
         out.append(("per_position", charts.per_position_figure(views.per_position(s),
                                                                 title="Acceptance by draft position")))
     if s.get("by_category"):
-        out.append(("by_category", charts.rate_bars_figure(s["by_category"], "Acceptance by prompt category",
-                                                           what="category")))
+        cats = {k: Acceptance.from_dict(v) for k, v in s["by_category"].items()}
+        out.append(("by_category", charts.rate_bars_figure(cats, "Acceptance by prompt category", what="category")))
     if s.get("causes"):
         out.append(("causes", charts.causes_figure(s["causes"])))
     v = (d.get("variants") or {}).get("variants")
     if v:
         out.append(("variants", charts.variants_figure(v)))
     if s.get("what_if"):
-        out.append(("what_if", charts.what_if_figure(s["what_if"], s.get("best_n_draft"))))
+        rows = [WhatIfRow.from_dict(r) for r in s["what_if"]]
+        out.append(("what_if", charts.what_if_figure(rows, s.get("best_n_draft"))))
     return out
 
 

@@ -555,17 +555,17 @@ def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, dict[str, Any]]:  # noqa: ARG001
-    from mtpscope.traces.sweep.advice import sweep_advice_dict
+def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, Any]:  # noqa: ARG001
+    from mtpscope.traces.sweep.advice import sweep_advice
     from mtpscope.traces.sweep.reader import open_sweep
 
     sw = open_sweep(path)
-    return sw, sw.cells(), sweep_advice_dict(sw)
+    return sw, sw.cells(), sweep_advice(sw)
 
 
-def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame, dict[str, Any]]:
-    """(the sweep, its configuration × category cells, its advice: recommendation and break-even as
-    ``mtpscope report DIR --json`` gives them) of an allowed sweep directory (``mtpscope sweep --out``:
+def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame, Any]:
+    """(the sweep, its configuration × category cells, its advice: :class:`mtpscope.traces.sweep.advice.SweepAdvice`,
+    the recommendation and break-even of ``mtpscope report DIR``) of an allowed sweep directory (``mtpscope sweep --out``:
     :func:`mtpscope.traces.sweep.reader.open_sweep`; DuckDB aggregates, never all rounds), cached by its state
     file's (size, mtime).
 

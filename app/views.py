@@ -17,13 +17,18 @@ bins, streaks, per-prompt tables).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from mtpscope.traces.analysis import wording
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.advice import BreakEven, Recommendation
+    from mtpscope.traces.analysis.what_if import WhatIfRow
 
 Decode = Callable[[int | None], str]
 
@@ -278,65 +283,67 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
 
 # ------------------------------------------------------------------------------------------ advice
 
-def recommendation_label(rec: dict | None) -> str:
-    """A recommendation (``Recommendation.to_dict()``) in two or three words: ``plain decoding``,
+def recommendation_label(rec: Recommendation | None) -> str:
+    """A :class:`~mtpscope.traces.analysis.advice.Recommendation` in two or three words: ``plain decoding``,
     ``n_draft 3``, ``q8 n_draft 3``, ``… (tie)``; ``—`` without one, ``too few rounds`` below the minimum,
     ``cannot tell (timings disturbed)`` when the timing-quality check withheld it (``cannot_tell``)."""
-    if not rec:
+    if rec is None:
         return "—"
-    c = rec.get("choice")
+    c = rec.choice
     if c is None:
-        if rec.get("cannot_tell"):
+        if rec.cannot_tell:
             return "cannot tell (timings disturbed)"
-        return "too few rounds" if "too few" in (rec.get("reason") or "") else "—"
-    who = f"{rec['assistant']} " if rec.get("assistant") else ""
+        return "too few rounds" if "too few" in (rec.reason or "") else "—"
+    who = f"{rec.assistant} " if rec.assistant else ""
     label = "plain decoding" if c == "plain" else f"{who}n_draft {c}"
-    return label + (" (tie)" if rec.get("tie") else "")
+    return label + (" (tie)" if rec.tie else "")
 
 
 def _iv(v) -> str:
     return "" if not v else f"{v[0]:.3g} – {v[1]:.3g}"
 
 
-def what_if_table(rows: Sequence[dict]) -> pd.DataFrame:
-    """The what-if rows (``Explanation.to_dict()["what_if"]``) as a table: each value with its 95 % interval."""
+def _fin(v: float | None) -> float | None:
+    """None for a missing, NaN or infinite value (as the JSON carries it)."""
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def what_if_table(rows: Sequence[WhatIfRow]) -> pd.DataFrame:
+    """The what-if rows (``WhatIf.rows``) as a table: each value with its 95 % interval."""
     out = []
     for r in rows:
-        out.append({"n_draft": r["n_draft"],
-                    "acceptance rate": r.get("acceptance_rate"),
-                    "acceptance rate 95 %": _iv(r.get("acceptance_rate_interval")),
-                    "mean acceptance length": r.get("mean_acceptance_length"),
-                    "mean acceptance length 95 %": _iv(r.get("mean_acceptance_length_interval")),
-                    "tokens/s": r.get("tokens_per_s"), "tokens/s 95 %": _iv(r.get("tokens_per_s_interval")),
-                    "speedup": r.get("speedup"), "speedup 95 %": _iv(r.get("speedup_interval")),
-                    "n_draft is": "recorded" if r.get("recorded") else ("extrapolated" if r.get("extrapolated")
-                                                                        else "estimated")})
+        out.append({"n_draft": r.n_draft,
+                    "acceptance rate": _fin(r.acceptance_rate),
+                    "acceptance rate 95 %": _iv(r.acceptance_rate_interval),
+                    "mean acceptance length": _fin(r.mean_acceptance_length),
+                    "mean acceptance length 95 %": _iv(r.mean_acceptance_length_interval),
+                    "tokens/s": _fin(r.tokens_per_s), "tokens/s 95 %": _iv(r.tokens_per_s_interval),
+                    "speedup": _fin(r.speedup), "speedup 95 %": _iv(r.speedup_interval),
+                    "n_draft is": "recorded" if r.recorded else ("extrapolated" if r.extrapolated else "estimated")})
     return pd.DataFrame(out)
 
 
-def recommendation_table(by_category: dict[str, dict]) -> pd.DataFrame:
-    """Per-category recommendations (``recommendation["by_category"]``): category, choice, speedup and its
-    interval, tie, and the short reason."""
+def recommendation_table(by_category: Mapping[str, Recommendation]) -> pd.DataFrame:
+    """Per-category recommendations (``Advice.by_category``): category, choice, speedup and its interval, tie,
+    and the short reason."""
     rows = []
     for cat, r in by_category.items():
-        sp = r.get("speedup") or {}
-        rows.append({"category": cat, "recommendation": recommendation_label(r), "speedup": sp.get("value"),
-                     "interval": _iv(sp.get("interval")), "tie": bool(r.get("tie")),
-                     "why": r.get("headline") or r.get("reason")})
+        rows.append({"category": cat, "recommendation": recommendation_label(r), "speedup": _fin(r.speedup),
+                     "interval": _iv(r.interval), "tie": bool(r.tie), "why": r.headline or r.reason})
     return pd.DataFrame(rows, columns=["category", "recommendation", "speedup", "interval", "tie", "why"])
 
 
-def break_even_table(by_category: dict[str, dict]) -> pd.DataFrame:
-    """Per-category break-even (``break_even["by_category"]``): the n_draft closest to paying, the draft
+def break_even_table(by_category: Mapping[str, BreakEven]) -> pd.DataFrame:
+    """Per-category break-even (``Advice.break_even_by_category``): the n_draft closest to paying, the draft
     cost ratio now and needed, the mean acceptance length now and needed, whether MTP pays."""
     rows = []
     for cat, b in by_category.items():
-        rows.append({"category": cat, "n_draft": b["n_draft"], "draft step / plain decode": b["draft_cost_ratio"],
-                     "needed below": b["draft_cost_ratio_needed"],
-                     "mean acc. length": b["mean_acceptance_length"],
-                     "needed": b["mean_acceptance_length_needed"],
-                     "with a flat verify: draft step needed below": b["flat_verify_draft_cost_ratio_needed"],
-                     "pays": bool(b["pays"])})
+        rows.append({"category": cat, "n_draft": b.n_draft, "draft step / plain decode": _fin(b.draft_cost_ratio),
+                     "needed below": _fin(b.draft_cost_ratio_needed),
+                     "mean acc. length": _fin(b.mean_acceptance_length),
+                     "needed": _fin(b.mean_acceptance_length_needed),
+                     "with a flat verify: draft step needed below": _fin(b.flat_verify_draft_cost_ratio_needed),
+                     "pays": bool(b.pays)})
     return pd.DataFrame(rows)
 
 

@@ -67,7 +67,7 @@ def test_break_even_by_hand() -> None:
     assert "if a draft step cost less than 0.10 of a plain decode (it costs 0.20" in b.words
     # N = 2 at tau 1.8: alpha with 1 + a + a^2 = 0.4 + 1.6 = 2.0 -> a = (sqrt 5 - 1) / 2
     row2 = b.per_n_draft[1]
-    assert row2["acceptance_rate_needed"] == pytest.approx((5 ** 0.5 - 1) / 2, abs=1e-9)
+    assert row2.acceptance_rate_needed == pytest.approx((5 ** 0.5 - 1) / 2, abs=1e-9)
     cheap = break_even(tau, 0.5, lambda n: 10.0 + 2.0 * n, 10.0)
     assert cheap.pays and cheap.words.startswith("MTP pays here")
     # out of reach: tau* above N + 1
@@ -78,7 +78,7 @@ def test_break_even_by_hand() -> None:
     # per step); c* as above (0.1 at both): the first N wins the tie and reports its own c
     per = break_even(tau, 2.0, lambda n: 10.0 + 2.0 * n, 10.0, t_draft_ms=lambda n: {1: 3.0, 2: 4.0}[n])
     assert per.n_draft == 1 and per.draft_cost_ratio == pytest.approx(0.3)
-    assert per.per_n_draft[1]["mean_acceptance_length_needed"] == pytest.approx(2 * 0.2 + 1.6)
+    assert per.per_n_draft[1].mean_acceptance_length_needed == pytest.approx(2 * 0.2 + 1.6)
 
 
 def test_sweep_advice_against_the_measured_cells(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_sweep_advice_against_the_measured_cells(tmp_path: Path) -> None:
         assert lo <= by[k].speedup <= hi
     best = max((c for c in adv.candidates), key=lambda c: c.speedup)
     assert adv.recommendation.choice == best.choice
-    assert set(adv.by_category) == {"code", "chat"} and adv.baseline["source"] == "sweep"
+    assert set(adv.by_category) == {"code", "chat"} and adv.baseline.source == "sweep"
     assert adv.break_even is not None and set(adv.break_even_by_category) == {"code", "chat"}
     out = adv.to_dict()
     assert set(out["recommendation"]) >= {"choice", "speedup", "tie", "reason", "by_category"}

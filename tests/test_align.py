@@ -52,17 +52,18 @@ def test_breakdown_counts_add_up() -> None:
     # drafts: r0 g1 g2 g3, r1 g3 g4 g5, r2 g4 g5 g6
     assert c.tolist() == ["prose", "number", "number", "number", "punctuation", "prose", "punctuation", "prose", "prose"]
     by = B.by_label(p, c)
-    assert by["number"] == {"n_drafted": 3, "n_accepted": 0, "acceptance_rate": 0.0}
-    assert by["prose"]["n_drafted"] == 4 and by["prose"]["n_accepted"] == 2      # g1 (r0) and g5 (r2)
-    assert sum(v["n_drafted"] for v in by.values()) == int(B_["n_draft"].sum())
+    assert by["number"].to_dict() == {"n_drafted": 3, "n_accepted": 0, "acceptance_rate": 0.0}
+    assert by["prose"].n_drafted == 4 and by["prose"].n_accepted == 2      # g1 (r0) and g5 (r2)
+    assert sum(v.n_drafted for v in by.values()) == int(B_["n_draft"].sum())
     bp = B.by_label_and_position(p, c, ["punctuation"])
-    assert bp == {"punctuation": [{"k": 1, "n_drafted": 1, "n_accepted": 1, "acceptance_rate": 1.0},
-                                  {"k": 2, "n_drafted": 1, "n_accepted": 0, "acceptance_rate": 0.0}]}
+    assert {k: [r.to_dict() for r in v] for k, v in bp.items()} == \
+        {"punctuation": [{"k": 1, "n_drafted": 1, "n_accepted": 1, "acceptance_rate": 1.0},
+                         {"k": 2, "n_drafted": 1, "n_accepted": 0, "acceptance_rate": 0.0}]}
     cats = B.prompt_categories({"prompts": [{"prompt_id": 0, "category": "story"}, {"prompt_id": 1}]})
     assert cats == {0: "story", 1: "(none)"}
     assert B.prompt_categories({"prompts": [{"prompt_id": 0}]}) is None
-    assert B.by_category(B_, cats) == {"story": {"n_prompts": 1, "n_drafted": 9, "n_accepted": 3,
-                                                 "acceptance_rate": 3 / 9}}
+    assert {k: v.to_dict() for k, v in B.by_category(B_, cats).items()} == \
+        {"story": {"n_prompts": 1, "n_drafted": 9, "n_accepted": 3, "acceptance_rate": 3 / 9}}
 
 
 def test_aligned_diff_by_hand() -> None:
@@ -120,15 +121,15 @@ def test_drift_by_hand() -> None:
     ht = np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     d = drift(np.array([1, 1, 2, 2]), hn, ht, accepted=np.array([True, False, True, True]))
     # k1: cos 1/sqrt2 and 1, rel 1/sqrt2 and 0; k2: cos 1, rel 2; the NaN row is skipped
-    assert d["n_steps"] == 3
-    assert d["per_position"][0]["cos_mean"] == pytest.approx((2 ** -0.5 + 1) / 2)
-    assert d["per_position"][0]["rel_err_mean"] == pytest.approx(2 ** -0.5 / 2)
-    assert d["per_position"][0]["cos_mean_rejected"] == pytest.approx(1.0)
-    assert d["per_position"][1] == {"k": 2, "n_steps": 1, "cos_mean": pytest.approx(1.0),
+    assert d.n_steps == 3
+    assert d.per_position[0].cos_mean == pytest.approx((2 ** -0.5 + 1) / 2)
+    assert d.per_position[0].rel_err_mean == pytest.approx(2 ** -0.5 / 2)
+    assert d.per_position[0].cos_mean_rejected == pytest.approx(1.0)
+    assert d.per_position[1].to_dict() == {"k": 2, "n_steps": 1, "cos_mean": pytest.approx(1.0),
                                     "rel_err_mean": pytest.approx(2.0), "cos_mean_accepted": pytest.approx(1.0),
                                     "cos_mean_rejected": None, "separation": None}
     # accepted cosines 1/sqrt2 and 1 against the rejected 1: pairs (0.707 < 1) 0, (1 = 1) 1/2 -> 0.25
-    assert d["separation"] == pytest.approx(0.25) and d["related"] is True
+    assert d.separation == pytest.approx(0.25) and d.related is True
     with pytest.raises(TraceFormatError):
         drift(np.array([1]), np.zeros((1, 2)), np.zeros((1, 3)))
 
@@ -143,18 +144,18 @@ def test_drift_tells_whether_it_predicts_rejection() -> None:
     d = drift(np.ones(400, int), hn, ht, accepted=acc)
     cos = (hn * ht).sum(1) / np.linalg.norm(hn, axis=1) / np.linalg.norm(ht, axis=1)
     pairs = (cos[acc][:, None] > cos[~acc][None, :]).mean() + 0.5 * (cos[acc][:, None] == cos[~acc][None, :]).mean()
-    assert d["separation"] == pytest.approx(pairs) and d["separation"] > 0.9
-    assert d["words"].startswith("drift predicts rejection")
-    q = d["by_quantile"]
-    assert [x["n_steps"] for x in q] == [100] * 4 and q[0]["acceptance_rate"] < q[-1]["acceptance_rate"]
+    assert d.separation == pytest.approx(pairs) and d.separation > 0.9
+    assert d.words.startswith("drift predicts rejection")
+    q = d.by_quantile
+    assert [x.n_steps for x in q] == [100] * 4 and q[0].acceptance_rate < q[-1].acceptance_rate
     # a drafter whose state has nothing to do with the target's: the view does not apply
     u = drift(np.ones(400, int), rng.normal(size=(400, 8)), ht, accepted=acc)
-    assert u["related"] is False and "unrelated" in u["words"]
+    assert u.related is False and "unrelated" in u.words
     # steps after a round's first rejection were never checked: left out of the split
     chk = np.ones(400, bool)
     chk[1::4] = False
     c = drift(np.ones(400, int), hn, ht, accepted=acc, checked=chk)
-    assert sum(x["n_steps"] for x in c["by_quantile"]) == 300
+    assert sum(x.n_steps for x in c.by_quantile) == 300
 
 
 def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:

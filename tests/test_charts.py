@@ -434,12 +434,15 @@ def test_explain_figures() -> None:
     assert list(fig.data[0].text) == ["3 (75%)", "1 (25%)"]
     h = charts.rank_histogram_figure({"0": 0, "1": 4, "10+": 2})
     assert list(h.data[0].y) == [0, 4, 2]
-    rows = [{"n_draft": n, "acceptance_rate": 1 - n / 10, "mean_acceptance_length": 1.0, "tokens_per_s": 10.0 + n,
-             "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]
+    from mtpscope.traces.analysis.breakdown import Acceptance
+    from mtpscope.traces.analysis.what_if import WhatIfRow
+
+    rows = [WhatIfRow(n_draft=n, acceptance_rate=1 - n / 10, mean_acceptance_length=1.0, tokens_per_s=10.0 + n,
+                      speedup=1.0, recorded=n == 2, extrapolated=n > 2) for n in (1, 2, 3)]
     w = charts.what_if_figure(rows, best=3)
     assert list(w.data[0].marker.symbol) == ["circle", "star", "circle-open"] and list(w.data[1].y) == [11, 12, 13]
-    g = charts.rate_bars_figure({"prose": {"n_drafted": 4, "n_accepted": 3, "acceptance_rate": 0.75},
-                                 "code": {"n_drafted": 2, "n_accepted": 0, "acceptance_rate": 0.0}}, "t")
+    g = charts.rate_bars_figure({"prose": Acceptance(n_drafted=4, n_accepted=3, acceptance_rate=0.75),
+                                 "code": Acceptance(n_drafted=2, n_accepted=0, acceptance_rate=0.0)}, "t")
     assert list(g.data[0].x) == ["code", "prose"] and list(g.data[0].text) == ["0/2", "3/4"]
 
 
@@ -455,20 +458,25 @@ def test_pure_modules_do_not_import_streamlit() -> None:
 
 
 def test_drift_figure_whole_scales_and_acceptance_by_cosine() -> None:
-    dr = {"per_position": [{"k": 1, "cos_mean": -0.05, "rel_err_mean": 1.04, "cos_mean_accepted": -0.04,
-                            "cos_mean_rejected": -0.06},
-                           {"k": 2, "cos_mean": -0.08, "rel_err_mean": 1.06, "cos_mean_accepted": None,
-                            "cos_mean_rejected": -0.08}],
-          "by_quantile": [{"cos_low": -0.3, "cos_high": -0.1, "n_steps": 10, "acceptance_rate": 0.2},
-                          {"cos_low": -0.1, "cos_high": 0.2, "n_steps": 10, "acceptance_rate": 0.3}]}
+    from mtpscope.traces.analysis.drift import Drift, DriftPosition, DriftQuantile
+    from mtpscope.traces.analysis.what_if import WhatIfRow
+
+    dr = Drift(n_steps=20, cos_mean=-0.065, rel_err_mean=1.05,
+               per_position=(DriftPosition(k=1, n_steps=10, cos_mean=-0.05, rel_err_mean=1.04, split=True,
+                                           cos_mean_accepted=-0.04, cos_mean_rejected=-0.06),
+                             DriftPosition(k=2, n_steps=10, cos_mean=-0.08, rel_err_mean=1.06, split=True,
+                                           cos_mean_accepted=None, cos_mean_rejected=-0.08)),
+               by_quantile=(DriftQuantile(cos_low=-0.3, cos_high=-0.1, n_steps=10, acceptance_rate=0.2),
+                            DriftQuantile(cos_low=-0.1, cos_high=0.2, n_steps=10, acceptance_rate=0.3)))
     f = charts.drift_figure(dr)
     # a cosine axis over [-1, 1] and a relative error from 0: values near 0 / 1 do not fill the panel
     assert tuple(f.layout.yaxis.range) == (-1.05, 1.05) and f.layout.yaxis2.range[0] == 0
     assert f.layout.yaxis2.range[1] >= 1.5
     bars = [d for d in f.data if d.type == "bar"]
     assert list(bars[0].y) == [0.2, 0.3] and list(bars[0].x) == ["-0.30..-0.10", "-0.10..0.20"]
-    w = charts.what_if_figure([{"n_draft": 1, "acceptance_rate": 0.5, "tokens_per_s": 10.0, "recorded": True,
-                                "extrapolated": False, "acceptance_rate_interval": [0.4, 0.6],
-                                "tokens_per_s_interval": [9.0, 12.0]}], plain=20.0)
+    w = charts.what_if_figure([WhatIfRow(n_draft=1, acceptance_rate=0.5, mean_acceptance_length=None, tokens_per_s=10.0,
+                                         speedup=None, recorded=True, extrapolated=False,
+                                         acceptance_rate_interval=(0.4, 0.6), tokens_per_s_interval=(9.0, 12.0))],
+                              plain=20.0)
     assert list(w.data[1].error_y.array) == [2.0] and list(w.data[1].error_y.arrayminus) == [1.0]
     assert any(s.y0 == 20.0 for s in w.layout.shapes)

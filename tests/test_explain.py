@@ -83,7 +83,7 @@ def trace(tmp_path):
 
 
 def _frames(t):
-    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", list(E.STEP_COLUMNS))
+    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", [c for c in E.STEP_COLUMNS])
 
 
 def test_step_causes_by_hand(trace) -> None:
@@ -135,7 +135,7 @@ def test_unreachable_only_for_the_centroid_head(tmp_path) -> None:
     assert cent.loc[3, "cause"] == "unreachable"
     assert (dense["cause"] != cent["cause"]).sum() == 1
     fm = E.first_mismatches(r, dense)
-    assert E.rejection_summary(fm)["sparse_unreachable"] == 1
+    assert E.rejection_summary(fm).sparse_unreachable == 1
     row = cent.loc[3].to_dict()
     assert E.step_sentence(row, lambda t: f"“t{t}”", n_centroids=64, centroid_top_k=4) == \
         "unreachable: “t50” lives in centroid 9, rank 30 of 64 (the head scores the top 4)"
@@ -151,14 +151,14 @@ def test_first_mismatches_and_summary(trace) -> None:
     assert fm["target_token"].tolist() == [20, 50, 70, 99, 7]
     assert fm["cause"].tolist() == ["near_tie", "in_top_k", "runner_up", "far_miss", "after_eog"]
     summ = E.rejection_summary(fm)
-    assert summ["n_rounds_rejected"] == 5 and summ["n_first_mismatch"] == 5
-    assert summ["causes"] == {"near_tie": 1, "runner_up": 1, "in_top_k": 1, "far_miss": 1, "unreachable": 0,
+    assert summ.n_rounds_rejected == 5 and summ.n_first_mismatch == 5
+    assert summ.causes == {"near_tie": 1, "runner_up": 1, "in_top_k": 1, "far_miss": 1, "unreachable": 0,
                               "after_eog": 1, "unknown": 0}
     # ranks at the first mismatch: 1 (r0 k2), 3, 1, 15, and the eog step's 1 (7 at logit 1 vs 2)
-    assert summ["rank_histogram"] == {**dict.fromkeys(E.RANK_BINS, 0), "1": 3, "3": 1, "10+": 1}
-    assert [p["n"] for p in summ["by_position"]] == [3, 2]
-    assert summ["target_side"]["unknown"] == 4 and summ["target_side"]["hard"] == 0
-    assert summ["top_drafted_tokens"][0] == {"token": 5, "count": 1}
+    assert summ.rank_histogram == {**dict.fromkeys(E.RANK_BINS, 0), "1": 3, "3": 1, "10+": 1}
+    assert [p.n for p in summ.by_position] == [3, 2]
+    assert summ.target_side.unknown == 4 and summ.target_side.hard == 0
+    assert summ.top_drafted_tokens[0] == E.TokenCount(token=5, count=1)
 
 
 def test_rounds_only_gives_unknown_causes(trace) -> None:
@@ -170,7 +170,7 @@ def test_rounds_only_gives_unknown_causes(trace) -> None:
     fm2 = E.first_mismatches(r2)
     assert fm2["target_token"].isna().all()
     # target unknown: not counted in n_first_mismatch
-    assert E.rejection_summary(fm2)["n_first_mismatch"] == 0
+    assert E.rejection_summary(fm2).n_first_mismatch == 0
 
 
 def test_rank_from_the_top_list_when_target_rank_is_missing(trace) -> None:
@@ -192,8 +192,8 @@ def test_target_side_split() -> None:
                           "target_p_drafted": [0.3, 0.01], "target_entropy": [1.7, 0.2]})
     c = E.step_causes(rounds, steps)
     assert c["target_side"].tolist() == ["hard", "wrong"]
-    ts = E.rejection_summary(E.first_mismatches(rounds, c))["target_side"]
-    assert ts["hard"] == 1 and ts["wrong"] == 1 and ts["p_drafted_mean_hard"] == pytest.approx(0.3)
+    ts = E.rejection_summary(E.first_mismatches(rounds, c)).target_side
+    assert ts.hard == 1 and ts.wrong == 1 and ts.p_drafted_mean_hard == pytest.approx(0.3)
     s = E.step_sentence(c.loc[1].to_dict(), lambda t: f"“{t}”")
     assert s == "rejected: the target's “8” was the drafter's runner-up, 1.00 logits behind; the target was " \
                 "sure (entropy 0.20 nats, p(drafted) 0.01)"
@@ -217,5 +217,7 @@ def test_sentences(trace) -> None:
 def test_rank_histogram_and_top_tokens() -> None:
     h = E.rank_histogram(pd.array([0, 1, 1, 9, 10, 250, None, -1], dtype="Int64"))
     assert h == {"0": 1, "1": 2, "2": 0, "3": 0, "4": 0, "5": 0, "6": 0, "7": 0, "8": 0, "9": 1, "10+": 2}
-    assert E.top_tokens(np.array([5, 3, 5, 3, 9, -1]), 2) == [{"token": 3, "count": 2}, {"token": 5, "count": 2}]
-    assert E.top_tokens(np.array([4, 4]), 1, lambda t: f"t{t}") == [{"token": 4, "count": 2, "text": "t4"}]
+    assert [t.to_dict() for t in E.top_tokens(np.array([5, 3, 5, 3, 9, -1]), 2)] == \
+        [{"token": 3, "count": 2}, {"token": 5, "count": 2}]
+    assert [t.to_dict() for t in E.top_tokens(np.array([4, 4]), 1, lambda t: f"t{t}")] == \
+        [{"token": 4, "count": 2, "text": "t4"}]

@@ -56,18 +56,18 @@ def test_the_recommendation_and_the_break_even_give_one_speedup() -> None:
     r = _trace(tails=6, tail_tv=30.0)
     w = what_if(r, baseline=PlainBaseline(45.0, "manifest", "test"), n_boot=40)
     adv = advise(w, None)
-    rows = {x["n_draft"]: x for x in adv.break_even.per_n_draft}
+    rows = {x.n_draft: x for x in adv.break_even.per_n_draft}
     for row in w.rows:
         if row.speedup is None or row.n_draft not in rows:
             continue
-        assert rows[row.n_draft]["speedup"] == pytest.approx(row.speedup, rel=1e-9)
+        assert rows[row.n_draft].speedup == pytest.approx(row.speedup, rel=1e-9)
         # pays <=> the speedup is above 1: c < c* <=> tau > tau*
         be = rows[row.n_draft]
-        pays = be["mean_acceptance_length"] > be["mean_acceptance_length_needed"]
+        pays = be.mean_acceptance_length > be.mean_acceptance_length_needed
         assert pays == (row.speedup > 1.0)
     rec = adv.recommendation
     if isinstance(rec.choice, int) and rec.choice in rows:
-        assert rows[rec.choice]["speedup"] == pytest.approx(rec.speedup, rel=1e-9)
+        assert rows[rec.choice].speedup == pytest.approx(rec.speedup, rel=1e-9)
 
 
 def test_a_size_never_switches_source_and_intervals_hold_their_estimates() -> None:
@@ -97,7 +97,7 @@ def test_break_even_only_at_recorded_or_probed_n_draft() -> None:
     w = what_if(r, baseline=PlainBaseline(25.0, "manifest", "test"), n_boot=20)
     be = advise(w).break_even
     assert be.n_draft == 3     # only n_draft 3's round (3 drafts, a verify of 4) was recorded
-    ex = {x["n_draft"]: x["extrapolated"] for x in be.per_n_draft}
+    ex = {x.n_draft: x.extrapolated for x in be.per_n_draft}
     assert ex[3] is False and all(ex[n] for n in range(4, 9)) and all(ex[n] for n in (1, 2))
     assert "extrapolated" not in be.words
 
@@ -311,7 +311,8 @@ def test_the_recorded_row_names_the_measured_rate_beside_the_median_price() -> N
 
 def test_the_app_label_of_a_withheld_recommendation() -> None:
     from mtpscope.app.views import recommendation_label
+    from mtpscope.traces.analysis.advice import Recommendation
 
-    assert recommendation_label({"choice": None, "cannot_tell": True, "reason": "x"}) == \
+    assert recommendation_label(Recommendation(None, None, None, False, "x", cannot_tell=True)) == \
         "cannot tell (timings disturbed)"
-    assert recommendation_label({"choice": None, "reason": "too few rounds to tell"}) == "too few rounds"
+    assert recommendation_label(Recommendation(None, None, None, False, "too few rounds to tell")) == "too few rounds"

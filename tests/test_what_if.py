@@ -122,7 +122,7 @@ def test_other_n_draft_against_a_simulation() -> None:
         tps = 1000 * (real.n_accepted + 1).sum() / (real.t_draft_ms + real.t_verify_ms).sum()
         assert est.row(n).tokens_per_s == pytest.approx(tps, rel=0.03)
     # the hidden states: the fitted chain is persistent and its states far apart
-    p = np.array(est.model["p"])
+    p = np.asarray(est.model.params.p)
     assert p[0, 0] > 0.8 and p[1, 0] < 0.3
 
 

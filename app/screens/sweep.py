@@ -52,22 +52,23 @@ with guard("sweep"):
         st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
                      width="stretch")
 
-    rec = advice.get("recommendation") or {}
-    if rec:
-        (st.success if rec.get("choice") not in (None, "plain") and not rec.get("tie") else st.warning)(
-            f"**{views.recommendation_label(rec)}** — {rec['reason']}")
-        if rec.get("by_category"):
+    rec = advice.advice.recommendation
+    if rec is not None:
+        (st.success if rec.choice not in (None, "plain") and not rec.tie else st.warning)(
+            f"**{views.recommendation_label(rec)}** — {rec.reason}")
+        if advice.advice.by_category:
             with st.expander("per category", expanded=False):
-                st.dataframe(views.recommendation_table(rec["by_category"]), hide_index=True, width="stretch",
+                st.dataframe(views.recommendation_table(advice.advice.by_category), hide_index=True, width="stretch",
                              key=sel.SWEEP_RECOMMENDATION_BY_CATEGORY,
                              row_height=views.WRAPPED_ROW_PX,  # the reason wraps
                              column_config={"why": st.column_config.TextColumn("why", width=520)})
-    be = advice.get("break_even")
-    if be:
-        st.caption(f"Break-even: {be['words']}.")
-        if be.get("by_category"):
+    be = advice.advice.break_even
+    if be is not None:
+        st.caption(f"Break-even: {be.words}.")
+        if advice.advice.break_even_by_category:
             with st.expander("break-even per category", expanded=False):
-                st.dataframe(views.break_even_table(be["by_category"]), hide_index=True, width="stretch",
+                st.dataframe(views.break_even_table(advice.advice.break_even_by_category), hide_index=True,
+                             width="stretch",
                              key=sel.SWEEP_BREAK_EVEN_BY_CATEGORY)
 
     # --- drafter quantizations (sweep --assistant-quant): one row per llama.cpp type, one column per category

@@ -12,15 +12,26 @@ rounds (compare); 2 unreadable input (one line on stderr).
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from mtpscope.cli.advice import format_advice
 from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
 from mtpscope.traces.store.protocols import TraceLike
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.breakdown import Acceptance, CategoryAcceptance
+    from mtpscope.traces.analysis.costs import CostModel
+    from mtpscope.traces.analysis.explain import TokenCount
+    from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
 
@@ -33,125 +44,157 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
 
 
-def _cost_lines(c: dict[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class ExplainHead:
+    """What ``explain`` prints above the sections: the trace's folder, its ``source``, whether it is complete,
+    the selected prompt_id (None: all) and the totals (:func:`traces.analysis.metrics.totals`)."""
+
+    trace: str
+    source: Any
+    complete: bool
+    prompt: int | None
+    totals: Any
+
+
+def _totals(t: Any) -> Any:
+    """:func:`traces.analysis.metrics.totals` read by attribute (a dict until ``metrics`` returns its typed
+    record; then this returns it as it is)."""
+    return SimpleNamespace(**t) if isinstance(t, Mapping) else t
+
+
+def _totals_json(t: Any) -> dict[str, Any]:
+    """The totals' JSON keys, NaN as None."""
+    d = t.to_dict() if hasattr(t, "to_dict") else dict(t)
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _cost_lines(c: CostModel) -> list[str]:
     """The round costs as the what-if prices them (``*``: the trace's own median)."""
-    pr = c["priced"]
+    verify, draft = c.priced_verify(), c.priced_draft()
 
-    def sizes(key: str, own: list[int]) -> str:
-        return ", ".join(f"{n}: {_f(v, '.2f')}{'*' if int(n) in own else ''}" for n, v in pr[key].items())
+    def sizes(priced: dict[int, float], own: list[int]) -> str:
+        return ", ".join(f"{n}: {_f(v, '.2f')}{'*' if n in own else ''}" for n, v in priced.items())
 
-    if c.get("probe"):
-        ds = c.get("draft_scale")
-        how = (f"other sizes from the recorder's probe scaled to this trace, x{_f(c.get('verify_scale'), '.2f')} "
+    if c.probe is not None:
+        ds = c.draft_scale
+        how = (f"other sizes from the recorder's probe scaled to this trace, x{_f(c.verify_scale, '.2f')} "
                "(verify) / " + (f"x{_f(ds, '.2f')} (drafts)" if ds is not None else "drafts on a line (the probe has none)")
                + ("; sizes the probe lacks on lines through the trace's means"
-                  if set(pr["verify_ms"]) - set(c["probe"]["verify_ms"]) or set(pr["draft_ms"]) - set(c["probe"]["draft_ms"])
-                  else ""))
+                  if set(verify) - set(c.probe.verify_ms) or set(draft) - set(c.probe.draft_ms) else ""))
     else:
         how = "other sizes on lines through the trace's means (no usable probe in this trace)"
     return [f"  costs (ms, * the trace's own median; {how}):",
-            f"    verify of n tokens  {sizes('verify_ms', pr['own_verify'])}",
-            f"    k drafter steps     {sizes('draft_ms', pr['own_draft'])}",
-            f"    plain decoding {_f(c['t_plain_ms'], '.2f')} ms per token ({c['baseline']})"]
+            f"    verify of n tokens  {sizes(verify, c.own('verify'))}",
+            f"    k drafter steps     {sizes(draft, c.own('draft'))}",
+            f"    plain decoding {_f(c.t_plain_ms, '.2f')} ms per token ({c.baseline})"]
 
 
-def _fv(row: dict[str, Any], key: str, spec: str) -> str:
+def _fv(v: float | None, iv: tuple[float, float] | None, spec: str) -> str:
     """A value and its interval: ``0.534 [0.501, 0.570]``."""
-    v, iv = row.get(key), row.get(f"{key}_interval")
     if v is None:
         return "-"
     return f"{format(v, spec)} [{format(iv[0], spec)}, {format(iv[1], spec)}]" if iv else format(v, spec)
 
 
-def _tok(row: dict[str, Any]) -> str:
-    text = row.get("text")
-    return f"“{text}”" if text is not None else f"#{row['token']}"
+def _tok(t: TokenCount) -> str:
+    return f"“{t.text}”" if t.text is not None else f"#{t.token}"
 
 
-def _rate_table(title: str, groups: dict[str, dict[str, Any]] | None) -> list[str]:
+def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance] | None) -> list[str]:
     if not groups:
         return []
-    rows = sorted(groups.items(), key=lambda kv: (kv[1]["acceptance_rate"] if kv[1]["acceptance_rate"] is not None
-                                                   else 2.0, kv[0]))
+    rows = sorted(groups.items(), key=lambda kv: (_rate_key(kv[1].acceptance_rate), kv[0]))
     out = ["", f"{title} (worst first)       drafted  accepted  acceptance rate"]
     for name, g in rows:
-        out.append(f"  {name:<22} {g['n_drafted']:9d} {g['n_accepted']:9d}  {_f(g['acceptance_rate']):>15}")
+        out.append(f"  {name:<22} {g.n_drafted:9d} {g.n_accepted:9d}  {_f(_finite(g.acceptance_rate)):>15}")
     return out
 
 
-def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[str] | None = None) -> str:
-    """The explanation (``Explanation.to_dict()`` plus a ``head`` with trace, totals) as terminal text."""
-    t = head["totals"]
-    lines = [f"trace: {head['trace']} (source {head['source']}{'' if head['complete'] else ', INCOMPLETE'})"
-             + (f", prompt {head['prompt']}" if head.get("prompt") is not None else ""),
-             f"acceptance rate {_f(t['acceptance_rate'], '.4f')} ({t['n_accepted']} / {t['n_drafted']} drafted), "
-             f"mean acceptance length {_f(t['mean_acceptance_length'])}; drafts from the {d['head']} head"]
-    rej = d["rejections"]
-    n = rej["n_first_mismatch"]
-    lines += ["", f"Why drafts were rejected: {rej['n_rounds_rejected']} rounds had a first mismatch "
+def _finite(v: float | None) -> float | None:
+    """None for NaN / infinite (as the JSON prints them)."""
+    return None if v is None or not math.isfinite(v) else v
+
+
+def _rate_key(v: float | None) -> float:
+    v = _finite(v)
+    return v if v is not None else 2.0
+
+
+def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] | None = None) -> str:
+    """An :class:`traces.analysis.explain_report.Explanation` and its ``head`` (trace, totals) as terminal text."""
+    t = _totals(head.totals)
+    lines = [f"trace: {head.trace} (source {head.source}{'' if head.complete else ', INCOMPLETE'})"
+             + (f", prompt {head.prompt}" if head.prompt is not None else ""),
+             f"acceptance rate {_f(t.acceptance_rate, '.4f')} ({t.n_accepted} / {t.n_drafted} drafted), "
+             f"mean acceptance length {_f(t.mean_acceptance_length)}; drafts from the {x.head} head"]
+    rej = x.rejections
+    n = rej.n_first_mismatch
+    lines += ["", f"Why drafts were rejected: {rej.n_rounds_rejected} rounds had a first mismatch "
                   f"({n} with a known target token)"]
-    causes = sorted(((c, v) for c, v in rej["causes"].items() if v), key=lambda cv: (-cv[1], cv[0]))
+    causes = sorted(((c, v) for c, v in rej.causes.items() if v), key=lambda cv: (-cv[1], cv[0]))
     for c, v in causes:
         lines.append(f"  {c:<14} {v:7d}  {_pct(v, n)}")
-    hist = rej["rank_histogram"]
+    hist = rej.rank_histogram
     if any(hist.values()):
         lines.append("  target token's rank under the drafter at the first mismatch: "
                      + ", ".join(f"{b}: {v}" for b, v in hist.items() if v))
-    for p in rej["by_position"]:
-        if p["n"]:
-            cs = ", ".join(f"{c} {v}" for c, v in sorted(p["causes"].items(), key=lambda cv: -cv[1]) if v)
-            lines.append(f"  k={p['k']}: {p['n']} ({cs})")
-    ts = rej["target_side"]
-    if ts["hard"] or ts["wrong"]:
-        eog = int(rej["causes"].get("after_eog") or 0)   # past the end of generation: the target judged nothing
-        lines.append(f"  target side: hard (target unsure, entropy >= 1 nat) {ts['hard']}, wrong (target sure) "
-                     f"{ts['wrong']}, unknown {ts['unknown']}" + (f", none after the end of generation {eog}" if eog else "")
-                     + f"; mean p(drafted) hard {_f(ts['p_drafted_mean_hard'])}, wrong {_f(ts['p_drafted_mean_wrong'])}")
-    if rej.get("sparse_unreachable") is not None:
-        lines.append(f"  the centroid head could not have drafted {rej['sparse_unreachable']} of these target "
+    for p in rej.by_position:
+        if p.n:
+            cs = ", ".join(f"{c} {v}" for c, v in sorted(p.causes.items(), key=lambda cv: -cv[1]) if v)
+            lines.append(f"  k={p.k}: {p.n} ({cs})")
+    ts = rej.target_side
+    if ts.hard or ts.wrong:
+        eog = int(rej.causes.get("after_eog") or 0)   # past the end of generation: the target judged nothing
+        lines.append(f"  target side: hard (target unsure, entropy >= 1 nat) {ts.hard}, wrong (target sure) "
+                     f"{ts.wrong}, unknown {ts.unknown}" + (f", none after the end of generation {eog}" if eog else "")
+                     + f"; mean p(drafted) hard {_f(_finite(ts.p_drafted_mean_hard))}, "
+                       f"wrong {_f(_finite(ts.p_drafted_mean_wrong))}")
+    if rej.sparse_unreachable is not None:
+        lines.append(f"  the centroid head could not have drafted {rej.sparse_unreachable} of these target "
                      "tokens either (not among its candidates)")
-    if rej["top_target_tokens"]:
-        lines.append("  most-rejected target tokens: " + ", ".join(f"{_tok(r)} {r['count']}×"
-                                                                   for r in rej["top_target_tokens"]))
-        lines.append("  most-rejected drafts:        " + ", ".join(f"{_tok(r)} {r['count']}×"
-                                                                   for r in rej["top_drafted_tokens"]))
-    lines += _rate_table("Acceptance by token class", d.get("by_class"))
-    lines += _rate_table("Acceptance by channel", d.get("by_channel"))
-    lines += _rate_table("Acceptance by category", d.get("by_category"))
-    dr = d.get("drift")
-    if dr:
-        lines += ["", f"Drafter drift (h_next vs the target's hidden state): mean cosine {_f(dr['cos_mean'])}, "
-                      f"mean relative error {_f(dr['rel_err_mean'])} over {dr['n_steps']} steps"]
-        for p in dr["per_position"]:
-            lines.append(f"  k={p['k']}: cosine {_f(p['cos_mean'])}, relative error {_f(p['rel_err_mean'])} "
-                         f"({p['n_steps']} steps)")
-        if dr.get("by_quantile"):
+    if rej.top_target_tokens:
+        lines.append("  most-rejected target tokens: " + ", ".join(f"{_tok(r)} {r.count}×"
+                                                                   for r in rej.top_target_tokens))
+        lines.append("  most-rejected drafts:        " + ", ".join(f"{_tok(r)} {r.count}×"
+                                                                   for r in rej.top_drafted_tokens))
+    lines += _rate_table("Acceptance by token class", x.by_class)
+    lines += _rate_table("Acceptance by channel", x.by_channel)
+    lines += _rate_table("Acceptance by category", x.by_category)
+    dr = x.drift
+    if dr is not None:
+        lines += ["", f"Drafter drift (h_next vs the target's hidden state): mean cosine {_f(_finite(dr.cos_mean))}, "
+                      f"mean relative error {_f(_finite(dr.rel_err_mean))} over {dr.n_steps} steps"]
+        for p in dr.per_position:
+            lines.append(f"  k={p.k}: cosine {_f(_finite(p.cos_mean))}, relative error {_f(_finite(p.rel_err_mean))} "
+                         f"({p.n_steps} steps)")
+        if dr.by_quantile:
             lines.append("  acceptance by cosine quarter (checked steps): " + ", ".join(
-                f"{q['cos_low']:.2f}..{q['cos_high']:.2f}: {q['acceptance_rate']:.0%}" for q in dr["by_quantile"]))
-        if dr.get("words"):
-            lines.append(f"  {dr['words']}")
-    wi = d.get("what_if")
-    if wi:
-        m = d["what_if_model"]
+                f"{q.cos_low:.2f}..{q.cos_high:.2f}: {q.acceptance_rate:.0%}" for q in dr.by_quantile))
+        if dr.words:
+            lines.append(f"  {dr.words}")
+    wi = x.what_if
+    if wi is not None and wi.rows:
         lines += ["", "Which n_draft? (estimate from this trace, 95 % intervals over prompts; model in docs/EXPLAIN.md §4)",
                   "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
-        for r in wi:
-            mark = " (recorded)" if r["recorded"] else (" (extrapolated)" if r["extrapolated"] else "")
-            if r["recorded"] and m.get("measured_tokens_per_s") is not None:
-                mark = f" (recorded: measured {_f(m['measured_tokens_per_s'], '.1f')} tokens/s at each round's own time)"
-            lines.append(f"  {r['n_draft']:7d}  {_fv(r, 'acceptance_rate', '.3f'):<20}  "
-                         f"{_fv(r, 'mean_acceptance_length', '.2f'):<20}  {_fv(r, 'tokens_per_s', '.1f'):<20}  "
-                         f"{_fv(r, 'speedup', '.2f'):<18}{mark}")
-        if m.get("cost"):
-            lines += _cost_lines(m["cost"])
-    lines += format_advice(d)
+        for r in wi.rows:
+            mark = " (recorded)" if r.recorded else (" (extrapolated)" if r.extrapolated else "")
+            if r.recorded and _finite(wi.measured_tokens_per_s) is not None:
+                mark = f" (recorded: measured {_f(wi.measured_tokens_per_s, '.1f')} tokens/s at each round's own time)"
+            lines.append(f"  {r.n_draft:7d}  "
+                         f"{_fv(_finite(r.acceptance_rate), r.acceptance_rate_interval, '.3f'):<20}  "
+                         f"{_fv(_finite(r.mean_acceptance_length), r.mean_acceptance_length_interval, '.2f'):<20}  "
+                         f"{_fv(_finite(r.tokens_per_s), r.tokens_per_s_interval, '.1f'):<20}  "
+                         f"{_fv(_finite(r.speedup), r.speedup_interval, '.2f'):<18}{mark}")
+        if wi.cost is not None:
+            lines += _cost_lines(wi.cost)
+    lines += format_advice(x.advice)
     if sentences:
         lines += ["", "First mismatches of this prompt:"]
         lines += [f"  {s}" for s in sentences[:MAX_STEP_LINES]]
         if len(sentences) > MAX_STEP_LINES:
             lines.append(f"  ... {len(sentences) - MAX_STEP_LINES} more (use --json)")
-    if d.get("notes"):
-        lines += [""] + [f"note: {x}" for x in d["notes"]]
+    if x.notes:
+        lines += [""] + [f"note: {n}" for n in x.notes]
     return "\n".join(lines)
 
 
@@ -185,10 +228,11 @@ def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
 
 
 def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
-                 category_field: str | None = None) -> tuple[dict[str, Any], Any]:
-    """(JSON sections, Explanation) of an opened trace (:func:`traces.sweep.advice.explain_with_baseline`:
-    a sweep cell's speedups against the sweep's plain decoding); the vocabulary from ``vocab_path`` or
-    the manifest."""
+                 category_field: str | None = None) -> tuple[dict[str, Any], tuple[Explanation, Vocab | None]]:
+    """(JSON sections, (Explanation, vocabulary)) of an opened trace
+    (:func:`traces.sweep.advice.explain_with_baseline`: a sweep cell's speedups against the sweep's plain
+    decoding); the vocabulary from ``vocab_path`` or the manifest. The sections are
+    :meth:`traces.analysis.explain_report.Explanation.to_dict` (``report --json`` adds them)."""
     from mtpscope.traces.analysis.vocab import trace_vocab
     from mtpscope.traces.sweep.advice import explain_with_baseline
 
@@ -241,11 +285,10 @@ def register(app: typer.Typer) -> None:
             d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        totals = x.totals
-        head = {"trace": str(t.path), "source": t.manifest.get("source"), "complete": bool(t.manifest.get("complete")),
-                "prompt": None if prompt is None else select_prompt(t.manifest, prompt), "totals": totals}
+        head = ExplainHead(str(t.path), t.manifest.get("source"), bool(t.manifest.get("complete")),
+                           None if prompt is None else select_prompt(t.manifest, prompt), x.totals)
         if as_json:
-            print(json.dumps({"trace": head["trace"], "prompt": head["prompt"], **_clean_totals(totals), **d},
+            print(json.dumps({"trace": head.trace, "prompt": head.prompt, **_totals_json(x.totals), **d},
                              indent=2, allow_nan=False))
         else:
             sentences = None
@@ -255,7 +298,7 @@ def register(app: typer.Typer) -> None:
                 sentences = [f"round {int(r['round'])} k={int(r['k'])}: " + step_sentence(
                     r, lambda i: f"“{lab(i)}”", n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
                     for r in x.first_mismatches.to_dict(orient="records")]
-            print(format_explanation(head, d, sentences))
+            print(format_explanation(head, x, sentences))
         if t.warnings:
             raise typer.Exit(EXIT_FINDINGS)
 
@@ -298,9 +341,3 @@ def register(app: typer.Typer) -> None:
             print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
                   "compared", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS)
-
-
-def _clean_totals(t: dict[str, Any]) -> dict[str, Any]:
-    import math
-
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in t.items()}

@@ -31,9 +31,10 @@ def _fmt(v: Any, spec: str) -> str:
     return format(v, spec)
 
 
-def format_sweep_report(rep: dict[str, Any]) -> str:
+def format_sweep_report(rep: dict[str, Any], advice: Any = None) -> str:
     """The sweep report dict (:meth:`traces.sweep.reader.Sweep.report`) as plain text: one line per
-    configuration × category, the best n_draft per category, the failed tasks."""
+    configuration × category, the best n_draft per category (``advice``:
+    :class:`traces.sweep.advice.SweepAdvice`, when given), the failed tasks."""
     state = "complete" if rep["complete"] else f"INCOMPLETE: {rep['n_done']} of {rep['n_tasks']} tasks done"
     lines = [f"sweep: {rep['sweep']} ({state})"]
     head = (f"{'assistant':<24} {'n_draft':>7}  {'category':<16} {'prompts':>7} {'rounds':>8} "
@@ -51,10 +52,10 @@ def format_sweep_report(rep: dict[str, Any]) -> str:
                      f"{_fmt(c['speedup'], '.3f'):>8}")
     if not rep["cells"]:
         lines.append("(no finished task yet)")
-    if rep.get("recommendation"):
+    if advice is not None:
         from mtpscope.cli.advice import format_advice
 
-        lines += format_advice(rep)
+        lines += format_advice(advice.advice, advice.load_warnings)
     lines += format_quant_section(rep.get("quantization") or [])
     if rep["failed"]:
         lines += ["", f"failed tasks ({len(rep['failed'])}):"]
@@ -115,28 +116,29 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
     (:func:`traces.sweep.advice.advise_sweep`); ``advice_only`` (``explain DIR``): only those. Return the
     exit code (1 when a task failed, the sweep is incomplete or a finished task's trace was unreadable)."""
     with one_line_errors():
-        from mtpscope.traces.sweep.advice import sweep_advice_dict
+        from mtpscope.traces.sweep.advice import sweep_advice
         from mtpscope.traces.sweep.reader import open_sweep
 
         sw = open_sweep(path)
         rep = sw.report()
-        rep.update(sweep_advice_dict(sw))
+        adv = sweep_advice(sw)
+        rep.update(adv.to_dict())
         if advice_only:
             rep = {k: rep[k] for k in ("sweep", "complete", "n_tasks", "n_done", "recommendation", "break_even",
                                        "candidates", "baseline", "load_warnings", "failed", "warnings")
                    if k in rep}
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
-    for w in rep.get("load_warnings") or []:
-        print(f"warning: {w['words']}", file=sys.stderr)
+    for w in adv.load_warnings:
+        print(f"warning: {w.words}", file=sys.stderr)
     if as_json:
         print(json.dumps(rep, indent=2, allow_nan=False))
     elif advice_only:
         from mtpscope.cli.advice import format_advice
 
-        print("\n".join([f"sweep: {rep['sweep']}", *format_advice(rep)]))
+        print("\n".join([f"sweep: {rep['sweep']}", *format_advice(adv.advice, adv.load_warnings)]))
     else:
-        print(format_sweep_report(rep))
+        print(format_sweep_report(rep, adv))
     return EXIT_FINDINGS if (rep["failed"] or not rep["complete"] or rep["warnings"]) else EXIT_OK
 
 

@@ -43,6 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from mtpscope.traces.analysis.costs import PlainBaseline
+from mtpscope.traces.analysis.timing_quality import TimingQuality
+
 #: fewer first drafts (rounds that drafted) than this in a group: "too few rounds to tell"
 MIN_FIRST_DRAFTS = 30
 PLAIN = "plain"
@@ -128,6 +131,36 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class BreakEvenRow:
+    """The break-even at one n_draft (module docstring; every ratio in plain decodes).
+
+    Attributes:
+        n_draft: drafts per round. mean_acceptance_length: ``tau(N)``.
+        verify_cost_ratio: ``rho(N) = t_verify(N + 1) / t_plain``.
+        other_cost_ratio: a round's cost besides its drafts (``r(N) - N c`` from the what-if's speedup, else rho).
+        draft_cost_ratio_needed: ``c*(N)``. mean_acceptance_length_needed: ``tau*(N)``.
+        acceptance_rate_needed: ``alpha*`` (None: out of reach). flat_verify_draft_cost_ratio_needed: ``c*_flat(N)``.
+        speedup: ``tau / tau*`` (None when ``tau*`` is not positive).
+        extrapolated: neither recorded nor probed.
+    """
+
+    n_draft: int
+    mean_acceptance_length: float
+    verify_cost_ratio: float
+    other_cost_ratio: float
+    draft_cost_ratio_needed: float
+    mean_acceptance_length_needed: float
+    acceptance_rate_needed: float | None
+    flat_verify_draft_cost_ratio_needed: float
+    speedup: float | None
+    extrapolated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, in order (docs/EXPLAIN.md ``break_even.per_n_draft``)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class BreakEven:
     """Where MTP starts to pay, for one group (module docstring).
 
@@ -143,7 +176,7 @@ class BreakEven:
         flat_verify_draft_cost_ratio_needed: ``c*`` if verifying cost one decode whatever its size.
         pays: MTP pays at that n_draft with these costs.
         estimated: plain decoding was not measured.
-        per_n_draft: every n_draft's values (dicts with the keys above).
+        per_n_draft: every n_draft's values (:class:`BreakEvenRow`).
         words: one sentence.
     """
 
@@ -157,12 +190,13 @@ class BreakEven:
     flat_verify_draft_cost_ratio_needed: float
     pays: bool
     estimated: bool
-    per_n_draft: tuple[dict[str, Any], ...]
+    per_n_draft: tuple[BreakEvenRow, ...]
     words: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, ``per_n_draft`` as a list of :meth:`BreakEvenRow.to_dict`."""
         d = asdict(self)
-        d["per_n_draft"] = [dict(x) for x in self.per_n_draft]
+        d["per_n_draft"] = [x.to_dict() for x in self.per_n_draft]
         return d
 
 
@@ -174,7 +208,8 @@ class Advice:
         recommendation / by_category: :class:`Recommendation` overall and per prompt category.
         break_even / break_even_by_category: :class:`BreakEven` (None without timings).
         candidates / candidates_by_category: every option weighed (plain decoding first).
-        baseline: how plain decoding was known (``PlainBaseline.to_dict()``), or None.
+        baseline: how plain decoding was known (:class:`traces.analysis.costs.PlainBaseline`), or None.
+        timing_quality: the trace's :class:`traces.analysis.timing_quality.TimingQuality`, or None (a sweep).
     """
 
     recommendation: Recommendation
@@ -183,8 +218,14 @@ class Advice:
     break_even_by_category: dict[str, BreakEven] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     candidates_by_category: dict[str, tuple[Candidate, ...]] = field(default_factory=dict)
-    baseline: dict[str, Any] | None = None
-    timing_quality: Any = None
+    baseline: PlainBaseline | None = None
+    timing_quality: TimingQuality | None = None
+
+    @staticmethod
+    def null_dict() -> dict[str, Any]:
+        """:meth:`to_dict`'s keys, each None: the JSON where there is no advice (nothing drafted)."""
+        return {"recommendation": None, "break_even": None, "candidates": None, "baseline": None,
+                "timing_quality": None}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON keys ``recommendation`` (overall, with ``by_category``), ``break_even`` (overall, with
@@ -200,7 +241,7 @@ class Advice:
                 "candidates": {"all": [c.to_dict() for c in self.candidates],
                                "by_category": {k: [c.to_dict() for c in v]
                                                for k, v in self.candidates_by_category.items()}},
-                "baseline": self.baseline,
+                "baseline": None if self.baseline is None else self.baseline.to_dict(),
                 "timing_quality": None if self.timing_quality is None else self.timing_quality.to_dict()}
 
 
@@ -318,49 +359,48 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
         rest = (tn / sp - n * c) if sp is not None and math.isfinite(sp) and sp > 0 else rho
         need_c = (tn - rest) / n
         need_tau = n * c + rest
-        rows.append({"n_draft": int(n), "mean_acceptance_length": float(tn), "verify_cost_ratio": float(rho),
-                     "other_cost_ratio": float(rest),
-                     "draft_cost_ratio_needed": float(need_c), "mean_acceptance_length_needed": float(need_tau),
-                     "acceptance_rate_needed": _alpha_for(need_tau, n),
-                     "flat_verify_draft_cost_ratio_needed": float((tn - 1.0) / n),
-                     "speedup": float(tn / need_tau) if need_tau > 0 else None,
-                     "extrapolated": grounded is not None and n not in grounded})
+        rows.append(BreakEvenRow(
+            n_draft=int(n), mean_acceptance_length=float(tn), verify_cost_ratio=float(rho), other_cost_ratio=float(rest),
+            draft_cost_ratio_needed=float(need_c), mean_acceptance_length_needed=float(need_tau),
+            acceptance_rate_needed=_alpha_for(need_tau, n), flat_verify_draft_cost_ratio_needed=float((tn - 1.0) / n),
+            speedup=float(tn / need_tau) if need_tau > 0 else None,
+            extrapolated=grounded is not None and n not in grounded))
     if not rows:
         return None
-    pool = [r for r in rows if not r["extrapolated"]] or rows
-    best = max(pool, key=lambda r: (r["draft_cost_ratio_needed"], -r["n_draft"]))
-    n = best["n_draft"]
+    pool = [r for r in rows if not r.extrapolated] or rows
+    best = max(pool, key=lambda r: (r.draft_cost_ratio_needed, -r.n_draft))
+    n = best.n_draft
     c = cs[n]
-    pays = c < best["draft_cost_ratio_needed"]
-    alpha = best["acceptance_rate_needed"]
-    need = (f"a mean acceptance length of {best['mean_acceptance_length_needed']:.2f} "
+    pays = c < best.draft_cost_ratio_needed
+    alpha = best.acceptance_rate_needed
+    need = (f"a mean acceptance length of {best.mean_acceptance_length_needed:.2f} "
             + (f"(acceptance rate {alpha:.2f} at every position)" if alpha is not None
                else f"(out of reach: a round of {n} drafts emits at most {n + 1} tokens)"))
-    flat = best["flat_verify_draft_cost_ratio_needed"]
+    flat = best.flat_verify_draft_cost_ratio_needed
     if pays:
         words = (f"MTP pays here: at n_draft {n} a draft step costs {c:.2f} of a plain decode, under the "
-                 f"{best['draft_cost_ratio_needed']:.2f} at which it stops paying (mean acceptance length "
-                 f"{best['mean_acceptance_length']:.2f}, {best['mean_acceptance_length_needed']:.2f} needed)")
-    elif best["draft_cost_ratio_needed"] > 0:
+                 f"{best.draft_cost_ratio_needed:.2f} at which it stops paying (mean acceptance length "
+                 f"{best.mean_acceptance_length:.2f}, {best.mean_acceptance_length_needed:.2f} needed)")
+    elif best.draft_cost_ratio_needed > 0:
         words = (f"MTP would pay here at n_draft {n} if a draft step cost less than "
-                 f"{best['draft_cost_ratio_needed']:.2f} of a plain decode (it costs {c:.2f}; verifying {n + 1} tokens "
-                 f"costs {best['verify_cost_ratio']:.2f} decodes), or with {need} instead of "
-                 f"{best['mean_acceptance_length']:.2f}")
+                 f"{best.draft_cost_ratio_needed:.2f} of a plain decode (it costs {c:.2f}; verifying {n + 1} tokens "
+                 f"costs {best.verify_cost_ratio:.2f} decodes), or with {need} instead of "
+                 f"{best.mean_acceptance_length:.2f}")
     else:
         words = (f"MTP cannot pay here at these verify costs: verifying {n + 1} tokens costs "
-                 f"{best['verify_cost_ratio']:.2f} plain decodes, more than the {best['mean_acceptance_length']:.2f} "
+                 f"{best.verify_cost_ratio:.2f} plain decodes, more than the {best.mean_acceptance_length:.2f} "
                  f"tokens a round emits at n_draft {n}; it would need {need}")
     if flat > 0:
         words += (f"; where verifying costs one decode whatever the size (a GPU), a draft step under {flat:.2f} of a "
                   "decode pays")
-    if best["extrapolated"]:
+    if best.extrapolated:
         words += f" (n_draft {n} was neither recorded nor probed: extrapolated)"
     if estimated:
         words += " (plain decoding estimated, not measured)"
-    return BreakEven(n_draft=n, draft_cost_ratio=float(c), verify_cost_ratio=best["verify_cost_ratio"],
-                     mean_acceptance_length=best["mean_acceptance_length"],
-                     draft_cost_ratio_needed=best["draft_cost_ratio_needed"],
-                     mean_acceptance_length_needed=best["mean_acceptance_length_needed"],
+    return BreakEven(n_draft=n, draft_cost_ratio=float(c), verify_cost_ratio=best.verify_cost_ratio,
+                     mean_acceptance_length=best.mean_acceptance_length,
+                     draft_cost_ratio_needed=best.draft_cost_ratio_needed,
+                     mean_acceptance_length_needed=best.mean_acceptance_length_needed,
                      acceptance_rate_needed=alpha, flat_verify_draft_cost_ratio_needed=flat, pays=bool(pays),
                      estimated=estimated, per_n_draft=tuple(rows), words=words)
 
@@ -446,7 +486,7 @@ def advise(w: Any, quality: Any = None) -> Advice:
         by[name], b, cby[name] = one(x)
         if b is not None:
             beby[name] = b
-    return Advice(rec, by, be, beby, cands, cby, None if w.baseline is None else w.baseline.to_dict(), quality)
+    return Advice(rec, by, be, beby, cands, cby, w.baseline, quality)
 
 
 def advise_candidates(candidates: Sequence[Candidate], by_category: Mapping[str, Sequence[Candidate]], *,
@@ -472,5 +512,4 @@ def advise_candidates(candidates: Sequence[Candidate], by_category: Mapping[str,
             b = break_even(tc, t_step_ms, t_verify_ms, t_plain_ms, estimated=estimated)
             if b is not None:
                 beby[c] = b
-    return Advice(rec, by, be, beby, tuple(candidates), {c: tuple(v) for c, v in by_category.items()},
-                  None if baseline is None else baseline.to_dict())
+    return Advice(rec, by, be, beby, tuple(candidates), {c: tuple(v) for c, v in by_category.items()}, baseline)

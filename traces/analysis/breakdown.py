@@ -12,11 +12,13 @@ without ``emitted``, a gap in its rounds, no vocabulary) or lies past the end of
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces.analysis.keyed import JsonKeys
 from mtpscope.traces.analysis.positions import Positions
 from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, C_UNKNOWN, Classifier, TokenClasses
@@ -24,17 +26,75 @@ from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, C_UNKNOWN,
 UNCATEGORIZED = "(none)"
 
 
-def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Acceptance(JsonKeys):
+    """Drafted and accepted counts of one group (a token class, a channel). Also read by its JSON keys
+    (:class:`traces.analysis.keyed.JsonKeys`, transitional).
+
+    Attributes:
+        n_drafted / n_accepted: drafted tokens of the group and those accepted.
+        acceptance_rate: ``n_accepted / n_drafted`` (None when nothing was drafted).
+    """
+
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{n_drafted, n_accepted, acceptance_rate}`` (docs/EXPLAIN.md)."""
+        return {"n_drafted": self.n_drafted, "n_accepted": self.n_accepted, "acceptance_rate": self.acceptance_rate}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Acceptance:
+        """The counts back from a group's JSON (:meth:`to_dict`, or :class:`CategoryAcceptance`'s: its
+        ``n_prompts`` left out), as a document read back carries them (``diagnosis.json``'s summary)."""
+        rate = d.get("acceptance_rate")
+        return cls(int(d["n_drafted"]), int(d["n_accepted"]), None if rate is None else float(rate))
+
+
+@dataclass(frozen=True)
+class PositionAcceptance:
+    """:class:`Acceptance` of one group at one draft position ``k`` (1-based)."""
+
+    k: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{k, n_drafted, n_accepted, acceptance_rate}``."""
+        return {"k": self.k, "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
+                "acceptance_rate": self.acceptance_rate}
+
+
+@dataclass(frozen=True)
+class CategoryAcceptance(JsonKeys):
+    """:class:`Acceptance` of one prompt category, with the number of its prompts (also read by its JSON
+    keys, transitional)."""
+
+    n_prompts: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{n_prompts, n_drafted, n_accepted, acceptance_rate}``."""
+        return {"n_prompts": self.n_prompts, "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
+                "acceptance_rate": self.acceptance_rate}
+
+
+
+def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
     codes, uniq = pd.factorize(pd.Series(label), sort=True)
     nd = np.bincount(codes[codes >= 0], minlength=len(uniq))
     na = np.bincount(codes[codes >= 0], weights=accepted[codes >= 0].astype(np.float64), minlength=len(uniq))
     found = {str(u): (int(d), int(a)) for u, d, a in zip(uniq.tolist(), nd, na)}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Acceptance] = {}
     for name in names if names is not None else sorted(found):
         if name not in found or found[name][0] == 0:
             continue
         d, a = found[name]
-        out[str(name)] = {"n_drafted": d, "n_accepted": a, "acceptance_rate": a / d if d else None}
+        out[str(name)] = Acceptance(d, a, a / d if d else None)
     return out
 
 
@@ -78,15 +138,16 @@ def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[n
             pd.Categorical.from_codes(chan, (*CHANNELS, "unknown")))
 
 
-def by_label(pos: Positions, labels: np.ndarray, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
-    """``{label: {n_drafted, n_accepted, acceptance_rate}}`` over ``pos.drafts`` (labels aligned with
-    it); with ``names`` only those keys, in that order, empty groups left out."""
+def by_label(pos: Positions, labels: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
+    """``{label: Acceptance}`` over ``pos.drafts`` (labels aligned with it); with ``names`` only those
+    keys, in that order, empty groups left out."""
     return _group(labels, pos.drafts["accepted"].to_numpy(dtype=bool), names)
 
 
 def by_label_and_position(pos: Positions, labels: np.ndarray,
-                          names: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """``{label: [{k, n_drafted, n_accepted, acceptance_rate}, ...]}``: the same per draft position k."""
+                          names: Sequence[str] | None = None) -> dict[str, tuple[PositionAcceptance, ...]]:
+    """``{label: (PositionAcceptance for k = 1.., ...)}``: the same per draft position k (up to the
+    group's last drafted position)."""
     codes, uniq = pd.factorize(pd.Series(labels), sort=True)
     acc = pos.drafts["accepted"].to_numpy(dtype=bool)
     k = pos.drafts["k"].to_numpy(dtype=np.int64)
@@ -97,15 +158,15 @@ def by_label_and_position(pos: Positions, labels: np.ndarray,
     na = np.bincount(flat, weights=acc[ok].astype(np.float64),
                      minlength=len(uniq) * (kmax + 1)).reshape(len(uniq), kmax + 1)
     index = {str(u): i for i, u in enumerate(uniq.tolist())}
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, tuple[PositionAcceptance, ...]] = {}
     for name in names if names is not None else sorted(index):
         i = index.get(str(name))
         if i is None or nd[i].sum() == 0:
             continue
         top = int(np.flatnonzero(nd[i])[-1])
-        out[str(name)] = [{"k": kk, "n_drafted": int(nd[i, kk]), "n_accepted": int(na[i, kk]),
-                           "acceptance_rate": float(na[i, kk] / nd[i, kk]) if nd[i, kk] else None}
-                          for kk in range(1, top + 1)]
+        out[str(name)] = tuple(PositionAcceptance(kk, int(nd[i, kk]), int(na[i, kk]),
+                                                  float(na[i, kk] / nd[i, kk]) if nd[i, kk] else None)
+                               for kk in range(1, top + 1))
     return out
 
 
@@ -146,8 +207,8 @@ def category_note(manifest: Mapping[str, Any]) -> str | None:
         (p.get("extra") or {}).keys() if isinstance(p.get("extra"), dict) else () for p in prompts))
 
 
-def by_category(rounds: pd.DataFrame, categories: Mapping[int, str]) -> dict[str, dict[str, Any]]:
-    """``{category: {n_prompts, n_drafted, n_accepted, acceptance_rate}}`` over rounds (columns
+def by_category(rounds: pd.DataFrame, categories: Mapping[int, str]) -> dict[str, CategoryAcceptance]:
+    """``{category: CategoryAcceptance}`` over rounds (columns
     ``prompt_id``, ``n_draft``, ``n_accepted``); prompts missing from ``categories`` are
     :data:`UNCATEGORIZED`. Ordered by category name."""
     pid = rounds["prompt_id"].to_numpy(dtype=np.int64)
@@ -155,10 +216,9 @@ def by_category(rounds: pd.DataFrame, categories: Mapping[int, str]) -> dict[str
     lab = pd.Series(pid).map(lut).to_numpy(dtype=object)
     nd = rounds["n_draft"].to_numpy(dtype=np.int64)
     na = rounds["n_accepted"].to_numpy(dtype=np.int64)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CategoryAcceptance] = {}
     for name in sorted(set(lab.tolist())):
         m = lab == name
         d, a = int(nd[m].sum()), int(na[m].sum())
-        out[name] = {"n_prompts": int(len(np.unique(pid[m]))), "n_drafted": d, "n_accepted": a,
-                     "acceptance_rate": a / d if d else None}
+        out[name] = CategoryAcceptance(int(len(np.unique(pid[m]))), d, a, a / d if d else None)
     return out

@@ -426,6 +426,14 @@ class CostModel:
         """ms of a round's ``k`` drafter steps (:class:`SizeCosts` rule)."""
         return float(self.sizes.draft(k)[0]) if self.sizes is not None else self.d0_ms + self.d1_ms * k
 
+    def priced_verify(self) -> dict[int, float]:
+        """``{n: ms}`` the verify of ``n`` tokens as the what-if prices it, n = 1..N_MAX + 1."""
+        return {n: self.t_verify(n) for n in range(1, N_MAX + 2)}
+
+    def priced_draft(self) -> dict[int, float]:
+        """``{k: ms}`` a round's ``k`` drafter steps as the what-if prices them, k = 1..N_MAX."""
+        return {k: self.t_draft(k) for k in range(1, N_MAX + 1)}
+
     def own(self, kind: str) -> list[int]:
         """The sizes priced at the trace's own median (``kind``: ``"verify"`` or ``"draft"``)."""
         rounds = self.verify_rounds if kind == "verify" else self.draft_rounds
@@ -440,8 +448,8 @@ class CostModel:
         for k in ("verify_ms", "verify_rounds", "draft_ms", "draft_rounds"):
             d[k] = {str(n): v for n, v in getattr(self, k).items()}
         d["probe"] = None if self.probe is None else self.probe.to_dict()
-        d["priced"] = {"verify_ms": {str(n): self.t_verify(n) for n in range(1, N_MAX + 2)},
-                       "draft_ms": {str(k): self.t_draft(k) for k in range(1, N_MAX + 1)},
+        d["priced"] = {"verify_ms": {str(n): v for n, v in self.priced_verify().items()},
+                       "draft_ms": {str(k): v for k, v in self.priced_draft().items()},
                        "own_verify": self.own("verify"), "own_draft": self.own("draft")}
         if self.sizes is not None:
             d["priced"]["source_verify"] = {str(n): self.sizes.source("verify", n) for n in range(1, N_MAX + 2)}

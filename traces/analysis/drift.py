@@ -27,6 +27,7 @@ rejection of their round; a draft after it was compared with a token that follow
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,16 +65,93 @@ def separation(score: np.ndarray, positive: np.ndarray) -> float | None:
     return float(u / (n_pos * n_neg))
 
 
-def _words(out: dict[str, Any]) -> str:
-    if not out["n_steps"]:
+@dataclass(frozen=True)
+class DriftPosition:
+    """Drift at one draft position ``k``: steps with both states, mean cosine and relative error; with the
+    accepted flags (``split``) also the mean cosine of the checked accepted / rejected steps and their
+    :func:`separation` (None where a side has no step)."""
+
+    k: int
+    n_steps: int
+    cos_mean: float
+    rel_err_mean: float
+    split: bool = False
+    cos_mean_accepted: float | None = None
+    cos_mean_rejected: float | None = None
+    separation: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{k, n_steps, cos_mean, rel_err_mean[, cos_mean_accepted, cos_mean_rejected, separation]}`` (the
+        last three only with ``split``)."""
+        d: dict[str, Any] = {"k": self.k, "n_steps": self.n_steps, "cos_mean": self.cos_mean,
+                             "rel_err_mean": self.rel_err_mean}
+        if self.split:
+            d.update(cos_mean_accepted=self.cos_mean_accepted, cos_mean_rejected=self.cos_mean_rejected,
+                     separation=self.separation)
+        return d
+
+
+@dataclass(frozen=True)
+class DriftQuantile:
+    """One of the ``N_QUANTILES`` groups of checked steps by cosine: its cosine range, steps and acceptance."""
+
+    cos_low: float
+    cos_high: float
+    n_steps: int
+    acceptance_rate: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{cos_low, cos_high, n_steps, acceptance_rate}``."""
+        return {"cos_low": self.cos_low, "cos_high": self.cos_high, "n_steps": self.n_steps,
+                "acceptance_rate": self.acceptance_rate}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What :func:`drift` found (module docstring).
+
+    Attributes:
+        n_steps: steps with both hidden states finite and non-zero.
+        cos_mean / rel_err_mean: over those steps (None without any).
+        per_position: :class:`DriftPosition` per draft position k.
+        cos_mean_accepted / cos_mean_rejected: over the checked steps (None without accepted flags or a side).
+        separation: :func:`separation` of accepted from rejected by cosine (None: no mix).
+        related: the drafter's state resembles the target's (None without accepted flags).
+        by_quantile: :class:`DriftQuantile` groups of the checked steps (empty without accepted flags).
+        words: the finding in one sentence.
+    """
+
+    n_steps: int
+    cos_mean: float | None
+    rel_err_mean: float | None
+    per_position: tuple[DriftPosition, ...]
+    cos_mean_accepted: float | None = None
+    cos_mean_rejected: float | None = None
+    separation: float | None = None
+    related: bool | None = None
+    by_quantile: tuple[DriftQuantile, ...] = ()
+    words: str = field(default="")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``drift`` section of docs/EXPLAIN.md: ``{n_steps, cos_mean, rel_err_mean, per_position: [...],
+        cos_mean_accepted, cos_mean_rejected, separation, related, by_quantile: [...], words}``."""
+        return {"n_steps": self.n_steps, "cos_mean": self.cos_mean, "rel_err_mean": self.rel_err_mean,
+                "per_position": [p.to_dict() for p in self.per_position],
+                "cos_mean_accepted": self.cos_mean_accepted, "cos_mean_rejected": self.cos_mean_rejected,
+                "separation": self.separation, "related": self.related,
+                "by_quantile": [q.to_dict() for q in self.by_quantile], "words": self.words}
+
+
+def _words(n_steps: int, cos_mean: float | None, rel_err_mean: float | None, cos_mean_accepted: float | None,
+           related: bool | None, auc: float | None) -> str:
+    if not n_steps:
         return "no step has both hidden states"
-    if out.get("related") is False:
-        return (f"the drafter's state is unrelated to the target's (mean cosine {out['cos_mean_accepted']:.2f} even on "
-                f"accepted drafts, relative error {out['rel_err_mean']:.2f}): this drafter was not trained to reproduce "
+    if related is False:
+        return (f"the drafter's state is unrelated to the target's (mean cosine {cos_mean_accepted:.2f} even on "
+                f"accepted drafts, relative error {rel_err_mean:.2f}): this drafter was not trained to reproduce "
                 "the target's hidden state, so drift does not explain its rejections")
-    auc = out.get("separation")
     if auc is None:
-        return f"mean cosine {out['cos_mean']:.2f}; no accepted-and-rejected mix to tell whether drift predicts rejection"
+        return f"mean cosine {cos_mean:.2f}; no accepted-and-rejected mix to tell whether drift predicts rejection"
     if auc >= PREDICTIVE_AUC:
         return (f"drift predicts rejection: an accepted draft's cosine exceeds a rejected one's with probability "
                 f"{auc:.2f}")
@@ -82,7 +160,7 @@ def _words(out: dict[str, Any]) -> str:
 
 
 def drift(k: np.ndarray, h_next: np.ndarray, h_target: np.ndarray, accepted: np.ndarray | None = None,
-          checked: np.ndarray | None = None) -> dict[str, Any]:
+          checked: np.ndarray | None = None) -> Drift:
     """Cosine and relative error of ``h_next`` against ``h_target`` per draft position.
 
     Args:
@@ -94,10 +172,7 @@ def drift(k: np.ndarray, h_next: np.ndarray, h_target: np.ndarray, accepted: np.
             use only those.
 
     Returns:
-        ``{"n_steps", "cos_mean", "rel_err_mean", "cos_mean_accepted", "cos_mean_rejected",
-        "separation", "related", "by_quantile": [{"cos_low", "cos_high", "n_steps", "acceptance_rate"}],
-        "words", "per_position": [{"k", "n_steps", "cos_mean", "rel_err_mean", "cos_mean_accepted",
-        "cos_mean_rejected", "separation"}]}``.
+        :class:`Drift` (its ``to_dict()``: docs/EXPLAIN.md's ``drift`` section).
 
     Raises:
         TraceFormatError: arrays of different lengths or widths.
@@ -121,33 +196,35 @@ def drift(k: np.ndarray, h_next: np.ndarray, h_target: np.ndarray, accepted: np.
     per = []
     for kk in sorted(set(k[ok].tolist())):
         m = ok & (k == kk)
-        row: dict[str, Any] = {"k": int(kk), "n_steps": int(m.sum()), "cos_mean": float(cos[m].mean()),
-                               "rel_err_mean": float(rel[m].mean())}
+        cm, cr_, sep = None, None, None
         if acc is not None:
             mc = chk & (k == kk)
-            for name, mm in (("accepted", mc & acc), ("rejected", mc & ~acc)):
-                row[f"cos_mean_{name}"] = float(cos[mm].mean()) if mm.any() else None
-            row["separation"] = separation(cos[mc], acc[mc])
-        per.append(row)
-    out: dict[str, Any] = {"n_steps": int(ok.sum()), "cos_mean": float(cos[ok].mean()) if ok.any() else None,
-                           "rel_err_mean": float(rel[ok].mean()) if ok.any() else None, "per_position": per,
-                           "cos_mean_accepted": None, "cos_mean_rejected": None, "separation": None,
-                           "related": None, "by_quantile": []}
+            ma, mr = mc & acc, mc & ~acc
+            cm = float(cos[ma].mean()) if ma.any() else None
+            cr_ = float(cos[mr].mean()) if mr.any() else None
+            sep = separation(cos[mc], acc[mc])
+        per.append(DriftPosition(int(kk), int(m.sum()), float(cos[m].mean()), float(rel[m].mean()),
+                                 acc is not None, cm, cr_, sep))
+    n_steps = int(ok.sum())
+    cos_mean = float(cos[ok].mean()) if ok.any() else None
+    rel_mean = float(rel[ok].mean()) if ok.any() else None
+    cos_acc = cos_rej = auc = related = None
+    quant: list[DriftQuantile] = []
     if acc is not None and chk.any():
         ca, cr = chk & acc, chk & ~acc
-        out["cos_mean_accepted"] = float(cos[ca].mean()) if ca.any() else None
-        out["cos_mean_rejected"] = float(cos[cr].mean()) if cr.any() else None
-        out["separation"] = separation(cos[chk], acc[chk])
-        ref = out["cos_mean_accepted"] if out["cos_mean_accepted"] is not None else out["cos_mean"]
-        out["related"] = bool(ref is not None and ref >= RELATED_COSINE)
+        cos_acc = float(cos[ca].mean()) if ca.any() else None
+        cos_rej = float(cos[cr].mean()) if cr.any() else None
+        auc = separation(cos[chk], acc[chk])
+        ref = cos_acc if cos_acc is not None else cos_mean
+        related = bool(ref is not None and ref >= RELATED_COSINE)
         c, a = cos[chk], acc[chk]
         order = np.argsort(c, kind="stable")
         for part in np.array_split(order, min(N_QUANTILES, len(order))):
             if len(part):
-                out["by_quantile"].append({"cos_low": float(c[part].min()), "cos_high": float(c[part].max()),
-                                           "n_steps": int(len(part)), "acceptance_rate": float(a[part].mean())})
-    out["words"] = _words(out)
-    return out
+                quant.append(DriftQuantile(float(c[part].min()), float(c[part].max()), int(len(part)),
+                                           float(a[part].mean())))
+    return Drift(n_steps, cos_mean, rel_mean, tuple(per), cos_acc, cos_rej, auc, related, tuple(quant),
+                 _words(n_steps, cos_mean, rel_mean, cos_acc, related, auc))
 
 
 def has_hidden_target(manifest: dict[str, Any]) -> bool:
@@ -156,7 +233,7 @@ def has_hidden_target(manifest: dict[str, Any]) -> bool:
     return bool(dims.get("h_target")) and dims.get("hidden_dtype") is not None
 
 
-def trace_drift(trace: TraceLike) -> dict[str, Any] | None:
+def trace_drift(trace: TraceLike) -> Drift | None:
     """:func:`drift` of an opened trace, or None when it stores no ``h_target`` (reads ``k``,
     ``accepted`` and the two hidden columns)."""
     if not has_hidden_target(trace.manifest):

@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis.keyed import JsonKeys
 from mtpscope.traces.store.list_columns import flat_list
 
 CAUSES = ("accepted", "after_eog", "after_mismatch", "unknown", "unreachable", "near_tie", "runner_up",
@@ -312,38 +314,117 @@ def _count(values: Any, keys: tuple[str, ...]) -> dict[str, int]:
     return {key: int(d.get(key, 0)) for key in keys}
 
 
+@dataclass(frozen=True)
+class TokenCount:
+    """One token of :func:`top_tokens`: its id, how often it occurs, and its text (None without a label)."""
+
+    token: int
+    count: int
+    text: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{token, count[, text]}`` (``text`` only when known)."""
+        d: dict[str, Any] = {"token": self.token, "count": self.count}
+        if self.text is not None:
+            d["text"] = self.text
+        return d
+
+
 def top_tokens(tokens: np.ndarray | pd.Series, n: int = 10,
-               label: Callable[[int], str] | None = None) -> list[dict[str, Any]]:
+               label: Callable[[int], str] | None = None) -> tuple[TokenCount, ...]:
     """The ``n`` most frequent token ids (unknown = NA / negative left out), most frequent first, ties
-    by lower id: ``[{"token": id, "count": c, "text": label(id)}]`` (``text`` only with ``label``)."""
+    by lower id, as :class:`TokenCount` (``text`` = ``label(id)``, only with ``label``)."""
     t = np.asarray(pd.array(tokens, dtype="Int64").to_numpy(dtype=np.int64, na_value=-1))
     t = t[t >= 0]
     if not len(t):
-        return []
+        return ()
     u, c = np.unique(t, return_counts=True)
     order = np.lexsort((u, -c))[:n]
-    out = []
-    for i in order:
-        row: dict[str, Any] = {"token": int(u[i]), "count": int(c[i])}
-        if label is not None:
-            row["text"] = label(int(u[i]))
-        out.append(row)
-    return out
+    return tuple(TokenCount(int(u[i]), int(c[i]), label(int(u[i])) if label is not None else None) for i in order)
+
+
+@dataclass(frozen=True)
+class PositionRejections:
+    """The first mismatches at one draft position ``k``: how many (``n``), their causes
+    (``{cause: count}`` over :data:`REJECTION_CAUSES`) and the target token's rank (``{bin: count}``,
+    :data:`RANK_BINS`)."""
+
+    k: int
+    n: int
+    causes: dict[str, int]
+    rank_histogram: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{k, n, causes, rank_histogram}``."""
+        return {"k": self.k, "n": self.n, "causes": dict(self.causes), "rank_histogram": dict(self.rank_histogram)}
+
+
+@dataclass(frozen=True)
+class TargetSide(JsonKeys):
+    """The target's side of the compared first mismatches (module docstring): counts ``hard`` / ``wrong`` /
+    ``unknown`` and the mean ``target_p_drafted`` of the hard and the wrong ones (None when none is
+    known). Also read by its JSON keys (:class:`traces.analysis.keyed.JsonKeys`, transitional)."""
+
+    hard: int
+    wrong: int
+    unknown: int
+    p_drafted_mean_hard: float | None
+    p_drafted_mean_wrong: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{hard, wrong, unknown, p_drafted_mean_hard, p_drafted_mean_wrong}``."""
+        return {"hard": self.hard, "wrong": self.wrong, "unknown": self.unknown,
+                "p_drafted_mean_hard": self.p_drafted_mean_hard, "p_drafted_mean_wrong": self.p_drafted_mean_wrong}
+
+
+@dataclass(frozen=True)
+class Rejections(JsonKeys):
+    """Aggregates of the first-mismatch table (:func:`rejection_summary`). Also read by its JSON keys
+    (:class:`traces.analysis.keyed.JsonKeys`, transitional).
+
+    Attributes:
+        n_rounds_rejected: rounds with a first mismatch (rows of the table).
+        n_first_mismatch: of them, those whose target token is known.
+        causes: ``{cause: count}`` over :data:`REJECTION_CAUSES` (rows with a known target token).
+        rank_histogram: ``{"0".."9", "10+": count}`` (rows with a known rank).
+        by_position: :class:`PositionRejections` for k = 1..max k.
+        target_side: :class:`TargetSide`.
+        sparse_unreachable: rows the centroid head could not reach either (None without centroid columns).
+        top_target_tokens / top_drafted_tokens: :func:`top_tokens` of the target's and the drafted tokens.
+    """
+
+    n_rounds_rejected: int
+    n_first_mismatch: int
+    causes: dict[str, int]
+    rank_histogram: dict[str, int]
+    by_position: tuple[PositionRejections, ...]
+    target_side: TargetSide
+    sparse_unreachable: int | None
+    top_target_tokens: tuple[TokenCount, ...]
+    top_drafted_tokens: tuple[TokenCount, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``rejections`` section of docs/EXPLAIN.md: ``{n_rounds_rejected, n_first_mismatch, causes,
+        rank_histogram, by_position: [...], target_side: {...}, sparse_unreachable, top_target_tokens: [...],
+        top_drafted_tokens: [...]}``."""
+        return {
+            "n_rounds_rejected": self.n_rounds_rejected,
+            "n_first_mismatch": self.n_first_mismatch,
+            "causes": dict(self.causes),
+            "rank_histogram": dict(self.rank_histogram),
+            "by_position": [p.to_dict() for p in self.by_position],
+            "target_side": self.target_side.to_dict(),
+            "sparse_unreachable": self.sparse_unreachable,
+            "top_target_tokens": [t.to_dict() for t in self.top_target_tokens],
+            "top_drafted_tokens": [t.to_dict() for t in self.top_drafted_tokens],
+        }
 
 
 def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
-                      label: Callable[[int], str] | None = None) -> dict[str, Any]:
-    """Aggregates of the first-mismatch table (:func:`first_mismatches`).
-
-    Returns:
-        ``{"n_rounds_rejected": rows, "n_first_mismatch": rows whose target token is known,
-        "causes": {cause: count} over :data:`REJECTION_CAUSES` (rows with a known target token),
-        "rank_histogram": {"0".."9", "10+": count} (rows with a known rank),
-        "by_position": [{"k", "n", "causes": {...}, "rank_histogram": {...}}] for k = 1..max k,
-        "target_side": {"hard", "wrong", "unknown": count, "p_drafted_mean_hard", "p_drafted_mean_wrong"},
-        "sparse_unreachable": count of rows the centroid head could not reach either (None without
-        centroid columns), "top_target_tokens" / "top_drafted_tokens": :func:`top_tokens` lists}``.
-    """
+                      label: Callable[[int], str] | None = None) -> Rejections:
+    """Aggregates of the first-mismatch table (:func:`first_mismatches`) as :class:`Rejections`: causes,
+    the target token's rank, both per draft position; the target's side; the most frequent target and
+    drafted tokens (``n_top_tokens`` each, their text from ``label``)."""
     known = fm["target_token"].notna().to_numpy() if len(fm) else np.zeros(0, dtype=bool)
     fk = fm[known]
     causes = _count(fk["cause"].array, REJECTION_CAUSES)
@@ -351,27 +432,28 @@ def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
     kvals = fk["k"].to_numpy(dtype=np.int64)
     for kk in range(1, int(kvals.max()) + 1 if len(kvals) else 1):
         sub = fk[kvals == kk]
-        by_pos.append({"k": kk, "n": int(len(sub)), "causes": _count(sub["cause"].array, REJECTION_CAUSES),
-                       "rank_histogram": rank_histogram(sub["target_rank"])})
+        by_pos.append(PositionRejections(kk, int(len(sub)), _count(sub["cause"].array, REJECTION_CAUSES),
+                                         rank_histogram(sub["target_rank"])))
     side = fk["target_side"].to_numpy(dtype=object)
     pd_ = fk["target_p_drafted"].to_numpy(dtype=np.float64)
-    ts: dict[str, Any] = {s: int(np.sum(side == s)) for s in TARGET_SIDES}
+    means: dict[str, float | None] = {}
     for s in ("hard", "wrong"):
         m = (side == s) & ~np.isnan(pd_)
-        ts[f"p_drafted_mean_{s}"] = float(pd_[m].mean()) if m.any() else None
+        means[s] = float(pd_[m].mean()) if m.any() else None
+    ts = TargetSide(*(int(np.sum(side == s)) for s in TARGET_SIDES), means["hard"], means["wrong"])
     su = fk["sparse_unreachable"]
     sparse = int(su.fillna(False).astype(bool).sum()) if su.notna().any() else None
-    return {
-        "n_rounds_rejected": int(len(fm)),
-        "n_first_mismatch": int(known.sum()),
-        "causes": causes,
-        "rank_histogram": rank_histogram(fk["target_rank"]),
-        "by_position": by_pos,
-        "target_side": ts,
-        "sparse_unreachable": sparse,
-        "top_target_tokens": top_tokens(fk["target_token"], n_top_tokens, label),
-        "top_drafted_tokens": top_tokens(fk["drafted_token"], n_top_tokens, label),
-    }
+    return Rejections(
+        n_rounds_rejected=int(len(fm)),
+        n_first_mismatch=int(known.sum()),
+        causes=causes,
+        rank_histogram=rank_histogram(fk["target_rank"]),
+        by_position=tuple(by_pos),
+        target_side=ts,
+        sparse_unreachable=sparse,
+        top_target_tokens=top_tokens(fk["target_token"], n_top_tokens, label),
+        top_drafted_tokens=top_tokens(fk["drafted_token"], n_top_tokens, label),
+    )
 
 
 # ------------------------------------------------------------------------------------------ sentences

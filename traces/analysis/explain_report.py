@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,9 @@ from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
 from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
 from mtpscope.traces.analysis.what_if import WhatIf, what_if
 from mtpscope.traces.store.protocols import TraceLike
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.drift import Drift
 
 ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "n_accepted", "drafted", "target",
                   "emitted", "t_draft_ms", "t_verify_ms"]
@@ -91,15 +94,16 @@ class Explanation:
     Attributes:
         causes: :func:`traces.analysis.explain.step_causes` (one row per step; empty without steps).
         first_mismatches: :func:`traces.analysis.explain.first_mismatches`.
-        rejections: :func:`traces.analysis.explain.rejection_summary`.
-        by_class / by_channel / by_category: ``{name: {n_drafted, n_accepted, acceptance_rate}}`` or None
-            when not available (no vocabulary; not a chat trace; no categories).
-        by_class_position: ``{class: [{k, n_drafted, n_accepted, acceptance_rate}]}`` or None.
+        rejections: :class:`traces.analysis.explain.Rejections` (:func:`traces.analysis.explain.rejection_summary`).
+        by_class / by_channel: ``{name: breakdown.Acceptance}`` or None when not available (no vocabulary;
+            not a chat trace).
+        by_category: ``{category: breakdown.CategoryAcceptance}`` or None (no categories).
+        by_class_position: ``{class: (breakdown.PositionAcceptance per k, ...)}`` or None.
         what_if: :class:`traces.analysis.what_if.WhatIf` or None (nothing drafted); its ``by_category`` holds
             each category's estimate.
         advice: :class:`traces.analysis.advice.Advice` (recommendation with plain decoding as a
             candidate, break-even; overall and per category) or None (nothing drafted).
-        drift: :func:`traces.analysis.drift.drift` result or None (not captured).
+        drift: :class:`traces.analysis.drift.Drift` or None (not captured).
         totals: :func:`traces.analysis.metrics.totals`.
         head: ``"dense"`` / ``"centroid"``.
         notes: what is missing and why, in words.
@@ -107,14 +111,14 @@ class Explanation:
 
     causes: pd.DataFrame
     first_mismatches: pd.DataFrame
-    rejections: dict[str, Any]
-    by_class: dict[str, Any] | None
-    by_class_position: dict[str, Any] | None
-    by_channel: dict[str, Any] | None
-    by_category: dict[str, Any] | None
+    rejections: E.Rejections
+    by_class: dict[str, B.Acceptance] | None
+    by_class_position: dict[str, tuple[B.PositionAcceptance, ...]] | None
+    by_channel: dict[str, B.Acceptance] | None
+    by_category: dict[str, B.CategoryAcceptance] | None
     what_if: WhatIf | None
     advice: Advice | None
-    drift: dict[str, Any] | None
+    drift: Drift | None
     totals: dict[str, Any]
     head: str
     notes: tuple[str, ...] = field(default=())
@@ -125,16 +129,19 @@ class Explanation:
         ``what_if_by_category``, ``recommendation``, ``break_even``, ``candidates``, ``baseline``,
         ``timing_quality``, ``head``, ``notes``."""
         wi = self.what_if
-        adv = self.advice.to_dict() if self.advice is not None else {"recommendation": None, "break_even": None,
-                                                                     "candidates": None, "baseline": None,
-                                                                     "timing_quality": None}
+        adv = self.advice.to_dict() if self.advice is not None else Advice.null_dict()
+
+        def groups(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
+            return None if g is None else {name: a.to_dict() for name, a in g.items()}
+
         return _clean({
-            "rejections": self.rejections,
-            "by_class": self.by_class,
-            "by_class_position": self.by_class_position,
-            "by_channel": self.by_channel,
-            "by_category": self.by_category,
-            "drift": self.drift,
+            "rejections": self.rejections.to_dict(),
+            "by_class": groups(self.by_class),
+            "by_class_position": None if self.by_class_position is None else {
+                name: [r.to_dict() for r in rows] for name, rows in self.by_class_position.items()},
+            "by_channel": groups(self.by_channel),
+            "by_category": groups(self.by_category),
+            "drift": None if self.drift is None else self.drift.to_dict(),
             "what_if": [r.to_dict() for r in wi.rows] if wi is not None else None,
             "what_if_model": None if wi is None else {k: v for k, v in wi.to_dict().items()
                                                       if k not in ("rows", "by_category")},
@@ -166,7 +173,7 @@ def _clean(obj: Any) -> Any:
 
 def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[str, Any], *,
             vocab: Vocab | None = None, prompt_id: int | None = None, head: str | None = None,
-            near_tie_gap: float = E.NEAR_TIE_GAP, drift: dict[str, Any] | None = None,
+            near_tie_gap: float = E.NEAR_TIE_GAP, drift: Drift | None = None,
             n_top_tokens: int = 10, baseline: PlainBaseline | None = None,
             category_field: str | None = None, categories: Mapping[int, str] | None = None) -> Explanation:
     """Every section for one trace (pure).
@@ -179,7 +186,7 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         vocab: the vocabulary (for token classes and token text), or None.
         prompt_id: only this prompt.
         head: ``"dense"`` / ``"centroid"``; default :func:`drafting_head`.
-        drift: a precomputed :func:`traces.analysis.drift.drift` result to include.
+        drift: a precomputed :func:`traces.analysis.drift.drift` (:class:`traces.analysis.drift.Drift`) to include.
         baseline: plain decoding measured elsewhere (a sweep's baseline task,
             :func:`traces.sweep.advice.trace_baseline`); default the manifest's ``baseline``
             (``record --baseline``), else estimated.

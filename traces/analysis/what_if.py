@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,46 @@ class WhatIfRow:
                 d[k] = [float(v[0]), float(v[1])]
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WhatIfRow:
+        """The row back from its :meth:`to_dict` JSON (a document read back: ``diagnosis.json``'s summary);
+        keys it lacks keep their defaults."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        for k, v in kw.items():
+            if (k.endswith("_interval") or k == "rounds_by_size") and v is not None:
+                kw[k] = tuple(float(x) for x in v)
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ModelFit:
+    """The fit of :mod:`traces.analysis.acceptance_model` a what-if runs: its parameters and, for a trace's
+    pooled fit, how it was run (None for a category's own fit).
+
+    Attributes:
+        params: :class:`traces.analysis.acceptance_model.Params` (``pi``, ``A``, ``p``).
+        max_tokens: the generation limit the prediction ends at. extrapolation: the rule past the recorded
+            n_draft, in words. per_category: categories were fitted each on its own.
+    """
+
+    params: AM.Params
+    max_tokens: int | None = None
+    extrapolation: str | None = None
+    per_category: bool | None = None
+
+    @property
+    def n_states(self) -> int:
+        """Hidden states of the model."""
+        return int(self.params.pi.shape[-1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{n_states, pi, A, p[, max_tokens, extrapolation, per_category]}`` (the last three for the pooled fit)."""
+        d: dict[str, Any] = {"n_states": self.n_states, **self.params.to_dict()}
+        if self.max_tokens is not None:
+            d.update(max_tokens=self.max_tokens, extrapolation=self.extrapolation, per_category=self.per_category)
+        return d
+
 
 @dataclass(frozen=True)
 class WhatIf:
@@ -113,7 +153,7 @@ class WhatIf:
         recorded_n_draft: K, the trace's n_draft.
         n_rounds / n_verify_rounds / n_prompts: what the estimate is fitted on (verify rounds = first drafts).
         cost: :class:`CostModel` (None without timings); baseline: the :class:`PlainBaseline` used.
-        model: the pooled fit of :mod:`traces.analysis.acceptance_model` (``pi``, ``A``, ``p``).
+        model: the fit of :mod:`traces.analysis.acceptance_model` (:class:`ModelFit`: pooled, or the category's).
         calibration: ``{count: trace / model at K}`` (1 = the model reproduced the trace by itself).
         by_category: ``{category: WhatIf}`` (categories of the manifest), empty without categories.
         samples: ``{"tokens_per_s": float[B, n_max], "speedup": float[B, n_max], ...}``: the bootstrap
@@ -132,7 +172,7 @@ class WhatIf:
     n_prompts: int
     cost: CostModel | None
     baseline: PlainBaseline | None
-    model: dict[str, Any]
+    model: ModelFit
     calibration: dict[str, float]
     by_category: dict[str, WhatIf] = field(default_factory=dict)
     samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
@@ -149,7 +189,7 @@ class WhatIf:
                 "n_verify_rounds": self.n_verify_rounds, "n_prompts": self.n_prompts,
                 "cost": None if self.cost is None else self.cost.to_dict(),
                 "baseline": None if self.baseline is None else self.baseline.to_dict(),
-                "model": self.model, "calibration": self.calibration,
+                "model": self.model.to_dict(), "calibration": self.calibration,
                 "by_category": {c: w.to_dict() for c, w in self.by_category.items()},
                 "measured_tokens_per_s": self.measured_tokens_per_s}
 
@@ -369,7 +409,7 @@ def _interval(v: np.ndarray) -> tuple[float, float] | None:
 
 def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values: range, K: int, *, timed: bool,
             n_rounds: int, n_verify: int, n_prompts: int, cost: CostModel | None, baseline: PlainBaseline | None,
-            model: dict[str, Any], calibration: dict[str, float], resampled: bool,
+            model: ModelFit, calibration: dict[str, float], resampled: bool,
             by_category: dict[str, WhatIf] | None = None) -> WhatIf:
     acc, dr, ver, tm = (counts[k] for k in COUNTS)
     em = counts["emitted"][:, None]
@@ -412,10 +452,6 @@ def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values
     return WhatIf(rows=tuple(rows), best_n_draft=best, recorded_n_draft=K, n_rounds=n_rounds, n_verify_rounds=n_verify,
                   n_prompts=n_prompts, cost=cost, baseline=baseline, model=model, calibration=calibration,
                   by_category=by_category or {}, samples=samples)
-
-
-def _model_dict(params: AM.Params, **more: Any) -> dict[str, Any]:
-    return {"n_states": int(params.pi.shape[-1]), **params.to_dict(), **more}
 
 
 def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None,
@@ -495,11 +531,11 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
                                                              baseline.how, baseline.per_prompt)
             by_cat[g.name] = _whatif(per[g.name][0], gp, n_values, K, timed=timed, n_rounds=len(g.rounds),
                                      n_verify=int((nd > 0).sum()), n_prompts=g.obs.n_prompts, cost=cost,
-                                     baseline=gb, model=_model_dict(g.params), calibration=per[g.name][1],
+                                     baseline=gb, model=ModelFit(g.params), calibration=per[g.name][1],
                                      resampled=resampled)
-    model = _model_dict(pooled, max_tokens=int(max_tokens),
-                        extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
-                        per_category=bool(categories))
+    model = ModelFit(pooled, max_tokens=int(max_tokens),
+                     extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
+                     per_category=bool(categories))
     est = _whatif(total, plain, n_values, K, timed=timed, n_rounds=len(rounds), n_verify=int((nd_all > 0).sum()),
                   n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
                   resampled=resampled, by_category=by_cat)

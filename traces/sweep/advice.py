@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,9 @@ from mtpscope.traces.analysis.costs import (MIN_SIZE_ROUNDS, PlainBaseline, mani
 from mtpscope.traces.analysis.timing_quality import LOAD_FACTOR
 from mtpscope.traces.analysis.what_if import N_BOOT, QUANTILES, SEED
 from mtpscope.traces.sweep.spec import ALL, BASELINE, is_sweep, read_state
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.explain_report import Explanation
 
 _BASE_COLUMNS = ["prompt_id", "round", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 
@@ -114,7 +117,7 @@ def trace_categories(trace: Any) -> dict[int, str] | None:
 
 
 def explain_with_baseline(trace: Any, *, vocab: Any = None, prompt: str | int | None = None,
-                          category_field: str | None = None, with_drift: bool = True) -> Any:
+                          category_field: str | None = None, with_drift: bool = True) -> Explanation:
     """:func:`traces.analysis.explain_report.explain_trace` with :func:`trace_baseline`'s plain decoding
     (its note added to the explanation's notes) and, for a sweep task, the sweep's prompt categories:
     the one explanation of ``mtpscope explain`` and the app."""
@@ -312,13 +315,31 @@ def load_warnings(sw: Any, factor: float = LOAD_FACTOR) -> list[LoadWarning]:
     return out
 
 
+@dataclass(frozen=True)
+class SweepAdvice:
+    """A sweep's advice (:func:`advise_sweep`) and its load warnings (:func:`load_warnings`): what the sweep
+    report (CLI, ``--json``) and the app's Sweep page show."""
+
+    advice: Advice
+    load_warnings: tuple[LoadWarning, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON keys ``recommendation``, ``break_even``, ``candidates``, ``baseline``, ``timing_quality``
+        (:meth:`traces.analysis.advice.Advice.to_dict`) and ``load_warnings`` (each :class:`LoadWarning`'s fields)."""
+        d = self.advice.to_dict()
+        d["load_warnings"] = [asdict(w) for w in self.load_warnings]
+        return d
+
+
+def sweep_advice(sw: Any) -> SweepAdvice:
+    """:func:`advise_sweep` and :func:`load_warnings` of an opened sweep (:class:`traces.sweep.reader.Sweep`)."""
+    return SweepAdvice(advise_sweep(sw), tuple(load_warnings(sw)))
+
+
 def sweep_advice_dict(sw: Any) -> dict[str, Any]:
-    """:func:`advise_sweep` as the JSON keys ``recommendation``, ``break_even``, ``candidates``, ``baseline``,
-    and ``load_warnings`` (:func:`load_warnings`, as dicts)."""
-    d = advise_sweep(sw).to_dict()
-    d["load_warnings"] = [asdict(w) for w in load_warnings(sw)]
-    return d
+    """:func:`sweep_advice`'s JSON (:meth:`SweepAdvice.to_dict`)."""
+    return sweep_advice(sw).to_dict()
 
 
-__all__ = ["ALL", "LoadWarning", "advise_sweep", "load_warnings", "explain_with_baseline", "per_prompt", "sweep_advice_dict", "sweep_of",
-           "trace_baseline", "trace_categories", "verify_costs"]
+__all__ = ["ALL", "LoadWarning", "SweepAdvice", "advise_sweep", "load_warnings", "explain_with_baseline", "per_prompt",
+           "sweep_advice", "sweep_advice_dict", "sweep_of", "trace_baseline", "trace_categories", "verify_costs"]
