@@ -351,7 +351,11 @@ def test_a_real_diagnosis_reads_back_byte_identical(demo_dir, tmp_path: Path) ->
     back = read_diagnosis(tmp_path)
     assert json.dumps(back.to_dict(), indent=1, default=str) + "\n" == saved
     assert Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict() == json.loads(saved)
-    assert back.findings == d.findings and back.steps == d.steps and back.summary == d.summary
+    def typed(x: Diagnosis) -> list:
+        return [(f.cause, f.severity, f.confidence, f.title, f.link, f.fix and f.fix.text,
+                 [(e.step, e.text) for e in f.evidence]) for f in x.findings]
+
+    assert typed(back) == typed(d) and back.steps == d.steps and back.summary == d.summary
     assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
 
 

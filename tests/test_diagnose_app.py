@@ -75,6 +75,20 @@ def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:  # noqa: ANN00
     assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
 
 
+def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:  # noqa: ANN001
+    """diagnosis.json of a replayed diagnosis, rebuilt into records, writes the same bytes; the page, the report and
+    the CLI read those records."""
+    from mtpscope.traces.diagnose.run import read_diagnosis
+
+    d, saved = buggy["d"], (buggy["out"] / DIAGNOSIS_FILE).read_text(encoding="utf-8")
+    back = read_diagnosis(buggy["out"])
+    assert json.dumps(back.to_dict(), indent=1, default=str) + "\n" == saved
+    assert Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict() == json.loads(saved)
+    assert [(f.cause, f.title, f.link) for f in back.findings] == [(f.cause, f.title, f.link) for f in d.findings]
+    assert back.variants == d.variants and back.variants["variants"]
+    assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
+
+
 def test_html_report_draws_its_figures_offline_in_chromium(buggy, tmp_path: Path) -> None:  # noqa: ANN001
     from tests.browser import ARGS, CHROMIUM, need_browser
 
