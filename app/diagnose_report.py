@@ -1,20 +1,24 @@
 """A diagnosis for people: its findings' links, its key figures, and the one-file HTML report (pure, no Streamlit).
 
-Everything here reads the diagnosis document (``Diagnosis.to_dict()``, docs/DIAGNOSE.md "JSON"), so a saved
-``diagnosis.json`` and a fresh diagnosis show alike. The figures come from :mod:`mtpscope.app.charts` (the app's
-own builders); ``mtpscope diagnose --html`` and the Diagnose page both call :func:`figures`.
+Everything here reads the diagnosis' records (:class:`~mtpscope.traces.diagnose.records.Diagnosis`, its
+``Finding`` / ``Evidence`` / ``Fix`` / ``ViewRef`` / ``StepRun``) by attribute; a saved ``diagnosis.json`` read back
+(``read_diagnosis``: ``Diagnosis.from_dict``) holds the same values as a fresh diagnosis, so both show alike. The
+figures come from :mod:`mtpscope.app.charts` (the app's own builders); ``mtpscope diagnose --html`` and the Diagnose
+page both call :func:`figures`. :func:`document` is the JSON that ``mtpscope diagnose --json`` prints and the report
+embeds (``Diagnosis.to_dict()`` with each link's URL).
 
 :func:`html_report` writes one self-contained HTML file: plotly.js inlined once, the figures' data inline, styles
 inline, no URL fetched when it is opened (the findings' links point at the app, and are only followed on a click).
 
-Imports: plotly, the app's charts, views and links; the records the figures take (breakdown, what_if).
+Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read); the records the
+figures take (breakdown, what_if).
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -22,30 +26,39 @@ import plotly.io as pio
 
 from mtpscope.app import charts, views
 from mtpscope.app.links import view_url
+from mtpscope.traces.diagnose.records import Diagnosis, Finding, ViewRef
 
 #: Where the app listens by default (``mtpscope app``): the base of the links the CLI and the report print.
 APP_URL = "http://127.0.0.1:8501"
 SEVERITY_COLOURS = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 
 
-def link_url(link: Mapping[str, Any] | None, base: str = APP_URL) -> str | None:
-    """A finding's link (``{"page", "params"}``, or a ``ViewRef``) as a URL into the app, or None."""
+def link_url(link: ViewRef | None, base: str = APP_URL) -> str | None:
+    """A finding's link (its :class:`ViewRef`) as a URL into the app, or None."""
     if link is None:
         return None
-    if hasattr(link, "to_dict"):
-        link = link.to_dict()
-    params = dict(link.get("params") or {})
-    return view_url(str(link["page"]), base=base, **params)
+    return view_url(str(link.page), base=base, **dict(link.params))
 
 
-def figures(d: Mapping[str, Any]) -> list[tuple[str, go.Figure]]:
-    """The key figures of a diagnosis document, ``(name, figure)`` in reading order: acceptance by draft position,
-    by category, the first misses' causes, the replay variants (the one that recovers in red), the what-if.
-    Sections the diagnosis lacks (no trace, no replay) are left out."""
+def document(d: Diagnosis, base: str = APP_URL) -> dict[str, Any]:
+    """The diagnosis' JSON document (``d.to_dict()``, docs/DIAGNOSE.md "JSON") with each finding's link given its
+    URL into the app at ``base`` (``link["url"]``): what ``mtpscope diagnose --json`` prints and the HTML report
+    embeds."""
+    doc = d.to_dict()
+    for f, rec in zip(doc["findings"], d.findings):
+        if rec.link is not None:
+            f["link"]["url"] = link_url(rec.link, base)
+    return doc
+
+
+def figures(d: Diagnosis) -> list[tuple[str, go.Figure]]:
+    """The key figures of a diagnosis, ``(name, figure)`` in reading order: acceptance by draft position, by
+    category, the first misses' causes, the replay variants (the one that recovers in red), the what-if (from its
+    ``summary`` and ``variants`` numbers). Sections the diagnosis lacks (no trace, no replay) are left out."""
     from mtpscope.traces.analysis.breakdown import Acceptance  # noqa: PLC0415 -- the figures' records
     from mtpscope.traces.analysis.what_if import WhatIfRow  # noqa: PLC0415
 
-    s = d.get("summary") or {}
+    s = d.summary
     out: list[tuple[str, go.Figure]] = []
     if s.get("per_position"):
         out.append(("per_position", charts.per_position_figure(views.per_position(s),
@@ -55,7 +68,7 @@ def figures(d: Mapping[str, Any]) -> list[tuple[str, go.Figure]]:
         out.append(("by_category", charts.rate_bars_figure(cats, "Acceptance by prompt category", what="category")))
     if s.get("causes"):
         out.append(("causes", charts.causes_figure(s["causes"])))
-    v = (d.get("variants") or {}).get("variants")
+    v = (d.variants or {}).get("variants")
     if v:
         out.append(("variants", charts.variants_figure(v)))
     if s.get("what_if"):
@@ -68,17 +81,17 @@ def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _finding_html(i: int, f: Mapping[str, Any], base: str) -> str:
-    colour = SEVERITY_COLOURS.get(f["severity"], "#555")
-    ev = "".join(f"<li><b>{_e(e['step'])}</b>: {_e(e['text'])}</li>" for e in f.get("evidence") or [])
-    fix = f.get("fix") or {}
-    url = link_url(f.get("link"), base)
+def _finding_html(i: int, f: Finding, base: str) -> str:
+    colour = SEVERITY_COLOURS.get(f.severity, "#555")
+    ev = "".join(f"<li><b>{_e(e.step)}</b>: {_e(e.text)}</li>" for e in f.evidence)
+    fix_text = f.fix.text if f.fix is not None else None
+    url = link_url(f.link, base)
     link = f'<a href="{_e(url)}" rel="noreferrer">open in the app</a>' if url else ""
     return (f'<div class="finding" style="border-left-color:{colour}" id="finding-{i}">'
-            f'<div class="head"><span class="sev" style="background:{colour}">{_e(f["severity"])}</span> '
-            f'<span class="cause">{_e(f["cause"])}</span> <span class="conf">confidence {_e(f["confidence"])}</span></div>'
-            f'<div class="title">{i}. {_e(f["title"])}</div><ul>{ev}</ul>'
-            + (f'<div class="fix"><b>fix</b>: {_e(fix.get("text"))}</div>' if fix.get("text") else "")
+            f'<div class="head"><span class="sev" style="background:{colour}">{_e(f.severity)}</span> '
+            f'<span class="cause">{_e(f.cause)}</span> <span class="conf">confidence {_e(f.confidence)}</span></div>'
+            f'<div class="title">{i}. {_e(f.title)}</div><ul>{ev}</ul>'
+            + (f'<div class="fix"><b>fix</b>: {_e(fix_text)}</div>' if fix_text else "")
             + f'<div class="link">{link}</div></div>')
 
 
@@ -92,36 +105,37 @@ td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;font-size:.9em}cod
 .meta{color:#555;font-size:.9em}"""
 
 
-def html_report(d: Mapping[str, Any], *, base: str = APP_URL, title: str = "mtpscope diagnose") -> str:
+def html_report(d: Diagnosis, *, base: str = APP_URL, title: str = "mtpscope diagnose") -> str:
     """The diagnosis as one self-contained HTML page (module docstring): verdict, ranked findings (evidence, fix,
-    link), what limits acceptance, the key figures (:func:`figures`), the steps and notes."""
+    link), what limits acceptance, the key figures (:func:`figures`), the steps and notes, and the JSON document
+    (:func:`document`, links at ``base``) embedded as ``<script type="application/json" id="diagnosis">``."""
     figs = figures(d)
     parts = []
     for i, (name, fig) in enumerate(figs):
         parts.append(f'<div class="figure" data-figure="{_e(name)}">' + pio.to_html(
             fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig-{name}",
             config={"displaylogo": False, "responsive": True}) + "</div>")
-    defect = bool(d.get("defect"))
+    defect = bool(d.defects)
     verdict = (f'<div class="verdict {"defect" if defect else "ok"}">'
-               f'{"Defect found" if defect else "No defect found"}: {_e(d.get("headline"))}</div>')
-    findings = "".join(_finding_html(i + 1, f, base) for i, f in enumerate(d.get("findings") or []))
-    limits = "".join(f"<li>{_e(x)}</li>" for x in d.get("limits") or [])
-    steps = "".join(f"<tr><td>{_e(s['name'])}</td><td>{_e(s['status'])}</td><td>{s['seconds']:.1f} s</td>"
-                    f"<td>{_e(s.get('note'))}</td></tr>" for s in d.get("steps") or [])
-    notes = "".join(f"<li>{_e(x)}</li>" for x in d.get("notes") or [])
-    s = d.get("summary") or {}
+               f'{"Defect found" if defect else "No defect found"}: {_e(d.headline)}</div>')
+    findings = "".join(_finding_html(i + 1, f, base) for i, f in enumerate(d.findings))
+    limits = "".join(f"<li>{_e(x)}</li>" for x in d.limits)
+    steps = "".join(f"<tr><td>{_e(s.name)}</td><td>{_e(s.status)}</td><td>{s.seconds:.1f} s</td>"
+                    f"<td>{_e(s.note)}</td></tr>" for s in d.steps)
+    notes = "".join(f"<li>{_e(x)}</li>" for x in d.notes)
+    s = d.summary
     numbers = ""
     if s.get("acceptance_rate") is not None:
         numbers = (f"<p>acceptance rate {s['acceptance_rate']:.3f} ({s.get('n_accepted')} / {s.get('n_drafted')} "
                    f"drafted), mean acceptance length {s.get('mean_acceptance_length') or 0:.2f}, n_draft "
                    f"{_e(s.get('n_draft'))}, {_e(s.get('n_prompts'))} prompts</p>")
-    doc = json.dumps(d, default=str).replace("</", "<\\/")
+    doc = json.dumps(document(d, base), default=str).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
 <body><h1>{_e(title)}</h1>
-<p class="meta">drafter <code>{_e(d.get('assistant'))}</code><br>target <code>{_e(d.get('target'))}</code><br>
-trace <code>{_e(d.get('trace') or '-')}</code>{'<br>reference <code>' + _e((d.get('reference') or {}).get('path')) + '</code>' if d.get('reference') else ''}</p>
+<p class="meta">drafter <code>{_e(d.assistant)}</code><br>target <code>{_e(d.target)}</code><br>
+trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.get('path')) + '</code>' if d.reference else ''}</p>
 {verdict}{numbers}
 <h2>Findings, worst first</h2>{findings or '<p>none</p>'}
 <h2>What limits acceptance</h2><ul>{limits or '<li>unknown (no trace)</li>'}</ul>
@@ -133,19 +147,19 @@ trace <code>{_e(d.get('trace') or '-')}</code>{'<br>reference <code>' + _e((d.ge
 """
 
 
-def finding_lines(findings: Sequence[Mapping[str, Any]], *, base: str = APP_URL) -> list[str]:
+def finding_lines(findings: Sequence[Finding], *, base: str = APP_URL) -> list[str]:
     """The findings as plain text, worst first: ``N. SEVERITY cause (confidence): title``, then evidence, fix
     and link lines (what ``mtpscope diagnose`` prints)."""
     out = []
     for i, f in enumerate(findings, start=1):
-        out.append(f"{i}. {f['severity'].upper()} {f['cause']} (confidence {f['confidence']}): {f['title']}")
-        out += [f"     [{e['step']}] {e['text']}" for e in f.get("evidence") or []]
-        if (f.get("fix") or {}).get("text"):
-            out.append(f"     fix: {f['fix']['text']}")
-        url = link_url(f.get("link"), base)
+        out.append(f"{i}. {f.severity.upper()} {f.cause} (confidence {f.confidence}): {f.title}")
+        out += [f"     [{e.step}] {e.text}" for e in f.evidence]
+        if f.fix is not None and f.fix.text:
+            out.append(f"     fix: {f.fix.text}")
+        url = link_url(f.link, base)
         if url:
             out.append(f"     view: {url}")
     return out
 
 
-__all__ = ["APP_URL", "figures", "finding_lines", "html_report", "link_url"]
+__all__ = ["APP_URL", "document", "figures", "finding_lines", "html_report", "link_url"]

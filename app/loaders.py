@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.positions import Positions
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
+    from mtpscope.traces.diagnose.records import Diagnosis
     from mtpscope.traces.sweep.reader import Sweep
 
 
@@ -607,23 +608,23 @@ def server_view(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
-               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> dict[str, Any]:  # noqa: ARG001
+               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:  # noqa: ARG001
+    from mtpscope.traces.diagnose.config import DiagnoseConfig
     from mtpscope.traces.diagnose.run import diagnose
 
     ref = Path(reference) if reference else None
-    d = diagnose(trace=trace, assistant=drafter, target=target, out=out,
-                 reference_hf=ref if ref is not None and ref.is_dir() else None,
-                 reference_assistant=ref if ref is not None and ref.is_file() else None)
-    return d.to_dict()
+    return diagnose(DiagnoseConfig(), trace=trace, assistant=drafter, target=target, out=out,
+                    reference_hf=ref if ref is not None and ref.is_dir() else None,
+                    reference_assistant=ref if ref is not None and ref.is_file() else None)
 
 
 def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
               target: str | os.PathLike[str] | None = None,
-              reference: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """``mtpscope diagnose --trace`` of an allowed trace as its JSON document (``Diagnosis.to_dict()``), the models
-    the selected ones (default: the trace's own), ``reference`` an HF checkpoint folder or a good drafter GGUF;
-    its replays written under the uploads folder (``diagnose/<key>/``, allowed, so the findings' links open them).
-    Cached by every input's file stats.
+              reference: str | os.PathLike[str] | None = None) -> Diagnosis:
+    """``mtpscope diagnose --trace`` of an allowed trace (its :class:`Diagnosis`, ``mtpscope diagnose``'s defaults:
+    ``DiagnoseConfig()``), the models the selected ones (default: the trace's own), ``reference`` an HF checkpoint
+    folder or a good drafter GGUF; its replays written under the uploads folder (``diagnose/<key>/``, allowed, so the
+    findings' links open them). Cached by every input's file stats (the record is frozen: shared, never copied).
 
     Raises:
         PathNotAllowedError; MtpscopeError & co: unreadable input.
@@ -642,18 +643,19 @@ def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | N
                       str(out))
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def _saved_diagnosis(path: str, key: tuple[int, int]) -> dict[str, Any]:  # noqa: ARG001
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _saved_diagnosis(path: str, key: tuple[int, int]) -> Diagnosis:  # noqa: ARG001
     from mtpscope.traces.diagnose.run import read_diagnosis
 
     return read_diagnosis(path)
 
 
-def saved_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``diagnosis.json`` that ``mtpscope diagnose --out FOLDER`` wrote (``read_diagnosis``), cached by its stats.
+def saved_diagnosis(folder: str | os.PathLike[str]) -> Diagnosis:
+    """The :class:`Diagnosis` that ``mtpscope diagnose --out FOLDER`` wrote (``diagnosis.json`` read back by
+    ``read_diagnosis``), cached by the file's stats (the record is frozen: shared, never copied).
 
     Raises:
-        PathNotAllowedError; MtpscopeError: missing, unreadable or not a diagnosis.
+        PathNotAllowedError; MtpscopeError: missing, unreadable or not a diagnosis (naming the file and the key).
     """
     from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE
 

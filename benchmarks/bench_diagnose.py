@@ -3,10 +3,10 @@
 
 Runs the command as a user would (a subprocess, ``--html`` included): first from nothing (it records the 36
 prompts, 64 tokens each, plain decoding measured first), then ``--trace`` on the trace it just recorded. Prints
-each run's wall time, its steps' times from ``diagnosis.json``, the load average before and after, and the ratios
-against two named baselines: the targets (180 s, 30 s) and, for the first run, the recording step inside it
-(``mtpscope record --baseline`` of the same prompts: what diagnose adds on top). Exits 0 whatever the numbers
-(targets are reported, never asserted).
+each run's wall time, its steps' times from ``diagnosis.json`` (read back as a ``Diagnosis``:
+``read_diagnosis``), the load average before and after, and the ratios against two named baselines: the targets
+(180 s, 30 s) and, for the first run, the recording step inside it (``mtpscope record --baseline`` of the same
+prompts: what diagnose adds on top). Exits 0 whatever the numbers (targets are reported, never asserted).
 
 Usage: ``python -m benchmarks.bench_diagnose [--drafter drafter.gguf] [--out DIR]``.
 """
@@ -14,7 +14,6 @@ Usage: ``python -m benchmarks.bench_diagnose [--drafter drafter.gguf] [--out DIR
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -37,8 +36,9 @@ def _run(args: list[str]) -> tuple[float, int]:
 
 
 def _steps(out: Path) -> dict[str, float]:
-    doc = json.loads((out / "diagnosis.json").read_text())
-    return {s["name"]: s["seconds"] for s in doc["steps"] if s["status"] == "ran"}
+    from mtpscope.traces.diagnose.run import read_diagnosis
+
+    return {s.name: s.seconds for s in read_diagnosis(out).steps if s.status == "ran"}
 
 
 def main() -> None:

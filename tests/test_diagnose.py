@@ -16,12 +16,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mtpscope.app.diagnose_report import figures, html_report, link_url
+from mtpscope.app.diagnose_report import document, figures, finding_lines, html_report, link_url
 from mtpscope.app.links import view_url
+from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.inspector.config_model import model_from_config
 from mtpscope.inspector.findings import CODES
 from mtpscope.traces.diagnose import behaviour, files, published, rank, variants
+from mtpscope.traces.diagnose.config import DiagnoseConfig
 from mtpscope.traces.diagnose.records import CAUSES, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef
+from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, read_diagnosis
 
 CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
 
@@ -205,12 +208,12 @@ def test_convention_variants_follow_the_reference_options() -> None:
 
 def test_view_url_and_link_url() -> None:
     assert view_url("step", trace="/data/t f32", prompt=34, round=20) == "/step?trace=%2Fdata%2Ft+f32&prompt=34&round=20"
-    assert link_url({"page": "explain", "params": {"trace": "/t", "prompt": "all"}}, "http://h:1/") == \
+    assert link_url(ViewRef.of("explain", trace="/t", prompt="all"), "http://h:1/") == \
         "http://h:1/explain?trace=%2Ft&prompt=all"
     assert link_url(None) is None
 
 
-def _doc() -> dict:
+def _diagnosis() -> Diagnosis:
     per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5},
                {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6}]
     summary = {"acceptance_rate": 8 / 19, "mean_acceptance_length": 1.8, "n_draft": 2, "per_position": per_pos,
@@ -220,20 +223,19 @@ def _doc() -> dict:
                             "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]}
     var = {"variants": {"baseline": {"acceptance_rate": 0.1}, "hidden=prenorm": {
         "acceptance_rate": 0.4, "delta": 0.3, "ci_low": 0.2, "ci_high": 0.4, "recovers": True}}}
-    d = Diagnosis("t.gguf", "a.gguf", "/tr", (_f("convention", "error", "hidden=prenorm", "replay"),),
-                  limits=("hard <tokens>",), summary=summary, variants=var)
-    return d.to_dict()
+    return Diagnosis("t.gguf", "a.gguf", "/tr", (_f("convention", "error", "hidden=prenorm", "replay"),),
+                     limits=("hard <tokens>",), summary=summary, variants=var)
 
 
 def test_figures_of_a_diagnosis() -> None:
-    names = [n for n, _ in figures(_doc())]
+    names = [n for n, _ in figures(_diagnosis())]
     assert names == ["per_position", "by_category", "causes", "variants", "what_if"]
-    fig = dict(figures(_doc()))["variants"]
+    fig = dict(figures(_diagnosis()))["variants"]
     assert fig.layout.meta == {"recovers": ["hidden=prenorm"]}
 
 
 def test_html_report_is_one_file_that_fetches_nothing() -> None:
-    page = html_report(_doc(), base="http://127.0.0.1:8501")
+    page = html_report(_diagnosis(), base="http://127.0.0.1:8501")
     assert page.count("<!DOCTYPE html>") == 1
     assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
     assert "@import" not in page and "url(http" not in page
@@ -245,6 +247,141 @@ def test_html_report_is_one_file_that_fetches_nothing() -> None:
     assert len(page.encode()) < 5_000_000
     doc = re.search(r'<script type="application/json" id="diagnosis">(.*?)</script>', page, re.S).group(1)
     assert json.loads(doc)["findings"][0]["cause"] == "convention"
+
+
+def test_finding_lines_read_the_records() -> None:
+    lines = finding_lines(_diagnosis().findings, base="http://h:1")
+    assert lines == ["1. ERROR convention (confidence medium): convention hidden=prenorm",
+                     "     [replay] replay says hidden=prenorm", "     fix: set it",
+                     "     view: http://h:1/validate?drafter=d.gguf"]
+
+
+# ------------------------------------------------------------------------ diagnosis.json read back
+
+def _full() -> Diagnosis:
+    """A diagnosis with every part filled: numpy numbers and a NaN in the numbers, a finding without fix or link,
+    steps with unrounded times, notes, a reference and the published comparison."""
+    bare = Finding("n_draft", "info", "high", "advice: n_draft 2", (Evidence("advice", "x", {"iv": (0.1, 0.2)}),),
+                   subject="n_draft", expected=np.int64(2), actual=3)
+    d = _diagnosis()
+    return replace(d, findings=(*d.findings, bare), steps=(StepRun("verify", "ran", 0.12345),
+                                                           StepRun("replay", "skipped", 0, "replay off")),
+                   notes=("replay: skipped (replay off)",), published={"variant": "v", "matched": True},
+                   reference={"kind": "gguf", "path": "/r.gguf", "agreement": np.float32(0.5), "ci_low": float("nan")},
+                   out="/o")
+
+
+def _write(folder: Path, doc: object) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / DIAGNOSIS_FILE).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_a_saved_diagnosis_reads_back_as_the_same_records(tmp_path: Path) -> None:
+    d = _full()
+    back = read_diagnosis(_write(tmp_path, d.to_dict()))
+    assert isinstance(back, Diagnosis) and back.to_dict() == d.to_dict()
+    assert Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict()
+    assert back.findings[0] == d.findings[0] and back.findings[0].link == ViewRef.of("validate", drafter="d.gguf")
+    assert back.findings[1].fix is None and back.findings[1].link is None and back.findings[1].expected == 2
+    assert back.steps == (StepRun("verify", "ran", 0.123), StepRun("replay", "skipped", 0.0, "replay off"))
+    assert back.reference == {"kind": "gguf", "path": "/r.gguf", "agreement": 0.5, "ci_low": None}
+    assert (back.exit_code, back.headline, back.explanation) == (1, "convention hidden=prenorm", None)
+    # the --json document (each link with its URL) reads back too, the URL left out
+    assert Diagnosis.from_dict(document(d, "http://h:1")).to_dict() == d.to_dict()
+
+
+def _bad_docs() -> list[tuple[str, object, str | None]]:
+    """(what, document, the key its error names: None for the document itself)."""
+    def edit(change) -> dict:  # noqa: ANN001
+        doc = _full().to_dict()
+        change(doc)
+        return doc
+
+    return [
+        ("not an object", [1, 2], None),
+        ("another schema", edit(lambda d: d.update(schema=2)), "schema"),
+        ("no steps (an older file)", edit(lambda d: d.pop("steps")), "steps"),
+        ("an unknown severity", edit(lambda d: d["findings"][0].update(severity="fatal")), "findings[0].severity"),
+        ("an unknown cause", edit(lambda d: d["findings"][1].update(cause="gremlins")), "findings[1].cause"),
+        ("an evidence step of the wrong type", edit(lambda d: d["findings"][0]["evidence"][0].update(step=3)),
+         "findings[0].evidence[0].step"),
+        ("a link parameter that is a flag", edit(lambda d: d["findings"][0]["link"]["params"].update(prompt=True)),
+         "findings[0].link.params.prompt"),
+        ("no fix key", edit(lambda d: d["findings"][0].pop("fix")), "findings[0].fix"),
+        ("an unknown fix kind", edit(lambda d: d["findings"][0]["fix"].update(kind="pray")), "findings[0].fix.kind"),
+        ("ranks out of order", edit(lambda d: d["findings"][0].update(rank=2)), "findings[0].rank"),
+        ("a step's time as text", edit(lambda d: d["steps"][0].update(seconds="0.1")), "steps[0].seconds"),
+        ("a headline its findings do not say", edit(lambda d: d.update(headline="all good")), "headline"),
+        ("an exit code its findings do not say", edit(lambda d: d.update(exit_code=0)), "exit_code"),
+        ("a note that is no string", edit(lambda d: d["notes"].append(1)), "notes[1]"),
+    ]
+
+
+@pytest.mark.parametrize(("what", "doc", "key"), _bad_docs(), ids=[w for w, _, _ in _bad_docs()])
+def test_a_bad_or_old_diagnosis_file_is_one_error_naming_the_file_and_key(tmp_path: Path, what: str, doc: object,
+                                                                         key: str | None) -> None:
+    folder = _write(tmp_path, doc)
+    with pytest.raises(MtpscopeError) as e:
+        read_diagnosis(folder)
+    assert e.value.path == str(folder / DIAGNOSIS_FILE) and e.value.key == key, what
+    line = str(e.value)
+    named = f"{folder / DIAGNOSIS_FILE}: " + ("" if key is None else f"{key!r}: ")
+    assert "\n" not in line and line.startswith(named + "not a diagnosis document"), line
+
+
+def test_a_missing_or_unreadable_diagnosis_file(tmp_path: Path) -> None:
+    with pytest.raises(MtpscopeError, match="no diagnosis in this folder"):
+        read_diagnosis(tmp_path)
+    (tmp_path / DIAGNOSIS_FILE).write_text("{not json", encoding="utf-8")
+    with pytest.raises(MtpscopeError, match="unreadable diagnosis") as e:
+        read_diagnosis(tmp_path)
+    assert e.value.path == str(tmp_path / DIAGNOSIS_FILE)
+
+
+def test_a_real_diagnosis_reads_back_byte_identical(demo_dir, tmp_path: Path) -> None:
+    """diagnose's own diagnosis.json (a demo trace, no replay) rebuilt into records writes the same bytes."""
+    from mtpscope.traces.diagnose.run import diagnose
+
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    d = diagnose(DiagnoseConfig(replay=False), trace=src, out=tmp_path)
+    saved = (tmp_path / DIAGNOSIS_FILE).read_text(encoding="utf-8")
+    back = read_diagnosis(tmp_path)
+    assert json.dumps(back.to_dict(), indent=1, default=str) + "\n" == saved
+    assert Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict() == json.loads(saved)
+    def typed(x: Diagnosis) -> list:
+        return [(f.cause, f.severity, f.confidence, f.title, f.link, f.fix and f.fix.text,
+                 [(e.step, e.text) for e in f.evidence]) for f in x.findings]
+
+    assert typed(back) == typed(d) and back.steps == d.steps and back.summary == d.summary
+    assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
+
+
+# ------------------------------------------------------------------------------------- DiagnoseConfig
+
+def test_diagnose_config_defaults_are_the_cli_s() -> None:
+    from mtpscope.traces.run.record_config import RecordConfig
+
+    c = DiagnoseConfig()
+    assert (c.n_draft, c.max_tokens, c.centroids, c.replay, c.replay_prompts, c.rounds_per_prompt) == \
+        (3, 64, None, True, 8, 6)
+    assert c.recording == RecordConfig(n_draft=3, max_tokens=64, baseline=True)
+    c = DiagnoseConfig(n_draft=5, max_tokens=24, centroids=Path("/c.gguf"))
+    assert c.recording == RecordConfig(n_draft=5, max_tokens=24, baseline=True, centroids="/c.gguf")
+    assert c.centroids == "/c.gguf" and replace(c, n_draft=2).recording.n_draft == 2
+
+
+@pytest.mark.parametrize(("kw", "key"), [({"n_draft": 0}, "n_draft"), ({"n_draft": "3"}, "n_draft"),
+                                         ({"max_tokens": 0}, "max_tokens"), ({"replay_prompts": 0}, "replay_prompts"),
+                                         ({"rounds_per_prompt": "4"}, "rounds_per_prompt"),
+                                         ({"rounds_per_prompt": True}, "rounds_per_prompt"),
+                                         ({"replay": "yes"}, "replay"), ({"centroids": 3}, "centroids")])
+def test_diagnose_config_refuses_a_bad_field_naming_it(kw: dict, key: str) -> None:
+    with pytest.raises(TraceError) as e:
+        DiagnoseConfig(**kw)
+    assert e.value.key == key
 
 
 def test_cli_refuses_both_prompts_and_trace(tmp_path: Path) -> None:

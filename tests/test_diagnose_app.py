@@ -19,6 +19,8 @@ pytest.importorskip("llama_cpp")
 from mtpscope.app import selection  # noqa: E402
 from mtpscope.app.diagnose_report import figures, html_report  # noqa: E402
 from mtpscope.demo.spec import TrainedPaths  # noqa: E402
+from mtpscope.traces.diagnose.config import DiagnoseConfig  # noqa: E402
+from mtpscope.traces.diagnose.records import Diagnosis  # noqa: E402
 from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -32,8 +34,8 @@ def buggy(demo_dir, tmp_path_factory) -> dict:  # noqa: ANN001
     if not (tp.traces_buggy / "manifest.json").exists():
         pytest.skip("the trained demo traces are not built")
     out = tmp_path_factory.mktemp("diag")
-    d = diagnose(trace=tp.traces_buggy, out=out, replay_prompts=4, rounds_per_prompt=4)
-    return {"out": out, "doc": d.to_dict(), "paths": tp}
+    d = diagnose(DiagnoseConfig(replay_prompts=4, rounds_per_prompt=4), trace=tp.traces_buggy, out=out)
+    return {"out": out, "d": d, "doc": d.to_dict(), "paths": tp}
 
 
 def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeypatch) -> None:  # noqa: ANN001
@@ -50,7 +52,7 @@ def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeyp
     titles = [b.value for b in at.error[1:]] + [b.value for b in at.info]
     assert len([t for t in titles if t.startswith("**")]) == len(doc["findings"])
     assert titles[0].startswith(f"**1. {doc['findings'][0]['title']}**")
-    assert len(at.get("plotly_chart")) == len(figures(doc))
+    assert len(at.get("plotly_chart")) == len(figures(Diagnosis.from_dict(doc)))
     at.button(key=selection.diag_open_key(0)).click().run()      # the RoPE finding: the Validate page
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state[selection.slot_key(selection.DRAFTER)] == str(buggy["paths"].drafter_buggy)
@@ -73,14 +75,28 @@ def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:  # noqa: ANN00
     assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
 
 
+def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:  # noqa: ANN001
+    """diagnosis.json of a replayed diagnosis, rebuilt into records, writes the same bytes; the page, the report and
+    the CLI read those records."""
+    from mtpscope.traces.diagnose.run import read_diagnosis
+
+    d, saved = buggy["d"], (buggy["out"] / DIAGNOSIS_FILE).read_text(encoding="utf-8")
+    back = read_diagnosis(buggy["out"])
+    assert json.dumps(back.to_dict(), indent=1, default=str) + "\n" == saved
+    assert Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict() == json.loads(saved)
+    assert [(f.cause, f.title, f.link) for f in back.findings] == [(f.cause, f.title, f.link) for f in d.findings]
+    assert back.variants == d.variants and back.variants["variants"]
+    assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
+
+
 def test_html_report_draws_its_figures_offline_in_chromium(buggy, tmp_path: Path) -> None:  # noqa: ANN001
     from tests.browser import ARGS, CHROMIUM, need_browser
 
     sync_api = need_browser()
     page_file = tmp_path / "report.html"
-    page_file.write_text(html_report(buggy["doc"]), encoding="utf-8")
+    page_file.write_text(html_report(buggy["d"]), encoding="utf-8")
     assert page_file.stat().st_size < 5_000_000
-    n_figs = len(figures(buggy["doc"]))
+    n_figs = len(figures(buggy["d"]))
     assert n_figs == 5                                         # position, category, causes, variants, what-if
     requests: list[str] = []
     with sync_api.sync_playwright() as p:

@@ -34,12 +34,19 @@ pytest.importorskip("llama_cpp")
 
 from mtpscope.demo.spec import TRAINED_DATA, TrainedPaths  # noqa: E402
 from mtpscope.inspector.gguf import open_gguf  # noqa: E402
+from mtpscope.traces.diagnose.config import DiagnoseConfig  # noqa: E402
 from mtpscope.traces.diagnose.run import NOTHING_WRONG, diagnose  # noqa: E402
 from mtpscope.traces.run.prompts import PromptSpec  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
 SMALL = {"replay_prompts": 4, "rounds_per_prompt": 4}
+
+
+def small(**kw: object) -> DiagnoseConfig:
+    """The diagnosis these tests run: a small replay (:data:`SMALL`), and ``kw`` (the recording's n_draft,
+    max_tokens, centroids; replay)."""
+    return DiagnoseConfig(**SMALL, **kw)
 CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
 
 
@@ -109,7 +116,7 @@ def first(d):  # noqa: ANN001, ANN201
 
 def test_buggy_rope_base_ranks_first_with_the_published_value(trained: TrainedPaths, tmp_path: Path) -> None:
     # with the HF checkpoint it was converted from as the reference: four steps name the same key
-    d = diagnose(trace=trained.traces_buggy, reference_hf=trained.hf_drafter, out=tmp_path, **SMALL)
+    d = diagnose(small(), trace=trained.traces_buggy, reference_hf=trained.hf_drafter, out=tmp_path)
     f = first(d)
     thetas = {json.loads((p / "config.json").read_text())["text_config"]["rope_parameters"]["sliding_attention"]
               ["rope_theta"] for p in CONFIGS.glob("*-assistant")}
@@ -131,8 +138,8 @@ def test_buggy_rope_base_ranks_first_with_the_published_value(trained: TrainedPa
 
 def test_drafter_meant_for_its_centroid_head_names_the_variant(trained: TrainedPaths, tmp_path: Path) -> None:
     bad = plant_dense_junk(trained, tmp_path / "drafter-dense-junk.gguf")
-    d = diagnose(target=trained.target, assistant=bad, centroids=trained.sidecar, prompts=prompts(), max_tokens=24,
-                 out=tmp_path / "out", **SMALL)
+    d = diagnose(small(centroids=trained.sidecar, max_tokens=24), target=trained.target, assistant=bad,
+                 prompts=prompts(), out=tmp_path / "out")
     f = first(d)
     assert (f.cause, f.subject, f.severity) == ("convention", "head=centroid", "error"), f.title
     v = d.variants["variants"]["head=centroid"]
@@ -144,8 +151,8 @@ def test_drafter_meant_for_its_centroid_head_names_the_variant(trained: TrainedP
 
 def test_kv_head_mismatch_is_the_pair_finding(trained: TrainedPaths, tmp_path: Path) -> None:
     bad = plant_kv_heads(trained, tmp_path / "drafter-kv1.gguf")
-    d = diagnose(target=trained.target, assistant=bad, prompts=prompts(("code", "prose")), max_tokens=24,
-                 out=tmp_path / "out", **SMALL)
+    d = diagnose(small(max_tokens=24), target=trained.target, assistant=bad, prompts=prompts(("code", "prose")),
+                 out=tmp_path / "out")
     f = first(d)
     assert (f.cause, f.subject, f.severity) == ("pair_mismatch", "gemma4-assistant.attention.head_count_kv", "error")
     assert f.expected == 2 and f.actual == 1
@@ -153,8 +160,8 @@ def test_kv_head_mismatch_is_the_pair_finding(trained: TrainedPaths, tmp_path: P
 
 
 def test_n_draft_far_past_the_decay_ranks_first(trained: TrainedPaths, tmp_path: Path) -> None:
-    d = diagnose(target=trained.target, assistant=trained.drafter, prompts=prompts(), n_draft=10, max_tokens=32,
-                 out=tmp_path, **SMALL)
+    d = diagnose(small(n_draft=10, max_tokens=32), target=trained.target, assistant=trained.drafter,
+                 prompts=prompts(), out=tmp_path)
     f = first(d)
     assert (f.cause, f.severity) == ("n_draft", "warning"), f.title
     # by hand from the trace: among rounds that drafted 10, the share with all 10 accepted
@@ -169,7 +176,7 @@ def test_n_draft_far_past_the_decay_ranks_first(trained: TrainedPaths, tmp_path:
 
 
 def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, tmp_path: Path) -> None:
-    d = diagnose(trace=trained.traces_f32, out=tmp_path, **SMALL)
+    d = diagnose(small(), trace=trained.traces_f32, out=tmp_path)
     assert d.exit_code == 0 and not d.defects, [f.title for f in d.defects]
     assert d.limits[0].endswith(NOTHING_WRONG) and d.findings[0].cause == "acceptance_limit"
     assert d.findings[0].title == d.limits[0] == d.headline
@@ -212,7 +219,7 @@ def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, t
 
 
 def test_q8_0_drafter_no_defect_quantization_cost_measured(trained: TrainedPaths, tmp_path: Path) -> None:
-    d = diagnose(trace=trained.traces_q8_0, reference_assistant=trained.drafter, out=tmp_path, **SMALL)
+    d = diagnose(small(), trace=trained.traces_q8_0, reference_assistant=trained.drafter, out=tmp_path)
     assert d.exit_code == 0, [f.title for f in d.defects]
     (q,) = [f for f in d.findings if f.cause == "quantization"]
     assert q.severity == "info" and "Q8_0" in q.title
@@ -305,8 +312,8 @@ def test_a_sliding_window_unlike_the_targets_says_what_it_costs(trained: Trained
     with open_gguf(trained.target) as f:
         want = int(f.kv["gemma4.attention.sliding_window"].value)
     assert want != 8
-    d = diagnose(target=trained.target, assistant=bad, prompts=prompts(), max_tokens=24,
-                 reference_assistant=trained.drafter, out=tmp_path / "out", **SMALL)
+    d = diagnose(small(max_tokens=24), target=trained.target, assistant=bad, prompts=prompts(),
+                 reference_assistant=trained.drafter, out=tmp_path / "out")
     f = first(d)
     assert (f.cause, f.subject, f.severity) == ("pair_mismatch", WINDOW_KEY, "warning"), f.title
     assert f.title.startswith(f"{WINDOW_KEY}: the drafter has 8, its target {want}; ")
@@ -342,8 +349,8 @@ def weights_plant(trained: TrainedPaths, tmp_path_factory: pytest.TempPathFactor
     (drafter, output folder, diagnosis)."""
     root = tmp_path_factory.mktemp("weights-plant")
     bad = plant_weights(trained, root / "drafter-weights.gguf")
-    d = diagnose(target=trained.target, assistant=bad, prompts=prompts(), max_tokens=24,
-                 reference_assistant=trained.drafter, out=root / "out", **SMALL)
+    d = diagnose(small(max_tokens=24), target=trained.target, assistant=bad, prompts=prompts(),
+                 reference_assistant=trained.drafter, out=root / "out")
     return bad, root / "out", d
 
 
@@ -379,7 +386,7 @@ def test_weights_findings_name_the_tensor_and_its_pattern(trained: TrainedPaths,
 def test_without_a_reference_the_behaviour_points_at_the_drafter(weights_plant, tmp_path: Path) -> None:  # noqa: ANN001
     # the same recording, no reference: the first misses' sides say the drafter is wrong where the target was sure
     _, out, d0 = weights_plant
-    d = diagnose(trace=d0.trace, out=tmp_path, replay=False)
+    d = diagnose(DiagnoseConfig(replay=False), trace=d0.trace, out=tmp_path)
     from mtpscope.traces.store.reader import open_trace
 
     t = open_trace(d0.trace)

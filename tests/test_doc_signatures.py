@@ -54,6 +54,8 @@ ENTRY_POINTS = (
     "mtpscope.traces.analysis.advice:Recommendation",
     "mtpscope.traces.server.probe:probe",
     "mtpscope.traces.diagnose.run:diagnose",
+    "mtpscope.traces.diagnose.config:DiagnoseConfig",
+    "mtpscope.traces.diagnose.run:read_diagnosis",
     "mtpscope.traces.diagnose.records:Finding",
     "mtpscope.demo.build:build_demo",
     "mtpscope.app.links:view_url",

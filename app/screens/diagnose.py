@@ -19,10 +19,10 @@ saved = c1.text_input("or open a saved diagnosis (a `mtpscope diagnose --out` fo
                       placeholder="mtpscope-diagnose")
 reference = c2.text_input("reference (an HF checkpoint folder or a known good drafter GGUF; optional)",
                           key=sel.DIAG_REFERENCE)
-doc = None
+d = None
 with guard("diagnosis"):
     if saved.strip():
-        doc = loaders.saved_diagnosis(saved.strip())
+        d = loaders.saved_diagnosis(saved.strip())
     else:
         trace = sel.selected_or_stop(sel.TRACE, "Choose a recorded trace on the Files page (the demo trace is "
                                                 "preselected once built), or open a saved diagnosis above.")
@@ -33,46 +33,45 @@ with guard("diagnosis"):
             st.session_state[sel.DIAG_RUN] = inputs
         if st.session_state.get(sel.DIAG_RUN) == inputs:
             with st.spinner("diagnosing (verify, published configurations, explain, replay variants, advice)…"):
-                doc = loaders.diagnosis(*inputs)
-if doc is None:
+                d = loaders.diagnosis(*inputs)
+if d is None:
     st.stop()
 
-if doc["defect"]:
-    st.error(f"Defect found: {doc['headline']}", icon=":material/error:")
+if d.defects:
+    st.error(f"Defect found: {d.headline}", icon=":material/error:")
 else:
-    st.success(f"No defect found: {doc['headline']}", icon=":material/check_circle:")
-s = doc.get("summary") or {}
+    st.success(f"No defect found: {d.headline}", icon=":material/check_circle:")
+s = d.summary
 if s.get("acceptance_rate") is not None:
     m = st.columns(4)
     m[0].metric("acceptance rate", f"{s['acceptance_rate']:.1%}")
     m[1].metric("mean acceptance length", f"{s.get('mean_acceptance_length') or 0:.2f}")
     m[2].metric("n_draft", s.get("n_draft"))
-    m[3].metric("findings that are defects", sum(1 for f in doc["findings"] if f["severity"] != "info"))
+    m[3].metric("findings that are defects", len(d.defects))
 
 st.subheader("Findings, worst first")
-for i, f in enumerate(doc["findings"]):
-    box = {"error": st.error, "warning": st.warning}.get(f["severity"], st.info)
+for i, f in enumerate(d.findings):
+    box = {"error": st.error, "warning": st.warning}.get(f.severity, st.info)
     with st.container(border=True):
-        box(f"**{i + 1}. {f['title']}**  \n`{f['cause']}` · {f['severity']} · confidence {f['confidence']}")
-        for e in f.get("evidence") or []:
-            st.markdown(f"- **{e['step']}**: {e['text']}")
-        if (f.get("fix") or {}).get("text"):
-            st.markdown(f"**fix**: {f['fix']['text']}")
-        link = f.get("link")
-        if link:
-            url = diagnose_report.link_url(link, base="")
-            if st.button(f"open the evidence: {link['page']}", key=sel.diag_open_key(i), help=url):
-                sel.open_view(link["page"], dict(link.get("params") or {}))
+        box(f"**{i + 1}. {f.title}**  \n`{f.cause}` · {f.severity} · confidence {f.confidence}")
+        for e in f.evidence:
+            st.markdown(f"- **{e.step}**: {e.text}")
+        if f.fix is not None and f.fix.text:
+            st.markdown(f"**fix**: {f.fix.text}")
+        if f.link is not None:
+            url = diagnose_report.link_url(f.link, base="")
+            if st.button(f"open the evidence: {f.link.page}", key=sel.diag_open_key(i), help=url):
+                sel.open_view(f.link.page, dict(f.link.params))
 
-if doc.get("limits"):
+if d.limits:
     st.subheader("What limits acceptance")
-    st.markdown("\n".join(f"- {x}" for x in doc["limits"]))
-figs = diagnose_report.figures(doc)
+    st.markdown("\n".join(f"- {x}" for x in d.limits))
+figs = diagnose_report.figures(d)
 if figs:
     st.subheader("Figures")
     for name, fig in figs:
         st.plotly_chart(fig, key=sel.diag_figure_key(name), width="stretch")
 with st.expander("steps and notes"):
-    st.table([{k: row[k] for k in ("name", "status", "seconds", "note")} for row in doc.get("steps") or []])
-    for n in doc.get("notes") or []:
+    st.table([{"name": r.name, "status": r.status, "seconds": r.seconds, "note": r.note} for r in d.steps])
+    for n in d.notes:
         st.caption(n)

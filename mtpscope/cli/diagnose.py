@@ -7,11 +7,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
+from mtpscope.traces.diagnose.config import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from mtpscope.traces.diagnose.records import Diagnosis
 
 #: Where the results go without --out.
 DEFAULT_OUT = "mtpscope-diagnose"
@@ -38,24 +42,24 @@ def _absolute(path: Optional[Path]) -> Optional[Path]:
     return None if path is None else absolute(path)
 
 
-def format_text(d: dict[str, Any], *, base: str) -> str:
-    """The diagnosis as terminal text: the verdict, the findings worst first (evidence, fix, view), what limits
-    acceptance, the steps and notes."""
+def format_text(d: Diagnosis, *, base: str) -> str:
+    """The diagnosis (a :class:`~mtpscope.traces.diagnose.records.Diagnosis`) as terminal text: the verdict, the
+    findings worst first (evidence, fix, view at ``base``), what limits acceptance, the steps and notes."""
     from mtpscope.app.diagnose_report import finding_lines
 
-    lines = [f"drafter {d['assistant']}", f"target  {d['target']}", f"trace   {d.get('trace') or '-'}"]
-    s = d.get("summary") or {}
+    lines = [f"drafter {d.assistant}", f"target  {d.target}", f"trace   {d.trace or '-'}"]
+    s = d.summary
     if s.get("acceptance_rate") is not None:
         lines.append(f"acceptance rate {s['acceptance_rate']:.3f} ({s.get('n_accepted')} / {s.get('n_drafted')}), "
                      f"mean acceptance length {s.get('mean_acceptance_length') or 0:.2f}, n_draft {s.get('n_draft')}")
-    lines += ["", ("DEFECT: " if d["defect"] else "no defect: ") + str(d["headline"]), ""]
-    lines += finding_lines(d["findings"], base=base) or ["no findings"]
-    if d.get("limits"):
-        lines += ["", "What limits acceptance:"] + [f"  - {x}" for x in d["limits"]]
-    lines += ["", "steps: " + ", ".join(f"{st['name']} {st['seconds']:.1f} s" if st["status"] == "ran"
-                                         else f"{st['name']} {st['status']}" for st in d["steps"])]
-    if d.get("notes"):
-        lines += ["notes:"] + [f"  - {n}" for n in d["notes"]]
+    lines += ["", ("DEFECT: " if d.defects else "no defect: ") + str(d.headline), ""]
+    lines += finding_lines(d.findings, base=base) or ["no findings"]
+    if d.limits:
+        lines += ["", "What limits acceptance:"] + [f"  - {x}" for x in d.limits]
+    lines += ["", "steps: " + ", ".join(f"{st.name} {st.seconds:.1f} s" if st.status == "ran"
+                                         else f"{st.name} {st.status}" for st in d.steps)]
+    if d.notes:
+        lines += ["notes:"] + [f"  - {n}" for n in d.notes]
     return "\n".join(lines)
 
 
@@ -81,7 +85,7 @@ def register(app: typer.Typer) -> None:
             None, "--centroids", help="The drafter's centroid head (sidecar / fork GGUF, or HF folder): recorded "
                                       "beside the dense head, and the replay tries drafting with it."),
         n_draft: int = n_draft_option("Drafts per round of the recording"),
-        max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Generated tokens per prompt."),
+        max_tokens: int = typer.Option(MAX_TOKENS, "--max-tokens", min=1, help="Generated tokens per prompt."),
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
                                  help="Output folder: the recording, the replays, diagnosis.json (made absolute: "
                                       "the paths and links written name it from the root)."),
@@ -98,6 +102,7 @@ def register(app: typer.Typer) -> None:
         recording (or --trace), explain, a replay under each convention variant, with a reference the same
         rounds through it, and the advice. Exit 1 when a defect is found, 0 when none, 2 on unreadable input.
         """
+        from mtpscope.traces.diagnose.config import DiagnoseConfig
         from mtpscope.traces.diagnose.run import diagnose
 
         if prompts is not None and trace is not None:
@@ -127,23 +132,20 @@ def register(app: typer.Typer) -> None:
                 specs = demo_prompts() if trace is None else None
                 if specs is not None:
                     say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
-            d = diagnose(target=target, assistant=assistant, trace=trace, prompts=specs,
-                         reference_hf=reference, reference_assistant=reference_assistant, centroids=centroids, n_draft=n_draft,
-                         max_tokens=max_tokens, out=out, replay=not no_replay, command=list(sys.argv), on_step=say)
-            doc = d.to_dict()
-            for f in doc["findings"]:
-                if f.get("link"):
-                    from mtpscope.app.diagnose_report import link_url
-
-                    f["link"]["url"] = link_url(f["link"], app_url)
+            cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens, centroids=centroids, replay=not no_replay)
+            d = diagnose(cfg, target=target, assistant=assistant, trace=trace, prompts=specs, reference_hf=reference,
+                         reference_assistant=reference_assistant, out=out, command=list(sys.argv), on_step=say)
             if html_out is not None:
                 from mtpscope.app.diagnose_report import html_report
 
                 html_out.parent.mkdir(parents=True, exist_ok=True)
-                html_out.write_text(html_report(doc, base=app_url), encoding="utf-8")
+                html_out.write_text(html_report(d, base=app_url), encoding="utf-8")
                 say("html", f"report written to {html_out}")
-        if as_json:
-            typer.echo(json.dumps(doc, indent=2, default=str))
-        else:
-            typer.echo(format_text(doc, base=app_url))
+            if as_json:
+                from mtpscope.app.diagnose_report import document
+
+                text = json.dumps(document(d, app_url), indent=2, default=str)
+            else:
+                text = format_text(d, base=app_url)
+        typer.echo(text)
         raise typer.Exit(EXIT_FINDINGS if d.defects else EXIT_OK)

@@ -1,21 +1,26 @@
 """What ``mtpscope diagnose`` reports: the documented causes, and the records of a finding and of a diagnosis.
 
-One job: the records and their JSON form (docs/DIAGNOSE.md, "JSON"). The steps (:mod:`files`, :mod:`published`,
+One job: the records and their JSON form (docs/DIAGNOSE.md, "JSON"): ``to_dict()`` writes it, and
+:meth:`Diagnosis.from_dict` rebuilds the records from it, every key checked (a file that is not this version's
+diagnosis is one :class:`~mtpscope.errors.MtpscopeError` naming the file and the key). The steps (:mod:`files`, :mod:`published`,
 :mod:`behaviour`, :mod:`variants`, :mod:`reference`) build :class:`Finding` records; :mod:`rank` orders them;
 :mod:`run` assembles the :class:`Diagnosis`.
 
 A finding's ``link`` is data (:class:`ViewRef`: an app page and its parameters), never a URL: the library does
 not know the app; the CLI and the app turn it into a link (``mtpscope.app.links.view_url``).
 
-Imports: the standard library only.
+Imports: the standard library and mtpscope.errors.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+from mtpscope.errors import MtpscopeError
 
 #: Severities, worst first. ``error``: the drafter, the pair or the runtime is wrong (drafts change, or
 #: nothing runs); ``warning``: a defect that costs speed or acceptance, or a value that contradicts the target whose
@@ -31,6 +36,8 @@ HIGH, MEDIUM, LOW = "high", "medium", "low"
 CONFIDENCES = (HIGH, MEDIUM, LOW)
 #: The steps that produce evidence, in the order ``diagnose`` runs them.
 STEPS = ("verify", "published", "record", "explain", "replay", "reference", "advice")
+#: How a step went (:class:`StepRun`).
+STEP_STATUSES = ("ran", "skipped", "failed")
 
 
 @dataclass(frozen=True)
@@ -184,12 +191,16 @@ class Finding:
 
 @dataclass(frozen=True)
 class StepRun:
-    """How one step went: ``status`` ``ran`` / ``skipped`` / ``failed``, its wall time in seconds and a note."""
+    """How one step went: ``status`` ``ran`` / ``skipped`` / ``failed`` (:data:`STEP_STATUSES`), its wall time in
+    seconds (stored to the millisecond, as the JSON has it) and a note."""
 
     name: str
     status: str
     seconds: float = 0.0
     note: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", round(float(self.seconds), 3))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "seconds": round(float(self.seconds), 3), "note": self.note}
@@ -210,6 +221,9 @@ class Diagnosis:
         variants: the replay's per-variant numbers (JSON-able), or None.
         published: the published-configuration comparison (variant picked, whether the geometry matched, the
             values checked), or None.
+        (``reference``, ``summary``, ``variants`` and ``published`` are stored as their JSON has them
+        (:func:`jsonable`: Python numbers, lists, non-finite floats as None), so that a fresh diagnosis and one
+        read back from ``diagnosis.json`` hold the same values.)
         notes: what was not available and why.
         explanation: the :class:`traces.analysis.explain_report.Explanation` (not in JSON: the figures' data).
         out: the output folder (trace, replay), or None.
@@ -228,6 +242,11 @@ class Diagnosis:
     notes: tuple[str, ...] = ()
     explanation: Any = field(default=None, repr=False, compare=False)
     out: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", jsonable(dict(self.summary)))
+        for name in ("variants", "published", "reference"):
+            object.__setattr__(self, name, jsonable(getattr(self, name)))
 
     @property
     def defects(self) -> tuple[Finding, ...]:
@@ -257,6 +276,134 @@ class Diagnosis:
                 "variants": jsonable(self.variants), "published": jsonable(self.published),
                 "steps": [s.to_dict() for s in self.steps], "notes": list(self.notes), "out": self.out}
 
+    @classmethod
+    def from_dict(cls, doc: Any, *, path: str | os.PathLike[str] | None = None) -> Diagnosis:
+        """The records of a diagnosis document (:meth:`to_dict`'s JSON, read back), every key checked: its type,
+        a documented value (causes, severities, confidences, steps, fix kinds, step statuses), and the keys
+        :meth:`to_dict` derives (``defect``, ``exit_code``, ``headline``, each finding's ``rank``) agreeing with
+        the findings. ``Diagnosis.from_dict(d.to_dict()).to_dict() == d.to_dict()``; the explanation is not in
+        the JSON (None). A link's ``url`` (``mtpscope diagnose --json`` adds it) is ignored.
+
+        Args:
+            doc: the parsed JSON (``json.loads`` of ``diagnosis.json``).
+            path: the file it came from, named by the error.
+
+        Raises:
+            MtpscopeError: not a schema-1 diagnosis document: ``path``, ``key`` the first key that is missing or
+                wrong (``findings[2].severity``), expected vs actual.
+        """
+        r = _Reader(doc, "", path)
+        r.get("schema", int, "1", choices=(1,))
+        found = r.objects("findings")
+        for i, f in enumerate(found):
+            f.get("rank", int, "an integer", choices=(i + 1,))
+        d = cls(target=r.get("target", str, "a string"), assistant=r.get("assistant", str, "a string"),
+                trace=r.get("trace", str, "a string or null", optional=True),
+                findings=tuple(_finding(f) for f in found), limits=r.strings("limits"),
+                steps=tuple(_step(s) for s in r.objects("steps")), summary=r.get("summary", dict, "an object"),
+                variants=r.get("variants", dict, "an object or null", optional=True),
+                published=r.get("published", dict, "an object or null", optional=True),
+                reference=r.get("reference", dict, "an object or null", optional=True),
+                notes=r.strings("notes"), out=r.get("out", str, "a string or null", optional=True))
+        # the keys to_dict derives from the findings: a file edited by hand (or another version's) says otherwise
+        for key, want in (("defect", bool(d.defects)), ("exit_code", d.exit_code), ("headline", d.headline)):
+            r.get(key, type(want), type(want).__name__, choices=(want,))
+        return d
+
+
+_MISSING = object()
+#: What a document that fails a check is said to be.
+_NOT_A_DIAGNOSIS = "not a diagnosis document of this mtpscope (schema 1: `mtpscope diagnose --out` writes one)"
+
+
+class _Reader:
+    """One JSON object of a diagnosis document, read key by key; each error names the file and the key's path in
+    the document (``findings[2].evidence[0].step``)."""
+
+    def __init__(self, obj: Any, key: str, path: str | os.PathLike[str] | None) -> None:
+        self.obj, self.key, self.path = obj, key, path
+        if not isinstance(obj, dict):
+            self._raise(key or None, "an object", obj)
+
+    def _raise(self, key: str | None, expected: Any, actual: Any) -> NoReturn:
+        shown = "no such key" if actual is _MISSING else repr(actual)[:60]
+        raise MtpscopeError(_NOT_A_DIAGNOSIS, path=self.path, key=key, expected=expected, actual=shown)
+
+    def name(self, key: str) -> str:
+        return f"{self.key}.{key}" if self.key else key
+
+    def fail(self, key: str, expected: Any, actual: Any) -> NoReturn:
+        self._raise(self.name(key), expected, actual)
+
+    def value(self, key: str) -> Any:
+        """Any JSON value (null included), the key present."""
+        v = self.obj.get(key, _MISSING)
+        if v is _MISSING:
+            self.fail(key, "a value or null", v)
+        return v
+
+    def get(self, key: str, kind: type | tuple[type, ...], what: str, *, optional: bool = False,
+            choices: Sequence[Any] | None = None) -> Any:
+        """The value of ``key``: of type ``kind`` (a bool is no int or float), None when ``optional``, one of
+        ``choices`` when given."""
+        v = self.obj.get(key, _MISSING)
+        if v is None and optional:
+            return None
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if v is _MISSING or not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+            self.fail(key, what, v)
+        if choices is not None and v not in choices:
+            self.fail(key, " | ".join(map(str, choices)) if len(choices) > 1 else repr(choices[0]), v)
+        return v
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        v = self.get(key, list, "a list of strings")
+        for i, x in enumerate(v):
+            if not isinstance(x, str):
+                self._raise(f"{self.name(key)}[{i}]", "a string", x)
+        return tuple(v)
+
+    def objects(self, key: str) -> list[_Reader]:
+        return [_Reader(x, f"{self.name(key)}[{i}]", self.path)
+                for i, x in enumerate(self.get(key, list, "a list"))]
+
+    def child(self, key: str) -> _Reader | None:
+        """The object at ``key`` (or None for null)."""
+        v = self.get(key, dict, "an object or null", optional=True)
+        return None if v is None else _Reader(v, self.name(key), self.path)
+
+
+def _finding(r: _Reader) -> Finding:
+    fix, link = r.child("fix"), r.child("link")
+    return Finding(cause=r.get("cause", str, "a cause", choices=tuple(CAUSES)),
+                   severity=r.get("severity", str, "a severity", choices=SEVERITIES),
+                   confidence=r.get("confidence", str, "a confidence", choices=CONFIDENCES),
+                   title=r.get("title", str, "a string"),
+                   evidence=tuple(_evidence(e) for e in r.objects("evidence")),
+                   fix=None if fix is None else _fix(fix), link=None if link is None else _view(link),
+                   subject=r.get("subject", str, "a string"), expected=r.value("expected"), actual=r.value("actual"))
+
+
+def _evidence(r: _Reader) -> Evidence:
+    return Evidence(r.get("step", str, "a step", choices=STEPS), r.get("text", str, "a string"),
+                    r.get("numbers", dict, "an object"))
+
+
+def _fix(r: _Reader) -> Fix:
+    return Fix(r.get("kind", str, "a fix kind", choices=FIX_KINDS), r.get("text", str, "a string"),
+               r.get("key", str, "a string or null", optional=True), r.value("value"))
+
+
+def _view(r: _Reader) -> ViewRef:
+    page = r.get("page", str, "a string")
+    p = _Reader(r.get("params", dict, "an object"), r.name("params"), r.path)
+    return ViewRef(page, tuple((k, p.get(k, (str, int), "a string or an integer")) for k in p.obj))
+
+
+def _step(r: _Reader) -> StepRun:
+    return StepRun(r.get("name", str, "a step", choices=STEPS), r.get("status", str, "a status", choices=STEP_STATUSES),
+                   r.get("seconds", (int, float), "a number"), r.get("note", str, "a string"))
+
 
 def jsonable(v: Any) -> Any:
     """``v`` with numpy scalars and arrays as Python values and lists, tuples as lists, mapping keys as strings
@@ -273,5 +420,5 @@ def jsonable(v: Any) -> Any:
 
 
 __all__ = ["CAUSES", "CONFIDENCES", "DEFECT_SEVERITIES", "ERROR", "FIX_KINDS", "HIGH", "INFO", "LOW", "MEDIUM",
-           "SEVERITIES", "STEPS", "WARNING", "Cause", "Diagnosis", "Evidence", "Finding", "Fix", "StepRun", "ViewRef",
+           "SEVERITIES", "STEPS", "STEP_STATUSES", "WARNING", "Cause", "Diagnosis", "Evidence", "Finding", "Fix", "StepRun", "ViewRef",
            "jsonable"]

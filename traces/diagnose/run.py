@@ -6,8 +6,9 @@ rank what they found:
 1. ``verify`` of the drafter with its target (and the HF checkpoint given as reference), with the runtime
    verdicts (:mod:`files`);
 2. the drafter's metadata against the published configurations (:mod:`published`);
-3. a recording of the prompts with llama.cpp (:func:`mtpscope.traces.run.recorder.record`: categories, the
-   target's side, plain decoding measured: ``RecordConfig(baseline=True)``), or the given trace;
+3. a recording of the prompts with llama.cpp (:func:`mtpscope.traces.run.recorder.record` with
+   ``DiagnoseConfig.recording``: categories, the target's side, plain decoding measured: ``baseline=True``), or the
+   given trace;
 4. its explanation (:func:`mtpscope.traces.sweep.advice.explain_with_baseline`) and report
    (:func:`mtpscope.traces.analysis.metrics.report`);
 5. a replay of a sample of its rounds under each convention variant (:mod:`variants`), and, for a key that differs
@@ -17,8 +18,8 @@ rank what they found:
    behaviour that points at the drafter (:mod:`behaviour`; never the all-clear :data:`NOTHING_WRONG` then, but
    :data:`behaviour.UNPINNED`, the check that would pin it).
 
-Imports: this area's modules; inspector (gguf, validate through :mod:`files`); traces.run (recorder, record_config,
-replay, llama binding); traces.analysis (metrics, vocab, compare_report); traces.sweep.advice; traces.store.reader.
+Imports: this area's modules; inspector (gguf, validate through :mod:`files`); traces.run (recorder, replay, llama
+binding); traces.analysis (metrics, vocab, compare_report); traces.sweep.advice; traces.store.reader.
 """
 
 from __future__ import annotations
@@ -34,17 +35,15 @@ from typing import Any
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailableError, TraceError
 from mtpscope.traces.diagnose import behaviour, files, published, rank, reference, variants
+from mtpscope.traces.diagnose.config import DiagnoseConfig
 from mtpscope.traces.diagnose.records import (
     ERROR, HIGH, INFO, MEDIUM, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef,
 )
-from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
 #: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.
 DIAGNOSIS_FILE, TRACE_DIR, REPLAY_DIR, REFERENCE_DIR = "diagnosis.json", "trace", "replay", "reference"
 #: Where a key that differs from the target's is replayed with the target's value (a copy of the drafter, its replay).
 KEY_DIR = "replay-key"
-#: Default recording: tokens per prompt (the demo's traces record 64).
-MAX_TOKENS = 64
 #: Said when nothing points at a defect.
 NOTHING_WRONG = "nothing points at the drafter file or the runtime"
 
@@ -105,18 +104,16 @@ def _llama_missing() -> str | None:
     return None
 
 
-def _record(steps: _Steps, found: list[Finding], *, target: str, assistant: str, out: Path, n_draft: int,
-            max_tokens: int, prompts: Sequence[Any] | None, prompts_file: Any, command: Sequence[str] | None,
-            on_round: Any, centroids: Any) -> Path | None:
-    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
+def _record(steps: _Steps, found: list[Finding], cfg: Any, *, target: str, assistant: str, out: Path,
+            prompts: Sequence[Any] | None, prompts_file: Any, command: Sequence[str] | None,
+            on_round: Any) -> Path | None:
+    """Step 3 with ``cfg`` (the :class:`RecordConfig` of :attr:`DiagnoseConfig.recording`)."""
     from mtpscope.traces.run.recorder import record  # noqa: PLC0415
 
     dst = out / TRACE_DIR
-    cfg = RecordConfig(n_draft=n_draft, max_tokens=max_tokens, baseline=True,
-                       centroids=None if centroids is None else os.fspath(centroids))
     try:
-        with steps.step("record", f"recording with llama.cpp into {dst} (n_draft {n_draft}, {max_tokens} tokens per "
-                        "prompt, plain decoding measured first)") as box:
+        with steps.step("record", f"recording with llama.cpp into {dst} (n_draft {cfg.n_draft}, {cfg.max_tokens} "
+                        "tokens per prompt, plain decoding measured first)") as box:
             try:
                 s = record(cfg, target=target, assistant=assistant, out=dst, prompts=prompts,
                            prompts_file=prompts_file, overwrite=True, command=command, on_round=on_round,
@@ -137,31 +134,29 @@ def _record(steps: _Steps, found: list[Finding], *, target: str, assistant: str,
     return dst
 
 
-def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
-             trace: str | os.PathLike[str] | None = None, prompts: Sequence[Any] | None = None,
-             prompts_file: str | os.PathLike[str] | None = None, reference_hf: str | os.PathLike[str] | None = None,
-             reference_assistant: str | os.PathLike[str] | None = None,
-             centroids: str | os.PathLike[str] | None = None, n_draft: int = DEFAULT_N_DRAFT,
-             max_tokens: int = MAX_TOKENS, out: str | os.PathLike[str] | None = None, replay: bool = True,
-             replay_prompts: int = variants.N_PROMPTS, rounds_per_prompt: int = variants.ROUNDS_PER_PROMPT,
+def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = None,
+             assistant: str | os.PathLike[str] | None = None, trace: str | os.PathLike[str] | None = None,
+             prompts: Sequence[Any] | None = None, prompts_file: str | os.PathLike[str] | None = None,
+             reference_hf: str | os.PathLike[str] | None = None,
+             reference_assistant: str | os.PathLike[str] | None = None, out: str | os.PathLike[str] | None = None,
              command: Sequence[str] | None = None, on_step: Callable[[str, str], None] | None = None,
              on_round: Callable[..., None] | None = None) -> Diagnosis:
     """Diagnose a drafter / target pair (module docstring); write ``diagnosis.json`` into ``out``.
 
     Args:
+        config: the run parameters (:class:`traces.diagnose.config.DiagnoseConfig`, valid by construction;
+            ``DiagnoseConfig()`` holds ``mtpscope diagnose``'s defaults): the recording's n_draft, tokens per
+            prompt and centroid head (its :class:`RecordConfig`, ``config.recording``), whether to replay
+            (steps 5 and 6: they need llama.cpp and ``out``) and the replayed sample (``replay_prompts`` prompts x
+            ``rounds_per_prompt`` rounds).
         target / assistant: the GGUFs (default with ``trace``: the models its manifest names).
         trace: a recorded trace to diagnose instead of recording one.
         prompts / prompts_file: what to record (:class:`mtpscope.traces.run.prompts.PromptSpec` objects or texts,
             or a prompts file); one of them without ``trace``.
         reference_hf / reference_assistant: a reference drafter (an HF checkpoint folder, or a good GGUF).
-        centroids: the drafter's centroid head (a sidecar or fork GGUF, or an HF folder) for the recording: the
-            trace then scores it beside the dense head and the replay adds the ``head=centroid`` variant.
-        n_draft / max_tokens: the recording's drafts per round and tokens per prompt.
         out: the output folder (``trace/``, ``replay/``, ``reference/``, ``replay-key/`` (a key that differs from
             the target's: a copy of the drafter with the target's value and its replay), ``diagnosis.json``); needed
             to record, replay or convert a reference (without it, with a trace: steps 1, 2, 4 and 7 only).
-        replay: run steps 5 and 6 (the replays need llama.cpp and ``out``).
-        replay_prompts / rounds_per_prompt: the replayed sample.
         command: argv for the recording's manifest.
         on_step: progress, called ``(step, message)``; on_round: the recorder's per-round callback.
 
@@ -207,9 +202,8 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         if why:
             steps.skip("record", why)
         else:
-            rec = _record(steps, found, target=target, assistant=assistant, out=outp, n_draft=n_draft,  # type: ignore[arg-type]
-                          max_tokens=max_tokens, prompts=prompts, prompts_file=prompts_file, command=command,
-                          on_round=on_round, centroids=centroids)
+            rec = _record(steps, found, config.recording, target=target, assistant=assistant, out=outp,  # type: ignore[arg-type]
+                          prompts=prompts, prompts_file=prompts_file, command=command, on_round=on_round)
             trace = os.fspath(rec) if rec is not None else None
     else:
         steps.runs.append(StepRun("record", "skipped", 0.0, f"the trace {trace} was given"))
@@ -227,14 +221,14 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
                             fatal=given):
                 x, rep, man = _explain(trace)
                 summary = behaviour.summary(x, rep)
-                summary["n_draft"] = (man.get("params") or {}).get("n_draft", n_draft)
+                summary["n_draft"] = (man.get("params") or {}).get("n_draft", config.n_draft)
         except _StepFailed:
             x = None
-    rec_n = int(summary.get("n_draft") or n_draft)
+    rec_n = int(summary.get("n_draft") or config.n_draft)
 
     can_replay = trace is not None and x is not None and man.get("source") == "record"
     key_why = None      # why the keys that differ from the target's were not replayed with the target's value
-    if not replay:
+    if not config.replay:
         steps.skip("replay", key_why := "replay off")
     elif not can_replay:
         steps.skip("replay", key_why := "no recorded trace to replay" if trace is None or x is None else
@@ -245,21 +239,21 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         from mtpscope.traces.run.replay import baseline_for  # noqa: PLC0415
 
         t = open_trace(trace)
-        pids = variants.sample_prompts(man, t.rounds["prompt_id"].unique().tolist(), replay_prompts)
+        pids = variants.sample_prompts(man, t.rounds["prompt_id"].unique().tolist(), config.replay_prompts)
         cen = (man.get("params") or {}).get("centroids")
         specs = variants.convention_variants(baseline_for(man), centroids=bool(cen) and Path(str(cen)).exists())
         try:
-            with steps.step("replay", f"replay: {len(pids)} prompts x {rounds_per_prompt} rounds under "
+            with steps.step("replay", f"replay: {len(pids)} prompts x {config.rounds_per_prompt} rounds under "
                             f"{', '.join(specs)}") as box:
                 res_file = variants.run_variants(trace, variants=specs, out=outp / REPLAY_DIR, prompt_ids=pids,
-                                                 rounds_per_prompt=rounds_per_prompt, target=target,
+                                                 rounds_per_prompt=config.rounds_per_prompt, target=target,
                                                  assistant=assistant)
                 vf, variant_numbers = variants.variant_findings(res_file, trace=trace)
                 found += vf
                 steps.notes.extend(f"replay: {n}" for n in res_file.notes if "variant traces" not in n)
                 box["note"] = f"{variant_numbers['n_rounds']} rounds, {variant_numbers['n_steps']} steps"
                 found = _pair_key_costs(found, trace=trace, assistant=assistant, outp=outp, res_file=res_file,
-                                        pids=pids, rounds_per_prompt=rounds_per_prompt, rounds=t.rounds,
+                                        pids=pids, rounds_per_prompt=config.rounds_per_prompt, rounds=t.rounds,
                                         recorded_rate=summary.get("acceptance_rate"))
         except _StepFailed:
             res_file = None
@@ -267,7 +261,7 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
         if (reference_hf or reference_assistant) and res_file is not None:
             try:
                 with steps.step("reference", "the same rounds through the reference drafter"):
-                    f_ref, ref_numbers = _reference(trace, assistant, outp, res_file, pids, rounds_per_prompt,
+                    f_ref, ref_numbers = _reference(trace, assistant, outp, res_file, pids, config.rounds_per_prompt,
                                                     reference_hf, reference_assistant,
                                                     pair_subjects=[f.subject for f in found
                                                                    if f.cause == "pair_mismatch"])
@@ -324,11 +318,13 @@ def diagnose(*, target: str | os.PathLike[str] | None = None, assistant: str | o
     return d
 
 
-def read_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The diagnosis document (``Diagnosis.to_dict()``) that :func:`diagnose` wrote into ``folder``.
+def read_diagnosis(folder: str | os.PathLike[str]) -> Diagnosis:
+    """The :class:`Diagnosis` that :func:`diagnose` wrote into ``folder`` (``diagnosis.json``), rebuilt by
+    :meth:`Diagnosis.from_dict` (its ``explanation`` is None: not in the JSON).
 
     Raises:
-        MtpscopeError: no ``diagnosis.json`` there, or not one (naming the file).
+        MtpscopeError: no ``diagnosis.json`` there, unreadable, or not a schema-1 diagnosis document (naming the
+            file, and the first key that is missing or wrong).
     """
     p = Path(folder) / DIAGNOSIS_FILE
     try:
@@ -337,9 +333,7 @@ def read_diagnosis(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise MtpscopeError("no diagnosis in this folder (run `mtpscope diagnose --out FOLDER`)", path=p) from None
     except (OSError, ValueError) as e:
         raise MtpscopeError(f"unreadable diagnosis ({e})", path=p) from None
-    if not isinstance(doc, dict) or doc.get("schema") != 1 or not isinstance(doc.get("findings"), list):
-        raise MtpscopeError("not a diagnosis document", path=p, expected="mtpscope diagnose's diagnosis.json (schema 1)")
-    return doc
+    return Diagnosis.from_dict(doc, path=p)
 
 
 def _quantization_note(assistant: str, trace: str | None) -> list[Finding]:
@@ -466,5 +460,5 @@ def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list
                                         reference_path=ref, pair_subjects=pair_subjects)
 
 
-__all__ = ["DIAGNOSIS_FILE", "KEY_DIR", "MAX_TOKENS", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR",
+__all__ = ["DIAGNOSIS_FILE", "KEY_DIR", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR",
            "diagnose", "read_diagnosis"]

@@ -18,12 +18,13 @@ The variants: every value of the reference drafter's conventions (``position``, 
 when a centroid head is at hand) other than the baseline's (docs/FIDELITY.md, "StepOptions"); a value added to the
 reference later is replayed too, with generic words.
 
-The sample: up to :data:`N_PROMPTS` prompts taken in turn from each category (the shortest prompts of each
+The sample: up to ``N_PROMPTS`` prompts taken in turn from each category (the shortest prompts of each
 first: a replay prefills every prompt it replays, and that prefill is most of its time), each prompt's first
-:data:`ROUNDS_PER_PROMPT` rounds (the prefill then covers only those tokens).
+``ROUNDS_PER_PROMPT`` rounds (the prefill then covers only those tokens); both defaults live in :mod:`config`
+(``DiagnoseConfig.replay_prompts`` / ``rounds_per_prompt``).
 
 Imports: numpy, inspector.reference (the convention values), traces.analysis.align (``bootstrap_delta``),
-traces.run.replay, and this area's records.
+traces.run.replay, and this area's records and config (the sample's defaults).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 from mtpscope.inspector.ggml_types import VEC_DOT_TYPES
 from mtpscope.inspector.reference import GELUS, HIDDENS, POSITIONS, StepOptions
 from mtpscope.traces.analysis.align import bootstrap_delta
+from mtpscope.traces.diagnose.config import N_PROMPTS, ROUNDS_PER_PROMPT
 from mtpscope.traces.diagnose.records import ERROR, HIGH, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR
 from mtpscope.traces.run.replay import ReplayResult, replay
@@ -52,8 +54,6 @@ AGREEMENT_MIN = 0.98
 #: Unexplained differences in at least this share of the replayed rounds make the runtime divergence an error (most
 #: drafts unrelated: a tensor read otherwise); fewer, a warning. Any unexplained difference is a finding.
 DIVERGENCE_ERROR_SHARE = 0.1
-#: The sample replayed: prompts (in turn from each category) and rounds per prompt.
-N_PROMPTS, ROUNDS_PER_PROMPT = 8, 6
 
 
 @dataclass(frozen=True)
@@ -277,5 +277,5 @@ def divergence_finding(nc: Mapping[str, Any], agree: float | None, summ: Mapping
         subject="baseline agreement", expected=nc["expected_agreement"], actual=agree)
 
 
-__all__ = ["AGREEMENT_MIN", "DIVERGENCE_ERROR_SHARE", "divergence_finding", "expected_agreement_text", "CONVENTIONS", "MIN_RISE", "N_PROMPTS", "ROUNDS_PER_PROMPT", "Convention", "agreement",
+__all__ = ["AGREEMENT_MIN", "DIVERGENCE_ERROR_SHARE", "divergence_finding", "expected_agreement_text", "CONVENTIONS", "MIN_RISE", "Convention", "agreement",
            "convention_variants", "rise", "run_variants", "sample_prompts", "variant_findings"]
