@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
@@ -16,6 +16,9 @@ from mtpscope.app import safety
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import internal_error_line
 from mtpscope.errors import MtpscopeError
+
+if TYPE_CHECKING:
+    from mtpscope.traces.server.replay import ServerReplay
 
 
 def server_url(url: str) -> str:
@@ -66,9 +69,9 @@ def probe_job() -> dict[str, Any] | None:
 
 
 def replay_request(path: str | os.PathLike[str], request: int, assistant: str | os.PathLike[str],
-                   target: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+                   target: str | os.PathLike[str] | None = None) -> ServerReplay:
     """Replay one request of a probe trace with mtpscope's recorder (:mod:`mtpscope.traces.server.replay`) into
-    ``<trace>/replay-request-N``; the comparison as a dict.
+    ``<trace>/replay-request-N``; the comparison (:class:`mtpscope.traces.server.replay.ServerReplay`).
 
     Raises:
         PathNotAllowedError: a path outside the allowed folders; ServerError & co: the replay failed.
@@ -80,7 +83,7 @@ def replay_request(path: str | os.PathLike[str], request: int, assistant: str | 
     t = safety.check_path(target, sel.roots(), kind="file") if target else None
     res = replay_probe(p, assistant=a, target=t, requests=[int(request)], out=p / f"replay-request-{int(request)}",
                        command=["mtpscope app", "replay", str(p), str(request)])
-    return res.to_dict()
+    return res
 
 
 def open_step(trace_dir: str | os.PathLike[str], prompt_id: int, round_: int = 0) -> None:

@@ -3,7 +3,7 @@ and prompts, the manifest's and the report's fields as the pages show them, and 
 view modules share.
 
 Everything here takes the trace's DataFrames (``Trace.rounds``, columns as in docs/ARCHITECTURE.md), its
-manifest, or a ``report()`` dict and returns small DataFrames / arrays / values sized for a widget:
+manifest, or a ``report()`` record (:class:`~mtpscope.traces.analysis.metrics.TraceReport`) and returns small DataFrames / arrays / values sized for a widget:
 vectorised so a 100,000-round trace stays well under a second. One round's tables and the generated text
 are :mod:`mtpscope.app.round_views`; model files (tensors, values, centroids, validation) are
 :mod:`mtpscope.app.model_views`.
@@ -18,12 +18,15 @@ bins, streaks, per-prompt tables).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from mtpscope.traces.analysis import wording
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.metrics import TraceReport
 
 Decode = Callable[[int | None], str]
 
@@ -94,20 +97,20 @@ def _num(v: Any) -> float:
     return float("nan") if v is None else float(v)
 
 
-def acceptance_rate(rep: Mapping[str, Any]) -> float:
-    """``report()['acceptance_rate']`` as a float (NaN when the report says None)."""
-    return _num(rep.get("acceptance_rate"))
+def acceptance_rate(rep: TraceReport) -> float:
+    """``report().acceptance_rate`` as a float (NaN when the report says None)."""
+    return _num(rep.acceptance_rate)
 
 
-def mean_acceptance_length(rep: Mapping[str, Any]) -> float:
-    """``report()['mean_acceptance_length']`` as a float (NaN when None)."""
-    return _num(rep.get("mean_acceptance_length"))
+def mean_acceptance_length(rep: TraceReport) -> float:
+    """``report().mean_acceptance_length`` as a float (NaN when None)."""
+    return _num(rep.mean_acceptance_length)
 
 
-def per_position(rep: Mapping[str, Any]) -> pd.DataFrame:
-    """``report()['per_position']`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional)."""
-    df = pd.DataFrame(rep.get("per_position") or [],
-                      columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
+def per_position(rep: TraceReport) -> pd.DataFrame:
+    """``report().per_position`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional)."""
+    cols = ["k", "n_rounds", "n_accepted", "acceptance", "conditional"]
+    df = pd.DataFrame([[getattr(p, c) for c in cols] for p in rep.per_position], columns=cols)
     return df.astype({"acceptance": float, "conditional": float})
 
 

@@ -32,12 +32,12 @@ def _rounds(rows=ROWS) -> pd.DataFrame:
 
 def test_totals() -> None:
     t = M.totals(_rounds())
-    assert t["n_rounds"] == 9
-    assert t["n_verify_rounds"] == 8
-    assert t["n_drafted"] == 23
-    assert t["n_accepted"] == 8
-    assert t["acceptance_rate"] == pytest.approx(8 / 23)
-    assert t["mean_acceptance_length"] == pytest.approx(2.0)      # 1 + 8 / 8
+    assert t.n_rounds == 9
+    assert t.n_verify_rounds == 8
+    assert t.n_drafted == 23
+    assert t.n_accepted == 8
+    assert t.acceptance_rate == pytest.approx(8 / 23)
+    assert t.mean_acceptance_length == pytest.approx(2.0)      # 1 + 8 / 8
     assert M.acceptance_rate(_rounds()) == pytest.approx(0.34782608695652173)
     assert M.mean_acceptance_length(_rounds()) == 2.0
 
@@ -129,7 +129,7 @@ def test_timing_by_hand() -> None:
 def test_empty_and_missing_columns() -> None:
     empty = _rounds([(0, 0, 0, 0)]).iloc[:0]
     t = M.totals(empty)
-    assert t["n_rounds"] == 0 and math.isnan(t["acceptance_rate"]) and math.isnan(t["mean_acceptance_length"])
+    assert t.n_rounds == 0 and math.isnan(t.acceptance_rate) and math.isnan(t.mean_acceptance_length)
     assert len(M.per_position_acceptance(empty)) == 0
     with pytest.raises(TraceFormatError, match="n_accepted"):
         M.totals(pd.DataFrame({"n_draft": [1]}))

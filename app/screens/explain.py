@@ -46,7 +46,7 @@ with guard("explanation"):
     rej, t = d["rejections"], x.totals
 
     c = st.columns(4)
-    c[0].metric("acceptance rate", _f(t["acceptance_rate"]),
+    c[0].metric("acceptance rate", _f(t.acceptance_rate),
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
     c[1].metric("rounds with a rejection", f"{rej['n_rounds_rejected']:,}",
                 help="rounds whose drafts were not all accepted")

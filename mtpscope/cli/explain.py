@@ -84,8 +84,8 @@ def format_explanation(head: dict[str, Any], d: dict[str, Any], sentences: list[
     t = head["totals"]
     lines = [f"trace: {head['trace']} (source {head['source']}{'' if head['complete'] else ', INCOMPLETE'})"
              + (f", prompt {head['prompt']}" if head.get("prompt") is not None else ""),
-             f"acceptance rate {_f(t['acceptance_rate'], '.4f')} ({t['n_accepted']} / {t['n_drafted']} drafted), "
-             f"mean acceptance length {_f(t['mean_acceptance_length'])}; drafts from the {d['head']} head"]
+             f"acceptance rate {_f(t.acceptance_rate, '.4f')} ({t.n_accepted} / {t.n_drafted} drafted), "
+             f"mean acceptance length {_f(t.mean_acceptance_length)}; drafts from the {d['head']} head"]
     rej = d["rejections"]
     n = rej["n_first_mismatch"]
     lines += ["", f"Why drafts were rejected: {rej['n_rounds_rejected']} rounds had a first mismatch "
@@ -245,7 +245,7 @@ def register(app: typer.Typer) -> None:
         head = {"trace": str(t.path), "source": t.manifest.get("source"), "complete": bool(t.manifest.get("complete")),
                 "prompt": None if prompt is None else select_prompt(t.manifest, prompt), "totals": totals}
         if as_json:
-            print(json.dumps({"trace": head["trace"], "prompt": head["prompt"], **_clean_totals(totals), **d},
+            print(json.dumps({"trace": head["trace"], "prompt": head["prompt"], **_clean_totals(totals.to_dict()), **d},
                              indent=2, allow_nan=False))
         else:
             sentences = None
