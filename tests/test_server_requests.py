@@ -90,9 +90,9 @@ def test_request_table_groupings():
     assert list(t["acceptance_rate"].round(4))[:3] == [0.5, 0.0, 1.0] and math.isnan(t["acceptance_rate"][3])
     assert list(t["mean_acceptance_length"])[:3] == [2.5, 1.0, 4.0]
     tot = R.totals(_rows())
-    assert (tot["n_requests"], tot["n_drafted"], tot["n_accepted"], tot["n_drafts"]) == (4, 27, 12, 9)
-    assert tot["acceptance_rate"] == pytest.approx(12 / 27)
-    assert tot["mean_acceptance_length"] == pytest.approx(1 + 12 / 9)
+    assert (tot.n_requests, tot.n_drafted, tot.n_accepted, tot.n_drafts) == (4, 27, 12, 9)
+    assert tot.acceptance_rate == pytest.approx(12 / 27)
+    assert tot.mean_acceptance_length == pytest.approx(1 + 12 / 9)
     cat = R.by_category(_rows()).set_index("category")
     assert cat.loc["code", "n_drafted"] == 18 and cat.loc["code", "acceptance_rate"] == pytest.approx(12 / 18)
     assert cat.loc["(none)", "n_requests"] == 1
@@ -112,7 +112,7 @@ def test_alarm_only_when_nothing_was_drafted():
 
 def test_kinds_are_never_added_together():
     both = pd.concat([_rows().assign(kind="log"), _rows().assign(kind="response", n_drafted=1, n_accepted=1)])
-    assert R.totals(both)["n_drafted"] == 4            # the response rows, not the log rows, not both
+    assert R.totals(both).n_drafted == 4            # the response rows, not the log rows, not both
 
 
 def test_compare_requests_pairs_by_prompt_and_occurrence():
