@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from mtpscope.traces import Trace
     from mtpscope.traces.analysis.align import AlignedDiff
     from mtpscope.traces.analysis.explain_report import Explanation
-    from mtpscope.traces.analysis.metrics import TraceReport
+    from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.positions import Positions
     from mtpscope.traces.analysis.requests import RequestsView
     from mtpscope.traces.analysis.token_classes import TokenClasses
@@ -382,7 +382,7 @@ def _report(path: str, key: tuple) -> TraceReport:
 
 def report(path: str | os.PathLike[str]) -> TraceReport:
     """``mtpscope.traces.analysis.metrics.report`` of an allowed trace (a
-    :class:`~mtpscope.traces.analysis.metrics.TraceReport`), cached like :func:`trace`."""
+    :class:`~mtpscope.traces.analysis.report_records.TraceReport`), cached like :func:`trace`."""
     p = safety.check_path(path, roots(), kind="dir")
     return _report(str(p), _trace_key(p))
 

@@ -21,7 +21,7 @@ from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, one_line_errors
 from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
 
 if TYPE_CHECKING:
-    from mtpscope.traces.analysis.metrics import TraceReport
+    from mtpscope.traces.analysis.report_records import TraceReport
 
 MAX_PROMPT_ROWS = 20
 #: Characters of each prompt's text in the per-prompt table (the whole text is in ``--json``).
