@@ -35,13 +35,14 @@ if mode == "probe a server":
         with guard("starting the probe"):
             job = server_jobs.probe_start(url, prompts, out, n_predict=int(n_predict), repeat=int(repeat),
                                            header=header)
-            st.session_state[sel.SERVER_TRACE] = job["out"]
+            st.session_state[sel.SERVER_TRACE] = job.out
     job = server_jobs.probe_job()
-    path = job["out"] if job else None
+    path = job.out if job else None
 else:
     job = None
     if sel.SERVER_TRACE not in st.session_state:
-        st.session_state[sel.SERVER_TRACE] = (server_jobs.probe_job() or {}).get("out") or ""
+        running = server_jobs.probe_job()
+        st.session_state[sel.SERVER_TRACE] = (running.out if running else "") or ""
     path = st.text_input("probe trace (or an imported server log)", key=sel.SERVER_TRACE).strip() or None
 
 if not path:
@@ -50,14 +51,14 @@ if not path:
     st.stop()
 
 
-@st.fragment(run_every=1.0 if job and not job["done"] else None)
+@st.fragment(run_every=1.0 if job and not job.done else None)
 def _requests_view(path: str) -> None:
     job = server_jobs.probe_job()
-    if job and job["out"] == path:
-        if not job["done"]:
-            st.caption(f"probing {job['url']} … (this view refreshes every second)")
-        elif job["error"]:
-            st.error(job["error"], icon=":material/error:")
+    if job and job.out == path:
+        if not job.done:
+            st.caption(f"probing {job.url} … (this view refreshes every second)")
+        elif job.error:
+            st.error(job.error, icon=":material/error:")
     if not (Path(path) / MANIFEST).exists():
         return
     with guard("reading the requests"):
@@ -84,7 +85,7 @@ def _requests_view(path: str) -> None:
 
 _requests_view(path)
 
-if job is not None and not job["done"]:
+if job is not None and not job.done:
     st.stop()
 
 with guard("the requests table"):
