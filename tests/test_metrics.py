@@ -171,3 +171,29 @@ def test_rolling_summary() -> None:
     assert short["full_windows"] is False and (short["min"], short["max"]) == (0.5, 1.0)
     assert M.rolling_summary(_rounds().iloc[:0]) is None
     assert M.DEFAULT_ROLLING_WINDOW == M.summarize(_rounds())["rolling"]["window"]
+
+
+def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:  # noqa: ANN001
+    """``report()`` is typed; its ``to_dict()`` is the summary (NaN -> None) with the head keys first, the prompts'
+    text second in each prompt row, and the warnings last: the ``report --json`` document."""
+    import dataclasses
+    import json
+
+    from mtpscope.traces.store.reader import open_trace
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=40, n_prompts=3, n_draft=3, seed=1)
+    t = open_trace(d)
+    rep = M.report(t)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rep.n_rounds = 0  # type: ignore[misc]
+    doc = rep.to_dict()
+    body = M.summarize(t.rounds, t.steps if t.manifest.get("centroids") is not None else None)
+    assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "warnings"]
+    assert {k: v for k, v in doc.items() if k in body and k != "prompts"} == \
+        {k: v for k, v in body.items() if k != "prompts"}
+    assert [{k: v for k, v in p.items() if k != "text"} for p in doc["prompts"]] == body["prompts"]
+    assert [list(p)[:2] for p in doc["prompts"]] == [["prompt_id", "text"]] * len(body["prompts"])
+    json.dumps(doc, allow_nan=False)
+    assert rep.n_drafted == int(t.rounds["n_draft"].sum()) and rep.per_position[0].k == 1
+    assert M.totals(t.rounds).to_dict()["n_drafted"] == rep.n_drafted
