@@ -3,8 +3,8 @@ and prompts, the manifest's and the report's fields as the pages show them, and 
 view modules share.
 
 Everything here takes the trace's DataFrames (``Trace.rounds``, columns as in docs/ARCHITECTURE.md), its
-manifest, or a ``report()`` record (:class:`~mtpscope.traces.analysis.report_records.TraceReport`) and returns small DataFrames / arrays / values sized for a widget:
-vectorised so a 100,000-round trace stays well under a second. One round's tables and the generated text
+manifest, or a ``report()`` record (``report_records.TraceReport``) and returns small DataFrames / arrays /
+values sized for a widget: vectorised so a 100,000-round trace stays well under a second. One round's tables and the generated text
 are :mod:`mtpscope.app.round_views`; model files (tensors, values, centroids, validation) are
 :mod:`mtpscope.app.model_views`.
 

@@ -20,7 +20,7 @@ from mtpscope.traces.analysis.records import JsonRecord
 
 @dataclass(frozen=True)
 class Totals(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.totals` of some rounds. Rates are NaN where their denominator is zero.
+    """``metrics.totals`` of some rounds. Rates are NaN where their denominator is zero.
 
     Attributes:
         n_rounds: all rounds; n_verify_rounds: rounds with ``n_draft > 0``; n_drafted / n_accepted: draft tokens;
@@ -37,7 +37,7 @@ class Totals(JsonRecord):
 
 @dataclass(frozen=True)
 class PositionRow(JsonRecord):
-    """One draft position k of :func:`~mtpscope.traces.analysis.metrics.per_position_acceptance` (rates 0..1, None where undefined)."""
+    """One draft position k of ``metrics.per_position_acceptance`` (rates 0..1, None where undefined)."""
 
     k: int
     n_rounds: int
@@ -49,7 +49,7 @@ class PositionRow(JsonRecord):
 
 @dataclass(frozen=True)
 class PromptRow(JsonRecord):
-    """One prompt of :func:`~mtpscope.traces.analysis.metrics.per_prompt` with its manifest ``text`` ("" when unknown); rates None where undefined."""
+    """One prompt of ``metrics.per_prompt`` with its manifest ``text`` ("" when unknown); rates None where undefined."""
 
     prompt_id: int
     text: str
@@ -62,7 +62,8 @@ class PromptRow(JsonRecord):
 
 @dataclass(frozen=True)
 class MismatchRow(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.first_mismatch_histogram` at position k: rounds whose first rejection was k, their ``share`` (0..1)."""
+    """``metrics.first_mismatch_histogram`` at position k: rounds whose first rejection was k, their ``share``
+    (0..1)."""
 
     k: int
     n_rounds: int
@@ -71,7 +72,7 @@ class MismatchRow(JsonRecord):
 
 @dataclass(frozen=True)
 class StreakRow(JsonRecord):
-    """One zero-acceptance streak (:func:`~mtpscope.traces.analysis.metrics.zero_acceptance_streaks`): rounds ``start_round..end_round``."""
+    """One zero-acceptance streak (``metrics.zero_acceptance_streaks``): rounds ``start_round..end_round``."""
 
     prompt_id: int
     start_round: int
@@ -100,7 +101,7 @@ class RollingPoint(JsonRecord):
 
 @dataclass(frozen=True)
 class RollingSummary(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.rolling_summary`: quantiles (0..1) of the rolling acceptance rate over ``window`` rounds."""
+    """``metrics.rolling_summary``: quantiles (0..1) of the rolling acceptance rate over ``window`` rounds."""
 
     window: int
     by_prompt: bool
@@ -115,7 +116,7 @@ class RollingSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class Timing(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.timing`: ``tokens_per_s`` (tokens/s), ``t_step_ms`` (ms per draft step), ``t_verify_ms``
+    """``metrics.timing``: ``tokens_per_s`` (tokens/s), ``t_step_ms`` (ms per draft step), ``t_verify_ms``
     (``{"n": mean ms}`` per verify size n), per-round means in ms; None where unknown."""
 
     tokens_per_s: float | None
@@ -137,7 +138,7 @@ class CoverageRow(JsonRecord):
 
 @dataclass(frozen=True)
 class CentroidCoverage(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.centroid_coverage`: checked steps, those whose target token was a candidate, their share (0..1)."""
+    """``metrics.centroid_coverage``: checked steps, those whose target token was a candidate, their share (0..1)."""
 
     n_steps: int
     n_covered: int
@@ -171,7 +172,7 @@ class ServerPositionRow(JsonRecord):
 
 @dataclass(frozen=True)
 class RequestTotals(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.request_totals` of a trace's llama-server request rows (rates 0..1, tokens/s; None where unknown).
+    """``metrics.request_totals`` of a trace's llama-server request rows (rates 0..1, tokens/s; None where unknown).
     ``by_kind``: rows per kind; ``alarm``: the not-drafting alarm or None."""
 
     kind: str
@@ -190,12 +191,12 @@ class RequestTotals(JsonRecord):
 
 @dataclass(frozen=True)
 class TraceReport(JsonRecord):
-    """:func:`~mtpscope.traces.analysis.metrics.report` of a trace: every acceptance metric, typed. Rates are 0..1, lengths in tokens, None where a
+    """``metrics.report`` of a trace: every acceptance metric, typed. Rates are 0..1, lengths in tokens, None where a
     denominator is zero (as ``report --json`` prints them). ``to_dict()`` is ``mtpscope report --json``'s body.
 
     Attributes:
         trace: the trace's path; source / complete: from its manifest; n_prompts: prompts in the manifest or seen;
-        n_rounds .. mean_acceptance_length: :func:`~mtpscope.traces.analysis.metrics.totals` (from the request rows for a trace without rounds);
+        n_rounds .. mean_acceptance_length: ``metrics.totals`` (from the request rows for a trace without rounds);
         per_position, prompts, first_mismatch, n_all_accepted, zero_acceptance_streaks: see their records;
         rolling, timing_ms, centroid_coverage, requests: None when the trace has no such data;
         warnings: the reader's warnings (skipped parts).
