@@ -125,6 +125,17 @@ def test_compare_requests_pairs_by_prompt_and_occurrence():
     assert list(d["same_counts"]) == [True, False, False, True]        # request 2 (a again) vs a's 12 / 6
     d2 = R.compare_requests(a, b)
     assert list(d2["request_a"]) == [0, 1, 3]                           # a's second occurrence has no partner
+    # the rows as records: their to_dict() is the table's JSON, their fields its columns
+    import json
+
+    pairs = R.request_pairs(d)
+    assert [p.to_dict() for p in pairs] == json.loads(d.to_json(orient="records"))
+    assert [p.differs for p in pairs] == [False, True, True, False] and pairs[1].request_a == 1
+    tot = R.totals(_rows())
+    assert list(tot.to_dict()) == ["n_requests", "n_drafted", "n_accepted", "acceptance_rate", "n_drafts",
+                                   "mean_acceptance_length", "tokens_per_s_mean"]
+    v = R.requests_view(_rows())
+    assert v.totals == tot and v.table.equals(R.request_table(_rows())) and v.alarm is None
 
 
 def test_requests_from_rounds_by_hand():
