@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from mtpscope.traces import Trace
     from mtpscope.traces.analysis.align import AlignedDiff
     from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.positions import Positions
+    from mtpscope.traces.analysis.requests import RequestsView
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
     from mtpscope.traces.diagnose.records import Diagnosis
@@ -374,14 +376,15 @@ def trace(path: str | os.PathLike[str]) -> Trace:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _report(path: str, key: tuple) -> dict[str, Any]:
+def _report(path: str, key: tuple) -> TraceReport:
     from mtpscope.traces.analysis.metrics import report
 
     return report(_open_trace(path, key))
 
 
-def report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``mtpscope.traces.analysis.metrics.report`` of an allowed trace, cached like :func:`trace`."""
+def report(path: str | os.PathLike[str]) -> TraceReport:
+    """``mtpscope.traces.analysis.metrics.report`` of an allowed trace (a
+    :class:`~mtpscope.traces.analysis.report_records.TraceReport`), cached like :func:`trace`."""
     p = safety.check_path(path, roots(), kind="dir")
     return _report(str(p), _trace_key(p))
 
@@ -582,20 +585,18 @@ def sweep(path: str | os.PathLike[str]) -> tuple[Sweep, pd.DataFrame, Any]:
 # ------------------------------------------------------------------------------------------ Server page (issue 24)
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _server_view(path: str, key: tuple) -> dict[str, Any]:
-    from mtpscope.traces.analysis import requests as R
+def _server_view(path: str, key: tuple) -> tuple[Trace, RequestsView]:
+    from mtpscope.traces.analysis.requests import requests_view
 
     t = _open_trace(path, key)
-    req = t.requests
-    return {"manifest": t.manifest, "warnings": list(t.warnings), "table": R.request_table(req),
-            "totals": R.totals(req), "by_category": R.by_category(req), "per_position": R.per_position(req),
-            "alarm": R.not_drafting_alarm(req)}
+    return t, requests_view(t.requests)
 
 
-def server_view(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A request trace (probe or server-log import) read for the Server page: ``table`` / ``totals`` /
-    ``by_category`` / ``per_position`` (:mod:`mtpscope.traces.analysis.requests`), ``alarm``, ``manifest``,
-    ``warnings``; cached like :func:`trace` (a probe that writes a row makes a new key).
+def server_view(path: str | os.PathLike[str]) -> tuple[Trace, RequestsView]:
+    """A request trace (probe or server-log import) read for the Server page: (the trace, for its manifest and
+    warnings; its :class:`mtpscope.traces.analysis.requests.RequestsView`: ``table``, ``totals``,
+    ``by_category``, ``per_position``, ``alarm``); cached like :func:`trace` (a probe that writes a row makes a
+    new key).
 
     Raises:
         PathNotAllowedError: a path outside the allowed folders; TraceError & co: an unreadable trace.

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -16,6 +17,27 @@ from mtpscope.app import safety
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import internal_error_line
 from mtpscope.errors import MtpscopeError
+
+if TYPE_CHECKING:
+    from mtpscope.traces.server.probe import ProbeSummary
+    from mtpscope.traces.server.replay import ServerReplay
+
+
+@dataclass
+class ProbeJob:
+    """A probe started by the Server page (:func:`probe_start`), filled in by its thread: not frozen, the thread
+    sets ``done`` (finished, either way), ``error`` (its one line, None when it succeeded) and ``summary``
+    (:class:`mtpscope.traces.server.probe.ProbeSummary`) while the page reads them.
+
+    Attributes:
+        out: the trace folder it writes; url: the server (as checked).
+    """
+
+    out: str
+    url: str
+    done: bool = False
+    error: str | None = None
+    summary: ProbeSummary | None = None
 
 
 def server_url(url: str) -> str:
@@ -28,9 +50,9 @@ def server_url(url: str) -> str:
 
 
 def probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLike[str], *, n_predict: int,
-                repeat: int, header: str | None = None) -> dict[str, Any]:
-    """Start ``mtpscope probe`` on a thread after the URL and path checks; the job dict (``out``, ``done``,
-    ``error``, ``summary``, ``url``) is kept in the session and returned.
+                repeat: int, header: str | None = None) -> ProbeJob:
+    """Start ``mtpscope probe`` on a thread after the URL and path checks; the :class:`ProbeJob` is kept in the
+    session and returned.
 
     Raises:
         PathNotAllowedError: a URL or path the app may not use.
@@ -43,32 +65,32 @@ def probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLik
     out_p = Path(out).expanduser()
     safety.check_path(out_p.parent, sel.roots(), kind="dir")
     headers = dict([parse_header(header)]) if header and header.strip() else {}
-    job: dict[str, Any] = {"out": str(out_p), "done": False, "error": None, "summary": None, "url": base}
+    job = ProbeJob(out=str(out_p), url=base)
 
     def run() -> None:
         try:
-            job["summary"] = probe(base, prompts_file=pfile, out=out_p, headers=headers, overwrite=True,
+            job.summary = probe(base, prompts_file=pfile, out=out_p, headers=headers, overwrite=True,
                                    settings=ProbeSettings(n_predict=int(n_predict), repeat=int(repeat)),
                                    command=["mtpscope app", "probe", base])
         except Exception as e:  # noqa: BLE001 - shown on the page as one line
-            job["error"] = e.one_line() if isinstance(e, MtpscopeError) else internal_error_line(e, "probing")
+            job.error = e.one_line() if isinstance(e, MtpscopeError) else internal_error_line(e, "probing")
         finally:
-            job["done"] = True
+            job.done = True
 
     threading.Thread(target=run, name="mtpscope-probe", daemon=True).start()
     st.session_state[sel.SERVER_JOB] = job
     return job
 
 
-def probe_job() -> dict[str, Any] | None:
+def probe_job() -> ProbeJob | None:
     """The probe started in this session, if any."""
     return st.session_state.get(sel.SERVER_JOB)
 
 
 def replay_request(path: str | os.PathLike[str], request: int, assistant: str | os.PathLike[str],
-                   target: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+                   target: str | os.PathLike[str] | None = None) -> ServerReplay:
     """Replay one request of a probe trace with mtpscope's recorder (:mod:`mtpscope.traces.server.replay`) into
-    ``<trace>/replay-request-N``; the comparison as a dict.
+    ``<trace>/replay-request-N``; the comparison (:class:`mtpscope.traces.server.replay.ServerReplay`).
 
     Raises:
         PathNotAllowedError: a path outside the allowed folders; ServerError & co: the replay failed.
@@ -80,7 +102,7 @@ def replay_request(path: str | os.PathLike[str], request: int, assistant: str | 
     t = safety.check_path(target, sel.roots(), kind="file") if target else None
     res = replay_probe(p, assistant=a, target=t, requests=[int(request)], out=p / f"replay-request-{int(request)}",
                        command=["mtpscope app", "replay", str(p), str(request)])
-    return res.to_dict()
+    return res
 
 
 def open_step(trace_dir: str | os.PathLike[str], prompt_id: int, round_: int = 0) -> None:

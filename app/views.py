@@ -3,8 +3,8 @@ and prompts, the manifest's and the report's fields as the pages show them, and 
 view modules share.
 
 Everything here takes the trace's DataFrames (``Trace.rounds``, columns as in docs/ARCHITECTURE.md), its
-manifest, or a ``report()`` dict and returns small DataFrames / arrays / values sized for a widget:
-vectorised so a 100,000-round trace stays well under a second. One round's tables and the generated text
+manifest, or a ``report()`` record (``report_records.TraceReport``) and returns small DataFrames / arrays /
+values sized for a widget: vectorised so a 100,000-round trace stays well under a second. One round's tables and the generated text
 are :mod:`mtpscope.app.round_views`; model files (tensors, values, centroids, validation) are
 :mod:`mtpscope.app.model_views`.
 
@@ -28,6 +28,7 @@ from mtpscope.traces.analysis import wording
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.advice import BreakEven, Recommendation
+    from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.what_if import WhatIfRow
 
 Decode = Callable[[int | None], str]
@@ -99,20 +100,21 @@ def _num(v: Any) -> float:
     return float("nan") if v is None else float(v)
 
 
-def acceptance_rate(rep: Mapping[str, Any]) -> float:
-    """``report()['acceptance_rate']`` as a float (NaN when the report says None)."""
-    return _num(rep.get("acceptance_rate"))
+def acceptance_rate(rep: TraceReport) -> float:
+    """``report().acceptance_rate`` as a float (NaN when the report says None)."""
+    return _num(rep.acceptance_rate)
 
 
-def mean_acceptance_length(rep: Mapping[str, Any]) -> float:
-    """``report()['mean_acceptance_length']`` as a float (NaN when None)."""
-    return _num(rep.get("mean_acceptance_length"))
+def mean_acceptance_length(rep: TraceReport) -> float:
+    """``report().mean_acceptance_length`` as a float (NaN when None)."""
+    return _num(rep.mean_acceptance_length)
 
 
-def per_position(rep: Mapping[str, Any]) -> pd.DataFrame:
-    """``report()['per_position']`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional)."""
-    df = pd.DataFrame(rep.get("per_position") or [],
-                      columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
+def per_position(rep: TraceReport | Mapping[str, Any]) -> pd.DataFrame:
+    """``report().per_position`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional); ``rep`` may
+    also be a saved document's copy of it (``diagnosis.json``'s ``summary``: a mapping read from the file)."""
+    rows = (rep.get("per_position") or []) if isinstance(rep, Mapping) else [p.to_dict() for p in rep.per_position]
+    df = pd.DataFrame(rows, columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
     return df.astype({"acceptance": float, "conditional": float})
 
 

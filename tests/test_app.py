@@ -180,7 +180,7 @@ def test_acceptance_page_equals_report_and_parquet(demo) -> None:
     rep = metrics.report(open_trace(trace))
     r = _rounds_direct(trace)
     direct = r["n_accepted"].sum() / r["n_draft"].sum()
-    assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}" == f"{direct:.1%}"
+    assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}" == f"{direct:.1%}"
     verify_rounds = (r["n_draft"] > 0).sum()
     assert _metric(at, "mean acceptance length") == f"{1 + r['n_accepted'].sum() / verify_rounds:.3f}"
     assert _metric(at, "rounds") == f"{len(r):,}"
@@ -244,7 +244,7 @@ def test_compare_page_two_traces(demo) -> None:
     at = _run("compare", trace=a, trace_b=b)
     ra, rb = metrics.report(open_trace(a)), metrics.report(open_trace(b))
     rates = [m.value for m in at.metric if m.label.startswith("acceptance rate")]
-    assert rates == [f"{ra['acceptance_rate']:.1%}", f"{rb['acceptance_rate']:.1%}"]
+    assert rates == [f"{ra.acceptance_rate:.1%}", f"{rb.acceptance_rate:.1%}"]
     at.radio(key=selection.CMP_MODE).set_value("two prompts of one trace").run()
     assert not at.exception
 
@@ -403,8 +403,8 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
             at = _run(page, trace=t, drafter=None, target=None)
             assert not at.error, (t.name, page, [e.value for e in at.error])
         at = _run("acceptance", trace=t, drafter=None, target=None)
-        assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
-        assert _metric(at, "drafted tokens") == f"{rep['n_drafted']:,}"
+        assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}"
+        assert _metric(at, "drafted tokens") == f"{rep.n_drafted:,}"
 
 
 def _copy_trace(src: Path, dst: Path) -> Path:
@@ -437,7 +437,7 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
         assert not at.error, (page, [e.value for e in at.error])
     at = _run("acceptance", trace=t, drafter=None, target=None)
     rep = metrics.report(open_trace(src))
-    assert _metric(at, "acceptance rate") == f"{rep['acceptance_rate']:.1%}"
+    assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}"
     table = next(d.value for d in at.dataframe if "prompt" in d.value.columns and "n_drafted" in d.value.columns)
     want = {int(p["prompt_id"]): str(p.get("text", "")) for p in good}
     # every prompt named by id and text: prompt 3 “Every sailor sings about” (demo texts are short)

@@ -39,7 +39,7 @@ def test_baseline_trace_is_plain_decoding(tiny_pair, tmp_path) -> None:
         assert rr["pos"].tolist() == list(range(n0, n0 + len(w) - 1))
     assert (r["n_draft"] == 0).all() and (r["n_accepted"] == 0).all() and (r["t_verify_ms"] > 0).all()
     assert s.decode_seconds == pytest.approx(r["t_verify_ms"].sum() / 1e3)
-    assert metrics.totals(r)["n_drafted"] == 0
+    assert metrics.totals(r).n_drafted == 0
     assert len(tr.steps) == 0
 
 

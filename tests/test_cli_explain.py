@@ -111,7 +111,7 @@ def test_explain_by_request_on_a_recording_gives_each_prompts_speed(noisy: Path)
     r = _table(noisy, "rounds").to_pandas()
     want = {int(p): 1000.0 * sum(len(e) for e in g["emitted"]) / float(g["t_draft_ms"].sum() + g["t_verify_ms"].sum())
             for p, g in r.groupby("prompt_id")}
-    t = request_view(open_trace(noisy))["table"]
+    t = request_view(open_trace(noisy)).table
     got = dict(zip(t["request"].astype(int), t["tokens_per_s"].astype(float), strict=True))
     assert set(got) == set(want) and all(abs(got[p] - want[p]) <= 1e-9 * want[p] for p in want), (got, want)
     res = runner.invoke(app, ["explain", str(noisy), "--by", "request"])

@@ -27,7 +27,7 @@ def test_a_trace_under_key_value_folders_reads_its_own_columns(tmp_path: Path) -
         a.sql("SELECT count(*) AS n FROM steps").to_dict("records")
     ra, rb = report(a), report(b)
     for key in ("n_drafted", "n_accepted", "acceptance_rate", "mean_acceptance_length", "per_position"):
-        assert rb[key] == ra[key]
+        assert getattr(rb, key) == getattr(ra, key)
     assert [r.acceptance_rate for r in what_if_trace(b, n_boot=0).rows] == \
         [r.acceptance_rate for r in what_if_trace(a, n_boot=0).rows]
     # the rounds' own n_draft (the synthetic trace caps some rounds below 2 at a prompt's end) is what is summed
@@ -48,4 +48,4 @@ def test_the_app_reads_a_trace_under_key_value_folders_as_elsewhere(tmp_path: Pa
     from mtpscope.app import loaders
 
     ra, rb = loaders.report(plain), loaders.report(hive)
-    assert rb["n_drafted"] == ra["n_drafted"] and rb["acceptance_rate"] == ra["acceptance_rate"]
+    assert rb.n_drafted == ra.n_drafted and rb.acceptance_rate == ra.acceptance_rate

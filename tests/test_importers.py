@@ -82,9 +82,9 @@ def test_fork_ndjson(tmp_path: Path) -> None:
     assert s["target_token"].isna().all() and s["logit"].isna().all()
 
     rep = report(t)
-    assert (rep["n_rounds"], rep["n_drafted"], rep["n_accepted"]) == (5, 11, 6)
-    assert rep["acceptance_rate"] == pytest.approx(6 / 11)
-    assert rep["mean_acceptance_length"] == pytest.approx(2.5)      # 1 + 6 / 4 verify rounds
+    assert (rep.n_rounds, rep.n_drafted, rep.n_accepted) == (5, 11, 6)
+    assert rep.acceptance_rate == pytest.approx(6 / 11)
+    assert rep.mean_acceptance_length == pytest.approx(2.5)      # 1 + 6 / 4 verify rounds
 
 
 def test_fork_ndjson_nothing_usable(tmp_path: Path) -> None:
@@ -131,10 +131,10 @@ def test_server_log(tmp_path: Path) -> None:
     assert q["predicted_ms"][2] == 100.0 and q["prompt_n"][3] == 3
     assert len(t.rounds) == 0 and len(t.steps) == 0
     rep = report(t)
-    assert rep["requests"]["kind"] == "response"
-    assert (rep["n_drafted"], rep["n_accepted"]) == (18, 11)
-    assert rep["acceptance_rate"] == pytest.approx(11 / 18)
-    assert rep["mean_acceptance_length"] is None
+    assert rep.requests.kind == "response"
+    assert (rep.n_drafted, rep.n_accepted) == (18, 11)
+    assert rep.acceptance_rate == pytest.approx(11 / 18)
+    assert rep.mean_acceptance_length is None
     assert any("both log lines and response timings" in w for w in res.warnings)
 
 

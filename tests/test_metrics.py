@@ -32,12 +32,12 @@ def _rounds(rows=ROWS) -> pd.DataFrame:
 
 def test_totals() -> None:
     t = M.totals(_rounds())
-    assert t["n_rounds"] == 9
-    assert t["n_verify_rounds"] == 8
-    assert t["n_drafted"] == 23
-    assert t["n_accepted"] == 8
-    assert t["acceptance_rate"] == pytest.approx(8 / 23)
-    assert t["mean_acceptance_length"] == pytest.approx(2.0)      # 1 + 8 / 8
+    assert t.n_rounds == 9
+    assert t.n_verify_rounds == 8
+    assert t.n_drafted == 23
+    assert t.n_accepted == 8
+    assert t.acceptance_rate == pytest.approx(8 / 23)
+    assert t.mean_acceptance_length == pytest.approx(2.0)      # 1 + 8 / 8
     assert M.acceptance_rate(_rounds()) == pytest.approx(0.34782608695652173)
     assert M.mean_acceptance_length(_rounds()) == 2.0
 
@@ -129,7 +129,7 @@ def test_timing_by_hand() -> None:
 def test_empty_and_missing_columns() -> None:
     empty = _rounds([(0, 0, 0, 0)]).iloc[:0]
     t = M.totals(empty)
-    assert t["n_rounds"] == 0 and math.isnan(t["acceptance_rate"]) and math.isnan(t["mean_acceptance_length"])
+    assert t.n_rounds == 0 and math.isnan(t.acceptance_rate) and math.isnan(t.mean_acceptance_length)
     assert len(M.per_position_acceptance(empty)) == 0
     with pytest.raises(TraceFormatError, match="n_accepted"):
         M.totals(pd.DataFrame({"n_draft": [1]}))
@@ -170,4 +170,30 @@ def test_rolling_summary() -> None:
     short = M.rolling_summary(_rounds([(0, 0, 3, 3), (0, 1, 3, 0)]), window=8)
     assert short["full_windows"] is False and (short["min"], short["max"]) == (0.5, 1.0)
     assert M.rolling_summary(_rounds().iloc[:0]) is None
-    assert M.summarize(_rounds())["rolling"]["window"] == M.DEFAULT_ROLLING_WINDOW
+    assert M.DEFAULT_ROLLING_WINDOW == M.summarize(_rounds())["rolling"]["window"]
+
+
+def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:  # noqa: ANN001
+    """``report()`` is typed; its ``to_dict()`` is the summary (NaN -> None) with the head keys first, the prompts'
+    text second in each prompt row, and the warnings last: the ``report --json`` document."""
+    import dataclasses
+    import json
+
+    from mtpscope.traces.store.reader import open_trace
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=40, n_prompts=3, n_draft=3, seed=1)
+    t = open_trace(d)
+    rep = M.report(t)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rep.n_rounds = 0  # type: ignore[misc]
+    doc = rep.to_dict()
+    body = M.summarize(t.rounds, t.steps if t.manifest.get("centroids") is not None else None)
+    assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "warnings"]
+    assert {k: v for k, v in doc.items() if k in body and k != "prompts"} == \
+        {k: v for k, v in body.items() if k != "prompts"}
+    assert [{k: v for k, v in p.items() if k != "text"} for p in doc["prompts"]] == body["prompts"]
+    assert [list(p)[:2] for p in doc["prompts"]] == [["prompt_id", "text"]] * len(body["prompts"])
+    json.dumps(doc, allow_nan=False)
+    assert rep.n_drafted == int(t.rounds["n_draft"].sum()) and rep.per_position[0].k == 1
+    assert M.totals(t.rounds).to_dict()["n_drafted"] == rep.n_drafted

@@ -55,13 +55,13 @@ def test_against_naive(df: pd.DataFrame) -> None:
     accepted = sum(r.n_accepted for r in rows)
     verify = sum(1 for r in rows if r.n_draft > 0)
     t = M.totals(df)
-    assert t["n_drafted"] == drafted and t["n_accepted"] == accepted
+    assert t.n_drafted == drafted and t.n_accepted == accepted
     if drafted:
-        assert t["acceptance_rate"] == accepted / drafted
+        assert t.acceptance_rate == accepted / drafted
     else:
-        assert math.isnan(t["acceptance_rate"])
+        assert math.isnan(t.acceptance_rate)
     if verify:
-        assert t["mean_acceptance_length"] == 1 + accepted / verify
+        assert t.mean_acceptance_length == 1 + accepted / verify
     pp = M.per_position_acceptance(df, max_k=K)
     for k in range(1, K + 1):
         den = sum(1 for r in rows if r.n_draft >= k)

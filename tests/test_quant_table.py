@@ -52,10 +52,9 @@ def test_rows_are_the_cells_relabelled_by_category_then_type() -> None:
 def test_intervals_hook_text_and_page_matrix() -> None:
     from mtpscope.app.views import quant_matrix
     from mtpscope.cli.sweep import format_quant_section
-    from mtpscope.traces.sweep.quant import quant_table
-    from mtpscope.traces.sweep.reader import _json_records
+    from mtpscope.traces.sweep.quant import quant_rows, quant_table
 
-    plain = _json_records(quant_table(CELLS, _spec()))
+    plain = quant_rows(quant_table(CELLS, _spec()))
     text = format_quant_section(plain)
     assert text[1].startswith("drafter quantizations") and "drafter.gguf" in text[1]
     assert text[3].split() == ["all", "q8_0", "3", "3.0", "0.5000", "2.500", "40.0", "1.200"]
@@ -67,7 +66,7 @@ def test_intervals_hook_text_and_page_matrix() -> None:
     row = t[(t["qtype"] == "q4_k_m") & (t["category"] == "code")].iloc[0]
     assert (row["acceptance_rate_lo"], row["acceptance_rate_hi"]) == (0.25, 0.4)
     assert math.isnan(t[(t["qtype"] == "q8_0") & (t["category"] == "code")].iloc[0]["acceptance_rate_lo"])
-    text = format_quant_section(_json_records(t))
+    text = format_quant_section(quant_rows(t))
     assert any("0.3333 [0.2500, 0.4000]" in ln for ln in text)
     m = quant_matrix(t, "acceptance rate")
     assert list(m.index) == ["q8_0", "q4_k_m"] and list(m.columns) == ["size MiB", "all", "code", "prose"]

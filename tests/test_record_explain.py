@@ -136,7 +136,7 @@ def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
     assert set(d["what_if_by_category"]) == {"story", "ids", "chat"}
     # --prompt by the prompts file's id
     one = explain_trace(t, vocab=trace_vocab(t.manifest), prompt="fox")
-    assert one.totals["n_drafted"] == int(t.rounds.loc[t.rounds["prompt_id"] == 0, "n_draft"].sum())
+    assert one.totals.n_drafted == int(t.rounds.loc[t.rounds["prompt_id"] == 0, "n_draft"].sum())
     # a chat (messages) prompt: its output is in the answer channel, the plain prompts' in none
     nd = t.rounds.groupby("prompt_id")["n_draft"].sum()
     assert {k: v["n_drafted"] for k, v in d["by_channel"].items()} == {"none": int(nd[0] + nd[1]), "answer": int(nd[2])}

@@ -353,9 +353,9 @@ def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_pa
     assert not at.exception, [e.value for e in at.exception]
     job = at.session_state["server.job"]
     deadline = time.monotonic() + 300
-    while not job["done"] and time.monotonic() < deadline:
+    while not job.done and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert job["done"] and job["error"] is None, job
+    assert job.done and job.error is None, job
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert {m.label: m.value for m in at.metric}["requests"] == "6"

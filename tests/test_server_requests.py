@@ -97,9 +97,9 @@ def test_request_table_groupings():
     assert list(t["acceptance_rate"].round(4))[:3] == [0.5, 0.0, 1.0] and math.isnan(t["acceptance_rate"][3])
     assert list(t["mean_acceptance_length"])[:3] == [2.5, 1.0, 4.0]
     tot = R.totals(_rows())
-    assert (tot["n_requests"], tot["n_drafted"], tot["n_accepted"], tot["n_drafts"]) == (4, 27, 12, 9)
-    assert tot["acceptance_rate"] == pytest.approx(12 / 27)
-    assert tot["mean_acceptance_length"] == pytest.approx(1 + 12 / 9)
+    assert (tot.n_requests, tot.n_drafted, tot.n_accepted, tot.n_drafts) == (4, 27, 12, 9)
+    assert tot.acceptance_rate == pytest.approx(12 / 27)
+    assert tot.mean_acceptance_length == pytest.approx(1 + 12 / 9)
     cat = R.by_category(_rows()).set_index("category")
     assert cat.loc["code", "n_drafted"] == 18 and cat.loc["code", "acceptance_rate"] == pytest.approx(12 / 18)
     assert cat.loc["(none)", "n_requests"] == 1
@@ -119,7 +119,7 @@ def test_alarm_only_when_nothing_was_drafted():
 
 def test_kinds_are_never_added_together():
     both = pd.concat([_rows().assign(kind="log"), _rows().assign(kind="response", n_drafted=1, n_accepted=1)])
-    assert R.totals(both)["n_drafted"] == 4            # the response rows, not the log rows, not both
+    assert R.totals(both).n_drafted == 4            # the response rows, not the log rows, not both
 
 
 def test_compare_requests_pairs_by_prompt_and_occurrence():
@@ -132,6 +132,17 @@ def test_compare_requests_pairs_by_prompt_and_occurrence():
     assert list(d["same_counts"]) == [True, False, False, True]        # request 2 (a again) vs a's 12 / 6
     d2 = R.compare_requests(a, b)
     assert list(d2["request_a"]) == [0, 1, 3]                           # a's second occurrence has no partner
+    # the rows as records: their to_dict() is the table's JSON, their fields its columns
+    import json
+
+    pairs = R.request_pairs(d)
+    assert [p.to_dict() for p in pairs] == json.loads(d.to_json(orient="records"))
+    assert [p.differs for p in pairs] == [False, True, True, False] and pairs[1].request_a == 1
+    tot = R.totals(_rows())
+    assert list(tot.to_dict()) == ["n_requests", "n_drafted", "n_accepted", "acceptance_rate", "n_drafts",
+                                   "mean_acceptance_length", "tokens_per_s_mean"]
+    v = R.requests_view(_rows())
+    assert v.totals == tot and v.table.equals(R.request_table(_rows())) and v.alarm is None
 
 
 def test_requests_from_rounds_by_hand():

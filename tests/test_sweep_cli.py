@@ -60,7 +60,7 @@ def test_without_ray_sweep_says_so_and_reading_works(demo_dir, prompts: Path, tm
     d = write_synthetic_sweep(tmp_path / "syn", n_rounds=400, assistants=("a",), n_drafts=(2,), n_shards=1,
                               n_prompts=2, categories=("x",))
     code = (NO_RAY + "import json; from mtpscope.traces import open_sweep; "
-            f"rep = open_sweep({str(d)!r}).report(); print(json.dumps(rep['best']))")
+            f"rep = open_sweep({str(d)!r}).report(); print(json.dumps(dict(rep.best)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"all": 2, "x": 2}

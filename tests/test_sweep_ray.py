@@ -194,8 +194,8 @@ def test_resume_finishes_only_the_failed_task(faulty_sweep, sequential, spec) ->
     first = s0.steps.index[s0.steps["prompt_id"] == 0]
     assert np.array_equal(h[: len(first)], s0.hidden("h")[first.to_numpy()], equal_nan=True)
     rep = sw.report()
-    assert rep["complete"] and not rep["failed"] and set(rep["best"]) == {"all", "prose", "code"}
-    assert {(c["assistant"], c["n_draft"]) for c in rep["cells"]} == {("up", 2), ("up", 3), ("baseline", 0)}
+    assert rep.complete and not rep.failed and set(rep.best) == {"all", "prose", "code"}
+    assert {(c.assistant, c.n_draft) for c in rep.cells} == {("up", 2), ("up", 3), ("baseline", 0)}
 
 
 def test_resume_after_the_driver_is_killed(ray_local, spec, sequential, tmp_path) -> None:

@@ -132,7 +132,7 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     assert len(r) == len(t0) + len(t1)
     assert r[["prompt_id", "round", "n_draft", "n_accepted"]].reset_index(drop=True).equals(
         tl[["prompt_id", "round", "n_draft", "n_accepted"]].astype(r[["prompt_id", "round", "n_draft", "n_accepted"]].dtypes))
-    assert totals(r)["n_accepted"] == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
+    assert totals(r).n_accepted == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
     assert [p["prompt_id"] for p in cell.manifest["prompts"]] == list(range(9))
     assert {p["category"] for p in cell.manifest["prompts"]} == set(CATS)
     assert len(cell.steps) == len(open_trace(t0_dir := sweep_dir / "assistant=q4/n_draft=2/shard=0").steps) + \
@@ -148,7 +148,7 @@ def test_timeline_and_cell(sweep_dir: Path) -> None:
     from mtpscope.traces.analysis.metrics import report
 
     assert cell.schemas == one.schemas and "token" in step_columns(cell)
-    assert report(cell)["n_accepted"] == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
+    assert report(cell).n_accepted == int(t0["n_accepted"].sum() + t1["n_accepted"].sum())
 
 
 @pytest.mark.slow
@@ -163,7 +163,7 @@ def test_report_json_failed_and_incomplete(sweep_dir: Path, tmp_path: Path) -> N
     st["complete"] = False
     (d / "sweep.json").write_text(json.dumps(st))
     sw = open_sweep(d)
-    rep = sw.report()
+    rep = sw.report().to_dict()      # the JSON `report DIR --json` prints (before the advice keys)
     assert rep["failed"] == [{"task": t["task"], "error": t["error"], "attempts": 1}]
     assert not rep["complete"] and rep["n_done"] == rep["n_tasks"] - 1
     # the failed task's rounds are left out of every aggregate
@@ -210,4 +210,4 @@ def test_a_sweep_with_nothing_finished(sweep_dir: Path, tmp_path: Path) -> None:
     assert sw.timeline("q8", 2).empty
     assert sw.sql("SELECT count(*) AS n FROM steps")["n"][0] == 0
     rep = sw.report()
-    assert rep["cells"] == [] and rep["best"] == {} and not rep["complete"]
+    assert rep.cells == () and rep.best == {} and not rep.complete

@@ -29,10 +29,10 @@ def test_prompt_labels_and_shortening() -> None:
 
 
 def test_streak_and_rolling_words() -> None:
-    assert W.streaks_line({"n_streaks": 12, "n_rounds_in_streaks": 12, "longest": 1}) == \
+    assert W.streaks_line(12, 12, 1) == \
         "zero-acceptance streaks: 12 (12 rounds), longest 1 round"
-    assert W.streaks_line({"n_streaks": 1, "n_rounds_in_streaks": 3, "longest": 3}) == \
+    assert W.streaks_line(1, 3, 3) == \
         "zero-acceptance streaks: 1 (3 rounds), longest 3 rounds"
-    assert W.streaks_line({"n_streaks": 0}).startswith("zero-acceptance streaks: none")
-    assert W.rolling_words({"window": 32, "full_windows": True}) == \
+    assert W.streaks_line(0).startswith("zero-acceptance streaks: none")
+    assert W.rolling_words(32, True) == \
         "window 32 rounds, across the trace, full windows only"

@@ -34,7 +34,7 @@ with guard("trace store"):
         c[1].metric("mean acceptance length", f"{views.mean_acceptance_length(rep):.3f}",
                     help="tokens per target verify: 1 + accepted drafts / rounds that drafted (whole trace)")
         c[2].metric("rounds", f"{len(rounds_all):,}")
-        c[3].metric("drafted tokens", f"{int(rep.get('n_drafted') or 0):,}")
+        c[3].metric("drafted tokens", f"{int(rep.n_drafted or 0):,}")
 
     if len(rounds_all) == 0:
         req = tr.requests
@@ -153,14 +153,14 @@ with guard("trace store"):
 
     st.subheader("Zero-acceptance streaks")
     with guard("metrics"):
-        z = (rep.get("zero_acceptance_streaks") or {}) if choice == ALL else None
+        z = rep.zero_acceptance_streaks if choice == ALL else None
         if z is not None:
-            st.markdown(wording.streaks_line(z))
+            st.markdown(wording.streaks_line(z.n_streaks, z.n_rounds_in_streaks, z.longest))
         streaks = views.zero_streaks(rounds, min_length=1)
         if choice != ALL:
             n_rounds_in = int(streaks["length"].sum()) if len(streaks) else 0
-            st.markdown(wording.streaks_line({"n_streaks": len(streaks), "n_rounds_in_streaks": n_rounds_in,
-                                              "longest": int(streaks["length"].max()) if len(streaks) else 0}))
+            st.markdown(wording.streaks_line(len(streaks), n_rounds_in,
+                                             int(streaks["length"].max()) if len(streaks) else 0))
         if len(streaks):
             st.dataframe(streaks.head(200).assign(prompt=lambda d: [labels.get(int(p), str(p)) for p in d["prompt_id"]])
                          [["prompt", "start_round", "end_round", "length"]],

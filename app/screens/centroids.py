@@ -102,9 +102,9 @@ with guard("centroid head"):
 
                 rep = loaders.report(tpath)
                 head_kind = drafting_head(tr.manifest)
-                cc = rep.get("centroid_coverage") or {}
+                cc = rep.centroid_coverage
                 if cc:
-                    st.metric("steps whose target token was reachable", f"{(cc.get('coverage') or 0):.1%}",
+                    st.metric("steps whose target token was reachable", f"{(cc.coverage or 0):.1%}",
                               help="share of the draft steps the target checked (accepted, or a round's first "
                                    "rejection: the steps the table below lists) where the target's token was among "
                                    "the candidates of the centroids the sparse head chose (as `mtpscope report`)")

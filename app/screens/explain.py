@@ -4,7 +4,6 @@ sections (``mtpscope explain``) as figures."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import pandas as pd
 import streamlit as st
@@ -30,11 +29,6 @@ def _fin(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else v
 
 
-def _acceptance_rate(totals) -> float:
-    """``metrics.totals()``'s acceptance rate (a dict until ``metrics`` returns its typed record)."""
-    return totals["acceptance_rate"] if isinstance(totals, Mapping) else totals.acceptance_rate
-
-
 with guard("explanation"):
     tr = loaders.trace(path)
     rounds = tr.rounds
@@ -58,7 +52,7 @@ with guard("explanation"):
     rec = None if adv is None else adv.recommendation
 
     c = st.columns(4)
-    c[0].metric("acceptance rate", _f(_acceptance_rate(x.totals)),
+    c[0].metric("acceptance rate", _f(x.totals.acceptance_rate),
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
     c[1].metric("rounds with a rejection", f"{rej.n_rounds_rejected:,}",
                 help="rounds whose drafts were not all accepted")

@@ -35,13 +35,14 @@ if mode == "probe a server":
         with guard("starting the probe"):
             job = server_jobs.probe_start(url, prompts, out, n_predict=int(n_predict), repeat=int(repeat),
                                            header=header)
-            st.session_state[sel.SERVER_TRACE] = job["out"]
+            st.session_state[sel.SERVER_TRACE] = job.out
     job = server_jobs.probe_job()
-    path = job["out"] if job else None
+    path = job.out if job else None
 else:
     job = None
     if sel.SERVER_TRACE not in st.session_state:
-        st.session_state[sel.SERVER_TRACE] = (server_jobs.probe_job() or {}).get("out") or ""
+        running = server_jobs.probe_job()
+        st.session_state[sel.SERVER_TRACE] = (running.out if running else "") or ""
     path = st.text_input("probe trace (or an imported server log)", key=sel.SERVER_TRACE).strip() or None
 
 if not path:
@@ -50,55 +51,55 @@ if not path:
     st.stop()
 
 
-@st.fragment(run_every=1.0 if job and not job["done"] else None)
+@st.fragment(run_every=1.0 if job and not job.done else None)
 def _requests_view(path: str) -> None:
     job = server_jobs.probe_job()
-    if job and job["out"] == path:
-        if not job["done"]:
-            st.caption(f"probing {job['url']} … (this view refreshes every second)")
-        elif job["error"]:
-            st.error(job["error"], icon=":material/error:")
+    if job and job.out == path:
+        if not job.done:
+            st.caption(f"probing {job.url} … (this view refreshes every second)")
+        elif job.error:
+            st.error(job.error, icon=":material/error:")
     if not (Path(path) / MANIFEST).exists():
         return
     with guard("reading the requests"):
-        v = loaders.server_view(path)
-        tot, table = v["totals"], v["table"]
-        if v["alarm"]:
-            st.error(v["alarm"], icon=":material/warning:")
-        for w in v["warnings"][:5]:
+        tr, v = loaders.server_view(path)
+        tot, table = v.totals, v.table
+        if v.alarm:
+            st.error(v.alarm, icon=":material/warning:")
+        for w in list(tr.warnings)[:5]:
             st.warning(w)
         c = st.columns(5)
-        c[0].metric("requests", f"{tot['n_requests']}")
-        c[1].metric("drafted", f"{tot['n_drafted']}")
-        c[2].metric("acceptance rate", "—" if tot["acceptance_rate"] != tot["acceptance_rate"]
-                    else f"{tot['acceptance_rate']:.3f}")
-        mal = tot["mean_acceptance_length"]
+        c[0].metric("requests", f"{tot.n_requests}")
+        c[1].metric("drafted", f"{tot.n_drafted}")
+        c[2].metric("acceptance rate", "—" if tot.acceptance_rate != tot.acceptance_rate
+                    else f"{tot.acceptance_rate:.3f}")
+        mal = tot.mean_acceptance_length
         c[3].metric("mean acceptance length", "—" if mal != mal else f"{mal:.2f}")
-        tps = tot["tokens_per_s_mean"]
+        tps = tot.tokens_per_s_mean
         c[4].metric("tokens/s (mean)", "—" if tps != tps else f"{tps:.1f}")
         st.plotly_chart(server_charts.requests_over_time(table), key=sel.SERVER_TIME, width="stretch")
         a, b = st.columns(2)
-        a.plotly_chart(server_charts.category_figure(v["by_category"]), key=sel.SERVER_CAT, width="stretch")
-        b.plotly_chart(server_charts.position_figure(v["per_position"]), key=sel.SERVER_POS, width="stretch")
+        a.plotly_chart(server_charts.category_figure(v.by_category), key=sel.SERVER_CAT, width="stretch")
+        b.plotly_chart(server_charts.position_figure(v.per_position), key=sel.SERVER_POS, width="stretch")
 
 
 _requests_view(path)
 
-if job is not None and not job["done"]:
+if job is not None and not job.done:
     st.stop()
 
 with guard("the requests table"):
     if not (Path(path) / MANIFEST).exists():
         st.stop()
-    v = loaders.server_view(path)
-    table = v["table"]
+    tr, v = loaders.server_view(path)
+    table = v.table
     shown = table[["request", "prompt", "category", "n_prompt_tokens", "n_output_tokens", "n_drafted", "n_accepted",
                    "acceptance_rate", "mean_acceptance_length", "tokens_per_s", "wall_ms"]]
     st.subheader("Requests")
     ev = st.dataframe(shown, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
                       key=sel.SERVER_TABLE)
     picked = list(getattr(getattr(ev, "selection", None), "rows", None) or [])
-    if v["manifest"].get("source") != "server-probe":
+    if tr.manifest.get("source") != "server-probe":
         st.caption("Replaying needs a probe trace (it holds each prompt's token ids).")
         st.stop()
     numbers = [int(r) for r in table["request"]]
@@ -110,7 +111,7 @@ with guard("the requests table"):
         st.session_state[sel.SERVER_REQUEST] = numbers[0]
     req = st.selectbox("request to replay (or click its row)", numbers, key=sel.SERVER_REQUEST,
                        format_func=lambda r: f"request {r} (prompt {labels[r]})")
-    props = (v["manifest"].get("server") or {}).get("props") or {}
+    props = (tr.manifest.get("server") or {}).get("props") or {}
     c1, c2 = st.columns(2)
     assistant = c1.text_input("assistant GGUF the server runs (-md)", value=sel.get(sel.DRAFTER) or "",
                               key=sel.SERVER_ASSISTANT)
@@ -120,19 +121,20 @@ with guard("the requests table"):
         with st.spinner("recording with mtpscope…"):
             st.session_state[sel.SERVER_REPLAYED] = server_jobs.replay_request(path, req, assistant, target or None)
     res = st.session_state.get(sel.SERVER_REPLAYED)
-    if res and res.get("probe") and Path(res["probe"]) == Path(path):
-        rows = res["requests"]
-        st.dataframe([{"request": r["request_a"], "prompt": r["prompt"], "drafted (server)": r["drafted_a"],
-                       "drafted (mtpscope)": r["drafted_b"], "accepted (server)": r["accepted_a"],
-                       "accepted (mtpscope)": r["accepted_b"], "same output": r["same_output"]} for r in rows],
+    if res is not None and res.probe and Path(res.probe) == Path(path):
+        st.dataframe([{"request": r.request_a, "prompt": r.prompt, "drafted (server)": r.drafted_a,
+                       "drafted (mtpscope)": r.drafted_b, "accepted (server)": r.accepted_a,
+                       "accepted (mtpscope)": r.accepted_b, "same output": r.same_output} for r in res.requests],
                      hide_index=True, width="stretch")
-        fd = res["first_difference"]
+        fd = res.first_difference
         if fd is None:
             st.success("same output, same drafted, same accepted")
         else:
-            st.warning(f"request {fd['request']} differs: server {fd['server']}, mtpscope {fd['recording']}")
-            diff = [s for s in res["settings"] if s["same"] is not True]
+            server = None if fd.server is None else fd.server.to_dict()
+            recording = None if fd.recording is None else fd.recording.to_dict()
+            st.warning(f"request {fd.request} differs: server {server}, mtpscope {recording}")
+            diff = [s.to_dict() for s in res.settings if s.same is not True]
             st.dataframe(diff, hide_index=True, width="stretch")
-        rec_pid = (fd or {}).get("recording_prompt_id")
+        rec_pid = None if fd is None else fd.recording_prompt_id
         if st.button("open the recording in the Step view", key=sel.SERVER_STEP):
-            server_jobs.open_step(res["recording"], rec_pid if rec_pid is not None else 0, 0)
+            server_jobs.open_step(res.recording, rec_pid if rec_pid is not None else 0, 0)

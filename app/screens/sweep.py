@@ -49,8 +49,8 @@ with guard("sweep"):
         st.warning(w)
     if sw.failed:
         st.error(f"{len(sw.failed)} task(s) failed")
-        st.dataframe([{k: f[k] for k in ("task", "attempts", "error")} for f in sw.failed], hide_index=True,
-                     width="stretch")
+        st.dataframe([{"task": f.task, "attempts": f.attempts, "error": f.error} for f in sw.failed],
+                     hide_index=True, width="stretch")
 
     rec = advice.advice.recommendation
     if rec is not None:

@@ -17,7 +17,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.costs import CostModel
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.report_records import Totals
     from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
@@ -53,19 +53,12 @@ class ExplainHead:
     source: Any
     complete: bool
     prompt: int | None
-    totals: Any
+    totals: Totals
 
 
-def _totals(t: Any) -> Any:
-    """:func:`traces.analysis.metrics.totals` read by attribute (a dict until ``metrics`` returns its typed
-    record; then this returns it as it is)."""
-    return SimpleNamespace(**t) if isinstance(t, Mapping) else t
-
-
-def _totals_json(t: Any) -> dict[str, Any]:
+def _totals_json(t: Totals) -> dict[str, Any]:
     """The totals' JSON keys, NaN as None."""
-    d = t.to_dict() if hasattr(t, "to_dict") else dict(t)
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in t.to_dict().items()}
 
 
 def _cost_lines(c: CostModel) -> list[str]:
@@ -122,7 +115,7 @@ def _rate_key(v: float | None) -> float:
 
 def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] | None = None) -> str:
     """An :class:`traces.analysis.explain_report.Explanation` and its ``head`` (trace, totals) as terminal text."""
-    t = _totals(head.totals)
+    t = head.totals
     lines = [f"trace: {head.trace} (source {head.source}{'' if head.complete else ', INCOMPLETE'})"
              + (f", prompt {head.prompt}" if head.prompt is not None else ""),
              f"acceptance rate {_f(t.acceptance_rate, '.4f')} ({t.n_accepted} / {t.n_drafted} drafted), "

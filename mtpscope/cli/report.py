@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, one_line_errors
 from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.report_records import TraceReport
 
 MAX_PROMPT_ROWS = 20
 #: Characters of each prompt's text in the per-prompt table (the whole text is in ``--json``).
@@ -34,75 +37,76 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
     return str(v)
 
 
-def format_report(rep: dict[str, Any]) -> str:
-    """The report dict (``traces.analysis.metrics.report``) as plain text for a terminal."""
-    lines = [f"trace: {rep['trace']} (source {rep['source']}, "
-             f"{'complete' if rep['complete'] else 'INCOMPLETE'})"]
-    lines.append(f"prompts: {rep['n_prompts']}   rounds: {rep['n_rounds']} "
-                 f"(verify rounds {rep['n_verify_rounds']})   drafted: {rep['n_drafted']}   "
-                 f"accepted: {rep['n_accepted']}")
-    lines.append(f"acceptance rate:        {_fmt(rep['acceptance_rate'])}   (accepted / drafted)")
-    lines.append(f"mean acceptance length: {_fmt(rep['mean_acceptance_length'])}   "
+def format_report(rep: TraceReport) -> str:
+    """The report (:func:`traces.analysis.metrics.report`) as plain text for a terminal."""
+    lines = [f"trace: {rep.trace} (source {rep.source}, "
+             f"{'complete' if rep.complete else 'INCOMPLETE'})"]
+    lines.append(f"prompts: {rep.n_prompts}   rounds: {rep.n_rounds} "
+                 f"(verify rounds {rep.n_verify_rounds})   drafted: {rep.n_drafted}   "
+                 f"accepted: {rep.n_accepted}")
+    lines.append(f"acceptance rate:        {_fmt(rep.acceptance_rate)}   (accepted / drafted)")
+    lines.append(f"mean acceptance length: {_fmt(rep.mean_acceptance_length)}   "
                  f"(1 + accepted / verify rounds)")
-    if rep["per_position"]:
+    if rep.per_position:
         lines.append("")
         lines.append("per draft position   k   rounds  accepted  P(accepted)  P(accepted | k-1 accepted)")
-        for p in rep["per_position"]:
-            lines.append(f"{'':20} {p['k']:2d} {p['n_rounds']:8d} {p['n_accepted']:9d}  "
-                         f"{_fmt(p['acceptance']):>11}  {_fmt(p['conditional']):>11}")
-    if rep["first_mismatch"]:
+        for p in rep.per_position:
+            lines.append(f"{'':20} {p.k:2d} {p.n_rounds:8d} {p.n_accepted:9d}  "
+                         f"{_fmt(p.acceptance):>11}  {_fmt(p.conditional):>11}")
+    if rep.first_mismatch:
         lines.append("")
-        parts = ", ".join(f"k={f['k']}: {f['n_rounds']}" for f in rep["first_mismatch"])
-        lines.append(f"first mismatch: {parts}; all accepted: {rep['n_all_accepted']}")
-    z = rep["zero_acceptance_streaks"]
-    if rep["n_rounds"]:
-        lines.append(streaks_line(z))
-        for s in z["top"][:3]:
-            if s["length"] > 1:
-                lines.append(f"  prompt {s['prompt_id']} rounds {s['start_round']}..{s['end_round']} "
-                             f"({plural(s['length'], 'round')})")
-    if rep.get("rolling"):
-        ro = rep["rolling"]
-        lines.append(f"rolling acceptance rate ({rolling_words(ro)}): min {_fmt(ro['min'], '.3f')}, "
-                     f"p10 {_fmt(ro['p10'], '.3f')}, median {_fmt(ro['median'], '.3f')}, "
-                     f"p90 {_fmt(ro['p90'], '.3f')}, max {_fmt(ro['max'], '.3f')}")
-    if rep.get("timing_ms"):
-        t = rep["timing_ms"]
-        lines.append(f"mean time per round: draft {_fmt(t['t_draft_ms_mean'], '.2f')} ms, "
-                     f"verify {_fmt(t['t_verify_ms_mean'], '.2f')} ms; {_fmt(t.get('tokens_per_s'), '.1f')} tokens/s "
+        parts = ", ".join(f"k={f.k}: {f.n_rounds}" for f in rep.first_mismatch)
+        lines.append(f"first mismatch: {parts}; all accepted: {rep.n_all_accepted}")
+    z = rep.zero_acceptance_streaks
+    if rep.n_rounds:
+        lines.append(streaks_line(z.n_streaks, z.n_rounds_in_streaks, z.longest))
+        for s in z.top[:3]:
+            if s.length > 1:
+                lines.append(f"  prompt {s.prompt_id} rounds {s.start_round}..{s.end_round} "
+                             f"({plural(s.length, 'round')})")
+    if rep.rolling:
+        ro = rep.rolling
+        lines.append(f"rolling acceptance rate ({rolling_words(ro.window, ro.full_windows)}): "
+                     f"min {_fmt(ro.min, '.3f')}, "
+                     f"p10 {_fmt(ro.p10, '.3f')}, median {_fmt(ro.median, '.3f')}, "
+                     f"p90 {_fmt(ro.p90, '.3f')}, max {_fmt(ro.max, '.3f')}")
+    if rep.timing_ms:
+        t = rep.timing_ms
+        lines.append(f"mean time per round: draft {_fmt(t.t_draft_ms_mean, '.2f')} ms, "
+                     f"verify {_fmt(t.t_verify_ms_mean, '.2f')} ms; {_fmt(t.tokens_per_s, '.1f')} tokens/s "
                      "(emitted tokens / draft + verify time; `explain` prices each round size at its median, which "
                      "slow rounds do not move)")
-    if rep.get("centroid_coverage"):
-        c = rep["centroid_coverage"]
-        lines.append(f"centroid coverage: {_fmt(c['coverage'])} ({c['n_covered']} of the {plural(c['n_steps'], 'step')} "
+    if rep.centroid_coverage:
+        c = rep.centroid_coverage
+        lines.append(f"centroid coverage: {_fmt(c.coverage)} ({c.n_covered} of the {plural(c.n_steps, 'step')} "
                      f"the target checked had its token among the sparse head's candidates)")
-    if rep["prompts"]:
+    if rep.prompts:
         lines.append("")
         lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")
-        for p in rep["prompts"][:MAX_PROMPT_ROWS]:
-            lines.append(f"{p['prompt_id']:6d} {p['n_rounds']:7d} {p['n_drafted']:8d} {p['n_accepted']:9d}  "
-                         f"{_fmt(p['acceptance_rate']):>15}  {_fmt(p['mean_acceptance_length']):>22}  "
-                         f"{shorten(p.get('text') or '', PROMPT_TEXT_CHARS)}".rstrip())
-        if len(rep["prompts"]) > MAX_PROMPT_ROWS:
-            lines.append(f"... {len(rep['prompts']) - MAX_PROMPT_ROWS} more prompts (use --json)")
-    if rep.get("requests"):
-        r = rep["requests"]
+        for p in rep.prompts[:MAX_PROMPT_ROWS]:
+            lines.append(f"{p.prompt_id:6d} {p.n_rounds:7d} {p.n_drafted:8d} {p.n_accepted:9d}  "
+                         f"{_fmt(p.acceptance_rate):>15}  {_fmt(p.mean_acceptance_length):>22}  "
+                         f"{shorten(p.text or '', PROMPT_TEXT_CHARS)}".rstrip())
+        if len(rep.prompts) > MAX_PROMPT_ROWS:
+            lines.append(f"... {len(rep.prompts) - MAX_PROMPT_ROWS} more prompts (use --json)")
+    if rep.requests:
+        r = rep.requests
         lines.append("")
-        lines.append(f"requests ({r['kind']} rows): {r['n_requests']}, drafted {r['n_drafted']}, "
-                     f"accepted {r['n_accepted']}, acceptance rate {_fmt(r['acceptance_rate'])}"
-                     + (f", mean acceptance length {_fmt(r['mean_acceptance_length'], '.2f')}"
-                        if r.get("mean_acceptance_length") is not None else "")
-                     + (f", {_fmt(r['tokens_per_s_mean'], '.1f')} tokens/s (mean per request)"
-                        if r.get("tokens_per_s_mean") is not None else ""))
-        if r.get("alarm"):
-            lines.append(f"ALARM: {r['alarm']}")
-        if r.get("per_position"):
+        lines.append(f"requests ({r.kind} rows): {r.n_requests}, drafted {r.n_drafted}, "
+                     f"accepted {r.n_accepted}, acceptance rate {_fmt(r.acceptance_rate)}"
+                     + (f", mean acceptance length {_fmt(r.mean_acceptance_length, '.2f')}"
+                        if r.mean_acceptance_length is not None else "")
+                     + (f", {_fmt(r.tokens_per_s_mean, '.1f')} tokens/s (mean per request)"
+                        if r.tokens_per_s_mean is not None else ""))
+        if r.alarm:
+            lines.append(f"ALARM: {r.alarm}")
+        if r.per_position:
             lines.append("accepted per draft position (server counters): " + ", ".join(
-                f"k={p['k']} {_fmt(p['rate'])}" for p in r["per_position"]))
-        if len(r.get("by_category") or []) > 1:
+                f"k={p.k} {_fmt(p.rate)}" for p in r.per_position))
+        if len(r.by_category) > 1:
             lines.append("by category (worst first): " + ", ".join(
-                f"{c['category']} {_fmt(c['acceptance_rate'])} ({plural(c['n_requests'], 'request')})"
-                for c in r["by_category"]))
+                f"{c.category} {_fmt(c.acceptance_rate)} ({plural(c.n_requests, 'request')})"
+                for c in r.by_category))
     return "\n".join(lines)
 
 
@@ -155,19 +159,21 @@ def register(app: typer.Typer) -> None:
 
             tr = open_trace(trace)
             rep = report(tr)
-            if as_json and rep["n_rounds"]:
+            doc = rep.to_dict() if as_json else {}
+            warnings = list(rep.warnings)
+            if as_json and rep.n_rounds:
                 from mtpscope.cli.explain import explain_json
 
                 sections, _ = explain_json(tr, vocab_path=vocab)
-                rep.update({k: v for k, v in sections.items() if k not in rep})
-                rep["warnings"] = list(tr.warnings)
-        for w in rep["warnings"]:
+                doc.update({k: v for k, v in sections.items() if k not in doc})
+                warnings = doc["warnings"] = list(tr.warnings)
+        for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
         if as_json:
-            print(json.dumps(rep, indent=2, allow_nan=False))
+            print(json.dumps(doc, indent=2, allow_nan=False))
         else:
             print(format_report(rep))
-        if rep["warnings"]:
+        if warnings:
             raise typer.Exit(EXIT_FINDINGS)
 
     imp = typer.Typer(help="Import foreign logs (fork NDJSON, llama-server logs) as traces.",

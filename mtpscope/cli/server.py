@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors
 from mtpscope.traces.analysis.wording import plural
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.requests import RequestsView
+    from mtpscope.traces.server.replay import ServerReplay
 
 
 def _f(v, spec: str = ".3f") -> str:  # noqa: ANN001
@@ -37,9 +41,10 @@ def _s(v) -> str:  # noqa: ANN001
     return "" if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
-def request_view(trace) -> dict:  # noqa: ANN001
-    """The request tables of an opened trace: its ``requests`` rows, or for a recording its prompts seen as
-    requests (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
+def request_view(trace) -> RequestsView:  # noqa: ANN001
+    """The request tables of an opened trace (:func:`mtpscope.traces.analysis.requests.requests_view`): its
+    ``requests`` rows, or for a recording its prompts seen as requests
+    (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
     from mtpscope.traces.analysis import requests as R
     from mtpscope.traces.analysis.metrics import tokens_per_s_by_prompt
 
@@ -50,20 +55,18 @@ def request_view(trace) -> dict:  # noqa: ANN001
         speed = tokens_per_s_by_prompt(trace.rounds)
         if len(req):
             req["tokens_per_s"] = [speed.get(int(p)) for p in req["prompt_id"]]
-    table = R.request_table(req)
-    return {"table": table, "totals": R.totals(req), "by_category": R.by_category(req),
-            "per_position": R.per_position(req), "alarm": R.not_drafting_alarm(req)}
+    return R.requests_view(req)
 
 
-def format_requests(v: dict, limit: int = 50) -> str:
+def format_requests(v: RequestsView, limit: int = 50) -> str:
     """:func:`request_view` as text: one line per request, worst acceptance rate first."""
-    t = v["table"].sort_values("acceptance_rate", kind="stable", na_position="first")
-    tot = v["totals"]
-    lines = [f"{plural(tot['n_requests'], 'request')}: drafted {tot['n_drafted']}, accepted {tot['n_accepted']}, "
-             f"acceptance rate {_f(tot['acceptance_rate'])}, mean acceptance length "
-             f"{_f(tot['mean_acceptance_length'], '.2f')}, {_f(tot['tokens_per_s_mean'], '.1f')} tokens/s (mean)"]
-    if v["alarm"]:
-        lines.append(f"ALARM: {v['alarm']}")
+    t = v.table.sort_values("acceptance_rate", kind="stable", na_position="first")
+    tot = v.totals
+    lines = [f"{plural(tot.n_requests, 'request')}: drafted {tot.n_drafted}, accepted {tot.n_accepted}, "
+             f"acceptance rate {_f(tot.acceptance_rate)}, mean acceptance length "
+             f"{_f(tot.mean_acceptance_length, '.2f')}, {_f(tot.tokens_per_s_mean, '.1f')} tokens/s (mean)"]
+    if v.alarm:
+        lines.append(f"ALARM: {v.alarm}")
     lines += ["", "request  prompt                category    in   out  drafted  accepted   rate  mean len  "
                   "per position    tokens/s  wall ms"]
     for r in t.head(limit).to_dict(orient="records"):
@@ -75,15 +78,15 @@ def format_requests(v: dict, limit: int = 50) -> str:
                      f"  {_f(r['wall_ms'], '.0f'):>7}")
     if len(t) > limit:
         lines.append(f"... {len(t) - limit} more requests (use --json)")
-    if len(v["by_category"]) > 1:
+    if len(v.by_category) > 1:
         lines += ["", "category        requests  drafted  accepted   rate  mean len"]
-        for c in v["by_category"].to_dict(orient="records"):
+        for c in v.by_category.to_dict(orient="records"):
             lines.append(f"{str(c['category'])[:15]:15} {c['n_requests']:9d} {c['n_drafted']:8d} {c['n_accepted']:9d}"
                          f"  {_f(c['acceptance_rate']):>5}  {_f(c['mean_acceptance_length'], '.2f'):>8}")
-    if len(v["per_position"]):
+    if len(v.per_position):
         lines += ["", "accepted per draft position, of the requests' drafts (rounds that drafted): " + ", ".join(
             f"k={int(p['k'])} {int(p['n_accepted'])} of {int(p['n_drafts'])} drafts ({_f(p['rate'])})"
-            for p in v["per_position"].to_dict(orient="records"))]
+            for p in v.per_position.to_dict(orient="records"))]
     return "\n".join(lines)
 
 
@@ -101,7 +104,7 @@ def compare_request_traces(ta, tb, as_json: bool) -> int:  # noqa: ANN001
     """``mtpscope compare A B`` when one of them is a request trace (probe, server log): request by request
     (:func:`mtpscope.traces.analysis.requests.compare_requests`; a recording's prompts count as requests).
     The exit code: 1 when a paired request differs or none could be paired."""
-    from mtpscope.traces.analysis.requests import compare_requests
+    from mtpscope.traces.analysis.requests import compare_requests, request_pairs
 
     va, vb = request_view(ta), request_view(tb)
     ra = ta.requests if ta.part_files("requests") else None
@@ -110,26 +113,26 @@ def compare_request_traces(ta, tb, as_json: bool) -> int:  # noqa: ANN001
 
     ra = ra if ra is not None else requests_from_rounds(ta.rounds, ta.manifest.get("prompts"))
     rb = rb if rb is not None else requests_from_rounds(tb.rounds, tb.manifest.get("prompts"))
-    d = compare_requests(ra, rb)
-    rows = json.loads(d.to_json(orient="records"))
+    rows = request_pairs(compare_requests(ra, rb))
     if as_json:
-        print(json.dumps(_json_clean({"a": str(ta.path), "b": str(tb.path), "totals_a": va["totals"],
-                                      "totals_b": vb["totals"], "requests": rows}), indent=2, default=str))
+        print(json.dumps(_json_clean({"a": str(ta.path), "b": str(tb.path), "totals_a": va.totals.to_dict(),
+                                      "totals_b": vb.totals.to_dict(), "requests": [r.to_dict() for r in rows]}),
+                         indent=2, default=str))
     else:
-        print(f"A {ta.path}: {plural(va['totals']['n_requests'], 'request')}, acceptance rate "
-              f"{_f(va['totals']['acceptance_rate'])}")
-        print(f"B {tb.path}: {plural(vb['totals']['n_requests'], 'request')}, acceptance rate "
-              f"{_f(vb['totals']['acceptance_rate'])}")
+        print(f"A {ta.path}: {plural(va.totals.n_requests, 'request')}, acceptance rate "
+              f"{_f(va.totals.acceptance_rate)}")
+        print(f"B {tb.path}: {plural(vb.totals.n_requests, 'request')}, acceptance rate "
+              f"{_f(vb.totals.acceptance_rate)}")
         print("")
         print("request A  request B  prompt                drafted A / B    accepted A / B   output")
         for r in rows:
-            out = {True: "same", False: "differs", None: "?"}[r["same_output"]]
-            print(f"{r['request_a']:9} {r['request_b']:10}  {str(r['prompt'])[:20]:20}  {r['drafted_a']:>6} / "
-                  f"{r['drafted_b']:<6}  {r['accepted_a']:>6} / {r['accepted_b']:<6}  {out}")
-        n_diff = sum(1 for r in rows if not r["same_counts"] or r["same_output"] is False)
+            out = {True: "same", False: "differs", None: "?"}[r.same_output]
+            print(f"{r.request_a:9} {r.request_b:10}  {str(r.prompt)[:20]:20}  {r.drafted_a:>6} / "
+                  f"{r.drafted_b:<6}  {r.accepted_a:>6} / {r.accepted_b:<6}  {out}")
+        n_diff = sum(1 for r in rows if r.differs)
         print("")
         print(f"{plural(len(rows), 'request')} paired, {n_diff} differ")
-    return EXIT_FINDINGS if (not rows or any(not r["same_counts"] or r["same_output"] is False for r in rows)) else 0
+    return EXIT_FINDINGS if (not rows or any(r.differs for r in rows)) else 0
 
 
 def explain_requests(path: Path, as_json: bool) -> int:
@@ -142,35 +145,39 @@ def explain_requests(path: Path, as_json: bool) -> int:
     for w in t.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if as_json:
-        print(json.dumps(_json_clean({"trace": str(t.path), "totals": v["totals"], "alarm": v["alarm"],
-                                      "requests": json.loads(v["table"].to_json(orient="records")),
-                                      "by_category": json.loads(v["by_category"].to_json(orient="records")),
-                                      "per_position": json.loads(v["per_position"].to_json(orient="records"))}),
+        print(json.dumps(_json_clean({"trace": str(t.path), "totals": v.totals.to_dict(), "alarm": v.alarm,
+                                      "requests": json.loads(v.table.to_json(orient="records")),
+                                      "by_category": json.loads(v.by_category.to_json(orient="records")),
+                                      "per_position": json.loads(v.per_position.to_json(orient="records"))}),
                          indent=2, default=str))
     else:
         print(format_requests(v))
-    return EXIT_FINDINGS if v["alarm"] or t.warnings else 0
+    return EXIT_FINDINGS if v.alarm or t.warnings else 0
 
 
-def format_replay(res: dict) -> str:
-    """The server-vs-recording comparison as text: one line per request, the settings, the first difference."""
+def format_replay(res: ServerReplay) -> str:
+    """The server-vs-recording comparison (:class:`mtpscope.traces.server.replay.ServerReplay`) as text: one line
+    per request, the settings, the first difference."""
+    rows = res.requests
     lines = ["request  prompt                drafted (server / mtpscope)  accepted (server / mtpscope)  output"]
-    for r in res["requests"]:
-        out = {True: "same", False: "differs", None: "?"}[r["same_output"]]
-        lines.append(f"{r['request_a']:7d}  {str(r['prompt'])[:20]:20}  {r['drafted_a']:>10} / {r['drafted_b']:<14}"
-                     f"  {r['accepted_a']:>11} / {r['accepted_b']:<14}  {out}")
+    for r in rows:
+        out = {True: "same", False: "differs", None: "?"}[r.same_output]
+        lines.append(f"{r.request_a:7d}  {str(r.prompt)[:20]:20}  {r.drafted_a:>10} / {r.drafted_b:<14}"
+                     f"  {r.accepted_a:>11} / {r.accepted_b:<14}  {out}")
     lines.append("")
     lines.append("setting                                      server                       mtpscope recording")
-    for s in res["settings"]:
-        mark = {True: " ", False: "≠", None: "?"}[s["same"]]
-        lines.append(f"{mark} {s['setting'][:42]:42}  {str(s['server'])[:27]:27}  {s['recording']}")
-    fd = res["first_difference"]
+    for s in res.settings:
+        mark = {True: " ", False: "≠", None: "?"}[s.same]
+        lines.append(f"{mark} {s.setting[:42]:42}  {str(s.server)[:27]:27}  {s.recording}")
+    fd = res.first_difference
     lines.append("")
     if fd is None:
-        lines.append(f"all {plural(len(res['requests']), 'request')} agree: same output, same drafted, same accepted")
+        lines.append(f"all {plural(len(rows), 'request')} agree: same output, same drafted, same accepted")
     else:
-        lines.append(f"first request that differs: {fd['request']} (prompt {fd['prompt']}): server "
-                     f"{fd['server']}, recording {fd['recording']}; look at it with `{fd['explain']}`")
+        server = None if fd.server is None else fd.server.to_dict()
+        recording = None if fd.recording is None else fd.recording.to_dict()
+        lines.append(f"first request that differs: {fd.request} (prompt {fd.prompt}): server "
+                     f"{server}, recording {recording}; look at it with `{fd.explain}`")
     return "\n".join(lines)
 
 
@@ -316,11 +323,11 @@ def register(app: typer.Typer) -> None:
             from mtpscope.traces.server.replay import replay_probe
 
             with one_line_errors():
-                res = replay_probe(out, assistant=assistant, target=target, n_draft=n_draft).to_dict()
-            doc["replay"] = res
+                res = replay_probe(out, assistant=assistant, target=target, n_draft=n_draft)
+            doc["replay"] = res.to_dict()
             if not as_json:
                 print(format_replay(res))
-            if not res["all_equal"]:
+            if not res.all_equal:
                 code = EXIT_FINDINGS
         if as_json:
             print(json.dumps(doc, indent=2, default=str))

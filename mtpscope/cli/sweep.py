@@ -17,12 +17,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors
+
+if TYPE_CHECKING:
+    from mtpscope.traces.sweep.advice import SweepAdvice
+    from mtpscope.traces.sweep.quant import QuantRow
+    from mtpscope.traces.sweep.reader import SweepReport
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -31,35 +37,36 @@ def _fmt(v: Any, spec: str) -> str:
     return format(v, spec)
 
 
-def format_sweep_report(rep: dict[str, Any], advice: Any = None) -> str:
-    """The sweep report dict (:meth:`traces.sweep.reader.Sweep.report`) as plain text: one line per
-    configuration × category, the best n_draft per category (``advice``:
-    :class:`traces.sweep.advice.SweepAdvice`, when given), the failed tasks."""
-    state = "complete" if rep["complete"] else f"INCOMPLETE: {rep['n_done']} of {rep['n_tasks']} tasks done"
-    lines = [f"sweep: {rep['sweep']} ({state})"]
+def format_sweep_report(rep: SweepReport, advice: SweepAdvice | None = None) -> str:
+    """The sweep report (:meth:`traces.sweep.reader.Sweep.report`) as plain text: one line per
+    configuration × category, the recommendation and break-even (``advice``:
+    :class:`traces.sweep.advice.SweepAdvice`, when given; printed by :func:`mtpscope.cli.advice.format_advice`),
+    the quantizations, the failed tasks."""
+    state = "complete" if rep.complete else f"INCOMPLETE: {rep.n_done} of {rep.n_tasks} tasks done"
+    lines = [f"sweep: {rep.sweep} ({state})"]
     head = (f"{'assistant':<24} {'n_draft':>7}  {'category':<16} {'prompts':>7} {'rounds':>8} "
             f"{'acceptance rate':>15} {'mean acc. length':>16} {'tokens/s':>9} {'speedup':>8}")
     lines += ["", head]
     prev = None
-    for c in rep["cells"]:
-        cfg = (c["assistant"], c["n_draft"])
+    for c in rep.cells:
+        cfg = (c.assistant, c.n_draft)
         if prev is not None and cfg != prev:
             lines.append("")
         prev = cfg
-        lines.append(f"{c['assistant'][:24]:<24} {c['n_draft']:>7}  {str(c['category'])[:16]:<16} "
-                     f"{c['n_prompts']:>7} {c['n_rounds']:>8} {_fmt(c['acceptance_rate'], '.4f'):>15} "
-                     f"{_fmt(c['mean_acceptance_length'], '.3f'):>16} {_fmt(c['tokens_per_s'], '.1f'):>9} "
-                     f"{_fmt(c['speedup'], '.3f'):>8}")
-    if not rep["cells"]:
+        lines.append(f"{c.assistant[:24]:<24} {c.n_draft:>7}  {str(c.category)[:16]:<16} "
+                     f"{c.n_prompts:>7} {c.n_rounds:>8} {_fmt(c.acceptance_rate, '.4f'):>15} "
+                     f"{_fmt(c.mean_acceptance_length, '.3f'):>16} {_fmt(c.tokens_per_s, '.1f'):>9} "
+                     f"{_fmt(c.speedup, '.3f'):>8}")
+    if not rep.cells:
         lines.append("(no finished task yet)")
     if advice is not None:
         from mtpscope.cli.advice import format_advice
 
         lines += format_advice(advice.advice, advice.load_warnings)
-    lines += format_quant_section(rep.get("quantization") or [])
-    if rep["failed"]:
-        lines += ["", f"failed tasks ({len(rep['failed'])}):"]
-        lines += [f"  {f['task']}: {f['error']}" for f in rep["failed"]]
+    lines += format_quant_section(rep.quantization)
+    if rep.failed:
+        lines += ["", f"failed tasks ({len(rep.failed)}):"]
+        lines += [f"  {f.task}: {f.error}" for f in rep.failed]
     lines += ["", "tokens/s: emitted tokens / (draft + verify time), prompt processing excluded; speedup: over "
               "the baseline (plain decoding) of the same category; intervals: 95 % bootstrap over prompts"]
     return "\n".join(lines)
@@ -67,28 +74,28 @@ def format_sweep_report(rep: dict[str, Any], advice: Any = None) -> str:
 
 # ------------------------------------------------------------------ drafter quantizations (--assistant-quant)
 
-def format_quant_section(rows: list[dict[str, Any]]) -> list[str]:
-    """The sweep report's section on drafter quantizations (``report["quantization"]``,
-    :func:`traces.sweep.quant.quant_table`): per category, one line per llama.cpp type (and n_draft) with
+def format_quant_section(rows: Sequence[QuantRow]) -> list[str]:
+    """The sweep report's section on drafter quantizations (``report().quantization``,
+    :func:`traces.sweep.quant.quant_rows`): per category, one line per llama.cpp type (and n_draft) with
     the quantized file's size, acceptance rate, mean acceptance length, tokens/s and speedup; where a row
-    carries ``<metric>_lo`` / ``_hi`` the interval follows the number. No lines without quantizations."""
+    carries an interval for a metric it follows the number. No lines without quantizations."""
     if not rows:
         return []
-    sources = sorted({str(r["source"]) for r in rows})
+    sources = sorted({str(r.source) for r in rows})
     lines = ["", f"drafter quantizations (llama.cpp's quantizer; source {', '.join(sources)}):",
              f"{'category':<16} {'type':<12} {'n_draft':>7} {'size MiB':>9} {'acceptance rate':>15} "
              f"{'mean acc. length':>16} {'tokens/s':>9} {'speedup':>8}"]
     prev = None
 
-    def num(r: dict[str, Any], k: str, spec: str) -> str:
-        v = _fmt(r.get(k), spec)
-        lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
+    def num(r: QuantRow, k: str, spec: str) -> str:
+        v = _fmt(getattr(r, k), spec)
+        lo, hi = r.intervals.get(k, (None, None))
         return v if lo is None or hi is None else f"{v} [{_fmt(lo, spec)}, {_fmt(hi, spec)}]"
 
     for r in rows:
-        cat = str(r["category"])
-        lines.append(f"{(cat if cat != prev else '')[:16]:<16} {str(r['qtype'])[:12]:<12} {r['n_draft']:>7} "
-                     f"{r['n_bytes'] / (1024 * 1024):>9.1f} {num(r, 'acceptance_rate', '.4f'):>15} "
+        cat = str(r.category)
+        lines.append(f"{(cat if cat != prev else '')[:16]:<16} {str(r.qtype)[:12]:<12} {r.n_draft:>7} "
+                     f"{r.n_bytes / (1024 * 1024):>9.1f} {num(r, 'acceptance_rate', '.4f'):>15} "
                      f"{num(r, 'mean_acceptance_length', '.3f'):>16} {num(r, 'tokens_per_s', '.1f'):>9} "
                      f"{num(r, 'speedup', '.3f'):>8}")
         prev = cat
@@ -122,24 +129,24 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
         sw = open_sweep(path)
         rep = sw.report()
         adv = sweep_advice(sw)
-        rep.update(adv.to_dict())
+        doc = {**rep.to_dict(), **adv.to_dict()}        # the JSON: the report's keys, then the advice's
         if advice_only:
-            rep = {k: rep[k] for k in ("sweep", "complete", "n_tasks", "n_done", "recommendation", "break_even",
+            doc = {k: doc[k] for k in ("sweep", "complete", "n_tasks", "n_done", "recommendation", "break_even",
                                        "candidates", "baseline", "load_warnings", "failed", "warnings")
-                   if k in rep}
-    for w in rep["warnings"]:
+                   if k in doc}
+    for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     for w in adv.load_warnings:
         print(f"warning: {w.words}", file=sys.stderr)
     if as_json:
-        print(json.dumps(rep, indent=2, allow_nan=False))
+        print(json.dumps(doc, indent=2, allow_nan=False))
     elif advice_only:
         from mtpscope.cli.advice import format_advice
 
-        print("\n".join([f"sweep: {rep['sweep']}", *format_advice(adv.advice, adv.load_warnings)]))
+        print("\n".join([f"sweep: {rep.sweep}", *format_advice(adv.advice, adv.load_warnings)]))
     else:
         print(format_sweep_report(rep, adv))
-    return EXIT_FINDINGS if (rep["failed"] or not rep["complete"] or rep["warnings"]) else EXIT_OK
+    return EXIT_FINDINGS if (rep.failed or not rep.complete or rep.warnings) else EXIT_OK
 
 
 def register(app: typer.Typer) -> None:

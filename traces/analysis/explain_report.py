@@ -21,7 +21,7 @@ from mtpscope.errors import TraceError, TraceFormatError
 from mtpscope.traces.analysis import breakdown as B
 from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.analysis.advice import Advice, advise
-from mtpscope.traces.analysis.metrics import totals
+from mtpscope.traces.analysis.metrics import Totals, totals
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.timing_quality import timing_quality
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
@@ -119,7 +119,7 @@ class Explanation:
     what_if: WhatIf | None
     advice: Advice | None
     drift: Drift | None
-    totals: dict[str, Any]
+    totals: Totals
     head: str
     notes: tuple[str, ...] = field(default=())
 

@@ -31,7 +31,9 @@ Definitions (the ones llama.cpp's speculative decoding and vLLM's spec-decode me
 
 All functions take the ``rounds`` / ``steps`` DataFrames of :class:`traces.store.reader.Trace` (only the
 columns named in each docstring are used) and return floats, dicts or DataFrames; NaN where a
-denominator is zero.
+denominator is zero. What leaves for the app and the CLI is typed (the records of
+:mod:`mtpscope.traces.analysis.report_records`): :func:`totals` -> ``Totals``, :func:`report` -> ``TraceReport``;
+each record's ``to_dict()`` is its JSON (``report --json``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis.report_records import (CategoryRequests, CentroidCoverage, CoverageRow, MismatchRow,
+                                                     PositionRow, PromptRow, RequestTotals, RollingPoint,
+                                                     RollingSummary, ServerPositionRow, StreakRow, Streaks, Timing,
+                                                     Totals, TraceReport)
 from mtpscope.traces.analysis.wording import prompt_texts
 from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.list_columns import flat_list
@@ -67,34 +73,32 @@ def _div(a: float, b: float) -> float:
     return float(a) / float(b) if b else math.nan
 
 
-def totals(rounds: pd.DataFrame) -> dict[str, Any]:
+def totals(rounds: pd.DataFrame) -> Totals:
     """Totals over ``rounds`` (columns ``n_draft``, ``n_accepted``).
 
     Returns:
-        dict with ``n_rounds`` (all rows), ``n_verify_rounds`` (rows with ``n_draft > 0``),
-        ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``mean_acceptance_length``.
+        :class:`Totals`: ``n_rounds`` (all rows), ``n_verify_rounds`` (rows with ``n_draft > 0``),
+        ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``mean_acceptance_length`` (NaN where undefined).
+
+    Raises:
+        TraceFormatError: ``rounds`` lacks a column.
     """
     _need(rounds, ["n_draft", "n_accepted"], "rounds")
     nd, na = _ints(rounds["n_draft"]), _ints(rounds["n_accepted"])
     n_verify = int((nd > 0).sum())
-    return {
-        "n_rounds": int(len(rounds)),
-        "n_verify_rounds": n_verify,
-        "n_drafted": int(nd.sum()),
-        "n_accepted": int(na.sum()),
-        "acceptance_rate": _div(na.sum(), nd.sum()),
-        "mean_acceptance_length": 1.0 + _div(na[nd > 0].sum(), n_verify) if n_verify else math.nan,
-    }
+    return Totals(n_rounds=int(len(rounds)), n_verify_rounds=n_verify, n_drafted=int(nd.sum()),
+                  n_accepted=int(na.sum()), acceptance_rate=_div(na.sum(), nd.sum()),
+                  mean_acceptance_length=1.0 + _div(na[nd > 0].sum(), n_verify) if n_verify else math.nan)
 
 
 def acceptance_rate(rounds: pd.DataFrame) -> float:
     """Accepted draft tokens / drafted tokens (llama.cpp's definition). NaN when nothing was drafted."""
-    return totals(rounds)["acceptance_rate"]
+    return totals(rounds).acceptance_rate
 
 
 def mean_acceptance_length(rounds: pd.DataFrame) -> float:
     """1 + accepted / verify rounds (vLLM's definition; verify rounds = rounds with ``n_draft > 0``)."""
-    return totals(rounds)["mean_acceptance_length"]
+    return totals(rounds).mean_acceptance_length
 
 
 def per_position_acceptance(rounds: pd.DataFrame, max_k: int | None = None) -> pd.DataFrame:
@@ -347,8 +351,8 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
     return {"kind": kind, "n_requests": int(len(sub)), "n_drafted": int(nd.sum()), "n_accepted": int(na.sum()),
             "acceptance_rate": _div(na.sum(), nd.sum()),
             "by_kind": {k: int((requests["kind"] == k).sum()) for k in sorted(kinds)},
-            "n_drafts": tot["n_drafts"], "mean_acceptance_length": tot["mean_acceptance_length"],
-            "tokens_per_s_mean": tot["tokens_per_s_mean"], "alarm": R.not_drafting_alarm(requests),
+            "n_drafts": tot.n_drafts, "mean_acceptance_length": tot.mean_acceptance_length,
+            "tokens_per_s_mean": tot.tokens_per_s_mean, "alarm": R.not_drafting_alarm(requests),
             "by_category": _records(R.by_category(requests)), "per_position": _records(R.per_position(requests))}
 
 
@@ -419,7 +423,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
     no step knows ``target_in_candidates``), ``requests`` (server-log totals or None).
     For a trace with no rounds but request rows, the totals come from :func:`request_totals`.
     """
-    out: dict[str, Any] = dict(totals(rounds))
+    out: dict[str, Any] = totals(rounds).to_dict()
     out["per_position"] = _records(per_position_acceptance(rounds, max_k))
     out["prompts"] = _records(per_prompt(rounds))
     out["first_mismatch"] = _records(first_mismatch_histogram(rounds, max_k))
@@ -449,30 +453,46 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
     return _clean(out)
 
 
-def report(trace: TraceLike) -> dict[str, Any]:
-    """:func:`summarize` for an opened trace, reading only the columns it needs, plus ``trace``,
-    ``source``, ``complete``, ``n_prompts`` and ``warnings``; each ``prompts`` row also carries the
-    prompt's ``text`` from the manifest ("" when the manifest has none).
+def report(trace: TraceLike) -> TraceReport:
+    """:func:`summarize` for an opened trace as a :class:`TraceReport`, reading only the columns it needs, plus
+    ``trace``, ``source``, ``complete``, ``n_prompts`` and ``warnings``; each ``prompts`` row also carries the
+    prompt's ``text`` from the manifest ("" when the manifest has none). ``report(trace).to_dict()`` is
+    ``mtpscope report --json``'s body.
 
     Args:
         trace: a :class:`traces.store.reader.Trace`.
+
+    Raises:
+        TraceFormatError: a table lacks a column the metrics need.
     """
     rounds = trace.columns("rounds", REPORT_ROUNDS_COLUMNS)
     steps = None
     if trace.manifest.get("centroids") is not None:
         steps = trace.columns("steps", ["prompt_id", "round", "k", "accepted", "target_in_candidates"])
     requests = trace.requests if trace.part_files("requests") else None
-    body = summarize(rounds, steps, requests)
+    b = summarize(rounds, steps, requests)
     prompt_ids = set(int(p) for p in rounds["prompt_id"].unique()) if len(rounds) else set()
-    head = {
-        "trace": str(trace.path),
-        "source": trace.manifest.get("source"),
-        "complete": bool(trace.manifest.get("complete")),
-        "n_prompts": max(len(trace.manifest.get("prompts") or []), len(prompt_ids)),
-    }
-    out = {**head, **body}
     texts = prompt_texts(trace.manifest.get("prompts"))
-    out["prompts"] = [{"prompt_id": p["prompt_id"], "text": texts.get(p["prompt_id"], ""),
-                       **{k: v for k, v in p.items() if k != "prompt_id"}} for p in out["prompts"]]
-    out["warnings"] = list(trace.warnings)
-    return out
+    z, ro, tm, cc, rq = (b["zero_acceptance_streaks"], b["rolling"], b["timing_ms"], b["centroid_coverage"],
+                         b["requests"])
+    return TraceReport(
+        trace=str(trace.path), source=trace.manifest.get("source"), complete=bool(trace.manifest.get("complete")),
+        n_prompts=max(len(trace.manifest.get("prompts") or []), len(prompt_ids)),
+        n_rounds=b["n_rounds"], n_verify_rounds=b["n_verify_rounds"], n_drafted=b["n_drafted"],
+        n_accepted=b["n_accepted"], acceptance_rate=b["acceptance_rate"],
+        mean_acceptance_length=b["mean_acceptance_length"],
+        per_position=tuple(PositionRow(**p) for p in b["per_position"]),
+        prompts=tuple(PromptRow(text=texts.get(p["prompt_id"], ""), **p) for p in b["prompts"]),
+        first_mismatch=tuple(MismatchRow(**f) for f in b["first_mismatch"]),
+        n_all_accepted=b["n_all_accepted"],
+        zero_acceptance_streaks=Streaks(z["n_streaks"], z["n_rounds_in_streaks"], z["longest"],
+                                        tuple(StreakRow(**t) for t in z["top"])),
+        rolling=None if ro is None else RollingSummary(**{**ro, "series": tuple(RollingPoint(**p)
+                                                                                 for p in ro["series"])}),
+        timing_ms=None if tm is None else Timing(**tm),
+        centroid_coverage=None if cc is None else CentroidCoverage(
+            **{**cc, "per_position": tuple(CoverageRow(**p) for p in cc["per_position"])}),
+        requests=None if rq is None else RequestTotals(**{
+            **rq, "by_category": tuple(CategoryRequests(**c) for c in rq["by_category"]),
+            "per_position": tuple(ServerPositionRow(**p) for p in rq["per_position"])}),
+        warnings=tuple(trace.warnings))

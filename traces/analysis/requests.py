@@ -16,17 +16,23 @@ Definitions (llama-server's own, tools/server/server-context.cpp of the vendored
 Which rows count: a trace may hold several kinds of rows for the same requests (an imported log with both
 acceptance lines and response JSON); :func:`request_rows` keeps one kind, preferring ``probe``, then
 ``response``, then ``log`` (:data:`KIND_PREFERENCE`).
+
+Typed results (what reaches the app and the CLI): :func:`totals` -> :class:`ServerTotals`, :func:`requests_view` ->
+:class:`RequestsView`, :func:`request_pairs` -> :class:`RequestPair` rows; each record's ``to_dict()`` is its JSON.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces.analysis.records import JsonRecord
 from mtpscope.traces.analysis.wording import plural
 
 #: the row kinds of ``requests``, preferred first
@@ -39,6 +45,62 @@ TABLE_COLUMNS = ("request", "prompt", "category", "repeat", "n_prompt_tokens", "
 
 ALARM = ("the server is not running MTP: no draft tokens in {n} — check `--spec-type draft-mtp` and the draft "
          "model")
+
+
+@dataclass(frozen=True)
+class ServerTotals(JsonRecord):
+    """:func:`totals` of request rows (the module docstring's definitions).
+
+    Attributes:
+        n_requests: requests; n_drafted / n_accepted: draft tokens; acceptance_rate: accepted / drafted (0..1, NaN
+        when nothing was drafted); n_drafts: verification steps (None when unknown); mean_acceptance_length:
+        1 + accepted / drafts over the requests whose drafts are known (tokens, NaN when unknown);
+        tokens_per_s_mean: the mean of the requests' tokens/s (NaN when none is known).
+    """
+
+    n_requests: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float
+    n_drafts: int | None
+    mean_acceptance_length: float
+    tokens_per_s_mean: float
+
+
+@dataclass(frozen=True)
+class RequestsView:
+    """The request tables of a trace as the Server page and ``explain --by request`` show them
+    (:func:`requests_view`): ``table`` (:func:`request_table`), ``totals``, ``by_category``, ``per_position``
+    (DataFrames of :func:`by_category` / :func:`per_position`) and ``alarm`` (:func:`not_drafting_alarm`)."""
+
+    table: pd.DataFrame
+    totals: ServerTotals
+    by_category: pd.DataFrame
+    per_position: pd.DataFrame
+    alarm: str | None
+
+
+@dataclass(frozen=True)
+class RequestPair(JsonRecord):
+    """One row of :func:`compare_requests` as its JSON has it (:func:`request_pairs`): the prompt, its occurrence,
+    the request numbers, drafted and accepted tokens on sides A and B, ``same_counts``, ``same_output`` (None
+    when a side lacks the token ids)."""
+
+    prompt: Any
+    occurrence: int
+    request_a: Any
+    request_b: Any
+    drafted_a: Any
+    drafted_b: Any
+    accepted_a: Any
+    accepted_b: Any
+    same_counts: bool
+    same_output: bool | None
+
+    @property
+    def differs(self) -> bool:
+        """The counts differ, or the outputs are known to differ."""
+        return not self.same_counts or self.same_output is False
 
 
 def request_rows(requests: pd.DataFrame) -> pd.DataFrame:
@@ -101,26 +163,33 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _totals(t: pd.DataFrame) -> dict[str, Any]:
+def _totals(t: pd.DataFrame) -> ServerTotals:
     nd = float(np.nansum(_num(t["n_drafted"]))) if len(t) else 0.0
     na = float(np.nansum(_num(t["n_accepted"]))) if len(t) else 0.0
     drafts = _num(t["n_drafts"]) if len(t) else np.array([])
     known = ~np.isnan(drafts)
     na_known = float(np.nansum(_num(t["n_accepted"])[known])) if len(t) else 0.0
     tps = _num(t["tokens_per_s"]) if len(t) else np.array([])
-    return {"n_requests": int(len(t)), "n_drafted": int(nd), "n_accepted": int(na),
-            "acceptance_rate": _div(na, nd),
-            "n_drafts": int(drafts[known].sum()) if known.any() else None,
-            "mean_acceptance_length": 1.0 + _div(na_known, drafts[known].sum()) if known.any() and drafts[known].sum()
-            else math.nan,
-            "tokens_per_s_mean": float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan}
+    return ServerTotals(
+        n_requests=int(len(t)), n_drafted=int(nd), n_accepted=int(na), acceptance_rate=_div(na, nd),
+        n_drafts=int(drafts[known].sum()) if known.any() else None,
+        mean_acceptance_length=1.0 + _div(na_known, drafts[known].sum()) if known.any() and drafts[known].sum()
+        else math.nan,
+        tokens_per_s_mean=float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan)
 
 
-def totals(requests: pd.DataFrame) -> dict[str, Any]:
-    """Totals over :func:`request_table`'s rows: ``n_requests``, ``n_drafted``, ``n_accepted``,
-    ``acceptance_rate``, ``n_drafts`` (None when unknown), ``mean_acceptance_length`` (over requests whose drafts
-    are known), ``tokens_per_s_mean`` (mean over requests)."""
+def totals(requests: pd.DataFrame) -> ServerTotals:
+    """Totals over :func:`request_table`'s rows (:class:`ServerTotals`): ``n_requests``, ``n_drafted``,
+    ``n_accepted``, ``acceptance_rate``, ``n_drafts`` (None when unknown), ``mean_acceptance_length`` (over
+    requests whose drafts are known), ``tokens_per_s_mean`` (mean over requests)."""
     return _totals(request_table(requests))
+
+
+def requests_view(requests: pd.DataFrame) -> RequestsView:
+    """:class:`RequestsView` of a ``requests`` table: :func:`request_table`, :func:`totals`,
+    :func:`by_category`, :func:`per_position` and :func:`not_drafting_alarm` of it."""
+    return RequestsView(table=request_table(requests), totals=totals(requests), by_category=by_category(requests),
+                        per_position=per_position(requests), alarm=not_drafting_alarm(requests))
 
 
 def by_category(requests: pd.DataFrame) -> pd.DataFrame:
@@ -131,7 +200,7 @@ def by_category(requests: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["category", "n_requests", "n_drafted", "n_accepted", "acceptance_rate",
                                      "n_drafts", "mean_acceptance_length", "tokens_per_s_mean"])
     cat = t["category"].where(t["category"].notna(), "(none)")
-    rows = [{"category": c, **_totals(t[cat == c])} for c in sorted(set(cat))]
+    rows = [{"category": c, **_totals(t[cat == c]).to_dict()} for c in sorted(set(cat))]
     return pd.DataFrame(rows).sort_values("acceptance_rate", kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -244,9 +313,16 @@ def compare_requests(a: pd.DataFrame, b: pd.DataFrame, *, reuse_b: bool = False)
                                        "accepted_a", "accepted_b", "same_counts", "same_output"])
 
 
+def request_pairs(table: pd.DataFrame) -> tuple[RequestPair, ...]:
+    """:func:`compare_requests`' rows as :class:`RequestPair` records, their values as the table's JSON
+    (``to_json(orient="records")``) has them: so ``[p.to_dict() for p in request_pairs(t)]`` is that JSON."""
+    return tuple(RequestPair(**r) for r in json.loads(table.to_json(orient="records")))
+
+
 def _is_list(v: Any) -> bool:
     return isinstance(v, (list, tuple, np.ndarray))
 
 
-__all__ = ["ALARM", "KIND_PREFERENCE", "TABLE_COLUMNS", "by_category", "compare_requests", "not_drafting_alarm",
-           "per_position", "request_rows", "request_table", "requests_from_rounds", "totals"]
+__all__ = ["ALARM", "KIND_PREFERENCE", "TABLE_COLUMNS", "RequestPair", "RequestsView", "ServerTotals", "by_category",
+           "compare_requests", "not_drafting_alarm", "per_position", "request_pairs", "request_rows", "request_table",
+           "requests_from_rounds", "requests_view", "totals"]

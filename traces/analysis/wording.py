@@ -121,17 +121,18 @@ def category_field_note(fields: Iterable[str], option: str = "--category-field")
             "results down by it")
 
 
-def streaks_line(z: dict[str, Any]) -> str:
-    """``report()['zero_acceptance_streaks']`` in words, the one wording the CLI and the app share:
-    ``zero-acceptance streaks: 12 (12 rounds), longest 1 round`` or ``zero-acceptance streaks: none``."""
-    if not z.get("n_streaks"):
+def streaks_line(n_streaks: int, n_rounds_in_streaks: int = 0, longest: int = 0) -> str:
+    """Zero-acceptance streaks (``report().zero_acceptance_streaks``' counts) in words, the one wording the CLI
+    and the app share: ``zero-acceptance streaks: 12 (12 rounds), longest 1 round`` or
+    ``zero-acceptance streaks: none``."""
+    if not n_streaks:
         return "zero-acceptance streaks: none (every round that drafted accepted at least one draft)"
-    return (f"zero-acceptance streaks: {z['n_streaks']} ({plural(z['n_rounds_in_streaks'], 'round')}), "
-            f"longest {plural(z['longest'], 'round')}")
+    return (f"zero-acceptance streaks: {n_streaks} ({plural(n_rounds_in_streaks, 'round')}), "
+            f"longest {plural(longest, 'round')}")
 
 
-def rolling_words(ro: dict[str, Any]) -> str:
-    """What ``report()['rolling']`` was computed over, in words (``window 32 rounds, across the trace,
-    full windows only``)."""
-    full = "full windows only" if ro.get("full_windows") else "fewer rounds than the window: every round"
-    return f"window {plural(ro['window'], 'round')}, across the trace, {full}"
+def rolling_words(window: int, full_windows: bool) -> str:
+    """What ``report().rolling`` was computed over (its ``window`` in rounds, ``full_windows``), in words
+    (``window 32 rounds, across the trace, full windows only``)."""
+    full = "full windows only" if full_windows else "fewer rounds than the window: every round"
+    return f"window {plural(window, 'round')}, across the trace, {full}"

@@ -134,7 +134,7 @@ class ReplayResult:
 
         def rates(accepted_column: str) -> tuple[float, float]:
             t = totals(r[["n_draft", accepted_column]].rename(columns={accepted_column: "n_accepted"}))
-            return t["acceptance_rate"], t["mean_acceptance_length"]
+            return t.acceptance_rate, t.mean_acceptance_length
 
         rec_ar, rec_mal = rates("n_accepted")
         out: dict[str, Any] = {"trace": self.trace, "n_rounds": n_rounds, "n_steps": len(self.steps),

@@ -35,7 +35,9 @@ from typing import Any
 import pandas as pd
 
 from mtpscope.errors import ServerError, TraceError
-from mtpscope.traces.analysis.requests import compare_requests, request_rows, requests_from_rounds
+from mtpscope.traces.analysis.records import JsonRecord
+from mtpscope.traces.analysis.requests import (RequestPair, compare_requests, request_pairs, request_rows,
+                                               requests_from_rounds)
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.server.probe import SOURCE as PROBE_SOURCE
 from mtpscope.traces.store.reader import open_trace
@@ -47,7 +49,38 @@ NOT_REPORTED = "not reported by the server"
 
 
 @dataclass(frozen=True)
-class SettingRow:
+class ReplayCounts(JsonRecord):
+    """Drafted and accepted tokens of one request on one side of :class:`FirstDifference` (as the comparison
+    table has them)."""
+
+    drafted: Any
+    accepted: Any
+
+
+@dataclass(frozen=True)
+class FirstDifference(JsonRecord):
+    """The first request whose counts or output differ (:attr:`ServerReplay.first_difference`).
+
+    Attributes:
+        request: its number in the probe; prompt / prompt_id: its prompt (None when the recording has no rounds
+            for it); server / recording: :class:`ReplayCounts` of each side (None then too); same_output: the
+            outputs equal (None when unknown); recording_trace: the recording's folder; recording_prompt_id: the
+            prompt's id in the recording (the Step view's); explain: the command line that explains it.
+    """
+
+    request: int
+    prompt: Any
+    prompt_id: int | None
+    server: ReplayCounts | None
+    recording: ReplayCounts | None
+    same_output: bool | None
+    recording_trace: str
+    recording_prompt_id: int | None
+    explain: str
+
+
+@dataclass(frozen=True)
+class SettingRow(JsonRecord):
     """One setting side by side.
 
     Attributes:
@@ -74,27 +107,32 @@ class ServerReplay:
             server, B = the recording): prompt, request, drafted / accepted on both sides, same_counts,
             same_output.
         settings: :class:`SettingRow` per setting.
-        first_difference: the first request whose counts or output differ: ``{"request", "prompt", "prompt_id",
-            "server": {drafted, accepted}, "recording": {…}, "recording_trace", "recording_prompt_id" (the
-            prompt's id in the recording: the Step view's), "explain"}``; None when all agree.
+        first_difference: the first request whose counts or output differ (:class:`FirstDifference`); None when
+            all agree.
     """
 
     probe: str
     recording: str
     table: pd.DataFrame
     settings: tuple[SettingRow, ...]
-    first_difference: dict[str, Any] | None
+    first_difference: FirstDifference | None
 
     @property
     def all_equal(self) -> bool:
         """Every compared request has the same counts and the same output."""
         return self.first_difference is None and len(self.table) > 0
 
+    @property
+    def requests(self) -> tuple[RequestPair, ...]:
+        """:attr:`table`'s rows as records (:func:`mtpscope.traces.analysis.requests.request_pairs`)."""
+        return request_pairs(self.table)
+
     def to_dict(self) -> dict[str, Any]:
-        rows = json.loads(self.table.to_json(orient="records"))
+        """``probe --replay --json``'s ``replay`` and ``replay.json``: probe, recording, all_equal, requests (the
+        table's rows), settings, first_difference."""
         return {"probe": self.probe, "recording": self.recording, "all_equal": self.all_equal,
-                "requests": rows, "settings": [s.__dict__ for s in self.settings],
-                "first_difference": self.first_difference}
+                "requests": [r.to_dict() for r in self.requests], "settings": [s.to_dict() for s in self.settings],
+                "first_difference": None if self.first_difference is None else self.first_difference.to_dict()}
 
 
 def server_n_draft(manifest: dict[str, Any]) -> int | None:
@@ -232,24 +270,25 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
     for r in table.to_dict(orient="records"):
         if not r["same_counts"] or r["same_output"] is False:
             pid = next(int(x["prompt_id"]) for x in rows.to_dict(orient="records") if x["request"] == r["request_a"])
-            first = {"request": int(r["request_a"]), "prompt": r["prompt"], "prompt_id": pid,
-                     "server": {"drafted": r["drafted_a"], "accepted": r["accepted_a"]},
-                     "recording": {"drafted": r["drafted_b"], "accepted": r["accepted_b"]},
-                     "same_output": r["same_output"], "recording_trace": os.fspath(rec_dir),
-                     "recording_prompt_id": rec_pid.get(str(r["prompt"])),
-                     "explain": f"mtpscope explain {os.fspath(rec_dir)} --prompt {rec_pid.get(str(r['prompt']))}"}
+            first = FirstDifference(
+                request=int(r["request_a"]), prompt=r["prompt"], prompt_id=pid,
+                server=ReplayCounts(r["drafted_a"], r["accepted_a"]),
+                recording=ReplayCounts(r["drafted_b"], r["accepted_b"]), same_output=r["same_output"],
+                recording_trace=os.fspath(rec_dir), recording_prompt_id=rec_pid.get(str(r["prompt"])),
+                explain=f"mtpscope explain {os.fspath(rec_dir)} --prompt {rec_pid.get(str(r['prompt']))}")
             break
     missing = set(int(x) for x in rows["request"]) - set(int(x) for x in table["request_a"])
     if missing and first is None:
         req = min(missing)
-        first = {"request": req, "prompt": None, "prompt_id": None, "server": None, "recording": None,
-                 "same_output": None, "recording_trace": os.fspath(rec_dir), "recording_prompt_id": None,
-                 "explain": "the recording has no rounds for this request's prompt"}
+        first = FirstDifference(request=req, prompt=None, prompt_id=None, server=None, recording=None,
+                                same_output=None, recording_trace=os.fspath(rec_dir), recording_prompt_id=None,
+                                explain="the recording has no rounds for this request's prompt")
     res = ServerReplay(os.fspath(probe_dir), os.fspath(rec_dir), table, settings_table(t.manifest, rec.manifest),
                        first)
     (probe_dir / REPLAY_JSON).write_text(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     return res
 
 
-__all__ = ["NOT_REPORTED", "REPLAY_DIR", "REPLAY_JSON", "ServerReplay", "SettingRow", "replay_probe",
+__all__ = ["NOT_REPORTED", "REPLAY_DIR", "REPLAY_JSON", "FirstDifference", "ReplayCounts", "ServerReplay",
+           "SettingRow", "replay_probe",
            "server_n_draft", "settings_table"]

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.analysis.records import JsonRecord, json_records
 from mtpscope.traces.sweep.spec import ALL, QuantAssistant, SweepSpec
 
 #: the columns of :func:`quant_table` (without intervals), in order
@@ -33,6 +37,47 @@ QUANT_COLUMNS = ("category", "qtype", "assistant", "n_draft", "n_prompts", "n_ro
                  "mean_acceptance_length", "tokens_per_s", "speedup", "n_bytes", "source")
 #: the metrics an ``intervals`` mapping may bound
 INTERVAL_METRICS = ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup")
+
+
+@dataclass(frozen=True)
+class QuantRow(JsonRecord):
+    """One row of :func:`quant_table` as the report has it (:func:`quant_rows`): a category x llama.cpp type x
+    n_draft with the quantized drafter's ``assistant`` name, prompts, rounds, acceptance rate (0..1), mean
+    acceptance length (tokens), tokens/s, speedup (None where undefined), ``n_bytes`` (the quantized file's size)
+    and ``source`` (the drafter's file name). ``intervals``: ``{metric: (lo, hi)}`` for the metrics the table
+    bounds (``<metric>_lo`` / ``_hi`` columns; None where a cell has none); in ``to_dict()`` they follow as those
+    keys."""
+
+    category: str
+    qtype: str
+    assistant: str
+    n_draft: int
+    n_prompts: int
+    n_rounds: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    tokens_per_s: float | None
+    speedup: float | None
+    n_bytes: int
+    source: str
+    intervals: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as its JSON: :data:`QUANT_COLUMNS`, then ``<metric>_lo`` and ``<metric>_hi`` per interval."""
+        out = {c: getattr(self, c) for c in QUANT_COLUMNS}
+        for m, (lo, hi) in self.intervals.items():
+            out[f"{m}_lo"], out[f"{m}_hi"] = lo, hi
+        return out
+
+
+def quant_rows(table: pd.DataFrame) -> tuple[QuantRow, ...]:
+    """:func:`quant_table`'s rows as :class:`QuantRow` records (NaN -> None, numpy scalars -> Python numbers)."""
+    rows = []
+    for r in json_records(table):
+        named = [m for m in INTERVAL_METRICS if f"{m}_lo" in r]
+        rows.append(QuantRow(**{c: r[c] for c in QUANT_COLUMNS},
+                             intervals={m: (r[f"{m}_lo"], r[f"{m}_hi"]) for m in named}))
+    return tuple(rows)
 
 
 def quant_name(assistant: str, qtype: str, n_assistants: int) -> str:

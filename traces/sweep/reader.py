@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,11 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.costs import CostProbe
+from mtpscope.traces.analysis.records import JsonRecord, json_records
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.reader import Trace, open_trace, sql_file_list, sql_str
-from mtpscope.traces.sweep.quant import quant_table
+from mtpscope.traces.sweep.quant import QuantRow, quant_rows, quant_table
 from mtpscope.traces.sweep.spec import ALL, BASELINE, SWEEP_FILE, SweepSpec, read_state, task_states
 
 #: the columns of :meth:`Sweep.cells` (and of ``report --json``'s ``cells``)
@@ -56,6 +58,80 @@ MATRIX_COLUMNS = ("task", "assistant", "n_draft", "shard", "state", "attempts", 
                   "n_rounds", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "tokens_per_s",
                   "seconds", "load_seconds", "started", "finished", "error", "dir")
 _HIVE_TYPES = "{'assistant': VARCHAR, 'n_draft': INTEGER, 'shard': INTEGER}"
+
+
+@dataclass(frozen=True)
+class CellRow(JsonRecord):
+    """One row of :meth:`Sweep.cells` (:data:`CELL_COLUMNS`) as the report has it: a configuration x category with
+    its prompts, rounds, draft tokens, acceptance rate (0..1), mean acceptance length (tokens), measured tokens/s
+    and speedup over the baseline; None where undefined."""
+
+    assistant: str
+    n_draft: int
+    category: str
+    n_prompts: int
+    n_rounds: int
+    n_drafted: int
+    n_accepted: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    tokens_per_s: float | None
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class FailedTask(JsonRecord):
+    """A failed task of a sweep (:attr:`Sweep.failed`): its id, the error, the tail of its stderr, attempts made."""
+
+    task: str
+    error: str | None
+    stderr_tail: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class FailedRow(JsonRecord):
+    """A failed task as the report lists it: ``task``, ``error``, ``attempts``."""
+
+    task: str
+    error: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class BestConfig(JsonRecord):
+    """:meth:`Sweep.best` of one category: the configuration with the highest measured tokens/s (the baseline
+    excluded), its tokens/s and speedup (None when the category has no baseline)."""
+
+    assistant: str
+    n_draft: int
+    tokens_per_s: float
+    speedup: float | None
+
+
+@dataclass(frozen=True)
+class SweepReport(JsonRecord):
+    """:meth:`Sweep.report`: ``to_dict()`` is ``mtpscope report DIR --json`` on a sweep before the advice keys.
+
+    Attributes:
+        sweep: the directory; complete: every task done; n_tasks / n_done: tasks; categories: in prompt-set
+        order; cells: :class:`CellRow` per configuration x category; failed: :class:`FailedRow` per failed task;
+        best: ``{category: n_draft}`` of :attr:`best_configs`; best_configs: :meth:`Sweep.best`; warnings: the
+        reader's; quantization: the quantized assistants' rows (:func:`traces.sweep.quant.quant_rows`; empty
+        without ``--assistant-quant``).
+    """
+
+    sweep: str
+    complete: bool
+    n_tasks: int
+    n_done: int
+    categories: tuple[str, ...]
+    cells: tuple[CellRow, ...]
+    failed: tuple[FailedRow, ...]
+    best: Mapping[str, int]
+    best_configs: Mapping[str, BestConfig]
+    warnings: tuple[str, ...]
+    quantization: tuple[QuantRow, ...] = ()
 
 
 class Sweep:
@@ -109,10 +185,9 @@ class Sweep:
         return tuple(dict.fromkeys(p.category for p in self.spec.prompts))
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
-        """``[{task, error, stderr_tail, attempts}]`` of the failed tasks."""
-        return [{"task": t.task, "error": t.error, "stderr_tail": t.stderr_tail, "attempts": t.attempts}
-                for t in self._tasks if t.state == "failed"]
+    def failed(self) -> tuple[FailedTask, ...]:
+        """The failed tasks (:class:`FailedTask`), in ``sweep.json`` order."""
+        return tuple(FailedTask(t.task, t.error, t.stderr_tail, t.attempts) for t in self._tasks if t.state == "failed")
 
     def configs(self) -> list[tuple[str, int]]:
         """(assistant, n_draft) of every configuration (the baseline as ``("baseline", 0)``)."""
@@ -247,34 +322,32 @@ class Sweep:
         return out
 
     @staticmethod
-    def best(cells: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    def best(cells: pd.DataFrame) -> dict[str, BestConfig]:
         """Per category (``all`` included) the configuration with the highest measured tokens/s (the
-        baseline excluded): ``{category: {"assistant", "n_draft", "tokens_per_s", "speedup"}}``."""
-        out: dict[str, dict[str, Any]] = {}
+        baseline excluded): ``{category: BestConfig}``."""
+        out: dict[str, BestConfig] = {}
         c = cells[(cells["assistant"] != BASELINE) & cells["tokens_per_s"].notna()]
         for cat, g in c.groupby("category", sort=False):
             row = g.loc[g["tokens_per_s"].astype(float).idxmax()]
             sp = row["speedup"]
-            out[str(cat)] = {"assistant": str(row["assistant"]), "n_draft": int(row["n_draft"]),
-                             "tokens_per_s": float(row["tokens_per_s"]),
-                             "speedup": None if sp is None or (isinstance(sp, float) and math.isnan(sp)) else float(sp)}
+            out[str(cat)] = BestConfig(str(row["assistant"]), int(row["n_draft"]), float(row["tokens_per_s"]),
+                                       None if sp is None or (isinstance(sp, float) and math.isnan(sp)) else float(sp))
         return out
 
-    def report(self) -> dict[str, Any]:
-        """``mtpscope report DIR --json`` on a sweep: ``sweep``, ``complete``, ``n_tasks``, ``n_done``,
-        ``categories``, ``cells`` (list of dicts, :data:`CELL_COLUMNS`), ``failed`` (``[{task, error,
-        attempts}]``), ``best`` (``{category: n_draft}``), ``best_configs`` (:meth:`best`),
-        ``warnings``, ``quantization`` (the quantized assistants' rows, :func:`traces.sweep.quant.quant_table`;
-        empty without ``--assistant-quant``). NaN becomes null."""
+    def report(self) -> SweepReport:
+        """``mtpscope report DIR`` on a sweep (:class:`SweepReport`; its ``to_dict()`` is ``--json``'s body
+        before the advice keys): the cells (:data:`CELL_COLUMNS`), failed tasks, the best configuration per
+        category (:meth:`best`), warnings and the quantized assistants' rows (:func:`traces.sweep.quant.quant_rows`;
+        empty without ``--assistant-quant``). NaN becomes None."""
         cells = self.cells()
         best = self.best(cells)
-        return {"sweep": os.fspath(self.path), "complete": self.complete, "n_tasks": len(self._tasks),
-                "n_done": self.n_done, "categories": list(self.categories), "cells": _json_records(cells),
-                "failed": [{k: f[k] for k in ("task", "error", "attempts")} for f in self.failed],
-                "best": {c: b["n_draft"] for c, b in best.items()}, "best_configs": best,
-                "warnings": list(self.warnings),
-                # --- drafter quantizations (--assistant-quant): traces.sweep.quant; [] without them
-                "quantization": _json_records(quant_table(cells, self.spec))}
+        return SweepReport(
+            sweep=os.fspath(self.path), complete=self.complete, n_tasks=len(self._tasks), n_done=self.n_done,
+            categories=tuple(self.categories), cells=tuple(CellRow(**r) for r in json_records(cells)),
+            failed=tuple(FailedRow(f.task, f.error, f.attempts) for f in self.failed),
+            best={c: b.n_draft for c, b in best.items()}, best_configs=best, warnings=tuple(self.warnings),
+            # --- drafter quantizations (--assistant-quant): traces.sweep.quant; () without them
+            quantization=quant_rows(quant_table(cells, self.spec)))
 
     def timeline(self, assistant: str, n_draft: int, category: str | None = None,
                  columns: Sequence[str] = ("n_draft", "n_accepted")) -> pd.DataFrame:
@@ -464,14 +537,6 @@ class SweepCell(TraceLike):
                 return self.sweep.sql(query)
             finally:
                 con.execute("SET schema = 'main'")
-
-
-def _json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """A frame's rows as JSON-able dicts: NaN -> None, numpy scalars -> Python numbers."""
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else
-                 (int(v) if isinstance(v, (np.integer,)) else
-                  float(v) if isinstance(v, np.floating) else v)) for k, v in r.items()}
-            for r in df.to_dict("records")]
 
 
 def open_sweep(path: str | os.PathLike[str]) -> Sweep:
