@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from mtpscope.traces import Trace
     from mtpscope.traces.analysis.align import AlignedDiff
     from mtpscope.traces.analysis.explain_report import Explanation
-    from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.positions import Positions
+    from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.requests import RequestsView
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
@@ -217,7 +217,8 @@ def validation(path: str | os.PathLike[str], target: str | os.PathLike[str] | No
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None, n_ctx: int) -> MemoryEstimate:
-    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+    from mtpscope.inspector.estimate import EstimateParams
+    from mtpscope.inspector.estimate import estimate as run
 
     t = _open_gguf(target, *tkey)
     d = _open_gguf(drafter, *dkey) if drafter else None
@@ -343,7 +344,8 @@ def remote_gguf(url: str) -> GGUFLike:
 
 @st.cache_resource(max_entries=4, ttl=600, show_spinner=False)
 def _remote_summary(url: str) -> RemoteSummary:
-    from mtpscope.inspector.estimate import EstimateParams, estimate as run
+    from mtpscope.inspector.estimate import EstimateParams
+    from mtpscope.inspector.estimate import estimate as run
     from mtpscope.inspector.remote import request_totals
 
     f = _remote(url)

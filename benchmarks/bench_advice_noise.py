@@ -61,7 +61,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -250,10 +250,10 @@ def run_truth(ph: Phases, load: str, sps: Sequence[Any], tokens: int, shards: in
     (configuration, category) and report's JSON."""
     from mtpscope.traces.run.baseline import record_baseline  # noqa: PLC0415
     from mtpscope.traces.run.recorder import record  # noqa: PLC0415
-    from mtpscope.traces.sweep.reader import open_sweep  # noqa: PLC0415
     from mtpscope.traces.sweep.advice import sweep_advice_dict  # noqa: PLC0415
+    from mtpscope.traces.sweep.reader import open_sweep  # noqa: PLC0415
     from mtpscope.traces.sweep.runner import _task_payload, trace_counts  # noqa: PLC0415
-    from mtpscope.traces.sweep.spec import SweepSpec, TaskState, new_state, now, task_states, write_state  # noqa: PLC0415
+    from mtpscope.traces.sweep.spec import SweepSpec, new_state, now, task_states, write_state  # noqa: PLC0415
 
     spec = SweepSpec(target=os.fspath(tp.target), assistants=(("trained", os.fspath(tp.drafter)),), prompts=tuple(sps),
                      n_drafts=N_DRAFTS, n_shards=shards, baseline=True, max_tokens=tokens, hidden="off").check()

@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-
 from mtpscope.app import charts, views
 from mtpscope.app.tokens import TokenText
 from mtpscope.cache import cache_dir
 from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
-from mtpscope.traces.store.layout import MANIFEST
 from mtpscope.traces.analysis.coverage import centroid_coverage
+from mtpscope.traces.store.layout import MANIFEST
 from mtpscope.traces.store.reader import open_trace
 from mtpscope.traces.synthetic import write_synthetic_trace
 
@@ -68,8 +67,8 @@ def trace_dir(n_rounds: int) -> Path:
 
 def decoder() -> TokenText | None:
     try:
-        from mtpscope.inspector.gguf import open_gguf
         from mtpscope.cache import vocab_path
+        from mtpscope.inspector.gguf import open_gguf
 
         f = open_gguf(vocab_path(fetch=False))
         return TokenText(f.get("tokenizer.ggml.tokens"), "real vocab")

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-
+from mtpscope.cache import cache_dir
 from mtpscope.inspector.centroids import CentroidHead
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
-from mtpscope.cache import cache_dir
 
 N_VOCAB, N_CENTROIDS, N_EMBD = GEMMA4_N_VOCAB, 2048, 256
 

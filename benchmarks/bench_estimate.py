@@ -14,10 +14,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-
 from mtpscope.inspector.estimate import EstimateParams, estimate
 from tests.estimate_models import E2B_LIKE, SynthTarget, parse_llama_sizes, write_synth_target
-
 
 MiB = 1 << 20
 SETTINGS = [(4096, True, False, 512, "f16"), (4096, False, False, 512, "f16"), (16384, True, False, 512, "q8_0"),
@@ -29,7 +27,8 @@ TYPE_ID = {"f16": 1, "q8_0": 8}
 def main() -> None:
     from mtpscope.demo.build import build_demo
     from mtpscope.demo.vocab import load_vocab
-    from mtpscope.traces.run.llama import logs, model as lm
+    from mtpscope.traces.run.llama import logs
+    from mtpscope.traces.run.llama import model as lm
 
     demo = build_demo(traces=False)
     voc = list(load_vocab("subset").kv)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 
-
 from benchmarks.harness import median_time, synthetic_trace
 from mtpscope import traces
 from mtpscope.cache import vocab_path

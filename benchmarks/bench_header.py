@@ -27,7 +27,6 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-
 import numpy as np
 
 from benchmarks.harness import best_cpu_time, best_time

@@ -62,7 +62,8 @@ def load() -> str:
 
 def bench_estimate(pair: RealPair, n_ctx: int, n_batch: int) -> None:
     from mtpscope.inspector.estimate import EstimateParams, estimate
-    from mtpscope.traces.run.llama import logs, model as lm
+    from mtpscope.traces.run.llama import logs
+    from mtpscope.traces.run.llama import model as lm
     from tests.estimate_models import parse_llama_sizes
 
     print(f"\n[1] estimate vs llama.cpp's logged buffers (n_ctx {n_ctx}, n_ubatch {n_batch}, flash attention off, "

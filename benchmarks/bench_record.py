@@ -48,9 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-from mtpscope.demo import build as demo
 from mtpscope.cache import cache_dir
+from mtpscope.demo import build as demo
 from mtpscope.traces.run.mtp_runtime import MtpRuntime
 from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.recorder import record
@@ -213,7 +212,7 @@ def main() -> int:
 
     modes = ("derived", "graph") if args.capture == "both" else (args.capture,)
     on_rts = {m: MtpRuntime(t, a, capture=m == "graph", n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
-              for m in modes} if args.in_process else {m: None for m in modes}
+              for m in modes} if args.in_process else dict.fromkeys(modes)
     stats: dict[str, dict[str, list]] = {m: {k: [] for k in ("recorder_cpu", "loop_cpu", "all_cpu", "loop_wait",
                                                               "parts", "off_parts", "off_w", "on_w", "off_c",
                                                               "on_c", "on_all")} for m in modes}

@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.inventory import build_inventory
 from mtpscope.inspector.remote import RemoteOptions, open_remote

@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from mtpscope.cache import cache_dir
 
 PROMPTS = [("The quick brown fox", "prose"), ("def fibonacci(n):", "code"), ("Once upon a time", "prose"),
@@ -130,8 +129,8 @@ def part_whatif(max_tokens: int) -> None:
         return
     import ray
 
-    from mtpscope.traces.sweep.runner import run_sweep
     from mtpscope.traces.sweep.reader import open_sweep
+    from mtpscope.traces.sweep.runner import run_sweep
 
     demo = _demo()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,

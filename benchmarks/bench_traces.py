@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 

@@ -22,7 +22,6 @@ import time
 
 import numpy as np
 
-
 from mtpscope.traces.run.mtp_runtime import DraftStep, RoundResult
 from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender
 

@@ -31,7 +31,6 @@ import math
 import time
 from pathlib import Path
 
-
 from mtpscope.cache import cache_dir, demo_dir
 
 GOAL_ACC = 0.03
@@ -169,8 +168,8 @@ def main() -> None:
     meas = {(int(r["n_draft"]), str(r["category"])): r for r in cells[cells["assistant"] == name].to_dict("records")}
     # each recording's own costs (the machine's load changes between recordings): the model's counts
     # priced with them separate the position model from the drift of the costs
-    from mtpscope.traces.analysis.metrics import timing
     from mtpscope.traces.analysis.costs import verify_line
+    from mtpscope.traces.analysis.metrics import timing
 
     own: dict[int, tuple[float, dict[int, float], tuple[float, float]]] = {}
     for n in args.n_draft:

@@ -40,8 +40,13 @@ import numpy as np
 from mtpscope.cache import cache_dir, vocab_path
 from mtpscope.inspector.gguf import BOOL, open_gguf
 from mtpscope.inspector.gguf_write import MetaValue, array, f32, string, u32, write_gguf
-from mtpscope.inspector.layouts import (ExpectedTensor, expected_drafter_layout, expected_rope_freqs,
-                                        expected_target_layout, read_hparams)
+from mtpscope.inspector.layouts import (
+    ExpectedTensor,
+    expected_drafter_layout,
+    expected_rope_freqs,
+    expected_target_layout,
+    read_hparams,
+)
 from mtpscope.inspector.tokenizer import tokenizer_kv
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_configs" / "gemma-4-26B-A4B-it-assistant" / "config.json"

@@ -37,13 +37,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import HFCheckpointError
-from mtpscope.inspector.convert_common import (
-    ConvertResult,
-    common_kv,
-    ordered,
-    tokenizer_kv_for,
-    write_converted,
-)
+from mtpscope.inspector.convert_common import ConvertResult, common_kv, ordered, tokenizer_kv_for, write_converted
 from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import target_gguf_name

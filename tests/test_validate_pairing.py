@@ -10,19 +10,7 @@ from typer.testing import CliRunner
 
 from mtpscope.cli.main import app
 from mtpscope.inspector.validate import verify
-from tests.builders import (
-    FK,
-    GGUF_ARRAY,
-    GGUF_BOOL,
-    U32,
-    UP,
-    MetaValue,
-    build,
-    one,
-    parts,
-    set_key,
-    write,
-)
+from tests.builders import FK, GGUF_ARRAY, GGUF_BOOL, U32, UP, MetaValue, build, one, parts, set_key, write
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ _FROM = {
 }
 
 if TYPE_CHECKING:
-    from mtpscope.traces.store.records import RoundRecord, StepRecord
     from mtpscope.traces.store.reader import Trace, open_trace, read_manifest
+    from mtpscope.traces.store.records import RoundRecord, StepRecord
     from mtpscope.traces.store.writer import TraceWriter
     from mtpscope.traces.sweep.reader import open_sweep
 

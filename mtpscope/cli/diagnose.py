@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -38,7 +38,7 @@ def absolute(path: str | os.PathLike[str]) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
-def _absolute(path: Optional[Path]) -> Optional[Path]:
+def _absolute(path: Path | None) -> Path | None:
     return None if path is None else absolute(path)
 
 
@@ -68,20 +68,20 @@ def register(app: typer.Typer) -> None:
 
     @app.command("diagnose")
     def diagnose_cmd(
-        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+        target: Path | None = typer.Option(None, "--target", callback=gguf_path,
                                               help="Target GGUF (default with --trace: the trace's own)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
+        assistant: Path | None = typer.Option(None, "--assistant", callback=gguf_path,
                                                  help="Drafter GGUF (default with --trace: the trace's own)."),
-        prompts: Optional[Path] = typer.Option(
+        prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompts file to record (docs/EXPLAIN.md §6; default: the demo's 36 categorised "
                                     "prompts)."),
-        trace: Optional[Path] = typer.Option(None, "--trace", help="Diagnose this recorded trace instead of recording."),
-        reference: Optional[Path] = typer.Option(
+        trace: Path | None = typer.Option(None, "--trace", help="Diagnose this recorded trace instead of recording."),
+        reference: Path | None = typer.Option(
             None, "--reference", help="A Hugging Face checkpoint of the drafter to compare with (converted, then "
                                       "replayed through the reference drafter)."),
-        reference_assistant: Optional[Path] = typer.Option(
+        reference_assistant: Path | None = typer.Option(
             None, "--reference-assistant", callback=gguf_path, help="A known good drafter GGUF to compare with."),
-        centroids: Optional[Path] = typer.Option(
+        centroids: Path | None = typer.Option(
             None, "--centroids", help="The drafter's centroid head (sidecar / fork GGUF, or HF folder): recorded "
                                       "beside the dense head, and the replay tries drafting with it."),
         n_draft: int = n_draft_option("Drafts per round of the recording"),
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
                                  help="Output folder: the recording, the replays, diagnosis.json (made absolute: "
                                       "the paths and links written name it from the root)."),
-        html_out: Optional[Path] = typer.Option(None, "--html", help="Write the one-file HTML report here."),
+        html_out: Path | None = typer.Option(None, "--html", help="Write the one-file HTML report here."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (docs/DIAGNOSE.md)."),
         no_replay: bool = typer.Option(False, "--no-replay", help="Skip the replays (steps 5 and 6)."),
         app_url: str = typer.Option("http://127.0.0.1:8501", "--app-url",

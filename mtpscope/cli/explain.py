@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -241,13 +241,13 @@ def register(app: typer.Typer) -> None:
     def explain_cmd(
         trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
         as_json: bool = typer.Option(False, "--json", help="Print the sections as JSON."),
-        prompt: Optional[str] = typer.Option(None, "--prompt", help="Only this prompt (its id or prompt_id)."),
-        vocab: Optional[Path] = typer.Option(
+        prompt: str | None = typer.Option(None, "--prompt", help="Only this prompt (its id or prompt_id)."),
+        vocab: Path | None = typer.Option(
             None, "--vocab", help="GGUF whose vocabulary the trace's tokens come from (default: the recorded target)."),
         by: str = typer.Option("round", "--by", help="round: rejections and causes (default); request: one row "
                                                      "per llama-server request (probe, server log; a recording "
                                                      "prompt by prompt), worst first."),
-        category_field: Optional[str] = typer.Option(
+        category_field: str | None = typer.Option(
             None, "--category-field", help="Take each prompt's category from this field of the prompts file "
                                            "(kept in the manifest's prompt entries) instead of 'category'."),
     ) -> None:
@@ -300,7 +300,7 @@ def register(app: typer.Typer) -> None:
         a: Path = typer.Argument(..., help="Trace A (the reference)."),
         b: Path = typer.Argument(..., help="Trace B."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
-        vocab: Optional[Path] = typer.Option(None, "--vocab", help="GGUF vocabulary of A's tokens (token classes)."),
+        vocab: Path | None = typer.Option(None, "--vocab", help="GGUF vocabulary of A's tokens (token classes)."),
     ) -> None:
         """Aligned diff of two traces of the same prompts: positions accepted in one and rejected in the
         other, by token class and draft position; acceptance delta per category with a bootstrap interval.
@@ -311,8 +311,8 @@ def register(app: typer.Typer) -> None:
 
         with one_line_errors(refusals=(TraceMismatchError,)):
             from mtpscope.traces.analysis.compare_report import compare_traces
-            from mtpscope.traces.store.reader import open_trace
             from mtpscope.traces.analysis.vocab import trace_vocab
+            from mtpscope.traces.store.reader import open_trace
 
             ta, tb = open_trace(a), open_trace(b)
             if any(t.part_files("requests") and not (t.manifest.get("counts") or {}).get("n_rounds")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
         assistant: Path = typer.Option(..., "--assistant", callback=gguf_path,
                                        help="Drafter GGUF (arch gemma4-assistant, upstream)."),
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
-        prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt."),
-        prompts: Optional[Path] = typer.Option(
+        prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
+        prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
                                     "optional id and category; docs/EXPLAIN.md §6) or .txt (one per line)."),
         category_field: str = typer.Option(
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         n_gpu_layers: int = typer.Option(
             _D.n_gpu_layers, "--n-gpu-layers",
             help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
-        centroids: Optional[Path] = typer.Option(
+        centroids: Path | None = typer.Option(
             None, "--centroids",
             help="Centroid head to evaluate next to the dense head: a fork-dialect GGUF or a Hugging Face "
                  "checkpoint directory (masked_embedding.*)."),
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         n_top: int = typer.Option(_D.n_top, "--n-top", min=1, help="Drafter candidates stored per step."),
         flush_every: int = typer.Option(_D.flush_every, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
         flash_attn: bool = typer.Option(_D.flash_attn, "--flash-attn/--no-flash-attn", help="Flash attention."),
-        threads: Optional[int] = typer.Option(_D.n_threads, "--threads", help="CPU threads for llama.cpp."),
+        threads: int | None = typer.Option(_D.n_threads, "--threads", help="CPU threads for llama.cpp."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
                                        "completes; until then it is written to <out>.partial-<pid>)."),

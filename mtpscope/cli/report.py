@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
     def report_cmd(
         trace: Path = typer.Argument(..., help="Trace directory (holds manifest.json)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-        vocab: Optional[Path] = typer.Option(
+        vocab: Path | None = typer.Option(
             None, "--vocab", help="GGUF vocabulary of the trace's tokens, for --json's by_class (default: the "
                                   "recorded target)."),
     ) -> None:

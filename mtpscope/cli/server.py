@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -188,7 +188,7 @@ def register(app: typer.Typer) -> None:
 
     @srv.command("build")
     def build_cmd(force: bool = typer.Option(False, "--force", help="Build again even if a build is cached."),
-                  jobs: Optional[int] = typer.Option(None, "--jobs", help="Parallel compile jobs (default: CPUs)."),
+                  jobs: int | None = typer.Option(None, "--jobs", help="Parallel compile jobs (default: CPUs)."),
                   if_possible: bool = typer.Option(False, "--if-possible",
                                                    help="Where it cannot be built (no cmake, compiler or "
                                                         "llama-cpp-python), say so in one line and exit 0."),
@@ -225,11 +225,11 @@ def register(app: typer.Typer) -> None:
     def run_cmd(
         ctx: typer.Context,
         target: Path = typer.Option(..., "--target", callback=gguf_path, help="Target GGUF (gemma4)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
+        assistant: Path | None = typer.Option(None, "--assistant", callback=gguf_path,
                                                  help="Drafter GGUF (gemma4-assistant); without it: no MTP."),
         n_draft: int = n_draft_option("Drafts per round: llama-server's --spec-draft-n-max"),
-        port: Optional[int] = typer.Option(None, "--port", help="Port on 127.0.0.1 (default: a free one)."),
-        log: Optional[Path] = typer.Option(None, "--log", help="Log file (default llama-server-PORT.log)."),
+        port: int | None = typer.Option(None, "--port", help="Port on 127.0.0.1 (default: a free one)."),
+        log: Path | None = typer.Option(None, "--log", help="Log file (default llama-server-PORT.log)."),
     ) -> None:
         """Start llama-server on 127.0.0.1 with MTP on (draft-mtp, --metrics), print its URL, run until Ctrl-C.
 
@@ -266,18 +266,18 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(1, "--repeat", help="Passes over the prompts file."),
         temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature (0: greedy)."),
         seed: int = typer.Option(0, "--seed", help="Sampling seed sent with each request."),
-        header: Optional[list[str]] = typer.Option(None, "--header",
+        header: list[str] | None = typer.Option(None, "--header",
                                                    help="'Name: value' sent with each request (an API key); "
                                                         "never written into the trace. Repeatable."),
         resume: bool = typer.Option(False, "--resume", help="Continue the probe trace in --out."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
         timeout: float = typer.Option(600.0, "--timeout", help="Longest wait for an answer, seconds."),
         replay: bool = typer.Option(False, "--replay", help="Record the same token ids with mtpscope and compare."),
-        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+        target: Path | None = typer.Option(None, "--target", callback=gguf_path,
                                               help="--replay: target GGUF (default /props' path)."),
-        assistant: Optional[Path] = typer.Option(None, "--assistant", callback=gguf_path,
+        assistant: Path | None = typer.Option(None, "--assistant", callback=gguf_path,
                                                  help="--replay: the server's drafter GGUF."),
-        n_draft: Optional[int] = n_draft_option("--replay: the server's draft max when /metrics does not show it",
+        n_draft: int | None = n_draft_option("--replay: the server's draft max when /metrics does not show it",
                                                 default=None),
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the replay) as JSON."),
     ) -> None:

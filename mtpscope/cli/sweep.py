@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -155,16 +155,16 @@ def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep_cmd(
         out: Path = typer.Option(..., "--out", help="Sweep directory (sweep.json + one trace per task)."),
-        target: Optional[Path] = typer.Option(None, "--target", callback=gguf_path,
+        target: Path | None = typer.Option(None, "--target", callback=gguf_path,
                                               help="Target GGUF (arch gemma4)."),
-        assistant: Optional[list[str]] = typer.Option(
+        assistant: list[str] | None = typer.Option(
             None, "--assistant", callback=gguf_path,
             help="Drafter GGUF (gemma4-assistant), repeatable; NAME=PATH names it (default name: the file's stem)."),
-        assistant_quant: Optional[str] = typer.Option(
+        assistant_quant: str | None = typer.Option(
             None, "--assistant-quant", help="Sweep each --assistant quantized by llama.cpp's quantizer to each of "
                                             "these types instead (e.g. f32,q8_0,q6_k,q4_k_m,q4_0; quantized once "
                                             "into the cache, named by type)."),
-        prompts: Optional[Path] = typer.Option(
+        prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompt set, as `record --prompts`: .jsonl (strings, or objects with prompt/text, "
                                     "tokens or messages, optional id and category) or .txt (one per line)."),
         category_field: str = typer.Option(
@@ -179,9 +179,9 @@ def register(app: typer.Typer) -> None:
         chat: bool = typer.Option(False, "--chat", help="Apply the target's chat template to each prompt."),
         ray_address: str = typer.Option("auto", "--ray", help="auto ($RAY_ADDRESS, else a local Ray sized to this "
                                                               "machine), local, or a cluster address."),
-        workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Ray actors (default: one per GPU "
+        workers: int | None = typer.Option(None, "--workers", min=1, help="Ray actors (default: one per GPU "
                                                                               "group, or one per 4 CPUs)."),
-        threads: Optional[int] = typer.Option(None, "--threads-per-worker", min=1,
+        threads: int | None = typer.Option(None, "--threads-per-worker", min=1,
                                               help="llama.cpp threads (Ray CPUs) per actor (default: CPUs / workers)."),
         gpus_per_worker: float = typer.Option(0.0, "--gpus-per-worker", min=0.0, help="GPUs per actor (0: CPU)."),
         resume: bool = typer.Option(False, "--resume", help="Finish an existing sweep in --out: skip done tasks. "
@@ -192,6 +192,7 @@ def register(app: typer.Typer) -> None:
         """Record a prompt set against several configurations on Ray, one trace per (assistant, n_draft, shard)."""
         with one_line_errors():
             from mtpscope.errors import MtpscopeError
+            from mtpscope.traces.sweep.quant import quant_assistants, restore_quantized
             from mtpscope.traces.sweep.runner import run_sweep
             from mtpscope.traces.sweep.spec import (
                 SWEEP_FILE,
@@ -203,8 +204,6 @@ def register(app: typer.Typer) -> None:
                 read_prompt_set,
                 read_state,
             )
-
-            from mtpscope.traces.sweep.quant import quant_assistants, restore_quantized
 
             def say(line: str) -> None:
                 print(line, file=sys.stderr)

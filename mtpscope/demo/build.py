@@ -50,15 +50,27 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import MtpscopeError
 from mtpscope.demo.spec import (  # noqa: F401 - re-exported: the public API lives here too
-    DEFAULT_DIMS, DEMO_PASSAGE, FORK_ARCH, RECORD_CONFIG, TARGET_ARCH, UPSTREAM_ARCH, DemoPaths, TinyDims,
-    _read_stamp, _trace_complete, _write_stamp, demo_is_current, load_record_config, models_hash, traces_hash,
+    DEFAULT_DIMS,
+    DEMO_PASSAGE,
+    FORK_ARCH,
+    RECORD_CONFIG,
+    TARGET_ARCH,
+    UPSTREAM_ARCH,
+    DemoPaths,
+    TinyDims,
+    _read_stamp,
+    _trace_complete,
+    _write_stamp,
+    demo_is_current,
+    load_record_config,
+    models_hash,
+    traces_hash,
 )
 from mtpscope.demo.vocab import DemoVocab, load_vocab  # noqa: F401 - load_vocab re-exported
+from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.gguf import BOOL
 from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
-
 
 # ----------------------------------------------------------------------------------------------
 # seeded randomness

@@ -272,12 +272,7 @@ def _build_hf(s: FamilySpec, paths: FamilyPaths) -> None:
     try:
         import torch
         import transformers
-        from transformers import (
-            Gemma4AssistantConfig,
-            Gemma4AssistantForCausalLM,
-            Gemma4ForCausalLM,
-            Gemma4TextConfig,
-        )
+        from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
     except ImportError as e:
         raise MtpscopeError(f"building the tiny family checkpoints needs torch and transformers >= 5.24 "
                             f"(pip install -e '.[parity]'): {e}") from e

@@ -319,7 +319,13 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
     ``data``: the compact checkpoints (default: the package's ``demo_data``).
     """
     from mtpscope.demo.spec import (  # noqa: PLC0415
-        TrainedPaths, _read_stamp, _trace_complete, _write_stamp, trained_models_hash, trained_traces_hash)
+        TrainedPaths,
+        _read_stamp,
+        _trace_complete,
+        _write_stamp,
+        trained_models_hash,
+        trained_traces_hash,
+    )
 
     say = log or (lambda _m: None)
     data = Path(data)

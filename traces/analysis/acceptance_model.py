@@ -38,8 +38,8 @@ positions (both chains run from the same state).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -201,7 +201,7 @@ def blocks(obs: Observations, length: int = FIT_BLOCK) -> Observations:
     """``obs`` with every prompt longer than ``length`` positions cut into blocks of ``length`` (each a row
     of its own, started from ``pi`` by the fit; bootstrap units kept per position)."""
     P, G = obs.depth.shape
-    if G <= length:
+    if length >= G:
         return obs
     nb = -(-G // length)
     pad = nb * length - G

@@ -20,8 +20,8 @@ import pandas as pd
 
 from mtpscope.traces.analysis.keyed import JsonKeys
 from mtpscope.traces.analysis.positions import Positions
+from mtpscope.traces.analysis.token_classes import C_UNKNOWN, CHANNELS, CLASSES, Classifier, TokenClasses
 from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
-from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, C_UNKNOWN, Classifier, TokenClasses
 
 UNCATEGORIZED = "(none)"
 

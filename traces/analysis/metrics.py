@@ -45,13 +45,26 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces.analysis.report_records import (CategoryRequests, CentroidCoverage, CoverageRow, MismatchRow,
-                                                     PositionRow, PromptRow, RequestTotals, RollingPoint,
-                                                     RollingSummary, ServerPositionRow, StreakRow, Streaks, Timing,
-                                                     Totals, TraceReport)
+from mtpscope.traces.analysis.report_records import (
+    CategoryRequests,
+    CentroidCoverage,
+    CoverageRow,
+    MismatchRow,
+    PositionRow,
+    PromptRow,
+    RequestTotals,
+    RollingPoint,
+    RollingSummary,
+    ServerPositionRow,
+    StreakRow,
+    Streaks,
+    Timing,
+    Totals,
+    TraceReport,
+)
 from mtpscope.traces.analysis.wording import prompt_texts
-from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.list_columns import flat_list
+from mtpscope.traces.store.protocols import TraceLike
 
 REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 #: The rolling acceptance window (rounds) of ``report`` and of the app's rolling chart: one default.

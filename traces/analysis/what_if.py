@@ -46,8 +46,17 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
-from mtpscope.traces.analysis.costs import (N_MAX, CostModel, CostProbe, PlainBaseline, SizeCosts, fit_cost,
-                                            manifest_baseline, round_arrays, size_sums)
+from mtpscope.traces.analysis.costs import (
+    N_MAX,
+    CostModel,
+    CostProbe,
+    PlainBaseline,
+    SizeCosts,
+    fit_cost,
+    manifest_baseline,
+    round_arrays,
+    size_sums,
+)
 from mtpscope.traces.analysis.metrics import emitted_counts, timing
 from mtpscope.traces.store.protocols import TraceLike
 

@@ -34,13 +34,9 @@ from mtpscope.traces.diagnose.variants import MIN_RISE
 
 #: Inspector finding codes -> diagnose cause (docs/DIAGNOSE.md "How each cause is detected").
 CODE_CAUSES: dict[str, str] = {
-    **{c: "pair_mismatch" for c in ("E_PAIR_TARGET_ARCH", "E_PAIR_BACKBONE", "E_PAIR_VOCAB", "E_PAIR_KV_HEADS",
-                                    "E_PAIR_HEAD_DIM", "E_PAIR_KV_DONOR", "E_SHARED_KV_LAYOUT", "W_PAIR_WINDOW")},
-    **{c: "rope" for c in ("E_PAIR_ROPE", "E_ROPE_FREQS_VALUES")},
-    **{c: "metadata" for c in ("E_ARCH_MISSING", "W_ARCH_NOT_ASSISTANT", "W_ARCH_FOREIGN_DRAFTER", "E_KEY_MISSING",
-                               "W_KEY_MISSING", "E_KEY_VALUE", "W_KEY_VALUE", "E_HEAD_DIM_KV", "E_BACKBONE_EQUALS_NEMBD",
-                               "E_NEXTN_LAYERS", "E_SWA_PATTERN", "E_TOP_K", "H_CONFIG_MISMATCH",
-                               "H_CONFIG_INCOMPLETE")},
+    **dict.fromkeys(("E_PAIR_TARGET_ARCH", "E_PAIR_BACKBONE", "E_PAIR_VOCAB", "E_PAIR_KV_HEADS", "E_PAIR_HEAD_DIM", "E_PAIR_KV_DONOR", "E_SHARED_KV_LAYOUT", "W_PAIR_WINDOW"), "pair_mismatch"),
+    **dict.fromkeys(("E_PAIR_ROPE", "E_ROPE_FREQS_VALUES"), "rope"),
+    **dict.fromkeys(("E_ARCH_MISSING", "W_ARCH_NOT_ASSISTANT", "W_ARCH_FOREIGN_DRAFTER", "E_KEY_MISSING", "W_KEY_MISSING", "E_KEY_VALUE", "W_KEY_VALUE", "E_HEAD_DIM_KV", "E_BACKBONE_EQUALS_NEMBD", "E_NEXTN_LAYERS", "E_SWA_PATTERN", "E_TOP_K", "H_CONFIG_MISMATCH", "H_CONFIG_INCOMPLETE"), "metadata"),
 }
 #: Pair codes of one key whose value differs from the target's while llama.cpp still runs the pair (it masks the
 #: drafter's sliding layers with the drafter's own window): a warning, its cost measured by replaying the sample with
@@ -153,7 +149,7 @@ def effect(m: Mapping[str, Any]) -> str:
         return "unknown"
     if lo > 0 or hi < 0:
         return ("raises" if d > 0 else "lowers") if abs(d) >= MIN_RISE else "small"
-    return "none" if -MIN_RISE < lo and hi < MIN_RISE else "unclear"
+    return "none" if lo > -MIN_RISE and hi < MIN_RISE else "unclear"
 
 
 #: :func:`effect` in words, of setting a key to another value (``rate_b``: with that value).

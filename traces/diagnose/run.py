@@ -37,7 +37,16 @@ from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailab
 from mtpscope.traces.diagnose import behaviour, files, published, rank, reference, variants
 from mtpscope.traces.diagnose.config import DiagnoseConfig
 from mtpscope.traces.diagnose.records import (
-    ERROR, HIGH, INFO, MEDIUM, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef,
+    ERROR,
+    HIGH,
+    INFO,
+    MEDIUM,
+    Diagnosis,
+    Evidence,
+    Finding,
+    Fix,
+    StepRun,
+    ViewRef,
 )
 
 #: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.

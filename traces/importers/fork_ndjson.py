@@ -13,10 +13,19 @@ import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import ImportFormatError
-from mtpscope.traces.importers.common import (I32_RANGE, ROUNDS_PER_PART, ImportResult, in_i32, is_int, is_num, listed,
-                                              read_lines)
+from mtpscope.traces.importers.common import (
+    I32_RANGE,
+    ROUNDS_PER_PART,
+    ImportResult,
+    in_i32,
+    is_int,
+    is_num,
+    listed,
+    read_lines,
+)
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.writer import TraceWriter
+
 
 def _parse_event(line: str) -> tuple[str, Any]:
     """-> ("ignored" | "bad" | "ok", reason or event dict)."""

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtpscope.errors import MtpscopeError, TraceError
-from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.prompts import PromptSpec
+from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.store.records import RoundRecord
 
 if TYPE_CHECKING:

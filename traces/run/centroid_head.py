@@ -27,7 +27,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtpscope.errors import LayoutError
-from mtpscope.inspector.centroids import DEFAULT_TOP_K, CentroidHead, head_from_arrays, head_from_gguf, load_centroid_head
+from mtpscope.inspector.centroids import (
+    DEFAULT_TOP_K,
+    CentroidHead,
+    head_from_arrays,
+    head_from_gguf,
+    load_centroid_head,
+)
 from mtpscope.traces.run.ranking import rank, top_k_desc
 
 

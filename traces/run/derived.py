@@ -59,7 +59,7 @@ _UQ8_K = math.sqrt(256) * (0.5 + 127 * _U32) / 127
 #: rounding, block quants their activation blocks. Types not listed: the Q8_K bound (the coarsest).
 ACTIVATION_ROUNDING: dict[str, float] = {
     "F32": 0.0, "F16": _U16, "BF16": _UBF16,
-    **{t: _UQ8_0 for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL", "MXFP4")},
+    **dict.fromkeys(("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL", "MXFP4"), _UQ8_0),
 }
 #: singular values below this share of the largest are treated as zero (directions the outputs do not see)
 RCOND = 1e-6

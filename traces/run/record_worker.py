@@ -58,9 +58,24 @@ from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
 from mtpscope.traces.run.record_config import RecordJob
 from mtpscope.traces.run.transport import Channel, RoundReceiver, RoundSender, StopRequested, TransportClosed
-from mtpscope.traces.run.worker_protocol import (CALIBRATION, ROUND, Baseline, Event, Go, Hello, ProbeDone, PromptDone,
-                                                 Start, Stop, Stopped, WorkerDone, WorkerError, WorkerRound, decode,
-                                                 encode)
+from mtpscope.traces.run.worker_protocol import (
+    CALIBRATION,
+    ROUND,
+    Baseline,
+    Event,
+    Go,
+    Hello,
+    ProbeDone,
+    PromptDone,
+    Start,
+    Stop,
+    Stopped,
+    WorkerDone,
+    WorkerError,
+    WorkerRound,
+    decode,
+    encode,
+)
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime

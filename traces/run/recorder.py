@@ -46,8 +46,15 @@ from mtpscope.traces.run.prompts import PromptSpec, prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
 from mtpscope.traces.run.record_worker import STOP_GRACE_S, InProcessRounds, RecordWorker
 from mtpscope.traces.run.step_analysis import round_record, step_records
-from mtpscope.traces.run.worker_protocol import (Baseline, Event, ProbeDone, PromptDone, RoundSource, WorkerDone,
-                                                 WorkerRound)
+from mtpscope.traces.run.worker_protocol import (
+    Baseline,
+    Event,
+    ProbeDone,
+    PromptDone,
+    RoundSource,
+    WorkerDone,
+    WorkerRound,
+)
 
 if TYPE_CHECKING:
     from mtpscope.traces.store.writer import TraceWriter

@@ -32,8 +32,8 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -41,8 +41,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpscope.cache import (LLAMA_CPP_PYTHON_VERSION, LLAMA_CPP_SDIST_ROOT, LLAMA_CPP_SDIST_SHA256, cache_dir,
-                            llama_cpp_sdist, sha256_file)
+from mtpscope.cache import (
+    LLAMA_CPP_PYTHON_VERSION,
+    LLAMA_CPP_SDIST_ROOT,
+    LLAMA_CPP_SDIST_SHA256,
+    cache_dir,
+    llama_cpp_sdist,
+    sha256_file,
+)
 from mtpscope.errors import MtpscopeError, ServerBuildUnavailableError, ServerError
 
 RECIPE = Path(__file__).with_name("llama_server.cmake")

@@ -106,7 +106,7 @@ def parse_header(text: str) -> tuple[str, str]:
 
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """What may be written into a trace or printed: each header name with its value replaced by ``"<redacted>"``."""
-    return {k: "<redacted>" for k in headers}
+    return dict.fromkeys(headers, "<redacted>")
 
 
 def parse_prometheus(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpscope.errors import ServerError
-from mtpscope.traces.server.build import server_path
 from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
+from mtpscope.traces.server.build import server_path
 from mtpscope.traces.server.client import ServerClient
 
 HOST = "127.0.0.1"

@@ -36,8 +36,13 @@ import pandas as pd
 
 from mtpscope.errors import ServerError, TraceError
 from mtpscope.traces.analysis.records import JsonRecord
-from mtpscope.traces.analysis.requests import (RequestPair, compare_requests, request_pairs, request_rows,
-                                               requests_from_rounds)
+from mtpscope.traces.analysis.requests import (
+    RequestPair,
+    compare_requests,
+    request_pairs,
+    request_rows,
+    requests_from_rounds,
+)
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.server.probe import SOURCE as PROBE_SOURCE
 from mtpscope.traces.store.reader import open_trace

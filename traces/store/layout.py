@@ -121,7 +121,7 @@ def wal_files(path: str | os.PathLike[str]) -> list[Path]:
 
 def now() -> str:
     """The current UTC time, ISO 8601 with seconds (the manifest's ``created``, ``recovered.at``)."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def try_lock(path: Path, create: bool) -> int | None:

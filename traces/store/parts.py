@@ -32,7 +32,7 @@ def writer_options(schema: pa.Schema) -> dict[str, Any]:
     leaves = {n: f"{n}.list.element" for n in hidden}
     others = [f.name for f in schema if f.name not in leaves]
     return {
-        "compression": {**{n: "zstd" for n in others}, **{leaf: "none" for leaf in leaves.values()}},
+        "compression": {**dict.fromkeys(others, "zstd"), **dict.fromkeys(leaves.values(), "none")},
         "use_dictionary": others,
         "write_statistics": others,
         "write_page_checksum": True,

@@ -22,8 +22,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mtpscope.traces.store import schema as S
-from mtpscope.traces.store.layout import (WAL_DIR, WAL_LOCK, merged_files, now, part_name, plain_parts, try_lock,
-                                          wal_name, wal_segments)
+from mtpscope.traces.store.layout import (
+    WAL_DIR,
+    WAL_LOCK,
+    merged_files,
+    now,
+    part_name,
+    plain_parts,
+    try_lock,
+    wal_name,
+    wal_segments,
+)
 from mtpscope.traces.store.manifest import read_manifest, write_manifest
 from mtpscope.traces.store.parts import write_part
 

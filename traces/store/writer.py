@@ -29,9 +29,22 @@ import pyarrow as pa
 
 from mtpscope.errors import TraceError, TraceFormatError
 from mtpscope.traces.store import schema as S
-from mtpscope.traces.store.centroid_counts import MANIFEST_KEY as COUNTS_KEY, CentroidCounts
-from mtpscope.traces.store.layout import (MANIFEST, TABLES, WAL_DIR, WAL_LOCK, merged_files, now, part_name,
-                                          plain_parts, try_lock, wal_files, wal_segments, writer_files)
+from mtpscope.traces.store.centroid_counts import MANIFEST_KEY as COUNTS_KEY
+from mtpscope.traces.store.centroid_counts import CentroidCounts
+from mtpscope.traces.store.layout import (
+    MANIFEST,
+    TABLES,
+    WAL_DIR,
+    WAL_LOCK,
+    merged_files,
+    now,
+    part_name,
+    plain_parts,
+    try_lock,
+    wal_files,
+    wal_segments,
+    writer_files,
+)
 from mtpscope.traces.store.manifest import manifest_text, write_manifest
 from mtpscope.traces.store.merge import COMPACT_ROUNDS, Merger, compact_parts, plain_listing
 from mtpscope.traces.store.parts import conform, write_part

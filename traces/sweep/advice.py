@@ -32,8 +32,13 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.advice import PLAIN, Advice, Candidate, advise_candidates
-from mtpscope.traces.analysis.costs import (MIN_SIZE_ROUNDS, PlainBaseline, manifest_baseline, rounds_baseline,
-                                            verify_line)
+from mtpscope.traces.analysis.costs import (
+    MIN_SIZE_ROUNDS,
+    PlainBaseline,
+    manifest_baseline,
+    rounds_baseline,
+    verify_line,
+)
 from mtpscope.traces.analysis.timing_quality import LOAD_FACTOR
 from mtpscope.traces.analysis.what_if import N_BOOT, QUANTILES, SEED
 from mtpscope.traces.sweep.spec import ALL, BASELINE, is_sweep, read_state

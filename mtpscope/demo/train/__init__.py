@@ -52,15 +52,35 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise MtpscopeError("training the demo pair needs torch and transformers (pip install -e '.[parity]')") from e
 
 from mtpscope.demo.train.centroids import fit_centroid_head  # noqa: E402
-from mtpscope.demo.train.checkpoints import (DATA_DIR, drafter_stage_key, round_f16, save_compact,  # noqa: E402
-                                             staged, target_stage_key)
+from mtpscope.demo.train.checkpoints import (  # noqa: E402
+    DATA_DIR,
+    drafter_stage_key,
+    round_f16,
+    save_compact,
+    staged,
+    target_stage_key,
+)
 from mtpscope.demo.train.compact import compact_vocab  # noqa: E402
 from mtpscope.demo.train.evaluation import demo_prompts, evaluate, realism_checks, select_prompts  # noqa: E402
-from mtpscope.demo.train.models import (drafter_config, greedy_labels, make_drafter, make_target,  # noqa: E402
-                                        target_config, train_drafter, train_target, windows)
+from mtpscope.demo.train.models import (  # noqa: E402
+    drafter_config,
+    greedy_labels,
+    make_drafter,
+    make_target,
+    target_config,
+    train_drafter,
+    train_target,
+    windows,
+)
 from mtpscope.demo.train.recipe import SPECIAL_IDS, Recipe, TargetShape  # noqa: E402
-from mtpscope.demo.train.tokens import (add_random_documents, chat_template, open_tokenizer,  # noqa: E402
-                                        random_documents, random_word_pool, tokenize_corpus)
+from mtpscope.demo.train.tokens import (  # noqa: E402
+    add_random_documents,
+    chat_template,
+    open_tokenizer,
+    random_documents,
+    random_word_pool,
+    tokenize_corpus,
+)
 
 
 def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, *,
