@@ -327,7 +327,7 @@ def write_synthetic_sweep(
         TraceError: a non-positive size, or fewer rounds than tasks.
         MtpscopeError: a spec that :meth:`SweepSpec.check` refuses (e.g. more shards than prompts).
     """
-    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
+    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state
 
     out = Path(out_dir)
     prompts = tuple(SweepPrompt(i, f"synthetic prompt {i}", categories[i % len(categories)])

@@ -297,7 +297,7 @@ def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str |
         TraceError: ``prompt`` names no prompt of the trace.
         TraceFormatError: unreadable columns.
     """
-    from mtpscope.traces.analysis.drift import trace_drift  # noqa: PLC0415
+    from mtpscope.traces.analysis.drift import trace_drift
 
     rounds = trace.columns("rounds", ROUNDS_COLUMNS)
     steps = trace.columns("steps", step_columns(trace)) if trace.part_files("steps") else None

@@ -484,7 +484,7 @@ def report(trace: TraceLike) -> TraceReport:
         steps = trace.columns("steps", ["prompt_id", "round", "k", "accepted", "target_in_candidates"])
     requests = trace.requests if trace.part_files("requests") else None
     b = summarize(rounds, steps, requests)
-    prompt_ids = set(int(p) for p in rounds["prompt_id"].unique()) if len(rounds) else set()
+    prompt_ids = {int(p) for p in rounds["prompt_id"].unique()} if len(rounds) else set()
     texts = prompt_texts(trace.manifest.get("prompts"))
     z, ro, tm, cc, rq = (b["zero_acceptance_streaks"], b["rolling"], b["timing_ms"], b["centroid_coverage"],
                          b["requests"])

@@ -531,7 +531,7 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     resampled = n_boot > 0
     by_cat: dict[str, WhatIf] = {}
     if categories:
-        for g, W in zip(groups, Ws, strict=True):
+        for g, _W in zip(groups, Ws, strict=True):
             nd = g.rounds["n_draft"].to_numpy(dtype=np.int64)
             gp = _plain(baseline, groups, Ws, B, only=g, rng=rng) if timed else None
             if timed and gp is None:

@@ -47,7 +47,7 @@ class ImportResult:
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - opened outside `with` so that only open()'s errors become ImportFormatError
     except FileNotFoundError:
         raise ImportFormatError("no such file", path=path) from None
     except IsADirectoryError:

@@ -108,7 +108,7 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
         else:                     # nothing drafted: n_accepted is 0 by definition
             joined.append((ln, sid, seg, d, 0))
 
-    def drop_pending(pred) -> None:  # noqa: ANN001
+    def drop_pending(pred) -> None:
         for it in list(pending):
             keep = deque()
             for e in pending[it]:

@@ -131,7 +131,7 @@ def try_lock(path: Path, create: bool) -> int | None:
     Raises:
         OSError: opening or locking failed for another reason than the lock being held.
     """
-    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the recorder
+    import fcntl  # POSIX only, like the rest of the recorder
 
     try:
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)

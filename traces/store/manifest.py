@@ -18,7 +18,7 @@ from mtpscope.traces.store.layout import MANIFEST, tmp_path
 
 
 def _json_default(o: Any) -> Any:
-    import numpy as np  # noqa: PLC0415 - only for values that plain JSON cannot hold
+    import numpy as np  # only for values that plain JSON cannot hold
 
     if isinstance(o, np.generic):
         return o.item()

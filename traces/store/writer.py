@@ -516,7 +516,7 @@ def swap_in(new: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     Raises:
         OSError: a rename failed (``out`` is then as it was).
     """
-    import shutil  # noqa: PLC0415
+    import shutil
 
     new, out = Path(new), Path(out)
     old = out.with_name(f"{out.name}{_OLD}{os.getpid()}")
