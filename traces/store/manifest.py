@@ -88,5 +88,4 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     except RecursionError:
         raise TraceFormatError("manifest JSON is nested too deeply", path=mpath,
                                expected="a flat JSON object", actual="deep nesting") from None
-    S.check_manifest(manifest, str(mpath))
-    return manifest
+    return S.check_manifest(manifest, str(mpath))  # the same object, checked
