@@ -166,7 +166,7 @@ def unreachable_steps(trace: TraceLike, limit: int = 500) -> pd.DataFrame:
     try:
         q = (f"SELECT {sel} FROM (SELECT * FROM {src} WHERE target_in_candidates = false) b {checked} "
              f"ORDER BY {order} LIMIT {int(limit)}")
-        df: Any = con.execute(q).df()
+        df: pd.DataFrame = con.execute(q).df()
     finally:
         con.close()
     return df.reset_index(drop=True)

@@ -22,8 +22,9 @@ from mtpscope.traces.analysis import breakdown as B
 from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.analysis.advice import Advice, advise
 from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
-from mtpscope.traces.analysis.metrics import Totals, totals
+from mtpscope.traces.analysis.metrics import totals
 from mtpscope.traces.analysis.positions import positions
+from mtpscope.traces.analysis.report_records import Totals
 from mtpscope.traces.analysis.timing_quality import timing_quality
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab

@@ -39,7 +39,7 @@ each record's ``to_dict()`` is its JSON (``report --json``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -370,7 +370,8 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _scalar(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    rows = cast("list[dict[str, Any]]", df.to_dict(orient="records"))   # the frames' column names are str
+    return [{k: _scalar(v) for k, v in row.items()} for row in rows]
 
 
 def _scalar(v: Any) -> Any:
@@ -463,7 +464,8 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
             out["acceptance_rate"] = req["acceptance_rate"]
             out["mean_acceptance_length"] = req["mean_acceptance_length"]
     out["requests"] = req
-    return _clean(out)
+    cleaned: dict[str, Any] = _clean(out)
+    return cleaned
 
 
 def report(trace: TraceLike) -> TraceReport:
