@@ -135,7 +135,7 @@ class Explanation:
         def groups(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
             return None if g is None else {name: a.to_dict() for name, a in g.items()}
 
-        return _clean({
+        out: dict[str, Any] = _clean({
             "rejections": self.rejections.to_dict(),
             "by_class": groups(self.by_class),
             "by_class_position": None if self.by_class_position is None else {
@@ -153,6 +153,7 @@ class Explanation:
             "head": self.head,
             "notes": list(self.notes),
         })
+        return out
 
 
 def _clean(obj: Any) -> Any:
