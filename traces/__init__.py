@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.store.writer import TraceWriter
     from mtpscope.traces.sweep.reader import open_sweep
 
-    open = open_trace  # noqa: A001
+    open = open_trace
 
 
 def __getattr__(name: str) -> Any:

@@ -219,7 +219,12 @@ def write_synthetic_trace(
             "target_centroid_rank": pa.array(crank, pa.int32()),
         })
 
-    dims = (None, None) if not hidden else (int(hidden[0]), int(hidden[1]))
+    widths: tuple[int, int] | None = None
+    if hidden:
+        if isinstance(hidden, bool):
+            raise TypeError("hidden: False, or the (n_embd_backbone, n_embd) widths; not True")
+        widths = (int(hidden[0]), int(hidden[1]))
+    dims: tuple[int | None, int | None] = (None, None) if widths is None else widths
     manifest = {
         "source": "synthetic",
         "command": ["write_synthetic_trace"],
@@ -243,13 +248,13 @@ def write_synthetic_trace(
                 w.write_tables(rounds.slice(a, b - a), None)
                 continue
             st = steps_tbl.slice(sa, sb - sa)
-            if hidden:
+            if widths is not None:
                 mm = sb - sa
-                hn = rng.standard_normal((mm, dims[0]), dtype=np.float32).astype(np_dtype)
-                h = rng.standard_normal((mm, dims[0]), dtype=np.float32).astype(np_dtype)
+                hn = rng.standard_normal((mm, widths[0]), dtype=np.float32).astype(np_dtype)
+                h = rng.standard_normal((mm, widths[0]), dtype=np.float32).astype(np_dtype)
                 later = np.flatnonzero(scol[sa:sb] > 0)
                 h[later] = hn[later - 1]
-                hi = rng.standard_normal((mm, dims[1]), dtype=np.float32).astype(np_dtype)
+                hi = rng.standard_normal((mm, widths[1]), dtype=np.float32).astype(np_dtype)
                 vt = arrow_h.value_type
                 st = st.append_column("h", _fixed_list(h, vt)) \
                        .append_column("h_next", _fixed_list(hn, vt)) \
@@ -327,7 +332,7 @@ def write_synthetic_sweep(
         TraceError: a non-positive size, or fewer rounds than tasks.
         MtpscopeError: a spec that :meth:`SweepSpec.check` refuses (e.g. more shards than prompts).
     """
-    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state  # noqa: PLC0415
+    from mtpscope.traces.sweep.spec import SweepPrompt, SweepSpec, new_state, write_state
 
     out = Path(out_dir)
     prompts = tuple(SweepPrompt(i, f"synthetic prompt {i}", categories[i % len(categories)])

@@ -177,7 +177,7 @@ class Params:
     A: np.ndarray
     p: np.ndarray
 
-    def to_dict(self) -> dict[str, list]:
+    def to_dict(self) -> dict[str, list[Any]]:
         """JSON-ready lists (one set)."""
         return {"pi": self.pi.tolist(), "A": self.A.tolist(), "p": self.p.tolist()}
 
@@ -273,19 +273,19 @@ def expected_stats(obs: Observations, params: Params, n_units: int | None = None
     # transitions into real positions only: xi_g(s, t) = alpha_g(s) A(s, t) e_{g+1}(t) beta_{g+1}(t) / c_{g+1}
     nxt = e[:, 1:] * beta[:, 1:] / c[:, 1:, None] * obs.mask[:, 1:, None]   # [P, G-1, S]
     ll = float(np.log(c[obs.mask]).sum())
-    by_unit = n_units is not None and obs.unit is not None
-    R = int(n_units) if by_unit else P
-    row_of = obs.unit if by_unit else np.broadcast_to(np.arange(P)[:, None], (P, G))
-    if by_unit:
-        keep_t = obs.mask[:, 1:] & (obs.unit[:, 1:] >= 0)
-        rows_t = obs.unit[:, 1:][keep_t]
+    unit = obs.unit if n_units is not None else None     # rows by unit (else one row per prompt)
+    R = P if n_units is None or unit is None else int(n_units)
+    row_of = unit if unit is not None else np.broadcast_to(np.arange(P)[:, None], (P, G))
+    if unit is not None:
+        keep_t = obs.mask[:, 1:] & (unit[:, 1:] >= 0)
+        rows_t = unit[:, 1:][keep_t]
         al, nx = alpha[:, :-1][keep_t], nxt[keep_t]                # [n, S] each
         trans = np.zeros((R, S, S))
         for s_ in range(S):
             trans[:, s_, :] = _scatter(rows_t, R, al[:, s_:s_ + 1] * nx)
         trans *= A[None]
-        first = obs.mask[:, 0] & (obs.unit[:, 0] >= 0)
-        init = _scatter(obs.unit[first, 0], R, gamma[first, 0])
+        first = obs.mask[:, 0] & (unit[:, 0] >= 0)
+        init = _scatter(unit[first, 0], R, gamma[first, 0])
     else:
         trans = np.matmul(alpha[:, :-1].transpose(0, 2, 1), nxt) * A[None]
         init = gamma[:, 0].copy()
@@ -468,7 +468,7 @@ def predict_all(params: Params, n_values: Sequence[int], ends: np.ndarray, *, ma
     # batch index = j * B0 + b (n_draft j, parameter set b); states s * (Nm + 1) + d
     B = J * B0
     n = S * (Nm + 1)
-    pdj = np.zeros((J, B0, S, Nm))
+    pdj: np.ndarray = np.zeros((J, B0, S, Nm))
     for j, N in enumerate(Ns):
         pdj[j, :, :, :N] = p[:, :, :N]
     pdj = pdj.reshape(B, S, Nm)

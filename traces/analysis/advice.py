@@ -249,6 +249,13 @@ def _overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bo
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
+def _speedup(c: Candidate) -> float:
+    """A scored candidate's speedup (``recommend`` scores only candidates that have one)."""
+    if c.speedup is None:
+        raise ValueError(f"{c.label()} has no speedup")
+    return c.speedup
+
+
 def _fmt_iv(iv: tuple[float, float] | None) -> str:
     return f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv is not None else ""
 
@@ -279,7 +286,7 @@ def recommend(candidates: Sequence[Candidate], *, n_first_drafts: int | None = N
     iv = best_mtp.speedup_interval
     # THE question: plain decoding or the best n_draft; answered only when the interval excludes 1
     plain_tie = iv is not None and iv[0] <= 1.0 <= iv[1]
-    if best_mtp.speedup <= 1.0:
+    if _speedup(best_mtp) <= 1.0:
         n = len(mtp)
         every = f"at every n_draft ({n} tried)" if n > 1 else "at the one n_draft tried"
         reason = (f"plain decoding is faster here {every}: best {best_mtp.speedup:.2f}×{_fmt_iv(iv)} "
@@ -290,7 +297,7 @@ def recommend(candidates: Sequence[Candidate], *, n_first_drafts: int | None = N
             head += f", a tie between plain decoding and {best_mtp.label()}"
         return Recommendation(PLAIN, 1.0, (1.0, 1.0) if plain.speedup_interval is None else plain.speedup_interval,
                               plain_tie, reason + est, best_mtp.choice, None, estimated, head)
-    others = sorted((c for c in mtp if c is not best_mtp), key=lambda c: -c.speedup)
+    others = sorted((c for c in mtp if c is not best_mtp), key=lambda c: -_speedup(c))
     second = others[0] if others else None
     reason = f"{best_mtp.label()}: {best_mtp.speedup:.2f}×{_fmt_iv(iv)} plain decoding's speed"
     head = f"{best_mtp.label()} at {best_mtp.speedup:.2f}×{_fmt_iv(iv)}"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -128,7 +128,7 @@ def _summary(rows: pd.DataFrame, k_col: str) -> dict[str, Any]:
     by_cls = rows["cls"].value_counts().sort_index()
     by_k = rows[k_col].value_counts().sort_index()
     return {"n": int(len(rows)), "by_class": {str(c): int(v) for c, v in by_cls.items()},
-            "by_position": {str(int(k)): int(v) for k, v in by_k.items()}}
+            "by_position": {str(int(k)): int(v) for k, v in zip(by_k.index.tolist(), by_k.tolist(), strict=True)}}
 
 
 def bootstrap_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
@@ -163,7 +163,7 @@ def _per_prompt_counts(rounds: pd.DataFrame) -> dict[int, tuple[int, int]]:
     g = pd.DataFrame({"p": rounds["prompt_id"].to_numpy(dtype=np.int64),
                       "d": rounds["n_draft"].to_numpy(dtype=np.int64),
                       "a": rounds["n_accepted"].to_numpy(dtype=np.int64)}).groupby("p").sum()
-    return {int(p): (int(r.d), int(r.a)) for p, r in g.iterrows()}
+    return {int(p): (int(d), int(a)) for p, d, a in zip(g.index.tolist(), g["d"].tolist(), g["a"].tolist(), strict=True)}
 
 
 def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFrame, pos_b: Positions,
@@ -180,8 +180,9 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
         categories: ``{prompt_id_a: category}`` (A's manifest), optional.
         n_boot, seed: bootstrap resamples and seed.
     """
-    ga = {int(p): f for p, f in pos_a.emitted.groupby("prompt_id", sort=False)}
-    gb = {int(p): f for p, f in pos_b.emitted.groupby("prompt_id", sort=False)}
+    # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
+    ga = {int(cast(int, p)): f for p, f in pos_a.emitted.groupby("prompt_id", sort=False)}
+    gb = {int(cast(int, p)): f for p, f in pos_b.emitted.groupby("prompt_id", sort=False)}
     empty = pos_a.emitted.iloc[:0]
     frames = []
     prompts = []
@@ -219,7 +220,7 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls"]
     allpos = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
     sc = allpos.groupby(["status_a", "status_b"]).size() if len(allpos) else pd.Series(dtype=int)
-    status_counts = {f"{a}/{b}": int(v) for (a, b), v in sc.items()}
+    status_counts = {f"{a}/{b}": int(v) for (a, b), v in zip(sc.index.tolist(), sc.tolist(), strict=True)}
     a_only = allpos[(allpos["status_a"] == "accepted") & (allpos["status_b"] == "rejected")]
     b_only = allpos[(allpos["status_a"] == "rejected") & (allpos["status_b"] == "accepted")]
     # acceptance delta per category, bootstrap over the paired prompts

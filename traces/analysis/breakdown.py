@@ -84,7 +84,7 @@ class CategoryAcceptance(JsonKeys):
 
 
 
-def _group(label: np.ndarray, accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
+def _group(label: np.ndarray | pd.Categorical[str], accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
     codes, uniq = pd.factorize(pd.Series(label), sort=True)
     nd = np.bincount(codes[codes >= 0], minlength=len(uniq))
     na = np.bincount(codes[codes >= 0], weights=accepted[codes >= 0].astype(np.float64), minlength=len(uniq))
@@ -116,7 +116,7 @@ def classify_outputs(pos: Positions, classifier: Classifier,
             for p, seq in pos.sequences.items()}
 
 
-def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[np.ndarray, np.ndarray]:
+def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[pd.Categorical[str], pd.Categorical[str]]:
     """(class names, channel names) of each draft in ``pos.drafts`` order, as ``pandas.Categorical``: the
     labels of the output position it stood in for; ``unknown`` / ``unknown`` where that is not known."""
     d = pos.drafts
@@ -134,17 +134,17 @@ def draft_labels(pos: Positions, classes: Mapping[int, TokenClasses]) -> tuple[n
         cls[rows[ok]] = tc.classes[gg[ok]]
         chan[rows[ok]] = tc.channels[gg[ok]]
     chan = np.where(chan >= 0, chan, len(CHANNELS)).astype(np.int8)
-    return (pd.Categorical.from_codes(cls, CLASSES),
-            pd.Categorical.from_codes(chan, (*CHANNELS, "unknown")))
+    return (pd.Categorical.from_codes(cls, pd.Index(CLASSES)),
+            pd.Categorical.from_codes(chan, pd.Index((*CHANNELS, "unknown"))))
 
 
-def by_label(pos: Positions, labels: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:
+def by_label(pos: Positions, labels: np.ndarray | pd.Categorical[str], names: Sequence[str] | None = None) -> dict[str, Acceptance]:
     """``{label: Acceptance}`` over ``pos.drafts`` (labels aligned with it); with ``names`` only those
     keys, in that order, empty groups left out."""
     return _group(labels, pos.drafts["accepted"].to_numpy(dtype=bool), names)
 
 
-def by_label_and_position(pos: Positions, labels: np.ndarray,
+def by_label_and_position(pos: Positions, labels: np.ndarray | pd.Categorical[str],
                           names: Sequence[str] | None = None) -> dict[str, tuple[PositionAcceptance, ...]]:
     """``{label: (PositionAcceptance for k = 1.., ...)}``: the same per draft position k (up to the
     group's last drafted position)."""
@@ -185,7 +185,8 @@ def prompt_categories(manifest: Mapping[str, Any], field: str | None = None) -> 
         if field is None or field == "category":
             c = p.get("category")
         else:
-            extra = p.get("extra") if isinstance(p.get("extra"), dict) else {}
+            extra_ = p.get("extra")
+            extra = extra_ if isinstance(extra_, dict) else {}
             c = extra.get(field, p.get(field))
             if isinstance(c, (int, float)) and not isinstance(c, bool):
                 c = str(c)

@@ -80,7 +80,9 @@ def manifest_baseline(manifest: Mapping[str, Any]) -> PlainBaseline | None:
     prompt ``decode_ms`` / ``n_decodes`` aligned with the manifest's prompts), None when absent or not a
     positive number."""
     b = manifest.get("baseline")
-    v = b.get("t_per_token_ms") if isinstance(b, dict) else None
+    if not isinstance(b, dict):
+        return None
+    v = b.get("t_per_token_ms")
     if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
         return None
     per: dict[int, tuple[int, float]] = {}
@@ -359,9 +361,13 @@ class SizeCosts:
             m = meds[x]
             return np.where(np.isfinite(m), m, m[0])
         if src == "probe":
+            if sc is None:      # source() says "probe" only with a scale
+                raise ValueError(f"no probe scale for {kind} size {x}")
             s = np.where(np.isfinite(sc), sc, sc[0])
-            return pt[x] * s
-        return line[0] + line[1] * x
+            priced: np.ndarray = pt[x] * s
+            return priced
+        on_line: np.ndarray = line[0] + line[1] * x
+        return on_line
 
     def verify(self, n: int) -> np.ndarray:
         """ms to verify ``n`` tokens (``float[B]``)."""
@@ -375,7 +381,8 @@ class SizeCosts:
 
     def round(self, k: int) -> np.ndarray:
         """ms of a round that drafts ``k`` tokens and verifies ``k + 1`` (``k = 0``: a plain step)."""
-        return self.draft(k) + self.verify(k + 1)
+        ms: np.ndarray = self.draft(k) + self.verify(k + 1)
+        return ms
 
     def trace_time(self, counts: Mapping[int, np.ndarray]) -> np.ndarray:
         """The robust time of rounds ``{k: float[B]}`` (rounds drafting ``k``): ``sum_k counts_k round(k)``,
@@ -517,8 +524,9 @@ def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None, probe:
     arr = round_arrays(rounds)
     if arr is None:
         return None
-    measured = baseline is not None and baseline.measured
-    sc = SizeCosts.from_rounds(*arr, probe=probe, plain=np.array([baseline.t_per_token_ms]) if measured else None)
+    measured_ms = baseline.t_per_token_ms if baseline is not None and baseline.measured else None
+    measured = measured_ms is not None
+    sc = SizeCosts.from_rounds(*arr, probe=probe, plain=np.array([measured_ms]) if measured else None)
     sizes = sorted(n for n, c in sc.count_v.items() if c[0] > 0)
     drafted = sum(float(sc.count_v[n][0]) * (n - 1) for n in sizes)
     if drafted <= 0:
@@ -531,7 +539,7 @@ def fit_cost(rounds: pd.DataFrame, baseline: PlainBaseline | None = None, probe:
     how = (f"recorded sizes (at least {MIN_SIZE_ROUNDS} rounds) at their median; "
            + ("others from the recorder's probe of every size, scaled to this trace" if probe is not None
               else "others on lines through the recorded medians" + (" and the measured plain decoding" if measured else "")))
-    t_plain = baseline.t_per_token_ms if measured else float(sc.verify(1)[0])
+    t_plain = measured_ms if measured_ms is not None else float(sc.verify(1)[0])
     return CostModel(t_step_ms=float(t_step), verify_ms=verify, verify_rounds=counts, v0_ms=float(sc.v_line[0][0]),
                      v1_ms=float(sc.v_line[1][0]), t_plain_ms=float(t_plain),
                      baseline="measured" if measured else "estimated", basis=how, draft_ms=draft, draft_rounds=dcounts,

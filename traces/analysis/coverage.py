@@ -84,8 +84,8 @@ def centroid_coverage(trace: TraceLike, n_centroids: int, home: np.ndarray | Non
     Raises:
         TraceFormatError: an unreadable part (from the reader).
     """
-    import duckdb  # noqa: PLC0415
-    import pyarrow as pa  # noqa: PLC0415
+    import duckdb
+    import pyarrow as pa
 
     n = int(n_centroids)
     empty = np.zeros(n, dtype=np.int64)
@@ -148,7 +148,7 @@ def unreachable_steps(trace: TraceLike, limit: int = 500) -> pd.DataFrame:
         DataFrame with the :data:`UNREACHABLE_COLUMNS` the trace has (empty when it has no
         ``target_in_candidates``).
     """
-    import duckdb  # noqa: PLC0415
+    import duckdb
 
     names = trace.schemas["steps"].names
     cols = [c for c in UNREACHABLE_COLUMNS if c in names]
@@ -166,7 +166,7 @@ def unreachable_steps(trace: TraceLike, limit: int = 500) -> pd.DataFrame:
     try:
         q = (f"SELECT {sel} FROM (SELECT * FROM {src} WHERE target_in_candidates = false) b {checked} "
              f"ORDER BY {order} LIMIT {int(limit)}")
-        df: Any = con.execute(q).df()
+        df: pd.DataFrame = con.execute(q).df()
     finally:
         con.close()
     return df.reset_index(drop=True)

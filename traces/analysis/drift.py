@@ -238,7 +238,7 @@ def trace_drift(trace: TraceLike) -> Drift | None:
     ``accepted`` and the two hidden columns)."""
     if not has_hidden_target(trace.manifest):
         return None
-    from mtpscope.traces.analysis.metrics import checked_mask  # noqa: PLC0415
+    from mtpscope.traces.analysis.metrics import checked_mask
 
     steps = trace.columns("steps", DRIFT_STEP_COLUMNS)
     acc = steps["accepted"].to_numpy(dtype=bool, na_value=False)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -81,11 +81,17 @@ def _need(df: pd.DataFrame, cols: list[str], what: str) -> None:
                                actual=", ".join(map(str, df.columns)))
 
 
+def _nullable(values: pd.Series | np.ndarray, dtype: Literal["Int64", "Float64", "boolean"]
+              ) -> pd.api.extensions.ExtensionArray:
+    """``pd.array(values, dtype=dtype)``: a column or array as a pandas nullable array."""
+    return pd.array(values, dtype=dtype)  # type: ignore[arg-type]  # pandas-stubs has no overload for a Series / any ndarray with a nullable dtype; pandas takes both
+
+
 def _int(s: pd.Series | None, n: int, fill: int = -1) -> np.ndarray:
     """A nullable integer column as int64 (``fill`` for NA); all ``fill`` when the column is absent."""
     if s is None:
         return np.full(n, fill, dtype=np.int64)
-    return np.asarray(pd.array(s, dtype="Int64").to_numpy(dtype=np.int64, na_value=fill))
+    return np.asarray(_nullable(s, "Int64").to_numpy(dtype=np.int64, na_value=fill))
 
 
 def _na_int(a: np.ndarray) -> pd.api.extensions.ExtensionArray:
@@ -96,14 +102,14 @@ def _na_int(a: np.ndarray) -> pd.api.extensions.ExtensionArray:
 def _float(s: pd.Series | None, n: int) -> np.ndarray:
     if s is None:
         return np.full(n, np.nan)
-    return np.asarray(pd.array(s, dtype="Float64").to_numpy(dtype=np.float64, na_value=np.nan))
+    return np.asarray(_nullable(s, "Float64").to_numpy(dtype=np.float64, na_value=np.nan))
 
 
 def _bool(s: pd.Series | None, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(value, known) of a nullable bool column."""
     if s is None:
         return np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    b = pd.array(s, dtype="boolean")
+    b = _nullable(s, "boolean")
     return b.to_numpy(dtype=bool, na_value=False), ~b.isna()
 
 
@@ -225,11 +231,11 @@ def step_causes(rounds: pd.DataFrame, steps: pd.DataFrame, *, head: str = "dense
     return pd.DataFrame({
         "prompt_id": pid, "round": rnd, "k": k, "token": steps["token"].to_numpy(dtype=np.int64),
         "target_token": _na_int(tt), "accepted": accepted.astype(bool), "first_mismatch": first_mm,
-        "cause": pd.Categorical.from_codes(cause, CAUSES), "target_rank": _na_int(rank),
+        "cause": pd.Categorical.from_codes(cause, pd.Index(CAUSES)), "target_rank": _na_int(rank),
         "n_top": n_top.astype(np.int64), "gap": gap, "gap_at_least": gap_at_least,
         "sparse_unreachable": sparse, "target_centroid": _na_int(tcent), "target_centroid_rank": _na_int(tcrank),
         "target_p_drafted": p_d, "target_entropy": ent,
-        "target_side": pd.Categorical.from_codes(side, TARGET_SIDES),
+        "target_side": pd.Categorical.from_codes(side, pd.Index(TARGET_SIDES)),
     })
 
 
@@ -277,7 +283,7 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
         for c in _FM_STEP_COLUMNS:
             out[c] = np.nan
     # the target token: the step's when it has one, else the rounds' list
-    t_step = np.asarray(pd.array(out["target_token"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1))
+    t_step = np.asarray(_nullable(out["target_token"], "Int64").to_numpy(dtype=np.int64, na_value=-1))
     t = np.where(t_step >= 0, t_step, target)
     out["target_token"] = pd.array(np.where(t >= 0, t, 0), dtype="Int64")
     out.loc[t < 0, "target_token"] = pd.NA
@@ -287,9 +293,9 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
     cause = np.where((t < 0) & (cause != "after_eog"), "unknown", cause).astype(object)
     out["cause"] = pd.Categorical(cause, categories=CAUSES)
     for c in ("target_rank", "target_centroid", "target_centroid_rank"):
-        out[c] = pd.array(out[c], dtype="Int64") if len(out) else pd.array([], dtype="Int64")
-    out["sparse_unreachable"] = pd.array(out["sparse_unreachable"].astype(object).where(
-        out["sparse_unreachable"].notna(), None), dtype="boolean")
+        out[c] = _nullable(out[c], "Int64") if len(out) else pd.array([], dtype="Int64")
+    out["sparse_unreachable"] = _nullable(out["sparse_unreachable"].astype(object).where(
+        out["sparse_unreachable"].notna(), None), "boolean")
     out["n_top"] = pd.to_numeric(out["n_top"], errors="coerce").fillna(0).to_numpy(dtype=np.int64)
     for c in ("gap", "gap_at_least", "target_p_drafted", "target_entropy"):
         out[c] = pd.to_numeric(out[c], errors="coerce").to_numpy(dtype=np.float64)
@@ -303,7 +309,7 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
 def rank_histogram(ranks: pd.Series | np.ndarray) -> dict[str, int]:
     """Counts of ranks in :data:`RANK_BINS` (``"0"`` .. ``"9"``, ``"10+"``); unknown (NA / negative)
     ranks are not counted."""
-    r = np.asarray(pd.array(ranks, dtype="Int64").to_numpy(dtype=np.int64, na_value=-1))
+    r = np.asarray(_nullable(ranks, "Int64").to_numpy(dtype=np.int64, na_value=-1))
     r = r[r >= 0]
     counts = np.bincount(np.minimum(r, 10), minlength=11)
     return {b: int(c) for b, c in zip(RANK_BINS, counts, strict=True)}
@@ -334,7 +340,7 @@ def top_tokens(tokens: np.ndarray | pd.Series, n: int = 10,
                label: Callable[[int], str] | None = None) -> tuple[TokenCount, ...]:
     """The ``n`` most frequent token ids (unknown = NA / negative left out), most frequent first, ties
     by lower id, as :class:`TokenCount` (``text`` = ``label(id)``, only with ``label``)."""
-    t = np.asarray(pd.array(tokens, dtype="Int64").to_numpy(dtype=np.int64, na_value=-1))
+    t = np.asarray(_nullable(tokens, "Int64").to_numpy(dtype=np.int64, na_value=-1))
     t = t[t >= 0]
     if not len(t):
         return ()
@@ -440,7 +446,8 @@ def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
     for s in ("hard", "wrong"):
         m = (side == s) & ~np.isnan(pd_)
         means[s] = float(pd_[m].mean()) if m.any() else None
-    ts = TargetSide(*(int(np.sum(side == s)) for s in TARGET_SIDES), means["hard"], means["wrong"])
+    ts = TargetSide(int(np.sum(side == "hard")), int(np.sum(side == "wrong")), int(np.sum(side == "unknown")),
+                    means["hard"], means["wrong"])   # TARGET_SIDES, in order
     su = fk["sparse_unreachable"]
     sparse = int(su.fillna(False).astype(bool).sum()) if su.notna().any() else None
     return Rejections(
@@ -516,6 +523,8 @@ def step_sentence(row: Mapping[str, Any], label: Callable[[int], str] | None = N
         elif cause == "runner_up":
             text = f"rejected: the target's {target} was the drafter's runner-up{behind}"
         elif cause == "in_top_k":
+            if rank is None:        # explain_steps gives in_top_k only with a known target_rank
+                raise TraceFormatError("an in_top_k step without a target_rank", key="target_rank")
             text = f"rejected: the target's {target} was the drafter's {_ordinal(int(rank) + 1)} choice{behind}"
         else:
             rk = f"rank {int(rank)}" if rank is not None else "rank unknown"

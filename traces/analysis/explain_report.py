@@ -22,8 +22,9 @@ from mtpscope.traces.analysis import breakdown as B
 from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.analysis.advice import Advice, advise
 from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
-from mtpscope.traces.analysis.metrics import Totals, totals
+from mtpscope.traces.analysis.metrics import totals
 from mtpscope.traces.analysis.positions import positions
+from mtpscope.traces.analysis.report_records import Totals
 from mtpscope.traces.analysis.timing_quality import timing_quality
 from mtpscope.traces.analysis.token_classes import CHANNELS, CLASSES, Classifier, piece_text
 from mtpscope.traces.analysis.vocab import TYPE_NORMAL, Vocab
@@ -134,7 +135,7 @@ class Explanation:
         def groups(g: Mapping[str, Any] | None) -> dict[str, Any] | None:
             return None if g is None else {name: a.to_dict() for name, a in g.items()}
 
-        return _clean({
+        out: dict[str, Any] = _clean({
             "rejections": self.rejections.to_dict(),
             "by_class": groups(self.by_class),
             "by_class_position": None if self.by_class_position is None else {
@@ -152,6 +153,7 @@ class Explanation:
             "head": self.head,
             "notes": list(self.notes),
         })
+        return out
 
 
 def _clean(obj: Any) -> Any:
@@ -297,7 +299,7 @@ def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str |
         TraceError: ``prompt`` names no prompt of the trace.
         TraceFormatError: unreadable columns.
     """
-    from mtpscope.traces.analysis.drift import trace_drift  # noqa: PLC0415
+    from mtpscope.traces.analysis.drift import trace_drift
 
     rounds = trace.columns("rounds", ROUNDS_COLUMNS)
     steps = trace.columns("steps", step_columns(trace)) if trace.part_files("steps") else None

@@ -39,7 +39,7 @@ each record's ``to_dict()`` is its JSON (``report --json``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -370,7 +370,8 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _scalar(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    rows = cast("list[dict[str, Any]]", df.to_dict(orient="records"))   # the frames' column names are str
+    return [{k: _scalar(v) for k, v in row.items()} for row in rows]
 
 
 def _scalar(v: Any) -> Any:
@@ -463,7 +464,8 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
             out["acceptance_rate"] = req["acceptance_rate"]
             out["mean_acceptance_length"] = req["mean_acceptance_length"]
     out["requests"] = req
-    return _clean(out)
+    cleaned: dict[str, Any] = _clean(out)
+    return cleaned
 
 
 def report(trace: TraceLike) -> TraceReport:
@@ -484,7 +486,7 @@ def report(trace: TraceLike) -> TraceReport:
         steps = trace.columns("steps", ["prompt_id", "round", "k", "accepted", "target_in_candidates"])
     requests = trace.requests if trace.part_files("requests") else None
     b = summarize(rounds, steps, requests)
-    prompt_ids = set(int(p) for p in rounds["prompt_id"].unique()) if len(rounds) else set()
+    prompt_ids = {int(p) for p in rounds["prompt_id"].unique()} if len(rounds) else set()
     texts = prompt_texts(trace.manifest.get("prompts"))
     z, ro, tm, cc, rq = (b["zero_acceptance_streaks"], b["rolling"], b["timing_ms"], b["centroid_coverage"],
                          b["requests"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def as_json(v: Any) -> Any:
     """``v`` with every record in it as its ``to_dict()``, tuples and lists as lists, mappings as dicts."""
     if is_dataclass(v) and not isinstance(v, type):
-        return v.to_dict()  # type: ignore[attr-defined]
+        return v.to_dict()  # type: ignore[attr-defined]  # is_dataclass does not say to_dict exists; the records passed here have it
     if isinstance(v, (list, tuple)):
         return [as_json(x) for x in v]
     if isinstance(v, Mapping):
@@ -32,10 +32,11 @@ def as_json(v: Any) -> Any:
 
 def json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """A frame's rows as JSON-able dicts (column order): NaN -> None, numpy scalars -> Python numbers."""
+    rows = cast("list[dict[str, Any]]", df.to_dict("records"))  # the frames' column names are str
     return [{k: (None if isinstance(v, float) and math.isnan(v) else
                  (int(v) if isinstance(v, (np.integer,)) else
                   float(v) if isinstance(v, np.floating) else v)) for k, v in r.items()}
-            for r in df.to_dict("records")]
+            for r in rows]
 
 
 class JsonRecord:
@@ -44,7 +45,7 @@ class JsonRecord:
     def to_dict(self) -> dict[str, Any]:
         """The record as a JSON-ready dict: one key per field, in declaration order (nested records, tuples and
         mappings through :func:`as_json`)."""
-        return {f.name: as_json(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {f.name: as_json(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]  # JsonRecord is mixed into dataclasses only
 
 
 __all__ = ["JsonRecord", "as_json", "json_records"]

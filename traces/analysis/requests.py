@@ -27,7 +27,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import pandas as pd
@@ -151,8 +151,9 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     stored = _num(_col(r, "mean_acceptance_length"))
     out["n_drafts"] = _col(r, "n_drafts")
     out["mean_acceptance_length"] = np.where(np.isnan(mal), stored, mal)
-    out["accepted_per_pos"] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None
-                               for v in _col(r, "accepted_per_pos")]
+    per_pos: list[Any] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None   # lists: one cell each
+                          for v in _col(r, "accepted_per_pos")]
+    out["accepted_per_pos"] = per_pos
     tps = _num(_col(r, "tokens_per_s"))
     pn, pms = _num(_col(r, "predicted_n")), _num(_col(r, "predicted_ms"))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -245,8 +246,9 @@ def requests_from_rounds(rounds: pd.DataFrame, prompts: Sequence[Mapping[str, An
     """
     meta = {int(p["prompt_id"]): p for p in (prompts or []) if isinstance(p, Mapping) and "prompt_id" in p}
     r = rounds.sort_values(["prompt_id", "round"], kind="stable") if len(rounds) else rounds
-    groups = {int(k): g for k, g in r.groupby("prompt_id", sort=True)} if len(r) else {}
-    rows = []
+    # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
+    groups = {int(cast(int, k)): g for k, g in r.groupby("prompt_id", sort=True)} if len(r) else {}
+    rows: list[dict[str, Any]] = []
     for pid in sorted(set(meta) | set(groups)):
         p = meta.get(pid, {})
         g = groups.get(pid)
@@ -255,7 +257,8 @@ def requests_from_rounds(rounds: pd.DataFrame, prompts: Sequence[Mapping[str, An
         na = g["n_accepted"].to_numpy(np.int64) if g is not None else np.zeros(0, np.int64)
         out = None
         if g is not None and "emitted" in g.columns and "pending_token" in g.columns and g["emitted"].notna().all():
-            out = [int(g["pending_token"].iloc[0])] + [int(t) for e in g["emitted"] for t in e]
+            first: Any = g["pending_token"].iloc[0]      # an integer (pandas-stubs: any scalar)
+            out = [int(first)] + [int(t) for e in g["emitted"] for t in e]
         drafts = int((nd > 0).sum())
         rows.append({"request": len(rows), "line": len(rows) + 1, "kind": "record", "prompt_id": pid,
                      "prompt": p.get("prompt") or p.get("id") or str(pid), "category": p.get("category"),
@@ -282,7 +285,8 @@ def compare_requests(a: pd.DataFrame, b: pd.DataFrame, *, reuse_b: bool = False)
         seen: dict[Any, int] = {}
         out = []
         use_prompt = "prompt" in r.columns and r["prompt"].notna().all()
-        for i, row in enumerate(r.to_dict(orient="records")):
+        records = cast("list[dict[str, Any]]", r.to_dict(orient="records"))   # the column names are str
+        for i, row in enumerate(records):
             key = row["prompt"] if use_prompt else i
             occ = seen.get(key, 0)
             seen[key] = occ + 1
@@ -319,7 +323,7 @@ def request_pairs(table: pd.DataFrame) -> tuple[RequestPair, ...]:
     return tuple(RequestPair(**r) for r in json.loads(table.to_json(orient="records")))
 
 
-def _is_list(v: Any) -> bool:
+def _is_list(v: Any) -> TypeGuard[list[Any] | tuple[Any, ...] | np.ndarray]:
     return isinstance(v, (list, tuple, np.ndarray))
 
 

@@ -68,9 +68,9 @@ def _gguf_changes(pa: str, pb: str) -> tuple[tuple[tuple[str, Any, Any], ...], t
     from mtpscope.inspector.diff import diff
 
     d = diff(pa, pb, values=False, data="none")  # keys and tensor table only (fast)
-    keys = [(c.key, c.a, c.b) for c in d.keys_changed]
+    keys: list[tuple[str, Any, Any]] = [(c.key, c.a, c.b) for c in d.keys_changed]
     keys += [(k, None, "(present)") for k in d.keys_added] + [(k, "(present)", None) for k in d.keys_removed]
-    tens = [(t.name, f"{t.a_type} {list(t.a_ne)}", f"{t.b_type} {list(t.b_ne)}") for t in d.tensors_changed]
+    tens: list[tuple[str, str | None, str | None]] = [(t.name, f"{t.a_type} {list(t.a_ne)}", f"{t.b_type} {list(t.b_ne)}") for t in d.tensors_changed]
     tens += [(n, None, "(present)") for n in d.tensors_added] + [(n, "(present)", None) for n in d.tensors_removed]
     return tuple(sorted(keys)), tuple(sorted(tens))
 
@@ -82,8 +82,9 @@ def run_differences(manifest_a: dict[str, Any], manifest_b: dict[str, Any], *,
     :func:`inspector.diff.diff` (metadata and tensor table, no weights) when both files exist and
     ``readable`` (e.g. the app's allowed folders) accepts both paths; otherwise a ``note`` says why
     not. Never raises on a malformed manifest: what cannot be read counts as absent."""
-    pa_ = manifest_a.get("params") if isinstance(manifest_a.get("params"), dict) else {}
-    pb_ = manifest_b.get("params") if isinstance(manifest_b.get("params"), dict) else {}
+    params_a, params_b = manifest_a.get("params"), manifest_b.get("params")
+    pa_ = params_a if isinstance(params_a, dict) else {}
+    pb_ = params_b if isinstance(params_b, dict) else {}
     params = tuple((k, pa_.get(k), pb_.get(k)) for k in RUN_PARAMS if pa_.get(k) != pb_.get(k))
     models: list[ModelDifference] = []
     for role in ROLES:

@@ -162,8 +162,8 @@ def timing_quality(rounds: pd.DataFrame, cost: CostModel | None, baseline: Plain
     if pr is not None:
         checked.append("probe_spread")
         for kind, reps in (("verify of", pr.verify_reps_ms), ("drafter steps", pr.draft_reps_ms)):
-            for n, r in sorted(reps.items()):
-                r = np.asarray(r, np.float64)
+            for n, rep in sorted(reps.items()):
+                r = np.asarray(rep, np.float64)
                 if len(r) < 2 or r.min() <= 0:
                     continue
                 ratio = float(r.max() / r.min())

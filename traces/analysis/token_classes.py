@@ -81,7 +81,7 @@ _NUMBER_RE = re.compile(r"^[+-]?(\d+([.,]\d+)*[.,]?|[.,]\d+)([eE][+-]?\d+)?%?$")
 _SPECIAL_TYPES = frozenset({TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED})
 
 #: per-vocabulary cache of per-id facts (text, class, flags), shared by classifiers
-_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_INFO: weakref.WeakKeyDictionary[Vocab, dict[str, _Facts]] = weakref.WeakKeyDictionary()
 
 #: template tokens (piece text) -> the channel they switch to; None = "the channel named after it"
 TEMPLATE_OPEN = {"<|channel>": CH_THINKING, "<|tool_call>": CH_TOOL_CALL, "<|tool_response>": CH_TOOL_RESPONSE,
@@ -175,6 +175,14 @@ _NUMBER_SPAN_RE = re.compile(r"(?<![\w.])[-+]?\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?%?
 _JSON_FENCES = frozenset({"json", "jsonl", "json5"})
 
 
+def _fence_tag(line: str) -> str:
+    """The language tag of a fence line (``K_FENCE``: :data:`_FENCE_RE` matches it); ``""`` when none."""
+    m = _FENCE_RE.match(line.strip())
+    if m is None:
+        raise ValueError(f"not a fence line: {line!r}")
+    return m.group(2)
+
+
 def line_kind(line: str) -> int:
     """What one line looks like on its own (module docstring): ``K_BLANK``, ``K_JSON``, ``K_VALUE``,
     ``K_CODE``, ``K_COMMENT``, ``K_FENCE``, ``K_REPL`` or ``K_TEXT``."""
@@ -206,13 +214,13 @@ def line_regions(lines: Sequence[str]) -> list[int]:
     blanks: list[int] = []
     for i, (line, kind) in enumerate(zip(lines, kinds, strict=True)):
         if fence is not None:
-            if kind == K_FENCE and not _FENCE_RE.match(line.strip()).group(2):
+            if kind == K_FENCE and not _fence_tag(line):
                 out[i], fence, region = R_CODE, None, R_TEXT
             else:
                 out[i] = R_JSON if fence in _JSON_FENCES else R_CODE
             continue
         if kind == K_FENCE:
-            fence = _FENCE_RE.match(line.strip()).group(2).lower()
+            fence = _fence_tag(line).lower()
             out[i] = R_CODE
             for j in blanks:
                 out[j] = R_TEXT
@@ -411,7 +419,8 @@ class Classifier:
             if (special or piece in TEMPLATE_OPEN) and piece in TEMPLATE_OPEN:
                 f.opens[tid] = TEMPLATE_OPEN[piece]
             if piece in TEMPLATE_CLOSE:
-                f.closes[tid] = TEMPLATE_CLOSE[piece] if TEMPLATE_CLOSE[piece] is not None else -2
+                close = TEMPLATE_CLOSE[piece]
+                f.closes[tid] = close if close is not None else -2
         f.known[new] = True
         return f
 

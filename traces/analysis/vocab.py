@@ -103,7 +103,7 @@ def load_vocab(path: str | os.PathLike[str]) -> Vocab:
         GGUFFormatError / UnsupportedFileError: not a readable GGUF.
         FileNotFoundError: no such file.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     f = open_gguf(path)
     toks = f.get(TOKENS_KEY)

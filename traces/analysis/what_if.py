@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -333,7 +333,7 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
     rate_obs = _clip01((W @ s["accepted"]) / np.maximum(W @ s["drafted"], 1e-12))
     rate_k = _clip01(preds[K].accepted / np.maximum(preds[K].drafted, 1e-12))
     ratio["acceptance_odds"] = _odds(rate_obs) / _odds(rate_k)
-    out = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
+    out: dict[str, np.ndarray] = {k: np.full((B, len(n_values)), np.nan) for k in COUNTS}
     out["by_size"] = np.zeros((B, len(n_values), max(n_values) + 1))
     for j, N in enumerate(n_values):
         pr = preds[N]
@@ -350,7 +350,8 @@ def _predict_group(g: _Group, W: np.ndarray, n_values: range, K: int, max_tokens
 
 
 def _clip01(x: np.ndarray) -> np.ndarray:
-    return np.clip(x, 1e-9, 1.0 - 1e-9)
+    clipped: np.ndarray = np.clip(x, 1e-9, 1.0 - 1e-9)
+    return clipped
 
 
 def _odds(x: np.ndarray) -> np.ndarray:
@@ -372,18 +373,20 @@ def _plain(baseline: PlainBaseline | None, groups: list[_Group], Ws: list[np.nda
             tok = np.array([baseline.per_prompt[p][0] for p in ids], float)
             ms = np.array([baseline.per_prompt[p][1] for p in ids], float)
             Wb = _weights(len(ids), B - 1, rng)
-            out = (Wb @ ms) / np.maximum(Wb @ tok, 1e-12)
+            out: np.ndarray = (Wb @ ms) / np.maximum(Wb @ tok, 1e-12)
             out[0] = baseline.t_per_token_ms if only is None else baseline.for_prompts(ids)
             return out
-    if baseline.per_prompt and all(g.unit_prompt is not None for g, _ in sel):
-        tok = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[0] for p in g.unit_prompt], float)
-                  for g, W in sel)
-        ms = sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[1] for p in g.unit_prompt], float)
-                 for g, W in sel)
-        fallback = baseline.for_prompts([p for g, _ in sel for p in g.unit_prompt])
+    by_prompt = [(g.unit_prompt, W) for g, W in sel if g.unit_prompt is not None]
+    if baseline.per_prompt and len(by_prompt) == len(sel):
+        # cast: sel holds a group at least (only, or every group), so each sum is an array
+        tok = cast(np.ndarray, sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[0] for p in up], np.float64)
+                                   for up, W in by_prompt))
+        ms = cast(np.ndarray, sum(W @ np.array([baseline.per_prompt.get(int(p), (0, 0.0))[1] for p in up], np.float64)
+                                  for up, W in by_prompt))
+        fallback = baseline.for_prompts([p for up, _ in by_prompt for p in up])
         return np.where(tok > 0, ms / np.maximum(tok, 1e-12), fallback)
-    ids = None if only is None else only.obs.prompt_ids
-    return np.full(B, baseline.t_per_token_ms if ids is None else baseline.for_prompts(ids))
+    own_ids = None if only is None else only.obs.prompt_ids
+    return np.full(B, baseline.t_per_token_ms if own_ids is None else baseline.for_prompts(own_ids))
 
 
 def _costs(groups: list[_Group], Ws: list[np.ndarray], probe: CostProbe | None,
@@ -391,8 +394,9 @@ def _costs(groups: list[_Group], Ws: list[np.ndarray], probe: CostProbe | None,
     """Per-replicate round costs over all groups (the categories ran on one machine):
     :class:`traces.analysis.costs.SizeCosts` of every round weighted by its unit's weight in each replicate
     (the medians of the resampled rounds), the probe resampled over its repetitions (``rng``)."""
-    arrs = [round_arrays(g.rounds) for g in groups]
-    if any(a is None for a in arrs):
+    found = [round_arrays(g.rounds) for g in groups]
+    arrs = [a for a in found if a is not None]
+    if len(arrs) < len(found):
         return None
     nd = np.concatenate([a[0] for a in arrs])
     td = np.concatenate([a[1] for a in arrs])
@@ -522,16 +526,17 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     costs = _costs(groups, Ws, probe, plain, rng)
     timed = costs is not None
     cost = fit_cost(rounds, baseline, probe) if timed else None
-    if timed and plain is None:
+    if costs is not None and plain is None:
         plain = costs.verify(1)
     per = {g.name: _predict_group(g, W, n_values, K, max_tokens, costs) for g, W in zip(groups, Ws, strict=True)}
-    total = {k: sum(per[g.name][0][k] for g in groups) for k in (*COUNTS, "emitted", "by_size")}
+    # cast: there is a group at least, so each sum is an array
+    total = {k: cast(np.ndarray, sum(per[g.name][0][k] for g in groups)) for k in (*COUNTS, "emitted", "by_size")}
     calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
              for k in per[groups[0].name][1]}
     resampled = n_boot > 0
     by_cat: dict[str, WhatIf] = {}
     if categories:
-        for g, W in zip(groups, Ws, strict=True):
+        for g, _W in zip(groups, Ws, strict=True):
             nd = g.rounds["n_draft"].to_numpy(dtype=np.int64)
             gp = _plain(baseline, groups, Ws, B, only=g, rng=rng) if timed else None
             if timed and gp is None:

@@ -61,7 +61,7 @@ def _prompt_id(v: Any) -> int | None:
     return None
 
 
-def manifest_prompts(prompts: Any) -> list[dict]:
+def manifest_prompts(prompts: Any) -> list[dict[str, Any]]:
     """The entries of a manifest's ``prompts`` list that are objects with an integer ``prompt_id`` (an
     int, or a string of digits), each copied with an ``int`` prompt_id and a ``str`` text; anything
     else (not a list, a non-object entry, a missing / non-integer id) is left out."""

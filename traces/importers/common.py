@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from mtpscope.errors import ImportFormatError
 
@@ -47,7 +47,7 @@ class ImportResult:
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - opened outside `with` so that only open()'s errors become ImportFormatError
     except FileNotFoundError:
         raise ImportFormatError("no such file", path=path) from None
     except IsADirectoryError:
@@ -57,11 +57,11 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
             yield i, raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_num(v: Any) -> bool:
+def is_num(v: Any) -> TypeGuard[float]:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ from mtpscope.traces.importers.common import (
 )
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.writer import TraceWriter
+
+#: a draft event waiting for its accept: (line, draft obj, seq_id, segment of that seq_id)
+_Pending = tuple[int, dict[str, Any], int, int]
+
+
+def _seq_is(sid: int, it: int | None = None) -> Callable[[int, _Pending], bool]:
+    """A ``drop_pending`` test: the pending drafts of sequence ``sid`` (at iter ``it`` when given)."""
+    return lambda pit, e: e[2] == sid and (it is None or pit == it)
 
 
 def _parse_event(line: str) -> tuple[str, Any]:
@@ -92,8 +101,8 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
     n_lines = n_ignored = 0
     bad: list[tuple[int, str]] = []
     # joined rounds: (draft line, seq_id, segment of that seq_id, draft obj, n_accepted)
-    joined: list[tuple[int, int, int, dict, int]] = []
-    pending: dict[int, deque] = {}                 # iter -> FIFO of (line, draft, seq_id, segment)
+    joined: list[tuple[int, int, int, dict[str, Any], int]] = []
+    pending: dict[int, deque[_Pending]] = {}       # iter -> FIFO of (line, draft, seq_id, segment)
     last_iter: dict[int, int] = {}                 # seq_id -> iter of its last draft
     segment_of: dict[int, int] = {}                # seq_id -> runs seen so far - 1
     unmatched_drafts: list[int] = []
@@ -101,16 +110,16 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
     prev_mismatch: list[int] = []
     n_used = 0
 
-    def drop(entry: tuple[int, dict, int, int]) -> None:
+    def drop(entry: _Pending) -> None:
         ln, d, sid, seg = entry
         if d["drafts"]:
             unmatched_drafts.append(ln)
         else:                     # nothing drafted: n_accepted is 0 by definition
             joined.append((ln, sid, seg, d, 0))
 
-    def drop_pending(pred) -> None:  # noqa: ANN001
+    def drop_pending(pred: Callable[[int, _Pending], bool]) -> None:
         for it in list(pending):
-            keep = deque()
+            keep: deque[_Pending] = deque()
             for e in pending[it]:
                 if pred(it, e):
                     drop(e)
@@ -138,12 +147,12 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
             sid = int(obj.get("seq_id", 0))
             if sid in last_iter and it < last_iter[sid]:
                 # iter went backwards for this sequence: a new run appended to the same file
-                drop_pending(lambda _it, e, sid=sid: e[2] == sid)
+                drop_pending(_seq_is(sid))
                 segment_of[sid] += 1
             elif sid in last_iter and it == last_iter[sid]:
                 # the fork counts iter per accept: a second draft at the same iter means the
                 # previous one was never verified
-                drop_pending(lambda _it, e, sid=sid, it=it: e[2] == sid and _it == it)
+                drop_pending(_seq_is(sid, it))
             segment_of.setdefault(sid, 0)
             last_iter[sid] = it
             pending.setdefault(it, deque()).append((ln, obj, sid, segment_of[sid]))
@@ -180,7 +189,7 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
     prompt_info: list[dict[str, Any]] = []
     current: dict[tuple[int, int], tuple[int, int]] = {}      # stream -> (prompt_id, last attn_pos)
     round_count: dict[int, int] = {}
-    cols: dict[str, list] = {name: [] for name in S.ROUNDS_COLUMNS}
+    cols: dict[str, list[Any]] = {name: [] for name in S.ROUNDS_COLUMNS}
     drafted_lists: list[list[int]] = []
     for d_ln, sid, seg, d, na in joined:
         stream = (seg, sid)

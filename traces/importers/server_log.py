@@ -54,7 +54,7 @@ def _stats_fields(m: re.Match[str]) -> dict[str, Any] | str:
     return out
 
 
-def _response_row(obj: dict, ln: int) -> tuple[str, Any]:
+def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
     timings = obj.get("timings")
     if not isinstance(timings, dict):
         return "ignored", None
@@ -103,14 +103,14 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         TraceError: ``out_dir`` already holds a trace and ``overwrite`` is false.
     """
     path = Path(path)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     bad: list[tuple[int, str]] = []
     n_lines = n_ignored = 0
     last_slot: tuple[int, int] | None = None         # the most recent (slot, task) prefix
     slot_task: dict[int, int] = {}                    # per slot: its last task id >= 0
-    last_log: dict | None = None                      # the last acceptance row (statistics go there)
+    last_log: dict[str, Any] | None = None                      # the last acceptance row (statistics go there)
     n_stats = 0                                       # statistics lines merged into a row
-    timing: dict[tuple[int, int] | None, dict[str, Any]] = {}   # (slot, task) -> its eval-time numbers so far
+    timing: dict[tuple[int, int | None] | None, dict[str, Any]] = {}   # (slot, task) -> its eval-time numbers so far
     n_timing = 0                                      # eval-time lines merged into a row
     for ln, line in read_lines(path):
         n_lines = ln

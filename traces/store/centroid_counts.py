@@ -75,12 +75,13 @@ def from_manifest(manifest: dict[str, Any], n_centroids: int) -> tuple[np.ndarra
     if not isinstance(e, dict) or e.get("n_centroids") != int(n_centroids):
         return None
     try:
-        out = tuple(np.asarray(e[k], dtype=np.int64) for k in ("chosen", "target_home", "covered"))
+        out = (np.asarray(e["chosen"], dtype=np.int64), np.asarray(e["target_home"], dtype=np.int64),
+               np.asarray(e["covered"], dtype=np.int64))
     except (KeyError, TypeError, ValueError):
         return None
     if any(a.shape != (int(n_centroids),) for a in out):
         return None
-    return out  # type: ignore[return-value]
+    return out
 
 
 __all__ = ["MANIFEST_KEY", "CentroidCounts", "from_manifest"]

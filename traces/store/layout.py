@@ -67,7 +67,8 @@ def plain_parts(path: str | os.PathLike[str], table: str) -> list[Path]:
     d = Path(path) / table
     if not d.is_dir():
         return []
-    return sorted((p for p in d.iterdir() if PART_RE.match(p.name)), key=lambda p: int(PART_RE.match(p.name).group(1)))
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := PART_RE.match(p.name))]
+    return [p for _, p in sorted(found, key=lambda t: t[0])]
 
 
 def merged_files(path: str | os.PathLike[str], table: str, *, tmp_only: bool) -> list[Path]:
@@ -131,7 +132,7 @@ def try_lock(path: Path, create: bool) -> int | None:
     Raises:
         OSError: opening or locking failed for another reason than the lock being held.
     """
-    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of the recorder
+    import fcntl  # POSIX only, like the rest of the recorder
 
     try:
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o644)

@@ -18,7 +18,7 @@ from mtpscope.traces.store.layout import MANIFEST, tmp_path
 
 
 def _json_default(o: Any) -> Any:
-    import numpy as np  # noqa: PLC0415 - only for values that plain JSON cannot hold
+    import numpy as np  # only for values that plain JSON cannot hold
 
     if isinstance(o, np.generic):
         return o.item()
@@ -88,5 +88,4 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     except RecursionError:
         raise TraceFormatError("manifest JSON is nested too deeply", path=mpath,
                                expected="a flat JSON object", actual="deep nesting") from None
-    S.check_manifest(manifest, str(mpath))
-    return manifest
+    return S.check_manifest(manifest, str(mpath))  # the same object, checked

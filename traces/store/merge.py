@@ -101,7 +101,7 @@ class Merger:
             try:
                 if self.groups:
                     self._finish_group(self.groups[-1])
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - a failed merge is discarded; the caller compacts the parts
                 self.error = e
         if self.error is not None or [r for g in self.groups for r in g["parts"]] != written:
             self.discard()
@@ -128,7 +128,7 @@ class Merger:
                 if st["writer"] is not None:
                     try:
                         st["writer"].close()
-                    except Exception:  # noqa: BLE001, S110 - deleted next
+                    except Exception:  # noqa: BLE001 - deleted next
                         pass
                     st["writer"] = None
                 st["tmp"].unlink(missing_ok=True)

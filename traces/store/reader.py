@@ -105,7 +105,7 @@ class Trace(TraceLike):
                         "requests": S.REQUESTS_SCHEMA}
         self._files: dict[str, list[Path]] = {t: self._list_parts(t) for t in TABLES}
         self._cache: dict[tuple[str, tuple[str, ...]], pd.DataFrame] = {}
-        self._con = None
+        self._con: Any = None   # a duckdb connection, made on the first sql() (duckdb has no type information)
         self._lock = threading.RLock()      # the app shares one Trace between script threads
 
     def __repr__(self) -> str:
@@ -331,7 +331,8 @@ class Trace(TraceLike):
                     con.execute(f"CREATE VIEW {t} AS SELECT * FROM _empty_{t}")
             self._con = con
         try:
-            return self._con.execute(query).df()
+            df: pd.DataFrame = self._con.execute(query).df()
+            return df
         except duckdb.Error as e:
             raise TraceFormatError(f"query failed: {e}", path=self.path, key="sql",
                                    expected="a valid DuckDB query over rounds/steps/requests",

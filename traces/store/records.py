@@ -23,10 +23,10 @@ import numpy as np
 from mtpscope.errors import TraceFormatError
 
 
-def _int_tuple(name: str, values: Sequence[Any] | None, *, allow_none_items: bool = False) -> tuple | None:
+def _int_tuple(name: str, values: Sequence[Any] | None, *, allow_none_items: bool = False) -> tuple[int | None, ...] | None:
     if values is None:
         return None
-    out = []
+    out: list[int | None] = []
     for v in values:
         if v is None:
             if not allow_none_items:

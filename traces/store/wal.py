@@ -165,7 +165,7 @@ def recover(path: str | os.PathLike[str]) -> Recovery:
 
 
 def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
-    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.compute as pc
 
     manifest = read_manifest(p)
     steps_schema = S.steps_schema_from_manifest(manifest)

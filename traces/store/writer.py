@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,9 @@ from mtpscope.traces.store.parts import conform, write_part
 from mtpscope.traces.store.records import RoundRecord, StepRecord
 from mtpscope.traces.store.wal import WalSegment
 
-_NP_HIDDEN = {"f16": np.float16, "f32": np.float32}
+_NP_HIDDEN: dict[str, type[np.floating[Any]]] = {"f16": np.float16, "f32": np.float32}
+#: one batch of background work: the part files to write, the WAL segment they replace, the part record to merge
+_Batch = tuple[list[tuple[pa.Table, Path]], WalSegment | None, dict[str, Any] | None]
 # the sibling folders of a trace being replaced: the new one while written, the old one while swapped out
 _PARTIAL, _OLD = ".partial-", ".old-"
 
@@ -171,7 +174,7 @@ class TraceWriter:
         self._next_part = 0
         self.background = bool(background)
         self._thread: threading.Thread | None = None
-        self._queue: queue.Queue | None = None
+        self._queue: queue.Queue[_Batch | None] | None = None   # None (the end) stops the writer thread
         self._error: BaseException | None = None
         self._written: list[dict[str, Any]] = []    # per part: idx and rows per table (None: absent)
         self._closed = False
@@ -206,7 +209,8 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         # On an exception: keep the finished rounds but leave the trace marked incomplete.
         self.close(complete=exc_type is None)
 
@@ -347,13 +351,16 @@ class TraceWriter:
             return
         if self._thread is None:
             self._queue = queue.Queue(maxsize=4)
-            self._thread = threading.Thread(target=self._worker, name="mtpscope-trace-writer", daemon=True)
+            self._thread = threading.Thread(target=self._worker, args=(self._queue,), name="mtpscope-trace-writer",
+                                            daemon=True)
             self._thread.start()
+        if self._queue is None:
+            raise RuntimeError("the writer thread runs without its queue")   # both are set together, above
         self._queue.put((jobs, seg, rec))
 
-    def _worker(self) -> None:
+    def _worker(self, jobs_queue: queue.Queue[_Batch | None]) -> None:
         while True:
-            item = self._queue.get()
+            item = jobs_queue.get()
             if item is None:
                 return
             jobs, seg, rec = item
@@ -374,6 +381,8 @@ class TraceWriter:
 
     def _drain(self) -> None:
         if self._thread is not None:
+            if self._queue is None:
+                raise RuntimeError("the writer thread runs without its queue")   # both are set together (_submit)
             self._queue.put(None)
             self._thread.join()
             self._thread = None
@@ -472,6 +481,8 @@ class TraceWriter:
                 arrays[name] = pa.nulls(n)
                 continue
             dim = typ.list_size
+            if self.hidden_dtype is None:   # S.hidden_type: a hidden column without a dtype is type null (above)
+                raise TraceError("hidden-state column without a hidden_dtype", path=self.path, key=name)
             mask = np.array([getattr(s, name) is None for _, s in pairs], dtype=bool)
             flat = np.zeros((n, dim), dtype=_NP_HIDDEN[self.hidden_dtype])
             for i, (_, s) in enumerate(pairs):
@@ -516,7 +527,7 @@ def swap_in(new: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     Raises:
         OSError: a rename failed (``out`` is then as it was).
     """
-    import shutil  # noqa: PLC0415
+    import shutil
 
     new, out = Path(new), Path(out)
     old = out.with_name(f"{out.name}{_OLD}{os.getpid()}")
