@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.positions import Positions
     from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.requests import RequestsView
+    from mtpscope.traces.analysis.run_diff import DifferenceRow
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
     from mtpscope.traces.diagnose.records import Diagnosis
@@ -510,7 +511,7 @@ def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> AlignedD
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
+def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[DifferenceRow]:
     from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
 
     ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
@@ -518,10 +519,10 @@ def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str,
                                            readable=lambda p: safety.is_allowed(p, roots())))
 
 
-def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[DifferenceRow]:
     """What differs between the runs of two allowed traces (``mtpscope.traces.analysis.run_diff``: parameters, and
     the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
-    ``{"what", "name", "A", "B"}``. Cached per trace version."""
+    (:class:`mtpscope.traces.analysis.run_diff.DifferenceRow`). Cached per trace version."""
     pa_ = safety.check_path(a, roots(), kind="dir")
     pb_ = safety.check_path(b, roots(), kind="dir")
     return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))

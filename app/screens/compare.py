@@ -106,10 +106,10 @@ def _traces() -> None:
             rows = model_views.explained_differences(diff_rows, {"A": loaders.recorded_validation(tr_a),
                                                                  "B": loaders.recorded_validation(tr_b)})
             for r in rows:
-                if r["verify"]:
-                    st.warning(f"Likely cause: `{r['name']}` ({r['A']} in A, {r['B']} in B) — {r['verify']}",
+                if r.verify:
+                    st.warning(f"Likely cause: `{r.row.name}` ({r.row.a} in A, {r.row.b} in B) — {r.verify}",
                                icon=":material/troubleshoot:")
-            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
+            st.dataframe(pd.DataFrame([r.to_dict() for r in rows]), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
                          column_config={"what": st.column_config.TextColumn("what", width=110),
                                         "name": st.column_config.TextColumn("name", width=230),
                                         "A": st.column_config.TextColumn("A", width=150),
