@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
     from mtpscope.traces.diagnose.records import Diagnosis
+    from mtpscope.traces.run.replay import ReplaySummary
     from mtpscope.traces.sweep.reader import Sweep
 
 
@@ -548,14 +549,14 @@ def recorded_validation(tr: Trace) -> Report | None:
 # ----------------------------------------------------------------------------------- replays and sweeps
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _replay(path: str, key: tuple) -> tuple[dict[str, Any], pd.DataFrame]:
+def _replay(path: str, key: tuple) -> tuple[ReplaySummary, pd.DataFrame]:
     from mtpscope.traces.run.replay import read_replay  # its reader lives with its writer
 
     return read_replay(path)
 
 
-def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
-    """(summary dict, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
+def replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, pd.DataFrame]:
+    """(summary :class:`mtpscope.traces.run.replay.ReplaySummary`, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
     ``summary.json`` + ``steps.parquet``), cached by the folder's file stats. JSON and Parquet only."""
     p = safety.check_path(path, roots(), kind="dir")
     return _replay(str(p), _dir_key(p))

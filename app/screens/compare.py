@@ -196,15 +196,14 @@ else:
     with guard("replay"):
         summary, rsteps = loaders.replay(rpath)
         dec = loaders.decoder(sel.get(sel.DRAFTER), sel.get(sel.TARGET))
-        rec = summary.get("recorded") or {}
-        variants = summary.get("variants") or {}
-        rows = [{"variant": "recorded", "options": "-", "acceptance_rate": rec.get("acceptance_rate"),
-                 "mean_acceptance_length": rec.get("mean_acceptance_length"), "agreement": None}]
-        rows += [{"variant": n, **{k: v.get(k) for k in ("options", "acceptance_rate", "mean_acceptance_length",
-                                                             "agreement")}} for n, v in variants.items()]
+        rec = summary.recorded
+        variants = summary.variants
+        rows = [{"variant": "recorded", "options": "-", "acceptance_rate": rec.acceptance_rate,
+                 "mean_acceptance_length": rec.mean_acceptance_length, "agreement": None}]
+        rows += [{"variant": n, **v.to_dict()} for n, v in variants.items()]
         table = pd.DataFrame(rows)
-        st.caption(f"replay of `{sel.short(summary.get('trace'))}`: {wording.plural(summary.get('n_rounds') or 0, 'round')}, "
-                   f"{wording.plural(summary.get('n_steps') or 0, 'step')}")
+        st.caption(f"replay of `{sel.short(summary.trace)}`: {wording.plural(summary.n_rounds, 'round')}, "
+                   f"{wording.plural(summary.n_steps, 'step')}")
         st.plotly_chart(charts.summary_bars([float(r or 0) for r in table["acceptance_rate"]], list(table["variant"]),
                                             "Acceptance rate: recorded vs replayed variants"),
                         key=sel.CMP_REPLAY, width="stretch")
@@ -216,12 +215,12 @@ else:
                               "recording")})
         from mtpscope.traces.run.replay import indistinguishable
 
-        same = summary.get("indistinguishable")
-        if same is None and len(rsteps):  # summaries written before the key existed
-            same = indistinguishable(rsteps, list(variants))
-        for a, b in same or []:
+        pairs = summary.indistinguishable
+        if pairs is None and len(rsteps):  # summaries written before the key existed
+            pairs = tuple(indistinguishable(rsteps, list(variants)))
+        for a, b in pairs or ():
             st.caption(f"This trace cannot tell {b} from {a}: both draft the same token at every replayed step.")
-        for note in summary.get("notes") or []:
+        for note in summary.notes:
             st.caption(note)
         dcols = [c for c in rsteps.columns if c.startswith("draft[")]
         if len(rsteps) and dcols and "recorded" in rsteps.columns:
@@ -233,7 +232,7 @@ else:
                 if c in dis.columns:
                     dis[c] = [dec.label(None if pd.isna(v) or int(v) < 0 else int(v)) for v in dis[c]]
             st.dataframe(dis, hide_index=True, width="stretch")
-        vt = summary.get("variant_traces") or {}
+        vt = summary.variant_traces
         if vt:
             st.markdown("**Variant traces**: compare one with this trace as trace B")
             cols = st.columns(min(4, len(vt)))
