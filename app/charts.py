@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from mtpscope.app import model_views, round_views, views
 
 if TYPE_CHECKING:
+    from mtpscope.traces.analysis.align import OneSided, RateDelta
     from mtpscope.traces.analysis.breakdown import Acceptance, CategoryAcceptance, PositionAcceptance
     from mtpscope.traces.analysis.drift import Drift
     from mtpscope.traces.analysis.explain import PositionRejections
@@ -776,19 +777,20 @@ def prompt_delta_figure(deltas: pd.DataFrame, names: tuple[str, str] = ("A", "B"
     return fig
 
 
-def only_counts_figure(a_only: dict, b_only: dict, by: str = "by_class", names: tuple[str, str] = ("A", "B"),
+def only_counts_figure(a_only: OneSided, b_only: OneSided, by: str = "by_class", names: tuple[str, str] = ("A", "B"),
                        title: str | None = None) -> go.Figure:
-    """Grouped bars of the aligned diff's one-sided positions (``a_only`` / ``b_only``: ``{"n", "by_class",
-    "by_position"}``) by token class or by draft position."""
-    keys = sorted(set((a_only or {}).get(by, {})) | set((b_only or {}).get(by, {})),
-                  key=lambda k: (int(k) if str(k).isdigit() else 0, str(k)))
+    """Grouped bars of the aligned diff's one-sided positions (``a_only`` / ``b_only``:
+    :class:`mtpscope.traces.analysis.align.OneSided`) by token class (``by="by_class"``) or by draft position
+    (``"by_position"``)."""
+    ca, cb = ((a_only.by_class, b_only.by_class) if by == "by_class" else (a_only.by_position, b_only.by_position))
+    keys = sorted(set(ca) | set(cb), key=lambda k: (int(k) if str(k).isdigit() else 0, str(k)))
     if not keys:
         return empty_figure("no output position is accepted in one run and rejected in the other")
     x = [f"k={k}" if by == "by_position" else str(k) for k in keys]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[int(a_only.get(by, {}).get(k, 0)) for k in keys], name=f"accepted in {names[0]}, rejected in {names[1]}",
+    fig.add_bar(x=x, y=[int(ca.get(k, 0)) for k in keys], name=f"accepted in {names[0]}, rejected in {names[1]}",
                 marker_color="#1f77b4")
-    fig.add_bar(x=x, y=[int(b_only.get(by, {}).get(k, 0)) for k in keys], name=f"accepted in {names[1]}, rejected in {names[0]}",
+    fig.add_bar(x=x, y=[int(cb.get(k, 0)) for k in keys], name=f"accepted in {names[1]}, rejected in {names[0]}",
                 marker_color="#ff7f0e")
     what = "token class" if by == "by_class" else "draft position"
     _layout(fig, title or f"Accepted in one run only, by {what}", height=300, barmode="group",
@@ -797,16 +799,17 @@ def only_counts_figure(a_only: dict, b_only: dict, by: str = "by_class", names: 
     return fig
 
 
-def delta_ci_figure(delta: dict[str, dict], names: tuple[str, str] = ("A", "B")) -> go.Figure:
-    """Acceptance-rate delta (B − A) per category with its 95 % bootstrap interval (``AlignedDiff.delta``)."""
-    items = [(c, x) for c, x in (delta or {}).items() if x.get("delta") is not None]
+def delta_ci_figure(delta: Mapping[str, RateDelta], names: tuple[str, str] = ("A", "B")) -> go.Figure:
+    """Acceptance-rate delta (B − A) per category with its 95 % bootstrap interval (``AlignedDiff.delta``:
+    category -> :class:`mtpscope.traces.analysis.align.RateDelta`)."""
+    items = [(c, x, x.delta) for c, x in delta.items() if x.delta is not None]
     if not items:
         return empty_figure("no drafted tokens in the paired prompts")
     fig = go.Figure(go.Scatter(
-        x=[x["delta"] for _, x in items], y=[c for c, _ in items], mode="markers", marker=dict(size=11, color="#1f77b4"),
+        x=[d for _, _, d in items], y=[c for c, _, _ in items], mode="markers", marker=dict(size=11, color="#1f77b4"),
         error_x=dict(type="data", symmetric=False,
-                     array=[(x["ci_high"] - x["delta"]) if x.get("ci_high") is not None else 0 for _, x in items],
-                     arrayminus=[(x["delta"] - x["ci_low"]) if x.get("ci_low") is not None else 0 for _, x in items]),
+                     array=[(x.ci_high - d) if x.ci_high is not None else 0 for _, x, d in items],
+                     arrayminus=[(d - x.ci_low) if x.ci_low is not None else 0 for _, x, d in items]),
         hovertemplate="%{y}: %{x:+.3f}<extra></extra>"))
     fig.add_vline(x=0, line_dash="dot", line_color="#888")
     _layout(fig, f"Acceptance-rate delta ({names[1]} − {names[0]}) with a 95 % interval", height=max(200, 50 * len(items) + 120))

@@ -42,9 +42,11 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.positions import Positions
     from mtpscope.traces.analysis.report_records import TraceReport
     from mtpscope.traces.analysis.requests import RequestsView
+    from mtpscope.traces.analysis.run_diff import DifferenceRow
     from mtpscope.traces.analysis.token_classes import TokenClasses
     from mtpscope.traces.analysis.vocab import Vocab
     from mtpscope.traces.diagnose.records import Diagnosis
+    from mtpscope.traces.run.replay import ReplaySummary
     from mtpscope.traces.sweep.reader import Sweep
 
 
@@ -510,7 +512,7 @@ def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> AlignedD
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str, Any]]:
+def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[DifferenceRow]:
     from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
 
     ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
@@ -518,10 +520,10 @@ def _run_differences(a: str, akey: tuple, b: str, bkey: tuple) -> list[dict[str,
                                            readable=lambda p: safety.is_allowed(p, roots())))
 
 
-def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def run_differences(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> list[DifferenceRow]:
     """What differs between the runs of two allowed traces (``mtpscope.traces.analysis.run_diff``: parameters, and
     the models' GGUF metadata / tensor tables where both files are allowed and present), as table rows
-    ``{"what", "name", "A", "B"}``. Cached per trace version."""
+    (:class:`mtpscope.traces.analysis.run_diff.DifferenceRow`). Cached per trace version."""
     pa_ = safety.check_path(a, roots(), kind="dir")
     pb_ = safety.check_path(b, roots(), kind="dir")
     return _run_differences(str(pa_), _trace_key(pa_), str(pb_), _trace_key(pb_))
@@ -547,14 +549,14 @@ def recorded_validation(tr: Trace) -> Report | None:
 # ----------------------------------------------------------------------------------- replays and sweeps
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _replay(path: str, key: tuple) -> tuple[dict[str, Any], pd.DataFrame]:
+def _replay(path: str, key: tuple) -> tuple[ReplaySummary, pd.DataFrame]:
     from mtpscope.traces.run.replay import read_replay  # its reader lives with its writer
 
     return read_replay(path)
 
 
-def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
-    """(summary dict, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
+def replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, pd.DataFrame]:
+    """(summary :class:`mtpscope.traces.run.replay.ReplaySummary`, steps DataFrame) of an allowed replay output folder (``mtpscope replay --out``:
     ``summary.json`` + ``steps.parquet``), cached by the folder's file stats. JSON and Parquet only."""
     p = safety.check_path(path, roots(), kind="dir")
     return _replay(str(p), _dir_key(p))

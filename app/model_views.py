@@ -11,6 +11,7 @@ import fnmatch
 import re
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +23,7 @@ from mtpscope.traces.analysis.wording import plural
 
 if TYPE_CHECKING:
     from mtpscope.inspector.inventory import TensorEntry
+    from mtpscope.traces.analysis.run_diff import DifferenceRow
 
 # -------------------------------------------------------------------------------------- centroids
 
@@ -196,12 +198,29 @@ def grid_findings(rep: Report) -> tuple[list[str], list[str]]:
 
 # ---------------------------------------------------------------------------- what differs between runs
 
-def explained_differences(rows: Sequence[dict], reports: dict[str, Report | None]) -> list[dict]:
-    """What differs between two runs (:func:`mtpscope.traces.analysis.run_diff.difference_rows`: ``what``,
-    ``name``, ``A``, ``B``) joined with verify: each model metadata key or tensor row gets a ``verify``
-    cell naming the findings (error or warning) of ``reports[run]`` whose subject is that key or tensor
-    (``B: ✗ E_PAIR_ROPE …``), so a difference verify explains is told from the others; rows so explained
-    come first (errors first), the rest keep their order.
+@dataclass(frozen=True)
+class ExplainedDifference:
+    """A difference row (:class:`mtpscope.traces.analysis.run_diff.DifferenceRow`) with what verify says of it.
+
+    Attributes:
+        row: the difference.
+        verify: the findings (error or warning) of either run's verify whose subject is the row's key or tensor
+            (``B: ✗ E_PAIR_ROPE — …``, ``; ``-joined); ``""`` when none.
+    """
+
+    row: DifferenceRow
+    verify: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The table row: ``{"what", "name", "A", "B", "verify"}``."""
+        return {**self.row.to_dict(), "verify": self.verify}
+
+
+def explained_differences(rows: Sequence[DifferenceRow], reports: dict[str, Report | None]) -> list[ExplainedDifference]:
+    """What differs between two runs (:func:`mtpscope.traces.analysis.run_diff.difference_rows`) joined with
+    verify: each model metadata key or tensor row gets the findings (error or warning) of ``reports[run]`` whose
+    subject is that key or tensor (``B: ✗ E_PAIR_ROPE …``), so a difference verify explains is told from the
+    others; rows so explained come first (errors first), the rest keep their order.
 
     Args:
         rows: the difference rows (a renamed key's name is ``"a | b"``: either name matches).
@@ -210,13 +229,12 @@ def explained_differences(rows: Sequence[dict], reports: dict[str, Report | None
     """
     out = []
     for i, r in enumerate(rows):
-        names = set(str(r.get("name", "")).split(" | ")) if str(r.get("what", "")).endswith(("metadata", "tensor")) \
-            else set()
+        names = set(r.name.split(" | ")) if r.what.endswith(("metadata", "tensor")) else set()
         notes, worst = [], 2
         for run, rep in reports.items():
             for f in (rep.findings if rep is not None else ()):
                 if f.severity in ("error", "warning") and f.subject in names:
                     notes.append(f"{run}: {'✗' if f.severity == 'error' else '⚠'} {f.code} — {f.message}")
                     worst = min(worst, 0 if f.severity == "error" else 1)
-        out.append((worst, i, {**r, "verify": "; ".join(notes)}))
+        out.append((worst, i, ExplainedDifference(r, "; ".join(notes))))
     return [r for _, _, r in sorted(out, key=lambda t: (t[0], t[1]))]

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n4. replay's argmax agreement with llama.cpp per type (first {a.replay_rounds} rounds):")
         for t in types:
             t1 = time.perf_counter()
-            s = replay(out / f"assistant={t}" / f"n_draft={a.n_draft}" / "shard=0", max_rounds=a.replay_rounds).summary()
+            s = replay(out / f"assistant={t}" / f"n_draft={a.n_draft}" / "shard=0", max_rounds=a.replay_rounds).summary().to_dict()
             w = s["drafter_weights"]
             mats = ", ".join(f"{k} x{v}" for k, v in w["matrices"].items())
             print(f"   {t:<8} agreement {s['variants']['baseline']['agreement']:.4f} over {s['n_steps']} steps "

@@ -129,7 +129,7 @@ def bench_replay(n_rounds: int, vocab: str) -> None:
         t0 = time.perf_counter()
         r = replay(d / "trace", variants=["position=p-1"])
         t_rep = time.perf_counter() - t0
-        sm = r.summary()
+        sm = r.summary().to_dict()
         n_steps = sm["n_steps"] * len(sm["variants"])
         print(f"replay ({voc.n_vocab}-token vocabulary): {sm['n_rounds']} rounds ({sm['n_steps']} steps) recorded in {t_rec:.1f} s; replayed with "
               f"{len(sm['variants'])} variants in {t_rep:.1f} s = {t_rep / n_steps * 1e3:.2f} ms per recomputed step; "

@@ -263,7 +263,7 @@ def derived_tolerance(x_blocks: Sequence[np.ndarray], w_blocks: Sequence[np.ndar
 
 
 def assert_replay_faithful(summary: dict, what: str) -> None:
-    """A replay's baseline (``ReplayResult.summary()``) reproduces llama.cpp up to what the numerics allow
+    """A replay's baseline (``ReplayResult.summary().to_dict()``) reproduces llama.cpp up to what the numerics allow
     (docs/FIDELITY.md, "Every x86 CPU"): every round's first differing draft is a near tie (within
     ``NEAR_TIE_FACTOR`` x the step's numerical effect), and the agreement is at least the expected agreement
     (the share of steps no faithful runtime can flip). No fixed agreement: it holds on any CPU.

@@ -8,7 +8,7 @@ import pytest
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import breakdown as B
-from mtpscope.traces.analysis.align import aligned_diff, bootstrap_delta, pair_prompts
+from mtpscope.traces.analysis.align import OneSided, aligned_diff, bootstrap_delta, pair_prompts
 from mtpscope.traces.analysis.drift import drift
 from mtpscope.traces.analysis.positions import positions
 
@@ -76,12 +76,20 @@ def test_aligned_diff_by_hand() -> None:
     assert d.status_counts == {"accepted/accepted": 2, "accepted/rejected": 2, "bonus/accepted": 1,
                                "rejected/rejected": 1}
     # a_only: g2 (B rejected it as its draft 2) and g3 (B's draft 1); classes_a[2] = classes_a[3] = json
-    assert d.a_only == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}}
-    assert d.b_only["n"] == 0
-    assert d.prompts[0]["first_difference"] == 2 and d.prompts[0]["diverged_at"] is None
+    assert d.a_only == OneSided(n=2, by_class={"json": 2}, by_position={"1": 1, "2": 1})
+    assert d.b_only.n == 0
+    assert d.prompts[0].first_difference == 2 and d.prompts[0].diverged_at is None
     # acceptance: A 4/5, B 3/9
-    assert d.delta["all"]["rate_a"] == pytest.approx(0.8) and d.delta["all"]["rate_b"] == pytest.approx(1 / 3)
-    assert d.delta["all"]["ci_low"] is None           # one prompt: no interval
+    assert d.delta["all"].rate_a == pytest.approx(0.8) and d.delta["all"].rate_b == pytest.approx(1 / 3)
+    assert d.delta["all"].ci_low is None           # one prompt: no interval
+    # the JSON: the records' fields, in this order
+    j = d.to_dict()
+    assert list(j) == ["paired_by", "n_pairs", "unpaired_a", "unpaired_b", "outputs_identical", "status_counts",
+                       "a_only", "b_only", "prompts", "delta"]
+    assert j["a_only"] == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}}
+    assert j["prompts"] == [{"prompt_id_a": 0, "prompt_id_b": 0, "n_compared": 6, "identical_output": True,
+                             "diverged_at": None, "first_difference": 2}]
+    assert list(j["delta"]["all"]) == ["n_prompts", "rate_a", "rate_b", "delta", "ci_low", "ci_high", "level", "n_boot"]
 
 
 def test_diverging_outputs_stop_the_comparison() -> None:
@@ -90,7 +98,7 @@ def test_diverging_outputs_stop_the_comparison() -> None:
     assert pair.by == "prompt_id"
     d = aligned_diff(A, positions(A), b2, positions(b2), pair)
     assert not d.outputs_identical
-    assert d.prompts[0]["diverged_at"] == 3 and d.prompts[0]["n_compared"] == 2   # g1, g2 only
+    assert d.prompts[0].diverged_at == 3 and d.prompts[0].n_compared == 2   # g1, g2 only
 
 
 def test_pairing_by_id_and_unpaired() -> None:

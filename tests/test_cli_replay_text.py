@@ -7,11 +7,11 @@ from __future__ import annotations
 import pandas as pd
 
 from mtpscope.cli.fidelity import format_replay
-from mtpscope.traces.run.replay import indistinguishable
+from mtpscope.traces.run.replay import ReplaySummary, indistinguishable
 
 
-def _summary() -> dict:
-    return {"trace": "t", "n_rounds": 1, "n_steps": 3,
+def _summary() -> ReplaySummary:
+    return ReplaySummary.from_dict({"trace": "t", "n_rounds": 1, "n_steps": 3,
             "recorded": {"acceptance_rate": 1 / 3, "mean_acceptance_length": 2.0},
             "variants": {"baseline": {"options": "-", "acceptance_rate": 1 / 3, "mean_acceptance_length": 2.0,
                                       "agreement": 1.0},
@@ -19,7 +19,7 @@ def _summary() -> dict:
                                           "mean_acceptance_length": 2.0, "agreement": 1.0},
                          "head=centroid": {"options": "head=centroid", "acceptance_rate": 0.0,
                                            "mean_acceptance_length": 1.0, "agreement": 1 / 3}},
-            "indistinguishable": [["baseline", "position=p-1"]], "notes": [], "out": None}
+            "indistinguishable": [["baseline", "position=p-1"]], "notes": [], "out": None})
 
 
 def test_format_replay_text() -> None:

@@ -186,8 +186,8 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
     assert "E_PAIR_ROPE" in codes and "freq_base_swa" in codes["E_PAIR_ROPE"].message
     assert "E_PAIR_ROPE" not in {f.code for f in verify(trained.drafter, target=trained.target).findings}
 
-    same = replay(trained.traces_buggy, max_rounds=60).summary()
-    fixed = replay(trained.traces_buggy, assistant=trained.drafter, max_rounds=60).summary()
+    same = replay(trained.traces_buggy, max_rounds=60).summary().to_dict()
+    fixed = replay(trained.traces_buggy, assistant=trained.drafter, max_rounds=60).summary().to_dict()
     # the reference drafter reproduces the buggy run from the buggy file, and the correct file drafts better
     assert same["variants"]["baseline"]["agreement"] > 0.9
     assert fixed["variants"]["baseline"]["acceptance_rate"] > same["variants"]["baseline"]["acceptance_rate"] + 0.03

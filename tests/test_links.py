@@ -182,16 +182,17 @@ def test_prompt_delta_figure_one_row_per_prompt() -> None:
 def test_explained_differences_puts_what_verify_flags_first() -> None:
     from mtpscope.app.model_views import explained_differences
     from mtpscope.inspector.findings import Report, finding
+    from mtpscope.traces.analysis.run_diff import DifferenceRow
 
-    rows = [{"what": "parameter", "name": "centroid_top_k", "A": "32", "B": "—"},
-            {"what": "drafter metadata", "name": "gemma4-assistant.rope.freq_base_swa", "A": "10000.0",
-             "B": "1000000.0"},
-            {"what": "centroids file", "name": "only one run has this model", "A": "/x", "B": "—"}]
+    rows = [DifferenceRow("parameter", "centroid_top_k", "32", "—"),
+            DifferenceRow("drafter metadata", "gemma4-assistant.rope.freq_base_swa", "10000.0", "1000000.0"),
+            DifferenceRow("centroids file", "only one run has this model", "/x", "—")]
     f = finding("error", "E_PAIR_ROPE", "gemma4-assistant.rope.freq_base_swa", 10000.0, 1000000.0,
                 "rope.freq_base_swa: drafter 1000000.0, target 10000.0")
     rep = Report(dialect="upstream", ok=False, findings=(f,), loadability=(), pairing=None)
     out = explained_differences(rows, {"A": None, "B": rep})
-    assert [r["name"] for r in out] == ["gemma4-assistant.rope.freq_base_swa", "centroid_top_k",
-                                        "only one run has this model"]
-    assert out[0]["verify"].startswith("B: ✗ E_PAIR_ROPE — rope.freq_base_swa")
-    assert out[1]["verify"] == out[2]["verify"] == ""
+    assert [r.row.name for r in out] == ["gemma4-assistant.rope.freq_base_swa", "centroid_top_k",
+                                         "only one run has this model"]
+    assert out[0].verify.startswith("B: ✗ E_PAIR_ROPE — rope.freq_base_swa")
+    assert out[1].verify == out[2].verify == ""
+    assert list(out[0].to_dict()) == ["what", "name", "A", "B", "verify"]

@@ -131,7 +131,7 @@ def test_record_and_replay_with_each_quantization(pair, tmp_path: Path) -> None:
         r = GGUFReader(pair[t])
         assert man["models"]["assistant"]["header_sha256"] == hashlib.sha256(
             pair[t].read_bytes()[:r.data_offset]).hexdigest()
-        summ = replay(tmp_path / t).summary()
+        summ = replay(tmp_path / t).summary().to_dict()
         agree = summ["variants"]["baseline"]["agreement"]
         mats: dict[str, int] = {}
         for x in r.tensors:

@@ -46,12 +46,12 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
 
     tr = traces.open(demo_trace["trace"])
     res = replay(demo_trace["trace"], variants=["hidden=prenorm", "head=centroid,fill=min-1"], out=tmp_path / "r")
-    s = res.summary()
+    s = res.summary().to_dict()
     assert s["n_rounds"] == len(tr.rounds) and s["n_steps"] == len(tr.steps)
     base = s["variants"]["baseline"]
     assert_replay_faithful(s, "demo trace")
     # the rule can fail: a baseline fed the pre-norm hidden state drafts what the numerics cannot explain
-    wrong = replay(demo_trace["trace"], baseline=BASELINE_CPU.with_variant("hidden=prenorm")).summary()
+    wrong = replay(demo_trace["trace"], baseline=BASELINE_CPU.with_variant("hidden=prenorm")).summary().to_dict()
     assert wrong["numerics"]["unexplained"] > 0
     # h_next recomputed from the prefill's K/V vs the h_next llama.cpp produced during recording (f32)
     assert len(res.h_next_rel_err) == len(tr.steps)
@@ -163,7 +163,7 @@ def test_replay_position_variant_on_random_pair(tmp_path: Path) -> None:
     record(RecordConfig(max_tokens=24, hidden="f32"), target=t, assistant=d, out=tmp_path / "trace",
            prompts=[" ".join(words[:9])])
     res = replay(tmp_path / "trace", variants=["position=p-1"])
-    s = res.summary()
+    s = res.summary().to_dict()
     assert_replay_faithful(s, "converted tiny pair")
     check_emulated_chain(res.h_next_rel_err, "replayed h_next")  # every recorded step, attention in play
     assert s["variants"]["position=p-1"]["agreement"] < 1.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mtpscope.inspector.gguf_write import f32, u32, write_gguf
-from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
+from mtpscope.traces.analysis.run_diff import DifferenceRow, difference_rows, run_differences
 
 
 def _gguf(path, swa_base: float, norm_dtype=np.float32) -> str:
@@ -34,7 +34,8 @@ def test_a_changed_rope_base_and_tensor_type_are_named(tmp_path) -> None:
     assert m.tensors == (("blk.0.attn_norm.weight", "F32 [8]", "F16 [8]"),)
     rows = difference_rows(d)
     assert {"what": "drafter metadata", "name": "gemma4-assistant.rope.freq_base_swa", "A": "10000.0",
-            "B": "1000000.0"} in rows
+            "B": "1000000.0"} in [r.to_dict() for r in rows]
+    assert DifferenceRow("drafter metadata", "gemma4-assistant.rope.freq_base_swa", "10000.0", "1000000.0") in rows
     assert not d.none
 
 

@@ -31,41 +31,42 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
     """The aligned diff of A and B (``mtpscope compare A B``)."""
     st.subheader("Aligned by prompt and output position")
     diff = loaders.comparison(a, b)
-    d = diff.to_dict()
-    st.caption(f"Prompts paired by {d['paired_by']}: {wording.plural(d['n_pairs'], 'pair')}"
-               + (f"; unpaired in A: {len(d['unpaired_a'])}, in B: {len(d['unpaired_b'])}"
-                  if d["unpaired_a"] or d["unpaired_b"] else "") + ".")
-    if d["outputs_identical"]:
+    pairing = diff.pairing
+    st.caption(f"Prompts paired by {pairing.by}: {wording.plural(len(pairing.pairs), 'pair')}"
+               + (f"; unpaired in A: {len(pairing.unpaired_a)}, in B: {len(pairing.unpaired_b)}"
+                  if pairing.unpaired_a or pairing.unpaired_b else "") + ".")
+    if diff.outputs_identical:
         st.success("The two runs generated the same text for every paired prompt: each output position is "
                    "compared.")
     else:
         st.warning("The two runs' outputs differ: each prompt is compared up to the first differing token only "
                    "(later positions are different text).")
     c = st.columns(3)
-    c[0].metric(f"accepted in {names[0]}, rejected in {names[1]}", f"{d['a_only']['n']:,}")
-    c[1].metric(f"accepted in {names[1]}, rejected in {names[0]}", f"{d['b_only']['n']:,}")
-    dall = d["delta"].get("all") or {}
-    ci = (f" [{dall['ci_low']:+.3f}, {dall['ci_high']:+.3f}]" if dall.get("ci_low") is not None else "")
+    c[0].metric(f"accepted in {names[0]}, rejected in {names[1]}", f"{diff.a_only.n:,}")
+    c[1].metric(f"accepted in {names[1]}, rejected in {names[0]}", f"{diff.b_only.n:,}")
+    dall = diff.delta.get("all")
+    ci = (f" [{dall.ci_low:+.3f}, {dall.ci_high:+.3f}]"
+          if dall is not None and dall.ci_low is not None and dall.ci_high is not None else "")
     c[2].metric(f"acceptance-rate delta ({names[1]} − {names[0]})",
-                "—" if dall.get("delta") is None else f"{dall['delta']:+.3f}",
+                "—" if dall is None or dall.delta is None else f"{dall.delta:+.3f}",
                 help=f"over the paired prompts; 95 % bootstrap interval over prompts{ci or ': fewer than 2 prompts'}")
     c1, c2 = st.columns(2)
     with c1:
-        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_class", names), key=sel.CMP_ONLY_CLASS,
+        st.plotly_chart(charts.only_counts_figure(diff.a_only, diff.b_only, "by_class", names), key=sel.CMP_ONLY_CLASS,
                         width="stretch")
         st.caption("Output positions one run drafted right and the other did not, by the token's class.")
     with c2:
-        st.plotly_chart(charts.only_counts_figure(d["a_only"], d["b_only"], "by_position", names), key=sel.CMP_ONLY_POSITION,
+        st.plotly_chart(charts.only_counts_figure(diff.a_only, diff.b_only, "by_position", names), key=sel.CMP_ONLY_POSITION,
                         width="stretch")
         st.caption("The same positions by the draft position k of the run that rejected them.")
-    st.plotly_chart(charts.delta_ci_figure(d["delta"], names), key=sel.CMP_DELTA, width="stretch")
+    st.plotly_chart(charts.delta_ci_figure(diff.delta, names), key=sel.CMP_DELTA, width="stretch")
     st.caption("How much the acceptance rate moved from A to B, overall and per prompt category, with a 95 % "
                "interval from resampling the prompts.")
-    rows = [{"prompt": labels_a.get(int(p["prompt_id_a"]), str(p["prompt_id_a"])), "prompt in B": p["prompt_id_b"],
-             "positions compared": p["n_compared"],
-             "same output": {True: "yes", False: "no", None: "unknown"}[p["identical_output"]],
-             "outputs differ from": p["diverged_at"], "first position judged differently": p["first_difference"]}
-            for p in d["prompts"]]
+    rows = [{"prompt": labels_a.get(int(p.prompt_id_a), str(p.prompt_id_a)), "prompt in B": p.prompt_id_b,
+             "positions compared": p.n_compared,
+             "same output": {True: "yes", False: "no", None: "unknown"}[p.identical_output],
+             "outputs differ from": p.diverged_at, "first position judged differently": p.first_difference}
+            for p in diff.prompts]
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key=sel.CMP_PROMPTS,
                      column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
@@ -105,10 +106,10 @@ def _traces() -> None:
             rows = model_views.explained_differences(diff_rows, {"A": loaders.recorded_validation(tr_a),
                                                                  "B": loaders.recorded_validation(tr_b)})
             for r in rows:
-                if r["verify"]:
-                    st.warning(f"Likely cause: `{r['name']}` ({r['A']} in A, {r['B']} in B) — {r['verify']}",
+                if r.verify:
+                    st.warning(f"Likely cause: `{r.row.name}` ({r.row.a} in A, {r.row.b} in B) — {r.verify}",
                                icon=":material/troubleshoot:")
-            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
+            st.dataframe(pd.DataFrame([r.to_dict() for r in rows]), hide_index=True, width="stretch", row_height=views.WRAPPED_ROW_PX,
                          column_config={"what": st.column_config.TextColumn("what", width=110),
                                         "name": st.column_config.TextColumn("name", width=230),
                                         "A": st.column_config.TextColumn("A", width=150),
@@ -195,15 +196,14 @@ else:
     with guard("replay"):
         summary, rsteps = loaders.replay(rpath)
         dec = loaders.decoder(sel.get(sel.DRAFTER), sel.get(sel.TARGET))
-        rec = summary.get("recorded") or {}
-        variants = summary.get("variants") or {}
-        rows = [{"variant": "recorded", "options": "-", "acceptance_rate": rec.get("acceptance_rate"),
-                 "mean_acceptance_length": rec.get("mean_acceptance_length"), "agreement": None}]
-        rows += [{"variant": n, **{k: v.get(k) for k in ("options", "acceptance_rate", "mean_acceptance_length",
-                                                             "agreement")}} for n, v in variants.items()]
+        rec = summary.recorded
+        variants = summary.variants
+        rows = [{"variant": "recorded", "options": "-", "acceptance_rate": rec.acceptance_rate,
+                 "mean_acceptance_length": rec.mean_acceptance_length, "agreement": None}]
+        rows += [{"variant": n, **v.to_dict()} for n, v in variants.items()]
         table = pd.DataFrame(rows)
-        st.caption(f"replay of `{sel.short(summary.get('trace'))}`: {wording.plural(summary.get('n_rounds') or 0, 'round')}, "
-                   f"{wording.plural(summary.get('n_steps') or 0, 'step')}")
+        st.caption(f"replay of `{sel.short(summary.trace)}`: {wording.plural(summary.n_rounds, 'round')}, "
+                   f"{wording.plural(summary.n_steps, 'step')}")
         st.plotly_chart(charts.summary_bars([float(r or 0) for r in table["acceptance_rate"]], list(table["variant"]),
                                             "Acceptance rate: recorded vs replayed variants"),
                         key=sel.CMP_REPLAY, width="stretch")
@@ -215,12 +215,12 @@ else:
                               "recording")})
         from mtpscope.traces.run.replay import indistinguishable
 
-        same = summary.get("indistinguishable")
-        if same is None and len(rsteps):  # summaries written before the key existed
-            same = indistinguishable(rsteps, list(variants))
-        for a, b in same or []:
+        pairs = summary.indistinguishable
+        if pairs is None and len(rsteps):  # summaries written before the key existed
+            pairs = tuple(indistinguishable(rsteps, list(variants)))
+        for a, b in pairs or ():
             st.caption(f"This trace cannot tell {b} from {a}: both draft the same token at every replayed step.")
-        for note in summary.get("notes") or []:
+        for note in summary.notes:
             st.caption(note)
         dcols = [c for c in rsteps.columns if c.startswith("draft[")]
         if len(rsteps) and dcols and "recorded" in rsteps.columns:
@@ -232,7 +232,7 @@ else:
                 if c in dis.columns:
                     dis[c] = [dec.label(None if pd.isna(v) or int(v) < 0 else int(v)) for v in dis[c]]
             st.dataframe(dis, hide_index=True, width="stretch")
-        vt = summary.get("variant_traces") or {}
+        vt = summary.variant_traces
         if vt:
             st.markdown("**Variant traces**: compare one with this trace as trace B")
             cols = st.columns(min(4, len(vt)))

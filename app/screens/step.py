@@ -190,11 +190,11 @@ with guard("trace store"):
         st.subheader("Replay")
         with guard("replay"):
             summary, rsteps = loaders.replay(rp)
-            if not sel.same_trace(summary.get("trace"), path, rp):
+            if not sel.same_trace(summary.trace, path, rp):
                 st.caption(f"The replay results chosen on the Files page are for another trace "
-                           f"(`{sel.short(summary.get('trace'))}`).")
+                           f"(`{sel.short(summary.trace)}`).")
             else:
-                names = list((summary.get("variants") or {}).keys())
+                names = list(summary.variants)
                 rt = round_views.replay_for_round(rsteps, int(pid), int(rnd), names, dec.label)
                 if len(rt):
                     st.dataframe(rt, hide_index=True, width="stretch", key=sel.STEP_REPLAY)

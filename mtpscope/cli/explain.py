@@ -26,6 +26,7 @@ from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
 from mtpscope.traces.store.protocols import TraceLike
 
 if TYPE_CHECKING:
+    from mtpscope.traces.analysis.align import AlignedDiff
     from mtpscope.traces.analysis.breakdown import Acceptance, CategoryAcceptance
     from mtpscope.traces.analysis.costs import CostModel
     from mtpscope.traces.analysis.explain import TokenCount
@@ -191,32 +192,32 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
     return "\n".join(lines)
 
 
-def format_comparison(a: str, b: str, d: dict[str, Any]) -> str:
-    """The aligned diff (``AlignedDiff.to_dict()``) as terminal text."""
+def format_comparison(a: str, b: str, diff: AlignedDiff) -> str:
+    """The aligned diff (:class:`mtpscope.traces.analysis.align.AlignedDiff`) as terminal text."""
+    pairing = diff.pairing
     lines = [f"A: {a}", f"B: {b}",
-             f"prompts paired by {d['paired_by']}: {d['n_pairs']} (unpaired: A {len(d['unpaired_a'])}, "
-             f"B {len(d['unpaired_b'])}); outputs identical: {'yes' if d['outputs_identical'] else 'NO'}"]
-    for p in d["prompts"]:
-        if p["identical_output"] is False:
-            lines.append(f"  prompt {p['prompt_id_a']}/{p['prompt_id_b']}: outputs differ from position "
-                         f"{p['diverged_at']} on; compared positions before it only")
-        elif p["identical_output"] is None:
-            lines.append(f"  prompt {p['prompt_id_a']}/{p['prompt_id_b']}: output unknown (no emitted tokens)")
-    for name, key, k_of in (("accepted in A, rejected in B", "a_only", "B's"),
-                            ("accepted in B, rejected in A", "b_only", "A's")):
-        x = d[key]
-        cls = ", ".join(f"{c} {v}" for c, v in sorted(x["by_class"].items(), key=lambda cv: -cv[1]))
-        ks = ", ".join(f"k={k}: {v}" for k, v in x["by_position"].items())
-        lines.append(f"{name}: {x['n']}" + (f" (by class: {cls}; by {k_of} draft position: {ks})" if x["n"] else ""))
-    firsts = [f"{p['prompt_id_a']}: {p['first_difference']}" for p in d["prompts"] if p["first_difference"] is not None]
+             f"prompts paired by {pairing.by}: {len(pairing.pairs)} (unpaired: A {len(pairing.unpaired_a)}, "
+             f"B {len(pairing.unpaired_b)}); outputs identical: {'yes' if diff.outputs_identical else 'NO'}"]
+    for p in diff.prompts:
+        if p.identical_output is False:
+            lines.append(f"  prompt {p.prompt_id_a}/{p.prompt_id_b}: outputs differ from position "
+                         f"{p.diverged_at} on; compared positions before it only")
+        elif p.identical_output is None:
+            lines.append(f"  prompt {p.prompt_id_a}/{p.prompt_id_b}: output unknown (no emitted tokens)")
+    for name, x, k_of in (("accepted in A, rejected in B", diff.a_only, "B's"),
+                          ("accepted in B, rejected in A", diff.b_only, "A's")):
+        cls = ", ".join(f"{c} {v}" for c, v in sorted(x.by_class.items(), key=lambda cv: -cv[1]))
+        ks = ", ".join(f"k={k}: {v}" for k, v in x.by_position.items())
+        lines.append(f"{name}: {x.n}" + (f" (by class: {cls}; by {k_of} draft position: {ks})" if x.n else ""))
+    firsts = [f"{p.prompt_id_a}: {p.first_difference}" for p in diff.prompts if p.first_difference is not None]
     if firsts:
         lines.append("first differing position per prompt: " + ", ".join(firsts[:30])
                      + (" ..." if len(firsts) > 30 else ""))
     lines.append("acceptance rate delta (B - A), 95 % bootstrap interval over prompts:")
-    for cat, x in d["delta"].items():
-        ci = f"[{_f(x['ci_low'], '+.3f')}, {_f(x['ci_high'], '+.3f')}]" if x["ci_low"] is not None else "[-]"
-        lines.append(f"  {cat:<20} {_f(x['delta'], '+.3f')} {ci}  (A {_f(x['rate_a'])}, B {_f(x['rate_b'])}, "
-                     f"{x['n_prompts']} prompts)")
+    for cat, r in diff.delta.items():
+        ci = f"[{_f(r.ci_low, '+.3f')}, {_f(r.ci_high, '+.3f')}]" if r.ci_low is not None else "[-]"
+        lines.append(f"  {cat:<20} {_f(r.delta, '+.3f')} {ci}  (A {_f(r.rate_a)}, B {_f(r.rate_b)}, "
+                     f"{r.n_prompts} prompts)")
     return "\n".join(lines)
 
 
@@ -325,11 +326,10 @@ def register(app: typer.Typer) -> None:
             finally:  # a torn part explains an empty trace: say so before the error line
                 for w in [*ta.warnings, *tb.warnings]:
                     print(f"warning: {w}", file=sys.stderr)
-        d = diff.to_dict()
         if as_json:
-            print(json.dumps({"a": str(ta.path), "b": str(tb.path), **d}, indent=2, allow_nan=False))
+            print(json.dumps({"a": str(ta.path), "b": str(tb.path), **diff.to_dict()}, indent=2, allow_nan=False))
         else:
-            print(format_comparison(str(ta.path), str(tb.path), d))
+            print(format_comparison(str(ta.path), str(tb.path), diff))
         if not diff.outputs_identical:
             print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
                   "compared", file=sys.stderr)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, one_line_errors
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.replay import ReplaySummary
 
 
 def register(app: typer.Typer) -> None:
@@ -70,7 +73,7 @@ def register(app: typer.Typer) -> None:
             res = do_replay(trace, variants=list(variant or []), out=out, target=target, assistant=assistant,
                             centroids=centroids, max_rounds=max_rounds)
         if as_json:
-            typer.echo(json.dumps(res.summary(), indent=2))
+            typer.echo(json.dumps(res.summary().to_dict(), indent=2))
             return
         from mtpscope.traces.analysis.explain_report import token_label
         from mtpscope.traces.analysis.vocab import trace_vocab
@@ -104,34 +107,34 @@ def _token(t: object, label) -> str:
     return f"{i} “{text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS - 1] + '…'}”"
 
 
-def format_replay(s: dict, dis, label=None) -> str:
-    """A replay summary (``ReplayResult.summary()``) and its disagreeing steps (``disagreements()``) as
-    plain text for a terminal: a rate table, what agreement means, the variants this trace cannot tell
-    apart, then one block per disagreeing step with token ids and their text (``label``: id -> text);
-    every line is a few words, so nothing splits an id at 80 columns."""
+def format_replay(s: ReplaySummary, dis, label=None) -> str:
+    """A replay summary (:class:`mtpscope.traces.run.replay.ReplaySummary`) and its disagreeing steps
+    (``disagreements()``) as plain text for a terminal: a rate table, what agreement means, the variants this
+    trace cannot tell apart, then one block per disagreeing step with token ids and their text (``label``:
+    id -> text); every line is a few words, so nothing splits an id at 80 columns."""
     from mtpscope.traces.analysis.wording import plural
 
-    lines = [f"replay of {s['trace']}: {plural(s['n_rounds'], 'round')}, {plural(s['n_steps'], 'step')}", ""]
-    names = ["recorded", *s["variants"]]
+    lines = [f"replay of {s.trace}: {plural(s.n_rounds, 'round')}, {plural(s.n_steps, 'step')}", ""]
+    names = ["recorded", *s.variants]
     w = max(len(n) for n in names)
     lines.append(f"{'variant':<{w}}  acceptance rate  mean acceptance length  agreement")
-    rec = s["recorded"]
+    rec = s.recorded
 
     def num(v, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
-    lines.append(f"{'recorded':<{w}}  {num(rec['acceptance_rate'], '.4f'):>15}  "
-                 f"{num(rec['mean_acceptance_length'], '.3f'):>22}  {'-':>9}")
-    for name, v in s["variants"].items():
-        lines.append(f"{name:<{w}}  {num(v['acceptance_rate'], '.4f'):>15}  {num(v['mean_acceptance_length'], '.3f'):>22}"
-                     f"  {num(v['agreement'], '.4f'):>9}")
-    opts = [(n, v["options"]) for n, v in s["variants"].items() if v["options"] not in ("-", n)]
+    lines.append(f"{'recorded':<{w}}  {num(rec.acceptance_rate, '.4f'):>15}  "
+                 f"{num(rec.mean_acceptance_length, '.3f'):>22}  {'-':>9}")
+    for name, v in s.variants.items():
+        lines.append(f"{name:<{w}}  {num(v.acceptance_rate, '.4f'):>15}  {num(v.mean_acceptance_length, '.3f'):>22}"
+                     f"  {num(v.agreement, '.4f'):>9}")
+    opts = [(n, v.options) for n, v in s.variants.items() if v.options not in ("-", n)]
     for n, o in opts:
         lines.append(f"  {n}: {o}")
     lines += ["", *_wrap(AGREEMENT_WORDS)]
-    for a, b in s.get("indistinguishable") or []:
+    for a, b in s.indistinguishable or ():
         lines += _wrap(f"note: this trace cannot tell {b} from {a}: both draft the same token at every one of "
-                       f"the {plural(s['n_steps'], 'replayed step')}")
+                       f"the {plural(s.n_steps, 'replayed step')}")
     if dis is not None and len(dis):
         cols = [c for c in dis.columns if c.startswith("draft[")]
         lines += ["", f"steps where the variants disagree (first {min(len(dis), MAX_DISAGREEMENTS)} of {len(dis)}):"]
@@ -141,10 +144,10 @@ def format_replay(s: dict, dis, label=None) -> str:
             for name, col in (("recorded", "recorded"), *((c[len('draft['):-1], c) for c in cols)):
                 mark = "✓" if r.get(col) == truth and truth is not None and int(truth) >= 0 else " "
                 lines.append(f"  {mark} {name:<{w}}  {_token(r.get(col), label)}")
-    for note in s.get("notes") or []:
+    for note in s.notes:
         lines += _wrap(f"note: {note}")
-    if s.get("out"):
-        lines.append(f"wrote {s['out']}")
+    if s.out:
+        lines.append(f"wrote {s.out}")
     return "\n".join(lines)
 
 

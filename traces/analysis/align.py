@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.traces.analysis.positions import Positions
+from mtpscope.traces.analysis.records import JsonRecord
 
 N_BOOT = 2000
 
@@ -88,6 +89,64 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
 
 
 @dataclass(frozen=True)
+class OneSided(JsonRecord):
+    """The output positions accepted in one run and rejected in the other (``a_only`` or ``b_only``).
+
+    Attributes:
+        n: how many output positions.
+        by_class: ``{token class: positions}`` (sorted by class).
+        by_position: ``{draft position k as text: positions}`` (k of the run that rejected them, ascending).
+    """
+
+    n: int
+    by_class: dict[str, int]
+    by_position: dict[str, int]
+
+
+@dataclass(frozen=True)
+class PromptComparison(JsonRecord):
+    """One pair of prompts compared position by position.
+
+    Attributes:
+        prompt_id_a / prompt_id_b: the prompt in A and in B.
+        n_compared: output positions compared (0 when a prompt has no emitted tokens).
+        identical_output: the two outputs are the same (None: unknown, no emitted tokens).
+        diverged_at: the first output position where the two texts differ (None when they do not).
+        first_difference: the first compared output position whose status differs (None when none does).
+    """
+
+    prompt_id_a: int
+    prompt_id_b: int
+    n_compared: int
+    identical_output: bool | None
+    diverged_at: int | None
+    first_difference: int | None
+
+
+@dataclass(frozen=True)
+class RateDelta(JsonRecord):
+    """``rate_b - rate_a`` over paired prompts and its percentile bootstrap interval (:func:`rate_delta`).
+
+    Attributes:
+        n_prompts: paired prompts counted.
+        rate_a / rate_b: acceptance rate (accepted / drafted, 0..1) of A and B; None when nothing was drafted.
+        delta: ``rate_b - rate_a`` (rate points, -1..1); None when a rate is.
+        ci_low / ci_high: the bootstrap interval of ``delta``; None with fewer than 2 prompts.
+        level: the interval's coverage (0.95).
+        n_boot: bootstrap resamples.
+    """
+
+    n_prompts: int
+    rate_a: float | None
+    rate_b: float | None
+    delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    level: float
+    n_boot: int
+
+
+@dataclass(frozen=True)
 class AlignedDiff:
     """The aligned diff (module docstring).
 
@@ -97,57 +156,56 @@ class AlignedDiff:
             ``g``, ``token``, ``status_a``, ``status_b``, ``k_a``, ``k_b`` (0 for bonus), ``cls`` (token class or
             ``unknown``).
         status_counts: ``{"accepted/rejected": n, ...}`` over (status_a, status_b) pairs.
-        a_only / b_only: ``{"n", "by_class": {cls: n}, "by_position": {k: n}}``.
-        prompts: per pair ``{prompt_id_a, prompt_id_b, n_compared, identical_output, diverged_at,
-            first_difference}`` (positions; None when none).
+        a_only / b_only: :class:`OneSided`.
+        prompts: per pair a :class:`PromptComparison`.
         outputs_identical: every pair's outputs are identical over their common length and of equal length.
-        delta: ``{category: {n_prompts, rate_a, rate_b, delta, ci_low, ci_high}}`` (``all`` included).
+        delta: ``{category: RateDelta}`` (``all`` included).
     """
 
     pairing: PromptPairing
     positions: pd.DataFrame
     status_counts: dict[str, int]
-    a_only: dict[str, Any]
-    b_only: dict[str, Any]
-    prompts: list[dict[str, Any]]
+    a_only: OneSided
+    b_only: OneSided
+    prompts: tuple[PromptComparison, ...]
     outputs_identical: bool
-    delta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    delta: dict[str, RateDelta] = field(default_factory=dict)
 
     def to_dict(self, max_positions: int = 0) -> dict[str, Any]:
         """JSON-able dict; ``max_positions`` rows of ``positions`` (0: none) under ``positions``."""
-        d = {"paired_by": self.pairing.by, "n_pairs": len(self.pairing.pairs),
-             "unpaired_a": list(self.pairing.unpaired_a), "unpaired_b": list(self.pairing.unpaired_b),
-             "outputs_identical": self.outputs_identical, "status_counts": self.status_counts,
-             "a_only": self.a_only, "b_only": self.b_only, "prompts": self.prompts, "delta": self.delta}
+        d: dict[str, Any] = {"paired_by": self.pairing.by, "n_pairs": len(self.pairing.pairs),
+                             "unpaired_a": list(self.pairing.unpaired_a), "unpaired_b": list(self.pairing.unpaired_b),
+                             "outputs_identical": self.outputs_identical, "status_counts": self.status_counts,
+                             "a_only": self.a_only.to_dict(), "b_only": self.b_only.to_dict(),
+                             "prompts": [p.to_dict() for p in self.prompts],
+                             "delta": {k: v.to_dict() for k, v in self.delta.items()}}
         if max_positions:
             d["positions"] = self.positions.head(max_positions).to_dict(orient="records")
         return d
 
 
-def _summary(rows: pd.DataFrame, k_col: str) -> dict[str, Any]:
+def _summary(rows: pd.DataFrame, k_col: str) -> OneSided:
     by_cls = rows["cls"].value_counts().sort_index()
     by_k = rows[k_col].value_counts().sort_index()
-    return {"n": int(len(rows)), "by_class": {str(c): int(v) for c, v in by_cls.items()},
-            "by_position": {str(int(k)): int(v) for k, v in zip(by_k.index.tolist(), by_k.tolist(), strict=True)}}
+    return OneSided(n=int(len(rows)), by_class={str(c): int(v) for c, v in by_cls.items()},
+                    by_position={str(int(k)): int(v) for k, v in zip(by_k.index.tolist(), by_k.tolist(), strict=True)})
 
 
-def bootstrap_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
-                    *, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
+def rate_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
+               *, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> RateDelta:
     """``rate_b - rate_a`` over paired prompts (per-prompt counts, ``shape (n_prompts,)`` each) and its
     percentile bootstrap interval (prompts resampled with replacement, the same indices for A and B).
 
     Returns:
-        ``{"n_prompts", "rate_a", "rate_b", "delta", "ci_low", "ci_high", "level", "n_boot"}``; rates None
-        when nothing was drafted, interval None with fewer than 2 prompts.
+        The :class:`RateDelta`; rates None when nothing was drafted, interval None with fewer than 2 prompts.
     """
     da, aa, db, ab = (np.asarray(x, dtype=np.float64) for x in (drafted_a, accepted_a, drafted_b, accepted_b))
     n = len(da)
     ra = aa.sum() / da.sum() if da.sum() else None
     rb = ab.sum() / db.sum() if db.sum() else None
-    out: dict[str, Any] = {"n_prompts": int(n), "rate_a": ra, "rate_b": rb,
-                           "delta": None if ra is None or rb is None else rb - ra,
-                           "ci_low": None, "ci_high": None, "level": level, "n_boot": int(n_boot)}
-    if n >= 2 and out["delta"] is not None:
+    delta = None if ra is None or rb is None else rb - ra
+    ci_low = ci_high = None
+    if n >= 2 and delta is not None:
         rng = np.random.default_rng(seed)
         idx = rng.integers(0, n, size=(int(n_boot), n))
         sda, saa, sdb, sab = da[idx].sum(1), aa[idx].sum(1), db[idx].sum(1), ab[idx].sum(1)
@@ -155,8 +213,16 @@ def bootstrap_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np
         d = sab[ok] / sdb[ok] - saa[ok] / sda[ok]
         if len(d):
             lo, hi = np.quantile(d, [(1 - level) / 2, 1 - (1 - level) / 2])
-            out["ci_low"], out["ci_high"] = float(lo), float(hi)
-    return out
+            ci_low, ci_high = float(lo), float(hi)
+    return RateDelta(n_prompts=int(n), rate_a=ra, rate_b=rb, delta=delta, ci_low=ci_low, ci_high=ci_high,
+                     level=level, n_boot=int(n_boot))
+
+
+def bootstrap_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
+                    *, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
+    """:func:`rate_delta` as its JSON dict: ``{"n_prompts", "rate_a", "rate_b", "delta", "ci_low", "ci_high",
+    "level", "n_boot"}`` (what ``mtpscope diagnose`` keeps in its numbers)."""
+    return rate_delta(drafted_a, accepted_a, drafted_b, accepted_b, n_boot=n_boot, seed=seed, level=level).to_dict()
 
 
 def _per_prompt_counts(rounds: pd.DataFrame) -> dict[int, tuple[int, int]]:
@@ -185,13 +251,13 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     gb = {int(cast(int, p)): f for p, f in pos_b.emitted.groupby("prompt_id", sort=False)}
     empty = pos_a.emitted.iloc[:0]
     frames = []
-    prompts = []
+    prompts: list[PromptComparison] = []
     identical = True
     for pa_, pb_ in pairing.pairs:
         sa, sb = pos_a.sequences.get(pa_), pos_b.sequences.get(pb_)
         if sa is None or sb is None:
-            prompts.append({"prompt_id_a": pa_, "prompt_id_b": pb_, "n_compared": 0, "identical_output": None,
-                            "diverged_at": None, "first_difference": None})
+            prompts.append(PromptComparison(prompt_id_a=pa_, prompt_id_b=pb_, n_compared=0, identical_output=None,
+                                            diverged_at=None, first_difference=None))
             identical = False
             continue
         n = min(len(sa), len(sb))
@@ -215,8 +281,9 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
             j["cls"] = "unknown"
         frames.append(j)
         differs = np.flatnonzero(j["status_a"].to_numpy() != j["status_b"].to_numpy())
-        prompts.append({"prompt_id_a": pa_, "prompt_id_b": pb_, "n_compared": int(len(j)), "identical_output": same,
-                        "diverged_at": div, "first_difference": int(gg[differs[0]]) if len(differs) else None})
+        prompts.append(PromptComparison(prompt_id_a=pa_, prompt_id_b=pb_, n_compared=int(len(j)), identical_output=same,
+                                        diverged_at=div,
+                                        first_difference=int(gg[differs[0]]) if len(differs) else None))
     cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls"]
     allpos = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
     sc = allpos.groupby(["status_a", "status_b"]).size() if len(allpos) else pd.Series(dtype=int)
@@ -228,12 +295,12 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     pairs = [(a, b) for a, b in pairing.pairs if a in ca and b in cb]
     cat = np.asarray([(categories or {}).get(a, "all") if categories else "all" for a, _ in pairs], dtype=object)
     arr = np.asarray([(*ca[a], *cb[b]) for a, b in pairs], dtype=np.float64).reshape(-1, 4)
-    delta = {"all": bootstrap_delta(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], n_boot=n_boot, seed=seed)}
+    delta = {"all": rate_delta(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], n_boot=n_boot, seed=seed)}
     if categories:
         for name in sorted(set(cat.tolist())):
             m = cat == name
-            delta[name] = bootstrap_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
+            delta[name] = rate_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
     return AlignedDiff(pairing=pairing, positions=allpos, status_counts=status_counts,
-                       a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=prompts,
+                       a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=tuple(prompts),
                        outputs_identical=bool(identical and not pairing.unpaired_a and not pairing.unpaired_b),
                        delta=delta)

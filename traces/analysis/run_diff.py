@@ -118,22 +118,43 @@ def run_differences(manifest_a: dict[str, Any], manifest_b: dict[str, Any], *,
     return RunDifferences(params=params, models=tuple(models))
 
 
-def difference_rows(d: RunDifferences) -> list[dict[str, Any]]:
-    """:class:`RunDifferences` as table rows ``{"what", "name", "A", "B"}`` (values as text)."""
+@dataclass(frozen=True)
+class DifferenceRow:
+    """One row of the "what differs between the two runs" table (values as text, ``—`` for none).
+
+    Attributes:
+        what: ``parameter``, ``<role> metadata``, ``<role> tensor`` or ``<role> file`` (role ``drafter`` for
+            the assistant).
+        name: the parameter, metadata key (a renamed key ``"a | b"``), tensor, or the file note.
+        a / b: the value in run A and in run B (a tensor: ``"F32 [8]"``; a file note: the paths).
+    """
+
+    what: str
+    name: str
+    a: str
+    b: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The row as ``{"what", "name", "A", "B"}``."""
+        return {"what": self.what, "name": self.name, "A": self.a, "B": self.b}
+
+
+def difference_rows(d: RunDifferences) -> list[DifferenceRow]:
+    """:class:`RunDifferences` as table rows (:class:`DifferenceRow`)."""
 
     def txt(v: Any) -> str:
         return "—" if v is None else str(v)
 
-    rows = [{"what": "parameter", "name": k, "A": txt(a), "B": txt(b)} for k, a, b in d.params]
+    rows = [DifferenceRow("parameter", k, txt(a), txt(b)) for k, a, b in d.params]
     for m in d.models:
         who = "drafter" if m.role == "assistant" else m.role
         for k, a, b in m.keys:
-            rows.append({"what": f"{who} metadata", "name": k, "A": txt(a), "B": txt(b)})
+            rows.append(DifferenceRow(f"{who} metadata", k, txt(a), txt(b)))
         for n, a, b in m.tensors:
-            rows.append({"what": f"{who} tensor", "name": n, "A": txt(a), "B": txt(b)})
+            rows.append(DifferenceRow(f"{who} tensor", n, txt(a), txt(b)))
         if m.note:
-            rows.append({"what": f"{who} file", "name": m.note, "A": txt(m.path_a), "B": txt(m.path_b)})
+            rows.append(DifferenceRow(f"{who} file", m.note, txt(m.path_a), txt(m.path_b)))
     return rows
 
 
-__all__ = ["ROLES", "RUN_PARAMS", "ModelDifference", "RunDifferences", "difference_rows", "run_differences"]
+__all__ = ["ROLES", "RUN_PARAMS", "DifferenceRow", "ModelDifference", "RunDifferences", "difference_rows", "run_differences"]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.inspector.diff import row_rel_err
-from mtpscope.traces.analysis.align import bootstrap_delta
+from mtpscope.traces.analysis.align import AlignedDiff, bootstrap_delta
 from mtpscope.traces.diagnose.files import EFFECT_WORDS, cause_of, effect
 from mtpscope.traces.diagnose.records import ERROR, HIGH, INFO, LOW, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 from mtpscope.traces.diagnose.variants import AGREEMENT_MIN, MIN_RISE, run_variants
@@ -372,7 +372,7 @@ def _replay_evidence(m: Mapping[str, Any], n_rounds: int, *, kind: str, referenc
 
 
 def reference_findings(res_file: Any, res_ref: Any, *, trace: str, assistant: str, reference: str, kind: str,
-                       gdiff: Any = None, aligned: Any = None, quantized: list[str] | None = None,
+                       gdiff: Any = None, aligned: AlignedDiff | None = None, quantized: list[str] | None = None,
                        file_path: str | os.PathLike[str] | None = None,
                        reference_path: str | os.PathLike[str] | None = None,
                        pair_subjects: Any = ()) -> tuple[list[Finding], dict[str, Any]]:
@@ -405,7 +405,7 @@ def reference_findings(res_file: Any, res_ref: Any, *, trace: str, assistant: st
         patterns = tensor_patterns(file_path, reference_path, [n for n, _ in real])
     nums: dict[str, Any] = {"kind": kind, "path": reference, "agreement": agree, "first_difference": m["first_difference"],
                             **{k: m[k] for k in ("rate_a", "rate_b", "delta", "ci_low", "ci_high", "n_prompts")},
-                            "by_category": None if aligned is None else aligned.delta,
+                            "by_category": None if aligned is None else {c: x.to_dict() for c, x in aligned.delta.items()},
                             "tensors_differ": [{"name": n, "rel_err_max": e,
                                                 "pattern": patterns[n].pattern if n in patterns else None}
                                                for n, e in tensors],

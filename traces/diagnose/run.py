@@ -362,11 +362,12 @@ def _with_expected_agreement(found: list[Finding], res_file: Any) -> list[Findin
     of llama.cpp against the reference (:func:`variants.expected_agreement_text`: the expected agreement, the
     measured one, the near ties, the activation type each matrix multiplies)."""
     summ = res_file.summary()
-    agree = summ["variants"].get("baseline", {}).get("agreement")
-    text = variants.expected_agreement_text(summ.get("numerics") or {}, agree, summ.get("drafter_weights") or {})
+    base = summ.variants.get("baseline")
+    agree = None if base is None else base.agreement
+    text = variants.expected_agreement_text(summ.numerics, agree, summ.drafter_weights)
     if not text:
         return found
-    nc = summ["numerics"]
+    nc = summ.numerics
     ev = Evidence("replay", f"llama.cpp against the reference drafter reading this file: {text}",
                   {"expected_agreement": nc["expected_agreement"], "agreement": agree, "near_ties": nc["near_ties"],
                    "unexplained": nc["unexplained"]})

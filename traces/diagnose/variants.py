@@ -174,13 +174,14 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
     ``baseline_agreement``, ``n_rounds``, ``n_steps``, ``n_prompts``)."""
     summ = res.summary()
     found: list[Finding] = []
-    numbers: dict[str, Any] = {"n_rounds": summ["n_rounds"], "n_steps": summ["n_steps"],
+    numbers: dict[str, Any] = {"n_rounds": summ.n_rounds, "n_steps": summ.n_steps,
                                "n_prompts": int(res.rounds["prompt_id"].nunique()) if len(res.rounds) else 0,
-                               "recorded": summ["recorded"], "variants": {}}
-    base_rate = summ["variants"].get("baseline", {}).get("acceptance_rate")
+                               "recorded": summ.recorded.to_dict(), "variants": {}}
+    base = summ.variants.get("baseline")
+    base_rate = None if base is None else base.acceptance_rate
     rows = []
-    for name, v in summ["variants"].items():
-        entry = {"options": v["options"], "acceptance_rate": v["acceptance_rate"], "agreement": v["agreement"],
+    for name, v in summ.variants.items():
+        entry = {"options": v.options, "acceptance_rate": v.acceptance_rate, "agreement": v.agreement,
                  "trace": res.variant_traces.get(name)}
         if name != "baseline":
             d = rise(res, name)
@@ -194,7 +195,7 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
         conv = CONVENTIONS.get(name, Convention(name, f"the drafter behaves as if replayed with {name}",
                                                 f"find which runtime or conversion difference {name} stands for"))
         strong = d["ci_low"] >= MIN_RISE
-        ev = Evidence("replay", f"replaying {summ['n_rounds']} rounds of {numbers['n_prompts']} prompts with {name} "
+        ev = Evidence("replay", f"replaying {summ.n_rounds} rounds of {numbers['n_prompts']} prompts with {name} "
                       f"raises acceptance {d['rate_a']:.2f} -> {d['rate_b']:.2f} (+{d['delta']:.2f}, 95 % interval "
                       f"[{d['ci_low']:+.2f}, {d['ci_high']:+.2f}] over prompts); its drafts agree with the recorded "
                       f"ones at {entry['agreement']:.0%} of steps",
@@ -208,11 +209,11 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
                              link, subject=name, expected=d["rate_b"], actual=d["rate_a"]))
     agree, _ = agreement(res)
     numbers["baseline_agreement"] = agree
-    numbers["baseline_h_next_rel_err_max"] = summ.get("baseline_h_next_rel_err_max")
-    nc = summ.get("numerics") or {}
+    numbers["baseline_h_next_rel_err_max"] = summ.baseline_h_next_rel_err_max
+    nc = summ.numerics
     numbers["baseline_numerics"] = nc
-    weights = summ.get("drafter_weights") or {}
-    d = divergence_finding(nc, agree, summ, weights, trace=trace)
+    weights = summ.drafter_weights
+    d = divergence_finding(nc, agree, summ.to_dict(), weights, trace=trace)
     if d is not None:
         found.append(d)
     if base_rate is not None:

@@ -10,14 +10,15 @@ baseline, :data:`BASELINE_CPU` / :data:`BASELINE_GPU`); a step is summarized lik
 Output folder (``mtpscope replay --out DIR``), written here and read back by :func:`read_replay` (the
 app's Compare page)::
 
-    DIR/summary.json        ReplayResult.summary()
+    DIR/summary.json        ReplayResult.summary().to_dict()
     DIR/steps.parquet       ReplayResult.steps;  DIR/rounds.parquet  ReplayResult.rounds
     DIR/traces/<variant>/   one trace per variant (source "replay"), readable by traces.open
 
 Shapes are numpy order throughout.
 
 Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
-traces.run.step_analysis, traces.store.records, traces.analysis.metrics, traces.store; and, inside :func:`replay` only,
+traces.run.step_analysis, traces.run.replay_summary (the summary's records), traces.store.records,
+traces.analysis.metrics, traces.store; and, inside :func:`replay` only,
 traces.run.llama.model, traces.run.mtp_runtime, traces.run.preflight, traces.run.target_prefill, inspector.gguf and
 traces.run.quantize (the drafter's quantization) (so that reading a replay folder never touches llama.cpp).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import numpy as np
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
+from mtpscope.traces.run.replay_summary import ReplayRates, ReplaySummary, VariantSummary
 from mtpscope.traces.run.step_analysis import LogitSummary, summarize_logits
 
 #: file names of a replay output folder
@@ -121,8 +123,8 @@ class ReplayResult:
     variant_traces: dict[str, str] = field(default_factory=dict)
     drafter_weights: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-able: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
+    def summary(self) -> ReplaySummary:
+        """The :class:`ReplaySummary`: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
         (1 + accepted / rounds that drafted; both as :func:`traces.analysis.metrics.totals` defines them),
         ``agreement`` (share of steps whose recomputed draft equals the recorded one), ``options``;
         the recorded run's rates; and ``indistinguishable``: pairs of variants that draft the same token
@@ -130,28 +132,25 @@ class ReplayResult:
         from mtpscope.traces.analysis.metrics import totals
 
         r = self.rounds
-        n_rounds = len(r)
 
         def rates(accepted_column: str) -> tuple[float, float]:
             t = totals(r[["n_draft", accepted_column]].rename(columns={accepted_column: "n_accepted"}))
             return t.acceptance_rate, t.mean_acceptance_length
 
-        rec_ar, rec_mal = rates("n_accepted")
-        out: dict[str, Any] = {"trace": self.trace, "n_rounds": n_rounds, "n_steps": len(self.steps),
-                               "recorded": {"acceptance_rate": rec_ar, "mean_acceptance_length": rec_mal},
-                               "baseline": _options_text(self.baseline, StepOptions()), "variants": {},
-                               "out": self.out, "notes": list(self.notes),
-                               "baseline_h_next_rel_err_max": max(self.h_next_rel_err) if self.h_next_rel_err else None,
-                               "variant_traces": dict(self.variant_traces),
-                               "drafter_weights": dict(self.drafter_weights),
-                               "indistinguishable": [list(p) for p in indistinguishable(self.steps, list(self.variants))],
-                               "numerics": numerics_check(self.steps)}
+        variants = {}
         for name, o in self.variants.items():
             ar, mal = rates(f"n_accepted[{name}]")
             agree = float((self.steps[f"draft[{name}]"] == self.steps["recorded"]).mean()) if len(self.steps) else float("nan")
-            out["variants"][name] = {"options": _options_text(o, self.baseline), "acceptance_rate": ar,
-                                     "mean_acceptance_length": mal, "agreement": agree}
-        return out
+            variants[name] = VariantSummary(options=_options_text(o, self.baseline), acceptance_rate=ar,
+                                            mean_acceptance_length=mal, agreement=agree)
+        return ReplaySummary(trace=self.trace, n_rounds=len(r), n_steps=len(self.steps),
+                             recorded=ReplayRates(*rates("n_accepted")),
+                             baseline=_options_text(self.baseline, StepOptions()), variants=variants,
+                             out=self.out, notes=tuple(self.notes),
+                             baseline_h_next_rel_err_max=max(self.h_next_rel_err) if self.h_next_rel_err else None,
+                             variant_traces=dict(self.variant_traces), drafter_weights=dict(self.drafter_weights),
+                             indistinguishable=tuple(indistinguishable(self.steps, list(self.variants))),
+                             numerics=numerics_check(self.steps))
 
     def disagreements(self, limit: int | None = None) -> Any:
         """Steps where the recorded draft and the variants' drafts are not all equal."""
@@ -477,7 +476,7 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
         res.notes.append("variant traces (open one as the second trace on the Compare page): "
                          + ", ".join(f"{n} -> {p}" for n, p in paths.items()))
         res.variant_traces = {n: os.fspath(p) for n, p in paths.items()}
-        (od / SUMMARY_FILE).write_text(json.dumps(res.summary(), indent=2, default=float))
+        (od / SUMMARY_FILE).write_text(json.dumps(res.summary().to_dict(), indent=2, default=float))
     return res
 
 
@@ -542,9 +541,9 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
 # --------------------------------------------------------------------------------------------------
 
 
-def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
-    """``(summary dict, steps DataFrame)`` of a replay output folder (``mtpscope replay --out DIR``):
-    ``summary.json`` (:meth:`ReplayResult.summary`) and ``steps.parquet`` (:attr:`ReplayResult.steps`;
+def read_replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, Any]:
+    """``(summary, steps DataFrame)`` of a replay output folder (``mtpscope replay --out DIR``):
+    ``summary.json`` (:meth:`ReplaySummary.from_dict`) and ``steps.parquet`` (:attr:`ReplayResult.steps`;
     an empty DataFrame when the folder has none). Reads JSON and Parquet only (no llama.cpp).
 
     Raises:
@@ -556,9 +555,16 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
 
     p = Path(path)
     try:
-        summary = json.loads((p / SUMMARY_FILE).read_text())
+        doc = json.loads((p / SUMMARY_FILE).read_text())
     except (OSError, ValueError) as e:
         raise TraceFormatError(f"unreadable replay summary ({e})", path=p / SUMMARY_FILE) from None
+    if not isinstance(doc, Mapping):
+        raise TraceFormatError(f"unreadable replay summary (a JSON {type(doc).__name__}, not an object)",
+                               path=p / SUMMARY_FILE)
+    try:
+        summary = ReplaySummary.from_dict(doc)
+    except (AttributeError, TypeError, ValueError, IndexError) as e:
+        raise TraceFormatError(f"unreadable replay summary ({type(e).__name__}: {e})", path=p / SUMMARY_FILE) from None
     steps = None
     if (p / STEPS_FILE).exists():
         try:
@@ -569,6 +575,7 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     return summary, (steps if steps is not None else pd.DataFrame())
 
 
-__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayResult", "baseline_for",
+__all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayRates", "ReplayResult", "ReplaySummary",
+           "VariantSummary", "baseline_for",
            "indistinguishable", "parse_variant",
            "read_replay", "replay"]
