@@ -248,7 +248,7 @@ def open_and_check(path: str, *, target: str | None = None) -> tuple[list[Findin
     Raises:
         GGUFFormatError / UnsupportedFileError: unreadable file.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(path) as f:
         return published_findings(f, assistant=path, target=target)

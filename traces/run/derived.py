@@ -297,8 +297,8 @@ def cached_solver(path: str | os.PathLike[str]) -> HInnerSolver:
     Raises:
         LayoutError: as :func:`h_inner_solver`; GGUFFormatError & co.: an unreadable GGUF; FileNotFoundError.
     """
-    from mtpscope.cache import cache_dir  # noqa: PLC0415
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.cache import cache_dir
+    from mtpscope.inspector.gguf import open_gguf
 
     p = Path(path).resolve()
     st = p.stat()

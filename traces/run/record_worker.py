@@ -204,7 +204,7 @@ def _error_message(e: BaseException) -> WorkerError:
 def load_runtime(job: RecordJob) -> MtpRuntime:
     """The :class:`~traces.run.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
     ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
-    from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
     c = job.config
     return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
@@ -221,7 +221,7 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
     Raises:
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
     """
-    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import spec_tokens
 
     c = job.config
     rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
@@ -234,7 +234,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
              baseline: Baseline | None = None) -> Hello:
     """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
     (:func:`prepare_prompts`)."""
-    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.llama.binding import runtime_info
 
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
@@ -244,7 +244,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
     """With the config's ``baseline``: plain decoding of the prompts timed
     (:func:`traces.run.mtp_runtime.time_plain`): its manifest entry and outputs; else None."""
-    from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import time_plain
 
     if not job.config.baseline:
         return None
@@ -270,7 +270,7 @@ def _wait_go(chan: Channel) -> bool:
 def calibration(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Calibration | None:
     """The run's :class:`~traces.run.mtp_runtime.Calibration` (:meth:`~traces.run.mtp_runtime.MtpRuntime.calibrate` on
     the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
-    from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import Calibration
 
     if not job.config.derive or rtm.capture is not None or not toks:
         return None
@@ -300,7 +300,7 @@ def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
-    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
+    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
 
     status.set("load")
     c = job.config
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     sock_fd, status_fd, parent = int(args[0]), int(args[1]), int(args[2])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the recorder decides what a Ctrl-C means
-    import faulthandler  # noqa: PLC0415
+    import faulthandler
 
     faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
     chan = Channel(socket.socket(fileno=sock_fd))
@@ -471,12 +471,12 @@ class RecordWorker:
     """
 
     def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
-        from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
+        from mtpscope.traces.run.llama.process import ABORT_ENV  # lazy: no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
         if self._status_fd is None:  # pragma: no cover - macOS
-            import tempfile  # noqa: PLC0415
+            import tempfile
 
             self._status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
             os.unlink(tmp)
@@ -537,7 +537,7 @@ class RecordWorker:
         :class:`~traces.run.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
         one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
         arrays are no longer needed."""
-        from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
+        from mtpscope.traces.run.mtp_runtime import finish_target_side
 
         while True:
             msg = self._next()
@@ -643,7 +643,7 @@ class RecordWorker:
         self.log.join(timeout=5.0)
         st = Status.read(self._status)
         tail = list(self.log.tail)
-        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler  # noqa: PLC0415
+        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler
 
         said = abort_message(tail)
         sig = None

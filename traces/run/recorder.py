@@ -70,8 +70,8 @@ _BLAS_THREAD_FUNCS = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_
 
 def _openblas_thread_control() -> tuple[Callable[[int], None], Callable[[], int]] | None:
     """``(set, get)`` for the thread count of the OpenBLAS that numpy's wheel bundles, else None."""
-    import ctypes  # noqa: PLC0415
-    import glob  # noqa: PLC0415
+    import ctypes
+    import glob
 
     libdir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(glob.glob(os.fspath(libdir / "*openblas*.so*"))):
@@ -291,7 +291,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                      assistant=assistant, out=out, overwrite=overwrite, isolated=isolated, on_round=on_round)
     run.run(lambda: early if early is not None else InProcessRounds(runtime, job))
     if checked.swap:
-        from mtpscope.traces.store.writer import swap_in  # noqa: PLC0415
+        from mtpscope.traces.store.writer import swap_in
 
         swap_in(checked.write_to, out)
     return run.summary(t_enter_epoch)
@@ -304,7 +304,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
 
 def _check_out(out: str | os.PathLike[str], overwrite: bool) -> None:
     """Refuse an ``out`` that holds a trace unless ``overwrite`` (TraceError)."""
-    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
+    from mtpscope.traces.store.layout import MANIFEST  # lazy: standard library only
 
     if not overwrite and (Path(out) / MANIFEST).exists():
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -331,7 +331,7 @@ def _check_inputs(config: RecordConfig, target: str | os.PathLike[str], assistan
     Raises:
         LayoutError: the pre-flight check refused the pair, or the centroid source does not fit.
     """
-    from mtpscope.traces.store.writer import holds_trace, partial_dir  # noqa: PLC0415
+    from mtpscope.traces.store.writer import holds_trace, partial_dir
 
     # --overwrite of an existing trace: record next to it and swap it in only when the run completes
     swap = bool(overwrite) and holds_trace(out)
@@ -344,7 +344,7 @@ def _check_inputs(config: RecordConfig, target: str | os.PathLike[str], assistan
     if config.centroids is not None:
         cp = Path(config.centroids)
         if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
-            from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+            from mtpscope.inspector.gguf import open_gguf
 
             with open_gguf(cp) as cf:
                 head = head_from_gguf(cf, top_k=config.centroid_top_k)
@@ -454,7 +454,7 @@ class _Recording:
             self.plain_outputs = info.baseline.plain_outputs
             manifest["baseline"] = info.baseline.entry
         self.t_start, self.c_start = time.perf_counter(), time.process_time()
-        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+        from mtpscope.traces.store.writer import TraceWriter
 
         hd = self.hd
         self.w = TraceWriter(self.write_to, manifest, n_embd_backbone=None if hd is None else info.n_embd_backbone,
@@ -524,7 +524,7 @@ class _Recording:
 
     def aborted(self, e: RuntimeAbortedError) -> None:
         """llama.cpp died: keep every round received, say where it stopped and what llama.cpp said."""
-        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+        from mtpscope.traces.store.writer import TraceWriter
 
         w, write_to = self.w, self.write_to
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log

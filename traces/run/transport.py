@@ -59,7 +59,7 @@ def _anonymous_fd(size: int, name: str) -> int:
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create(name, getattr(os, "MFD_CLOEXEC", 0))
     else:  # pragma: no cover - macOS: an unlinked temporary file
-        import tempfile  # noqa: PLC0415
+        import tempfile
 
         fd, path = tempfile.mkstemp(prefix=name)
         os.unlink(path)

@@ -159,7 +159,7 @@ class WorkerError:
 
 #: what the worker's loop yields to the recorder, in order (:meth:`RoundSource.events`)
 Event = Union[Baseline, WorkerRound, PromptDone, "Calibration", ProbeDone, WorkerDone]
-Message = Union[Start, Go, Stop, Hello, Baseline, PromptDone, ProbeDone, WorkerDone, Stopped, WorkerError]
+Message = Start | Go | Stop | Hello | Baseline | PromptDone | ProbeDone | WorkerDone | Stopped | WorkerError
 _BY_KIND: dict[str, type] = {c.kind: c for c in (Start, Go, Stop, Hello, Baseline, PromptDone, ProbeDone,
                                                  WorkerDone, Stopped, WorkerError)}
 M = TypeVar("M")

@@ -214,7 +214,7 @@ def _old_probe(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if t.manifest.get("source") != SOURCE:
         raise TraceError("--resume continues a probe trace; this folder holds another kind", path=out,
                          key="source", expected=SOURCE, actual=t.manifest.get("source"))
-    t.requests                               # reads (and checks) every part; unreadable ones are dropped
+    _ = t.requests                           # reads (and checks) every part; unreadable ones are dropped
     files = [str(p) for p in t.part_files("requests")]
     rows = ds.dataset(files, schema=S.REQUESTS_SCHEMA).to_table().to_pylist() if files else []
     return t.manifest, rows

@@ -92,13 +92,13 @@ def trace_baseline(trace: Any) -> tuple[PlainBaseline | None, str | None]:
                                                    "speedups are estimated")
     if any(t.get("state") != "done" for t in tasks):
         return manifest_baseline(trace.manifest), "this sweep's plain-decoding task has not finished: speedups are estimated"
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace
 
     if shard is not None:
         bt = open_trace(root / tasks[0]["dir"])
         how = f"the sweep's plain decoding of the same prompts ({tasks[0]['dir']})"
     else:
-        from mtpscope.traces.sweep.reader import open_sweep  # noqa: PLC0415
+        from mtpscope.traces.sweep.reader import open_sweep
 
         bt = open_sweep(root).cell(BASELINE, 0)
         how = "the sweep's plain decoding of the same prompts (every shard)"
@@ -126,9 +126,9 @@ def explain_with_baseline(trace: Any, *, vocab: Any = None, prompt: str | int | 
     """:func:`traces.analysis.explain_report.explain_trace` with :func:`trace_baseline`'s plain decoding
     (its note added to the explanation's notes) and, for a sweep task, the sweep's prompt categories:
     the one explanation of ``mtpscope explain`` and the app."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
-    from mtpscope.traces.analysis.explain_report import explain_trace  # noqa: PLC0415
+    from mtpscope.traces.analysis.explain_report import explain_trace
 
     base, note = trace_baseline(trace)
     x = explain_trace(trace, vocab=vocab, prompt=prompt, baseline=base, category_field=category_field,

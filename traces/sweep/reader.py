@@ -225,7 +225,7 @@ class Sweep:
     # ------------------------------------------------------------------ DuckDB
     def _base_con(self) -> Any:
         """The connection with the ``prompts`` table only (views come with :attr:`con`)."""
-        import duckdb  # noqa: PLC0415
+        import duckdb
 
         with self._lock:
             if self._con is None:
@@ -264,7 +264,7 @@ class Sweep:
             return con
 
     def _query(self, con: Any, query: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
-        import duckdb  # noqa: PLC0415
+        import duckdb
 
         with self._lock:
             try:

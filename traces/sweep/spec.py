@@ -420,7 +420,7 @@ class TaskState:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> TaskState:
-        known = {f for f in TaskState.__dataclass_fields__}
+        known = set(TaskState.__dataclass_fields__)
         kw = {k: v for k, v in d.items() if k in known}
         return TaskState(**kw)
 

@@ -55,7 +55,7 @@ def llama() -> ModuleType:
     if mod is not None:
         return mod
     try:
-        import llama_cpp  # noqa: PLC0415 - lazy on purpose
+        import llama_cpp  # lazy on purpose
     except ImportError as e:  # pragma: no cover - exercised by monkeypatching sys.modules
         raise RuntimeUnavailableError(
             "llama-cpp-python is not installed; install it with "
@@ -69,7 +69,7 @@ def llama() -> ModuleType:
                 "llama-cpp-python lacks a symbol the MTP recorder needs", key=sym,
                 expected=f"llama-cpp-python {SUPPORTED_VERSION}", actual=f"llama-cpp-python {version}")
     try:
-        from llama_cpp import llama_cpp_ext  # noqa: PLC0415
+        from llama_cpp import llama_cpp_ext
     except (ImportError, AttributeError) as e:
         raise RuntimeUnavailableError(
             "llama-cpp-python lacks llama_cpp_ext (nextn embeddings for MTP drafters)",
@@ -105,7 +105,7 @@ def available() -> bool:
 def jinja2_chat_formatter() -> type:
     """llama-cpp-python's ``Jinja2ChatFormatter`` (renders a GGUF's ``tokenizer.chat_template``)."""
     llama()
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     return Jinja2ChatFormatter
 
@@ -182,7 +182,7 @@ def _import_ggml() -> Any:
     """llama-cpp-python's ``_ggml`` module (``.libggml``: the ggml library it loaded), or None (older
     layouts: ggml's symbols then resolve through libllama's dependency tree)."""
     try:
-        from llama_cpp import _ggml  # noqa: PLC0415
+        from llama_cpp import _ggml
 
         return _ggml
     except Exception:  # noqa: BLE001

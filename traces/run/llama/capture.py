@@ -129,7 +129,7 @@ class NodeCapture:
         asks = self._asks
         fixed = self.fixed_graph
 
-        def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
+        def _cb(t: int, ask: bool, user_data: Any) -> bool:
             # never raise: ctypes would print "Exception ignored" and drop the exception (a Ctrl-C
             # would be lost). Remember it, answer False (not needed / stop this graph split) so that
             # llama.cpp finishes the decode quickly, and let raise_pending() re-raise it in Python.

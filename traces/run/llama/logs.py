@@ -30,7 +30,7 @@ def install(llama_cpp: ModuleType) -> None:
     echo = os.environ.get("MTPSCOPE_LLAMA_LOG", "") not in ("", "0")
 
     @llama_cpp.llama_log_callback
-    def _log(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
+    def _log(level: int, text: bytes, user_data: Any) -> None:
         # never raise (ctypes would drop the exception, e.g. a Ctrl-C): keep it for raise_pending_log()
         try:
             s = text.decode("utf-8", "replace") if text else ""
