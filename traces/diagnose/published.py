@@ -111,7 +111,7 @@ def drafter_values(f: Any) -> dict[str, Any]:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-5)
-    return a == b
+    return bool(a == b)
 
 
 def pick_variant(values: dict[str, Any], variants: tuple[Variant, ...]) -> tuple[Variant, bool]:

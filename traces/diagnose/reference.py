@@ -213,7 +213,7 @@ def tensor_pattern(file: Any, reference: Any, name: str, ref_name: str | None = 
         for pattern, shift in (("norm_plus_one", 1.0), ("norm_minus_one", -1.0)):
             if (e := _rel_max(a - shift, b)) < MATCH_REL:
                 return found(pattern, e)
-    else:
+    elif idx is not None:    # (not one_d: idx holds the compared rows)
         if total % 2 == 0 and total >= 2:
             e = _rel_max(a, _rows(reference, rn, (idx + total // 2) % total))
             if e < MATCH_REL:

@@ -212,9 +212,9 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
     nc = summ.get("numerics") or {}
     numbers["baseline_numerics"] = nc
     weights = summ.get("drafter_weights") or {}
-    d = divergence_finding(nc, agree, summ, weights, trace=trace)
-    if d is not None:
-        found.append(d)
+    div = divergence_finding(nc, agree, summ, weights, trace=trace)
+    if div is not None:
+        found.append(div)
     if base_rate is not None:
         numbers["baseline_acceptance_rate"] = base_rate
     return found, numbers

@@ -57,11 +57,11 @@ from mtpscope.traces.sweep.spec import (
     TaskState,
     check_out_dir,
     new_state,
-    now,
     read_state,
     task_states,
     write_state,
 )
+from mtpscope.traces.store.layout import now
 
 #: how often a task runs at most when its worker dies (the first run and one retry)
 MAX_ATTEMPTS = 2
@@ -121,7 +121,7 @@ class SweepWorker:
         self.n_threads = int(n_threads)
         self.n_gpu_layers = int(n_gpu_layers)
         self._rtm: Any = None
-        self._key: tuple[str, str, bool] | None = None
+        self._key: tuple[str, str, bool, bool] | None = None
         self._progress: dict[str, Any] = {}
 
     def info(self) -> dict[str, Any]:
