@@ -213,11 +213,10 @@ def tensor_pattern(file: Any, reference: Any, name: str, ref_name: str | None = 
         for pattern, shift in (("norm_plus_one", 1.0), ("norm_minus_one", -1.0)):
             if (e := _rel_max(a - shift, b)) < MATCH_REL:
                 return found(pattern, e)
-    elif idx is not None:    # (not one_d: idx holds the compared rows)
-        if total % 2 == 0 and total >= 2:
-            e = _rel_max(a, _rows(reference, rn, (idx + total // 2) % total))
-            if e < MATCH_REL:
-                return found("rows_halves_swapped", e, n=total)
+    elif idx is not None and total % 2 == 0 and total >= 2:    # (not one_d: idx holds the compared rows)
+        e = _rel_max(a, _rows(reference, rn, (idx + total // 2) % total))
+        if e < MATCH_REL:
+            return found("rows_halves_swapped", e, n=total)
     m = a.shape[1]
     if not one_d and m % 2 == 0 and (e := _rel_max(a, np.roll(b, m // 2, axis=1))) < MATCH_REL:
         return found("cols_halves_swapped", e, n=m)

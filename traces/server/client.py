@@ -330,7 +330,8 @@ class ServerClient:
             ServerError: any other failure.
         """
         try:
-            return self.request("GET", "/metrics").text
+            text: str = self.request("GET", "/metrics").text
+            return text
         except ServerError as e:
             if e.message.startswith(("HTTP 501", "HTTP 404")):
                 return None

@@ -67,7 +67,7 @@ class LaunchedServer:
     """
 
     url: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log: Path
     argv: tuple[str, ...]
 

@@ -280,9 +280,9 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
             if r.get("repeat") is not None and r.get("prompt_id") is not None}
     todo = [(rep, i) for rep, i in plan if (rep, i) not in done]
     if old_manifest is not None and not todo:          # nothing left: no request at all
-        rows = open_trace(out).requests
+        requests = open_trace(out).requests
         return ProbeSummary(os.fspath(out), len(old_rows), 0, len(old_rows),
-                            old_manifest.get("alarm") or not_drafting_alarm(rows),
+                            old_manifest.get("alarm") or not_drafting_alarm(requests),
                             None)
 
     client = ServerClient(url, headers=headers, timeout_s=settings.timeout_s)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, RuntimeUnavailableError, TraceError
+from mtpscope.traces.store.layout import now
 from mtpscope.traces.sweep.spec import (
     LOG_DIR,
     SWEEP_FILE,
@@ -61,7 +62,6 @@ from mtpscope.traces.sweep.spec import (
     task_states,
     write_state,
 )
-from mtpscope.traces.store.layout import now
 
 #: how often a task runs at most when its worker dies (the first run and one retry)
 MAX_ATTEMPTS = 2
