@@ -191,6 +191,8 @@ class Sampler:
         """The target's token at batch row ``i`` of the last decode of ``ctx``."""
         if self.greedy:
             return int(np.argmax(ctx.logits(i)))
+        if self._chain is None:     # (not greedy: made in __init__; None only once closed)
+            raise TraceError("the sampler was closed", key="sampler")
         return self._chain.sample(ctx, i)
 
     def close(self) -> None:
@@ -224,6 +226,10 @@ class MtpRuntime:
         RuntimeUnavailableError: llama-cpp-python missing.
     """
 
+    #: the target's and the drafter's contexts (:meth:`_make_contexts`, called by ``__init__``)
+    tctx: LlamaContext
+    dctx: LlamaContext
+
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
                  flash_attn: bool | None = False, n_threads: int | None = None,
@@ -233,7 +239,7 @@ class MtpRuntime:
         self.flash_attn = flash_attn
         self.n_threads = n_threads
         self._closed = False
-        self.tctx = self.dctx = None  # type: ignore[assignment]
+        self.tctx = self.dctx = None  # type: ignore[assignment]  # None only until _make_contexts makes them (close() and _make_contexts skip None)
         self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers, repack=repack)
         try:
             self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers, repack=repack)

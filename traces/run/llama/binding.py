@@ -40,7 +40,8 @@ _REQUIRED_EXT_SYMBOLS = (
     "llama_get_ctx_other",
 )
 
-#: "llama_cpp", "ext": the modules once :func:`llama` succeeded; "ggml": :func:`ggml_lib`'s functions
+#: "llama_cpp", "ext": the modules once :func:`llama` succeeded; "ggml": :func:`ggml_lib`'s functions. Any: the
+#: one door to llama-cpp-python, which ships no type information (its modules and ctypes functions are untyped)
 _state: dict[str, Any] = {}
 
 
@@ -51,7 +52,7 @@ def llama() -> ModuleType:
         RuntimeUnavailableError: llama-cpp-python is not installed, or it lacks a symbol the MTP loop
             needs (context type MTP, nextn embeddings), i.e. it is older than 0.3.36.
     """
-    mod = _state.get("llama_cpp")
+    mod: ModuleType | None = _state.get("llama_cpp")
     if mod is not None:
         return mod
     try:
@@ -90,7 +91,8 @@ def llama() -> ModuleType:
 def ext() -> ModuleType:
     """``llama_cpp.llama_cpp_ext`` (nextn embeddings, ctx_other); see :func:`llama` for errors."""
     llama()
-    return _state["ext"]
+    mod: ModuleType = _state["ext"]
+    return mod
 
 
 def available() -> bool:
@@ -135,7 +137,7 @@ def ggml_lib() -> dict[str, Any]:
     Raises:
         RuntimeUnavailableError: no loaded library exports ``ggml_nbytes`` / ``ggml_backend_tensor_get``.
     """
-    lib = _state.get("ggml")
+    lib: dict[str, Any] | None = _state.get("ggml")
     if lib is not None:
         return lib
     for cand in ggml_libraries():

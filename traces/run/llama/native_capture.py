@@ -104,7 +104,8 @@ def load() -> ctypes.CDLL | None:
     """The built library (built first if needed), or None; :func:`unavailable_reason` then says why.
     Tried once per process."""
     if "lib" in _state:
-        return _state["lib"]
+        cached: ctypes.CDLL | None = _state["lib"]
+        return cached
     lib = None
     if os.environ.get(ENV_SWITCH, "1") == "0":
         _state["why"] = f"{ENV_SWITCH}=0"
