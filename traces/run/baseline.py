@@ -74,7 +74,7 @@ def timed_plain(rtm: MtpRuntime, tokens: Sequence[int], *, max_tokens: int) -> t
     rtm.ensure_context(len(tokens) + int(max_tokens) + 1)   # generate_plain would otherwise grow it
     real = rtm.tctx
     timed = _TimedContext(real)
-    rtm.tctx = timed
+    rtm.tctx = timed  # type: ignore[assignment]  # a stand-in with LlamaContext's decode / logits, timing each decode
     try:
         out = rtm.generate_plain(list(tokens), max_tokens=int(max_tokens), sampler=Sampler())
     finally:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ PROBE_N_MAX, PROBE_REPS, PROBE_BUDGET_S = 8, 5, 3.0
 PROBE_SPREAD, PROBE_MAX_REPS, PROBE_EXTRA_BUDGET_S = 1.5, 9, 3.0
 
 
-def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
+def prompt_tokens(model: LlamaModel, text: str, *, chat: bool = False) -> list[int]:
     """Token ids of a prompt with the target ``model`` (a :class:`traces.run.llama.model.LlamaModel`): BOS
     added as the vocab wants; with ``chat`` the GGUF's own chat template is applied first and special
     tokens in it are parsed. The one rule for the recorder and the replay."""
@@ -332,7 +332,7 @@ class MtpRuntime:
 
     def run(self, tokens: Sequence[int], config: RecordConfig, *, trace: bool = True,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
+            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Generator[RoundResult, None, None]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -381,10 +381,10 @@ class MtpRuntime:
 
     def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
                 hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
-                fence: Callable[[], None] | None) -> Iterator[RoundResult]:
+                fence: Callable[[], None] | None) -> Generator[RoundResult, None, None]:
         """The loop of :meth:`run` (its arguments checked and its sampler made)."""
         live = fence is not None and defer_target and trace
-        if live:
+        if live and fence is not None:    # (live implies a fence)
             fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
         self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
@@ -414,7 +414,7 @@ class MtpRuntime:
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
-            if live:
+            if live and fence is not None:
                 fence()                 # the previous round's verify rows have been copied out
             tb.set([pending, *drafted], pos, logits="all")
             tctx.decode(tb)

@@ -52,7 +52,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
@@ -189,8 +189,8 @@ def _instrument(rtm: MtpRuntime, status: Status) -> None:
             finally:
                 status.decode_seconds += _perf() - t0
 
-        ctx.decode = timed_decode
-        ctx._mtpscope_status = status
+        ctx.decode = timed_decode  # type: ignore[method-assign]  # an instance-level wrapper, on purpose
+        ctx._mtpscope_status = status  # type: ignore[attr-defined]  # the wrapper's mark: wrap each context once
 
 
 def _error_message(e: BaseException) -> WorkerError:
@@ -310,7 +310,10 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     sender = RoundSender(chan, threaded=True)
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
-    set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
+    def _flush_on_abort(_msg: str) -> None:
+        sender.flush(timeout=ABORT_FLUSH_S)
+
+    set_abort_hook(_flush_on_abort)
     try:
         toks, texts = prepare_prompts(rtm, job)
         chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid())))
@@ -400,7 +403,7 @@ class _LogPump(threading.Thread):
     """Copies the worker's output to a file (once known; buffered until then), keeps its tail, and
     echoes it to our stderr when ``echo``."""
 
-    def __init__(self, pipe: BinaryIO, echo: bool) -> None:
+    def __init__(self, pipe: IO[bytes], echo: bool) -> None:
         super().__init__(name="mtpscope-worker-log", daemon=True)
         self.pipe = pipe
         self.echo = echo
@@ -474,12 +477,13 @@ class RecordWorker:
         from mtpscope.traces.run.llama.process import ABORT_ENV  # lazy: no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
-        if self._status_fd is None:  # pragma: no cover - macOS
+        status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
+        if status_fd is None:  # pragma: no cover - macOS
             import tempfile
 
-            self._status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
+            status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
             os.unlink(tmp)
+        self._status_fd = status_fd
         os.ftruncate(self._status_fd, mmap.PAGESIZE)
         self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
         env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
@@ -492,7 +496,7 @@ class RecordWorker:
             child_sock.close()
         self.chan = Channel(parent_sock)
         self.receiver = RoundReceiver(self.chan)
-        self.log = _LogPump(self.proc.stdout, echo)
+        self.log = _LogPump(cast(IO[bytes], self.proc.stdout), echo)    # (stdout=PIPE: never None)
         self.log.start()
         self.info: Hello | None = None
         self.trace_dir: Path | None = None
@@ -552,7 +556,7 @@ class RecordWorker:
             ev = decode(msg, Baseline, PromptDone, ProbeDone, WorkerDone, Stopped)
             if isinstance(ev, Stopped):
                 return
-            if ev is not None:
+            if isinstance(ev, (Baseline, PromptDone, ProbeDone, WorkerDone)):    # (not None: the kinds asked for)
                 yield ev
             if isinstance(ev, WorkerDone):
                 return
