@@ -128,7 +128,7 @@ def reference_gguf(out: str | os.PathLike[str], *, hf_dir: str | os.PathLike[str
 
     dst = Path(out) / "reference-drafter.gguf"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    convert(hf_dir, dst, dialect="upstream", outtype="f32")  # type: ignore[arg-type]
+    convert(hf_dir, dst, dialect="upstream", outtype="f32")  # type: ignore[arg-type]  # the callers give hf_dir or gguf: hf_dir here
     return dst, "hf"
 
 

@@ -434,7 +434,7 @@ class MtpRuntime:
                         continue
                     break
                 target += [None] * (k_max + 1 - len(target))
-            emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]
+            emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]  # target[n_acc] was sampled: the None padding comes after it
             for j, e in enumerate(emitted):  # stop at an end-of-generation token
                 if eog(e):
                     emitted = emitted[:j + 1]

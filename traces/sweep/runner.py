@@ -115,7 +115,7 @@ class SweepWorker:
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 - stderr for the rest of the process, never closed
         os.environ["MTPSCOPE_LLAMA_LOG"] = "1"       # echo llama.cpp's log lines into that file
         faulthandler.enable(file=sys.stderr, all_threads=True)
         self.n_threads = int(n_threads)

@@ -187,7 +187,7 @@ def _import_ggml() -> Any:
         from llama_cpp import _ggml
 
         return _ggml
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - any failure to import the private module: not there
         return None
 
 

@@ -63,7 +63,7 @@ class _ClosedOnDelete:
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort at collection: __del__ never raises
             pass
 
 

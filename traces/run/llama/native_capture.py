@@ -228,7 +228,7 @@ class NativeCapture:
         """Free the copy buffer (after the context using this capture is freed). Idempotent."""
         if self._lib is not None:
             self._lib.mtps_capture_free(self._ptr)
-            self._lib = None  # type: ignore[assignment]
+            self._lib = None  # type: ignore[assignment]  # None marks the buffer freed (close() is idempotent)
 
 
 __all__ = ["ENV_SWITCH", "NativeCapture", "build", "kind", "library_path", "load", "unavailable_reason"]
