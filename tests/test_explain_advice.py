@@ -45,7 +45,7 @@ def test_categories_from_another_field_and_the_note(tmp_path: Path) -> None:
     tab = _tab(d)
     pid, nd, na = (np.asarray(tab[c]) for c in ("prompt_id", "n_draft", "n_accepted"))
     for name, m in (("code", pid < 4), ("chat", pid >= 4)):
-        assert y.by_category[name]["acceptance_rate"] == pytest.approx(na[m].sum() / nd[m].sum())
+        assert y.by_category[name].acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum())
         assert y.what_if.by_category[name].row(3).acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum())
     rec = y.to_dict()["recommendation"]
     assert set(rec["by_category"]) == {"code", "chat"}

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mtpscope.traces.analysis.keyed import JsonKeys
 from mtpscope.traces.analysis.positions import Positions
 from mtpscope.traces.analysis.token_classes import C_UNKNOWN, CHANNELS, CLASSES, Classifier, TokenClasses
 from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
@@ -27,9 +26,8 @@ UNCATEGORIZED = "(none)"
 
 
 @dataclass(frozen=True)
-class Acceptance(JsonKeys):
-    """Drafted and accepted counts of one group (a token class, a channel). Also read by its JSON keys
-    (:class:`traces.analysis.keyed.JsonKeys`, transitional).
+class Acceptance:
+    """Drafted and accepted counts of one group (a token class, a channel).
 
     Attributes:
         n_drafted / n_accepted: drafted tokens of the group and those accepted.
@@ -68,9 +66,8 @@ class PositionAcceptance:
 
 
 @dataclass(frozen=True)
-class CategoryAcceptance(JsonKeys):
-    """:class:`Acceptance` of one prompt category, with the number of its prompts (also read by its JSON
-    keys, transitional)."""
+class CategoryAcceptance:
+    """:class:`Acceptance` of one prompt category, with the number of its prompts."""
 
     n_prompts: int
     n_drafted: int

@@ -53,7 +53,6 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
-from mtpscope.traces.analysis.keyed import JsonKeys
 from mtpscope.traces.store.list_columns import flat_list
 
 CAUSES = ("accepted", "after_eog", "after_mismatch", "unknown", "unreachable", "near_tie", "runner_up",
@@ -366,10 +365,10 @@ class PositionRejections:
 
 
 @dataclass(frozen=True)
-class TargetSide(JsonKeys):
+class TargetSide:
     """The target's side of the compared first mismatches (module docstring): counts ``hard`` / ``wrong`` /
     ``unknown`` and the mean ``target_p_drafted`` of the hard and the wrong ones (None when none is
-    known). Also read by its JSON keys (:class:`traces.analysis.keyed.JsonKeys`, transitional)."""
+    known)."""
 
     hard: int
     wrong: int
@@ -384,9 +383,8 @@ class TargetSide(JsonKeys):
 
 
 @dataclass(frozen=True)
-class Rejections(JsonKeys):
-    """Aggregates of the first-mismatch table (:func:`rejection_summary`). Also read by its JSON keys
-    (:class:`traces.analysis.keyed.JsonKeys`, transitional).
+class Rejections:
+    """Aggregates of the first-mismatch table (:func:`rejection_summary`).
 
     Attributes:
         n_rounds_rejected: rounds with a first mismatch (rows of the table).

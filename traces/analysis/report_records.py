@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from mtpscope.traces.analysis.records import JsonRecord
 
@@ -222,11 +221,6 @@ class TraceReport(JsonRecord):
     centroid_coverage: CentroidCoverage | None
     requests: RequestTotals | None
     warnings: tuple[str, ...] = ()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Transitional, for ``traces.diagnose`` only (it still reads the report as a mapping): ``to_dict().get``.
-        The app and the CLI read the fields; remove this once ``traces.diagnose`` does too."""
-        return self.to_dict().get(key, default)
 
 
 __all__ = ["CategoryRequests", "CentroidCoverage", "CoverageRow", "MismatchRow", "PositionRow", "PromptRow",

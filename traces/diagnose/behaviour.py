@@ -16,19 +16,27 @@ report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position)
   classes, the decay by position.
 
 Imports: numpy, traces.analysis.explain (``HARD_ENTROPY_NATS``), this area's records and ``reference``
-(``weights_severity``, the one rule of a weights finding's severity); the explanation's records are read by attribute.
+(``weights_severity``, the one rule of a weights finding's severity); for types only pandas, traces.analysis.advice,
+explain_report and report_records. The explanation's and the report's records are read by attribute.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtpscope.traces.analysis.explain import HARD_ENTROPY_NATS
 from mtpscope.traces.diagnose.records import HIGH, INFO, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 from mtpscope.traces.diagnose.reference import weights_severity
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from mtpscope.traces.analysis.advice import Advice
+    from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.report_records import TraceReport
 
 #: A draft position adding fewer accepted tokens per round than this (upper end of its 95 % interval) is past the
 #: decay: a draft step costs more than that on any runtime (on a GPU about 0.05 - 0.1 of a target decode; here,
@@ -90,40 +98,42 @@ def depth_gain(rounds: Any, n: int, *, n_boot: int = 1000, seed: int = 0
     return gain, (float(np.quantile(s, 0.025)), float(np.quantile(s, 0.975)))
 
 
-def limit_sentences(x: Any, report: Mapping[str, Any]) -> list[str]:
+def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
     """What limits acceptance, in sentences, most telling first: hard vs wrong first misses, the worst and best
     categories, the worst token classes, the decay by draft position."""
     out: list[str] = []
-    rej = x.rejections or {}
-    ts = rej.get("target_side") or {}
-    hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
+    rej = x.rejections
+    ts = rej.target_side
+    hard, wrong = ts.hard, ts.wrong
     if hard + wrong:
         h = hard / (hard + wrong)
         if h >= 0.5:
             out.append(f"{_pct(h)} of first misses are hard tokens ({hard} of the {hard + wrong} the target judged): the "
                        "target itself was unsure (entropy >= 1 nat, "
-                       f"mean p(drafted) {ts.get('p_drafted_mean_hard') or 0:.2f})")
+                       f"mean p(drafted) {ts.p_drafted_mean_hard or 0:.2f})")
         else:
             out.append(f"{_pct(1 - h)} of first misses are tokens the target was sure of ({wrong} of the {hard + wrong} "
                        "it judged): the drafter predicts them wrongly (its quality, not the runtime)")
-    cats = {k: v for k, v in (x.by_category or {}).items()
-            if v.get("acceptance_rate") is not None and (v.get("n_drafted") or 0) >= MIN_GROUP_DRAFTS}
+    cats = {k: v.acceptance_rate for k, v in (x.by_category or {}).items()
+            if v.acceptance_rate is not None and v.n_drafted >= MIN_GROUP_DRAFTS}
+    cat_drafted = {k: v.n_drafted for k, v in (x.by_category or {}).items()}
     if len(cats) >= 2:
-        lo = min(cats, key=lambda c: cats[c]["acceptance_rate"])
-        hi = max(cats, key=lambda c: cats[c]["acceptance_rate"])
-        out.append(f"acceptance by category ranges from {cats[lo]['acceptance_rate']:.2f} ({lo}, "
-                   f"{cats[lo]['n_drafted']} drafts) to {cats[hi]['acceptance_rate']:.2f} ({hi})")
-    cls = {k: v for k, v in (x.by_class or {}).items() if k not in _SKIP_CLASSES
-           and v.get("acceptance_rate") is not None and (v.get("n_drafted") or 0) >= MIN_GROUP_DRAFTS}
+        lo = min(cats, key=lambda c: cats[c])
+        hi = max(cats, key=lambda c: cats[c])
+        out.append(f"acceptance by category ranges from {cats[lo]:.2f} ({lo}, "
+                   f"{cat_drafted[lo]} drafts) to {cats[hi]:.2f} ({hi})")
+    cls = {k: v.acceptance_rate for k, v in (x.by_class or {}).items() if k not in _SKIP_CLASSES
+           and v.acceptance_rate is not None and v.n_drafted >= MIN_GROUP_DRAFTS}
+    cls_drafted = {k: v.n_drafted for k, v in (x.by_class or {}).items()}
     if cls:
-        worst = sorted(cls, key=lambda c: cls[c]["acceptance_rate"])[:2]
+        worst = sorted(cls, key=lambda c: cls[c])[:2]
         out.append("the hardest token classes: " + ", ".join(
-            f"{c} {cls[c]['acceptance_rate']:.2f} of {cls[c]['n_drafted']} drafts" for c in worst))
-    pp = [p for p in report.get("per_position") or [] if p.get("acceptance") is not None]
+            f"{c} {cls[c]:.2f} of {cls_drafted[c]} drafts" for c in worst))
+    pp = [(p.k, p.acceptance) for p in report.per_position if p.acceptance is not None]
     if len(pp) >= 2:
         out.append("acceptance falls with the draft position: " + ", ".join(
-            f"k={p['k']} {p['acceptance']:.2f}" for p in pp))
-    causes = rej.get("causes") or {}
+            f"k={k} {acc:.2f}" for k, acc in pp))
+    causes = rej.causes
     n_fm = sum(int(v) for v in causes.values())
     if n_fm and causes.get("far_miss"):
         out.append(f"{_pct(int(causes['far_miss']) / n_fm)} of first misses are far misses (the target's token "
@@ -131,11 +141,11 @@ def limit_sentences(x: Any, report: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _category_lines(advice: Any) -> list[str]:
+def _category_lines(advice: Advice) -> list[str]:
     return [f"{c}: {r.headline or r.reason}" for c, r in sorted((advice.by_category or {}).items())]
 
 
-def n_draft_findings(x: Any, rounds: Any, *, trace: str, n_draft: int) -> list[Finding]:
+def n_draft_findings(x: Explanation, rounds: Any, *, trace: str, n_draft: int) -> list[Finding]:
     """The n_draft finding: a warning when the recorded n_draft is past the decay (module docstring; ``rounds``:
     the trace's ``prompt_id``, ``n_draft``, ``n_accepted``), else the advice as a note (plain decoding or which
     n_draft, per category, break-even)."""
@@ -191,16 +201,16 @@ def n_draft_findings(x: Any, rounds: Any, *, trace: str, n_draft: int) -> list[F
                     subject="n_draft", expected=rec.choice, actual=n_draft)]
 
 
-def broken_finding(report: Mapping[str, Any], x: Any, *, trace: str) -> Finding | None:
+def broken_finding(report: TraceReport, x: Explanation, *, trace: str) -> Finding | None:
     """A low-confidence ``weights`` warning when drafts are almost never accepted (acceptance under
     :data:`BROKEN_RATE` over at least :data:`MIN_GROUP_DRAFTS` x 5 drafts): no trained drafter that loads and pairs
     drafts that badly, so something the checks above do not see (a tensor's values, a conversion) is wrong. None
     otherwise."""
-    rate, n = report.get("acceptance_rate"), int(report.get("n_drafted") or 0)
+    rate, n = report.acceptance_rate, report.n_drafted
     if rate is None or n < 5 * MIN_GROUP_DRAFTS or rate >= BROKEN_RATE:
         return None
-    ts = (x.rejections or {}).get("target_side") or {}
-    hard, wrong = int(ts.get("hard") or 0), int(ts.get("wrong") or 0)
+    ts = x.rejections.target_side
+    hard, wrong = ts.hard, ts.wrong
     side = f"; {_pct(wrong / (hard + wrong))} of first misses are tokens the target was sure of" if hard + wrong else ""
     sev, conf = weights_severity()
     return Finding("weights", sev, conf, f"drafts are almost never accepted ({rate:.3f} of {n}): the drafter's "
@@ -212,7 +222,7 @@ def broken_finding(report: Mapping[str, Any], x: Any, *, trace: str) -> Finding 
                    ViewRef.of("explain", trace=trace, prompt="all"), subject="weights", expected=None, actual=rate)
 
 
-def sure_shares(causes: Any, *, hard_entropy: float = HARD_ENTROPY_NATS) -> dict[str, Any] | None:
+def sure_shares(causes: pd.DataFrame | None, *, hard_entropy: float = HARD_ENTROPY_NATS) -> dict[str, Any] | None:
     """How the drafter's misses split between tokens the target was sure of and hard ones, over the steps the target
     judged: every accepted step and every round's first miss whose target token is known (not past an
     end-of-generation token), with a known target entropy. Sure: entropy under ``hard_entropy`` nats (explain's
@@ -248,12 +258,12 @@ def sure_shares(causes: Any, *, hard_entropy: float = HARD_ENTROPY_NATS) -> dict
             "ratio": share_m / share_j if share_j else None}
 
 
-def sure_miss_finding(x: Any, *, trace: str) -> Finding | None:
+def sure_miss_finding(x: Explanation, *, trace: str) -> Finding | None:
     """The behaviour pointing at the drafter: a ``weights`` warning of low confidence (:func:`weights_severity`
     without a reference) when the share of first misses on tokens the target was sure of is at least
     :data:`SURE_MISS_RATIO` of the sure share of the judged steps (:func:`sure_shares`: a healthy drafter misses
     mostly hard tokens), over at least :data:`MIN_GROUP_DRAFTS` first misses and as many sure steps. None otherwise."""
-    sh = sure_shares(getattr(x, "causes", None))
+    sh = sure_shares(x.causes)
     if sh is None or sh["ratio"] is None or sh["missed_sure"] + sh["missed_hard"] < MIN_GROUP_DRAFTS \
             or sh["judged_sure"] < MIN_GROUP_DRAFTS or sh["ratio"] < SURE_MISS_RATIO:
         return None
@@ -281,7 +291,7 @@ def sure_miss_finding(x: Any, *, trace: str) -> Finding | None:
                    actual=sh["share_missed_sure"])
 
 
-def limit_finding(x: Any, report: Mapping[str, Any], *, trace: str) -> tuple[Finding | None, list[str]]:
+def limit_finding(x: Explanation, report: TraceReport, *, trace: str) -> tuple[Finding | None, list[str]]:
     """The ``acceptance_limit`` note (its title: the first of :func:`limit_sentences`) and every sentence."""
     lines = limit_sentences(x, report)
     if not lines:
@@ -292,15 +302,17 @@ def limit_finding(x: Any, report: Mapping[str, Any], *, trace: str) -> tuple[Fin
                    ViewRef.of("explain", trace=trace, prompt="all"), subject="acceptance"), lines
 
 
-def summary(x: Any, report: Mapping[str, Any]) -> dict[str, Any]:
-    """The trace's numbers for the diagnosis' ``summary`` and the figures: acceptance, per position, by category
-    and class, the first misses' causes and sides, the what-if rows and the recommendation."""
+def summary(x: Explanation, report: TraceReport) -> dict[str, Any]:
+    """The trace's numbers for the diagnosis' ``summary`` and the figures (JSON-able: the records' ``to_dict()``):
+    acceptance, per position, by category and class, the first misses' causes and sides, the what-if rows and the
+    recommendation."""
     wi, adv = x.what_if, x.advice
-    return {"acceptance_rate": report.get("acceptance_rate"), "mean_acceptance_length": report.get("mean_acceptance_length"),
-            "n_prompts": report.get("n_prompts"), "n_rounds": report.get("n_rounds"), "n_drafted": report.get("n_drafted"),
-            "n_accepted": report.get("n_accepted"), "per_position": report.get("per_position"),
-            "by_category": x.by_category, "by_class": x.by_class, "causes": (x.rejections or {}).get("causes"),
-            "target_side": (x.rejections or {}).get("target_side"),
+    return {"acceptance_rate": report.acceptance_rate, "mean_acceptance_length": report.mean_acceptance_length,
+            "n_prompts": report.n_prompts, "n_rounds": report.n_rounds, "n_drafted": report.n_drafted,
+            "n_accepted": report.n_accepted, "per_position": [p.to_dict() for p in report.per_position],
+            "by_category": None if x.by_category is None else {k: v.to_dict() for k, v in x.by_category.items()},
+            "by_class": None if x.by_class is None else {k: v.to_dict() for k, v in x.by_class.items()},
+            "causes": dict(x.rejections.causes), "target_side": x.rejections.target_side.to_dict(),
             "what_if": None if wi is None else [r.to_dict() for r in wi.rows],
             "best_n_draft": None if wi is None else wi.best_n_draft,
             "recommendation": None if adv is None else adv.recommendation.to_dict()}

@@ -234,7 +234,7 @@ def with_key_value(src: str | os.PathLike[str], dst: str | os.PathLike[str], key
         MtpscopeError: the key is missing or not an integer scalar (naming it), or ``value`` does not fit its type.
         OSError: the copy cannot be written.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(src) as f:
         kv = f.kv.get(key)

@@ -111,7 +111,7 @@ def drafter_values(f: Any) -> dict[str, Any]:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-5)
-    return a == b
+    return bool(a == b)
 
 
 def pick_variant(values: dict[str, Any], variants: tuple[Variant, ...]) -> tuple[Variant, bool]:
@@ -248,7 +248,7 @@ def open_and_check(path: str, *, target: str | None = None) -> tuple[list[Findin
     Raises:
         GGUFFormatError / UnsupportedFileError: unreadable file.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(path) as f:
         return published_findings(f, assistant=path, target=target)

@@ -124,17 +124,17 @@ def reference_gguf(out: str | os.PathLike[str], *, hf_dir: str | os.PathLike[str
     """
     if gguf is not None:
         return Path(gguf), "gguf"
-    from mtpscope.inspector.convert import convert  # noqa: PLC0415
+    from mtpscope.inspector.convert import convert
 
     dst = Path(out) / "reference-drafter.gguf"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    convert(hf_dir, dst, dialect="upstream", outtype="f32")  # type: ignore[arg-type]
+    convert(hf_dir, dst, dialect="upstream", outtype="f32")  # type: ignore[arg-type]  # the callers give hf_dir or gguf: hf_dir here
     return dst, "hf"
 
 
 def quantized_types(path: str | os.PathLike[str]) -> list[str]:
     """The quantized ggml types among a GGUF's tensors (``["Q8_0"]``), sorted; [] for a float file."""
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(path) as f:
         return sorted({t.type_name for t in f.tensors if t.type_name.startswith(QUANT_PREFIXES)})
@@ -213,22 +213,21 @@ def tensor_pattern(file: Any, reference: Any, name: str, ref_name: str | None = 
         for pattern, shift in (("norm_plus_one", 1.0), ("norm_minus_one", -1.0)):
             if (e := _rel_max(a - shift, b)) < MATCH_REL:
                 return found(pattern, e)
-    else:
-        if total % 2 == 0 and total >= 2:
-            e = _rel_max(a, _rows(reference, rn, (idx + total // 2) % total))
-            if e < MATCH_REL:
-                return found("rows_halves_swapped", e, n=total)
+    elif idx is not None and total % 2 == 0 and total >= 2:    # (not one_d: idx holds the compared rows)
+        e = _rel_max(a, _rows(reference, rn, (idx + total // 2) % total))
+        if e < MATCH_REL:
+            return found("rows_halves_swapped", e, n=total)
     m = a.shape[1]
     if not one_d and m % 2 == 0 and (e := _rel_max(a, np.roll(b, m // 2, axis=1))) < MATCH_REL:
         return found("cols_halves_swapped", e, n=m)
     pa, pb = _partner(name), _partner(rn)
     if pa is not None and pb is not None and not one_d:
         fnames, rnames = {t.name for t in file.tensors}, {t.name for t in reference.tensors}
-        if pa[0] in fnames and pb[0] in rnames and tuple(reference.tensor(pb[0]).shape) == shape:
-            if (e := _rel_max(a, _rows(reference, pb[0], idx))) < MATCH_REL:
-                back = _rel_max(_rows(file, pa[0], idx), b) < MATCH_REL
-                return found("gate_up_swapped" if back else f"{pa[1]}_is_{'up' if pa[1] == 'gate' else 'gate'}",
-                             e, other=pa[0])
+        if pa[0] in fnames and pb[0] in rnames and tuple(reference.tensor(pb[0]).shape) == shape \
+                and (e := _rel_max(a, _rows(reference, pb[0], idx))) < MATCH_REL:
+            back = _rel_max(_rows(file, pa[0], idx), b) < MATCH_REL
+            return found("gate_up_swapped" if back else f"{pa[1]}_is_{'up' if pa[1] == 'gate' else 'gate'}",
+                         e, other=pa[0])
     if not one_d and len(shape) == 2 and shape[0] == shape[1] and ta.n_elements <= TRANSPOSE_MAX_ELEMENTS:
         bt = np.asarray(reference.tensor_data(rn), dtype=np.float64).T[idx]
         if (e := _rel_max(a, bt)) < MATCH_REL:
@@ -241,7 +240,7 @@ def tensor_patterns(file: str | os.PathLike[str], reference: str | os.PathLike[s
     """:func:`tensor_pattern` of each tensor in ``names`` (as :func:`mtpscope.inspector.diff.diff` names them:
     ``"name"``, or ``"file name | reference name"`` for a tensor the two dialects name differently), keyed by that
     name; tensors with no recognised pattern, or absent from either file, are left out."""
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     out: dict[str, TensorPattern] = {}
     with open_gguf(file) as fa, open_gguf(reference) as fb:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, RuntimeUnavailableError, TraceError
 from mtpscope.traces.diagnose import behaviour, files, published, rank, reference, variants
@@ -48,6 +48,10 @@ from mtpscope.traces.diagnose.records import (
     StepRun,
     ViewRef,
 )
+
+if TYPE_CHECKING:
+    from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.analysis.report_records import TraceReport
 
 #: The diagnosis document written into the output folder (``diagnosis.json``), and the folders beside it.
 DIAGNOSIS_FILE, TRACE_DIR, REPLAY_DIR, REFERENCE_DIR = "diagnosis.json", "trace", "replay", "reference"
@@ -105,7 +109,7 @@ def _manifest_model(manifest: dict[str, Any], role: str) -> str | None:
 
 def _llama_missing() -> str | None:
     try:
-        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
+        from mtpscope.traces.run.llama.binding import llama
 
         llama()
     except RuntimeUnavailableError as e:
@@ -117,7 +121,7 @@ def _record(steps: _Steps, found: list[Finding], cfg: Any, *, target: str, assis
             prompts: Sequence[Any] | None, prompts_file: Any, command: Sequence[str] | None,
             on_round: Any) -> Path | None:
     """Step 3 with ``cfg`` (the :class:`RecordConfig` of :attr:`DiagnoseConfig.recording`)."""
-    from mtpscope.traces.run.recorder import record  # noqa: PLC0415
+    from mtpscope.traces.run.recorder import record
 
     dst = out / TRACE_DIR
     try:
@@ -176,9 +180,9 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
         MtpscopeError: no target or assistant, neither a trace nor prompts, no ``out`` to record into.
         GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-    from mtpscope.inspector.validate import verify  # noqa: PLC0415
-    from mtpscope.traces.store.reader import open_trace, read_manifest  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.validate import verify
+    from mtpscope.traces.store.reader import open_trace, read_manifest
 
     steps = _Steps(on_step)
     found: list[Finding] = []
@@ -211,14 +215,16 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
         if why:
             steps.skip("record", why)
         else:
-            rec = _record(steps, found, config.recording, target=target, assistant=assistant, out=outp,  # type: ignore[arg-type]
+            rec = _record(steps, found, config.recording, target=target, assistant=assistant,
+                          out=cast(Path, outp),  # not None: raised above without a trace or an output folder
                           prompts=prompts, prompts_file=prompts_file, command=command, on_round=on_round)
             trace = os.fspath(rec) if rec is not None else None
     else:
         steps.runs.append(StepRun("record", "skipped", 0.0, f"the trace {trace} was given"))
         trace = os.fspath(trace)
 
-    x = rep = None
+    x: Explanation | None = None
+    rep: TraceReport | None = None
     summary: dict[str, Any] = {}
     limits: list[str] = []
     variant_numbers = ref_numbers = None
@@ -239,13 +245,13 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
     key_why = None      # why the keys that differ from the target's were not replayed with the target's value
     if not config.replay:
         steps.skip("replay", key_why := "replay off")
-    elif not can_replay:
+    elif not can_replay or trace is None:    # (can_replay implies a trace: narrows it for the type checker)
         steps.skip("replay", key_why := "no recorded trace to replay" if trace is None or x is None else
                    f"the trace's source is {man.get('source')!r}: only `mtpscope record` traces replay")
     elif llama_missing or outp is None:
         steps.skip("replay", key_why := llama_missing or "no output folder for the replay")
     else:
-        from mtpscope.traces.run.replay import baseline_for  # noqa: PLC0415
+        from mtpscope.traces.run.replay import baseline_for
 
         t = open_trace(trace)
         pids = variants.sample_prompts(man, t.rounds["prompt_id"].unique().tolist(), config.replay_prompts)
@@ -290,18 +296,18 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
 
     lf = None
     hints: list[Finding] = []
-    if x is not None:
+    if x is not None and rep is not None and trace is not None:    # (x implies rep and a trace)
         try:
             with steps.step("advice", "advice: n_draft per category or plain decoding; what limits acceptance"):
-                cols = open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"])  # type: ignore[arg-type]
-                found += behaviour.n_draft_findings(x, cols, trace=trace, n_draft=rec_n)  # type: ignore[arg-type]
-                hints = [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]  # type: ignore[arg-type]
+                cols = open_trace(trace).columns("rounds", ["prompt_id", "n_draft", "n_accepted"])
+                found += behaviour.n_draft_findings(x, cols, trace=trace, n_draft=rec_n)
+                hints = [b for b in (behaviour.broken_finding(rep, x, trace=trace),) if b is not None]
                 # the behaviour points at the drafter: only where no reference compared the weights and no error
                 # found elsewhere already explains the drafts
                 if ref_numbers is None and not any(f.severity == ERROR for f in found):
-                    hints += [h for h in (behaviour.sure_miss_finding(x, trace=trace),) if h is not None]  # type: ignore[arg-type]
+                    hints += [h for h in (behaviour.sure_miss_finding(x, trace=trace),) if h is not None]
                 found += hints
-                lf, limits = behaviour.limit_finding(x, rep, trace=trace)  # type: ignore[arg-type]
+                lf, limits = behaviour.limit_finding(x, rep, trace=trace)
         except _StepFailed:
             lf = None
     ranked = rank.rank(found)
@@ -398,7 +404,7 @@ def _pair_key_costs(found: list[Finding], *, trace: str | None, assistant: str, 
         if res_file is None or outp is None or trace is None:
             top = None
             if trace is not None and smaller is not None:
-                from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+                from mtpscope.traces.store.reader import open_trace
 
                 try:
                     r = open_trace(trace).columns("rounds", ["pos", "n_draft"])
@@ -429,11 +435,11 @@ def _pair_key_costs(found: list[Finding], *, trace: str | None, assistant: str, 
     return out
 
 
-def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    from mtpscope.traces.analysis.metrics import report  # noqa: PLC0415
-    from mtpscope.traces.analysis.vocab import trace_vocab  # noqa: PLC0415
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
-    from mtpscope.traces.sweep.advice import explain_with_baseline  # noqa: PLC0415
+def _explain(trace: str) -> tuple[Explanation, TraceReport, dict[str, Any]]:
+    from mtpscope.traces.analysis.metrics import report
+    from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.store.reader import open_trace
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     t = open_trace(trace)
     x = explain_with_baseline(t, vocab=trace_vocab(t.manifest), with_drift=True)
@@ -448,9 +454,9 @@ def _explain(trace: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list[int], rounds_per_prompt: int,
                reference_hf: Any, reference_assistant: Any, *, pair_subjects: Sequence[str] = ()
                ) -> tuple[list[Finding], dict[str, Any]]:
-    from mtpscope.inspector.diff import diff  # noqa: PLC0415
-    from mtpscope.traces.analysis.compare_report import compare_traces  # noqa: PLC0415
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.inspector.diff import diff
+    from mtpscope.traces.analysis.compare_report import compare_traces
+    from mtpscope.traces.store.reader import open_trace
 
     ref, kind = reference.reference_gguf(outp / REFERENCE_DIR, hf_dir=reference_hf, gguf=reference_assistant)
     res_ref = reference.replay_reference(trace, ref, out=outp / REFERENCE_DIR / "replay", prompt_ids=pids,

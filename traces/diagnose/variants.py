@@ -212,10 +212,10 @@ def variant_findings(res: ReplayResult, *, trace: str) -> tuple[list[Finding], d
     numbers["baseline_h_next_rel_err_max"] = summ.baseline_h_next_rel_err_max
     nc = summ.numerics
     numbers["baseline_numerics"] = nc
-    weights = summ.drafter_weights
-    d = divergence_finding(nc, agree, summ.to_dict(), weights, trace=trace)
-    if d is not None:
-        found.append(d)
+    weights = summ.drafter_weights or {}
+    div = divergence_finding(nc, agree, summ.to_dict(), weights, trace=trace)
+    if div is not None:
+        found.append(div)
     if base_rate is not None:
         numbers["baseline_acceptance_rate"] = base_rate
     return found, numbers

@@ -69,12 +69,12 @@ def timed_plain(rtm: MtpRuntime, tokens: Sequence[int], *, max_tokens: int) -> t
         TraceError: the contexts were recreated under the timer (cannot happen after
             ``ensure_context``; guards a change of ``generate_plain``).
     """
-    from mtpscope.traces.run.mtp_runtime import Sampler  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import Sampler
 
     rtm.ensure_context(len(tokens) + int(max_tokens) + 1)   # generate_plain would otherwise grow it
     real = rtm.tctx
     timed = _TimedContext(real)
-    rtm.tctx = timed
+    rtm.tctx = timed  # type: ignore[assignment]  # a stand-in with LlamaContext's decode / logits, timing each decode
     try:
         out = rtm.generate_plain(list(tokens), max_tokens=int(max_tokens), sampler=Sampler())
     finally:
@@ -129,11 +129,11 @@ def record_baseline(config: RecordConfig, *, rtm: MtpRuntime, out: str | os.Path
         MtpscopeError: no prompts; TraceError: ``out`` holds a trace and not ``overwrite``; errors of the
             writer and the runtime.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
-    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
-    from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
-    from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.run.llama.binding import runtime_info
+    from mtpscope.traces.run.mtp_runtime import spec_tokens
+    from mtpscope.traces.run.preflight import model_info
+    from mtpscope.traces.store.writer import TraceWriter
 
     if not prompts:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)

@@ -77,7 +77,8 @@ def centroid_step(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.n
     return centroid_steps(head, h, dense_logits=lg, target_tokens=[target_token])[0]
 
 
-def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *, dense_logits: np.ndarray | None = None,
+def centroid_steps(head: CentroidHead, h_inner: np.ndarray, *,
+                   dense_logits: np.ndarray | Sequence[np.ndarray] | None = None,
                    target_tokens: Sequence[int | None] | None = None) -> list[CentroidStep]:
     """:func:`centroid_step` for several steps at once (one matrix product; used per round).
 

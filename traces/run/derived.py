@@ -164,7 +164,8 @@ class HInnerSolver:
         if y.shape[1] != self.n_rows:
             raise LayoutError("derived h_inner: inputs of the wrong width", key="h_next",
                               expected=self.n_rows, actual=y.shape[1])
-        return y @ self.xt
+        out: np.ndarray = y @ self.xt
+        return out
 
     def bound(self) -> float:
         """Worst-case norm-wise relative error of :meth:`solve` against the graph's ``result_norm``:
@@ -297,8 +298,8 @@ def cached_solver(path: str | os.PathLike[str]) -> HInnerSolver:
     Raises:
         LayoutError: as :func:`h_inner_solver`; GGUFFormatError & co.: an unreadable GGUF; FileNotFoundError.
     """
-    from mtpscope.cache import cache_dir  # noqa: PLC0415
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.cache import cache_dir
+    from mtpscope.inspector.gguf import open_gguf
 
     p = Path(path).resolve()
     st = p.stat()
@@ -326,7 +327,7 @@ def _save_solver(s: HInnerSolver, entry: Path) -> None:
     rows = {f"rows{i}": x.rows for i, x in enumerate(s.sources) if x.rows is not None}
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(entry.name + f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, xt=s.xt, meta=np.array(json.dumps(meta)), **rows)
+    np.savez(tmp, xt=s.xt, meta=np.array(json.dumps(meta)), **rows)  # type: ignore[arg-type]  # numpy's stub checks **kwds against allow_pickle
     os.replace(tmp, entry)
 
 

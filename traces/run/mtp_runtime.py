@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ PROBE_N_MAX, PROBE_REPS, PROBE_BUDGET_S = 8, 5, 3.0
 PROBE_SPREAD, PROBE_MAX_REPS, PROBE_EXTRA_BUDGET_S = 1.5, 9, 3.0
 
 
-def prompt_tokens(model: Any, text: str, *, chat: bool = False) -> list[int]:
+def prompt_tokens(model: LlamaModel, text: str, *, chat: bool = False) -> list[int]:
     """Token ids of a prompt with the target ``model`` (a :class:`traces.run.llama.model.LlamaModel`): BOS
     added as the vocab wants; with ``chat`` the GGUF's own chat template is applied first and special
     tokens in it are parsed. The one rule for the recorder and the replay."""
@@ -191,6 +191,8 @@ class Sampler:
         """The target's token at batch row ``i`` of the last decode of ``ctx``."""
         if self.greedy:
             return int(np.argmax(ctx.logits(i)))
+        if self._chain is None:     # (not greedy: made in __init__; None only once closed)
+            raise TraceError("the sampler was closed", key="sampler")
         return self._chain.sample(ctx, i)
 
     def close(self) -> None:
@@ -224,6 +226,10 @@ class MtpRuntime:
         RuntimeUnavailableError: llama-cpp-python missing.
     """
 
+    #: the target's and the drafter's contexts (:meth:`_make_contexts`, called by ``__init__``)
+    tctx: LlamaContext
+    dctx: LlamaContext
+
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
                  n_gpu_layers: int = 0, n_ctx: int = 1024, n_batch: int = 256, capture: bool = True,
                  flash_attn: bool | None = False, n_threads: int | None = None,
@@ -233,7 +239,7 @@ class MtpRuntime:
         self.flash_attn = flash_attn
         self.n_threads = n_threads
         self._closed = False
-        self.tctx = self.dctx = None  # type: ignore[assignment]
+        self.tctx = self.dctx = None  # type: ignore[assignment]  # None only until _make_contexts makes them (close() and _make_contexts skip None)
         self.tmodel = LlamaModel(target, n_gpu_layers=n_gpu_layers, repack=repack)
         try:
             self.dmodel = LlamaModel(assistant, n_gpu_layers=n_gpu_layers, repack=repack)
@@ -326,7 +332,7 @@ class MtpRuntime:
 
     def run(self, tokens: Sequence[int], config: RecordConfig, *, trace: bool = True,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Iterator[RoundResult]:
+            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Generator[RoundResult, None, None]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -375,10 +381,10 @@ class MtpRuntime:
 
     def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
                 hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
-                fence: Callable[[], None] | None) -> Iterator[RoundResult]:
+                fence: Callable[[], None] | None) -> Generator[RoundResult, None, None]:
         """The loop of :meth:`run` (its arguments checked and its sampler made)."""
         live = fence is not None and defer_target and trace
-        if live:
+        if live and fence is not None:    # (live implies a fence)
             fence()     # the last prompt's views are about to be overwritten (or freed, if the contexts grow)
         self._check_fits(len(tokens), max_tokens, n_draft)
         self._prefill(tokens)
@@ -408,7 +414,7 @@ class MtpRuntime:
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
-            if live:
+            if live and fence is not None:
                 fence()                 # the previous round's verify rows have been copied out
             tb.set([pending, *drafted], pos, logits="all")
             tctx.decode(tb)
@@ -428,7 +434,7 @@ class MtpRuntime:
                         continue
                     break
                 target += [None] * (k_max + 1 - len(target))
-            emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]
+            emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]  # target[n_acc] was sampled: the None padding comes after it
             for j, e in enumerate(emitted):  # stop at an end-of-generation token
                 if eog(e):
                     emitted = emitted[:j + 1]

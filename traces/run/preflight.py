@@ -37,7 +37,7 @@ def _header_sha256(path: Path, data_offset: int) -> str:
 def model_info(f: Any) -> dict[str, Any]:
     """Manifest entry of an open GGUF: path, size (bytes), architecture, dialect, header_sha256
     (sha256 of bytes [0, data_offset), i.e. header, metadata and tensor infos, not the weights)."""
-    from mtpscope.inspector.inventory import detect_dialect  # noqa: PLC0415
+    from mtpscope.inspector.inventory import detect_dialect
 
     p = Path(f.path)
     return {"path": os.fspath(p.resolve()), "size": int(f.file_size), "architecture": f.architecture,
@@ -67,7 +67,7 @@ def centroid_source_info(path: str | os.PathLike[str]) -> dict[str, Any]:
                 arch = None
         return {"path": os.fspath(p.resolve()), "size": size, "architecture": arch, "dialect": "hf",
                 "header_sha256": h.hexdigest()}
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(p) as f:
         return model_info(f)
@@ -81,7 +81,7 @@ def unchecked_models(target: str | os.PathLike[str], assistant: str | os.PathLik
         GGUFFormatError / UnsupportedFileError: a file our reader cannot read.
         FileNotFoundError: a missing file.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     out = {}
     for role, p in (("target", target), ("assistant", assistant)):
@@ -111,10 +111,10 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
         FileNotFoundError: a missing file.
     """
-    from mtpscope.inspector import validate as V  # noqa: PLC0415
-    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT  # noqa: PLC0415
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-    from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM  # noqa: PLC0415
+    from mtpscope.inspector import validate as V
+    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM
 
     for p in (target, assistant):
         if not Path(p).is_file():

@@ -235,7 +235,7 @@ def prompt_specs(prompts: Sequence[str | PromptSpec] | None, prompt: str | None,
     elif prompt is not None:
         specs = [PromptSpec(text=prompt)]
     else:
-        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]
+        specs = read_prompt_specs(prompts_file)  # type: ignore[arg-type]  # exactly one source is given (checked above): this one
     if not specs:
         raise MtpscopeError("no prompts", key="prompts", expected=">= 1", actual=0)
     return specs

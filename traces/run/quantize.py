@@ -77,7 +77,7 @@ def quant_types() -> tuple[str, ...]:
     Raises:
         RuntimeUnavailableError: llama-cpp-python missing.
     """
-    from mtpscope.traces.run.llama.model import ftype_ids  # noqa: PLC0415
+    from mtpscope.traces.run.llama.model import ftype_ids
 
     return tuple(ftype_ids())
 
@@ -106,7 +106,7 @@ def check_types(names: str | list[str] | tuple[str, ...], *, key: str = "--type"
 
 def llama_cpp_version() -> str:
     """``"llama-cpp-python 0.3.36, ggml <commit>"``: the quantizer that wrote a file (provenance)."""
-    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.llama.binding import runtime_info
 
     info = runtime_info()
     return f"llama-cpp-python {info['llama_cpp_python']}, ggml {info['llama_cpp']}"
@@ -124,8 +124,8 @@ def _source_facts(src: Path) -> tuple[str, int]:
     Raises:
         InspectorError: our reader's one line (file, offset) for an unreadable or malformed GGUF.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
-    from mtpscope.traces.run.preflight import model_info  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.run.preflight import model_info
 
     with open_gguf(src) as f:
         info = model_info(f)
@@ -158,8 +158,8 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
         FileNotFoundError: ``src`` is missing.
         RuntimeUnavailableError: llama-cpp-python missing.
     """
-    from mtpscope.inspector.paths import file_kind  # noqa: PLC0415
-    from mtpscope.traces.run.llama.model import quantize  # noqa: PLC0415
+    from mtpscope.inspector.paths import file_kind
+    from mtpscope.traces.run.llama.model import quantize
 
     src_p, out_p = Path(src), Path(out)
     name = check_types(qtype, key="type")[0]
@@ -203,7 +203,7 @@ def _check_written(path: Path, prov: dict[str, str]) -> dict[str, int]:
     Raises:
         TraceError: unreadable, or a provenance key missing or different.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     try:
         with open_gguf(path) as f:
@@ -239,7 +239,7 @@ def quantized_copy(src: str | os.PathLike[str], qtype: str, *, cache: str | os.P
     Raises:
         What :func:`quantize_file` raises.
     """
-    from mtpscope.cache import cache_dir, sha256_file  # noqa: PLC0415
+    from mtpscope.cache import cache_dir, sha256_file
 
     src_p = Path(src)
     name = check_types(qtype, key="type")[0]
@@ -261,7 +261,7 @@ def quantized_copy(src: str | os.PathLike[str], qtype: str, *, cache: str | os.P
 
 def _cached(out: Path, name: str, digest: str) -> tuple[dict[str, str], dict[str, int]] | None:
     """(provenance, tensor type counts) of a usable cached file, or None."""
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     if not out.is_file():
         return None

@@ -52,7 +52,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 from mtpscope import errors as E
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError
@@ -189,8 +189,8 @@ def _instrument(rtm: MtpRuntime, status: Status) -> None:
             finally:
                 status.decode_seconds += _perf() - t0
 
-        ctx.decode = timed_decode
-        ctx._mtpscope_status = status
+        ctx.decode = timed_decode  # type: ignore[method-assign]  # an instance-level wrapper, on purpose
+        ctx._mtpscope_status = status  # type: ignore[attr-defined]  # the wrapper's mark: wrap each context once
 
 
 def _error_message(e: BaseException) -> WorkerError:
@@ -204,7 +204,7 @@ def _error_message(e: BaseException) -> WorkerError:
 def load_runtime(job: RecordJob) -> MtpRuntime:
     """The :class:`~traces.run.mtp_runtime.MtpRuntime` of ``job``: its models, with the config's
     ``n_gpu_layers``, ``flash_attn``, ``n_threads``, ``repack`` and the ``cb_eval`` capture when it needs one."""
-    from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
     c = job.config
     return MtpRuntime(job.target, job.assistant, n_gpu_layers=c.n_gpu_layers, capture=c.capture,
@@ -221,7 +221,7 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
     Raises:
         MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
     """
-    from mtpscope.traces.run.mtp_runtime import spec_tokens  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import spec_tokens
 
     c = job.config
     rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
@@ -234,7 +234,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
              baseline: Baseline | None = None) -> Hello:
     """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
     (:func:`prepare_prompts`)."""
-    from mtpscope.traces.run.llama.binding import runtime_info  # noqa: PLC0415
+    from mtpscope.traces.run.llama.binding import runtime_info
 
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
@@ -244,7 +244,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
     """With the config's ``baseline``: plain decoding of the prompts timed
     (:func:`traces.run.mtp_runtime.time_plain`): its manifest entry and outputs; else None."""
-    from mtpscope.traces.run.mtp_runtime import time_plain  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import time_plain
 
     if not job.config.baseline:
         return None
@@ -270,7 +270,7 @@ def _wait_go(chan: Channel) -> bool:
 def calibration(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Calibration | None:
     """The run's :class:`~traces.run.mtp_runtime.Calibration` (:meth:`~traces.run.mtp_runtime.MtpRuntime.calibrate` on
     the first prompt) when its ``h_inner`` is derived and the loop's drafter has no capture; else None."""
-    from mtpscope.traces.run.mtp_runtime import Calibration  # noqa: PLC0415
+    from mtpscope.traces.run.mtp_runtime import Calibration
 
     if not job.config.derive or rtm.capture is not None or not toks:
         return None
@@ -300,7 +300,7 @@ def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
-    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook  # noqa: PLC0415
+    from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
 
     status.set("load")
     c = job.config
@@ -310,7 +310,10 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     sender = RoundSender(chan, threaded=True)
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
-    set_abort_hook(lambda _msg: sender.flush(timeout=ABORT_FLUSH_S))
+    def _flush_on_abort(_msg: str) -> None:
+        sender.flush(timeout=ABORT_FLUSH_S)
+
+    set_abort_hook(_flush_on_abort)
     try:
         toks, texts = prepare_prompts(rtm, job)
         chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid())))
@@ -372,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     sock_fd, status_fd, parent = int(args[0]), int(args[1]), int(args[2])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the recorder decides what a Ctrl-C means
-    import faulthandler  # noqa: PLC0415
+    import faulthandler
 
     faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
     chan = Channel(socket.socket(fileno=sock_fd))
@@ -400,7 +403,7 @@ class _LogPump(threading.Thread):
     """Copies the worker's output to a file (once known; buffered until then), keeps its tail, and
     echoes it to our stderr when ``echo``."""
 
-    def __init__(self, pipe: BinaryIO, echo: bool) -> None:
+    def __init__(self, pipe: IO[bytes], echo: bool) -> None:
         super().__init__(name="mtpscope-worker-log", daemon=True)
         self.pipe = pipe
         self.echo = echo
@@ -471,15 +474,16 @@ class RecordWorker:
     """
 
     def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
-        from mtpscope.traces.run.llama.process import ABORT_ENV  # noqa: PLC0415 - no llama_cpp import
+        from mtpscope.traces.run.llama.process import ABORT_ENV  # lazy: no llama_cpp import
 
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
-        if self._status_fd is None:  # pragma: no cover - macOS
-            import tempfile  # noqa: PLC0415
+        status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
+        if status_fd is None:  # pragma: no cover - macOS
+            import tempfile
 
-            self._status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
+            status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
             os.unlink(tmp)
+        self._status_fd = status_fd
         os.ftruncate(self._status_fd, mmap.PAGESIZE)
         self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
         env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
@@ -492,7 +496,7 @@ class RecordWorker:
             child_sock.close()
         self.chan = Channel(parent_sock)
         self.receiver = RoundReceiver(self.chan)
-        self.log = _LogPump(self.proc.stdout, echo)
+        self.log = _LogPump(cast(IO[bytes], self.proc.stdout), echo)    # (stdout=PIPE: never None)
         self.log.start()
         self.info: Hello | None = None
         self.trace_dir: Path | None = None
@@ -537,7 +541,7 @@ class RecordWorker:
         :class:`~traces.run.mtp_runtime.Calibration` (when the run derives ``h_inner``), its :class:`ProbeDone`, then
         one :class:`WorkerDone`. After a :class:`WorkerRound` or the calibration, call :meth:`release` once its
         arrays are no longer needed."""
-        from mtpscope.traces.run.mtp_runtime import finish_target_side  # noqa: PLC0415
+        from mtpscope.traces.run.mtp_runtime import finish_target_side
 
         while True:
             msg = self._next()
@@ -552,7 +556,7 @@ class RecordWorker:
             ev = decode(msg, Baseline, PromptDone, ProbeDone, WorkerDone, Stopped)
             if isinstance(ev, Stopped):
                 return
-            if ev is not None:
+            if isinstance(ev, (Baseline, PromptDone, ProbeDone, WorkerDone)):    # (not None: the kinds asked for)
                 yield ev
             if isinstance(ev, WorkerDone):
                 return
@@ -643,7 +647,7 @@ class RecordWorker:
         self.log.join(timeout=5.0)
         st = Status.read(self._status)
         tail = list(self.log.tail)
-        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler  # noqa: PLC0415
+        from mtpscope.traces.run.llama.process import abort_message, before_faulthandler
 
         said = abort_message(tail)
         sig = None

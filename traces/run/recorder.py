@@ -70,8 +70,8 @@ _BLAS_THREAD_FUNCS = (("scipy_openblas_set_num_threads64_", "scipy_openblas_get_
 
 def _openblas_thread_control() -> tuple[Callable[[int], None], Callable[[], int]] | None:
     """``(set, get)`` for the thread count of the OpenBLAS that numpy's wheel bundles, else None."""
-    import ctypes  # noqa: PLC0415
-    import glob  # noqa: PLC0415
+    import ctypes
+    import glob
 
     libdir = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(glob.glob(os.fspath(libdir / "*openblas*.so*"))):
@@ -291,7 +291,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
                      assistant=assistant, out=out, overwrite=overwrite, isolated=isolated, on_round=on_round)
     run.run(lambda: early if early is not None else InProcessRounds(runtime, job))
     if checked.swap:
-        from mtpscope.traces.store.writer import swap_in  # noqa: PLC0415
+        from mtpscope.traces.store.writer import swap_in
 
         swap_in(checked.write_to, out)
     return run.summary(t_enter_epoch)
@@ -304,7 +304,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
 
 def _check_out(out: str | os.PathLike[str], overwrite: bool) -> None:
     """Refuse an ``out`` that holds a trace unless ``overwrite`` (TraceError)."""
-    from mtpscope.traces.store.layout import MANIFEST  # noqa: PLC0415 - standard library only
+    from mtpscope.traces.store.layout import MANIFEST  # lazy: standard library only
 
     if not overwrite and (Path(out) / MANIFEST).exists():
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
@@ -331,20 +331,22 @@ def _check_inputs(config: RecordConfig, target: str | os.PathLike[str], assistan
     Raises:
         LayoutError: the pre-flight check refused the pair, or the centroid source does not fit.
     """
-    from mtpscope.traces.store.writer import holds_trace, partial_dir  # noqa: PLC0415
+    from mtpscope.traces.store.writer import holds_trace, partial_dir
 
     # --overwrite of an existing trace: record next to it and swap it in only when the run completes
     swap = bool(overwrite) and holds_trace(out)
     write_to = partial_dir(out) if swap else Path(out)
     t_pf = time.perf_counter()
-    models = _preflight(target, assistant) if preflight else unchecked_models(target, assistant)
+    # the target's and the assistant's model info, and the centroids' (None without a centroid head)
+    models: dict[str, dict[str, Any] | None] = {
+        **(_preflight(target, assistant) if preflight else unchecked_models(target, assistant))}
     preflight_s = time.perf_counter() - t_pf
     head = None
     models["centroids"] = None
     if config.centroids is not None:
         cp = Path(config.centroids)
         if cp.is_file() and cp.suffix != ".safetensors":  # a GGUF: read it once for both
-            from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+            from mtpscope.inspector.gguf import open_gguf
 
             with open_gguf(cp) as cf:
                 head = head_from_gguf(cf, top_k=config.centroid_top_k)
@@ -454,7 +456,7 @@ class _Recording:
             self.plain_outputs = info.baseline.plain_outputs
             manifest["baseline"] = info.baseline.entry
         self.t_start, self.c_start = time.perf_counter(), time.process_time()
-        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+        from mtpscope.traces.store.writer import TraceWriter
 
         hd = self.hd
         self.w = TraceWriter(self.write_to, manifest, n_embd_backbone=None if hd is None else info.n_embd_backbone,
@@ -465,20 +467,32 @@ class _Recording:
         src.log_to(self.write_to / "llama.log")
         self.trace_s += time.perf_counter() - self.t_start
 
+    def _writer(self) -> TraceWriter:
+        """The trace being written (:meth:`start` made it; every event comes after)."""
+        if self.w is None:
+            raise MtpscopeError("the recording has no trace yet (start() comes first)", key="trace")
+        return self.w
+
+    def _source(self) -> RoundSource:
+        """The worker's rounds (:meth:`run` opens them first)."""
+        if self.src is None:
+            raise MtpscopeError("the recording has no round source yet (run() opens it first)", key="source")
+        return self.src
+
     def on_event(self, ev: Event) -> None:
         """One event of the loop (:data:`~traces.run.worker_protocol.Event`)."""
         if isinstance(ev, Baseline):
-            self.w.manifest["baseline"], self.plain_outputs = ev.entry, ev.plain_outputs
+            self._writer().manifest["baseline"], self.plain_outputs = ev.entry, ev.plain_outputs
             self.t_start, self.c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
         elif isinstance(ev, ProbeDone):
             self.cal_s += time.perf_counter() - self.t_ev
-            self.w.manifest["cost_probe"] = ev.entry
+            self._writer().manifest["cost_probe"] = ev.entry
         elif isinstance(ev, Calibration):
             self.cal_s += time.perf_counter() - self.t_ev
             if self.solver is not None:
-                self.w.manifest["derived"] = derived_entry(self.solver, ev.steps, hidden=self.config.hidden != "off",
-                                                           centroids=self.head is not None)
-            self.src.release()
+                self._writer().manifest["derived"] = derived_entry(
+                    self.solver, ev.steps, hidden=self.config.hidden != "off", centroids=self.head is not None)
+            self._source().release()
         elif isinstance(ev, WorkerRound):
             self.on_round_done(ev.prompt_id, ev.result)
         elif isinstance(ev, PromptDone):
@@ -499,8 +513,8 @@ class _Recording:
             self.gen.append(res.pending_token)
         self.gen.extend(res.emitted)
         steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=self.head, solver=self.solver)
-        self.src.release()          # the records own copies of all they keep: the worker may go on
-        self.w.add_round(round_record(pid, res), steps)
+        self._source().release()          # the records own copies of all they keep: the worker may go on
+        self._writer().add_round(round_record(pid, res), steps)
         self.trace_s += time.perf_counter() - t0
         self.n_rounds += 1
         self.n_steps += len(steps)
@@ -513,10 +527,11 @@ class _Recording:
     def finish(self) -> None:
         """The loop is over: the baseline's comparison, the trace closed, the run's wall and CPU seconds."""
         t0 = time.perf_counter()
+        w = self._writer()
         if self.plain_outputs is not None and self.config.greedy:
-            self.w.manifest["baseline"]["outputs_equal"] = ([list(o) for o in self.outputs]
-                                                            == [list(o) for o in self.plain_outputs])
-        self.w.close()
+            w.manifest["baseline"]["outputs_equal"] = ([list(o) for o in self.outputs]
+                                                       == [list(o) for o in self.plain_outputs])
+        w.close()
         self.trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
         self.secs = time.perf_counter() - self.t_start - self.cal_s
@@ -524,15 +539,15 @@ class _Recording:
 
     def aborted(self, e: RuntimeAbortedError) -> None:
         """llama.cpp died: keep every round received, say where it stopped and what llama.cpp said."""
-        from mtpscope.traces.store.writer import TraceWriter  # noqa: PLC0415
+        from mtpscope.traces.store.writer import TraceWriter
 
         w, write_to = self.w, self.write_to
         if w is None:      # before the trace existed (e.g. while loading): a trace of its manifest and log
             w = self.w = TraceWriter(write_to, self.manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                                      centroids=self.head is not None, overwrite=self.overwrite or self.checked.swap,
                                      compact=False)
-            self.src.log_to(write_to / "llama.log")
-        self.src.close()   # all of llama.cpp's output is in llama.log now
+            self._source().log_to(write_to / "llama.log")
+        self._source().close()   # all of llama.cpp's output is in llama.log now
         w.close(complete=False, aborted=e.aborted)
         e.trace = os.fspath(write_to)
         e.message = (f"{e.message} (trace {os.fspath(write_to)}: {self.n_rounds} rounds kept, marked incomplete; "

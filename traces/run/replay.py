@@ -386,7 +386,7 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
         for name, o in vmap.items():
             later = replace(o, hidden="postnorm")  # steps k > 1 feed the previous h_next either way
             kv_all = pre.kv_before(int(P.max()) if len(P) else 0, f16=o.kv_f16)
-            drafts = [[] for _ in recs]
+            drafts: list[list[int]] = [[] for _ in recs]
             summ: list[list[LogitSummary]] = [[] for _ in recs]
             if name == "baseline":  # the numerics pass (numerics_options) runs beside the baseline only
                 num = numerics_options(o)
@@ -464,20 +464,20 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
     if h_errs:
         notes.append(f"baseline h_next vs recorded h_next ({dims.get('hidden_dtype')}): max relative error "
                      f"{max(h_errs):.3g} over {len(h_errs)} steps")
-    res = ReplayResult(trace=os.fspath(tpath), variants=vmap, steps=steps_df, rounds=rounds_df, baseline=base,
-                       notes=notes, h_next_rel_err=h_errs)
+    result = ReplayResult(trace=os.fspath(tpath), variants=vmap, steps=steps_df, rounds=rounds_df, baseline=base,
+                          notes=notes, h_next_rel_err=h_errs)
     if out is not None:
         od = Path(out)
         od.mkdir(parents=True, exist_ok=True)
-        res.out = os.fspath(od)
+        result.out = os.fspath(od)
         steps_df.to_parquet(od / STEPS_FILE, index=False)
         rounds_df.to_parquet(od / ROUNDS_FILE, index=False)
         paths = _write_variant_traces(od, tpath, man, vmap, base, variant_records)
-        res.notes.append("variant traces (open one as the second trace on the Compare page): "
-                         + ", ".join(f"{n} -> {p}" for n, p in paths.items()))
-        res.variant_traces = {n: os.fspath(p) for n, p in paths.items()}
-        (od / SUMMARY_FILE).write_text(json.dumps(res.summary().to_dict(), indent=2, default=float))
-    return res
+        result.notes.append("variant traces (open one as the second trace on the Compare page): "
+                            + ", ".join(f"{n} -> {p}" for n, p in paths.items()))
+        result.variant_traces = {n: os.fspath(p) for n, p in paths.items()}
+        (od / SUMMARY_FILE).write_text(json.dumps(result.summary().to_dict(), indent=2, default=float))
+    return result
 
 
 def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[LogitSummary], n_acc: int,

@@ -69,7 +69,9 @@ def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | 
     out: list[np.ndarray | None] = [s.h_inner for s in steps]
     todo = [i for i, s in enumerate(steps) if s.h_inner is None and s.logits is not None and s.h_next is not None]
     if todo:
-        got = solver.solve([steps[i].logits for i in todo], [steps[i].h_next for i in todo])
+        # (todo holds the steps whose logits and h_next are known)
+        got = solver.solve([lg for i in todo if (lg := steps[i].logits) is not None],
+                           [hn for i in todo if (hn := steps[i].h_next) is not None])
         for j, i in enumerate(todo):
             out[i] = got[j]
     return out
@@ -94,11 +96,11 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
     inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
     cs_all = None
-    if head is not None and steps and all(h is not None for h in inner):
-        logits = None
-        if all(s.logits is not None for s in steps):
-            logits = [s.logits for s in steps]
-        cs_all = centroid_steps(head, np.stack(inner), dense_logits=logits, target_tokens=targets)
+    known = [h for h in inner if h is not None]
+    if head is not None and steps and len(known) == len(inner):
+        lgs = [lg for s in steps if (lg := s.logits) is not None]
+        logits = lgs if len(lgs) == len(steps) else None
+        cs_all = centroid_steps(head, np.stack(known), dense_logits=logits, target_tokens=targets)
     p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
     for k, s in enumerate(steps, start=1):
         lg = s.logits

@@ -81,7 +81,7 @@ def donor_layers(target_gguf: str | os.PathLike[str]) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _donor_layers(target_gguf: str, size: int, mtime_ns: int) -> tuple[tuple[str, int], ...]:  # noqa: ARG001
+def _donor_layers(target_gguf: str, size: int, mtime_ns: int) -> tuple[tuple[str, int], ...]:
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.layouts import read_hparams
 

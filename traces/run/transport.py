@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def _anonymous_fd(size: int, name: str) -> int:
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create(name, getattr(os, "MFD_CLOEXEC", 0))
     else:  # pragma: no cover - macOS: an unlinked temporary file
-        import tempfile  # noqa: PLC0415
+        import tempfile
 
         fd, path = tempfile.mkstemp(prefix=name)
         os.unlink(path)
@@ -92,7 +92,7 @@ class Ring:
         self.fd = fd
         self.slot_bytes = int(slot_bytes)
         self.mm = mmap.mmap(fd, 2 * self.slot_bytes)
-        self._u8 = np.frombuffer(self.mm, dtype=np.uint8)
+        self._u8: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)
         self.address = int(self._u8.ctypes.data)
 
     @classmethod
@@ -180,6 +180,12 @@ class Channel:
                 self.sock.sendall(data)
         except (BrokenPipeError, ConnectionResetError) as e:
             raise TransportClosed(str(e)) from None
+
+    @overload
+    def recv(self, timeout: None = None) -> tuple[dict[str, Any], list[int]]: ...
+
+    @overload
+    def recv(self, timeout: float) -> tuple[dict[str, Any], list[int]] | None: ...
 
     def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[int]] | None:
         """The next message and its descriptors; None when ``timeout`` seconds pass first.
@@ -461,24 +467,27 @@ class RoundSender:
         finally:
             self.wait_seconds += time.perf_counter() - t0
 
-    def _new_ring(self, slot_bytes: int) -> None:
+    def _new_ring(self, slot_bytes: int) -> Ring:
+        """A bigger ring, sent to the recorder; it is :attr:`ring` from now on (returned)."""
         self._wait_released(self.n_sent)             # the recorder is done with every slot
         old = self.ring
-        self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20))
-        self.chan.send({"kind": "ring", "slot_bytes": self.ring.slot_bytes}, fds=[self.ring.fd])
+        ring = self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20))
+        self.chan.send({"kind": "ring", "slot_bytes": ring.slot_bytes}, fds=[ring.fd])
         if old is not None:
             # staged arrays may still lie in it (the loop may be staging into it now): unmapped at close()
             self._old_rings.append(old)
+        return ring
 
     def _send_now(self, kind: str, obj: Any, extra: dict[str, Any], slot: int,
                   staged: dict[int, tuple[np.ndarray, int, Ring]], stage_off: int) -> None:
         header, arrays = pack(obj)
         specs, need, placed = self._layout(arrays, staged, stage_off)
-        if self.ring is None or need > self.ring.slot_bytes:
-            self._new_ring(need)
+        ring = self.ring
+        if ring is None or need > ring.slot_bytes:
+            ring = self._new_ring(need)
             specs, need = Ring.layout(arrays)
             placed = set()
-        self.ring.write(slot, arrays, specs, skip=placed)
+        ring.write(slot, arrays, specs, skip=placed)
         with self._cond:
             self.n_written += 1
             self._cond.notify_all()
@@ -495,7 +504,7 @@ class RoundSender:
         if self.ring is None or not staged:
             specs, need = Ring.layout(arrays)
             return specs, need, set()
-        specs: list[ArraySpec] = []
+        specs = []
         placed: set[int] = set()
         end = stage_off
         for i, a in enumerate(arrays):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Union, cast
 
 from mtpscope.errors import TraceError
 from mtpscope.traces.run.packing import pack, unpack
@@ -159,8 +159,8 @@ class WorkerError:
 
 #: what the worker's loop yields to the recorder, in order (:meth:`RoundSource.events`)
 Event = Union[Baseline, WorkerRound, PromptDone, "Calibration", ProbeDone, WorkerDone]
-Message = Union[Start, Go, Stop, Hello, Baseline, PromptDone, ProbeDone, WorkerDone, Stopped, WorkerError]
-_BY_KIND: dict[str, type] = {c.kind: c for c in (Start, Go, Stop, Hello, Baseline, PromptDone, ProbeDone,
+Message = Start | Go | Stop | Hello | Baseline | PromptDone | ProbeDone | WorkerDone | Stopped | WorkerError
+_BY_KIND: dict[str, type[Message]] = {c.kind: c for c in (Start, Go, Stop, Hello, Baseline, PromptDone, ProbeDone,
                                                  WorkerDone, Stopped, WorkerError)}
 M = TypeVar("M")
 
@@ -190,7 +190,8 @@ def decode(raw: Mapping[str, Any], *expect: type[M]) -> M | None:
     if cls is Start and "job" in vals:
         vals["job"] = unpack(vals["job"], ())
     try:
-        return cls(**vals)
+        # the kind's class is one of expect's (checked above), or any message class when none is expected
+        return cast(M, cls(**vals))
     except TypeError as e:
         raise TraceError(f"malformed {cls.kind} message: {e}", key="kind", actual=cls.kind) from None
 

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +257,8 @@ def _run_logged(cmd: list[str], log: Path, what: str, env: dict[str, str] | None
     return took
 
 
-def build_server(*, force: bool = False, jobs: int | None = None, progress=None) -> ServerBuild:  # noqa: ANN001
+def build_server(*, force: bool = False, jobs: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> ServerBuild:
     """Build llama-server into the cache unless today's build is there (see the module docstring).
 
     Args:
@@ -308,7 +310,7 @@ def build_server(*, force: bool = False, jobs: int | None = None, progress=None)
 
 
 def _build_in(work: Path, key: str, inputs: dict[str, object], tools: dict[str, str], jobs: int | None,
-              say) -> Path:  # noqa: ANN001
+              say: Callable[[str], None]) -> Path:
     """Configure and build in ``work``; returns the finished folder ``work/out`` (bin/, build.json, build.log)."""
     out = work / "out"
     (out / "bin").mkdir(parents=True)

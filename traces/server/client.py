@@ -81,7 +81,7 @@ def check_base_url(url: str) -> str:
         raise ServerError("the server URL takes no query or fragment", key="url", expected="http://HOST:PORT[/PREFIX]",
                           actual=clean_url(u))
     try:
-        p.port
+        _ = p.port      # parsing it raises ValueError on a bad port
     except ValueError:
         raise ServerError("bad port in the server URL", key="url", actual=u[:120]) from None
     return urlunsplit((p.scheme, p.netloc, p.path.rstrip("/"), "", ""))
@@ -330,7 +330,8 @@ class ServerClient:
             ServerError: any other failure.
         """
         try:
-            return self.request("GET", "/metrics").text
+            text: str = self.request("GET", "/metrics").text
+            return text
         except ServerError as e:
             if e.message.startswith(("HTTP 501", "HTTP 404")):
                 return None

@@ -67,7 +67,7 @@ class LaunchedServer:
     """
 
     url: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log: Path
     argv: tuple[str, ...]
 
@@ -126,7 +126,7 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
         ServerError: no built server (``mtpscope server build``), a model file missing, the server exited
             before it was ready (the log's last lines quoted) or was not ready within ``wait_s``.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     for role, p in (("target", target), ("assistant", assistant)):
         if p is not None and not Path(p).is_file():
@@ -141,12 +141,9 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
     port = free_port() if port is None else int(port)
     log_path = Path(log) if log is not None else Path(f"llama-server-{port}.log")
     argv = server_argv(binary, target, assistant, n_draft=n_draft, port=port, extra=extra)
-    fh = open(log_path, "wb")
-    try:
+    with open(log_path, "wb") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    finally:
-        fh.close()
     srv = LaunchedServer(f"http://{HOST}:{port}", proc, log_path, tuple(argv))
     deadline = time.monotonic() + wait_s
     with ServerClient(srv.url, timeout_s=5.0) as c:

@@ -214,7 +214,7 @@ def _old_probe(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if t.manifest.get("source") != SOURCE:
         raise TraceError("--resume continues a probe trace; this folder holds another kind", path=out,
                          key="source", expected=SOURCE, actual=t.manifest.get("source"))
-    t.requests                               # reads (and checks) every part; unreadable ones are dropped
+    _ = t.requests                           # reads (and checks) every part; unreadable ones are dropped
     files = [str(p) for p in t.part_files("requests")]
     rows = ds.dataset(files, schema=S.REQUESTS_SCHEMA).to_table().to_pylist() if files else []
     return t.manifest, rows
@@ -280,9 +280,9 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
             if r.get("repeat") is not None and r.get("prompt_id") is not None}
     todo = [(rep, i) for rep, i in plan if (rep, i) not in done]
     if old_manifest is not None and not todo:          # nothing left: no request at all
-        rows = open_trace(out).requests
+        requests = open_trace(out).requests
         return ProbeSummary(os.fspath(out), len(old_rows), 0, len(old_rows),
-                            old_manifest.get("alarm") or not_drafting_alarm(rows),
+                            old_manifest.get("alarm") or not_drafting_alarm(requests),
                             None)
 
     client = ServerClient(url, headers=headers, timeout_s=settings.timeout_s)

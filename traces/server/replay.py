@@ -235,7 +235,7 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
     rows = request_rows(t.requests)
     if requests is not None:
         want = {int(r) for r in requests}
-        unknown = sorted(want - set(int(r) for r in rows["request"]))
+        unknown = sorted(want - {int(r) for r in rows["request"]})
         if unknown:
             raise TraceError("no such request in the probe trace", path=probe_dir, key="request",
                              expected=f"0..{len(rows) - 1}", actual=unknown[0])
@@ -282,7 +282,7 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
                 recording_trace=os.fspath(rec_dir), recording_prompt_id=rec_pid.get(str(r["prompt"])),
                 explain=f"mtpscope explain {os.fspath(rec_dir)} --prompt {rec_pid.get(str(r['prompt']))}")
             break
-    missing = set(int(x) for x in rows["request"]) - set(int(x) for x in table["request_a"])
+    missing = {int(x) for x in rows["request"]} - {int(x) for x in table["request_a"]}
     if missing and first is None:
         req = min(missing)
         first = FirstDifference(request=req, prompt=None, prompt_id=None, server=None, recording=None,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,7 @@ from mtpscope.traces.sweep.spec import ALL, BASELINE, is_sweep, read_state
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain_report import Explanation
+    from mtpscope.traces.store.protocols import TraceLike
 
 _BASE_COLUMNS = ["prompt_id", "round", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 
@@ -92,13 +93,14 @@ def trace_baseline(trace: Any) -> tuple[PlainBaseline | None, str | None]:
                                                    "speedups are estimated")
     if any(t.get("state") != "done" for t in tasks):
         return manifest_baseline(trace.manifest), "this sweep's plain-decoding task has not finished: speedups are estimated"
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace
 
+    bt: TraceLike
     if shard is not None:
         bt = open_trace(root / tasks[0]["dir"])
         how = f"the sweep's plain decoding of the same prompts ({tasks[0]['dir']})"
     else:
-        from mtpscope.traces.sweep.reader import open_sweep  # noqa: PLC0415
+        from mtpscope.traces.sweep.reader import open_sweep
 
         bt = open_sweep(root).cell(BASELINE, 0)
         how = "the sweep's plain decoding of the same prompts (every shard)"
@@ -126,9 +128,9 @@ def explain_with_baseline(trace: Any, *, vocab: Any = None, prompt: str | int | 
     """:func:`traces.analysis.explain_report.explain_trace` with :func:`trace_baseline`'s plain decoding
     (its note added to the explanation's notes) and, for a sweep task, the sweep's prompt categories:
     the one explanation of ``mtpscope explain`` and the app."""
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
-    from mtpscope.traces.analysis.explain_report import explain_trace  # noqa: PLC0415
+    from mtpscope.traces.analysis.explain_report import explain_trace
 
     base, note = trace_baseline(trace)
     x = explain_trace(trace, vocab=vocab, prompt=prompt, baseline=base, category_field=category_field,
@@ -142,21 +144,23 @@ def per_prompt(sw: Any) -> pd.DataFrame:
     """One row per (assistant, n_draft, prompt): ``assistant``, ``n_draft``, ``prompt_index``,
     ``category``, ``n_rounds``, ``n_verify``, ``n_drafted``, ``n_accepted``, ``n_emitted``, ``t_ms``
     (draft + verify), ``t_draft_ms`` (rounds that drafted), computed in DuckDB."""
-    return sw.sql(
+    df: pd.DataFrame = sw.sql(
         "SELECT r.assistant, r.n_draft, p.prompt_index, p.category, count(*) AS n_rounds, "
         "count(*) FILTER (WHERE r.round_n_draft > 0) AS n_verify, sum(r.round_n_draft) AS n_drafted, "
         "sum(r.n_accepted) AS n_accepted, sum(coalesce(len(r.emitted), r.n_accepted + 1)) AS n_emitted, "
         "sum(coalesce(r.t_draft_ms, 0) + coalesce(r.t_verify_ms, 0)) AS t_ms, "
         "sum(CASE WHEN r.round_n_draft > 0 THEN coalesce(r.t_draft_ms, 0) ELSE 0 END) AS t_draft_ms "
         "FROM rounds r JOIN prompts p ON p.shard = r.shard AND p.prompt_id = r.prompt_id GROUP BY ALL")
+    return df
 
 
 def verify_costs(sw: Any) -> pd.DataFrame:
     """Mean ``t_verify_ms`` per verify size ``n`` (= a round's own draft count + 1) over the sweep's MTP
     rounds: columns ``assistant``, ``n``, ``t_verify_ms``, ``n_rounds``."""
-    return sw.sql(
+    df: pd.DataFrame = sw.sql(
         f"SELECT assistant, round_n_draft + 1 AS n, avg(t_verify_ms) AS t_verify_ms, count(*) AS n_rounds "
         f"FROM rounds WHERE assistant <> '{BASELINE}' AND t_verify_ms IS NOT NULL GROUP BY ALL ORDER BY 1, 2")
+    return df
 
 
 def _iv(v: np.ndarray) -> tuple[float, float] | None:
@@ -193,7 +197,7 @@ def _candidates(pp: pd.DataFrame, prompts: np.ndarray, W: np.ndarray, multi: boo
         ne, t = W @ vec(g, "n_emitted"), W @ vec(g, "t_ms")
         tps = np.where(t > 0, 1000.0 * ne / np.maximum(t, 1e-12), np.nan)
         sp = tps / plain_tps if plain_tps is not None else np.full_like(tps, np.nan)
-        out.append(Candidate(int(k), float(tps[0]) if math.isfinite(tps[0]) else None,
+        out.append(Candidate(int(k), float(tps[0]) if math.isfinite(tps[0]) else None,  # type: ignore[call-overload]  # pandas-stubs: a groupby key is a Hashable; n_draft holds ints
                              float(sp[0]) if math.isfinite(sp[0]) else None, _iv(tps), _iv(sp), measured=True,
                              assistant=str(a) if multi else None))
         n_first.append(int(g["n_verify"].sum()))
@@ -243,8 +247,8 @@ def advise_sweep(sw: Any, *, n_boot: int = N_BOOT, seed: int = SEED) -> Advice:
     t_step = t_plain = None
     verify_ms: Callable[[int], float] | None = None
     if len(mtp) and baseline is not None:
-        best = max((c for c in cands if c.choice != PLAIN and c.speedup is not None), key=lambda c: c.speedup,
-                   default=None)
+        best = max((c for c in cands if c.choice != PLAIN and c.speedup is not None),
+                   key=lambda c: cast(float, c.speedup), default=None)   # (speedup: not None, filtered above)
         a = (best.assistant if best is not None and best.assistant else None) or sw.spec.assistants[0][0]
         mine = mtp[mtp["assistant"] == a]
         nd = float(mine["n_drafted"].sum())
@@ -252,11 +256,11 @@ def advise_sweep(sw: Any, *, n_boot: int = N_BOOT, seed: int = SEED) -> Advice:
         for k, g in mine.groupby("n_draft"):
             v = float(g["n_verify"].sum())
             if v > 0:
-                tau[int(k)] = 1.0 + float(g["n_accepted"].sum()) / v
-        for (cat, k), g in mine.groupby(["category", "n_draft"]):
+                tau[int(k)] = 1.0 + float(g["n_accepted"].sum()) / v  # type: ignore[arg-type]  # pandas-stubs: a groupby key is any Scalar; n_draft holds ints
+        for (cat, n), g in mine.groupby(["category", "n_draft"]):
             v = float(g["n_verify"].sum())
             if v > 0:
-                tau_cat.setdefault(str(cat), {})[int(k)] = 1.0 + float(g["n_accepted"].sum()) / v
+                tau_cat.setdefault(str(cat), {})[int(n)] = 1.0 + float(g["n_accepted"].sum()) / v  # type: ignore[call-overload]  # pandas-stubs: a groupby key is a Hashable; n_draft holds ints
         vc = verify_costs(sw)
         vc = vc[vc["assistant"] == a]
         means = {int(n): float(t) for n, t in zip(vc["n"], vc["t_verify_ms"], strict=True)}
@@ -311,7 +315,9 @@ def load_warnings(sw: Any, factor: float = LOAD_FACTOR) -> list[LoadWarning]:
         hi, lo = g.loc[g["ms"].idxmax()], g.loc[g["ms"].idxmin()]
         ratio = float(hi["ms"] / lo["ms"])
         if ratio > factor:
-            name = lambda r: f"{r['assistant']}/n_draft={int(r['n_draft'])}/shard={int(r['shard'])}"  # noqa: E731
+            def name(r: pd.Series) -> str:
+                return f"{r['assistant']}/n_draft={int(r['n_draft'])}/shard={int(r['shard'])}"
+
             out.append(LoadWarning(int(n), name(hi), name(lo), float(hi["ms"]), float(lo["ms"]), ratio,
                                    f"cells ran under different load: a verify of {int(n)} token{'s' if n > 1 else ''} "
                                    f"took {float(hi['ms']):.2f} ms (median) in {name(hi)} and {float(lo['ms']):.2f} ms "

@@ -102,8 +102,8 @@ def quant_assistants(pairs: Sequence[tuple[str, str]], types: Sequence[str], *,
         InspectorError / TraceError: what :func:`traces.run.quantize.quantize_file` raises (an unreadable
             drafter, llama.cpp's refusal quoted).
     """
-    from mtpscope.cache import sha256_file  # noqa: PLC0415
-    from mtpscope.traces.run.quantize import check_types, quantized_copy  # noqa: PLC0415
+    from mtpscope.cache import sha256_file
+    from mtpscope.traces.run.quantize import check_types, quantized_copy
 
     qtypes = check_types(list(types), key="--assistant-quant")
     if not pairs:
@@ -133,8 +133,8 @@ def restore_quantized(spec: SweepSpec, *, cache: str | os.PathLike[str] | None =
         MtpscopeError: a missing file whose source is gone or has other content than recorded.
         What :func:`traces.run.quantize.quantized_copy` raises.
     """
-    from mtpscope.cache import sha256_file  # noqa: PLC0415
-    from mtpscope.traces.run.quantize import quantized_copy  # noqa: PLC0415
+    from mtpscope.cache import sha256_file
+    from mtpscope.traces.run.quantize import quantized_copy
 
     paths = dict(spec.assistants)
     changed = False
@@ -150,7 +150,7 @@ def restore_quantized(spec: SweepSpec, *, cache: str | os.PathLike[str] | None =
         changed = True
     if not changed:
         return spec
-    from dataclasses import replace  # noqa: PLC0415
+    from dataclasses import replace
 
     return replace(spec, assistants=tuple((n, paths[n]) for n, _ in spec.assistants))
 

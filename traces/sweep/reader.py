@@ -225,7 +225,7 @@ class Sweep:
     # ------------------------------------------------------------------ DuckDB
     def _base_con(self) -> Any:
         """The connection with the ``prompts`` table only (views come with :attr:`con`)."""
-        import duckdb  # noqa: PLC0415
+        import duckdb
 
         with self._lock:
             if self._con is None:
@@ -264,11 +264,12 @@ class Sweep:
             return con
 
     def _query(self, con: Any, query: str, params: Sequence[Any] | None = None) -> pd.DataFrame:
-        import duckdb  # noqa: PLC0415
+        import duckdb
 
         with self._lock:
             try:
-                return con.execute(query, list(params) if params else None).df()
+                df: pd.DataFrame = con.execute(query, list(params) if params else None).df()
+                return df
             except duckdb.Error as e:
                 raise TraceFormatError(f"query failed: {e}", path=self.path, key="sql",
                                        expected="a valid DuckDB query over rounds/steps/prompts",
@@ -328,7 +329,7 @@ class Sweep:
         out: dict[str, BestConfig] = {}
         c = cells[(cells["assistant"] != BASELINE) & cells["tokens_per_s"].notna()]
         for cat, g in c.groupby("category", sort=False):
-            row = g.loc[g["tokens_per_s"].astype(float).idxmax()]
+            row = g.loc[g["tokens_per_s"].astype(float).idxmax()]  # type: ignore[call-overload]  # pandas-stubs: idxmax's label is a Hashable, which .loc's overloads do not take
             sp = row["speedup"]
             out[str(cat)] = BestConfig(str(row["assistant"]), int(row["n_draft"]), float(row["tokens_per_s"]),
                                        None if sp is None or (isinstance(sp, float) and math.isnan(sp)) else float(sp))
@@ -499,7 +500,8 @@ class SweepCell(TraceLike):
         DuckDB predicate string; a boolean mask is aligned with :attr:`steps`)."""
         if where is not None and not isinstance(where, str):
             mask = np.asarray(where, dtype=bool)
-            return self.hidden(name)[mask]
+            picked: np.ndarray = self.hidden(name)[mask]
+            return picked
         blocks = []
         for t, s in zip(self._traces, self._shards, strict=True):
             h = t.hidden(name, where)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, RuntimeUnavailableError, TraceError
+from mtpscope.traces.store.layout import now
 from mtpscope.traces.sweep.spec import (
     LOG_DIR,
     SWEEP_FILE,
@@ -57,7 +58,6 @@ from mtpscope.traces.sweep.spec import (
     TaskState,
     check_out_dir,
     new_state,
-    now,
     read_state,
     task_states,
     write_state,
@@ -75,7 +75,7 @@ STDERR_TAIL_LINES = 20
 
 def _ray() -> Any:
     try:
-        import ray  # noqa: PLC0415
+        import ray
     except ImportError:
         raise RuntimeUnavailableError("Ray is not installed; install the sweep extra: pip install "
                                       "'mtpscope[sweep]'", key="ray", expected="ray importable",
@@ -109,19 +109,19 @@ class SweepWorker:
     """
 
     def __init__(self, log_path: str, n_threads: int, n_gpu_layers: int) -> None:
-        import faulthandler  # noqa: PLC0415
+        import faulthandler
 
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 - stderr for the rest of the process, never closed
         os.environ["MTPSCOPE_LLAMA_LOG"] = "1"       # echo llama.cpp's log lines into that file
         faulthandler.enable(file=sys.stderr, all_threads=True)
         self.n_threads = int(n_threads)
         self.n_gpu_layers = int(n_gpu_layers)
         self._rtm: Any = None
-        self._key: tuple[str, str, bool] | None = None
+        self._key: tuple[str, str, bool, bool] | None = None
         self._progress: dict[str, Any] = {}
 
     def info(self) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class SweepWorker:
         return dict(self._progress)
 
     def _runtime(self, target: str, assistant: str, capture: bool, repack: bool = True) -> tuple[Any, float]:
-        from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+        from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
         key = (target, assistant, capture, repack)
         if self._rtm is not None and self._key == key:
@@ -153,8 +153,8 @@ class SweepWorker:
 
     def run(self, task: Mapping[str, Any], attempt: int, fault: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run one task (a :func:`_task_payload`) and return its counters (see :class:`TaskState`)."""
-        from mtpscope.traces.run.baseline import record_baseline  # noqa: PLC0415
-        from mtpscope.traces.run.recorder import record  # noqa: PLC0415
+        from mtpscope.traces.run.baseline import record_baseline
+        from mtpscope.traces.run.recorder import record
 
         print(f"{TASK_MARK}{task['task']} attempt {attempt} ===", file=sys.stderr, flush=True)
         out = Path(task["out"])
@@ -204,7 +204,7 @@ class SweepWorker:
 def _clean_siblings(out: Path) -> None:
     """Remove what earlier attempts of this task left next to its folder (``<dir>.partial-*`` /
     ``<dir>.old-*`` of ``record(overwrite=True)``)."""
-    from mtpscope.traces.store.writer import replacement_leftovers  # noqa: PLC0415
+    from mtpscope.traces.store.writer import replacement_leftovers
 
     for p in replacement_leftovers(out):
         shutil.rmtree(p, ignore_errors=True)
@@ -215,7 +215,7 @@ def trace_counts(trace_dir: str | os.PathLike[str]) -> dict[str, Any]:
     prompt's first token included), ``n_drafted``, ``n_accepted``, ``acceptance_rate`` (None without
     drafts) and ``tokens_per_s`` (emitted tokens / (t_draft_ms + t_verify_ms), the sweep's measured
     tokens/s; None without rounds)."""
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(trace_dir)
     r = tr.sql("SELECT count(*) AS n, coalesce(sum(n_draft), 0) AS nd, coalesce(sum(n_accepted), 0) AS na, "
@@ -365,8 +365,8 @@ class _Progress:
         self.tokens = self.drafted = self.accepted = 0
         if not enabled:
             return
-        from rich.console import Console  # noqa: PLC0415
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
                             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[acc]}"),
@@ -412,7 +412,7 @@ def _load_faults() -> dict[str, Any]:
 
 def _check_models(spec: SweepSpec) -> None:
     """Pre-flight every (target, assistant) pair in the driver, before any actor starts."""
-    from mtpscope.traces.run.preflight import preflight  # noqa: PLC0415
+    from mtpscope.traces.run.preflight import preflight
 
     for _, path in spec.assistants:
         preflight(spec.target, path)
@@ -425,8 +425,8 @@ def _resume_state(spec: SweepSpec, out: Path, command: Sequence[str]) -> dict[st
     Raises:
         TraceError: the spec differs (naming what differs).
     """
-    from mtpscope.errors import TraceFormatError  # noqa: PLC0415
-    from mtpscope.traces.store.reader import read_manifest  # noqa: PLC0415
+    from mtpscope.errors import TraceFormatError
+    from mtpscope.traces.store.reader import read_manifest
 
     state = read_state(out)
     old = SweepSpec.from_state(state, out / SWEEP_FILE)
@@ -532,7 +532,7 @@ def _drive(ray: Any, spec: SweepSpec, out: Path, tasks: Mapping[str, SweepTask],
            todo: list[str], save: Any, *, n_workers: int, n_threads: int, gpus: float, command: Sequence[str],
            faults: Mapping[str, Any], progress: bool) -> tuple[int, int]:
     """The scheduling loop; returns ``(tasks run, tasks retried)``."""
-    from ray.exceptions import RayActorError  # noqa: PLC0415
+    from ray.exceptions import RayActorError
 
     opts: dict[str, Any] = {"num_cpus": n_threads, "max_restarts": 0, "max_concurrency": 2}
     if gpus > 0:

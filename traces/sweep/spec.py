@@ -420,7 +420,7 @@ class TaskState:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> TaskState:
-        known = {f for f in TaskState.__dataclass_fields__}
+        known = set(TaskState.__dataclass_fields__)
         kw = {k: v for k, v in d.items() if k in known}
         return TaskState(**kw)
 
@@ -464,6 +464,13 @@ def is_sweep(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / SWEEP_FILE).is_file()
 
 
+#: the typed keys of a prompt entry and of a task entry in sweep.json (:func:`read_state`)
+_PROMPT_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
+    ("index", int), ("shard", int), ("prompt_id", int), ("text", str), ("category", str))
+_TASK_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
+    ("task", str), ("assistant", str), ("n_draft", int), ("shard", int))
+
+
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """``DIR/sweep.json`` parsed and checked (version; prompts with index, shard, prompt_id, text and
     category; tasks with task, assistant, n_draft, shard, dir and a known state).
@@ -494,18 +501,18 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     if state.get("sweep_version") != SWEEP_VERSION:
         raise TraceFormatError("unsupported sweep version", path=p, key="sweep_version",
                                expected=SWEEP_VERSION, actual=state.get("sweep_version"))
-    for key, kind in (("spec", dict), ("prompts", list), ("tasks", list)):
-        if not isinstance(state.get(key), kind):
+    for key, container in (("spec", dict), ("prompts", list), ("tasks", list)):
+        if not isinstance(state.get(key), container):
             raise TraceFormatError("sweep.json key missing or of the wrong type", path=p, key=key,
-                                   expected=kind.__name__,
+                                   expected=container.__name__,
                                    actual="missing" if key not in state else type(state.get(key)).__name__)
     for i, q in enumerate(state["prompts"]):
         if not isinstance(q, dict):
             raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}]",
                                    expected="object", actual=type(q).__name__)
-        for k, kind in (("index", int), ("shard", int), ("prompt_id", int), ("text", str), ("category", str)):
+        for k, kind in _PROMPT_KINDS:
             v = q.get(k)
-            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+            if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
                 raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}].{k}",
                                        expected="int >= 0" if kind is int else "string",
                                        actual="missing" if k not in q else repr(v)[:40])
@@ -514,9 +521,9 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}]",
                                    expected=f"object with dir and state in {STATES}",
                                    actual=repr(t)[:80])
-        for k, kind in (("task", str), ("assistant", str), ("n_draft", int), ("shard", int)):
+        for k, kind in _TASK_KINDS:
             v = t.get(k)
-            if not isinstance(v, kind) or isinstance(v, bool) or (kind is int and v < 0):
+            if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
                 raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].{k}",
                                        expected="int >= 0" if kind is int else "string",
                                        actual="missing" if k not in t else repr(v)[:40])

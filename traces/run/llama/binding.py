@@ -40,7 +40,8 @@ _REQUIRED_EXT_SYMBOLS = (
     "llama_get_ctx_other",
 )
 
-#: "llama_cpp", "ext": the modules once :func:`llama` succeeded; "ggml": :func:`ggml_lib`'s functions
+#: "llama_cpp", "ext": the modules once :func:`llama` succeeded; "ggml": :func:`ggml_lib`'s functions. Any: the
+#: one door to llama-cpp-python, which ships no type information (its modules and ctypes functions are untyped)
 _state: dict[str, Any] = {}
 
 
@@ -51,11 +52,11 @@ def llama() -> ModuleType:
         RuntimeUnavailableError: llama-cpp-python is not installed, or it lacks a symbol the MTP loop
             needs (context type MTP, nextn embeddings), i.e. it is older than 0.3.36.
     """
-    mod = _state.get("llama_cpp")
+    mod: ModuleType | None = _state.get("llama_cpp")
     if mod is not None:
         return mod
     try:
-        import llama_cpp  # noqa: PLC0415 - lazy on purpose
+        import llama_cpp  # lazy on purpose
     except ImportError as e:  # pragma: no cover - exercised by monkeypatching sys.modules
         raise RuntimeUnavailableError(
             "llama-cpp-python is not installed; install it with "
@@ -69,7 +70,7 @@ def llama() -> ModuleType:
                 "llama-cpp-python lacks a symbol the MTP recorder needs", key=sym,
                 expected=f"llama-cpp-python {SUPPORTED_VERSION}", actual=f"llama-cpp-python {version}")
     try:
-        from llama_cpp import llama_cpp_ext  # noqa: PLC0415
+        from llama_cpp import llama_cpp_ext
     except (ImportError, AttributeError) as e:
         raise RuntimeUnavailableError(
             "llama-cpp-python lacks llama_cpp_ext (nextn embeddings for MTP drafters)",
@@ -90,7 +91,8 @@ def llama() -> ModuleType:
 def ext() -> ModuleType:
     """``llama_cpp.llama_cpp_ext`` (nextn embeddings, ctx_other); see :func:`llama` for errors."""
     llama()
-    return _state["ext"]
+    mod: ModuleType = _state["ext"]
+    return mod
 
 
 def available() -> bool:
@@ -105,7 +107,7 @@ def available() -> bool:
 def jinja2_chat_formatter() -> type:
     """llama-cpp-python's ``Jinja2ChatFormatter`` (renders a GGUF's ``tokenizer.chat_template``)."""
     llama()
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter  # noqa: PLC0415
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     return Jinja2ChatFormatter
 
@@ -135,7 +137,7 @@ def ggml_lib() -> dict[str, Any]:
     Raises:
         RuntimeUnavailableError: no loaded library exports ``ggml_nbytes`` / ``ggml_backend_tensor_get``.
     """
-    lib = _state.get("ggml")
+    lib: dict[str, Any] | None = _state.get("ggml")
     if lib is not None:
         return lib
     for cand in ggml_libraries():
@@ -182,10 +184,10 @@ def _import_ggml() -> Any:
     """llama-cpp-python's ``_ggml`` module (``.libggml``: the ggml library it loaded), or None (older
     layouts: ggml's symbols then resolve through libllama's dependency tree)."""
     try:
-        from llama_cpp import _ggml  # noqa: PLC0415
+        from llama_cpp import _ggml
 
         return _ggml
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - any failure to import the private module: not there
         return None
 
 

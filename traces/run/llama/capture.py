@@ -65,6 +65,14 @@ _NAME_OFFSET = GgmlTensor.name.offset
 _checked: list[bool] = []  # [True] once tensor_functions() compared the sizes
 
 
+def _address(fn: Any) -> int:
+    """A loaded ctypes function's address (never null: the library exported it)."""
+    addr = ctypes.cast(fn, ctypes.c_void_p).value
+    if addr is None:
+        raise RuntimeUnavailableError("a ggml function has a null address", key="ggml")
+    return addr
+
+
 def tensor_functions() -> dict[str, Any]:
     """:func:`~mtpscope.traces.run.llama.binding.ggml_lib`'s functions (``"nbytes"``, ``"tensor_get"``)
     once this ggml's ``struct ggml_tensor`` is known to have :class:`GgmlTensor`'s size
@@ -129,7 +137,7 @@ class NodeCapture:
         asks = self._asks
         fixed = self.fixed_graph
 
-        def _cb(t: int, ask: bool, user_data: Any) -> bool:  # noqa: ARG001
+        def _cb(t: int, ask: bool, user_data: Any) -> bool:
             # never raise: ctypes would print "Exception ignored" and drop the exception (a Ctrl-C
             # would be lost). Remember it, answer False (not needed / stop this graph split) so that
             # llama.cpp finishes the decode quickly, and let raise_pending() re-raise it in Python.
@@ -232,6 +240,5 @@ def node_capture(name: str, *, native: bool = True) -> NodeCapture | native_capt
     g = tensor_functions()
     return native_capture.NativeCapture(
         lib, name, callback_type=binding.llama().ggml_backend_sched_eval_callback,
-        tensor_get=ctypes.cast(g["tensor_get"], ctypes.c_void_p).value,
-        nbytes=ctypes.cast(g["nbytes"], ctypes.c_void_p).value, name_offset=_NAME_OFFSET,
+        tensor_get=_address(g["tensor_get"]), nbytes=_address(g["nbytes"]), name_offset=_NAME_OFFSET,
         type_offset=GgmlTensor.type.offset, ne_offset=GgmlTensor.ne.offset)

@@ -29,8 +29,7 @@ def install(llama_cpp: ModuleType) -> None:
     ``llama_backend_init`` (called by :func:`mtpscope.traces.run.llama.binding.llama`)."""
     echo = os.environ.get("MTPSCOPE_LLAMA_LOG", "") not in ("", "0")
 
-    @llama_cpp.llama_log_callback
-    def _log(level: int, text: bytes, user_data: Any) -> None:  # noqa: ARG001
+    def _log_line(level: int, text: bytes, user_data: Any) -> None:
         # never raise (ctypes would drop the exception, e.g. a Ctrl-C): keep it for raise_pending_log()
         try:
             s = text.decode("utf-8", "replace") if text else ""
@@ -42,6 +41,7 @@ def install(llama_cpp: ModuleType) -> None:
         except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt included, on purpose
             _state.setdefault("log_error", e)
 
+    _log = llama_cpp.llama_log_callback(_log_line)     # the ctypes callback (llama_cpp is untyped: Any)
     _state["log_cb"] = _log  # keep the callback alive for the life of the process
     llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
 
@@ -54,7 +54,8 @@ def clear_recent() -> None:
 def take_pending() -> BaseException | None:
     """The exception (e.g. ``KeyboardInterrupt``) that arrived inside the log callback since the last call,
     or None; forgotten here (the caller raises it, after freeing what it made)."""
-    return _state.pop("log_error", None)
+    err: BaseException | None = _state.pop("log_error", None)
+    return err
 
 
 def raise_pending_log() -> None:

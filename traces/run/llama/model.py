@@ -63,7 +63,7 @@ class _ClosedOnDelete:
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - best effort at collection: __del__ never raises
             pass
 
 
@@ -176,7 +176,8 @@ class LlamaVocab(_ClosedOnDelete):
         eos_s = self.token_to_piece(eos).decode("utf-8", "replace") if eos >= 0 else ""
         fmt = formatter(template=tmpl, eos_token=eos_s, bos_token=bos_s, add_generation_prompt=True)
         try:
-            return fmt(messages=[dict(m) for m in messages]).prompt
+            prompt: str = fmt(messages=[dict(m) for m in messages]).prompt
+            return prompt
         except Exception as e:  # noqa: BLE001 - jinja2's errors (TemplateError, TypeError) -> one line
             raise TraceError(f"the chat template refused the messages: {type(e).__name__}: {e}", path=self.path,
                              key="tokenizer.chat_template") from None
@@ -247,6 +248,9 @@ class LlamaContext(_ClosedOnDelete):
     Raises:
         TraceError: llama.cpp could not create the context.
     """
+
+    #: the ``llama_context *`` (llama-cpp-python's untyped ctypes pointer, hence Any); None once closed
+    ptr: Any
 
     def __init__(self, model: LlamaModel, *, n_ctx: int, n_batch: int, mtp_of: LlamaContext | None = None,
                  capture: NodeCapture | NativeCapture | None = None, flash_attn: bool | None = False,

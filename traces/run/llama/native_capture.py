@@ -104,7 +104,8 @@ def load() -> ctypes.CDLL | None:
     """The built library (built first if needed), or None; :func:`unavailable_reason` then says why.
     Tried once per process."""
     if "lib" in _state:
-        return _state["lib"]
+        cached: ctypes.CDLL | None = _state["lib"]
+        return cached
     lib = None
     if os.environ.get(ENV_SWITCH, "1") == "0":
         _state["why"] = f"{ENV_SWITCH}=0"
@@ -227,7 +228,7 @@ class NativeCapture:
         """Free the copy buffer (after the context using this capture is freed). Idempotent."""
         if self._lib is not None:
             self._lib.mtps_capture_free(self._ptr)
-            self._lib = None  # type: ignore[assignment]
+            self._lib = None  # type: ignore[assignment]  # None marks the buffer freed (close() is idempotent)
 
 
 __all__ = ["ENV_SWITCH", "NativeCapture", "build", "kind", "library_path", "load", "unavailable_reason"]

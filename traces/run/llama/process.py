@@ -28,7 +28,7 @@ from mtpscope.traces.run.llama import binding
 sigint_state: dict[str, bool] = {"native": False, "pending": False}
 
 
-def _on_sigint(signum: int, frame: Any) -> None:  # noqa: ARG001
+def _on_sigint(signum: int, frame: Any) -> None:
     if sigint_state["native"]:  # inside llama_decode (this runs in a ctypes callback): raising would be lost
         sigint_state["pending"] = True
         return
@@ -99,7 +99,7 @@ def set_abort_hook(hook: Callable[[str], None]) -> bool:
             pass
         try:
             hook(msg)
-        except BaseException:  # noqa: BLE001, S110 - the process aborts next whatever happens
+        except BaseException:  # noqa: BLE001 - the process aborts next whatever happens
             pass
 
     cb = _ABORT_CALLBACK(_on_abort)
