@@ -359,7 +359,7 @@ def causes_figure(causes: Mapping[str, int], title: str = "Why the first rejecte
                            marker_color=[CAUSE_COLOURS.get(c, "#888") for c, _ in items],
                            text=[f"{v} ({v / total:.0%})" for _, v in items], textposition="outside",
                            hovertemplate="%{x}: %{y} rounds<extra></extra>"))
-    _layout(fig, title, height=300, meta={"counts": {c: v for c, v in items}})
+    _layout(fig, title, height=300, meta={"counts": dict(items)})
     fig.update_yaxes(title="rounds", rangemode="tozero")
     return fig
 
@@ -889,7 +889,7 @@ def variants_figure(variants: dict[str, dict] | None, title: str = "Replayed acc
     if not items:
         return empty_figure("no replay")
     text = []
-    for n, v in items:
+    for _, v in items:
         d = v.get("delta")
         iv = f" [{v['ci_low']:+.2f}, {v['ci_high']:+.2f}]" if v.get("ci_low") is not None else ""
         text.append(f"{v['acceptance_rate']:.2f}" if d is None else f"{v['acceptance_rate']:.2f} ({d:+.2f}{iv})")

@@ -30,7 +30,7 @@ from mtpscope.errors import LinkError, MtpscopeError
 def _query() -> dict[str, list[str]]:
     """The page's query parameters (every value of a repeated one), Streamlit's own left out."""
     qp = st.query_params
-    return {k: qp.get_all(k) for k in qp.keys() if k not in links.STREAMLIT_PARAMS}
+    return {k: qp.get_all(k) for k in qp if k not in links.STREAMLIT_PARAMS}
 
 
 def _seen_key(page: str, params: Mapping[str, object]) -> tuple:

@@ -170,7 +170,7 @@ def test_rolling_summary() -> None:
     short = M.rolling_summary(_rounds([(0, 0, 3, 3), (0, 1, 3, 0)]), window=8)
     assert short["full_windows"] is False and (short["min"], short["max"]) == (0.5, 1.0)
     assert M.rolling_summary(_rounds().iloc[:0]) is None
-    assert M.DEFAULT_ROLLING_WINDOW == M.summarize(_rounds())["rolling"]["window"]
+    assert M.summarize(_rounds())["rolling"]["window"] == M.DEFAULT_ROLLING_WINDOW
 
 
 def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:  # noqa: ANN001

@@ -524,7 +524,7 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
         from mtpscope.traces.run.llama.binding import llama
         from mtpscope.traces.run.record_config import RecordConfig
         llama()
-    except Exception as e:  # ImportError, RuntimeUnavailableError: record later
+    except Exception as e:  # noqa: BLE001  # ImportError, RuntimeUnavailableError or any failure loading llama.cpp: record later
         say(f"demo traces skipped: {e}")
         return None
     rec = cfg["record"]

@@ -286,7 +286,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
               {"role": "drafter-noisy", "path": rel(cp.drafter_upstream_noisy), "pair": "constructed"},
               {"role": "drafter-fork", "path": rel(cp.drafter_fork), "pair": "constructed"}]
     traces = []
-    for name, role, attr in VARIANTS:
+    for name, _role, attr in VARIANTS:
         s = (summary or {}).get(name, {})
         traces.append({"role": f"trace-{name}", "path": rel(tp.traces[name]), "pair": "trained",
                        "drafter": rel(getattr(tp, attr)), "acceptance_rate": s.get("acceptance_rate"),
