@@ -55,8 +55,8 @@ def figures(d: Diagnosis) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis, ``(name, figure)`` in reading order: acceptance by draft position, by
     category, the first misses' causes, the replay variants (the one that recovers in red), the what-if (from its
     ``summary`` and ``variants`` numbers). Sections the diagnosis lacks (no trace, no replay) are left out."""
-    from mtpscope.traces.analysis.breakdown import Acceptance  # noqa: PLC0415 -- the figures' records
-    from mtpscope.traces.analysis.what_if import WhatIfRow  # noqa: PLC0415
+    from mtpscope.traces.analysis.breakdown import Acceptance  # the figures' records
+    from mtpscope.traces.analysis.what_if import WhatIfRow
 
     s = d.summary
     out: list[tuple[str, go.Figure]] = []

@@ -561,7 +561,7 @@ def replay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pd.DataFrame]:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, Any]:  # noqa: ARG001
+def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, Any]:
     from mtpscope.traces.sweep.advice import sweep_advice
     from mtpscope.traces.sweep.reader import open_sweep
 
@@ -611,7 +611,7 @@ def server_view(path: str | os.PathLike[str]) -> tuple[Trace, RequestsView]:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
-               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:  # noqa: ARG001
+               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:
     from mtpscope.traces.diagnose.config import DiagnoseConfig
     from mtpscope.traces.diagnose.run import diagnose
 
@@ -647,7 +647,7 @@ def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | N
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _saved_diagnosis(path: str, key: tuple[int, int]) -> Diagnosis:  # noqa: ARG001
+def _saved_diagnosis(path: str, key: tuple[int, int]) -> Diagnosis:
     from mtpscope.traces.diagnose.run import read_diagnosis
 
     return read_diagnosis(path)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpscope.inspector.layouts import GEMMA4_N_VOCAB  # noqa: E402
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.reference import (
     DonorKV,
     DrafterHParams,

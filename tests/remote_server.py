@@ -71,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         return sent
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         with self.server.lock:
             self.server.active += 1
         try:

@@ -152,7 +152,7 @@ def test_architecture_doc_signatures_are_the_code_s() -> None:
 
 
 def test_rule_the_generator_sees_parameters_defaults_returns_and_fields() -> None:
-    def f(path: str, *, rows: int | None = None, dequantize: bool = True) -> Path:  # noqa: ARG001
+    def f(path: str, *, rows: int | None = None, dequantize: bool = True) -> Path:
         return Path(path)
 
     @dataclasses.dataclass(frozen=True)

@@ -173,7 +173,7 @@ def test_rolling_summary() -> None:
     assert M.summarize(_rounds())["rolling"]["window"] == M.DEFAULT_ROLLING_WINDOW
 
 
-def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:  # noqa: ANN001
+def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:
     """``report()`` is typed; its ``to_dict()`` is the summary (NaN -> None) with the head keys first, the prompts'
     text second in each prompt row, and the warnings last: the ``report --json`` document."""
     import dataclasses

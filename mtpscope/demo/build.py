@@ -67,7 +67,7 @@ from mtpscope.demo.spec import (  # noqa: F401 - re-exported: the public API liv
     models_hash,
     traces_hash,
 )
-from mtpscope.demo.vocab import DemoVocab, load_vocab  # noqa: F401 - load_vocab re-exported
+from mtpscope.demo.vocab import DemoVocab, load_vocab  # load_vocab re-exported
 from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.gguf import BOOL
 from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf

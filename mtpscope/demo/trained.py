@@ -99,7 +99,7 @@ def expand(out: str | os.PathLike[str], src: str | os.PathLike[str] = DATA_DIR) 
     Raises:
         MtpscopeError: the compact files are missing or changed (:func:`read_recipe`).
     """
-    from mtpscope.inspector.safetensors import read_safetensors, write_safetensors  # noqa: PLC0415
+    from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
 
     src, out = Path(src), Path(out)
     read_recipe(src)
@@ -131,8 +131,8 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
     Raises:
         LayoutError: not a ``gemma4-assistant`` file, a RoPE base missing or not FLOAT32.
     """
-    from mtpscope.errors import LayoutError  # noqa: PLC0415
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.errors import LayoutError
+    from mtpscope.inspector.gguf import open_gguf
 
     src, out = Path(src), Path(out)
     with open_gguf(src) as f:
@@ -156,7 +156,7 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
 
 
 def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
-    from mtpscope.inspector.convert import convert  # noqa: PLC0415
+    from mtpscope.inspector.convert import convert
 
     t0 = time.perf_counter()
     expand(tp.root / "hf", data)
@@ -172,7 +172,7 @@ def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
 
 def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """``[{"prompt_id", "category", "n_drafted", "n_accepted", "acceptance_rate"}]`` of a recorded trace."""
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(trace_dir)
     r = tr.columns("rounds", ["prompt_id", "n_draft", "n_accepted"])
@@ -210,15 +210,15 @@ def worst_prompt(rows: list[dict[str, Any]]) -> tuple[str | None, int | None]:
 
 def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, Any] | None:
     try:
-        from mtpscope.traces.run import recorder  # noqa: PLC0415
-        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
+        from mtpscope.traces.run import recorder
+        from mtpscope.traces.run.llama.binding import llama
         llama()
     except Exception as e:  # noqa: BLE001 - ImportError, RuntimeUnavailableError: record later
         say(f"trained demo traces skipped: {e}")
         return None
-    from mtpscope.demo.spec import TRAINED_RECORD  # noqa: PLC0415
-    from mtpscope.traces.run.prompts import PromptSpec  # noqa: PLC0415
-    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
+    from mtpscope.demo.spec import TRAINED_RECORD
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
 
     prompts = read_prompts(data)
     specs = [PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts]
@@ -263,7 +263,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
                     stamp: str | None = None) -> Path:
     """``<demo>/demo.json``: every model and trace of the demo folder with its role, and the default
     view (``default``: the trained F32 trace, its worst category's worst prompt, the buggy trace as B)."""
-    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths  # noqa: PLC0415
+    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths
 
     root = Path(demo_root)
     tp, cp = TrainedPaths.under(root), DemoPaths.under(root, RECORD_CONFIG)
@@ -318,7 +318,7 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
 
     ``data``: the compact checkpoints (default: the package's ``demo_data``).
     """
-    from mtpscope.demo.spec import (  # noqa: PLC0415
+    from mtpscope.demo.spec import (
         TrainedPaths,
         _read_stamp,
         _trace_complete,

@@ -68,7 +68,7 @@ def drafter_config(shape: DrafterShape, target: TargetShape, vocab_size: int, *,
 
 def make_target(cfg: dict[str, Any]) -> Any:
     """A fresh ``Gemma4ForCausalLM`` (fp32, eager attention) from a config dict."""
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig  # noqa: PLC0415
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     c = Gemma4TextConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     c._attn_implementation = "eager"
@@ -77,7 +77,7 @@ def make_target(cfg: dict[str, Any]) -> Any:
 
 def make_drafter(cfg: dict[str, Any]) -> Any:
     """A fresh ``Gemma4AssistantForCausalLM`` (fp32, eager attention) from a config dict."""
-    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM  # noqa: PLC0415
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
     c = Gemma4AssistantConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     c._attn_implementation = "eager"

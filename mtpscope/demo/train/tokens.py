@@ -32,7 +32,7 @@ def open_tokenizer(path: str | os.PathLike[str] | None = None) -> LlamaVocab:
         TraceError: llama.cpp could not load the vocabulary.
     """
     if path is None:
-        from mtpscope.cache import vocab_path  # noqa: PLC0415
+        from mtpscope.cache import vocab_path
 
         path = vocab_path()
     return LlamaVocab(path)
@@ -44,7 +44,7 @@ def chat_template(vocab_gguf: str | os.PathLike[str]) -> str:
     Raises:
         MtpscopeError: the file has no chat template.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(vocab_gguf) as f:
         t = f.get("tokenizer.chat_template")
