@@ -124,7 +124,7 @@ class Load:
         if mode == self.mode:
             return
         if self._thread is not None:
-            self._stop.set()  # type: ignore[union-attr]
+            self._stop.set()  # type: ignore[union-attr]  # _stop is set whenever _thread is
             self._thread.join()
             self._thread = self._stop = None
         self.mode = mode

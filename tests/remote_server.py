@@ -62,7 +62,7 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         try:
             while sent < n:
-                chunk = fh.read(min(1 << 20, n - sent))  # type: ignore[attr-defined]
+                chunk = fh.read(min(1 << 20, n - sent))  # type: ignore[attr-defined]  # fh: an open binary file
                 if not chunk:
                     break
                 self.wfile.write(chunk)

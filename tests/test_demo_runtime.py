@@ -16,8 +16,8 @@ pytestmark = pytest.mark.llama
 L = pytest.importorskip("llama_cpp")
 X = pytest.importorskip("llama_cpp.llama_cpp_ext")
 
-from mtpscope.cache import vocab_test_pairs  # noqa: E402
-from mtpscope.demo import build as demo  # noqa: E402
+from mtpscope.cache import vocab_test_pairs  # noqa: E402  # after the importorskip of llama_cpp
+from mtpscope.demo import build as demo  # noqa: E402  # after the importorskip of llama_cpp
 
 
 class Pair:

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the demo training code needs the parity extra (torch)")
 pytest.importorskip("transformers", reason="the demo training code needs the parity extra (transformers)")
 
-from mtpscope.demo.train import centroids, compact, evaluation, models, recipe  # noqa: E402
-from mtpscope.errors import MtpscopeError  # noqa: E402
+from mtpscope.demo.train import centroids, compact, evaluation, models, recipe  # noqa: E402  # after the importorskip of the parity extra
+from mtpscope.errors import MtpscopeError  # noqa: E402  # after the importorskip of the parity extra
 
 pytestmark = pytest.mark.slow
 

@@ -96,7 +96,7 @@ def describe_obj(short: str, obj: object) -> str:
             s = f"{f.name}: {f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
             if f.default is not dataclasses.MISSING:
                 s += f" = {f.default!r}"
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]  # mypy flags comparing default_factory with MISSING
                 s += " = <factory>"
             parts.append(s)
         return _wrap(f"@dataclass {short}", parts, "")

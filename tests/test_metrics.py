@@ -186,7 +186,7 @@ def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:
     t = open_trace(d)
     rep = M.report(t)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        rep.n_rounds = 0  # type: ignore[misc]
+        rep.n_rounds = 0  # type: ignore[misc]  # assigning to a frozen dataclass on purpose
     doc = rep.to_dict()
     body = M.summarize(t.rounds, t.steps if t.manifest.get("centroids") is not None else None)
     assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "warnings"]
