@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -112,7 +112,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         mode = "marks"
     else:
         b = views.binned_rounds(rounds, max_bins=max_bins)
-        hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
+        bin_hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
                  f"mean accepted {m:.2f}<br>acceptance rate {'—' if np.isnan(a) else f'{a:.1%}'}<br>"
                  f"zero-acceptance rounds {z}"
                  for s, e, p, r, m, a, z in zip(b["seq_start"], b["seq_end"], b["prompt_id"], b["round"],
@@ -123,7 +123,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                         colorbar=dict(title="acceptance<br>rate", thickness=12, tickformat=".0%")),
             line=dict(width=1, color="#888"),
             customdata=np.stack([b["prompt_id"].to_numpy(), b["round"].to_numpy(), b["seq_start"].to_numpy()], axis=1),
-            hovertext=hover, hoverinfo="text", name="bin",
+            hovertext=bin_hover, hoverinfo="text", name="bin",
         ))
         mode = "bins"
     # Shapes are built as plain dicts and set once: plotly's add_vrect / add_vline re-validate the
@@ -131,6 +131,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     shapes: list[dict] = []
     annotations: list[dict] = []
     streaks = views.zero_streaks(rounds, min_length=min_streak).head(MAX_STREAK_SHAPES)
+    s: Any  # itertuples() yields namedtuples; pandas-stubs types them as plain tuples
     for s in streaks.itertuples(index=False):
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(s.start_seq) - 0.5,
                            x1=float(s.end_seq) + 0.5, y0=0, y1=1, fillcolor="#d62728", opacity=0.12,
@@ -623,6 +624,7 @@ def layer_grid_figure(grid: pd.DataFrame, title: str = "Layers × tensors") -> g
     text = [["" for _ in tensors] for _ in layers]
     li = {v: i for i, v in enumerate(layers)}
     ti = {v: i for i, v in enumerate(tensors)}
+    r: Any  # itertuples() yields namedtuples; pandas-stubs types them as plain tuples
     for r in grid.itertuples(index=False):
         z[li[r.layer], ti[r.tensor]] = codes[r.status]
         text[li[r.layer]][ti[r.tensor]] = f"{r.name}: {r.status}"

@@ -37,7 +37,8 @@ def link_url(link: ViewRef | None, base: str = APP_URL) -> str | None:
     """A finding's link (its :class:`ViewRef`) as a URL into the app, or None."""
     if link is None:
         return None
-    return view_url(str(link.page), base=base, **dict(link.params))
+    params: dict[str, Any] = dict(link.params)  # view_url's keyword parameters, each its own type
+    return view_url(str(link.page), base=base, **params)
 
 
 def document(d: Diagnosis, base: str = APP_URL) -> dict[str, Any]:

@@ -198,7 +198,7 @@ def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
 def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None,
                 hkey: tuple | None) -> Report:
     f = _open_gguf(path, *key)
-    t = _open_gguf(target, *tkey) if target else None
+    t = _open_gguf(target, *tkey) if target and tkey is not None else None
     return verify(f, target=t, hf_dir=hf_dir)
 
 
@@ -221,7 +221,7 @@ def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None,
     from mtpscope.inspector.estimate import estimate as run
 
     t = _open_gguf(target, *tkey)
-    d = _open_gguf(drafter, *dkey) if drafter else None
+    d = _open_gguf(drafter, *dkey) if drafter and dkey is not None else None
     return run(t, d, EstimateParams(n_ctx=n_ctx))
 
 

@@ -112,6 +112,8 @@ def take_prompt_round(view: links.View | None, prompt_rounds: Mapping[int, tuple
         sel.select_prompt(view.prompt)
     if view.round is not None:
         pid = view.prompt if isinstance(view.prompt, int) else current_prompt
+        if pid is None:  # check_in_trace refused a round without its prompt above
+            raise LinkError("a round needs its prompt")
         sel.select_round((int(pid), view.round))
 
 
