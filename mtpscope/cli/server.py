@@ -319,7 +319,7 @@ def register(app: typer.Typer) -> None:
         if summary.alarm:
             print(f"mtpscope: {summary.alarm}", file=sys.stderr)
         code = EXIT_FINDINGS if summary.alarm else 0
-        if replay:
+        if replay and assistant is not None:  # --replay without --assistant was refused above
             from mtpscope.traces.server.replay import replay_probe
 
             with one_line_errors():

@@ -529,7 +529,7 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
         return None
     rec = cfg["record"]
     config = RecordConfig(n_draft=int(rec["n_draft"]), max_tokens=int(rec["max_tokens"]),
-                          centroids=paths.drafter_fork if rec.get("centroids") == "fork" else None,
+                          centroids=os.fspath(paths.drafter_fork) if rec.get("centroids") == "fork" else None,
                           hidden=str(rec.get("hidden", "f16")), n_top=int(rec.get("n_top", 10)))
     summary: dict[str, Any] = {}
     for name, drafter, out in (("clean", paths.drafter_upstream, paths.traces_clean),
