@@ -132,7 +132,7 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
         LayoutError: not a ``gemma4-assistant`` file, a RoPE base missing or not FLOAT32.
     """
     from mtpscope.errors import LayoutError
-    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.gguf import KeyValue, open_gguf
 
     src, out = Path(src), Path(out)
     with open_gguf(src) as f:
@@ -140,11 +140,15 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
             raise LayoutError("not an upstream Gemma 4 drafter", path=src, key="general.architecture",
                               expected=ARCH_UPSTREAM, actual=f.architecture)
         kv = {k: v for k, v in f.kv.items() if k.endswith(("rope.freq_base", "rope.freq_base_swa"))}
-        full, swa = kv.get(f"{ARCH_UPSTREAM}.rope.freq_base"), kv.get(f"{ARCH_UPSTREAM}.rope.freq_base_swa")
-        for k, e in (("rope.freq_base", full), ("rope.freq_base_swa", swa)):
+
+        def rope_base(k: str) -> KeyValue:
+            e = kv.get(f"{ARCH_UPSTREAM}.{k}")
             if e is None or e.type_name != "FLOAT32":
                 raise LayoutError("a RoPE base is missing or not FLOAT32", path=src, key=f"{ARCH_UPSTREAM}.{k}",
                                   expected="FLOAT32", actual=None if e is None else e.type_name)
+            return e
+
+        full, swa = rope_base("rope.freq_base"), rope_base("rope.freq_base_swa")
         at = swa.offset + 8 + len(swa.key.encode()) + 4
     tmp = out.with_name(out.name + ".tmp")
     shutil.copyfile(src, tmp)
@@ -178,6 +182,7 @@ def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, A
     r = tr.columns("rounds", ["prompt_id", "n_draft", "n_accepted"])
     cats = {int(p["prompt_id"]): p.get("category") for p in tr.manifest.get("prompts", [])}
     out = []
+    pid: Any  # groupby keys: the prompt ids (numpy ints; pandas-stubs: any Scalar)
     for pid, g in r.groupby("prompt_id", sort=True):
         nd, na = int(g["n_draft"].sum()), int(g["n_accepted"].sum())
         out.append({"prompt_id": int(pid), "category": cats.get(int(pid)), "n_drafted": nd, "n_accepted": na,

@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m mtpscope.demo.train [--out DIR] [--seed N] [--target-steps N] [--drafter-steps N]``."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mtpscope.demo.train", description=train.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m mtpscope.demo.train", description=(train.__doc__ or "").splitlines()[0])
     ap.add_argument("--out", default=str(DATA_DIR))
     ap.add_argument("--seed", type=int, default=Recipe.seed)
     ap.add_argument("--target-steps", type=int, default=Recipe.target_steps)
