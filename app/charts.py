@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -113,7 +113,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         mode = "marks"
     else:
         b = views.binned_rounds(rounds, max_bins=max_bins)
-        hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
+        bin_hover = [f"rounds {s}–{e} (from {views.esc(labels.get(int(p), f'prompt {p}'))} · round {r})<br>"
                  f"mean accepted {m:.2f}<br>acceptance rate {'—' if np.isnan(a) else f'{a:.1%}'}<br>"
                  f"zero-acceptance rounds {z}"
                  for s, e, p, r, m, a, z in zip(b["seq_start"], b["seq_end"], b["prompt_id"], b["round"],
@@ -124,7 +124,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
                         colorbar=dict(title="acceptance<br>rate", thickness=12, tickformat=".0%")),
             line=dict(width=1, color="#888"),
             customdata=np.stack([b["prompt_id"].to_numpy(), b["round"].to_numpy(), b["seq_start"].to_numpy()], axis=1),
-            hovertext=hover, hoverinfo="text", name="bin",
+            hovertext=bin_hover, hoverinfo="text", name="bin",
         ))
         mode = "bins"
     # Shapes are built as plain dicts and set once: plotly's add_vrect / add_vline re-validate the
@@ -132,6 +132,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
     shapes: list[dict] = []
     annotations: list[dict] = []
     streaks = views.zero_streaks(rounds, min_length=min_streak).head(MAX_STREAK_SHAPES)
+    s: Any  # itertuples() yields namedtuples; pandas-stubs types them as plain tuples
     for s in streaks.itertuples(index=False):
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=float(s.start_seq) - 0.5,
                            x1=float(s.end_seq) + 0.5, y0=0, y1=1, fillcolor="#d62728", opacity=0.12,
@@ -360,7 +361,7 @@ def causes_figure(causes: Mapping[str, int], title: str = "Why the first rejecte
                            marker_color=[CAUSE_COLOURS.get(c, "#888") for c, _ in items],
                            text=[f"{v} ({v / total:.0%})" for _, v in items], textposition="outside",
                            hovertemplate="%{x}: %{y} rounds<extra></extra>"))
-    _layout(fig, title, height=300, meta={"counts": {c: v for c, v in items}})
+    _layout(fig, title, height=300, meta={"counts": dict(items)})
     fig.update_yaxes(title="rounds", rangemode="tozero")
     return fig
 
@@ -624,6 +625,7 @@ def layer_grid_figure(grid: pd.DataFrame, title: str = "Layers × tensors") -> g
     text = [["" for _ in tensors] for _ in layers]
     li = {v: i for i, v in enumerate(layers)}
     ti = {v: i for i, v in enumerate(tensors)}
+    r: Any  # itertuples() yields namedtuples; pandas-stubs types them as plain tuples
     for r in grid.itertuples(index=False):
         z[li[r.layer], ti[r.tensor]] = codes[r.status]
         text[li[r.layer]][ti[r.tensor]] = f"{r.name}: {r.status}"
@@ -892,7 +894,7 @@ def variants_figure(variants: dict[str, dict] | None, title: str = "Replayed acc
     if not items:
         return empty_figure("no replay")
     text = []
-    for n, v in items:
+    for _, v in items:
         d = v.get("delta")
         iv = f" [{v['ci_low']:+.2f}, {v['ci_high']:+.2f}]" if v.get("ci_low") is not None else ""
         text.append(f"{v['acceptance_rate']:.2f}" if d is None else f"{v['acceptance_rate']:.2f} ({d:+.2f}{iv})")

@@ -37,7 +37,8 @@ def link_url(link: ViewRef | None, base: str = APP_URL) -> str | None:
     """A finding's link (its :class:`ViewRef`) as a URL into the app, or None."""
     if link is None:
         return None
-    return view_url(str(link.page), base=base, **dict(link.params))
+    params: dict[str, Any] = dict(link.params)  # view_url's keyword parameters, each its own type
+    return view_url(str(link.page), base=base, **params)
 
 
 def document(d: Diagnosis, base: str = APP_URL) -> dict[str, Any]:
@@ -55,8 +56,8 @@ def figures(d: Diagnosis) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis, ``(name, figure)`` in reading order: acceptance by draft position, by
     category, the first misses' causes, the replay variants (the one that recovers in red), the what-if (from its
     ``summary`` and ``variants`` numbers). Sections the diagnosis lacks (no trace, no replay) are left out."""
-    from mtpscope.traces.analysis.breakdown import Acceptance  # noqa: PLC0415 -- the figures' records
-    from mtpscope.traces.analysis.what_if import WhatIfRow  # noqa: PLC0415
+    from mtpscope.traces.analysis.breakdown import Acceptance  # the figures' records
+    from mtpscope.traces.analysis.what_if import WhatIfRow
 
     s = d.summary
     out: list[tuple[str, go.Figure]] = []

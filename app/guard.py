@@ -30,7 +30,7 @@ def guard(what: str = "") -> Iterator[None]:
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         st.error(f"{where}{e.strerror or e}", icon=":material/error:")
-    except Exception as e:  # noqa: BLE001 - last line of defence: one line, never a traceback
+    except Exception as e:  # last line of defence: one line, never a traceback
         if os.environ.get("MTPSCOPE_DEBUG"):
             raise
         st.error(internal_error_line(e, what), icon=":material/bug_report:")

@@ -224,7 +224,7 @@ def make_view(page: str, **values: Any) -> View:
 def view_url(page: str, *, trace: str | os.PathLike[str] | None = None,
              trace_b: str | os.PathLike[str] | None = None, drafter: str | os.PathLike[str] | None = None,
              target: str | os.PathLike[str] | None = None, prompt: int | str | None = None,
-             prompt_b: int | None = None, round: int | None = None, step: int | None = None,  # noqa: A002
+             prompt_b: int | None = None, round: int | None = None, step: int | None = None,
              window: int | None = None, colour: str | None = None, mode: str | None = None,
              tensor: str | None = None, base: str = "") -> str:
     """The link that opens ``page`` on a view: ``base`` + ``/page?name=value&...``.

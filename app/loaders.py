@@ -200,7 +200,7 @@ def decoder(*candidates: str | os.PathLike[str] | None) -> TokenText:
 def _validation(path: str, key: tuple, target: str | None, tkey: tuple | None, hf_dir: str | None,
                 hkey: tuple | None) -> Report:
     f = _open_gguf(path, *key)
-    t = _open_gguf(target, *tkey) if target else None
+    t = _open_gguf(target, *tkey) if target and tkey is not None else None
     return verify(f, target=t, hf_dir=hf_dir)
 
 
@@ -223,7 +223,7 @@ def _estimate(target: str, tkey: tuple, drafter: str | None, dkey: tuple | None,
     from mtpscope.inspector.estimate import estimate as run
 
     t = _open_gguf(target, *tkey)
-    d = _open_gguf(drafter, *dkey) if drafter else None
+    d = _open_gguf(drafter, *dkey) if drafter and dkey is not None else None
     return run(t, d, EstimateParams(n_ctx=n_ctx))
 
 
@@ -563,7 +563,7 @@ def replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, pd.DataFrame]:
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, Any]:  # noqa: ARG001
+def _sweep(path: str, key: tuple[int, int]) -> tuple[Sweep, pd.DataFrame, Any]:
     from mtpscope.traces.sweep.advice import sweep_advice
     from mtpscope.traces.sweep.reader import open_sweep
 
@@ -613,7 +613,7 @@ def server_view(path: str | os.PathLike[str]) -> tuple[Trace, RequestsView]:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
-               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:  # noqa: ARG001
+               gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:
     from mtpscope.traces.diagnose.config import DiagnoseConfig
     from mtpscope.traces.diagnose.run import diagnose
 
@@ -649,7 +649,7 @@ def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | N
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _saved_diagnosis(path: str, key: tuple[int, int]) -> Diagnosis:  # noqa: ARG001
+def _saved_diagnosis(path: str, key: tuple[int, int]) -> Diagnosis:
     from mtpscope.traces.diagnose.run import read_diagnosis
 
     return read_diagnosis(path)

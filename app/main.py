@@ -41,9 +41,10 @@ PAGES = [
 page = st.navigation(PAGES)
 url_state.arrive(page.url_path)  # a link's files are selected before the sidebar shows the selection
 selection.sidebar()
-if url_state.refusal():  # a refused link: its one line, nothing of the page under it
+refused = url_state.refusal()
+if refused:  # a refused link: its one line, nothing of the page under it
     st.title(page.title)
-    url_state.refuse(url_state.refusal())
+    url_state.refuse(refused)
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
 with guard.guard(f"showing the {page.title} page"):
     page.run()

@@ -10,7 +10,7 @@ one step's record (a dict of its columns), or :class:`mtpscope.traces.analysis.p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,8 @@ def _k_range(a: int, b: int) -> str:
     return f"k={a}" if a == b else f"k={a}–{b}"
 
 
-def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None], target: Sequence[int | None],
+def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None] | None,
+                  target: Sequence[int | None] | None,
                   decode: Decode | None = None, step: dict | None = None, cause: str | None = None) -> str:
     """One line saying what the target did with a round's drafts.
 
@@ -133,8 +134,10 @@ def round_verdict_line(row: pd.Series | Mapping[str, Any], steps: pd.DataFrame, 
         m = fm[(fm["prompt_id"] == int(row["prompt_id"])) & (fm["round"] == int(row["round"]))] \
             if fm is not None else None
         if m is not None and len(m):
-            cen = manifest.get("centroids") if isinstance(manifest.get("centroids"), dict) else {}
-            cause = step_sentence(m.iloc[0].to_dict(), decode, n_centroids=cen.get("n_centroids"),
+            centroids = manifest.get("centroids")
+            cen = centroids if isinstance(centroids, dict) else {}
+            # a row's labels are the frame's column names, all str (pandas-stubs: dict[Hashable, Any])
+            cause = step_sentence(cast("dict[str, Any]", m.iloc[0].to_dict()), decode, n_centroids=cen.get("n_centroids"),
                                   centroid_top_k=cen.get("top_k"))
     return round_verdict(nd, na, row.get("drafted"), row.get("target"), decode, step=step, cause=cause)
 
@@ -212,7 +215,7 @@ def step_table(steps: pd.DataFrame, decode: Decode | None, n_top: int = 5, *, n_
     na = leading_accepted(steps) if n_accepted is None else int(n_accepted)
     rows = []
     for r in steps.itertuples(index=False):
-        d = r._asdict()
+        d = cast(Any, r)._asdict()  # itertuples() yields namedtuples; pandas-stubs types them as plain tuples
         k = int(d["k"])
         verdict = step_verdict(k, nd, na)
         checked = verdict != VERDICT_NOT_CHECKED
@@ -267,7 +270,8 @@ def top_candidates(step: dict, decode: Decode | None, n: int = 10) -> pd.DataFra
     stored logit (``logit_bound``). No target row when the target token is unknown."""
     dec = decode or (lambda t: f"#{t}")
     ids = as_list(step.get("top_ids"))[:n]
-    logits = list(step.get("top_logits") if step.get("top_logits") is not None else [])[:n]
+    top_logits = step.get("top_logits")
+    logits = list(top_logits if top_logits is not None else [])[:n]
     tgt = opt_int(step.get("target_token"))
     tok = opt_int(step.get("token"))
     lg = [float(x) for x in logits] + [np.nan] * (len(ids) - len(logits))

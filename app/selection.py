@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import streamlit as st
 
@@ -488,6 +488,12 @@ def select_prompt(p: int | str) -> None:
     r = selected_round()
     if r is not None and r[0] != int(p):
         st.session_state.pop(SEL_ROUND, None)
+
+
+@overload
+def page_prompt(pids: list[int], allow_all: Literal[False]) -> int: ...
+@overload
+def page_prompt(pids: list[int], allow_all: bool) -> int | str: ...
 
 
 def page_prompt(pids: list[int], allow_all: bool) -> int | str:

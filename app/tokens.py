@@ -100,7 +100,7 @@ class TokenText:
     def label(self, token_id: int | None) -> str:
         """``“text”`` with quotes (for hover boxes and tables)."""
         t = self.text(token_id)
-        if t == "∅" or (t.startswith("#") and self.raw(int(token_id)) is None):
+        if t == "∅" or token_id is None or (t.startswith("#") and self.raw(int(token_id)) is None):
             return t
         return quoted(t)
 

@@ -30,7 +30,7 @@ from mtpscope.errors import LinkError, MtpscopeError
 def _query() -> dict[str, list[str]]:
     """The page's query parameters (every value of a repeated one), Streamlit's own left out."""
     qp = st.query_params
-    return {k: qp.get_all(k) for k in qp.keys() if k not in links.STREAMLIT_PARAMS}
+    return {k: qp.get_all(k) for k in qp if k not in links.STREAMLIT_PARAMS}
 
 
 def _seen_key(page: str, params: Mapping[str, object]) -> tuple:
@@ -112,6 +112,8 @@ def take_prompt_round(view: links.View | None, prompt_rounds: Mapping[int, tuple
         sel.select_prompt(view.prompt)
     if view.round is not None:
         pid = view.prompt if isinstance(view.prompt, int) else current_prompt
+        if pid is None:  # check_in_trace refused a round without its prompt above
+            raise LinkError("a round needs its prompt")
         sel.select_round((int(pid), view.round))
 
 

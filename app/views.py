@@ -377,7 +377,7 @@ def quant_matrix(quant: pd.DataFrame, value: str) -> pd.DataFrame:
         label = f"{r['qtype']} n_draft {int(r['n_draft'])}" if several else str(r["qtype"])
         row = rows.setdefault(label, {"size MiB": f"{float(r['n_bytes']) / (1024 * 1024):.1f}"})
         v, lo, hi = r.get(col), r.get(f"{col}_lo"), r.get(f"{col}_hi")
-        text = "-" if is_null(v) else fmt.format(float(v))
+        text = "-" if v is None or is_null(v) else fmt.format(float(v))
         if not is_null(v) and lo is not None and hi is not None and not (is_null(lo) or is_null(hi)):
             text += f" [{fmt.format(float(lo))}, {fmt.format(float(hi))}]"
         row[str(r["category"])] = text

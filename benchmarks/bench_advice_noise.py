@@ -124,7 +124,7 @@ class Load:
         if mode == self.mode:
             return
         if self._thread is not None:
-            self._stop.set()  # type: ignore[union-attr]
+            self._stop.set()  # type: ignore[union-attr]  # _stop is set whenever _thread is
             self._thread.join()
             self._thread = self._stop = None
         self.mode = mode
@@ -210,8 +210,8 @@ class Phases:
 
 def prompts(n: int) -> list[Any]:
     """The first ``n`` trained demo prompts taken round-robin over the categories (ids as the prompt)."""
-    from mtpscope.demo.trained import read_prompts  # noqa: PLC0415
-    from mtpscope.traces.sweep.spec import SweepPrompt  # noqa: PLC0415
+    from mtpscope.demo.trained import read_prompts
+    from mtpscope.traces.sweep.spec import SweepPrompt
 
     by: dict[str, list[dict[str, Any]]] = {}
     for p in read_prompts():
@@ -226,10 +226,10 @@ def prompts(n: int) -> list[Any]:
 
 def record_advice(ph: Phases, pattern: str, sps: Sequence[Any], tokens: int, tp: Any, out: Path) -> dict[str, Any]:
     """``record --baseline`` of the prompts at n_draft 3 under ``pattern``; explain's JSON of it."""
-    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
-    from mtpscope.traces.run.recorder import record  # noqa: PLC0415
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
-    from mtpscope.traces.sweep.advice import explain_with_baseline  # noqa: PLC0415
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.store.reader import open_trace
+    from mtpscope.traces.sweep.advice import explain_with_baseline
 
     config = RecordConfig(n_draft=ADVICE_N_DRAFT, max_tokens=tokens, hidden="off", n_threads=1, baseline=True)
     ph.quick_probe = False
@@ -248,12 +248,12 @@ def run_truth(ph: Phases, load: str, sps: Sequence[Any], tokens: int, shards: in
               on_s: float, off_s: float) -> dict[str, Any]:
     """The interleaved sweep under ``load`` (``quiet`` / ``bursts`` / ``steady``): its cells' tokens/s per
     (configuration, category) and report's JSON."""
-    from mtpscope.traces.run.baseline import record_baseline  # noqa: PLC0415
-    from mtpscope.traces.run.recorder import record  # noqa: PLC0415
-    from mtpscope.traces.sweep.advice import sweep_advice_dict  # noqa: PLC0415
-    from mtpscope.traces.sweep.reader import open_sweep  # noqa: PLC0415
-    from mtpscope.traces.sweep.runner import _task_payload, trace_counts  # noqa: PLC0415
-    from mtpscope.traces.sweep.spec import SweepSpec, new_state, now, task_states, write_state  # noqa: PLC0415
+    from mtpscope.traces.run.baseline import record_baseline
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.sweep.advice import sweep_advice_dict
+    from mtpscope.traces.sweep.reader import open_sweep
+    from mtpscope.traces.sweep.runner import _task_payload, trace_counts
+    from mtpscope.traces.sweep.spec import SweepSpec, new_state, now, task_states, write_state
 
     spec = SweepSpec(target=os.fspath(tp.target), assistants=(("trained", os.fspath(tp.drafter)),), prompts=tuple(sps),
                      n_drafts=N_DRAFTS, n_shards=shards, baseline=True, max_tokens=tokens, hidden="off").check()
@@ -397,8 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown pattern(s) {unknown}; choose from {PATTERNS}")
 
-    from mtpscope.demo.spec import TrainedPaths  # noqa: PLC0415
-    from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: PLC0415
+    from mtpscope.demo.spec import TrainedPaths
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
     tp = TrainedPaths.under(cache_dir() / "demo")
     if not tp.target.exists() or not tp.drafter.exists():

@@ -183,15 +183,15 @@ def main() -> None:
             label = "with the real tokenizer keys" if with_vocab else "metadata: 2 keys"
             print(f"sparse model ({label}): {size / 1e9:.1f} GB, {n_t} tensors, "
                   f"{used / 2**20:.1f} MiB on disk")
-            t_open, g = best_time(lambda: open_gguf(p), args.repeat)
-            t_inv, inv = best_time(lambda: build_inventory(g), args.repeat)
-            t_both, _ = best_time(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
-            c_both = best_cpu_time(lambda: build_inventory(open_gguf(p)), 2 * args.repeat)
+            t_open, g = best_time(lambda p=p: open_gguf(p), args.repeat)
+            t_inv, inv = best_time(lambda g=g: build_inventory(g), args.repeat)
+            t_both, _ = best_time(lambda p=p: build_inventory(open_gguf(p)), 2 * args.repeat)
+            c_both = best_cpu_time(lambda p=p: build_inventory(open_gguf(p)), 2 * args.repeat)
             if inv.n_bytes + g.data_offset > size or len(inv.entries) != n_t:
                 raise SystemExit("inventory does not match the file")
             print(f"  open_gguf {t_open * 1000:.1f} ms + build_inventory {t_inv * 1000:.1f} ms; "
                   f"both in one go {t_both * 1000:.1f} ms wall, {c_both * 1000:.1f} ms CPU (target <= 50 ms)")
-            peak = _peak(lambda: build_inventory(open_gguf(p)))
+            peak = _peak(lambda p=p: build_inventory(open_gguf(p)))
             print(f"  peak Python heap of open + inventory: {peak / 2**20:.1f} MiB")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"process max RSS (whole run, GGUFReader included): {rss / 1024:.0f} MiB")

@@ -278,10 +278,12 @@ def replicate(trace_dir: Path, out: Path, n_rounds: int) -> Path:
     with TraceWriter(out, man, n_embd_backbone=d["n_embd_backbone"], n_embd=d["n_embd"],
                      hidden_dtype=d["hidden_dtype"], centroids=m.get("centroids") is not None,
                      flush_every=1 << 30, overwrite=True) as w:
+        def shift(tb: pa.Table, by: int) -> pa.Table:
+            return tb.set_column(tb.schema.get_field_index("prompt_id"), "prompt_id",
+                                 pc.add(tb.column("prompt_id"), pa.scalar(by, pa.int32())))
+
         for c in range(copies):
-            shift = lambda tb: tb.set_column(tb.schema.get_field_index("prompt_id"), "prompt_id",  # noqa: E731
-                                             pc.add(tb.column("prompt_id"), pa.scalar(c * n_p, pa.int32())))
-            w.write_tables(shift(rounds), shift(steps))
+            w.write_tables(shift(rounds, c * n_p), shift(steps, c * n_p))
     return out
 
 

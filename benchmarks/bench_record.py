@@ -92,10 +92,10 @@ class _OffLoop:
             def timed(batch: object, _orig: object = ctx.decode) -> None:
                 t0 = time.perf_counter()
                 try:
-                    _orig(batch)  # type: ignore[operator]
+                    _orig(batch)  # type: ignore[operator]  # _orig is the context's bound decode, typed object for the default
                 finally:
                     self.in_decode += time.perf_counter() - t0
-            ctx.decode = timed  # type: ignore[method-assign]
+            ctx.decode = timed  # type: ignore[method-assign]  # wrapped on purpose, to time every decode
 
     def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
         """One untraced run: wall and CPU seconds, rounds, seconds inside decodes, the tokens."""

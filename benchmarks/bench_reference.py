@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mtpscope.inspector.layouts import GEMMA4_N_VOCAB  # noqa: E402
+from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
 from mtpscope.inspector.reference import (
     DonorKV,
     DrafterHParams,
@@ -101,9 +101,9 @@ def bench_steps(repeats: int, context: int) -> None:
         setup = time.perf_counter() - t0
         h = np.random.default_rng(2).standard_normal(d.hp.n_embd_backbone).astype(np.float32)
         opts = StepOptions(kv_f16=True, gelu="ggml-f16")
-        step = median_ms(lambda: d.step(17, h, context, kv, opts), repeats)
+        step = median_ms(lambda d=d, h=h, kv=kv, opts=opts: d.step(17, h, context, kv, opts), repeats)
         x = np.ones(d.hp.n_embd, np.float32)
-        floor = median_ms(lambda: np.einsum("ij,j->i", d.w.token_embd, x), repeats)
+        floor = median_ms(lambda d=d, x=x: np.einsum("ij,j->i", d.w.token_embd, x), repeats)
         print(f"{name:22s} context {context}: step {step:8.2f} ms   floor (dense-head matvec) {floor:7.2f} ms   "
               f"ratio {step / floor:5.2f}   (weights built in {setup:.1f} s)")
 

@@ -141,7 +141,9 @@ def _arch_keys(arch: str, src: dict[str, Any], swa: list[bool], head_count_kv: l
 def _source_hparams() -> dict[str, Any]:
     """The 26B-A4B target's keys from the real tokenizer GGUF (``gemma4.*``)."""
     with open_gguf(vocab_path()) as f:
-        g = lambda k: f.get("gemma4." + k)  # noqa: E731
+        def g(k: str) -> Any:
+            return f.get("gemma4." + k)
+
         hkv = list(g("attention.head_count_kv").to_numpy())
         pattern = [bool(x) for x in g("attention.sliding_window_pattern").to_list()]
         return {"context_length": int(g("context_length")), "embedding_length": int(g("embedding_length")),
@@ -217,7 +219,10 @@ def build_pair(n_layer: int = 2, *, seed: int = 0, log: Any = print) -> RealPair
     cfg = json.loads(SAMPLE.read_text())
     tok = list(tokenizer_kv(vocab_path()))
     rope = expected_rope_freqs(src["key_length"])
-    general = lambda name: [("general.name", string(name)), ("general.file_type", u32(1))]  # noqa: E731
+
+    def general(name: str) -> list[tuple[str, Any]]:
+        return [("general.name", string(name)), ("general.file_type", u32(1))]
+
     for path, arch, kv, layout, qtype, n_embd in (
             (pair.assistant, "gemma4-assistant", drafter_kv(src, cfg), None, DRAFTER_TYPE,
              cfg["text_config"]["hidden_size"]),

@@ -106,7 +106,7 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[P
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
+def pair(tiny_pair) -> dict[str, Path]:
     """The tiny pair the recorder tests run: target, clean / noisy upstream drafters, a fork drafter (subset vocab)."""
     target, clean = tiny_pair(vocab="subset")
     _, noisy = tiny_pair(vocab="subset", noise=2.0)

@@ -62,7 +62,7 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         try:
             while sent < n:
-                chunk = fh.read(min(1 << 20, n - sent))  # type: ignore[attr-defined]
+                chunk = fh.read(min(1 << 20, n - sent))  # type: ignore[attr-defined]  # fh: an open binary file
                 if not chunk:
                     break
                 self.wfile.write(chunk)
@@ -71,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         return sent
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         with self.server.lock:
             self.server.active += 1
         try:

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
-from mtpscope.app import selection  # noqa: E402
-from mtpscope.cli.serve import main_script  # noqa: E402
+from mtpscope.app import selection
+from mtpscope.cli.serve import main_script
 
 MAIN = str(main_script())  # the entry script `mtpscope app` serves (packaged app/main.py)
 TIMEOUT = 120

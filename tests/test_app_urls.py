@@ -40,10 +40,10 @@ def test_host_allow_list() -> None:
 
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402  # after the importorskip of streamlit
 
-from mtpscope.app import selection  # noqa: E402
-from mtpscope.cli.serve import main_script  # noqa: E402
+from mtpscope.app import selection  # noqa: E402  # after the importorskip of streamlit
+from mtpscope.cli.serve import main_script  # noqa: E402  # after the importorskip of streamlit
 
 MAIN = str(main_script())
 

@@ -145,7 +145,9 @@ def test_step_verdicts() -> None:
 
 
 def test_round_verdict_sentences() -> None:
-    dec = lambda i: f"t{i}"  # noqa: E731
+    def dec(i: int) -> str:
+        return f"t{i}"
+
     step = {"token": 101, "logit": 4.0, "top_ids": [101, 901], "top_logits": [4.0, 2.75], "target_rank": 1}
     assert round_views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step) == (
         "Rejected at k=2: the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101); k=3 was not checked")

@@ -23,7 +23,7 @@ from mtpscope.traces.run.record_config import MAX_N_DRAFT
 runner = CliRunner()
 
 
-def _one_line(res) -> str:  # noqa: ANN001
+def _one_line(res) -> str:
     """The one stderr line of a refused command (exit 2, no traceback, no usage box)."""
     assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
@@ -95,7 +95,7 @@ def test_a_gguf_option_that_names_a_folder_is_one_line(tmp_path: Path, monkeypat
     import mtpscope.traces.server.launch as launch
     import mtpscope.traces.server.probe as probe
 
-    def must_not_run(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def must_not_run(*a, **k):
         raise AssertionError("started although an option was bad")
 
     monkeypatch.setattr(launch, "launch", must_not_run)
@@ -137,7 +137,7 @@ def test_n_draft_out_of_range_or_not_a_number_is_one_line(tmp_path: Path, monkey
     import mtpscope.traces.server.launch as launch
     import mtpscope.traces.server.probe as probe
 
-    def must_not_run(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def must_not_run(*a, **k):
         raise AssertionError("started although --n-draft was bad")
 
     monkeypatch.setattr(launch, "launch", must_not_run)
@@ -205,7 +205,7 @@ def test_diagnose_writes_absolute_paths_and_links_with_the_default_out(demo_dir,
 
 # ------------------------------------------------------------------------------------------- trace repair
 
-def _trace(d: Path, n_rounds: int = 5, **kw) -> object:  # noqa: ANN003
+def _trace(d: Path, n_rounds: int = 5, **kw) -> object:
     from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
 
     w = TraceWriter(d, {"source": "synthetic"}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,

@@ -86,7 +86,10 @@ def test_compare_clean_vs_noisy(demo_dir, noisy: Path) -> None:
     d = json.loads(res.stdout)
     assert d["paired_by"] == "text" and d["n_pairs"] == 5 and d["outputs_identical"]
     ra, rb = _table(clean, "rounds").to_pydict(), _table(noisy, "rounds").to_pydict()
-    rate = lambda r: sum(r["n_accepted"]) / sum(r["n_draft"])  # noqa: E731
+
+    def rate(r: dict[str, list[int]]) -> float:
+        return sum(r["n_accepted"]) / sum(r["n_draft"])
+
     assert d["delta"]["all"]["delta"] == pytest.approx(rate(rb) - rate(ra))
     lo, hi = d["delta"]["all"]["ci_low"], d["delta"]["all"]["ci_high"]
     assert lo <= d["delta"]["all"]["delta"] <= hi

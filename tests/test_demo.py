@@ -91,7 +91,7 @@ def drafter_forward(kv: dict, d: dict[str, np.ndarray], target_embd: np.ndarray,
 
 
 @pytest.fixture(scope="module")
-def subset_files(tiny_pair) -> dict[str, Path]:  # noqa: ANN001
+def subset_files(tiny_pair) -> dict[str, Path]:
     target, clean = tiny_pair(vocab="subset")
     _, noisy = tiny_pair(vocab="subset", noise=1.2, noise_seed=1)
     _, very = tiny_pair(vocab="subset", noise=3.0, noise_seed=1)
@@ -328,7 +328,7 @@ def test_demo_record_config_matches_the_contract() -> None:
 
 
 @pytest.mark.slow
-def test_cached_demo_folder_files(demo_dir, tmp_path: Path) -> None:  # noqa: ANN001
+def test_cached_demo_folder_files(demo_dir, tmp_path: Path) -> None:
     """The built demo: fork file read with the project's reader, and byte-identical rebuilds."""
     from mtpscope.inspector.gguf import open_gguf
 

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.llama
 L = pytest.importorskip("llama_cpp")
 X = pytest.importorskip("llama_cpp.llama_cpp_ext")
 
-from mtpscope.cache import vocab_test_pairs  # noqa: E402
-from mtpscope.demo import build as demo  # noqa: E402
+from mtpscope.cache import vocab_test_pairs  # noqa: E402  # after the importorskip of llama_cpp
+from mtpscope.demo import build as demo  # noqa: E402  # after the importorskip of llama_cpp
 
 
 class Pair:
@@ -129,7 +129,7 @@ def _mtp(pair: Pair, prompt: str, n_draft: int = 3, rounds: int = 8) -> tuple[in
 
 
 @pytest.fixture(scope="module")
-def clean_pair(demo_dir) -> Pair:  # noqa: ANN001
+def clean_pair(demo_dir) -> Pair:
     p = Pair(demo_dir.target, demo_dir.drafter_upstream)
     yield p
     p.close()
@@ -192,7 +192,7 @@ def test_noise_free_drafts_equal_the_target_tokens(clean_pair: Pair) -> None:
         assert acc == drafted == 24 and all(first_ok)
 
 
-def test_noisy_drafter_accepts_some_but_not_all(demo_dir) -> None:  # noqa: ANN001
+def test_noisy_drafter_accepts_some_but_not_all(demo_dir) -> None:
     p = Pair(demo_dir.target, demo_dir.drafter_upstream_noisy)
     try:
         acc, drafted, _ = _mtp(p, "The quick brown fox", rounds=12)
@@ -201,7 +201,7 @@ def test_noisy_drafter_accepts_some_but_not_all(demo_dir) -> None:  # noqa: ANN0
     assert 0 < acc < drafted
 
 
-def test_demo_traces_acceptance_by_construction(demo_dir) -> None:  # noqa: ANN001
+def test_demo_traces_acceptance_by_construction(demo_dir) -> None:
     import pyarrow.parquet as pq
 
     for d in (demo_dir.traces_clean, demo_dir.traces_noisy):
@@ -221,7 +221,7 @@ def test_demo_traces_acceptance_by_construction(demo_dir) -> None:  # noqa: ANN0
 
 
 @pytest.mark.slow
-def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:  # noqa: ANN001
+def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:
     """The fork file's centroid head misplaces some passage tokens on purpose: in the clean trace (every
     dense draft accepted) the sparse head misses exactly those targets whose ordering row is not among
     the top-k centroids, and some of them are misplaced tokens."""
@@ -250,7 +250,7 @@ def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:  #
     assert set(missed) & moved
 
 
-def test_demo_build_on_a_current_demo_does_not_import_numpy(demo_dir) -> None:  # noqa: ANN001
+def test_demo_build_on_a_current_demo_does_not_import_numpy(demo_dir) -> None:
     """The stamp check of ``mtpscope demo build`` runs at every make test / make run: it must not pay for
     numpy (or the builder) when nothing changed."""
     import subprocess

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the demo training code needs the parity extra (torch)")
 pytest.importorskip("transformers", reason="the demo training code needs the parity extra (transformers)")
 
-from mtpscope.demo.train import centroids, compact, evaluation, models, recipe  # noqa: E402
-from mtpscope.errors import MtpscopeError  # noqa: E402
+from mtpscope.demo.train import centroids, compact, evaluation, models, recipe  # noqa: E402  # after the importorskip of the parity extra
+from mtpscope.errors import MtpscopeError  # noqa: E402  # after the importorskip of the parity extra
 
 pytestmark = pytest.mark.slow
 
@@ -222,7 +222,7 @@ class _RuleTarget:
         self.config = type("C", (), {"vocab_size": n_rows})()
         self.rule, self.n = rule, n_rows
 
-    def model(self, input_ids, use_cache=False):  # noqa: ARG002
+    def model(self, input_ids, use_cache=False):
         h = torch.full((1, input_ids.shape[1], self.n), -1.0)
         h[0, -1, self.rule(int(input_ids[0, -1]))] = 1.0
         return type("O", (), {"last_hidden_state": h})()

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch", reason="HF parity needs the parity extra (t
 transformers = pytest.importorskip("transformers", reason="HF parity needs the parity extra (transformers)")
 pytest.importorskip("llama_cpp", reason="the demo traces need llama-cpp-python")
 
-from mtpscope.demo import trained as dtr  # noqa: E402
-from mtpscope.demo.spec import TrainedPaths  # noqa: E402
+from mtpscope.demo import trained as dtr  # noqa: E402  # after the importorskip of the parity extra
+from mtpscope.demo.spec import TrainedPaths  # noqa: E402  # after the importorskip of the parity extra
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
 

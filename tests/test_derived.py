@@ -141,7 +141,7 @@ def test_bad_widths_are_refused() -> None:
 # ------------------------------------------------------------------------------------------- llama.cpp
 
 @pytest.fixture(scope="module")
-def graph_rt(pair):  # noqa: ANN001, ANN201
+def graph_rt(pair):
     pytest.importorskip("llama_cpp")
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
 
@@ -151,7 +151,7 @@ def graph_rt(pair):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.llama
-def test_derived_is_the_least_squares_solution_of_llamas_outputs(pair, graph_rt) -> None:  # noqa: ANN001
+def test_derived_is_the_least_squares_solution_of_llamas_outputs(pair, graph_rt) -> None:
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.traces.run.record_config import RecordConfig
     from tests.builders import TINY_PROMPTS
@@ -182,7 +182,7 @@ def test_derived_is_the_least_squares_solution_of_llamas_outputs(pair, graph_rt)
 
 
 @pytest.fixture(scope="module")
-def two_traces(pair, graph_rt, tmp_path_factory):  # noqa: ANN001, ANN201
+def two_traces(pair, graph_rt, tmp_path_factory):
     from mtpscope import traces
     from mtpscope.traces.run.mtp_runtime import MtpRuntime
     from mtpscope.traces.run.record_config import RecordConfig
@@ -199,7 +199,7 @@ def two_traces(pair, graph_rt, tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.llama
-def test_recorded_derived_columns_equal_the_graph_capture(pair, two_traces) -> None:  # noqa: ANN001
+def test_recorded_derived_columns_equal_the_graph_capture(pair, two_traces) -> None:
     from tests.gguf_oracle import gguf_arrays
 
     g, d = two_traces
@@ -238,7 +238,7 @@ def test_recorded_derived_columns_equal_the_graph_capture(pair, two_traces) -> N
     assert (g.steps["target_centroid_rank"] - d.steps["target_centroid_rank"]).abs().max() <= 1
 
 
-def test_the_solve_is_kept_per_drafter_file(tiny_pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_solve_is_kept_per_drafter_file(tiny_pair, tmp_path, monkeypatch) -> None:
     import os
 
     from mtpscope.inspector.gguf import open_gguf

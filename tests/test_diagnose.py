@@ -293,7 +293,7 @@ def test_a_saved_diagnosis_reads_back_as_the_same_records(tmp_path: Path) -> Non
 
 def _bad_docs() -> list[tuple[str, object, str | None]]:
     """(what, document, the key its error names: None for the document itself)."""
-    def edit(change) -> dict:  # noqa: ANN001
+    def edit(change) -> dict:
         doc = _full().to_dict()
         change(doc)
         return doc

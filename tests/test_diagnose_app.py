@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.app import selection  # noqa: E402
-from mtpscope.app.diagnose_report import figures, html_report  # noqa: E402
-from mtpscope.demo.spec import TrainedPaths  # noqa: E402
-from mtpscope.traces.diagnose.config import DiagnoseConfig  # noqa: E402
-from mtpscope.traces.diagnose.records import Diagnosis  # noqa: E402
-from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose  # noqa: E402
+from mtpscope.app import selection
+from mtpscope.app.diagnose_report import figures, html_report
+from mtpscope.demo.spec import TrainedPaths
+from mtpscope.traces.diagnose.config import DiagnoseConfig
+from mtpscope.traces.diagnose.records import Diagnosis
+from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -29,7 +29,7 @@ MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 
 
 @pytest.fixture(scope="module")
-def buggy(demo_dir, tmp_path_factory) -> dict:  # noqa: ANN001
+def buggy(demo_dir, tmp_path_factory) -> dict:
     tp = TrainedPaths.under(demo_dir.root)
     if not (tp.traces_buggy / "manifest.json").exists():
         pytest.skip("the trained demo traces are not built")
@@ -38,7 +38,7 @@ def buggy(demo_dir, tmp_path_factory) -> dict:  # noqa: ANN001
     return {"out": out, "d": d, "doc": d.to_dict(), "paths": tp}
 
 
-def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeypatch) -> None:  # noqa: ANN001
+def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("MTPSCOPE_ROOTS", str(buggy["out"]))
@@ -59,7 +59,7 @@ def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeyp
     assert [h.value for h in at.title] == ["Validate"]
 
 
-def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:  # noqa: ANN001
+def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:
     from streamlit.testing.v1 import AppTest
 
     tp = buggy["paths"]
@@ -75,7 +75,7 @@ def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:  # noqa: ANN00
     assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
 
 
-def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:  # noqa: ANN001
+def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:
     """diagnosis.json of a replayed diagnosis, rebuilt into records, writes the same bytes; the page, the report and
     the CLI read those records."""
     from mtpscope.traces.diagnose.run import read_diagnosis
@@ -89,7 +89,7 @@ def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:  # n
     assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
 
 
-def test_html_report_draws_its_figures_offline_in_chromium(buggy, tmp_path: Path) -> None:  # noqa: ANN001
+def test_html_report_draws_its_figures_offline_in_chromium(buggy, tmp_path: Path) -> None:
     from tests.browser import ARGS, CHROMIUM, need_browser
 
     sync_api = need_browser()

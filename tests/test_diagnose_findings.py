@@ -31,7 +31,7 @@ REF = {"blk.0.attn_q.weight": RNG.standard_normal((8, 6)).astype(np.float32),
        "nextn.pre_projection.weight": RNG.standard_normal((6, 12)).astype(np.float32)}
 
 
-def _files(write_gguf, changes: dict[str, np.ndarray]) -> tuple[Path, Path]:  # noqa: ANN001
+def _files(write_gguf, changes: dict[str, np.ndarray]) -> tuple[Path, Path]:
     ref = write_gguf("ref.gguf", "gemma4-assistant", tensors=list(REF.items()))
     f = write_gguf("file.gguf", "gemma4-assistant", tensors=[(n, changes.get(n, a)) for n, a in REF.items()])
     return f, ref
@@ -67,7 +67,7 @@ def _bf16(a: np.ndarray) -> np.ndarray:
     # a BF16 copy of the swapped tensor: rounding stays under MATCH_REL
     ("blk.0.attn_q.weight", lambda: _bf16(_swap_rows(REF["blk.0.attn_q.weight"])), "rows_halves_swapped"),
 ])
-def test_a_planted_difference_is_recognised(write_gguf, tensor: str, make, pattern: str) -> None:  # noqa: ANN001
+def test_a_planted_difference_is_recognised(write_gguf, tensor: str, make, pattern: str) -> None:
     f, ref = _files(write_gguf, {tensor: make()})
     got = reference.tensor_patterns(f, ref, [tensor])
     assert set(got) == {tensor} and got[tensor].pattern == pattern, got
@@ -78,7 +78,7 @@ def test_a_planted_difference_is_recognised(write_gguf, tensor: str, make, patte
     assert tensor in p.fix and p.words
 
 
-def test_gate_and_up_exchanged_are_one_pattern_each_way(write_gguf) -> None:  # noqa: ANN001
+def test_gate_and_up_exchanged_are_one_pattern_each_way(write_gguf) -> None:
     f, ref = _files(write_gguf, {"blk.0.ffn_gate.weight": REF["blk.0.ffn_up.weight"],
                                  "blk.0.ffn_up.weight": REF["blk.0.ffn_gate.weight"]})
     got = reference.tensor_patterns(f, ref, ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"])
@@ -88,14 +88,14 @@ def test_gate_and_up_exchanged_are_one_pattern_each_way(write_gguf) -> None:  # 
     assert reference.tensor_patterns(f2, ref2, ["blk.0.ffn_up.weight"])["blk.0.ffn_up.weight"].pattern == "up_is_gate"
 
 
-def test_an_unrecognised_difference_has_no_pattern(write_gguf) -> None:  # noqa: ANN001
+def test_an_unrecognised_difference_has_no_pattern(write_gguf) -> None:
     a = REF["blk.0.attn_q.weight"]
     noisy = a + 0.3 * np.random.default_rng(1).standard_normal(a.shape).astype(np.float32)
     f, ref = _files(write_gguf, {"blk.0.attn_q.weight": noisy, "blk.0.attn_norm.weight": REF["blk.0.attn_norm.weight"] * 2})
     assert reference.tensor_patterns(f, ref, ["blk.0.attn_q.weight", "blk.0.attn_norm.weight"]) == {}
 
 
-def test_sampled_rows_of_a_large_tensor_cover_both_halves(write_gguf) -> None:  # noqa: ANN001
+def test_sampled_rows_of_a_large_tensor_cover_both_halves(write_gguf) -> None:
     big = np.random.default_rng(3).standard_normal((512, 4)).astype(np.float32)
     ref = write_gguf("ref.gguf", "x", tensors=[("blk.0.attn_q.weight", big)])
     f = write_gguf("file.gguf", "x", tensors=[("blk.0.attn_q.weight", _swap_rows(big))])
@@ -117,11 +117,11 @@ def test_sampled_rows_of_a_large_tensor_cover_both_halves(write_gguf) -> None:  
     (0.99, -0.02, ("info", "medium")),       # nothing measured: no defect
     (0.99, 0.01, ("warning", "medium")),
 ])
-def test_one_rule_for_a_weights_finding(agreement, ci_low, expected) -> None:  # noqa: ANN001
+def test_one_rule_for_a_weights_finding(agreement, ci_low, expected) -> None:
     assert reference.weights_severity(agreement=agreement, ci_low=ci_low) == expected
 
 
-def _replays(file_acc: list[int], ref_acc: list[int], n_diff: int):  # noqa: ANN202
+def _replays(file_acc: list[int], ref_acc: list[int], n_diff: int):
     """Replays of ``len(file_acc)`` prompts, one round of 4 drafts each, accepting ``file_acc[p]`` / ``ref_acc[p]``;
     the reference drafts another token at the first ``n_diff`` steps (prompt order, k order)."""
     from mtpscope.inspector.reference import StepOptions
@@ -139,7 +139,7 @@ def _replays(file_acc: list[int], ref_acc: list[int], n_diff: int):  # noqa: ANN
     return res(file_acc, 0, "file"), res(ref_acc, n_diff, "ref")
 
 
-def test_weights_findings_name_the_tensor_and_the_pattern(write_gguf) -> None:  # noqa: ANN001
+def test_weights_findings_name_the_tensor_and_the_pattern(write_gguf) -> None:
     q = REF["blk.0.attn_q.weight"]
     noise = REF["blk.0.ffn_down.weight"] + 0.5 * np.random.default_rng(2).standard_normal((6, 10)).astype(np.float32)
     f, ref = _files(write_gguf, {"blk.0.attn_q.weight": _swap_rows(q), "blk.0.ffn_down.weight": noise})
@@ -172,7 +172,7 @@ def test_weights_findings_name_the_tensor_and_the_pattern(write_gguf) -> None:  
         "rows_halves_swapped" if t["name"] == "blk.0.attn_q.weight" else None for t in nums["tensors_differ"]]
 
 
-def test_a_recognised_pattern_that_changes_no_draft_is_a_note(write_gguf) -> None:  # noqa: ANN001
+def test_a_recognised_pattern_that_changes_no_draft_is_a_note(write_gguf) -> None:
     f, ref = _files(write_gguf, {"blk.0.attn_norm.weight": REF["blk.0.attn_norm.weight"] + 1})
     e = float(np.linalg.norm(1.0 * np.ones(6)) / np.linalg.norm(REF["blk.0.attn_norm.weight"] + 1.0))
     gdiff = SimpleNamespace(values=[ValueDiff("blk.0.attn_norm.weight", 1, 1, e, e, False)], keys_changed=[],
@@ -219,7 +219,7 @@ def test_a_sample_that_never_reaches_the_window_cannot_measure_it() -> None:
     assert g.title.endswith("its effect on acceptance is not measured (replay off)") and "0.500" in g.evidence[-1].text
 
 
-def test_with_key_value_rewrites_one_key_only(write_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+def test_with_key_value_rewrites_one_key_only(write_gguf, tmp_path: Path) -> None:
     import gguf
 
     key = "gemma4-assistant.attention.sliding_window"

@@ -32,11 +32,11 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.demo.spec import TRAINED_DATA, TrainedPaths  # noqa: E402
-from mtpscope.inspector.gguf import open_gguf  # noqa: E402
-from mtpscope.traces.diagnose.config import DiagnoseConfig  # noqa: E402
-from mtpscope.traces.diagnose.run import NOTHING_WRONG, diagnose  # noqa: E402
-from mtpscope.traces.run.prompts import PromptSpec  # noqa: E402
+from mtpscope.demo.spec import TRAINED_DATA, TrainedPaths
+from mtpscope.inspector.gguf import open_gguf
+from mtpscope.traces.diagnose.config import DiagnoseConfig
+from mtpscope.traces.diagnose.run import NOTHING_WRONG, diagnose
+from mtpscope.traces.run.prompts import PromptSpec
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
 
 
 @pytest.fixture(scope="module")
-def trained(demo_dir) -> TrainedPaths:  # noqa: ANN001
+def trained(demo_dir) -> TrainedPaths:
     tp = TrainedPaths.under(demo_dir.root)
     if not all(p.exists() for p in (*tp.models, *tp.traces.values())):
         pytest.skip("the trained demo pair is not built (mtpscope demo build)")
@@ -109,7 +109,7 @@ def plant_kv_heads(tp: TrainedPaths, dst: Path) -> Path:
     return patched(tp.drafter, dst, [(off, np.array([1, 1, 1, 1], dtype="<u4").tobytes())])
 
 
-def first(d):  # noqa: ANN001, ANN201
+def first(d):
     assert d.findings, "no findings"
     return d.findings[0]
 
@@ -354,7 +354,7 @@ def weights_plant(trained: TrainedPaths, tmp_path_factory: pytest.TempPathFactor
     return bad, root / "out", d
 
 
-def test_weights_findings_name_the_tensor_and_its_pattern(trained: TrainedPaths, weights_plant) -> None:  # noqa: ANN001
+def test_weights_findings_name_the_tensor_and_its_pattern(trained: TrainedPaths, weights_plant) -> None:
     bad, out, d = weights_plant
     weights = [f for f in d.findings if f.cause == "weights"]
     named = {f.subject: f for f in weights if f.subject != "weights"}
@@ -383,7 +383,7 @@ def test_weights_findings_name_the_tensor_and_its_pattern(trained: TrainedPaths,
     assert d.exit_code == 1
 
 
-def test_without_a_reference_the_behaviour_points_at_the_drafter(weights_plant, tmp_path: Path) -> None:  # noqa: ANN001
+def test_without_a_reference_the_behaviour_points_at_the_drafter(weights_plant, tmp_path: Path) -> None:
     # the same recording, no reference: the first misses' sides say the drafter is wrong where the target was sure
     _, out, d0 = weights_plant
     d = diagnose(DiagnoseConfig(replay=False), trace=d0.trace, out=tmp_path)

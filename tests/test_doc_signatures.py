@@ -96,7 +96,7 @@ def describe_obj(short: str, obj: object) -> str:
             s = f"{f.name}: {f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
             if f.default is not dataclasses.MISSING:
                 s += f" = {f.default!r}"
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]  # mypy flags comparing default_factory with MISSING
                 s += " = <factory>"
             parts.append(s)
         return _wrap(f"@dataclass {short}", parts, "")
@@ -152,7 +152,7 @@ def test_architecture_doc_signatures_are_the_code_s() -> None:
 
 
 def test_rule_the_generator_sees_parameters_defaults_returns_and_fields() -> None:
-    def f(path: str, *, rows: int | None = None, dequantize: bool = True) -> Path:  # noqa: ARG001
+    def f(path: str, *, rows: int | None = None, dequantize: bool = True) -> Path:
         return Path(path)
 
     @dataclasses.dataclass(frozen=True)

@@ -83,7 +83,7 @@ def trace(tmp_path):
 
 
 def _frames(t):
-    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", [c for c in E.STEP_COLUMNS])
+    return t.columns("rounds", E.ROUND_COLUMNS), t.columns("steps", list(E.STEP_COLUMNS))
 
 
 def test_step_causes_by_hand(trace) -> None:

@@ -468,7 +468,7 @@ def test_many_nested_arrays_stay_compact(tmp_path: Path) -> None:
     assert len(a) == n and a[n - 1].to_list() == [] and a[7].element_type_name == "UINT8"
 
 
-def test_fifo_and_devices_are_refused_without_opening(tmp_path) -> None:  # noqa: ANN001
+def test_fifo_and_devices_are_refused_without_opening(tmp_path) -> None:
     """Opening a FIFO blocks until a writer appears; the reader must refuse it (and devices) first."""
     import os
 

@@ -31,7 +31,7 @@ def test_repeated_arrays_are_reused_and_equal_a_walk(write_gguf, monkeypatch: py
     walks: list[str] = []
     orig = G._Parser.walk_strings
 
-    def spy(self, start, n, key):  # noqa: ANN001, ANN202
+    def spy(self, start, n, key):
         walks.append(key)
         return orig(self, start, n, key)
 

@@ -159,7 +159,7 @@ def test_target_shared_kv_layers_make_k_optional() -> None:
 
 
 @pytest.mark.parametrize("n_layer", [0, 513, 2 ** 32 - 1])
-def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_layer: int) -> None:  # noqa: ANN001
+def test_block_count_outside_llama_cpp_limits_is_a_layout_error(write_gguf, n_layer: int) -> None:
     """llama.cpp caps layers at LLAMA_MAX_LAYERS = 512; a larger (or zero) block_count is refused by
     name, without building per-layer lists of that length."""
     from gguf import GGUFValueType as VT

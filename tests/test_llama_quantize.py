@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces.run.llama import model as lm  # noqa: E402
+from mtpscope.errors import TraceError
+from mtpscope.traces.run.llama import model as lm
 
 pytestmark = pytest.mark.llama
 
 
-def test_quantize_to_q8_0(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
+def test_quantize_to_q8_0(tiny_pair, tmp_path: Path) -> None:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 

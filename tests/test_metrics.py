@@ -170,10 +170,10 @@ def test_rolling_summary() -> None:
     short = M.rolling_summary(_rounds([(0, 0, 3, 3), (0, 1, 3, 0)]), window=8)
     assert short["full_windows"] is False and (short["min"], short["max"]) == (0.5, 1.0)
     assert M.rolling_summary(_rounds().iloc[:0]) is None
-    assert M.DEFAULT_ROLLING_WINDOW == M.summarize(_rounds())["rolling"]["window"]
+    assert M.summarize(_rounds())["rolling"]["window"] == M.DEFAULT_ROLLING_WINDOW
 
 
-def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:  # noqa: ANN001
+def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:
     """``report()`` is typed; its ``to_dict()`` is the summary (NaN -> None) with the head keys first, the prompts'
     text second in each prompt row, and the warnings last: the ``report --json`` document."""
     import dataclasses
@@ -186,7 +186,7 @@ def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None: 
     t = open_trace(d)
     rep = M.report(t)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        rep.n_rounds = 0  # type: ignore[misc]
+        rep.n_rounds = 0  # type: ignore[misc]  # assigning to a frozen dataclass on purpose
     doc = rep.to_dict()
     body = M.summarize(t.rounds, t.steps if t.manifest.get("centroids") is not None else None)
     assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "warnings"]

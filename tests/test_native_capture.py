@@ -19,19 +19,19 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.traces.run.llama import capture, native_capture  # noqa: E402
+from mtpscope.errors import TraceError
+from mtpscope.traces.run.llama import capture, native_capture
 from mtpscope.traces.run.llama import model as lm
-from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
-from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
-from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
-from tests.numerics import assert_matvec_close  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime
+from mtpscope.traces.run.record_config import RecordConfig
+from tests.builders import TINY_PROMPTS as PROMPTS
+from tests.gguf_oracle import gguf_arrays, gguf_types
+from tests.numerics import assert_matvec_close
 
 pytestmark = pytest.mark.llama
 
 
-def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:  # noqa: ANN001, F811
+def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:
     if native_capture.load() is None:
         pytest.skip(f"native capture not built here: {native_capture.unavailable_reason()}")
     tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
@@ -77,7 +77,7 @@ def test_native_capture_equals_python_capture_and_the_weights(pair) -> None:  # 
         nat.close()
 
 
-def test_runtime_drafts_the_same_with_either_capture(pair) -> None:  # noqa: ANN001, F811
+def test_runtime_drafts_the_same_with_either_capture(pair) -> None:
     runs = []
     for native in (True, False):
         with MtpRuntime(pair["target"], pair["noisy"], n_ctx=512, native_capture=native) as r:
@@ -92,7 +92,7 @@ def test_runtime_drafts_the_same_with_either_capture(pair) -> None:  # noqa: ANN
 
 
 @pytest.fixture
-def fresh(monkeypatch, tmp_path):  # noqa: ANN001, ANN201
+def fresh(monkeypatch, tmp_path):
     """native_capture as if never loaded in this process, with an empty cache."""
     monkeypatch.setattr(native_capture, "_state", {})
     monkeypatch.setenv("MTPSCOPE_CACHE", os.fspath(tmp_path / "cache"))
@@ -100,7 +100,7 @@ def fresh(monkeypatch, tmp_path):  # noqa: ANN001, ANN201
     return tmp_path
 
 
-def test_no_compiler_keeps_the_python_callback(fresh, monkeypatch) -> None:  # noqa: ANN001
+def test_no_compiler_keeps_the_python_callback(fresh, monkeypatch) -> None:
     monkeypatch.setenv("CC", os.fspath(fresh / "no-such-cc"))
     assert native_capture.load() is None
     assert "no C compiler" in native_capture.unavailable_reason()
@@ -109,7 +109,7 @@ def test_no_compiler_keeps_the_python_callback(fresh, monkeypatch) -> None:  # n
     assert not native_capture.library_path().exists()
 
 
-def test_failing_compiler_is_quoted(fresh, monkeypatch) -> None:  # noqa: ANN001
+def test_failing_compiler_is_quoted(fresh, monkeypatch) -> None:
     cc = fresh / "broken-cc"
     cc.write_text("#!/bin/sh\necho 'capture.c:1: error: this compiler is broken' >&2\nexit 1\n")
     cc.chmod(cc.stat().st_mode | stat.S_IXUSR)
@@ -121,7 +121,7 @@ def test_failing_compiler_is_quoted(fresh, monkeypatch) -> None:  # noqa: ANN001
     assert not lib_dir.exists() or not any(lib_dir.iterdir())      # no half-written library left
 
 
-def test_switch_off_and_a_real_build(fresh, monkeypatch) -> None:  # noqa: ANN001
+def test_switch_off_and_a_real_build(fresh, monkeypatch) -> None:
     monkeypatch.setenv(native_capture.ENV_SWITCH, "0")
     assert native_capture.load() is None and native_capture.kind() == f"python ({native_capture.ENV_SWITCH}=0)"
     monkeypatch.setattr(native_capture, "_state", {})

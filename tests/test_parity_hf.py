@@ -27,9 +27,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     pytest.skip(f"HF parity needs torch and transformers>=5.24 (pip install -e '.[parity]'); import failed: {e}",
                 allow_module_level=True)
 
-from mtpscope.inspector.convert import convert, write_tiny_pair  # noqa: E402
-from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions  # noqa: E402
-from tests.numerics import TIE_REL  # noqa: E402
+from mtpscope.inspector.convert import convert, write_tiny_pair
+from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from tests.numerics import TIE_REL
 
 if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24):  # pragma: no cover
     pytest.skip(f"transformers {transformers.__version__} cannot run Gemma4AssistantForCausalLM "

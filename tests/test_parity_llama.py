@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.inspector.reference import ReferenceDrafter, StepOptions  # noqa: E402
-from mtpscope.traces.run.live_run import live_mtp_run  # noqa: E402
-from mtpscope.traces.run.target_prefill import prefill, shape_kv  # noqa: E402
-from tests.numerics import CHAIN_MAX, U32, check_emulated_chain  # noqa: E402
+from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+from mtpscope.traces.run.live_run import live_mtp_run
+from mtpscope.traces.run.target_prefill import prefill, shape_kv
+from tests.numerics import CHAIN_MAX, U32, check_emulated_chain
 
 pytestmark = pytest.mark.llama
 

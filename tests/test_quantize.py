@@ -29,9 +29,9 @@ from typer.testing import CliRunner
 from tests.numerics import assert_replay_faithful
 
 pytest.importorskip("llama_cpp")
-from gguf import GGUFReader  # noqa: E402
+from gguf import GGUFReader
 
-from mtpscope.cli.main import app  # noqa: E402
+from mtpscope.cli.main import app
 
 pytestmark = [pytest.mark.llama]
 

@@ -140,6 +140,6 @@ def test_the_config_is_frozen() -> None:
 
     c = RecordConfig()
     with pytest.raises(FrozenInstanceError):
-        c.n_draft = 4  # type: ignore[misc]
+        c.n_draft = 4  # type: ignore[misc]  # assigning to a frozen dataclass on purpose
     with pytest.raises(TraceError, match="n_draft"):
         replace(c, n_draft=0)                          # a changed copy is checked again

@@ -16,18 +16,18 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope import traces  # noqa: E402
-from mtpscope.errors import MtpscopeError  # noqa: E402
-from mtpscope.traces.run.llama import model as lm  # noqa: E402
-from mtpscope.traces.run.mtp_runtime import MtpRuntime  # noqa: E402
-from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
-from mtpscope.traces.run.recorder import record  # noqa: E402
+from mtpscope import traces
+from mtpscope.errors import MtpscopeError
+from mtpscope.traces.run.llama import model as lm
+from mtpscope.traces.run.mtp_runtime import MtpRuntime
+from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.recorder import record
 
 pytestmark = pytest.mark.llama
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_pair):  # noqa: ANN001, ANN201
+def pair(tiny_pair):
     target, _ = tiny_pair(vocab="subset")
     _, noisy = tiny_pair(vocab="subset", noise=2.0)
     _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
@@ -35,7 +35,7 @@ def pair(tiny_pair):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="module")
-def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
+def recorded(pair, tmp_path_factory):
     target, noisy, fork = pair
     d = tmp_path_factory.mktemp("recx")
     pf = d / "prompts.jsonl"
@@ -50,7 +50,7 @@ def recorded(pair, tmp_path_factory):  # noqa: ANN001, ANN201
     return s, traces.open(out), target
 
 
-def test_manifest_prompts_and_baseline(recorded) -> None:  # noqa: ANN001
+def test_manifest_prompts_and_baseline(recorded) -> None:
     s, t, _ = recorded
     p = t.manifest["prompts"]
     assert [x.get("id") for x in p] == ["fox", "7", None]
@@ -64,7 +64,7 @@ def test_manifest_prompts_and_baseline(recorded) -> None:  # noqa: ANN001
     assert t.manifest["dims"]["h_target"] is True and t.manifest["params"]["hidden_target"] is True
 
 
-def test_target_side_matches_an_independent_decode(recorded) -> None:  # noqa: ANN001
+def test_target_side_matches_an_independent_decode(recorded) -> None:
     torch = pytest.importorskip("torch")
     _, t, target = recorded
     rounds, steps = t.rounds, t.steps
@@ -101,7 +101,7 @@ def test_target_side_matches_an_independent_decode(recorded) -> None:  # noqa: A
         m.close()
 
 
-def test_h_target_is_the_next_rounds_input(recorded) -> None:  # noqa: ANN001
+def test_h_target_is_the_next_rounds_input(recorded) -> None:
     _, t, _ = recorded
     rounds, steps = t.rounds, t.steps
     ht = t.hidden("h_target")
@@ -119,7 +119,7 @@ def test_h_target_is_the_next_rounds_input(recorded) -> None:  # noqa: ANN001
     assert checked >= 3
 
 
-def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
+def test_explain_reads_the_new_columns(recorded) -> None:
     from mtpscope.traces.analysis.explain_report import explain_trace
     from mtpscope.traces.analysis.vocab import trace_vocab
 
@@ -142,7 +142,7 @@ def test_explain_reads_the_new_columns(recorded) -> None:  # noqa: ANN001
     assert {k: v["n_drafted"] for k, v in d["by_channel"].items()} == {"none": int(nd[0] + nd[1]), "answer": int(nd[2])}
 
 
-def test_bad_tokens_and_hidden_target_without_hidden(pair, tmp_path) -> None:  # noqa: ANN001
+def test_bad_tokens_and_hidden_target_without_hidden(pair, tmp_path) -> None:
     target, noisy, _ = pair
     pf = tmp_path / "p.jsonl"
     pf.write_text('"fine"\n{"tokens": [2, 99999]}\n')

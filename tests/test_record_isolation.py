@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope import traces  # noqa: E402
+from mtpscope import traces
 
 pytestmark = pytest.mark.llama
 
@@ -49,7 +49,7 @@ def _rewrite_gguf(src: Path, dst: Path, change: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def crashing(tiny_pair, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
+def crashing(tiny_pair, tmp_path_factory) -> dict[str, Path]:
     from mtpscope.demo import build as demo
 
     target, noisy = tiny_pair(vocab="subset", noise=1.0)
@@ -61,7 +61,7 @@ def crashing(tiny_pair, tmp_path_factory) -> dict[str, Path]:  # noqa: ANN001
     return {"target": target, "noisy": noisy, "f16_norm": f16, "wide": wide}
 
 
-def _record(args: list[str], **kw) -> subprocess.CompletedProcess:  # noqa: ANN003
+def _record(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mtpscope.cli", "record", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, **kw)
 
@@ -72,7 +72,7 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_f16_norm_drafter_refused_then_aborts_llama_cpp(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_f16_norm_drafter_refused_then_aborts_llama_cpp(crashing, tmp_path) -> None:
     args = ["--target", str(crashing["target"]), "--assistant", str(crashing["f16_norm"]), "--prompt", PROMPT,
             "--max-tokens", "16", "--no-progress"]
     # the pre-flight knows llama.cpp would abort (the inspector's rule): refused before loading
@@ -102,7 +102,7 @@ def test_f16_norm_drafter_refused_then_aborts_llama_cpp(crashing, tmp_path) -> N
     assert len(tr.rounds) == 0                                          # it aborted in the first round
 
 
-def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:
     args = ["--target", str(crashing["target"]), "--assistant", str(crashing["wide"]), "--prompt", PROMPT,
             "--no-progress"]
     res = _record([*args, "--out", str(tmp_path / "refused")])
@@ -118,7 +118,7 @@ def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:  # noqa: ANN
     assert "ggml_can_mul_mat" in (out / "llama.log").read_text()
 
 
-def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path) -> None:
     """ggml's own ``ggml_abort`` called by the worker right after its loop queued round 5 (the worker's
     test fault), before its sender thread could send it: the abort hook lets the thread hand it over
     before the process dies, so rounds 0-5 are all in the trace, the message is quoted in one line and
@@ -165,7 +165,7 @@ def _read_rounds(proc: subprocess.Popen, until: int, deadline: float) -> list[tu
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children and PR_SET_PDEATHSIG")
-def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:
     """A fatal signal in llama.cpp's process after some rounds (a driver fault): one line, exit 1, and
     every round the recorder reported is in the trace."""
     out = tmp_path / "t"
@@ -193,7 +193,7 @@ def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:  #
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children and PR_SET_PDEATHSIG")
-def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_path) -> None:
     """``kill -9`` of the recorder at 5 random moments of a long run (defaults: flush every 8 rounds):
     every round it reported (``--verbose``) is in the trace, read back after recovering the
     write-ahead log, and the llama.cpp worker dies with it."""
@@ -230,7 +230,7 @@ def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_pa
     print("reported vs survived per kill:", results)
 
 
-def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> None:  # noqa: ANN001
+def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> None:
     """Everything the loop produces passes the worker's transport unchanged: prompts given as text, token
     ids and chat messages, h_target and the plain-decoding baseline; rounds, steps and hidden states
     equal an in-process recording of the same run exactly."""

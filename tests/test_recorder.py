@@ -23,18 +23,18 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope import traces  # noqa: E402
-from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError  # noqa: E402
-from mtpscope.traces.run.llama import binding, capture  # noqa: E402
+from mtpscope import traces
+from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError
+from mtpscope.traces.run.llama import binding, capture
 from mtpscope.traces.run.llama import model as lm
-from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler  # noqa: E402
-from mtpscope.traces.run.prompts import read_prompts  # noqa: E402
-from mtpscope.traces.run.ranking import top_k_desc  # noqa: E402
-from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
-from mtpscope.traces.run.recorder import record  # noqa: E402
-from tests.builders import TINY_PROMPTS as PROMPTS  # noqa: E402
-from tests.gguf_oracle import gguf_arrays, gguf_types  # noqa: E402
-from tests.numerics import assert_matvec_close, ggml_matvec_fit  # noqa: E402
+from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler
+from mtpscope.traces.run.prompts import read_prompts
+from mtpscope.traces.run.ranking import top_k_desc
+from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.recorder import record
+from tests.builders import TINY_PROMPTS as PROMPTS
+from tests.gguf_oracle import gguf_arrays, gguf_types
+from tests.numerics import assert_matvec_close, ggml_matvec_fit
 
 pytestmark = pytest.mark.llama
 
@@ -42,14 +42,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def noisy_rt(pair):  # noqa: ANN001, ANN201
+def noisy_rt(pair):
     r = MtpRuntime(pair["target"], pair["noisy"], n_ctx=1024)
     yield r
     r.close()
 
 
 @pytest.fixture(scope="module")
-def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
+def noisy_trace(pair, noisy_rt, tmp_path_factory):
     out = tmp_path_factory.mktemp("rec") / "noisy"
     s = record(RecordConfig(max_tokens=40, centroids=pair["fork"], hidden="f32", flush_every=3),
                target=pair["target"], assistant=pair["noisy"], out=out, prompts=PROMPTS, runtime=noisy_rt,
@@ -59,7 +59,7 @@ def noisy_trace(pair, noisy_rt, tmp_path_factory):  # noqa: ANN001, ANN201
 
 # ------------------------------------------------------------------------------------------ invariants
 
-def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN001
+def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:
     accepted = drafted = 0
     for p in PROMPTS:
         tk = noisy_rt.prompt_tokens(p)
@@ -72,7 +72,7 @@ def test_greedy_speculative_equals_plain_greedy(noisy_rt) -> None:  # noqa: ANN0
     assert 0 < accepted < drafted  # rejections happened, so roll-back was exercised
 
 
-def test_cost_probe_times_every_size_and_leaves_the_loop_as_it_was(noisy_rt) -> None:  # noqa: ANN001
+def test_cost_probe_times_every_size_and_leaves_the_loop_as_it_was(noisy_rt) -> None:
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
     cfg = RecordConfig(n_draft=3, max_tokens=24)
     before = [(r.drafted, r.emitted) for r in noisy_rt.run(tk, cfg, trace=False)]
@@ -90,7 +90,7 @@ def test_cost_probe_times_every_size_and_leaves_the_loop_as_it_was(noisy_rt) -> 
     assert [(r.drafted, r.emitted) for r in noisy_rt.run(tk, cfg, trace=False)] == before
 
 
-def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
+def test_context_grows_when_needed(pair) -> None:
     with MtpRuntime(pair["target"], pair["noisy"], n_ctx=32, capture=False) as r:
         tk = r.prompt_tokens(PROMPTS[1])
         assert r.n_ctx == 256  # n_ctx is at least n_batch (256)
@@ -100,7 +100,7 @@ def test_context_grows_when_needed(pair) -> None:  # noqa: ANN001
             r.generate_plain(tk, max_tokens=240)
 
 
-def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:  # noqa: ANN001
+def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:
     tk = noisy_rt.prompt_tokens(" ".join([PROMPTS[1]] * 60))
     assert len(tk) > noisy_rt.tctx.n_batch  # more than one prefill batch
     rounds = list(noisy_rt.run(tk, RecordConfig(n_draft=3, max_tokens=20), trace=False))
@@ -109,7 +109,7 @@ def test_long_prompt_is_prefilled_in_chunks(noisy_rt) -> None:  # noqa: ANN001
         noisy_rt.generate_plain(tk, max_tokens=20)
 
 
-def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN001
+def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:
     # llama.cpp's scheme samples the target once per position with the chain and compares, so the
     # speculative output must equal plain sampling with the same seed
     tk = noisy_rt.prompt_tokens(PROMPTS[0])
@@ -125,7 +125,7 @@ def test_seeded_sampling_equals_plain_sampling(noisy_rt) -> None:  # noqa: ANN00
             assert r.target[r.n_accepted] is not None
 
 
-def test_captured_nodes_equal_api_and_drafts(pair) -> None:  # noqa: ANN001
+def test_captured_nodes_equal_api_and_drafts(pair) -> None:
     tm, dm = lm.LlamaModel(pair["target"]), lm.LlamaModel(pair["noisy"])
     tc = lm.LlamaContext(tm, n_ctx=256, n_batch=64, flash_attn=False)
     cap = capture.NodeCapture(["result_norm", "h_nextn", "result_output"])
@@ -174,7 +174,7 @@ def test_ggml_tensor_mirror_matches_library() -> None:
 # ------------------------------------------------------------------------------------------ the trace
 
 
-def test_trace_rounds_are_consistent(noisy_trace) -> None:  # noqa: ANN001
+def test_trace_rounds_are_consistent(noisy_trace) -> None:
     s, tr = noisy_trace
     r = tr.rounds
     assert tr.manifest["complete"] is True and tr.warnings == []
@@ -200,7 +200,7 @@ def test_trace_rounds_are_consistent(noisy_trace) -> None:  # noqa: ANN001
     assert s.mean_acceptance_length == pytest.approx(1 + drafted_rounds.n_accepted.sum() / len(drafted_rounds))
 
 
-def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
+def test_trace_steps(noisy_trace, pair) -> None:
     s, tr = noisy_trace
     st, r = tr.steps, tr.rounds
     assert len(st) == s.n_steps == r.n_draft.sum()
@@ -245,7 +245,7 @@ def test_trace_steps(noisy_trace, pair) -> None:  # noqa: ANN001
         assert row.target_in_candidates == (tc in order[i])
 
 
-def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, tmp_path) -> None:  # noqa: ANN001
+def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, tmp_path) -> None:
     from safetensors.numpy import save_file
 
     f = gguf_arrays(pair["fork"])
@@ -266,7 +266,7 @@ def test_hf_centroid_source_gives_the_same_columns(noisy_trace, pair, noisy_rt, 
     assert [list(x) for x in a.steps.centroid_ids] == [list(x) for x in sb.centroid_ids]
 
 
-def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
+def test_manifest(noisy_trace, pair) -> None:
     from gguf import GGUFReader
 
     s, tr = noisy_trace
@@ -300,7 +300,7 @@ def test_manifest(noisy_trace, pair) -> None:  # noqa: ANN001
     assert m["params"]["n_draft"] == 3 and m["params"]["max_tokens"] == 40 and m["params"]["greedy"] is True
 
 
-def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN001
+def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:
     s = record(RecordConfig(max_tokens=30, hidden="off"), target=pair["target"], assistant=pair["clean"],
                out=tmp_path / "t", prompt=PROMPTS[0])
     assert s.n_rounds > 0 and s.acceptance_rate == 1.0
@@ -310,7 +310,7 @@ def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:  # noqa: ANN0
     assert tr.rounds.n_accepted.sum() == tr.rounds.n_draft.sum()
 
 
-def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
+def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:
     s = record(RecordConfig(max_tokens=6, chat=True), target=pair["target"], assistant=pair["noisy"],
                out=tmp_path / "c", prompt="Hi there", runtime=noisy_rt)
     tr = traces.open(tmp_path / "c")
@@ -326,14 +326,14 @@ def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:  # noqa: ANN001
 # ------------------------------------------------------------------------------------------ bad input
 
 
-def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:  # noqa: ANN001
+def test_preflight_refuses_fork_drafter(pair, tmp_path) -> None:
     with pytest.raises(LayoutError, match="--centroids") as ei:
         record(RecordConfig(), target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
     assert ei.value.key == "general.architecture" and ei.value.actual == "gemma4_assistant"
     assert not (tmp_path / "x").exists()
 
 
-def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # noqa: ANN001
+def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:
     from mtpscope.demo import build as demo
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
@@ -357,7 +357,7 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:  # 
                prompt="x")
 
 
-def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: ANN001
+def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:
     import gguf
 
     bad = write_gguf("c.gguf", "gemma4_assistant",
@@ -370,7 +370,7 @@ def test_centroid_source_must_fit(pair, tmp_path, write_gguf) -> None:  # noqa: 
     assert (ei.value.expected, ei.value.actual) == (128, 16)
 
 
-def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
+def test_argument_errors(pair, tmp_path) -> None:
     kw = {"target": pair["target"], "assistant": pair["noisy"], "out": tmp_path / "x"}
     with pytest.raises(MtpscopeError, match="exactly one"):
         record(RecordConfig(), **kw)
@@ -380,7 +380,7 @@ def test_argument_errors(pair, tmp_path) -> None:  # noqa: ANN001
         record(RecordConfig(n_draft=0), **kw, prompt="x")
 
 
-def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
+def test_read_prompts(tmp_path) -> None:
     j = tmp_path / "p.jsonl"
     j.write_text('"plain"\n\n{"prompt": "a"}\n{"text": "b"}\n')
     assert read_prompts(j) == ["plain", "a", "b"]
@@ -398,7 +398,7 @@ def test_read_prompts(tmp_path) -> None:  # noqa: ANN001
         read_prompts(t)
 
 
-def test_runtime_unavailable_message(monkeypatch) -> None:  # noqa: ANN001
+def test_runtime_unavailable_message(monkeypatch) -> None:
     monkeypatch.setattr(binding, "_state", {})
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
     with pytest.raises(RuntimeUnavailableError, match="pip install") as ei:
@@ -419,7 +419,7 @@ def test_top_k_desc_matches_lexsort() -> None:
 # ------------------------------------------------------------------------------------------ CLI and kill -9
 
 
-def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
+def test_cli_record_and_refusal(pair, tmp_path) -> None:
     from typer.testing import CliRunner
 
     from mtpscope.cli.main import app
@@ -447,7 +447,7 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:  # noqa: ANN001
     assert tr.manifest["dims"]["hidden_dtype"] is None and sorted(tr.rounds.prompt_id.unique()) == [0, 1]
 
 
-def test_cli_record_category_field(pair, tmp_path) -> None:  # noqa: ANN001
+def test_cli_record_category_field(pair, tmp_path) -> None:
     import json as _json
 
     from typer.testing import CliRunner
@@ -469,7 +469,7 @@ def test_cli_record_category_field(pair, tmp_path) -> None:  # noqa: ANN001
     assert [p["category"] for p in traces.open(tmp_path / "b").manifest["prompts"]] == ["greet", "story"]
 
 
-def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:  # noqa: ANN001
+def test_sigkill_keeps_finished_parts(pair, tmp_path) -> None:
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
            "--assistant", str(pair["noisy"]), "--prompt", PROMPTS[0], "--max-tokens", "3000",
@@ -520,11 +520,11 @@ def test_single_thread_blas_is_restored() -> None:
 # ------------------------------------------------------------------------------------------ holes found by testing
 
 
-def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch) -> None:
     from mtpscope.errors import TraceError
     from mtpscope.traces.run import recorder
 
-    def boom(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def boom(*a, **k):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(recorder, "preflight", boom)
@@ -540,7 +540,7 @@ def test_n_draft_upper_bound_refused_before_loading(pair, tmp_path, monkeypatch)
 @pytest.mark.parametrize(("name", "value"), [("temp", float("nan")), ("temp", float("inf")), ("temp", -0.5),
                                              ("top_p", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
                                              ("top_p", float("-inf")), ("top_k", -1)])
-def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  # noqa: ANN001
+def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:
     from mtpscope.errors import TraceError
 
     with pytest.raises(TraceError) as ei:
@@ -550,7 +550,7 @@ def test_bad_sampling_parameters_refused(pair, tmp_path, name, value) -> None:  
     assert not (tmp_path / "x").exists()
 
 
-def test_read_prompts_not_utf8(tmp_path) -> None:  # noqa: ANN001
+def test_read_prompts_not_utf8(tmp_path) -> None:
     t = tmp_path / "latin1.txt"
     t.write_bytes(b"fine line\ncaf\xe9\n")  # 0xe9 (Latin-1) at byte 13 is not UTF-8
     with pytest.raises(MtpscopeError, match="byte 13") as ei:
@@ -559,13 +559,13 @@ def test_read_prompts_not_utf8(tmp_path) -> None:  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def noisy_rt_python_capture(pair):  # noqa: ANN001, ANN201
+def noisy_rt_python_capture(pair):
     r = MtpRuntime(pair["target"], pair["noisy"], n_ctx=1024, native_capture=False)
     yield r
     r.close()
 
 
-def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture, monkeypatch) -> None:  # noqa: ANN001
+def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture, monkeypatch) -> None:
     noisy_rt = noisy_rt_python_capture
     cap = noisy_rt.capture
     assert isinstance(cap, capture.NodeCapture)
@@ -594,7 +594,7 @@ def test_interrupt_inside_cb_eval_is_raised_after_decode(noisy_rt_python_capture
         noisy_rt.generate_plain(tk, max_tokens=20)
 
 
-def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capture, tmp_path,  # noqa: ANN001
+def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capture, tmp_path,
                                                      monkeypatch) -> None:
     noisy_rt = noisy_rt_python_capture      # a Ctrl-C injected through the Python callback
     cap = noisy_rt.capture
@@ -617,7 +617,7 @@ def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capt
     assert sorted(tr.rounds["round"].tolist()) == [0, 1, 2, 3]  # rounds 0-3 finished, round 4 interrupted
 
 
-def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
+def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:
     out = tmp_path / "sigint"
     cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
            "--assistant", str(pair["noisy"]), "--prompt", PROMPTS[0], "--max-tokens", "3000",
@@ -644,14 +644,14 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:  # noqa: ANN001
     assert sorted(tr.rounds["round"].tolist()) == list(range(len(tr.rounds)))
 
 
-def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:  # noqa: ANN001
+def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:
     out = tmp_path / "t"
     kw = {"target": pair["target"], "assistant": pair["noisy"], "out": out, "prompt": PROMPTS[0], "runtime": noisy_rt}
     record(RecordConfig(max_tokens=10, hidden="off", flush_every=1), **kw)
     before = (out / "manifest.json").read_bytes()
     n_before = len(traces.open(out).rounds)
 
-    def fail(pid: int, res) -> None:  # noqa: ANN001
+    def fail(pid: int, res) -> None:
         if res.round == 2:
             raise RuntimeError("boom")
 
@@ -671,7 +671,7 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
 
 
-def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:
     from mtpscope.traces.run import recorder
     from tests.builders import parts, write
 
@@ -692,7 +692,7 @@ def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, 
         {"target", "assistant"}
 
 
-def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:  # noqa: ANN001
+def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:
     from typer.testing import CliRunner
 
     from mtpscope.cli.main import app

@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.errors import TraceError  # noqa: E402
-from mtpscope.inspector.reference import ReferenceDrafterError  # noqa: E402
-from mtpscope.traces.run.replay import BASELINE_CPU, BASELINE_GPU, baseline_for, replay  # noqa: E402
-from tests.numerics import assert_replay_faithful, check_emulated_chain  # noqa: E402
+from mtpscope.errors import TraceError
+from mtpscope.inspector.reference import ReferenceDrafterError
+from mtpscope.traces.run.replay import BASELINE_CPU, BASELINE_GPU, baseline_for, replay
+from tests.numerics import assert_replay_faithful, check_emulated_chain
 
 pytestmark = pytest.mark.llama
 

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from mtpscope.errors import LayoutError  # noqa: E402
-from mtpscope.traces.run import record_worker as W  # noqa: E402
-from mtpscope.traces.run.record_config import RecordConfig  # noqa: E402
-from mtpscope.traces.run.recorder import record  # noqa: E402
+from mtpscope.errors import LayoutError
+from mtpscope.traces.run import record_worker as W
+from mtpscope.traces.run.record_config import RecordConfig
+from mtpscope.traces.run.recorder import record
 
 pytestmark = pytest.mark.llama
 
@@ -43,7 +43,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     return seen
 
 
-def test_a_refused_pair_is_refused_and_its_worker_never_decodes(pair, tmp_path: Path, spy) -> None:  # noqa: ANN001
+def test_a_refused_pair_is_refused_and_its_worker_never_decodes(pair, tmp_path: Path, spy) -> None:
     with pytest.raises(LayoutError, match="fork-dialect drafter") as ei:
         record(RecordConfig(), target=pair["target"], assistant=pair["fork"], out=tmp_path / "x", prompt="x")
     assert ei.value.key == "general.architecture"
@@ -54,7 +54,7 @@ def test_a_refused_pair_is_refused_and_its_worker_never_decodes(pair, tmp_path: 
     assert not (tmp_path / "x").exists()
 
 
-def test_a_checked_pair_goes_once(pair, tmp_path: Path, spy) -> None:  # noqa: ANN001
+def test_a_checked_pair_goes_once(pair, tmp_path: Path, spy) -> None:
     s = record(RecordConfig(max_tokens=4, hidden="off"), target=pair["target"], assistant=pair["noisy"],
                out=tmp_path / "t", prompt="The quick brown fox")
     assert len(spy["workers"]) == 1 and len(spy["go"]) == 1 and spy["abandoned"] == [] and s.isolated
@@ -62,7 +62,7 @@ def test_a_checked_pair_goes_once(pair, tmp_path: Path, spy) -> None:  # noqa: A
     assert spy["workers"][0].proc.returncode == 0
 
 
-def test_baseline_is_timed_after_the_go(pair, tmp_path: Path) -> None:  # noqa: ANN001
+def test_baseline_is_timed_after_the_go(pair, tmp_path: Path) -> None:
     from mtpscope import traces
 
     s = record(RecordConfig(max_tokens=8, hidden="off", baseline=True), target=pair["target"],

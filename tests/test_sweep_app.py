@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from streamlit.testing.v1 import AppTest
 
-from mtpscope.app import selection  # noqa: E402
+from mtpscope.app import selection
 
 MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
 

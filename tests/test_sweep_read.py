@@ -51,7 +51,7 @@ def _expected(path: Path) -> dict[tuple[str, int, str], dict[str, float]]:
                     a["nv"] += 1 if len(tb["drafted"][i]) else 0
                     a["ne"] += len(tb["emitted"][i])
                     a["t"] += tb["t_draft_ms"][i] + tb["t_verify_ms"][i]
-                    a.setdefault("prompts", set()).add(tb["prompt_id"][i] * 100 + t["shard"])  # type: ignore[attr-defined]
+                    a.setdefault("prompts", set()).add(tb["prompt_id"][i] * 100 + t["shard"])  # type: ignore[attr-defined]  # "prompts" is the one set among the int counters
     return acc
 
 

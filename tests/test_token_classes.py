@@ -60,7 +60,10 @@ MARKDOWN = ('Sure, here is the code:\n```python\ndef f(x):\n    return x + 1\n``
 def test_markdown_code_json_prose(tok, vocab) -> None:
     ids, spans = _spans(tok, MARKDOWN)
     labels = Classifier(vocab).classify(ids).class_names()
-    inside = lambda sub, start=0: _labels_inside(MARKDOWN, spans, labels, sub, start)  # noqa: E731
+
+    def inside(sub: str, start: int = 0) -> list[str]:
+        return _labels_inside(MARKDOWN, spans, labels, sub, start)
+
     assert set(inside("```python\ndef f(x):\n    return x + 1\n```")) == {"code"}
     assert set(inside("Sure, here is the code")) <= {"prose", "punctuation"}
     assert "prose" in inside("Sure, here is the code")
@@ -78,7 +81,10 @@ def test_chat_channels(tok, vocab) -> None:
     ids, spans = _spans(tok, text, special=True)
     tc = Classifier(vocab, chat=True).classify(ids)
     labels, chans = tc.class_names(), tc.channel_names()
-    by = lambda sub: _labels_inside(text, spans, chans, sub)  # noqa: E731
+
+    def by(sub: str) -> list[str]:
+        return _labels_inside(text, spans, chans, sub)
+
     assert set(by("<|channel>thought\nI should add.<channel|>")) == {"thinking"}
     assert set(by("The sum is 4.")) == {"answer"}
     assert set(by("<|tool_call>call:add{a:1}<tool_call|>")) == {"tool_call"}
@@ -131,7 +137,10 @@ def test_what_was_written_prompt_and_output_together(tok, vocab) -> None:
     out_text = '    Radius r in metres.\n    """\n    return 3.14 * r ** 2\n\nThe area grows with r.'
     ids, spans = _spans(tok, out_text)
     names = Classifier(vocab).classify(ids, prefix=pre).class_names()
-    inside = lambda sub: _labels_inside(out_text, spans, names, sub)  # noqa: E731
+
+    def inside(sub: str) -> list[str]:
+        return _labels_inside(out_text, spans, names, sub)
+
     assert set(inside('    Radius r in metres.\n    """\n    return 3.14 * r ** 2\n')) == {"code"}
     assert set(inside("The area grows with r")) == {"prose"}
     # JSON whose opening brace is in the prompt: the output has none, it is json all the same

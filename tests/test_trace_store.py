@@ -470,7 +470,7 @@ def test_wal_torn_tail_and_live_writer(tmp_path: Path) -> None:
 def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mtpscope.traces.store.writer as writer
 
-    def boom(table, path):  # noqa: ANN001
+    def boom(table, path):
         raise OSError(28, "No space left on device")
 
     w = TraceWriter(tmp_path, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
@@ -487,7 +487,7 @@ def test_background_write_error_is_raised(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_compaction_failure_keeps_small_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
-        def __init__(self, *a, **k):  # noqa: ANN002, ANN003
+        def __init__(self, *a, **k):
             raise OSError("disk went away")
 
     monkeypatch.setattr(pq, "ParquetWriter", Broken)
@@ -558,7 +558,7 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
     assert e.value.key == "prompt_id"
 
 
-def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:
     from mtpscope.traces.store import parts
 
     monkeypatch.setattr(parts, "ROW_GROUP_ROUNDS", 1)      # a row group every 3 steps in the merged file
@@ -576,7 +576,7 @@ def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, m
     read: list[list[int]] = []
     orig = pq.ParquetFile.read_row_groups
 
-    def spy(self, groups, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def spy(self, groups, *a, **kw):
         read.append(list(groups))
         return orig(self, groups, *a, **kw)
 

@@ -54,7 +54,7 @@ def test_unpack_refuses_foreign_types_and_bad_indices() -> None:
     with pytest.raises(TraceError, match="does not carry"):
         unpack({"__array__": 3}, [np.zeros(1)])
     with pytest.raises(TypeError, match="cannot pack"):
-        pack(StepRecord(k=1, token=1, top_ids=None, logit=object()))  # type: ignore[arg-type]
+        pack(StepRecord(k=1, token=1, top_ids=None, logit=object()))  # type: ignore[arg-type]  # an unpackable logit on purpose
 
 
 def test_ring_layout_copies_and_views() -> None:
@@ -128,7 +128,7 @@ def test_sender_receiver_one_round_in_flight() -> None:
             sender._wait_released(sender.n_sent + 1)     # never comes: a stop does
         except StopRequested:
             sender.chan.send({"kind": "stopped"})
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001  # anything the producer thread raises is handed to the test
             err.append(e)
 
     t = threading.Thread(target=produce)

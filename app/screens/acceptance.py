@@ -61,19 +61,21 @@ with guard("trace store"):
         st.session_state[sel.ACC_ROLL] = view.window
     p1, p2 = st.columns([4, 1])
     choice = sel.prompt_picker(p1, sel.ACC_PROMPT, pids, long_labels, allow_all=True)
-    worst = round_views.worst_round(rounds_all, None if choice == ALL else choice)
+    one = choice if isinstance(choice, int) else None  # prompt_picker: a prompt id, or ALL
+    worst = round_views.worst_round(rounds_all, one)
     if p2.button("worst round ▶", key=sel.ACC_WORST, disabled=worst is None, width="stretch",
                  help="open the Step view on the round that lost the most drafts"
                       + (" (of every prompt)" if choice == ALL else " of this prompt")
-                      + "; among those, the one opening the longest run of rounds that accepted nothing"):
+                      + "; among those, the one opening the longest run of rounds that accepted nothing") \
+            and worst is not None:  # the button is disabled without a worst round
         sel.open_round(worst)
-    rounds = views.ordered_rounds(rounds_all, None if choice == ALL else [choice])
+    rounds = views.ordered_rounds(rounds_all, None if one is None else [one])
     if choice != ALL:
         row = table[table["prompt_id"] == choice].iloc[0]
-        c = st.columns(3)
-        c[0].metric(f"prompt {choice}: acceptance rate", f"{row['acceptance_rate']:.1%}")
-        c[1].metric("mean acceptance length", f"{row['mean_acceptance_length']:.3f}")
-        c[2].metric("longest zero-acceptance streak", wording.plural(int(row['longest_zero_streak']), "round"))
+        pc = st.columns(3)
+        pc[0].metric(f"prompt {choice}: acceptance rate", f"{row['acceptance_rate']:.1%}")
+        pc[1].metric("mean acceptance length", f"{row['mean_acceptance_length']:.3f}")
+        pc[2].metric("longest zero-acceptance streak", wording.plural(int(row['longest_zero_streak']), "round"))
 
     # ---- timeline (window of individual marks; aggregated overview for long traces)
     n = len(rounds)

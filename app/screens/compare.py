@@ -139,7 +139,7 @@ def _traces() -> None:
             st.session_state[sel.CMP_PROMPT_B] = pids[1]
         c1, c2 = st.columns(2)
         pa_id = int(sel.prompt_picker(c1, sel.CMP_PROMPT_A, pids, labels_a, label="prompt A"))
-        pb_id = c2.selectbox("prompt B", pids, key=sel.CMP_PROMPT_B, format_func=labels_a.get)
+        pb_id = c2.selectbox("prompt B", pids, key=sel.CMP_PROMPT_B, format_func=labels_a.__getitem__)
         url_state.publish(links.View("compare", trace=a_path, mode="prompts", prompt=pa_id, prompt_b=pb_id))
         names = (f"prompt {pa_id}", f"prompt {pb_id}")
         if pa_id == pb_id:
@@ -165,7 +165,7 @@ def _traces() -> None:
                                           names=names, window=w), key=sel.CMP_ROLLING, width="stretch")
     st.caption(f"Each run's acceptance rate over its last {wording.plural(w, 'round')}, rounds in prompt order.")
 
-    if mode == MODES["traces"]:
+    if mode == MODES["traces"] and b_path:  # b_path: set (the traces branch above returned without it)
         try:
             loaders.comparison(a_path, b_path)
         except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)

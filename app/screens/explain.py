@@ -4,6 +4,7 @@ sections (``mtpscope explain``) as figures."""
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import pandas as pd
 import streamlit as st
@@ -47,7 +48,8 @@ with guard("explanation"):
                               help="The prompts file's field that holds each prompt's category (as `mtpscope "
                                    "explain --category-field`); empty: 'category'.")
     url_state.publish(links.View("explain", trace=path, prompt=choice))
-    x = loaders.explanation(path, None if choice == ALL else choice, cat_field.strip() or None)
+    x = loaders.explanation(path, choice if isinstance(choice, int) else None,  # prompt_picker: an id, or ALL
+                            cat_field.strip() or None)
     rej, adv, wif = x.rejections, x.advice, x.what_if
     rec = None if adv is None else adv.recommendation
 
@@ -82,13 +84,13 @@ with guard("explanation"):
         st.caption("The same reasons split by the draft position k where the round's first rejection happened.")
     ts = rej.target_side
     if ts.hard or ts.wrong:
-        c = st.columns(3)
-        c[0].metric("hard (target unsure too)", ts.hard,
-                    help="the target's entropy at that position was at least 1 nat")
-        c[1].metric("wrong (target was sure)", ts.wrong, help="the target's entropy there was below 1 nat")
-        c[2].metric("mean p(drafted) hard / wrong", f"{_f(_fin(ts.p_drafted_mean_hard), '.3g')} / "
+        tc = st.columns(3)
+        tc[0].metric("hard (target unsure too)", ts.hard,
+                     help="the target's entropy at that position was at least 1 nat")
+        tc[1].metric("wrong (target was sure)", ts.wrong, help="the target's entropy there was below 1 nat")
+        tc[2].metric("mean p(drafted) hard / wrong", f"{_f(_fin(ts.p_drafted_mean_hard), '.3g')} / "
                                                       f"{_f(_fin(ts.p_drafted_mean_wrong), '.3g')}",
-                    help="the target's own probability of the drafted token, averaged")
+                     help="the target's own probability of the drafted token, averaged")
         st.caption("A hard token is one the target itself was unsure about; a wrong draft is a miss where the target "
                    "was sure.")
     if rej.sparse_unreachable is not None:
@@ -164,7 +166,7 @@ with guard("explanation"):
                      key=sel.EXP_RECOMMENDATION_BY_CATEGORY, row_height=views.WRAPPED_ROW_PX,  # the reason wraps
                      column_config={"why": st.column_config.TextColumn("why", width=520)})
     be = None if adv is None else adv.break_even
-    if be is not None:
+    if adv is not None and be is not None:
         st.markdown("**Break-even**")
         st.caption(be.words + ".")
         if adv.break_even_by_category:
@@ -178,14 +180,16 @@ with guard("explanation"):
     if len(fm):
         from mtpscope.traces.analysis.explain import step_sentence
 
-        cen = tr.manifest.get("centroids") if isinstance(tr.manifest.get("centroids"), dict) else {}
+        centroids = tr.manifest.get("centroids")
+        cen = centroids if isinstance(centroids, dict) else {}
         sub = fm.head(MAX_ROWS)
         short_labels = views.prompt_labels(pids, prompts, width=24)
         table = pd.DataFrame({
             "prompt": [short_labels.get(int(p), str(p)) for p in sub["prompt_id"]],
             "round": sub["round"].astype(int).to_numpy(), "k": sub["k"].astype(int).to_numpy(),
             "why": [step_sentence(r, dec.label, n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
-                    for r in sub.to_dict(orient="records")]})
+                    # a row's labels are the frame's column names, all str (pandas-stubs: dict[Hashable, Any])
+                    for r in cast("list[dict[str, Any]]", sub.to_dict(orient="records"))]})
         ev = st.dataframe(table, hide_index=True, width="stretch", key=sel.EXP_FIRST_MISMATCHES, on_select="rerun",
                           selection_mode="single-row", row_height=views.WRAPPED_ROW_PX,  # the sentence wraps
                           column_config={"prompt": st.column_config.TextColumn("prompt", width=150),

@@ -151,12 +151,12 @@ def _gguf_summary(slot: str) -> None:
         cols[3].metric("tensors", len(f.tensors))
         cols[4].metric("GGUF version", f.version)
         st.caption("dialect evidence: " + "; ".join(d.evidence))
-        _verdict(slot)
+        _verdict(slot, path)
 
 
-def _verdict(slot: str) -> None:
+def _verdict(slot: str, path: str) -> None:
     with guard("validation"):
-        v = loaders.validation(sel.get(slot), sel.get(sel.TARGET) if slot == sel.DRAFTER else None)
+        v = loaders.validation(path, sel.get(sel.TARGET) if slot == sel.DRAFTER else None)
         line = model_views.verdict_line(v)
         (st.success if v.ok else st.warning)(line)
 
@@ -232,9 +232,9 @@ st.subheader("Trace")
 _picker(sel.TRACE, "trace folder", "trace", optional=True, upload="trace .zip")
 if _unchanged(sel.TRACE):
     pass
-elif sel.get(sel.TRACE):
+elif trace_path := sel.get(sel.TRACE):
     with guard("trace store"):
-        tr = loaders.trace(sel.get(sel.TRACE))
+        tr = loaders.trace(trace_path)
         m = tr.manifest
         counts = m.get("counts") or {}
         cols = st.columns(5)
@@ -247,7 +247,7 @@ elif sel.get(sel.TRACE):
             st.warning(w)
         _recording(tr)
         with guard("metrics"):
-            rep = loaders.report(sel.get(sel.TRACE))
+            rep = loaders.report(trace_path)
             st.success(f"acceptance rate {views.acceptance_rate(rep):.1%} · mean acceptance length "
                        f"{views.mean_acceptance_length(rep):.3f}")
 else:
@@ -271,11 +271,11 @@ with st.expander("Read a GGUF header from a URL (nothing else is downloaded)"):
             with guard("remote GGUF"):
                 r = loaders.remote_summary(url)
                 f = r.file
-                cols = st.columns(4)
-                cols[0].metric("architecture", f.architecture or "?")
-                cols[1].metric("dialect", r.inventory.dialect.kind)
-                cols[2].metric("size", charts.human_bytes(f.file_size))
-                cols[3].metric("tensors", len(f.tensors))
+                rcols = st.columns(4)
+                rcols[0].metric("architecture", f.architecture or "?")
+                rcols[1].metric("dialect", r.inventory.dialect.kind)
+                rcols[2].metric("size", charts.human_bytes(f.file_size))
+                rcols[3].metric("tensors", len(f.tensors))
                 if r.n_requests:
                     st.caption(f"read {charts.human_bytes(r.n_bytes)} in {r.n_requests} requests")
                 (st.success if r.report.ok else st.warning)(model_views.verdict_line(r.report))

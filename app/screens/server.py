@@ -33,9 +33,9 @@ if mode == "probe a server":
         go = st.form_submit_button("start probe")
     if go:
         with guard("starting the probe"):
-            job = server_jobs.probe_start(url, prompts, out, n_predict=int(n_predict), repeat=int(repeat),
-                                           header=header)
-            st.session_state[sel.SERVER_TRACE] = job.out
+            started = server_jobs.probe_start(url, prompts, out, n_predict=int(n_predict), repeat=int(repeat),
+                                              header=header)
+            st.session_state[sel.SERVER_TRACE] = started.out
     job = server_jobs.probe_job()
     path = job.out if job else None
 else:

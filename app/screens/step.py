@@ -226,8 +226,8 @@ with guard("trace store"):
         notes = []
         errors = []
         read: dict[str, np.ndarray] = {}
-        names = ("h", "h_next", "h_inner") + (("h_target",) if has_hidden_target(tr.manifest) else ())
-        for name in names:
+        hidden_names = ("h", "h_next", "h_inner") + (("h_target",) if has_hidden_target(tr.manifest) else ())
+        for name in hidden_names:
             try:
                 h = tr.hidden(name, where=mask)
             except MtpscopeError as e:  # a trace without that hidden column: say so, keep going

@@ -75,8 +75,8 @@ with guard("trace store"):
     here = cur if cur and cur[0] == pid else (pid, -1)
     prev_r, next_r = round_views.neighbour(stops, here, -1), round_views.neighbour(stops, here, +1)
     b1, b2, b3 = st.columns([1, 1, 3])
-    if b1.button("◀ previous rejected round", key=sel.TEXT_PREV, disabled=prev_r is None):
+    if b1.button("◀ previous rejected round", key=sel.TEXT_PREV, disabled=prev_r is None) and prev_r is not None:
         sel.open_round(prev_r)
-    if b2.button("next rejected round ▶", key=sel.TEXT_NEXT, disabled=next_r is None):
+    if b2.button("next rejected round ▶", key=sel.TEXT_NEXT, disabled=next_r is None) and next_r is not None:
         sel.open_round(next_r)
     b3.caption(f"{wording.plural(len(stops), 'round')} of this prompt had a rejected draft.")

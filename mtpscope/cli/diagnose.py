@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,12 +16,13 @@ from mtpscope.traces.diagnose.config import MAX_TOKENS
 
 if TYPE_CHECKING:
     from mtpscope.traces.diagnose.records import Diagnosis
+    from mtpscope.traces.run.prompts import PromptSpec
 
 #: Where the results go without --out.
 DEFAULT_OUT = "mtpscope-diagnose"
 
 
-def demo_prompts() -> list[Any]:
+def demo_prompts() -> list[PromptSpec]:
     """The demo's 36 categorised prompts (code, prose, json, numbers, chat, random; Gemma 4 token ids), used when
     neither ``--prompts`` nor ``--trace`` is given."""
     from mtpscope.demo.spec import TRAINED_DATA
@@ -124,6 +125,7 @@ def register(app: typer.Typer) -> None:
         centroids, html_out = _absolute(centroids), _absolute(html_out)
         reference, reference_assistant = _absolute(reference), _absolute(reference_assistant)
         with one_line_errors(EXIT_UNREADABLE):
+            specs: list[PromptSpec] | None
             if prompts is not None:       # bad input first: read and check the whole file before anything runs
                 from mtpscope.traces.run.prompts import read_prompt_specs
 
@@ -132,7 +134,9 @@ def register(app: typer.Typer) -> None:
                 specs = demo_prompts() if trace is None else None
                 if specs is not None:
                     say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
-            cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens, centroids=centroids, replay=not no_replay)
+            # centroids as the str the config keeps anyway (RecordConfig stores os.fspath of a path)
+            cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens,
+                                 centroids=None if centroids is None else os.fspath(centroids), replay=not no_replay)
             d = diagnose(cfg, target=target, assistant=assistant, trace=trace, prompts=specs, reference_hf=reference,
                          reference_assistant=reference_assistant, out=out, command=list(sys.argv), on_step=say)
             if html_out is not None:

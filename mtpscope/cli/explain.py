@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -158,9 +158,9 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
     if dr is not None:
         lines += ["", f"Drafter drift (h_next vs the target's hidden state): mean cosine {_f(_finite(dr.cos_mean))}, "
                       f"mean relative error {_f(_finite(dr.rel_err_mean))} over {dr.n_steps} steps"]
-        for p in dr.per_position:
-            lines.append(f"  k={p.k}: cosine {_f(_finite(p.cos_mean))}, relative error {_f(_finite(p.rel_err_mean))} "
-                         f"({p.n_steps} steps)")
+        for dp in dr.per_position:
+            lines.append(f"  k={dp.k}: cosine {_f(_finite(dp.cos_mean))}, relative error {_f(_finite(dp.rel_err_mean))} "
+                         f"({dp.n_steps} steps)")
         if dr.by_quantile:
             lines.append("  acceptance by cosine quarter (checked steps): " + ", ".join(
                 f"{q.cos_low:.2f}..{q.cos_high:.2f}: {q.acceptance_rate:.0%}" for q in dr.by_quantile))
@@ -291,7 +291,8 @@ def register(app: typer.Typer) -> None:
                 cen = t.manifest.get("centroids") or {}
                 sentences = [f"round {int(r['round'])} k={int(r['k'])}: " + step_sentence(
                     r, lambda i: f"“{lab(i)}”", n_centroids=cen.get("n_centroids"), centroid_top_k=cen.get("top_k"))
-                    for r in x.first_mismatches.to_dict(orient="records")]
+                    # a row's labels are the frame's column names, all str (pandas-stubs: dict[Hashable, Any])
+                    for r in cast("list[dict[str, Any]]", x.first_mismatches.to_dict(orient="records"))]
             print(format_explanation(head, x, sentences))
         if t.warnings:
             raise typer.Exit(EXIT_FINDINGS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -93,10 +93,11 @@ AGREEMENT_WORDS = ("agreement = share of the recorded draft steps where the vari
                    "the recording (1.0000: identical drafts)")
 
 
-def _token(t: object, label) -> str:
-    """``1651 “ seven”``: the id, then its text (cut to TOKEN_CHARS) when a vocabulary is there."""
+def _token(t: Any, label) -> str:
+    """``1651 “ seven”``: the id (any cell value: an int, a numpy int, None), then its text (cut to TOKEN_CHARS)
+    when a vocabulary is there."""
     try:
-        i = int(t)  # type: ignore[arg-type]
+        i = int(t)
     except (TypeError, ValueError):
         return "?"
     if i < 0:

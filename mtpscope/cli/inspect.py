@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
-from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,6 +26,9 @@ from mtpscope.cli.sources import (
     Timeout,
     open_source,
 )
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.gguf import GGUFLike
 
 ARRAY_INLINE_MAX = 64
 """Arrays longer than this are summarised (type, length, first elements) unless ``--full``."""
@@ -76,7 +79,7 @@ def _totals_dict(totals: Any) -> dict[str, Any]:
                 "n_unknown_size": t.n_unknown_size} for k, t in totals.items()}
 
 
-def inspect_report(path: str | Path | Any, full: bool = False, pattern: str | None = None) -> dict[str, Any]:
+def inspect_report(path: str | os.PathLike[str] | GGUFLike, full: bool = False, pattern: str | None = None) -> dict[str, Any]:
     """The JSON-able report of ``mtpscope inspect``.
 
     Keys: ``path``, ``file_size``, ``gguf_version``, ``alignment``, ``data_offset``, ``architecture``,
@@ -97,7 +100,7 @@ def inspect_report(path: str | Path | Any, full: bool = False, pattern: str | No
     from mtpscope.cli.sources import open_source, remote_summary
     from mtpscope.inspector.inventory import COMPONENTS, build_inventory, totals
 
-    f = path if hasattr(path, "tensors") else open_source(str(path))
+    f = open_source(str(path)) if isinstance(path, (str, os.PathLike)) else path
     inv = build_inventory(f)
     entries = list(inv.filter(pattern)) if pattern else list(inv.entries)
     by_comp: dict[str, list[Any]] = {}

@@ -80,7 +80,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("mtpscope: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
+    except Exception as e:  # the last line of defence against a traceback
         if os.environ.get("MTPSCOPE_DEBUG"):
             raise
         print(f"mtpscope: internal error ({type(e).__name__}: {e}); this is a bug in mtpscope, "

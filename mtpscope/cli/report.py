@@ -83,10 +83,10 @@ def format_report(rep: TraceReport) -> str:
     if rep.prompts:
         lines.append("")
         lines.append("prompt  rounds  drafted  accepted  acceptance rate  mean acceptance length  text")
-        for p in rep.prompts[:MAX_PROMPT_ROWS]:
-            lines.append(f"{p.prompt_id:6d} {p.n_rounds:7d} {p.n_drafted:8d} {p.n_accepted:9d}  "
-                         f"{_fmt(p.acceptance_rate):>15}  {_fmt(p.mean_acceptance_length):>22}  "
-                         f"{shorten(p.text or '', PROMPT_TEXT_CHARS)}".rstrip())
+        for pr in rep.prompts[:MAX_PROMPT_ROWS]:
+            lines.append(f"{pr.prompt_id:6d} {pr.n_rounds:7d} {pr.n_drafted:8d} {pr.n_accepted:9d}  "
+                         f"{_fmt(pr.acceptance_rate):>15}  {_fmt(pr.mean_acceptance_length):>22}  "
+                         f"{shorten(pr.text or '', PROMPT_TEXT_CHARS)}".rstrip())
         if len(rep.prompts) > MAX_PROMPT_ROWS:
             lines.append(f"... {len(rep.prompts) - MAX_PROMPT_ROWS} more prompts (use --json)")
     if rep.requests:

@@ -30,18 +30,18 @@ if TYPE_CHECKING:
     from mtpscope.traces.server.replay import ServerReplay
 
 
-def _f(v, spec: str = ".3f") -> str:  # noqa: ANN001
+def _f(v, spec: str = ".3f") -> str:
     try:
         return "—" if v is None or v != v else format(v, spec)
     except (TypeError, ValueError):
         return str(v)
 
 
-def _s(v) -> str:  # noqa: ANN001
+def _s(v) -> str:
     return "" if v is None or (isinstance(v, float) and v != v) else str(v)
 
 
-def request_view(trace) -> RequestsView:  # noqa: ANN001
+def request_view(trace) -> RequestsView:
     """The request tables of an opened trace (:func:`mtpscope.traces.analysis.requests.requests_view`): its
     ``requests`` rows, or for a recording its prompts seen as requests
     (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
@@ -90,7 +90,7 @@ def format_requests(v: RequestsView, limit: int = 50) -> str:
     return "\n".join(lines)
 
 
-def _json_clean(obj):  # noqa: ANN001, ANN202
+def _json_clean(obj):
     if isinstance(obj, dict):
         return {k: _json_clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -100,7 +100,7 @@ def _json_clean(obj):  # noqa: ANN001, ANN202
     return obj
 
 
-def compare_request_traces(ta, tb, as_json: bool) -> int:  # noqa: ANN001
+def compare_request_traces(ta, tb, as_json: bool) -> int:
     """``mtpscope compare A B`` when one of them is a request trace (probe, server log): request by request
     (:func:`mtpscope.traces.analysis.requests.compare_requests`; a recording's prompts count as requests).
     The exit code: 1 when a paired request differs or none could be paired."""
@@ -241,7 +241,7 @@ def register(app: typer.Typer) -> None:
             s = launch(target, assistant, n_draft=n_draft, port=port, extra=list(ctx.args), log=log)
         import signal
 
-        def _stop(signum, frame):  # noqa: ANN001, ARG001 - SIGTERM (kill, a service manager): stop it too
+        def _stop(signum, frame):  # SIGTERM (kill, a service manager): stop it too
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, _stop)
@@ -319,7 +319,7 @@ def register(app: typer.Typer) -> None:
         if summary.alarm:
             print(f"mtpscope: {summary.alarm}", file=sys.stderr)
         code = EXIT_FINDINGS if summary.alarm else 0
-        if replay:
+        if replay and assistant is not None:  # --replay without --assistant was refused above
             from mtpscope.traces.server.replay import replay_probe
 
             with one_line_errors():

@@ -136,8 +136,8 @@ def sweep_report(path: Path, as_json: bool, advice_only: bool = False) -> int:
                    if k in doc}
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    for w in adv.load_warnings:
-        print(f"warning: {w.words}", file=sys.stderr)
+    for lw in adv.load_warnings:
+        print(f"warning: {lw.words}", file=sys.stderr)
     if as_json:
         print(json.dumps(doc, indent=2, allow_nan=False))
     elif advice_only:
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
             if resume and not any(given):
                 spec = restore_quantized(SweepSpec.from_state(read_state(out), out / SWEEP_FILE), on_quantize=say)
             else:
-                if not all(given):
+                if target is None or assistant is None or prompts is None:  # not all(given)
                     raise MtpscopeError("give --target, --assistant and --prompts (or --resume alone)",
                                         key="--target/--assistant/--prompts", expected="all three",
                                         actual=", ".join(n for n, g in zip(("--target", "--assistant", "--prompts"),

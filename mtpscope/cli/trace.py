@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -48,12 +49,13 @@ def register(app: typer.Typer) -> None:
             t = open_trace(path, recover_wal=False)
             t.check_parts()
             n_rounds, n_steps = len(t.columns("rounds", ["round"])), len(t.columns("steps", ["k"]))
-        out = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
-               "recovered_steps": rec.n_steps, "parts_written": list(rec.parts), "torn_bytes": rec.torn_bytes,
-               "steps_dropped": rec.n_steps_dropped, "tmp_removed": list(removed or ()),
-               "n_rounds": n_rounds, "n_steps": n_steps,
-               "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
-               "warnings": [w for w in t.warnings if "trace is incomplete" not in w]}
+        out: dict[str, Any] = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
+                               "recovered_steps": rec.n_steps, "parts_written": list(rec.parts),
+                               "torn_bytes": rec.torn_bytes, "steps_dropped": rec.n_steps_dropped,
+                               "tmp_removed": list(removed or ()),
+                               "n_rounds": n_rounds, "n_steps": n_steps,
+                               "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
+                               "warnings": [w for w in t.warnings if "trace is incomplete" not in w]}
         if as_json:
             typer.echo(json.dumps(out, indent=2))
         else:

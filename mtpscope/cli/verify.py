@@ -10,7 +10,7 @@ was compared; exit 0 when the files do not differ, 1 when they do, 2 unreadable.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -24,21 +24,25 @@ from mtpscope.cli.sources import (
     open_source,
 )
 
+if TYPE_CHECKING:
+    from mtpscope.inspector.diff import GGUFDiff
+    from mtpscope.inspector.findings import Report
+
 _WHERE = "a path, any shard of a split model, or an https:// / hf://ORG/REPO/[REVISION/]FILE.gguf URL"
 
 _SEV_MARK = {"error": "E", "warning": "W", "info": "i"}
 
 
-def _print_report(report: object, verbose: bool) -> None:
+def _print_report(report: Report, verbose: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     con = Console(highlight=False, soft_wrap=True)
     r = report
-    n_err, n_warn = len(r.errors), len(r.warnings)  # type: ignore[attr-defined]
-    con.print(f"[bold]{r.path}[/bold]  arch {r.arch!r}  dialect {r.dialect}")  # type: ignore[attr-defined]
-    for f in r.findings:  # type: ignore[attr-defined]
+    n_err, n_warn = len(r.errors), len(r.warnings)
+    con.print(f"[bold]{r.path}[/bold]  arch {r.arch!r}  dialect {r.dialect}")
+    for f in r.findings:
         if f.severity == "info" and not verbose and f.code not in ("I_DIALECT", "I_PAIR_KV_DONORS"):
             continue
         style = {"error": "red", "warning": "yellow"}.get(f.severity, "dim")
@@ -51,13 +55,13 @@ def _print_report(report: object, verbose: bool) -> None:
     t.add_column("runtime")
     t.add_column("verdict")
     t.add_column("because")
-    for v in r.loadability:  # type: ignore[attr-defined]
+    for v in r.loadability:
         outcome = getattr(v, "outcome", None) or {True: "loads", False: "refuses", None: "unknown"}[v.loads]
         style = "green" if outcome == "loads" else "dim" if outcome == "unknown" else "red"
         t.add_row(v.runtime, f"[{style}]{outcome}[/{style}]", escape(v.reasons[0]) if v.reasons else "")
     con.print(t)
-    if r.hf_audit is not None:  # type: ignore[attr-defined]
-        a = r.hf_audit  # type: ignore[attr-defined]
+    if r.hf_audit is not None:
+        a = r.hf_audit
         con.print(f"[bold]Hugging Face audit[/bold] {a.hf_dir} (HF numpy shape -> GGUF ne; names fork | upstream)")
         for row in a.rows:
             style = {"ok": "", "dropped": "cyan", "unmapped": "yellow"}.get(row.status, "red")
@@ -68,7 +72,7 @@ def _print_report(report: object, verbose: bool) -> None:
             con.print(f"[{style}]{line}[/{style}]" if style else line, markup=bool(style))
         for name, why in a.gguf_only.items():
             con.print(f"gguf-only {name}: {why}", markup=False)
-    con.print(f"{'OK' if r.ok else 'NOT OK'}: {n_err} errors, {n_warn} warnings")  # type: ignore[attr-defined]
+    con.print(f"{'OK' if r.ok else 'NOT OK'}: {n_err} errors, {n_warn} warnings")
 
 
 def register(app: typer.Typer) -> None:
@@ -132,37 +136,38 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(EXIT_OK if d.identical else EXIT_FINDINGS)
 
 
-def _print_diff(d: object) -> None:
+def _print_diff(d: GGUFDiff) -> None:
     from rich.console import Console
 
     con = Console(highlight=False, soft_wrap=True)
-    con.print(f"--- {d.a}\n+++ {d.b}")  # type: ignore[attr-defined]
-    for k in d.keys_removed:  # type: ignore[attr-defined]
+    con.print(f"--- {d.a}\n+++ {d.b}")
+    for k in d.keys_removed:
         con.print(f"[red]- key {k}[/red]")
-    for k in d.keys_added:  # type: ignore[attr-defined]
+    for k in d.keys_added:
         con.print(f"[green]+ key {k}[/green]")
-    for c in d.keys_changed:  # type: ignore[attr-defined]
-        con.print(f"[yellow]~ key {c.key}: {c.a!r} -> {c.b!r}[/yellow]")
-    for n in d.tensors_removed:  # type: ignore[attr-defined]
+    for kc in d.keys_changed:
+        con.print(f"[yellow]~ key {kc.key}: {kc.a!r} -> {kc.b!r}[/yellow]")
+    for n in d.tensors_removed:
         con.print(f"[red]- tensor {n}[/red]")
-    for n in d.tensors_added:  # type: ignore[attr-defined]
+    for n in d.tensors_added:
         con.print(f"[green]+ tensor {n}[/green]")
-    for x, y in d.tensors_renamed:  # type: ignore[attr-defined]
+    for x, y in d.tensors_renamed:
         con.print(f"[cyan]= tensor {x} -> {y} (same tensor, other dialect's name)[/cyan]")
-    for c in d.tensors_changed:  # type: ignore[attr-defined]
-        con.print(f"[yellow]~ tensor {c.name}: {c.a_type} ne {list(c.a_ne)} -> {c.b_type} ne {list(c.b_ne)}[/yellow]")
-    for c in d.data_differ:  # type: ignore[attr-defined]
-        how = "every row" if c.whole else f"{c.rows_compared} of {c.rows_total} rows"
-        con.print(f"[yellow]~ data {c.name}: bytes differ (first at row {c.first_diff_row}; {how} "
+    for tc in d.tensors_changed:
+        con.print(f"[yellow]~ tensor {tc.name}: {tc.a_type} ne {list(tc.a_ne)} -> {tc.b_type} ne {list(tc.b_ne)}"
+                  "[/yellow]")
+    for dc in d.data_differ:
+        how = "every row" if dc.whole else f"{dc.rows_compared} of {dc.rows_total} rows"
+        con.print(f"[yellow]~ data {dc.name}: bytes differ (first at row {dc.first_diff_row}; {how} "
                   f"compared)[/yellow]")
-    for v in d.values:  # type: ignore[attr-defined]
+    for v in d.values:
         if not v.identical:
             con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} "
                       f"({v.rows_sampled} of {v.rows_total} rows)")
-    comp = d.compared  # type: ignore[attr-defined]
+    comp = d.compared
     if comp is not None:
         con.print(comp.line(), markup=False)
-    if d.identical:  # type: ignore[attr-defined]
+    if d.identical:
         sampled = comp is not None and comp.data_sampled > 0
         con.print("identical" + (" (rows not sampled were not compared: --data whole compares every byte)"
                                  if sampled else ""))

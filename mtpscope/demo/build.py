@@ -67,7 +67,7 @@ from mtpscope.demo.spec import (  # noqa: F401 - re-exported: the public API liv
     models_hash,
     traces_hash,
 )
-from mtpscope.demo.vocab import DemoVocab, load_vocab  # noqa: F401 - load_vocab re-exported
+from mtpscope.demo.vocab import DemoVocab, load_vocab  # load_vocab re-exported
 from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.gguf import BOOL
 from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
@@ -524,12 +524,12 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
         from mtpscope.traces.run.llama.binding import llama
         from mtpscope.traces.run.record_config import RecordConfig
         llama()
-    except Exception as e:  # ImportError, RuntimeUnavailableError: record later
+    except Exception as e:  # noqa: BLE001  # ImportError, RuntimeUnavailableError or any failure loading llama.cpp: record later
         say(f"demo traces skipped: {e}")
         return None
     rec = cfg["record"]
     config = RecordConfig(n_draft=int(rec["n_draft"]), max_tokens=int(rec["max_tokens"]),
-                          centroids=paths.drafter_fork if rec.get("centroids") == "fork" else None,
+                          centroids=os.fspath(paths.drafter_fork) if rec.get("centroids") == "fork" else None,
                           hidden=str(rec.get("hidden", "f16")), n_top=int(rec.get("n_top", 10)))
     summary: dict[str, Any] = {}
     for name, drafter, out in (("clean", paths.drafter_upstream, paths.traces_clean),

@@ -97,7 +97,7 @@ def code_documents(budget: int, rng: random.Random) -> list[Document]:
 def prose_documents(budget: int, rng: random.Random) -> list[Document]:
     """``pydoc_data.topics`` entries (in a seeded order) and the Python license, until ``budget``
     characters."""
-    from pydoc_data.topics import topics  # noqa: PLC0415 - stdlib, loaded only when building
+    from pydoc_data.topics import topics  # stdlib, loaded only when building
 
     docs = [Document("prose", f"prose:topic:{k}", v.strip() + "\n") for k, v in sorted(topics.items())]
     lic = stdlib_dir() / "LICENSE.txt"
@@ -277,7 +277,7 @@ def chat_messages(rng: random.Random, topics: list[tuple[str, str]]) -> list[dic
 
 @functools.lru_cache(maxsize=4)
 def _compiled(template: str) -> Any:
-    import jinja2.sandbox  # noqa: PLC0415
+    import jinja2.sandbox
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template)
@@ -290,8 +290,8 @@ def render_chat(template: str, messages: list[dict[str, str]], *, add_generation
         MtpscopeError: jinja2 is missing (it comes with the ``parity`` extra) or the template fails.
     """
     try:
-        import jinja2  # noqa: PLC0415
-        import jinja2.sandbox  # noqa: PLC0415
+        import jinja2
+        import jinja2.sandbox
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise MtpscopeError("rendering the chat template needs jinja2 (pip install -e '.[parity]')") from e
     try:
@@ -309,7 +309,7 @@ def chat_text(template: str, messages: list[dict[str, str]]) -> str:
 
 def chat_documents(budget: int, rng: random.Random, template: str) -> list[Document]:
     """Generated conversations (:func:`chat_text` with ``template``) until ``budget`` characters."""
-    from pydoc_data.topics import topics  # noqa: PLC0415
+    from pydoc_data.topics import topics
 
     tl = sorted(topics.items())
     out: list[Document] = []
@@ -396,7 +396,7 @@ def demo_prompt_texts(seed: int, template: str, docs: list[Document], n_per_cate
         while t.count(",") + t.count("\n") < 8:
             t = numbers_text(rng)
         out.append(PromptText("numbers", f"numbers:prompt:{j}", _cut(t, max(20, int(len(t) * 0.4)), ",\n")))
-    from pydoc_data.topics import topics  # noqa: PLC0415
+    from pydoc_data.topics import topics
 
     tl = sorted(topics.items())
     for j in range(n_per_category):

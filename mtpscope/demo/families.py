@@ -82,6 +82,7 @@ class FamilySpec:
 
 
 def _text(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any]  # JSON values of several types
     base = {"vocab_size": N_VOCAB, "vocab_size_per_layer_input": N_VOCAB, "rms_norm_eps": 1e-6,
             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rope_parameters": _ROPE,
             "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "attention_k_eq_v": False,
@@ -289,8 +290,9 @@ def _build_hf(s: FamilySpec, paths: FamilyPaths) -> None:
                                  centroid_intermediate_top_k=s.centroids[1] if s.centroids else 32)
     drafter = Gemma4AssistantForCausalLM(dcfg).eval()
     _fill(drafter, s.seed + 1)
-    for model, dest, cls in ((target, paths.hf_target, Gemma4ForCausalLM),
-                             (drafter, paths.hf_drafter, Gemma4AssistantForCausalLM)):
+    saves: list[tuple[Any, Path, Any]] = [(target, paths.hf_target, Gemma4ForCausalLM),
+                                          (drafter, paths.hf_drafter, Gemma4AssistantForCausalLM)]
+    for model, dest, cls in saves:
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mtpscope.errors import MtpscopeError
 from mtpscope.traces.store.layout import MANIFEST
@@ -223,7 +223,16 @@ def _trace_complete(d: Path) -> bool:
 #: the committed compact checkpoints of the trained pair (written by ``mtpscope demo train``)
 TRAINED_DATA = Path(str(importlib.resources.files("mtpscope").joinpath("demo_data")))
 #: how the trained pair's traces are recorded (every demo prompt, greedy)
-TRAINED_RECORD = {"n_draft": 3, "max_tokens": 64, "hidden": "f16", "n_top": 10}
+class TrainedRecord(TypedDict):
+    """:data:`TRAINED_RECORD`'s keys: the recorder's settings for the trained pair's traces."""
+
+    n_draft: int
+    max_tokens: int
+    hidden: str
+    n_top: int
+
+
+TRAINED_RECORD: TrainedRecord = {"n_draft": 3, "max_tokens": 64, "hidden": "f16", "n_top": 10}
 _TRAINED_SOURCES = ("mtpscope.demo.trained", "mtpscope.demo.spec", "mtpscope.inspector.convert",
                     "mtpscope.inspector.convert_common", "mtpscope.inspector.convert_target",
                     "mtpscope.inspector.hf_names", "mtpscope.inspector.hf_config", "mtpscope.inspector.gguf_write",

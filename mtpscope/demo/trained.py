@@ -99,7 +99,7 @@ def expand(out: str | os.PathLike[str], src: str | os.PathLike[str] = DATA_DIR) 
     Raises:
         MtpscopeError: the compact files are missing or changed (:func:`read_recipe`).
     """
-    from mtpscope.inspector.safetensors import read_safetensors, write_safetensors  # noqa: PLC0415
+    from mtpscope.inspector.safetensors import read_safetensors, write_safetensors
 
     src, out = Path(src), Path(out)
     read_recipe(src)
@@ -131,8 +131,8 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
     Raises:
         LayoutError: not a ``gemma4-assistant`` file, a RoPE base missing or not FLOAT32.
     """
-    from mtpscope.errors import LayoutError  # noqa: PLC0415
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.errors import LayoutError
+    from mtpscope.inspector.gguf import KeyValue, open_gguf
 
     src, out = Path(src), Path(out)
     with open_gguf(src) as f:
@@ -140,11 +140,15 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
             raise LayoutError("not an upstream Gemma 4 drafter", path=src, key="general.architecture",
                               expected=ARCH_UPSTREAM, actual=f.architecture)
         kv = {k: v for k, v in f.kv.items() if k.endswith(("rope.freq_base", "rope.freq_base_swa"))}
-        full, swa = kv.get(f"{ARCH_UPSTREAM}.rope.freq_base"), kv.get(f"{ARCH_UPSTREAM}.rope.freq_base_swa")
-        for k, e in (("rope.freq_base", full), ("rope.freq_base_swa", swa)):
+
+        def rope_base(k: str) -> KeyValue:
+            e = kv.get(f"{ARCH_UPSTREAM}.{k}")
             if e is None or e.type_name != "FLOAT32":
                 raise LayoutError("a RoPE base is missing or not FLOAT32", path=src, key=f"{ARCH_UPSTREAM}.{k}",
                                   expected="FLOAT32", actual=None if e is None else e.type_name)
+            return e
+
+        full, swa = rope_base("rope.freq_base"), rope_base("rope.freq_base_swa")
         at = swa.offset + 8 + len(swa.key.encode()) + 4
     tmp = out.with_name(out.name + ".tmp")
     shutil.copyfile(src, tmp)
@@ -156,7 +160,7 @@ def write_buggy_swa_base(src: str | os.PathLike[str], out: str | os.PathLike[str
 
 
 def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
-    from mtpscope.inspector.convert import convert  # noqa: PLC0415
+    from mtpscope.inspector.convert import convert
 
     t0 = time.perf_counter()
     expand(tp.root / "hf", data)
@@ -172,12 +176,13 @@ def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
 
 def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """``[{"prompt_id", "category", "n_drafted", "n_accepted", "acceptance_rate"}]`` of a recorded trace."""
-    from mtpscope.traces.store.reader import open_trace  # noqa: PLC0415
+    from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(trace_dir)
     r = tr.columns("rounds", ["prompt_id", "n_draft", "n_accepted"])
     cats = {int(p["prompt_id"]): p.get("category") for p in tr.manifest.get("prompts", [])}
     out = []
+    pid: Any  # groupby keys: the prompt ids (numpy ints; pandas-stubs: any Scalar)
     for pid, g in r.groupby("prompt_id", sort=True):
         nd, na = int(g["n_draft"].sum()), int(g["n_accepted"].sum())
         out.append({"prompt_id": int(pid), "category": cats.get(int(pid)), "n_drafted": nd, "n_accepted": na,
@@ -210,15 +215,15 @@ def worst_prompt(rows: list[dict[str, Any]]) -> tuple[str | None, int | None]:
 
 def _record_all(tp: Any, say: Callable[[str], None], data: Path) -> dict[str, Any] | None:
     try:
-        from mtpscope.traces.run import recorder  # noqa: PLC0415
-        from mtpscope.traces.run.llama.binding import llama  # noqa: PLC0415
+        from mtpscope.traces.run import recorder
+        from mtpscope.traces.run.llama.binding import llama
         llama()
     except Exception as e:  # noqa: BLE001 - ImportError, RuntimeUnavailableError: record later
         say(f"trained demo traces skipped: {e}")
         return None
-    from mtpscope.demo.spec import TRAINED_RECORD  # noqa: PLC0415
-    from mtpscope.traces.run.prompts import PromptSpec  # noqa: PLC0415
-    from mtpscope.traces.run.record_config import RecordConfig  # noqa: PLC0415
+    from mtpscope.demo.spec import TRAINED_RECORD
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
 
     prompts = read_prompts(data)
     specs = [PromptSpec(tokens=tuple(p["ids"]), id=p["name"], category=p["category"]) for p in prompts]
@@ -263,7 +268,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
                     stamp: str | None = None) -> Path:
     """``<demo>/demo.json``: every model and trace of the demo folder with its role, and the default
     view (``default``: the trained F32 trace, its worst category's worst prompt, the buggy trace as B)."""
-    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths  # noqa: PLC0415
+    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths
 
     root = Path(demo_root)
     tp, cp = TrainedPaths.under(root), DemoPaths.under(root, RECORD_CONFIG)
@@ -286,7 +291,7 @@ def write_demo_json(demo_root: str | os.PathLike[str], summary: dict[str, Any] |
               {"role": "drafter-noisy", "path": rel(cp.drafter_upstream_noisy), "pair": "constructed"},
               {"role": "drafter-fork", "path": rel(cp.drafter_fork), "pair": "constructed"}]
     traces = []
-    for name, role, attr in VARIANTS:
+    for name, _role, attr in VARIANTS:
         s = (summary or {}).get(name, {})
         traces.append({"role": f"trace-{name}", "path": rel(tp.traces[name]), "pair": "trained",
                        "drafter": rel(getattr(tp, attr)), "acceptance_rate": s.get("acceptance_rate"),
@@ -318,7 +323,7 @@ def build_trained(demo_root: str | os.PathLike[str], *, force: bool = False, tra
 
     ``data``: the compact checkpoints (default: the package's ``demo_data``).
     """
-    from mtpscope.demo.spec import (  # noqa: PLC0415
+    from mtpscope.demo.spec import (
         TrainedPaths,
         _read_stamp,
         _trace_complete,

@@ -51,8 +51,8 @@ try:  # torch / transformers come with the parity extra; importing this package 
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise MtpscopeError("training the demo pair needs torch and transformers (pip install -e '.[parity]')") from e
 
-from mtpscope.demo.train.centroids import fit_centroid_head  # noqa: E402
-from mtpscope.demo.train.checkpoints import (  # noqa: E402
+from mtpscope.demo.train.centroids import fit_centroid_head
+from mtpscope.demo.train.checkpoints import (
     DATA_DIR,
     drafter_stage_key,
     round_f16,
@@ -60,9 +60,9 @@ from mtpscope.demo.train.checkpoints import (  # noqa: E402
     staged,
     target_stage_key,
 )
-from mtpscope.demo.train.compact import compact_vocab  # noqa: E402
-from mtpscope.demo.train.evaluation import demo_prompts, evaluate, realism_checks, select_prompts  # noqa: E402
-from mtpscope.demo.train.models import (  # noqa: E402
+from mtpscope.demo.train.compact import compact_vocab
+from mtpscope.demo.train.evaluation import demo_prompts, evaluate, realism_checks, select_prompts
+from mtpscope.demo.train.models import (
     drafter_config,
     greedy_labels,
     make_drafter,
@@ -72,8 +72,8 @@ from mtpscope.demo.train.models import (  # noqa: E402
     train_target,
     windows,
 )
-from mtpscope.demo.train.recipe import SPECIAL_IDS, Recipe, TargetShape  # noqa: E402
-from mtpscope.demo.train.tokens import (  # noqa: E402
+from mtpscope.demo.train.recipe import SPECIAL_IDS, Recipe, TargetShape
+from mtpscope.demo.train.tokens import (
     add_random_documents,
     chat_template,
     open_tokenizer,
@@ -107,7 +107,7 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
     if vocab_gguf is None:
-        from mtpscope.cache import vocab_path  # noqa: PLC0415
+        from mtpscope.cache import vocab_path
 
         vocab_gguf = vocab_path()
     template = chat_template(vocab_gguf)
@@ -174,9 +174,9 @@ def train(out: str | os.PathLike[str] = DATA_DIR, recipe: Recipe | None = None, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m mtpscope.demo.train [--out DIR] [--seed N] [--target-steps N] [--drafter-steps N]``."""
-    import argparse  # noqa: PLC0415
+    import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mtpscope.demo.train", description=train.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m mtpscope.demo.train", description=(train.__doc__ or "").splitlines()[0])
     ap.add_argument("--out", default=str(DATA_DIR))
     ap.add_argument("--seed", type=int, default=Recipe.seed)
     ap.add_argument("--target-steps", type=int, default=Recipe.target_steps)

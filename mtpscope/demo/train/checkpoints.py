@@ -53,7 +53,7 @@ def save_compact(out: str | os.PathLike[str], tm: Any, dm: Any, vocab: CompactVo
                  recipe: Recipe, prompts: Sequence[dict[str, Any]], info: dict[str, Any]) -> dict[str, str]:
     """Write the compact checkpoints (module docstring, "Outputs") and ``recipe.json``; returns
     ``{file name: sha256}``."""
-    from safetensors.torch import save_file  # noqa: PLC0415
+    from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,9 +106,9 @@ def load_compact(src: str | os.PathLike[str] = DATA_DIR) -> CompactPair:
     Raises:
         MtpscopeError: a file is missing or its sha256 differs from ``recipe.json``.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
+    from safetensors.torch import load_file
 
-    from mtpscope.demo.trained import read_recipe  # noqa: PLC0415
+    from mtpscope.demo.trained import read_recipe
 
     src = Path(src)
     rec = read_recipe(src)      # every listed file checked against its sha256
@@ -147,7 +147,7 @@ def staged(model: Any, cached: Path | None, name: str, train_fn: Callable[[], di
             log: Callable[[str], None]) -> dict[str, Any]:
     """Train ``model`` with ``train_fn`` (returning its stats), or load the identical earlier run kept in
     ``cached`` (``<name>.safetensors`` without the tied ``lm_head``, ``stats.json``); keep a new run there."""
-    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+    from safetensors.torch import load_file, save_file
 
     if cached is not None and (cached / "stats.json").exists():
         model.load_state_dict({k: v.float() for k, v in load_file(cached / f"{name}.safetensors").items()},

@@ -215,7 +215,7 @@ def evaluate(tm: Any, dm: Any, prompts: Sequence[dict[str, Any]], vocab: Compact
         real = [vocab.real(g) for g in gen]
         d4 = distinct_4gram_ratio(gen)
         per.append({"prompt_id": p["prompt_id"], "category": p["category"], "distinct4": round(d4, 4),
-                    "n_generated": len(gen), "generated": real, **{k: v for k, v in st.items()}})
+                    "n_generated": len(gen), "generated": real, **st})
         pooled.setdefault(p["category"], []).extend(rounds)
         if log:
             log(f"  {p['category']:8s} #{p['prompt_id']:<3d} acc {st['acceptance_rate']:.3f}  d4 {d4:.3f}  "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -68,7 +68,7 @@ def drafter_config(shape: DrafterShape, target: TargetShape, vocab_size: int, *,
 
 def make_target(cfg: dict[str, Any]) -> Any:
     """A fresh ``Gemma4ForCausalLM`` (fp32, eager attention) from a config dict."""
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig  # noqa: PLC0415
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     c = Gemma4TextConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     c._attn_implementation = "eager"
@@ -77,7 +77,7 @@ def make_target(cfg: dict[str, Any]) -> Any:
 
 def make_drafter(cfg: dict[str, Any]) -> Any:
     """A fresh ``Gemma4AssistantForCausalLM`` (fp32, eager attention) from a config dict."""
-    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM  # noqa: PLC0415
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
     c = Gemma4AssistantConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     c._attn_implementation = "eager"
@@ -251,7 +251,7 @@ def train_drafter(dm: Any, tm: Any, win: torch.Tensor, labels: torch.Tensor, rec
             lg = s["logits"].reshape(-1, s["logits"].shape[-1])
             losses.append(compact_cross_entropy(lg, lab, vocab))
             accs.append(float((full_argmax(lg.detach()) == lab).float().mean()))
-        loss = sum(losses)
+        loss = cast(torch.Tensor, sum(losses))  # n_draft >= 1 steps: a tensor, never sum()'s start 0
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

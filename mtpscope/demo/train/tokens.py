@@ -32,7 +32,7 @@ def open_tokenizer(path: str | os.PathLike[str] | None = None) -> LlamaVocab:
         TraceError: llama.cpp could not load the vocabulary.
     """
     if path is None:
-        from mtpscope.cache import vocab_path  # noqa: PLC0415
+        from mtpscope.cache import vocab_path
 
         path = vocab_path()
     return LlamaVocab(path)
@@ -44,7 +44,7 @@ def chat_template(vocab_gguf: str | os.PathLike[str]) -> str:
     Raises:
         MtpscopeError: the file has no chat template.
     """
-    from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+    from mtpscope.inspector.gguf import open_gguf
 
     with open_gguf(vocab_gguf) as f:
         t = f.get("tokenizer.chat_template")
@@ -90,14 +90,14 @@ def random_word_pool(stream: TokenStream, vocab: CompactVocab, tok: LlamaVocab, 
     most frequent ones of the stream: the vocabulary of the ``random`` documents and prompts."""
     u, c = np.unique(stream.ids, return_counts=True)
     order = u[np.argsort(-c, kind="stable")]
-    cands = []
+    found: list[int] = []
     for t in order:
         p = tok.token_to_piece(int(t))
         if len(p) >= 3 and p[:1] == b" " and p[1:].isalpha() and p[1:].isascii():
-            cands.append(int(t))
-            if len(cands) >= n_candidates:
+            found.append(int(t))
+            if len(found) >= n_candidates:
                 break
-    cands = np.asarray(cands, dtype=np.int32)
+    cands = np.asarray(found, dtype=np.int32)
     cands = cands[np.isin(cands, vocab.ids)]
     return np.sort(rng.choice(cands, min(n, len(cands)), replace=False))
 
