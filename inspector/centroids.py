@@ -222,8 +222,8 @@ class CentroidHead:
             HFCheckpointError: no safetensors file, a bad header / data, or an unreadable config.json.
             LayoutError: no centroid head, or impossible shapes (as :meth:`build`).
         """
-        from mtpscope.inspector.hf_config import read_config  # noqa: PLC0415
-        from mtpscope.inspector.safetensors import read_safetensors_header, tensor_array  # noqa: PLC0415
+        from mtpscope.inspector.hf_config import read_config
+        from mtpscope.inspector.safetensors import read_safetensors_header, tensor_array
 
         p = Path(path)
         files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
@@ -264,7 +264,7 @@ class CentroidHead:
             raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
         if p.is_dir() or p.suffix == ".safetensors":
             return cls.from_hf(p)
-        from mtpscope.inspector.gguf import open_gguf  # noqa: PLC0415
+        from mtpscope.inspector.gguf import open_gguf
 
         with open_gguf(p) as f:
             return dataclasses.replace(cls.from_gguf(f), _file=None)

@@ -180,7 +180,7 @@ class ArrayValue:
             assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
             return self._file.string_at(int(self._elem_offsets[i]), self._key)
         if et == ARRAY:
-            assert self._elem_offsets is not None  # noqa: S101
+            assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
             return _Parser(self._file).read_array(int(self._elem_offsets[i]), self._key, 0)[0]
         st, size, _ = _FIXED[et]
         v = st.unpack_from(self._file.mm, self.data_offset + i * size)[0]
@@ -189,7 +189,7 @@ class ArrayValue:
     def _string_bytes(self) -> list[bytes]:
         """The raw bytes of every string of a STRING array: one copy of the region, then one slice each."""
         offs = self._elem_offsets
-        assert offs is not None  # noqa: S101
+        assert offs is not None  # noqa: S101 - internal invariant, set by the parser
         if self.length == 0:
             return []
         src = self._file
@@ -206,7 +206,7 @@ class ArrayValue:
         try:
             return [b.decode("utf-8") for b in self._string_bytes()]
         except UnicodeDecodeError:
-            assert self._elem_offsets is not None  # noqa: S101
+            assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
             # raises, naming the bad string
             return [self._file.string_at(int(p), self._key) for p in self._elem_offsets]
 
@@ -242,7 +242,7 @@ class ArrayValue:
         """Every element decoded into Python objects (nested arrays become nested lists)."""
         et = self.element_type
         if et == STRING:
-            assert self._elem_offsets is not None  # noqa: S101
+            assert self._elem_offsets is not None  # noqa: S101 - internal invariant, set by the parser
             return self._strings()
         if et == ARRAY:
             return [self._item(i).to_list() for i in range(self.length)]
