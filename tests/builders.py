@@ -46,16 +46,16 @@ def _base(kind: str) -> tuple[str, tuple[tuple[str, MetaValue], ...], tuple[tupl
     voc = demo.load_vocab("subset")
     tw = demo.target_weights(voc, DIMS, 0)
     if kind == "target":
-        kv = demo._hparam_kv(demo.TARGET_ARCH, DIMS, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
-        return demo.TARGET_ARCH, tuple(kv), tuple(tw.items())
+        kv = demo._hparam_kv(demo.ARCH_TARGET, DIMS, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
+        return demo.ARCH_TARGET, tuple(kv), tuple(tw.items())
     w = demo.drafter_weights(tw, DIMS)
     if kind == "upstream":
-        arch = demo.UPSTREAM_ARCH
+        arch = demo.ARCH_UPSTREAM
         kv = demo._hparam_kv(arch, DIMS, target=False, n_vocab=voc.n_vocab)
         kv += [(arch + ".embedding_length_out", U32(DIMS.n_embd_backbone)),
                (arch + ".nextn_predict_layers", U32(DIMS.n_layer_drafter))]
         return arch, tuple(kv + list(voc.kv)), tuple(w.items())
-    arch = demo.FORK_ARCH
+    arch = demo.ARCH_FORK
     cent, ordering, _ = demo.centroid_head(tw, voc, DIMS, n_centroids=N_C, seed=0)
     fw = demo.fork_weights(w)
     fw["mtp.centroids.weight"] = cent
@@ -91,8 +91,8 @@ def q8_0(a: np.ndarray) -> tuple[np.ndarray, Any]:
 # --- mutations: each returns f(kv, tensors) -> new arch or None ------------------------------------------
 
 Mut = Callable[[dict[str, MetaValue], dict[str, Any]], "str | None"]
-UP = demo.UPSTREAM_ARCH
-FK = demo.FORK_ARCH
+UP = demo.ARCH_UPSTREAM
+FK = demo.ARCH_FORK
 
 
 def set_key(key: str, value: MetaValue) -> Mut:

@@ -3,6 +3,7 @@ target layouts against the demo target that llama.cpp loads, rope_freqs values, 
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import numpy as np
@@ -192,10 +193,29 @@ def test_drafter_tensor_names_have_one_home() -> None:
     assert hf_names.gguf_name("post_projection.weight", "fork") == "mtp.post_projection.weight"
 
 
-def test_demo_spec_architecture_names_equal_layouts() -> None:
-    """``mtpscope.demo.spec`` spells the architecture names itself (it stays numpy-free for the app, and its
-    source is a stamp input of the demo models, so it is not edited to import them): the same values."""
-    from mtpscope.demo import spec
+def _facts_outside_layouts(root: Path) -> list[str]:
+    """Where a module other than ``inspector/layouts.py`` spells an architecture name as a module-level constant
+    (``X = "gemma4-assistant"``) or a drafter tensor name (``"mtp.pre_projection.weight"``, ``"nextn.*"``, the
+    centroid head's names) as a string literal: each ``file:line``."""
+    arch = {L.ARCH_FORK, L.ARCH_UPSTREAM, L.ARCH_TARGET}
+    names = {*L.PRE_PROJECTION.values(), *L.POST_PROJECTION.values(), L.FORK_CENTROIDS, L.FORK_ORDERING}
+    out = []
+    for f in sorted(root.rglob("*.py")):
+        if f.name == "layouts.py" and f.parent.name == "inspector":
+            continue
+        tree = ast.parse(f.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in arch:
+                out.append(f"{f.relative_to(root)}:{node.lineno}")
+        out += [f"{f.relative_to(root)}:{n.lineno}" for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and n.value in names]
+    return out
 
-    assert (spec.FORK_ARCH, spec.UPSTREAM_ARCH, spec.TARGET_ARCH) == (L.ARCH_FORK, L.ARCH_UPSTREAM, L.ARCH_TARGET)
-    assert (L.ARCH_FORK, L.ARCH_UPSTREAM, L.ARCH_TARGET) == ("gemma4_assistant", "gemma4-assistant", "gemma4")
+
+def test_architecture_and_drafter_tensor_names_have_one_home(tmp_path) -> None:
+    """The Gemma 4 architecture names and the drafter's tensor names are spelled only in ``inspector/layouts.py``
+    (everyone else imports them); a planted copy is found."""
+    repo = Path(__file__).resolve().parents[1]
+    assert [p for d in ("inspector", "traces", "app", "mtpscope") for p in _facts_outside_layouts(repo / d)] == []
+    (tmp_path / "m.py").write_text('ARCH = "gemma4-assistant"\nNAME = "mtp.centroids.weight"\n')
+    assert _facts_outside_layouts(tmp_path) == ["m.py:1", "m.py:2"]

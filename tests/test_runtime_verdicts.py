@@ -61,14 +61,14 @@ def _target(d: Path, name: str, swa: tuple[bool, ...] | None = None, shared: int
     voc = demo.load_vocab("subset")
     dims = dataclasses.replace(DIMS, target_swa=swa) if swa else DIMS
     w = demo.target_weights(voc, dims, 0)
-    kv = dict(demo._hparam_kv(demo.TARGET_ARCH, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv))
+    kv = dict(demo._hparam_kv(demo.ARCH_TARGET, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv))
     kv["gemma4.attention.shared_kv_layers"] = u32(shared)
     for il in range(len(dims.target_swa) - shared, len(dims.target_swa)):
         for n in ("attn_k", "attn_v", "attn_k_norm"):
             w.pop(f"blk.{il}.{n}.weight", None)
     if fn is not None:
         fn(w)
-    return write(d / f"t-{name}.gguf", demo.TARGET_ARCH, kv, w)
+    return write(d / f"t-{name}.gguf", demo.ARCH_TARGET, kv, w)
 
 
 @pytest.fixture(scope="module")

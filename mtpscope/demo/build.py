@@ -53,10 +53,7 @@ import numpy as np
 from mtpscope.demo.spec import (  # noqa: F401 - re-exported: the public API lives here too
     DEFAULT_DIMS,
     DEMO_PASSAGE,
-    FORK_ARCH,
     RECORD_CONFIG,
-    TARGET_ARCH,
-    UPSTREAM_ARCH,
     DemoPaths,
     TinyDims,
     _read_stamp,
@@ -71,6 +68,15 @@ from mtpscope.demo.vocab import DemoVocab, load_vocab  # load_vocab re-exported
 from mtpscope.errors import MtpscopeError
 from mtpscope.inspector.gguf import BOOL
 from mtpscope.inspector.gguf_write import MetaValue, array, boolean, f32, string, u32, write_gguf
+from mtpscope.inspector.layouts import (
+    ARCH_FORK,
+    ARCH_TARGET,
+    ARCH_UPSTREAM,
+    FORK_CENTROIDS,
+    FORK_ORDERING,
+    POST_PROJECTION,
+    PRE_PROJECTION,
+)
 
 # ----------------------------------------------------------------------------------------------
 # seeded randomness
@@ -226,10 +232,10 @@ def drafter_weights(target: dict[str, np.ndarray], dims: TinyDims = DEFAULT_DIMS
     w["rope_freqs.weight"] = target["rope_freqs.weight"].copy()
     pre = np.zeros((D, 2 * T), np.float32)
     pre[:T, :T] = np.eye(T, dtype=np.float32)
-    w["nextn.pre_projection.weight"] = noisy("nextn.pre_projection", pre)
+    w[PRE_PROJECTION["upstream"]] = noisy(PRE_PROJECTION["upstream"].removesuffix(".weight"), pre)
     post = np.zeros((T, D), np.float32)
     post[:, :T] = np.eye(T, dtype=np.float32)
-    w["nextn.post_projection.weight"] = post
+    w[POST_PROJECTION["upstream"]] = post
     for il, swa in enumerate(dims.drafter_swa):
         p, tp = f"blk.{il}.", f"blk.{il}."      # drafter layer il copies target layer il (0..3)
         hd = dims.head_dim_swa if swa else dims.head_dim
@@ -315,8 +321,7 @@ def centroid_head(target: dict[str, np.ndarray], vocab: DemoVocab, dims: TinyDim
 
 def fork_weights(upstream: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The upstream drafter tensors renamed to the fork dialect (``nextn.*`` -> ``mtp.*``)."""
-    ren = {"nextn.pre_projection.weight": "mtp.pre_projection.weight",
-           "nextn.post_projection.weight": "mtp.post_projection.weight"}
+    ren = {PRE_PROJECTION["upstream"]: PRE_PROJECTION["fork"], POST_PROJECTION["upstream"]: POST_PROJECTION["fork"]}
     return {ren.get(k, k): v for k, v in upstream.items()}
 
 
@@ -386,8 +391,8 @@ def write_target(path: str | os.PathLike[str], *, vocab: str | DemoVocab = "full
     voc = vocab if isinstance(vocab, DemoVocab) else load_vocab(vocab)
     w = target_weights(voc, dims, seed)
     kv = _general_kv("mtpscope-demo-target", {"role": "target", "seed": seed, "vocab": voc.kind})
-    kv += _hparam_kv(TARGET_ARCH, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
-    return write_gguf(Path(path), TARGET_ARCH, kv, w)
+    kv += _hparam_kv(ARCH_TARGET, dims, target=True, n_vocab=voc.n_vocab) + list(voc.kv)
+    return write_gguf(Path(path), ARCH_TARGET, kv, w)
 
 
 def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", noise: float = 0.0,
@@ -418,17 +423,17 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
     w = drafter_weights(tw, dims, noise=noise, seed=seed if noise_seed is None else noise_seed)
     extra = {"role": "drafter", "dialect": dialect, "seed": seed, "noise": float(noise), "vocab": voc.kind}
     if dialect == "upstream":
-        arch = UPSTREAM_ARCH
+        arch = ARCH_UPSTREAM
         kv = _general_kv("mtpscope-demo-drafter", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
         kv += [(arch + ".embedding_length_out", u32(dims.n_embd_backbone)),
                (arch + ".nextn_predict_layers", u32(dims.n_layer_drafter))]
         return write_gguf(Path(path), arch, kv + list(voc.kv), w)
-    arch = FORK_ARCH
+    arch = ARCH_FORK
     nc = n_centroids if n_centroids is not None else (2048 if voc.n_vocab >= 2048 * 16 else 32)
     cent, ordering, _mis = centroid_head(tw, voc, dims, n_centroids=nc, misplace=centroid_misplace, seed=seed)
     fw = fork_weights(w)
-    fw["mtp.centroids.weight"] = cent
-    fw["mtp.token_ordering.weight"] = ordering
+    fw[FORK_CENTROIDS] = cent
+    fw[FORK_ORDERING] = ordering
     extra["centroid_misplace"] = float(centroid_misplace)
     kv = _general_kv("mtpscope-demo-drafter-fork", extra) + _hparam_kv(arch, dims, target=False, n_vocab=voc.n_vocab)
     kv += [(arch + ".n_embd_backbone", u32(dims.n_embd_backbone)),
@@ -436,7 +441,7 @@ def write_drafter(path: str | os.PathLike[str], *, dialect: str = "upstream", no
            (arch + ".centroid_top_k", u32(centroid_top_k)),
            (arch + ".use_ordered_embeddings", boolean(True)),
            (arch + ".attention.k_eq_v", boolean(True)),
-           (arch + ".requires_target_arch", string(TARGET_ARCH))]
+           (arch + ".requires_target_arch", string(ARCH_TARGET))]
     return write_gguf(Path(path), arch, kv + list(voc.kv), fw)
 
 

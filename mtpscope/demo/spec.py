@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 from mtpscope.traces.store.layout import MANIFEST
 
 #: The sentence the demo target "knows": each word (one real token each, with its leading space)
@@ -23,11 +24,6 @@ from mtpscope.traces.store.layout import MANIFEST
 DEMO_PASSAGE = ("The quick brown fox jumps over lazy dogs while seven clever wizards quietly pack boxes "
                 "with golden liquor , and every sailor sings about distant islands where purple dragons "
                 "sleep under silver moons .")
-
-TARGET_ARCH = "gemma4"
-UPSTREAM_ARCH = "gemma4-assistant"
-FORK_ARCH = "gemma4_assistant"
-
 
 @dataclass(frozen=True)
 class TinyDims:
@@ -232,7 +228,7 @@ class TrainedRecord(TypedDict):
     n_top: int
 
 
-TRAINED_RECORD: TrainedRecord = {"n_draft": 3, "max_tokens": 64, "hidden": "f16", "n_top": 10}
+TRAINED_RECORD: TrainedRecord = {"n_draft": DEFAULT_N_DRAFT, "max_tokens": 64, "hidden": "f16", "n_top": 10}
 _TRAINED_SOURCES = ("mtpscope.demo.trained", "mtpscope.demo.spec", "mtpscope.inspector.convert",
                     "mtpscope.inspector.convert_common", "mtpscope.inspector.convert_target",
                     "mtpscope.inspector.hf_names", "mtpscope.inspector.hf_config", "mtpscope.inspector.gguf_write",
