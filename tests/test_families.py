@@ -371,9 +371,9 @@ def test_mtp_recorded_reported_explained_and_replayed(fam, recorded) -> None:
     rep = report(tr)
     rounds = tr.rounds
     # the report's numbers, recounted from the rounds table
-    assert rep["n_rounds"] == len(rounds)
-    assert rep["n_drafted"] == int(rounds["n_draft"].sum())
-    assert rep["n_accepted"] == int(rounds["n_accepted"].sum())
+    assert rep.n_rounds == len(rounds)
+    assert rep.n_drafted == int(rounds["n_draft"].sum())
+    assert rep.n_accepted == int(rounds["n_accepted"].sum())
     assert tr.manifest["models"]["target"]["architecture"] == "gemma4"
     if fam.sidecar is not None:  # the centroid head's columns are filled (E2B / E4B)
         assert tr.manifest["centroids"]["top_k"] == SPECS[fam.name].centroids[1]
@@ -387,7 +387,7 @@ def test_mtp_recorded_reported_explained_and_replayed(fam, recorded) -> None:
     from tests.numerics import assert_replay_faithful
 
     assert_replay_faithful(s, f"{fam.name} family")
-    assert s["n_steps"] == rep["n_drafted"]
+    assert s["n_steps"] == rep.n_drafted
 
 
 @pytest.mark.slow
