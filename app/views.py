@@ -110,10 +110,11 @@ def mean_acceptance_length(rep: TraceReport) -> float:
     return _num(rep.mean_acceptance_length)
 
 
-def per_position(rep: TraceReport | Mapping[str, Any]) -> pd.DataFrame:
+def per_position(rep: TraceReport | Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """``report().per_position`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional); ``rep`` may
-    also be a saved document's copy of it (``diagnosis.json``'s ``summary``: a mapping read from the file)."""
-    rows = (rep.get("per_position") or []) if isinstance(rep, Mapping) else [p.to_dict() for p in rep.per_position]
+    also be a saved document's copy of its rows (``diagnosis.json``'s ``summary.per_position``: the rows'
+    ``to_dict()``, :class:`~mtpscope.traces.diagnose.records.DiagnosisSummary`)."""
+    rows = list(rep) if isinstance(rep, Sequence) else [p.to_dict() for p in rep.per_position]
     df = pd.DataFrame(rows, columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
     return df.astype({"acceptance": float, "conditional": float})
 
