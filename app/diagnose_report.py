@@ -10,8 +10,7 @@ embeds (``Diagnosis.to_dict()`` with each link's URL).
 :func:`html_report` writes one self-contained HTML file: plotly.js inlined once, the figures' data inline, styles
 inline, no URL fetched when it is opened (the findings' links point at the app, and are only followed on a click).
 
-Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read); the records the
-figures take (breakdown, what_if).
+Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read).
 """
 
 from __future__ import annotations
@@ -56,24 +55,20 @@ def figures(d: Diagnosis) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis, ``(name, figure)`` in reading order: acceptance by draft position, by
     category, the first misses' causes, the replay variants (the one that recovers in red), the what-if (from its
     ``summary`` and ``variants`` numbers). Sections the diagnosis lacks (no trace, no replay) are left out."""
-    from mtpscope.traces.analysis.breakdown import Acceptance  # the figures' records
-    from mtpscope.traces.analysis.what_if import WhatIfRow
-
     sm = d.summary
     out: list[tuple[str, go.Figure]] = []
     if sm.per_position:
         out.append(("per_position", charts.per_position_figure(views.per_position(sm.per_position),
                                                                 title="Acceptance by draft position")))
     if sm.by_category:
-        cats = {k: Acceptance.from_dict(v) for k, v in sm.by_category.items()}
+        cats = {k: v.acceptance for k, v in sm.by_category.items()}
         out.append(("by_category", charts.rate_bars_figure(cats, "Acceptance by prompt category", what="category")))
     if sm.causes:
         out.append(("causes", charts.causes_figure(sm.causes)))
     if d.variants is not None and d.variants.variants:
         out.append(("variants", charts.variants_figure(d.variants.variants)))
     if sm.what_if:
-        rows = [WhatIfRow.from_dict(r) for r in sm.what_if]
-        out.append(("what_if", charts.what_if_figure(rows, sm.best_n_draft)))
+        out.append(("what_if", charts.what_if_figure(sm.what_if, sm.best_n_draft)))
     return out
 
 

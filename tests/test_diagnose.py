@@ -225,10 +225,11 @@ def test_view_url_and_link_url() -> None:
 
 
 def _diagnosis() -> Diagnosis:
-    per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5},
-               {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6}]
+    per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5, "per_verify_round": 0.5},
+               {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6,
+                "per_verify_round": 0.3}]
     summary = {"acceptance_rate": 8 / 19, "mean_acceptance_length": 1.8, "n_draft": 2, "per_position": per_pos,
-               "by_category": {"code": {"n_drafted": 10, "n_accepted": 4, "acceptance_rate": 0.4}},
+               "by_category": {"code": {"n_prompts": 2, "n_drafted": 10, "n_accepted": 4, "acceptance_rate": 0.4}},
                "causes": {"near_tie": 3, "far_miss": 2},
                "what_if": [{"n_draft": n, "acceptance_rate": 0.5 / n, "mean_acceptance_length": 1.5, "tokens_per_s": 10.0,
                             "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]}
@@ -334,6 +335,8 @@ def _bad_docs() -> list[tuple[str, object, str | None]]:
         ("a summary number as text", edit(lambda d: d["summary"].update(n_draft="2")), "summary.n_draft"),
         ("an unknown summary key", edit(lambda d: d["summary"].update(speed=1)), "summary.speed"),
         ("a summary key missing", edit(lambda d: d["summary"].pop("causes")), "summary.causes"),
+        ("a per-position row without its k", edit(lambda d: d["summary"]["per_position"][0].pop("k")),
+         "summary.per_position"),
         ("a variant's verdict as text",
          edit(lambda d: d["variants"]["variants"]["hidden=prenorm"].update(recovers="yes")),
          "variants.variants.hidden=prenorm.recovers"),

@@ -170,7 +170,7 @@ def test_n_draft_far_past_the_decay_ranks_first(trained: TrainedPaths, tmp_path:
     full = r[r["n_draft"] == 10]
     assert f.evidence[0].numbers["marginal"] == pytest.approx(float((full["n_accepted"] >= 10).mean()))
     assert isinstance(f.fix.value, int) and 1 <= f.fix.value < 10
-    per_k = {p["k"]: p["acceptance"] for p in d.summary.per_position}
+    per_k = {p.k: p.acceptance for p in d.summary.per_position or ()}
     assert per_k[f.fix.value] >= 0.05                                     # the kept depth still pays its way
 
 

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from mtpscope.errors import MtpscopeError
 from mtpscope.traces.diagnose.summary_records import (
+    NESTED,
     DiagnosisSummary,
     ReferenceSummary,
     VariantRow,
@@ -431,7 +432,14 @@ def _summary(r: _Reader) -> DiagnosisSummary:
     for k in r.obj:
         if k not in _SUMMARY_KINDS:
             r.fail(k, "no such key (" + ", ".join(_SUMMARY_KINDS) + ")", r.obj[k])
-    return DiagnosisSummary(**{k: r.get(k, kind, what, optional=True) for k, (kind, what) in _SUMMARY_KINDS.items()})
+    kw = {k: r.get(k, kind, what, optional=True) for k, (kind, what) in _SUMMARY_KINDS.items()}
+    for k, make in NESTED.items():
+        if kw[k] is not None:
+            try:
+                make(jsonable(kw[k]))
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                r.fail(k, f"the {k} records' JSON (docs/DIAGNOSE.md)", kw[k])
+    return DiagnosisSummary.from_dict(kw)
 
 
 def _variant(r: _Reader) -> VariantRow:

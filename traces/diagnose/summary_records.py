@@ -8,27 +8,52 @@ mapping, unchecked (:meth:`traces.diagnose.records.Diagnosis.from_dict` checks a
 is stored as its JSON has it, so that a fresh diagnosis and one read back from ``diagnosis.json`` hold the same
 values.
 
-Imports: the standard library and mtpscope.errors.
+Imports: mtpscope.errors; the records of the explain side a summary holds (traces.analysis.advice, .breakdown,
+.explain, .records (``as_json``), .report_records, .what_if).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.analysis.advice import Recommendation
+from mtpscope.traces.analysis.breakdown import Acceptance, CategoryAcceptance
+from mtpscope.traces.analysis.explain import TargetSide
+from mtpscope.traces.analysis.records import as_json
+from mtpscope.traces.analysis.report_records import PositionRow
+from mtpscope.traces.analysis.what_if import WhatIfRow
+
+
+def _rows(make: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any], tuple[Any, ...]]:
+    return lambda v: tuple(make(r) for r in v)
+
+
+def _groups(make: Callable[[Mapping[str, Any]], Any]) -> Callable[[Any], dict[str, Any]]:
+    return lambda v: {str(k): make(x) for k, x in v.items()}
+
+
+#: How each nested summary key's JSON becomes its record (the records' own ``from_dict``); the other keys are
+#: numbers (or, ``causes``, a mapping of counts) kept as they are.
+NESTED: dict[str, Callable[[Any], Any]] = {
+    "per_position": _rows(PositionRow.from_dict), "by_category": _groups(CategoryAcceptance.from_dict),
+    "by_class": _groups(Acceptance.from_dict), "causes": lambda v: {str(k): x for k, x in v.items()},
+    "target_side": TargetSide.from_dict, "what_if": _rows(WhatIfRow.from_dict),
+    "recommendation": Recommendation.from_dict}
 
 
 @dataclass(frozen=True)
 class DiagnosisSummary:
     """The trace's numbers of a diagnosis (``summary`` in its JSON): the keys
-    :func:`traces.diagnose.behaviour.summary` writes, in its order, and the trace's ``n_draft``. Values as their JSON
-    has them (:func:`jsonable`): the nested rows (``per_position``, ``by_category``, ``by_class``, ``target_side``,
-    ``what_if``, ``recommendation``) are the records' ``to_dict()`` (``breakdown.Acceptance.from_dict`` and
-    ``what_if.WhatIfRow.from_dict`` read them back). A diagnosis without a trace has the empty summary (every field
-    None: ``{}`` in JSON)."""
+    :func:`traces.diagnose.behaviour.summary` writes, in its order, and the trace's ``n_draft``, the nested ones as
+    the explain side's records (``report_records.PositionRow`` per draft position, ``breakdown.CategoryAcceptance``
+    per category, ``breakdown.Acceptance`` per token class, the first misses' causes, ``explain.TargetSide``,
+    ``what_if.WhatIfRow`` per n_draft, ``advice.Recommendation``), each None when the trace lacks it. Built from a
+    summary's mapping (:meth:`from_dict`), the values are those its JSON has (:func:`jsonable` first). A diagnosis
+    without a trace has the empty summary (every field None: ``{}`` in JSON)."""
 
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
@@ -36,19 +61,20 @@ class DiagnosisSummary:
     n_rounds: int | None = None
     n_drafted: int | None = None
     n_accepted: int | None = None
-    per_position: list[dict[str, Any]] | None = None
-    by_category: dict[str, dict[str, Any]] | None = None
-    by_class: dict[str, dict[str, Any]] | None = None
-    causes: dict[str, int] | None = None
-    target_side: dict[str, Any] | None = None
-    what_if: list[dict[str, Any]] | None = None
+    per_position: tuple[PositionRow, ...] | None = None
+    by_category: Mapping[str, CategoryAcceptance] | None = None
+    by_class: Mapping[str, Acceptance] | None = None
+    causes: Mapping[str, int] | None = None
+    target_side: TargetSide | None = None
+    what_if: tuple[WhatIfRow, ...] | None = None
     best_n_draft: int | None = None
-    recommendation: dict[str, Any] | None = None
+    recommendation: Recommendation | None = None
     n_draft: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            object.__setattr__(self, f.name, jsonable(getattr(self, f.name)))
+            if f.name not in NESTED:
+                object.__setattr__(self, f.name, jsonable(getattr(self, f.name)))
 
     @property
     def empty(self) -> bool:
@@ -56,19 +82,23 @@ class DiagnosisSummary:
         return all(getattr(self, f.name) is None for f in fields(self))
 
     def to_dict(self) -> dict[str, Any]:
-        """``{}`` when :attr:`empty`, else every key in field order."""
-        return {} if self.empty else {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
+        """``{}`` when :attr:`empty`, else every key in field order (the records as their ``to_dict()``)."""
+        if self.empty:
+            return {}
+        return {f.name: jsonable(as_json(getattr(self, f.name))) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DiagnosisSummary:
-        """The summary of ``d`` (:func:`traces.diagnose.behaviour.summary`'s dict, or :meth:`to_dict`'s); keys it
-        lacks are None. Unchecked: :meth:`Diagnosis.from_dict` checks a document's keys."""
+        """The summary of ``d`` (:func:`traces.diagnose.behaviour.summary`'s dict, or :meth:`to_dict`'s), made
+        JSON-able first, the nested keys as their records (:data:`NESTED`); keys it lacks are None. Unchecked:
+        :meth:`Diagnosis.from_dict` checks a document's keys."""
         names = {f.name for f in fields(cls)}
         extra = sorted(set(d) - names)
         if extra:
             raise MtpscopeError("not a diagnosis summary", key=extra[0], expected=" | ".join(sorted(names)),
                                 actual="an unknown key")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        j = jsonable(dict(d))
+        return cls(**{k: NESTED[k](v) if k in NESTED and v is not None else v for k, v in j.items()})
 
 
 @dataclass(frozen=True)
