@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.drift import Drift
     from mtpscope.traces.analysis.explain import PositionRejections
     from mtpscope.traces.analysis.what_if import WhatIfRow
+    from mtpscope.traces.diagnose.records import VariantRow
 
 #: Accepted-length colours, 0 (red) … K (green).
 ACCEPT_SCALE = [[0.0, "#d62728"], [0.34, "#ff7f0e"], [0.67, "#bcbd22"], [1.0, "#2ca02c"]]
@@ -885,24 +886,24 @@ def sweep_heatmap(cells: pd.DataFrame, value: str = "speedup") -> go.Figure:
 
 # ------------------------------------------------------------------------------------------ diagnose
 
-def variants_figure(variants: dict[str, dict] | None, title: str = "Replayed acceptance per convention variant"
-                    ) -> go.Figure:
-    """Would-be acceptance of each replay variant on the same rounds (``diagnose``'s ``variants["variants"]``:
-    ``{name: {acceptance_rate, delta, ci_low, ci_high, recovers}}``, ``baseline`` first), the change against the
-    baseline as a label with its 95 % interval, a variant that recovers acceptance in red."""
-    items = [(n, v) for n, v in (variants or {}).items() if v.get("acceptance_rate") is not None]
+def variants_figure(variants: Mapping[str, VariantRow] | None,
+                    title: str = "Replayed acceptance per convention variant") -> go.Figure:
+    """Would-be acceptance of each replay variant on the same rounds (``diagnose``'s ``variants.variants``:
+    ``{name: VariantRow}``, ``baseline`` first), the change against the baseline as a label with its 95 % interval,
+    a variant that recovers acceptance in red."""
+    items = [(n, v) for n, v in (variants or {}).items() if v.acceptance_rate is not None]
     if not items:
         return empty_figure("no replay")
     text = []
     for _, v in items:
-        d = v.get("delta")
-        iv = f" [{v['ci_low']:+.2f}, {v['ci_high']:+.2f}]" if v.get("ci_low") is not None else ""
-        text.append(f"{v['acceptance_rate']:.2f}" if d is None else f"{v['acceptance_rate']:.2f} ({d:+.2f}{iv})")
-    colours = ["#7f7f7f" if n == "baseline" else ("#d62728" if v.get("recovers") else "#1f77b4") for n, v in items]
-    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[v["acceptance_rate"] for _, v in items], marker_color=colours,
+        d = v.delta
+        iv = f" [{v.ci_low:+.2f}, {v.ci_high:+.2f}]" if v.ci_low is not None and v.ci_high is not None else ""
+        text.append(f"{v.acceptance_rate:.2f}" if d is None else f"{v.acceptance_rate:.2f} ({d:+.2f}{iv})")
+    colours = ["#7f7f7f" if n == "baseline" else ("#d62728" if v.recovers else "#1f77b4") for n, v in items]
+    fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[v.acceptance_rate for _, v in items], marker_color=colours,
                            text=text, textposition="outside",
                            hovertemplate="%{x}: %{y:.1%} of drafts would be accepted<extra></extra>"))
-    _layout(fig, title, height=300, meta={"recovers": [n for n, v in items if v.get("recovers")]})
+    _layout(fig, title, height=300, meta={"recovers": [n for n, v in items if v.recovers]})
     fig.update_yaxes(title="acceptance rate", range=[0, 1.12], tickformat=".0%")
     fig.update_xaxes(title="variant (on top of the recorder's conventions)", type="category")
     return fig

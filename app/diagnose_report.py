@@ -10,8 +10,7 @@ embeds (``Diagnosis.to_dict()`` with each link's URL).
 :func:`html_report` writes one self-contained HTML file: plotly.js inlined once, the figures' data inline, styles
 inline, no URL fetched when it is opened (the findings' links point at the app, and are only followed on a click).
 
-Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read); the records the
-figures take (breakdown, what_if).
+Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read).
 """
 
 from __future__ import annotations
@@ -56,25 +55,20 @@ def figures(d: Diagnosis) -> list[tuple[str, go.Figure]]:
     """The key figures of a diagnosis, ``(name, figure)`` in reading order: acceptance by draft position, by
     category, the first misses' causes, the replay variants (the one that recovers in red), the what-if (from its
     ``summary`` and ``variants`` numbers). Sections the diagnosis lacks (no trace, no replay) are left out."""
-    from mtpscope.traces.analysis.breakdown import Acceptance  # the figures' records
-    from mtpscope.traces.analysis.what_if import WhatIfRow
-
-    s = d.summary
+    sm = d.summary
     out: list[tuple[str, go.Figure]] = []
-    if s.get("per_position"):
-        out.append(("per_position", charts.per_position_figure(views.per_position(s),
+    if sm.per_position:
+        out.append(("per_position", charts.per_position_figure(views.per_position(sm.per_position),
                                                                 title="Acceptance by draft position")))
-    if s.get("by_category"):
-        cats = {k: Acceptance.from_dict(v) for k, v in s["by_category"].items()}
+    if sm.by_category:
+        cats = {k: v.acceptance for k, v in sm.by_category.items()}
         out.append(("by_category", charts.rate_bars_figure(cats, "Acceptance by prompt category", what="category")))
-    if s.get("causes"):
-        out.append(("causes", charts.causes_figure(s["causes"])))
-    v = (d.variants or {}).get("variants")
-    if v:
-        out.append(("variants", charts.variants_figure(v)))
-    if s.get("what_if"):
-        rows = [WhatIfRow.from_dict(r) for r in s["what_if"]]
-        out.append(("what_if", charts.what_if_figure(rows, s.get("best_n_draft"))))
+    if sm.causes:
+        out.append(("causes", charts.causes_figure(sm.causes)))
+    if d.variants is not None and d.variants.variants:
+        out.append(("variants", charts.variants_figure(d.variants.variants)))
+    if sm.what_if:
+        out.append(("what_if", charts.what_if_figure(sm.what_if, sm.best_n_draft)))
     return out
 
 
@@ -124,19 +118,19 @@ def html_report(d: Diagnosis, *, base: str = APP_URL, title: str = "mtpscope dia
     steps = "".join(f"<tr><td>{_e(s.name)}</td><td>{_e(s.status)}</td><td>{s.seconds:.1f} s</td>"
                     f"<td>{_e(s.note)}</td></tr>" for s in d.steps)
     notes = "".join(f"<li>{_e(x)}</li>" for x in d.notes)
-    s = d.summary
+    sm = d.summary
     numbers = ""
-    if s.get("acceptance_rate") is not None:
-        numbers = (f"<p>acceptance rate {s['acceptance_rate']:.3f} ({s.get('n_accepted')} / {s.get('n_drafted')} "
-                   f"drafted), mean acceptance length {s.get('mean_acceptance_length') or 0:.2f}, n_draft "
-                   f"{_e(s.get('n_draft'))}, {_e(s.get('n_prompts'))} prompts</p>")
+    if sm.acceptance_rate is not None:
+        numbers = (f"<p>acceptance rate {sm.acceptance_rate:.3f} ({sm.n_accepted} / {sm.n_drafted} "
+                   f"drafted), mean acceptance length {sm.mean_acceptance_length or 0:.2f}, n_draft "
+                   f"{_e(sm.n_draft)}, {_e(sm.n_prompts)} prompts</p>")
     doc = json.dumps(document(d, base), default=str).replace("</", "<\\/")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
 <body><h1>{_e(title)}</h1>
 <p class="meta">drafter <code>{_e(d.assistant)}</code><br>target <code>{_e(d.target)}</code><br>
-trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.get('path')) + '</code>' if d.reference else ''}</p>
+trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.path) + '</code>' if d.reference else ''}</p>
 {verdict}{numbers}
 <h2>Findings, worst first</h2>{findings or '<p>none</p>'}
 <h2>What limits acceptance</h2><ul>{limits or '<li>unknown (no trace)</li>'}</ul>

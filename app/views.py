@@ -28,7 +28,7 @@ from mtpscope.traces.analysis import wording
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.advice import BreakEven, Recommendation
-    from mtpscope.traces.analysis.report_records import TraceReport
+    from mtpscope.traces.analysis.report_records import PositionRow, TraceReport
     from mtpscope.traces.analysis.what_if import WhatIfRow
 
 Decode = Callable[[int | None], str]
@@ -110,10 +110,11 @@ def mean_acceptance_length(rep: TraceReport) -> float:
     return _num(rep.mean_acceptance_length)
 
 
-def per_position(rep: TraceReport | Mapping[str, Any]) -> pd.DataFrame:
+def per_position(rep: TraceReport | Sequence[PositionRow]) -> pd.DataFrame:
     """``report().per_position`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional); ``rep`` may
-    also be a saved document's copy of it (``diagnosis.json``'s ``summary``: a mapping read from the file)."""
-    rows = (rep.get("per_position") or []) if isinstance(rep, Mapping) else [p.to_dict() for p in rep.per_position]
+    also be the rows themselves (a diagnosis' ``summary.per_position``,
+    :class:`~mtpscope.traces.diagnose.records.DiagnosisSummary`)."""
+    rows = [p.to_dict() for p in (rep if isinstance(rep, Sequence) else rep.per_position)]
     df = pd.DataFrame(rows, columns=["k", "n_rounds", "n_accepted", "acceptance", "conditional"])
     return df.astype({"acceptance": float, "conditional": float})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,18 @@ from mtpscope.inspector.config_model import model_from_config
 from mtpscope.inspector.findings import CODES
 from mtpscope.traces.diagnose import behaviour, files, published, rank, variants
 from mtpscope.traces.diagnose.config import DiagnoseConfig
-from mtpscope.traces.diagnose.records import CAUSES, Diagnosis, Evidence, Finding, Fix, StepRun, ViewRef
+from mtpscope.traces.diagnose.records import (
+    CAUSES,
+    Diagnosis,
+    DiagnosisSummary,
+    Evidence,
+    Finding,
+    Fix,
+    ReferenceSummary,
+    StepRun,
+    VariantsSummary,
+    ViewRef,
+)
 from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, read_diagnosis
 
 CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
@@ -214,17 +225,19 @@ def test_view_url_and_link_url() -> None:
 
 
 def _diagnosis() -> Diagnosis:
-    per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5},
-               {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6}]
+    per_pos = [{"k": 1, "n_rounds": 10, "n_accepted": 5, "acceptance": 0.5, "conditional": 0.5, "per_verify_round": 0.5},
+               {"k": 2, "n_rounds": 9, "n_accepted": 3, "acceptance": 3 / 9, "conditional": 0.6,
+                "per_verify_round": 0.3}]
     summary = {"acceptance_rate": 8 / 19, "mean_acceptance_length": 1.8, "n_draft": 2, "per_position": per_pos,
-               "by_category": {"code": {"n_drafted": 10, "n_accepted": 4, "acceptance_rate": 0.4}},
+               "by_category": {"code": {"n_prompts": 2, "n_drafted": 10, "n_accepted": 4, "acceptance_rate": 0.4}},
                "causes": {"near_tie": 3, "far_miss": 2},
                "what_if": [{"n_draft": n, "acceptance_rate": 0.5 / n, "mean_acceptance_length": 1.5, "tokens_per_s": 10.0,
                             "speedup": 1.0, "recorded": n == 2, "extrapolated": n > 2} for n in (1, 2, 3)]}
     var = {"variants": {"baseline": {"acceptance_rate": 0.1}, "hidden=prenorm": {
         "acceptance_rate": 0.4, "delta": 0.3, "ci_low": 0.2, "ci_high": 0.4, "recovers": True}}}
     return Diagnosis("t.gguf", "a.gguf", "/tr", (_f("convention", "error", "hidden=prenorm", "replay"),),
-                     limits=("hard <tokens>",), summary=summary, variants=var)
+                     limits=("hard <tokens>",), summary=DiagnosisSummary.from_dict(summary),
+                     variants=VariantsSummary.from_dict(var))
 
 
 def test_figures_of_a_diagnosis() -> None:
@@ -267,7 +280,7 @@ def _full() -> Diagnosis:
     return replace(d, findings=(*d.findings, bare), steps=(StepRun("verify", "ran", 0.12345),
                                                            StepRun("replay", "skipped", 0, "replay off")),
                    notes=("replay: skipped (replay off)",), published={"variant": "v", "matched": True},
-                   reference={"kind": "gguf", "path": "/r.gguf", "agreement": np.float32(0.5), "ci_low": float("nan")},
+                   reference=ReferenceSummary("gguf", "/r.gguf", {"agreement": np.float32(0.5), "ci_low": float("nan")}),
                    out="/o")
 
 
@@ -285,7 +298,11 @@ def test_a_saved_diagnosis_reads_back_as_the_same_records(tmp_path: Path) -> Non
     assert back.findings[0] == d.findings[0] and back.findings[0].link == ViewRef.of("validate", drafter="d.gguf")
     assert back.findings[1].fix is None and back.findings[1].link is None and back.findings[1].expected == 2
     assert back.steps == (StepRun("verify", "ran", 0.123), StepRun("replay", "skipped", 0.0, "replay off"))
-    assert back.reference == {"kind": "gguf", "path": "/r.gguf", "agreement": 0.5, "ci_low": None}
+    assert back.reference == ReferenceSummary("gguf", "/r.gguf", {"agreement": 0.5, "ci_low": None})
+    assert back.reference.to_dict() == {"kind": "gguf", "path": "/r.gguf", "agreement": 0.5, "ci_low": None}
+    assert back.summary == d.summary and back.variants == d.variants
+    assert back.variants is not None and back.variants.variants["hidden=prenorm"].recovers is True
+    assert "recovers" not in back.variants.variants["baseline"].to_dict()
     assert (back.exit_code, back.headline, back.explanation) == (1, "convention hidden=prenorm", None)
     # the --json document (each link with its URL) reads back too, the URL left out
     assert Diagnosis.from_dict(document(d, "http://h:1")).to_dict() == d.to_dict()
@@ -315,6 +332,16 @@ def _bad_docs() -> list[tuple[str, object, str | None]]:
         ("a headline its findings do not say", edit(lambda d: d.update(headline="all good")), "headline"),
         ("an exit code its findings do not say", edit(lambda d: d.update(exit_code=0)), "exit_code"),
         ("a note that is no string", edit(lambda d: d["notes"].append(1)), "notes[1]"),
+        ("a summary number as text", edit(lambda d: d["summary"].update(n_draft="2")), "summary.n_draft"),
+        ("an unknown summary key", edit(lambda d: d["summary"].update(speed=1)), "summary.speed"),
+        ("a summary key missing", edit(lambda d: d["summary"].pop("causes")), "summary.causes"),
+        ("a per-position row without its k", edit(lambda d: d["summary"]["per_position"][0].pop("k")),
+         "summary.per_position"),
+        ("a variant's verdict as text",
+         edit(lambda d: d["variants"]["variants"]["hidden=prenorm"].update(recovers="yes")),
+         "variants.variants.hidden=prenorm.recovers"),
+        ("an unknown replay key", edit(lambda d: d["variants"].update(speed=1)), "variants.speed"),
+        ("a reference path that is a number", edit(lambda d: d["reference"].update(path=3)), "reference.path"),
     ]
 
 
@@ -396,8 +423,13 @@ def test_cli_refuses_both_prompts_and_trace(tmp_path: Path) -> None:
 
 
 def test_no_numbers_sneak_into_json_as_numpy() -> None:
-    d = replace(Diagnosis("t", "a", None, ()), summary={"x": np.float64(1.5), "y": np.int32(2), "z": float("nan")})
-    assert d.to_dict()["summary"] == {"x": 1.5, "y": 2, "z": None}
+    d = replace(Diagnosis("t", "a", None, ()), summary=DiagnosisSummary(
+        acceptance_rate=np.float64(1.5), n_prompts=np.int32(2), mean_acceptance_length=float("nan")))
+    s = d.to_dict()["summary"]
+    assert (s["acceptance_rate"], s["n_prompts"], s["mean_acceptance_length"]) == (1.5, 2, None)
+    assert type(s["acceptance_rate"]) is float and type(s["n_prompts"]) is int
+    assert list(s) == [f.name for f in fields(DiagnosisSummary)]
+    assert Diagnosis("t", "a", None, ()).to_dict()["summary"] == {}      # no trace: the empty summary
 
 
 def test_a_trace_with_a_missing_or_unreadable_part_is_refused_naming_it(demo_dir, tmp_path: Path) -> None:

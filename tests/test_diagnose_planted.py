@@ -126,10 +126,10 @@ def test_buggy_rope_base_ranks_first_with_the_published_value(trained: TrainedPa
     assert {e.step for e in f.evidence} == {"verify", "published", "reference"} and f.confidence == "high"
     assert {e.numbers.get("code") for e in f.evidence if e.step == "verify"} == {"E_PAIR_ROPE", "H_CONFIG_MISMATCH"}
     # the same tensors, another key: the replayed difference is that key's cost, not a weights finding
-    assert d.reference["tensors_differ"] == [] and d.reference["keys_differ"] == [
+    assert d.reference.numbers["tensors_differ"] == [] and d.reference.numbers["keys_differ"] == [
         "gemma4-assistant.rope.freq_base_swa"]
     assert not [g for g in d.findings if g.cause == "weights"]
-    assert d.reference["rate_b"] > d.reference["rate_a"]
+    assert d.reference.numbers["rate_b"] > d.reference.numbers["rate_a"]
     assert d.exit_code == 1
     # what limits acceptance was measured with the defect in place: its fix never says "nothing to change"
     lim = [g for g in d.findings if g.cause == "acceptance_limit"]
@@ -142,9 +142,8 @@ def test_drafter_meant_for_its_centroid_head_names_the_variant(trained: TrainedP
                  prompts=prompts(), out=tmp_path / "out")
     f = first(d)
     assert (f.cause, f.subject, f.severity) == ("convention", "head=centroid", "error"), f.title
-    v = d.variants["variants"]["head=centroid"]
-    assert v["recovers"] and v["ci_low"] > 0.03 and v["acceptance_rate"] > d.variants["variants"]["baseline"][
-        "acceptance_rate"] + 0.1
+    v = d.variants.variants["head=centroid"]
+    assert v.recovers and v.ci_low > 0.03 and v.acceptance_rate > d.variants.variants["baseline"].acceptance_rate + 0.1
     assert f.link.page == "compare" and Path(f.link.get("trace_b")).is_dir()
     assert d.exit_code == 1
 
@@ -171,7 +170,7 @@ def test_n_draft_far_past_the_decay_ranks_first(trained: TrainedPaths, tmp_path:
     full = r[r["n_draft"] == 10]
     assert f.evidence[0].numbers["marginal"] == pytest.approx(float((full["n_accepted"] >= 10).mean()))
     assert isinstance(f.fix.value, int) and 1 <= f.fix.value < 10
-    per_k = {p["k"]: p["acceptance"] for p in d.summary["per_position"]}
+    per_k = {p.k: p.acceptance for p in d.summary.per_position or ()}
     assert per_k[f.fix.value] >= 0.05                                     # the kept depth still pays its way
 
 
@@ -200,8 +199,8 @@ def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, t
     hard = int((judged["target_entropy"] >= 1.0).sum())
     assert f"({hard} of the {len(judged)} the target judged)" in d.limits[0], d.limits[0]
     # llama.cpp and the reference agree up to what the numerics explain (docs/FIDELITY.md, any CPU)
-    nc = d.variants["baseline_numerics"]
-    assert nc["judged"] and nc["unexplained"] == 0 and d.variants["baseline_agreement"] >= nc["expected_agreement"]
+    nc = d.variants.baseline_numerics
+    assert nc["judged"] and nc["unexplained"] == 0 and d.variants.baseline_agreement >= nc["expected_agreement"]
     # explain's target-side line accounts for every rejected round: hard + wrong + unknown + those past the
     # end of generation (no target side) = the rounds with a first mismatch, counted here by hand
     import re
@@ -223,18 +222,18 @@ def test_q8_0_drafter_no_defect_quantization_cost_measured(trained: TrainedPaths
     assert d.exit_code == 0, [f.title for f in d.defects]
     (q,) = [f for f in d.findings if f.cause == "quantization"]
     assert q.severity == "info" and "Q8_0" in q.title
-    ref = d.reference
+    ref = d.reference.numbers
     assert ref["quantized"] == ["Q8_0"] and ref["agreement"] is not None and ref["agreement"] > 0.8
     assert ref["ci_low"] is not None and ref["ci_low"] <= 0.03                   # not clearly worse
     # the reference's numbers are the two replays' own counts
     assert ref["delta"] == pytest.approx(ref["rate_b"] - ref["rate_a"])
     # no runtime divergence on any CPU, and the finding states what the numerics lead to expect of the runtime
     assert not [f for f in d.findings if f.cause == "runtime_divergence"]
-    nc = d.variants["baseline_numerics"]
+    nc = d.variants.baseline_numerics
     assert nc["judged"] and nc["unexplained"] == 0
     ev = [e for e in q.evidence if e.numbers.get("expected_agreement") is not None]
     assert ev and ev[0].numbers["expected_agreement"] == nc["expected_agreement"]
-    assert "Q8_0 (Q8_0 weights)" in ev[0].text and f"measured {d.variants['baseline_agreement']:.1%}" in ev[0].text
+    assert "Q8_0 (Q8_0 weights)" in ev[0].text and f"measured {d.variants.baseline_agreement:.1%}" in ev[0].text
 
 
 # ------------------------------------------------------------------------- issue 32: what is said around them
@@ -374,7 +373,7 @@ def test_weights_findings_name_the_tensor_and_its_pattern(trained: TrainedPaths,
     assert "blk.3.ffn_down.weight (largest relative error 0.5)" in gen.title, gen.title
     # one rule, from the two replays compared by hand (docs/DIAGNOSE.md "Severity of a weights finding")
     m = _compared(out / "replay", out / "reference" / "replay")
-    assert d.reference["agreement"] == pytest.approx(m["agreement"]) and d.reference["ci_low"] == pytest.approx(m["ci_low"])
+    assert d.reference.numbers["agreement"] == pytest.approx(m["agreement"]) and d.reference.numbers["ci_low"] == pytest.approx(m["ci_low"])
     sev = ("error" if m["ci_low"] >= 0.03 else "warning" if m["ci_low"] > 0 or m["agreement"] < 0.98 else "info")
     assert {f.severity for f in weights} == {sev}
     assert {f.confidence for f in named.values()} == {"high"}

@@ -41,12 +41,12 @@ if d.defects:
     st.error(f"Defect found: {d.headline}", icon=":material/error:")
 else:
     st.success(f"No defect found: {d.headline}", icon=":material/check_circle:")
-s = d.summary
-if s.get("acceptance_rate") is not None:
+sm = d.summary
+if sm.acceptance_rate is not None:
     m = st.columns(4)
-    m[0].metric("acceptance rate", f"{s['acceptance_rate']:.1%}")
-    m[1].metric("mean acceptance length", f"{s.get('mean_acceptance_length') or 0:.2f}")
-    m[2].metric("n_draft", s.get("n_draft"))
+    m[0].metric("acceptance rate", f"{sm.acceptance_rate:.1%}")
+    m[1].metric("mean acceptance length", f"{sm.mean_acceptance_length or 0:.2f}")
+    m[2].metric("n_draft", sm.n_draft)
     m[3].metric("findings that are defects", len(d.defects))
 
 st.subheader("Findings, worst first")

@@ -49,10 +49,10 @@ def format_text(d: Diagnosis, *, base: str) -> str:
     from mtpscope.app.diagnose_report import finding_lines
 
     lines = [f"drafter {d.assistant}", f"target  {d.target}", f"trace   {d.trace or '-'}"]
-    s = d.summary
-    if s.get("acceptance_rate") is not None:
-        lines.append(f"acceptance rate {s['acceptance_rate']:.3f} ({s.get('n_accepted')} / {s.get('n_drafted')}), "
-                     f"mean acceptance length {s.get('mean_acceptance_length') or 0:.2f}, n_draft {s.get('n_draft')}")
+    sm = d.summary
+    if sm.acceptance_rate is not None:
+        lines.append(f"acceptance rate {sm.acceptance_rate:.3f} ({sm.n_accepted} / {sm.n_drafted}), "
+                     f"mean acceptance length {sm.mean_acceptance_length or 0:.2f}, n_draft {sm.n_draft}")
     lines += ["", ("DEFECT: " if d.defects else "no defect: ") + str(d.headline), ""]
     lines += finding_lines(d.findings, base=base) or ["no findings"]
     if d.limits:

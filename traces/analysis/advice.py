@@ -129,6 +129,14 @@ class Recommendation:
             d["assistant"] = self.assistant
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recommendation:
+        """The recommendation back from :meth:`to_dict`'s JSON (``diagnosis.json``'s summary)."""
+        sp, iv = d["speedup"], d["speedup"]["interval"]
+        return cls(choice=d["choice"], speedup=sp["value"], interval=None if iv is None else (float(iv[0]), float(iv[1])),
+                   tie=d["tie"], reason=d["reason"], runner_up=d["runner_up"], assistant=d.get("assistant"),
+                   estimated=sp["estimated"], headline=d["headline"], cannot_tell=d["cannot_tell"])
+
 
 @dataclass(frozen=True)
 class BreakEvenRow:

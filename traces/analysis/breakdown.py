@@ -79,6 +79,17 @@ class CategoryAcceptance:
         return {"n_prompts": self.n_prompts, "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
                 "acceptance_rate": self.acceptance_rate}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CategoryAcceptance:
+        """The counts back from :meth:`to_dict`'s JSON (``diagnosis.json``'s summary)."""
+        rate = d["acceptance_rate"]
+        return cls(int(d["n_prompts"]), int(d["n_drafted"]), int(d["n_accepted"]), None if rate is None else float(rate))
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """The counts without the number of prompts."""
+        return Acceptance(self.n_drafted, self.n_accepted, self.acceptance_rate)
+
 
 
 def _group(label: np.ndarray | pd.Categorical[str], accepted: np.ndarray, names: Sequence[str] | None = None) -> dict[str, Acceptance]:

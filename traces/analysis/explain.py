@@ -381,6 +381,11 @@ class TargetSide:
         return {"hard": self.hard, "wrong": self.wrong, "unknown": self.unknown,
                 "p_drafted_mean_hard": self.p_drafted_mean_hard, "p_drafted_mean_wrong": self.p_drafted_mean_wrong}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TargetSide:
+        """The counts back from :meth:`to_dict`'s JSON (``diagnosis.json``'s summary)."""
+        return cls(d["hard"], d["wrong"], d["unknown"], d["p_drafted_mean_hard"], d["p_drafted_mean_wrong"])
+
 
 @dataclass(frozen=True)
 class Rejections:

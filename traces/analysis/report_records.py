@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mtpscope.traces.analysis.records import JsonRecord
 
@@ -44,6 +45,11 @@ class PositionRow(JsonRecord):
     acceptance: float | None
     conditional: float | None
     per_verify_round: float | None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PositionRow:
+        """The row back from its :meth:`to_dict` JSON (``diagnosis.json``'s summary)."""
+        return cls(d["k"], d["n_rounds"], d["n_accepted"], d["acceptance"], d["conditional"], d["per_verify_round"])
 
 
 @dataclass(frozen=True)

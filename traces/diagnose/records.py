@@ -9,18 +9,28 @@ diagnosis is one :class:`~mtpscope.errors.MtpscopeError` naming the file and the
 A finding's ``link`` is data (:class:`ViewRef`: an app page and its parameters), never a URL: the library does
 not know the app; the CLI and the app turn it into a link (``mtpscope.app.links.view_url``).
 
-Imports: the standard library and mtpscope.errors.
+The trace's, the replay's and the reference's numbers of a diagnosis are records of their own
+(:mod:`summary_records`: ``DiagnosisSummary``, ``VariantsSummary``, ``ReferenceSummary``), re-exported here.
+
+Imports: the standard library, mtpscope.errors and traces.diagnose.summary_records.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.diagnose.summary_records import (
+    NESTED,
+    DiagnosisSummary,
+    ReferenceSummary,
+    VariantRow,
+    VariantsSummary,
+    jsonable,
+)
 
 #: Severities, worst first. ``error``: the drafter, the pair or the runtime is wrong (drafts change, or
 #: nothing runs); ``warning``: a defect that costs speed or acceptance, or a value that contradicts the target whose
@@ -206,24 +216,24 @@ class StepRun:
         return {"name": self.name, "status": self.status, "seconds": round(float(self.seconds), 3), "note": self.note}
 
 
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Everything ``diagnose`` found.
 
     Attributes:
         target / assistant: the model files; trace: the trace diagnosed (recorded or given), or None.
-        reference: ``{"kind": "hf" | "gguf", "path": ...}`` or None.
+        reference: the reference compared with (:class:`ReferenceSummary`), or None.
         findings: ranked, worst first (:func:`rank.rank`).
         limits: sentences saying what limits acceptance (also when there is a defect).
         steps: :class:`StepRun` per step, in order.
-        summary: the trace's numbers (``acceptance_rate``, ``mean_acceptance_length``, ``n_draft``,
-            ``per_position``, ``by_category``, ...), JSON-able.
-        variants: the replay's per-variant numbers (JSON-able), or None.
+        summary: the trace's numbers (:class:`DiagnosisSummary`; empty without a trace).
+        variants: the replay's per-variant numbers (:class:`VariantsSummary`), or None.
         published: the published-configuration comparison (variant picked, whether the geometry matched, the
-            values checked), or None.
-        (``reference``, ``summary``, ``variants`` and ``published`` are stored as their JSON has them
-        (:func:`jsonable`: Python numbers, lists, non-finite floats as None), so that a fresh diagnosis and one
-        read back from ``diagnosis.json`` hold the same values.)
+            values checked), JSON-able, or None.
+        (The records' numbers and ``published`` are stored as their JSON has them (:func:`jsonable`: Python
+        numbers, lists, non-finite floats as None), so that a fresh diagnosis and one read back from
+        ``diagnosis.json`` hold the same values.)
         notes: what was not available and why.
         explanation: the :class:`traces.analysis.explain_report.Explanation` (not in JSON: the figures' data).
         out: the output folder (trace, replay), or None.
@@ -235,18 +245,16 @@ class Diagnosis:
     findings: tuple[Finding, ...]
     limits: tuple[str, ...] = ()
     steps: tuple[StepRun, ...] = ()
-    summary: Mapping[str, Any] = field(default_factory=dict)
-    variants: Mapping[str, Any] | None = None
+    summary: DiagnosisSummary = field(default_factory=DiagnosisSummary)
+    variants: VariantsSummary | None = None
     published: Mapping[str, Any] | None = None
-    reference: Mapping[str, Any] | None = None
+    reference: ReferenceSummary | None = None
     notes: tuple[str, ...] = ()
     explanation: Any = field(default=None, repr=False, compare=False)
     out: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "summary", jsonable(dict(self.summary)))
-        for name in ("variants", "published", "reference"):
-            object.__setattr__(self, name, jsonable(getattr(self, name)))
+        object.__setattr__(self, "published", jsonable(self.published))
 
     @property
     def defects(self) -> tuple[Finding, ...]:
@@ -269,11 +277,11 @@ class Diagnosis:
         """The JSON document of ``mtpscope diagnose --json`` (docs/DIAGNOSE.md), findings ranked with ``rank``
         (1 = worst)."""
         return {"schema": 1, "target": self.target, "assistant": self.assistant, "trace": self.trace,
-                "reference": jsonable(self.reference), "defect": bool(self.defects), "exit_code": self.exit_code,
+                "reference": None if self.reference is None else self.reference.to_dict(), "defect": bool(self.defects), "exit_code": self.exit_code,
                 "headline": self.headline,
                 "findings": [{"rank": i + 1, **f.to_dict()} for i, f in enumerate(self.findings)],
-                "limits": list(self.limits), "summary": jsonable(dict(self.summary)),
-                "variants": jsonable(self.variants), "published": jsonable(self.published),
+                "limits": list(self.limits), "summary": self.summary.to_dict(),
+                "variants": None if self.variants is None else self.variants.to_dict(), "published": jsonable(self.published),
                 "steps": [s.to_dict() for s in self.steps], "notes": list(self.notes), "out": self.out}
 
     @classmethod
@@ -300,10 +308,10 @@ class Diagnosis:
         d = cls(target=r.get("target", str, "a string"), assistant=r.get("assistant", str, "a string"),
                 trace=r.get("trace", str, "a string or null", optional=True),
                 findings=tuple(_finding(f) for f in found), limits=r.strings("limits"),
-                steps=tuple(_step(s) for s in r.objects("steps")), summary=r.get("summary", dict, "an object"),
-                variants=r.get("variants", dict, "an object or null", optional=True),
+                steps=tuple(_step(s) for s in r.objects("steps")), summary=_summary(_Reader(r.get("summary", dict, "an object"), "summary", path)),
+                variants=_variants(r.child("variants")),
                 published=r.get("published", dict, "an object or null", optional=True),
-                reference=r.get("reference", dict, "an object or null", optional=True),
+                reference=_reference(r.child("reference")),
                 notes=r.strings("notes"), out=r.get("out", str, "a string or null", optional=True))
         # the keys to_dict derives from the findings: a file edited by hand (or another version's) says otherwise
         for key, want in (("defect", bool(d.defects)), ("exit_code", d.exit_code), ("headline", d.headline)):
@@ -405,20 +413,77 @@ def _step(r: _Reader) -> StepRun:
                    r.get("seconds", (int, float), "a number"), r.get("note", str, "a string"))
 
 
-def jsonable(v: Any) -> Any:
-    """``v`` with numpy scalars and arrays as Python values and lists, tuples as lists, mapping keys as strings
-    and non-finite floats as None."""
-    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-        v = v.tolist()
-    if isinstance(v, Mapping):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
+#: The type each summary key has in JSON (null allowed for all): :class:`DiagnosisSummary`'s fields.
+_SUMMARY_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "acceptance_rate": ((int, float), "a number or null"), "mean_acceptance_length": ((int, float), "a number or null"),
+    "n_prompts": (int, "an integer or null"), "n_rounds": (int, "an integer or null"),
+    "n_drafted": (int, "an integer or null"), "n_accepted": (int, "an integer or null"),
+    "per_position": (list, "a list or null"), "by_category": (dict, "an object or null"),
+    "by_class": (dict, "an object or null"), "causes": (dict, "an object or null"),
+    "target_side": (dict, "an object or null"), "what_if": (list, "a list or null"),
+    "best_n_draft": (int, "an integer or null"), "recommendation": (dict, "an object or null"),
+    "n_draft": (int, "an integer or null")}
+
+
+def _summary(r: _Reader) -> DiagnosisSummary:
+    """``{}`` (no trace) or every key of :class:`DiagnosisSummary`, each of its type or null."""
+    if not r.obj:
+        return DiagnosisSummary()
+    for k in r.obj:
+        if k not in _SUMMARY_KINDS:
+            r.fail(k, "no such key (" + ", ".join(_SUMMARY_KINDS) + ")", r.obj[k])
+    kw = {k: r.get(k, kind, what, optional=True) for k, (kind, what) in _SUMMARY_KINDS.items()}
+    for k, make in NESTED.items():
+        if kw[k] is not None:
+            try:
+                make(jsonable(kw[k]))
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                r.fail(k, f"the {k} records' JSON (docs/DIAGNOSE.md)", kw[k])
+    return DiagnosisSummary.from_dict(kw)
+
+
+def _variant(r: _Reader) -> VariantRow:
+    num, what = (int, float), "a number or null"
+    rec = "recovers" in r.obj       # compared with the baseline: every variant but the baseline
+    return VariantRow(r.get("options", str, "a string or null", optional=True),
+                      r.get("acceptance_rate", num, what, optional=True), r.get("agreement", num, what, optional=True),
+                      r.get("trace", str, "a string or null", optional=True),
+                      r.get("delta", num, what, optional=True) if rec else None,
+                      r.get("ci_low", num, what, optional=True) if rec else None,
+                      r.get("ci_high", num, what, optional=True) if rec else None,
+                      r.get("recovers", bool, "true | false") if rec else None)
+
+
+#: The keys of a ``variants`` object besides ``variants`` (:class:`VariantsSummary`), each (its type, in words);
+#: ``baseline_acceptance_rate`` may be left out.
+_VARIANTS_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "n_rounds": (int, "an integer or null"), "n_steps": (int, "an integer or null"),
+    "n_prompts": (int, "an integer or null"), "recorded": (dict, "an object or null"),
+    "baseline_agreement": ((int, float), "a number or null"),
+    "baseline_h_next_rel_err_max": ((int, float), "a number or null"),
+    "baseline_numerics": (dict, "an object or null"), "baseline_acceptance_rate": ((int, float), "a number or null")}
+
+
+def _variants(r: _Reader | None) -> VariantsSummary | None:
+    if r is None:
         return None
-    return v
+    for k in r.obj:
+        if k != "variants" and k not in _VARIANTS_KINDS:
+            r.fail(k, "no such key (" + ", ".join(["variants", *_VARIANTS_KINDS]) + ")", r.obj[k])
+    rows = _Reader(r.get("variants", dict, "an object"), r.name("variants"), r.path)
+    kw = {k: r.get(k, kind, what, optional=True) for k, (kind, what) in _VARIANTS_KINDS.items()
+          if k != "baseline_acceptance_rate" or k in r.obj}
+    return VariantsSummary(**kw, variants={k: _variant(_Reader(v, rows.name(k), r.path)) for k, v in rows.obj.items()})
+
+
+def _reference(r: _Reader | None) -> ReferenceSummary | None:
+    if r is None:
+        return None
+    return ReferenceSummary(r.get("kind", str, "hf | gguf", optional=True),
+                            r.get("path", str, "a string or null", optional=True),
+                            {k: v for k, v in r.obj.items() if k not in ("kind", "path")})
 
 
 __all__ = ["CAUSES", "CONFIDENCES", "DEFECT_SEVERITIES", "ERROR", "FIX_KINDS", "HIGH", "INFO", "LOW", "MEDIUM",
-           "SEVERITIES", "STEPS", "STEP_STATUSES", "WARNING", "Cause", "Diagnosis", "Evidence", "Finding", "Fix", "StepRun", "ViewRef",
-           "jsonable"]
+           "SEVERITIES", "STEPS", "STEP_STATUSES", "WARNING", "Cause", "Diagnosis", "DiagnosisSummary", "Evidence", "Finding",
+           "Fix", "ReferenceSummary", "StepRun", "VariantRow", "VariantsSummary", "ViewRef", "jsonable"]

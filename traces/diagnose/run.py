@@ -42,10 +42,13 @@ from mtpscope.traces.diagnose.records import (
     INFO,
     MEDIUM,
     Diagnosis,
+    DiagnosisSummary,
     Evidence,
     Finding,
     Fix,
+    ReferenceSummary,
     StepRun,
+    VariantsSummary,
     ViewRef,
 )
 
@@ -325,8 +328,10 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
     elif not any(f.is_defect for f in ranked) and trace is None:
         steps.notes.append("no trace: what limits acceptance is unknown (record one, or pass --trace)")
     d = Diagnosis(target=target, assistant=assistant, trace=trace, findings=ranked, limits=tuple(limits),
-                  steps=tuple(steps.runs), summary=summary, variants=variant_numbers, published=pub,
-                  reference=ref_numbers, notes=tuple(steps.notes), explanation=x,
+                  steps=tuple(steps.runs), summary=DiagnosisSummary.from_dict(summary),
+                  variants=None if variant_numbers is None else VariantsSummary.from_dict(variant_numbers),
+                  published=pub, reference=None if ref_numbers is None else ReferenceSummary.from_dict(ref_numbers),
+                  notes=tuple(steps.notes), explanation=x,
                   out=None if outp is None else os.fspath(outp))
     if outp is not None:
         (outp / DIAGNOSIS_FILE).write_text(json.dumps(d.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")
