@@ -9,7 +9,6 @@ sent as bars, never as raw values.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from mtpscope.app import model_views, round_views, views
+from mtpscope.traces.analysis.records import finite as _finite
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.align import OneSided, RateDelta
@@ -344,11 +344,6 @@ CAUSE_WORDS = {"near_tie": "near tie", "runner_up": "runner-up", "in_top_k": "in
                "after_eog": "after end of generation", "unknown": "unknown"}
 CAUSE_COLOURS = {"near_tie": "#bcbd22", "runner_up": "#ff7f0e", "in_top_k": "#e377c2", "far_miss": "#d62728",
                  "unreachable": "#9467bd", "after_eog": "#7f7f7f", "unknown": "#c7c7c7"}
-
-
-def _finite(v: float | None) -> float | None:
-    """None for a missing, NaN or infinite value (as the JSON carries it)."""
-    return None if v is None or not math.isfinite(v) else float(v)
 
 
 def causes_figure(causes: Mapping[str, int], title: str = "Why the first rejected draft of each round was rejected") -> go.Figure:

@@ -23,6 +23,7 @@ import typer
 
 from mtpscope.cli.advice import format_advice
 from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.traces.analysis.records import finite as _finite
 from mtpscope.traces.store.protocols import TraceLike
 
 if TYPE_CHECKING:
@@ -102,11 +103,6 @@ def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance
     for name, g in rows:
         out.append(f"  {name:<22} {g.n_drafted:9d} {g.n_accepted:9d}  {_f(_finite(g.acceptance_rate)):>15}")
     return out
-
-
-def _finite(v: float | None) -> float | None:
-    """None for NaN / infinite (as the JSON prints them)."""
-    return None if v is None or not math.isfinite(v) else v
 
 
 def _rate_key(v: float | None) -> float:

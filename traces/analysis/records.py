@@ -30,6 +30,11 @@ def as_json(v: Any) -> Any:
     return v
 
 
+def finite(v: float | None) -> float | None:
+    """``v`` as a float, or None for a missing, NaN or infinite value: a number as the JSON carries it."""
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
 def json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """A frame's rows as JSON-able dicts (column order): NaN -> None, numpy scalars -> Python numbers."""
     rows = cast("list[dict[str, Any]]", df.to_dict("records"))  # the frames' column names are str
@@ -48,4 +53,4 @@ class JsonRecord:
         return {f.name: as_json(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]  # JsonRecord is mixed into dataclasses only
 
 
-__all__ = ["JsonRecord", "as_json", "json_records"]
+__all__ = ["JsonRecord", "as_json", "finite", "json_records"]
