@@ -250,6 +250,17 @@ def test_clean_trace_shows_misplaced_tokens_as_unreachable(demo_dir) -> None:
     assert set(missed) & moved
 
 
+def test_cli_import_does_not_import_numpy() -> None:
+    """Every ``mtpscope`` command pays for the CLI's imports; numpy (about 50 ms) is loaded by the commands that
+    need it, not by ``mtpscope.cli.main``. Independent of the demo, so it runs even where the demo is stale."""
+    import subprocess
+    import sys
+
+    code = "import sys\nimport mtpscope.cli.main\nprint(sorted(m for m in ('numpy', 'pandas', 'pyarrow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+
+
 def test_demo_build_on_a_current_demo_does_not_import_numpy(demo_dir) -> None:
     """The stamp check of ``mtpscope demo build`` runs at every make test / make run: it must not pay for
     numpy (or the builder) when nothing changed."""

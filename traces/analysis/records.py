@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -37,6 +35,8 @@ def finite(v: float | None) -> float | None:
 
 def json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """A frame's rows as JSON-able dicts (column order): NaN -> None, numpy scalars -> Python numbers."""
+    import numpy as np  # here, not at the top: the CLI imports this module and must start without numpy
+
     rows = cast("list[dict[str, Any]]", df.to_dict("records"))  # the frames' column names are str
     return [{k: (None if isinstance(v, float) and math.isnan(v) else
                  (int(v) if isinstance(v, (np.integer,)) else
