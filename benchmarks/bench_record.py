@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.recorder import record
 
 PROMPT = "The quick brown fox"
+ROOT = Path(__file__).resolve().parents[1]
 #: what each ``--capture`` mode does for h_inner
 CAPTURE_WORDS = {"derived": "h_inner derived from the logits and h_next, no graph hook: the default",
                  "graph": "cb_eval copy of result_norm in every drafter decode: --capture graph"}
@@ -115,14 +117,87 @@ class _OffLoop:
         self.rt.close()
 
 
+class _OffWorker:
+    """The untraced loop in the traced loop's process layout: per run a fresh process started as
+    :class:`traces.run.record_worker.RecordWorker` starts its worker (``python -m``, the same environment:
+    ``WORKER_ENV``, ``ABORT_ENV``, ``MTPSCOPE_LLAMA_LOG=1``, llama.cpp's log to a pipe this process drains),
+    loading the pair with the worker's own :func:`~traces.run.record_worker.load_runtime` and
+    :func:`~traces.run.record_worker.prepare_prompts`, the worker's switch interval and its per-decode status
+    wrapper (:func:`~traces.run.record_worker._instrument`, which also times the decodes); the loop then runs
+    ``MtpRuntime.run(trace=False)``. What differs from a traced run is tracing and nothing else: no ring
+    copies, no sender thread, no recorder process analysing and writing beside it (this process only waits).
+
+    The earlier baseline (one long-lived child loading the pair once and running every repeat, started
+    without the worker's environment) is what the issue's 33.8 vs 29.0 ms per round inside decodes came
+    from; see :func:`_off_worker_main` and docs/RECORDING.md *Speed*."""
+
+    def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int) -> None:
+        self.argv = [sys.executable, "-m", "benchmarks.bench_record", "--off-worker", os.fspath(target),
+                     os.fspath(assistant), str(threads), str(n_gpu_layers)]
+
+    def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
+        from mtpscope.traces.run.llama.process import ABORT_ENV
+        from mtpscope.traces.run.record_worker import WORKER_ENV
+
+        env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([*self.argv, str(n_draft), str(max_tokens)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        log: list[bytes] = []
+        pump = threading.Thread(target=lambda: log.extend(proc.stderr or ()), daemon=True)  # the worker's log pump
+        pump.start()
+        out = (proc.stdout.read() if proc.stdout else b"").decode()
+        rc = proc.wait()
+        pump.join()
+        if rc != 0 or not out.strip():
+            tail = b"".join(log)[-800:].decode(errors="replace")
+            raise RuntimeError(f"the untraced loop's process failed (exit {rc}): {tail}")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        pass
+
+
+def _off_worker_main(argv: list[str]) -> int:
+    """The child of :class:`_OffWorker`: the worker's load, prompts and decode wrapper, one untraced run,
+    one JSON line (wall and CPU seconds of the loop, rounds, seconds inside decodes, the tokens)."""
+    import mmap
+
+    from mtpscope.traces.run import record_worker as rw
+    from mtpscope.traces.run.prompts import prompt_specs
+    from mtpscope.traces.run.record_config import RecordJob
+
+    target, assistant, threads, ngl, n_draft, max_tokens = argv
+    cfg = RecordConfig(n_draft=int(n_draft), max_tokens=int(max_tokens), n_threads=int(threads),
+                       n_gpu_layers=int(ngl), hidden="off")
+    job = RecordJob(target=target, assistant=assistant, prompts=tuple(prompt_specs(None, PROMPT, None)), config=cfg)
+    status = rw.Status(mmap.mmap(-1, mmap.PAGESIZE))
+    rtm = rw.load_runtime(job)
+    sys.setswitchinterval(rw.SWITCH_INTERVAL_S)
+    toks, _ = rw.prepare_prompts(rtm, job)
+    rw._instrument(rtm, status)
+    c0, t0 = time.process_time(), time.perf_counter()
+    out: list[int] = []
+    n_rounds = 0
+    for r in rtm.run(toks[0], cfg, trace=False):
+        if not out:
+            out.append(r.pending_token)
+        out.extend(r.emitted)
+        n_rounds += 1
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"secs": secs, "cpu": cpu, "n_rounds": n_rounds, "in_decode": status.decode_seconds,
+                      "out": out}), flush=True)
+    rtm.close()
+    return 0
+
+
 class _OffChild:
-    """:class:`_OffLoop` in a child process (``python -m benchmarks.bench_record --off-loop ...``): one JSON
-    line per run on its stdout."""
+    """:class:`_OffLoop` in one long-lived child process (``--off-layout child``: the earlier baseline, kept to
+    show the difference): loads the pair once, one JSON line per run on its stdout."""
 
     def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_record", "--off-loop", os.fspath(target),
                                       os.fspath(assistant), str(threads), str(n_gpu_layers)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
     def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
         if self.proc.stdin is None or self.proc.stdout is None:
@@ -190,17 +265,23 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--in-process", action="store_true", help="traced runs in this process (no worker)")
+    ap.add_argument("--off-layout", default="worker", choices=("worker", "child"),
+                    help="the untraced loop: a fresh process per run started as the recorder's worker (default), "
+                         "or one long-lived child loading the pair once (the earlier baseline)")
     ap.add_argument("--capture", default="both", choices=("derived", "graph", "both"),
                     help="traced runs with h_inner derived (the default of `mtpscope record`), copied from the graph "
                          "(--capture graph), or both, each paired with its own untraced run")
     args = ap.parse_args()
 
     t, a, f = models(args.vocab, args.size)
-    # the untraced loop runs where the traced one does: in a process of its own beside this one (as the
-    # worker), or in this process with --in-process (measured: the same decodes take ~14 % longer in this
-    # process, which holds the recorder's imports and state, than in a fresh one)
-    off_loop: _OffLoop | _OffChild = (_OffLoop(t, a, args.threads, args.n_gpu_layers) if args.in_process
-                                      else _OffChild(t, a, args.threads, args.n_gpu_layers))
+    # the untraced loop runs where the traced one does: by default in a fresh process per run started as the
+    # recorder starts its worker (same environment, load and decode wrapper); --off-layout child: the earlier
+    # long-lived child; --in-process: both in this process
+    off_loop: _OffLoop | _OffChild | _OffWorker
+    if args.in_process:
+        off_loop = _OffLoop(t, a, args.threads, args.n_gpu_layers)
+    else:
+        off_loop = (_OffWorker if args.off_layout == "worker" else _OffChild)(t, a, args.threads, args.n_gpu_layers)
     off_parts: list[tuple[float, float]] = []
 
     def run_off() -> tuple[float, float, int, list[int]]:
@@ -260,7 +341,9 @@ def main() -> int:
             rt.close()
     off_loop.close()
     where = ("in this process" if args.in_process
-             else "llama.cpp in a worker process, the untraced loop in a process of its own")
+             else "llama.cpp in a worker process, the untraced loop in "
+             + ("a fresh process per run started as the worker is" if args.off_layout == "worker"
+                else "one long-lived child process"))
     print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -285,4 +368,6 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--off-loop"]:
         raise SystemExit(_off_loop_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["--off-worker"]:
+        raise SystemExit(_off_worker_main(sys.argv[2:]))
     raise SystemExit(main())

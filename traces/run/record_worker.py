@@ -231,14 +231,15 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
 
 
 def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list[str], *, pid: int | None = None,
-             baseline: Baseline | None = None) -> Hello:
+             baseline: Baseline | None = None, startup: dict[str, float] | None = None) -> Hello:
     """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
     (:func:`prepare_prompts`)."""
     from mtpscope.traces.run.llama.binding import runtime_info
 
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
-                 n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline)
+                 n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline,
+                 startup=startup)
 
 
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
@@ -299,12 +300,15 @@ def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -
     return int(n_draft) * step + 4096
 
 
-def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
+def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float] | None = None) -> None:
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
 
+    marks = {} if marks is None else marks             # start-up clock for Hello.startup (epoch seconds)
+    marks["job"] = time.time()
     status.set("load")
     c = job.config
     rtm = load_runtime(job)
+    marks["runtime"] = time.time()
     # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
     # default, 5 ms, is more than a drafter step of a small pair)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -316,7 +320,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     set_abort_hook(_flush_on_abort)
     try:
         toks, texts = prepare_prompts(rtm, job)
-        chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid())))
+        marks["prompts"] = time.time()
+        chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid(), startup=marks)))
         if not _wait_go(chan):
             return                                     # the pre-flight check refused the pair: nothing decoded
         base = time_baseline(rtm, job, toks)
@@ -371,6 +376,7 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: ``python -m mtpscope.traces.run.record_worker SOCK_FD STATUS_FD PARENT_PID``."""
+    marks = {"main": time.time()}
     args = list(sys.argv[1:] if argv is None else argv)
     sock_fd, status_fd, parent = int(args[0]), int(args[1]), int(args[2])
     _die_with_parent(parent)
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         start = decode(got[0], Start) if got else None
         if start is None:
             return 2
-        _serve(chan, status, start.job)
+        _serve(chan, status, start.job, marks)
         return 0
     except TransportClosed:
         return 1                                      # the recorder is gone
@@ -488,6 +494,8 @@ class RecordWorker:
         self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
         env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
         fds = (child_sock.fileno(), self._status_fd)
+        #: epoch seconds just before the worker process was started (its start-up clock's zero)
+        self.spawned_at = time.time()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mtpscope.traces.run.record_worker", str(fds[0]), str(fds[1]), str(os.getpid())],
