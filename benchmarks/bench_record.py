@@ -119,8 +119,8 @@ class _OffLoop:
 
 class _OffWorker:
     """The untraced loop in the traced loop's process layout: per run a fresh process started as
-    :class:`traces.run.record_worker.RecordWorker` starts its worker (``python -m``, the same environment:
-    ``WORKER_ENV``, ``ABORT_ENV``, ``MTPSCOPE_LLAMA_LOG=1``, llama.cpp's log to a pipe this process drains),
+    :func:`traces.run.worker_spawn.spawn_worker` starts the recorder's worker (``python -m``, the same
+    environment: ``WORKER_ENV``, ``ABORT_ENV``; llama.cpp's log to a pipe this process drains),
     loading the pair with the worker's own :func:`~traces.run.record_worker.load_runtime` and
     :func:`~traces.run.record_worker.prepare_prompts`, the worker's switch interval and its per-decode status
     wrapper (:func:`~traces.run.record_worker._instrument`, which also times the decodes); the loop then runs
@@ -136,10 +136,9 @@ class _OffWorker:
                      os.fspath(assistant), str(threads), str(n_gpu_layers)]
 
     def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
-        from mtpscope.traces.run.llama.process import ABORT_ENV
-        from mtpscope.traces.run.record_worker import WORKER_ENV
+        from mtpscope.traces.run.worker_spawn import ABORT_ENV, WORKER_ENV
 
-        env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **ABORT_ENV, **WORKER_ENV}
         proc = subprocess.Popen([*self.argv, str(n_draft), str(max_tokens)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
         log: list[bytes] = []

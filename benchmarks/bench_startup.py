@@ -46,13 +46,13 @@ t_spawn = float(sys.argv[1])
 from mtpscope.traces.run.llama.model import LlamaContext, LlamaModel
 from mtpscope.traces.run.llama import binding
 binding.llama()
-t_imp = time.time()
+t_imp, c_imp = time.time(), time.process_time()
 repack = sys.argv[4] == "1"
 a = LlamaModel(sys.argv[2], repack=repack); b = LlamaModel(sys.argv[3], repack=repack)
 t_load, cpu = time.time(), time.process_time()
 tc = LlamaContext(a, n_ctx=1024, n_batch=256, flash_attn=False, nextn=True, masked=False)
 dc = LlamaContext(b, n_ctx=1024, n_batch=256, mtp_of=tc, flash_attn=False, nextn=True, masked=True)
-print(json.dumps({"imports": t_imp - t_spawn, "loaded": t_load - t_spawn, "cpu": cpu,
+print(json.dumps({"imports": t_imp - t_spawn, "loaded": t_load - t_spawn, "cpu": cpu, "imports_cpu": c_imp,
                   "contexts": time.time() - t_load}))
 """
 
@@ -73,15 +73,15 @@ def hello(self):
     marks.update(info.startup or {})
     return info
 def go(self):
-    marks["go"] = time.time()
+    marks["go"], marks["go_cpu"] = time.time(), time.process_time()
     _go(self)
 rw.RecordWorker.__init__, rw.RecordWorker.hello, rw.RecordWorker.go = init, hello, go
-t_enter = time.time()
+t_enter, c_enter = time.time(), time.process_time()
 s = record(RecordConfig(max_tokens=2, repack=sys.argv[6] == "1"), target=sys.argv[2], assistant=sys.argv[3],
            out=sys.argv[4], prompt=sys.argv[5], command=["bench"])
 print(json.dumps({"imports": t_enter - t_spawn, "preflight": s.preflight_seconds, "startup": s.startup_seconds,
                   "first_decode": t_enter - t_spawn + s.startup_seconds, "cpu": s.startup_cpu_seconds,
-                  **{k: v - t_spawn for k, v in marks.items()}}))
+                  "imports_cpu": c_enter, **{k: v if k.endswith("_cpu") else v - t_spawn for k, v in marks.items()}}))
 """
 
 PROMPT = "The quick brown fox"
@@ -127,10 +127,11 @@ def record_run(target: Path, assistant: Path, repack: bool = True) -> dict[str, 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-#: record's start-up pieces: (label, from mark, to mark), marks in seconds from Popen
+#: record's start-up pieces: (label, from mark, to mark); marks in seconds from Popen, and ``<mark>_cpu`` the
+#: CPU seconds of that mark's process then (None: the process's start, 0 CPU seconds)
 PIECES = (("recorder: Python start + imports", None, "imports"),
           ("recorder: record() called -> worker spawned", "imports", "spawn"),
-          ("worker: spawn -> main (Python start, imports)", "spawn", "main"),
+          ("worker: spawn -> main (Python start, imports)", None, "main"),
           ("worker: main -> job received", "main", "job"),
           ("worker: llama.cpp import, 2 loads, 2 contexts", "job", "runtime"),
           ("worker: tokenize prompts, hello", "runtime", "prompts"),
@@ -152,12 +153,22 @@ def measure(target: Path, assistant: Path, repeats: int, repack: bool = True) ->
             "ratio": med(rc) / med(la), "ratio_paired": med(b / a for a, b in zip(la, rc, strict=True)),
             "ratio_cpu": med(r["cpu"] for r in runs) / med(x["cpu"] for x in las),
             "llama_imports": med(x["imports"] for x in las), "contexts": med(x["contexts"] for x in las),
+            "llama_imports_cpu": med(x["imports_cpu"] for x in las),
             "runs": runs}
 
 
-def _piece(runs: list[dict[str, float]], a: str | None, b: str) -> float | None:
-    vals = [r[b] - (r[a] if a else 0.0) for r in runs if b in r and (a is None or a in r)]
+def _piece(runs: list[dict[str, float]], a: str | None, b: str, cpu: bool = False) -> float | None:
+    """Median of mark ``b`` minus mark ``a`` (wall, or with ``cpu`` the ``_cpu`` marks) over the runs that have
+    both; ``a`` None: from Popen (wall) / from 0 CPU seconds."""
+    sfx = "_cpu" if cpu else ""
+    if not cpu and a is None and b == "main":     # the worker's Python start is counted from its spawn
+        a = "spawn"
+    vals = [r[b + sfx] - (r[a + sfx] if a else 0.0) for r in runs if b + sfx in r and (a is None or a + sfx in r)]
     return statistics.median(vals) if vals else None
+
+
+def _f(v: float | None) -> str:
+    return "     -" if v is None else f"{v:6.2f}"
 
 
 def report(m: dict[str, object]) -> None:
@@ -166,19 +177,19 @@ def report(m: dict[str, object]) -> None:
     runs = m["runs"]
     print(f"  llama.cpp alone, start to both models loaded: median {med(la):.2f} s  (runs: "
           f"{', '.join(f'{x:.2f}' for x in la)}); CPU {med(m['llama_cpu']):.2f} s; of which Python start and "
-          f"imports (numpy, llama.cpp) {m['llama_imports']:.2f} s; then its two contexts {m['contexts']:.2f} s")
+          f"imports (numpy, llama.cpp) {m['llama_imports']:.2f} s (CPU {m['llama_imports_cpu']:.2f} s); then its "
+          f"two contexts {m['contexts']:.2f} s")
     print(f"  mtpscope record, start to the first decode:   median {med(rc):.2f} s  (runs: "
           f"{', '.join(f'{x:.2f}' for x in rc)}); CPU of both processes {med(m['record_cpu']):.2f} s")
     print(f"  ratio record / llama.cpp alone: {m['ratio']:.2f}x (paired median {m['ratio_paired']:.2f}x; "
-          f"CPU {m['ratio_cpu']:.2f}x); goal <= {GOAL}x; record minus llama.cpp alone {med(rc) - med(la):+.2f} s, "
-          f"of which llama.cpp's two contexts {m['contexts']:.2f} s")
-    print("  record's start-up, medians (s from Popen; the worker's steps on its own clock):")
+          f"CPU {m['ratio_cpu']:.2f}x); goal <= {GOAL}x; record minus llama.cpp alone {med(rc) - med(la):+.2f} s")
+    print(f"  record's start-up, medians (wall: s from Popen; CPU: s of that process)   {'wall':>6s} {'CPU':>6s}")
     for label, a, b in PIECES:
-        v = _piece(runs, a, b)
-        print(f"    {label:48s} {'-' if v is None else f'{v:6.2f}'}")
-    pf, go = med(r["preflight"] for r in runs), _piece(runs, None, "go")
-    print(f"    {'recorder: pre-flight check (beside the worker)':48s} {pf:6.2f}   go sent at "
-          f"{'-' if go is None else f'{go:.2f}'}, worker's hello at {_piece(runs, None, 'prompts') or 0:.2f}")
+        print(f"    {label:70s} {_f(_piece(runs, a, b))} {_f(_piece(runs, a, b, cpu=True) if b != 'first_decode' else None)}")
+    pf = med(r["preflight"] for r in runs)
+    print(f"    {'recorder: pre-flight check (beside the worker), then go':70s} {pf:6.2f} "
+          f"{_f(_piece(runs, 'imports', 'go', cpu=True))}   (go sent at {_f(_piece(runs, None, 'go')).strip()} s, "
+          f"the worker's hello at {_f(_piece(runs, None, 'prompts')).strip()} s)")
 
 
 def main() -> int:

@@ -76,7 +76,8 @@ class Hello:
     process; a worker sends its :class:`Baseline` after :class:`Go`); ``startup``: a worker's start-up clock,
     epoch seconds (``time.time()``) when its ``main`` began (Python started, the module imported), the job
     arrived, the runtime was loaded (llama.cpp imported, both models, both contexts) and the prompts were
-    tokenized (``benchmarks/bench_startup.py`` breaks the start-up down with it)."""
+    tokenized (``main``, ``job``, ``runtime``, ``prompts``), and the process's CPU seconds then (``main_cpu``,
+    ...; ``benchmarks/bench_startup.py`` breaks the start-up down with it)."""
 
     kind: ClassVar[str] = "hello"
     n_vocab: int
