@@ -1,8 +1,10 @@
 """Benchmark: cost of tracing in the real MTP loop (target: tracing costs at most 3 %).
 
-Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in a process of its own
-(as the traced loop runs in the worker; with ``--in-process`` in this process, as the traced runs then are),
-with no ``cb_eval`` callback, no per-step copies, no analysis and no trace writing. Traced ("on"): what
+Baseline ("off"): the bare MTP loop on a demo pair (full 262144-token vocabulary) in the traced loop's
+process layout: a fresh process per run started as the recorder starts its worker (same environment, the
+worker's own load, prompts, switch interval and per-decode wrapper; :class:`_OffWorker`), with no ``cb_eval``
+callback, no per-step copies, no sender thread, no analysis and no trace writing (``--off-layout child``: the
+earlier baseline, one long-lived child loading the pair once; ``--in-process``: both arms in this process). Traced ("on"): what
 ``mtpscope record`` does -- :func:`traces.run.recorder.record` with llama.cpp in a worker process
 (``isolate=True``), hidden states (h, h_next, h_inner) as f16 and the fork drafter's centroid head, the
 analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
@@ -18,8 +20,9 @@ run too: the one least disturbed by other processes):
 * ``cpu (loop)``: per CPU second of the MTP loop (untraced: its process; traced: the worker process
   without its sender thread, which packs and sends the rounds beside the loop); the stable measure on a
   shared machine, where wall time mostly measures the neighbours;
-* ``cpu (all)``: per CPU second of both processes, every thread (the analysis and writing are not free,
-  they run beside the loop: on a machine with a spare core they cost no wall time).
+* ``cpu (all)``: per CPU second of all processes, every thread (untraced: the loop's process, this one only
+  waits; traced: the worker and the recorder process: the analysis and writing are not free, they run beside
+  the loop: on a machine with a spare core they cost no wall time; goal: at most 5 % extra).
 
 llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it and the
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
@@ -31,8 +34,8 @@ tracing adds, which a slow moment of a shared machine moves far less than a run'
 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python -m benchmarks.bench_record [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
-[--size tiny|medium] [--capture derived|graph|both] [--in-process]`` (``--in-process``: the traced runs in this process, as before the
-worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
+[--size tiny|medium] [--capture derived|graph|both] [--in-process] [--off-layout worker|child]`` (``--in-process``:
+the traced runs in this process, as before the worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ Measured in one run, alternating ``--repeats`` times, each in a fresh process st
   process's start to both models loaded (the baseline); the same process then creates the two contexts the
   MTP loop needs (``MtpRuntime``'s: n_ctx 1024, the drafter's an MTP context on the target's), which is
   llama.cpp's own cost of being able to decode, printed beside it;
-* **mtpscope record**: a Python process that imports the CLI (``mtpscope.cli.main``) and runs
-  ``record()`` as ``mtpscope record --max-tokens 2`` does (worker process, default capture ``derived``), from
-  the process's start to the loop's first decode (``RecordSummary.startup_seconds``: the worker's clock
-  when its loop began).
+* **mtpscope record**: a Python process that imports the CLI (``mtpscope.cli.main``), starts the worker
+  (``worker_spawn.prespawn``), imports the recorder and runs ``record()`` as ``mtpscope record --max-tokens 2``
+  does (worker process, default capture ``derived``), from the process's start to the loop's first decode
+  (``RecordSummary.startup_seconds``: the worker's clock when its loop began); and the same with the worker
+  started inside ``record()`` (the Python API; the CLI before it started the worker early), alternating.
 
 Both are wall times from ``Popen``, so Python's start and the imports count on both sides. The breakdown of
 record's start-up (medians, seconds from ``Popen``; the worker's clock is ``Hello.startup``): the recorder's
@@ -60,6 +61,9 @@ _RECORD = """
 import json, sys, time
 t_spawn = float(sys.argv[1])
 import mtpscope.cli.main
+if sys.argv[7] == "1":        # as the record command does: the worker starts before the recorder is imported
+    from mtpscope.traces.run import worker_spawn
+    worker_spawn.prespawn()
 from mtpscope.traces.run import record_worker as rw
 from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.recorder import record
@@ -115,12 +119,15 @@ def llama_alone(target: Path, assistant: Path, repack: bool = True) -> dict[str,
     return {k: float(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
-def record_run(target: Path, assistant: Path, repack: bool = True) -> dict[str, float]:
-    """``record()`` in a fresh process: imports, pre-flight, start-up, first decode (seconds from Popen), CPU."""
+def record_run(target: Path, assistant: Path, repack: bool = True, prespawn: bool = True) -> dict[str, float]:
+    """``record()`` in a fresh process: imports, pre-flight, start-up, first decode (seconds from Popen), CPU.
+    ``prespawn``: the worker started before the recorder's imports, as ``mtpscope record`` does; else inside
+    ``record()`` (the Python API's way, and the CLI's before the worker was started early)."""
     with tempfile.TemporaryDirectory() as td:
         t = time.time()
         out = subprocess.run([sys.executable, "-c", _RECORD, repr(t), os.fspath(target), os.fspath(assistant),
-                              os.fspath(Path(td) / "t"), PROMPT, "1" if repack else "0"], capture_output=True,
+                              os.fspath(Path(td) / "t"), PROMPT, "1" if repack else "0", "1" if prespawn else "0"],
+                             capture_output=True,
                              text=True, cwd=ROOT)
         if out.returncode != 0:
             raise RuntimeError(f"record failed ({out.returncode}): {out.stderr[-800:]}")
@@ -129,11 +136,11 @@ def record_run(target: Path, assistant: Path, repack: bool = True) -> dict[str, 
 
 #: record's start-up pieces: (label, from mark, to mark); marks in seconds from Popen, and ``<mark>_cpu`` the
 #: CPU seconds of that mark's process then (None: the process's start, 0 CPU seconds)
-PIECES = (("recorder: Python start + imports", None, "imports"),
-          ("recorder: record() called -> worker spawned", "imports", "spawn"),
+PIECES = (("recorder: Python start + CLI imports -> worker spawned", None, "spawn"),
+          ("recorder: worker spawned -> record() called (imports)", "spawn", "imports"),
           ("worker: spawn -> main (Python start, imports)", None, "main"),
-          ("worker: main -> job received", "main", "job"),
-          ("worker: llama.cpp import, 2 loads, 2 contexts", "job", "runtime"),
+          ("worker: main -> job received (llama.cpp imported meanwhile)", "main", "job"),
+          ("worker: 2 model loads, 2 contexts", "job", "runtime"),
           ("worker: tokenize prompts, hello", "runtime", "prompts"),
           ("worker: hello -> first decode (waits for go)", "prompts", "first_decode"))
 
@@ -142,14 +149,18 @@ def measure(target: Path, assistant: Path, repeats: int, repack: bool = True) ->
     """Alternating runs; medians and the ratios (start to first decode / llama.cpp's load). ``repack``:
     llama.cpp's extra CPU weight buffers on both sides (``record --no-repack`` when False)."""
     llama_alone(target, assistant, repack)  # page cache warm for both sides
-    las, runs = [], []
-    for _ in range(repeats):
+    las, runs, lates = [], [], []
+    for i in range(repeats):
         las.append(llama_alone(target, assistant, repack))
-        runs.append(record_run(target, assistant, repack))
+        for early in ((True, False) if i % 2 == 0 else (False, True)):
+            (runs if early else lates).append(record_run(target, assistant, repack, prespawn=early))
     med = statistics.median
     la = [x["loaded"] for x in las]
     rc = [r["first_decode"] for r in runs]
-    return {"llama": la, "record": rc, "llama_cpu": [x["cpu"] for x in las], "record_cpu": [r["cpu"] for r in runs],
+    late = [r["first_decode"] for r in lates]
+    return {"llama": la, "record": rc, "late": late, "ratio_late": med(late) / med(la),
+            "ratio_late_paired": med(b / a for a, b in zip(la, late, strict=True)),
+            "llama_cpu": [x["cpu"] for x in las], "record_cpu": [r["cpu"] for r in runs],
             "ratio": med(rc) / med(la), "ratio_paired": med(b / a for a, b in zip(la, rc, strict=True)),
             "ratio_cpu": med(r["cpu"] for r in runs) / med(x["cpu"] for x in las),
             "llama_imports": med(x["imports"] for x in las), "contexts": med(x["contexts"] for x in las),
@@ -183,6 +194,10 @@ def report(m: dict[str, object]) -> None:
           f"{', '.join(f'{x:.2f}' for x in rc)}); CPU of both processes {med(m['record_cpu']):.2f} s")
     print(f"  ratio record / llama.cpp alone: {m['ratio']:.2f}x (paired median {m['ratio_paired']:.2f}x; "
           f"CPU {m['ratio_cpu']:.2f}x); goal <= {GOAL}x; record minus llama.cpp alone {med(rc) - med(la):+.2f} s")
+    late = m["late"]
+    print(f"  worker started inside record() instead (the Python API; the CLI before): median {med(late):.2f} s "
+          f"(runs: {', '.join(f'{x:.2f}' for x in late)}); ratio {m['ratio_late']:.2f}x (paired "
+          f"{m['ratio_late_paired']:.2f}x)")
     print(f"  record's start-up, medians (wall: s from Popen; CPU: s of that process)   {'wall':>6s} {'CPU':>6s}")
     for label, a, b in PIECES:
         print(f"    {label:70s} {_f(_piece(runs, a, b))} {_f(_piece(runs, a, b, cpu=True) if b != 'first_decode' else None)}")
