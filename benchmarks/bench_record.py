@@ -227,7 +227,7 @@ def _off_loop_main(argv: list[str]) -> int:
     return 0
 
 
-def _line(label: str, off: list[float], on: list[float]) -> None:
+def _line(label: str, off: list[float], on: list[float], target: float = 3.0) -> None:
     print(f"  [{label}] baseline (tracing off: bare MTP loop)     median {statistics.median(off):7.1f}  "
           f"best {max(off):7.1f} tokens/s  (runs: {', '.join(f'{x:.1f}' for x in off)})")
     print(f"  [{label}] traced (h/h_next/h_inner f16 + centroids) median {statistics.median(on):7.1f}  "
@@ -235,14 +235,14 @@ def _line(label: str, off: list[float], on: list[float]) -> None:
     for how, f in (("median", statistics.median), ("best", max)):
         r = f(on) / f(off)
         print(f"  [{label}] {how:6s} ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
-              f"  (target <= 3 %)")
+              f"  (target <= {target:g} %)")
     # each traced run against the untraced run just before it: drift of the machine's speed over the
     # benchmark (a shared VM's neighbours, clock changes) cancels within a pair
     ratios = [b / a for a, b in zip(off, on, strict=True)]
     r = statistics.median(ratios)
     q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (r, r, r)
     print(f"  [{label}] paired median ratio on/off = {r:.3f}   tracing overhead = {100 * (1 - r):5.1f} %"
-          f"  (target <= 3 %; middle half of the pairs {100 * (1 - q3):.1f} .. {100 * (1 - q1):.1f} %)")
+          f"  (target <= {target:g} %; middle half of the pairs {100 * (1 - q3):.1f} .. {100 * (1 - q1):.1f} %)")
 
 
 def _parts(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> None:
@@ -354,7 +354,7 @@ def main() -> int:
         print(f"capture {m} ({CAPTURE_WORDS[m]}):")
         _line("wall", st["off_w"], st["on_w"])
         _line("cpu (loop)", st["off_c"], st["on_c"])
-        _line("cpu (all)", st["off_c"], st["on_all"])
+        _line("cpu (all)", st["off_c"], st["on_all"], target=5.0)
         if st["off_parts"] and st["parts"]:
             _parts(st["off_parts"], st["parts"])
         share = [r / c for r, c in zip(st["recorder_cpu"], st["all_cpu"], strict=True) if c > 0]
