@@ -23,9 +23,9 @@ import streamlit as st
 from mtpscope.app import safety
 from mtpscope.app.selection import DRAFTER, TARGET, TRACE, TRACE_B, get, roots, short
 from mtpscope.app.tokens import TokenText
-from mtpscope.errors import MtpscopeError
+from mtpscope.errors import InspectorError, MtpscopeError
 from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
-from mtpscope.inspector.gguf import GGUFFile, GGUFLike, open_gguf
+from mtpscope.inspector.gguf import GGUF_MAGIC, GGUFFile, GGUFLike, open_gguf
 from mtpscope.inspector.inventory import DRAFTER_KINDS, Inventory, build_inventory
 from mtpscope.inspector.layouts import ARCH_TARGET
 from mtpscope.inspector.validate import verify
@@ -138,6 +138,18 @@ def is_drafter(path: str | os.PathLike[str]) -> bool:
 def is_target(path: str | os.PathLike[str]) -> bool:
     """True when the allowed GGUF at ``path`` is a target model."""
     return gguf_role(path)[0] == "target"
+
+
+def check_gguf_upload(data: bytes, name: str) -> None:
+    """Refuse uploaded bytes that are not a GGUF file before they are stored or selected: a GGUF begins with
+    the magic ``GGUF`` (:data:`mtpscope.inspector.gguf.GGUF_MAGIC`).
+
+    Raises:
+        InspectorError: the first four bytes are not the magic (naming the upload, expected vs actual).
+    """
+    if data[:len(GGUF_MAGIC)] != GGUF_MAGIC:
+        raise InspectorError(f"{name} is not a GGUF file", key="magic", expected=repr(GGUF_MAGIC),
+                             actual=repr(bytes(data[:len(GGUF_MAGIC)])))
 
 
 def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
@@ -611,16 +623,35 @@ def server_view(path: str | os.PathLike[str]) -> tuple[Trace, RequestsView]:
 
 # ------------------------------------------------------------------------------------------ Diagnose page (issue 27)
 
+#: Beside ``diagnosis.json`` in the app's diagnosis folder: the inputs it was made from (paths, file stats, the
+#: configuration), so that a later run of the app reads it back instead of diagnosing again.
+DIAGNOSIS_INPUTS = "inputs.json"
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
                gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:
-    from mtpscope.traces.diagnose.config import DiagnoseConfig
-    from mtpscope.traces.diagnose.run import diagnose
+    import json
 
+    from mtpscope.traces.diagnose.config import DiagnoseConfig
+    from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose, read_diagnosis
+
+    # a diagnosis of the same inputs (every file's stats) written before, by this app or an earlier one, is read
+    # back instead of run again: the cache folder keeps it across restarts
+    stamp = Path(out) / DIAGNOSIS_INPUTS
+    inputs = json.dumps([trace, tkey, drafter, dkey, target, gkey, reference, rkey, repr(DiagnoseConfig())])
+    with contextlib.suppress(OSError, MtpscopeError):
+        if (Path(out) / DIAGNOSIS_FILE).is_file() and stamp.read_text(encoding="utf-8") == inputs:
+            return read_diagnosis(out)
+    with contextlib.suppress(OSError):
+        stamp.unlink(missing_ok=True)   # written again only once this run's diagnosis.json is
     ref = Path(reference) if reference else None
-    return diagnose(DiagnoseConfig(), trace=trace, assistant=drafter, target=target, out=out,
-                    reference_hf=ref if ref is not None and ref.is_dir() else None,
-                    reference_assistant=ref if ref is not None and ref.is_file() else None)
+    d = diagnose(DiagnoseConfig(), trace=trace, assistant=drafter, target=target, out=out,
+                 reference_hf=ref if ref is not None and ref.is_dir() else None,
+                 reference_assistant=ref if ref is not None and ref.is_file() else None)
+    with contextlib.suppress(OSError):
+        stamp.write_text(inputs, encoding="utf-8")
+    return d
 
 
 def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,

@@ -112,7 +112,8 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
             st.session_state[sel.uploaded_key(slot)] = up.file_id
             try:
                 data = up.getvalue()
-                if upload == "GGUF":
+                if upload == "GGUF":   # not a GGUF: refused here, once, and nothing is stored or selected
+                    loaders.check_gguf_upload(data, up.name)
                     p = safety.store_upload(data, up.name, safety.uploads_dir())
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
