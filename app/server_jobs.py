@@ -111,7 +111,8 @@ def default_probe_out(url: str) -> Path:
 def demo_prompts_file() -> Path:
     """The demo's categorised prompts (its ``prompts.json``: token ids, name, category) as a prompts file
     (``mtpscope record --prompts``, one JSON line ``{"tokens", "id", "category"}`` each), written once under the
-    uploads folder; what the Server page probes with unless a file is given.
+    uploads folder; what the Server page probes with unless a file is given. A name the demo gives twice is
+    numbered (``name#2``): the ids of a prompts file are unique.
 
     Raises:
         MtpscopeError: the demo's prompts are not there or not readable (naming the file).
@@ -123,8 +124,15 @@ def demo_prompts_file() -> Path:
     src = TRAINED_DATA / "prompts.json"
     try:
         doc = json.loads(src.read_text(encoding="utf-8"))
-        lines = [json.dumps({"tokens": [int(t) for t in p["ids"]], "id": str(p["name"]),
-                             "category": str(p["category"])}) for p in doc["prompts"]]
+        lines, seen = [], set()
+        for p in doc["prompts"]:
+            name = pid = str(p["name"])
+            n = 1
+            while pid in seen:      # a prompts file's ids are unique; the demo repeats a name: name#2, name#3
+                n += 1
+                pid = f"{name}#{n}"
+            seen.add(pid)
+            lines.append(json.dumps({"tokens": [int(t) for t in p["ids"]], "id": pid, "category": str(p["category"])}))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise MtpscopeError("the demo's prompts cannot be read", path=src, expected="prompts.json with "
                             "prompts[].ids, name, category", actual=type(e).__name__) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from mtpscope.app import formats
 
@@ -30,3 +31,17 @@ def test_numbers_and_missing_cells() -> None:
     rows = formats.cells([{"a": None, "b": float("nan"), "c": pd.NA, "d": 0, "e": "x", "f": False}])
     assert rows == [{"a": "—", "b": "—", "c": "—", "d": 0, "e": "x", "f": False}]
     assert not formats.is_missing(0.0) and formats.is_missing(pd.NaT)
+
+
+def test_a_non_gguf_upload_is_refused_before_it_is_stored() -> None:
+    """The Files page checks an uploaded drafter's first bytes against the GGUF magic (b"GGUF") before storing
+    or selecting it: a zip (b"PK\\x03\\x04") is refused in one line naming the upload."""
+    from mtpscope.app import loaders
+    from mtpscope.errors import InspectorError
+
+    with pytest.raises(InspectorError) as e:
+        loaders.check_gguf_upload(b"PK\x03\x04rest", "notes.zip")
+    line = e.value.one_line()
+    assert "notes.zip is not a GGUF file" in line and "b'GGUF'" in line and "b'PK\\x03\\x04'" in line
+    assert "\n" not in line
+    loaders.check_gguf_upload(b"GGUF\x03\x00\x00\x00", "ok.gguf")   # the magic: accepted (its reader checks the rest)

@@ -363,7 +363,7 @@ def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_pa
     assert {m.label: m.value for m in at.metric}["requests"] == "6"
     # the requests table and the replay are on this page, where the probe ran (no switch to "open a probe trace")
     assert at.radio(key="w.server.mode").value == "probe a server"
-    assert len(at.dataframe[0].value) == 6 and at.selectbox(key="w.server.request").value == 1
+    assert len(at.dataframe[0].value) == 6 and at.selectbox(key="w.server.request").value == 0
     for f in out.rglob("*"):
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f
@@ -391,6 +391,7 @@ def test_server_page_probes_with_the_demo_prompts_into_the_cache(mtp_server, pai
     at = AppTest.from_file(str(main_script()), default_timeout=120)
     at.run()
     at.switch_page("screens/server.py").run()
+    at.radio(key="w.server.mode").set_value("probe a server").run()
     assert at.number_input(key="w.server.n_predict").value == cli_default == 128
     assert at.radio(key="w.server.prompt_source").value.startswith("the demo's prompts")
     at.text_input(key="w.server.url").set_value(mtp_server.url)

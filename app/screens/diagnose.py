@@ -73,7 +73,7 @@ sm = d.summary
 if sm.acceptance_rate is not None:
     m = st.columns(4)
     m[0].metric("acceptance rate", formats.percent(sm.acceptance_rate))
-    m[1].metric("mean acceptance length", formats.number(sm.mean_acceptance_length))
+    m[1].metric("mean acceptance length", formats.number(sm.mean_acceptance_length, 3))
     m[2].metric("n_draft", formats.cell(sm.n_draft))
     m[3].metric("findings that are defects", len(d.defects))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, model_views, safety, views
+from mtpscope.app import charts, formats, loaders, model_views, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard, status_line
 from mtpscope.errors import MtpscopeError
@@ -249,7 +249,7 @@ elif trace_path := sel.get(sel.TRACE):
         _recording(tr)
         with guard("metrics"):
             rep = loaders.report(trace_path)
-            st.success(f"acceptance rate {views.acceptance_rate(rep):.1%} · mean acceptance length "
+            st.success(f"acceptance rate {formats.percent(views.acceptance_rate(rep))} · mean acceptance length "
                        f"{views.mean_acceptance_length(rep):.3f}")
 else:
     st.caption("none selected")

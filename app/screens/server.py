@@ -22,7 +22,7 @@ st.caption("Probe a llama-server (this machine's by default; another host only w
            "the host in `MTPSCOPE_URL_HOSTS`) or open a probe trace. docs/SERVER.md says how to reach a server on "
            "another machine.")
 
-mode = st.radio("source", ["probe a server", "open a probe trace"], horizontal=True, key=sel.SERVER_MODE)
+mode = st.radio("source", ["open a probe trace", "probe a server"], horizontal=True, key=sel.SERVER_MODE)
 if mode == "probe a server":
     defaults = server_jobs.probe_defaults()   # mtpscope probe's defaults (n_predict, repeat): one home
     with st.form(sel.SERVER_PROBE_FORM):
@@ -99,7 +99,7 @@ def _requests_view(path: str) -> None:
         c[0].metric("requests", formats.number(tot.n_requests))
         c[1].metric("drafted", formats.number(tot.n_drafted))
         c[2].metric("acceptance rate", formats.percent(tot.acceptance_rate))
-        c[3].metric("mean acceptance length", formats.number(tot.mean_acceptance_length))
+        c[3].metric("mean acceptance length", formats.number(tot.mean_acceptance_length, 3))
         c[4].metric("tokens/s (mean)", formats.number(tot.tokens_per_s_mean, 1))
         st.plotly_chart(server_charts.requests_over_time(table), key=sel.SERVER_TIME, width="stretch")
         a, b = st.columns(2)
