@@ -261,14 +261,9 @@ DIAG_WHICH = "w.diag.which"  # which open trace to diagnose (A or B) when two ar
 DIAG_DOWNLOAD = "w.diag.download"
 
 
-def diag_evidence_key(i: int, j: int) -> str:
-    """The Diagnose page's ``j``-th evidence button of the ``i``-th finding."""
-    return f"w.diag.evidence.{i}.{j}"
-
-
-def diag_open_key(i: int) -> str:
-    """The Diagnose page's "open" button of the ``i``-th finding."""
-    return f"w.diag.open.{i}"
+def diag_open_key(i: int, j: int = 0) -> str:
+    """The Diagnose page's ``j``-th evidence button of the ``i``-th finding (0: the finding's own link)."""
+    return f"w.diag.open.{i}" + (f".{j}" if j else "")
 
 
 def diag_figure_key(name: str) -> str:

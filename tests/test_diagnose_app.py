@@ -84,8 +84,8 @@ def test_page_runs_diagnose_on_the_trace_looked_at(buggy, monkeypatch, tmp_path)
     assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
     labels = {b.key: b.label for b in at.button}
     assert labels[selection.diag_open_key(0)].startswith("Validate")
-    assert labels[selection.diag_evidence_key(0, 1)].startswith("Compare")
-    assert labels[selection.diag_evidence_key(0, 2)].startswith("Step")
+    assert labels[selection.diag_open_key(0, 1)].startswith("Compare")
+    assert labels[selection.diag_open_key(0, 2)].startswith("Step")
     # the gap against trace A, from the two traces' rounds counted here
     ra, rb = (loaders_rate(tp.traces_f32), loaders_rate(tp.traces_buggy))
     gap = f"acceptance rate {100 * rb:.1f} % here against {100 * ra:.1f} % in trace A"
@@ -111,7 +111,7 @@ def test_page_runs_diagnose_on_the_trace_looked_at(buggy, monkeypatch, tmp_path)
     assert not again.exception, [e.value for e in again.exception]
     assert first["title"] in again.error[0].value
     # the Compare button: trace A against trace B, as selected
-    at.button(key=selection.diag_evidence_key(0, 1)).click().run()
+    at.button(key=selection.diag_open_key(0, 1)).click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert [h.value for h in at.title] == ["Compare"]
     assert at.session_state[selection.slot_key(selection.TRACE)] == str(tp.traces_f32)

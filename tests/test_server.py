@@ -413,3 +413,37 @@ def test_server_page_probes_with_the_demo_prompts_into_the_cache(mtp_server, pai
     assert {m.label: m.value for m in at.metric}["requests"] == str(len(read_prompts())) == "36"
     assert len(at.dataframe[0].value) == 36
     assert not [p for p in tmp_path.iterdir() if p.name != "uploads"]   # nothing in the working directory
+
+
+@pytest.mark.browser
+def test_server_page_shows_the_probe_where_it_ran_in_chromium(mtp_server, tmp_path):
+    """In a real browser: a probe started on the page with the demo's prompts; when it ends the requests table and
+    the replay controls appear on the same page, with no click (the refreshing view reruns the whole page)."""
+    from tests.apphelpers import start_app
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
+
+    sync_api = need_browser()
+    with start_app(tmp_path / "app.log", env={"MTPSCOPE_UPLOADS": str(tmp_path / "uploads")}) as url, \
+            sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/server")
+            page.get_by_role("heading", name="Server", exact=True).first.wait_for(timeout=120_000)
+            page.get_by_text("probe a server", exact=True).click()
+            page.get_by_label("server URL").fill(mtp_server.url)
+            page.get_by_label("header (e.g. an API key; never written)").fill(f"Authorization: Bearer {KEY}")
+            page.get_by_label("n_predict").fill("4")
+            page.get_by_role("button", name="start probe").click()
+            page.get_by_text("request to replay (or click its row)").first.wait_for(timeout=400_000)
+            settle(page)
+            body = page.locator('[data-testid="stMain"]').inner_text()
+            assert "Requests" in body and "replay request" in body, body[:1500]
+            assert page.locator('[data-testid="stException"]').count() == 0
+            assert not errors, errors
+        finally:
+            browser.close()
+    assert (tmp_path / "uploads" / "probes").is_dir()
+    assert "Traceback" not in (tmp_path / "app.log").read_text()

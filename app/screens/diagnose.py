@@ -4,6 +4,8 @@ or a diagnosis saved by ``mtpscope diagnose --out``. The HTML report downloads f
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from mtpscope.app import diagnose_report, formats, loaders, url_state, views
@@ -81,17 +83,17 @@ if sm.acceptance_rate is not None:
 compare_with = first_step = gap = None
 if trace and other and d.defects:
     with guard("comparing with the other trace"):
-        a, b = sel.get(sel.TRACE), sel.get(sel.TRACE_B)
-        if a and b:
-            diff = loaders.comparison(a, b)
-            side = "a" if trace == a else "b"
+        ta, tb = sel.get(sel.TRACE), sel.get(sel.TRACE_B)
+        if ta and tb:
+            diff = loaders.comparison(ta, tb)
+            side = "a" if trace == ta else "b"
             first_step = diagnose_report.first_differing_step(diff.positions, loaders.positions(trace).emitted, side)
             rd = diff.delta.get("all")
             if rd is not None:
                 this, that = (rd.rate_a, rd.rate_b) if side == "a" else (rd.rate_b, rd.rate_a)
                 gap = diagnose_report.gap_words(this, that, f"trace {'B' if side == 'a' else 'A'} "
                                                             f"`{sel.short(other)}`")
-            compare_with = (a, b)
+            compare_with = (ta, tb)
 
 st.subheader("Findings, worst first")
 for i, f in enumerate(d.findings):
@@ -109,7 +111,7 @@ for i, f in enumerate(d.findings):
             cols = st.columns(len(shown))
             for j, (words, link) in enumerate(shown):
                 url = diagnose_report.link_url(link, base="")
-                key = sel.diag_open_key(i) if j == 0 else sel.diag_evidence_key(i, j)
+                key = sel.diag_open_key(i, j)
                 if cols[j].button(words, key=key, help=url, icon=":material/open_in_new:"):
                     sel.open_view(link.page, dict(link.params))
 
@@ -124,7 +126,14 @@ if figs:
 
 st.subheader("The report")
 base = diagnose_report.app_base(st.context.url)
-st.download_button("Download the HTML report", data=lambda d=d: diagnose_report.html_report(d, base=base),
+
+
+def _report(d: Any = d, base: str = base) -> str:
+    """The HTML report, made when the button is clicked (on a thread of its own: not on every run)."""
+    return diagnose_report.html_report(d, base=base)
+
+
+st.download_button("Download the HTML report", data=_report,
                    file_name="mtpscope-diagnose.html", mime="text/html", key=sel.DIAG_DOWNLOAD, on_click="ignore",
                    icon=":material/download:", help="one self-contained file: findings, figures, the JSON")
 if d.out:
