@@ -118,6 +118,27 @@ def test_page_runs_diagnose_on_the_trace_looked_at(buggy, monkeypatch, tmp_path)
     assert at.session_state[selection.slot_key(selection.TRACE_B)] == str(tp.traces_buggy)
 
 
+def test_a_link_naming_the_trace_diagnoses_that_one(demo_dir) -> None:
+    """``/diagnose?trace=BUGGY`` with the demo's two traces: the buggy one is trace A now and preset as the one
+    to diagnose, also on the runs after the link was taken (nothing is diagnosed until the button)."""
+    from streamlit.testing.v1 import AppTest
+
+    tp = TrainedPaths.under(demo_dir.root)
+    if not (tp.traces_buggy / "manifest.json").exists():
+        pytest.skip("the trained demo traces are not built")
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.run()
+    at.query_params["trace"] = str(tp.traces_buggy)
+    at.switch_page("screens/diagnose.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[selection.slot_key(selection.TRACE)] == str(tp.traces_buggy)
+    assert at.radio(key=selection.DIAG_WHICH).value == "A"
+    at.text_input(key=selection.DIAG_REFERENCE).input("").run()   # another run: the choice is kept
+    assert at.radio(key=selection.DIAG_WHICH).value == "A"
+    assert any(c.value.startswith("trace A `demo/trained/traces/buggy`") for c in at.caption), \
+        [c.value for c in at.caption]
+
+
 def loaders_rate(trace: Path) -> float:
     """accepted / drafted summed over a trace's rounds as the store reads them (not the aligned diff's delta)."""
     from mtpscope.traces.store.reader import open_trace

@@ -37,7 +37,9 @@ with guard("diagnosis"):
             if t:
                 with guard(f"reading trace {sel.short(t)}"):
                     drafter_of[t] = views.model_path(loaders.trace(t).manifest, "assistant")
-        if b and not (view is not None and view.trace):   # two traces open and no link naming one: ask which
+        if b and view is not None and view.trace:   # a link names the trace (it is trace A now): that one
+            st.session_state[sel.DIAG_WHICH] = "A"
+        if b:   # two traces open: ask which (preset by a link)
             names = {"A": a, "B": b}
             which = st.radio("Two traces are open: which one to diagnose?", list(names), index=None,
                              horizontal=True, key=sel.DIAG_WHICH,
@@ -49,7 +51,7 @@ with guard("diagnosis"):
                 st.stop()
             trace, other = names[which], names["B" if which == "A" else "A"]
         else:
-            trace, other = a, b
+            trace = a
         # trace A with the drafter and target selected with it; trace B with the models that recorded it
         is_a = trace == a
         drafter, target = (sel.get(sel.DRAFTER), sel.get(sel.TARGET)) if is_a else (None, None)
