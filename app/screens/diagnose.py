@@ -63,7 +63,7 @@ with guard("diagnosis"):
         if st.button("Diagnose this trace", type="primary", help="replays a sample of its rounds with llama.cpp "
                      "and the reference drafter: about 20 s on two cores"):
             st.session_state[sel.DIAG_RUN] = inputs
-        if st.session_state.get(sel.DIAG_RUN) == inputs:
+        if st.session_state.get(sel.DIAG_RUN) == inputs or loaders.has_saved_diagnosis(*inputs):   # saved: shown
             with st.spinner("diagnosing (verify, published configurations, explain, replay variants, advice)…"):
                 d = loaders.diagnosis(*inputs)
 if d is None:
