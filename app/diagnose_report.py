@@ -149,11 +149,8 @@ trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.
 # ------------------------------------------------------------------------------ the Diagnose page's evidence views
 
 #: A finding's own link, in words, by the page it opens.
-LINK_WORDS = {"validate": "Validate: the drafter's keys against the target's",
-              "explain": "Explain: what limits acceptance, by cause",
-              "compare": "Compare: the two runs side by side",
-              "step": "Step: the first step drafted differently",
-              "tensors": "Tensors: the drafter's tensors"}
+LINK_WORDS = {"validate": "Validate: the keys", "explain": "Explain: the causes", "compare": "Compare: the runs",
+              "step": "Step: the step", "tensors": "Tensors: the tensors"}
 
 
 def app_base(url: str | None) -> str:
@@ -211,11 +208,11 @@ def evidence_views(f: Finding, *, trace: str | None = None, compare_with: tuple[
     if f.is_defect and trace and compare_with is not None:
         a, b = compare_with
         if not any(v.page == "compare" for _, v in out):
-            out.append(("Compare: the acceptance gap against the other trace",
+            out.append(("Compare: the acceptance gap",
                         ViewRef.of("compare", trace=a, trace_b=b, mode="traces")))
         if first_step is not None and not any(v.page == "step" for _, v in out):
             pid, rnd, k = first_step
-            out.append(("Step: the first step judged differently",
+            out.append(("Step: the first differing step",
                         ViewRef.of("step", trace=trace, prompt=pid, round=rnd, step=k)))
     return out
 
