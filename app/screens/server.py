@@ -15,7 +15,7 @@ from mtpscope.errors import MtpscopeError
 from mtpscope.traces.store.layout import MANIFEST
 
 #: Where the probe's prompts come from.
-PROMPT_SOURCES = ("the demo's prompts (36, six categories)", "an uploaded file", "a file path")
+PROMPT_SOURCES = ("the demo's categorised prompts", "an uploaded file", "a file path")
 
 st.title("Server")
 st.caption("Probe a llama-server (this machine's by default; another host only with `MTPSCOPE_ALLOW_URLS=1` and "
