@@ -393,7 +393,7 @@ def test_server_page_probes_with_the_demo_prompts_into_the_cache(mtp_server, pai
     at.switch_page("screens/server.py").run()
     at.radio(key="w.server.mode").set_value("probe a server").run()
     assert at.number_input(key="w.server.n_predict").value == cli_default == 128
-    assert at.radio(key="w.server.prompt_source").value.startswith("the demo's prompts")
+    assert at.radio(key="w.server.prompt_source").value.startswith("the demo's")
     at.text_input(key="w.server.url").set_value(mtp_server.url)
     at.text_input(key="w.server.header").set_value(f"Authorization: Bearer {KEY}")
     at.number_input(key="w.server.n_predict").set_value(4)
