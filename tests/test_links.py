@@ -34,7 +34,7 @@ def test_view_url_is_the_page_and_its_parameters_in_order() -> None:
     ("/compare?mode=prompts&prompt=2&prompt_b=5", View("compare", mode="prompts", prompt=2, prompt_b=5)),
     ("/values?drafter=%2Fm%2Fd.gguf&tensor=blk.0.ffn_up.weight",
      View("values", drafter="/m/d.gguf", tensor="blk.0.ffn_up.weight")),
-    ("/", View("files")),
+    ("/", View("start")),
     ("/step?prompt=34&embed=true", View("step", prompt=34)),  # Streamlit's own parameter is not the view's
     ("/step?prompt=3&prompt=3", View("step", prompt=3)),      # repeated with one value: counts once
 ])
@@ -61,7 +61,7 @@ def test_a_built_link_parses_back_to_its_view() -> None:
     ("/text?colour=red", "colour", "'red'", "one of status, class"),
     ("/step?prompt=1&prompt=2", "prompt", "'1, 2'", "one value"),
     ("/step?trace=", "trace", "''", "a path under the app's allowed folders"),
-    ("/stepp?prompt=1", "page", "'stepp'", "one of files, tensors"),
+    ("/stepp?prompt=1", "page", "'stepp'", "one of start, files, tensors"),
 ])
 def test_a_bad_link_is_refused_in_one_line_naming_parameter_value_and_allowed(url, name, value, allowed) -> None:
     with pytest.raises(LinkError) as e:
