@@ -32,7 +32,7 @@ PAGES = [
     st.Page("screens/diagnose.py", title="Diagnose", url_path="diagnose"),
 ]
 
-page = st.navigation(PAGES)
+page = st.navigation(PAGES, expanded=True)  # every page listed: none hidden under "View more"
 name = links.START if page is START else page.url_path
 url_state.arrive(name)  # a link's files are selected before the sidebar shows the selection
 selection.sidebar()

@@ -2,7 +2,8 @@
 each trace (the banner line every trace page shows when it fails: :func:`verify_banner`) and the facts the
 start page's verdict is made of (:func:`trace_facts`; the verdict itself is pure: :mod:`mtpscope.app.verdict`).
 
-Imports: streamlit, ``loaders``, ``selection``, ``verdict``, ``views``, mtpscope.errors.
+Imports: streamlit, ``loaders``, ``selection``, ``verdict``, ``views``, mtpscope.errors, mtpscope.traces.analysis.advice
+(types).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import streamlit as st
 from mtpscope.app import loaders, verdict, views
 from mtpscope.app import selection as sel
 from mtpscope.errors import MtpscopeError
+from mtpscope.traces.analysis.advice import Recommendation
 
 #: The roles of the trace slots, as the sidebar names them.
 ROLES = {sel.TRACE: "trace A", sel.TRACE_B: "trace B"}
@@ -60,11 +62,17 @@ def trace_facts(slot: str, with_advice: bool) -> verdict.TraceFacts | None:
     prompts = tuple(verdict.PromptCounts(*row) for row in loaders.prompt_counts(path))
     models = sel.recorded_models(path)
     diag = loaders.existing_diagnosis(path, models.get(sel.DRAFTER), models.get(sel.TARGET))
-    rec = loaders.explanation(path).advice if with_advice else None
     return verdict.TraceFacts(
         ROLES.get(slot, slot), path, sel.short(path), drafter, rep.acceptance_rate, prompts, ok, err,
-        None if rec is None else rec.recommendation,
+        recommendation(path) if with_advice else None,
         None if diag is None else bool(diag.defects), None if diag is None else diag.headline)
 
 
-__all__ = ["ROLES", "recorded_check", "trace_facts", "verify_banner"]
+def recommendation(path: str) -> Recommendation | None:
+    """The Explain page's recommendation for the whole trace at ``path`` (the same cached explanation), or
+    None (nothing drafted)."""
+    adv = loaders.explanation(path).advice
+    return None if adv is None else adv.recommendation
+
+
+__all__ = ["ROLES", "recommendation", "recorded_check", "trace_facts", "verify_banner"]

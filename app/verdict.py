@@ -190,6 +190,17 @@ def verify_banner(role: str, drafter: str | None, error: str | None) -> str:
             "defect, not from hard tokens (details on the Validate page).")
 
 
+def advice_line(rec: Recommendation | None, role: str = "trace A") -> str | None:
+    """The advice in one sentence: the recommendation's label (which names what a tie is with) and its
+    headline (the speed against plain decoding), ``Advice for trace A: plain decoding (a tie with n_draft 1) —
+    …``; None without a recommendation."""
+    if rec is None:
+        return None
+    why = rec.headline or rec.reason
+    line = f"Advice for {role}: {recommendation_label(rec)}" + (f" — {why}" if why else "")
+    return line if line.endswith(".") else line + "."
+
+
 def _who(t: TraceFacts) -> str:
     return f"{t.role}'s drafter" + (f" `{t.drafter}`" if t.drafter else "")
 
@@ -244,15 +255,9 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
         if rec is not None and rec.speedup is not None and rec.choice not in (None, "plain"):
             acceptance += f": MTP at n_draft {rec.choice} runs {rec.speedup:.2f}× the speed of plain decoding."
         else:
-            acceptance += "; no other trace is open to compare with (choose trace B on the Files page)."
-    advice = None
-    rec = a.recommendation
-    if rec is not None:
-        label = recommendation_label(rec)
-        advice = f"Advice for trace A: {label}" + (f" — {rec.headline or rec.reason}" if (rec.headline or rec.reason)
-                                                    else "")
-        if not advice.endswith("."):
-            advice += "."
+            acceptance += ("; no other trace is open to compare it with (choose trace B on the Files page); "
+                           "against plain decoding: the advice.")
+    advice = advice_line(a.recommendation)
     checked = "; ".join([
         "verify of " + (", ".join(t.role for t in traces if t.verify_ok is not None) or "no drafter"),
         "saved diagnosis of " + (", ".join(t.role for t in traces if t.diagnosis_defect is not None) or "none")])
@@ -260,5 +265,5 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
                         {t.path: worst(t.prompts) for t in traces}, checked)
 
 
-__all__ = ["PromptCounts", "StartVerdict", "TraceFacts", "Worst", "first_error_line", "pct", "start_verdict",
+__all__ = ["PromptCounts", "StartVerdict", "TraceFacts", "Worst", "advice_line", "first_error_line", "pct", "start_verdict",
            "verify_banner", "worst"]

@@ -22,7 +22,8 @@ st.caption(f"Open traces: trace A `{sel.short(path)}`" + (f", trace B `{sel.shor
 st.page_link("screens/files.py", label="Files: choose other traces or models", icon=":material/folder_open:")
 
 with guard("verdict"):
-    facts = [f for f in (trace_checks.trace_facts(sel.TRACE, with_advice=True),
+    # the advice (the explanation's what-if, the one slow part) is computed last: the verdict shows first
+    facts = [f for f in (trace_checks.trace_facts(sel.TRACE, with_advice=False),
                          trace_checks.trace_facts(sel.TRACE_B, with_advice=False)) if f is not None]
     v = verdict.start_verdict(facts)
     box = st.error if v.defect else st.success if v.defect is False else st.info
@@ -50,8 +51,9 @@ with guard("verdict"):
                      query_params=q, icon=":material/timeline:")
 
     st.subheader("Advice")
-    if v.advice:
-        st.markdown(v.advice)
+    advice = verdict.advice_line(trace_checks.recommendation(path))
+    if advice:
+        st.markdown(advice)
         st.caption("Against plain decoding, from this trace's timings (docs/EXPLAIN.md §4); the Explain page "
                    "shows the estimate per n_draft.")
     else:
