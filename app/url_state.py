@@ -141,7 +141,10 @@ def selection_view(page: str) -> links.View | None:
     slots = SELECTION_VIEWS.get(page)
     if slots is None:
         return None
-    return links.View(page, **{s: sel.get(s) for s in slots})
+    return links.View(page, trace=sel.get(sel.TRACE) if sel.TRACE in slots else None,
+                      trace_b=sel.get(sel.TRACE_B) if sel.TRACE_B in slots else None,
+                      drafter=sel.get(sel.DRAFTER) if sel.DRAFTER in slots else None,
+                      target=sel.get(sel.TARGET) if sel.TARGET in slots else None)
 
 
 def publish_selection(page: str) -> None:

@@ -53,8 +53,9 @@ with guard("explanation"):
     rej, adv, wif = x.rejections, x.advice, x.what_if
     rec = None if adv is None else adv.recommendation
 
-    st.caption(f"Every figure below is of **{'all prompts' if choice == ALL else labels.get(choice, f'prompt {choice}')}"
-               f"** of trace A (`{sel.short(path)}`); choose a prompt above to see one.")
+    shown = labels.get(choice, f"prompt {choice}") if isinstance(choice, int) else "all prompts"
+    st.caption(f"Every figure below is of **{shown}** of trace A (`{sel.short(path)}`); choose a prompt above "
+               "to see one.")
     c = st.columns(4)
     c[0].metric("acceptance rate", _f(x.totals.acceptance_rate),
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
