@@ -39,10 +39,10 @@ with guard("verdict"):
             continue
         tr = loaders.trace(f.path)
         label = views.prompt_labels([w.prompt_id], views.manifest_prompts(tr.manifest), width=60)[w.prompt_id]
-        where = (f"worst category **{w.category}** ({verdict.pct(w.category_rate)}), its worst prompt"
-                 if w.category is not None else "worst prompt")
+        where = (f"worst category **{w.category}** ({verdict.pct(w.category_rate)}), its worst prompt:"
+                 if w.category is not None else "worst prompt:")
         st.markdown(f"**{f.role}** (`{f.name}`): {where} {label} ({verdict.pct(w.prompt_rate)})")
-        c1, c2, _ = st.columns([1, 1, 2])
+        c1, c2 = st.columns(2)
         q = {"trace": f.path, "prompt": str(w.prompt_id)}
         opens = "" if f.role == "trace A" else f" (opens {f.role} as trace A)"
         c1.page_link("screens/explain.py", label=f"why: Explain prompt {w.prompt_id}{opens}", query_params=q,
