@@ -9,7 +9,8 @@ import streamlit as st
 
 from mtpscope.app import links, loaders, trace_checks, url_state, verdict, views
 from mtpscope.app import selection as sel
-from mtpscope.app.guard import guard
+from mtpscope.app.guard import guard, status_line
+from mtpscope.errors import MtpscopeError
 
 st.title("Start")
 url_state.requested("start")
@@ -23,8 +24,13 @@ st.page_link("screens/files.py", label="Files: choose other traces or models", i
 
 with guard("verdict"):
     # the advice (the explanation's what-if, the one slow part) is computed last: the verdict shows first
-    facts = [f for f in (trace_checks.trace_facts(sel.TRACE, with_advice=False),
-                         trace_checks.trace_facts(sel.TRACE_B, with_advice=False)) if f is not None]
+    facts = [f for f in (trace_checks.trace_facts(sel.TRACE, with_advice=False),) if f is not None]
+    try:  # an unreadable trace B is said in one line; trace A's verdict stands without it
+        fb = trace_checks.trace_facts(sel.TRACE_B, with_advice=False)
+    except (MtpscopeError, OSError) as e:
+        st.caption(f"trace B left out: {status_line(e)}")
+    else:
+        facts += [fb] if fb is not None else []
     v = verdict.start_verdict(facts)
     box = st.error if v.defect else st.success if v.defect is False else st.info
     box(v.sentence, icon=":material/error:" if v.defect else None)
