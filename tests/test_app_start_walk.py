@@ -179,7 +179,8 @@ def test_a_pasted_address_reproduces_each_page(walk) -> None:
         addresses = {"files": (page.url, "Files")}
         # the other pages of this session, each opened from the sidebar: the address they write
         for label, head, path in (("Start", "Start", ""), ("Diagnose", "Diagnose", "diagnose"),
-                                  ("Tensors", "Tensors", "tensors"), ("Explain", "Explain", "explain")):
+                                  ("Tensors", "Tensors", "tensors"), ("Tensor values", "Tensor values", "values"),
+                                  ("Explain", "Explain", "explain")):
             page.locator('[data-testid="stSidebarNav"]').get_by_text(label, exact=True).first.click()
             _done(page, head)
             addresses[path or "start"] = (page.url, head)
@@ -196,11 +197,14 @@ def test_a_pasted_address_reproduces_each_page(walk) -> None:
             body = _go(page, address, head)
             # the pasted address selected the buggy trace (its drafter on the model pages) again; a fresh
             # session without it opens the F32 trace
-            slot = "drafter:" if name == "tensors" else "trace:"
+            slot = "drafter:" if name in ("tensors", "values") else "trace:"
             line = next(x for x in _side(page).splitlines() if x.startswith(slot))
             assert "buggy" in line, (name, address, line)
             if name == "step":
                 assert "prompt 3 · round 2" in body, body[:800]
+            if name == "values":  # the tensor shown, by its address
+                tensor = parse_qs(urlsplit(address).query)["tensor"][0]
+                assert tensor in body, (tensor, body[:800])
             assert page.locator('[data-testid="stException"]').count() == 0
             assert not [a for a in page.locator('[data-testid="stAlert"]').all_inner_texts() if "link" in a
                         and "refused" in a], name
