@@ -22,6 +22,7 @@ def test_view_url_is_the_page_and_its_parameters_in_order() -> None:
         "http://127.0.0.1:8501/step?prompt=34&round=20&step=2"
     assert view_url("explain", prompt="all") == "/explain?prompt=all"
     assert view_url("files") == "/files"
+    assert view_url("start", trace="/t", trace_b="/u") == "/?trace=%2Ft&trace_b=%2Fu"  # the start page is the root
     assert view_url("compare", trace="/a b/t", trace_b="/x&y", mode="traces") == \
         "/compare?trace=%2Fa+b%2Ft&trace_b=%2Fx%26y&mode=traces"
 
