@@ -258,9 +258,11 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
             acceptance += ("; no other trace is open to compare it with (choose trace B on the Files page); "
                            "against plain decoding: the advice.")
     advice = advice_line(a.recommendation)
-    checked = "; ".join([
-        "verify of " + (", ".join(t.role for t in traces if t.verify_ok is not None) or "no drafter"),
-        "saved diagnosis of " + (", ".join(t.role for t in traces if t.diagnosis_defect is not None) or "none")])
+    verified = " and ".join(t.role for t in traces if t.verify_ok is not None)
+    diagnosed = " and ".join(t.role for t in traces if t.diagnosis_defect is not None)
+    checked = "; ".join([f"verify of the drafter of {verified}" if verified else "no drafter could be verified",
+                         f"the saved diagnosis of {diagnosed}" if diagnosed
+                         else "no saved diagnosis (Diagnose runs one)"])
     return StartVerdict(defect, sentence, suspect, acceptance, advice,
                         {t.path: worst(t.prompts) for t in traces}, checked)
 

@@ -43,6 +43,7 @@ def test_a_drafter_failing_verify_is_the_defect_and_b_is_compared_in_points() ->
     assert v.acceptance == ("Acceptance rate 34.8 % on trace A (`trained/traces/f32`) against 21.0 % on trace B "
                             "(`trained/traces/buggy`): B −13.8 points.")
     assert v.advice is None  # no recommendation given
+    assert v.checked == "verify of the drafter of trace A and trace B; no saved diagnosis (Diagnose runs one)"
     assert v.worst["/d/f32"].prompt_id == 0
 
 
