@@ -32,9 +32,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from mtpscope.errors import LinkError
 
-#: The app's pages by URL path (``st.Page(..., url_path=...)`` in ``app/main.py``).
-PAGES = ("files", "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain",
+#: The app's pages by URL path (``st.Page(..., url_path=...)`` in ``app/main.py``); ``start`` is the app's root,
+#: ``/`` (its links are ``/?trace=...``).
+PAGES = ("start", "files", "tensors", "validate", "centroids", "values", "acceptance", "text", "step", "explain",
          "compare", "sweep", "server", "diagnose")
+#: The start page (the app's root, ``/``).
+START = "start"
 #: The pages that show a trace (trace A) and read a prompt from their link.
 TRACE_PAGES = ("acceptance", "text", "step", "explain", "compare")
 #: The value of ``prompt`` meaning every prompt of the trace (Acceptance, Explain).
@@ -142,7 +145,7 @@ class View:
         """The link: ``base`` (e.g. ``http://127.0.0.1:8501``; empty: a path from the app's root),
         ``/page`` and the query string."""
         q = urlencode(self.params())
-        return f"{base.rstrip('/')}/{self.page}" + (f"?{q}" if q else "")
+        return f"{base.rstrip('/')}/{'' if self.page == START else self.page}" + (f"?{q}" if q else "")
 
     @property
     def slots(self) -> dict[str, str]:
@@ -286,13 +289,13 @@ def parse_view(page: str, query: Mapping[str, str | Sequence[str]], other_pages:
 
 def parse_url(url: str) -> View:
     """The view of a link (absolute URL or path; the page is the path's last part, the app's root
-    being ``files``).
+    being ``start``).
 
     Raises:
         LinkError: as :func:`parse_view`.
     """
     parts = urlsplit(url)
-    page = parts.path.rstrip("/").rsplit("/", 1)[-1] or "files"
+    page = parts.path.rstrip("/").rsplit("/", 1)[-1] or START
     query: dict[str, list[str]] = {}
     for k, v in parse_qsl(parts.query, keep_blank_values=True):
         query.setdefault(k, []).append(v)
@@ -372,5 +375,5 @@ def _ids_text(ids: Sequence[int], most: int = 12) -> str:
     return f"one of {head}" + (f", … ({len(ids)} prompts)" if len(ids) > most else "")
 
 
-__all__ = ["ALL", "PAGES", "PARAMS", "PROMPT_ALL_PAGES", "STREAMLIT_PARAMS", "TRACE_PAGES", "Param", "View",
+__all__ = ["ALL", "PAGES", "PARAMS", "PROMPT_ALL_PAGES", "START", "STREAMLIT_PARAMS", "TRACE_PAGES", "Param", "View",
            "check_in_trace", "check_offered", "check_step", "make_view", "parse_url", "parse_view", "view_url"]

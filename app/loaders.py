@@ -675,14 +675,9 @@ def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None,
 
 def _diagnosis_args(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None,
                     target: str | os.PathLike[str] | None, reference: str | os.PathLike[str] | None) -> tuple:
-    import hashlib
-
-    t = safety.check_path(trace, roots(), kind="dir")
-    d = safety.check_path(drafter, roots(), kind="file") if drafter else None
-    g = safety.check_path(target, roots(), kind="file") if target else None
-    r = safety.check_path(reference, roots(), kind="dir" if Path(reference).is_dir() else "file") if reference else None
-    key = hashlib.sha256(repr((str(t), str(d), str(g), str(r))).encode()).hexdigest()[:16]
-    out = safety.uploads_dir() / "diagnose" / key
+    """:func:`_diagnosis`'s arguments (paths and their file stats, the output folder) of these inputs."""
+    t, d, g, r = _diagnosis_inputs(trace, drafter, target, reference)
+    out = diagnosis_folder(trace, drafter, target, reference)
     return (str(t), _trace_key(t), None if d is None else str(d), None if d is None else _stat_key(d),
             None if g is None else str(g), None if g is None else _stat_key(g),
             None if r is None else str(r), None if r is None else (_dir_key(r) if r.is_dir() else _stat_key(r)),
@@ -713,6 +708,68 @@ def has_saved_diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLik
         return _saved(_diagnosis_args(trace, drafter, target, reference))
     except (MtpscopeError, OSError):
         return False
+
+
+def _diagnosis_inputs(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None,
+                      target: str | os.PathLike[str] | None, reference: str | os.PathLike[str] | None,
+                      ) -> tuple[Path, Path | None, Path | None, Path | None]:
+    t = safety.check_path(trace, roots(), kind="dir")
+    d = safety.check_path(drafter, roots(), kind="file") if drafter else None
+    g = safety.check_path(target, roots(), kind="file") if target else None
+    r = safety.check_path(reference, roots(), kind="dir" if Path(reference).is_dir() else "file") if reference else None
+    return t, d, g, r
+
+
+def diagnosis_folder(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
+                     target: str | os.PathLike[str] | None = None,
+                     reference: str | os.PathLike[str] | None = None) -> Path:
+    """Where the app's diagnosis of these inputs is written (``<uploads>/diagnose/<key>``, key: a hash of the
+    resolved paths), whether it ran or not.
+
+    Raises:
+        PathNotAllowedError: an input outside the allowed folders.
+    """
+    import hashlib
+
+    t, d, g, r = _diagnosis_inputs(trace, drafter, target, reference)
+    key = hashlib.sha256(repr((str(t), str(d), str(g), str(r))).encode()).hexdigest()[:16]
+    return safety.uploads_dir() / "diagnose" / key
+
+
+def existing_diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
+                       target: str | os.PathLike[str] | None = None) -> Diagnosis | None:
+    """The diagnosis the app already ran on these inputs (no reference), read back from its folder
+    (:func:`diagnosis_folder`) while its inputs are unchanged (the rule of :func:`has_saved_diagnosis`); None
+    otherwise (never runs one). An unreadable one is None too (the Diagnose page says why when it is opened)."""
+    from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE
+
+    try:
+        args = _diagnosis_args(trace, drafter, target, None)
+        if not _saved(args):
+            return None
+        folder = Path(args[-1])
+        return _saved_diagnosis(str(folder), _stat_key(folder / DIAGNOSIS_FILE))
+    except (MtpscopeError, OSError):
+        return None
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _prompt_counts(path: str, key: tuple) -> list[tuple[int, str | None, int, int]]:
+    from mtpscope.traces.analysis.breakdown import prompt_categories
+    from mtpscope.traces.analysis.metrics import per_prompt
+
+    tr = _open_trace(path, key)
+    cats = prompt_categories(tr.manifest) or {}
+    pp = per_prompt(tr.rounds)
+    return [(int(p), cats.get(int(p)), int(nd), int(na)) for p, nd, na in
+            zip(pp["prompt_id"], pp["n_drafted"], pp["n_accepted"], strict=True)]
+
+
+def prompt_counts(path: str | os.PathLike[str]) -> list[tuple[int, str | None, int, int]]:
+    """(prompt_id, category or None, n_drafted, n_accepted) per prompt of an allowed trace
+    (``metrics.per_prompt``, the manifest's categories as ``explain`` reads them), cached like :func:`trace`."""
+    p = safety.check_path(path, roots(), kind="dir")
+    return _prompt_counts(str(p), _trace_key(p))
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)

@@ -8,22 +8,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import guard, selection, url_state
+from mtpscope.app import guard, links, selection, trace_checks, url_state
 
 st.set_page_config(page_title="mtpscope", layout="wide")
 
-FILES = st.Page("screens/files.py", title="Files", url_path="files")
-
-
-def _home() -> None:
-    """The app's root: open the Files page (the default page is served at "/" whatever its url_path says,
-    so the Files page itself is not the default: that keeps /files a working deep link)."""
-    st.switch_page(FILES)
-
+#: The start page, served at "/" (the default page; its url_path is not a deep link of its own).
+START = st.Page("screens/start.py", title="Start", default=True, url_path="start")
 
 PAGES = [
-    st.Page(_home, title="mtpscope", default=True, url_path="home", visibility="hidden"),
-    FILES,
+    START,
+    st.Page("screens/files.py", title="Files", url_path="files"),
     st.Page("screens/tensors.py", title="Tensors", url_path="tensors"),
     st.Page("screens/validate.py", title="Validate", url_path="validate"),
     st.Page("screens/centroids.py", title="Centroids", url_path="centroids"),
@@ -38,13 +32,18 @@ PAGES = [
     st.Page("screens/diagnose.py", title="Diagnose", url_path="diagnose"),
 ]
 
-page = st.navigation(PAGES)
-url_state.arrive(page.url_path)  # a link's files are selected before the sidebar shows the selection
+page = st.navigation(PAGES, expanded=True)  # every page listed: none hidden under "View more"
+name = links.START if page is START else page.url_path
+url_state.arrive(name)  # a link's files are selected before the sidebar shows the selection
 selection.sidebar()
-refused = url_state.refusal()
+refused = url_state.refusal() or url_state.unknown_page(name)
 if refused:  # a refused link: its one line, nothing of the page under it
     st.title(page.title)
     url_state.refuse(refused)
+url_state.publish_selection(name)  # pages whose view is the selection: it is their address (trace pages add theirs)
+if name in links.TRACE_PAGES:  # a drafter that fails verify is named above every trace page
+    with guard.guard("checking the trace's drafter"):
+        trace_checks.verify_banner((selection.TRACE, selection.TRACE_B) if name == "compare" else (selection.TRACE,))
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
 with guard.guard(f"showing the {page.title} page"):
     page.run()

@@ -429,8 +429,9 @@ def select_trace(path: str | None) -> dict[str, str]:
 
 
 def _trained_defaults(root: Path) -> dict[str, Path]:
-    """The trained demo's default view from ``<demo>/demo.json`` (trace, trace B, drafter, target), and
-    the selected prompt preset to the worst category's worst prompt; {} when absent."""
+    """The trained demo's default view from ``<demo>/demo.json`` (trace, trace B, drafter, target); {} when
+    absent. No prompt is preselected: the start page links to the worst prompt, and a trace page opens on every
+    prompt until one is chosen."""
     try:
         doc = json.loads((root / "demo.json").read_text())
         d = doc.get("default") if isinstance(doc, dict) else None
@@ -443,9 +444,6 @@ def _trained_defaults(root: Path) -> dict[str, Path]:
         v = d.get(k)
         if isinstance(v, str) and v and (root / v).exists():
             out[k] = root / v
-    pid = d.get("prompt_id")
-    if TRACE in out and isinstance(pid, int) and not isinstance(pid, bool) and SEL_PROMPT not in st.session_state:
-        st.session_state[SEL_PROMPT] = pid
     return out
 
 

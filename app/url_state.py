@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 import streamlit as st
 
@@ -124,3 +125,58 @@ def publish(view: links.View) -> None:
     st.session_state[sel.URL_SEEN] = _seen_key(view.page, params)
     if _query() != {k: [v] for k, v in params.items()}:
         st.query_params.from_dict(params)
+
+
+#: The selection slots that are the view of a page whose view is the selection (the others publish their own).
+SELECTION_VIEWS: dict[str, tuple[str, ...]] = {
+    "files": (sel.TRACE, sel.TRACE_B, sel.DRAFTER, sel.TARGET),
+    "tensors": (sel.DRAFTER, sel.TARGET), "validate": (sel.DRAFTER, sel.TARGET),
+    "centroids": (sel.DRAFTER, sel.TARGET), "diagnose": (sel.TRACE, sel.DRAFTER, sel.TARGET),
+}
+
+
+def selection_view(page: str) -> links.View | None:
+    """The view of ``page`` when its view is the selection (:data:`SELECTION_VIEWS`): the selected files
+    it shows; None for the other pages."""
+    slots = SELECTION_VIEWS.get(page)
+    if slots is None:
+        return None
+    return links.View(page, trace=sel.get(sel.TRACE) if sel.TRACE in slots else None,
+                      trace_b=sel.get(sel.TRACE_B) if sel.TRACE_B in slots else None,
+                      drafter=sel.get(sel.DRAFTER) if sel.DRAFTER in slots else None,
+                      target=sel.get(sel.TARGET) if sel.TARGET in slots else None)
+
+
+def publish_selection(page: str) -> None:
+    """Write the selection into the address bar of a page whose view it is (:func:`selection_view`), so a
+    reload or a pasted address selects the same files; a page that publishes its own view later in the run
+    (with more in it) replaces it."""
+    view = selection_view(page)
+    if view is not None:
+        publish(view)
+
+
+#: Set once the session's first URL was checked for an unknown page.
+_FIRST_URL = "url.first_checked"
+
+
+def unknown_page(page: str) -> str | None:
+    """On the session's first run only (an address typed, pasted or reloaded): the one-line refusal of a URL
+    path that names no page of the app (Streamlit then runs the start page instead), else None."""
+    if st.session_state.get(_FIRST_URL):
+        return None
+    st.session_state[_FIRST_URL] = True
+    if page != links.START:
+        return None
+    try:
+        url = st.context.url or ""
+    except Exception:  # noqa: BLE001 - no browser context (AppTest): nothing to check
+        return None
+    base = "/" + str(st.get_option("server.baseUrlPath") or "").strip("/")
+    path = urlsplit(url).path.rstrip("/")
+    rest = path[len(base):] if base != "/" and (path + "/").startswith(base.rstrip("/") + "/") else path
+    asked = rest.strip("/").rsplit("/", 1)[-1]
+    if not asked or asked in links.PAGES:
+        return None
+    return LinkError("no such page in the app", key="page", expected="one of " + ", ".join(links.PAGES),
+                     actual=repr(asked)).one_line()

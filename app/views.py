@@ -288,8 +288,10 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
 
 def recommendation_label(rec: Recommendation | None) -> str:
     """A :class:`~mtpscope.traces.analysis.advice.Recommendation` in two or three words: ``plain decoding``,
-    ``n_draft 3``, ``q8 n_draft 3``, ``… (tie)``; ``—`` without one, ``too few rounds`` below the minimum,
-    ``cannot tell (timings disturbed)`` when the timing-quality check withheld it (``cannot_tell``)."""
+    ``n_draft 3``, ``q8 n_draft 3``, ``… (a tie with plain decoding)`` / ``… (a tie with n_draft 2)`` (what the
+    choice is tied with: the runner-up; ``… (a tie)`` when it is not known); ``—`` without one, ``too few
+    rounds`` below the minimum, ``cannot tell (timings disturbed)`` when the timing-quality check withheld it
+    (``cannot_tell``)."""
     if rec is None:
         return "—"
     c = rec.choice
@@ -299,7 +301,11 @@ def recommendation_label(rec: Recommendation | None) -> str:
         return "too few rounds" if "too few" in (rec.reason or "") else "—"
     who = f"{rec.assistant} " if rec.assistant else ""
     label = "plain decoding" if c == "plain" else f"{who}n_draft {c}"
-    return label + (" (tie)" if rec.tie else "")
+    if not rec.tie:
+        return label
+    other = rec.runner_up
+    return label + (" (a tie)" if other is None else " (a tie with plain decoding)" if other == "plain"
+                    else f" (a tie with n_draft {other})")
 
 
 def _iv(v) -> str:

@@ -32,9 +32,8 @@ def _run(page: str | None = None, **slots) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     for k, v in slots.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
-    at.run()
-    if page:
-        at.switch_page(f"screens/{page}.py").run()
+    at.run()  # the start page (/)
+    at.switch_page(f"screens/{page or 'files'}.py").run()  # no page: the Files page
     assert not at.exception, [e.value for e in at.exception]
     return at
 

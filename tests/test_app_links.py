@@ -47,7 +47,8 @@ def _app(**slots) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     for k, v in slots.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
-    at.run()
+    at.run()  # the start page (/)
+    at.switch_page("screens/files.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

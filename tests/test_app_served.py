@@ -193,7 +193,7 @@ def test_paths_outside_the_roots_are_refused_in_the_browser(tmp_path: Path) -> N
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(url + "/")
+            page.goto(url + "/files")
             page.get_by_role("heading", name="Files", exact=True).first.wait_for(timeout=120_000)
             settle(page)
             box = page.get_by_label("…or a path").first

@@ -56,7 +56,8 @@ def _files(monkeypatch: Any, env: dict[str, str], **slots: Any) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=120)
     for k, v in slots.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
-    at.run()
+    at.run()  # the start page (/)
+    at.switch_page("screens/files.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -198,9 +198,8 @@ def _run(page: str | None = None, **sel) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     for k, v in sel.items():
         at.session_state[selection.slot_key(k)] = None if v is None else str(v)
-    at.run()
-    if page:
-        at.switch_page(f"screens/{page}.py").run()
+    at.run()  # the start page (/)
+    at.switch_page(f"screens/{page or 'files'}.py").run()  # no page: the Files page
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -231,7 +230,8 @@ def test_explain_page_numbers_equal_the_cli(demo_dir) -> None:
     assert _metric(at, "of them, target known") == f"{rej['n_first_mismatch']:,}"
     rec = cli["recommendation"]
     want = ("too few rounds" if rec["choice"] is None else "plain decoding" if rec["choice"] == "plain"
-            else f"n_draft {rec['choice']}") + (" (tie)" if rec["tie"] else "")
+            else f"n_draft {rec['choice']}") + ((" (a tie with plain decoding)" if rec["runner_up"] == "plain" else
+                                                      f" (a tie with n_draft {rec['runner_up']})") if rec["tie"] else "")
     assert _metric(at, "recommendation") == want
     figs = _charts(at)
     causes = next(f for f in figs if (f["layout"].get("meta") or {}).get("counts") is not None)

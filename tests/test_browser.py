@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 SHOTS = ROOT / "test-output" / "screenshots"
 
 #: url path -> heading each page shows
-PAGES = {"": "Files", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
+PAGES = {"": "Start", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
          "values": "Tensor values", "acceptance": "Acceptance", "text": "Generated text", "step": "Step view",
          "explain": "Explain", "compare": "Compare", "diagnose": "Diagnose"}
 
@@ -65,7 +65,7 @@ def test_every_page_renders_with_screenshot(browser_app) -> None:
         assert page.locator('[data-testid="stException"]').count() == 0, name
         assert page.get_by_text("Page not found").count() == 0, name  # deep links work, /files included
         # the path is the page's (a trace page's view follows in the query string)
-        assert urlsplit(page.url).path.rstrip("/").endswith("/" + (path or "files")), (name, page.url)
+        assert urlsplit(page.url).path.rstrip("/") == ("/" + path if path else ""), (name, page.url)
         assert page.get_by_role("heading", name=heading, exact=True).count() >= 1, name
         # the sidebar navigation lists every page
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
@@ -157,7 +157,7 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
     ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
     try:
         page = ctx.new_page()
-        _open(page, url, "")
+        _open(page, url, "files")
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(drafter))
         digest = hashlib.sha256(Path(drafter).read_bytes()).hexdigest()[:16]
         page.locator('[data-testid="stSidebar"]').get_by_text(digest).first.wait_for(timeout=60_000)

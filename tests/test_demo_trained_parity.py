@@ -207,7 +207,7 @@ def test_the_buggy_drafter_is_named_by_verify_replay_and_compare(trained, tmp_pa
     assert list(hit["A"]) == ["10000.0"] and list(hit["B"]) == ["1000000.0"]
 
 
-def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None:
+def test_the_app_opens_on_the_trained_trace_and_names_its_worst_prompt(trained) -> None:
     import json
 
     from streamlit.testing.v1 import AppTest
@@ -223,7 +223,11 @@ def test_the_app_opens_on_the_trained_trace_at_its_worst_prompt(trained) -> None
     assert Path(at.session_state["sel.trace"]).resolve() == trained.traces_f32.resolve()
     assert Path(at.session_state["sel.trace_b"]).resolve() == trained.traces_buggy.resolve()
     d = json.loads(trained.demo_json.read_text())["default"]
-    assert at.session_state[selection.SEL_PROMPT] == d["prompt_id"]    # the one prompt every trace page shows
+    # the start page names the worst category's worst prompt (demo.json's, found by the demo build) ...
+    body = " ".join(m.value for m in at.markdown)
+    assert f"worst category **{d['category']}**" in body and f"prompt {d['prompt_id']} " in body, body
+    # ... and no trace page silently opens on it: every prompt until one is chosen (issue 36)
+    assert selection.SEL_PROMPT not in at.session_state
     at.switch_page("screens/acceptance.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.selectbox(key=selection.ACC_PROMPT).value == d["prompt_id"]
+    assert at.selectbox(key=selection.ACC_PROMPT).value == selection.ALL

@@ -22,6 +22,7 @@ def test_view_url_is_the_page_and_its_parameters_in_order() -> None:
         "http://127.0.0.1:8501/step?prompt=34&round=20&step=2"
     assert view_url("explain", prompt="all") == "/explain?prompt=all"
     assert view_url("files") == "/files"
+    assert view_url("start", trace="/t", trace_b="/u") == "/?trace=%2Ft&trace_b=%2Fu"  # the start page is the root
     assert view_url("compare", trace="/a b/t", trace_b="/x&y", mode="traces") == \
         "/compare?trace=%2Fa+b%2Ft&trace_b=%2Fx%26y&mode=traces"
 
@@ -34,7 +35,7 @@ def test_view_url_is_the_page_and_its_parameters_in_order() -> None:
     ("/compare?mode=prompts&prompt=2&prompt_b=5", View("compare", mode="prompts", prompt=2, prompt_b=5)),
     ("/values?drafter=%2Fm%2Fd.gguf&tensor=blk.0.ffn_up.weight",
      View("values", drafter="/m/d.gguf", tensor="blk.0.ffn_up.weight")),
-    ("/", View("files")),
+    ("/", View("start")),
     ("/step?prompt=34&embed=true", View("step", prompt=34)),  # Streamlit's own parameter is not the view's
     ("/step?prompt=3&prompt=3", View("step", prompt=3)),      # repeated with one value: counts once
 ])
@@ -61,7 +62,7 @@ def test_a_built_link_parses_back_to_its_view() -> None:
     ("/text?colour=red", "colour", "'red'", "one of status, class"),
     ("/step?prompt=1&prompt=2", "prompt", "'1, 2'", "one value"),
     ("/step?trace=", "trace", "''", "a path under the app's allowed folders"),
-    ("/stepp?prompt=1", "page", "'stepp'", "one of files, tensors"),
+    ("/stepp?prompt=1", "page", "'stepp'", "one of start, files, tensors"),
 ])
 def test_a_bad_link_is_refused_in_one_line_naming_parameter_value_and_allowed(url, name, value, allowed) -> None:
     with pytest.raises(LinkError) as e:

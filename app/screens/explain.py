@@ -53,6 +53,9 @@ with guard("explanation"):
     rej, adv, wif = x.rejections, x.advice, x.what_if
     rec = None if adv is None else adv.recommendation
 
+    shown = labels.get(choice, f"prompt {choice}") if isinstance(choice, int) else "all prompts"
+    st.caption(f"Every figure below is of **{shown}** of trace A (`{sel.short(path)}`); choose a prompt above "
+               "to see one.")
     c = st.columns(4)
     c[0].metric("acceptance rate", _f(x.totals.acceptance_rate),
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
@@ -64,7 +67,8 @@ with guard("explanation"):
     best = None if wif is None else wif.best_n_draft
     c[3].metric("recommendation", views.recommendation_label(rec),
                 help="plain decoding or the n_draft with the most tokens per second, plain decoding always a "
-                     "candidate; 'a tie' when its interval overlaps the runner-up's (as `mtpscope explain`)")
+                     "candidate; 'a tie with …' names the runner-up when their speed intervals overlap (as "
+                     "`mtpscope explain`)")
     st.caption(f"Drafts came from the {x.head} head.")
 
     st.subheader("Why drafts were rejected")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from mtpscope.app import charts, loaders, model_views, url_state
+from mtpscope.app import charts, links, loaders, model_views, url_state
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import LinkError
@@ -35,6 +35,9 @@ with guard("GGUF reader"):
     if st.session_state.get(sel.VALUES_TENSOR) not in names:
         st.session_state[sel.VALUES_TENSOR] = default
     name = st.selectbox("tensor", names, key=sel.VALUES_TENSOR)
+    # the address: the selected models and, for the drafter, the tensor shown (a link's tensor is the drafter's)
+    url_state.publish(links.View("values", drafter=sel.get(sel.DRAFTER), target=sel.get(sel.TARGET),
+                                 tensor=name if which == sel.DRAFTER else None))
     t = f.tensor(name)
     shape = tuple(int(x) for x in t.shape)
     n_rows = shape[0] if shape else 1

@@ -1,0 +1,133 @@
+"""Benchmark: first load of every app page on the demo, in real Chromium (issue 36 target: <= 2 s each).
+
+Starts the app as ``make run`` does (``mtpscope app`` on a free loopback port) and opens each page by
+its address (a page load: a new Streamlit session, nothing of the previous page's session state), timing
+from ``page.goto`` to the moment the page is shown (:func:`load_time`). Two passes: ``cold`` (the first
+visit of each page in this server process: imports and the process-wide caches filled; the first page
+also loads the app's static files) and ``warm`` (the same address again: what every later user sees). Printed as a table, seconds and ratio = seconds / target (< 1 is within target).
+
+Needs the demo (``mtpscope demo build``), playwright and Debian's Chromium (``make browser``). Exits 0
+whatever the numbers (speed targets are reported, never asserted). Timings on a busy machine are noise:
+run it on a quiet one.
+
+Usage: ``python -m benchmarks.bench_pages [--pages start,explain] [--repeats 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+TARGET_S = 2.0
+CHROMIUM = os.environ.get("MTPSCOPE_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+#: page (URL path; "" = the start page) -> the heading it shows
+PAGES = {"": "Start", "files": "Files", "tensors": "Tensors", "validate": "Validate", "centroids": "Centroids",
+         "values": "Tensor values", "acceptance": "Acceptance", "text": "Generated text", "step": "Step view",
+         "explain": "Explain", "compare": "Compare", "sweep": "Sweep", "server": "Server", "diagnose": "Diagnose"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the app exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"the app was not healthy after {timeout:.0f} s")
+
+
+def load_time(page, url: str, heading: str, timeout: float = 120.0, quiet_s: float = 1.0) -> float:
+    """Seconds from ``goto(url)`` until the page is shown: its heading is there, Streamlit's run state on the
+    app element is ``notRunning`` (a quiet DOM alone can be a run still computing), no skeleton is left,
+    every chart is drawn, and the DOM has not changed for ``quiet_s`` (the time of its last change is
+    returned, the quiet period is not counted)."""
+    t0 = time.perf_counter()
+    page.goto(url)
+    page.get_by_role("heading", name=heading, exact=True).first.wait_for(timeout=timeout * 1000)
+    last_n, last_change = -1, time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        n = page.locator("[data-testid]").count()
+        busy = (page.locator('[data-testid="stApp"][data-test-script-state="running"]').count()
+                or page.locator('[data-testid="stSkeleton"]').count()
+                or page.locator('[data-testid="stPlotlyChart"]:not(:has(.main-svg))').count())  # not drawn yet
+        now = time.perf_counter()
+        if n != last_n or busy:
+            last_n, last_change = n, now
+        elif now - last_change >= quiet_s:
+            return last_change - t0
+        time.sleep(0.05)
+    raise SystemExit(f"{url} did not settle within {timeout:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", default=",".join(p or "start" for p in PAGES),
+                    help="comma-separated URL paths ('start' = /)")
+    ap.add_argument("--repeats", type=int, default=1, help="warm passes (the median is printed)")
+    a = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    from mtpscope.cache import demo_dir
+
+    if not (demo_dir() / "target.gguf").exists():
+        raise SystemExit("the demo is not built: run `mtpscope demo build`")
+    wanted = ["" if p == "start" else p for p in a.pages.split(",") if p]
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as work:
+        env = {**os.environ, "MTPSCOPE_UPLOADS": str(Path(work) / "uploads")}
+        log = open(Path(work) / "server.log", "w")  # noqa: SIM115 - closed after the server stops
+        proc = subprocess.Popen([sys.executable, "-m", "mtpscope.cli", "app", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_healthy(url, proc)
+            rows: dict[str, list[float]] = {p: [] for p in wanted}
+            with sync_playwright() as pw:
+                exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+                browser = pw.chromium.launch(executable_path=exe, args=ARGS)
+                # one browser context: its HTTP cache holds the app's static files after the first page (as a
+                # returning user's browser does); each goto is a new Streamlit session all the same
+                ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+                tab = ctx.new_page()
+                for _ in range(1 + a.repeats):
+                    for p in wanted:
+                        rows[p].append(load_time(tab, f"{url}/{p}", PAGES[p]))
+                ctx.close()
+                browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+            log.close()
+    import statistics
+
+    print(f"{'page':<12} {'cold s':>7} {'warm s':>7} {'ratio':>6}  (target {TARGET_S:.1f} s; ratio = warm / target)")
+    for p, ts in rows.items():
+        warm = statistics.median(ts[1:])
+        print(f"{p or 'start':<12} {ts[0]:7.2f} {warm:7.2f} {warm / TARGET_S:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

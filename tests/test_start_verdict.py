@@ -1,0 +1,88 @@
+"""The start page's verdict (``mtpscope.app.verdict``), pure: every number below is worked by hand from the
+counts given, never read from the function's own output."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtpscope.app.verdict import PromptCounts, TraceFacts, pct, start_verdict, worst
+from mtpscope.app.views import recommendation_label
+from mtpscope.traces.analysis.advice import Recommendation
+
+# category "code": prompts 0 (3/10) and 1 (5/10) -> pooled 8/20 = 40 %
+# category "prose": prompts 2 (1/10) and 3 (9/10) -> pooled 10/20 = 50 %; prompt 2 is the worst prompt overall
+# prompt 4 drafted nothing (left out)
+PROMPTS = (PromptCounts(0, "code", 10, 3), PromptCounts(1, "code", 10, 5), PromptCounts(2, "prose", 10, 1),
+           PromptCounts(3, "prose", 10, 9), PromptCounts(4, "prose", 0, 0))
+
+
+def test_worst_category_is_pooled_and_its_worst_prompt_is_inside_it() -> None:
+    w = worst(PROMPTS)
+    # "code" pools 8/20 = 0.40 < "prose" 10/20 = 0.50, although prompt 2 (0.10) is the worst of all
+    assert (w.category, w.prompt_id) == ("code", 0)
+    assert w.category_rate == pytest.approx(0.40)
+    assert w.prompt_rate == pytest.approx(0.30)
+
+
+def test_worst_without_categories_is_the_worst_prompt_and_ties_go_to_the_lower_id() -> None:
+    rows = (PromptCounts(7, None, 4, 1), PromptCounts(3, None, 8, 2), PromptCounts(9, None, 0, 0))
+    w = worst(rows)  # 1/4 = 2/8 = 0.25: a tie, prompt 3 first
+    assert (w.category, w.prompt_id, w.prompt_rate) == (None, 3, 0.25)
+    assert worst(()).prompt_id is None
+
+
+def test_a_drafter_failing_verify_is_the_defect_and_b_is_compared_in_points() -> None:
+    a = TraceFacts("trace A", "/d/f32", "trained/traces/f32", "trained/drafter.gguf", 0.348, PROMPTS, True)
+    b = TraceFacts("trace B", "/d/buggy", "trained/traces/buggy", "trained/drafter-buggy.gguf", 0.210, (), False,
+                   "E_PAIR_ROPE rope.freq_base_swa: drafter 1000000.0, target 10000.0")
+    v = start_verdict([a, b])
+    assert v.defect is True and v.suspect == "/d/buggy"
+    assert v.sentence == ("Defect found: trace B's drafter `trained/drafter-buggy.gguf` fails verify — "
+                          "E_PAIR_ROPE rope.freq_base_swa: drafter 1000000.0, target 10000.0.")
+    # 21.0 - 34.8 = -13.8 points
+    assert v.acceptance == ("Acceptance rate 34.8 % on trace A (`trained/traces/f32`) against 21.0 % on trace B "
+                            "(`trained/traces/buggy`): B −13.8 points.")
+    assert v.advice is None  # no recommendation given
+    assert v.checked == "verify of the drafter of trace A and trace B; no saved diagnosis (Diagnose runs one)"
+    assert v.worst["/d/f32"].prompt_id == 0
+
+
+def test_a_saved_diagnosis_wins_over_verify() -> None:
+    a = TraceFacts("trace A", "/a", "a", verify_ok=False, verify_error="E_X k: bad", diagnosis_defect=True,
+                   diagnosis_headline="rope.freq_base_swa is 1e6 (expected 1e4)")
+    v = start_verdict([a])
+    assert v.sentence == "Defect found in trace A (`a`) by its saved diagnosis: rope.freq_base_swa is 1e6 (expected 1e4)."
+
+
+def test_no_defect_names_the_checks_and_the_advice_says_what_a_tie_is_with() -> None:
+    rec = Recommendation("plain", 1.0, (1.0, 1.0), True, "plain decoding is faster", runner_up=1,
+                         headline="plain decoding (best MTP: n_draft 1 at 0.91× [0.87, 1.06]), a tie between "
+                                  "plain decoding and n_draft 1")
+    a = TraceFacts("trace A", "/a", "a", "d.gguf", 0.5, PROMPTS, True, recommendation=rec)
+    v = start_verdict([a])
+    assert v.defect is False and v.suspect == "/a"
+    assert v.sentence.startswith("No defect found by the file checks")
+    assert v.advice == ("Advice for trace A: plain decoding (a tie with n_draft 1) — plain decoding (best MTP: "
+                        "n_draft 1 at 0.91× [0.87, 1.06]), a tie between plain decoding and n_draft 1.")
+    # one trace, the choice is plain: nothing to compare acceptance with but another trace
+    assert "no other trace is open" in v.acceptance
+    mtp = Recommendation(3, 1.25, (1.1, 1.4), False, "n_draft 3: 1.25×")
+    assert start_verdict([TraceFacts("trace A", "/a", "a", acceptance_rate=0.5, recommendation=mtp)]).acceptance == \
+        "Acceptance rate 50.0 % on trace A (`a`): MTP at n_draft 3 runs 1.25× the speed of plain decoding."
+
+
+def test_nothing_checked_is_said() -> None:
+    v = start_verdict([TraceFacts("trace A", "/a", "a", acceptance_rate=None)])
+    assert v.defect is None and v.sentence.startswith("Not checked")
+    assert pct(None) == "—" and pct(0.2101) == "21.0 %"
+    with pytest.raises(ValueError):
+        start_verdict([])
+
+
+def test_recommendation_label_names_what_a_tie_is_with() -> None:
+    assert recommendation_label(Recommendation("plain", 1.0, None, True, "r", runner_up=1)) == \
+        "plain decoding (a tie with n_draft 1)"
+    assert recommendation_label(Recommendation(2, 1.2, None, True, "r", runner_up="plain")) == \
+        "n_draft 2 (a tie with plain decoding)"
+    assert recommendation_label(Recommendation(2, 1.2, None, True, "r", runner_up=3)) == "n_draft 2 (a tie with n_draft 3)"
+    assert recommendation_label(Recommendation(2, 1.2, None, False, "r", runner_up=3)) == "n_draft 2"
