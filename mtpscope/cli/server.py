@@ -171,13 +171,18 @@ def format_replay(res: ServerReplay) -> str:
         lines.append(f"{mark} {s.setting[:42]:42}  {str(s.server)[:27]:27}  {s.recording}")
     fd = res.first_difference
     lines.append("")
-    if fd is None:
-        lines.append(f"all {plural(len(rows), 'request')} agree: same output, same drafted, same accepted")
+    if fd is None and res.all_equal:
+        lines.append(f"identical: all {plural(len(rows), 'request')} agree: same output, same drafted, same accepted")
     else:
-        server = None if fd.server is None else fd.server.to_dict()
-        recording = None if fd.recording is None else fd.recording.to_dict()
-        lines.append(f"first request that differs: {fd.request} (prompt {fd.prompt}): server "
-                     f"{server}, recording {recording}; look at it with `{fd.explain}`")
+        lines.append(res.verdict)
+        if fd is not None:
+            lines.append(f"look at it with `{fd.explain}`")
+        if len(res.verdicts) > 1:
+            counts: dict[str, int] = {}
+            for v in res.verdicts:
+                counts[v.reason] = counts.get(v.reason, 0) + 1
+            lines.append(f"{plural(len(res.verdicts), 'request')} differ: "
+                         + ", ".join(f"{n} {reason}" for reason, n in counts.items()))
     return "\n".join(lines)
 
 
