@@ -12,6 +12,9 @@ writes the cells as JSON too.
     python -m benchmarks.served_parity [--n-predict 64] [--out DIR] [--json FILE] [--parallel 1,4] \\
         [--temps 0,0.8] [--forms text,messages,ids] [--seed 42] [--threads 1]
 
+``--sentinel 1,2,4`` measures the concurrency sentinel instead: for each N a server with ``--parallel N`` and
+``probe --check-concurrency N`` over the 36 prompts as token ids (greedy).
+
 Not a speed benchmark: no timing is printed. It needs the demo (``make demo``) and the built server
 (``mtpscope server build``); it runs 12 probes and 12 recordings of 36 prompts (minutes).
 """
@@ -104,6 +107,47 @@ def run(args: argparse.Namespace) -> list[Cell]:
     return cells
 
 
+def sentinel(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--sentinel 1,2,4``: for each N, a server with ``--parallel N`` and ``probe --check-concurrency N`` over the
+    demo prompts as token ids (greedy): requests, those that differ, and which."""
+    from mtpscope.cache import demo_dir
+    from mtpscope.demo.spec import TrainedPaths
+    from mtpscope.traces.server.concurrency import check_concurrency
+    from mtpscope.traces.server.launch import launch
+    from mtpscope.traces.server.probe import ProbeSettings
+
+    tp = TrainedPaths.under(Path(demo_dir()))
+    out = Path(args.out or tempfile.mkdtemp(prefix="served-sentinel-"))
+    out.mkdir(parents=True, exist_ok=True)
+    threads = ["--threads", str(args.threads), "--threads-batch", str(args.threads),
+               "--spec-draft-threads", str(args.threads), "--spec-draft-threads-batch", str(args.threads)]
+    pf = prompts_file(out / "prompts-ids.jsonl", "ids")
+    rows = []
+    for n in args.sentinel:
+        with launch(tp.target, tp.drafter, n_draft=args.n_draft, parallel=n, log=out / f"server-np{n}.log",
+                    extra=threads) as srv:
+            res = check_concurrency(srv.url, prompts_file=pf, out=out / f"cc{n}", concurrency=n, overwrite=True,
+                                    settings=ProbeSettings(n_predict=args.n_predict))
+        slots = sorted({r.slot for r in res.rows if r.slot is not None})
+        rows.append({"n": n, "requests": len(res.rows), "differ": res.n_differ,
+                     "overlapping": sum(1 for r in res.rows if r.n_overlapping > 0), "slots": slots,
+                     "drafted": sum(r.drafted for r in res.rows), "accepted": sum(r.accepted for r in res.rows),
+                     "which": [f"{r.request} ({r.prompt})" for r in res.differing]})
+        print(f"N={n}: {res.n_differ} of {len(res.rows)} differ", file=sys.stderr, flush=True)
+    return rows
+
+
+def sentinel_table(rows: list[dict[str, Any]]) -> str:
+    """The sentinel's rows as a Markdown table."""
+    lines = ["| N (--parallel, concurrent clients) | requests | ran overlapped | slots used | drafted | accepted "
+             "| differ from solo |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n']} | {r['requests']} | {r['overlapping']} | {', '.join(map(str, r['slots']))} "
+                     f"| {r['drafted']} | {r['accepted']} | {r['differ']}"
+                     + (f": {', '.join(r['which'][:5])}" if r["which"] else "") + " |")
+    return "\n".join(lines)
+
+
 def table(cells: list[Cell]) -> str:
     """The cells as a Markdown table."""
     lines = ["| prompts | T | --parallel | clients | requests | equal | differ | reasons |",
@@ -126,7 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", type=lambda s: [x for x in s.split(",") if x in FORMS], default=list(FORMS))
     ap.add_argument("--out", default=None, help="folder for the probes, recordings and logs (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the cells to this JSON file")
+    ap.add_argument("--sentinel", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="instead: the concurrency sentinel at these N (e.g. 1,2,4)")
     args = ap.parse_args(argv)
+    if args.sentinel:
+        rows = sentinel(args)
+        print(sentinel_table(rows))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
     cells = run(args)
     print(table(cells))
     for c in cells:

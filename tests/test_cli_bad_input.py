@@ -299,7 +299,7 @@ def test_launch_refuses_bad_n_draft_or_parallel_before_starting(tmp_path: Path, 
 
 
 def test_parallel_and_concurrency_below_range_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`server run --parallel 0`, `probe --concurrency 0`, `probe --check-concurrency 1`: one line naming the option;
+    """`server run --parallel 0`, `probe --concurrency 0`, `probe --check-concurrency 0`: one line naming the option;
     no process started, no request sent (port 9 refuses connections: a request would make the line say so)."""
     import subprocess
 
@@ -313,7 +313,7 @@ def test_parallel_and_concurrency_below_range_are_one_line(tmp_path: Path, monke
     probe = ["probe", "http://127.0.0.1:9", "--prompts", str(prompts), "--out", o]
     for args, option in ((["server", "run", "--target", str(tmp_path / "t.gguf"), "--parallel", "0"], "--parallel"),
                          ([*probe, "--concurrency", "0"], "--concurrency"),
-                         ([*probe, "--check-concurrency", "1"], "--check-concurrency")):
+                         ([*probe, "--check-concurrency", "0"], "--check-concurrency")):
         line = _one_line(runner.invoke(app, args))
         assert line.startswith(f"mtpscope: '{option}': "), (args, line)
         assert "connect" not in line, line

@@ -290,7 +290,7 @@ def register(app: typer.Typer) -> None:
         concurrency: int = typer.Option(1, "--concurrency",
                                         help="Requests in flight at once (start the server with --parallel N)."),
         check_concurrency: int | None = typer.Option(None, "--check-concurrency", metavar="N",
-                                                     help="Send every request alone, then N at a time, into "
+                                                     help="Send every request alone, then N at a time (N >= 1), into "
                                                           "--out/solo and --out/concurrent; name each request "
                                                           "whose drafted / accepted or output differs (exit 1)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the replay) as JSON."),

@@ -8,7 +8,8 @@ reached another slot's draft (a cross-slot mix-up), that request's drafted / acc
 ``draft_n_accepted``) or output would change while the others run. So the sentinel
 
 1. probes every prompt with one request at a time (``<out>/solo``, concurrency 1),
-2. probes them again, N requests in flight at once (``<out>/concurrent``),
+2. probes them again, N requests in flight at once (``<out>/concurrent``; N = 1: alone again, the run-to-run
+   baseline),
 3. pairs the two runs' requests (same repeat, same prompt) and names each request whose drafted, accepted or
    output tokens differ (:class:`ConcurrencyCheck`, also written to ``<out>/concurrency.json``).
 
@@ -159,7 +160,7 @@ def check_concurrency(url: str, *, prompts_file: str | os.PathLike[str], out: st
         url: the server (start it with ``--parallel N``, N >= ``concurrency``, for the requests to share a batch).
         prompts_file: as :func:`mtpscope.traces.server.probe.probe`.
         out: a folder for the two probe traces (``solo/``, ``concurrent/``) and ``concurrency.json``.
-        concurrency: N >= 2.
+        concurrency: N >= 1 (1: every request twice alone, the run-to-run baseline).
         settings: the requests' settings (n_predict, temperature, seed, …; its ``concurrency`` is ignored).
         headers / overwrite / on_request: as :func:`~mtpscope.traces.server.probe.probe`.
 
@@ -167,12 +168,12 @@ def check_concurrency(url: str, *, prompts_file: str | os.PathLike[str], out: st
         :class:`ConcurrencyCheck`.
 
     Raises:
-        MtpscopeError: ``concurrency`` < 2 (nothing is sent).
+        MtpscopeError: ``concurrency`` < 1 (nothing is sent).
         ServerError / TraceError: as :func:`~mtpscope.traces.server.probe.probe`.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 2:
-        raise MtpscopeError("--check-concurrency compares N concurrent requests with each alone: N must be >= 2",
-                            key="--check-concurrency", expected=">= 2", actual=concurrency)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise MtpscopeError("--check-concurrency compares N concurrent requests with each alone: N must be >= 1",
+                            key="--check-concurrency", expected=">= 1", actual=concurrency)
     base = replace(settings or ProbeSettings(), concurrency=1)
     base.check()
     out = Path(out)
