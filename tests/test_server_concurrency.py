@@ -155,3 +155,29 @@ def test_replay_names_the_eog_rule_round(np2_server, pair, tmp_path: Path) -> No
         v = res.verdicts[0]
         assert (v.reason, v.round, v.token) == ("EOG rule", int(last["round"]), None), v
         assert f"accepted {int(server['n_accepted'])}" in v.detail and f"/ {rec_acc};" in v.detail
+
+
+def test_replay_of_a_text_prompt_as_given_names_tokenization(np2_server, pair, tmp_path: Path) -> None:  # noqa: F811
+    """The demo chat prompt given as text (it holds `<bos>`, `<|turn>`: special tokens) and replayed as the file gave
+    it (`prompt_form="given"`: the recorder tokenizes the text itself). Where the recording's prompt length differs
+    from the ids the server read (its own `/tokenize`, kept in the probe's manifest), the verdict is
+    `tokenization`, before any round; where they are equal, tokenization is never the reason."""
+    from mtpscope.demo.trained import read_prompts
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+    from mtpscope.traces.server.replay import replay_probe
+    from mtpscope.traces.store.reader import open_trace
+
+    chat = next(p for p in read_prompts() if p["category"] == "chat")
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"id": "chat", "text": chat["text"]}) + "\n")
+    probe(np2_server.url, prompts_file=pf, out=tmp_path / "p", settings=ProbeSettings(n_predict=16))
+    res = replay_probe(tmp_path / "p", assistant=pair.drafter, target=pair.target, n_draft=3, prompt_form="given")
+    server_ids = open_trace(tmp_path / "p").manifest["prompts"][0]["tokens"]
+    n_rec = open_trace(tmp_path / "p" / "replay").manifest["prompts"][0]["n_prompt_tokens"]
+    if len(server_ids) != n_rec:
+        v = res.verdicts[0]
+        assert (v.reason, v.round) == ("tokenization", None), v
+        assert f"the server read {len(server_ids)} prompt tokens, the recording {n_rec}" in v.detail
+        assert res.verdict.startswith("request 0 (prompt chat) differs") and ": tokenization: " in res.verdict
+    else:
+        assert all(v.reason != "tokenization" for v in res.verdicts), res.verdicts
