@@ -77,3 +77,18 @@ def test_compare_runs_names_what_differs_and_counts_overlaps() -> None:
     assert [r.n_overlapping for r in rows] == [1, 1, 0]
     assert [r.same_output for r in rows] == [True, True, False]
     assert [r.slot for r in rows] == [0, 1, 0] and rows[1].accepted == 2 and rows[1].solo_accepted == 3
+
+
+def test_replay_probe_refuses_n_draft_0_before_reading_or_recording(tmp_path) -> None:
+    """`replay_probe(n_draft=0)` (what `probe --replay --n-draft 0` reaches past the parser): one ServerError naming
+    `--n-draft`, before the probe trace is read (there is none here) or anything is recorded."""
+    import pytest
+
+    from mtpscope.errors import ServerError
+    from mtpscope.traces.server.replay import replay_probe
+
+    for bad in (0, -1):
+        with pytest.raises(ServerError) as e:
+            replay_probe(tmp_path / "no-probe", assistant=tmp_path / "a.gguf", n_draft=bad)
+        assert e.value.key == "--n-draft" and "1..64" in e.value.one_line()
+    assert not (tmp_path / "no-probe").exists()

@@ -14,6 +14,11 @@ Per prompt (``--repeat K`` passes over the file, in file order) the probe
    ``draft_n`` / ``draft_n_accepted`` (``counters_match``: false when another client used the server at the
    same time; the per-position numbers of that request are then left null, never guessed).
 
+With ``concurrency`` N > 1 (:class:`ProbeSettings`) every prompt is tokenized first, then the requests go out N
+at a time (N client threads, one connection each); ``/metrics`` is read only before and after all of them, so
+the per-request deltas are left null. Every row keeps the slot that served it (``id_slot``) and when it was
+sent and answered (``started_unix_s``, ``ended_unix_s``).
+
 Each answered request is one row of the trace's ``requests`` table (schema
 :data:`mtpscope.traces.store.schema.REQUESTS_SCHEMA`, kind ``"probe"``), written as its own Parquet part
 at once: a probe that stops (server down, an HTTP error, garbage, a server killed mid-probe) keeps every row
