@@ -53,6 +53,9 @@ def test_sampler_slot_unexplained() -> None:
     assert (v.reason, v.round, v.token) == ("sampler", 0, 3) and "random seed" in v.detail
     v = _verdict(recording=other, temperature=0.8, seed=5, settings_differ=["temperature"])
     assert v.reason == "sampler" and "temperature" in v.detail
+    # a setting that is not the sampler's is not named as the sampler's difference
+    v = _verdict(recording=other, temperature=0.8, seed=5, settings_differ=["parallel slots (--parallel)"])
+    assert v.reason == "sampler" and "--parallel" not in v.detail and "top-k / top-p / min-p" in v.detail
     v = _verdict(recording=other, n_overlapping=2)
     assert v.reason == "slot" and "2 other requests" in v.detail and "--check-concurrency" in v.detail
     v = _verdict(recording=other, settings_differ=["draft max (--spec-draft-n-max)"])

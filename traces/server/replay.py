@@ -420,8 +420,9 @@ def why_differs(*, request: int, prompt: Any, server: dict[str, Any], recording:
     if temperature > 0:
         if seed is not None and seed < 0:
             return v("sampler", f"T = {temperature:g} with a random seed ({seed}): not reproducible; {counts}")
+        sampling = [x for x in settings_differ if x in ("temperature", "seed")]
         return v("sampler", f"T = {temperature:g}, seed {seed}: the server's sampler chain and the recording's "
-                            f"differ ({', '.join(settings_differ) or 'top-k / top-p / min-p defaults'}); {counts}")
+                            f"differ ({', '.join(sampling) or 'top-k / top-p / min-p defaults'}); {counts}")
     if n_overlapping > 0:
         return v("slot", f"it ran while {n_overlapping} other request{'s' if n_overlapping != 1 else ''} were in "
                          f"flight; {counts}; run `probe --check-concurrency N` to compare it with its solo run")
