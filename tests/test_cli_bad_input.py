@@ -274,3 +274,47 @@ def test_repair_touches_nothing_while_a_writer_holds_the_lock(tmp_path: Path) ->
         assert all((d / n).exists() for n in tmps)
     finally:
         w.close()
+
+
+@pytest.mark.parametrize("n_draft, parallel", [(0, 1), (-1, 1), (3, 0)])
+def test_launch_refuses_bad_n_draft_or_parallel_before_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                n_draft: int, parallel: int) -> None:
+    """The library's `launch(n_draft=0 / -1, parallel=0)` (what `server run` calls): a ServerError naming the option,
+    before any process starts or any log file is written (was: llama-server started with `--spec-draft-n-max 0`)."""
+    import subprocess
+
+    from mtpscope.errors import ServerError
+    from mtpscope.traces.server.launch import launch
+
+    def must_not_run(*a, **k):
+        raise AssertionError("llama-server started although an option was bad")
+
+    monkeypatch.setattr(subprocess, "Popen", must_not_run)
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerError) as e:
+        launch(tmp_path / "t.gguf", tmp_path / "a.gguf", n_draft=n_draft, parallel=parallel, log=log,
+               binary=tmp_path / "llama-server")
+    assert e.value.key == ("--n-draft" if n_draft < 1 else "--parallel"), e.value.one_line()
+    assert not log.exists()
+
+
+def test_parallel_and_concurrency_below_range_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`server run --parallel 0`, `probe --concurrency 0`, `probe --check-concurrency 0`: one line naming the option;
+    no process started, no request sent (port 9 refuses connections: a request would make the line say so)."""
+    import subprocess
+
+    def must_not_run(*a, **k):
+        raise AssertionError("started although an option was bad")
+
+    monkeypatch.setattr(subprocess, "Popen", must_not_run)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    o = str(tmp_path / "o")
+    probe = ["probe", "http://127.0.0.1:9", "--prompts", str(prompts), "--out", o]
+    for args, option in ((["server", "run", "--target", str(tmp_path / "t.gguf"), "--parallel", "0"], "--parallel"),
+                         ([*probe, "--concurrency", "0"], "--concurrency"),
+                         ([*probe, "--check-concurrency", "0"], "--check-concurrency")):
+        line = _one_line(runner.invoke(app, args))
+        assert line.startswith(f"mtpscope: '{option}': "), (args, line)
+        assert "connect" not in line, line
+        assert not (tmp_path / "o").exists(), args

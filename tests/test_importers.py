@@ -254,3 +254,22 @@ def test_server_log_bad_statistics_line(tmp_path: Path) -> None:
     res = import_server_log(src, tmp_path / "t")
     assert [ln for ln, _ in res.bad_lines] == [2] and "more accepted than generated" in res.bad_lines[0][1]
     assert traces.open(tmp_path / "t").requests["spec_type"].isna().all()
+
+
+def test_server_log_nan_acceptance_line_is_no_request(tmp_path: Path) -> None:
+    """``draft acceptance = nan (0 accepted / 0 generated)`` (a slot releasing a task that drafted nothing, with
+    task -1 once the task is gone) is no request: not an extra row for the task already imported, and the
+    all-zero statistics line printed after it is not merged into that task's row."""
+    src = _write(tmp_path, "server.log", [
+        "slot print_timing: id  0 | task 3 | draft acceptance = 0.50000 (    1 accepted /     2 generated), mean len =  1.50",  # 1
+        "slot print_timing: id  0 | task -1 | draft acceptance =    nan (    0 accepted /     0 generated), mean len =  1.00",  # 2
+        "spec common_specu: statistics        draft-mtp: #calls(b,g,a) =    1      0      0, #gen drafts =      0, "
+        "#acc drafts =     0, #gen tokens =      0, #acc tokens =     0",                                 # 3
+        "draft acceptance rate = nan (0 accepted / 0 generated)",                                          # 4
+    ])
+    res = import_server_log(src, tmp_path / "t")
+    assert res.bad_lines == () and res.n_requests == 1
+    q = traces.open(tmp_path / "t").requests
+    assert list(q["line"]) == [1] and list(q["id_task"]) == [3]
+    assert list(q["n_drafted"]) == [2] and list(q["n_accepted"]) == [1]
+    assert q["spec_type"].isna().all() and q["n_calls_begin"].isna().all()

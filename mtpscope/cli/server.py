@@ -171,13 +171,18 @@ def format_replay(res: ServerReplay) -> str:
         lines.append(f"{mark} {s.setting[:42]:42}  {str(s.server)[:27]:27}  {s.recording}")
     fd = res.first_difference
     lines.append("")
-    if fd is None:
-        lines.append(f"all {plural(len(rows), 'request')} agree: same output, same drafted, same accepted")
+    if fd is None and res.all_equal:
+        lines.append(f"identical: all {plural(len(rows), 'request')} agree: same output, same drafted, same accepted")
     else:
-        server = None if fd.server is None else fd.server.to_dict()
-        recording = None if fd.recording is None else fd.recording.to_dict()
-        lines.append(f"first request that differs: {fd.request} (prompt {fd.prompt}): server "
-                     f"{server}, recording {recording}; look at it with `{fd.explain}`")
+        lines.append(res.verdict)
+        if fd is not None:
+            lines.append(f"look at it with `{fd.explain}`")
+        if len(res.verdicts) > 1:
+            counts: dict[str, int] = {}
+            for v in res.verdicts:
+                counts[v.reason] = counts.get(v.reason, 0) + 1
+            lines.append(f"{plural(len(res.verdicts), 'request')} differ: "
+                         + ", ".join(f"{n} {reason}" for reason, n in counts.items()))
     return "\n".join(lines)
 
 
@@ -229,6 +234,8 @@ def register(app: typer.Typer) -> None:
                                                  help="Drafter GGUF (gemma4-assistant); without it: no MTP."),
         n_draft: int = n_draft_option("Drafts per round: llama-server's --spec-draft-n-max"),
         port: int | None = typer.Option(None, "--port", help="Port on 127.0.0.1 (default: a free one)."),
+        parallel: int = typer.Option(1, "--parallel",
+                                     help="Slots: requests decoded at once (llama-server -np; 1 = the recorder's)."),
         log: Path | None = typer.Option(None, "--log", help="Log file (default llama-server-PORT.log)."),
     ) -> None:
         """Start llama-server on 127.0.0.1 with MTP on (draft-mtp, --metrics), print its URL, run until Ctrl-C.
@@ -238,7 +245,8 @@ def register(app: typer.Typer) -> None:
         from mtpscope.traces.server.launch import launch
 
         with one_line_errors():
-            s = launch(target, assistant, n_draft=n_draft, port=port, extra=list(ctx.args), log=log)
+            s = launch(target, assistant, n_draft=n_draft, port=port, parallel=parallel, extra=list(ctx.args),
+                       log=log)
         import signal
 
         def _stop(signum, frame):  # SIGTERM (kill, a service manager): stop it too
@@ -279,6 +287,12 @@ def register(app: typer.Typer) -> None:
                                                  help="--replay: the server's drafter GGUF."),
         n_draft: int | None = n_draft_option("--replay: the server's draft max when /metrics does not show it",
                                                 default=None),
+        concurrency: int = typer.Option(1, "--concurrency",
+                                        help="Requests in flight at once (start the server with --parallel N)."),
+        check_concurrency: int | None = typer.Option(None, "--check-concurrency", metavar="N",
+                                                     help="Send every request alone, then N at a time (N >= 1), into "
+                                                          "--out/solo and --out/concurrent; name each request "
+                                                          "whose drafted / accepted or output differs (exit 1)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the replay) as JSON."),
     ) -> None:
         """Probe a running llama-server: per-request drafted / accepted, counters, tokens/s -> a trace."""
@@ -290,6 +304,9 @@ def register(app: typer.Typer) -> None:
             if replay and assistant is None:
                 raise MtpscopeError("--replay needs --assistant (the server does not report its draft model)",
                                     key="--assistant")
+            if check_concurrency is not None and (replay or resume or concurrency != 1):
+                raise MtpscopeError("--check-concurrency runs its own two probes: not with --replay, --resume or "
+                                    "--concurrency", key="--check-concurrency")
             headers = dict(parse_header(h) for h in header or [])
 
             def progress(row: dict) -> None:
@@ -300,10 +317,18 @@ def register(app: typer.Typer) -> None:
                           + (f", {row['tokens_per_s']:.1f} tokens/s" if row["tokens_per_s"] else ""),
                           file=sys.stderr)
 
-            summary = probe(url, prompts_file=prompts, out=out,
-                            settings=ProbeSettings(n_predict=n_predict, repeat=repeat, temperature=temperature,
-                                                   seed=seed, timeout_s=timeout),
-                            headers=headers, resume=resume, overwrite=overwrite, on_request=progress)
+            settings = ProbeSettings(n_predict=n_predict, repeat=repeat, temperature=temperature, seed=seed,
+                                     timeout_s=timeout, concurrency=concurrency)
+            if check_concurrency is not None:
+                from mtpscope.traces.server.concurrency import check_concurrency as check
+                from mtpscope.traces.server.concurrency import format_check
+
+                chk = check(url, prompts_file=prompts, out=out, concurrency=check_concurrency, settings=settings,
+                            headers=headers, overwrite=overwrite, on_request=progress)
+                print(json.dumps(chk.to_dict(), indent=2, default=str) if as_json else format_check(chk))
+                raise typer.Exit(0 if chk.all_equal else EXIT_FINDINGS)
+            summary = probe(url, prompts_file=prompts, out=out, settings=settings, headers=headers, resume=resume,
+                            overwrite=overwrite, on_request=progress)
         doc = {"trace": summary.out, "n_requests": summary.n_requests, "n_sent": summary.n_sent,
                "n_resumed": summary.n_resumed, "alarm": summary.alarm,
                "counters": None if summary.counters is None else summary.counters.to_dict(),

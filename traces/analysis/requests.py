@@ -41,7 +41,7 @@ KIND_PREFERENCE = ("probe", "response", "log")
 #: columns of :func:`request_table`, in display order
 TABLE_COLUMNS = ("request", "prompt", "category", "repeat", "n_prompt_tokens", "n_output_tokens", "n_drafted",
                  "n_accepted", "acceptance_rate", "n_drafts", "mean_acceptance_length", "accepted_per_pos",
-                 "tokens_per_s", "wall_ms", "started_unix_s")
+                 "tokens_per_s", "wall_ms", "started_unix_s", "ended_unix_s")
 
 ALARM = ("the server is not running MTP: no draft tokens in {n} — check `--spec-type draft-mtp` and the draft "
          "model")
@@ -161,6 +161,7 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     out["tokens_per_s"] = np.where(np.isnan(tps), derived, tps)
     out["wall_ms"] = _num(_col(r, "wall_ms"))
     out["started_unix_s"] = _num(_col(r, "started_unix_s"))
+    out["ended_unix_s"] = _num(_col(r, "ended_unix_s"))
     return out.reset_index(drop=True)
 
 

@@ -85,7 +85,9 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                       overwrite: bool = False) -> ImportResult:
     """Import a llama-server log (and/or per-response JSON) as per-request rows (source ``server-log``).
 
-    Each acceptance-rate log line gives a ``kind="log"`` row; each JSON object with ``timings.draft_n``
+    Each acceptance-rate log line with at least one generated draft token gives a ``kind="log"`` row (a
+    ``nan (0 accepted / 0 generated)`` line drafted nothing and is no request: it is ignored, and so is the
+    statistics line after it); each JSON object with ``timings.draft_n``
     gives a ``kind="response"`` row. A log line whose printed rate disagrees with ``accepted / generated``
     by more than its 5 printed decimals allow is bad.
 
@@ -191,6 +193,18 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 continue
             if acc > gen:
                 bad.append((ln, f"{acc} accepted exceeds {gen} generated"))
+                continue
+            if gen == 0:
+                # `nan (0 accepted / 0 generated)`: a task that drafted nothing (older servers print it as a
+                # slot releases); no request of its own, and the statistics / timing lines around it are not
+                # another request's
+                last_log = None
+                gone: tuple[int, int | None] | None = last_slot
+                if slot_m and in_i32(int(slot_m["slot"])) and in_i32(int(slot_m["task"])):
+                    sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+                    gone = (sl, tk if tk >= 0 else slot_task.get(sl))
+                timing.pop(gone, None)
+                n_ignored += 1
                 continue
             if gen and not abs(rate - acc / gen) <= 6e-6:
                 bad.append((ln, f"printed rate {m['rate']} disagrees with {acc} / {gen} = {acc / gen:.5f}"))

@@ -3,10 +3,12 @@
 The command line (llama.cpp's own flags)::
 
     llama-server -m TARGET -md ASSISTANT --spec-type draft-mtp --spec-draft-n-max N --metrics
-                 --host 127.0.0.1 --port PORT --parallel 1 --flash-attn off [EXTRA…]
+                 --host 127.0.0.1 --port PORT --parallel P --flash-attn off [EXTRA…]
 
-``--parallel 1`` and ``--flash-attn off`` are what mtpscope's recorder runs with (one sequence, flash
-attention off), so a probe of this server and a recording of the same prompts agree token for token; EXTRA
+``--parallel 1`` (the default P) and ``--flash-attn off`` are what mtpscope's recorder runs with (one
+sequence, flash attention off), so a probe of this server and a recording of the same prompts agree token
+for token; ``--parallel P`` > 1 gives P slots that decode concurrent requests in one batch (what
+``probe --check-concurrency`` compares against each request alone); EXTRA
 flags come last and override them (llama.cpp takes the last value of a repeated flag). Without an assistant
 the server runs the target alone (no ``-md`` / ``--spec-*`` flags): the not-drafting case.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpscope.errors import ServerError
-from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT, MAX_N_DRAFT
 from mtpscope.traces.server.build import server_path
 from mtpscope.traces.server.client import ServerClient
 
@@ -44,14 +46,37 @@ def free_port(host: str = HOST) -> int:
         return int(s.getsockname()[1])
 
 
+def check_server_n_draft(n_draft: object, option: str = "--n-draft") -> int:
+    """``n_draft`` as an int in 1..:data:`MAX_N_DRAFT` (llama-server's ``--spec-draft-n-max``).
+
+    Raises:
+        ServerError: not an integer, or out of range (names ``option``; expected 1..64, the value given).
+    """
+    if isinstance(n_draft, bool) or not isinstance(n_draft, int) or not 1 <= n_draft <= MAX_N_DRAFT:
+        raise ServerError("drafts per round out of range", key=option, expected=f"an integer in 1..{MAX_N_DRAFT}",
+                          actual=n_draft)
+    return n_draft
+
+
 def server_argv(binary: str | os.PathLike[str], target: str | os.PathLike[str],
                 assistant: str | os.PathLike[str] | None, *, n_draft: int = DEFAULT_N_DRAFT, port: int,
-                extra: Sequence[str] = ()) -> list[str]:
-    """The llama-server command line (see the module docstring)."""
+                parallel: int = 1, extra: Sequence[str] = ()) -> list[str]:
+    """The llama-server command line (see the module docstring).
+
+    Raises:
+        ServerError: ``n_draft`` outside 1..:data:`MAX_N_DRAFT` with an assistant (llama-server would start
+            and draft nothing, or refuse in its log), ``parallel`` < 1.
+    """
+    if assistant is not None:
+        check_server_n_draft(n_draft, "--n-draft")
+    if int(parallel) < 1:
+        raise ServerError("--parallel must be at least 1 (llama-server's slots)", key="--parallel",
+                          expected=">= 1", actual=parallel)
     argv = [os.fspath(binary), "-m", os.fspath(target)]
     if assistant is not None:
         argv += ["-md", os.fspath(assistant), "--spec-type", "draft-mtp", "--spec-draft-n-max", str(int(n_draft))]
-    argv += ["--metrics", "--host", HOST, "--port", str(int(port)), *RECORDER_FLAGS, *extra]
+    argv += ["--metrics", "--host", HOST, "--port", str(int(port)), "--parallel", str(int(parallel)),
+             *RECORDER_FLAGS[2:], *extra]
     return argv
 
 
@@ -108,14 +133,16 @@ def _log_tail(log: Path, n: int = 3) -> str:
 
 
 def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | None = None, *, n_draft: int = DEFAULT_N_DRAFT,
-           port: int | None = None, extra: Sequence[str] = (), log: str | os.PathLike[str] | None = None,
+           port: int | None = None, parallel: int = 1, extra: Sequence[str] = (),
+           log: str | os.PathLike[str] | None = None,
            binary: str | os.PathLike[str] | None = None, wait_s: float = 180.0) -> LaunchedServer:
     """Start llama-server (see the module docstring) and wait until ``/health`` answers ok.
 
     Args:
         target / assistant: GGUF paths (assistant None: no drafter, no MTP).
-        n_draft: ``--spec-draft-n-max``.
+        n_draft: ``--spec-draft-n-max`` (1..:data:`MAX_N_DRAFT`; checked before anything starts).
         port: the port (None: a free one).
+        parallel: ``--parallel`` (slots: requests the server decodes at once; 1 is the recorder's setting).
         extra: more llama-server flags, appended last.
         log: the log file (default ``llama-server-PORT.log`` in the working directory); truncated.
         binary: the llama-server to run (default the built one, :func:`mtpscope.traces.server.build.server_path`).
@@ -123,11 +150,17 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
 
     Raises:
         InspectorError: a model file is not a readable GGUF (our reader's line: file, offset).
-        ServerError: no built server (``mtpscope server build``), a model file missing, the server exited
+        ServerError: ``n_draft`` or ``parallel`` out of range (before anything starts: no process, no log
+            file), no built server (``mtpscope server build``), a model file missing, the server exited
             before it was ready (the log's last lines quoted) or was not ready within ``wait_s``.
     """
     from mtpscope.inspector.gguf import open_gguf
 
+    if assistant is not None:
+        check_server_n_draft(n_draft)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ServerError("--parallel must be at least 1 (llama-server's slots)", key="--parallel",
+                          expected=">= 1", actual=parallel)
     for role, p in (("target", target), ("assistant", assistant)):
         if p is not None and not Path(p).is_file():
             raise ServerError(f"{role} GGUF not found", path=p)
@@ -140,7 +173,7 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
                               key="llama-server")
     port = free_port() if port is None else int(port)
     log_path = Path(log) if log is not None else Path(f"llama-server-{port}.log")
-    argv = server_argv(binary, target, assistant, n_draft=n_draft, port=port, extra=extra)
+    argv = server_argv(binary, target, assistant, n_draft=n_draft, port=port, parallel=parallel, extra=extra)
     with open(log_path, "wb") as fh:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -163,4 +196,4 @@ def launch(target: str | os.PathLike[str], assistant: str | os.PathLike[str] | N
             time.sleep(0.2)
 
 
-__all__ = ["HOST", "LaunchedServer", "RECORDER_FLAGS", "free_port", "launch", "server_argv"]
+__all__ = ["HOST", "LaunchedServer", "RECORDER_FLAGS", "check_server_n_draft", "free_port", "launch", "server_argv"]

@@ -14,6 +14,11 @@ Per prompt (``--repeat K`` passes over the file, in file order) the probe
    ``draft_n`` / ``draft_n_accepted`` (``counters_match``: false when another client used the server at the
    same time; the per-position numbers of that request are then left null, never guessed).
 
+With ``concurrency`` N > 1 (:class:`ProbeSettings`) every prompt is tokenized first, then the requests go out N
+at a time (N client threads, one connection each); ``/metrics`` is read only before and after all of them, so
+the per-request deltas are left null. Every row keeps the slot that served it (``id_slot``) and when it was
+sent and answered (``started_unix_s``, ``ended_unix_s``).
+
 Each answered request is one row of the trace's ``requests`` table (schema
 :data:`mtpscope.traces.store.schema.REQUESTS_SCHEMA`, kind ``"probe"``), written as its own Parquet part
 at once: a probe that stops (server down, an HTTP error, garbage, a server killed mid-probe) keeps every row
@@ -37,8 +42,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +78,8 @@ class ProbeSettings:
         temperature: the server's sampling temperature (``<= 0``: greedy, the default).
         seed: the sampling seed sent with each request.
         timeout_s: the longest silence allowed while waiting for an answer, seconds.
+        concurrency: requests in flight at once (>= 1; 1: one after another, each with its own ``/metrics``
+            deltas; N > 1: N client threads, the counters read only before and after all of them).
     """
 
     n_predict: int = 128
@@ -78,10 +87,12 @@ class ProbeSettings:
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 600.0
+    concurrency: int = 1
 
     def check(self) -> None:
         """Raises MtpscopeError for values out of range (names the option)."""
-        for name, v, lo in (("n_predict", self.n_predict, 1), ("repeat", self.repeat, 1)):
+        for name, v, lo in (("n_predict", self.n_predict, 1), ("repeat", self.repeat, 1),
+                            ("concurrency", self.concurrency, 1)):
             if int(v) < lo:
                 raise MtpscopeError(f"{name} must be >= {lo}", key=f"--{name.replace('_', '-')}",
                                     expected=f">= {lo}", actual=v)
@@ -148,7 +159,7 @@ def _num_or_none(v: Any) -> float | None:
 
 def request_row(*, request: int, prompt_id: int, spec: PromptSpec, repeat: int, n_prompt_tokens: int,
                 response: Mapping[str, Any], delta: SpecCounters | None, wall_ms: float, started: float,
-                url: str) -> tuple[dict[str, Any], str | None]:
+                url: str, ended: float | None = None) -> tuple[dict[str, Any], str | None]:
     """One ``requests`` row from a ``/completion`` answer and the counter deltas it caused; and a warning (or
     None) when the deltas disagree with the answer's timings.
 
@@ -191,7 +202,8 @@ def request_row(*, request: int, prompt_id: int, spec: PromptSpec, repeat: int, 
         "prompt_id": prompt_id, "prompt": _label(spec, prompt_id), "category": spec.category, "repeat": repeat,
         "n_prompt_tokens": n_prompt_tokens, "n_drafts": n_drafts, "accepted_per_pos": per_pos,
         "tokens_per_s": _num_or_none(timings.get("predicted_per_second")), "wall_ms": wall_ms,
-        "started_unix_s": started, "counters_match": match,
+        "started_unix_s": started, "ended_unix_s": ended if ended is not None else started + wall_ms / 1e3,
+        "counters_match": match,
         "stop_type": response.get("stop_type") if isinstance(response.get("stop_type"), str) else None,
         "output_text": content if isinstance(content, str) else None, "output_tokens": out_tokens,
     }
@@ -274,7 +286,8 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
         settings = ProbeSettings(n_predict=int(op.get("n_predict", settings.n_predict)),
                                  repeat=int(op.get("repeat", settings.repeat)),
                                  temperature=float(op.get("temperature", settings.temperature)),
-                                 seed=int(op.get("seed", settings.seed)), timeout_s=settings.timeout_s)
+                                 seed=int(op.get("seed", settings.seed)), timeout_s=settings.timeout_s,
+                                 concurrency=int(op.get("concurrency", settings.concurrency)))
         plan = [(rep, i) for rep in range(settings.repeat) for i in range(len(specs))]
     done = {(int(r["repeat"]), int(r["prompt_id"])) for r in old_rows
             if r.get("repeat") is not None and r.get("prompt_id") is not None}
@@ -311,20 +324,21 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
                 "params": {"url": clean_url(base), "prompts_file": os.fspath(prompts_file),
                            "n_predict": settings.n_predict, "repeat": settings.repeat,
                            "temperature": settings.temperature, "seed": settings.seed,
-                           "headers": redact_headers(headers)},
+                           "concurrency": settings.concurrency, "headers": redact_headers(headers)},
                 "server": {"health": health, "props": _props_summary(props), "metrics": c_first is not None},
                 "prompts": [p for p in prompts if p is not None], "alarm": None,
             }
             w = TraceWriter(write_to, manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                             centroids=False, compact=False, overwrite=not exists and overwrite)
+            writer = w
             if old_rows:
                 w.write_tables(None, None, _table(old_rows))
             ids: dict[int, list[int]] = {i: list(p["tokens"]) for i, p in enumerate(prompts)
                                          if isinstance(p, dict) and isinstance(p.get("tokens"), list)}
-            for rep, i in todo:
+            def prompt_ids(rep: int, i: int) -> list[int]:
+                nonlocal current
                 spec = specs[i]
-                req = rep * len(specs) + i
-                current = f"request {req} (prompt {_label(spec, i)})"
+                current = f"request {rep * len(specs) + i} (prompt {_label(spec, i)})"
                 if i not in ids:
                     toks, text = _prompt_ids(client, spec)
                     if not toks:
@@ -335,27 +349,55 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
                     entry["prompt"] = _label(spec, i)
                     entry["tokens"] = toks
                     prompts[i] = entry
-                    w.manifest["prompts"] = [p for p in prompts if p is not None]
-                body = {"prompt": ids[i], "n_predict": settings.n_predict, "temperature": settings.temperature,
+                    writer.manifest["prompts"] = [p for p in prompts if p is not None]
+                return ids[i]
+
+            def body(i: int) -> dict[str, Any]:
+                return {"prompt": ids[i], "n_predict": settings.n_predict, "temperature": settings.temperature,
                         "seed": settings.seed, "return_tokens": True}
-                started = time.time()
-                t0 = time.perf_counter()
-                resp = client.completion(body, what=current)
-                wall_ms = (time.perf_counter() - t0) * 1e3
-                after = client.counters() if c_last is not None else None
-                delta = after.minus(c_last) if (after is not None and c_last is not None) else None
-                row, warn = request_row(request=req, prompt_id=i, spec=spec, repeat=rep,
+
+            def keep(rep: int, i: int, resp: dict[str, Any], wall_ms: float, started: float, ended: float,
+                     delta: SpecCounters | None) -> None:
+                nonlocal sent
+                row, warn = request_row(request=rep * len(specs) + i, prompt_id=i, spec=specs[i], repeat=rep,
                                         n_prompt_tokens=len(ids[i]), response=resp, delta=delta, wall_ms=wall_ms,
-                                        started=started, url=clean_url(base))
-                if after is not None:
-                    c_last = after
+                                        started=started, url=clean_url(base), ended=ended)
                 if warn:
                     warnings.append(warn)
-                w.write_tables(None, None, _table([row]))
+                writer.write_tables(None, None, _table([row]))
                 rows.append(row)
                 sent += 1
                 if on_request is not None:
                     on_request(row)
+
+            if settings.concurrency <= 1:
+                for rep, i in todo:
+                    prompt_ids(rep, i)
+                    started = time.time()
+                    t0 = time.perf_counter()
+                    resp = client.completion(body(i), what=current)
+                    wall_ms = (time.perf_counter() - t0) * 1e3
+                    ended = time.time()
+                    after = client.counters() if c_last is not None else None
+                    delta = after.minus(c_last) if (after is not None and c_last is not None) else None
+                    if after is not None:
+                        c_last = after
+                    keep(rep, i, resp, wall_ms, started, ended, delta)
+            else:
+                for rep, i in todo:          # every prompt's ids first, so the requests go out together
+                    prompt_ids(rep, i)
+                current = f"{len(todo)} requests, {settings.concurrency} at a time"
+                try:
+                    for rep, i, resp, wall_ms, started, ended in _send_concurrently(
+                            base, headers, settings, [(rep, i, body(i), f"request {rep * len(specs) + i} (prompt "
+                                                       f"{_label(specs[i], i)})") for rep, i in todo]):
+                        keep(rep, i, resp, wall_ms, started, ended, None)
+                except ServerError as e:
+                    current = str(e.key or current)
+                    raise
+                current = "GET /metrics"
+                if c_last is not None:
+                    c_last = client.counters() or c_last
             alarm = not_drafting_alarm(_frame(rows))
             w.manifest["alarm"] = alarm
             w.manifest["counters"] = _counters_record(c_first, c_last)
@@ -384,6 +426,56 @@ def probe(url: str, *, prompts_file: str | os.PathLike[str], out: str | os.PathL
         swap_in(write_to, out)
     delta = c_last.minus(c_first) if (c_first is not None and c_last is not None) else None
     return ProbeSummary(os.fspath(out), len(rows), sent, len(old_rows), alarm, delta, tuple(warnings))
+
+
+def _send_concurrently(base: str, headers: Mapping[str, str], settings: ProbeSettings,
+                       jobs: list[tuple[int, int, dict[str, Any], str]],
+                       ) -> Iterator[tuple[int, int, dict[str, Any], float, float, float]]:
+    """Send ``jobs`` (repeat, prompt index, ``/completion`` body, what) ``settings.concurrency`` at a time, one
+    client (connection) per thread; yields ``(repeat, prompt index, answer, wall ms, started, ended unix s)`` as
+    the answers come. The first failure stops the sending (requests not yet sent are cancelled) and is raised
+    once the requests in flight have ended; the answers before it are yielded first.
+
+    Raises:
+        ServerError: the first request that failed (``key`` names it).
+    """
+    local = threading.local()
+    made: list[ServerClient] = []
+    lock = threading.Lock()
+
+    def one(job: tuple[int, int, dict[str, Any], str]) -> tuple[int, int, dict[str, Any], float, float, float]:
+        c = getattr(local, "client", None)
+        if c is None:
+            c = local.client = ServerClient(base, headers=dict(headers), timeout_s=settings.timeout_s)
+            with lock:
+                made.append(c)
+        rep, i, body, what = job
+        started = time.time()
+        t0 = time.perf_counter()
+        resp = c.completion(body, what=what)
+        return rep, i, resp, (time.perf_counter() - t0) * 1e3, started, time.time()
+
+    pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="mtpscope-probe")
+    try:
+        futures = [pool.submit(one, j) for j in jobs]
+        failure: BaseException | None = None
+        for f in as_completed(futures):
+            try:
+                res = f.result()
+            except BaseException as e:   # noqa: BLE001  # the first failure is raised after the others end
+                if failure is None:
+                    failure = e
+                    for g in futures:
+                        g.cancel()
+                continue
+            if failure is None:
+                yield res
+        if failure is not None:
+            raise failure
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        for c in made:
+            c.close()
 
 
 def _frame(rows: list[dict[str, Any]]) -> Any:

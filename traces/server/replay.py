@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from mtpscope.errors import ServerError, TraceError
+from mtpscope.errors import MtpscopeError, ServerError, TraceError
 from mtpscope.traces.analysis.records import JsonRecord
 from mtpscope.traces.analysis.requests import (
     RequestPair,
@@ -84,6 +84,48 @@ class FirstDifference(JsonRecord):
     explain: str
 
 
+#: why a replayed request differs from the server's (:class:`ReplayVerdict`), in the order they are tried
+REASONS = ("tokenization", "EOG rule", "sampler", "slot", "unexplained")
+#: what each reason means (docs/SERVER.md has the same words)
+REASON_TEXT = {
+    "tokenization": "the prompt's token ids differ (server's vs the recording's)",
+    "EOG rule": "same output; the counts differ only at a drafted end-of-generation token the target confirmed "
+                "(llama.cpp and the recording count it differently)",
+    "sampler": "sampling at T > 0: the settings differ or the run is not reproducible",
+    "slot": "the request ran concurrently with others on the server; compare it with its solo run "
+            "(`probe --check-concurrency N`)",
+    "unexplained": "none of the known causes: check the settings marked ≠ or ?",
+}
+
+
+@dataclass(frozen=True)
+class ReplayVerdict(JsonRecord):
+    """Why one replayed request differs from the server's (:func:`why_differs`).
+
+    Attributes:
+        request: the request's number in the probe; prompt: its prompt's id.
+        reason: one of :data:`REASONS`.
+        round: the recording's first round that differs (0-based ``round``; None when the difference is not in
+            a round: the prompt itself, the prefill's token, or counts without per-round data on the server side).
+        token: index of the first output token that differs (0 = the prefill's token), None when the outputs
+            are equal or unknown.
+        detail: the evidence, one sentence.
+    """
+
+    request: int
+    prompt: Any
+    reason: str
+    round: int | None
+    token: int | None
+    detail: str
+
+    def line(self) -> str:
+        """One line: ``request R (prompt P) differs from round N (output token T): REASON: detail``."""
+        where = "" if self.round is None else f" from round {self.round}"
+        tok = "" if self.token is None else f" (output token {self.token})"
+        return f"request {self.request} (prompt {self.prompt}) differs{where}{tok}: {self.reason}: {self.detail}"
+
+
 @dataclass(frozen=True)
 class SettingRow(JsonRecord):
     """One setting side by side.
@@ -114,6 +156,7 @@ class ServerReplay:
         settings: :class:`SettingRow` per setting.
         first_difference: the first request whose counts or output differ (:class:`FirstDifference`); None when
             all agree.
+        verdicts: one :class:`ReplayVerdict` per request that differs, in request order (empty: identical).
     """
 
     probe: str
@@ -121,6 +164,19 @@ class ServerReplay:
     table: pd.DataFrame
     settings: tuple[SettingRow, ...]
     first_difference: FirstDifference | None
+    verdicts: tuple[ReplayVerdict, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """``"identical"``, or the first differing request's :meth:`ReplayVerdict.line` (never a silent
+        mismatch: a request the recording lacks is named too)."""
+        if self.all_equal:
+            return "identical"
+        if self.verdicts:
+            return self.verdicts[0].line()
+        fd = self.first_difference
+        return (f"request {fd.request} differs: {fd.explain}" if fd is not None else
+                "nothing to compare: no request was replayed")
 
     @property
     def all_equal(self) -> bool:
@@ -133,9 +189,10 @@ class ServerReplay:
         return request_pairs(self.table)
 
     def to_dict(self) -> dict[str, Any]:
-        """``probe --replay --json``'s ``replay`` and ``replay.json``: probe, recording, all_equal, requests (the
-        table's rows), settings, first_difference."""
+        """``probe --replay --json``'s ``replay`` and ``replay.json``: probe, recording, all_equal, verdict (the
+        line), verdicts, requests (the table's rows), settings, first_difference."""
         return {"probe": self.probe, "recording": self.recording, "all_equal": self.all_equal,
+                "verdict": self.verdict, "verdicts": [v.to_dict() for v in self.verdicts],
                 "requests": [r.to_dict() for r in self.requests], "settings": [s.to_dict() for s in self.settings],
                 "first_difference": None if self.first_difference is None else self.first_difference.to_dict()}
 
@@ -188,6 +245,69 @@ def settings_table(probe_manifest: dict[str, Any], record_manifest: dict[str, An
     return tuple(rows)
 
 
+def _replay_spec(p: dict[str, Any], pid: int, prompt_form: str) -> PromptSpec:
+    """The recorder's prompt for the probe's manifest entry ``p`` (see :func:`replay_probe`'s ``prompt_form``)."""
+    ident, cat = str(p.get("prompt", pid)), p.get("category")
+    if prompt_form == "given":
+        src = p.get("source") or "text"
+        if src == "messages" and isinstance(p.get("messages"), list):
+            return PromptSpec(messages=tuple(dict(m) for m in p["messages"]), id=ident, category=cat)
+        if src == "text" and isinstance(p.get("text"), str):
+            return PromptSpec(text=p["text"], id=ident, category=cat)
+    return PromptSpec(tokens=tuple(int(x) for x in p["tokens"]), id=ident, category=cat)
+
+
+def _overlapping(rows: pd.DataFrame) -> dict[int, int]:
+    """Per request number: how many other requests of the probe were in flight while it was (its [sent,
+    answered] interval overlaps theirs; 0 without ``ended_unix_s``)."""
+    spans: list[tuple[int, float | None, float | None]] = []
+    for r in rows.to_dict(orient="records"):
+        s0, e0 = r.get("started_unix_s"), r.get("ended_unix_s")
+        if s0 is not None and e0 is not None and s0 == s0 and e0 == e0:
+            spans.append((int(r["request"]), float(s0), float(e0)))
+        else:
+            spans.append((int(r["request"]), None, None))
+    out: dict[int, int] = {}
+    for q, s0, e0 in spans:
+        out[q] = 0 if s0 is None or e0 is None else sum(
+            1 for q2, s1, e1 in spans if q2 != q and s1 is not None and e1 is not None and s1 < e0 and s0 < e1)
+    return out
+
+
+def _verdicts(t: Any, rows: pd.DataFrame, table: pd.DataFrame, rec: Any, rec_rows: pd.DataFrame,
+              settings: Sequence[SettingRow]) -> tuple[ReplayVerdict, ...]:
+    """:func:`why_differs` for every compared request that differs, in request order."""
+    pp = t.manifest.get("params") or {}
+    temp = float(pp.get("temperature") or 0.0)
+    seed = pp.get("seed")
+    probe_ids = {int(p["prompt_id"]): p.get("tokens") for p in t.manifest.get("prompts") or []}
+    rec_meta = {str(p.get("id", p.get("prompt_id"))): p for p in rec.manifest.get("prompts") or []}
+    rec_by_prompt = {str(r["prompt"]): {str(k): x for k, x in r.items()} for r in rec_rows.to_dict(orient="records")}
+    srv = {int(r["request"]): {str(k): x for k, x in r.items()} for r in t.requests.to_dict(orient="records")}
+    over = _overlapping(t.requests)
+    differ = [s.setting for s in settings if s.same is False]
+    rounds = rec.rounds
+    out = []
+    for r in table.sort_values("request_a").to_dict(orient="records"):
+        if r["same_counts"] and r["same_output"] is not False:
+            continue
+        q = int(r["request_a"])
+        sv = srv.get(q, {})
+        pid = int(sv.get("prompt_id", -1))
+        meta = rec_meta.get(str(r["prompt"]), {})
+        rr = rec_by_prompt.get(str(r["prompt"]), {})
+        rpid = meta.get("prompt_id")
+        rnds = rounds[rounds["prompt_id"] == int(rpid)] if rpid is not None and len(rounds) else rounds.iloc[0:0]
+        ids = probe_ids.get(pid)
+        out.append(why_differs(
+            request=q, prompt=r["prompt"], server=sv, recording=rr,
+            server_ids=[int(x) for x in ids] if isinstance(ids, list) else None,
+            recording_ids=[int(x) for x in meta["tokens"]] if isinstance(meta.get("tokens"), list) else None,
+            recording_n_prompt=meta.get("n_prompt_tokens"), rounds=rnds, temperature=temp,
+            seed=None if seed is None else int(seed), n_overlapping=over.get(q, 0), settings_differ=differ))
+    return tuple(out)
+
+
 def _num_eq(a: Any, b: Any) -> bool | None:
     try:
         fa, fb = float(a), float(b)
@@ -203,10 +323,118 @@ def _same_file(a: Any, b: Any) -> bool | None:
         return None if a is None or b is None else os.path.basename(str(a)) == os.path.basename(str(b))
 
 
+def _tokens(v: Any) -> list[int] | None:
+    if v is None or isinstance(v, float):
+        return None
+    return [int(x) for x in v]
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for j, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def round_of_token(rounds: pd.DataFrame, j: int) -> int | None:
+    """The recording's round that emitted output token ``j`` of one prompt (0 = the prefill's token: None).
+
+    Args:
+        rounds: that prompt's rounds (``round``, ``emitted``), any order.
+    """
+    if j <= 0 or not len(rounds) or "emitted" not in rounds.columns:
+        return None
+    n = 1
+    for r in rounds.sort_values("round").to_dict(orient="records"):
+        em = r.get("emitted")
+        if em is None or isinstance(em, float):
+            return None
+        n += len(em)
+        if j < n:
+            return int(r["round"])
+    return None
+
+
+def eog_rounds(rounds: pd.DataFrame) -> list[int]:
+    """Rounds of one prompt where an accepted draft was an end-of-generation token: the recorder cut the round's
+    emitted tokens there, so they are all drafts and no target token follows (``len(emitted) == n_accepted``;
+    :func:`mtpscope.traces.run.recorder.record`'s rule, the one ``explain``'s ``after_eog`` uses)."""
+    out: list[int] = []
+    if not len(rounds) or "emitted" not in rounds.columns:
+        return out
+    for r in rounds.sort_values("round").to_dict(orient="records"):
+        em = r.get("emitted")
+        if em is not None and not isinstance(em, float) and int(r["n_accepted"]) > 0 \
+                and len(em) == int(r["n_accepted"]):
+            out.append(int(r["round"]))
+    return out
+
+
+def why_differs(*, request: int, prompt: Any, server: dict[str, Any], recording: dict[str, Any],
+                server_ids: Sequence[int] | None, recording_ids: Sequence[int] | None,
+                recording_n_prompt: int | None, rounds: pd.DataFrame, temperature: float, seed: int | None,
+                n_overlapping: int, settings_differ: Sequence[str] = ()) -> ReplayVerdict:
+    """Why a request's replay differs from the server's answer: the first of :data:`REASONS` that the evidence
+    shows.
+
+    1. **tokenization**: the recording's prompt ids (or, without them, its prompt length) differ from the
+       ids the server read;
+    2. **EOG rule**: the outputs are equal, the counts differ, and the recording has a round whose accepted
+       draft was an end-of-generation token (:func:`eog_rounds`): llama.cpp does not count such a draft as
+       the recorder does;
+    3. **sampler**: temperature > 0 (a random seed, < 0, is never reproducible; otherwise the sampler chains
+       or their settings differ);
+    4. **slot**: the request overlapped ``n_overlapping`` > 0 others on the server;
+    5. **unexplained**: none of these (``settings_differ`` names the settings marked ≠).
+
+    Args:
+        server / recording: the request's rows on each side (``n_drafted``, ``n_accepted``, ``output_tokens``).
+        server_ids / recording_ids: the prompt's token ids each side read (None: not known).
+        recording_n_prompt: the recording's prompt length in tokens.
+        rounds: the recording's rounds of this prompt (``round``, ``n_accepted``, ``emitted``).
+        temperature / seed: the request's sampling settings.
+        n_overlapping: other requests of the probe that were in flight while it was.
+        settings_differ: names of settings that differ (``≠`` in :func:`settings_table`).
+    """
+    out_s, out_r = _tokens(server.get("output_tokens")), _tokens(recording.get("output_tokens"))
+    j = None if out_s is None or out_r is None else _first_diff(out_s, out_r)
+    rnd = None if j is None else round_of_token(rounds, j)
+    counts = (f"server drafted {server.get('n_drafted')} / accepted {server.get('n_accepted')}, recording "
+              f"{recording.get('n_drafted')} / {recording.get('n_accepted')}")
+
+    def v(reason: str, detail: str, rnd: int | None = rnd, tok: int | None = j) -> ReplayVerdict:
+        return ReplayVerdict(int(request), prompt, reason, rnd, tok, detail)
+
+    if server_ids is not None and recording_ids is not None and list(server_ids) != list(recording_ids):
+        k = _first_diff(list(server_ids), list(recording_ids))
+        return v("tokenization", f"the server read {len(server_ids)} prompt tokens, the recording "
+                                 f"{len(recording_ids)}; the ids first differ at prompt token {k}", None, j)
+    if server_ids is not None and recording_n_prompt is not None and len(server_ids) != int(recording_n_prompt):
+        return v("tokenization", f"the server read {len(server_ids)} prompt tokens, the recording "
+                                 f"{int(recording_n_prompt)}", None, j)
+    if out_s is not None and out_r is not None and j is None:
+        eog = eog_rounds(rounds)
+        if eog:
+            return v("EOG rule", f"same {len(out_s)} output tokens; {counts}; the recording accepted an "
+                                 f"end-of-generation draft in round {eog[0]}", eog[0], None)
+    if temperature > 0:
+        if seed is not None and seed < 0:
+            return v("sampler", f"T = {temperature:g} with a random seed ({seed}): not reproducible; {counts}")
+        sampling = [x for x in settings_differ if x in ("temperature", "seed")]
+        return v("sampler", f"T = {temperature:g}, seed {seed}: the server's sampler chain and the recording's "
+                            f"differ ({', '.join(sampling) or 'top-k / top-p / min-p defaults'}); {counts}")
+    if n_overlapping > 0:
+        return v("slot", f"it ran while {n_overlapping} other request{'s' if n_overlapping != 1 else ''} were in "
+                         f"flight; {counts}; run `probe --check-concurrency N` to compare it with its solo run")
+    return v("unexplained", f"{counts}; " + (f"settings that differ: {', '.join(settings_differ)}"
+                                              if settings_differ else "no setting that mtpscope sees differs"))
+
+
 def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathLike[str],
                  target: str | os.PathLike[str] | None = None, requests: Sequence[int] | None = None,
                  n_draft: int | None = None, out: str | os.PathLike[str] | None = None,
-                 isolate: bool | None = None, command: Sequence[str] | None = None) -> ServerReplay:
+                 isolate: bool | None = None, command: Sequence[str] | None = None,
+                 prompt_form: str = "ids") -> ServerReplay:
     """Record the probe's prompts (those of ``requests``, default all) and compare (module docstring).
 
     Args:
@@ -218,15 +446,26 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
         out: the recording's folder (default ``<probe_dir>/replay``; replaced).
         isolate: passed to the recorder (default: a worker process).
         command: argv for the recording's manifest.
+        prompt_form: ``"ids"`` (default): the recorder gets the token ids the server read; ``"given"``: each
+            prompt as the prompts file gave it (text, chat messages or ids), tokenized by the recorder itself
+            (what ``mtpscope record`` of the same file does), so a tokenization difference shows.
 
     Raises:
         TraceError: ``probe_dir`` is not a probe trace, has no requests, or lacks the prompts' token ids.
-        ServerError: the target or draft max cannot be told (names what to pass).
+        ServerError: the target or draft max cannot be told (names what to pass), ``n_draft`` out of range
+            (before anything is recorded).
+        MtpscopeError: ``prompt_form`` is not ``"ids"`` or ``"given"``.
         MtpscopeError / RuntimeAbortedError: from the recorder.
     """
     from mtpscope.traces.run.record_config import RecordConfig
     from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.server.launch import check_server_n_draft
 
+    if n_draft is not None:
+        check_server_n_draft(n_draft)
+    if prompt_form not in ("ids", "given"):
+        raise MtpscopeError("prompt form is 'ids' or 'given'", key="prompt_form", expected="ids | given",
+                            actual=prompt_form)
     probe_dir = Path(probe_dir)
     t = open_trace(probe_dir)
     if t.manifest.get("source") != PROBE_SOURCE:
@@ -250,8 +489,7 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
         if p is None or not isinstance(p.get("tokens"), list) or not p["tokens"]:
             raise TraceError("the probe trace lacks the token ids of a prompt", path=probe_dir,
                              key=f"prompts[{pid}].tokens", expected="the ids the server got", actual="missing")
-        specs.append(PromptSpec(tokens=tuple(int(x) for x in p["tokens"]), id=str(p.get("prompt", pid)),
-                                category=p.get("category")))
+        specs.append(_replay_spec(p, pid, prompt_form))
     if target is None:
         target = _props(t.manifest).get("model_path")
         if not target or not Path(target).is_file():
@@ -288,12 +526,13 @@ def replay_probe(probe_dir: str | os.PathLike[str], *, assistant: str | os.PathL
         first = FirstDifference(request=req, prompt=None, prompt_id=None, server=None, recording=None,
                                 same_output=None, recording_trace=os.fspath(rec_dir), recording_prompt_id=None,
                                 explain="the recording has no rounds for this request's prompt")
-    res = ServerReplay(os.fspath(probe_dir), os.fspath(rec_dir), table, settings_table(t.manifest, rec.manifest),
-                       first)
+    settings = settings_table(t.manifest, rec.manifest)
+    res = ServerReplay(os.fspath(probe_dir), os.fspath(rec_dir), table, settings, first,
+                       _verdicts(t, rows, table, rec, rec_rows, settings))
     (probe_dir / REPLAY_JSON).write_text(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     return res
 
 
-__all__ = ["NOT_REPORTED", "REPLAY_DIR", "REPLAY_JSON", "FirstDifference", "ReplayCounts", "ServerReplay",
-           "SettingRow", "replay_probe",
-           "server_n_draft", "settings_table"]
+__all__ = ["NOT_REPORTED", "REASONS", "REASON_TEXT", "REPLAY_DIR", "REPLAY_JSON", "FirstDifference", "ReplayCounts",
+           "ReplayVerdict", "ServerReplay", "SettingRow", "eog_rounds", "replay_probe", "round_of_token",
+           "server_n_draft", "settings_table", "why_differs"]

@@ -113,6 +113,7 @@ REQUESTS_SCHEMA = pa.schema([
     pa.field("tokens_per_s", _f64),                  # generation speed: timings.predicted_per_second
     pa.field("wall_ms", _f64),                       # the request's wall time as the client saw it
     pa.field("started_unix_s", _f64),                # when it was sent (seconds since the epoch)
+    pa.field("ended_unix_s", _f64),                  # when its answer had come (probe; null in older traces)
     pa.field("counters_match", pa.bool_()),          # the /metrics deltas equal this response's draft_n / accepted
     pa.field("stop_type", pa.string()),              # "eos" | "limit" | "word" (the server's stop_type)
     pa.field("output_text", pa.string()),            # the generated text (probe)

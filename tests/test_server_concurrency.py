@@ -1,0 +1,183 @@
+"""The real llama-server at `--parallel 2` with the trained demo pair: `probe --concurrency 2` (slot ids, send and
+answer times, the server-wide counters against the answers' own timings), the concurrency sentinel
+(`--check-concurrency 2`: greedy requests agree alone and two at a time; a random seed at T > 0 is named), and
+`probe --replay`'s verdict on a request sampled with a random seed (`sampler`).
+
+Skips, saying why, where llama-server is not built or the demo pair is missing (tests/test_server.py's fixtures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_server import THREADS, pair, server_bin  # noqa: F401  # fixtures shared with the server tests
+
+pytestmark = [pytest.mark.slow, pytest.mark.llama]
+
+N_PREDICT = 24
+CATEGORIES = ("code", "prose", "json", "numbers")
+
+
+@pytest.fixture(scope="module")
+def four_prompts(tmp_path_factory) -> Path:
+    """Four demo prompts (one per category) as token ids."""
+    from mtpscope.demo.trained import read_prompts
+
+    by_cat: dict[str, dict] = {}
+    for p in read_prompts():
+        by_cat.setdefault(p["category"], p)
+    path = tmp_path_factory.mktemp("prompts") / "four.jsonl"
+    path.write_text("".join(json.dumps({"id": by_cat[c]["name"], "category": c, "tokens": by_cat[c]["ids"]}) + "\n"
+                            for c in CATEGORIES))
+    return path
+
+
+@pytest.fixture(scope="module")
+def np2_server(server_bin, pair, tmp_path_factory):  # noqa: F811  # the imported fixtures
+    from mtpscope.traces.server.launch import launch
+
+    d = tmp_path_factory.mktemp("srv2")
+    with launch(pair.target, pair.drafter, n_draft=3, parallel=2, log=d / "server.log", binary=server_bin,
+                extra=THREADS) as s:
+        yield s
+
+
+def test_probe_concurrency_keeps_slots_times_and_counts(np2_server, four_prompts, tmp_path: Path) -> None:
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+    from mtpscope.traces.store.reader import open_trace
+
+    out = tmp_path / "c2"
+    summary = probe(np2_server.url, prompts_file=four_prompts, out=out,
+                    settings=ProbeSettings(n_predict=N_PREDICT, concurrency=2))
+    t = open_trace(out)
+    req = t.requests.sort_values("request").reset_index(drop=True)
+    assert summary.n_requests == 4 and list(req["request"]) == [0, 1, 2, 3] and t.manifest["complete"]
+    assert t.manifest["params"]["concurrency"] == 2
+    assert t.manifest["server"]["props"]["total_slots"] == 2          # the server's own /props
+    assert set(req["id_slot"]) <= {0, 1} and req["id_slot"].notna().all()
+    assert (req["ended_unix_s"] >= req["started_unix_s"]).all()
+    # per-request counter deltas are unknowable with two in flight: left null, never guessed
+    assert req["counters_match"].isna().all() and req["n_drafts"].isna().all()
+    # the server's own /metrics over the whole probe equal the sum of the answers' timings
+    delta = t.manifest["counters"]["delta"]
+    assert delta["n_draft_tokens"] == int(req["n_drafted"].sum()) > 0
+    assert delta["n_accepted"] == int(req["n_accepted"].sum())
+
+
+def test_check_concurrency_greedy_agrees_alone_and_two_at_a_time(np2_server, four_prompts, tmp_path: Path) -> None:
+    """Greedy requests at `--parallel 2`, two in flight: each one's drafted / accepted / output equal its solo run
+    (both runs read back from their traces here, not from the check's own rows)."""
+    from mtpscope.traces.server.concurrency import check_concurrency
+    from mtpscope.traces.server.probe import ProbeSettings
+    from mtpscope.traces.store.reader import open_trace
+
+    res = check_concurrency(np2_server.url, prompts_file=four_prompts, out=tmp_path / "cc", concurrency=2,
+                            settings=ProbeSettings(n_predict=N_PREDICT))
+    solo = open_trace(tmp_path / "cc" / "solo").requests.sort_values("request").reset_index(drop=True)
+    conc = open_trace(tmp_path / "cc" / "concurrent").requests.sort_values("request").reset_index(drop=True)
+    assert len(solo) == len(conc) == 4 and res.total_slots == 2 and res.note is None
+    assert [r.request for r in res.rows] == [0, 1, 2, 3]
+    assert list(conc["n_drafted"]) == list(solo["n_drafted"]) and list(conc["n_accepted"]) == list(solo["n_accepted"])
+    assert [list(x) for x in conc["output_tokens"]] == [list(x) for x in solo["output_tokens"]]
+    assert res.all_equal and res.n_differ == 0, res.to_dict()
+    assert json.loads((tmp_path / "cc" / "concurrency.json").read_text())["n_differ"] == 0
+
+
+def test_check_concurrency_names_requests_with_a_random_seed(np2_server, four_prompts, tmp_path: Path) -> None:
+    """T = 1.5 with a random seed (-1): a request's output is not reproducible, so the sentinel names requests that
+    differ and `probe --check-concurrency` exits 1 (its JSON names the same requests the two traces show)."""
+    from mtpscope.cli.main import app
+    from mtpscope.traces.store.reader import open_trace
+
+    out = tmp_path / "cc"
+    res = CliRunner().invoke(app, ["probe", np2_server.url, "--prompts", str(four_prompts), "--out", str(out),
+                                   "--check-concurrency", "2", "--n-predict", str(N_PREDICT), "--temperature", "1.5",
+                                   "--seed", "-1", "--json"])
+    assert res.exit_code == 1, (res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    solo = {int(r["request"]): r for r in open_trace(out / "solo").requests.to_dict(orient="records")}
+    conc = {int(r["request"]): r for r in open_trace(out / "concurrent").requests.to_dict(orient="records")}
+    differ = sorted(q for q in solo if list(solo[q]["output_tokens"]) != list(conc[q]["output_tokens"])
+                    or (solo[q]["n_drafted"], solo[q]["n_accepted"]) != (conc[q]["n_drafted"], conc[q]["n_accepted"]))
+    assert differ, "four 24-token samples at T = 1.5 with random seeds all came out equal"
+    assert sorted(r["request"] for r in doc["rows"] if r["differs"]) == differ and doc["n_differ"] == len(differ)
+
+
+def test_replay_of_a_random_seed_says_sampler(np2_server, pair, four_prompts, tmp_path: Path) -> None:  # noqa: F811
+    """`probe --replay` of requests sampled at T = 1.5 with a random seed: never a silent mismatch — the verdict
+    names the first request that differs with reason `sampler` and says the seed is random."""
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+    from mtpscope.traces.server.replay import replay_probe
+
+    out = tmp_path / "p"
+    probe(np2_server.url, prompts_file=four_prompts, out=out,
+          settings=ProbeSettings(n_predict=N_PREDICT, temperature=1.5, seed=-1))
+    res = replay_probe(out, assistant=pair.drafter, target=pair.target, n_draft=3)
+    assert not res.all_equal and res.verdicts
+    assert res.verdicts[0].request == res.first_difference.request
+    assert all(v.reason == "sampler" and "random seed" in v.detail for v in res.verdicts), res.verdicts
+    assert res.verdict.startswith(f"request {res.verdicts[0].request} ") and ": sampler: " in res.verdict
+
+
+def test_replay_names_the_eog_rule_round(np2_server, pair, tmp_path: Path) -> None:  # noqa: F811
+    """Demo prompt 9 (greedy, 32 tokens) ends with a drafted end-of-generation token the target confirms. The
+    server's output is the recording's; where the counts differ (llama.cpp does not count that draft as the
+    recorder did before issue 33's recorder side), the verdict is `EOG rule` at the recording's round whose last
+    emitted token is an EOG draft — that round found here from the recording's rounds and the target's EOG id
+    read from its GGUF; where they agree, the verdict is `identical`."""
+    from mtpscope.demo.trained import read_prompts
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+    from mtpscope.traces.server.replay import replay_probe
+    from mtpscope.traces.store.reader import open_trace
+
+    p = read_prompts()[9]
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"id": "nine", "tokens": p["ids"]}) + "\n")
+    probe(np2_server.url, prompts_file=pf, out=tmp_path / "p", settings=ProbeSettings(n_predict=32))
+    res = replay_probe(tmp_path / "p", assistant=pair.drafter, target=pair.target, n_draft=3)
+    with open_gguf(pair.target) as g:
+        eos = int(g.get("tokenizer.ggml.eos_token_id"))
+    server = open_trace(tmp_path / "p").requests.iloc[0]
+    rounds = open_trace(tmp_path / "p" / "replay").rounds.sort_values("round")
+    last = rounds.iloc[-1]
+    out = [int(rounds.iloc[0]["pending_token"])] + [int(t) for e in rounds["emitted"] for t in e]
+    assert out == [int(t) for t in server["output_tokens"]] and out[-1] == eos
+    # the last round ended on an accepted draft that is the EOG: all its emitted tokens are drafts
+    assert list(last["emitted"]) == list(last["drafted"][:len(last["emitted"])]) and int(last["emitted"][-1]) == eos
+    rec_acc = int(rounds["n_accepted"].sum())
+    if rec_acc == int(server["n_accepted"]) and res.all_equal:
+        assert res.verdict == "identical"
+    else:
+        v = res.verdicts[0]
+        assert (v.reason, v.round, v.token) == ("EOG rule", int(last["round"]), None), v
+        assert f"accepted {int(server['n_accepted'])}" in v.detail and f"/ {rec_acc};" in v.detail
+
+
+def test_replay_of_a_text_prompt_as_given_names_tokenization(np2_server, pair, tmp_path: Path) -> None:  # noqa: F811
+    """The demo chat prompt given as text (it holds `<bos>`, `<|turn>`: special tokens) and replayed as the file gave
+    it (`prompt_form="given"`: the recorder tokenizes the text itself). Where the recording's prompt length differs
+    from the ids the server read (its own `/tokenize`, kept in the probe's manifest), the verdict is
+    `tokenization`, before any round; where they are equal, tokenization is never the reason."""
+    from mtpscope.demo.trained import read_prompts
+    from mtpscope.traces.server.probe import ProbeSettings, probe
+    from mtpscope.traces.server.replay import replay_probe
+    from mtpscope.traces.store.reader import open_trace
+
+    chat = next(p for p in read_prompts() if p["category"] == "chat")
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"id": "chat", "text": chat["text"]}) + "\n")
+    probe(np2_server.url, prompts_file=pf, out=tmp_path / "p", settings=ProbeSettings(n_predict=16))
+    res = replay_probe(tmp_path / "p", assistant=pair.drafter, target=pair.target, n_draft=3, prompt_form="given")
+    server_ids = open_trace(tmp_path / "p").manifest["prompts"][0]["tokens"]
+    n_rec = open_trace(tmp_path / "p" / "replay").manifest["prompts"][0]["n_prompt_tokens"]
+    if len(server_ids) != n_rec:
+        v = res.verdicts[0]
+        assert (v.reason, v.round) == ("tokenization", None), v
+        assert f"the server read {len(server_ids)} prompt tokens, the recording {n_rec}" in v.detail
+        assert res.verdict.startswith("request 0 (prompt chat) differs") and ": tokenization: " in res.verdict
+    else:
+        assert all(v.reason != "tokenization" for v in res.verdicts), res.verdicts
