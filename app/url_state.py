@@ -131,7 +131,9 @@ def publish(view: links.View) -> None:
 SELECTION_VIEWS: dict[str, tuple[str, ...]] = {
     "files": (sel.TRACE, sel.TRACE_B, sel.DRAFTER, sel.TARGET),
     "tensors": (sel.DRAFTER, sel.TARGET), "validate": (sel.DRAFTER, sel.TARGET),
-    "centroids": (sel.DRAFTER, sel.TARGET), "diagnose": (sel.TRACE, sel.DRAFTER, sel.TARGET),
+    "centroids": (sel.DRAFTER, sel.TARGET),
+    # Diagnose before a trace is chosen: both open traces (the page asks which); once chosen it publishes its own
+    "diagnose": (sel.TRACE, sel.TRACE_B, sel.DRAFTER, sel.TARGET),
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from mtpscope.app import diagnose_report, formats, loaders, url_state, views
+from mtpscope.app import diagnose_report, formats, links, loaders, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 
@@ -37,7 +37,8 @@ with guard("diagnosis"):
             if t:
                 with guard(f"reading trace {sel.short(t)}"):
                     drafter_of[t] = views.model_path(loaders.trace(t).manifest, "assistant")
-        if b and view is not None and view.trace:   # a link names the trace (it is trace A now): that one
+        # a link naming one trace (it is trace A now) chooses it; one naming both (the selection) asks
+        if b and view is not None and view.trace and not view.trace_b:
             st.session_state[sel.DIAG_WHICH] = "A"
         if b:   # two traces open: ask which (preset by a link)
             names = {"A": a, "B": b}
@@ -55,6 +56,8 @@ with guard("diagnosis"):
         # trace A with the drafter and target selected with it; trace B with the models that recorded it
         is_a = trace == a
         drafter, target = (sel.get(sel.DRAFTER), sel.get(sel.TARGET)) if is_a else (None, None)
+        # the address names the trace diagnosed (and A's models): a reload or a pasted address diagnoses it again
+        url_state.publish(links.View("diagnose", trace=trace, drafter=drafter, target=target))
         inputs = (trace, drafter, target, reference.strip() or None)
         st.caption(f"trace {'A' if is_a else 'B'} `{sel.short(trace)}` · drafter "
                    f"`{sel.short(drafter or drafter_of.get(trace))}` · target "
