@@ -317,14 +317,14 @@ def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) ->
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
     did (:func:`traces.run.mtp_runtime.spec_tokens`)."""
-    from mtpscope.traces.run.mtp_runtime import prompt_tokens, spec_tokens
+    from mtpscope.traces.run.mtp_runtime import spec_tokens
     from mtpscope.traces.run.prompts import PromptSpec
 
     if entry.get("tokens"):
         return [int(x) for x in entry["tokens"]]
     if entry.get("messages"):
-        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])), chat=chat)[0]
-    return prompt_tokens(model, entry.get("text") or "", chat=chat)
+        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])))[0]
+    return spec_tokens(model, PromptSpec(text=entry.get("text") or ""), chat=chat)[0]
 
 
 def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, StepOptions], base: StepOptions,
