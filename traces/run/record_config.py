@@ -86,7 +86,6 @@ class RecordConfig:
     seed: int = 0
     top_k: int = 40
     top_p: float = 0.95
-    min_p: float = 0.05
     chat: bool = False
     n_gpu_layers: int = -1
     centroids: str | None = None
@@ -101,6 +100,7 @@ class RecordConfig:
     baseline: bool = False
     graph_capture: bool = False
     repack: bool = True
+    min_p: float = 0.05
 
     def __post_init__(self) -> None:
         for f in fields(self):
