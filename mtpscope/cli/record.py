@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         top_k: int = typer.Option(_D.top_k, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
         top_p: float = typer.Option(_D.top_p, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
         min_p: float = typer.Option(_D.min_p, "--min-p", help="Sampling min-p, in [0, 1] (0: off)."),
-        chat: bool = typer.Option(_D.chat, "--chat", help="Apply the GGUF's own chat template to each prompt."),
+        chat: bool = typer.Option(_D.chat, "--chat", help="Render each prompt as one user turn with the GGUF's own chat template, as llama-server's /v1/chat/completions does."),
         n_gpu_layers: int = typer.Option(
             _D.n_gpu_layers, "--n-gpu-layers",
             help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),

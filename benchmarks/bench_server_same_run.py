@@ -11,12 +11,13 @@ lists every request that differs.
 
 Not a timing: the numbers are counts, the same on a busy machine. Run from the checkout's root:
 
-    python -m benchmarks.server_same_run [--n-draft 3] [--n-predict 64] [--seed 11] [--limit N]
+    python -m benchmarks.bench_server_same_run [--n-draft 3] [--n-predict 64] [--seed 11] [--limit N]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def main() -> None:
     prompts = read_prompts()[: a.limit]
     tally: Counter[tuple[str, str, str]] = Counter()
     diffs: list[str] = []
-    log = Path("server-same-run.log")
+    log = Path(tempfile.mkdtemp(prefix="mtpscope-same-run-")) / "llama-server.log"
     with launch(tp.target, tp.drafter, n_draft=a.n_draft, log=log, binary=b.binary, extra=THREADS) as srv, \
             ServerClient(srv.url) as c, \
             MtpRuntime(tp.target, tp.drafter, capture=False, n_gpu_layers=0, n_threads=1) as rt:
