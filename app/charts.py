@@ -295,15 +295,44 @@ def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -
             b = "" if np.isnan(bound[i]) else f" (at most {bound[i]:.3f})"
             hover.append(f"id {tid} · the target's token, rank {rank_text(r)} under the drafter: past the stored "
                          f"top {int(stored.sum())}, its logit is not in the trace{b}")
-    fig = go.Figure(go.Bar(x=np.nan_to_num(x, nan=0.0), y=labels, orientation="h", marker_color=colors,
+    lo, hi = logit_axis_range(x)
+    ends = np.where(np.isfinite(x), x, lo)
+    # each bar runs from the axis' left end (base) to its logit: the axis does not start at 0, so a gap of a
+    # fraction of a logit between the drafted token and the target's is as wide as it is on the axis
+    fig = go.Figure(go.Bar(x=ends - lo, base=[lo] * len(ends), y=labels, orientation="h", marker_color=colors,
                            marker_pattern_shape=["" if s else "/" for s in stored],
                            hovertext=hover, hoverinfo="text"))
+    tgt = np.flatnonzero(top["is_target"].to_numpy(dtype=bool) & stored)
+    drf = np.flatnonzero(top["is_draft"].to_numpy(dtype=bool) & stored)
+    gap = None
+    if len(tgt) and len(drf) and tgt[0] != drf[0] and np.isfinite(x[tgt[0]]) and np.isfinite(x[drf[0]]):
+        gap = float(x[drf[0]] - x[tgt[0]])
+        fig.add_annotation(x=float(x[tgt[0]]), y=labels[int(tgt[0])], xanchor="left", showarrow=False,
+                           text=f" {gap:.2f} logits behind the draft", font=dict(size=11))
     _layout(fig, title or f"k={k} · green = target, blue = drafted", height=max(160, 26 * len(top) + 70),
             meta={"target_rows": [int(i) for i in np.flatnonzero(top["is_target"].to_numpy(dtype=bool))],
-                  "unstored_rows": [int(i) for i in np.flatnonzero(~stored)]})
+                  "unstored_rows": [int(i) for i in np.flatnonzero(~stored)], "gap": gap})
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title="drafter's logit")
+    fig.update_xaxes(title="drafter's logit", range=[lo, hi])
     return fig
+
+
+def logit_axis_range(logits: Any, margin: float = 0.15, min_span: float = 0.5) -> tuple[float, float]:
+    """The x range of a top-candidates chart (:func:`top_candidates_figure`): from just below the lowest
+    finite logit to just above the highest, ``margin`` of their span added on each side (the span at least
+    ``min_span`` logits, so one bar or equal logits still get a readable axis). Not from 0: logits of 12 and
+    11.2 would otherwise draw two bars of nearly one length, the 0.8-logit gap that decided a rejection
+    invisible. No finite logit: ``(0, 1)``."""
+    v = np.asarray(logits, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return 0.0, 1.0
+    a, b = float(v.min()), float(v.max())
+    span = max(b - a, min_span)
+    mid = (a + b) / 2 if b - a < min_span else None
+    if mid is not None:
+        a, b = mid - span / 2, mid + span / 2
+    return a - margin * span, b + margin * span
 
 
 #: One line each on what the stored hidden states are (docs/TRACE_FORMAT.md).

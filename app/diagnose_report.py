@@ -10,7 +10,10 @@ embeds (``Diagnosis.to_dict()`` with each link's URL).
 :func:`html_report` writes one self-contained HTML file: plotly.js inlined once, the figures' data inline, styles
 inline, no URL fetched when it is opened (the findings' links point at the app, and are only followed on a click).
 
-Imports: plotly, the app's charts, views and links, traces.diagnose.records (the records read).
+The Diagnose page's evidence views (:func:`evidence_views`, :func:`first_differing_step`, :func:`gap_words`)
+are pure too: they take the aligned diff's and the positions' frames by column.
+
+Imports: plotly, the app's charts, formats, views and links, traces.diagnose.records (the records read).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import html
 import json
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from mtpscope.app import charts, views
+from mtpscope.app import charts, formats, views
 from mtpscope.app.links import view_url
 from mtpscope.traces.diagnose.records import Diagnosis, Finding, ViewRef
 
@@ -142,6 +146,77 @@ trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.
 """
 
 
+# ------------------------------------------------------------------------------ the Diagnose page's evidence views
+
+#: A finding's own link, in words, by the page it opens.
+LINK_WORDS = {"validate": "Validate: the keys", "explain": "Explain: the causes", "compare": "Compare: the runs",
+              "step": "Step: the step", "tensors": "Tensors: the tensors"}
+
+
+def app_base(url: str | None) -> str:
+    """The app's own address (``scheme://host:port``) from the URL of the page it serves (Streamlit's
+    ``st.context.url``), for the report's links; :data:`APP_URL` when there is none."""
+    parts = urlsplit(url or "")
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("http", "https") and parts.netloc else APP_URL
+
+
+def first_differing_step(positions: Any, emitted: Any, side: str = "b") -> tuple[int, int, int | None] | None:
+    """Where the diagnosed trace first draws a different verdict from the one it is compared with, as a view of
+    its Step page: ``(prompt_id, round, k)`` of the output position of the aligned diff (``positions``:
+    :attr:`mtpscope.traces.analysis.align.AlignedDiff.positions`, columns ``prompt_id_a``, ``prompt_id_b``,
+    ``g``, ``status_a``, ``status_b``) whose statuses differ first (its rows' order: pairs of prompts, then
+    output position), looked up in the diagnosed trace's emitted tokens (``emitted``:
+    :attr:`mtpscope.traces.analysis.positions.Positions.emitted`, columns ``prompt_id``, ``g``, ``round``,
+    ``k``). ``side``: ``"a"`` or ``"b"``, which trace of the diff is diagnosed. ``k`` is the draft step the
+    token answered, None for the target's bonus token or a token it decoded alone (the round only). None when
+    every compared position has the same status."""
+    if positions is None or not len(positions):
+        return None
+    differs = positions[positions["status_a"] != positions["status_b"]]
+    if not len(differs):
+        return None
+    row = differs.iloc[0]
+    pid, g = int(row[f"prompt_id_{side}"]), int(row["g"])
+    hit = emitted[(emitted["prompt_id"] == pid) & (emitted["g"] == g)]
+    if not len(hit):
+        return None
+    k = int(hit.iloc[0]["k"])
+    return pid, int(hit.iloc[0]["round"]), (k if k >= 1 else None)
+
+
+def gap_words(rate_this: float | None, rate_other: float | None, other: str) -> str | None:
+    """The acceptance gap to the trace compared with, in words: ``acceptance rate 21.0 % here against 34.8 % in
+    trace A (f32): −13.8 points`` (rates as fractions; :mod:`mtpscope.app.formats`). None when a rate is
+    missing."""
+    if rate_this is None or rate_other is None:
+        return None
+    return (f"acceptance rate {formats.percent(rate_this)} here against {formats.percent(rate_other)} in {other}: "
+            f"{formats.points(rate_this - rate_other)}")
+
+
+def evidence_views(f: Finding, *, trace: str | None = None, compare_with: tuple[str, str] | None = None,
+                   first_step: tuple[int, int, int | None] | None = None) -> list[tuple[str, ViewRef]]:
+    """The views that show a finding's evidence, each ``(words for its button, ViewRef)``: its own link
+    (:data:`LINK_WORDS`; Validate for a key), and for a defect (:attr:`Finding.is_defect`) of the diagnosed
+    ``trace`` with another trace open (``compare_with``: the Compare page's trace A and trace B, as selected; the
+    diagnosed trace is one of them) the acceptance gap on Compare and the first step judged differently on Step
+    (``first_step``: :func:`first_differing_step`, in ``trace``). A view already given by the link is not
+    repeated."""
+    out: list[tuple[str, ViewRef]] = []
+    if f.link is not None:
+        out.append((LINK_WORDS.get(f.link.page, f.link.page.capitalize()), f.link))
+    if f.is_defect and trace and compare_with is not None:
+        a, b = compare_with
+        if not any(v.page == "compare" for _, v in out):
+            out.append(("Compare: the acceptance gap",
+                        ViewRef.of("compare", trace=a, trace_b=b, mode="traces")))
+        if first_step is not None and not any(v.page == "step" for _, v in out):
+            pid, rnd, k = first_step
+            out.append(("Step: the first differing step",
+                        ViewRef.of("step", trace=trace, prompt=pid, round=rnd, step=k)))
+    return out
+
+
 def finding_lines(findings: Sequence[Finding], *, base: str = APP_URL) -> list[str]:
     """The findings as plain text, worst first: ``N. SEVERITY cause (confidence): title``, then evidence, fix
     and link lines (what ``mtpscope diagnose`` prints)."""
@@ -157,4 +232,5 @@ def finding_lines(findings: Sequence[Finding], *, base: str = APP_URL) -> list[s
     return out
 
 
-__all__ = ["APP_URL", "document", "figures", "finding_lines", "html_report", "link_url"]
+__all__ = ["APP_URL", "LINK_WORDS", "app_base", "document", "evidence_views", "figures", "finding_lines",
+           "first_differing_step", "gap_words", "html_report", "link_url"]

@@ -23,9 +23,9 @@ import streamlit as st
 from mtpscope.app import safety
 from mtpscope.app.selection import DRAFTER, TARGET, TRACE, TRACE_B, get, roots, short
 from mtpscope.app.tokens import TokenText
-from mtpscope.errors import MtpscopeError
+from mtpscope.errors import InspectorError, MtpscopeError
 from mtpscope.inspector.centroids import CentroidHead, find_centroid_tensors
-from mtpscope.inspector.gguf import GGUFFile, GGUFLike, open_gguf
+from mtpscope.inspector.gguf import GGUF_MAGIC, GGUFFile, GGUFLike, open_gguf
 from mtpscope.inspector.inventory import DRAFTER_KINDS, Inventory, build_inventory
 from mtpscope.inspector.layouts import ARCH_TARGET
 from mtpscope.inspector.validate import verify
@@ -138,6 +138,18 @@ def is_drafter(path: str | os.PathLike[str]) -> bool:
 def is_target(path: str | os.PathLike[str]) -> bool:
     """True when the allowed GGUF at ``path`` is a target model."""
     return gguf_role(path)[0] == "target"
+
+
+def check_gguf_upload(data: bytes, name: str) -> None:
+    """Refuse uploaded bytes that are not a GGUF file before they are stored or selected: a GGUF begins with
+    the magic ``GGUF`` (:data:`mtpscope.inspector.gguf.GGUF_MAGIC`).
+
+    Raises:
+        InspectorError: the first four bytes are not the magic (naming the upload, expected vs actual).
+    """
+    if data[:len(GGUF_MAGIC)] != GGUF_MAGIC:
+        raise InspectorError(f"{name} is not a GGUF file", key="magic", expected=repr(GGUF_MAGIC),
+                             actual=repr(bytes(data[:len(GGUF_MAGIC)])))
 
 
 def drafter_refusal(path: str | os.PathLike[str]) -> str | None:
@@ -611,29 +623,58 @@ def server_view(path: str | os.PathLike[str]) -> tuple[Trace, RequestsView]:
 
 # ------------------------------------------------------------------------------------------ Diagnose page (issue 27)
 
+#: Beside ``diagnosis.json`` in the app's diagnosis folder: the inputs it was made from (paths, file stats, the
+#: configuration), so that a later run of the app reads it back instead of diagnosing again.
+DIAGNOSIS_INPUTS = "inputs.json"
+
+
+def _inputs_text(args: tuple) -> str:
+    """The inputs of a diagnosis as written to :data:`DIAGNOSIS_INPUTS` (paths, file stats, the configuration)."""
+    import json
+
+    from mtpscope.traces.diagnose.config import DiagnoseConfig
+
+    return json.dumps([*args[:-1], repr(DiagnoseConfig())])
+
+
+def _saved(args: tuple) -> bool:
+    """Whether the diagnosis folder ``args[-1]`` holds a diagnosis of these very inputs."""
+    from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE
+
+    out = Path(args[-1])
+    try:
+        return (out / DIAGNOSIS_FILE).is_file() and \
+            (out / DIAGNOSIS_INPUTS).read_text(encoding="utf-8") == _inputs_text(args)
+    except OSError:
+        return False
+
+
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _diagnosis(trace: str, tkey: tuple, drafter: str | None, dkey: tuple | None, target: str | None,
                gkey: tuple | None, reference: str | None, rkey: tuple | None, out: str) -> Diagnosis:
     from mtpscope.traces.diagnose.config import DiagnoseConfig
-    from mtpscope.traces.diagnose.run import diagnose
+    from mtpscope.traces.diagnose.run import diagnose, read_diagnosis
 
+    # a diagnosis of the same inputs (every file's stats) written before, by this app or an earlier one, is read
+    # back instead of run again: the cache folder keeps it across restarts
+    args = (trace, tkey, drafter, dkey, target, gkey, reference, rkey, out)
+    stamp = Path(out) / DIAGNOSIS_INPUTS
+    if _saved(args):
+        with contextlib.suppress(MtpscopeError):
+            return read_diagnosis(out)
+    with contextlib.suppress(OSError):
+        stamp.unlink(missing_ok=True)   # written again only once this run's diagnosis.json is
     ref = Path(reference) if reference else None
-    return diagnose(DiagnoseConfig(), trace=trace, assistant=drafter, target=target, out=out,
-                    reference_hf=ref if ref is not None and ref.is_dir() else None,
-                    reference_assistant=ref if ref is not None and ref.is_file() else None)
+    d = diagnose(DiagnoseConfig(), trace=trace, assistant=drafter, target=target, out=out,
+                 reference_hf=ref if ref is not None and ref.is_dir() else None,
+                 reference_assistant=ref if ref is not None and ref.is_file() else None)
+    with contextlib.suppress(OSError):
+        stamp.write_text(_inputs_text(args), encoding="utf-8")
+    return d
 
 
-def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
-              target: str | os.PathLike[str] | None = None,
-              reference: str | os.PathLike[str] | None = None) -> Diagnosis:
-    """``mtpscope diagnose --trace`` of an allowed trace (its :class:`Diagnosis`, ``mtpscope diagnose``'s defaults:
-    ``DiagnoseConfig()``), the models the selected ones (default: the trace's own), ``reference`` an HF checkpoint
-    folder or a good drafter GGUF; its replays written under the uploads folder (``diagnose/<key>/``, allowed, so the
-    findings' links open them). Cached by every input's file stats (the record is frozen: shared, never copied).
-
-    Raises:
-        PathNotAllowedError; MtpscopeError & co: unreadable input.
-    """
+def _diagnosis_args(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None,
+                    target: str | os.PathLike[str] | None, reference: str | os.PathLike[str] | None) -> tuple:
     import hashlib
 
     t = safety.check_path(trace, roots(), kind="dir")
@@ -642,10 +683,36 @@ def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | N
     r = safety.check_path(reference, roots(), kind="dir" if Path(reference).is_dir() else "file") if reference else None
     key = hashlib.sha256(repr((str(t), str(d), str(g), str(r))).encode()).hexdigest()[:16]
     out = safety.uploads_dir() / "diagnose" / key
-    return _diagnosis(str(t), _trace_key(t), None if d is None else str(d), None if d is None else _stat_key(d),
-                      None if g is None else str(g), None if g is None else _stat_key(g),
-                      None if r is None else str(r), None if r is None else (_dir_key(r) if r.is_dir() else _stat_key(r)),
-                      str(out))
+    return (str(t), _trace_key(t), None if d is None else str(d), None if d is None else _stat_key(d),
+            None if g is None else str(g), None if g is None else _stat_key(g),
+            None if r is None else str(r), None if r is None else (_dir_key(r) if r.is_dir() else _stat_key(r)),
+            str(out))
+
+
+def diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
+              target: str | os.PathLike[str] | None = None,
+              reference: str | os.PathLike[str] | None = None) -> Diagnosis:
+    """``mtpscope diagnose --trace`` of an allowed trace (its :class:`Diagnosis`, ``mtpscope diagnose``'s defaults:
+    ``DiagnoseConfig()``), the models the selected ones (default: the trace's own), ``reference`` an HF checkpoint
+    folder or a good drafter GGUF; its replays written under the uploads folder (``diagnose/<key>/``, allowed, so the
+    findings' links open them). Cached by every input's file stats (the record is frozen: shared, never copied),
+    and in that folder (``diagnosis.json`` with :data:`DIAGNOSIS_INPUTS`): read back while the inputs are unchanged.
+
+    Raises:
+        PathNotAllowedError; MtpscopeError & co: unreadable input.
+    """
+    return _diagnosis(*_diagnosis_args(trace, drafter, target, reference))
+
+
+def has_saved_diagnosis(trace: str | os.PathLike[str], drafter: str | os.PathLike[str] | None = None,
+                        target: str | os.PathLike[str] | None = None,
+                        reference: str | os.PathLike[str] | None = None) -> bool:
+    """Whether :func:`diagnosis` of these inputs would read a saved diagnosis back (no run): the Diagnose page
+    shows it without waiting for its button. False for inputs it may not read."""
+    try:
+        return _saved(_diagnosis_args(trace, drafter, target, reference))
+    except (MtpscopeError, OSError):
+        return False
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)

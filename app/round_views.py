@@ -50,8 +50,11 @@ def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None] |
     * else ``Rejected at k=1: the target chose “ islands” (drafter rank 13, logit 4.1 vs 5.3 for
       “Chiesa”); k=2–3 were not checked``. ``step`` is the rejected step's record (columns token,
       logit, top_ids, top_logits, target_rank) for the rank and logits (the target's logit under the
-      drafter is known only when its token is among the stored top candidates); ``cause`` is the
-      explanation of the rejection in words, appended after a colon.
+      drafter is known only when its token is among the stored top candidates);
+    * with ``cause`` (the explanation's sentence, :func:`mtpscope.traces.analysis.explain.step_sentence`),
+      which names the target's token, its rank and the gap itself, each fact is said once:
+      ``Rejected at k=1 (near tie): drafted “x” (logit 4.90); the target's “ islands” was the drafter's
+      runner-up, 0.80 logits behind; k=2–3 were not checked``.
 
     ``drafted`` / ``target``: the round's drafted ids and the target's id at each verify row."""
     dec = decode or (lambda t: "∅" if t is None else f"#{t}")
@@ -85,12 +88,23 @@ def round_verdict(n_draft: int, n_accepted: int, drafted: Sequence[int | None] |
     elif drf is not None:
         detail.append(f"the drafter drafted {dec(drf)}")
     tag, rest = _cause_parts(cause)
-    line = f"Rejected at k={k}" + (f" ({tag})" if tag else "") + f": {what}" \
-        + (f" ({', '.join(detail)})" if detail else "") + (f" — {rest}" if rest else "")
+    if rest:   # the cause names the target's token, its rank and the gap: said once, after what was drafted
+        line = f"Rejected at k={k}" + (f" ({tag})" if tag else "") + ": " + _drafted_words(drf, step, dec) + rest
+    else:
+        line = f"Rejected at k={k}: {what}" + (f" ({', '.join(detail)})" if detail else "")
     if k < nd:
         rest = _k_range(k + 1, nd)
         line += f"; {rest} {'was' if k + 1 == nd else 'were'} not checked"
     return line
+
+
+def _drafted_words(drafted: int | None, step: dict | None, dec: Decode) -> str:
+    """``drafted “x” (logit 4.90); `` -- the start of a rejection's sentence whose cause says the rest."""
+    if drafted is None:
+        return ""
+    dl = None if step is None else step.get("logit")
+    dl = None if dl is None or is_null(dl) else float(dl)
+    return f"drafted {dec(drafted)}" + (f" (logit {dl:.2f})" if dl is not None else "") + "; "
 
 
 def _cause_parts(cause: str | None) -> tuple[str | None, str | None]:

@@ -249,17 +249,21 @@ SERVER_REPLAYED = "server.replayed"
 SERVER_STEP = "server.step"
 SERVER_PROBE_FORM = "server.probe"
 SERVER_JOB = "server.job"
+SERVER_PROMPT_SOURCE = "w.server.prompt_source"
+SERVER_PROMPTS_UPLOAD = "w.server.prompts_upload"
 
 # Diagnose (issue 27)
 DIAG_REFERENCE = "w.diag.reference"
 DIAG_SAVED = "w.diag.saved"
 DIAG_RUN = "diag.run"  # the inputs of the diagnosis the page shows (set by its button)
 DIAG_FIGURES = "diag.fig"
+DIAG_WHICH = "w.diag.which"  # which open trace to diagnose (A or B) when two are open
+DIAG_DOWNLOAD = "w.diag.download"
 
 
-def diag_open_key(i: int) -> str:
-    """The Diagnose page's "open" button of the ``i``-th finding."""
-    return f"w.diag.open.{i}"
+def diag_open_key(i: int, j: int = 0) -> str:
+    """The Diagnose page's ``j``-th evidence button of the ``i``-th finding (0: the finding's own link)."""
+    return f"w.diag.open.{i}" + (f".{j}" if j else "")
 
 
 def diag_figure_key(name: str) -> str:

@@ -19,7 +19,7 @@ from mtpscope.app.guard import internal_error_line
 from mtpscope.errors import MtpscopeError
 
 if TYPE_CHECKING:
-    from mtpscope.traces.server.probe import ProbeSummary
+    from mtpscope.traces.server.probe import ProbeSettings, ProbeSummary
     from mtpscope.traces.server.replay import ServerReplay
 
 
@@ -63,6 +63,8 @@ def probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLik
     base = server_url(url)
     pfile = safety.check_path(prompts, sel.roots(), kind="file")
     out_p = Path(out).expanduser()
+    if out_p.parent == probes_dir():
+        out_p.parent.mkdir(parents=True, exist_ok=True)
     safety.check_path(out_p.parent, sel.roots(), kind="dir")
     headers = dict([parse_header(header)]) if header and header.strip() else {}
     job = ProbeJob(out=str(out_p), url=base)
@@ -80,6 +82,72 @@ def probe_start(url: str, prompts: str | os.PathLike[str], out: str | os.PathLik
     threading.Thread(target=run, name="mtpscope-probe", daemon=True).start()
     st.session_state[sel.SERVER_JOB] = job
     return job
+
+
+def probe_defaults() -> ProbeSettings:
+    """The probe's settings when nothing is changed: :class:`mtpscope.traces.server.probe.ProbeSettings`'
+    defaults, the one home of ``mtpscope probe``'s (``--n-predict 128``, ``--repeat 1``)."""
+    from mtpscope.traces.server.probe import ProbeSettings
+
+    return ProbeSettings()
+
+
+def probes_dir() -> Path:
+    """Where the Server page writes its probe traces unless told otherwise: ``<uploads>/probes`` in the cache
+    folder (:func:`mtpscope.app.safety.uploads_dir`, always allowed), never the working directory."""
+    return safety.uploads_dir() / "probes"
+
+
+def default_probe_out(url: str) -> Path:
+    """The trace folder of a probe of ``url`` (``http://127.0.0.1:8080`` -> ``<probes>/127.0.0.1-8080``): one
+    per server, a new probe of it replacing the last."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in (parts.netloc or "server").replace(":", "-"))
+    return probes_dir() / (name[:80] or "server")
+
+
+def demo_prompts_file() -> Path:
+    """The demo's categorised prompts (its ``prompts.json``: token ids, name, category) as a prompts file
+    (``mtpscope record --prompts``, one JSON line ``{"tokens", "id", "category"}`` each), written once under the
+    uploads folder; what the Server page probes with unless a file is given. A name the demo gives twice is
+    numbered (``name#2``): the ids of a prompts file are unique.
+
+    Raises:
+        MtpscopeError: the demo's prompts are not there or not readable (naming the file).
+    """
+    import json
+
+    from mtpscope.demo.spec import TRAINED_DATA
+
+    src = TRAINED_DATA / "prompts.json"
+    try:
+        doc = json.loads(src.read_text(encoding="utf-8"))
+        lines, seen = [], set()
+        for p in doc["prompts"]:
+            name = pid = str(p["name"])
+            n = 1
+            while pid in seen:      # a prompts file's ids are unique; the demo repeats a name: name#2, name#3
+                n += 1
+                pid = f"{name}#{n}"
+            seen.add(pid)
+            lines.append(json.dumps({"tokens": [int(t) for t in p["ids"]], "id": pid, "category": str(p["category"])}))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MtpscopeError("the demo's prompts cannot be read", path=src, expected="prompts.json with "
+                            "prompts[].ids, name, category", actual=type(e).__name__) from None
+    return safety.store_upload(("\n".join(lines) + "\n").encode(), "demo-prompts.jsonl",
+                               safety.uploads_dir() / "prompts")
+
+
+def store_prompts(data: bytes, name: str) -> Path:
+    """An uploaded prompts file stored by content hash under ``<uploads>/prompts`` (never over another file:
+    :func:`mtpscope.app.safety.store_upload`).
+
+    Raises:
+        InspectorError: too large, or the name taken by other bytes.
+    """
+    return safety.store_upload(data, name, safety.uploads_dir() / "prompts")
 
 
 def probe_job() -> ProbeJob | None:

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 SPACE_MARK = "\u2581"  # ▁
+#: How a space shows in a token's label (U+2423 OPEN BOX): a whitespace token is never blank.
+VISIBLE_SPACE = "\u2423"  # ␣
 _BYTE_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CONTROL = {"\n": "↵", "\t": "⇥", "\r": "␍"}
 
@@ -40,6 +42,13 @@ def readable(piece: str) -> str:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in out):
         out = "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in out)
     return out
+
+
+def visible(text: str) -> str:
+    """Display text of one token with its whitespace shown: every space as ``␣`` (:data:`VISIBLE_SPACE`); a
+    newline, tab or carriage return is already ``↵``, ``⇥``, ``␍`` (:func:`readable`). The one rule for a
+    token shown on its own (a table cell, an axis label, a hover box); running text keeps its spaces."""
+    return text.replace(" ", VISIBLE_SPACE)
 
 
 def quoted(text: str) -> str:
@@ -98,11 +107,12 @@ class TokenText:
         return out
 
     def label(self, token_id: int | None) -> str:
-        """``“text”`` with quotes (for hover boxes and tables)."""
+        """``“text”`` with quotes and its whitespace visible (:func:`visible`: ``“␣the”``, ``“↵”``), for hover
+        boxes, tables and axis labels."""
         t = self.text(token_id)
         if t == "∅" or token_id is None or (t.startswith("#") and self.raw(int(token_id)) is None):
             return t
-        return quoted(t)
+        return quoted(visible(t))
 
     def __call__(self, token_id: int | None) -> str:
         """Same as :meth:`label` (so a decoder can be passed where a callable is expected)."""

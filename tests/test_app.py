@@ -140,7 +140,7 @@ def test_centroids_page_matches_head_and_coverage(demo) -> None:
     first_rej = st[~st["accepted"].astype(bool)].groupby(["prompt_id", "round"])["k"].min()
     lim = st.set_index(["prompt_id", "round"]).index.map(lambda key: first_rej.get(key, 10 ** 9))
     steps = st.loc[st["k"].to_numpy() <= lim.to_numpy(), "target_in_candidates"].dropna()
-    assert _metric(at, "steps whose target token was reachable") == f"{steps.mean():.1%}"
+    assert _metric(at, "steps whose target token was reachable") == f"{100 * (steps.mean()):.1f} %"
     # the browser lists centroid 0's tokens as text
     df = at.dataframe[0].value
     assert list(df["token id"]) == list(head.tokens_of(0))
@@ -180,7 +180,7 @@ def test_acceptance_page_equals_report_and_parquet(demo) -> None:
     rep = metrics.report(open_trace(trace))
     r = _rounds_direct(trace)
     direct = r["n_accepted"].sum() / r["n_draft"].sum()
-    assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}" == f"{direct:.1%}"
+    assert _metric(at, "acceptance rate") == f"{100 * (rep.acceptance_rate):.1f} %" == f"{100 * (direct):.1f} %"
     verify_rounds = (r["n_draft"] > 0).sum()
     assert _metric(at, "mean acceptance length") == f"{1 + r['n_accepted'].sum() / verify_rounds:.3f}"
     assert _metric(at, "rounds") == f"{len(r):,}"
@@ -192,7 +192,7 @@ def test_acceptance_page_equals_report_and_parquet(demo) -> None:
     pid = int(r["prompt_id"].iloc[-1])
     at.selectbox(key=selection.ACC_PROMPT).set_value(pid).run()
     sub = r[r["prompt_id"] == pid]
-    assert _metric(at, f"prompt {pid}: acceptance rate") == f"{sub['n_accepted'].sum() / sub['n_draft'].sum():.1%}"
+    assert _metric(at, f"prompt {pid}: acceptance rate") == f"{100 * (sub['n_accepted'].sum() / sub['n_draft'].sum()):.1f} %"
 
 
 def test_step_page_shows_the_selected_round(demo) -> None:
@@ -244,7 +244,7 @@ def test_compare_page_two_traces(demo) -> None:
     at = _run("compare", trace=a, trace_b=b)
     ra, rb = metrics.report(open_trace(a)), metrics.report(open_trace(b))
     rates = [m.value for m in at.metric if m.label.startswith("acceptance rate")]
-    assert rates == [f"{ra.acceptance_rate:.1%}", f"{rb.acceptance_rate:.1%}"]
+    assert rates == [f"{100 * (ra.acceptance_rate):.1f} %", f"{100 * (rb.acceptance_rate):.1f} %"]
     at.radio(key=selection.CMP_MODE).set_value("two prompts of one trace").run()
     assert not at.exception
 
@@ -403,7 +403,7 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
             at = _run(page, trace=t, drafter=None, target=None)
             assert not at.error, (t.name, page, [e.value for e in at.error])
         at = _run("acceptance", trace=t, drafter=None, target=None)
-        assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}"
+        assert _metric(at, "acceptance rate") == f"{100 * (rep.acceptance_rate):.1f} %"
         assert _metric(at, "drafted tokens") == f"{rep.n_drafted:,}"
 
 
@@ -437,7 +437,7 @@ def test_malformed_manifest_models_and_prompts_are_skipped(demo, tmp_path: Path,
         assert not at.error, (page, [e.value for e in at.error])
     at = _run("acceptance", trace=t, drafter=None, target=None)
     rep = metrics.report(open_trace(src))
-    assert _metric(at, "acceptance rate") == f"{rep.acceptance_rate:.1%}"
+    assert _metric(at, "acceptance rate") == f"{100 * (rep.acceptance_rate):.1f} %"
     table = next(d.value for d in at.dataframe if "prompt" in d.value.columns and "n_drafted" in d.value.columns)
     want = {int(p["prompt_id"]): str(p.get("text", "")) for p in good}
     # every prompt named by id and text: prompt 3 “Every sailor sings about” (demo texts are short)

@@ -59,7 +59,8 @@ OLD_ROOTS = ("inspector", "traces", "app")
 LEAVES = {"mtpscope.errors": (), "mtpscope.cache": ("mtpscope.errors",)}
 #: app modules documented as pure (no streamlit): tested without a Streamlit runtime.
 PURE_APP = ("mtpscope.app.charts", "mtpscope.app.views", "mtpscope.app.round_views", "mtpscope.app.model_views",
-            "mtpscope.app.safety", "mtpscope.app.tokens", "mtpscope.app.links", "mtpscope.app.diagnose_report")
+            "mtpscope.app.safety", "mtpscope.app.tokens", "mtpscope.app.links", "mtpscope.app.diagnose_report",
+            "mtpscope.app.formats")
 #: the one module that imports ``llama_cpp``.
 LLAMA_BINDING = "mtpscope.traces.run.llama.binding"
 #: the layers, bottom up: a module may reach only its own layer and those below.

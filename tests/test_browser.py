@@ -171,6 +171,29 @@ def test_upload_small_gguf_selects_it(browser_app, tiny_pair) -> None:
         ctx.close()
 
 
+def test_upload_of_a_non_gguf_selects_nothing_and_says_why_once(browser_app, tmp_path) -> None:
+    """A file that is not a GGUF uploaded as the drafter (fresh session): refused in one line naming it, and the
+    drafter selected before stays selected (the sidebar unchanged)."""
+    url, _page, errors, _demo, browser = browser_app
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"PK\x03\x04 this is a zip, not a GGUF")
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1800})
+    try:
+        page = ctx.new_page()
+        _open(page, url, "files")
+        before = page.locator('[data-testid="stSidebar"]').inner_text()
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(bad))
+        page.get_by_text("is not a GGUF file").first.wait_for(timeout=60_000)
+        settle(page)
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert body.count("notes.gguf is not a GGUF file") == 1, body[:1500]
+        assert page.locator('[data-testid="stSidebar"]').inner_text() == before
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
+    assert not errors, errors
+
+
 def test_deep_link_opens_its_prompt_and_round(browser_app) -> None:
     """A link built with mtpscope.app.links.view_url opens the Step view on its prompt and round in a fresh
     session; a bad round is refused in one line; a round typed past the last is refused and the next click

@@ -47,13 +47,15 @@ def test_token_text_lazy_lookup_and_labels() -> None:
             Counting.hits += 1
             return super().__getitem__(i)
 
-    toks = Counting(["<pad>", "\u2581the", "\u2581cat", "\n"])
+    toks = Counting(["<pad>", "\u2581the", "\u2581cat", "\n", "\u2581", "\u2581\u2581\u2581\u2581"])
     d = TokenText(toks, "test")
-    assert d.text(1) == " the" and d.label(2) == "“ cat”" and d.label(3) == "“↵”"
+    # a label shows its whitespace: a space as ␣ (U+2423), a newline as ↵; running text keeps its spaces
+    assert d.text(1) == " the" and d.label(2) == "“\u2423cat”" and d.label(3) == "“↵”"
+    assert d.label(4) == "“\u2423”" and d.label(5) == "“\u2423\u2423\u2423\u2423”" and d.text(4) == " "
     assert d.text(1) == " the"
-    assert Counting.hits == 3  # cached: id 1 decoded once
+    assert Counting.hits == 5  # cached: id 1 decoded once
     assert d.label(99) == "#99" and d.label(None) == "∅" and d.label(-1) == "∅"
-    assert d.join([1, 2]) == "“ the” · “ cat”"
+    assert d.join([1, 2]) == "“\u2423the” · “\u2423cat”"
     assert d.find("cat") == [2] and d.find(" the") == [1]
     assert TokenText(None).label(5) == "#5"
 
@@ -133,7 +135,7 @@ def test_round_hover_shows_text() -> None:
     h = round_views.round_hover(r, d, labels={0: "prompt 0 “hi”"})
     assert h[0].startswith("prompt 0 “hi” · round 0") and "accepted 1 of 3" in h[0]
     # k=1 accepted, k=2 the first rejection, k=3 after it: never checked, so no target shown
-    assert "1: “ a” vs “ a” ✓" in h[0] and "2: “ b” vs #901 ✗" in h[0] and "3: “ c” – not checked" in h[0]
+    assert "1: “␣a” vs “␣a” ✓" in h[0] and "2: “␣b” vs #901 ✗" in h[0] and "3: “␣c” – not checked" in h[0]
     assert "#902" not in h[0]
     assert "drafted nothing" in h[1] and "vs" not in h[1]
 
@@ -153,8 +155,11 @@ def test_round_verdict_sentences() -> None:
         "Rejected at k=2: the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101); k=3 was not checked")
     cause = "rejected (near tie): the target's t901 was the drafter's runner-up, 0.10 logits behind"
     assert round_views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step, cause=cause) == (
-        "Rejected at k=2 (near tie): the target chose t901 (drafter rank 1, logit 2.75 vs 4.00 for t101) — the "
-        "target's t901 was the drafter's runner-up, 0.10 logits behind; k=3 was not checked")
+        "Rejected at k=2 (near tie): drafted t101 (logit 4.00); the target's t901 was the drafter's runner-up, "
+        "0.10 logits behind; k=3 was not checked")
+    # said once: the cause names the target's token, rank and gap; the sentence does not repeat them
+    line = round_views.round_verdict(3, 1, [100, 101, 102], [100, 901, 902, 903], dec, step=step, cause=cause)
+    assert line.count("t901") == 1 and line.count("rank") == 0 and line.count("runner-up") == 1
     # the target's token below the stored top list: its logit is only bounded by the last stored one
     far = {"token": 100, "logit": 5.0, "top_ids": [100, 7], "top_logits": [5.0, 1.5], "target_rank": 13}
     assert round_views.round_verdict(3, 0, [100, 101, 102], [900, 901, 902, 903], dec, step=far) == (
@@ -384,6 +389,27 @@ def test_step_table_and_top_candidates() -> None:
     assert list(fig.data[0].marker.color) == ["#1f77b4", "#2ca02c"]
 
 
+def test_top_candidate_axis_shows_the_gap_behind_a_rejection() -> None:
+    """A near tie: the drafter drafted 12.0 and the target's token scored 11.2 (0.8 logits behind). From 0 the
+    two bars would differ by 0.8 / 12 = 7 % of the axis; the axis spans the logits shown (3.0 to 12.0 plus a
+    margin of 15 % of their 9.0 span on each side: 1.65 to 13.35), so the gap is 0.8 / 11.7 = 6.8 % of it and
+    every bar ends at its own logit."""
+    step = {"token": 5, "top_ids": [5, 9, 7], "top_logits": [12.0, 11.2, 3.0], "target_token": 9, "target_rank": 1}
+    top = round_views.top_candidates(step, lambda i: f"t{i}")
+    fig = charts.top_candidates_figure(top, 1)
+    lo, hi = fig.layout.xaxis.range
+    assert (lo, hi) == pytest.approx((3.0 - 1.35, 12.0 + 1.35))
+    assert lo > 0
+    bar = fig.data[0]
+    assert [b + x for b, x in zip(bar.base, bar.x)] == pytest.approx([12.0, 11.2, 3.0])
+    assert fig.layout.meta["gap"] == pytest.approx(0.8)
+    assert "0.80 logits behind" in fig.layout.annotations[0].text
+    # a tie with nothing else: the axis is still 0.5 logits wide around it, not empty
+    tie = charts.logit_axis_range([4.0, 4.0])
+    assert tie == pytest.approx((4.0 - 0.25 - 0.075, 4.0 + 0.25 + 0.075))
+    assert charts.logit_axis_range([float("nan")]) == (0.0, 1.0)
+
+
 def test_target_bar_past_the_stored_top() -> None:
     step = {"token": 5, "top_ids": [5, 6, 7], "top_logits": [3.0, 2.0, 1.0], "target_token": 9, "target_rank": 13}
     top = round_views.top_candidates(step, lambda i: f"t{i}")
@@ -391,7 +417,8 @@ def test_target_bar_past_the_stored_top() -> None:
     assert top["stored"].tolist() == [True, True, True, False] and int(top["rank"].iloc[3]) == 13
     fig = charts.top_candidates_figure(top, 1)
     assert list(fig.data[0].y)[3] == "13. t9"
-    assert list(fig.data[0].x) == [3.0, 2.0, 1.0, 1.0]  # drawn up to the last stored logit, its upper bound
+    ends = [b + x for b, x in zip(fig.data[0].base, fig.data[0].x)]
+    assert ends == pytest.approx([3.0, 2.0, 1.0, 1.0])  # drawn up to the last stored logit, its upper bound
     assert list(fig.data[0].marker.pattern.shape) == ["", "", "", "/"]
     assert fig.layout.meta["target_rows"] == [3] and fig.data[0].marker.color[3] == "#2ca02c"
     unknown = round_views.top_candidates({**step, "target_rank": None}, None)

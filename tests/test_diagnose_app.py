@@ -59,20 +59,91 @@ def test_page_shows_the_saved_diagnosis_and_opens_a_findings_view(buggy, monkeyp
     assert [h.value for h in at.title] == ["Validate"]
 
 
-def test_page_runs_diagnose_on_the_selected_trace(buggy) -> None:
+def test_page_runs_diagnose_on_the_trace_looked_at(buggy, monkeypatch, tmp_path) -> None:
+    """The demo opens two traces (A: the healthy drafter's, B: the buggy one's): the page asks which, diagnoses
+    B with the models that recorded it, and each defect's buttons open Validate, Compare (with the acceptance
+    gap) and Step (at the first step judged differently); the report downloads, the folder it is saved in is
+    named, and a later run of the app reads it back instead of diagnosing again."""
     from streamlit.testing.v1 import AppTest
 
+    from mtpscope.app import loaders
+
+    monkeypatch.setenv("MTPSCOPE_UPLOADS", str(tmp_path / "uploads"))
     tp = buggy["paths"]
-    at = AppTest.from_file(MAIN, default_timeout=240)
-    for slot, path in ((selection.TRACE, tp.traces_buggy), (selection.DRAFTER, tp.drafter_buggy),
-                       (selection.TARGET, tp.target)):
+    at = AppTest.from_file(MAIN, default_timeout=300)
+    for slot, path in ((selection.TRACE, tp.traces_f32), (selection.TRACE_B, tp.traces_buggy)):
         at.session_state[selection.slot_key(slot)] = str(path)
     at.run()
     at.switch_page("screens/diagnose.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.radio(key=selection.DIAG_WHICH).value is None and not at.error   # asked, nothing diagnosed yet
+    at.radio(key=selection.DIAG_WHICH).set_value("B").run()
     at.button[0].click().run()
     assert not at.exception, [e.value for e in at.exception]
     first = buggy["doc"]["findings"][0]
     assert at.error[0].value.startswith("Defect found: ") and first["title"] in at.error[0].value
+    labels = {b.key: b.label for b in at.button}
+    assert labels[selection.diag_open_key(0)].startswith("Validate")
+    assert labels[selection.diag_open_key(0, 1)].startswith("Compare")
+    assert labels[selection.diag_open_key(0, 2)].startswith("Step")
+    # the gap against trace A, from the two traces' rounds counted here
+    ra, rb = (loaders_rate(tp.traces_f32), loaders_rate(tp.traces_buggy))
+    gap = f"acceptance rate {100 * rb:.1f} % here against {100 * ra:.1f} % in trace A"
+    assert any(gap in m.value for m in at.markdown), [m.value for m in at.markdown if "compare" in m.value]
+    assert [b.label for b in at.get("download_button")] == ["Download the HTML report"]
+    saved = next(c.value for c in at.caption if c.value.startswith("Saved in"))
+    out = Path(saved.split("`")[1])
+    assert out.parent.parent == tmp_path / "uploads" and (out / DIAGNOSIS_FILE).is_file()
+    # another run of the app (its in-memory cache gone) shows the saved diagnosis, read back: diagnose not called
+    loaders._diagnosis.clear()
+
+    def no_run(*a, **k):
+        raise AssertionError("diagnosed again")
+
+    monkeypatch.setattr("mtpscope.traces.diagnose.run.diagnose", no_run)
+    again = AppTest.from_file(MAIN, default_timeout=120)
+    for slot, path in ((selection.TRACE, tp.traces_f32), (selection.TRACE_B, tp.traces_buggy)):
+        again.session_state[selection.slot_key(slot)] = str(path)
+    again.run()
+    again.switch_page("screens/diagnose.py").run()
+    again.radio(key=selection.DIAG_WHICH).set_value("B").run()    # shown at once: no click, no diagnosis
+    assert not again.exception, [e.value for e in again.exception]
+    assert first["title"] in again.error[0].value
+    # the Compare button: trace A against trace B, as selected
+    at.button(key=selection.diag_open_key(0, 1)).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [h.value for h in at.title] == ["Compare"]
+    assert at.session_state[selection.slot_key(selection.TRACE)] == str(tp.traces_f32)
+    assert at.session_state[selection.slot_key(selection.TRACE_B)] == str(tp.traces_buggy)
+
+
+def test_a_link_naming_the_trace_diagnoses_that_one(demo_dir) -> None:
+    """``/diagnose?trace=BUGGY`` with the demo's two traces: the buggy one is trace A now and preset as the one
+    to diagnose, also on the runs after the link was taken (nothing is diagnosed until the button)."""
+    from streamlit.testing.v1 import AppTest
+
+    tp = TrainedPaths.under(demo_dir.root)
+    if not (tp.traces_buggy / "manifest.json").exists():
+        pytest.skip("the trained demo traces are not built")
+    at = AppTest.from_file(MAIN, default_timeout=120)
+    at.run()
+    at.query_params["trace"] = str(tp.traces_buggy)
+    at.switch_page("screens/diagnose.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[selection.slot_key(selection.TRACE)] == str(tp.traces_buggy)
+    assert at.radio(key=selection.DIAG_WHICH).value == "A"
+    at.text_input(key=selection.DIAG_REFERENCE).input("").run()   # another run: the choice is kept
+    assert at.radio(key=selection.DIAG_WHICH).value == "A"
+    assert any(c.value.startswith("trace A `demo/trained/traces/buggy`") for c in at.caption), \
+        [c.value for c in at.caption]
+
+
+def loaders_rate(trace: Path) -> float:
+    """accepted / drafted summed over a trace's rounds as the store reads them (not the aligned diff's delta)."""
+    from mtpscope.traces.store.reader import open_trace
+
+    r = open_trace(trace).rounds
+    return int(r["n_accepted"].sum()) / int(r["n_draft"].sum())
 
 
 def test_the_saved_diagnosis_reads_back_as_the_same_records(buggy) -> None:

@@ -7,6 +7,7 @@ Skips, saying why, where llama-server cannot be built here or is not built (`mak
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import subprocess
@@ -279,7 +280,7 @@ def test_server_page_in_apptest(probed, pair, monkeypatch):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["requests"] == "6"
     assert metrics["drafted"] == str(int(req["n_drafted"].sum()))
-    assert metrics["acceptance rate"] == f"{req['n_accepted'].sum() / req['n_drafted'].sum():.3f}"
+    assert metrics["acceptance rate"] == f"{100 * req['n_accepted'].sum() / req['n_drafted'].sum():.1f} %"
     assert not [e for e in at.error if "not running MTP" in str(e.value)]
     assert len(at.get("plotly_chart")) == 3
     # replay one request from the page: mtpscope's recording agrees with the server's numbers of that request
@@ -319,7 +320,7 @@ def test_server_page_in_chromium(probed, tmp_path):
             page.get_by_text("mean acceptance length").first.wait_for(timeout=120_000)
             settle(page)
             body = page.locator('[data-testid="stMain"]').inner_text()
-            assert f"{req['n_accepted'].sum() / req['n_drafted'].sum():.3f}" in body, body[:800]
+            assert f"{100 * req['n_accepted'].sum() / req['n_drafted'].sum():.1f} %" in body, body[:800]
             assert page.locator('[data-testid="stPlotlyChart"]').count() == 3
             assert page.locator('[data-testid="stException"]').count() == 0
             shots = ROOT / "test-output" / "screenshots"
@@ -346,6 +347,7 @@ def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_pa
     at.radio(key="w.server.mode").set_value("probe a server").run()
     at.text_input(key="w.server.url").set_value(mtp_server.url)
     at.text_input(key="w.server.header").set_value(f"Authorization: Bearer {KEY}")
+    at.radio(key="w.server.prompt_source").set_value("a file path")
     at.text_input(key="w.server.prompts").set_value(str(prompts_file))
     at.text_input(key="w.server.out").set_value(str(out))
     at.number_input(key="w.server.n_predict").set_value(8)
@@ -359,6 +361,9 @@ def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_pa
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert {m.label: m.value for m in at.metric}["requests"] == "6"
+    # the requests table and the replay are on this page, where the probe ran (no switch to "open a probe trace")
+    assert at.radio(key="w.server.mode").value == "probe a server"
+    assert len(at.dataframe[0].value) == 6 and at.selectbox(key="w.server.request").value == 0
     for f in out.rglob("*"):
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f
@@ -366,3 +371,79 @@ def test_server_page_probes_a_server_in_apptest(mtp_server, prompts_file, tmp_pa
     at.text_input(key="w.server.url").set_value("http://192.0.2.7:8080")
     at.button[0].click().run()
     assert any("only this machine's llama-server" in str(e.value) for e in at.error), [e.value for e in at.error]
+
+
+def test_server_page_probes_with_the_demo_prompts_into_the_cache(mtp_server, pair, tmp_path, monkeypatch):
+    """The page's defaults: the demo's 36 prompts, ``mtpscope probe``'s n_predict (128, read from the CLI's own
+    option here), and the trace written under the cache folder's uploads, not the working directory."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from mtpscope.cli.main import app as cli_app
+    from mtpscope.cli.serve import main_script
+
+    cmd = next(c for c in cli_app.registered_commands if c.name == "probe")
+    cli_default = next(p.default for p in inspect.signature(cmd.callback).parameters.values()
+                       if getattr(p.default, "param_decls", None) == ("--n-predict",)).default
+    uploads = tmp_path / "uploads"
+    monkeypatch.setenv("MTPSCOPE_UPLOADS", str(uploads))
+    monkeypatch.chdir(tmp_path)
+    at = AppTest.from_file(str(main_script()), default_timeout=120)
+    at.run()
+    at.switch_page("screens/server.py").run()
+    at.radio(key="w.server.mode").set_value("probe a server").run()
+    assert at.number_input(key="w.server.n_predict").value == cli_default == 128
+    assert at.radio(key="w.server.prompt_source").value.startswith("the demo's")
+    at.text_input(key="w.server.url").set_value(mtp_server.url)
+    at.text_input(key="w.server.header").set_value(f"Authorization: Bearer {KEY}")
+    at.number_input(key="w.server.n_predict").set_value(4)
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    job = at.session_state["server.job"]
+    host = mtp_server.url.split("://", 1)[1].replace(":", "-")
+    assert Path(job.out) == uploads / "probes" / host
+    deadline = time.monotonic() + 400
+    while not job.done and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job.done and job.error is None, job
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    from mtpscope.demo.trained import read_prompts
+
+    assert {m.label: m.value for m in at.metric}["requests"] == str(len(read_prompts())) == "36"
+    assert len(at.dataframe[0].value) == 36
+    assert not [p for p in tmp_path.iterdir() if p.name != "uploads"]   # nothing in the working directory
+
+
+@pytest.mark.browser
+def test_server_page_shows_the_probe_where_it_ran_in_chromium(mtp_server, tmp_path):
+    """In a real browser: a probe started on the page with the demo's prompts; when it ends the requests table and
+    the replay controls appear on the same page, with no click (the refreshing view reruns the whole page)."""
+    from tests.apphelpers import start_app
+    from tests.browser import ARGS, CHROMIUM, need_browser, settle
+
+    sync_api = need_browser()
+    with start_app(tmp_path / "app.log", env={"MTPSCOPE_UPLOADS": str(tmp_path / "uploads")}) as url, \
+            sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/server")
+            page.get_by_role("heading", name="Server", exact=True).first.wait_for(timeout=120_000)
+            page.get_by_text("probe a server", exact=True).click()
+            page.get_by_role("textbox", name="server URL").fill(mtp_server.url)
+            page.get_by_role("textbox", name="header (e.g. an API key").fill(f"Authorization: Bearer {KEY}")
+            page.get_by_role("spinbutton", name="n_predict").fill("4")
+            page.get_by_role("button", name="start probe").click()
+            page.get_by_text("request to replay (or click its row)").first.wait_for(timeout=400_000)
+            settle(page)
+            body = page.locator('[data-testid="stMain"]').inner_text()
+            assert "Requests" in body and "replay request" in body, body[:1500]
+            assert page.locator('[data-testid="stException"]').count() == 0
+            assert not errors, errors
+        finally:
+            browser.close()
+    assert (tmp_path / "uploads" / "probes").is_dir()
+    assert "Traceback" not in (tmp_path / "app.log").read_text()

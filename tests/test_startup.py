@@ -69,3 +69,54 @@ def test_baseline_is_timed_after_the_go(pair, tmp_path: Path) -> None:
                assistant=pair["noisy"], out=tmp_path / "t", prompt="The quick brown fox")
     b = traces.open(tmp_path / "t").manifest["baseline"]
     assert b["outputs_equal"] is True and b["n_tokens"] == len(s.outputs[0]) == 8
+
+
+def test_a_prespawned_worker_runs_the_recording_and_reports_its_clock(pair, tmp_path: Path, spy) -> None:
+    """``mtpscope record`` starts its worker before importing the recorder (worker_spawn.prespawn): the next
+    RecordWorker takes that very process, which loads and decodes the job sent to it later."""
+    from mtpscope.traces.run import worker_spawn
+
+    hellos: list[Any] = []
+    hello = W.RecordWorker.hello
+
+    def spy_hello(self: Any) -> Any:
+        hellos.append(hello(self))
+        return hellos[-1]
+
+    W.RecordWorker.hello = spy_hello  # type: ignore[method-assign]  # restored below
+    try:
+        worker_spawn.prespawn()
+        early = worker_spawn._prespawned[-1]
+        s = record(RecordConfig(max_tokens=4, hidden="off"), target=pair["target"], assistant=pair["noisy"],
+                   out=tmp_path / "t", prompt="The quick brown fox")
+    finally:
+        W.RecordWorker.hello = hello  # type: ignore[method-assign]  # the original
+        worker_spawn.discard_prespawned()
+    assert len(spy["workers"]) == 1 and spy["workers"][0].proc is early.proc
+    assert hellos[0].pid == early.proc.pid and s.n_generated == 4 and early.proc.returncode == 0
+    assert worker_spawn.take_prespawned() is None                    # handed out once
+    st = hellos[0].startup                                            # the worker's start-up clock, in order
+    assert early.spawned_at <= st["main"] <= st["job"] <= st["runtime"] <= st["prompts"]
+    assert all(st[k + "_cpu"] > 0 for k in ("main", "job", "runtime", "prompts"))
+
+
+def test_a_prespawned_worker_nobody_takes_is_killed(pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``record`` command that fails before recording (an unreadable prompts file) leaves no worker behind."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.run import worker_spawn
+
+    spawned: list[worker_spawn.SpawnedWorker] = []
+    spawn = worker_spawn.spawn_worker
+
+    def spy_spawn() -> worker_spawn.SpawnedWorker:
+        spawned.append(spawn())
+        return spawned[-1]
+
+    monkeypatch.setattr(worker_spawn, "spawn_worker", spy_spawn)
+    r = CliRunner().invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]),
+                                 "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "t")])
+    assert r.exit_code == 2, r.output
+    assert len(spawned) == 1 and spawned[0].proc.returncode is not None   # started early, then killed
+    assert worker_spawn.take_prespawned() is None and not (tmp_path / "t").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, links, loaders, round_views, url_state, views
+from mtpscope.app import charts, formats, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import LinkError
@@ -29,7 +29,7 @@ with guard("trace store"):
     with guard("metrics"):
         rep = loaders.report(path)
         c = st.columns(4)
-        c[0].metric("acceptance rate", f"{views.acceptance_rate(rep):.1%}",
+        c[0].metric("acceptance rate", formats.percent(views.acceptance_rate(rep)),
                     help="accepted drafts / drafted tokens, over the whole trace (as `mtpscope report`)")
         c[1].metric("mean acceptance length", f"{views.mean_acceptance_length(rep):.3f}",
                     help="tokens per target verify: 1 + accepted drafts / rounds that drafted (whole trace)")
@@ -73,7 +73,7 @@ with guard("trace store"):
     if choice != ALL:
         row = table[table["prompt_id"] == choice].iloc[0]
         pc = st.columns(3)
-        pc[0].metric(f"prompt {choice}: acceptance rate", f"{row['acceptance_rate']:.1%}")
+        pc[0].metric(f"prompt {choice}: acceptance rate", formats.percent(row["acceptance_rate"]))
         pc[1].metric("mean acceptance length", f"{row['mean_acceptance_length']:.3f}")
         pc[2].metric("longest zero-acceptance streak", wording.plural(int(row['longest_zero_streak']), "round"))
 

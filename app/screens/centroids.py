@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, loaders, safety, views
+from mtpscope.app import charts, formats, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 
@@ -104,7 +104,7 @@ with guard("centroid head"):
                 head_kind = drafting_head(tr.manifest)
                 cc = rep.centroid_coverage
                 if cc:
-                    st.metric("steps whose target token was reachable", f"{(cc.coverage or 0):.1%}",
+                    st.metric("steps whose target token was reachable", formats.percent(cc.coverage or 0),
                               help="share of the draft steps the target checked (accepted, or a round's first "
                                    "rejection: the steps the table below lists) where the target's token was among "
                                    "the candidates of the centroids the sparse head chose (as `mtpscope report`)")

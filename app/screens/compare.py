@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, links, loaders, model_views, round_views, url_state, views
+from mtpscope.app import charts, formats, links, loaders, model_views, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import TraceMismatchError
@@ -152,8 +152,8 @@ def _traces() -> None:
         prompts_a = prompts_b = views.manifest_prompts(tr_a.manifest)
 
     c = st.columns(4)
-    c[0].metric(f"acceptance rate · {names[0]}", f"{rate_a:.1%}")
-    c[1].metric(f"acceptance rate · {names[1]}", f"{rate_b:.1%}", delta=f"{(rate_b - rate_a) * 100:+.1f} pts")
+    c[0].metric(f"acceptance rate · {names[0]}", formats.percent(rate_a))
+    c[1].metric(f"acceptance rate · {names[1]}", formats.percent(rate_b), delta=formats.points(rate_b - rate_a))
     c[2].metric(f"mean acceptance length · {names[0]}", f"{len_a:.3f}")
     c[3].metric(f"mean acceptance length · {names[1]}", f"{len_b:.3f}", delta=f"{len_b - len_a:+.3f}")
 

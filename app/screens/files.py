@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, model_views, safety, views
+from mtpscope.app import charts, formats, loaders, model_views, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard, status_line
 from mtpscope.errors import MtpscopeError
@@ -112,7 +112,8 @@ def _picker(slot: str, label: str, kind: str, optional: bool, upload: str | None
             st.session_state[sel.uploaded_key(slot)] = up.file_id
             try:
                 data = up.getvalue()
-                if upload == "GGUF":
+                if upload == "GGUF":   # not a GGUF: refused here, once, and nothing is stored or selected
+                    loaders.check_gguf_upload(data, up.name)
                     p = safety.store_upload(data, up.name, safety.uploads_dir())
                 else:
                     p = safety.extract_trace_zip(data, up.name, safety.uploads_dir())
@@ -248,7 +249,7 @@ elif trace_path := sel.get(sel.TRACE):
         _recording(tr)
         with guard("metrics"):
             rep = loaders.report(trace_path)
-            st.success(f"acceptance rate {views.acceptance_rate(rep):.1%} · mean acceptance length "
+            st.success(f"acceptance rate {formats.percent(views.acceptance_rate(rep))} · mean acceptance length "
                        f"{views.mean_acceptance_length(rep):.3f}")
 else:
     st.caption("none selected")

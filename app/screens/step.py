@@ -197,7 +197,7 @@ with guard("trace store"):
                 names = list(summary.variants)
                 rt = round_views.replay_for_round(rsteps, int(pid), int(rnd), names, dec.label)
                 if len(rt):
-                    st.dataframe(rt, hide_index=True, width="stretch", key=sel.STEP_REPLAY)
+                    st.dataframe(rt, hide_index=True, width="stretch", key=sel.STEP_REPLAY, placeholder="—")
                     st.caption("Each replayed variant's draft at this round (✓ = the target's token); the last "
                                "column lists the variants that would have drafted it.")
                 else:

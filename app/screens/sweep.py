@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from mtpscope.app import charts, loaders, safety, views
+from mtpscope.app import charts, formats, loaders, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.traces.sweep.quant import quant_table
@@ -109,7 +109,7 @@ with guard("sweep"):
     if len(row):
         r = row.iloc[0]
         k = st.columns(4)
-        k[0].metric("acceptance rate", "-" if r["acceptance_rate"] != r["acceptance_rate"] else f"{r['acceptance_rate']:.1%}")
+        k[0].metric("acceptance rate", formats.percent(r["acceptance_rate"]))
         k[1].metric("mean acceptance length", "-" if r["mean_acceptance_length"] != r["mean_acceptance_length"]
                     else f"{r['mean_acceptance_length']:.3f}")
         k[2].metric("tokens/s", "-" if r["tokens_per_s"] != r["tokens_per_s"] else f"{r['tokens_per_s']:.1f}")

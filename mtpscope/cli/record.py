@@ -89,13 +89,9 @@ def register(app: typer.Typer) -> None:
         A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
         the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
         """
-        from mtpscope.errors import LayoutError, RuntimeAbortedError
-
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        from mtpscope.traces.run.recorder import record
-
         if capture not in CAPTURE_CHOICES:
             print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
@@ -104,40 +100,60 @@ def register(app: typer.Typer) -> None:
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
                          hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",
                          repack=repack)
-        bar = _ProgressBar(max_tokens, prompts, category_field) if progress and not verbose else None
+        from mtpscope.traces.run import worker_spawn
 
-        def report_round(pid: int, res: Any) -> None:
-            print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+        if isolate:     # start the worker now: its Python start and imports run while the recorder is imported
+            worker_spawn.prespawn()
+        try:
+            _record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
+                    category_field=category_field, progress=progress, verbose=verbose, overwrite=overwrite,
+                    isolate=isolate, no_preflight=no_preflight)
+        finally:
+            worker_spawn.discard_prespawned()  # not taken: the command failed before the recording began
 
-        on_round = report_round if verbose else (None if bar is None else bar.on_round)
-        # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
-        # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
-        with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
-            specs = None
-            if prompts is not None:
-                from mtpscope.traces.run.prompts import category_note, read_prompt_specs
 
-                specs = read_prompt_specs(prompts, category_field=category_field)
-                note = category_note(specs)
-                if note:
-                    print(f"note: {note}", file=sys.stderr)
-            try:
-                s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
-                           overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
-                           isolate=isolate, preflight=not no_preflight, echo_log=verbose)
-                if bar is not None:
-                    bar.finish()
-            finally:
-                if bar is not None:
-                    bar.stop()
-        acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
-        mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
-        typer.echo(f"trace: {s.out}")
-        typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
-                   f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s of wall time, "
-                   "prefill included; `mtpscope report` gives the draft + verify rate)")
-        typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
-                   f"mean acceptance length {mal}")
+def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, prompt: str | None,
+            prompts: Path | None, category_field: str, progress: bool, verbose: bool, overwrite: bool, isolate: bool,
+            no_preflight: bool) -> None:
+    """The ``record`` command once its flags are checked and its worker is started: the recording, its
+    progress bar and the summary lines."""
+    from mtpscope.errors import LayoutError, RuntimeAbortedError
+    from mtpscope.traces.run.recorder import record
+
+    bar = _ProgressBar(config.max_tokens, prompts, category_field) if progress and not verbose else None
+
+    def report_round(pid: int, res: Any) -> None:
+        print(f"round {pid}:{res.round} n_accepted={res.n_accepted}", file=sys.stderr, flush=True)
+
+    on_round = report_round if verbose else (None if bar is None else bar.on_round)
+    # LayoutError: readable input that the pre-flight check refuses (exit 1); RuntimeAbortedError:
+    # llama.cpp died on this pair (exit 1, the trace keeps the rounds); other errors exit 2
+    with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
+        specs = None
+        if prompts is not None:
+            from mtpscope.traces.run.prompts import category_note, read_prompt_specs
+
+            specs = read_prompt_specs(prompts, category_field=category_field)
+            note = category_note(specs)
+            if note:
+                print(f"note: {note}", file=sys.stderr)
+        try:
+            s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
+                       overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
+                       isolate=isolate, preflight=not no_preflight, echo_log=verbose)
+            if bar is not None:
+                bar.finish()
+        finally:
+            if bar is not None:
+                bar.stop()
+    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+    mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
+    typer.echo(f"trace: {s.out}")
+    typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
+               f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s of wall time, "
+               "prefill included; `mtpscope report` gives the draft + verify rate)")
+    typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
+               f"mean acceptance length {mal}")
 
 
 def _config(**kw: Any) -> RecordConfig:

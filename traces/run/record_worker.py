@@ -8,7 +8,8 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
 
 1. The parent starts the child with a control socket, a 4 KiB shared *status* block (where the child
    notes, before every llama.cpp decode, which prompt / round / draft step it is in) and the
-   environment :data:`traces.run.llama.process.ABORT_ENV` (no debugger from ggml's abort handler). The
+   environment :data:`traces.run.worker_spawn.WORKER_ENV` and ``ABORT_ENV`` (no debugger from ggml's abort
+   handler; :mod:`traces.run.worker_spawn` starts it, before the job is known when ``mtpscope record`` asks). The
    child's stdout and stderr (llama.cpp's log and any abort message) go to a pipe that a parent thread
    copies to ``llama.log`` in the trace folder and keeps the tail of.
 2. ``start`` (parent -> child): the run, a :class:`traces.run.record_config.RecordJob` (models,
@@ -76,15 +77,11 @@ from mtpscope.traces.run.worker_protocol import (
     decode,
     encode,
 )
+from mtpscope.traces.run.worker_spawn import spawn_worker, take_prespawned
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime
 
-#: the worker's environment besides :data:`traces.run.llama.process.ABORT_ENV`: numpy's OpenBLAS on one
-#: thread. A BLAS call wakes OpenBLAS's pool (one thread per core), whose threads then busy-wait and
-#: took the core the recorder's analysis needs (measured: the worker used 2.0 CPU seconds per wall second
-#: with one llama.cpp thread). llama.cpp's own threads are ``n_threads``, set per context.
-WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
 STDERR_TAIL = 80
 #: a test fault, JSON ``{"abort_at_round": N}``: the worker calls ggml's own ``ggml_abort`` right after
@@ -231,14 +228,15 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
 
 
 def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list[str], *, pid: int | None = None,
-             baseline: Baseline | None = None) -> Hello:
+             baseline: Baseline | None = None, startup: dict[str, float] | None = None) -> Hello:
     """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
     (:func:`prepare_prompts`)."""
     from mtpscope.traces.run.llama.binding import runtime_info
 
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
-                 n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline)
+                 n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline,
+                 startup=startup)
 
 
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:
@@ -299,12 +297,15 @@ def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -
     return int(n_draft) * step + 4096
 
 
-def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
+def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float] | None = None) -> None:
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
 
+    marks = {} if marks is None else marks             # start-up clock for Hello.startup (epoch seconds)
+    marks["job"], marks["job_cpu"] = time.time(), time.process_time()
     status.set("load")
     c = job.config
     rtm = load_runtime(job)
+    marks["runtime"], marks["runtime_cpu"] = time.time(), time.process_time()
     # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
     # default, 5 ms, is more than a drafter step of a small pair)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -316,7 +317,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
     set_abort_hook(_flush_on_abort)
     try:
         toks, texts = prepare_prompts(rtm, job)
-        chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid())))
+        marks["prompts"], marks["prompts_cpu"] = time.time(), time.process_time()
+        chan.send(encode(hello_of(rtm, job, toks, texts, pid=os.getpid(), startup=marks)))
         if not _wait_go(chan):
             return                                     # the pre-flight check refused the pair: nothing decoded
         base = time_baseline(rtm, job, toks)
@@ -369,8 +371,21 @@ def _serve(chan: Channel, status: Status, job: RecordJob) -> None:
         rtm.close()
 
 
+def _import_llama() -> None:
+    """Import llama.cpp (``binding.llama()``: llama-cpp-python, the backend initialised) before the job is
+    read: a worker started early (:func:`traces.run.worker_spawn.prespawn`) does it while the recorder is
+    still importing. A failure is left to the model load, which reports it to the recorder."""
+    from mtpscope.traces.run.llama import binding
+
+    try:
+        binding.llama()
+    except MtpscopeError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: ``python -m mtpscope.traces.run.record_worker SOCK_FD STATUS_FD PARENT_PID``."""
+    marks = {"main": time.time(), "main_cpu": time.process_time()}
     args = list(sys.argv[1:] if argv is None else argv)
     sock_fd, status_fd, parent = int(args[0]), int(args[1]), int(args[2])
     _die_with_parent(parent)
@@ -381,11 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     chan = Channel(socket.socket(fileno=sock_fd))
     status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
     try:
+        _import_llama()
         got = chan.recv()
         start = decode(got[0], Start) if got else None
         if start is None:
             return 2
-        _serve(chan, status, start.job)
+        _serve(chan, status, start.job, marks)
         return 0
     except TransportClosed:
         return 1                                      # the recorder is gone
@@ -474,26 +490,12 @@ class RecordWorker:
     """
 
     def __init__(self, job: RecordJob, *, echo: bool = False) -> None:
-        from mtpscope.traces.run.llama.process import ABORT_ENV  # lazy: no llama_cpp import
-
-        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        status_fd = os.memfd_create("mtpscope-status") if hasattr(os, "memfd_create") else None
-        if status_fd is None:  # pragma: no cover - macOS
-            import tempfile
-
-            status_fd, tmp = tempfile.mkstemp(prefix="mtpscope-status")
-            os.unlink(tmp)
-        self._status_fd = status_fd
-        os.ftruncate(self._status_fd, mmap.PAGESIZE)
-        self._status = mmap.mmap(self._status_fd, mmap.PAGESIZE)
-        env = {**os.environ, **ABORT_ENV, **WORKER_ENV, "MTPSCOPE_LLAMA_LOG": "1", "PYTHONUNBUFFERED": "1"}
-        fds = (child_sock.fileno(), self._status_fd)
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mtpscope.traces.run.record_worker", str(fds[0]), str(fds[1]), str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=fds, env=env)
-        finally:
-            child_sock.close()
+        # the worker :func:`~traces.run.worker_spawn.prespawn` started (``mtpscope record``), else a new one
+        sp = take_prespawned() or spawn_worker()
+        self.proc, self._status_fd, self._status = sp.proc, sp.status_fd, sp.status
+        #: epoch seconds just before the worker process was started (its start-up clock's zero)
+        self.spawned_at = sp.spawned_at
+        parent_sock = sp.sock
         self.chan = Channel(parent_sock)
         self.receiver = RoundReceiver(self.chan)
         self.log = _LogPump(cast(IO[bytes], self.proc.stdout), echo)    # (stdout=PIPE: never None)

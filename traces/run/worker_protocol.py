@@ -73,7 +73,11 @@ class Hello:
     whether the drafter has the ``cb_eval`` capture, the runtime facts for the manifest
     (:func:`traces.run.llama.binding.runtime_info`), each prompt's token count and the text it stands for;
     ``pid``: the worker process (None in this process); ``baseline``: plain decoding timed already (in this
-    process; a worker sends its :class:`Baseline` after :class:`Go`)."""
+    process; a worker sends its :class:`Baseline` after :class:`Go`); ``startup``: a worker's start-up clock,
+    epoch seconds (``time.time()``) when its ``main`` began (Python started, the module imported), the job
+    arrived, the runtime was loaded (llama.cpp imported, both models, both contexts) and the prompts were
+    tokenized (``main``, ``job``, ``runtime``, ``prompts``), and the process's CPU seconds then (``main_cpu``,
+    ...; ``benchmarks/bench_startup.py`` breaks the start-up down with it)."""
 
     kind: ClassVar[str] = "hello"
     n_vocab: int
@@ -86,6 +90,7 @@ class Hello:
     prompt_texts: Sequence[str | None]
     pid: int | None = None
     baseline: Baseline | None = None
+    startup: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)

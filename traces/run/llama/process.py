@@ -1,7 +1,8 @@
 """The process around llama.cpp: a Ctrl-C (SIGINT) that arrives during a decode, ggml's abort hook, and
 what llama.cpp printed before it died (for the isolated recording worker, docs/RECORDING.md).
 
-Imports: ctypes, mtpscope.errors, :mod:`.binding` (the ggml functions; no ``llama_cpp`` at import time).
+Imports: ctypes, mtpscope.errors, :mod:`.binding` (the ggml functions; no ``llama_cpp`` at import time),
+:mod:`traces.run.worker_spawn` (``ABORT_ENV``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from mtpscope.errors import RuntimeUnavailableError
 from mtpscope.traces.run.llama import binding
+from mtpscope.traces.run.worker_spawn import ABORT_ENV as _ABORT_ENV
 
 # --------------------------------------------------------------------------------------------------
 # Ctrl-C during a decode
@@ -63,7 +65,8 @@ def deferred_sigint() -> Iterator[None]:
 #: ``ggml.cpp``) forks and execs ``gdb --batch -ex "attach PID" -ex bt`` (or lldb) unless
 #: ``GGML_NO_BACKTRACE`` is set, which prints ~200 lines of debugger output into the user's terminal
 #: and can take seconds; the message before it (``file:line: text``) is all we need.
-ABORT_ENV = {"GGML_NO_BACKTRACE": "1"}
+#: (defined in :mod:`traces.run.worker_spawn`, which starts the worker process without importing numpy)
+ABORT_ENV = _ABORT_ENV
 
 #: ``ggml_abort`` writes ``"<file>:<line>: <message>"`` to stderr before ``abort()``
 #: (``GGML_ABORT(...)``, ``GGML_ASSERT(x)`` -> ``GGML_ASSERT(x) failed``)
