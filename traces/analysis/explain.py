@@ -245,7 +245,7 @@ def _eog_rounds(rounds: pd.DataFrame, n_acc: np.ndarray) -> np.ndarray:
         em = flat_list(rounds["emitted"])
         out |= em.valid & (em.lengths == n_acc)
     if "eog_confirmed" in rounds.columns and len(rounds):
-        out |= pd.array(rounds["eog_confirmed"], dtype="boolean").fillna(False).to_numpy(dtype=bool)
+        out |= rounds["eog_confirmed"].astype("boolean").fillna(False).to_numpy(dtype=bool)
     return out
 
 
