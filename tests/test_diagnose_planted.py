@@ -192,9 +192,10 @@ def test_healthy_f32_drafter_no_defect_says_what_limits(trained: TrainedPaths, t
     pct = int(d.limits[0].split(" %")[0])
     assert abs(pct - 100 * share) <= 1.5, (pct, share)
     # the target judged none past an end-of-generation token: a round whose emitted tokens stop at its
-    # accepted drafts (an accepted draft ended the generation, no correction token followed)
-    ended = {(int(p), int(q)) for p, q, e, a in zip(r["prompt_id"], r["round"], r["emitted"], r["n_accepted"],
-                                                    strict=True) if len(e) == a}
+    # accepted drafts (an accepted draft ended the generation, no correction token followed), or whose drafted
+    # end-of-generation token the target confirmed, which llama.cpp counts as the target's own (eog_confirmed)
+    ended = {(int(p), int(q)) for p, q, e, a, c in zip(r["prompt_id"], r["round"], r["emitted"], r["n_accepted"],
+                                                       r["eog_confirmed"], strict=True) if len(e) == a or (c is not None and bool(c))}
     judged = m[[(int(p), int(q)) not in ended for p, q in zip(m["prompt_id"], m["round"], strict=True)]]
     hard = int((judged["target_entropy"] >= 1.0).sum())
     assert f"({hard} of the {len(judged)} the target judged)" in d.limits[0], d.limits[0]

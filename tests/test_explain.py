@@ -221,3 +221,22 @@ def test_rank_histogram_and_top_tokens() -> None:
         [{"token": 3, "count": 2}, {"token": 5, "count": 2}]
     assert [t.to_dict() for t in E.top_tokens(np.array([4, 4]), 1, lambda t: f"t{t}")] == \
         [{"token": 4, "count": 2, "text": "t4"}]
+
+
+def test_a_confirmed_end_of_generation_draft_is_not_a_miss(tmp_path) -> None:
+    # llama.cpp's rule, as the recorder keeps it: draft 2 is the end-of-generation token and the target chose it
+    # too, but it is not the round's last draft, so it is the target's token (n_accepted 1, eog_confirmed);
+    # the round ended there: k2 and k3 are not the drafter's misses
+    rec = RoundRecord(0, 0, 5, 10, 3, (5, EOG, 6), 1, (5, EOG, 9, 10), (5, EOG), 9.0, 30.0, eog_confirmed=True)
+    steps = [_step(1, 5, [5, 2], [4.0, 1.0], 5, True), _step(2, EOG, [EOG, 2], [4.0, 1.0], EOG, False),
+             _step(3, 6, [6, 9], [2.0, 1.0], 9, False)]
+    man = {"source": "synthetic", "prompts": [{"prompt_id": 0, "text": "a"}]}
+    with TraceWriter(tmp_path / "e", man, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False) as w:
+        w.add_round(rec, steps)
+    r, s = _frames(open_trace(tmp_path / "e"))
+    assert r["eog_confirmed"].tolist() == [True]
+    c = E.step_causes(r, s)
+    assert c["cause"].tolist() == ["accepted", "after_eog", "after_eog"]
+    fm = E.first_mismatches(r, c)
+    assert fm[["k", "cause"]].values.tolist() == [[2, "after_eog"]]
+    assert E.rejection_summary(fm).causes["near_tie"] == 0

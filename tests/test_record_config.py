@@ -127,7 +127,8 @@ def test_manifest_params_keep_the_trace_format_key_order() -> None:
     # docs/TRACE_FORMAT.md's params, in the order every recorded manifest has them
     order = ["n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "chat", "n_gpu_layers", "centroids",
              "centroid_top_k", "hidden", "n_top", "flush_every", "compact", "flash_attn", "n_threads", "n_ctx",
-             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture", "repack"]
+             "greedy", "isolated", "preflight", "hidden_target", "baseline", "graph_capture", "repack",
+             "min_p"]
     p = RecordConfig(temp=0.5, centroids="/c", centroid_top_k=3).manifest_params(
         centroid_top_k=32, n_ctx=1024, isolated=True, preflight=False)
     assert list(p) == order

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(_D.seed, "--seed", help="Sampling seed."),
         top_k: int = typer.Option(_D.top_k, "--top-k", help="Sampling top-k, >= 0 (0: off)."),
         top_p: float = typer.Option(_D.top_p, "--top-p", help="Sampling top-p, in (0, 1] (1: off)."),
-        chat: bool = typer.Option(_D.chat, "--chat", help="Apply the GGUF's own chat template to each prompt."),
+        min_p: float = typer.Option(_D.min_p, "--min-p", help="Sampling min-p, in [0, 1] (0: off)."),
+        chat: bool = typer.Option(_D.chat, "--chat", help="Render each prompt as one user turn with the GGUF's own chat template, as llama-server's /v1/chat/completions does."),
         n_gpu_layers: int = typer.Option(
             _D.n_gpu_layers, "--n-gpu-layers",
             help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
@@ -94,7 +95,7 @@ def register(app: typer.Typer) -> None:
         if capture not in CAPTURE_CHOICES:
             print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p,
+        config = _config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p,
                          chat=chat, n_gpu_layers=n_gpu_layers, centroids=centroids, hidden=hidden, n_top=n_top,
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
                          hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",

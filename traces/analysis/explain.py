@@ -16,9 +16,10 @@ when the target token is in the stored top list (``top_logits[target_rank]``), e
 Causes (:data:`CAUSES`), the first rule that applies:
 
 1. ``accepted`` -- not a rejection.
-2. ``after_eog`` -- an accepted draft before it was an end-of-generation token: the round ended there
-   and this draft was not verified (the round emitted no correction token: ``len(emitted) ==
-   n_accepted``).
+2. ``after_eog`` -- the round ended at an end-of-generation draft before this one, or this draft is
+   that token: accepted as the round's last draft (the round emitted no correction token: ``len(emitted)
+   == n_accepted``) or confirmed by the target but counted as its own token (``eog_confirmed``: llama.cpp
+   accepts a drafted end-of-generation token only as a round's last draft); not a miss of the drafter.
 3. ``after_mismatch`` -- an earlier draft of the round was rejected, so this one was never compared
    (steps only; never a round's first mismatch).
 4. ``unknown`` -- the target's token is unknown, or the trace lacks the drafter's scores (no
@@ -68,7 +69,7 @@ HEADS = ("dense", "centroid")
 STEP_COLUMNS = ["prompt_id", "round", "k", "token", "logit", "top_ids", "top_logits", "target_token",
                 "target_rank", "accepted", "target_in_candidates", "target_centroid", "target_centroid_rank"]
 OPTIONAL_STEP_COLUMNS = ["target_p_drafted", "target_entropy"]
-ROUND_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "drafted", "target", "emitted"]
+ROUND_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "drafted", "target", "emitted", "eog_confirmed"]
 
 _CAUSE_CODE = {c: i for i, c in enumerate(CAUSES)}
 
@@ -167,10 +168,7 @@ def step_causes(rounds: pd.DataFrame, steps: pd.DataFrame, *, head: str = "dense
     have_round = ri >= 0
     n_acc_r = rounds["n_accepted"].to_numpy(dtype=np.int64)
     n_acc = np.where(have_round, n_acc_r[np.maximum(ri, 0)] if len(n_acc_r) else 0, -1)
-    eog_round = np.zeros(len(rounds), dtype=bool)
-    if "emitted" in rounds.columns and len(rounds):
-        em = flat_list(rounds["emitted"])
-        eog_round = em.valid & (em.lengths == n_acc_r)
+    eog_round = _eog_rounds(rounds, n_acc_r)
     eog = have_round & (eog_round[np.maximum(ri, 0)] if len(eog_round) else False)
 
     acc_val, acc_known = _bool(g("accepted"), n)
@@ -238,6 +236,19 @@ def step_causes(rounds: pd.DataFrame, steps: pd.DataFrame, *, head: str = "dense
     })
 
 
+def _eog_rounds(rounds: pd.DataFrame, n_acc: np.ndarray) -> np.ndarray:
+    """``bool[n_rounds]``: the round ended at an end-of-generation draft: accepted as its last draft (it emitted
+    no correction token, ``len(emitted) == n_accepted``) or confirmed by the target but, as llama.cpp counts
+    it, not accepted (``eog_confirmed``)."""
+    out = np.zeros(len(rounds), dtype=bool)
+    if "emitted" in rounds.columns and len(rounds):
+        em = flat_list(rounds["emitted"])
+        out |= em.valid & (em.lengths == n_acc)
+    if "eog_confirmed" in rounds.columns and len(rounds):
+        out |= rounds["eog_confirmed"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+    return out
+
+
 _FM_STEP_COLUMNS = ["cause", "target_token", "target_rank", "n_top", "gap", "gap_at_least", "sparse_unreachable",
                     "target_centroid", "target_centroid_rank", "target_p_drafted", "target_entropy", "target_side"]
 
@@ -268,10 +279,7 @@ def first_mismatches(rounds: pd.DataFrame, causes: pd.DataFrame | None = None) -
         else np.full(m, -1, dtype=np.int64)
     target = flat_list(rounds["target"]).item(na)[rows] if "target" in rounds.columns \
         else np.full(m, -1, dtype=np.int64)
-    eog = np.zeros(m, dtype=bool)
-    if "emitted" in rounds.columns:
-        em = flat_list(rounds["emitted"])
-        eog = (em.valid & (em.lengths == na))[rows]
+    eog = _eog_rounds(rounds, na)[rows]
     if causes is not None and len(causes):
         fm = causes.loc[causes["first_mismatch"].to_numpy(dtype=bool)
                         | (causes["cause"] == "after_eog").to_numpy(dtype=bool),

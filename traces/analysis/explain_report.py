@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.drift import Drift
 
 ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "n_accepted", "drafted", "target",
-                  "emitted", "t_draft_ms", "t_verify_ms"]
+                  "emitted", "t_draft_ms", "t_verify_ms", "eog_confirmed"]
 
 
 def token_label(vocab: Vocab | None) -> Callable[[int], str]:

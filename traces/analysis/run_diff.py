@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 #: manifest ``params`` that describe the run (not where it was written or how it was stored)
-RUN_PARAMS = ("n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "chat", "n_gpu_layers", "centroid_top_k",
+RUN_PARAMS = ("n_draft", "max_tokens", "temp", "seed", "top_k", "top_p", "min_p", "chat", "n_gpu_layers", "centroid_top_k",
               "flash_attn", "n_threads", "n_ctx", "greedy")
 #: model roles of a manifest's ``models``, as the recorder writes them
 ROLES = ("target", "assistant", "centroids")

@@ -66,31 +66,46 @@ PROBE_SPREAD, PROBE_MAX_REPS, PROBE_EXTRA_BUDGET_S = 1.5, 9, 3.0
 
 
 def prompt_tokens(model: LlamaModel, text: str, *, chat: bool = False) -> list[int]:
-    """Token ids of a prompt with the target ``model`` (a :class:`traces.run.llama.model.LlamaModel`): BOS
-    added as the vocab wants; with ``chat`` the GGUF's own chat template is applied first and special
-    tokens in it are parsed. The one rule for the recorder and the replay."""
-    if chat:
-        return model.tokenize(model.apply_chat_template(text), add_special=False, parse_special=True)
-    return model.tokenize(text, add_special=True, parse_special=False)
+    """Token ids of a text prompt with the target ``model``, as llama-server reads it: :func:`spec_tokens` of
+    ``PromptSpec(text=text)`` (BOS added, special tokens such as ``<|turn>`` parsed; with ``chat`` the text is
+    one user turn under the GGUF's chat template)."""
+    return spec_tokens(model, PromptSpec(text=text), chat=chat)[0]
 
 
 def spec_tokens(model: Any, spec: PromptSpec, *, chat: bool = False) -> tuple[list[int], str]:
-    """Token ids and the text they stand for of one prompts-file prompt (:class:`traces.run.prompts.PromptSpec`):
-    ``tokens`` as given (checked against the vocabulary; the text is their detokenization), ``messages``
-    rendered with the GGUF's chat template (special tokens parsed; the text is the rendered prompt), a
-    text by :func:`prompt_tokens`.
+    """THE prompt-form rule (record, sweep, diagnose, replay): token ids of one prompts-file prompt
+    (:class:`traces.run.prompts.PromptSpec`) exactly as llama-server 0.3.36 tokenizes the same request, and the
+    text they stand for (docs/RECORDING.md "Prompt forms").
+
+    * ``tokens``: the ids as given (no BOS, no template; checked against the vocabulary); the text is their
+      detokenization. The server's ``/completion`` with a list of ids.
+    * ``text``: ``llama_tokenize(text, add_special=True, parse_special=True)``: BOS where the vocabulary adds
+      it, special-token texts (``<|turn>``, ``<bos>``) read as those tokens. The server's ``/completion`` with
+      a string (``tokenize_input_prompts(..., add_special=true, parse_special=true)``) and its ``/tokenize``
+      with ``add_special: true``.
+    * ``messages`` (or a text with ``chat``, as one user turn): rendered as the server's
+      ``/v1/chat/completions`` renders it (:meth:`traces.run.llama.model.LlamaVocab.render_chat`: the
+      GGUF's template, generation prompt, the server's ``enable_thinking`` default, a leading BOS text
+      removed), then tokenized as a text above; the text is the rendered prompt for ``messages``, the
+      prompt's own text with ``chat``.
+
+    Args:
+        model: a :class:`traces.run.llama.model.LlamaVocab` (or model) of the target: ``tokenize``,
+            ``render_chat``, ``detokenize``, ``n_vocab``.
 
     Raises:
         MtpscopeError: a token id outside the vocabulary (names the file, line and ``tokens[i]``).
-        TraceError: no chat template for ``messages``.
+        TraceError: no chat template for ``messages`` / ``chat``, or the template refuses them.
     """
     if spec.tokens is not None:
         check_tokens(spec, model.n_vocab)
         return list(spec.tokens), model.detokenize(spec.tokens)
     if spec.messages is not None:
         text = model.render_chat(spec.messages)
-        return model.tokenize(text, add_special=False, parse_special=True), text
-    return prompt_tokens(model, spec.text or "", chat=chat), spec.text or ""
+        return model.tokenize(text, add_special=True, parse_special=True), text
+    text = spec.text or ""
+    rendered = model.render_chat([{"role": "user", "content": text}]) if chat else text
+    return model.tokenize(rendered, add_special=True, parse_special=True), text
 
 
 @dataclass
@@ -120,8 +135,11 @@ class RoundResult:
         round: 0-based round within the prompt; pos: position of the pending token.
         pending_token: the token fed at ``pos`` (the previous round's last emitted token, or ``t0``).
         drafted: the K drafts; target: the target's token at each of the K + 1 verify rows (None after
-            the first mismatch when sampling); n_accepted: drafts accepted; emitted: accepted drafts
-            plus the target's token (cut after an end-of-generation token).
+            the row that ended the round, when sampling); n_accepted: drafts accepted, counted as llama.cpp
+            counts them (``timings.draft_n_accepted``); emitted: accepted drafts plus the target's token (cut
+            after an end-of-generation token).
+        eog_confirmed: the draft after the accepted ones is an end-of-generation token the target chose too,
+            which llama.cpp counts as the target's token, not as accepted (it is not the round's last draft).
         t_draft_ms / t_verify_ms: wall time of the K drafter decodes / of the verify decode,
             acceptance and KV roll-back, in milliseconds.
         steps: one :class:`DraftStep` per draft, only when tracing (else empty).
@@ -149,6 +167,7 @@ class RoundResult:
     target_entropy: tuple[float, ...] = ()
     h_target: tuple[np.ndarray, ...] = field(repr=False, default=())
     target_logits: tuple[np.ndarray, ...] = field(repr=False, default=())
+    eog_confirmed: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,20 +196,35 @@ def finish_target_side(res: RoundResult) -> RoundResult:
 
 
 class Sampler:
-    """The target's token choice: greedy argmax (``temp <= 0``) or llama.cpp's seeded sampler chain
-    ``top_k -> top_p -> temp -> dist(seed)`` (top_k <= 0 and top_p >= 1 leave those stages out)."""
+    """The target's token choice, as llama-server 0.3.36 makes it for a request: greedy argmax (``temp <= 0``;
+    the vocabulary's suppress tokens never chosen) or the server's seeded sampler chain
+    (:class:`traces.run.llama.model.SamplerChain`: ``top_k -> top_p -> min_p -> temp -> dist(seed)``), called
+    row by row in the order the server samples, so one request consumes the same random draws.
 
-    def __init__(self, *, temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 1.0) -> None:
+    Args:
+        temp / seed / top_k / top_p / min_p: as :class:`traces.run.record_config.RecordConfig`.
+        suppress: the target vocabulary's suppress tokens (``LlamaVocab.suppress_tokens``); n_vocab its size.
+    """
+
+    def __init__(self, *, temp: float = 0.0, seed: int = 0, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, suppress: Sequence[int] = (), n_vocab: int = 0) -> None:
         self.temp, self.seed, self.top_k, self.top_p = float(temp), int(seed), int(top_k), float(top_p)
+        self.min_p = float(min_p)
         self.greedy = self.temp <= 0.0
+        self._suppress = np.asarray(sorted({int(t) for t in suppress}), dtype=np.int64)
         self._chain: SamplerChain | None = None
         if not self.greedy:
-            self._chain = SamplerChain(temp=self.temp, seed=self.seed, top_k=self.top_k, top_p=self.top_p)
+            self._chain = SamplerChain(temp=self.temp, seed=self.seed, top_k=self.top_k, top_p=self.top_p,
+                                       min_p=self.min_p, suppress=self._suppress.tolist(), n_vocab=n_vocab)
 
     def sample(self, ctx: LlamaContext, i: int) -> int:
         """The target's token at batch row ``i`` of the last decode of ``ctx``."""
         if self.greedy:
-            return int(np.argmax(ctx.logits(i)))
+            lg = ctx.logits(i)
+            if self._suppress.size:
+                lg = lg.copy()
+                lg[self._suppress] = -np.inf
+            return int(np.argmax(lg))
         if self._chain is None:     # (not greedy: made in __init__; None only once closed)
             raise TraceError("the sampler was closed", key="sampler")
         return self._chain.sample(ctx, i)
@@ -283,8 +317,7 @@ class MtpRuntime:
 
     # -- prompts
     def prompt_tokens(self, text: str, *, chat: bool = False) -> list[int]:
-        """Token ids of a prompt (BOS added as the vocab wants; with ``chat`` the GGUF's own chat
-        template is applied first and special tokens in it are parsed)."""
+        """Token ids of a text prompt as llama-server reads it (:func:`prompt_tokens`)."""
         return prompt_tokens(self.tmodel, text, chat=chat)
 
     # -- the loop
@@ -362,7 +395,7 @@ class MtpRuntime:
         if n_draft + 1 > self.n_batch:
             raise TraceError("n_draft + 1 must fit one verify batch", key="n_draft",
                              expected=f"<= {self.n_batch - 1}", actual=n_draft)
-        sampler = _sampler(config)
+        sampler = _sampler(config, self.tmodel)
         try:
             yield from self._rounds(tokens, n_draft, max_tokens, sampler, trace, hidden_target, keep,
                                     defer_target, fence)
@@ -420,25 +453,29 @@ class MtpRuntime:
             tctx.decode(tb)
             target: list[int | None] = []
             n_acc = 0
+            # llama.cpp's rule (common_sampler_sample_and_accept_n): row i judges draft i; a draft is accepted
+            # iff the target's token equals it, except an end-of-generation token that is not the round's last
+            # draft: that one ends the round as the target's own token (eog_confirmed), never as accepted
             if sampler.greedy:
                 for i in range(k_max + 1):
-                    target.append(int(np.argmax(tctx.logits(i))))
-                while n_acc < k_max and drafted[n_acc] == target[n_acc]:
+                    target.append(sampler.sample(tctx, i))
+                while n_acc < k_max and drafted[n_acc] == target[n_acc] and not (
+                        n_acc + 1 < k_max and eog(drafted[n_acc])):
                     n_acc += 1
             else:
                 for i in range(k_max + 1):
                     s = sampler.sample(tctx, i)
                     target.append(s)
-                    if i < k_max and s == drafted[i]:
+                    if i < k_max and s == drafted[i] and not (i + 1 < k_max and eog(s)):
                         n_acc += 1
                         continue
                     break
                 target += [None] * (k_max + 1 - len(target))
+            eog_confirmed = n_acc < k_max and drafted[n_acc] == target[n_acc]
             emitted = drafted[:n_acc] + [int(target[n_acc])]  # type: ignore[arg-type]  # target[n_acc] was sampled: the None padding comes after it
             for j, e in enumerate(emitted):  # stop at an end-of-generation token
                 if eog(e):
                     emitted = emitted[:j + 1]
-                    n_acc = min(n_acc, j + 1)
                     break
             h = tctx.nextn(n_acc).copy()
             tctx.seq_rm(pos + n_acc + 1, -1)
@@ -454,7 +491,7 @@ class MtpRuntime:
             res = RoundResult(round=rnd, pos=pos, pending_token=pending, drafted=tuple(drafted),
                               target=tuple(target), n_accepted=n_acc, emitted=tuple(emitted),
                               t_draft_ms=(t1 - t0) * 1e3, t_verify_ms=(t2 - t1) * 1e3, steps=tuple(steps),
-                              h_target=h_t, target_logits=t_lg)
+                              h_target=h_t, target_logits=t_lg, eog_confirmed=eog_confirmed)
             yield res if defer_target else finish_target_side(res)
             n_out += len(emitted)
             pos += n_acc + 1
@@ -603,9 +640,10 @@ class MtpRuntime:
 
 
 
-def _sampler(config: RecordConfig) -> Sampler:
-    """A fresh :class:`Sampler` for the target's token choice of ``config``."""
-    return Sampler(temp=config.temp, seed=config.seed, top_k=config.top_k, top_p=config.top_p)
+def _sampler(config: RecordConfig, model: LlamaModel) -> Sampler:
+    """A fresh :class:`Sampler` for the target's token choice of ``config`` with the target ``model``."""
+    return Sampler(temp=config.temp, seed=config.seed, top_k=config.top_k, top_p=config.top_p, min_p=config.min_p,
+                   suppress=model.suppress_tokens(), n_vocab=model.n_vocab)
 
 
 def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
@@ -621,7 +659,7 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
     per = []
     for tk in toks:
         timing: dict[str, float] = {}
-        sampler = _sampler(config)
+        sampler = _sampler(config, rtm.tmodel)
         try:
             outs.append(rtm.generate_plain(tk, max_tokens=config.max_tokens, sampler=sampler, timing=timing))
         finally:

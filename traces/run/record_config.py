@@ -47,8 +47,10 @@ class RecordConfig:
     Attributes:
         n_draft: drafts per round, 1..:data:`MAX_N_DRAFT` (64).
         max_tokens: tokens generated per prompt at most (the prefill's token included), >= 1.
-        temp / seed / top_k / top_p: the target's sampling: ``temp`` finite >= 0 (0 = greedy), any
-            integer seed, ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1] (1 = off).
+        temp / seed / top_k / top_p / min_p: the target's sampling, llama-server 0.3.36's chain and defaults
+            (top_k 40, top_p 0.95, min_p 0.05; docs/RECORDING.md "Sampling"): ``temp`` finite >= 0 (0 =
+            greedy), any integer seed (taken modulo 2**32), ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1]
+            (1 = off), ``min_p`` in [0, 1] (0 = off).
         chat: apply the target GGUF's own chat template to each text prompt.
         n_gpu_layers: layers offloaded (-1 = all; no effect in a CPU-only build).
         centroids: centroid head source (fork-dialect GGUF or HF directory), kept as a path string; None.
@@ -83,7 +85,7 @@ class RecordConfig:
     temp: float = 0.0
     seed: int = 0
     top_k: int = 40
-    top_p: float = 1.0
+    top_p: float = 0.95
     chat: bool = False
     n_gpu_layers: int = -1
     centroids: str | None = None
@@ -98,6 +100,7 @@ class RecordConfig:
     baseline: bool = False
     graph_capture: bool = False
     repack: bool = True
+    min_p: float = 0.05
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -187,6 +190,9 @@ def _check(c: RecordConfig) -> None:
     if not math.isfinite(c.top_p) or not 0.0 < c.top_p <= 1.0:
         raise TraceError("top_p must be in (0, 1] (1 = off)", key="top_p", expected="0 < top_p <= 1",
                          actual=c.top_p)
+    if not math.isfinite(c.min_p) or not 0.0 <= c.min_p <= 1.0:
+        raise TraceError("min_p must be in [0, 1] (0 = off)", key="min_p", expected="0 <= min_p <= 1",
+                         actual=c.min_p)
     if c.top_k < 0:
         raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=c.top_k)
     if c.hidden not in HIDDEN_CHOICES:

@@ -194,8 +194,9 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
 
     Per round (``rounds`` table): prompt id, round, position of the pending token, the pending token,
     drafted ids, the target's ids at each verify row (null after the first mismatch when sampling),
-    n_accepted, emitted tokens (accepted drafts + the target's token; cut after an end-of-generation
-    token, in which case ``n_accepted`` counts only the drafts up to it), draft / verify wall times in
+    n_accepted as llama.cpp counts it, emitted tokens (accepted drafts + the target's token; cut after an
+    end-of-generation token), ``eog_confirmed`` (a drafted end-of-generation token the target chose too, not
+    counted as accepted: llama.cpp's rule, docs/RECORDING.md), draft / verify wall times in
     ms (draft: the K drafter decodes with their argmax and h_next reads; verify: the target decode,
     acceptance and KV roll-back; the trace analysis and writing are outside both). Per draft step (``steps``): k
     (1-based), the token, its logit and rank, the top ``n_top`` drafter candidates with logits, the

@@ -316,15 +316,23 @@ def _drafter_weights(path: Path) -> dict[str, Any]:
 def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
-    did (:func:`traces.run.mtp_runtime.spec_tokens`)."""
-    from mtpscope.traces.run.mtp_runtime import prompt_tokens, spec_tokens
+    does (:func:`traces.run.mtp_runtime.spec_tokens`), or as it did before that rule read special tokens in a
+    text when only that gives the recorded token count."""
+    from mtpscope.traces.run.mtp_runtime import spec_tokens
     from mtpscope.traces.run.prompts import PromptSpec
 
     if entry.get("tokens"):
         return [int(x) for x in entry["tokens"]]
     if entry.get("messages"):
-        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])), chat=chat)[0]
-    return prompt_tokens(model, entry.get("text") or "", chat=chat)
+        return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])))[0]
+    text = entry.get("text") or ""
+    toks = spec_tokens(model, PromptSpec(text=text), chat=chat)[0]
+    n = entry.get("n_prompt_tokens")
+    if not chat and n is not None and len(toks) != int(n):
+        # recorded before issue 33's rule (special-token texts read as plain text): that rule, where it fits
+        old = model.tokenize(text, add_special=True, parse_special=False)
+        return old if len(old) == int(n) else toks
+    return toks
 
 
 def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, StepOptions], base: StepOptions,

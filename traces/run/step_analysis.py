@@ -131,7 +131,7 @@ def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
     return RoundRecord(prompt_id=prompt_id, round=res.round, pos=res.pos, pending_token=res.pending_token,
                        n_draft=len(res.drafted), drafted=res.drafted, n_accepted=res.n_accepted,
                        target=res.target, emitted=res.emitted, t_draft_ms=res.t_draft_ms,
-                       t_verify_ms=res.t_verify_ms)
+                       t_verify_ms=res.t_verify_ms, eog_confirmed=res.eog_confirmed)
 
 
 __all__ = ["LogitSummary", "derive_h_inner", "round_record", "step_records", "summarize_logits"]

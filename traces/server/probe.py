@@ -4,9 +4,10 @@ Per prompt (``--repeat K`` passes over the file, in file order) the probe
 
 1. turns the prompt into the token ids the server will see, asking the server itself: a ``tokens`` prompt as
    given; a text through ``/tokenize`` (BOS added, special tokens parsed: what ``/completion`` does with a text
-   prompt); ``messages`` through ``/apply-template`` then ``/tokenize`` (no second BOS: the template writes
-   its own). The ids go into the manifest's prompt entry (``tokens``), so a replay feeds mtpscope's recorder
-   exactly what the server got;
+   prompt); ``messages`` through ``/apply-template`` then ``/tokenize`` with BOS added (the server removes
+   the template's BOS text and lets the tokenizer add it, as its ``/v1/chat/completions`` does). The ids go
+   into the manifest's prompt entry (``tokens``), so a replay feeds mtpscope's recorder exactly what the
+   server got;
 2. sends them to ``/completion`` (``n_predict``, ``temperature`` (default 0: greedy), ``seed``,
    ``return_tokens``) and reads the response's ``timings``;
 3. reads ``/metrics`` after it (and once before the first), so each request gets the counter deltas it caused:
@@ -140,7 +141,7 @@ def _prompt_ids(client: ServerClient, spec: PromptSpec) -> tuple[list[int], str]
         return list(spec.tokens), ""
     if spec.messages is not None:
         text = client.apply_template(spec.messages)
-        return client.tokenize(text, add_special=False, parse_special=True), text
+        return client.tokenize(text, add_special=True, parse_special=True), text
     text = spec.text or ""
     return client.tokenize(text, add_special=True, parse_special=True), text
 

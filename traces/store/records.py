@@ -58,6 +58,9 @@ class RoundRecord:
         t_verify_ms: wall time of the target's verify decode, milliseconds (``None`` if unknown).
         draft_path: fork NDJSON ``path`` field (``sync``, ``lazy``, ``skip-streak``, ...), else ``None``.
         h_l2: fork NDJSON ``h_l2`` field (L2 norm of the hidden state fed to the drafter), else ``None``.
+        eog_confirmed: draft ``n_accepted + 1`` is an end-of-generation token the target chose too; llama.cpp
+            counts it as the target's token, not in ``n_accepted``, unless it is the round's last draft
+            (``common_sampler_sample_and_accept_n``); ``None`` when unknown (older traces, imports).
 
     Raises:
         TraceFormatError: ``n_draft != len(drafted)``, ``n_accepted`` out of ``[0, n_draft]``,
@@ -77,6 +80,7 @@ class RoundRecord:
     t_verify_ms: float | None = None
     draft_path: str | None = None
     h_l2: float | None = None
+    eog_confirmed: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "drafted", _int_tuple("drafted", self.drafted) or ())

@@ -43,6 +43,10 @@ ROUNDS_SCHEMA = pa.schema([
     pa.field("t_verify_ms", _f64),
     pa.field("draft_path", pa.string()),         # fork NDJSON only
     pa.field("h_l2", _f32),                      # fork NDJSON only
+    # the draft after the accepted ones is an end-of-generation token the target chose too: llama.cpp counts it
+    # as the target's token, not in n_accepted (it was not the round's last draft); null before this column
+    # existed and in imports
+    pa.field("eog_confirmed", pa.bool_()),
 ])
 
 _STEPS_BASE = [

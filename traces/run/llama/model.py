@@ -29,6 +29,10 @@ from mtpscope.traces.run.llama.capture import NodeCapture
 from mtpscope.traces.run.llama.native_capture import NativeCapture
 from mtpscope.traces.run.llama.process import sigint_state
 
+#: how llama.cpp 0.3.36 recognises a Gemma 4 chat template (``common/chat.cpp``: its source contains this text);
+#: the server then renders it with thinking on by default and appends ``<|turn>model\n`` after a closed turn
+GEMMA4_TEMPLATE_MARK = "'<|tool_call>call:'"
+
 
 def _created(ptr: Any, free: Any, what: str, path: Any) -> Any:
     """``ptr`` as a llama.cpp create call (a model load, a context) returned it, checked: a Ctrl-C caught in
@@ -146,19 +150,36 @@ class LlamaVocab(_ClosedOnDelete):
         """Text of ``tokens`` (pieces joined, decoded as UTF-8 with replacement)."""
         return b"".join(self.token_to_piece(t) for t in tokens).decode("utf-8", "replace")
 
+    @property
+    def add_bos(self) -> bool:
+        """Whether the vocabulary wants BOS in front of a tokenized text (``tokenizer.ggml.add_bos_token``, as
+        llama.cpp reads it: ``llama_vocab_get_add_bos``)."""
+        return bool(binding.llama().llama_vocab_get_add_bos(self.vocab))
+
+    def suppress_tokens(self) -> list[int]:
+        """The ids llama.cpp's samplers never pick (``tokenizer.ggml.suppress_tokens``; empty without the key):
+        llama-server's sampler chain starts with a ``-inf`` logit bias on them."""
+        lc = binding.llama()
+        n = ctypes.c_int32(0)
+        ptr = lc.llama_vocab_get_suppress_tokens(self.vocab, ctypes.byref(n))
+        return [int(ptr[i]) for i in range(int(n.value))] if ptr and n.value > 0 else []
+
     def apply_chat_template(self, user_text: str) -> str:
-        """``user_text`` as one user turn under the GGUF's own ``tokenizer.chat_template`` (Jinja).
-
-        Rendered with llama-cpp-python's Jinja2 chat formatter, with the generation prompt added.
-
-        Raises:
-            TraceError: the GGUF has no chat template.
-        """
+        """:meth:`render_chat` of ``user_text`` as one user turn (raises as it does)."""
         return self.render_chat([{"role": "user", "content": user_text}])
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """A chat (``[{"role", "content"}, ...]``) under the GGUF's own ``tokenizer.chat_template``, with
-        the generation prompt added (llama-cpp-python's Jinja2 chat formatter).
+    def render_chat(self, messages: Sequence[dict[str, str]], *, enable_thinking: bool | None = None) -> str:
+        """A chat (``[{"role", "content"}, ...]``) as llama-server 0.3.36 renders it for
+        ``/v1/chat/completions`` and ``/apply-template`` (``common_chat_templates_apply``; docs/RECORDING.md
+        "Prompt forms"): the GGUF's own ``tokenizer.chat_template`` (Jinja, through llama-cpp-python's
+        Jinja2 formatter) with ``bos_token`` / ``eos_token`` set, the generation prompt added and
+        ``enable_thinking``; then a leading BOS text removed when the vocabulary adds BOS itself
+        (:attr:`add_bos`: the tokenizer puts it back), and for a Gemma 4 template (its source has
+        ``'<|tool_call>call:'``) ``<|turn>model\n`` appended when the text ends with ``<turn|>\n``.
+
+        ``enable_thinking`` None is the server's default (``--reasoning auto``): True where the template
+        supports thinking (a Gemma 4 template, or one whose rendering changes with it). Tokenize the text
+        returned with ``add_special=True, parse_special=True`` (the server's rule).
 
         Raises:
             TraceError: the GGUF has no chat template, or the template refuses the messages (its error
@@ -175,12 +196,25 @@ class LlamaVocab(_ClosedOnDelete):
         bos_s = self.token_to_piece(bos).decode("utf-8", "replace") if bos >= 0 else ""
         eos_s = self.token_to_piece(eos).decode("utf-8", "replace") if eos >= 0 else ""
         fmt = formatter(template=tmpl, eos_token=eos_s, bos_token=bos_s, add_generation_prompt=True)
-        try:
-            prompt: str = fmt(messages=[dict(m) for m in messages]).prompt
-            return prompt
-        except Exception as e:  # noqa: BLE001 - jinja2's errors (TemplateError, TypeError) -> one line
-            raise TraceError(f"the chat template refused the messages: {type(e).__name__}: {e}", path=self.path,
-                             key="tokenizer.chat_template") from None
+        gemma4 = GEMMA4_TEMPLATE_MARK in tmpl
+
+        def render(msgs: Sequence[dict[str, str]], thinking: bool) -> str:
+            try:
+                out: str = fmt(messages=[dict(m) for m in msgs], enable_thinking=thinking).prompt
+            except Exception as e:  # noqa: BLE001 - jinja2's errors (TemplateError, TypeError) -> one line
+                raise TraceError(f"the chat template refused the messages: {type(e).__name__}: {e}", path=self.path,
+                                 key="tokenizer.chat_template") from None
+            return out
+
+        if enable_thinking is None:
+            probe = [{"role": "user", "content": "test"}]
+            enable_thinking = gemma4 or render(probe, True) != render(probe, False)
+        prompt = render(messages, enable_thinking)
+        if bos_s and self.add_bos and prompt.startswith(bos_s):
+            prompt = prompt[len(bos_s):]
+        if gemma4 and prompt.endswith("<turn|>\n"):
+            prompt += "<|turn>model\n"
+        return prompt
 
     def close(self) -> None:
         """Free the model (idempotent)."""
@@ -420,24 +454,29 @@ class DraftBatch:
 
 
 class SamplerChain(_ClosedOnDelete):
-    """llama.cpp's seeded sampler chain ``top_k -> top_p -> temp -> dist(seed)`` (``llama_sampler_chain_*``,
-    ``llama_sampler_init_*``); ``top_k <= 0`` and ``top_p >= 1`` leave those stages out. The seed is taken
-    modulo 2**32 (``dist`` takes a uint32).
+    """llama-server 0.3.36's sampler chain for a request (``common_sampler_init`` with the server's defaults;
+    ``llama_sampler_chain_*``, ``llama_sampler_init_*``): ``logit_bias`` (``-inf`` on the vocabulary's
+    suppress tokens, when it has any) -> ``top_k`` -> ``top_p`` -> ``min_p`` -> ``temp_ext`` -> ``dist(seed)``.
+    The server's other stages (penalties, DRY, top-n-sigma, typical, XTC) return without touching the
+    candidates at its defaults and are left out. The seed is taken modulo 2**32 (``dist`` takes a uint32;
+    ``0xFFFFFFFF`` asks llama.cpp for a random one, as the server's ``seed: -1``).
 
-    Args:
-        temp: temperature (> 0; greedy choice needs no chain).
-        seed: the ``dist`` stage's seed.
-        top_k / top_p: the filters before the temperature.
+    Args: ``temp`` (``temp_ext``, no dynamic range; <= 0 keeps only the best token), ``seed`` (``dist``'s),
+    ``top_k`` / ``top_p`` / ``min_p`` (``min_keep`` 0; ``<= 0`` / ``>= 1`` / ``<= 0``: no filtering),
+    ``suppress`` (ids given a ``-inf`` bias: :meth:`LlamaVocab.suppress_tokens`), ``n_vocab`` (with it).
     """
 
-    def __init__(self, *, temp: float, seed: int, top_k: int, top_p: float) -> None:
+    def __init__(self, *, temp: float, seed: int, top_k: int, top_p: float, min_p: float = 0.0,
+                 suppress: Sequence[int] = (), n_vocab: int = 0) -> None:
         lc = binding.llama()
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
-        if int(top_k) > 0:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(int(top_k)))
-        if float(top_p) < 1.0:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(float(top_p), 1))
-        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(float(temp)))
+        if suppress:
+            bias = (lc.llama_logit_bias * len(suppress))(*[lc.llama_logit_bias(int(t), -np.inf) for t in suppress])
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(int(n_vocab), len(suppress), bias))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(int(top_k)))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(float(top_p), 0))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(float(min_p), 0))
+        lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp_ext(float(temp), 0.0, 1.0))
         lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(int(seed) & 0xFFFFFFFF))
         self.ptr = chain
 
