@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
         draft_position: str = typer.Option(
             "p-1", "--draft-position",
             help="--runtime mlx: the drafter's position, 'p-1' (mlx-vlm's own) or 'p' (llama.cpp's convention)."),
+        mlx_dtype: str = typer.Option(
+            "f32", "--mlx-dtype",
+            help="--runtime mlx: 'f32' casts both models' weights to float32 (as llama.cpp's CPU backend computes; "
+                 "default) or 'checkpoint' keeps the stored dtype (mlx-vlm's own behaviour)."),
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Path | None = typer.Option(
@@ -108,6 +112,7 @@ def register(app: typer.Typer) -> None:
         if runtime == "mlx":
             _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                         category_field=category_field, draft_position=draft_position, overwrite=overwrite,
+                        dtype=mlx_dtype,
                         config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, hidden=hidden, n_top=n_top,
                                        flush_every=flush_every, compact=compact))
             return
@@ -174,17 +179,21 @@ def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> An
 
 
 def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
-                category_field: str, draft_position: str, overwrite: bool, config: RecordConfig) -> None:
+                category_field: str, draft_position: str, overwrite: bool, dtype: str, config: RecordConfig) -> None:
     """``record --runtime mlx`` (:func:`mtpscope.traces.run.mlx_record.record_mlx`): one line per refusal, exit 2."""
     from mtpscope.cache import cache_dir
     from mtpscope.traces.run.mlx_record import record_mlx
     from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 
+    if dtype not in ("f32", "checkpoint"):
+        print(f"mtpscope: --mlx-dtype must be f32 or checkpoint (got {dtype!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
     with one_line_errors(EXIT_UNREADABLE):
         specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
                  else [PromptSpec(text=prompt)])
         s = record_mlx(config, target=target, assistant=assistant, out=out, prompts=specs,
                        work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
+                       dtype=None if dtype == "checkpoint" else dtype,
                        command=["mtpscope", *sys.argv[1:]])
     acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
     typer.echo(f"trace: {s.out}")

@@ -323,7 +323,8 @@ class MlxRuntime:
         if self._embed_t is None:
             w = self.drafter.model.embed_tokens.weight.astype(self.mx.float32)
             self._embed_t = np.ascontiguousarray(np.asarray(w).T)
-        return np.asarray(h_inner, dtype=np.float32) @ self._embed_t
+        out: np.ndarray = np.asarray(h_inner, dtype=np.float32) @ self._embed_t
+        return out
 
     def convention(self, *, stop_at_eog: bool) -> dict[str, Any]:
         """The manifest's ``convention`` record of this runtime (docs/RUNTIMES.md)."""
