@@ -54,7 +54,31 @@ def test_no_cause_named_where_the_conventions_agree() -> None:
 
 def test_output_length_difference_is_the_eog_policy() -> None:
     same = A[A["prompt_id"] == 0]
-    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, lengths_a={0: 9}, lengths_b={0: 12})
+    out = [5, 2, 7, 1]                                     # 1: end of generation in A, B goes on
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: out},
+                     outputs_b={0: [*out, 2, 105]})
     assert (d.prompts[0].what, d.prompts[0].cause) == ("output_length", "eog")
-    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, lengths_a={0: 9}, lengths_b={0: 9})
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: out}, outputs_b={0: out})
     assert d.prompts[0].what == "none" and d.causes == {}
+
+
+def test_a_different_target_token_is_not_a_drafter_convention() -> None:
+    same = A[A["prompt_id"] == 0]
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: [5, 2, 7, 1]},
+                     outputs_b={0: [5, 2, 8, 3, 3]})
+    p = d.prompts[0]
+    assert (p.what, p.cause, p.output_diverged_at) == ("output", None, 2)
+    assert d.causes == {"unexplained": 1}
+
+
+def test_head_cause_confirmed_by_the_dense_runs_own_centroid_token() -> None:
+    from mtpscope.traces.analysis.runtime_diff import confirm_head
+
+    d = runtime_diff(A, B, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P)   # same position: head differs
+    assert d.prompts[0].cause == "head" and d.prompts[0].step == 2
+    # A's round 1, step 2: its sparse head would have drafted 6 (B's draft) / 5 (neither)
+    steps = pd.DataFrame({"prompt_id": [0, 0], "round": [1, 1], "k": [1, 2], "centroid_token": [7, 6]})
+    assert confirm_head(d, steps, None).prompts[0].confirmed is True
+    steps["centroid_token"] = [7, 5]
+    assert confirm_head(d, steps, None).prompts[0].confirmed is False
+    assert confirm_head(d, None, None).prompts[0].confirmed is None

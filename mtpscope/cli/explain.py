@@ -240,11 +240,18 @@ def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
     for d in shown:
         cause = CAUSES.get(d.cause or "", "no known convention explains it")
         if d.what == "output_length":
-            lines.append(f"  prompt {d.prompt_id_a}: no round differs, output lengths differ: {cause}")
+            lines.append(f"  prompt {d.prompt_id_a}: no round differs, one output goes on where the other stopped: "
+                         f"{cause}")
+        elif d.what == "output":
+            lines.append(f"  prompt {d.prompt_id_a}: no round differs; the generated token differs at output position "
+                         f"{d.output_diverged_at} (the target's own choice: a near tie or numerics)")
         else:
             step = f"step {d.step}" if d.step is not None else "fewer drafts"
+            check = {True: " (confirmed: the dense run's own centroid head drafts the other's token there)",
+                     False: " (NOT confirmed: the dense run's centroid head drafts another token there)",
+                     None: ""}[d.confirmed]
             lines.append(f"  prompt {d.prompt_id_a}: round {d.round_a}/{d.round_b} at {d.pos}, {step}: "
-                         f"{list(d.drafted_a)} vs {list(d.drafted_b)}: {cause}")
+                         f"{list(d.drafted_a)} vs {list(d.drafted_b)}: {cause}{check}")
     if rt.causes:
         lines.append("first differences by cause: " + ", ".join(f"{k} {v}" for k, v in rt.causes.items()))
     return lines

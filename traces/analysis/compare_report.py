@@ -14,7 +14,7 @@ from mtpscope.errors import TraceMismatchError
 from mtpscope.traces.analysis.align import AlignedDiff, aligned_diff, pair_prompts
 from mtpscope.traces.analysis.breakdown import classify_outputs, prompt_categories
 from mtpscope.traces.analysis.positions import positions
-from mtpscope.traces.analysis.runtime_diff import runtime_diff
+from mtpscope.traces.analysis.runtime_diff import confirm_head, runtime_diff
 from mtpscope.traces.analysis.token_classes import CLASSES, Classifier
 from mtpscope.traces.analysis.vocab import Vocab
 from mtpscope.traces.store.protocols import TraceLike
@@ -56,6 +56,9 @@ def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_
     diff = aligned_diff(ra, pa_, rb, pb_, pairing, classes_a=classes, categories=prompt_categories(a.manifest),
                         n_boot=n_boot, seed=seed)
     rt = runtime_diff(ra, rb, pairing.pairs, manifest_a=a.manifest, manifest_b=b.manifest,
-                      lengths_a={p: len(s) for p, s in pa_.sequences.items()},
-                      lengths_b={p: len(s) for p, s in pb_.sequences.items()})
+                      outputs_a={p: s.tolist() for p, s in pa_.sequences.items()},
+                      outputs_b={p: s.tolist() for p, s in pb_.sequences.items()})
+    if "head" in rt.causes:
+        cols = ["prompt_id", "round", "k", "centroid_token"]
+        rt = confirm_head(rt, *(t.columns("steps", cols) if t.manifest.get("centroids") else None for t in (a, b)))
     return dataclasses.replace(diff, runtimes=rt)

@@ -65,7 +65,9 @@ class RoundDifference(JsonRecord):
     Attributes:
         prompt_id_a / prompt_id_b: the prompt in A and B.
         what: ``"drafts"`` (same position, different drafts), ``"n_draft"`` (same position, a different
-            number of drafts), ``"output_length"`` (no round differs, one output is longer) or ``"none"``.
+            number of drafts), ``"output"`` (no round differs, the generated tokens differ: the target's own
+            choice, a near tie or numerics, not a drafter convention), ``"output_length"`` (no round differs, one
+            output goes on where the other stopped) or ``"none"``.
         round_a / round_b: the rounds (0-based) that first differ (None for output_length / none).
         pos: position of those rounds' pending token (None likewise).
         step: the first differing draft step k (1-based; None when the shorter draft list is a prefix).
@@ -73,6 +75,9 @@ class RoundDifference(JsonRecord):
         cause: a key of :data:`CAUSES`, or None (unexplained, or no difference).
         n_rounds_compared / n_rounds_differing: rounds at a common position with the same pending token, and
             those of them whose drafts differ (in number or ids).
+        output_diverged_at: the first output position whose token differs (not a length difference), or None.
+        confirmed: for the ``head`` cause, whether the dense-head trace's own centroid head (its step's
+            ``centroid_token``) drafted the other trace's token at that step (:func:`confirm_head`); else None.
     """
 
     prompt_id_a: int
@@ -87,6 +92,8 @@ class RoundDifference(JsonRecord):
     cause: str | None
     n_rounds_compared: int
     n_rounds_differing: int
+    output_diverged_at: int | None = None
+    confirmed: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,11 @@ def _cause(what: str, differs: Sequence[str]) -> str | None:
 
 
 def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Sequence[str],
-            len_a: int, len_b: int) -> RoundDifference:
+            out_a: Sequence[int], out_b: Sequence[int]) -> RoundDifference:
     """One pair (module docstring); ``ra`` / ``rb`` the pair's rounds sorted by round."""
+    n = min(len(out_a), len(out_b))
+    neq = [g for g in range(n) if int(out_a[g]) != int(out_b[g])]
+    div = neq[0] if neq else None
     b_at = {int(p): i for i, p in enumerate(rb["pos"].tolist())}
     da, db = _lists(ra["drafted"]), _lists(rb["drafted"])
     pend_a, pend_b = ra["pending_token"].tolist(), rb["pending_token"].tolist()
@@ -153,23 +163,26 @@ def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Seq
                                     drafted_a=xa, drafted_b=xb, cause=_cause(what, differs),
                                     n_rounds_compared=0, n_rounds_differing=0)
     if first is not None:
-        return RoundDifference(**{**first.__dict__, "n_rounds_compared": n_cmp, "n_rounds_differing": n_diff})
-    what = "output_length" if len_a != len_b else "none"
+        return RoundDifference(**{**first.__dict__, "n_rounds_compared": n_cmp, "n_rounds_differing": n_diff,
+                                  "output_diverged_at": div})
+    what = "output" if div is not None else ("output_length" if len(out_a) != len(out_b) else "none")
     return RoundDifference(prompt_id_a=pa_, prompt_id_b=pb_, what=what, round_a=None, round_b=None, pos=None,
                            step=None, drafted_a=(), drafted_b=(), cause=_cause(what, differs),
-                           n_rounds_compared=n_cmp, n_rounds_differing=0)
+                           n_rounds_compared=n_cmp, n_rounds_differing=0, output_diverged_at=div)
 
 
 def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence[tuple[int, int]], *,
                  manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
-                 lengths_a: Mapping[int, int] | None = None, lengths_b: Mapping[int, int] | None = None) -> RuntimeDiff:
+                 outputs_a: Mapping[int, Sequence[int]] | None = None,
+                 outputs_b: Mapping[int, Sequence[int]] | None = None) -> RuntimeDiff:
     """Round-by-round first differences of two traces (module docstring).
 
     Args:
         rounds_a / rounds_b: rounds with ``prompt_id``, ``round``, ``pos``, ``pending_token``, ``drafted``.
         pairs: ``(prompt_id_a, prompt_id_b)`` pairs (:func:`traces.analysis.align.pair_prompts`).
         manifest_a / manifest_b: the manifests (their conventions).
-        lengths_a / lengths_b: ``{prompt_id: generated tokens}`` (an ``output_length`` difference), optional.
+        outputs_a / outputs_b: ``{prompt_id: generated ids}`` (:attr:`traces.analysis.positions.Positions.sequences`;
+            ``output`` / ``output_length`` differences), optional.
     """
     ca, cb = runtime_convention(manifest_a), runtime_convention(manifest_b)
     keys = ("draft_position", "head", "dtype", "last_round", "eog")
@@ -182,8 +195,8 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
     for pa_, pb_ in pairs:
         if pa_ not in ga or pb_ not in gb:
             continue
-        out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, differs, (lengths_a or {}).get(pa_, 0),
-                           (lengths_b or {}).get(pb_, 0)))
+        out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, differs, (outputs_a or {}).get(pa_, ()),
+                           (outputs_b or {}).get(pb_, ())))
     causes: dict[str, int] = {}
     for d in out:
         if d.what != "none":
@@ -192,6 +205,34 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
     return RuntimeDiff(convention_a=ca, convention_b=cb, differs=differs, prompts=tuple(out),
                        causes=dict(sorted(causes.items())), n_rounds_compared=sum(d.n_rounds_compared for d in out),
                        n_rounds_differing=sum(d.n_rounds_differing for d in out))
+
+
+def confirm_head(diff: RuntimeDiff, steps_a: pd.DataFrame | None, steps_b: pd.DataFrame | None) -> RuntimeDiff:
+    """``diff`` with ``confirmed`` set on each first difference whose cause is ``head``: the trace whose
+    convention drafts with the dense head and whose steps carry ``centroid_token`` (the sparse head scored on
+    the same step) is looked up at that round and step; confirmed when that token is the other trace's draft.
+
+    Args:
+        steps_a / steps_b: steps with ``prompt_id``, ``round``, ``k``, ``centroid_token`` (None: not read).
+    """
+    ca, cb = diff.convention_a or {}, diff.convention_b or {}
+    if ca.get("head") == "dense" and steps_a is not None:
+        side, steps = "a", steps_a
+    elif cb.get("head") == "dense" and steps_b is not None:
+        side, steps = "b", steps_b
+    else:
+        return diff
+    out = []
+    for d in diff.prompts:
+        if d.cause == "head" and d.step is not None:
+            pid, rnd, other = ((d.prompt_id_a, d.round_a, d.drafted_b) if side == "a"
+                               else (d.prompt_id_b, d.round_b, d.drafted_a))
+            row = steps[(steps["prompt_id"] == pid) & (steps["round"] == rnd) & (steps["k"] == d.step)]
+            ct = row["centroid_token"].iloc[0] if len(row) else None
+            ok = None if ct is None or pd.isna(ct) or d.step > len(other) else int(ct) == other[d.step - 1]
+            d = RoundDifference(**{**d.__dict__, "confirmed": ok})
+        out.append(d)
+    return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
 
 
 def _norm(key: str, v: Any) -> Any:
@@ -205,4 +246,4 @@ def _norm(key: str, v: Any) -> Any:
     return s
 
 
-__all__ = ["CAUSES", "LLAMA_CPP_CONVENTION", "RoundDifference", "RuntimeDiff", "runtime_convention", "runtime_diff"]
+__all__ = ["CAUSES", "LLAMA_CPP_CONVENTION", "confirm_head", "RoundDifference", "RuntimeDiff", "runtime_convention", "runtime_diff"]
