@@ -76,7 +76,13 @@ def _tol(ref: np.ndarray) -> float:
 
 
 def test_greedy_output_equals_llama_cpp(recorded, f32) -> None:
+    from mtpscope.traces.store.manifest import read_manifest
+
     for dp, s in recorded.items():
+        m = read_manifest(s.out)
+        assert (m["convention"]["draft_position"], m["convention"]["head"], m["params"]["draft_head"]) == \
+            (dp, "centroid", "centroid")
+        assert m["runtime"]["name"] == "mlx" and m["complete"]
         for i, pid in enumerate(PROMPTS):
             assert list(s.outputs[i]) == _llama_output(f32, pid)[:MAX_TOKENS], (dp, pid)
 

@@ -110,7 +110,7 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
     params = {"n_draft": config.n_draft, "max_tokens": config.max_tokens, "temp": 0.0, "greedy": True,
               "hidden": config.hidden, "n_top": config.n_top, "flush_every": config.flush_every,
               "compact": config.compact, "runtime": "mlx", "draft_position": draft_position,
-              "dtype": rt.dtype, "stop_at_eog": stop_at_eog,
+              "dtype": rt.dtype, "stop_at_eog": stop_at_eog, "draft_head": rt.head,
               "centroid_top_k": None if head is None else head.top_k}
     manifest: dict[str, Any] = {
         "source": "record", "command": list(command) if command is not None else list(sys.argv), "params": params,
