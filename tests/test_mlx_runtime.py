@@ -144,3 +144,17 @@ def test_output_equals_mlx_vlm_without_drafter(recorded, trained, f32, tmp_path)
         ids = mx.array([f32.manifest["prompts"][pid]["tokens"]])
         plain = [int(t) for t, _ in generate_step(ids, model, None, None, max_tokens=MAX_TOKENS, temperature=0.0)]
         assert list(recorded["p-1"].outputs[i]) == plain
+
+
+def test_compare_page_shows_the_round_by_round_causes(recorded, trained, monkeypatch) -> None:
+    import os
+    from pathlib import Path
+
+    from tests.test_app import _run
+
+    monkeypatch.setenv("MTPSCOPE_ROOTS", os.pathsep.join([str(trained.root), str(Path(recorded["p-1"].out).parent)]))
+    at = _run("compare", trace=trained.traces_f32, trace_b=recorded["p-1"].out)
+    df = next(d.value for d in at.dataframe if "cause" in d.value.columns)
+    assert len(df) == len(PROMPTS)
+    assert df["cause"].iloc[1].startswith("draft position p vs p - 1")
+    assert (df["round A / B"].iloc[1], df["draft step"].iloc[1]) == ("5/5", 1)   # prompt 1: round 5, step 1 (docs)
