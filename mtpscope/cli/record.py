@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
     @app.command("record")
     def record_cmd(
         runtime: str = typer.Option(
-            "llama", "--runtime", is_eager=True,
+            "llama", "--runtime", is_eager=True, callback=runtime_choice,
             help="Which loop runs: 'llama' (llama.cpp, GGUF files; default) or 'mlx' (mlx-vlm's own MTP loop on "
                  "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope[mlx]; docs/RUNTIMES.md)."),
         target: Path = typer.Option(..., "--target", callback=model_path,
@@ -106,9 +106,6 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
-        if runtime not in RUNTIMES:
-            print(f"mtpscope: --runtime must be {' or '.join(RUNTIMES)} (got {runtime!r})", file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE)
         if runtime == "mlx":
             _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                         category_field=category_field, draft_position=draft_position, overwrite=overwrite,
@@ -164,6 +161,14 @@ def register(app: typer.Typer) -> None:
 
 #: ``record --runtime`` choices
 RUNTIMES = ("llama", "mlx")
+
+
+def runtime_choice(value: str) -> str:
+    """``--runtime`` (parsed first: it is eager): one of :data:`RUNTIMES`, else one line, exit 2."""
+    if value not in RUNTIMES:
+        print(f"mtpscope: --runtime must be {' or '.join(RUNTIMES)} (got {value!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
+    return value
 
 
 def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
