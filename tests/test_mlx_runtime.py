@@ -134,10 +134,14 @@ def test_compare_names_the_draft_position(recorded, f32) -> None:
 def test_output_equals_mlx_vlm_without_drafter(recorded, trained, f32, tmp_path) -> None:
     import mlx.core as mx
     from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.speculative import mtp
     from mlx_vlm.utils import load_model
 
     from mtpscope.traces.run.mlx_runtime import mlx_target_checkpoint
 
+    # after the recordings mlx-vlm's own functions are back in place (the wrappers live only inside a run)
+    for name in ("_mtp_draft_position", "_mtp_verify_target", "_mtp_acceptance_walk"):
+        assert getattr(mtp, name).__qualname__ == name
     model = load_model(mlx_target_checkpoint(trained.hf_target, tmp_path / "t"))
     model.set_dtype(mx.float32)
     for i, pid in enumerate(PROMPTS):

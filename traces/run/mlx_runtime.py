@@ -259,8 +259,7 @@ class _Observer:
         finally:
             for n, f in saved.items():
                 setattr(mtp, n, f)
-            for n in ("draft_block", "_forward_hidden"):
-                drafter.__dict__.pop(n, None)
+            for n in ("draft_block", "_forward_hidden"):    # the class's methods show through again
                 with contextlib.suppress(AttributeError):
                     object.__delattr__(drafter, n)
 
