@@ -13,6 +13,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.mtpscope-installed
 PARITY_STAMP := $(VENV)/.mtpscope-parity-installed
+MLX_STAMP := $(VENV)/.mtpscope-mlx-installed
 PORT   ?= 8501
 # 127.0.0.1: this machine only. Another address (make run ADDRESS=0.0.0.0) needs MTPSCOPE_ROOTS set.
 ADDRESS ?= 127.0.0.1
@@ -36,6 +37,13 @@ venv: $(STAMP)
 $(PARITY_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[parity]' || echo "warning: torch/transformers not installed; HF parity tests will skip"
 	@touch $(PARITY_STAMP)
+
+# mlx (CPU backend on Linux) + mlx-vlm for `record --runtime mlx` and its tests (docs/RUNTIMES.md); `make run`
+# does not need them. Where the wheels do not install (mlx's Linux wheels need glibc >= 2.35, x86-64 or arm64)
+# one line says so and the MLX tests skip, saying why.
+$(MLX_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[mlx]' || echo "warning: mlx / mlx-vlm not installed; the MLX runtime tests will skip"
+	@touch $(MLX_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m mtpscope.cli demo build
@@ -69,7 +77,7 @@ lint: $(STAMP)
 		$(PY) -m ruff check --exit-zero --statistics $(RUFF_REPORT); fi
 	$(PY) -m tests.typecheck
 
-test: setup server $(PARITY_STAMP) browser lint
+test: setup server $(PARITY_STAMP) $(MLX_STAMP) browser lint
 	$(PY) -m pytest -q
 
 # The llama.cpp-dependent tests (marker `llama`) against a second llama-cpp-python built for AVX2 without

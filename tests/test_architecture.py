@@ -11,6 +11,7 @@ what a module can reach. The rules:
 
 - only ``mtpscope.app`` imports ``streamlit``, and its pure helpers (charts, views, ...) do not;
 - only the llama.cpp binding module (:data:`LLAMA_BINDING`) imports ``llama_cpp``;
+- only the MLX runtime module (:data:`MLX_RUNTIME`) imports ``mlx`` / ``mlx_vlm``;
 - the layers, bottom up: the leaves ``mtpscope.errors`` / ``mtpscope.cache``, ``mtpscope.inspector``,
   ``mtpscope.traces``, ``mtpscope.app``, then the CLI (``mtpscope.cli``) and the demo (``mtpscope.demo``) on
   top; nothing reaches a layer above its own, not even through another module or a package's ``__init__``
@@ -63,6 +64,8 @@ PURE_APP = ("mtpscope.app.charts", "mtpscope.app.views", "mtpscope.app.round_vie
             "mtpscope.app.formats")
 #: the one module that imports ``llama_cpp``.
 LLAMA_BINDING = "mtpscope.traces.run.llama.binding"
+#: the one module that imports ``mlx`` and ``mlx_vlm`` (mlx-vlm's MTP loop, observed).
+MLX_RUNTIME = "mtpscope.traces.run.mlx_runtime"
 #: the layers, bottom up: a module may reach only its own layer and those below.
 LAYERS = ("leaf", "inspector", "traces", "app", "top")
 #: the areas of ``mtpscope.traces``, bottom up (areas of equal rank may not import each other); a module
@@ -587,6 +590,20 @@ def test_only_app_imports_streamlit(tree) -> None:
 
 def test_only_the_binding_module_imports_llama_cpp(tree) -> None:
     assert external_import_violations(tree, "llama_cpp", [LLAMA_BINDING]) == []
+
+
+def test_only_the_mlx_runtime_imports_mlx(tree) -> None:
+    assert external_import_violations(tree, "mlx", [MLX_RUNTIME]) == []
+    assert external_import_violations(tree, "mlx_vlm", [MLX_RUNTIME]) == []
+
+
+def test_rule_mlx_outside_its_module_fails() -> None:
+    mods = _mods({MLX_RUNTIME: "def f():\n    import mlx.core as mx\n    from mlx_vlm.speculative import mtp\n",
+                  "mtpscope.traces.run.mlx_record": "import mlx.core\n",
+                  "mtpscope.traces.analysis.runtime_diff": "from mlx_vlm.speculative import mtp\n"})
+    assert external_import_violations(mods, "mlx", [MLX_RUNTIME]) == ["mtpscope.traces.run.mlx_record:1 imports mlx.core"]
+    assert external_import_violations(mods, "mlx_vlm", [MLX_RUNTIME]) == [
+        "mtpscope.traces.analysis.runtime_diff:1 imports mlx_vlm.speculative"]
 
 
 def test_arrows_point_down(tree) -> None:

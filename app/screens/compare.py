@@ -11,6 +11,7 @@ from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import TraceMismatchError
 from mtpscope.traces.analysis import metrics, wording
+from mtpscope.traces.analysis.runtime_diff import CAUSES
 
 st.title("Compare")
 view = url_state.requested("compare")
@@ -72,6 +73,18 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                      column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
         st.caption("Per prompt: how many output positions were compared and the first one where one run "
                    "accepted a draft and the other did not.")
+    rt = diff.runtimes
+    if rt is not None and (rt.differs or rt.n_rounds_differing):
+        st.markdown(f"**Round by round** (conventions that differ: {', '.join(rt.differs) or 'none'}; drafts differ in "
+                    f"{rt.n_rounds_differing:,} of {rt.n_rounds_compared:,} rounds at a common position)")
+        rrows = [{"prompt": labels_a.get(int(d.prompt_id_a), str(d.prompt_id_a)), "first difference": d.what,
+                  "round A / B": f"{d.round_a}/{d.round_b}" if d.round_a is not None else "", "position": d.pos,
+                  "draft step": d.step, "drafts A": str(list(d.drafted_a)), "drafts B": str(list(d.drafted_b)),
+                  "cause": CAUSES.get(d.cause or "", "no known convention") if d.what != "none" else "",
+                  "confirmed": {True: "yes", False: "no", None: ""}[d.confirmed]} for d in rt.prompts]
+        st.dataframe(pd.DataFrame(rrows), hide_index=True, width="stretch", key=sel.CMP_RUNTIMES)
+        st.caption("Per prompt: the first round where both runs drafted from the same token at the same position "
+                   "and drafted differently, and the runtime convention that explains it (docs/RUNTIMES.md).")
 
 
 def _traces() -> None:

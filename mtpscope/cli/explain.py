@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
     from mtpscope.traces.analysis.report_records import Totals
+    from mtpscope.traces.analysis.runtime_diff import RuntimeDiff
     from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
@@ -214,7 +215,46 @@ def format_comparison(a: str, b: str, diff: AlignedDiff) -> str:
         ci = f"[{_f(r.ci_low, '+.3f')}, {_f(r.ci_high, '+.3f')}]" if r.ci_low is not None else "[-]"
         lines.append(f"  {cat:<20} {_f(r.delta, '+.3f')} {ci}  (A {_f(r.rate_a)}, B {_f(r.rate_b)}, "
                      f"{r.n_prompts} prompts)")
+    if diff.runtimes is not None:
+        lines.extend(format_runtime_diff(diff.runtimes))
     return "\n".join(lines)
+
+
+def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
+    """The round-by-round section of ``compare`` (:class:`mtpscope.traces.analysis.runtime_diff.RuntimeDiff`)."""
+    from mtpscope.traces.analysis.runtime_diff import CAUSES
+
+    def conv(c: dict[str, Any] | None) -> str:
+        if c is None:
+            return "unknown"
+        return (f"{c.get('runtime', '?')} (draft position {c.get('draft_position', '?')}, head {c.get('head', '?')}"
+                + (f", {c['dtype']}" if c.get("dtype") else "") + ")")
+
+    lines = [f"runtimes: A {conv(rt.convention_a)}, B {conv(rt.convention_b)}; conventions that differ: "
+             + (", ".join(rt.differs) or "none"),
+             f"rounds at a common position with the same pending token: {rt.n_rounds_compared}, "
+             f"drafts differ in {rt.n_rounds_differing}"]
+    shown = [d for d in rt.prompts if d.what != "none"]
+    if shown:
+        lines.append("first differing round per prompt (A round / B round, pending token's position, draft step):")
+    for d in shown:
+        cause = CAUSES.get(d.cause or "", "no known convention explains it")
+        if d.what == "output_length":
+            lines.append(f"  prompt {d.prompt_id_a}: no round differs, one output goes on where the other stopped: "
+                         f"{cause}")
+        elif d.what == "output":
+            lines.append(f"  prompt {d.prompt_id_a}: no round differs; the generated token differs at output position "
+                         f"{d.output_diverged_at} (the target's own choice: a near tie or numerics)")
+        else:
+            step = f"step {d.step}" if d.step is not None else "fewer drafts"
+            check = {True: " (confirmed: the dense run's own centroid head drafts the other's token there)",
+                     False: " (NOT confirmed: the dense run's centroid head drafts another token there)",
+                     None: ""}[d.confirmed]
+            lines.append(f"  prompt {d.prompt_id_a}: round {d.round_a}/{d.round_b} at {d.pos}, {step}: "
+                         f"{list(d.drafted_a)} vs {list(d.drafted_b)}: {cause}{check}")
+    if rt.causes:
+        lines.append("first differences by cause: " + ", ".join(f"{k} {v}" for k, v in rt.causes.items()))
+    return lines
 
 
 def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,

@@ -22,9 +22,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command("record")
     def record_cmd(
-        target: Path = typer.Option(..., "--target", callback=gguf_path, help="Target GGUF (arch gemma4)."),
-        assistant: Path = typer.Option(..., "--assistant", callback=gguf_path,
-                                       help="Drafter GGUF (arch gemma4-assistant, upstream)."),
+        runtime: str = typer.Option(
+            "llama", "--runtime", is_eager=True, callback=runtime_choice,
+            help="Which loop runs: 'llama' (llama.cpp, GGUF files; default) or 'mlx' (mlx-vlm's own MTP loop on "
+                 "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope[mlx]; docs/RUNTIMES.md)."),
+        target: Path = typer.Option(..., "--target", callback=model_path,
+                                    help="Target GGUF (arch gemma4); with --runtime mlx an HF checkpoint folder."),
+        assistant: Path = typer.Option(..., "--assistant", callback=model_path,
+                                       help="Drafter GGUF (arch gemma4-assistant, upstream); with --runtime mlx an "
+                                            "HF checkpoint folder."),
+        draft_position: str = typer.Option(
+            "p-1", "--draft-position",
+            help="--runtime mlx: the drafter's position, 'p-1' (mlx-vlm's own) or 'p' (llama.cpp's convention)."),
+        mlx_dtype: str = typer.Option(
+            "f32", "--mlx-dtype",
+            help="--runtime mlx: 'f32' casts both models' weights to float32 (as llama.cpp's CPU backend computes; "
+                 "default) or 'checkpoint' keeps the stored dtype (mlx-vlm's own behaviour)."),
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Path | None = typer.Option(
@@ -92,6 +105,13 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
+        if runtime == "mlx":
+            _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
+                        category_field=category_field, draft_position=draft_position, overwrite=overwrite,
+                        dtype=mlx_dtype,
+                        config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, hidden=hidden, n_top=n_top,
+                                       flush_every=flush_every, compact=compact))
+            return
         if capture not in CAPTURE_CHOICES:
             print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
@@ -154,6 +174,53 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                "prefill included; `mtpscope report` gives the draft + verify rate)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                f"mean acceptance length {mal}")
+
+
+#: ``record --runtime`` choices
+RUNTIMES = ("llama", "mlx")
+
+
+def runtime_choice(value: str) -> str:
+    """``--runtime`` (parsed first: it is eager): one of :data:`RUNTIMES`, else one line, exit 2."""
+    if value not in RUNTIMES:
+        print(f"mtpscope: --runtime must be {' or '.join(RUNTIMES)} (got {value!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
+    return value
+
+
+def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with ``--runtime mlx`` (parsed
+    first: it is eager) a Hugging Face checkpoint folder holding a config.json."""
+    if ctx.params.get("runtime") == "mlx":
+        if value is not None and not (Path(value) / "config.json").is_file():
+            print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
+                  file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        return value
+    return gguf_path(param, value)
+
+
+def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
+                category_field: str, draft_position: str, overwrite: bool, dtype: str, config: RecordConfig) -> None:
+    """``record --runtime mlx`` (:func:`mtpscope.traces.run.mlx_record.record_mlx`): one line per refusal, exit 2."""
+    from mtpscope.cache import cache_dir
+    from mtpscope.traces.run.mlx_record import record_mlx
+    from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+
+    if dtype not in ("f32", "checkpoint"):
+        print(f"mtpscope: --mlx-dtype must be f32 or checkpoint (got {dtype!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
+    with one_line_errors(EXIT_UNREADABLE):
+        specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
+                 else [PromptSpec(text=prompt)])
+        s = record_mlx(config, target=target, assistant=assistant, out=out, prompts=specs,
+                       work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
+                       dtype=None if dtype == "checkpoint" else dtype,
+                       command=["mtpscope", *sys.argv[1:]])
+    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+    typer.echo(f"trace: {s.out}")
+    typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  ({s.seconds:.2f} s)")
+    typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)")
 
 
 def _config(**kw: Any) -> RecordConfig:

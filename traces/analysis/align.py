@@ -34,6 +34,7 @@ import pandas as pd
 
 from mtpscope.traces.analysis.positions import Positions
 from mtpscope.traces.analysis.records import JsonRecord
+from mtpscope.traces.analysis.runtime_diff import RuntimeDiff
 
 N_BOOT = 2000
 
@@ -160,6 +161,8 @@ class AlignedDiff:
         prompts: per pair a :class:`PromptComparison`.
         outputs_identical: every pair's outputs are identical over their common length and of equal length.
         delta: ``{category: RateDelta}`` (``all`` included).
+        runtimes: the round-by-round first differences and their named causes
+            (:func:`traces.analysis.runtime_diff.runtime_diff`), or None when not computed.
     """
 
     pairing: PromptPairing
@@ -170,6 +173,7 @@ class AlignedDiff:
     prompts: tuple[PromptComparison, ...]
     outputs_identical: bool
     delta: dict[str, RateDelta] = field(default_factory=dict)
+    runtimes: RuntimeDiff | None = None
 
     def to_dict(self, max_positions: int = 0) -> dict[str, Any]:
         """JSON-able dict; ``max_positions`` rows of ``positions`` (0: none) under ``positions``."""
@@ -179,6 +183,8 @@ class AlignedDiff:
                              "a_only": self.a_only.to_dict(), "b_only": self.b_only.to_dict(),
                              "prompts": [p.to_dict() for p in self.prompts],
                              "delta": {k: v.to_dict() for k, v in self.delta.items()}}
+        if self.runtimes is not None:
+            d["runtimes"] = self.runtimes.to_dict()
         if max_positions:
             d["positions"] = self.positions.head(max_positions).to_dict(orient="records")
         return d

@@ -1,9 +1,12 @@
 """The aligned diff of two opened traces (what ``mtpscope compare A B`` prints). One job: read the
 columns :func:`traces.analysis.align.aligned_diff` needs from both traces, classify A's output with its
-vocabulary, and call it.
+vocabulary, and call it; then the round-by-round first differences with their named causes
+(:func:`traces.analysis.runtime_diff.runtime_diff`, ``AlignedDiff.runtimes``).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -11,11 +14,12 @@ from mtpscope.errors import TraceMismatchError
 from mtpscope.traces.analysis.align import AlignedDiff, aligned_diff, pair_prompts
 from mtpscope.traces.analysis.breakdown import classify_outputs, prompt_categories
 from mtpscope.traces.analysis.positions import positions
+from mtpscope.traces.analysis.runtime_diff import confirm_head, runtime_diff
 from mtpscope.traces.analysis.token_classes import CLASSES, Classifier
 from mtpscope.traces.analysis.vocab import Vocab
 from mtpscope.traces.store.protocols import TraceLike
 
-COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pending_token", "n_draft", "n_accepted", "emitted"]
+COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "n_accepted", "emitted"]
 
 
 def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_boot: int = 2000, seed: int = 0) -> AlignedDiff:
@@ -49,5 +53,12 @@ def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_
         clf = Classifier(vocab, chat=bool((a.manifest.get("params") or {}).get("chat")))
         tc = classify_outputs(pa_, clf)
         classes = {p: np.asarray(CLASSES, dtype=object)[c.classes] for p, c in tc.items()}
-    return aligned_diff(ra, pa_, rb, pb_, pairing, classes_a=classes, categories=prompt_categories(a.manifest),
+    diff = aligned_diff(ra, pa_, rb, pb_, pairing, classes_a=classes, categories=prompt_categories(a.manifest),
                         n_boot=n_boot, seed=seed)
+    rt = runtime_diff(ra, rb, pairing.pairs, manifest_a=a.manifest, manifest_b=b.manifest,
+                      outputs_a={p: s.tolist() for p, s in pa_.sequences.items()},
+                      outputs_b={p: s.tolist() for p, s in pb_.sequences.items()})
+    if "head" in rt.causes:
+        cols = ["prompt_id", "round", "k", "centroid_token"]
+        rt = confirm_head(rt, *(t.columns("steps", cols) if t.manifest.get("centroids") else None for t in (a, b)))
+    return dataclasses.replace(diff, runtimes=rt)

@@ -1,0 +1,48 @@
+"""`mtpscope record --runtime` refusals through the real typer app: one line, exit 2, before any runtime loads
+(these run without mlx; the MLX runtime itself: tests/test_mlx_runtime.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from mtpscope.cli.main import app
+
+runner = CliRunner()
+
+
+def _hf(d: Path) -> Path:
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+    return d
+
+
+def test_unknown_runtime_is_one_line(tmp_path: Path) -> None:
+    t, a = _hf(tmp_path / "t"), _hf(tmp_path / "a")
+    res = runner.invoke(app, ["record", "--runtime", "vllm", "--target", str(t), "--assistant", str(a),
+                              "--prompt", "x", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert "--runtime must be llama or mlx (got 'vllm')" in res.output and "Traceback" not in res.output
+
+
+def test_mlx_runtime_wants_checkpoint_folders(tmp_path: Path) -> None:
+    a = _hf(tmp_path / "a")
+    gguf = tmp_path / "t.gguf"
+    gguf.write_bytes(b"GGUF")
+    res = runner.invoke(app, ["record", "--runtime", "mlx", "--target", str(gguf), "--assistant", str(a),
+                              "--prompt", "x", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert f"--target: not a Hugging Face checkpoint folder (no config.json): {gguf}" in res.output
+
+
+def test_mlx_runtime_wants_token_prompts_and_greedy(tmp_path: Path) -> None:
+    t, a = _hf(tmp_path / "t"), _hf(tmp_path / "a")
+    base = ["record", "--runtime", "mlx", "--target", str(t), "--assistant", str(a), "--out", str(tmp_path / "o")]
+    res = runner.invoke(app, [*base, "--prompt", "hello"])
+    assert res.exit_code == 2 and "takes token prompts" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = runner.invoke(app, [*base, "--prompt", "hello", "--temp", "0.7"])
+    assert res.exit_code == 2 and "greedy decoding only" in res.output
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,84 @@
+"""traces.analysis.runtime_diff on hand-made rounds: the first differing round and step per prompt, and the
+known convention named as its cause only where the two traces' conventions differ in that respect."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mtpscope.traces.analysis.runtime_diff import LLAMA_CPP_CONVENTION, runtime_convention, runtime_diff
+
+LLAMA = {"source": "record", "runtime": {"llama_cpp_python": "0.3.36"}}
+MLX = {"source": "record", "runtime": {"name": "mlx"},
+       "convention": {"runtime": "mlx", "draft_position": "p-1", "head": "centroid", "dtype": "float32",
+                      "last_round": "n_draft = min(n_draft, max_tokens - emitted)",
+                      "eog": "the round loop does not stop at end of generation"}}
+MLX_P = {**MLX, "convention": {**MLX["convention"], "draft_position": "p"}}
+
+
+def _rounds(rows: list[tuple[int, int, int, int, list[int]]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["prompt_id", "round", "pos", "pending_token", "drafted"])
+
+
+# prompt 0: rounds at pos 10 agree, at pos 12 the second draft differs (then boundaries shift: pos 15 vs 14)
+A = _rounds([(0, 0, 10, 5, [1, 2, 3]), (0, 1, 12, 2, [7, 8, 9]), (0, 2, 15, 4, [1, 1, 1]),
+             (1, 0, 20, 6, [4, 4, 4]), (1, 1, 24, 9, [3, 3])])
+B = _rounds([(0, 0, 10, 5, [1, 2, 3]), (0, 1, 12, 2, [7, 6, 9]), (0, 2, 14, 9, [2, 2, 2]),
+             (1, 0, 20, 6, [4, 4, 4]), (1, 1, 24, 9, [3, 3, 5])])
+
+
+def test_conventions_of_a_llama_recording_and_of_a_manifest_record() -> None:
+    assert runtime_convention(LLAMA) == LLAMA_CPP_CONVENTION
+    assert runtime_convention(MLX)["draft_position"] == "p-1"
+    assert runtime_convention({"source": "synthetic", "runtime": {}}) is None
+
+
+def test_first_differing_round_step_and_cause() -> None:
+    d = runtime_diff(A, B, [(0, 0), (1, 1)], manifest_a=LLAMA, manifest_b=MLX)
+    assert d.differs == ("draft_position", "eog", "head", "last_round")   # llama.cpp's record names no dtype
+    p0, p1 = d.prompts
+    # prompt 0: round 1 at pos 12, draft k=2 (8 vs 6); positions differ between the conventions
+    assert (p0.what, p0.round_a, p0.round_b, p0.pos, p0.step, p0.cause) == ("drafts", 1, 1, 12, 2, "draft_position")
+    assert (p0.n_rounds_compared, p0.n_rounds_differing) == (2, 1)      # pos 15 / 14: not at a common position
+    # prompt 1: the last round drafts 2 in A and 3 in B, the first two agree: the last-round cap
+    assert (p1.what, p1.round_a, p1.step, p1.cause) == ("n_draft", 1, None, "last_round")
+    assert d.causes == {"draft_position": 1, "last_round": 1}
+    assert (d.n_rounds_compared, d.n_rounds_differing) == (4, 2)
+
+
+def test_no_cause_named_where_the_conventions_agree() -> None:
+    # the same drafts difference between two traces with llama.cpp's draft position: unexplained
+    d = runtime_diff(A, B, [(0, 0)], manifest_a=MLX_P, manifest_b=MLX_P)
+    assert d.differs == ()
+    assert d.prompts[0].cause is None and d.causes == {"unexplained": 1}
+
+
+def test_output_length_difference_is_the_eog_policy() -> None:
+    same = A[A["prompt_id"] == 0]
+    out = [5, 2, 7, 1]                                     # 1: end of generation in A, B goes on
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: out},
+                     outputs_b={0: [*out, 2, 105]})
+    assert (d.prompts[0].what, d.prompts[0].cause) == ("output_length", "eog")
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: out}, outputs_b={0: out})
+    assert d.prompts[0].what == "none" and d.causes == {}
+
+
+def test_a_different_target_token_is_not_a_drafter_convention() -> None:
+    same = A[A["prompt_id"] == 0]
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P, outputs_a={0: [5, 2, 7, 1]},
+                     outputs_b={0: [5, 2, 8, 3, 3]})
+    p = d.prompts[0]
+    assert (p.what, p.cause, p.output_diverged_at) == ("output", None, 2)
+    assert d.causes == {"unexplained": 1}
+
+
+def test_head_cause_confirmed_by_the_dense_runs_own_centroid_token() -> None:
+    from mtpscope.traces.analysis.runtime_diff import confirm_head
+
+    d = runtime_diff(A, B, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX_P)   # same position: head differs
+    assert d.prompts[0].cause == "head" and d.prompts[0].step == 2
+    # A's round 1, step 2: its sparse head would have drafted 6 (B's draft) / 5 (neither)
+    steps = pd.DataFrame({"prompt_id": [0, 0], "round": [1, 1], "k": [1, 2], "centroid_token": [7, 6]})
+    assert confirm_head(d, steps, None).prompts[0].confirmed is True
+    steps["centroid_token"] = [7, 5]
+    assert confirm_head(d, steps, None).prompts[0].confirmed is False
+    assert confirm_head(d, None, None).prompts[0].confirmed is None

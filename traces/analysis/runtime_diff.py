@@ -1,0 +1,249 @@
+"""Where two runtimes' traces of the same prompts first differ, round by round, and which known convention
+explains it (llama.cpp vs mlx-vlm; docs/RUNTIMES.md). Pure (numpy / pandas over ``rounds``); one job.
+
+**Conventions.** A trace recorded by another runtime carries its conventions in ``manifest["convention"]``
+(``runtime``, ``draft_position``, ``head``, ``dtype``, ``last_round``, ``eog``); a llama.cpp recording
+(``runtime.llama_cpp_python`` set) has llama.cpp's, :data:`LLAMA_CPP_CONVENTION` (measured: docs/RUNTIMES.md).
+
+**Aligning rounds.** Greedy rounds of the two traces are compared where both have a round whose pending
+token sits at the same position ``pos`` with the same pending token: there both drafters saw the same
+sequence, so their drafts should agree. The first such round (in A's order) whose drafts differ is the
+prompt's first differing round, with the first differing draft step ``k`` (1-based). After it the round
+boundaries usually shift (a different number accepted); later rounds at a common position are still
+compared and counted (``n_rounds_compared``, ``n_rounds_differing``).
+
+**Causes** (:data:`CAUSES`), named only where the two conventions differ in that respect:
+``draft_position`` (drafts differ, the drafter positions differ: p vs p - 1), ``head`` / ``dtype`` (drafts
+differ, same position, different head / weight dtype), ``last_round`` (the two drafted different numbers
+of tokens in a prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``eog`` (one
+output goes on past an end-of-generation token where the other stopped). ``None``: no known convention
+explains it. A cause is a reading of the conventions, not a replay of the step under the variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.traces.analysis.records import JsonRecord
+
+#: llama.cpp's conventions as mtpscope records them (traces/run/mtp_runtime.py; measured on the demo pair)
+LLAMA_CPP_CONVENTION: dict[str, Any] = {
+    "runtime": "llama.cpp", "draft_position": "p", "head": "dense",
+    "last_round": "n_draft = min(n_draft, max_tokens - emitted - 1)",
+    "eog": "stop at the first end-of-generation token (the vocabulary's EOG ids)"}
+
+#: known causes: name -> the words the report prints
+CAUSES: dict[str, str] = {
+    "draft_position": "draft position p vs p - 1 (the drafter's RoPE position for the pending token)",
+    "head": "drafter head (dense vs centroid)",
+    "dtype": "weight dtype",
+    "last_round": "last-round cap: min(n_draft, remaining) vs min(n_draft, remaining - 1) drafts",
+    "eog": "no stop at end of generation in one runtime",
+}
+
+
+def runtime_convention(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The trace's runtime conventions (module docstring), or None when unknown (imports, synthetic)."""
+    conv = manifest.get("convention")
+    if isinstance(conv, Mapping):
+        return dict(conv)
+    rt = manifest.get("runtime")
+    if manifest.get("source") == "record" and isinstance(rt, Mapping) and rt.get("llama_cpp_python"):
+        return dict(LLAMA_CPP_CONVENTION)
+    return None
+
+
+@dataclass(frozen=True)
+class RoundDifference(JsonRecord):
+    """One prompt pair's first difference round by round.
+
+    Attributes:
+        prompt_id_a / prompt_id_b: the prompt in A and B.
+        what: ``"drafts"`` (same position, different drafts), ``"n_draft"`` (same position, a different
+            number of drafts), ``"output"`` (no round differs, the generated tokens differ: the target's own
+            choice, a near tie or numerics, not a drafter convention), ``"output_length"`` (no round differs, one
+            output goes on where the other stopped) or ``"none"``.
+        round_a / round_b: the rounds (0-based) that first differ (None for output_length / none).
+        pos: position of those rounds' pending token (None likewise).
+        step: the first differing draft step k (1-based; None when the shorter draft list is a prefix).
+        drafted_a / drafted_b: the two rounds' drafts (empty when no round differs).
+        cause: a key of :data:`CAUSES`, or None (unexplained, or no difference).
+        n_rounds_compared / n_rounds_differing: rounds at a common position with the same pending token, and
+            those of them whose drafts differ (in number or ids).
+        output_diverged_at: the first output position whose token differs (not a length difference), or None.
+        confirmed: for the ``head`` cause, whether the dense-head trace's own centroid head (its step's
+            ``centroid_token``) drafted the other trace's token at that step (:func:`confirm_head`); else None.
+    """
+
+    prompt_id_a: int
+    prompt_id_b: int
+    what: str
+    round_a: int | None
+    round_b: int | None
+    pos: int | None
+    step: int | None
+    drafted_a: tuple[int, ...]
+    drafted_b: tuple[int, ...]
+    cause: str | None
+    n_rounds_compared: int
+    n_rounds_differing: int
+    output_diverged_at: int | None = None
+    confirmed: bool | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeDiff(JsonRecord):
+    """The round-by-round comparison of two traces (:func:`runtime_diff`).
+
+    Attributes:
+        convention_a / convention_b: each trace's conventions (None: unknown).
+        differs: the convention keys whose values differ (sorted).
+        prompts: per pair a :class:`RoundDifference`.
+        causes: ``{cause or "unexplained": prompts whose first difference it names}``.
+        n_rounds_compared / n_rounds_differing: sums over the prompts.
+    """
+
+    convention_a: dict[str, Any] | None
+    convention_b: dict[str, Any] | None
+    differs: tuple[str, ...]
+    prompts: tuple[RoundDifference, ...]
+    causes: dict[str, int]
+    n_rounds_compared: int
+    n_rounds_differing: int
+
+
+def _lists(col: pd.Series) -> list[tuple[int, ...]]:
+    return [tuple(int(t) for t in v) if v is not None and not (isinstance(v, float) and np.isnan(v)) else ()
+            for v in col.tolist()]
+
+
+def _cause(what: str, differs: Sequence[str]) -> str | None:
+    if what == "drafts":
+        for key in ("draft_position", "head", "dtype"):
+            if key in differs:
+                return key
+        return None
+    if what == "n_draft":
+        return "last_round" if "last_round" in differs else None
+    if what == "output_length":
+        return "eog" if "eog" in differs else None
+    return None
+
+
+def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Sequence[str],
+            out_a: Sequence[int], out_b: Sequence[int]) -> RoundDifference:
+    """One pair (module docstring); ``ra`` / ``rb`` the pair's rounds sorted by round."""
+    n = min(len(out_a), len(out_b))
+    neq = [g for g in range(n) if int(out_a[g]) != int(out_b[g])]
+    div = neq[0] if neq else None
+    b_at = {int(p): i for i, p in enumerate(rb["pos"].tolist())}
+    da, db = _lists(ra["drafted"]), _lists(rb["drafted"])
+    pend_a, pend_b = ra["pending_token"].tolist(), rb["pending_token"].tolist()
+    first: RoundDifference | None = None
+    n_cmp = n_diff = 0
+    for i, pos in enumerate(ra["pos"].tolist()):
+        j = b_at.get(int(pos))
+        if j is None or int(pend_a[i]) != int(pend_b[j]):
+            continue
+        n_cmp += 1
+        xa, xb = da[i], db[j]
+        if xa == xb:
+            continue
+        n_diff += 1
+        if first is None:
+            ne = [k for k, (u, v) in enumerate(zip(xa, xb), start=1) if u != v]
+            what = "n_draft" if len(xa) != len(xb) and not ne else "drafts"
+            first = RoundDifference(prompt_id_a=pa_, prompt_id_b=pb_, what=what, round_a=int(ra["round"].iloc[i]),
+                                    round_b=int(rb["round"].iloc[j]), pos=int(pos), step=ne[0] if ne else None,
+                                    drafted_a=xa, drafted_b=xb, cause=_cause(what, differs),
+                                    n_rounds_compared=0, n_rounds_differing=0)
+    if first is not None:
+        return RoundDifference(**{**first.__dict__, "n_rounds_compared": n_cmp, "n_rounds_differing": n_diff,
+                                  "output_diverged_at": div})
+    what = "output" if div is not None else ("output_length" if len(out_a) != len(out_b) else "none")
+    return RoundDifference(prompt_id_a=pa_, prompt_id_b=pb_, what=what, round_a=None, round_b=None, pos=None,
+                           step=None, drafted_a=(), drafted_b=(), cause=_cause(what, differs),
+                           n_rounds_compared=n_cmp, n_rounds_differing=0, output_diverged_at=div)
+
+
+def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence[tuple[int, int]], *,
+                 manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
+                 outputs_a: Mapping[int, Sequence[int]] | None = None,
+                 outputs_b: Mapping[int, Sequence[int]] | None = None) -> RuntimeDiff:
+    """Round-by-round first differences of two traces (module docstring).
+
+    Args:
+        rounds_a / rounds_b: rounds with ``prompt_id``, ``round``, ``pos``, ``pending_token``, ``drafted``.
+        pairs: ``(prompt_id_a, prompt_id_b)`` pairs (:func:`traces.analysis.align.pair_prompts`).
+        manifest_a / manifest_b: the manifests (their conventions).
+        outputs_a / outputs_b: ``{prompt_id: generated ids}`` (:attr:`traces.analysis.positions.Positions.sequences`;
+            ``output`` / ``output_length`` differences), optional.
+    """
+    ca, cb = runtime_convention(manifest_a), runtime_convention(manifest_b)
+    keys = ("draft_position", "head", "dtype", "last_round", "eog")
+    differs = tuple(sorted(k for k in keys if ca is not None and cb is not None and k in ca and k in cb
+                           and _norm(k, ca[k]) != _norm(k, cb[k])))
+    # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
+    ga = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_a.groupby("prompt_id", sort=False)}
+    gb = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_b.groupby("prompt_id", sort=False)}
+    out = []
+    for pa_, pb_ in pairs:
+        if pa_ not in ga or pb_ not in gb:
+            continue
+        out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, differs, (outputs_a or {}).get(pa_, ()),
+                           (outputs_b or {}).get(pb_, ())))
+    causes: dict[str, int] = {}
+    for d in out:
+        if d.what != "none":
+            name = d.cause or "unexplained"
+            causes[name] = causes.get(name, 0) + 1
+    return RuntimeDiff(convention_a=ca, convention_b=cb, differs=differs, prompts=tuple(out),
+                       causes=dict(sorted(causes.items())), n_rounds_compared=sum(d.n_rounds_compared for d in out),
+                       n_rounds_differing=sum(d.n_rounds_differing for d in out))
+
+
+def confirm_head(diff: RuntimeDiff, steps_a: pd.DataFrame | None, steps_b: pd.DataFrame | None) -> RuntimeDiff:
+    """``diff`` with ``confirmed`` set on each first difference whose cause is ``head``: the trace whose
+    convention drafts with the dense head and whose steps carry ``centroid_token`` (the sparse head scored on
+    the same step) is looked up at that round and step; confirmed when that token is the other trace's draft.
+
+    Args:
+        steps_a / steps_b: steps with ``prompt_id``, ``round``, ``k``, ``centroid_token`` (None: not read).
+    """
+    ca, cb = diff.convention_a or {}, diff.convention_b or {}
+    if ca.get("head") == "dense" and steps_a is not None:
+        side, steps = "a", steps_a
+    elif cb.get("head") == "dense" and steps_b is not None:
+        side, steps = "b", steps_b
+    else:
+        return diff
+    out = []
+    for d in diff.prompts:
+        if d.cause == "head" and d.step is not None:
+            pid, rnd, other = ((d.prompt_id_a, d.round_a, d.drafted_b) if side == "a"
+                               else (d.prompt_id_b, d.round_b, d.drafted_a))
+            row = steps[(steps["prompt_id"] == pid) & (steps["round"] == rnd) & (steps["k"] == d.step)]
+            ct = row["centroid_token"].iloc[0] if len(row) else None
+            ok = None if ct is None or pd.isna(ct) or d.step > len(other) else int(ct) == other[d.step - 1]
+            d = RoundDifference(**{**d.__dict__, "confirmed": ok})
+        out.append(d)
+    return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
+
+
+def _norm(key: str, v: Any) -> Any:
+    """A convention value compared by its kind: the last-round rule and the EOG policy by their first words
+    (``min(...)`` with or without ``- 1``; stop or not), the rest as given."""
+    s = str(v)
+    if key == "last_round":
+        return "remaining - 1" in s or "emitted - 1" in s
+    if key == "eog":
+        return s.startswith("stop")
+    return s
+
+
+__all__ = ["CAUSES", "LLAMA_CPP_CONVENTION", "confirm_head", "RoundDifference", "RuntimeDiff", "runtime_convention", "runtime_diff"]
