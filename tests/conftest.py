@@ -112,3 +112,29 @@ def pair(tiny_pair) -> dict[str, Path]:
     _, noisy = tiny_pair(vocab="subset", noise=2.0)
     _, fork = tiny_pair(vocab="subset", dialect="fork", n_centroids=64, centroid_top_k=4)
     return {"target": target, "clean": clean, "noisy": noisy, "fork": fork}
+
+
+@pytest.fixture(scope="session")
+def server_bin() -> Path:
+    """llama-server built from the llama-cpp-python sdist's sources (``mtpscope server build``); skips, saying
+    why, where it cannot be built or is not built yet."""
+    from mtpscope.traces.server.build import find_build, unavailable_reason
+
+    why = unavailable_reason()
+    if why is not None:
+        pytest.skip(f"llama-server cannot be built here: {why}")
+    b = find_build()
+    if b is None:
+        pytest.skip("llama-server is not built: run `mtpscope server build` (`make test` builds it)")
+    return b.binary
+
+
+@pytest.fixture(scope="session")
+def trained_pair(demo_dir: Any) -> Any:
+    """The trained demo pair's paths (:class:`mtpscope.demo.spec.TrainedPaths`); skips where it is not built."""
+    from mtpscope.demo.spec import TrainedPaths
+
+    tp = TrainedPaths.under(Path(demo_dir.root))
+    if not (tp.target.is_file() and tp.drafter.is_file()):
+        pytest.skip("the trained demo pair is not built")
+    return tp

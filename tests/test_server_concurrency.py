@@ -3,7 +3,7 @@ answer times, the server-wide counters against the answers' own timings), the co
 (`--check-concurrency 2`: greedy requests agree alone and two at a time; a random seed at T > 0 is named), and
 `probe --replay`'s verdict on a request sampled with a random seed (`sampler`).
 
-Skips, saying why, where llama-server is not built or the demo pair is missing (tests/test_server.py's fixtures)."""
+Skips, saying why, where llama-server is not built or the demo pair is missing (the conftest fixtures `server_bin`, `trained_pair`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_server import THREADS, pair, server_bin  # noqa: F401  # fixtures shared with the server tests
+from tests.test_server import THREADS
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
 
@@ -36,11 +36,11 @@ def four_prompts(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def np2_server(server_bin, pair, tmp_path_factory):  # noqa: F811  # the imported fixtures
+def np2_server(server_bin, trained_pair, tmp_path_factory):
     from mtpscope.traces.server.launch import launch
 
     d = tmp_path_factory.mktemp("srv2")
-    with launch(pair.target, pair.drafter, n_draft=3, parallel=2, log=d / "server.log", binary=server_bin,
+    with launch(trained_pair.target, trained_pair.drafter, n_draft=3, parallel=2, log=d / "server.log", binary=server_bin,
                 extra=THREADS) as s:
         yield s
 
@@ -106,7 +106,7 @@ def test_check_concurrency_names_requests_with_a_random_seed(np2_server, four_pr
     assert sorted(r["request"] for r in doc["rows"] if r["differs"]) == differ and doc["n_differ"] == len(differ)
 
 
-def test_replay_of_a_random_seed_says_sampler(np2_server, pair, four_prompts, tmp_path: Path) -> None:  # noqa: F811
+def test_replay_of_a_random_seed_says_sampler(np2_server, trained_pair, four_prompts, tmp_path: Path) -> None:
     """`probe --replay` of requests sampled at T = 1.5 with a random seed: never a silent mismatch — the verdict
     names the first request that differs with reason `sampler` and says the seed is random."""
     from mtpscope.traces.server.probe import ProbeSettings, probe
@@ -115,14 +115,14 @@ def test_replay_of_a_random_seed_says_sampler(np2_server, pair, four_prompts, tm
     out = tmp_path / "p"
     probe(np2_server.url, prompts_file=four_prompts, out=out,
           settings=ProbeSettings(n_predict=N_PREDICT, temperature=1.5, seed=-1))
-    res = replay_probe(out, assistant=pair.drafter, target=pair.target, n_draft=3)
+    res = replay_probe(out, assistant=trained_pair.drafter, target=trained_pair.target, n_draft=3)
     assert not res.all_equal and res.verdicts
     assert res.verdicts[0].request == res.first_difference.request
     assert all(v.reason == "sampler" and "random seed" in v.detail for v in res.verdicts), res.verdicts
     assert res.verdict.startswith(f"request {res.verdicts[0].request} ") and ": sampler: " in res.verdict
 
 
-def test_replay_names_the_eog_rule_round(np2_server, pair, tmp_path: Path) -> None:  # noqa: F811
+def test_replay_names_the_eog_rule_round(np2_server, trained_pair, tmp_path: Path) -> None:
     """Demo prompt 9 (greedy, 32 tokens) ends with a drafted end-of-generation token the target confirms. The
     server's output is the recording's; where the counts differ (llama.cpp does not count that draft as the
     recorder did before issue 33's recorder side), the verdict is `EOG rule` at the recording's round whose last
@@ -138,8 +138,8 @@ def test_replay_names_the_eog_rule_round(np2_server, pair, tmp_path: Path) -> No
     pf = tmp_path / "p.jsonl"
     pf.write_text(json.dumps({"id": "nine", "tokens": p["ids"]}) + "\n")
     probe(np2_server.url, prompts_file=pf, out=tmp_path / "p", settings=ProbeSettings(n_predict=32))
-    res = replay_probe(tmp_path / "p", assistant=pair.drafter, target=pair.target, n_draft=3)
-    with open_gguf(pair.target) as g:
+    res = replay_probe(tmp_path / "p", assistant=trained_pair.drafter, target=trained_pair.target, n_draft=3)
+    with open_gguf(trained_pair.target) as g:
         eos = int(g.get("tokenizer.ggml.eos_token_id"))
     server = open_trace(tmp_path / "p").requests.iloc[0]
     rounds = open_trace(tmp_path / "p" / "replay").rounds.sort_values("round")
@@ -157,7 +157,7 @@ def test_replay_names_the_eog_rule_round(np2_server, pair, tmp_path: Path) -> No
         assert f"accepted {int(server['n_accepted'])}" in v.detail and f"/ {rec_acc};" in v.detail
 
 
-def test_replay_of_a_text_prompt_as_given_names_tokenization(np2_server, pair, tmp_path: Path) -> None:  # noqa: F811
+def test_replay_of_a_text_prompt_as_given_names_tokenization(np2_server, trained_pair, tmp_path: Path) -> None:
     """The demo chat prompt given as text (it holds `<bos>`, `<|turn>`: special tokens) and replayed as the file gave
     it (`prompt_form="given"`: the recorder tokenizes the text itself). Where the recording's prompt length differs
     from the ids the server read (its own `/tokenize`, kept in the probe's manifest), the verdict is
@@ -171,7 +171,7 @@ def test_replay_of_a_text_prompt_as_given_names_tokenization(np2_server, pair, t
     pf = tmp_path / "p.jsonl"
     pf.write_text(json.dumps({"id": "chat", "text": chat["text"]}) + "\n")
     probe(np2_server.url, prompts_file=pf, out=tmp_path / "p", settings=ProbeSettings(n_predict=16))
-    res = replay_probe(tmp_path / "p", assistant=pair.drafter, target=pair.target, n_draft=3, prompt_form="given")
+    res = replay_probe(tmp_path / "p", assistant=trained_pair.drafter, target=trained_pair.target, n_draft=3, prompt_form="given")
     server_ids = open_trace(tmp_path / "p").manifest["prompts"][0]["tokens"]
     n_rec = open_trace(tmp_path / "p" / "replay").manifest["prompts"][0]["n_prompt_tokens"]
     if len(server_ids) != n_rec:

@@ -34,26 +34,8 @@ MESSAGES = ({"role": "system", "content": "You are a helpful assistant."},
 
 
 @pytest.fixture(scope="module")
-def server_bin() -> Path:
-    from mtpscope.traces.server.build import find_build, unavailable_reason
-
-    why = unavailable_reason()
-    if why is not None:
-        pytest.skip(f"llama-server cannot be built here: {why}")
-    b = find_build()
-    if b is None:
-        pytest.skip("llama-server is not built: run `mtpscope server build` (`make test` builds it)")
-    return b.binary
-
-
-@pytest.fixture(scope="module")
-def pair(demo_dir):
-    from mtpscope.demo.spec import TrainedPaths
-
-    tp = TrainedPaths.under(Path(demo_dir.root))
-    if not (tp.target.is_file() and tp.drafter.is_file()):
-        pytest.skip("the trained demo pair is not built")
-    return tp
+def pair(trained_pair):
+    return trained_pair
 
 
 @pytest.fixture(scope="module")
