@@ -35,7 +35,11 @@ def _query() -> dict[str, list[str]]:
 
 
 def _seen_key(page: str, params: Mapping[str, object]) -> tuple:
-    return page, tuple(sorted((k, tuple(v) if isinstance(v, list) else (str(v),)) for k, v in params.items()))
+    """What :func:`arrive` compares a URL's query with: its parameters alone, not the page. A query the app wrote
+    itself (on any page: one that stays in the address bar when another page is opened) is not a new link; taking
+    it again would select the files it names over what the user chose since (``page`` is kept for the callers)."""
+    del page
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else (str(v),)) for k, v in params.items()))
 
 
 def arrive(page: str) -> None:
