@@ -74,7 +74,7 @@ def test_sweep_page_and_opening_a_cell(sweep_dir: Path, monkeypatch: pytest.Monk
     cells = open_sweep(sweep_dir).cells()
     r = cells[(cells["assistant"] == "q4") & (cells["n_draft"] == 3) & (cells["category"] == "code")].iloc[0]
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["acceptance rate"] == f"{r['acceptance_rate']:.1%}"
+    assert metrics["acceptance rate"] == f"{100 * r['acceptance_rate']:.1f} %"
     assert metrics["speedup"] == f"{r['speedup']:.3f}"
     assert at.selectbox(key=selection.SWEEP_SHARD).options == ["shard 0 (1 prompt of this category)",
                                                          "shard 1 (1 prompt of this category)"]
