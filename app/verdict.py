@@ -19,7 +19,7 @@ Rules (:func:`start_verdict`):
 - advice: the recommendation's label (:func:`mtpscope.app.views.recommendation_label`, which names what a
   tie is with) and its headline, for trace A.
 
-Imports: ``app.views``, ``traces.analysis.advice`` (types).
+Imports: ``app.formats``, ``app.views``, ``traces.analysis.advice`` (types).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mtpscope.app.formats import percent, points
 from mtpscope.app.views import recommendation_label
 from mtpscope.traces.analysis.advice import Recommendation
 
@@ -145,9 +146,8 @@ class StartVerdict:
                 "worst": {k: w.to_dict() for k, w in self.worst.items()}}
 
 
-def pct(rate: float | None) -> str:
-    """A rate as the app writes it: ``34.8 %``; ``—`` for None."""
-    return "—" if rate is None else f"{100 * rate:.1f} %"
+#: a rate as the app writes it (``34.8 %``; ``—`` for None): :func:`mtpscope.app.formats.percent`, the one rule
+pct = percent
 
 
 def worst(prompts: Sequence[PromptCounts]) -> Worst:
@@ -242,10 +242,9 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
         sentence += "."
     if b is not None:
         if a.acceptance_rate is not None and b.acceptance_rate is not None:
-            d = 100 * (b.acceptance_rate - a.acceptance_rate)
             acceptance = (f"Acceptance rate {pct(a.acceptance_rate)} on trace A (`{a.name}`) against "
-                          f"{pct(b.acceptance_rate)} on trace B (`{b.name}`): B {'−' if d < 0 else '+'}"
-                          f"{abs(d):.1f} points.")
+                          f"{pct(b.acceptance_rate)} on trace B (`{b.name}`): B "
+                          f"{points(b.acceptance_rate - a.acceptance_rate)}.")
         else:
             acceptance = (f"Acceptance rate {pct(a.acceptance_rate)} on trace A (`{a.name}`), "
                           f"{pct(b.acceptance_rate)} on trace B (`{b.name}`).")
