@@ -180,3 +180,26 @@ def test_batched_steps_equal_single_steps() -> None:
     assert batch[4].centroid_ids.tolist() == [0, 1, 2]
     with pytest.raises(LayoutError, match="n_embd"):
         centroid_steps(head, np.zeros((2, 7), np.float32))
+
+
+@pytest.mark.parametrize("n_top", [0, 1, 3, 10])
+def test_dense_top_shortcut_equals_the_gather(n_top: int) -> None:
+    # the sparse head's token read off the dense top list must equal the argmax over all candidates,
+    # computed independently here (full gather, ties by the lowest id), including tied logits
+    from mtpscope.traces.run.centroid_head import centroid_steps
+    from mtpscope.traces.run.ranking import top_k_desc
+
+    rng = np.random.default_rng(1)
+    cent = rng.standard_normal((32, 8)).astype(np.float32)
+    order = rng.permutation(512).astype(np.int32)
+    head = head_from_arrays(cent, order, top_k=4)
+    hs = rng.standard_normal((40, 8)).astype(np.float32)
+    dense = np.round(rng.standard_normal((40, 512)) * 2).astype(np.float32)   # coarse: many ties
+    tops = [top_k_desc(d, n_top) for d in dense]
+    got = centroid_steps(head, hs, dense_logits=dense, dense_top=tops)
+    rows = order.reshape(32, 16)
+    for i, g in enumerate(got):
+        c = cent.astype(np.float64) @ hs[i].astype(np.float64)
+        cand = rows[np.lexsort((np.arange(32), -c))[:4]].reshape(-1)
+        best = dense[i][cand].max()
+        assert g.centroid_token == int(cand[dense[i][cand] == best].min())

@@ -191,7 +191,7 @@ def finish_target_side(res: RoundResult) -> RoundResult:
     """
     if not res.target_logits:
         return res
-    pa_, ha_ = target_stats(np.stack(res.target_logits), res.drafted[:len(res.target_logits)])
+    pa_, ha_ = target_stats(res.target_logits, res.drafted[:len(res.target_logits)])
     return replace(res, target_p_drafted=tuple(pa_.tolist()), target_entropy=tuple(ha_.tolist()), target_logits=())
 
 

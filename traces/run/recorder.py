@@ -88,6 +88,14 @@ def _openblas_thread_control() -> tuple[Callable[[int], None], Callable[[], int]
     return None
 
 
+def _warm_arrow() -> None:
+    """pyarrow imports pandas on its first conversion of Python values (its pandas shim looks at every
+    input): about 0.2 s of CPU. Done while the worker loads the models, not inside the first round."""
+    import pyarrow as pa
+
+    pa.array([0], pa.int32())
+
+
 class _SingleThreadBlas:
     """Run numpy's OpenBLAS on one thread inside the ``with`` block (restored after).
 
@@ -436,6 +444,7 @@ class _Recording:
         # while the worker loads the models: the solve that derives h_inner from the logits and h_next (built
         # here, it never holds up the loop; unused when a loaded runtime brings the graph capture)
         solver = _solver(self.assistant) if config.derive else None
+        _warm_arrow()
         info = src.hello()
         self.cpu_at_hello = time.process_time()
         if head is not None:

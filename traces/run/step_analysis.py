@@ -95,15 +95,18 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     steps = res.steps
     targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
     inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
+    summaries = [None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top)
+                 for k, s in enumerate(steps)]
     cs_all = None
     known = [h for h in inner if h is not None]
     if head is not None and steps and len(known) == len(inner):
         lgs = [lg for s in steps if (lg := s.logits) is not None]
         logits = lgs if len(lgs) == len(steps) else None
-        cs_all = centroid_steps(head, np.stack(known), dense_logits=logits, target_tokens=targets)
+        tops = ([np.asarray(sm.top_ids, dtype=np.int64) for sm in summaries if sm is not None]
+                if logits is not None else None)
+        cs_all = centroid_steps(head, np.stack(known), dense_logits=logits, target_tokens=targets, dense_top=tops)
     p_d, ent, h_t = res.target_p_drafted, res.target_entropy, res.h_target
     for k, s in enumerate(steps, start=1):
-        lg = s.logits
         tt = targets[k - 1]
         kw: dict[str, Any] = {}
         if cs_all is not None:
@@ -115,8 +118,8 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             kw.update(target_p_drafted=p_d[k - 1], target_entropy=ent[k - 1])
         if keep_h and k <= len(h_t):
             kw["h_target"] = h_t[k - 1]
-        if lg is not None:
-            ls = summarize_logits(lg, s.token, target=tt, n_top=n_top)
+        ls = summaries[k - 1]
+        if ls is not None:
             kw.update(logit=ls.logit, rank=ls.rank, top_ids=ls.top_ids, top_logits=ls.top_logits,
                       target_rank=ls.target_rank)
         out.append(StepRecord(

@@ -9,13 +9,16 @@ and the draft ``d`` that row judges, at temperature 1:
     p(d) = e[d] / Z
     H    = -sum p log p = log Z - sum(e * (x - m)) / Z        (nats; a masked logit of -inf adds nothing)
 
-The exponentials and the products ``e * (x - m)`` are float32 (like the logits); both sums accumulate in
-float64, so ``H`` and ``p`` carry a relative error of a few float32 ulps (about 1e-6), far below what the
-hard/wrong split reads.
-Cost: two passes over n_vocab per row (the maximum, then the sums), the second in chunks of ``_CHUNK``
-values whose float32 temporaries stay in the core's L2 cache: the recording process then reads each row
-from memory twice and writes nothing back, which keeps it off the memory bandwidth llama.cpp, beside
-it, needs.
+The exponentials and the products ``e * (x - m)`` are float32 (like the logits), and so are the sums:
+numpy reduces a contiguous float32 run pairwise (blocks of 8 lanes, then halving), so each chunk's sum
+carries a relative error of about ``log2(n) * 2**-24`` (under 1e-6 at n = 32768); the chunks' sums add in
+float64. ``H`` and ``p`` are then good to about 1e-6 relative, far below what the hard/wrong split reads
+(tests/test_target_side.py checks 1e-5 against torch's float64 softmax).
+Cost: per row one pass for the maximum over the row as llama.cpp left it, then per chunk of ``_CHUNK``
+values (float32 temporaries of 128 KiB that stay in the core's L2 cache) a subtraction, an exponential,
+a product and two sums: the recording process reads each row from memory twice and writes nothing back,
+which keeps it off the memory bandwidth llama.cpp, beside it, needs. The rows are taken as they come (a
+sequence of row views is not stacked: that would copy n_rows MiB).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from mtpscope.errors import TraceError
 _CHUNK = 32768
 
 
-def target_stats(logits: np.ndarray, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def target_stats(logits: np.ndarray | Sequence[np.ndarray], tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """``(p, H)`` per row: the probability of ``tokens[i]`` under ``softmax(logits[i])`` and the entropy
     of that distribution in nats.
 
     Args:
-        logits: ``float[n_rows, n_vocab]`` (numpy ``shape``), or one row ``(n_vocab,)``.
+        logits: ``float[n_rows, n_vocab]`` (numpy ``shape``), one row ``(n_vocab,)``, or a sequence of
+            ``n_rows`` rows ``(n_vocab,)`` (read in place, not stacked).
         tokens: ``n_rows`` token ids.
 
     Returns:
@@ -44,13 +48,14 @@ def target_stats(logits: np.ndarray, tokens: Sequence[int]) -> tuple[np.ndarray,
     Raises:
         TraceError: a token id outside ``[0, n_vocab)`` or a row count that differs from ``len(tokens)``.
     """
-    x = np.asarray(logits, dtype=np.float32)
-    if x.ndim == 1:
-        x = x[None, :]
+    rows = _rows(logits)
     tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    if x.shape[0] != len(tok):
-        raise TraceError("one token per logits row", key="tokens", expected=x.shape[0], actual=len(tok))
-    n_vocab = x.shape[1]
+    if len(rows) != len(tok):
+        raise TraceError("one token per logits row", key="tokens", expected=len(rows), actual=len(tok))
+    n_vocab = rows[0].shape[0] if rows else 0
+    if any(r.shape[0] != n_vocab for r in rows):
+        raise TraceError("logits rows of one length", key="logits", expected=n_vocab,
+                         actual=sorted({r.shape[0] for r in rows}))
     if len(tok) and (tok.min() < 0 or tok.max() >= n_vocab):
         raise TraceError("token id outside the vocabulary", key="tokens", expected=f"0..{n_vocab - 1}",
                          actual=int(tok.min() if tok.min() < 0 else tok.max()))
@@ -60,7 +65,7 @@ def target_stats(logits: np.ndarray, tokens: Sequence[int]) -> tuple[np.ndarray,
     sh_buf = np.empty(width, dtype=np.float32)
     e_buf = np.empty(width, dtype=np.float32)
     for i in range(len(tok)):
-        row = x[i]
+        row = rows[i]
         m = row.max()
         if not np.isfinite(m):
             continue
@@ -69,17 +74,32 @@ def target_stats(logits: np.ndarray, tokens: Sequence[int]) -> tuple[np.ndarray,
             c = row[j:j + width]
             sh = np.subtract(c, m, out=sh_buf[:c.shape[0]])
             e = np.exp(sh, out=e_buf[:c.shape[0]])
-            z += float(np.add.reduce(e, dtype=np.float64))
-            # products in float32 (each exact to 2**-24 relative), their sum in float64; not np.dot: a BLAS
-            # dot wakes OpenBLAS's thread pool, whose threads then spin on a core the runtime needs
+            z += float(np.add.reduce(e))
+            # not np.dot: a BLAS dot wakes OpenBLAS's thread pool, whose threads then spin on a core the
+            # runtime needs
             with np.errstate(invalid="ignore"):
                 prod = np.multiply(e, sh, out=sh)
-            part = float(np.add.reduce(prod, dtype=np.float64))
+            part = float(np.add.reduce(prod))
             if not np.isfinite(part):  # -inf logits (masked tokens): 0 * -inf is NaN there; count them as 0
-                part = float(np.add.reduce(np.where(np.isfinite(prod), prod, 0.0), dtype=np.float64))
+                part = float(np.add.reduce(np.where(np.isfinite(prod), prod, np.float32(0.0))))
             s += part
         if not np.isfinite(z) or z <= 0:
             continue
         p[i] = float(np.exp(np.float32(row[tok[i]] - m))) / z
         h[i] = float(np.log(z) - s / z)
     return p, h
+
+
+def _rows(logits: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The float32 rows of ``logits`` (a 1-D row, a 2-D array or a sequence of rows), views where they
+    already are float32 and contiguous."""
+    if isinstance(logits, np.ndarray):
+        x = np.ascontiguousarray(logits, dtype=np.float32)
+        if x.ndim == 1:
+            return [x]
+        if x.ndim != 2:
+            raise TraceError("logits must be one row or rows", key="logits", expected="1 or 2 dimensions",
+                             actual=x.ndim)
+        return list(x)
+    rows = [np.ascontiguousarray(r, dtype=np.float32).reshape(-1) for r in logits]
+    return rows

@@ -136,6 +136,9 @@ class TraceWriter:
         self._counts = CentroidCounts() if self.centroids else None
         self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
         self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
+        #: the steps columns built from the records' attributes (name, type), in schema order
+        self._step_cols = [(f.name, f.type) for f in self.steps_schema
+                           if f.name not in ("prompt_id", "round") and f.name not in S.HIDDEN_COLUMNS]
         self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
                         "h_target": self.n_embd_backbone}
         self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
@@ -458,23 +461,16 @@ class TraceWriter:
 
     # ------------------------------------------------------------------ columnar conversion
     def _rounds_table(self, rounds: list[RoundRecord]) -> pa.Table:
-        cols = {name: [getattr(r, name) for r in rounds] for name in S.ROUNDS_COLUMNS}
-        for name in ("drafted", "target", "emitted"):
-            cols[name] = [None if v is None else list(v) for v in cols[name]]
-        return pa.table(cols, schema=S.ROUNDS_SCHEMA)
+        # (list columns take the records' tuples as they are)
+        return pa.table({name: [getattr(r, name) for r in rounds] for name in S.ROUNDS_COLUMNS}, schema=S.ROUNDS_SCHEMA)
 
     def _steps_table(self, pairs: list[tuple[RoundRecord, StepRecord]]) -> pa.Table:
         arrays: dict[str, pa.Array] = {}
         n = len(pairs)
         arrays["prompt_id"] = pa.array([r.prompt_id for r, _ in pairs], pa.int32())
         arrays["round"] = pa.array([r.round for r, _ in pairs], pa.int32())
-        for f in S.steps_schema(None, None, None):
-            if f.name in arrays or f.name in S.HIDDEN_COLUMNS:
-                continue
-            vals = [getattr(s, f.name) for _, s in pairs]
-            if pa.types.is_list(f.type):
-                vals = [None if v is None else list(v) for v in vals]
-            arrays[f.name] = pa.array(vals, f.type)
+        for name, typ in self._step_cols:      # list columns take the records' tuples as they are
+            arrays[name] = pa.array([getattr(s, name) for _, s in pairs], typ)
         for name in S.HIDDEN_COLUMNS:
             typ = self.steps_schema.field(name).type
             if pa.types.is_null(typ):
