@@ -90,7 +90,8 @@ def _openblas_thread_control() -> tuple[Callable[[int], None], Callable[[], int]
 
 def _warm_arrow() -> None:
     """pyarrow imports pandas on its first conversion of Python values (its pandas shim looks at every
-    input): about 0.2 s of CPU. Done while the worker loads the models, not inside the first round."""
+    input): about 0.2 s of CPU. Done before ``go()``, while the worker loads the models, not inside the
+    first round."""
     import pyarrow as pa
 
     pa.array([0], pa.int32())
@@ -288,6 +289,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     early = RecordWorker(job, echo=echo_log) if isolated else None
     try:
         checked = _check_inputs(config, target, assistant, out, overwrite=overwrite, preflight=preflight)
+        _warm_arrow()
     except BaseException:
         if early is not None:
             early.abandon()                      # refused: the worker decoded nothing
@@ -444,7 +446,6 @@ class _Recording:
         # while the worker loads the models: the solve that derives h_inner from the logits and h_next (built
         # here, it never holds up the loop; unused when a loaded runtime brings the graph capture)
         solver = _solver(self.assistant) if config.derive else None
-        _warm_arrow()
         info = src.hello()
         self.cpu_at_hello = time.process_time()
         if head is not None:
