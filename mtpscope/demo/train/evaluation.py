@@ -22,6 +22,7 @@ from mtpscope.demo.train.compact import CompactVocab, full_argmax
 from mtpscope.demo.train.models import drafter_forward, drafter_masks, target_pass
 from mtpscope.demo.train.recipe import BOS
 from mtpscope.traces.run.llama.model import LlamaVocab
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
 
 @torch.no_grad()
@@ -195,7 +196,7 @@ def select_prompts(tm: Any, candidates: Sequence[dict[str, Any]], vocab: Compact
 
 
 def evaluate(tm: Any, dm: Any, prompts: Sequence[dict[str, Any]], vocab: CompactVocab, eog_real: Iterable[int], *,
-             n_draft: int = 3, max_tokens: int = 64, sliding_window: int, head: dict[str, Any] | None = None,
+             n_draft: int = DEFAULT_N_DRAFT, max_tokens: int = 64, sliding_window: int, head: dict[str, Any] | None = None,
              log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Realism numbers of a pair on the demo prompts (greedy target, simulated greedy MTP).
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from mtpscope.demo import corpus as demo_corpus
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
 #: the real Gemma 4 vocabulary: rows of the full-vocabulary models
 N_VOCAB = GEMMA4_N_VOCAB
@@ -71,7 +72,7 @@ class Recipe:
     drafter_steps: int = 400
     drafter_batch: int = 8
     drafter_lr: float = 3e-3
-    n_draft: int = 3
+    n_draft: int = DEFAULT_N_DRAFT
     centroid_steps: int = 300
     min_count: int = 2
     random_docs: int = 6
