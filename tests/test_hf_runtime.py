@@ -254,3 +254,27 @@ def test_record_command_runs_hf(trained, prompt_tokens, tmp_path) -> None:
     assert f"trace: {out}" in res.output
     m = json.loads((out / "manifest.json").read_text())
     assert m["params"]["n_draft"] == 2 and m["runtime"]["name"] == "hf"
+
+
+def test_unloadable_checkpoint_is_one_line(trained, tmp_path) -> None:
+    """A folder with a config.json but no weights, and the assistant given as the target: one line, exit 2,
+    nothing written (the input checks without torch: tests/test_cli_record_runtime.py)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"tokens": [2, 10, 11]}) + "\n")
+    for target in (bad, trained.hf_drafter):
+        out = tmp_path / f"o-{target.name}"
+        res = CliRunner().invoke(app, ["record", "--runtime", "hf", "--target", str(target), "--assistant",
+                                       str(trained.hf_drafter), "--prompts", str(pf), "--out", str(out)])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {target}: ") and "Gemma4ForCausalLM" in lines[0]
+        assert not out.exists()

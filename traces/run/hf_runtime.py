@@ -328,14 +328,16 @@ class HfRuntime:
         from transformers.utils import logging as _hf_logging
 
         hf_logging: Any = _hf_logging       # (its functions carry no annotations)
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()       # no "Loading weights" bar on the recorder's stderr
+        bar, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()       # no "Loading weights" bar, no load report on the recorder's stderr:
+        hf_logging.set_verbosity_error()        # a mismatch is refused below, in one line
         try:
             model, info = cls.from_pretrained(p, dtype="float32", attn_implementation=attn, output_loading_info=True)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             raise TraceError(f"transformers cannot load the checkpoint as {cls.__name__}", path=str(p),
-                             actual=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                             expected=f"a {cls.__name__} checkpoint (config.json and model.safetensors)", actual=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         finally:
+            hf_logging.set_verbosity(level)
             if bar:
                 hf_logging.enable_progress_bar()
         bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys") and v}
