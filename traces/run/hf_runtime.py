@@ -24,7 +24,8 @@ step-by-step comparison with :class:`inspector.reference.ReferenceDrafter` needs
 The draft length is fixed: the candidate generator takes ``num_assistant_tokens`` from the assistant's
 ``generation_config`` when it is built and never changes it (its ``update_candidate_strategy`` is the base
 class's no-op); :meth:`HfRuntime.run` sets it to ``n_draft`` with the ``"constant"`` schedule for the call
-and puts the previous values back afterwards.
+and puts the previous values back afterwards (an assistant folder without ``generation_config.json``, as the
+demo's, has None there, on which HF's loop fails).
 
 Timings (torch on CPU, ``n_threads`` threads): ``t_draft_ms`` is ``get_candidates`` (the K drafter forwards
 and HF's argmax), ``t_verify_ms`` the span from its return to the next round's start (the target's verify
