@@ -7,7 +7,8 @@ assisted generation with the Gemma 4 assistant (float32, CPU), against values co
   of the reference's own logits), logits within 1e-4 of their scale;
 * the greedy output equals the HF target's plain greedy ``generate`` (no assistant);
 * the conventions the manifest states hold in the recorded rounds (the last round's draft count, the
-  drafter position, the full layers' view of a rejected draft);
+  drafter position, the full layers' view of a rejected draft), and llama.cpp's visibility with its dense head,
+  replayed on HF's inputs, drafts what the llama.cpp F32 trace recorded where HF's drafts differ;
 * a seeded ``do_sample`` run records, follows the rejection rule's bookkeeping and is reproducible;
 * the trace reads back through the trace store, and ``report`` / ``explain`` read it.
 
@@ -191,6 +192,48 @@ def test_full_layers_show_the_rejected_draft(rt, prompt_tokens) -> None:
             if checked >= 2:
                 break
     assert checked >= 1
+
+
+def test_llama_cpp_visibility_turns_hf_drafts_into_llama_cpp_drafts(rt, trained, prompt_tokens) -> None:
+    """The KV-visibility convention, replayed: at prompt 1's first round that drafts differently from llama.cpp's
+    F32 trace (round 1, after a round that rejected a draft), the numpy reference on HF's own inputs drafts
+    HF's tokens with HF's masks, and llama.cpp's recorded tokens when the drafter sees only positions < p
+    (the rejected draft's entry at p hidden; the sequence is shorter than the window, so sliding layers see
+    the same), with llama.cpp's dense head."""
+    from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+    from mtpscope.traces.run.hf_runtime import KV_KINDS, donor_kv
+    from mtpscope.traces.store.reader import open_trace
+
+    f32 = open_trace(trained.traces_f32)
+    ll = f32.rounds[f32.rounds["prompt_id"] == PROMPTS[1]].set_index("pos")
+    run = rt.run(prompt_tokens[1], n_draft=N_DRAFT, max_tokens=MAX_TOKENS, trace=False, capture_calls=True)
+    first_call = np.cumsum([0] + [len(r.drafted) for r in run.rounds])
+    i = next(j for j, r in enumerate(run.rounds) if r.pos in ll.index and r.drafted
+             and int(ll.loc[r.pos, "pending_token"]) == r.pending_token
+             and tuple(ll.loc[r.pos, "drafted"]) != r.drafted)
+    r, prev = run.rounds[i], run.rounds[i - 1]
+    assert prev.n_accepted < len(prev.drafted)                # the round before it rejected a draft
+    c = run.calls[first_call[i]]
+    p, nb = c.pos, rt.n_embd_backbone
+    assert p + 1 < rt.target_model.config.sliding_window
+    ref = ReferenceDrafter.from_gguf(trained.drafter_fork, trained.target)
+    emb = rt.target_model.get_input_embeddings().weight.detach().numpy() * np.float32(np.sqrt(nb))
+    token = int(np.argmin(np.abs(emb - c.embeds[:nb]).sum(axis=1)))
+    llama_kv = {}
+    for name, kind in KV_KINDS.items():
+        k, v = c.kv[name]
+        llama_kv[kind] = DonorKV(k=k, v=v, pos=np.arange(len(k)), mask=np.arange(len(k)) < p)
+
+    def replay(kv: dict[str, DonorKV], head: str) -> list[int]:
+        t, h, out = token, c.embeds[nb:], []
+        for _ in r.drafted:
+            s = ref.step(t, h, p, kv, StepOptions(fill="min-1", gelu="tanh", head=head))
+            out.append(s.token)
+            t, h = s.token, s.h_next
+        return out
+
+    assert replay(donor_kv(c), "centroid") == list(r.drafted)
+    assert replay(llama_kv, "dense") == [int(x) for x in ll.loc[p, "drafted"]]
 
 
 def test_seeded_sampling_records_and_is_reproducible(trained, prompt_tokens, tmp_path) -> None:
