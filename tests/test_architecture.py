@@ -12,6 +12,8 @@ what a module can reach. The rules:
 - only ``mtpscope.app`` imports ``streamlit``, and its pure helpers (charts, views, ...) do not;
 - only the llama.cpp binding module (:data:`LLAMA_BINDING`) imports ``llama_cpp``;
 - only the MLX runtime module (:data:`MLX_RUNTIME`) imports ``mlx`` / ``mlx_vlm``;
+- only the HF runtime module (:data:`HF_RUNTIME`) and the demo's training / family builders import ``torch`` /
+  ``transformers``;
 - the layers, bottom up: the leaves ``mtpscope.errors`` / ``mtpscope.cache``, ``mtpscope.inspector``,
   ``mtpscope.traces``, ``mtpscope.app``, then the CLI (``mtpscope.cli``) and the demo (``mtpscope.demo``) on
   top; nothing reaches a layer above its own, not even through another module or a package's ``__init__``
@@ -66,6 +68,10 @@ PURE_APP = ("mtpscope.app.charts", "mtpscope.app.views", "mtpscope.app.round_vie
 LLAMA_BINDING = "mtpscope.traces.run.llama.binding"
 #: the one module that imports ``mlx`` and ``mlx_vlm`` (mlx-vlm's MTP loop, observed).
 MLX_RUNTIME = "mtpscope.traces.run.mlx_runtime"
+#: the one module below the demo that imports ``torch`` and ``transformers`` (HF's assisted generation, observed);
+#: the demo's training and tiny-family builders import them too (TORCH_USERS).
+HF_RUNTIME = "mtpscope.traces.run.hf_runtime"
+TORCH_USERS = (HF_RUNTIME, "mtpscope.demo.train", "mtpscope.demo.families")
 #: the layers, bottom up: a module may reach only its own layer and those below.
 LAYERS = ("leaf", "inspector", "traces", "app", "top")
 #: the areas of ``mtpscope.traces``, bottom up (areas of equal rank may not import each other); a module
@@ -595,6 +601,21 @@ def test_only_the_binding_module_imports_llama_cpp(tree) -> None:
 def test_only_the_mlx_runtime_imports_mlx(tree) -> None:
     assert external_import_violations(tree, "mlx", [MLX_RUNTIME]) == []
     assert external_import_violations(tree, "mlx_vlm", [MLX_RUNTIME]) == []
+
+
+def test_only_the_hf_runtime_and_the_demo_builders_import_torch(tree) -> None:
+    assert external_import_violations(tree, "torch", TORCH_USERS) == []
+    assert external_import_violations(tree, "transformers", TORCH_USERS) == []
+
+
+def test_rule_torch_outside_its_modules_fails() -> None:
+    mods = _mods({HF_RUNTIME: "def f():\n    import torch\n    from transformers import Gemma4ForCausalLM\n",
+                  "mtpscope.traces.run.hf_record": "import torch\n",
+                  "mtpscope.demo.train.models": "import torch\n",
+                  "mtpscope.traces.analysis.runtime_diff": "from transformers import AutoModel\n"})
+    assert external_import_violations(mods, "torch", TORCH_USERS) == ["mtpscope.traces.run.hf_record:1 imports torch"]
+    assert external_import_violations(mods, "transformers", TORCH_USERS) == [
+        "mtpscope.traces.analysis.runtime_diff:1 imports transformers"]
 
 
 def test_rule_mlx_outside_its_module_fails() -> None:

@@ -2,9 +2,10 @@
 
 Tiny random-weight ``Gemma4ForCausalLM`` target and ``Gemma4AssistantForCausalLM`` drafter (written as
 safetensors by ``inspector.convert.write_tiny_pair``, loaded by transformers' own ``from_pretrained``)
-run HF's own assisted generation (``generate(..., assistant_model=...)``, greedy). Every drafter call
-is recorded (inputs: embeddings, position, the shared K/V and the attention masks HF built; outputs:
-logits and the projected hidden) and our step, loaded from the **converted GGUFs**, runs on the same
+run HF's own assisted generation (``generate(..., assistant_model=...)``, greedy) through
+``traces.run.hf_runtime.HfRuntime`` (the recorder's runtime). Every drafter call is recorded (inputs:
+embeddings, position, the shared K/V and the attention masks HF built; outputs: logits and the projected
+hidden) and our step, loaded from the **converted GGUFs**, runs on the same
 inputs with HF's visibility (facts §3) and conventions (``fill="min-1"``, exact tanh GELU, F32 K/V).
 
 Then the same checkpoints, converted to GGUF and run in llama.cpp, must draft what HF drafts on the
@@ -28,7 +29,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                 allow_module_level=True)
 
 from mtpscope.inspector.convert import convert, write_tiny_pair
-from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+from mtpscope.traces.run.hf_runtime import DrafterCall, HfRuntime, donor_kv
 from tests.numerics import TIE_REL
 
 if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24):  # pragma: no cover
@@ -42,60 +44,15 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[2, 100, 200, 300, 400, 500, 17, 33], [2, 7, 8, 9, 10], [2, 3000, 2999, 1234, 4000, 5, 6, 7, 8, 9, 11]]
 
 
-def _visible(mask: torch.Tensor | None, n: int) -> np.ndarray:
-    """HF's 4-D attention mask for one query (bool: True attends; float: 0 attends) -> (n,) bool."""
-    if mask is None:
-        return np.ones(n, dtype=bool)
-    m = mask.reshape(-1)[-n:]
-    if m.dtype == torch.bool:
-        return m.numpy().copy()
-    return (m == 0).numpy().copy()
+def _hf(tdir: Path, ddir: Path) -> HfRuntime:
+    """The pair in transformers (float32, eager attention, one thread; every weight loaded or a TraceError)."""
+    return HfRuntime(tdir, ddir, n_threads=1)
 
 
-def _hf_models(tdir: Path, ddir: Path):
-    torch.set_num_threads(1)
-    tm, info = Gemma4ForCausalLM.from_pretrained(tdir, dtype=torch.float32, attn_implementation="eager",
-                                                 output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    dm, info = Gemma4AssistantForCausalLM.from_pretrained(ddir, dtype=torch.float32, attn_implementation="eager",
-                                                          output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    dm.generation_config.num_assistant_tokens = 3
-    dm.generation_config.num_assistant_tokens_schedule = "constant"
-    return tm.eval(), dm.eval()
-
-
-def _record_calls(tm, dm, prompt: list[int], max_new_tokens: int) -> tuple[list[dict], list[int]]:
-    calls: list[dict] = []
-    masks: list[dict] = []
-    orig = dm.create_attention_masks
-
-    def cam(*a, **k):
-        r = orig(*a, **k)
-        masks.append({kk: (None if v is None else v.detach().clone()) for kk, v in r.items()})
-        return r
-
-    def hook(_mod, _args, kwargs, out):
-        calls.append({
-            "embeds": kwargs["inputs_embeds"].detach().reshape(-1).numpy().copy(),
-            "pos": int(kwargs["position_ids"].reshape(-1)[0]),
-            "kv": {k: (a.detach()[0].permute(1, 0, 2).numpy().copy(), b.detach()[0].permute(1, 0, 2).numpy().copy())
-                   for k, (a, b) in kwargs["shared_kv_states"].items()},
-            "logits": out.logits.detach().reshape(-1).numpy().copy(),
-            "h_next": out.last_hidden_state.detach().reshape(-1).numpy().copy(),
-            "masks": masks[-1],
-        })
-
-    dm.create_attention_masks = cam
-    h = dm.register_forward_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            out = tm.generate(torch.tensor([prompt]), assistant_model=dm, max_new_tokens=max_new_tokens,
-                              do_sample=False)
-    finally:
-        h.remove()
-        del dm.create_attention_masks
-    return calls, out[0, len(prompt):].tolist()
+def _record_calls(rt: HfRuntime, prompt: list[int], max_new_tokens: int) -> tuple[list[DrafterCall], list[int]]:
+    """HF's own assisted generation (greedy, 3 drafts per round) with every drafter call's inputs and outputs."""
+    run = rt.run(prompt, n_draft=3, max_tokens=max_new_tokens, trace=False, capture_calls=True)
+    return list(run.calls), list(run.output)
 
 
 @pytest.fixture(scope="module", params=[(False, False), (True, True), (False, True), (True, False)],
@@ -111,26 +68,23 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def test_hf_drafter_calls_match_reference(pair) -> None:
-    tm, dm = _hf_models(pair["tdir"], pair["ddir"])
+    rt = _hf(pair["tdir"], pair["ddir"])
     ref = ReferenceDrafter.from_gguf(pair["drafter"], pair["target"])
-    emb = tm.get_input_embeddings().weight.detach().numpy() * np.float32(np.sqrt(ref.hp.n_embd_backbone))
+    emb = rt.target_model.get_input_embeddings().weight.detach().numpy() * np.float32(np.sqrt(ref.hp.n_embd_backbone))
     opts = StepOptions(fill="min-1", gelu="tanh", kv_f16=False, head="centroid" if pair["centroids"] else "dense")
     n_bb = ref.hp.n_embd_backbone
     worst, n_calls, drafted_hf, drafted_ref = 0.0, 0, [], []
     for prompt in PROMPTS:
-        calls, _ = _record_calls(tm, dm, prompt, max_new_tokens=9)
+        calls, _ = _record_calls(rt, prompt, max_new_tokens=9)
         for c in calls:
-            e, h = c["embeds"][:n_bb], c["embeds"][n_bb:]
+            e, h = c.embeds[:n_bb], c.embeds[n_bb:]
             token = int(np.argmin(np.abs(emb - e).sum(axis=1)))
             assert np.abs(emb[token] - e).max() == 0.0          # HF fed exactly this token's scaled embedding
-            kv = {}
-            for kind, name in (("sliding", "sliding_attention"), ("full", "full_attention")):
-                k, v = c["kv"][name]
-                kv[kind] = DonorKV(k=k, v=v, pos=np.arange(len(k)), mask=_visible(c["masks"][name], len(k)))
-            r = ref.step(token, h, c["pos"], kv, opts)
-            worst = max(worst, float(np.abs(r.logits - c["logits"]).max()))
-            assert np.allclose(r.h_next, c["h_next"], rtol=1e-4, atol=1e-5)
-            drafted_hf.append(int(np.argmax(c["logits"])))
+            kv = donor_kv(c)
+            r = ref.step(token, h, c.pos, kv, opts)
+            worst = max(worst, float(np.abs(r.logits - c.logits).max()))
+            assert np.allclose(r.h_next, c.h_next, rtol=1e-4, atol=1e-5)
+            drafted_hf.append(int(np.argmax(c.logits)))
             drafted_ref.append(r.token)
             n_calls += 1
     assert n_calls >= 50
@@ -138,8 +92,8 @@ def test_hf_drafter_calls_match_reference(pair) -> None:
     assert worst <= 1e-4
     if pair["centroids"]:
         # the HF fill (min - 1) really is what we compared against: the fork's -1e30 differs
-        r2 = ref.step(token, h, c["pos"], kv, StepOptions(fill="-1e30", gelu="tanh", head="centroid"))
-        assert np.abs(r2.logits - c["logits"]).max() > 1.0
+        r2 = ref.step(token, h, c.pos, kv, StepOptions(fill="-1e30", gelu="tanh", head="centroid"))
+        assert np.abs(r2.logits - c.logits).max() > 1.0
 
 
 #: the target's hidden fed to the drafter, HF (F32 throughout) vs llama.cpp (F16 KV cache, F16 GELU
@@ -154,24 +108,24 @@ def test_converted_checkpoint_drafts_like_hf_in_llama_cpp(pair) -> None:
     pytest.importorskip("llama_cpp")
     from mtpscope.traces.run.live_run import live_mtp_run
 
-    tm, dm = _hf_models(pair["tdir"], pair["ddir"])
-    n_bb = tm.config.get_text_config().hidden_size
+    rt = _hf(pair["tdir"], pair["ddir"])
+    n_bb = rt.n_embd_backbone
     n_same, n_full, ties = 0, 0, []
     for prompt in PROMPTS:
-        calls, hf_out = _record_calls(tm, dm, prompt, max_new_tokens=8)
+        calls, hf_out = _record_calls(rt, prompt, max_new_tokens=8)
         run = live_mtp_run(pair["target"], pair["upstream"], prompt, n_rounds=3, n_draft=3)
         # the target's greedy output is the same in both runtimes
         gen = run.tokens[len(prompt):]
         assert len(gen) >= 3 and gen == hf_out[:len(gen)]
         # and so is the hidden the drafter gets (up to the F16 numerics of llama.cpp's target)
-        h_hf, h_ll = calls[0]["embeds"][n_bb:], run.steps[0].h
+        h_hf, h_ll = calls[0].embeds[n_bb:], run.steps[0].h
         assert np.linalg.norm(h_hf - h_ll) <= H_INPUT_REL_MAX * np.linalg.norm(h_hf)
         if pair["centroids"]:
             continue  # llama.cpp drafts with the dense head only; the first-round check below is dense
         # first round, step by step, up to the first near-tie (after it the two runtimes feed different
         # tokens); a disagreement outside a near-tie is a convention difference
         for c, s in zip(calls[:3], run.steps[:3], strict=True):
-            lg = c["logits"]
+            lg = c.logits
             d_hf = int(np.argmax(lg))
             tie = TIE_REL * float(np.abs(lg).max())
             gap_hf = float(lg[d_hf] - lg[s.draft])

@@ -1,6 +1,6 @@
 """CLI commands: record (the real llama.cpp MTP loop; see traces/run/recorder.py; its flags become one
-``RecordConfig``, traces/run/record_config.py), with its progress bar (rich, on stderr) drawn from
-``record``'s ``on_round`` callback."""
+``RecordConfig``, traces/run/record_config.py; ``--runtime mlx`` / ``hf``: docs/RUNTIMES.md), with its
+progress bar (rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ def register(app: typer.Typer) -> None:
     def record_cmd(
         runtime: str = typer.Option(
             "llama", "--runtime", is_eager=True, callback=runtime_choice,
-            help="Which loop runs: 'llama' (llama.cpp, GGUF files; default) or 'mlx' (mlx-vlm's own MTP loop on "
-                 "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope[mlx]; docs/RUNTIMES.md)."),
+            help="Which loop runs: 'llama' (llama.cpp, GGUF files; default), 'mlx' (mlx-vlm's own MTP loop on "
+                 "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope[mlx]) or 'hf' (transformers' "
+                 "own assisted generation on the same folders, greedy or --temp with --seed; needs mtpscope[parity]; "
+                 "docs/RUNTIMES.md)."),
         target: Path = typer.Option(..., "--target", callback=model_path,
-                                    help="Target GGUF (arch gemma4); with --runtime mlx an HF checkpoint folder."),
+                                    help="Target GGUF (arch gemma4); with --runtime mlx / hf an HF checkpoint folder."),
         assistant: Path = typer.Option(..., "--assistant", callback=model_path,
-                                       help="Drafter GGUF (arch gemma4-assistant, upstream); with --runtime mlx an "
-                                            "HF checkpoint folder."),
+                                       help="Drafter GGUF (arch gemma4-assistant, upstream); with --runtime mlx / hf "
+                                            "an HF checkpoint folder."),
         draft_position: str = typer.Option(
             "p-1", "--draft-position",
             help="--runtime mlx: the drafter's position, 'p-1' (mlx-vlm's own) or 'p' (llama.cpp's convention)."),
@@ -64,7 +66,8 @@ def register(app: typer.Typer) -> None:
         n_top: int = typer.Option(_D.n_top, "--n-top", min=1, help="Drafter candidates stored per step."),
         flush_every: int = typer.Option(_D.flush_every, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
         flash_attn: bool = typer.Option(_D.flash_attn, "--flash-attn/--no-flash-attn", help="Flash attention."),
-        threads: int | None = typer.Option(_D.n_threads, "--threads", help="CPU threads for llama.cpp."),
+        threads: int | None = typer.Option(_D.n_threads, "--threads",
+                                           help="CPU threads for llama.cpp (--runtime hf: torch's, default 1)."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
                                        "completes; until then it is written to <out>.partial-<pid>)."),
@@ -111,6 +114,13 @@ def register(app: typer.Typer) -> None:
                         dtype=mlx_dtype,
                         config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, hidden=hidden, n_top=n_top,
                                        flush_every=flush_every, compact=compact))
+            return
+        if runtime == "hf":
+            _record_hf(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
+                       category_field=category_field, overwrite=overwrite,
+                       config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
+                                      top_p=top_p, min_p=min_p, hidden=hidden, n_top=n_top, flush_every=flush_every,
+                                      compact=compact, n_threads=threads))
             return
         if capture not in CAPTURE_CHOICES:
             print(f"mtpscope: --capture must be {' or '.join(CAPTURE_CHOICES)} (got {capture!r})", file=sys.stderr)
@@ -177,21 +187,21 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
 
 
 #: ``record --runtime`` choices
-RUNTIMES = ("llama", "mlx")
+RUNTIMES = ("llama", "mlx", "hf")
 
 
 def runtime_choice(value: str) -> str:
     """``--runtime`` (parsed first: it is eager): one of :data:`RUNTIMES`, else one line, exit 2."""
     if value not in RUNTIMES:
-        print(f"mtpscope: --runtime must be {' or '.join(RUNTIMES)} (got {value!r})", file=sys.stderr)
+        print(f"mtpscope: --runtime must be {', '.join(RUNTIMES[:-1])} or {RUNTIMES[-1]} (got {value!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
     return value
 
 
 def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with ``--runtime mlx`` (parsed
-    first: it is eager) a Hugging Face checkpoint folder holding a config.json."""
-    if ctx.params.get("runtime") == "mlx":
+    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with ``--runtime mlx`` / ``hf``
+    (parsed first: it is eager) a Hugging Face checkpoint folder holding a config.json."""
+    if ctx.params.get("runtime") in ("mlx", "hf"):
         if value is not None and not (Path(value) / "config.json").is_file():
             print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
                   file=sys.stderr)
@@ -217,6 +227,23 @@ def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None,
                        work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
                        dtype=None if dtype == "checkpoint" else dtype,
                        command=["mtpscope", *sys.argv[1:]])
+    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+    typer.echo(f"trace: {s.out}")
+    typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  ({s.seconds:.2f} s)")
+    typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)")
+
+
+def _record_hf(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
+               category_field: str, overwrite: bool, config: RecordConfig) -> None:
+    """``record --runtime hf`` (:func:`mtpscope.traces.run.hf_record.record_hf`): one line per refusal, exit 2."""
+    from mtpscope.traces.run.hf_record import record_hf
+    from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+
+    with one_line_errors(EXIT_UNREADABLE):
+        specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
+                 else [PromptSpec(text=prompt)])
+        s = record_hf(config, target=target, assistant=assistant, out=out, prompts=specs, overwrite=overwrite,
+                      command=["mtpscope", *sys.argv[1:]])
     acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
     typer.echo(f"trace: {s.out}")
     typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  ({s.seconds:.2f} s)")

@@ -2,68 +2,34 @@
 written as a trace of the same schema as a llama.cpp recording (docs/TRACE_FORMAT.md), with the runtime's
 conventions in the manifest (``convention``; docs/RUNTIMES.md).
 
-Rounds and steps go through the same records as the llama.cpp recorder (:mod:`traces.run.step_analysis`):
-per round the pending token, its position, the drafts, the number accepted, the emitted tokens and the
-target's token at every verify row; per step ``h``, ``h_next``, ``h_inner``, the drafter's dense top-k and,
-with the assistant's centroid head, the centroid columns.
+The checks, the model entries and the write loop are :mod:`traces.run.checkpoint_record`'s (shared with
+``--runtime hf``).
 
-Imports: mtpscope.errors, inspector.centroids, traces.run.mlx_runtime (lazily), traces.run.prompts,
-traces.run.record_config, traces.run.step_analysis, traces.store.writer (lazily).
+Imports: mtpscope.errors, traces.run.checkpoint_record, traces.run.mlx_runtime (lazily), traces.run.prompts,
+traces.run.record_config.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import TraceError
-from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.traces.run.checkpoint_record import (
+    CheckpointRecordSummary,
+    centroid_head,
+    check_inputs,
+    head_manifest,
+    model_entry,
+    write_rounds,
+)
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.run.record_config import RecordConfig
-from mtpscope.traces.run.step_analysis import round_record, step_records
 
-
-@dataclass(frozen=True)
-class MlxRecordSummary:
-    """What :func:`record_mlx` wrote.
-
-    Attributes:
-        out: the trace directory; n_prompts, n_rounds, n_steps: counts written; n_drafted, n_accepted: drafts
-        proposed / accepted (acceptance rate = n_accepted / n_drafted); outputs: per prompt the generated ids
-        (the prefill's token first); seconds: wall time of the loops (loading excluded).
-    """
-
-    out: str
-    n_prompts: int
-    n_rounds: int
-    n_steps: int
-    n_drafted: int
-    n_accepted: int
-    outputs: tuple[tuple[int, ...], ...]
-    seconds: float
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """n_accepted / n_drafted, None with no drafts."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields and ``acceptance_rate``."""
-        d = asdict(self)
-        d["outputs"] = [list(o) for o in self.outputs]
-        d["acceptance_rate"] = self.acceptance_rate
-        return d
-
-
-def _model_entry(path: str | os.PathLike[str], architecture: str, dialect: str) -> dict[str, Any]:
-    p = Path(path)
-    size = sum(f.stat().st_size for f in p.glob("*.safetensors")) if p.is_dir() else None
-    return {"path": str(p), "size": size, "architecture": architecture, "dialect": dialect, "header_sha256": None}
+#: what :func:`record_mlx` wrote (the summary every checkpoint runtime returns)
+MlxRecordSummary = CheckpointRecordSummary
 
 
 def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
@@ -89,24 +55,11 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
     """
     if config.temp != 0.0:
         raise TraceError("the MLX runtime records greedy decoding only", key="temp", expected=0.0, actual=config.temp)
-    if not prompts:
-        raise TraceError("no prompts", key="prompts", expected="at least one", actual=0)
-    for sp in prompts:
-        if sp.tokens is None:
-            raise TraceError("the MLX runtime takes token prompts (the HF checkpoints carry no tokenizer)",
-                             path=sp.path, key=sp.where("tokens")["key"], expected="a 'tokens' list",
-                             actual=sp.source)
-    o = Path(out)
-    if (o / "manifest.json").exists() and not overwrite:
-        raise TraceError("output folder already holds a trace", path=str(o), expected="a new folder or --overwrite",
-                         actual="manifest.json present")
+    check_inputs("MLX", prompts, out, overwrite=overwrite)
     from mtpscope.traces.run.mlx_runtime import MlxRuntime, versions
-    from mtpscope.traces.store.writer import TraceWriter
 
     rt = MlxRuntime(target, assistant, work_dir=work_dir, draft_position=draft_position, dtype=dtype)
-    head = None
-    if rt.head == "centroid" and config.hidden != "off":
-        head = CentroidHead.from_hf(assistant).ready(config.centroid_top_k)
+    head = centroid_head(rt.head, assistant, config)
     params = {"n_draft": config.n_draft, "max_tokens": config.max_tokens, "temp": 0.0, "greedy": True,
               "hidden": config.hidden, "n_top": config.n_top, "flush_every": config.flush_every,
               "compact": config.compact, "runtime": "mlx", "draft_position": draft_position,
@@ -114,40 +67,19 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
               "centroid_top_k": None if head is None else head.top_k}
     manifest: dict[str, Any] = {
         "source": "record", "command": list(command) if command is not None else list(sys.argv), "params": params,
-        "models": {"target": _model_entry(target, "gemma4", "hf"),
-                   "assistant": _model_entry(assistant, "gemma4_assistant", "hf"),
-                   "centroids": None if head is None else _model_entry(assistant, "gemma4_assistant", "hf")},
+        "models": {"target": model_entry(target, "gemma4"), "assistant": model_entry(assistant, "gemma4_assistant"),
+                   "centroids": None if head is None else model_entry(assistant, "gemma4_assistant")},
         "runtime": {"name": "mlx", **versions(), "device": str(rt.mx.default_device()),
                     "llama_cpp_python": None, "llama_cpp": None},
         "prompts": [sp.manifest_entry(i, len(sp.tokens or ())) for i, sp in enumerate(prompts)],
-        "centroids": None if head is None else {"n_centroids": head.n_centroids, "top_k": head.top_k,
-                                                "source": head.source, "kind": head.kind},
+        "centroids": head_manifest(head),
         "convention": rt.convention(stop_at_eog=stop_at_eog),
     }
-    hidden = None if config.hidden == "off" else config.hidden
-    outputs: list[tuple[int, ...]] = []
-    n_rounds = n_steps = n_drafted = n_accepted = 0
-    t0 = time.perf_counter()
-    with TraceWriter(o, manifest, n_embd_backbone=rt.n_embd_backbone, n_embd=rt.n_embd, hidden_dtype=hidden,
-                     centroids=head is not None, flush_every=config.flush_every, compact=config.compact,
-                     overwrite=overwrite) as w:
-        for pid, sp in enumerate(prompts):
-            gen: list[int] = []
-            for res in rt.run(sp.tokens or (), n_draft=config.n_draft, max_tokens=config.max_tokens,
-                              trace=hidden is not None, stop_at_eog=stop_at_eog):
-                if not gen:
-                    gen.append(res.pending_token)
-                steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=head) if res.steps else []
-                w.add_round(round_record(pid, res), steps)
-                gen.extend(res.emitted)
-                n_rounds, n_steps = n_rounds + 1, n_steps + len(steps)
-                n_drafted, n_accepted = n_drafted + len(res.drafted), n_accepted + res.n_accepted
-                if on_round is not None:
-                    on_round(pid, res)
-            outputs.append(tuple(gen))
-    return MlxRecordSummary(out=str(o), n_prompts=len(prompts), n_rounds=n_rounds, n_steps=n_steps,
-                            n_drafted=n_drafted, n_accepted=n_accepted, outputs=tuple(outputs),
-                            seconds=time.perf_counter() - t0)
+    return write_rounds(config, out=out, manifest=manifest, n_embd_backbone=rt.n_embd_backbone, n_embd=rt.n_embd,
+                        head=head, prompts=prompts, overwrite=overwrite, on_round=on_round,
+                        rounds=lambda _pid, sp, trace: rt.run(sp.tokens or (), n_draft=config.n_draft,
+                                                             max_tokens=config.max_tokens, trace=trace,
+                                                             stop_at_eog=stop_at_eog))
 
 
 __all__ = ["MlxRecordSummary", "record_mlx"]

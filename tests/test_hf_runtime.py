@@ -1,0 +1,323 @@
+"""``record --runtime hf`` (traces/run/hf_runtime.py, hf_record.py) on the trained demo pair: transformers' own
+assisted generation with the Gemma 4 assistant (float32, CPU), against values computed independently of it:
+
+* every drafter call equals the numpy reference drafter (``inspector.reference.ReferenceDrafter`` from the
+  demo's GGUFs) run on the inputs HF handed over, with HF's visibility (its masks) and conventions
+  (``fill="min-1"``, centroid head, exact tanh GELU, float32 K/V): the same draft at every step (or a near tie
+  of the reference's own logits), logits within 1e-4 of their scale;
+* the greedy output equals the HF target's plain greedy ``generate`` (no assistant);
+* the conventions the manifest states hold in the recorded rounds (the last round's draft count, the
+  drafter position, the full layers' view of a rejected draft), and llama.cpp's visibility with its dense head,
+  replayed on HF's inputs, drafts what the llama.cpp F32 trace recorded where HF's drafts differ;
+* a seeded ``do_sample`` run records, follows the rejection rule's bookkeeping and is reproducible;
+* the trace reads back through the trace store, and ``report`` / ``explain`` read it.
+
+Skips (saying why) without torch / transformers >= 5.24 (the parity extra) or without the trained demo's trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtpscope.traces.run.hf_runtime import hf_unavailable
+
+_WHY = hf_unavailable()
+if _WHY is not None:
+    pytest.skip(f"HF runtime not available: {_WHY}", allow_module_level=True)
+
+from mtpscope.demo.spec import TrainedPaths  # noqa: E402  # after the skip: nothing to import without torch
+
+#: slow: importing torch + transformers and loading the pair takes 10-20 s
+pytestmark = [pytest.mark.slow]
+
+PROMPTS = (0, 1, 30)      # two code prompts and one of the random-word category (more rejections)
+MAX_TOKENS = 32
+N_DRAFT = 3
+#: a near tie of the reference's own logits: the top-2 gap below this share of the largest |logit| (the reference
+#: and HF agree to 1e-4 absolute on logits of size ~10-30: parity tests on the tiny pairs)
+NEAR_TIE_REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def trained(demo_dir) -> TrainedPaths:
+    tp = TrainedPaths.under(demo_dir.root)
+    if not (tp.traces_f32 / "manifest.json").exists() or not (tp.hf_target / "config.json").exists():
+        pytest.skip("the trained demo's F32 trace or HF checkpoints were not built")
+    return tp
+
+
+@pytest.fixture(scope="module")
+def prompt_tokens(trained) -> list[list[int]]:
+    from mtpscope.traces.store.manifest import read_manifest
+
+    m = read_manifest(trained.traces_f32)
+    return [list(m["prompts"][p]["tokens"]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def rt(trained):
+    from mtpscope.traces.run.hf_runtime import HfRuntime
+
+    return HfRuntime(trained.hf_target, trained.hf_drafter, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def recorded(trained, prompt_tokens, tmp_path_factory):
+    """The greedy trace through ``record_hf`` (3 drafts, 32 tokens, float32 hidden states)."""
+    from mtpscope.traces.run.hf_record import record_hf
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
+
+    d = tmp_path_factory.mktemp("hf")
+    specs = [PromptSpec(tokens=tuple(t), id=f"p{p}") for t, p in zip(prompt_tokens, PROMPTS, strict=True)]
+    cfg = RecordConfig(n_draft=N_DRAFT, max_tokens=MAX_TOKENS, hidden="f32", n_threads=1)
+    return record_hf(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=d / "greedy", prompts=specs)
+
+
+def test_trace_reads_back_with_its_runtime_and_conventions(recorded) -> None:
+    from mtpscope.traces.store.reader import open_trace
+
+    t = open_trace(recorded.out)
+    m = t.manifest
+    assert m["complete"] and m["runtime"]["name"] == "hf"
+    assert {"transformers", "torch", "device"} <= set(m["runtime"])
+    conv = m["convention"]
+    assert {"runtime", "draft_position", "head", "dtype", "last_round", "eog", "kv_visibility"} <= set(conv)
+    assert (conv["runtime"], conv["draft_position"], conv["head"], conv["dtype"]) == ("hf", "p", "centroid", "float32")
+    assert len(t.rounds) == recorded.n_rounds and len(t.steps) == recorded.n_steps
+    assert int(t.rounds["n_accepted"].sum()) == recorded.n_accepted
+    for i in range(len(PROMPTS)):
+        r = t.rounds[t.rounds["prompt_id"] == i].sort_values("round")
+        out = [int(r["pending_token"].iloc[0])] + [int(x) for e in r["emitted"] for x in e]
+        assert out == list(recorded.outputs[i])
+    # hidden states kept for every step: h (the target's row fed in), h_next, h_inner
+    assert t.hidden("h_next", where="prompt_id = 0 AND round = 0").shape[0] == N_DRAFT
+
+
+def test_greedy_output_equals_plain_greedy_of_the_target(recorded, rt, prompt_tokens) -> None:
+    for i, toks in enumerate(prompt_tokens):
+        assert list(recorded.outputs[i]) == rt.generate_plain(toks, max_tokens=MAX_TOKENS), PROMPTS[i]
+
+
+def test_conventions_hold_in_the_recorded_rounds(recorded) -> None:
+    """The manifest's claims, read off the rounds: drafter position = the pending token's position (each round
+    starts where the last ended: pos = prompt length + tokens generated before it - 1), a constant draft length
+    of n_draft and, in the last rounds, min(n_draft, remaining - 1)."""
+    from mtpscope.traces.store.reader import open_trace
+
+    t = open_trace(recorded.out)
+    n_prompt = [p["n_prompt_tokens"] for p in t.manifest["prompts"]]
+    capped = 0
+    for i in range(len(PROMPTS)):
+        gen = 1
+        for _, r in t.rounds[t.rounds["prompt_id"] == i].sort_values("round").iterrows():
+            assert int(r["pos"]) == n_prompt[i] + gen - 1
+            remaining = MAX_TOKENS - gen
+            assert len(r["drafted"]) == min(N_DRAFT, remaining - 1), (i, r["round"])
+            capped += remaining - 1 < N_DRAFT
+            gen += len(r["emitted"])
+        assert gen == MAX_TOKENS or int(t.rounds[t.rounds["prompt_id"] == i]["emitted"].iloc[-1][-1]) == 1
+    assert capped >= 1
+
+
+def test_drafts_equal_the_numpy_reference_with_hf_visibility(rt, trained, prompt_tokens) -> None:
+    from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+    from mtpscope.traces.run.hf_runtime import donor_kv
+
+    ref = ReferenceDrafter.from_gguf(trained.drafter_fork, trained.target)
+    opts = StepOptions(fill="min-1", gelu="tanh", kv_f16=False, head="centroid")
+    emb = rt.target_model.get_input_embeddings().weight.detach().numpy() * np.float32(np.sqrt(rt.n_embd_backbone))
+    nb = rt.n_embd_backbone
+    n_steps, ties, worst, n_rejected_seen = 0, [], 0.0, 0
+    for toks in prompt_tokens[:2]:
+        run = rt.run(toks, n_draft=N_DRAFT, max_tokens=MAX_TOKENS, trace=True, capture_calls=True)
+        drafts = [d for r in run.rounds for d in r.drafted]
+        assert [int(np.argmax(c.logits)) for c in run.calls] == drafts          # the trace's drafts are HF's argmax
+        assert [c.pos for c in run.calls] == [r.pos for r in run.rounds for _ in r.drafted]
+        for c in run.calls:
+            e, h = c.embeds[:nb], c.embeds[nb:]
+            token = int(np.argmin(np.abs(emb - e).sum(axis=1)))
+            r = ref.step(token, h, c.pos, donor_kv(c), opts)
+            scale = float(np.abs(c.logits).max())
+            worst = max(worst, float(np.abs(r.logits - c.logits).max()) / scale)
+            hf_draft = int(np.argmax(c.logits))
+            if r.token != hf_draft:
+                top2 = np.sort(r.logits)[-2:]
+                assert top2[1] - top2[0] <= NEAR_TIE_REL * scale, (c.pos, r.token, hf_draft)
+                ties.append(c.pos)
+            # HF's full layers see the K/V array cut at the pending position p: after a round that rejected a
+            # draft it holds an entry at p (that draft's), visible; otherwise it ends at p - 1
+            full = c.kv["full_attention"][0]
+            assert len(full) in (c.pos, c.pos + 1) and bool(c.visible["full_attention"].all())
+            n_rejected_seen += len(full) == c.pos + 1
+            n_steps += 1
+    assert n_steps >= 20 and len(ties) <= 1 and n_rejected_seen >= 3
+    assert worst <= 1e-4
+
+
+def _full_keys(rt, seq: list[int]) -> np.ndarray:
+    """The target's last full layer's keys over ``seq`` from one plain forward: ``(n, n_head_kv, head_dim)``."""
+    import torch
+
+    with torch.no_grad():
+        o = rt.target_model(torch.tensor([seq]), return_shared_kv_states=True, use_cache=False)
+    keys: np.ndarray = o.shared_kv_states["full_attention"][0][0].permute(1, 0, 2).numpy()
+    return keys
+
+
+def test_full_layers_show_the_rejected_draft(rt, prompt_tokens) -> None:
+    """After a round that rejected a draft, the next round's first drafter call gets, at the pending position p,
+    the K/V the target computed for that rejected draft (HF's visibility, facts §3): the entry differs from
+    what a plain greedy prefill of the accepted sequence puts there."""
+    toks = prompt_tokens[0]
+    run = rt.run(toks, n_draft=N_DRAFT, max_tokens=MAX_TOKENS, trace=False, capture_calls=True)
+    first_call = np.cumsum([0] + [len(r.drafted) for r in run.rounds])     # each round's first drafter call
+    checked = 0
+    for i, (prev, cur) in enumerate(zip(run.rounds, run.rounds[1:]), start=1):
+        if not cur.drafted:
+            break
+        first = run.calls[first_call[i]]
+        assert first.pos == cur.pos
+        if prev.n_accepted < len(prev.drafted) and prev.drafted[prev.n_accepted] != prev.emitted[-1]:
+            seq = list(toks) + list(run.output[:cur.pos - len(toks) + 1])
+            assert seq[-1] == cur.pending_token
+            k_true, k_draft = (_full_keys(rt, s) for s in (seq, seq[:-1] + [prev.drafted[prev.n_accepted]]))
+            k_hf = first.kv["full_attention"][0]
+            # everything before p is the accepted sequence's; the entry at p is the rejected draft's
+            assert np.allclose(k_hf[:cur.pos], k_true[:cur.pos], atol=1e-4)
+            assert np.allclose(k_hf[cur.pos], k_draft[cur.pos], atol=1e-4)
+            assert not np.allclose(k_hf[cur.pos], k_true[cur.pos], atol=1e-3)
+            checked += 1
+            if checked >= 2:
+                break
+    assert checked >= 1
+
+
+def test_llama_cpp_visibility_turns_hf_drafts_into_llama_cpp_drafts(rt, trained, prompt_tokens) -> None:
+    """The KV-visibility convention, replayed: at prompt 1's first round that drafts differently from llama.cpp's
+    F32 trace (round 1, after a round that rejected a draft), the numpy reference on HF's own inputs drafts
+    HF's tokens with HF's masks, and llama.cpp's recorded tokens when the drafter sees only positions < p
+    (the rejected draft's entry at p hidden; the sequence is shorter than the window, so sliding layers see
+    the same), with llama.cpp's dense head."""
+    from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+    from mtpscope.traces.run.hf_runtime import KV_KINDS, donor_kv
+    from mtpscope.traces.store.reader import open_trace
+
+    f32 = open_trace(trained.traces_f32)
+    ll = f32.rounds[f32.rounds["prompt_id"] == PROMPTS[1]].set_index("pos")
+    run = rt.run(prompt_tokens[1], n_draft=N_DRAFT, max_tokens=MAX_TOKENS, trace=False, capture_calls=True)
+    first_call = np.cumsum([0] + [len(r.drafted) for r in run.rounds])
+    i = next(j for j, r in enumerate(run.rounds) if r.pos in ll.index and r.drafted
+             and int(ll.loc[r.pos, "pending_token"]) == r.pending_token
+             and tuple(ll.loc[r.pos, "drafted"]) != r.drafted)
+    r, prev = run.rounds[i], run.rounds[i - 1]
+    assert prev.n_accepted < len(prev.drafted)                # the round before it rejected a draft
+    c = run.calls[first_call[i]]
+    p, nb = c.pos, rt.n_embd_backbone
+    assert p + 1 < rt.target_model.config.sliding_window
+    ref = ReferenceDrafter.from_gguf(trained.drafter_fork, trained.target)
+    emb = rt.target_model.get_input_embeddings().weight.detach().numpy() * np.float32(np.sqrt(nb))
+    token = int(np.argmin(np.abs(emb - c.embeds[:nb]).sum(axis=1)))
+    llama_kv = {}
+    for name, kind in KV_KINDS.items():
+        k, v = c.kv[name]
+        llama_kv[kind] = DonorKV(k=k, v=v, pos=np.arange(len(k)), mask=np.arange(len(k)) < p)
+
+    def replay(kv: dict[str, DonorKV], head: str) -> list[int]:
+        t, h, out = token, c.embeds[nb:], []
+        for _ in r.drafted:
+            s = ref.step(t, h, p, kv, StepOptions(fill="min-1", gelu="tanh", head=head))
+            out.append(s.token)
+            t, h = s.token, s.h_next
+        return out
+
+    assert replay(donor_kv(c), "centroid") == list(r.drafted)
+    assert replay(llama_kv, "dense") == [int(x) for x in ll.loc[p, "drafted"]]
+
+
+def test_seeded_sampling_records_and_is_reproducible(trained, prompt_tokens, tmp_path) -> None:
+    from dataclasses import replace
+
+    from mtpscope.traces.run.hf_record import record_hf
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.store.reader import open_trace
+
+    specs = [PromptSpec(tokens=tuple(prompt_tokens[2]), id="random")]
+    cfg = RecordConfig(n_draft=N_DRAFT, max_tokens=24, temp=0.9, seed=7, top_k=0, top_p=1.0, min_p=0.0, hidden="off")
+    a = record_hf(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=tmp_path / "a", prompts=specs)
+    b = record_hf(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=tmp_path / "b", prompts=specs)
+    assert a.outputs == b.outputs
+    ta, tb = open_trace(a.out), open_trace(b.out)
+    assert ta.manifest["params"]["greedy"] is False and ta.manifest["params"]["seed"] == 7
+    assert "rejection sampling" in ta.manifest["convention"]["acceptance"]
+    cols = ["pos", "pending_token", "n_accepted"]
+    assert ta.rounds[cols].equals(tb.rounds[cols])
+    for _, r in ta.rounds.iterrows():
+        d, e, n = list(r["drafted"]), list(r["emitted"]), int(r["n_accepted"])
+        assert e[:n] == d[:n] and len(e) == n + 1
+        if n < len(d):           # a rejected draft is never what the residual distribution samples there
+            assert e[n] != d[n]
+        # the target column: accepted drafts, then the sampled token, then unknown
+        tgt = list(r["target"])
+        assert tgt[:n + 1] == e and all(x is None or (isinstance(x, float) and np.isnan(x)) for x in tgt[n + 1:])
+    other = record_hf(replace(cfg, seed=8), target=trained.hf_target,
+                      assistant=trained.hf_drafter, out=tmp_path / "c", prompts=specs)
+    assert other.outputs != a.outputs
+
+
+def test_report_and_explain_read_the_trace(recorded) -> None:
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["report", recorded.out])
+    assert res.exit_code == 0, res.output
+    assert f"{recorded.n_accepted}" in res.output
+    res = runner.invoke(app, ["explain", recorded.out])
+    assert res.exit_code == 0, res.output
+
+
+def test_record_command_runs_hf(trained, prompt_tokens, tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"tokens": prompt_tokens[0]}) + "\n")
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, ["record", "--runtime", "hf", "--target", str(trained.hf_target), "--assistant",
+                                   str(trained.hf_drafter), "--prompts", str(pf), "--max-tokens", "8",
+                                   "--n-draft", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"trace: {out}" in res.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["params"]["n_draft"] == 2 and m["runtime"]["name"] == "hf"
+
+
+def test_unloadable_checkpoint_is_one_line(trained, tmp_path) -> None:
+    """A folder with a config.json but no weights, and the assistant given as the target: one line, exit 2,
+    nothing written (the input checks without torch: tests/test_cli_record_runtime.py)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"tokens": [2, 10, 11]}) + "\n")
+    for target in (bad, trained.hf_drafter):
+        out = tmp_path / f"o-{target.name}"
+        res = CliRunner().invoke(app, ["record", "--runtime", "hf", "--target", str(target), "--assistant",
+                                       str(trained.hf_drafter), "--prompts", str(pf), "--out", str(out)])
+        assert res.exit_code == 2, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {target}: ") and "Gemma4ForCausalLM" in lines[0]
+        assert not out.exists()
