@@ -262,12 +262,11 @@ def _check_words(d: RoundDifference) -> str:
     if d.replayed:
         by_held: dict[str, list[str]] = {}
         for r in d.replayed:
-            by_held.setdefault(r.held, []).append(
-                f"{r.value} drafts {r.token} ({r.reproduces.upper()}'s)" if r.reproduces else
-                f"{r.value} drafts {r.token} (neither's)")
-        got = "; ".join(f"{h}: {', '.join(v)}" for h, v in by_held.items())
+            who = f"{r.reproduces.upper()}'s" if r.reproduces else "neither's"
+            by_held.setdefault(r.held, []).append(f"{r.key} {r.value} drafts {r.token} ({who})")
+        got = "; ".join(f"with {h}, {', '.join(v)}" for h, v in by_held.items())
         word = {True: "confirmed by replay", False: "NOT confirmed by replay", None: "replayed"}[d.confirmed]
-        return f" ({word}, {d.replayed[0].key} {got})"
+        return f" ({word}: {got})"
     if d.confirmed is not None:
         return {True: " (confirmed: the dense run's own centroid head drafts the other's token there)",
                 False: " (NOT confirmed: the dense run's centroid head drafts another token there)"}[d.confirmed]

@@ -24,8 +24,7 @@ past an end-of-generation token where the other stopped). ``None``: no known con
 
 **Confirmation.** Reading the conventions names a candidate; it is checked where it can be:
 ``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`), ``draft_position``
-(and ``head`` where no centroid token was recorded) by replaying that step with the numpy reference drafter
-under both values of the convention (the replay lives in ``traces.run.runtime_replay``, which fills
+and ``head`` by replaying that step with the numpy reference drafter under both values of the convention (the replay lives in ``traces.run.runtime_replay``, which fills
 :class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely).
 """
 

@@ -89,8 +89,9 @@ def replay_first_differences(diff: RuntimeDiff, a: TraceLike, b: TraceLike, *,
                              assistant: str | os.PathLike[str] | None = None,
                              centroids: str | os.PathLike[str] | None = None) -> RuntimeDiff:
     """``diff`` (of ``a`` and ``b``, :func:`traces.analysis.compare_report.compare_traces`) with each first
-    difference whose cause is replayable (:data:`traces.analysis.runtime_diff.REPLAYED_CAUSES`; a ``head``
-    already confirmed from a recorded centroid token is left) replayed and marked confirmed / not confirmed.
+    difference whose cause is replayable (:data:`traces.analysis.runtime_diff.REPLAYED_CAUSES`) replayed and marked
+    confirmed / not confirmed (the replay's verdict replaces a ``head`` confirmation read from a recorded centroid
+    token: it checks the same thing through the reference drafter).
 
     Args:
         diff: the round-by-round diff (``AlignedDiff.runtimes``).
@@ -102,9 +103,7 @@ def replay_first_differences(diff: RuntimeDiff, a: TraceLike, b: TraceLike, *,
         a step that cannot be replayed: its ``replay_note`` says why (no GGUF models, llama-cpp-python missing, the
         token sequence not lining up with the recorded position).
     """
-    todo = [i for i, d in enumerate(diff.prompts)
-            if replay_plan(d, diff.convention_a, diff.convention_b) is not None
-            and not (d.cause == "head" and d.confirmed is not None)]
+    todo = [i for i, d in enumerate(diff.prompts) if replay_plan(d, diff.convention_a, diff.convention_b) is not None]
     if not todo:
         return diff
     models = next((m for m in (_gguf_models(a), _gguf_models(b)) if m is not None), {})
