@@ -162,6 +162,11 @@ def test_compare_page_shows_the_round_by_round_causes(recorded, trained, monkeyp
     assert len(df) == len(PROMPTS)
     assert df["cause"].iloc[1].startswith("draft position p vs p - 1")
     assert (df["round A / B"].iloc[1], df["draft step"].iloc[1]) == ("5/5", 1)   # prompt 1: round 5, step 1 (docs)
+    # the step replayed under both positions: each reproduced its own runtime's draft (drafts A / B are theirs)
+    assert df["confirmed"].iloc[1] == "yes"
+    a1, b1 = df["drafts A"].iloc[1].strip("[]").split(", ")[0], df["drafts B"].iloc[1].strip("[]").split(", ")[0]
+    assert f"draft_position p (head=dense): {a1} = A's" in df["replayed"].iloc[1]
+    assert f"draft_position p-1 (head=dense): {b1} = B's" in df["replayed"].iloc[1]
 
 
 def test_compare_replay_confirms_the_draft_position(recorded, trained, f32) -> None:

@@ -46,9 +46,11 @@ from mtpscope.traces.run.record_config import RecordConfig
 
 
 def _record_mlx(config: RecordConfig, **kw: Any) -> Any:
+    """``record --runtime mlx`` with its defaults: mlx-vlm's own position (p - 1), float32 weights (as llama.cpp's CPU
+    backend computes: the checkpoints' float16 alone changes the demo's greedy output, docs/RUNTIMES.md)."""
     from mtpscope.traces.run.mlx_record import record_mlx
 
-    return record_mlx(config, **kw)
+    return record_mlx(config, draft_position="p-1", dtype="f32", **kw)
 
 
 @dataclass(frozen=True)
