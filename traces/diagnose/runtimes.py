@@ -7,7 +7,10 @@ cause checked by replaying the step under both conventions (``traces.run.runtime
 
 The registry is the one seam for a runtime: an entry names the runtime and the function that records it with
 ``record --runtime NAME``'s signature (``config``, ``target`` / ``assistant`` HF checkpoint folders, ``out``,
-``prompts``, ``work_dir``, ``overwrite``, ``command``). Adding HF transformers is one entry once its recorder lands.
+``prompts``, ``work_dir``, ``overwrite``, ``command``). Adding HF transformers is one entry once its recorder lands:
+its label and a lambda that imports the recorder's module by its literal name (``importlib.import_module`` with a
+string: the architecture test then sees the arrow, and the row in docs/ARCHITECTURE.md names it) and calls its
+``record`` function with ``(config, **kw)``.
 
 Imports: the records and ranking of this area, traces.diagnose.run, traces.analysis (compare_report,
 runtime_diff), traces.run (mlx_record lazily, runtime_replay lazily, record_config), traces.store.reader.
