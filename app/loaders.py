@@ -510,12 +510,21 @@ def _comparison(a: str, akey: tuple, b: str, bkey: tuple, vpath: str | None, vke
     from mtpscope.traces.analysis.compare_report import compare_traces
 
     v = _vocab(vpath, *vkey) if vpath and vkey else None
-    return compare_traces(_open_trace(a, akey), _open_trace(b, bkey), vocab=v)
+    ta, tb = _open_trace(a, akey), _open_trace(b, bkey)
+    diff = compare_traces(ta, tb, vocab=v)
+    if diff.runtimes is None:
+        return diff
+    import dataclasses
+
+    from mtpscope.traces.run.runtime_replay import replay_first_differences
+
+    return dataclasses.replace(diff, runtimes=replay_first_differences(diff.runtimes, ta, tb))
 
 
 def comparison(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> AlignedDiff:
     """``mtpscope.traces.analysis.compare_report.compare_traces`` of two allowed traces (A's vocabulary from
-    :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints. Cached."""
+    :func:`trace_vocab_path`): the aligned diff ``mtpscope compare A B`` prints, two runtimes' first differing
+    steps replayed (``mtpscope.traces.run.runtime_replay``). Cached."""
     pa_ = safety.check_path(a, roots(), kind="dir")
     pb_ = safety.check_path(b, roots(), kind="dir")
     ta = _open_trace(str(pa_), _trace_key(pa_))

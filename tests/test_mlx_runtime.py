@@ -162,3 +162,89 @@ def test_compare_page_shows_the_round_by_round_causes(recorded, trained, monkeyp
     assert len(df) == len(PROMPTS)
     assert df["cause"].iloc[1].startswith("draft position p vs p - 1")
     assert (df["round A / B"].iloc[1], df["draft step"].iloc[1]) == ("5/5", 1)   # prompt 1: round 5, step 1 (docs)
+    # the step replayed under both positions: each reproduced its own runtime's draft (drafts A / B are theirs)
+    assert df["confirmed"].iloc[1] == "yes"
+    a1, b1 = df["drafts A"].iloc[1].strip("[]").split(", ")[0], df["drafts B"].iloc[1].strip("[]").split(", ")[0]
+    assert f"draft_position p (head=dense): {a1} = A's" in df["replayed"].iloc[1]
+    assert f"draft_position p-1 (head=dense): {b1} = B's" in df["replayed"].iloc[1]
+
+
+def test_compare_replay_confirms_the_draft_position(recorded, trained, f32) -> None:
+    """The first differing step of prompt 1, replayed with the reference drafter: at p it drafts llama.cpp's token,
+    at p - 1 mlx-vlm's (the drafts compared are the two runtimes' own, recorded independently of the replay)."""
+    from mtpscope.traces.analysis.compare_report import compare_traces
+    from mtpscope.traces.run.runtime_replay import replay_first_differences
+    from mtpscope.traces.store.reader import open_trace
+
+    t = open_trace(recorded["p-1"].out)
+    rt = compare_traces(f32, t).runtimes
+    assert rt is not None
+    rt = replay_first_differences(rt, f32, t, target=trained.target, assistant=trained.drafter,
+                                  centroids=trained.sidecar)
+    x = {d.prompt_id_a: d for d in rt.prompts}[1]
+    assert x.cause == "draft_position" and x.step is not None and x.replay_note is None
+    assert x.confirmed is True
+    k = x.step - 1
+    by = {(r.held, r.value): r.token for r in x.replayed}
+    held = [h for h in {r.held for r in x.replayed} if by.get((h, "p")) == x.drafted_a[k]
+            and by.get((h, "p-1")) == x.drafted_b[k]]
+    assert held, x.replayed
+    # with llama.cpp's own head (dense) held, the position alone turns llama.cpp's draft into mlx-vlm's
+    assert by[("head=dense", "p")] == x.drafted_a[k]
+
+
+def test_report_explain_and_app_read_an_mlx_trace(recorded, monkeypatch) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.store.reader import open_trace
+    from tests.test_app import _metric, _run
+
+    out = recorded["p-1"].out
+    r = open_trace(out).rounds
+    n_drafted = int(sum(len(d) for d in r["drafted"]))
+    n_acc = int(r["n_accepted"].sum())
+    n_first = int(sum(1 for d, a in zip(r["drafted"], r["n_accepted"], strict=True) if a < len(d)))
+    runner = CliRunner()
+    rep = runner.invoke(app, ["report", str(out), "--json"])
+    assert rep.exit_code in (0, 1), rep.output
+    d = json.loads(rep.stdout)
+    assert d["acceptance_rate"] == pytest.approx(n_acc / n_drafted, abs=1e-12)
+    ex = runner.invoke(app, ["explain", str(out), "--json"])
+    assert ex.exit_code in (0, 1), ex.output
+    assert json.loads(ex.stdout)["rejections"]["n_first_mismatch"] == n_first
+    txt = runner.invoke(app, ["explain", str(out)])
+    assert "Why drafts were rejected" in txt.stdout
+    monkeypatch.setenv("MTPSCOPE_ROOTS", os.pathsep.join([str(Path(out).parent)]))
+    at = _run("acceptance", trace=out)
+    assert _metric(at, "acceptance rate").startswith(f"{100 * n_acc / n_drafted:.1f}")
+    _run("explain", trace=out)
+
+
+def test_diagnose_runtime_mlx_names_the_draft_position(trained, f32, tmp_path) -> None:
+    """``diagnose --runtime mlx`` on the demo's first two prompts (64 tokens, as the F32 trace): the MLX trace's
+    greedy output is llama.cpp's, and the draft position is a confirmed convention finding (a warning)."""
+    from mtpscope.traces.diagnose.config import DiagnoseConfig
+    from mtpscope.traces.diagnose.runtimes import diagnose_runtime
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.store.reader import open_trace
+
+    specs = [PromptSpec(tokens=tuple(f32.manifest["prompts"][p]["tokens"])) for p in PROMPTS]
+    d = diagnose_runtime(DiagnoseConfig(max_tokens=64), runtime="mlx", target=trained.hf_target,
+                         assistant=trained.hf_drafter, against=trained.traces_f32, prompts=specs, out=tmp_path / "o",
+                         work_dir=tmp_path / "work")
+    t = open_trace(d.trace)
+    for i, pid in enumerate(PROMPTS):
+        r = t.rounds[t.rounds["prompt_id"] == i].sort_values("round")
+        out = [int(r["pending_token"].iloc[0])] + [int(x) for e in r["emitted"] for x in e]
+        assert out[:40] == _llama_output(f32, pid)[:40], pid
+    f = next(f for f in d.findings if f.subject == "mlx:draft_position")
+    assert (f.cause, f.severity, f.confidence, f.expected, f.actual) == ("convention", "warning", "high", "p", "p-1")
+    ev = f.evidence[0].numbers
+    assert ev["confirmed"] == ev["prompts"] >= 1 and ev["not_confirmed"] == 0
+    assert d.exit_code == 1 and (tmp_path / "o" / "diagnosis.json").is_file()
+    assert [s.status for s in d.steps if s.name == "record"] == ["ran"]

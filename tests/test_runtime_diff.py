@@ -82,3 +82,73 @@ def test_head_cause_confirmed_by_the_dense_runs_own_centroid_token() -> None:
     steps["centroid_token"] = [7, 5]
     assert confirm_head(d, steps, None).prompts[0].confirmed is False
     assert confirm_head(d, None, None).prompts[0].confirmed is None
+
+
+# kv_visibility: a runtime whose drafter still sees the rejected drafts' cells after a partial acceptance
+LLAMA_KV = {**LLAMA, "convention": {**LLAMA_CPP_CONVENTION}}
+HF_KV = {"source": "record", "runtime": {"name": "hf"},
+         "convention": {**LLAMA_CPP_CONVENTION, "runtime": "hf",
+                        "kv_visibility": "hf: the rejected drafts' cells stay in the cache until overwritten"}}
+
+
+def _kv_rounds(acc0: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Round 0 at pos 10 drafts [1, 2, 3] in both and accepts ``acc0`` of them; the next round sits at the same
+    position with the same pending token in both, and its second draft differs."""
+    cols = ["prompt_id", "round", "pos", "pending_token", "drafted", "n_accepted"]
+    nxt = 10 + acc0 + 1
+    a = pd.DataFrame([(0, 0, 10, 5, [1, 2, 3], acc0), (0, 1, nxt, 7, [4, 5, 6], 3)], columns=cols)
+    b = pd.DataFrame([(0, 0, 10, 5, [1, 2, 3], acc0), (0, 1, nxt, 7, [4, 9, 6], 1)], columns=cols)
+    return a, b
+
+
+def test_kv_visibility_names_a_difference_after_a_partial_acceptance() -> None:
+    from mtpscope.traces.analysis.runtime_diff import CAUSES
+
+    a, b = _kv_rounds(1)                  # round 0 accepted 1 of 3: two rejected cells written
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=HF_KV)
+    assert d.differs == ("kv_visibility",)
+    p = d.prompts[0]
+    assert (p.what, p.round_a, p.round_b, p.pos, p.step, p.cause) == ("drafts", 1, 1, 12, 2, "kv_visibility")
+    assert d.causes == {"kv_visibility": 1} and "kv_visibility" in CAUSES
+
+
+def test_kv_visibility_not_named_after_a_full_acceptance_nor_where_conventions_agree() -> None:
+    a, b = _kv_rounds(3)                  # everything accepted: no rejected cell, nothing to see or hide
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=HF_KV)
+    assert d.prompts[0].what == "drafts" and d.prompts[0].cause is None
+    a, b = _kv_rounds(1)
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=LLAMA_KV)
+    assert d.differs == () and d.prompts[0].cause is None
+    # a runtime that does not say its KV visibility (an MLX trace): the key is not compared
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=MLX_P)
+    assert "kv_visibility" not in d.differs and d.prompts[0].cause == "head"
+
+
+def test_draft_position_comes_before_kv_visibility() -> None:
+    a, b = _kv_rounds(1)
+    hf_p1 = {**HF_KV, "convention": {**HF_KV["convention"], "draft_position": "p-1"}}
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=hf_p1)
+    assert d.prompts[0].cause == "draft_position"
+
+
+def test_replays_confirm_a_cause_only_when_each_value_reproduces_its_own_runs_draft() -> None:
+    from mtpscope.traces.analysis.runtime_diff import ReplayedDraft, confirmed_counts, replay_plan, with_replays
+
+    d = runtime_diff(A, B, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX)   # prompt 0: step 2, 8 (A) vs 6 (B)
+    p = d.prompts[0]
+    assert replay_plan(p, d.convention_a, d.convention_b) == ("draft_position", "p", "p-1", ("dense", "centroid"))
+
+    def rd(value: str, held: str, token: int) -> ReplayedDraft:
+        return ReplayedDraft("draft_position", value, f"head={held}", token, {8: "a", 6: "b"}.get(token))
+
+    ok = with_replays(d, {0: ((rd("p", "dense", 8), rd("p-1", "dense", 6)), None)})
+    assert ok.prompts[0].confirmed is True and confirmed_counts(ok) == {"draft_position": (1, 0)}
+    # p-1 drafts A's token too: the position does not explain B's draft
+    no = with_replays(d, {0: ((rd("p", "dense", 8), rd("p-1", "dense", 8)), None)})
+    assert no.prompts[0].confirmed is False and confirmed_counts(no) == {"draft_position": (0, 1)}
+    # the two reproductions under different held heads do not add up to a confirmation
+    mixed = with_replays(d, {0: ((rd("p", "dense", 8), rd("p-1", "dense", 7), rd("p", "centroid", 5),
+                                  rd("p-1", "centroid", 6)), None)})
+    assert mixed.prompts[0].confirmed is False
+    skipped = with_replays(d, {0: ((), "not replayed: no GGUF")})
+    assert skipped.prompts[0].confirmed is None and skipped.prompts[0].replay_note == "not replayed: no GGUF"

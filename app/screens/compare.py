@@ -81,10 +81,15 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                   "round A / B": f"{d.round_a}/{d.round_b}" if d.round_a is not None else "", "position": d.pos,
                   "draft step": d.step, "drafts A": str(list(d.drafted_a)), "drafts B": str(list(d.drafted_b)),
                   "cause": CAUSES.get(d.cause or "", "no known convention") if d.what != "none" else "",
-                  "confirmed": {True: "yes", False: "no", None: ""}[d.confirmed]} for d in rt.prompts]
+                  "confirmed": {True: "yes", False: "no", None: ""}[d.confirmed],
+                  "replayed": "; ".join(f"{r.key} {r.value} ({r.held}): {r.token} = "
+                                        + (f"{r.reproduces.upper()}'s" if r.reproduces else "neither's")
+                                        for r in d.replayed) or (d.replay_note or "")} for d in rt.prompts]
         st.dataframe(pd.DataFrame(rrows), hide_index=True, width="stretch", key=sel.CMP_RUNTIMES)
         st.caption("Per prompt: the first round where both runs drafted from the same token at the same position "
-                   "and drafted differently, and the runtime convention that explains it (docs/RUNTIMES.md).")
+                   "and drafted differently, and the runtime convention that explains it (docs/RUNTIMES.md). "
+                   "“confirmed”: that draft step was replayed with the reference drafter under A's and under B's "
+                   "value of the convention (the other held fixed), and each reproduced its own run's draft.")
 
 
 def _traces() -> None:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import typer
 
@@ -64,15 +64,53 @@ def format_text(d: Diagnosis, *, base: str) -> str:
     return "\n".join(lines)
 
 
+def runtime_choice(value: str) -> str:
+    """``--runtime`` (parsed first: it is eager): ``llama`` or a key of
+    :data:`mtpscope.traces.diagnose.runtimes.RUNTIMES`, else one line, exit 2."""
+    from mtpscope.traces.diagnose.runtimes import RUNTIMES
+
+    if value != "llama" and value not in RUNTIMES:
+        print(f"mtpscope: --runtime must be {' or '.join(['llama', *RUNTIMES])} (got {value!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
+    return value
+
+
+def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with another ``--runtime`` (parsed first)
+    a Hugging Face checkpoint folder holding a config.json; else one line, exit 2."""
+    if ctx.params.get("runtime", "llama") != "llama":
+        if value is not None and not (Path(value) / "config.json").is_file():
+            print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
+                  file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        return value
+    return gguf_path(param, value)
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"mtpscope: {message}", file=sys.stderr)
+    raise typer.Exit(EXIT_UNREADABLE)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's command to the root ``mtpscope`` app."""
 
     @app.command("diagnose")
     def diagnose_cmd(
-        target: Path | None = typer.Option(None, "--target", callback=gguf_path,
-                                              help="Target GGUF (default with --trace: the trace's own)."),
-        assistant: Path | None = typer.Option(None, "--assistant", callback=gguf_path,
-                                                 help="Drafter GGUF (default with --trace: the trace's own)."),
+        runtime: str = typer.Option(
+            "llama", "--runtime", is_eager=True, callback=runtime_choice,
+            help="Which loop is diagnosed: 'llama' (llama.cpp, GGUF files; default) or 'mlx' (mlx-vlm's own MTP loop "
+                 "on Hugging Face checkpoint folders, compared with the llama.cpp trace --against; "
+                 "docs/DIAGNOSE.md)."),
+        target: Path | None = typer.Option(None, "--target", callback=model_path,
+                                              help="Target GGUF (default with --trace: the trace's own); with "
+                                                   "--runtime mlx an HF checkpoint folder."),
+        assistant: Path | None = typer.Option(None, "--assistant", callback=model_path,
+                                                 help="Drafter GGUF (default with --trace: the trace's own); with "
+                                                      "--runtime mlx an HF checkpoint folder."),
+        against: Path | None = typer.Option(
+            None, "--against", help="With --runtime mlx: a llama.cpp trace of the same pair (its GGUFs are verified) "
+                                    "and prompts (the default prompts), compared round by round."),
         prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompts file to record (docs/EXPLAIN.md §6; default: the demo's 36 categorised "
                                     "prompts)."),
@@ -106,6 +144,15 @@ def register(app: typer.Typer) -> None:
         from mtpscope.traces.diagnose.config import DiagnoseConfig
         from mtpscope.traces.diagnose.run import diagnose
 
+        if runtime != "llama":
+            if trace is not None or reference is not None or reference_assistant is not None or centroids is not None:
+                _refuse(f"--runtime {runtime} records the pair itself: --trace, --reference, --reference-assistant "
+                        "and --centroids are for llama.cpp")
+            if target is None or assistant is None or against is None:
+                _refuse(f"--runtime {runtime} needs --target and --assistant (HF checkpoint folders) and --against "
+                        "(a llama.cpp trace of the same pair and prompts)")
+        elif against is not None:
+            _refuse("--against goes with --runtime mlx (a llama.cpp diagnosis records or reads its own trace)")
         if prompts is not None and trace is not None:
             print("mtpscope: give --prompts or --trace, not both", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
@@ -130,6 +177,9 @@ def register(app: typer.Typer) -> None:
                 from mtpscope.traces.run.prompts import read_prompt_specs
 
                 specs = read_prompt_specs(prompts)
+            elif runtime != "llama":
+                specs = None
+                say("record", f"no --prompts: the prompts of {against}")
             else:
                 specs = demo_prompts() if trace is None else None
                 if specs is not None:
@@ -137,8 +187,17 @@ def register(app: typer.Typer) -> None:
             # centroids as the str the config keeps anyway (RecordConfig stores os.fspath of a path)
             cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens,
                                  centroids=None if centroids is None else os.fspath(centroids), replay=not no_replay)
-            d = diagnose(cfg, target=target, assistant=assistant, trace=trace, prompts=specs, reference_hf=reference,
-                         reference_assistant=reference_assistant, out=out, command=list(sys.argv), on_step=say)
+            if runtime != "llama":
+                from mtpscope.cache import cache_dir
+                from mtpscope.traces.diagnose.runtimes import diagnose_runtime
+
+                d = diagnose_runtime(cfg, runtime=runtime, target=cast(Path, target), assistant=cast(Path, assistant),
+                                     against=cast(Path, _absolute(against)), prompts=specs, out=out,
+                                     work_dir=cache_dir() / runtime, command=list(sys.argv), on_step=say)
+            else:
+                d = diagnose(cfg, target=target, assistant=assistant, trace=trace, prompts=specs,
+                             reference_hf=reference, reference_assistant=reference_assistant, out=out,
+                             command=list(sys.argv), on_step=say)
             if html_out is not None:
                 from mtpscope.app.diagnose_report import html_report
 

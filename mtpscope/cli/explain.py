@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
     from mtpscope.traces.analysis.report_records import Totals
-    from mtpscope.traces.analysis.runtime_diff import RuntimeDiff
+    from mtpscope.traces.analysis.runtime_diff import RoundDifference, RuntimeDiff
     from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
@@ -222,7 +222,7 @@ def format_comparison(a: str, b: str, diff: AlignedDiff) -> str:
 
 def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
     """The round-by-round section of ``compare`` (:class:`mtpscope.traces.analysis.runtime_diff.RuntimeDiff`)."""
-    from mtpscope.traces.analysis.runtime_diff import CAUSES
+    from mtpscope.traces.analysis.runtime_diff import CAUSES, confirmed_counts
 
     def conv(c: dict[str, Any] | None) -> str:
         if c is None:
@@ -247,14 +247,30 @@ def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
                          f"{d.output_diverged_at} (the target's own choice: a near tie or numerics)")
         else:
             step = f"step {d.step}" if d.step is not None else "fewer drafts"
-            check = {True: " (confirmed: the dense run's own centroid head drafts the other's token there)",
-                     False: " (NOT confirmed: the dense run's centroid head drafts another token there)",
-                     None: ""}[d.confirmed]
             lines.append(f"  prompt {d.prompt_id_a}: round {d.round_a}/{d.round_b} at {d.pos}, {step}: "
-                         f"{list(d.drafted_a)} vs {list(d.drafted_b)}: {cause}{check}")
+                         f"{list(d.drafted_a)} vs {list(d.drafted_b)}: {cause}{_check_words(d)}")
     if rt.causes:
-        lines.append("first differences by cause: " + ", ".join(f"{k} {v}" for k, v in rt.causes.items()))
+        checked = confirmed_counts(rt)
+        lines.append("first differences by cause: " + ", ".join(
+            f"{k} {v}" + (f" ({checked[k][0]} confirmed, {checked[k][1]} not)" if k in checked else "")
+            for k, v in rt.causes.items()))
     return lines
+
+
+def _check_words(d: RoundDifference) -> str:
+    """`` (confirmed ...)`` / `` (NOT confirmed ...)`` / `` (not replayed: why)`` after a first difference's cause."""
+    if d.replayed:
+        by_held: dict[str, list[str]] = {}
+        for r in d.replayed:
+            who = f"{r.reproduces.upper()}'s" if r.reproduces else "neither's"
+            by_held.setdefault(r.held, []).append(f"{r.key} {r.value} drafts {r.token} ({who})")
+        got = "; ".join(f"with {h}, {', '.join(v)}" for h, v in by_held.items())
+        word = {True: "confirmed by replay", False: "NOT confirmed by replay", None: "replayed"}[d.confirmed]
+        return f" ({word}: {got})"
+    if d.confirmed is not None:
+        return {True: " (confirmed: the dense run's own centroid head drafts the other's token there)",
+                False: " (NOT confirmed: the dense run's centroid head drafts another token there)"}[d.confirmed]
+    return f" ({d.replay_note})" if d.replay_note else ""
 
 
 def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
@@ -339,9 +355,13 @@ def register(app: typer.Typer) -> None:
         b: Path = typer.Argument(..., help="Trace B."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
         vocab: Path | None = typer.Option(None, "--vocab", help="GGUF vocabulary of A's tokens (token classes)."),
+        no_replay: bool = typer.Option(False, "--no-replay", help="Name the runtime causes from the conventions "
+                                       "only: do not replay the first differing step with the reference drafter."),
     ) -> None:
         """Aligned diff of two traces of the same prompts: positions accepted in one and rejected in the
         other, by token class and draft position; acceptance delta per category with a bootstrap interval.
+        Two runtimes' traces: the first differing round per prompt, its cause checked by replaying the step
+        under both conventions (docs/RUNTIMES.md; needs the llama.cpp trace's GGUFs and llama-cpp-python).
 
         Exit 1 when the two runs' outputs differ (then only the common prefix of each prompt is compared).
         """
@@ -360,6 +380,12 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(compare_request_traces(ta, tb, as_json))
             try:
                 diff = compare_traces(ta, tb, vocab=trace_vocab(ta.manifest, vocab))
+                if diff.runtimes is not None and not no_replay:
+                    import dataclasses
+
+                    from mtpscope.traces.run.runtime_replay import replay_first_differences
+
+                    diff = dataclasses.replace(diff, runtimes=replay_first_differences(diff.runtimes, ta, tb))
             finally:  # a torn part explains an empty trace: say so before the error line
                 for w in [*ta.warnings, *tb.warnings]:
                     print(f"warning: {w}", file=sys.stderr)

@@ -2,7 +2,8 @@
 explains it (llama.cpp vs mlx-vlm; docs/RUNTIMES.md). Pure (numpy / pandas over ``rounds``); one job.
 
 **Conventions.** A trace recorded by another runtime carries its conventions in ``manifest["convention"]``
-(``runtime``, ``draft_position``, ``head``, ``dtype``, ``last_round``, ``eog``); a llama.cpp recording
+(``runtime``, ``draft_position``, ``head``, ``dtype``, ``last_round``, ``eog``, and where the runtime says it
+``kv_visibility``: what the drafter sees of the target's cache after a partial acceptance); a llama.cpp recording
 (``runtime.llama_cpp_python`` set) has llama.cpp's, :data:`LLAMA_CPP_CONVENTION` (measured: docs/RUNTIMES.md).
 
 **Aligning rounds.** Greedy rounds of the two traces are compared where both have a round whose pending
@@ -13,11 +14,18 @@ boundaries usually shift (a different number accepted); later rounds at a common
 compared and counted (``n_rounds_compared``, ``n_rounds_differing``).
 
 **Causes** (:data:`CAUSES`), named only where the two conventions differ in that respect:
-``draft_position`` (drafts differ, the drafter positions differ: p vs p - 1), ``head`` / ``dtype`` (drafts
-differ, same position, different head / weight dtype), ``last_round`` (the two drafted different numbers
-of tokens in a prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``eog`` (one
-output goes on past an end-of-generation token where the other stopped). ``None``: no known convention
-explains it. A cause is a reading of the conventions, not a replay of the step under the variant.
+``draft_position`` (drafts differ, the drafter positions differ: p vs p - 1), ``kv_visibility`` (drafts
+differ at the same drafter position in a round that follows a partial acceptance, i.e. a round of either
+trace whose drafts were not all accepted: the rejected drafts' cells were written to the target's cache, and
+the two runtimes differ in whether the drafter then sees them), ``head`` / ``dtype`` (drafts differ, same
+position, different head / weight dtype), ``last_round`` (the two drafted different numbers of tokens in a
+prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``eog`` (one output goes on
+past an end-of-generation token where the other stopped). ``None``: no known convention explains it.
+
+**Confirmation.** Reading the conventions names a candidate; it is checked where it can be:
+``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`), ``draft_position``
+and ``head`` by replaying that step with the numpy reference drafter under both values of the convention (the replay lives in ``traces.run.runtime_replay``, which fills
+:class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely).
 """
 
 from __future__ import annotations
@@ -35,11 +43,16 @@ from mtpscope.traces.analysis.records import JsonRecord
 LLAMA_CPP_CONVENTION: dict[str, Any] = {
     "runtime": "llama.cpp", "draft_position": "p", "head": "dense",
     "last_round": "n_draft = min(n_draft, max_tokens - emitted - 1)",
-    "eog": "stop at the first end-of-generation token (the vocabulary's EOG ids)"}
+    "eog": "stop at the first end-of-generation token (the vocabulary's EOG ids)",
+    "kv_visibility": "llama.cpp: the rejected drafts' cells are removed from the target's cache before the next round"}
+
+#: the convention keys compared (their values, by :func:`_norm`)
+CONVENTION_KEYS = ("draft_position", "head", "dtype", "last_round", "eog", "kv_visibility")
 
 #: known causes: name -> the words the report prints
 CAUSES: dict[str, str] = {
     "draft_position": "draft position p vs p - 1 (the drafter's RoPE position for the pending token)",
+    "kv_visibility": "KV visibility after a partial acceptance (rejected drafts' cells removed or still seen)",
     "head": "drafter head (dense vs centroid)",
     "dtype": "weight dtype",
     "last_round": "last-round cap: min(n_draft, remaining) vs min(n_draft, remaining - 1) drafts",
@@ -56,6 +69,26 @@ def runtime_convention(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
     if manifest.get("source") == "record" and isinstance(rt, Mapping) and rt.get("llama_cpp_python"):
         return dict(LLAMA_CPP_CONVENTION)
     return None
+
+
+@dataclass(frozen=True)
+class ReplayedDraft(JsonRecord):
+    """One replay of a first differing step (``traces.run.runtime_replay``): the reference drafter run on the
+    step's common prefix with one value of the cause's convention.
+
+    Attributes:
+        key: the convention varied (``"draft_position"`` or ``"head"``).
+        value: its value in this replay (``"p"`` / ``"p-1"``; ``"dense"`` / ``"centroid"``).
+        held: the other convention held fixed, ``"name=value"`` (e.g. ``"head=dense"``).
+        token: the draft the replay made at the step.
+        reproduces: ``"a"`` / ``"b"``: it equals that trace's draft at the step; None: neither's.
+    """
+
+    key: str
+    value: str
+    held: str
+    token: int
+    reproduces: str | None
 
 
 @dataclass(frozen=True)
@@ -76,8 +109,13 @@ class RoundDifference(JsonRecord):
         n_rounds_compared / n_rounds_differing: rounds at a common position with the same pending token, and
             those of them whose drafts differ (in number or ids).
         output_diverged_at: the first output position whose token differs (not a length difference), or None.
-        confirmed: for the ``head`` cause, whether the dense-head trace's own centroid head (its step's
-            ``centroid_token``) drafted the other trace's token at that step (:func:`confirm_head`); else None.
+        confirmed: whether the named cause was checked and holds: for ``head``, the dense-head trace's own
+            centroid head (its step's ``centroid_token``) drafted the other trace's token at that step
+            (:func:`confirm_head`); for a replayed cause (``draft_position``, ``head``), the reference drafter under
+            A's value of the convention drafted A's token at ``step`` and under B's value B's token, the other
+            convention held fixed (:func:`with_replays`). None: not checked.
+        replayed: the replayed drafts of that step (:class:`ReplayedDraft`, empty when not replayed).
+        replay_note: why the step was not replayed, or what the replay could not decide (None otherwise).
     """
 
     prompt_id_a: int
@@ -94,6 +132,8 @@ class RoundDifference(JsonRecord):
     n_rounds_differing: int
     output_diverged_at: int | None = None
     confirmed: bool | None = None
+    replayed: tuple[ReplayedDraft, ...] = ()
+    replay_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +162,13 @@ def _lists(col: pd.Series) -> list[tuple[int, ...]]:
             for v in col.tolist()]
 
 
-def _cause(what: str, differs: Sequence[str]) -> str | None:
+def _cause(what: str, differs: Sequence[str], after_partial: bool = False) -> str | None:
     if what == "drafts":
-        for key in ("draft_position", "head", "dtype"):
+        if "draft_position" in differs:
+            return "draft_position"
+        if after_partial and "kv_visibility" in differs:
+            return "kv_visibility"
+        for key in ("head", "dtype"):
             if key in differs:
                 return key
         return None
@@ -133,6 +177,15 @@ def _cause(what: str, differs: Sequence[str]) -> str | None:
     if what == "output_length":
         return "eog" if "eog" in differs else None
     return None
+
+
+def _after_partial(r: pd.DataFrame, drafted: Sequence[tuple[int, ...]]) -> list[bool]:
+    """Per round (sorted): whether the round before it drafted more than it accepted (False without an
+    ``n_accepted`` column)."""
+    if "n_accepted" not in r.columns:
+        return [False] * len(r)
+    acc = [int(x) for x in r["n_accepted"].tolist()]
+    return [i > 0 and acc[i - 1] < len(drafted[i - 1]) for i in range(len(r))]
 
 
 def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Sequence[str],
@@ -144,6 +197,8 @@ def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Seq
     b_at = {int(p): i for i, p in enumerate(rb["pos"].tolist())}
     da, db = _lists(ra["drafted"]), _lists(rb["drafted"])
     pend_a, pend_b = ra["pending_token"].tolist(), rb["pending_token"].tolist()
+    # a round after one whose drafts were not all accepted (its rejected cells were written), per trace
+    part_a, part_b = _after_partial(ra, da), _after_partial(rb, db)
     first: RoundDifference | None = None
     n_cmp = n_diff = 0
     for i, pos in enumerate(ra["pos"].tolist()):
@@ -160,7 +215,8 @@ def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Seq
             what = "n_draft" if len(xa) != len(xb) and not ne else "drafts"
             first = RoundDifference(prompt_id_a=pa_, prompt_id_b=pb_, what=what, round_a=int(ra["round"].iloc[i]),
                                     round_b=int(rb["round"].iloc[j]), pos=int(pos), step=ne[0] if ne else None,
-                                    drafted_a=xa, drafted_b=xb, cause=_cause(what, differs),
+                                    drafted_a=xa, drafted_b=xb,
+                                    cause=_cause(what, differs, part_a[i] or part_b[j]),
                                     n_rounds_compared=0, n_rounds_differing=0)
     if first is not None:
         return RoundDifference(**{**first.__dict__, "n_rounds_compared": n_cmp, "n_rounds_differing": n_diff,
@@ -178,15 +234,15 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
     """Round-by-round first differences of two traces (module docstring).
 
     Args:
-        rounds_a / rounds_b: rounds with ``prompt_id``, ``round``, ``pos``, ``pending_token``, ``drafted``.
+        rounds_a / rounds_b: rounds with ``prompt_id``, ``round``, ``pos``, ``pending_token``, ``drafted`` and,
+            for the ``kv_visibility`` cause, ``n_accepted``.
         pairs: ``(prompt_id_a, prompt_id_b)`` pairs (:func:`traces.analysis.align.pair_prompts`).
         manifest_a / manifest_b: the manifests (their conventions).
         outputs_a / outputs_b: ``{prompt_id: generated ids}`` (:attr:`traces.analysis.positions.Positions.sequences`;
             ``output`` / ``output_length`` differences), optional.
     """
     ca, cb = runtime_convention(manifest_a), runtime_convention(manifest_b)
-    keys = ("draft_position", "head", "dtype", "last_round", "eog")
-    differs = tuple(sorted(k for k in keys if ca is not None and cb is not None and k in ca and k in cb
+    differs = tuple(sorted(k for k in CONVENTION_KEYS if ca is not None and cb is not None and k in ca and k in cb
                            and _norm(k, ca[k]) != _norm(k, cb[k])))
     # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
     ga = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_a.groupby("prompt_id", sort=False)}
@@ -235,6 +291,66 @@ def confirm_head(diff: RuntimeDiff, steps_a: pd.DataFrame | None, steps_b: pd.Da
     return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
 
 
+#: causes checked by replaying the step: cause -> (the convention key varied, the one held fixed)
+REPLAYED_CAUSES: dict[str, tuple[str, str]] = {"draft_position": ("draft_position", "head"),
+                                               "head": ("head", "draft_position")}
+
+
+def replay_plan(d: RoundDifference, convention_a: Mapping[str, Any] | None,
+                convention_b: Mapping[str, Any] | None) -> tuple[str, str, str, tuple[str, ...]] | None:
+    """What replaying ``d``'s step must run to check its cause: ``(key, value_a, value_b, held)`` -- the varied
+    convention key (:data:`REPLAYED_CAUSES`), its value in A and in B, and the values of the held key to try in
+    order (A's, then B's where it differs). None: nothing to replay (no replayed cause, no draft step, a
+    convention value missing)."""
+    if d.cause not in REPLAYED_CAUSES or d.step is None or convention_a is None or convention_b is None:
+        return None
+    key, held_key = REPLAYED_CAUSES[d.cause]
+    va, vb = convention_a.get(key), convention_b.get(key)
+    holds = tuple(dict.fromkeys(str(c.get(held_key)) for c in (convention_a, convention_b)
+                                if c.get(held_key) is not None))
+    if va is None or vb is None or not holds:
+        return None
+    return key, str(va), str(vb), holds
+
+
+def replay_verdict(replayed: Sequence[ReplayedDraft], value_a: str, value_b: str) -> bool | None:
+    """Whether the replays confirm the cause: for some held value, the replay under A's value drafted A's token
+    and the one under B's value B's token. None without replays."""
+    if not replayed:
+        return None
+    by = {(r.held, r.value): r.reproduces for r in replayed}
+    return any(by.get((h, value_a)) == "a" and by.get((h, value_b)) == "b" for h in {r.held for r in replayed})
+
+
+def with_replays(diff: RuntimeDiff, replays: Mapping[int, tuple[tuple[ReplayedDraft, ...], str | None]]) -> RuntimeDiff:
+    """``diff`` with the replays of its first differences filled in (``traces.run.runtime_replay``).
+
+    Args:
+        replays: ``{index into diff.prompts: (replayed drafts, note)}``; ``confirmed`` is set from the drafts by
+            :func:`replay_verdict` with the values of :func:`replay_plan` (left as it was without replayed drafts).
+    """
+    out = []
+    for i, d in enumerate(diff.prompts):
+        if i in replays:
+            rep, note = replays[i]
+            plan = replay_plan(d, diff.convention_a, diff.convention_b)
+            ok = replay_verdict(rep, plan[1], plan[2]) if plan is not None else None
+            d = RoundDifference(**{**d.__dict__, "replayed": tuple(rep), "replay_note": note,
+                                   "confirmed": d.confirmed if ok is None else ok})
+        out.append(d)
+    return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
+
+
+def confirmed_counts(diff: RuntimeDiff) -> dict[str, tuple[int, int]]:
+    """``{cause: (confirmed, not confirmed)}`` over the first differences that were checked."""
+    out: dict[str, tuple[int, int]] = {}
+    for d in diff.prompts:
+        if d.cause is not None and d.confirmed is not None:
+            y, n = out.get(d.cause, (0, 0))
+            out[d.cause] = (y + 1, n) if d.confirmed else (y, n + 1)
+    return dict(sorted(out.items()))
+
+
 def _norm(key: str, v: Any) -> Any:
     """A convention value compared by its kind: the last-round rule and the EOG policy by their first words
     (``min(...)`` with or without ``- 1``; stop or not), the rest as given."""
@@ -246,4 +362,5 @@ def _norm(key: str, v: Any) -> Any:
     return s
 
 
-__all__ = ["CAUSES", "LLAMA_CPP_CONVENTION", "confirm_head", "RoundDifference", "RuntimeDiff", "runtime_convention", "runtime_diff"]
+__all__ = ["CAUSES", "CONVENTION_KEYS", "LLAMA_CPP_CONVENTION", "REPLAYED_CAUSES", "ReplayedDraft", "RoundDifference",
+           "RuntimeDiff", "confirm_head", "confirmed_counts", "replay_plan", "replay_verdict", "runtime_convention", "runtime_diff", "with_replays"]

@@ -284,7 +284,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = LlamaModel(tg)
     try:
-        prompt_toks = {pid: _recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
+        prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         res.drafter_weights = _drafter_weights(dr)
@@ -313,7 +313,7 @@ def _drafter_weights(path: Path) -> dict[str, Any]:
         return weight_types(f)
 
 
-def _recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
+def recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
     does (:func:`traces.run.mtp_runtime.spec_tokens`), or as it did before that rule read special tokens in a
@@ -586,4 +586,4 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, Any]:
 __all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayRates", "ReplayResult", "ReplaySummary",
            "VariantSummary", "baseline_for",
            "indistinguishable", "parse_variant",
-           "read_replay", "replay"]
+           "read_replay", "recorded_prompt_tokens", "replay"]
