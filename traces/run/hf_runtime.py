@@ -67,7 +67,7 @@ def hf_unavailable() -> str | None:
     try:
         import torch  # noqa: F401 - only checks that it imports
         import transformers
-        from transformers import Gemma4AssistantForCausalLM, Gemma4ForCausalLM  # noqa: F401
+        from transformers import Gemma4AssistantForCausalLM, Gemma4ForCausalLM  # noqa: F401 - only checks that 5.24 classes exist
     except Exception as e:  # noqa: BLE001 - any import failure (missing wheel, old release) means "not here"
         return f"torch / transformers not importable ({type(e).__name__}: {e}); install mtpscope[parity]"
     try:
