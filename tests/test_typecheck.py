@@ -40,3 +40,24 @@ def test_errors_split_into_enforced_and_reported() -> None:
 
 def test_pyproject_enforces_inspector() -> None:
     assert "inspector" in T.enforced()
+
+
+#: a suppression comment and its reason: ``# noqa: CODES - why`` (or ``# why`` after it),
+#: ``# type: ignore[code]  # why``
+_SUPPRESSION = __import__("re").compile(r"#\s*(noqa(?::\s*[A-Z0-9, ]+)?|type:\s*ignore(?:\[[^\]]*\])?)(.*)$")
+
+
+def test_every_suppression_says_why() -> None:
+    # issue 37: the noqa / type: ignore comments that remain each say why (ruff and mypy only check the code)
+    root = Path(__file__).resolve().parents[1]
+    bare = []
+    for folder in ("app", "inspector", "traces", "mtpscope", "benchmarks", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                m = _SUPPRESSION.search(line)
+                if m is None or '"' in line[m.start():] or "'" in line[m.start():m.start() + 2]:
+                    continue
+                why = m.group(2).strip().lstrip("-—:#(").strip()
+                if len(why) < 4:
+                    bare.append(f"{path.relative_to(root)}:{no}: {line.strip()}")
+    assert bare == [], "suppressions without a reason:\n" + "\n".join(bare)
