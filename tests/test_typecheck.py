@@ -3,6 +3,7 @@ into failing (the enforced folders) and reported ones. mypy itself is not run he
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests import typecheck as T
@@ -42,9 +43,9 @@ def test_pyproject_enforces_inspector() -> None:
     assert "inspector" in T.enforced()
 
 
-#: a suppression comment and its reason: ``# noqa: CODES - why`` (or ``# why`` after it),
-#: ``# type: ignore[code]  # why``
-_SUPPRESSION = __import__("re").compile(r"#\s*(noqa(?::\s*[A-Z0-9, ]+)?|type:\s*ignore(?:\[[^\]]*\])?)(.*)$")
+#: a suppression comment (ruff's "noqa" with its codes, mypy's "type: ignore" with its code) and the reason
+#: written after it (" - why", or a second comment)
+_SUPPRESSION = re.compile(r"#\s*(noqa(?::\s*[A-Z0-9, ]+)?|type:\s*ignore(?:\[[^\]]*\])?)(.*)$")
 
 
 def test_every_suppression_says_why() -> None:
