@@ -75,7 +75,7 @@ def recorded(trained, prompt_tokens, tmp_path_factory):
     return record_hf(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=d / "greedy", prompts=specs)
 
 
-def test_trace_reads_back_with_its_runtime_and_conventions(recorded) -> None:
+def test_trace_reads_back_with_its_runtime_and_conventions(recorded, trained) -> None:
     from mtpscope.traces.store.reader import open_trace
 
     t = open_trace(recorded.out)
@@ -85,6 +85,12 @@ def test_trace_reads_back_with_its_runtime_and_conventions(recorded) -> None:
     conv = m["convention"]
     assert {"runtime", "draft_position", "head", "dtype", "last_round", "eog", "kv_visibility"} <= set(conv)
     assert (conv["runtime"], conv["draft_position"], conv["head"], conv["dtype"]) == ("hf", "p", "centroid", "float32")
+    # the stop ids: the HF target checkpoint's eos_token_id (its config.json; the folder has no
+    # generation_config.json, from which transformers takes it then)
+    import json
+
+    eos = json.loads((trained.hf_target / "config.json").read_text())["eos_token_id"]
+    assert conv["eog_ids"] == sorted([eos] if isinstance(eos, int) else eos)
     assert len(t.rounds) == recorded.n_rounds and len(t.steps) == recorded.n_steps
     assert int(t.rounds["n_accepted"].sum()) == recorded.n_accepted
     for i in range(len(PROMPTS)):

@@ -3,7 +3,8 @@ explains it (llama.cpp vs mlx-vlm; docs/RUNTIMES.md). Pure (numpy / pandas over 
 
 **Conventions.** A trace recorded by another runtime carries its conventions in ``manifest["convention"]``
 (``runtime``, ``draft_position``, ``head``, ``dtype``, ``last_round``, ``eog``, and where the runtime says it
-``kv_visibility``: what the drafter sees of the target's cache after a partial acceptance); a llama.cpp recording
+``kv_visibility``: what the drafter sees of the target's cache after a partial acceptance), read into a
+:class:`Convention` record; a llama.cpp recording
 (``runtime.llama_cpp_python`` set) has llama.cpp's, :data:`LLAMA_CPP_CONVENTION` (measured: docs/RUNTIMES.md).
 
 **Aligning rounds.** Greedy rounds of the two traces are compared where both have a round whose pending
@@ -23,9 +24,12 @@ prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``
 past an end-of-generation token where the other stopped). ``None``: no known convention explains it.
 
 **Confirmation.** Reading the conventions names a candidate; it is checked where it can be:
-``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`), ``draft_position``
-and ``head`` by replaying that step with the numpy reference drafter under both values of the convention (the replay lives in ``traces.run.runtime_replay``, which fills
-:class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely).
+``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`); ``draft_position``,
+``kv_visibility`` and ``head`` by replaying that step with the numpy reference drafter under both values of the
+convention, another convention held fixed (the replay lives in ``traces.run.runtime_replay``, which fills
+:class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely; where a named
+``kv_visibility`` is not confirmed and the head, which also differs, is, the head becomes the cause); ``eog`` by the
+stop sets (:meth:`Convention.eog_stop_ids`): the shorter output's last token is not one the longer run stops at.
 """
 
 from __future__ import annotations
@@ -132,9 +136,9 @@ class ReplayedDraft(JsonRecord):
     step's common prefix with one value of the cause's convention.
 
     Attributes:
-        key: the convention varied (``"draft_position"`` or ``"head"``).
-        value: its value in this replay (``"p"`` / ``"p-1"``; ``"dense"`` / ``"centroid"``).
-        held: the other convention held fixed, ``"name=value"`` (e.g. ``"head=dense"``).
+        key: the convention varied (``"draft_position"``, ``"head"`` or ``"kv_visibility"``).
+        value: its value in this replay (``"p"`` / ``"p-1"``; ``"dense"`` / ``"centroid"``; ``"llama.cpp"`` / ``"hf"``).
+        held: the other convention held fixed, ``"name=value"`` (e.g. ``"head=dense"``, ``"kv_visibility=hf"``).
         token: the draft the replay made at the step.
         reproduces: ``"a"`` / ``"b"``: it equals that trace's draft at the step; None: neither's.
     """

@@ -3,12 +3,15 @@
 A's value and under B's value of the cause's convention, the other convention held fixed, and each replayed
 draft is matched against the two traces' drafts (:func:`replay_first_differences`).
 
-The replayed step sees what the recorded one saw: the target's donor K/V of positions ``< pos`` and its
-post-norm hidden row at ``pos - 1`` from one llama.cpp prefill of the common token sequence
-(:func:`traces.run.target_prefill.prefill`, as :func:`traces.run.replay.replay` does), the pending token at
-``pos``, and for step k > 1 the two traces' common drafts 1..k-1 with the replay's own ``h_next``. The
-options are the llama.cpp trace's replay baseline (:func:`traces.run.replay.baseline_for`) with the varied and
-held conventions set (``draft_position`` -> ``StepOptions.position``, ``head`` -> ``StepOptions.head``).
+The replayed step sees what the recorded one saw: the target's donor K/V and its post-norm hidden row at
+``pos - 1`` from one llama.cpp prefill (:func:`traces.run.target_prefill.prefill`, as
+:func:`traces.run.replay.replay` does) of the common token sequence followed by the drafts the HF trace's previous
+round rejected (their K/V at positions ``>= pos``, which HF's drafter sees; nothing before ``pos`` depends on
+them), the pending token at ``pos``, and for step k > 1 the two traces' common drafts 1..k-1 with the replay's own
+``h_next``. The options are the llama.cpp trace's replay baseline (:func:`traces.run.replay.baseline_for`) with
+the varied and held conventions set (``draft_position`` -> ``StepOptions.position``, ``head`` ->
+``StepOptions.head``, ``kv_visibility`` -> the K/V view: llama.cpp's, positions ``< pos`` under its sliding-window
+rule, or HF's, :func:`hf_view`).
 
 Which values and what "confirmed" means are pure (:func:`traces.analysis.runtime_diff.replay_plan`,
 :func:`traces.analysis.runtime_diff.with_replays`); this module only computes the drafts. Needs a drafter GGUF
