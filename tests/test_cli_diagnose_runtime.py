@@ -27,7 +27,7 @@ def _one_line(res, text: str) -> None:
 
 def test_unknown_runtime(tmp_path: Path) -> None:
     res = runner.invoke(app, ["diagnose", "--runtime", "vllm", "--out", str(tmp_path / "o")])
-    _one_line(res, "--runtime must be llama or mlx (got 'vllm')")
+    _one_line(res, "--runtime must be llama or mlx or hf (got 'vllm')")
 
 
 def test_another_runtime_wants_checkpoint_folders_and_a_llama_trace(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_another_runtime_wants_checkpoint_folders_and_a_llama_trace(tmp_path: Pa
 
 def test_against_goes_with_another_runtime(tmp_path: Path) -> None:
     res = runner.invoke(app, ["diagnose", "--against", str(tmp_path), "--out", str(tmp_path / "o")])
-    _one_line(res, "--against goes with --runtime mlx")
+    _one_line(res, "--against goes with --runtime mlx or hf")
 
 
 def test_against_must_be_a_llama_trace(tmp_path: Path) -> None:

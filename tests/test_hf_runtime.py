@@ -75,7 +75,7 @@ def recorded(trained, prompt_tokens, tmp_path_factory):
     return record_hf(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=d / "greedy", prompts=specs)
 
 
-def test_trace_reads_back_with_its_runtime_and_conventions(recorded) -> None:
+def test_trace_reads_back_with_its_runtime_and_conventions(recorded, trained) -> None:
     from mtpscope.traces.store.reader import open_trace
 
     t = open_trace(recorded.out)
@@ -85,6 +85,12 @@ def test_trace_reads_back_with_its_runtime_and_conventions(recorded) -> None:
     conv = m["convention"]
     assert {"runtime", "draft_position", "head", "dtype", "last_round", "eog", "kv_visibility"} <= set(conv)
     assert (conv["runtime"], conv["draft_position"], conv["head"], conv["dtype"]) == ("hf", "p", "centroid", "float32")
+    # the stop ids: the HF target checkpoint's eos_token_id (its config.json; the folder has no
+    # generation_config.json, from which transformers takes it then)
+    import json
+
+    eos = json.loads((trained.hf_target / "config.json").read_text())["eos_token_id"]
+    assert conv["eog_ids"] == sorted([eos] if isinstance(eos, int) else eos)
     assert len(t.rounds) == recorded.n_rounds and len(t.steps) == recorded.n_steps
     assert int(t.rounds["n_accepted"].sum()) == recorded.n_accepted
     for i in range(len(PROMPTS)):
@@ -321,3 +327,86 @@ def test_unloadable_checkpoint_is_one_line(trained, tmp_path) -> None:
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {target}: ") and "Gemma4ForCausalLM" in lines[0]
         assert not out.exists()
+
+
+# ------------------------------------------------------------------- compare / diagnose against llama.cpp
+
+#: the F32 trace's first prompts (``compare`` pairs token prompts by their place; ``diagnose --runtime`` records the
+#: llama.cpp trace's first prompts, 64 tokens): prompt 0's first differing round from llama.cpp is round 10 (position
+#: 79, step 1), prompt 1's round 1 (position 39, step 3), each after a round that rejected a draft (docs/RUNTIMES.md)
+KV_PROMPTS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def hf_diagnosis(trained, tmp_path_factory):
+    """``diagnose --runtime hf`` (the RUNTIMES entry) on ``KV_PROMPTS`` against the F32 trace: its diagnosis and its
+    output folder (``trace-hf/`` holds HF's recording)."""
+    from mtpscope.traces.diagnose.config import DiagnoseConfig
+    from mtpscope.traces.diagnose.runtimes import diagnose_runtime
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.store.manifest import read_manifest
+
+    m = read_manifest(trained.traces_f32)
+    specs = [PromptSpec(tokens=tuple(m["prompts"][p]["tokens"])) for p in KV_PROMPTS]
+    out = tmp_path_factory.mktemp("hfdiag") / "o"
+    d = diagnose_runtime(DiagnoseConfig(max_tokens=64), runtime="hf", target=trained.hf_target,
+                         assistant=trained.hf_drafter, against=trained.traces_f32, prompts=specs, out=out,
+                         work_dir=out.parent / "work")
+    return d, out
+
+
+def test_diagnose_runtime_hf_names_the_kv_visibility(hf_diagnosis) -> None:
+    """The KV visibility is a confirmed convention finding (a warning) whose expected value is llama.cpp's."""
+    from mtpscope.traces.analysis.runtime_diff import LLAMA_CPP_CONVENTION
+    from mtpscope.traces.diagnose.runtimes import RUNTIMES
+
+    d, out = hf_diagnosis
+    assert "hf" in RUNTIMES
+    f = next(f for f in d.findings if f.subject == "hf:kv_visibility")
+    assert (f.cause, f.severity, f.confidence) == ("convention", "warning", "high")
+    assert f.expected == LLAMA_CPP_CONVENTION["kv_visibility"] and str(f.actual).startswith("hf: ")
+    ev = f.evidence[0].numbers
+    assert ev["confirmed"] == ev["prompts"] == len(KV_PROMPTS) and ev["not_confirmed"] == 0
+    assert (out / "trace-hf" / "manifest.json").is_file() and (out / "diagnosis.json").is_file()
+    assert [s.status for s in d.steps if s.name == "record"] == ["ran"]
+
+
+def test_compare_replay_confirms_the_kv_visibility(trained, hf_diagnosis) -> None:
+    """Each prompt's first differing step, replayed with the reference drafter from a llama.cpp prefill of the
+    accepted tokens and the rejected drafts: under llama.cpp's view (rejected cells removed) it drafts llama.cpp's
+    recorded token, under HF's (``runtime_replay.hf_view``: the rejected draft's K/V at p visible) HF's recorded
+    token, with either head held. The drafts compared are the two runtimes' own, recorded independently of the
+    replay; with HF's view replaced by llama.cpp's the HF replays draft llama.cpp's token and this fails."""
+    from mtpscope.traces.analysis.compare_report import compare_traces
+    from mtpscope.traces.run.runtime_replay import replay_first_differences
+    from mtpscope.traces.store.reader import open_trace
+
+    f32, t = open_trace(trained.traces_f32), open_trace(hf_diagnosis[1] / "trace-hf")
+    rt = compare_traces(f32, t).runtimes
+    assert rt is not None and {"head", "kv_visibility", "eog"} <= set(rt.differs)
+    got = [(x.what, x.round_a, x.round_b, x.pos, x.step, x.cause) for x in rt.prompts]
+    assert got == [("drafts", 10, 10, 79, 1, "kv_visibility"), ("drafts", 1, 1, 39, 3, "kv_visibility")]
+    rt = replay_first_differences(rt, f32, t, target=trained.target, assistant=trained.drafter,
+                                  centroids=trained.sidecar)
+    for x in rt.prompts:
+        assert x.replay_note is None and x.cause == "kv_visibility" and x.confirmed is True
+        k = x.step - 1
+        by = {(r.key, r.held, r.value): r.token for r in x.replayed}
+        for held in ("head=dense", "head=centroid"):
+            assert by[("kv_visibility", held, "llama.cpp")] == x.drafted_a[k]
+            assert by[("kv_visibility", held, "hf")] == x.drafted_b[k]
+
+
+def test_compare_page_shows_the_kv_visibility(trained, hf_diagnosis, monkeypatch) -> None:
+    import os
+
+    from tests.test_app import _run
+
+    trace = hf_diagnosis[1] / "trace-hf"
+    monkeypatch.setenv("MTPSCOPE_ROOTS", os.pathsep.join([str(trained.root), str(hf_diagnosis[1])]))
+    at = _run("compare", trace=trained.traces_f32, trace_b=trace)
+    df = next(d.value for d in at.dataframe if "cause" in d.value.columns)
+    assert list(df["round A / B"]) == ["10/10", "1/1"]
+    assert all(c.startswith("KV visibility after a partial acceptance") for c in df["cause"])
+    assert list(df["confirmed"]) == ["yes", "yes"]
+    assert all("kv_visibility hf (head=dense)" in r for r in df["replayed"])

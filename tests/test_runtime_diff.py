@@ -27,9 +27,20 @@ B = _rounds([(0, 0, 10, 5, [1, 2, 3]), (0, 1, 12, 2, [7, 6, 9]), (0, 2, 14, 9, [
 
 
 def test_conventions_of_a_llama_recording_and_of_a_manifest_record() -> None:
-    assert runtime_convention(LLAMA) == LLAMA_CPP_CONVENTION
-    assert runtime_convention(MLX)["draft_position"] == "p-1"
+    import json
+
+    conv = runtime_convention(LLAMA)
+    assert conv is not None and conv.to_dict() == LLAMA_CPP_CONVENTION
+    assert (conv.runtime, conv.draft_position, conv.head, conv.dtype) == ("llama.cpp", "p", "dense", None)
+    mlx = runtime_convention(MLX)
+    assert mlx is not None and mlx.draft_position == "p-1" and mlx.kv_visibility is None
     assert runtime_convention({"source": "synthetic", "runtime": {}}) is None
+    # the JSON of compare --json is the manifest's mapping again: its keys (notes included) in its order
+    man = {"runtime": "hf", "draft_position": "p", "draft_position_note": "same for every step", "head": "centroid",
+           "eog": "stop at ... generation_config ([1])", "acceptance": "greedy", "eog_ids": [1, 106]}
+    got = runtime_convention({"convention": man})
+    assert got is not None and json.dumps(got.to_dict()) == json.dumps(man)
+    assert got.eog_stop_ids() == frozenset({1, 106})        # an eog_ids key before the ids in the text
 
 
 def test_first_differing_round_step_and_cause() -> None:
@@ -136,7 +147,8 @@ def test_replays_confirm_a_cause_only_when_each_value_reproduces_its_own_runs_dr
 
     d = runtime_diff(A, B, [(0, 0)], manifest_a=LLAMA, manifest_b=MLX)   # prompt 0: step 2, 8 (A) vs 6 (B)
     p = d.prompts[0]
-    assert replay_plan(p, d.convention_a, d.convention_b) == ("draft_position", "p", "p-1", ("dense", "centroid"))
+    assert replay_plan(p, d.convention_a, d.convention_b) == ("draft_position", "p", "p-1",
+                                                              ("head=dense", "head=centroid"))
 
     def rd(value: str, held: str, token: int) -> ReplayedDraft:
         return ReplayedDraft("draft_position", value, f"head={held}", token, {8: "a", 6: "b"}.get(token))
@@ -152,3 +164,88 @@ def test_replays_confirm_a_cause_only_when_each_value_reproduces_its_own_runs_dr
     assert mixed.prompts[0].confirmed is False
     skipped = with_replays(d, {0: ((), "not replayed: no GGUF")})
     assert skipped.prompts[0].confirmed is None and skipped.prompts[0].replay_note == "not replayed: no GGUF"
+
+
+# end of generation: llama.cpp stops at its vocabulary's EOG ids (1 and 106 in Gemma 4's), HF at generation_config's
+HF_EOG = {**HF_KV, "convention": {**HF_KV["convention"],
+                                  "eog": "stop at the first end-of-generation token of the target's generation_config "
+                                         "([1]); a round's tokens after it are dropped"}}
+
+
+def test_eog_stop_sets_are_compared() -> None:
+    from mtpscope.traces.analysis.runtime_diff import runtime_convention
+
+    same = A[A["prompt_id"] == 0]
+    conv = runtime_convention(HF_EOG)
+    assert conv is not None and conv.eog_stop_ids() == frozenset({1})
+    # both say "stop": the listed set {1} is not taken to be llama.cpp's vocabulary set
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=HF_EOG)
+    assert "eog" in d.differs
+    # llama.cpp stops at <end_of_turn> (106), HF goes on to <eos>: 106 is not among HF's stop ids
+    out = [5, 2, 7, 106]
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=HF_EOG, outputs_a={0: out},
+                     outputs_b={0: [*out, 107, 1]})
+    p = d.prompts[0]
+    assert (p.what, p.cause, p.confirmed) == ("output_length", "eog", True) and d.causes == {"eog": 1}
+    # the shorter output ends at 1, which HF stops at too: the stop sets do not explain it
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=HF_EOG, outputs_a={0: [5, 2, 1]},
+                     outputs_b={0: [5, 2, 1, 9]})
+    assert (d.prompts[0].what, d.prompts[0].cause) == ("output_length", None) and d.causes == {"unexplained": 1}
+    # two runtimes listing the same stop ids agree
+    d = runtime_diff(same, same, [(0, 0)], manifest_a=HF_EOG, manifest_b=HF_EOG)
+    assert "eog" not in d.differs
+
+
+def test_an_alternative_cause_replaces_an_unconfirmed_kv_visibility() -> None:
+    """Both the KV visibility and the head differ at a step after a partial acceptance: kv_visibility is named; the
+    replays vary it with the head held and the head with the visibility held; where only the head's replays turn
+    A's draft into B's, the head is the cause."""
+    from mtpscope.traces.analysis.runtime_diff import ReplayedDraft, replay_plans, with_replays
+
+    hf = {**HF_KV, "convention": {**HF_KV["convention"], "head": "centroid"}}
+    a, b = _kv_rounds(1)                         # step 2: 5 (A) vs 9 (B)
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=LLAMA_KV, manifest_b=hf)
+    p = d.prompts[0]
+    assert d.differs == ("head", "kv_visibility") and p.cause == "kv_visibility"
+    plans = replay_plans(p, d)
+    assert plans == {"kv_visibility": ("kv_visibility", "llama.cpp", "hf", ("head=dense", "head=centroid")),
+                     "head": ("head", "dense", "centroid", ("kv_visibility=llama.cpp", "kv_visibility=hf"))}
+
+    def rd(key: str, value: str, held: str, token: int) -> ReplayedDraft:
+        return ReplayedDraft(key, value, held, token, {5: "a", 9: "b"}.get(token))
+
+    only_head = (rd("kv_visibility", "llama.cpp", "head=dense", 5), rd("kv_visibility", "hf", "head=dense", 5),
+                 rd("head", "dense", "kv_visibility=llama.cpp", 5), rd("head", "centroid", "kv_visibility=llama.cpp", 9))
+    x = with_replays(d, {0: (only_head, None)})
+    assert (x.prompts[0].cause, x.prompts[0].confirmed) == ("head", True) and x.causes == {"head": 1}
+    both = (*only_head, rd("kv_visibility", "llama.cpp", "head=centroid", 5), rd("kv_visibility", "hf", "head=centroid", 9))
+    x = with_replays(d, {0: (both, None)})
+    assert (x.prompts[0].cause, x.prompts[0].confirmed) == ("kv_visibility", True)
+    neither = only_head[:3]
+    x = with_replays(d, {0: (neither, None)})
+    assert (x.prompts[0].cause, x.prompts[0].confirmed) == ("kv_visibility", False)
+
+
+def test_hf_view_matches_what_hf_handed_over() -> None:
+    """HF's view (``runtime_replay.hf_view``) against the arrays HF 5.24 handed its drafter on the demo pair
+    (measured with ``HfRuntime.run(capture_calls=True)``, W = 128): prompt 1's round 1 at p = 39 after a round at 38
+    that rejected all 3 drafts: full and sliding arrays 40 long, all visible; prompt 14's round 11 at p = 207 after a
+    round at 206 that rejected all 3: full 208 long, sliding 131 long with its last 129 visible."""
+    import numpy as np
+
+    from mtpscope.inspector.reference import DonorKV
+    from mtpscope.traces.run.runtime_replay import hf_view
+
+    def kv(n: int) -> dict[str, DonorKV]:
+        z = np.zeros((n, 1, 2), dtype=np.float32)
+        return {k: DonorKV(z, z, np.arange(n)) for k in ("sliding", "full")}
+
+    v = hf_view(kv(42), 39, 38, 41, 128)
+    assert v["full"].pos.tolist() == list(range(40)) and v["full"].mask is not None and v["full"].mask.all()
+    assert v["sliding"].pos.tolist() == list(range(40)) and v["sliding"].mask is not None and v["sliding"].mask.all()
+    v = hf_view(kv(210), 207, 206, 209, 128)
+    assert v["full"].pos.tolist() == list(range(208))
+    s = v["sliding"]
+    assert s.mask is not None and len(s.pos) == 131 and s.pos[0] == 206 - 127
+    assert np.flatnonzero(s.mask).tolist() == list(range(2, 131))      # positions 81 .. 209: rejected drafts beyond p
+    assert s.pos[s.mask].tolist() == list(range(81, 210))

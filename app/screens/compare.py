@@ -89,7 +89,9 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
         st.caption("Per prompt: the first round where both runs drafted from the same token at the same position "
                    "and drafted differently, and the runtime convention that explains it (docs/RUNTIMES.md). "
                    "“confirmed”: that draft step was replayed with the reference drafter under A's and under B's "
-                   "value of the convention (the other held fixed), and each reproduced its own run's draft.")
+                   "value of the convention (another held fixed: the head, the draft position or the KV visibility), "
+                   "and each reproduced its own run's draft; for an end of generation, the shorter output's last "
+                   "token is not one the other runtime stops at.")
 
 
 def _traces() -> None:

@@ -99,17 +99,18 @@ def register(app: typer.Typer) -> None:
     def diagnose_cmd(
         runtime: str = typer.Option(
             "llama", "--runtime", is_eager=True, callback=runtime_choice,
-            help="Which loop is diagnosed: 'llama' (llama.cpp, GGUF files; default) or 'mlx' (mlx-vlm's own MTP loop "
-                 "on Hugging Face checkpoint folders, compared with the llama.cpp trace --against; "
+            help="Which loop is diagnosed: 'llama' (llama.cpp, GGUF files; default), 'mlx' (mlx-vlm's own MTP loop) "
+                 "or 'hf' (HF transformers' assisted generation), the last two on Hugging Face checkpoint folders, "
+                 "compared with the llama.cpp trace --against; "
                  "docs/DIAGNOSE.md)."),
         target: Path | None = typer.Option(None, "--target", callback=model_path,
                                               help="Target GGUF (default with --trace: the trace's own); with "
-                                                   "--runtime mlx an HF checkpoint folder."),
+                                                   "--runtime mlx / hf an HF checkpoint folder."),
         assistant: Path | None = typer.Option(None, "--assistant", callback=model_path,
                                                  help="Drafter GGUF (default with --trace: the trace's own); with "
-                                                      "--runtime mlx an HF checkpoint folder."),
+                                                      "--runtime mlx / hf an HF checkpoint folder."),
         against: Path | None = typer.Option(
-            None, "--against", help="With --runtime mlx: a llama.cpp trace of the same pair (its GGUFs are verified) "
+            None, "--against", help="With --runtime mlx / hf: a llama.cpp trace of the same pair (its GGUFs are verified) "
                                     "and prompts (the default prompts), compared round by round."),
         prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompts file to record (docs/EXPLAIN.md §6; default: the demo's 36 categorised "
@@ -152,7 +153,7 @@ def register(app: typer.Typer) -> None:
                 _refuse(f"--runtime {runtime} needs --target and --assistant (HF checkpoint folders) and --against "
                         "(a llama.cpp trace of the same pair and prompts)")
         elif against is not None:
-            _refuse("--against goes with --runtime mlx (a llama.cpp diagnosis records or reads its own trace)")
+            _refuse("--against goes with --runtime mlx or hf (a llama.cpp diagnosis records or reads its own trace)")
         if prompts is not None and trace is not None:
             print("mtpscope: give --prompts or --trace, not both", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)

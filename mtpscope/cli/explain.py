@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
     from mtpscope.traces.analysis.report_records import Totals
-    from mtpscope.traces.analysis.runtime_diff import RoundDifference, RuntimeDiff
+    from mtpscope.traces.analysis.runtime_diff import Convention, RoundDifference, RuntimeDiff
     from mtpscope.traces.analysis.vocab import Vocab
 
 MAX_STEP_LINES = 60
@@ -224,11 +224,11 @@ def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
     """The round-by-round section of ``compare`` (:class:`mtpscope.traces.analysis.runtime_diff.RuntimeDiff`)."""
     from mtpscope.traces.analysis.runtime_diff import CAUSES, confirmed_counts
 
-    def conv(c: dict[str, Any] | None) -> str:
+    def conv(c: Convention | None) -> str:
         if c is None:
             return "unknown"
-        return (f"{c.get('runtime', '?')} (draft position {c.get('draft_position', '?')}, head {c.get('head', '?')}"
-                + (f", {c['dtype']}" if c.get("dtype") else "") + ")")
+        return (f"{c.runtime or '?'} (draft position {c.draft_position or '?'}, head {c.head or '?'}"
+                + (f", {c.dtype}" if c.dtype else "") + ")")
 
     lines = [f"runtimes: A {conv(rt.convention_a)}, B {conv(rt.convention_b)}; conventions that differ: "
              + (", ".join(rt.differs) or "none"),
@@ -240,8 +240,10 @@ def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
     for d in shown:
         cause = CAUSES.get(d.cause or "", "no known convention explains it")
         if d.what == "output_length":
+            seen = (" (checked: the shorter output's last token is not one the other runtime stops at)"
+                    if d.cause == "eog" and d.confirmed else "")
             lines.append(f"  prompt {d.prompt_id_a}: no round differs, one output goes on where the other stopped: "
-                         f"{cause}")
+                         f"{cause}{seen}")
         elif d.what == "output":
             lines.append(f"  prompt {d.prompt_id_a}: no round differs; the generated token differs at output position "
                          f"{d.output_diverged_at} (the target's own choice: a near tie or numerics)")

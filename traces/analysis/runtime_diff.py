@@ -3,7 +3,8 @@ explains it (llama.cpp vs mlx-vlm; docs/RUNTIMES.md). Pure (numpy / pandas over 
 
 **Conventions.** A trace recorded by another runtime carries its conventions in ``manifest["convention"]``
 (``runtime``, ``draft_position``, ``head``, ``dtype``, ``last_round``, ``eog``, and where the runtime says it
-``kv_visibility``: what the drafter sees of the target's cache after a partial acceptance); a llama.cpp recording
+``kv_visibility``: what the drafter sees of the target's cache after a partial acceptance), read into a
+:class:`Convention` record; a llama.cpp recording
 (``runtime.llama_cpp_python`` set) has llama.cpp's, :data:`LLAMA_CPP_CONVENTION` (measured: docs/RUNTIMES.md).
 
 **Aligning rounds.** Greedy rounds of the two traces are compared where both have a round whose pending
@@ -23,13 +24,17 @@ prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``
 past an end-of-generation token where the other stopped). ``None``: no known convention explains it.
 
 **Confirmation.** Reading the conventions names a candidate; it is checked where it can be:
-``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`), ``draft_position``
-and ``head`` by replaying that step with the numpy reference drafter under both values of the convention (the replay lives in ``traces.run.runtime_replay``, which fills
-:class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely).
+``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`); ``draft_position``,
+``kv_visibility`` and ``head`` by replaying that step with the numpy reference drafter under both values of the
+convention, another convention held fixed (the replay lives in ``traces.run.runtime_replay``, which fills
+:class:`ReplayedDraft` records in; :func:`with_replays` turns them into ``confirmed`` here, purely; where a named
+``kv_visibility`` is not confirmed and the head, which also differs, is, the head becomes the cause); ``eog`` by the
+stop sets (:meth:`Convention.eog_stop_ids`): the shorter output's last token is not one the longer run stops at.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -56,18 +61,72 @@ CAUSES: dict[str, str] = {
     "head": "drafter head (dense vs centroid)",
     "dtype": "weight dtype",
     "last_round": "last-round cap: min(n_draft, remaining) vs min(n_draft, remaining - 1) drafts",
-    "eog": "no stop at end of generation in one runtime",
+    "eog": "end of generation: one runtime does not stop, or stops at other ids",
 }
 
 
-def runtime_convention(manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Convention(JsonRecord):
+    """One trace's runtime conventions (``manifest["convention"]``, or llama.cpp's for a llama.cpp recording).
+
+    Attributes:
+        runtime: the runtime's name (``"llama.cpp"``, ``"mlx"``, ``"hf"``), or None when the manifest has none.
+        draft_position / head / dtype / last_round / eog / kv_visibility: the keys compared
+            (:data:`CONVENTION_KEYS`), each as the manifest states it, None where it says nothing.
+        other: the manifest's other keys (notes, ``acceptance``, ``timing``, ...) as ``(key, value)`` pairs.
+        order: the manifest's key order (:meth:`to_dict` writes the keys in it).
+    """
+
+    runtime: str | None = None
+    draft_position: str | None = None
+    head: str | None = None
+    dtype: str | None = None
+    last_round: str | None = None
+    eog: str | None = None
+    kv_visibility: str | None = None
+    other: tuple[tuple[str, Any], ...] = ()
+    order: tuple[str, ...] = ()
+
+    @classmethod
+    def from_manifest(cls, conv: Mapping[str, Any]) -> Convention:
+        """The record of a manifest's ``convention`` mapping (values of the compared keys as strings)."""
+        known = {"runtime", *CONVENTION_KEYS}
+        vals = {k: None if conv.get(k) is None else str(conv[k]) for k in known}
+        return cls(**vals, other=tuple((str(k), v) for k, v in conv.items() if k not in known),
+                   order=tuple(str(k) for k in conv))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's mapping again (its keys in its order): the JSON of ``compare --json``."""
+        extra = dict(self.other)
+        return {k: extra[k] if k in extra else getattr(self, k) for k in self.order}
+
+    def value(self, key: str) -> str | None:
+        """The value of one compared key (:data:`CONVENTION_KEYS` or ``runtime``), None where not stated."""
+        if key not in ("runtime", *CONVENTION_KEYS):
+            return None
+        v: str | None = getattr(self, key)
+        return v
+
+    def eog_stop_ids(self) -> frozenset[int] | None:
+        """The end-of-generation ids this runtime stops at, where the convention lists them (an ``eog_ids`` key,
+        or the ids in brackets in ``eog``: ``"... generation_config ([1]) ..."``); None: not listed (llama.cpp's
+        "the vocabulary's EOG ids") or no stop."""
+        extra = dict(self.other)
+        ids = extra.get("eog_ids")
+        if isinstance(ids, (list, tuple)):
+            return frozenset(int(x) for x in ids)
+        m = re.search(r"\[(\d+(?:\s*,\s*\d+)*)\]", self.eog or "")
+        return frozenset(int(x) for x in m.group(1).split(",")) if m else None
+
+
+def runtime_convention(manifest: Mapping[str, Any]) -> Convention | None:
     """The trace's runtime conventions (module docstring), or None when unknown (imports, synthetic)."""
     conv = manifest.get("convention")
     if isinstance(conv, Mapping):
-        return dict(conv)
+        return Convention.from_manifest(conv)
     rt = manifest.get("runtime")
     if manifest.get("source") == "record" and isinstance(rt, Mapping) and rt.get("llama_cpp_python"):
-        return dict(LLAMA_CPP_CONVENTION)
+        return Convention.from_manifest(LLAMA_CPP_CONVENTION)
     return None
 
 
@@ -77,9 +136,9 @@ class ReplayedDraft(JsonRecord):
     step's common prefix with one value of the cause's convention.
 
     Attributes:
-        key: the convention varied (``"draft_position"`` or ``"head"``).
-        value: its value in this replay (``"p"`` / ``"p-1"``; ``"dense"`` / ``"centroid"``).
-        held: the other convention held fixed, ``"name=value"`` (e.g. ``"head=dense"``).
+        key: the convention varied (``"draft_position"``, ``"head"`` or ``"kv_visibility"``).
+        value: its value in this replay (``"p"`` / ``"p-1"``; ``"dense"`` / ``"centroid"``; ``"llama.cpp"`` / ``"hf"``).
+        held: the other convention held fixed, ``"name=value"`` (e.g. ``"head=dense"``, ``"kv_visibility=hf"``).
         token: the draft the replay made at the step.
         reproduces: ``"a"`` / ``"b"``: it equals that trace's draft at the step; None: neither's.
     """
@@ -148,8 +207,8 @@ class RuntimeDiff(JsonRecord):
         n_rounds_compared / n_rounds_differing: sums over the prompts.
     """
 
-    convention_a: dict[str, Any] | None
-    convention_b: dict[str, Any] | None
+    convention_a: Convention | None
+    convention_b: Convention | None
     differs: tuple[str, ...]
     prompts: tuple[RoundDifference, ...]
     causes: dict[str, int]
@@ -188,8 +247,23 @@ def _after_partial(r: pd.DataFrame, drafted: Sequence[tuple[int, ...]]) -> list[
     return [i > 0 and acc[i - 1] < len(drafted[i - 1]) for i in range(len(r))]
 
 
+def _eog_check(out_a: Sequence[int], out_b: Sequence[int], ca: Convention | None,
+               cb: Convention | None) -> bool | None:
+    """For an output-length difference: whether the shorter output's last token is one the longer run's runtime
+    does not stop at (its listed stop ids, :meth:`Convention.eog_stop_ids`, lack it, or it does not stop at
+    all). None: not decidable (that runtime's stop ids are not listed)."""
+    short, conv_long = (out_a, cb) if len(out_a) < len(out_b) else (out_b, ca)
+    if not short or conv_long is None:
+        return None
+    if not _norm("eog", conv_long.eog)[0]:
+        return True
+    ids = conv_long.eog_stop_ids()
+    return None if ids is None else int(short[-1]) not in ids
+
+
 def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Sequence[str],
-            out_a: Sequence[int], out_b: Sequence[int]) -> RoundDifference:
+            out_a: Sequence[int], out_b: Sequence[int], ca: Convention | None = None,
+            cb: Convention | None = None) -> RoundDifference:
     """One pair (module docstring); ``ra`` / ``rb`` the pair's rounds sorted by round."""
     n = min(len(out_a), len(out_b))
     neq = [g for g in range(n) if int(out_a[g]) != int(out_b[g])]
@@ -222,9 +296,14 @@ def _prompt(ra: pd.DataFrame, rb: pd.DataFrame, pa_: int, pb_: int, differs: Seq
         return RoundDifference(**{**first.__dict__, "n_rounds_compared": n_cmp, "n_rounds_differing": n_diff,
                                   "output_diverged_at": div})
     what = "output" if div is not None else ("output_length" if len(out_a) != len(out_b) else "none")
+    cause, ok = _cause(what, differs), None
+    if cause == "eog":
+        ok = _eog_check(out_a, out_b, ca, cb)
+        cause = None if ok is False else cause
+        ok = None if ok is False else ok
     return RoundDifference(prompt_id_a=pa_, prompt_id_b=pb_, what=what, round_a=None, round_b=None, pos=None,
-                           step=None, drafted_a=(), drafted_b=(), cause=_cause(what, differs),
-                           n_rounds_compared=n_cmp, n_rounds_differing=0, output_diverged_at=div)
+                           step=None, drafted_a=(), drafted_b=(), cause=cause,
+                           n_rounds_compared=n_cmp, n_rounds_differing=0, output_diverged_at=div, confirmed=ok)
 
 
 def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence[tuple[int, int]], *,
@@ -242,8 +321,9 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
             ``output`` / ``output_length`` differences), optional.
     """
     ca, cb = runtime_convention(manifest_a), runtime_convention(manifest_b)
-    differs = tuple(sorted(k for k in CONVENTION_KEYS if ca is not None and cb is not None and k in ca and k in cb
-                           and _norm(k, ca[k]) != _norm(k, cb[k])))
+    differs = tuple(sorted(k for k in CONVENTION_KEYS if ca is not None and cb is not None
+                           and ca.value(k) is not None and cb.value(k) is not None
+                           and _norm(k, ca.value(k), ca) != _norm(k, cb.value(k), cb)))
     # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
     ga = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_a.groupby("prompt_id", sort=False)}
     gb = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_b.groupby("prompt_id", sort=False)}
@@ -252,14 +332,9 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
         if pa_ not in ga or pb_ not in gb:
             continue
         out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, differs, (outputs_a or {}).get(pa_, ()),
-                           (outputs_b or {}).get(pb_, ())))
-    causes: dict[str, int] = {}
-    for d in out:
-        if d.what != "none":
-            name = d.cause or "unexplained"
-            causes[name] = causes.get(name, 0) + 1
+                           (outputs_b or {}).get(pb_, ()), ca, cb))
     return RuntimeDiff(convention_a=ca, convention_b=cb, differs=differs, prompts=tuple(out),
-                       causes=dict(sorted(causes.items())), n_rounds_compared=sum(d.n_rounds_compared for d in out),
+                       causes=_count_causes(out), n_rounds_compared=sum(d.n_rounds_compared for d in out),
                        n_rounds_differing=sum(d.n_rounds_differing for d in out))
 
 
@@ -271,10 +346,10 @@ def confirm_head(diff: RuntimeDiff, steps_a: pd.DataFrame | None, steps_b: pd.Da
     Args:
         steps_a / steps_b: steps with ``prompt_id``, ``round``, ``k``, ``centroid_token`` (None: not read).
     """
-    ca, cb = diff.convention_a or {}, diff.convention_b or {}
-    if ca.get("head") == "dense" and steps_a is not None:
+    ca, cb = diff.convention_a, diff.convention_b
+    if ca is not None and ca.head == "dense" and steps_a is not None:
         side, steps = "a", steps_a
-    elif cb.get("head") == "dense" and steps_b is not None:
+    elif cb is not None and cb.head == "dense" and steps_b is not None:
         side, steps = "b", steps_b
     else:
         return diff
@@ -291,31 +366,60 @@ def confirm_head(diff: RuntimeDiff, steps_a: pd.DataFrame | None, steps_b: pd.Da
     return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
 
 
-#: causes checked by replaying the step: cause -> (the convention key varied, the one held fixed)
+#: causes checked by replaying the step: cause -> (the convention key varied, the one held fixed where no other
+#: replayed key differs)
 REPLAYED_CAUSES: dict[str, tuple[str, str]] = {"draft_position": ("draft_position", "head"),
-                                               "head": ("head", "draft_position")}
+                                               "head": ("head", "draft_position"),
+                                               "kv_visibility": ("kv_visibility", "head")}
+#: a named cause's alternatives, replayed too: when the replay does not confirm the named cause but confirms one of
+#: these (both conventions differ at that step), the alternative is the cause
+ALTERNATIVES: dict[str, tuple[str, ...]] = {"kv_visibility": ("head",)}
 
 
-def replay_plan(d: RoundDifference, convention_a: Mapping[str, Any] | None,
-                convention_b: Mapping[str, Any] | None) -> tuple[str, str, str, tuple[str, ...]] | None:
-    """What replaying ``d``'s step must run to check its cause: ``(key, value_a, value_b, held)`` -- the varied
-    convention key (:data:`REPLAYED_CAUSES`), its value in A and in B, and the values of the held key to try in
-    order (A's, then B's where it differs). None: nothing to replay (no replayed cause, no draft step, a
-    convention value missing)."""
-    if d.cause not in REPLAYED_CAUSES or d.step is None or convention_a is None or convention_b is None:
+def replay_values(key: str, c: Convention) -> str | None:
+    """The value of ``key`` a replay sets for this convention: ``draft_position`` / ``head`` as stated,
+    ``kv_visibility`` by its runtime word (``"llama.cpp"`` / ``"hf"``, :func:`_norm`)."""
+    v = c.value(key)
+    if v is None:
         return None
-    key, held_key = REPLAYED_CAUSES[d.cause]
-    va, vb = convention_a.get(key), convention_b.get(key)
-    holds = tuple(dict.fromkeys(str(c.get(held_key)) for c in (convention_a, convention_b)
-                                if c.get(held_key) is not None))
+    return str(_norm(key, v, c)) if key == "kv_visibility" else v
+
+
+def replay_plan(d: RoundDifference, convention_a: Convention | None, convention_b: Convention | None,
+                cause: str | None = None, differs: Sequence[str] = ()) -> tuple[str, str, str, tuple[str, ...]] | None:
+    """What replaying ``d``'s step must run to check a cause (``cause``, default ``d.cause``): ``(key, value_a,
+    value_b, held)`` -- the varied convention key (:data:`REPLAYED_CAUSES`), its value in A and in B, and the
+    values of the held key to try in order, each as ``"name=value"`` (A's, then B's where it differs). The held
+    key is another replayed key among ``differs`` (the conventions that differ), else the cause's default. None:
+    nothing to replay (no replayed cause, no draft step, a convention value missing)."""
+    cause = d.cause if cause is None else cause
+    if cause not in REPLAYED_CAUSES or d.step is None or convention_a is None or convention_b is None:
+        return None
+    key, held_key = REPLAYED_CAUSES[cause]
+    held_key = next((k for k in REPLAYED_CAUSES if k != key and k in differs), held_key)
+    va, vb = replay_values(key, convention_a), replay_values(key, convention_b)
+    holds = tuple(dict.fromkeys(f"{held_key}={v}" for v in (replay_values(held_key, c)
+                                                             for c in (convention_a, convention_b)) if v is not None))
     if va is None or vb is None or not holds:
         return None
-    return key, str(va), str(vb), holds
+    return key, va, vb, holds
 
 
-def replay_verdict(replayed: Sequence[ReplayedDraft], value_a: str, value_b: str) -> bool | None:
-    """Whether the replays confirm the cause: for some held value, the replay under A's value drafted A's token
-    and the one under B's value B's token. None without replays."""
+def replay_plans(d: RoundDifference, diff: RuntimeDiff) -> dict[str, tuple[str, str, str, tuple[str, ...]]]:
+    """``{cause: plan}`` for ``d``'s named cause and its :data:`ALTERNATIVES` that differ (:func:`replay_plan`)."""
+    out = {}
+    for cause in (d.cause, *ALTERNATIVES.get(d.cause or "", ())):
+        if cause is not None and (cause == d.cause or cause in diff.differs):
+            plan = replay_plan(d, diff.convention_a, diff.convention_b, cause, diff.differs)
+            if plan is not None:
+                out[cause] = plan
+    return out
+
+
+def replay_verdict(replayed: Sequence[ReplayedDraft], value_a: str, value_b: str, key: str | None = None) -> bool | None:
+    """Whether the replays (of ``key``, all of them when None) confirm the cause: for some held value, the replay
+    under A's value drafted A's token and the one under B's value B's token. None without replays."""
+    replayed = [r for r in replayed if key is None or r.key == key]
     if not replayed:
         return None
     by = {(r.held, r.value): r.reproduces for r in replayed}
@@ -327,18 +431,33 @@ def with_replays(diff: RuntimeDiff, replays: Mapping[int, tuple[tuple[ReplayedDr
 
     Args:
         replays: ``{index into diff.prompts: (replayed drafts, note)}``; ``confirmed`` is set from the drafts by
-            :func:`replay_verdict` with the values of :func:`replay_plan` (left as it was without replayed drafts).
+            :func:`replay_verdict` with the values of :func:`replay_plans` (left as it was without replayed drafts).
+            Where the named cause is not confirmed and an alternative (:data:`ALTERNATIVES`) is, the alternative
+            becomes the cause, confirmed; ``causes`` is counted again.
     """
     out = []
     for i, d in enumerate(diff.prompts):
         if i in replays:
             rep, note = replays[i]
-            plan = replay_plan(d, diff.convention_a, diff.convention_b)
-            ok = replay_verdict(rep, plan[1], plan[2]) if plan is not None else None
-            d = RoundDifference(**{**d.__dict__, "replayed": tuple(rep), "replay_note": note,
+            verdicts = {c: replay_verdict(rep, p[1], p[2], p[0]) for c, p in replay_plans(d, diff).items()}
+            ok, cause = verdicts.get(d.cause or ""), d.cause
+            if ok is False:
+                cause = next((c for c, v in verdicts.items() if v), cause)
+                ok = True if cause != d.cause else ok
+            d = RoundDifference(**{**d.__dict__, "cause": cause, "replayed": tuple(rep), "replay_note": note,
                                    "confirmed": d.confirmed if ok is None else ok})
         out.append(d)
-    return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out)})
+    return RuntimeDiff(**{**diff.__dict__, "prompts": tuple(out), "causes": _count_causes(out)})
+
+
+def _count_causes(prompts: Sequence[RoundDifference]) -> dict[str, int]:
+    """``{cause or "unexplained": prompts whose first difference it names}`` (those that differ), sorted."""
+    causes: dict[str, int] = {}
+    for d in prompts:
+        if d.what != "none":
+            name = d.cause or "unexplained"
+            causes[name] = causes.get(name, 0) + 1
+    return dict(sorted(causes.items()))
 
 
 def confirmed_counts(diff: RuntimeDiff) -> dict[str, tuple[int, int]]:
@@ -351,16 +470,24 @@ def confirmed_counts(diff: RuntimeDiff) -> dict[str, tuple[int, int]]:
     return dict(sorted(out.items()))
 
 
-def _norm(key: str, v: Any) -> Any:
-    """A convention value compared by its kind: the last-round rule and the EOG policy by their first words
-    (``min(...)`` with or without ``- 1``; stop or not), the rest as given."""
+def _norm(key: str, v: Any, conv: Convention | None = None) -> Any:
+    """A convention value compared by its kind: the last-round rule by its first words (``min(...)`` with or
+    without ``- 1``); the EOG policy as (stops or not, the stop ids where ``conv`` lists them,
+    :meth:`Convention.eog_stop_ids`, else ``"unlisted"``: llama.cpp's vocabulary EOG ids, which a listed set is
+    not taken to equal); the KV visibility by the runtime word before its first ``:`` (``"llama.cpp"``,
+    ``"hf"``); the rest as given."""
     s = str(v)
     if key == "last_round":
         return "remaining - 1" in s or "emitted - 1" in s
     if key == "eog":
-        return s.startswith("stop")
+        stops = s.startswith("stop")
+        ids = conv.eog_stop_ids() if conv is not None and stops else None
+        return (stops, tuple(sorted(ids)) if ids is not None else ("unlisted" if stops else None))
+    if key == "kv_visibility":
+        return s.split(":", 1)[0].strip()
     return s
 
 
-__all__ = ["CAUSES", "CONVENTION_KEYS", "LLAMA_CPP_CONVENTION", "REPLAYED_CAUSES", "ReplayedDraft", "RoundDifference",
-           "RuntimeDiff", "confirm_head", "confirmed_counts", "replay_plan", "replay_verdict", "runtime_convention", "runtime_diff", "with_replays"]
+__all__ = ["ALTERNATIVES", "CAUSES", "CONVENTION_KEYS", "Convention", "LLAMA_CPP_CONVENTION", "REPLAYED_CAUSES", "ReplayedDraft", "RoundDifference",
+           "RuntimeDiff", "confirm_head", "confirmed_counts", "replay_plan", "replay_verdict", "replay_plans", "replay_values",
+           "runtime_convention", "runtime_diff", "with_replays"]

@@ -7,13 +7,13 @@ cause checked by replaying the step under both conventions (``traces.run.runtime
 
 The registry is the one seam for a runtime: an entry names the runtime and the function that records it with
 ``record --runtime NAME``'s signature (``config``, ``target`` / ``assistant`` HF checkpoint folders, ``out``,
-``prompts``, ``work_dir``, ``overwrite``, ``command``). Adding HF transformers is one entry once its recorder lands:
-its label and a lambda that imports the recorder's module by its literal name (``importlib.import_module`` with a
-string: the architecture test then sees the arrow, and the row in docs/ARCHITECTURE.md names it) and calls its
-``record`` function with ``(config, **kw)``.
+``prompts``, ``work_dir``, ``overwrite``, ``command``): ``mlx`` (mlx-vlm, :func:`_record_mlx`) and ``hf``
+(HF transformers' assisted generation, :func:`_record_hf`). Another runtime is one more entry: its label and a
+function that imports its recorder lazily and calls it with ``(config, **kw)``.
 
 Imports: the records and ranking of this area, traces.diagnose.run, traces.analysis (compare_report,
-runtime_diff), traces.run (mlx_record lazily, runtime_replay lazily, record_config), traces.store.reader.
+runtime_diff), traces.run (mlx_record / hf_record lazily, runtime_replay lazily, record_config),
+traces.store.reader.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ def _record_mlx(config: RecordConfig, **kw: Any) -> Any:
     return record_mlx(config, draft_position="p-1", dtype="f32", **kw)
 
 
+def _record_hf(config: RecordConfig, *, work_dir: str | os.PathLike[str] | None = None, **kw: Any) -> Any:
+    """``record --runtime hf`` with its defaults (greedy, float32, one torch thread); HF needs no working folder."""
+    from mtpscope.traces.run.hf_record import record_hf
+
+    return record_hf(config, **kw)
+
+
 @dataclass(frozen=True)
 class RuntimeEntry:
     """One runtime ``diagnose --runtime`` can record: ``label`` (in the text), ``record`` (``record --runtime``'s
@@ -68,6 +75,7 @@ class RuntimeEntry:
 #: ``diagnose --runtime`` choices besides llama.cpp (the default)
 RUNTIMES: dict[str, RuntimeEntry] = {
     "mlx": RuntimeEntry("mlx-vlm's own MTP loop", _record_mlx),
+    "hf": RuntimeEntry("HF transformers' assisted generation", _record_hf),
 }
 #: where the runtime's recording goes in the output folder
 RUNTIME_TRACE_DIR = "trace-{name}"
@@ -130,7 +138,7 @@ def convention_findings(rt: RuntimeDiff, *, runtime: str, against: str, trace: s
     a note; unexplained first differences are one note."""
     link = ViewRef.of("compare", trace=against, trace_b=trace)
     checked = confirmed_counts(rt)
-    ca, cb = rt.convention_a or {}, rt.convention_b or {}
+    ca, cb = rt.convention_a, rt.convention_b
     out = []
     for cause, n in rt.causes.items():
         yes, no = checked.get(cause, (0, 0))
@@ -148,7 +156,8 @@ def convention_findings(rt: RuntimeDiff, *, runtime: str, against: str, trace: s
                                subject=f"{runtime}:unexplained"))
             continue
         key = "draft_position" if cause == "draft_position" else cause
-        va, vb = ca.get(key), cb.get(key)
+        va = ca.value(key) if ca is not None else None
+        vb = cb.value(key) if cb is not None else None
         sure = yes > 0 and no == 0
         sev = WARNING if sure and cause in _DRAFT_CAUSES else INFO
         check = (f"; replayed: {yes} confirmed, {no} not" if (yes or no) else "; not replayed")

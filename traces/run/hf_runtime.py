@@ -367,6 +367,7 @@ class HfRuntime:
                               "Generator: max_length - len(input_ids) - 1); a round may draft 0",
                 "eog": f"stop at the first end-of-generation token of the target's generation_config ({eog}); "
                        "a round's tokens after it are dropped",
+                "eog_ids": eog,
                 "kv_visibility": "hf: the drafter sees rejected drafts' KV (full layers: the K/V array cut at the "
                                  "pending position, whose entry is the last round's first rejected draft) and the "
                                  "last W+1 entries handed over (sliding)",

@@ -3,12 +3,15 @@
 A's value and under B's value of the cause's convention, the other convention held fixed, and each replayed
 draft is matched against the two traces' drafts (:func:`replay_first_differences`).
 
-The replayed step sees what the recorded one saw: the target's donor K/V of positions ``< pos`` and its
-post-norm hidden row at ``pos - 1`` from one llama.cpp prefill of the common token sequence
-(:func:`traces.run.target_prefill.prefill`, as :func:`traces.run.replay.replay` does), the pending token at
-``pos``, and for step k > 1 the two traces' common drafts 1..k-1 with the replay's own ``h_next``. The
-options are the llama.cpp trace's replay baseline (:func:`traces.run.replay.baseline_for`) with the varied and
-held conventions set (``draft_position`` -> ``StepOptions.position``, ``head`` -> ``StepOptions.head``).
+The replayed step sees what the recorded one saw: the target's donor K/V and its post-norm hidden row at
+``pos - 1`` from one llama.cpp prefill (:func:`traces.run.target_prefill.prefill`, as
+:func:`traces.run.replay.replay` does) of the common token sequence followed by the drafts the HF trace's previous
+round rejected (their K/V at positions ``>= pos``, which HF's drafter sees; nothing before ``pos`` depends on
+them), the pending token at ``pos``, and for step k > 1 the two traces' common drafts 1..k-1 with the replay's own
+``h_next``. The options are the llama.cpp trace's replay baseline (:func:`traces.run.replay.baseline_for`) with
+the varied and held conventions set (``draft_position`` -> ``StepOptions.position``, ``head`` ->
+``StepOptions.head``, ``kv_visibility`` -> the K/V view: llama.cpp's, positions ``< pos`` under its sliding-window
+rule, or HF's, :func:`hf_view`).
 
 Which values and what "confirmed" means are pure (:func:`traces.analysis.runtime_diff.replay_plan`,
 :func:`traces.analysis.runtime_diff.with_replays`); this module only computes the drafts. Needs a drafter GGUF
@@ -19,6 +22,7 @@ prefill; without them each difference says why it was not replayed (``replay_not
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import MtpscopeError
-from mtpscope.traces.analysis.runtime_diff import ReplayedDraft, RuntimeDiff, replay_plan, with_replays
+from mtpscope.inspector.reference import DonorKV
+from mtpscope.traces.analysis.runtime_diff import ReplayedDraft, RuntimeDiff, replay_plans, replay_values, with_replays
 from mtpscope.traces.store.protocols import TraceLike
 
 _ROUND_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "drafted", "n_accepted"]
@@ -66,18 +71,51 @@ def _sequence(t: TraceLike, rounds: Any, pid: int, rnd: int, model: Any) -> list
     return None
 
 
-def _replay_step(ref: Any, pre: Any, p: int, step: int, pending: int, common: tuple[int, ...], opts: Any) -> int:
+def hf_view(kv: Mapping[str, DonorKV], p: int, verify_lo: int, verify_end: int, window: int) -> dict[str, DonorKV]:
+    """What HF 5.24's drafter sees of the target's K/V at a round whose pending token sits at ``p`` (facts §3;
+    measured in ``tests/test_hf_runtime.py``), built from donor K/V over positions ``0..verify_end`` (the accepted
+    tokens before ``p``, then what the previous verify forward held at ``p..verify_end``: its rejected drafts).
+
+    HF hands over the verify forward's K/V (the cache before it, then the ``verify_lo..verify_end`` rows it
+    computed) cut to its first ``p + 1`` entries: full layers see positions ``0..p`` (the entry at ``p`` the first
+    rejected draft's, when the previous round rejected one); a sliding layer's cache keeps its last
+    ``window - 1`` entries, so its array starts at ``max(0, verify_lo - window + 1)`` and the drafter's mask shows
+    its last ``window + 1`` entries (rejected drafts beyond ``p`` included). Assumes no rejected entry of an
+    earlier round is still in the sliding cache (exact while ``verify_end < window``).
+
+    Args:
+        kv: ``{"sliding": DonorKV, "full": DonorKV}`` with positions ``0..verify_end`` (at least).
+        p: the pending token's position. verify_lo / verify_end: the previous verify forward's first and last
+            positions (``verify_end = p - 1`` after a full acceptance). window: the sliding window W.
+
+    Returns:
+        ``{"sliding": ..., "full": ...}`` with explicit masks (use no ``kv_limit`` with them).
+    """
+    out = {}
+    full = kv["full"].upto(p + 1)
+    out["full"] = DonorKV(full.k, full.v, full.pos, np.ones(full.pos.size, dtype=bool), full.f16)
+    s = kv["sliding"]
+    lo = 0 if verify_lo <= window - 1 else verify_lo - (window - 1)
+    keep = np.nonzero((s.pos >= lo) & (s.pos <= verify_end))[0][: p + 1]
+    mask = np.zeros(keep.size, dtype=bool)
+    mask[-(window + 1):] = True
+    out["sliding"] = DonorKV(s.k[keep], s.v[keep], s.pos[keep], mask, s.f16)
+    return out
+
+
+def _replay_step(ref: Any, pre: Any, p: int, step: int, pending: int, common: tuple[int, ...], opts: Any,
+                 kv: Mapping[str, DonorKV], kv_limit: np.ndarray | None) -> int:
     """The reference drafter's draft at ``step`` of a round whose pending token sits at ``p``: step 1 from the
     pending token and the target's hidden row at ``p - 1``, steps 2..k from the ``common`` drafts (the two
-    traces' equal drafts 1..k-1) and the replay's own ``h_next``."""
+    traces' equal drafts 1..k-1) and the replay's own ``h_next``; every step at ``p`` over the same ``kv``."""
     pos = np.array([p])
-    kv = pre.kv_before(p, f16=opts.kv_f16)
     tok = np.array([pending])
     h = pre.h_post[p - 1][None, :]
     token = -1
     for k in range(1, step + 1):
         o = opts if k == 1 else replace(opts, hidden="postnorm")
-        res = ref.step_batch(tok, h, pos, kv, o, kv_limit=pos, h_prenorm=pre.h_pre[p - 1][None, :] if k == 1 else None)[0]
+        res = ref.step_batch(tok, h, pos, kv, o, kv_limit=kv_limit,
+                             h_prenorm=pre.h_pre[p - 1][None, :] if k == 1 else None)[0]
         token = int(res.token)
         if k < step:
             tok, h = np.array([common[k - 1]]), res.h_next[None, :]
@@ -103,7 +141,7 @@ def replay_first_differences(diff: RuntimeDiff, a: TraceLike, b: TraceLike, *,
         a step that cannot be replayed: its ``replay_note`` says why (no GGUF models, llama-cpp-python missing, the
         token sequence not lining up with the recorded position).
     """
-    todo = [i for i, d in enumerate(diff.prompts) if replay_plan(d, diff.convention_a, diff.convention_b) is not None]
+    todo = [i for i, d in enumerate(diff.prompts) if replay_plans(d, diff)]
     if not todo:
         return diff
     models = next((m for m in (_gguf_models(a), _gguf_models(b)) if m is not None), {})
@@ -123,6 +161,15 @@ def replay_first_differences(diff: RuntimeDiff, a: TraceLike, b: TraceLike, *,
         return with_replays(diff, dict.fromkeys(todo, ((), f"not replayed: {e}")))
 
 
+def _previous_round(rounds: Any, pid: int, rnd: int) -> tuple[int, tuple[int, ...], int] | None:
+    """``(pos, drafted, n_accepted)`` of the round before round ``rnd`` of prompt ``pid`` (None for the first)."""
+    r = rounds[(rounds["prompt_id"] == pid) & (rounds["round"] == rnd - 1)]
+    if not len(r):
+        return None
+    row = r.iloc[0]
+    return int(row["pos"]), tuple(int(x) for x in list(row["drafted"])), int(row["n_accepted"])
+
+
 def _replay_all(diff: RuntimeDiff, a: TraceLike, b: TraceLike, todo: list[int], models: dict[str, Path],
                 side: TraceLike) -> RuntimeDiff:
     from mtpscope.inspector.reference import ReferenceDrafter
@@ -130,20 +177,21 @@ def _replay_all(diff: RuntimeDiff, a: TraceLike, b: TraceLike, todo: list[int], 
     from mtpscope.traces.run.replay import baseline_for
     from mtpscope.traces.run.target_prefill import prefill, shape_kv
 
-    plans = {i: replay_plan(diff.prompts[i], diff.convention_a, diff.convention_b) for i in todo}
-    want_centroid = any(p is not None and "centroid" in (p[1], p[2], *p[3]) for p in plans.values())
+    plans = {i: replay_plans(diff.prompts[i], diff) for i in todo}
+    want_centroid = any("centroid" in (p[1], p[2]) or "head=centroid" in p[3]
+                        for ps in plans.values() for p in ps.values())
     cen = models.get("centroids") if want_centroid else None
     ref = ReferenceDrafter.from_gguf(models["assistant"], models["target"], centroids=cen)
     base = baseline_for(side.manifest)
+    window = int(ref.hp.sliding_window)
     rounds = {"a": a.columns("rounds", _ROUND_COLUMNS), "b": b.columns("rounds", _ROUND_COLUMNS)}
     out: dict[int, tuple[tuple[ReplayedDraft, ...], str | None]] = {}
     model = LlamaModel(models["target"])
     try:
         for i in todo:
-            d, plan = diff.prompts[i], plans[i]
-            if plan is None or d.pos is None or d.step is None:   # not in todo (replay_plan checked both)
+            d = diff.prompts[i]
+            if not plans[i] or d.pos is None or d.step is None:   # not in todo (replay_plan checked both)
                 continue
-            key, va, vb, holds = plan
             seq = None
             for t, r, pid, rnd in ((a, rounds["a"], d.prompt_id_a, d.round_a), (b, rounds["b"], d.prompt_id_b, d.round_b)):
                 seq = _sequence(t, r, pid, int(rnd if rnd is not None else -1), model) if seq is None else seq
@@ -153,25 +201,45 @@ def _replay_all(diff: RuntimeDiff, a: TraceLike, b: TraceLike, todo: list[int], 
             ra = rounds["a"]
             row = ra[(ra["prompt_id"] == d.prompt_id_a) & (ra["round"] == d.round_a)]
             pending = int(row["pending_token"].iloc[0])
+            # HF's view needs the previous verify forward of the trace whose visibility is HF's: its rows at >= pos
+            prev = {"a": _previous_round(rounds["a"], d.prompt_id_a, int(d.round_a or 0)),
+                    "b": _previous_round(rounds["b"], d.prompt_id_b, int(d.round_b or 0))}
+            hf_side = next((s_ for s_, c in (("a", diff.convention_a), ("b", diff.convention_b))
+                            if c is not None and replay_values("kv_visibility", c) == "hf"), None)
+            hp = prev[hf_side] if hf_side is not None else None
+            verify = None
+            extra: list[int] = []
+            if hp is not None and hp[0] + hp[2] + 1 == d.pos:
+                verify = (hp[0], hp[0] + len(hp[1]))
+                extra = list(hp[1][hp[2]:])
             try:
-                pre = shape_kv(prefill(models["target"], seq, model=model), ref)
-                held_key = "head" if key == "draft_position" else "draft_position"
+                pre = shape_kv(prefill(models["target"], seq + extra, model=model), ref)
                 got: list[ReplayedDraft] = []
                 skipped: list[str] = []
-                for h in holds:
-                    if (h == "centroid" and held_key == "head") and ref.w.centroids is None:
-                        skipped.append(f"{held_key}={h} (no centroid head given)")
-                        continue
-                    for v in dict.fromkeys((va, vb)):
-                        if v == "centroid" and ref.w.centroids is None:
-                            skipped.append(f"{key}={v} (no centroid head given)")
-                            continue
-                        pos_v, head_v = (v, h) if key == "draft_position" else (h, v)
-                        opts = replace(base, position=pos_v, head=head_v)
-                        tok = _replay_step(ref, pre, d.pos, d.step, pending, d.drafted_a, opts)
-                        rep = ("a" if tok == d.drafted_a[d.step - 1] else
-                               "b" if tok == d.drafted_b[d.step - 1] else None)
-                        got.append(ReplayedDraft(key=key, value=v, held=f"{held_key}={h}", token=tok, reproduces=rep))
+                for key, va, vb, holds in plans[i].values():
+                    for h in holds:
+                        held_key, _, hv = h.partition("=")
+                        for v in dict.fromkeys((va, vb)):
+                            setting = {"draft_position": base.position, "head": base.head, "kv_visibility": "llama.cpp"}
+                            setting[held_key], setting[key] = hv, v
+                            if setting["head"] == "centroid" and ref.w.centroids is None:
+                                skipped.append(f"{key}={v}, {h} (no centroid head given)")
+                                continue
+                            opts = replace(base, position=setting["draft_position"], head=setting["head"])
+                            kv: Mapping[str, DonorKV]
+                            if setting["kv_visibility"] == "hf":
+                                if verify is None:
+                                    skipped.append(f"{key}={v}, {h} (the HF trace's previous round does not line up)")
+                                    continue
+                                lo, end = verify
+                                kv = hf_view(pre.kv_before(len(pre.tokens), f16=opts.kv_f16), d.pos, lo, end, window)
+                                limit = None
+                            else:
+                                kv, limit = pre.kv_before(d.pos, f16=opts.kv_f16), np.array([d.pos])
+                            tok = _replay_step(ref, pre, d.pos, d.step, pending, d.drafted_a, opts, kv, limit)
+                            rep = ("a" if tok == d.drafted_a[d.step - 1] else
+                                   "b" if tok == d.drafted_b[d.step - 1] else None)
+                            got.append(ReplayedDraft(key=key, value=v, held=h, token=tok, reproduces=rep))
                 out[i] = (tuple(got), ("not replayed: " + ", ".join(skipped)) if skipped else None)
             except MtpscopeError as e:
                 out[i] = ((), f"not replayed: {e}")
@@ -180,4 +248,4 @@ def _replay_all(diff: RuntimeDiff, a: TraceLike, b: TraceLike, todo: list[int], 
     return with_replays(diff, out)
 
 
-__all__ = ["replay_first_differences"]
+__all__ = ["hf_view", "replay_first_differences"]
