@@ -2,19 +2,18 @@
 one (issue 36: first load of every page <= 2 s). :func:`start`: first import the libraries the pages import, in
 the calling thread before the server starts (two threads importing the same modules can see each other's
 half-made modules: plotly peeks at ``sys.modules['pandas']``); then, on a thread of its own, import the app's
-modules and fill the process-wide caches of
-:mod:`mtpscope.app.loaders` for the view a fresh session opens (:func:`mtpscope.app.selection.default_selection`:
-the demo's traces A and B and their models), in the order a user meets them: the start page (its verdict, then
-the advice), the Files page (the pickers' GGUF roles, the selected models' summaries and the memory estimate),
-then the trace pages.
+modules and fill the process-wide caches of :mod:`mtpscope.app.loaders` for the view a fresh session opens
+(:func:`mtpscope.app.selection.default_selection`: the demo's traces A and B and their models), in the order a
+user meets them: the start page (its verdict, then the advice), the Files page (the pickers' GGUF roles, the
+selected models' summaries and the memory estimate), then the trace pages.
 
 The same cached loaders the pages call, with the same arguments, so a page finds the value computed (or waits
 for the computation under way: Streamlit computes a cached value once). Best effort: a step that fails is
 skipped (the page that needs it says why, as it would have); nothing is written, nothing runs that a page
 would not run. ``MTPSCOPE_NO_WARMUP=1`` turns it off.
 
-Imports: ``loaders``, ``selection``, ``trace_checks``, ``safety`` and the modules the pages import (lazily);
-streamlit's runtime (to wait for it).
+Imports (all lazily, on the thread): ``loaders``, ``selection``, ``trace_checks``, ``safety``, the estimate's
+defaults, streamlit's runtime (to wait for it); :data:`LIBRARIES` and :data:`MODULES` by name.
 """
 
 from __future__ import annotations
