@@ -243,9 +243,14 @@ def test_start_to_diagnose_of_the_buggy_drafter_to_its_evidence(walk) -> None:
     import gguf
     import pyarrow.parquet as pq
 
+    from mtpscope.app import safety
     from mtpscope.app.selection import diag_open_key
 
     url, browser, tp = walk
+    recorded = json.loads((tp.traces_buggy / "manifest.json").read_text())["models"]["assistant"]["path"]
+    if not safety.is_allowed(recorded, safety.allowed_roots()):   # the server's folders: this process's environment
+        pytest.skip(f"the buggy trace's recorded drafter {recorded} is outside the allowed folders (a copied cache): "
+                    "the app diagnoses it with the selected drafter instead")
     rate = {}
     for d in (tp.traces_f32, tp.traces_buggy):
         t = pq.read_table(d / "rounds").to_pandas()
