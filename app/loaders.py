@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import streamlit as st
 
@@ -78,9 +79,40 @@ def _dir_key(p: Path) -> tuple:
 
 # ------------------------------------------------------------------------------------------ GGUF files
 
+#: One open GGUF whose string arrays later files probably repeat (a drafter carries its target's 262144-token
+#: vocabulary): the first file with a token list that :func:`_open_gguf` opened (kept open, as its cache keeps
+#: it). A file opened after it compares those bytes instead of walking them (``open_gguf``'s ``like``; any
+#: difference is walked as before): the pickers, verify and the vocabulary read each file of the demo.
+_LIKE: list[GGUFFile] = []
+_T = TypeVar("_T")
+
+
+def _sharing(read: Callable[..., _T], path: str) -> _T:
+    """``read(path)`` (``open_gguf``, ``load_vocab``) with :data:`_LIKE`'s string arrays to compare against (the
+    same result, read faster)."""
+    like = _LIKE[0] if _LIKE else None
+    if like is None:
+        return read(path)
+    try:
+        return read(path, like=like)
+    except ValueError:   # the kept file's map was closed after all: read on its own from now on
+        _LIKE.clear()
+        return read(path)
+
+
+def _keep_like(f: GGUFFile) -> bool:
+    """Keep ``f`` as :data:`_LIKE` when none is kept and it has a token list; True when kept (never close it)."""
+    if not _LIKE and "tokenizer.ggml.tokens" in f.kv:
+        _LIKE.append(f)
+        return True
+    return False
+
+
 @st.cache_resource(max_entries=16, show_spinner=False)
 def _open_gguf(path: str, size: int, mtime_ns: int) -> GGUFFile:
-    return open_gguf(path)
+    f = _sharing(open_gguf, path)
+    _keep_like(f)
+    return f
 
 
 def gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -109,13 +141,14 @@ def _gguf_role(path: str, size: int, mtime_ns: int) -> tuple[str, str | None]:
     from mtpscope.inspector.inventory import detect_dialect
 
     try:
-        f = open_gguf(path)
+        f = _sharing(open_gguf, path)
     except (MtpscopeError, OSError):
         return "unreadable", None
     try:
         return detect_dialect(f).kind, f.architecture
     finally:
-        f.close()
+        if not _keep_like(f):
+            f.close()
 
 
 def gguf_role(path: str | os.PathLike[str]) -> tuple[str, str | None]:
@@ -417,7 +450,7 @@ def trace_decoder(tr: Trace) -> TokenText:
 def _vocab(path: str, size: int, mtime_ns: int) -> Vocab:
     from mtpscope.traces.analysis.vocab import load_vocab
 
-    return load_vocab(path)
+    return _sharing(load_vocab, path)
 
 
 def trace_vocab_path(tr: Trace) -> str | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -356,34 +357,35 @@ def same_trace(recorded: str | None, path: str | os.PathLike[str], near: str | o
 
 # ------------------------------------------------------------------------------------------- selection
 
-def init_selection() -> None:
-    """Preselect the demo (once per session) for every selection slot that is still unset: the trained
-    pair's F32 trace with its buggy trace as trace B (``demo.json``'s default view; without it the
-    constructed clean and noisy traces), the models that recorded trace A (from its manifest, when
-    readable and allowed) — never trace B = trace A."""
-    if st.session_state.get(SEL_INIT):
-        return
-    st.session_state[SEL_INIT] = True
-    demo = demo_paths()
-    defaults: dict[str, Any] = {DRAFTER: demo.drafter_fork, TARGET: demo.target, TRACE: demo.traces_clean,
-                                TRACE_B: demo.traces_noisy, CHECKPOINT: None, REPLAY: None}
-    defaults.update(_trained_defaults(demo.root))   # the trained pair's view, when it is built
+def default_selection(preset: Mapping[str, str | None] | None = None) -> dict[str, str | None]:
+    """What :func:`init_selection` selects (slot -> path or None) in a session whose slots ``preset`` holds (a
+    link's; kept): the demo's default view (``demo.json``'s trained pair, else the constructed clean and noisy
+    traces), the models that recorded trace A, never a default trace B = trace A; without ``preset``, a fresh
+    session's (warmed at server start: :mod:`mtpscope.app.warmup`). Reads no session state."""
+    preset, demo = dict(preset or {}), demo_paths()
+    d = {DRAFTER: demo.drafter_fork, TARGET: demo.target, TRACE: demo.traces_clean, TRACE_B: demo.traces_noisy,
+         CHECKPOINT: None, REPLAY: None, **_trained_defaults(demo.root)}   # the trained pair's, when built
 
     def ok(v: Any) -> bool:
         return v is not None and Path(v).exists() and safety.is_allowed(v, roots())
 
-    trace_now = st.session_state.get(slot_key(TRACE), str(defaults[TRACE]) if ok(defaults[TRACE]) else None)
-    if trace_now:
-        defaults.update({k: Path(v) for k, v in recorded_models(trace_now).items()})
-    default_b = slot_key(TRACE_B) not in st.session_state
-    for k, v in defaults.items():
-        key = slot_key(k)
-        if key not in st.session_state:
-            st.session_state[key] = str(v) if ok(v) else None
-    a, b = st.session_state.get(slot_key(TRACE)), st.session_state.get(slot_key(TRACE_B))
-    if default_b and a and b and same_path(a, b):  # a default B is never A (a B the user chose is theirs)
-        other = next((str(t) for t in (demo.traces_noisy, demo.traces_clean) if ok(t) and not same_path(t, a)), None)
-        st.session_state[slot_key(TRACE_B)] = other
+    out: dict[str, str | None] = {k: str(v) if ok(v) else None for k, v in d.items()}
+    a = preset.get(TRACE, out[TRACE])
+    out.update({**(recorded_models(a) if a else {}), **preset})
+    if TRACE_B not in preset and a and (b := out[TRACE_B]) and same_path(a, b):  # a B the user chose is theirs
+        out[TRACE_B] = next((str(t) for t in (demo.traces_noisy, demo.traces_clean) if ok(t) and not same_path(t, a)), None)
+    return out
+
+
+def init_selection() -> None:
+    """Preselect the demo (once per session) for every selection slot that is still unset (:func:`default_selection`:
+    the trained pair's F32 trace with its buggy trace as trace B, the models that recorded trace A)."""
+    if st.session_state.get(SEL_INIT):
+        return
+    st.session_state[SEL_INIT] = True
+    have = {k: st.session_state[slot_key(k)] for k in SLOTS if slot_key(k) in st.session_state}
+    for k, v in default_selection(have).items():
+        st.session_state.setdefault(slot_key(k), v)
 
 
 def recorded_models(trace_path: str | os.PathLike[str]) -> dict[str, str]:

@@ -6,6 +6,8 @@ on the trained demo (its F32 trace as trace A, the buggy-RoPE trace as trace B: 
   the worst category's worst prompt (demo.json's, found by the demo build from per-prompt counts), the advice
   saying what a tie is with; its link opens that prompt's rounds, "worst round ▶" its worst round on the Step
   view, whose verdict says why;
+- ``/`` -> Diagnose of the buggy drafter (the start page's link) -> the top finding's buttons -> the evidence views
+  (Compare: the acceptance gap; Validate: the RoPE key);
 - the buggy trace's trace pages name the failing drafter in one banner line;
 - a pasted address of each page (a fresh session) reproduces the view: the selected files and what the page
   shows; an unknown page or parameter is refused in one line.
@@ -14,6 +16,7 @@ on the trained demo (its F32 trace as trace A, the buggy-RoPE trace as trace B: 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -228,3 +231,81 @@ def test_unknown_page_and_parameter_are_said_in_one_line(walk) -> None:
         assert len(alerts) == 1, page.locator('[data-testid="stAlert"]').all_inner_texts()
     finally:
         ctx.close()
+
+
+@pytest.mark.llama
+def test_start_to_diagnose_of_the_buggy_drafter_to_its_evidence(walk) -> None:
+    """``/`` -> the start page's Diagnose link (the suspect: trace B, the buggy drafter's) -> Diagnose it -> the top
+    finding's "Compare: the acceptance gap" shows both traces' acceptance (summed by hand from their rounds
+    tables) and B's difference in points; its Validate button shows the drafter failing on the RoPE key (read
+    by gguf-py). The Diagnose page is opened again by its address: the saved diagnosis, no second run."""
+    pytest.importorskip("llama_cpp", reason="diagnose replays rounds with llama.cpp")
+    import gguf
+    import pyarrow.parquet as pq
+
+    from mtpscope.app import safety
+    from mtpscope.app.selection import diag_open_key
+
+    url, browser, tp = walk
+    recorded = json.loads((tp.traces_buggy / "manifest.json").read_text())["models"]["assistant"]["path"]
+    if not safety.is_allowed(recorded, safety.allowed_roots()):   # the server's folders: this process's environment
+        pytest.skip(f"the buggy trace's recorded drafter {recorded} is outside the allowed folders (a copied cache): "
+                    "the app diagnoses it with the selected drafter instead")
+    rate = {}
+    for d in (tp.traces_f32, tp.traces_buggy):
+        t = pq.read_table(d / "rounds").to_pandas()
+        rate[d] = int(t["n_accepted"].sum()) / int(t["n_draft"].sum())
+    ra, rb = rate[tp.traces_f32], rate[tp.traces_buggy]
+    swa = gguf.GGUFReader(str(tp.drafter_buggy)).fields["gemma4-assistant.rope.freq_base_swa"]
+    swa_d = float(swa.parts[swa.data[0]][0])
+    ctx, page, errors = _fresh(browser)
+    try:
+        _go(page, url + "/", "Start")
+        # the verdict's suspect is trace B: the start page offers to diagnose it
+        page.get_by_role("link", name="Diagnose trace B").first.click()
+        _done(page, "Diagnose")
+        q = parse_qs(urlsplit(page.url).query)
+        assert urlsplit(page.url).path.endswith("/diagnose"), page.url
+        assert Path(q["trace"][0]).resolve() == tp.traces_buggy.resolve(), page.url
+        diagnose_url = page.url
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert "trace A demo/trained/traces/buggy" in body, body[:1500]  # the link's trace, preset as the one
+        page.get_by_role("button", name="Diagnose this trace").click()
+        page.get_by_role("heading", name="Findings, worst first").wait_for(timeout=600_000)
+        _done(page, "Diagnose")
+        alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()
+        assert "Defect found: gemma4-assistant.rope.freq_base_swa" in alerts[0], alerts[:3]
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        # the top finding's evidence against the other open trace: the acceptance gap, in words
+        gap = (f"acceptance rate {100 * rb:.1f} % here against {100 * ra:.1f} % in trace B "
+               f"demo/trained/traces/f32: −{100 * (ra - rb):.1f} points")
+        assert gap in body, body[:3000]
+        # -> the top finding's Compare button: the two runs' acceptance and the gap
+        page.locator(f".st-key-{_css_key(diag_open_key(0, 1))}").get_by_role(  # Streamlit's class of a key
+            "button", name="Compare: the acceptance gap").click()
+        _done(page, "Compare")
+        assert urlsplit(page.url).path.endswith("/compare"), page.url
+        body = page.locator('[data-testid="stMain"]').inner_text()
+        assert f"{100 * rb:.1f} %" in body and f"{100 * ra:.1f} %" in body, body[:2000]
+        assert f"+{100 * (ra - rb):.1f} points" in body, body[:2000]  # B (f32) against A (buggy)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        # the Diagnose page's address again: the diagnosis saved by the run above, shown without a click
+        _go(page, diagnose_url, "Diagnose")
+        page.get_by_role("heading", name="Findings, worst first").wait_for(timeout=60_000)
+        # -> the top finding's own link: Validate, the buggy drafter failing on the RoPE key
+        page.locator(f".st-key-{_css_key(diag_open_key(0))}").get_by_role("button", name="Validate: the keys").click()
+        _done(page, "Validate")
+        verdict = page.locator('[data-testid="stAlert"]').first.inner_text()
+        assert verdict.startswith("✗ invalid") and "rope.freq_base_swa" in verdict, verdict
+        assert "drafter-buggy.gguf" in _side(page)
+        assert f"{swa_d:g}" in verdict or str(swa_d) in verdict, (swa_d, verdict)
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
+    assert not errors, errors
+
+
+def _css_key(key: str) -> str:
+    """The class suffix Streamlit's front end gives an element of ``key`` (``st-key-<key>``, every character
+    other than letters, digits, ``_`` and ``-`` made ``-``)."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "-", key.strip())

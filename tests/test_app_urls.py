@@ -68,9 +68,9 @@ def test_files_page_memory_estimate(monkeypatch: Any, demo_dir: Any) -> None:
 
     at = _files(monkeypatch, {}, drafter=demo_dir.drafter_upstream, target=demo_dir.target, trace=None)
     e = estimate(demo_dir.target, demo_dir.drafter_upstream, EstimateParams(n_ctx=8192))
-    tables = [df.value for df in at.dataframe]
-    table = next(t for t in tables if "device" in t.columns and "kv" in t.columns)
-    row = table[table["device"] == "CPU"].iloc[0]
+    tables = [t.value for t in at.table]
+    table = next(t for t in tables if t.index.name == "device" and "kv" in t.columns)
+    row = table.loc["CPU"]
     assert row["weights"] == human_bytes(e.by_device["CPU"]["weights"])
     assert row["kv"] == human_bytes(e.target.kv) and row["total"] == human_bytes(e.total)
     assert any("KV none" in c.value for c in at.caption)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from mtpscope.app import charts, formats, loaders, model_views, safety, views
@@ -214,7 +215,7 @@ def _estimate() -> None:
 
 def _estimate_table(e) -> None:
     rows = [{"device": dev, **{k: charts.human_bytes(v) for k, v in b.items()}} for dev, b in e.by_device.items()]
-    st.dataframe(rows, hide_index=True)
+    st.table(pd.DataFrame(rows).set_index("device"))   # a static table: no data grid to load on the page's first visit
     t = e.target
     own = [x for x in t.kv_layers if x.reuses is None]
     line = (f"target KV {charts.human_bytes(t.kv)}: {sum(1 for x in own if not x.sliding)} full layers × "

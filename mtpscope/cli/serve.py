@@ -44,10 +44,11 @@ def main_script() -> Path:
 
 
 def streamlit_argv(port: int, address: str, allowed_hosts: Sequence[str] = ()) -> list[str]:
-    """The command line that serves the app on ``address:port``; ``allowed_hosts``: Streamlit's
-    ``server.allowedHosts`` (Host names the server accepts; ``*`` any)."""
+    """The command line that serves the app on ``address:port``: ``streamlit run`` through
+    :mod:`mtpscope.app.launch` (which warms the process first: :mod:`mtpscope.app.warmup`); ``allowed_hosts``:
+    Streamlit's ``server.allowedHosts`` (Host names the server accepts; ``*`` any)."""
     hosts = [a for h in allowed_hosts for a in ("--server.allowedHosts", h)]
-    return [sys.executable, "-m", "streamlit", "run", str(main_script()), "--server.port", str(port),
+    return [sys.executable, "-m", "mtpscope.app.launch", "run", str(main_script()), "--server.port", str(port),
             "--server.address", address, *hosts, *SERVER_FLAGS]
 
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtpscope.errors import LayoutError, MtpscopeError, TraceError
+
+if TYPE_CHECKING:
+    from mtpscope.inspector.gguf import GGUFFile
 
 TOKENS_KEY = "tokenizer.ggml.tokens"
 TYPES_KEY = "tokenizer.ggml.token_type"
@@ -95,8 +98,9 @@ class Vocab:
         return self.n_vocab
 
 
-def load_vocab(path: str | os.PathLike[str]) -> Vocab:
-    """The vocabulary of a GGUF (model or vocab-only file), pieces memory-mapped and read lazily.
+def load_vocab(path: str | os.PathLike[str], *, like: GGUFFile | None = None) -> Vocab:
+    """The vocabulary of a GGUF (model or vocab-only file), pieces memory-mapped and read lazily; ``like``: an open
+    GGUF whose token list this file probably repeats, compared instead of walked (``open_gguf``'s ``like``).
 
     Raises:
         LayoutError: the file has no ``tokenizer.ggml.tokens``.
@@ -105,7 +109,7 @@ def load_vocab(path: str | os.PathLike[str]) -> Vocab:
     """
     from mtpscope.inspector.gguf import open_gguf
 
-    f = open_gguf(path)
+    f = open_gguf(path, like=like)
     toks = f.get(TOKENS_KEY)
     if toks is None:
         f.close()
