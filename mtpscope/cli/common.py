@@ -150,3 +150,17 @@ def gguf_path(param: typer.CallbackParam, value: Any) -> Any:
         except MtpscopeError as e:
             refuse(e)
     return value
+
+
+def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """A typer ``callback=`` for ``--target`` / ``--assistant`` of a command with a ``--runtime`` option (eager,
+    so it is parsed first): a GGUF file (:func:`gguf_path`) for llama.cpp (``llama``, the default), a Hugging Face
+    checkpoint folder holding a config.json for any other runtime; else one line, exit 2. Returns ``value``."""
+    if ctx.params.get("runtime", "llama") != "llama":
+        if value is not None and not (Path(value) / "config.json").is_file():
+            print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
+                  file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+        return value
+    return gguf_path(param, value)
+

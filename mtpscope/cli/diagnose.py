@@ -7,11 +7,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    gguf_path,
+    model_path,
+    n_draft_option,
+    one_line_errors,
+)
 from mtpscope.traces.diagnose.config import MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -73,18 +81,6 @@ def runtime_choice(value: str) -> str:
         print(f"mtpscope: --runtime must be {' or '.join(['llama', *RUNTIMES])} (got {value!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
     return value
-
-
-def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with another ``--runtime`` (parsed first)
-    a Hugging Face checkpoint folder holding a config.json; else one line, exit 2."""
-    if ctx.params.get("runtime", "llama") != "llama":
-        if value is not None and not (Path(value) / "config.json").is_file():
-            print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
-                  file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE)
-        return value
-    return gguf_path(param, value)
 
 
 def _refuse(message: str) -> NoReturn:

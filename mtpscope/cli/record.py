@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_UNREADABLE, model_path, n_draft_option, one_line_errors
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
 #: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
@@ -196,18 +196,6 @@ def runtime_choice(value: str) -> str:
         print(f"mtpscope: --runtime must be {', '.join(RUNTIMES[:-1])} or {RUNTIMES[-1]} (got {value!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
     return value
-
-
-def model_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """``--target`` / ``--assistant``: a GGUF file (:func:`gguf_path`), or with ``--runtime mlx`` / ``hf``
-    (parsed first: it is eager) a Hugging Face checkpoint folder holding a config.json."""
-    if ctx.params.get("runtime") in ("mlx", "hf"):
-        if value is not None and not (Path(value) / "config.json").is_file():
-            print(f"mtpscope: {param.opts[0]}: not a Hugging Face checkpoint folder (no config.json): {value}",
-                  file=sys.stderr)
-            raise typer.Exit(EXIT_UNREADABLE)
-        return value
-    return gguf_path(param, value)
 
 
 def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
