@@ -8,6 +8,17 @@ from typing import Any
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a non-interactive shell (``make test &``, ``nohup``) inherits Ctrl-C
+    ignored (POSIX: SIGINT is SIG_IGN for such jobs), and so would every CLI process the tests start and then
+    stop with one SIGINT (test_recorder, test_server): give them the default disposition back."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # ---------------------------------------------------------------------------------- GGUF (inspector)
 
 
