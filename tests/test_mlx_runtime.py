@@ -248,3 +248,40 @@ def test_diagnose_runtime_mlx_names_the_draft_position(trained, f32, tmp_path) -
     assert ev["confirmed"] == ev["prompts"] >= 1 and ev["not_confirmed"] == 0
     assert d.exit_code == 1 and (tmp_path / "o" / "diagnosis.json").is_file()
     assert [s.status for s in d.steps if s.name == "record"] == ["ran"]
+
+
+def _drafts_differing_from_llama(f32, trace, pids: tuple[int, ...]) -> tuple[int, list[tuple[int, int]]]:
+    """Rounds at a common position (same pending token) with as many drafts on both sides, and those whose drafts
+    differ, as (prompt id, position); ``trace``'s prompt i is the F32 trace's ``pids[i]``."""
+    a = f32.rounds
+    b = trace.rounds.copy()
+    b["prompt_id"] = [pids[int(i)] for i in b["prompt_id"]]
+    m = a.merge(b, on=["prompt_id", "pos", "pending_token"], suffixes=("_a", "_b"))
+    same = m[[len(x) == len(y) for x, y in zip(m["drafted_a"], m["drafted_b"], strict=True)]]
+    bad = [(int(r.prompt_id), int(r.pos)) for r in same.itertuples()
+           if [int(t) for t in r.drafted_a] != [int(t) for t in r.drafted_b]]
+    return len(same), bad
+
+
+def test_dense_head_at_p_drafts_what_llama_cpp_drafts(trained, f32, tmp_path) -> None:
+    # llama.cpp's whole convention (--draft-position p --mlx-head dense): every common round drafts llama.cpp's
+    # tokens; with the checkpoint's centroid head the random-word prompts 30 and 31 differ within 32 tokens
+    from mtpscope.traces.run.mlx_record import record_mlx
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.store.manifest import read_manifest
+    from mtpscope.traces.store.reader import open_trace
+
+    pids = (30, 31)
+    specs = [PromptSpec(tokens=tuple(f32.manifest["prompts"][p]["tokens"]), id=f"p{p}") for p in pids]
+    cfg = RecordConfig(n_draft=3, max_tokens=MAX_TOKENS, hidden="off")
+    got = {}
+    for head in ("checkpoint", "dense"):
+        record_mlx(cfg, target=trained.hf_target, assistant=trained.hf_drafter, out=tmp_path / head, prompts=specs,
+                   work_dir=tmp_path / "work", draft_position="p", dtype="f32", head_choice=head)
+        got[head] = _drafts_differing_from_llama(f32, open_trace(tmp_path / head), pids)
+    assert read_manifest(tmp_path / "dense")["convention"]["head"] == "dense"
+    n_dense, bad_dense = got["dense"]
+    n_ck, bad_ck = got["checkpoint"]
+    assert n_dense >= 10 and bad_dense == []
+    assert n_ck >= 10 and bad_ck, "the centroid head should change a draft here (else this test proves nothing)"

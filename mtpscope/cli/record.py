@@ -40,6 +40,10 @@ def register(app: typer.Typer) -> None:
             "f32", "--mlx-dtype",
             help="--runtime mlx: 'f32' casts both models' weights to float32 (as llama.cpp's CPU backend computes; "
                  "default) or 'checkpoint' keeps the stored dtype (mlx-vlm's own behaviour)."),
+        mlx_head: str = typer.Option(
+            "checkpoint", "--mlx-head",
+            help="--runtime mlx: 'checkpoint' drafts with the assistant's own head (the centroid head where it has "
+                 "one: mlx-vlm's behaviour) or 'dense' with the dense head, as llama.cpp does."),
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Path | None = typer.Option(
@@ -111,7 +115,7 @@ def register(app: typer.Typer) -> None:
         if runtime == "mlx":
             _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                         category_field=category_field, draft_position=draft_position, overwrite=overwrite,
-                        dtype=mlx_dtype,
+                        dtype=mlx_dtype, head=mlx_head,
                         config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, hidden=hidden, n_top=n_top,
                                        flush_every=flush_every, compact=compact))
             return
@@ -199,7 +203,8 @@ def runtime_choice(value: str) -> str:
 
 
 def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
-                category_field: str, draft_position: str, overwrite: bool, dtype: str, config: RecordConfig) -> None:
+                category_field: str, draft_position: str, overwrite: bool, dtype: str, head: str,
+                config: RecordConfig) -> None:
     """``record --runtime mlx`` (:func:`mtpscope.traces.run.mlx_record.record_mlx`): one line per refusal, exit 2."""
     from mtpscope.cache import cache_dir
     from mtpscope.traces.run.mlx_record import record_mlx
@@ -208,12 +213,15 @@ def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None,
     if dtype not in ("f32", "checkpoint"):
         print(f"mtpscope: --mlx-dtype must be f32 or checkpoint (got {dtype!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
+    if head not in ("checkpoint", "dense"):
+        print(f"mtpscope: --mlx-head must be checkpoint or dense (got {head!r})", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
     with one_line_errors(EXIT_UNREADABLE):
         specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
                  else [PromptSpec(text=prompt)])
         s = record_mlx(config, target=target, assistant=assistant, out=out, prompts=specs,
                        work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
-                       dtype=None if dtype == "checkpoint" else dtype,
+                       dtype=None if dtype == "checkpoint" else dtype, head_choice=head,
                        command=["mtpscope", *sys.argv[1:]])
     acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
     typer.echo(f"trace: {s.out}")

@@ -34,7 +34,8 @@ MlxRecordSummary = CheckpointRecordSummary
 
 def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistant: str | os.PathLike[str],
                out: str | os.PathLike[str], prompts: Sequence[PromptSpec], work_dir: str | os.PathLike[str],
-               draft_position: str = "p-1", dtype: str | None = None, stop_at_eog: bool = True,
+               draft_position: str = "p-1", dtype: str | None = None, head_choice: str = "checkpoint",
+               stop_at_eog: bool = True,
                overwrite: bool = False, command: Sequence[str] | None = None,
                on_round: Callable[[int, Any], None] | None = None) -> MlxRecordSummary:
     """Record mlx-vlm's greedy MTP loop on ``prompts`` into the trace folder ``out``.
@@ -46,6 +47,7 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
         prompts: token prompts (``source == "tokens"``): the checkpoints carry no tokenizer.
         work_dir: where a re-labelled target is kept (the cache folder).
         draft_position: ``"p-1"`` (mlx-vlm's own) or ``"p"`` (llama.cpp's), dtype: None or ``"f32"``,
+        head_choice: ``"checkpoint"`` (mlx-vlm's own) or ``"dense"`` (llama.cpp's; :class:`MlxRuntime`),
         stop_at_eog: see :meth:`MlxRuntime.run`.
         on_round: called with ``(prompt_id, RoundResult)`` after each written round.
 
@@ -58,7 +60,8 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
     check_inputs("MLX", prompts, out, overwrite=overwrite)
     from mtpscope.traces.run.mlx_runtime import MlxRuntime, versions
 
-    rt = MlxRuntime(target, assistant, work_dir=work_dir, draft_position=draft_position, dtype=dtype)
+    rt = MlxRuntime(target, assistant, work_dir=work_dir, draft_position=draft_position, dtype=dtype,
+                    head_choice=head_choice)
     head = centroid_head(rt.head, assistant, config)
     params = {"n_draft": config.n_draft, "max_tokens": config.max_tokens, "temp": 0.0, "greedy": True,
               "hidden": config.hidden, "n_top": config.n_top, "flush_every": config.flush_every,

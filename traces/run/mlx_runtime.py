@@ -142,6 +142,53 @@ def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.P
     return out
 
 
+def mlx_dense_assistant(hf_assistant: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
+    """The assistant checkpoint without its centroid head, so that mlx-vlm drafts with the dense head as
+    llama.cpp does (``record --runtime mlx --mlx-head dense``).
+
+    mlx-vlm builds the sparse head (``masked_embedding``) when the config says ``use_ordered_embeddings`` and
+    then drafts with it on the greedy path; llama.cpp's upstream drafter always drafts with the dense head
+    (``token_embd · h_inner``, the same tied embedding). A checkpoint without ordered embeddings is returned as
+    is; otherwise it is re-labelled into ``out_dir``: ``config.json`` with ``use_ordered_embeddings: false``
+    and the weights without ``masked_embedding.*`` (the others unchanged). Rewritten only when the source's
+    config or weights changed (size and mtime in ``out_dir/source.json``).
+
+    Raises:
+        TraceError: no readable config.json / model.safetensors.
+        RuntimeUnavailableError: mlx is not importable (it reads and writes the weights).
+    """
+    src = Path(hf_assistant)
+    cfg_path, w_path = src / "config.json", src / "model.safetensors"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TraceError("cannot read the assistant's config.json", path=str(cfg_path), actual=str(e)) from e
+    if not cfg.get("use_ordered_embeddings"):
+        return src
+    if not w_path.is_file():
+        raise TraceError("the assistant checkpoint has no model.safetensors", path=str(src),
+                         expected="one model.safetensors (sharded checkpoints: not supported here)")
+    out = Path(out_dir)
+    stamp = {"source": str(src.resolve()), "config": [cfg_path.stat().st_size, cfg_path.stat().st_mtime_ns],
+             "weights": [w_path.stat().st_size, w_path.stat().st_mtime_ns]}
+    try:
+        if json.loads((out / "source.json").read_text(encoding="utf-8")) == stamp:
+            return out
+    except (OSError, ValueError):
+        pass
+    mx, _ = _mlx()
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v for k, v in mx.load(str(w_path)).items() if not k.startswith("masked_embedding.")}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps({**cfg, "use_ordered_embeddings": False}, indent=1), encoding="utf-8")
+    (out / "source.json").write_text(json.dumps(stamp), encoding="utf-8")
+    return out
+
+
+#: ``MlxRuntime(head=...)``: the checkpoint's own head (the centroid head where it has one) or the dense head
+HEADS = ("checkpoint", "dense")
+
+
 @dataclass
 class _Round:
     """What the wrappers saw of the round in progress."""
@@ -275,6 +322,8 @@ class MlxRuntime:
         work_dir: where a re-labelled target is kept.
         draft_position: ``"p-1"`` (mlx-vlm's own) or ``"p"`` (llama.cpp's; see the module doc).
         dtype: ``None`` keeps the checkpoints' dtypes; ``"f32"`` casts both models' weights to float32.
+        head_choice: ``"checkpoint"`` (mlx-vlm's own: the centroid head where the assistant has one) or
+            ``"dense"`` (llama.cpp's: the assistant re-labelled by :func:`mlx_dense_assistant` into ``work_dir``).
 
     Attributes:
         n_embd_backbone, n_embd, n_vocab: the target's hidden size, the drafter's, the vocabulary.
@@ -286,7 +335,10 @@ class MlxRuntime:
     """
 
     def __init__(self, target: str | os.PathLike[str], assistant: str | os.PathLike[str], *,
-                 work_dir: str | os.PathLike[str], draft_position: str = "p-1", dtype: str | None = None) -> None:
+                 work_dir: str | os.PathLike[str], draft_position: str = "p-1", dtype: str | None = None,
+                 head_choice: str = "checkpoint") -> None:
+        if head_choice not in HEADS:
+            raise TraceError("unknown drafter head choice", key="head", expected=" | ".join(HEADS), actual=head_choice)
         if draft_position not in DRAFT_POSITIONS:
             raise TraceError("unknown draft position convention", key="draft_position",
                              expected=" | ".join(DRAFT_POSITIONS), actual=draft_position)
@@ -299,6 +351,8 @@ class MlxRuntime:
         self.draft_position = draft_position
         tdir = mlx_target_checkpoint(target, Path(work_dir) / "mlx-target")
         self.model = load_model(tdir)
+        if head_choice == "dense":
+            assistant = mlx_dense_assistant(assistant, Path(work_dir) / "mlx-assistant-dense")
         self.drafter, kind = load_drafter(str(assistant), kind="mtp")
         if kind != "mtp":
             raise TraceError("the assistant is not an MTP drafter for mlx-vlm", path=str(assistant),
