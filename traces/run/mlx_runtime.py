@@ -87,6 +87,41 @@ def versions() -> dict[str, str]:
     return out
 
 
+def _read_config(cfg_path: Path, role: str) -> dict[str, Any]:
+    """A checkpoint's ``config.json`` (``role``: "target" / "assistant", for the message).
+
+    Raises:
+        TraceError: missing or not JSON.
+    """
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TraceError(f"cannot read the {role}'s config.json", path=str(cfg_path), actual=str(e)) from e
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _source_stamp(src: Path, role: str, out: Path) -> dict[str, Any] | None:
+    """The stamp of a checkpoint re-labelled into ``out`` (its folder, config's and weights' size and mtime),
+    or None when ``out/source.json`` already holds it (the copy is current). Write it there once the copy is
+    made.
+
+    Raises:
+        TraceError: the checkpoint has no single ``model.safetensors``.
+    """
+    cfg_path, w_path = src / "config.json", src / "model.safetensors"
+    if not w_path.is_file():
+        raise TraceError(f"the {role} checkpoint has no model.safetensors", path=str(src),
+                         expected="one model.safetensors (sharded checkpoints: not supported here)")
+    stamp = {"source": str(src.resolve()), "config": [cfg_path.stat().st_size, cfg_path.stat().st_mtime_ns],
+             "weights": [w_path.stat().st_size, w_path.stat().st_mtime_ns]}
+    try:
+        if json.loads((out / "source.json").read_text(encoding="utf-8")) == stamp:
+            return None
+    except (OSError, ValueError):
+        pass
+    return stamp
+
+
 def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
     """A Hugging Face target checkpoint as mlx-vlm's ``gemma4`` loads it.
 
@@ -103,27 +138,17 @@ def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.P
     """
     src = Path(hf_target)
     cfg_path, w_path = src / "config.json", src / "model.safetensors"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TraceError("cannot read the target's config.json", path=str(cfg_path), actual=str(e)) from e
+    cfg = _read_config(cfg_path, "target")
     mt = cfg.get("model_type")
     if mt == "gemma4":
         return src
     if mt != "gemma4_text":
         raise TraceError("not a Gemma 4 target checkpoint", path=str(cfg_path), key="model_type",
                          expected="gemma4 or gemma4_text", actual=mt)
-    if not w_path.is_file():
-        raise TraceError("the target checkpoint has no model.safetensors", path=str(src),
-                         expected="one model.safetensors (sharded checkpoints: not supported here)")
     out = Path(out_dir)
-    stamp = {"source": str(src.resolve()), "config": [cfg_path.stat().st_size, cfg_path.stat().st_mtime_ns],
-             "weights": [w_path.stat().st_size, w_path.stat().st_mtime_ns]}
-    try:
-        if json.loads((out / "source.json").read_text(encoding="utf-8")) == stamp:
-            return out
-    except (OSError, ValueError):
-        pass
+    stamp = _source_stamp(src, "target", out)
+    if stamp is None:
+        return out
     mx, _ = _mlx()
     out.mkdir(parents=True, exist_ok=True)
     text = {k: v for k, v in cfg.items() if k != "architectures"}
@@ -159,23 +184,13 @@ def mlx_dense_assistant(hf_assistant: str | os.PathLike[str], out_dir: str | os.
     """
     src = Path(hf_assistant)
     cfg_path, w_path = src / "config.json", src / "model.safetensors"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TraceError("cannot read the assistant's config.json", path=str(cfg_path), actual=str(e)) from e
+    cfg = _read_config(cfg_path, "assistant")
     if not cfg.get("use_ordered_embeddings"):
         return src
-    if not w_path.is_file():
-        raise TraceError("the assistant checkpoint has no model.safetensors", path=str(src),
-                         expected="one model.safetensors (sharded checkpoints: not supported here)")
     out = Path(out_dir)
-    stamp = {"source": str(src.resolve()), "config": [cfg_path.stat().st_size, cfg_path.stat().st_mtime_ns],
-             "weights": [w_path.stat().st_size, w_path.stat().st_mtime_ns]}
-    try:
-        if json.loads((out / "source.json").read_text(encoding="utf-8")) == stamp:
-            return out
-    except (OSError, ValueError):
-        pass
+    stamp = _source_stamp(src, "assistant", out)
+    if stamp is None:
+        return out
     mx, _ = _mlx()
     out.mkdir(parents=True, exist_ok=True)
     weights = {k: v for k, v in mx.load(str(w_path)).items() if not k.startswith("masked_embedding.")}
