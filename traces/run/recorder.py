@@ -38,6 +38,7 @@ import numpy as np
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
+from mtpscope.traces.run import row_kernels
 from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
 from mtpscope.traces.run.llama.process import deferred_sigint
 from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
@@ -290,6 +291,7 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
     try:
         checked = _check_inputs(config, target, assistant, out, overwrite=overwrite, preflight=preflight)
         _warm_arrow()
+        row_kernels.load()                       # built (first use: a compile) while the worker loads
     except BaseException:
         if early is not None:
             early.abandon()                      # refused: the worker decoded nothing
@@ -459,7 +461,8 @@ class _Recording:
         if solver is not None:
             manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         manifest["params"]["n_ctx"] = info.n_ctx
-        manifest["runtime"] = info.runtime
+        # which reductions over the rows of logits this process runs (C or numpy: their p and H differ by ~1e-7)
+        manifest["runtime"] = {**info.runtime, "row_kernels": row_kernels.kind()}
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
                                for i, (sp, n, txt) in enumerate(zip(self.specs, info.n_prompt_tokens,
                                                                     info.prompt_texts, strict=True))]

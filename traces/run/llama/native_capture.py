@@ -5,8 +5,8 @@ times per drafter step); a Python callback pays a ctypes transition for each, wh
 cost tracing leaves inside the MTP loop. ``capture.c`` answers the asks with one ``strncmp`` and copies
 the wanted node with ``ggml_backend_tensor_get``; Python reads the copy after the decode.
 
-Build: ``$CC`` (default ``cc``) ``-O2 -shared -fPIC`` into ``<cache>/native/capture-<sha256[:16]>.so``,
-keyed by the source's hash, written atomically (several workers may build at once). No compiler, a
+Build: :mod:`traces.run.native_build` (``$CC -O2 -shared -fPIC`` into ``<cache>/native/capture-<16 hex>.so``,
+keyed by the source's and the flags' hash, written atomically: several workers may build at once). No compiler, a
 failed build or ``MTPSCOPE_NATIVE_CAPTURE=0``: :func:`load` says why and the runtime keeps the Python
 callback (:class:`mtpscope.traces.run.llama.capture.NodeCapture`); both copy the same bytes.
 
@@ -14,26 +14,25 @@ The library links against nothing: the ggml functions and the ``struct ggml_tens
 uses are handed over in its ``mtps_capture`` struct (mirrored by :class:`_Capture`) by
 :func:`mtpscope.traces.run.llama.capture.node_capture`, which checked them against ``ggml_tensor_overhead()``.
 
-Imports: ctypes, numpy, mtpscope.cache, mtpscope.errors (no llama_cpp).
+Imports: ctypes, numpy, mtpscope.errors, mtpscope.traces.run.native_build (no llama_cpp).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mtpscope.cache import cache_dir
 from mtpscope.errors import TraceError
+from mtpscope.traces.run import native_build
 
 SOURCE = Path(__file__).with_name("capture.c")
+#: the compiler's flags (before ``-shared -fPIC``)
+FLAGS = ("-O2",)
 #: set to "0" to keep the Python ``cb_eval`` callback
 ENV_SWITCH = "MTPSCOPE_NATIVE_CAPTURE"
 #: ggml type ids of what a capture can hand back (ggml.h ``enum ggml_type``)
@@ -64,9 +63,8 @@ class _Capture(ctypes.Structure):
 
 
 def library_path() -> Path:
-    """Where the built library lives: ``<cache>/native/capture-<first 16 hex of sha256(capture.c)>.so``."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    return cache_dir() / "native" / f"capture-{digest}.so"
+    """Where the built library lives: ``<cache>/native/capture-<16 hex>.so`` (:func:`traces.run.native_build.library_path`)."""
+    return native_build.library_path(SOURCE, FLAGS)
 
 
 def build(path: Path | None = None) -> Path:
@@ -76,28 +74,7 @@ def build(path: Path | None = None) -> Path:
         TraceError: no C compiler (``$CC`` or ``cc`` not on PATH), or the compiler failed (its first
             error line quoted).
     """
-    path = library_path() if path is None else path
-    if path.exists():
-        return path
-    cc = os.environ.get("CC") or "cc"
-    exe = shutil.which(cc)
-    if exe is None:
-        raise TraceError("no C compiler for the native capture", key="CC", expected="a C compiler on PATH",
-                         actual=cc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([exe, "-O2", "-shared", "-fPIC", "-o", tmp, os.fspath(SOURCE)],
-                              capture_output=True, text=True, timeout=120, check=False)
-        if proc.returncode != 0:
-            first = next((ln for ln in proc.stderr.splitlines() if ln.strip()), f"exit status {proc.returncode}")
-            raise TraceError(f"the C compiler failed on {SOURCE.name}: {first}", key="CC", path=SOURCE)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return native_build.build(SOURCE, FLAGS, path, what="the native capture")
 
 
 def load() -> ctypes.CDLL | None:

@@ -1,0 +1,171 @@
+"""The C reductions over rows of logits (traces/run/rowstats.c through traces.run.row_kernels) against
+independent references: the target's probability and entropy against a float64 softmax computed here, top-k
+against a full stable sort, the count against numpy's; the numpy fall-backs against the same references; every
+CPU clone of the library (AVX-512, AVX2, the x86-64 baseline, each built on its own) bit for bit equal to the
+library the recorder loads; and the fall-backs (switch off, no compiler), which leave the numpy path in place.
+
+Tolerances: ``p`` and ``H`` come from float32 exponentials (Cephes' expf: about 1e-7 relative; numpy's: a few
+ulps) summed in float64 (C: 16-term float32 lane sums first, about 16 * 2^-24 relative); 1e-6 relative covers
+both with a margin of about 5x over the worst seen (1.2e-7).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mtpscope.traces.run import native_build, ranking, row_kernels, target_side
+
+N_VOCAB = 262144
+REL = 1e-6
+
+
+def _lib():
+    lib = row_kernels.load()
+    if lib is None:
+        pytest.skip(f"the native row kernels do not build here: {row_kernels.unavailable_reason()}")
+    return lib
+
+
+def _logits(rng: np.random.Generator, n_rows: int, n: int) -> np.ndarray:
+    """Gemma-like logits: soft-capped (30 tanh(x / 30)), float32."""
+    return (30 * np.tanh(rng.normal(0, 6, size=(n_rows, n)) / 30)).astype(np.float32)
+
+
+def _ref_stats(x: np.ndarray, tok: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """float64 softmax probability of ``tok[i]`` and entropy (nats) of each row; -inf entries add nothing."""
+    d = x.astype(np.float64)
+    d = d - d.max(axis=1, keepdims=True)
+    e = np.exp(d)
+    z = e.sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        s = np.where(e > 0, e * d, 0.0).sum(axis=1)
+    return e[np.arange(len(tok)), tok] / z, np.log(z) - s / z
+
+
+@pytest.mark.parametrize("n", [N_VOCAB, 100_003, 17])
+def test_target_stats_against_float64(n: int) -> None:
+    lib = _lib()
+    rng = np.random.default_rng(n)
+    x = _logits(rng, 4, n)
+    x[1, 3] = 40.0                                   # a near-certain row
+    x[2, rng.choice(n, size=n // 3, replace=False)] = -np.inf   # masked tokens (suppressed ids)
+    x[2, 0] = 1.0
+    x[3] = np.float32(-20.0)                         # a flat row: H = log n
+    tok = [5 % n, 3, 0, n - 1]
+    rp, rh = _ref_stats(x, tok)
+    rows = list(x)
+    got = row_kernels.target_stats(rows, np.asarray(tok), lib)
+    assert got is not None
+    for p, h in (got, target_side.numpy_target_stats(rows, np.asarray(tok))):
+        np.testing.assert_allclose(p, rp, rtol=REL)
+        np.testing.assert_allclose(h, rh, rtol=REL, atol=1e-7)
+    assert got[1][3] == pytest.approx(np.log(n), rel=REL)
+
+
+def test_target_stats_bad_rows_are_nan() -> None:
+    lib = _lib()
+    x = np.zeros((3, 64), dtype=np.float32)
+    x[0, 9] = np.nan
+    x[1] = -np.inf
+    x[2, 4] = np.inf
+    p, h = row_kernels.target_stats(list(x), np.zeros(3, dtype=np.int64), lib)
+    assert np.isnan(p).all() and np.isnan(h).all()
+    # and the public function gives the same as its numpy path there
+    tp, th = target_side.target_stats(x, [0, 0, 0])
+    assert np.isnan(tp).all() and np.isnan(th).all()
+
+
+def _ref_top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Best first, ties by the lower index: a stable sort of -x (NaN left out)."""
+    idx = np.flatnonzero(~np.isnan(x))
+    return idx[np.argsort(-x[idx], kind="stable")][:k]
+
+
+@pytest.mark.parametrize(("n", "k"), [(N_VOCAB, 10), (N_VOCAB, 600), (N_VOCAB, 4096), (1000, 10), (517, 40),
+                                      (7, 10), (N_VOCAB, 1)])
+def test_top_k_and_count_against_a_sort(n: int, k: int) -> None:
+    lib = _lib()
+    rng = np.random.default_rng(k + n)
+    for x in (_logits(rng, 1, n)[0],
+              rng.integers(-3, 4, size=n).astype(np.float32),              # ties everywhere
+              np.where(rng.random(n) < 0.5, -np.inf, rng.normal(size=n)).astype(np.float32),
+              np.sort(rng.normal(size=n)).astype(np.float32)):              # ascending: every block beats the list
+        ref = _ref_top_k(x, k)
+        np.testing.assert_array_equal(row_kernels.top_k(x, k, lib), ref)
+        np.testing.assert_array_equal(ranking.top_k_desc(x, k), ref)
+        np.testing.assert_array_equal(ranking._numpy_top_k(x, min(k, n)), ref)
+        for v in (x[ref[0]], x[ref[-1]], np.float32(0.5), np.float32(-np.inf)):
+            assert row_kernels.count_greater(x, v, lib) == int(np.count_nonzero(x > v))
+
+
+def test_top_k_skips_nan_and_rank_counts() -> None:
+    lib = _lib()
+    x = np.array([1, 3, 3, np.nan, 2, 3, -np.inf, 5], dtype=np.float32)
+    assert row_kernels.top_k(x, 10, lib).tolist() == [7, 1, 2, 5, 4, 0, 6]
+    assert ranking.rank(x, 4) == 4 and ranking.rank(x, 7) == 0 and ranking.rank(x, 6) == 6
+    # a NaN among the first k: the public function answers as numpy does
+    np.testing.assert_array_equal(ranking.top_k_desc(x, 3), ranking._numpy_top_k(x, 3))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def test_every_cpu_clone_computes_the_same_bits() -> None:
+    """The library carries AVX-512, AVX2 and baseline clones; each, built alone, equals the loaded library."""
+    lib = _lib()
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the clones are x86-64's")
+    flags = _cpu_flags()
+    variants = [("baseline", ["-DMTPS_NO_CLONES"])]
+    if {"avx2", "fma"} <= flags:
+        variants.append(("avx2", ["-DMTPS_NO_CLONES", "-mavx2", "-mfma"]))
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        variants.append(("avx512", ["-DMTPS_NO_CLONES", "-march=x86-64-v4"]))
+    rng = np.random.default_rng(7)
+    x = _logits(rng, 3, N_VOCAB + 5)
+    tok = np.array([1, 2, 3])
+    want = row_kernels.target_stats(list(x), tok, lib)
+    want_top = [row_kernels.top_k(r, 64, lib) for r in x]
+    for name, extra in variants:
+        path = native_build.build(row_kernels.SOURCE, [*row_kernels.FLAGS, *extra], what=f"the {name} clone")
+        other = row_kernels.open_library(path)
+        got = row_kernels.target_stats(list(x), tok, other)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=name)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=name)
+        for r, t in zip(x, want_top, strict=True):
+            np.testing.assert_array_equal(row_kernels.top_k(r, 64, other), t, err_msg=name)
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(row_kernels, "_state", {})
+    monkeypatch.setenv("MTPSCOPE_CACHE", os.fspath(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_switch_off_and_no_compiler_keep_numpy(fresh, monkeypatch) -> None:
+    x = _logits(np.random.default_rng(1), 2, 4096)
+    ref_p, ref_h = _ref_stats(x, [3, 4])
+    monkeypatch.setenv(row_kernels.ENV_SWITCH, "0")
+    assert row_kernels.load() is None and row_kernels.kind() == f"numpy ({row_kernels.ENV_SWITCH}=0)"
+    p, h = target_side.target_stats(x, [3, 4])
+    np.testing.assert_allclose(p, ref_p, rtol=REL)
+    np.testing.assert_allclose(h, ref_h, rtol=REL)
+    np.testing.assert_array_equal(ranking.top_k_desc(x[0], 10), _ref_top_k(x[0], 10))
+    monkeypatch.setattr(row_kernels, "_state", {})
+    monkeypatch.delenv(row_kernels.ENV_SWITCH)
+    monkeypatch.setenv("CC", os.fspath(fresh / "no-such-cc"))
+    assert row_kernels.load() is None and "no C compiler" in row_kernels.kind()
+    assert not row_kernels.library_path().exists()
+    np.testing.assert_array_equal(ranking.top_k_desc(x[1], 10), _ref_top_k(x[1], 10))

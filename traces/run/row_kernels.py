@@ -1,0 +1,155 @@
+"""The recorder's reductions over rows of logits in C: ``rowstats.c`` built on first use, and its functions
+over numpy arrays.
+
+Why: a recorded round reduces six rows of ``n_vocab`` logits (262144 for Gemma 4): the target's probability
+of each draft and its entropy at the verify rows (:mod:`traces.run.target_side`), and each draft step's
+top-k and ranks (:mod:`traces.run.ranking`). numpy needs five passes and a temporary per row for the first
+and a handful of calls for the second; ``rowstats.c`` reads each row twice (max, then one fused pass) and
+once. On the development VM (AVX-512), three rows as they arrive from the other core: 0.70 ms against numpy's
+1.21 ms for the target's side, 0.32 ms against 0.53 ms for top-10 (``benchmarks/bench_row_kernels.py``).
+
+What differs from the numpy functions: top-k and ranks are the same (comparisons only, exact); ``p`` and ``H``
+use Cephes' ``expf`` (relative error about 1e-7) and float32 lane sums of 16 terms before float64, against
+numpy's ``exp`` and pairwise float32 sums: both are within 1e-6 relative of float64 (tests/test_row_kernels.py).
+The trace manifest's ``runtime.row_kernels`` says which one a recording used (:func:`kind`).
+
+Build: :mod:`traces.run.native_build` (``$CC -O3 -ffp-contract=off -shared -fPIC``); on x86-64 with GCC the
+functions carry AVX-512, AVX2 and baseline clones picked at load time. No compiler, a failed build or
+``MTPSCOPE_NATIVE_ROWS=0``: :func:`load` gives None, says why (:func:`unavailable_reason`) and the numpy
+functions are used.
+
+Imports: ctypes, numpy, mtpscope.errors, mtpscope.traces.run.native_build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mtpscope.errors import TraceError
+from mtpscope.traces.run import native_build
+
+SOURCE = Path(__file__).with_name("rowstats.c")
+#: the compiler's flags (before ``-shared -fPIC``): no fused multiply-adds, so that every CPU's clone
+#: computes the same bits
+FLAGS = ("-O3", "-ffp-contract=off", "-Wno-psabi")
+#: set to "0" to use the numpy functions
+ENV_SWITCH = "MTPSCOPE_NATIVE_ROWS"
+#: the most a top-k may ask for (rowstats.c's list lives on its stack)
+MAX_K = 4096
+_state: dict[str, Any] = {}
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def library_path() -> Path:
+    """Where the built library lives (:func:`traces.run.native_build.library_path` of ``rowstats.c``)."""
+    return native_build.library_path(SOURCE, FLAGS)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.mtps_target_stats.argtypes = [_P, _I, _I, _P, _P, _P]
+    lib.mtps_target_stats.restype = None
+    lib.mtps_top_k.argtypes = [_P, _I, _I, _P]
+    lib.mtps_top_k.restype = _I
+    lib.mtps_count_greater.argtypes = [_P, _I, ctypes.c_float]
+    lib.mtps_count_greater.restype = _I
+    return lib
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """A ``rowstats.c`` library at ``path`` (one built with other flags, for tests), its functions declared.
+
+    Raises:
+        OSError: not a loadable library.
+    """
+    return _declare(ctypes.CDLL(os.fspath(path)))
+
+
+def load() -> ctypes.CDLL | None:
+    """The built library (built first if needed), or None; :func:`unavailable_reason` then says why.
+    Tried once per process."""
+    if "lib" in _state:
+        cached: ctypes.CDLL | None = _state["lib"]
+        return cached
+    lib = None
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        _state["why"] = f"{ENV_SWITCH}=0"
+    else:
+        try:
+            lib = open_library(native_build.build(SOURCE, FLAGS, what="the native row kernels"))
+        except (TraceError, OSError, subprocess.SubprocessError) as e:
+            _state["why"] = str(e)
+            lib = None
+    _state["lib"] = lib
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load` gave None (None when it gave the library or was not tried)."""
+    return _state.get("why")
+
+
+def kind() -> str:
+    """Which reductions this process uses: ``"native"`` or ``"numpy (<why not native>)"`` (tries :func:`load`)."""
+    return "native" if load() is not None else f"numpy ({unavailable_reason()})"
+
+
+def _f32_row(x: np.ndarray) -> bool:
+    return x.dtype == np.float32 and x.ndim == 1 and x.flags.c_contiguous
+
+
+def target_stats(rows: Sequence[np.ndarray], tokens: np.ndarray, lib: ctypes.CDLL | None = None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(p, H)`` per row as :func:`traces.run.target_side.target_stats` defines them, in C; None when the
+    library is not available or a row is not a contiguous ``float32[n_vocab]``.
+
+    Args:
+        rows: ``n_rows`` rows of one length ``n_vocab`` (checked by the caller, as are the token ids).
+        tokens: ``int64[n_rows]`` ids in ``[0, n_vocab)``.
+        lib: a library from :func:`open_library` (default :func:`load`'s).
+
+    Returns:
+        two ``float64[n_rows]`` arrays (NaN for a row that holds a NaN or whose largest value is not finite).
+    """
+    lib = load() if lib is None else lib
+    if lib is None or not all(_f32_row(r) for r in rows):
+        return None
+    n = len(rows)
+    tok = np.ascontiguousarray(tokens, dtype=np.int64)
+    ptrs = (ctypes.c_void_p * max(n, 1))(*[r.ctypes.data for r in rows])
+    p, h = np.empty(n), np.empty(n)
+    if n:
+        lib.mtps_target_stats(ptrs, n, rows[0].shape[0], tok.ctypes.data, p.ctypes.data, h.ctypes.data)
+    return p, h
+
+
+def top_k(x: np.ndarray, k: int, lib: ctypes.CDLL | None = None) -> np.ndarray | None:
+    """The indices of the ``k`` largest values of ``x`` (``float32[n]``, contiguous), best first, ties by
+    the lower index, NaN skipped: ``int64[min(k, n)]``; None when the library is not available, ``x`` is
+    not such a vector or ``k > MAX_K``."""
+    lib = load() if lib is None else lib
+    if lib is None or not _f32_row(x) or k > MAX_K:
+        return None
+    ids = np.empty(max(k, 0), dtype=np.int64)
+    got = lib.mtps_top_k(x.ctypes.data, x.shape[0], k, ids.ctypes.data) if k > 0 else 0
+    return ids[:got]
+
+
+def count_greater(x: np.ndarray, v: float, lib: ctypes.CDLL | None = None) -> int | None:
+    """How many values of ``x`` (``float32[n]``, contiguous) are strictly greater than ``v`` (a float32);
+    None when the library is not available or ``x`` is not such a vector."""
+    lib = load() if lib is None else lib
+    if lib is None or not _f32_row(x):
+        return None
+    return int(lib.mtps_count_greater(x.ctypes.data, x.shape[0], float(v)))
+
+
+__all__ = ["ENV_SWITCH", "FLAGS", "MAX_K", "SOURCE", "count_greater", "kind", "library_path", "load",
+           "open_library", "target_stats", "top_k"]
