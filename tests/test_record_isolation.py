@@ -194,7 +194,7 @@ def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children and PR_SET_PDEATHSIG")
 def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_path) -> None:
-    """``kill -9`` of the recorder at 5 random moments of a long run (defaults: flush every 8 rounds):
+    """``kill -9`` of the recorder at 5 random moments of a long run (defaults: a Parquet part every 32 rounds, the write-ahead log between):
     every round it reported (``--verbose``) is in the trace, read back after recovering the
     write-ahead log, and the llama.cpp worker dies with it."""
     rng = random.Random(11)

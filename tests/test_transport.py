@@ -197,3 +197,37 @@ def test_staged_arrays_are_sent_from_where_they_lie() -> None:
             assert staged.ctypes.data - ring.address - msg["slot"] * ring.slot_bytes == 0
     sender.close()
     receiver.close()
+
+
+def test_prepare_runs_on_the_sender_thread_before_the_fence() -> None:
+    """``prepare`` replaces the object before its arrays go into the ring, on the sender thread; ``fence`` returns
+    only after it ran, so a buffer it read (here a view that is overwritten right after the fence) is read intact."""
+    import dataclasses
+
+    a, b = socket.socketpair()
+    seen: list[str] = []
+    buf = np.arange(50_000, dtype=np.float32)       # llama.cpp's logits buffer, in the recording worker
+
+    def prepare(kind: str, obj: StepRecord) -> StepRecord:
+        seen.append(threading.current_thread().name)
+        # what the worker does with the verify rows: reduce the live view, send the result instead
+        return dataclasses.replace(obj, logit=float(np.asarray(obj.h, dtype=np.float64).sum()), h=None)
+
+    sender = RoundSender(Channel(a), threaded=True, prepare=prepare)
+    receiver = RoundReceiver(Channel(b))
+    sender.send("round", StepRecord(k=1, token=3, h=buf[:1000], h_inner=np.ones(4, np.float32)))
+    sender.fence()
+    buf[:] = -1.0                                    # the next decode overwrites the buffer
+    while True:
+        msg, fds = receiver.chan.recv(timeout=30)
+        if msg["kind"] == "ring":
+            receiver.on_ring(msg, fds)
+            continue
+        got = receiver.unpack(msg)
+        break
+    receiver.release()
+    assert seen == ["mtpscope-round-sender"]
+    assert got.logit == sum(range(1000)) and got.h is None       # the sum of 0..999 by hand: 499500
+    np.testing.assert_array_equal(got.h_inner, np.ones(4))
+    sender.close()
+    receiver.close()

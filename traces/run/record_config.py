@@ -57,7 +57,8 @@ class RecordConfig:
         centroid_top_k: that head's k (None: the source's own; its range is the head's: 1..n_centroids).
         hidden: hidden states stored as ``"f16"``, ``"f32"`` or ``"off"`` (:data:`HIDDEN_CHOICES`).
         n_top: drafter candidates stored per step, >= 1.
-        flush_every: rounds per Parquet part, >= 1.
+        flush_every: rounds per Parquet part, >= 1 (each round is in the write-ahead log before it is reported
+            whatever this is; fewer parts cost the recorder less: 32 against 8 saves about 0.5 ms of a demo round).
         compact: merge the small parts at the end.
         flash_attn: flash attention (off by default: see :class:`traces.run.mtp_runtime.MtpRuntime`).
         n_threads: llama.cpp CPU threads (None: llama.cpp's default).
@@ -92,7 +93,7 @@ class RecordConfig:
     centroid_top_k: int | None = None
     hidden: str = "f16"
     n_top: int = 10
-    flush_every: int = 8
+    flush_every: int = 32
     compact: bool = True
     flash_attn: bool = False
     n_threads: int | None = None

@@ -285,16 +285,24 @@ def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
 
 def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
-    defer_target=True)``): per draft the drafter's and the target's logits (``n_vocab`` float32 each),
-    h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target with ``hidden_target``; each array
-    64-byte aligned, plus a page."""
+    defer_target=True)``, its target side reduced by the sender thread: :func:`_reduce_target_side`): per draft
+    the drafter's logits (``n_vocab`` float32), h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target
+    with ``hidden_target``; each array 64-byte aligned, plus a page."""
     def row(n: int) -> int:
         return -(-4 * int(n) // 64) * 64
 
-    step = 2 * row(rtm.n_vocab) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
+    step = row(rtm.n_vocab) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
     if hidden_target:
         step += row(rtm.n_embd_backbone)
     return int(n_draft) * step + 4096
+
+
+def _reduce_target_side(kind: str, obj: Any) -> Any:
+    """A round's target side computed (:func:`traces.run.mtp_runtime.finish_target_side`), anything else as it is:
+    the sender thread's ``prepare`` (:class:`traces.run.transport.RoundSender`)."""
+    from mtpscope.traces.run.mtp_runtime import finish_target_side
+
+    return finish_target_side(obj) if kind == ROUND else obj
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float] | None = None) -> None:
@@ -306,10 +314,16 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     c = job.config
     rtm = load_runtime(job)
     marks["runtime"], marks["runtime_cpu"] = time.time(), time.process_time()
+    from mtpscope.traces.run import row_kernels
+
+    row_kernels.load()      # the sender thread's reductions (built on a first use, cached): not in the first round
     # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
     # default, 5 ms, is more than a drafter step of a small pair)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    sender = RoundSender(chan, threaded=True)
+    # the target's side of each round (p of the draft, entropy) computed on the sender thread from the verify rows
+    # themselves (live views of llama.cpp's logits until the next target decode, which fence() holds back): no
+    # copy of those rows into the ring, and the recorder reads none of them
+    sender = RoundSender(chan, threaded=True, prepare=_reduce_target_side)
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     def _flush_on_abort(_msg: str) -> None:
         sender.flush(timeout=ABORT_FLUSH_S)

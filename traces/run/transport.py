@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -263,10 +263,16 @@ class RoundSender:
         chan: the control channel to the recorder. ``release`` messages are counted; a ``stop``
             raises :class:`StopRequested`; other messages are ignored.
         threaded: hand the sending to a thread (the recording worker), else send in the caller.
+        prepare: ``prepare(kind, obj)`` -> the object to pack instead, called in the thread that packs (the
+            sender thread when threaded) before the message's arrays go into the ring: work on arrays that
+            are views of someone else's buffer, done before :meth:`fence` lets that buffer be overwritten
+            (the recording worker's reductions of the target's verify rows).
     """
 
-    def __init__(self, chan: Channel, *, threaded: bool = False) -> None:
+    def __init__(self, chan: Channel, *, threaded: bool = False,
+                 prepare: Callable[[str, Any], Any] | None = None) -> None:
         self.chan = chan
+        self.prepare = prepare
         self.ring: Ring | None = None
         self.n_sent = 0         # messages written to the channel
         self.n_queued = 0       # messages handed to send() (== n_sent unless threaded)
@@ -480,6 +486,8 @@ class RoundSender:
 
     def _send_now(self, kind: str, obj: Any, extra: dict[str, Any], slot: int,
                   staged: dict[int, tuple[np.ndarray, int, Ring]], stage_off: int) -> None:
+        if self.prepare is not None:
+            obj = self.prepare(kind, obj)
         header, arrays = pack(obj)
         specs, need, placed = self._layout(arrays, staged, stage_off)
         ring = self.ring
