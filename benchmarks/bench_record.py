@@ -6,8 +6,8 @@ worker's own load, prompts, switch interval and per-decode wrapper; :class:`_Off
 callback, no per-step copies, no sender thread, no analysis and no trace writing (``--off-layout child``: the
 earlier baseline, one long-lived child loading the pair once; ``--in-process``: both arms in this process). Traced ("on"): what
 ``mtpscope record`` does -- :func:`traces.run.recorder.record` with llama.cpp in a worker process
-(``isolate=True``), hidden states (h, h_next, h_inner) as f16 and the fork drafter's centroid head, the
-analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
+(``isolate=True``), hidden states (h, h_next, h_inner) as f16 (``--tracing full``: and the fork drafter's
+centroid head scored), the analysis (top-k, ranks, centroid scoring, f16 conversion) and the writing (write-ahead log every round,
 Parquet parts, compaction) in the recorder process beside the loop -- in each ``--capture`` mode: ``derived``
 (the default: no graph hook, h_inner derived from the logits and h_next in the recorder process, a few
 calibration steps before the run) and ``graph`` (``--capture graph``: the ``cb_eval`` copy of
@@ -34,8 +34,9 @@ tracing adds, which a slow moment of a shared machine moves far less than a run'
 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python -m benchmarks.bench_record [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
-[--size tiny|medium] [--capture derived|graph|both] [--in-process] [--off-layout worker|child]`` (``--in-process``:
-the traced runs in this process, as before the worker existed). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
+[--size tiny|medium] [--capture derived|graph|both] [--tracing default|full] [--in-process] [--off-layout worker|child]``
+(``--in-process``: the traced runs in this process, as before the worker existed; ``--tracing full``: the fork
+drafter's centroid head scored too, as with ``record --centroids``; the default is ``mtpscope record``'s own). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
 """
 
 from __future__ import annotations
@@ -227,10 +228,15 @@ def _off_loop_main(argv: list[str]) -> int:
     return 0
 
 
+#: what each ``--tracing`` records
+TRACING_WORDS = {"default": "mtpscope record's defaults: h/h_next/h_inner f16, no centroid head",
+                 "full": "h/h_next/h_inner f16 + the fork drafter's centroid head scored (--centroids)"}
+
+
 def _line(label: str, off: list[float], on: list[float], target: float = 3.0) -> None:
     print(f"  [{label}] baseline (tracing off: bare MTP loop)     median {statistics.median(off):7.1f}  "
           f"best {max(off):7.1f} tokens/s  (runs: {', '.join(f'{x:.1f}' for x in off)})")
-    print(f"  [{label}] traced (h/h_next/h_inner f16 + centroids) median {statistics.median(on):7.1f}  "
+    print(f"  [{label}] traced                                 median {statistics.median(on):7.1f}  "
           f"best {max(on):7.1f} tokens/s  (runs: {', '.join(f'{x:.1f}' for x in on)})")
     for how, f in (("median", statistics.median), ("best", max)):
         r = f(on) / f(off)
@@ -273,6 +279,8 @@ def main() -> int:
     ap.add_argument("--capture", default="both", choices=("derived", "graph", "both"),
                     help="traced runs with h_inner derived (the default of `mtpscope record`), copied from the graph "
                          "(--capture graph), or both, each paired with its own untraced run")
+    ap.add_argument("--tracing", default="default", choices=tuple(TRACING_WORDS),
+                    help="what the traced runs record: mtpscope record's defaults, or also the centroid head")
     args = ap.parse_args()
 
     t, a, f = models(args.vocab, args.size)
@@ -302,7 +310,8 @@ def main() -> int:
 
     def run_on(mode: str, tmp: Path, i: int) -> tuple[float, float, float, int, list[int]]:
         st = stats[mode]
-        s = record(RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens, centroids=f, hidden="f16",
+        s = record(RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens,
+                                centroids=f if args.tracing == "full" else None, hidden="f16",
                                 n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
                                 graph_capture=mode == "graph"),
                    target=t, assistant=a, out=tmp / f"{mode}-{i}", prompt=PROMPT, runtime=on_rts[mode],
@@ -348,7 +357,7 @@ def main() -> int:
                 else "one long-lived child process"))
     print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
-          f"load average {os.getloadavg()[0]:.2f}")
+          f"load average {os.getloadavg()[0]:.2f}; tracing {args.tracing} ({TRACING_WORDS[args.tracing]})")
     for m in modes:
         st = stats[m]
         print(f"capture {m} ({CAPTURE_WORDS[m]}):")
