@@ -96,7 +96,8 @@ class PromptSpec:
 
 
 def _fail(p: Path, n: int, fld: str, message: str, expected: Any = None, actual: Any = None) -> MtpscopeError:
-    return MtpscopeError(f"line {n}: {message}", path=p, key=f"line {n}: {fld}", expected=expected, actual=actual)
+    # (the key names the line: the message does not repeat it)
+    return MtpscopeError(message, path=p, key=f"line {n}: {fld}", expected=expected, actual=actual)
 
 
 def _short(v: Any) -> str:
@@ -274,7 +275,7 @@ def read_prompts(path: str | os.PathLike[str]) -> list[str]:
     out = []
     for s in read_prompt_specs(path):
         if s.text is None:
-            raise MtpscopeError(f"line {s.line}: a {s.source} prompt has no text", **s.where(s.source),
+            raise MtpscopeError(f"a {s.source} prompt has no text", **s.where(s.source),
                                 expected="a text prompt", actual=s.source)
         out.append(s.text)
     return out
