@@ -8,7 +8,9 @@ float32 logits (262144 for Gemma 4). Rows are taken from a pool of ``--pool-mib`
 cold (as it does from the worker's ring: written by the other core), and also hot (the same rows again).
 Printed: milliseconds per round of each part for both, and the ratio numpy / C; exits 0 whatever the numbers.
 
-Usage: ``python -m benchmarks.bench_row_kernels [--n-vocab 262144] [--n-draft 3] [--rounds 200]``.
+``--isa avx2`` (or ``baseline``): the C library an AVX2-only CPU (or one without AVX2) gets, instead of this CPU's.
+
+Usage: ``python -m benchmarks.bench_row_kernels [--n-vocab 262144] [--n-draft 3] [--rounds 200] [--isa avx512|avx2|baseline]``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mtpscope.traces.run import ranking, row_kernels
+from mtpscope.traces.run import native_build, ranking, row_kernels
 from mtpscope.traces.run.target_side import numpy_target_stats
 
 
@@ -43,11 +45,16 @@ def main() -> int:
     ap.add_argument("--n-draft", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--pool-mib", type=int, default=192)
+    ap.add_argument("--isa", choices=tuple(row_kernels.ISA_FLAGS), default=None,
+                    help="the build of another instruction set (default: this CPU's)")
     args = ap.parse_args()
     lib = row_kernels.load()
     if lib is None:
         print(f"the C row kernels do not build here: {row_kernels.unavailable_reason()}")
         return 0
+    isa = args.isa or row_kernels.isa()
+    path = native_build.build(row_kernels.SOURCE, row_kernels.flags(isa), what=f"the {isa} build of the row kernels")
+    lib, name = row_kernels.open_library(path), f"{path.name} ({isa}, {lib.mtps_lanes()} float32 lanes a register)"
     rng = np.random.default_rng(0)
     n_rows = max(2 * args.n_draft, args.pool_mib * 2**20 // (4 * args.n_vocab))
     rows = list((30 * np.tanh(rng.normal(0, 6, size=(n_rows, args.n_vocab)) / 30)).astype(np.float32))
@@ -68,7 +75,7 @@ def main() -> int:
                                                  lambda b: numpy_target_stats(b, tok)),
              "top-10 and a full rank (drafter rows)": (summarize_c, summarize_np)}
     print(f"{args.n_draft} rows of {args.n_vocab} float32 per part, median of {args.rounds} rounds; "
-          f"C library: {row_kernels.library_path().name}")
+          f"C library: {name}")
     print("| part | rows | numpy ms | C ms | numpy / C |\n|---|---|---|---|---|")
     for name, (c_fn, np_fn) in parts.items():
         for hot in (False, True):

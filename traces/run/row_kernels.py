@@ -13,8 +13,9 @@ use Cephes' ``expf`` (relative error about 1e-7) and float32 lane sums of 16 ter
 numpy's ``exp`` and pairwise float32 sums: both are within 1e-6 relative of float64 (tests/test_row_kernels.py).
 The trace manifest's ``runtime.row_kernels`` says which one a recording used (:func:`kind`).
 
-Build: :mod:`traces.run.native_build` (``$CC -O3 -ffp-contract=off -shared -fPIC``); on x86-64 with GCC the
-functions carry AVX-512, AVX2 and baseline clones picked at load time. No compiler, a failed build or
+Build: :mod:`traces.run.native_build` (``$CC -O3 -ffp-contract=off -shared -fPIC`` plus the instruction set of
+the CPU it runs on, :func:`isa`: AVX-512, AVX2 + FMA, or the compiler's baseline; each a library of its own in the
+cache, all computing the same bits). No compiler, a failed build or
 ``MTPSCOPE_NATIVE_ROWS=0``: :func:`load` gives None, says why (:func:`unavailable_reason`) and the numpy
 functions are used.
 
@@ -36,9 +37,12 @@ from mtpscope.errors import TraceError
 from mtpscope.traces.run import native_build
 
 SOURCE = Path(__file__).with_name("rowstats.c")
-#: the compiler's flags (before ``-shared -fPIC``): no fused multiply-adds, so that every CPU's clone
-#: computes the same bits
+#: the compiler's flags (before ``-shared -fPIC``) of every build: no fused multiply-adds, so that every
+#: instruction set's build computes the same bits
 FLAGS = ("-O3", "-ffp-contract=off", "-Wno-psabi")
+#: the instruction-set flags of each build (rowstats.c's register width follows them: 16, 8, 4 float32 lanes)
+ISA_FLAGS = {"avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"),
+             "avx2": ("-mavx2", "-mfma"), "baseline": ()}
 #: set to "0" to use the numpy functions
 ENV_SWITCH = "MTPSCOPE_NATIVE_ROWS"
 #: the most a top-k may ask for (rowstats.c's list lives on its stack)
@@ -48,9 +52,30 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
 
+def isa() -> str:
+    """The build this CPU gets: ``"avx512"`` (AVX-512 F, BW, DQ and VL), ``"avx2"`` (AVX2 and FMA) or
+    ``"baseline"`` (anything else, other architectures included), from numpy's own view of the CPU (what its
+    dispatch uses: features the CPU has and the OS enables)."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as feats
+    except ImportError:      # (numpy without that table: the safe build)
+        return "baseline"
+    if all(feats.get(f) for f in ("AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX2", "FMA3")):
+        return "avx512"
+    if feats.get("AVX2") and feats.get("FMA3"):
+        return "avx2"
+    return "baseline"
+
+
+def flags(which: str | None = None) -> tuple[str, ...]:
+    """The compiler flags of the build for ``which`` instruction set (default :func:`isa`)."""
+    return (*FLAGS, *ISA_FLAGS[isa() if which is None else which])
+
+
 def library_path() -> Path:
-    """Where the built library lives (:func:`traces.run.native_build.library_path` of ``rowstats.c``)."""
-    return native_build.library_path(SOURCE, FLAGS)
+    """Where this CPU's library lives (:func:`traces.run.native_build.library_path` of ``rowstats.c`` with
+    :func:`flags`)."""
+    return native_build.library_path(SOURCE, flags())
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -60,6 +85,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mtps_top_k.restype = _I
     lib.mtps_count_greater.argtypes = [_P, _I, ctypes.c_float]
     lib.mtps_count_greater.restype = _I
+    lib.mtps_lanes.argtypes = []
+    lib.mtps_lanes.restype = _I
     return lib
 
 
@@ -83,7 +110,7 @@ def load() -> ctypes.CDLL | None:
         _state["why"] = f"{ENV_SWITCH}=0"
     else:
         try:
-            lib = open_library(native_build.build(SOURCE, FLAGS, what="the native row kernels"))
+            lib = open_library(native_build.build(SOURCE, flags(), what=f"the native row kernels ({isa()})"))
         except (TraceError, OSError, subprocess.SubprocessError) as e:
             _state["why"] = str(e)
             lib = None
@@ -151,5 +178,6 @@ def count_greater(x: np.ndarray, v: float, lib: ctypes.CDLL | None = None) -> in
     return int(lib.mtps_count_greater(x.ctypes.data, x.shape[0], float(v)))
 
 
-__all__ = ["ENV_SWITCH", "FLAGS", "MAX_K", "SOURCE", "count_greater", "kind", "library_path", "load",
+__all__ = ["ENV_SWITCH", "FLAGS", "ISA_FLAGS", "MAX_K", "SOURCE", "count_greater", "flags", "isa", "kind",
+           "library_path", "load",
            "open_library", "target_stats", "top_k"]
