@@ -56,9 +56,11 @@ def isa() -> str:
     """The build this CPU gets: ``"avx512"`` (AVX-512 F, BW, DQ and VL), ``"avx2"`` (AVX2 and FMA) or
     ``"baseline"`` (anything else, other architectures included), from numpy's own view of the CPU (what its
     dispatch uses: features the CPU has and the OS enables)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as feats
-    except ImportError:      # (numpy without that table: the safe build)
+    import importlib
+
+    try:     # (a private module of numpy's, without type stubs: read as a plain mapping)
+        feats: dict[str, bool] = dict(importlib.import_module("numpy._core._multiarray_umath").__cpu_features__)
+    except (ImportError, AttributeError):      # (numpy without that table: the safe build)
         return "baseline"
     if all(feats.get(f) for f in ("AVX512F", "AVX512BW", "AVX512DQ", "AVX512VL", "AVX2", "FMA3")):
         return "avx512"
