@@ -289,6 +289,8 @@ def test_manifest(noisy_trace, pair) -> None:
 
     has_cc = shutil.which(os.environ.get("CC") or "cc") is not None
     assert m["runtime"]["cb_eval"] == "native" if has_cc else m["runtime"]["cb_eval"].startswith("python (")
+    # and the reductions over the rows of logits (the target's p and H, top-k, ranks): C there too
+    assert m["runtime"]["row_kernels"] == "native" if has_cc else m["runtime"]["row_kernels"].startswith("numpy (")
     assert m["dims"] == {"n_embd_backbone": 64, "n_embd": 128, "hidden_dtype": "f32"}
     assert m["centroids"]["n_centroids"] == 64 and m["centroids"]["top_k"] == 4
     tm = lm.LlamaModel(pair["target"])
