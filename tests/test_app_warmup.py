@@ -58,7 +58,7 @@ def test_default_selection_is_what_a_fresh_session_selects(demo_dir) -> None:
     assert not linked[selection.TRACE_B] or not selection.same_path(linked[selection.TRACE_B], tp.traces_buggy)
 
 
-def test_after_the_warm_up_the_start_and_files_pages_compute_nothing(demo_dir, monkeypatch) -> None:
+def test_after_the_warm_up_the_first_pages_compute_nothing(demo_dir, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
     from mtpscope.app import warmup
@@ -88,6 +88,13 @@ def test_after_the_warm_up_the_start_and_files_pages_compute_nothing(demo_dir, m
     assert not any("computed again" in s for s in shown), shown
     assert [t.value for t in at.title] == ["Files"]
     assert any(m.label == "dialect" for m in at.metric), [m.label for m in at.metric]
+    # the Tensors page's layer grid checks the drafter on its own (the Files page pairs it with the target); the
+    # trace pages read the same report and explanation
+    for script, title in (("tensors", "Tensors"), ("explain", "Explain"), ("acceptance", "Acceptance")):
+        at.switch_page(f"screens/{script}.py").run()
+        shown = [e.value for e in at.error] + [e.value for e in at.exception] + [w.value for w in at.warning]
+        assert not any("computed again" in s for s in shown), (script, shown)
+        assert [t.value for t in at.title] == [title]
 
 
 def test_the_loaders_read_a_gguf_like_the_kept_one_and_without_it_once_it_is_closed(demo_dir, monkeypatch) -> None:
@@ -117,3 +124,30 @@ def test_the_loaders_read_a_gguf_like_the_kept_one_and_without_it_once_it_is_clo
     f = loaders._sharing(G.open_gguf, str(tp.drafter_buggy))
     assert walks and loaders._LIKE == []   # read on its own
     assert len(f.tensors) == n_tensors and len(f.get("tokenizer.ggml.tokens")) == n_tok
+
+
+def test_prepare_streamlit_compiles_the_page_scripts_and_does_the_first_element_check(tmp_path, monkeypatch) -> None:
+    """What Streamlit does on a process's first page run is done by the warm-up: every page script compiled into
+    the runtime's script cache (the key the page run looks up: its absolute path), the first element's check
+    done once; a script that does not compile is one line, the others are compiled all the same."""
+    from streamlit import delta_generator
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+
+    from mtpscope.app import warmup
+
+    class Runtime:
+        _script_cache = ScriptCache()
+
+    scripts = warmup.page_scripts()
+    names = {p.name for p in scripts}
+    assert Path(MAIN) in scripts and {"start.py", "files.py", "tensors.py", "explain.py", "acceptance.py"} <= names
+    bad = tmp_path / "bad.py"
+    bad.write_text("def (:\n")
+    monkeypatch.setattr(delta_generator, "_use_warning_has_been_displayed", False)
+    failed = warmup.prepare_streamlit(Runtime(), [*scripts, bad])
+    assert len(failed) == 1 and failed[0].startswith(f"compile {bad}"), failed
+    assert delta_generator._use_warning_has_been_displayed
+    cached = Runtime._script_cache._cache
+    assert set(cached) == {str(p) for p in scripts}   # absolute paths, the page run's key
+    code = cached[MAIN]
+    assert Runtime._script_cache.get_bytecode(MAIN) is code   # the page run finds it: not compiled again
