@@ -21,7 +21,11 @@ Needs the demo (``mtpscope demo build``), playwright and Debian's Chromium (``ma
 whatever the numbers (speed targets are reported, never asserted). Timings on a busy machine are noise:
 run it on a quiet one.
 
-Usage: ``python -m benchmarks.bench_pages [--pages start,explain] [--repeats 1] [--returning]``.
+``--floor``: Streamlit's own first visit, without the app: bare pages (:data:`FLOOR`: a title; a title and one
+three-bar plotly chart; a title, a metric, that chart and a 10-row data frame), each on a fresh ``streamlit run``
+with mtpscope's server flags and a new browser, timed like the app's pages: what no page of the app can beat.
+
+Usage: ``python -m benchmarks.bench_pages [--pages start,explain] [--repeats 1] [--returning] [--floor]``.
 """
 
 from __future__ import annotations
@@ -93,6 +97,43 @@ def load_time(page, url: str, heading: str, timeout: float = 120.0, quiet_s: flo
     raise SystemExit(f"{url} did not settle within {timeout:.0f} s")
 
 
+#: ``--floor``'s bare Streamlit pages (name -> script), each headed "Floor".
+FLOOR = {
+    "title": 'import streamlit as st\nst.title("Floor")\n',
+    "chart": 'import plotly.graph_objects as go\nimport streamlit as st\nst.title("Floor")\n'
+             'st.plotly_chart(go.Figure(go.Bar(x=[1, 2, 3], y=[1, 3, 2])))\n',
+    "chart+table": 'import pandas as pd\nimport plotly.graph_objects as go\nimport streamlit as st\nst.title("Floor")\n'
+                   'st.metric("a", 1)\nst.plotly_chart(go.Figure(go.Bar(x=[1, 2, 3], y=[1, 3, 2])))\n'
+                   'st.dataframe(pd.DataFrame({"a": range(10), "b": range(10)}))\n',
+}
+
+
+def floor(pw, exe: str | None, work: Path) -> dict[str, tuple[float, float]]:
+    """``{name: (first visit s, second visit s)}`` of each :data:`FLOOR` page on its own fresh server, by a new
+    browser (the first visit downloads Streamlit's frontend, as the app's cold pass does)."""
+    from mtpscope.cli.serve import SERVER_FLAGS
+
+    out = {}
+    for name, text in FLOOR.items():
+        script = work / f"floor_{name.replace('+', '_')}.py"
+        script.write_text(text)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
+                                 "--server.address", "127.0.0.1", *SERVER_FLAGS],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(url, proc)
+            browser, tab = _browser(pw, exe)
+            try:
+                out[name] = (load_time(tab, url + "/", "Floor"), load_time(tab, url + "/", "Floor"))
+            finally:
+                browser.close()
+        finally:
+            _stop(proc)
+    return out
+
+
 def _serve(port: int, env: dict[str, str], log) -> subprocess.Popen:
     """Start ``mtpscope app`` on ``port`` (as ``make run`` does), its output to ``log``."""
     return subprocess.Popen([sys.executable, "-m", "mtpscope.cli", "app", "--port", str(port)],
@@ -118,8 +159,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="warm passes (the median is printed)")
     ap.add_argument("--returning", action="store_true",
                     help="the browser visited every page before, on a server started on the same port and stopped")
+    ap.add_argument("--floor", action="store_true", help="only Streamlit's own first visit of bare pages (no app)")
     a = ap.parse_args()
     from playwright.sync_api import sync_playwright
+
+    if a.floor:
+        with tempfile.TemporaryDirectory() as work, sync_playwright() as pw:
+            exe = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+            got = floor(pw, exe, Path(work))
+        print(f"{'bare page':<12} {'first s':>7} {'again s':>7}  (Streamlit alone, a fresh server and a new browser each)")
+        for name, (first, again) in got.items():
+            print(f"{name:<12} {first:7.2f} {again:7.2f}")
+        return
 
     from mtpscope.cache import demo_dir
 
