@@ -7,8 +7,8 @@ modules and fill the process-wide caches of :mod:`mtpscope.app.loaders` for the 
 user meets them: the start page (its verdict, then the advice), the Files page (the pickers' GGUF roles, the
 selected models' summaries and the memory estimate), the Tensors page (the drafter's check on its own), then the
 trace pages. Before those, what Streamlit does once per process on a page's first run (:func:`prepare_streamlit`:
-its first element's check of how it was started, the page scripts compiled, plotly's default template loaded), so
-the first page's run does not do it.
+its first element's check of how it was started, plotly's default template loaded), so the first page's run does
+not do it; after them, the page scripts compiled into Streamlit's script cache (:func:`compile_scripts`).
 
 The same cached loaders the pages call, with the same arguments, so a page finds the value computed (or waits
 for the computation under way: Streamlit computes a cached value once). Best effort: a step that fails is
@@ -117,14 +117,13 @@ def page_scripts() -> list[Path]:
     return [here / "main.py", *sorted((here / "screens").glob("*.py"))]
 
 
-def prepare_streamlit(rt: Any, scripts: list[Path]) -> list[str]:
+def prepare_streamlit() -> list[str]:
     """Do what Streamlit does once per process on the first page run, so that run does not: its first element's
     check of how it was started (``delta_generator._maybe_print_use_warning``: ``inspect.stack()`` of the running
-    thread, each frame's source file looked up among every module: 0.1-0.25 s on the page's deep stack, little
-    on this thread's; it warns nothing here, the runtime exists), ``scripts`` compiled into ``rt``'s script cache
-    (``_script_cache.get_bytecode``: the page run's own call, the same cache and key), plotly's default template
-    loaded (the first figure's layout). Streamlit's private names are looked up, never required: one missing
-    (another Streamlit version) is skipped. Returns what failed, as ``"what: error"`` lines; never raises."""
+    thread, each frame's source file looked up among every module: 0.1-0.25 s on a page run's deep stack, little on
+    this thread's; it warns nothing here, the runtime exists), and plotly's default template loaded (the first
+    figure's layout). Streamlit's private name is looked up, never required: missing (another Streamlit version),
+    it is skipped. Returns what failed, as ``"what: error"`` lines; never raises."""
     failed: list[str] = []
     try:
         from streamlit import delta_generator
@@ -134,20 +133,28 @@ def prepare_streamlit(rt: Any, scripts: list[Path]) -> list[str]:
             check()
     except Exception as e:  # noqa: BLE001 - best effort: the first page run does it then
         failed.append(f"streamlit's first-element check: {e}")
-    cache = getattr(rt, "_script_cache", None)
-    compile_ = getattr(cache, "get_bytecode", None)
-    if callable(compile_):
-        for path in scripts:
-            try:
-                compile_(str(path))
-            except Exception as e:  # noqa: BLE001 - a script that does not compile fails in its page, in its words
-                failed.append(f"compile {path}: {e}")
     try:
         import plotly.graph_objects as go
 
         go.Figure().update_layout(title="")
     except Exception as e:  # noqa: BLE001 - best effort: the first figure loads it then
         failed.append(f"plotly's template: {e}")
+    return failed
+
+
+def compile_scripts(rt: Any, scripts: list[Path]) -> list[str]:
+    """``scripts`` compiled into ``rt``'s script cache (``_script_cache.get_bytecode``, Streamlit's private cache:
+    the page run's own call, the same key), so each page's first run in this process finds its code compiled (10-30
+    ms a page; all of them about 0.1 s, done after the caches are filled). Without that cache (another Streamlit
+    version) nothing is done. Returns the scripts that failed, as ``"compile PATH: error"`` lines; never raises."""
+    failed: list[str] = []
+    compile_ = getattr(getattr(rt, "_script_cache", None), "get_bytecode", None)
+    if callable(compile_):
+        for path in scripts:
+            try:
+                compile_(str(path))
+            except Exception as e:  # noqa: BLE001 - a script that does not compile fails in its page, in its words
+                failed.append(f"compile {path}: {e}")
     return failed
 
 
@@ -172,10 +179,8 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
         failed.append("streamlit's runtime did not start")
         todo: list[tuple[str, Callable[[], Any]]] = []
     else:
-        from streamlit import runtime
-
         failed += import_all(MODULES)
-        failed += prepare_streamlit(runtime.get_instance(), page_scripts())
+        failed += prepare_streamlit()
         try:
             todo = steps()
         except Exception as e:  # noqa: BLE001 - a warm-up never stops the server: the failure is logged and the pages compute it
@@ -188,6 +193,10 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
         except Exception as e:  # noqa: BLE001 - a file a page would refuse is refused there, in its words
             failed.append(f"{what}: {e}")
         _LOG.debug("warm-up: %s in %.3f s", what, time.perf_counter() - t)
+    if todo:   # the pages' first runs after the first: their scripts compiled
+        from streamlit import runtime
+
+        failed += compile_scripts(runtime.get_instance(), page_scripts())
     for line in failed:
         _LOG.debug("warm-up: %s", line)
     _LOG.debug("warm-up done in %.2f s", time.perf_counter() - t0)
@@ -208,5 +217,5 @@ def start() -> threading.Thread | None:
     return _started
 
 
-__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "import_all", "page_scripts", "prepare_streamlit",
-           "start", "steps", "warm"]
+__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "compile_scripts", "import_all", "page_scripts",
+           "prepare_streamlit", "start", "steps", "warm"]
