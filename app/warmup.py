@@ -175,7 +175,8 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
     t0 = time.perf_counter()
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_QuietOffSession())
     failed: list[str] = []
-    if not _runtime_ready(runtime_timeout):
+    ready = _runtime_ready(runtime_timeout)
+    if not ready:
         failed.append("streamlit's runtime did not start")
         todo: list[tuple[str, Callable[[], Any]]] = []
     else:
@@ -193,10 +194,13 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
         except Exception as e:  # noqa: BLE001 - a file a page would refuse is refused there, in its words
             failed.append(f"{what}: {e}")
         _LOG.debug("warm-up: %s in %.3f s", what, time.perf_counter() - t)
-    if todo:   # the pages' first runs after the first: their scripts compiled
+    if ready:   # the pages' first runs after the first: their scripts compiled
         from streamlit import runtime
 
-        failed += compile_scripts(runtime.get_instance(), page_scripts())
+        try:
+            failed += compile_scripts(runtime.get_instance(), page_scripts())
+        except Exception as e:  # noqa: BLE001 - the runtime stopped meanwhile: the pages compile their own
+            failed.append(f"compile the pages: {e}")
     for line in failed:
         _LOG.debug("warm-up: %s", line)
     _LOG.debug("warm-up done in %.2f s", time.perf_counter() - t0)
