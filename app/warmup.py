@@ -8,7 +8,7 @@ user meets them: the start page (its verdict, then the advice), the Files page (
 selected models' summaries and the memory estimate), the Tensors page (the drafter's check on its own), then the
 trace pages. Before those, what Streamlit does once per process on a page's first run (:func:`prepare_streamlit`:
 its first element's check of how it was started, plotly's default template loaded), so the first page's run does
-not do it; after them, the page scripts compiled into Streamlit's script cache (:func:`compile_scripts`).
+not do it. (Not the page scripts' compilation: Streamlit clears its script cache whenever no session is left.)
 
 The same cached loaders the pages call, with the same arguments, so a page finds the value computed (or waits
 for the computation under way: Streamlit computes a cached value once). Best effort: a step that fails is
@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 #: Set to 1 to start the server without warming it.
@@ -110,13 +109,6 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     return out
 
 
-def page_scripts() -> list[Path]:
-    """The entry script (``app/main.py``, beside this module: the path ``mtpscope app`` runs) and every page script
-    (``app/screens/*.py``), resolved as Streamlit names them."""
-    here = Path(__file__).resolve().parent
-    return [here / "main.py", *sorted((here / "screens").glob("*.py"))]
-
-
 def prepare_streamlit() -> list[str]:
     """Do what Streamlit does once per process on the first page run, so that run does not: its first element's
     check of how it was started (``delta_generator._maybe_print_use_warning``: ``inspect.stack()`` of the running
@@ -142,22 +134,6 @@ def prepare_streamlit() -> list[str]:
     return failed
 
 
-def compile_scripts(rt: Any, scripts: list[Path]) -> list[str]:
-    """``scripts`` compiled into ``rt``'s script cache (``_script_cache.get_bytecode``, Streamlit's private cache:
-    the page run's own call, the same key), so each page's first run in this process finds its code compiled (10-30
-    ms a page; all of them about 0.1 s, done after the caches are filled). Without that cache (another Streamlit
-    version) nothing is done. Returns the scripts that failed, as ``"compile PATH: error"`` lines; never raises."""
-    failed: list[str] = []
-    compile_ = getattr(getattr(rt, "_script_cache", None), "get_bytecode", None)
-    if callable(compile_):
-        for path in scripts:
-            try:
-                compile_(str(path))
-            except Exception as e:  # noqa: BLE001 - a script that does not compile fails in its page, in its words
-                failed.append(f"compile {path}: {e}")
-    return failed
-
-
 def import_all(names: tuple[str, ...]) -> list[str]:
     """Import ``names``; returns those that failed, as ``"import NAME: error"`` lines. Never raises."""
     failed: list[str] = []
@@ -175,8 +151,7 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
     t0 = time.perf_counter()
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_QuietOffSession())
     failed: list[str] = []
-    ready = _runtime_ready(runtime_timeout)
-    if not ready:
+    if not _runtime_ready(runtime_timeout):
         failed.append("streamlit's runtime did not start")
         todo: list[tuple[str, Callable[[], Any]]] = []
     else:
@@ -194,13 +169,6 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
         except Exception as e:  # noqa: BLE001 - a file a page would refuse is refused there, in its words
             failed.append(f"{what}: {e}")
         _LOG.debug("warm-up: %s in %.3f s", what, time.perf_counter() - t)
-    if ready:   # the pages' first runs after the first: their scripts compiled
-        from streamlit import runtime
-
-        try:
-            failed += compile_scripts(runtime.get_instance(), page_scripts())
-        except Exception as e:  # noqa: BLE001 - the runtime stopped meanwhile: the pages compile their own
-            failed.append(f"compile the pages: {e}")
     for line in failed:
         _LOG.debug("warm-up: %s", line)
     _LOG.debug("warm-up done in %.2f s", time.perf_counter() - t0)
@@ -221,5 +189,5 @@ def start() -> threading.Thread | None:
     return _started
 
 
-__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "compile_scripts", "import_all", "page_scripts",
-           "prepare_streamlit", "start", "steps", "warm"]
+__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "import_all", "prepare_streamlit", "start", "steps",
+           "warm"]

@@ -126,32 +126,19 @@ def test_the_loaders_read_a_gguf_like_the_kept_one_and_without_it_once_it_is_clo
     assert len(f.tensors) == n_tensors and len(f.get("tokenizer.ggml.tokens")) == n_tok
 
 
-def test_the_warm_up_does_streamlits_first_run_work_and_compiles_the_page_scripts(tmp_path, monkeypatch) -> None:
-    """What Streamlit does on a process's first page run is done by the warm-up: the first element's check done
-    once (on this thread, warning nothing: the runtime exists), and every page script compiled into the runtime's
-    script cache under the key the page run looks up (its absolute path); a script that does not compile is one
-    line, the others are compiled all the same."""
+def test_the_warm_up_does_streamlits_first_run_work(monkeypatch) -> None:
+    """What Streamlit does on a process's first page run (its first element's check of how it was started, an
+    ``inspect.stack()`` of the page run's deep stack) is done by the warm-up, once: a page's first element finds it
+    done."""
     from streamlit import delta_generator
-    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
 
     from mtpscope.app import warmup
 
     monkeypatch.setattr(delta_generator, "_use_warning_has_been_displayed", False)
+    calls = []
+    real = delta_generator.env_util.is_repl
+    monkeypatch.setattr(delta_generator.env_util, "is_repl", lambda: calls.append(1) or real())
     assert warmup.prepare_streamlit() == []
-    assert delta_generator._use_warning_has_been_displayed
-
-    class Runtime:
-        _script_cache = ScriptCache()
-
-    scripts = warmup.page_scripts()
-    names = {p.name for p in scripts}
-    assert Path(MAIN) in scripts and {"start.py", "files.py", "tensors.py", "explain.py", "acceptance.py"} <= names
-    bad = tmp_path / "bad.py"
-    bad.write_text("def (:\n")
-    failed = warmup.compile_scripts(Runtime(), [*scripts, bad])
-    assert len(failed) == 1 and failed[0].startswith(f"compile {bad}"), failed
-    cached = Runtime._script_cache._cache
-    assert set(cached) == {str(p) for p in scripts}   # absolute paths, the page run's key
-    code = cached[MAIN]
-    assert Runtime._script_cache.get_bytecode(MAIN) is code   # the page run finds it: not compiled again
-    assert warmup.compile_scripts(object(), scripts) == []   # no script cache (another Streamlit): nothing done
+    assert delta_generator._use_warning_has_been_displayed and calls == [1]
+    delta_generator._maybe_print_use_warning()   # a page's first element: nothing left to check
+    assert calls == [1]
