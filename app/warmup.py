@@ -5,7 +5,10 @@ half-made modules: plotly peeks at ``sys.modules['pandas']``); then, on a thread
 modules and fill the process-wide caches of :mod:`mtpscope.app.loaders` for the view a fresh session opens
 (:func:`mtpscope.app.selection.default_selection`: the demo's traces A and B and their models), in the order a
 user meets them: the start page (its verdict, then the advice), the Files page (the pickers' GGUF roles, the
-selected models' summaries and the memory estimate), then the trace pages.
+selected models' summaries and the memory estimate), the Tensors page (the drafter's check on its own), then the
+trace pages. Before those, what Streamlit does once per process on a page's first run (:func:`prepare_streamlit`:
+its first element's check of how it was started, plotly's default template loaded), so the first page's run does
+not do it. (Not the page scripts' compilation: Streamlit clears its script cache whenever no session is left.)
 
 The same cached loaders the pages call, with the same arguments, so a page finds the value computed (or waits
 for the computation under way: Streamlit computes a cached value once). Best effort: a step that fails is
@@ -13,7 +16,8 @@ skipped (the page that needs it says why, as it would have); nothing is written,
 would not run. ``MTPSCOPE_NO_WARMUP=1`` turns it off.
 
 Imports (all lazily, on the thread): ``loaders``, ``selection``, ``trace_checks``, ``safety``, the estimate's
-defaults, streamlit's runtime (to wait for it); :data:`LIBRARIES` and :data:`MODULES` by name.
+defaults, streamlit's runtime (to wait for it) and its ``delta_generator``, ``plotly.graph_objects``;
+:data:`LIBRARIES` and :data:`MODULES` by name.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
         if m:
             out += [(f"gguf {m}", partial(loaders.gguf, m)), (f"inventory {m}", partial(loaders.inventory, m)),
                     (f"validation {m}", partial(loaders.validation, m, target if m == drafter else None))]
+    if drafter and target:   # the Tensors page's layer grid: the drafter checked on its own (the Files page pairs it)
+        out.append((f"validation {drafter} alone", partial(loaders.validation, drafter)))
     if target:   # at the Files page's first n_ctx: llama-server's default, EstimateParams'
         from mtpscope.inspector.estimate import EstimateParams
 
@@ -101,6 +107,31 @@ def steps() -> list[tuple[str, Callable[[], Any]]]:
     if a:   # the trace pages' first reads
         out.append((f"positions {a}", partial(loaders.positions, a)))
     return out
+
+
+def prepare_streamlit() -> list[str]:
+    """Do what Streamlit does once per process on the first page run, so that run does not: its first element's
+    check of how it was started (``delta_generator._maybe_print_use_warning``: ``inspect.stack()`` of the running
+    thread, each frame's source file looked up among every module: 0.1-0.25 s on a page run's deep stack, little on
+    this thread's; it warns nothing here, the runtime exists), and plotly's default template loaded (the first
+    figure's layout). Streamlit's private name is looked up, never required: missing (another Streamlit version),
+    it is skipped. Returns what failed, as ``"what: error"`` lines; never raises."""
+    failed: list[str] = []
+    try:
+        from streamlit import delta_generator
+
+        check = getattr(delta_generator, "_maybe_print_use_warning", None)
+        if callable(check):
+            check()
+    except Exception as e:  # noqa: BLE001 - best effort: the first page run does it then
+        failed.append(f"streamlit's first-element check: {e}")
+    try:
+        import plotly.graph_objects as go
+
+        go.Figure().update_layout(title="")
+    except Exception as e:  # noqa: BLE001 - best effort: the first figure loads it then
+        failed.append(f"plotly's template: {e}")
+    return failed
 
 
 def import_all(names: tuple[str, ...]) -> list[str]:
@@ -125,16 +156,19 @@ def warm(runtime_timeout: float = 60.0) -> list[str]:
         todo: list[tuple[str, Callable[[], Any]]] = []
     else:
         failed += import_all(MODULES)
+        failed += prepare_streamlit()
         try:
             todo = steps()
         except Exception as e:  # noqa: BLE001 - a warm-up never stops the server: the failure is logged and the pages compute it
             failed.append(f"default selection: {e}")
             todo = []
     for what, call in todo:
+        t = time.perf_counter()
         try:
             call()
         except Exception as e:  # noqa: BLE001 - a file a page would refuse is refused there, in its words
             failed.append(f"{what}: {e}")
+        _LOG.debug("warm-up: %s in %.3f s", what, time.perf_counter() - t)
     for line in failed:
         _LOG.debug("warm-up: %s", line)
     _LOG.debug("warm-up done in %.2f s", time.perf_counter() - t0)
@@ -155,4 +189,5 @@ def start() -> threading.Thread | None:
     return _started
 
 
-__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "import_all", "start", "steps", "warm"]
+__all__ = ["LIBRARIES", "MODULES", "NO_WARMUP_ENV", "THREAD", "import_all", "prepare_streamlit", "start", "steps",
+           "warm"]

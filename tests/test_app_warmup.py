@@ -58,7 +58,7 @@ def test_default_selection_is_what_a_fresh_session_selects(demo_dir) -> None:
     assert not linked[selection.TRACE_B] or not selection.same_path(linked[selection.TRACE_B], tp.traces_buggy)
 
 
-def test_after_the_warm_up_the_start_and_files_pages_compute_nothing(demo_dir, monkeypatch) -> None:
+def test_after_the_warm_up_the_first_pages_compute_nothing(demo_dir, monkeypatch) -> None:
     from streamlit.testing.v1 import AppTest
 
     from mtpscope.app import warmup
@@ -88,6 +88,13 @@ def test_after_the_warm_up_the_start_and_files_pages_compute_nothing(demo_dir, m
     assert not any("computed again" in s for s in shown), shown
     assert [t.value for t in at.title] == ["Files"]
     assert any(m.label == "dialect" for m in at.metric), [m.label for m in at.metric]
+    # the Tensors page's layer grid checks the drafter on its own (the Files page pairs it with the target); the
+    # trace pages read the same report and explanation
+    for script, title in (("tensors", "Tensors"), ("explain", "Explain"), ("acceptance", "Acceptance")):
+        at.switch_page(f"screens/{script}.py").run()
+        shown = [e.value for e in at.error] + [e.value for e in at.exception] + [w.value for w in at.warning]
+        assert not any("computed again" in s for s in shown), (script, shown)
+        assert [t.value for t in at.title] == [title]
 
 
 def test_the_loaders_read_a_gguf_like_the_kept_one_and_without_it_once_it_is_closed(demo_dir, monkeypatch) -> None:
@@ -117,3 +124,21 @@ def test_the_loaders_read_a_gguf_like_the_kept_one_and_without_it_once_it_is_clo
     f = loaders._sharing(G.open_gguf, str(tp.drafter_buggy))
     assert walks and loaders._LIKE == []   # read on its own
     assert len(f.tensors) == n_tensors and len(f.get("tokenizer.ggml.tokens")) == n_tok
+
+
+def test_the_warm_up_does_streamlits_first_run_work(monkeypatch) -> None:
+    """What Streamlit does on a process's first page run (its first element's check of how it was started, an
+    ``inspect.stack()`` of the page run's deep stack) is done by the warm-up, once: a page's first element finds it
+    done."""
+    from streamlit import delta_generator
+
+    from mtpscope.app import warmup
+
+    monkeypatch.setattr(delta_generator, "_use_warning_has_been_displayed", False)
+    calls = []
+    real = delta_generator.env_util.is_repl
+    monkeypatch.setattr(delta_generator.env_util, "is_repl", lambda: calls.append(1) or real())
+    assert warmup.prepare_streamlit() == []
+    assert delta_generator._use_warning_has_been_displayed and calls == [1]
+    delta_generator._maybe_print_use_warning()   # a page's first element: nothing left to check
+    assert calls == [1]
