@@ -54,7 +54,8 @@ def main() -> int:
         return 0
     isa = args.isa or row_kernels.isa()
     path = native_build.build(row_kernels.SOURCE, row_kernels.flags(isa), what=f"the {isa} build of the row kernels")
-    lib, name = row_kernels.open_library(path), f"{path.name} ({isa}, {lib.mtps_lanes()} float32 lanes a register)"
+    lib = row_kernels.open_library(path)
+    name = f"{path.name} ({isa}, {lib.mtps_lanes()} float32 lanes a register)"
     rng = np.random.default_rng(0)
     n_rows = max(2 * args.n_draft, args.pool_mib * 2**20 // (4 * args.n_vocab))
     rows = list((30 * np.tanh(rng.normal(0, 6, size=(n_rows, args.n_vocab)) / 30)).astype(np.float32))
