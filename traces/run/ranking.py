@@ -29,7 +29,7 @@ def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
         ``np.int64[min(k, n)]`` indices into the flattened ``x``.
 
     In C where it builds (:func:`traces.run.row_kernels.top_k`: one scan that skips each block of 512 whose
-    values are all below the current k-th; 0.1 ms for 262144 float32 here) for a contiguous float32 ``x``;
+    values are all below the current k-th; about 0.1 ms for 262144 cold float32 here) for a contiguous float32 ``x``;
     else numpy (about 0.2 ms for 262144 float32, against 2 ms for a full ``argpartition``): a block of 512 whose maximum is below the k-th largest block maximum cannot
     hold a top-k value, so only the best k blocks are searched.
     """

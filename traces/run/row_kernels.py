@@ -5,8 +5,9 @@ Why: a recorded round reduces six rows of ``n_vocab`` logits (262144 for Gemma 4
 of each draft and its entropy at the verify rows (:mod:`traces.run.target_side`), and each draft step's
 top-k and ranks (:mod:`traces.run.ranking`). numpy needs five passes and a temporary per row for the first
 and a handful of calls for the second; ``rowstats.c`` reads each row twice (max, then one fused pass) and
-once. On the development VM (AVX-512), three rows as they arrive from the other core: 0.70 ms against numpy's
-1.21 ms for the target's side, 0.32 ms against 0.53 ms for top-10 (``benchmarks/bench_row_kernels.py``).
+once. On the development VM (AVX-512, quiet), three cold rows of 262144 logits: 0.60 ms against numpy's 1.14 ms
+for the target's side, 0.41 ms against 0.70 ms for top-10 and a rank; the AVX2 build 1.10 and 0.42 ms
+(``benchmarks/bench_row_kernels.py``).
 
 What differs from the numpy functions: top-k and ranks are the same (comparisons only, exact); ``p`` and ``H``
 use Cephes' ``expf`` (relative error about 1e-7) and float32 lane sums of 16 terms before float64, against
