@@ -6,20 +6,22 @@ changed flags make a new file. The build is ``$CC`` (default ``cc``) ``FLAGS -sh
 temporary file beside the target and renamed into place (several processes may build at once).
 
 Used by :mod:`traces.run.llama.native_capture` (``capture.c``) and :mod:`traces.run.row_kernels`
-(``rowstats.c``).
+(``rowstats.c``), each loaded once per process with :func:`load_once`.
 
-Imports: hashlib, shutil, subprocess, tempfile, mtpscope.cache, mtpscope.errors.
+Imports: ctypes, hashlib, shutil, subprocess, tempfile, mtpscope.cache, mtpscope.errors.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from mtpscope.cache import cache_dir
 from mtpscope.errors import TraceError
@@ -76,4 +78,30 @@ def build(source: Path, flags: Sequence[str], path: Path | None = None, *, what:
     return path
 
 
-__all__ = ["COMPILE_TIMEOUT_S", "build", "library_path"]
+def load_once(state: dict[str, Any], switch: str, open_built: Callable[[], ctypes.CDLL]) -> ctypes.CDLL | None:
+    """A library loaded once per process: ``state["lib"]`` once tried (None when it could not be), and
+    ``state["why"]`` the reason then; ``switch`` (an environment variable) set to ``"0"`` turns it off.
+
+    Args:
+        state: the caller's module-level dict (tests reset it).
+        switch: the environment variable's name.
+        open_built: builds (if needed) and opens the library, its functions declared; may raise TraceError,
+            OSError or SubprocessError, which become ``state["why"]``.
+    """
+    if "lib" in state:
+        cached: ctypes.CDLL | None = state["lib"]
+        return cached
+    lib = None
+    if os.environ.get(switch, "1") == "0":
+        state["why"] = f"{switch}=0"
+    else:
+        try:
+            lib = open_built()
+        except (TraceError, OSError, subprocess.SubprocessError) as e:
+            state["why"] = str(e)
+            lib = None
+    state["lib"] = lib
+    return lib
+
+
+__all__ = ["COMPILE_TIMEOUT_S", "build", "library_path", "load_once"]

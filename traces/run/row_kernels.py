@@ -20,21 +20,19 @@ cache, all computing the same bits). No compiler, a failed build or
 ``MTPSCOPE_NATIVE_ROWS=0``: :func:`load` gives None, says why (:func:`unavailable_reason`) and the numpy
 functions are used.
 
-Imports: ctypes, numpy, mtpscope.errors, mtpscope.traces.run.native_build.
+Imports: ctypes, numpy, mtpscope.traces.run.native_build.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import TraceError
 from mtpscope.traces.run import native_build
 
 SOURCE = Path(__file__).with_name("rowstats.c")
@@ -104,21 +102,10 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 def load() -> ctypes.CDLL | None:
     """The built library (built first if needed), or None; :func:`unavailable_reason` then says why.
-    Tried once per process."""
-    if "lib" in _state:
-        cached: ctypes.CDLL | None = _state["lib"]
-        return cached
-    lib = None
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        _state["why"] = f"{ENV_SWITCH}=0"
-    else:
-        try:
-            lib = open_library(native_build.build(SOURCE, flags(), what=f"the native row kernels ({isa()})"))
-        except (TraceError, OSError, subprocess.SubprocessError) as e:
-            _state["why"] = str(e)
-            lib = None
-    _state["lib"] = lib
-    return lib
+    Tried once per process (:func:`traces.run.native_build.load_once`)."""
+    return native_build.load_once(
+        _state, ENV_SWITCH,
+        lambda: open_library(native_build.build(SOURCE, flags(), what=f"the native row kernels ({isa()})")))
 
 
 def unavailable_reason() -> str | None:

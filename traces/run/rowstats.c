@@ -61,27 +61,7 @@ static inline mtps_vf mtps_select(mtps_vi keep, mtps_vf a, mtps_vf b) {
     return r;
 }
 
-static inline float mtps_expf(float x) {
-    x = x > MTPS_EXP_LO ? x : MTPS_EXP_LO;
-    /* n = round(x / ln 2): adding and removing 1.5 * 2^23 rounds to the nearest integer (|x / ln 2| < 2^22) */
-    float t = x * 1.44269504088896341f + 12582912.0f;
-    float n = t - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float r2 = r * r;
-    float p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r2 + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* mtps_expf on each lane (x already clamped): the same operations in the same order */
+/* exp of each lane (x already clamped, see the top of the file) */
 static inline mtps_vf mtps_expv(mtps_vf x) {
     mtps_vf t = x * 1.44269504088896341f + 12582912.0f;
     mtps_vf n = t - 12582912.0f;
@@ -164,12 +144,19 @@ static void mtps_sums(const float *x, int64_t n, float m, double *z_out, double 
         }
     }
     double zt = 0.0, st = 0.0;
-    for (; i < n; i++) {
-        float d = x[i] - m;
-        d = d > MTPS_EXP_LO ? d : MTPS_EXP_LO;
-        float e = mtps_expf(d);
-        zt += (double)e;
-        st += (double)(e * d);
+    /* the last n % 16 values: the same exponential, a register at a time (the lanes past the end hold the clamp),
+     * added in index order */
+    for (; i < n; i += MTPS_W) {
+        float buf[MTPS_W];
+        for (int j = 0; j < MTPS_W; j++)
+            buf[j] = i + j < n ? x[i + j] - m : MTPS_EXP_LO;
+        mtps_vf d = mtps_load(buf);
+        d = mtps_select(d > lo, d, lo);
+        mtps_vf e = mtps_expv(d), ed = e * d;
+        for (int j = 0; j < MTPS_W && i + j < n; j++) {
+            zt += (double)e[j];
+            st += (double)ed[j];
+        }
     }
     for (int p = 0; p < MTPS_PARTS; p++) {
         for (int j = 0; j < MTPS_W; j++) {
@@ -197,9 +184,9 @@ void mtps_target_stats(const float *const *rows, int64_t n_rows, int64_t n_vocab
         mtps_sums(x, n_vocab, m, &z, &s);
         if (!(z > 0.0) || !isfinite(z))
             continue;
-        float d = x[tokens[i]] - m;
-        d = d > MTPS_EXP_LO ? d : MTPS_EXP_LO;
-        p[i] = (double)mtps_expf(d) / z;
+        mtps_vf d = (mtps_vf){0} + (x[tokens[i]] - m);
+        d = mtps_select(d > (mtps_vf){0} + MTPS_EXP_LO, d, (mtps_vf){0} + MTPS_EXP_LO);
+        p[i] = (double)mtps_expv(d)[0] / z;
         h[i] = log(z) - s / z;
     }
 }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +78,16 @@ def build(path: Path | None = None) -> Path:
 
 def load() -> ctypes.CDLL | None:
     """The built library (built first if needed), or None; :func:`unavailable_reason` then says why.
-    Tried once per process."""
-    if "lib" in _state:
-        cached: ctypes.CDLL | None = _state["lib"]
-        return cached
-    lib = None
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        _state["why"] = f"{ENV_SWITCH}=0"
-    else:
-        try:
-            lib = ctypes.CDLL(os.fspath(build()))
-            lib.mtps_capture_reset.argtypes = [ctypes.POINTER(_Capture)]
-            lib.mtps_capture_reset.restype = None
-            lib.mtps_capture_free.argtypes = [ctypes.POINTER(_Capture)]
-            lib.mtps_capture_free.restype = None
-        except (TraceError, OSError, subprocess.SubprocessError) as e:
-            _state["why"] = str(e)
-            lib = None
-    _state["lib"] = lib
-    return lib
+    Tried once per process (:func:`traces.run.native_build.load_once`)."""
+    def open_built() -> ctypes.CDLL:
+        lib = ctypes.CDLL(os.fspath(build()))
+        lib.mtps_capture_reset.argtypes = [ctypes.POINTER(_Capture)]
+        lib.mtps_capture_reset.restype = None
+        lib.mtps_capture_free.argtypes = [ctypes.POINTER(_Capture)]
+        lib.mtps_capture_free.restype = None
+        return lib
+
+    return native_build.load_once(_state, ENV_SWITCH, open_built)
 
 
 def unavailable_reason() -> str | None:
