@@ -362,7 +362,8 @@ class RemoteSummary:
         file: the model (header only; a split model's shards together).
         inventory: its tensor inventory.
         report: ``verify`` of it.
-        estimate: memory as a target at n_ctx 8192 (a ``gemma4`` file), else None.
+        estimate: memory as a target at the estimate's default n_ctx (``EstimateParams``: llama-server's 8192; a
+            ``gemma4`` file), else None.
         n_requests / n_bytes: HTTP requests sent and bytes read for it (every shard together).
     """
 
@@ -398,7 +399,7 @@ def _remote_summary(url: str) -> RemoteSummary:
     f = _remote(url)
     n_requests, n_bytes = request_totals(f) or (0, 0)
     return RemoteSummary(f, build_inventory(f), verify(f),
-                         run(f, None, EstimateParams(n_ctx=8192)) if f.architecture == ARCH_TARGET else None,
+                         run(f, None, EstimateParams()) if f.architecture == ARCH_TARGET else None,
                          n_requests, n_bytes)
 
 

@@ -9,6 +9,7 @@ from mtpscope.app import charts, formats, loaders, model_views, safety, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard, status_line
 from mtpscope.errors import MtpscopeError
+from mtpscope.inspector.estimate import EstimateParams
 from mtpscope.traces.store.layout import MANIFEST
 
 st.title("Files")
@@ -205,7 +206,8 @@ def _estimate() -> None:
     if not target:
         st.caption("select a target to see the memory estimate")
         return
-    n_ctx = st.number_input("n_ctx", min_value=256, max_value=1 << 20, value=8192, step=1024, key=sel.FILES_N_CTX,
+    n_ctx = st.number_input("n_ctx", min_value=256, max_value=1 << 20, value=EstimateParams().n_ctx, step=1024,
+                            key=sel.FILES_N_CTX,
                             help="context size; f16 KV cache, flash attention, one sequence, CPU (llama-server's "
                                  "defaults); `mtpscope estimate` has every setting")
     with guard("memory estimate"):
