@@ -213,8 +213,10 @@ def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None,
     if dtype not in ("f32", "checkpoint"):
         print(f"mtpscope: --mlx-dtype must be f32 or checkpoint (got {dtype!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
-    if head not in ("checkpoint", "dense"):
-        print(f"mtpscope: --mlx-head must be checkpoint or dense (got {head!r})", file=sys.stderr)
+    from mtpscope.traces.run.mlx_runtime import HEADS
+
+    if head not in HEADS:
+        print(f"mtpscope: --mlx-head must be {' or '.join(HEADS)} (got {head!r})", file=sys.stderr)
         raise typer.Exit(EXIT_UNREADABLE)
     with one_line_errors(EXIT_UNREADABLE):
         specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None

@@ -122,6 +122,22 @@ def _source_stamp(src: Path, role: str, out: Path) -> dict[str, Any] | None:
     return stamp
 
 
+def _write_checkpoint(out: Path, mx: Any, weights: dict[str, Any], config: dict[str, Any], stamp: dict[str, Any],
+                      *, index: bool = False) -> Path:
+    """Write a re-labelled checkpoint into ``out``: ``model.safetensors`` (with ``index``: its one-file
+    ``model.safetensors.index.json`` too), ``config.json``, then ``source.json`` with :func:`_source_stamp`'s
+    stamp, last, so that it marks a complete copy."""
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    if index:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": dict.fromkeys(sorted(weights), "model.safetensors")}),
+            encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    (out / "source.json").write_text(json.dumps(stamp), encoding="utf-8")
+    return out
+
+
 def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
     """A Hugging Face target checkpoint as mlx-vlm's ``gemma4`` loads it.
 
@@ -150,7 +166,6 @@ def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.P
     if stamp is None:
         return out
     mx, _ = _mlx()
-    out.mkdir(parents=True, exist_ok=True)
     text = {k: v for k, v in cfg.items() if k != "architectures"}
     new_cfg = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,
                "vocab_size": cfg.get("vocab_size"), "hidden_size": cfg.get("hidden_size"),
@@ -158,13 +173,7 @@ def mlx_target_checkpoint(hf_target: str | os.PathLike[str], out_dir: str | os.P
                "pad_token_id": cfg.get("pad_token_id", 0)}
     weights = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
                for k, v in mx.load(str(w_path)).items()}
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": dict.fromkeys(sorted(weights), "model.safetensors")}),
-        encoding="utf-8")
-    (out / "config.json").write_text(json.dumps(new_cfg, indent=1), encoding="utf-8")
-    (out / "source.json").write_text(json.dumps(stamp), encoding="utf-8")
-    return out
+    return _write_checkpoint(out, mx, weights, new_cfg, stamp, index=True)
 
 
 def mlx_dense_assistant(hf_assistant: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
@@ -192,12 +201,8 @@ def mlx_dense_assistant(hf_assistant: str | os.PathLike[str], out_dir: str | os.
     if stamp is None:
         return out
     mx, _ = _mlx()
-    out.mkdir(parents=True, exist_ok=True)
     weights = {k: v for k, v in mx.load(str(w_path)).items() if not k.startswith("masked_embedding.")}
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
-    (out / "config.json").write_text(json.dumps({**cfg, "use_ordered_embeddings": False}, indent=1), encoding="utf-8")
-    (out / "source.json").write_text(json.dumps(stamp), encoding="utf-8")
-    return out
+    return _write_checkpoint(out, mx, weights, {**cfg, "use_ordered_embeddings": False}, stamp)
 
 
 #: ``MlxRuntime(head=...)``: the checkpoint's own head (the centroid head where it has one) or the dense head
