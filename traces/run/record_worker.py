@@ -231,10 +231,13 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
              baseline: Baseline | None = None, startup: dict[str, float] | None = None) -> Hello:
     """The :class:`~traces.run.worker_protocol.Hello` of a loaded runtime and its prepared prompts
     (:func:`prepare_prompts`)."""
+    from mtpscope.traces.run import row_kernels
     from mtpscope.traces.run.llama.binding import runtime_info
 
+    # row_kernels: what computes the target's side (p, H) of each round, in the process that computes it
+    runtime = {**runtime_info(job.config.n_gpu_layers), "row_kernels": row_kernels.kind()}
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
-                 capture=rtm.capture is not None, runtime=runtime_info(job.config.n_gpu_layers),
+                 capture=rtm.capture is not None, runtime=runtime,
                  n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline,
                  startup=startup)
 

@@ -461,8 +461,13 @@ class _Recording:
         if solver is not None:
             manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         manifest["params"]["n_ctx"] = info.n_ctx
-        # which reductions over the rows of logits this process runs (C or numpy: their p and H differ by ~1e-7)
-        manifest["runtime"] = {**info.runtime, "row_kernels": row_kernels.kind()}
+        # the reductions over the rows of logits (C or numpy: their p and H differ by ~1e-7): the worker's (p, H)
+        # and this process's (top-k, ranks); both named when they differ
+        runtime = dict(info.runtime)
+        here = row_kernels.kind()
+        there = runtime.get("row_kernels", here)
+        runtime["row_kernels"] = here if there == here else f"worker: {there}; recorder: {here}"
+        manifest["runtime"] = runtime
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
                                for i, (sp, n, txt) in enumerate(zip(self.specs, info.n_prompt_tokens,
                                                                     info.prompt_texts, strict=True))]
