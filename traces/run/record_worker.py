@@ -234,7 +234,8 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
     from mtpscope.traces.run import row_kernels
     from mtpscope.traces.run.llama.binding import runtime_info
 
-    # row_kernels: what computes the target's side (p, H) of each round, in the process that computes it
+    # row_kernels: what computes the target's side (p, H) of each round, in the process that computes it (loaded,
+    # on a first use built, here: before the first round)
     runtime = {**runtime_info(job.config.n_gpu_layers), "row_kernels": row_kernels.kind()}
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime,
@@ -317,9 +318,6 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     c = job.config
     rtm = load_runtime(job)
     marks["runtime"], marks["runtime_cpu"] = time.time(), time.process_time()
-    from mtpscope.traces.run import row_kernels
-
-    row_kernels.load()      # the sender thread's reductions (built on a first use, cached): not in the first round
     # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
     # default, 5 ms, is more than a drafter step of a small pair)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
