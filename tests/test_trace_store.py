@@ -162,11 +162,16 @@ def test_writer_rejects_bad_input(tmp_path: Path) -> None:
         w.add_round(rr, [StepRecord(k=1, token=1, h_inner=np.zeros(4))])
     with pytest.raises(TraceFormatError, match="k out of range"):
         w.add_round(rr, [StepRecord(k=4, token=1)])
-    with pytest.raises(TraceFormatError, match="do not fit the trace schema"):
-        w.add_round(RoundRecord(prompt_id=0, round=0, pos=0, pending_token=2 ** 40, n_draft=0, drafted=(),
-                                n_accepted=0))
+    # a value past int32 costs its own round only: the rounds buffered with it are written (part of 2 rows)
+    w.add_round(_round(0, 1))
+    w.add_round(RoundRecord(prompt_id=0, round=7, pos=0, pending_token=2 ** 40, n_draft=0, drafted=(),
+                            n_accepted=0))
+    w.add_round(_round(2, 3))
+    with pytest.raises(TraceFormatError, match=r"'prompt 0 round 7': round does not fit the trace schema"):
         w.flush()
     w.close()
+    back = traces.open(tmp_path / "t")
+    assert list(back.rounds["pending_token"]) == [0, 2] and back.manifest["counts"]["n_rounds"] == 2
     with pytest.raises(TraceError, match="already holds a trace"):
         TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False)
     TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False,
@@ -423,7 +428,7 @@ def test_sigkill_mid_run_loses_no_reported_round(tmp_path: Path, n_kill: int) ->
     assert t.manifest["complete"] is False
     assert t.manifest["recovered"]["n_rounds"] >= 1          # the tail since the last part came from the WAL
     assert any("recovered from the write-ahead log" in w for w in t.warnings)
-    assert not (out / "wal").exists() or not any(p.suffix == ".arrows" for p in (out / "wal").iterdir())
+    assert not (out / "wal").exists() or not any(p.suffix == ".log" for p in (out / "wal").iterdir())
     r = t.rounds
     # every reported round survived (the writer ran on for a few rounds while the pipe was read)
     assert len(r) >= reported + 1
@@ -451,14 +456,14 @@ def test_wal_torn_tail_and_live_writer(tmp_path: Path) -> None:
         w.add_round(_round(r, a), _steps(r, a))
     live = traces.open(d)
     assert len(live.rounds) == 0 and any("incomplete" in x for x in live.warnings)
-    assert any(p.name.endswith(".arrows") for p in (d / "wal").iterdir())     # untouched
+    assert [p.name for p in (d / "wal").iterdir() if p.name != "lock"] == ["part-00000.log"]     # untouched
     with pytest.raises(TraceError, match="another process is writing"):
         TraceWriter(d, {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False, overwrite=True)
     # simulate the death of the writer: release its lock without closing, then tear the last message
     os.close(w._lock_fd)
     w._lock_fd = None
-    seg = d / "wal" / "part-00000.rounds.arrows"
-    seg.write_bytes(seg.read_bytes()[:-40])
+    seg = d / "wal" / "part-00000.log"
+    seg.write_bytes(seg.read_bytes()[:-40])     # the last round's hidden states are cut short
     t = traces.open(d)
     assert list(t.rounds["n_accepted"]) == ACC[:-1]
     assert len(t.steps) == 3 * (len(ACC) - 1)

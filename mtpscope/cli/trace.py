@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
         out: dict[str, Any] = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
                                "recovered_steps": rec.n_steps, "parts_written": list(rec.parts),
                                "torn_bytes": rec.torn_bytes, "steps_dropped": rec.n_steps_dropped,
+                               "rounds_invalid": rec.n_rounds_invalid,
                                "tmp_removed": list(removed or ()),
                                "n_rounds": n_rounds, "n_steps": n_steps,
                                "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
@@ -63,6 +64,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{path}: a recorder is still writing this trace (it holds wal/lock); nothing touched")
             elif status == "recovered":
                 torn = f", dropped a torn last round ({rec.torn_bytes} bytes)" if rec.torn_bytes else ""
+                if rec.n_rounds_invalid:
+                    torn += (f", dropped {rec.n_rounds_invalid} round{'s' if rec.n_rounds_invalid != 1 else ''} "
+                             "whose values do not fit the trace's schema")
                 typer.echo(f"{path}: recovered {rec.n_rounds} rounds ({rec.n_steps} steps) from the write-ahead "
                            f"log into {', '.join(rec.parts) or 'no part'}{torn}")
             else:

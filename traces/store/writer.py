@@ -25,13 +25,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from mtpscope.errors import TraceError, TraceFormatError
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.centroid_counts import MANIFEST_KEY as COUNTS_KEY
 from mtpscope.traces.store.centroid_counts import CentroidCounts
+from mtpscope.traces.store.columns import Item, to_tables
 from mtpscope.traces.store.layout import (
     MANIFEST,
     TABLES,
@@ -50,11 +50,10 @@ from mtpscope.traces.store.manifest import manifest_text, write_manifest
 from mtpscope.traces.store.merge import COMPACT_ROUNDS, Merger, compact_parts, plain_listing
 from mtpscope.traces.store.parts import conform, write_part
 from mtpscope.traces.store.records import RoundRecord, StepRecord
-from mtpscope.traces.store.wal import WalSegment
+from mtpscope.traces.store.wal import WalLog
 
-_NP_HIDDEN: dict[str, type[np.floating[Any]]] = {"f16": np.float16, "f32": np.float32}
 #: one batch of background work: the part files to write, the WAL segment they replace, the part record to merge
-_Batch = tuple[list[tuple[pa.Table, Path]], WalSegment | None, dict[str, Any] | None]
+_Batch = tuple[list[tuple[pa.Table, Path]], WalLog | None, dict[str, Any] | None]
 # the sibling folders of a trace being replaced: the new one while written, the old one while swapped out
 _PARTIAL, _OLD = ".partial-", ".old-"
 
@@ -137,8 +136,6 @@ class TraceWriter:
         self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
         self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
         #: the steps columns built from the records' attributes (name, type), in schema order
-        self._step_cols = [(f.name, f.type) for f in self.steps_schema
-                           if f.name not in ("prompt_id", "round") and f.name not in S.HIDDEN_COLUMNS]
         self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
                         "h_target": self.n_embd_backbone}
         self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
@@ -170,10 +167,8 @@ class TraceWriter:
         self.wal = bool(wal)
         self._lock_fd: int | None = None
         self._prepare_dir(overwrite)
-        self._rounds: list[RoundRecord] = []
-        self._steps: list[tuple[RoundRecord, StepRecord]] = []
-        self._batches: list[tuple[pa.RecordBatch, pa.RecordBatch | None]] = []  # WAL: per round, as appended
-        self._seg: WalSegment | None = None
+        self._buf: list[Item] = []              # the rounds (with their steps) since the last part
+        self._seg: WalLog | None = None
         self._next_part = 0
         self.background = bool(background)
         self._thread: threading.Thread | None = None
@@ -244,46 +239,41 @@ class TraceWriter:
                     raise TraceFormatError("hidden state width differs from the trace's", key=name,
                                            expected=self._widths[name], actual=v.shape[0])
         if self.wal:
-            self._append_wal(round, steps)
-        self._rounds.append(round)
-        if not self.wal:
-            self._steps.extend((round, s) for s in steps)
-        if len(self._rounds) >= self.flush_every:
+            if self._seg is None:
+                self._seg = WalLog(self.path / WAL_DIR, self._next_part, self.steps_schema)
+            try:
+                self._seg.append(round, steps)
+            except (TypeError, ValueError) as e:      # nothing written: JSON fails before the write
+                raise TraceFormatError(f"rounds do not fit the trace schema: {e}", path=self.path,
+                                       key=f"prompt {round.prompt_id} round {round.round}") from None
+        self._buf.append((round, tuple(steps)))
+        if len(self._buf) >= self.flush_every:
             self.flush()
 
-    def _append_wal(self, round: RoundRecord, steps: Sequence[StepRecord]) -> None:
-        try:
-            rb = self._rounds_table([round]).to_batches()[0]
-            sb = self._steps_table([(round, s) for s in steps]).combine_chunks().to_batches() if steps else []
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-            raise TraceFormatError(f"rounds do not fit the trace schema: {e}", path=self.path,
-                                   key=f"prompt {round.prompt_id} round {round.round}") from None
-        sbatch = sb[0] if sb else None
-        if self._seg is None:
-            self._seg = WalSegment(self.path / WAL_DIR, self._next_part, self.steps_schema)
-        self._seg.append(rb, sbatch)
-        self._batches.append((rb, sbatch))
-
     def flush(self) -> None:
-        """Write the buffered rounds (and their steps) as one part now (no-op when empty)."""
-        if not self._rounds:
+        """Write the buffered rounds (and their steps) as one part now (no-op when empty).
+
+        The rounds are converted to Arrow here, once per part (:func:`traces.store.columns.to_tables`).
+
+        Raises:
+            TraceFormatError: a round's values do not fit the trace's schema (a token id past int32, ...);
+                the other rounds are written, that round (and its steps) is not.
+        """
+        if not self._buf:
             return
-        if self.wal:   # the rows were converted once, when they were appended to the WAL
-            rounds = pa.Table.from_batches([r for r, _ in self._batches], schema=S.ROUNDS_SCHEMA)
-            steps = pa.Table.from_batches([b for _, b in self._batches if b is not None], schema=self.steps_schema)
-            self._rounds, self._steps, self._batches = [], [], []
-            seg, self._seg = self._seg, None
-            self._write_parts(rounds, steps, None, seg)
-            return
-        try:
-            rounds, steps = self._rounds_table(self._rounds), self._steps_table(self._steps)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-            first = self._rounds[0]
-            self._rounds, self._steps = [], []
-            raise TraceFormatError(f"rounds do not fit the trace schema: {e}", path=self.path,
-                                   key=f"prompt {first.prompt_id} round {first.round}+") from None
-        self._rounds, self._steps = [], []
-        self.write_tables(rounds, steps)
+        buf, self._buf = self._buf, []
+        seg, self._seg = self._seg, None
+        conv = to_tables(buf, self.steps_schema)
+        if conv.rounds.num_rows:
+            self._write_parts(conv.rounds, conv.steps, None, seg)
+        elif seg is not None:        # nothing of it fits: no part, and nothing to recover
+            seg.close()
+            seg.remove()
+        if conv.bad:
+            r, why = conv.bad[0]
+            more = f" (and {len(conv.bad) - 1} more rounds)" if len(conv.bad) > 1 else ""
+            raise TraceFormatError(f"round does not fit the trace schema{more}, not written: {why}", path=self.path,
+                                   key=f"prompt {r.prompt_id} round {r.round}")
 
     def write_tables(self, rounds: pa.Table | None, steps: pa.Table | None = None,
                      requests: pa.Table | None = None) -> int:
@@ -300,12 +290,12 @@ class TraceWriter:
         """
         if self._closed:
             raise TraceError("trace writer is closed", path=self.path)
-        if self._rounds:
+        if self._buf:
             self.flush()
         return self._write_parts(rounds, steps, requests, None)
 
     def _write_parts(self, rounds: pa.Table | None, steps: pa.Table | None, requests: pa.Table | None,
-                     seg: WalSegment | None) -> int:
+                     seg: WalLog | None) -> int:
         """Submit one part (steps, requests, rounds); ``seg``: the WAL segment these rows came from,
         closed now and deleted once the part files are in place."""
         idx = self._next_part
@@ -341,7 +331,7 @@ class TraceWriter:
         return idx
 
     # ------------------------------------------------------------------ background part writing
-    def _submit(self, jobs: list[tuple[pa.Table, Path]], seg: WalSegment | None = None,
+    def _submit(self, jobs: list[tuple[pa.Table, Path]], seg: WalLog | None = None,
                 rec: dict[str, Any] | None = None) -> None:
         """Write the part files (in order) now, or on the writer thread when ``background``; then
         delete the WAL segment ``seg`` they replace and (compacting) append the part ``rec`` to its
@@ -373,7 +363,7 @@ class TraceWriter:
                 except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                     self._error = e
 
-    def _write_jobs(self, jobs: list[tuple[pa.Table, Path]], seg: WalSegment | None,
+    def _write_jobs(self, jobs: list[tuple[pa.Table, Path]], seg: WalLog | None,
                     rec: dict[str, Any] | None) -> None:
         for table, path in jobs:
             write_part(table, path)
@@ -458,36 +448,6 @@ class TraceWriter:
         finally:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    # ------------------------------------------------------------------ columnar conversion
-    def _rounds_table(self, rounds: list[RoundRecord]) -> pa.Table:
-        # (list columns take the records' tuples as they are)
-        return pa.table({name: [getattr(r, name) for r in rounds] for name in S.ROUNDS_COLUMNS}, schema=S.ROUNDS_SCHEMA)
-
-    def _steps_table(self, pairs: list[tuple[RoundRecord, StepRecord]]) -> pa.Table:
-        arrays: dict[str, pa.Array] = {}
-        n = len(pairs)
-        arrays["prompt_id"] = pa.array([r.prompt_id for r, _ in pairs], pa.int32())
-        arrays["round"] = pa.array([r.round for r, _ in pairs], pa.int32())
-        for name, typ in self._step_cols:      # list columns take the records' tuples as they are
-            arrays[name] = pa.array([getattr(s, name) for _, s in pairs], typ)
-        for name in S.HIDDEN_COLUMNS:
-            typ = self.steps_schema.field(name).type
-            if pa.types.is_null(typ):
-                arrays[name] = pa.nulls(n)
-                continue
-            dim = typ.list_size
-            if self.hidden_dtype is None:   # S.hidden_type: a hidden column without a dtype is type null (above)
-                raise TraceError("hidden-state column without a hidden_dtype", path=self.path, key=name)
-            mask = np.array([getattr(s, name) is None for _, s in pairs], dtype=bool)
-            flat = np.zeros((n, dim), dtype=_NP_HIDDEN[self.hidden_dtype])
-            for i, (_, s) in enumerate(pairs):
-                v = getattr(s, name)
-                if v is not None:
-                    flat[i] = v
-            arrays[name] = pa.FixedSizeListArray.from_arrays(
-                pa.array(flat.reshape(-1)), dim, mask=pa.array(mask) if mask.any() else None)
-        return pa.table([arrays[f.name] for f in self.steps_schema], schema=self.steps_schema)
 
 
 # ---------------------------------------------------------------------------- replacing a trace
