@@ -25,7 +25,7 @@ Imports: ``app.formats``, ``app.views``, ``traces.analysis.advice`` (types).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mtpscope.app.formats import percent, points
@@ -192,12 +192,18 @@ def verify_banner(role: str, drafter: str | None, error: str | None) -> str:
 
 def advice_line(rec: Recommendation | None, role: str = "trace A") -> str | None:
     """The advice in one sentence: the recommendation's label (which names what a tie is with) and its
-    headline (the speed against plain decoding), ``Advice for trace A: plain decoding (a tie with n_draft 1) —
-    …``; None without a recommendation."""
+    headline (the speed against plain decoding), ``Advice for trace A: n_draft 3 (a tie with n_draft 2) — …``;
+    the headline alone when it starts with the choice already (``Advice for trace A: plain decoding (best MTP:
+    …), a tie between plain decoding and n_draft 1.``: it names the tie too), as when there is no choice (``too few
+    rounds to tell …``); None without a recommendation."""
     if rec is None:
         return None
     why = rec.headline or rec.reason
-    line = f"Advice for {role}: {recommendation_label(rec)}" + (f" — {why}" if why else "")
+    choice = recommendation_label(replace(rec, tie=False))
+    if why and (rec.choice is None or why == choice or why.startswith(choice + " ")):   # (no choice: why says why)
+        line = f"Advice for {role}: {why}"
+    else:
+        line = f"Advice for {role}: {recommendation_label(rec)}" + (f" — {why}" if why else "")
     return line if line.endswith(".") else line + "."
 
 

@@ -141,7 +141,8 @@ class Compared:
 
     def line(self) -> str:
         """What was compared, in one line."""
-        head = f"compared: {self.keys} metadata keys, {self.tensors} tensors (names, types, shapes)"
+        head = (f"compared: {self.keys} metadata key{'' if self.keys == 1 else 's'}, {self.tensors} "
+                f"tensor{'' if self.tensors == 1 else 's'} (names, types, shapes)")
         if self.data == "none":
             return head + "; tensor data not compared" + (f" ({self.note})" if self.note else "")
         parts = [f"{self.data_whole} whole"] + ([f"{self.data_sampled} on {self.sample_rows} sampled rows each"]

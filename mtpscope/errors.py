@@ -10,6 +10,7 @@ expected and what was found, so the one-line message is enough to fix the input:
     │   ├── UnsupportedFileError  well-formed but unsupported (big-endian, version 1, ...)
     │   ├── TensorDataError       tensor data out of file, misaligned, overlapping, undecodable
     │   ├── LayoutError           file does not have the layout a function needs
+    │   │   └── PreflightRefusal  `record`'s pre-flight check refuses the pair (`--no-preflight` skips it)
     │   ├── HFCheckpointError     unreadable Hugging Face config.json / safetensors header
     │   ├── ReferenceDrafterError bad input to the numpy reference drafter (inspector/reference.py)
     │   └── PathNotAllowedError   a path outside the allowed roots (app)
@@ -96,6 +97,11 @@ class TensorDataError(InspectorError):
 
 class LayoutError(InspectorError):
     """The file lacks a tensor or key that the requested operation needs."""
+
+
+class PreflightRefusal(LayoutError):
+    """``record``'s pre-flight check refuses a pair that llama.cpp loads but would refuse, abort or crash on,
+    or whose pairing is wrong (``record(preflight=False)`` / ``--no-preflight`` records it anyway)."""
 
 
 class HFCheckpointError(InspectorError):

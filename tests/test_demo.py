@@ -304,7 +304,11 @@ def test_cli_demo_path_and_clean(tmp_path: Path) -> None:
     runner = CliRunner()
     res = runner.invoke(app, ["demo", "path", "--out", str(tmp_path / "d"), "--json"])
     assert res.exit_code == 0
-    assert json.loads(res.stdout)["drafter_fork"] == str(tmp_path / "d" / "drafter-fork.gguf")
+    got = json.loads(res.stdout)
+    assert got["drafter_fork"] == str(tmp_path / "d" / "drafter-fork.gguf")
+    # the trained pair the app opens on is listed too
+    assert got["trained"]["traces_f32"] == str(tmp_path / "d" / "trained" / "traces" / "f32")
+    assert got["trained"]["drafter_buggy"] == str(tmp_path / "d" / "trained" / "drafter-buggy.gguf")
     other = tmp_path / "not-a-demo"
     other.mkdir()
     (other / "keep.txt").write_text("x")

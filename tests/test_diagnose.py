@@ -460,3 +460,19 @@ def test_a_trace_with_a_missing_or_unreadable_part_is_refused_naming_it(demo_dir
         assert r.exit_code == 2, r.output
         assert len(lines) == 1 and str(part) in lines[0] and "cannot be read" in lines[0], r.output
         assert sorted((p.relative_to(tr), p.stat().st_size) for p in tr.rglob("*") if p.is_file()) == before
+
+
+def test_the_cli_says_where_its_results_go(demo_dir, tmp_path: Path) -> None:
+    """The output folder is said before anything is written (the default one is in the current directory)."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["diagnose", "--trace", str(src), "--no-replay", "--out", str(out)])
+    assert r.exit_code in (0, 1), r.output
+    assert f"[out] diagnosis.json goes to {out}\n" in r.output and "--out chooses another" not in r.output
+    assert (out / "diagnosis.json").is_file()

@@ -63,7 +63,7 @@ def test_wheel_has_one_import_root_and_the_data(wheel: Path) -> None:
             rel = f.relative_to(ROOT / folder)
             if "__pycache__" not in rel.parts:
                 assert f"{pkg}/{rel.as_posix()}" in names, f
-    for data in ("capture.c",):
+    for data in ("capture.c", "rowstats.c", "demo_data/prompts.json", "demo_data/drafter.safetensors"):
         assert any(n.endswith("/" + data) for n in names), data
 
 

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope import traces
-from mtpscope.errors import LayoutError, MtpscopeError, RuntimeUnavailableError
+from mtpscope.errors import LayoutError, MtpscopeError, PreflightRefusal, RuntimeUnavailableError
 from mtpscope.traces.run.llama import binding, capture
 from mtpscope.traces.run.llama import model as lm
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler
@@ -342,12 +342,12 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:
 
     with pytest.raises(LayoutError, match="target must be a gemma4") as ei:
         record(RecordConfig(), target=pair["noisy"], assistant=pair["noisy"], out=tmp_path / "x", prompt="x")
-    assert ei.value.actual == "gemma4-assistant"
+    assert ei.value.actual == "gemma4-assistant" and not isinstance(ei.value, PreflightRefusal)
     with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
         record(RecordConfig(), target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
     other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
                                dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
-    with pytest.raises(LayoutError, match="E_PAIR_BACKBONE") as ei:
+    with pytest.raises(PreflightRefusal, match="E_PAIR_BACKBONE") as ei:
         record(RecordConfig(), target=pair["target"], assistant=other, out=tmp_path / "x", prompt="x")
     assert (ei.value.expected, ei.value.actual) == (32, 64)
     from mtpscope.demo.vocab import load_vocab
@@ -438,6 +438,16 @@ def test_cli_record_and_refusal(pair, tmp_path) -> None:
     res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["fork"]),
                               "--prompt", "x", "--out", str(tmp_path / "f")])
     assert res.exit_code == 1 and "--centroids" in res.output
+    assert "--no-preflight" not in res.output          # llama.cpp cannot load a fork drafter at all
+    # a wrong pairing: the refusal says how to record it anyway (the demo's buggy pair is recorded that way)
+    from mtpscope.demo import build as demo
+
+    other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
+                               dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
+    res = runner.invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(other),
+                              "--prompt", "x", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 1 and "E_PAIR_BACKBONE" in res.output
+    assert res.output.strip().splitlines()[-1].endswith("(expected 32, got 64); `--no-preflight` records it anyway")
     pf = tmp_path / "prompts.txt"
     pf.write_text("The quick brown fox\nHello world\n")
     args = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompts", str(pf),

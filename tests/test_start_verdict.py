@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpscope.app.verdict import PromptCounts, TraceFacts, pct, start_verdict, worst
+from mtpscope.app.verdict import PromptCounts, TraceFacts, advice_line, pct, start_verdict, worst
 from mtpscope.app.views import recommendation_label
 from mtpscope.traces.analysis.advice import Recommendation
 
@@ -62,8 +62,15 @@ def test_no_defect_names_the_checks_and_the_advice_says_what_a_tie_is_with() -> 
     v = start_verdict([a])
     assert v.defect is False and v.suspect == "/a"
     assert v.sentence.startswith("No defect found by the file checks")
-    assert v.advice == ("Advice for trace A: plain decoding (a tie with n_draft 1) — plain decoding (best MTP: "
-                        "n_draft 1 at 0.91× [0.87, 1.06]), a tie between plain decoding and n_draft 1.")
+    # the headline starts with the choice and names the tie: said once, not after the label again
+    assert v.advice == ("Advice for trace A: plain decoding (best MTP: n_draft 1 at 0.91× [0.87, 1.06]), a tie "
+                        "between plain decoding and n_draft 1.")
+    # a headline that does not start with the choice follows the label, which names what the tie is with
+    tied = Recommendation(3, 1.2, (0.9, 1.5), True, "n_draft 3: 1.20×", runner_up=2, headline="1.20× plain decoding")
+    assert advice_line(tied) == "Advice for trace A: n_draft 3 (a tie with n_draft 2) — 1.20× plain decoding."
+    few = Recommendation(None, None, None, False, "too few rounds to tell: 3 first drafts",
+                         headline="too few rounds to tell (3 first drafts)")
+    assert advice_line(few) == "Advice for trace A: too few rounds to tell (3 first drafts)."
     # one trace, the choice is plain: nothing to compare acceptance with but another trace
     assert "no other trace is open" in v.acceptance
     mtp = Recommendation(3, 1.25, (1.1, 1.4), False, "n_draft 3: 1.25×")

@@ -115,6 +115,10 @@ def test_cli_exit_codes_and_json(tmp_path: Path, pair: dict[str, Path]) -> None:
     assert up["loads"] is False and "_M_range_check" in up["reasons"][0]
     res = run(app, ["verify", str(bad)])
     assert res.exit_code == 1 and "E_MASKED_EMBD_UPSTREAM" in res.stdout
+    # the counts of the JSON's findings, in words: "1 error", not "1 errors"
+    n = {s: sum(f["severity"] == s for f in d["findings"]) for s in ("error", "warning")}
+    assert n["error"] >= 1
+    assert "NOT OK: " + ", ".join(f"{n[s]} {s}" + ("" if n[s] == 1 else "s") for s in n) in res.stdout, res.stdout
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"NOPE" + bytes(40))
     res = run(app, ["verify", str(junk)])

@@ -42,13 +42,17 @@ def build(out: Path | None = typer.Option(None, "--out", help="Demo folder (defa
 @demo_app.command("path")
 def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo)."),
          as_json: bool = typer.Option(False, "--json", help="Every demo path as JSON.")) -> None:
-    """Print where the demo lives (nothing is built)."""
+    """Print where the demo lives (nothing is built). ``--json``: the constructed pair's paths, and under
+    ``trained`` the trained pair's (the one the app opens on: docs/DEMO.md)."""
     from mtpscope.cache import demo_dir
-    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths
+    from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths
 
-    paths = DemoPaths.under(out if out is not None else demo_dir(), RECORD_CONFIG)
+    root = out if out is not None else demo_dir()
+    paths = DemoPaths.under(root, RECORD_CONFIG)
     if as_json:
-        print(json.dumps({k: str(v) for k, v in paths.__dict__.items()}, indent=2))
+        doc: dict[str, object] = {k: str(v) for k, v in paths.__dict__.items()}
+        doc["trained"] = {k: str(v) for k, v in TrainedPaths.under(root).__dict__.items()}
+        print(json.dumps(doc, indent=2))
     else:
         print(paths.root)
 

@@ -169,6 +169,12 @@ def register(app: typer.Typer) -> None:
         centroids, html_out = _absolute(centroids), _absolute(html_out)
         reference, reference_assistant = _absolute(reference), _absolute(reference_assistant)
         with one_line_errors(EXIT_UNREADABLE):
+            written = ["diagnosis.json"] + ([] if trace is not None else ["the recording"]) + \
+                ([] if no_replay else ["the replays"])
+            say("out", f"{', '.join(written[:-1])} and {written[-1]} go to {out}" if len(written) > 1 else
+                f"{written[0]} goes to {out}")
+            if out == absolute(Path(DEFAULT_OUT)):
+                say("out", "(the default folder, in the current directory; --out chooses another)")
             specs: list[PromptSpec] | None
             if prompts is not None:       # bad input first: read and check the whole file before anything runs
                 from mtpscope.traces.run.prompts import read_prompt_specs

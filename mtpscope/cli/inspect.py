@@ -206,7 +206,8 @@ def format_text(rep: dict[str, Any], full: bool = False) -> str:
         if rep[key]:
             out += ["", f"{title}:"]
             for name, t in rep[key].items():
-                out.append(f"  {name:<16} {t['n_tensors']:>6} tensors  {_human_bytes(t['n_bytes']):>12}")
+                noun = "tensor " if t["n_tensors"] == 1 else "tensors"      # (padded: the columns stay aligned)
+                out.append(f"  {name:<16} {t['n_tensors']:>6} {noun}  {_human_bytes(t['n_bytes']):>12}")
     return "\n".join(out)
 
 

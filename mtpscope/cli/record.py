@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, model_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, model_path, n_draft_option, one_line_errors
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
 #: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
@@ -151,7 +151,7 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
             no_preflight: bool) -> None:
     """The ``record`` command once its flags are checked and its worker is started: the recording, its
     progress bar and the summary lines."""
-    from mtpscope.errors import LayoutError, RuntimeAbortedError
+    from mtpscope.errors import LayoutError, PreflightRefusal, RuntimeAbortedError
     from mtpscope.traces.run.recorder import record
 
     bar = _ProgressBar(config.max_tokens, prompts, category_field) if progress and not verbose else None
@@ -177,6 +177,9 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                        isolate=isolate, preflight=not no_preflight, echo_log=verbose)
             if bar is not None:
                 bar.finish()
+        except PreflightRefusal as e:      # and how to record it anyway (to see what the bug costs, or debug a crash)
+            print(f"mtpscope: {e.one_line()}; `--no-preflight` records it anyway", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS) from None
         finally:
             if bar is not None:
                 bar.stop()

@@ -38,6 +38,8 @@ def _print_report(report: Report, verbose: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from mtpscope.traces.analysis.wording import plural
+
     con = Console(highlight=False, soft_wrap=True)
     r = report
     n_err, n_warn = len(r.errors), len(r.warnings)
@@ -72,7 +74,7 @@ def _print_report(report: Report, verbose: bool) -> None:
             con.print(f"[{style}]{line}[/{style}]" if style else line, markup=bool(style))
         for name, why in a.gguf_only.items():
             con.print(f"gguf-only {name}: {why}", markup=False)
-    con.print(f"{'OK' if r.ok else 'NOT OK'}: {n_err} errors, {n_warn} warnings")
+    con.print(f"{'OK' if r.ok else 'NOT OK'}: {plural(n_err, 'error')}, {plural(n_warn, 'warning')}")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mtpscope.errors import LayoutError
+from mtpscope.errors import LayoutError, PreflightRefusal
 
 
 def _header_sha256(path: Path, data_offset: int) -> str:
@@ -107,7 +107,9 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         ``{"target": model_info, "assistant": model_info}``.
 
     Raises:
-        LayoutError: a refusal, naming the file, the key and expected vs actual (from the finding).
+        LayoutError: a refusal, naming the file, the key and expected vs actual (from the finding): a fork-dialect
+            drafter or a file of another architecture; :class:`~mtpscope.errors.PreflightRefusal` (a LayoutError)
+            where llama.cpp would refuse, abort or crash, or the pairing is wrong (``preflight=False`` skips these).
         GGUFFormatError / UnsupportedFileError / TensorDataError: unreadable file.
         FileNotFoundError: a missing file.
     """
@@ -136,13 +138,13 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
             v = V.upstream_verdict(f)
             if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:
                 word = "refuse" if v.loads is False and v.outcome == "refuses" else "abort on"
-                raise LayoutError(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
+                raise PreflightRefusal(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
                                   key="loadability", expected="loads", actual=v.outcome)
         pairing = V.check_pairing(d, t)
         errors = [x for x in pairing.findings if x.severity == V.ERROR]
         if errors:
             e = errors[0]
-            raise LayoutError(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
+            raise PreflightRefusal(f"{e.code}: {e.message} (target {t.path})", path=d.path, key=e.subject,
                               expected=e.expected, actual=e.actual)
         # what llama.cpp loads and then crashes on inside llama_decode (abort, segfault): refuse it here
         report = V.verify(d, target=t)
@@ -151,7 +153,7 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
             e = crash[0]
             listed = "; ".join(f"{x.code} {x.subject} (expected {x.expected}, got {x.actual})" for x in crash[:3])
             more = f"; and {len(crash) - 3} more" if len(crash) > 3 else ""
-            raise LayoutError(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
+            raise PreflightRefusal(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
                               f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope verify`)",
                               path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
         return {"target": model_info(t), "assistant": model_info(d)}
