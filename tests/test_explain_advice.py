@@ -122,3 +122,17 @@ def test_cli_explain_and_report_on_a_sweep(tmp_path: Path) -> None:
     # shard 0 holds prompts 0, 2, ..., 16: every category (from sweep.json: these synthetic traces'
     # manifests name none)
     assert set(j["recommendation"]["by_category"]) == {"code", "chat", "json"}
+
+
+def test_the_n_draft_1_estimate_says_why_it_is_not_p_accepted_at_k_1(tmp_path: Path) -> None:
+    """Two numbers that look alike: the what-if's acceptance at n_draft 1 and report's P(accepted) at k = 1; the
+    note names both (the second counted here from the rounds part) and why they differ; none at n_draft 1."""
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=400, n_prompts=8, n_draft=3, steps=False)
+    x = explain_trace(open_trace(d), with_drift=False)
+    tab = _tab(d)
+    nd, na = np.asarray(tab["n_draft"]), np.asarray(tab["n_accepted"])
+    p1 = (na[nd >= 1] >= 1).sum() / (nd >= 1).sum()
+    (note,) = [n for n in x.notes if n.startswith("n_draft 1's estimated")]
+    assert f"({x.what_if.row(1).acceptance_rate:.3f})" in note and f"at k = 1 ({p1:.4f}, `report`)" in note
+    one = write_synthetic_trace(tmp_path / "one", n_rounds=200, n_prompts=4, n_draft=1, steps=False)
+    assert not [n for n in explain_trace(open_trace(one), with_drift=False).notes if n.startswith("n_draft 1's")]

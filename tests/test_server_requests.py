@@ -6,6 +6,7 @@ The real llama-server is in tests/test_server.py."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -38,6 +39,8 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7
 llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 2
 llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 4
 """
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_prometheus_text_and_counters():
@@ -100,6 +103,10 @@ def test_request_table_groupings():
     assert (tot.n_requests, tot.n_drafted, tot.n_accepted, tot.n_drafts) == (4, 27, 12, 9)
     assert tot.acceptance_rate == pytest.approx(12 / 27)
     assert tot.mean_acceptance_length == pytest.approx(1 + 12 / 9)
+    assert tot.tokens_per_s_mean == pytest.approx(12.0) and math.isnan(tot.tokens_per_s_pooled)   # no times
+    # with generation times: all tokens (10 * 1.1 + 6 * 0.5 + 20 * 0.45 = 23) over all time (2.05 s)
+    timed = _rows().assign(predicted_ms=[1100.0, 500.0, 450.0, None])
+    assert R.totals(timed).tokens_per_s_pooled == pytest.approx(23 / 2.05)
     cat = R.by_category(_rows()).set_index("category")
     assert cat.loc["code", "n_drafted"] == 18 and cat.loc["code", "acceptance_rate"] == pytest.approx(12 / 18)
     assert cat.loc["(none)", "n_requests"] == 1
@@ -140,7 +147,7 @@ def test_compare_requests_pairs_by_prompt_and_occurrence():
     assert [p.differs for p in pairs] == [False, True, True, False] and pairs[1].request_a == 1
     tot = R.totals(_rows())
     assert list(tot.to_dict()) == ["n_requests", "n_drafted", "n_accepted", "acceptance_rate", "n_drafts",
-                                   "mean_acceptance_length", "tokens_per_s_mean"]
+                                   "mean_acceptance_length", "tokens_per_s_mean", "tokens_per_s_pooled"]
     v = R.requests_view(_rows())
     assert v.totals == tot and v.table.equals(R.request_table(_rows())) and v.alarm is None
 
@@ -210,3 +217,35 @@ def test_launch_checks_the_model_files_with_our_reader_before_starting_anything(
         launch(trunc, None, binary="/nonexistent/llama-server")
     assert str(trunc) in str(e.value) and "offset" in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notgguf.gguf", "trunc.gguf"]   # no log written
+
+
+def test_server_page_report_and_explain_give_one_tokens_per_s(tmp_path, monkeypatch):
+    """An imported llama-server log (the server's own eval-time lines: 99 tokens in 1284.26 ms and 12 in 100 ms):
+    the Server page's tokens/s, report's and `explain --by request`'s are all tokens over all time,
+    111 / 1.38426 s = 80.2; the mean of the two requests' rates (77.09 and 120.0 = 98.5) is named as such."""
+    from streamlit.testing.v1 import AppTest
+    from typer.testing import CliRunner
+
+    from mtpscope.app import selection as sel
+    from mtpscope.cli.main import app
+    from mtpscope.traces.importers import import_server_log
+    from tests.test_importers import SERVER_TIMING_LINES
+
+    src = tmp_path / "server.log"
+    src.write_text("\n".join(SERVER_TIMING_LINES) + "\n")
+    out = tmp_path / "t"
+    import_server_log(src, out)
+    pooled, mean = 111 / 1.38426, (77.09 + 120.0) / 2
+    rep = CliRunner().invoke(app, ["report", str(out)])
+    assert f"{pooled:.1f} tokens/s (all tokens / all generation time), {mean:.1f} tokens/s (mean per request)" \
+        in rep.stdout, rep.stdout
+    ex = CliRunner().invoke(app, ["explain", str(out), "--by", "request"])
+    assert f"{pooled:.1f} tokens/s (all tokens / all generation time; the mean of the requests' own rates: " \
+           f"{mean:.1f})" in ex.stdout, ex.stdout
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app" / "screens" / "server.py"), default_timeout=60)
+    at.session_state[sel.SERVER_TRACE] = str(out)
+    at.run()
+    assert not at.exception
+    (m,) = [m for m in at.metric if m.label == "tokens/s"]
+    assert m.value == f"{pooled:.1f}" and f"{mean:.1f}" in m.help

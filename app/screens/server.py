@@ -100,7 +100,9 @@ def _requests_view(path: str) -> None:
         c[1].metric("drafted", formats.number(tot.n_drafted))
         c[2].metric("acceptance rate", formats.percent(tot.acceptance_rate))
         c[3].metric("mean acceptance length", formats.number(tot.mean_acceptance_length, 3))
-        c[4].metric("tokens/s (mean)", formats.number(tot.tokens_per_s_mean, 1))
+        c[4].metric("tokens/s", formats.number(tot.tokens_per_s_pooled, 1),
+                    help="All generated tokens over all generation time; the mean of the requests' own rates: "
+                         f"{formats.number(tot.tokens_per_s_mean, 1)}.")
         st.plotly_chart(server_charts.requests_over_time(table), key=sel.SERVER_TIME, width="stretch")
         a, b = st.columns(2)
         a.plotly_chart(server_charts.category_figure(v.by_category), key=sel.SERVER_CAT, width="stretch")

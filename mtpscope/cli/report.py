@@ -96,6 +96,8 @@ def format_report(rep: TraceReport) -> str:
                      f"accepted {r.n_accepted}, acceptance rate {_fmt(r.acceptance_rate)}"
                      + (f", mean acceptance length {_fmt(r.mean_acceptance_length, '.2f')}"
                         if r.mean_acceptance_length is not None else "")
+                     + (f", {_fmt(r.tokens_per_s_pooled, '.1f')} tokens/s (all tokens / all generation time)"
+                        if r.tokens_per_s_pooled is not None else "")
                      + (f", {_fmt(r.tokens_per_s_mean, '.1f')} tokens/s (mean per request)"
                         if r.tokens_per_s_mean is not None else ""))
         if r.alarm:

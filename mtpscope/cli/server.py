@@ -46,15 +46,16 @@ def request_view(trace) -> RequestsView:
     ``requests`` rows, or for a recording its prompts seen as requests
     (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
     from mtpscope.traces.analysis import requests as R
-    from mtpscope.traces.analysis.metrics import tokens_per_s_by_prompt
+    from mtpscope.traces.analysis.metrics import speed_by_prompt
 
     if trace.part_files("requests"):
         req = trace.requests
-    else:   # a recording: each prompt's tokens/s as `report` measures the whole trace's (metrics.timing)
+    else:   # a recording: each prompt's tokens/s and time as `report` measures the whole trace's (metrics.timing)
         req = R.requests_from_rounds(trace.rounds, trace.manifest.get("prompts"))
-        speed = tokens_per_s_by_prompt(trace.rounds)
+        speed = speed_by_prompt(trace.rounds)
         if len(req):
-            req["tokens_per_s"] = [speed.get(int(p)) for p in req["prompt_id"]]
+            req["tokens_per_s"] = [speed.get(int(p), (None, None))[0] for p in req["prompt_id"]]
+            req["predicted_ms"] = [speed.get(int(p), (None, None))[1] for p in req["prompt_id"]]
     return R.requests_view(req)
 
 
@@ -64,7 +65,8 @@ def format_requests(v: RequestsView, limit: int = 50) -> str:
     tot = v.totals
     lines = [f"{plural(tot.n_requests, 'request')}: drafted {tot.n_drafted}, accepted {tot.n_accepted}, "
              f"acceptance rate {_f(tot.acceptance_rate)}, mean acceptance length "
-             f"{_f(tot.mean_acceptance_length, '.2f')}, {_f(tot.tokens_per_s_mean, '.1f')} tokens/s (mean)"]
+             f"{_f(tot.mean_acceptance_length, '.2f')}, {_f(tot.tokens_per_s_pooled, '.1f')} tokens/s (all tokens / "
+             f"all generation time; the mean of the requests' own rates: {_f(tot.tokens_per_s_mean, '.1f')})"]
     if v.alarm:
         lines.append(f"ALARM: {v.alarm}")
     lines += ["", "request  prompt                category    in   out  drafted  accepted   rate  mean len  "

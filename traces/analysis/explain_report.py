@@ -22,7 +22,7 @@ from mtpscope.traces.analysis import breakdown as B
 from mtpscope.traces.analysis import explain as E
 from mtpscope.traces.analysis.advice import Advice, advise
 from mtpscope.traces.analysis.costs import CostProbe, PlainBaseline, manifest_baseline
-from mtpscope.traces.analysis.metrics import totals
+from mtpscope.traces.analysis.metrics import per_position_acceptance, totals
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.report_records import Totals
 from mtpscope.traces.analysis.timing_quality import timing_quality
@@ -273,6 +273,9 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
                      probe=CostProbe.from_manifest(manifest))
         tq = timing_quality(rounds, wi.cost, base, CostProbe.from_manifest(manifest))
         adv = advise(wi, tq)
+        note_k1 = _n_draft_1_note(wi, rounds)
+        if note_k1:
+            notes.append(note_k1)
         if wi.cost is not None and (base is None or not base.measured):
             notes.append("no plain decoding was measured for these prompts (record --baseline, sweep --baseline): "
                          "speedups are estimated from the price of a one-token verify (the trace's own median, "
@@ -280,6 +283,24 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
     return Explanation(causes=causes, first_mismatches=fm, rejections=rej, by_class=by_class,
                        by_class_position=by_cp, by_channel=by_channel, by_category=by_cat, what_if=wi,
                        advice=adv, drift=drift, totals=totals(rounds), head=head, notes=tuple(notes))
+
+
+def _n_draft_1_note(wi: WhatIf, rounds: pd.DataFrame) -> str | None:
+    """Why the estimate at n_draft 1 differs from this trace's P(accepted) at k = 1 (``report``'s per-position
+    table, :func:`traces.analysis.metrics.per_position_acceptance`) when the trace drafted more than one
+    token a round; None when they are the same thing (recorded at n_draft 1) or either is unknown."""
+    rec = [r.n_draft for r in wi.rows if r.recorded]
+    one = next((r for r in wi.rows if r.n_draft == 1), None)
+    if not rec or rec[0] <= 1 or one is None or one.acceptance_rate is None or not np.isfinite(one.acceptance_rate):
+        return None
+    pos = per_position_acceptance(rounds, max_k=1)
+    p1 = pos["acceptance"].iloc[0] if len(pos) else None
+    if p1 is None or not np.isfinite(p1):
+        return None
+    return (f"n_draft 1's estimated acceptance rate ({one.acceptance_rate:.3f}) is not this trace's P(accepted) "
+            f"at k = 1 ({p1:.4f}, `report`): at n_draft 1 every position starts a round, while this trace "
+            f"(n_draft {rec[0]}) drafts a first draft only where a round starts, after a rejection or a fully "
+            "accepted round (the position model: docs/EXPLAIN.md §4)")
 
 
 def step_columns(trace: TraceLike) -> list[str]:

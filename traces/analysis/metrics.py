@@ -327,10 +327,10 @@ def timing(rounds: pd.DataFrame) -> dict[str, Any] | None:
             "t_draft_ms_mean": float(td.mean()), "t_verify_ms_mean": float(tv.mean())}
 
 
-def tokens_per_s_by_prompt(rounds: pd.DataFrame) -> dict[int, float | None]:
-    """Each prompt's measured speed, :func:`timing`'s ``tokens_per_s`` over its own rounds (columns
-    ``prompt_id`` and :func:`timing`'s): ``{prompt_id: tokens/s}``, None where a prompt has no timed rounds;
-    ``{}`` without timings."""
+def speed_by_prompt(rounds: pd.DataFrame) -> dict[int, tuple[float | None, float | None]]:
+    """Each prompt's measured speed and the time it was measured over, :func:`timing`'s definitions over its
+    own rounds (columns ``prompt_id`` and :func:`timing`'s): ``{prompt_id: (tokens/s, draft + verify ms)}``,
+    ``(None, None)`` where a prompt has no timed rounds; ``{}`` without timings."""
     if "t_verify_ms" not in rounds.columns or not len(rounds):
         return {}
     tv = pd.to_numeric(rounds["t_verify_ms"], errors="coerce")
@@ -338,7 +338,7 @@ def tokens_per_s_by_prompt(rounds: pd.DataFrame) -> dict[int, float | None]:
     g = pd.DataFrame({"p": rounds["prompt_id"].to_numpy(dtype=np.int64), "ne": emitted_counts(rounds),
                       "t": td.to_numpy() + tv.fillna(0.0).to_numpy(), "timed": tv.notna().to_numpy()}
                      ).groupby("p", sort=True).sum()          # one pass, the sums timing() takes per prompt
-    return {int(p): 1000.0 * float(ne) / float(t) if timed and t > 0 else None
+    return {int(p): (1000.0 * float(ne) / float(t), float(t)) if timed and t > 0 else (None, None)
             for p, ne, t, timed in zip(g.index, g["ne"], g["t"], g["timed"], strict=True)}
 
 
@@ -350,7 +350,7 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
     per-response ``timings`` rows, else the log lines); kinds describing the same requests are never added
     together. Keys: ``kind``, ``n_requests``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``by_kind``,
     and from :func:`mtpscope.traces.analysis.requests.totals`: ``n_drafts``, ``mean_acceptance_length``,
-    ``tokens_per_s_mean``; ``alarm`` (the not-drafting alarm or None), ``by_category`` and ``per_position``
+    ``tokens_per_s_mean``, ``tokens_per_s_pooled``; ``alarm`` (the not-drafting alarm or None), ``by_category`` and ``per_position``
     (records).
     """
     from mtpscope.traces.analysis import requests as R
@@ -365,7 +365,8 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
             "acceptance_rate": _div(na.sum(), nd.sum()),
             "by_kind": {k: int((requests["kind"] == k).sum()) for k in sorted(kinds)},
             "n_drafts": tot.n_drafts, "mean_acceptance_length": tot.mean_acceptance_length,
-            "tokens_per_s_mean": tot.tokens_per_s_mean, "alarm": R.not_drafting_alarm(requests),
+            "tokens_per_s_mean": tot.tokens_per_s_mean, "tokens_per_s_pooled": tot.tokens_per_s_pooled,
+            "alarm": R.not_drafting_alarm(requests),
             "by_category": _records(R.by_category(requests)), "per_position": _records(R.per_position(requests))}
 
 

@@ -163,6 +163,7 @@ class CategoryRequests(JsonRecord):
     n_drafts: int | None
     mean_acceptance_length: float | None
     tokens_per_s_mean: float | None
+    tokens_per_s_pooled: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ class RequestTotals(JsonRecord):
     alarm: str | None
     by_category: tuple[CategoryRequests, ...] = ()
     per_position: tuple[ServerPositionRow, ...] = ()
+    tokens_per_s_pooled: float | None = None
 
 
 @dataclass(frozen=True)

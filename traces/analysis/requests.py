@@ -41,7 +41,7 @@ KIND_PREFERENCE = ("probe", "response", "log")
 #: columns of :func:`request_table`, in display order
 TABLE_COLUMNS = ("request", "prompt", "category", "repeat", "n_prompt_tokens", "n_output_tokens", "n_drafted",
                  "n_accepted", "acceptance_rate", "n_drafts", "mean_acceptance_length", "accepted_per_pos",
-                 "tokens_per_s", "wall_ms", "started_unix_s", "ended_unix_s")
+                 "tokens_per_s", "generation_ms", "wall_ms", "started_unix_s", "ended_unix_s")
 
 ALARM = ("the server is not running MTP: no draft tokens in {n} — check `--spec-type draft-mtp` and the draft "
          "model")
@@ -55,7 +55,10 @@ class ServerTotals(JsonRecord):
         n_requests: requests; n_drafted / n_accepted: draft tokens; acceptance_rate: accepted / drafted (0..1, NaN
         when nothing was drafted); n_drafts: verification steps (None when unknown); mean_acceptance_length:
         1 + accepted / drafts over the requests whose drafts are known (tokens, NaN when unknown);
-        tokens_per_s_mean: the mean of the requests' tokens/s (NaN when none is known).
+        tokens_per_s_mean: the mean of the requests' tokens/s (NaN when none is known);
+        tokens_per_s_pooled: all generated tokens over all generation time, ``sum(tokens/s * generation_ms) /
+        sum(generation_ms)`` over the requests where both are known (NaN when none): what ``report`` gives a
+        recording, and the rate a mean of short and long requests is not.
     """
 
     n_requests: int
@@ -65,6 +68,7 @@ class ServerTotals(JsonRecord):
     n_drafts: int | None
     mean_acceptance_length: float
     tokens_per_s_mean: float
+    tokens_per_s_pooled: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,8 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     number where none is known), tokens in / out (``n_output_tokens`` = ``predicted_n``), drafted, accepted,
     acceptance rate, drafts, mean acceptance length (1 + accepted / drafts, or the log's own ``mean len``),
     accepted per position (list, 1-based order), tokens/s (``timings.predicted_per_second``, else
-    ``predicted_n / predicted_ms``), wall time. Missing values are NaN / None.
+    ``predicted_n / predicted_ms``), generation time (``predicted_ms``; for a recording its draft + verify time),
+    wall time. Missing values are NaN / None.
     """
     r = request_rows(requests)
     out = pd.DataFrame(index=r.index)
@@ -159,6 +164,7 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         derived = np.where(pms > 0, pn / np.where(pms > 0, pms, 1) * 1e3, np.nan)
     out["tokens_per_s"] = np.where(np.isnan(tps), derived, tps)
+    out["generation_ms"] = pms
     out["wall_ms"] = _num(_col(r, "wall_ms"))
     out["started_unix_s"] = _num(_col(r, "started_unix_s"))
     out["ended_unix_s"] = _num(_col(r, "ended_unix_s"))
@@ -177,7 +183,14 @@ def _totals(t: pd.DataFrame) -> ServerTotals:
         n_drafts=int(drafts[known].sum()) if known.any() else None,
         mean_acceptance_length=1.0 + _div(na_known, drafts[known].sum()) if known.any() and drafts[known].sum()
         else math.nan,
-        tokens_per_s_mean=float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan)
+        tokens_per_s_mean=float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan,
+        tokens_per_s_pooled=_pooled(tps, _num(t["generation_ms"]) if len(t) else np.array([])))
+
+
+def _pooled(tps: np.ndarray, ms: np.ndarray) -> float:
+    """``sum(tps * ms) / sum(ms)`` over the rows where both are known and ``ms > 0`` (NaN when none)."""
+    ok = ~np.isnan(tps) & ~np.isnan(ms) & (ms > 0)
+    return float((tps[ok] * ms[ok]).sum() / ms[ok].sum()) if ok.any() else math.nan
 
 
 def totals(requests: pd.DataFrame) -> ServerTotals:
@@ -200,7 +213,7 @@ def by_category(requests: pd.DataFrame) -> pd.DataFrame:
     t = request_table(requests)
     if not len(t):
         return pd.DataFrame(columns=["category", "n_requests", "n_drafted", "n_accepted", "acceptance_rate",
-                                     "n_drafts", "mean_acceptance_length", "tokens_per_s_mean"])
+                                     "n_drafts", "mean_acceptance_length", "tokens_per_s_mean", "tokens_per_s_pooled"])
     cat = t["category"].where(t["category"].notna(), "(none)")
     rows = [{"category": c, **_totals(t[cat == c]).to_dict()} for c in sorted(set(cat))]
     return pd.DataFrame(rows).sort_values("acceptance_rate", kind="stable", na_position="last").reset_index(drop=True)
