@@ -169,12 +169,6 @@ def register(app: typer.Typer) -> None:
         centroids, html_out = _absolute(centroids), _absolute(html_out)
         reference, reference_assistant = _absolute(reference), _absolute(reference_assistant)
         with one_line_errors(EXIT_UNREADABLE):
-            written = ["diagnosis.json"] + ([] if trace is not None else ["the recording"]) + \
-                ([] if no_replay else ["the replays"])
-            say("out", f"{', '.join(written[:-1])} and {written[-1]} go to {out}" if len(written) > 1 else
-                f"{written[0]} goes to {out}")
-            if out == absolute(Path(DEFAULT_OUT)):
-                say("out", "(the default folder, in the current directory; --out chooses another)")
             specs: list[PromptSpec] | None
             if prompts is not None:       # bad input first: read and check the whole file before anything runs
                 from mtpscope.traces.run.prompts import read_prompt_specs
@@ -187,6 +181,13 @@ def register(app: typer.Typer) -> None:
                 specs = demo_prompts() if trace is None else None
                 if specs is not None:
                     say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
+            # (said once the input is known good: a bad prompts file is one line and nothing else)
+            written = ["diagnosis.json"] + ([] if trace is not None else ["the recording"]) + \
+                ([] if no_replay else ["the replays"])
+            say("out", f"{', '.join(written[:-1])} and {written[-1]} go to {out}" if len(written) > 1 else
+                f"{written[0]} goes to {out}")
+            if out == absolute(Path(DEFAULT_OUT)):
+                say("out", "(the default folder, in the current directory; --out chooses another)")
             # centroids as the str the config keeps anyway (RecordConfig stores os.fspath of a path)
             cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens,
                                  centroids=None if centroids is None else os.fspath(centroids), replay=not no_replay)
