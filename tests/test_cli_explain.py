@@ -127,3 +127,11 @@ def test_explain_by_request_on_a_recording_gives_each_prompts_speed(noisy: Path)
            f"{mean:.1f})" in res.stdout, res.stdout
     rep = runner.invoke(app, ["report", str(noisy)])
     assert f"; {pooled:.1f} tokens/s (emitted tokens / draft + verify time" in rep.stdout, rep.stdout
+    # accepted per draft position over the rounds that drafted (llama-server's acc per pos): the same in both
+    nd, na = r["n_draft"].to_numpy(), r["n_accepted"].to_numpy()
+    n_verify = int((nd > 0).sum())
+    for k in range(1, int(nd.max()) + 1):
+        acc = int((na >= k).sum())
+        assert f"k={k} {acc} of {n_verify} drafts ({acc / n_verify:.3f})" in res.stdout, res.stdout
+        row = next(ln.split() for ln in rep.stdout.splitlines() if ln.split()[:2] == [str(k), str(int((nd >= k).sum()))])
+        assert row[-1] == f"{acc / n_verify:.4f}", row

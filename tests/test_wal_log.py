@@ -78,7 +78,7 @@ def test_a_cut_at_any_byte_keeps_exactly_the_rounds_before_it(tmp_path: Path) ->
         whole = sum(1 for b in sizes[1:] if b <= n)
         assert [r.round for r, _ in got.items] == list(range(whole)), n
         assert got.torn_bytes == n - sizes[whole], n
-        assert got.n_rounds_invalid == 0
+        assert got.n_rounds_invalid == 0 and got.problem is None, (n, got.problem)   # a torn end: no damage
 
 
 def test_a_flipped_bit_ends_the_log_at_that_record(tmp_path: Path) -> None:
@@ -89,6 +89,58 @@ def test_a_flipped_bit_ends_the_log_at_that_record(tmp_path: Path) -> None:
     got = read_log(path)
     assert [r.round for r, _ in got.items] == [0, 1]
     assert got.torn_bytes == len(data) - sizes[2]
+    assert got.problem == f"at offset {sizes[2]}: record corrupt (CRC-32 mismatch)"
+
+
+def _killed_trace(tmp_path: Path, n: int) -> tuple[Path, Path, list[int]]:
+    """A trace whose writer died after ``n`` rounds (its lock released, nothing closed): the folder, its log and
+    the log's size after each append."""
+    d = tmp_path / "t"
+    w = TraceWriter(d, {"source": "synthetic"}, n_embd_backbone=6, n_embd=4, hidden_dtype="f16", centroids=False,
+                    flush_every=100, background=False)
+    log = d / "wal" / "part-00000.log"
+    sizes = []
+    for r in range(n):
+        w.add_round(_round(r), _steps(r))
+        sizes.append(os.path.getsize(log))
+    os.close(w._lock_fd)
+    w._lock_fd = None
+    return d, log, sizes
+
+
+@pytest.mark.parametrize("damage", ["flip", "future", "garbage"])
+def test_a_log_that_cannot_be_read_to_its_end_is_kept_never_deleted(tmp_path: Path, damage: str) -> None:
+    """Opening the trace recovers the rounds before the damage, keeps the log as wal/part-00000.log.damaged (its
+    bytes as they were) and says so in one warning naming it and the offset; a second open finds nothing to do."""
+    import json
+    import struct
+    import zlib
+
+    d, log, sizes = _killed_trace(tmp_path, 4)
+    data = bytearray(log.read_bytes())
+    if damage == "flip":            # inside round 2's record: rounds 0 and 1 come back
+        data[(sizes[1] + sizes[2]) // 2] ^= 0x10
+        want_rounds, where = [0, 1], f"at offset {sizes[1]}: record corrupt (CRC-32 mismatch)"
+    elif damage == "future":        # a newer writer's format: its first record says version 2
+        n0 = struct.unpack_from("<I", data, 4)[0]
+        head = json.loads(bytes(data[16:16 + n0]))
+        head["version"] = 2
+        new = json.dumps(head).encode()
+        data[:16 + n0] = struct.pack("<4sIII", b"MTPW", len(new), zlib.crc32(new), len(new)) + new
+        want_rounds, where = [], "at offset 0: not a log this version reads (expected mtpscope-wal version 1, got "
+    else:
+        data = bytearray(b"\x00garbage" * 100)
+        want_rounds, where = [], "at offset 0: not a record (bad magic or lengths)"
+    log.write_bytes(bytes(data))
+    t = traces.open(d)
+    assert list(t.rounds["round"]) == want_rounds
+    kept = d / "wal" / "part-00000.log.damaged"
+    assert kept.read_bytes() == bytes(data) and not log.exists()
+    (w,) = [w for w in t.warnings if "write-ahead" in w]
+    assert f"wal/part-00000.log: {where}" in w and "kept as wal/part-00000.log.damaged" in w, w
+    assert t.manifest["recovered"]["problems"] and t.manifest["recovered"]["n_rounds_invalid"] == 0
+    again = traces.open(d)
+    assert not [w for w in again.warnings if "write-ahead" in w] and kept.exists()
 
 
 def test_a_legacy_arrow_log_is_recovered(tmp_path: Path) -> None:
@@ -126,7 +178,7 @@ def test_recovery_drops_only_a_round_that_does_not_fit(tmp_path: Path) -> None:
     assert list(t.rounds["round"]) == [0, 2] and len(t.steps) == 6
     rec = t.manifest["recovered"]
     assert rec["n_rounds"] == 2 and rec["n_rounds_invalid"] == 1 and rec["torn_bytes"] == 0
-    assert any("1 rounds whose values do not fit the trace's schema dropped" in w for w in t.warnings)
+    assert any("; 1 round whose values do not fit the trace's schema dropped" in w for w in t.warnings)
 
 
 def test_a_value_json_cannot_hold_is_refused_before_anything_is_written(tmp_path: Path) -> None:
@@ -142,3 +194,35 @@ def test_a_value_json_cannot_hold_is_refused_before_anything_is_written(tmp_path
     assert os.path.getsize(d / "wal" / "part-00000.log") == size
     w.close()
     assert list(traces.open(d).rounds["round"]) == [0]
+
+
+def test_an_unreadable_legacy_log_is_kept(tmp_path: Path) -> None:
+    d = tmp_path / "t"
+    TraceWriter(d, {"source": "synthetic"}, n_embd_backbone=6, n_embd=4, hidden_dtype="f16", centroids=False,
+                flush_every=100, background=False, wal=False)
+    (d / "wal").mkdir()
+    (d / "wal" / "part-00000.rounds.arrows").write_bytes(b"garbage" * 10)
+    t = traces.open(d)
+    assert len(t.rounds) == 0 and (d / "wal" / "part-00000.rounds.arrows.damaged").read_bytes() == b"garbage" * 10
+    (w,) = [w for w in t.warnings if "write-ahead" in w]
+    assert "wal/part-00000.rounds.arrows (an older writer's log): 70 bytes could not be read" in w, w
+
+
+def test_trace_repair_names_a_damaged_log_and_exits_1(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    d, log, sizes = _killed_trace(tmp_path, 3)
+    data = bytearray(log.read_bytes())
+    data[sizes[1] + 20] ^= 0x01                     # inside round 2's record
+    log.write_bytes(bytes(data))
+    res = CliRunner().invoke(app, ["trace", "repair", str(d), "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "recovered" and doc["recovered_rounds"] == 2 and doc["n_rounds"] == 2
+    (problem,) = doc["problems"]
+    assert problem.startswith(f"wal/part-00000.log: at offset {sizes[1]}: record corrupt (CRC-32 mismatch): "
+                              "2 rounds before it recovered"), problem

@@ -180,6 +180,11 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
         except PreflightRefusal as e:      # and how to record it anyway (to see what the bug costs, or debug a crash)
             print(f"mtpscope: {e.one_line()}; `--no-preflight` records it anyway", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS) from None
+        except KeyboardInterrupt as e:     # Ctrl-C: say what was kept (the recorder's note), exit as a SIGINT does
+            notes = [n for n in getattr(e, "__notes__", ()) if n.startswith("interrupted")]
+            print(f"mtpscope: {notes[0] if notes else 'interrupted before the recording began: nothing recorded'}",
+                  file=sys.stderr)
+            raise typer.Exit(130) from None
         finally:
             if bar is not None:
                 bar.stop()

@@ -49,10 +49,11 @@ def format_report(rep: TraceReport) -> str:
                  f"(1 + accepted / verify rounds)")
     if rep.per_position:
         lines.append("")
-        lines.append("per draft position   k   rounds  accepted  P(accepted)  P(accepted | k-1 accepted)")
+        lines.append("per draft position   k   rounds  accepted  P(accepted)  P(accepted | k-1 accepted)  "
+                     "per verify round (llama-server's acc per pos)")
         for p in rep.per_position:
             lines.append(f"{'':20} {p.k:2d} {p.n_rounds:8d} {p.n_accepted:9d}  "
-                         f"{_fmt(p.acceptance):>11}  {_fmt(p.conditional):>11}")
+                         f"{_fmt(p.acceptance):>11}  {_fmt(p.conditional):>26}  {_fmt(p.per_verify_round):>11}")
     if rep.first_mismatch:
         lines.append("")
         parts = ", ".join(f"k={f.k}: {f.n_rounds}" for f in rep.first_mismatch)

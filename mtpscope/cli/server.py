@@ -56,6 +56,10 @@ def request_view(trace) -> RequestsView:
         if len(req):
             req["tokens_per_s"] = [speed.get(int(p), (None, None))[0] for p in req["prompt_id"]]
             req["predicted_ms"] = [speed.get(int(p), (None, None))[1] for p in req["prompt_id"]]
+        from dataclasses import replace
+
+        # the not-drafting alarm is about a server's flags (`--spec-type`); a recording drafts by construction
+        return replace(R.requests_view(req), alarm=None)
     return R.requests_view(req)
 
 

@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
     ) -> None:
         """Recover an interrupted trace's write-ahead log into parts, recount its manifest and delete the
-        unfinished (.tmp) parts a writer left behind."""
+        unfinished (.tmp) parts a writer left behind. Exit 1 while a recorder still writes it, or when a log
+        could not be read to its end (kept as wal/<name>.damaged, the rounds before the damage recovered)."""
         from mtpscope.traces.store.reader import open_trace, read_manifest
         from mtpscope.traces.store.wal import recover
 
@@ -52,23 +53,20 @@ def register(app: typer.Typer) -> None:
         out: dict[str, Any] = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
                                "recovered_steps": rec.n_steps, "parts_written": list(rec.parts),
                                "torn_bytes": rec.torn_bytes, "steps_dropped": rec.n_steps_dropped,
-                               "rounds_invalid": rec.n_rounds_invalid,
+                               "rounds_invalid": rec.n_rounds_invalid, "problems": list(rec.problems),
                                "tmp_removed": list(removed or ()),
                                "n_rounds": n_rounds, "n_steps": n_steps,
                                "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
-                               "warnings": [w for w in t.warnings if "trace is incomplete" not in w]}
+                               # (while a recorder writes it: not "an interrupted run's log not read")
+                               "warnings": [w for w in t.warnings if "trace is incomplete" not in w
+                                            and not (status == "live" and "log of an interrupted run" in w)]}
         if as_json:
             typer.echo(json.dumps(out, indent=2))
         else:
             if status == "live":
                 typer.echo(f"{path}: a recorder is still writing this trace (it holds wal/lock); nothing touched")
             elif status == "recovered":
-                torn = f", dropped a torn last round ({rec.torn_bytes} bytes)" if rec.torn_bytes else ""
-                if rec.n_rounds_invalid:
-                    torn += (f", dropped {rec.n_rounds_invalid} round{'s' if rec.n_rounds_invalid != 1 else ''} "
-                             "whose values do not fit the trace's schema")
-                typer.echo(f"{path}: recovered {rec.n_rounds} rounds ({rec.n_steps} steps) from the write-ahead "
-                           f"log into {', '.join(rec.parts) or 'no part'}{torn}")
+                typer.echo(f"{path}: {rec.words()}")
             else:
                 typer.echo(f"{path}: no write-ahead log to recover")
             if removed:
@@ -81,7 +79,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"aborted: {ab.get('where') or ''}: {ab.get('message') or ab.get('signal') or ''}")
             for w in out["warnings"]:
                 typer.echo(f"warning: {w}")
-        raise typer.Exit(EXIT_FINDINGS if status == "live" else EXIT_OK)
+        raise typer.Exit(EXIT_FINDINGS if status == "live" or rec.problems else EXIT_OK)
 
 
 def remove_unfinished(path: Path) -> tuple[str, ...] | None:

@@ -261,7 +261,7 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
         cen = (man.get("params") or {}).get("centroids")
         specs = variants.convention_variants(baseline_for(man), centroids=bool(cen) and Path(str(cen)).exists())
         try:
-            with steps.step("replay", f"replay: {len(pids)} prompts x {config.rounds_per_prompt} rounds under "
+            with steps.step("replay", f"replay: {len(pids)} prompt{'' if len(pids) == 1 else 's'} x {config.rounds_per_prompt} rounds under "
                             f"{', '.join(specs)}") as box:
                 res_file = variants.run_variants(trace, variants=specs, out=outp / REPLAY_DIR, prompt_ids=pids,
                                                  rounds_per_prompt=config.rounds_per_prompt, target=target,

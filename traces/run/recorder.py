@@ -581,6 +581,9 @@ class _Recording:
             self.src.stop(grace=STOP_GRACE_S if isinstance(e, KeyboardInterrupt) else 0.0)
         if self.w is not None:
             self.w.close(complete=False)  # keep the finished rounds, marked incomplete
+            if isinstance(e, KeyboardInterrupt):   # (the CLI says it: a Ctrl-C is not a crash)
+                e.add_note(f"interrupted: {self.n_rounds} round{'' if self.n_rounds == 1 else 's'} kept in "
+                           f"{os.fspath(self.write_to)}, marked incomplete")
         _note_partial(e, self.checked.swap, self.write_to, self.out)
 
     def summary(self, t_enter_epoch: float) -> RecordSummary:

@@ -381,11 +381,7 @@ def open_trace(path: str | os.PathLike[str], *, recover_wal: bool = True) -> Tra
         rec = recover(p) if recover_wal else Recovery(os.fspath(p), "skipped")
         if rec.status == "recovered":
             manifest = read_manifest(p)
-            torn = f"; {rec.torn_bytes} bytes of a torn last round dropped" if rec.torn_bytes else ""
-            if rec.n_rounds_invalid:
-                torn += f"; {rec.n_rounds_invalid} rounds whose values do not fit the trace's schema dropped"
-            warnings.append(f"{p / WAL_DIR}: {rec.n_rounds} rounds ({rec.n_steps} steps) recovered from the "
-                            f"write-ahead log of an interrupted run{torn}")
+            warnings.append(f"{p / WAL_DIR}: {rec.words()}")
         elif rec.status == "failed":
             warnings.append(f"{p / WAL_DIR}: write-ahead log not recovered ({rec.error}); run "
                             f"`mtpscope trace repair {p}`")

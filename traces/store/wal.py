@@ -159,46 +159,59 @@ class LogRead:
 
     Attributes:
         items: the complete rounds, in order, each with its steps.
-        torn_bytes: bytes after the last complete record (a torn tail; 0 when none).
-        n_steps_dropped: steps of the torn record, when its head could be read (else 0).
-        n_rounds_invalid: complete records that are not a valid round (all of them when the first record,
-            which describes the file, is unreadable).
+        torn_bytes: bytes after the last complete record that were not recovered (0 when none).
+        n_steps_dropped: steps of a torn last record, when its head could be read (else 0).
+        n_rounds_invalid: complete records that are not a valid round of this trace.
+        problem: ``None`` when the log ended cleanly or with a torn last record (what a ``kill -9`` leaves);
+            else one line saying what could not be read and where (``at offset N: ...``): a corrupt record
+            (bad magic, lengths or CRC-32 with its bytes all there), or a first record that is not this
+            format's (another version, garbage). The log is then to be kept, not deleted.
     """
 
     items: tuple[Item, ...]
     torn_bytes: int = 0
     n_steps_dropped: int = 0
     n_rounds_invalid: int = 0
+    problem: str | None = None
 
 
-def _records(data: memoryview) -> tuple[list[tuple[bytes, memoryview]], int, bytes | None]:
-    """The complete records of a log: (head, blob) each; the offset after the last one; the head of a
-    torn record when its head is whole (else None)."""
+def _records(data: memoryview) -> tuple[list[tuple[bytes, memoryview]], int, bytes | None, str | None]:
+    """The complete records of a log: (head, blob) each; the offset after the last one; the head of a torn
+    last record when its head is whole (else None); what is wrong past that offset when it is not a torn last
+    record (``None`` for a clean end or a torn one)."""
     out: list[tuple[bytes, memoryview]] = []
     off, size = 0, len(data)
     while off + _FRAME.size <= size:
         magic, n, crc, nh = _FRAME.unpack_from(data, off)
-        body = data[off + _FRAME.size: off + _FRAME.size + n]
-        if magic != _MAGIC or nh > n or len(body) < n or zlib.crc32(body) != crc:
-            whole = magic == _MAGIC and nh <= n and off + _FRAME.size + nh <= size
-            return out, off, bytes(data[off + _FRAME.size: off + _FRAME.size + nh]) if whole else None
+        if magic != _MAGIC or nh > n:
+            return out, off, None, f"at offset {off}: not a record (bad magic or lengths)"
+        start = off + _FRAME.size
+        if start + n > size:          # the body runs past the end: the last record, cut short
+            return out, off, bytes(data[start: start + nh]) if start + nh <= size else None, None
+        body = data[start: start + n]
+        if zlib.crc32(body) != crc:
+            return out, off, None, f"at offset {off}: record corrupt (CRC-32 mismatch)"
         out.append((bytes(body[:nh]), body[nh:]))
-        off += _FRAME.size + n
-    return out, off, None
+        off = start + n
+    if off < size and data[off: off + 4] != _MAGIC[: size - off]:
+        return out, off, None, f"at offset {off}: not a record (bad magic)"
+    return out, off, None, None
 
 
 def read_log(path: Path) -> LogRead:
     """The rounds of one write-ahead log (:class:`WalLog`'s format).
 
-    A record that is torn (short, bad magic or CRC) ends the log: it and anything after it are dropped.
-    A complete record that does not make a valid round (:class:`RoundRecord` / :class:`StepRecord`
-    invariants, a hidden state of the wrong size) is dropped and counted.
+    The complete records before the first one that cannot be read are kept. A torn last record (what a
+    ``kill -9`` mid-write leaves) is dropped; anything else that cannot be read is said in ``problem`` (the log
+    is then kept by :func:`recover`). A complete record that does not make a valid round
+    (:class:`RoundRecord` / :class:`StepRecord` invariants, a hidden state of the wrong size) is dropped and
+    counted.
 
     Raises:
         OSError: the file cannot be read.
     """
     data = memoryview(path.read_bytes())
-    records, good, torn_head = _records(data)
+    records, good, torn_head, problem = _records(data)
     torn = len(data) - good
     torn_steps = 0
     if torn_head is not None:
@@ -207,16 +220,17 @@ def read_log(path: Path) -> LogRead:
         except (ValueError, TypeError, IndexError, KeyError):
             torn_steps = 0
     if not records:
-        return LogRead((), torn, torn_steps)
+        return LogRead((), torn, torn_steps, 0, problem)
     try:
         desc = json.loads(records[0][0])
-        if (desc.get("format"), desc.get("version")) != WAL_FORMAT:
-            raise ValueError(f"not {WAL_FORMAT}")
+        if not isinstance(desc, dict) or (desc.get("format"), desc.get("version")) != WAL_FORMAT:
+            got = (desc.get("format"), desc.get("version")) if isinstance(desc, dict) else type(desc).__name__
+            raise ValueError(f"expected {WAL_FORMAT[0]} version {WAL_FORMAT[1]}, got {got}")
         rnames, snames = list(desc["rounds"]), list(desc["steps"])
         hidden = [(str(n), np.dtype(d), int(w)) for n, d, w in zip(desc["hidden"], desc["dtypes"], desc["widths"],
                                                                     strict=True)]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return LogRead((), torn, torn_steps, len(records) - 1)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return LogRead((), len(data), 0, 0, f"at offset 0: not a log this version reads ({e})")
     items: list[Item] = []
     bad = 0
     for head, blob in records[1:]:
@@ -238,7 +252,7 @@ def read_log(path: Path) -> LogRead:
             bad += 1
             continue
         items.append((r, steps))
-    return LogRead(tuple(items), torn, torn_steps, bad)
+    return LogRead(tuple(items), torn, torn_steps, bad, problem)
 
 
 def _read_legacy_stream(path: Path) -> tuple[list[pa.RecordBatch], int]:
@@ -278,6 +292,9 @@ class Recovery:
         torn_bytes: bytes of torn (incomplete) records dropped.
         n_steps_dropped: steps of torn rounds (the steps of a torn round record in a legacy log).
         n_rounds_invalid: complete rounds dropped: invalid values, or values that do not fit the trace's schema.
+        problems: one line per log that could not be read to its end, naming it, the offset and what was wrong
+            there (a corrupt record, another format); such a log is kept beside the parts as
+            ``wal/<name>.damaged`` (never read again, never deleted), the rounds before the damage recovered.
         error: the OS error's text for ``failed``.
     """
 
@@ -289,7 +306,25 @@ class Recovery:
     torn_bytes: int = 0
     n_steps_dropped: int = 0
     n_rounds_invalid: int = 0
+    problems: tuple[str, ...] = ()
     error: str | None = None
+
+    def words(self) -> str:
+        """What a ``recovered`` recovery did, in one line (the reader's warning and ``trace repair`` print it):
+        the rounds and steps recovered and into which parts, a torn last round, rounds that did not fit, and
+        each log that could not be read to its end (:attr:`problems`)."""
+        steps = f"{self.n_steps} step{'' if self.n_steps == 1 else 's'}"
+        line = (f"{_rounds_words(self.n_rounds)} ({steps}) recovered from the write-ahead log of an interrupted run"
+                + (f" into {', '.join(self.parts)}" if self.parts else ""))
+        if self.torn_bytes:
+            line += f"; a torn last round dropped ({self.torn_bytes} bytes)"
+        if self.n_rounds_invalid:
+            line += f"; {_rounds_words(self.n_rounds_invalid)} whose values do not fit the trace's schema dropped"
+        return "; ".join([line, *self.problems])
+
+
+#: what a write-ahead log that could not be read to its end is renamed to (``wal/<name>`` + this)
+DAMAGED_SUFFIX = ".damaged"
 
 
 def recover(path: str | os.PathLike[str]) -> Recovery:
@@ -298,9 +333,10 @@ def recover(path: str | os.PathLike[str]) -> Recovery:
     Per log ``NNNNN`` (in order): if ``rounds/part-NNNNN.parquet`` exists and reads, the log was already
     written and is deleted; otherwise its complete records become ``steps/`` and ``rounds/``
     ``part-NNNNN.parquet`` (steps first, each via ``.tmp`` + rename). Legacy Arrow segments keep only
-    steps whose ``(prompt_id, round)`` has a round record. Then the manifest's ``counts`` are recomputed
-    from all parts and ``recovered`` records what was done (``complete`` stays false). Nothing is touched
-    while a writer holds ``wal/lock``.
+    steps whose ``(prompt_id, round)`` has a round record. A log read to its end (or to a torn last record)
+    is deleted; one that could not be read to its end is renamed ``<name>.damaged`` and said in ``problems``.
+    Then the manifest's ``counts`` are recomputed from all parts and ``recovered`` records what was done
+    (``complete`` stays false). Nothing is touched while a writer holds ``wal/lock``.
 
     Returns:
         :class:`Recovery`.
@@ -337,7 +373,7 @@ def _part_exists(done: Path) -> bool:
 
 
 def _legacy_tables(seg_paths: dict[str, Path], steps_schema: pa.Schema) -> tuple[pa.Table | None, pa.Table, int, int]:
-    """A legacy segment's rounds (None when it has none) and kept steps, torn bytes, steps dropped."""
+    """A legacy segment's rounds (None when it has none) and kept steps, bytes not read, steps dropped."""
     import pyarrow.compute as pc
 
     rb, t_r = _read_legacy_stream(seg_paths["rounds"]) if seg_paths["rounds"].is_file() else ([], 0)
@@ -359,23 +395,37 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
     steps_schema = S.steps_schema_from_manifest(manifest)
     n_rounds = n_steps = torn = dropped = rounds_invalid = 0
     written: list[str] = []
+    problems: list[str] = []
     for idx in sorted(segs):
         name = part_name(idx)
         log = wal / wal_name(idx)
         legacy = {t: wal / legacy_wal_name(idx, t) for t in ("rounds", "steps")}
+        damaged: list[Path] = []          # logs not read to their end: kept, renamed
         if not _part_exists(p / "rounds" / name):
             rounds: pa.Table | None
             if log.is_file():
                 lr = read_log(log)
                 conv = to_tables(lr.items, steps_schema)
                 rounds, steps = (conv.rounds if conv.rounds.num_rows else None), conv.steps
-                torn += lr.torn_bytes
-                dropped += lr.n_steps_dropped
                 rounds_invalid += lr.n_rounds_invalid + len(conv.bad)
+                if lr.problem is None:
+                    torn += lr.torn_bytes
+                    dropped += lr.n_steps_dropped
+                else:
+                    damaged.append(log)
+                    problems.append(f"{WAL_DIR}/{log.name}: {lr.problem}: {_rounds_words(len(lr.items))} before it "
+                                    f"recovered, the {lr.torn_bytes} bytes from there on not read; the log kept as "
+                                    f"{WAL_DIR}/{log.name}{DAMAGED_SUFFIX}")
             else:
                 rounds, steps, t_bytes, d = _legacy_tables(legacy, steps_schema)
-                torn += t_bytes
                 dropped += d
+                if t_bytes:
+                    kept = [sp for sp in legacy.values() if sp.is_file()]
+                    damaged += kept
+                    problems.append(f"{', '.join(f'{WAL_DIR}/{sp.name}' for sp in kept)} (an older writer's log): "
+                                    f"{t_bytes} bytes could not be read (a torn or corrupt end): "
+                                    f"{_rounds_words(0 if rounds is None else rounds.num_rows)} before them recovered, "
+                                    f"the files kept as {DAMAGED_SUFFIX}")
             if rounds is not None:
                 (p / "steps").mkdir(exist_ok=True)
                 (p / "rounds").mkdir(exist_ok=True)
@@ -384,6 +434,8 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
                 n_rounds += rounds.num_rows
                 n_steps += steps.num_rows
                 written.append(name)
+        for sp in damaged:
+            os.replace(sp, sp.with_name(sp.name + DAMAGED_SUFFIX))
         for sp in (log, *legacy.values()):
             sp.unlink(missing_ok=True)
     for t in ("rounds", "steps"):     # merged files the writer was building when it died
@@ -404,6 +456,12 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
     manifest["counts"] = counts
     manifest["complete"] = False
     manifest["recovered"] = {"at": now(), "n_rounds": n_rounds, "n_steps": n_steps, "parts": written,
-                             "torn_bytes": torn, "n_steps_dropped": dropped, "n_rounds_invalid": rounds_invalid}
+                             "torn_bytes": torn, "n_steps_dropped": dropped, "n_rounds_invalid": rounds_invalid,
+                             "problems": problems}
     write_manifest(p, manifest)
-    return Recovery(os.fspath(p), "recovered", n_rounds, n_steps, tuple(written), torn, dropped, rounds_invalid)
+    return Recovery(os.fspath(p), "recovered", n_rounds, n_steps, tuple(written), torn, dropped, rounds_invalid,
+                    tuple(problems))
+
+
+def _rounds_words(n: int) -> str:
+    return f"{n} round{'' if n == 1 else 's'}"

@@ -4,7 +4,7 @@
 Layout: :mod:`traces.store.layout` (docs/TRACE_FORMAT.md). Crash safety: the manifest is written first
 (``complete: false``) by write-to-temp + ``os.replace``; each part is written to
 ``part-NNNNN.parquet.tmp`` and ``os.replace``d, steps part before rounds part, so a ``kill -9`` leaves
-only finished parts plus at most one ``.tmp`` (ignored by the reader). Every round is also appended to
+only finished parts plus ``.tmp`` files (a part being written, the merged files being built; ignored by the reader). Every round is also appended to
 the write-ahead log (:mod:`traces.store.wal`) before :meth:`TraceWriter.add_round` returns, so a
 ``kill -9`` loses at most that round. A clean close compacts the parts (:mod:`traces.store.merge`) and
 rewrites the manifest with ``complete: true``, the counts and the ``parts`` listing. Parts carry
