@@ -44,6 +44,10 @@ url_state.publish_selection(name)  # pages whose view is the selection: it is th
 if name in links.TRACE_PAGES:  # a drafter that fails verify is named above every trace page
     with guard.guard("checking the trace's drafter"):
         trace_checks.verify_banner((selection.TRACE, selection.TRACE_B) if name == "compare" else (selection.TRACE,))
+if name in links.TRACE_PAGES or name == links.START:  # and an incomplete trace (the start page: both it shows)
+    with guard.guard("reading the trace's state"):
+        trace_checks.state_banner((selection.TRACE, selection.TRACE_B) if name in ("compare", links.START)
+                                  else (selection.TRACE,))
 # last line of defence: an exception no block of the page caught is one line, not a traceback box
 with guard.guard(f"showing the {page.title} page"):
     page.run()

@@ -45,6 +45,18 @@ def verify_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
             st.error(verdict.verify_banner(ROLES.get(slot, slot), drafter, err), icon=":material/report:")
 
 
+def state_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
+    """One warning line per selected trace in ``slots`` that is not complete (:func:`verdict.trace_state_line`:
+    llama.cpp's death, a recovered interrupted run, or still being written); nothing for a complete one."""
+    for slot in slots:
+        path = sel.get(slot)
+        if not path:
+            continue
+        line = verdict.trace_state_line(ROLES.get(slot, slot), loaders.trace(path).manifest)
+        if line:
+            st.warning(line, icon=":material/hourglass_bottom:")
+
+
 def trace_facts(slot: str, with_advice: bool) -> verdict.TraceFacts | None:
     """The start page's facts of the trace in ``slot`` (None when none is selected): the report's
     acceptance rate, the per-prompt counts, the recording drafter's verify, a diagnosis the app already
@@ -75,4 +87,4 @@ def recommendation(path: str) -> Recommendation | None:
     return None if adv is None else adv.recommendation
 
 
-__all__ = ["ROLES", "recommendation", "recorded_check", "trace_facts", "verify_banner"]
+__all__ = ["ROLES", "recommendation", "recorded_check", "state_banner", "trace_facts", "verify_banner"]

@@ -24,7 +24,7 @@ Imports: ``app.formats``, ``app.views``, ``traces.analysis.advice`` (types).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -190,6 +190,31 @@ def verify_banner(role: str, drafter: str | None, error: str | None) -> str:
             "defect, not from hard tokens (details on the Validate page).")
 
 
+def trace_state_line(role: str, manifest: Mapping[str, Any]) -> str | None:
+    """The one line a trace page shows above itself when its trace is not complete (None when it is): why, from
+    the manifest (``aborted``: llama.cpp's death, where and its message; ``recovered``: rounds recovered from the
+    write-ahead log of an interrupted run, and any log kept as damaged; else still being written or stopped
+    early), e.g. ``Trace A is incomplete: llama.cpp died at prompt 0, round 3 (SIGABRT) — the numbers cover the
+    rounds recorded before.``"""
+    if manifest.get("complete") is not False:
+        return None
+    who = f"{role[:1].upper()}{role[1:]}"
+    ab, rec = manifest.get("aborted"), manifest.get("recovered")
+    if isinstance(ab, Mapping):
+        how = ab.get("signal") or (f"exit code {ab['exit_code']}" if ab.get("exit_code") is not None else None)
+        why = f"llama.cpp died {ab.get('where') or ''}".rstrip() + (f" ({how})" if how else "")
+    elif isinstance(rec, Mapping):
+        n = rec.get("n_rounds")
+        why = (f"the run was interrupted; {n if isinstance(n, int) else 'its last'} round{'' if n == 1 else 's'} "
+               "came back from its write-ahead log")
+        probs = rec.get("problems")
+        if isinstance(probs, list) and probs:
+            why += f", {len(probs)} log{'' if len(probs) == 1 else 's'} could not be read to the end (Files page)"
+    else:
+        why = "still being written, or the run stopped early"
+    return f"{who} is incomplete: {why} — the numbers cover the rounds recorded before."
+
+
 def advice_line(rec: Recommendation | None, role: str = "trace A") -> str | None:
     """The advice in one sentence: the recommendation's label (which names what a tie is with) and its
     headline (the speed against plain decoding), ``Advice for trace A: n_draft 3 (a tie with n_draft 2) — …``;
@@ -273,4 +298,4 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
 
 
 __all__ = ["PromptCounts", "StartVerdict", "TraceFacts", "Worst", "advice_line", "first_error_line", "pct", "start_verdict",
-           "verify_banner", "worst"]
+           "trace_state_line", "verify_banner", "worst"]

@@ -505,3 +505,25 @@ def test_exception_outside_any_block_guard_is_one_line(tmp_path: Path, monkeypat
     errs = [e.value for e in at.error]
     assert errs == ["internal error (RuntimeError: hint exploded second line) while showing the Acceptance "
                     "page — please report"], errs
+
+
+def test_every_trace_page_says_a_trace_is_incomplete(tmp_path: Path, monkeypatch) -> None:
+    """A recording that a kill -9 ended (its write-ahead log recovered on open): the trace pages say so above
+    themselves, once; a complete trace gets no such line."""
+    import json
+
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=40, n_prompts=2, n_draft=3, steps=False)
+    m = json.loads((d / "manifest.json").read_text())
+    m["complete"] = False
+    m["recovered"] = {"at": "2026-12-06T00:00:00+00:00", "n_rounds": 7, "n_steps": 21, "parts": [],
+                      "torn_bytes": 0, "n_steps_dropped": 0, "n_rounds_invalid": 0, "problems": []}
+    m.pop("parts", None)
+    (d / "manifest.json").write_text(json.dumps(m))
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    want = ("Trace A is incomplete: the run was interrupted; 7 rounds came back from its write-ahead log — the "
+            "numbers cover the rounds recorded before.")
+    for page in ("acceptance", "explain", "start"):
+        at = _run(page, trace=d, trace_b=None, drafter=None, target=None)
+        assert [w.value for w in at.warning if "incomplete" in w.value] == [want], (page, [w.value for w in at.warning])

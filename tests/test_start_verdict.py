@@ -93,3 +93,20 @@ def test_recommendation_label_names_what_a_tie_is_with() -> None:
         "n_draft 2 (a tie with plain decoding)"
     assert recommendation_label(Recommendation(2, 1.2, None, True, "r", runner_up=3)) == "n_draft 2 (a tie with n_draft 3)"
     assert recommendation_label(Recommendation(2, 1.2, None, False, "r", runner_up=3)) == "n_draft 2"
+
+
+def test_an_incomplete_trace_says_why_in_one_line() -> None:
+    from mtpscope.app.verdict import trace_state_line
+
+    assert trace_state_line("trace A", {"complete": True}) is None
+    assert trace_state_line("trace A", {"complete": False}) == (
+        "Trace A is incomplete: still being written, or the run stopped early — the numbers cover the rounds "
+        "recorded before.")
+    died = {"complete": False, "aborted": {"signal": "SIGABRT", "exit_code": None, "where": "at prompt 0, round 3"}}
+    assert trace_state_line("trace B", died) == (
+        "Trace B is incomplete: llama.cpp died at prompt 0, round 3 (SIGABRT) — the numbers cover the rounds recorded "
+        "before.")
+    rec = {"complete": False, "recovered": {"n_rounds": 1, "problems": ["wal/part-00001.log: at offset 9: ..."]}}
+    assert trace_state_line("trace A", rec) == (
+        "Trace A is incomplete: the run was interrupted; 1 round came back from its write-ahead log, 1 log could not "
+        "be read to the end (Files page) — the numbers cover the rounds recorded before.")

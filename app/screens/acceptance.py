@@ -22,7 +22,7 @@ with guard("trace store"):
     rounds_all = tr.rounds
     prompts = views.manifest_prompts(tr.manifest)
     dec = loaders.trace_decoder(tr)
-    for w in tr.warnings[:10]:
+    for w in [w for w in tr.warnings if "trace is incomplete" not in w][:10]:   # (incomplete: above every trace page)
         st.warning(w)
 
     # ---- headline numbers: from traces.analysis.metrics.report (the library's definitions)
