@@ -125,9 +125,9 @@ class StepOptions:
         name, sep, value = spec.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or name not in {f.name for f in self.__dataclass_fields__.values()}:
-            raise ReferenceDrafterError("malformed variant", key=spec,
-                                 expected="NAME=VALUE with NAME in " + ", ".join(self.__dataclass_fields__),
-                                 actual=spec)
+            raise ReferenceDrafterError("malformed variant" if not sep else f"unknown variant name {name!r}", key=spec,
+                                        expected="NAME=VALUE with NAME in " + ", ".join(self.__dataclass_fields__),
+                                        actual=spec)
         if name == "top_k":
             if value in ("", "none", "None"):
                 return replace(self, top_k=None)

@@ -204,8 +204,10 @@ def test_step_options_parsing():
     assert o.with_variant("kv_f16=on").kv_f16 is True
     with pytest.raises(ReferenceDrafterError):
         o.with_variant("position=p+1")
-    with pytest.raises(ReferenceDrafterError):
+    with pytest.raises(ReferenceDrafterError, match="malformed variant"):
         o.with_variant("nonsense")
+    with pytest.raises(ReferenceDrafterError, match="unknown variant name 'bogus'"):
+        o.with_variant("bogus=1")
 
 
 def test_step_batch_equals_step():

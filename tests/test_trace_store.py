@@ -208,6 +208,10 @@ def test_open_errors(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(TraceFormatError, match="not valid JSON"):
         traces.open(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"a": "x\x01y"}')     # json's message ends in " at": not shown
+    with pytest.raises(TraceFormatError) as e:
+        traces.open(tmp_path)
+    assert e.value.one_line().endswith("at offset 8: manifest is not valid JSON: Invalid control character")
     (tmp_path / "manifest.json").write_text(json.dumps(
         {"schema_version": 99, "source": "record", "complete": True, "counts": {}}))
     with pytest.raises(TraceFormatError, match="expected 1, got 99"):

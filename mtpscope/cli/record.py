@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
         runtime: str = typer.Option(
             "llama", "--runtime", is_eager=True, callback=runtime_choice,
             help="Which loop runs: 'llama' (llama.cpp, GGUF files; default), 'mlx' (mlx-vlm's own MTP loop on "
-                 "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope[mlx]) or 'hf' (transformers' "
-                 "own assisted generation on the same folders, greedy or --temp with --seed; needs mtpscope[parity]; "
+                 "Hugging Face checkpoint folders, greedy, token prompts; needs mtpscope\\[mlx]) or 'hf' (transformers' "
+                 "own assisted generation on the same folders, greedy or --temp with --seed; needs mtpscope\\[parity]; "
                  "docs/RUNTIMES.md)."),
         target: Path = typer.Option(..., "--target", callback=model_path,
                                     help="Target GGUF (arch gemma4); with --runtime mlx / hf an HF checkpoint folder."),

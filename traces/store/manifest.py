@@ -84,7 +84,9 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TraceFormatError(f"manifest is not valid JSON: {e.msg}", path=mpath, offset=e.pos) from None
+        # (json's msg for some errors ends in " at", its position following in str(e): the offset says it here)
+        raise TraceFormatError(f"manifest is not valid JSON: {e.msg.removesuffix(' at')}", path=mpath,
+                               offset=e.pos) from None
     except RecursionError:
         raise TraceFormatError("manifest JSON is nested too deeply", path=mpath,
                                expected="a flat JSON object", actual="deep nesting") from None
