@@ -144,8 +144,8 @@ def register(app: typer.Typer) -> None:
 
         ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
         by_class, by_category, drift, what_if; docs/EXPLAIN.md). On a sweep directory (sweep.json): the
-        configuration x category table (docs/SWEEP.md). Exit 1 when parts of the trace were unreadable
-        and skipped (the report covers the rest).
+        configuration x category table (docs/SWEEP.md). Exit 1 with any warning (stderr): parts of the trace
+        unreadable and skipped, a trace that is incomplete or was recovered (the report covers what was read).
         """
         from mtpscope.traces.sweep.spec import is_sweep
 
