@@ -4,7 +4,6 @@ progress bar (rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -172,10 +171,6 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
             note = category_note(specs)
             if note:
                 print(f"note: {note}", file=sys.stderr)
-        # a SIGTERM (a service manager's stop, `kill`) ends the run as a Ctrl-C does: the rounds so far kept and
-        # closed, the worker stopped (only with the worker: in process, llama.cpp's decodes run in this thread)
-        terminated: list[int] = []
-        old_term = signal.signal(signal.SIGTERM, _sigterm_handler(terminated)) if isolate else None
         try:
             s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
                        overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
@@ -185,16 +180,12 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
         except PreflightRefusal as e:      # and how to record it anyway (to see what the bug costs, or debug a crash)
             print(f"mtpscope: {e.one_line()}; `--no-preflight` records it anyway", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS) from None
-        except KeyboardInterrupt as e:     # Ctrl-C / SIGTERM: say what was kept (the recorder's note), exit as 128 + signal
+        except KeyboardInterrupt as e:     # Ctrl-C: say what was kept (the recorder's note), exit as a SIGINT does
             notes = [n for n in getattr(e, "__notes__", ()) if n.startswith("interrupted")]
-            said = notes[0] if notes else "interrupted before the recording began: nothing recorded"
-            if terminated:
-                said = said.replace("interrupted", "terminated (SIGTERM)", 1)
-            print(f"mtpscope: {said}", file=sys.stderr)
-            raise typer.Exit(128 + (terminated[0] if terminated else signal.SIGINT)) from None
+            print(f"mtpscope: {notes[0] if notes else 'interrupted before the recording began: nothing recorded'}",
+                  file=sys.stderr)
+            raise typer.Exit(130) from None
         finally:
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
             if bar is not None:
                 bar.stop()
     acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
@@ -205,18 +196,6 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                "prefill included; `mtpscope report` gives the draft + verify rate)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                f"mean acceptance length {mal}")
-
-
-def _sigterm_handler(seen: list[int]) -> Any:
-    """A SIGTERM handler that stops the recording as a Ctrl-C does (:func:`traces.run.recorder.request_stop`:
-    a :class:`KeyboardInterrupt`), noting the signal in ``seen`` (the exit status and the message say which)."""
-    from mtpscope.traces.run.recorder import request_stop
-
-    def handler(signum: int, _frame: Any) -> None:
-        seen.append(signum)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)    # a second one must not break the closing (SIGKILL still ends it)
-        request_stop(signum)
-    return handler
 
 
 #: ``record --runtime`` choices

@@ -425,7 +425,6 @@ class _Recording:
             stack.enter_context(_SingleThreadBlas())
             stack.enter_context(contextlib.nullcontext() if self.isolated else deferred_sigint())
             self.t_start, self.c_start = time.perf_counter(), time.process_time()
-            _STOP.clear()
             try:
                 self.src = open_source()
                 stack.callback(self.src.close)
@@ -434,8 +433,6 @@ class _Recording:
                 for ev in self.src.events():
                     self.on_event(ev)
                     self.t_ev = time.perf_counter()
-                    if _STOP:       # a stop signal whose KeyboardInterrupt a finalizer swallowed: raise it here
-                        raise KeyboardInterrupt
                 self.finish()
             except RuntimeAbortedError as e:
                 self.aborted(e)
@@ -633,23 +630,6 @@ def derived_entry(solver: HInnerSolver, steps: Sequence[Any], *, hidden: bool, c
     return {"columns": cols, **calibration_entry(solver, steps)}
 
 
-#: signals that asked the recording to stop (:func:`request_stop`); cleared when a recording starts
-_STOP: list[int] = []
-
-
-def request_stop(signum: int) -> None:
-    """What a signal handler calls to stop the recording as a Ctrl-C does (the CLI's SIGTERM): raises
-    :class:`KeyboardInterrupt` now, and remembers the signal, so that the recording loop raises it again after
-    the next event should Python have dropped this one (a handler that runs inside a finalizer has its
-    exception printed as "Exception ignored" and discarded).
-
-    Raises:
-        KeyboardInterrupt: always.
-    """
-    _STOP.append(int(signum))
-    raise KeyboardInterrupt
-
-
 def _note_partial(e: BaseException, swap: bool, write_to: Path, out: Any) -> None:
     """With ``overwrite`` of an existing trace: say where the unfinished new trace is."""
     if swap and write_to.exists():
@@ -659,4 +639,4 @@ def _note_partial(e: BaseException, swap: bool, write_to: Path, out: Any) -> Non
         e.add_note(msg)
 
 
-__all__ = ["RecordSummary", "record", "request_stop"]
+__all__ = ["RecordSummary", "record"]
