@@ -656,9 +656,9 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:
     tr = traces.open(out)
     assert tr.manifest["complete"] is False and len(tr.rounds) >= 3
     assert sorted(tr.rounds["round"].tolist()) == list(range(len(tr.rounds)))
-    # one line says what was kept, the count read back from the trace
-    assert err.strip().splitlines()[-1] == (f"mtpscope: interrupted: {len(tr.rounds)} rounds kept in {out}, "
-                                           "marked incomplete"), err
+    # one line says what was kept, the count read back from the trace (a Ctrl-C that lands between a round's
+    # write-ahead record and the loop's own count: the writer's count is the one said)
+    assert f"mtpscope: interrupted: {len(tr.rounds)} rounds kept in {out}, marked incomplete" in err.splitlines(), err
 
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:

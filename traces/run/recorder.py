@@ -582,8 +582,11 @@ class _Recording:
         if self.w is not None:
             self.w.close(complete=False)  # keep the finished rounds, marked incomplete
             if isinstance(e, KeyboardInterrupt):   # (the CLI says it: a Ctrl-C is not a crash)
-                e.add_note(f"interrupted: {self.n_rounds} round{'' if self.n_rounds == 1 else 's'} kept in "
-                           f"{os.fspath(self.write_to)}, marked incomplete")
+                # the rounds in the trace: the writer's count (a Ctrl-C may land after a round's add_round and
+                # before this loop counted it)
+                n = int(self.w.manifest["counts"]["n_rounds"])
+                e.add_note(f"interrupted: {n} round{'' if n == 1 else 's'} kept in {os.fspath(self.write_to)}, "
+                           "marked incomplete")
         _note_partial(e, self.checked.swap, self.write_to, self.out)
 
     def summary(self, t_enter_epoch: float) -> RecordSummary:
