@@ -45,6 +45,8 @@ def request_view(trace) -> RequestsView:
     """The request tables of an opened trace (:func:`mtpscope.traces.analysis.requests.requests_view`): its
     ``requests`` rows, or for a recording its prompts seen as requests
     (:func:`mtpscope.traces.analysis.requests.requests_from_rounds`)."""
+    from dataclasses import replace
+
     from mtpscope.traces.analysis import requests as R
     from mtpscope.traces.analysis.metrics import speed_by_prompt
 
@@ -56,8 +58,6 @@ def request_view(trace) -> RequestsView:
         if len(req):
             req["tokens_per_s"] = [speed.get(int(p), (None, None))[0] for p in req["prompt_id"]]
             req["predicted_ms"] = [speed.get(int(p), (None, None))[1] for p in req["prompt_id"]]
-        from dataclasses import replace
-
         # the not-drafting alarm is about a server's flags (`--spec-type`); a recording drafts by construction
         return replace(R.requests_view(req), alarm=None)
     return R.requests_view(req)

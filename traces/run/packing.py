@@ -11,6 +11,7 @@ A field added to the round or step records passes through without any change her
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+@functools.cache      # each transport name checked and imported once per process (a round names four)
 def _resolve(name: str) -> type:
     mod, _, qual = name.partition(":")
     if not (mod == "mtpscope" or mod.startswith("mtpscope.")) or not qual:
@@ -42,8 +44,6 @@ _FIELDS: dict[type, tuple[str, tuple[str, ...]]] = {}
 _SCALARS = (bool, int, float, str, type(None))
 #: what a header holds besides scalars (JSON's arrays and objects)
 _NESTED = (list, dict)
-#: transport names already resolved to their classes (:func:`_resolve` checks each once per process)
-_RESOLVED: dict[str, type] = {}
 
 
 def _fields_of(cls: type) -> tuple[str, tuple[str, ...]] | None:
@@ -104,10 +104,7 @@ def unpack(header: dict[str, Any], arrays: Sequence[np.ndarray]) -> Any:
                                      expected=f"0..{len(arrays) - 1}", actual=i)
                 return arrays[i]
             if "__type__" in v:
-                name = v["__type__"]
-                cls = _RESOLVED.get(name) if isinstance(name, str) else None
-                if cls is None:
-                    cls = _RESOLVED[name] = _resolve(name)
+                cls = _resolve(v["__type__"])
                 return cls(**{k: walk(x) for k, x in v["fields"].items()})
             if "__dict__" in v:
                 return {k: walk(x) for k, x in v["__dict__"].items()}

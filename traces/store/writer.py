@@ -135,7 +135,6 @@ class TraceWriter:
         self._counts = CentroidCounts() if self.centroids else None
         self.h_target = bool(h_target) and hidden_dtype is not None and self.n_embd_backbone is not None
         self.steps_schema = S.steps_schema(self.n_embd_backbone, self.n_embd, hidden_dtype, self.h_target)
-        #: the steps columns built from the records' attributes (name, type), in schema order
         self._widths = {"h": self.n_embd_backbone, "h_next": self.n_embd_backbone, "h_inner": self.n_embd,
                         "h_target": self.n_embd_backbone}
         self._stored = {n: not pa.types.is_null(self.steps_schema.field(n).type) for n in S.HIDDEN_COLUMNS}
