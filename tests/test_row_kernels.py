@@ -102,6 +102,51 @@ def test_top_k_and_count_against_a_sort(n: int, k: int) -> None:
             assert row_kernels.count_greater(x, v, lib) == int(np.count_nonzero(x > v))
 
 
+@pytest.mark.parametrize(("n", "k"), [(N_VOCAB, 10), (N_VOCAB, 600), (1000, 10), (517, 40), (7, 10), (1536, 5)])
+def test_copy_top_k_copies_the_row_and_agrees_with_a_sort(n: int, k: int) -> None:
+    """The worker's drafter rows: ``copy_top_k`` leaves a bit-for-bit copy (NaN and -inf included) and the top-k of
+    a full stable sort, for rows whose block maxima tie, rows where fewer than k blocks hold a finite value, and
+    ascending rows (every block's maximum beats the one before)."""
+    lib = _lib()
+    rng = np.random.default_rng(3 * n + k)
+    few = np.full(n, -np.inf, dtype=np.float32)
+    few[rng.choice(n, size=min(3, n), replace=False)] = [1.0, 2.0, 2.0][:min(3, n)]     # 3 finite values, k > 3
+    nan_tail = _logits(rng, 1, n)[0]
+    nan_tail[k::3] = np.nan                                                     # NaN after the first k
+    for x in (_logits(rng, 1, n)[0], rng.integers(-3, 4, size=n).astype(np.float32), few, nan_tail,
+              np.sort(rng.normal(size=n)).astype(np.float32)):
+        dst = np.full(n, 7.0, dtype=np.float32)
+        ids = row_kernels.copy_top_k(x, dst, k, lib)
+        assert ids is not None
+        np.testing.assert_array_equal(dst.view(np.uint32), x.view(np.uint32))
+        np.testing.assert_array_equal(ids, _ref_top_k(x, k))
+        np.testing.assert_array_equal(ids, ranking.top_k_desc(x, k))
+
+
+def test_copy_top_k_gives_none_where_top_k_desc_answers_with_numpy() -> None:
+    """A NaN among the first k values (``top_k_desc`` then gives numpy's answer), a k past ``MAX_K``, a row that
+    is not float32: no ids, and the copy made all the same."""
+    lib = _lib()
+    x = np.arange(2048, dtype=np.float32)
+    x[2] = np.nan
+    for k, src in ((10, x), (row_kernels.MAX_K + 1, x), (10, x.astype(np.float64))):
+        dst = np.zeros(2048, dtype=src.dtype)
+        assert row_kernels.copy_top_k(src, dst, k, lib) is None
+        np.testing.assert_array_equal(np.isnan(dst), np.isnan(src))
+        np.testing.assert_array_equal(np.nan_to_num(dst), np.nan_to_num(src))
+
+
+def test_rank_reads_the_listed_top_as_the_array_does() -> None:
+    """``rank(..., listed=(ids, values))`` (the recorder's Python lists) equals ``rank`` from the array, in and out
+    of the list, with ties."""
+    x = np.array([1, 3, 3, 0, 2, 3, -np.inf, 5, 2], dtype=np.float32)
+    top = ranking.top_k_desc(x, 4)
+    listed = (top.tolist(), x[top].tolist())
+    for i in range(len(x)):
+        want = int(np.count_nonzero(x > x[i]))
+        assert ranking.rank(x, i, top, listed=listed) == want == ranking.rank(x, i, top) == ranking.rank(x, i)
+
+
 def test_top_k_skips_nan_and_rank_counts() -> None:
     lib = _lib()
     x = np.array([1, 3, 3, np.nan, 2, 3, -np.inf, 5], dtype=np.float32)

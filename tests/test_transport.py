@@ -199,6 +199,46 @@ def test_staged_arrays_are_sent_from_where_they_lie() -> None:
     receiver.close()
 
 
+def test_stage_with_fills_the_slot_and_returns_what_fill_computed() -> None:
+    """``stage_with(a, fill)``: ``fill`` writes the copy into the next message's slot (and its result comes
+    back beside the copy), which is then sent from where it lies; before any ring, ``fill`` gets an array of
+    its own."""
+    a, b = socket.socketpair()
+    sender, receiver = RoundSender(Channel(a)), RoundReceiver(Channel(b))
+    big = np.arange(100_000, dtype=np.float32)
+
+    def fill(src: np.ndarray, dst: np.ndarray) -> float:
+        np.copyto(dst, src)
+        return float(src[-1])
+
+    first, got0 = sender.stage_with(big, fill)
+    assert first.base is None and np.array_equal(first, big) and got0 == 99_999.0
+    sender.reserve(1 << 20)
+    out: list = []
+
+    def recv_one() -> None:
+        while True:
+            msg, fds = receiver.chan.recv(timeout=30)
+            if msg["kind"] == "ring":
+                receiver.on_ring(msg, fds)
+                continue
+            out.append((msg, receiver.unpack(msg)))
+            receiver.release()
+            return
+
+    staged, got = sender.stage_with(big + 1, fill)
+    assert got == 100_000.0
+    t = threading.Thread(target=recv_one)
+    t.start()
+    sender.send("round", StepRecord(k=1, token=1, h=staged))
+    t.join(30)
+    msg, rec = out[-1]
+    np.testing.assert_array_equal(rec.h, big + 1)
+    assert staged.ctypes.data - sender.ring.address - msg["slot"] * sender.ring.slot_bytes == msg["arrays"][0][0]
+    sender.close()
+    receiver.close()
+
+
 def test_prepare_runs_on_the_sender_thread_before_the_fence() -> None:
     """``prepare`` replaces the object before its arrays go into the ring, on the sender thread; ``fence`` returns
     only after it ran, so a buffer it read (here a view that is overwritten right after the fence) is read intact."""

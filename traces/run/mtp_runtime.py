@@ -108,6 +108,11 @@ def spec_tokens(model: Any, spec: PromptSpec, *, chat: bool = False) -> tuple[li
     return model.tokenize(rendered, add_special=True, parse_special=True), text
 
 
+#: ``MtpRuntime.run``'s ``keep_draft``: a drafter row (a view llama.cpp overwrites at the next decode) ->
+#: ``(its copy, its top ids or None)``
+KeepDraft = Callable[[np.ndarray], tuple[np.ndarray, "np.ndarray | None"]]
+
+
 @dataclass
 class DraftStep:
     """One drafter step's raw data as the loop saw it (kept only when tracing).
@@ -118,6 +123,9 @@ class DraftStep:
         h: ``float32[n_embd_backbone]`` hidden row fed in, or None.
         h_next: ``float32[n_embd_backbone]`` the step's ``h_nextn`` output, or None.
         h_inner: ``float32[n_embd]`` the ``result_norm`` node (cb_eval capture), or None without capture.
+        top_ids: the ids of the best logits, best first (:func:`traces.run.ranking.top_k_desc` of ``logits``,
+            ``int64[n_top]``), when they were found while the logits were copied out (``MtpRuntime.run``'s
+            ``keep_draft``), else None.
     """
 
     token: int
@@ -125,6 +133,7 @@ class DraftStep:
     h: np.ndarray | None
     h_next: np.ndarray | None
     h_inner: np.ndarray | None
+    top_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -365,7 +374,8 @@ class MtpRuntime:
 
     def run(self, tokens: Sequence[int], config: RecordConfig, *, trace: bool = True,
             keep: Callable[[np.ndarray], np.ndarray] | None = None,
-            defer_target: bool = False, fence: Callable[[], None] | None = None) -> Generator[RoundResult, None, None]:
+            defer_target: bool = False, fence: Callable[[], None] | None = None,
+            keep_draft: KeepDraft | None = None) -> Generator[RoundResult, None, None]:
         """Run the MTP loop on one prompt, yielding each round as it finishes.
 
         Args:
@@ -387,6 +397,8 @@ class MtpRuntime:
                 (valid until the target's next decode) and call ``fence()`` before every target decode:
                 it must return only once whoever holds the views has copied them (the recording
                 worker's sender thread copies them while the drafter runs).
+            keep_draft: how a drafter step's logits are copied out, with their top ids found in the same read
+                (``(copy, top_ids or None)``: ``DraftStep.top_ids``); default ``keep``.
 
         Raises:
             TraceError: ``n_draft + 1`` does not fit this runtime's verify batch (``n_batch``); an empty prompt.
@@ -398,7 +410,7 @@ class MtpRuntime:
         sampler = _sampler(config, self.tmodel)
         try:
             yield from self._rounds(tokens, n_draft, max_tokens, sampler, trace, hidden_target, keep,
-                                    defer_target, fence)
+                                    defer_target, fence, keep_draft)
         finally:
             sampler.close()
 
@@ -414,7 +426,8 @@ class MtpRuntime:
 
     def _rounds(self, tokens: Sequence[int], n_draft: int, max_tokens: int, sampler: Sampler, trace: bool,
                 hidden_target: bool, keep: Callable[[np.ndarray], np.ndarray] | None, defer_target: bool,
-                fence: Callable[[], None] | None) -> Generator[RoundResult, None, None]:
+                fence: Callable[[], None] | None, keep_draft: KeepDraft | None = None
+                ) -> Generator[RoundResult, None, None]:
         """The loop of :meth:`run` (its arguments checked and its sampler made)."""
         live = fence is not None and defer_target and trace
         if live and fence is not None:    # (live implies a fence)
@@ -442,8 +455,12 @@ class MtpRuntime:
                 d, lg, h_next = self._draft_step(tok, pos, h_in)
                 if trace:
                     hi = cap.get(H_INNER_NODE) if cap is not None else None
-                    steps.append(DraftStep(d, lg.copy() if keep is None else keep(lg), h_in, h_next,
-                                           None if hi is None else hi.reshape(-1)))
+                    top = None
+                    if keep_draft is not None:
+                        lg, top = keep_draft(lg)
+                    else:
+                        lg = lg.copy() if keep is None else keep(lg)
+                    steps.append(DraftStep(d, lg, h_in, h_next, None if hi is None else hi.reshape(-1), top))
                 drafted.append(d)
                 tok, h_in = d, h_next
             t1 = perf()
@@ -673,5 +690,5 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
                   "per_prompt": per, "outputs_equal": None}
 
 
-__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "PROBE_BUDGET_S", "PROBE_N_MAX", "PROBE_REPS", "Calibration", "DraftStep", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "PROBE_BUDGET_S", "PROBE_N_MAX", "PROBE_REPS", "Calibration", "DraftStep", "KeepDraft", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
            "prompt_tokens", "spec_tokens", "time_plain"]

@@ -80,6 +80,8 @@ from mtpscope.traces.run.worker_protocol import (
 from mtpscope.traces.run.worker_spawn import spawn_worker, take_prespawned
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime
 
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
@@ -310,6 +312,7 @@ def _reduce_target_side(kind: str, obj: Any) -> Any:
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float] | None = None) -> None:
+    from mtpscope.traces.run import row_kernels
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
 
     marks = {} if marks is None else marks             # start-up clock for Hello.startup (epoch seconds)
@@ -340,6 +343,12 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
         if base is not None:
             chan.send(encode(base))
         sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
+
+        # each drafter row copied into the ring with its top n_top ids found in the same read, while llama.cpp's
+        # buffer is still in this core's cache: the recorder then reads only a few values of the copy
+        def keep_draft(lg: np.ndarray, _n_top: int = c.n_top) -> tuple[np.ndarray, np.ndarray | None]:
+            return sender.stage_with(lg, lambda src, dst: row_kernels.copy_top_k(src, dst, _n_top))
+
         started_at = time.time()
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
         cpu_at_start = c0
@@ -350,7 +359,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
                 status.set("prefill", prompt_id=pid)
                 rounds = rtm.run(tk, c, trace=True, keep=sender.stage,
                                  defer_target=True,    # the target's side: the recorder computes it from
-                                 fence=sender.fence)   # the verify rows the sender thread copies
+                                 fence=sender.fence,   # the verify rows the sender thread copies
+                                 keep_draft=keep_draft)
                 try:
                     for res in rounds:
                         sender.send(ROUND, res, prompt_id=pid)

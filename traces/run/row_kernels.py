@@ -5,18 +5,22 @@ Why: a recorded round reduces six rows of ``n_vocab`` logits (262144 for Gemma 4
 of each draft and its entropy at the verify rows (:mod:`traces.run.target_side`), and each draft step's
 top-k and ranks (:mod:`traces.run.ranking`). numpy needs five passes and a temporary per row for the first
 and a handful of calls for the second; ``rowstats.c`` reads each row twice (max, then one fused pass) and
-once. On the development VM (AVX-512, quiet), three cold rows of 262144 logits: 0.60 ms against numpy's 1.14 ms
-for the target's side, 0.41 ms against 0.70 ms for top-10 and a rank; the AVX2 build 1.10 and 0.42 ms
-(``benchmarks/bench_row_kernels.py``).
+once (the block maxima; then the few blocks that can hold a top-k value). On the development VM (AVX-512, quiet),
+three cold rows of 262144 logits: 0.53 ms against numpy's 1.30 ms for the target's side, 0.39 ms against 0.77 ms
+for top-10 and a rank; the AVX2 build 0.91 and 0.52 ms (``benchmarks/bench_row_kernels.py``). The recording worker
+copies each drafter row out of llama.cpp's buffer with :func:`copy_top_k`, which finds the row's top-k in the
+same read.
 
 What differs from the numpy functions: top-k and ranks are the same (comparisons only, exact); ``p`` and ``H``
-use Cephes' ``expf`` (relative error about 1e-7) and float32 lane sums of 16 terms before float64, against
+use Cephes' ``expf`` (relative error about 1e-7; its multiply-adds fused, as is the sum of ``e * (x - m)``) and
+float32 lane sums of 16 terms before float64, against
 numpy's ``exp`` and pairwise float32 sums: both are within 1e-6 relative of float64 (tests/test_row_kernels.py).
 The trace manifest's ``runtime.row_kernels`` says which one a recording used (:func:`kind`).
 
 Build: :mod:`traces.run.native_build` (``$CC -O3 -ffp-contract=off -shared -fPIC`` plus the instruction set of
 the CPU it runs on, :func:`isa`: AVX-512, AVX2 + FMA, or the compiler's baseline; each a library of its own in the
-cache, all computing the same bits). No compiler, a failed build or
+cache, all computing the same bits: the fused multiply-adds are written out in ``rowstats.c`` and round once on
+every build, FMA instructions or libm's ``fmaf``). No compiler, a failed build or
 ``MTPSCOPE_NATIVE_ROWS=0``: :func:`load` gives None, says why (:func:`unavailable_reason`) and the numpy
 functions are used.
 
@@ -36,8 +40,8 @@ import numpy as np
 from mtpscope.traces.run import native_build
 
 SOURCE = Path(__file__).with_name("rowstats.c")
-#: the compiler's flags (before ``-shared -fPIC``) of every build: no fused multiply-adds, so that every
-#: instruction set's build computes the same bits
+#: the compiler's flags (before ``-shared -fPIC``) of every build: the compiler fuses no multiply-add itself
+#: (``rowstats.c`` writes out the ones it wants), so that every instruction set's build computes the same bits
 FLAGS = ("-O3", "-ffp-contract=off", "-Wno-psabi")
 #: the instruction-set flags of each build (rowstats.c's register width follows them: 16, 8, 4 float32 lanes)
 ISA_FLAGS = {"avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"),
@@ -84,6 +88,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.mtps_target_stats.restype = None
     lib.mtps_top_k.argtypes = [_P, _I, _I, _P]
     lib.mtps_top_k.restype = _I
+    lib.mtps_copy_top_k.argtypes = [_P, _P, _I, _I, _P]
+    lib.mtps_copy_top_k.restype = _I
     lib.mtps_count_greater.argtypes = [_P, _I, ctypes.c_float]
     lib.mtps_count_greater.restype = _I
     lib.mtps_lanes.argtypes = []
@@ -159,6 +165,31 @@ def top_k(x: np.ndarray, k: int, lib: ctypes.CDLL | None = None) -> np.ndarray |
     return ids[:got]
 
 
+def copy_top_k(x: np.ndarray, dst: np.ndarray, k: int, lib: ctypes.CDLL | None = None) -> np.ndarray | None:
+    """Copy ``x`` into ``dst`` and, in the same read, :func:`top_k` of ``x``: the recording worker copies each
+    drafter row out of llama.cpp's buffer while it is still in the core's cache, and the recorder then need not
+    read the copy again for its top-k (``rowstats.c``'s ``mtps_copy_top_k``; 0.29 ms for three rows of 262144
+    float32 on the development VM, against 0.24 ms for the copies alone and 0.39 ms for copies and top-k apart).
+
+    Args:
+        x: ``float32[n]``; dst: ``float32[n]``, written (always, also when None is returned).
+        k: how many ids.
+
+    Returns:
+        ``int64[min(k, n)]`` as :func:`traces.run.ranking.top_k_desc` gives them, or None (``dst`` still
+        copied) when the library is not available, a row is not a contiguous ``float32`` vector, ``k`` is out of
+        ``1..MAX_K`` or ``x``'s first ``k`` values hold a NaN (where ``top_k_desc`` gives numpy's answer).
+    """
+    lib = load() if lib is None else lib
+    if lib is None or not (_f32_row(x) and _f32_row(dst) and dst.shape == x.shape and dst.flags.writeable) \
+            or not 0 < k <= MAX_K:
+        np.copyto(dst, x)
+        return None
+    ids = np.empty(k, dtype=np.int64)
+    got = lib.mtps_copy_top_k(x.ctypes.data, dst.ctypes.data, x.shape[0], k, ids.ctypes.data)
+    return ids[:got] if got == min(k, x.shape[0]) else None     # (-2: a NaN among the first k values)
+
+
 def count_greater(x: np.ndarray, v: float, lib: ctypes.CDLL | None = None) -> int | None:
     """How many values of ``x`` (``float32[n]``, contiguous) are strictly greater than ``v`` (a float32);
     None when the library is not available or ``x`` is not such a vector."""
@@ -168,6 +199,6 @@ def count_greater(x: np.ndarray, v: float, lib: ctypes.CDLL | None = None) -> in
     return int(lib.mtps_count_greater(x.ctypes.data, x.shape[0], float(v)))
 
 
-__all__ = ["ENV_SWITCH", "FLAGS", "ISA_FLAGS", "MAX_K", "SOURCE", "count_greater", "flags", "isa", "kind",
+__all__ = ["ENV_SWITCH", "FLAGS", "ISA_FLAGS", "MAX_K", "SOURCE", "copy_top_k", "count_greater", "flags", "isa", "kind",
            "library_path", "load",
            "open_library", "target_stats", "top_k"]

@@ -7,21 +7,28 @@
  *   mtps_target_stats:  max, then Z = sum exp(x - m) and S = sum exp(x - m) * (x - m) in one pass
  *                       (p(d) = exp(x[d] - m) / Z, H = log Z - S / Z: traces/run/target_side.py's formulas)
  *   mtps_top_k:         the k largest values, best first, ties by the lower index (exact: comparisons only)
+ *   mtps_copy_top_k:    mtps_top_k, the row copied to another buffer in the same read
  *   mtps_count_greater: how many values are strictly greater than v (a rank)
  *
  * exp: Cephes' expf (S. L. Moshier, Cephes Math Library 2.2): x = n ln 2 + r with |r| <= ln(2)/2 (ln 2 in two
  * parts, 0.693359375 and -2.12194440e-4), a degree-7 polynomial for exp(r) (relative error about 1e-7 on that
- * range), times 2^n built in the exponent bits; without branches, on vectors. Arguments below -87.33 (where
+ * range), times 2^n built in the exponent bits; without branches, on vectors; each multiply-add of the reduction,
+ * the polynomial and the sum S fused (one rounding: mtps_fma), which halves the instructions per value. Arguments below -87.33 (where
  * float32 exp reaches the denormals) are clamped there: such a term adds at most n_vocab * 1.2e-38 to Z >= 1.
  *
  * One build per instruction set (row_kernels picks the flags for the CPU it runs on): MTPS_W, the lanes of one
  * register (16 with AVX-512, 8 with AVX2, 4 otherwise), follows the compiler's target. The sums always run in
  * 16 logical lanes (MTPS_LANES: 16 / MTPS_W registers side by side), float32 over blocks of MTPS_INNER vectors
- * (16 terms a lane: about 16 * 2^-24 relative), then float64, added in one fixed order; with -ffp-contract=off
- * (no fused multiply-adds) every build computes the same bits.
+ * (16 terms a lane: about 16 * 2^-24 relative), then float64, added in one fixed order. With -ffp-contract=off
+ * the compiler fuses nothing itself, and the fused multiply-adds written here round once in every build (FMA
+ * instructions, or libm's fmaf in the baseline build), so every build computes the same bits.
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -61,19 +68,38 @@ static inline mtps_vf mtps_select(mtps_vi keep, mtps_vf a, mtps_vf b) {
     return r;
 }
 
-/* exp of each lane (x already clamped, see the top of the file) */
+/* a * b + c in each lane, rounded once (IEEE fusedMultiplyAdd): the FMA instructions of the AVX-512 and AVX2
+ * builds, libm's fmaf (also correctly rounded) lane by lane in the baseline build -- so every build computes the
+ * same bits */
+static inline mtps_vf mtps_fma(mtps_vf a, mtps_vf b, mtps_vf c) {
+#if MTPS_W == 16
+    return (mtps_vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif MTPS_W == 8
+    return (mtps_vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    mtps_vf r;
+    for (int j = 0; j < MTPS_W; j++)
+        r[j] = fmaf(a[j], b[j], c[j]);
+    return r;
+#endif
+}
+
+#define MTPS_SPLAT(v) ((mtps_vf){0} + (v))
+
+/* exp of each lane (x already clamped, see the top of the file): Cephes' reduction and polynomial, each
+ * multiply-add fused */
 static inline mtps_vf mtps_expv(mtps_vf x) {
-    mtps_vf t = x * 1.44269504088896341f + 12582912.0f;
+    mtps_vf t = mtps_fma(x, MTPS_SPLAT(1.44269504088896341f), MTPS_SPLAT(12582912.0f));
     mtps_vf n = t - 12582912.0f;
-    mtps_vf r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    mtps_vf r = mtps_fma(n, MTPS_SPLAT(-0.693359375f), x);
+    r = mtps_fma(n, MTPS_SPLAT(2.12194440e-4f), r);
     mtps_vf r2 = r * r;
-    mtps_vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r2 + r + 1.0f;
+    mtps_vf p = mtps_fma(r, MTPS_SPLAT(1.9875691500e-4f), MTPS_SPLAT(1.3981999507e-3f));
+    p = mtps_fma(p, r, MTPS_SPLAT(8.3334519073e-3f));
+    p = mtps_fma(p, r, MTPS_SPLAT(4.1665795894e-2f));
+    p = mtps_fma(p, r, MTPS_SPLAT(1.6666665459e-1f));
+    p = mtps_fma(p, r, MTPS_SPLAT(5.0000001201e-1f));
+    p = mtps_fma(p, r2, r) + 1.0f;
     mtps_vi bits = (__builtin_convertvector(n, mtps_vi) + 127) << 23;
     mtps_vf scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -126,7 +152,7 @@ static void mtps_sums(const float *x, int64_t n, float m, double *z_out, double 
                 d = mtps_select(d > lo, d, lo);
                 mtps_vf e = mtps_expv(d);
                 zb[p] += e;
-                sb[p] += e * d;
+                sb[p] = mtps_fma(e, d, sb[p]);
             }
         }
         for (int p = 0; p < MTPS_PARTS; p++) {
@@ -208,41 +234,126 @@ static void mtps_insert(float *vals, int64_t *ids, int64_t *len, int64_t k, floa
         (*len)++;
 }
 
+/* the largest non-NaN value of x[0..n) (-inf when there is none) */
+static float mtps_block_max(const float *x, int64_t n) {
+    mtps_vf m = (mtps_vf){0} - INFINITY;
+    int64_t i = 0;
+    for (; i + MTPS_W <= n; i += MTPS_W) {
+        mtps_vf v = mtps_load(x + i);
+        m = mtps_select(v > m, v, m); /* (NaN compares false) */
+    }
+    float best = -INFINITY;
+    for (; i < n; i++)
+        best = x[i] > best ? x[i] : best;
+    for (int j = 0; j < MTPS_W; j++)
+        best = m[j] > best ? m[j] : best;
+    return best;
+}
+
+/* the k-th largest of v[0..n) (k <= n), with best[0..k) as room: an insertion list of the k largest so far */
+static float mtps_kth_largest(const float *v, int64_t n, int64_t k, float *best) {
+    int64_t len = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float x = v[i];
+        if (len == k && !(x > best[k - 1]))
+            continue;
+        int64_t pos = len < k ? len : k - 1;
+        while (pos > 0 && best[pos - 1] < x) {
+            best[pos] = best[pos - 1];
+            pos--;
+        }
+        best[pos] = x;
+        if (len < k)
+            len++;
+    }
+    return best[k - 1];
+}
+
 /* the indices of the k largest values of x[0..n), best first, ties by the lower index, into ids (room for
- * k; k <= 4096); NaN values are skipped; returns how many were written (min(k, number of non-NaN values)) */
-int64_t mtps_top_k(const float *x, int64_t n, int64_t k, int64_t *ids) {
+ * k; k <= 4096); NaN values are skipped; when dst is not NULL, x is also copied into dst[0..n); returns how many
+ * ids were written (min(k, number of non-NaN values)).
+ *
+ * Two passes. The first copies each block of MTPS_BLOCK values (when dst is given) and takes its largest value,
+ * reading the block once. Let t be the k-th largest of those block maxima: the k blocks they come from hold k
+ * values >= t, so every one of the k largest values is >= t and lies in a block whose maximum is >= t. The second
+ * pass runs an insertion list over those blocks only, in index order (at least k blocks; more only where block
+ * maxima tie), so ties keep the lower index. Fewer than k blocks with a non-NaN maximum: every block is scanned. */
+static int64_t mtps_scan_top_k(const float *x, float *dst, int64_t n, int64_t k, int64_t *ids) {
     float vals[4096];
     if (k > 4096)
         k = 4096;
-    if (k <= 0)
+    if (k <= 0 || n <= 0) {
+        if (dst && n > 0)
+            memcpy(dst, x, (size_t)n * sizeof(float));
         return 0;
-    int64_t len = 0, i = 0;
-    /* fill the list with the first k non-NaN values */
-    for (; i < n && len < k; i++)
-        if (x[i] == x[i])
-            mtps_insert(vals, ids, &len, k, x[i], i);
-    /* then a block can only matter if one of its values beats the k-th */
-    for (; i < n && (i % MTPS_BLOCK) != 0; i++)
-        if (x[i] > vals[k - 1])
-            mtps_insert(vals, ids, &len, k, x[i], i);
-    for (; i + MTPS_BLOCK <= n; i += MTPS_BLOCK) {
-        float thr = vals[k - 1];
-        mtps_vi hit = {0};
-        for (int j = 0; j < MTPS_BLOCK; j += MTPS_W)
-            hit |= mtps_load(x + i + j) > thr; /* (NaN compares false) */
-        int any = 0;
-        for (int j = 0; j < MTPS_W; j++)
-            any |= hit[j];
-        if (!any)
-            continue;
-        for (int j = 0; j < MTPS_BLOCK; j++)
-            if (x[i + j] > vals[k - 1])
-                mtps_insert(vals, ids, &len, k, x[i + j], i + j);
     }
-    for (; i < n; i++)
-        if (x[i] > vals[k - 1])
-            mtps_insert(vals, ids, &len, k, x[i], i);
+    int64_t nb = (n + MTPS_BLOCK - 1) / MTPS_BLOCK;
+    float stack_bm[1024], stack_finite[1024];
+    float *bm = stack_bm, *finite = stack_finite;
+    if (nb > 1024) {
+        bm = malloc((size_t)nb * 2 * sizeof(float));
+        if (!bm)
+            return -1;
+        finite = bm + nb;
+    }
+    int64_t n_finite = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t i0 = b * MTPS_BLOCK, w = n - i0 < MTPS_BLOCK ? n - i0 : MTPS_BLOCK;
+        if (w == MTPS_BLOCK) { /* a whole block: one vector loop copies it and takes its maximum */
+            mtps_vf m = (mtps_vf){0} - INFINITY;
+            for (int j = 0; j < MTPS_BLOCK; j += MTPS_W) {
+                mtps_vf v = mtps_load(x + i0 + j);
+                if (dst)
+                    memcpy(dst + i0 + j, &v, sizeof v);
+                m = mtps_select(v > m, v, m); /* (NaN compares false) */
+            }
+            float best = -INFINITY;
+            for (int j = 0; j < MTPS_W; j++)
+                best = m[j] > best ? m[j] : best;
+            bm[b] = best;
+        } else {
+            if (dst)
+                memcpy(dst + i0, x + i0, (size_t)w * sizeof(float));
+            bm[b] = mtps_block_max(x + i0, w);
+        }
+        if (bm[b] == bm[b] && bm[b] > -INFINITY)
+            finite[n_finite++] = bm[b];
+    }
+    /* a block whose values are all -inf (or NaN) cannot be told apart by its maximum: then scan everything */
+    float thr = -INFINITY;
+    int scan_all = n_finite < k;
+    if (!scan_all)
+        thr = mtps_kth_largest(finite, n_finite, k, vals);
+    int64_t len = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        if (!scan_all && !(bm[b] >= thr))
+            continue;
+        int64_t i0 = b * MTPS_BLOCK, i1 = i0 + MTPS_BLOCK < n ? i0 + MTPS_BLOCK : n;
+        for (int64_t i = i0; i < i1; i++) {
+            float v = x[i];
+            if (v != v)
+                continue;
+            if (len < k || v > vals[k - 1])
+                mtps_insert(vals, ids, &len, k, v, i);
+        }
+    }
+    if (bm != stack_bm)
+        free(bm);
     return len;
+}
+
+int64_t mtps_top_k(const float *x, int64_t n, int64_t k, int64_t *ids) {
+    return mtps_scan_top_k(x, NULL, n, k, ids);
+}
+
+/* mtps_top_k of x, and x copied into dst[0..n) in the same read; -2 (the copy made all the same) when one of
+ * the first k values is a NaN, where traces/run/ranking.py's top_k_desc gives numpy's answer instead */
+int64_t mtps_copy_top_k(const float *x, float *dst, int64_t n, int64_t k, int64_t *ids) {
+    int64_t got = mtps_scan_top_k(x, dst, n, k, ids);
+    for (int64_t i = 0; i < k && i < n; i++)
+        if (x[i] != x[i])
+            return -2;
+    return got;
 }
 
 /* how many values of x[0..n) are strictly greater than v */

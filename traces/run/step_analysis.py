@@ -48,18 +48,24 @@ class LogitSummary:
 
 
 def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = None,
-                     n_top: int = 10) -> LogitSummary:
+                     n_top: int = 10, top: np.ndarray | None = None) -> LogitSummary:
     """Summarize one step's dense logits (``(n_vocab,)``) for the draft ``token`` and, when known, the
     target's token ``target``.
+
+    ``top``: the ``n_top`` best ids (``top_k_desc(logits, n_top)``) when they are known already (the
+    recording worker finds them while it copies the row: ``DraftStep.top_ids``); then the row is read only
+    where a rank needs it (a token outside that list).
 
     Raises:
         IndexError: ``token`` or ``target`` out of range.
     """
-    top = top_k_desc(logits, n_top)
-    top_vals = logits[top]
-    return LogitSummary(logit=float(logits[token]), rank=rank(logits, token, top),
-                        top_ids=tuple(top.tolist()), top_logits=tuple(top_vals.tolist()),
-                        target_rank=None if target is None else rank(logits, target, top))
+    if top is None or top.shape[0] != min(n_top, logits.shape[0]):
+        top = top_k_desc(logits, n_top)
+    ids: list[int] = top.tolist()
+    vals: list[float] = logits[top].tolist()
+    return LogitSummary(logit=float(logits[token]), rank=rank(logits, token, top, listed=(ids, vals)),
+                        top_ids=tuple(ids), top_logits=tuple(vals),
+                        target_rank=None if target is None else rank(logits, target, top, listed=(ids, vals)))
 
 
 def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | None]:
@@ -95,7 +101,8 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     steps = res.steps
     targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
     inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
-    summaries = [None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top)
+    summaries = [None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top,
+                                                                top=s.top_ids)
                  for k, s in enumerate(steps)]
     cs_all = None
     known = [h for h in inner if h is not None]

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -49,6 +49,13 @@ _ALIGN = 64
 _LEN = struct.Struct("<I")
 #: the largest control message accepted (a JSON header; arrays go through the ring)
 MAX_MESSAGE = 64 << 20
+
+
+T = TypeVar("T")
+
+
+def _copy_into(src: np.ndarray, dst: np.ndarray) -> None:
+    np.copyto(dst, src)
 
 
 class TransportClosed(EOFError):
@@ -312,6 +319,17 @@ class RoundSender:
         Raises:
             StopRequested / TransportClosed: (threaded) the sender thread met one.
         """
+        return self.stage_with(a, _copy_into)[0]
+
+    def stage_with(self, a: np.ndarray, fill: Callable[[np.ndarray, np.ndarray], T]) -> tuple[np.ndarray, T]:
+        """:meth:`stage` with the copy made by ``fill(a, dst)``, which must copy ``a`` into ``dst`` (an empty
+        array of ``a``'s shape and dtype) and may compute something in the same read; returns the copy and what
+        ``fill`` returned (the recording worker's drafter rows: the copy and their top-k,
+        :func:`traces.run.row_kernels.copy_top_k`).
+
+        Raises:
+            StopRequested / TransportClosed: (threaded) the sender thread met one.
+        """
         if self._stage_off == 0:              # the first array of a message: its slot must be free
             if self._thread is not None:
                 self._wait_slot_free(self.n_queued)
@@ -319,13 +337,14 @@ class RoundSender:
         ring = self._stage_ring
         size = -(-a.nbytes // _ALIGN) * _ALIGN
         if ring is None or self._stage_off + size > ring.slot_bytes:
-            return a.copy()
+            dst = np.empty_like(a)
+            return dst, fill(a, dst)
         slot = self.n_queued % 2
         dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
-        np.copyto(dst, a)
+        got = fill(a, dst)
         self._staged[id(dst)] = (dst, self._stage_off, ring)
         self._stage_off += size
-        return dst
+        return dst, got
 
     def send(self, kind: str, obj: Any, **extra: Any) -> None:
         """Send ``obj`` (a dataclass; its arrays through the ring) as a message of ``kind``: now, after
