@@ -136,3 +136,23 @@ def test_the_n_draft_1_estimate_says_why_it_is_not_p_accepted_at_k_1(tmp_path: P
     assert f"({x.what_if.row(1).acceptance_rate:.3f})" in note and f"at k = 1 ({p1:.4f}, `report`)" in note
     one = write_synthetic_trace(tmp_path / "one", n_rounds=200, n_prompts=4, n_draft=1, steps=False)
     assert not [n for n in explain_trace(open_trace(one), with_drift=False).notes if n.startswith("n_draft 1's")]
+
+
+def test_select_prompt_names_what_it_accepts_and_refuses_a_shared_id() -> None:
+    """``--prompt``: an id, else a prompt_id; a miss lists the ids (the first 10, and how many more) and the
+    prompt_id range; an id two prompts share is refused with their prompt_ids (it used to pick the first)."""
+    from mtpscope.errors import TraceError
+    from mtpscope.traces.analysis.explain_report import select_prompt
+
+    prompts = [{"prompt_id": i, "id": f"p{i}"} for i in range(12)] + [{"prompt_id": 12, "id": "p3"}]
+    m = {"prompts": prompts}
+    assert select_prompt(m, "p7") == 7 and select_prompt(m, "11") == 11 and select_prompt(m, 12) == 12
+    with pytest.raises(TraceError) as e:
+        select_prompt(m, "99")
+    assert e.value.expected == "an id (p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 and 2 more) or a prompt_id (0..12)"
+    with pytest.raises(TraceError) as e:
+        select_prompt(m, "p3")
+    assert "names 2 prompts" in e.value.one_line() and e.value.expected == "one of prompt_id 3, 12"
+    with pytest.raises(TraceError) as e:
+        select_prompt({"prompts": [{"prompt_id": 0}, {"prompt_id": 2}]}, "x")
+    assert e.value.expected == "a prompt_id (0, 2)"

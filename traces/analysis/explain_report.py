@@ -70,22 +70,40 @@ def select_prompt(manifest: Mapping[str, Any], prompt: str | int) -> int:
     integer prompt_id.
 
     Raises:
-        TraceError: no such prompt.
+        TraceError: no such prompt (the message lists the ids and the prompt_id range there are), or an id that
+            two prompts share (the message names their prompt_ids).
     """
     entries = [p for p in manifest.get("prompts") or [] if isinstance(p, dict)]
-    for i, p in enumerate(entries):
-        if p.get("id") is not None and str(p.get("id")) == str(prompt):
-            return int(p.get("prompt_id", i))
+    pids = [int(p.get("prompt_id", i)) for i, p in enumerate(entries)]
+    named = [pid for pid, p in zip(pids, entries, strict=True)
+             if p.get("id") is not None and str(p.get("id")) == str(prompt)]
+    if len(named) > 1:
+        raise TraceError(f"the id {str(prompt)!r} names {len(named)} prompts: give a prompt_id instead", key="prompt",
+                         expected="one of prompt_id " + ", ".join(map(str, named)), actual=prompt)
+    if named:
+        return named[0]
     try:
         pid = int(prompt)
     except (TypeError, ValueError):
         pid = None
-    known = {int(p.get("prompt_id", i)) for i, p in enumerate(entries)}
-    if pid is None or (known and pid not in known):
-        ids = [str(p.get("id", p.get("prompt_id", i))) for i, p in enumerate(entries)]
-        raise TraceError("no such prompt in the trace", key="prompt", expected=", ".join(ids[:20]) or "a prompt id",
+    if pid is None or (pids and pid not in pids):
+        raise TraceError("no such prompt in the trace", key="prompt", expected=_prompt_choices(entries, pids),
                          actual=prompt)
     return pid
+
+
+def _prompt_choices(entries: list[dict[str, Any]], pids: list[int]) -> str:
+    """What ``--prompt`` accepts in a trace, in words: its prompt ids (the first 10) and its prompt_ids."""
+    ids = list(dict.fromkeys(str(p["id"]) for p in entries if p.get("id") is not None))
+    parts = []
+    if ids:
+        more = f" and {len(ids) - 10} more" if len(ids) > 10 else ""
+        parts.append(f"an id ({', '.join(ids[:10])}{more})")
+    if pids:
+        lo, hi = min(pids), max(pids)
+        span = f"{lo}..{hi}" if sorted(pids) == list(range(lo, hi + 1)) else ", ".join(map(str, sorted(pids)))
+        parts.append(f"a prompt_id ({span})")
+    return " or ".join(parts) or "a prompt id"
 
 
 @dataclass(frozen=True)
