@@ -8,7 +8,9 @@ never from diagnose's own output."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -475,4 +477,10 @@ def test_the_cli_says_where_its_results_go(demo_dir, tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["diagnose", "--trace", str(src), "--no-replay", "--out", str(out)])
     assert r.exit_code in (0, 1), r.output
     assert f"[out] diagnosis.json goes to {out}\n" in r.output and "--out chooses another" not in r.output
-    assert (out / "diagnosis.json").is_file()
+    assert (out / "diagnosis.json").is_file() and "replaces" not in r.output
+    # run again: it says that it replaces the diagnosis already there, and when that one was written
+    os.utime(out / "diagnosis.json", (0, 86400 * 365))
+    made = time.strftime("%Y-%m-%d %H:%M", time.localtime(86400 * 365))
+    r = CliRunner().invoke(app, ["diagnose", "--trace", str(src), "--no-replay", "--out", str(out)])
+    assert r.exit_code in (0, 1), r.output
+    assert f"[out] replaces the diagnosis already there (written {made})\n" in r.output

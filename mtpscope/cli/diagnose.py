@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
@@ -139,7 +140,7 @@ def register(app: typer.Typer) -> None:
         rounds through it, and the advice. Exit 1 when a defect is found, 0 when none, 2 on unreadable input.
         """
         from mtpscope.traces.diagnose.config import DiagnoseConfig
-        from mtpscope.traces.diagnose.run import diagnose
+        from mtpscope.traces.diagnose.run import DIAGNOSIS_FILE, diagnose
 
         if runtime != "llama":
             if trace is not None or reference is not None or reference_assistant is not None or centroids is not None:
@@ -182,12 +183,15 @@ def register(app: typer.Typer) -> None:
                 if specs is not None:
                     say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
             # (said once the input is known good: a bad prompts file is one line and nothing else)
-            written = ["diagnosis.json"] + ([] if trace is not None else ["the recording"]) + \
+            written = [DIAGNOSIS_FILE] + ([] if trace is not None else ["the recording"]) + \
                 ([] if no_replay else ["the replays"])
             say("out", f"{', '.join(written[:-1])} and {written[-1]} go to {out}" if len(written) > 1 else
                 f"{written[0]} goes to {out}")
             if out == absolute(Path(DEFAULT_OUT)):
                 say("out", "(the default folder, in the current directory; --out chooses another)")
+            if (out / DIAGNOSIS_FILE).is_file():      # (re-running replaces it: say so, with when it was made)
+                made = time.strftime("%Y-%m-%d %H:%M", time.localtime((out / DIAGNOSIS_FILE).stat().st_mtime))
+                say("out", f"replaces the diagnosis already there (written {made})")
             # centroids as the str the config keeps anyway (RecordConfig stores os.fspath of a path)
             cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens,
                                  centroids=None if centroids is None else os.fspath(centroids), replay=not no_replay)
