@@ -249,3 +249,23 @@ def test_server_page_report_and_explain_give_one_tokens_per_s(tmp_path, monkeypa
     assert not at.exception
     (m,) = [m for m in at.metric if m.label == "tokens/s"]
     assert m.value == f"{pooled:.1f}" and f"{mean:.1f}" in m.help
+
+
+def test_request_table_text_counts_are_integers_and_unmeasured_requests_come_last() -> None:
+    """`explain --by request`'s text: a request without an acceptance rate (a prompt a killed run never reached:
+    its counts missing, so the columns are floats) is listed after the measured ones, not first as the "worst";
+    counts print as integers (12, not 12.0) and a missing one as the command line's mark for it."""
+    import pandas as pd
+
+    from mtpscope.cli.common import MISSING
+    from mtpscope.cli.server import format_requests
+    from mtpscope.traces.analysis.requests import requests_view
+
+    req = pd.DataFrame({"request": [0, 1, 2], "prompt": ["ran-well", "never-ran", "ran-badly"],
+                        "n_prompt_tokens": [12, None, 9], "predicted_n": [40, None, 30],
+                        "n_drafted": [30, None, 30], "n_accepted": [27, None, 6], "n_drafts": [10, None, 10]})
+    lines = format_requests(requests_view(req)).splitlines()
+    rows = [ln for ln in lines if ln.split()[:1] in (["0"], ["1"], ["2"])]
+    assert [r.split()[1] for r in rows] == ["ran-badly", "ran-well", "never-ran"]       # 0.2, 0.9, then no rate
+    assert rows[0].split()[2:6] == ["9", "30", "30", "6"] and "12.0" not in "\n".join(rows)
+    assert rows[2].split()[2:6] == [MISSING] * 4

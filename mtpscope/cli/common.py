@@ -22,6 +22,19 @@ EXIT_UNREADABLE = 2
 
 #: ``--n-draft``'s allowed range in words (the recorder's rule: :data:`traces.run.record_config.MAX_N_DRAFT`)
 N_DRAFT_RANGE = f"an integer in 1..{MAX_N_DRAFT}"
+#: what the command line prints for a value that is not there (None, NaN), in every table (the app has its own:
+#: ``app.formats.MISSING``)
+MISSING = "-"
+
+
+def fmt(v: Any, spec: str = ".3f") -> str:
+    """``v`` formatted with ``spec``, or :data:`MISSING` for None and NaN (a value ``spec`` does not fit: as ``str``)."""
+    if v is None or (isinstance(v, float) and v != v):
+        return MISSING
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
 
 
 @contextlib.contextmanager

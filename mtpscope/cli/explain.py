@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 
 from mtpscope.cli.advice import format_advice
-from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, MISSING, fmt, one_line_errors
 from mtpscope.traces.analysis.records import finite as _finite
 from mtpscope.traces.store.protocols import TraceLike
 
@@ -44,7 +44,7 @@ def _pct(n: int, total: int) -> str:
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)  # None / NaN: "-"
+    return fmt(v, spec)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def _cost_lines(c: CostModel) -> list[str]:
 def _fv(v: float | None, iv: tuple[float, float] | None, spec: str) -> str:
     """A value and its interval: ``0.534 [0.501, 0.570]``."""
     if v is None:
-        return "-"
+        return MISSING
     return f"{format(v, spec)} [{format(iv[0], spec)}, {format(iv[1], spec)}]" if iv else format(v, spec)
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, gguf_path, one_line_errors
+from mtpscope.cli.common import EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.replay import ReplaySummary
@@ -122,10 +122,10 @@ def format_replay(s: ReplaySummary, dis, label=None) -> str:
     rec = s.recorded
 
     def num(v, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
+        return fmt(v, spec)
 
     lines.append(f"{'recorded':<{w}}  {num(rec.acceptance_rate, '.4f'):>15}  "
-                 f"{num(rec.mean_acceptance_length, '.3f'):>22}  {'-':>9}")
+                 f"{num(rec.mean_acceptance_length, '.3f'):>22}  {MISSING:>9}")
     for name, v in s.variants.items():
         lines.append(f"{name:<{w}}  {num(v.acceptance_rate, '.4f'):>15}  {num(v.mean_acceptance_length, '.3f'):>22}"
                      f"  {num(v.agreement, '.4f'):>9}")

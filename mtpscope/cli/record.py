@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, model_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, fmt, model_path, n_draft_option, one_line_errors
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
 #: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
@@ -188,8 +188,8 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
         finally:
             if bar is not None:
                 bar.stop()
-    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
-    mal = "-" if s.mean_acceptance_length is None else f"{s.mean_acceptance_length:.3f}"
+    acc = fmt(s.acceptance_rate, ".4f")
+    mal = fmt(s.mean_acceptance_length, ".3f")
     typer.echo(f"trace: {s.out}")
     typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  "
                f"generated {s.n_generated} tokens in {s.seconds:.2f} s ({s.tokens_per_second:.1f} tokens/s of wall time, "
@@ -233,7 +233,7 @@ def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None,
                        work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
                        dtype=None if dtype == "checkpoint" else dtype, head_choice=head,
                        command=["mtpscope", *sys.argv[1:]])
-    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+    acc = fmt(s.acceptance_rate, ".4f")
     typer.echo(f"trace: {s.out}")
     typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  ({s.seconds:.2f} s)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)")
@@ -250,7 +250,7 @@ def _record_hf(*, target: Path, assistant: Path, out: Path, prompt: str | None, 
                  else [PromptSpec(text=prompt)])
         s = record_hf(config, target=target, assistant=assistant, out=out, prompts=specs, overwrite=overwrite,
                       command=["mtpscope", *sys.argv[1:]])
-    acc = "-" if s.acceptance_rate is None else f"{s.acceptance_rate:.4f}"
+    acc = fmt(s.acceptance_rate, ".4f")
     typer.echo(f"trace: {s.out}")
     typer.echo(f"prompts {s.n_prompts}  rounds {s.n_rounds}  draft steps {s.n_steps}  ({s.seconds:.2f} s)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)")

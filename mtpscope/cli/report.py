@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, MISSING, one_line_errors
 from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ MAX_BAD_LINES_SHOWN = 20
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
-    if v is None:
-        return "-"
+    if v is None or (isinstance(v, float) and v != v):
+        return MISSING
     if isinstance(v, float):
         return format(v, spec)
     return str(v)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, fmt, gguf_path, n_draft_option, one_line_errors
 from mtpscope.traces.analysis.wording import plural
 
 if TYPE_CHECKING:
@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 
 
 def _f(v, spec: str = ".3f") -> str:
-    try:
-        return "—" if v is None or v != v else format(v, spec)
-    except (TypeError, ValueError):
-        return str(v)
+    return fmt(v, spec)
+
+
+def _i(v) -> str:
+    """A count (a float where its column also holds a missing value: 12.0 prints as 12)."""
+    return fmt(v if v is None or v != v else int(v), "d")
 
 
 def _s(v) -> str:
@@ -64,8 +66,9 @@ def request_view(trace) -> RequestsView:
 
 
 def format_requests(v: RequestsView, limit: int = 50) -> str:
-    """:func:`request_view` as text: one line per request, worst acceptance rate first."""
-    t = v.table.sort_values("acceptance_rate", kind="stable", na_position="first")
+    """:func:`request_view` as text: one line per request, worst acceptance rate first (requests without one,
+    such as a prompt a killed run never reached, last)."""
+    t = v.table.sort_values("acceptance_rate", kind="stable", na_position="last")
     tot = v.totals
     lines = [f"{plural(tot.n_requests, 'request')}: drafted {tot.n_drafted}, accepted {tot.n_accepted}, "
              f"acceptance rate {_f(tot.acceptance_rate)}, mean acceptance length "
@@ -78,8 +81,8 @@ def format_requests(v: RequestsView, limit: int = 50) -> str:
     for r in t.head(limit).to_dict(orient="records"):
         per = "" if r["accepted_per_pos"] is None else ",".join(str(x) for x in r["accepted_per_pos"])
         lines.append(f"{int(r['request']):7d}  {str(r['prompt'])[:20]:20}  {_s(r['category'])[:9]:9} "
-                     f"{_f(r['n_prompt_tokens'], '')[:5]:>5} {_f(r['n_output_tokens'], '')[:5]:>5}  "
-                     f"{_f(r['n_drafted'], '')[:7]:>7}  {_f(r['n_accepted'], '')[:8]:>8}  {_f(r['acceptance_rate']):>5}"
+                     f"{_i(r['n_prompt_tokens'])[:5]:>5} {_i(r['n_output_tokens'])[:5]:>5}  "
+                     f"{_i(r['n_drafted'])[:7]:>7}  {_i(r['n_accepted'])[:8]:>8}  {_f(r['acceptance_rate']):>5}"
                      f"  {_f(r['mean_acceptance_length'], '.2f'):>8}  {per[:14]:14}  {_f(r['tokens_per_s'], '.1f'):>8}"
                      f"  {_f(r['wall_ms'], '.0f'):>7}")
     if len(t) > limit:

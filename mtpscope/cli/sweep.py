@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, fmt, gguf_path, n_drafts_option, one_line_errors
 
 if TYPE_CHECKING:
     from mtpscope.traces.sweep.advice import SweepAdvice
@@ -32,9 +32,7 @@ if TYPE_CHECKING:
 
 
 def _fmt(v: Any, spec: str) -> str:
-    if v is None or (isinstance(v, float) and v != v):
-        return "-"
-    return format(v, spec)
+    return fmt(v, spec)
 
 
 def format_sweep_report(rep: SweepReport, advice: SweepAdvice | None = None) -> str:
