@@ -191,6 +191,49 @@ def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:
     assert tr.manifest["aborted"]["n_rounds_received"] == len(tr.rounds)
 
 
+def test_worker_stopped_from_outside_is_not_given_a_cause_from_its_log(crashing, tmp_path) -> None:
+    """A SIGTERM to llama.cpp's process (a service manager, a shell): the line says it was stopped from outside and
+    quotes no log line (its log just ends; the last line used to be quoted as if it were the cause)."""
+    out = tmp_path / "t"
+    proc = _start(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
+                   "--max-tokens", "100000", "--out", str(out)])
+    try:
+        got = _read_rounds(proc, 3, time.monotonic() + 120)
+        kids = _children(proc.pid)
+        assert len(got) == 3 and len(kids) == 1
+        os.kill(kids[0], signal.SIGTERM)
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    line = [ln for ln in err.splitlines() if ln.startswith("mtpscope:")]
+    assert len(line) == 1 and line[0].startswith("mtpscope: llama.cpp was stopped from outside (SIGTERM) at prompt 0, "
+                                                 "round "), err
+    head = line[0].split(" (trace ")[0]
+    assert ": " not in head.removeprefix("mtpscope: "), line[0]          # nothing quoted after the place
+    m = traces.open(out).manifest["aborted"]
+    assert m["signal"] == "SIGTERM" and m["message"] is None
+
+
+def test_death_words_and_which_log_line_is_quoted() -> None:
+    """How a worker's end is worded (negative return codes are signals), and ``abort_message``: ggml's abort line
+    always, the last line only for a crash (not for a process stopped from outside)."""
+    from mtpscope.traces.run.llama.process import abort_message
+    from mtpscope.traces.run.record_worker import death_words
+
+    assert death_words(-signal.SIGABRT) == ("SIGABRT", "aborted", False)
+    assert death_words(-signal.SIGSEGV) == ("SIGSEGV", "crashed (SIGSEGV)", False)
+    assert death_words(-signal.SIGTERM) == ("SIGTERM", "was stopped from outside (SIGTERM)", True)
+    assert death_words(-signal.SIGKILL) == ("SIGKILL", "was killed (SIGKILL; out of memory?)", True)
+    assert death_words(3) == (None, "exited with code 3", False)
+    log = ["llama_context: n_ctx = 512", "ggml/src/ggml-cpu/ops.cpp:12: GGML_ASSERT(x) failed", "load_tensors: done"]
+    assert abort_message(log, last_line=False) == abort_message(log) == "GGML_ASSERT(x) failed"
+    plain = ["llama_context: n_ctx = 512", "decode: 3 tokens"]
+    assert abort_message(plain) == "decode: 3 tokens" and abort_message(plain, last_line=False) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children and PR_SET_PDEATHSIG")
 def test_sigkill_at_five_random_moments_loses_no_reported_round(crashing, tmp_path) -> None:

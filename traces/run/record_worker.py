@@ -676,19 +676,8 @@ class RecordWorker:
         tail = list(self.log.tail)
         from mtpscope.traces.run.llama.process import abort_message, before_faulthandler
 
-        said = abort_message(tail)
-        sig = None
-        if rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
-        if sig == "SIGABRT":
-            verb = "aborted"
-        elif sig is not None:
-            verb = f"crashed ({sig})" if sig != "SIGKILL" else "was killed (SIGKILL; out of memory?)"
-        else:
-            verb = f"exited with code {rc}"
+        sig, verb, from_outside = death_words(rc)
+        said = abort_message(tail, last_line=not from_outside)
         where = _where(st)
         line = f"llama.cpp {verb} {where}" + (f": {said}" if said else "")
         aborted = {"signal": sig, "exit_code": None if rc < 0 else rc, "message": said, "where": where,
@@ -699,6 +688,33 @@ class RecordWorker:
                    "n_rounds_received": self.n_rounds_received,
                    "stderr_tail": before_faulthandler(tail)[-20:], "log": "llama.log"}
         return RuntimeAbortedError(line, aborted=aborted, path=self.trace_dir)
+
+
+#: signals that stop a process from outside (a service manager, a shell, the OOM killer): llama.cpp's log just
+#: ends, so its last line is not quoted as a cause
+STOPPED_FROM_OUTSIDE = ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def death_words(rc: int) -> tuple[str | None, str, bool]:
+    """How a worker that exited with return code ``rc`` (negative: the signal, as ``subprocess`` reports it) died:
+    ``(signal name or None, the verb of the one-line message, whether it was stopped from outside)``."""
+    sig = None
+    if rc < 0:
+        try:
+            sig = signal.Signals(-rc).name
+        except ValueError:
+            sig = f"signal {-rc}"
+    if sig == "SIGABRT":
+        verb = "aborted"
+    elif sig == "SIGKILL":
+        verb = "was killed (SIGKILL; out of memory?)"
+    elif sig in STOPPED_FROM_OUTSIDE:
+        verb = f"was stopped from outside ({sig})"
+    elif sig is not None:
+        verb = f"crashed ({sig})"
+    else:
+        verb = f"exited with code {rc}"
+    return sig, verb, sig in STOPPED_FROM_OUTSIDE
 
 
 class InProcessRounds:
@@ -754,7 +770,7 @@ class InProcessRounds:
             self.rtm.close()
 
 
-__all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "RecordWorker", "Status", "calibration", "cost_probe", "hello_of",
+__all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "RecordWorker", "Status", "calibration", "cost_probe", "death_words", "hello_of",
            "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 

@@ -135,13 +135,14 @@ def before_faulthandler(lines: Sequence[str]) -> list[str]:
     return out
 
 
-def abort_message(lines: Sequence[str]) -> str | None:
+def abort_message(lines: Sequence[str], *, last_line: bool = True) -> str | None:
     """llama.cpp's own last words among the last ``lines`` of its stderr, or None.
 
     The last ``ggml_abort`` line (``"ggml-cpu/binary-ops.cpp:135: binary_op: unsupported types: ..."``)
     gives its message without the source path (``"binary_op: unsupported types: ..."``); for
     ggml-cuda's generic ``CUDA error`` abort the preceding ``CUDA error: <reason>`` line is used.
-    Without an abort line: the last non-empty line before Python's faulthandler report, if any.
+    Without an abort line: with ``last_line``, the last non-empty line before Python's faulthandler report,
+    if any (a crash's last words); without (a process stopped from outside, whose log just ends), None.
     """
     clean = [ln.rstrip("\r\n") for ln in lines]
     for i in range(len(clean) - 1, -1, -1):
@@ -153,6 +154,8 @@ def abort_message(lines: Sequence[str]) -> str | None:
                     if clean[j].strip().startswith("CUDA error:"):
                         return clean[j].strip()
             return msg
+    if not last_line:
+        return None
     for ln in reversed(before_faulthandler(clean)):
         t = ln.strip()
         if t and not t.startswith(_FAULTHANDLER_START) and not t.startswith("File \""):
