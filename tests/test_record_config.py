@@ -144,3 +144,31 @@ def test_the_config_is_frozen() -> None:
         c.n_draft = 4  # type: ignore[misc]  # assigning to a frozen dataclass on purpose
     with pytest.raises(TraceError, match="n_draft"):
         replace(c, n_draft=0)                          # a changed copy is checked again
+
+
+def test_server_threads_counts_physical_cores_as_llama_server_does() -> None:
+    """The recorder's default threads are llama-server's (``common_cpu_get_num_physical_cores``: one per distinct
+    thread_siblings set); checked against /proc/cpuinfo's (physical id, core id) pairs, an independent count of
+    the same cores, where Linux gives both."""
+    import os
+    from pathlib import Path
+
+    from mtpscope.traces.run.record_config import server_threads
+
+    n = server_threads()
+    assert isinstance(n, int) and 1 <= n <= (os.cpu_count() or n)
+    info = Path("/proc/cpuinfo")
+    if not (Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings").is_file() and info.is_file()):
+        pytest.skip("no Linux CPU topology here")
+    cores, cur = set(), {}
+    for line in info.read_text().splitlines() + [""]:
+        if not line.strip():
+            if "physical id" in cur and "core id" in cur:
+                cores.add((cur["physical id"], cur["core id"]))
+            cur = {}
+        elif ":" in line:
+            k, v = line.split(":", 1)
+            cur[k.strip()] = v.strip()
+    if not cores:
+        pytest.skip("/proc/cpuinfo names no cores")
+    assert n == len(cores)

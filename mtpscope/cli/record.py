@@ -71,7 +71,8 @@ def register(app: typer.Typer) -> None:
         flush_every: int = typer.Option(_D.flush_every, "--flush-every", min=1, help="Write a Parquet part every N rounds."),
         flash_attn: bool = typer.Option(_D.flash_attn, "--flash-attn/--no-flash-attn", help="Flash attention."),
         threads: int | None = typer.Option(_D.n_threads, "--threads",
-                                           help="CPU threads for llama.cpp (--runtime hf: torch's, default 1)."),
+                                           help="CPU threads for llama.cpp (default: llama-server's, one per physical core; "
+                                                "--runtime hf: torch's, default 1)."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
                                        "completes; until then it is written to <out>.partial-<pid>)."),

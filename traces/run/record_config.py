@@ -40,6 +40,27 @@ DEFAULT_N_DRAFT = 3
 _INT, _REAL, _BOOL, _OPT_INT, _OPT_PATH, _CHOICE = "int", "real", "bool", "int | None", "path | None", "choice"
 
 
+def server_threads() -> int:
+    """The CPU threads llama-server uses when not told (``--threads`` unset): llama.cpp's
+    ``common_cpu_get_num_math``, which on Linux is ``common_cpu_get_num_physical_cores``: the number of distinct
+    ``/sys/devices/system/cpu/cpuN/topology/thread_siblings`` sets, read from ``cpu0`` up to the first that is
+    missing (one per physical core; SMT siblings share one). Where those files are missing (macOS, Windows):
+    ``os.cpu_count()``. (On a hybrid Intel CPU the server counts only the performance cores, which needs
+    CPUID per core; this counts every physical core.) A recording with its default threads then runs as the
+    server's decode does; llama.cpp's own library default (4) oversubscribes a 2-core machine and leaves most of
+    a large one idle."""
+    seen: set[str] = set()
+    cpu = 0
+    while True:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings", encoding="ascii") as f:
+                seen.add(f.readline().strip())
+        except OSError:
+            break
+        cpu += 1
+    return len(seen) if seen else max(1, os.cpu_count() or 1)
+
+
 @dataclass(frozen=True)
 class RecordConfig:
     """The run parameters of a recording (``mtpscope record``'s flags; the defaults are the CLI's).
@@ -61,7 +82,7 @@ class RecordConfig:
             whatever this is; fewer parts cost the recorder less: 32 against 8 saves about 0.5 ms of a demo round).
         compact: merge the small parts at the end.
         flash_attn: flash attention (off by default: see :class:`traces.run.mtp_runtime.MtpRuntime`).
-        n_threads: llama.cpp CPU threads (None: llama.cpp's default).
+        n_threads: llama.cpp CPU threads (None: llama-server's default, :func:`server_threads`).
         hidden_target: also store the target's hidden state per draft (needs ``hidden`` f16 / f32).
         baseline: time plain decoding of the same prompts first (the manifest's ``baseline``).
         graph_capture: copy ``h_inner`` (the drafter's ``result_norm``) out of llama.cpp's graph with a

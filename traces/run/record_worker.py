@@ -238,7 +238,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
 
     # row_kernels: what computes the target's side (p, H) of each round, in the process that computes it (loaded,
     # on a first use built, here: before the first round)
-    runtime = {**runtime_info(job.config.n_gpu_layers), "row_kernels": row_kernels.kind()}
+    runtime = {**runtime_info(job.config.n_gpu_layers), "row_kernels": row_kernels.kind(), "n_threads": rtm.n_threads}
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime,
                  n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline,
