@@ -135,3 +135,31 @@ def test_explain_by_request_on_a_recording_gives_each_prompts_speed(noisy: Path)
         assert f"k={k} {acc} of {n_verify} drafts ({acc / n_verify:.3f})" in res.stdout, res.stdout
         row = next(ln.split() for ln in rep.stdout.splitlines() if ln.split()[:2] == [str(k), str(int((nd >= k).sum()))])
         assert row[-1] == f"{acc / n_verify:.4f}", row
+
+
+def test_compare_names_what_differs_between_the_runs(demo_dir) -> None:
+    """`compare` of the trained demo's f32 and buggy traces names the cause before the numbers: the drafter
+    metadata key that differs, with both files' values as gguf-py reads them; --json carries the same rows."""
+    import gguf  # gguf-py: the values read independently of mtpscope's reader
+
+    from mtpscope.demo.spec import TrainedPaths
+
+    tp = TrainedPaths.under(demo_dir.root)
+    if not all((d / "manifest.json").exists() for d in (tp.traces_f32, tp.traces_buggy)):
+        pytest.skip("the trained demo traces were not recorded")
+    key = "gemma4-assistant.rope.freq_base_swa"
+
+    def value(path: Path) -> float:
+        f = gguf.GGUFReader(str(path)).fields[key]
+        return float(f.parts[f.data[0]][0])
+
+    want = f"  drafter metadata {key}: A {value(tp.drafter)}, B {value(tp.drafter_buggy)}"
+    res = runner.invoke(app, ["compare", str(tp.traces_f32), str(tp.traces_buggy)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[2].startswith("runs differ in ") and want in lines, res.stdout
+    j = json.loads(runner.invoke(app, ["compare", str(tp.traces_f32), str(tp.traces_buggy), "--json"]).stdout)
+    assert {"what": "drafter metadata", "name": key, "A": str(value(tp.drafter)), "B": str(value(tp.drafter_buggy))} \
+        in j["run_differences"]
+    same = runner.invoke(app, ["compare", str(tp.traces_f32), str(tp.traces_f32)])
+    assert "runs: same parameters and models" in same.stdout.splitlines()

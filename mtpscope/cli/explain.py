@@ -24,6 +24,7 @@ import typer
 from mtpscope.cli.advice import format_advice
 from mtpscope.cli.common import EXIT_FINDINGS, MISSING, fmt, one_line_errors
 from mtpscope.traces.analysis.records import finite as _finite
+from mtpscope.traces.analysis.wording import plural
 from mtpscope.traces.store.protocols import TraceLike
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain import TokenCount
     from mtpscope.traces.analysis.explain_report import Explanation
     from mtpscope.traces.analysis.report_records import Totals
+    from mtpscope.traces.analysis.run_diff import DifferenceRow
     from mtpscope.traces.analysis.runtime_diff import Convention, RoundDifference, RuntimeDiff
     from mtpscope.traces.analysis.vocab import Vocab
 
@@ -83,6 +85,19 @@ def _cost_lines(c: CostModel) -> list[str]:
             f"    verify of n tokens  {sizes(verify, c.own('verify'))}",
             f"    k drafter steps     {sizes(draft, c.own('draft'))}",
             f"    plain decoding {_f(c.t_plain_ms, '.2f')} ms per token ({c.baseline})"]
+
+
+def format_run_differences(rows: list[DifferenceRow], limit: int = 12) -> list[str]:
+    """The runs' differences (:func:`traces.analysis.run_diff.difference_rows`) as text lines for ``compare``:
+    one per parameter, metadata key, tensor or file note, at most ``limit`` (then how many more)."""
+    if not rows:
+        return ["runs: same parameters and models"]
+    out = [f"runs differ in {plural(len(rows), 'item')} (`mtpscope diff A.gguf B.gguf` compares two models "
+           "in full):"]
+    out += [f"  {r.what} {r.name}: A {r.a}, B {r.b}" for r in rows[:limit]]
+    if len(rows) > limit:
+        out.append(f"  ... {len(rows) - limit} more (--json)")
+    return out
 
 
 def _fv(v: float | None, iv: tuple[float, float] | None, spec: str) -> str:
@@ -391,10 +406,17 @@ def register(app: typer.Typer) -> None:
             finally:  # a torn part explains an empty trace: say so before the error line
                 for w in [*ta.warnings, *tb.warnings]:
                     print(f"warning: {w}", file=sys.stderr)
+        from mtpscope.traces.analysis.run_diff import difference_rows, run_differences
+
+        # what differs between the two runs themselves (parameters; models by their GGUF metadata and tensor table):
+        # the likely "why" behind the numbers below, as the app's Compare page shows it
+        runs = difference_rows(run_differences(ta.manifest, tb.manifest), missing=MISSING)
         if as_json:
-            print(json.dumps({"a": str(ta.path), "b": str(tb.path), **diff.to_dict()}, indent=2, allow_nan=False))
+            print(json.dumps({"a": str(ta.path), "b": str(tb.path), "run_differences": [r.to_dict() for r in runs],
+                              **diff.to_dict()}, indent=2, allow_nan=False))
         else:
-            print(format_comparison(str(ta.path), str(tb.path), diff))
+            text = format_comparison(str(ta.path), str(tb.path), diff).split("\n")
+            print("\n".join([*text[:2], *format_run_differences(runs), *text[2:]]))
         if not diff.outputs_identical:
             print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
                   "compared", file=sys.stderr)

@@ -139,11 +139,12 @@ class DifferenceRow:
         return {"what": self.what, "name": self.name, "A": self.a, "B": self.b}
 
 
-def difference_rows(d: RunDifferences) -> list[DifferenceRow]:
-    """:class:`RunDifferences` as table rows (:class:`DifferenceRow`)."""
+def difference_rows(d: RunDifferences, missing: str = "—") -> list[DifferenceRow]:
+    """:class:`RunDifferences` as table rows (:class:`DifferenceRow`); ``missing`` stands for a value one run does
+    not have (the app's mark by default; the command line passes its own)."""
 
     def txt(v: Any) -> str:
-        return "—" if v is None else str(v)
+        return missing if v is None else str(v)
 
     rows = [DifferenceRow("parameter", k, txt(a), txt(b)) for k, a, b in d.params]
     for m in d.models:
