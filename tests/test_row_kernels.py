@@ -114,7 +114,7 @@ def test_copy_top_k_copies_the_row_and_agrees_with_a_sort(n: int, k: int) -> Non
     nan_tail = _logits(rng, 1, n)[0]
     nan_tail[k::3] = np.nan                                                     # NaN after the first k
     for x in (_logits(rng, 1, n)[0], rng.integers(-3, 4, size=n).astype(np.float32), few, nan_tail,
-              np.sort(rng.normal(size=n)).astype(np.float32)):
+              np.sort(rng.normal(size=n)).astype(np.float32), np.zeros(n, dtype=np.float32)):   # flat: all tie
         dst = np.full(n, 7.0, dtype=np.float32)
         ids = row_kernels.copy_top_k(x, dst, k, lib)
         assert ids is not None

@@ -329,6 +329,18 @@ static int64_t mtps_scan_top_k(const float *x, float *dst, int64_t n, int64_t k,
         if (!scan_all && !(bm[b] >= thr))
             continue;
         int64_t i0 = b * MTPS_BLOCK, i1 = i0 + MTPS_BLOCK < n ? i0 + MTPS_BLOCK : n;
+        if (len == k && i1 - i0 == MTPS_BLOCK) { /* a full list: skip a block with nothing above its k-th (a flat
+                                                  * row's blocks all tie at the threshold) */
+            float kth = vals[k - 1];
+            mtps_vi hit = {0};
+            for (int j = 0; j < MTPS_BLOCK; j += MTPS_W)
+                hit |= mtps_load(x + i0 + j) > kth; /* (NaN compares false) */
+            int any = 0;
+            for (int j = 0; j < MTPS_W; j++)
+                any |= hit[j];
+            if (!any)
+                continue;
+        }
         for (int64_t i = i0; i < i1; i++) {
             float v = x[i];
             if (v != v)
