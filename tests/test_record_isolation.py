@@ -165,23 +165,30 @@ def _read_rounds(proc: subprocess.Popen, until: int, deadline: float) -> list[tu
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc children and PR_SET_PDEATHSIG")
-def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:
-    """A fatal signal in llama.cpp's process after some rounds (a driver fault): one line, exit 1, and
-    every round the recorder reported is in the trace."""
-    out = tmp_path / "t"
+def _signal_worker_mid_run(crashing, out: Path, n_rounds: int, sig: signal.Signals) -> tuple[list, str]:
+    """Record with --verbose until ``n_rounds`` rounds are reported, send ``sig`` to llama.cpp's process (the
+    worker), and return the rounds reported and the recorder's stderr once it has exited with 1."""
     proc = _start(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
                    "--max-tokens", "100000", "--out", str(out)])
     try:
-        got = _read_rounds(proc, 5, time.monotonic() + 120)
+        got = _read_rounds(proc, n_rounds, time.monotonic() + 120)
         kids = _children(proc.pid)
-        assert len(got) == 5 and len(kids) == 1
-        os.kill(kids[0], signal.SIGSEGV)
+        assert len(got) == n_rounds and len(kids) == 1
+        os.kill(kids[0], sig)
         err = proc.stderr.read()
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 1
+    assert proc.returncode == 1, err
+    return got, err
+
+
+def test_worker_killed_mid_run_keeps_every_round(crashing, tmp_path) -> None:
+    """A fatal signal in llama.cpp's process after some rounds (a driver fault): one line, exit 1, and
+    every round the recorder reported is in the trace."""
+    out = tmp_path / "t"
+    got, err = _signal_worker_mid_run(crashing, out, 5, signal.SIGSEGV)
     line = [ln for ln in err.splitlines() if ln.startswith("mtpscope:")]
     assert len(line) == 1 and line[0].startswith("mtpscope: llama.cpp crashed (SIGSEGV) at prompt 0, round "), err
     tr = traces.open(out)
@@ -195,19 +202,7 @@ def test_worker_stopped_from_outside_is_not_given_a_cause_from_its_log(crashing,
     """A SIGTERM to llama.cpp's process (a service manager, a shell): the line says it was stopped from outside and
     quotes no log line (its log just ends; the last line used to be quoted as if it were the cause)."""
     out = tmp_path / "t"
-    proc = _start(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
-                   "--max-tokens", "100000", "--out", str(out)])
-    try:
-        got = _read_rounds(proc, 3, time.monotonic() + 120)
-        kids = _children(proc.pid)
-        assert len(got) == 3 and len(kids) == 1
-        os.kill(kids[0], signal.SIGTERM)
-        err = proc.stderr.read()
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
+    _got, err = _signal_worker_mid_run(crashing, out, 3, signal.SIGTERM)
     line = [ln for ln in err.splitlines() if ln.startswith("mtpscope:")]
     assert len(line) == 1 and line[0].startswith("mtpscope: llama.cpp was stopped from outside (SIGTERM) at prompt 0, "
                                                  "round "), err

@@ -161,6 +161,18 @@ def test_sender_receiver_one_round_in_flight() -> None:
     receiver.close()
 
 
+def _recv_one(receiver: RoundReceiver, out: list) -> None:
+    """Receive the next round message (mapping a ring that comes first), keep ``(message, object)`` in ``out``, release it."""
+    while True:
+        msg, fds = receiver.chan.recv(timeout=30)
+        if msg["kind"] == "ring":
+            receiver.on_ring(msg, fds)
+            continue
+        out.append((msg, receiver.unpack(msg)))
+        receiver.release()
+        return
+
+
 def test_staged_arrays_are_sent_from_where_they_lie() -> None:
     """``stage`` copies an array straight into the next message's slot; ``send`` then keeps it there
     (its spec points at it) and copies only the rest; before any ring exists it is a plain copy."""
@@ -172,14 +184,7 @@ def test_staged_arrays_are_sent_from_where_they_lie() -> None:
     out: list = []
 
     def recv_one() -> None:
-        while True:
-            msg, fds = receiver.chan.recv(timeout=30)
-            if msg["kind"] == "ring":
-                receiver.on_ring(msg, fds)
-                continue
-            out.append((msg, receiver.unpack(msg)))
-            receiver.release()
-            return
+        _recv_one(receiver, out)
 
     for i in range(3):
         staged = sender.stage(big + i)
@@ -215,20 +220,9 @@ def test_stage_with_fills_the_slot_and_returns_what_fill_computed() -> None:
     assert first.base is None and np.array_equal(first, big) and got0 == 99_999.0
     sender.reserve(1 << 20)
     out: list = []
-
-    def recv_one() -> None:
-        while True:
-            msg, fds = receiver.chan.recv(timeout=30)
-            if msg["kind"] == "ring":
-                receiver.on_ring(msg, fds)
-                continue
-            out.append((msg, receiver.unpack(msg)))
-            receiver.release()
-            return
-
     staged, got = sender.stage_with(big + 1, fill)
     assert got == 100_000.0
-    t = threading.Thread(target=recv_one)
+    t = threading.Thread(target=_recv_one, args=(receiver, out))
     t.start()
     sender.send("round", StepRecord(k=1, token=1, h=staged))
     t.join(30)
