@@ -24,7 +24,8 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
    does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
    parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
-   (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring; a
+   (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring (each drafter
+   row with its top-k found in the same read: ``row_kernels.copy_top_k``); a
    sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
    True)``), and a ``GGML_ABORT`` / ``GGML_ASSERT`` first lets it send what it holds
    (:func:`traces.run.llama.process.set_abort_hook`), so the rounds before an abort still reach the trace.
@@ -358,8 +359,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
                 _instrument(rtm, status)
                 status.set("prefill", prompt_id=pid)
                 rounds = rtm.run(tk, c, trace=True, keep=sender.stage,
-                                 defer_target=True,    # the target's side: the recorder computes it from
-                                 fence=sender.fence,   # the verify rows the sender thread copies
+                                 defer_target=True,    # the target's side: the sender thread computes it from
+                                 fence=sender.fence,   # the verify rows before the next target decode
                                  keep_draft=keep_draft)
                 try:
                     for res in rounds:
