@@ -201,8 +201,11 @@ def trace_state_line(role: str, manifest: Mapping[str, Any]) -> str | None:
     who = f"{role[:1].upper()}{role[1:]}"
     ab, rec = manifest.get("aborted"), manifest.get("recovered")
     if isinstance(ab, Mapping):
-        how = ab.get("signal") or (f"exit code {ab['exit_code']}" if ab.get("exit_code") is not None else None)
-        why = f"llama.cpp died {ab.get('where') or ''}".rstrip() + (f" ({how})" if how else "")
+        if isinstance(ab.get("how"), str):      # the recorder's own words (`record`'s error line says the same)
+            why = f"llama.cpp {ab['how']} {ab.get('where') or ''}".rstrip()
+        else:                                   # (a recording from before the manifest kept them)
+            how = ab.get("signal") or (f"exit code {ab['exit_code']}" if ab.get("exit_code") is not None else None)
+            why = f"llama.cpp died {ab.get('where') or ''}".rstrip() + (f" ({how})" if how else "")
     elif isinstance(rec, Mapping):
         n = rec.get("n_rounds")
         why = (f"the run was interrupted; {n if isinstance(n, int) else 'its last'} round{'' if n == 1 else 's'} "

@@ -208,8 +208,13 @@ def test_worker_stopped_from_outside_is_not_given_a_cause_from_its_log(crashing,
                                                  "round "), err
     head = line[0].split(" (trace ")[0]
     assert ": " not in head.removeprefix("mtpscope: "), line[0]          # nothing quoted after the place
-    m = traces.open(out).manifest["aborted"]
-    assert m["signal"] == "SIGTERM" and m["message"] is None
+    man = traces.open(out).manifest
+    m = man["aborted"]
+    assert m["signal"] == "SIGTERM" and m["message"] is None and m["how"] == "was stopped from outside (SIGTERM)"
+    # the app's banner says what the command line said
+    from mtpscope.app.verdict import trace_state_line
+
+    assert trace_state_line("trace A", man).startswith(f"Trace A is incomplete: {head.removeprefix('mtpscope: ')} — ")
 
 
 def test_death_words_and_which_log_line_is_quoted() -> None:

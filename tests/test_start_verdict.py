@@ -106,6 +106,11 @@ def test_an_incomplete_trace_says_why_in_one_line() -> None:
     assert trace_state_line("trace B", died) == (
         "Trace B is incomplete: llama.cpp died at prompt 0, round 3 (SIGABRT) — the numbers cover the rounds recorded "
         "before.")
+    stopped = {"complete": False, "aborted": {"signal": "SIGTERM", "exit_code": None, "where": "at prompt 0, round 3",
+                                              "how": "was stopped from outside (SIGTERM)"}}
+    assert trace_state_line("trace A", stopped) == (         # the recorder's own words, as `record` printed them
+        "Trace A is incomplete: llama.cpp was stopped from outside (SIGTERM) at prompt 0, round 3 — the numbers cover "
+        "the rounds recorded before.")
     rec = {"complete": False, "recovered": {"n_rounds": 1, "problems": ["wal/part-00001.log: at offset 9: ..."]}}
     assert trace_state_line("trace A", rec) == (
         "Trace A is incomplete: the run was interrupted; 1 round came back from its write-ahead log, 1 log could not "

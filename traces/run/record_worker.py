@@ -681,7 +681,7 @@ class RecordWorker:
         said = abort_message(tail, last_line=not from_outside)
         where = _where(st)
         line = f"llama.cpp {verb} {where}" + (f": {said}" if said else "")
-        aborted = {"signal": sig, "exit_code": None if rc < 0 else rc, "message": said, "where": where,
+        aborted = {"signal": sig, "exit_code": None if rc < 0 else rc, "message": said, "where": where, "how": verb,
                    "prompt_id": None if st is None else st["prompt_id"],
                    "round": None if st is None else st["round"],
                    "step": None if st is None or st["phase"] != "draft" else st["step"],
