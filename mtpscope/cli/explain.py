@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 
 from mtpscope.cli.advice import format_advice
-from mtpscope.cli.common import EXIT_FINDINGS, MISSING, fmt, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, MISSING, one_line_errors
+from mtpscope.cli.common import fmt as _f
 from mtpscope.traces.analysis.records import finite as _finite
 from mtpscope.traces.analysis.wording import plural
 from mtpscope.traces.store.protocols import TraceLike
@@ -43,10 +44,6 @@ MAX_STEP_LINES = 60
 
 def _pct(n: int, total: int) -> str:
     return f"{100.0 * n / total:5.1f} %" if total else "    - "
-
-
-def _f(v: Any, spec: str = ".3f") -> str:
-    return fmt(v, spec)
 
 
 @dataclass(frozen=True)
@@ -204,10 +201,11 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
     return "\n".join(lines)
 
 
-def format_comparison(a: str, b: str, diff: AlignedDiff) -> str:
-    """The aligned diff (:class:`mtpscope.traces.analysis.align.AlignedDiff`) as terminal text."""
+def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None = None) -> str:
+    """The aligned diff (:class:`mtpscope.traces.analysis.align.AlignedDiff`) as terminal text; ``runs``: what
+    differs between the two runs (:func:`format_run_differences`), right after the two paths."""
     pairing = diff.pairing
-    lines = [f"A: {a}", f"B: {b}",
+    lines = [f"A: {a}", f"B: {b}", *(runs or []),
              f"prompts paired by {pairing.by}: {len(pairing.pairs)} (unpaired: A {len(pairing.unpaired_a)}, "
              f"B {len(pairing.unpaired_b)}); outputs identical: {'yes' if diff.outputs_identical else 'NO'}"]
     for p in diff.prompts:
@@ -415,8 +413,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"a": str(ta.path), "b": str(tb.path), "run_differences": [r.to_dict() for r in runs],
                               **diff.to_dict()}, indent=2, allow_nan=False))
         else:
-            text = format_comparison(str(ta.path), str(tb.path), diff).split("\n")
-            print("\n".join([*text[:2], *format_run_differences(runs), *text[2:]]))
+            print(format_comparison(str(ta.path), str(tb.path), diff, format_run_differences(runs)))
         if not diff.outputs_identical:
             print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
                   "compared", file=sys.stderr)

@@ -121,14 +121,11 @@ def format_replay(s: ReplaySummary, dis, label=None) -> str:
     lines.append(f"{'variant':<{w}}  acceptance rate  mean acceptance length  agreement")
     rec = s.recorded
 
-    def num(v, spec: str) -> str:
-        return fmt(v, spec)
-
-    lines.append(f"{'recorded':<{w}}  {num(rec.acceptance_rate, '.4f'):>15}  "
-                 f"{num(rec.mean_acceptance_length, '.3f'):>22}  {MISSING:>9}")
+    lines.append(f"{'recorded':<{w}}  {fmt(rec.acceptance_rate, '.4f'):>15}  "
+                 f"{fmt(rec.mean_acceptance_length, '.3f'):>22}  {MISSING:>9}")
     for name, v in s.variants.items():
-        lines.append(f"{name:<{w}}  {num(v.acceptance_rate, '.4f'):>15}  {num(v.mean_acceptance_length, '.3f'):>22}"
-                     f"  {num(v.agreement, '.4f'):>9}")
+        lines.append(f"{name:<{w}}  {fmt(v.acceptance_rate, '.4f'):>15}  {fmt(v.mean_acceptance_length, '.3f'):>22}"
+                     f"  {fmt(v.agreement, '.4f'):>9}")
     opts = [(n, v.options) for n, v in s.variants.items() if v.options not in ("-", n)]
     for n, o in opts:
         lines.append(f"  {n}: {o}")

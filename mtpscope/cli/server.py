@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, fmt, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import fmt as _f
 from mtpscope.traces.analysis.wording import plural
 
 if TYPE_CHECKING:
@@ -30,13 +31,9 @@ if TYPE_CHECKING:
     from mtpscope.traces.server.replay import ServerReplay
 
 
-def _f(v, spec: str = ".3f") -> str:
-    return fmt(v, spec)
-
-
 def _i(v) -> str:
     """A count (a float where its column also holds a missing value: 12.0 prints as 12)."""
-    return fmt(v if v is None or v != v else int(v), "d")
+    return _f(v if v is None or v != v else int(v), "d")
 
 
 def _s(v) -> str:

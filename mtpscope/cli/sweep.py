@@ -23,16 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, fmt, gguf_path, n_drafts_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors
+from mtpscope.cli.common import fmt as _fmt
 
 if TYPE_CHECKING:
     from mtpscope.traces.sweep.advice import SweepAdvice
     from mtpscope.traces.sweep.quant import QuantRow
     from mtpscope.traces.sweep.reader import SweepReport
-
-
-def _fmt(v: Any, spec: str) -> str:
-    return fmt(v, spec)
 
 
 def format_sweep_report(rep: SweepReport, advice: SweepAdvice | None = None) -> str:
