@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -347,8 +348,10 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
 
         # each drafter row copied into the ring with its top n_top ids found in the same read, while llama.cpp's
         # buffer is still in this core's cache: the recorder then reads only a few values of the copy
-        def keep_draft(lg: np.ndarray, _n_top: int = c.n_top) -> tuple[np.ndarray, np.ndarray | None]:
-            return sender.stage_with(lg, lambda src, dst: row_kernels.copy_top_k(src, dst, _n_top))
+        fill_top = functools.partial(row_kernels.copy_top_k, k=c.n_top)    # (made once: this runs per draft step)
+
+        def keep_draft(lg: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            return sender.stage_with(lg, fill_top)
 
         started_at = time.time()
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
