@@ -26,7 +26,11 @@ run too: the one least disturbed by other processes):
 
 llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no spin-waiting in it and the
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
-(``RecordSummary.recorder_cpu_seconds``) and the time the worker's loop waited for it. Prints ratios
+(``RecordSummary.recorder_cpu_seconds``), the time the worker's loop waited for it, and what this machine charges
+for touching memory left idle (:func:`benchmarks.harness.idle_touch_line`): the recorder works a millisecond or
+two per round and sleeps between, so on a virtual machine whose host reclaims idle guest pages its CPU time
+grows with that charge, while the untraced loop, which never pauses, does not pay it
+(``benchmarks/bench_idle_memory.py`` measures how much on the recorder's own work). Prints ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
 just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
 time goes in the loop's thread on each side (inside llama.cpp's decodes / outside them: the Python that
@@ -53,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import idle_touch_line
 from mtpscope.cache import cache_dir
 from mtpscope.demo import build as demo
 from mtpscope.traces.run.mtp_runtime import MtpRuntime
@@ -358,6 +363,7 @@ def main() -> int:
     print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
           f"load average {os.getloadavg()[0]:.2f}; tracing {args.tracing} ({TRACING_WORDS[args.tracing]})")
+    print(f"  {idle_touch_line()}: the traced side's work comes every round after a pause, the untraced loop never pauses")
     for m in modes:
         st = stats[m]
         print(f"capture {m} ({CAPTURE_WORDS[m]}):")

@@ -48,6 +48,39 @@ def best_cpu_time(fn: Callable[[], Any], repeats: int) -> float:
     return best
 
 
+#: bytes of the memory pages :func:`idle_touch_us` touches, and how many it touches (8 MiB)
+PAGE_BYTES = 4096
+IDLE_TOUCH_PAGES = 2048
+
+
+def idle_touch_us(idle_s: float, repeats: int = 3) -> float:
+    """What this machine charges for memory left idle: µs (thread CPU time) per 4 KiB page to read one float64
+    of each of :data:`IDLE_TOUCH_PAGES` pages after they sat untouched for ``idle_s`` seconds, minus the same
+    read again at once (median of ``repeats``). Bare metal: a cache miss, well under 1 µs; a virtual machine
+    whose host reclaims or compresses idle guest pages: a host fault per page, counted as the guest's CPU time
+    (benchmarks/bench_idle_memory.py)."""
+    import numpy as np
+
+    view = np.ones(IDLE_TOUCH_PAGES * PAGE_BYTES // 8)[:: PAGE_BYTES // 8]
+    out = []
+    for _ in range(repeats):
+        view.sum()
+        time.sleep(idle_s)
+        c0 = time.thread_time()
+        view.sum()
+        c1 = time.thread_time()
+        view.sum()
+        c2 = time.thread_time()
+        out.append(((c1 - c0) - (c2 - c1)) / IDLE_TOUCH_PAGES * 1e6)
+    return statistics.median(out)
+
+
+def idle_touch_line(repeats: int = 3) -> str:
+    """One line for a benchmark's header: :func:`idle_touch_us` after 50 ms and 1 s idle."""
+    return (f"this machine charges {idle_touch_us(0.05, repeats):.2f} us per 4 KiB page touched after 50 ms idle, "
+            f"{idle_touch_us(1.0, repeats):.2f} us after 1 s (without a host that reclaims idle pages: a cache miss, about 0.1 us; benchmarks/bench_idle_memory.py)")
+
+
 def synthetic_trace(folder: str, n_rounds: int, n_prompts: int, seed: int = 0) -> Path:
     """``<cache>/<folder>/syn-<n_rounds>``: a synthetic trace (:func:`mtpscope.traces.synthetic.write_synthetic_trace`,
     3 drafts, centroid columns, no hidden states) written on first use and reused after."""

@@ -1,0 +1,150 @@
+"""Benchmark: what this machine charges for memory that sat idle, and what that does to the recorder's work.
+
+Why it matters: ``bench_record`` compares an untraced loop that never pauses (its pages stay hot) with a
+recording whose recorder works a millisecond or two per round and sleeps in between (about 50 ms a round on the
+tiny demo pair), and whose trace is opened and closed once per run, seconds apart. Where the host of a virtual
+machine reclaims or compresses guest pages left idle, every page touched again after such a pause costs a
+fault on the host, which the guest counts as its own CPU time; without such a host it costs a cache miss
+(about 0.1 µs). So ``bench_record``'s CPU figure for tracing depends on the machine as much as on the code;
+this prints how much, on the machine it runs on:
+
+1. **page touch after idle**: µs per 4 KiB page to read one value of each page of an 8 MiB buffer after it sat
+   untouched for 0 / 10 / 50 / 200 ms / 1 s, above the same read done again at once (median of ``--repeats``;
+   :func:`benchmarks.harness.idle_touch_us`);
+2. **the recorder's work on real rounds**: the rounds of one recording of the tiny demo pair (96 tokens,
+   n_draft 3, ``mtpscope record``'s default tracing), kept in memory, then the recorder's part of each round
+   (:func:`traces.run.step_analysis.step_records` with the derived ``h_inner``, and
+   :meth:`~traces.store.writer.TraceWriter.add_round`: the write-ahead log) replayed into a fresh trace, back to
+   back and with the run's gap between rounds (each round's own arrays read just before, as the worker has
+   just written them in a real run); thread CPU per round (median), then the trace's close (the Parquet part,
+   the manifest; CPU of all threads) after the gap too: as in a run, where the close's own code last ran a run
+   earlier.
+
+Exits 0 whatever the numbers (nothing is asserted). Usage: ``python -m benchmarks.bench_idle_memory
+[--repeats 3] [--gap-ms 50] [--pause-s S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import PAGE_BYTES, idle_touch_us
+
+#: idle times of the page-touch test, seconds
+GAPS_S = (0.0, 0.01, 0.05, 0.2, 1.0)
+
+
+def recorded_rounds() -> tuple[list[tuple[int, Any]], dict[str, Any], Path]:
+    """The rounds of one recording of the tiny demo pair (in this process, so that each round's arrays are its
+    own), the trace's manifest and the drafter's path."""
+    from benchmarks.bench_record import PROMPT, models
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.store.manifest import read_manifest
+
+    target, drafter, _ = models("full")
+    rounds: list[tuple[int, Any]] = []
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "trace"
+        record(RecordConfig(n_draft=3, max_tokens=96), target=target, assistant=drafter, out=out, prompt=PROMPT,
+               command=["bench_idle_memory"], isolate=False,
+               on_round=lambda pid, res: rounds.append((pid, _as_worker_sends(res))))
+        manifest = read_manifest(out)
+    return rounds, manifest, drafter
+
+
+def _as_worker_sends(res: Any) -> Any:
+    """A copy of the round as the recording worker hands it over: each drafter row with its top-k ids found
+    while it was copied (``DraftStep.top_ids``), so the recorder reads only the listed values of the row."""
+    from mtpscope.traces.run.ranking import top_k_desc
+    from mtpscope.traces.run.record_config import RecordConfig
+
+    n_top = RecordConfig().n_top
+    steps = tuple(dataclasses.replace(st, top_ids=top_k_desc(st.logits, n_top)) if st.logits is not None else st
+                  for st in res.steps)
+    return copy.deepcopy(dataclasses.replace(res, steps=steps))
+
+
+def _touch(res: Any) -> None:
+    """Read one value of every page of the round's arrays."""
+    arrays = [a for st in res.steps for a in (st.logits, st.h, st.h_next, st.h_inner, st.top_ids) if a is not None]
+    for a in (*arrays, *res.h_target, *res.target_logits):
+        a.reshape(-1)[:: max(PAGE_BYTES // a.itemsize, 1)].sum()
+
+
+def replay(rounds: list[tuple[int, Any]], manifest: dict[str, Any], solver: Any, gap_s: float,
+           pause_s: float, folder: Path) -> tuple[float, float]:
+    """The recorder's work on ``rounds`` into a fresh trace under ``folder``, ``gap_s`` between rounds and
+    ``pause_s`` before the close: (median thread CPU ms per round, thread CPU ms of the close)."""
+    from mtpscope.traces.run.step_analysis import round_record, step_records
+    from mtpscope.traces.store.writer import TraceWriter
+
+    params = manifest["params"]
+    h0 = rounds[0][1].steps[0]
+    w = TraceWriter(folder, copy.deepcopy(manifest), n_embd_backbone=int(h0.h.shape[0]),
+                    n_embd=solver.n_embd, hidden_dtype=params.get("hidden", "f16"), centroids=False,
+                    flush_every=int(params.get("flush_every", 64)), overwrite=True)
+    per = []
+    for pid, res in rounds:
+        time.sleep(gap_s)
+        _touch(res)      # a round's arrays are fresh in a real run (the worker has just written them)
+        c0 = time.thread_time()
+        steps = step_records(res, n_top=int(params.get("n_top", 10)), hidden=params.get("hidden", "f16"),
+                             solver=solver)
+        w.add_round(round_record(pid, res), steps)
+        per.append(time.thread_time() - c0)
+    time.sleep(pause_s)
+    c0 = time.process_time()           # the close's Parquet part is written on the writer's thread
+    w.close()
+    return statistics.median(per) * 1e3, (time.process_time() - c0) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gap-ms", type=float, default=50.0, help="gap between replayed rounds (a tiny pair's round)")
+    ap.add_argument("--pause-s", type=float, default=None,
+                    help="pause before the close (default: the gap; the close's own code last ran a run earlier)")
+    args = ap.parse_args()
+    import os
+
+    from mtpscope.traces.run.derived import cached_solver
+
+    print(f"bench_idle_memory: load average {os.getloadavg()[0]:.2f}; thread CPU time (CLOCK_THREAD_CPUTIME_ID)")
+    print("page touch after idle (us per 4 KiB page above a hot touch; without a host that reclaims idle pages: a cache miss, about 0.1):")
+    for gap in GAPS_S:
+        print(f"  idle {gap * 1e3:6.0f} ms: {idle_touch_us(gap, args.repeats):7.2f} us")
+    rounds, manifest, drafter = recorded_rounds()
+    solver = cached_solver(drafter)
+    print(f"the recorder's work on {len(rounds)} real rounds of the tiny demo pair (step records with the derived "
+          "h_inner, write-ahead log), median of the rounds, then the trace's close:")
+    gap = args.gap_ms / 1e3
+    pause = gap if args.pause_s is None else args.pause_s
+    with tempfile.TemporaryDirectory() as d:
+        rows = []
+        for r in range(args.repeats):
+            for name, g, p in (("back to back", 0.0, 0.0), (f"{args.gap_ms:.0f} ms between rounds", gap, pause)):
+                per, close = replay(rounds, manifest, solver, g, p, Path(d) / f"t{r}-{len(rows)}")
+                rows.append((name, per, close))
+        for name in dict.fromkeys(n for n, _, _ in rows):
+            per = statistics.median(x for n, x, _ in rows if n == name)
+            close = statistics.median(c for n, _, c in rows if n == name)
+            print(f"  {name:24s} {per:6.3f} ms per round; close {close:6.1f} ms")
+        (_, a, ca), (_, b, cb) = [(n, statistics.median(x for m, x, _ in rows if m == n),
+                                   statistics.median(c for m, _, c in rows if m == n))
+                                  for n in dict.fromkeys(n for n, _, _ in rows)]
+        n = len(rounds)
+        print(f"  idle memory adds {b - a:+.3f} ms per round ({(b / a - 1) * 100 if a else 0:+.0f} %) and "
+              f"{cb - ca:+.1f} ms to the close: {(b - a) * n + (cb - ca):+.0f} ms of CPU per {n}-round run")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
