@@ -172,3 +172,35 @@ def test_server_threads_counts_physical_cores_as_llama_server_does() -> None:
     if not cores:
         pytest.skip("/proc/cpuinfo names no cores")
     assert n == len(cores)
+
+
+def _fake_sys(root: Path, siblings: list[str], atom: str | None) -> str:
+    """A sysfs tree with each CPU's ``thread_siblings`` mask and, for a hybrid CPU, the efficiency cores' list."""
+    for cpu, mask in enumerate(siblings):
+        d = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "thread_siblings").write_text(mask + "\n")
+    if atom is not None:
+        (root / "devices" / "cpu_atom").mkdir(parents=True)
+        (root / "devices" / "cpu_atom" / "cpus").write_text(atom + "\n")
+    return str(root)
+
+
+def test_server_threads_follows_llama_servers_rules_on_hybrid_and_ppc64(tmp_path: Path) -> None:
+    """llama.cpp's ``common_cpu_get_num_math`` (common/common.cpp), worked by hand on made-up topologies: a hybrid
+    Intel CPU with 8 performance cores (hyper-threaded: CPUs 0-15, siblings 2i and 2i+1) and 4 efficiency cores
+    (CPUs 16-19): the server's walk counts CPUs 0, 2, ..., 14 and skips 16-19: 8 threads, where counting physical
+    cores gives 12; with CPU 19 outside the affinity the server's pinning fails and it counts the 12 physical
+    cores; without efficiency cores (no ``cpu_atom``), the 4 physical cores of 8 hyper-threads; a ppc64 of 4
+    cores x SMT4 (16 online CPUs): 4 * min(4, 2) = 8."""
+    from mtpscope.traces.run.record_config import server_threads
+
+    p_masks = [f"{3 << (2 * (c // 2)):05x}" for c in range(16)]       # 0-15: pairs share a mask
+    e_masks = [f"{1 << c:05x}" for c in range(16, 20)]
+    hybrid = _fake_sys(tmp_path / "hybrid", p_masks + e_masks, "16-19")
+    assert server_threads(hybrid, n_cpu=20, allowed=set(range(20)), machine="x86_64") == 8
+    assert server_threads(hybrid, n_cpu=20, allowed=set(range(19)), machine="x86_64") == 12
+    plain = _fake_sys(tmp_path / "plain", [f"{3 << (2 * (c // 2)):02x}" for c in range(8)], None)
+    assert server_threads(plain, n_cpu=8, allowed=set(range(8)), machine="x86_64") == 4
+    ppc = _fake_sys(tmp_path / "ppc", [f"{0xF << (4 * (c // 4)):04x}" for c in range(16)], None)
+    assert server_threads(ppc, n_cpu=16, machine="ppc64le") == 8

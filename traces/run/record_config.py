@@ -40,25 +40,78 @@ DEFAULT_N_DRAFT = 3
 _INT, _REAL, _BOOL, _OPT_INT, _OPT_PATH, _CHOICE = "int", "real", "bool", "int | None", "path | None", "choice"
 
 
-def server_threads() -> int:
+def _cpu_list(text: str) -> set[int]:
+    """The CPUs of a Linux cpu list (``"0-3,8,10-11"``); raises ValueError on anything else."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def server_threads(sys_root: str = "/sys", *, n_cpu: int | None = None, allowed: set[int] | None = None,
+                   machine: str | None = None) -> int:
     """The CPU threads llama-server uses when not told (``--threads`` unset): llama.cpp's
-    ``common_cpu_get_num_math``, which on Linux is ``common_cpu_get_num_physical_cores``: the number of distinct
-    ``/sys/devices/system/cpu/cpuN/topology/thread_siblings`` sets, read from ``cpu0`` up to the first that is
-    missing (one per physical core; SMT siblings share one). Where those files are missing (macOS, Windows):
-    ``os.cpu_count()``. (On a hybrid Intel CPU the server counts only the performance cores, which needs
-    CPUID per core; this counts every physical core.) A recording with its default threads then runs as the
-    server's decode does; llama.cpp's own library default (4) oversubscribes a 2-core machine and leaves most of
-    a large one idle."""
+    ``common_cpu_get_num_math`` (common/common.cpp of the vendored sources), so that a recording with its default
+    threads runs as the server's decode does (llama.cpp's own library default, 4, oversubscribes a 2-core
+    machine and leaves most of a large one idle):
+
+    * a hybrid x86-64 CPU on Linux (performance and efficiency cores: ``<sys_root>/devices/cpu_atom/cpus``
+      names the efficiency cores, as the kernel's hybrid PMUs do; the server asks CPUID leaf 0x1A on each CPU):
+      the server's own walk over the ``n_cpu`` online CPUs, skipping efficiency cores and, after each
+      performance core, the CPU after it (its hyper-thread sibling); if a CPU outside this process's affinity
+      ``allowed`` would be visited, the server's pinning fails and it falls back to the next rule;
+    * ppc64: physical cores times the SMT factor, at most 2;
+    * else ``common_cpu_get_num_physical_cores``: the number of distinct
+      ``<sys_root>/devices/system/cpu/cpuN/topology/thread_siblings`` sets, read from ``cpu0`` up to the first that
+      is missing (one per physical core; SMT siblings share one); where those files are missing (macOS,
+      Windows): ``os.cpu_count()``.
+
+    ``n_cpu`` (online CPUs), ``allowed`` (this process's CPU affinity) and ``machine`` (``platform.machine()``)
+    default to this machine's; a test passes its own with a ``sys_root`` of its own.
+    """
+    import platform
+
+    root = sys_root.rstrip("/")
+    if n_cpu is None:
+        n_cpu = os.sysconf("SC_NPROCESSORS_ONLN") if hasattr(os, "sysconf") else (os.cpu_count() or 1)
+    machine = (platform.machine() if machine is None else machine).lower()
     seen: set[str] = set()
     cpu = 0
     while True:
         try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings", encoding="ascii") as f:
+            with open(f"{root}/devices/system/cpu/cpu{cpu}/topology/thread_siblings", encoding="ascii") as f:
                 seen.add(f.readline().strip())
         except OSError:
             break
         cpu += 1
-    return len(seen) if seen else max(1, os.cpu_count() or 1)
+    physical = len(seen) if seen else max(1, os.cpu_count() or 1)
+    if machine in ("x86_64", "amd64") and n_cpu >= 1:
+        try:
+            with open(f"{root}/devices/cpu_atom/cpus", encoding="ascii") as f:
+                atom = _cpu_list(f.read())
+        except (OSError, ValueError):
+            atom = set()
+        if atom:                      # hybrid: the server's walk (cpu_count_math_cpus)
+            if allowed is None:
+                allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(n_cpu))
+            result, cpu = 0, 0
+            while cpu < n_cpu:
+                if cpu not in allowed:            # pin_cpu fails: the server counts physical cores instead
+                    return physical
+                if cpu not in atom:
+                    cpu += 1                      # its sibling: "hyperthreading isn't useful for linear algebra"
+                    result += 1
+                cpu += 1
+            if result > 0:
+                return result
+    elif machine.startswith(("ppc64", "powerpc")):
+        logical = n_cpu if n_cpu >= 1 else physical
+        smt = logical // physical if logical > physical else 1
+        return physical * min(smt, 2)
+    return physical
 
 
 @dataclass(frozen=True)
