@@ -16,9 +16,10 @@ this prints how much, on the machine it runs on:
    (:func:`traces.run.step_analysis.step_records` with the derived ``h_inner``, and
    :meth:`~traces.store.writer.TraceWriter.add_round`: the write-ahead log) replayed into a fresh trace, back to
    back and with the run's gap between rounds (each round's own arrays read just before, as the worker has
-   just written them in a real run); thread CPU per round (median), then the trace's close (the Parquet part,
+   just written them in a real run); thread CPU per round (the mean over the rounds, the median of the repeats), then the trace's close (the Parquet part,
    the manifest; CPU of all threads) after the gap too: as in a run, where the close's own code last ran a run
-   earlier.
+   earlier; and the same with :data:`BATCH` rounds handled at a time after as many gaps (what a recorder that
+   holds several rounds before analysing and logging them would spend).
 
 Exits 0 whatever the numbers (nothing is asserted). Usage: ``python -m benchmarks.bench_idle_memory
 [--repeats 3] [--gap-ms 50] [--pause-s S]``.
@@ -39,6 +40,8 @@ from benchmarks.harness import PAGE_BYTES, idle_touch_us
 
 #: idle times of the page-touch test, seconds
 GAPS_S = (0.0, 0.01, 0.05, 0.2, 1.0)
+#: rounds the batched arm of the replay handles at a time (what a recorder holding several rounds would do)
+BATCH = 4
 
 
 def recorded_rounds() -> tuple[list[tuple[int, Any]], dict[str, Any], Path]:
@@ -80,9 +83,10 @@ def _touch(res: Any) -> None:
 
 
 def replay(rounds: list[tuple[int, Any]], manifest: dict[str, Any], solver: Any, gap_s: float,
-           pause_s: float, folder: Path) -> tuple[float, float]:
-    """The recorder's work on ``rounds`` into a fresh trace under ``folder``, ``gap_s`` between rounds and
-    ``pause_s`` before the close: (median thread CPU ms per round, thread CPU ms of the close)."""
+           pause_s: float, folder: Path, batch: int = 1) -> tuple[float, float]:
+    """The recorder's work on ``rounds`` into a fresh trace under ``folder``, ``batch`` rounds at a time after
+    ``batch * gap_s`` of sleep (``gap_s`` a round), and ``pause_s`` before the close: (thread CPU ms per round,
+    the mean over the rounds; CPU ms of the close, all threads)."""
     from mtpscope.traces.run.step_analysis import round_record, step_records
     from mtpscope.traces.store.writer import TraceWriter
 
@@ -91,19 +95,22 @@ def replay(rounds: list[tuple[int, Any]], manifest: dict[str, Any], solver: Any,
     w = TraceWriter(folder, copy.deepcopy(manifest), n_embd_backbone=int(h0.h.shape[0]),
                     n_embd=solver.n_embd, hidden_dtype=params.get("hidden", "f16"), centroids=False,
                     flush_every=int(params.get("flush_every", 64)), overwrite=True)
-    per = []
-    for pid, res in rounds:
-        time.sleep(gap_s)
-        _touch(res)      # a round's arrays are fresh in a real run (the worker has just written them)
+    spent = 0.0
+    for i in range(0, len(rounds), batch):
+        group = rounds[i:i + batch]
+        time.sleep(gap_s * len(group))
+        for _, res in group:
+            _touch(res)      # a round's arrays are fresh in a real run (the worker has just written them)
         c0 = time.thread_time()
-        steps = step_records(res, n_top=int(params.get("n_top", 10)), hidden=params.get("hidden", "f16"),
-                             solver=solver)
-        w.add_round(round_record(pid, res), steps)
-        per.append(time.thread_time() - c0)
+        for pid, res in group:
+            steps = step_records(res, n_top=int(params.get("n_top", 10)), hidden=params.get("hidden", "f16"),
+                                 solver=solver)
+            w.add_round(round_record(pid, res), steps)
+        spent += time.thread_time() - c0
     time.sleep(pause_s)
     c0 = time.process_time()           # the close's Parquet part is written on the writer's thread
     w.close()
-    return statistics.median(per) * 1e3, (time.process_time() - c0) * 1e3
+    return spent / len(rounds) * 1e3, (time.process_time() - c0) * 1e3
 
 
 def main() -> int:
@@ -124,25 +131,24 @@ def main() -> int:
     rounds, manifest, drafter = recorded_rounds()
     solver = cached_solver(drafter)
     print(f"the recorder's work on {len(rounds)} real rounds of the tiny demo pair (step records with the derived "
-          "h_inner, write-ahead log), median of the rounds, then the trace's close:")
+          "h_inner, write-ahead log), mean per round, then the trace's close (medians of the repeats):")
     gap = args.gap_ms / 1e3
     pause = gap if args.pause_s is None else args.pause_s
+    arms = (("back to back", 0.0, 0.0, 1), (f"{args.gap_ms:.0f} ms between rounds", gap, pause, 1),
+            (f"{BATCH} at a time, same gaps", gap, pause, BATCH))
     with tempfile.TemporaryDirectory() as d:
-        rows = []
+        got: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in arms}
         for r in range(args.repeats):
-            for name, g, p in (("back to back", 0.0, 0.0), (f"{args.gap_ms:.0f} ms between rounds", gap, pause)):
-                per, close = replay(rounds, manifest, solver, g, p, Path(d) / f"t{r}-{len(rows)}")
-                rows.append((name, per, close))
-        for name in dict.fromkeys(n for n, _, _ in rows):
-            per = statistics.median(x for n, x, _ in rows if n == name)
-            close = statistics.median(c for n, _, c in rows if n == name)
-            print(f"  {name:24s} {per:6.3f} ms per round; close {close:6.1f} ms")
-        (_, a, ca), (_, b, cb) = [(n, statistics.median(x for m, x, _ in rows if m == n),
-                                   statistics.median(c for m, _, c in rows if m == n))
-                                  for n in dict.fromkeys(n for n, _, _ in rows)]
-        n = len(rounds)
-        print(f"  idle memory adds {b - a:+.3f} ms per round ({(b / a - 1) * 100 if a else 0:+.0f} %) and "
-              f"{cb - ca:+.1f} ms to the close: {(b - a) * n + (cb - ca):+.0f} ms of CPU per {n}-round run")
+            for name, g, p, b in arms:
+                got[name].append(replay(rounds, manifest, solver, g, p, Path(d) / f"t{r}-{b}-{g}", batch=b))
+    med = {name: (statistics.median(x for x, _ in v), statistics.median(c for _, c in v)) for name, v in got.items()}
+    for name, (per, close) in med.items():
+        print(f"  {name:24s} {per:6.3f} ms per round; close {close:6.1f} ms")
+    (a, ca), (b, cb), (c, _) = med.values()
+    n = len(rounds)
+    print(f"  idle memory adds {b - a:+.3f} ms per round ({(b / a - 1) * 100 if a else 0:+.0f} %) and "
+          f"{cb - ca:+.1f} ms to the close: {(b - a) * n + (cb - ca):+.0f} ms of CPU per {n}-round run; "
+          f"{BATCH} rounds at a time: {c - b:+.3f} ms per round")
     return 0
 
 
