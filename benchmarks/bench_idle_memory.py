@@ -16,10 +16,11 @@ this prints how much, on the machine it runs on:
    (:func:`traces.run.step_analysis.step_records` with the derived ``h_inner``, and
    :meth:`~traces.store.writer.TraceWriter.add_round`: the write-ahead log) replayed into a fresh trace, back to
    back and with the run's gap between rounds (each round's own arrays read just before, as the worker has
-   just written them in a real run); thread CPU per round (the mean over the rounds, the median of the repeats), then the trace's close (the Parquet part,
-   the manifest; CPU of all threads) after the gap too: as in a run, where the close's own code last ran a run
-   earlier; and the same with :data:`BATCH` rounds handled at a time after as many gaps (what a recorder that
-   holds several rounds before analysing and logging them would spend).
+   just written them in a real run); thread CPU per round (the mean over the rounds, the median of the
+   repeats), then the trace's close (the Parquet part, the manifest; CPU of all threads) after the gap too: as
+   in a run, where the close's own code last ran a run earlier; and the same with :data:`BATCH` rounds handled
+   at a time after as many gaps (what a recorder that holds several rounds before analysing and logging them
+   would spend).
 
 Exits 0 whatever the numbers (nothing is asserted). Usage: ``python -m benchmarks.bench_idle_memory
 [--repeats 3] [--gap-ms 50] [--pause-s S]``.
