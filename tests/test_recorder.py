@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from mtpscope import traces
-from mtpscope.errors import LayoutError, MtpscopeError, PreflightRefusal, RuntimeUnavailableError
+from mtpscope.errors import LayoutError, MtpscopeError, PreflightRefusal, RuntimeUnavailableError, TraceError
 from mtpscope.traces.run.llama import binding, capture
 from mtpscope.traces.run.llama import model as lm
 from mtpscope.traces.run.mtp_runtime import MtpRuntime, Sampler
@@ -686,6 +686,47 @@ def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_pa
     assert tr.manifest["complete"] is True and tr.manifest["params"]["max_tokens"] == 40
     assert len(tr.rounds) == s.n_rounds > n_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_overwrite_refuses_a_trace_folder_that_holds_other_files(pair, noisy_rt, tmp_path, monkeypatch) -> None:
+    """--overwrite replaces the trace's whole folder (swap_in): with a user's own files in it (here the prompts
+    file the run would read, and a folder of notes), it is refused before anything loads and every file stays;
+    an empty --out (the current folder) is refused too; with only the trace's own files it replaces as before."""
+    from mtpscope.traces.run import recorder
+    from mtpscope.traces.store.writer import swap_in
+
+    out = tmp_path / "t"
+    kw = {"target": pair["target"], "assistant": pair["noisy"], "runtime": noisy_rt}
+    record(RecordConfig(max_tokens=6, hidden="off"), **kw, out=out, prompt=PROMPTS[0])
+    (out / "prompts.jsonl").write_text('{"prompt": "hello"}\n')
+    (out / "notes").mkdir()
+    (out / "notes" / "a.txt").write_text("mine")
+    before = sorted(p.name for p in out.iterdir())
+    with monkeypatch.context() as m:
+        m.setattr(recorder, "MtpRuntime", lambda *a, **k: pytest.fail("llama.cpp was reached"))
+        with pytest.raises(TraceError, match="also holds notes, prompts.jsonl: move them out") as ei:
+            record(RecordConfig(max_tokens=6, hidden="off"), target=pair["target"], assistant=pair["noisy"],
+                   out=out, prompts_file=out / "prompts.jsonl", overwrite=True)
+        assert ei.value.key == "out"
+        with pytest.raises(TraceError, match="no output folder given"):
+            record(RecordConfig(max_tokens=6), target=pair["target"], assistant=pair["noisy"], out="", prompt="x")
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "notes" / "a.txt").read_text() == "mine"
+    # the guard is in swap_in itself too (files added during a run): nothing moves
+    other = tmp_path / "other"
+    record(RecordConfig(max_tokens=6, hidden="off"), **kw, out=other, prompt=PROMPTS[0])
+    with pytest.raises(TraceError, match="also holds notes"):
+        swap_in(other, out)
+    assert sorted(p.name for p in out.iterdir()) == before and other.is_dir()
+    (out / "prompts.jsonl").unlink()
+    (out / "notes" / "a.txt").unlink()
+    (out / "notes").rmdir()
+    s = record(RecordConfig(max_tokens=8, hidden="off"), **kw, out=out, prompt=PROMPTS[0], overwrite=True)
+    assert traces.open(out).manifest["params"]["max_tokens"] == 8 and len(traces.open(out).rounds) == s.n_rounds
+    # "." (an --out of the current folder) has a sibling for the replacement: the folder's own name
+    from mtpscope.traces.store.writer import partial_dir
+
+    monkeypatch.chdir(out)
+    assert partial_dir(".") == tmp_path / f"t.partial-{os.getpid()}"
 
 
 def test_preflight_refuses_wrong_dtype_before_llama_cpp_crashes(pair, tmp_path, monkeypatch) -> None:

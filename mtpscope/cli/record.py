@@ -75,7 +75,8 @@ def register(app: typer.Typer) -> None:
                                                 "--runtime hf: torch's, default 1)."),
         overwrite: bool = typer.Option(
             False, "--overwrite", help="Replace an existing trace in --out (swapped in only when the new run "
-                                       "completes; until then it is written to <out>.partial-<pid>)."),
+                                       "completes; until then it is written to <out>.partial-<pid>). The whole "
+                                       "folder is replaced, so one that holds other files too is refused."),
         compact: bool = typer.Option(_D.compact, "--compact/--no-compact",
                                      help="Merge the small Parquet parts at the end (rewrites the trace once)."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),

@@ -56,6 +56,7 @@ from mtpscope.traces.run.worker_protocol import (
     WorkerDone,
     WorkerRound,
 )
+from mtpscope.traces.store.layout import LLAMA_LOG
 
 if TYPE_CHECKING:
     from mtpscope.traces.store.writer import TraceWriter
@@ -247,7 +248,8 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
             folder ``<out>.partial-<pid>`` and swapped in only when the run completes; if it fails (an
             error, Ctrl-C) the old trace stays untouched and the partial one is left where it is (named
             on stderr and in a note on the exception). Without an existing trace ``out`` is written in
-            place (crash-safe parts).
+            place (crash-safe parts). The swap replaces the whole folder, so a trace folder that also holds
+            other files is refused before anything loads (:func:`~traces.store.layout.foreign_entries`).
         command: argv for the manifest (default ``sys.argv``).
         runtime: an already loaded :class:`MtpRuntime` for these paths (not closed here; runs in this
             process).
@@ -270,7 +272,8 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
             written so far is closed incomplete with ``aborted`` in its manifest and ``llama.log``.
         LayoutError: the pre-flight check refused the pair or the centroid source does not fit (its
             ``centroid_top_k`` outside 1..n_centroids included).
-        TraceError: ``out`` already holds a trace (without ``overwrite``); errors from the writer.
+        TraceError: ``out`` is empty; it already holds a trace (without ``overwrite``), or (with it) a trace
+            and other files; errors from the writer.
         MtpscopeError: not exactly one prompt source, no prompts, a bad prompts file; ``isolate=True``
             with a ``runtime``; GGUF reader errors.
         RuntimeUnavailableError: llama-cpp-python missing.
@@ -316,12 +319,20 @@ def record(config: RecordConfig, *, target: str | os.PathLike[str],
 
 
 def _check_out(out: str | os.PathLike[str], overwrite: bool) -> None:
-    """Refuse an ``out`` that holds a trace unless ``overwrite`` (TraceError)."""
-    from mtpscope.traces.store.layout import MANIFEST  # lazy: standard library only
+    """Refuse an empty ``out``; one that holds a trace unless ``overwrite``; and with ``overwrite``, a trace
+    folder that holds other files too (replacing the trace replaces the folder: they would be deleted)
+    (TraceError)."""
+    from mtpscope.traces.store.layout import MANIFEST, foreign_entries, foreign_message, holds_trace
 
+    if not os.fspath(out):
+        raise TraceError("no output folder given", key="out", expected="a folder path", actual="''")
     if not overwrite and (Path(out) / MANIFEST).exists():
         raise TraceError("directory already holds a trace (pass --overwrite, or overwrite=True in Python, to replace it)",
                          path=out)
+    if overwrite and holds_trace(out):
+        others = foreign_entries(out)
+        if others:
+            raise TraceError(foreign_message(others), path=out, key="out")
 
 
 @dataclass(frozen=True)
@@ -344,7 +355,8 @@ def _check_inputs(config: RecordConfig, target: str | os.PathLike[str], assistan
     Raises:
         LayoutError: the pre-flight check refused the pair, or the centroid source does not fit.
     """
-    from mtpscope.traces.store.writer import holds_trace, partial_dir
+    from mtpscope.traces.store.layout import holds_trace
+    from mtpscope.traces.store.writer import partial_dir
 
     # --overwrite of an existing trace: record next to it and swap it in only when the run completes
     swap = bool(overwrite) and holds_trace(out)
@@ -483,7 +495,7 @@ class _Recording:
                              centroids=head is not None, flush_every=config.flush_every,
                              overwrite=self.overwrite or self.checked.swap, compact=config.compact,
                              h_target=config.hidden_target)
-        src.log_to(self.write_to / "llama.log")
+        src.log_to(self.write_to / LLAMA_LOG)
         self.trace_s += time.perf_counter() - self.t_start
 
     def _writer(self) -> TraceWriter:
@@ -565,7 +577,7 @@ class _Recording:
             w = self.w = TraceWriter(write_to, self.manifest, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                                      centroids=self.head is not None, overwrite=self.overwrite or self.checked.swap,
                                      compact=False)
-            self._source().log_to(write_to / "llama.log")
+            self._source().log_to(write_to / LLAMA_LOG)
         self._source().close()   # all of llama.cpp's output is in llama.log now
         w.close(complete=False, aborted=e.aborted)
         e.trace = os.fspath(write_to)

@@ -58,8 +58,9 @@ from mtpscope.traces.analysis.requests import not_drafting_alarm
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.server.client import ServerClient, SpecCounters, clean_url, redact_headers
 from mtpscope.traces.store import schema as S
+from mtpscope.traces.store.layout import holds_trace
 from mtpscope.traces.store.reader import open_trace
-from mtpscope.traces.store.writer import TraceWriter, holds_trace, partial_dir, swap_in
+from mtpscope.traces.store.writer import TraceWriter, partial_dir, swap_in
 
 SOURCE = "server-probe"
 KIND = "probe"

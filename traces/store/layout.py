@@ -12,6 +12,7 @@ Layout (schema version 1)::
     DIR/<table>/<name>.tmp                              tmp_path(p): being written, then ``os.replace``d
     DIR/wal/part-NNNNN.log, wal/lock                    WAL_DIR, wal_name(idx), WAL_LOCK
     DIR/wal/part-NNNNN.{steps,rounds}.arrows            legacy_wal_name(idx, table): logs of older writers
+    DIR/llama.log                                       LLAMA_LOG: llama.cpp's output (recorded traces)
 
 Which files a reader reads is the manifest's ``parts`` listing when present (written at a clean close),
 else the ``part-NNNNN.parquet`` files in index order (:func:`plain_parts`).
@@ -32,6 +33,11 @@ TABLES = ("rounds", "steps", "requests")
 #: the write-ahead log's folder, and its lock file (an exclusive ``flock`` while a writer runs)
 WAL_DIR = "wal"
 WAL_LOCK = "lock"
+
+#: llama.cpp's own output, kept beside a recorded trace (``mtpscope record``)
+LLAMA_LOG = "llama.log"
+#: what a trace writer puts at the top of a trace folder (each may also be there as ``<name>.tmp``)
+TRACE_ENTRIES = frozenset({MANIFEST, *TABLES, WAL_DIR, LLAMA_LOG})
 
 #: a part file (written every ``flush_every`` rounds); group 1: its index
 PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
@@ -66,6 +72,33 @@ def legacy_wal_name(idx: int, table: str) -> str:
 def tmp_path(path: Path) -> Path:
     """Where ``path`` is written before it is renamed into place: ``<name>.tmp`` beside it."""
     return path.with_name(path.name + ".tmp")
+
+
+def foreign_entries(path: str | os.PathLike[str]) -> list[str]:
+    """The names at the top of the folder ``path`` that no trace writer makes (not in :data:`TRACE_ENTRIES`,
+    nor one of those with ``.tmp``), sorted; ``[]`` when ``path`` is not a folder. Replacing a trace replaces
+    its whole folder, so these are what that would delete besides the trace."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    return sorted(n for n in names if n not in TRACE_ENTRIES and n.removesuffix(".tmp") not in TRACE_ENTRIES)
+
+
+def foreign_message(names: list[str]) -> str:
+    """The one line that refuses to replace a trace folder holding ``names`` besides the trace
+    (:func:`foreign_entries`)."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"replacing the trace replaces its whole folder, which also holds {shown}: move "
+            f"{'it' if len(names) == 1 else 'them'} out, or write the trace to another folder")
+
+
+def holds_trace(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a trace (a manifest or Parquet parts in ``rounds/`` / ``steps/``)."""
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        return True
+    return any(plain_parts(path, t) for t in ("rounds", "steps"))
 
 
 def plain_parts(path: str | os.PathLike[str], table: str) -> list[Path]:

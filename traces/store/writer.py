@@ -1,5 +1,5 @@
 """Writing a trace directory as the run goes (:class:`TraceWriter`), and replacing one
-(:func:`holds_trace`, :func:`partial_dir`, :func:`swap_in`).
+(:func:`partial_dir`, :func:`swap_in`).
 
 Layout: :mod:`traces.store.layout` (docs/TRACE_FORMAT.md). Crash safety: the manifest is written first
 (``complete: false``) by write-to-temp + ``os.replace``; each part is written to
@@ -10,8 +10,9 @@ the write-ahead log (:mod:`traces.store.wal`) before :meth:`TraceWriter.add_roun
 rewrites the manifest with ``complete: true``, the counts and the ``parts`` listing. Parts carry
 Parquet page checksums, verified on read.
 
-Replacing a trace (``record --overwrite``): :func:`holds_trace`, :func:`partial_dir` (where the new
-one is written) and :func:`swap_in` (moved in only once complete, so a failed run keeps the old one).
+Replacing a trace (``record --overwrite``): :func:`~traces.store.layout.holds_trace`, :func:`partial_dir`
+(where the new one is written) and :func:`swap_in` (moved in only once complete, so a failed run keeps the old
+one; never over a folder that holds more than its trace: :func:`~traces.store.layout.foreign_entries`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from mtpscope.traces.store.layout import (
     TABLES,
     WAL_DIR,
     WAL_LOCK,
+    foreign_entries,
+    foreign_message,
     merged_files,
     now,
     part_name,
-    plain_parts,
     try_lock,
     wal_files,
     wal_segments,
@@ -452,18 +454,11 @@ class TraceWriter:
 # ---------------------------------------------------------------------------- replacing a trace
 
 
-def holds_trace(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds a trace (a manifest or Parquet parts in ``rounds/`` / ``steps/``)."""
-    path = Path(path)
-    if (path / MANIFEST).exists():
-        return True
-    return any(plain_parts(path, t) for t in ("rounds", "steps"))
-
-
 def partial_dir(out: str | os.PathLike[str]) -> Path:
     """Where a replacement for the trace ``out`` is written until it is complete: the sibling folder
-    ``<out>.partial-<pid>`` (then moved in with :func:`swap_in`)."""
-    out = Path(out)
+    ``<out>.partial-<pid>`` (then moved in with :func:`swap_in`); ``out`` made absolute first (``.`` has no
+    name to put a sibling beside)."""
+    out = Path(out).absolute()
     return out.with_name(f"{out.name}{_PARTIAL}{os.getpid()}")
 
 
@@ -480,11 +475,16 @@ def swap_in(new: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     old trace is put back). The whole ``out`` folder is replaced, other files in it included.
 
     Raises:
+        TraceError: ``out`` holds files that are not its trace's (:func:`~traces.store.layout.foreign_entries`:
+            they would go with it; nothing is moved).
         OSError: a rename failed (``out`` is then as it was).
     """
     import shutil
 
-    new, out = Path(new), Path(out)
+    new, out = Path(new).absolute(), Path(out).absolute()
+    others = foreign_entries(out)
+    if others:
+        raise TraceError(foreign_message(others), path=out, key="out")
     old = out.with_name(f"{out.name}{_OLD}{os.getpid()}")
     if old.exists():
         shutil.rmtree(old)
