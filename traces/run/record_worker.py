@@ -80,6 +80,7 @@ from mtpscope.traces.run.worker_protocol import (
     encode,
 )
 from mtpscope.traces.run.worker_spawn import spawn_worker, take_prespawned
+from mtpscope.traces.store.layout import LLAMA_LOG
 
 if TYPE_CHECKING:
     import numpy as np
@@ -690,7 +691,7 @@ class RecordWorker:
                    "step": None if st is None or st["phase"] != "draft" else st["step"],
                    "phase": None if st is None else st["phase"],
                    "n_rounds_received": self.n_rounds_received,
-                   "stderr_tail": before_faulthandler(tail)[-20:], "log": "llama.log"}
+                   "stderr_tail": before_faulthandler(tail)[-20:], "log": LLAMA_LOG}
         return RuntimeAbortedError(line, aborted=aborted, path=self.trace_dir)
 
 
