@@ -26,3 +26,30 @@ def test_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTPSCOPE_DEBUG", "1")
     with pytest.raises(ValueError, match="kaboom"):
         cli.main()
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["record", "--max-tokens", "0"],
+     "mtpscope record: Invalid value for '--max-tokens': "),
+    (["record", "--bogus"], "mtpscope record: No such option: --bogus"),
+    (["bogus"], "mtpscope: No such command 'bogus'."),
+    (["record", "--threads", "abc"], "mtpscope record: Invalid value for '--threads': "),
+])
+def test_a_usage_error_is_one_line_exit_2(argv: list[str], line: str, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad option or value, an unknown option or command: one line naming the command and the option, and where
+    its help is (the project's rule for bad input), not a framed usage box; exit 2 as click's own."""
+    monkeypatch.setattr("sys.argv", ["mtpscope", *argv])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith(line) and err.rstrip().endswith("--help)"), err
+    assert "Usage:" not in err and "╭" not in err and out == ""
+
+
+def test_a_bare_group_shows_its_help_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["mtpscope", "trace"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 2 and "Usage: mtpscope trace" in capsys.readouterr().out

@@ -204,3 +204,27 @@ def test_server_threads_follows_llama_servers_rules_on_hybrid_and_ppc64(tmp_path
     assert server_threads(plain, n_cpu=8, allowed=set(range(8)), machine="x86_64") == 4
     ppc = _fake_sys(tmp_path / "ppc", [f"{0xF << (4 * (c // 4)):04x}" for c in range(16)], None)
     assert server_threads(ppc, n_cpu=16, machine="ppc64le") == 8
+
+
+def test_n_threads_is_checked_where_it_is_given(tmp_path: Path) -> None:
+    """--threads 0 or -1 used to pass through (0 silently meant the default; -1 reached llama.cpp, which ran its
+    own 4 threads while the manifest said -1): a value outside 1..GGML_MAX_N_THREADS (512, ggml.h) is refused by
+    the config, by MtpRuntime before anything loads, and by the command line in one line."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+
+    for bad in (0, -1, 513):
+        with pytest.raises(TraceError) as ei:
+            RecordConfig(n_threads=bad)
+        assert ei.value.key == "n_threads" and ei.value.actual == bad
+        with pytest.raises(TraceError) as ei:
+            MtpRuntime(tmp_path / "missing-target.gguf", tmp_path / "missing-drafter.gguf", n_threads=bad)
+        assert ei.value.key == "n_threads"
+    assert RecordConfig(n_threads=1).n_threads == 1 and RecordConfig(n_threads=512).n_threads == 512
+    res = CliRunner().invoke(app, ["record", "--target", "t.gguf", "--assistant", "a.gguf", "--prompt", "x",
+                                   "--out", str(tmp_path / "o"), "--threads", "0"])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        "mtpscope: --threads must be in 1..512 (unset: llama-server's default, one per physical core) (got 0)"]

@@ -10,6 +10,8 @@ Exit codes: 0 success, 1 the input is readable but has errors (e.g. ``verify`` f
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from mtpscope.cli import demo as cli_demo
@@ -74,18 +76,42 @@ def main() -> None:
     import sys
 
     try:
-        app(standalone_mode=True)
+        code = app(prog_name="mtpscope", standalone_mode=False)   # a usage error comes back here: one line below
     except SystemExit:
         raise
     except KeyboardInterrupt:
         print("mtpscope: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    except Exception as e:  # the last line of defence against a traceback
-        if os.environ.get("MTPSCOPE_DEBUG"):
+    except Exception as e:
+        kinds = {c.__name__ for c in type(e).__mro__}    # click's classes, or typer's copy of them
+        if "Exit" in kinds:
+            raise SystemExit(getattr(e, "exit_code", 0)) from None
+        if "Abort" in kinds:
+            print("mtpscope: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        if "NoArgsIsHelpError" in kinds:              # a command group run bare: its help and exit 2, as before
+            app(args=[*sys.argv[1:], "--help"], prog_name="mtpscope", standalone_mode=False)
+            raise SystemExit(2) from None
+        if "ClickException" in kinds:                 # a bad option or value, an unknown command: one line
+            print(usage_line(e), file=sys.stderr)
+            raise SystemExit(getattr(e, "exit_code", 2)) from None
+        if os.environ.get("MTPSCOPE_DEBUG"):        # the last line of defence against a traceback
             raise
         print(f"mtpscope: internal error ({type(e).__name__}: {e}); this is a bug in mtpscope, "
               "please report it with MTPSCOPE_DEBUG=1 output", file=sys.stderr)
         raise SystemExit(EXIT_INTERNAL) from None
+    if isinstance(code, int) and code:            # --help and the like end through click with their code
+        raise SystemExit(code)
+
+
+def usage_line(e: Any) -> str:
+    """A usage error (click's ``ClickException``, or typer's copy of it: a bad option or value, an unknown
+    command) as the one line
+    ``mtpscope <command>: <what is wrong> (see mtpscope <command> --help)``; click's own text, its lines joined."""
+    path = getattr(getattr(e, "ctx", None), "command_path", None)
+    where = path if isinstance(path, str) and path else "mtpscope"
+    what = " ".join(line.strip() for line in str(e.format_message()).splitlines() if line.strip())
+    return f"{where}: {what} (see {where} --help)"
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ progress bar (rich, on stderr) drawn from ``record``'s ``on_round`` callback."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,11 @@ def register(app: typer.Typer) -> None:
                          flush_every=flush_every, compact=compact, flash_attn=flash_attn, n_threads=threads,
                          hidden_target=hidden_target, baseline=baseline, graph_capture=capture == "graph",
                          repack=repack)
+        if threads is not None and threads > (os.cpu_count() or threads):
+            from mtpscope.traces.run.record_config import server_threads
+
+            print(f"note: --threads {threads} is more than this machine's {os.cpu_count()} CPUs: llama.cpp's threads "
+                  f"will wait on one another (llama-server's default here: {server_threads()})", file=sys.stderr)
         from mtpscope.traces.run import worker_spawn
 
         if isolate:     # start the worker now: its Python start and imports run while the recorder is imported
@@ -260,14 +266,19 @@ def _record_hf(*, target: Path, assistant: Path, out: Path, prompt: str | None, 
 
 def _config(**kw: Any) -> RecordConfig:
     """The :class:`~mtpscope.traces.run.record_config.RecordConfig` of the flags; a bad value ends the
-    command with one line (exit 2): ``--hidden`` in its own words, the others as the config names them."""
+    command with one line (exit 2): ``--hidden`` and ``--threads`` in their own words, the others as the config
+    names them."""
     from mtpscope.errors import MtpscopeError
-    from mtpscope.traces.run.record_config import HIDDEN_CHOICES
+    from mtpscope.traces.run.record_config import HIDDEN_CHOICES, MAX_N_THREADS
 
     with one_line_errors(EXIT_UNREADABLE):
         try:
             return RecordConfig(**kw)
         except MtpscopeError as e:
+            if e.key == "n_threads":
+                print(f"mtpscope: --threads must be in 1..{MAX_N_THREADS} (unset: llama-server's default, one per "
+                      f"physical core) (got {kw['n_threads']})", file=sys.stderr)
+                raise typer.Exit(EXIT_UNREADABLE) from None
             if e.key != "hidden":
                 raise
     print(f"mtpscope: --hidden must be {', '.join(HIDDEN_CHOICES[:-1])} or {HIDDEN_CHOICES[-1]} "

@@ -33,6 +33,8 @@ CAPTURE_CHOICES = ("derived", "graph")
 #: depth, so far more drafts than that are a mistake (``--n-draft 1000000000`` would otherwise allocate
 #: gigabytes before llama.cpp fails).
 MAX_N_DRAFT = 64
+#: the most CPU threads llama.cpp runs a graph with (ggml.h's ``GGML_MAX_N_THREADS``)
+MAX_N_THREADS = 512
 #: drafts per round unless told otherwise: llama.cpp's MTP default (``RecordConfig.n_draft``; the CLI's
 #: ``--n-draft`` default)
 DEFAULT_N_DRAFT = 3
@@ -135,7 +137,8 @@ class RecordConfig:
             whatever this is; fewer parts cost the recorder less: 32 against 8 saves about 0.5 ms of a demo round).
         compact: merge the small parts at the end.
         flash_attn: flash attention (off by default: see :class:`traces.run.mtp_runtime.MtpRuntime`).
-        n_threads: llama.cpp CPU threads (None: llama-server's default, :func:`server_threads`).
+        n_threads: llama.cpp CPU threads, 1..:data:`MAX_N_THREADS` (None: llama-server's default,
+            :func:`server_threads`).
         hidden_target: also store the target's hidden state per draft (needs ``hidden`` f16 / f32).
         baseline: time plain decoding of the same prompts first (the manifest's ``baseline``).
         graph_capture: copy ``h_inner`` (the drafter's ``result_norm``) out of llama.cpp's graph with a
@@ -259,6 +262,10 @@ def _check(c: RecordConfig) -> None:
     for name in ("max_tokens", "n_top", "flush_every"):
         if getattr(c, name) < 1:
             raise TraceError(f"{name} must be >= 1", key=name, expected=">= 1", actual=getattr(c, name))
+    if c.n_threads is not None and not 1 <= c.n_threads <= MAX_N_THREADS:
+        raise TraceError(f"n_threads must be in 1..{MAX_N_THREADS} (ggml's GGML_MAX_N_THREADS), or unset for "
+                         "llama-server's default (one per physical core)", key="n_threads",
+                         expected=f"1..{MAX_N_THREADS} or unset", actual=c.n_threads)
     if not math.isfinite(c.temp) or c.temp < 0:
         raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
                          expected="finite >= 0", actual=c.temp)
@@ -291,4 +298,4 @@ class RecordJob:
     config: RecordConfig
 
 
-__all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "RecordConfig", "RecordJob"]
+__all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "MAX_N_THREADS", "RecordConfig", "RecordJob"]
