@@ -484,3 +484,28 @@ def test_the_cli_says_where_its_results_go(demo_dir, tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["diagnose", "--trace", str(src), "--no-replay", "--out", str(out)])
     assert r.exit_code in (0, 1), r.output
     assert f"[out] replaces the diagnosis already there (written {made})\n" in r.output
+
+
+def test_past_the_decay_needs_as_many_rounds_as_the_advice() -> None:
+    """A default diagnose of 3 short prompts (10 rounds of 3 drafts, none with all 3 accepted) found 'n_draft 3 is
+    past the decay' with high confidence (its interval over 3 prompts [0, 0]) and exited 1, while its own advice said
+    "too few rounds to tell": below advice.MIN_FIRST_DRAFTS (30) rounds drafting n_draft there is no such warning,
+    only the advice's note; with 40 such rounds the warning stands."""
+    from types import SimpleNamespace
+
+    from mtpscope.traces.analysis.advice import MIN_FIRST_DRAFTS
+
+    rec = SimpleNamespace(choice=None, headline="too few rounds to tell", reason="", speedup=None, interval=None,
+                          tie=False)
+    x = SimpleNamespace(what_if=SimpleNamespace(rows=[]),
+                        advice=SimpleNamespace(recommendation=rec, break_even=None, by_category=None))
+
+    def rounds(n: int) -> pd.DataFrame:
+        return pd.DataFrame({"prompt_id": [i % 3 for i in range(n)], "n_draft": [3] * n,
+                             "n_accepted": [i % 3 for i in range(n)]})       # 0, 1 or 2 accepted: never all 3
+
+    assert MIN_FIRST_DRAFTS == 30
+    (few,) = behaviour.n_draft_findings(x, rounds(10), trace="/x/t", n_draft=3)
+    assert few.severity == "info" and "too few rounds to tell" in few.title
+    (many,) = behaviour.n_draft_findings(x, rounds(40), trace="/x/t", n_draft=3)
+    assert many.severity == "warning" and many.title.startswith("n_draft 3 is past the decay")

@@ -6,7 +6,8 @@ report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position)
 
 * whether the recorded n_draft is **past the decay** of acceptance by position: the drafts at the last depth add
   fewer than :data:`MARGINAL_MIN` accepted tokens per round, 95 % interval over prompts included
-  (:func:`depth_gain`, measured on the trace's rounds): a warning, with the n_draft to use;
+  (:func:`depth_gain`, measured on the trace's rounds, at least ``advice.MIN_FIRST_DRAFTS`` of them drafting
+  n_draft): a warning, with the n_draft to use;
 * the advice (plain decoding or which n_draft, overall and per category, with intervals and break-even) as a
   note: what pays depends on the machine's costs, so it is never a defect by itself;
 * a drafter that is almost never accepted (:func:`broken_finding`), or one that misses the tokens the target was sure
@@ -15,8 +16,9 @@ report (:func:`mtpscope.traces.analysis.metrics.report`: acceptance by position)
 * **what limits acceptance** (:func:`limit_sentences`): hard vs wrong first misses, the worst categories and token
   classes, the decay by position.
 
-Imports: numpy, traces.analysis.explain (``HARD_ENTROPY_NATS``), this area's records and ``reference``
-(``weights_severity``, the one rule of a weights finding's severity); for types only pandas, traces.analysis.advice,
+Imports: numpy, traces.analysis.advice (``MIN_FIRST_DRAFTS``), traces.analysis.explain (``HARD_ENTROPY_NATS``),
+this area's records and ``reference`` (``weights_severity``, the one rule of a weights finding's severity); for types
+only pandas,
 explain_report and report_records. The explanation's and the report's records are read by attribute.
 """
 
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mtpscope.traces.analysis.advice import MIN_FIRST_DRAFTS
 from mtpscope.traces.analysis.explain import HARD_ENTROPY_NATS
 from mtpscope.traces.diagnose.records import HIGH, INFO, MEDIUM, WARNING, Evidence, Finding, Fix, ViewRef
 from mtpscope.traces.diagnose.reference import weights_severity
@@ -161,7 +164,10 @@ def n_draft_findings(x: Explanation, rounds: Any, *, trace: str, n_draft: int) -
                          {"choice": rec.choice, "speedup": rec.speedup, "interval": rec.interval, "tie": rec.tie})
     ev_cats = (Evidence("advice", "per category: " + "; ".join(per_cat),
                         {c: r.choice for c, r in (adv.by_category or {}).items()}),) if per_cat else ()
-    mg = depth_gain(rounds, n_draft) if n_draft >= 2 else None
+    # the decay is judged only on as many rounds as the advice needs to choose (fewer: an interval of a handful of
+    # prompts that all happened to miss the last draft reads as certain)
+    n_full = int((np.asarray(rounds["n_draft"], dtype=np.int64) >= n_draft).sum()) if n_draft >= 2 else 0
+    mg = depth_gain(rounds, n_draft) if n_full >= MIN_FIRST_DRAFTS else None
     if mg is not None and mg[1] is not None and mg[1][1] < MARGINAL_MIN:
         keep = [n for n in range(1, n_draft) if (m := depth_gain(rounds, n, n_boot=0)) is not None
                 and m[0] >= MARGINAL_MIN]
