@@ -249,3 +249,18 @@ def test_hf_view_matches_what_hf_handed_over() -> None:
     assert s.mask is not None and len(s.pos) == 131 and s.pos[0] == 206 - 127
     assert np.flatnonzero(s.mask).tolist() == list(range(2, 131))      # positions 81 .. 209: rejected drafts beyond p
     assert s.pos[s.mask].tolist() == list(range(81, 210))
+
+
+def test_two_llama_runs_at_different_n_draft_name_it() -> None:
+    """Two llama.cpp recordings of n_draft 3 and 1 (no convention differs): a round where B drafted fewer tokens,
+    its one draft equal to A's first, is the runs' n_draft, not "no known convention explains it"; with equal
+    n_draft it stays unnamed."""
+    a = _rounds([(0, 0, 11, 5, [900, 518, 107]), (0, 1, 14, 7, [3, 4, 5])])
+    b = _rounds([(0, 0, 11, 5, [900]), (0, 1, 13, 2, [8])])
+    man_a, man_b = {**LLAMA, "params": {"n_draft": 3}}, {**LLAMA, "params": {"n_draft": 1}}
+    d = runtime_diff(a, b, [(0, 0)], manifest_a=man_a, manifest_b=man_b)
+    (p,) = d.prompts
+    assert d.differs == () and (p.what, p.round_a, p.pos, p.cause) == ("n_draft", 0, 11, "n_draft")
+    assert d.causes == {"n_draft": 1}
+    same = runtime_diff(a, b, [(0, 0)], manifest_a=man_a, manifest_b={**LLAMA, "params": {"n_draft": 3}})
+    assert same.prompts[0].cause is None and same.causes == {"unexplained": 1}

@@ -227,7 +227,7 @@ def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None 
     for cat, r in diff.delta.items():
         ci = f"[{_f(r.ci_low, '+.3f')}, {_f(r.ci_high, '+.3f')}]" if r.ci_low is not None else "[-]"
         lines.append(f"  {cat:<20} {_f(r.delta, '+.3f')} {ci}  (A {_f(r.rate_a)}, B {_f(r.rate_b)}, "
-                     f"{r.n_prompts} prompts)")
+                     f"{plural(r.n_prompts, 'prompt')})")
     if diff.runtimes is not None:
         lines.extend(format_runtime_diff(diff.runtimes))
     return "\n".join(lines)

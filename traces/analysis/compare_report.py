@@ -17,6 +17,7 @@ from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.runtime_diff import confirm_head, runtime_diff
 from mtpscope.traces.analysis.token_classes import CLASSES, Classifier
 from mtpscope.traces.analysis.vocab import Vocab
+from mtpscope.traces.analysis.wording import plural
 from mtpscope.traces.store.protocols import TraceLike
 
 COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "n_accepted", "emitted"]
@@ -46,8 +47,8 @@ def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_
     if not pairing.pairs:
         raise TraceMismatchError(f"the two traces share no prompt (paired by {pairing.by}): they are runs of "
                                  "different prompts", path=b.path, key="prompts",
-                                 expected=f"some of A's {len(pairing.unpaired_a)} prompts",
-                                 actual=f"{len(pairing.unpaired_b)} other prompts")
+                                 expected=f"some of A's {plural(len(pairing.unpaired_a), 'prompt')}",
+                                 actual=plural(len(pairing.unpaired_b), "other prompt"))
     classes = None
     if vocab is not None:
         clf = Classifier(vocab, chat=bool((a.manifest.get("params") or {}).get("chat")))

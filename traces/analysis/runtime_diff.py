@@ -21,7 +21,9 @@ trace whose drafts were not all accepted: the rejected drafts' cells were writte
 the two runtimes differ in whether the drafter then sees them), ``head`` / ``dtype`` (drafts differ, same
 position, different head / weight dtype), ``last_round`` (the two drafted different numbers of tokens in a
 prompt's last round: min(n_draft, remaining) vs min(n_draft, remaining - 1)), ``eog`` (one output goes on
-past an end-of-generation token where the other stopped). ``None``: no known convention explains it.
+past an end-of-generation token where the other stopped), ``n_draft`` (the two drafted different numbers of
+tokens and the runs' ``params.n_draft`` differ: a recording parameter, checked before the last-round cap). ``None``:
+no known convention explains it.
 
 **Confirmation.** Reading the conventions names a candidate; it is checked where it can be:
 ``head`` by the dense-head trace's own centroid token at that step (:func:`confirm_head`); ``draft_position``,
@@ -62,6 +64,7 @@ CAUSES: dict[str, str] = {
     "dtype": "weight dtype",
     "last_round": "last-round cap: min(n_draft, remaining) vs min(n_draft, remaining - 1) drafts",
     "eog": "end of generation: one runtime does not stop, or stops at other ids",
+    "n_draft": "the runs' n_draft differs (a recording parameter, not a runtime convention)",
 }
 
 
@@ -222,6 +225,8 @@ def _lists(col: pd.Series) -> list[tuple[int, ...]]:
 
 
 def _cause(what: str, differs: Sequence[str], after_partial: bool = False) -> str | None:
+    """The cause of a first difference of kind ``what`` (module docstring): the first of the known ones that
+    ``differs`` names (the conventions that differ, plus ``n_draft`` when the runs' n_draft does)."""
     if what == "drafts":
         if "draft_position" in differs:
             return "draft_position"
@@ -232,6 +237,8 @@ def _cause(what: str, differs: Sequence[str], after_partial: bool = False) -> st
                 return key
         return None
     if what == "n_draft":
+        if "n_draft" in differs:
+            return "n_draft"
         return "last_round" if "last_round" in differs else None
     if what == "output_length":
         return "eog" if "eog" in differs else None
@@ -327,11 +334,14 @@ def runtime_diff(rounds_a: pd.DataFrame, rounds_b: pd.DataFrame, pairs: Sequence
     # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
     ga = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_a.groupby("prompt_id", sort=False)}
     gb = {int(cast(int, p)): f.sort_values("round") for p, f in rounds_b.groupby("prompt_id", sort=False)}
+    # a recording parameter that changes what a round drafts: a round with fewer drafts is then no convention's doing
+    nd_a, nd_b = ((m.get("params") or {}).get("n_draft") for m in (manifest_a, manifest_b))
+    causes = (*differs, "n_draft") if nd_a is not None and nd_b is not None and nd_a != nd_b else differs
     out = []
     for pa_, pb_ in pairs:
         if pa_ not in ga or pb_ not in gb:
             continue
-        out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, differs, (outputs_a or {}).get(pa_, ()),
+        out.append(_prompt(ga[pa_], gb[pb_], pa_, pb_, causes, (outputs_a or {}).get(pa_, ()),
                            (outputs_b or {}).get(pb_, ()), ca, cb))
     return RuntimeDiff(convention_a=ca, convention_b=cb, differs=differs, prompts=tuple(out),
                        causes=_count_causes(out), n_rounds_compared=sum(d.n_rounds_compared for d in out),
