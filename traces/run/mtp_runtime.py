@@ -49,7 +49,7 @@ from mtpscope.errors import TraceError
 from mtpscope.traces.run.llama.capture import node_capture
 from mtpscope.traces.run.llama.model import DraftBatch, LlamaContext, LlamaModel, SamplerChain, TokenBatch
 from mtpscope.traces.run.prompts import PromptSpec, check_tokens
-from mtpscope.traces.run.record_config import MAX_N_THREADS, RecordConfig, server_threads
+from mtpscope.traces.run.record_config import RecordConfig, check_n_threads, server_threads
 from mtpscope.traces.run.target_side import target_stats
 
 #: the drafter graph node copied by the ``cb_eval`` capture: ``h_inner`` (the drafter's final-norm output)
@@ -259,7 +259,7 @@ class MtpRuntime:
             runs the drafter without any callback.
         flash_attn: flash attention (off by default: batch-size dependent numerics can flip near-tie
             argmaxes, and the greedy-equivalence invariant is checked with it off).
-        n_threads: CPU threads, 1..``MAX_N_THREADS`` (None: llama-server's default,
+        n_threads: CPU threads (:func:`traces.run.record_config.check_n_threads`; None: llama-server's default,
             :func:`traces.run.record_config.server_threads`).
         native_capture: False keeps the Python ``cb_eval`` callback even where the C one builds (it can
             cut a decode short on Ctrl-C; the C one lets the decode finish first).
@@ -282,9 +282,7 @@ class MtpRuntime:
         self.n_gpu_layers = int(n_gpu_layers)
         self.flash_attn = flash_attn
         #: the threads both contexts run with (llama-server's default when not given)
-        if n_threads is not None and not 1 <= int(n_threads) <= MAX_N_THREADS:
-            raise TraceError("n_threads out of range (unset: llama-server's default)", key="n_threads",
-                             expected=f"1..{MAX_N_THREADS}", actual=n_threads)
+        check_n_threads(n_threads)
         self.n_threads = server_threads() if n_threads is None else int(n_threads)
         self._closed = False
         self.tctx = self.dctx = None  # type: ignore[assignment]  # None only until _make_contexts makes them (close() and _make_contexts skip None)

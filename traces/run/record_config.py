@@ -116,6 +116,19 @@ def server_threads(sys_root: str = "/sys", *, n_cpu: int | None = None, allowed:
     return physical
 
 
+def check_n_threads(n_threads: int | None) -> None:
+    """The one rule of llama.cpp's thread count (``RecordConfig.n_threads``, ``MtpRuntime(n_threads=...)``):
+    None (llama-server's default, :func:`server_threads`) or 1..:data:`MAX_N_THREADS`.
+
+    Raises:
+        TraceError: any other value (key ``n_threads``).
+    """
+    if n_threads is not None and not 1 <= int(n_threads) <= MAX_N_THREADS:
+        raise TraceError(f"n_threads must be in 1..{MAX_N_THREADS} (ggml's GGML_MAX_N_THREADS), or unset for "
+                         "llama-server's default (one per physical core)", key="n_threads",
+                         expected=f"1..{MAX_N_THREADS} or unset", actual=n_threads)
+
+
 @dataclass(frozen=True)
 class RecordConfig:
     """The run parameters of a recording (``mtpscope record``'s flags; the defaults are the CLI's).
@@ -262,10 +275,7 @@ def _check(c: RecordConfig) -> None:
     for name in ("max_tokens", "n_top", "flush_every"):
         if getattr(c, name) < 1:
             raise TraceError(f"{name} must be >= 1", key=name, expected=">= 1", actual=getattr(c, name))
-    if c.n_threads is not None and not 1 <= c.n_threads <= MAX_N_THREADS:
-        raise TraceError(f"n_threads must be in 1..{MAX_N_THREADS} (ggml's GGML_MAX_N_THREADS), or unset for "
-                         "llama-server's default (one per physical core)", key="n_threads",
-                         expected=f"1..{MAX_N_THREADS} or unset", actual=c.n_threads)
+    check_n_threads(c.n_threads)
     if not math.isfinite(c.temp) or c.temp < 0:
         raise TraceError("temp must be a finite number >= 0 (0 = greedy)", key="temp",
                          expected="finite >= 0", actual=c.temp)
@@ -298,4 +308,5 @@ class RecordJob:
     config: RecordConfig
 
 
-__all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "MAX_N_THREADS", "RecordConfig", "RecordJob"]
+__all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "MAX_N_THREADS", "RecordConfig", "RecordJob",
+           "check_n_threads", "server_threads"]

@@ -472,7 +472,8 @@ def replacement_leftovers(out: str | os.PathLike[str]) -> list[Path]:
 def swap_in(new: str | os.PathLike[str], out: str | os.PathLike[str]) -> None:
     """Replace the trace directory ``out`` with the finished ``new`` one: rename ``out`` to
     ``<out>.old-<pid>``, ``new`` to ``out``, then delete the old one (on a failed second rename the
-    old trace is put back). The whole ``out`` folder is replaced, other files in it included.
+    old trace is put back). The whole ``out`` folder is replaced, so one that holds files besides its trace is
+    refused.
 
     Raises:
         TraceError: ``out`` holds files that are not its trace's (:func:`~traces.store.layout.foreign_entries`:
