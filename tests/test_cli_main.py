@@ -53,3 +53,25 @@ def test_a_bare_group_shows_its_help_exit_2(monkeypatch: pytest.MonkeyPatch, cap
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == 2 and "Usage: mtpscope trace" in capsys.readouterr().out
+
+
+def test_stop_signals_stop_a_command_as_ctrl_c_does() -> None:
+    """SIGHUP (a closed terminal) inside the block raises KeyboardInterrupt through the SIGINT handler, names itself
+    (exit status 128 + 1 = 129, as a shell reports a process it hung up), and the old handlers come back after."""
+    import os
+    import signal
+
+    from mtpscope.cli.common import interrupted_words, stop_signals_as_interrupt, stopped_by
+
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(KeyboardInterrupt), stop_signals_as_interrupt():
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(1000):      # the handler runs at the next bytecode boundary
+            pass
+    assert stopped_by() == ("SIGHUP", 129)
+    assert interrupted_words("interrupted: 3 rounds kept in t, marked incomplete") == (
+        "stopped by SIGHUP: 3 rounds kept in t, marked incomplete", 129)
+    assert signal.getsignal(signal.SIGHUP) is before
+    with stop_signals_as_interrupt():      # a new command: nothing stopped it yet
+        assert stopped_by() is None
+    assert interrupted_words() == ("interrupted", 130)

@@ -631,7 +631,12 @@ def test_interrupt_during_record_keeps_finished_parts(pair, noisy_rt_python_capt
     assert sorted(tr.rounds["round"].tolist()) == [0, 1, 2, 3]  # rounds 0-3 finished, round 4 interrupted
 
 
-def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGINT, 130, "interrupted"),
+                                                      (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_one_sigint_stops_cli_record(pair, tmp_path, signum, code, said) -> None:
+    """One Ctrl-C, or one SIGTERM (``timeout``, a service manager), sent to ``mtpscope record`` alone: the rounds
+    finished are kept, marked incomplete, one line says so, and the exit status is the shell's for that signal
+    (128 + its number). Before, a SIGTERM ended the recorder on the spot: nothing said, the trace left unclosed."""
     out = tmp_path / "sigint"
     cmd = [sys.executable, "-m", "mtpscope.cli", "record", "--target", str(pair["target"]),
            "--assistant", str(pair["noisy"]), "--prompt", PROMPTS[0], "--max-tokens", "3000",
@@ -644,13 +649,13 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        os.kill(proc.pid, signal.SIGINT)  # once
+        os.kill(proc.pid, signum)  # once
         proc.wait(timeout=30)  # without the fix the run goes on to 3000 tokens (well over 30 s)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130
+    assert proc.returncode == code
     err = proc.stderr.read().decode() if proc.stderr else ""
     assert "Exception ignored" not in err and "Traceback" not in err, err
     tr = traces.open(out)
@@ -658,7 +663,8 @@ def test_one_sigint_stops_cli_record(pair, tmp_path) -> None:
     assert sorted(tr.rounds["round"].tolist()) == list(range(len(tr.rounds)))
     # one line says what was kept, the count read back from the trace (a Ctrl-C that lands between a round's
     # write-ahead record and the loop's own count: the writer's count is the one said)
-    assert f"mtpscope: interrupted: {len(tr.rounds)} rounds kept in {out}, marked incomplete" in err.splitlines(), err
+    assert f"mtpscope: {said}: {len(tr.rounds)} rounds kept in {out}, marked incomplete" in err.splitlines(), err
+    assert not (out / "wal").exists() or not any((out / "wal").iterdir())    # closed: the log is in the parts
 
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,61 @@ N_DRAFT_RANGE = f"an integer in 1..{MAX_N_DRAFT}"
 #: what the command line prints for a value that is not there (None, NaN), in every table (the app has its own:
 #: ``app.formats.MISSING``)
 MISSING = "-"
+
+#: the signals that stop a command as a Ctrl-C does (:func:`stop_signals_as_interrupt`): a service manager or
+#: ``timeout`` (SIGTERM), a closed terminal (SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: the stop signal that arrived, if one did (:func:`stopped_by`)
+_stopped: dict[str, int | None] = {"signum": None}
+
+
+def _stop_as_interrupt(signum: int, frame: Any) -> None:
+    _stopped["signum"] = signum
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):     # Python's, or the recorder's that defers a Ctrl-C past llama.cpp's decode
+        handler(signal.SIGINT, frame)
+    else:                     # SIGINT ignored (a background job): stop all the same
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_signals_as_interrupt() -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` stop the command as a Ctrl-C does: through the SIGINT handler in place
+    when one arrives (so ``record`` keeps the rounds finished, marked incomplete, and says so), instead of
+    ending the process on the spot with nothing said. :func:`stopped_by` names the signal afterwards. No-op off
+    the main thread (where Python cannot install handlers)."""
+    _stopped["signum"] = None
+    try:
+        old = {s: signal.signal(s, _stop_as_interrupt) for s in STOP_SIGNALS}
+    except ValueError:        # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def stopped_by() -> tuple[str, int] | None:
+    """The stop signal that ended the command (``("SIGTERM", 143)``: its name and the exit status a shell gives
+    a process it killed, 128 + its number), or None after a Ctrl-C or no signal."""
+    n = _stopped["signum"]
+    return None if n is None else (signal.Signals(n).name, 128 + n)
+
+
+def interrupted_words(note: str | None = None) -> tuple[str, int]:
+    """The line (without ``mtpscope: ``) and exit status for a command stopped by Ctrl-C or a stop signal:
+    ``note`` (what the command kept, starting with "interrupted") or "interrupted", with "interrupted" turned
+    into "stopped by SIGTERM" when that is what stopped it; 130 after a Ctrl-C, 128 + the signal's number else."""
+    text = note or "interrupted"
+    got = stopped_by()
+    if got is None:
+        return text, 130
+    name, code = got
+    if text.startswith("interrupted"):
+        text = f"stopped by {name}" + text[len("interrupted"):]
+    return text, code
 
 
 def fmt(v: Any, spec: str = ".3f") -> str:

@@ -28,6 +28,7 @@ from mtpscope.cli import server as cli_server
 from mtpscope.cli import sweep as cli_sweep
 from mtpscope.cli import trace as cli_trace
 from mtpscope.cli import verify as cli_verify
+from mtpscope.cli.common import interrupted_words, stop_signals_as_interrupt
 
 app = typer.Typer(
     name="mtpscope",
@@ -76,19 +77,22 @@ def main() -> None:
     import sys
 
     try:
-        code = app(prog_name="mtpscope", standalone_mode=False)   # a usage error comes back here: one line below
+        with stop_signals_as_interrupt():         # SIGTERM / SIGHUP stop a command as a Ctrl-C does, saying so
+            code = app(prog_name="mtpscope", standalone_mode=False)   # a usage error comes back here: one line below
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        print("mtpscope: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        line, status = interrupted_words()
+        print(f"mtpscope: {line}", file=sys.stderr)
+        raise SystemExit(status) from None
     except Exception as e:
         kinds = {c.__name__ for c in type(e).__mro__}    # click's classes, or typer's copy of them
         if "Exit" in kinds:
             raise SystemExit(getattr(e, "exit_code", 0)) from None
         if "Abort" in kinds:
-            print("mtpscope: interrupted", file=sys.stderr)
-            raise SystemExit(130) from None
+            line, status = interrupted_words()
+            print(f"mtpscope: {line}", file=sys.stderr)
+            raise SystemExit(status) from None
         if "NoArgsIsHelpError" in kinds:              # a command group run bare: its help and exit 2, as before
             app(args=[*sys.argv[1:], "--help"], prog_name="mtpscope", standalone_mode=False)
             raise SystemExit(2) from None

@@ -11,7 +11,15 @@ from typing import Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, fmt, model_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_UNREADABLE,
+    fmt,
+    interrupted_words,
+    model_path,
+    n_draft_option,
+    one_line_errors,
+)
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
 #: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
@@ -111,6 +119,7 @@ def register(app: typer.Typer) -> None:
 
         A crash of llama.cpp (abort, fatal signal) is reported in one line quoting llama.cpp (exit 1);
         the trace keeps every round before it, marked incomplete, with llama.cpp's output in llama.log.
+        Ctrl-C, SIGTERM or SIGHUP keep the rounds finished, marked incomplete (exit 130, 143, 129).
         """
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
@@ -188,11 +197,12 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
         except PreflightRefusal as e:      # and how to record it anyway (to see what the bug costs, or debug a crash)
             print(f"mtpscope: {e.one_line()}; `--no-preflight` records it anyway", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS) from None
-        except KeyboardInterrupt as e:     # Ctrl-C: say what was kept (the recorder's note), exit as a SIGINT does
-            notes = [n for n in getattr(e, "__notes__", ()) if n.startswith("interrupted")]
-            print(f"mtpscope: {notes[0] if notes else 'interrupted before the recording began: nothing recorded'}",
-                  file=sys.stderr)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:     # Ctrl-C, SIGTERM, SIGHUP: say what was kept (the recorder's note), exit
+            notes = [n for n in getattr(e, "__notes__", ()) if n.startswith("interrupted")]   # as the signal does
+            line, status = interrupted_words(notes[0] if notes else
+                                             "interrupted before the recording began: nothing recorded")
+            print(f"mtpscope: {line}", file=sys.stderr)
+            raise typer.Exit(status) from None
         finally:
             if bar is not None:
                 bar.stop()
