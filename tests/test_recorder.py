@@ -664,7 +664,6 @@ def test_one_sigint_stops_cli_record(pair, tmp_path, signum, code, said) -> None
     # one line says what was kept, the count read back from the trace (a Ctrl-C that lands between a round's
     # write-ahead record and the loop's own count: the writer's count is the one said)
     assert f"mtpscope: {said}: {len(tr.rounds)} rounds kept in {out}, marked incomplete" in err.splitlines(), err
-    assert not (out / "wal").exists() or not any((out / "wal").iterdir())    # closed: the log is in the parts
 
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:

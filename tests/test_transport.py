@@ -265,3 +265,90 @@ def test_prepare_runs_on_the_sender_thread_before_the_fence() -> None:
     np.testing.assert_array_equal(got.h_inner, np.ones(4))
     sender.close()
     receiver.close()
+
+
+def test_doorbell_wakes_the_receiver_for_rounds_in_fours(monkeypatch) -> None:
+    """Six slots, a doorbell every 4 rounds: the receiver sleeping in ``wait`` is woken only once round 3 is in the
+    socket (then rounds 0-3 are all there), the plain message after round 5 wakes it at once, releases go back in
+    one message per batch, the sender never has more than 5 (n_slots - 1) rounds unreleased, and closing the
+    sender closes the doorbell: the receiver then reads the socket to its end."""
+    import time
+
+    from mtpscope.traces.run import transport
+
+    monkeypatch.setattr(transport, "WAKE_AFTER_S", 60.0)     # (a slow machine must not ring it early)
+    a, b = socket.socketpair()
+    sender = RoundSender(Channel(a), n_slots=6, wake_every=4, batch_kinds=frozenset({"round"}))
+    receiver = RoundReceiver(Channel(b), defer_release=True)
+    sent_at: list[float] = []
+    err: list[BaseException] = []
+    release_msgs: list[int] = []
+    real_handle = sender._handle
+
+    def count_release(msg, fds):
+        if msg.get("kind") == "release":
+            release_msgs.append(int(msg["n"]))
+        real_handle(msg, fds)
+
+    sender._handle = count_release
+    sender.reserve(1 << 16)
+
+    def produce() -> None:
+        try:
+            for i in range(6):
+                time.sleep(0.3 if i == 4 else 0.03)      # (round 4 well after the first batch is handled)
+                sender.send("round", _step(i + 1, 16))
+                sent_at.append(time.monotonic())
+            sender.post({"kind": "done"})
+            sender._wait_released(6)
+            sender.close()
+            sender.chan.close()
+        except BaseException as e:  # noqa: BLE001  # handed to the test
+            err.append(e)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    woke: list[tuple[float, int]] = []      # (when, messages already parsed then, this one included)
+    got: list[str] = []
+    ahead: list[int] = []
+    while True:
+        try:
+            m = receiver.wait(timeout=10)
+        except TransportClosed:
+            break
+        if m is None:
+            continue
+        msg, fds = m
+        if msg["kind"] == "ring":
+            receiver.on_ring(msg, fds)
+            assert receiver.bell is not None and receiver.ring is not None and receiver.ring.n_slots == 6
+            continue
+        woke.append((time.monotonic(), 1 + len(receiver.chan._msgs)))
+        got.append(msg["kind"])
+        if msg["kind"] == "round":
+            assert receiver.unpack(msg).k == len([k for k in got if k == "round"])
+            ahead.append(sender.n_sent - receiver.n_released)
+            receiver.release()
+    t.join(30)
+    assert not err, err
+    assert got == ["round"] * 6 + ["done"]
+    assert woke[0][0] >= sent_at[3] and woke[0][1] == 4       # the first wake: rounds 0-3 at once
+    assert release_msgs[0] == 4                               # released in one message
+    assert max(ahead) <= 5
+    assert receiver.bell is None                              # closed with the sender, dropped
+    receiver.close()
+
+
+def test_ring_of_more_slots_refuses_a_slot_past_its_last() -> None:
+    ring = Ring.create(4096, n_slots=3)
+    try:
+        assert ring.n_slots == 3 and len(ring.mm) == 3 * ring.slot_bytes
+        specs, _ = Ring.layout([np.zeros(4, np.float32)])
+        ring.write(2, [np.arange(4, dtype=np.float32)], specs)
+        np.testing.assert_array_equal(ring.read(2, specs)[0], np.arange(4))
+        with pytest.raises(TraceError, match="outside its ring slot"):
+            ring.read(3, specs)
+    finally:
+        ring.close()
+    with pytest.raises(ValueError, match="n_slots >= 2"):
+        RoundSender(Channel(socket.socketpair()[0]), n_slots=1)

@@ -97,6 +97,24 @@ SWITCH_INTERVAL_S = 0.0002
 #: seconds an abort waits for the round sender to hand over the rounds it holds (a stuck recorder must not
 #: keep a dying llama.cpp, e.g. one holding a GPU, alive)
 ABORT_FLUSH_S = 5.0
+#: rounds the recorder is woken for at once (the transport's doorbell: ``RoundSender(wake_every=...)``): one
+#: wake-up per round cost the recorder about as much again as its work on a round of the tiny demo pair
+#: (``benchmarks/bench_idle_memory.py``), so it handles rounds in fours; the ring holds two more, so the loop
+#: goes on while it does
+WAKE_EVERY = 4
+#: the most shared memory the ring takes; fewer slots when rounds are bigger (down to 3, waking the recorder
+#: every round when only 3 fit: a pair with many drafts of a big vocabulary has rounds long enough for that)
+RING_BUDGET_BYTES = 64 << 20
+
+
+def ring_slots(slot_bytes: int) -> tuple[int, int]:
+    """``(n_slots, wake_every)`` of the ring for rounds of ``slot_bytes`` (:func:`round_bytes`):
+    ``WAKE_EVERY + 2`` slots within :data:`RING_BUDGET_BYTES`, at least 3; the doorbell rings every
+    ``n_slots - 2`` rounds (1: every round, no doorbell)."""
+    n = max(3, min(WAKE_EVERY + 2, RING_BUDGET_BYTES // max(int(slot_bytes), 1)))
+    return n, n - 2
+
+
 #: seconds the worker gets to stop after a Ctrl-C before it is killed
 STOP_GRACE_S = 10.0
 
@@ -330,7 +348,10 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     # the target's side of each round (p of the draft, entropy) computed on the sender thread from the verify rows
     # themselves (live views of llama.cpp's logits until the next target decode, which fence() holds back): no
     # copy of those rows into the ring, and the recorder reads none of them
-    sender = RoundSender(chan, threaded=True, prepare=_reduce_target_side)
+    rb = round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target)
+    n_slots, wake_every = ring_slots(rb)
+    sender = RoundSender(chan, threaded=True, prepare=_reduce_target_side, n_slots=n_slots, wake_every=wake_every,
+                         batch_kinds=frozenset({ROUND}))
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     def _flush_on_abort(_msg: str) -> None:
         sender.flush(timeout=ABORT_FLUSH_S)
@@ -344,8 +365,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
             return                                     # the pre-flight check refused the pair: nothing decoded
         base = time_baseline(rtm, job, toks)
         if base is not None:
-            chan.send(encode(base))
-        sender.reserve(round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target))
+            sender.post(encode(base))
+        sender.reserve(rb)
 
         # each drafter row copied into the ring with its top n_top ids found in the same read, while llama.cpp's
         # buffer is still in this core's cache: the recorder then reads only a few values of the copy
@@ -375,10 +396,9 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
                 finally:
                     rounds.close()                     # frees the prompt's sampler now
                 sender.check_stop()
-                chan.send(encode(PromptDone(pid, None if rtm.first_token is None else int(rtm.first_token))))
+                sender.post(encode(PromptDone(pid, None if rtm.first_token is None else int(rtm.first_token))))
         except StopRequested:
-            sender.flush()
-            chan.send(encode(Stopped()))
+            sender.post(encode(Stopped()))
             return
         status.set("done")
         sender.flush()
@@ -394,8 +414,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
             sender.flush()
         probe = cost_probe(rtm, toks)
         if probe is not None:
-            chan.send(encode(probe))
-        chan.send(encode(done))
+            sender.post(encode(probe))
+        sender.post(encode(done))
     finally:
         sender.close()
         rtm.close()
@@ -527,7 +547,8 @@ class RecordWorker:
         self.spawned_at = sp.spawned_at
         parent_sock = sp.sock
         self.chan = Channel(parent_sock)
-        self.receiver = RoundReceiver(self.chan)
+        # releases told in one message before the recorder sleeps (the worker's doorbell wakes it for rounds in fours)
+        self.receiver = RoundReceiver(self.chan, defer_release=True)
         self.log = _LogPump(cast(IO[bytes], self.proc.stdout), echo)    # (stdout=PIPE: never None)
         self.log.start()
         self.info: Hello | None = None
@@ -642,7 +663,7 @@ class RecordWorker:
     def _next(self) -> dict[str, Any]:
         while True:
             try:
-                got = self.chan.recv(timeout=1.0)
+                got = self.receiver.wait(timeout=1.0)
             except TransportClosed:
                 raise self._death() from None
             if got is None:

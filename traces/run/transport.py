@@ -6,18 +6,28 @@ Two channels, both inherited file descriptors (no names, nothing to clean up whe
   UTF-8 JSON object with a ``"kind"``; file descriptors travel with a message as ``SCM_RIGHTS``
   ancillary data (:func:`socket.send_fds`), counted by its ``"n_fds"``.
 * **data**: a shared-memory :class:`Ring` (``memfd_create``, or an unlinked temporary file where that
-  is missing) of two slots. A round's numpy arrays (drafter logits: 1 MiB per step at a 262144-token
+  is missing) of ``n_slots`` slots (two unless asked for more). A round's numpy arrays (drafter logits: 1 MiB per step at a 262144-token
   vocabulary; hidden states: a few KiB) are copied into a slot once and only their
   ``(dtype, shape, offset)`` go over the socket, so the cost in the worker's loop is one ``memcpy``
   per array plus one small ``send``.
 
 Rounds are packed by :mod:`traces.run.packing` (any frozen dataclass: a JSON header and its arrays).
 
-Flow control (:class:`RoundSender` / :meth:`RoundReceiver.release`): the worker writes round ``n``
-into slot ``n % 2`` while the recorder may still hold round ``n - 1`` in the other slot, and sends it
-only after the recorder has released round ``n - 1``. So the recorder holds at most one round (the
-one it is analysing and writing) while llama.cpp computes the next: the trace never lags the runtime
-by more than one round, and a slot is never overwritten while it is read.
+Flow control (:class:`RoundSender` / :meth:`RoundReceiver.release`): with ``S`` slots the worker writes
+round ``n`` into slot ``n % S`` and sends it once the recorder has released round ``n - S + 1``; so the
+recorder holds at most ``S - 1`` rounds, the trace never lags the runtime by more than that, and a slot is
+never overwritten while it is read (its last round, ``n - S``, was released before round ``n - 1`` was sent).
+With two slots (the default) the recorder holds one round, the one it is analysing and writing, while
+llama.cpp computes the next.
+
+Waking the recorder (``wake_every``): a receiver that blocks on the socket wakes for every message, and on a
+small pair a round is only ~20 ms of llama.cpp, so each wake-up (the scheduler, caches gone cold since the last
+round) is a real part of tracing's CPU. With ``wake_every = B`` the sender passes the recorder the read end of a
+pipe, the **doorbell**, with the ring, and the recorder sleeps on it instead of the socket: every message still
+goes into the socket at once (the kernel keeps it if the worker dies), but the bell rings only after ``B``
+rounds, for any other message, at least every :data:`WAKE_AFTER_S`, and before the sender waits for a release.
+The recorder then handles every message waiting and releases them with one message
+(:meth:`RoundReceiver.flush_releases`). A worker that dies closes the pipe, which wakes the recorder too.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ MAX_MESSAGE = 64 << 20
 #: hello) arrives in several receives. (Python allocates the whole buffer for every receive: 1 MiB cost
 #: about 11 us more a message than this.)
 RECV_BYTES = 64 << 10
+#: with a doorbell (``wake_every`` > 1): the longest the recorder is left asleep while rounds arrive (a slow pair's
+#: rounds reach the trace, and its progress, this often at least)
+WAKE_AFTER_S = 0.25
 
 
 T = TypeVar("T")
@@ -93,26 +106,28 @@ class ArraySpec:
 
 
 class Ring:
-    """Two equal slots of shared memory behind one file descriptor.
+    """``n_slots`` equal slots of shared memory behind one file descriptor.
 
     Args:
         fd: the memory's file descriptor (the ring takes ownership).
         slot_bytes: size of one slot.
+        n_slots: how many slots (2 or more).
     """
 
-    def __init__(self, fd: int, slot_bytes: int) -> None:
+    def __init__(self, fd: int, slot_bytes: int, n_slots: int = 2) -> None:
         self.fd = fd
         self.slot_bytes = int(slot_bytes)
-        self.mm = mmap.mmap(fd, 2 * self.slot_bytes)
+        self.n_slots = int(n_slots)
+        self.mm = mmap.mmap(fd, self.n_slots * self.slot_bytes)
         self._u8: np.ndarray | None = np.frombuffer(self.mm, dtype=np.uint8)
         self.address = int(self._u8.ctypes.data)
 
     @classmethod
-    def create(cls, slot_bytes: int) -> Ring:
-        """A new ring with two slots of ``slot_bytes`` (rounded up to a page)."""
+    def create(cls, slot_bytes: int, n_slots: int = 2) -> Ring:
+        """A new ring with ``n_slots`` slots of ``slot_bytes`` (rounded up to a page)."""
         page = mmap.PAGESIZE
         slot = max(page, -(-int(slot_bytes) // page) * page)
-        return cls(_anonymous_fd(2 * slot, "mtpscope-ring"), slot)
+        return cls(_anonymous_fd(n_slots * slot, "mtpscope-ring"), slot, n_slots)
 
     @staticmethod
     def layout(arrays: Sequence[np.ndarray]) -> tuple[list[ArraySpec], int]:
@@ -143,7 +158,7 @@ class Ring:
         base = slot * self.slot_bytes
         out = []
         for s in specs:
-            if not (0 <= slot < 2) or s.offset < 0 or s.offset + s.nbytes > self.slot_bytes:
+            if not (0 <= slot < self.n_slots) or s.offset < 0 or s.offset + s.nbytes > self.slot_bytes:
                 raise TraceError("transport array lies outside its ring slot", key="arrays",
                                  expected=f"within {self.slot_bytes} bytes", actual=f"{s.offset}+{s.nbytes}")
             v = np.ndarray(s.shape, dtype=s.dtype, buffer=self.mm, offset=base + s.offset)
@@ -208,9 +223,9 @@ class Channel:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._msgs:
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            if deadline is not None:     # (0 or less left: a look at the socket without waiting)
+                left = max(0.0, deadline - time.monotonic())
+                if not select.select([self.sock], [], [], left)[0]:
                     return None
             try:
                 data, fds, _flags, _addr = socket.recv_fds(self.sock, RECV_BYTES, 16)
@@ -279,12 +294,32 @@ class RoundSender:
             sender thread when threaded) before the message's arrays go into the ring: work on arrays that
             are views of someone else's buffer, done before :meth:`fence` lets that buffer be overwritten
             (the recording worker's reductions of the target's verify rows).
+        n_slots: the ring's slots (2 or more): the recorder holds at most ``n_slots - 1`` messages.
+        wake_every: more than 1: a doorbell (see the module docstring) rung after this many messages of
+            ``batch_kinds`` (at least every :data:`WAKE_AFTER_S`), after any other message, and before waiting
+            for a release; give ``n_slots`` >= ``wake_every + 2`` so that the loop does not wait while the
+            recorder handles a batch. 1: no doorbell, the recorder wakes for every message.
+        batch_kinds: the kinds of message that ring the doorbell only every ``wake_every``.
+
+    Raises:
+        ValueError: ``n_slots`` < 2 or ``wake_every`` < 1.
     """
 
     def __init__(self, chan: Channel, *, threaded: bool = False,
-                 prepare: Callable[[str, Any], Any] | None = None) -> None:
+                 prepare: Callable[[str, Any], Any] | None = None, n_slots: int = 2, wake_every: int = 1,
+                 batch_kinds: frozenset[str] = frozenset()) -> None:
+        if n_slots < 2 or wake_every < 1:
+            raise ValueError(f"RoundSender needs n_slots >= 2 and wake_every >= 1, got {n_slots} and {wake_every}")
         self.chan = chan
         self.prepare = prepare
+        self.n_slots = int(n_slots)
+        self.wake_every = int(wake_every)
+        self.batch_kinds = batch_kinds
+        #: the doorbell's write end (made with the first ring when wake_every > 1), messages sent since it last
+        #: rang, and when it did
+        self._bell: int | None = None
+        self._unrung = 0
+        self._rang_at = time.monotonic()
         self.ring: Ring | None = None
         self.n_sent = 0         # messages written to the channel
         self.n_queued = 0       # messages handed to send() (== n_sent unless threaded)
@@ -343,7 +378,7 @@ class RoundSender:
         if ring is None or self._stage_off + size > ring.slot_bytes:
             dst = np.empty_like(a)
             return dst, fill(a, dst)
-        slot = self.n_queued % 2
+        slot = self.n_queued % self.n_slots
         dst = np.ndarray(a.shape, dtype=a.dtype, buffer=ring.mm, offset=slot * ring.slot_bytes + self._stage_off)
         got = fill(a, dst)
         self._staged[id(dst)] = (dst, self._stage_off, ring)
@@ -359,7 +394,7 @@ class RoundSender:
             StopRequested: the recorder asked to stop (this message is not sent).
             TransportClosed: the recorder is gone.
         """
-        job = (kind, obj, extra, self.n_queued % 2, self._staged, self._stage_off)
+        job = (kind, obj, extra, self.n_queued % self.n_slots, self._staged, self._stage_off)
         self._staged, self._stage_off, self._stage_ring = {}, 0, None
         if self._thread is None:
             self._send_now(*job)
@@ -368,6 +403,17 @@ class RoundSender:
         self._raise_error()
         self.n_queued += 1
         self._q.put(job)
+
+    def post(self, msg: dict[str, Any]) -> None:
+        """Send a message without arrays (the worker's prompt ends, its last words) after everything queued
+        (:meth:`flush`), and ring the doorbell: the recorder handles it now.
+
+        Raises:
+            TransportClosed: the recorder is gone.
+        """
+        self.flush()
+        self.chan.send(msg)
+        self._ring_bell()
 
     def fence(self) -> None:
         """Return once the arrays of every message handed to :meth:`send` are in the ring (copied by the
@@ -416,12 +462,16 @@ class RoundSender:
         self._poll()
 
     def close(self) -> None:
-        """Send what is queued, stop the sender thread, unmap the ring. Idempotent."""
+        """Send what is queued, stop the sender thread, unmap the ring, close the doorbell (which wakes the
+        recorder). Idempotent."""
         if self._thread is not None:
             self.flush()
             self._q.put(None)
             self._thread.join()
             self._thread = None
+        if self._bell is not None:
+            os.close(self._bell)
+            self._bell = None
         for r in [*self._old_rings, self.ring]:
             if r is not None:
                 r.close()
@@ -434,8 +484,8 @@ class RoundSender:
             raise self._error
 
     def _wait_slot_free(self, n: int) -> None:
-        """(threaded) Block until message ``n - 2``, the last one in message ``n``'s slot, is released."""
-        self._wait_for(lambda: self.n_released >= n - 1)
+        """(threaded) Block until message ``n - n_slots``, the last one in message ``n``'s slot, is released."""
+        self._wait_for(lambda: self.n_released >= n - self.n_slots + 1)
 
     def _wait_for(self, done: Any) -> None:
         """(threaded) Block until ``done()`` holds (the sender thread notifies on every change), counting
@@ -486,9 +536,21 @@ class RoundSender:
                 return
             self._handle(*got)
 
+    def _ring_bell(self) -> None:
+        """Wake the recorder (with a doorbell; a full pipe means it has a wake-up waiting already)."""
+        if self._bell is not None:
+            try:
+                os.write(self._bell, b"\0")
+            except (BlockingIOError, BrokenPipeError):
+                pass
+        self._unrung = 0
+        self._rang_at = time.monotonic()
+
     def _wait_released(self, n: int) -> None:
         if self.n_released >= n:
             return
+        if self._unrung:
+            self._ring_bell()                        # the recorder may be asleep with our messages unread
         t0 = time.perf_counter()
         try:
             while self.n_released < n:
@@ -501,8 +563,18 @@ class RoundSender:
         """A bigger ring, sent to the recorder; it is :attr:`ring` from now on (returned)."""
         self._wait_released(self.n_sent)             # the recorder is done with every slot
         old = self.ring
-        ring = self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20))
-        self.chan.send({"kind": "ring", "slot_bytes": ring.slot_bytes}, fds=[ring.fd])
+        ring = self.ring = Ring.create(max(slot_bytes, 2 * (old.slot_bytes if old else 0), 1 << 20), self.n_slots)
+        fds = [ring.fd]
+        if self.wake_every > 1 and self._bell is None:     # the doorbell goes with the first ring
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            fds.append(r)
+            self._bell = w
+        try:
+            self.chan.send({"kind": "ring", "slot_bytes": ring.slot_bytes, "n_slots": ring.n_slots}, fds=fds)
+        finally:
+            if len(fds) > 1:
+                os.close(fds[1])                     # the recorder has its own copy now
         if old is not None:
             # staged arrays may still lie in it (the loop may be staging into it now): unmapped at close()
             self._old_rings.append(old)
@@ -524,10 +596,15 @@ class RoundSender:
             self.n_written += 1
             self._cond.notify_all()
         self._poll()
-        self._wait_released(self.n_sent)             # every earlier message released: round n - 1 too
+        # at most n_slots - 1 messages unreleased once this one is sent (two slots: every earlier one released)
+        self._wait_released(self.n_sent - self.n_slots + 2)
         self.chan.send({"kind": kind, "seq": self.n_sent, "slot": slot, "obj": header,
                         "arrays": [[s.offset, s.dtype, list(s.shape)] for s in specs], **extra})
         self.n_sent += 1
+        self._unrung += 1
+        if (kind not in self.batch_kinds or self._unrung >= self.wake_every
+                or time.monotonic() - self._rang_at >= WAKE_AFTER_S):
+            self._ring_bell()
 
     def _layout(self, arrays: Sequence[np.ndarray], staged: dict[int, tuple[np.ndarray, int, Ring]],
                 stage_off: int) -> tuple[list[ArraySpec], int, set[int]]:
@@ -551,20 +628,65 @@ class RoundSender:
 
 
 class RoundReceiver:
-    """Recorder side: turns ``ring`` / round messages back into objects (see :meth:`receive`)."""
+    """Recorder side: turns ``ring`` / round messages back into objects (:meth:`unpack`), releases them, and
+    waits for the next message (:meth:`wait`: on the doorbell when the sender gave one).
 
-    def __init__(self, chan: Channel) -> None:
+    Args:
+        chan: the control channel to the worker.
+        defer_release: :meth:`release` only counts; :meth:`flush_releases` (which :meth:`wait` calls before it
+            sleeps) tells the worker, one message for all. False: one message per release.
+    """
+
+    def __init__(self, chan: Channel, *, defer_release: bool = False) -> None:
         self.chan = chan
         self.ring: Ring | None = None
         self.n_released = 0
+        self.defer_release = defer_release
+        self._told = 0          # releases the worker has been told of
+        #: the doorbell's read end (from the first ring message of a sender with ``wake_every`` > 1), or None
+        self.bell: int | None = None
 
     def on_ring(self, msg: dict[str, Any], fds: list[int]) -> None:
-        """Map the ring a ``ring`` message carries (replacing the previous one)."""
-        if len(fds) != 1:
-            raise TraceError("ring message without its memory descriptor", key="n_fds", expected=1, actual=len(fds))
+        """Map the ring a ``ring`` message carries (replacing the previous one); keep the doorbell that may
+        come with it.
+
+        Raises:
+            TraceError: no memory descriptor, or more than the ring's and the doorbell's.
+        """
+        if len(fds) not in (1, 2):
+            for fd in fds:
+                os.close(fd)
+            raise TraceError("ring message without its memory descriptor", key="n_fds", expected="1 or 2",
+                             actual=len(fds))
         if self.ring is not None:
             self.ring.close()
-        self.ring = Ring(fds[0], int(msg["slot_bytes"]))
+        self.ring = Ring(fds[0], int(msg["slot_bytes"]), int(msg.get("n_slots", 2)))
+        if len(fds) == 2:
+            if self.bell is not None:
+                os.close(self.bell)
+            self.bell = fds[1]
+
+    def wait(self, timeout: float) -> tuple[dict[str, Any], list[int]] | None:
+        """The next message: one already here, else (after :meth:`flush_releases`) the first to come within
+        ``timeout`` seconds, else None. With a doorbell, sleeps on it rather than on the socket, then takes what
+        the socket holds; a closed doorbell (the worker exited or died) is dropped and the socket waited on.
+
+        Raises:
+            TransportClosed: the worker closed the socket (it exited or died) and nothing is left to read.
+            TraceError: a malformed message.
+        """
+        got = self.chan.poll()
+        if got is not None:
+            return got
+        self.flush_releases()
+        if self.bell is None:
+            return self.chan.recv(timeout=timeout)
+        # (a read of nothing: the write end closed, no more rings; the socket tells the rest)
+        if select.select([self.bell], [], [], timeout)[0] and not os.read(self.bell, 4096):
+            os.close(self.bell)
+            self.bell = None
+            return self.chan.recv(timeout=timeout)
+        return self.chan.poll()
 
     def unpack(self, msg: dict[str, Any]) -> Any:
         """The object of a round message; arrays of ``COPY_BELOW`` bytes or more are views into the
@@ -583,14 +705,33 @@ class RoundReceiver:
         return unpack(msg["obj"], arrays)
 
     def release(self) -> None:
-        """Tell the worker the last received round's slot may be reused (call after analysing it)."""
+        """The last received round's slot may be reused (call after analysing it): the worker is told now, or
+        with ``defer_release`` at the next :meth:`flush_releases`.
+
+        Raises:
+            TransportClosed: the worker is gone.
+        """
         self.n_released += 1
-        self.chan.send({"kind": "release", "n": self.n_released})
+        if not self.defer_release:
+            self.flush_releases()
+
+    def flush_releases(self) -> None:
+        """Tell the worker of the releases it has not heard of (one message).
+
+        Raises:
+            TransportClosed: the worker is gone.
+        """
+        if self.n_released > self._told:
+            self._told = self.n_released
+            self.chan.send({"kind": "release", "n": self.n_released})
 
     def close(self) -> None:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+        if self.bell is not None:
+            os.close(self.bell)
+            self.bell = None
 
 
 __all__ = ["COPY_BELOW", "ArraySpec", "Channel", "Ring", "RoundReceiver", "RoundSender", "StopRequested",
