@@ -19,8 +19,8 @@ this prints how much, on the machine it runs on:
    just written them in a real run); thread CPU per round (the mean over the rounds, the median of the
    repeats), then the trace's close (the Parquet part, the manifest; CPU of all threads) after the gap too: as
    in a run, where the close's own code last ran a run earlier; and the same with :data:`BATCH` rounds handled
-   at a time after as many gaps (what a recorder that holds several rounds before analysing and logging them
-   would spend).
+   at a time after as many gaps (what the recorder spends now that the worker's doorbell wakes it for
+   ``traces.run.record_worker.WAKE_EVERY`` rounds at once).
 
 Exits 0 whatever the numbers (nothing is asserted). Usage: ``python -m benchmarks.bench_idle_memory
 [--repeats 3] [--gap-ms 50] [--pause-s S]``.
@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import PAGE_BYTES, idle_touch_us
+from mtpscope.traces.run.record_worker import WAKE_EVERY
 
 #: idle times of the page-touch test, seconds
 GAPS_S = (0.0, 0.01, 0.05, 0.2, 1.0)
-#: rounds the batched arm of the replay handles at a time (what a recorder holding several rounds would do)
-BATCH = 4
+#: rounds the batched arm of the replay handles at a time: as many as the recorder is woken for
+BATCH = WAKE_EVERY
 
 
 def recorded_rounds() -> tuple[list[tuple[int, Any]], dict[str, Any], Path]:
