@@ -23,7 +23,8 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
    drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
    does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
-   parent analyses and writes it, then ``release``s it. Per prompt: ``prompt_done``. At the end ``done``
+   parent analyses and writes it, then ``release``s it. The parent is woken for rounds in fours (the ring's
+   doorbell, :data:`WAKE_EVERY`; :func:`ring_slots`) and tells its releases in one message. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring (each drafter
    row with its top-k found in the same read: ``row_kernels.copy_top_k``); a
    sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
