@@ -34,6 +34,7 @@ def test_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     (["record", "--bogus"], "mtpscope record: No such option: --bogus"),
     (["bogus"], "mtpscope: No such command 'bogus'."),
     (["record", "--threads", "abc"], "mtpscope record: Invalid value for '--threads': "),
+    (["record", "--n-gpu-layers", "-5"], "mtpscope record: Invalid value for '--n-gpu-layers': "),
 ])
 def test_a_usage_error_is_one_line_exit_2(argv: list[str], line: str, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:

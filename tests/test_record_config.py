@@ -27,7 +27,7 @@ BAD = [
     ("top_p", 0.0, "0 < top_p <= 1"), ("top_p", 1.5, "0 < top_p <= 1"), ("top_p", math.nan, "0 < top_p <= 1"),
     ("top_p", -math.inf, "0 < top_p <= 1"),
     ("chat", 2, "bool"), ("chat", "yes", "bool"),
-    ("n_gpu_layers", None, "int"),
+    ("n_gpu_layers", None, "int"), ("n_gpu_layers", -5, ">= -1"),
     ("centroids", 3, "path | None"),
     ("centroid_top_k", 2.5, "int | None"),
     ("hidden", "f8", "f16 | f32 | off"), ("hidden", None, "choice"),

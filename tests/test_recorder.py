@@ -345,6 +345,10 @@ def test_preflight_refuses_wrong_roles_and_backbone(pair, tmp_path) -> None:
     assert ei.value.actual == "gemma4-assistant" and not isinstance(ei.value, PreflightRefusal)
     with pytest.raises(LayoutError, match="gemma4-assistant drafter"):
         record(RecordConfig(), target=pair["target"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+    with pytest.raises(LayoutError, match="--target and --assistant are swapped") as ei:   # both roles wrong: said so
+        record(RecordConfig(), target=pair["noisy"], assistant=pair["target"], out=tmp_path / "x", prompt="x")
+    assert (ei.value.key, ei.value.expected, ei.value.actual) == ("general.architecture", "gemma4-assistant", "gemma4")
+    assert not (tmp_path / "x").exists()
     other = demo.write_drafter(tmp_path / "d32.gguf", vocab="subset",
                                dims=demo.TinyDims(n_embd_backbone=32, n_embd=128))
     with pytest.raises(PreflightRefusal, match="E_PAIR_BACKBONE") as ei:

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
                                                   "q4_0, q4_1, q5_0, q5_1, iq4_nl")] = "f16",
         cache_type_v: Annotated[str, typer.Option("--cache-type-v", help="V cache type (quantized needs flash "
                                                   "attention)")] = "f16",
-        n_gpu_layers: Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="layers on the GPU (-1 = "
+        n_gpu_layers: Annotated[int, typer.Option("--n-gpu-layers", "-ngl", min=-1, help="layers on the GPU (-1 = "
                                                   "all, 0 = CPU)")] = 0,
         n_parallel: Annotated[int, typer.Option("--n-parallel", "-np", min=1, help="parallel sequences")] = 1,
         kv_unified: Annotated[bool, typer.Option("--kv-unified", help="one KV cache for all sequences")] = False,

@@ -320,7 +320,10 @@ def register(app: typer.Typer) -> None:
                                            "(kept in the manifest's prompt entries) instead of 'category'."),
     ) -> None:
         """Why drafts were rejected, on which tokens, and which n_draft to use (worst first); plain decoding
-        is always a candidate. On a sweep directory: the sweep's measured recommendation and break-even."""
+        is always a candidate. On a sweep directory: the sweep's measured recommendation and break-even.
+
+        Exit 1 when reading the trace gave warnings (an incomplete run, a part skipped), 2 on unreadable input.
+        """
         if by not in ("round", "request"):
             print(f"mtpscope: '--by': expected round or request, got {by!r}", file=sys.stderr)
             raise typer.Exit(2)

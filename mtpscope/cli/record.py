@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         min_p: float = typer.Option(_D.min_p, "--min-p", help="Sampling min-p, in [0, 1] (0: off)."),
         chat: bool = typer.Option(_D.chat, "--chat", help="Render each prompt as one user turn with the GGUF's own chat template, as llama-server's /v1/chat/completions does."),
         n_gpu_layers: int = typer.Option(
-            _D.n_gpu_layers, "--n-gpu-layers",
+            _D.n_gpu_layers, "--n-gpu-layers", min=-1,
             help="Layers to offload to a GPU (-1 = all, 0 = CPU only; no effect in a CPU-only build)."),
         centroids: Path | None = typer.Option(
             None, "--centroids",

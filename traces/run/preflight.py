@@ -95,7 +95,8 @@ def unchecked_models(target: str | os.PathLike[str], assistant: str | os.PathLik
 def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """Check with our own GGUF reader that llama.cpp can run this pair, before llama.cpp sees it.
 
-    Checks: both files readable GGUF; the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
+    Checks: both files readable GGUF; not swapped (a ``gemma4`` assistant beside a drafter target is said to be
+    ``--target`` and ``--assistant`` swapped); the drafter's architecture is ``gemma4-assistant`` (a fork-dialect
     ``gemma4_assistant`` drafter is refused: llama.cpp does not load it, use it via ``--centroids``);
     the target's is ``gemma4``; the inspector's upstream loadability rules for both files; the
     inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
@@ -123,6 +124,10 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
             raise FileNotFoundError(2, "No such file or directory", os.fspath(p))
     # the target repeats the drafter's tokenizer: its string arrays are compared, not walked a second time
     with open_gguf(assistant) as d, open_gguf(target, like=d) as t:
+        if d.architecture == ARCH_TARGET and t.architecture in (ARCH_UPSTREAM, ARCH_FORK):
+            raise LayoutError(f"the assistant is a {ARCH_TARGET} model and the target a {t.architecture} drafter: "
+                              "--target and --assistant are swapped", path=d.path, key="general.architecture",
+                              expected=ARCH_UPSTREAM, actual=d.architecture)
         if d.architecture == ARCH_FORK:
             raise LayoutError(f"fork-dialect drafter ({ARCH_FORK}): llama.cpp's runtime does not load it; "
                               f"record with an upstream {ARCH_UPSTREAM} drafter and pass this file as "

@@ -141,7 +141,7 @@ class RecordConfig:
             greedy), any integer seed (taken modulo 2**32), ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1]
             (1 = off), ``min_p`` in [0, 1] (0 = off).
         chat: apply the target GGUF's own chat template to each text prompt.
-        n_gpu_layers: layers offloaded (-1 = all; no effect in a CPU-only build).
+        n_gpu_layers: layers offloaded, >= -1 (-1 = all; no effect in a CPU-only build).
         centroids: centroid head source (fork-dialect GGUF or HF directory), kept as a path string; None.
         centroid_top_k: that head's k (None: the source's own; its range is the head's: 1..n_centroids).
         hidden: hidden states stored as ``"f16"``, ``"f32"`` or ``"off"`` (:data:`HIDDEN_CHOICES`).
@@ -287,6 +287,9 @@ def _check(c: RecordConfig) -> None:
                          actual=c.min_p)
     if c.top_k < 0:
         raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=c.top_k)
+    if c.n_gpu_layers < -1:
+        raise TraceError("n_gpu_layers must be >= -1 (-1 = all, 0 = CPU only)", key="n_gpu_layers",
+                         expected=">= -1", actual=c.n_gpu_layers)
     if c.hidden not in HIDDEN_CHOICES:
         raise TraceError("unknown hidden-state storage", key="hidden", expected=" | ".join(HIDDEN_CHOICES),
                          actual=c.hidden)
