@@ -67,3 +67,22 @@ def test_hf_runtime_refusals_are_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "takes token prompts" in res.output and "p.jsonl" in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_progress_bar_ends_at_the_tokens_generated() -> None:
+    """The bar's total is the budget (max_tokens x prompts) while it runs; at the end it reads the tokens generated,
+    the number the summary line prints, so a prompt that stopped at EOG does not leave "10/10" beside "generated 4"."""
+    from types import SimpleNamespace
+
+    from mtpscope.cli.record import _ProgressBar
+
+    bar = _ProgressBar(10, None)
+    try:
+        bar.on_round(0, SimpleNamespace(emitted=[5, 6, 7], drafted=[5, 6, 9], n_accepted=2))
+        task = bar.bar.tasks[0]
+        assert (task.total, task.completed) == (10, 4)        # the prefill's token and the 3 emitted
+        bar.finish(4)
+        task = bar.bar.tasks[0]
+        assert (task.total, task.completed) == (4, 4)
+    finally:
+        bar.stop()

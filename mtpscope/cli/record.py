@@ -193,7 +193,7 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                        overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
                        isolate=isolate, preflight=not no_preflight, echo_log=verbose)
             if bar is not None:
-                bar.finish()
+                bar.finish(s.n_generated)
         except PreflightRefusal as e:      # and how to record it anyway (to see what the bug costs, or debug a crash)
             print(f"mtpscope: {e.one_line()}; `--no-preflight` records it anyway", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS) from None
@@ -338,10 +338,11 @@ class _ProgressBar:
         acc = f"acceptance rate {self.n_accepted / self.n_drafted:.3f}" if self.n_drafted else ""
         self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
 
-    def finish(self) -> None:
-        """The run completed: every prompt is done."""
+    def finish(self, n_generated: int) -> None:
+        """The run completed: every prompt is done. The bar ends at the tokens generated (``RecordSummary.n_generated``,
+        the number the summary line prints), not at the budget: prompts that ended early (EOG) leave it short."""
         if self.bar is not None:
-            self.bar.update(self.bar.task_ids[0], completed=self.bar.tasks[0].total)
+            self.bar.update(self.bar.task_ids[0], total=n_generated, completed=n_generated)
 
     def stop(self) -> None:
         if self.bar is not None:
