@@ -188,6 +188,25 @@ def greedy_near_tie_tol(n_layer: int, logits: np.ndarray) -> float:
 
 
 
+def f32_runtime_hidden_tol(ref: np.ndarray, n_layer: int) -> float:
+    """Largest ``max |a - b|`` between a hidden state of llama.cpp's run, stored as float16 in its trace (``ref``),
+    and the same hidden state from a runtime that computes it in F32 throughout (MLX, HF transformers fp32).
+
+    Two terms: each of the ``n_layer`` layers the value passed through perturbs it by about one F16 ulp of its
+    scale, ``ULP16_REL * max |ref|`` (llama.cpp's F16 KV cache, the query and softmax probabilities meeting it in
+    F16: the argument of :func:`greedy_near_tie_tol`); and the trace's float16 storage rounds ``ref`` by half an
+    ulp of its largest element. Measured on the trained demo (target 6 layers, drafter 4): the target's last
+    hidden state from MLX against llama.cpp's differed by at most 4.7e-3 on an AMD EPYC (Zen 4) with the AVX-512
+    build and 3.1e-3 with the AVX2-only one (bound 2.8e-2, max |ref| 4.37), below 3e-3 on an Intel Xeon (AVX-512 +
+    AMX); the drafter's ``h_next`` (10 layers in all) by at most 8.2e-4 (bound 1.6e-2), while drafting from the
+    other position convention moved it by 4.9e-2 .. 1.2e-1 (both builds).
+    """
+    m = float(np.abs(np.asarray(ref, np.float64)).max())
+    if m == 0.0:
+        return 0.0
+    return float(n_layer * ULP16_REL * m + 2.0 ** (np.floor(np.log2(m)) - 11))
+
+
 #: the largest multiple of the F16 effect ``E`` (:func:`f16_effect`) that llama.cpp's flips may reach: see there
 FLIP_SHARE_MAX = 2.0
 
