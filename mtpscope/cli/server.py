@@ -253,12 +253,7 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             s = launch(target, assistant, n_draft=n_draft, port=port, parallel=parallel, extra=list(ctx.args),
                        log=log)
-        import signal
-
-        def _stop(signum, frame):  # SIGTERM (kill, a service manager): stop it too
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, _stop)
+        # (a SIGTERM arrives as a Ctrl-C: cli.main's stop_signals_as_interrupt)
         print(s.url, flush=True)
         print(f"llama-server pid {s.pid}, log {s.log}; Ctrl-C (or SIGTERM) stops it", file=sys.stderr)
         try:
