@@ -69,11 +69,12 @@ def _llama_output(f32, pid: int) -> list[int]:
 
 
 def _n_layer(path) -> int:
-    """``<arch>.block_count`` of a GGUF (our reader)."""
+    """A GGUF's ``n_layer`` (``inspector.layouts.read_hparams``)."""
     from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.layouts import read_hparams
 
     with open_gguf(path) as g:
-        return int(g.kv[f"{g.architecture}.block_count"].value)
+        return read_hparams(g).n_layer
 
 
 def _tol(ref: np.ndarray, trained, *, drafter: bool = True) -> float:
