@@ -305,8 +305,12 @@ def _target_kv(f: Any, hp: L.HParams, p: EstimateParams) -> tuple[list[LayerKV],
     cells_swa = cells if p.swa_full else _pad(min(cells, n_swa * (seqs if p.kv_unified else 1) + p.n_ubatch), 256)
     kv_start = hp.n_layer - hp.shared_kv_layers
     arch = hp.arch
-    vl_full = L._scalar(f.get(f"{arch}.attention.value_length")) or hp.head_dim_full
-    vl_swa = L._scalar(f.get(f"{arch}.attention.value_length_swa")) or hp.head_dim_swa
+    # llama.cpp's load_hparams (src/llama-model.cpp): value_length defaults to n_embd / n_head (of layer 0), and
+    # value_length_swa to the full layers' value length (not to key_length_swa)
+    n_head0 = hp.layers[0].n_head if hp.layers else 0
+    vl_full = (L._scalar(f.get(f"{arch}.attention.value_length"))
+               or (hp.n_embd // n_head0 if n_head0 else hp.head_dim_full))
+    vl_swa = L._scalar(f.get(f"{arch}.attention.value_length_swa")) or vl_full
     v_max = max((ly.n_head_kv * (vl_swa if ly.sliding else vl_full) for ly in hp.layers), default=0)
     g = p.n_gpu_layers
     start = max(hp.n_layer + 1 - (hp.n_layer + 1 if g < 0 else g), 0) if g else hp.n_layer + 1

@@ -29,6 +29,7 @@ class SynthTarget:
     pattern: tuple[bool, ...] = field(default=())  # True = sliding; default: 5 sliding then 1 full
     weight_type: str = "Q8_0"
     context_length: int = 131072
+    write_value_length_swa: bool = True   # False: no attention.value_length_swa key (llama.cpp's default then)
 
     def swa(self) -> tuple[bool, ...]:
         if self.pattern:
@@ -54,7 +55,8 @@ def write_synth_target(path: Path, s: SynthTarget, vocab_kv: list) -> Path:
     w.add_uint32(a + "attention.key_length", s.head_dim_full)
     w.add_uint32(a + "attention.value_length", s.head_dim_full)
     w.add_uint32(a + "attention.key_length_swa", s.head_dim_swa)
-    w.add_uint32(a + "attention.value_length_swa", s.head_dim_swa)
+    if s.write_value_length_swa:
+        w.add_uint32(a + "attention.value_length_swa", s.head_dim_swa)
     w.add_uint32(a + "attention.sliding_window", s.window)
     w.add_key_value(a + "attention.sliding_window_pattern", list(swa), gguf.GGUFValueType.ARRAY,
                     sub_type=gguf.GGUFValueType.BOOL)

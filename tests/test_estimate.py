@@ -54,6 +54,20 @@ def test_kv_layers_from_the_file(synth: dict[str, Path]) -> None:
     assert no_fa.target.kv_v == 2 * (3 * 5120 * 512 + 12 * 1024 * 512)  # V rows padded to the widest (512)
 
 
+def test_value_length_swa_defaults_to_the_full_layers_value_length(tmp_path: Path) -> None:
+    """Without ``attention.value_length_swa`` llama.cpp's ``load_hparams`` (src/llama-model.cpp: ``n_embd_head_v_swa
+    = n_embd_head_v_full`` before the optional key) gives the sliding layers the full layers' value length, not
+    their key length: 128 here, where key_length_swa is 64 (by hand from that rule)."""
+    from mtpscope.demo.vocab import load_vocab
+
+    s = SynthTarget(n_layer=6, write_value_length_swa=False)
+    path = write_synth_target(tmp_path / "novl.gguf", s, list(load_vocab("subset").kv))
+    e = estimate(path, None, EstimateParams(n_ctx=1024))
+    swa = [ly for ly in e.target.kv_layers if ly.sliding]
+    assert swa and {(ly.head_dim_k, ly.head_dim_v) for ly in swa} == {(s.head_dim_swa, s.head_dim_full)}
+    assert all(ly.v_bytes == 2 * ly.n_head_kv * s.head_dim_full * ly.cells for ly in swa)   # F16: 2 bytes
+
+
 def test_bad_settings(synth: dict[str, Path], demo_dir: Any) -> None:
     with pytest.raises(LayoutError, match="unknown KV cache type"):
         estimate(synth["many"], params=EstimateParams(cache_type_k="q3_k"))

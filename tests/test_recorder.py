@@ -771,3 +771,40 @@ def test_cli_refuses_bad_draft_and_sampling_values(pair, tmp_path) -> None:
         res = CliRunner().invoke(app, [*base, *extra])
         assert res.exit_code == 2 and f"'{name}'" in res.output, res.output
     assert not (tmp_path / "t").exists()
+
+
+def test_a_context_too_big_for_memory_is_refused_before_llama_cpp_allocates(pair, tmp_path) -> None:
+    """``max_tokens`` 10**9: the worker refuses the context (its KV cache is hundreds of GiB) in one line naming
+    max_tokens, before llama.cpp tries the allocation (which took 10-60 s of swapping and then an allocation error
+    or the kernel's out-of-memory kill), and before the trace folder is made (as the pre-flight's refusals)."""
+    t0 = time.monotonic()
+    with pytest.raises(TraceError, match="needs [0-9.]+ GiB for its KV cache alone") as ei:
+        record(RecordConfig(max_tokens=10**9), target=pair["target"], assistant=pair["noisy"], out=tmp_path / "x",
+               prompt=PROMPTS[0])
+    assert ei.value.key == "max_tokens"
+    assert "max_tokens 1000000000" in str(ei.value) and "\n" not in str(ei.value)
+    assert not (tmp_path / "x").exists()
+    assert time.monotonic() - t0 < 30
+
+
+def test_context_memory_check_agrees_with_llama_cpp_kv_buffer(pair) -> None:
+    """``check_context_memory`` refuses exactly when the KV cache llama.cpp allocates for the recorder's contexts
+    (``MtpRuntime``'s: swa_full as llama.cpp's default, no flash attention, so V rows padded to the widest; its own
+    ``KV buffer size`` lines, summed over target and drafter) is more than the memory available: checked a tenth
+    of a MiB either side of llama.cpp's figure (printed to 0.01 MiB)."""
+    from mtpscope.traces.run.llama.logs import capture_log
+    from mtpscope.traces.run.preflight import check_context_memory
+    from tests.estimate_models import parse_llama_sizes
+
+    n_ctx = 4096
+    with capture_log() as pieces, MtpRuntime(pair["target"], pair["noisy"], n_ctx=n_ctx, capture=False) as r:
+        assert r.n_ctx == n_ctx
+    kv = sum(parse_llama_sizes(pieces)["kv_buffer"].values()) * 2**20
+    assert kv > 0
+    with pytest.raises(TraceError, match="KV cache alone"):
+        check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=False, flash_attn=False, why="test",
+                             available=int(kv - 0.1 * 2**20))
+    check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=False, flash_attn=False, why="test",
+                         available=int(kv + 0.1 * 2**20))
+    check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=True, flash_attn=False, why="test",
+                         available=1)                                    # on a GPU: no check

@@ -7,7 +7,10 @@ The run parameters are checked once, where they are built (:class:`traces.run.re
 * :func:`model_info` / :func:`centroid_source_info`: the manifest's ``models`` entries (path, size,
   architecture, dialect, header sha256); also used by the replay to notice a changed model file.
 
-Imports: mtpscope.errors, mtpscope.inspector (gguf, inventory, layouts, validate; inside the functions).
+* :func:`check_context_memory`: a context whose KV cache cannot fit in this machine's memory is refused before
+  llama.cpp tries to allocate it (the recording worker calls it when a run needs a bigger context).
+
+Imports: mtpscope.errors, mtpscope.inspector (estimate, gguf, inventory, layouts, validate; inside the functions).
 """
 
 from __future__ import annotations
@@ -164,4 +167,55 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
-__all__ = ["centroid_source_info", "model_info", "preflight", "unchecked_models"]
+def mem_available() -> int | None:
+    """Bytes of memory this machine can give a new allocation without swapping (Linux ``/proc/meminfo``
+    ``MemAvailable``); None where that is not known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_context_memory(target: str | os.PathLike[str], assistant: str | os.PathLike[str], n_ctx: int, *,
+                         on_gpu: bool, flash_attn: bool, why: str, available: int | None = None) -> None:
+    """Refuse a context of ``n_ctx`` tokens whose KV cache alone (:func:`inspector.estimate.estimate`, exact
+    for llama.cpp's F16 cache) is more than this machine's available memory, before llama.cpp tries to allocate
+    it (a huge ``max_tokens`` otherwise ends in an allocation failure after seconds of swapping, or in the
+    kernel's out-of-memory kill of the worker). Only for a CPU run (``on_gpu`` False: with layers offloaded to
+    a GPU llama.cpp keeps their cache on the device).
+
+    Args:
+        n_ctx: tokens the context must hold. flash_attn: the contexts' flash attention (without it llama.cpp
+            pads every layer's V rows to the widest). why: what ``n_ctx`` is made of (for the message), e.g. "the
+            longest prompt's 12 + max_tokens 100000000 + n_draft 3 + 1". available: bytes (default
+            :func:`mem_available`; None there: no check).
+
+    Raises:
+        TraceError: the KV cache does not fit (key ``max_tokens``; expected / actual in GiB).
+    """
+    from mtpscope.errors import TraceError
+    from mtpscope.inspector.estimate import EstimateParams, estimate
+
+    if on_gpu:
+        return
+    available = mem_available() if available is None else available
+    if available is None:
+        return
+    # the recorder's contexts keep llama_context_default_params' swa_full (on in llama.cpp 0.3.36: the sliding
+    # layers hold the whole context too), unlike llama-server's --swa-full default (off)
+    est = estimate(target, assistant, EstimateParams(n_ctx=int(n_ctx), n_gpu_layers=0, swa_full=True,
+                                                     flash_attn=bool(flash_attn)))
+    kv = est.target.kv + (est.drafter.kv if est.drafter is not None else 0)
+    if kv > available:
+        raise TraceError(f"a context of {n_ctx} tokens ({why}) needs {kv / 2**30:.2f} GiB for its KV cache alone, "
+                         f"more than this machine's {available / 2**30:.2f} GiB available: lower max_tokens",
+                         path=os.fspath(target), key="max_tokens",
+                         expected=f"a KV cache <= {available / 2**30:.2f} GiB", actual=f"{kv / 2**30:.2f} GiB")
+
+
+__all__ = ["centroid_source_info", "check_context_memory", "mem_available", "model_info", "preflight",
+           "unchecked_models"]

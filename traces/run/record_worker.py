@@ -240,15 +240,44 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
         rendered chat).
 
     Raises:
-        MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``.
+        MtpscopeError: a token id outside the vocabulary; TraceError: no chat template for ``messages``; a
+            context of the run's size whose KV cache cannot fit in this machine's memory
+            (:func:`traces.run.preflight.check_context_memory`), or that llama.cpp could not allocate (one line
+            naming ``max_tokens``, the size and llama.cpp's failed allocation).
     """
+    from mtpscope.errors import TraceError
     from mtpscope.traces.run.mtp_runtime import spec_tokens
 
     c = job.config
     rendered = [spec_tokens(rtm.tmodel, sp, chat=c.chat) for sp in job.prompts]
     toks = [list(r[0]) for r in rendered]
-    rtm.ensure_context(max(len(t) for t in toks) + c.max_tokens + c.n_draft + 1)
+    longest = max(len(t) for t in toks)
+    need = longest + c.max_tokens + c.n_draft + 1
+    if need > rtm.n_ctx:
+        from mtpscope.traces.run.llama.binding import gpu_name
+        from mtpscope.traces.run.preflight import check_context_memory
+
+        check_context_memory(job.target, job.assistant, need, on_gpu=c.n_gpu_layers != 0 and gpu_name() is not None,
+                             flash_attn=c.flash_attn,
+                             why=f"the longest prompt's {longest} + max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1")
+    try:
+        rtm.ensure_context(need)
+    except TraceError as e:
+        raise TraceError(f"llama.cpp could not allocate a context of {need} tokens (the longest prompt's {longest} "
+                         f"+ max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1): {_allocation_line(e.message)}",
+                         path=e.path, key="max_tokens", expected="a context that fits in memory: fewer max_tokens",
+                         actual=c.max_tokens) from None
     return toks, [r[1] for r in rendered]
+
+
+def _allocation_line(message: str) -> str:
+    """The line of a failed context creation's message that says what llama.cpp could not allocate (the
+    first line naming an allocation, else the first line)."""
+    head, sep, rest = message.partition(": ")
+    if sep and head.startswith("llama.cpp could not"):
+        message = rest                                 # (_created's own words: said better by the caller)
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return next((ln for ln in lines if "allocate" in ln), lines[0] if lines else message)
 
 
 def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list[str], *, pid: int | None = None,
