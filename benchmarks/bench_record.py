@@ -40,9 +40,11 @@ tracing adds, which a slow moment of a shared machine moves far less than a run'
 whatever the numbers (speed targets are reported, never asserted).
 
 Usage: ``python -m benchmarks.bench_record [--max-tokens 96] [--repeats 5] [--n-draft 3] [--vocab full]
-[--size tiny|medium] [--capture derived|graph|both] [--tracing default|full] [--in-process] [--off-layout worker|child]``
+[--size tiny|medium|real] [--capture derived|graph|both] [--tracing default|full] [--in-process] [--off-layout worker|child]``
 (``--in-process``: the traced runs in this process, as before the worker existed; ``--tracing full``: the fork
-drafter's centroid head scored too, as with ``record --centroids``; the default is ``mtpscope record``'s own). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``.
+drafter's centroid head scored too, as with ``record --centroids``; the default is ``mtpscope record``'s own). Models are written once to ``<cache>/bench-record/<vocab>/`` with ``mtpscope.demo.build``;
+``--size real``: the real-geometry pair (:mod:`benchmarks.real_pair`, loaded without llama.cpp's extra CPU weight
+buffers in both arms, its centroid head for ``--tracing full``).
 """
 
 from __future__ import annotations
@@ -78,8 +80,20 @@ CAPTURE_WORDS = {"derived": "h_inner derived from the logits and h_next, no grap
 SIZES = {"tiny": demo.TinyDims(), "medium": demo.TinyDims(n_embd_backbone=256, n_embd=512)}
 
 
+#: ``--size`` beyond :data:`SIZES`: the real-geometry pair of :mod:`benchmarks.real_pair` (the 26B-A4B drafter at its
+#: published geometry, a 2-layer target with the 26B-A4B hyperparameters; every load without llama.cpp's extra CPU
+#: weight buffers, as ``bench_real_geometry.py`` loads it)
+REAL = "real"
+
+
 def models(vocab: str, size: str = "tiny") -> tuple[Path, Path, Path]:
-    """Target, noisy upstream drafter, fork drafter (centroid head) under the cache; written once."""
+    """Target, noisy upstream drafter, fork drafter (centroid head) under the cache; written once. ``size``
+    :data:`REAL`: the real-geometry pair's target, drafter and centroid head folder (``vocab`` is the full one)."""
+    if size == REAL:
+        from benchmarks.real_pair import build_pair
+
+        pair = build_pair()
+        return pair.target, pair.assistant, pair.centroids
     d = cache_dir() / "bench-record" / (vocab if size == "tiny" else f"{vocab}-{size}")
     d.mkdir(parents=True, exist_ok=True)
     dims = SIZES[size]
@@ -142,9 +156,9 @@ class _OffWorker:
     without the worker's environment) is what the issue's 33.8 vs 29.0 ms per round inside decodes came
     from; see :func:`_off_worker_main` and docs/RECORDING.md *Speed*."""
 
-    def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int) -> None:
+    def __init__(self, target: Path, assistant: Path, threads: int, n_gpu_layers: int, repack: bool = True) -> None:
         self.argv = [sys.executable, "-m", "benchmarks.bench_record", "--off-worker", os.fspath(target),
-                     os.fspath(assistant), str(threads), str(n_gpu_layers)]
+                     os.fspath(assistant), str(threads), str(n_gpu_layers), str(int(repack))]
 
     def run(self, n_draft: int, max_tokens: int) -> dict[str, Any]:
         from mtpscope.traces.run.worker_spawn import ABORT_ENV, WORKER_ENV
@@ -176,9 +190,9 @@ def _off_worker_main(argv: list[str]) -> int:
     from mtpscope.traces.run.prompts import prompt_specs
     from mtpscope.traces.run.record_config import RecordJob
 
-    target, assistant, threads, ngl, n_draft, max_tokens = argv
+    target, assistant, threads, ngl, repack, n_draft, max_tokens = argv
     cfg = RecordConfig(n_draft=int(n_draft), max_tokens=int(max_tokens), n_threads=int(threads),
-                       n_gpu_layers=int(ngl), hidden="off")
+                       n_gpu_layers=int(ngl), hidden="off", repack=bool(int(repack)))
     job = RecordJob(target=target, assistant=assistant, prompts=tuple(prompt_specs(None, PROMPT, None)), config=cfg)
     status = rw.Status(mmap.mmap(-1, mmap.PAGESIZE))
     rtm = rw.load_runtime(job)
@@ -276,7 +290,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--n-draft", type=int, default=3)
     ap.add_argument("--vocab", default="full", choices=("full", "subset"))
-    ap.add_argument("--size", default="tiny", choices=tuple(SIZES))
+    ap.add_argument("--size", default="tiny", choices=(*SIZES, REAL))
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--in-process", action="store_true", help="traced runs in this process (no worker)")
@@ -291,6 +305,9 @@ def main() -> int:
     args = ap.parse_args()
 
     t, a, f = models(args.vocab, args.size)
+    repack = args.size != REAL
+    if args.size == REAL and (args.in_process or args.off_layout != "worker"):
+        ap.error("--size real runs only in the default layouts (worker and fresh untraced process)")
     # the untraced loop runs where the traced one does: by default in a fresh process per run started as the
     # recorder starts its worker (same environment, load and decode wrapper); --off-layout child: the earlier
     # long-lived child; --in-process: both in this process
@@ -298,7 +315,8 @@ def main() -> int:
     if args.in_process:
         off_loop = _OffLoop(t, a, args.threads, args.n_gpu_layers)
     else:
-        off_loop = (_OffWorker if args.off_layout == "worker" else _OffChild)(t, a, args.threads, args.n_gpu_layers)
+        off_loop = (_OffWorker(t, a, args.threads, args.n_gpu_layers, repack) if args.off_layout == "worker"
+                    else _OffChild(t, a, args.threads, args.n_gpu_layers))
     off_parts: list[tuple[float, float]] = []
 
     def run_off() -> tuple[float, float, int, list[int], int]:
@@ -320,7 +338,7 @@ def main() -> int:
         s = record(RecordConfig(n_draft=args.n_draft, max_tokens=args.max_tokens,
                                 centroids=f if args.tracing == "full" else None, hidden="f16",
                                 n_gpu_layers=args.n_gpu_layers, n_threads=args.threads,
-                                graph_capture=mode == "graph"),
+                                graph_capture=mode == "graph", repack=repack),
                    target=t, assistant=a, out=tmp / f"{mode}-{i}", prompt=PROMPT, runtime=on_rts[mode],
                    command=["bench"], overwrite=True)
         st["recorder_cpu"].append(s.recorder_cpu_seconds)
@@ -364,7 +382,7 @@ def main() -> int:
              else "llama.cpp in a worker process, the untraced loop in "
              + ("a fresh process per run started as the worker is" if args.off_layout == "worker"
                 else "one long-lived child process"))
-    print(f"bench_record: {args.size} demo pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
+    print(f"bench_record: {args.size} {'real-geometry' if args.size == REAL else 'demo'} pair ({args.vocab} vocab), n_draft {args.n_draft}, {args.max_tokens} tokens, "
           f"{args.threads} thread(s), {args.repeats} alternating repeats, traced runs: {where}; "
           f"load average {os.getloadavg()[0]:.2f}; tracing {args.tracing} ({TRACING_WORDS[args.tracing]})")
     print(f"  {idle_touch_line()}: the traced side's work comes every round after a pause, the untraced loop never pauses")

@@ -265,3 +265,43 @@ def test_the_solve_is_kept_per_drafter_file(tiny_pair, tmp_path, monkeypatch) ->
     os.utime(drafter, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # another version of the file: its own entry
     cached_solver(drafter)
     assert len(list((tmp_path / "cache" / "derived").glob("*.npz"))) == 2
+
+
+def test_rounds_analysed_together_get_each_steps_own_h_inner() -> None:
+    """The recorder derives the h_inner of the rounds it receives together with one solve
+    (``derive_h_inner_rounds``): each step gets back its own h (known here: the outputs are made from it), a
+    captured h_inner is kept as it is, a step without logits stays None, and every value equals the one-round
+    solve to float32 summation noise."""
+    from mtpscope.traces.run.mtp_runtime import DraftStep, RoundResult
+    from mtpscope.traces.run.step_analysis import derive_h_inner, derive_h_inner_rounds
+
+    emb, post = _weights(4096, 48, 96)
+    s = h_inner_solver(_FakeGGUF(emb, post))
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal((9, 48)).astype(np.float32)
+    lg, hn = _outputs(emb, post, h)
+    captured = rng.standard_normal(48).astype(np.float32)
+
+    def step(i: int, *, inner: np.ndarray | None = None, logits: bool = True) -> DraftStep:
+        return DraftStep(token=i, logits=lg[i] if logits else None, h=None, h_next=hn[i], h_inner=inner)
+
+    def rnd(r: int, steps: list[DraftStep]) -> RoundResult:
+        return RoundResult(round=r, pos=r, pending_token=0, drafted=tuple(x.token for x in steps),
+                           target=(None,) * (len(steps) + 1), n_accepted=0, emitted=(0,), t_draft_ms=0.0,
+                           t_verify_ms=0.0, steps=tuple(steps))
+
+    rounds = [rnd(0, [step(0), step(1), step(2)]), rnd(1, [step(3, inner=captured), step(4)]),
+              rnd(2, [step(5), step(6, logits=False), step(7)]), rnd(3, [step(8)])]
+    got = derive_h_inner_rounds(rounds, s)
+    assert [len(r) for r in got] == [3, 2, 3, 1]
+    assert got[1][0] is captured and got[2][1] is None
+    # (round, step) -> the row of h its outputs were made from
+    for (r, i), k in {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 1): 4, (2, 0): 5, (2, 2): 7, (3, 0): 8}.items():
+        x = got[r][i]
+        assert x is not None and relative_errors(x[None], h[k][None]).max() <= s.bound()
+    for r, res in enumerate(rounds):
+        one = derive_h_inner(res, s)
+        for a, b in zip(got[r], one, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))

@@ -111,6 +111,28 @@ def test_channel_messages_fds_and_eof() -> None:
         os.close(w)
 
 
+def test_channel_ready_looks_without_taking() -> None:
+    """``ready`` says whether a whole message waits, reading the socket but taking nothing: a half-sent message is
+    not ready, the next ``recv`` still returns the messages in order, and a closed peer reads as an error."""
+    a, b = socket.socketpair()
+    ca, cb = Channel(a), Channel(b)
+    try:
+        assert not cb.ready()
+        body = b'{"kind":"x","n":1,"n_fds":0}'
+        a.sendall(len(body).to_bytes(4, "little") + body[:5])           # half a message
+        assert not cb.ready()
+        a.sendall(body[5:])
+        ca.send({"kind": "y"})
+        assert cb.ready() and cb.ready()                                 # looking twice takes nothing
+        assert cb.recv()[0]["kind"] == "x" and cb.recv()[0]["kind"] == "y"
+        assert not cb.ready()
+        ca.close()
+        with pytest.raises(TransportClosed):
+            cb.ready()
+    finally:
+        cb.close()
+
+
 def test_sender_receiver_one_round_in_flight() -> None:
     """Arrays of all sizes arrive intact (the ring grows when a round does not fit), and the sender
     never has more than one unreleased message at the receiver."""

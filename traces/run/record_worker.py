@@ -645,11 +645,18 @@ class RecordWorker:
                 return
 
     def release(self) -> None:
-        """The last round's arrays may be overwritten: the worker may send the next round."""
+        """The oldest unreleased round's arrays may be overwritten: the worker may send another round."""
         try:
             self.receiver.release()
         except TransportClosed:
             pass  # the worker died: the next events() step reports it
+
+    def ready(self) -> bool:
+        """Whether the worker's next message is here already (the doorbell woke the recorder for several)."""
+        try:
+            return self.chan.ready()
+        except (TransportClosed, MtpscopeError):
+            return False   # the worker died or sent something malformed: the next events() step reports it
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Ask the worker to stop (Ctrl-C) and wait up to ``grace`` seconds for it to exit, then kill it."""
@@ -814,6 +821,10 @@ class InProcessRounds:
 
     def release(self) -> None:
         """Nothing to release: the arrays are the runtime's own copies."""
+
+    def ready(self) -> bool:
+        """Never: the next event is the loop's next round, made when asked for."""
+        return False
 
     def log_to(self, path: str | os.PathLike[str]) -> None:
         """llama.cpp logs into this process (``traces.run.llama.logs``): nothing to copy."""

@@ -45,8 +45,8 @@ from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, prompt_specs
 from mtpscope.traces.run.record_config import RecordConfig, RecordJob
-from mtpscope.traces.run.record_worker import STOP_GRACE_S, InProcessRounds, RecordWorker
-from mtpscope.traces.run.step_analysis import round_record, step_records
+from mtpscope.traces.run.record_worker import STOP_GRACE_S, WAKE_EVERY, InProcessRounds, RecordWorker
+from mtpscope.traces.run.step_analysis import derive_h_inner_rounds, round_record, step_records
 from mtpscope.traces.run.worker_protocol import (
     Baseline,
     Event,
@@ -400,6 +400,11 @@ def _manifest(config: RecordConfig, specs: Sequence[PromptSpec], checked: _Check
     }
 
 
+#: the most rounds analysed together: all a worker can have sent and not had released (its ring's slots but one,
+#: :func:`~traces.run.record_worker.ring_slots`)
+ROUND_BATCH = WAKE_EVERY + 1
+
+
 class _Recording:
     """One run of :func:`record` from the runtime's hello to the closed trace: one method per step
     (:meth:`start`, one per event of the loop, :meth:`finish`, what a failure keeps, :meth:`summary`)."""
@@ -433,6 +438,7 @@ class _Recording:
         """The loop from the runtime's hello to the closed trace, numpy's BLAS on one thread and (in this
         process) a Ctrl-C deferred past llama.cpp's decodes; on a failure the trace written so far is kept,
         marked incomplete (:meth:`aborted`, :meth:`failed`)."""
+        batch: list[WorkerRound] = []      # rounds received together, not analysed yet
         with contextlib.ExitStack() as stack:
             stack.enter_context(_SingleThreadBlas())
             stack.enter_context(contextlib.nullcontext() if self.isolated else deferred_sigint())
@@ -443,13 +449,22 @@ class _Recording:
                 self.start(self.src)
                 self.t_ev = time.perf_counter()
                 for ev in self.src.events():
-                    self.on_event(ev)
+                    if isinstance(ev, WorkerRound):
+                        batch.append(ev)
+                        if len(batch) < ROUND_BATCH and self.src.ready():
+                            continue               # more rounds came with this one: analysed together
+                    if batch:
+                        self.on_rounds_done(batch)
+                    if not isinstance(ev, WorkerRound):
+                        self.on_event(ev)
                     self.t_ev = time.perf_counter()
                 self.finish()
             except RuntimeAbortedError as e:
+                self._keep(batch)
                 self.aborted(e)
                 raise
             except BaseException as e:
+                self._keep(batch)
                 self.failed(e)
                 raise
 
@@ -536,14 +551,40 @@ class _Recording:
         elif isinstance(ev, WorkerDone):
             self.loop = ev
 
-    def on_round_done(self, pid: int, res: RoundResult) -> None:
-        """A finished round: its records into the trace (the worker may go on once they are built)."""
+    def on_rounds_done(self, batch: list[WorkerRound]) -> None:
+        """Finished rounds received together (the worker's doorbell wakes this process for several): the
+        derived ``h_inner`` of all their steps in one solve (:func:`~traces.run.step_analysis.derive_h_inner_rounds`:
+        the solve's matrix read once), then each round as :meth:`on_round_done`. Each round leaves ``batch``
+        as its turn comes (what is left after a failure: :meth:`_keep`)."""
+        inner: list[list[Any] | None] = [None] * len(batch)
+        if self.solver is not None and len(batch) > 1:
+            t0 = time.perf_counter()
+            inner = list(derive_h_inner_rounds([ev.result for ev in batch], self.solver))
+            self.trace_s += time.perf_counter() - t0
+        for inn in inner:
+            ev = batch.pop(0)
+            self.on_round_done(ev.prompt_id, ev.result, inner=inn)
+
+    def _keep(self, batch: list[WorkerRound]) -> None:
+        """The run failed with rounds received but not yet in the trace: put them in (best effort: the
+        failure already says what went wrong)."""
+        try:
+            while batch:
+                ev = batch.pop(0)
+                self.on_round_done(ev.prompt_id, ev.result)
+        except Exception:  # noqa: BLE001 - the run's own failure is what is reported
+            batch.clear()
+
+    def on_round_done(self, pid: int, res: RoundResult, *, inner: Sequence[Any] | None = None) -> None:
+        """A finished round: its records into the trace (the worker may go on once they are built). ``inner``:
+        its steps' ``h_inner`` already derived (:meth:`on_rounds_done`)."""
         config = self.config
         t0 = time.perf_counter()
         if not self.gen:
             self.gen.append(res.pending_token)
         self.gen.extend(res.emitted)
-        steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=self.head, solver=self.solver)
+        steps = step_records(res, n_top=config.n_top, hidden=config.hidden, head=self.head, solver=self.solver,
+                             inner=inner)
         self._source().release()          # the records own copies of all they keep: the worker may go on
         self._writer().add_round(round_record(pid, res), steps)
         self.trace_s += time.perf_counter() - t0

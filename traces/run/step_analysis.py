@@ -13,6 +13,7 @@ traces.run.mtp_runtime, traces.run.derived and inspector.centroids).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,20 +72,36 @@ def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = Non
 def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | None]:
     """Each step's ``h_inner``: the captured one, or derived by ``solver`` (:mod:`traces.run.derived`) from
     the step's logits and ``h_next`` where it was not captured (None where those are missing too)."""
-    steps = res.steps
-    out: list[np.ndarray | None] = [s.h_inner for s in steps]
-    todo = [i for i, s in enumerate(steps) if s.h_inner is None and s.logits is not None and s.h_next is not None]
-    if todo:
-        # (todo holds the steps whose logits and h_next are known)
-        got = solver.solve([lg for i in todo if (lg := steps[i].logits) is not None],
-                           [hn for i in todo if (hn := steps[i].h_next) is not None])
-        for j, i in enumerate(todo):
-            out[i] = got[j]
+    return derive_h_inner_rounds([res], solver)[0]
+
+
+def derive_h_inner_rounds(rounds: Sequence[RoundResult], solver: HInnerSolver) -> list[list[np.ndarray | None]]:
+    """:func:`derive_h_inner` of several rounds with one solve: one ``(n_steps, m) @ (m, n_embd)`` product for
+    all their steps, so the solve's matrix (``m x n_embd`` float32: 11.5 MB for the 26B-A4B drafter, more than a
+    core's cache) is read once, not once per round. Per round, its steps' ``h_inner`` in step order."""
+    out: list[list[np.ndarray | None]] = []
+    logits: list[np.ndarray] = []
+    h_next: list[np.ndarray] = []
+    where: list[tuple[int, int]] = []
+    for r, res in enumerate(rounds):
+        row: list[np.ndarray | None] = []
+        for i, s in enumerate(res.steps):
+            row.append(s.h_inner)
+            if s.h_inner is None and s.logits is not None and s.h_next is not None:
+                logits.append(s.logits)
+                h_next.append(s.h_next)
+                where.append((r, i))
+        out.append(row)
+    if where:
+        got = solver.solve(logits, h_next)
+        for j, (r, i) in enumerate(where):
+            out[r][i] = got[j]
     return out
 
 
 def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
-                 head: CentroidHead | None = None, solver: HInnerSolver | None = None) -> list[StepRecord]:
+                 head: CentroidHead | None = None, solver: HInnerSolver | None = None,
+                 inner: Sequence[np.ndarray | None] | None = None) -> list[StepRecord]:
     """Per-step trace records of one round (see :func:`traces.run.recorder.record` for the fields).
 
     Args:
@@ -95,12 +112,15 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
             columns are filled only when every step has ``h_inner``.
         solver: derives ``h_inner`` from the logits and ``h_next`` of steps that carry no captured one
             (:func:`derive_h_inner`); None keeps only captured values.
+        inner: each step's ``h_inner`` already derived (:func:`derive_h_inner_rounds`, for several rounds at
+            once); ``solver`` is then not used.
     """
     out: list[StepRecord] = []
     keep_h = hidden != "off"
     steps = res.steps
     targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
-    inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
+    if inner is None:
+        inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
     summaries = [None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top,
                                                                 top=s.top_ids)
                  for k, s in enumerate(steps)]
@@ -144,4 +164,5 @@ def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
                        t_verify_ms=res.t_verify_ms, eog_confirmed=res.eog_confirmed)
 
 
-__all__ = ["LogitSummary", "derive_h_inner", "round_record", "step_records", "summarize_logits"]
+__all__ = ["LogitSummary", "derive_h_inner", "derive_h_inner_rounds", "round_record", "step_records",
+           "summarize_logits"]

@@ -213,7 +213,11 @@ class RoundSource(Protocol):
         """The run's events in order (:data:`Event`); one :class:`WorkerDone` ends them."""
 
     def release(self) -> None:
-        """The last round's (or the calibration's) arrays may be overwritten."""
+        """The oldest unreleased round's (or the calibration's) arrays may be overwritten."""
+
+    def ready(self) -> bool:
+        """Whether the next event is here already (taking it from :meth:`events` would not wait): the
+        recorder then takes it too and analyses the rounds together."""
 
     def log_to(self, path: str | os.PathLike[str]) -> None:
         """From now on copy llama.cpp's output to ``path``."""
