@@ -136,9 +136,11 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
     """One row per prompt, worst first: :func:`mtpscope.traces.analysis.metrics.per_prompt` (n_rounds, n_drafted,
     n_accepted, acceptance_rate, mean_acceptance_length) plus the prompt's text (from the manifest's
     prompts when given) and its longest zero-acceptance streak (rounds, from
-    :func:`mtpscope.traces.analysis.metrics.zero_acceptance_streaks`). Sorted by acceptance rate ascending (NaN first),
-    then prompt_id."""
+    :func:`mtpscope.traces.analysis.metrics.zero_acceptance_streaks`). Worst first
+    (:func:`mtpscope.traces.analysis.ordering.worst_first`: acceptance rate ascending, then prompt_id, prompts
+    without a rate last, as the CLI lists them)."""
     from mtpscope.traces.analysis import metrics
+    from mtpscope.traces.analysis.ordering import worst_first
 
     t = metrics.per_prompt(rounds)
     streaks = metrics.zero_acceptance_streaks(rounds) if len(rounds) else None
@@ -149,7 +151,7 @@ def per_prompt_table(rounds: pd.DataFrame, prompts: Sequence[dict] | None = None
         t["longest_zero_streak"] = np.zeros(len(t), dtype=np.int64)
     texts = prompt_texts(prompts)
     t.insert(1, "text", [texts.get(int(p), "") for p in t["prompt_id"]])
-    return t.sort_values(["acceptance_rate", "prompt_id"], kind="stable", na_position="first").reset_index(drop=True)
+    return worst_first(t)
 
 
 def clean_prompts(prompts) -> list[dict]:

@@ -3,6 +3,8 @@ against hand-computed values."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -89,6 +91,24 @@ def test_per_prompt_table_worst_first() -> None:
     assert t["acceptance_rate"].tolist() == pytest.approx([1 / 6, 2 / 9, 1.0])
     assert t["text"].tolist() == ["hi", "", ""]
     assert t["longest_zero_streak"].tolist() == [1, 2, 0]
+
+
+def test_prompts_without_a_rate_come_last_in_the_app_as_in_the_cli() -> None:
+    """A prompt that drafted nothing (acceptance rate NaN: nothing to judge) is listed after every prompt with a
+    rate, in the app's table as in ``explain`` and ``server requests`` (they disagreed: the app put it first)."""
+    from mtpscope.cli.explain import _rate_table
+    from mtpscope.traces.analysis.breakdown import Acceptance
+
+    r = _rounds([[0, 0], [1, 0], [2, 2]])
+    r.loc[r["prompt_id"] == 0, "n_draft"] = 0                    # prompt 0 drafted nothing
+    r.loc[r["prompt_id"] == 0, "n_accepted"] = 0
+    t = views.per_prompt_table(r)
+    assert t["prompt_id"].tolist() == [1, 2, 0] and math.isnan(t["acceptance_rate"].iloc[-1])
+    groups = {"p0": Acceptance(n_drafted=0, n_accepted=0, acceptance_rate=None),
+              "p1": Acceptance(n_drafted=6, n_accepted=1, acceptance_rate=1 / 6),
+              "p2": Acceptance(n_drafted=6, n_accepted=4, acceptance_rate=4 / 6)}
+    lines = _rate_table("prompts", groups)
+    assert [ln.split()[0] for ln in lines[2:]] == ["p1", "p2", "p0"]
 
 
 def test_binned_rounds_sums() -> None:

@@ -111,16 +111,13 @@ def _tok(t: TokenCount) -> str:
 def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance] | None) -> list[str]:
     if not groups:
         return []
-    rows = sorted(groups.items(), key=lambda kv: (_rate_key(kv[1].acceptance_rate), kv[0]))
+    from mtpscope.traces.analysis.ordering import worst_first_key
+
+    rows = sorted(groups.items(), key=lambda kv: (worst_first_key(_finite(kv[1].acceptance_rate)), kv[0]))
     out = ["", f"{title} (worst first)       drafted  accepted  acceptance rate"]
     for name, g in rows:
         out.append(f"  {name:<22} {g.n_drafted:9d} {g.n_accepted:9d}  {_f(_finite(g.acceptance_rate)):>15}")
     return out
-
-
-def _rate_key(v: float | None) -> float:
-    v = _finite(v)
-    return v if v is not None else 2.0
 
 
 def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] | None = None) -> str:

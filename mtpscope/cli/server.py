@@ -65,7 +65,9 @@ def request_view(trace) -> RequestsView:
 def format_requests(v: RequestsView, limit: int = 50) -> str:
     """:func:`request_view` as text: one line per request, worst acceptance rate first (requests without one,
     such as a prompt a killed run never reached, last)."""
-    t = v.table.sort_values("acceptance_rate", kind="stable", na_position="last")
+    from mtpscope.traces.analysis.ordering import worst_first
+
+    t = worst_first(v.table)
     tot = v.totals
     lines = [f"{plural(tot.n_requests, 'request')}: drafted {tot.n_drafted}, accepted {tot.n_accepted}, "
              f"acceptance rate {_f(tot.acceptance_rate)}, mean acceptance length "

@@ -32,6 +32,7 @@ from typing import Any, TypeGuard, cast
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces.analysis.ordering import worst_first
 from mtpscope.traces.analysis.records import JsonRecord
 from mtpscope.traces.analysis.wording import plural
 
@@ -216,7 +217,7 @@ def by_category(requests: pd.DataFrame) -> pd.DataFrame:
                                      "n_drafts", "mean_acceptance_length", "tokens_per_s_mean", "tokens_per_s_pooled"])
     cat = t["category"].where(t["category"].notna(), "(none)")
     rows = [{"category": c, **_totals(t[cat == c]).to_dict()} for c in sorted(set(cat))]
-    return pd.DataFrame(rows).sort_values("acceptance_rate", kind="stable", na_position="last").reset_index(drop=True)
+    return worst_first(pd.DataFrame(rows))
 
 
 def per_position(requests: pd.DataFrame) -> pd.DataFrame:
