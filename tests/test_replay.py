@@ -182,3 +182,26 @@ def test_baseline_follows_the_recorded_device() -> None:
     assert baseline_for({"params": {"n_gpu_layers": 0}, "runtime": {"device": "NVIDIA H200"}}) == BASELINE_CPU
     assert baseline_for({"params": {"n_gpu_layers": -1}}) == BASELINE_CPU
     assert BASELINE_CPU.gelu == "ggml-f16" and BASELINE_GPU.gelu == "tanh"
+
+
+def test_cli_replay_says_it_replaces_an_earlier_replay(demo_trace: dict[str, Path], tmp_path: Path) -> None:
+    """``replay --out DIR`` into a folder that holds a replay says, on stderr and before it works, that it replaces
+    it and when that one was written (as ``diagnose`` does); a first run says nothing of the kind."""
+    import os
+    import time
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    out = tmp_path / "r"
+    args = ["replay", str(demo_trace["trace"]), "--max-rounds", "1", "--out", str(out), "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "replaces" not in r.stderr and (out / "summary.json").is_file()
+    os.utime(out / "summary.json", (0, 86400 * 365))
+    made = time.strftime("%Y-%m-%d %H:%M", time.localtime(86400 * 365))
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == f"mtpscope: {out}: replaces the replay already there (written {made})\n"
+    assert json.loads(r.stdout)["n_rounds"] == 1 and (out / "summary.json").stat().st_mtime > 86400 * 365

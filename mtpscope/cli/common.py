@@ -93,6 +93,18 @@ def fmt(v: Any, spec: str = ".3f") -> str:
         return str(v)
 
 
+def replaces_words(what: str, path: Path) -> str | None:
+    """``"replaces the WHAT already there (written YYYY-MM-DD HH:MM)"`` when ``path`` (a command's output file)
+    exists, else None: a command that rewrites its output folder says so before it works (``diagnose``,
+    ``replay --out``)."""
+    import time
+
+    if not path.is_file():
+        return None
+    made = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
+    return f"replaces the {what} already there (written {made})"
+
+
 @contextlib.contextmanager
 def one_line_errors(code: int = EXIT_UNREADABLE, *,
                     refusals: tuple[type[MtpscopeError], ...] = ()) -> Iterator[None]:

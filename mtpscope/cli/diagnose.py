@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
@@ -20,6 +19,7 @@ from mtpscope.cli.common import (
     model_path,
     n_draft_option,
     one_line_errors,
+    replaces_words,
 )
 from mtpscope.traces.diagnose.config import MAX_TOKENS
 
@@ -189,9 +189,9 @@ def register(app: typer.Typer) -> None:
                 f"{written[0]} goes to {out}")
             if out == absolute(Path(DEFAULT_OUT)):
                 say("out", "(the default folder, in the current directory; --out chooses another)")
-            if (out / DIAGNOSIS_FILE).is_file():      # (re-running replaces it: say so, with when it was made)
-                made = time.strftime("%Y-%m-%d %H:%M", time.localtime((out / DIAGNOSIS_FILE).stat().st_mtime))
-                say("out", f"replaces the diagnosis already there (written {made})")
+            replaces = replaces_words("diagnosis", out / DIAGNOSIS_FILE)     # (re-running replaces it: say so)
+            if replaces is not None:
+                say("out", replaces)
             # centroids as the str the config keeps anyway (RecordConfig stores os.fspath of a path)
             cfg = DiagnoseConfig(n_draft=n_draft, max_tokens=max_tokens,
                                  centroids=None if centroids is None else os.fspath(centroids), replay=not no_replay)

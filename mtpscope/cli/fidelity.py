@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors
+from mtpscope.cli.common import EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors, replaces_words
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.replay import ReplaySummary
@@ -66,8 +66,14 @@ def register(app: typer.Typer) -> None:
         max_rounds: Annotated[int | None, typer.Option("--max-rounds", help="replay only the first N rounds")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     ) -> None:
-        """Recompute every recorded draft step with the numpy reference drafter under each variant."""
+        """Recompute every recorded draft step with the numpy reference drafter under each variant. With
+        ``--out``, a replay already in that folder is replaced (said first, on stderr)."""
+        from mtpscope.traces.run.replay import SUMMARY_FILE
         from mtpscope.traces.run.replay import replay as do_replay
+
+        replaces = None if out is None else replaces_words("replay", out / SUMMARY_FILE)
+        if replaces is not None:
+            typer.echo(f"mtpscope: {out}: {replaces}", err=True)
 
         with one_line_errors():
             res = do_replay(trace, variants=list(variant or []), out=out, target=target, assistant=assistant,
