@@ -103,6 +103,12 @@ ABORT_FLUSH_S = 5.0
 #: (``benchmarks/bench_idle_memory.py``), so it handles rounds in fours; the ring holds two more, so the loop
 #: goes on while it does
 WAKE_EVERY = 4
+#: contexts of more tokens than this are checked against the machine's memory before llama.cpp allocates them
+#: (:func:`traces.run.preflight.check_context_memory`, which reads both GGUF headers again: 0.2 s on the demo pair);
+#: up to it the KV cache of every Gemma 4 size is far below the weights the worker already holds (8192 tokens,
+#: llama.cpp's F16 cache with swa_full: 31B 7.2 GiB, 26B-A4B 1.8, E4B 0.59, E2B 0.19; inspector.estimate on
+#: sample_configs), so a run of usual length pays nothing for it
+CONTEXT_CHECK_ABOVE = 8192
 #: the most shared memory the ring takes; fewer slots when rounds are bigger (down to 3, waking the recorder
 #: every round when only 3 fit: a pair with many drafts of a big vocabulary has rounds long enough for that)
 RING_BUDGET_BYTES = 64 << 20
@@ -253,7 +259,7 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
     toks = [list(r[0]) for r in rendered]
     longest = max(len(t) for t in toks)
     need = longest + c.max_tokens + c.n_draft + 1
-    if need > rtm.n_ctx:
+    if need > max(rtm.n_ctx, CONTEXT_CHECK_ABOVE):
         from mtpscope.traces.run.llama.binding import gpu_name
         from mtpscope.traces.run.preflight import check_context_memory
 
