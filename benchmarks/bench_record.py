@@ -32,7 +32,9 @@ two per round, woken for rounds in fours, and sleeps between, so on a virtual ma
 grows with that charge, while the untraced loop, which never pauses, does not pay it
 (``benchmarks/bench_idle_memory.py`` measures how much on the recorder's own work). Prints tracing's CPU per
 round in ms (all processes; each traced run against the untraced run before it, which generate the same rounds)
-beside what the 5 % goal allows, which a machine's speed moves less than the percentages; ratios
+beside what the 5 % goal allows, which a machine's speed moves less than the percentages; tracing's own CPU per round
+(the recorder process, the worker's sender thread, the loop's extra time outside llama.cpp's decodes: what tracing
+itself does, measured apart from the decodes, whose run-to-run spread on a pair of real size is wider than the goal); ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
 just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
 time goes in the loop's thread on each side (inside llama.cpp's decodes / outside them: the Python that
@@ -331,7 +333,7 @@ def main() -> int:
               for m in modes} if args.in_process else dict.fromkeys(modes)
     stats: dict[str, dict[str, list]] = {m: {k: [] for k in ("recorder_cpu", "loop_cpu", "all_cpu", "loop_wait",
                                                               "parts", "off_parts", "off_w", "on_w", "off_c",
-                                                              "on_c", "on_all", "cpu_round")} for m in modes}
+                                                              "on_c", "on_all", "cpu_round", "own")} for m in modes}
 
     def run_on(mode: str, tmp: Path, i: int) -> tuple[float, float, float, int, list[int], int]:
         st = stats[mode]
@@ -367,6 +369,10 @@ def main() -> int:
                 s_on, c_loop, c_all, n_on, out_on, r_on = run_on(m, tmp, i)
                 if r_off and r_on:     # CPU ms per round of each arm (the same tokens, so the same rounds)
                     st["cpu_round"].append((1e3 * c_off / r_off, 1e3 * c_all / r_on))
+                    if st["parts"]:    # tracing's own work per round: recorder, sender thread, loop outside decodes
+                        rec = st["recorder_cpu"][-1]
+                        st["own"].append((1e3 * rec / r_on, 1e3 * (c_all - rec - c_loop) / r_on,
+                                          st["parts"][-1][1] - st["off_parts"][-1][1], 1e3 * c_off / r_off))
                 if out_off != out_on:
                     print(f"warning: {m}: traced and untraced runs generated different tokens", file=sys.stderr)
                 st["off_w"].append(n_off / s_off)
@@ -397,6 +403,14 @@ def main() -> int:
             base = statistics.median(a for a, _ in st["cpu_round"])
             print(f"  [cpu (all)] per round: tracing adds {extra:.2f} ms of CPU (median of the pairs) to an untraced "
                   f"round's {base:.2f} ms; the 5 % goal is {0.05 * base:.2f} ms")
+        if st["own"]:
+            med = [statistics.median(x[j] for x in st["own"]) for j in range(4)]
+            own = statistics.median(x[0] + x[1] + x[2] for x in st["own"])
+            print(f"  [tracing's own CPU] per round: recorder process {med[0]:.2f} ms + the worker's sender thread "
+                  f"{med[1]:.2f} ms + the loop's time outside decodes {med[2]:+.2f} ms = {own:.2f} ms (median of the "
+                  f"pairs) = {100 * own / med[3]:.1f} % of an untraced round's {med[3]:.2f} ms (goal 5 %): what "
+                  "tracing itself does, which the decodes' own run-to-run spread does not hide (any slowing of the "
+                  "decodes themselves is left out)")
         if st["off_parts"] and st["parts"]:
             _parts(st["off_parts"], st["parts"])
         share = [r / c for r, c in zip(st["recorder_cpu"], st["all_cpu"], strict=True) if c > 0]
