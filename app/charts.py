@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from mtpscope.app import model_views, round_views, views
+from mtpscope.traces.analysis.ordering import worst_first_key
 from mtpscope.traces.analysis.records import finite as _finite
 
 if TYPE_CHECKING:
@@ -434,7 +435,7 @@ def rate_bars_figure(groups: Mapping[str, Acceptance | CategoryAcceptance] | Non
     items = [(n, g) for n, g in (groups or {}).items() if g.n_drafted]
     if not items:
         return empty_figure(f"no drafted tokens by {what}")
-    items.sort(key=lambda ng: (ng[1].acceptance_rate if ng[1].acceptance_rate is not None else 2.0, ng[0]))
+    items.sort(key=lambda ng: (worst_first_key(ng[1].acceptance_rate), ng[0]))
     fig = go.Figure(go.Bar(x=[n for n, _ in items], y=[g.acceptance_rate for _, g in items], marker_color="#2ca02c",
                            text=[f"{g.n_accepted}/{g.n_drafted}" for _, g in items], textposition="outside",
                            hovertemplate="%{x}: %{y:.1%} of drafts accepted (%{text})<extra></extra>"))

@@ -31,6 +31,7 @@ from typing import Any
 from mtpscope.app.formats import percent, points
 from mtpscope.app.views import recommendation_label
 from mtpscope.traces.analysis.advice import Recommendation
+from mtpscope.traces.analysis.ordering import worst_first_key
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,7 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
     else:
         checked_any = any(t.verify_ok is not None or t.diagnosis_defect is not None for t in traces)
         defect = False if checked_any else None
-        low = min(traces, key=lambda t: (t.acceptance_rate if t.acceptance_rate is not None else 2.0))
+        low = min(traces, key=lambda t: worst_first_key(t.acceptance_rate))
         suspect = low.path
         if checked_any:
             sentence = ("No defect found by the file checks (verify of the recording drafter"

@@ -787,6 +787,26 @@ def test_a_context_too_big_for_memory_is_refused_before_llama_cpp_allocates(pair
     assert time.monotonic() - t0 < 30
 
 
+def test_mem_available_takes_the_smaller_of_the_machine_and_its_cgroup(tmp_path) -> None:
+    """``MemAvailable`` of /proc/meminfo, or what a cgroup v2 limit leaves when that is less; no limit ("max") and
+    no files leave the machine's figure, nothing known gives None."""
+    from mtpscope.traces.run.preflight import mem_available
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert mem_available(info, cg) == 20000000 * 1024                       # no cgroup files
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    assert mem_available(info, cg) == 20000000 * 1024
+    (cg / "memory.max").write_text(f"{8 << 30}\n")
+    (cg / "memory.current").write_text(f"{3 << 30}\n")
+    assert mem_available(info, cg) == 5 << 30
+    assert mem_available(tmp_path / "none", cg) == 5 << 30
+    assert mem_available(tmp_path / "none", tmp_path / "none") is None
+
+
 def test_context_memory_check_agrees_with_llama_cpp_kv_buffer(pair) -> None:
     """``check_context_memory`` refuses exactly when the KV cache llama.cpp allocates for the recorder's contexts
     (``MtpRuntime``'s: swa_full as llama.cpp's default, no flash attention, so V rows padded to the widest; its own
@@ -802,9 +822,9 @@ def test_context_memory_check_agrees_with_llama_cpp_kv_buffer(pair) -> None:
     kv = sum(parse_llama_sizes(pieces)["kv_buffer"].values()) * 2**20
     assert kv > 0
     with pytest.raises(TraceError, match="KV cache alone"):
-        check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=False, flash_attn=False, why="test",
+        check_context_memory(pair["target"], pair["noisy"], n_ctx, n_gpu_layers=0, flash_attn=False, why="test",
                              available=int(kv - 0.1 * 2**20))
-    check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=False, flash_attn=False, why="test",
+    check_context_memory(pair["target"], pair["noisy"], n_ctx, n_gpu_layers=0, flash_attn=False, why="test",
                          available=int(kv + 0.1 * 2**20))
-    check_context_memory(pair["target"], pair["noisy"], n_ctx, on_gpu=True, flash_attn=False, why="test",
-                         available=1)                                    # on a GPU: no check
+    check_context_memory(pair["target"], pair["noisy"], n_ctx, n_gpu_layers=-1, flash_attn=False, why="test",
+                         available=1)                         # every layer on a GPU: no cache on the CPU

@@ -126,6 +126,10 @@ def test_channel_ready_looks_without_taking() -> None:
         assert cb.ready() and cb.ready()                                 # looking twice takes nothing
         assert cb.recv()[0]["kind"] == "x" and cb.recv()[0]["kind"] == "y"
         assert not cb.ready()
+        bad = b"{not json"
+        a.sendall(len(bad).to_bytes(4, "little") + bad)
+        with pytest.raises(TraceError, match="not JSON"):          # said at once: its bytes are gone after
+            cb.ready()
         ca.close()
         with pytest.raises(TransportClosed):
             cb.ready()

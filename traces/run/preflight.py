@@ -167,52 +167,67 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
-def mem_available() -> int | None:
-    """Bytes of memory this machine can give a new allocation without swapping (Linux ``/proc/meminfo``
-    ``MemAvailable``); None where that is not known."""
+def mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo",
+                  cgroup: str | os.PathLike[str] = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process can still get without swapping: Linux ``/proc/meminfo`` ``MemAvailable``, or
+    less where a cgroup v2 limit (a container: ``memory.max`` minus ``memory.current`` in ``cgroup``) leaves
+    less; None where neither is known."""
+    got: int | None = None
     try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
+        with open(meminfo, encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    got = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        got = None
+    try:
+        cg = Path(cgroup)
+        limit = (cg / "memory.max").read_text().strip()
+        if limit != "max":
+            left = max(0, int(limit) - int((cg / "memory.current").read_text().strip()))
+            got = left if got is None else min(got, left)
+    except (OSError, ValueError):
+        pass
+    return got
 
 
 def check_context_memory(target: str | os.PathLike[str], assistant: str | os.PathLike[str], n_ctx: int, *,
-                         on_gpu: bool, flash_attn: bool, why: str, available: int | None = None) -> None:
+                         n_gpu_layers: int, flash_attn: bool, why: str, advice: str = "lower max_tokens",
+                         available: int | None = None) -> None:
     """Refuse a context of ``n_ctx`` tokens whose KV cache alone (:func:`inspector.estimate.estimate`, exact
     for llama.cpp's F16 cache) is more than this machine's available memory, before llama.cpp tries to allocate
     it (a huge ``max_tokens`` otherwise ends in an allocation failure after seconds of swapping, or in the
-    kernel's out-of-memory kill of the worker). Only for a CPU run (``on_gpu`` False: with layers offloaded to
-    a GPU llama.cpp keeps their cache on the device).
+    kernel's out-of-memory kill of the worker). Only the cache of the layers on the CPU counts: with layers
+    offloaded to a GPU (``n_gpu_layers``, -1 = all; 0 where the build has no GPU) llama.cpp keeps theirs there.
 
     Args:
         n_ctx: tokens the context must hold. flash_attn: the contexts' flash attention (without it llama.cpp
             pads every layer's V rows to the widest). why: what ``n_ctx`` is made of (for the message), e.g. "the
-            longest prompt's 12 + max_tokens 100000000 + n_draft 3 + 1". available: bytes (default
-            :func:`mem_available`; None there: no check).
+            longest prompt's 12 + max_tokens 100000000 + n_draft 3 + 1". advice: what to change ("lower max_tokens",
+            "shorten the prompt"). available: bytes (default :func:`mem_available`; None there: no check). A pair the
+            estimate cannot read (``record(preflight=False)`` on a file it refuses) is not checked.
 
     Raises:
         TraceError: the KV cache does not fit (key ``max_tokens``; expected / actual in GiB).
     """
-    from mtpscope.errors import TraceError
+    from mtpscope.errors import MtpscopeError, TraceError
     from mtpscope.inspector.estimate import EstimateParams, estimate
 
-    if on_gpu:
-        return
     available = mem_available() if available is None else available
     if available is None:
         return
     # the recorder's contexts keep llama_context_default_params' swa_full (on in llama.cpp 0.3.36: the sliding
     # layers hold the whole context too), unlike llama-server's --swa-full default (off)
-    est = estimate(target, assistant, EstimateParams(n_ctx=int(n_ctx), n_gpu_layers=0, swa_full=True,
-                                                     flash_attn=bool(flash_attn)))
-    kv = est.target.kv + (est.drafter.kv if est.drafter is not None else 0)
+    try:
+        est = estimate(target, assistant, EstimateParams(n_ctx=int(n_ctx), n_gpu_layers=int(n_gpu_layers),
+                                                         swa_full=True, flash_attn=bool(flash_attn)))
+    except MtpscopeError:
+        return                      # (preflight=False on a pair the estimate refuses: llama.cpp says what it can)
+    kv = est.by_device.get("CPU", {}).get("kv", 0)
     if kv > available:
         raise TraceError(f"a context of {n_ctx} tokens ({why}) needs {kv / 2**30:.2f} GiB for its KV cache alone, "
-                         f"more than this machine's {available / 2**30:.2f} GiB available: lower max_tokens",
+                         f"more than this machine's {available / 2**30:.2f} GiB available: {advice}",
                          path=os.fspath(target), key="max_tokens",
                          expected=f"a KV cache <= {available / 2**30:.2f} GiB", actual=f"{kv / 2**30:.2f} GiB")
 

@@ -263,17 +263,23 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
         from mtpscope.traces.run.llama.binding import gpu_name
         from mtpscope.traces.run.preflight import check_context_memory
 
-        check_context_memory(job.target, job.assistant, need, on_gpu=c.n_gpu_layers != 0 and gpu_name() is not None,
-                             flash_attn=c.flash_attn,
+        check_context_memory(job.target, job.assistant, need,
+                             n_gpu_layers=c.n_gpu_layers if gpu_name() is not None else 0, flash_attn=c.flash_attn,
+                             advice=_smaller(longest, c),
                              why=f"the longest prompt's {longest} + max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1")
     try:
         rtm.ensure_context(need)
     except TraceError as e:
-        raise TraceError(f"llama.cpp could not allocate a context of {need} tokens (the longest prompt's {longest} "
+        raise TraceError(f"llama.cpp could not make a context of {need} tokens (the longest prompt's {longest} "
                          f"+ max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1): {_allocation_line(e.message)}",
-                         path=e.path, key="max_tokens", expected="a context that fits in memory: fewer max_tokens",
+                         path=e.path, key="max_tokens", expected=f"a context llama.cpp can make ({_smaller(longest, c)})",
                          actual=c.max_tokens) from None
     return toks, [r[1] for r in rendered]
+
+
+def _smaller(longest: int, c: Any) -> str:
+    """What makes a run's context smaller: fewer max_tokens, or a shorter prompt when the prompt is the bigger part."""
+    return "shorten the prompt" if longest > c.max_tokens else "lower max_tokens"
 
 
 def _allocation_line(message: str) -> str:
@@ -658,11 +664,15 @@ class RecordWorker:
             pass  # the worker died: the next events() step reports it
 
     def ready(self) -> bool:
-        """Whether the worker's next message is here already (the doorbell woke the recorder for several)."""
+        """Whether the worker's next message is here already (the doorbell woke the recorder for several).
+
+        Raises:
+            TraceError: a malformed message (its bytes are gone: it is reported now).
+        """
         try:
             return self.chan.ready()
-        except (TransportClosed, MtpscopeError):
-            return False   # the worker died or sent something malformed: the next events() step reports it
+        except TransportClosed:
+            return False   # the worker died: the next events() step reports it (a malformed message raises here)
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Ask the worker to stop (Ctrl-C) and wait up to ``grace`` seconds for it to exit, then kill it."""

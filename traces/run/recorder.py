@@ -458,6 +458,8 @@ class _Recording:
                     if not isinstance(ev, WorkerRound):
                         self.on_event(ev)
                     self.t_ev = time.perf_counter()
+                if batch:
+                    self.on_rounds_done(batch)
                 self.finish()
             except RuntimeAbortedError as e:
                 self._keep(batch)
@@ -555,15 +557,20 @@ class _Recording:
         """Finished rounds received together (the worker's doorbell wakes this process for several): the
         derived ``h_inner`` of all their steps in one solve (:func:`~traces.run.step_analysis.derive_h_inner_rounds`:
         the solve's matrix read once), then each round as :meth:`on_round_done`. Each round leaves ``batch``
-        as its turn comes (what is left after a failure: :meth:`_keep`)."""
+        as its turn comes; a round that fails empties it (the rounds after it are not written after a gap).
+        What a failure elsewhere leaves in it, received but not started: :meth:`_keep`."""
         inner: list[list[Any] | None] = [None] * len(batch)
         if self.solver is not None and len(batch) > 1:
             t0 = time.perf_counter()
             inner = list(derive_h_inner_rounds([ev.result for ev in batch], self.solver))
             self.trace_s += time.perf_counter() - t0
-        for inn in inner:
-            ev = batch.pop(0)
-            self.on_round_done(ev.prompt_id, ev.result, inner=inn)
+        try:
+            for inn in inner:
+                ev = batch.pop(0)
+                self.on_round_done(ev.prompt_id, ev.result, inner=inn)
+        except BaseException:
+            batch.clear()          # (a round that failed is not followed by later ones: no gap in the trace)
+            raise
 
     def _keep(self, batch: list[WorkerRound]) -> None:
         """The run failed with rounds received but not yet in the trace: put them in (best effort: the
@@ -572,7 +579,7 @@ class _Recording:
             while batch:
                 ev = batch.pop(0)
                 self.on_round_done(ev.prompt_id, ev.result)
-        except Exception:  # noqa: BLE001 - the run's own failure is what is reported
+        except BaseException:  # noqa: BLE001 - the run's own failure is what is reported (a Ctrl-C here too)
             batch.clear()
 
     def on_round_done(self, pid: int, res: RoundResult, *, inner: Sequence[Any] | None = None) -> None:

@@ -720,8 +720,8 @@ class RoundReceiver:
         return unpack(msg["obj"], arrays)
 
     def release(self) -> None:
-        """The last received round's slot may be reused (call after analysing it): the worker is told now, or
-        with ``defer_release`` at the next :meth:`flush_releases`.
+        """The oldest unreleased round's slot may be reused (call after analysing it; rounds are released in the
+        order they came): the worker is told now, or with ``defer_release`` at the next :meth:`flush_releases`.
 
         Raises:
             TransportClosed: the worker is gone.
