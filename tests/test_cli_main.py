@@ -76,3 +76,22 @@ def test_stop_signals_stop_a_command_as_ctrl_c_does() -> None:
     with stop_signals_as_interrupt():      # a new command: nothing stopped it yet
         assert stopped_by() is None
     assert interrupted_words() == ("interrupted", 130)
+
+
+def test_help_piped_is_120_columns_wide_unless_columns_says_otherwise() -> None:
+    """``mtpscope record --help | less``: rich's default of 80 columns squeezed each option's help into a column a
+    word wide; piped help is 120 columns wide now, a terminal keeps its own width, and ``COLUMNS`` still decides."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH", "LINES")}
+
+    def widest(extra: dict[str, str]) -> int:
+        r = subprocess.run([sys.executable, "-m", "mtpscope.cli", "record", "--help"], capture_output=True, text=True,
+                           env={**env, **extra}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return max(len(line) for line in r.stdout.splitlines())
+
+    assert widest({}) == cli.PIPED_HELP_COLUMNS
+    assert widest({"COLUMNS": "80"}) == 80

@@ -66,6 +66,23 @@ for _module in (cli_inspect, cli_verify, cli_report, cli_trace, cli_record, cli_
 EXIT_INTERNAL = 3
 
 
+#: columns of the help when it does not go to a terminal (piped to ``less``, a file, CI logs): rich's 80 squeeze the
+#: options' help into a column a word wide
+PIPED_HELP_COLUMNS = 120
+
+
+def help_width() -> None:
+    """The help's width: a terminal's own, else :data:`PIPED_HELP_COLUMNS` (``COLUMNS`` or ``TERMINAL_WIDTH``
+    in the environment win)."""
+    import os
+    import sys
+
+    from typer import rich_utils
+
+    if rich_utils.MAX_WIDTH is None and not os.environ.get("COLUMNS") and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = PIPED_HELP_COLUMNS
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -76,6 +93,7 @@ def main() -> None:
     import os
     import sys
 
+    help_width()
     try:
         with stop_signals_as_interrupt():         # SIGTERM / SIGHUP stop a command as a Ctrl-C does, saying so
             code = app(prog_name="mtpscope", standalone_mode=False)   # a usage error comes back here: one line below
