@@ -597,6 +597,9 @@ class RecordWorker:
         self.trace_dir: Path | None = None
         self._closed = False
         self.n_rounds_received = 0
+        #: (prompt_id, round) of the last round received: where the worker was at least, should its status block
+        #: say nothing when it dies
+        self.last_received: tuple[int, int] | None = None
         try:
             self.chan.send(encode(Start(job)))
         except TransportClosed:
@@ -643,7 +646,9 @@ class RecordWorker:
             kind = msg.get("kind")
             if kind == ROUND:      # through the ring: the transport's message, its prompt id beside it
                 self.n_rounds_received += 1
-                yield WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
+                got = WorkerRound(int(msg["prompt_id"]), finish_target_side(self.receiver.unpack(msg)))
+                self.last_received = (got.prompt_id, got.result.round)
+                yield got
                 continue
             if kind == CALIBRATION:
                 yield self.receiver.unpack(msg)
@@ -758,6 +763,9 @@ class RecordWorker:
         sig, verb, from_outside = death_words(rc)
         said = abort_message(tail, last_line=not from_outside)
         where = _where(st)
+        if st is None and self.last_received is not None:    # (no status block to read, but rounds came)
+            p, r = self.last_received
+            where = f"at prompt {p}, round {r + 1} or later (round {r} was the last it sent; its status block was empty)"
         line = f"llama.cpp {verb} {where}" + (f": {said}" if said else "")
         aborted = {"signal": sig, "exit_code": None if rc < 0 else rc, "message": said, "where": where, "how": verb,
                    "prompt_id": None if st is None else st["prompt_id"],
