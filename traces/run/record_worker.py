@@ -259,19 +259,18 @@ def prepare_prompts(rtm: MtpRuntime, job: RecordJob) -> tuple[list[list[int]], l
     toks = [list(r[0]) for r in rendered]
     longest = max(len(t) for t in toks)
     need = longest + c.max_tokens + c.n_draft + 1
+    why = f"the longest prompt's {longest} + max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1"
     if need > max(rtm.n_ctx, CONTEXT_CHECK_ABOVE):
         from mtpscope.traces.run.llama.binding import gpu_name
         from mtpscope.traces.run.preflight import check_context_memory
 
         check_context_memory(job.target, job.assistant, need,
                              n_gpu_layers=c.n_gpu_layers if gpu_name() is not None else 0, flash_attn=c.flash_attn,
-                             advice=_smaller(longest, c),
-                             why=f"the longest prompt's {longest} + max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1")
+                             advice=_smaller(longest, c), why=why)
     try:
         rtm.ensure_context(need)
     except TraceError as e:
-        raise TraceError(f"llama.cpp could not make a context of {need} tokens (the longest prompt's {longest} "
-                         f"+ max_tokens {c.max_tokens} + n_draft {c.n_draft} + 1): {_allocation_line(e.message)}",
+        raise TraceError(f"llama.cpp could not make a context of {need} tokens ({why}): {_allocation_line(e.message)}",
                          path=e.path, key="max_tokens", expected=f"a context llama.cpp can make ({_smaller(longest, c)})",
                          actual=c.max_tokens) from None
     return toks, [r[1] for r in rendered]

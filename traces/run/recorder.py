@@ -528,7 +528,8 @@ class _Recording:
         return self.src
 
     def on_event(self, ev: Event) -> None:
-        """One event of the loop (:data:`~traces.run.worker_protocol.Event`)."""
+        """One event of the loop other than a round (:data:`~traces.run.worker_protocol.Event`; rounds:
+        :meth:`on_rounds_done`)."""
         if isinstance(ev, Baseline):
             self._writer().manifest["baseline"], self.plain_outputs = ev.entry, ev.plain_outputs
             self.t_start, self.c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
@@ -541,8 +542,6 @@ class _Recording:
                 self._writer().manifest["derived"] = derived_entry(
                     self.solver, ev.steps, hidden=self.config.hidden != "off", centroids=self.head is not None)
             self._source().release()
-        elif isinstance(ev, WorkerRound):
-            self.on_round_done(ev.prompt_id, ev.result)
         elif isinstance(ev, PromptDone):
             gen = self.gen
             if not gen:  # the prefill token ended generation (EOG or max_tokens 1): no round
