@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.numerics import greedy_near_tie_tol
 from tests.test_server import THREADS
 
 pytestmark = [pytest.mark.slow, pytest.mark.llama]
@@ -67,9 +69,59 @@ def test_probe_concurrency_keeps_slots_times_and_counts(np2_server, four_prompts
     assert delta["n_accepted"] == int(req["n_accepted"].sum())
 
 
-def test_check_concurrency_greedy_agrees_alone_and_two_at_a_time(np2_server, four_prompts, tmp_path: Path) -> None:
+def _next_logits(target: Path, ids: list[int]) -> tuple[np.ndarray, int]:
+    """llama.cpp's (the build under test) logits for the token after ``ids``, decoded alone in one batch with the
+    server's F16 KV cache: ``(float64[n_vocab], the target's n_layer)``."""
+    from mtpscope.traces.run.llama.model import LlamaContext, LlamaModel, TokenBatch
+
+    with LlamaModel(target) as m, LlamaContext(m, n_ctx=len(ids) + 8, n_batch=len(ids), nextn=False) as ctx:
+        b = TokenBatch(len(ids))
+        try:
+            b.set(ids, 0, logits="last")
+            ctx.decode(b)
+            return ctx.logits(len(ids) - 1).astype(np.float64), m.n_layer
+        finally:
+            b.close()
+
+
+def _drafter_near_ties(pair, ids: list[int], out: Path) -> list[tuple[int, int, float, float]]:
+    """The drafter steps of the request recorded alone (the recorder, greedy, n_draft 3: the server's solo run)
+    whose two best drafter logits lie within the near-tie bound of the pair's F16 KV cache (target and drafter
+    layers: the drafter reads the target's cache and hidden state): ``(round, k, gap, bound)``. The bound's scale is
+    the largest |logit| among the step's stored best ten (at most the row's: a tighter bound, so a step it names
+    is a near tie by the full bound too)."""
+    from mtpscope.traces.run.llama.model import LlamaModel
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+    from mtpscope.traces.store.reader import open_trace
+
+    n_layer = 0
+    for path in (pair.target, pair.drafter):
+        with LlamaModel(path) as m:
+            n_layer += m.n_layer
+    record(RecordConfig(n_draft=3, max_tokens=N_PREDICT), target=pair.target, assistant=pair.drafter, out=out,
+           prompts=[PromptSpec(tokens=tuple(ids))])
+    ties = []
+    for st in open_trace(out).steps.itertuples():
+        top = np.asarray(st.top_logits, dtype=np.float64)
+        gap, tol = float(top[0] - top[1]), greedy_near_tie_tol(n_layer, top)
+        if gap <= tol:
+            ties.append((int(st.round), int(st.k), gap, tol))
+    return ties
+
+
+def test_check_concurrency_greedy_agrees_alone_and_two_at_a_time(np2_server, trained_pair, four_prompts,
+                                                                   tmp_path: Path) -> None:
     """Greedy requests at `--parallel 2`, two in flight: each one's drafted / accepted / output equal its solo run
-    (both runs read back from their traces here, not from the check's own rows)."""
+    (both runs read back from their traces here, not from the check's own rows) -- except where sharing a batch
+    moved a near tie, which a cross-slot mix-up cannot claim. A row computed in a batch of another size may take
+    other kernels (other summation orders, on AVX2 other activation blocks) and round to the neighbouring F16
+    value in the KV cache: about one F16 ulp per layer (:func:`tests.numerics.greedy_near_tie_tol`). So a request
+    that differs must differ first at an output token whose logit, in llama.cpp's own logits for the solo prefix,
+    lies within that bound of the solo token's; or, with the same output, its recording alone must hold a drafter
+    step whose two best logits lie within it. On the development AVX-512 build every request agrees; the AVX2-only
+    build flipped a target near tie on the numbers prompt (accepted 13 alone, 14 two at a time)."""
     from mtpscope.traces.server.concurrency import check_concurrency
     from mtpscope.traces.server.probe import ProbeSettings
     from mtpscope.traces.store.reader import open_trace
@@ -80,10 +132,28 @@ def test_check_concurrency_greedy_agrees_alone_and_two_at_a_time(np2_server, fou
     conc = open_trace(tmp_path / "cc" / "concurrent").requests.sort_values("request").reset_index(drop=True)
     assert len(solo) == len(conc) == 4 and res.total_slots == 2 and res.note is None
     assert [r.request for r in res.rows] == [0, 1, 2, 3]
-    assert list(conc["n_drafted"]) == list(solo["n_drafted"]) and list(conc["n_accepted"]) == list(solo["n_accepted"])
-    assert [list(x) for x in conc["output_tokens"]] == [list(x) for x in solo["output_tokens"]]
-    assert res.all_equal and res.n_differ == 0, res.to_dict()
-    assert json.loads((tmp_path / "cc" / "concurrency.json").read_text())["n_differ"] == 0
+    prompts = [json.loads(line)["tokens"] for line in four_prompts.read_text().splitlines()]
+    differ = []
+    for i, row in enumerate(res.rows):
+        s_out, c_out = [int(x) for x in solo["output_tokens"][i]], [int(x) for x in conc["output_tokens"][i]]
+        counts = (int(solo["n_drafted"][i]), int(solo["n_accepted"][i]), int(conc["n_drafted"][i]),
+                  int(conc["n_accepted"][i]))
+        same = s_out == c_out and counts[:2] == counts[2:]
+        assert row.differs == (not same), (row, counts)
+        if same:
+            continue
+        differ.append(i)
+        ids = [int(x) for x in prompts[int(solo["prompt_id"][i])]]
+        if s_out != c_out:
+            j = next((j for j, (a, b) in enumerate(zip(s_out, c_out)) if a != b), None)
+            assert j is not None, ("one output is a prefix of the other", s_out, c_out)
+            lg, n_layer = _next_logits(trained_pair.target, ids + s_out[:j])
+            gap, tol = abs(float(lg[s_out[j]] - lg[c_out[j]])), greedy_near_tie_tol(n_layer, lg)
+            assert gap <= tol, (row, j, s_out[j], c_out[j], gap, tol)
+        else:
+            assert _drafter_near_ties(trained_pair, ids, tmp_path / f"rec{i}"), (row, counts)
+    assert res.n_differ == len(differ), res.to_dict()
+    assert json.loads((tmp_path / "cc" / "concurrency.json").read_text())["n_differ"] == len(differ)
 
 
 def test_check_concurrency_names_requests_with_a_random_seed(np2_server, four_prompts, tmp_path: Path) -> None:
