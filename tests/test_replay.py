@@ -101,6 +101,27 @@ def test_baseline_reproduces_recorded_drafts(demo_trace: dict[str, Path], tmp_pa
     assert (k1["centroid_token"] != k1["recorded"]).any()   # and that differs from the dense draft
 
 
+def test_replay_into_the_same_folder_removes_the_old_variant_traces(demo_trace: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """`replay --out DIR` replaces a replay already in DIR: a variant trace the new replay does not write is
+    gone (the app's Compare page would offer it beside the new ones), a folder that is not a replay trace stays."""
+    from mtpscope import traces
+
+    out = tmp_path / "r"
+    first = replay(demo_trace["trace"], variants=["position=p-1"], out=out, max_rounds=2)
+    old = Path(first.variant_traces["position=p-1"])
+    assert traces.open(old).manifest["params"]["variant"] == "position=p-1"
+    mine = out / "traces" / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("kept")
+    second = replay(demo_trace["trace"], variants=["top_k=8"], out=out, max_rounds=2)
+    assert not old.exists()
+    assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
+        [Path(p).name for p in second.variant_traces.values()] + ["mine"])
+    assert (mine / "notes.txt").read_text() == "kept"
+    assert json.loads((out / "summary.json").read_text())["variant_traces"] == second.variant_traces
+
+
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -524,9 +525,23 @@ def _slug(name: str) -> str:
 def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict[str, StepOptions],
                           base: StepOptions, recs: dict[str, list[tuple[Any, list[Any]]]]) -> dict[str, Path]:
     """One trace directory per variant (source ``replay``) under ``od/traces/``, readable by
-    ``traces.open`` and the app like any recorded trace."""
+    ``traces.open`` and the app like any recorded trace. A replay already in ``od`` is replaced whole: its
+    variant traces that this one does not write are removed (only folders whose manifest says source
+    ``replay``; anything else there is left alone)."""
+    from mtpscope.traces.store.reader import read_manifest
     from mtpscope.traces.store.writer import TraceWriter
 
+    keep = {_slug(name) for name in vmap}
+    old = od / "traces"
+    for d in sorted(old.iterdir()) if old.is_dir() else ():
+        if d.name in keep or not d.is_dir():
+            continue
+        try:
+            stale = read_manifest(d).get("source") == "replay"
+        except (OSError, ValueError, TraceError):
+            stale = False
+        if stale:
+            shutil.rmtree(d)
     paths: dict[str, Path] = {}
     for name, o in vmap.items():
         d = od / "traces" / _slug(name)
