@@ -516,6 +516,15 @@ def _variant_records(pid: int, r: Any, p: int, drafts: list[int], summ: list[Log
     return rr, steps
 
 
+def _is_replay_trace(d: Path) -> bool:
+    from mtpscope.traces.store.reader import read_manifest
+
+    try:
+        return read_manifest(d).get("source") == "replay"
+    except (OSError, TraceError):
+        return False
+
+
 def _slug(name: str) -> str:
     import re
 
@@ -528,19 +537,11 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
     ``traces.open`` and the app like any recorded trace. A replay already in ``od`` is replaced whole: its
     variant traces that this one does not write are removed (only folders whose manifest says source
     ``replay``; anything else there is left alone)."""
-    from mtpscope.traces.store.reader import read_manifest
     from mtpscope.traces.store.writer import TraceWriter
 
     keep = {_slug(name) for name in vmap}
-    old = od / "traces"
-    for d in sorted(old.iterdir()) if old.is_dir() else ():
-        if d.name in keep or not d.is_dir():
-            continue
-        try:
-            stale = read_manifest(d).get("source") == "replay"
-        except (OSError, ValueError, TraceError):
-            stale = False
-        if stale:
+    for d in sorted((od / "traces").iterdir()) if (od / "traces").is_dir() else ():
+        if d.name not in keep and d.is_dir() and _is_replay_trace(d):
             shutil.rmtree(d)
     paths: dict[str, Path] = {}
     for name, o in vmap.items():
@@ -556,12 +557,6 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
                 w.add_round(rr, steps)
         paths[name] = d
     return paths
-
-
-
-# --------------------------------------------------------------------------------------------------
-# reading a replay output folder back
-# --------------------------------------------------------------------------------------------------
 
 
 def read_replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, Any]:
@@ -599,6 +594,5 @@ def read_replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, Any]:
 
 
 __all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayRates", "ReplayResult", "ReplaySummary",
-           "VariantSummary", "baseline_for",
-           "indistinguishable", "parse_variant",
-           "read_replay", "recorded_prompt_tokens", "replay"]
+           "VariantSummary", "baseline_for", "indistinguishable", "parse_variant", "read_replay",
+           "recorded_prompt_tokens", "replay"]
