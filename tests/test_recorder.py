@@ -327,6 +327,32 @@ def test_f16_default_and_chat(pair, tmp_path, noisy_rt) -> None:
     assert len(s.outputs[0]) == 6
 
 
+def test_in_process_cpu_leaves_out_the_calibration_and_probe_like_isolated(pair, tmp_path, noisy_rt,
+                                                                           monkeypatch) -> None:
+    """In process the calibration and the cost probe run after the loop in this process; the run's CPU seconds
+    leave them out as its wall seconds do (and as an isolated run does, whose worker does that work). The probe is
+    made to burn BURN CPU seconds here, far above what the 8-token recording itself takes."""
+    import time
+
+    from mtpscope.traces.run.mtp_runtime import MtpRuntime
+
+    burn, orig = 3.0, MtpRuntime.probe_costs
+
+    def probe_costs(self, *a, **k):
+        got = orig(self, *a, **k)
+        c0 = time.process_time()
+        while time.process_time() - c0 < burn:
+            pass
+        return got
+
+    monkeypatch.setattr(MtpRuntime, "probe_costs", probe_costs)
+    c0 = time.process_time()
+    s = record(RecordConfig(max_tokens=8, hidden="off"), target=pair["target"], assistant=pair["noisy"],
+               out=tmp_path / "t", prompt=PROMPTS[0], runtime=noisy_rt)
+    assert not s.isolated and time.process_time() - c0 >= burn          # the probe did burn it
+    assert s.cpu_seconds < burn / 2 and s.recorder_cpu_seconds == s.cpu_seconds
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 

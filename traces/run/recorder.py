@@ -132,10 +132,11 @@ class RecordSummary:
         mean_acceptance_length: 1 + n_accepted / verify rounds that drafted at least one token (the
             same definition as :func:`traces.analysis.metrics.totals`), None with no such round.
         n_generated: generated tokens over all prompts (each prompt's prefill token included).
-        seconds: wall time of the generation loops (prefill and trace writing included; loading and the
-            derived h_inner's calibration after the loop excluded).
+        seconds: wall time of the generation loops (prefill and trace writing included; loading, and the
+            derived h_inner's calibration and the cost probe after the loop, excluded).
         cpu_seconds: CPU time of the processes over the same span (``time.process_time``; this process
-            and, when isolated, the worker process over its loop: loop thread and sender thread).
+            and, when isolated, the worker process over its loop: loop thread and sender thread; in process,
+            the calibration's and the cost probe's CPU left out as when isolated).
         trace_seconds: wall time spent outside the MTP loop on the trace: step analysis (top-k,
             ranks, centroid head), records and Parquet writing (the ``cb_eval`` copy inside the drafter
             decode is not included).
@@ -421,13 +422,13 @@ class _Recording:
         self.outputs: list[tuple[int, ...]] = []
         self.gen: list[int] = []
         self.trace_s = 0.0
-        self.cal_s = 0.0            # the calibration after the loop: not part of the run's timing
+        self.cal_s = self.cal_cpu = 0.0   # the calibration and cost probe after the loop: not part of the run's timing
         self.loop: WorkerDone | None = None
         self.w: TraceWriter | None = None
         self.src: RoundSource | None = None
         self.solver: HInnerSolver | None = None
         self.plain_outputs: Sequence[Sequence[int]] | None = None
-        self.t_start = self.c_start = self.t_ev = self.cpu_at_hello = 0.0
+        self.t_start = self.c_start = self.t_ev = self.c_ev = self.cpu_at_hello = 0.0
         self.secs = self.cpu_secs = 0.0
 
     @property
@@ -447,7 +448,7 @@ class _Recording:
                 self.src = open_source()
                 stack.callback(self.src.close)
                 self.start(self.src)
-                self.t_ev = time.perf_counter()
+                self.t_ev, self.c_ev = time.perf_counter(), time.process_time()
                 for ev in self.src.events():
                     if isinstance(ev, WorkerRound):
                         batch.append(ev)
@@ -457,7 +458,7 @@ class _Recording:
                         self.on_rounds_done(batch)
                     if not isinstance(ev, WorkerRound):
                         self.on_event(ev)
-                    self.t_ev = time.perf_counter()
+                    self.t_ev, self.c_ev = time.perf_counter(), time.process_time()
                 if batch:
                     self.on_rounds_done(batch)
                 self.finish()
@@ -534,10 +535,10 @@ class _Recording:
             self._writer().manifest["baseline"], self.plain_outputs = ev.entry, ev.plain_outputs
             self.t_start, self.c_start = time.perf_counter(), time.process_time()   # the run's timing: from the loop
         elif isinstance(ev, ProbeDone):
-            self.cal_s += time.perf_counter() - self.t_ev
+            self._after_loop()
             self._writer().manifest["cost_probe"] = ev.entry
         elif isinstance(ev, Calibration):
-            self.cal_s += time.perf_counter() - self.t_ev
+            self._after_loop()
             if self.solver is not None:
                 self._writer().manifest["derived"] = derived_entry(
                     self.solver, ev.steps, hidden=self.config.hidden != "off", centroids=self.head is not None)
@@ -551,6 +552,12 @@ class _Recording:
             self.gen = []
         elif isinstance(ev, WorkerDone):
             self.loop = ev
+
+    def _after_loop(self) -> None:
+        """The time since the last event went to the calibration or the cost probe after the loop (in this
+        process when not isolated: its CPU too), which the run's wall and CPU seconds leave out."""
+        self.cal_s += time.perf_counter() - self.t_ev
+        self.cal_cpu += time.process_time() - self.c_ev
 
     def on_rounds_done(self, batch: list[WorkerRound]) -> None:
         """Finished rounds received together (the worker's doorbell wakes this process for several): the
@@ -613,7 +620,7 @@ class _Recording:
         self.trace_s += time.perf_counter() - t0
         # the run ends here: the worker's exit (freeing the models) is not part of it
         self.secs = time.perf_counter() - self.t_start - self.cal_s
-        self.cpu_secs = time.process_time() - self.c_start
+        self.cpu_secs = time.process_time() - self.c_start - self.cal_cpu
 
     def aborted(self, e: RuntimeAbortedError) -> None:
         """llama.cpp died: keep every round received, say where it stopped and what llama.cpp said."""
