@@ -122,6 +122,34 @@ def test_replay_into_the_same_folder_removes_the_old_variant_traces(demo_trace: 
     assert json.loads((out / "summary.json").read_text())["variant_traces"] == second.variant_traces
 
 
+def test_baseline_counts_an_eog_draft_as_the_recorder_does(trained_pair, tmp_path: Path) -> None:
+    """Demo prompt 9 on the trained pair (greedy, 64 tokens, n_draft 3) has a round whose first draft is the
+    end-of-generation token and the target's token too: llama.cpp's rule does not accept it (it ends the round
+    as the target's own token, `eog_confirmed`), and the baseline's would-be acceptance must count it the same way,
+    so identical drafts give the recorded rate (the round found from the trace, the EOG id from the GGUF)."""
+    from mtpscope import traces
+    from mtpscope.demo.trained import read_prompts
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.run.prompts import PromptSpec
+    from mtpscope.traces.run.record_config import RecordConfig
+    from mtpscope.traces.run.recorder import record
+
+    record(RecordConfig(max_tokens=64, n_draft=3), target=trained_pair.target, assistant=trained_pair.drafter,
+           out=tmp_path / "t", prompts=[PromptSpec(tokens=tuple(read_prompts()[9]["ids"]))])
+    rounds = traces.open(tmp_path / "t").rounds.sort_values("round").reset_index(drop=True)
+    with open_gguf(trained_pair.target) as g:
+        eos = int(g.get("tokenizer.ggml.eos_token_id"))
+    eog = rounds[rounds["eog_confirmed"].fillna(False).astype(bool)]
+    assert len(eog) == 1
+    r = eog.iloc[0]
+    assert int(r["drafted"][r["n_accepted"]]) == eos == int(r["emitted"][-1]) and r["n_accepted"] < r["n_draft"] - 1
+    res = replay(tmp_path / "t")
+    s = res.summary()
+    assert s.variants["baseline"].agreement == 1.0
+    assert res.rounds["n_accepted[baseline]"].tolist() == res.rounds["n_accepted"].tolist()
+    assert s.variants["baseline"].acceptance_rate == s.recorded.acceptance_rate
+
+
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 

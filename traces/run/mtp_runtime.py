@@ -190,6 +190,25 @@ class Calibration:
     steps: tuple[DraftStep, ...] = field(repr=False, default=())
 
 
+def accepts_draft(drafted: Sequence[int], i: int, target: int | None, is_eog: Callable[[int], bool]) -> bool:
+    """Whether verify row ``i``'s token ``target`` accepts draft ``i`` of ``drafted`` (the round's drafts, in
+    order), given that drafts ``0 .. i-1`` were accepted: llama.cpp's rule (``common/sampling.cpp``,
+    ``common_sampler_sample_and_accept_n``, as its MTP loop applies it): the tokens are equal, except that an
+    end-of-generation draft that is not the round's last one is never accepted -- it ends the round as the
+    target's own token (``RoundResult.eog_confirmed``)."""
+    d = drafted[i]
+    return d == target and not (i + 1 < len(drafted) and is_eog(d))
+
+
+def accepted_prefix(drafted: Sequence[int], target: Sequence[int | None], is_eog: Callable[[int], bool]) -> int:
+    """How many of ``drafted`` the verify rows' tokens ``target`` (row ``i`` judges draft ``i``; at least
+    ``len(drafted)`` of them) accept: the longest prefix :func:`accepts_draft` accepts draft by draft."""
+    n = 0
+    while n < len(drafted) and accepts_draft(drafted, n, target[n], is_eog):
+        n += 1
+    return n
+
+
 def finish_target_side(res: RoundResult) -> RoundResult:
     """``res`` with ``target_p_drafted`` / ``target_entropy`` computed from its ``target_logits``
     (:func:`traces.run.target_side.target_stats`) and those logits dropped; ``res`` itself when it carries
@@ -473,20 +492,16 @@ class MtpRuntime:
             tctx.decode(tb)
             target: list[int | None] = []
             n_acc = 0
-            # llama.cpp's rule (common_sampler_sample_and_accept_n): row i judges draft i; a draft is accepted
-            # iff the target's token equals it, except an end-of-generation token that is not the round's last
-            # draft: that one ends the round as the target's own token (eog_confirmed), never as accepted
+            # row i judges draft i (accepts_draft: llama.cpp's rule, the end-of-generation exception included)
             if sampler.greedy:
                 for i in range(k_max + 1):
                     target.append(sampler.sample(tctx, i))
-                while n_acc < k_max and drafted[n_acc] == target[n_acc] and not (
-                        n_acc + 1 < k_max and eog(drafted[n_acc])):
-                    n_acc += 1
+                n_acc = accepted_prefix(drafted, target, eog)
             else:
                 for i in range(k_max + 1):
                     s = sampler.sample(tctx, i)
                     target.append(s)
-                    if i < k_max and s == drafted[i] and not (i + 1 < k_max and eog(s)):
+                    if i < k_max and accepts_draft(drafted, i, s, eog):
                         n_acc += 1
                         continue
                     break
@@ -693,5 +708,5 @@ def time_plain(rtm: MtpRuntime, toks: Sequence[Sequence[int]],
                   "per_prompt": per, "outputs_equal": None}
 
 
-__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "PROBE_BUDGET_S", "PROBE_N_MAX", "PROBE_REPS", "Calibration", "DraftStep", "KeepDraft", "MtpRuntime", "RoundResult", "Sampler", "finish_target_side",
+__all__ = ["CALIBRATION_STEPS", "CALIBRATION_TOKENS", "H_INNER_NODE", "PROBE_BUDGET_S", "PROBE_N_MAX", "PROBE_REPS", "Calibration", "DraftStep", "KeepDraft", "MtpRuntime", "RoundResult", "Sampler", "accepted_prefix", "accepts_draft", "finish_target_side",
            "prompt_tokens", "spec_tokens", "time_plain"]

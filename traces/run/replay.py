@@ -218,7 +218,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     feeds (pending token, target hidden at ``pos - 1``) at ``pos``, step k > 1 the previous draft and
     ``h_next``. A variant's draft k is *would-be accepted* when it and all earlier drafts of the round
     equal the tokens the target emitted at ``pos + 1 .. pos + k`` (exact for greedy traces: the greedy
-    output does not depend on the drafts). Rounds are replayed independently (a changed acceptance
+    output does not depend on the drafts), under llama.cpp's rule as the recorder counts it
+    (:func:`traces.run.mtp_runtime.accepted_prefix`). Rounds are replayed independently (a changed acceptance
     would shift later rounds; that is not simulated).
 
     Args:
@@ -341,6 +342,7 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                     prompt_toks: dict[int, list[int]], out: Any, chunk: int) -> ReplayResult:
     import pandas as pd
 
+    from mtpscope.traces.run.mtp_runtime import accepted_prefix
     from mtpscope.traces.run.target_prefill import prefill, shape_kv
 
     params = man.get("params") or {}
@@ -446,9 +448,7 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                                     "n_accepted": int(r.n_accepted)}
             for name in vmap:
                 d = drafts_v[name][i]
-                n_acc = 0
-                while n_acc < len(d) and d[n_acc] == truth[n_acc]:
-                    n_acc += 1
+                n_acc = accepted_prefix(d, truth, model.is_eog)      # llama.cpp's rule, as the recorder counts
                 rrow[f"n_accepted[{name}]"] = n_acc
                 if out is not None:
                     variant_records.setdefault(name, []).append(
