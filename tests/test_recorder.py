@@ -353,6 +353,39 @@ def test_in_process_cpu_leaves_out_the_calibration_and_probe_like_isolated(pair,
     assert s.cpu_seconds < burn / 2 and s.recorder_cpu_seconds == s.cpu_seconds
 
 
+def test_a_second_interrupt_does_not_cut_the_close_short(pair, tmp_path, noisy_rt, monkeypatch) -> None:
+    """`timeout` sends its SIGTERM to the command and again to its process group: a first interrupt lands in the
+    trace's close at the end of the run, the second while the recorder closes it once more as an interrupted run.
+    That close runs to its end all the same: the note says how many rounds were kept, the manifest holds them,
+    marked incomplete, and no write-ahead log is left (before: the second one escaped the close, no note, and the
+    command said "nothing recorded" over a trace of 246 rounds)."""
+    import json
+    import os
+    import signal
+
+    from mtpscope.traces.store.writer import TraceWriter
+
+    orig, calls = TraceWriter.close, []
+
+    def close(self, *a, **k):
+        calls.append(k)
+        if len(calls) == 1:
+            raise KeyboardInterrupt                  # the first signal, as the run's close begins
+        os.kill(os.getpid(), signal.SIGINT)           # the second, while the interrupted run's close runs
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(TraceWriter, "close", close)
+    with pytest.raises(KeyboardInterrupt) as ei:
+        record(RecordConfig(max_tokens=12, flush_every=2), target=pair["target"], assistant=pair["noisy"],
+               out=tmp_path / "t", prompt=PROMPTS[0], runtime=noisy_rt)
+    man = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    n = man["counts"]["n_rounds"]
+    assert n > 0 and man["complete"] is False and len(calls) == 2
+    assert getattr(ei.value, "__notes__", []) == [f"interrupted: {n} rounds kept in {tmp_path / 't'}, marked incomplete"]
+    assert not (tmp_path / "t" / "wal").exists()
+    assert len(traces.open(tmp_path / "t").rounds) == n
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
@@ -451,6 +484,37 @@ def test_top_k_desc_matches_lexsort() -> None:
 
 
 # ------------------------------------------------------------------------------------------ CLI and kill -9
+
+
+def test_cli_interrupt_never_says_nothing_recorded_over_a_trace(pair, tmp_path, monkeypatch) -> None:
+    """An interrupt that reaches the command without the recorder's note (one that cut the recorder's own
+    bookkeeping short) over a trace folder this run created: the line points at the trace instead of saying
+    "nothing recorded"; with no folder made, it says nothing was recorded. Exit 130 either way."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.run import recorder
+
+    def interrupted(config, *, out, **kw):
+        out.mkdir()
+        (out / "manifest.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    args = ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]), "--prompt", "x",
+            "--no-progress", "--in-process", "--out"]
+    monkeypatch.setattr(recorder, "record", interrupted)
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "t")])
+    assert res.exit_code == 130
+    assert res.output.strip().splitlines()[-1] == (f"mtpscope: interrupted before the trace in {tmp_path / 't'} was "
+                                                   f"closed: `mtpscope report {tmp_path / 't'}` reads the rounds it holds")
+
+    def early(config, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recorder, "record", early)
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "u")])
+    assert res.exit_code == 130
+    assert res.output.strip().splitlines()[-1] == "mtpscope: interrupted before the recording began: nothing recorded"
 
 
 def test_cli_record_and_refusal(pair, tmp_path) -> None:

@@ -188,6 +188,7 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
             note = category_note(specs)
             if note:
                 print(f"note: {note}", file=sys.stderr)
+        existed = out.exists()
         try:
             s = record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=specs,
                        overwrite=overwrite, command=["mtpscope", *sys.argv[1:]], on_round=on_round,
@@ -199,8 +200,14 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
             raise typer.Exit(EXIT_FINDINGS) from None
         except KeyboardInterrupt as e:     # Ctrl-C, SIGTERM, SIGHUP: say what was kept (the recorder's note), exit
             notes = [n for n in getattr(e, "__notes__", ()) if n.startswith("interrupted")]   # as the signal does
-            line, status = interrupted_words(notes[0] if notes else
-                                             "interrupted before the recording began: nothing recorded")
+            if notes:
+                said = notes[0]
+            elif not existed and (out / "manifest.json").exists():    # (never claim nothing when a trace is there)
+                said = (f"interrupted before the trace in {out} was closed: `mtpscope report {out}` reads the rounds "
+                        "it holds")
+            else:
+                said = "interrupted before the recording began: nothing recorded"
+            line, status = interrupted_words(said)
             print(f"mtpscope: {line}", file=sys.stderr)
             raise typer.Exit(status) from None
         finally:

@@ -40,7 +40,7 @@ from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
 from mtpscope.traces.run import row_kernels
 from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
-from mtpscope.traces.run.llama.process import deferred_sigint
+from mtpscope.traces.run.llama.process import deferred_sigint, interrupts_held
 from mtpscope.traces.run.mtp_runtime import Calibration, MtpRuntime, RoundResult
 from mtpscope.traces.run.preflight import centroid_source_info, model_info, preflight, unchecked_models
 from mtpscope.traces.run.prompts import PromptSpec, prompt_specs
@@ -463,12 +463,14 @@ class _Recording:
                     self.on_rounds_done(batch)
                 self.finish()
             except RuntimeAbortedError as e:
-                self._keep(batch)
-                self.aborted(e)
+                with interrupts_held():      # a second Ctrl-C / SIGTERM does not cut the trace's close short
+                    self._keep(batch)
+                    self.aborted(e)
                 raise
             except BaseException as e:
-                self._keep(batch)
-                self.failed(e)
+                with interrupts_held():
+                    self._keep(batch)
+                    self.failed(e)
                 raise
 
     def start(self, src: RoundSource) -> None:

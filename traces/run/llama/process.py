@@ -1,5 +1,5 @@
-"""The process around llama.cpp: a Ctrl-C (SIGINT) that arrives during a decode, ggml's abort hook, and
-what llama.cpp printed before it died (for the isolated recording worker, docs/RECORDING.md).
+"""The process around llama.cpp: a Ctrl-C (SIGINT) that arrives during a decode, stop signals held while a
+stopped recording cleans up, ggml's abort hook, and what llama.cpp printed before it died (for the isolated recording worker, docs/RECORDING.md).
 
 Imports: ctypes, mtpscope.errors, :mod:`.binding` (the ggml functions; no ``llama_cpp`` at import time),
 :mod:`traces.run.worker_spawn` (``ABORT_ENV``).
@@ -54,6 +54,30 @@ def deferred_sigint() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, old)
         sigint_state["pending"] = False
+
+
+#: what :func:`interrupts_held` holds: a Ctrl-C and the stop signals the command line turns into one
+#: (``cli.common.STOP_SIGNALS``: ``timeout`` or a service manager, a closed terminal)
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[list[int]]:
+    """Within the block, :data:`HELD_SIGNALS` are noted (the list yielded), not raised: the cleanup after a first
+    Ctrl-C or stop signal (the worker stopped, the trace closed and its manifest written) runs to its end when
+    another one comes. ``timeout`` sends its SIGTERM to the command and then to the command's process group, so
+    the recorder gets it twice. No-op off the main thread (where Python cannot install handlers)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in HELD_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            if h is not None:      # (None: a handler not installed from Python, which cannot be put back)
+                signal.signal(s, h)
 
 
 # --------------------------------------------------------------------------------------------------
