@@ -605,7 +605,7 @@ def recorded_validation(tr: Trace) -> Report | None:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _replay(path: str, key: tuple) -> tuple[ReplaySummary, pd.DataFrame]:
-    from mtpscope.traces.run.replay import read_replay  # its reader lives with its writer
+    from mtpscope.traces.run.replay_folder import read_replay  # no llama.cpp, no reference drafter
 
     return read_replay(path)
 

@@ -150,6 +150,42 @@ def test_baseline_counts_an_eog_draft_as_the_recorder_does(trained_pair, tmp_pat
     assert s.variants["baseline"].acceptance_rate == s.recorded.acceptance_rate
 
 
+def test_replay_out_refuses_a_folder_holding_something_else(demo_trace: dict[str, Path], tmp_path: Path) -> None:
+    """`replay --out DIR` writes only into a new or empty folder or over an earlier replay: a folder with other
+    files, one whose summary.json is not a replay's, a trace directory (the trace itself included) or a file are
+    refused in one line before anything is written or said to be replaced (before, a user's own summary.json and
+    steps.parquet were overwritten)."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.run.replay_folder import check_replay_out
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text('{"mine": true}')
+    (mine / "steps.parquet").write_bytes(b"my data")
+    (mine / "notes.txt").write_text("kept")
+    cases = {mine: "notes.txt", demo_trace["trace"]: "manifest.json"}
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "summary.json").write_text("[1, 2]")
+    cases[only] = "summary.json"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases[afile] = "afile"
+    for out, named in cases.items():
+        with pytest.raises(TraceError) as ei:
+            check_replay_out(out)
+        assert named in ei.value.one_line(), ei.value.one_line()
+        res = CliRunner().invoke(app, ["replay", str(demo_trace["trace"]), "--max-rounds", "1", "--out", str(out)])
+        assert res.exit_code == 2 and "replaces" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and named in res.output
+    assert (mine / "summary.json").read_text() == '{"mine": true}' and (mine / "steps.parquet").read_bytes() == b"my data"
+    assert check_replay_out(tmp_path / "new") is False and check_replay_out(mine / "empty-later") is False
+    (tmp_path / "empty").mkdir()
+    assert check_replay_out(tmp_path / "empty") is False
+
+
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 

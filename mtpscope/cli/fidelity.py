@@ -68,10 +68,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Recompute every recorded draft step with the numpy reference drafter under each variant. With
         ``--out``, a replay already in that folder is replaced (said first, on stderr)."""
-        from mtpscope.traces.run.replay import SUMMARY_FILE
         from mtpscope.traces.run.replay import replay as do_replay
+        from mtpscope.traces.run.replay_folder import SUMMARY_FILE, check_replay_out
 
-        replaces = None if out is None else replaces_words("replay", out / SUMMARY_FILE)
+        with one_line_errors():          # a folder holding something else: refused before anything is said
+            replaces = None if out is None or not check_replay_out(out) else replaces_words("replay", out / SUMMARY_FILE)
         if replaces is not None:
             typer.echo(f"mtpscope: {out}: {replaces}", err=True)
 

@@ -1,5 +1,6 @@
 """Replay a recorded trace's draft steps with the numpy reference drafter under option variants
-(issue 7): :func:`replay` -> :class:`ReplayResult`, its output folder, and :func:`read_replay`.
+(issue 7): :func:`replay` -> :class:`ReplayResult` and its output folder (:mod:`traces.run.replay_folder`: the
+folder's layout, checked before a replay writes into it, and read back by ``read_replay``).
 
 Per prompt the accepted token sequence is prefilled once in llama.cpp
 (:func:`traces.run.target_prefill.prefill`), then every recorded round is recomputed by
@@ -7,17 +8,14 @@ Per prompt the accepted token sequence is prefilled once in llama.cpp
 baseline, :data:`BASELINE_CPU` / :data:`BASELINE_GPU`); a step is summarized like a recorded one
 (:func:`traces.run.step_analysis.summarize_logits`).
 
-Output folder (``mtpscope replay --out DIR``), written here and read back by :func:`read_replay` (the
-app's Compare page)::
-
-    DIR/summary.json        ReplayResult.summary().to_dict()
-    DIR/steps.parquet       ReplayResult.steps;  DIR/rounds.parquet  ReplayResult.rounds
-    DIR/traces/<variant>/   one trace per variant (source "replay"), readable by traces.open
+Output folder (``mtpscope replay --out DIR``): written here, laid out and read back by
+:mod:`traces.run.replay_folder` (the app's Compare page).
 
 Shapes are numpy order throughout.
 
-Imports: numpy, pandas / pyarrow (inside functions), mtpscope.errors, inspector.reference,
-traces.run.step_analysis, traces.run.replay_summary (the summary's records), traces.store.records,
+Imports: numpy, pandas (inside functions), mtpscope.errors, inspector.reference,
+traces.run.step_analysis, traces.run.replay_summary (the summary's records), traces.run.replay_folder,
+traces.store.records,
 traces.analysis.metrics, traces.store; and, inside :func:`replay` only,
 traces.run.llama.model, traces.run.mtp_runtime, traces.run.preflight, traces.run.target_prefill, inspector.gguf and
 traces.run.quantize (the drafter's quantization) (so that reading a replay folder never touches llama.cpp).
@@ -28,21 +26,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
+from mtpscope.errors import MtpscopeError, TraceError
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
+from mtpscope.traces.run.replay_folder import (
+    ROUNDS_FILE,
+    STEPS_FILE,
+    SUMMARY_FILE,
+    TRACES_DIR,
+    check_replay_out,
+    read_replay,
+)
 from mtpscope.traces.run.replay_summary import ReplayRates, ReplaySummary, VariantSummary
 from mtpscope.traces.run.step_analysis import LogitSummary, summarize_logits
 
-#: file names of a replay output folder
-SUMMARY_FILE, STEPS_FILE, ROUNDS_FILE = "summary.json", "steps.parquet", "rounds.parquet"
 #: drafter candidates kept per replayed step (as ``record``'s default ``n_top``)
 REPLAY_N_TOP = 10
 
@@ -237,6 +241,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         chunk: rounds computed together (:meth:`ReferenceDrafter.step_batch`; memory ~ chunk x n_vocab x 4 B).
 
     Raises:
+        TraceError: ``out`` holds something other than a replay (:func:`traces.run.replay_folder.check_replay_out`).
         TraceFormatError / TraceError: unreadable trace, missing model paths, token sequence that does
             not line up with the recorded positions.
         ReferenceDrafterError: a malformed variant.
@@ -245,6 +250,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     from mtpscope.traces.run.llama.model import LlamaModel
     from mtpscope.traces.store.reader import open_trace
 
+    if out is not None:
+        check_replay_out(out)     # before any work: a folder holding something else is refused
     tpath = Path(trace)
     t = open_trace(tpath)
     man = t.manifest
@@ -540,12 +547,12 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
     from mtpscope.traces.store.writer import TraceWriter
 
     keep = {_slug(name) for name in vmap}
-    for d in sorted((od / "traces").iterdir()) if (od / "traces").is_dir() else ():
+    for d in sorted((od / TRACES_DIR).iterdir()) if (od / TRACES_DIR).is_dir() else ():
         if d.name not in keep and d.is_dir() and _is_replay_trace(d):
             shutil.rmtree(d)
     paths: dict[str, Path] = {}
     for name, o in vmap.items():
-        d = od / "traces" / _slug(name)
+        d = od / TRACES_DIR / _slug(name)
         m = {"source": "replay", "command": list(man.get("command") or []),
              "params": {**(man.get("params") or {}), "replay_of": os.fspath(tpath), "variant": name,
                         "options": _options_text(o, StepOptions()), "baseline": _options_text(base, StepOptions())},
@@ -557,40 +564,6 @@ def _write_variant_traces(od: Path, tpath: Path, man: dict[str, Any], vmap: dict
                 w.add_round(rr, steps)
         paths[name] = d
     return paths
-
-
-def read_replay(path: str | os.PathLike[str]) -> tuple[ReplaySummary, Any]:
-    """``(summary, steps DataFrame)`` of a replay output folder (``mtpscope replay --out DIR``):
-    ``summary.json`` (:meth:`ReplaySummary.from_dict`) and ``steps.parquet`` (:attr:`ReplayResult.steps`;
-    an empty DataFrame when the folder has none). Reads JSON and Parquet only (no llama.cpp).
-
-    Raises:
-        TraceFormatError: a missing or unreadable ``summary.json``, or an unreadable ``steps.parquet``
-            (naming the file).
-    """
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    p = Path(path)
-    try:
-        doc = json.loads((p / SUMMARY_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise TraceFormatError(f"unreadable replay summary ({e})", path=p / SUMMARY_FILE) from None
-    if not isinstance(doc, Mapping):
-        raise TraceFormatError(f"unreadable replay summary (a JSON {type(doc).__name__}, not an object)",
-                               path=p / SUMMARY_FILE)
-    try:
-        summary = ReplaySummary.from_dict(doc)
-    except (AttributeError, TypeError, ValueError, IndexError) as e:
-        raise TraceFormatError(f"unreadable replay summary ({type(e).__name__}: {e})", path=p / SUMMARY_FILE) from None
-    steps = None
-    if (p / STEPS_FILE).exists():
-        try:
-            steps = pq.read_table(p / STEPS_FILE).to_pandas()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-            raise TraceFormatError(f"unreadable replay steps ({type(e).__name__}: {e})",
-                                   path=p / STEPS_FILE) from None
-    return summary, (steps if steps is not None else pd.DataFrame())
 
 
 __all__ = ["BASELINE_CPU", "BASELINE_GPU", "REPLAY_N_TOP", "ReplayRates", "ReplayResult", "ReplaySummary",

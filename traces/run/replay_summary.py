@@ -1,7 +1,7 @@
 """The summary of a replay (:meth:`traces.run.replay.ReplayResult.summary`) as records: :class:`ReplaySummary`
 (its ``to_dict()`` is ``summary.json`` and ``mtpscope replay --json``), the recorded run's :class:`ReplayRates`
 and each variant's :class:`VariantSummary`; :meth:`ReplaySummary.from_dict` reads a ``summary.json`` back
-(:func:`traces.run.replay.read_replay`). One job; no llama.cpp, no numpy.
+(:func:`traces.run.replay_folder.read_replay`). One job; no llama.cpp, no numpy.
 
 Imports: traces.analysis.records (the records' JSON).
 """
