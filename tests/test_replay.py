@@ -186,6 +186,26 @@ def test_replay_out_refuses_a_folder_holding_something_else(demo_trace: dict[str
     assert check_replay_out(tmp_path / "empty") is False
 
 
+def test_replay_of_a_trace_with_an_unreadable_part_warns_and_exits_1(demo_trace: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    """A trace whose steps file is garbage: the replay covers what reads (its rounds) and says which file it
+    skipped on stderr, exit 1 as `report` does (before: exit 0, not a word)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    t = tmp_path / "t"
+    shutil.copytree(demo_trace["trace"], t)
+    (bad,) = sorted((t / "steps").glob("*.parquet"))
+    bad.write_bytes(b"garbage")
+    res = CliRunner().invoke(app, ["replay", str(t), "--max-rounds", "3", "--json"])
+    assert res.exit_code == 1, res.output
+    assert f"warning: {bad}: unreadable steps part skipped" in res.stderr
+    assert json.loads(res.stdout)["n_rounds"] == 3
+
+
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 

@@ -392,6 +392,35 @@ def test_listed_part_missing(tmp_path: Path) -> None:
     assert any("part-00001.parquet: listed in the manifest but missing" in w for w in t.warnings)
 
 
+@pytest.mark.parametrize("parts", [None, "missing"])
+def test_manifest_that_lost_its_part_list_still_reads_the_merged_files(tmp_path: Path, parts: object) -> None:
+    """A closed, compacted trace whose manifest lost its `parts` list (null, or the key gone): the merged files
+    on disk are read, with a warning naming the manifest's `parts` (before: 0 rounds, no warning, exit 0); a
+    merged file beside unmerged parts (a close cut short) is ignored with a warning, the parts read."""
+    import json
+    import shutil
+
+    _write(tmp_path / "t", compact=True)
+    man = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert man["parts"]["rounds"] == ["merged-00000.parquet"]
+    if parts is None:
+        man["parts"] = None
+    else:
+        del man["parts"]
+    (tmp_path / "t" / "manifest.json").write_text(json.dumps(man))
+    t = traces.open(tmp_path / "t")
+    assert list(t.rounds["n_accepted"]) == list(ACC) and len(t.steps) == 3 * len(ACC)
+    assert any("manifest.json: 'parts' lists no files; the 1 merged rounds file" in w for w in t.warnings), t.warnings
+    _write(tmp_path / "u")                               # unmerged parts, and a merged copy of their rows beside
+    shutil.copy(tmp_path / "t" / "rounds" / "merged-00000.parquet", tmp_path / "u" / "rounds" / "merged-00000.parquet")
+    man = json.loads((tmp_path / "u" / "manifest.json").read_text())
+    man["parts"] = None
+    (tmp_path / "u" / "manifest.json").write_text(json.dumps(man))
+    u = traces.open(tmp_path / "u")
+    assert list(u.rounds["n_accepted"]) == list(ACC)
+    assert any("merged-00000.parquet: merged file the manifest does not list, ignored" in w for w in u.warnings)
+
+
 _KILL_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors, replaces_words
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors, replaces_words
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.replay import ReplaySummary
@@ -79,8 +79,12 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             res = do_replay(trace, variants=list(variant or []), out=out, target=target, assistant=assistant,
                             centroids=centroids, max_rounds=max_rounds)
+        for w in res.warnings:          # parts skipped: the replay covers the rest; exit 1 as `report` does
+            typer.echo(f"warning: {w}", err=True)
         if as_json:
             typer.echo(json.dumps(res.summary().to_dict(), indent=2))
+            if res.warnings:
+                raise typer.Exit(EXIT_FINDINGS)
             return
         from mtpscope.traces.analysis.explain_report import token_label
         from mtpscope.traces.analysis.vocab import trace_vocab
@@ -91,6 +95,8 @@ def register(app: typer.Typer) -> None:
         except Exception:  # noqa: BLE001 - the text is a convenience, never a reason to fail
             vocab = None
         typer.echo(format_replay(res.summary(), res.disagreements(), token_label(vocab) if vocab else None))
+        if res.warnings:
+            raise typer.Exit(EXIT_FINDINGS)
 
 
 #: Steps listed where the variants disagree; characters of token text shown per token.

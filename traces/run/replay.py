@@ -115,6 +115,7 @@ class ReplayResult:
         h_next_rel_err: per baseline step with a recorded h_next: ``|h_next - recorded| / |recorded|``.
         drafter_weights: the replayed drafter's quantization (:func:`traces.run.quantize.weight_types`:
             ``matrices`` {ggml type: count}, ``type`` llama.cpp's file type name or None, ``quantized``).
+        warnings: the trace reader's warnings (parts missing or unreadable, skipped: the replay covers the rest).
     """
 
     trace: str
@@ -127,6 +128,7 @@ class ReplayResult:
     h_next_rel_err: list[float] = field(default_factory=list)
     variant_traces: dict[str, str] = field(default_factory=dict)
     drafter_weights: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> ReplaySummary:
         """The :class:`ReplaySummary`: per variant ``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length``
@@ -296,6 +298,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
+        res.warnings = list(t.warnings)
         res.drafter_weights = _drafter_weights(dr)
         if res.drafter_weights["quantized"]:
             res.notes.append(_QUANTIZED_NOTE.format(types=", ".join(

@@ -24,7 +24,15 @@ import pyarrow.parquet as pq
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.store import schema as S
-from mtpscope.traces.store.layout import MANIFEST, TABLES, TRACE_FILE_RE, WAL_DIR, plain_parts, wal_segments
+from mtpscope.traces.store.layout import (
+    MANIFEST,
+    TABLES,
+    TRACE_FILE_RE,
+    WAL_DIR,
+    merged_files,
+    plain_parts,
+    wal_segments,
+)
 from mtpscope.traces.store.manifest import read_manifest
 from mtpscope.traces.store.parts import conform
 from mtpscope.traces.store.protocols import TraceLike
@@ -133,6 +141,13 @@ class Trace(TraceLike):
         tmps = [p for p in d.iterdir() if p.name.endswith(".parquet.tmp")]
         for p in tmps:
             self.warnings.append(f"{p}: unfinished part (.tmp) ignored")
+        merged = [p for p in merged_files(self.path, table, tmp_only=False) if not p.name.endswith(".tmp")]
+        if merged and not parts:     # only a clean close merges, and it lists them: the manifest lost its list
+            self.warnings.append(f"{self.path / MANIFEST}: 'parts' lists no files; the {len(merged)} merged {table} "
+                                 f"file{'s' if len(merged) != 1 else ''} in {d} read as they are")
+            return merged
+        for p in merged:             # (a close cut short: its parts hold every row already)
+            self.warnings.append(f"{p}: merged file the manifest does not list, ignored (the parts hold its rows)")
         return parts
 
     def part_files(self, table: str) -> list[Path]:
