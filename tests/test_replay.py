@@ -206,6 +206,30 @@ def test_replay_of_a_trace_with_an_unreadable_part_warns_and_exits_1(demo_trace:
     assert json.loads(res.stdout)["n_rounds"] == 3
 
 
+@pytest.mark.parametrize("bad", ["x", 10 ** 12, -5, 3.5, True])
+def test_bad_token_ids_in_the_manifest_are_named(demo_trace: dict[str, Path], tmp_path: Path, bad: object) -> None:
+    """A manifest prompt given as token ids with one that is not an id of the target's vocabulary (a string, past
+    the vocabulary, negative, a float, a bool): one line naming manifest.json and the key, before llama.cpp sees it
+    (before: an internal error, or llama.cpp's "invalid token" blamed on the target GGUF after the id wrapped)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.errors import TraceFormatError
+
+    t = tmp_path / "t"
+    shutil.copytree(demo_trace["trace"], t)
+    man = json.loads((t / "manifest.json").read_text())
+    man["prompts"][0]["tokens"] = [2, 5, bad]
+    (t / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(TraceFormatError) as ei:
+        replay(t)
+    assert ei.value.key == "prompts[prompt_id 0].tokens[2]" and str(t / "manifest.json") in ei.value.one_line()
+    res = CliRunner().invoke(app, ["replay", str(t)])
+    assert res.exit_code == 2 and res.output.strip() == f"mtpscope: {ei.value.one_line()}"
+
+
 def test_cli_replay_json(demo_trace: dict[str, Path]) -> None:
     from typer.testing import CliRunner
 

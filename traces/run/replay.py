@@ -15,7 +15,7 @@ Shapes are numpy order throughout.
 
 Imports: numpy, pandas (inside functions), mtpscope.errors, inspector.reference,
 traces.run.step_analysis, traces.run.replay_summary (the summary's records), traces.run.replay_folder,
-traces.store.records,
+traces.store.records, traces.store.layout,
 traces.analysis.metrics, traces.store; and, inside :func:`replay` only,
 traces.run.llama.model, traces.run.mtp_runtime, traces.run.preflight, traces.run.target_prefill, inspector.gguf and
 traces.run.quantize (the drafter's quantization) (so that reading a replay folder never touches llama.cpp).
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import MtpscopeError, TraceError
+from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
 from mtpscope.traces.run.replay_folder import (
@@ -46,6 +46,7 @@ from mtpscope.traces.run.replay_folder import (
 )
 from mtpscope.traces.run.replay_summary import ReplayRates, ReplaySummary, VariantSummary
 from mtpscope.traces.run.step_analysis import LogitSummary, summarize_logits
+from mtpscope.traces.store.layout import MANIFEST
 
 #: drafter candidates kept per replayed step (as ``record``'s default ``n_top``)
 REPLAY_N_TOP = 10
@@ -295,7 +296,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     chat = bool(params.get("chat", False))
     model = LlamaModel(tg)
     try:
-        prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat) for pid in prompts}
+        prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat, path=tpath / MANIFEST)
+                       for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
         res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
         res.warnings = list(t.warnings)
@@ -325,16 +327,30 @@ def _drafter_weights(path: Path) -> dict[str, Any]:
         return weight_types(f)
 
 
-def recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool) -> list[int]:
+def recorded_prompt_tokens(model: Any, entry: dict[str, Any], *, chat: bool, path: Path | None = None) -> list[int]:
     """The token ids a manifest prompt entry was recorded from: its ``tokens`` (a prompt given as ids),
     its ``messages`` rendered with the target's chat template, else its text tokenized as the recorder
     does (:func:`traces.run.mtp_runtime.spec_tokens`), or as it did before that rule read special tokens in a
-    text when only that gives the recorded token count."""
+    text when only that gives the recorded token count.
+
+    Raises:
+        TraceFormatError: a ``tokens`` entry that is not a list of ids in ``[0, n_vocab)`` (``path``: the trace,
+            named with the manifest key).
+    """
     from mtpscope.traces.run.mtp_runtime import spec_tokens
     from mtpscope.traces.run.prompts import PromptSpec
 
     if entry.get("tokens"):
-        return [int(x) for x in entry["tokens"]]
+        toks, n_vocab = entry["tokens"], int(model.n_vocab)
+        where = f"prompts[prompt_id {entry.get('prompt_id')}].tokens"
+        if not isinstance(toks, list):
+            raise TraceFormatError("manifest prompt tokens are not a list of ids", path=path, key=where,
+                                   expected="list of int", actual=type(toks).__name__)
+        for j, x in enumerate(toks):
+            if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < n_vocab:
+                raise TraceFormatError("manifest prompt token is not an id of the target's vocabulary", path=path,
+                                       key=f"{where}[{j}]", expected=f"an int in 0..{n_vocab - 1}", actual=x)
+        return list(toks)
     if entry.get("messages"):
         return spec_tokens(model, PromptSpec(messages=tuple(dict(m) for m in entry["messages"])))[0]
     text = entry.get("text") or ""
