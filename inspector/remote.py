@@ -135,16 +135,34 @@ def is_remote(spec: Any) -> bool:
     return isinstance(spec, str) and spec.lower().startswith(("http://", "https://", "hf://"))
 
 
+#: a URL's scheme at the start of a string (``ftp://``, ``s3://``, ...)
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_scheme(spec: Any) -> None:
+    """Refuse a URL of a scheme mtpscope does not read (rather than looking for a local file of that name).
+
+    Raises:
+        RemoteFileError: ``spec`` starts with ``SCHEME://`` other than ``http``, ``https`` or ``hf``.
+    """
+    m = _SCHEME_RE.match(spec) if isinstance(spec, str) else None
+    if m is not None and not is_remote(spec):
+        raise RemoteFileError("unsupported URL scheme", path=display_url(spec), expected="http://, https:// or hf://",
+                              actual=f"{m.group(1)}://")
+
+
 def display_url(url: str) -> str:
-    """``url`` without its query, fragment and user info (what error lines print)."""
+    """``url`` without its query, fragment and user info (what error lines print); one that does not parse is
+    cut the same way by its text."""
     try:
         p = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    host = p.hostname or ""
-    if p.port:
-        host += f":{p.port}"
-    return urlunsplit((p.scheme, host, p.path, "", ""))
+        host = p.hostname or ""
+        if p.port is not None:
+            host += f":{p.port}"
+        return urlunsplit((p.scheme, host, p.path, "", ""))
+    except ValueError:      # (an unclosed IPv6 bracket, a port out of range)
+        shown = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+        return re.split(r"[?#]", shown, maxsplit=1)[0]
 
 
 def parse_hf(spec: str, endpoint: str | None = None) -> Location:
@@ -189,9 +207,13 @@ def resolve(spec: str, endpoint: str | None = None) -> Location:
     """
     if spec.lower().startswith("hf://"):
         return parse_hf(spec, endpoint)
+    import httpx2
+
     try:
         p = urlsplit(spec)
-    except ValueError as e:
+        _ = p.port               # (urlsplit checks the port only when asked)
+        httpx2.URL(spec)         # what the requests will be made with: its host rules (an IPv4 address's parts)
+    except (ValueError, httpx2.InvalidURL) as e:
         raise RemoteFileError(f"unparsable URL ({e})", path=display_url(spec)) from None
     if p.scheme.lower() not in ("http", "https") or not p.hostname:
         raise RemoteFileError("not an http(s) URL", path=display_url(spec), expected="https://HOST/PATH",

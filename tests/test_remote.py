@@ -247,6 +247,28 @@ def test_redirect_rules():
 def test_display_url_drops_secrets():
     assert display_url("https://user:pw@cdn-lfs.hf.co:443/x.gguf?X-Amz-Signature=s#f") == \
         "https://cdn-lfs.hf.co:443/x.gguf"
+    # a URL that does not parse is cut the same way by its text; port 0 is shown
+    assert display_url("https://user:pw@[::1/x.gguf?sig=s") == "https://[::1/x.gguf"
+    assert display_url("https://a:b@:99999/x.gguf#f") == "https://:99999/x.gguf"
+    assert display_url("http://localhost:0/x.gguf") == "http://localhost:0/x.gguf"
+
+
+@pytest.mark.parametrize("url, words", [
+    ("https://256.0.0.1/x.gguf", "https://256.0.0.1/x.gguf: unparsable URL (Invalid IPv4 address: '256.0.0.1')"),
+    ("https://a:b@:99999/x.gguf", "https://:99999/x.gguf: unparsable URL (Port out of range 0-65535)"),
+    ("https://[::1/x.gguf", "https://[::1/x.gguf: unparsable URL (Invalid IPv6 URL)"),
+    ("ftp://host/x.gguf", "ftp://host/x.gguf: unsupported URL scheme (expected http://, https:// or hf://, got ftp://)"),
+])
+def test_cli_refuses_a_url_it_cannot_read_in_one_line(url, words):
+    """A URL whose host or port does not parse (where httpx or urllib would raise inside the CLI: an internal
+    error, exit 3, before), or of a scheme mtpscope does not read (looked for as a local file before): one line,
+    exit 2."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    res = CliRunner().invoke(app, ["inspect", url])
+    assert res.exit_code == 2 and res.output.strip() == f"mtpscope: {words}", res.output
 
 
 # ------------------------------------------------------------------------------------------ the CLI

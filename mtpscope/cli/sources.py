@@ -43,9 +43,10 @@ def open_source(spec: str, allow_full_download: bool = False, max_header_mib: in
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> GGUFLike:
     """Open ``spec`` (path, URL or shard) with :func:`mtpscope.inspector.shards.open_model`; the remote
     options (and the tokenizer hint) are only made for a URL."""
-    from mtpscope.inspector.remote import is_remote
+    from mtpscope.inspector.remote import check_scheme, is_remote
     from mtpscope.inspector.shards import open_model
 
+    check_scheme(spec)
     opts = remote_options(allow_full_download, max_header_mib, timeout_s) if is_remote(spec) else None
     return open_model(spec, remote=opts)
 
