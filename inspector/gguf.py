@@ -946,6 +946,17 @@ class _Parser:
             if b0 < a1:
                 self.fail(f"tensor data overlaps tensor {an!r} [{a0}, {a1})", b0, bn,
                           expected=f"start >= {a1}", actual=b0, cls=TensorDataError)
+        # llama.cpp's parser (ggml/src/gguf.cpp, gguf_init_from_file_impl) also wants the data packed in the
+        # tensor table's order: each tensor right after the one before it, padded to general.alignment
+        expected = 0
+        for t in out:
+            if t.offset - data_offset != expected:
+                self.fail(f"tensor '{t.name}' has offset {t.offset - data_offset}, expected {expected}: llama.cpp "
+                          "reads each tensor's data right after the previous one's, padded to general.alignment",
+                          t.offset, t.name, cls=TensorDataError)
+            if t.n_bytes is None:        # (an unknown type: its size, and so the next offset, is not known)
+                break
+            expected += -(-t.n_bytes // alignment) * alignment
         return tuple(out)
 
 
@@ -970,7 +981,9 @@ def open_gguf(path: str | os.PathLike[str], *, name: str | None = None, like: GG
             (ggml/src/gguf.cpp), worded as it words it: an empty key ("key 3 is empty"), a string longer
             than 1 GiB, a tensor name of 64 bytes or more ("tensor name 5 is too long: 70 >= 64").
         UnsupportedFileError: big-endian files, GGUF versions other than 2 and 3.
-        TensorDataError: tensor data misaligned, outside the file, or overlapping another tensor.
+        TensorDataError: tensor data misaligned, outside the file, overlapping another tensor, or not packed in
+            the tensor table's order (a gap, or tensors out of order: llama.cpp's "tensor 'X' has offset A,
+            expected B").
         OSError: the file cannot be opened.
     """
     p = os.fspath(path)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from mtpscope.demo import build as demo
-from mtpscope.errors import GGUFFormatError
+from mtpscope.errors import GGUFFormatError, TensorDataError
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.inspector.validate import verify
@@ -233,31 +233,43 @@ print("LOADED" if m else "REFUSED", flush=True)
 """
 
 
-def _gguf(kvs: list[tuple[str, int]], names: list[str]) -> bytes:
-    """A tiny GGUF by hand (ggml/docs/gguf.md): UINT32 pairs, F32 tensors of ne [32]."""
+def _gguf(kvs: list[tuple[str, int]], names: list[str], offsets: list[int] | None = None) -> bytes:
+    """A tiny GGUF by hand (ggml/docs/gguf.md): UINT32 pairs, F32 tensors of ne [32] (128 bytes) at ``offsets``
+    in the data section (default packed: 0, 128, ...)."""
     def s(x: str) -> bytes:
         b = x.encode()
         return struct.pack("<Q", len(b)) + b
 
+    offsets = offsets if offsets is not None else [128 * i for i in range(len(names))]
     out = b"GGUF" + struct.pack("<IQQ", 3, len(names), len(kvs))
     for k, v in kvs:
         out += s(k) + struct.pack("<II", 4, v)
-    for i, n in enumerate(names):
-        out += s(n) + struct.pack("<IQIQ", 1, 32, 0, 128 * i)
-    out += b"\0" * (-len(out) % 32) + b"\0" * 128 * len(names)
+    for n, off in zip(names, offsets, strict=True):
+        out += s(n) + struct.pack("<IQIQ", 1, 32, 0, off)
+    out += b"\0" * (-len(out) % 32) + b"\0" * (max(offsets, default=-128) + 128)
     return out
 
 
+_CASES = {"empty_key": ([("general.alignment", 32), ("", 1)], [], None),
+          "long_name": ([("general.alignment", 32)], ["x" * 64], None),
+          # a gap between two tensors (what a type changed without moving the data leaves), and two tensors
+          # stored in the other order than the table lists them: both fine by the GGUF format's own rules
+          # (gguf-py reads them), both refused by llama.cpp's parser
+          "gap": ([("general.alignment", 32)], ["a", "b"], [0, 160]),
+          "order": ([("general.alignment", 32)], ["a", "b"], [128, 0])}
+
+
 @pytest.mark.parametrize("case, phrase", [("empty_key", "key 1 is empty"),
-                                          ("long_name", "tensor name 0 is too long: 64 >= 64")])
+                                          ("long_name", "tensor name 0 is too long: 64 >= 64"),
+                                          ("gap", "tensor 'b' has offset 160, expected 128"),
+                                          ("order", "tensor 'a' has offset 128, expected 0")])
 def test_gguf_refusals_named_like_llama_cpp(tmp_path: Path, case: str, phrase: str) -> None:
-    data = _gguf([("general.alignment", 32), ("", 1)], []) if case == "empty_key" else \
-        _gguf([("general.alignment", 32)], ["x" * 64])
+    data = _gguf(*_CASES[case])
     path = tmp_path / f"{case}.gguf"
     path.write_bytes(data)
     proc = subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "REFUSED" and phrase in proc.stderr
-    with pytest.raises(GGUFFormatError) as e:
+    with pytest.raises((GGUFFormatError, TensorDataError)) as e:
         open_gguf(path)
     assert phrase in e.value.one_line()
     ok = tmp_path / "ok.gguf"  # the limit itself: a 63-byte name is read by both
