@@ -13,11 +13,13 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from mtpscope.traces.analysis.wording import VISIBLE
+
 SPACE_MARK = "\u2581"  # ▁
 #: How a space shows in a token's label (U+2423 OPEN BOX): a whitespace token is never blank.
 VISIBLE_SPACE = "\u2423"  # ␣
 _BYTE_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-_CONTROL = {"\n": "↵", "\t": "⇥", "\r": "␍"}
+_CONTROL = VISIBLE      # (the command line's marks too: one home, traces.analysis.wording)
 
 
 def readable(piece: str) -> str:

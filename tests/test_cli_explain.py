@@ -132,7 +132,7 @@ def test_explain_by_request_on_a_recording_gives_each_prompts_speed(noisy: Path)
     n_verify = int((nd > 0).sum())
     for k in range(1, int(nd.max()) + 1):
         acc = int((na >= k).sum())
-        assert f"k={k} {acc} of {n_verify} drafts ({acc / n_verify:.3f})" in res.stdout, res.stdout
+        assert f"k={k} {acc} of {n_verify} rounds ({acc / n_verify:.3f})" in res.stdout, res.stdout
         row = next(ln.split() for ln in rep.stdout.splitlines() if ln.split()[:2] == [str(k), str(int((nd >= k).sum()))])
         assert row[-1] == f"{acc / n_verify:.4f}", row
 

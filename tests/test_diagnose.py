@@ -509,3 +509,31 @@ def test_past_the_decay_needs_as_many_rounds_as_the_advice() -> None:
     assert few.severity == "info" and "too few rounds to tell" in few.title
     (many,) = behaviour.n_draft_findings(x, rounds(40), trace="/x/t", n_draft=3)
     assert many.severity == "warning" and many.title.startswith("n_draft 3 is past the decay")
+
+
+def test_limit_sentences_name_only_the_classes_below_the_overall_rate(demo_dir) -> None:
+    """The 'what limits acceptance' lines name at most two token classes, and only those whose acceptance is below
+    the trace's overall rate (a fresh user saw json at 0.88 listed as one of 'the hardest' beside code at 0.26); the
+    rates are recomputed here from the trace's own steps."""
+    import re
+
+    from mtpscope.demo.spec import TrainedPaths
+    from mtpscope.traces.analysis.explain_report import explain_trace
+    from mtpscope.traces.analysis.metrics import report
+    from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.diagnose.behaviour import limit_sentences
+    from mtpscope.traces.store.reader import open_trace
+
+    tr = open_trace(TrainedPaths.under(Path(demo_dir.root)).traces_f32)
+    rep = report(tr)
+    x = explain_trace(tr, vocab=trace_vocab(tr.manifest))
+    lines = [ln for ln in limit_sentences(x, rep) if "token classes" in ln]
+    assert len(lines) == 1, limit_sentences(x, rep)
+    assert lines[0].startswith(f"token classes below the overall acceptance {rep.acceptance_rate:.2f}: ")
+    named = re.findall(r"(\w+) (\d\.\d\d) of (\d+) drafts", lines[0])
+    assert 1 <= len(named) <= 2
+    rates = {k: v.acceptance_rate for k, v in x.by_class.items() if v.acceptance_rate is not None}
+    assert any(r >= rep.acceptance_rate for r in rates.values())     # an easy class exists, and is not named
+    for cls, rate, n in named:
+        assert float(rate) < rep.acceptance_rate and abs(rates[cls] - float(rate)) < 0.005
+        assert int(n) == x.by_class[cls].n_drafted

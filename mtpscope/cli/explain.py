@@ -25,7 +25,7 @@ from mtpscope.cli.advice import format_advice
 from mtpscope.cli.common import EXIT_FINDINGS, MISSING, one_line_errors
 from mtpscope.cli.common import fmt as _f
 from mtpscope.traces.analysis.records import finite as _finite
-from mtpscope.traces.analysis.wording import plural
+from mtpscope.traces.analysis.wording import plural, visible
 from mtpscope.traces.store.protocols import TraceLike
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def _fv(v: float | None, iv: tuple[float, float] | None, spec: str) -> str:
 
 
 def _tok(t: TokenCount) -> str:
-    return f"“{t.text}”" if t.text is not None else f"#{t.token}"
+    return f"“{visible(t.text)}”" if t.text is not None else f"#{t.token}"
 
 
 def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance] | None) -> list[str]:

@@ -101,7 +101,6 @@ def register(app: typer.Typer) -> None:
 
 #: Steps listed where the variants disagree; characters of token text shown per token.
 MAX_DISAGREEMENTS, TOKEN_CHARS = 20, 24
-_VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
 AGREEMENT_WORDS = ("agreement = share of the recorded draft steps where the variant drafts the same token as "
                    "the recording (1.0000: identical drafts)")
 
@@ -117,7 +116,9 @@ def _token(t: Any, label) -> str:
         return "? (unknown)"
     if label is None:
         return str(i)
-    text = "".join(_VISIBLE.get(c, c) for c in label(i))
+    from mtpscope.traces.analysis.wording import visible
+
+    text = visible(label(i))
     return f"{i} “{text if len(text) <= TOKEN_CHARS else text[:TOKEN_CHARS - 1] + '…'}”"
 
 

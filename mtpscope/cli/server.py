@@ -92,8 +92,9 @@ def format_requests(v: RequestsView, limit: int = 50) -> str:
             lines.append(f"{str(c['category'])[:15]:15} {c['n_requests']:9d} {c['n_drafted']:8d} {c['n_accepted']:9d}"
                          f"  {_f(c['acceptance_rate']):>5}  {_f(c['mean_acceptance_length'], '.2f'):>8}")
     if len(v.per_position):
-        lines += ["", "accepted per draft position, of the requests' drafts (rounds that drafted): " + ", ".join(
-            f"k={int(p['k'])} {int(p['n_accepted'])} of {int(p['n_drafts'])} drafts ({_f(p['rate'])})"
+        lines += ["", "accepted per draft position, of the requests' rounds that drafted (the server's acc per pos): "
+                  + ", ".join(
+            f"k={int(p['k'])} {int(p['n_accepted'])} of {int(p['n_drafts'])} rounds ({_f(p['rate'])})"
             for p in v.per_position.to_dict(orient="records"))]
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """Words for people, shared by the CLI and the app so both say the same thing: counts with the right
-plural (``1 round``, ``2 rounds``), a prompt named by its text (``prompt 3 “Every sailor sings…”``) and
-the prompts' texts read from a trace manifest. Pure (standard library only).
+plural (``1 round``, ``2 rounds``), a prompt named by its text (``prompt 3 “Every sailor sings…”``), a token's
+text on one line (:func:`visible`) and the prompts' texts read from a trace manifest. Pure (standard library only).
 """
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ IRREGULAR = {"mismatch": "mismatches", "entry": "entries", "quantity": "quantiti
 
 #: Characters of prompt text shown in a label by default (selectboxes, axes, table cells).
 PROMPT_LABEL_CHARS = 40
+#: how a token's text shows the characters that would break a line of terminal output
+VISIBLE = {"\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def visible(text: str) -> str:
+    """``text`` with newlines, tabs and carriage returns as visible marks (:data:`VISIBLE`): a token's text on
+    one line of output."""
+    return "".join(VISIBLE.get(c, c) for c in text)
 
 
 def plural_word(n: int, word: str, many: str | None = None) -> str:

@@ -128,10 +128,11 @@ def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
     cls = {k: v.acceptance_rate for k, v in (x.by_class or {}).items() if k not in _SKIP_CLASSES
            and v.acceptance_rate is not None and v.n_drafted >= MIN_GROUP_DRAFTS}
     cls_drafted = {k: v.n_drafted for k, v in (x.by_class or {}).items()}
-    if cls:
-        worst = sorted(cls, key=lambda c: cls[c])[:2]
-        out.append("the hardest token classes: " + ", ".join(
-            f"{c} {cls[c]:.2f} of {cls_drafted[c]} drafts" for c in worst))
+    overall = report.acceptance_rate
+    below = [c for c in sorted(cls, key=lambda c: cls[c]) if overall is not None and cls[c] < overall][:2]
+    if below:       # (only classes below the overall rate are "hard": the easiest is never named among them)
+        out.append(f"token classes below the overall acceptance {overall:.2f}: " + ", ".join(
+            f"{c} {cls[c]:.2f} of {cls_drafted[c]} drafts" for c in below))
     pp = [(p.k, p.acceptance) for p in report.per_position if p.acceptance is not None]
     if len(pp) >= 2:
         out.append("acceptance falls with the draft position: " + ", ".join(
