@@ -136,7 +136,12 @@ class StepOptions:
                                             actual=value)
             return replace(self, top_k=int(value))
         if name in ("kv_f16", "act_quant"):
-            flag: dict[str, Any] = {name: value.lower() in ("1", "true", "yes", "on")}
+            truth = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                     "off": False}.get(value.lower())
+            if truth is None:
+                raise ReferenceDrafterError(f"{name} is not a boolean", key=spec,
+                                            expected="true / false (1 / 0, yes / no, on / off)", actual=value)
+            flag: dict[str, Any] = {name: truth}
             return replace(self, **flag)
         other: dict[str, Any] = {name: value}
         return replace(self, **other)

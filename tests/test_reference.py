@@ -208,6 +208,17 @@ def test_step_options_parsing():
         o.with_variant("nonsense")
     with pytest.raises(ReferenceDrafterError, match="unknown variant name 'bogus'"):
         o.with_variant("bogus=1")
+    # booleans: the words for true and false, anything else refused (was: quietly false)
+    assert o.with_variant("kv_f16=off").kv_f16 is False and o.with_variant("act_quant=No").act_quant is False
+    for bad in ("kv_f16=maybe", "act_quant=banana", "kv_f16="):
+        with pytest.raises(ReferenceDrafterError, match="is not a boolean"):
+            o.with_variant(bad)
+    # one variant naming an option twice is refused, whatever the values
+    from mtpscope.traces.run.replay import parse_variant
+
+    with pytest.raises(ReferenceDrafterError, match="variant sets head twice"):
+        parse_variant("head=centroid,head=dense", o)
+    assert parse_variant("head=centroid,top_k=8", o) == o.with_variant("head=centroid").with_variant("top_k=8")
 
 
 def test_step_batch_equals_step():

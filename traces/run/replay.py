@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
-from mtpscope.inspector.reference import ReferenceDrafter, StepOptions
+from mtpscope.inspector.reference import ReferenceDrafter, ReferenceDrafterError, StepOptions
 from mtpscope.traces.run.numerics import NEAR_TIE_FACTOR, numerics_check, numerics_options
 from mtpscope.traces.run.replay_folder import (
     ROUNDS_FILE,
@@ -82,9 +82,14 @@ def parse_variant(spec: str, base: StepOptions) -> StepOptions:
     Raises:
         ReferenceDrafterError: unknown option or value.
     """
-    opts = base
+    opts, seen = base, set()
     for part in spec.split(","):
         if part.strip():
+            name = part.partition("=")[0].strip()
+            if name in seen:
+                raise ReferenceDrafterError(f"variant sets {name} twice", key=spec, expected=f"one {name}=VALUE",
+                                            actual=spec)
+            seen.add(name)
             opts = opts.with_variant(part)
     return opts
 
