@@ -105,6 +105,12 @@ def test_cli(demo_dir: Any) -> None:
     assert r.exit_code == 2 and "requires flash attention" in r.output
     r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target)])
     assert r.exit_code == 0 and "KV" in r.stdout and "total" in r.stdout
+    # llama.cpp's n_ctx and n_ubatch are uint32_t: one past the largest is refused, the largest taken
+    for opt in ("--n-ctx", "--ubatch-size"):
+        r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target), opt, str(2**32)])
+        assert r.exit_code == 2 and f"'{opt}'" in r.output and "4294967295" in r.output, r.output
+    r = CliRunner().invoke(app, ["estimate", "--target", str(demo_dir.target), "--ubatch-size", str(2**32 - 1)])
+    assert r.exit_code == 0, r.output
 
 
 CASES = [  # (n_ctx, flash_attn, swa_full, n_ubatch, cache type)

@@ -27,6 +27,9 @@ from mtpscope.cli.sources import (
     open_source,
 )
 
+#: the largest context and batch llama.cpp takes (``llama_context_params``' ``n_ctx`` / ``n_ubatch`` are uint32_t)
+UINT32_MAX = 2**32 - 1
+
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB"
@@ -71,7 +74,8 @@ def register(app: typer.Typer) -> None:
     def estimate(
         target: Annotated[str, typer.Option("--target", help="the gemma4 target GGUF (path, shard or URL)")],
         assistant: Annotated[str | None, typer.Option("--assistant", help="the MTP drafter GGUF")] = None,
-        n_ctx: Annotated[int, typer.Option("--n-ctx", min=0, help="context size (0 = the model's)")] = 8192,
+        n_ctx: Annotated[int, typer.Option("--n-ctx", min=0, max=UINT32_MAX,
+                                           help="context size (0 = the model's)")] = 8192,
         cache_type_k: Annotated[str, typer.Option("--cache-type-k", help="K cache type: f16, bf16, f32, q8_0, "
                                                   "q4_0, q4_1, q5_0, q5_1, iq4_nl")] = "f16",
         cache_type_v: Annotated[str, typer.Option("--cache-type-v", help="V cache type (quantized needs flash "
@@ -83,7 +87,8 @@ def register(app: typer.Typer) -> None:
         flash_attn: Annotated[bool, typer.Option("--flash-attn/--no-flash-attn", help="flash attention "
                                                  "(llama.cpp's auto turns it on on CPU and CUDA)")] = True,
         swa_full: Annotated[bool, typer.Option("--swa-full", help="sliding layers keep the whole context")] = False,
-        n_ubatch: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="physical batch size")] = 512,
+        n_ubatch: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, max=UINT32_MAX,
+                                              help="physical batch size")] = 512,
         weight_type: Annotated[str, typer.Option("--weight-type", help="for a config.json folder: the weights' type "
                                                  "as convert --outtype writes them (f32, f16, bf16, q8_0)")] = "bf16",
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object (bytes)")] = False,
