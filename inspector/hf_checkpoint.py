@@ -58,7 +58,8 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
     """
     d = Path(folder)
     if not d.is_dir():
-        raise HFCheckpointError("not a folder", path=d)
+        raise HFCheckpointError("not a folder" if d.exists() else "no such folder", path=d,
+                                expected="a Hugging Face checkpoint folder", actual="a file" if d.exists() else "missing")
     config = read_config(d)
     index = d / INDEX_NAME
     tensors: dict[str, HFTensor] = {}

@@ -40,7 +40,8 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise HFCheckpointError(f"config.json unreadable: {e}", path=p) from e
     if not isinstance(obj, dict):
-        raise HFCheckpointError("config.json is not a JSON object", path=p, actual=type(obj).__name__)
+        raise HFCheckpointError("config.json is not a JSON object", path=p, expected="object",
+                                actual=type(obj).__name__)
     return obj
 
 

@@ -113,6 +113,19 @@ def test_cli(demo_dir: Any) -> None:
     assert r.exit_code == 0, r.output
 
 
+def test_cli_names_what_a_folder_lacks(tmp_path: Path) -> None:
+    """A folder without a config.json, or whose config.json is not an object: one line saying so (was: "not a
+    regular file ... got a directory", and "expected None")."""
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app, ["estimate", "--target", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and r.output.strip() == (f"mtpscope: {tmp_path / 'empty'}: a folder without a config.json "
+                                                     "(expected a GGUF, or a folder with a config.json, got no config.json)")
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[]")
+    r = CliRunner().invoke(app, ["estimate", "--target", str(tmp_path / "list")])
+    assert r.exit_code == 2 and r.output.strip().endswith("config.json is not a JSON object (expected object, got list)")
+
+
 CASES = [  # (n_ctx, flash_attn, swa_full, n_ubatch, cache type)
     (4096, True, False, 512, "f16"),
     (16384, False, True, 512, "f16"),
@@ -177,3 +190,17 @@ def test_against_llama_cpp(which: str, synth: dict[str, Path], demo_dir: Any) ->
         m.close()
         if dm is not None:
             dm.close()
+
+
+def test_hf_checkpoint_folder_missing_or_a_file(tmp_path: Path) -> None:
+    """`verify --hf DIR`'s reader: a path that does not exist says so (was "not a folder"); a file is not a folder."""
+    from mtpscope.errors import HFCheckpointError
+    from mtpscope.inspector.hf_checkpoint import read_checkpoint
+
+    with pytest.raises(HFCheckpointError) as ei:
+        read_checkpoint(tmp_path / "nope")
+    assert ei.value.one_line() == (f"{tmp_path / 'nope'}: no such folder (expected a Hugging Face checkpoint folder, "
+                                   "got missing)")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(HFCheckpointError, match="not a folder"):
+        read_checkpoint(tmp_path / "f")

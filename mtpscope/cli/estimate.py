@@ -12,6 +12,7 @@ when a file is unreadable or the settings are impossible.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Any
 
@@ -104,11 +105,15 @@ def register(app: typer.Typer) -> None:
                                 cache_type_k=cache_type_k.lower(), cache_type_v=cache_type_v.lower(),
                                 flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch,
                                 n_gpu_layers=n_gpu_layers)
+        from mtpscope.errors import InspectorError
         from mtpscope.inspector.config_model import is_config_source, model_from_config
 
         def source(loc: str) -> object:
             if is_config_source(loc):
                 return model_from_config(loc, weight_type=weight_type.lower())
+            if os.path.isdir(loc):        # a folder is taken for its config.json: say that is what is missing
+                raise InspectorError("a folder without a config.json", path=loc,
+                                     expected="a GGUF, or a folder with a config.json", actual="no config.json")
             return open_source(loc, allow_full_download, max_header_mib, timeout)
 
         with one_line_errors():
