@@ -83,6 +83,21 @@ def test_not_utf8_and_empty(tmp_path: Path) -> None:
         read_prompt_specs(e)
 
 
+def test_a_json_file_is_refused_not_read_as_one_text_line(tmp_path: Path) -> None:
+    """`prompts.json` holding a JSON array was recorded as one prompt (the array's text); now one line says to
+    write JSON lines or text lines. Other suffixes stay text lines."""
+    p = tmp_path / "prompts.JSON"
+    p.write_text(json.dumps(["first prompt", "second prompt"]))
+    with pytest.raises(MtpscopeError) as ei:
+        read_prompt_specs(p)
+    assert ei.value.one_line() == (f"{p}: a .json prompts file: write one prompt per line as JSON lines (.jsonl: a "
+                                   "string or an object each) or as plain text lines (expected .jsonl, or text lines, "
+                                   "got .json)")
+    t = tmp_path / "prompts.txt"
+    t.write_text(json.dumps(["first prompt", "second prompt"]) + "\n")
+    assert [s.text for s in read_prompt_specs(t)] == ['["first prompt", "second prompt"]']
+
+
 def test_category_under_another_field(tmp_path: Path) -> None:
     from mtpscope.traces.run.prompts import category_note
 

@@ -16,8 +16,9 @@ When no prompt has a category but all carry a field that looks like one (``domai
 ...: :data:`mtpscope.traces.analysis.wording.CATEGORY_LIKE_FIELDS`), :func:`category_note` says so in
 one line (``record`` and ``sweep`` print it).
 
-Any other file: one prompt text per non-empty line. A bad line is one :class:`MtpscopeError` naming the
-file, the line number and the field (``key`` = ``"line N: field"``).
+``.json`` is refused (a JSON array or object of prompts is not one of these forms: the line says to write
+one per line as ``.jsonl``). Any other file: one prompt text per non-empty line. A bad line is one
+:class:`MtpscopeError` naming the file, the line number and the field (``key`` = ``"line N: field"``).
 
 Imports: mtpscope.errors, traces.analysis.wording (standard library only).
 """
@@ -172,7 +173,7 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
             under ``extra`` like any other field.
 
     Raises:
-        MtpscopeError: a line that is not JSON, has no / several prompt sources, a field of the wrong
+        MtpscopeError: a ``.json`` file; a line that is not JSON, has no / several prompt sources, a field of the wrong
             type, a repeated ``id`` (each names the file, the line and the field); a file without
             prompts; bytes that are not UTF-8 (names the byte offset); a path that is not a regular
             file (a FIFO, a directory, a device: checked before it is opened).
@@ -180,6 +181,10 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
     """
     p = Path(path)
     st = p.stat()
+    if p.suffix.lower() == ".json":   # (read as text lines, a JSON array would be one prompt: its whole text)
+        raise MtpscopeError("a .json prompts file: write one prompt per line as JSON lines (.jsonl: a string or an "
+                            "object each) or as plain text lines", path=p, expected=".jsonl, or text lines",
+                            actual=".json")
     if not stat.S_ISREG(st.st_mode):  # checked before opening: reading a FIFO would block forever
         kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                 else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
