@@ -517,6 +517,23 @@ def test_cli_interrupt_never_says_nothing_recorded_over_a_trace(pair, tmp_path, 
     assert res.output.strip().splitlines()[-1] == "mtpscope: interrupted before the recording began: nothing recorded"
 
 
+@pytest.mark.parametrize("opt, value, allowed", [("--draft-position", "q", "p-1 or p"),
+                                                  ("--mlx-dtype", "f8", "f32 or checkpoint"),
+                                                  ("--mlx-head", "sparse", "checkpoint or dense")])
+def test_cli_record_refuses_a_bad_mlx_option_value_with_any_runtime(pair, tmp_path, opt, value, allowed) -> None:
+    """An --runtime mlx option with a value it does not take is refused in one line with the default runtime too
+    (was: ignored, exit 0), before anything is recorded."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    res = CliRunner().invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["noisy"]),
+                                   "--prompt", "x", "--max-tokens", "4", "--no-progress", opt, value,
+                                   "--out", str(tmp_path / "t")])
+    assert res.exit_code == 2 and res.output.strip() == f"mtpscope: {opt} must be {allowed} (got {value!r})"
+    assert not (tmp_path / "t").exists()
+
+
 def test_cli_record_and_refusal(pair, tmp_path) -> None:
     from typer.testing import CliRunner
 

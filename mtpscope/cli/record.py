@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
         if runtime == "mlx":
+            _check_mlx_options(draft_position, mlx_dtype, mlx_head)
             _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                         category_field=category_field, draft_position=draft_position, overwrite=overwrite,
                         dtype=mlx_dtype, head=mlx_head,
@@ -132,6 +133,7 @@ def register(app: typer.Typer) -> None:
                                        flush_every=flush_every, compact=compact))
             return
         if runtime == "hf":
+            _check_mlx_options(draft_position, mlx_dtype, mlx_head)
             _record_hf(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                        category_field=category_field, overwrite=overwrite,
                        config=_config(n_draft=n_draft, max_tokens=max_tokens, temp=temp, seed=seed, top_k=top_k,
@@ -156,6 +158,7 @@ def register(app: typer.Typer) -> None:
         if isolate:     # start the worker now: its Python start and imports run while the recorder is imported
             worker_spawn.prespawn()
         try:
+            _check_mlx_options(draft_position, mlx_dtype, mlx_head)    # (after the spawn: its import runs beside it)
             _record(config, target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
                     category_field=category_field, progress=progress, verbose=verbose, overwrite=overwrite,
                     isolate=isolate, no_preflight=no_preflight)
@@ -235,6 +238,18 @@ def runtime_choice(value: str) -> str:
     return value
 
 
+def _check_mlx_options(draft_position: str, dtype: str, head: str) -> None:
+    """The ``--runtime mlx`` options' values, checked whatever the runtime (a bad value is refused even where the
+    option does not apply, rather than ignored): one line, exit 2."""
+    from mtpscope.traces.run.mlx_runtime import DRAFT_POSITIONS, HEADS
+
+    for opt, value, allowed in (("--draft-position", draft_position, DRAFT_POSITIONS),
+                                ("--mlx-dtype", dtype, ("f32", "checkpoint")), ("--mlx-head", head, HEADS)):
+        if value not in allowed:
+            print(f"mtpscope: {opt} must be {' or '.join(allowed)} (got {value!r})", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
+
+
 def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
                 category_field: str, draft_position: str, overwrite: bool, dtype: str, head: str,
                 config: RecordConfig) -> None:
@@ -243,14 +258,6 @@ def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None,
     from mtpscope.traces.run.mlx_record import record_mlx
     from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 
-    if dtype not in ("f32", "checkpoint"):
-        print(f"mtpscope: --mlx-dtype must be f32 or checkpoint (got {dtype!r})", file=sys.stderr)
-        raise typer.Exit(EXIT_UNREADABLE)
-    from mtpscope.traces.run.mlx_runtime import HEADS
-
-    if head not in HEADS:
-        print(f"mtpscope: --mlx-head must be {' or '.join(HEADS)} (got {head!r})", file=sys.stderr)
-        raise typer.Exit(EXIT_UNREADABLE)
     with one_line_errors(EXIT_UNREADABLE):
         specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
                  else [PromptSpec(text=prompt)])
