@@ -263,6 +263,22 @@ def test_repair_after_a_recovery_removes_the_tmp_parts_too(tmp_path: Path) -> No
     assert tmps[0] in doc["tmp_removed"]     # (the recovery itself drops the merged file being built)
 
 
+def test_repair_of_a_trace_with_a_garbage_part_says_so_and_exits_1(tmp_path: Path) -> None:
+    """A closed trace whose rounds part is garbage: repair names the part on stderr (was stdout), its count line says
+    how many rounds read against the manifest's count, and it exits 1 (was 0, the count unexplained)."""
+    d = tmp_path / "t"
+    _trace(d).close()
+    bad = sorted((d / "rounds").glob("*.parquet"))[0]         # parts of 2 rounds: 2 of the 5 unreadable
+    bad.write_bytes(b"garbage")
+    res = runner.invoke(app, ["trace", "repair", str(d)])
+    assert res.exit_code == 1, (res.stdout, res.stderr)
+    assert f"warning: {bad}: unreadable rounds part skipped" in res.stderr and "warning:" not in res.stdout
+    assert ("trace: 3 rounds, 15 draft steps readable (the manifest counts 5; parts skipped: see the warnings), "
+            "complete") in res.stdout
+    doc = json.loads(runner.invoke(app, ["trace", "repair", str(d), "--json"]).stdout)
+    assert doc["n_rounds"] == 3 and any(str(bad) in w for w in doc["warnings"])
+
+
 def test_repair_touches_nothing_while_a_writer_holds_the_lock(tmp_path: Path) -> None:
     d = tmp_path / "t"
     w = _trace(d, n_rounds=0)                  # open, no round yet: no log segment, but the lock is held

@@ -33,8 +33,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
     ) -> None:
         """Recover an interrupted trace's write-ahead log into parts, recount its manifest and delete the
-        unfinished (.tmp) parts a writer left behind. Exit 1 while a recorder still writes it, or when a log
-        could not be read to its end (kept as wal/<name>.damaged, the rounds before the damage recovered)."""
+        unfinished (.tmp) parts a writer left behind. Exit 1 while a recorder still writes it, when a log
+        could not be read to its end (kept as wal/<name>.damaged, the rounds before the damage recovered), or when
+        parts cannot be read (each named on stderr)."""
         from mtpscope.traces.store.reader import open_trace, read_manifest
         from mtpscope.traces.store.wal import recover
 
@@ -73,13 +74,17 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{path}: removed {len(removed)} unfinished part{'s' if len(removed) != 1 else ''} "
                            f"(.tmp) a writer left: {', '.join(removed)}")
             state = "complete" if out["complete"] else "incomplete"
-            typer.echo(f"trace: {n_rounds} rounds, {n_steps} draft steps, {state}")
+            counted = (t.manifest.get("counts") or {}).get("n_rounds")
+            skipped = f" readable (the manifest counts {counted}; parts skipped: see the warnings)" if (
+                out["warnings"] and isinstance(counted, int) and counted != n_rounds) else ""
+            typer.echo(f"trace: {n_rounds} rounds, {n_steps} draft steps{skipped}, {state}")
             ab = out["aborted"]
             if isinstance(ab, dict):
                 typer.echo(f"aborted: {ab.get('where') or ''}: {ab.get('message') or ab.get('signal') or ''}")
-            for w in out["warnings"]:
-                typer.echo(f"warning: {w}")
-        raise typer.Exit(EXIT_FINDINGS if status == "live" or rec.problems else EXIT_OK)
+        for w in out["warnings"]:       # (on stderr, as every command's warnings; --json has them too)
+            print(f"warning: {w}", file=sys.stderr)
+        # exit 1: a recorder still writes it, a log not read to its end, or parts that cannot be read
+        raise typer.Exit(EXIT_FINDINGS if status == "live" or rec.problems or out["warnings"] else EXIT_OK)
 
 
 def remove_unfinished(path: Path) -> tuple[str, ...] | None:
