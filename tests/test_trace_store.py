@@ -573,8 +573,10 @@ def test_bad_manifests_raise_one_trace_format_error(tmp_path: Path, content: byt
 
 
 def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
-    """A part whose values break what every metric relies on (here n_accepted > n_draft, and a part
-    that lost its prompt_id column) is one TraceFormatError naming the column, not a crash later."""
+    """A part whose values break what every metric relies on (here n_accepted > n_draft) is one
+    TraceFormatError naming the column, not a crash later; a part that lost a required column (prompt_id: a file
+    of another table copied over it, say) is skipped like an unreadable one, with a warning naming the part and the
+    column, and the other parts read (before: an error that named no file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -591,9 +593,10 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
         _ = traces.open(d).rounds
     assert e.value.key == "n_accepted" and "n_accepted <= n_draft" in str(e.value)
     pq.write_table(t.drop(["prompt_id"]), part)
-    with pytest.raises(TraceFormatError) as e:
-        _ = traces.open(d).rounds
-    assert e.value.key == "prompt_id"
+    tr = traces.open(d)
+    assert len(tr.rounds) == 20 - t.num_rows and tr.skipped == [part]
+    assert any(w.startswith(f"{part}: unreadable rounds part skipped ('prompt_id': rounds table lacks a required "
+                            "column") for w in tr.warnings), tr.warnings
 
 
 def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:

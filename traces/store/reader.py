@@ -191,14 +191,19 @@ class Trace(TraceLike):
         fmt = ds.ParquetFileFormat(default_fragment_scan_options=opts)
         try:
             dset = ds.dataset([str(p) for p in files], schema=schema, format=fmt)
-            return dset.to_table(columns=list(columns))
+            got = dset.to_table(columns=list(columns))
+            # a part lacking a required column reads as nulls there (the dataset fills what a file lacks): the
+            # slow path below names that part (a steps file copied over a rounds part, say)
+            if not any(got.column(f.name).null_count for f in schema if f.name in columns and not f.nullable):
+                return got
         except (OSError, pa.ArrowException):
             pass
         # Slow path: find the bad parts one by one, keep the rest.
         pieces = []
         for p in list(files):
-            try:
-                t = pq.read_table(p, columns=list(columns), page_checksum_verification=True)
+            try:        # (columns the file lacks: conform fills a nullable one, names a required one)
+                present = set(pq.read_schema(p).names)
+                t = pq.read_table(p, columns=[c for c in columns if c in present], page_checksum_verification=True)
                 pieces.append(conform(t, _subschema(schema, columns), table))
             except (OSError, pa.ArrowException, TraceFormatError) as e:
                 self._mark_bad(table, p, e)
