@@ -166,6 +166,19 @@ def test_drift_tells_whether_it_predicts_rejection() -> None:
     assert sum(x.n_steps for x in c.by_quantile) == 300
 
 
+def test_a_name_given_twice_pairs_in_order_and_unrelated_sets_stay_unpaired() -> None:
+    """A prompt given twice (the demo's prompts 9 and 11) made pairing fall back to prompt_id, which paired 36 demo
+    prompts with 2 unrelated ones; now the k-th prompt of a name pairs with the k-th of that name in the other trace,
+    and sets that share no name pair nothing."""
+    ma = {"prompts": [{"prompt_id": 0, "id": "x"}, {"prompt_id": 1, "id": "y"}, {"prompt_id": 2, "id": "x"}]}
+    mb = {"prompts": [{"prompt_id": 5, "id": "x"}, {"prompt_id": 6, "id": "x"}, {"prompt_id": 7, "id": "y"}]}
+    p = pair_prompts(ma, mb)
+    assert p.by == "id" and p.pairs == ((0, 5), (1, 7), (2, 6)) and p.unpaired_a == () and p.unpaired_b == ()
+    other = {"prompts": [{"prompt_id": 0, "id": "u"}, {"prompt_id": 1, "id": "v"}]}
+    q = pair_prompts(ma, other)
+    assert q.by == "id" and q.pairs == () and q.unpaired_a == (0, 1, 2) and q.unpaired_b == (0, 1)
+
+
 def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:
     ma = {"prompts": [{"prompt_id": 0, "text": "a"}, {"prompt_id": 1, "text": "b"}]}
     mb = {"prompts": [{"prompt_id": 0, "text": "c"}, {"prompt_id": 1, "text": "d"}]}

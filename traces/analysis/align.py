@@ -2,7 +2,8 @@
 upstream). Pure (numpy / pandas); one job.
 
 **Pairing prompts.** Prompts pair by their ``id`` (prompts files, §6 of docs/EXPLAIN.md) when both traces
-carry ids, else by their text, else by ``prompt_id``. Unpaired prompts are listed, not compared. When both
+carry ids, else by their text, else by ``prompt_id``; a name given to several prompts pairs them in order (the
+first with the first). Unpaired prompts are listed, not compared. When both
 traces name every prompt (ids or texts) and no name matches, nothing is paired (two different prompt
 sets are never paired by ``prompt_id``).
 
@@ -68,16 +69,25 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
             out.setdefault(int(i), {})
         return out
 
+    def nth(names: Mapping[int, str]) -> dict[int, tuple[str, int]]:
+        """Each prompt's name with its occurrence (a prompt given twice: the first with the first, in order)."""
+        seen: dict[str, int] = {}
+        out = {}
+        for pid, v in sorted(names.items()):
+            out[pid] = (v, seen.get(v, 0))
+            seen[v] = seen.get(v, 0) + 1
+        return out
+
     ea, eb = entries(manifest_a, ids_a), entries(manifest_b, ids_b)
     carried = None  # the first key both traces carry for every prompt
     for by, key in (("id", "id"), ("text", "text")):
         ka = {pid: p.get(key) for pid, p in ea.items()}
         kb = {pid: p.get(key) for pid, p in eb.items()}
         if all(isinstance(v, str) and v for v in ka.values()) and all(isinstance(v, str) and v for v in kb.values()) \
-                and len(set(ka.values())) == len(ka) and len(set(kb.values())) == len(kb) and ka and kb:
+                and ka and kb:
             carried = carried or by
-            inv = {v: pid for pid, v in kb.items()}
-            pairs = tuple((pa_, inv[v]) for pa_, v in sorted(ka.items()) if v in inv)
+            inv = {v: pid for pid, v in nth(kb).items()}
+            pairs = tuple((pa_, inv[v]) for pa_, v in nth(ka).items() if v in inv)
             if pairs:
                 used_b = {b for _, b in pairs}
                 return PromptPairing(pairs, by, tuple(p for p in sorted(ea) if p not in dict(pairs)),
