@@ -163,3 +163,8 @@ def test_compare_names_what_differs_between_the_runs(demo_dir) -> None:
         in j["run_differences"]
     same = runner.invoke(app, ["compare", str(tp.traces_f32), str(tp.traces_f32)])
     assert "runs: same parameters and models" in same.stdout.splitlines()
+    # one runtime, one convention: the rounds' first differences are one line, not one "no known convention" line
+    # per prompt (a fresh user found 36 of them burying the metadata line above); --json keeps each prompt's
+    n = sum(1 for d in j["runtimes"]["prompts"] if d["what"] == "drafts" and not d["cause"])
+    assert n > 1 and "no known convention explains it" not in res.stdout
+    assert f"  {n} prompts: the drafts differ in the first differing round with no convention" in res.stdout

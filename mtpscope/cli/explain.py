@@ -245,6 +245,12 @@ def format_runtime_diff(rt: RuntimeDiff) -> list[str]:
              f"rounds at a common position with the same pending token: {rt.n_rounds_compared}, "
              f"drafts differ in {rt.n_rounds_differing}"]
     shown = [d for d in rt.prompts if d.what != "none"]
+    unexplained = [d for d in shown if d.what == "drafts" and not d.cause]
+    if not rt.differs and unexplained:     # one runtime, one convention: listing each prompt says nothing more
+        shown = [d for d in shown if d not in unexplained]
+        lines.append(f"  {plural(len(unexplained), 'prompt')}: the drafts differ in the first differing round with no "
+                     "convention between the runs to explain it (the same runtime: the drafters themselves draft "
+                     "differently; what differs between the runs is above); --json lists each")
     if shown:
         lines.append("first differing round per prompt (A round / B round, pending token's position, draft step):")
     for d in shown:
