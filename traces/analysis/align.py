@@ -69,9 +69,9 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
             out.setdefault(int(i), {})
         return out
 
-    def nth(names: Mapping[int, str]) -> dict[int, tuple[str, int]]:
+    def nth(names: Mapping[int, Any]) -> dict[int, tuple[Any, int]]:
         """Each prompt's name with its occurrence (a prompt given twice: the first with the first, in order)."""
-        seen: dict[str, int] = {}
+        seen: dict[Any, int] = {}
         out = {}
         for pid, v in sorted(names.items()):
             out[pid] = (v, seen.get(v, 0))
