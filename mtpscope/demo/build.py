@@ -551,7 +551,8 @@ def _record_traces(paths: DemoPaths, cfg: dict[str, Any], say: Callable[[str], N
         summary[name] = {"acceptance_rate": res.acceptance_rate, "n_drafted": res.n_drafted,
                          "n_accepted": res.n_accepted, "n_rounds": res.n_rounds,
                          "mean_acceptance_length": res.mean_acceptance_length}
-        say(f"  {name}: acceptance rate {res.acceptance_rate:.3f} ({res.n_accepted}/{res.n_drafted})")
+        rate = "-" if res.acceptance_rate is None else f"{res.acceptance_rate:.3f}"
+        say(f"  {name}: acceptance rate {rate} ({res.n_accepted}/{res.n_drafted})")
     return summary
 
 
