@@ -77,6 +77,14 @@ def test_explain_text_and_prompt(noisy: Path) -> None:
     assert "First mismatches of this prompt:" in res.stdout and "round 0 k=" in res.stdout
     bad = runner.invoke(app, ["explain", str(noisy), "--prompt", "nope"])
     assert bad.exit_code == 2 and "no such prompt" in bad.stderr
+    # each acceptance table's column names end where its numbers end (a long title pushed them right before)
+    lines = runner.invoke(app, ["explain", str(noisy)]).stdout.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("Acceptance by ") and ln.endswith("(worst first)")]
+    assert heads
+    for i in heads:
+        cols, row = lines[i + 1], lines[i + 2]
+        assert cols.rstrip().endswith("acceptance rate") and len(cols.rstrip()) == len(row.rstrip()), (cols, row)
+        assert cols.index("drafted") + len("drafted") == len(row[:row.index(row.split()[-3]) + len(row.split()[-3])])
 
 
 def test_compare_clean_vs_noisy(demo_dir, noisy: Path) -> None:

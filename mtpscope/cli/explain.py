@@ -114,7 +114,8 @@ def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance
     from mtpscope.traces.analysis.ordering import worst_first_key
 
     rows = sorted(groups.items(), key=lambda kv: (worst_first_key(_finite(kv[1].acceptance_rate)), kv[0]))
-    out = ["", f"{title} (worst first)       drafted  accepted  acceptance rate"]
+    out = ["", f"{title} (worst first)",      # (the column names over the columns, whatever the title's length)
+           f"  {'':<22} {'drafted':>9} {'accepted':>9}  {'acceptance rate':>15}"]
     for name, g in rows:
         out.append(f"  {name:<22} {g.n_drafted:9d} {g.n_accepted:9d}  {_f(_finite(g.acceptance_rate)):>15}")
     return out
