@@ -108,7 +108,7 @@ def test_prompts_without_a_rate_come_last_in_the_app_as_in_the_cli() -> None:
               "p1": Acceptance(n_drafted=6, n_accepted=1, acceptance_rate=1 / 6),
               "p2": Acceptance(n_drafted=6, n_accepted=4, acceptance_rate=4 / 6)}
     lines = _rate_table("prompts", groups)
-    assert [ln.split()[0] for ln in lines[2:]] == ["p1", "p2", "p0"]
+    assert [ln.split()[0] for ln in lines[3:]] == ["p1", "p2", "p0"]        # (after "", the title, the columns)
 
 
 def test_binned_rounds_sums() -> None:
