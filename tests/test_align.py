@@ -179,6 +179,20 @@ def test_a_name_given_twice_pairs_in_order_and_unrelated_sets_stay_unpaired() ->
     assert q.by == "id" and q.pairs == () and q.unpaired_a == (0, 1, 2) and q.unpaired_b == (0, 1)
 
 
+def test_prompts_given_as_the_same_token_ids_pair_by_them() -> None:
+    """A recording of another runtime made from a trace's own token ids under labels of its own (the MLX / HF
+    comparisons): the ids do not match, the token ids do, so the prompts pair by them, in order; token ids that
+    match nothing pair nothing."""
+    ma = {"prompts": [{"prompt_id": 0, "id": "x", "tokens": [1, 2]}, {"prompt_id": 1, "id": "y", "tokens": [3]},
+                      {"prompt_id": 2, "id": "x", "tokens": [4]}]}
+    mb = {"prompts": [{"prompt_id": 0, "id": "p1", "tokens": [3]}, {"prompt_id": 1, "id": "p0", "tokens": [1, 2]}]}
+    p = pair_prompts(ma, mb)
+    assert p.by == "tokens" and p.pairs == ((0, 1), (1, 0)) and p.unpaired_a == (2,) and p.unpaired_b == ()
+    other = {"prompts": [{"prompt_id": 0, "id": "p0", "tokens": [9]}]}
+    q = pair_prompts(ma, other)
+    assert q.pairs == () and q.by == "id" and q.unpaired_b == (0,)
+
+
 def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:
     ma = {"prompts": [{"prompt_id": 0, "text": "a"}, {"prompt_id": 1, "text": "b"}]}
     mb = {"prompts": [{"prompt_id": 0, "text": "c"}, {"prompt_id": 1, "text": "d"}]}

@@ -2,10 +2,10 @@
 upstream). Pure (numpy / pandas); one job.
 
 **Pairing prompts.** Prompts pair by their ``id`` (prompts files, §6 of docs/EXPLAIN.md) when both traces
-carry ids, else by their text, else by ``prompt_id``; a name given to several prompts pairs them in order (the
-first with the first). Unpaired prompts are listed, not compared. When both
-traces name every prompt (ids or texts) and no name matches, nothing is paired (two different prompt
-sets are never paired by ``prompt_id``).
+carry ids and some match, else by their text, else by their token ids (prompts given as ids), else by
+``prompt_id``; a name given to several prompts pairs them in order (the first with the first). Unpaired
+prompts are listed, not compared. When both traces name every prompt (ids, texts or token ids) and no name
+matches, nothing is paired (two different prompt sets are never paired by ``prompt_id``).
 
 **Aligning rounds.** Rounds are aligned by *output position* (:mod:`traces.analysis.positions`): with greedy
 decoding the target's output does not depend on the drafter, so the two generated sequences of a
@@ -46,7 +46,7 @@ class PromptPairing:
 
     Attributes:
         pairs: ``((prompt_id_a, prompt_id_b), ...)`` in A's order.
-        by: ``"id"``, ``"text"`` or ``"prompt_id"``.
+        by: ``"id"``, ``"text"``, ``"tokens"`` or ``"prompt_id"``.
         unpaired_a / unpaired_b: prompt ids left over.
     """
 
@@ -78,13 +78,22 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
             seen[v] = seen.get(v, 0) + 1
         return out
 
+    def name(p: Mapping[str, Any], key: str) -> Any:
+        """A prompt's ``id`` / ``text`` (a non-empty string) or its ``tokens`` (a non-empty tuple of ints), else
+        None."""
+        v = p.get(key)
+        if key == "tokens":
+            if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                return tuple(v)
+            return None
+        return v if isinstance(v, str) and v else None
+
     ea, eb = entries(manifest_a, ids_a), entries(manifest_b, ids_b)
     carried = None  # the first key both traces carry for every prompt
-    for by, key in (("id", "id"), ("text", "text")):
-        ka = {pid: p.get(key) for pid, p in ea.items()}
-        kb = {pid: p.get(key) for pid, p in eb.items()}
-        if all(isinstance(v, str) and v for v in ka.values()) and all(isinstance(v, str) and v for v in kb.values()) \
-                and ka and kb:
+    for by, key in (("id", "id"), ("text", "text"), ("tokens", "tokens")):
+        ka = {pid: name(p, key) for pid, p in ea.items()}
+        kb = {pid: name(p, key) for pid, p in eb.items()}
+        if all(v is not None for v in ka.values()) and all(v is not None for v in kb.values()) and ka and kb:
             carried = carried or by
             inv = {v: pid for pid, v in nth(kb).items()}
             pairs = tuple((pa_, inv[v]) for pa_, v in nth(ka).items() if v in inv)
