@@ -1,5 +1,6 @@
 """The process around llama.cpp: a Ctrl-C (SIGINT) that arrives during a decode, stop signals held while a
-stopped recording cleans up, ggml's abort hook, and what llama.cpp printed before it died (for the isolated recording worker, docs/RECORDING.md).
+stopped recording cleans up, ggml's abort hook, and what llama.cpp printed before it died (for the isolated
+recording worker, docs/RECORDING.md).
 
 Imports: ctypes, mtpscope.errors, :mod:`.binding` (the ggml functions; no ``llama_cpp`` at import time),
 :mod:`traces.run.worker_spawn` (``ABORT_ENV``).
@@ -62,18 +63,17 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def interrupts_held() -> Iterator[list[int]]:
-    """Within the block, :data:`HELD_SIGNALS` are noted (the list yielded), not raised: the cleanup after a first
+def interrupts_held() -> Iterator[None]:
+    """Within the block, :data:`HELD_SIGNALS` are ignored, not raised: the cleanup after a first
     Ctrl-C or stop signal (the worker stopped, the trace closed and its manifest written) runs to its end when
     another one comes. ``timeout`` sends its SIGTERM to the command and then to the command's process group, so
     the recorder gets it twice. No-op off the main thread (where Python cannot install handlers)."""
-    got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield got
+        yield
         return
-    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in HELD_SIGNALS}
+    old = {s: signal.signal(s, lambda signum, frame: None) for s in HELD_SIGNALS}
     try:
-        yield got
+        yield
     finally:
         for s, h in old.items():
             if h is not None:      # (None: a handler not installed from Python, which cannot be put back)
