@@ -111,3 +111,31 @@ def test_report_empty_trace(tmp_path: Path) -> None:
     rep = json.loads(res.stdout)
     assert rep["n_rounds"] == 0 and rep["acceptance_rate"] is None and rep["per_position"] == []
     assert runner.invoke(app, ["report", str(tmp_path / "e")]).exit_code == 0
+
+
+def test_import_fork_ndjson_dropping_events_exits_1(tmp_path: Path) -> None:
+    """A well-formed draft without its accept, or an accept without its draft, is left out of the trace: that
+    is data dropped, so exit 1 with the warning naming the line on stderr (was exit 0); a file where every
+    event is joined exits 0."""
+    pair = ('{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":5,"attn_pos":9,"drafts":[1,2,3]}\n'
+            '{"evt":"mtp_accept","iter":1,"n_accepted":2}\n')
+    cases = {
+        # line 3: a draft never verified (no accept with iter 2)
+        "draft": pair + '{"evt":"mtp_draft","iter":2,"seq_id":0,"id_last":7,"attn_pos":12,"drafts":[4,5]}\n',
+        # line 3: an accept whose iter has no draft
+        "accept": pair + '{"evt":"mtp_accept","iter":9,"n_accepted":1}\n',
+    }
+    for name, text in cases.items():
+        src = tmp_path / f"{name}.ndjson"
+        src.write_text(text)
+        res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / name)])
+        assert res.exit_code == 1, (name, res.output)
+        assert "1 round, 3 steps" in res.stdout                       # the joined pair is still imported
+        warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")]
+        other = "mtp_draft" if name == "accept" else "mtp_accept"
+        assert len(warned) == 1 and str(src) in warned[0], res.stderr
+        assert f"1 mtp_{name} events without an {other}" in warned[0] and "lines 3" in warned[0], warned
+    clean = tmp_path / "clean.ndjson"
+    clean.write_text(pair)
+    res = runner.invoke(app, ["import", "fork-ndjson", str(clean), "--out", str(tmp_path / "c")])
+    assert res.exit_code == 0 and res.stderr == "", res.output

@@ -273,3 +273,48 @@ def test_server_log_nan_acceptance_line_is_no_request(tmp_path: Path) -> None:
     assert list(q["line"]) == [1] and list(q["id_task"]) == [3]
     assert list(q["n_drafted"]) == [2] and list(q["n_accepted"]) == [1]
     assert q["spec_type"].isna().all() and q["n_calls_begin"].isna().all()
+
+
+def _doc_fields(doc: str, event: str) -> tuple[set[str], set[str]]:
+    """(fields docs/TRACE_FORMAT.md says ``event`` needs, fields it says are optional): the backticked names of
+    its sentence "A draft event needs ..." / "An accept event needs ..." and of the "Optional, ..." one after it."""
+    import re
+
+    text = " ".join(doc.split())
+    m = re.search(rf"An? {event} event needs (.*?)\. Optional, checked when present: (.*?)\. ", text)
+    assert m, f"docs/TRACE_FORMAT.md has no sentence on what a {event} event needs"
+    return set(re.findall(r"`(\w+)`", m.group(1))), set(re.findall(r"`(\w+)`", m.group(2)))
+
+
+def test_fork_ndjson_docs_name_exactly_the_required_fields(tmp_path: Path) -> None:
+    """The importer section of docs/TRACE_FORMAT.md names exactly the fields an event cannot do without: for every
+    field of the full example events (the fork's own), a line lacking it is a bad line if and only if the docs
+    say the event needs it (they once said a draft needs only ``iter`` and ``drafts``)."""
+    import json
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "TRACE_FORMAT.md").read_text(encoding="utf-8")
+    full = {
+        "draft": {"evt": "mtp_draft", "iter": 2, "path": "sync", "seq_id": 0, "id_last": 818, "h_idx": 0,
+                  "attn_pos": 41, "n_steps": 3, "h_l2": 61.5, "drafts": [2461, 531, 1010]},
+        "accept": {"evt": "mtp_accept", "iter": 2, "n_accepted": 2, "n_drafted_prev": 3},
+    }
+    # one good pair first (line 1, 2) keeps every file importable
+    good = ['{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":5,"attn_pos":9,"drafts":[1]}',
+            '{"evt":"mtp_accept","iter":1,"n_accepted":1}']
+    for event, obj in full.items():
+        needed, optional = _doc_fields(doc, event)
+        assert needed and not needed & optional, (event, needed, optional)
+        refused = set()
+        for field in obj:
+            if field == "evt":
+                continue
+            lines = {"draft": json.dumps(full["draft"]), "accept": json.dumps(full["accept"])}
+            lines[event] = json.dumps({k: v for k, v in obj.items() if k != field})
+            src = _write(tmp_path, f"{event}-{field}.ndjson", [*good, lines["draft"], lines["accept"]])
+            res = import_fork_ndjson(src, tmp_path / f"t-{event}-{field}")
+            bad = {ln for ln, _ in res.bad_lines}
+            assert bad <= {3, 4}, (event, field, res.bad_lines)
+            if bad == {3 if event == "draft" else 4}:
+                refused.add(field)
+        assert refused == needed, (event, refused, needed)
+        assert optional <= set(obj) - needed, (event, optional)

@@ -4,8 +4,8 @@
 ``mtpscope import fork-ndjson FILE --out DIR``: the fork's ``LLAMA_MTP_ACC_TRACE`` NDJSON -> trace.
 ``mtpscope import server-log FILE --out DIR``: llama-server log / response timings -> trace.
 
-Exit codes: 0 ok; 1 the import wrote a trace but skipped bad lines; 2 unreadable input (one line on
-stderr).
+Exit codes: 0 ok; 1 the import wrote a trace but left data out (bad lines, or events without their partner:
+a warning on stderr names them); 2 unreadable input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -125,8 +125,7 @@ def _print_import_result(res: Any) -> int:
             print(f"  line {line_no}: {reason}", file=sys.stderr)
         if res.n_bad > MAX_BAD_LINES_SHOWN:
             print(f"  ... {res.n_bad - MAX_BAD_LINES_SHOWN} more", file=sys.stderr)
-        return EXIT_FINDINGS
-    return EXIT_OK
+    return EXIT_FINDINGS if res.n_bad or res.n_dropped else EXIT_OK
 
 
 def register(app: typer.Typer) -> None:
@@ -188,7 +187,11 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Trace directory to write."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
     ) -> None:
-        """Fork NDJSON (mtp_draft + mtp_accept events joined on iter) -> trace (source fork-ndjson)."""
+        """Fork NDJSON (mtp_draft + mtp_accept events joined on iter) -> trace (source fork-ndjson).
+
+        Exit 1 when data was left out (bad lines, a draft without its accept or an accept without its draft; each
+        named on stderr), 2 when nothing could be imported.
+        """
         with one_line_errors():
             from mtpscope.traces.importers import import_fork_ndjson
 

@@ -29,6 +29,8 @@ class ImportResult:
         bad_lines: ``(line number (1-based), reason)`` for every bad line.
         warnings: other findings (unmatched events, inconsistent counts), each naming line numbers.
         n_rounds, n_steps, n_requests: rows written.
+        n_dropped: well-formed events that are not in the trace (a draft without its accept, an accept
+            without its draft); a warning names their lines. Data left out, as bad lines are.
     """
 
     path: str
@@ -43,6 +45,7 @@ class ImportResult:
     n_rounds: int = 0
     n_steps: int = 0
     n_requests: int = 0
+    n_dropped: int = 0
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -271,4 +271,5 @@ def import_fork_ndjson(path: str | os.PathLike[str], out_dir: str | os.PathLike[
             b = min(a + ROUNDS_PER_PART, n)
             w.write_tables(rounds.slice(a, b - a), steps.slice(int(step_off[a]), int(step_off[b] - step_off[a])))
     return ImportResult(str(path), str(out_dir), "fork-ndjson", n_lines, n_used, n_ignored, len(bad),
-                        tuple(bad), tuple(warnings), n_rounds=n, n_steps=len(flat_tokens))
+                        tuple(bad), tuple(warnings), n_rounds=n, n_steps=len(flat_tokens),
+                        n_dropped=len(unmatched_drafts) + len(unmatched_accepts))
