@@ -6,8 +6,9 @@ required hyperparameter keys, the full expected tensor list of the dialect (:mod
 unexpected, duplicated, shapes, projection widths vs the backbone width, dtypes: 1-D F32, ordering I32),
 token_embd rank and width, the centroid head (shape, orientation, n_vocab % n_centroids, ordering non-zero /
 in range / a permutation, every centroid owning exactly n_vocab / n_centroids tokens), rope_freqs values,
-non-finite values in small tensors, tokenizer present and consistent with n_vocab. Also the small helpers
-over an open file that :mod:`pairing` and :mod:`loadability` share (:func:`tensor_map`, :func:`key_value`).
+non-finite values in small tensors, an RMS norm epsilon that is not a finite number > 0, tokenizer present and
+consistent with n_vocab. Also the small helpers over an open file that :mod:`pairing` and :mod:`loadability`
+share (:func:`tensor_map`, :func:`key_value`).
 
 Shapes in messages are GGUF ``ne`` order (innermost first) unless they say "numpy shape".
 
@@ -17,6 +18,7 @@ detection of foreign architectures).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -155,6 +157,13 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     if any(ly.n_head <= 0 for ly in hp.layers) and f.get(f"{arch}.attention.head_count") is not None:
         add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
                "a layer with 0 attention heads"))
+    eps_key = f"{arch}.attention.layer_norm_rms_epsilon"
+    eps = key_value(f, eps_key)
+    if eps is not None and not _positive_finite(eps):
+        add(finding(ERROR, "E_KEY_VALUE", eps_key, "a finite number > 0", eps,
+               f"layer_norm_rms_epsilon is {eps!r}: every RMS norm computes x / sqrt(mean(x^2) + eps), so NaN makes "
+               "its outputs NaN, infinity makes them 0, and 0 or less can divide by zero or take the root of a "
+               "negative number"))
     pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
     if pattern is None:
         add(finding(ERROR, "E_SWA_PATTERN", f"{arch}.attention.sliding_window_pattern", "array of bool", None,
@@ -188,6 +197,11 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     if scan_values:
         _check_values(f, hp, dialect, tmap, add, partial_rotary_factor)
     return dialect, hp, findings
+
+
+def _positive_finite(v: Any) -> bool:
+    """``v`` is a real number (not a bool, not a string), finite and > 0."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:

@@ -381,3 +381,26 @@ def test_per_layer_array_of_the_wrong_length(tmp_path: Path) -> None:
     f = next(x for x in r.findings if x.subject.endswith(".attention.head_count"))
     assert (f.severity, f.code, f.actual) == ("error", "E_KEY_VALUE", 3)
     assert not r.ok
+
+
+@pytest.mark.parametrize("eps", [float("nan"), float("inf"), float("-inf"), 0.0, -0.5])
+@pytest.mark.parametrize("kind", ["upstream", "target"])
+def test_rms_epsilon_not_a_finite_positive_number(tmp_path: Path, kind: str, eps: float) -> None:
+    """``<arch>.attention.layer_norm_rms_epsilon`` NaN, infinite or <= 0 (every RMS norm adds it under a square
+    root): an E_KEY_VALUE error naming the key (was: no finding at all, the file passed)."""
+    from mtpscope.inspector.gguf_write import f32
+
+    arch = UP if kind == "upstream" else "gemma4"
+    key = f"{arch}.attention.layer_norm_rms_epsilon"
+    r = verify_kind(tmp_path, kind, set_key(key, f32(eps)))
+    f = next((x for x in r.findings if x.subject == key), None)
+    assert f is not None, [(x.code, x.subject) for x in r.findings]
+    assert (f.severity, f.code) == ("error", "E_KEY_VALUE")
+    assert f.actual == (str(eps) if eps != eps or abs(eps) == float("inf") else eps)  # findings store nan/inf as text
+    assert not r.ok
+
+
+def test_rms_epsilon_of_the_valid_files_passes(tmp_path: Path) -> None:
+    for kind, arch in (("upstream", UP), ("target", "gemma4"), ("fork", FK)):
+        r = verify_kind(tmp_path, kind, name=f"{kind}.gguf")
+        assert not [x for x in r.findings if x.subject == f"{arch}.attention.layer_norm_rms_epsilon"], kind
