@@ -116,3 +116,49 @@ def test_big_endian_and_option_clash_exit_2(write_gguf: Any) -> None:
     ok = write_gguf("ok.gguf", "gemma4", [("k", 1, V.UINT32)])
     clash = _run(str(ok), "--json", "--markdown")
     assert clash.exit_code == 2 and clash.stdout == ""
+
+
+def _with_unknown_types(write_gguf: Any, tmp_path: Path, types: dict[str, int]) -> Path:
+    """A GGUF written by gguf-py with F32 tensors a, b, c whose ggml type field is then overwritten with ``types``
+    (its offset found through gguf-py's own reader: after the name, n_dims and the two ne values)."""
+    import struct
+
+    import numpy as np
+
+    x = np.arange(64, dtype=np.float32).reshape(2, 32)
+    p = write_gguf("u.gguf", "gemma4", [], [("a", x), ("b", x), ("c", x)])
+    data = bytearray(p.read_bytes())
+    for t in GGUFReader(p).tensors:
+        if t.name in types:
+            type_pos = t.field.offset + 8 + len(t.name) + 4 + 2 * 8
+            assert struct.unpack_from("<I", data, type_pos)[0] == 0   # F32, where we expected it
+            struct.pack_into("<I", data, type_pos, types[t.name])
+    q = tmp_path / "unknown.gguf"
+    q.write_bytes(bytes(data))
+    return q
+
+
+def test_unknown_ggml_type_shows_the_inventory_and_exits_1(write_gguf: Any, tmp_path: Path) -> None:
+    """A tensor of ggml type 77 (no such type): the inventory is still printed (every tensor, the type named), and
+    one stderr line names the file, the tensor and the type number, exit 1 (was exit 0, nothing on stderr)."""
+    q = _with_unknown_types(write_gguf, tmp_path, {"b": 77})
+    for args in ([], ["--json"], ["--markdown"], ["--filter", "a"]):
+        r = _run(str(q), *args)
+        assert r.exit_code == 1, (args, r.output)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith(f"mtpscope: {q}: 'b': ") and "unknown ggml type" in lines[0], lines
+        assert lines[0].endswith("got 77)"), lines
+    rep = json.loads(_run(str(q), "--json").stdout)
+    assert [(t["name"], t["ggml_type_id"], t["n_bytes"]) for t in rep["tensors"]] == [
+        ("a", 0, 2 * 32 * 4), ("b", 77, None), ("c", 0, 2 * 32 * 4)]
+    assert "unknown type 77" in _run(str(q)).stdout
+
+
+def test_several_unknown_ggml_types_still_one_line(write_gguf: Any, tmp_path: Path) -> None:
+    q = _with_unknown_types(write_gguf, tmp_path, {"a": 90, "c": 91})
+    r = _run(str(q))
+    assert r.exit_code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {q}: 'a': ") and "got 90)" in lines[0], lines
+    assert "'c' (91)" in lines[0], lines

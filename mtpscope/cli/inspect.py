@@ -1,8 +1,9 @@
 """CLI commands: inspect (see mtpscope/cli/main.py).
 
 ``mtpscope inspect PATH [--json | --markdown] [--filter GLOB] [--full]``: the header and tensor
-inventory of a GGUF file. Exit 0 with the inventory; exit 2 with one line on stderr when the file is
-unreadable. No tensor data is read.
+inventory of a GGUF file. Exit 0 with the inventory; exit 1 with the inventory and one line on stderr when a
+tensor has a ggml type id this reader does not know (its size and data cannot be read; ``verify`` flags it
+too); exit 2 with one line on stderr when the file is unreadable. No tensor data is read.
 
 Shapes are printed in GGUF ``ne`` order (innermost first); the JSON says so in ``shape_order``.
 """
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mtpscope.cli.common import one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, one_line_errors
 from mtpscope.cli.sources import (
     DEFAULT_MAX_HEADER_MIB,
     DEFAULT_TIMEOUT_S,
@@ -149,6 +150,31 @@ def inspect_report(path: str | os.PathLike[str] | GGUFLike, full: bool = False, 
 # ------------------------------------------------------------------------------------------ text
 
 
+#: tensors of unknown ggml types named by name in :func:`unknown_type_line` (the rest are counted)
+UNKNOWN_TYPES_NAMED = 3
+
+
+def unknown_type_line(path: str, tensors: Any) -> str | None:
+    """The one stderr line of ``inspect`` on tensors whose ggml type id is unknown (their size, and so their
+    data, cannot be known): ``PATH: 'NAME': unknown ggml type: ... (expected a known ggml type id, got 77)`` for
+    the first such tensor, the others named after it; None when every type is known."""
+    from mtpscope.errors import TensorDataError
+
+    bad = [t for t in tensors if t.n_bytes is None]      # (None only for an unknown type: gguf.TensorInfo)
+    if not bad:
+        return None
+    more = ""
+    if len(bad) > 1:
+        named = ", ".join(f"{t.name!r} ({t.ggml_type})" for t in bad[1:1 + UNKNOWN_TYPES_NAMED])
+        rest = len(bad) - 1 - UNKNOWN_TYPES_NAMED
+        n = len(bad) - 1
+        more = (f"; {n} more {'tensor' if n == 1 else 'tensors'} of an unknown type: {named}"
+                + (f" and {rest} others" if rest > 0 else ""))
+    return TensorDataError("unknown ggml type: its size and data cannot be read",
+                           path=path, key=bad[0].name, expected="a known ggml type id",
+                           actual=bad[0].ggml_type).one_line() + more
+
+
 def _human_bytes(n: int | None) -> str:
     if n is None:
         return "?"
@@ -256,7 +282,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Header, metadata and tensor inventory of a GGUF (no tensor data is read).
 
-        Exit 0 with the inventory; 2 with one line on stderr if the file is unreadable.
+        Exit 0 with the inventory; 1 with the inventory and one line on stderr naming a tensor whose ggml type
+        id is unknown; 2 with one line on stderr if the file is unreadable.
         """
         if as_json and markdown:
             print("mtpscope: --json and --markdown exclude each other", file=sys.stderr)
@@ -270,3 +297,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(format_markdown(rep, full) + "\n")
         else:
             sys.stdout.write(format_text(rep, full) + "\n")
+        problem = unknown_type_line(f.path, f.tensors)
+        if problem is not None:
+            print(f"mtpscope: {problem}", file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS)
