@@ -626,6 +626,10 @@ class _Parser:
         self.key: str | None = None  # the key being read and the offset of its pair
         self.key_at = -1
         self.pairs: dict[str, KeyValue] = {}
+        # the walk of :meth:`counts_error`: the header's counts unchecked, a string cut by the end of the file
+        # said to be cut; ``ran_out`` is set where a read found the file ended (the walk's error says so)
+        self.probing = False
+        self.ran_out = False
 
     # -- errors and primitive reads
     def fail(self, message: str, offset: int, key: str | None = None, expected: Any = None,
@@ -635,9 +639,14 @@ class _Parser:
     def need(self, pos: int, n: int, what: str, key: str | None = None) -> None:
         if pos + n > self.avail:
             if pos + n > self.size:
-                self.fail(f"file ends inside {what}", pos, key, expected=f"{n} bytes",
-                          actual=f"{max(0, self.size - pos)} bytes left")
+                self.ends_early(pos, n, what, key)
             self.more(pos + n)
+
+    def ends_early(self, pos: int, n: int, what: str, key: str | None) -> NoReturn:
+        """The file ends before the ``n`` bytes of ``what`` at ``pos`` do."""
+        self.ran_out = True
+        self.fail(f"file ends early, at byte {self.size}, inside {what}", pos, key,
+                  expected=f"{n} bytes", actual=f"{max(0, self.size - pos)} bytes left")
 
     def more(self, end: int) -> NoReturn:
         """The header continues past the bytes present: say how far it certainly and probably goes."""
@@ -656,6 +665,8 @@ class _Parser:
         n = _U64.unpack_from(self.buf, pos)[0]
         left = self.size - pos - 8
         if n > left:
+            if self.probing and n <= GGUF_MAX_STRING_LENGTH:   # a length a string may have: the file was cut in it
+                self.ends_early(pos, 8 + n, what, key)
             self.fail(f"length of {what} runs past the end of the file", pos, key,
                       expected=f"<= {left} bytes", actual=n)
         if n > GGUF_MAX_STRING_LENGTH:
@@ -800,12 +811,8 @@ class _Parser:
         _, _, n_tensors, n_kv = _HEAD.unpack_from(self.buf, 0)
         pos = 24
         # each pair needs >= 13 bytes (key length 8, type 4, a u8 value 1); each tensor info >= 24
-        if n_kv > (size - pos) // 13:
-            self.fail("key/value count exceeds what the file can hold", 16, "GGUF.kv_count",
-                      expected=f"<= {(size - pos) // 13}", actual=n_kv)
-        if n_tensors > (size - pos) // 24:
-            self.fail("tensor count exceeds what the file can hold", 8, "GGUF.tensor_count",
-                      expected=f"<= {(size - pos) // 24}", actual=n_tensors)
+        if (n_kv > (size - pos) // 13 or n_tensors > (size - pos) // 24) and not self.probing:
+            self.counts_error(n_kv, n_tensors)
 
         self.n_tensors = n_tensors
         kv: dict[str, KeyValue] = {}
@@ -875,6 +882,26 @@ class _Parser:
         by_name = {t.name: t for t in tensors}
         return GGUFFile(self.path, self.size, version, alignment, data_offset, header_end,
                         MappingProxyType(kv), tensors, self.src, MappingProxyType(by_name))
+
+    def counts_error(self, n_kv: int, n_tensors: int) -> NoReturn:
+        """The header declares more pairs or tensors than the bytes after its first 24 can hold: a file cut short
+        (the header walked as far as its bytes go runs into the end of the file: that error, "file ends early,
+        inside ...", at the offset of the field cut), else a wrong count (that count's error)."""
+        probe = _Parser(self.src)
+        probe.probing = True
+        try:
+            probe.parse()
+        except GGUFFormatError as e:
+            if probe.ran_out:
+                raise e from None
+        except (TensorDataError, UnsupportedFileError, NeedMoreBytes):
+            pass
+        size, pos = self.size, 24
+        if n_kv > (size - pos) // 13:
+            self.fail("key/value count exceeds what the file can hold", 16, "GGUF.kv_count",
+                      expected=f"<= {(size - pos) // 13}", actual=n_kv)
+        self.fail("tensor count exceeds what the file can hold", 8, "GGUF.tensor_count",
+                  expected=f"<= {(size - pos) // 24}", actual=n_tensors)
 
     def tensor_info_error(self, pos: int, i: int) -> NoReturn:
         """Re-read tensor info ``i`` at ``pos`` with every check spelled out; raises the first failure."""

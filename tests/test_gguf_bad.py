@@ -198,7 +198,7 @@ def test_truncation_at_every_byte(tmp_path: Path) -> None:
 def test_truncation_at_field_boundaries_names_the_field(tmp_path: Path, mark: str) -> None:
     b = build()
     cut = b.marks[mark]
-    with pytest.raises(GGUFFormatError, match="file ends inside|past the end|exceeds what") as e:
+    with pytest.raises(GGUFFormatError, match="file ends early|past the end|exceeds what") as e:
         open_gguf(_write(tmp_path, b.data[:cut]))
     assert e.value.offset is not None and e.value.offset <= cut
     assert e.value.expected is not None and e.value.actual is not None
@@ -481,3 +481,28 @@ def test_fifo_and_devices_are_refused_without_opening(tmp_path) -> None:
         with pytest.raises(GGUFFormatError) as e:
             open_gguf(p)
         assert e.value.actual == kind and str(p) in str(e.value)
+
+
+def test_a_header_cut_short_says_the_file_ends_early(tmp_path: Path) -> None:
+    """A file cut at byte 30 ends inside key 0's length field (8 bytes at offset 24, 6 of them present): the error
+    says the file ends early there, naming the file and that offset (was: "key/value count exceeds what the file
+    can hold" at offset 16, blaming a count that is right). No cut inside the header blames a count."""
+    b = build()
+    p = _write(tmp_path, b.data[:30])
+    with pytest.raises(GGUFFormatError) as e:
+        open_gguf(p)
+    err = e.value
+    assert err.message.startswith("file ends early") and "byte 30" in err.message, err
+    assert (err.path, err.offset) == (str(p), b.marks["kv0.key.len"]) and b.marks["kv0.key.len"] == 24
+    assert (err.expected, err.actual) == ("8 bytes", "6 bytes left")
+    assert err.one_line().startswith(f"{p}: at offset 24: file ends early")
+    # cut inside key 0's text ("general.architecture", 20 bytes after its length): the string is cut short
+    p = _write(tmp_path, b.data[:b.marks["kv0.key.bytes"] + 5], "k.gguf")
+    with pytest.raises(GGUFFormatError, match="file ends early") as e:
+        open_gguf(p)
+    assert e.value.offset == b.marks["kv0.key.len"]
+    for cut in range(24, b.marks["header_end"]):
+        p = _write(tmp_path, b.data[:cut], "c.gguf")
+        with pytest.raises(GGUFFormatError) as e:
+            open_gguf(p)
+        assert "count exceeds" not in e.value.message, (cut, e.value)
