@@ -334,3 +334,34 @@ def test_parallel_and_concurrency_below_range_are_one_line(tmp_path: Path, monke
         assert line.startswith(f"mtpscope: '{option}': "), (args, line)
         assert "connect" not in line, line
         assert not (tmp_path / "o").exists(), args
+
+
+# ------------------------------------------------------------------------------------------ record --out
+
+def test_record_out_that_is_a_file_is_refused_before_any_model_loads(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record --out FILE`` (an existing regular file, or a path below one) with a real, valid tiny pair: one line
+    naming the path and ``--out``, exit 2, before the worker starts or a model loads (was: refused by the trace
+    writer only after both models had loaded); the file is left as it was."""
+    import mtpscope.traces.run.recorder as recorder
+    import mtpscope.traces.run.worker_spawn as worker_spawn
+    from tests.builders import build
+
+    def must_not_run(*a, **k):
+        raise AssertionError("started although --out is a file")
+
+    monkeypatch.setattr(worker_spawn, "prespawn", must_not_run)
+    monkeypatch.setattr(recorder, "record", must_not_run)
+    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+    out = tmp_path / "trace.txt"
+    out.write_text("not a trace\n")
+    for where, says in ((out, "is a file"), (out / "sub", f"below {out}, a file")):
+        for runtime in (["--runtime", "llama", "--target", str(target), "--assistant", str(drafter)],
+                        ["--runtime", "hf", "--target", str(hf), "--assistant", str(hf)]):
+            line = _one_line(runner.invoke(app, ["record", *runtime, "--prompt", "x", "--out", str(where)]))
+            assert line.startswith(f"mtpscope: {where}: '--out': "), (runtime, line)
+            assert says in line and "not a folder" in line and "got a file)" in line, (runtime, line)
+    assert out.read_text() == "not a trace\n"

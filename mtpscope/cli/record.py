@@ -19,6 +19,7 @@ from mtpscope.cli.common import (
     model_path,
     n_draft_option,
     one_line_errors,
+    refuse,
 )
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
             "checkpoint", "--mlx-head",
             help="--runtime mlx: 'checkpoint' drafts with the assistant's own head (the centroid head where it has "
                  "one: mlx-vlm's behaviour) or 'dense' with the dense head, as llama.cpp does."),
-        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        out: Path = typer.Option(..., "--out", callback=out_folder, help="Trace directory to write."),
         prompt: str | None = typer.Option(None, "--prompt", help="One prompt."),
         prompts: Path | None = typer.Option(
             None, "--prompts", help="Prompts file: .jsonl (strings, or objects with prompt/text, tokens or messages, "
@@ -224,6 +225,24 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                "prefill included; `mtpscope report` gives the draft + verify rate)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                f"mean acceptance length {mal}")
+
+
+def out_folder(value: Path | None) -> Path | None:
+    """``--out`` (a typer ``callback=``, so checked while the command line is parsed, before any model loads or the
+    worker starts): the trace folder, new or existing. An existing file, or a path below one, is refused in one line
+    naming it, exit 2 (the trace writer would refuse it only once the models had loaded)."""
+    if value is None:
+        return value
+    for p in (value, *value.parents):
+        if p.exists():
+            if not p.is_dir():
+                from mtpscope.errors import TraceError
+
+                why = "is a file, not a folder" if p == value else f"lies below {p}, a file, not a folder"
+                refuse(TraceError(why, path=value, key="--out", expected="a trace folder, new or existing",
+                                  actual="a file"))
+            break
+    return value
 
 
 #: ``record --runtime`` choices
