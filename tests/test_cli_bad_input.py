@@ -2,7 +2,8 @@
 that goes ahead): a bad ``--prompts`` file before ``diagnose`` / ``record`` run anything, a GGUF option that
 names a folder, ``--n-draft`` out of 1..64 or not a number on every command that takes it; ``diagnose``'s
 paths and links absolute whatever folder it ran in; ``trace repair`` deleting the ``.tmp`` parts a dead writer
-left.
+left; an output ``--out`` that is a file (``record``, ``diagnose``, ``replay``, ``probe``, ``sweep``) or a
+``diagnose --html`` that is a folder refused before any work starts.
 
 Expected lines are built from the inputs (the file, its line number, the option, the value given), not copied
 from mtpscope's output; nothing here runs llama.cpp except the ``diagnose --trace`` test (which only reads)."""
@@ -365,3 +366,110 @@ def test_record_out_that_is_a_file_is_refused_before_any_model_loads(tmp_path: P
             assert line.startswith(f"mtpscope: {where}: '--out': "), (runtime, line)
             assert says in line and "not a folder" in line and "got a file)" in line, (runtime, line)
     assert out.read_text() == "not a trace\n"
+
+
+# ------------------------------------------------ diagnose / replay / probe / sweep --out (cli.common.out_folder)
+
+def _must_not_run(monkeypatch: pytest.MonkeyPatch, *targets: tuple[object, str]) -> None:
+    """Replace each ``(module, name)`` with a function that fails the test when called (the command's long work)."""
+    def must_not_run(*a, **k):
+        raise AssertionError("started although --out is a file")
+
+    for module, name in targets:
+        monkeypatch.setattr(module, name, must_not_run)
+
+
+def _file_out(tmp_path: Path) -> Path:
+    out = tmp_path / "out.txt"
+    out.write_text("not a folder\n")
+    return out
+
+
+def _assert_out_refused(args: list[str], out: Path, option: str = "--out") -> None:
+    """``args`` + ``option`` at ``out`` (a file) and at a path below it: one line naming the path and the option,
+    exit 2; the file is left as it was."""
+    for where, says in ((out, "is a file"), (out / "sub" / "deeper", f"below {out}, a file")):
+        line = _one_line(runner.invoke(app, [*args, option, str(where)]))
+        assert line.startswith(f"mtpscope: {where}: '{option}': "), (args, line)
+        assert says in line and "not a folder" in line and "got a file)" in line, (args, line)
+    assert out.read_text() == "not a folder\n"
+
+
+def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``diagnose --out FILE`` (or a path below a file) with a real, valid tiny pair: one line, exit 2, before verify,
+    the recording or any runtime starts (was: the progress lines, then the library's mkdir failing inside
+    ``diagnose``); ``--html`` at an existing folder or below a file is refused the same way (was: written only after
+    the whole diagnosis, and then failing)."""
+    import mtpscope.traces.diagnose.run as run
+    import mtpscope.traces.diagnose.runtimes as runtimes
+    from tests.builders import build
+
+    _must_not_run(monkeypatch, (run, "diagnose"), (runtimes, "diagnose_runtime"))
+    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    args = ["diagnose", "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
+    out = _file_out(tmp_path)
+    _assert_out_refused(args, out)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+    _assert_out_refused(["diagnose", "--runtime", "hf", "--target", str(hf), "--assistant", str(hf),
+                         "--against", str(tmp_path / "trace")], out)
+    folder = tmp_path / "report"
+    folder.mkdir()
+    ok_out = ["--out", str(tmp_path / "diag")]
+    line = _one_line(runner.invoke(app, [*args, *ok_out, "--html", str(folder)]))
+    assert line.startswith(f"mtpscope: {folder}: '--html': is a folder, not a file"), line
+    assert line.endswith("got a folder)"), line
+    below = out / "report.html"
+    line = _one_line(runner.invoke(app, [*args, *ok_out, "--html", str(below)]))
+    assert line.startswith(f"mtpscope: {below}: '--html': lies below {out}, a file"), line
+    assert not (tmp_path / "diag").exists() and out.read_text() == "not a folder\n"
+
+
+def test_replay_out_below_a_file_is_refused_before_the_replay(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replay TRACE --out FILE/sub``: one line, exit 2, before the reference drafter replays anything (was: the
+    whole replay ran, then writing its summary failed); ``--out FILE`` itself says the same line."""
+    import mtpscope.traces.run.replay as replay
+
+    _must_not_run(monkeypatch, (replay, "replay"))
+    _assert_out_refused(["replay", str(tmp_path / "trace")], _file_out(tmp_path))
+
+
+def test_probe_out_that_is_a_file_is_refused_before_any_request(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``probe URL --out FILE`` (or below a file), plain and with ``--check-concurrency``: one line, exit 2, before a
+    request is sent (was: the probe asked the server first; its trace writer refused the path only then)."""
+    import mtpscope.traces.server.concurrency as concurrency
+    import mtpscope.traces.server.probe as probe
+
+    _must_not_run(monkeypatch, (probe, "probe"), (concurrency, "check_concurrency"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    out = _file_out(tmp_path)
+    args = ["probe", "http://127.0.0.1:9", "--prompts", str(prompts)]
+    _assert_out_refused(args, out)
+    _assert_out_refused([*args, "--check-concurrency", "2"], out)
+
+
+def test_sweep_out_that_is_a_file_is_refused_before_any_task(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sweep --out FILE`` (or below a file) with a real, valid tiny pair, plain, with ``--assistant-quant`` and
+    with ``--resume``: one line, exit 2, before a drafter is quantized or Ray starts (was: quantized and handed to
+    the runner, which failed on the folder)."""
+    import mtpscope.traces.sweep.quant as quant
+    import mtpscope.traces.sweep.runner as runner_mod
+    from tests.builders import build
+
+    _must_not_run(monkeypatch, (runner_mod, "run_sweep"), (quant, "quant_assistants"))
+    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    args = ["sweep", "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
+    out = _file_out(tmp_path)
+    _assert_out_refused(args, out)
+    _assert_out_refused([*args, "--assistant-quant", "q8_0"], out)
+    _assert_out_refused(["sweep", "--resume"], out)

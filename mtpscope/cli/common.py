@@ -1,6 +1,6 @@
 """Helpers shared by the CLI modules: turning our errors into one line on stderr and an exit code, and the
 checks of option values that typer would otherwise answer with its usage box (``--n-draft``, a GGUF path
-that is a folder)."""
+that is a folder, an output folder that is a file)."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def gguf_path(param: typer.CallbackParam, value: Any) -> Any:
     """A typer ``callback=`` for a GGUF path option or argument (one path, or a list of them whose items may be
     ``NAME=PATH``, as ``sweep --assistant`` takes them): a folder is refused by :func:`check_gguf_path` in one line, exit 2,
     while the command line is parsed. Returns ``value`` unchanged."""
-    option = param.opts[0] if param.opts and param.opts[0].startswith("-") else str(param.name).upper()
+    option = _option_name(param)
     many = isinstance(value, (list, tuple))
     for v in value if many else [value]:
         if v is None:
@@ -230,6 +230,51 @@ def gguf_path(param: typer.CallbackParam, value: Any) -> Any:
                 check_gguf_path(s.split("=", 1)[1], option)
         except MtpscopeError as e:
             refuse(e)
+    return value
+
+
+def _option_name(param: typer.CallbackParam) -> str:
+    """The option's first long name (``--out``), or the argument's name in capitals."""
+    return param.opts[0] if param.opts and param.opts[0].startswith("-") else str(param.name).upper()
+
+
+def _file_above(value: Path) -> Path | None:
+    """The nearest existing path among ``value`` and its parents when that is not a folder (a file, or anything
+    else that cannot hold a folder), else None (the nearest existing one is a folder, or none exists)."""
+    for p in (value, *value.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def out_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A typer ``callback=`` for an output folder option (``record`` / ``sweep`` / ``probe`` / ``diagnose`` /
+    ``replay`` ``--out``), so checked while the command line is parsed, before any model loads or any work starts:
+    the folder, new or existing. An existing file, or a path below one, is refused in one line naming it and the
+    option, exit 2 (the command's writer would refuse it only after the long work). Returns ``value``."""
+    if value is None:
+        return value
+    p = _file_above(value)
+    if p is not None:
+        why = "is a file, not a folder" if p == value else f"lies below {p}, a file, not a folder"
+        refuse(MtpscopeError(why, path=value, key=_option_name(param), expected="a folder, new or existing",
+                             actual="a file"))
+    return value
+
+
+def out_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """A typer ``callback=`` for an output file option written after long work (``diagnose --html``), checked while
+    the command line is parsed: a path that is an existing folder, or that lies below a file, is refused in one
+    line naming it and the option, exit 2. Returns ``value``."""
+    if value is None:
+        return value
+    if value.is_dir():
+        refuse(MtpscopeError("is a folder, not a file", path=value, key=_option_name(param),
+                             expected="a file, new or existing", actual="a folder"))
+    p = _file_above(value.parent)
+    if p is not None:
+        refuse(MtpscopeError(f"lies below {p}, a file, not a folder", path=value, key=_option_name(param),
+                             expected="a file in a folder, new or existing", actual="a file"))
     return value
 
 

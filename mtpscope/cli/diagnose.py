@@ -19,6 +19,8 @@ from mtpscope.cli.common import (
     model_path,
     n_draft_option,
     one_line_errors,
+    out_file,
+    out_folder,
     replaces_words,
 )
 from mtpscope.traces.diagnose.config import MAX_TOKENS
@@ -123,10 +125,10 @@ def register(app: typer.Typer) -> None:
                                       "beside the dense head, and the replay tries drafting with it."),
         n_draft: int = n_draft_option("Drafts per round of the recording"),
         max_tokens: int = typer.Option(MAX_TOKENS, "--max-tokens", min=1, help="Generated tokens per prompt."),
-        out: Path = typer.Option(Path(DEFAULT_OUT), "--out",
+        out: Path = typer.Option(Path(DEFAULT_OUT), "--out", callback=out_folder,
                                  help="Output folder: the recording, the replays, diagnosis.json (made absolute: "
                                       "the paths and links written name it from the root)."),
-        html_out: Path | None = typer.Option(None, "--html", help="Write the one-file HTML report here."),
+        html_out: Path | None = typer.Option(None, "--html", callback=out_file, help="Write the one-file HTML report here."),
         as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON (docs/DIAGNOSE.md)."),
         no_replay: bool = typer.Option(False, "--no-replay", help="Skip the replays (steps 5 and 6)."),
         app_url: str = typer.Option("http://127.0.0.1:8501", "--app-url",

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_UNREADABLE, MISSING, fmt, gguf_path, one_line_errors, replaces_words
+from mtpscope.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_UNREADABLE,
+    MISSING,
+    fmt,
+    gguf_path,
+    one_line_errors,
+    out_folder,
+    replaces_words,
+)
 
 if TYPE_CHECKING:
     from mtpscope.traces.run.replay import ReplaySummary
@@ -56,7 +65,8 @@ def register(app: typer.Typer) -> None:
         variant: Annotated[list[str] | None, typer.Option(
             "--variant", help="NAME=VALUE[,NAME=VALUE...] on top of the baseline, e.g. position=p-1, "
                               "head=centroid, head=dense, fill=min-1, hidden=prenorm, top_k=8 (repeatable)")] = None,
-        out: Annotated[Path | None, typer.Option("--out", help="folder for summary.json and steps.parquet")] = None,
+        out: Annotated[Path | None, typer.Option("--out", callback=out_folder,
+                                                 help="folder for summary.json and steps.parquet")] = None,
         target: Annotated[Path | None, typer.Option("--target", callback=gguf_path,
                                                     help="target GGUF (default: the manifest's)")] = None,
         assistant: Annotated[Path | None, typer.Option("--assistant", callback=gguf_path,

@@ -19,7 +19,7 @@ from mtpscope.cli.common import (
     model_path,
     n_draft_option,
     one_line_errors,
-    refuse,
+    out_folder,
 )
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
 
@@ -225,24 +225,6 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                "prefill included; `mtpscope report` gives the draft + verify rate)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                f"mean acceptance length {mal}")
-
-
-def out_folder(value: Path | None) -> Path | None:
-    """``--out`` (a typer ``callback=``, so checked while the command line is parsed, before any model loads or the
-    worker starts): the trace folder, new or existing. An existing file, or a path below one, is refused in one line
-    naming it, exit 2 (the trace writer would refuse it only once the models had loaded)."""
-    if value is None:
-        return value
-    for p in (value, *value.parents):
-        if p.exists():
-            if not p.is_dir():
-                from mtpscope.errors import TraceError
-
-                why = "is a file, not a folder" if p == value else f"lies below {p}, a file, not a folder"
-                refuse(TraceError(why, path=value, key="--out", expected="a trace folder, new or existing",
-                                  actual="a file"))
-            break
-    return value
 
 
 #: ``record --runtime`` choices

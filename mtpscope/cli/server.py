@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors, out_folder
 from mtpscope.cli.common import fmt as _f
 from mtpscope.traces.analysis.wording import plural
 
@@ -273,7 +273,7 @@ def register(app: typer.Typer) -> None:
     def probe_cmd(
         url: str = typer.Argument(..., help="The server, e.g. http://127.0.0.1:8080."),
         prompts: Path = typer.Option(..., "--prompts", help="Prompts file (as `record --prompts`)."),
-        out: Path = typer.Option(Path("probe"), "--out", help="Trace directory to write."),
+        out: Path = typer.Option(Path("probe"), "--out", callback=out_folder, help="Trace directory to write."),
         n_predict: int = typer.Option(128, "--n-predict", help="Tokens to generate per request at most."),
         repeat: int = typer.Option(1, "--repeat", help="Passes over the prompts file."),
         temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature (0: greedy)."),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, gguf_path, n_drafts_option, one_line_errors, out_folder
 from mtpscope.cli.common import fmt as _fmt
 
 if TYPE_CHECKING:
@@ -149,7 +149,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sweep")
     def sweep_cmd(
-        out: Path = typer.Option(..., "--out", help="Sweep directory (sweep.json + one trace per task)."),
+        out: Path = typer.Option(..., "--out", callback=out_folder,
+                                 help="Sweep directory (sweep.json + one trace per task)."),
         target: Path | None = typer.Option(None, "--target", callback=gguf_path,
                                               help="Target GGUF (arch gemma4)."),
         assistant: list[str] | None = typer.Option(
