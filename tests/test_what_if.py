@@ -310,3 +310,30 @@ def test_small_categories_on_the_pooled_fit_keep_their_estimate_inside_the_inter
         for x in w.rows:
             for v, iv in ((x.acceptance_rate, x.acceptance_rate_interval), (x.tokens_per_s, x.tokens_per_s_interval)):
                 assert iv[0] - 1e-9 <= v <= iv[1] + 1e-9, (x.n_draft, v, iv)
+
+
+def test_one_bootstrap_unit_gives_no_interval() -> None:
+    # one prompt of 10 rounds is one block of BLOCK_ROUNDS (16): every resample is the trace itself, so no
+    # interval (a zero-width one would claim certainty); 40 rounds are 3 blocks, which resample
+    rng = np.random.default_rng(3)
+    na = rng.integers(0, 3, 40).tolist()
+    short = what_if(_rounds(na[:10], td=rng.normal(10, 1, 10).tolist()), n_boot=50)
+    assert all(x.acceptance_rate_interval is None and x.mean_acceptance_length_interval is None
+               and x.tokens_per_s_interval is None and x.speedup_interval is None for x in short.rows)
+    assert short.rows[1].acceptance_rate == pytest.approx(sum(na[:10]) / 20)     # the estimate itself stays
+    long = what_if(_rounds(na, td=rng.normal(10, 1, 40).tolist()), n_boot=50)
+    lo, hi = long.rows[1].acceptance_rate_interval
+    assert lo < sum(na) / 80 < hi
+    # categories: one with a single short prompt gets no interval, the whole trace (the other's 3 blocks) does
+    pid = [0] * 10 + [1] * 40
+    both = what_if(_rounds(na[:10] + na, pid=pid), categories={0: "a", 1: "b"}, n_boot=50)
+    assert both.by_category["a"].rows[1].acceptance_rate_interval is None
+    assert both.by_category["b"].rows[1].acceptance_rate_interval is not None
+    assert both.rows[1].acceptance_rate_interval is not None
+    # the words of each case (what the CLI's header and the app's caption say)
+    assert short.interval_units == "none" and "no intervals" in short.interval_words()
+    assert long.interval_units == "blocks" and "blocks of 16 rounds" in long.interval_words()
+    assert both.interval_units == "blocks" and both.by_category["a"].interval_units == "none"
+    many = what_if(_rounds(na, pid=[i % 8 for i in range(40)]), n_boot=50)
+    assert many.interval_units == "prompts" and many.interval_words() == "95 % intervals over prompts"
+    assert what_if(_rounds(na), n_boot=0).interval_units == "off"

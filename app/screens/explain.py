@@ -158,11 +158,11 @@ with guard("explanation"):
     if tq is not None:
         st.caption(f"Timing quality: {'**disturbed**, ' if tq.disturbed else ''}{tq.words} "
                    "(docs/EXPLAIN.md §4).")
-    if wi:
+    if wi and wif is not None:
         plain = _fin(adv.candidates[0].tokens_per_s) if adv is not None and adv.candidates else None
         st.plotly_chart(charts.what_if_figure(wi, best, plain=plain), key=sel.EXP_WHAT_IF, width="stretch")
         st.caption("Acceptance and speed this trace predicts at other n_draft (star = recorded, hollow = "
-                   "extrapolated past it; bars: 95 % intervals over prompts); model in docs/EXPLAIN.md §4.")
+                   f"extrapolated past it; bars: {wif.interval_words()}); model in docs/EXPLAIN.md §4.")
         st.dataframe(views.what_if_table(wi), hide_index=True, width="stretch", key=sel.EXP_WHAT_IF_TABLE)
     if adv is not None and adv.by_category:
         st.markdown("**Per category**")

@@ -175,7 +175,7 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
             lines.append(f"  {dr.words}")
     wi = x.what_if
     if wi is not None and wi.rows:
-        lines += ["", "Which n_draft? (estimate from this trace, 95 % intervals over prompts; model in docs/EXPLAIN.md §4)",
+        lines += ["", f"Which n_draft? (estimate from this trace, {wi.interval_words()}; model in docs/EXPLAIN.md §4)",
                   "  n_draft  acceptance rate       mean acc. length      tokens/s              speedup"]
         for r in wi.rows:
             mark = " (recorded)" if r.recorded else (" (extrapolated)" if r.extrapolated else "")

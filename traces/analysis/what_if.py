@@ -69,6 +69,15 @@ MIN_BOOT_UNITS = 8
 BLOCK_ROUNDS = 16
 WHAT_IF_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 QUANTILES = (0.025, 0.975)
+#: :attr:`WhatIf.interval_units` -> its words
+INTERVAL_UNITS = {
+    "prompts": "95 % intervals over prompts",
+    "blocks": f"95 % intervals over blocks of {BLOCK_ROUNDS} rounds: fewer than {MIN_BOOT_UNITS} prompts",
+    "mixed": f"95 % intervals over prompts, or blocks of {BLOCK_ROUNDS} rounds in categories of fewer than "
+             f"{MIN_BOOT_UNITS} prompts",
+    "none": f"no intervals: one prompt of at most {BLOCK_ROUNDS} rounds leaves nothing to resample",
+    "off": "no intervals (n_boot 0)",
+}
 UNCATEGORIZED = "(none)"
 
 
@@ -171,6 +180,10 @@ class WhatIf:
             (:func:`traces.analysis.metrics.timing`: emitted tokens / draft + verify time, every round at its own
             time); the recorded row's ``tokens_per_s`` prices each round size at its median instead (docs/EXPLAIN.md
             §4), so the two differ by what slow rounds cost. None without timings, and per category.
+        interval_units: what the intervals resample (:data:`INTERVAL_UNITS`): ``"prompts"``, ``"blocks"`` (of
+            ``BLOCK_ROUNDS`` consecutive rounds, a group of fewer than ``MIN_BOOT_UNITS`` prompts), ``"mixed"``
+            (categories of both kinds), ``"none"`` (no intervals: one block, nothing to resample) or ``"off"``
+            (``n_boot`` 0). :meth:`interval_words` says it in words.
     """
 
     rows: tuple[WhatIfRow, ...]
@@ -186,9 +199,14 @@ class WhatIf:
     by_category: dict[str, WhatIf] = field(default_factory=dict)
     samples: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     measured_tokens_per_s: float | None = None
+    interval_units: str = "prompts"
 
     def row(self, n_draft: int) -> WhatIfRow:
         return self.rows[int(n_draft) - 1]
+
+    def interval_words(self) -> str:
+        """What the intervals are, in words (the CLI's table header and the app's caption read this)."""
+        return INTERVAL_UNITS[self.interval_units]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict: ``rows``, ``best_n_draft``, ``recorded_n_draft``, ``n_rounds``,
@@ -200,7 +218,7 @@ class WhatIf:
                 "baseline": None if self.baseline is None else self.baseline.to_dict(),
                 "model": self.model.to_dict(), "calibration": self.calibration,
                 "by_category": {c: w.to_dict() for c, w in self.by_category.items()},
-                "measured_tokens_per_s": self.measured_tokens_per_s}
+                "measured_tokens_per_s": self.measured_tokens_per_s, "interval_units": self.interval_units}
 
 
 # ------------------------------------------------------------------------------------------ the estimate
@@ -533,7 +551,15 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     total = {k: cast(np.ndarray, sum(per[g.name][0][k] for g in groups)) for k in (*COUNTS, "emitted", "by_size")}
     calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
              for k in per[groups[0].name][1]}
-    resampled = n_boot > 0
+    # one bootstrap unit (one prompt of fewer than BLOCK_ROUNDS rounds) resamples to itself: every resample of its
+    # counts is the estimate, and an interval would claim a certainty one prompt cannot give
+    resampled = n_boot > 0 and any(g.n_units >= 2 for g in groups)
+
+    def units_of(gs: list[_Group]) -> str:
+        kinds = {"prompts" if g.unit_prompt is not None else "blocks" for g in gs if n_boot > 0 and g.n_units >= 2}
+        if n_boot <= 0:
+            return "off"
+        return "none" if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
     by_cat: dict[str, WhatIf] = {}
     if categories:
         for g, _W in zip(groups, Ws, strict=True):
@@ -546,7 +572,8 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
             by_cat[g.name] = _whatif(per[g.name][0], gp, n_values, K, timed=timed, n_rounds=len(g.rounds),
                                      n_verify=int((nd > 0).sum()), n_prompts=g.obs.n_prompts, cost=cost,
                                      baseline=gb, model=ModelFit(g.params), calibration=per[g.name][1],
-                                     resampled=resampled)
+                                     resampled=n_boot > 0 and g.n_units >= 2)
+            by_cat[g.name] = replace(by_cat[g.name], interval_units=units_of([g]))
     model = ModelFit(pooled, max_tokens=int(max_tokens),
                      extrapolation="p[s, d] = p[s, K] r_s^(d - K), r_s = p[s, K] / p[s, K - 1] in [0.5, 1]",
                      per_category=bool(categories))
@@ -554,7 +581,8 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
                   n_prompts=obs_all.n_prompts, cost=cost, baseline=baseline, model=model, calibration=calib,
                   resampled=resampled, by_category=by_cat)
     measured = timing(rounds) if timed else None
-    return replace(est, measured_tokens_per_s=None if measured is None else measured.get("tokens_per_s"))
+    return replace(est, measured_tokens_per_s=None if measured is None else measured.get("tokens_per_s"),
+                   interval_units=units_of(groups))
 
 
 def baseline_ms(manifest: Mapping[str, Any]) -> float | None:
