@@ -6,8 +6,9 @@ required hyperparameter keys, the full expected tensor list of the dialect (:mod
 unexpected, duplicated, shapes, projection widths vs the backbone width, dtypes: 1-D F32, ordering I32),
 token_embd rank and width, the centroid head (shape, orientation, n_vocab % n_centroids, ordering non-zero /
 in range / a permutation, every centroid owning exactly n_vocab / n_centroids tokens), rope_freqs values,
-non-finite values in small tensors, an RMS norm epsilon that is not a finite number > 0, tokenizer present and
-consistent with n_vocab. Also the small helpers over an open file that :mod:`pairing` and :mod:`loadability`
+non-finite values in small tensors, an RMS norm epsilon or a RoPE base that is not a finite number > 0 and a
+target's final_logit_softcapping that is not finite (:data:`_NUMBER_KEYS`), tokenizer present and consistent with
+n_vocab. Also the small helpers over an open file that :mod:`pairing` and :mod:`loadability`
 share (:func:`tensor_map`, :func:`key_value`).
 
 Shapes in messages are GGUF ``ne`` order (innermost first) unless they say "numpy shape".
@@ -157,13 +158,7 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     if any(ly.n_head <= 0 for ly in hp.layers) and f.get(f"{arch}.attention.head_count") is not None:
         add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
                "a layer with 0 attention heads"))
-    eps_key = f"{arch}.attention.layer_norm_rms_epsilon"
-    eps = key_value(f, eps_key)
-    if eps is not None and not _positive_finite(eps):
-        add(finding(ERROR, "E_KEY_VALUE", eps_key, "a finite number > 0", eps,
-               f"layer_norm_rms_epsilon is {eps!r}: every RMS norm computes x / sqrt(mean(x^2) + eps), so NaN makes "
-               "its outputs NaN, infinity makes them 0, and 0 or less can divide by zero or take the root of a "
-               "negative number"))
+    _check_number_keys(f, arch, dialect, add)
     pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
     if pattern is None:
         add(finding(ERROR, "E_SWA_PATTERN", f"{arch}.attention.sliding_window_pattern", "array of bool", None,
@@ -199,9 +194,55 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
     return dialect, hp, findings
 
 
-def _positive_finite(v: Any) -> bool:
-    """``v`` is a real number (not a bool, not a string), finite and > 0."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+#: the number keys llama.cpp reads and uses as they are, with no check of their own (a bad value loads and runs, and
+#: what comes out is wrong), each as (key suffix, the dialects whose runtime reads it, whether 0 and negative values
+#: are legal, what a bad value does). Paths are llama.cpp's (vendored in llama-cpp-python 0.3.36); the rule for all
+#: four is :func:`_usable_number`.
+_NUMBER_KEYS: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
+    # models/gemma4.cpp, models/gemma4-assistant.cpp: ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS,
+    # hparams.f_norm_rms_eps)
+    ("attention.layer_norm_rms_epsilon", ("fork", "upstream", "target"), False,
+     "every RMS norm computes x / sqrt(mean(x^2) + eps), so NaN makes its outputs NaN, infinity makes them 0, and 0 or "
+     "less can divide by zero or take the root of a negative number"),
+    # src/llama-model.cpp (every architecture): ml.get_key(LLM_KV_ROPE_FREQ_BASE, hparams.rope_freq_base_train,
+    # false); src/llama-context.cpp: cparams.rope_freq_base = params.rope_freq_base == 0.0f ?
+    # hparams.rope_freq_base_train : params.rope_freq_base (the file's value unless --rope-freq-base is given), used
+    # by the full-attention layers (llama_model::get_rope_freq_base); ggml's rope: theta_scale =
+    # powf(freq_base, -2.0f/n_dims)
+    ("rope.freq_base", ("fork", "upstream", "target"), False,
+     "the full-attention layers rotate by angles in powers of freq_base^(-2/n_dims): 0 makes them infinite, a negative "
+     "or NaN base NaN, and the rotated queries and keys of those layers are NaN"),
+    # models/gemma4.cpp, models/gemma4-assistant.cpp: ml.get_key(LLM_KV_ROPE_FREQ_BASE_SWA,
+    # hparams.rope_freq_base_train_swa, false); src/llama-model.cpp, llama_model::get_rope_freq_base: return
+    # hparams.is_swa(il) ? hparams.rope_freq_base_train_swa : cparams.rope_freq_base
+    ("rope.freq_base_swa", ("fork", "upstream", "target"), False,
+     "the sliding-window layers rotate by angles in powers of freq_base_swa^(-2/n_dims): 0 makes them infinite, a "
+     "negative or NaN base NaN, and the rotated queries and keys of those layers are NaN"),
+    # models/gemma4.cpp (the target only; gemma4-assistant.cpp neither reads the key nor soft-caps):
+    # ml.get_key(LLM_KV_FINAL_LOGIT_SOFTCAPPING, hparams.f_final_logit_softcapping, false), then
+    # if (hparams.f_final_logit_softcapping) { scale 1/s, tanh, scale s }: 0 means no soft-capping (legal), and a
+    # negative s gives s*tanh(x/s) = |s|*tanh(x/|s|), the same logits as |s|; NaN passes the if
+    ("final_logit_softcapping", ("target",), True,
+     "the logits are computed as s * tanh(logits / s), so NaN makes every logit NaN and an infinite s makes them "
+     "inf * tanh(0) = NaN"),
+)
+
+
+def _usable_number(v: Any, zero_and_sign_ok: bool = False) -> bool:
+    """The one rule of :data:`_NUMBER_KEYS`: ``v`` is a real number (not a bool, not a string), finite, and > 0
+    (``zero_and_sign_ok``: any finite number)."""
+    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and (zero_and_sign_ok or v > 0))
+
+
+def _check_number_keys(f: Any, arch: str, dialect: str, add: Any) -> None:
+    """E_KEY_VALUE for each key of :data:`_NUMBER_KEYS` present with a value its runtime would use wrongly."""
+    for suffix, dialects, zero_and_sign_ok, why in _NUMBER_KEYS:
+        key = f"{arch}.{suffix}"
+        v = key_value(f, key)
+        if dialect in dialects and v is not None and not _usable_number(v, zero_and_sign_ok):
+            add(finding(ERROR, "E_KEY_VALUE", key, "a finite number" if zero_and_sign_ok else "a finite number > 0",
+                        v, f"{suffix} is {v!r}: {why}"))
 
 
 def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:

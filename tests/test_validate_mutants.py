@@ -404,3 +404,67 @@ def test_rms_epsilon_of_the_valid_files_passes(tmp_path: Path) -> None:
     for kind, arch in (("upstream", UP), ("target", "gemma4"), ("fork", FK)):
         r = verify_kind(tmp_path, kind, name=f"{kind}.gguf")
         assert not [x for x in r.findings if x.subject == f"{arch}.attention.layer_norm_rms_epsilon"], kind
+
+
+POSITIVE_KEYS = ["attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 0.0, -0.5])
+@pytest.mark.parametrize("suffix", POSITIVE_KEYS[1:])
+@pytest.mark.parametrize("kind", ["upstream", "fork", "target"])
+def test_rope_base_not_a_finite_positive_number(tmp_path: Path, kind: str, suffix: str, value: float) -> None:
+    """``<arch>.rope.freq_base`` / ``rope.freq_base_swa`` NaN, infinite or <= 0 (ggml's rope takes powers of the
+    base: 0 gives infinite angles, a negative or NaN base NaN ones): an E_KEY_VALUE error naming the key, as for the
+    RMS epsilon (was: no finding, the file passed)."""
+    from mtpscope.inspector.gguf_write import f32
+
+    arch = {"upstream": UP, "fork": FK, "target": "gemma4"}[kind]
+    key = f"{arch}.{suffix}"
+    r = verify_kind(tmp_path, kind, set_key(key, f32(value)))
+    f = next((x for x in r.findings if x.subject == key and x.code == "E_KEY_VALUE"), None)
+    assert f is not None, [(x.code, x.subject) for x in r.findings]
+    assert (f.severity, f.expected) == ("error", "a finite number > 0")
+    assert f.actual == (str(value) if value != value or abs(value) == float("inf") else value)
+    assert suffix in f.message and not r.ok
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_target_softcapping_not_finite(tmp_path: Path, value: float) -> None:
+    """A target's ``gemma4.final_logit_softcapping`` NaN or infinite (llama.cpp computes s * tanh(logits / s): every
+    logit NaN): an E_KEY_VALUE error naming the key (was: no finding)."""
+    from mtpscope.inspector.gguf_write import f32
+
+    key = "gemma4.final_logit_softcapping"
+    r = verify_kind(tmp_path, "target", set_key(key, f32(value)))
+    f = next((x for x in r.findings if x.subject == key), None)
+    assert f is not None, [(x.code, x.subject) for x in r.findings]
+    assert (f.severity, f.code, f.expected, f.actual) == ("error", "E_KEY_VALUE", "a finite number", str(value))
+    assert not r.ok
+
+
+@pytest.mark.parametrize("value", [0.0, -30.0, 30.0])
+def test_target_softcapping_zero_or_negative_is_not_flagged(tmp_path: Path, value: float) -> None:
+    """0 is llama.cpp's "no soft-capping" (``if (hparams.f_final_logit_softcapping)``) and a negative s soft-caps as
+    |s| does (s * tanh(x / s) = |s| * tanh(x / |s|)): llama.cpp loads both as meant, so no key finding."""
+    from mtpscope.inspector.gguf_write import f32
+
+    key = "gemma4.final_logit_softcapping"
+    r = verify_kind(tmp_path, "target", set_key(key, f32(value)))
+    assert not [x for x in r.findings if x.subject == key], [(x.code, x.message) for x in r.findings]
+
+
+@pytest.mark.parametrize("kind, arch", [("upstream", UP), ("fork", FK)])
+def test_drafter_softcapping_is_not_checked(tmp_path: Path, kind: str, arch: str) -> None:
+    """A drafter's final_logit_softcapping, even NaN: llama.cpp's gemma4-assistant neither reads it nor soft-caps,
+    so verify says nothing of it (the published-config comparison of ``diagnose`` notes the key's presence)."""
+    from mtpscope.inspector.gguf_write import f32
+
+    key = f"{arch}.final_logit_softcapping"
+    r = verify_kind(tmp_path, kind, set_key(key, f32(float("nan"))))
+    assert not [x for x in r.findings if x.subject == key and x.code == "E_KEY_VALUE"]
+
+
+def test_number_keys_of_the_valid_files_pass(tmp_path: Path) -> None:
+    for kind in ("upstream", "target", "fork"):
+        r = verify_kind(tmp_path, kind, name=f"{kind}.gguf")
+        assert not [x for x in r.findings if x.code == "E_KEY_VALUE"], kind
