@@ -537,3 +537,35 @@ def test_limit_sentences_name_only_the_classes_below_the_overall_rate(demo_dir) 
     for cls, rate, n in named:
         assert float(rate) < rep.acceptance_rate and abs(rates[cls] - float(rate)) < 0.005
         assert int(n) == x.by_class[cls].n_drafted
+
+
+def test_limit_sentences_say_what_the_numbers_show(demo_dir) -> None:
+    """A fresh user saw "no defect: acceptance falls with the draft position: k=1 1.00, k=2 1.00, k=3 1.00" on the
+    demo's clean trace, whose every draft is accepted: such a trace gets one sentence saying so (the counts summed
+    here from its rounds), and on a trace with misses the position sentence's verb agrees with the first and last
+    values it prints."""
+    import re
+
+    from mtpscope.demo.spec import TrainedPaths
+    from mtpscope.traces.analysis.explain_report import explain_trace
+    from mtpscope.traces.analysis.metrics import report
+    from mtpscope.traces.analysis.vocab import trace_vocab
+    from mtpscope.traces.diagnose.behaviour import limit_sentences
+    from mtpscope.traces.store.reader import open_trace
+
+    if not Path(demo_dir.traces_clean).is_dir():
+        pytest.skip("the demo's clean trace needs llama-cpp-python")
+    tr = open_trace(demo_dir.traces_clean)
+    r = tr.columns("rounds", ["n_draft", "n_accepted"])
+    nd, na = int(r["n_draft"].sum()), int(r["n_accepted"].sum())
+    assert nd > 0 and na == nd                         # the clean pair: every draft accepted
+    assert limit_sentences(explain_trace(tr, vocab=trace_vocab(tr.manifest)), report(tr)) == [
+        f"every draft was accepted ({na} of {nd}): nothing limited acceptance in this trace"]
+
+    tr = open_trace(TrainedPaths.under(Path(demo_dir.root)).traces_f32)
+    (line,) = [s for s in limit_sentences(explain_trace(tr, vocab=trace_vocab(tr.manifest)), report(tr))
+               if "with the draft position" in s]
+    verb = re.match(r"acceptance (falls|rises|holds level) with the draft position: ", line)
+    vals = [float(v) for v in re.findall(r"k=\d+ (\d\.\d\d)", line)]
+    assert verb and len(vals) >= 2
+    assert verb.group(1) == ("falls" if vals[-1] < vals[0] else "rises" if vals[-1] > vals[0] else "holds level")

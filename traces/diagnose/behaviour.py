@@ -103,8 +103,12 @@ def depth_gain(rounds: Any, n: int, *, n_boot: int = 1000, seed: int = 0
 
 def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
     """What limits acceptance, in sentences, most telling first: hard vs wrong first misses, the worst and best
-    categories, the worst token classes, the decay by draft position."""
+    categories, the worst token classes, the acceptance by draft position (said to fall, rise or hold level as its
+    first and last values printed do). A trace whose every draft was accepted gets one sentence saying so."""
     out: list[str] = []
+    if report.n_drafted and report.n_accepted == report.n_drafted:
+        return [f"every draft was accepted ({report.n_accepted} of {report.n_drafted}): nothing limited acceptance "
+                "in this trace"]
     rej = x.rejections
     ts = rej.target_side
     hard, wrong = ts.hard, ts.wrong
@@ -135,7 +139,10 @@ def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
             f"{c} {cls[c]:.2f} of {cls_drafted[c]} drafts" for c in below))
     pp = [(p.k, p.acceptance) for p in report.per_position if p.acceptance is not None]
     if len(pp) >= 2:
-        out.append("acceptance falls with the draft position: " + ", ".join(
+        # the word from the numbers as printed (two decimals): the first position's against the last's
+        first, last = round(pp[0][1], 2), round(pp[-1][1], 2)
+        trend = "falls" if last < first else "rises" if last > first else "holds level"
+        out.append(f"acceptance {trend} with the draft position: " + ", ".join(
             f"k={k} {acc:.2f}" for k, acc in pp))
     causes = rej.causes
     n_fm = sum(int(v) for v in causes.values())
