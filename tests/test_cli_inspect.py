@@ -57,6 +57,7 @@ def test_json_matches_gguf_reader(fork_path: Path) -> None:
     assert rep["metadata_types"]["tokenizer.ggml.tokens"] == "ARRAY[STRING]"
     assert md["t.nan"] == "nan"
     assert rep["n_bytes"] == sum(int(t.n_bytes) for t in oracle.tensors)
+    assert rep["problems"] == []            # always there, so a script reads it without a fallback
 
 
 def test_json_full_and_filter(fork_path: Path) -> None:
@@ -140,7 +141,9 @@ def _with_unknown_types(write_gguf: Any, tmp_path: Path, types: dict[str, int]) 
 
 def test_unknown_ggml_type_shows_the_inventory_and_exits_1(write_gguf: Any, tmp_path: Path) -> None:
     """A tensor of ggml type 77 (no such type): the inventory is still printed (every tensor, the type named), and
-    one stderr line names the file, the tensor and the type number, exit 1 (was exit 0, nothing on stderr)."""
+    one stderr line names the file, the tensor and the type number, exit 1 (was exit 0, nothing on stderr); the
+    JSON names it under ``problems`` too, with or without a ``--filter`` that leaves it out (was: only the exit
+    code and the tensor's null ``n_bytes`` told a script)."""
     q = _with_unknown_types(write_gguf, tmp_path, {"b": 77})
     for args in ([], ["--json"], ["--markdown"], ["--filter", "a"]):
         r = _run(str(q), *args)
@@ -152,6 +155,9 @@ def test_unknown_ggml_type_shows_the_inventory_and_exits_1(write_gguf: Any, tmp_
     rep = json.loads(_run(str(q), "--json").stdout)
     assert [(t["name"], t["ggml_type_id"], t["n_bytes"]) for t in rep["tensors"]] == [
         ("a", 0, 2 * 32 * 4), ("b", 77, None), ("c", 0, 2 * 32 * 4)]
+    assert rep["problems"] == [{"kind": "unknown_ggml_type", "tensor": "b", "ggml_type_id": 77}]
+    filtered = json.loads(_run(str(q), "--json", "--filter", "a").stdout)
+    assert [t["name"] for t in filtered["tensors"]] == ["a"] and filtered["problems"] == rep["problems"]
     assert "unknown type 77" in _run(str(q)).stdout
 
 
@@ -162,3 +168,6 @@ def test_several_unknown_ggml_types_still_one_line(write_gguf: Any, tmp_path: Pa
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {q}: 'a': ") and "got 90)" in lines[0], lines
     assert "'c' (91)" in lines[0], lines
+    rep = json.loads(_run(str(q), "--json").stdout)
+    assert [(p["kind"], p["tensor"], p["ggml_type_id"]) for p in rep["problems"]] == [
+        ("unknown_ggml_type", "a", 90), ("unknown_ggml_type", "c", 91)]

@@ -3,7 +3,7 @@
 ``mtpscope inspect PATH [--json | --markdown] [--filter GLOB] [--full]``: the header and tensor
 inventory of a GGUF file. Exit 0 with the inventory; exit 1 with the inventory and one line on stderr when a
 tensor has a ggml type id this reader does not know (its size and data cannot be read; ``verify`` flags it
-too); exit 2 with one line on stderr when the file is unreadable. No tensor data is read.
+too; ``--json`` lists it under ``problems``); exit 2 with one line on stderr when the file is unreadable. No tensor data is read.
 
 Shapes are printed in GGUF ``ne`` order (innermost first); the JSON says so in ``shape_order``.
 """
@@ -87,7 +87,9 @@ def inspect_report(path: str | os.PathLike[str] | GGUFLike, full: bool = False, 
     ``dialect`` {kind, arch, evidence, pattern}, ``metadata`` {key: value} (see :func:`metadata_value`),
     ``metadata_types`` {key: type}, ``shape_order`` ("ne"), ``filter``, ``n_tensors``, ``n_bytes``,
     ``tensors`` [{name, ggml_type, ggml_type_id, shape (ne order), n_elements, n_bytes, bits_per_weight,
-    offset (absolute bytes), component, layer}], ``by_component``, ``by_type`` (over the listed tensors);
+    offset (absolute bytes), component, layer}], ``by_component``, ``by_type`` (over the listed tensors),
+    ``problems`` (over every tensor, whatever ``pattern``: what makes ``inspect`` exit 1; empty when none, see
+    :func:`unknown_type_problems`);
     for a split model ``shards`` [paths] and each tensor's ``shard`` (0-based; ``offset`` is within it);
     for a URL ``remote`` {requests, bytes} (what reading the header cost).
 
@@ -136,6 +138,7 @@ def inspect_report(path: str | os.PathLike[str] | GGUFLike, full: bool = False, 
         ],
         "by_component": _totals_dict(comp_totals),
         "by_type": _totals_dict(type_totals),
+        "problems": unknown_type_problems(f.tensors),
     }
     if len(f.shards) > 1:  # a split model
         rep["shards"] = [s.path for s in f.shards]
@@ -154,25 +157,37 @@ def inspect_report(path: str | os.PathLike[str] | GGUFLike, full: bool = False, 
 UNKNOWN_TYPES_NAMED = 3
 
 
-def unknown_type_line(path: str, tensors: Any) -> str | None:
-    """The one stderr line of ``inspect`` on tensors whose ggml type id is unknown (their size, and so their
-    data, cannot be known): ``PATH: 'NAME': unknown ggml type: ... (expected a known ggml type id, got 77)`` for
-    the first such tensor, the others named after it; None when every type is known."""
+#: the ``kind`` of a problem of :func:`unknown_type_problems`
+UNKNOWN_GGML_TYPE = "unknown_ggml_type"
+
+
+def unknown_type_problems(tensors: Any) -> list[dict[str, Any]]:
+    """The report's ``problems``: ``{"kind": "unknown_ggml_type", "tensor": NAME, "ggml_type_id": 77}`` for each
+    tensor (in file order) whose ggml type id this reader does not know (its size, and so its data, cannot be
+    known); empty when every type is known."""
+    return [{"kind": UNKNOWN_GGML_TYPE, "tensor": t.name, "ggml_type_id": t.ggml_type}
+            for t in tensors if t.n_bytes is None]      # (None only for an unknown type: gguf.TensorInfo)
+
+
+def unknown_type_line(path: str, problems: list[dict[str, Any]]) -> str | None:
+    """The one stderr line of ``inspect`` on the report's ``problems`` (:func:`unknown_type_problems`):
+    ``PATH: 'NAME': unknown ggml type: ... (expected a known ggml type id, got 77)`` for the first tensor of an
+    unknown type, the others named after it; None when there is none."""
     from mtpscope.errors import TensorDataError
 
-    bad = [t for t in tensors if t.n_bytes is None]      # (None only for an unknown type: gguf.TensorInfo)
+    bad = [p for p in problems if p["kind"] == UNKNOWN_GGML_TYPE]
     if not bad:
         return None
     more = ""
     if len(bad) > 1:
-        named = ", ".join(f"{t.name!r} ({t.ggml_type})" for t in bad[1:1 + UNKNOWN_TYPES_NAMED])
+        named = ", ".join(f"{p['tensor']!r} ({p['ggml_type_id']})" for p in bad[1:1 + UNKNOWN_TYPES_NAMED])
         rest = len(bad) - 1 - UNKNOWN_TYPES_NAMED
         n = len(bad) - 1
         more = (f"; {n} more {'tensor' if n == 1 else 'tensors'} of an unknown type: {named}"
                 + (f" and {rest} others" if rest > 0 else ""))
     return TensorDataError("unknown ggml type: its size and data cannot be read",
-                           path=path, key=bad[0].name, expected="a known ggml type id",
-                           actual=bad[0].ggml_type).one_line() + more
+                           path=path, key=bad[0]["tensor"], expected="a known ggml type id",
+                           actual=bad[0]["ggml_type_id"]).one_line() + more
 
 
 def _human_bytes(n: int | None) -> str:
@@ -283,7 +298,7 @@ def register(app: typer.Typer) -> None:
         """Header, metadata and tensor inventory of a GGUF (no tensor data is read).
 
         Exit 0 with the inventory; 1 with the inventory and one line on stderr naming a tensor whose ggml type
-        id is unknown; 2 with one line on stderr if the file is unreadable.
+        id is unknown (--json: listed under "problems"); 2 with one line on stderr if the file is unreadable.
         """
         if as_json and markdown:
             print("mtpscope: --json and --markdown exclude each other", file=sys.stderr)
@@ -297,7 +312,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(format_markdown(rep, full) + "\n")
         else:
             sys.stdout.write(format_text(rep, full) + "\n")
-        problem = unknown_type_line(f.path, f.tensors)
+        problem = unknown_type_line(f.path, rep["problems"])
         if problem is not None:
             print(f"mtpscope: {problem}", file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS)
