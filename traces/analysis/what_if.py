@@ -76,8 +76,7 @@ INTERVAL_UNITS = {
     "mixed": f"95 % intervals over prompts, or blocks of {BLOCK_ROUNDS} rounds in categories of fewer than "
              f"{MIN_BOOT_UNITS} prompts",
     "none": f"no intervals: one prompt of at most {BLOCK_ROUNDS} rounds leaves nothing to resample",
-    "off": "no intervals (n_boot 0)",
-}
+    "off": "no intervals (n_boot 0)"}
 UNCATEGORIZED = "(none)"
 
 
@@ -180,10 +179,8 @@ class WhatIf:
             (:func:`traces.analysis.metrics.timing`: emitted tokens / draft + verify time, every round at its own
             time); the recorded row's ``tokens_per_s`` prices each round size at its median instead (docs/EXPLAIN.md
             §4), so the two differ by what slow rounds cost. None without timings, and per category.
-        interval_units: what the intervals resample (:data:`INTERVAL_UNITS`): ``"prompts"``, ``"blocks"`` (of
-            ``BLOCK_ROUNDS`` consecutive rounds, a group of fewer than ``MIN_BOOT_UNITS`` prompts), ``"mixed"``
-            (categories of both kinds), ``"none"`` (no intervals: one block, nothing to resample) or ``"off"``
-            (``n_boot`` 0). :meth:`interval_words` says it in words.
+        interval_units: what the intervals resample, a key of :data:`INTERVAL_UNITS` (prompts, blocks of rounds,
+            mixed, none: one unit, off: n_boot 0); :meth:`interval_words` says it in words.
     """
 
     rows: tuple[WhatIfRow, ...]
@@ -205,7 +202,7 @@ class WhatIf:
         return self.rows[int(n_draft) - 1]
 
     def interval_words(self) -> str:
-        """What the intervals are, in words (the CLI's table header and the app's caption read this)."""
+        """The intervals' units in words (explain's table header, the app's caption)."""
         return INTERVAL_UNITS[self.interval_units]
 
     def to_dict(self) -> dict[str, Any]:
@@ -255,7 +252,6 @@ class _Group:
     @property
     def n_units(self) -> int:
         return len(self.sums["emitted"])
-
 
 
 def _unit_sums(r: pd.DataFrame, units: np.ndarray, n_units: int) -> dict[str, np.ndarray]:
@@ -551,15 +547,11 @@ def what_if(rounds: pd.DataFrame, *, categories: Mapping[int, str] | None = None
     total = {k: cast(np.ndarray, sum(per[g.name][0][k] for g in groups)) for k in (*COUNTS, "emitted", "by_size")}
     calib = {k: float(np.average([per[g.name][1][k] for g in groups], weights=[g.obs.ends.sum() + 1e-9 for g in groups]))
              for k in per[groups[0].name][1]}
-    # one bootstrap unit (one prompt of fewer than BLOCK_ROUNDS rounds) resamples to itself: every resample of its
-    # counts is the estimate, and an interval would claim a certainty one prompt cannot give
-    resampled = n_boot > 0 and any(g.n_units >= 2 for g in groups)
+    resampled = n_boot > 0 and any(g.n_units >= 2 for g in groups)     # (one unit resamples to itself: no interval)
 
     def units_of(gs: list[_Group]) -> str:
-        kinds = {"prompts" if g.unit_prompt is not None else "blocks" for g in gs if n_boot > 0 and g.n_units >= 2}
-        if n_boot <= 0:
-            return "off"
-        return "none" if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
+        kinds = {"prompts" if g.unit_prompt is not None else "blocks" for g in gs if g.n_units >= 2}
+        return "off" if n_boot <= 0 else "none" if not kinds else kinds.pop() if len(kinds) == 1 else "mixed"
     by_cat: dict[str, WhatIf] = {}
     if categories:
         for g, _W in zip(groups, Ws, strict=True):
