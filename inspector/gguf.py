@@ -886,16 +886,20 @@ class _Parser:
     def counts_error(self, n_kv: int, n_tensors: int) -> NoReturn:
         """The header declares more pairs or tensors than the bytes after its first 24 can hold: a file cut short
         (the header walked as far as its bytes go runs into the end of the file: that error, "file ends early,
-        inside ...", at the offset of the field cut), else a wrong count (that count's error)."""
-        probe = _Parser(self.src)
-        probe.probing = True
-        try:
-            probe.parse()
-        except GGUFFormatError as e:
-            if probe.ran_out:
-                raise e from None
-        except (TensorDataError, UnsupportedFileError, NeedMoreBytes):
-            pass
+        inside ...", at the offset of the field cut), else a wrong count (that count's error). A count no file could
+        hold (its smallest encoding past 2**63 bytes, the largest file offset) is wrong without a walk."""
+        # a count whose smallest encoding passes the largest offset a file can have (off_t: 2**63 - 1) is wrong
+        # whatever the file's length: no cut file has it
+        if n_kv * 13 < 2**63 and n_tensors * 24 < 2**63:
+            probe = _Parser(self.src)
+            probe.probing = True
+            try:
+                probe.parse()
+            except GGUFFormatError as e:
+                if probe.ran_out:
+                    raise e from None
+            except (TensorDataError, UnsupportedFileError, NeedMoreBytes):
+                pass
         size, pos = self.size, 24
         if n_kv > (size - pos) // 13:
             self.fail("key/value count exceeds what the file can hold", 16, "GGUF.kv_count",
