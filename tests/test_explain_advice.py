@@ -138,6 +138,20 @@ def test_the_n_draft_1_estimate_says_why_it_is_not_p_accepted_at_k_1(tmp_path: P
     assert not [n for n in explain_trace(open_trace(one), with_drift=False).notes if n.startswith("n_draft 1's")]
 
 
+def test_no_n_draft_1_note_when_the_two_numbers_print_alike(demo_dir) -> None:
+    """The demo's clean trace accepts every draft: the estimate at n_draft 1 and P(accepted) at k = 1 are both 1, and
+    a note saying "(1.000) is not ... (1.0000)" contradicted itself (a fresh user's report)."""
+    if not Path(demo_dir.traces_clean).is_dir():
+        pytest.skip("the demo's clean trace needs llama-cpp-python")
+    tr = open_trace(demo_dir.traces_clean)
+    r = tr.columns("rounds", ["n_draft", "n_accepted"])
+    nd, na = np.asarray(r["n_draft"]), np.asarray(r["n_accepted"])
+    assert nd.max() > 1 and (na[nd >= 1] >= 1).all()            # recorded at n_draft > 1; P(accepted) at k = 1 is 1
+    x = explain_trace(tr, with_drift=False)
+    assert f"{x.what_if.row(1).acceptance_rate:.3f}" == "1.000"
+    assert not [n for n in x.notes if n.startswith("n_draft 1's")]
+
+
 def test_select_prompt_names_what_it_accepts_and_refuses_a_shared_id() -> None:
     """``--prompt``: an id, else a prompt_id; a miss lists the ids (the first 10, and how many more) and the
     prompt_id range; an id two prompts share is refused with their prompt_ids (it used to pick the first)."""

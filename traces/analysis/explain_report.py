@@ -306,15 +306,16 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
 def _n_draft_1_note(wi: WhatIf, rounds: pd.DataFrame) -> str | None:
     """Why the estimate at n_draft 1 differs from this trace's P(accepted) at k = 1 (``report``'s per-position
     table, :func:`traces.analysis.metrics.per_position_acceptance`) when the trace drafted more than one
-    token a round; None when they are the same thing (recorded at n_draft 1) or either is unknown."""
+    token a round; None when they are the same thing (recorded at n_draft 1), equal to the 3 decimals the note would
+    print, or either is unknown."""
     rec = [r.n_draft for r in wi.rows if r.recorded]
     one = next((r for r in wi.rows if r.n_draft == 1), None)
     if not rec or rec[0] <= 1 or one is None or one.acceptance_rate is None or not np.isfinite(one.acceptance_rate):
         return None
     pos = per_position_acceptance(rounds, max_k=1)
     p1 = pos["acceptance"].iloc[0] if len(pos) else None
-    if p1 is None or not np.isfinite(p1):
-        return None
+    if p1 is None or not np.isfinite(p1) or f"{one.acceptance_rate:.3f}" == f"{p1:.3f}":
+        return None             # (equal as printed: nothing to explain; a note saying they differ would not be read)
     return (f"n_draft 1's estimated acceptance rate ({one.acceptance_rate:.3f}) is not this trace's P(accepted) "
             f"at k = 1 ({p1:.4f}, `report`): at n_draft 1 every position starts a round, while this trace "
             f"(n_draft {rec[0]}) drafts a first draft only where a round starts, after a rejection or a fully "
