@@ -175,8 +175,8 @@ def main() -> None:
     for n in args.n_draft:
         t = timing(sw.cell(name, n).columns("rounds", ["n_draft", "n_accepted", "emitted", "t_draft_ms",
                                                         "t_verify_ms"]))
-        tv = {int(k): v for k, v in t["t_verify_ms"].items()}
-        own[n] = (t["t_step_ms"], tv, verify_line(list(map(float, tv)), list(tv.values()), [1.0] * len(tv))[:2])
+        tv = {int(k): v for k, v in t["t_verify_ms_mean_by_size"].items()}
+        own[n] = (t["t_step_ms_mean"], tv, verify_line(list(map(float, tv)), list(tv.values()), [1.0] * len(tv))[:2])
 
     def own_tps(n: int, row, cat: str) -> float:
         t_step, tv, (v0, v1) = own[n]

@@ -42,8 +42,8 @@ def test_report_json(tmp_path: Path) -> None:
     assert rep["n_prompts"] == 2 and rep["complete"] is True
     assert [p["text"] for p in rep["prompts"]] == ["a", "b"]  # the manifest's prompt texts
     # 5 rounds of 4 ms drafting and 30 ms verifying; 14 drafted; 6 accepted + 5 correction / bonus tokens
-    assert rep["timing_ms"] == {"t_draft_ms_mean": 4.0, "t_verify_ms_mean": 30.0, "t_step_ms": pytest.approx(20 / 14),
-                                "t_verify_ms": {"3": 30.0, "4": 30.0},
+    assert rep["timing_ms"] == {"t_draft_ms_mean": 4.0, "t_verify_ms_mean": 30.0, "t_step_ms_mean": pytest.approx(20 / 14),
+                                "t_verify_ms_mean_by_size": {"3": 30.0, "4": 30.0},
                                 "tokens_per_s": pytest.approx(1000 * 11 / (5 * 34))}
 
 

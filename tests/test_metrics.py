@@ -121,8 +121,8 @@ def test_timing_by_hand() -> None:
                       "t_draft_ms": [6.0, 6.0, 2.0, 0.0], "t_verify_ms": [20.0, 20.0, 12.0, 9.0]})
     t = M.timing(r)
     # 8 tokens in 14 + 40 + 9 = 75 ms; 14 ms of drafting for 7 drafts; verify 4 tokens: 20 ms, 2: 12, 1: 9
-    assert t["tokens_per_s"] == pytest.approx(8000 / 75) and t["t_step_ms"] == pytest.approx(2.0)
-    assert t["t_verify_ms"] == {"4": 20.0, "2": 12.0, "1": 9.0}
+    assert t["tokens_per_s"] == pytest.approx(8000 / 75) and t["t_step_ms_mean"] == pytest.approx(2.0)
+    assert t["t_verify_ms_mean_by_size"] == {"4": 20.0, "2": 12.0, "1": 9.0}
     assert M.timing(r.drop(columns=["t_verify_ms"])) is None
 
 

@@ -310,10 +310,12 @@ def emitted_counts(rounds: pd.DataFrame) -> np.ndarray:
 
 def timing(rounds: pd.DataFrame) -> dict[str, Any] | None:
     """The measured speed and costs of the rounds (columns ``n_draft``, ``n_accepted``, ``t_draft_ms``,
-    ``t_verify_ms``; ``emitted`` when present), the definitions the what-if shares: ``tokens_per_s``
-    (emitted tokens / (draft + verify) s), ``t_step_ms`` (sum ``t_draft_ms`` / sum ``n_draft`` over rounds
-    that drafted), ``t_verify_ms`` (``{n: mean}`` per verify size ``n = n_draft + 1``),
-    ``t_draft_ms_mean`` / ``t_verify_ms_mean`` (per round). None without timings."""
+    ``t_verify_ms``; ``emitted`` when present): ``tokens_per_s`` (emitted tokens / (draft + verify) s, the
+    definition the what-if shares), ``t_step_ms_mean`` (sum ``t_draft_ms`` / sum ``n_draft`` over rounds that
+    drafted), ``t_verify_ms_mean_by_size`` (``{n: mean}`` per verify size ``n = n_draft + 1``), ``t_draft_ms_mean``
+    / ``t_verify_ms_mean`` (per round). All means, which slow rounds move: the what-if's costs
+    (:class:`traces.analysis.costs.CostModel`, ``t_step_ms``, ``verify_ms``) price each size at its median.
+    None without timings."""
     if "t_verify_ms" not in rounds.columns or not rounds["t_verify_ms"].notna().any():
         return None
     nd = _ints(rounds["n_draft"])
@@ -322,8 +324,8 @@ def timing(rounds: pd.DataFrame) -> dict[str, Any] | None:
     t = float(td.sum() + tv.sum())
     ne = int(emitted_counts(rounds).sum())
     return {"tokens_per_s": 1000.0 * ne / t if t > 0 else None,
-            "t_step_ms": float(td[nd > 0].sum() / nd[nd > 0].sum()) if nd.sum() > 0 else None,
-            "t_verify_ms": {str(int(n) + 1): float(tv[nd == n].mean()) for n in np.unique(nd)},
+            "t_step_ms_mean": float(td[nd > 0].sum() / nd[nd > 0].sum()) if nd.sum() > 0 else None,
+            "t_verify_ms_mean_by_size": {str(int(n) + 1): float(tv[nd == n].mean()) for n in np.unique(nd)},
             "t_draft_ms_mean": float(td.mean()), "t_verify_ms_mean": float(tv.mean())}
 
 

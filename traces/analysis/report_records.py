@@ -121,12 +121,13 @@ class RollingSummary(JsonRecord):
 
 @dataclass(frozen=True)
 class Timing(JsonRecord):
-    """``metrics.timing``: ``tokens_per_s`` (tokens/s), ``t_step_ms`` (ms per draft step), ``t_verify_ms``
-    (``{"n": mean ms}`` per verify size n), per-round means in ms; None where unknown."""
+    """``metrics.timing``: ``tokens_per_s`` (tokens/s), ``t_step_ms_mean`` (mean ms per draft step),
+    ``t_verify_ms_mean_by_size`` (``{"n": mean ms}`` per verify size n), per-round means in ms; None where unknown.
+    (Means: the what-if's ``CostModel`` prices each size at its median instead.)"""
 
     tokens_per_s: float | None
-    t_step_ms: float | None
-    t_verify_ms: Mapping[str, float]
+    t_step_ms_mean: float | None
+    t_verify_ms_mean_by_size: Mapping[str, float]
     t_draft_ms_mean: float | None
     t_verify_ms_mean: float | None
 
