@@ -61,7 +61,8 @@ class TensorChange:
 
 @dataclass(frozen=True)
 class ValueDiff:
-    """Relative error of sampled rows of one tensor (``rel = ||a−b|| / max(||a||, ||b||)`` per row)."""
+    """Relative error of sampled rows of one tensor (``rel = ||a−b|| / max(||a||, ||b||)`` per row; rows: the
+    outermost numpy dimension, a 1-D tensor being one row)."""
 
     name: str
     rows_sampled: int
@@ -427,7 +428,7 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
             if tuple(x.ne) != tuple(y.ne) or x.n_bytes is None or y.n_bytes is None:
                 continue
             shape = x.shape or (1,)
-            total = shape[0]
+            total = shape[0] if len(shape) > 1 else 1          # (a vector is one row, compared whole)
             if len(shape) == 1:
                 xa = np.asarray(fa.tensor_data(na), dtype=np.float64)[None, :]
                 ya = np.asarray(fb.tensor_data(nb), dtype=np.float64)[None, :]

@@ -67,6 +67,11 @@ def test_values_relative_error_on_sampled_rows(tmp_path: Path) -> None:
         assert v.rel_err_mean == pytest.approx(rel.mean(), rel=1e-9)
         assert not v.identical
     assert vals["blk.0.attn_norm.weight"].identical and vals["rope_freqs.weight"].identical
+    # a vector is one row, compared whole (it read "1 of 32 rows", as if 31 were left out)
+    norm = next(n for n, t in noisy.items() if t.ndim == 1 and not np.array_equal(t, clean[n]))
+    assert (vals[norm].rows_sampled, vals[norm].rows_total) == (1, 1) and not vals[norm].identical
+    x, y = clean[norm].astype(np.float64), noisy[norm].astype(np.float64)
+    assert vals[norm].rel_err_max == pytest.approx(np.linalg.norm(x - y) / max(np.linalg.norm(x), np.linalg.norm(y)))
 
 
 def test_type_shape_and_token_changes(tmp_path: Path, files: dict[str, Path]) -> None:

@@ -164,8 +164,8 @@ def _print_diff(d: GGUFDiff) -> None:
                   f"compared)[/yellow]")
     for v in d.values:
         if not v.identical:
-            con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} "
-                      f"({v.rows_sampled} of {v.rows_total} rows)")
+            rows = "every row" if v.rows_sampled == v.rows_total else f"{v.rows_sampled} of {v.rows_total} rows"
+            con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} ({rows})")
     comp = d.compared
     if comp is not None:
         con.print(comp.line(), markup=False)
