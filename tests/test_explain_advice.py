@@ -47,6 +47,17 @@ def test_categories_from_another_field_and_the_note(tmp_path: Path) -> None:
     for name, m in (("code", pid < 4), ("chat", pid >= 4)):
         assert y.by_category[name].acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum())
         assert y.what_if.by_category[name].row(3).acceptance_rate == pytest.approx(na[m].sum() / nd[m].sum())
+    # a field no prompt has (a typo): the note names the fields the prompts do have; the CLI refuses it, exit 2
+    z = explain_trace(open_trace(d), with_drift=False, category_field="domian")
+    assert z.by_category is None and "no prompt has a 'domian' field (the prompts' fields: domain): no categories" \
+        in z.notes
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    r = CliRunner().invoke(app, ["explain", str(d), "--category-field", "domian"])
+    assert r.exit_code == 2 and "no prompt has a 'domian' field (the prompts' fields: domain)" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
     rec = y.to_dict()["recommendation"]
     assert set(rec["by_category"]) == {"code", "chat"}
     # without a measured plain decoding the speedups are labelled estimated, with how

@@ -77,7 +77,7 @@ def _cost_lines(c: CostModel) -> list[str]:
                + ("; sizes the probe lacks on lines through the trace's means"
                   if set(verify) - set(c.probe.verify_ms) or set(draft) - set(c.probe.draft_ms) else ""))
     else:
-        how = "other sizes on lines through the trace's means (no usable probe in this trace)"
+        how = "other sizes on lines through the trace's means (no probe in this trace)"
     return [f"  costs (ms, * the trace's own median; {how}):",
             f"    verify of n tokens  {sizes(verify, c.own('verify'))}",
             f"    k drafter steps     {sizes(draft, c.own('draft'))}",
@@ -132,9 +132,14 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
     n = rej.n_first_mismatch
     lines += ["", f"Why drafts were rejected: {rej.n_rounds_rejected} rounds had a first mismatch "
                   f"({n} with a known target token)"]
-    causes = sorted(((c, v) for c, v in rej.causes.items() if v), key=lambda cv: (-cv[1], cv[0]))
+    # a first mismatch whose target token the trace lacks (an import) is cause `unknown` (docs/EXPLAIN.md §1): the
+    # causes count the known ones, so those rounds join `unknown` here and every share is of all rejected rounds
+    counts = dict(rej.causes)
+    if rej.n_rounds_rejected > n:
+        counts["unknown"] = int(counts.get("unknown") or 0) + rej.n_rounds_rejected - n
+    causes = sorted(((c, v) for c, v in counts.items() if v), key=lambda cv: (-cv[1], cv[0]))
     for c, v in causes:
-        lines.append(f"  {c:<14} {v:7d}  {_pct(v, n)}")
+        lines.append(f"  {c:<14} {v:7d}  {_pct(v, rej.n_rounds_rejected)}")
     hist = rej.rank_histogram
     if any(hist.values()):
         lines.append("  target token's rank under the drafter at the first mismatch: "
@@ -292,6 +297,50 @@ def _check_words(d: RoundDifference) -> str:
     return f" ({d.replay_note})" if d.replay_note else ""
 
 
+def is_request_trace(trace: TraceLike) -> bool:
+    """The trace holds llama-server request rows and no rounds (a probe, an imported server log: docs/SERVER.md)."""
+    return bool(trace.part_files("requests")) and not trace.part_files("rounds")
+
+
+def explain_request_trace(trace: TraceLike, as_json: bool) -> int:
+    """``explain`` on a request trace (:func:`is_request_trace`): what it can tell, the requests' acceptance as
+    ``report`` gives it (:func:`traces.analysis.metrics.report`), and one line on what needs rounds; the exit code
+    (1 with the not-drafting alarm or a reader's warning)."""
+    from mtpscope.traces.analysis.explain_report import request_trace_note
+    from mtpscope.traces.analysis.metrics import report
+
+    rep = report(trace)
+    r = rep.requests
+    notes = [request_trace_note(trace.manifest, str(trace.path))
+             or "a llama-server request trace: why drafts were rejected needs a recording's rounds"]
+    replay = Path(trace.path) / "replay"
+    if (replay / "manifest.json").is_file():
+        notes.append(f"its replay (`probe --replay`) recorded the same requests round by round: "
+                     f"`mtpscope explain {replay}`")
+    alarm = r.alarm if r is not None else None
+    for w in trace.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"trace": str(trace.path), "prompt": None, "source": rep.source,
+                          **{k: v for k, v in rep.to_dict().items() if k in (
+                              "n_rounds", "n_verify_rounds", "n_drafted", "n_accepted", "acceptance_rate",
+                              "mean_acceptance_length", "mean_acceptance_length_formula", "requests")},
+                          "notes": notes}, indent=2, allow_nan=False))
+    else:
+        drafts = f"; {r.n_drafts} drafts" if r is not None and r.n_drafts is not None else ""
+        lines = [f"trace: {trace.path} (source {rep.source}{'' if rep.complete else ', INCOMPLETE'})",
+                 f"{plural(r.n_requests if r is not None else 0, 'request')}"
+                 + (f" ({r.kind} rows)" if r is not None else "")
+                 + f": acceptance rate {_f(rep.acceptance_rate, '.4f')} ({rep.n_accepted} / {rep.n_drafted} "
+                   f"drafted), mean acceptance length {_f(rep.mean_acceptance_length, '.4f')} "
+                   f"({rep.mean_acceptance_length_formula}{drafts})"]
+        if alarm:
+            lines.append(f"ALARM: {alarm}")
+        lines += [""] + [f"note: {n}" for n in notes]
+        print("\n".join(lines))
+    return EXIT_FINDINGS if alarm or trace.warnings else 0
+
+
 def explain_json(trace: TraceLike, *, vocab_path: Path | None = None, prompt: str | None = None,
                  category_field: str | None = None) -> tuple[dict[str, Any], tuple[Explanation, Vocab | None]]:
     """(JSON sections, (Explanation, vocabulary)) of an opened trace
@@ -350,6 +399,20 @@ def register(app: typer.Typer) -> None:
             from mtpscope.traces.store.reader import open_trace
 
             t = open_trace(trace)
+            if is_request_trace(t):
+                if prompt is not None:
+                    print(f"mtpscope: {trace} is a llama-server request trace (no rounds): --prompt needs rounds; "
+                          f"one row per request: `mtpscope explain {trace} --by request`", file=sys.stderr)
+                    raise typer.Exit(2)
+                raise typer.Exit(explain_request_trace(t, as_json))
+            if category_field not in (None, "category"):
+                from mtpscope.errors import TraceError
+                from mtpscope.traces.analysis.breakdown import missing_field_words, prompt_categories
+
+                if prompt_categories(t.manifest, category_field) is None:     # a typo: say which fields exist
+                    raise TraceError(missing_field_words(t.manifest, category_field), path=t.path,
+                                     key="--category-field", expected="a field the prompts carry",
+                                     actual=category_field)
             d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)

@@ -206,6 +206,26 @@ def prompt_categories(manifest: Mapping[str, Any], field: str | None = None) -> 
     return cats if any_cat else None
 
 
+def prompt_fields(manifest: Mapping[str, Any]) -> list[str]:
+    """The fields ``--category-field`` can name: every ``extra`` field of the manifest's prompt entries, and
+    ``category`` where an entry has one, sorted (a typo is told which names exist)."""
+    names: set[str] = set()
+    for p in manifest.get("prompts") or []:
+        if isinstance(p, dict):
+            names.update(str(k) for k in (p.get("extra") if isinstance(p.get("extra"), dict) else {}))
+            if isinstance(p.get("category"), str) and p.get("category"):
+                names.add("category")
+    return sorted(names)
+
+
+def missing_field_words(manifest: Mapping[str, Any], field: str) -> str:
+    """``no prompt has a 'domian' field (the prompts' fields: domain, source)``: the one wording of a
+    ``--category-field`` that no prompt carries (the CLI's refusal, the app's note)."""
+    have = prompt_fields(manifest)
+    return (f"no prompt has a {field!r} field (the prompts' fields: "
+            f"{', '.join(have) if have else 'none besides their text'})")
+
+
 def category_note(manifest: Mapping[str, Any]) -> str | None:
     """The one-line note when the manifest's prompts carry no category but every one carries an
     ``extra`` field that looks like one (:func:`traces.analysis.wording.category_field_note`), else None."""

@@ -54,6 +54,31 @@ def token_label(vocab: Vocab | None) -> Callable[[int], str]:
     return lab
 
 
+#: sources of llama-server request traces (one row per request, no rounds: docs/SERVER.md)
+REQUEST_SOURCES = ("server-probe", "server-log")
+
+
+def request_trace_note(manifest: Mapping[str, Any], trace: str = "TRACE") -> str | None:
+    """What a llama-server request trace (``trace``: its folder, for the command lines) cannot explain and where to
+    look instead, one line; None for a trace that is not one (it records rounds, or its manifest counts no
+    request and names no request source)."""
+    counts = manifest.get("counts") or {}
+    if counts.get("n_rounds") or not (counts.get("n_requests") or manifest.get("source") in REQUEST_SOURCES):
+        return None
+    return ("a llama-server request trace: it holds each request's counts, not its rounds, so why drafts were "
+            "rejected, acceptance by token class or category, drift and which n_draft need a recording (`mtpscope "
+            f"record`, or `mtpscope probe --replay`); one row per request: `mtpscope explain {trace} --by request`")
+
+
+def no_vocab_note(manifest: Mapping[str, Any]) -> str:
+    """Why a trace has no vocabulary (:func:`traces.analysis.vocab.trace_vocab` found none): its recorded GGUFs are
+    not at their recorded paths, or it records none (imports, probes)."""
+    models = manifest.get("models") or {}
+    recorded = any(isinstance(models.get(r), Mapping) and models[r].get("path") for r in ("target", "assistant"))
+    why = "the recorded target GGUF is not at its recorded path" if recorded else "the trace records no target GGUF"
+    return f"no vocabulary ({why}; pass --vocab): acceptance by token class is not available"
+
+
 def drafting_head(manifest: Mapping[str, Any]) -> str:
     """``"centroid"`` when the manifest says the drafts came from the sparse head (``params.head`` /
     ``params.draft_head`` == ``"centroid"``), else ``"dense"`` (llama.cpp's runtime drafts with the
@@ -224,8 +249,9 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
         if steps is not None:
             steps = steps[steps["prompt_id"].to_numpy() == prompt_id]
     rounds = rounds.reset_index(drop=True)
+    request_note = request_trace_note(manifest) if prompt_id is None else None
     if not len(rounds):
-        notes.append("the trace has no rounds" + (" for this prompt" if prompt_id is not None else "")
+        notes.append(request_note or "the trace has no rounds" + (" for this prompt" if prompt_id is not None else "")
                      + " (nothing was recorded, or its rounds parts were unreadable): nothing to explain")
     head = head or drafting_head(manifest)
     label = token_label(vocab)
@@ -269,14 +295,13 @@ def explain(rounds: pd.DataFrame, steps: pd.DataFrame | None, manifest: Mapping[
             by_channel = B.by_label(pos, chan, (*CHANNELS, "unknown"))
         if not pos.sequences:
             notes.append("no prompt's output could be rebuilt (emitted unknown or rounds missing): classes unknown")
-    elif vocab is None:
-        notes.append("no vocabulary (the recorded target GGUF is not at its recorded path; pass --vocab): "
-                     "acceptance by token class is not available")
+    elif vocab is None and not (request_note and not len(rounds)):   # a request trace has no tokens to classify
+        notes.append(no_vocab_note(manifest))
     cats = B.prompt_categories(manifest, category_field)
     if cats is None and categories and category_field in (None, "category"):
         cats = {int(k): str(v) for k, v in categories.items()}
     if cats is None and category_field not in (None, "category"):
-        notes.append(f"no prompt has a {category_field!r} field: no categories")
+        notes.append(f"{B.missing_field_words(manifest, category_field)}: no categories")
     elif cats is None:
         note = B.category_note(manifest)
         if note:
@@ -337,10 +362,12 @@ def explain_trace(trace: TraceLike, *, vocab: Vocab | None = None, prompt: str |
 
     Raises:
         TraceError: ``prompt`` names no prompt of the trace.
-        TraceFormatError: unreadable columns.
+        TraceFormatError: unreadable columns; a malformed ``cost_probe`` (:meth:`CostProbe.from_manifest`,
+            checked first so that the error names the manifest file).
     """
     from mtpscope.traces.analysis.drift import trace_drift
 
+    CostProbe.of_trace(trace)
     rounds = trace.columns("rounds", ROUNDS_COLUMNS)
     steps = trace.columns("steps", step_columns(trace)) if trace.part_files("steps") else None
     pid = select_prompt(trace.manifest, prompt) if prompt is not None else None
