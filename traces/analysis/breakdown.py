@@ -212,7 +212,8 @@ def prompt_fields(manifest: Mapping[str, Any]) -> list[str]:
     names: set[str] = set()
     for p in manifest.get("prompts") or []:
         if isinstance(p, dict):
-            names.update(str(k) for k in (p.get("extra") if isinstance(p.get("extra"), dict) else {}))
+            extra = p.get("extra")
+            names.update(str(k) for k in (extra if isinstance(extra, dict) else {}))
             if isinstance(p.get("category"), str) and p.get("category"):
                 names.add("category")
     return sorted(names)
