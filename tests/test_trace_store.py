@@ -49,7 +49,8 @@ ACC = [3, 0, 1, 2, 3, 0, 0]
 
 
 def _write(d: Path, flush_every: int = 3, hidden_dtype: str | None = "f32", compact: bool = False) -> None:
-    with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
+    with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3},
+                                                       {"prompt_id": 1, "text": "b", "n_prompt_tokens": 2}]},
                      n_embd_backbone=6, n_embd=4, hidden_dtype=hidden_dtype, centroids=True,
                      flush_every=flush_every, compact=compact) as w:
         for r, a in enumerate(ACC):
@@ -218,6 +219,18 @@ def test_open_errors(tmp_path: Path) -> None:
         traces.open(tmp_path)
 
 
+def test_a_folder_of_traces_names_them(tmp_path: Path) -> None:
+    """A user gave the folder that holds traces (the demo's ``trained/traces``): the refusal names the traces in it
+    (the folders with a manifest.json, sorted), not "no manifest"."""
+    for name in ("q8_0", "f32", "buggy"):
+        _write(tmp_path / name)
+    (tmp_path / "notes").mkdir()                                   # a folder without a manifest is not named
+    with pytest.raises(TraceFormatError) as e:
+        traces.open(tmp_path)
+    assert e.value.one_line() == (f"{tmp_path}: a folder of traces, not a trace (expected one of its traces: "
+                                  "buggy, f32, q8_0, got no manifest.json here)")
+
+
 def test_read_manifest_is_the_file_checked_and_names_where_it_fails(tmp_path: Path) -> None:
     from mtpscope.traces.store.reader import read_manifest
 
@@ -349,7 +362,8 @@ def test_merged_files_are_built_while_writing(tmp_path: Path, monkeypatch: pytes
     import mtpscope.traces.store.merge as merge
 
     def build(d: Path) -> None:
-        with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3}]},
+        with TraceWriter(d, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 3},
+                                                       {"prompt_id": 1, "text": "b", "n_prompt_tokens": 2}]},
                          n_embd_backbone=6, n_embd=4, hidden_dtype="f32", centroids=True, flush_every=2,
                          compact_rounds=4) as w:
             for r, a in enumerate(ACC):

@@ -58,11 +58,24 @@ def write_manifest(path: str | os.PathLike[str], manifest: dict[str, Any]) -> No
     os.replace(tmp, mpath)
 
 
+#: the traces a folder-of-traces refusal names
+MAX_NAMED = 8
+
+
+def traces_inside(folder: Path) -> list[str]:
+    """The names of ``folder``'s subfolders that hold a ``manifest.json`` (one level, sorted); [] when unreadable."""
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir() and (Path(e.path) / MANIFEST).is_file())
+    except OSError:
+        return []
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The trace directory ``path``'s ``manifest.json``, parsed and checked (:func:`schema.check_manifest`).
 
     Raises:
-        TraceFormatError: ``path`` is not a directory; the manifest is missing, not UTF-8 (the byte
+        TraceFormatError: ``path`` is not a directory; the manifest is missing (a folder of traces: their names),
+            not UTF-8 (the byte
             offset named), not JSON (the offset named), or fails the check (the key named).
         OSError: the manifest cannot be read for another reason (permissions).
     """
@@ -74,6 +87,12 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw = mpath.read_bytes()
     except FileNotFoundError:
+        inside = traces_inside(p)
+        if inside:              # a folder of traces given for a trace: name them
+            more = f" and {len(inside) - MAX_NAMED} more" if len(inside) > MAX_NAMED else ""
+            raise TraceFormatError("a folder of traces, not a trace", path=p,
+                                   expected=f"one of its traces: {', '.join(inside[:MAX_NAMED])}{more}",
+                                   actual=f"no {MANIFEST} here") from None
         raise TraceFormatError("trace directory has no manifest", path=mpath,
                                expected=MANIFEST, actual="missing") from None
     try:
