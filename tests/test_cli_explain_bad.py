@@ -54,6 +54,27 @@ def test_manifest_of_wrong_types_is_one_line_exit_2(tmp_path: Path, noisy: Path,
     assert res.exit_code == 2 and err.startswith(f"mtpscope: {bad / 'manifest.json'}: {key}: ") and got in err, err
 
 
+@pytest.mark.parametrize("edit, key, got", [
+    (lambda m: m["cost_probe"]["draft_ms"].__setitem__("8", -1.0), "'cost_probe.draft_ms.8'", "got -1.0)"),
+    (lambda m: m["cost_probe"]["draft_ms"].__setitem__("8", "33.0"), "'cost_probe.draft_ms.8'", "got '33.0')"),
+    (lambda m: m["cost_probe"].__setitem__("verify_ms", "fast"), "'cost_probe.verify_ms'", "got 'fast')"),
+    (lambda m: m["cost_probe"]["draft_ms"].__setitem__("a", 1.0), "'cost_probe.draft_ms.a'", "got 'a')"),
+])
+@pytest.mark.parametrize("cmd", ["explain", "report", "diagnose"])
+def test_one_bad_cost_probe_entry_is_refused_not_dropped(tmp_path: Path, noisy: Path, edit, key: str, got: str,
+                                                         cmd: str) -> None:
+    """One malformed entry of the probe mtpscope wrote used to drop the whole probe silently (the what-if then
+    priced every size on lines and explain's advice flipped): now each command refuses it in one line, exit 2."""
+    bad = _copy(noisy, tmp_path / "bad", edit)
+    args = {"explain": ["explain", str(bad)], "report": ["report", str(bad)],
+            "diagnose": ["diagnose", "--trace", str(bad), "--no-replay", "-q", "--out", str(tmp_path / "o")]}[cmd]
+    res = runner.invoke(app, args)
+    err = _one_line(res)
+    assert res.exit_code == 2, res.output
+    assert err.startswith(f"mtpscope: {bad / 'manifest.json'}: {key}: malformed cost probe entry (expected "), err
+    assert err.rstrip().endswith(got), err
+
+
 @pytest.mark.parametrize("bad_id", ["x", None, -1, True])
 def test_malformed_prompt_entries_are_left_out_not_fatal(tmp_path: Path, noisy: Path, bad_id) -> None:
     """A prompt entry with a prompt_id that is not an int >= 0 is dropped from what readers see (its

@@ -221,16 +221,36 @@ def test_costs_from_the_probe_by_hand() -> None:
                           CostProbe({1: 2.5}, {}, 1)])
     assert m.verify_ms == {1: 2.5, 2: 5.0} and m.draft_ms == {1: 3.0, 2: 9.0} and m.reps == 6
     assert CostProbe.merged([None]) is None
-    # a malformed probe is no probe
+    # no probe: None; a malformed entry is refused naming its key (never dropped: the advice would flip)
     good = {"1": 10.0, "2": 12.0}
-    bads = [{"verify_ms": {"1": -1}}, {"verify_ms": {"1": 10, "2": "x"}}, {"verify_ms": {"1": 10, "²": 5.0}},
-            {"verify_ms": {"①": 5.0}}, {"verify_ms": {"\u0665": 5.0}}, {"verify_ms": {"0": 5.0}},
-            {"verify_ms": {"1": 1e308}}, {"verify_ms": {"1": 1e-300}}, {"verify_ms": {"1": math.inf}},
-            {"verify_ms": {"1": math.nan}}, {"verify_ms": {"1": True}}, {"verify_ms": {}}, {"verify_ms": [1, 2]},
-            {"verify_ms": good, "draft_ms": {"1": -3.0}}, {"verify_ms": good, "draft_ms": "x"}]
-    for bad in [{"cost_probe": "x"}, {}, *({"cost_probe": b} for b in bads)]:
-        assert CostProbe.from_manifest(bad) is None, bad
-    only_verify = CostProbe.from_manifest({"cost_probe": {"verify_ms": good, "reps": True}})
+    assert CostProbe.from_manifest({}) is None and CostProbe.from_manifest({"cost_probe": None}) is None
+    bads = [({"verify_ms": {"1": -1}}, "cost_probe.verify_ms.1", "-1"),
+            ({"verify_ms": {"1": 10, "2": "x"}}, "cost_probe.verify_ms.2", "'x'"),
+            ({"verify_ms": {"1": 10, "²": 5.0}}, "cost_probe.verify_ms.²", "'²'"),
+            ({"verify_ms": {"①": 5.0}}, "cost_probe.verify_ms.①", "'①'"),
+            ({"verify_ms": {"\u0665": 5.0}}, "cost_probe.verify_ms.\u0665", "'\u0665'"),
+            ({"verify_ms": {"0": 5.0}}, "cost_probe.verify_ms.0", "'0'"),
+            ({"verify_ms": {"1": 1e308}}, "cost_probe.verify_ms.1", "1e+308"),
+            ({"verify_ms": {"1": 1e-300}}, "cost_probe.verify_ms.1", "1e-300"),
+            ({"verify_ms": {"1": math.inf}}, "cost_probe.verify_ms.1", "inf"),
+            ({"verify_ms": {"1": math.nan}}, "cost_probe.verify_ms.1", "nan"),
+            ({"verify_ms": {"1": True}}, "cost_probe.verify_ms.1", "True"),
+            ({"verify_ms": {}}, "cost_probe.verify_ms", "{}"),
+            ({"verify_ms": [1, 2]}, "cost_probe.verify_ms", "[1, 2]"),
+            ({"draft_ms": good}, "cost_probe.verify_ms", "missing"),
+            ({"verify_ms": good, "draft_ms": {"1": -3.0}}, "cost_probe.draft_ms.1", "-3.0"),
+            ({"verify_ms": good, "draft_ms": {"8": "33.0"}}, "cost_probe.draft_ms.8", "'33.0'"),
+            ({"verify_ms": good, "draft_ms": "x"}, "cost_probe.draft_ms", "'x'"),
+            ({"verify_ms": good, "reps": True}, "cost_probe.reps", "True"),
+            ({"verify_ms": good, "verify_reps_ms": {"1": "x"}}, "cost_probe.verify_reps_ms.1", "'x'"),
+            ({"verify_ms": good, "draft_reps_ms": {"1": [4.0, None]}}, "cost_probe.draft_reps_ms.1[1]", "None"),
+            ("x", "cost_probe", "'x'")]
+    for bad, key, got in bads:
+        with pytest.raises(TraceFormatError) as e:
+            CostProbe.from_manifest({"cost_probe": bad}, "t/manifest.json")
+        assert e.value.one_line().startswith(f"t/manifest.json: '{key}': malformed cost probe entry (expected ")
+        assert e.value.one_line().endswith(f", got {got})"), (bad, e.value.one_line())
+    only_verify = CostProbe.from_manifest({"cost_probe": {"verify_ms": good, "reps": None}})
     assert only_verify.verify_ms == {1: 10.0, 2: 12.0} and only_verify.draft_ms == {} and only_verify.reps == 0
     # the what-if prices the sizes it did not record with it, and still reproduces the trace at its n_draft
     rng = np.random.default_rng(3)

@@ -156,10 +156,12 @@ def register(app: typer.Typer) -> None:
 
         refuse_sweep_folder(trace, "mtpscope report")
         with one_line_errors():
+            from mtpscope.traces.analysis.costs import CostProbe
             from mtpscope.traces.analysis.metrics import report
             from mtpscope.traces.store.reader import open_trace
 
             tr = open_trace(trace)
+            CostProbe.of_trace(tr)  # a malformed cost probe is refused here as by explain and diagnose
             rep = report(tr)
             doc = rep.to_dict() if as_json else {}
             warnings = list(rep.warnings)

@@ -15,9 +15,9 @@ v1 n`` through the recorded verify medians (weighted by their rounds) and, when 
 measured, the point ``(1, t_plain)``, ``v1 >= 0``, through the origin when the free intercept is
 negative, flat with one size; ``d0 + d1 k`` the same way through the draft medians, proportional with one
 count. ``t_step = sum_k c_k med_d(k) / sum_k c_k k`` is the draft step at the robust prices (a sweep's
-measured break-even uses it; a trace's break-even prices a round's drafts as above). A probe is used
-only when it is well formed: sizes are positive integers, times finite within
-``PROBE_MS_RANGE``; a malformed probe is no probe.
+measured break-even uses it; a trace's break-even prices a round's drafts as above). A probe must be
+well formed (sizes positive integers, times finite within ``PROBE_MS_RANGE``): a malformed entry is
+refused, naming its key (:meth:`CostProbe.from_manifest`), never silently dropped.
 
 ``t_plain`` (:class:`PlainBaseline`): plain decoding measured by the sweep's baseline task or ``record
 --baseline`` (``source`` says which), else estimated as ``t_verify(1)`` (``source: "estimated"``).
@@ -26,15 +26,19 @@ only when it is well formed: sizes are positive integers, times finite within
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.metrics import emitted_counts
+from mtpscope.traces.store.layout import MANIFEST
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,14 @@ def rounds_baseline(rounds: pd.DataFrame, how: str, source: str = "sweep") -> Pl
 
 # ------------------------------------------------------------------------------------------ costs
 
-#: a probe's times (ms) must lie in this range, else the probe is malformed and not used
+#: a probe's times (ms) must lie in this range, else the probe is malformed (refused, :meth:`CostProbe.from_manifest`)
 PROBE_MS_RANGE = (1e-4, 1e7)
+#: :data:`PROBE_MS_RANGE` in words (the refusal's "expected")
+PROBE_MS_WORDS = "a finite number of ms in 1e-4..1e7"
+#: stands for a key that is not there (a refusal says "missing")
+_ABSENT = object()
+#: a probe's size key: a decimal positive integer of at most 4 digits (ASCII: ``str.isdigit`` takes '²')
+PROBE_SIZE_RE = re.compile(r"[1-9][0-9]{0,3}")
 #: the largest n_draft the what-if estimates and :meth:`CostModel.to_dict` prices
 N_MAX = 8
 #: a round size with fewer rounds than this in the trace is priced like one it did not record (its few
@@ -166,43 +176,75 @@ class CostProbe:
         return out[0], out[1]
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any]) -> CostProbe | None:
-        """The manifest's ``cost_probe``, None when absent or malformed: ``verify_ms`` (and ``draft_ms`` when
-        present) must map sizes (decimal strings of positive integers) to times in ``PROBE_MS_RANGE`` ms."""
-        e = manifest.get("cost_probe")
-        if not isinstance(e, dict):
-            return None
-        lo, hi = PROBE_MS_RANGE
+    def from_manifest(cls, manifest: Mapping[str, Any], path: str | os.PathLike[str] | None = None) -> CostProbe | None:
+        """The manifest's ``cost_probe``, None when absent (or null). mtpscope writes the probe itself, so an entry
+        that breaks its form is bad input, refused (never dropped: the what-if would then price every size on
+        lines and its advice could flip): ``verify_ms`` (required, at least one size) and ``draft_ms`` map sizes
+        (decimal strings of positive integers, :data:`PROBE_SIZE_RE`) to times in ``PROBE_MS_RANGE`` ms;
+        ``verify_reps_ms`` / ``draft_reps_ms`` (absent in older traces) map sizes to non-empty lists of such
+        times; ``reps`` is an integer >= 0 (absent: 0). The one check of a probe: every reader calls this.
 
-        def sizes(d: Any) -> dict[int, float] | None:
+        Args:
+            manifest: the trace's manifest.
+            path: its file, named in the error (:meth:`of_trace` passes it).
+
+        Raises:
+            TraceFormatError: the first malformed entry, named by its key (``cost_probe.draft_ms.8``).
+        """
+        e = manifest.get("cost_probe")
+        if e is None:
+            return None
+
+        def bad(key: str, expected: str, got: Any) -> TraceFormatError:
+            return TraceFormatError("malformed cost probe entry", path=path, key=key, expected=expected,
+                                    actual="missing" if got is _ABSENT else repr(got)[:40])
+
+        if not isinstance(e, dict):
+            raise bad("cost_probe", "an object (docs/TRACE_FORMAT.md) or null", e)
+
+        def size(key: str, k: Any) -> int:
+            if not (isinstance(k, str) and PROBE_SIZE_RE.fullmatch(k)):
+                raise bad(f"{key}.{k}", "a size 1..9999 as a decimal string", k)
+            return int(k)
+
+        def ms(key: str, v: Any) -> float:
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and PROBE_MS_RANGE[0] <= v <= PROBE_MS_RANGE[1]):
+                raise bad(key, PROBE_MS_WORDS, v)
+            return float(v)
+
+        def sizes(name: str, required: bool) -> dict[int, float]:
+            d, key = e.get(name), f"cost_probe.{name}"
+            if d is None and not required:
+                return {}
+            if not isinstance(d, dict) or not d:
+                raise bad(key, "an object of sizes to ms, at least one size", _ABSENT if name not in e else d)
+            return {size(key, k): ms(f"{key}.{k}", v) for k, v in d.items()}
+
+        def rep_lists(name: str) -> dict[int, tuple[float, ...]]:
+            d, key = e.get(name), f"cost_probe.{name}"
             if d is None:
                 return {}
             if not isinstance(d, dict):
-                return None
+                raise bad(key, "an object of sizes to lists of ms", d)
             out = {}
             for k, v in d.items():
-                if not (isinstance(k, str) and re.fullmatch(r"[1-9][0-9]{0,3}", k) and isinstance(v, (int, float))
-                        and not isinstance(v, bool) and lo <= v <= hi):
-                    return None
-                out[int(k)] = float(v)
+                n = size(key, k)
+                if not isinstance(v, list) or not v:
+                    raise bad(f"{key}.{k}", "a non-empty list of ms", v)
+                out[n] = tuple(ms(f"{key}.{k}[{i}]", x) for i, x in enumerate(v))
             return out
 
-        def rep_lists(d: Any) -> dict[int, tuple[float, ...]]:
-            if not isinstance(d, dict):
-                return {}
-            out = {}
-            for k, v in d.items():
-                if (isinstance(k, str) and re.fullmatch(r"[1-9][0-9]{0,3}", k) and isinstance(v, list) and v
-                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and lo <= x <= hi for x in v)):
-                    out[int(k)] = tuple(float(x) for x in v)
-            return out
-
-        v, d = sizes(e.get("verify_ms")), sizes(e.get("draft_ms"))
+        v, d = sizes("verify_ms", True), sizes("draft_ms", False)
         reps = e.get("reps")
-        if not v or d is None:
-            return None
-        return cls(v, d, int(reps) if isinstance(reps, int) and not isinstance(reps, bool) else 0,
-                   rep_lists(e.get("verify_reps_ms")), rep_lists(e.get("draft_reps_ms")))
+        if reps is not None and (not isinstance(reps, int) or isinstance(reps, bool) or reps < 0):
+            raise bad("cost_probe.reps", "an integer >= 0", reps)
+        return cls(v, d, reps or 0, rep_lists("verify_reps_ms"), rep_lists("draft_reps_ms"))
+
+    @classmethod
+    def of_trace(cls, trace: Any) -> CostProbe | None:
+        """:meth:`from_manifest` of an opened trace (a :class:`traces.store.protocols.TraceLike`), its errors
+        naming the trace's manifest file."""
+        return cls.from_manifest(trace.manifest, Path(trace.path) / MANIFEST)
 
     @classmethod
     def merged(cls, probes: Any) -> CostProbe | None:

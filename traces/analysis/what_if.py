@@ -590,11 +590,11 @@ def what_if_trace(trace: TraceLike, *, categories: Mapping[int, str] | None = No
     manifest; the baseline from its manifest unless given).
 
     Raises:
-        TraceFormatError: the trace has no drafting round.
+        TraceFormatError: the trace has no drafting round, or a malformed ``cost_probe``.
     """
     names = set(trace.schemas["rounds"].names) if hasattr(trace, "schemas") else set(WHAT_IF_ROUNDS_COLUMNS)
     rounds = trace.columns("rounds", [c for c in WHAT_IF_ROUNDS_COLUMNS if c in names])
     mt = (trace.manifest.get("params") or {}).get("max_tokens")
     return what_if(rounds, categories=categories, baseline=baseline or manifest_baseline(trace.manifest),
                    max_tokens=int(mt) if isinstance(mt, int) and not isinstance(mt, bool) else None,
-                   n_max=n_max, n_boot=n_boot, probe=CostProbe.from_manifest(trace.manifest))
+                   n_max=n_max, n_boot=n_boot, probe=CostProbe.of_trace(trace))
