@@ -74,6 +74,17 @@ def _set(d: dict, path: tuple, val: object) -> dict:
     (("prompts", 0, "shard"), None, "'prompts[0].shard'", "expected int >= 0, got None"),
     (("prompts", 0, "prompt_id"), KeyError, "'prompts[0].prompt_id'", "expected int >= 0, got missing"),
     (("prompts", 1, "text"), 5, "'prompts[1].text'", "expected string, got 5"),
+    # was the whole task dict, cut mid-word
+    (("tasks", 0, "state"), "bogus", "'tasks[0].state'", "expected one of pending, running, done, failed, got 'bogus')"),
+    # was accepted: the rows are labelled by the folder (n_draft=2), the entry said 7
+    (("tasks", 0, "n_draft"), 7, "'tasks[0].n_draft'", "expected 2 (its task 'assistant=a/n_draft=2/shard=0'), got 7)"),
+    (("tasks", 0, "dir"), "assistant=a/n_draft=1/shard=0", "'tasks[0].dir'",
+     "expected 'assistant=a/n_draft=2/shard=0', got 'assistant=a/n_draft=1/shard=0')"),
+    # was silently dropped from every row
+    (("prompts", 0, "shard"), 99, "'prompts[0].shard'", "expected 0..0 (spec.shards = 1), got 99)"),
+    # was an internal error (the report's totals row is named 'all')
+    (("prompts", 0, "category"), "all", "'prompts[0].category'",
+     "the category 'all' is reserved for the totals over all prompts (expected a category other than 'all', got 'all')"),
 ])
 def test_report_on_a_corrupt_sweep_json_is_one_line_exit_2(tmp_path: Path, sweep: Path, path: tuple, val: object,
                                                           key: str, got: str) -> None:
@@ -86,6 +97,77 @@ def test_report_on_a_corrupt_sweep_json_is_one_line_exit_2(tmp_path: Path, sweep
     assert res.exit_code == 2 and res.stdout == ""
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {bad / 'sweep.json'}: {key}: ") and got in lines[0], lines
+
+
+@pytest.fixture(scope="module")
+def sweep2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mtpscope.traces.synthetic import write_synthetic_sweep
+
+    return Path(write_synthetic_sweep(tmp_path_factory.mktemp("s2") / "sw", n_rounds=400, assistants=("a",),
+                                      n_drafts=(1, 3), n_shards=1, n_prompts=4, categories=("x", "y"),
+                                      baseline=False))
+
+
+def _report_line(bad: Path) -> str:
+    res = runner.invoke(app, ["report", str(bad)])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_task_or_prompt_listed_twice_is_refused_not_counted_twice(tmp_path: Path, sweep2: Path) -> None:
+    state = json.loads((sweep2 / "sweep.json").read_text())
+    for name, edit, want in (
+            ("task", lambda s: s["tasks"].append(dict(s["tasks"][0])),
+             "'tasks[2]': task listed twice (expected each task once, got assistant=a/n_draft=1/shard=0 again "
+             "(also tasks[0]))"),
+            ("prompt", lambda s: s["prompts"].append({**s["prompts"][0], "index": 9}),
+             "'prompts[4]': prompt listed twice (expected each prompt once, got shard 0 prompt_id 0 again "
+             "(also prompts[0]))")):
+        bad = tmp_path / name
+        shutil.copytree(sweep2, bad)
+        st = copy.deepcopy(state)
+        edit(st)
+        (bad / "sweep.json").write_text(json.dumps(st))
+        assert _report_line(bad) == f"mtpscope: {bad / 'sweep.json'}: {want}"
+
+
+@pytest.mark.parametrize("cmd", ["report", "explain"])
+def test_a_cell_whose_trace_has_another_n_draft_is_refused_not_mislabelled(tmp_path: Path, sweep2: Path,
+                                                                          cmd: str) -> None:
+    """The n_draft=3 task's trace under the n_draft=1 task's folder: its numbers were reported as n_draft 1's."""
+    bad = tmp_path / "lies"
+    shutil.copytree(sweep2, bad)
+    one, three = bad / "assistant=a" / "n_draft=1" / "shard=0", bad / "assistant=a" / "n_draft=3" / "shard=0"
+    shutil.rmtree(one)
+    shutil.copytree(three, one)
+    res = runner.invoke(app, [cmd, str(bad)])
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert res.stderr.splitlines() == [
+        f"mtpscope: {bad / 'sweep.json'}: 'tasks[0]': the task's trace was recorded with another n_draft (its rows "
+        "would be reported under the task's) (expected n_draft 1 (the task assistant=a/n_draft=1/shard=0), got "
+        "n_draft 3 (assistant=a/n_draft=1/shard=0/manifest.json params.n_draft))"]
+    # the manifest made to agree: its rounds still draft 3 tokens
+    m = json.loads((one / "manifest.json").read_text())
+    m["params"]["n_draft"] = 1
+    (one / "manifest.json").write_text(json.dumps(m))
+    assert _report_line(bad) == (
+        f"mtpscope: {bad / 'sweep.json'}: 'tasks[0]': the task's trace drafts more tokens a round than the task's "
+        "n_draft (its rows would be reported under the task's) (expected at most 1 (the task "
+        "assistant=a/n_draft=1/shard=0), got rounds drafting 3 (assistant=a/n_draft=1/shard=0/rounds))")
+
+
+def test_a_bad_cost_probe_in_a_sweep_task_is_refused(tmp_path: Path, sweep2: Path) -> None:
+    bad = tmp_path / "probe"
+    shutil.copytree(sweep2, bad)
+    man = bad / "assistant=a" / "n_draft=3" / "shard=0" / "manifest.json"
+    m = json.loads(man.read_text())
+    m["cost_probe"] = {"verify_ms": {"1": 5.0, "2": -1.0}}
+    man.write_text(json.dumps(m))
+    assert _report_line(bad) == (f"mtpscope: {man}: 'cost_probe.verify_ms.2': malformed cost probe entry (expected a "
+                                 "finite number of ms in 1e-4..1e7, got -1.0)")
 
 
 def test_a_sweep_folder_that_holds_no_trace_is_one_line(tmp_path: Path) -> None:

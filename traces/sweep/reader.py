@@ -49,7 +49,7 @@ from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.protocols import TraceLike
 from mtpscope.traces.store.reader import Trace, open_trace, sql_file_list, sql_str
 from mtpscope.traces.sweep.quant import QuantRow, quant_rows, quant_table
-from mtpscope.traces.sweep.spec import ALL, BASELINE, SWEEP_FILE, SweepSpec, read_state, task_states
+from mtpscope.traces.sweep.spec import ALL, BASELINE, SWEEP_FILE, SweepSpec, TaskState, read_state, task_states
 
 #: the columns of :meth:`Sweep.cells` (and of ``report --json``'s ``cells``)
 CELL_COLUMNS = ("assistant", "n_draft", "category", "n_prompts", "n_rounds", "n_drafted", "n_accepted",
@@ -152,6 +152,7 @@ class Sweep:
         self._views = False
         self._lock = threading.RLock()
         self._traces: dict[str, Trace] = {}
+        self._checked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Sweep({os.fspath(self.path)!r}, tasks={len(self._tasks)}, done={self.n_done})"
@@ -194,11 +195,45 @@ class Sweep:
         return list(dict.fromkeys((t.assistant, t.n_draft) for t in self._tasks))
 
     # ------------------------------------------------------------------ traces of tasks
-    def _trace(self, task_dir: str) -> Trace:
+    def _open(self, task_dir: str) -> Trace:
         with self._lock:
             if task_dir not in self._traces:
                 self._traces[task_dir] = open_trace(self.path / task_dir)
             return self._traces[task_dir]
+
+    def _trace(self, task: TaskState) -> Trace:
+        """``task``'s trace, opened once and checked against the task (:meth:`_check`)."""
+        tr = self._open(task.dir)
+        self._check(task, tr)
+        return tr
+
+    def _check(self, task: TaskState, tr: Trace) -> None:
+        """A finished task's trace is that task's: recorded with its n_draft (manifest ``params.n_draft``; the
+        baseline's 0), no round drafting more, its cost probe well formed (:meth:`CostProbe.of_trace`).
+        Otherwise the sweep would report its rows under the task's label (the folder's ``n_draft=<k>``).
+
+        Raises:
+            TraceFormatError: naming ``tasks[i]`` of ``sweep.json`` (or the trace's manifest for the probe).
+        """
+        with self._lock:
+            if task.dir in self._checked:
+                return
+            i = next(j for j, x in enumerate(self._tasks) if x is task)
+            nd = (tr.manifest.get("params") or {}).get("n_draft")
+            if isinstance(nd, int) and not isinstance(nd, bool) and nd != task.n_draft:
+                raise TraceFormatError("the task's trace was recorded with another n_draft (its rows would be "
+                                       "reported under the task's)", path=self.path / SWEEP_FILE, key=f"tasks[{i}]",
+                                       expected=f"n_draft {task.n_draft} (the task {task.task})",
+                                       actual=f"n_draft {nd} ({task.dir}/manifest.json params.n_draft)")
+            if tr.part_files("rounds"):
+                m = tr.sql("SELECT max(coalesce(len(drafted), 0)) AS m FROM rounds")["m"].iloc[0]
+                if pd.notna(m) and int(m) > task.n_draft:
+                    raise TraceFormatError("the task's trace drafts more tokens a round than the task's n_draft (its "
+                                           "rows would be reported under the task's)", path=self.path / SWEEP_FILE,
+                                           key=f"tasks[{i}]", expected=f"at most {task.n_draft} (the task {task.task})",
+                                           actual=f"rounds drafting {int(m)} ({task.dir}/rounds)")
+            CostProbe.of_trace(tr)
+            self._checked.add(task.dir)
 
     def _task(self, assistant: str, n_draft: int, shard: int) -> Any:
         for t in self._tasks:
@@ -215,11 +250,15 @@ class Sweep:
             if t.state != "done" or (config is not None and (t.assistant, t.n_draft) != (config[0], int(config[1]))):
                 continue
             try:
-                files += self._trace(t.dir).part_files(table)
+                tr = self._open(t.dir)
+                parts = tr.part_files(table)
             except TraceFormatError as e:
                 w = f"{t.task}: finished task's trace unreadable, left out: {e.one_line()}"
                 if w not in self.warnings:
                     self.warnings.append(w)
+                continue
+            self._check(t, tr)    # a readable trace that is not the task's is refused, not left out
+            files += parts
         return files
 
     # ------------------------------------------------------------------ DuckDB
@@ -395,8 +434,8 @@ class Sweep:
                 raise TraceFormatError("this task has not finished", path=self.path / t.dir, key=t.task,
                                        expected="done", actual=t.state)
         if shard is not None:
-            return self._trace(tasks[0].dir)
-        return SweepCell(self, assistant, int(n_draft), [self._trace(t.dir) for t in tasks],
+            return self._trace(tasks[0])
+        return SweepCell(self, assistant, int(n_draft), [self._trace(t) for t in tasks],
                          [t.shard for t in tasks])
 
     def shard_of(self, prompt_index: int) -> tuple[int, int]:

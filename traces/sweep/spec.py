@@ -469,11 +469,15 @@ _PROMPT_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
     ("index", int), ("shard", int), ("prompt_id", int), ("text", str), ("category", str))
 _TASK_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
     ("task", str), ("assistant", str), ("n_draft", int), ("shard", int))
+#: a task's name (:attr:`SweepTask.task_id`)
+_TASK_ID_RE = re.compile(r"assistant=(?P<assistant>[^/]+)/n_draft=(?P<n_draft>[0-9]+)/shard=(?P<shard>[0-9]+)")
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """``DIR/sweep.json`` parsed and checked (version; prompts with index, shard, prompt_id, text and
-    category; tasks with task, assistant, n_draft, shard, dir and a known state).
+    category, each once, its shard one of ``spec.shards``, its category not :data:`ALL`; tasks with task,
+    assistant, n_draft, shard, dir and a known state, each once, its fields agreeing with its name and folder
+    (:func:`_check_task_names`)).
 
     Raises:
         TraceFormatError: not a sweep directory, unreadable or malformed ``sweep.json`` (names the
@@ -506,6 +510,10 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise TraceFormatError("sweep.json key missing or of the wrong type", path=p, key=key,
                                    expected=container.__name__,
                                    actual="missing" if key not in state else type(state.get(key)).__name__)
+    shards = state["spec"].get("shards")
+    n_shards = shards if isinstance(shards, int) and not isinstance(shards, bool) and shards >= 1 else None
+    at: dict[Any, int] = {}
+    indices: dict[Any, int] = {}
     for i, q in enumerate(state["prompts"]):
         if not isinstance(q, dict):
             raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}]",
@@ -516,22 +524,74 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
                 raise TraceFormatError("malformed prompt entry", path=p, key=f"prompts[{i}].{k}",
                                        expected="int >= 0" if kind is int else "string",
                                        actual="missing" if k not in q else repr(v)[:40])
+        _in_shards(p, f"prompts[{i}].shard", q["shard"], n_shards)
+        if q["category"] == ALL:                                # the report's totals row has this name
+            raise TraceFormatError(f"the category {ALL!r} is reserved for the totals over all prompts", path=p,
+                                   key=f"prompts[{i}].category", expected=f"a category other than {ALL!r}",
+                                   actual=repr(q["category"]))
+        _once(p, "prompt", i, f"prompts[{i}]", at, (q["shard"], q["prompt_id"]),
+              f"shard {q['shard']} prompt_id {q['prompt_id']}")
+        _once(p, "prompt", i, f"prompts[{i}].index", indices, q["index"], f"index {q['index']}")
+    tasks: dict[Any, int] = {}
     for i, t in enumerate(state["tasks"]):
-        if not isinstance(t, dict) or t.get("state") not in STATES or not isinstance(t.get("dir"), str):
-            raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}]",
-                                   expected=f"object with dir and state in {STATES}",
-                                   actual=repr(t)[:80])
+        if not isinstance(t, dict):
+            raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}]", expected="object",
+                                   actual=type(t).__name__)
+        if t.get("state") not in STATES:
+            raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].state",
+                                   expected=f"one of {', '.join(STATES)}",
+                                   actual="missing" if "state" not in t else repr(t["state"])[:40])
         for k, kind in _TASK_KINDS:
             v = t.get(k)
             if not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
                 raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].{k}",
                                        expected="int >= 0" if kind is int else "string",
                                        actual="missing" if k not in t else repr(v)[:40])
+        if not isinstance(t.get("dir"), str):
+            raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].dir", expected="string",
+                                   actual="missing" if "dir" not in t else repr(t["dir"])[:40])
         d = Path(t["dir"])
         if d.is_absolute() or ".." in d.parts:
             raise TraceFormatError("task folder must lie inside the sweep directory", path=p,
                                    key=f"tasks[{i}].dir", expected="a relative path", actual=t["dir"])
+        _check_task_names(p, i, t, n_shards)
+        _once(p, "task", i, f"tasks[{i}]", tasks, (t["assistant"], t["n_draft"], t["shard"]), t["task"])
     return state
+
+
+def _check_task_names(p: Path, i: int, t: Mapping[str, Any], n_shards: int | None) -> None:
+    """Refuse (naming ``tasks[i].<field>``) a task entry whose ``assistant`` / ``n_draft`` / ``shard`` disagree
+    with its name (``task``) or folder (``dir``: the sweep reader labels rows by its ``key=value`` parts), or
+    whose shard is not one of the sweep's: its rounds would be reported under another label or join no prompt."""
+    want = SweepTask(t["assistant"], t["n_draft"], t["shard"]).task_id
+    m = _TASK_ID_RE.fullmatch(t["task"])
+    if m is None:
+        raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].task",
+                               expected="assistant=<name>/n_draft=<k>/shard=<i>", actual=repr(t["task"])[:60])
+    for k, v in (("assistant", m["assistant"]), ("n_draft", int(m["n_draft"])), ("shard", int(m["shard"]))):
+        if t[k] != v:
+            raise TraceFormatError("the task entry disagrees with its name", path=p, key=f"tasks[{i}].{k}",
+                                   expected=f"{v!r} (its task {t['task']!r})", actual=repr(t[k]))
+    if Path(t["dir"]).parts != Path(want).parts:
+        raise TraceFormatError("the task's folder is not its name", path=p, key=f"tasks[{i}].dir",
+                               expected=repr(want), actual=repr(t["dir"])[:80])
+    _in_shards(p, f"tasks[{i}].shard", t["shard"], n_shards)
+
+
+def _in_shards(p: Path, key: str, shard: int, n_shards: int | None) -> None:
+    """Refuse a shard outside ``0..n_shards - 1`` (its rows would join nothing and be left out silently)."""
+    if n_shards is not None and shard >= n_shards:
+        raise TraceFormatError("not one of the sweep's shards", path=p, key=key,
+                               expected=f"0..{n_shards - 1} (spec.shards = {n_shards})", actual=shard)
+
+
+def _once(p: Path, what: str, i: int, key: str, seen: dict[Any, int], value: Any, name: str) -> None:
+    """Refuse entry ``i`` of ``what`` (``prompt`` / ``task``) whose ``value`` an earlier one has (its rows would be
+    counted twice), naming ``key``."""
+    j = seen.setdefault(value, i)
+    if j != i:
+        raise TraceFormatError(f"{what} listed twice", path=p, key=key, expected=f"each {what} once",
+                               actual=f"{name} again (also {what}s[{j}])")
 
 
 def task_states(state: Mapping[str, Any]) -> list[TaskState]:
