@@ -85,7 +85,8 @@ def test_aligned_diff_by_hand() -> None:
     # the JSON: the records' fields, in this order
     j = d.to_dict()
     assert list(j) == ["paired_by", "n_pairs", "unpaired_a", "unpaired_b", "outputs_identical", "status_counts",
-                       "a_only", "b_only", "prompts", "delta"]
+                       "a_only", "b_only", "prompts", "not_comparable", "delta"]
+    assert j["not_comparable"] is None
     assert j["a_only"] == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}}
     assert j["prompts"] == [{"prompt_id_a": 0, "prompt_id_b": 0, "n_compared": 6, "identical_output": True,
                              "diverged_at": None, "first_difference": 2}]
@@ -99,6 +100,41 @@ def test_diverging_outputs_stop_the_comparison() -> None:
     d = aligned_diff(A, positions(A), b2, positions(b2), pair)
     assert not d.outputs_identical
     assert d.prompts[0].diverged_at == 3 and d.prompts[0].n_compared == 2   # g1, g2 only
+
+
+def test_runs_of_other_targets_or_other_text_are_not_compared_position_by_position() -> None:
+    """Two targets (or outputs that differ from their first token on) generate different text: the diff compared
+    zero positions yet printed a +0.708 delta and blamed "a near tie or numerics". Now: the reason, no position,
+    each run's own rate and no delta."""
+    from mtpscope.traces.analysis.align import target_difference
+
+    m64 = {"dims": {"n_embd_backbone": 64}, "models": {"target": {"architecture": "gemma4"}}}
+    m128 = {"dims": {"n_embd_backbone": 128}, "models": {"target": {"architecture": "gemma4"}}}
+    assert target_difference(m64, m128) == "different targets: hidden width (dims.n_embd_backbone) A 64, B 128"
+    assert target_difference(m64, {"dims": {"n_embd_backbone": 64}, "models": {"target": {"architecture": "x"}}}) == \
+        "different targets: architecture (models.target.architecture) A gemma4, B x"
+    # the same target in another file (a quantization, an HF checkpoint), or one side unknown (an import): compared
+    assert target_difference(m64, m64) is None and target_difference(m64, {"dims": None}) is None
+    pair = pair_prompts({}, {}, [0], [0])
+    d = aligned_diff(A, positions(A), B_, positions(B_), pair, targets_differ=target_difference(m64, m128))
+    assert d.not_comparable == "different targets: hidden width (dims.n_embd_backbone) A 64, B 128"
+    assert len(d.positions) == 0 and d.a_only.n == d.b_only.n == 0 and d.status_counts == {}
+    assert d.prompts[0].n_compared == 0 and d.prompts[0].first_difference is None
+    r = d.delta["all"]
+    assert list(d.delta) == ["all"] and r.rate_a == pytest.approx(0.8) and r.rate_b == pytest.approx(1 / 3)
+    assert r.delta is None and r.ci_low is None and r.ci_high is None
+    assert d.to_dict()["not_comparable"] == d.not_comparable
+    # one target, but every output differs from its first token: nothing in common either
+    b0 = _rounds([(0, 0, 555, 3, 1, [101, 102]), (0, 1, 102, 3, 0, [103])])   # its first token is not A's
+    d0 = aligned_diff(A, positions(A), b0, positions(b0), pair)
+    assert d0.prompts[0].diverged_at == 0
+    assert d0.not_comparable == "every paired prompt's output differs from its first token on (different text)"
+    assert d0.delta["all"].delta is None and d0.delta["all"].rate_b == pytest.approx(1 / 6)
+    # one prompt of two diverging at 0 leaves the other compared: the usual diff
+    a2 = pd.concat([A, _rounds([(1, 0, 7, 2, 2, [8, 9, 10])])], ignore_index=True)
+    b2 = pd.concat([b0, _rounds([(1, 0, 7, 2, 1, [8, 9])])], ignore_index=True)
+    d2 = aligned_diff(a2, positions(a2), b2, positions(b2), pair_prompts({}, {}, [0, 1], [0, 1]))
+    assert d2.not_comparable is None and d2.delta["all"].delta is not None
 
 
 def test_pairing_by_id_and_unpaired() -> None:

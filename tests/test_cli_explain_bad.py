@@ -131,6 +131,27 @@ def test_compare_traces_of_different_prompts_is_refused(tmp_path: Path, noisy: P
                    "different prompts (expected some of A's 5 prompts, got 5 other prompts)\n")
 
 
+def test_compare_of_two_targets_gives_no_delta_and_blames_no_numerics(tmp_path: Path, noisy: Path) -> None:
+    """A recording of another target (its manifest says so) generates other text: compare printed a delta over
+    zero compared positions and put the first difference down to "a near tie or numerics"."""
+    def other_target(m: dict) -> None:
+        m["models"]["target"].update(architecture="gemma3", header_sha256="0" * 64)
+
+    other = _copy(noisy, tmp_path / "other", other_target)
+    res = runner.invoke(app, ["compare", str(noisy), str(other), "--no-replay"])
+    assert res.exit_code == 1, res.output
+    why = "different targets: architecture (models.target.architecture) A gemma4, B gemma3"
+    assert res.stderr.splitlines() == [f"mtpscope: the two runs are not comparable position by position: {why}"]
+    out = res.stdout.splitlines()
+    assert f"not comparable position by position: {why}; no output position, acceptance delta or first differing " \
+           "round is given" in out, res.stdout
+    assert any(ln.startswith("acceptance rate of each run on its own (not a paired delta): A ") for ln in out)
+    assert "delta (B - A)" not in res.stdout and "numerics" not in res.stdout and "accepted in A" not in res.stdout
+    j = json.loads(runner.invoke(app, ["compare", str(noisy), str(other), "--json", "--no-replay"]).stdout)
+    assert j["not_comparable"] == why and j["delta"]["all"]["delta"] is None and "runtimes" not in j
+    assert j["delta"]["all"]["rate_a"] == j["delta"]["all"]["rate_b"]        # the same rounds, each on its own
+
+
 def test_compare_a_trace_with_itself(noisy: Path) -> None:
     res = runner.invoke(app, ["compare", str(noisy), str(noisy), "--json"])
     assert res.exit_code == 0, res.output

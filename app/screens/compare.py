@@ -36,7 +36,13 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
     st.caption(f"Prompts paired by {pairing.by}: {wording.plural(len(pairing.pairs), 'pair')}"
                + (f"; unpaired in A: {len(pairing.unpaired_a)}, in B: {len(pairing.unpaired_b)}"
                   if pairing.unpaired_a or pairing.unpaired_b else "") + ".")
-    if diff.outputs_identical:
+    if diff.not_comparable is not None:
+        r = diff.delta.get("all")
+        own = (f" Each run's own acceptance rate: {names[0]} {r.rate_a:.3f}, {names[1]} {r.rate_b:.3f}."
+               if r is not None and r.rate_a is not None and r.rate_b is not None else "")
+        st.warning(f"Not comparable position by position: {diff.not_comparable}. No output position, acceptance "
+                   f"delta or first differing round is compared.{own}")
+    elif diff.outputs_identical:
         st.success("The two runs generated the same text for every paired prompt: each output position is "
                    "compared.")
     else:

@@ -211,6 +211,14 @@ def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None 
     lines = [f"A: {a}", f"B: {b}", *(runs or []),
              f"prompts paired by {pairing.by}: {len(pairing.pairs)} (unpaired: A {len(pairing.unpaired_a)}, "
              f"B {len(pairing.unpaired_b)}); outputs identical: {'yes' if diff.outputs_identical else 'NO'}"]
+    if diff.not_comparable is not None:      # different text: nothing position by position, no delta
+        r = diff.delta.get("all")
+        lines.append(f"not comparable position by position: {diff.not_comparable}; no output position, "
+                     "acceptance delta or first differing round is given")
+        if r is not None:
+            lines.append(f"acceptance rate of each run on its own (not a paired delta): A {_f(r.rate_a)}, "
+                         f"B {_f(r.rate_b)} ({plural(r.n_prompts, 'prompt')})")
+        return "\n".join(lines)
     for p in diff.prompts:
         if p.identical_output is False:
             lines.append(f"  prompt {p.prompt_id_a}/{p.prompt_id_b}: outputs differ from position "
@@ -484,6 +492,10 @@ def register(app: typer.Typer) -> None:
                               **diff.to_dict()}, indent=2, allow_nan=False))
         else:
             print(format_comparison(str(ta.path), str(tb.path), diff, format_run_differences(runs)))
+        if diff.not_comparable is not None:
+            print(f"mtpscope: the two runs are not comparable position by position: {diff.not_comparable}",
+                  file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS)
         if not diff.outputs_identical:
             print("mtpscope: the two runs' outputs are not identical: only the common prefix of each prompt was "
                   "compared", file=sys.stderr)

@@ -22,10 +22,16 @@ A's for ``b_only``). ``first_difference`` is, per prompt, the first position who
 **Acceptance delta** per category (and ``all``): ``rate_B - rate_A`` with ``rate`` = accepted / drafted
 over the category's paired prompts, each trace's own rounds; a percentile bootstrap over prompts (paired:
 the same resampled prompts for A and B; ``n_boot`` resamples, seeded) gives the 95 % interval.
+
+**Not comparable** (``AlignedDiff.not_comparable``, the reason): two runs of different targets
+(:func:`target_difference`: the manifests' target width or architecture differ) or whose outputs differ
+from the first token of every paired prompt generate different text, so no output position is compared
+and no delta is given: ``delta["all"]`` keeps each run's own rate, its ``delta`` and interval None.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -108,6 +114,25 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
                          tuple(p for p in sorted(ea) if p not in common), tuple(p for p in sorted(eb) if p not in common))
 
 
+def target_difference(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any]) -> str | None:
+    """How the two runs' targets differ, in words, when their manifests say so: the target's hidden width
+    (``dims.n_embd_backbone``, which the drafter reads) or its architecture (``models.target.architecture``);
+    None when both agree or either is unknown (an import). The same target in another file (a quantization,
+    a Hugging Face checkpoint of it) has the same of both: compared as usual."""
+    def get(m: Mapping[str, Any], *keys: str) -> Any:
+        v: Any = m
+        for k in keys:
+            v = v.get(k) if isinstance(v, Mapping) else None
+        return v
+
+    out = []
+    for what, keys in (("hidden width", ("dims", "n_embd_backbone")), ("architecture", ("models", "target", "architecture"))):
+        a, b = get(manifest_a, *keys), get(manifest_b, *keys)
+        if isinstance(a, (int, str)) and isinstance(b, (int, str)) and a != b:
+            out.append(f"{what} ({'.'.join(keys)}) A {a}, B {b}")
+    return f"different targets: {'; '.join(out)}" if out else None
+
+
 @dataclass(frozen=True)
 class OneSided(JsonRecord):
     """The output positions accepted in one run and rejected in the other (``a_only`` or ``b_only``).
@@ -182,6 +207,9 @@ class AlignedDiff:
         delta: ``{category: RateDelta}`` (``all`` included).
         runtimes: the round-by-round first differences and their named causes
             (:func:`traces.analysis.runtime_diff.runtime_diff`), or None when not computed.
+        not_comparable: why the two runs cannot be compared position by position (module docstring), or None;
+            then ``positions`` is empty, ``a_only`` / ``b_only`` count nothing and ``delta`` holds only ``all``
+            with each run's own rate and no delta.
     """
 
     pairing: PromptPairing
@@ -193,6 +221,7 @@ class AlignedDiff:
     outputs_identical: bool
     delta: dict[str, RateDelta] = field(default_factory=dict)
     runtimes: RuntimeDiff | None = None
+    not_comparable: str | None = None
 
     def to_dict(self, max_positions: int = 0) -> dict[str, Any]:
         """JSON-able dict; ``max_positions`` rows of ``positions`` (0: none) under ``positions``."""
@@ -201,6 +230,7 @@ class AlignedDiff:
                              "outputs_identical": self.outputs_identical, "status_counts": self.status_counts,
                              "a_only": self.a_only.to_dict(), "b_only": self.b_only.to_dict(),
                              "prompts": [p.to_dict() for p in self.prompts],
+                             "not_comparable": self.not_comparable,
                              "delta": {k: v.to_dict() for k, v in self.delta.items()}}
         if self.runtimes is not None:
             d["runtimes"] = self.runtimes.to_dict()
@@ -259,7 +289,8 @@ def _per_prompt_counts(rounds: pd.DataFrame) -> dict[int, tuple[int, int]]:
 
 def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFrame, pos_b: Positions,
                  pairing: PromptPairing, *, classes_a: Mapping[int, np.ndarray] | None = None,
-                 categories: Mapping[int, str] | None = None, n_boot: int = N_BOOT, seed: int = 0) -> AlignedDiff:
+                 categories: Mapping[int, str] | None = None, n_boot: int = N_BOOT, seed: int = 0,
+                 targets_differ: str | None = None) -> AlignedDiff:
     """The aligned diff of two traces.
 
     Args:
@@ -270,6 +301,8 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
             :func:`traces.analysis.breakdown.classify_outputs` on A), optional.
         categories: ``{prompt_id_a: category}`` (A's manifest), optional.
         n_boot, seed: bootstrap resamples and seed.
+        targets_differ: how the runs' targets differ (:func:`target_difference`), None when they do not: the
+            runs are then not comparable (module docstring).
     """
     # cast: the group keys of the integer column prompt_id are ints (pandas-stubs types them as any scalar)
     ga = {int(cast(int, p)): f for p, f in pos_a.emitted.groupby("prompt_id", sort=False)}
@@ -309,7 +342,13 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
         prompts.append(PromptComparison(prompt_id_a=pa_, prompt_id_b=pb_, n_compared=int(len(j)), identical_output=same,
                                         diverged_at=div,
                                         first_difference=int(gg[differs[0]]) if len(differs) else None))
+    known = [p for p in prompts if p.identical_output is not None]
+    why = targets_differ or ("every paired prompt's output differs from its first token on (different text)"
+                             if known and all(p.diverged_at == 0 for p in known) else None)
     cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls"]
+    if why is not None:      # the positions "before the divergence" of different targets are not the same text
+        frames = []
+        prompts = [dataclasses.replace(p, n_compared=0, first_difference=None) for p in prompts]
     allpos = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
     sc = allpos.groupby(["status_a", "status_b"]).size() if len(allpos) else pd.Series(dtype=int)
     status_counts = {f"{a}/{b}": int(v) for (a, b), v in zip(sc.index.tolist(), sc.tolist(), strict=True)}
@@ -321,11 +360,13 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     cat = np.asarray([(categories or {}).get(a, "all") if categories else "all" for a, _ in pairs], dtype=object)
     arr = np.asarray([(*ca[a], *cb[b]) for a, b in pairs], dtype=np.float64).reshape(-1, 4)
     delta = {"all": rate_delta(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], n_boot=n_boot, seed=seed)}
-    if categories:
+    if why is not None:      # each run's own rate, never a paired delta
+        delta = {"all": dataclasses.replace(delta["all"], delta=None, ci_low=None, ci_high=None)}
+    elif categories:
         for name in sorted(set(cat.tolist())):
             m = cat == name
             delta[name] = rate_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
     return AlignedDiff(pairing=pairing, positions=allpos, status_counts=status_counts,
                        a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=tuple(prompts),
                        outputs_identical=bool(identical and not pairing.unpaired_a and not pairing.unpaired_b),
-                       delta=delta)
+                       delta=delta, not_comparable=why)

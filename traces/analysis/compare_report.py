@@ -1,7 +1,8 @@
 """The aligned diff of two opened traces (what ``mtpscope compare A B`` prints). One job: read the
 columns :func:`traces.analysis.align.aligned_diff` needs from both traces, classify A's output with its
 vocabulary, and call it; then the round-by-round first differences with their named causes
-(:func:`traces.analysis.runtime_diff.runtime_diff`, ``AlignedDiff.runtimes``).
+(:func:`traces.analysis.runtime_diff.runtime_diff`, ``AlignedDiff.runtimes``), unless the runs are not comparable
+(``AlignedDiff.not_comparable``: different targets, or outputs that differ from the first token on).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from mtpscope.errors import TraceMismatchError
-from mtpscope.traces.analysis.align import AlignedDiff, aligned_diff, pair_prompts
+from mtpscope.traces.analysis.align import AlignedDiff, aligned_diff, pair_prompts, target_difference
 from mtpscope.traces.analysis.breakdown import classify_outputs, prompt_categories
 from mtpscope.traces.analysis.positions import positions
 from mtpscope.traces.analysis.runtime_diff import confirm_head, runtime_diff
@@ -55,7 +56,9 @@ def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_
         tc = classify_outputs(pa_, clf)
         classes = {p: np.asarray(CLASSES, dtype=object)[c.classes] for p, c in tc.items()}
     diff = aligned_diff(ra, pa_, rb, pb_, pairing, classes_a=classes, categories=prompt_categories(a.manifest),
-                        n_boot=n_boot, seed=seed)
+                        n_boot=n_boot, seed=seed, targets_differ=target_difference(a.manifest, b.manifest))
+    if diff.not_comparable is not None:   # different text: no round is at a common position to explain
+        return diff
     rt = runtime_diff(ra, rb, pairing.pairs, manifest_a=a.manifest, manifest_b=b.manifest,
                       outputs_a={p: s.tolist() for p, s in pa_.sequences.items()},
                       outputs_b={p: s.tolist() for p, s in pb_.sequences.items()})
