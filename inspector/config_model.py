@@ -16,7 +16,7 @@ What it cannot know is said in :attr:`ConfigModel.notes`: fields the file does n
 although transformers ignores them (llama.cpp's converter would keep them).
 
 May import: mtpscope.errors, inspector.convert (``drafter_kv``), inspector.convert_common (``ordered``),
-inspector.convert_target (``target_kv``),
+inspector.convert_target (``target_kv``), inspector.hf_checkpoint (``index_shards``),
 inspector.ggml_types, inspector.gguf (``TensorInfo``), inspector.gguf_write (``MetaValue``),
 inspector.hf_config, inspector.layouts, inspector.paths.
 """
@@ -34,7 +34,8 @@ from mtpscope.inspector import layouts as L
 from mtpscope.inspector.convert_common import ordered
 from mtpscope.inspector.ggml_types import GGML_TYPES_BY_NAME
 from mtpscope.inspector.gguf import TensorInfo
-from mtpscope.inspector.hf_config import read_config, text_config, text_hparams
+from mtpscope.inspector.hf_checkpoint import index_shards
+from mtpscope.inspector.hf_config import got, read_config, text_config, text_hparams
 
 #: weight types a config model can be laid out in: ``convert --outtype`` names -> ggml type name
 WEIGHT_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
@@ -126,7 +127,9 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
             dtype, what ``convert_hf_to_gguf``'s ``auto`` keeps).
 
     Raises:
-        HFCheckpointError: no / unreadable config.json, an unknown ``model_type``, a field missing or mistyped.
+        HFCheckpointError: no / unreadable config.json, an unknown ``model_type``, a field missing, mistyped or out of
+            range, a bad ``model.safetensors.index.json`` or a shard it names missing (the plan reads no shard, but
+            a folder whose index names a missing file is not the model it claims to be).
         LayoutError: an unknown weight type.
     """
     if weight_type not in WEIGHT_TYPES:
@@ -138,8 +141,9 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
     where = d / "config.json"
     if not cfg:
         raise HFCheckpointError("no config.json", path=where)
+    index_shards(d)          # config.json is all the plan reads, but a shard the index names must be there
     mt = cfg.get("model_type")
-    tc = text_config(cfg)
+    tc = text_config(cfg, where)
     notes = []
     absent = [k for k in _FIELDS_THAT_MATTER if k not in tc]
     if absent and mt != "gemma4_assistant":
@@ -148,8 +152,8 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
         from mtpscope.inspector.convert import drafter_kv
         from mtpscope.inspector.hf_config import hparams_from_config
 
+        hp = hparams_from_config(cfg, "upstream", where)
         hp_text = text_hparams(tc, where)
-        hp = hparams_from_config(cfg, "upstream")
         arch = L.ARCH_UPSTREAM
         meta = dict(drafter_kv(cfg, hp_text, "upstream"))
         kv = {k: _plain(v) for k, v in meta.items()}
@@ -178,7 +182,7 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
                          f"{extra / 2**20:,.0f} MiB more in bf16")
     else:
         raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
-                                expected="gemma4, gemma4_text or gemma4_assistant", actual=mt)
+                                expected="gemma4, gemma4_text or gemma4_assistant", actual=got(mt))
     kv["general.architecture"] = arch
     infos = {t.name: t for t in _tensors(layout, weight_type)}
     tensors = tuple(ordered(infos).values())  # the converter's order (llama.cpp's mapped ranges follow it)

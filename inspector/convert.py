@@ -58,8 +58,16 @@ from mtpscope.inspector.convert_common import (
 from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_target import convert_target
 from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
-from mtpscope.inspector.hf_config import TextHParams, text_hparams
-from mtpscope.inspector.hf_names import gguf_name
+from mtpscope.inspector.hf_audit import checkpoint_problems
+from mtpscope.inspector.hf_config import (
+    TextHParams,
+    assistant_fields,
+    assistant_text_config,
+    got,
+    text_config,
+    text_hparams,
+)
+from mtpscope.inspector.hf_names import DRAFTER_KV, gguf_name
 from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM, FORK_CENTROIDS, FORK_ORDERING
 from mtpscope.inspector.safetensors import read_tensors, write_safetensors
 
@@ -98,10 +106,6 @@ def _refuse_unsupported_drafter(tc: Mapping[str, Any], hp: TextHParams, where: s
                                                               tc.get("hidden_size_per_layer_input")))
 
 
-#: per-layer drafter tensors left out: the drafter reads the target's cache (no K/V of its own)
-_DRAFTER_KV = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
-
-
 def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
                         where: str = "checkpoint") -> dict[str, np.ndarray]:
     """HF drafter ``model.*`` / projection tensors -> GGUF names in ``dialect`` (:func:`inspector.hf_names.gguf_name`);
@@ -113,7 +117,7 @@ def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
     """
     out: dict[str, np.ndarray] = {}
     for name, arr in tensors.items():
-        if name.startswith("masked_embedding.") or name == "lm_head.weight" or name.endswith(_DRAFTER_KV):
+        if name.startswith("masked_embedding.") or name == "lm_head.weight" or name.endswith(DRAFTER_KV):
             continue
         try:
             g = gguf_name(name, dialect)
@@ -133,6 +137,12 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
             vocab_from: str | os.PathLike[str] | None = None) -> ConvertResult:
     """Convert an HF Gemma 4 assistant (drafter) or Gemma 4 text (target) checkpoint to GGUF.
 
+    A drafter is checked whole before anything is written: its config.json field by field
+    (:func:`inspector.hf_config.text_hparams`, :func:`inspector.hf_config.assistant_fields`), every tensor's
+    presence, shape and dtype against what that config implies (:func:`inspector.hf_audit.checkpoint_problems`),
+    then the values it writes (no NaN or Inf; the token ordering a permutation of the vocabulary). A refusal
+    leaves ``out`` as it was (the file is written to ``out.tmp`` then renamed).
+
     Args:
         hf_dir: folder with ``config.json`` and ``*.safetensors``.
         out: the GGUF to write (written to ``out.tmp`` then renamed).
@@ -143,72 +153,116 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         vocab_from: GGUF to copy ``tokenizer.*`` keys from (default: the real Gemma 4 tokenizer).
 
     Raises:
-        HFCheckpointError: unreadable checkpoint, unknown model type or tensor name.
-        LayoutError: tensors missing, tokenizer of the wrong size.
+        HFCheckpointError: unreadable checkpoint, unknown model type, a bad config field, a tensor missing, of the
+            wrong shape or dtype, unknown or past the layers, bad tensor values.
+        LayoutError: a drafter llama.cpp refuses (backbone width = its width), no centroid head for a sidecar,
+            tokenizer of the wrong size.
         ValueError: unknown dialect / outtype.
     """
     if dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
     if outtype not in OUTTYPES:
         raise ValueError(f"outtype must be one of {OUTTYPES}, got {outtype!r}")
-    config, tensors = read_checkpoint(hf_dir)
-    where = os.fspath(Path(hf_dir) / "config.json")
+    d = Path(hf_dir)
+    if not (d / "config.json").exists():
+        raise HFCheckpointError("no config.json", path=d / "config.json")
+    ckpt = hf_checkpoint.read_checkpoint(d)
+    config = ckpt.config
+    where = os.fspath(d / "config.json")
     mt = config.get("model_type")
     out = Path(out)
     if mt == "gemma4_assistant":
-        return _convert_drafter(config, tensors, out, dialect, outtype, centroids_out, vocab_from, where)
+        return _convert_drafter(ckpt, out, dialect, outtype, centroids_out, vocab_from, where)
     if mt in ("gemma4_text", "gemma4"):
-        tc = config.get("text_config", config) if mt == "gemma4" else config
-        return convert_target(tc, tensors, out, outtype, vocab_from, where)
+        tc = text_config(config, where) if mt == "gemma4" else config
+        return convert_target(tc, read_tensors(ckpt.tensors.values()), out, outtype, vocab_from, where)
     raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
-                            expected="gemma4_assistant, gemma4_text or gemma4", actual=mt)
+                            expected="gemma4_assistant, gemma4_text or gemma4", actual=got(mt))
 
 
 def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list[tuple[str, MetaValue]]:
     """The ``{arch}.*`` keys of a drafter converted from an assistant ``config`` (text part read into ``hp``) in
     ``dialect``: the common keys, then upstream ``embedding_length_out`` / ``nextn_predict_layers`` or the
     fork's ``n_embd_backbone``, ``use_ordered_embeddings``, ``attention.k_eq_v``, ``requires_target_arch`` and,
-    with a centroid head, ``n_centroids`` / ``centroid_top_k`` (``general.name`` not included)."""
+    with a centroid head, ``n_centroids`` / ``centroid_top_k`` (``general.name`` not included).
+
+    Raises:
+        HFCheckpointError: an assistant field missing or bad (:func:`inspector.hf_config.assistant_fields`).
+    """
     arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
-    n_bb = int(config.get("backbone_hidden_size", 1536))
+    a = assistant_fields(config, hp.n_vocab)
     kv = common_kv(arch, hp)
     if dialect == "upstream":
-        return kv + [(arch + ".embedding_length_out", u32(n_bb)), (arch + ".nextn_predict_layers", u32(hp.n_layer))]
-    ordered = bool(config.get("use_ordered_embeddings", False))
-    kv += [(arch + ".n_embd_backbone", u32(n_bb)), (arch + ".use_ordered_embeddings", boolean(ordered)),
+        return kv + [(arch + ".embedding_length_out", u32(a.n_embd_backbone)),
+                     (arch + ".nextn_predict_layers", u32(hp.n_layer))]
+    kv += [(arch + ".n_embd_backbone", u32(a.n_embd_backbone)),
+           (arch + ".use_ordered_embeddings", boolean(a.use_ordered_embeddings)),
            (arch + ".attention.k_eq_v", boolean(hp.k_eq_v)), (arch + ".requires_target_arch", string(ARCH_TARGET))]
-    if ordered:
-        kv += [(arch + ".n_centroids", u32(int(config.get("num_centroids", 2048)))),
-               (arch + ".centroid_top_k", u32(int(config.get("centroid_intermediate_top_k", 32))))]
+    if a.use_ordered_embeddings:
+        kv += [(arch + ".n_centroids", u32(a.n_centroids)), (arch + ".centroid_top_k", u32(a.centroid_top_k))]
     return kv
 
 
-def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, dialect: str,
-                     outtype: str, centroids_out: Any, vocab_from: Any, where: str) -> ConvertResult:
-    tc = config.get("text_config")
-    if not isinstance(tc, dict):
-        raise HFCheckpointError("missing text_config", path=where, key="text_config")
+def _refuse_tensor_problems(ckpt: hf_checkpoint.HFCheckpoint, dialect: str, centroid_head: bool, where: str) -> None:
+    """Raise the first of :func:`inspector.hf_audit.checkpoint_problems` (saying how many more there are)."""
+    problems = checkpoint_problems(ckpt, dialect, centroid_head=centroid_head, where=where)
+    if problems:
+        p = problems[0]
+        more = f" ({len(problems) - 1} more tensor problem{'s' if len(problems) > 2 else ''} after it)" \
+            if len(problems) > 1 else ""
+        raise HFCheckpointError(p.message + more, path=p.path, key=p.hf_name, expected=p.expected, actual=p.actual)
+
+
+def _refuse_bad_values(tensors: Mapping[str, np.ndarray], files: Mapping[str, str], n_vocab: int,
+                       ordering: str | None) -> None:
+    """Refuse NaN / Inf in a float tensor (verify's ``E_NONFINITE``) and an ordering that is not a permutation of
+    ``0..n_vocab-1`` (``E_ORDERING_RANGE`` / ``E_ORDERING_NOT_PERMUTATION``: ids no centroid can draft)."""
+    for name, arr in tensors.items():
+        a = np.asarray(arr)
+        if name == ordering:
+            o = a.astype(np.int64).ravel()
+            outside = int(((o < 0) | (o >= n_vocab)).sum())
+            counts = np.bincount(o[(o >= 0) & (o < n_vocab)], minlength=n_vocab)
+            if outside or (counts != 1).any():
+                raise HFCheckpointError("token ordering is not a permutation of the token ids", path=files[name],
+                                        key=name, expected=f"each of 0..{n_vocab - 1} once",
+                                        actual=f"{outside} ids outside, {int((counts > 1).sum())} repeated, "
+                                               f"{int((counts == 0).sum())} never listed")
+        elif a.dtype.kind == "f":
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            if bad:
+                raise HFCheckpointError("tensor holds NaN or Inf", path=files[name], key=name,
+                                        expected="finite values", actual=f"{bad} non-finite values")
+
+
+def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, outtype: str, centroids_out: Any,
+                     vocab_from: Any, where: str) -> ConvertResult:
+    config = ckpt.config
+    tc = assistant_text_config(config, where)
     hp = text_hparams(tc, where)
     _refuse_unsupported_drafter(tc, hp, where)
-    n_bb = int(config.get("backbone_hidden_size", 1536))
-    if n_bb == hp.n_embd:
+    a = assistant_fields(config, hp.n_vocab, where)
+    if a.n_embd_backbone == hp.n_embd:
         raise LayoutError("backbone_hidden_size equals hidden_size: llama.cpp refuses such a drafter",
-                          path=where, key="backbone_hidden_size", expected=f"!= {hp.n_embd}", actual=n_bb)
-    for hf_name in ("pre_projection.weight", "post_projection.weight"):
-        if hf_name not in tensors:
-            raise LayoutError("tensor missing from the checkpoint", path=where, key=hf_name)
+                          path=where, key="backbone_hidden_size", expected=f"!= {hp.n_embd}", actual=a.n_embd_backbone)
+    ordered = a.use_ordered_embeddings
+    if centroids_out is not None and not ordered:
+        raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
+                          key="use_ordered_embeddings", expected=True, actual=False)
+    head = ordered and (dialect == "fork" or centroids_out is not None)
+    _refuse_tensor_problems(ckpt, dialect, head, where)
+    tensors = read_tensors(ckpt.tensors.values())
     g = map_drafter_tensors(tensors, dialect, where)
-    g["rope_freqs.weight"] = hp.rope_freqs
-    ordered = bool(config.get("use_ordered_embeddings", False))
-    n_cen = int(config.get("num_centroids", 2048))
-    top_k = int(config.get("centroid_intermediate_top_k", 32))
     cen = order = None
-    if ordered:
-        cen = tensors.get("masked_embedding.centroids.weight")
-        order = tensors.get("masked_embedding.token_ordering")
-        if cen is None or order is None:
-            raise LayoutError("use_ordered_embeddings is true but the centroid head is missing", path=where,
-                              key="masked_embedding.centroids.weight / masked_embedding.token_ordering")
+    if head:
+        cen = tensors["masked_embedding.centroids.weight"]
+        order = tensors["masked_embedding.token_ordering"]
+    written = {n: t for n, t in tensors.items() if (head or not n.startswith("masked_embedding."))
+               and n != "lm_head.weight" and not n.endswith(DRAFTER_KV)}
+    _refuse_bad_values(written, {n: ckpt.tensors[n].file for n in written}, hp.n_vocab,
+                       "masked_embedding.token_ordering" if head else None)
+    g["rope_freqs.weight"] = hp.rope_freqs
+    if order is not None:
         order = np.asarray(order).astype(np.int32)
     arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
     kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
@@ -218,15 +272,12 @@ def _convert_drafter(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray
     tok_kv = tokenizer_kv_for(hp.n_vocab, vocab_from)
     write_converted(out, arch, kv, tok_kv, ordered_tensors(g), outtype)
     side = None
-    if centroids_out is not None:
-        if not ordered or cen is None or order is None:
-            raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
-                              key="use_ordered_embeddings", expected=True, actual=False)
+    if centroids_out is not None and cen is not None and order is not None:
         side = Path(centroids_out)
-        a = SIDECAR_ARCH + "."
+        s = SIDECAR_ARCH + "."
         skv = [("general.name", string("mtpscope-centroid-sidecar")),
-               (a + "n_centroids", u32(n_cen)), (a + "centroid_top_k", u32(top_k)),
-               (a + "embedding_length", u32(hp.n_embd)), (a + "vocab_size", u32(hp.n_vocab))]
+               (s + "n_centroids", u32(a.n_centroids)), (s + "centroid_top_k", u32(a.centroid_top_k)),
+               (s + "embedding_length", u32(hp.n_embd)), (s + "vocab_size", u32(hp.n_vocab))]
         write_converted(side, SIDECAR_ARCH, skv, [], {FORK_CENTROIDS: cen, FORK_ORDERING: order},
                         outtype)
     return ConvertResult(out=out, kind="drafter", dialect=dialect, arch=arch, n_tensors=len(g), centroids_out=side)

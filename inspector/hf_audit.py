@@ -2,7 +2,9 @@
 
 One job: :func:`audit` -> :class:`HFAudit` (one :class:`AuditRow` per HF tensor: its GGUF name in both
 dialects, the ``ne`` a converter writes, what the GGUF has; GGUF tensors with no HF source; config.json
-values vs the GGUF keys; findings with codes ``H_*``, see :data:`findings.CODES`).
+values vs the GGUF keys; findings with codes ``H_*``, see :data:`findings.CODES`). The checkpoint against its own
+config.json goes through the one expected layout, :func:`config_layout`: the audit's ``H_HF_SHAPE`` and
+:func:`checkpoint_problems` (every tensor's presence, shape and dtype, what ``convert`` refuses before writing).
 
 May import: mtpscope.errors, inspector.findings, inspector.layouts, inspector.safetensors,
 inspector.hf_checkpoint, inspector.hf_config, inspector.hf_names.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +25,8 @@ from mtpscope.inspector import layouts as L
 from mtpscope.inspector.findings import ERROR, INFO, WARNING, finding
 from mtpscope.inspector.hf_checkpoint import HFCheckpoint, read_checkpoint
 from mtpscope.inspector.hf_config import TextHParams, hparams_from_config, text_hparams
-from mtpscope.inspector.hf_names import GENERATED, drop_reason, gguf_name
-from mtpscope.inspector.safetensors import HFTensor
+from mtpscope.inspector.hf_names import DRAFTER_KV, GENERATED, drafter_hf_name, drop_reason, gguf_name
+from mtpscope.inspector.safetensors import FLOAT_DTYPES, INTEGER_DTYPES, HFTensor
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,148 @@ def expected_gguf_type(t: HFTensor) -> str | None:
     if len(t.shape) <= 1:
         return "F32"
     return None
+
+
+#: the GGUF-side names in :mod:`inspector.layouts`' ``why`` texts -> the config.json field each comes from
+_CONFIG_FIELDS = {"n_embd_backbone": "backbone_hidden_size", "n_embd": "hidden_size", "n_vocab": "vocab_size",
+                  "n_head": "num_attention_heads", "head_dim_swa": "head_dim", "head_dim_full": "global_head_dim",
+                  "n_ff": "intermediate_size", "n_centroids": "num_centroids"}
+_SYMBOL = re.compile(r"\b(" + "|".join(sorted(_CONFIG_FIELDS, key=len, reverse=True)) + r")\b")
+
+
+def numpy_why(e: L.ExpectedTensor) -> str:
+    """Where an expected tensor's dims come from, in numpy order and config.json's names
+    (``(vocab_size, hidden_size)`` for ``token_embd``'s ``ne = (n_embd, n_vocab)``); "" when the layout says none."""
+    m = re.search(r"ne = \(([^)]*)\)", e.why)
+    if m is None:
+        return ""
+    dims = [_SYMBOL.sub(lambda x: _CONFIG_FIELDS[x.group(1)], d.strip()) for d in m.group(1).split(",") if d.strip()]
+    return "(" + ", ".join(reversed(dims)) + ("," if len(dims) == 1 else "") + ")"
+
+
+def config_layout(config: Mapping[str, Any], where: str | os.PathLike[str] | None = "config.json"
+                  ) -> dict[str, L.ExpectedTensor]:
+    """The drafter tensors an assistant ``config.json`` implies, by fork-dialect GGUF name (``ne`` order):
+    :func:`inspector.layouts.expected_drafter_layout` of :func:`inspector.hf_config.hparams_from_config` (the
+    centroid pair with ``use_ordered_embeddings``). The one expectation a checkpoint's tensors are held to: the
+    audit's ``H_HF_SHAPE`` and :func:`checkpoint_problems` (so ``convert``) both read it.
+
+    Raises:
+        HFCheckpointError: a config field the layout needs is missing, mistyped or out of range.
+        LayoutError: no layout from these hyperparameters.
+    """
+    return _layout(config, "fork", where)[1]
+
+
+def _layout(config: Mapping[str, Any], dialect: str, where: str | os.PathLike[str] | None
+            ) -> tuple[L.HParams, dict[str, L.ExpectedTensor]]:
+    hp = hparams_from_config(config, dialect, where)
+    return hp, {e.name: e for e in L.expected_drafter_layout(hp, dialect)}
+
+
+@dataclass(frozen=True)
+class TensorProblem:
+    """One way a drafter checkpoint's tensor disagrees with its config.json (:func:`checkpoint_problems`).
+
+    Attributes:
+        hf_name: the checkpoint's tensor name (for a missing one, the name it should have).
+        path: the safetensors file holding it (a missing tensor: the file, or the folder of a sharded checkpoint).
+        message: what is wrong, in words; expected / actual: shape (numpy order) or dtype, as text.
+    """
+
+    hf_name: str
+    path: str
+    message: str
+    expected: Any = None
+    actual: Any = None
+
+
+def _dtypes_ok(e: L.ExpectedTensor) -> tuple[str, ...]:
+    """The safetensors dtypes a tensor of this layout entry may have: integers for the token ordering (ids), floats
+    for everything else (the converter writes them as F32, F16, BF16 or Q8_0)."""
+    if e.ggml_types is not None and all(t in L.INTEGER_TYPES for t in e.ggml_types):
+        return INTEGER_DTYPES
+    return FLOAT_DTYPES
+
+
+def checkpoint_problems(ckpt: HFCheckpoint, dialect: str = "fork", *, centroid_head: bool | None = None,
+                        where: str | os.PathLike[str] | None = None) -> list[TensorProblem]:
+    """Every tensor of a drafter checkpoint against what its config.json implies (:func:`config_layout`), from the
+    headers alone: each tensor the converter writes has the shape (numpy order, the reverse of the layout's
+    ``ne``) and a dtype of its kind (floats; integer ids for the token ordering); no tensor lies outside the layout
+    (a layer past ``num_hidden_layers``, a name the mapping does not know); every tensor ``dialect`` requires is
+    there. Left out as the converter leaves them out: ``lm_head`` (tied), the K/V tensors
+    (:data:`inspector.hf_names.DRAFTER_KV`), the centroid head when ``use_ordered_embeddings`` is false.
+
+    Args:
+        ckpt: the checkpoint's headers and config.
+        dialect: ``fork`` or ``upstream`` (which tensors are required: upstream needs ``layer_output_scale``).
+        centroid_head: whether the centroid head is written, so required (default: in the fork dialect); when it
+            is not, a head that is there is still checked.
+        where: the config.json named in config errors (default: the checkpoint's).
+
+    Returns:
+        the problems, checkpoint order, then the missing tensors in layout order ([] = the checkpoint converts).
+
+    Raises:
+        HFCheckpointError / LayoutError: the config itself gives no layout (see :func:`config_layout`).
+    """
+    where = where if where is not None else Path(ckpt.path) / "config.json"
+    hp, lay = _layout(ckpt.config, "fork", where)
+    n_layer = hp.n_layer
+    up_required: dict[str, bool] = {}
+    if dialect == "upstream":
+        up_required = {name: e.required for name, e in _layout(ckpt.config, "upstream", where)[1].items()}
+    head = dialect == "fork" if centroid_head is None else centroid_head
+
+    def required(e: L.ExpectedTensor) -> bool:
+        if e.component in ("centroid_head", "token_ordering"):
+            return head and e.required
+        if dialect == "upstream":
+            return up_required.get(L.FORK_TO_UPSTREAM.get(e.name, e.name), e.required)
+        return e.required
+
+    out: list[TensorProblem] = []
+    seen: set[str] = set()
+    for t in ckpt.tensors.values():
+        if t.name == "lm_head.weight" or t.name.endswith(DRAFTER_KV):
+            continue
+        try:
+            g = gguf_name(t.name, "fork")
+        except KeyError:
+            out.append(TensorProblem(t.name, t.file, "tensor name the converter does not know",
+                                     "a Gemma 4 assistant tensor name", repr(t.name)))
+            continue
+        e = lay.get(g) if g is not None else None
+        if e is None:
+            m = re.match(r"blk\.(\d+)\.", g or "")
+            if g in (L.FORK_CENTROIDS, L.FORK_ORDERING):
+                continue                        # use_ordered_embeddings is false: the head is not converted
+            if m is not None and int(m.group(1)) >= n_layer:
+                out.append(TensorProblem(t.name, t.file, f"tensor of layer {m.group(1)}, past num_hidden_layers",
+                                         f"layers 0..{n_layer - 1}", f"layer {m.group(1)}"))
+            else:
+                out.append(TensorProblem(t.name, t.file, "tensor the drafter of this config.json does not have"))
+            continue
+        seen.add(g or "")
+        want_shape = list(reversed(e.ne))
+        if t.ne != e.ne:
+            transposed = len(e.ne) == 2 and tuple(t.shape) == e.ne
+            out.append(TensorProblem(t.name, t.file, "tensor shape disagrees with config.json"
+                                     + (" (stored transposed)" if transposed else ""),
+                                     f"{want_shape} = {numpy_why(e)}", list(t.shape)))
+            continue
+        ok = _dtypes_ok(e)
+        if t.dtype not in ok:
+            kind = "an integer type (token ids)" if ok is INTEGER_DTYPES else "a floating-point type (weights)"
+            out.append(TensorProblem(t.name, t.file, f"tensor dtype is not {kind}", "/".join(ok), t.dtype))
+    missing_at = ckpt.files[0] if len(ckpt.files) == 1 else ckpt.path
+    for name, e in lay.items():
+        if name in seen or name in GENERATED or not required(e):
+            continue
+        out.append(TensorProblem(drafter_hf_name(name) or name, missing_at, "required tensor missing",
+                                 f"{list(reversed(e.ne))} = {numpy_why(e)}, {'/'.join(_dtypes_ok(e))}", "absent"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -173,7 +318,7 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
     cfg_layout: dict[str, Any] = {}
     if ckpt.config:
         try:
-            cfg_layout = {e.name: e for e in L.expected_drafter_layout(hparams_from_config(ckpt.config, "fork"))}
+            cfg_layout = config_layout(ckpt.config, Path(ckpt.path) / "config.json")
         except (HFCheckpointError, LayoutError) as e:
             fs.append(finding(WARNING, "H_CONFIG_INCOMPLETE", e.key or "config.json", e.expected, e.actual,
                          f"no layout from config.json: {e.message}"))
@@ -253,4 +398,5 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
     return HFAudit(ckpt.path, str(getattr(f, "path", "")), dialect, tuple(rows), gguf_only, cfg, tuple(fs))
 
 
-__all__ = ["AuditRow", "HFAudit", "audit", "expected_gguf_type"]
+__all__ = ["AuditRow", "HFAudit", "TensorProblem", "audit", "checkpoint_problems", "config_layout",
+           "expected_gguf_type", "numpy_why"]

@@ -2,7 +2,8 @@
 
 One job: :func:`read_checkpoint` -> :class:`HFCheckpoint` (headers only; data through
 :func:`safetensors.read_tensors`). Sharded checkpoints are followed through ``model.safetensors.index.json``
-(``{"weight_map": {name: file}}``); a shard is always a plain file name in the same folder.
+(``{"weight_map": {name: file}}``, :func:`read_index`); a shard is always a plain file name in the same folder
+and must exist (:func:`index_shards`, which ``estimate`` also runs on a config folder it plans from).
 
 May import: mtpscope.errors, inspector.paths, inspector.safetensors, inspector.hf_config.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import HFCheckpointError
-from mtpscope.inspector.hf_config import read_config, text_config
+from mtpscope.inspector.hf_config import got, read_config, text_config
 from mtpscope.inspector.paths import require_regular_file
 from mtpscope.inspector.safetensors import HFTensor, read_safetensors_header
 
@@ -42,8 +43,61 @@ class HFCheckpoint:
 
     @property
     def text_config(self) -> Mapping[str, Any]:
-        """``config["text_config"]`` when present (assistant configs nest it), else the config itself."""
-        return text_config(self.config)
+        """``config["text_config"]`` when present (assistant configs nest it), else the config itself.
+
+        Raises:
+            HFCheckpointError: a ``text_config`` that is not an object.
+        """
+        return text_config(self.config, Path(self.path) / "config.json")
+
+
+def read_index(folder: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The ``weight_map`` of the folder's ``model.safetensors.index.json`` (tensor name -> shard file name), or None
+    when the folder has no index.
+
+    Raises:
+        HFCheckpointError: an unreadable index, one that is not a JSON object, a ``weight_map`` missing or not an
+            object, or a shard that is not a plain file name of the same folder (no other folder is ever read
+            through an index).
+    """
+    index = Path(folder) / INDEX_NAME
+    if not index.exists():
+        return None
+    require_regular_file(index, HFCheckpointError)
+    try:
+        obj = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise HFCheckpointError(f"sharded index unreadable: {e}", path=index) from e
+    if not isinstance(obj, dict):
+        raise HFCheckpointError("sharded index is not a JSON object", path=index, expected="object", actual=got(obj))
+    wm = obj.get("weight_map")
+    if not isinstance(wm, dict):
+        raise HFCheckpointError("sharded index without a weight_map object", path=index, key="weight_map",
+                                expected="object {tensor name: shard file}", actual=got(wm))
+    for name, fn in wm.items():
+        if not isinstance(fn, str) or not fn or Path(fn).name != fn or fn in (".", ".."):
+            raise HFCheckpointError("bad shard file name in the sharded index", path=index,
+                                    key=f"weight_map.{name}", expected="a file name in the same folder",
+                                    actual=repr(fn))
+    return wm
+
+
+def index_shards(folder: str | os.PathLike[str]) -> tuple[Path, ...]:
+    """The shard files the folder's sharded index names, each checked to exist (() without an index).
+
+    Raises:
+        HFCheckpointError: as :func:`read_index`, or a shard the index names is missing (naming that file).
+    """
+    wm = read_index(folder)
+    if wm is None:
+        return ()
+    out = []
+    for fn in sorted(set(wm.values())):
+        fp = Path(folder) / fn
+        if not fp.exists():
+            raise HFCheckpointError(f"shard named by {INDEX_NAME} is missing", path=fp)
+        out.append(fp)
+    return tuple(out)
 
 
 def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
@@ -61,36 +115,16 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
         raise HFCheckpointError("not a folder" if d.exists() else "no such folder", path=d,
                                 expected="a Hugging Face checkpoint folder", actual="a file" if d.exists() else "missing")
     config = read_config(d)
-    index = d / INDEX_NAME
     tensors: dict[str, HFTensor] = {}
-    if index.exists():
-        require_regular_file(index, HFCheckpointError)
-        try:
-            obj = json.loads(index.read_text(encoding="utf-8"))
-            wm = obj["weight_map"]
-            if not isinstance(wm, dict):
-                raise TypeError("weight_map is not an object")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
-            raise HFCheckpointError(f"bad sharded index: {e!r}", path=index, key="weight_map") from e
-        for name, fn in wm.items():
-            # a shard is a plain file name in this folder: no other folder is ever read through an index
-            if not isinstance(fn, str) or not fn or Path(fn).name != fn or fn in (".", ".."):
-                raise HFCheckpointError("bad shard file name in the sharded index", path=index,
-                                        key=f"weight_map.{name}", expected="a file name in the same folder",
-                                        actual=repr(fn))
-        files = sorted(set(wm.values()))
-        headers = {}
-        for fn in files:
-            fp = d / fn
-            if not fp.exists():
-                raise HFCheckpointError("shard named by the index is missing", path=fp, key=fn)
-            headers[fn] = read_safetensors_header(fp)
+    wm = read_index(d)
+    if wm is not None:
+        headers = {fp.name: read_safetensors_header(fp) for fp in index_shards(d)}
         for name, fn in wm.items():
             t = headers[fn].get(name)
             if t is None:
                 raise HFCheckpointError("index names a tensor its shard does not contain", path=d / fn, key=name)
             tensors[name] = t
-        paths = tuple(str(d / fn) for fn in files)
+        paths = tuple(str(d / fn) for fn in sorted(headers))
     else:
         paths = tuple(str(p) for p in sorted(d.glob("*.safetensors")))
         if not paths:
@@ -104,4 +138,4 @@ def read_checkpoint(folder: str | os.PathLike[str]) -> HFCheckpoint:
     return HFCheckpoint(str(d), config, tensors, paths)
 
 
-__all__ = ["INDEX_NAME", "HFCheckpoint", "read_checkpoint"]
+__all__ = ["INDEX_NAME", "HFCheckpoint", "index_shards", "read_checkpoint", "read_index"]

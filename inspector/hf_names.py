@@ -2,8 +2,9 @@
 
 One job: the name mapping, in one place for the converter and the HF audit. :func:`gguf_name` maps a drafter
 (``Gemma4AssistantForCausalLM``) tensor in a dialect (and :func:`drop_reason` says why the upstream converter
-drops one); :func:`target_gguf_name` maps a target (``Gemma4ForCausalLM`` / the language model of
-``Gemma4ForConditionalGeneration``) tensor; :func:`layer_gguf_name` is the per-layer part both share.
+drops one), :func:`drafter_hf_name` back from a fork name; :func:`target_gguf_name` maps a target
+(``Gemma4ForCausalLM`` / the language model of ``Gemma4ForConditionalGeneration``) tensor; :func:`layer_gguf_name`
+is the per-layer part both share.
 
 Mapping (docs/reference/gemma4-assistant-facts.md §2; llama.cpp's gguf-py ``tensor_mapping.py`` and
 ``conversion/gemma.py`` ``Gemma4Model``, llama-cpp-python 0.3.36; names as ``src/llama-arch.cpp`` spells them):
@@ -76,6 +77,9 @@ _TARGET_GLOBAL_MAP = {
     "per_layer_model_projection.weight": "per_layer_model_proj.weight",
     "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
 }
+#: per-layer tensors of a drafter checkpoint its converter leaves out (the drafter reads the target's K/V cache: it has
+#: no K/V of its own), as the name's end
+DRAFTER_KV = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
 #: target tensors a text-only converter leaves out (``lm_head`` is tied to ``embed_tokens`` in Gemma 4)
 TARGET_SKIPPED = ("lm_head.weight",)
 #: parts of multimodal checkpoints (``Gemma4ForConditionalGeneration``) outside the language model
@@ -162,10 +166,25 @@ def gguf_name(hf_name: str, dialect: str) -> str | None:
     raise KeyError(hf_name)
 
 
+def drafter_hf_name(fork_name: str) -> str | None:
+    """The HF checkpoint name of a drafter tensor given by its fork-dialect GGUF name (the inverse of
+    :func:`gguf_name` in the fork dialect; ``layer_scalar`` for the layer scale); None for a name with no HF
+    source (``rope_freqs``, generated)."""
+    for hf, names in _GLOBAL_MAP.items():
+        if names["fork"] == fork_name and hf != "lm_head.weight":
+            return hf
+    parts = fork_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        for rest, g in _LAYER_MAP.items():
+            if g == parts[2]:
+                return f"model.layers.{parts[1]}.{rest}"
+    return None
+
+
 def drop_reason(hf_name: str) -> str:
     """Why the upstream converter drops ``hf_name`` ("" if it does not)."""
     return _DROP_REASON.get(hf_name, "")
 
 
-__all__ = ["GENERATED", "MOE_STEMS", "MULTIMODAL", "PLE_STEMS", "TARGET_SKIPPED", "drop_reason", "gguf_name",
-           "layer_gguf_name", "target_gguf_name"]
+__all__ = ["DRAFTER_KV", "GENERATED", "MOE_STEMS", "MULTIMODAL", "PLE_STEMS", "TARGET_SKIPPED", "drafter_hf_name", "drop_reason",
+           "gguf_name", "layer_gguf_name", "target_gguf_name"]

@@ -61,6 +61,11 @@ class HFTensor:
 
 
 
+#: safetensors dtypes of floating-point data a converter reads (weights, norms: F8_* it cannot read) and of integers
+#: (token ids: the centroid head's ordering)
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+INTEGER_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8")
+
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -230,5 +235,5 @@ def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any]) 
     return path
 
 
-__all__ = ["MAX_HEADER_BYTES", "HFTensor", "read_safetensors", "read_safetensors_header", "read_tensors",
-           "tensor_array", "write_safetensors"]
+__all__ = ["FLOAT_DTYPES", "INTEGER_DTYPES", "MAX_HEADER_BYTES", "HFTensor", "read_safetensors",
+           "read_safetensors_header", "read_tensors", "tensor_array", "write_safetensors"]
