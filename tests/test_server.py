@@ -161,6 +161,10 @@ def test_server_log_import_gives_the_same_counts(probed, mtp_server, tmp_path):
     assert list(logged["n_accepted"]) == list(req["n_accepted"])
     # the server's "mean len" (2 decimals) against 1 + accepted / drafts from its counters
     assert list(logged["mean_acceptance_length"]) == pytest.approx(list(req["mean_acceptance_length"]), abs=0.006)
+    # the drafts each log line's mean len allows are the server's counted drafts (docs/SERVER.md)
+    from mtpscope.traces.analysis.requests import request_table
+
+    assert list(request_table(logged)["n_drafts"]) == list(req["n_drafts"])
     assert list(logged["predicted_n"]) == list(req["predicted_n"])
     assert list(logged["id_task"].notna()) == [True] * 6
 

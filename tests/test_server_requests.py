@@ -269,3 +269,120 @@ def test_request_table_text_counts_are_integers_and_unmeasured_requests_come_las
     assert [r.split()[1] for r in rows] == ["ran-badly", "ran-well", "never-ran"]       # 0.2, 0.9, then no rate
     assert rows[0].split()[2:6] == ["9", "30", "30", "6"] and "12.0" not in "\n".join(rows)
     assert rows[2].split()[2:6] == [MISSING] * 4
+
+
+# the two answers of one probe of the trained demo pair (n_predict 24, n_draft 3) as llama-server logged them
+# (tools/server/server-context.cpp prints mean len with %5.2f); the server's counters gave these requests 7 and 8
+# drafts (verification steps): 1 + 16 / 7 = 3.2857 prints 3.29, 1 + 14 / 8 = 2.75
+LOGGED = [
+    "0.16.914.282 I slot print_timing: id  0 | task 1 | draft acceptance = 0.80000 (   16 accepted /    20 generated),"
+    " mean len =  3.29",
+    "0.31.238.759 I slot print_timing: id  0 | task 12 | draft acceptance = 0.58333 (   14 accepted /    24 generated),"
+    " mean len =  2.75",
+]
+
+
+def test_a_log_lines_drafts_come_from_its_mean_len_when_one_count_fits() -> None:
+    """A log line prints no drafts count; its `mean len` (two decimals) allows exactly one whole number of drafts, or
+    several, or none (worked by hand: 16 accepted at 3.29 -> 7, since 16/6 = 2.67 and 16/8 = 2.0 are far off)."""
+    assert R.drafts_from_mean_len(16, 20, 3.29) == 7
+    assert R.drafts_from_mean_len(14, 24, 2.75) == 8
+    # 1000 accepted at 2.50: 1 + 1000/666 = 2.5015 and 1 + 1000/667 = 2.4993 both print 2.50 -> unknown
+    assert R.drafts_from_mean_len(1000, 3000, 2.50) is None
+    # nothing accepted: 1.00 whatever the drafts (1..9) -> unknown; no count at all fits 1.50 with 1 accepted of 1
+    assert R.drafts_from_mean_len(0, 9, 1.00) is None
+    assert R.drafts_from_mean_len(1, 1, 1.50) is None
+    assert R.drafts_from_mean_len(3, 4, None) is None
+
+
+def test_an_imported_logs_mean_acceptance_length_over_all_requests(tmp_path) -> None:
+    """The same two requests imported from the server's log: each row's drafts from its mean len (7, 8), so the
+    overall mean acceptance length is 1 + (16 + 14) / (7 + 8) = 3.0, as the probe's counters give it (was: "-")."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.traces.importers import import_server_log
+    from mtpscope.traces.store.reader import open_trace
+
+    src = tmp_path / "server.log"
+    src.write_text("\n".join(LOGGED) + "\n")
+    out = tmp_path / "imported"
+    import_server_log(src, out)
+    req = open_trace(out).requests
+    t = R.request_table(req)
+    assert list(t["n_drafts"]) == [7, 8]
+    assert list(t["mean_acceptance_length"]) == pytest.approx([1 + 16 / 7, 1 + 14 / 8])
+    tot = R.totals(req)
+    assert tot.n_drafts == 15 and tot.mean_acceptance_length == pytest.approx(1 + 30 / 15)
+    rep = CliRunner().invoke(app, ["report", str(out)])
+    assert "mean acceptance length: 3.0000   (1 + accepted / drafts)" in rep.stdout, rep.stdout
+    assert "drafts: 15   drafted: 44   accepted: 30" in rep.stdout and "verify rounds" not in rep.stdout
+    ex = CliRunner().invoke(app, ["explain", str(out), "--by", "request"])
+    assert "mean acceptance length 3.00," in ex.stdout, ex.stdout
+
+
+def _probe_trace(d: Path) -> Path:
+    """A probe trace written by hand: the two requests above as `mtpscope probe` records them (counter deltas: 7 and
+    8 drafts), no rounds, and a manifest that records no model."""
+    import pyarrow as pa
+
+    from mtpscope.traces.store import schema as S
+    from mtpscope.traces.store.writer import TraceWriter
+
+    rows = [{"request": 0, "line": 1, "kind": "probe", "prompt": "j1", "prompt_id": 0, "category": "json",
+             "n_drafted": 20, "n_accepted": 16, "acceptance_rate": 0.8, "n_drafts": 7,
+             "mean_acceptance_length": 1 + 16 / 7, "accepted_per_pos": [6, 6, 4], "predicted_n": 24},
+            {"request": 1, "line": 2, "kind": "probe", "prompt": "n1", "prompt_id": 1, "category": "numbers",
+             "n_drafted": 24, "n_accepted": 14, "acceptance_rate": 14 / 24, "n_drafts": 8,
+             "mean_acceptance_length": 1 + 14 / 8, "accepted_per_pos": [5, 5, 4], "predicted_n": 24}]
+    with TraceWriter(d, {"source": "server-probe", "prompts": [{"prompt_id": 0, "prompt": "j1"},
+                                                               {"prompt_id": 1, "prompt": "n1"}]},
+                     n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False, compact=False) as w:
+        w.write_tables(None, None, pa.Table.from_pylist(rows, schema=S.REQUESTS_SCHEMA))
+    return d
+
+
+def test_report_on_a_probe_names_the_drafts_it_divides_by(tmp_path) -> None:
+    """A probe has no rounds: its mean acceptance length is 1 + accepted / drafts (docs/SERVER.md), (16 + 14) /
+    (7 + 8) = 2 -> 3.0, and the label says so (was: "(1 + accepted / verify rounds)" beside "verify rounds 0")."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    out = _probe_trace(tmp_path / "probe")
+    rep = CliRunner().invoke(app, ["report", str(out)])
+    assert rep.exit_code == 0, rep.output
+    assert "mean acceptance length: 3.0000   (1 + accepted / drafts)" in rep.stdout, rep.stdout
+    assert "requests: 2 (probe rows)   drafts: 15   drafted: 44   accepted: 30" in rep.stdout
+    assert "verify rounds" not in rep.stdout
+    doc = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).stdout)
+    assert doc["mean_acceptance_length"] == pytest.approx(3.0) and doc["requests"]["n_drafts"] == 15
+    assert doc["mean_acceptance_length_formula"] == "1 + accepted / drafts"
+
+
+def test_explain_on_a_probe_gives_its_acceptance_and_what_needs_rounds(tmp_path) -> None:
+    """`explain` on a request trace: the acceptance `report` gives (30 / 44 = 0.6818, 1 + 30 / 15 = 3.0), one line on
+    what needs rounds pointing at `--by request`; not "0 / 0 drafted", not "unreadable", and no claim that a
+    recorded target GGUF moved (the manifest records none)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    out = _probe_trace(tmp_path / "probe")
+    res = CliRunner().invoke(app, ["explain", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "acceptance rate 0.6818 (30 / 44 drafted), mean acceptance length 3.0000 (1 + accepted / drafts; " \
+           "15 drafts)" in res.stdout, res.stdout
+    assert f"`mtpscope explain {out} --by request`" in res.stdout
+    for wrong in ("0 / 0 drafted", "unreadable", "recorded path", "Why drafts were rejected"):
+        assert wrong not in res.stdout, res.stdout
+    doc = json.loads(CliRunner().invoke(app, ["explain", str(out), "--json"]).stdout)
+    assert (doc["n_drafted"], doc["n_accepted"], doc["requests"]["n_drafts"]) == (44, 30, 15)
+    assert doc["acceptance_rate"] == pytest.approx(30 / 44) and doc["mean_acceptance_length"] == pytest.approx(3.0)
+    bad = CliRunner().invoke(app, ["explain", str(out), "--prompt", "0"])
+    assert bad.exit_code == 2 and "--by request" in bad.stderr
+

@@ -41,12 +41,17 @@ def format_report(rep: TraceReport) -> str:
     """The report (:func:`traces.analysis.metrics.report`) as plain text for a terminal."""
     lines = [f"trace: {rep.trace} (source {rep.source}, "
              f"{'complete' if rep.complete else 'INCOMPLETE'})"]
-    lines.append(f"prompts: {rep.n_prompts}   rounds: {rep.n_rounds} "
-                 f"(verify rounds {rep.n_verify_rounds})   drafted: {rep.n_drafted}   "
-                 f"accepted: {rep.n_accepted}")
+    r = rep.requests
+    if not rep.n_rounds and r is not None:     # llama-server requests: their drafts, not rounds
+        lines.append(f"prompts: {rep.n_prompts}   requests: {r.n_requests} ({r.kind} rows)   "
+                     f"drafts: {_fmt(r.n_drafts)}   drafted: {rep.n_drafted}   accepted: {rep.n_accepted}")
+    else:
+        lines.append(f"prompts: {rep.n_prompts}   rounds: {rep.n_rounds} "
+                     f"(verify rounds {rep.n_verify_rounds})   drafted: {rep.n_drafted}   "
+                     f"accepted: {rep.n_accepted}")
     lines.append(f"acceptance rate:        {_fmt(rep.acceptance_rate)}   (accepted / drafted)")
     lines.append(f"mean acceptance length: {_fmt(rep.mean_acceptance_length)}   "
-                 f"(1 + accepted / verify rounds)")
+                 f"({rep.mean_acceptance_length_formula})")
     if rep.per_position:
         lines.append("")
         lines.append("per draft position   k   rounds  accepted  P(accepted)  P(accepted | k-1 accepted)  "
@@ -90,8 +95,7 @@ def format_report(rep: TraceReport) -> str:
                          f"{shorten(pr.text or '', PROMPT_TEXT_CHARS)}".rstrip())
         if len(rep.prompts) > MAX_PROMPT_ROWS:
             lines.append(f"... {len(rep.prompts) - MAX_PROMPT_ROWS} more prompts (use --json)")
-    if rep.requests:
-        r = rep.requests
+    if r:
         lines.append("")
         lines.append(f"requests ({r.kind} rows): {r.n_requests}, drafted {r.n_drafted}, "
                      f"accepted {r.n_accepted}, acceptance rate {_fmt(r.acceptance_rate)}"

@@ -66,6 +66,12 @@ from mtpscope.traces.analysis.wording import prompt_texts
 from mtpscope.traces.store.list_columns import flat_list
 from mtpscope.traces.store.protocols import TraceLike
 
+#: what a trace's mean acceptance length divides by (``mean_acceptance_length_formula`` of :func:`summarize`): its
+#: verify rounds, or for a trace of llama-server requests without rounds their drafts (verification steps:
+#: :mod:`mtpscope.traces.analysis.requests`)
+MAL_OVER_VERIFY_ROUNDS = "1 + accepted / verify rounds"
+MAL_OVER_DRAFTS = "1 + accepted / drafts"
+
 REPORT_ROUNDS_COLUMNS = ["prompt_id", "round", "n_draft", "n_accepted", "emitted", "t_draft_ms", "t_verify_ms"]
 #: The rolling acceptance window (rounds) of ``report`` and of the app's rolling chart: one default.
 DEFAULT_ROLLING_WINDOW = 32
@@ -350,10 +356,10 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
 
     One kind of row counts (:func:`mtpscope.traces.analysis.requests.request_rows`: probe rows, else the
     per-response ``timings`` rows, else the log lines); kinds describing the same requests are never added
-    together. Keys: ``kind``, ``n_requests``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``by_kind``,
-    and from :func:`mtpscope.traces.analysis.requests.totals`: ``n_drafts``, ``mean_acceptance_length``,
-    ``tokens_per_s_mean``, ``tokens_per_s_pooled``; ``alarm`` (the not-drafting alarm or None), ``by_category`` and ``per_position``
-    (records).
+    together. Keys: ``kind``, ``by_kind``, and from :func:`mtpscope.traces.analysis.requests.totals` (the request
+    metrics' one home): ``n_requests``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``, ``n_drafts``,
+    ``mean_acceptance_length``, ``tokens_per_s_mean``, ``tokens_per_s_pooled``; ``alarm`` (the not-drafting alarm
+    or None), ``by_category`` and ``per_position`` (records).
     """
     from mtpscope.traces.analysis import requests as R
 
@@ -361,10 +367,9 @@ def request_totals(requests: pd.DataFrame) -> dict[str, Any]:
     kinds = set(requests["kind"].tolist())
     sub = R.request_rows(requests)
     kind = str(sub["kind"].iloc[0]) if len(sub) else "log"
-    nd, na = _ints(sub["n_drafted"]), _ints(sub["n_accepted"])
-    tot = R.totals(requests)
-    return {"kind": kind, "n_requests": int(len(sub)), "n_drafted": int(nd.sum()), "n_accepted": int(na.sum()),
-            "acceptance_rate": _div(na.sum(), nd.sum()),
+    tot = R.totals(requests)            # the one home of the request metrics
+    return {"kind": kind, "n_requests": tot.n_requests, "n_drafted": tot.n_drafted, "n_accepted": tot.n_accepted,
+            "acceptance_rate": tot.acceptance_rate,
             "by_kind": {k: int((requests["kind"] == k).sum()) for k in sorted(kinds)},
             "n_drafts": tot.n_drafts, "mean_acceptance_length": tot.mean_acceptance_length,
             "tokens_per_s_mean": tot.tokens_per_s_mean, "tokens_per_s_pooled": tot.tokens_per_s_pooled,
@@ -433,14 +438,17 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
     """Every metric as one JSON-ready dict (NaN -> None). Pure: works on DataFrames only.
 
     Keys: ``n_rounds``, ``n_verify_rounds``, ``n_drafted``, ``n_accepted``, ``acceptance_rate``,
-    ``mean_acceptance_length``, ``per_position``, ``prompts``, ``first_mismatch``,
+    ``mean_acceptance_length``, ``mean_acceptance_length_formula`` (:data:`MAL_OVER_VERIFY_ROUNDS` or
+    :data:`MAL_OVER_DRAFTS`), ``per_position``, ``prompts``, ``first_mismatch``,
     ``n_all_accepted``, ``zero_acceptance_streaks`` ({n_streaks, n_rounds_in_streaks, longest, top}),
     ``rolling`` (:func:`rolling_summary` with ``window``, or None),
     ``timing_ms`` ({t_draft_ms_mean, t_verify_ms_mean} or None), ``centroid_coverage`` (or None when
     no step knows ``target_in_candidates``), ``requests`` (server-log totals or None).
-    For a trace with no rounds but request rows, the totals come from :func:`request_totals`.
+    For a trace with no rounds but request rows, the totals come from :func:`request_totals` (the mean acceptance
+    length over the requests' drafts: :data:`MAL_OVER_DRAFTS`).
     """
     out: dict[str, Any] = totals(rounds).to_dict()
+    out["mean_acceptance_length_formula"] = MAL_OVER_VERIFY_ROUNDS
     out["per_position"] = _records(per_position_acceptance(rounds, max_k))
     out["prompts"] = _records(per_prompt(rounds))
     out["first_mismatch"] = _records(first_mismatch_histogram(rounds, max_k))
@@ -466,6 +474,7 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
             out["n_drafted"], out["n_accepted"] = req["n_drafted"], req["n_accepted"]
             out["acceptance_rate"] = req["acceptance_rate"]
             out["mean_acceptance_length"] = req["mean_acceptance_length"]
+            out["mean_acceptance_length_formula"] = MAL_OVER_DRAFTS
     out["requests"] = req
     cleaned: dict[str, Any] = _clean(out)
     return cleaned
@@ -499,6 +508,7 @@ def report(trace: TraceLike) -> TraceReport:
         n_rounds=b["n_rounds"], n_verify_rounds=b["n_verify_rounds"], n_drafted=b["n_drafted"],
         n_accepted=b["n_accepted"], acceptance_rate=b["acceptance_rate"],
         mean_acceptance_length=b["mean_acceptance_length"],
+        mean_acceptance_length_formula=b["mean_acceptance_length_formula"],
         per_position=tuple(PositionRow(**p) for p in b["per_position"]),
         prompts=tuple(PromptRow(text=texts.get(p["prompt_id"], ""), **p) for p in b["prompts"]),
         first_mismatch=tuple(MismatchRow(**f) for f in b["first_mismatch"]),

@@ -205,6 +205,8 @@ class TraceReport(JsonRecord):
     Attributes:
         trace: the trace's path; source / complete: from its manifest; n_prompts: prompts in the manifest or seen;
         n_rounds .. mean_acceptance_length: ``metrics.totals`` (from the request rows for a trace without rounds);
+        mean_acceptance_length_formula: what the mean acceptance length divides by, in words
+        (``metrics.MAL_OVER_VERIFY_ROUNDS``, or ``metrics.MAL_OVER_DRAFTS`` from the request rows);
         per_position, prompts, first_mismatch, n_all_accepted, zero_acceptance_streaks: see their records;
         rolling, timing_ms, centroid_coverage, requests: None when the trace has no such data;
         warnings: the reader's warnings (skipped parts).
@@ -220,6 +222,7 @@ class TraceReport(JsonRecord):
     n_accepted: int
     acceptance_rate: float | None
     mean_acceptance_length: float | None
+    mean_acceptance_length_formula: str
     per_position: tuple[PositionRow, ...]
     prompts: tuple[PromptRow, ...]
     first_mismatch: tuple[MismatchRow, ...]

@@ -6,7 +6,9 @@ Definitions (llama-server's own, tools/server/server-context.cpp of the vendored
 
 * **acceptance rate** of a request = ``draft_n_accepted / draft_n`` (null when nothing was drafted);
 * **mean acceptance length** = ``1 + accepted / drafts``, drafts being verification steps (the server's
-  ``spec_decode_num_drafts_total``; its log's ``mean len``);
+  ``spec_decode_num_drafts_total``; its log's ``mean len``). A log line has no drafts count, only ``mean len``
+  printed to two decimals: its drafts are the one whole number that ``mean len`` allows
+  (:func:`drafts_from_mean_len`), unknown when several do;
 * **acceptance at draft position i** (1-based here; the server's ``position`` label is 0-based) = accepted at
   position i / drafts: what the server's log prints as ``acc per pos``, and
   :func:`mtpscope.traces.analysis.metrics.per_position_acceptance`'s ``per_verify_round``;
@@ -133,7 +135,8 @@ def _div(a: float, b: float) -> float:
 def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per request (:func:`request_rows`) with :data:`TABLE_COLUMNS`: the prompt's id (the request
     number where none is known), tokens in / out (``n_output_tokens`` = ``predicted_n``), drafted, accepted,
-    acceptance rate, drafts, mean acceptance length (1 + accepted / drafts, or the log's own ``mean len``),
+    acceptance rate, drafts (a log line's: :func:`drafts_from_mean_len`), mean acceptance length (1 + accepted /
+    drafts, else the log's own ``mean len``),
     accepted per position (list, 1-based order), tokens/s (``timings.predicted_per_second``, else
     ``predicted_n / predicted_ms``), generation time (``predicted_ms``; for a recording its draft + verify time),
     wall time. Missing values are NaN / None.
@@ -152,10 +155,12 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     out["n_drafted"], out["n_accepted"] = _col(r, "n_drafted"), _col(r, "n_accepted")
     with np.errstate(invalid="ignore", divide="ignore"):
         out["acceptance_rate"] = np.where(nd > 0, na / np.where(nd > 0, nd, 1), np.nan)
-        drafts = _num(_col(r, "n_drafts"))
+        drafts = _drafts(r)
         mal = np.where(drafts > 0, 1.0 + na / np.where(drafts > 0, drafts, 1), np.nan)
     stored = _num(_col(r, "mean_acceptance_length"))
-    out["n_drafts"] = _col(r, "n_drafts")
+    given = _col(r, "n_drafts")
+    out["n_drafts"] = given if np.array_equal(np.isnan(drafts), np.isnan(_num(given))) else \
+        [None if np.isnan(d) else int(d) for d in drafts]          # counts, a log line's derived among them
     out["mean_acceptance_length"] = np.where(np.isnan(mal), stored, mal)
     per_pos: list[Any] = [list(v) if isinstance(v, (list, tuple, np.ndarray)) else None   # lists: one cell each
                           for v in _col(r, "accepted_per_pos")]
@@ -170,6 +175,45 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     out["started_unix_s"] = _num(_col(r, "started_unix_s"))
     out["ended_unix_s"] = _num(_col(r, "ended_unix_s"))
     return out.reset_index(drop=True)
+
+
+#: half the last printed digit of the log's ``mean len`` (llama-server prints it with ``%5.2f``)
+MEAN_LEN_HALF_STEP = 0.005
+
+
+def drafts_from_mean_len(accepted: Any, generated: Any, mean_len: Any) -> int | None:
+    """A request's drafts (verification steps) from what its log line prints: ``accepted``, ``generated`` draft
+    tokens and ``mean len`` = 1 + accepted / drafts rounded to two decimals. The one whole number ``d`` in
+    1..``generated`` (each draft holds at least one token) with ``|1 + accepted / d - mean len| <= 0.005``; None
+    when a value is missing or no ``d`` or more than one fits (never guessed: nothing accepted fits every ``d``)."""
+    try:
+        a, g, m = float(accepted), float(generated), float(mean_len)
+    except (TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) for v in (a, g, m)) or a < 0 or g < 1:
+        return None
+    x, h = m - 1.0, MEAN_LEN_HALF_STEP
+    if x + h <= 0:
+        return None
+    lo = a / (x + h)
+    hi = a / (x - h) if x - h > 0 else math.inf
+    first, last = max(1, math.floor(lo) - 1), min(int(g), math.ceil(hi) + 1 if math.isfinite(hi) else int(g))
+    if last - first > 4:                       # a window this wide holds several whole numbers
+        return None
+    fits = [d for d in range(first, last + 1) if abs(1.0 + a / d - m) <= h + 1e-9]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _drafts(r: pd.DataFrame) -> np.ndarray:
+    """Each row's drafts: its ``n_drafts`` (the counters' delta, a recording's rounds), else for a row with the log's
+    ``mean len`` the count it allows (:func:`drafts_from_mean_len`); NaN when unknown."""
+    drafts = _num(_col(r, "n_drafts"))
+    stored = _num(_col(r, "mean_acceptance_length"))
+    na, nd = _num(_col(r, "n_accepted")), _num(_col(r, "n_drafted"))
+    for i in np.flatnonzero(np.isnan(drafts) & ~np.isnan(stored)):
+        d = drafts_from_mean_len(na[i], nd[i], stored[i])
+        drafts[i] = math.nan if d is None else d
+    return drafts
 
 
 def _totals(t: pd.DataFrame) -> ServerTotals:
@@ -342,6 +386,7 @@ def _is_list(v: Any) -> TypeGuard[list[Any] | tuple[Any, ...] | np.ndarray]:
     return isinstance(v, (list, tuple, np.ndarray))
 
 
-__all__ = ["ALARM", "KIND_PREFERENCE", "TABLE_COLUMNS", "RequestPair", "RequestsView", "ServerTotals", "by_category",
-           "compare_requests", "not_drafting_alarm", "per_position", "request_pairs", "request_rows", "request_table",
-           "requests_from_rounds", "requests_view", "totals"]
+__all__ = ["ALARM", "KIND_PREFERENCE", "MEAN_LEN_HALF_STEP", "TABLE_COLUMNS", "RequestPair", "RequestsView",
+           "ServerTotals", "by_category", "compare_requests", "drafts_from_mean_len", "not_drafting_alarm",
+           "per_position", "request_pairs", "request_rows", "request_table", "requests_from_rounds", "requests_view",
+           "totals"]
