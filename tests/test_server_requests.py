@@ -386,3 +386,28 @@ def test_explain_on_a_probe_gives_its_acceptance_and_what_needs_rounds(tmp_path)
     bad = CliRunner().invoke(app, ["explain", str(out), "--prompt", "0"])
     assert bad.exit_code == 2 and "--by request" in bad.stderr
 
+
+def test_replay_settings_cut_a_path_with_an_ellipsis_and_compare_it_whole(tmp_path) -> None:
+    """The settings table's server column (27 characters): a long path keeps its file name behind a visible "…"
+    (was: cut to "/root/.cache/mtpscope/demo/", another real folder); two paths with the same file name in different
+    folders are marked ≠ whether or not the files are here."""
+    from mtpscope.cli.server import format_replay
+    from mtpscope.traces.server.replay import ServerReplay, SettingRow, settings_table
+
+    long = "/root/.cache/mtpscope/demo/trained/target.gguf"
+    res = ServerReplay("p", "p/replay", pd.DataFrame(), (SettingRow("target model", long, long, True),), None)
+    row = next(ln for ln in format_replay(res).splitlines() if "target model" in ln)
+    assert "  …/demo/trained/target.gguf" in row and "/root/.cache/mtpscope/demo/ " not in row, row
+    assert row.rstrip().endswith(long)                            # the recording's column keeps the whole path
+
+    def target_same(server: Path, recording: Path) -> bool | None:
+        rows = settings_table({"server": {"props": {"model_path": str(server)}}},
+                              {"models": {"target": {"path": str(recording)}}})
+        return next(r.same for r in rows if r.setting == "target model")
+
+    a, b = tmp_path / "demo" / "target.gguf", tmp_path / "demo" / "trained" / "target.gguf"
+    assert target_same(a, b) is False                  # neither file here: the full paths differ, not the names
+    b.parent.mkdir(parents=True)
+    b.write_bytes(b"x")
+    assert target_same(a, b) is False                  # the server's is not here
+    assert target_same(b, b) is True

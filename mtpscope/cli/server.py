@@ -24,7 +24,7 @@ import typer
 
 from mtpscope.cli.common import EXIT_FINDINGS, gguf_path, n_draft_option, one_line_errors, out_folder
 from mtpscope.cli.common import fmt as _f
-from mtpscope.traces.analysis.wording import plural
+from mtpscope.traces.analysis.wording import plural, shorten, shorten_path
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.requests import RequestsView
@@ -164,6 +164,12 @@ def explain_requests(path: Path, as_json: bool) -> int:
     return EXIT_FINDINGS if v.alarm or t.warnings else 0
 
 
+def _cell(v: object, width: int, path: bool) -> str:
+    """A settings cell in ``width`` characters: a ``path`` keeps its file name (``…/trained/target.gguf``), other
+    text ends in ``…`` when cut (:mod:`mtpscope.traces.analysis.wording`): a cut never reads as another value."""
+    return shorten_path(str(v), width) if path else shorten(str(v), width)
+
+
 def format_replay(res: ServerReplay) -> str:
     """The server-vs-recording comparison (:class:`mtpscope.traces.server.replay.ServerReplay`) as text: one line
     per request, the settings, the first difference."""
@@ -177,7 +183,8 @@ def format_replay(res: ServerReplay) -> str:
     lines.append("setting                                      server                       mtpscope recording")
     for s in res.settings:
         mark = {True: " ", False: "≠", None: "?"}[s.same]
-        lines.append(f"{mark} {s.setting[:42]:42}  {str(s.server)[:27]:27}  {s.recording}")
+        server = _cell(s.server, 27, path=s.setting.endswith(" model"))
+        lines.append(f"{mark} {s.setting[:42]:42}  {server:27}  {s.recording}")
     fd = res.first_difference
     lines.append("")
     if fd is None and res.all_equal:

@@ -47,6 +47,24 @@ def shorten(text: str, width: int = PROMPT_LABEL_CHARS) -> str:
     return one[:max(1, width - 1)].rstrip() + "…"
 
 
+def shorten_path(path: str, width: int) -> str:
+    """``path`` in at most ``width`` characters, keeping its file name: whole folders are dropped from the front
+    and ``…`` stands where they were (``…/demo/trained/target.gguf``); a file name longer than ``width`` keeps
+    its end (``…rget.gguf``). Never a cut that reads as another real path."""
+    p = str(path)
+    if len(p) <= width:
+        return p
+    parts = p.split("/")
+    kept = parts[-1]
+    if len(kept) + 2 > width:
+        return "…" + kept[len(kept) - max(1, width - 1):]
+    for folder in reversed(parts[:-1]):
+        if len(folder) + 1 + len(kept) + 2 > width:
+            break
+        kept = f"{folder}/{kept}"
+    return f"…/{kept}"
+
+
 def prompt_label(prompt_id: int, text: str | None = None, width: int = PROMPT_LABEL_CHARS) -> str:
     """A prompt named by id and text: ``prompt 3 “Every sailor sings about”`` (the text shortened to
     ``width`` characters by :func:`shorten`); ``prompt 3`` without a text."""

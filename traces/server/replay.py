@@ -317,10 +317,15 @@ def _num_eq(a: Any, b: Any) -> bool | None:
 
 
 def _same_file(a: Any, b: Any) -> bool | None:
+    """Both paths name one file: the same file here, else (one is not here: a server on another machine) the same
+    full path; None when a side is unknown. (Not the file names: the demo's constructed and trained pairs are both
+    ``…/target.gguf``.)"""
+    if a is None or b is None:
+        return None
     try:
         return os.path.samefile(a, b)
     except (OSError, TypeError):
-        return None if a is None or b is None else os.path.basename(str(a)) == os.path.basename(str(b))
+        return os.path.normpath(str(a)) == os.path.normpath(str(b))
 
 
 def _tokens(v: Any) -> list[int] | None:
