@@ -139,3 +139,25 @@ def test_import_fork_ndjson_dropping_events_exits_1(tmp_path: Path) -> None:
     clean.write_text(pair)
     res = runner.invoke(app, ["import", "fork-ndjson", str(clean), "--out", str(tmp_path / "c")])
     assert res.exit_code == 0 and res.stderr == "", res.output
+
+
+def test_explain_on_a_fork_import_counts_its_rejections_as_unknown(tmp_path: Path) -> None:
+    """The fork's NDJSON has no target tokens, so each first mismatch's cause is `unknown` (docs/EXPLAIN.md §1):
+    by hand, rounds 2/3 and 0/3 accepted have a first mismatch, 3/3 none -> `unknown 2` (100 %) under the heading
+    (was: the heading and nothing under it); the manifest records no target GGUF, so no claim that it moved."""
+    src = tmp_path / "fork.ndjson"
+    src.write_text("\n".join([
+        '{"evt":"mtp_draft","iter":12,"seq_id":0,"id_last":818,"attn_pos":41,"drafts":[2461,531,1010]}',
+        '{"evt":"mtp_accept","iter":12,"n_accepted":2}',
+        '{"evt":"mtp_draft","iter":13,"seq_id":0,"id_last":1010,"attn_pos":44,"drafts":[5,6,7]}',
+        '{"evt":"mtp_accept","iter":13,"n_accepted":0}',
+        '{"evt":"mtp_draft","iter":14,"seq_id":0,"id_last":9,"attn_pos":45,"drafts":[5,6,7]}',
+        '{"evt":"mtp_accept","iter":14,"n_accepted":3}']) + "\n")
+    assert runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t")]).exit_code == 0
+    res = runner.invoke(app, ["explain", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("Why drafts were rejected"))
+    assert "2 rounds had a first mismatch (0 with a known target token)" in lines[head]
+    assert lines[head + 1].split() == ["unknown", "2", "100.0", "%"], lines[head:head + 3]
+    assert "the trace records no target GGUF" in res.stdout and "recorded path" not in res.stdout
