@@ -16,7 +16,7 @@ What it cannot know is said in :attr:`ConfigModel.notes`: fields the file does n
 although transformers ignores them (llama.cpp's converter would keep them).
 
 May import: mtpscope.errors, inspector.convert (``drafter_kv``), inspector.convert_common (``ordered``),
-inspector.convert_target (``target_kv``), inspector.hf_checkpoint (``index_shards``),
+inspector.convert_target (``target_kv``, ``target_layout``), inspector.hf_checkpoint (``index_shards``),
 inspector.ggml_types, inspector.gguf (``TensorInfo``), inspector.gguf_write (``MetaValue``),
 inspector.hf_config, inspector.layouts, inspector.paths.
 """
@@ -162,7 +162,7 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
             notes.append(f"{where}: the centroid head is not in an upstream drafter (llama.cpp refuses it); "
                          "record --centroids reads it from a sidecar")
     elif mt in ("gemma4", "gemma4_text"):
-        from mtpscope.inspector.convert_target import check_target_hparams, target_kv
+        from mtpscope.inspector.convert_target import check_target_hparams, target_kv, target_layout
 
         hp_text = text_hparams(tc, where, require=CONFIG_REQUIRED)
         check_target_hparams(hp_text, os.fspath(where))
@@ -170,8 +170,8 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
         meta = dict(target_kv(hp_text))
         kv = {k: _plain(v) for k, v in meta.items()}
         kv["tokenizer.ggml.tokens"] = _VocabSize(hp_text.n_vocab)
-        hp = L.read_hparams(_KeysOnly(arch, kv))
-        layout = tuple(e for e in L.expected_target_layout(hp, k_eq_v=hp_text.k_eq_v)
+        hp, full_layout = target_layout(hp_text)
+        layout = tuple(e for e in full_layout
                        if e.required or (e.layer is not None and e.name.split(".", 2)[2] in _WRITTEN_OPTIONAL
                                          and (hp.n_expert or e.component != "moe_experts")))
         if hp_text.shared_kv_layers:
@@ -188,19 +188,6 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
     tensors = tuple(ordered(infos).values())  # the converter's order (llama.cpp's mapped ranges follow it)
     return ConfigModel(path=d, architecture=arch, kv=kv, tensors=tensors,
                        weight_type=weight_type, notes=tuple(notes), meta=meta)
-
-
-@dataclass(frozen=True)
-class _KeysOnly:
-    """A key table with no tensors, for :func:`inspector.layouts.read_hparams`."""
-
-    architecture: str
-    kv: Mapping[str, Any]
-    tensors: tuple[TensorInfo, ...] = ()
-    path: str = "config.json"
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.kv.get(key, default)
 
 
 def is_config_source(location: str | os.PathLike[str]) -> bool:

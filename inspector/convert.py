@@ -52,13 +52,14 @@ from mtpscope.inspector.convert_common import (
     SIDECAR_ARCH,
     ConvertResult,
     common_kv,
+    refuse_nonfinite,
     tokenizer_kv_for,
     write_converted,
 )
 from mtpscope.inspector.convert_common import ordered as ordered_tensors
 from mtpscope.inspector.convert_target import convert_target
 from mtpscope.inspector.gguf_write import MetaValue, boolean, string, u32
-from mtpscope.inspector.hf_audit import checkpoint_problems
+from mtpscope.inspector.hf_audit import checkpoint_problems, refuse_problems
 from mtpscope.inspector.hf_config import (
     TextHParams,
     assistant_fields,
@@ -137,11 +138,12 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
             vocab_from: str | os.PathLike[str] | None = None) -> ConvertResult:
     """Convert an HF Gemma 4 assistant (drafter) or Gemma 4 text (target) checkpoint to GGUF.
 
-    A drafter is checked whole before anything is written: its config.json field by field
+    A checkpoint is checked whole before anything is written: its config.json field by field
     (:func:`inspector.hf_config.text_hparams`, :func:`inspector.hf_config.assistant_fields`), every tensor's
-    presence, shape and dtype against what that config implies (:func:`inspector.hf_audit.checkpoint_problems`),
-    then the values it writes (no NaN or Inf; the token ordering a permutation of the vocabulary). A refusal
-    leaves ``out`` as it was (the file is written to ``out.tmp`` then renamed).
+    presence, shape and dtype against what that config implies (a drafter: :func:`inspector.hf_audit.checkpoint_problems`;
+    a target: :func:`inspector.convert_target.target_tensor_problems`), then the values it writes (no NaN or Inf; the
+    token ordering a permutation of the vocabulary). A refusal leaves ``out`` as it was (the file is written to
+    ``out.tmp`` then renamed).
 
     Args:
         hf_dir: folder with ``config.json`` and ``*.safetensors``.
@@ -175,7 +177,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         return _convert_drafter(ckpt, out, dialect, outtype, centroids_out, vocab_from, where)
     if mt in ("gemma4_text", "gemma4"):
         tc = text_config(config, where) if mt == "gemma4" else config
-        return convert_target(tc, read_tensors(ckpt.tensors.values()), out, outtype, vocab_from, where)
+        return convert_target(tc, read_tensors(ckpt.tensors.values()), out, outtype, vocab_from, where,
+                              headers=ckpt.tensors)
     raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
                             expected="gemma4_assistant, gemma4_text or gemma4", actual=got(mt))
 
@@ -203,16 +206,6 @@ def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list
     return kv
 
 
-def _refuse_tensor_problems(ckpt: hf_checkpoint.HFCheckpoint, dialect: str, centroid_head: bool, where: str) -> None:
-    """Raise the first of :func:`inspector.hf_audit.checkpoint_problems` (saying how many more there are)."""
-    problems = checkpoint_problems(ckpt, dialect, centroid_head=centroid_head, where=where)
-    if problems:
-        p = problems[0]
-        more = f" ({len(problems) - 1} more tensor problem{'s' if len(problems) > 2 else ''} after it)" \
-            if len(problems) > 1 else ""
-        raise HFCheckpointError(p.message + more, path=p.path, key=p.hf_name, expected=p.expected, actual=p.actual)
-
-
 def _refuse_bad_values(tensors: Mapping[str, np.ndarray], files: Mapping[str, str], n_vocab: int,
                        ordering: str | None) -> None:
     """Refuse NaN / Inf in a float tensor (verify's ``E_NONFINITE``) and an ordering that is not a permutation of
@@ -228,11 +221,8 @@ def _refuse_bad_values(tensors: Mapping[str, np.ndarray], files: Mapping[str, st
                                         key=name, expected=f"each of 0..{n_vocab - 1} once",
                                         actual=f"{outside} ids outside, {int((counts > 1).sum())} repeated, "
                                                f"{int((counts == 0).sum())} never listed")
-        elif a.dtype.kind == "f":
-            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
-            if bad:
-                raise HFCheckpointError("tensor holds NaN or Inf", path=files[name], key=name,
-                                        expected="finite values", actual=f"{bad} non-finite values")
+        else:
+            refuse_nonfinite(name, a, files[name])
 
 
 def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, outtype: str, centroids_out: Any,
@@ -250,7 +240,7 @@ def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, 
         raise LayoutError("the checkpoint has no centroid head to write to a sidecar", path=where,
                           key="use_ordered_embeddings", expected=True, actual=False)
     head = ordered and (dialect == "fork" or centroids_out is not None)
-    _refuse_tensor_problems(ckpt, dialect, head, where)
+    refuse_problems(checkpoint_problems(ckpt, dialect, centroid_head=head, where=where))
     tensors = read_tensors(ckpt.tensors.values())
     g = map_drafter_tensors(tensors, dialect, where)
     cen = order = None

@@ -3,7 +3,8 @@
 One job: the pieces of an HF → GGUF conversion that do not depend on the architecture: the architecture keys
 every Gemma 4 GGUF carries (:func:`common_kv`), the ``tokenizer.*`` keys to copy (:func:`tokenizer_kv_for`),
 the tensors as writer values in an output type (:func:`tensor_values`, :data:`OUTTYPES`), the tensor order
-(:func:`ordered`) and the record of what was written (:class:`ConvertResult`).
+(:func:`ordered`), the refusal of non-finite values (:func:`refuse_nonfinite`) and the record of what was written
+(:class:`ConvertResult`).
 
 Key names and values: llama.cpp's converter (``conversion/gemma.py`` ``Gemma4Model.set_gguf_parameters``,
 llama-cpp-python 0.3.36): head dims per layer type as ``attention.key_length(_swa)`` /
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mtpscope.errors import LayoutError
+from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector.gguf import BOOL, UINT32
 from mtpscope.inspector.gguf_write import MetaValue, array, f32, u32, write_gguf
 from mtpscope.inspector.hf_config import TextHParams
@@ -134,6 +135,19 @@ def tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, 
     return out
 
 
+def refuse_nonfinite(name: str, a: np.ndarray, path: str) -> None:
+    """Refuse a float tensor holding NaN or Inf (what ``verify``'s ``E_NONFINITE`` rejects in a written file).
+
+    Raises:
+        HFCheckpointError: naming the file and the tensor, with how many values are not finite.
+    """
+    if a.dtype.kind == "f":
+        bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+        if bad:
+            raise HFCheckpointError("tensor holds NaN or Inf", path=path, key=name, expected="finite values",
+                                    actual=f"{bad} non-finite values")
+
+
 def ordered(g: Mapping[str, _T]) -> dict[str, _T]:
     """Tensors in the order llama.cpp's converter writes them: ``token_embd``, ``rope_freqs`` and the other
     globals first, then the blocks by index, then the rest."""
@@ -151,4 +165,5 @@ def write_converted(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_
 
 
 __all__ = ["N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "ConvertResult",
-           "common_kv", "ordered", "per_layer_u32", "tensor_values", "tokenizer_kv_for", "write_converted"]
+           "common_kv", "ordered", "per_layer_u32", "refuse_nonfinite", "tensor_values", "tokenizer_kv_for",
+           "write_converted"]

@@ -24,24 +24,40 @@ One job: the target's GGUF keys (:func:`target_kv`), its tensors in llama.cpp's 
 An HF ``Linear`` weight of numpy shape ``(out, in)`` is written as-is (GGUF ``ne [in, out]``); the expert
 tensors ``(n_expert, rows, cols)`` likewise (``ne [cols, rows, n_expert]``).
 
-May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_config,
-inspector.hf_names, inspector.layouts (``ARCH_TARGET``).
+The checkpoint is held to the layout its config implies before anything is written (:func:`target_layout`,
+:func:`target_tensor_problems`).
+
+May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_audit (the tensor
+problems' record), inspector.hf_config, inspector.hf_names, inspector.layouts, inspector.safetensors (dtypes).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mtpscope.errors import HFCheckpointError
-from mtpscope.inspector.convert_common import ConvertResult, common_kv, ordered, tokenizer_kv_for, write_converted
+from mtpscope.inspector import layouts as L
+from mtpscope.inspector.convert_common import (
+    ConvertResult,
+    common_kv,
+    ordered,
+    refuse_nonfinite,
+    tokenizer_kv_for,
+    write_converted,
+)
 from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
+from mtpscope.inspector.hf_audit import TensorProblem, numpy_why, refuse_problems
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
-from mtpscope.inspector.hf_names import target_gguf_name
+from mtpscope.inspector.hf_names import GENERATED, target_gguf_name, target_hf_name
 from mtpscope.inspector.layouts import ARCH_TARGET
+from mtpscope.inspector.safetensors import FLOAT_DTYPES, HFTensor
 
 
 def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
@@ -84,6 +100,95 @@ def check_target_hparams(hp: TextHParams, where: str) -> None:
                 actual=[("sliding" if s else "full") for s in hp.is_swa[max(n_kv - 2, 0):max(n_kv, 0)]])
 
 
+@dataclass(frozen=True)
+class _Keys:
+    """A key table with no tensors, for :func:`inspector.layouts.read_hparams`."""
+
+    architecture: str
+    kv: Mapping[str, Any]
+    tensors: tuple[Any, ...] = ()
+    path: str = "config.json"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.kv.get(key, default)
+
+
+def target_layout(hp: TextHParams) -> tuple[L.HParams, tuple[L.ExpectedTensor, ...]]:
+    """The target llama.cpp reads back from the keys :func:`target_kv` writes for ``hp``
+    (:func:`inspector.layouts.read_hparams`) and the tensors it expects of it
+    (:func:`inspector.layouts.expected_target_layout`, ``attn_v`` as ``attention_k_eq_v`` says): the one layout of a
+    target config, which the converter holds a checkpoint to and ``estimate`` lays a published config out by."""
+    kv = {k: (v.value.tolist() if hasattr(v.value, "tolist") else v.value) for k, v in target_kv(hp)}
+    kv["tokenizer.ggml.tokens"] = range(hp.n_vocab)        # read for its length only
+    lhp = L.read_hparams(_Keys(ARCH_TARGET, kv))
+    return lhp, L.expected_target_layout(lhp, k_eq_v=hp.k_eq_v)
+
+
+def target_tensor_problems(hp: TextHParams, tensors: Mapping[str, Any], where: str,
+                           headers: Mapping[str, HFTensor] | None = None) -> list[TensorProblem]:
+    """Every tensor of a target checkpoint against :func:`target_layout`: each one the converter writes maps to a
+    tensor of the layout (a name the mapping does not know, a layer past ``num_hidden_layers``, a MoE or per-layer
+    embedding tensor the config does not enable are refused), with its shape (numpy order) and a floating-point
+    dtype; every required tensor is there. ``lm_head`` (tied) and the vision / audio towers are left out, as the
+    converter leaves them.
+
+    Args:
+        hp: the config read by :func:`inspector.hf_config.text_hparams`.
+        tensors: HF name -> array (numpy shape; only ``.shape`` and ``.dtype`` are read).
+        where: the config.json (its folder is named for a missing tensor when ``headers`` is not given).
+        headers: the safetensors headers (file and dtype named in the problems).
+    """
+    lhp, layout = target_layout(hp)
+    lay = {e.name: e for e in layout}
+    folder = os.fspath(Path(where).parent)
+    files = sorted({t.file for t in headers.values()}) if headers else []
+    prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in tensors) else "model."
+    out: list[TensorProblem] = []
+    seen: set[str] = set()
+    for name, arr in tensors.items():
+        h = headers.get(name) if headers else None
+        path = h.file if h is not None else folder
+        try:
+            g = target_gguf_name(name)
+        except KeyError:
+            out.append(TensorProblem(name, path, "tensor name the converter does not know",
+                                     "a Gemma 4 text model tensor name", repr(name)))
+            continue
+        if g is None:
+            continue
+        e = lay.get(g)
+        if e is None:
+            m = re.match(r"blk\.(\d+)\.", g)
+            if m is not None and int(m.group(1)) >= lhp.n_layer:
+                out.append(TensorProblem(name, path, f"tensor of layer {m.group(1)}, past num_hidden_layers",
+                                         f"layers 0..{lhp.n_layer - 1}", f"layer {m.group(1)}"))
+            else:
+                out.append(TensorProblem(name, path, "tensor the model of this config.json does not have "
+                                         "(a MoE or per-layer-embedding tensor it does not enable?)"))
+            continue
+        seen.add(g)
+        shape = tuple(int(x) for x in np.shape(arr))
+        ne = (1,) if g.endswith("layer_output_scale.weight") and int(np.prod(shape)) == 1 else tuple(reversed(shape))
+        if ne != e.ne:
+            transposed = len(e.ne) == 2 and shape == e.ne
+            out.append(TensorProblem(name, path, "tensor shape disagrees with config.json"
+                                     + (" (stored transposed)" if transposed else ""),
+                                     f"{list(reversed(e.ne))} = {numpy_why(e)}", list(shape)))
+            continue
+        dtype = h.dtype if h is not None else str(np.asarray(arr).dtype)
+        bad_dtype = dtype not in FLOAT_DTYPES if h is not None else np.asarray(arr).dtype.kind != "f"
+        if bad_dtype:
+            out.append(TensorProblem(name, path, "tensor dtype is not a floating-point type (weights)",
+                                     "/".join(FLOAT_DTYPES), dtype))
+    missing_at = files[0] if len(files) == 1 else folder
+    for g, e in lay.items():
+        if g in seen or g in GENERATED or not e.required:
+            continue
+        out.append(TensorProblem(target_hf_name(g, prefix) or g, missing_at, "required tensor missing",
+                                 f"{list(reversed(e.ne))} = {numpy_why(e)}, {'/'.join(FLOAT_DTYPES)}", "absent"))
+    return out
+
+
 def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint") -> dict[str, np.ndarray]:
     """HF target tensors -> GGUF names (``token_embd``, ``per_layer_*``, ``blk.N.*``); ``lm_head`` (tied) and
     the vision / audio towers are left out. ``layer_scalar`` becomes a 1-element vector.
@@ -104,15 +209,24 @@ def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoi
 
 
 def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
-                   vocab_from: Any, where: str) -> ConvertResult:
-    """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (see the module docstring).
+                   vocab_from: Any, where: str, headers: Mapping[str, HFTensor] | None = None) -> ConvertResult:
+    """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (see the module docstring), after
+    checking them whole: the config (:func:`check_target_hparams`), every tensor against it
+    (:func:`target_tensor_problems`; ``headers``, the safetensors headers, name files and dtypes), no NaN or Inf.
 
     Raises:
-        HFCheckpointError: a bad config or an unknown tensor name (see :func:`check_target_hparams`).
+        HFCheckpointError: a bad config, a tensor missing, unknown, past the layers, of the wrong shape or dtype,
+            non-finite values (see :func:`check_target_hparams`, :func:`target_tensor_problems`).
         LayoutError: the tokenizer has another size than ``vocab_size``.
     """
     hp = text_hparams(tc, where)
     check_target_hparams(hp, where)
+    refuse_problems(target_tensor_problems(hp, tensors, where, headers))
+    folder = os.fspath(Path(where).parent)
+    for name, arr in tensors.items():
+        if target_gguf_name(name) is not None:
+            h = headers.get(name) if headers else None
+            refuse_nonfinite(name, np.asarray(arr), h.file if h is not None else folder)
     g = map_target_tensors(tensors, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     kv = [("general.name", string("mtpscope-converted-target"))] + target_kv(hp)
@@ -120,4 +234,5 @@ def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out
     return ConvertResult(out=out, kind="target", dialect=None, arch=ARCH_TARGET, n_tensors=len(g))
 
 
-__all__ = ["check_target_hparams", "convert_target", "map_target_tensors", "target_kv"]
+__all__ = ["check_target_hparams", "convert_target", "map_target_tensors", "target_kv", "target_layout",
+           "target_tensor_problems"]

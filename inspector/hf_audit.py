@@ -70,7 +70,9 @@ def expected_gguf_type(t: HFTensor) -> str | None:
 #: the GGUF-side names in :mod:`inspector.layouts`' ``why`` texts -> the config.json field each comes from
 _CONFIG_FIELDS = {"n_embd_backbone": "backbone_hidden_size", "n_embd": "hidden_size", "n_vocab": "vocab_size",
                   "n_head": "num_attention_heads", "head_dim_swa": "head_dim", "head_dim_full": "global_head_dim",
-                  "n_ff": "intermediate_size", "n_centroids": "num_centroids"}
+                  "n_ff": "intermediate_size", "n_centroids": "num_centroids", "n_head_kv": "num_key_value_heads",
+                  "n_embd_per_layer": "hidden_size_per_layer_input", "n_layer": "num_hidden_layers",
+                  "n_expert": "num_experts", "n_ff_exp": "moe_intermediate_size"}
 _SYMBOL = re.compile(r"\b(" + "|".join(sorted(_CONFIG_FIELDS, key=len, reverse=True)) + r")\b")
 
 
@@ -119,6 +121,16 @@ class TensorProblem:
     message: str
     expected: Any = None
     actual: Any = None
+
+
+def refuse_problems(problems: list[TensorProblem]) -> None:
+    """Raise the first problem as one :class:`~mtpscope.errors.HFCheckpointError` (file, tensor, expected vs got),
+    saying how many more there are; nothing when there is none."""
+    if problems:
+        p = problems[0]
+        more = f" ({len(problems) - 1} more tensor problem{'s' if len(problems) > 2 else ''} after it)" \
+            if len(problems) > 1 else ""
+        raise HFCheckpointError(p.message + more, path=p.path, key=p.hf_name, expected=p.expected, actual=p.actual)
 
 
 def _dtypes_ok(e: L.ExpectedTensor) -> tuple[str, ...]:
@@ -399,4 +411,4 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
 
 
 __all__ = ["AuditRow", "HFAudit", "TensorProblem", "audit", "checkpoint_problems", "config_layout",
-           "expected_gguf_type", "numpy_why"]
+           "expected_gguf_type", "numpy_why", "refuse_problems"]

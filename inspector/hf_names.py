@@ -3,8 +3,8 @@
 One job: the name mapping, in one place for the converter and the HF audit. :func:`gguf_name` maps a drafter
 (``Gemma4AssistantForCausalLM``) tensor in a dialect (and :func:`drop_reason` says why the upstream converter
 drops one), :func:`drafter_hf_name` back from a fork name; :func:`target_gguf_name` maps a target
-(``Gemma4ForCausalLM`` / the language model of ``Gemma4ForConditionalGeneration``) tensor; :func:`layer_gguf_name`
-is the per-layer part both share.
+(``Gemma4ForCausalLM`` / the language model of ``Gemma4ForConditionalGeneration``) tensor, :func:`target_hf_name`
+back; :func:`layer_gguf_name` is the per-layer part both share.
 
 Mapping (docs/reference/gemma4-assistant-facts.md §2; llama.cpp's gguf-py ``tensor_mapping.py`` and
 ``conversion/gemma.py`` ``Gemma4Model``, llama-cpp-python 0.3.36; names as ``src/llama-arch.cpp`` spells them):
@@ -181,10 +181,25 @@ def drafter_hf_name(fork_name: str) -> str | None:
     return None
 
 
+def target_hf_name(gguf: str, prefix: str = "model.") -> str | None:
+    """The HF checkpoint name of a target tensor given by its GGUF name (the inverse of :func:`target_gguf_name`,
+    under ``prefix``: ``model.`` or, in a multimodal checkpoint, ``model.language_model.``); None for a name with no
+    HF source (``rope_freqs``, generated; ``output``, tied)."""
+    for short, g in _TARGET_GLOBAL_MAP.items():
+        if g == gguf:
+            return prefix + short
+    parts = gguf.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        for rest, g in (*_LAYER_MAP.items(), *_TARGET_LAYER_MAP.items()):
+            if g == parts[2]:
+                return f"{prefix}layers.{parts[1]}.{rest}"
+    return None
+
+
 def drop_reason(hf_name: str) -> str:
     """Why the upstream converter drops ``hf_name`` ("" if it does not)."""
     return _DROP_REASON.get(hf_name, "")
 
 
 __all__ = ["DRAFTER_KV", "GENERATED", "MOE_STEMS", "MULTIMODAL", "PLE_STEMS", "TARGET_SKIPPED", "drafter_hf_name", "drop_reason",
-           "gguf_name", "layer_gguf_name", "target_gguf_name"]
+           "gguf_name", "layer_gguf_name", "target_gguf_name", "target_hf_name"]

@@ -1,8 +1,8 @@
 """``convert`` (and ``estimate`` on an HF folder) refuse a bad checkpoint in one line, before anything is written.
 
 Each case is the tiny random drafter of :func:`inspector.convert.write_tiny_pair` (4 layers [s, s, s, f], hidden 48,
-2 heads, head dims 32 / 64, backbone 64, 4096 tokens, 64 centroids, top-k 4; tensors F32, the ordering I64) with one
-defect: config.json edited, or the safetensors header rewritten with the data bytes kept (the same defects as the
+2 heads, head dims 32 / 64, backbone 64, 4096 tokens, 64 centroids, top-k 4; tensors F32, the ordering I64), or its
+target (6 layers [s, s, f, s, s, f], hidden 64), with one defect: config.json edited, or the safetensors header rewritten with the data bytes kept (the same defects as the
 break31 report's ``hfmut.py``). Before these checks every one of them was converted (exit 0) into a GGUF ``verify``
 rejects, converted with a value silently replaced by a default, or stopped with an internal error (exit 3).
 """
@@ -31,8 +31,13 @@ ORDER = "masked_embedding.token_ordering"
 
 
 @pytest.fixture(scope="module")
-def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_pair(tmp_path_factory.mktemp("hf"), seed=5, centroids=True, vocab_size=4096)[1]
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_tiny_pair(tmp_path_factory.mktemp("hf"), seed=5, centroids=True, vocab_size=4096)
+
+
+@pytest.fixture(scope="module")
+def good(pair: tuple[Path, Path]) -> Path:
+    return pair[1]
 
 
 def _header(p: Path) -> tuple[dict[str, Any], bytes]:
@@ -271,3 +276,51 @@ def test_estimate_and_convert_say_the_same_of_a_text_config_list(good: Path, tmp
     assert est.exit_code == conv.exit_code == 2
     assert est.output == conv.output == (f"mtpscope: {d / 'config.json'}: 'text_config': text_config is not an "
                                          "object (expected object, got list [1])\n")
+
+
+TQ = "model.layers.2.self_attn.q_proj.weight"          # a full-attention layer of the target: [2 * 64, 64]
+
+
+def _target_extra(name: str, shape: list[int]) -> Callable[[dict[str, Any]], None]:
+    def f(h: dict[str, Any]) -> None:
+        src = h["model.norm.weight"]
+        n = 1
+        for x in shape:
+            n *= x
+        b = src["data_offsets"][0]
+        h[name] = {"dtype": "F32", "shape": shape, "data_offsets": [b, b + 4 * n]}
+    return f
+
+
+TARGET_CASES = [
+    ("missing", None, _drop(TQ), None, TQ, "required tensor missing"),
+    ("transposed_same_bytes", None, _transpose(TQ), None, TQ, "stored transposed"),
+    ("int_weight", None, set_entry(TQ, dtype="I32"), None, TQ, "not a floating-point type"),
+    ("extra_layer", None, lambda h: h.__setitem__("model.layers.9.self_attn.q_proj.weight", dict(h[TQ])), None,
+     "model.layers.9.self_attn.q_proj.weight", "past num_hidden_layers"),
+    ("moe_not_enabled", None, _target_extra("model.layers.0.router.scale", [64]), None, "model.layers.0.router.scale",
+     "does not have"),
+    ("vocab_vs_embedding", lambda c: c.__setitem__("vocab_size", 2048), None, None, EMBED, "shape disagrees"),
+    ("nan", None, None, _nan_in_norm, "model.norm.weight", "NaN or Inf"),
+]
+
+
+@pytest.mark.parametrize("case", TARGET_CASES, ids=[c[0] for c in TARGET_CASES])
+def test_target_tensor_defects_refused_before_writing(pair: tuple[Path, Path], tmp_path: Path,
+                                                      case: tuple[Any, ...]) -> None:
+    _, cfg, hdr, data, key, words = case
+    d = mutant(pair[0], tmp_path, cfg, hdr, data)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(HFCheckpointError) as ei:
+        convert(d, out)
+    e = ei.value
+    assert e.key == key and words in e.message, e.one_line()
+    assert e.path == str(d / "model.safetensors") and "\n" not in e.one_line()
+    assert not list(tmp_path.glob("out.gguf*"))
+
+
+def test_target_shape_message_in_config_terms(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    e = _refusal(mutant(pair[0], tmp_path, hdr=_transpose(TQ)), tmp_path)
+    assert e.expected == "[128, 64] = (num_attention_heads·global_head_dim, hidden_size)" and e.actual == [64, 128]
+    e = _refusal(mutant(pair[0], tmp_path / "2", cfg=lambda c: c.__setitem__("sliding_window", 0)), tmp_path / "2")
+    assert e.key == "sliding_window" and "out of range" in e.message
