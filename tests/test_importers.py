@@ -96,6 +96,19 @@ def test_fork_ndjson_nothing_usable(tmp_path: Path) -> None:
         import_fork_ndjson(tmp_path / "missing.ndjson", tmp_path / "t")
 
 
+
+def test_fork_ndjson_negative_id_last_is_a_bad_line_not_an_unreadable_trace(tmp_path: Path) -> None:
+    """``id_last`` becomes the round's ``pending_token``, a token id the trace reader refuses below 0: such a draft
+    is a bad line (named by number) and the rest imports into a trace that reads (it was imported, then refused)."""
+    src = _write(tmp_path, "neg.ndjson", [
+        '{"evt":"mtp_draft","iter":1,"seq_id":0,"id_last":5,"attn_pos":9,"drafts":[1,2]}',       # 1
+        '{"evt":"mtp_accept","iter":1,"n_accepted":1}',                                           # 2
+        '{"evt":"mtp_draft","iter":2,"seq_id":0,"id_last":-1,"attn_pos":11,"drafts":[3]}',       # 3 bad
+    ])
+    res = import_fork_ndjson(src, tmp_path / "t")
+    assert res.bad_lines == ((3, "mtp_draft: 'id_last' missing or not a token id"),)
+    assert list(traces.open(tmp_path / "t").rounds["pending_token"]) == [5]
+
 SERVER_LINES = [
     "main: server is listening on http://127.0.0.1:8080",                                                # 1
     "slot print_timing: id  0 | task 12 | ",                                                             # 2

@@ -613,6 +613,109 @@ def test_rounds_values_that_break_the_format_raise(tmp_path: Path) -> None:
                             "column") for w in tr.warnings), tr.warnings
 
 
+
+def _synthetic_parts(d: Path) -> Path:
+    """40 rounds of 4 prompts (ids 0..3, rounds 0..9 each) in 4 rounds parts of 10, params.n_vocab 1000."""
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    return write_synthetic_trace(d, n_rounds=40, n_prompts=4, n_vocab=1000, rounds_per_part=10, seed=0)
+
+
+def _set_round_value(d: Path, col: str, row: int, value) -> None:
+    """Rewrite the rounds part holding global row ``row`` with ``col`` at that row set to ``value`` (a callable:
+    applied to the old value); the column made nullable so that a null can be written."""
+    import pyarrow as pa
+
+    start = 0
+    for part in traces.open(d).part_files("rounds"):
+        t = pq.read_table(part)
+        if row < start + t.num_rows:
+            vals = t.column(col).to_pylist()
+            i = row - start
+            vals[i] = value(vals[i]) if callable(value) else value
+            f = t.schema.field(col)
+            pq.write_table(t.set_column(t.schema.get_field_index(col), pa.field(col, f.type, nullable=True),
+                                        pa.array(vals, f.type)), part)
+            return
+        start += t.num_rows
+    raise AssertionError(f"no row {row}")
+
+
+def _item(i: int, v: int):
+    return lambda old: [*old[:i], v, *old[i + 1:]]
+
+
+# (column broken, global row, new value, what the line says is expected, what it says the row holds)
+BROKEN_ROUNDS = [
+    ("prompt_id", 13, None, "no nulls", "null"),
+    ("drafted", 12, None, "no nulls", "null"),      # a column report does not read: report refuses it too
+    ("pos", 5, None, "no nulls", "null"),
+    ("prompt_id", 13, -1, "0..3 (manifest.prompts)", "-1"),
+    ("prompt_id", 13, 4, "0..3 (manifest.prompts)", "4"),
+    ("round", 21, -2, ">= 0", "-2"),
+    ("n_draft", 22, lambda nd: nd + 1, "len(drafted) = 3", "4"),
+    ("t_draft_ms", 7, float("nan"), "null, 0 or 1e-06 <= t < 86400000 ms (a nanosecond to a day)", "nan"),
+    ("t_verify_ms", 31, float("inf"), "null, 0 or 1e-06 <= t < 86400000 ms (a nanosecond to a day)", "inf"),
+    ("t_verify_ms", 8, -0.5, "null, 0 or 1e-06 <= t < 86400000 ms (a nanosecond to a day)", "-0.5"),
+    ("t_verify_ms", 9, 1e308, "null, 0 or 1e-06 <= t < 86400000 ms (a nanosecond to a day)", "1e+308"),
+    ("t_draft_ms", 10, 5e-324, "null, 0 or 1e-06 <= t < 86400000 ms (a nanosecond to a day)", "5e-324"),
+    ("pending_token", 3, -1, "token ids 0..999 (params.n_vocab 1000)", "-1"),
+    ("pending_token", 3, 1000, "token ids 0..999 (params.n_vocab 1000)", "1000"),
+    ("drafted", 17, _item(1, -7), "token ids 0..999 (params.n_vocab 1000)", "-7"),
+    ("target", 18, _item(2, 1000), "token ids 0..999 (params.n_vocab 1000)", "1000"),
+    ("emitted", 19, _item(0, -3), "token ids 0..999 (params.n_vocab 1000)", "-3"),
+]
+
+
+@pytest.mark.parametrize("col, row, value, expected, got", BROKEN_ROUNDS,
+                         ids=[f"{c}-{r}-{g}" for c, r, _, _, g in BROKEN_ROUNDS])
+def test_rounds_that_break_the_format_are_refused_whatever_columns_are_read(tmp_path: Path, col: str, row: int,
+                                                                            value, expected: str, got: str) -> None:
+    """Every rule of the rounds check refuses the trace in one TraceFormatError naming the trace, the column, the
+    rows and the first one, and what it holds; the same error whichever columns a reader asks for (report reads
+    no ``drafted``, a narrow read only ``t_verify_ms``): a read never gives numbers from rounds that break the
+    format, and a null in a required column is this error too, not a part skipped (was: report exit 0 and explain
+    'no rounds' on the same trace)."""
+    d = _synthetic_parts(tmp_path / "t")
+    _set_round_value(d, col, row, value)
+    lines = set()
+    for names in (["t_verify_ms"], ["prompt_id", "round", "n_draft", "n_accepted", "emitted"], None):
+        with pytest.raises(TraceFormatError) as e:
+            traces.open(d).columns("rounds", names)
+        lines.add(e.value.one_line())
+    assert lines == {f"{d}: {col!r}: rounds column breaks the trace format (1 row, first row {row}) "
+                     f"(expected {expected}, got {got})"}
+
+
+def test_a_round_listed_twice_across_parts_is_refused(tmp_path: Path) -> None:
+    """The same (prompt_id, round) in two parts (a part copied twice, say): one error naming the pair, the later
+    row and the earlier one (was: every count doubled, exit 0); read whatever the columns asked for."""
+    import pyarrow as pa
+
+    d = _synthetic_parts(tmp_path / "t")
+    parts = traces.open(d).part_files("rounds")
+    first, last = pq.read_table(parts[0]), pq.read_table(parts[-1])
+    pq.write_table(pa.concat_tables([last, first.slice(3, 2)]), parts[-1])    # rows 40, 41 repeat rows 3, 4
+    for names in (["round"], None):
+        with pytest.raises(TraceFormatError) as e:
+            traces.open(d).columns("rounds", names)
+        assert e.value.one_line() == (f"{d}: 'prompt_id, round': rounds column breaks the trace format (2 rows, "
+                                      "first row 40) (expected each (prompt_id, round) once, got (0, 3) again "
+                                      "(first at row 3))")
+
+
+def test_rounds_check_leaves_good_traces_alone(tmp_path: Path) -> None:
+    """A manifest that lists no prompt bounds no prompt id (writers given none), a trace with no n_vocab bounds
+    token ids only below, rounds out of (prompt_id, round) order are fine, and null times and target pass."""
+    with TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                     centroids=False) as w:
+        for pid, r in ((7, 1), (3, 0), (7, 0)):
+            w.add_round(RoundRecord(prompt_id=pid, round=r, pos=r, pending_token=300_000, n_draft=1, drafted=(5,),
+                                    n_accepted=0, target=None, emitted=(2**31 - 1,)))
+    rounds = traces.open(tmp_path / "t").rounds
+    assert list(zip(rounds["prompt_id"], rounds["round"])) == [(7, 1), (3, 0), (7, 0)]
+    assert rounds["t_verify_ms"].isna().all()
+
 def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:
     from mtpscope.traces.store import parts
 

@@ -67,9 +67,11 @@ def _parse_event(line: str) -> tuple[str, Any]:
         drafts = obj.get("drafts")
         if not isinstance(drafts, list) or not all(is_int(t) and 0 <= t <= I32_RANGE[1] for t in drafts):
             return "bad", "mtp_draft: 'drafts' missing or not a list of token ids"
-        for key in ("id_last", "attn_pos"):
-            if not is_int(obj.get(key)) or not in_i32(obj[key]):
-                return "bad", f"mtp_draft: '{key}' missing or not an integer"
+        # id_last becomes the round's pending_token: a token id, as the reader checks it (docs/TRACE_FORMAT.md)
+        if not is_int(obj.get("id_last")) or not 0 <= obj["id_last"] <= I32_RANGE[1]:
+            return "bad", "mtp_draft: 'id_last' missing or not a token id"
+        if not is_int(obj.get("attn_pos")) or not in_i32(obj["attn_pos"]):
+            return "bad", "mtp_draft: 'attn_pos' missing or not an integer"
         if "seq_id" in obj and not (is_int(obj["seq_id"]) and in_i32(obj["seq_id"])):
             return "bad", "mtp_draft: 'seq_id' not a 32-bit integer"
         if "path" in obj and not isinstance(obj["path"], str):
