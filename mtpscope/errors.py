@@ -19,7 +19,8 @@ expected and what was found, so the one-line message is enough to fix the input:
     └── TraceError                trace directories and logs (traces/)
         ├── TraceFormatError      a manifest or Parquet part that does not match the schema
         ├── ImportFormatError     a foreign log that cannot be imported at all
-        ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt, no rounds)
+        ├── TraceMismatchError    two readable traces that cannot be compared (no common prompt)
+        ├── EmptyTraceError       a trace with no readable rounds where a command needs some (compare)
         ├── RuntimeUnavailableError  llama-cpp-python missing or lacking a needed symbol
         ├── RuntimeAbortedError   llama.cpp died under the recorder (abort, signal, exit)
         └── ServerError           llama-server: cannot be built or started here, or a probe failed
@@ -135,7 +136,12 @@ class ImportFormatError(TraceError):
 
 
 class TraceMismatchError(TraceError):
-    """Two readable traces that cannot be compared: no prompt in common, or one of them has no rounds."""
+    """Two readable traces that cannot be compared: no prompt in common."""
+
+
+class EmptyTraceError(TraceError):
+    """A trace with no readable rounds (nothing recorded, or every rounds part unreadable) given to a command that
+    needs some (``compare``): bad input, not a finding about two runs."""
 
 
 class RuntimeUnavailableError(TraceError):

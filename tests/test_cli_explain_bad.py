@@ -1,11 +1,13 @@
-"""Bad input to `mtpscope explain` / `compare` (and the manifest checks behind every trace reader): one line
-naming the file and key, exit 2 for an unreadable manifest, 1 for traces that are readable but cannot be
-compared; never a traceback. Built from copies of the demo's noisy trace."""
+"""Bad input to `mtpscope explain` / `compare` (and the manifest and rounds checks behind every trace reader): one
+line naming the file and key, exit 2 for an unreadable manifest, rounds that break the trace format or a trace with
+no rounds, 1 for traces that are readable but cannot be compared; never a traceback. Built from copies of the
+demo's noisy trace, and of small synthetic traces."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -102,18 +104,19 @@ def test_explain_zero_rounds_says_so(tmp_path: Path, noisy: Path) -> None:
     assert any("no rounds" in n for n in d["notes"])
 
 
-def test_compare_with_an_empty_or_torn_trace_is_one_line_exit_1(tmp_path: Path, noisy: Path) -> None:
+def test_compare_with_an_empty_or_torn_trace_is_one_line_exit_2(tmp_path: Path, noisy: Path) -> None:
+    """A trace with no readable rounds is bad input to compare: exit 2, not 1 (compare's "the outputs differ")."""
     empty = _copy(noisy, tmp_path / "empty", _no_rounds)
     res = runner.invoke(app, ["compare", str(noisy), str(empty)])
     err = _one_line(res)
-    assert res.exit_code == 1 and res.stdout == ""
+    assert res.exit_code == 2 and res.stdout == ""
     assert err.startswith(f"mtpscope: {empty}: 'rounds': trace B has no rounds") and "(expected >= 1 round, got 0)" in err
     torn = _copy(noisy, tmp_path / "torn")
     part = torn / "rounds" / "merged-00000.parquet"
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
     res = runner.invoke(app, ["compare", str(torn), str(noisy)])
     lines = res.stderr.splitlines()
-    assert res.exit_code == 1 and "Traceback" not in res.stderr and len(lines) == 2
+    assert res.exit_code == 2 and "Traceback" not in res.stderr and len(lines) == 2
     assert lines[0].startswith(f"warning: {part}: unreadable rounds part skipped")   # the reason is kept
     assert lines[1].startswith(f"mtpscope: {torn}: 'rounds': trace A has no rounds")
 
@@ -157,3 +160,101 @@ def test_compare_a_trace_with_itself(noisy: Path) -> None:
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["outputs_identical"] and d["n_pairs"] == 5 and d["a_only"]["n"] == 0 and d["b_only"]["n"] == 0
+
+
+# ------------------------------------------------------------------ rounds that break the format, every command
+
+def _synthetic(d: Path) -> Path:
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    return write_synthetic_trace(d, n_rounds=40, n_prompts=4, n_vocab=1000, rounds_per_part=10, seed=0)
+
+
+def _rewrite_rounds(d: Path, edit) -> None:
+    import pyarrow.parquet as pq
+
+    for part in sorted((d / "rounds").glob("*.parquet")):
+        pq.write_table(edit(pq.read_table(part)), part)
+
+
+def _drafted_null(t):
+    import pyarrow as pa
+
+    return t.set_column(t.schema.get_field_index("drafted"), pa.field("drafted", t["drafted"].type),
+                        pa.nulls(t.num_rows, t["drafted"].type))
+
+
+def _huge_verify(t):
+    import pyarrow as pa
+
+    return t.set_column(t.schema.get_field_index("t_verify_ms"), "t_verify_ms", pa.array([1e308] * t.num_rows))
+
+
+def _copy_first_part_into_the_last(d: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted((d / "rounds").glob("*.parquet"))
+    pq.write_table(pa.concat_tables([pq.read_table(parts[-1]), pq.read_table(parts[0])]), parts[-1])
+
+
+BROKEN = {
+    # report reads no `drafted`: it gave its numbers, exit 0, while explain skipped the part and said "no rounds"
+    "drafted_null": (lambda d: _rewrite_rounds(d, _drafted_null),
+                     "'drafted': rounds column breaks the trace format (40 rows, first row 0) (expected no nulls, "
+                     "got null)"),
+    # every count doubled, exit 0
+    "duplicated": (_copy_first_part_into_the_last,
+                   "'prompt_id, round': rounds column breaks the trace format (10 rows, first row 40) (expected each "
+                   "(prompt_id, round) once, got (0, 0) again (first at row 0))"),
+    # numpy's overflow warnings on the terminal, costs of inf, exit 0
+    "huge_times": (lambda d: _rewrite_rounds(d, _huge_verify),
+                   "'t_verify_ms': rounds column breaks the trace format (40 rows, first row 0) (expected null, 0 or "
+                   "1e-06 <= t < 86400000 ms (a nanosecond to a day), got 1e+308)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_rounds_that_break_the_format_are_refused_alike_by_every_command(tmp_path: Path, case: str) -> None:
+    """report, explain (text or JSON) and compare (either side) read different columns; each refuses the same trace
+    with the same line, exit 2, and no numpy warning reaches the terminal."""
+    good = _synthetic(tmp_path / "good")
+    bad = tmp_path / case
+    shutil.copytree(good, bad)
+    edit, line = BROKEN[case]
+    edit(bad)
+    for args in (["report", str(bad)], ["report", str(bad), "--json"], ["explain", str(bad)],
+                 ["explain", str(bad), "--json"], ["compare", str(good), str(bad)], ["compare", str(bad), str(good)]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = runner.invoke(app, args)
+        assert res.exit_code == 2 and res.stdout == "", (args, res.exit_code, res.output)
+        assert _one_line(res) == f"mtpscope: {bad}: {line}\n", args
+        assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], (args, [str(w.message) for w in caught])
+
+
+def test_times_at_the_edge_of_the_rule_give_numbers_without_numpy_warnings(tmp_path: Path) -> None:
+    """Times the rounds check lets through (0, a nanosecond, just under a day) go through report, explain and compare
+    without a RuntimeWarning (overflow, division by zero) reaching the terminal."""
+    import pyarrow as pa
+
+    good = _synthetic(tmp_path / "good")
+    edge = tmp_path / "edge"
+    shutil.copytree(good, edge)
+    vals = [0.0, 1e-6, 86_399_999.0, 0.001]
+
+    def edit(t):
+        n = t.num_rows
+        t = t.set_column(t.schema.get_field_index("t_verify_ms"), "t_verify_ms",
+                         pa.array([vals[i % 4] for i in range(n)]))
+        return t.set_column(t.schema.get_field_index("t_draft_ms"), "t_draft_ms",
+                            pa.array([vals[(i + 1) % 4] for i in range(n)]))
+
+    _rewrite_rounds(edge, edit)
+    for args in (["report", str(edge)], ["explain", str(edge)], ["explain", str(edge), "--json"],
+                 ["compare", str(good), str(edge)]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = runner.invoke(app, args)
+        assert res.exit_code == 0 and "Traceback" not in res.output, (args, res.output)
+        assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], (args, [str(w.message) for w in caught])

@@ -9,7 +9,7 @@ import streamlit as st
 from mtpscope.app import charts, formats, links, loaders, model_views, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
-from mtpscope.errors import TraceMismatchError
+from mtpscope.errors import EmptyTraceError, TraceMismatchError
 from mtpscope.traces.analysis import metrics, wording
 from mtpscope.traces.analysis.runtime_diff import CAUSES
 
@@ -194,7 +194,7 @@ def _traces() -> None:
     if mode == MODES["traces"] and b_path:  # b_path: set (the traces branch above returned without it)
         try:
             loaders.comparison(a_path, b_path)
-        except TraceMismatchError as e:  # readable traces that cannot be aligned (no rounds, no common prompt)
+        except (TraceMismatchError, EmptyTraceError) as e:  # traces that cannot be aligned (no common prompt, no rounds)
             st.info(f"No aligned comparison of these two traces: {e.one_line()}")
         else:
             _aligned(a_path, b_path, names, labels_a)

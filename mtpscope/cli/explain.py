@@ -456,7 +456,8 @@ def register(app: typer.Typer) -> None:
         Two runtimes' traces: the first differing round per prompt, its cause checked by replaying the step
         under both conventions (docs/RUNTIMES.md; needs the llama.cpp trace's GGUFs and llama-cpp-python).
 
-        Exit 1 when the two runs' outputs differ (then only the common prefix of each prompt is compared).
+        Exit 1 when the two runs' outputs differ (then only the common prefix of each prompt is compared) or they
+        share no prompt; 2 when a trace is unreadable, breaks the trace format or has no rounds.
         """
         from mtpscope.errors import TraceMismatchError
 

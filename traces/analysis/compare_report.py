@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from mtpscope.errors import TraceMismatchError
+from mtpscope.errors import EmptyTraceError, TraceMismatchError
 from mtpscope.traces.analysis.align import AlignedDiff, aligned_diff, pair_prompts, target_difference
 from mtpscope.traces.analysis.breakdown import classify_outputs, prompt_categories
 from mtpscope.traces.analysis.positions import positions
@@ -33,15 +33,16 @@ def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_
         n_boot, seed: bootstrap resamples and seed.
 
     Raises:
-        TraceMismatchError: A or B has no readable rounds, or the two share no prompt.
+        EmptyTraceError: A or B has no readable rounds.
+        TraceMismatchError: the two share no prompt.
     """
     ra = a.columns("rounds", COMPARE_ROUNDS_COLUMNS)
     rb = b.columns("rounds", COMPARE_ROUNDS_COLUMNS)
     for name, t, r in (("A", a, ra), ("B", b, rb)):
         if not len(r):
-            raise TraceMismatchError(f"trace {name} has no rounds (nothing recorded, or its rounds parts were "
-                                     "unreadable): nothing to compare", path=t.path, key="rounds",
-                                     expected=">= 1 round", actual="0")
+            raise EmptyTraceError(f"trace {name} has no rounds (nothing recorded, or its rounds parts were "
+                                  "unreadable): nothing to compare", path=t.path, key="rounds",
+                                  expected=">= 1 round", actual="0")
     pa_, pb_ = positions(ra), positions(rb)
     pairing = pair_prompts(a.manifest, b.manifest, np.unique(ra["prompt_id"]).tolist(),
                            np.unique(rb["prompt_id"]).tolist())
