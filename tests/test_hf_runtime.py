@@ -91,6 +91,9 @@ def test_trace_reads_back_with_its_runtime_and_conventions(recorded, trained) ->
 
     eos = json.loads((trained.hf_target / "config.json").read_text())["eos_token_id"]
     assert conv["eog_ids"] == sorted([eos] if isinstance(eos, int) else eos)
+    # the reader's bound on token ids: the target checkpoint's vocab_size (its config.json)
+    cfg = json.loads((trained.hf_target / "config.json").read_text())
+    assert m["params"]["n_vocab"] == cfg.get("text_config", cfg)["vocab_size"]
     assert len(t.rounds) == recorded.n_rounds and len(t.steps) == recorded.n_steps
     assert int(t.rounds["n_accepted"].sum()) == recorded.n_accepted
     for i in range(len(PROMPTS)):

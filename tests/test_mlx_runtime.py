@@ -85,14 +85,19 @@ def _tol(ref: np.ndarray, trained, *, drafter: bool = True) -> float:
     return f32_runtime_hidden_tol(ref, _n_layer(trained.target) + (_n_layer(trained.drafter) if drafter else 0))
 
 
-def test_greedy_output_equals_llama_cpp(recorded, f32) -> None:
+def test_greedy_output_equals_llama_cpp(recorded, f32, trained) -> None:
+    from gguf import GGUFReader
+
     from mtpscope.traces.store.manifest import read_manifest
+
+    n_vocab = len(GGUFReader(trained.target).fields["tokenizer.ggml.tokens"].data)    # the target's, as gguf-py reads it
 
     for dp, s in recorded.items():
         m = read_manifest(s.out)
         assert (m["convention"]["draft_position"], m["convention"]["head"], m["params"]["draft_head"]) == \
             (dp, "centroid", "centroid")
         assert m["runtime"]["name"] == "mlx" and m["complete"]
+        assert m["params"]["n_vocab"] == n_vocab               # the reader's bound on token ids
         for i, pid in enumerate(PROMPTS):
             assert list(s.outputs[i]) == _llama_output(f32, pid)[:MAX_TOKENS], (dp, pid)
 

@@ -300,6 +300,9 @@ def test_manifest(noisy_trace, pair) -> None:
         tm.close()
     assert [p["text"] for p in m["prompts"]] == PROMPTS
     assert m["params"]["n_draft"] == 3 and m["params"]["max_tokens"] == 40 and m["params"]["greedy"] is True
+    # the reader's bound on token ids: the target's vocabulary as gguf-py reads it
+    toks = GGUFReader(pair["target"]).fields["tokenizer.ggml.tokens"]
+    assert m["params"]["n_vocab"] == len(toks.data)
 
 
 def test_clean_drafter_accepts_everything(pair, tmp_path) -> None:

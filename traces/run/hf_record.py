@@ -61,7 +61,8 @@ def record_hf(config: RecordConfig, *, target: str | os.PathLike[str], assistant
               "seed": config.seed, "top_k": config.top_k, "top_p": config.top_p, "min_p": config.min_p,
               "hidden": config.hidden, "n_top": config.n_top, "flush_every": config.flush_every,
               "compact": config.compact, "n_threads": threads, "runtime": "hf", "draft_position": "p",
-              "dtype": rt.dtype, "draft_head": rt.head, "centroid_top_k": None if head is None else head.top_k}
+              "dtype": rt.dtype, "draft_head": rt.head, "centroid_top_k": None if head is None else head.top_k,
+              "n_vocab": rt.n_vocab}
     manifest: dict[str, Any] = {
         "source": "record", "command": list(command) if command is not None else list(sys.argv), "params": params,
         "models": {"target": model_entry(target, "gemma4"), "assistant": model_entry(assistant, "gemma4_assistant"),

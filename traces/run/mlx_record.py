@@ -67,7 +67,7 @@ def record_mlx(config: RecordConfig, *, target: str | os.PathLike[str], assistan
               "hidden": config.hidden, "n_top": config.n_top, "flush_every": config.flush_every,
               "compact": config.compact, "runtime": "mlx", "draft_position": draft_position,
               "dtype": rt.dtype, "stop_at_eog": stop_at_eog, "draft_head": rt.head,
-              "centroid_top_k": None if head is None else head.top_k}
+              "centroid_top_k": None if head is None else head.top_k, "n_vocab": rt.n_vocab}
     manifest: dict[str, Any] = {
         "source": "record", "command": list(command) if command is not None else list(sys.argv), "params": params,
         "models": {"target": model_entry(target, "gemma4"), "assistant": model_entry(assistant, "gemma4_assistant"),

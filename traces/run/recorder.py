@@ -493,6 +493,7 @@ class _Recording:
         if solver is not None:
             manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         manifest["params"]["n_ctx"] = info.n_ctx
+        manifest["params"]["n_vocab"] = info.n_vocab     # the reader's bound on every token id of the rounds
         # the reductions over the rows of logits (C or numpy: their p and H differ by ~1e-7): the worker's (p, H)
         # and this process's (top-k, ranks); both named when they differ
         runtime = dict(info.runtime)
