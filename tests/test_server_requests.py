@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -319,6 +320,29 @@ def test_an_imported_logs_mean_acceptance_length_over_all_requests(tmp_path) -> 
     assert "drafts: 15   drafted: 44   accepted: 30" in rep.stdout and "verify rounds" not in rep.stdout
     ex = CliRunner().invoke(app, ["explain", str(out), "--by", "request"])
     assert "mean acceptance length 3.00," in ex.stdout, ex.stdout
+
+
+def test_no_overall_mean_acceptance_length_when_a_requests_drafts_are_unknown() -> None:
+    """Three log rows (a reviewer's case): 0 of 10 accepted (mean len 1.00 fits any drafts count), 30 of 40 at 4.00
+    (10 drafts), 2000 of 3000 at 3.00 (1000 drafts, but 999 and 1001 print 3.00 too). A total over the one request
+    whose drafts are known gave 4.0 beside 2030 accepted: the overall is not given unless every request's drafts
+    are known; the rows keep their own. Also: a plain float64 frame (pandas' copy-on-write gives read-only views)
+    is read without writing into it."""
+    rows = pd.DataFrame({"kind": ["server-log"] * 3, "request": [0, 1, 2], "n_drafted": [10.0, 40.0, 3000.0],
+                         "n_accepted": [0.0, 30.0, 2000.0], "mean_acceptance_length": [1.0, 4.0, 3.0],
+                         "n_drafts": [np.nan] * 3})
+    t = R.request_table(rows)
+    assert [None if x is None or (isinstance(x, float) and np.isnan(x)) else int(x) for x in t["n_drafts"]] == \
+        [None, 10, None]
+    tot = R.totals(rows)
+    assert tot.n_accepted == 2030 and tot.n_drafts is None and np.isnan(tot.mean_acceptance_length)
+    # every request's drafts known (given for the first and last): 1 + 2030 / (10 + 10 + 1000)
+    known = rows.assign(n_drafts=[10.0, np.nan, 1000.0])
+    assert R.totals(known).n_drafts == 1020 and R.totals(known).mean_acceptance_length == pytest.approx(1 + 2030 / 1020)
+    # a request that drafted nothing has no drafts to know
+    idle = pd.DataFrame({"kind": ["server-log"] * 2, "request": [0, 1], "n_drafted": [0.0, 40.0],
+                         "n_accepted": [0.0, 30.0], "mean_acceptance_length": [np.nan, 4.0], "n_drafts": [np.nan] * 2})
+    assert R.totals(idle).n_drafts == 10 and R.totals(idle).mean_acceptance_length == pytest.approx(4.0)
 
 
 def _probe_trace(d: Path) -> Path:

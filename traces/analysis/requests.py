@@ -125,7 +125,8 @@ def _col(df: pd.DataFrame, name: str) -> pd.Series:
 
 
 def _num(s: pd.Series) -> np.ndarray:
-    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    """A writable float64 copy (pandas' copy-on-write hands out read-only views; :func:`_drafts` writes)."""
+    return np.array(pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan), dtype=np.float64)
 
 
 def _div(a: float, b: float) -> float:
@@ -220,14 +221,15 @@ def _totals(t: pd.DataFrame) -> ServerTotals:
     nd = float(np.nansum(_num(t["n_drafted"]))) if len(t) else 0.0
     na = float(np.nansum(_num(t["n_accepted"]))) if len(t) else 0.0
     drafts = _num(t["n_drafts"]) if len(t) else np.array([])
-    known = ~np.isnan(drafts)
-    na_known = float(np.nansum(_num(t["n_accepted"])[known])) if len(t) else 0.0
+    drafts = np.where(_num(t["n_drafted"]) == 0, 0.0, drafts) if len(t) else drafts   # nothing drafted: no drafts
+    # the drafts (and so 1 + accepted / drafts) only when every request's are known: a sum over the requests whose
+    # are (a log line whose 'mean len' allows several counts: nothing accepted, or a long request) is no total
+    n_drafts = float(drafts.sum()) if len(drafts) and not np.isnan(drafts).any() else None
     tps = _num(t["tokens_per_s"]) if len(t) else np.array([])
     return ServerTotals(
         n_requests=int(len(t)), n_drafted=int(nd), n_accepted=int(na), acceptance_rate=_div(na, nd),
-        n_drafts=int(drafts[known].sum()) if known.any() else None,
-        mean_acceptance_length=1.0 + _div(na_known, drafts[known].sum()) if known.any() and drafts[known].sum()
-        else math.nan,
+        n_drafts=None if n_drafts is None else int(n_drafts),
+        mean_acceptance_length=1.0 + _div(na, n_drafts) if n_drafts else math.nan,
         tokens_per_s_mean=float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan,
         tokens_per_s_pooled=_pooled(tps, _num(t["generation_ms"]) if len(t) else np.array([])))
 
@@ -240,8 +242,9 @@ def _pooled(tps: np.ndarray, ms: np.ndarray) -> float:
 
 def totals(requests: pd.DataFrame) -> ServerTotals:
     """Totals over :func:`request_table`'s rows (:class:`ServerTotals`): ``n_requests``, ``n_drafted``,
-    ``n_accepted``, ``acceptance_rate``, ``n_drafts`` (None when unknown), ``mean_acceptance_length`` (over
-    requests whose drafts are known), ``tokens_per_s_mean`` (mean over requests)."""
+    ``n_accepted``, ``acceptance_rate``, ``n_drafts`` and ``mean_acceptance_length`` = 1 + accepted / drafts (None
+    / NaN unless every request's drafts are known: a request that drafted nothing has none), ``tokens_per_s_mean``
+    (mean over requests)."""
     return _totals(request_table(requests))
 
 
