@@ -16,7 +16,7 @@ What it cannot know is said in :attr:`ConfigModel.notes`: fields the file does n
 although transformers ignores them (llama.cpp's converter would keep them).
 
 May import: mtpscope.errors, inspector.convert (``drafter_kv``), inspector.convert_common (``ordered``),
-inspector.convert_target (``target_kv``, ``target_layout``), inspector.hf_checkpoint (``index_shards``),
+inspector.convert_target (``target_kv``, ``target_layout``), inspector.hf_checkpoint (``read_index``),
 inspector.ggml_types, inspector.gguf (``TensorInfo``), inspector.gguf_write (``MetaValue``),
 inspector.hf_config, inspector.layouts, inspector.paths.
 """
@@ -34,7 +34,7 @@ from mtpscope.inspector import layouts as L
 from mtpscope.inspector.convert_common import ordered
 from mtpscope.inspector.ggml_types import GGML_TYPES_BY_NAME
 from mtpscope.inspector.gguf import TensorInfo
-from mtpscope.inspector.hf_checkpoint import index_shards
+from mtpscope.inspector.hf_checkpoint import read_index
 from mtpscope.inspector.hf_config import got, read_config, text_config, text_hparams
 
 #: weight types a config model can be laid out in: ``convert --outtype`` names -> ggml type name
@@ -128,8 +128,9 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
 
     Raises:
         HFCheckpointError: no / unreadable config.json, an unknown ``model_type``, a field missing, mistyped or out of
-            range, a bad ``model.safetensors.index.json`` or a shard it names missing (the plan reads no shard, but
-            a folder whose index names a missing file is not the model it claims to be).
+            range, or a malformed ``model.safetensors.index.json`` (its form only: the plan reads no shard, so a
+            planning folder, ``hf download --include "*.json"``, need not hold them; ``convert`` and the audit,
+            which read the shards, refuse one the index names and the folder lacks).
         LayoutError: an unknown weight type.
     """
     if weight_type not in WEIGHT_TYPES:
@@ -141,7 +142,7 @@ def model_from_config(folder: str | os.PathLike[str], *, weight_type: str = "bf1
     where = d / "config.json"
     if not cfg:
         raise HFCheckpointError("no config.json", path=where)
-    index_shards(d)          # config.json is all the plan reads, but a shard the index names must be there
+    read_index(d)            # the index's form only: the shards it names are read (and required) by convert / audit
     mt = cfg.get("model_type")
     tc = text_config(cfg, where)
     notes = []

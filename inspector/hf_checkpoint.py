@@ -3,7 +3,8 @@
 One job: :func:`read_checkpoint` -> :class:`HFCheckpoint` (headers only; data through
 :func:`safetensors.read_tensors`). Sharded checkpoints are followed through ``model.safetensors.index.json``
 (``{"weight_map": {name: file}}``, :func:`read_index`); a shard is always a plain file name in the same folder
-and must exist (:func:`index_shards`, which ``estimate`` also runs on a config folder it plans from).
+and must exist when the shards are read (:func:`index_shards`); ``estimate``, which plans from config.json
+before any download, checks only the index's form (:func:`read_index`).
 
 May import: mtpscope.errors, inspector.paths, inspector.safetensors, inspector.hf_config.
 """

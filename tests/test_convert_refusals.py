@@ -256,13 +256,25 @@ def _sharded(good: Path, tmp: Path) -> Path:
     return d
 
 
-def test_estimate_checks_the_shards_an_index_names(good: Path, tmp_path: Path) -> None:
-    d = _sharded(good, tmp_path)
+def test_estimate_plans_a_folder_whose_index_names_absent_shards(good: Path, tmp_path: Path) -> None:
+    """A planning folder (``hf download --include "*.json"``: config.json and the index, no shard) is what
+    ``estimate`` plans from before any download: its plan is the one of config.json alone. The shards the index
+    names are required where they are read (``convert``); a malformed index is still refused."""
     target = Path(__file__).resolve().parent.parent / "sample_configs" / "gemma-4-E2B-it"
-    r = CliRunner().invoke(app, ["estimate", "--target", str(target), "--assistant", str(d)])
-    assert r.exit_code == 2, r.output
-    assert r.output.strip() == (f"mtpscope: {d / 'model-00002-of-00002.safetensors'}: shard named by "
-                                f"{INDEX_NAME} is missing")
+    d = _sharded(good, tmp_path)
+    for p in d.glob("*.safetensors"):
+        p.unlink()                                    # config.json + model.safetensors.index.json only
+    alone = tmp_path / "config_only"
+    alone.mkdir()
+    shutil.copy(d / "config.json", alone / "config.json")
+    plan = CliRunner().invoke(app, ["estimate", "--target", str(target), "--assistant", str(d)])
+    ref = CliRunner().invoke(app, ["estimate", "--target", str(target), "--assistant", str(alone)])
+    assert plan.exit_code == ref.exit_code == 0, plan.output + ref.output
+    assert plan.output.replace(str(d), "DIR") == ref.output.replace(str(alone), "DIR")
+    conv = CliRunner().invoke(app, ["convert", str(d), "--out", str(tmp_path / "o.gguf")])
+    assert conv.exit_code == 2, conv.output
+    assert conv.output.strip() == (f"mtpscope: {d / 'model-00001-of-00002.safetensors'}: shard named by "
+                                   f"{INDEX_NAME} is missing")
     (d / INDEX_NAME).write_text('{"weight_map": 5}')
     r = CliRunner().invoke(app, ["estimate", "--target", str(target), "--assistant", str(d)])
     assert r.exit_code == 2 and "'weight_map'" in r.output and "got int 5" in r.output, r.output
