@@ -87,6 +87,10 @@ def test_malformed_prompt_entries_are_left_out_not_fatal(tmp_path: Path, noisy: 
     good = json.loads(runner.invoke(app, ["explain", str(noisy), "--json"]).stdout)
     got = json.loads(res.stdout)
     assert got["rejections"] == good["rejections"]
+    # the last entry malformed too: its rounds' prompt_id is past the entries left, and still readable
+    last = _copy(noisy, tmp_path / "last", lambda m: m["prompts"][-1].__setitem__("prompt_id", bad_id))
+    res = runner.invoke(app, ["explain", str(last), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["rejections"] == good["rejections"], res.output
 
 
 def _no_rounds(m: dict) -> None:

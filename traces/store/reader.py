@@ -439,18 +439,18 @@ MAX_ROUND_MS = 86_400_000.0
 
 def _prompt_id_bound(manifest: dict[str, Any]) -> int | None:
     """How many prompt ids a trace's rounds may use: ``prompt_id`` is an index into ``manifest.prompts``, so
-    ``0..n - 1`` with ``n`` the prompts listed, or the largest listed ``prompt_id`` + 1 when larger (a malformed
-    entry that :func:`schema.check_manifest` leaves out before the last one keeps its rounds readable); None when
-    the manifest lists no prompt (a writer given none: only ``>= 0`` is checked)."""
+    ``0..n - 1`` with ``n`` the prompts listed, or the largest listed ``prompt_id`` + 1 when larger; None (only
+    ``>= 0`` is checked) when the manifest lists no prompt (a writer given none) or :func:`schema.check_manifest`
+    left a malformed entry out (``prompts_left_out``: its id unknown, its rounds stay readable)."""
     prompts = manifest.get("prompts") or []
-    if not prompts:
+    if not prompts or manifest.get("prompts_left_out"):
         return None
     return max(len(prompts), 1 + max(int(p["prompt_id"]) for p in prompts))
 
 
 def _manifest_n_vocab(manifest: dict[str, Any]) -> int | None:
-    """The target's vocabulary size where the manifest records it (``params.n_vocab``, an int > 0: synthetic
-    traces), else None (token ids are then checked ``>= 0`` only)."""
+    """The target's vocabulary size where the manifest records it (``params.n_vocab``, an int > 0: recordings of
+    every runtime, synthetic traces), else None (token ids are then checked ``>= 0`` only)."""
     v = (manifest.get("params") or {}).get("n_vocab")
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 

@@ -180,7 +180,7 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
             ``counts``, a schema version other than :data:`SCHEMA_VERSION`, an unknown source, a
             top-level value of the wrong type, or ``parts.<table>`` that is not a list of file names.
         Malformed ``prompts`` entries (not an object, or a ``prompt_id`` that is not an int >= 0) are
-        dropped from the returned manifest rather than refused.
+        dropped from the returned manifest rather than refused; ``prompts_left_out`` then counts them.
     """
     if not isinstance(manifest, dict):
         raise TraceFormatError("manifest is not a JSON object", path=path,
@@ -224,4 +224,6 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
         # what readers see; the rounds of that prompt stay readable (nothing recorded is lost)
         manifest["prompts"] = [p for p in prompts if isinstance(p, dict) and isinstance(p.get("prompt_id"), int)
                                and not isinstance(p.get("prompt_id"), bool) and p["prompt_id"] >= 0]
+        if len(manifest["prompts"]) < len(prompts):     # (their ids unknown: the reader bounds prompt_id by >= 0 only)
+            manifest["prompts_left_out"] = len(prompts) - len(manifest["prompts"])
     return manifest
