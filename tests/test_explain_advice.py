@@ -181,3 +181,16 @@ def test_select_prompt_names_what_it_accepts_and_refuses_a_shared_id() -> None:
     with pytest.raises(TraceError) as e:
         select_prompt({"prompts": [{"prompt_id": 0}, {"prompt_id": 2}]}, "x")
     assert e.value.expected == "a prompt_id (0, 2)"
+
+
+def test_no_vocabulary_says_why() -> None:
+    """Why a trace has no vocabulary, from its manifest's models: an HF / MLX recording names checkpoint folders
+    (dialect hf, no GGUF token list: a reviewer saw it told "the recorded target GGUF is not at its recorded path"
+    of a folder still in place); a GGUF recording whose files moved; an import that names none."""
+    from mtpscope.traces.analysis.explain_report import no_vocab_note
+
+    hf = {"models": {"target": {"path": "/m/target", "dialect": "hf"}, "assistant": {"path": "/m/a", "dialect": "hf"}}}
+    assert "Hugging Face checkpoints, which hold no GGUF token list" in no_vocab_note(hf)
+    gguf = {"models": {"target": {"path": "/gone/t.gguf", "dialect": "target"}}}
+    assert "the recorded target GGUF is not at its recorded path" in no_vocab_note(gguf)
+    assert "the trace records no target GGUF" in no_vocab_note({"source": "import"})

@@ -72,10 +72,16 @@ def request_trace_note(manifest: Mapping[str, Any], trace: str = "TRACE") -> str
 
 def no_vocab_note(manifest: Mapping[str, Any]) -> str:
     """Why a trace has no vocabulary (:func:`traces.analysis.vocab.trace_vocab` found none): its recorded GGUFs are
-    not at their recorded paths, or it records none (imports, probes)."""
+    not at their recorded paths, its models are Hugging Face checkpoints (``dialect: "hf"``: no GGUF token list;
+    HF and MLX recordings), or it records none (imports, probes)."""
     models = manifest.get("models") or {}
-    recorded = any(isinstance(models.get(r), Mapping) and models[r].get("path") for r in ("target", "assistant"))
-    why = "the recorded target GGUF is not at its recorded path" if recorded else "the trace records no target GGUF"
+    entries = [models[r] for r in ("target", "assistant") if isinstance(models.get(r), Mapping) and models[r].get("path")]
+    if entries and all(e.get("dialect") == "hf" for e in entries):
+        why = "the trace's models are Hugging Face checkpoints, which hold no GGUF token list"
+    elif entries:
+        why = "the recorded target GGUF is not at its recorded path"
+    else:
+        why = "the trace records no target GGUF"
     return f"no vocabulary ({why}; pass --vocab): acceptance by token class is not available"
 
 
