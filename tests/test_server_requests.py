@@ -435,3 +435,5 @@ def test_replay_settings_cut_a_path_with_an_ellipsis_and_compare_it_whole(tmp_pa
     b.write_bytes(b"x")
     assert target_same(a, b) is False                  # the server's is not here
     assert target_same(b, b) is True
+    # a relative model_path (what llama-server's -m was given) of a file not here: unknown, not "differs"
+    assert target_same(Path("models/target.gguf"), b) is None

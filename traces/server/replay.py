@@ -318,13 +318,16 @@ def _num_eq(a: Any, b: Any) -> bool | None:
 
 def _same_file(a: Any, b: Any) -> bool | None:
     """Both paths name one file: the same file here, else (one is not here: a server on another machine) the same
-    full path; None when a side is unknown. (Not the file names: the demo's constructed and trained pairs are both
-    ``…/target.gguf``.)"""
+    full path; None when a side is unknown, or is relative and not here (llama-server's ``model_path`` is what its
+    ``-m`` was given, relative to a folder this process does not know). (Not the file names: the demo's constructed
+    and trained pairs are both ``…/target.gguf``.)"""
     if a is None or b is None:
         return None
     try:
         return os.path.samefile(a, b)
     except (OSError, TypeError):
+        if not (os.path.isabs(str(a)) and os.path.isabs(str(b))):
+            return None
         return os.path.normpath(str(a)) == os.path.normpath(str(b))
 
 
