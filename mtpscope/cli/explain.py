@@ -305,13 +305,8 @@ def _check_words(d: RoundDifference) -> str:
     return f" ({d.replay_note})" if d.replay_note else ""
 
 
-def is_request_trace(trace: TraceLike) -> bool:
-    """The trace holds llama-server request rows and no rounds (a probe, an imported server log: docs/SERVER.md)."""
-    return bool(trace.part_files("requests")) and not trace.part_files("rounds")
-
-
 def explain_request_trace(trace: TraceLike, as_json: bool) -> int:
-    """``explain`` on a request trace (:func:`is_request_trace`): what it can tell, the requests' acceptance as
+    """``explain`` on a request trace (:func:`traces.analysis.explain_report.is_request_trace`): what it can tell, the requests' acceptance as
     ``report`` gives it (:func:`traces.analysis.metrics.report`), and one line on what needs rounds; the exit code
     (1 with the not-drafting alarm or a reader's warning)."""
     from mtpscope.traces.analysis.explain_report import request_trace_note
@@ -319,8 +314,7 @@ def explain_request_trace(trace: TraceLike, as_json: bool) -> int:
 
     rep = report(trace)
     r = rep.requests
-    notes = [request_trace_note(trace.manifest, str(trace.path))
-             or "a llama-server request trace: why drafts were rejected needs a recording's rounds"]
+    notes = [n for n in (request_trace_note(trace.manifest, str(trace.path)),) if n]
     replay = Path(trace.path) / "replay"
     if (replay / "manifest.json").is_file():
         notes.append(f"its replay (`probe --replay`) recorded the same requests round by round: "
@@ -403,11 +397,11 @@ def register(app: typer.Typer) -> None:
         refuse_sweep_folder(trace, "mtpscope explain")
         with one_line_errors():
             from mtpscope.traces.analysis.explain import step_sentence
-            from mtpscope.traces.analysis.explain_report import select_prompt, token_label
+            from mtpscope.traces.analysis.explain_report import is_request_trace, select_prompt, token_label
             from mtpscope.traces.store.reader import open_trace
 
             t = open_trace(trace)
-            if is_request_trace(t):
+            if is_request_trace(t.manifest):
                 if prompt is not None:
                     print(f"mtpscope: {trace} is a llama-server request trace (no rounds): --prompt needs rounds; "
                           f"one row per request: `mtpscope explain {trace} --by request`", file=sys.stderr)

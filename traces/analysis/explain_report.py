@@ -58,12 +58,18 @@ def token_label(vocab: Vocab | None) -> Callable[[int], str]:
 REQUEST_SOURCES = ("server-probe", "server-log")
 
 
+def is_request_trace(manifest: Mapping[str, Any]) -> bool:
+    """A llama-server request trace (a probe, an imported server log: docs/SERVER.md): its manifest counts no round,
+    and counts requests or names a request source (:data:`REQUEST_SOURCES`). The one test: ``explain`` and
+    :func:`request_trace_note` use it."""
+    counts = manifest.get("counts") or {}
+    return not counts.get("n_rounds") and bool(counts.get("n_requests") or manifest.get("source") in REQUEST_SOURCES)
+
+
 def request_trace_note(manifest: Mapping[str, Any], trace: str = "TRACE") -> str | None:
     """What a llama-server request trace (``trace``: its folder, for the command lines) cannot explain and where to
-    look instead, one line; None for a trace that is not one (it records rounds, or its manifest counts no
-    request and names no request source)."""
-    counts = manifest.get("counts") or {}
-    if counts.get("n_rounds") or not (counts.get("n_requests") or manifest.get("source") in REQUEST_SOURCES):
+    look instead, one line; None for a trace that is not one (:func:`is_request_trace`)."""
+    if not is_request_trace(manifest):
         return None
     return ("a llama-server request trace: it holds each request's counts, not its rounds, so why drafts were "
             "rejected, acceptance by token class or category, drift and which n_draft need a recording (`mtpscope "
