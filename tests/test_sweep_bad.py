@@ -206,3 +206,59 @@ def test_test_faults_come_only_from_the_environment_seam(monkeypatch) -> None:
     monkeypatch.setenv(FAULTS_ENV, "{not json")
     with pytest.raises(MtpscopeError, match=FAULTS_ENV):
         _load_faults()
+
+
+def _doubled(t):
+    import pyarrow as pa
+
+    return pa.concat_tables([t, t])     # the part's rows copied in after themselves: every (prompt_id, round) twice
+
+
+def _huge_verify(t):
+    import pyarrow as pa
+
+    return t.set_column(t.schema.get_field_index("t_verify_ms"), "t_verify_ms", pa.array([1e308] * t.num_rows))
+
+
+@pytest.mark.parametrize("case", ["duplicated", "huge_times"])
+def test_a_task_whose_rounds_break_the_format_is_refused_by_the_sweep_report(tmp_path: Path, sweep2: Path,
+                                                                            case: str) -> None:
+    """`report DIR` (text, --json) and the sweep's advice (`explain DIR`) read the task parts through DuckDB without
+    the trace reader's rounds check: a duplicated part was counted twice, exit 0, while `explain` on the task's
+    trace and the sweep cell (the app's sweep page) refused it. Now each refuses the task with the trace reader's
+    own line naming the task's folder, exit 2."""
+    import pyarrow.parquet as pq
+
+    from mtpscope.errors import TraceFormatError
+    from mtpscope.traces.sweep.reader import open_sweep
+
+    bad = tmp_path / case
+    shutil.copytree(sweep2, bad)
+    task = bad / "assistant=a" / "n_draft=3" / "shard=0"
+    parts = sorted((task / "rounds").glob("*.parquet"))
+    assert len(parts) == 1
+    t = pq.read_table(parts[0])
+    n = t.num_rows
+    if case == "duplicated":
+        pq.write_table(_doubled(t), parts[0])
+        pair = (t["prompt_id"][0].as_py(), t["round"][0].as_py())
+        want = (f"'prompt_id, round': rounds column breaks the trace format ({n} rows, first row {n}) (expected each "
+                f"(prompt_id, round) once, got {pair} again (first at row 0))")
+    else:
+        pq.write_table(_huge_verify(t), parts[0])
+        want = (f"'t_verify_ms': rounds column breaks the trace format ({n} rows, first row 0) (expected null, 0 or "
+                "1e-06 <= t < 86400000 ms (a nanosecond to a day), got 1e+308)")
+    line = f"mtpscope: {task}: {want}"
+    assert _report_line(bad) == line
+    for args in (["report", str(bad), "--json"], ["explain", str(bad)], ["explain", str(bad), "--json"],
+                 ["explain", str(task)]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and res.stdout == "", (args, res.output)
+        assert res.stderr.splitlines() == [line], args
+    for read in (lambda sw: sw.cell("a", 3).rounds, lambda sw: sw.sql("SELECT count(*) FROM rounds")):
+        with pytest.raises(TraceFormatError) as e:
+            read(open_sweep(bad))
+        assert f"mtpscope: {e.value.one_line()}" == line
+    # the task's trace is the only one refused: the same sweep without that task's fault reports, exit 0
+    pq.write_table(t, parts[0])
+    assert runner.invoke(app, ["report", str(bad)]).exit_code == 0

@@ -209,11 +209,15 @@ class Sweep:
 
     def _check(self, task: TaskState, tr: Trace) -> None:
         """A finished task's trace is that task's: recorded with its n_draft (manifest ``params.n_draft``; the
-        baseline's 0), no round drafting more, its cost probe well formed (:meth:`CostProbe.of_trace`).
-        Otherwise the sweep would report its rows under the task's label (the folder's ``n_draft=<k>``).
+        baseline's 0), its rounds what the trace reader accepts (:meth:`Trace.columns` runs its rounds check on the
+        first read; the sweep's SQL reads the parts through DuckDB and would otherwise count a duplicated part
+        twice, or sum times of 1e308), no round drafting more, its cost probe well formed
+        (:meth:`CostProbe.of_trace`). Otherwise the sweep would report its rows under the task's label (the
+        folder's ``n_draft=<k>``), or report rounds that ``explain`` on the same task refuses.
 
         Raises:
-            TraceFormatError: naming ``tasks[i]`` of ``sweep.json`` (or the trace's manifest for the probe).
+            TraceFormatError: naming ``tasks[i]`` of ``sweep.json`` (the trace's folder for its rounds, its manifest
+                for the probe).
         """
         with self._lock:
             if task.dir in self._checked:
@@ -225,6 +229,7 @@ class Sweep:
                                        "reported under the task's)", path=self.path / SWEEP_FILE, key=f"tasks[{i}]",
                                        expected=f"n_draft {task.n_draft} (the task {task.task})",
                                        actual=f"n_draft {nd} ({task.dir}/manifest.json params.n_draft)")
+            tr.columns("rounds", ["prompt_id"])     # the reader's rounds check (once a trace; the column is cached)
             if tr.part_files("rounds"):
                 m = tr.sql("SELECT max(coalesce(len(drafted), 0)) AS m FROM rounds")["m"].iloc[0]
                 if pd.notna(m) and int(m) > task.n_draft:
