@@ -58,6 +58,15 @@ def test_categories_from_another_field_and_the_note(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["explain", str(d), "--category-field", "domian"])
     assert r.exit_code == 2 and "no prompt has a 'domian' field (the prompts' fields: domain)" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+    # a field every prompt has with no usable value: said so, not "no such field"; a top-level field is listed
+    from mtpscope.traces.analysis.breakdown import missing_field_words, prompt_fields
+
+    m = {"prompts": [{"prompt_id": 0, "text": "a", "source": "docs", "extra": {"domain": None}},
+                     {"prompt_id": 1, "text": "b", "source": "web", "extra": {"domain": ""}}]}
+    assert prompt_fields(m) == ["source"]
+    assert missing_field_words(m, "domain") == ("no prompt has a 'domain' value (each is null, empty or not text) "
+                                                "(the prompts' fields: source)")
+    assert B.prompt_categories(m, "source") == {0: "docs", 1: "web"}
     rec = y.to_dict()["recommendation"]
     assert set(rec["by_category"]) == {"code", "chat"}
     # without a measured plain decoding the speedups are labelled estimated, with how

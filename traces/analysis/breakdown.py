@@ -195,9 +195,7 @@ def prompt_categories(manifest: Mapping[str, Any], field: str | None = None) -> 
         else:
             extra_ = p.get("extra")
             extra = extra_ if isinstance(extra_, dict) else {}
-            c = extra.get(field, p.get(field))
-            if isinstance(c, (int, float)) and not isinstance(c, bool):
-                c = str(c)
+            c = _category_value(extra.get(field, p.get(field)))
         if isinstance(c, str) and c:
             any_cat = True
             cats[int(pid)] = c
@@ -206,24 +204,40 @@ def prompt_categories(manifest: Mapping[str, Any], field: str | None = None) -> 
     return cats if any_cat else None
 
 
+#: prompt entry keys that are no category (the prompt itself, its counts and ids of tokens)
+NOT_CATEGORY_FIELDS = frozenset({"prompt_id", "text", "prompt", "n_prompt_tokens", "tokens", "messages"})
+
+
+def _category_value(v: Any) -> str | None:
+    """A prompt field's value as a category, as :func:`prompt_categories` takes it: a non-empty text, or a number
+    as its text; None for anything else (null, empty, a boolean, a list ...)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)
+    return v if isinstance(v, str) and v else None
+
+
 def prompt_fields(manifest: Mapping[str, Any]) -> list[str]:
-    """The fields ``--category-field`` can name: every ``extra`` field of the manifest's prompt entries, and
-    ``category`` where an entry has one, sorted (a typo is told which names exist)."""
+    """The fields ``--category-field`` can name, sorted (a typo is told which exist): every field of the manifest's
+    prompt entries (their ``extra`` fields and their own, :func:`prompt_categories`' lookup) that holds a category
+    value (:func:`_category_value`) in some prompt, less :data:`NOT_CATEGORY_FIELDS`."""
     names: set[str] = set()
     for p in manifest.get("prompts") or []:
         if isinstance(p, dict):
             extra = p.get("extra")
-            names.update(str(k) for k in (extra if isinstance(extra, dict) else {}))
-            if isinstance(p.get("category"), str) and p.get("category"):
-                names.add("category")
-    return sorted(names)
+            for src in (extra if isinstance(extra, dict) else {}, p):
+                names.update(str(k) for k, v in src.items() if k != "extra" and _category_value(v) is not None)
+    return sorted(names - NOT_CATEGORY_FIELDS)
 
 
 def missing_field_words(manifest: Mapping[str, Any], field: str) -> str:
-    """``no prompt has a 'domian' field (the prompts' fields: domain, source)``: the one wording of a
-    ``--category-field`` that no prompt carries (the CLI's refusal, the app's note)."""
+    """``no prompt has a 'domian' field (the prompts' fields: domain, source)``, or ``... has a 'domain' value
+    (null, empty or not text) ...`` when the field is there without one: the one wording of a ``--category-field``
+    that gives no category (the CLI's refusal, the app's note)."""
     have = prompt_fields(manifest)
-    return (f"no prompt has a {field!r} field (the prompts' fields: "
+    entries = [p for p in manifest.get("prompts") or [] if isinstance(p, dict)]
+    there = any(field in p or (isinstance(p.get("extra"), dict) and field in p["extra"]) for p in entries)
+    what = f"a {field!r} value (each is null, empty or not text)" if there else f"a {field!r} field"
+    return (f"no prompt has {what} (the prompts' fields: "
             f"{', '.join(have) if have else 'none besides their text'})")
 
 
