@@ -177,8 +177,7 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         return _convert_drafter(ckpt, out, dialect, outtype, centroids_out, vocab_from, where)
     if mt in ("gemma4_text", "gemma4"):
         tc = text_config(config, where) if mt == "gemma4" else config
-        return convert_target(tc, read_tensors(ckpt.tensors.values()), out, outtype, vocab_from, where,
-                              headers=ckpt.tensors)
+        return convert_target(tc, ckpt.tensors, out, outtype, vocab_from, where)   # headers checked, then read
     raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
                             expected="gemma4_assistant, gemma4_text or gemma4", actual=got(mt))
 

@@ -135,14 +135,36 @@ def tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, 
     return out
 
 
+#: elements :func:`refuse_nonfinite` checks at a time (64 MiB of float32; its mask is a quarter of that), so the
+#: check of a tensor of any size (the 31B target's embedding: 1.4 G values) holds one chunk's mask, not the whole's
+NONFINITE_CHUNK_ELEMENTS = 2**24
+
+
+def count_nonfinite(a: np.ndarray) -> int:
+    """How many values of the float array ``a`` are NaN or Inf, counted over chunks of outermost rows of at most
+    :data:`NONFINITE_CHUNK_ELEMENTS` values (a row longer than that is split the same way), so the mask held at
+    once is bounded whatever the size of ``a``."""
+    n = NONFINITE_CHUNK_ELEMENTS
+    if a.ndim == 0 or a.size <= n:
+        return int(a.size - np.count_nonzero(np.isfinite(a)))
+    row = a.size // a.shape[0]
+    if row > n:
+        return sum(count_nonfinite(a[i]) for i in range(a.shape[0]))
+    step = n // row
+    return sum(int(a[i:i + step].size - np.count_nonzero(np.isfinite(a[i:i + step])))
+               for i in range(0, a.shape[0], step))
+
+
 def refuse_nonfinite(name: str, a: np.ndarray, path: str) -> None:
-    """Refuse a float tensor holding NaN or Inf (what ``verify``'s ``E_NONFINITE`` rejects in a written file).
+    """Refuse a float tensor holding NaN or Inf (what ``verify``'s ``E_NONFINITE`` rejects in a written file),
+    checked in bounded chunks (:func:`count_nonfinite`).
 
     Raises:
         HFCheckpointError: naming the file and the tensor, with how many values are not finite.
     """
+    a = np.asarray(a)
     if a.dtype.kind == "f":
-        bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+        bad = count_nonfinite(a)
         if bad:
             raise HFCheckpointError("tensor holds NaN or Inf", path=path, key=name, expected="finite values",
                                     actual=f"{bad} non-finite values")
@@ -164,6 +186,6 @@ def write_converted(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_
     return write_gguf(path, arch, kv + tok_kv, tensor_values(tensors, outtype))
 
 
-__all__ = ["N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "ConvertResult",
-           "common_kv", "ordered", "per_layer_u32", "refuse_nonfinite", "tensor_values", "tokenizer_kv_for",
-           "write_converted"]
+__all__ = ["NONFINITE_CHUNK_ELEMENTS", "N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "ConvertResult",
+           "common_kv", "count_nonfinite", "ordered", "per_layer_u32", "refuse_nonfinite", "tensor_values",
+           "tokenizer_kv_for", "write_converted"]

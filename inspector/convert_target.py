@@ -28,7 +28,8 @@ The checkpoint is held to the layout its config implies before anything is writt
 :func:`target_tensor_problems`).
 
 May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_audit (the tensor
-problems' record), inspector.hf_config, inspector.hf_names, inspector.layouts, inspector.safetensors (dtypes).
+problems' record), inspector.hf_config, inspector.hf_names, inspector.layouts, inspector.safetensors (dtypes; the
+data, read once the headers pass).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from mtpscope.inspector.hf_audit import TensorProblem, numpy_why, refuse_problem
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import GENERATED, target_gguf_name, target_hf_name
 from mtpscope.inspector.layouts import ARCH_TARGET
-from mtpscope.inspector.safetensors import FLOAT_DTYPES, HFTensor
+from mtpscope.inspector.safetensors import FLOAT_DTYPES, HFTensor, read_tensors
 
 
 def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
@@ -124,30 +125,27 @@ def target_layout(hp: TextHParams) -> tuple[L.HParams, tuple[L.ExpectedTensor, .
     return lhp, L.expected_target_layout(lhp, k_eq_v=hp.k_eq_v)
 
 
-def target_tensor_problems(hp: TextHParams, tensors: Mapping[str, Any], where: str,
-                           headers: Mapping[str, HFTensor] | None = None) -> list[TensorProblem]:
-    """Every tensor of a target checkpoint against :func:`target_layout`: each one the converter writes maps to a
-    tensor of the layout (a name the mapping does not know, a layer past ``num_hidden_layers``, a MoE or per-layer
-    embedding tensor the config does not enable are refused), with its shape (numpy order) and a floating-point
-    dtype; every required tensor is there. ``lm_head`` (tied) and the vision / audio towers are left out, as the
-    converter leaves them.
+def target_tensor_problems(hp: TextHParams, headers: Mapping[str, HFTensor], where: str) -> list[TensorProblem]:
+    """Every tensor of a target checkpoint against :func:`target_layout`, from the safetensors headers alone (no
+    tensor data is read): each one the converter writes maps to a tensor of the layout (a name the mapping does not
+    know, a layer past ``num_hidden_layers``, a MoE or per-layer embedding tensor the config does not enable are
+    refused), with its shape (numpy order) and a floating-point dtype; every required tensor is there. ``lm_head``
+    (tied) and the vision / audio towers are left out, as the converter leaves them.
 
     Args:
         hp: the config read by :func:`inspector.hf_config.text_hparams`.
-        tensors: HF name -> array (numpy shape; only ``.shape`` and ``.dtype`` are read).
-        where: the config.json (its folder is named for a missing tensor when ``headers`` is not given).
-        headers: the safetensors headers (file and dtype named in the problems).
+        headers: HF name -> safetensors header entry (:attr:`HFTensor.shape`, ``dtype`` and ``file`` are read).
+        where: the config.json (its folder is named for a missing tensor of a sharded checkpoint).
     """
     lhp, layout = target_layout(hp)
     lay = {e.name: e for e in layout}
     folder = os.fspath(Path(where).parent)
-    files = sorted({t.file for t in headers.values()}) if headers else []
-    prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in tensors) else "model."
+    files = sorted({t.file for t in headers.values()})
+    prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in headers) else "model."
     out: list[TensorProblem] = []
     seen: set[str] = set()
-    for name, arr in tensors.items():
-        h = headers.get(name) if headers else None
-        path = h.file if h is not None else folder
+    for name, h in headers.items():
+        path = h.file
         try:
             g = target_gguf_name(name)
         except KeyError:
@@ -167,7 +165,7 @@ def target_tensor_problems(hp: TextHParams, tensors: Mapping[str, Any], where: s
                                          "(a MoE or per-layer-embedding tensor it does not enable?)"))
             continue
         seen.add(g)
-        shape = tuple(int(x) for x in np.shape(arr))
+        shape = tuple(int(x) for x in h.shape)
         ne = (1,) if g.endswith("layer_output_scale.weight") and int(np.prod(shape)) == 1 else tuple(reversed(shape))
         if ne != e.ne:
             transposed = len(e.ne) == 2 and shape == e.ne
@@ -175,11 +173,9 @@ def target_tensor_problems(hp: TextHParams, tensors: Mapping[str, Any], where: s
                                      + (" (stored transposed)" if transposed else ""),
                                      f"{list(reversed(e.ne))} = {numpy_why(e)}", list(shape)))
             continue
-        dtype = h.dtype if h is not None else str(np.asarray(arr).dtype)
-        bad_dtype = dtype not in FLOAT_DTYPES if h is not None else np.asarray(arr).dtype.kind != "f"
-        if bad_dtype:
+        if h.dtype not in FLOAT_DTYPES:
             out.append(TensorProblem(name, path, "tensor dtype is not a floating-point type (weights)",
-                                     "/".join(FLOAT_DTYPES), dtype))
+                                     "/".join(FLOAT_DTYPES), h.dtype))
     missing_at = files[0] if len(files) == 1 else folder
     for g, e in lay.items():
         if g in seen or g in GENERATED or not e.required:
@@ -208,11 +204,13 @@ def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoi
     return out
 
 
-def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out: Path, outtype: str,
-                   vocab_from: Any, where: str, headers: Mapping[str, HFTensor] | None = None) -> ConvertResult:
-    """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (see the module docstring), after
-    checking them whole: the config (:func:`check_target_hparams`), every tensor against it
-    (:func:`target_tensor_problems`; ``headers``, the safetensors headers, name files and dtypes), no NaN or Inf.
+def convert_target(tc: Mapping[str, Any], headers: Mapping[str, HFTensor], out: Path, outtype: str,
+                   vocab_from: Any, where: str) -> ConvertResult:
+    """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (``headers``: the checkpoint's
+    safetensors headers; see the module docstring), after checking them whole: the config
+    (:func:`check_target_hparams`), every tensor against it from the headers alone
+    (:func:`target_tensor_problems`), and only then the data (read by :func:`inspector.safetensors.read_tensors`):
+    no NaN or Inf (:func:`inspector.convert_common.refuse_nonfinite`, in bounded chunks).
 
     Raises:
         HFCheckpointError: a bad config, a tensor missing, unknown, past the layers, of the wrong shape or dtype,
@@ -221,12 +219,10 @@ def convert_target(tc: Mapping[str, Any], tensors: Mapping[str, np.ndarray], out
     """
     hp = text_hparams(tc, where)
     check_target_hparams(hp, where)
-    refuse_problems(target_tensor_problems(hp, tensors, where, headers))
-    folder = os.fspath(Path(where).parent)
+    refuse_problems(target_tensor_problems(hp, headers, where))
+    tensors = read_tensors(h for n, h in headers.items() if target_gguf_name(n) is not None)
     for name, arr in tensors.items():
-        if target_gguf_name(name) is not None:
-            h = headers.get(name) if headers else None
-            refuse_nonfinite(name, np.asarray(arr), h.file if h is not None else folder)
+        refuse_nonfinite(name, arr, headers[name].file)
     g = map_target_tensors(tensors, where)
     g["rope_freqs.weight"] = hp.rope_freqs
     kv = [("general.name", string("mtpscope-converted-target"))] + target_kv(hp)

@@ -160,7 +160,9 @@ def _array(t: HFTensor, mm: Any) -> Any:
                                 actual=f"bytes {start}..{end}")
     a = mm[start:end].view(dt).reshape(t.shape)
     if t.dtype == "BF16":                      # bf16 is the top half of an IEEE float32: exact
-        a = (a.astype(np.uint32) << 16).view(np.float32)
+        w = a.astype(np.uint32)
+        w <<= 16                               # in place: one float32-sized copy, not two
+        a = w.view(np.float32)
     return a
 
 

@@ -336,3 +336,56 @@ def test_target_shape_message_in_config_terms(pair: tuple[Path, Path], tmp_path:
     assert e.expected == "[128, 64] = (num_attention_heads·global_head_dim, hidden_size)" and e.actual == [64, 128]
     e = _refusal(mutant(pair[0], tmp_path / "2", cfg=lambda c: c.__setitem__("sliding_window", 0)), tmp_path / "2")
     assert e.key == "sliding_window" and "out of range" in e.message
+
+
+def test_target_headers_are_checked_before_any_tensor_data_is_read(pair: tuple[Path, Path], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target whose defect the headers show (a tensor stored transposed) is refused without reading a byte of
+    tensor data (reading widens every BF16 tensor to float32: about twice a 31B checkpoint in memory); a good one
+    reads each tensor it writes once."""
+    import mtpscope.inspector.safetensors as st
+
+    reads: list[str] = []
+    real = st._array
+
+    def counting(t: Any, mm: Any) -> Any:
+        reads.append(t.name)
+        return real(t, mm)
+
+    monkeypatch.setattr(st, "_array", counting)
+    d = mutant(pair[0], tmp_path, hdr=_transpose(TQ))
+    assert "stored transposed" in _refusal(d, tmp_path).message
+    assert reads == []
+    r = convert(pair[0], tmp_path / "good.gguf")
+    h, _ = _header(pair[0] / "model.safetensors")
+    written = sorted(k for k in h if k != "__metadata__" and k != "lm_head.weight")
+    assert sorted(reads) == written and r.n_tensors == len(written) + 1     # + rope_freqs, generated
+
+
+@pytest.mark.parametrize("shape", [(300_007,), (301, 1013), (5, 3, 40_000), (3, 70_000)])
+def test_nonfinite_values_counted_in_bounded_chunks(shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``refuse_nonfinite`` counts every NaN / Inf, also at the chunk edges and in rows longer than a chunk, while
+    the mask it holds at once stays one chunk's (a whole-tensor mask of the 31B embedding is 1.4 GB)."""
+    import tracemalloc
+
+    import mtpscope.inspector.convert_common as cc
+
+    chunk = 4096
+    monkeypatch.setattr(cc, "NONFINITE_CHUNK_ELEMENTS", chunk, raising=False)   # (absent before the chunks)
+    a = np.ones(shape, np.float32)
+    flat = a.reshape(-1)
+    for i, v in zip((0, chunk - 1, chunk, 2 * chunk + 7, flat.size - 1), (np.nan, np.inf, -np.inf, np.nan, np.nan),
+                    strict=True):
+        flat[i] = v
+    want = int(np.isnan(a).sum() + np.isinf(a).sum())
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        with pytest.raises(HFCheckpointError) as ei:
+            cc.refuse_nonfinite("t", a, "f.safetensors")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ei.value.actual == f"{want} non-finite values" and ei.value.key == "t"
+    assert peak < a.size // 8, peak        # a whole-tensor mask is a.size bytes
+    cc.refuse_nonfinite("t", np.ones(shape, np.float32), "f.safetensors")   # all finite: nothing raised
