@@ -262,3 +262,26 @@ def test_a_task_whose_rounds_break_the_format_is_refused_by_the_sweep_report(tmp
     # the task's trace is the only one refused: the same sweep without that task's fault reports, exit 0
     pq.write_table(t, parts[0])
     assert runner.invoke(app, ["report", str(bad)]).exit_code == 0
+
+
+def test_explain_on_a_sweep_cell_whose_probes_lack_draft_ms(tmp_path: Path, sweep2: Path) -> None:
+    """A sweep cell's manifest holds its shards' probes merged; with no draft_ms (older probes) it held
+    ``"draft_ms": {}``, which the probe check refused, naming ``<sweep>/assistant=a/n_draft=3/manifest.json`` (a
+    configuration folder: no such file). The cell's what-if and explanation now price with the merged probe."""
+    from mtpscope.traces.analysis.costs import CostProbe
+    from mtpscope.traces.sweep.advice import explain_with_baseline
+    from mtpscope.traces.sweep.reader import open_sweep
+
+    d = tmp_path / "noprobe"
+    shutil.copytree(sweep2, d)
+    for nd in (1, 3):
+        man = d / "assistant=a" / f"n_draft={nd}" / "shard=0" / "manifest.json"
+        m = json.loads(man.read_text())
+        m["cost_probe"] = {"verify_ms": {"1": 10.0 + nd, "2": 12.0, "3": 14.0, "4": 16.0}, "reps": 3}
+        man.write_text(json.dumps(m))
+    cell = open_sweep(d).cell("a", 3)
+    assert not (cell.path / "manifest.json").exists()
+    want = CostProbe({1: 13.0, 2: 12.0, 3: 14.0, 4: 16.0}, {}, 3)      # one shard: its own probe
+    assert CostProbe.of_trace(cell) == want and CostProbe.of_trace(cell) is cell.cost_probe
+    ex = explain_with_baseline(cell, with_drift=False)
+    assert ex.what_if.cost.probe == want

@@ -204,6 +204,27 @@ def test_the_probe_covers_the_what_if_range() -> None:
     assert PROBE_N_MAX == N_MAX == 8
 
 
+@pytest.mark.parametrize("probe", [
+    CostProbe({1: 10.0, 2: 12.5}, {1: 3.0, 2: 6.5}, 3, {1: (9.0, 10.0, 11.0)}, {2: (6.0, 6.5, 7.0)}),
+    CostProbe({1: 10.0, 2: 12.5}, {}, 0),                                  # an older probe: no draft_ms, no reps
+    CostProbe({1: 10.0}, {}, 2, {1: (9.0, 11.0)}, {}),
+    # a sweep cell's: merged from shards whose probes lack draft_ms (to_dict wrote "draft_ms": {}, which the check
+    # then refused)
+    CostProbe.merged([CostProbe({1: 4.0, 2: 5.0}, {}, 2), CostProbe({1: 6.0}, {}, 1)]),
+    CostProbe.merged([CostProbe({1: 4.0}, {2: 8.0}, 2, {1: (3.0, 5.0)}, {2: (8.0,)}), CostProbe({1: 6.0}, {}, 1)]),
+])
+def test_a_probe_round_trips_through_its_manifest_entry(probe: CostProbe) -> None:
+    """``from_manifest({"cost_probe": p.to_dict()}) == p`` for every probe mtpscope builds, and the entry holds no
+    empty map (the check refuses one: an entry present must hold at least one size)."""
+    d = probe.to_dict()
+    assert CostProbe.from_manifest({"cost_probe": d}) == probe
+    assert all(v != {} for v in d.values()), d
+    assert ("draft_ms" in d) == bool(probe.draft_ms)
+    # a written empty draft_ms is still malformed (the one check keeps its rule)
+    with pytest.raises(TraceFormatError, match="'cost_probe.draft_ms'"):
+        CostProbe.from_manifest({"cost_probe": {**d, "draft_ms": {}}})
+
+
 def test_costs_from_the_probe_by_hand() -> None:
     # the probe gives the shape, the trace the level: verify scale = (5 * 9 + 10 * 22 + 10 * 40) /
     # (5 * 10 + 10 * 20 + 10 * 50) = 665 / 750; draft scale = (10 * 5 + 10 * 15) / (10 * 6 + 10 * 16) = 200 / 220

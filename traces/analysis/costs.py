@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -139,6 +139,13 @@ N_MAX = 8
 MIN_SIZE_ROUNDS = 5
 
 
+@runtime_checkable
+class _CarriesProbe(Protocol):
+    """A trace that carries its probe already checked (:meth:`CostProbe.of_trace`)."""
+
+    cost_probe: CostProbe | None
+
+
 @dataclass(frozen=True)
 class CostProbe:
     """The recorder's timing of a round of every size (manifest ``cost_probe``,
@@ -243,7 +250,11 @@ class CostProbe:
     @classmethod
     def of_trace(cls, trace: Any) -> CostProbe | None:
         """:meth:`from_manifest` of an opened trace (a :class:`traces.store.protocols.TraceLike`), its errors
-        naming the trace's manifest file."""
+        naming the trace's manifest file. A trace that carries its probe already checked (``cost_probe``: a
+        :class:`traces.sweep.reader.SweepCell`, whose probe is merged from its shards' checked ones and whose folder
+        has no manifest file) gives that one, not checked again."""
+        if isinstance(trace, _CarriesProbe):
+            return trace.cost_probe
         return cls.from_manifest(trace.manifest, Path(trace.path) / MANIFEST)
 
     @classmethod
@@ -266,10 +277,18 @@ class CostProbe:
                    cat("draft_reps_ms"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verify_ms": {str(k): v for k, v in self.verify_ms.items()},
-                "draft_ms": {str(k): v for k, v in self.draft_ms.items()}, "reps": self.reps,
-                "verify_reps_ms": {str(k): list(v) for k, v in self.verify_reps_ms.items()},
-                "draft_reps_ms": {str(k): list(v) for k, v in self.draft_reps_ms.items()}}
+        """The manifest's ``cost_probe`` entry, which :meth:`from_manifest` reads back equal: a map with no size
+        (``draft_ms`` and the repetitions of an older probe) is left out, as such a probe's entry has it (the check
+        refuses an empty ``draft_ms``: an entry present holds at least one size)."""
+        d: dict[str, Any] = {"verify_ms": {str(k): v for k, v in self.verify_ms.items()}}
+        if self.draft_ms:
+            d["draft_ms"] = {str(k): v for k, v in self.draft_ms.items()}
+        d["reps"] = self.reps
+        for name in ("verify_reps_ms", "draft_reps_ms"):
+            reps: Mapping[int, tuple[float, ...]] = getattr(self, name)
+            if reps:
+                d[name] = {str(k): list(v) for k, v in reps.items()}
+        return d
 
 
 def draft_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float, str]:

@@ -501,8 +501,10 @@ class SweepCell(TraceLike):
         m["counts"] = {k: sum(int((t.manifest.get("counts") or {}).get(k) or 0) for t in traces)
                        for k in ("n_rounds", "n_steps", "n_parts")}
         m["sweep"] = {"path": os.fspath(sweep.path), "assistant": assistant, "n_draft": n_draft, "shards": shards}
-        probe = CostProbe.merged([CostProbe.of_trace(t) for t in traces])
-        m["cost_probe"] = None if probe is None else probe.to_dict()
+        #: the shards' probes (each checked by :meth:`Sweep._check`) merged; :meth:`CostProbe.of_trace` gives it as
+        #: it is (the cell's folder has no manifest file to name, and mtpscope built it)
+        self.cost_probe = CostProbe.merged([CostProbe.of_trace(t) for t in traces])
+        m["cost_probe"] = None if self.cost_probe is None else self.cost_probe.to_dict()
         self.manifest = m
         self._cache: dict[tuple[str, tuple[str, ...] | None], pd.DataFrame] = {}
 
