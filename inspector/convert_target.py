@@ -35,7 +35,6 @@ data, read once the headers pass).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +53,11 @@ from mtpscope.inspector.convert_common import (
     write_converted,
 )
 from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
-from mtpscope.inspector.hf_audit import TensorProblem, numpy_why, refuse_problems
+from mtpscope.inspector.hf_audit import TensorProblem, layout_problems, refuse_problems
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
-from mtpscope.inspector.hf_names import GENERATED, target_gguf_name, target_hf_name
+from mtpscope.inspector.hf_names import target_gguf_name, target_hf_name
 from mtpscope.inspector.layouts import ARCH_TARGET
-from mtpscope.inspector.safetensors import FLOAT_DTYPES, HFTensor, read_tensors
+from mtpscope.inspector.safetensors import HFTensor, read_tensors
 
 
 def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
@@ -127,62 +126,22 @@ def target_layout(hp: TextHParams) -> tuple[L.HParams, tuple[L.ExpectedTensor, .
 
 def target_tensor_problems(hp: TextHParams, headers: Mapping[str, HFTensor], where: str) -> list[TensorProblem]:
     """Every tensor of a target checkpoint against :func:`target_layout`, from the safetensors headers alone (no
-    tensor data is read): each one the converter writes maps to a tensor of the layout (a name the mapping does not
-    know, a layer past ``num_hidden_layers``, a MoE or per-layer embedding tensor the config does not enable are
-    refused), with its shape (numpy order) and a floating-point dtype; every required tensor is there. ``lm_head``
-    (tied) and the vision / audio towers are left out, as the converter leaves them.
+    tensor data is read), by the one check of :func:`inspector.hf_audit.layout_problems`: each one the converter
+    writes maps to a tensor of the layout (a name the mapping does not know, a layer past ``num_hidden_layers``, a
+    MoE or per-layer embedding tensor the config does not enable are refused), with its shape (numpy order) and a
+    floating-point dtype; every required tensor is there. ``lm_head`` (tied) and the vision / audio towers are left
+    out, as the converter leaves them.
 
     Args:
         hp: the config read by :func:`inspector.hf_config.text_hparams`.
-        headers: HF name -> safetensors header entry (:attr:`HFTensor.shape`, ``dtype`` and ``file`` are read).
+        headers: HF name -> safetensors header entry.
         where: the config.json (its folder is named for a missing tensor of a sharded checkpoint).
     """
     lhp, layout = target_layout(hp)
-    lay = {e.name: e for e in layout}
-    folder = os.fspath(Path(where).parent)
-    files = sorted({t.file for t in headers.values()})
     prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in headers) else "model."
-    out: list[TensorProblem] = []
-    seen: set[str] = set()
-    for name, h in headers.items():
-        path = h.file
-        try:
-            g = target_gguf_name(name)
-        except KeyError:
-            out.append(TensorProblem(name, path, "tensor name the converter does not know",
-                                     "a Gemma 4 text model tensor name", repr(name)))
-            continue
-        if g is None:
-            continue
-        e = lay.get(g)
-        if e is None:
-            m = re.match(r"blk\.(\d+)\.", g)
-            if m is not None and int(m.group(1)) >= lhp.n_layer:
-                out.append(TensorProblem(name, path, f"tensor of layer {m.group(1)}, past num_hidden_layers",
-                                         f"layers 0..{lhp.n_layer - 1}", f"layer {m.group(1)}"))
-            else:
-                out.append(TensorProblem(name, path, "tensor the model of this config.json does not have "
-                                         "(a MoE or per-layer-embedding tensor it does not enable?)"))
-            continue
-        seen.add(g)
-        shape = tuple(int(x) for x in h.shape)
-        ne = (1,) if g.endswith("layer_output_scale.weight") and int(np.prod(shape)) == 1 else tuple(reversed(shape))
-        if ne != e.ne:
-            transposed = len(e.ne) == 2 and shape == e.ne
-            out.append(TensorProblem(name, path, "tensor shape disagrees with config.json"
-                                     + (" (stored transposed)" if transposed else ""),
-                                     f"{list(reversed(e.ne))} = {numpy_why(e)}", list(shape)))
-            continue
-        if h.dtype not in FLOAT_DTYPES:
-            out.append(TensorProblem(name, path, "tensor dtype is not a floating-point type (weights)",
-                                     "/".join(FLOAT_DTYPES), h.dtype))
-    missing_at = files[0] if len(files) == 1 else folder
-    for g, e in lay.items():
-        if g in seen or g in GENERATED or not e.required:
-            continue
-        out.append(TensorProblem(target_hf_name(g, prefix) or g, missing_at, "required tensor missing",
-                                 f"{list(reversed(e.ne))} = {numpy_why(e)}, {'/'.join(FLOAT_DTYPES)}", "absent"))
-    return out
+    return layout_problems(headers.values(), {e.name: e for e in layout}, lhp.n_layer, os.fspath(Path(where).parent),
+                           gguf_of=target_gguf_name, hf_of=lambda g: target_hf_name(g, prefix),
+                           required=lambda e: e.required, family="text model")
 
 
 def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint") -> dict[str, np.ndarray]:

@@ -5,6 +5,8 @@ dialects, the ``ne`` a converter writes, what the GGUF has; GGUF tensors with no
 values vs the GGUF keys; findings with codes ``H_*``, see :data:`findings.CODES`). The checkpoint against its own
 config.json goes through the one expected layout, :func:`config_layout`: the audit's ``H_HF_SHAPE`` and
 :func:`checkpoint_problems` (every tensor's presence, shape and dtype, what ``convert`` refuses before writing).
+That check is one loop, :func:`layout_problems` (a checkpoint's headers against a layout), which the target's
+(:func:`inspector.convert_target.target_tensor_problems`) runs too.
 
 May import: mtpscope.errors, inspector.findings, inspector.layouts, inspector.safetensors,
 inspector.hf_checkpoint, inspector.hf_config, inspector.hf_names.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +110,7 @@ def _layout(config: Mapping[str, Any], dialect: str, where: str | os.PathLike[st
 
 @dataclass(frozen=True)
 class TensorProblem:
-    """One way a drafter checkpoint's tensor disagrees with its config.json (:func:`checkpoint_problems`).
+    """One way a checkpoint's tensor disagrees with its config.json (:func:`layout_problems`).
 
     Attributes:
         hf_name: the checkpoint's tensor name (for a missing one, the name it should have).
@@ -141,13 +143,79 @@ def _dtypes_ok(e: L.ExpectedTensor) -> tuple[str, ...]:
     return FLOAT_DTYPES
 
 
+def layout_problems(headers: Iterable[HFTensor], layout: Mapping[str, L.ExpectedTensor], n_layer: int, folder: str,
+                    *, gguf_of: Callable[[str], str | None], hf_of: Callable[[str], str | None],
+                    required: Callable[[L.ExpectedTensor], bool], family: str) -> list[TensorProblem]:
+    """THE check of a checkpoint's tensors against the layout its config implies, from the headers alone (no data
+    read); the drafter's (:func:`checkpoint_problems`) and the target's
+    (:func:`inspector.convert_target.target_tensor_problems`) are this loop with their own names and layout.
+
+    Every tensor the converter writes (``gguf_of`` gives its GGUF name; None: left out) is in the layout, else it is
+    refused as a name the mapping does not know (``gguf_of`` raises ``KeyError``), a layer past ``n_layer`` or a
+    tensor the config does not enable; its shape is the reverse of the layout's ``ne`` (:attr:`HFTensor.ne`; one
+    stored transposed says so); its dtype is of its kind (integer ids for the token ordering, floats otherwise);
+    every tensor ``required`` says the converter needs is there (``hf_of``: its HF name).
+
+    Args:
+        headers: the checkpoint's safetensors header entries.
+        layout: GGUF name -> expected tensor.
+        n_layer: the config's ``num_hidden_layers``.
+        folder: the checkpoint folder, where a missing tensor is placed when the tensors span several files.
+        family: the model family named for an unknown tensor name (``assistant``, ``text model``).
+
+    Returns:
+        the problems, checkpoint order, then the missing tensors in layout order ([] = the checkpoint converts).
+    """
+    out: list[TensorProblem] = []
+    seen: set[str] = set()
+    files: set[str] = set()
+    for t in headers:
+        files.add(t.file)
+        try:
+            g = gguf_of(t.name)
+        except KeyError:
+            out.append(TensorProblem(t.name, t.file, "tensor name the converter does not know",
+                                     f"a Gemma 4 {family} tensor name", repr(t.name)))
+            continue
+        if g is None:
+            continue
+        e = layout.get(g)
+        if e is None:
+            m = re.match(r"blk\.(\d+)\.", g)
+            if m is not None and int(m.group(1)) >= n_layer:
+                out.append(TensorProblem(t.name, t.file, f"tensor of layer {m.group(1)}, past num_hidden_layers",
+                                         f"layers 0..{n_layer - 1}", f"layer {m.group(1)}"))
+            else:
+                out.append(TensorProblem(t.name, t.file, "tensor the model of this config.json does not have "
+                                         "(one its config does not enable?)"))
+            continue
+        seen.add(g)
+        if t.ne != e.ne:
+            transposed = len(e.ne) == 2 and tuple(t.shape) == e.ne
+            out.append(TensorProblem(t.name, t.file, "tensor shape disagrees with config.json"
+                                     + (" (stored transposed)" if transposed else ""),
+                                     f"{list(reversed(e.ne))} = {numpy_why(e)}", list(t.shape)))
+            continue
+        ok = _dtypes_ok(e)
+        if t.dtype not in ok:
+            kind = "an integer type (token ids)" if ok is INTEGER_DTYPES else "a floating-point type (weights)"
+            out.append(TensorProblem(t.name, t.file, f"tensor dtype is not {kind}", "/".join(ok), t.dtype))
+    missing_at = next(iter(files)) if len(files) == 1 else folder
+    for name, e in layout.items():
+        if name in seen or name in GENERATED or not required(e):
+            continue
+        out.append(TensorProblem(hf_of(name) or name, missing_at, "required tensor missing",
+                                 f"{list(reversed(e.ne))} = {numpy_why(e)}, {'/'.join(_dtypes_ok(e))}", "absent"))
+    return out
+
+
 def checkpoint_problems(ckpt: HFCheckpoint, dialect: str = "fork", *, centroid_head: bool | None = None,
                         where: str | os.PathLike[str] | None = None) -> list[TensorProblem]:
     """Every tensor of a drafter checkpoint against what its config.json implies (:func:`config_layout`), from the
-    headers alone: each tensor the converter writes has the shape (numpy order, the reverse of the layout's
-    ``ne``) and a dtype of its kind (floats; integer ids for the token ordering); no tensor lies outside the layout
-    (a layer past ``num_hidden_layers``, a name the mapping does not know); every tensor ``dialect`` requires is
-    there. Left out as the converter leaves them out: ``lm_head`` (tied), the K/V tensors
+    headers alone (:func:`layout_problems`): each tensor the converter writes has the shape (numpy order, the
+    reverse of the layout's ``ne``) and a dtype of its kind (floats; integer ids for the token ordering); no tensor
+    lies outside the layout (a layer past ``num_hidden_layers``, a name the mapping does not know); every tensor
+    ``dialect`` requires is there. Left out as the converter leaves them out: ``lm_head`` (tied), the K/V tensors
     (:data:`inspector.hf_names.DRAFTER_KV`), the centroid head when ``use_ordered_embeddings`` is false.
 
     Args:
@@ -165,7 +233,6 @@ def checkpoint_problems(ckpt: HFCheckpoint, dialect: str = "fork", *, centroid_h
     """
     where = where if where is not None else Path(ckpt.path) / "config.json"
     hp, lay = _layout(ckpt.config, "fork", where)
-    n_layer = hp.n_layer
     up_required: dict[str, bool] = {}
     if dialect == "upstream":
         up_required = {name: e.required for name, e in _layout(ckpt.config, "upstream", where)[1].items()}
@@ -178,47 +245,16 @@ def checkpoint_problems(ckpt: HFCheckpoint, dialect: str = "fork", *, centroid_h
             return up_required.get(L.FORK_TO_UPSTREAM.get(e.name, e.name), e.required)
         return e.required
 
-    out: list[TensorProblem] = []
-    seen: set[str] = set()
-    for t in ckpt.tensors.values():
-        if t.name == "lm_head.weight" or t.name.endswith(DRAFTER_KV):
-            continue
-        try:
-            g = gguf_name(t.name, "fork")
-        except KeyError:
-            out.append(TensorProblem(t.name, t.file, "tensor name the converter does not know",
-                                     "a Gemma 4 assistant tensor name", repr(t.name)))
-            continue
-        e = lay.get(g) if g is not None else None
-        if e is None:
-            m = re.match(r"blk\.(\d+)\.", g or "")
-            if g in (L.FORK_CENTROIDS, L.FORK_ORDERING):
-                continue                        # use_ordered_embeddings is false: the head is not converted
-            if m is not None and int(m.group(1)) >= n_layer:
-                out.append(TensorProblem(t.name, t.file, f"tensor of layer {m.group(1)}, past num_hidden_layers",
-                                         f"layers 0..{n_layer - 1}", f"layer {m.group(1)}"))
-            else:
-                out.append(TensorProblem(t.name, t.file, "tensor the drafter of this config.json does not have"))
-            continue
-        seen.add(g or "")
-        want_shape = list(reversed(e.ne))
-        if t.ne != e.ne:
-            transposed = len(e.ne) == 2 and tuple(t.shape) == e.ne
-            out.append(TensorProblem(t.name, t.file, "tensor shape disagrees with config.json"
-                                     + (" (stored transposed)" if transposed else ""),
-                                     f"{want_shape} = {numpy_why(e)}", list(t.shape)))
-            continue
-        ok = _dtypes_ok(e)
-        if t.dtype not in ok:
-            kind = "an integer type (token ids)" if ok is INTEGER_DTYPES else "a floating-point type (weights)"
-            out.append(TensorProblem(t.name, t.file, f"tensor dtype is not {kind}", "/".join(ok), t.dtype))
-    missing_at = ckpt.files[0] if len(ckpt.files) == 1 else ckpt.path
-    for name, e in lay.items():
-        if name in seen or name in GENERATED or not required(e):
-            continue
-        out.append(TensorProblem(drafter_hf_name(name) or name, missing_at, "required tensor missing",
-                                 f"{list(reversed(e.ne))} = {numpy_why(e)}, {'/'.join(_dtypes_ok(e))}", "absent"))
-    return out
+    def gguf_of(name: str) -> str | None:
+        if name == "lm_head.weight" or name.endswith(DRAFTER_KV):
+            return None
+        g = gguf_name(name, "fork")
+        if g in (L.FORK_CENTROIDS, L.FORK_ORDERING) and g not in lay:
+            return None                         # use_ordered_embeddings is false: the head is not converted
+        return g
+
+    return layout_problems(ckpt.tensors.values(), lay, hp.n_layer, ckpt.path, gguf_of=gguf_of, hf_of=drafter_hf_name,
+                           required=required, family="assistant")
 
 
 @dataclass(frozen=True)
@@ -411,4 +447,4 @@ def audit(ckpt: HFCheckpoint | str | os.PathLike[str], f: Any) -> HFAudit:
 
 
 __all__ = ["AuditRow", "HFAudit", "TensorProblem", "audit", "checkpoint_problems", "config_layout",
-           "expected_gguf_type", "numpy_why", "refuse_problems"]
+           "expected_gguf_type", "layout_problems", "numpy_why", "refuse_problems"]

@@ -389,3 +389,38 @@ def test_nonfinite_values_counted_in_bounded_chunks(shape: tuple[int, ...], monk
     assert ei.value.actual == f"{want} non-finite values" and ei.value.key == "t"
     assert peak < a.size // 8, peak        # a whole-tensor mask is a.size bytes
     cc.refuse_nonfinite("t", np.ones(shape, np.float32), "f.safetensors")   # all finite: nothing raised
+
+
+def _add_copy(name: str, src: str) -> Callable[[dict[str, Any]], None]:
+    return lambda h: h.__setitem__(name, dict(h[src]))
+
+
+SCALE = "model.layers.2.layer_scalar"
+#: (defect, drafter header edit, target header edit, the tensor named)
+SHARED_DEFECTS = [
+    ("transposed", _transpose(Q), _transpose(TQ), None),
+    ("int_dtype", set_entry(Q, dtype="I32"), set_entry(TQ, dtype="I32"), None),
+    ("past_layers", _add_copy("model.layers.9.input_layernorm.weight", "model.layers.0.input_layernorm.weight"),
+     _add_copy("model.layers.9.input_layernorm.weight", "model.layers.0.input_layernorm.weight"),
+     "model.layers.9.input_layernorm.weight"),
+    ("missing", _drop(Q), _drop(TQ), None),
+    ("unknown_name", _add_copy("model.layers.0.banana.weight", "model.layers.0.input_layernorm.weight"),
+     _add_copy("model.layers.0.banana.weight", "model.layers.0.input_layernorm.weight"),
+     "model.layers.0.banana.weight"),
+    ("one_value_scale_as_matrix", set_entry(SCALE, shape=[1, 1]), set_entry(SCALE, shape=[1, 1]), SCALE),
+]
+
+
+@pytest.mark.parametrize("case", SHARED_DEFECTS, ids=[c[0] for c in SHARED_DEFECTS])
+def test_drafter_and_target_refuse_a_tensor_defect_alike(pair: tuple[Path, Path], tmp_path: Path,
+                                                         case: tuple[Any, ...]) -> None:
+    """One check of a checkpoint's tensors against its config's layout: the same defect in a drafter and in a target
+    is refused with the same words (a layer scale of one value stored as a [1, 1] matrix too: transformers' is a
+    [1] buffer, and the layout's ne is (1,))."""
+    _, d_edit, t_edit, named = case
+    e_d = _refusal(mutant(pair[1], tmp_path / "d", hdr=d_edit), tmp_path / "d")
+    e_t = _refusal(mutant(pair[0], tmp_path / "t", hdr=t_edit), tmp_path / "t")
+    assert e_d.message == e_t.message, (e_d.one_line(), e_t.one_line())
+    assert e_d.key == (named or Q) and e_t.key == (named or TQ)
+    if case[0] == "one_value_scale_as_matrix":
+        assert e_d.message == "tensor shape disagrees with config.json" and e_d.actual == e_t.actual == [1, 1]
