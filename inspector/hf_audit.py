@@ -26,7 +26,7 @@ from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector import layouts as L
 from mtpscope.inspector.findings import ERROR, INFO, WARNING, finding
 from mtpscope.inspector.hf_checkpoint import HFCheckpoint, read_checkpoint
-from mtpscope.inspector.hf_config import TextHParams, hparams_from_config, text_hparams
+from mtpscope.inspector.hf_config import TextHParams, assistant_fields, hparams_from_config, text_hparams
 from mtpscope.inspector.hf_names import DRAFTER_KV, GENERATED, drafter_hf_name, drop_reason, gguf_name
 from mtpscope.inspector.safetensors import FLOAT_DTYPES, INTEGER_DTYPES, HFTensor
 
@@ -292,7 +292,9 @@ class HFAudit:
 
 def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[str, Any]:
     """GGUF key -> value the converter writes from config.json (conversion/gemma.py); text fields as
-    :func:`text_hparams` reads them, only those the config states (no expectation from a default)."""
+    :func:`text_hparams` reads them, only those the config states (no expectation from a default); the assistant's
+    own fields as :func:`inspector.hf_config.assistant_fields` reads them (the one reading; its defaults are what
+    the converter writes), none of them when it refuses the config (the layout check reports that once)."""
     c = ckpt.config
     a = arch + "."
     exp: dict[str, Any] = {}
@@ -301,8 +303,9 @@ def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[st
         if v is not None:
             exp[a + key] = v
 
+    where = Path(ckpt.path) / "config.json"
     try:
-        hp: TextHParams | None = text_hparams(ckpt.text_config, Path(ckpt.path) / "config.json", require=())
+        hp: TextHParams | None = text_hparams(ckpt.text_config, where, require=())
     except HFCheckpointError:
         hp = None                              # reported by the layout check (H_CONFIG_INCOMPLETE)
     s = hp.stated if hp is not None else frozenset()
@@ -323,14 +326,18 @@ def _config_expectations(ckpt: HFCheckpoint, arch: str, dialect: str) -> dict[st
     put("attention.layer_norm_rms_epsilon", said("eps"))
     put("rope.freq_base", said("rope_base_full"))
     put("rope.freq_base_swa", said("rope_base_swa"))
-    bb = c.get("backbone_hidden_size")
-    put("n_embd_backbone" if dialect == "fork" else "embedding_length_out", bb)
-    if dialect == "fork":
-        put("use_ordered_embeddings", c.get("use_ordered_embeddings"))
-        if c.get("use_ordered_embeddings"):
-            put("n_centroids", c.get("num_centroids"))
-            put("centroid_top_k", c.get("centroid_intermediate_top_k"))
-    else:
+    try:                                       # the assistant's own fields as the converter reads (and writes) them
+        af = assistant_fields(c, hp.n_vocab, where) if hp is not None else None
+    except HFCheckpointError:
+        af = None                              # reported once, by the layout check (H_CONFIG_INCOMPLETE)
+    if af is not None:
+        put("n_embd_backbone" if dialect == "fork" else "embedding_length_out", af.n_embd_backbone)
+        if dialect == "fork":
+            put("use_ordered_embeddings", af.use_ordered_embeddings)
+            if af.use_ordered_embeddings:
+                put("n_centroids", af.n_centroids)
+                put("centroid_top_k", af.centroid_top_k)
+    if dialect != "fork":
         put("nextn_predict_layers", said("n_layer"))
     if said("n_vocab") is not None:
         exp["n_vocab"] = hp.n_vocab if hp is not None else None

@@ -321,3 +321,26 @@ def test_hf_shapes_checked_against_config(tmp_path: Path, ggufs: dict[str, Path]
     with open_gguf(ggufs["fork"]) as f:
         a = audit(tmp_path, f)
     assert any(x.code == "H_CONFIG_INCOMPLETE" and x.subject == "layer_types" for x in a.findings)
+
+
+def test_audit_reads_the_assistant_fields_as_the_converter_does(tmp_path: Path, ggufs: dict[str, Path]) -> None:
+    """The audit expects of the GGUF what the converter writes from the assistant's own fields: absent
+    ``num_centroids`` / ``centroid_intermediate_top_k`` are transformers' Gemma4AssistantConfig defaults (2048, 32),
+    which the converter writes; a field the converter refuses (``use_ordered_embeddings: "yes"``) is reported once,
+    as the config's error, and expects nothing of the file (it was compared as "yes" against true)."""
+    cfg = config()
+    del cfg["num_centroids"], cfg["centroid_intermediate_top_k"]
+    st.save_file(hf_tensors(), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = audit(tmp_path, f)
+    assert a.config["gemma4_assistant.n_centroids"] == {"hf": 2048, "gguf": N_C, "ok": False}    # the file's: N_C
+    assert a.config["gemma4_assistant.centroid_top_k"]["hf"] == 32
+    cfg = config()
+    cfg["use_ordered_embeddings"] = "yes"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with open_gguf(ggufs["fork"]) as f:
+        a = audit(tmp_path, f)
+    about = [(x.code, x.subject) for x in a.findings if "use_ordered_embeddings" in x.subject]
+    assert about == [("H_CONFIG_INCOMPLETE", "use_ordered_embeddings")], about
+    assert not any(k.endswith((".use_ordered_embeddings", ".n_centroids", ".centroid_top_k")) for k in a.config)
