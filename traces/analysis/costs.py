@@ -141,9 +141,7 @@ MIN_SIZE_ROUNDS = 5
 
 @runtime_checkable
 class _CarriesProbe(Protocol):
-    """A trace that carries its probe already checked (:meth:`CostProbe.of_trace`)."""
-
-    cost_probe: CostProbe | None
+    cost_probe: CostProbe | None       # a trace that carries its probe, checked already (CostProbe.of_trace)
 
 
 @dataclass(frozen=True)
@@ -249,10 +247,9 @@ class CostProbe:
 
     @classmethod
     def of_trace(cls, trace: Any) -> CostProbe | None:
-        """:meth:`from_manifest` of an opened trace (a :class:`traces.store.protocols.TraceLike`), its errors
-        naming the trace's manifest file. A trace that carries its probe already checked (``cost_probe``: a
-        :class:`traces.sweep.reader.SweepCell`, whose probe is merged from its shards' checked ones and whose folder
-        has no manifest file) gives that one, not checked again."""
+        """:meth:`from_manifest` of an opened trace (a :class:`traces.store.protocols.TraceLike`), its errors naming
+        the trace's manifest file; a trace that carries its probe (``cost_probe``: a sweep cell's, merged from its
+        shards' checked ones; its folder has no manifest file) gives that one, not checked again."""
         if isinstance(trace, _CarriesProbe):
             return trace.cost_probe
         return cls.from_manifest(trace.manifest, Path(trace.path) / MANIFEST)
@@ -277,18 +274,12 @@ class CostProbe:
                    cat("draft_reps_ms"))
 
     def to_dict(self) -> dict[str, Any]:
-        """The manifest's ``cost_probe`` entry, which :meth:`from_manifest` reads back equal: a map with no size
-        (``draft_ms`` and the repetitions of an older probe) is left out, as such a probe's entry has it (the check
-        refuses an empty ``draft_ms``: an entry present holds at least one size)."""
-        d: dict[str, Any] = {"verify_ms": {str(k): v for k, v in self.verify_ms.items()}}
-        if self.draft_ms:
-            d["draft_ms"] = {str(k): v for k, v in self.draft_ms.items()}
-        d["reps"] = self.reps
-        for name in ("verify_reps_ms", "draft_reps_ms"):
-            reps: Mapping[int, tuple[float, ...]] = getattr(self, name)
-            if reps:
-                d[name] = {str(k): list(v) for k, v in reps.items()}
-        return d
+        """The manifest's ``cost_probe`` entry, read back equal by :meth:`from_manifest` (a map with no size left out)."""
+        maps: dict[str, Mapping[int, Any]] = {"verify_ms": self.verify_ms, "draft_ms": self.draft_ms,
+                                              "verify_reps_ms": self.verify_reps_ms, "draft_reps_ms": self.draft_reps_ms}
+        d: dict[str, Any] = {k: {str(n): list(v) if isinstance(v, tuple) else v for n, v in m.items()}
+                             for k, m in maps.items() if m or k == "verify_ms"}
+        return {**d, "reps": self.reps}
 
 
 def draft_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float, str]:

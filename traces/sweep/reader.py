@@ -501,8 +501,7 @@ class SweepCell(TraceLike):
         m["counts"] = {k: sum(int((t.manifest.get("counts") or {}).get(k) or 0) for t in traces)
                        for k in ("n_rounds", "n_steps", "n_parts")}
         m["sweep"] = {"path": os.fspath(sweep.path), "assistant": assistant, "n_draft": n_draft, "shards": shards}
-        #: the shards' probes (each checked by :meth:`Sweep._check`) merged; :meth:`CostProbe.of_trace` gives it as
-        #: it is (the cell's folder has no manifest file to name, and mtpscope built it)
+        #: the shards' probes (each checked by Sweep._check) merged, given as is by CostProbe.of_trace
         self.cost_probe = CostProbe.merged([CostProbe.of_trace(t) for t in traces])
         m["cost_probe"] = None if self.cost_probe is None else self.cost_probe.to_dict()
         self.manifest = m
