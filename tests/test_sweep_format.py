@@ -12,6 +12,7 @@ from mtpscope.errors import MtpscopeError, TraceError, TraceFormatError
 from mtpscope.traces.sweep.spec import (
     SweepPrompt,
     SweepSpec,
+    SweepTask,
     assistant_name,
     check_out_dir,
     new_state,
@@ -90,6 +91,19 @@ def test_shards_round_robin_and_tasks() -> None:
     assert [(p["index"], p["shard"], p["prompt_id"]) for p in st["prompts"]] == [
         (0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1), (4, 0, 2)]
     assert {t["state"] for t in st["tasks"]} == {"pending"}
+
+
+def test_a_task_name_parses_back_to_its_task() -> None:
+    """One home for the task name's format: ``SweepTask.parse_task_id`` reads back what ``task_id`` writes (every
+    task of a spec, the baseline's, a name with '.' and '-'), and nothing else (was a regex in read_state that
+    restated the format)."""
+    tasks = [*_spec(5).check().tasks(), SweepTask("gemma-4.Q8_0", 12, 3)]
+    for t in tasks:
+        assert SweepTask.parse_task_id(t.task_id) == t
+    for name in ("assistant=a/n_draft=1", "assistant=a/n_draft=x/shard=0", "assistant=/n_draft=1/shard=0",
+                 "assistant=a/n_draft=1/shard=0/", "n_draft=1/assistant=a/shard=0", "assistant=a/b/n_draft=1/shard=0",
+                 "assistant=a/n_draft=-1/shard=0", ""):
+        assert SweepTask.parse_task_id(name) is None, name
 
 
 @pytest.mark.parametrize(("kw", "match"), [

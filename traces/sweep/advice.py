@@ -41,7 +41,7 @@ from mtpscope.traces.analysis.costs import (
 )
 from mtpscope.traces.analysis.timing_quality import LOAD_FACTOR
 from mtpscope.traces.analysis.what_if import N_BOOT, QUANTILES, SEED
-from mtpscope.traces.sweep.spec import ALL, BASELINE, is_sweep, read_state
+from mtpscope.traces.sweep.spec import ALL, BASELINE, SweepTask, is_sweep, read_state
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.explain_report import Explanation
@@ -59,17 +59,13 @@ def sweep_of(trace: Any) -> tuple[Path, str, int | None] | None:
     if isinstance(sw, dict) and sw.get("path"):
         return Path(sw["path"]), f"assistant={sw.get('assistant')}/n_draft={sw.get('n_draft')}", None
     p = Path(getattr(trace, "path", ""))
-    if not (p.name.startswith("shard=") and p.parent.name.startswith("n_draft=")
-            and p.parent.parent.name.startswith("assistant=")):
+    task = SweepTask.parse_task_id("/".join(p.parts[-3:])) if len(p.parts) > 3 else None
+    if task is None:
         return None
-    root = p.parent.parent.parent
+    root = p.parents[2]
     if not is_sweep(root):
         return None
-    try:
-        shard = int(p.name.split("=", 1)[1])
-    except ValueError:
-        return None
-    return root, os.path.relpath(p, root), shard
+    return root, os.path.relpath(p, root), task.shard
 
 
 def trace_baseline(trace: Any) -> tuple[PlainBaseline | None, str | None]:

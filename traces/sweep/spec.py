@@ -359,6 +359,14 @@ class SweepSpec:
         return out
 
 
+#: a task's name (:attr:`SweepTask.task_id`, :meth:`SweepTask.parse_task_id`), the one home of its format: its
+#: fields in order, each ``<field>=<value>``, joined by ``/``, and what a value may be (a regex)
+_TASK_ID_FIELDS = (("assistant", r"[^/]+"), ("n_draft", r"[0-9]+"), ("shard", r"[0-9]+"))
+_TASK_ID_RE = re.compile("/".join(f"{k}=(?P<{k}>{v})" for k, v in _TASK_ID_FIELDS))
+#: the format in words (a refusal's "expected")
+TASK_ID_WORDS = "assistant=<name>/n_draft=<k>/shard=<i>"
+
+
 @dataclass(frozen=True)
 class SweepTask:
     """One task: ``assistant`` name (or :data:`BASELINE`), ``n_draft`` (0 for the baseline), ``shard``."""
@@ -370,7 +378,13 @@ class SweepTask:
     @property
     def task_id(self) -> str:
         """``assistant=<a>/n_draft=<k>/shard=<i>``, also the trace's folder below the sweep directory."""
-        return f"assistant={self.assistant}/n_draft={self.n_draft}/shard={self.shard}"
+        return "/".join(f"{k}={getattr(self, k)}" for k, _ in _TASK_ID_FIELDS)
+
+    @classmethod
+    def parse_task_id(cls, name: str) -> SweepTask | None:
+        """The task a name (:attr:`task_id`) names; None when ``name`` is not one."""
+        m = _TASK_ID_RE.fullmatch(name)
+        return None if m is None else cls(m["assistant"], int(m["n_draft"]), int(m["shard"]))
 
     @property
     def is_baseline(self) -> bool:
@@ -469,8 +483,6 @@ _PROMPT_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
     ("index", int), ("shard", int), ("prompt_id", int), ("text", str), ("category", str))
 _TASK_KINDS: tuple[tuple[str, type[int] | type[str]], ...] = (
     ("task", str), ("assistant", str), ("n_draft", int), ("shard", int))
-#: a task's name (:attr:`SweepTask.task_id`)
-_TASK_ID_RE = re.compile(r"assistant=(?P<assistant>[^/]+)/n_draft=(?P<n_draft>[0-9]+)/shard=(?P<shard>[0-9]+)")
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -564,11 +576,11 @@ def _check_task_names(p: Path, i: int, t: Mapping[str, Any], n_shards: int | Non
     with its name (``task``) or folder (``dir``: the sweep reader labels rows by its ``key=value`` parts), or
     whose shard is not one of the sweep's: its rounds would be reported under another label or join no prompt."""
     want = SweepTask(t["assistant"], t["n_draft"], t["shard"]).task_id
-    m = _TASK_ID_RE.fullmatch(t["task"])
-    if m is None:
-        raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].task",
-                               expected="assistant=<name>/n_draft=<k>/shard=<i>", actual=repr(t["task"])[:60])
-    for k, v in (("assistant", m["assistant"]), ("n_draft", int(m["n_draft"])), ("shard", int(m["shard"]))):
+    named = SweepTask.parse_task_id(t["task"])
+    if named is None:
+        raise TraceFormatError("malformed task entry", path=p, key=f"tasks[{i}].task", expected=TASK_ID_WORDS,
+                               actual=repr(t["task"])[:60])
+    for k, v in (("assistant", named.assistant), ("n_draft", named.n_draft), ("shard", named.shard)):
         if t[k] != v:
             raise TraceFormatError("the task entry disagrees with its name", path=p, key=f"tasks[{i}].{k}",
                                    expected=f"{v!r} (its task {t['task']!r})", actual=repr(t[k]))
