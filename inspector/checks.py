@@ -13,13 +13,12 @@ share (:func:`tensor_map`, :func:`key_value`).
 
 Shapes in messages are GGUF ``ne`` order (innermost first) unless they say "numpy shape".
 
-May import: numpy, mtpscope.errors, inspector.findings, inspector.layouts, inspector.inventory (dialect
-detection of foreign architectures).
+May import: numpy, mtpscope.errors, inspector.findings, inspector.hf_config (``number_fault``, the one rule of the
+number keys), inspector.layouts, inspector.inventory (dialect detection of foreign architectures).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from mtpscope.errors import InspectorError, LayoutError
 from mtpscope.inspector import layouts as L
 from mtpscope.inspector.findings import ERROR, INFO, WARNING, Finding, finding
+from mtpscope.inspector.hf_config import number_fault
 
 # Tensors with at most this many elements (and every 1-D tensor) are read in full for the
 # non-finite check; larger ones are skipped (reading a 20 GB file is not a validation step).
@@ -197,7 +197,7 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
 #: the number keys llama.cpp reads and uses as they are, with no check of their own (a bad value loads and runs, and
 #: what comes out is wrong), each as (key suffix, the dialects whose runtime reads it, whether 0 and negative values
 #: are legal, what a bad value does). Paths are llama.cpp's (vendored in llama-cpp-python 0.3.36); the rule for all
-#: four is :func:`_usable_number`.
+#: four is :func:`inspector.hf_config.number_fault` (the config fields they are written from are read by it too).
 _NUMBER_KEYS: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
     # models/gemma4.cpp, models/gemma4-assistant.cpp: ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS,
     # hparams.f_norm_rms_eps)
@@ -228,19 +228,12 @@ _NUMBER_KEYS: tuple[tuple[str, tuple[str, ...], bool, str], ...] = (
 )
 
 
-def _usable_number(v: Any, zero_and_sign_ok: bool = False) -> bool:
-    """The one rule of :data:`_NUMBER_KEYS`: ``v`` is a real number (not a bool, not a string), finite, and > 0
-    (``zero_and_sign_ok``: any finite number)."""
-    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            and (zero_and_sign_ok or v > 0))
-
-
 def _check_number_keys(f: Any, arch: str, dialect: str, add: Any) -> None:
     """E_KEY_VALUE for each key of :data:`_NUMBER_KEYS` present with a value its runtime would use wrongly."""
     for suffix, dialects, zero_and_sign_ok, why in _NUMBER_KEYS:
         key = f"{arch}.{suffix}"
         v = key_value(f, key)
-        if dialect in dialects and v is not None and not _usable_number(v, zero_and_sign_ok):
+        if dialect in dialects and v is not None and number_fault(v, zero_and_sign_ok=zero_and_sign_ok) is not None:
             add(finding(ERROR, "E_KEY_VALUE", key, "a finite number" if zero_and_sign_ok else "a finite number > 0",
                         v, f"{suffix} is {v!r}: {why}"))
 

@@ -13,7 +13,8 @@ A field that is present is used as it is or refused with an :class:`~mtpscope.er
 (:func:`config_int`, :func:`config_flag`; ``got`` says a string is a string: ``expected int, got str '64'``),
 never replaced by a default: what is legal comes from transformers (the layer types, the per-layer-type
 ``rope_parameters``) and llama.cpp (sizes of at least 1 written as GGUF uint32 keys, at most ``LLAMA_MAX_LAYERS``
-layers, a finite positive norm epsilon and RoPE base: what ``verify`` asks of the keys they become).
+layers, a finite positive norm epsilon and RoPE base, a finite softcap: what ``verify`` asks of the keys they
+become, by the one rule :func:`number_fault`, which :mod:`inspector.checks` imports).
 
 May import: mtpscope.errors, inspector.paths, inspector.layouts (``hparams_from_config``), numpy (lazily).
 """
@@ -123,11 +124,27 @@ def config_flag(config: Mapping[str, Any], key: str, where: str | os.PathLike[st
     return v
 
 
-def _positive_number(v: Any, key: str, where: str | os.PathLike[str] | None) -> float:
+def number_fault(v: Any, *, zero_and_sign_ok: bool = False) -> str | None:
+    """THE rule of a number llama.cpp uses as it is (a norm epsilon, a RoPE base: ``verify``'s number keys,
+    :mod:`inspector.checks`; the config fields they are written from, here): a real number (not a bool, not a
+    string), finite, and > 0 (``zero_and_sign_ok``: any finite number, as the target's logit softcap).
+
+    Returns:
+        None when ``v`` keeps the rule; else what is wrong: ``"not a number"`` or ``"out of range"``.
+    """
     if not isinstance(v, int | float) or isinstance(v, bool):
+        return "not a number"
+    if not math.isfinite(v) or (v <= 0 and not zero_and_sign_ok):
+        return "out of range"
+    return None
+
+
+def _positive_number(v: Any, key: str, where: str | os.PathLike[str] | None) -> float:
+    fault = number_fault(v)
+    if fault == "not a number":
         raise HFCheckpointError("config.json field not a number", path=where, key=key, expected="float",
                                 actual=got(v))
-    if not math.isfinite(v) or v <= 0:
+    if fault is not None:
         raise HFCheckpointError("config.json field out of range", path=where, key=key,
                                 expected="a finite number > 0", actual=v)
     return float(v)
@@ -376,7 +393,7 @@ def text_hparams(tc: Mapping[str, Any], where: str | os.PathLike[str] = "config.
         return float(v)
 
     sc = tc.get("final_logit_softcapping")
-    if sc is not None and (not isinstance(sc, int | float) or isinstance(sc, bool) or not math.isfinite(sc)):
+    if sc is not None and number_fault(sc, zero_and_sign_ok=True) is not None:
         raise HFCheckpointError("config.json field not a finite number", path=where, key="final_logit_softcapping",
                                 expected="a finite number or null", actual=got(sc))
     moe = config_flag(tc, "enable_moe_block", where)
@@ -497,5 +514,5 @@ def hparams_from_config(config: Mapping[str, Any], dialect: str = "upstream",
 
 __all__ = ["ASSISTANT_DEFAULTS", "CONVERT_REQUIRED", "LAYER_TYPES", "LAYOUT_REQUIRED", "TEXT_DEFAULTS", "U32_MAX",
            "ZERO_ALLOWED", "AssistantFields", "TextHParams", "assistant_fields", "assistant_text_config",
-           "config_flag", "config_int", "got", "hparams_from_config", "partial_rotary_factor_full", "read_config",
-           "text_config", "text_hparams"]
+           "config_flag", "config_int", "got", "hparams_from_config", "number_fault", "partial_rotary_factor_full",
+           "read_config", "text_config", "text_hparams"]

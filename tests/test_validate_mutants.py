@@ -464,6 +464,35 @@ def test_drafter_softcapping_is_not_checked(tmp_path: Path, kind: str, arch: str
     assert not [x for x in r.findings if x.subject == key and x.code == "E_KEY_VALUE"]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0, 1e-6, 5e5])
+def test_config_field_and_the_key_it_becomes_meet_one_rule(tmp_path: Path, value: float) -> None:
+    """``rms_norm_eps`` and ``rope_theta`` in config.json are refused exactly when verify flags the GGUF key they
+    become (one rule, finite and > 0, :func:`inspector.hf_config.number_fault`)."""
+    import math
+
+    from mtpscope.errors import HFCheckpointError
+    from mtpscope.inspector.convert import tiny_text_config
+    from mtpscope.inspector.gguf_write import f32
+    from mtpscope.inspector.hf_config import text_hparams
+
+    bad = not (math.isfinite(value) and value > 0)
+    for field, suffix in (("rms_norm_eps", "attention.layer_norm_rms_epsilon"), ("rope_theta", "rope.freq_base")):
+        tc = tiny_text_config()
+        if field == "rope_theta":
+            tc["rope_parameters"]["full_attention"]["rope_theta"] = value
+        else:
+            tc[field] = value
+        try:
+            text_hparams(tc)
+            refused = False
+        except HFCheckpointError:
+            refused = True
+        key = f"gemma4.{suffix}"
+        r = verify_kind(tmp_path, "target", set_key(key, f32(value)), name=f"{field}.gguf")
+        flagged = any(x.subject == key and x.code == "E_KEY_VALUE" for x in r.findings)
+        assert refused is flagged is bad, (field, value, refused, flagged)
+
+
 def test_number_keys_of_the_valid_files_pass(tmp_path: Path) -> None:
     for kind in ("upstream", "target", "fork"):
         r = verify_kind(tmp_path, kind, name=f"{kind}.gguf")
