@@ -202,9 +202,18 @@ def _refusal(d: Path, tmp: Path, dialect: str = "upstream") -> HFCheckpointError
 def test_layer_scale_is_optional_in_the_fork_and_a_head_left_out_is_still_checked(good: Path, tmp_path: Path) -> None:
     """The fork loads a drafter without ``layer_output_scale`` (upstream requires it); the upstream dialect does not
     write the centroid head, yet a broken one is still refused (the checkpoint is not the model its config says)."""
+    from mtpscope.inspector import layouts as L
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.inspector.hf_config import hparams_from_config
+
     d = mutant(good, tmp_path, hdr=_drop("model.layers.2.layer_scalar"))
     r = convert(d, tmp_path / "fork.gguf", dialect="fork")
-    assert r.n_tensors == 50
+    layout = {e.name: e for e in L.expected_drafter_layout(hparams_from_config(json.loads(
+        (d / "config.json").read_text()), "fork"), "fork")}
+    assert not layout["blk.2.layer_output_scale.weight"].required
+    with open_gguf(tmp_path / "fork.gguf") as f:
+        names = {t.name for t in f.tensors}
+    assert names == set(layout) - {"blk.2.layer_output_scale.weight"} and r.n_tensors == len(layout) - 1
     d2 = mutant(good, tmp_path / "2", hdr=set_entry(ORDER, dtype="F64"))
     assert "not an integer type" in _refusal(d2, tmp_path / "2").message
 
