@@ -167,7 +167,7 @@ def test_a_bad_cost_probe_in_a_sweep_task_is_refused(tmp_path: Path, sweep2: Pat
     m["cost_probe"] = {"verify_ms": {"1": 5.0, "2": -1.0}}
     man.write_text(json.dumps(m))
     assert _report_line(bad) == (f"mtpscope: {man}: 'cost_probe.verify_ms.2': malformed cost probe entry (expected a "
-                                 "finite number of ms in 1e-4..1e7, got -1.0)")
+                                 "finite number of ms, 1e-06 <= t < 86400000 (a nanosecond to a day), got -1.0)")
 
 
 def test_a_sweep_folder_that_holds_no_trace_is_one_line(tmp_path: Path) -> None:

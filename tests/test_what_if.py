@@ -225,6 +225,26 @@ def test_a_probe_round_trips_through_its_manifest_entry(probe: CostProbe) -> Non
         CostProbe.from_manifest({"cost_probe": {**d, "draft_ms": {}}})
 
 
+@pytest.mark.parametrize("ms", [5e-7, 1e-6, 5e-5, 1.0, 2e7, 86_399_999.0, 86_400_000.0, 1e9, 1e308])
+def test_a_probe_time_and_a_round_time_follow_one_rule(tmp_path, ms: float) -> None:
+    """One plausible-time rule (a nanosecond to below a day, traces.store.schema): a probe of 2e7 ms (5.5 h) was
+    malformed while a round of 2e7 ms was a measurement, and a probe of 5e-5 ms refused where a round passed."""
+    from mtpscope.traces.store.reader import _check_rounds
+
+    plausible = 1e-6 <= ms < 86_400_000.0
+    try:
+        CostProbe.from_manifest({"cost_probe": {"verify_ms": {"1": ms}}})
+        probe_ok = True
+    except TraceFormatError:
+        probe_ok = False
+    try:
+        _check_rounds(pa.table({"t_verify_ms": pa.array([ms], pa.float64())}), tmp_path, {})
+        round_ok = True
+    except TraceFormatError:
+        round_ok = False
+    assert (probe_ok, round_ok) == (plausible, plausible)
+
+
 def test_costs_from_the_probe_by_hand() -> None:
     # the probe gives the shape, the trace the level: verify scale = (5 * 9 + 10 * 22 + 10 * 40) /
     # (5 * 10 + 10 * 20 + 10 * 50) = 665 / 750; draft scale = (10 * 5 + 10 * 15) / (10 * 6 + 10 * 16) = 200 / 220

@@ -39,6 +39,7 @@ import pandas as pd
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis.metrics import emitted_counts
 from mtpscope.traces.store.layout import MANIFEST
+from mtpscope.traces.store.schema import MAX_TIME_MS, MIN_TIME_MS
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,9 @@ def rounds_baseline(rounds: pd.DataFrame, how: str, source: str = "sweep") -> Pl
 
 # ------------------------------------------------------------------------------------------ costs
 
-#: a probe's times (ms) must lie in this range, else the probe is malformed (refused, :meth:`CostProbe.from_manifest`)
-PROBE_MS_RANGE = (1e-4, 1e7)
-#: :data:`PROBE_MS_RANGE` in words (the refusal's "expected")
-PROBE_MS_WORDS = "a finite number of ms in 1e-4..1e7"
+#: a probe's times (ms), ``lo <= t < hi`` and in words: the plausible-time rule of rounds too (schema.MIN_TIME_MS)
+PROBE_MS_RANGE = (MIN_TIME_MS, MAX_TIME_MS)
+PROBE_MS_WORDS = f"a finite number of ms, {MIN_TIME_MS:g} <= t < {MAX_TIME_MS:.0f} (a nanosecond to a day)"
 #: stands for a key that is not there (a refusal says "missing")
 _ABSENT = object()
 #: a probe's size key: a decimal positive integer of at most 4 digits (ASCII: ``str.isdigit`` takes '²')
@@ -213,7 +213,7 @@ class CostProbe:
             return int(k)
 
         def ms(key: str, v: Any) -> float:
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and PROBE_MS_RANGE[0] <= v <= PROBE_MS_RANGE[1]):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and PROBE_MS_RANGE[0] <= v < PROBE_MS_RANGE[1]):
                 raise bad(key, PROBE_MS_WORDS, v)
             return float(v)
 

@@ -430,11 +430,9 @@ CHECKED_ROUNDS_COLUMNS = ("prompt_id", "round", "pos", "pending_token", "n_draft
                           "emitted", "t_draft_ms", "t_verify_ms")
 #: token-id columns of rounds (a list column's every item is a token id)
 TOKEN_COLUMNS = ("pending_token", "drafted", "target", "emitted")
-#: a round's draft or verify time is null (unknown), 0, or in [MIN_ROUND_MS, MAX_ROUND_MS): a nanosecond to a day.
-#: Outside, it is no measurement, and the what-if's and the cost fits' sums, products and tokens per second
-#: (1000 / ms) overflow (numpy's RuntimeWarnings on the terminal, costs of inf: t_verify_ms 1e308 or 5e-324)
-MIN_ROUND_MS = 1e-6
-MAX_ROUND_MS = 86_400_000.0
+#: a round's draft or verify time is null (unknown), 0, or in [MIN_ROUND_MS, MAX_ROUND_MS): the format's
+#: plausible-time rule (:data:`schema.MIN_TIME_MS`, its one home, a cost probe's times too), a nanosecond to a day
+MIN_ROUND_MS, MAX_ROUND_MS = S.MIN_TIME_MS, S.MAX_TIME_MS
 
 
 def _prompt_id_bound(manifest: dict[str, Any]) -> int | None:

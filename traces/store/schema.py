@@ -25,6 +25,14 @@ HIDDEN_COLUMNS = ("h", "h_next", "h_inner", "h_target")
 CENTROID_COLUMNS = ("centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
                     "target_centroid", "target_centroid_rank")
 
+#: the plausible-time rule, its one home: a time the format holds as measured (a round's ``t_draft_ms`` /
+#: ``t_verify_ms``, every time of a manifest's ``cost_probe``) is ``MIN_TIME_MS <= t < MAX_TIME_MS`` ms, a nanosecond
+#: to below a day. Outside, it is no measurement, and the what-if's and the cost fits' sums, products and tokens per
+#: second (1000 / ms) overflow (numpy's RuntimeWarnings, costs of inf: 1e308 or 5e-324). A round's time may also be
+#: null (unknown) or 0 (nothing timed: the baseline's draft); a probe's may not (it lists only the sizes it timed).
+MIN_TIME_MS = 1e-6
+MAX_TIME_MS = 86_400_000.0
+
 _i32 = pa.int32()
 _f32 = pa.float32()
 _f64 = pa.float64()
