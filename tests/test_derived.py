@@ -205,9 +205,10 @@ def test_recorded_derived_columns_equal_the_graph_capture(pair, two_traces) -> N
     g, d = two_traces
     m = d.manifest["derived"]
     assert g.manifest["derived"] is None and g.manifest["params"]["graph_capture"] is True
-    # keys appended in RecordConfig's field order (min_p came last, issue 33)
-    assert d.manifest["params"]["graph_capture"] is False and list(d.manifest["params"])[-3:] == ["graph_capture",
-                                                                                                 "repack", "min_p"]
+    # keys appended in RecordConfig's field order (min_p came last, issue 33), then the loaded target's n_vocab
+    assert d.manifest["params"]["graph_capture"] is False and list(d.manifest["params"])[-4:] == ["graph_capture",
+                                                                                                 "repack", "min_p",
+                                                                                                 "n_vocab"]
     assert m["columns"] == ["h_inner", "centroid_ids", "centroid_logits", "centroid_token", "target_in_candidates",
                             "target_centroid", "target_centroid_rank"]
     assert m["from"] == ["h_next", "logits"] and m["rank"] == m["n_embd"] == 128 and m["n_calibration"] == 3
