@@ -246,7 +246,9 @@ def test_the_probe_keeps_every_repetition_and_adds_some_where_they_disagree(pair
             assert cp[med][n] == pytest.approx(float(np.median(reps)))
     v1 = cp["verify_reps_ms"]["1"]
     assert v1[0] >= 300.0                       # the spike, first
-    assert max(v1[1:]) < 300.0 and cp["verify_ms"]["1"] < 300.0     # the median ignores it
+    # the median ignores it: it is another repetition's (a busy machine may slow one of them past 300 ms too, not
+    # five of the eight: the bound was max(v1[1:]) < 300, which a loaded CI run broke once)
+    assert cp["verify_ms"]["1"] < v1[0] and cp["verify_ms"]["1"] in v1[1:]
     # CostProbe reads them back as the what-if's resampled spread
     pr = CostProbe.from_manifest({"cost_probe": cp})
     assert pr.verify_reps_ms[1] == pytest.approx(tuple(v1))
