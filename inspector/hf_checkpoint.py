@@ -11,7 +11,6 @@ May import: mtpscope.errors, inspector.paths, inspector.safetensors, inspector.h
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import HFCheckpointError
-from mtpscope.inspector.hf_config import got, read_config, text_config
-from mtpscope.inspector.paths import require_regular_file
+from mtpscope.inspector.hf_config import got, read_config, read_json_object, text_config
 from mtpscope.inspector.safetensors import HFTensor, read_safetensors_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -64,13 +62,7 @@ def read_index(folder: str | os.PathLike[str]) -> dict[str, str] | None:
     index = Path(folder) / INDEX_NAME
     if not index.exists():
         return None
-    require_regular_file(index, HFCheckpointError)
-    try:
-        obj = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise HFCheckpointError(f"sharded index unreadable: {e}", path=index) from e
-    if not isinstance(obj, dict):
-        raise HFCheckpointError("sharded index is not a JSON object", path=index, expected="object", actual=got(obj))
+    obj = read_json_object(index, "sharded index")
     wm = obj.get("weight_map")
     if not isinstance(wm, dict):
         raise HFCheckpointError("sharded index without a weight_map object", path=index, key="weight_map",

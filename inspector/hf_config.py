@@ -43,14 +43,23 @@ def read_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(folder) / "config.json"
     if not p.exists():
         return {}
+    return read_json_object(p, "config.json")
+
+
+def read_json_object(p: Path, what: str) -> dict[str, Any]:
+    """The JSON object in the regular file ``p`` (a checkpoint's config.json, its sharded index; ``what`` names it
+    in the errors).
+
+    Raises:
+        HFCheckpointError: not a regular file, unreadable, not UTF-8 JSON, or not an object.
+    """
     require_regular_file(p, HFCheckpointError)
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise HFCheckpointError(f"config.json unreadable: {e}", path=p) from e
+        raise HFCheckpointError(f"{what} unreadable: {e}", path=p) from e
     if not isinstance(obj, dict):
-        raise HFCheckpointError("config.json is not a JSON object", path=p, expected="object",
-                                actual=type(obj).__name__)
+        raise HFCheckpointError(f"{what} is not a JSON object", path=p, expected="object", actual=type(obj).__name__)
     return obj
 
 
