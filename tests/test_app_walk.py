@@ -229,7 +229,9 @@ def test_explain_page_numbers_equal_the_cli(demo_dir) -> None:
     assert _metric(at, "rounds with a rejection") == f"{rej['n_rounds_rejected']:,}"
     assert _metric(at, "of them, target known") == f"{rej['n_first_mismatch']:,}"
     rec = cli["recommendation"]
-    want = ("too few rounds" if rec["choice"] is None else "plain decoding" if rec["choice"] == "plain"
+    # (a demo recorded on a busy machine has its advice withheld: the timing-quality check, docs/EXPLAIN.md §4)
+    none = "cannot tell (timings disturbed)" if rec.get("cannot_tell") else "too few rounds"
+    want = (none if rec["choice"] is None else "plain decoding" if rec["choice"] == "plain"
             else f"n_draft {rec['choice']}") + ((" (a tie with plain decoding)" if rec["runner_up"] == "plain" else
                                                       f" (a tie with n_draft {rec['runner_up']})") if rec["tie"] else "")
     assert _metric(at, "recommendation") == want
