@@ -395,6 +395,16 @@ def _assert_out_refused(args: list[str], out: Path, option: str = "--out") -> No
     assert out.read_text() == "not a folder\n"
 
 
+def _pair_command(tmp_path: Path, command: str) -> list[str]:
+    """``command --target T --assistant A --prompts P`` over a real, valid tiny pair and a one-prompt file."""
+    from tests.builders import build
+
+    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    return [command, "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
+
+
 def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``diagnose --out FILE`` (or a path below a file) with a real, valid tiny pair: one line, exit 2, before verify,
@@ -403,13 +413,9 @@ def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
     the whole diagnosis, and then failing)."""
     import mtpscope.traces.diagnose.run as run
     import mtpscope.traces.diagnose.runtimes as runtimes
-    from tests.builders import build
 
     _must_not_run(monkeypatch, (run, "diagnose"), (runtimes, "diagnose_runtime"))
-    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('"hi"\n')
-    args = ["diagnose", "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
+    args = _pair_command(tmp_path, "diagnose")
     out = _file_out(tmp_path)
     _assert_out_refused(args, out)
     hf = tmp_path / "hf"
@@ -462,13 +468,9 @@ def test_sweep_out_that_is_a_file_is_refused_before_any_task(tmp_path: Path,
     the runner, which failed on the folder)."""
     import mtpscope.traces.sweep.quant as quant
     import mtpscope.traces.sweep.runner as runner_mod
-    from tests.builders import build
 
     _must_not_run(monkeypatch, (runner_mod, "run_sweep"), (quant, "quant_assistants"))
-    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('"hi"\n')
-    args = ["sweep", "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
+    args = _pair_command(tmp_path, "sweep")
     out = _file_out(tmp_path)
     _assert_out_refused(args, out)
     _assert_out_refused([*args, "--assistant-quant", "q8_0"], out)
