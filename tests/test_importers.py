@@ -331,3 +331,52 @@ def test_fork_ndjson_docs_name_exactly_the_required_fields(tmp_path: Path) -> No
                 refused.add(field)
         assert refused == needed, (event, refused, needed)
         assert optional <= set(obj) - needed, (event, optional)
+
+
+def test_unreadable_numbers_are_bad_lines_never_a_crash_nor_a_stored_value(tmp_path: Path) -> None:
+    """Numbers a log cannot mean are bad lines naming what was expected: integers of more digits than Python's
+    int() reads (4300; it raised ValueError, an internal error), text the number patterns match that is no number
+    (``.``: it raised too), and values that were stored: a negative or infinite ``mean len`` (llama.cpp prints
+    1 + accepted / verify steps, so 1 to 1 + accepted), negative or infinite times, an ``h_l2`` past float32's
+    largest (stored as inf) or below 0 (a norm)."""
+    big = "1" * 5000
+    good = "slot print_timing: id  0 | task 5 | draft acceptance rate = 0.50000 (    1 accepted /     2 generated)"
+    srv = _write(tmp_path, "srv.log", [
+        good,                                                                                            # 1
+        f'{{"timings":{{"draft_n":{big},"draft_n_accepted":1}}}}',                                     # 2
+        f"slot x: id {big} | task 5 | draft acceptance rate = 0.50000 (  1 accepted /  2 generated)",  # 3
+        f"draft acceptance rate = 0.50000 (  {big} accepted /  2 generated)",                          # 4
+        "draft acceptance = 0.50000 (  1 accepted /  2 generated), mean len = .",                      # 5
+        "draft acceptance = 0.50000 (  1 accepted /  2 generated), mean len = -5",                     # 6
+        "draft acceptance = 0.50000 (  1 accepted /  2 generated), mean len = 2.01",                   # 7 > 1 + 1
+        "slot print_timing: id  0 | task 6 | prompt eval time = -86.0 ms / 13 tokens",                 # 8
+        "slot print_timing: id  0 | task 6 |   eval time = 86.0 ms / 13 tokens (6.6 ms per token, . tokens per second)",  # 9
+        f"slot print_timing: id  0 | task 6 |   eval time = 86.0 ms / {big} tokens",                   # 10
+        '{"timings":{"draft_n":2,"draft_n_accepted":1,"predicted_per_second":-1}}',                   # 11
+        '{"timings":{"draft_n":2,"draft_n_accepted":1,"prompt_n":"5"}}',                              # 12
+        good,                                                                                            # 13
+        "statistics draft-mtp: #calls(b,g,a) = 1 2 3, #gen drafts = 2, #acc drafts = 1, #gen tokens = 2, "
+        "#acc tokens = 1, dur(b,g,a) = ., 1, 2 ms",                                                    # 14
+        "draft acceptance = 0.75000 (  3 accepted /  4 generated), mean len = 4.00",                   # 15 good: 1 + 3
+    ])
+    res = import_server_log(srv, tmp_path / "s")
+    assert [ln for ln, _ in res.bad_lines] == list(range(2, 13)) + [14]
+    why = dict(res.bad_lines)
+    assert why[2] == "invalid JSON (an integer of more than 4300 digits)"
+    assert "mean len: expected a number from 1 to 2.00" in why[6] and why[6].endswith("got -5")
+    assert why[8].endswith("got 13 tokens, -86.0 ms")
+    assert why[11] == "timings.predicted_per_second: expected a finite number >= 0 or null, got -1"
+    assert all(len(r) < 200 for r in why.values())
+    rows = traces.open(tmp_path / "s").requests
+    assert list(rows["line"]) == [1, 13, 15] and list(rows["mean_acceptance_length"].iloc[2:]) == [4.0]
+    fork = _write(tmp_path, "f.ndjson", [
+        '{"evt":"mtp_draft","iter":1,"id_last":5,"attn_pos":9,"drafts":[1,2],"h_l2":3.4e38}',          # 1 good
+        '{"evt":"mtp_accept","iter":1,"n_accepted":1}',                                               # 2
+        f'{{"evt":"mtp_draft","iter":{big},"id_last":5,"attn_pos":9,"drafts":[1]}}',                  # 3 bad
+        '{"evt":"mtp_draft","iter":2,"id_last":5,"attn_pos":10,"drafts":[1],"h_l2":3.5e38}',           # 4 bad
+        '{"evt":"mtp_draft","iter":3,"id_last":5,"attn_pos":11,"drafts":[1],"h_l2":-1.0}',            # 5 bad
+    ])
+    res = import_fork_ndjson(fork, tmp_path / "t")
+    assert [ln for ln, _ in res.bad_lines] == [3, 4, 5]
+    assert res.bad_lines[0][1] == "invalid JSON (an integer of more than 4300 digits)"
+    assert res.n_rounds == 1

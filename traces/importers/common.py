@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,3 +80,46 @@ I32_RANGE = (-(2 ** 31), 2 ** 31 - 1)
 
 def in_i32(v: int) -> bool:
     return I32_RANGE[0] <= v <= I32_RANGE[1]
+
+
+def text_i32(text: str) -> int | None:
+    """A decimal integer as a log prints it (a regex's ``-?\\d+`` group) if it fits int32, else None.
+
+    Any length is answered: Python's ``int()`` refuses strings of more than ``sys.get_int_max_str_digits()``
+    digits, and no number of more than 10 significant digits fits int32 anyway.
+    """
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > 10:
+        return None
+    v = int(text)
+    return v if in_i32(v) else None
+
+
+def text_float(text: str) -> float | None:
+    """A number as a log prints it (a regex's ``[-+0-9.eE]+`` group, which also matches ``.`` or ``1e``) if it
+    is one and finite, else None."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+#: :func:`json_line`'s reason for JSON nested past Python's recursion limit
+DEEP_JSON = "JSON nested too deeply"
+
+
+def json_line(text: str) -> tuple[Any, str | None]:
+    """One log line's JSON value -> ``(value, None)``, or ``(None, why it cannot be read)``.
+
+    Unreadable: invalid JSON (the reason names the column), nesting past Python's recursion limit, an
+    integer longer than Python converts (``sys.get_int_max_str_digits()`` digits).
+    """
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON ({e.msg} at column {e.colno})"
+    except RecursionError:
+        return None, DEEP_JSON
+    except ValueError:          # int() of a literal over the digit limit (json raises it unwrapped)
+        return None, f"invalid JSON (an integer of more than {sys.get_int_max_str_digits()} digits)"

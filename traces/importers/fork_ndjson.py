@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import deque
@@ -21,11 +20,14 @@ from mtpscope.traces.importers.common import (
     in_i32,
     is_int,
     is_num,
+    json_line,
     listed,
     read_lines,
 )
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.writer import TraceWriter
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 #: a draft event waiting for its accept: (line, draft obj, seq_id, segment of that seq_id)
 _Pending = tuple[int, dict[str, Any], int, int]
@@ -48,12 +50,9 @@ def _parse_event(line: str) -> tuple[str, Any]:
         if i < 0:
             return "ignored", None
         candidate = s[i:]
-    try:
-        obj = json.loads(candidate)
-    except json.JSONDecodeError as e:
-        return "bad", f"invalid JSON ({e.msg} at column {e.colno})"
-    except RecursionError:
-        return "bad", "JSON nested too deeply"
+    obj, why = json_line(candidate)
+    if why is not None:
+        return "bad", why
     if not isinstance(obj, dict):
         return "bad", f"not a JSON object ({type(obj).__name__})"
     evt = obj.get("evt")
@@ -76,8 +75,9 @@ def _parse_event(line: str) -> tuple[str, Any]:
             return "bad", "mtp_draft: 'seq_id' not a 32-bit integer"
         if "path" in obj and not isinstance(obj["path"], str):
             return "bad", "mtp_draft: 'path' not a string"
-        if obj.get("h_l2") is not None and not is_num(obj["h_l2"]):
-            return "bad", "mtp_draft: 'h_l2' not a finite number"
+        # h_l2 is an L2 norm, stored as float32: a larger value would be stored as inf
+        if obj.get("h_l2") is not None and not (is_num(obj["h_l2"]) and 0 <= obj["h_l2"] <= _F32_MAX):
+            return "bad", f"mtp_draft: 'h_l2' not a finite number from 0 to {_F32_MAX:.6g} (float32)"
     else:
         na = obj.get("n_accepted")
         if not is_int(na) or not 0 <= na <= I32_RANGE[1]:

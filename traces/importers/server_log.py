@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -13,7 +12,18 @@ from typing import Any
 import pyarrow as pa
 
 from mtpscope.errors import ImportFormatError
-from mtpscope.traces.importers.common import I32_RANGE, ImportResult, in_i32, is_int, is_num, read_lines
+from mtpscope.traces.importers.common import (
+    DEEP_JSON,
+    I32_RANGE,
+    ImportResult,
+    in_i32,
+    is_int,
+    is_num,
+    json_line,
+    read_lines,
+    text_float,
+    text_i32,
+)
 from mtpscope.traces.store import schema as S
 from mtpscope.traces.store.writer import TraceWriter
 
@@ -41,8 +51,9 @@ _STATS_COLUMNS = ("spec_type", "n_calls_begin", "n_calls_draft", "n_calls_accept
 
 def _stats_fields(m: re.Match[str]) -> dict[str, Any] | str:
     """The request-row fields of one ``statistics`` line, or the reason it is bad."""
-    ints = [int(m[g]) for g in ("cb", "cg", "ca", "gd", "ad", "gt", "at")]
-    if not all(in_i32(v) for v in ints):
+    parsed = [text_i32(m[g]) for g in ("cb", "cg", "ca", "gd", "ad", "gt", "at")]
+    ints = [v for v in parsed if v is not None]
+    if len(ints) != len(parsed):
         return "statistics counter does not fit int32"
     if ints[4] > ints[3] or ints[6] > ints[5]:
         return f"statistics: more accepted than generated ({ints[4]} / {ints[3]} drafts, {ints[6]} / {ints[5]} tokens)"
@@ -50,8 +61,23 @@ def _stats_fields(m: re.Match[str]) -> dict[str, Any] | str:
     out["spec_type"] = m["type"]
     d = _DUR_RE.search(m["rest"] or "")
     for key, g in (("t_begin_ms", "b"), ("t_draft_ms", "g"), ("t_accept_ms", "a")):
-        out[key] = float(d[g]) if d else None
+        out[key] = text_float(d[g]) if d else None
+        if d and (out[key] is None or out[key] < 0):
+            return f"statistics: dur(b,g,a): expected finite numbers of ms >= 0, got {_short(d[g])}"
     return out
+
+
+def _short(text: str) -> str:
+    """A number's text as a message quotes it: at most 20 characters (a log can hold any number of digits)."""
+    return text if len(text) <= 20 else f"{text[:8]}...({len(text)} characters)"
+
+
+def _slot_task(m: re.Match[str] | None) -> tuple[int, int] | None:
+    """A ``id N | task M |`` prefix's (slot, task), or None without one or when either does not fit int32."""
+    if m is None:
+        return None
+    slot, task = text_i32(m["slot"]), text_i32(m["task"])
+    return None if slot is None or task is None else (slot, task)
 
 
 def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
@@ -66,19 +92,26 @@ def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
     if da > dn:
         return "bad", f"timings.draft_n_accepted {da} exceeds draft_n {dn}"
 
-    def num(key: str, integer: bool = False) -> Any:
+    # token counts and times: absent or null (llama-server writes a non-finite rate as null) is no value; any
+    # other value must be one, never stored negative nor dropped silently
+    row: dict[str, Any] = {}
+    for key, col, integer in (("prompt_n", "prompt_n", True), ("prompt_ms", "prompt_ms", False),
+                              ("predicted_n", "predicted_n", True), ("predicted_ms", "predicted_ms", False),
+                              ("predicted_per_second", "tokens_per_s", False)):
         v = timings.get(key)
-        if integer:
-            return v if is_int(v) and in_i32(v) else None
-        return float(v) if is_num(v) else None
-
+        if v is None:
+            row[col] = None
+        elif integer and is_int(v) and 0 <= v <= I32_RANGE[1]:
+            row[col] = v
+        elif not integer and is_num(v) and v >= 0:
+            row[col] = float(v)
+        else:
+            what = "a 32-bit integer >= 0" if integer else "a finite number >= 0"
+            return "bad", f"timings.{key}: expected {what} or null, got {_short(json.dumps(v))}"
     slot = obj.get("id_slot")
     return "ok", {"line": ln, "kind": "response", "id_slot": slot if is_int(slot) and in_i32(slot) else None,
                   "id_task": None, "n_drafted": dn, "n_accepted": da,
-                  "acceptance_rate": da / dn if dn else None, "mean_acceptance_length": None,
-                  "prompt_n": num("prompt_n", True), "prompt_ms": num("prompt_ms"),
-                  "predicted_n": num("predicted_n", True), "predicted_ms": num("predicted_ms"),
-                  "tokens_per_s": num("predicted_per_second")}
+                  "acceptance_rate": da / dn if dn else None, "mean_acceptance_length": None, **row}
 
 
 def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
@@ -122,16 +155,12 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         if s.startswith("data:"):
             s = s[5:].strip()
         if s.startswith("{"):
-            try:
-                obj = json.loads(s)
-            except json.JSONDecodeError as e:
-                if "timings" in s or "draft_n" in s:
-                    bad.append((ln, f"invalid JSON ({e.msg} at column {e.colno})"))
+            obj, why = json_line(s)
+            if why is not None:
+                if "timings" in s or "draft_n" in s or why == DEEP_JSON:
+                    bad.append((ln, why))
                 else:
                     n_ignored += 1
-                continue
-            except RecursionError:
-                bad.append((ln, "JSON nested too deeply"))
                 continue
             if not isinstance(obj, dict):
                 n_ignored += 1
@@ -145,26 +174,32 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 n_ignored += 1
             continue
         slot_m = _SLOT_RE.search(s)
+        st = _slot_task(slot_m)
         eval_m = _EVAL_RE.search(s) if "eval time" in s else None
         if eval_m is not None:
             key = last_slot
-            if slot_m and in_i32(int(slot_m["slot"])) and in_i32(int(slot_m["task"])):
-                sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+            if st is not None:
+                sl, tk = st
                 if tk >= 0:
                     slot_task[sl] = tk
                 key = (sl, tk if tk >= 0 else slot_task.get(sl, tk))
                 last_slot = key
-            n, ms = int(eval_m["n"]), float(eval_m["ms"])
-            if not in_i32(n) or not math.isfinite(ms):
-                bad.append((ln, "eval time: token count or milliseconds out of range"))
+            n, ms = text_i32(eval_m["n"]), text_float(eval_m["ms"])
+            if n is None or ms is None or ms < 0:
+                bad.append((ln, f"eval time: expected a token count that fits int32 and a finite number of ms >= 0, "
+                                f"got {_short(eval_m['n'])} tokens, {_short(eval_m['ms'])} ms"))
+                continue
+            # llama.cpp prints inf / nan tokens per second for a zero time: no rate, not a bad line
+            tps = text_float(eval_m["tps"]) if eval_m["tps"] not in (None, "inf", "nan") else None
+            if eval_m["tps"] not in (None, "inf", "nan") and (tps is None or tps < 0):
+                bad.append((ln, f"eval time: expected a finite number of tokens per second >= 0, "
+                                f"got {_short(eval_m['tps'])}"))
                 continue
             t = timing.setdefault(key, {})
             if eval_m["prompt"]:
                 t.update(prompt_n=n, prompt_ms=ms)
             else:
-                tps = float(eval_m["tps"]) if eval_m["tps"] else None
-                t.update(predicted_n=n, predicted_ms=ms, tokens_per_s=tps if tps is not None and math.isfinite(tps)
-                         else None)
+                t.update(predicted_n=n, predicted_ms=ms, tokens_per_s=tps)
             n_timing += 1
             continue
         stats_m = _STATS_RE.search(s) if "statistics" in s else None
@@ -185,11 +220,14 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 bad.append((ln, "acceptance line not in the form "
                                 "'draft acceptance rate = R (A accepted / G generated)'"))
                 continue
-            acc, gen = int(m["acc"]), int(m["gen"])
+            acc, gen = text_i32(m["acc"]), text_i32(m["gen"])
             try:
                 rate = float(m["rate"])
             except ValueError:
                 bad.append((ln, f"rate {m['rate']!r} is not a number"))
+                continue
+            if acc is None or gen is None:
+                bad.append((ln, f"{_short(m['acc'])} accepted / {_short(m['gen'])} generated does not fit int32"))
                 continue
             if acc > gen:
                 bad.append((ln, f"{acc} accepted exceeds {gen} generated"))
@@ -200,8 +238,8 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 # another request's
                 last_log = None
                 gone: tuple[int, int | None] | None = last_slot
-                if slot_m and in_i32(int(slot_m["slot"])) and in_i32(int(slot_m["task"])):
-                    sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+                if st is not None:
+                    sl, tk = st
                     gone = (sl, tk if tk >= 0 else slot_task.get(sl))
                 timing.pop(gone, None)
                 n_ignored += 1
@@ -209,29 +247,33 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
             if gen and not abs(rate - acc / gen) <= 6e-6:
                 bad.append((ln, f"printed rate {m['rate']} disagrees with {acc} / {gen} = {acc / gen:.5f}"))
                 continue
-            if not in_i32(gen):
-                bad.append((ln, f"{gen} generated does not fit int32"))
+            mal = text_float(m["mal"]) if m["mal"] else None
+            if m["mal"] and (mal is None or not 1 <= mal <= 1 + acc + 0.005):
+                # llama.cpp prints 1 + accepted / verify steps (%5.2f), and 1 <= verify steps <= generated
+                bad.append((ln, f"mean len: expected a number from 1 to {1 + acc:.2f} (1 + {acc} accepted), "
+                                f"got {_short(m['mal'])}"))
                 continue
             slot = task = None
             if slot_m:
-                slot, task = int(slot_m["slot"]), int(slot_m["task"])
-                if not (in_i32(slot) and in_i32(task)):
-                    bad.append((ln, f"slot id {slot} / task id {task} does not fit int32"))
+                if st is None:
+                    bad.append((ln, f"slot id {_short(slot_m['slot'])} / task id {_short(slot_m['task'])} "
+                                    f"does not fit int32"))
                     continue
+                slot, task = st
                 if task < 0:
                     task = slot_task.get(slot)
             elif last_slot is not None:
                 slot, task = last_slot
             last_log = {"line": ln, "kind": "log", "id_slot": slot, "id_task": task,
                         "n_drafted": gen, "n_accepted": acc, "acceptance_rate": acc / gen if gen else None,
-                        "mean_acceptance_length": float(m["mal"]) if m["mal"] else None,
+                        "mean_acceptance_length": mal,
                         "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
                         "tokens_per_s": None, **dict.fromkeys(_STATS_COLUMNS),
                         **timing.pop((slot, task) if slot is not None else None, {})}
             rows.append(last_log)
             continue
-        if slot_m and in_i32(int(slot_m["slot"])) and in_i32(int(slot_m["task"])):
-            sl, tk = int(slot_m["slot"]), int(slot_m["task"])
+        if st is not None:
+            sl, tk = st
             if tk >= 0:
                 slot_task[sl] = tk
                 last_slot = (sl, tk)
