@@ -716,6 +716,149 @@ def test_rounds_check_leaves_good_traces_alone(tmp_path: Path) -> None:
     assert list(zip(rounds["prompt_id"], rounds["round"])) == [(7, 1), (3, 0), (7, 0)]
     assert rounds["t_verify_ms"].isna().all()
 
+def _set_value(d: Path, table: str, col: str, row: int, value) -> None:
+    """:func:`_set_round_value` for either table: ``table``'s part holding global row ``row`` rewritten."""
+    import pyarrow as pa
+
+    start = 0
+    for part in traces.open(d).part_files(table):
+        t = pq.read_table(part)
+        if row < start + t.num_rows:
+            vals = t.column(col).to_pylist()
+            vals[row - start] = value(vals[row - start]) if callable(value) else value
+            f = t.schema.field(col)
+            pq.write_table(t.set_column(t.schema.get_field_index(col), pa.field(col, f.type, nullable=True),
+                                        pa.array(vals, f.type)), part)
+            return
+        start += t.num_rows
+    raise AssertionError(f"no row {row}")
+
+
+def _raw(d: Path, table: str) -> list[dict]:
+    """Every row of ``table``'s parts as pyarrow reads them (not through mtpscope's reader)."""
+    import pyarrow as pa
+
+    return pa.concat_tables([pq.read_table(p) for p in sorted((d / table).glob("part-*.parquet"))]).to_pylist()
+
+
+def _first(rows: list[dict], pred) -> int:
+    return next(i for i, r in enumerate(rows) if pred(r))
+
+
+def test_round_lists_that_contradict_the_round_are_refused(tmp_path: Path) -> None:
+    """``target`` holds one token per verify row (n_draft + 1), ``emitted`` the accepted drafts then the target's
+    token (1 .. n_accepted + 1 items, its first n_accepted the accepted drafts): a list that breaks this is refused
+    in one line naming the row and what it holds, whatever columns are read (was: read as it was, and a round
+    emitting 9 tokens on 2 accepted drafts counted 9 tokens)."""
+    d0 = _synthetic_parts(tmp_path / "t")
+    rows = _raw(d0, "rounds")
+    r_acc = _first(rows, lambda r: r["n_accepted"] >= 1 and r["n_draft"] >= 2)
+    rr = rows[r_acc]
+    cases = [
+        ("target", r_acc, lambda old: old[:-1],
+         f"n_draft + 1 = {rr['n_draft'] + 1} items (one per verify row)", f"{rr['n_draft']} items {rr['target'][:-1]}"),
+        ("emitted", r_acc, lambda old: [*old, 5],
+         f"1 .. n_accepted + 1 = {rr['n_accepted'] + 1} items", f"{rr['n_accepted'] + 2} items {[*rr['emitted'], 5]}"),
+        ("emitted", r_acc, [], f"1 .. n_accepted + 1 = {rr['n_accepted'] + 1} items", "0 items []"),
+        ("emitted", r_acc, lambda old: [(old[0] + 1) % 1000, *old[1:]],
+         f"its first n_accepted items the accepted drafts (drafted {rr['drafted']}, n_accepted {rr['n_accepted']})",
+         str([(rr["emitted"][0] + 1) % 1000, *rr["emitted"][1:]])),
+    ]
+    for i, (col, row, value, expected, got) in enumerate(cases):
+        d = tmp_path / f"c{i}"
+        import shutil
+
+        shutil.copytree(d0, d)
+        _set_value(d, "rounds", col, row, value)
+        for names in (["t_verify_ms"], None):
+            with pytest.raises(TraceFormatError) as e:
+                traces.open(d).columns("rounds", names)
+            assert e.value.one_line() == (f"{d}: {col!r}: rounds column breaks the trace format (1 row, first row "
+                                          f"{row}) (expected {expected}, got {got})"), (i, names)
+
+
+def test_steps_that_break_the_format_are_refused_whatever_columns_are_read(tmp_path: Path) -> None:
+    """The steps' rules: 1 <= k, each (prompt_id, round, k) once, k <= its round's n_draft, the step's token the
+    round's draft, ``accepted`` as k <= n_accepted, ``target_token`` the round's target at that row, token ids in the
+    vocabulary (was: none; a k past n_draft or a step copied twice gave per-position rates over steps no round
+    holds). One line per trace, whichever steps columns a read asks for."""
+    import shutil
+
+    d0 = _synthetic_parts(tmp_path / "t")
+    rounds, steps = _raw(d0, "rounds"), _raw(d0, "steps")
+    by_round = {(r["prompt_id"], r["round"]): r for r in rounds}
+    # the last step of a round of two drafts or more
+    j = _first(steps, lambda s: s["k"] >= 2 and by_round[(s["prompt_id"], s["round"])]["n_draft"] == s["k"])
+    s = steps[j]
+    rr = by_round[(s["prompt_id"], s["round"])]
+    k, nd, na = s["k"], rr["n_draft"], rr["n_accepted"]
+    cases = [
+        ("k", j, 0, "1 <= k <= 65535", "0"),
+        (("k", "prompt_id, round, k"), j, k - 1, "each (prompt_id, round, k) once",
+         f"({s['prompt_id']}, {s['round']}, {k - 1}) again (first at row {j - 1})"),
+        ("k", j, nd + 1, f"k <= n_draft = {nd} of its round", str(nd + 1)),
+        ("token", j, lambda t: (t + 1) % 1000, f"drafted[k - 1] of its round = {rr['drafted'][k - 1]}",
+         str((s["token"] + 1) % 1000)),
+        ("accepted", j, lambda a: not a, f"k <= n_accepted ({k} <= {na}: {k <= na})", str(not s["accepted"])),
+        ("target_token", j, lambda t: (t + 1) % 1000, f"target[k - 1] of its round = {rr['target'][k - 1]}",
+         str((s["target_token"] + 1) % 1000)),
+        ("top_ids", j, lambda ids: [*ids[:-1], 1000], "token ids 0..999 (params.n_vocab 1000)", "1000"),
+        ("prompt_id", j, 4, "0..3 (manifest.prompts)", "4"),
+    ]
+    for i, (col, row, value, expected, got) in enumerate(cases):
+        d = tmp_path / f"c{i}"
+        shutil.copytree(d0, d)
+        col, key = col if isinstance(col, tuple) else (col, col)    # (the column edited, the rule's key)
+        _set_value(d, "steps", col, row, value)
+        for names in (["logit"], ["k", "accepted"], None):
+            with pytest.raises(TraceFormatError) as e:
+                traces.open(d).columns("steps", names)
+            assert e.value.one_line() == (f"{d}: {key!r}: steps column breaks the trace format (1 row, first row "
+                                          f"{row}) (expected {expected}, got {got})"), (i, names)
+
+
+def test_a_repeated_step_is_named_whatever_the_prompt_ids(tmp_path: Path) -> None:
+    """The repeat rule names (prompt_id, round, k) as the trace holds them, for prompt ids past 2**15 too (a trace
+    whose manifest lists no prompt bounds none)."""
+    import pyarrow as pa
+
+    from mtpscope.traces.store.checks import check_steps
+
+    for pid in (3, 2**20, 2**31 - 1):
+        steps = pa.table({"prompt_id": pa.array([pid, 0, pid], pa.int32()), "round": pa.array([7, 7, 7], pa.int32()),
+                          "k": pa.array([2, 2, 2], pa.int32())})
+        with pytest.raises(TraceFormatError) as e:
+            check_steps(steps, pa.table({}), tmp_path, {})
+        assert e.value.one_line() == (f"{tmp_path}: 'prompt_id, round, k': steps column breaks the trace format "
+                                      f"(1 row, first row 2) (expected each (prompt_id, round, k) once, got "
+                                      f"({pid}, 7, 2) again (first at row 0))"), pid
+
+
+def test_steps_of_a_lost_rounds_part_are_read_unchecked_against_it(tmp_path: Path) -> None:
+    """docs/TRACE_FORMAT.md: the steps of a part whose rounds part was lost are still returned; the steps' check
+    compares only the steps whose round the rounds hold."""
+    d = _synthetic_parts(tmp_path / "t")
+    part = traces.open(d).part_files("rounds")[1]
+    part.write_bytes(b"not parquet")
+    t = traces.open(d)
+    assert len(t.steps) == len(_raw(d, "steps")) and part in t.skipped
+
+
+def test_accepted_drafts_that_differ_from_the_target_are_a_warning(tmp_path: Path) -> None:
+    """A round whose accepted draft is not the target's token at its verify row (a runtime whose target tokens are
+    recomputed after its own acceptance, at a near tie): the trace stays readable and says so in one warning."""
+    d = _synthetic_parts(tmp_path / "t")
+    rows = _raw(d, "rounds")
+    r = _first(rows, lambda x: x["n_accepted"] >= 1)
+    new_target = [(rows[r]["target"][0] + 1) % 1000, *rows[r]["target"][1:]]
+    _set_value(d, "rounds", "target", r, new_target)
+    t = traces.open(d)
+    assert len(t.rounds) == 40
+    assert t.warnings[-1] == (f"{d}: 1 round whose accepted drafts differ from the target's tokens (first row {r}: "
+                              f"drafted {rows[r]['drafted']}, target {new_target}, n_accepted "
+                              f"{rows[r]['n_accepted']}): the acceptance counts are the runtime's own")
+
+
 def test_hidden_reads_only_the_row_groups_of_the_selected_rows(tmp_path: Path, monkeypatch) -> None:
     from mtpscope.traces.store import parts
 

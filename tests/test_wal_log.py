@@ -29,9 +29,10 @@ def _round(r: int, n_acc: int = 1, **kw) -> RoundRecord:
 
 
 def _steps(r: int) -> list[StepRecord]:
+    """Round ``r``'s three steps (with :func:`_round`'s default n_acc 1: tokens its drafts, target tokens its target)."""
     rng = np.random.default_rng(r)
     return [StepRecord(k=k, token=100 * k + r, logit=np.float32(1.25 * k), rank=0, top_ids=(100 * k + r, 5),
-                       top_logits=(float("nan"), -1.0), target_token=7, target_rank=None, accepted=np.bool_(k == 1),
+                       top_logits=(float("nan"), -1.0), target_token=100 + r if k == 1 else 9, target_rank=None, accepted=np.bool_(k == 1),
                        h=rng.standard_normal(6).astype(np.float32), h_next=None,
                        h_inner=rng.standard_normal(4).astype(np.float32) if k != 2 else None,
                        target_p_drafted=1e-30, target_entropy=float("inf"))
@@ -57,7 +58,7 @@ def test_what_goes_in_comes_back(tmp_path: Path) -> None:
         assert rr == _round(r)
         for s, want in zip(steps, _steps(r), strict=True):
             assert (s.k, s.token, s.logit, s.top_ids, s.target_token, s.target_rank, s.accepted) == \
-                (want.k, want.token, 1.25 * want.k, want.top_ids, 7, None, want.k == 1)
+                (want.k, want.token, 1.25 * want.k, want.top_ids, want.target_token, None, want.k == 1)
             assert math.isnan(s.top_logits[0]) and s.top_logits[1] == -1.0
             assert s.target_p_drafted == 1e-30 and s.target_entropy == float("inf")
             # stored in the trace's dtype: float16 of the value given

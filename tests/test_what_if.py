@@ -229,7 +229,7 @@ def test_a_probe_round_trips_through_its_manifest_entry(probe: CostProbe) -> Non
 def test_a_probe_time_and_a_round_time_follow_one_rule(tmp_path, ms: float) -> None:
     """One plausible-time rule (a nanosecond to below a day, traces.store.schema): a probe of 2e7 ms (5.5 h) was
     malformed while a round of 2e7 ms was a measurement, and a probe of 5e-5 ms refused where a round passed."""
-    from mtpscope.traces.store.reader import _check_rounds
+    from mtpscope.traces.store.checks import check_rounds
 
     plausible = 1e-6 <= ms < 86_400_000.0
     try:
@@ -238,7 +238,7 @@ def test_a_probe_time_and_a_round_time_follow_one_rule(tmp_path, ms: float) -> N
     except TraceFormatError:
         probe_ok = False
     try:
-        _check_rounds(pa.table({"t_verify_ms": pa.array([ms], pa.float64())}), tmp_path, {})
+        check_rounds(pa.table({"t_verify_ms": pa.array([ms], pa.float64())}), tmp_path, {})
         round_ok = True
     except TraceFormatError:
         round_ok = False

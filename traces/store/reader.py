@@ -24,6 +24,13 @@ import pyarrow.parquet as pq
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.store import schema as S
+from mtpscope.traces.store.checks import (
+    CHECKED_ROUNDS_COLUMNS,
+    CHECKED_STEPS_COLUMNS,
+    accepted_drafts_warning,
+    check_rounds,
+    check_steps,
+)
 from mtpscope.traces.store.layout import (
     MANIFEST,
     TABLES,
@@ -114,8 +121,10 @@ class Trace(TraceLike):
         self._files: dict[str, list[Path]] = {t: self._list_parts(t) for t in TABLES}
         self._cache: dict[tuple[str, tuple[str, ...]], pd.DataFrame] = {}
         self._con: Any = None   # a duckdb connection, made on the first sql() (duckdb has no type information)
-        #: the rounds passed :func:`_check_rounds` (on :data:`CHECKED_ROUNDS_COLUMNS`, whatever the first read asked)
-        self._rounds_checked = False
+        #: the rounds' :data:`~traces.store.checks.CHECKED_ROUNDS_COLUMNS` once they passed
+        #: :func:`~traces.store.checks.check_rounds` (whatever the first read asked for); the steps' check reads them
+        self._checked_rounds: pa.Table | None = None
+        self._steps_checked = False
         self._lock = threading.RLock()      # the app shares one Trace between script threads
 
     def __repr__(self) -> str:
@@ -167,6 +176,10 @@ class Trace(TraceLike):
             self.warnings.append(f"{path}: unreadable {table} part skipped ({msg})")
             self.skipped.append(path)
             self._cache = {k: v for k, v in self._cache.items() if k[0] != table}
+            if table == "rounds":           # checked again over the parts left (the steps against them too)
+                self._checked_rounds, self._steps_checked = None, False
+            elif table == "steps":
+                self._steps_checked = False
             if self._con is not None:
                 self._con.close()
                 self._con = None
@@ -207,7 +220,7 @@ class Trace(TraceLike):
                 present = set(pq.read_schema(p).names)
                 t = pq.read_table(p, columns=[c for c in columns if c in present], page_checksum_verification=True)
                 sub = _subschema(schema, columns)
-                if table == "rounds":   # nulls in a required column the part has: _check_rounds names them (the
+                if table == "rounds":   # nulls in a required column the part has: check_rounds names them (the
                     # column, the first row), the same refusal whichever columns a command reads; not a skipped part
                     sub = pa.schema([f.with_nullable(True) if f.name in present else f for f in sub])
                 pieces.append(conform(t, sub, table))
@@ -234,17 +247,43 @@ class Trace(TraceLike):
         key = (table, tuple(names))
         with self._lock:
             if key not in self._cache:
-                if table == "rounds" and not self._rounds_checked:
+                if table == "rounds" and self._checked_rounds is None:
                     # every rule on every checked column, whichever columns this read asks for: report, explain,
                     # compare and the app refuse the same rounds (was: only the rules on the projected columns)
                     wide = self._read_arrow(table, list(dict.fromkeys([*names, *CHECKED_ROUNDS_COLUMNS])))
-                    _check_rounds(wide, self.path, self.manifest)
-                    self._rounds_checked = True
+                    arrow = wide.select(list(names))
+                    self._rounds_arrow(wide)
+                elif table == "steps" and not self._steps_checked:
+                    # the steps' rules too, against the rounds (a repeated k, a k past its round's n_draft, a
+                    # token that is not the round's draft): the step page, diagnose and explain read the same steps
+                    have = self.schemas[table].names
+                    wide = self._read_arrow(table, list(dict.fromkeys(
+                        [*names, *(c for c in CHECKED_STEPS_COLUMNS if c in have)])))
+                    check_steps(wide, self._rounds_arrow(), self.path, self.manifest)
+                    self._steps_checked = True
                     arrow = wide.select(list(names))
                 else:
                     arrow = self._read_arrow(table, names)
                 self._cache[key] = _to_pandas(arrow, self.schemas[table])
             return self._cache[key]
+
+    def _rounds_arrow(self, wide: pa.Table | None = None) -> pa.Table:
+        """The rounds' checked columns (:data:`~traces.store.checks.CHECKED_ROUNDS_COLUMNS`), read (or ``wide``, read
+        by the caller with them) and checked once: :func:`~traces.store.checks.check_rounds` refuses, and
+        :func:`~traces.store.checks.accepted_drafts_warning` adds its line to :attr:`warnings`.
+
+        Raises:
+            TraceFormatError: as :func:`~traces.store.checks.check_rounds`.
+        """
+        if self._checked_rounds is None:
+            if wide is None:
+                wide = self._read_arrow("rounds", list(CHECKED_ROUNDS_COLUMNS))
+            check_rounds(wide, self.path, self.manifest)
+            warn = accepted_drafts_warning(wide, self.path)
+            if warn is not None:
+                self.warnings.append(warn)
+            self._checked_rounds = wide.select(list(CHECKED_ROUNDS_COLUMNS))
+        return self._checked_rounds
 
     # ------------------------------------------------------------------ hidden states
     def hidden(self, name: str, where: Any = None) -> np.ndarray:
@@ -423,139 +462,3 @@ def open_trace(path: str | os.PathLike[str], *, recover_wal: bool = True) -> Tra
     if not manifest.get("complete"):
         warnings.append(f"{mpath}: trace is incomplete (still being written, or the run stopped early)")
     return Trace(p, manifest, warnings)
-
-
-#: the rounds columns :func:`_check_rounds` reads, on the first read of a trace's rounds whatever it asks for
-CHECKED_ROUNDS_COLUMNS = ("prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "target", "n_accepted",
-                          "emitted", "t_draft_ms", "t_verify_ms")
-#: token-id columns of rounds (a list column's every item is a token id)
-TOKEN_COLUMNS = ("pending_token", "drafted", "target", "emitted")
-#: a round's draft or verify time is null (unknown), 0, or in [MIN_ROUND_MS, MAX_ROUND_MS): the format's
-#: plausible-time rule (:data:`schema.MIN_TIME_MS`, its one home, a cost probe's times too), a nanosecond to a day
-MIN_ROUND_MS, MAX_ROUND_MS = S.MIN_TIME_MS, S.MAX_TIME_MS
-
-
-def _prompt_id_bound(manifest: dict[str, Any]) -> int | None:
-    """How many prompt ids a trace's rounds may use: ``prompt_id`` is an index into ``manifest.prompts``, so
-    ``0..n - 1`` with ``n`` the prompts listed, or the largest listed ``prompt_id`` + 1 when larger; None (only
-    ``>= 0`` is checked) when the manifest lists no prompt (a writer given none) or :func:`schema.check_manifest`
-    left a malformed entry out (``prompts_left_out``: its id unknown, its rounds stay readable)."""
-    prompts = manifest.get("prompts") or []
-    if not prompts or manifest.get("prompts_left_out"):
-        return None
-    return max(len(prompts), 1 + max(int(p["prompt_id"]) for p in prompts))
-
-
-def _manifest_n_vocab(manifest: dict[str, Any]) -> int | None:
-    """The target's vocabulary size where the manifest records it (``params.n_vocab``, an int > 0: recordings of
-    every runtime, synthetic traces), else None (token ids are then checked ``>= 0`` only)."""
-    v = (manifest.get("params") or {}).get("n_vocab")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-
-def _check_rounds(t: pa.Table, path: Path, manifest: dict[str, Any]) -> None:
-    """The values every metric relies on, checked on whichever of :data:`CHECKED_ROUNDS_COLUMNS` ``t`` holds,
-    in this order (the first rule broken is the error):
-
-    * no nulls in a column the format marks non-null (``prompt_id``, ``round``, ``pos``, ``pending_token``,
-      ``n_draft``, ``drafted``, ``n_accepted``);
-    * ``prompt_id`` in ``0..n - 1`` (:func:`_prompt_id_bound`; ``>= 0`` when the manifest lists no prompt);
-      ``round >= 0``;
-    * ``n_draft >= 0`` and ``n_draft == len(drafted)``; ``0 <= n_accepted <= n_draft``;
-    * each ``(prompt_id, round)`` once (across parts: ``t`` is every part read);
-    * token ids (``pending_token``, the items of ``drafted``, ``target``, ``emitted``) ``>= 0`` and below
-      the manifest's ``n_vocab`` where it records one (:func:`_manifest_n_vocab`); null items pass;
-    * ``t_draft_ms`` / ``t_verify_ms`` null (unknown), 0, or :data:`MIN_ROUND_MS` ``<= t <`` :data:`MAX_ROUND_MS`
-      (NaN and infinities refused).
-
-    Vectorised (pyarrow.compute; the pairs through one numpy sort only when they are not already in order).
-
-    Raises:
-        TraceFormatError: naming the trace, the column, how many rows break the rule, the first one, and what
-            that row holds.
-    """
-    import pyarrow.compute as pc
-
-    def fail(col: str, bad: pa.Array | pa.ChunkedArray, expected: str, actual: Any) -> None:
-        idx = pc.indices_nonzero(bad)
-        rows = "1 row" if len(idx) == 1 else f"{len(idx)} rows"
-        raise TraceFormatError(f"rounds column breaks the trace format ({rows}, first row {idx[0].as_py()})",
-                               path=path, key=col, expected=expected, actual=actual)
-
-    def scalar(col: str, bad: pa.ChunkedArray, expected: str) -> None:
-        bad = pc.fill_null(bad, False)
-        if pc.any(bad).as_py():
-            fail(col, bad, expected, pc.filter(t[col], bad)[0].as_py())
-
-    names = set(t.column_names)
-    n = t.num_rows
-    for col in CHECKED_ROUNDS_COLUMNS:
-        if col in names and not S.ROUNDS_SCHEMA.field(col).nullable and t[col].null_count:
-            fail(col, pc.is_null(t[col]), "no nulls", "null")
-    if not n:
-        return
-    n_prompts = _prompt_id_bound(manifest)
-    if "prompt_id" in names:
-        pid = t["prompt_id"]
-        if n_prompts is None:
-            scalar("prompt_id", pc.less(pid, 0), ">= 0")
-        else:
-            scalar("prompt_id", pc.or_(pc.less(pid, 0), pc.greater_equal(pid, n_prompts)),
-                   f"0..{n_prompts - 1} (manifest.prompts)")
-    if "round" in names:
-        scalar("round", pc.less(t["round"], 0), ">= 0")
-    if "n_draft" in names:
-        scalar("n_draft", pc.less(t["n_draft"], 0), ">= 0")
-        if "drafted" in names:
-            lengths = pc.list_value_length(t["drafted"])
-            bad = pc.not_equal(t["n_draft"], lengths)
-            if pc.any(bad).as_py():
-                first = pc.indices_nonzero(bad)[0].as_py()
-                fail("n_draft", bad, f"len(drafted) = {lengths[first].as_py()}", t["n_draft"][first].as_py())
-    if "n_accepted" in names:
-        bad = pc.less(t["n_accepted"], 0)
-        if "n_draft" in names:
-            bad = pc.or_(bad, pc.greater(t["n_accepted"], t["n_draft"]))
-        scalar("n_accepted", bad, "0 <= n_accepted <= n_draft")
-    if "prompt_id" in names and "round" in names:
-        _check_unique_rounds(t, fail)
-    n_vocab = _manifest_n_vocab(manifest)
-    ids = ">= 0" if n_vocab is None else f"0..{n_vocab - 1} (params.n_vocab {n_vocab})"
-    for col in TOKEN_COLUMNS:
-        if col not in names:
-            continue
-        c = t[col]
-        items = pc.list_flatten(c) if pa.types.is_list(c.type) else c
-        bad = pc.less(items, 0) if n_vocab is None else pc.or_(pc.less(items, 0), pc.greater_equal(items, n_vocab))
-        bad = pc.fill_null(bad, False)
-        if not pc.any(bad).as_py():
-            continue
-        if pa.types.is_list(c.type):
-            row_bad = np.zeros(n, dtype=bool)      # the rows holding a bad item
-            row_bad[pc.filter(pc.list_parent_indices(c), bad).to_numpy()] = True
-            fail(col, pa.array(row_bad), f"token ids {ids}", pc.filter(items, bad)[0].as_py())
-        fail(col, bad, f"token ids {ids}", pc.filter(items, bad)[0].as_py())
-    for col in ("t_draft_ms", "t_verify_ms"):
-        if col in names:
-            v = t[col]     # (NaN compares false: not ok)
-            ok = pc.or_(pc.equal(v, 0.0), pc.and_(pc.greater_equal(v, MIN_ROUND_MS), pc.less(v, MAX_ROUND_MS)))
-            scalar(col, pc.invert(ok), f"null, 0 or {MIN_ROUND_MS:g} <= t < {MAX_ROUND_MS:.0f} ms (a nanosecond to "
-                   "a day)")
-
-
-def _check_unique_rounds(t: pa.Table, fail: Any) -> None:
-    """Each ``(prompt_id, round)`` once in ``t`` (both checked non-null and ``>= 0`` before): one int64 key per
-    row; in order already (how writers write) costs one comparison, else one stable sort."""
-    key = (t["prompt_id"].to_numpy().astype(np.int64) << 32) | t["round"].to_numpy().astype(np.int64)
-    if len(key) < 2 or bool(np.all(key[1:] > key[:-1])):
-        return
-    order = np.argsort(key, kind="stable")
-    same = key[order[1:]] == key[order[:-1]]
-    if not same.any():
-        return
-    again = np.zeros(len(key), dtype=bool)
-    again[order[1:][same]] = True          # a row whose pair an earlier row holds (stable: the earlier one first)
-    first = int(np.flatnonzero(again)[0])
-    earlier = int(np.flatnonzero(key == key[first])[0])
-    pair = (int(key[first] >> 32), int(key[first] & 0xFFFFFFFF))
-    fail("prompt_id, round", pa.array(again), "each (prompt_id, round) once", f"{pair} again (first at row {earlier})")
