@@ -405,6 +405,44 @@ def _pair_command(tmp_path: Path, command: str) -> list[str]:
     return [command, "--target", str(target), "--assistant", str(drafter), "--prompts", str(prompts)]
 
 
+def test_import_and_demo_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import fork-ndjson|server-log --out FILE`` and ``demo build|train --out FILE`` (or a path below a file): one
+    line naming the path and the option, exit 2, before the log is read or any model is written (was: the writer's
+    own error after the import's work, and the demo's build or training first)."""
+    import mtpscope.demo.spec as spec
+    import mtpscope.traces.importers as importers
+
+    _must_not_run(monkeypatch, (importers, "import_fork_ndjson"), (importers, "import_server_log"),
+                  (spec, "demo_is_current"))
+    log = tmp_path / "log.ndjson"
+    log.write_text("{}\n")
+    out = _file_out(tmp_path)
+    for args in (["import", "fork-ndjson", str(log)], ["import", "server-log", str(log)], ["demo", "build"],
+                 ["demo", "train"]):
+        _assert_out_refused(args, out)
+
+
+def test_convert_out_that_is_a_folder_or_below_a_file_is_refused_before_any_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``convert --out`` and ``--centroids-out`` name GGUF files: an existing folder, or a path below a file, is
+    refused in one line naming it and the option, exit 2, before the checkpoint is read (was: after the conversion,
+    at the write)."""
+    import mtpscope.inspector.convert as convert
+
+    _must_not_run(monkeypatch, (convert, "convert"))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    afile = _file_out(tmp_path)
+    good = tmp_path / "ok.gguf"
+    for option in ("--out", "--centroids-out"):
+        rest = [] if option == "--out" else ["--out", str(good)]
+        for where, says in ((tmp_path, "is a folder, not a file"), (afile / "x.gguf", f"below {afile}, a file")):
+            line = _one_line(runner.invoke(app, ["convert", str(hf), *rest, option, str(where)]))
+            assert line.startswith(f"mtpscope: {where}: '{option}': ") and says in line, (option, line)
+    assert afile.read_text() == "not a folder\n" and not good.exists()
+
+
 def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``diagnose --out FILE`` (or a path below a file) with a real, valid tiny pair: one line, exit 2, before verify,

@@ -249,7 +249,7 @@ def _file_above(value: Path) -> Path | None:
 
 def out_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
     """A typer ``callback=`` for an output folder option (``record`` / ``sweep`` / ``probe`` / ``diagnose`` /
-    ``replay`` ``--out``), so checked while the command line is parsed, before any model loads or any work starts:
+    ``replay`` / ``import`` / ``demo build`` / ``demo train`` ``--out``), so checked while the command line is parsed, before any model loads or any work starts:
     the folder, new or existing. An existing file, or a path below one, is refused in one line naming it and the
     option, exit 2 (the command's writer would refuse it only after the long work). Returns ``value``."""
     if value is None:
@@ -263,7 +263,8 @@ def out_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
 
 
 def out_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
-    """A typer ``callback=`` for an output file option written after long work (``diagnose --html``), checked while
+    """A typer ``callback=`` for an output file option written after long work (``diagnose --html``, ``convert --out``
+    and ``--centroids-out``), checked while
     the command line is parsed: a path that is an existing folder, or that lies below a file, is refused in one
     line naming it and the option, exit 2. Returns ``value``."""
     if value is None:

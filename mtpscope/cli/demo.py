@@ -8,14 +8,15 @@ from pathlib import Path
 
 import typer
 
-from mtpscope.cli.common import one_line_errors
+from mtpscope.cli.common import one_line_errors, out_folder
 
 demo_app = typer.Typer(help="The demo pairs (a trained tiny Gemma 4 target + MTP drafter and a constructed "
                             "one, real tokenizer) and their traces.", no_args_is_help=True)
 
 
 @demo_app.command("build")
-def build(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo)."),
+def build(out: Path | None = typer.Option(None, "--out", callback=out_folder,
+                                          help="Demo folder (default <cache>/demo)."),
           force: bool = typer.Option(False, "--force", help="Rebuild even if stamp.json matches."),
           no_traces: bool = typer.Option(False, "--no-traces", help="Write the models only."),
           config: Path | None = typer.Option(None, "--config",
@@ -58,8 +59,9 @@ def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (defau
 
 
 @demo_app.command("train")
-def train(out: Path | None = typer.Option(None, "--out", help="Where to write the compact checkpoints "
-                                          "(default: the package's mtpscope/demo_data)."),
+def train(out: Path | None = typer.Option(None, "--out", callback=out_folder,
+                                          help="Where to write the compact checkpoints "
+                                               "(default: the package's mtpscope/demo_data)."),
           seed: int = typer.Option(0, "--seed", help="The recipe's seed."),
           target_steps: int | None = typer.Option(None, "--target-steps", help="Target optimizer steps."),
           drafter_steps: int | None = typer.Option(None, "--drafter-steps", help="Drafter optimizer steps."),

@@ -16,6 +16,7 @@ from mtpscope.cli.common import (
     fmt,
     gguf_path,
     one_line_errors,
+    out_file,
     out_folder,
     replaces_words,
 )
@@ -30,12 +31,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def convert(
         hf_dir: Annotated[Path, typer.Argument(help="Hugging Face checkpoint folder (config.json + *.safetensors)")],
-        out: Annotated[Path, typer.Option("--out", help="GGUF file to write")],
+        out: Annotated[Path, typer.Option("--out", callback=out_file, help="GGUF file to write")],
         dialect: Annotated[str, typer.Option("--dialect", help="drafter dialect: upstream | fork")] = "upstream",
         outtype: Annotated[str, typer.Option("--outtype", help="f32 | f16 | bf16 | q8_0 (2-D weights)")] = "f32",
         centroids_out: Annotated[Path | None, typer.Option(
-            "--centroids-out", help="upstream drafter: also write the centroid head to this sidecar GGUF "
-                                    "(accepted by `record --centroids`)")] = None,
+            "--centroids-out", callback=out_file,
+            help="upstream drafter: also write the centroid head to this sidecar GGUF "
+                 "(accepted by `record --centroids`)")] = None,
         vocab_from: Annotated[Path | None, typer.Option(
             "--vocab-from", help="GGUF to copy tokenizer.* keys from (default: the real Gemma 4 tokenizer, "
                                  "its first vocab_size tokens for smaller vocabularies)")] = None,

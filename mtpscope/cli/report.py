@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, MISSING, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, MISSING, one_line_errors, out_folder
 from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def register(app: typer.Typer) -> None:
     @imp.command("fork-ndjson")
     def import_fork(
         file: Path = typer.Argument(..., help="NDJSON written by the fork with LLAMA_MTP_ACC_TRACE."),
-        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        out: Path = typer.Option(..., "--out", callback=out_folder, help="Trace directory to write."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
     ) -> None:
         """Fork NDJSON (mtp_draft + mtp_accept events joined on iter) -> trace (source fork-ndjson).
@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
     @imp.command("server-log")
     def import_server(
         file: Path = typer.Argument(..., help="llama-server log and/or per-response JSON with timings."),
-        out: Path = typer.Option(..., "--out", help="Trace directory to write."),
+        out: Path = typer.Option(..., "--out", callback=out_folder, help="Trace directory to write."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a trace already in --out."),
     ) -> None:
         """llama-server log (acceptance-rate lines, response timings) -> per-request rows (source server-log)."""
