@@ -73,6 +73,8 @@ QUANTILES = (0.025, 0.975)
 INTERVAL_UNITS = {
     "prompts": "95 % intervals over prompts",
     "blocks": f"95 % intervals over blocks of {BLOCK_ROUNDS} rounds: fewer than {MIN_BOOT_UNITS} prompts",
+    "blocks_by_category": f"95 % intervals over blocks of {BLOCK_ROUNDS} rounds: every category has fewer than "
+                          f"{MIN_BOOT_UNITS} prompts",
     "mixed": f"95 % intervals over prompts, or blocks of {BLOCK_ROUNDS} rounds in categories of fewer than "
              f"{MIN_BOOT_UNITS} prompts",
     "none": f"no intervals: one prompt of at most {BLOCK_ROUNDS} rounds leaves nothing to resample",
@@ -202,8 +204,9 @@ class WhatIf:
         return self.rows[int(n_draft) - 1]
 
     def interval_words(self) -> str:
-        """The intervals' units in words (explain's table header, the app's caption)."""
-        return INTERVAL_UNITS[self.interval_units]
+        """The units in words (explain's header, the app's caption); blocks by category: the trace may have more prompts."""
+        by_cat = self.interval_units == "blocks" and bool(self.by_category)
+        return INTERVAL_UNITS["blocks_by_category" if by_cat else self.interval_units]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict: ``rows``, ``best_n_draft``, ``recorded_n_draft``, ``n_rounds``,
@@ -288,10 +291,7 @@ def _group(name: str, r: pd.DataFrame, n_states: int, K: int,
     own = pooled is None if own is None else own
     units, n_units, unit_prompt = _units(r)
     obs = AM.observations(r, units)
-    if pooled is not None:
-        params = pooled
-    else:
-        params, _, _ = AM.fit(obs, n_states=n_states)
+    params = pooled if pooled is not None else AM.fit(obs, n_states=n_states)[0]
     params = AM.Params(params.pi, params.A, AM._depths(params.p, K))
     stats, _ = AM.expected_stats(AM.blocks(obs), params, n_units)
     return _Group(name, r, obs, params, stats, unit_prompt, _unit_sums(r, units, n_units), units, own=own)

@@ -1,0 +1,43 @@
+"""Two numbers that say the same thing must say the same value: a label against the count it labels, a printed
+value against the rule it is judged by, a doc's formula against the code's. Every expected value here is worked
+out by hand from the rows the test writes, never read back from mtpscope's own output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mtpscope.traces.analysis.what_if import MIN_BOOT_UNITS, what_if
+
+
+def _rounds(pid: list[int], na: list[int]) -> pd.DataFrame:
+    """Rounds of 2 drafts each, 10 ms to draft, 30 ms to verify, numbered per prompt."""
+    seen: dict[int, int] = {}
+    rnd = []
+    for p in pid:
+        rnd.append(seen.get(p, 0))
+        seen[p] = seen.get(p, 0) + 1
+    n = len(pid)
+    return pd.DataFrame({"prompt_id": pid, "round": rnd, "n_draft": [2] * n, "n_accepted": na,
+                         "t_draft_ms": [10.0] * n, "t_verify_ms": [30.0] * n})
+
+
+def test_block_intervals_of_a_categorised_trace_do_not_say_it_has_fewer_prompts() -> None:
+    # 12 prompts (>= MIN_BOOT_UNITS = 8) in two categories of 6 (< 8 each): each category resamples blocks of
+    # rounds, so the trace's intervals are over blocks; the words said "fewer than 8 prompts" beside `report`'s
+    # "prompts: 12" (the demo: 36 prompts, 6 per category)
+    assert MIN_BOOT_UNITS == 8
+    pid = [p for p in range(12) for _ in range(20)]
+    na = np.random.default_rng(5).integers(0, 3, len(pid)).tolist()
+    cats = {p: "a" if p < 6 else "b" for p in range(12)}
+    wi = what_if(_rounds(pid, na), categories=cats, n_boot=20)
+    assert wi.n_prompts == 12 and wi.interval_units == "blocks"
+    words = wi.interval_words()
+    assert "blocks of 16 rounds" in words and "every category has fewer than 8 prompts" in words, words
+    # a category's own table: it does have 6 prompts, fewer than 8
+    assert wi.by_category["a"].n_prompts == 6
+    assert wi.by_category["a"].interval_words().endswith(": fewer than 8 prompts")
+    # without categories, 6 prompts of 20 rounds: fewer than 8 prompts, the trace's own count
+    six = what_if(_rounds(pid[:120], na[:120]), n_boot=20)
+    assert six.n_prompts == 6 and six.interval_words().endswith(": fewer than 8 prompts")
