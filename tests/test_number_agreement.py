@@ -5,10 +5,14 @@ out by hand from the rows the test writes, never read back from mtpscope's own o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from mtpscope.traces.analysis.what_if import MIN_BOOT_UNITS, what_if
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _rounds(pid: list[int], na: list[int]) -> pd.DataFrame:
@@ -41,3 +45,19 @@ def test_block_intervals_of_a_categorised_trace_do_not_say_it_has_fewer_prompts(
     # without categories, 6 prompts of 20 rounds: fewer than 8 prompts, the trace's own count
     six = what_if(_rounds(pid[:120], na[:120]), n_boot=20)
     assert six.n_prompts == 6 and six.interval_words().endswith(": fewer than 8 prompts")
+
+
+def test_centroid_coverage_counts_the_checked_steps_as_the_trace_format_says() -> None:
+    # one round of 3 drafts: k=1 accepted (its target token among the candidates), k=2 the first rejection (not
+    # among them), k=3 after it (among them, but compared with a token that followed a wrong draft). Over the
+    # checked steps (k=1, k=2): 1 of 2 = 0.5; over every step where it is known it would be 2 of 3. `report` printed
+    # 0.9783 (1530 of 1,564 checked steps) on the demo's F32 trace, TRACE_FORMAT.md defined 2419 of 2604 = 0.929.
+    from mtpscope.traces.analysis.metrics import centroid_coverage
+
+    steps = pd.DataFrame({"prompt_id": [0, 0, 0], "round": [0, 0, 0], "k": [1, 2, 3],
+                          "accepted": [True, False, False], "target_in_candidates": [True, False, True]})
+    cc = centroid_coverage(steps)
+    assert (cc["n_steps"], cc["n_covered"], cc["coverage"]) == (2, 1, 0.5)
+    doc = (ROOT / "docs" / "TRACE_FORMAT.md").read_text()
+    line = next(ln for ln in doc.split("\n* ") if ln.startswith("centroid coverage ="))
+    assert "the steps the target checked" in line and "first rejection" in line, line
