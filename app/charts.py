@@ -18,8 +18,10 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from mtpscope.app import model_views, round_views, views
+from mtpscope.traces.analysis.explain import NEAR_TIE_GAP
 from mtpscope.traces.analysis.ordering import worst_first_key
 from mtpscope.traces.analysis.records import finite as _finite
+from mtpscope.traces.analysis.wording import beside
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.align import OneSided, RateDelta
@@ -314,7 +316,7 @@ def top_candidates_figure(top: pd.DataFrame, k: int, title: str | None = None) -
     if len(tgt) and len(drf) and tgt[0] != drf[0] and np.isfinite(x[tgt[0]]) and np.isfinite(x[drf[0]]):
         gap = float(x[drf[0]] - x[tgt[0]])
         fig.add_annotation(x=float(x[tgt[0]]), y=labels[int(tgt[0])], xanchor="left", showarrow=False,
-                           text=f" {gap:.2f} logits behind the draft", font=dict(size=11))
+                           text=f" {beside(gap, NEAR_TIE_GAP)} logits behind the draft", font=dict(size=11))
     _layout(fig, title or f"k={k} · green = target, blue = drafted", height=max(160, 26 * len(top) + 70),
             meta={"target_rows": [int(i) for i in np.flatnonzero(top["is_target"].to_numpy(dtype=bool))],
                   "unstored_rows": [int(i) for i in np.flatnonzero(~stored)], "gap": gap})

@@ -61,3 +61,36 @@ def test_centroid_coverage_counts_the_checked_steps_as_the_trace_format_says() -
     doc = (ROOT / "docs" / "TRACE_FORMAT.md").read_text()
     line = next(ln for ln in doc.split("\n* ") if ln.startswith("centroid coverage ="))
     assert "the steps the target checked" in line and "first rejection" in line, line
+
+
+def test_a_gap_just_past_the_near_tie_limit_is_not_printed_on_it(tmp_path: Path) -> None:
+    # the drafter drafted #11 at logit 3.0, the target's #20 scored 2.4993: a gap of 0.5007 logits, past the near-tie
+    # limit of 0.5, so the cause is runner_up; the sentence and the Step view's bar chart printed "0.50 logits
+    # behind" beside other rows' "(near tie) ... 0.50". The target's entropy 0.9996 nats is under the 1-nat line
+    # (sure: "wrong"), printed "1.00". (The demo's F32 trace: prompt 0 round 18, gap 13.2253 - 12.7246 = 0.5007.)
+    from mtpscope.app import charts, round_views
+    from mtpscope.traces import RoundRecord, StepRecord, TraceWriter
+    from mtpscope.traces.analysis import explain as E
+    from mtpscope.traces.store.reader import open_trace
+
+    man = {"source": "synthetic", "prompts": [{"prompt_id": 0, "text": "a"}]}
+    with TraceWriter(tmp_path / "t", man, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                     centroids=False) as w:
+        w.add_round(RoundRecord(0, 0, 2, 10, 1, (11,), 0, (20, 21), (20,), 1.0, 2.0),
+                    [StepRecord(k=1, token=11, logit=3.0, rank=0, top_ids=(11, 20), top_logits=(3.0, 2.4993),
+                                target_token=20, target_rank=1, accepted=False, target_p_drafted=0.01,
+                                target_entropy=0.9996)])
+    t = open_trace(tmp_path / "t")
+    c = E.step_causes(t.columns("rounds", E.ROUND_COLUMNS),
+                      t.columns("steps", [*E.STEP_COLUMNS, *E.OPTIONAL_STEP_COLUMNS]))
+    row = c.iloc[0].to_dict()
+    assert row["cause"] == "runner_up" and row["target_side"] == "wrong"
+    assert E.step_sentence(row) == ("rejected: the target's #20 was the drafter's runner-up, 0.501 logits behind; "
+                                    "the target was sure (entropy 0.9996 nats, p(drafted) 0.01)")
+    step = {"token": 11, "top_ids": [11, 20], "top_logits": [3.0, 2.4993], "target_token": 20, "target_rank": 1}
+    fig = charts.top_candidates_figure(round_views.top_candidates(step, lambda i: f"t{i}"), 1)
+    assert fig.layout.annotations[0].text == " 0.501 logits behind the draft"
+    # away from the line two decimals stay: the chart test's 0.8 and a near tie of 0.4996 on its own side
+    from mtpscope.traces.analysis.wording import beside
+    assert (beside(0.8, 0.5), beside(0.5007, 0.5), beside(0.4996, 0.5), beside(0.9996, 1.0)) == \
+        ("0.80", "0.501", "0.4996", "0.9996")

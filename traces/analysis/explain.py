@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis.wording import beside
 from mtpscope.traces.store.list_columns import flat_list
 
 CAUSES = ("accepted", "after_eog", "after_mismatch", "unknown", "unreachable", "near_tie", "runner_up",
@@ -527,7 +528,7 @@ def step_sentence(row: Mapping[str, Any], label: Callable[[int], str] | None = N
         text = ("rejected: the target's token is not in the trace" if tt is None
                 else "rejected: the trace lacks the drafter's scores for this step")
     else:
-        behind = f", {gap:.2f} logits behind" if gap is not None else ""
+        behind = f", {beside(gap, NEAR_TIE_GAP)} logits behind" if gap is not None else ""
         if cause == "near_tie":
             who = "runner-up" if rank == 1 else (f"{_ordinal(int(rank) + 1)} choice" if rank else "tied choice")
             text = f"rejected (near tie): the target's {target} was the drafter's {who}{behind}"
@@ -544,11 +545,9 @@ def step_sentence(row: Mapping[str, Any], label: Callable[[int], str] | None = N
                    f"not in the stored top {n_top}{more})"
     side = row.get("target_side")
     ent, pdr = _num(row.get("target_entropy")), _num(row.get("target_p_drafted"))
-    if side == "hard":
-        text += f"; the target was unsure too (entropy {ent:.2f} nats" + \
-            (f", p(drafted) {pdr:.3g})" if pdr is not None else ")")
-    elif side == "wrong":
-        text += f"; the target was sure (entropy {ent:.2f} nats" + \
+    if side in ("hard", "wrong"):       # (a side is judged on a known entropy)
+        who = "unsure too" if side == "hard" else "sure"
+        text += f"; the target was {who} (entropy {beside(ent or 0.0, HARD_ENTROPY_NATS)} nats" + \
             (f", p(drafted) {pdr:.3g})" if pdr is not None else ")")
     su = row.get("sparse_unreachable")
     if cause in ("near_tie", "runner_up", "in_top_k", "far_miss") and su is True:
