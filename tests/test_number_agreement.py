@@ -94,3 +94,21 @@ def test_a_gap_just_past_the_near_tie_limit_is_not_printed_on_it(tmp_path: Path)
     from mtpscope.traces.analysis.wording import beside
     assert (beside(0.8, 0.5), beside(0.5007, 0.5), beside(0.4996, 0.5), beside(0.9996, 1.0)) == \
         ("0.80", "0.501", "0.4996", "0.9996")
+
+
+def test_break_even_words_quote_the_cost_their_thresholds_are_worked_from() -> None:
+    # n_draft 1, mean acceptance length 1.5, a draft step 5 ms, every verify 10 ms, plain decoding 10 ms, and a
+    # what-if speedup of 1.5 / 1.6: a round costs r = 1.6 plain decodes, its draft c = 0.5, the rest 1.6 - 0.5 =
+    # 1.1 (the verify alone 1.0); c* = 1.5 - 1.1 = 0.4, tau* = 1.6. The sentence quoted the verify's 1.00 beside
+    # 0.40, which 1.5 - 1.00 does not give (the demo's F32 trace: 0.47 beside 1.08 with tau 1.53).
+    from mtpscope.traces.analysis.advice import break_even
+
+    b = break_even({1: 1.5}, 5.0, lambda n: 10.0, 10.0, speedup={1: 1.5 / 1.6})
+    assert b is not None and not b.pays
+    assert "less than 0.40 of a plain decode (it costs 0.50; the rest of a round, its verify of 2 tokens included, " \
+           "1.10 decodes), or with a mean acceptance length of 1.60" in b.words, b.words
+    # the rest of a round (1.2 - 0.1 = 1.1) above the 1.05 tokens a round emits, its verify alone (1.0) below:
+    # "verifying 2 tokens costs 1.00 plain decodes, more than the 1.05 tokens" said a false thing
+    no = break_even({1: 1.05}, 1.0, lambda n: 10.0, 10.0, speedup={1: 1.05 / 1.2})
+    assert no is not None and no.draft_cost_ratio_needed < 0
+    assert "costs 1.10 plain decodes, at least the 1.05 tokens a round emits at n_draft 1" in no.words, no.words

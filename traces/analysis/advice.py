@@ -398,13 +398,13 @@ def break_even(tau: Mapping[int, float], t_step_ms: float, t_verify_ms: Callable
                  f"{best.mean_acceptance_length:.2f}, {best.mean_acceptance_length_needed:.2f} needed)")
     elif best.draft_cost_ratio_needed > 0:
         words = (f"MTP would pay here at n_draft {n} if a draft step cost less than "
-                 f"{best.draft_cost_ratio_needed:.2f} of a plain decode (it costs {c:.2f}; verifying {n + 1} tokens "
-                 f"costs {best.verify_cost_ratio:.2f} decodes), or with {need} instead of "
+                 f"{best.draft_cost_ratio_needed:.2f} of a plain decode (it costs {c:.2f}; the rest of a round, its "
+                 f"verify of {n + 1} tokens included, {best.other_cost_ratio:.2f} decodes), or with {need} instead of "
                  f"{best.mean_acceptance_length:.2f}")
-    else:
-        words = (f"MTP cannot pay here at these verify costs: verifying {n + 1} tokens costs "
-                 f"{best.verify_cost_ratio:.2f} plain decodes, more than the {best.mean_acceptance_length:.2f} "
-                 f"tokens a round emits at n_draft {n}; it would need {need}")
+    else:   # (the rest of a round, r - N c, is what c* and tau* are worked from: verify alone may be cheaper)
+        words = (f"MTP cannot pay here at these costs: the rest of a round besides its drafts (its verify of {n + 1} "
+                 f"tokens included) costs {best.other_cost_ratio:.2f} plain decodes, at least the "
+                 f"{best.mean_acceptance_length:.2f} tokens a round emits at n_draft {n}; it would need {need}")
     if flat > 0:
         words += (f"; where verifying costs one decode whatever the size (a GPU), a draft step under {flat:.2f} of a "
                   "decode pays")
