@@ -7,7 +7,8 @@ unexpected, duplicated, shapes, projection widths vs the backbone width, dtypes:
 token_embd rank and width, the centroid head (shape, orientation, n_vocab % n_centroids, ordering non-zero /
 in range / a permutation, every centroid owning exactly n_vocab / n_centroids tokens), rope_freqs values,
 non-finite values in small tensors, an RMS norm epsilon or a RoPE base that is not a finite number > 0 and a
-target's final_logit_softcapping that is not finite (:data:`_NUMBER_KEYS`), tokenizer present and consistent with
+target's final_logit_softcapping that is not finite (:data:`_NUMBER_KEYS`), RoPE dims llama.cpp cannot rotate by
+(:func:`layouts.rope_dims`), tokenizer present and consistent with
 n_vocab. Also the small helpers over an open file that :mod:`pairing` and :mod:`loadability`
 share (:func:`tensor_map`, :func:`key_value`).
 
@@ -159,6 +160,7 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
         add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
                "a layer with 0 attention heads"))
     _check_number_keys(f, arch, dialect, add)
+    _check_rope_dims(hp, add)
     pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
     if pattern is None:
         add(finding(ERROR, "E_SWA_PATTERN", f"{arch}.attention.sliding_window_pattern", "array of bool", None,
@@ -236,6 +238,19 @@ def _check_number_keys(f: Any, arch: str, dialect: str, add: Any) -> None:
         if dialect in dialects and v is not None and number_fault(v, zero_and_sign_ok=zero_and_sign_ok) is not None:
             add(finding(ERROR, "E_KEY_VALUE", key, "a finite number" if zero_and_sign_ok else "a finite number > 0",
                         v, f"{suffix} is {v!r}: {why}"))
+
+
+def _check_rope_dims(hp: L.HParams, add: Any) -> None:
+    """E_KEY_VALUE for a ``rope.dimension_count(_swa)`` llama.cpp cannot rotate by (:func:`layouts.rope_dims`): it
+    aborts on an odd or too large one (``GGML_ASSERT``) and hangs on 0. Only layer types the file has count."""
+    kinds = {ly.sliding for ly in hp.layers}
+    (fk, fr, fh), (sk, sr, sh) = L.rope_dims(hp)
+    for present, key, n_rot, head_dim, which in ((False in kinds, fk, fr, fh, "full-attention"),
+                                                 (True in kinds, sk, sr, sh, "sliding-window")):
+        why = L.rope_dim_fault(n_rot, head_dim) if present else None
+        if why is not None:
+            add(finding(ERROR, "E_KEY_VALUE", key, f"an even number from 2 to {head_dim}", n_rot,
+                        f"the {which} layers' RoPE: {why}; llama.cpp aborts (GGML_ASSERT) or hangs on it"))
 
 
 def _check_drafter_keys(f: Any, hp: L.HParams, dialect: str, add: Any) -> None:

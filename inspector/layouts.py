@@ -249,7 +249,8 @@ _INT_KEYS = frozenset({
     "attention.key_length", "attention.key_length_swa", "attention.value_length", "attention.value_length_swa",
     "n_embd_backbone", "embedding_length_out", "n_centroids", "centroid_top_k", "nextn_predict_layers",
     "embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count",
-    "expert_feed_forward_length", "attention.sliding_window", "context_length"})
+    "expert_feed_forward_length", "attention.sliding_window", "context_length", "rope.dimension_count",
+    "rope.dimension_count_swa"})
 
 
 def _int_like(v: Any) -> bool:
@@ -565,6 +566,35 @@ def expected_layout(hp: HParams) -> tuple[ExpectedTensor, ...]:
     if hp.dialect == "target":
         return expected_target_layout(hp)
     return expected_drafter_layout(hp)
+
+
+def rope_dims(hp: HParams) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
+    """The rotated dims llama.cpp uses, full-attention layers first, each ``(key, n_rot, head dim)``.
+
+    ``n_rot`` is ``rope.dimension_count`` (default: ``attention.key_length``, llama.cpp's ``n_embd_head_k``) and
+    ``rope.dimension_count_swa`` (default: the full layers' ``n_rot``; src/llama-model.cpp, load_hparams); ``key``
+    is the key the value came from (the sliding layers' inherited value names the full layers' key). ggml's rope
+    needs ``n_rot`` even (``GGML_ASSERT(n_dims % 2 == 0)``), at most the head dim (``GGML_ASSERT(n_dims <= ne0)``)
+    and, with ``rope_freqs``, at most twice its length; 0 hangs llama.cpp: :func:`rope_dim_fault` says which.
+    """
+    p = hp.arch + "."
+    full_key, swa_key = p + "rope.dimension_count", p + "rope.dimension_count_swa"
+    full = int(hp.raw[full_key]) if hp.raw.get(full_key) is not None else hp.head_dim_full
+    if hp.raw.get(swa_key) is not None:
+        swa = (swa_key, int(hp.raw[swa_key]))
+    else:
+        swa = (full_key if hp.raw.get(full_key) is not None else swa_key, full)
+    return (full_key, full, hp.head_dim_full), (swa[0], swa[1], hp.head_dim_swa)
+
+
+def rope_dim_fault(n_rot: int, head_dim: int) -> str | None:
+    """Why llama.cpp cannot rotate ``n_rot`` of ``head_dim`` dims (see :func:`rope_dims`), or None when it can:
+    ``n_rot`` must be even and from 2 to ``head_dim``."""
+    if not 2 <= n_rot <= head_dim:
+        return f"{n_rot} rotated dims of a {head_dim}-dim head"
+    if n_rot % 2:
+        return f"{n_rot} rotated dims, an odd number (ggml's rope turns pairs of dims)"
+    return None
 
 
 def expected_rope_freqs(head_dim_full: int,

@@ -37,8 +37,9 @@ is seen by a query at ``p1`` when ``p0 <= p1`` and, on sliding layers, ``p1 - p0
 Conventions that differ between runtimes are :class:`StepOptions`. :meth:`ReferenceDrafter.step` is
 :meth:`ReferenceDrafter.step_batch` of one row (one implementation of the step).
 
-May import: numpy, mtpscope.errors, inspector.layouts (a drafter GGUF's keys: ``read_hparams``),
-inspector.centroids (the centroid tensor names, a sidecar head), inspector.gguf.
+May import: numpy, mtpscope.errors, inspector.layouts (a drafter GGUF's keys: ``read_hparams``, ``rope_dims``),
+inspector.hf_config (``number_fault``: the one rule of the number keys ``verify`` checks), inspector.centroids (the
+centroid tensor names, a sidecar head), inspector.gguf.
 """
 
 from __future__ import annotations
@@ -54,7 +55,15 @@ import numpy as np
 from mtpscope.errors import LayoutError, ReferenceDrafterError
 from mtpscope.inspector.centroids import CENTROID_NAMES, ORDERING_NAMES
 from mtpscope.inspector.ggml_types import GGML_TYPES_BY_NAME, VEC_DOT_TYPES
-from mtpscope.inspector.layouts import FORK_CENTROIDS, POST_PROJECTION, PRE_PROJECTION, read_hparams
+from mtpscope.inspector.hf_config import number_fault
+from mtpscope.inspector.layouts import (
+    FORK_CENTROIDS,
+    POST_PROJECTION,
+    PRE_PROJECTION,
+    read_hparams,
+    rope_dim_fault,
+    rope_dims,
+)
 
 # --------------------------------------------------------------------------------------------------
 # constants and options
@@ -580,7 +589,11 @@ class ReferenceDrafter:
         hp, names = _hparams_from_gguf(f, drafter)
 
         def data(n: str) -> np.ndarray:
-            return np.asarray(f.tensor_data(n), dtype=np.float32)
+            arr = np.asarray(f.tensor_data(n))
+            if arr.dtype.kind != "f":       # an integer type (I8 .. I64): ggml multiplies no weight by it
+                raise LayoutError("weight is not a float or quantized type", path=os.fspath(drafter), key=n,
+                                  expected="F32, F16, BF16 or a quantized type", actual=f.tensor(n).type_name)
+            return arr.astype(np.float32, copy=False)
 
         layers = []
         for il in range(hp.n_layer):
@@ -606,11 +619,17 @@ class ReferenceDrafter:
             cen = np.asarray(head.centroids, dtype=np.float32)
             order = np.asarray(head.ordering).astype(np.int64).reshape(-1)
             hp = replace(hp, n_centroids=int(cen.shape[0]), centroid_top_k=int(cast(int, head.top_k)))
+        rope_freqs = data("rope_freqs.weight") if _has(f, "rope_freqs.weight") else None
+        if rope_freqs is not None and not (np.isfinite(rope_freqs).all() and (rope_freqs > 0).all()):
+            bad = rope_freqs[~(np.isfinite(rope_freqs) & (rope_freqs > 0))]
+            raise LayoutError("rope_freqs must be finite and > 0 (ggml divides each angle by it)",
+                              path=os.fspath(drafter), key="rope_freqs.weight", expected="finite values > 0",
+                              actual=f"{bad.size} of {rope_freqs.size} values not, the first {float(bad[0])}")
         weights = DrafterWeights(
             pre_projection=data(names["pre_projection"]), post_projection=data(names["post_projection"]),
             token_embd=data("token_embd.weight"), output_norm=data("output_norm.weight"),
             layers=tuple(layers),
-            rope_freqs=data("rope_freqs.weight") if _has(f, "rope_freqs.weight") else None,
+            rope_freqs=rope_freqs,
             centroids=cen, token_ordering=None if order is None else order.reshape(-1),
             act_types=_act_types(f, names, hp.n_layer))
         t = open_gguf(target)
@@ -850,11 +869,27 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
         raise LayoutError("per-layer array has the wrong length", path=os.fspath(path),
                           key=p + "attention.sliding_window_pattern", expected=hp.n_layer, actual=n_pattern)
     is_swa = tuple(ly.sliding for ly in hp.layers)
-    rot_full = int(hp.raw.get(p + "rope.dimension_count") or hp.head_dim_full)
-    # llama.cpp (llama-model.cpp, load_hparams): n_rot_swa defaults to n_rot_full
-    rot_swa = int(hp.raw.get(p + "rope.dimension_count_swa") or rot_full)
-    base_full = float(hp.raw.get(p + "rope.freq_base") or 1e6)
-    base_swa = float(hp.raw.get(p + "rope.freq_base_swa") or 1e4)
+    # the values llama.cpp rotates by (layouts.rope_dims: its defaults); a value it aborts or hangs on, refused
+    (full_key, rot_full, hd_full), (swa_key, rot_swa, hd_swa) = rope_dims(hp)
+    for key, n_rot, hd, sliding in ((full_key, rot_full, hd_full, False), (swa_key, rot_swa, hd_swa, True)):
+        why = rope_dim_fault(n_rot, hd) if sliding in is_swa else None
+        if why is not None:
+            raise LayoutError(f"RoPE dims llama.cpp cannot rotate by: {why}", path=os.fspath(path), key=key,
+                              expected=f"an even number from 2 to {hd}", actual=n_rot)
+
+    def number(suffix: str, default: float) -> float:
+        """A number key as llama.cpp uses it (absent: its default; 0 is a value, never the default), refused where
+        ``verify`` reports it (:func:`inspector.hf_config.number_fault`)."""
+        v = hp.raw.get(p + suffix)
+        if v is None:
+            return default
+        if number_fault(v) is not None:
+            raise LayoutError("key is not a finite number > 0", path=os.fspath(path), key=p + suffix,
+                              expected="a finite number > 0", actual=v)
+        return float(v)
+
+    base_full = number("rope.freq_base", 1e6)
+    base_swa = number("rope.freq_base_swa", 1e4)
     names = {"pre_projection": _first(f, PRE_NAMES, path), "post_projection": _first(f, POST_NAMES, path)}
     n_cen = top_k = None
     if any(_has(f, n) for n in CENTROID_NAMES):
@@ -874,7 +909,7 @@ def _hparams_from_gguf(f: Any, path: Any) -> tuple[DrafterHParams, dict[str, str
         n_rot=tuple(rot_swa if sw else rot_full for sw in is_swa),
         rope_base=tuple(base_swa if sw else base_full for sw in is_swa),
         sliding_window=int(cast(int, hp.sliding_window)),
-        eps=float(hp.raw.get(p + "attention.layer_norm_rms_epsilon") or 1e-6),
+        eps=number("attention.layer_norm_rms_epsilon", 1e-6),
         n_centroids=n_cen, centroid_top_k=top_k)
     return dhp, names
 

@@ -5,13 +5,16 @@ recorder's independent implementation (traces.run.centroid_head)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mtpscope.errors import LayoutError
 from mtpscope.inspector.convert import convert, read_checkpoint, write_tiny_pair
+from mtpscope.inspector.gguf_write import f32 as F32
 from mtpscope.inspector.reference import DonorKV, ReferenceDrafter, StepOptions
+from tests.builders import U32, UP, parts, write
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +103,37 @@ def test_centroid_head_agrees_with_recorder_implementation(files: dict[str, Path
 def test_missing_tensor_is_a_layout_error(files: dict[str, Path]) -> None:
     with pytest.raises(LayoutError):
         ReferenceDrafter.from_gguf(files["side"], files["target"])  # a sidecar is no drafter
+
+
+@pytest.mark.parametrize(("mutate", "key", "actual"), [
+    # a number key verify reports: 0 was replaced by the default (eps 1e-6, RoPE base 1e6) and replayed silently
+    (lambda kv, t: kv.__setitem__(f"{UP}.attention.layer_norm_rms_epsilon", F32(0.0)),
+     f"{UP}.attention.layer_norm_rms_epsilon", 0.0),
+    (lambda kv, t: kv.__setitem__(f"{UP}.rope.freq_base", F32(0.0)), f"{UP}.rope.freq_base", 0.0),
+    # RoPE dims llama.cpp aborts on: more than the 64-dim full head was an internal error (numpy broadcast)
+    (lambda kv, t: kv.__setitem__(f"{UP}.rope.dimension_count", U32(4096)), f"{UP}.rope.dimension_count", 4096),
+    # rope_freqs of 0 and an integer weight: numpy's divide-by-zero / overflow warnings leaked, and NaN drafts
+    (lambda kv, t: t.__setitem__("rope_freqs.weight", np.zeros(32, np.float32)), "rope_freqs.weight", None),
+    (lambda kv, t: t.__setitem__("blk.0.ffn_gate.weight", np.ones((128, 128), np.int32)), "blk.0.ffn_gate.weight",
+     "I32"),
+])
+def test_a_drafter_llama_cpp_cannot_run_by_is_refused_at_load(tmp_path: Path, mutate: Any, key: str,
+                                                              actual: Any) -> None:
+    """The reference drafter refuses, naming the key or tensor, what ``verify`` reports and llama.cpp does not run
+    as the reference would compute it; absent keys still take llama.cpp's defaults."""
+    import warnings
+
+    arch, kv, t = parts("upstream")
+    target = write(tmp_path / "t.gguf", *parts("target"))
+    mutate(kv, t)
+    bad = write(tmp_path / "d.gguf", arch, kv, t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(LayoutError) as e:
+            ReferenceDrafter.from_gguf(bad, target)
+    assert e.value.key == key and (actual is None or e.value.actual == actual), e.value
+    arch, kv, t = parts("upstream")
+    for suffix in ("attention.layer_norm_rms_epsilon", "rope.freq_base"):
+        kv.pop(f"{UP}.{suffix}")
+    hp = ReferenceDrafter.from_gguf(write(tmp_path / "defaults.gguf", arch, kv, t), target).hp
+    assert hp.eps == 1e-6 and hp.rope_base == (1e4, 1e4, 1e4, 1e6)

@@ -497,3 +497,34 @@ def test_number_keys_of_the_valid_files_pass(tmp_path: Path) -> None:
     for kind in ("upstream", "target", "fork"):
         r = verify_kind(tmp_path, kind, name=f"{kind}.gguf")
         assert not [x for x in r.findings if x.code == "E_KEY_VALUE"], kind
+
+
+@pytest.mark.parametrize("kind", ["upstream", "fork", "target"])
+@pytest.mark.parametrize(("values", "key", "actual"), [
+    ({"rope.dimension_count": 63}, "rope.dimension_count", 63),          # odd: GGML_ASSERT(n_dims % 2 == 0)
+    ({"rope.dimension_count": 66}, "rope.dimension_count", 66),          # > the 64-dim full head: n_dims <= ne0
+    ({"rope.dimension_count": 0}, "rope.dimension_count", 0),            # llama.cpp hangs
+    ({"rope.dimension_count_swa": 34}, "rope.dimension_count_swa", 34),  # > the 32-dim sliding head
+    # without its own key the sliding layers rotate by the full layers' 64 dims, more than their 32
+    ({"rope.dimension_count_swa": None}, "rope.dimension_count", 64),
+    ({"rope.dimension_count": 32}, None, None),                          # partial rotation: legal
+])
+def test_rope_dims_llama_cpp_cannot_rotate_by_are_errors(tmp_path: Path, kind: str, values: dict[str, int | None],
+                                                         key: str | None, actual: int | None) -> None:
+    """``rope.dimension_count(_swa)`` odd, 0 or above its layers' head dim (64 full, 32 sliding) loaded in llama.cpp
+    and then aborted it (GGML_ASSERT) or hung it, while ``verify`` said OK: one E_KEY_VALUE naming the key."""
+    arch = {"upstream": UP, "fork": FK, "target": parts("target")[0]}[kind]
+
+    def mutate(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
+        for suffix, v in values.items():
+            if v is None:
+                kv.pop(f"{arch}.{suffix}")
+            else:
+                kv[f"{arch}.{suffix}"] = U32(v)
+
+    r = verify_kind(tmp_path, kind, mutate)
+    rope = [f for f in r.findings if f.code == "E_KEY_VALUE" and "rope.dimension" in f.subject]
+    if key is None:
+        assert r.ok and not rope, [(f.code, f.message) for f in r.errors]
+    else:
+        assert not r.ok and [(f.subject, f.actual) for f in rope] == [(f"{arch}.{key}", actual)]
