@@ -51,9 +51,11 @@ from mtpscope.inspector.convert_common import (
     OUTTYPES,
     SIDECAR_ARCH,
     ConvertResult,
+    Source,
     common_kv,
     refuse_nonfinite,
     tokenizer_kv_for,
+    values_of,
     write_converted,
 )
 from mtpscope.inspector.convert_common import ordered as ordered_tensors
@@ -70,7 +72,7 @@ from mtpscope.inspector.hf_config import (
 )
 from mtpscope.inspector.hf_names import DRAFTER_KV, gguf_name
 from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM, FORK_CENTROIDS, FORK_ORDERING
-from mtpscope.inspector.safetensors import read_tensors, write_safetensors
+from mtpscope.inspector.safetensors import lazy_tensors, read_tensors, write_safetensors
 
 DIALECTS = ("upstream", "fork")
 
@@ -107,8 +109,8 @@ def _refuse_unsupported_drafter(tc: Mapping[str, Any], hp: TextHParams, where: s
                                                               tc.get("hidden_size_per_layer_input")))
 
 
-def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
-                        where: str = "checkpoint") -> dict[str, np.ndarray]:
+def map_drafter_tensors(tensors: Mapping[str, Source], dialect: str,
+                        where: str = "checkpoint") -> dict[str, Source]:
     """HF drafter ``model.*`` / projection tensors -> GGUF names in ``dialect`` (:func:`inspector.hf_names.gguf_name`);
     K/V tensors, ``lm_head`` (tied) and the centroid head (``masked_embedding.*``, written by the caller) are
     left out.
@@ -116,7 +118,7 @@ def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
     Raises:
         HFCheckpointError: a tensor name the mapping does not know.
     """
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Source] = {}
     for name, arr in tensors.items():
         if name.startswith("masked_embedding.") or name == "lm_head.weight" or name.endswith(DRAFTER_KV):
             continue
@@ -125,7 +127,7 @@ def map_drafter_tensors(tensors: Mapping[str, np.ndarray], dialect: str,
         except KeyError:
             raise HFCheckpointError("unknown tensor", path=where, key=name) from None
         if g is not None:
-            out[g] = np.asarray(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
+            out[g] = values_of(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
     return out
 
 
@@ -205,14 +207,13 @@ def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list
     return kv
 
 
-def _refuse_bad_values(tensors: Mapping[str, np.ndarray], files: Mapping[str, str], n_vocab: int,
+def _refuse_bad_values(tensors: Mapping[str, Source], files: Mapping[str, str], n_vocab: int,
                        ordering: str | None) -> None:
     """Refuse NaN / Inf in a float tensor (verify's ``E_NONFINITE``) and an ordering that is not a permutation of
     ``0..n_vocab-1`` (``E_ORDERING_RANGE`` / ``E_ORDERING_NOT_PERMUTATION``: ids no centroid can draft)."""
     for name, arr in tensors.items():
-        a = np.asarray(arr)
         if name == ordering:
-            o = a.astype(np.int64).ravel()
+            o = values_of(arr).astype(np.int64).ravel()
             outside = int(((o < 0) | (o >= n_vocab)).sum())
             counts = np.bincount(o[(o >= 0) & (o < n_vocab)], minlength=n_vocab)
             if outside or (counts != 1).any():
@@ -221,7 +222,7 @@ def _refuse_bad_values(tensors: Mapping[str, np.ndarray], files: Mapping[str, st
                                         actual=f"{outside} ids outside, {int((counts > 1).sum())} repeated, "
                                                f"{int((counts == 0).sum())} never listed")
         else:
-            refuse_nonfinite(name, a, files[name])
+            refuse_nonfinite(name, arr, files[name])
 
 
 def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, outtype: str, centroids_out: Any,
@@ -240,9 +241,10 @@ def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, 
                           key="use_ordered_embeddings", expected=True, actual=False)
     head = ordered and (dialect == "fork" or centroids_out is not None)
     refuse_problems(checkpoint_problems(ckpt, dialect, centroid_head=head, where=where))
-    tensors = read_tensors(ckpt.tensors.values())
+    tensors = lazy_tensors(ckpt.tensors.values())     # read a block at a time, while each is checked and written
     g = map_drafter_tensors(tensors, dialect, where)
-    cen = order = None
+    cen: Source | None = None
+    order: Source | None = None
     if head:
         cen = tensors["masked_embedding.centroids.weight"]
         order = tensors["masked_embedding.token_ordering"]
@@ -252,7 +254,7 @@ def _convert_drafter(ckpt: hf_checkpoint.HFCheckpoint, out: Path, dialect: str, 
                        "masked_embedding.token_ordering" if head else None)
     g["rope_freqs.weight"] = hp.rope_freqs
     if order is not None:
-        order = np.asarray(order).astype(np.int32)
+        order = values_of(order).astype(np.int32)
     arch = ARCH_UPSTREAM if dialect == "upstream" else ARCH_FORK
     kv = [("general.name", string("mtpscope-converted-drafter"))] + drafter_kv(config, hp, dialect)
     if dialect == "fork" and cen is not None and order is not None:   # both set exactly when ordered

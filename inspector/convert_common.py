@@ -12,13 +12,15 @@ llama-cpp-python 0.3.36): head dims per layer type as ``attention.key_length(_sw
 head dim (proportional RoPE is done by ``rope_freqs``).
 
 May import: numpy, gguf (quantization), mtpscope.errors, inspector.gguf (type ids), inspector.gguf_write,
-inspector.hf_config, inspector.tokenizer, and lazily mtpscope.cache (where the default real tokenizer is kept).
+inspector.hf_config, inspector.safetensors (its lazy tensors), inspector.tokenizer, and lazily mtpscope.cache (where the default real tokenizer is kept).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +29,10 @@ import numpy as np
 
 from mtpscope.errors import HFCheckpointError, LayoutError
 from mtpscope.inspector.gguf import BOOL, UINT32
-from mtpscope.inspector.gguf_write import MetaValue, array, f32, u32, write_gguf
+from mtpscope.inspector.gguf_write import MetaValue, StreamedTensor, array, f32, u32, write_gguf
 from mtpscope.inspector.hf_config import TextHParams
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
+from mtpscope.inspector.safetensors import LazyTensor
 from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -108,31 +111,72 @@ def tokenizer_kv_for(n_vocab: int, vocab_from: str | os.PathLike[str] | None) ->
     return list(kv) if n_vocab == N_VOCAB_FULL else list(subset_kv(kv, n_vocab, src))
 
 
-def tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, Any]:
-    """The arrays to write (:func:`inspector.gguf_write.write_gguf` values): integers as I32, 1-D tensors F32,
-    2-D+ tensors in ``outtype`` (Q8_0 falls back to F16 for rows not a multiple of its block of 32; a 3-D
-    expert tensor is quantized row by row like a matrix)."""
+#: values a tensor is converted and written in at a time (64 MiB of float32): whole outermost rows, at least one
+WRITE_BLOCK_ELEMENTS = 2**24
+
+#: a tensor to write: a numpy array (numpy order) or a checkpoint tensor read a block of rows at a time
+Source = np.ndarray | LazyTensor
+
+
+def values_of(x: Source) -> np.ndarray:
+    """The whole of ``x`` as a numpy array (a checkpoint tensor read: for small tensors, a scale or an ordering)."""
+    return x.load() if isinstance(x, LazyTensor) else np.asarray(x)
+
+
+def tensor_values(tensors: Mapping[str, Source], outtype: str) -> dict[str, StreamedTensor]:
+    """The tensors to write (:func:`inspector.gguf_write.write_gguf` values), each converted while it is written, a
+    block of :data:`WRITE_BLOCK_ELEMENTS` values at a time: integers as I32, 1-D tensors F32, 2-D+ tensors in
+    ``outtype`` (Q8_0 falls back to F16 for rows not a multiple of its block of 32; a 3-D expert tensor is
+    quantized row by row like a matrix, which its blocks of outermost rows keep: each row's bytes are the same
+    whether quantized alone or with the others). Memory: one block, whatever the tensors' sizes."""
     import gguf
 
-    qt = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
-    out: dict[str, Any] = {}
-    for name, arr in tensors.items():
-        a = np.asarray(arr)
-        if a.dtype.kind in "iu":
-            out[name] = np.ascontiguousarray(a.astype(np.int32))
+    q = gguf.GGMLQuantizationType
+    qt = {"f32": q.F32, "f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0}[outtype]
+    out: dict[str, StreamedTensor] = {}
+    for name, x in tensors.items():
+        shape = tuple(x.shape)
+        is_float = x.is_float if isinstance(x, LazyTensor) else np.asarray(x).dtype.kind == "f"
+        if not is_float:
+            t = q.I32
+        else:
+            t = qt if len(shape) >= 2 else q.F32
+            if t == q.Q8_0 and shape[-1] % 32:
+                t = q.F16  # rows not a multiple of the Q8_0 block (32)
+        n = math.prod(shape)
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        rows = x.rows if isinstance(x, LazyTensor) else functools.partial(_array_rows, np.asarray(x))
+        out[name] = StreamedTensor(shape, int(t), n // block * size,
+                                   functools.partial(_blocks, rows, shape, t))
+    return out
+
+
+def _array_rows(a: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Outermost rows ``start:stop`` of ``a`` (a 0-d array: itself)."""
+    return a[start:stop] if a.ndim else a
+
+
+def _blocks(rows: Any, shape: tuple[int, ...], t: Any) -> Iterator[np.ndarray]:
+    """The data of a tensor of numpy ``shape`` in GGML type ``t``: its outermost rows (``rows(start, stop)``) a block
+    at a time, converted (:func:`tensor_values`)."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    n_rows = shape[0] if shape else 1
+    per_row = math.prod(shape[1:]) if shape else 1
+    step = max(1, WRITE_BLOCK_ELEMENTS // max(per_row, 1))
+    for i in range(0, n_rows, step):
+        a = np.asarray(rows(i, i + step))
+        if t == q.I32:
+            yield np.ascontiguousarray(a.astype(np.int32))
             continue
         a = np.ascontiguousarray(a, dtype=np.float32)
-        t = qt if a.ndim >= 2 else gguf.GGMLQuantizationType.F32
-        if t == gguf.GGMLQuantizationType.Q8_0 and a.shape[-1] % 32:
-            t = gguf.GGMLQuantizationType.F16  # rows not a multiple of the Q8_0 block (32)
-        if t == gguf.GGMLQuantizationType.F32:
-            out[name] = a
-        elif t == gguf.GGMLQuantizationType.F16:
-            out[name] = a.astype(np.float16)
+        if t == q.F32:
+            yield a
+        elif t == q.F16:
+            yield a.astype(np.float16)
         else:
-            out[name] = (gguf.quants.quantize(a, t), t)
-    return out
+            yield gguf.quants.quantize(a, t)
 
 
 #: elements :func:`refuse_nonfinite` checks at a time (64 MiB of float32; its mask is a quarter of that), so the
@@ -140,34 +184,43 @@ def tensor_values(tensors: Mapping[str, np.ndarray], outtype: str) -> dict[str, 
 NONFINITE_CHUNK_ELEMENTS = 2**24
 
 
-def count_nonfinite(a: np.ndarray) -> int:
-    """How many values of the float array ``a`` are NaN or Inf, counted over chunks of outermost rows of at most
-    :data:`NONFINITE_CHUNK_ELEMENTS` values (a row longer than that is split the same way), so the mask held at
-    once is bounded whatever the size of ``a``."""
+def _nonfinite(a: np.ndarray, bf16: bool) -> int:
+    if bf16:        # bfloat16's exponent (bits 7..14) all ones: Inf or NaN, as float32's top half
+        return int(np.count_nonzero((a & 0x7F80) == 0x7F80))
+    return int(a.size - np.count_nonzero(np.isfinite(a)))
+
+
+def count_nonfinite(a: np.ndarray, *, bf16: bool = False) -> int:
+    """How many values of the float array ``a`` are NaN or Inf (``bf16``: ``a`` holds bfloat16 values' raw 16 bits,
+    as uint16), counted over chunks of outermost rows of at most :data:`NONFINITE_CHUNK_ELEMENTS` values (a row longer
+    than that is split the same way), so the mask held at once is bounded whatever the size of ``a``."""
     n = NONFINITE_CHUNK_ELEMENTS
     if a.ndim == 0 or a.size <= n:
-        return int(a.size - np.count_nonzero(np.isfinite(a)))
+        return _nonfinite(a, bf16)
     row = a.size // a.shape[0]
     if row > n:
-        return sum(count_nonfinite(a[i]) for i in range(a.shape[0]))
+        return sum(count_nonfinite(a[i], bf16=bf16) for i in range(a.shape[0]))
     step = n // row
-    return sum(int(a[i:i + step].size - np.count_nonzero(np.isfinite(a[i:i + step])))
-               for i in range(0, a.shape[0], step))
+    return sum(_nonfinite(a[i:i + step], bf16) for i in range(0, a.shape[0], step))
 
 
-def refuse_nonfinite(name: str, a: np.ndarray, path: str) -> None:
+def refuse_nonfinite(name: str, a: Source, path: str) -> None:
     """Refuse a float tensor holding NaN or Inf (what ``verify``'s ``E_NONFINITE`` rejects in a written file),
-    checked in bounded chunks (:func:`count_nonfinite`).
+    checked in bounded chunks (:func:`count_nonfinite`); a checkpoint tensor as it is stored (BF16's bits tested,
+    not widened).
 
     Raises:
         HFCheckpointError: naming the file and the tensor, with how many values are not finite.
     """
-    a = np.asarray(a)
-    if a.dtype.kind == "f":
-        bad = count_nonfinite(a)
-        if bad:
-            raise HFCheckpointError("tensor holds NaN or Inf", path=path, key=name, expected="finite values",
-                                    actual=f"{bad} non-finite values")
+    if isinstance(a, LazyTensor):
+        bf16 = a.header.dtype == "BF16"
+        bad = count_nonfinite(a.stored, bf16=True) if bf16 else (count_nonfinite(a.stored) if a.is_float else 0)
+    else:
+        a = np.asarray(a)
+        bad = count_nonfinite(a) if a.dtype.kind == "f" else 0
+    if bad:
+        raise HFCheckpointError("tensor holds NaN or Inf", path=path, key=name, expected="finite values",
+                                actual=f"{bad} non-finite values")
 
 
 def ordered(g: Mapping[str, _T]) -> dict[str, _T]:
@@ -181,11 +234,12 @@ def ordered(g: Mapping[str, _T]) -> dict[str, _T]:
 
 
 def write_converted(path: Path, arch: str, kv: list[tuple[str, MetaValue]], tok_kv: list[tuple[str, MetaValue]],
-                    tensors: Mapping[str, np.ndarray], outtype: str) -> Path:
-    """Write one converted GGUF (keys, tokenizer keys, tensors in ``outtype``) atomically."""
+                    tensors: Mapping[str, Source], outtype: str) -> Path:
+    """Write one converted GGUF (keys, tokenizer keys, tensors in ``outtype``, a block at a time:
+    :func:`tensor_values`) atomically."""
     return write_gguf(path, arch, kv + tok_kv, tensor_values(tensors, outtype))
 
 
-__all__ = ["NONFINITE_CHUNK_ELEMENTS", "N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "ConvertResult",
-           "common_kv", "count_nonfinite", "ordered", "per_layer_u32", "refuse_nonfinite", "tensor_values",
-           "tokenizer_kv_for", "write_converted"]
+__all__ = ["NONFINITE_CHUNK_ELEMENTS", "N_VOCAB_FULL", "OUTTYPES", "SIDECAR_ARCH", "WRITE_BLOCK_ELEMENTS",
+           "ConvertResult", "Source", "common_kv", "count_nonfinite", "ordered", "per_layer_u32", "refuse_nonfinite",
+           "tensor_values", "tokenizer_kv_for", "values_of", "write_converted"]

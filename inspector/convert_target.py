@@ -27,7 +27,7 @@ tensors ``(n_expert, rows, cols)`` likewise (``ne [cols, rows, n_expert]``).
 The checkpoint is held to the layout its config implies before anything is written (:func:`target_layout`,
 :func:`target_tensor_problems`).
 
-May import: numpy, mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_audit (the tensor
+May import: mtpscope.errors, inspector.convert_common, inspector.gguf_write, inspector.hf_audit (the tensor
 problems' record), inspector.hf_config, inspector.hf_names, inspector.layouts, inspector.safetensors (dtypes; the
 data, read once the headers pass).
 """
@@ -40,16 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mtpscope.errors import HFCheckpointError
 from mtpscope.inspector import layouts as L
 from mtpscope.inspector.convert_common import (
     ConvertResult,
+    Source,
     common_kv,
     ordered,
     refuse_nonfinite,
     tokenizer_kv_for,
+    values_of,
     write_converted,
 )
 from mtpscope.inspector.gguf_write import MetaValue, f32, string, u32
@@ -57,7 +57,7 @@ from mtpscope.inspector.hf_audit import TensorProblem, layout_problems, refuse_p
 from mtpscope.inspector.hf_config import TextHParams, text_hparams
 from mtpscope.inspector.hf_names import target_gguf_name, target_hf_name
 from mtpscope.inspector.layouts import ARCH_TARGET
-from mtpscope.inspector.safetensors import HFTensor, read_tensors
+from mtpscope.inspector.safetensors import HFTensor, lazy_tensors
 
 
 def target_kv(hp: TextHParams) -> list[tuple[str, MetaValue]]:
@@ -144,14 +144,14 @@ def target_tensor_problems(hp: TextHParams, headers: Mapping[str, HFTensor], whe
                            required=lambda e: e.required, family="text model")
 
 
-def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoint") -> dict[str, np.ndarray]:
+def map_target_tensors(tensors: Mapping[str, Source], where: str = "checkpoint") -> dict[str, Source]:
     """HF target tensors -> GGUF names (``token_embd``, ``per_layer_*``, ``blk.N.*``); ``lm_head`` (tied) and
     the vision / audio towers are left out. ``layer_scalar`` becomes a 1-element vector.
 
     Raises:
         HFCheckpointError: a tensor name the mapping does not know (nothing is dropped silently).
     """
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Source] = {}
     for name, arr in tensors.items():
         try:
             g = target_gguf_name(name)
@@ -159,7 +159,7 @@ def map_target_tensors(tensors: Mapping[str, np.ndarray], where: str = "checkpoi
             raise HFCheckpointError("unknown tensor", path=where, key=name) from None
         if g is None:
             continue
-        out[g] = np.asarray(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
+        out[g] = values_of(arr).reshape(1) if g.endswith("layer_output_scale.weight") else arr
     return out
 
 
@@ -168,8 +168,10 @@ def convert_target(tc: Mapping[str, Any], headers: Mapping[str, HFTensor], out: 
     """Write the ``gemma4`` GGUF of a target text config ``tc`` and its tensors (``headers``: the checkpoint's
     safetensors headers; see the module docstring), after checking them whole: the config
     (:func:`check_target_hparams`), every tensor against it from the headers alone
-    (:func:`target_tensor_problems`), and only then the data (read by :func:`inspector.safetensors.read_tensors`):
-    no NaN or Inf (:func:`inspector.convert_common.refuse_nonfinite`, in bounded chunks).
+    (:func:`target_tensor_problems`), and only then the data (:func:`inspector.safetensors.lazy_tensors`: read a
+    block at a time): no NaN or Inf (:func:`inspector.convert_common.refuse_nonfinite`, in bounded chunks), then each
+    tensor converted while it is written (:func:`inspector.convert_common.tensor_values`). Memory: one block of
+    :data:`~inspector.convert_common.WRITE_BLOCK_ELEMENTS` values, whatever the checkpoint's size.
 
     Raises:
         HFCheckpointError: a bad config, a tensor missing, unknown, past the layers, of the wrong shape or dtype,
@@ -179,7 +181,7 @@ def convert_target(tc: Mapping[str, Any], headers: Mapping[str, HFTensor], out: 
     hp = text_hparams(tc, where)
     check_target_hparams(hp, where)
     refuse_problems(target_tensor_problems(hp, headers, where))
-    tensors = read_tensors(h for n, h in headers.items() if target_gguf_name(n) is not None)
+    tensors = lazy_tensors(h for n, h in headers.items() if target_gguf_name(n) is not None)
     for name, arr in tensors.items():
         refuse_nonfinite(name, arr, headers[name].file)
     g = map_target_tensors(tensors, where)

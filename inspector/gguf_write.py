@@ -16,10 +16,10 @@ May import: numpy, gguf (gguf-py, lazily: the writer and its type enums), inspec
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -85,6 +85,39 @@ def meta_value(kv: KeyValue) -> MetaValue:
     return MetaValue(ARRAY, np.array(v.to_numpy()), v.element_type)
 
 
+class StreamedTensor:
+    """A tensor whose data is made while the file is written, block by block (:func:`write_gguf` holds one block
+    of it at a time, not the tensor: a converted 20+ GB checkpoint is never in memory whole).
+
+    Attributes:
+        shape: the shape of its values, numpy order (GGUF ``ne`` reversed).
+        ggml_type: its GGML type id (``gguf.GGMLQuantizationType``'s values: F32 0, F16 1, Q8_0 8, I32 26, BF16 30).
+        nbytes: its data's size in ``ggml_type``: what the blocks add up to.
+        blocks: called once, when its data is written: numpy arrays whose bytes, in order, are that data.
+    """
+
+    #: what gguf-py's ``add_tensor`` reads to describe the data: any dtype but uint8 keeps ``shape`` as given
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, shape: tuple[int, ...], ggml_type: int, nbytes: int,
+                 blocks: Callable[[], Iterable[np.ndarray]]) -> None:
+        self.shape, self.ggml_type, self.nbytes, self.blocks = tuple(shape), int(ggml_type), int(nbytes), blocks
+
+    def tofile(self, fp: IO[bytes]) -> None:
+        """Write the blocks' bytes to ``fp`` (gguf-py's writer calls this in the tensor's turn).
+
+        Raises:
+            ValueError: the blocks add up to another size than ``nbytes`` (the file would be corrupt).
+        """
+        n = 0
+        for b in self.blocks():
+            b = np.ascontiguousarray(b)
+            b.tofile(fp)
+            n += b.nbytes
+        if n != self.nbytes:
+            raise ValueError(f"a streamed tensor's blocks hold {n} bytes, its header says {self.nbytes}")
+
+
 def write_gguf(path: str | os.PathLike[str], arch: str | None,
                kv: Mapping[str, MetaValue] | Iterable[tuple[str, MetaValue]],
                tensors: Mapping[str, Any]) -> Path:
@@ -98,7 +131,8 @@ def write_gguf(path: str | os.PathLike[str], arch: str | None,
             architecture.
         tensors: ``{name: array}`` in file order: a numpy array (numpy order; written in its dtype:
             float32 / float16 / int32 / ...), or ``(raw_bytes_array, ggml_type)`` for pre-quantized data
-            (``gguf.quants.quantize`` output and its ``GGMLQuantizationType``; BF16 likewise).
+            (``gguf.quants.quantize`` output and its ``GGMLQuantizationType``; BF16 likewise), or a
+            :class:`StreamedTensor` (its data made while it is written, a block at a time).
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -125,7 +159,10 @@ def write_gguf(path: str | os.PathLike[str], arch: str | None,
             else:
                 w.add_key_value(key, mv.value, vtype)
         for name, arr in tensors.items():
-            if isinstance(arr, tuple):
+            if isinstance(arr, StreamedTensor):     # (gguf-py stores it and calls its tofile in its turn)
+                w.add_tensor(name, cast(Any, arr), raw_shape=arr.shape,
+                             raw_dtype=gguf.GGMLQuantizationType(arr.ggml_type))
+            elif isinstance(arr, tuple):
                 w.add_tensor(name, arr[0], raw_dtype=arr[1])
             else:
                 w.add_tensor(name, np.ascontiguousarray(arr))
@@ -140,4 +177,4 @@ def write_gguf(path: str | os.PathLike[str], arch: str | None,
     return path
 
 
-__all__ = ["MetaValue", "array", "boolean", "f32", "meta_value", "string", "u32", "write_gguf"]
+__all__ = ["MetaValue", "StreamedTensor", "array", "boolean", "f32", "meta_value", "string", "u32", "write_gguf"]

@@ -5,7 +5,8 @@ A safetensors file starts with an 8-byte little-endian header length ``N`` follo
 (the safetensors format spec). :func:`read_safetensors_header` reads only the header (:class:`HFTensor`
 records); :func:`tensor_array` / :func:`read_tensors` / :func:`read_safetensors` return a tensor's data as
 a numpy view over a memory map of the file, using that parsed header (BF16, which numpy lacks, widened to
-float32: a copy). :func:`write_safetensors` writes numpy arrays as one file (tiny test checkpoints, no torch).
+float32: a copy); :func:`lazy_tensors` gives :class:`LazyTensor` records that read (and widen) a block of rows
+at a time. :func:`write_safetensors` writes numpy arrays as one file (tiny test checkpoints, no torch).
 
 Shapes: safetensors shapes are numpy order; the GGUF ``ne`` of a converted tensor is the reverse
 (:attr:`HFTensor.ne`; a 0-d scalar becomes ``ne = (1,)``).
@@ -19,7 +20,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,8 @@ def _file_map(path: str) -> Any:
         raise HFCheckpointError(f"cannot map the file: {e}", path=path) from e
 
 
-def _array(t: HFTensor, mm: Any) -> Any:
+def _view(t: HFTensor, mm: Any) -> Any:
+    """``t``'s bytes in ``mm`` as a numpy view of shape ``t.shape`` in the stored dtype (BF16 as uint16), checked."""
     import numpy as np
 
     dt = _NP_DTYPES.get(t.dtype)
@@ -158,12 +160,22 @@ def _array(t: HFTensor, mm: Any) -> Any:
         raise HFCheckpointError("tensor data out of range or of the wrong size", path=t.file, offset=start,
                                 key=t.name, expected=f"{n_bytes} bytes within {mm.shape[0]}",
                                 actual=f"bytes {start}..{end}")
-    a = mm[start:end].view(dt).reshape(t.shape)
+    return mm[start:end].view(dt).reshape(t.shape)
+
+
+def _widen(t: HFTensor, a: Any) -> Any:
+    """``a`` (values of ``t`` as stored) with BF16 widened to float32 (a copy), anything else as it is."""
+    import numpy as np
+
     if t.dtype == "BF16":                      # bf16 is the top half of an IEEE float32: exact
         w = a.astype(np.uint32)
         w <<= 16                               # in place: one float32-sized copy, not two
         a = w.view(np.float32)
     return a
+
+
+def _array(t: HFTensor, mm: Any) -> Any:
+    return _widen(t, _view(t, mm))
 
 
 def tensor_array(t: HFTensor) -> Any:
@@ -193,6 +205,55 @@ def read_tensors(tensors: Iterable[HFTensor]) -> dict[str, Any]:
         if t.file not in maps:
             maps[t.file] = _file_map(t.file)
         out[t.name] = _array(t, maps[t.file])
+    return out
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """One safetensors tensor whose data is read only when asked, a block of outermost rows at a time (a conversion
+    of a checkpoint of any size holds one block, not the checkpoint: :func:`lazy_tensors`).
+
+    Attributes:
+        header: its parsed header entry (name, safetensors dtype, numpy shape, file).
+        stored: a read-only numpy view of its bytes over a memory map of the file, in the stored dtype (BF16 as
+            raw uint16), shape ``header.shape``; reading it reads the file.
+    """
+
+    header: HFTensor
+    stored: Any = field(repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.header.shape
+
+    @property
+    def is_float(self) -> bool:
+        """Float values (F64 / F32 / F16 / BF16)."""
+        return self.header.dtype in FLOAT_DTYPES
+
+    def rows(self, start: int, stop: int) -> Any:
+        """Outermost rows ``start:stop`` as :func:`tensor_array` gives them (BF16 widened to float32: a copy of
+        those rows only; other dtypes a view). A 0-d tensor: its value, whatever the range."""
+        a = self.stored if not self.header.shape else self.stored[start:stop]
+        return _widen(self.header, a)
+
+    def load(self) -> Any:
+        """The whole tensor, as :func:`tensor_array` (for small tensors: a scale, an ordering)."""
+        return _widen(self.header, self.stored)
+
+
+def lazy_tensors(tensors: Iterable[HFTensor]) -> dict[str, LazyTensor]:
+    """:class:`LazyTensor` of each of ``tensors`` (one memory map per file; nothing is read yet), by name.
+
+    Raises:
+        HFCheckpointError: as :func:`tensor_array` (unsupported dtype, data out of range, an unmappable file).
+    """
+    maps: dict[str, Any] = {}
+    out: dict[str, LazyTensor] = {}
+    for t in tensors:
+        if t.file not in maps:
+            maps[t.file] = _file_map(t.file)
+        out[t.name] = LazyTensor(t, _view(t, maps[t.file]))
     return out
 
 
@@ -237,5 +298,5 @@ def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any]) 
     return path
 
 
-__all__ = ["FLOAT_DTYPES", "INTEGER_DTYPES", "MAX_HEADER_BYTES", "HFTensor", "read_safetensors",
-           "read_safetensors_header", "read_tensors", "tensor_array", "write_safetensors"]
+__all__ = ["FLOAT_DTYPES", "INTEGER_DTYPES", "MAX_HEADER_BYTES", "HFTensor", "LazyTensor", "lazy_tensors",
+           "read_safetensors", "read_safetensors_header", "read_tensors", "tensor_array", "write_safetensors"]

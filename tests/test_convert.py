@@ -176,3 +176,94 @@ def test_converted_pair_loads_in_llama_cpp(converted: dict[str, Path]) -> None:
     finally:
         dm.close()
         tm.close()
+
+
+def _bf16_copy(src: Path, dst: Path) -> dict[str, np.ndarray]:
+    """``src`` (an F32 checkpoint folder) copied to ``dst`` with every float tensor stored as BF16 (each value's top 16
+    bits), written by hand; returns the BF16 values widened back to float32 by numpy bit shifts (the reference)."""
+    import shutil
+    import struct
+
+    shutil.copytree(src, dst)
+    raw = (src / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])
+    body, hdr, want, off = [], {}, {}, 0
+    for name, e in h.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        data = raw[8 + n + b:8 + n + end]
+        if e["dtype"] == "F32":
+            bits = (np.frombuffer(data, "<u4") >> 16).astype("<u2")
+            want[name] = (bits.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
+            data, e = bits.tobytes(), {**e, "dtype": "BF16"}
+        hdr[name] = {**e, "data_offsets": [off, off + len(data)]}
+        body.append(data)
+        off += len(data)
+    js = json.dumps(hdr).encode()
+    js += b" " * (-len(js) % 8)
+    (dst / "model.safetensors").write_bytes(struct.pack("<Q", len(js)) + js + b"".join(body))
+    return want
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "bf16", "f16", "f32"])
+def test_a_bf16_target_converts_block_by_block_to_gguf_pys_bytes(hf_pair: tuple[Path, Path], tmp_path: Path,
+                                                                   outtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BF16 checkpoint converted in blocks of 1000 values (many blocks per tensor, rows cut at block edges) writes
+    each tensor with exactly the bytes gguf-py's own ``quants.quantize`` gives the whole tensor widened to float32:
+    blocks of whole rows change nothing."""
+    import gguf
+
+    import mtpscope.inspector.convert_common as cc
+    from mtpscope.inspector.hf_names import target_gguf_name
+
+    monkeypatch.setattr(cc, "WRITE_BLOCK_ELEMENTS", 1000)
+    want = _bf16_copy(hf_pair[0], tmp_path / "bf16")
+    out = convert(tmp_path / "bf16", tmp_path / "t.gguf", outtype=outtype)
+    got = {t.name: t for t in gguf.GGUFReader(out.out).tensors}
+    q = gguf.GGMLQuantizationType
+    checked = 0
+    for name, a in want.items():
+        g = target_gguf_name(name)
+        if g is None or g.endswith("layer_output_scale.weight"):
+            continue
+        t = {"q8_0": q.Q8_0, "bf16": q.BF16, "f16": q.F16, "f32": q.F32}[outtype] if a.ndim >= 2 else q.F32
+        if t == q.Q8_0 and a.shape[-1] % 32:
+            t = q.F16
+        assert got[g].tensor_type == t, g
+        ref = gguf.quants.quantize(a, t) if t not in (q.F32, q.F16) else a.astype(np.float16 if t == q.F16 else np.float32)
+        assert np.asarray(got[g].data).tobytes() == np.ascontiguousarray(ref).tobytes(), g
+        checked += 1
+    assert checked >= 40
+
+
+def test_a_streamed_tensor_holds_one_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Converting a BF16 tensor of 4M values (16 MiB widened) to Q8_0 in blocks of 65536 values allocates at most a
+    few blocks' worth (tracemalloc), not the widened tensor, and gives gguf-py's bytes for the whole tensor."""
+    import tracemalloc
+
+    import gguf
+
+    import mtpscope.inspector.convert_common as cc
+    from mtpscope.inspector.safetensors import lazy_tensors, read_safetensors_header
+
+    monkeypatch.setattr(cc, "WRITE_BLOCK_ELEMENTS", 65536)
+    rng = np.random.default_rng(0)
+    bits = (rng.standard_normal((4096, 1024), dtype=np.float32).view(np.uint32) >> 16).astype("<u2")
+    hdr = json.dumps({"w": {"dtype": "BF16", "shape": [4096, 1024], "data_offsets": [0, bits.nbytes]}}).encode()
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(len(hdr).to_bytes(8, "little") + hdr + bits.tobytes())
+    lazy = lazy_tensors(read_safetensors_header(p).values())
+    st = cc.tensor_values(lazy, "q8_0")["w"]
+    with open(tmp_path / "w.bin", "wb") as f:
+        tracemalloc.start()
+        try:
+            st.tofile(f)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * 65536 * 4, peak           # the widened tensor: 16 MiB; a block: 256 KiB of float32
+    whole = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert (tmp_path / "w.bin").read_bytes() == gguf.quants.quantize(whole, gguf.GGMLQuantizationType.Q8_0).tobytes()
+    assert st.nbytes == 4096 * 1024 // 32 * 34

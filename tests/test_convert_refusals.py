@@ -349,19 +349,18 @@ def test_target_shape_message_in_config_terms(pair: tuple[Path, Path], tmp_path:
 
 def test_target_headers_are_checked_before_any_tensor_data_is_read(pair: tuple[Path, Path], tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """A target whose defect the headers show (a tensor stored transposed) is refused without reading a byte of
-    tensor data (reading widens every BF16 tensor to float32: about twice a 31B checkpoint in memory); a good one
-    reads each tensor it writes once."""
+    """A target whose defect the headers show (a tensor stored transposed) is refused without mapping a byte of
+    tensor data; a good one maps each tensor it writes once (and reads it a block at a time)."""
     import mtpscope.inspector.safetensors as st
 
     reads: list[str] = []
-    real = st._array
+    real = st._view
 
     def counting(t: Any, mm: Any) -> Any:
         reads.append(t.name)
         return real(t, mm)
 
-    monkeypatch.setattr(st, "_array", counting)
+    monkeypatch.setattr(st, "_view", counting)
     d = mutant(pair[0], tmp_path, hdr=_transpose(TQ))
     assert "stored transposed" in _refusal(d, tmp_path).message
     assert reads == []
