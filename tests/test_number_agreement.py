@@ -112,3 +112,22 @@ def test_break_even_words_quote_the_cost_their_thresholds_are_worked_from() -> N
     no = break_even({1: 1.05}, 1.0, lambda n: 10.0, 10.0, speedup={1: 1.05 / 1.2})
     assert no is not None and no.draft_cost_ratio_needed < 0
     assert "costs 1.10 plain decodes, at least the 1.05 tokens a round emits at n_draft 1" in no.words, no.words
+
+
+def test_diagnose_limits_count_the_same_first_misses_in_each_sentence() -> None:
+    # 10 rounds with a first mismatch: 4 of them an end-of-generation draft the target confirmed (after_eog: the
+    # drafter was right, llama.cpp counts the token as the target's), 6 real misses (3 far, 3 in the top list), of
+    # which 5 hard and 1 sure. The hard sentence says 5 of the 6 judged (83 %); the far-miss one said 3 of 10 (30 %)
+    # where 3 of the same 6 is 50 % (the demo's F32 trace: 599 of 657 judged beside far misses over 665).
+    from types import SimpleNamespace
+
+    from mtpscope.traces.diagnose.behaviour import limit_sentences
+
+    side = SimpleNamespace(hard=5, wrong=1, p_drafted_mean_hard=0.04)
+    x = SimpleNamespace(rejections=SimpleNamespace(target_side=side, causes={
+        "near_tie": 0, "runner_up": 0, "in_top_k": 3, "far_miss": 3, "unreachable": 0, "after_eog": 4, "unknown": 0}),
+        by_category={}, by_class={})
+    report = SimpleNamespace(n_drafted=30, n_accepted=12, acceptance_rate=0.4, per_position=[])
+    lines = limit_sentences(x, report)     # duck-typed records: only these fields are read
+    assert lines[0].startswith("83 % of first misses are hard tokens (5 of the 6 the target judged)"), lines
+    assert "50 % of first misses are far misses" in lines[-1], lines

@@ -145,7 +145,9 @@ def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
         out.append(f"acceptance {trend} with the draft position: " + ", ".join(
             f"k={k} {acc:.2f}" for k, acc in pp))
     causes = rej.causes
-    n_fm = sum(int(v) for v in causes.values())
+    # the drafter's first misses of a known cause, as the hard / wrong split above counts them: an end-of-generation
+    # draft the target confirmed (after_eog) was no miss, and an unknown one has no rank to be far
+    n_fm = sum(int(v) for c, v in causes.items() if c not in ("after_eog", "unknown"))
     if n_fm and causes.get("far_miss"):
         out.append(f"{_pct(int(causes['far_miss']) / n_fm)} of first misses are far misses (the target's token "
                    "outside the drafter's stored top list)")
