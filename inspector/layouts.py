@@ -569,32 +569,19 @@ def expected_layout(hp: HParams) -> tuple[ExpectedTensor, ...]:
 
 
 def rope_dims(hp: HParams) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
-    """The rotated dims llama.cpp uses, full-attention layers first, each ``(key, n_rot, head dim)``.
-
-    ``n_rot`` is ``rope.dimension_count`` (default: ``attention.key_length``, llama.cpp's ``n_embd_head_k``) and
-    ``rope.dimension_count_swa`` (default: the full layers' ``n_rot``; src/llama-model.cpp, load_hparams); ``key``
-    is the key the value came from (the sliding layers' inherited value names the full layers' key). ggml's rope
-    needs ``n_rot`` even (``GGML_ASSERT(n_dims % 2 == 0)``), at most the head dim (``GGML_ASSERT(n_dims <= ne0)``)
-    and, with ``rope_freqs``, at most twice its length; 0 hangs llama.cpp: :func:`rope_dim_fault` says which.
-    """
-    p = hp.arch + "."
-    full_key, swa_key = p + "rope.dimension_count", p + "rope.dimension_count_swa"
-    full = int(hp.raw[full_key]) if hp.raw.get(full_key) is not None else hp.head_dim_full
-    if hp.raw.get(swa_key) is not None:
-        swa = (swa_key, int(hp.raw[swa_key]))
-    else:
-        swa = (full_key if hp.raw.get(full_key) is not None else swa_key, full)
-    return (full_key, full, hp.head_dim_full), (swa[0], swa[1], hp.head_dim_swa)
+    """``(key the value came from, n_rot, head dim)``, full layers then sliding, as llama.cpp reads them:
+    ``rope.dimension_count`` (default ``attention.key_length``), ``rope.dimension_count_swa`` (default: the full's)."""
+    full_key, swa_key = hp.arch + ".rope.dimension_count", hp.arch + ".rope.dimension_count_swa"
+    full = (full_key, int(hp.raw[full_key])) if hp.raw.get(full_key) is not None else (swa_key, hp.head_dim_full)
+    swa = (swa_key, int(hp.raw[swa_key])) if hp.raw.get(swa_key) is not None else full
+    return (full_key, full[1], hp.head_dim_full), (swa[0], swa[1], hp.head_dim_swa)
 
 
 def rope_dim_fault(n_rot: int, head_dim: int) -> str | None:
-    """Why llama.cpp cannot rotate ``n_rot`` of ``head_dim`` dims (see :func:`rope_dims`), or None when it can:
-    ``n_rot`` must be even and from 2 to ``head_dim``."""
+    """Why ggml cannot rotate ``n_rot`` of ``head_dim`` dims (it asserts even and ``<= ne0``; 0 hangs), or None."""
     if not 2 <= n_rot <= head_dim:
         return f"{n_rot} rotated dims of a {head_dim}-dim head"
-    if n_rot % 2:
-        return f"{n_rot} rotated dims, an odd number (ggml's rope turns pairs of dims)"
-    return None
+    return f"{n_rot} rotated dims, an odd number (ggml's rope turns pairs of dims)" if n_rot % 2 else None
 
 
 def expected_rope_freqs(head_dim_full: int,
