@@ -99,13 +99,17 @@ def row_size(type_name: str, n: int) -> int:
     return n // bs * ts
 
 
+#: the most sequences a llama.cpp context takes (src/llama-cparams.h ``LLAMA_MAX_SEQ``)
+LLAMA_MAX_SEQ = 256
+
+
 @dataclass(frozen=True)
 class EstimateParams:
     """llama.cpp context settings the estimate depends on (llama-server / ``llama_context_params`` names).
 
     Attributes:
         n_ctx: context size in tokens (0 = the target's ``context_length``).
-        n_parallel: sequences (``n_seq_max`` / ``--parallel``).
+        n_parallel: sequences (``n_seq_max`` / ``--parallel``), 1 to :data:`LLAMA_MAX_SEQ`.
         kv_unified: one cache shared by all sequences (``--kv-unified``).
         cache_type_k / cache_type_v: ``f16``, ``q8_0``, ... (``--cache-type-k/-v``).
         flash_attn: flash attention on (llama.cpp's ``auto`` turns it on where the backend has it, which
@@ -344,10 +348,15 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
 
     Raises:
         LayoutError: the target is not a gemma4 model, hyperparameters are missing, an unknown cache
-            type, or a quantized V cache without flash attention (llama.cpp refuses it).
+            type, a quantized V cache without flash attention or more than :data:`LLAMA_MAX_SEQ` sequences
+            (llama.cpp refuses both).
         GGUFFormatError & co: a file is unreadable.
     """
     p = params or EstimateParams()
+    if not 1 <= p.n_parallel <= LLAMA_MAX_SEQ:
+        # src/llama-context.cpp: "n_seq_max must be <= LLAMA_MAX_SEQ" (beyond it, n_ctx / n_seq_max cells can be 0)
+        raise LayoutError("llama.cpp refuses this many sequences", key="n_parallel",
+                          expected=f"1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ)", actual=p.n_parallel)
     if p.cache_type_v.lower() not in ("f32", "f16", "bf16") and not p.flash_attn:
         raise LayoutError("a quantized V cache requires flash attention (llama.cpp refuses it)", key="cache type v",
                           expected="flash_attn on, or an f16 / bf16 / f32 V cache", actual=p.cache_type_v)

@@ -77,6 +77,18 @@ def test_bad_settings(synth: dict[str, Path], demo_dir: Any) -> None:
         estimate(demo_dir.drafter_upstream)
 
 
+def test_more_sequences_than_llama_cpp_takes_are_refused(synth: dict[str, Path]) -> None:
+    """llama.cpp refuses n_seq_max > 256 (LLAMA_MAX_SEQ); the estimate printed 0 cells per stream, a 0 MiB KV cache
+    and 100000 sequences' logits for --n-parallel 100000 at n_ctx 8192. 256 still estimates: 8192 / 256 = 32 cells,
+    padded to 256, per stream."""
+    with pytest.raises(LayoutError) as e:
+        estimate(synth["many"], params=EstimateParams(n_parallel=257))
+    assert (e.value.key, e.value.actual) == ("n_parallel", 257)
+    assert estimate(synth["many"], params=EstimateParams(n_parallel=256)).cells_full == 256
+    r = CliRunner().invoke(app, ["estimate", "--target", str(synth["many"]), "--n-parallel", "100000"])
+    assert r.exit_code == 2 and "n_parallel" in r.output and "Traceback" not in r.output
+
+
 def test_gpu_split_rules(demo_dir: Any) -> None:
     """llama.cpp's rule: -ngl 1 puts only the output layer on the GPU; the tied head copies token_embd."""
     from mtpscope.inspector.gguf import open_gguf
