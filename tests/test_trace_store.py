@@ -706,15 +706,29 @@ def test_a_round_listed_twice_across_parts_is_refused(tmp_path: Path) -> None:
 
 def test_rounds_check_leaves_good_traces_alone(tmp_path: Path) -> None:
     """A manifest that lists no prompt bounds no prompt id (writers given none), a trace with no n_vocab bounds
-    token ids only below, rounds out of (prompt_id, round) order are fine, and null times and target pass."""
+    token ids only below, rounds out of (prompt_id, round) order are fine, and null times and target pass; their
+    steps are found in them (and a step that is not its round's draft is refused there too)."""
     with TraceWriter(tmp_path / "t", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
                      centroids=False) as w:
         for pid, r in ((7, 1), (3, 0), (7, 0)):
             w.add_round(RoundRecord(prompt_id=pid, round=r, pos=r, pending_token=300_000, n_draft=1, drafted=(5,),
-                                    n_accepted=0, target=None, emitted=(2**31 - 1,)))
-    rounds = traces.open(tmp_path / "t").rounds
+                                    n_accepted=0, target=None, emitted=(2**31 - 1,)),
+                        [StepRecord(k=1, token=5, target_token=9, accepted=False)])
+    t = traces.open(tmp_path / "t")
+    rounds = t.rounds
     assert list(zip(rounds["prompt_id"], rounds["round"])) == [(7, 1), (3, 0), (7, 0)]
     assert rounds["t_verify_ms"].isna().all()
+    # steps of rounds out of order are found in them (token = the draft; a null target checks no target_token)
+    assert list(t.steps["token"]) == [5, 5, 5] and t.warnings == []
+    with TraceWriter(tmp_path / "u", {}, n_embd_backbone=None, n_embd=None, hidden_dtype=None,
+                     centroids=False) as w:
+        for pid, r, tok in ((7, 1, 5), (3, 0, 6), (7, 0, 5)):
+            w.add_round(RoundRecord(prompt_id=pid, round=r, pos=r, pending_token=1, n_draft=1, drafted=(5,),
+                                    n_accepted=0, target=None, emitted=(2,)), [StepRecord(k=1, token=tok)])
+    with pytest.raises(TraceFormatError) as e:
+        _ = traces.open(tmp_path / "u").steps
+    assert e.value.one_line() == (f"{tmp_path / 'u'}: 'token': steps column breaks the trace format (1 row, first row "
+                                  "1) (expected drafted[k - 1] of its round = 5, got 6)")
 
 def _set_value(d: Path, table: str, col: str, row: int, value) -> None:
     """:func:`_set_round_value` for either table: ``table``'s part holding global row ``row`` rewritten."""

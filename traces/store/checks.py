@@ -212,46 +212,41 @@ def _lengths(t: pa.Table, fail: Fail, col: str, bad: Any, ln: Any, expected: Any
         fail(col, bad, expected(first), f"{ln[first].as_py()} items {t[col][first].as_py()}")
 
 
-def _accepted_items(t: pa.Table, col: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The items of list column ``col`` at positions ``i < n_accepted`` of their row (null lists: none):
-    ``(row, position, value)``, value -1 for a null item."""
-    c = t[col].combine_chunks() if isinstance(t[col], pa.ChunkedArray) else t[col]
-    rows = pc.list_parent_indices(c).to_numpy().astype(np.int64)
+def _list_parts(c: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list column as numpy: ``(offsets into values, n + 1), values (int64, a null item -1), valid (bool, n)``."""
+    if isinstance(c, pa.ChunkedArray):
+        c = c.combine_chunks()
     offsets = np.asarray(c.offsets.to_numpy(), dtype=np.int64)
+    values = pc.fill_null(c.values, -1).to_numpy().astype(np.int64)
     valid = c.is_valid().to_numpy(zero_copy_only=False)
-    pos = np.arange(len(rows), dtype=np.int64) - (offsets[rows] - offsets[0])
-    vals = pc.fill_null(pc.list_flatten(c), -1).to_numpy().astype(np.int64)
+    return offsets, values, valid
+
+
+def _accepted_pairs(t: pa.Table, col: str, ref: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The items of list columns ``col`` and ``ref`` at each position ``i < n_accepted`` of a row where ``col`` is not
+    null, up to ``col``'s length (``ref`` holds ``n_accepted`` items at least where it is not null: drafted, checked
+    before): ``(row, col's item, ref's item)``, a null item -1. Vectorised over offsets: no Python per row."""
+    o, v, valid = _list_parts(t[col])
+    ro, rv, r_valid = _list_parts(t[ref])
     n_acc = t["n_accepted"].to_numpy().astype(np.int64)
-    keep = valid[rows] & (pos < n_acc[rows])
-    return rows[keep], pos[keep], vals[keep]
+    m = np.where(valid & r_valid, np.minimum(n_acc, o[1:] - o[:-1]), 0)
+    total = int(m.sum())
+    rows = np.repeat(np.arange(len(m)), m)
+    pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+    return rows, v[o[:-1][rows] + pos], rv[ro[:-1][rows] + pos]
 
 
 def _prefix_equal(t: pa.Table, fail: Fail, col: str, ref: str, expected: str) -> None:
     """``col[i] == ref[i]`` for ``i < min(n_accepted, len(col))`` where ``col`` is not null (``ref``: the
     drafts, ``n_accepted`` of them at least: checked before)."""
-    rows, pos, vals = _accepted_items(t, col)
-    bad_item = vals != _aligned(rows, pos, *_accepted_items(t, ref))
+    rows, got, want = _accepted_pairs(t, col, ref)
+    bad_item = got != want
     if bad_item.any():
         bad = np.zeros(t.num_rows, dtype=bool)
         bad[rows[bad_item]] = True
         first = int(np.flatnonzero(bad)[0])
         fail(col, bad, f"{expected} ({ref} {t[ref][first].as_py()}, n_accepted {t['n_accepted'][first].as_py()})",
              t[col][first].as_py())
-
-
-def _aligned(rows: np.ndarray, pos: np.ndarray, d_rows: np.ndarray, d_pos: np.ndarray,
-             d_vals: np.ndarray) -> np.ndarray:
-    """``d_vals`` at each ``(rows, pos)`` (both sorted by row then position, as list items are): a pair
-    ``(d_rows, d_pos)`` lacks gives -2."""
-    key = (rows << 20) | pos
-    d_key = (d_rows << 20) | d_pos
-    at = np.searchsorted(d_key, key)
-    at_ok = at < len(d_key)
-    out = np.full(len(key), -2, dtype=np.int64)
-    hit = at_ok.copy()
-    hit[at_ok] = d_key[at[at_ok]] == key[at_ok]
-    out[hit] = d_vals[at[hit]]
-    return out
 
 
 def accepted_drafts_warning(t: pa.Table, path: Path) -> str | None:
@@ -263,9 +258,8 @@ def accepted_drafts_warning(t: pa.Table, path: Path) -> str | None:
     acceptance counts are the runtime's, the tokens the trace's."""
     if not {"drafted", "target", "n_accepted"} <= set(t.column_names) or not t.num_rows:
         return None
-    rows, pos, vals = _accepted_items(t, "target")
-    d_rows, d_pos, d_vals = _accepted_items(t, "drafted")
-    differ = vals != _aligned(rows, pos, d_rows, d_pos, d_vals)
+    rows, got, want = _accepted_pairs(t, "target", "drafted")
+    differ = got != want
     if not differ.any():
         return None
     bad = np.unique(rows[differ])
@@ -308,8 +302,9 @@ def check_steps(steps: pa.Table, rounds: pa.Table, path: Path, manifest: dict[st
     if not rounds.num_rows or not {"prompt_id", "round", "n_draft"} <= set(rounds.column_names):
         return
     r_key = _keys(rounds)
-    order = np.argsort(r_key, kind="stable")
-    sorted_keys = r_key[order]
+    in_order = len(r_key) < 2 or bool(np.all(r_key[1:] > r_key[:-1]))      # (how writers write)
+    order = np.arange(len(r_key)) if in_order else np.argsort(r_key, kind="stable")
+    sorted_keys = r_key if in_order else r_key[order]
     at = np.searchsorted(sorted_keys, s_round)
     found = at < len(r_key)
     found[found] = sorted_keys[at[found]] == s_round[found]
@@ -343,15 +338,12 @@ def _match(steps: pa.Table, rounds: pa.Table, fail: Fail, row: np.ndarray, k: np
            expected: str) -> None:
     """``steps[col] == rounds[ref][row][k - 1]`` where ``row >= 0`` and the round's ``ref`` list is not null
     (null items equal null values only)."""
-    c = rounds[ref].combine_chunks() if isinstance(rounds[ref], pa.ChunkedArray) else rounds[ref]
-    offsets = np.asarray(c.offsets.to_numpy(), dtype=np.int64)
-    list_ok = c.is_valid().to_numpy(zero_copy_only=False)
-    items = pc.fill_null(pc.list_flatten(c), -1).to_numpy().astype(np.int64)
+    offsets, items, list_ok = _list_parts(rounds[ref])
     lengths = offsets[1:] - offsets[:-1]
     sel = row >= 0
     sel[sel] = list_ok[row[sel]] & (k[sel] <= lengths[row[sel]])
     want = np.full(len(k), -1, dtype=np.int64)
-    want[sel] = items[offsets[row[sel]] - offsets[0] + k[sel] - 1]
+    want[sel] = items[offsets[row[sel]] + k[sel] - 1]
     got = pc.fill_null(steps[col], -1).to_numpy().astype(np.int64)
     bad = sel & (got != want)
     if bad.any():
