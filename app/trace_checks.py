@@ -47,12 +47,17 @@ def verify_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
 
 def state_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
     """One warning line per selected trace in ``slots`` that is not complete (:func:`verdict.trace_state_line`:
-    llama.cpp's death, a recovered interrupted run, or still being written); nothing for a complete one."""
+    llama.cpp's death, a recovered interrupted run, or still being written); nothing for a complete one, nor for
+    one that cannot be read (the page says why, once: a line here too showed the same error twice)."""
     for slot in slots:
         path = sel.get(slot)
         if not path:
             continue
-        line = verdict.trace_state_line(ROLES.get(slot, slot), loaders.trace(path).manifest)
+        try:
+            manifest = loaders.trace(path).manifest
+        except (MtpscopeError, OSError):
+            continue
+        line = verdict.trace_state_line(ROLES.get(slot, slot), manifest)
         if line:
             st.warning(line, icon=":material/hourglass_bottom:")
 

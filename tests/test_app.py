@@ -527,3 +527,21 @@ def test_every_trace_page_says_a_trace_is_incomplete(tmp_path: Path, monkeypatch
     for page in ("acceptance", "explain", "start"):
         at = _run(page, trace=d, trace_b=None, drafter=None, target=None)
         assert [w.value for w in at.warning if "incomplete" in w.value] == [want], (page, [w.value for w in at.warning])
+
+
+def test_an_unreadable_trace_is_one_error_on_every_page(tmp_path: Path, monkeypatch) -> None:
+    """A trace slot naming a file, or a folder whose manifest is not UTF-8: each page that reads the trace shows
+    its one error line once (the incomplete-trace banner above the trace pages, and the Centroids page's second
+    read of the trace, showed the same line a second time)."""
+    not_dir = tmp_path / "afile"
+    not_dir.write_text("x")
+    bad_manifest = tmp_path / "t"
+    bad_manifest.mkdir()
+    (bad_manifest / "manifest.json").write_bytes(b"\xff\xfe garbage")
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    for trace, want in ((not_dir, f"{not_dir}: not a folder"),
+                        (bad_manifest, f"{bad_manifest / 'manifest.json'}: at offset 0: manifest is not UTF-8")):
+        for page in ("start", "acceptance", "text", "step", "explain", "compare", "centroids"):
+            at = _run(page, trace=trace, trace_b=None, drafter=None, target=None)
+            errs = [e.value for e in at.error]
+            assert len(errs) == 1 and errs[0].startswith(want), (trace.name, page, errs)

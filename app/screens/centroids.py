@@ -17,9 +17,11 @@ tpath = sel.get(sel.TRACE)
 candidates: list[str] = []
 if drafter:
     candidates.append(drafter)
+tr = None   # the selected trace, read once: an unreadable one says why here, once
 if tpath:
     with guard("trace store"):
-        src = views.model_path(loaders.trace(tpath).manifest, "centroids")
+        tr = loaders.trace(tpath)
+        src = views.model_path(tr.manifest, "centroids")
         if src and safety.is_allowed(src, sel.roots()):
             candidates.append(src)
 demo_fork = str(sel.demo_paths().drafter_fork)
@@ -92,9 +94,8 @@ with guard("centroid head"):
     if not tpath:
         st.caption("Choose a trace on the Files page to see which centroids were chosen and where the target's "
                    "token lived.")
-    else:
+    elif tr is not None:
         with guard("trace store"):
-            tr = loaders.trace(tpath)
             if not loaders.has_centroid_columns(tpath):
                 st.info("This trace has no centroid columns (recorded without a centroid head).")
             else:
