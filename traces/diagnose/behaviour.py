@@ -149,7 +149,8 @@ def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
     # draft the target confirmed (after_eog) was no miss, and an unknown one has no rank to be far
     n_fm = sum(int(v) for c, v in causes.items() if c not in ("after_eog", "unknown"))
     if n_fm and causes.get("far_miss"):
-        out.append(f"{_pct(int(causes['far_miss']) / n_fm)} of first misses are far misses (the target's token "
+        far = int(causes["far_miss"])     # counts said: explain's cause table shares out every cause, after_eog too
+        out.append(f"{_pct(far / n_fm)} of first misses are far misses ({far} of {n_fm}: the target's token "
                    "outside the drafter's stored top list)")
     return out
 
