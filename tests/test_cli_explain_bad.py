@@ -166,6 +166,24 @@ def test_compare_a_trace_with_itself(noisy: Path) -> None:
     assert d["outputs_identical"] and d["n_pairs"] == 5 and d["a_only"]["n"] == 0 and d["b_only"]["n"] == 0
 
 
+def test_compare_of_traces_without_outputs_says_unknown_not_different(tmp_path: Path) -> None:
+    """Two fork imports of the same log (no emitted tokens): the outputs are unknown, not different; compare said
+    'outputs identical: NO' and 'the two runs' outputs are not identical' (the app: 'The two runs' outputs
+    differ'). Exit 1 stays: no output position was compared."""
+    from mtpscope.traces.importers import import_fork_ndjson
+
+    log = tmp_path / "mtp.ndjson"
+    log.write_text('{"evt":"mtp_draft","iter":1,"id_last":5,"attn_pos":9,"drafts":[1,2]}\n'
+                   '{"evt":"mtp_accept","iter":1,"n_accepted":1}\n', encoding="utf-8")
+    a, b = import_fork_ndjson(log, tmp_path / "a").out_dir, import_fork_ndjson(log, tmp_path / "b").out_dir
+    res = runner.invoke(app, ["compare", a, b])
+    assert res.exit_code == 1, res.output
+    assert "outputs identical: unknown (no emitted tokens)" in res.stdout and "NO" not in res.stdout
+    assert res.stderr.strip() == ("mtpscope: the two runs' outputs are unknown (no emitted tokens): no output "
+                                  "position was compared")
+    assert json.loads(runner.invoke(app, ["compare", a, b, "--json"]).stdout)["outputs_identical"] is None
+
+
 # ------------------------------------------------------------------ rounds that break the format, every command
 
 def _synthetic(d: Path) -> Path:

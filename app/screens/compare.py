@@ -42,6 +42,9 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                if r is not None and r.rate_a is not None and r.rate_b is not None else "")
         st.warning(f"Not comparable position by position: {diff.not_comparable}. No output position, acceptance "
                    f"delta or first differing round is compared.{own}")
+    elif diff.outputs_identical is None:
+        st.info("The runs' outputs are unknown (a trace without emitted tokens, such as an import): no output "
+                "position is compared.")
     elif diff.outputs_identical:
         st.success("The two runs generated the same text for every paired prompt: each output position is "
                    "compared.")

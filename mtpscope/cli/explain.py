@@ -208,9 +208,10 @@ def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None 
     """The aligned diff (:class:`mtpscope.traces.analysis.align.AlignedDiff`) as terminal text; ``runs``: what
     differs between the two runs (:func:`format_run_differences`), right after the two paths."""
     pairing = diff.pairing
+    same = {True: "yes", False: "NO", None: "unknown (no emitted tokens)"}[diff.outputs_identical]
     lines = [f"A: {a}", f"B: {b}", *(runs or []),
              f"prompts paired by {pairing.by}: {len(pairing.pairs)} (unpaired: A {len(pairing.unpaired_a)}, "
-             f"B {len(pairing.unpaired_b)}); outputs identical: {'yes' if diff.outputs_identical else 'NO'}"]
+             f"B {len(pairing.unpaired_b)}); outputs identical: {same}"]
     if diff.not_comparable is not None:      # different text: nothing position by position, no delta
         r = diff.delta.get("all")
         lines.append(f"not comparable position by position: {diff.not_comparable}; no output position, "
@@ -489,6 +490,10 @@ def register(app: typer.Typer) -> None:
             print(format_comparison(str(ta.path), str(tb.path), diff, format_run_differences(runs)))
         if diff.not_comparable is not None:
             print(f"mtpscope: the two runs are not comparable position by position: {diff.not_comparable}",
+                  file=sys.stderr)
+            raise typer.Exit(EXIT_FINDINGS)
+        if diff.outputs_identical is None:
+            print("mtpscope: the two runs' outputs are unknown (no emitted tokens): no output position was compared",
                   file=sys.stderr)
             raise typer.Exit(EXIT_FINDINGS)
         if not diff.outputs_identical:

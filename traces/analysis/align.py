@@ -203,7 +203,9 @@ class AlignedDiff:
         status_counts: ``{"accepted/rejected": n, ...}`` over (status_a, status_b) pairs.
         a_only / b_only: :class:`OneSided`.
         prompts: per pair a :class:`PromptComparison`.
-        outputs_identical: every pair's outputs are identical over their common length and of equal length.
+        outputs_identical: every pair's outputs are identical over their common length and of equal length; None
+            when none is known to differ but some pair's output is unknown (no emitted tokens: imports), never
+            False for outputs nobody saw.
         delta: ``{category: RateDelta}`` (``all`` included).
         runtimes: the round-by-round first differences and their named causes
             (:func:`traces.analysis.runtime_diff.runtime_diff`), or None when not computed.
@@ -218,7 +220,7 @@ class AlignedDiff:
     a_only: OneSided
     b_only: OneSided
     prompts: tuple[PromptComparison, ...]
-    outputs_identical: bool
+    outputs_identical: bool | None
     delta: dict[str, RateDelta] = field(default_factory=dict)
     runtimes: RuntimeDiff | None = None
     not_comparable: str | None = None
@@ -311,12 +313,13 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     frames = []
     prompts: list[PromptComparison] = []
     identical = True
+    unknown = False           # a pair whose output is not in either trace
     for pa_, pb_ in pairing.pairs:
         sa, sb = pos_a.sequences.get(pa_), pos_b.sequences.get(pb_)
         if sa is None or sb is None:
             prompts.append(PromptComparison(prompt_id_a=pa_, prompt_id_b=pb_, n_compared=0, identical_output=None,
                                             diverged_at=None, first_difference=None))
-            identical = False
+            unknown = True
             continue
         n = min(len(sa), len(sb))
         neq = np.flatnonzero(sa[:n] != sb[:n])
@@ -368,5 +371,6 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
             delta[name] = rate_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
     return AlignedDiff(pairing=pairing, positions=allpos, status_counts=status_counts,
                        a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=tuple(prompts),
-                       outputs_identical=bool(identical and not pairing.unpaired_a and not pairing.unpaired_b),
+                       outputs_identical=(False if not identical or pairing.unpaired_a or pairing.unpaired_b
+                                          else None if unknown else True),
                        delta=delta, not_comparable=why)
