@@ -464,6 +464,26 @@ def test_a_trace_with_a_missing_or_unreadable_part_is_refused_naming_it(demo_dir
         assert sorted((p.relative_to(tr), p.stat().st_size) for p in tr.rglob("*") if p.is_file()) == before
 
 
+def test_a_reference_assistant_that_is_no_gguf_is_refused_before_any_step(demo_dir, tmp_path: Path) -> None:
+    """``--reference-assistant`` naming a file that is no GGUF: one line naming it, exit 2, before verify runs (was:
+    every step ran, the reference step 'failed' in a note and the diagnosis exited 0 with 'no defect')."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    bad = tmp_path / "ref.gguf"
+    bad.write_text('{"text": "hi"}\n')
+    r = CliRunner().invoke(app, ["diagnose", "--trace", str(src), "--reference-assistant", str(bad),
+                                 "--out", str(tmp_path / "out")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("[out]")]
+    assert r.exit_code == 2, r.output
+    assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {bad}: at offset 0: not a GGUF file"), r.output
+    assert not (tmp_path / "out" / DIAGNOSIS_FILE).exists()
+
+
 def test_the_cli_says_where_its_results_go(demo_dir, tmp_path: Path) -> None:
     """The output folder is said before anything is written (the default one is in the current directory)."""
     from typer.testing import CliRunner

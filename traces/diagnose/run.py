@@ -181,7 +181,8 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
 
     Raises:
         MtpscopeError: no target or assistant, neither a trace nor prompts, no ``out`` to record into.
-        GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input.
+        GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input (a
+            ``reference_assistant`` that is no GGUF included, before any step runs).
     """
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.validate import verify
@@ -201,6 +202,9 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
         raise MtpscopeError("diagnose needs prompts to record, or a trace", key="prompts", expected="prompts or a trace")
     if trace is None and outp is None:
         raise MtpscopeError("recording needs an output folder", key="out", expected="a folder")
+    if reference_assistant is not None:     # a reference the user gave that is no GGUF is bad input, said first
+        with open_gguf(reference_assistant):
+            pass
     if outp is not None:
         outp.mkdir(parents=True, exist_ok=True)
 
