@@ -19,7 +19,8 @@ With ``values`` a relative-error summary is computed on up to ``n_rows`` evenly 
 numpy dimension) of every tensor present in both with the same shape:
 ``rel = ||a − b||₂ / max(||a||₂, ||b||₂)`` per row (0 when both rows are zero; at most 2), reported as max
 and mean over the sampled rows (values dequantized, computed in float64): how much, where the data
-comparison says whether.
+comparison says whether. A row holding NaN or Inf in either file has no such norm: it counts 0 when both files
+hold the same values there, else 2, the largest (it was 0 whatever the other file held), and is counted apart.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class ValueDiff:
     rel_err_max: float
     rel_err_mean: float
     identical: bool
+    rows_nonfinite: int = 0     # sampled rows holding NaN / Inf in either file (:func:`row_rel_err`: 0 or 2)
 
 
 #: Tensors of at most this many bytes have their data compared whole with ``data="sampled"``.
@@ -258,12 +260,18 @@ def _values_equal(va: Any, vb: Any) -> bool:
 
 def row_rel_err(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Per row ``||x - y||_2 / max(||x||_2, ||y||_2)`` in float64 (0 where both rows are zero; at most 2): the
-    relative error the sampled comparison reports. Shapes: ``(n_rows, ...)`` each, rows flattened."""
+    relative error the sampled comparison reports. A row holding NaN or Inf in either input has no norm: 0 when
+    both hold the same values (NaN equal to NaN), else 2, the largest. Shapes: ``(n_rows, ...)`` each, rows
+    flattened."""
     x = x.reshape(x.shape[0], -1).astype(np.float64)
     y = y.reshape(y.shape[0], -1).astype(np.float64)
-    num = np.linalg.norm(x - y, axis=1)
-    den = np.maximum(np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1))
+    bad = ~(np.isfinite(x).all(axis=1) & np.isfinite(y).all(axis=1))
+    xf, yf = np.where(bad[:, None], 0.0, x), np.where(bad[:, None], 0.0, y)   # no inf - inf, no NaN norms
+    num = np.linalg.norm(xf - yf, axis=1)
+    den = np.maximum(np.linalg.norm(xf, axis=1), np.linalg.norm(yf, axis=1))
     out: np.ndarray = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    for i in np.flatnonzero(bad):
+        out[i] = 0.0 if np.array_equal(x[i], y[i], equal_nan=True) else 2.0
     return out
 
 
@@ -439,8 +447,10 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
                 ya = np.stack([np.asarray(fb.tensor_data(nb, rows=int(i)), dtype=np.float64) for i in idx])
                 sampled = len(idx)
             rel = row_rel_err(xa, ya)
+            fin = (np.isfinite(xa.reshape(len(xa), -1)).all(axis=1) & np.isfinite(ya.reshape(len(ya), -1)).all(axis=1))
             vals.append(ValueDiff(na if na == nb else f"{na} | {nb}", sampled, total, float(rel.max()),
-                                  float(rel.mean()), bool(np.array_equal(xa, ya))))
+                                  float(rel.mean()), bool(np.array_equal(xa, ya, equal_nan=True)),
+                                  int((~fin).sum())))
     return GGUFDiff(str(getattr(fa, "path", a)), str(getattr(fb, "path", b)), added, removed, changed,
                     tuple(only_b), tuple(only_a), tuple(renamed), tchanged, tuple(vals), tuple(compares), compared)
 

@@ -74,6 +74,36 @@ def test_values_relative_error_on_sampled_rows(tmp_path: Path) -> None:
     assert vals[norm].rel_err_max == pytest.approx(np.linalg.norm(x - y) / max(np.linalg.norm(x), np.linalg.norm(y)))
 
 
+def test_rows_holding_nan_or_inf_are_not_a_zero_error(tmp_path: Path) -> None:
+    """A NaN where the other file has a number made the row's norms NaN, which the division skipped: relative error
+    0.0 for a tensor whose bytes differ. Such a row now counts 2 (the largest) and is counted; rows holding the same
+    NaN / Inf in both files count 0, and such tensors are identical. No numpy warning (inf - inf)."""
+    import warnings
+
+    arch, kv, _ = parts("upstream")
+    base = np.arange(32, dtype=np.float32).reshape(4, 8) + 1.0       # 4 rows, no zero row
+    nan_a = base.copy()
+    nan_a[0, 0] = np.nan
+    inf_a = base.copy()
+    inf_a[2, 3] = np.inf
+    a = write(tmp_path / "a.gguf", arch, kv, {"x.weight": base, "same_nan.weight": nan_a, "inf.weight": inf_a})
+    b = write(tmp_path / "b.gguf", arch, kv, {"x.weight": nan_a, "same_nan.weight": nan_a.copy(),
+                                               "inf.weight": np.where(inf_a == np.inf, -np.inf, inf_a)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vals = {v.name: v for v in diff(a, b, values=True, n_rows=16).values}
+    # x: row 0 differs by a NaN (2), rows 1..3 equal (0): max 2, mean 2 / 4; one row holds a NaN
+    x = vals["x.weight"]
+    assert (x.rel_err_max, x.rel_err_mean, x.rows_nonfinite, x.identical) == (2.0, 0.5, 1, False)
+    same = vals["same_nan.weight"]
+    assert (same.rel_err_max, same.rel_err_mean, same.rows_nonfinite, same.identical) == (0.0, 0.0, 1, True)
+    inf = vals["inf.weight"]          # +inf against -inf in row 2
+    assert (inf.rel_err_max, inf.rel_err_mean, inf.rows_nonfinite, inf.identical) == (2.0, 0.5, 1, False)
+    out = CliRunner().invoke(app, ["diff", str(a), str(b), "--values"]).output
+    assert "values x.weight: rel err max 2.000e+00 mean 5.000e-01 (every row; 1 with NaN or Inf, counted 2 where " \
+           "the files differ)" in out, out
+
+
 def test_type_shape_and_token_changes(tmp_path: Path, files: dict[str, Path]) -> None:
     arch, kv, t = parts("upstream")
     t["blk.0.attn_q.weight"] = q8_0(t["blk.0.attn_q.weight"])

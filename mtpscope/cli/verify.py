@@ -165,7 +165,8 @@ def _print_diff(d: GGUFDiff) -> None:
     for v in d.values:
         if not v.identical:
             rows = "every row" if v.rows_sampled == v.rows_total else f"{v.rows_sampled} of {v.rows_total} rows"
-            con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} ({rows})")
+            odd = f"; {v.rows_nonfinite} with NaN or Inf, counted 2 where the files differ" if v.rows_nonfinite else ""
+            con.print(f"  values {v.name}: rel err max {v.rel_err_max:.3e} mean {v.rel_err_mean:.3e} ({rows}{odd})")
     comp = d.compared
     if comp is not None:
         con.print(comp.line(), markup=False)
