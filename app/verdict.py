@@ -30,6 +30,7 @@ from typing import Any
 
 from mtpscope.app.formats import percent, points
 from mtpscope.app.views import recommendation_label
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.advice import Recommendation
 from mtpscope.traces.analysis.ordering import worst_first_key
 
@@ -51,8 +52,8 @@ class PromptCounts:
 
     @property
     def acceptance_rate(self) -> float | None:
-        """``n_accepted / n_drafted``; None when nothing was drafted."""
-        return self.n_accepted / self.n_drafted if self.n_drafted > 0 else None
+        """``n_accepted / n_drafted`` (:func:`traces.analysis.rates.acceptance_rate`); None when nothing was drafted."""
+        return rates.acceptance_rate(self.n_accepted, self.n_drafted)
 
     def to_dict(self) -> dict[str, Any]:
         """``{prompt_id, category, n_drafted, n_accepted, acceptance_rate}``."""

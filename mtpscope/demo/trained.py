@@ -176,6 +176,7 @@ def _convert_all(tp: Any, say: Callable[[str], None], data: Path) -> None:
 
 def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """``[{"prompt_id", "category", "n_drafted", "n_accepted", "acceptance_rate"}]`` of a recorded trace."""
+    from mtpscope.traces.analysis import rates
     from mtpscope.traces.store.reader import open_trace
 
     tr = open_trace(trace_dir)
@@ -186,19 +187,21 @@ def per_prompt_acceptance(trace_dir: str | os.PathLike[str]) -> list[dict[str, A
     for pid, g in r.groupby("prompt_id", sort=True):
         nd, na = int(g["n_draft"].sum()), int(g["n_accepted"].sum())
         out.append({"prompt_id": int(pid), "category": cats.get(int(pid)), "n_drafted": nd, "n_accepted": na,
-                    "acceptance_rate": na / nd if nd else None})
+                    "acceptance_rate": rates.acceptance_rate(na, nd)})
     return out
 
 
 def by_category(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Pooled acceptance per category of :func:`per_prompt_acceptance` rows."""
+    from mtpscope.traces.analysis import rates
+
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         c = out.setdefault(str(r["category"]), {"n_drafted": 0, "n_accepted": 0})
         c["n_drafted"] += r["n_drafted"]
         c["n_accepted"] += r["n_accepted"]
     for c in out.values():
-        c["acceptance_rate"] = c["n_accepted"] / c["n_drafted"] if c["n_drafted"] else None
+        c["acceptance_rate"] = rates.acceptance_rate(c["n_accepted"], c["n_drafted"])
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.positions import Positions
 from mtpscope.traces.analysis.token_classes import C_UNKNOWN, CHANNELS, CLASSES, Classifier, TokenClasses
 from mtpscope.traces.analysis.wording import category_field_note, category_like_fields
@@ -102,7 +103,7 @@ def _group(label: np.ndarray | pd.Categorical[str], accepted: np.ndarray, names:
         if name not in found or found[name][0] == 0:
             continue
         d, a = found[name]
-        out[str(name)] = Acceptance(d, a, a / d if d else None)
+        out[str(name)] = Acceptance(d, a, rates.acceptance_rate(a, d))
     return out
 
 
@@ -173,7 +174,7 @@ def by_label_and_position(pos: Positions, labels: np.ndarray | pd.Categorical[st
             continue
         top = int(np.flatnonzero(nd[i])[-1])
         out[str(name)] = tuple(PositionAcceptance(kk, int(nd[i, kk]), int(na[i, kk]),
-                                                  float(na[i, kk] / nd[i, kk]) if nd[i, kk] else None)
+                                                  rates.acceptance_rate(na[i, kk], nd[i, kk]))
                                for kk in range(1, top + 1))
     return out
 
@@ -264,5 +265,5 @@ def by_category(rounds: pd.DataFrame, categories: Mapping[int, str]) -> dict[str
     for name in sorted(set(lab.tolist())):
         m = lab == name
         d, a = int(nd[m].sum()), int(na[m].sum())
-        out[name] = CategoryAcceptance(int(len(np.unique(pid[m]))), d, a, a / d if d else None)
+        out[name] = CategoryAcceptance(int(len(np.unique(pid[m]))), d, a, rates.acceptance_rate(a, d))
     return out

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.report_records import (
     CategoryRequests,
     CentroidCoverage,
@@ -105,9 +106,10 @@ def totals(rounds: pd.DataFrame) -> Totals:
     _need(rounds, ["n_draft", "n_accepted"], "rounds")
     nd, na = _ints(rounds["n_draft"]), _ints(rounds["n_accepted"])
     n_verify = int((nd > 0).sum())
+    rate, mal = rates.acceptance_rate(na.sum(), nd.sum()), rates.mean_acceptance_length(na[nd > 0].sum(), n_verify)
     return Totals(n_rounds=int(len(rounds)), n_verify_rounds=n_verify, n_drafted=int(nd.sum()),
-                  n_accepted=int(na.sum()), acceptance_rate=_div(na.sum(), nd.sum()),
-                  mean_acceptance_length=1.0 + _div(na[nd > 0].sum(), n_verify) if n_verify else math.nan)
+                  n_accepted=int(na.sum()), acceptance_rate=rates.nan_if_none(rate),
+                  mean_acceptance_length=rates.nan_if_none(mal))
 
 
 def acceptance_rate(rounds: pd.DataFrame) -> float:
@@ -161,13 +163,8 @@ def per_prompt(rounds: pd.DataFrame) -> pd.DataFrame:
         "n_drafted": g["n_drafted"].to_numpy(),
         "n_accepted": g["n_accepted"].to_numpy(),
     })
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out["acceptance_rate"] = np.where(g["n_drafted"] > 0,
-                                          g["n_accepted"] / g["n_drafted"].where(g["n_drafted"] > 0, 1),
-                                          np.nan)
-        out["mean_acceptance_length"] = np.where(g["n_verify"] > 0,
-                                                 1.0 + g["na_v"] / g["n_verify"].where(g["n_verify"] > 0, 1),
-                                                 np.nan)
+    out["acceptance_rate"] = rates.acceptance_rates(g["n_accepted"], g["n_drafted"])
+    out["mean_acceptance_length"] = rates.mean_acceptance_lengths(g["na_v"], g["n_verify"])
     return out
 
 

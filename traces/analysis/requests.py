@@ -34,6 +34,7 @@ from typing import Any, TypeGuard, cast
 import numpy as np
 import pandas as pd
 
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.ordering import worst_first
 from mtpscope.traces.analysis.records import JsonRecord
 from mtpscope.traces.analysis.wording import plural
@@ -129,10 +130,6 @@ def _num(s: pd.Series) -> np.ndarray:
     return np.array(pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan), dtype=np.float64)
 
 
-def _div(a: float, b: float) -> float:
-    return float(a) / float(b) if b else math.nan
-
-
 def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per request (:func:`request_rows`) with :data:`TABLE_COLUMNS`: the prompt's id (the request
     number where none is known), tokens in / out (``n_output_tokens`` = ``predicted_n``), drafted, accepted,
@@ -154,10 +151,9 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     out["n_output_tokens"] = _col(r, "predicted_n")
     nd, na = _num(_col(r, "n_drafted")), _num(_col(r, "n_accepted"))
     out["n_drafted"], out["n_accepted"] = _col(r, "n_drafted"), _col(r, "n_accepted")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["acceptance_rate"] = np.where(nd > 0, na / np.where(nd > 0, nd, 1), np.nan)
-        drafts = _drafts(r)
-        mal = np.where(drafts > 0, 1.0 + na / np.where(drafts > 0, drafts, 1), np.nan)
+    out["acceptance_rate"] = rates.acceptance_rates(na, nd)
+    drafts = _drafts(r)
+    mal = rates.mean_acceptance_lengths(na, np.where(drafts > 0, drafts, 0))      # (unknown drafts: NaN)
     stored = _num(_col(r, "mean_acceptance_length"))
     given = _col(r, "n_drafts")
     out["n_drafts"] = given if np.array_equal(np.isnan(drafts), np.isnan(_num(given))) else \
@@ -227,9 +223,10 @@ def _totals(t: pd.DataFrame) -> ServerTotals:
     n_drafts = float(drafts.sum()) if len(drafts) and not np.isnan(drafts).any() else None
     tps = _num(t["tokens_per_s"]) if len(t) else np.array([])
     return ServerTotals(
-        n_requests=int(len(t)), n_drafted=int(nd), n_accepted=int(na), acceptance_rate=_div(na, nd),
+        n_requests=int(len(t)), n_drafted=int(nd), n_accepted=int(na),
+        acceptance_rate=rates.nan_if_none(rates.acceptance_rate(na, nd)),
         n_drafts=None if n_drafts is None else int(n_drafts),
-        mean_acceptance_length=1.0 + _div(na, n_drafts) if n_drafts else math.nan,
+        mean_acceptance_length=rates.nan_if_none(rates.mean_acceptance_length(na, n_drafts or 0)),
         tokens_per_s_mean=float(np.nanmean(tps)) if len(tps) and not np.isnan(tps).all() else math.nan,
         tokens_per_s_pooled=_pooled(tps, _num(t["generation_ms"]) if len(t) else np.array([])))
 
@@ -325,8 +322,9 @@ def requests_from_rounds(rounds: pd.DataFrame, prompts: Sequence[Mapping[str, An
         rows.append({"request": len(rows), "line": len(rows) + 1, "kind": "record", "prompt_id": pid,
                      "prompt": p.get("prompt") or p.get("id") or str(pid), "category": p.get("category"),
                      "n_prompt_tokens": p.get("n_prompt_tokens"), "n_drafted": int(nd.sum()),
-                     "n_accepted": int(na.sum()), "acceptance_rate": _div(na.sum(), nd.sum()), "n_drafts": drafts,
-                     "mean_acceptance_length": 1.0 + _div(na.sum(), drafts) if drafts else math.nan,
+                     "n_accepted": int(na.sum()),
+                     "acceptance_rate": rates.nan_if_none(rates.acceptance_rate(na.sum(), nd.sum())), "n_drafts": drafts,
+                     "mean_acceptance_length": rates.nan_if_none(rates.mean_acceptance_length(na.sum(), drafts)),
                      "accepted_per_pos": [int((na > i).sum()) for i in range(int(nd.max()) if len(nd) else 0)],
                      "predicted_n": None if out is None else len(out), "output_tokens": out})
     return pd.DataFrame(rows)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mtpscope.errors import TraceError
 from mtpscope.inspector.centroids import CentroidHead
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.run.prompts import PromptSpec
 from mtpscope.traces.run.record_config import RecordConfig
 from mtpscope.traces.run.step_analysis import round_record, step_records
@@ -53,8 +54,8 @@ class CheckpointRecordSummary:
 
     @property
     def acceptance_rate(self) -> float | None:
-        """n_accepted / n_drafted, None with no drafts."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else None
+        """n_accepted / n_drafted (:func:`traces.analysis.rates.acceptance_rate`), None with no drafts."""
+        return rates.acceptance_rate(self.n_accepted, self.n_drafted)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the fields and ``acceptance_rate``."""

@@ -38,6 +38,7 @@ import numpy as np
 
 from mtpscope.errors import MtpscopeError, RuntimeAbortedError, TraceError
 from mtpscope.inspector.centroids import CentroidHead, head_from_gguf, load_centroid_head
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.run import row_kernels
 from mtpscope.traces.run.derived import HInnerSolver, cached_solver, calibration_entry
 from mtpscope.traces.run.llama.process import deferred_sigint, interrupts_held
@@ -665,8 +666,8 @@ class _Recording:
         n_drafted, n_accepted, n_verify, n_gen = self.n_drafted, self.n_accepted, self.n_verify, self.n_gen
         return RecordSummary(out=os.fspath(self.out), n_prompts=len(self.specs), n_rounds=self.n_rounds,
                              n_steps=self.n_steps, n_drafted=n_drafted, n_accepted=n_accepted,
-                             acceptance_rate=(n_accepted / n_drafted) if n_drafted else None,
-                             mean_acceptance_length=(1 + n_accepted / n_verify) if n_verify else None,
+                             acceptance_rate=rates.acceptance_rate(n_accepted, n_drafted),
+                             mean_acceptance_length=rates.mean_acceptance_length(n_accepted, n_verify),
                              n_generated=n_gen, seconds=secs, cpu_seconds=cpu_secs + worker_cpu,
                              trace_seconds=self.trace_s, tokens_per_second=n_gen / secs if secs > 0 else 0.0,
                              outputs=tuple(self.outputs), isolated=isolated,

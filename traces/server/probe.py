@@ -54,6 +54,7 @@ from typing import Any
 import pyarrow as pa
 
 from mtpscope.errors import MtpscopeError, ServerError, TraceError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.requests import not_drafting_alarm
 from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
 from mtpscope.traces.server.client import ServerClient, SpecCounters, clean_url, redact_headers
@@ -196,8 +197,8 @@ def request_row(*, request: int, prompt_id: int, spec: PromptSpec, repeat: int, 
     row = {
         "request": request, "line": request + 1, "kind": KIND, "id_slot": _int_or_none(response.get("id_slot")),
         "id_task": None, "n_drafted": int(dn), "n_accepted": int(da),
-        "acceptance_rate": da / dn if dn else None,
-        "mean_acceptance_length": (1.0 + da / n_drafts) if n_drafts else None,
+        "acceptance_rate": rates.acceptance_rate(da, dn),
+        "mean_acceptance_length": rates.mean_acceptance_length(da, n_drafts),
         "prompt_n": _int_or_none(timings.get("prompt_n")), "prompt_ms": _num_or_none(timings.get("prompt_ms")),
         "predicted_n": _int_or_none(timings.get("predicted_n")),
         "predicted_ms": _num_or_none(timings.get("predicted_ms")),

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.advice import PLAIN, Advice, Candidate, advise_candidates
 from mtpscope.traces.analysis.costs import (
     MIN_SIZE_ROUNDS,
@@ -250,13 +251,13 @@ def advise_sweep(sw: Any, *, n_boot: int = N_BOOT, seed: int = SEED) -> Advice:
         nd = float(mine["n_drafted"].sum())
         t_step = float(mine["t_draft_ms"].sum()) / nd if nd > 0 else None
         for k, g in mine.groupby("n_draft"):
-            v = float(g["n_verify"].sum())
-            if v > 0:
-                tau[int(k)] = 1.0 + float(g["n_accepted"].sum()) / v  # type: ignore[arg-type]  # pandas-stubs: a groupby key is any Scalar; n_draft holds ints
+            mal = rates.mean_acceptance_length(g["n_accepted"].sum(), g["n_verify"].sum())
+            if mal is not None:
+                tau[int(k)] = mal  # type: ignore[arg-type]  # pandas-stubs: a groupby key is any Scalar; n_draft holds ints
         for (cat, n), g in mine.groupby(["category", "n_draft"]):
-            v = float(g["n_verify"].sum())
-            if v > 0:
-                tau_cat.setdefault(str(cat), {})[int(n)] = 1.0 + float(g["n_accepted"].sum()) / v  # type: ignore[call-overload]  # pandas-stubs: a groupby key is a Hashable; n_draft holds ints
+            mal = rates.mean_acceptance_length(g["n_accepted"].sum(), g["n_verify"].sum())
+            if mal is not None:
+                tau_cat.setdefault(str(cat), {})[int(n)] = mal  # type: ignore[call-overload]  # pandas-stubs: a groupby key is a Hashable; n_draft holds ints
         vc = verify_costs(sw)
         vc = vc[vc["assistant"] == a]
         means = {int(n): float(t) for n, t in zip(vc["n"], vc["t_verify_ms"], strict=True)}

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from mtpscope.errors import TraceFormatError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.costs import CostProbe
 from mtpscope.traces.analysis.records import JsonRecord, json_records
 from mtpscope.traces.store import schema as S
@@ -349,8 +350,8 @@ class Sweep:
         nd, na, nv = (df[c].astype("float64") for c in ("n_drafted", "n_accepted", "n_verify"))
         t = df["t_ms"].astype("float64")
         with np.errstate(divide="ignore", invalid="ignore"):
-            df["acceptance_rate"] = np.where(nd > 0, na / nd.where(nd > 0, 1), np.nan)
-            df["mean_acceptance_length"] = np.where(nv > 0, 1.0 + na / nv.where(nv > 0, 1), np.nan)
+            df["acceptance_rate"] = rates.acceptance_rates(na, nd)
+            df["mean_acceptance_length"] = rates.mean_acceptance_lengths(na, nv)
             df["tokens_per_s"] = np.where(t > 0, df["n_emitted"].astype("float64") / (t / 1e3), np.nan)
         base = df[df["assistant"] == BASELINE].set_index("category")["tokens_per_s"]
         ref = df["category"].map(base)

@@ -21,6 +21,7 @@ from mtpscope.demo import corpus as demo_corpus
 from mtpscope.demo.train.compact import CompactVocab, full_argmax
 from mtpscope.demo.train.models import drafter_forward, drafter_masks, target_pass
 from mtpscope.demo.train.recipe import BOS
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.run.llama.model import LlamaVocab
 from mtpscope.traces.run.record_config import DEFAULT_N_DRAFT
 
@@ -118,8 +119,9 @@ def distinct_4gram_ratio(tokens: Sequence[int]) -> float:
 
 
 def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]:
-    """Acceptance rate (accepted / drafted), mean acceptance length and per-position acceptance
-    ``p_k`` = P(draft k accepted | a k-th draft was made), k = 1..n_draft."""
+    """Acceptance rate (accepted / drafted), mean acceptance length (1 + accepted / rounds that drafted: both
+    :mod:`traces.analysis.rates`, as a trace's) and per-position acceptance ``p_k`` = P(draft k accepted | a k-th
+    draft was made), k = 1..n_draft."""
     drafted = sum(len(r.drafted) for r in rounds)
     accepted = sum(r.n_accepted for r in rounds)
     pk = []
@@ -127,8 +129,9 @@ def acceptance_stats(rounds: Sequence[SimRound], n_draft: int) -> dict[str, Any]
         made = [r for r in rounds if len(r.drafted) >= k]
         pk.append(sum(r.n_accepted >= k for r in made) / len(made) if made else float("nan"))
     return {"n_rounds": len(rounds), "n_drafted": drafted, "n_accepted": accepted,
-            "acceptance_rate": accepted / drafted if drafted else float("nan"),
-            "mean_acceptance_length": 1 + accepted / len(rounds) if rounds else float("nan"), "p_k": pk}
+            "acceptance_rate": rates.nan_if_none(rates.acceptance_rate(accepted, drafted)),
+            "mean_acceptance_length": rates.nan_if_none(rates.mean_acceptance_length(
+                accepted, sum(1 for r in rounds if r.drafted))), "p_k": pk}
 
 
 def demo_prompts(texts: Sequence[demo_corpus.PromptText], tok: LlamaVocab, random_docs: Sequence[np.ndarray],
