@@ -140,6 +140,10 @@ def _read_for_load(f: Any, arch: str, runtime: str, basis: str) -> L.HParams | V
 MSG_BINARY_OP = "binary_op: unsupported types: dst: f32, src0: f32, src1: {t}"
 MSG_ROPE_FREQS = "GGML_ASSERT(c->type == GGML_TYPE_F32) failed"
 MSG_SHARED_KV = "GGML_ASSERT(map_layer_ids.find(il_reuse) != map_layer_ids.end()) failed"
+#: ggml's rope on rotated dims it cannot turn (layouts.rope_dims; ggml/src/ggml.c, ggml-cpu/ops.cpp)
+MSG_ROPE_FACTORS = "GGML_ASSERT(c->ne[0] >= n_dims / 2) failed"
+MSG_ROPE_ODD = "GGML_ASSERT(n_dims % 2 == 0) failed"
+MSG_ROPE_WIDE = "GGML_ASSERT(n_dims <= ne0) failed"
 _ABORT_NOTE = " (abort rules observed with upstream llama.cpp's CPU backend; the fork shares those ggml ops)"
 
 
@@ -152,6 +156,10 @@ def aborts(f: Any, hp: L.HParams, runtime: str, basis: str) -> Verdict | None:
     * another 1-D weight (norms, ``layer_output_scale``) in F16 / BF16: the CPU ``binary_op`` has no f32 x
       f16 kernel -> "aborts at first draft" (a drafter) / "aborts at first decode" (a target).
     * a target whose shared-KV layers reuse a layer of the other type: "aborts creating a context".
+    * a drafter's ``rope.dimension_count`` over twice the ``rope_freqs`` factors: "aborts creating a context" (the
+      graph llama.cpp reserves then ropes by the factors); an odd
+      one, or one over its layers' head dim (either key): "aborts at first draft" (0, which hangs llama.cpp, is
+      verify's error only).
     """
     dialect = L.dialect_of(f.architecture)
     try:
@@ -173,12 +181,32 @@ def aborts(f: Any, hp: L.HParams, runtime: str, basis: str) -> Verdict | None:
         return Verdict(runtime, True, (f"{t.name} is {t.type_name} (and {len(half) - 1} more 1-D tensors): loads, then "
                                        f"{msg}",) if len(half) > 1 else
                        (f"{t.name} is {t.type_name}: loads, then {msg}",), basis, outcome, msg)
+    if dialect in ("fork", "upstream"):
+        rot = _rope_abort(hp, rope, runtime, basis)
+        if rot is not None:
+            return rot
     if dialect == "target":
         found: list[Any] = []
         check_shared_kv(f, hp, found.append)
         if found:
             return Verdict(runtime, True, (f"loads, then {MSG_SHARED_KV}: {found[0].message}",), basis,
                            OUTCOME_ABORTS_CONTEXT, MSG_SHARED_KV)
+    return None
+
+
+def _rope_abort(hp: L.HParams, rope: Any, runtime: str, basis: str) -> Verdict | None:
+    """The abort a drafter's rotated dims (:func:`layouts.rope_dims`) meet, if any (see :func:`aborts`)."""
+    kinds = {ly.sliding for ly in hp.layers}
+    (fk, fr, fh), (sk, sr, sh) = L.rope_dims(hp)
+    if False in kinds and rope is not None and rope.ne and fr > 2 * int(rope.ne[0]):
+        return Verdict(runtime, True, (f"{fk} = {fr}, more than twice the {int(rope.ne[0])} rope_freqs factors: "
+                                       f"loads, then {MSG_ROPE_FACTORS} creating a context",), basis,
+                       OUTCOME_ABORTS_CONTEXT, MSG_ROPE_FACTORS)
+    for present, key, n_rot, head_dim in ((False in kinds, fk, fr, fh), (True in kinds, sk, sr, sh)):
+        msg = MSG_ROPE_ODD if n_rot % 2 else MSG_ROPE_WIDE if n_rot > head_dim else None
+        if present and msg is not None:
+            return Verdict(runtime, True, (f"{key} = {n_rot} (head dim {head_dim}): loads, then {msg}",), basis,
+                           OUTCOME_ABORTS_DRAFT, msg)
     return None
 
 

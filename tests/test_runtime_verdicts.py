@@ -26,10 +26,11 @@ import numpy as np
 import pytest
 
 from mtpscope.demo import build as demo
-from mtpscope.errors import GGUFFormatError, TensorDataError
+from mtpscope.errors import GGUFFormatError, PreflightRefusal, TensorDataError
 from mtpscope.inspector.gguf import open_gguf
 from mtpscope.inspector.gguf_write import f32, u32
 from mtpscope.inspector.validate import verify
+from mtpscope.traces.run.preflight import preflight
 from tests.builders import DIMS, parts, write
 from tests.runtime_probe import probe, probe_many
 
@@ -128,6 +129,32 @@ def test_rope_freqs_f16_aborts_while_loading(d: Path, target: Path) -> None:
     up = r.loadability[0]
     assert up.loads is False and up.outcome == "aborts while loading"
     assert up.message == "GGML_ASSERT(c->type == GGML_TYPE_F32) failed"
+
+
+@pytest.mark.parametrize(("suffix", "n_rot", "stage", "message", "loads", "outcome"), [
+    # 66 full dims, more than twice the 32 rope_freqs factors: both load, the context's graph reservation aborts
+    ("rope.dimension_count", 66, "loaded", "GGML_ASSERT(c->ne[0] >= n_dims / 2) failed", True,
+     "aborts creating a context"),
+    ("rope.dimension_count", 63, "prefill", "GGML_ASSERT(n_dims % 2 == 0) failed", True, "aborts at first draft"),
+    # 34 dims of the sliding layers' 32-dim heads (they have no rope_freqs)
+    ("rope.dimension_count_swa", 34, "prefill", "GGML_ASSERT(n_dims <= ne0) failed", True, "aborts at first draft"),
+])
+def test_rope_dims_ggml_cannot_rotate_by_abort(d: Path, target: Path, suffix: str, n_rot: int, stage: str,
+                                               message: str, loads: bool, outcome: str) -> None:
+    """rope.dimension_count(_swa) odd or above what the head (or rope_freqs) holds: the real llama.cpp aborts where the
+    verdict says (it said 'loads'), and verify has the E_KEY_VALUE."""
+    path = _drafter(d, f"rot-{suffix}-{n_rot}", lambda a, k, t: k.__setitem__(f"{a}.{suffix}", u32(n_rot)),
+                    attentive=False)
+    p = probe(target, path)
+    assert p.stage == stage and p.signal == "SIGABRT", (p.stage, p.stderr[-500:])
+    assert message in p.stderr
+    r = verify(path, target=target)
+    assert [f.actual for f in r.errors if f.code == "E_KEY_VALUE"] == [n_rot] and not r.ok
+    up = r.loadability[0]
+    assert (up.loads, up.outcome, up.message) == (loads, outcome, message)
+    with pytest.raises(PreflightRefusal) as e:       # record refuses it before llama.cpp starts (it ran and aborted)
+        preflight(target, path)
+    assert (e.value.key, e.value.actual) == ("loadability", outcome)
 
 
 # ------------------------------------------------------------------------ silently wrong drafts

@@ -105,7 +105,8 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
     inspector's pairing check (backbone width, vocabulary, KV heads / head dims per layer type); no
     :func:`inspector.validate.verify` finding that llama.cpp crashes on (the inspector's one list,
     :data:`inspector.findings.RUNTIME_CRASH_CODES`: a 1-D tensor not in F32, wrong ggml types or shapes
-    of weight matrices; the first three are listed in the message).
+    of weight matrices; the first three are listed in the message); a drafter whose verdict is "aborts at first
+    draft" for another reason (RoPE dims ggml cannot turn).
 
     Returns:
         ``{"target": model_info, "assistant": model_info}``.
@@ -118,7 +119,7 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         FileNotFoundError: a missing file.
     """
     from mtpscope.inspector import validate as V
-    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT
+    from mtpscope.inspector.findings import OUTCOME_ABORTS_CONTEXT, OUTCOME_ABORTS_DRAFT
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.layouts import ARCH_FORK, ARCH_TARGET, ARCH_UPSTREAM
 
@@ -142,8 +143,9 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         if t.architecture != ARCH_TARGET:
             raise LayoutError(f"the target must be a {ARCH_TARGET} model", path=t.path, key="general.architecture",
                               expected=ARCH_TARGET, actual=t.architecture)
+        verdicts = {}
         for f in (t, d):
-            v = V.upstream_verdict(f)
+            v = verdicts[f.path] = V.upstream_verdict(f)
             if v.loads is False or v.outcome == OUTCOME_ABORTS_CONTEXT:
                 word = "refuse" if v.loads is False and v.outcome == "refuses" else "abort on"
                 raise PreflightRefusal(f"llama.cpp would {word} this file: {v.reasons[0]}", path=f.path,
@@ -164,6 +166,10 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
             raise PreflightRefusal(f"llama.cpp would crash on this drafter ({len(crash)} tensor type/shape "
                               f"error{'s' if len(crash) != 1 else ''}: {listed}{more}; run `mtpscope verify`)",
                               path=d.path, key=e.subject, expected=e.expected, actual=e.actual)
+        v = verdicts[d.path]      # what else aborts the first draft: rotated dims ggml cannot turn
+        if v.outcome == OUTCOME_ABORTS_DRAFT:
+            raise PreflightRefusal(f"llama.cpp would abort on this file: {v.reasons[0]}", path=d.path,
+                                   key="loadability", expected="loads", actual=v.outcome)
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
