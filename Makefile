@@ -23,9 +23,11 @@ EXTRAS ?= test,runtime,sweep
 
 setup: $(STAMP) demo
 
+# setuptools >= 77 reads the SPDX `license` of pyproject.toml; Python 3.11's venv brings 65, which only build
+# isolation (pip install -e) hides: the packaging test builds a wheel without it
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
