@@ -9,7 +9,7 @@ from typing import Any, cast
 import pandas as pd
 import streamlit as st
 
-from mtpscope.app import charts, links, loaders, round_views, url_state, views
+from mtpscope.app import charts, formats, links, loaders, round_views, url_state, views
 from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.traces.analysis import wording
@@ -22,7 +22,7 @@ view = url_state.requested("explain")
 MAX_ROWS = 500
 
 
-def _f(v, spec: str = ".1%") -> str:
+def _f(v, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
@@ -57,7 +57,7 @@ with guard("explanation"):
     st.caption(f"Every figure below is of **{shown}** of trace A (`{sel.short(path)}`); choose a prompt above "
                "to see one.")
     c = st.columns(4)
-    c[0].metric("acceptance rate", _f(x.totals.acceptance_rate),
+    c[0].metric("acceptance rate", formats.percent(x.totals.acceptance_rate),   # (as every page shows a rate)
                 help="accepted drafts / drafted tokens (as `mtpscope explain` and `mtpscope report`)")
     c[1].metric("rounds with a rejection", f"{rej.n_rounds_rejected:,}",
                 help="rounds whose drafts were not all accepted")
