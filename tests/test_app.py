@@ -545,3 +545,21 @@ def test_an_unreadable_trace_is_one_error_on_every_page(tmp_path: Path, monkeypa
             at = _run(page, trace=trace, trace_b=None, drafter=None, target=None)
             errs = [e.value for e in at.error]
             assert len(errs) == 1 and errs[0].startswith(want), (trace.name, page, errs)
+
+
+def test_centroids_page_of_a_trace_whose_steps_are_all_unreadable(tmp_path: Path, monkeypatch) -> None:
+    """A trace recorded with a centroid head whose every steps part is unreadable: the Centroids page says no step
+    could be read, naming the part (was: DuckDB's 'Unsupported Internal Arrow Type e' over the f16 columns, an
+    internal error; then 'recorded without a centroid head', which it was not)."""
+    from mtpscope import traces
+    from mtpscope.traces.synthetic import write_synthetic_trace
+
+    d = write_synthetic_trace(tmp_path / "t", n_rounds=20, n_prompts=2, n_vocab=1000, hidden=(8, 4), seed=0)
+    (part,) = traces.open(d).part_files("steps")
+    part.write_bytes(b"not parquet")
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = _run("centroids", trace=d, trace_b=None, drafter=None, target=None)
+    assert not at.error and not at.exception, [e.value for e in at.error]
+    assert [w.value for w in at.warning if "could be read" in w.value] == [
+        f"No step of this trace could be read: {part}: unreadable steps part skipped (Parquet magic bytes not found "
+        "in footer. Either the file is corrupted or this is not a parquet file.)"]

@@ -97,7 +97,12 @@ with guard("centroid head"):
     elif tr is not None:
         with guard("trace store"):
             if not loaders.has_centroid_columns(tpath):
-                st.info("This trace has no centroid columns (recorded without a centroid head).")
+                lost = [w for w in tr.warnings if "unreadable steps part" in w]
+                if tr.manifest.get("centroids") is not None and lost:     # (recorded with a head: its steps are lost)
+                    st.warning(f"No step of this trace could be read: {lost[0]}" +
+                               (f" (and {len(lost) - 1} more parts)" if len(lost) > 1 else ""))
+                else:
+                    st.info("This trace has no centroid columns (recorded without a centroid head).")
             else:
                 from mtpscope.traces.analysis.explain_report import drafting_head
 

@@ -429,6 +429,16 @@ def rolling_summary(rounds: pd.DataFrame, window: int = DEFAULT_ROLLING_WINDOW,
             "series": _records(r.iloc[idx])}
 
 
+def steps_of_rounds(steps: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``steps`` whose ``(prompt_id, round)`` ``rounds`` holds (both frames need those columns): a trace
+    whose rounds part was lost keeps that part's steps (docs/TRACE_FORMAT.md), and a figure over steps beside the
+    rounds' figures must count the same rounds. ``steps`` itself when every step's round is there."""
+    key = (_ints(rounds["prompt_id"]).astype(np.int64) << 32) | _ints(rounds["round"]).astype(np.int64)
+    s_key = (_ints(steps["prompt_id"]).astype(np.int64) << 32) | _ints(steps["round"]).astype(np.int64)
+    keep = np.isin(s_key, key)
+    return steps if keep.all() else steps[keep].reset_index(drop=True)
+
+
 def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
               requests: pd.DataFrame | None = None, *, streak_top: int = 5,
               max_k: int | None = None, window: int = DEFAULT_ROLLING_WINDOW) -> dict[str, Any]:
@@ -460,6 +470,9 @@ def summarize(rounds: pd.DataFrame, steps: pd.DataFrame | None = None,
     out["rolling"] = rolling_summary(rounds, window) if {"prompt_id", "round"} <= set(rounds.columns) else None
     out["timing_ms"] = timing(rounds)
     cc = None
+    if steps is not None and {"prompt_id", "round"} <= set(steps.columns) and \
+            {"prompt_id", "round"} <= set(rounds.columns):
+        steps = steps_of_rounds(steps, rounds)
     if steps is not None and "target_in_candidates" in steps.columns and \
             steps["target_in_candidates"].notna().any():
         cc = centroid_coverage(steps)

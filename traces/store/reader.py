@@ -397,8 +397,8 @@ class Trace(TraceLike):
                     # columns, never values from its path (DuckDB would otherwise replace ``n_draft``)
                     con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet({sql_file_list(files)}, "
                                 "hive_partitioning = false)")
-                else:
-                    con.register(f"_empty_{t}", self.schemas[t].empty_table())
+                else:   # (no readable part: an empty view of the table's columns; DuckDB takes no float16)
+                    con.register(f"_empty_{t}", _widen_half(self.schemas[t]).empty_table())
                     con.execute(f"CREATE VIEW {t} AS SELECT * FROM _empty_{t}")
             self._con = con
         try:
@@ -410,6 +410,20 @@ class Trace(TraceLike):
                                    actual=query) from None
 
 
+
+
+def _widen_half(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with float16 (the hidden states' f16 storage, alone or as list items) as float32: the types DuckDB
+    reads from Arrow (it refuses float16, Arrow's ``e``)."""
+    def widen(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_float16(t):
+            return pa.float32()
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(widen(t.value_type), t.list_size)
+        if pa.types.is_list(t):
+            return pa.list_(widen(t.value_type))
+        return t
+    return pa.schema([f.with_type(widen(f.type)) for f in schema])
 
 
 def _subschema(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
