@@ -54,7 +54,7 @@ Shapes: sizes are bytes; widths in elements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mtpscope.errors import LayoutError
@@ -115,7 +115,10 @@ class EstimateParams:
         flash_attn: flash attention on (llama.cpp's ``auto`` turns it on where the backend has it, which
             CPU and CUDA do; a quantized V cache requires it).
         swa_full: sliding layers hold the whole context (``--swa-full``).
-        n_ubatch: physical batch (``--ubatch-size``, default 512).
+        n_batch: logical batch (``--batch-size``, llama-server's default 2048).
+        n_ubatch: physical batch (``--ubatch-size``, default 512). llama.cpp takes ``n_batch = min(n_ctx, n_batch)``
+            (causal attention) and ``n_ubatch = min(n_batch, n_ubatch)`` (``src/llama-context.cpp``, the context's
+            constructor): :func:`estimate` does the same, and its ``params`` hold the values it took.
         n_gpu_layers: layers on the GPU (``-ngl``; negative = all, 0 = CPU only).
     """
 
@@ -128,6 +131,7 @@ class EstimateParams:
     swa_full: bool = False
     n_ubatch: int = 512
     n_gpu_layers: int = 0
+    n_batch: int = 2048
 
 
 @dataclass(frozen=True)
@@ -366,6 +370,10 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
                           expected=L.ARCH_TARGET, actual=tf.architecture)
     thp = L.read_hparams(tf)
     n_vocab = thp.n_vocab or 0
+    ctx = p.n_ctx or int(L._scalar(tf.get(f"{thp.arch}.context_length")) or 0)
+    if ctx > 0:     # llama.cpp's clamp (EstimateParams.n_ubatch), on the context before its padding
+        n_batch = min(ctx, p.n_batch)
+        p = replace(p, n_batch=n_batch, n_ubatch=min(n_batch, p.n_ubatch))
     layers, n_ctx, cells, cells_swa = _target_kv(tf, thp, p)
     n_full = sum(1 for ly in layers if not ly.sliding and ly.reuses is None)
     n_swa = sum(1 for ly in layers if ly.sliding and ly.reuses is None)

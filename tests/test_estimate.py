@@ -89,6 +89,22 @@ def test_more_sequences_than_llama_cpp_takes_are_refused(synth: dict[str, Path])
     assert r.exit_code == 2 and "n_parallel" in r.output and "Traceback" not in r.output
 
 
+def test_the_batches_are_clamped_as_llama_cpp_clamps_them(synth: dict[str, Path]) -> None:
+    """llama.cpp takes n_batch = min(n_ctx, n_batch) and n_ubatch = min(n_batch, n_ubatch) (src/llama-context.cpp);
+    --ubatch-size 99999999 estimated a 206-billion-MiB compute buffer. At n_ctx 1024 every ubatch past 1024 is 1024,
+    and at n_ctx 8192 the default n_batch 2048 caps it."""
+    huge = estimate(synth["many"], params=EstimateParams(n_ctx=1024, n_ubatch=99_999_999))
+    same = estimate(synth["many"], params=EstimateParams(n_ctx=1024, n_ubatch=1024))
+    assert (huge.params.n_batch, huge.params.n_ubatch) == (1024, 1024)
+    assert (huge.target.compute_bytes, huge.target.compute_bytes_max, huge.cells_swa) == \
+        (same.target.compute_bytes, same.target.compute_bytes_max, same.cells_swa)
+    assert estimate(synth["many"], params=EstimateParams(n_ctx=8192, n_ubatch=4096)).params.n_ubatch == 2048
+    assert estimate(synth["many"], params=EstimateParams(n_ctx=8192, n_ubatch=4096, n_batch=8192)).params.n_ubatch \
+        == 4096
+    r = CliRunner().invoke(app, ["estimate", "--target", str(synth["many"]), "--n-ctx", "1024", "-ub", "99999999"])
+    assert r.exit_code == 0 and "n_batch 1024, n_ubatch 1024," in r.output, r.output
+
+
 def test_gpu_split_rules(demo_dir: Any) -> None:
     """llama.cpp's rule: -ngl 1 puts only the output layer on the GPU; the tied head copies token_embd."""
     from mtpscope.inspector.gguf import open_gguf

@@ -44,7 +44,7 @@ def format_text(e: Any) -> str:
              f"n_ctx {e.n_ctx} (cells per stream: full {e.cells_full}, sliding {e.cells_swa}), n_parallel "
              f"{p.n_parallel}{' unified' if p.kv_unified else ''}, cache K {p.cache_type_k} V {p.cache_type_v}, "
              f"flash_attn {'on' if p.flash_attn else 'off'}, swa_full {'on' if p.swa_full else 'off'}, "
-             f"n_ubatch {p.n_ubatch}, n_gpu_layers {p.n_gpu_layers}", ""]
+             f"n_batch {p.n_batch}, n_ubatch {p.n_ubatch}, n_gpu_layers {p.n_gpu_layers}", ""]
     own = [x for x in t.kv_layers if x.reuses is None]
     shared = [x for x in t.kv_layers if x.reuses is not None]
     lines.append(f"target weights {_mib(t.weights)}; KV {_mib(t.kv)} (K {_mib(t.kv_k)}, V {_mib(t.kv_v)}): "
@@ -89,7 +89,9 @@ def register(app: typer.Typer) -> None:
                                                  "(llama.cpp's auto turns it on on CPU and CUDA)")] = True,
         swa_full: Annotated[bool, typer.Option("--swa-full", help="sliding layers keep the whole context")] = False,
         n_ubatch: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, max=UINT32_MAX,
-                                              help="physical batch size")] = 512,
+                                              help="physical batch size (llama.cpp takes at most --batch-size)")] = 512,
+        n_batch: Annotated[int, typer.Option("--batch-size", "-b", min=1, max=UINT32_MAX,
+                                             help="logical batch size (llama.cpp takes at most the context)")] = 2048,
         weight_type: Annotated[str, typer.Option("--weight-type", help="for a config.json folder: the weights' type "
                                                  "as convert --outtype writes them (f32, f16, bf16, q8_0)")] = "bf16",
         as_json: Annotated[bool, typer.Option("--json", help="one JSON object (bytes)")] = False,
@@ -104,7 +106,7 @@ def register(app: typer.Typer) -> None:
         params = EstimateParams(n_ctx=n_ctx, n_parallel=n_parallel, kv_unified=kv_unified,
                                 cache_type_k=cache_type_k.lower(), cache_type_v=cache_type_v.lower(),
                                 flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch,
-                                n_gpu_layers=n_gpu_layers)
+                                n_gpu_layers=n_gpu_layers, n_batch=n_batch)
         from mtpscope.errors import InspectorError
         from mtpscope.inspector.config_model import is_config_source, model_from_config
 
