@@ -443,6 +443,18 @@ def test_convert_out_that_is_a_folder_or_below_a_file_is_refused_before_any_work
     assert afile.read_text() == "not a folder\n" and not good.exists()
 
 
+def test_record_n_top_past_the_vocabulary_is_refused_before_any_decode(tmp_path: Path) -> None:
+    """``record --n-top`` above the target's vocabulary (4096 tokens in the tiny pair): one line naming n_top and the
+    vocabulary, exit 2, no trace (was: every token stored per step, the manifest saying n_top 99999999)."""
+    pytest.importorskip("llama_cpp")
+    args = _pair_command(tmp_path, "record")
+    out = tmp_path / "t"
+    res = runner.invoke(app, [*args, "--out", str(out), "--n-top", "99999999", "--max-tokens", "4"])
+    line = _one_line(res)
+    assert res.exit_code == 2 and "'n_top'" in line and "1..4096" in line and "got 99999999" in line, line
+    assert not (out / "manifest.json").exists()
+
+
 def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``diagnose --out FILE`` (or a path below a file) with a real, valid tiny pair: one line, exit 2, before verify,

@@ -485,6 +485,9 @@ class _Recording:
         self.cpu_at_hello = time.process_time()
         if head is not None:
             head.check_compatible(n_embd=info.n_embd, n_vocab=info.n_vocab, drafter=self.assistant)
+        if config.n_top > info.n_vocab:     # (a bad flag, not the pair's fault; a manifest's n_top is what each step stores)
+            raise MtpscopeError("more drafter candidates per step than the vocabulary holds", key="n_top",
+                              expected=f"1..{info.n_vocab} (the target's n_vocab)", actual=config.n_top)
         if config.capture and not info.capture:
             raise MtpscopeError("this runtime was loaded without the cb_eval capture; hidden states and the "
                                 "centroid head need it", key="hidden", expected="capture=True", actual="False")
