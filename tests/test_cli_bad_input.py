@@ -455,6 +455,15 @@ def test_record_n_top_past_the_vocabulary_is_refused_before_any_decode(tmp_path:
     assert not (out / "manifest.json").exists()
 
 
+def test_record_category_field_with_one_prompt_is_refused(tmp_path: Path) -> None:
+    """``--category-field`` names a field of a prompts file; with ``--prompt`` it was silently ignored."""
+    args = [a for a in _pair_command(tmp_path, "record") if a not in ("--prompts", str(tmp_path / "p.jsonl"))]
+    res = runner.invoke(app, [*args, "--prompt", "hi", "--category-field", "topic", "--out", str(tmp_path / "t")])
+    assert res.exit_code == 2 and _one_line(res) == ("mtpscope: --category-field 'topic' names a field of a --prompts "
+                                                     "file; --prompt has no fields")
+    assert not (tmp_path / "t").exists()
+
+
 def test_diagnose_out_that_is_a_file_is_refused_before_any_work(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``diagnose --out FILE`` (or a path below a file) with a real, valid tiny pair: one line, exit 2, before verify,

@@ -125,6 +125,10 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts is None):
             print("mtpscope: give exactly one of --prompt and --prompts", file=sys.stderr)
             raise typer.Exit(EXIT_UNREADABLE)
+        if prompt is not None and category_field != "category":    # (a field of a prompts file: --prompt has none)
+            print(f"mtpscope: --category-field {category_field!r} names a field of a --prompts file; --prompt has "
+                  "no fields", file=sys.stderr)
+            raise typer.Exit(EXIT_UNREADABLE)
         if runtime == "mlx":
             _check_mlx_options(draft_position, mlx_dtype, mlx_head)
             _record_mlx(target=target, assistant=assistant, out=out, prompt=prompt, prompts=prompts,
