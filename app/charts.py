@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from mtpscope.app import model_views, round_views, views
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.explain import NEAR_TIE_GAP
 from mtpscope.traces.analysis.ordering import worst_first_key
 from mtpscope.traces.analysis.records import finite as _finite
@@ -102,8 +103,7 @@ def timeline_figure(rounds: pd.DataFrame, decode: views.Decode | None = None, *,
         custom = np.stack([rounds["prompt_id"].to_numpy(), rounds["round"].to_numpy(),
                            rounds["seq"].to_numpy()], axis=1)
         drew = ~zero_draft
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(nd > 0, na / np.maximum(nd, 1), np.nan)
+        share = rates.acceptance_rates(na, nd)          # each round's own (NaN where it drafted nothing)
         size = 9 if n <= 300 else 6
         traces = [cls(
             x=rounds["seq"].to_numpy()[drew], y=na[drew], mode="markers",

@@ -167,10 +167,10 @@ def worst(prompts: Sequence[PromptCounts]) -> Worst:
     cat: str | None = None
     cat_rate: float | None = None
     if cats:
-        cat = min(cats, key=lambda c: (cats[c][0] / cats[c][1], c))
-        cat_rate = cats[cat][0] / cats[cat][1]
+        cat = min(cats, key=lambda c: (rates.nan_if_none(rates.acceptance_rate(*cats[c])), c))
+        cat_rate = rates.acceptance_rate(*cats[cat])
     pool = [p for p in drafted if cat is None or p.category == cat]
-    w = min(pool, key=lambda p: (p.n_accepted / p.n_drafted, p.prompt_id))
+    w = min(pool, key=lambda p: (rates.nan_if_none(p.acceptance_rate), p.prompt_id))
     return Worst(cat, cat_rate, w.prompt_id, w.acceptance_rate)
 
 

@@ -32,7 +32,7 @@ from mtpscope.inspector.gguf import BOOL, UINT32
 from mtpscope.inspector.gguf_write import MetaValue, StreamedTensor, array, f32, u32, write_gguf
 from mtpscope.inspector.hf_config import TextHParams
 from mtpscope.inspector.layouts import GEMMA4_N_VOCAB
-from mtpscope.inspector.safetensors import LazyTensor
+from mtpscope.inspector.safetensors import INTEGER_DTYPES, LazyTensor
 from mtpscope.inspector.tokenizer import n_tokens, subset_kv, tokenizer_kv
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -128,7 +128,8 @@ def tensor_values(tensors: Mapping[str, Source], outtype: str) -> dict[str, Stre
     block of :data:`WRITE_BLOCK_ELEMENTS` values at a time: integers as I32, 1-D tensors F32, 2-D+ tensors in
     ``outtype`` (Q8_0 falls back to F16 for rows not a multiple of its block of 32; a 3-D expert tensor is
     quantized row by row like a matrix, which its blocks of outermost rows keep: each row's bytes are the same
-    whether quantized alone or with the others). Memory: one block, whatever the tensors' sizes."""
+    whether quantized alone or with the others). Memory: one block, whatever the tensors' sizes (a block holds one
+    outermost row at least: a tensor whose rows are each larger than a block is written a row at a time)."""
     import gguf
 
     q = gguf.GGMLQuantizationType
@@ -136,8 +137,9 @@ def tensor_values(tensors: Mapping[str, Source], outtype: str) -> dict[str, Stre
     out: dict[str, StreamedTensor] = {}
     for name, x in tensors.items():
         shape = tuple(x.shape)
-        is_float = x.is_float if isinstance(x, LazyTensor) else np.asarray(x).dtype.kind == "f"
-        if not is_float:
+        # integers as I32; any other values (floats, and bool as before) as floats
+        is_int = x.header.dtype in INTEGER_DTYPES if isinstance(x, LazyTensor) else np.asarray(x).dtype.kind in "iu"
+        if is_int:
             t = q.I32
         else:
             t = qt if len(shape) >= 2 else q.F32

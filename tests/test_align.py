@@ -87,10 +87,22 @@ def test_aligned_diff_by_hand() -> None:
     assert list(j) == ["paired_by", "n_pairs", "unpaired_a", "unpaired_b", "outputs_identical", "status_counts",
                        "a_only", "b_only", "prompts", "not_comparable", "delta"]
     assert j["not_comparable"] is None
-    assert j["a_only"] == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}}
+    assert j["a_only"] == {"n": 2, "by_class": {"json": 2}, "by_position": {"1": 1, "2": 1}, "n_eog_confirmed": 0}
     assert j["prompts"] == [{"prompt_id_a": 0, "prompt_id_b": 0, "n_compared": 6, "identical_output": True,
                              "diverged_at": None, "first_difference": 2}]
     assert list(j["delta"]["all"]) == ["n_prompts", "rate_a", "rate_b", "delta", "ci_low", "ci_high", "level", "n_boot"]
+
+
+def test_a_confirmed_end_of_generation_draft_is_counted_apart() -> None:
+    """B's round 1 rejected its draft 1 at g3 because it was an end-of-generation token the target chose too
+    (``eog_confirmed``): still 'accepted in A, rejected in B' as llama.cpp counts, and counted apart (explain calls
+    it no miss of the drafter): 1 of the 2."""
+    pair = pair_prompts({"prompts": [{"prompt_id": 0, "text": "x"}]}, {"prompts": [{"prompt_id": 0, "text": "x"}]})
+    b = B_.assign(eog_confirmed=[False, True, None])
+    p = positions(b)
+    assert p.emitted["eog_confirmed"].tolist() == [False, False, True, False, False, False]     # g3 only
+    d = aligned_diff(A, positions(A), b, p, pair)
+    assert (d.a_only.n, d.a_only.n_eog_confirmed, d.b_only.n_eog_confirmed) == (2, 1, 0)
 
 
 def test_diverging_outputs_stop_the_comparison() -> None:

@@ -285,3 +285,27 @@ def test_explain_on_a_sweep_cell_whose_probes_lack_draft_ms(tmp_path: Path, swee
     assert CostProbe.of_trace(cell) == want and CostProbe.of_trace(cell) is cell.cost_probe
     ex = explain_with_baseline(cell, with_drift=False)
     assert ex.what_if.cost.probe == want
+
+
+def test_a_task_whose_steps_break_the_format_is_refused_by_the_sweep_report(tmp_path: Path, sweep2: Path) -> None:
+    """The steps' rules too (traces.store.checks.check_steps): a task whose steps repeat a (prompt_id, round, k) is
+    refused by `report DIR` with the trace reader's line naming the task's folder, as `explain` on that task's trace
+    refuses it (was: the sweep read its rounds' check only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mtpscope.traces.synthetic import write_synthetic_sweep
+
+    bad = Path(write_synthetic_sweep(tmp_path / "steps_twice", n_rounds=200, assistants=("a",), n_drafts=(3,),
+                                     n_shards=1, n_prompts=4, baseline=False, steps=True))
+    task = bad / "assistant=a" / "n_draft=3" / "shard=0"
+    (part,) = sorted((task / "steps").glob("*.parquet"))
+    t = pq.read_table(part)
+    pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), part)      # the first step again, at the end
+    s0 = t.slice(0, 1).to_pylist()[0]
+    want = (f"mtpscope: {task}: 'prompt_id, round, k': steps column breaks the trace format (1 row, first row "
+            f"{t.num_rows}) (expected each (prompt_id, round, k) once, got ({s0['prompt_id']}, {s0['round']}, "
+            f"{s0['k']}) again (first at row 0))")
+    assert _report_line(bad) == want
+    res = runner.invoke(app, ["explain", str(task)])
+    assert res.exit_code == 2 and res.stderr.splitlines() == [want]

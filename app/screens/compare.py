@@ -52,8 +52,10 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
         st.warning("The two runs' outputs differ: each prompt is compared up to the first differing token only "
                    "(later positions are different text).")
     c = st.columns(3)
-    c[0].metric(f"accepted in {names[0]}, rejected in {names[1]}", f"{diff.a_only.n:,}")
-    c[1].metric(f"accepted in {names[1]}, rejected in {names[0]}", f"{diff.b_only.n:,}")
+    for i, (x, (one, other)) in enumerate(((diff.a_only, names), (diff.b_only, names[::-1]))):
+        c[i].metric(f"accepted in {one}, rejected in {other}", f"{x.n:,}",
+                    help=(f"{x.n_eog_confirmed} of them {other}'s end-of-generation drafts the target chose too: not "
+                          "accepted as llama.cpp counts, not a miss of the drafter") if x.n_eog_confirmed else None)
     dall = diff.delta.get("all")
     ci = (f" [{dall.ci_low:+.3f}, {dall.ci_high:+.3f}]"
           if dall is not None and dall.ci_low is not None and dall.ci_high is not None else "")

@@ -230,7 +230,9 @@ def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None 
                           ("accepted in B, rejected in A", diff.b_only, "A's")):
         cls = ", ".join(f"{c} {v}" for c, v in sorted(x.by_class.items(), key=lambda cv: -cv[1]))
         ks = ", ".join(f"k={k}: {v}" for k, v in x.by_position.items())
-        lines.append(f"{name}: {x.n}" + (f" (by class: {cls}; by {k_of} draft position: {ks})" if x.n else ""))
+        eog = (f"; {x.n_eog_confirmed} of them {k_of} end-of-generation drafts the target chose too: not accepted as "
+               "llama.cpp counts, not a miss of the drafter" if x.n_eog_confirmed else "")
+        lines.append(f"{name}: {x.n}" + (f" (by class: {cls}; by {k_of} draft position: {ks}{eog})" if x.n else ""))
     firsts = [f"{p.prompt_id_a}: {p.first_difference}" for p in diff.prompts if p.first_difference is not None]
     if firsts:
         lines.append("first differing position per prompt: " + ", ".join(firsts[:30])

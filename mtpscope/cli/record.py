@@ -354,7 +354,10 @@ class _ProgressBar:
         self.n_gen += len(res.emitted)
         self.n_drafted += len(res.drafted)
         self.n_accepted += res.n_accepted
-        acc = f"acceptance rate {self.n_accepted / self.n_drafted:.3f}" if self.n_drafted else ""
+        from mtpscope.traces.analysis import rates  # (the progress bar's: imported with the first round)
+
+        acc = (f"acceptance rate {rates.acceptance_rate(self.n_accepted, self.n_drafted):.3f}" if self.n_drafted
+               else "")
         self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
 
     def finish(self, n_generated: int) -> None:

@@ -141,11 +141,15 @@ class OneSided(JsonRecord):
         n: how many output positions.
         by_class: ``{token class: positions}`` (sorted by class).
         by_position: ``{draft position k as text: positions}`` (k of the run that rejected them, ascending).
+        n_eog_confirmed: of ``n``, the rejecting run's end-of-generation drafts the target chose too
+            (:class:`~traces.analysis.positions.Positions`: not accepted as llama.cpp counts, not a miss of its
+            drafter: ``explain``'s ``after_eog``).
     """
 
     n: int
     by_class: dict[str, int]
     by_position: dict[str, int]
+    n_eog_confirmed: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,11 +245,12 @@ class AlignedDiff:
         return d
 
 
-def _summary(rows: pd.DataFrame, k_col: str) -> OneSided:
+def _summary(rows: pd.DataFrame, k_col: str, eog_col: str) -> OneSided:
     by_cls = rows["cls"].value_counts().sort_index()
     by_k = rows[k_col].value_counts().sort_index()
     return OneSided(n=int(len(rows)), by_class={str(c): int(v) for c, v in by_cls.items()},
-                    by_position={str(int(k)): int(v) for k, v in zip(by_k.index.tolist(), by_k.tolist(), strict=True)})
+                    by_position={str(int(k)): int(v) for k, v in zip(by_k.index.tolist(), by_k.tolist(), strict=True)},
+                    n_eog_confirmed=int(rows[eog_col].astype(bool).sum()) if len(rows) else 0)
 
 
 def rate_delta(drafted_a: np.ndarray, accepted_a: np.ndarray, drafted_b: np.ndarray, accepted_b: np.ndarray,
@@ -328,8 +333,8 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
         identical &= same
         upto = div if div is not None else n
         xa, xb = ga.get(pa_, empty), gb.get(pb_, empty)
-        xa = xa.loc[xa["g"].to_numpy() < upto, ["g", "token", "status", "k"]]
-        xb = xb.loc[xb["g"].to_numpy() < upto, ["g", "status", "k"]]
+        xa = xa.loc[xa["g"].to_numpy() < upto, ["g", "token", "status", "k", "eog_confirmed"]]
+        xb = xb.loc[xb["g"].to_numpy() < upto, ["g", "status", "k", "eog_confirmed"]]
         j = xa.merge(xb, on="g", how="inner", suffixes=("_a", "_b"), sort=True)
         j.insert(0, "prompt_id_b", pb_)
         j.insert(0, "prompt_id_a", pa_)
@@ -348,7 +353,8 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
     known = [p for p in prompts if p.identical_output is not None]
     why = targets_differ or ("every paired prompt's output differs from its first token on (different text)"
                              if known and all(p.diverged_at == 0 for p in known) else None)
-    cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls"]
+    cols = ["prompt_id_a", "prompt_id_b", "g", "token", "status_a", "k_a", "status_b", "k_b", "cls", "eog_confirmed_a",
+            "eog_confirmed_b"]
     if why is not None:      # the positions "before the divergence" of different targets are not the same text
         frames = []
         prompts = [dataclasses.replace(p, n_compared=0, first_difference=None) for p in prompts]
@@ -370,7 +376,8 @@ def aligned_diff(rounds_a: pd.DataFrame, pos_a: Positions, rounds_b: pd.DataFram
             m = cat == name
             delta[name] = rate_delta(arr[m, 0], arr[m, 1], arr[m, 2], arr[m, 3], n_boot=n_boot, seed=seed)
     return AlignedDiff(pairing=pairing, positions=allpos, status_counts=status_counts,
-                       a_only=_summary(a_only, "k_b"), b_only=_summary(b_only, "k_a"), prompts=tuple(prompts),
+                       a_only=_summary(a_only, "k_b", "eog_confirmed_b"), b_only=_summary(b_only, "k_a", "eog_confirmed_a"),
+                       prompts=tuple(prompts),
                        outputs_identical=(False if not identical or pairing.unpaired_a or pairing.unpaired_b
                                           else None if unknown else True),
                        delta=delta, not_comparable=why)

@@ -21,7 +21,8 @@ from mtpscope.traces.analysis.vocab import Vocab
 from mtpscope.traces.analysis.wording import plural
 from mtpscope.traces.store.protocols import TraceLike
 
-COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "n_accepted", "emitted"]
+COMPARE_ROUNDS_COLUMNS = ["prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "n_accepted", "emitted",
+                          "eog_confirmed"]
 
 
 def compare_traces(a: TraceLike, b: TraceLike, *, vocab: Vocab | None = None, n_boot: int = 2000, seed: int = 0) -> AlignedDiff:

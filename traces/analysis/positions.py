@@ -38,7 +38,9 @@ class Positions:
             ``accepted`` (bool).
         emitted: DataFrame, one row per emitted token of the known prompts: ``prompt_id``, ``g``,
             ``token``, ``round``, ``k`` (the draft position it answered, 0 for a bonus token),
-            ``status`` (one of :data:`STATUSES`).
+            ``status`` (one of :data:`STATUSES`), ``eog_confirmed`` (a ``rejected`` draft that was an
+            end-of-generation token the target chose too: llama.cpp does not count it accepted, yet the drafter did
+            not miss; the rounds' ``eog_confirmed``, False where the rounds do not carry it).
     """
 
     sequences: dict[int, np.ndarray]
@@ -48,7 +50,7 @@ class Positions:
 
 def positions(rounds: pd.DataFrame) -> Positions:
     """Output positions of a trace's rounds (columns ``prompt_id``, ``round``, ``pending_token``,
-    ``n_draft``, ``n_accepted``, ``emitted``).
+    ``n_draft``, ``n_accepted``, ``emitted``; ``eog_confirmed`` when present).
 
     Raises:
         TraceFormatError: a required column is missing.
@@ -91,9 +93,12 @@ def positions(rounds: pd.DataFrame) -> Positions:
     j = (np.arange(int(Lk.sum())) - np.repeat(np.cumsum(Lk) - Lk, Lk)).astype(np.int64)
     tok = em.values[em.starts[er] + j] if len(er) else np.zeros(0, dtype=np.int64)
     status = np.where(j < na[er], 0, np.where(j < nd[er], 1, 2))
+    eog = (r["eog_confirmed"].fillna(False).to_numpy(dtype=bool) if "eog_confirmed" in r.columns
+           else np.zeros(n, dtype=bool))
     emitted = pd.DataFrame({"prompt_id": pid[er], "g": G[er] + 1 + j, "token": tok.astype(np.int64),
                             "round": rnd[er], "k": np.where(status == 2, 0, j + 1),
-                            "status": np.asarray(STATUSES, dtype=object)[status]})
+                            "status": np.asarray(STATUSES, dtype=object)[status],
+                            "eog_confirmed": (status == 1) & eog[er]})
     seqs: dict[int, np.ndarray] = {}
     ep, etok = pid[er], emitted["token"].to_numpy()
     for p in np.unique(pid[known]).tolist():

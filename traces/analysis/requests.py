@@ -197,7 +197,7 @@ def drafts_from_mean_len(accepted: Any, generated: Any, mean_len: Any) -> int | 
     first, last = max(1, math.floor(lo) - 1), min(int(g), math.ceil(hi) + 1 if math.isfinite(hi) else int(g))
     if last - first > 4:                       # a window this wide holds several whole numbers
         return None
-    fits = [d for d in range(first, last + 1) if abs(1.0 + a / d - m) <= h + 1e-9]
+    fits = [d for d in range(first, last + 1) if abs(rates.nan_if_none(rates.mean_acceptance_length(a, d)) - m) <= h + 1e-9]
     return fits[0] if len(fits) == 1 else None
 
 

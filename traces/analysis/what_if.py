@@ -46,6 +46,7 @@ import pandas as pd
 
 from mtpscope.errors import TraceFormatError
 from mtpscope.traces.analysis import acceptance_model as AM
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.analysis.costs import (
     N_MAX,
     CostModel,
@@ -440,9 +441,8 @@ def _whatif(counts: Mapping[str, np.ndarray], plain: np.ndarray | None, n_values
             by_category: dict[str, WhatIf] | None = None) -> WhatIf:
     acc, dr, ver, tm = (counts[k] for k in COUNTS)
     em = counts["emitted"][:, None]
+    rate, mal = rates.acceptance_rates(acc, dr), rates.mean_acceptance_lengths(acc, ver)
     with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where(dr > 0, acc / dr, np.nan)
-        mal = np.where(ver > 0, 1.0 + acc / ver, np.nan)
         tps = np.where(tm > 0, 1000.0 * em / tm, np.nan) if timed else np.full_like(rate, np.nan)
         if not timed:
             plain_ms = None

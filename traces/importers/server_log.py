@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from mtpscope.errors import ImportFormatError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.importers.common import (
     DEEP_JSON,
     I32_RANGE,
@@ -111,7 +112,7 @@ def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
     slot = obj.get("id_slot")
     return "ok", {"line": ln, "kind": "response", "id_slot": slot if is_int(slot) and in_i32(slot) else None,
                   "id_task": None, "n_drafted": dn, "n_accepted": da,
-                  "acceptance_rate": da / dn if dn else None, "mean_acceptance_length": None, **row}
+                  "acceptance_rate": rates.acceptance_rate(da, dn), "mean_acceptance_length": None, **row}
 
 
 def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
@@ -244,8 +245,9 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                 timing.pop(gone, None)
                 n_ignored += 1
                 continue
-            if gen and not abs(rate - acc / gen) <= 6e-6:
-                bad.append((ln, f"printed rate {m['rate']} disagrees with {acc} / {gen} = {acc / gen:.5f}"))
+            computed = rates.acceptance_rate(acc, gen)
+            if computed is not None and not abs(rate - computed) <= 6e-6:
+                bad.append((ln, f"printed rate {m['rate']} disagrees with {acc} / {gen} = {computed:.5f}"))
                 continue
             mal = text_float(m["mal"]) if m["mal"] else None
             if m["mal"] and (mal is None or not 1 <= mal <= 1 + acc + 0.005):
@@ -265,7 +267,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
             elif last_slot is not None:
                 slot, task = last_slot
             last_log = {"line": ln, "kind": "log", "id_slot": slot, "id_task": task,
-                        "n_drafted": gen, "n_accepted": acc, "acceptance_rate": acc / gen if gen else None,
+                        "n_drafted": gen, "n_accepted": acc, "acceptance_rate": rates.acceptance_rate(acc, gen),
                         "mean_acceptance_length": mal,
                         "prompt_n": None, "prompt_ms": None, "predicted_n": None, "predicted_ms": None,
                         "tokens_per_s": None, **dict.fromkeys(_STATS_COLUMNS),

@@ -28,11 +28,12 @@ from mtpscope.traces.store import schema as S
 CHECKED_ROUNDS_COLUMNS = ("prompt_id", "round", "pos", "pending_token", "n_draft", "drafted", "target", "n_accepted",
                           "emitted", "t_draft_ms", "t_verify_ms")
 #: the steps columns :func:`check_steps` reads, on the first read of a trace's steps whatever it asks for
-CHECKED_STEPS_COLUMNS = ("prompt_id", "round", "k", "token", "accepted", "target_token", "top_ids")
+CHECKED_STEPS_COLUMNS = ("prompt_id", "round", "k", "token", "accepted", "target_token")
 #: token-id columns of rounds (a list column's every item is a token id)
 TOKEN_COLUMNS = ("pending_token", "drafted", "target", "emitted")
-#: token-id columns of steps
-STEP_TOKEN_COLUMNS = ("token", "target_token", "top_ids")
+#: token-id columns of steps (not ``top_ids``: ``n_top`` ids a step, up to 256 of them, would make the first read of
+#: any steps column read them all; the candidates' ids name tokens to show, no count is made of them)
+STEP_TOKEN_COLUMNS = ("token", "target_token")
 #: a round's draft or verify time is null (unknown), 0, or in [MIN_ROUND_MS, MAX_ROUND_MS): the format's
 #: plausible-time rule (:data:`schema.MIN_TIME_MS`, its one home, a cost probe's times too), a nanosecond to a day
 MIN_ROUND_MS, MAX_ROUND_MS = S.MIN_TIME_MS, S.MAX_TIME_MS
@@ -91,20 +92,34 @@ def _token_ids(t: pa.Table, fail: Fail, manifest: dict[str, Any], cols: tuple[st
     names = set(t.column_names)
     n_vocab = manifest_n_vocab(manifest)
     ids = ">= 0" if n_vocab is None else f"0..{n_vocab - 1} (params.n_vocab {n_vocab})"
+    hi = np.iinfo(np.int64).max if n_vocab is None else n_vocab
     for col in cols:
         if col not in names:
             continue
         c = t[col]
-        items = pc.list_flatten(c) if pa.types.is_list(c.type) else c
-        bad = pc.less(items, 0) if n_vocab is None else pc.or_(pc.less(items, 0), pc.greater_equal(items, n_vocab))
-        bad = pc.fill_null(bad, False)
-        if not pc.any(bad).as_py():
+        if not pa.types.is_list(c.type):
+            bad = pc.fill_null(pc.or_(pc.less(c, 0), pc.greater_equal(c, hi)), False)
+            if pc.any(bad).as_py():
+                fail(col, bad, f"token ids {ids}", pc.filter(c, bad)[0].as_py())
             continue
-        if pa.types.is_list(c.type):
+        # a list column over its offsets: the items of the rows that are not null (a null row's range, whatever
+        # it covers, is no item), a null item passing
+        arr = c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+        offsets = np.asarray(arr.offsets.to_numpy(), dtype=np.int64)
+        lengths = np.where(arr.is_valid().to_numpy(zero_copy_only=False), offsets[1:] - offsets[:-1], 0)
+        values = arr.values
+        v = pc.fill_null(values, 0).to_numpy().astype(np.int64)
+        item_bad = ((v < 0) | (v >= hi)) & values.is_valid().to_numpy(zero_copy_only=False)
+        if not item_bad.any():
+            continue
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        at = np.repeat(offsets[:-1], lengths) + (np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths,
+                                                                                 lengths))
+        hit = item_bad[at]
+        if hit.any():
             row_bad = np.zeros(t.num_rows, dtype=bool)      # the rows holding a bad item
-            row_bad[pc.filter(pc.list_parent_indices(c), bad).to_numpy()] = True
-            fail(col, row_bad, f"token ids {ids}", pc.filter(items, bad)[0].as_py())
-        fail(col, bad, f"token ids {ids}", pc.filter(items, bad)[0].as_py())
+            row_bad[rows[hit]] = True
+            fail(col, row_bad, f"token ids {ids}", int(v[at[hit][0]]))
 
 
 def _keys(t: pa.Table) -> np.ndarray:
@@ -277,7 +292,7 @@ def check_steps(steps: pa.Table, rounds: pa.Table, path: Path, manifest: dict[st
 
     * ``prompt_id`` and ``round`` as the rounds' rule; ``1 <= k <= 65535``;
     * each ``(prompt_id, round, k)`` once;
-    * token ids (``token``, ``target_token``, the items of ``top_ids``) as the rounds' rule;
+    * token ids (``token``, ``target_token``) as the rounds' rule;
     * for a step whose round the rounds hold (a step of a rounds part that was lost is kept and not checked
       against it: docs/TRACE_FORMAT.md): ``k <= n_draft``, ``token == drafted[k - 1]``, ``accepted`` null or
       ``k <= n_accepted``, and, where the round's ``target`` is not null, ``target_token == target[k - 1]``

@@ -280,7 +280,7 @@ class Trace(TraceLike):
                 wide = self._read_arrow("rounds", list(CHECKED_ROUNDS_COLUMNS))
             check_rounds(wide, self.path, self.manifest)
             warn = accepted_drafts_warning(wide, self.path)
-            if warn is not None:
+            if warn is not None and warn not in self.warnings:     # (checked again after a part was lost: once)
                 self.warnings.append(warn)
             self._checked_rounds = wide.select(list(CHECKED_ROUNDS_COLUMNS))
         return self._checked_rounds

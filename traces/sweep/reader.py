@@ -212,7 +212,7 @@ class Sweep:
         """A finished task's trace is that task's: recorded with its n_draft (manifest ``params.n_draft``; the
         baseline's 0), its rounds what the trace reader accepts (:meth:`Trace.columns` runs its rounds check on the
         first read; the sweep's SQL reads the parts through DuckDB and would otherwise count a duplicated part
-        twice, or sum times of 1e308), no round drafting more, its cost probe well formed
+        twice, or sum times of 1e308), its steps too (``check_steps``), no round drafting more, its cost probe well formed
         (:meth:`CostProbe.of_trace`). Otherwise the sweep would report its rows under the task's label (the
         folder's ``n_draft=<k>``), or report rounds that ``explain`` on the same task refuses.
 
@@ -231,6 +231,8 @@ class Sweep:
                                        expected=f"n_draft {task.n_draft} (the task {task.task})",
                                        actual=f"n_draft {nd} ({task.dir}/manifest.json params.n_draft)")
             tr.columns("rounds", ["prompt_id"])     # the reader's rounds check (once a trace; the column is cached)
+            if tr.part_files("steps"):
+                tr.columns("steps", ["k"])          # and its steps check (a repeated k, a step that is not its draft)
             if tr.part_files("rounds"):
                 m = tr.sql("SELECT max(coalesce(len(drafted), 0)) AS m FROM rounds")["m"].iloc[0]
                 if pd.notna(m) and int(m) > task.n_draft:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mtpscope.errors import MtpscopeError, RuntimeUnavailableError, TraceError
+from mtpscope.traces.analysis import rates
 from mtpscope.traces.store.layout import now
 from mtpscope.traces.sweep.spec import (
     LOG_DIR,
@@ -224,7 +225,7 @@ def trace_counts(trace_dir: str | os.PathLike[str]) -> dict[str, Any]:
     n_prompts = len(tr.manifest.get("prompts") or [])
     nd, na, ne, t = int(r["nd"]), int(r["na"]), int(r["ne"]), float(r["t"])
     return {"n_prompts": n_prompts, "n_rounds": int(r["n"]), "n_generated": ne + n_prompts,
-            "n_drafted": nd, "n_accepted": na, "acceptance_rate": na / nd if nd else None,
+            "n_drafted": nd, "n_accepted": na, "acceptance_rate": rates.acceptance_rate(na, nd),
             "tokens_per_s": ne / (t / 1e3) if t > 0 else None}
 
 
@@ -387,7 +388,7 @@ class _Progress:
         na = self.accepted + sum(int(p.get("accepted", 0)) for p in inflight)
         dt = max(time.perf_counter() - self.t0, 1e-9)
         self.bar.update(self.id, completed=done, rate=f"{tok / dt:.1f} tokens/s",
-                        acc=f"acceptance rate {na / nd:.3f}" if nd else "")
+                        acc=f"acceptance rate {rates.acceptance_rate(na, nd):.3f}" if nd else "")
 
     def stop(self) -> None:
         if self.bar is not None:
