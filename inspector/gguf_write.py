@@ -96,7 +96,10 @@ class StreamedTensor:
         blocks: called once, when its data is written: numpy arrays whose bytes, in order, are that data.
     """
 
-    #: what gguf-py's ``add_tensor`` reads to describe the data: any dtype but uint8 keeps ``shape`` as given
+    #: what gguf-py's ``add_tensor`` reads to describe the data: any dtype but uint8 keeps ``shape`` as given.
+    #: gguf-py's writer keeps the object ``add_tensor`` is given and, in ``write_tensors_to_file``, checks its
+    #: ``nbytes`` and calls its ``tofile`` (gguf 0.19.0; the streamed conversion tests, byte for byte against
+    #: gguf-py's own whole-tensor output, fail should a later gguf-py stop doing so)
     dtype = np.dtype(np.float32)
 
     def __init__(self, shape: tuple[int, ...], ggml_type: int, nbytes: int,
