@@ -624,21 +624,7 @@ def _synthetic_parts(d: Path) -> Path:
 def _set_round_value(d: Path, col: str, row: int, value) -> None:
     """Rewrite the rounds part holding global row ``row`` with ``col`` at that row set to ``value`` (a callable:
     applied to the old value); the column made nullable so that a null can be written."""
-    import pyarrow as pa
-
-    start = 0
-    for part in traces.open(d).part_files("rounds"):
-        t = pq.read_table(part)
-        if row < start + t.num_rows:
-            vals = t.column(col).to_pylist()
-            i = row - start
-            vals[i] = value(vals[i]) if callable(value) else value
-            f = t.schema.field(col)
-            pq.write_table(t.set_column(t.schema.get_field_index(col), pa.field(col, f.type, nullable=True),
-                                        pa.array(vals, f.type)), part)
-            return
-        start += t.num_rows
-    raise AssertionError(f"no row {row}")
+    _set_value(d, "rounds", col, row, value)
 
 
 def _item(i: int, v: int):
