@@ -484,6 +484,26 @@ def test_a_reference_assistant_that_is_no_gguf_is_refused_before_any_step(demo_d
     assert not (tmp_path / "out" / DIAGNOSIS_FILE).exists()
 
 
+def test_a_reference_that_is_no_checkpoint_folder_is_refused_before_any_step(tmp_path: Path) -> None:
+    """``--reference`` naming a folder that does not exist: its one line, exit 2, before verify runs (was: verify's
+    progress line said 'failed' with the same words, then the error line)."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from tests.builders import build
+
+    target, drafter = build(tmp_path, "valid_target"), build(tmp_path, "valid_upstream")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hi"\n')
+    missing = tmp_path / "no_such_checkpoint"
+    r = CliRunner().invoke(app, ["diagnose", "--target", str(target), "--assistant", str(drafter), "--prompts",
+                                 str(prompts), "--reference", str(missing), "--out", str(tmp_path / "out")])
+    lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("[out]")]
+    assert r.exit_code == 2, r.output
+    assert lines == [f"mtpscope: {missing}: no such folder (expected a Hugging Face checkpoint folder, got missing)"]
+    assert not (tmp_path / "out" / DIAGNOSIS_FILE).exists()
+
+
 def test_the_cli_says_where_its_results_go(demo_dir, tmp_path: Path) -> None:
     """The output folder is said before anything is written (the default one is in the current directory)."""
     from typer.testing import CliRunner

@@ -182,7 +182,8 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
     Raises:
         MtpscopeError: no target or assistant, neither a trace nor prompts, no ``out`` to record into.
         GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input (a
-            ``reference_assistant`` that is no GGUF included, before any step runs).
+            ``reference_assistant`` that is no GGUF, or a ``reference_hf`` that is no checkpoint folder, included,
+            before any step runs).
     """
     from mtpscope.inspector.gguf import open_gguf
     from mtpscope.inspector.validate import verify
@@ -205,6 +206,10 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
     if reference_assistant is not None:     # a reference the user gave that is no GGUF is bad input, said first
         with open_gguf(reference_assistant):
             pass
+    if reference_hf is not None:            # likewise a folder that is no checkpoint (its headers only: no tensor read)
+        from mtpscope.inspector.hf_checkpoint import read_checkpoint
+
+        read_checkpoint(reference_hf)
     if outp is not None:
         outp.mkdir(parents=True, exist_ok=True)
 
