@@ -163,6 +163,16 @@ def test_sweep_n_draft_list_names_the_bad_item(tmp_path: Path) -> None:
     assert "1..64" in line and "got '1,2,x'" in line, line
 
 
+@pytest.mark.parametrize("value, says", [("1,,2", "an empty item between commas"), ("1,2,", "an empty item"),
+                                         ("2,1,2", "2 given twice")])
+def test_sweep_n_draft_list_with_an_empty_or_repeated_item_is_refused(tmp_path: Path, value: str, says: str) -> None:
+    """``--n-draft 1,,2`` dropped the empty item (two of the three values it seemed to name); ``2,1,2`` would record
+    n_draft 2 twice. One line each, naming the list."""
+    line = _one_line(runner.invoke(app, [*_n_draft_commands(tmp_path)["sweep"], "--n-draft", value]))
+    assert line.startswith(f"mtpscope: '--n-draft': {says}"), line
+    assert f"got {value!r}" in line and not (tmp_path / "o").exists(), line
+
+
 # ----------------------------------------------------------------------------------- diagnose --out, absolute
 
 def test_diagnose_writes_absolute_paths_and_links_with_the_default_out(demo_dir, tmp_path: Path,

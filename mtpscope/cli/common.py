@@ -165,18 +165,25 @@ def _parse_n_draft(value: Any) -> int:
 
 
 def _parse_n_drafts(value: Any) -> tuple[int, ...]:
-    items = [x for x in str(value).replace(" ", "").split(",") if x]
+    items = str(value).replace(" ", "").split(",")
     expected = f"integers in 1..{MAX_N_DRAFT} separated by commas, e.g. 1,2,3"
-    if not items:
+    if not any(items):
         refuse(MtpscopeError("no drafts per round given", key="--n-draft", expected=expected, actual=repr(value)))
     if len(items) == 1:                 # one value: the same line as every other command's --n-draft
         return (_parse_n_draft(items[0]),)
-    out = []
+    out: list[int] = []
     for x in items:
+        if not x:                       # (was: dropped, so "1,,2" ran two of the three values it seemed to name)
+            refuse(MtpscopeError("an empty item between commas", key="--n-draft", expected=expected,
+                                 actual=repr(value)))
         try:
-            out.append(check_n_draft(x))
+            n = check_n_draft(x)
         except MtpscopeError as e:
             refuse(MtpscopeError(f"{x!r}: {e.message}", key="--n-draft", expected=expected, actual=repr(value)))
+        if n in out:                    # (a task per value: one given twice would be recorded twice)
+            refuse(MtpscopeError(f"{n} given twice", key="--n-draft", expected=expected + ", each once",
+                                 actual=repr(value)))
+        out.append(n)
     return tuple(out)
 
 
