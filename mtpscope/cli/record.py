@@ -328,6 +328,7 @@ class _ProgressBar:
         self.max_tokens = int(max_tokens)
         self.prompts_file = prompts_file
         self.bar: Any = None
+        self.rates: Any = None     # traces.analysis.rates, imported by _start
         self.pid = -1
         self.n_gen = self.n_drafted = self.n_accepted = 0
 
@@ -335,8 +336,10 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from mtpscope.traces.analysis import rates
         from mtpscope.traces.run.prompts import read_prompt_specs
 
+        self.rates = rates      # (imported once, with the first round; on_round runs every round)
         n_prompts = 1 if self.prompts_file is None else len(read_prompt_specs(self.prompts_file,
                                                                                   category_field=self.category_field))
         self.bar = Progress(TextColumn("[bold]record[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
@@ -354,9 +357,7 @@ class _ProgressBar:
         self.n_gen += len(res.emitted)
         self.n_drafted += len(res.drafted)
         self.n_accepted += res.n_accepted
-        from mtpscope.traces.analysis import rates  # (the progress bar's: imported with the first round)
-
-        acc = (f"acceptance rate {rates.acceptance_rate(self.n_accepted, self.n_drafted):.3f}" if self.n_drafted
+        acc = (f"acceptance rate {self.rates.acceptance_rate(self.n_accepted, self.n_drafted):.3f}" if self.n_drafted
                else "")
         self.bar.update(self.bar.task_ids[0], completed=pid * self.max_tokens + self.n_gen, acc=acc)
 
