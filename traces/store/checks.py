@@ -112,9 +112,8 @@ def _token_ids(t: pa.Table, fail: Fail, manifest: dict[str, Any], cols: tuple[st
         item_bad = ((v < 0) | (v >= hi)) & values.is_valid().to_numpy(zero_copy_only=False)
         if not item_bad.any():
             continue
-        rows = np.repeat(np.arange(len(lengths)), lengths)
-        at = np.repeat(offsets[:-1], lengths) + (np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths,
-                                                                                 lengths))
+        rows, pos = _items(lengths)
+        at = offsets[:-1][rows] + pos
         hit = item_bad[at]
         if hit.any():
             row_bad = np.zeros(t.num_rows, dtype=bool)      # the rows holding a bad item
@@ -227,6 +226,13 @@ def _lengths(t: pa.Table, fail: Fail, col: str, bad: Any, ln: Any, expected: Any
         fail(col, bad, expected(first), f"{ln[first].as_py()} items {t[col][first].as_py()}")
 
 
+def _items(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``lengths[r]`` items of each row ``r`` as ``(row, position in the row)``, int64, rows in order."""
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return rows, pos
+
+
 def _list_parts(c: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list column as numpy: ``(offsets into values, n + 1), values (int64, a null item -1), valid (bool, n)``."""
     if isinstance(c, pa.ChunkedArray):
@@ -244,10 +250,7 @@ def _accepted_pairs(t: pa.Table, col: str, ref: str) -> tuple[np.ndarray, np.nda
     o, v, valid = _list_parts(t[col])
     ro, rv, r_valid = _list_parts(t[ref])
     n_acc = t["n_accepted"].to_numpy().astype(np.int64)
-    m = np.where(valid & r_valid, np.minimum(n_acc, o[1:] - o[:-1]), 0)
-    total = int(m.sum())
-    rows = np.repeat(np.arange(len(m)), m)
-    pos = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+    rows, pos = _items(np.where(valid & r_valid, np.minimum(n_acc, o[1:] - o[:-1]), 0))
     return rows, v[o[:-1][rows] + pos], rv[ro[:-1][rows] + pos]
 
 
