@@ -253,6 +253,8 @@ class Trace(TraceLike):
                     wide = self._read_arrow(table, list(dict.fromkeys([*names, *CHECKED_ROUNDS_COLUMNS])))
                     arrow = wide.select(list(names))
                     self._rounds_arrow(wide)
+                elif table == "rounds" and set(names) <= set(CHECKED_ROUNDS_COLUMNS):
+                    arrow = self._rounds_arrow().select(list(names))    # (read and checked already: from memory)
                 elif table == "steps" and not self._steps_checked:
                     # the steps' rules too, against the rounds (a repeated k, a k past its round's n_draft, a
                     # token that is not the round's draft): the step page, diagnose and explain read the same steps
