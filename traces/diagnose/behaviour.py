@@ -145,15 +145,16 @@ def limit_sentences(x: Explanation, report: TraceReport) -> list[str]:
         out.append(f"acceptance {trend} with the draft position: " + ", ".join(
             f"k={k} {acc:.2f}" for k, acc in pp))
     causes = rej.causes
-    # the drafter's first misses whose target token is known: an end-of-generation draft the target confirmed
-    # (after_eog) was no miss, and one of unknown target token has no rank to be far. The hard / wrong split above
+    # the drafter's real first misses: of known target token (one of unknown target token has no rank to be far),
+    # not an end-of-generation draft the target confirmed (after_eog: no miss, its target token known all the same). The hard / wrong split above
     # counts the misses whose target entropy is known instead: the same ones where a trace knows both (every recording
     # of this tool), which is why each sentence names its own count
     n_fm = sum(int(v) for c, v in causes.items() if c not in ("after_eog", "unknown"))
     if n_fm and causes.get("far_miss"):
         far = int(causes["far_miss"])     # counts said: explain's cause table shares out every cause, after_eog too
-        out.append(f"{_pct(far / n_fm)} of first misses are far misses ({far} of the {n_fm} whose target token is "
-                   "known: the target's token outside the drafter's stored top list)")
+        out.append(f"{_pct(far / n_fm)} of first misses are far misses ({far} of the {n_fm} of known target token, "
+                   "confirmed end-of-generation drafts left out: the target's token outside the drafter's stored top "
+                   "list)")
     return out
 
 
