@@ -36,3 +36,6 @@ def test_streak_and_rolling_words() -> None:
     assert W.streaks_line(0).startswith("zero-acceptance streaks: none")
     assert W.rolling_words(32, True) == \
         "window 32 rounds, across the trace, full windows only"
+    # a trace shorter than the window: the min and max are over the growing windows ending at each round
+    assert W.rolling_words(32, False) == \
+        "window 32 rounds, across the trace, fewer rounds than the window: the partial windows ending at each round"

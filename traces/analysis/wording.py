@@ -160,7 +160,8 @@ def streaks_line(n_streaks: int, n_rounds_in_streaks: int = 0, longest: int = 0)
 def rolling_words(window: int, full_windows: bool) -> str:
     """What ``report().rolling`` was computed over (its ``window`` in rounds, ``full_windows``), in words
     (``window 32 rounds, across the trace, full windows only``)."""
-    full = "full windows only" if full_windows else "fewer rounds than the window: every round"
+    full = ("full windows only" if full_windows
+            else "fewer rounds than the window: the partial windows ending at each round")
     return f"window {plural(window, 'round')}, across the trace, {full}"
 
 
