@@ -118,13 +118,16 @@ def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:
     assert "ggml_can_mul_mat" in (out / "llama.log").read_text()
 
 
-def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path) -> None:
-    """ggml's own ``ggml_abort`` called by the worker right after its loop queued round 5 (the worker's
-    test fault), before its sender thread could send it: the abort hook lets the thread hand it over
-    before the process dies, so rounds 0-5 are all in the trace, the message is quoted in one line and
-    the manifest says where it stopped. (Without the hook round 5 is lost.)"""
+@pytest.mark.parametrize("threaded", [False, True], ids=["cpu-loop-sends", "sender-thread"])
+def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path, threaded) -> None:
+    """ggml's own ``ggml_abort`` called by the worker right after its loop handed round 5 to its round sender
+    (the worker's test fault). On a CPU the loop sent it before going on; with a sender thread (as with layers
+    on a GPU, forced by the fault's ``threaded``) the thread may not have sent it yet: the abort hook lets the
+    thread hand it over before the process dies. Either way rounds 0-5 are all in the trace, the message is
+    quoted in one line and the manifest says where it stopped. (With the thread and without the hook round 5
+    is lost.)"""
     out = tmp_path / "t"
-    env = {**os.environ, "MTPSCOPE_WORKER_FAULT": json.dumps({"abort_at_round": 6})}
+    env = {**os.environ, "MTPSCOPE_WORKER_FAULT": json.dumps({"abort_at_round": 6, "threaded": threaded})}
     res = _record(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
                    "--max-tokens", "400", "--no-progress", "--out", str(out)], env=env)
     assert res.returncode == 1
