@@ -306,3 +306,25 @@ def test_rounds_analysed_together_get_each_steps_own_h_inner() -> None:
             assert (a is None) == (b is None)
             if a is not None:
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))
+
+
+def test_logit_row_ids_are_the_ids_the_solve_reads_and_gathered_rows_solve_alike() -> None:
+    """The recording worker sends a step's logits at ``logit_row_ids(n_vocab, n_embd)`` only (``summarize_drafts``):
+    those are the solver's own ``"logits"`` source ids (``2 * n_embd`` ids in 16 blocks spread over the vocabulary:
+    block starts by hand, ``linspace(0, n_vocab - 8, 16)`` truncated, for 128 ids), and solving from them (``gathered=True``)
+    gives the dense rows' h_inner; a gathered row of another length is refused in one line."""
+    from mtpscope.traces.run.derived import logit_row_ids
+
+    emb, post = _weights(4096, 64, 32)        # n_embd_backbone < n_embd: the logits source is used
+    s = h_inner_solver(_FakeGGUF(emb, post))
+    ids = logit_row_ids(4096, 64)
+    per = 128 // 16
+    starts = [i * (4096 - per) // 15 for i in range(16)]           # (numpy.linspace, truncated to int64)
+    assert ids.tolist() == [a + j for a in starts for j in range(per)]
+    assert s.sources[1].name == "logits" and np.array_equal(s.sources[1].rows, ids)
+    h = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    lg, hn = _outputs(emb, post, h)
+    dense = s.solve(lg, hn)
+    np.testing.assert_array_equal(s.solve(lg[:, ids], hn, gathered=True), dense)
+    with pytest.raises(LayoutError, match="gathered logits of the wrong length"):
+        s.solve(lg[:, ids[:-1]], hn, gathered=True)

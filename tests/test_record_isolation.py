@@ -310,3 +310,14 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     for name in ("h", "h_next", "h_inner", "h_target"):
         np.testing.assert_array_equal(a.hidden(name), b.hidden(name))
     assert (tmp_path / "iso" / "llama.log").is_file()
+
+
+def test_the_sender_thread_is_only_for_gpu_layers() -> None:
+    """The worker sends its rounds from a thread beside the loop only with layers on a GPU: a GPU device and
+    ``n_gpu_layers`` not 0 (``-1``, the default, means all); on a CPU-only build or with ``--n-gpu-layers 0`` the loop
+    sends them itself."""
+    from mtpscope.traces.run.record_worker import sender_threaded
+
+    assert [sender_threaded(n, gpu) for n, gpu in ((-1, None), (0, None), (12, None), (-1, "NVIDIA H100"),
+                                                   (12, "NVIDIA H100"), (0, "NVIDIA H100"))] == \
+        [False, False, False, True, True, False]

@@ -938,3 +938,36 @@ def test_context_memory_check_agrees_with_llama_cpp_kv_buffer(pair) -> None:
                          available=int(kv + 0.1 * 2**20))
     check_context_memory(pair["target"], pair["noisy"], n_ctx, n_gpu_layers=-1, flash_attn=False, why="test",
                          available=1)                         # every layer on a GPU: no cache on the CPU
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.9], ids=["greedy", "sampled"])
+def test_worker_summarized_steps_equal_the_recorder_summarizing_the_rows(pair, tmp_path, temp) -> None:
+    """The recording worker summarizes each drafter step before it sends a round (``step_analysis.summarize_drafts``:
+    top ids and logits, the draft's and the target's rank, the logits a derived h_inner reads), so the rows of
+    ``n_vocab`` logits never cross to the recorder; in process (``runtime=``) the recorder gets the rows and
+    summarizes them itself. One run recorded both ways gives equal traces, every column of both tables (timings
+    aside) and every hidden state, h_inner derived in both; sampled, rows past the one that ended a round have no
+    target token (target_rank null) in both. The values themselves are held against the drafter's weights by
+    test_trace_steps."""
+    cfg = RecordConfig(max_tokens=40, hidden="f32", temp=temp, seed=5)
+    rt = MtpRuntime(pair["target"], pair["noisy"], n_ctx=1024, capture=False)
+    try:
+        record(cfg, target=pair["target"], assistant=pair["noisy"], out=tmp_path / "in", prompts=PROMPTS, runtime=rt,
+               command=["test"])
+    finally:
+        rt.close()
+    record(cfg, target=pair["target"], assistant=pair["noisy"], out=tmp_path / "worker", prompts=PROMPTS,
+           command=["test"])
+    a, b = traces.open(tmp_path / "in"), traces.open(tmp_path / "worker")
+    assert a.manifest["derived"]["from"] == b.manifest["derived"]["from"]
+    for table in ("rounds", "steps"):
+        x, y = getattr(a, table), getattr(b, table)
+        assert list(x.columns) == list(y.columns) and len(x) == len(y) > 0
+        for c in x.columns:
+            if not c.startswith("t_"):
+                assert [repr(v.tolist() if isinstance(v, np.ndarray) else v) for v in x[c]] == \
+                       [repr(v.tolist() if isinstance(v, np.ndarray) else v) for v in y[c]], (table, c)
+    for h in ("h", "h_next", "h_inner"):
+        np.testing.assert_array_equal(a.hidden(h), b.hidden(h))
+    if temp:
+        assert b.steps["target_token"].isna().any() and b.steps["target_rank"].isna().any()

@@ -140,27 +140,41 @@ class HInnerSolver:
     def n_rows(self) -> int:
         return int(self.xt.shape[0])
 
-    def inputs(self, logits: np.ndarray | Sequence[np.ndarray], h_next: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+    def inputs(self, logits: np.ndarray | Sequence[np.ndarray], h_next: np.ndarray | Sequence[np.ndarray], *,
+               gathered: bool = False) -> np.ndarray:
         """The right-hand sides ``y`` (float32 ``(n, m)``) of ``n`` steps: their ``h_next`` rows
-        (``(n, n_embd_backbone)``) and / or the logits at the sources' token ids (``(n, n_vocab)`` or n views)."""
+        (``(n, n_embd_backbone)``) and / or the logits at the sources' token ids (``(n, n_vocab)`` or n views; with
+        ``gathered``, each row holds only the logits at :func:`logit_row_ids` ``(n_vocab, n_embd)``, which are the
+        ``"logits"`` source's ids).
+
+        Raises:
+            LayoutError: ``gathered`` rows of another length than the source's ids.
+        """
         parts = []
         for s in self.sources:
             if s.name == "h_next":
                 parts.append(np.asarray(np.stack(h_next) if not isinstance(h_next, np.ndarray) else h_next,
                                         dtype=np.float32).reshape(-1, self.n_embd_backbone))
+            elif gathered:
+                y = np.stack([np.asarray(lg) for lg in logits]).astype(np.float32, copy=False)
+                n_ids = 0 if s.rows is None else int(s.rows.shape[0])
+                if y.shape[1] != n_ids:
+                    raise LayoutError("derived h_inner: gathered logits of the wrong length", key="logit_rows",
+                                      expected=n_ids, actual=y.shape[1])
+                parts.append(y)
             else:
                 parts.append(np.stack([np.asarray(lg)[s.rows] for lg in logits]).astype(np.float32, copy=False))
         return np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
     def solve(self, logits: np.ndarray | Sequence[np.ndarray],
-              h_next: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+              h_next: np.ndarray | Sequence[np.ndarray], *, gathered: bool = False) -> np.ndarray:
         """``h_inner`` (float32 ``(n, n_embd)``) of ``n`` steps from their logits and ``h_next`` (either may
-        be None when no source uses it).
+        be None when no source uses it); ``gathered``: the logits at :func:`logit_row_ids` only (:meth:`inputs`).
 
         Raises:
             LayoutError: an input of the wrong width.
         """
-        y = self.inputs(logits, h_next)
+        y = self.inputs(logits, h_next, gathered=gathered)
         if y.shape[1] != self.n_rows:
             raise LayoutError("derived h_inner: inputs of the wrong width", key="h_next",
                               expected=self.n_rows, actual=y.shape[1])
@@ -180,6 +194,15 @@ class HInnerSolver:
                 "weights": {s.tensor: s.ggml_type for s in self.sources},
                 "n_rows": self.n_rows, "rank": self.rank, "n_embd": self.n_embd,
                 "cond": float(self.cond), "bound_rel": float(self.bound_rel)}
+
+
+def logit_row_ids(n_vocab: int, n_embd: int) -> np.ndarray:
+    """The token ids whose drafter logits the solve may read (its ``"logits"`` source: ``ROWS_PER_EMBD * n_embd``
+    ids in :data:`ROW_BLOCKS` blocks spread over the vocabulary), ``int64``, in the order the solve reads them. The
+    recording worker sends a step's logits at these ids only (:func:`traces.run.step_analysis.summarize_drafts`), not
+    the whole row; :meth:`HInnerSolver.solve` takes them with ``gathered=True``."""
+    return np.concatenate([np.arange(b.start, b.stop, dtype=np.int64)
+                           for b in _logit_rows(n_vocab, ROWS_PER_EMBD * n_embd)])
 
 
 def _logit_rows(n_vocab: int, n_rows: int) -> list[slice]:
@@ -369,5 +392,5 @@ def calibration_entry(solver: HInnerSolver, steps: Sequence[Any]) -> dict[str, A
 
 
 __all__ = ["ACTIVATION_ROUNDING", "COND_ALONE", "HInnerSolver", "RCOND", "SOLVER_VERSION", "Source",
-           "activation_rounding", "cached_solver", "calibration_entry", "gamma", "h_inner_solver",
+           "activation_rounding", "cached_solver", "calibration_entry", "gamma", "h_inner_solver", "logit_row_ids",
            "relative_errors"]

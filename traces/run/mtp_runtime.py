@@ -126,6 +126,11 @@ class DraftStep:
         top_ids: the ids of the best logits, best first (:func:`traces.run.ranking.top_k_desc` of ``logits``,
             ``int64[n_top]``), when they were found while the logits were copied out (``MtpRuntime.run``'s
             ``keep_draft``), else None.
+        summary: what the trace keeps of the logits (a :class:`traces.run.step_analysis.LogitSummary`) when they
+            were summarized where the loop ran (:func:`traces.run.step_analysis.summarize_drafts`: the recording
+            worker, which then sends neither ``logits`` nor ``top_ids``), else None.
+        logit_rows: with ``summary``, the logits at :func:`traces.run.derived.logit_row_ids` (``float32``), which
+            is all a derived ``h_inner`` reads of them; else None.
     """
 
     token: int
@@ -134,6 +139,8 @@ class DraftStep:
     h_next: np.ndarray | None
     h_inner: np.ndarray | None
     top_ids: np.ndarray | None = None
+    summary: Any = None
+    logit_rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import itertools
 import json
 import mmap
 import os
@@ -99,15 +100,16 @@ FAULT_ENV = "MTPSCOPE_WORKER_FAULT"
 SWITCH_INTERVAL_S = 0.0002
 
 
-def sender_threaded(n_gpu_layers: int) -> bool:
+def sender_threaded(n_gpu_layers: int, gpu: str | None) -> bool:
     """Whether the worker sends its rounds from a thread beside the loop (``RoundSender(threaded=True)``): only
-    with layers on a GPU (``n_gpu_layers`` not 0), where the loop's thread mostly waits for the device. On a CPU the
+    with layers on a GPU (``n_gpu_layers`` not 0 and a GPU device, ``gpu``: :func:`traces.run.llama.binding.gpu_name`),
+    where the loop's thread mostly waits for the device. On a CPU the
     loop reduces and sends each round itself: the thread bought no wall time there and cost CPU -- the GIL
     handed back and forth every round, and llama.cpp's decodes slowed by the thread beside them. Measured with
     ``benchmarks/bench_record.py`` (tiny demo pair, 96 tokens, 7 pairs, ``--capture derived``, 2-core AMD EPYC):
     with the thread tracing added 3.37 ms of CPU per round (12.8 %, paired) and its decodes took 0.66 ms more;
     without it 2.25 ms (9.0 %) and 0.03 ms, at the same wall time (paired 7.5 % vs 7.3 % slower than untraced)."""
-    return int(n_gpu_layers) != 0
+    return gpu is not None and int(n_gpu_layers) != 0
 #: seconds an abort waits for the round sender to hand over the rounds it holds (a stuck recorder must not
 #: keep a dying llama.cpp, e.g. one holding a GPU, alive)
 ABORT_FLUSH_S = 5.0
@@ -368,15 +370,19 @@ def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
     return ProbeDone(rtm.probe_costs(toks[0]))
 
 
-def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False) -> int:
+def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False, dense: bool = True) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
     defer_target=True)``, its target side reduced before it is sent: :func:`_reduce_target_side`): per draft
-    the drafter's logits (``n_vocab`` float32), h and h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target
-    with ``hidden_target``; each array 64-byte aligned, plus a page."""
+    the drafter's logits (``dense``: all ``n_vocab`` float32; else the ``2 * n_embd`` a derived h_inner reads,
+    :func:`traces.run.step_analysis.summarize_drafts`), h and h_next (``n_embd_backbone``), h_inner (``n_embd``),
+    h_target with ``hidden_target``; each array 64-byte aligned, plus a page."""
+    from mtpscope.traces.run.derived import ROWS_PER_EMBD
+
     def row(n: int) -> int:
         return -(-4 * int(n) // 64) * 64
 
-    step = row(rtm.n_vocab) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
+    step = (row(rtm.n_vocab) if dense else row(ROWS_PER_EMBD * rtm.n_embd)) + 2 * row(rtm.n_embd_backbone) \
+        + row(rtm.n_embd)
     if hidden_target:
         step += row(rtm.n_embd_backbone)
     return int(n_draft) * step + 4096
@@ -391,8 +397,11 @@ def _reduce_target_side(kind: str, obj: Any) -> Any:
 
 
 def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float] | None = None) -> None:
+    import numpy as np
+
     from mtpscope.traces.run import row_kernels
     from mtpscope.traces.run.llama.process import ggml_abort, set_abort_hook
+    from mtpscope.traces.run.step_analysis import summarize_drafts
 
     marks = {} if marks is None else marks             # start-up clock for Hello.startup (epoch seconds)
     marks["job"], marks["job_cpu"] = time.time(), time.process_time()
@@ -400,7 +409,9 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     c = job.config
     rtm = load_runtime(job)
     marks["runtime"], marks["runtime_cpu"] = time.time(), time.process_time()
-    threaded = sender_threaded(c.n_gpu_layers) or bool(_fault().get("threaded"))
+    from mtpscope.traces.run.llama.binding import gpu_name
+
+    threaded = sender_threaded(c.n_gpu_layers, gpu_name()) or bool(_fault().get("threaded"))
     if threaded:
         # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
         # default, 5 ms, is more than a drafter step of a small pair)
@@ -408,7 +419,10 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     # the target's side of each round (p of the draft, entropy) computed by whoever sends the round (the loop, or the
     # sender thread) from the verify rows themselves (live views of llama.cpp's logits until the next target decode,
     # which fence() holds back): no copy of those rows into the ring, and the recorder reads none of them
-    rb = round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target)
+    # a round's drafter rows are summarized here before it is sent (summarize_drafts: what the trace keeps of them, and
+    # the few logits a derived h_inner reads), unless the recorder scores the centroid head, which reads them whole
+    dense = c.centroids is not None
+    rb = round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target, dense=dense)
     n_slots, wake_every = ring_slots(rb)
     sender = RoundSender(chan, threaded=threaded, prepare=_reduce_target_side, n_slots=n_slots, wake_every=wake_every,
                          batch_kinds=frozenset({ROUND}))
@@ -428,12 +442,20 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
             sender.post(encode(base))
         sender.reserve(rb)
 
-        # each drafter row copied into the ring with its top n_top ids found in the same read, while llama.cpp's
-        # buffer is still in this core's cache: the recorder then reads only a few values of the copy
+        # each drafter row copied out of llama.cpp's buffer with its top n_top ids found in the same read, while that
+        # buffer is still in this core's cache: into the ring when the recorder reads the rows (dense), else into
+        # n_draft buffers of this process, reused every round (warm in the caches, no page of the ring touched)
         fill_top = functools.partial(row_kernels.copy_top_k, k=c.n_top)    # (made once: this runs per draft step)
+        bufs: list[np.ndarray] = []
+        turn = itertools.count()
 
         def keep_draft(lg: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-            return sender.stage_with(lg, fill_top)
+            if dense:
+                return sender.stage_with(lg, fill_top)
+            i = next(turn) % c.n_draft          # (a round has at most n_draft steps: its rows never share a buffer)
+            if i == len(bufs):
+                bufs.append(np.empty_like(lg))
+            return bufs[i], fill_top(lg, bufs[i])
 
         started_at = time.time()
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
@@ -449,6 +471,8 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
                                  keep_draft=keep_draft)
                 try:
                     for res in rounds:
+                        if not dense:      # (before the next round's drafts overwrite those buffers)
+                            res = summarize_drafts(res, n_top=c.n_top, n_embd=rtm.n_embd)
                         sender.send(ROUND, res, prompt_id=pid)
                         status.next_round()
                         if fault is not None and res.round + 1 == fault:    # the test fault: round N-1 was

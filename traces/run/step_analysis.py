@@ -3,23 +3,26 @@ candidates, the target token's rank), centroid-head scoring, and the ``RoundReco
 of a recorded round.
 
 :func:`summarize_logits` is the analysis the recorder and the replay share (a replayed step is
-summarized exactly like a recorded one); :func:`step_records` / :func:`round_record` turn a
+summarized exactly like a recorded one; the recording worker summarizes its steps before it sends a round,
+:func:`summarize_drafts`); :func:`step_records` / :func:`round_record` turn a
 :class:`traces.run.mtp_runtime.RoundResult` into what :class:`traces.store.writer.TraceWriter` stores (hidden
 states stay float32 here; the writer converts them to the trace's f16 / f32).
 
-Imports: numpy, traces.store.records, traces.run.ranking, traces.run.centroid_head (and, for types only,
-traces.run.mtp_runtime, traces.run.derived and inspector.centroids).
+Imports: numpy, traces.store.records, traces.run.ranking, traces.run.centroid_head, traces.run.derived (and, for
+types only, traces.run.mtp_runtime and inspector.centroids).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtpscope.traces.run.centroid_head import centroid_steps
+from mtpscope.traces.run.derived import logit_row_ids
 from mtpscope.traces.run.ranking import rank, top_k_desc
 from mtpscope.traces.store.records import RoundRecord, StepRecord
 
@@ -69,6 +72,46 @@ def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = Non
                         target_rank=None if target is None else rank(logits, target, top, listed=(ids, vals)))
 
 
+def step_targets(res: RoundResult) -> list[int | None]:
+    """The target's token at each draft step of ``res`` (verify row ``k`` judges draft ``k``; None past the rows
+    sampled)."""
+    return [res.target[k] if k < len(res.target) else None for k in range(len(res.steps))]
+
+
+@functools.lru_cache(maxsize=8)
+def _row_ids(n_vocab: int, n_embd: int) -> np.ndarray:
+    ids = logit_row_ids(n_vocab, n_embd)
+    ids.flags.writeable = False
+    return ids
+
+
+def summarize_drafts(res: RoundResult, *, n_top: int, n_embd: int) -> RoundResult:
+    """``res`` with each step's dense logits replaced by what the trace keeps of them: the step's
+    :class:`LogitSummary` (:func:`summarize_logits`, the target's token of its verify row known now) in
+    ``DraftStep.summary``, and the logits a derived ``h_inner`` reads (:func:`traces.run.derived.logit_row_ids` of the
+    drafter's ``n_vocab`` and ``n_embd``, a copy) in ``DraftStep.logit_rows``; ``logits`` and ``top_ids`` become None.
+
+    The recording worker calls it before it sends a round, so the drafter rows (``float32[n_vocab]`` each: 1 MiB at
+    Gemma 4's vocabulary) stay in its own buffers, reused every round, and never cross to the recorder. Steps without
+    logits are kept as they are. :func:`step_records` and :func:`derive_h_inner_rounds` take either form and give the
+    same records.
+
+    Raises:
+        IndexError: a draft or target token outside the vocabulary.
+    """
+    targets = step_targets(res)
+    steps = []
+    for k, s in enumerate(res.steps):
+        lg = s.logits
+        if lg is None:
+            steps.append(s)
+            continue
+        sm = summarize_logits(lg, s.token, target=targets[k], n_top=n_top, top=s.top_ids)
+        steps.append(replace(s, logits=None, top_ids=None, summary=sm,
+                             logit_rows=lg[_row_ids(int(lg.shape[0]), int(n_embd))]))
+    return replace(res, steps=tuple(steps))
+
+
 def derive_h_inner(res: RoundResult, solver: HInnerSolver) -> list[np.ndarray | None]:
     """Each step's ``h_inner``: the captured one, or derived by ``solver`` (:mod:`traces.run.derived`) from
     the step's logits and ``h_next`` where it was not captured (None where those are missing too)."""
@@ -80,20 +123,21 @@ def derive_h_inner_rounds(rounds: Sequence[RoundResult], solver: HInnerSolver) -
     all their steps, so the solve's matrix (``m x n_embd`` float32: 11.5 MB for the 26B-A4B drafter, more than a
     core's cache) is read once, not once per round. Per round, its steps' ``h_inner`` in step order."""
     out: list[list[np.ndarray | None]] = []
-    logits: list[np.ndarray] = []
-    h_next: list[np.ndarray] = []
-    where: list[tuple[int, int]] = []
+    # the steps to solve, by the form of their logits: dense rows, or the solve's own ids only (summarize_drafts)
+    todo: dict[bool, tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]] = {}
     for r, res in enumerate(rounds):
         row: list[np.ndarray | None] = []
         for i, s in enumerate(res.steps):
             row.append(s.h_inner)
-            if s.h_inner is None and s.logits is not None and s.h_next is not None:
-                logits.append(s.logits)
+            lg, gathered = (s.logits, False) if s.logits is not None else (s.logit_rows, True)
+            if s.h_inner is None and lg is not None and s.h_next is not None:
+                logits, h_next, where = todo.setdefault(gathered, ([], [], []))
+                logits.append(lg)
                 h_next.append(s.h_next)
                 where.append((r, i))
         out.append(row)
-    if where:
-        got = solver.solve(logits, h_next)
+    for gathered, (logits, h_next, where) in todo.items():
+        got = solver.solve(logits, h_next, gathered=gathered)
         for j, (r, i) in enumerate(where):
             out[r][i] = got[j]
     return out
@@ -118,10 +162,11 @@ def step_records(res: RoundResult, *, n_top: int = 10, hidden: str = "f16",
     out: list[StepRecord] = []
     keep_h = hidden != "off"
     steps = res.steps
-    targets = [res.target[k] if k < len(res.target) else None for k in range(len(steps))]
+    targets = step_targets(res)
     if inner is None:
         inner = derive_h_inner(res, solver) if solver is not None else [s.h_inner for s in steps]
-    summaries = [None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top,
+    summaries = [s.summary if s.summary is not None else
+                 None if s.logits is None else summarize_logits(s.logits, s.token, target=targets[k], n_top=n_top,
                                                                 top=s.top_ids)
                  for k, s in enumerate(steps)]
     cs_all = None
@@ -164,5 +209,5 @@ def round_record(prompt_id: int, res: RoundResult) -> RoundRecord:
                        t_verify_ms=res.t_verify_ms, eog_confirmed=res.eog_confirmed)
 
 
-__all__ = ["LogitSummary", "derive_h_inner", "derive_h_inner_rounds", "round_record", "step_records",
-           "summarize_logits"]
+__all__ = ["LogitSummary", "derive_h_inner", "derive_h_inner_rounds", "round_record", "step_records", "step_targets",
+           "summarize_drafts", "summarize_logits"]
