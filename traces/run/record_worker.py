@@ -506,9 +506,11 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
 
 
 def _import_llama() -> None:
-    """Import llama.cpp (``binding.llama()``: llama-cpp-python, the backend initialised) before the job is
-    read: a worker started early (:func:`traces.run.worker_spawn.prespawn`) does it while the recorder is
-    still importing. A failure is left to the model load, which reports it to the recorder."""
+    """Import llama.cpp (``binding.llama()``: llama-cpp-python, the backend initialised) and the loop's analysis
+    (:mod:`traces.run.step_analysis`, 20 ms) before the job is read: a worker started early
+    (:func:`traces.run.worker_spawn.prespawn`) does it while the recorder is still importing. A failure is left to
+    the model load, which reports it to the recorder."""
+    from mtpscope.traces.run import step_analysis  # noqa: F401 - for _serve's summarize_drafts
     from mtpscope.traces.run.llama import binding
 
     try:
