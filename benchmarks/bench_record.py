@@ -18,7 +18,7 @@ run too: the one least disturbed by other processes):
 * ``wall``: generated tokens per wall second (traced: from the worker's first decode to the trace's
   close; model loading excluded on both sides);
 * ``cpu (loop)``: per CPU second of the MTP loop (untraced: its process; traced: the worker process
-  without its sender thread, which packs and sends the rounds beside the loop when layers are on a GPU); the stable measure on a
+  without its sender thread, which packs and sends the rounds beside the loop); the stable measure on a
   shared machine, where wall time mostly measures the neighbours;
 * ``cpu (all)``: per CPU second of all processes, every thread (untraced: the loop's process, this one only
   waits; traced: the worker and the recorder process: the analysis and writing are not free, they run beside
@@ -33,7 +33,7 @@ grows with that charge, while the untraced loop, which never pauses, does not pa
 (``benchmarks/bench_idle_memory.py`` measures how much on the recorder's own work). Prints tracing's CPU per
 round in ms (all processes; each traced run against the untraced run before it, which generate the same rounds)
 beside what the 5 % goal allows, which a machine's speed moves less than the percentages; tracing's own CPU per round
-(the recorder process, the worker's sender thread (with GPU layers), the loop's extra time outside llama.cpp's decodes: what tracing
+(the recorder process, the worker's sender thread, the loop's extra time outside llama.cpp's decodes: what tracing
 itself does, measured apart from the decodes, whose run-to-run spread on a pair of real size is wider than the goal); ratios
 on/off (of the medians, of the best runs, and the median of each traced run's ratio to the untraced run
 just before it, with the middle half of those ratios) and the overhead in percent, then where a round's
@@ -277,7 +277,7 @@ def _line(label: str, off: list[float], on: list[float], target: float = 3.0) ->
 def _parts(off: list[tuple[float, float]], on: list[tuple[float, float]]) -> None:
     """Where a round's time goes in the loop's thread, untraced vs traced (medians over runs, ms per round):
     inside llama.cpp's decodes (the cb_eval capture is there) and outside them (argmax, the copies of the
-    logits into the ring, the target's side reduced and the round sent (on a GPU: handed to the sender thread, waiting for the GIL)). The outside part
+    logits into the ring, handing the round to the sender thread, waiting for the GIL). The outside part
     is what tracing adds in Python; a slow moment of a shared machine moves it far less than the decodes."""
     base = statistics.median(x[0] + x[1] for x in off)
     for j, nm in enumerate(("inside decodes", "outside decodes")):
@@ -406,7 +406,7 @@ def main() -> int:
         if st["own"]:
             med = [statistics.median(x[j] for x in st["own"]) for j in range(4)]
             own = statistics.median(x[0] + x[1] + x[2] for x in st["own"])
-            print(f"  [tracing's own CPU] per round: recorder process {med[0]:.2f} ms + the worker's sender thread (only with GPU layers) "
+            print(f"  [tracing's own CPU] per round: recorder process {med[0]:.2f} ms + the worker's sender thread "
                   f"{med[1]:.2f} ms + the loop's time outside decodes {med[2]:+.2f} ms = {own:.2f} ms (median of the "
                   f"pairs) = {100 * own / med[3]:.1f} % of an untraced round's {med[3]:.2f} ms (goal 5 %): what "
                   "tracing itself does, which the decodes' own run-to-run spread does not hide (any slowing of the "

@@ -118,16 +118,13 @@ def test_ggml_assert_backbone_mismatch(crashing, tmp_path) -> None:
     assert "ggml_can_mul_mat" in (out / "llama.log").read_text()
 
 
-@pytest.mark.parametrize("threaded", [False, True], ids=["cpu-loop-sends", "sender-thread"])
-def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path, threaded) -> None:
-    """ggml's own ``ggml_abort`` called by the worker right after its loop handed round 5 to its round sender
-    (the worker's test fault). On a CPU the loop sent it before going on; with a sender thread (as with layers
-    on a GPU, forced by the fault's ``threaded``) the thread may not have sent it yet: the abort hook lets the
-    thread hand it over before the process dies. Either way rounds 0-5 are all in the trace, the message is
-    quoted in one line and the manifest says where it stopped. (With the thread and without the hook round 5
-    is lost.)"""
+def test_abort_mid_run_keeps_every_round_before_it(crashing, tmp_path) -> None:
+    """ggml's own ``ggml_abort`` called by the worker right after its loop queued round 5 (the worker's
+    test fault), before its sender thread could send it: the abort hook lets the thread hand it over
+    before the process dies, so rounds 0-5 are all in the trace, the message is quoted in one line and
+    the manifest says where it stopped. (Without the hook round 5 is lost.)"""
     out = tmp_path / "t"
-    env = {**os.environ, "MTPSCOPE_WORKER_FAULT": json.dumps({"abort_at_round": 6, "threaded": threaded})}
+    env = {**os.environ, "MTPSCOPE_WORKER_FAULT": json.dumps({"abort_at_round": 6})}
     res = _record(["--target", str(crashing["target"]), "--assistant", str(crashing["noisy"]), "--prompt", PROMPT,
                    "--max-tokens", "400", "--no-progress", "--out", str(out)], env=env)
     assert res.returncode == 1
@@ -310,14 +307,3 @@ def test_worker_and_in_process_recordings_are_identical(crashing, tmp_path) -> N
     for name in ("h", "h_next", "h_inner", "h_target"):
         np.testing.assert_array_equal(a.hidden(name), b.hidden(name))
     assert (tmp_path / "iso" / "llama.log").is_file()
-
-
-def test_the_sender_thread_is_only_for_gpu_layers() -> None:
-    """The worker sends its rounds from a thread beside the loop only with layers on a GPU: a GPU device and
-    ``n_gpu_layers`` not 0 (``-1``, the default, means all); on a CPU-only build or with ``--n-gpu-layers 0`` the loop
-    sends them itself."""
-    from mtpscope.traces.run.record_worker import sender_threaded
-
-    assert [sender_threaded(n, gpu) for n, gpu in ((-1, None), (0, None), (12, None), (-1, "NVIDIA H100"),
-                                                   (12, "NVIDIA H100"), (0, "NVIDIA H100"))] == \
-        [False, False, False, True, True, False]

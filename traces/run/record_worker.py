@@ -26,11 +26,11 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
    parent analyses and writes it, then ``release``s it. The parent is woken for rounds in fours (the ring's
    doorbell, :data:`WAKE_EVERY`; :func:`ring_slots`) and tells its releases in one message. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring (each drafter
-   row with its top-k found in the same read: ``row_kernels.copy_top_k``) and, once the round is over, reduces the
-   target's verify rows and sends it (:func:`sender_threaded`: on a CPU in the loop's own thread; with layers on a
-   GPU a sender thread does that while llama.cpp computes the next round, and a ``GGML_ABORT`` / ``GGML_ASSERT``
-   first lets it send what it holds: :func:`traces.run.llama.process.set_abort_hook`), so the rounds before an
-   abort still reach the trace.
+   row with its top-k found in the same read: ``row_kernels.copy_top_k``, into buffers of its own that are
+   summarized before the round is sent, ``step_analysis.summarize_drafts``; into the ring with ``--centroids``); a
+   sender thread packs and sends it while llama.cpp computes the next round (``RoundSender(threaded=
+   True)``), and a ``GGML_ABORT`` / ``GGML_ASSERT`` first lets it send what it holds
+   (:func:`traces.run.llama.process.set_abort_hook`), so the rounds before an abort still reach the trace.
 4. ``stop`` (Ctrl-C in the parent): the child stops before sending its next round and exits 0.
 
 The child dies with the parent (``PR_SET_PDEATHSIG``: no orphaned llama.cpp holding a GPU after a
@@ -93,23 +93,10 @@ if TYPE_CHECKING:
 #: lines of the worker's stderr kept for the ``aborted`` record (all of it is in ``llama.log``)
 STDERR_TAIL = 80
 #: a test fault, JSON ``{"abort_at_round": N}``: the worker calls ggml's own ``ggml_abort`` right after
-#: handing round N - 1 of a prompt to its round sender (the real abort path, hook included); with ``"threaded":
-#: true`` it sends its rounds from a sender thread as with layers on a GPU (:func:`sender_threaded`)
+#: handing round N - 1 of a prompt to its sender thread (the real abort path, hook included)
 FAULT_ENV = "MTPSCOPE_WORKER_FAULT"
-#: the worker's ``sys.setswitchinterval`` when it has a sender thread: how soon that thread yields the GIL to the loop
+#: the worker's ``sys.setswitchinterval``: how soon the sender thread yields the GIL to the loop
 SWITCH_INTERVAL_S = 0.0002
-
-
-def sender_threaded(n_gpu_layers: int, gpu: str | None) -> bool:
-    """Whether the worker sends its rounds from a thread beside the loop (``RoundSender(threaded=True)``): only
-    with layers on a GPU (``n_gpu_layers`` not 0 and a GPU device, ``gpu``: :func:`traces.run.llama.binding.gpu_name`),
-    where the loop's thread mostly waits for the device. On a CPU the
-    loop reduces and sends each round itself: the thread bought no wall time there and cost CPU -- the GIL
-    handed back and forth every round, and llama.cpp's decodes slowed by the thread beside them. Measured with
-    ``benchmarks/bench_record.py`` (tiny demo pair, 96 tokens, 7 pairs, ``--capture derived``, 2-core AMD EPYC):
-    with the thread tracing added 3.37 ms of CPU per round (12.8 %, paired) and its decodes took 0.66 ms more;
-    without it 2.25 ms (9.0 %) and 0.03 ms, at the same wall time (paired 7.5 % vs 7.3 % slower than untraced)."""
-    return gpu is not None and int(n_gpu_layers) != 0
 #: seconds an abort waits for the round sender to hand over the rounds it holds (a stuck recorder must not
 #: keep a dying llama.cpp, e.g. one holding a GPU, alive)
 ABORT_FLUSH_S = 5.0
@@ -208,16 +195,12 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _fault() -> dict[str, Any]:
-    """The test fault :data:`FAULT_ENV` asks for (``{}``: none)."""
-    raw = os.environ.get(FAULT_ENV)
-    return dict(json.loads(raw)) if raw else {}
-
-
 def _fault_round() -> int | None:
     """The round of the test fault :data:`FAULT_ENV` asks for, or None."""
-    at = _fault().get("abort_at_round")
-    return None if at is None else int(at)
+    raw = os.environ.get(FAULT_ENV)
+    if not raw:
+        return None
+    return int(json.loads(raw)["abort_at_round"])
 
 
 def _instrument(rtm: MtpRuntime, status: Status) -> None:
@@ -372,7 +355,7 @@ def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
 
 def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False, dense: bool = True) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
-    defer_target=True)``, its target side reduced before it is sent: :func:`_reduce_target_side`): per draft
+    defer_target=True)``, its target side reduced by the sender thread: :func:`_reduce_target_side`): per draft
     the drafter's logits (``dense``: all ``n_vocab`` float32; else the ``2 * n_embd`` a derived h_inner reads,
     :func:`traces.run.step_analysis.summarize_drafts`), h and h_next (``n_embd_backbone``), h_inner (``n_embd``),
     h_target with ``hidden_target``; each array 64-byte aligned, plus a page."""
@@ -390,7 +373,7 @@ def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False, d
 
 def _reduce_target_side(kind: str, obj: Any) -> Any:
     """A round's target side computed (:func:`traces.run.mtp_runtime.finish_target_side`), anything else as it is:
-    the round sender's ``prepare`` (:class:`traces.run.transport.RoundSender`)."""
+    the sender thread's ``prepare`` (:class:`traces.run.transport.RoundSender`)."""
     from mtpscope.traces.run.mtp_runtime import finish_target_side
 
     return finish_target_side(obj) if kind == ROUND else obj
@@ -409,22 +392,18 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
     c = job.config
     rtm = load_runtime(job)
     marks["runtime"], marks["runtime_cpu"] = time.time(), time.process_time()
-    from mtpscope.traces.run.llama.binding import gpu_name
-
-    threaded = sender_threaded(c.n_gpu_layers, gpu_name()) or bool(_fault().get("threaded"))
-    if threaded:
-        # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
-        # default, 5 ms, is more than a drafter step of a small pair)
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # the target's side of each round (p of the draft, entropy) computed by whoever sends the round (the loop, or the
-    # sender thread) from the verify rows themselves (live views of llama.cpp's logits until the next target decode,
-    # which fence() holds back): no copy of those rows into the ring, and the recorder reads none of them
+    # the sender thread gives the GIL back to the loop within 0.2 ms when the loop wants it (Python's
+    # default, 5 ms, is more than a drafter step of a small pair)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # the target's side of each round (p of the draft, entropy) computed on the sender thread from the verify rows
+    # themselves (live views of llama.cpp's logits until the next target decode, which fence() holds back): no
+    # copy of those rows into the ring, and the recorder reads none of them
     # a round's drafter rows are summarized here before it is sent (summarize_drafts: what the trace keeps of them, and
     # the few logits a derived h_inner reads), unless the recorder scores the centroid head, which reads them whole
     dense = c.centroids is not None
     rb = round_bytes(rtm, c.n_draft, hidden_target=c.hidden_target, dense=dense)
     n_slots, wake_every = ring_slots(rb)
-    sender = RoundSender(chan, threaded=threaded, prepare=_reduce_target_side, n_slots=n_slots, wake_every=wake_every,
+    sender = RoundSender(chan, threaded=True, prepare=_reduce_target_side, n_slots=n_slots, wake_every=wake_every,
                          batch_kinds=frozenset({ROUND}))
     # a GGML_ABORT / GGML_ASSERT ends the process at once: first hand the rounds still queued to the recorder
     def _flush_on_abort(_msg: str) -> None:
@@ -466,7 +445,7 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
                 _instrument(rtm, status)
                 status.set("prefill", prompt_id=pid)
                 rounds = rtm.run(tk, c, trace=True, keep=sender.stage,
-                                 defer_target=True,    # the target's side: computed as the round is sent, from
+                                 defer_target=True,    # the target's side: the sender thread computes it from
                                  fence=sender.fence,   # the verify rows before the next target decode
                                  keep_draft=keep_draft)
                 try:
@@ -906,7 +885,7 @@ class InProcessRounds:
 
 
 __all__ = ["PHASES", "STOP_GRACE_S", "InProcessRounds", "RecordWorker", "Status", "calibration", "cost_probe", "death_words", "hello_of",
-           "load_runtime", "main", "prepare_prompts", "sender_threaded", "time_baseline"]
+           "load_runtime", "main", "prepare_prompts", "time_baseline"]
 
 
 if __name__ == "__main__":
