@@ -498,8 +498,9 @@ class _Recording:
             manifest["derived"] = derived_entry(solver, (), hidden=config.hidden != "off", centroids=head is not None)
         manifest["params"]["n_ctx"] = info.n_ctx
         manifest["params"]["n_vocab"] = info.n_vocab     # the reader's bound on every token id of the rounds
-        # the reductions over the rows of logits (C or numpy: their p and H differ by ~1e-7): the worker's (p, H)
-        # and this process's (top-k, ranks); both named when they differ
+        # the reductions over the rows of logits (C or numpy: their p and H differ by ~1e-7): the worker's (p, H; top-k
+        # and ranks, summarize_drafts) and this process's (top-k and ranks of rows it receives: --centroids); both
+        # named when they differ
         runtime = dict(info.runtime)
         here = row_kernels.kind()
         there = runtime.get("row_kernels", here)
