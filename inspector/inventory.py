@@ -266,11 +266,15 @@ def detect_dialect(f: GGUFLike) -> Dialect:
     if arch is not None:
         evidence.append(f"general.architecture = {arch!r}")
 
+    def named(group: list[str]) -> str:        # the first three named; the count says how many there are
+        more = len(group) - 3
+        return ", ".join(group[:3]) + (f" and {more} more" if more > 0 else "")
+
     def families() -> None:
         if mtp:
-            evidence.append(f"{len(mtp)} mtp.* tensors ({', '.join(mtp[:3])})")
+            evidence.append(f"{len(mtp)} mtp.* tensors ({named(mtp)})")
         if nextn:
-            evidence.append(f"{len(nextn)} nextn.* tensors ({', '.join(nextn[:3])})")
+            evidence.append(f"{len(nextn)} nextn.* tensors ({named(nextn)})")
 
     if arch == ARCH_FORK:
         if f"{ARCH_FORK}.n_embd_backbone" in f.kv:
