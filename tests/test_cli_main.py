@@ -95,3 +95,22 @@ def test_help_piped_is_120_columns_wide_unless_columns_says_otherwise() -> None:
 
     assert widest({}) == cli.PIPED_HELP_COLUMNS
     assert widest({"COLUMNS": "80"}) == 80
+
+
+def test_no_help_text_shows_rst_markup() -> None:
+    """Every command's and option's help as ``--help`` shows it: no reStructuredText ````--out```` markup (a
+    docstring's double backticks print as they are; replay's help did)."""
+    from typing import Any
+
+    import typer
+
+    def walk(cmd: Any, path: str) -> list[str]:      # (typer's own command classes: groups have .commands)
+        found = [f"{path}: {t}" for t in [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+                 if "``" in t]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            found += walk(sub, f"{path} {name}")
+        return found
+
+    root = typer.main.get_command(cli.app)
+    assert len(getattr(root, "commands", {})) > 5
+    assert walk(root, "mtpscope") == []

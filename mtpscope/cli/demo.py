@@ -43,8 +43,8 @@ def build(out: Path | None = typer.Option(None, "--out", callback=out_folder,
 @demo_app.command("path")
 def path(out: Path | None = typer.Option(None, "--out", help="Demo folder (default <cache>/demo)."),
          as_json: bool = typer.Option(False, "--json", help="Every demo path as JSON.")) -> None:
-    """Print where the demo lives (nothing is built). ``--json``: the constructed pair's paths, and under
-    ``trained`` the trained pair's (the one the app opens on: docs/DEMO.md)."""
+    """Print where the demo lives (nothing is built). --json: the constructed pair's paths, and under
+    "trained" the trained pair's (the one the app opens on: docs/DEMO.md)."""
     from mtpscope.cache import demo_dir
     from mtpscope.demo.spec import RECORD_CONFIG, DemoPaths, TrainedPaths
 

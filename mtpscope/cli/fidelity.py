@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     ) -> None:
         """Recompute every recorded draft step with the numpy reference drafter under each variant. With
-        ``--out``, a replay already in that folder is replaced (said first, on stderr); a folder holding anything
+        --out, a replay already in that folder is replaced (said first, on stderr); a folder holding anything
         else is refused."""
         from mtpscope.traces.run.replay import replay as do_replay
         from mtpscope.traces.run.replay_folder import SUMMARY_FILE, check_replay_out

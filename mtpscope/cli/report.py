@@ -145,7 +145,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Acceptance metrics of a trace: acceptance rate, mean acceptance length, per position, per prompt.
 
-        ``--json`` also carries the explanation sections of ``mtpscope explain --json`` (rejections,
+        --json also carries the explanation sections of mtpscope explain --json (rejections,
         by_class, by_category, drift, what_if; docs/EXPLAIN.md). On a sweep directory (sweep.json): the
         configuration x category table (docs/SWEEP.md). Exit 1 with any warning (stderr): parts of the trace
         unreadable and skipped, a trace that is incomplete or was recovered (the report covers what was read).
