@@ -356,16 +356,17 @@ def cost_probe(rtm: MtpRuntime, toks: list[list[int]]) -> ProbeDone | None:
 def round_bytes(rtm: MtpRuntime, n_draft: int, *, hidden_target: bool = False, dense: bool = True) -> int:
     """Ring bytes one traced round of ``n_draft`` drafts needs (``MtpRuntime.run(trace=True,
     defer_target=True)``, its target side reduced by the sender thread: :func:`_reduce_target_side`): per draft
-    the drafter's logits (``dense``: all ``n_vocab`` float32; else the ``2 * n_embd`` a derived h_inner reads,
-    :func:`traces.run.step_analysis.summarize_drafts`), h and h_next (``n_embd_backbone``), h_inner (``n_embd``),
-    h_target with ``hidden_target``; each array 64-byte aligned, plus a page."""
-    from mtpscope.traces.run.derived import ROWS_PER_EMBD
+    the drafter's logits (``dense``: all ``n_vocab`` float32; else those a derived h_inner reads,
+    :func:`traces.run.derived.logit_row_ids`, as :func:`traces.run.step_analysis.summarize_drafts` sends them), h and
+    h_next (``n_embd_backbone``), h_inner (``n_embd``), h_target with ``hidden_target``; each array 64-byte aligned,
+    plus a page."""
+    from mtpscope.traces.run.derived import logit_row_ids
 
     def row(n: int) -> int:
         return -(-4 * int(n) // 64) * 64
 
-    step = (row(rtm.n_vocab) if dense else row(ROWS_PER_EMBD * rtm.n_embd)) + 2 * row(rtm.n_embd_backbone) \
-        + row(rtm.n_embd)
+    logits = rtm.n_vocab if dense else logit_row_ids(rtm.n_vocab, rtm.n_embd).shape[0]
+    step = row(logits) + 2 * row(rtm.n_embd_backbone) + row(rtm.n_embd)
     if hidden_target:
         step += row(rtm.n_embd_backbone)
     return int(n_draft) * step + 4096
