@@ -201,8 +201,12 @@ def logit_row_ids(n_vocab: int, n_embd: int) -> np.ndarray:
     ids in :data:`ROW_BLOCKS` blocks spread over the vocabulary), ``int64``, in the order the solve reads them. The
     recording worker sends a step's logits at these ids only (:func:`traces.run.step_analysis.summarize_drafts`), not
     the whole row; :meth:`HInnerSolver.solve` takes them with ``gathered=True``."""
-    return np.concatenate([np.arange(b.start, b.stop, dtype=np.int64)
-                           for b in _logit_rows(n_vocab, ROWS_PER_EMBD * n_embd)])
+    return _block_ids(_logit_rows(n_vocab, ROWS_PER_EMBD * n_embd))
+
+
+def _block_ids(blocks: list[slice]) -> np.ndarray:
+    """The token ids of contiguous ``blocks``, in order (int64)."""
+    return np.concatenate([np.arange(b.start, b.stop, dtype=np.int64) for b in blocks])
 
 
 def _logit_rows(n_vocab: int, n_rows: int) -> list[slice]:
@@ -216,11 +220,8 @@ def _rows_of(f: Any, name: str, blocks: list[slice] | None) -> tuple[np.ndarray,
     """Dequantized float64 rows of tensor ``name`` (all, or the given blocks) and their token ids."""
     if blocks is None:
         return np.asarray(f.tensor_data(name), dtype=np.float64), None
-    parts, ids = [], []
-    for b in blocks:
-        parts.append(np.asarray(f.tensor_data(name, rows=b), dtype=np.float64))
-        ids.append(np.arange(b.start, b.stop, dtype=np.int64))
-    return np.concatenate(parts), np.concatenate(ids)
+    parts = [np.asarray(f.tensor_data(name, rows=b), dtype=np.float64) for b in blocks]
+    return np.concatenate(parts), _block_ids(blocks)
 
 
 def _factor(blocks: list[tuple[np.ndarray, float]], n_embd: int) -> tuple[np.ndarray, int, float, list[float], float]:

@@ -429,13 +429,13 @@ def _serve(chan: Channel, status: Status, job: RecordJob, marks: dict[str, float
         bufs: list[np.ndarray] = []
         turn = itertools.count()
 
-        def keep_draft(lg: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-            if dense:
-                return sender.stage_with(lg, fill_top)
+        def keep_own(lg: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
             i = next(turn) % c.n_draft          # (a round has at most n_draft steps: its rows never share a buffer)
             if i == len(bufs):
                 bufs.append(np.empty_like(lg))
             return bufs[i], fill_top(lg, bufs[i])
+
+        keep_draft = functools.partial(sender.stage_with, fill=fill_top) if dense else keep_own
 
         started_at = time.time()
         t0, c0, s0 = time.perf_counter(), time.process_time(), sender.thread_cpu_seconds()
