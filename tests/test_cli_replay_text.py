@@ -43,3 +43,20 @@ def test_format_replay_text() -> None:
     assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
     assert "1651" in format_replay(_summary(), dis, None) and "“" not in format_replay(_summary(), dis, None).split(
         "steps where")[1]
+
+
+def test_a_replay_of_another_model_says_so_before_any_figure() -> None:
+    """A model that is not the recorded file (header sha256 differs) is said on the line under the title, above
+    the table whose figures it changes, and kept in summary.json's ``model_mismatch`` (not among the notes)."""
+    mismatch = ("the assistant d.gguf is not the file the trace was recorded with (header sha256 4a87ff44c0f6… vs "
+                "recorded 8cfe4eb31196…): agreement and rates describe another model")
+    d = {**_summary().to_dict(), "model_mismatch": [mismatch],
+         "notes": ["baseline h_next vs recorded h_next (f16): max relative error 1.54 over 3 steps"]}
+    s = ReplaySummary.from_dict(d)
+    assert s.model_mismatch == (mismatch,) and ReplaySummary.from_dict(s.to_dict()) == s
+    lines = format_replay(s, None, None).splitlines()
+    table = next(i for i, ln in enumerate(lines) if ln.startswith("variant"))
+    head = " ".join(" ".join(lines[1:table]).split())
+    assert head == f"warning: {mismatch}"
+    assert "max relative error" in " ".join(lines[table:]) and "not the file" not in " ".join(lines[table:])
+    assert _summary().model_mismatch == ()     # a summary.json from before the key

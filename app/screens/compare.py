@@ -235,6 +235,8 @@ else:
         table = pd.DataFrame(rows)
         st.caption(f"replay of `{sel.short(summary.trace)}`: {wording.plural(summary.n_rounds, 'round')}, "
                    f"{wording.plural(summary.n_steps, 'step')}")
+        for m in summary.model_mismatch:       # before any figure: they all describe another model
+            st.warning(m)
         st.plotly_chart(charts.summary_bars([float(r or 0) for r in table["acceptance_rate"]], list(table["variant"]),
                                             "Acceptance rate: recorded vs replayed variants"),
                         key=sel.CMP_REPLAY, width="stretch")

@@ -142,7 +142,10 @@ def format_replay(s: ReplaySummary, dis, label=None) -> str:
     id -> text); every line is a few words, so nothing splits an id at 80 columns."""
     from mtpscope.traces.analysis.wording import plural
 
-    lines = [f"replay of {s.trace}: {plural(s.n_rounds, 'round')}, {plural(s.n_steps, 'step')}", ""]
+    lines = [f"replay of {s.trace}: {plural(s.n_rounds, 'round')}, {plural(s.n_steps, 'step')}"]
+    for m in s.model_mismatch:       # first: every figure below describes another model
+        lines += _wrap(f"warning: {m}")
+    lines.append("")
     names = ["recorded", *s.variants]
     w = max(len(n) for n in names)
     lines.append(f"{'variant':<{w}}  acceptance rate  mean acceptance length  agreement")

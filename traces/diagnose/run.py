@@ -277,7 +277,8 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
                                                  assistant=assistant)
                 vf, variant_numbers = variants.variant_findings(res_file, trace=trace)
                 found += vf
-                steps.notes.extend(f"replay: {n}" for n in res_file.notes if "variant traces" not in n)
+                steps.notes.extend(f"replay: {n}" for n in (*res_file.model_mismatch, *res_file.notes)
+                                   if "variant traces" not in n)
                 box["note"] = f"{variant_numbers['n_rounds']} rounds, {variant_numbers['n_steps']} steps"
                 found = _pair_key_costs(found, trace=trace, assistant=assistant, outp=outp, res_file=res_file,
                                         pids=pids, rounds_per_prompt=config.rounds_per_prompt, rounds=t.rounds,

@@ -119,6 +119,8 @@ class ReplayResult:
         notes: diagnostics (e.g. the largest difference between recorded and recomputed h_next; why a
             quantized drafter's agreement is below 1.0).
         h_next_rel_err: per baseline step with a recorded h_next: ``|h_next - recorded| / |recorded|``.
+        model_mismatch: one line per model replayed that is not the file the trace was recorded with (header
+            sha256 against the manifest's ``models``): the figures then describe another model.
         drafter_weights: the replayed drafter's quantization (:func:`traces.run.quantize.weight_types`:
             ``matrices`` {ggml type: count}, ``type`` llama.cpp's file type name or None, ``quantized``).
         warnings: the trace reader's warnings (parts missing or unreadable, skipped: the replay covers the rest).
@@ -132,6 +134,7 @@ class ReplayResult:
     out: str | None = None
     notes: list[str] = field(default_factory=list)
     h_next_rel_err: list[float] = field(default_factory=list)
+    model_mismatch: list[str] = field(default_factory=list)
     variant_traces: dict[str, str] = field(default_factory=dict)
     drafter_weights: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -159,7 +162,7 @@ class ReplayResult:
         return ReplaySummary(trace=self.trace, n_rounds=len(r), n_steps=len(self.steps),
                              recorded=ReplayRates(*rates("n_accepted")),
                              baseline=_options_text(self.baseline, StepOptions()), variants=variants,
-                             out=self.out, notes=tuple(self.notes),
+                             out=self.out, notes=tuple(self.notes), model_mismatch=tuple(self.model_mismatch),
                              baseline_h_next_rel_err_max=max(self.h_next_rel_err) if self.h_next_rel_err else None,
                              variant_traces=dict(self.variant_traces), drafter_weights=dict(self.drafter_weights),
                              indistinguishable=tuple(indistinguishable(self.steps, list(self.variants))),
@@ -304,7 +307,7 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat, path=tpath / MANIFEST)
                        for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
-        res.notes.extend(_model_mismatch_notes(man, {"target": tg, "assistant": dr}))
+        res.model_mismatch = _model_mismatch_notes(man, {"target": tg, "assistant": dr})
         res.warnings = list(t.warnings)
         res.drafter_weights = _drafter_weights(dr)
         if res.drafter_weights["quantized"]:

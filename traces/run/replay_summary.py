@@ -64,6 +64,9 @@ class ReplaySummary(JsonRecord):
         indistinguishable: pairs of variants that draft the same token at every replayed step
             (:func:`traces.run.replay.indistinguishable`); None in a summary written before the key existed.
         numerics: :func:`traces.run.numerics.numerics_check` of the steps.
+        model_mismatch: one line per model given to the replay that is not the file the trace was recorded with
+            (its header's sha256 differs from the manifest's): every figure then describes another model (empty in a
+            summary written before the key existed).
     """
 
     trace: str
@@ -79,6 +82,7 @@ class ReplaySummary(JsonRecord):
     drafter_weights: dict[str, Any]
     indistinguishable: tuple[tuple[str, str], ...] | None
     numerics: dict[str, Any]
+    model_mismatch: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReplaySummary:
@@ -98,7 +102,8 @@ class ReplaySummary(JsonRecord):
                    variant_traces=dict(d.get("variant_traces") or {}),
                    drafter_weights=dict(d.get("drafter_weights") or {}),
                    indistinguishable=None if ind is None else tuple((str(p[0]), str(p[1])) for p in ind),
-                   numerics=dict(d.get("numerics") or {}))
+                   numerics=dict(d.get("numerics") or {}),
+                   model_mismatch=tuple(str(x) for x in d.get("model_mismatch") or ()))
 
 
 __all__ = ["ReplayRates", "ReplaySummary", "VariantSummary"]
