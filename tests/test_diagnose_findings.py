@@ -165,6 +165,8 @@ def test_weights_findings_name_the_tensor_and_the_pattern(write_gguf) -> None:
     sw = by["blk.0.attn_q.weight"]
     assert sw.title.startswith("blk.0.attn_q.weight: the two halves of its rows are exchanged")
     assert "[0, 4)" in sw.title and "[4, 8)" in sw.title and "50% of steps" in sw.title
+    # the agreement figure says what it compares (a finding may carry a second one: llama.cpp's against the reference)
+    assert any("this file's drafts equal the reference's at 50.0% of the replayed steps" in e.text for e in sw.evidence)
     assert sw.fix.kind == "reconvert" and sw.fix.value == "rows_halves_swapped" and "rows back" in sw.fix.text
     gen = by["weights"]
     assert "blk.0.ffn_down.weight" in gen.title and f"{rel['blk.0.ffn_down.weight']:.2g}" in gen.title
@@ -279,3 +281,17 @@ def test_the_sure_miss_threshold(counts: tuple[int, int, int, int], fires: bool)
         assert f"{100 * share:.0f} % of first misses ({counts[2]} of {counts[2] + counts[3]})" in f.title
         assert "--reference HF_DIR" in f.fix.text and "mtpscope diff" in f.fix.text
         assert f.evidence[0].numbers["missed_sure"] == counts[2]
+
+
+def test_the_expected_agreement_says_what_its_measured_figure_compares() -> None:
+    """The quantization evidence's measured agreement is llama.cpp's recorded drafts against the reference drafter
+    reading the file, said beside the figure (a weights finding may show the file-against-reference one too)."""
+    from mtpscope.traces.diagnose.variants import expected_agreement_text
+
+    text = expected_agreement_text({"judged": True, "n_differ": 0, "expected_agreement": 0.9}, 0.95,
+                                   {"matrices": {"Q8_0": 7}})
+    assert "expected agreement at least 90.0%" in text
+    assert "measured 95.0% (the recorded drafts, llama.cpp's, that the reference drafter reading this file drafts " \
+           "alike)" in text
+    assert text.endswith("no draft differs")
+    assert expected_agreement_text({"judged": False}, 0.95, {}) == ""

@@ -209,7 +209,7 @@ def key_cost(f: Finding, m: Mapping[str, Any] | None, *, value: Any, smaller: in
     changed = "" if m.get("agreement") is None else f", drafts changed at {1 - m['agreement']:.0%} of steps"
     said = (f"replaying {n} with {value!r}: acceptance {m['rate_a']:.3f} -> {m['rate_b']:.3f} ({m['delta']:+.3f}"
             f"{_iv(m)}, 95 % interval over prompts{changed}): {EFFECT_WORDS[what]}")
-    agree = "" if m.get("agreement") is None else f"; the drafts agree at {m['agreement']:.1%} of steps"
+    agree = "" if m.get("agreement") is None else f"; the two files' drafts are equal at {m['agreement']:.1%} of the replayed steps"
     rec = "" if recorded_rate is None else f"; the recording's acceptance (with {have!r}) is {recorded_rate:.3f}"
     ev = Evidence("replay", f"the sample ({n}) replayed with the file and with a copy whose {key} is {value!r}: "
                   f"acceptance {m['rate_a']:.3f} vs {m['rate_b']:.3f}, delta {m['delta']:+.3f}{_iv(m)}{agree}"

@@ -366,7 +366,8 @@ def _replay_evidence(m: Mapping[str, Any], n_rounds: int, *, kind: str, referenc
             f"{n} {e:.2g}" for n, e in tensors[:5]) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
     return Evidence("reference", f"replaying the same {n_rounds} rounds with the reference ({kind}: {reference}): "
                     f"acceptance {m['rate_a']:.3f} (this file) vs {m['rate_b']:.3f} (reference), delta "
-                    f"{m['delta']:+.3f}{_iv(m)}; drafts agree at {m['agreement']:.1%} of steps{where}{tens}",
+                    f"{m['delta']:+.3f}{_iv(m)}; this file's drafts equal the reference's at {m['agreement']:.1%} of the replayed "
+                    f"steps{where}{tens}",
                     {"agreement": m["agreement"], "delta": m["delta"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
 
 

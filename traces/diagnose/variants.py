@@ -237,8 +237,8 @@ def expected_agreement_text(nc: Mapping[str, Any], agree: float | None, weights:
         tail = (f"of the rounds whose drafts differ, {nc['near_ties']} first differ at a near tie the numerics explain "
                 f"and {nc['unexplained']} beyond it")
     return (f"expected agreement at least {nc['expected_agreement']:.1%} (steps whose top-2 logit margin exceeds "
-            f"{NEAR_TIE_FACTOR:g}x the step's numerical effect{'; ' + why if why else ''}), measured {agree:.1%}; "
-            f"{tail}")
+            f"{NEAR_TIE_FACTOR:g}x the step's numerical effect{'; ' + why if why else ''}), measured {agree:.1%} "
+            f"(the recorded drafts, llama.cpp's, that the reference drafter reading this file drafts alike); {tail}")
 
 
 #: the activation type of a weight type in words (for :func:`expected_agreement_text`)
