@@ -544,3 +544,15 @@ def test_sweep_out_that_is_a_file_is_refused_before_any_task(tmp_path: Path,
     _assert_out_refused(args, out)
     _assert_out_refused([*args, "--assistant-quant", "q8_0"], out)
     _assert_out_refused(["sweep", "--resume"], out)
+
+
+def test_a_graph_capture_nothing_reads_is_refused(demo_dir, tmp_path: Path) -> None:
+    """``--capture graph`` copies h_inner, which only stored hidden states and a centroid head read: with
+    ``--hidden off`` and no ``--centroids`` it is refused in one line (it was accepted and captured nothing), before
+    anything is written (``RecordConfig``'s rule, tests/test_record_config.py)."""
+    pair = ["--target", str(demo_dir.target), "--assistant", str(demo_dir.drafter_upstream)]
+    out = tmp_path / "rec"
+    line = _one_line(runner.invoke(app, ["record", *pair, "--prompt", "x", "--out", str(out), "--hidden", "off",
+                                         "--capture", "graph"]))
+    assert "--capture graph" in line and "--hidden off" in line and "--centroids" in line, line
+    assert not out.exists()

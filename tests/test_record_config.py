@@ -90,7 +90,10 @@ def test_good_values_at_the_edges_and_normalized_types() -> None:
     assert c.needs_h_inner and c.derive and not c.capture  # a centroid head needs h_inner: derived by default
     assert not RecordConfig(hidden="off").needs_h_inner and RecordConfig().derive and not RecordConfig().capture
     assert RecordConfig(graph_capture=True).capture and not RecordConfig(graph_capture=True).derive
-    assert not RecordConfig(hidden="off", graph_capture=True).capture    # nothing to capture
+    assert RecordConfig(hidden="off", centroids="head.gguf", graph_capture=True).capture   # the head reads it
+    with pytest.raises(TraceError) as e:       # nothing would read the copy (was accepted, and captured nothing)
+        RecordConfig(hidden="off", graph_capture=True)
+    assert e.value.key == "graph_capture"
     assert CAPTURE_CHOICES == ("derived", "graph")
     assert HIDDEN_CHOICES == ("f16", "f32", "off")
 

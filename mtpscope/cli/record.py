@@ -295,8 +295,8 @@ def _record_hf(*, target: Path, assistant: Path, out: Path, prompt: str | None, 
 
 def _config(**kw: Any) -> RecordConfig:
     """The :class:`~mtpscope.traces.run.record_config.RecordConfig` of the flags; a bad value ends the
-    command with one line (exit 2): ``--hidden`` and ``--threads`` in their own words, the others as the config
-    names them."""
+    command with one line (exit 2): ``--hidden``, ``--threads`` and ``--capture graph`` in their own words, the
+    others as the config names them."""
     from mtpscope.errors import MtpscopeError
     from mtpscope.traces.run.record_config import HIDDEN_CHOICES, MAX_N_THREADS
 
@@ -307,6 +307,11 @@ def _config(**kw: Any) -> RecordConfig:
             if e.key == "n_threads":
                 print(f"mtpscope: --threads must be in 1..{MAX_N_THREADS} (unset: llama-server's default, one per "
                       f"physical core) (got {kw['n_threads']})", file=sys.stderr)
+                raise typer.Exit(EXIT_UNREADABLE) from None
+            if e.key == "graph_capture":
+                print("mtpscope: --capture graph copies h_inner out of llama.cpp's graph, which nothing reads with "
+                      "--hidden off and no --centroids: store hidden states (--hidden f16) or drop --capture graph",
+                      file=sys.stderr)
                 raise typer.Exit(EXIT_UNREADABLE) from None
             if e.key != "hidden":
                 raise

@@ -156,7 +156,7 @@ class RecordConfig:
         baseline: time plain decoding of the same prompts first (the manifest's ``baseline``).
         graph_capture: copy ``h_inner`` (the drafter's ``result_norm``) out of llama.cpp's graph with a
             ``cb_eval`` callback in every drafter decode (``--capture graph``; ggml's scheduler then computes
-            the graph in pieces). Default False: ``h_inner`` and the centroid head's inputs are derived in
+            the graph in pieces); only where something reads ``h_inner`` (stored hidden states or ``centroids``). Default False: ``h_inner`` and the centroid head's inputs are derived in
             the recording process from the logits and ``h_next`` llama.cpp returns anyway
             (:mod:`traces.run.derived`; manifest ``derived``: the solve, its bound and the agreement with
             the in-graph capture measured on calibration steps after the run).
@@ -296,6 +296,9 @@ def _check(c: RecordConfig) -> None:
     if c.hidden_target and c.hidden == "off":
         raise TraceError("hidden_target stores a hidden state: it needs hidden f16 or f32", key="hidden_target",
                          expected="hidden f16 | f32", actual="hidden off")
+    if c.graph_capture and not c.needs_h_inner:
+        raise TraceError("graph_capture copies h_inner, which only stored hidden states and a centroid head read",
+                         key="graph_capture", expected="hidden f16 | f32, or centroids", actual="hidden off, no centroids")
 
 
 @dataclass(frozen=True)
