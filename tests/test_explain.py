@@ -154,11 +154,14 @@ def test_first_mismatches_and_summary(trace) -> None:
     assert summ.n_rounds_rejected == 5 and summ.n_first_mismatch == 5
     assert summ.causes == {"near_tie": 1, "runner_up": 1, "in_top_k": 1, "far_miss": 1, "unreachable": 0,
                               "after_eog": 1, "unknown": 0}
-    # ranks at the first mismatch: 1 (r0 k2), 3, 1, 15, and the eog step's 1 (7 at logit 1 vs 2)
-    assert summ.rank_histogram == {**dict.fromkeys(E.RANK_BINS, 0), "1": 3, "3": 1, "10+": 1}
-    assert [p.n for p in summ.by_position] == [3, 2]
+    # ranks at the drafter's misses: 1 (r0 k2), 3, 1, 15; not the eog step's (the round ended at its EOG draft)
+    assert summ.rank_histogram == {**dict.fromkeys(E.RANK_BINS, 0), "1": 2, "3": 1, "10+": 1}
+    assert [p.n for p in summ.by_position] == [3, 2]           # (rounds per position: the eog round counted)
+    assert [sum(p.rank_histogram.values()) for p in summ.by_position] == [3, 1]
     assert summ.target_side.unknown == 4 and summ.target_side.hard == 0
-    assert summ.top_drafted_tokens[0] == E.TokenCount(token=5, count=1)
+    # the most-rejected lists hold the misses only (ties by lower id): never the eog step's draft 5 or target 7
+    assert [t.token for t in summ.top_drafted_tokens] == [12, 21, 60, 80]
+    assert [t.token for t in summ.top_target_tokens] == [20, 50, 70, 99]
 
 
 def test_rounds_only_gives_unknown_causes(trace) -> None:
@@ -239,4 +242,9 @@ def test_a_confirmed_end_of_generation_draft_is_not_a_miss(tmp_path) -> None:
     assert c["cause"].tolist() == ["accepted", "after_eog", "after_eog"]
     fm = E.first_mismatches(r, c)
     assert fm[["k", "cause"]].values.tolist() == [[2, "after_eog"]]
-    assert E.rejection_summary(fm).causes["near_tie"] == 0
+    summ = E.rejection_summary(fm)
+    assert summ.causes["near_tie"] == 0 and summ.causes["after_eog"] == 1
+    # the EOG token is both the draft and the target's token here: listed as neither a rejected draft nor a rejected
+    # target token (a short recording listed <turn|> in both), and no rank at a "mismatch"
+    assert summ.top_drafted_tokens == () and summ.top_target_tokens == ()
+    assert sum(summ.rank_histogram.values()) == 0

@@ -404,11 +404,14 @@ class Rejections:
         n_rounds_rejected: rounds with a first mismatch (rows of the table).
         n_first_mismatch: of them, those whose target token is known.
         causes: ``{cause: count}`` over :data:`REJECTION_CAUSES` (rows with a known target token).
-        rank_histogram: ``{"0".."9", "10+": count}`` (rows with a known rank).
+        rank_histogram: ``{"0".."9", "10+": count}`` (the drafter's misses, rows whose cause is not ``after_eog``,
+            with a known rank).
         by_position: :class:`PositionRejections` for k = 1..max k.
         target_side: :class:`TargetSide`.
         sparse_unreachable: rows the centroid head could not reach either (None without centroid columns).
-        top_target_tokens / top_drafted_tokens: :func:`top_tokens` of the target's and the drafted tokens.
+        top_target_tokens / top_drafted_tokens: :func:`top_tokens` of the target's and the drafted tokens of the
+            drafter's misses (not ``after_eog`` rows: a drafted end-of-generation token the target chose too is no
+            miss, nor a draft after one).
     """
 
     n_rounds_rejected: int
@@ -446,12 +449,16 @@ def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
     known = fm["target_token"].notna().to_numpy() if len(fm) else np.zeros(0, dtype=bool)
     fk = fm[known]
     causes = _count(fk["cause"].array, REJECTION_CAUSES)
+    # the drafter's misses: a round that ended at an end-of-generation draft (after_eog) is counted among the causes,
+    # but its step is no miss (its draft may be the target's token, or was never compared): not in ranks or tokens
+    miss = (fk["cause"] != "after_eog").to_numpy(dtype=bool)
+    fmiss = fk[miss]
     by_pos = []
     kvals = fk["k"].to_numpy(dtype=np.int64)
     for kk in range(1, int(kvals.max()) + 1 if len(kvals) else 1):
         sub = fk[kvals == kk]
         by_pos.append(PositionRejections(kk, int(len(sub)), _count(sub["cause"].array, REJECTION_CAUSES),
-                                         rank_histogram(sub["target_rank"])))
+                                         rank_histogram(fk[(kvals == kk) & miss]["target_rank"])))
     side = fk["target_side"].to_numpy(dtype=object)
     pd_ = fk["target_p_drafted"].to_numpy(dtype=np.float64)
     means: dict[str, float | None] = {}
@@ -466,12 +473,12 @@ def rejection_summary(fm: pd.DataFrame, *, n_top_tokens: int = 10,
         n_rounds_rejected=int(len(fm)),
         n_first_mismatch=int(known.sum()),
         causes=causes,
-        rank_histogram=rank_histogram(fk["target_rank"]),
+        rank_histogram=rank_histogram(fmiss["target_rank"]),
         by_position=tuple(by_pos),
         target_side=ts,
         sparse_unreachable=sparse,
-        top_target_tokens=top_tokens(fk["target_token"], n_top_tokens, label),
-        top_drafted_tokens=top_tokens(fk["drafted_token"], n_top_tokens, label),
+        top_target_tokens=top_tokens(fmiss["target_token"], n_top_tokens, label),
+        top_drafted_tokens=top_tokens(fmiss["drafted_token"], n_top_tokens, label),
     )
 
 
