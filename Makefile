@@ -47,8 +47,9 @@ $(MLX_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[mlx]' || echo "warning: mlx / mlx-vlm not installed; the MLX runtime tests will skip"
 	@touch $(MLX_STAMP)
 
+# (the build prints the demo folder on stdout, for scripts; said here with what it is)
 demo: $(STAMP)
-	$(PY) -m mtpscope.cli demo build
+	@root=$$($(PY) -m mtpscope.cli demo build) && echo "demo models and traces: $$root"
 
 # llama-server from the llama.cpp llama-cpp-python vendors (docs/SERVER.md); without cmake or a compiler one
 # line says so and the server tests skip.
