@@ -340,7 +340,7 @@ def sample_rows_of(total: int, n: int, runs: int = SAMPLE_RUNS) -> np.ndarray:
     return np.unique((starts[:, None] + np.arange(length, dtype=np.int64)[None, :]).ravel())
 
 
-def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects: bool = True,
+def diff(a: Any, b: Any, values: bool = False, n_rows: int = SAMPLE_ROWS, match_dialects: bool = True,
          data: str = "sampled", sample_rows: int = SAMPLE_ROWS, whole_bytes: int = WHOLE_BYTES) -> GGUFDiff:
     """Compare two GGUF files: metadata keys, tensor table, tensor data (and optionally value errors).
 
@@ -348,7 +348,8 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = 16, match_dialects:
         a / b: paths or open ``GGUFLike`` readers.
         values: also compute the relative error of sampled rows (dequantized; ``n_rows`` rows per tensor).
         n_rows: rows sampled per tensor with ``values`` (evenly spaced over numpy ``shape[0]``; 1-D tensors
-            are compared whole).
+            are compared whole); default :data:`SAMPLE_ROWS`, as many as the byte comparison samples, so that the two
+            lines of a tensor name the same count.
         match_dialects: match fork / upstream names of the same tensor and report them as renamed; the
             ``general.architecture``-prefixed keys are then compared by suffix too.
         data: tensor bytes compared: ``"sampled"`` (tensors of at most ``whole_bytes`` whole, larger ones on

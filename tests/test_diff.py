@@ -231,3 +231,17 @@ def test_cli_diff_says_what_was_compared(tmp_path: Path) -> None:
     assert d["compared"]["data"] == "sampled"
     res = run(app, ["diff", str(a), str(b), "--data", "all"])
     assert res.exit_code == 2 and "sampled | whole | none" in res.output
+
+
+def test_a_large_tensor_s_bytes_and_values_lines_name_the_same_row_count(tmp_path: Path) -> None:
+    """By default ``diff --values`` samples as many rows for the values as for the bytes (32): the two lines of one
+    tensor say the same count (they said 32 and 16)."""
+    arch, kv, t = parts("upstream")
+    big = np.random.default_rng(0).standard_normal((4096, 96)).astype(np.float32)   # 1.5 MiB: bytes sampled
+    a = write(tmp_path / "a.gguf", arch, kv, {**t, "extra.weight": big})
+    b = write(tmp_path / "b.gguf", arch, kv, {**t, "extra.weight": big * 2})
+    res = CliRunner().invoke(app, ["diff", str(a), str(b), "--values"])
+    assert res.exit_code == 1, res.output
+    lines = [ln for ln in res.stdout.splitlines() if "extra.weight" in ln]
+    assert len(lines) == 2 and all("32 of 4096 rows" in ln for ln in lines), lines
+    assert "rel err max 5.000e-01" in lines[1]       # |2x - x| / |2x| on every row, by hand

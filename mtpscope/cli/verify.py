@@ -116,7 +116,8 @@ def register(app: typer.Typer) -> None:
                                                                          "--data sampled")] = 32,
         values: Annotated[bool, typer.Option("--values", help="also the relative error (dequantized) on sampled "
                                                                 "rows: how much the values differ")] = False,
-        rows: Annotated[int, typer.Option("--rows", help="rows sampled per tensor with --values")] = 16,
+        rows: Annotated[int, typer.Option("--rows", help="rows sampled per tensor with --values (as many as "
+                                                          "--sample-rows's default)")] = 32,
         as_json: Annotated[bool, typer.Option("--json", help="print the diff as JSON")] = False,
         allow_full_download: AllowFullDownload = False,
         max_header_mib: MaxHeaderMiB = DEFAULT_MAX_HEADER_MIB,
