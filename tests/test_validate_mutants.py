@@ -507,6 +507,9 @@ def test_number_keys_of_the_valid_files_pass(tmp_path: Path) -> None:
     ({"rope.dimension_count_swa": 34}, "rope.dimension_count_swa", 34),  # > the 32-dim sliding head
     # without its own key the sliding layers rotate by the full layers' 64 dims, more than their 32
     ({"rope.dimension_count_swa": None}, "rope.dimension_count", 64),
+    # without either key both rotate by the full head dim, attention.key_length's 64 (it was named
+    # rope.dimension_count_swa, a key the file lacks)
+    ({"rope.dimension_count": None, "rope.dimension_count_swa": None}, "attention.key_length", 64),
     ({"rope.dimension_count": 32}, None, None),                          # partial rotation: legal
 ])
 def test_rope_dims_llama_cpp_cannot_rotate_by_are_errors(tmp_path: Path, kind: str, values: dict[str, int | None],
@@ -523,7 +526,8 @@ def test_rope_dims_llama_cpp_cannot_rotate_by_are_errors(tmp_path: Path, kind: s
                 kv[f"{arch}.{suffix}"] = U32(v)
 
     r = verify_kind(tmp_path, kind, mutate)
-    rope = [f for f in r.findings if f.code == "E_KEY_VALUE" and "rope.dimension" in f.subject]
+    rope = [f for f in r.findings if f.code == "E_KEY_VALUE" and ("rope.dimension" in f.subject
+                                                                  or "key_length" in f.subject)]
     if key is None:
         assert r.ok and not rope, [(f.code, f.message) for f in r.errors]
     else:
