@@ -94,6 +94,8 @@ def test_a_gap_just_past_the_near_tie_limit_is_not_printed_on_it(tmp_path: Path)
     from mtpscope.traces.analysis.wording import beside
     assert (beside(0.8, 0.5), beside(0.5007, 0.5), beside(0.4996, 0.5), beside(0.9996, 1.0)) == \
         ("0.80", "0.501", "0.4996", "0.9996")
+    # closer than six decimals: the exact shortest form, never the threshold itself
+    assert (beside(0.5000001, 0.5), beside(0.4999999, 0.5), beside(0.5, 0.5)) == ("0.5000001", "0.4999999", "0.50")
 
 
 def test_break_even_words_quote_the_cost_their_thresholds_are_worked_from() -> None:

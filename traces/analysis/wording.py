@@ -169,11 +169,12 @@ def beside(value: float, limit: float, digits: int = 2) -> str:
     """``value`` with ``digits`` decimals, or more where those would print it on the other side of ``limit`` or on
     it: a rule's threshold beside the value it judges. A gap of 0.5007 logits is no near tie (at most 0.5, explain's
     ``NEAR_TIE_GAP``) and prints ``0.501``, not ``0.50``; an entropy of 0.9996 nats is a sure target (hard from 1)
-    and prints ``0.9996``, not ``1.00``. Up to 6 decimals."""
+    and prints ``0.9996``, not ``1.00``. Up to 6 decimals; closer still, Python's shortest exact form (``repr``:
+    0.5000001, never ``0.500000``)."""
     v = float(value)
     side = (v > limit) - (v < limit)
     for d in range(int(digits), 7):
         text = f"{v:.{d}f}"
         if (float(text) > limit) - (float(text) < limit) == side:
             return text
-    return text
+    return repr(v)
