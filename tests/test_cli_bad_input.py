@@ -556,3 +556,27 @@ def test_a_graph_capture_nothing_reads_is_refused(demo_dir, tmp_path: Path) -> N
                                          "--capture", "graph"]))
     assert "--capture graph" in line and "--hidden off" in line and "--centroids" in line, line
     assert not out.exists()
+
+
+def test_a_drafter_with_nan_weights_is_bad_input_not_a_crash(demo_dir, tmp_path: Path) -> None:
+    """NaN in a drafter's weights makes every logit NaN: ``record`` ended with "internal error (IndexError ...)", exit
+    3. Now one line naming the step and pointing at ``verify``, exit 2, the trace kept (marked incomplete)."""
+    import shutil
+
+    from mtpscope.inspector.gguf import open_gguf
+
+    bad = tmp_path / "nan.gguf"
+    shutil.copy(demo_dir.drafter_upstream, bad)
+    with open_gguf(bad) as f:
+        t = next(t for t in f.tensors if t.name.endswith("pre_projection.weight"))
+        off, nbytes, typ = int(t.offset), int(t.n_bytes), t.type_name
+    assert typ == "F32"
+    with open(bad, "r+b") as fh:                   # every value of the input projection NaN (0xffffffff)
+        fh.seek(off)
+        fh.write(b"\xff" * nbytes)
+    out = tmp_path / "rec"
+    line = _one_line(runner.invoke(app, ["record", "--target", str(demo_dir.target), "--assistant", str(bad),
+                                         "--prompt", "The quick brown fox", "--max-tokens", "8", "--out", str(out)]))
+    assert "the drafter's logits are not finite at round 0, draft 1" in line and "mtpscope verify" in line, line
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["complete"] is False

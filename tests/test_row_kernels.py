@@ -205,3 +205,23 @@ def test_switch_off_and_no_compiler_keep_numpy(fresh, monkeypatch) -> None:
     assert row_kernels.load() is None and "no C compiler" in row_kernels.kind()
     assert not row_kernels.library_path().exists()
     np.testing.assert_array_equal(ranking.top_k_desc(x[1], 10), _ref_top_k(x[1], 10))
+
+
+def test_rows_of_nan_rank_below_every_number_and_a_nan_draft_is_bad_input() -> None:
+    """A drafter whose weights hold NaN computes NaN logits: ``top_k_desc`` ranked them with an IndexError (``record``,
+    ``replay`` and ``diagnose`` ended as internal errors). NaN now ranks below every number (then by index), and the
+    step's summary refuses a drafted token whose logit is not finite, naming the step."""
+    from mtpscope.errors import TraceError
+    from mtpscope.traces.run.step_analysis import summarize_logits
+
+    n = 8192                                                  # the block path of _numpy_top_k (>= 8 blocks of 512)
+    all_nan = np.full(n, np.nan, dtype=np.float32)
+    some = all_nan.copy()
+    some[[5, 4000, 8000]] = [1.0, 3.0, 2.0]
+    for x, want in ((all_nan, [0, 1, 2, 3]), (some, [4000, 8000, 5, 0])):
+        np.testing.assert_array_equal(ranking.top_k_desc(x, 4), want)
+        np.testing.assert_array_equal(ranking._numpy_top_k(x, 4), want)
+    with pytest.raises(TraceError) as e:
+        summarize_logits(all_nan, 7, n_top=4, where="round 3, draft 2")
+    assert "round 3, draft 2" in str(e.value) and e.value.key == "logits[7]"
+    assert summarize_logits(some, 4000, n_top=2).top_ids == (4000, 8000)     # a finite draft: summarized

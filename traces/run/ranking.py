@@ -23,7 +23,8 @@ def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
 
     Args:
         x: scores, any shape (read flattened, so 1-D in practice: ``(n,)``).
-        k: how many; more than ``n`` gives all ``n``, ``<= 0`` none.
+        k: how many; more than ``n`` gives all ``n``, ``<= 0`` none. NaN scores rank below every number (after
+            ``-inf``, by index).
 
     Returns:
         ``np.int64[min(k, n)]`` indices into the flattened ``x``.
@@ -48,6 +49,11 @@ def top_k_desc(x: np.ndarray, k: int) -> np.ndarray:
 
 def _numpy_top_k(x: np.ndarray, k: int) -> np.ndarray:
     """:func:`top_k_desc` in numpy (the reference of the C one, and its fall-back): ``x`` 1-D, ``0 < k <= n``."""
+    nan = np.isnan(x)
+    if nan.any():          # (a NaN compares false with everything: the finite ones first, then the NaN by index)
+        fin = np.flatnonzero(~nan)
+        best = fin[_numpy_top_k(x[fin], min(k, fin.shape[0]))] if fin.shape[0] else fin
+        return np.concatenate([best, np.flatnonzero(nan)[:k - best.shape[0]]]).astype(np.int64)
     n = x.shape[0]
     b = _BLOCK
     if n >= 8 * b and n % b == 0:

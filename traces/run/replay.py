@@ -45,7 +45,7 @@ from mtpscope.traces.run.replay_folder import (
     read_replay,
 )
 from mtpscope.traces.run.replay_summary import ReplayRates, ReplaySummary, VariantSummary
-from mtpscope.traces.run.step_analysis import LogitSummary, summarize_logits
+from mtpscope.traces.run.step_analysis import LogitSummary, draft_logit, summarize_logits
 from mtpscope.traces.store.layout import MANIFEST
 
 #: drafter candidates kept per replayed step (as ``record``'s default ``n_top``)
@@ -254,7 +254,8 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
     Raises:
         TraceError: ``out`` holds something other than a replay (:func:`traces.run.replay_folder.check_replay_out`).
         TraceFormatError / TraceError: unreadable trace, missing model paths, token sequence that does
-            not line up with the recorded positions.
+            not line up with the recorded positions; the drafter replayed computes non-finite logits
+            (:func:`traces.run.step_analysis.draft_logit`: its weights hold NaN / Inf).
         ReferenceDrafterError: a malformed variant.
     """
 
@@ -463,6 +464,8 @@ def _replay_prompts(tpath: Path, t: Any, man: dict[str, Any], vmap: dict[str, St
                             top2 = np.partition(lg, -2)[-2:]
                             numerics[(i, k)] = (float(lg[rr.token]) - float(lg[recorded_all[i][k]]),
                                                 NEAR_TIE_FACTOR * e, float(top2[1]) - float(top2[0]))
+                        draft_logit(rr.logits, rr.token, f"prompt {pid}, round {int(recs[i].round)}, draft {k + 1} "
+                                    f"of the {name} replay")
                         drafts[i].append(rr.token)
                         tok[j] = rr.token
                         h[j] = rr.h_next

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mtpscope.errors import TraceError
 from mtpscope.traces.run.centroid_head import centroid_steps
 from mtpscope.traces.run.derived import logit_row_ids
 from mtpscope.traces.run.ranking import rank, top_k_desc
@@ -51,23 +52,43 @@ class LogitSummary:
     target_rank: int | None
 
 
+def draft_logit(logits: np.ndarray, token: int, where: str = "") -> float:
+    """The drafted ``token``'s logit in ``logits`` (``(n_vocab,)``), checked finite (``where``: the step, for the
+    message).
+
+    Raises:
+        IndexError: ``token`` out of range.
+        TraceError: it is NaN or infinite: the drafter computed non-finite logits (its weights or its input hold
+            NaN / Inf; ``mtpscope verify`` names a tensor that holds them), so no rank, top list or agreement of that
+            step means anything.
+    """
+    lt = float(logits[token])
+    if not np.isfinite(lt):
+        raise TraceError(f"the drafter's logits are not finite{' at ' + where if where else ''}: its weights or its "
+                         "input hold NaN or Inf (`mtpscope verify` names a tensor that holds them)",
+                         key=f"logits[{int(token)}]", expected="a finite logit for the drafted token", actual=lt)
+    return lt
+
+
 def summarize_logits(logits: np.ndarray, token: int, *, target: int | None = None,
-                     n_top: int = 10, top: np.ndarray | None = None) -> LogitSummary:
+                     n_top: int = 10, top: np.ndarray | None = None, where: str = "") -> LogitSummary:
     """Summarize one step's dense logits (``(n_vocab,)``) for the draft ``token`` and, when known, the
     target's token ``target``.
 
     ``top``: the ``n_top`` best ids (``top_k_desc(logits, n_top)``) when they are known already (the
     recording worker finds them while it copies the row: ``DraftStep.top_ids``); then the row is read only
-    where a rank needs it (a token outside that list).
+    where a rank needs it (a token outside that list). ``where``: the step, for the error's message.
 
     Raises:
         IndexError: ``token`` or ``target`` out of range.
+        TraceError: the drafted token's logit is not finite (:func:`draft_logit`).
     """
+    lt = draft_logit(logits, token, where)
     if top is None or top.shape[0] != min(n_top, logits.shape[0]):
         top = top_k_desc(logits, n_top)
     ids: list[int] = top.tolist()
     vals: list[float] = logits[top].tolist()
-    return LogitSummary(logit=float(logits[token]), rank=rank(logits, token, top, listed=(ids, vals)),
+    return LogitSummary(logit=lt, rank=rank(logits, token, top, listed=(ids, vals)),
                         top_ids=tuple(ids), top_logits=tuple(vals),
                         target_rank=None if target is None else rank(logits, target, top, listed=(ids, vals)))
 
@@ -106,7 +127,8 @@ def summarize_drafts(res: RoundResult, *, n_top: int, n_embd: int) -> RoundResul
         if lg is None:
             steps.append(s)
             continue
-        sm = summarize_logits(lg, s.token, target=targets[k], n_top=n_top, top=s.top_ids)
+        sm = summarize_logits(lg, s.token, target=targets[k], n_top=n_top, top=s.top_ids,
+                              where=f"round {res.round}, draft {k + 1}")
         steps.append(replace(s, logits=None, top_ids=None, summary=sm,
                              logit_rows=lg[_row_ids(int(lg.shape[0]), int(n_embd))]))
     return replace(res, steps=tuple(steps))
