@@ -346,7 +346,8 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = SAMPLE_ROWS, match_
 
     Args:
         a / b: paths or open ``GGUFLike`` readers.
-        values: also compute the relative error of sampled rows (dequantized; ``n_rows`` rows per tensor).
+        values: also compute the relative error of sampled rows (dequantized; ``n_rows`` rows per tensor, and the
+            first row whose bytes differ where the data comparison found one).
         n_rows: rows sampled per tensor with ``values`` (evenly spaced over numpy ``shape[0]``; 1-D tensors
             are compared whole); default :data:`SAMPLE_ROWS`, as many as the byte comparison samples, so that the two
             lines of a tensor name the same count.
@@ -431,6 +432,9 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = SAMPLE_ROWS, match_
         bytes_total=sum(t.n_bytes or 0 for t in ta.values()) + sum(t.n_bytes or 0 for t in tb.values()),
         note="a file read over HTTP: only its header is here" if remote and data != "none" else None)
     vals: list[ValueDiff] = []
+    # the first row whose bytes differ, per tensor: its values are compared too, so that the values never call a
+    # tensor identical whose bytes were found to differ (a NaN in a row the even spacing skips)
+    first_diff = {c.name: c.first_diff_row for c in compares if c.first_diff_row is not None}
     if values:
         for na, nb in pairs:
             x, y = ta[na], tb[nb]
@@ -443,7 +447,9 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = SAMPLE_ROWS, match_
                 ya = np.asarray(fb.tensor_data(nb), dtype=np.float64)[None, :]
                 sampled = 1
             else:
-                idx = np.unique(np.linspace(0, total - 1, num=min(n_rows, total)).round().astype(np.int64))
+                idx = np.linspace(0, total - 1, num=min(n_rows, total)).round().astype(np.int64)
+                fd = first_diff.get(na if na == nb else f"{na} | {nb}")
+                idx = np.unique(np.append(idx, [] if fd is None else [fd]).astype(np.int64))
                 xa = np.stack([np.asarray(fa.tensor_data(na, rows=int(i)), dtype=np.float64) for i in idx])
                 ya = np.stack([np.asarray(fb.tensor_data(nb, rows=int(i)), dtype=np.float64) for i in idx])
                 sampled = len(idx)

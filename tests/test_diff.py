@@ -245,3 +245,23 @@ def test_a_large_tensor_s_bytes_and_values_lines_name_the_same_row_count(tmp_pat
     lines = [ln for ln in res.stdout.splitlines() if "extra.weight" in ln]
     assert len(lines) == 2 and all("32 of 4096 rows" in ln for ln in lines), lines
     assert "rel err max 5.000e-01" in lines[1]       # |2x - x| / |2x| on every row, by hand
+
+
+def test_values_read_the_row_whose_bytes_differ(tmp_path: Path) -> None:
+    """A NaN in a row the evenly spaced values sample skips: the bytes said "differ (first at row 44)" and the values
+    "identical, rel err 0" in one report. The values now read that row too: not identical, one non-finite row."""
+    arch, kv, t = parts("upstream")
+    name = "blk.0.ffn_down.weight"
+    x = t[name]
+    n = x.shape[0]
+    even = set(np.linspace(0, n - 1, num=min(2, n)).round().astype(int).tolist())
+    row = next(i for i in range(n) if i not in even)
+    y = x.copy()
+    y[row, 0] = np.nan
+    a = write(tmp_path / "a.gguf", arch, kv, t)
+    b = write(tmp_path / "b.gguf", arch, kv, {**t, name: y})
+    r = diff(a, b, values=True, n_rows=2)
+    d = next(c for c in r.data if c.name == name)
+    v = next(v for v in r.values if v.name == name)
+    assert d.first_diff_row == row and not d.same
+    assert not v.identical and v.rows_nonfinite == 1 and v.rows_sampled == 3 and v.rel_err_max == 2.0
