@@ -580,3 +580,18 @@ def test_a_drafter_with_nan_weights_is_bad_input_not_a_crash(demo_dir, tmp_path:
     assert "the drafter's logits are not finite at round 0, draft 1" in line and "mtpscope verify" in line, line
     man = json.loads((out / "manifest.json").read_text())
     assert man["complete"] is False
+
+
+def test_diagnose_out_that_is_a_trace_directory_is_refused_before_any_work(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``diagnose --out TRACE`` wrote its diagnosis.json and replay/ into the trace (``replay --out`` refuses the same
+    folder): one line naming the manifest, exit 2, before any step runs, nothing written."""
+    import mtpscope.traces.diagnose.run as run
+
+    _must_not_run(monkeypatch, (run, "diagnose"))
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "manifest.json").write_text("{}")
+    line = _one_line(runner.invoke(app, [*_pair_command(tmp_path, "diagnose"), "--out", str(trace)]))
+    assert line.startswith(f"mtpscope: {trace}: 'manifest.json': diagnose --out is a trace directory"), line
+    assert sorted(p.name for p in trace.iterdir()) == ["manifest.json"]

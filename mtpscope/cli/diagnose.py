@@ -185,6 +185,9 @@ def register(app: typer.Typer) -> None:
                 if specs is not None:
                     say("record", f"no --prompts: the demo's {len(specs)} categorised prompts")
             # (said once the input is known good: a bad prompts file is one line and nothing else)
+            from mtpscope.traces.diagnose.run import check_out
+
+            check_out(out)
             written = [DIAGNOSIS_FILE] + ([] if trace is not None else ["the recording"]) + \
                 ([] if no_replay else ["the replays"])
             say("out", f"{', '.join(written[:-1])} and {written[-1]} go to {out}" if len(written) > 1 else

@@ -150,6 +150,21 @@ def _record(steps: _Steps, found: list[Finding], cfg: Any, *, target: str, assis
     return dst
 
 
+def check_out(out: str | os.PathLike[str]) -> None:
+    """Refuse ``out`` as a diagnosis folder when it is a trace directory (it holds a trace's ``manifest.json``): the
+    diagnosis would write its ``diagnosis.json`` and ``replay/`` into the trace.
+
+    Raises:
+        TraceError: it is one; nothing is written there.
+    """
+    from mtpscope.traces.store.layout import MANIFEST
+
+    p = Path(out)
+    if (p / MANIFEST).exists():
+        raise TraceError("diagnose --out is a trace directory: the diagnosis needs a folder of its own", path=p,
+                         key=MANIFEST, expected="a new folder, or an earlier diagnosis's", actual="a trace's manifest")
+
+
 def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = None,
              assistant: str | os.PathLike[str] | None = None, trace: str | os.PathLike[str] | None = None,
              prompts: Sequence[Any] | None = None, prompts_file: str | os.PathLike[str] | None = None,
@@ -181,6 +196,7 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
 
     Raises:
         MtpscopeError: no target or assistant, neither a trace nor prompts, no ``out`` to record into.
+        TraceError: ``out`` is a trace directory (it holds a trace's ``manifest.json``): nothing is written there.
         GGUFFormatError / UnsupportedFileError / HFCheckpointError / TraceFormatError: unreadable input (a
             ``reference_assistant`` that is no GGUF, or a ``reference_hf`` that is no checkpoint folder, included,
             before any step runs).
@@ -211,6 +227,7 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
 
         read_checkpoint(reference_hf)
     if outp is not None:
+        check_out(outp)
         outp.mkdir(parents=True, exist_ok=True)
 
     with steps.step("verify", "verify: the drafter, the pair and the runtime verdicts", fatal=True):
@@ -492,4 +509,4 @@ def _reference(trace: str, assistant: str, outp: Path, res_file: Any, pids: list
 
 
 __all__ = ["DIAGNOSIS_FILE", "KEY_DIR", "NOTHING_WRONG", "REFERENCE_DIR", "REPLAY_DIR", "TRACE_DIR",
-           "diagnose", "read_diagnosis"]
+           "check_out", "diagnose", "read_diagnosis"]
