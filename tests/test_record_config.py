@@ -80,7 +80,7 @@ def test_messages_the_cli_prints_are_unchanged() -> None:
 def test_good_values_at_the_edges_and_normalized_types() -> None:
     import numpy as np
 
-    c = RecordConfig(n_draft=np.int64(MAX_N_DRAFT), max_tokens=1, temp=0, top_k=0, top_p=1, seed=-5, chat=1,
+    c = RecordConfig(n_draft=np.int64(MAX_N_DRAFT), max_tokens=1, temp=0, top_k=0, top_p=1, seed=-1, chat=1,
                      n_gpu_layers=0, centroids=Path("/m/fork.gguf"), centroid_top_k=8, hidden="off", n_top=1,
                      flush_every=1, n_threads=2)
     assert (c.n_draft, c.temp, c.top_p, c.chat, c.centroids) == (64, 0.0, 1.0, True, "/m/fork.gguf")
@@ -91,6 +91,12 @@ def test_good_values_at_the_edges_and_normalized_types() -> None:
     assert not RecordConfig(hidden="off").needs_h_inner and RecordConfig().derive and not RecordConfig().capture
     assert RecordConfig(graph_capture=True).capture and not RecordConfig(graph_capture=True).derive
     assert RecordConfig(hidden="off", centroids="head.gguf", graph_capture=True).capture   # the head reads it
+    # seeds: llama.cpp's uint32_t (2**32 drew seed 0's numbers while the manifest said 4294967296); -1: random
+    assert RecordConfig(seed=-1).seed == -1 and RecordConfig(seed=2**32 - 1).seed == 2**32 - 1
+    for bad in (2**32, -2, 10**23):
+        with pytest.raises(TraceError) as e:
+            RecordConfig(seed=bad)
+        assert e.value.key == "seed" and e.value.actual == bad
     with pytest.raises(TraceError) as e:       # nothing would read the copy (was accepted, and captured nothing)
         RecordConfig(hidden="off", graph_capture=True)
     assert e.value.key == "graph_capture"
@@ -107,7 +113,7 @@ def _through_the_transport(obj: object) -> object:
 
 @pytest.mark.parametrize("cfg", [
     RecordConfig(),
-    RecordConfig(n_draft=7, max_tokens=33, temp=0.7, seed=2**40, top_k=5, top_p=0.9, chat=True, n_gpu_layers=0,
+    RecordConfig(n_draft=7, max_tokens=33, temp=0.7, seed=2**32 - 1, top_k=5, top_p=0.9, chat=True, n_gpu_layers=0,
                  centroids="/m/fork dir", centroid_top_k=4, hidden="f32", n_top=3, flush_every=2, compact=False,
                  flash_attn=True, n_threads=1, hidden_target=True, baseline=True, graph_capture=True, repack=False),
 ])

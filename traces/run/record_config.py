@@ -38,6 +38,9 @@ MAX_N_THREADS = 512
 #: drafts per round unless told otherwise: llama.cpp's MTP default (``RecordConfig.n_draft``; the CLI's
 #: ``--n-draft`` default)
 DEFAULT_N_DRAFT = 3
+#: the largest seed: llama.cpp's sampler seeds are ``uint32_t`` (``LLAMA_DEFAULT_SEED``, this value, asks for a
+#: random one; -1 says the same, as llama-server's ``seed: -1``)
+SEED_MAX = 2**32 - 1
 
 _INT, _REAL, _BOOL, _OPT_INT, _OPT_PATH, _CHOICE = "int", "real", "bool", "int | None", "path | None", "choice"
 
@@ -138,7 +141,8 @@ class RecordConfig:
         max_tokens: tokens generated per prompt at most (the prefill's token included), >= 1.
         temp / seed / top_k / top_p / min_p: the target's sampling, llama-server 0.3.36's chain and defaults
             (top_k 40, top_p 0.95, min_p 0.05; docs/RECORDING.md "Sampling"): ``temp`` finite >= 0 (0 =
-            greedy), any integer seed (taken modulo 2**32), ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1]
+            greedy), ``seed`` in 0..2**32 - 1 (llama.cpp's ``uint32_t``; -1 or 2**32 - 1: a random seed, as
+            llama-server's ``seed: -1``), ``top_k >= 0`` (0 = off), ``top_p`` in (0, 1]
             (1 = off), ``min_p`` in [0, 1] (0 = off).
         chat: apply the target GGUF's own chat template to each text prompt.
         n_gpu_layers: layers offloaded, >= -1 (-1 = all; no effect in a CPU-only build).
@@ -285,6 +289,9 @@ def _check(c: RecordConfig) -> None:
     if not math.isfinite(c.min_p) or not 0.0 <= c.min_p <= 1.0:
         raise TraceError("min_p must be in [0, 1] (0 = off)", key="min_p", expected="0 <= min_p <= 1",
                          actual=c.min_p)
+    if not -1 <= c.seed <= SEED_MAX:      # (llama.cpp's dist takes a uint32: 2**32 drew with seed 0's numbers)
+        raise TraceError(f"seed must be in 0..{SEED_MAX} (llama.cpp's uint32_t; -1: a random one, as llama-server's)",
+                         key="seed", expected=f"-1..{SEED_MAX}", actual=c.seed)
     if c.top_k < 0:
         raise TraceError("top_k must be >= 0 (0 = off)", key="top_k", expected=">= 0", actual=c.top_k)
     if c.n_gpu_layers < -1:
@@ -315,4 +322,5 @@ class RecordJob:
 
 
 __all__ = ["CAPTURE_CHOICES", "DEFAULT_N_DRAFT", "HIDDEN_CHOICES", "MAX_N_DRAFT", "MAX_N_THREADS", "RecordConfig", "RecordJob",
+           "SEED_MAX",
            "check_n_threads", "server_threads"]
