@@ -83,6 +83,22 @@ def test_not_utf8_and_empty(tmp_path: Path) -> None:
         read_prompt_specs(e)
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path: Path) -> None:
+    """A UTF-8 byte-order mark (some editors write one) became part of a text file's first prompt ('\ufeffhello', one
+    token more) and made a .jsonl file's first line "not JSON"; both now read as without it; a bad byte after it is
+    named at its offset in the file."""
+    bom = b"\xef\xbb\xbf"
+    t, j, bad = tmp_path / "p.txt", tmp_path / "p.jsonl", tmp_path / "bad.txt"
+    t.write_bytes(bom + b"hello\nworld\n")
+    j.write_bytes(bom + b'{"prompt": "hello"}\n"world"\n')
+    assert [s.text for s in read_prompt_specs(t)] == ["hello", "world"]
+    assert [s.text for s in read_prompt_specs(j)] == ["hello", "world"]
+    bad.write_bytes(bom + b"ok\n\xff\n")
+    with pytest.raises(MtpscopeError) as ei:
+        read_prompt_specs(bad)
+    assert ei.value.offset == 6
+
+
 def test_a_json_file_is_refused_not_read_as_one_text_line(tmp_path: Path) -> None:
     """`prompts.json` holding a JSON array was recorded as one prompt (the array's text); now one line says to
     write JSON lines or text lines. Other suffixes stay text lines."""

@@ -118,7 +118,7 @@ def json_line(text: str) -> tuple[Any, str | None]:
     try:
         return json.loads(text), None
     except json.JSONDecodeError as e:
-        return None, f"invalid JSON ({e.msg} at column {e.colno})"
+        return None, f"invalid JSON ({e.msg}; column {e.colno})"
     except RecursionError:
         return None, DEEP_JSON
     except ValueError:          # int() of a literal over the digit limit (json raises it unwrapped)

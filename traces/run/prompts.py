@@ -1,5 +1,5 @@
 """Reading a prompts file for :func:`traces.run.recorder.record` (``mtpscope record --prompts FILE``): what one
-prompt is. UTF-8 only.
+prompt is. UTF-8 only (a leading byte-order mark, as some editors write, is not part of the first prompt).
 
 ``.jsonl``: one JSON value per non-empty line, either a string (the prompt text) or an object with
 
@@ -25,6 +25,7 @@ Imports: mtpscope.errors, traces.analysis.wording (standard library only).
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import stat
@@ -190,11 +191,13 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
                 else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
         raise MtpscopeError("prompts file is not a regular file", path=p, expected="a regular file", actual=kind)
     raw = p.read_bytes()
+    bom = len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0   # (an editor's byte-order mark: not text)
     try:
-        text = raw.decode("utf-8")
+        text = raw[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        raise MtpscopeError(f"prompts file is not UTF-8 text ({e.reason} at byte {e.start})", path=p,
-                            offset=e.start, expected="UTF-8", actual=f"byte 0x{raw[e.start]:02x}") from None
+        at = e.start + bom
+        raise MtpscopeError(f"prompts file is not UTF-8 text ({e.reason} at byte {at})", path=p,
+                            offset=at, expected="UTF-8", actual=f"byte 0x{raw[at]:02x}") from None
     specs: list[PromptSpec] = []
     if p.suffix.lower() == ".jsonl":
         seen: dict[str, int] = {}
@@ -204,7 +207,7 @@ def read_prompt_specs(path: str | os.PathLike[str], *, category_field: str = CAT
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise _fail(p, n, "json", f"is not JSON ({e.msg} at column {e.colno})",
+                raise _fail(p, n, "json", f"is not JSON ({e.msg}; column {e.colno})",
                             expected="one JSON value: a string or an object", actual=_short(line.strip())) from None
             except (ValueError, RecursionError):
                 raise _fail(p, n, "json", "is not JSON (nested too deeply)",
