@@ -130,7 +130,7 @@ def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] |
              f"mean acceptance length {_f(t.mean_acceptance_length)}; drafts from the {x.head} head"]
     rej = x.rejections
     n = rej.n_first_mismatch
-    lines += ["", f"Why drafts were rejected: {rej.n_rounds_rejected} rounds had a first mismatch "
+    lines += ["", f"Why drafts were rejected: {plural(rej.n_rounds_rejected, 'round')} had a first mismatch "
                   f"({n} with a known target token)"]
     # a first mismatch whose target token the trace lacks (an import) is cause `unknown` (docs/EXPLAIN.md §1): the
     # causes count the known ones, so those rounds join `unknown` here and every share is of all rejected rounds
