@@ -122,6 +122,7 @@ def html_report(d: Diagnosis, *, base: str = APP_URL, title: str = "mtpscope dia
     steps = "".join(f"<tr><td>{_e(s.name)}</td><td>{_e(s.status)}</td><td>{s.seconds:.1f} s</td>"
                     f"<td>{_e(s.note)}</td></tr>" for s in d.steps)
     notes = "".join(f"<li>{_e(x)}</li>" for x in d.notes)
+    mismatch = "".join(f'<p class="verdict defect">warning: {_e(m)}</p>' for m in d.model_mismatch)
     sm = d.summary
     numbers = ""
     if sm.acceptance_rate is not None:
@@ -135,7 +136,7 @@ def html_report(d: Diagnosis, *, base: str = APP_URL, title: str = "mtpscope dia
 <body><h1>{_e(title)}</h1>
 <p class="meta">drafter <code>{_e(d.assistant)}</code><br>target <code>{_e(d.target)}</code><br>
 trace <code>{_e(d.trace or '-')}</code>{'<br>reference <code>' + _e(d.reference.path) + '</code>' if d.reference else ''}</p>
-{verdict}{numbers}
+{mismatch}{verdict}{numbers}
 <h2>Findings, worst first</h2>{findings or '<p>none</p>'}
 <h2>What limits acceptance</h2><ul>{limits or '<li>unknown (no trace)</li>'}</ul>
 <h2>Figures</h2>{''.join(parts) or '<p>no trace: no figures</p>'}

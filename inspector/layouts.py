@@ -569,12 +569,10 @@ def expected_layout(hp: HParams) -> tuple[ExpectedTensor, ...]:
 
 
 def rope_dims(hp: HParams) -> tuple[tuple[str, int, int], tuple[str, int, int]]:
-    """``(key the value came from, n_rot, head dim)``, full layers then sliding, as llama.cpp reads them:
-    ``rope.dimension_count`` (default ``attention.key_length``, the full layers' head dim), ``rope.dimension_count_swa``
-    (default: the full layers' value, and its key)."""
+    """``(key the value came from, n_rot, head dim)``, full layers then sliding, as llama.cpp reads them: ``rope.
+    dimension_count`` (default ``attention.key_length``), ``rope.dimension_count_swa`` (default: the full's, its key)."""
     full_key, swa_key = hp.arch + ".rope.dimension_count", hp.arch + ".rope.dimension_count_swa"
-    full = ((full_key, int(hp.raw[full_key])) if hp.raw.get(full_key) is not None
-            else (hp.arch + ".attention.key_length", hp.head_dim_full))
+    full = (full_key, int(hp.raw[full_key])) if hp.raw.get(full_key) is not None else (hp.arch + ".attention.key_length", hp.head_dim_full)
     swa = (swa_key, int(hp.raw[swa_key])) if hp.raw.get(swa_key) is not None else full
     return (full[0], full[1], hp.head_dim_full), (swa[0], swa[1], hp.head_dim_swa)
 

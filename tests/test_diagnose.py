@@ -388,6 +388,39 @@ def test_a_real_diagnosis_reads_back_byte_identical(demo_dir, tmp_path: Path) ->
     assert [n for n, _ in figures(back)] == [n for n, _ in figures(d)]
 
 
+def test_a_drafter_that_did_not_record_the_trace_is_said_first(demo_dir, tmp_path: Path) -> None:
+    """``diagnose --assistant OTHER --trace T --no-replay`` printed T's acceptance beside OTHER's findings with no
+    word that T was recorded with another file. Now ``model_mismatch`` says so (header sha256 against the manifest's,
+    computed here with hashlib), on the line under the trace's in the text, and reads back from diagnosis.json; the
+    recorded file itself gives none; a diagnosis.json from before the key reads as none."""
+    import hashlib
+
+    from mtpscope.cli.diagnose import format_text
+    from mtpscope.inspector.gguf import open_gguf
+    from mtpscope.traces.diagnose.run import diagnose
+
+    src = Path(demo_dir.traces_noisy)
+    if not (src / "manifest.json").exists():
+        pytest.skip("demo traces need llama-cpp-python")
+    other = Path(demo_dir.drafter_upstream)
+    with open_gguf(other) as f:
+        head = f.data_offset
+    want = hashlib.sha256(other.read_bytes()[:head]).hexdigest()
+    recorded = json.loads((src / "manifest.json").read_text())["models"]["assistant"]["header_sha256"]
+    assert want != recorded
+    d = diagnose(DiagnoseConfig(replay=False), trace=src, assistant=other, out=tmp_path / "a")
+    assert len(d.model_mismatch) == 1
+    line = d.model_mismatch[0]
+    assert line.startswith(f"the assistant {other} is not the file the trace was recorded with") and want[:12] in line
+    assert format_text(d, base="http://x").splitlines()[3] == f"warning: {line}"
+    assert read_diagnosis(tmp_path / "a").model_mismatch == d.model_mismatch
+    same = diagnose(DiagnoseConfig(replay=False), trace=src, out=tmp_path / "b")
+    assert same.model_mismatch == ()
+    doc = same.to_dict()
+    doc.pop("model_mismatch")
+    assert Diagnosis.from_dict(doc).model_mismatch == ()
+
+
 # ------------------------------------------------------------------------------------- DiagnoseConfig
 
 def test_diagnose_config_defaults_are_the_cli_s() -> None:

@@ -72,6 +72,8 @@ with guard("diagnosis"):
 if d is None:
     st.stop()
 
+for other in d.model_mismatch:       # before any figure of the trace: they describe another model
+    st.warning(other, icon=":material/warning:")
 if d.defects:
     st.error(f"Defect found: {d.headline}", icon=":material/error:")
 else:

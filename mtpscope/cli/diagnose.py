@@ -60,6 +60,7 @@ def format_text(d: Diagnosis, *, base: str) -> str:
     from mtpscope.app.diagnose_report import finding_lines
 
     lines = [f"drafter {d.assistant}", f"target  {d.target}", f"trace   {d.trace or '-'}"]
+    lines += [f"warning: {m}" for m in d.model_mismatch]      # before any figure of the trace: they describe another
     sm = d.summary
     if sm.acceptance_rate is not None:
         lines.append(f"acceptance rate {sm.acceptance_rate:.3f} ({sm.n_accepted} / {sm.n_drafted}), "

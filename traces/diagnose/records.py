@@ -235,6 +235,9 @@ class Diagnosis:
         numbers, lists, non-finite floats as None), so that a fresh diagnosis and one read back from
         ``diagnosis.json`` hold the same values.)
         notes: what was not available and why.
+        model_mismatch: a line per model given (target, assistant) that is not the file the trace was recorded with
+            (:func:`traces.run.preflight.model_mismatch_notes`): the trace's numbers describe another model (empty
+            without a trace, and in a ``diagnosis.json`` written before the key existed).
         explanation: the :class:`traces.analysis.explain_report.Explanation` (not in JSON: the figures' data).
         out: the output folder (trace, replay), or None.
     """
@@ -250,6 +253,7 @@ class Diagnosis:
     published: Mapping[str, Any] | None = None
     reference: ReferenceSummary | None = None
     notes: tuple[str, ...] = ()
+    model_mismatch: tuple[str, ...] = ()
     explanation: Any = field(default=None, repr=False, compare=False)
     out: str | None = None
 
@@ -282,7 +286,8 @@ class Diagnosis:
                 "findings": [{"rank": i + 1, **f.to_dict()} for i, f in enumerate(self.findings)],
                 "limits": list(self.limits), "summary": self.summary.to_dict(),
                 "variants": None if self.variants is None else self.variants.to_dict(), "published": jsonable(self.published),
-                "steps": [s.to_dict() for s in self.steps], "notes": list(self.notes), "out": self.out}
+                "steps": [s.to_dict() for s in self.steps], "notes": list(self.notes),
+                "model_mismatch": list(self.model_mismatch), "out": self.out}
 
     @classmethod
     def from_dict(cls, doc: Any, *, path: str | os.PathLike[str] | None = None) -> Diagnosis:
@@ -312,7 +317,8 @@ class Diagnosis:
                 variants=_variants(r.child("variants")),
                 published=r.get("published", dict, "an object or null", optional=True),
                 reference=_reference(r.child("reference")),
-                notes=r.strings("notes"), out=r.get("out", str, "a string or null", optional=True))
+                notes=r.strings("notes"), model_mismatch=r.strings("model_mismatch", absent_ok=True),
+                out=r.get("out", str, "a string or null", optional=True))
         # the keys to_dict derives from the findings: a file edited by hand (or another version's) says otherwise
         for key, want in (("defect", bool(d.defects)), ("exit_code", d.exit_code), ("headline", d.headline)):
             r.get(key, type(want), type(want).__name__, choices=(want,))
@@ -364,7 +370,10 @@ class _Reader:
             self.fail(key, " | ".join(map(str, choices)) if len(choices) > 1 else repr(choices[0]), v)
         return v
 
-    def strings(self, key: str) -> tuple[str, ...]:
+    def strings(self, key: str, *, absent_ok: bool = False) -> tuple[str, ...]:
+        """The list of strings at ``key`` (``absent_ok``: a key an older document lacks reads as empty)."""
+        if absent_ok and key not in self.obj:
+            return ()
         v = self.get(key, list, "a list of strings")
         for i, x in enumerate(v):
             if not isinstance(x, str):

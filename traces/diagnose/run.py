@@ -294,8 +294,7 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
                                                  assistant=assistant)
                 vf, variant_numbers = variants.variant_findings(res_file, trace=trace)
                 found += vf
-                steps.notes.extend(f"replay: {n}" for n in (*res_file.model_mismatch, *res_file.notes)
-                                   if "variant traces" not in n)
+                steps.notes.extend(f"replay: {n}" for n in res_file.notes if "variant traces" not in n)
                 box["note"] = f"{variant_numbers['n_rounds']} rounds, {variant_numbers['n_steps']} steps"
                 found = _pair_key_costs(found, trace=trace, assistant=assistant, outp=outp, res_file=res_file,
                                         pids=pids, rounds_per_prompt=config.rounds_per_prompt, rounds=t.rounds,
@@ -354,11 +353,19 @@ def diagnose(config: DiagnoseConfig, *, target: str | os.PathLike[str] | None = 
         ranked = rank.rank([*ranked, lf])
     elif not any(f.is_defect for f in ranked) and trace is None:
         steps.notes.append("no trace: what limits acceptance is unknown (record one, or pass --trace)")
+    mismatch: list[str] = []
+    if given and man:       # the files given against the ones the trace was recorded with (said first, as replay does)
+        from mtpscope.traces.run.preflight import model_mismatch_notes
+
+        try:
+            mismatch = model_mismatch_notes(man, {"target": target, "assistant": assistant})
+        except (MtpscopeError, OSError) as e:     # (verify has said what is wrong with an unreadable file)
+            steps.notes.append(f"the files were not compared with the trace's: {e}")
     d = Diagnosis(target=target, assistant=assistant, trace=trace, findings=ranked, limits=tuple(limits),
                   steps=tuple(steps.runs), summary=DiagnosisSummary.from_dict(summary),
                   variants=None if variant_numbers is None else VariantsSummary.from_dict(variant_numbers),
                   published=pub, reference=None if ref_numbers is None else ReferenceSummary.from_dict(ref_numbers),
-                  notes=tuple(steps.notes), explanation=x,
+                  notes=tuple(steps.notes), model_mismatch=tuple(mismatch), explanation=x,
                   out=None if outp is None else os.fspath(outp))
     if outp is not None:
         (outp / DIAGNOSIS_FILE).write_text(json.dumps(d.to_dict(), indent=1, default=str) + "\n", encoding="utf-8")

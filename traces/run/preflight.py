@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,31 @@ def preflight(target: str | os.PathLike[str], assistant: str | os.PathLike[str])
         return {"target": model_info(t), "assistant": model_info(d)}
 
 
+def model_mismatch_notes(man: dict[str, Any], used: Mapping[str, str | os.PathLike[str]]) -> list[str]:
+    """A line for each model (``{role: path}``, roles as the manifest's ``models``: ``target``, ``assistant``) whose
+    header (sha256 of bytes [0, data_offset)) differs from the one the trace ``man`` was recorded with: what is
+    replayed or diagnosed with it answers for another model than the recorded run. A role the manifest does not
+    name is not compared.
+
+    Raises:
+        GGUFFormatError / OSError: a model that is not a readable GGUF.
+    """
+    from mtpscope.inspector.gguf import open_gguf
+
+    notes = []
+    for role, path in used.items():
+        entry = (man.get("models") or {}).get(role)
+        want = entry.get("header_sha256") if isinstance(entry, dict) else None
+        if not want:
+            continue
+        with open_gguf(path) as f:
+            got = model_info(f)["header_sha256"]
+        if got != want:
+            notes.append(f"the {role} {path} is not the file the trace was recorded with (header sha256 "
+                         f"{got[:12]}… vs recorded {want[:12]}…): agreement and rates describe another model")
+    return notes
+
+
 def mem_available(meminfo: str | os.PathLike[str] = "/proc/meminfo",
                   cgroup: str | os.PathLike[str] = "/sys/fs/cgroup") -> int | None:
     """Bytes of memory this process can still get without swapping: Linux ``/proc/meminfo`` ``MemAvailable``, or
@@ -238,5 +264,5 @@ def check_context_memory(target: str | os.PathLike[str], assistant: str | os.Pat
                          expected=f"a KV cache <= {available / 2**30:.2f} GiB", actual=f"{kv / 2**30:.2f} GiB")
 
 
-__all__ = ["centroid_source_info", "check_context_memory", "mem_available", "model_info", "preflight",
-           "unchecked_models"]
+__all__ = ["centroid_source_info", "check_context_memory", "mem_available", "model_info", "model_mismatch_notes",
+           "preflight", "unchecked_models"]

@@ -200,26 +200,6 @@ def _model_path(manifest: dict[str, Any], role: str, given: Any, trace: Path) ->
     return p if p.is_absolute() or p.exists() else (trace / p)
 
 
-def _model_mismatch_notes(man: dict[str, Any], used: dict[str, Path]) -> list[str]:
-    """A note for each model whose header (sha256 of bytes [0, data_offset)) differs from the one
-    the trace was recorded with: the replay then answers for another model than the recorded run."""
-    from mtpscope.inspector.gguf import open_gguf
-    from mtpscope.traces.run.preflight import model_info
-
-    notes = []
-    for role, path in used.items():
-        entry = (man.get("models") or {}).get(role)
-        want = entry.get("header_sha256") if isinstance(entry, dict) else None
-        if not want:
-            continue
-        with open_gguf(path) as f:
-            got = model_info(f)["header_sha256"]
-        if got != want:
-            notes.append(f"the {role} {path} is not the file the trace was recorded with (header sha256 "
-                         f"{got[:12]}… vs recorded {want[:12]}…): agreement and rates describe another model")
-    return notes
-
-
 def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: str | os.PathLike[str] | None = None,
            target: str | os.PathLike[str] | None = None, assistant: str | os.PathLike[str] | None = None,
            centroids: str | os.PathLike[str] | None = None, max_rounds: int | None = None,
@@ -308,7 +288,9 @@ def replay(trace: str | os.PathLike[str], *, variants: Sequence[str] = (), out: 
         prompt_toks = {pid: recorded_prompt_tokens(model, prompts[pid], chat=chat, path=tpath / MANIFEST)
                        for pid in prompts}
         res = _replay_prompts(tpath, t, man, vmap, base, ref, tg, model, rounds, prompts, prompt_toks, out, chunk)
-        res.model_mismatch = _model_mismatch_notes(man, {"target": tg, "assistant": dr})
+        from mtpscope.traces.run.preflight import model_mismatch_notes
+
+        res.model_mismatch = model_mismatch_notes(man, {"target": tg, "assistant": dr})
         res.warnings = list(t.warnings)
         res.drafter_weights = _drafter_weights(dr)
         if res.drafter_weights["quantized"]:
