@@ -195,7 +195,7 @@ def model_mismatch_notes(man: dict[str, Any], used: Mapping[str, str | os.PathLi
             got = model_info(f)["header_sha256"]
         if got != want:
             notes.append(f"the {role} {path} is not the file the trace was recorded with (header sha256 "
-                         f"{got[:12]}… vs recorded {want[:12]}…): agreement and rates describe another model")
+                         f"{got[:12]}… vs recorded {want[:12]}…): the trace's recorded figures are another model's")
     return notes
 
 
