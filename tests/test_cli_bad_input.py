@@ -595,3 +595,18 @@ def test_diagnose_out_that_is_a_trace_directory_is_refused_before_any_work(tmp_p
     line = _one_line(runner.invoke(app, [*_pair_command(tmp_path, "diagnose"), "--out", str(trace)]))
     assert line.startswith(f"mtpscope: {trace}: 'manifest.json': diagnose --out is a trace directory"), line
     assert sorted(p.name for p in trace.iterdir()) == ["manifest.json"]
+
+
+def test_a_category_field_no_prompt_has_is_refused_by_record_as_by_explain(demo_dir, tmp_path: Path) -> None:
+    """``record --prompts P --category-field nope`` recorded without a category (exit 0) where ``explain
+    --category-field nope`` refuses: now one line naming the file, the option and the prompts' fields, before
+    anything is recorded."""
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt": "a", "domain": "x"}\n{"prompt": "b", "domain": "y"}\n')
+    out = tmp_path / "rec"
+    line = _one_line(runner.invoke(app, ["record", "--target", str(demo_dir.target), "--assistant",
+                                         str(demo_dir.drafter_upstream), "--prompts", str(p), "--category-field",
+                                         "nope", "--out", str(out)]))
+    assert line == (f"mtpscope: {p}: '--category-field': no prompt has a 'nope' field (the prompts' fields: "
+                    "domain)"), line
+    assert not out.exists()

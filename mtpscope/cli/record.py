@@ -190,9 +190,15 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
     with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
         specs = None
         if prompts is not None:
-            from mtpscope.traces.run.prompts import category_note, read_prompt_specs
+            from mtpscope.traces.run.prompts import CATEGORY_FIELD, category_note, read_prompt_specs
 
             specs = read_prompt_specs(prompts, category_field=category_field)
+            if category_field != CATEGORY_FIELD and all(s.category is None for s in specs):   # (as explain refuses it)
+                from mtpscope.traces.analysis.breakdown import missing_field_words
+
+                words = missing_field_words({"prompts": [{"extra": dict(s.extra)} for s in specs]}, category_field)
+                print(f"mtpscope: {prompts}: '--category-field': {words}", file=sys.stderr)
+                raise typer.Exit(EXIT_UNREADABLE)
             note = category_note(specs)
             if note:
                 print(f"note: {note}", file=sys.stderr)
