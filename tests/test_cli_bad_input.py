@@ -610,3 +610,25 @@ def test_a_category_field_no_prompt_has_is_refused_by_record_as_by_explain(demo_
     assert line == (f"mtpscope: {p}: '--category-field': no prompt has a 'nope' field (the prompts' fields: "
                     "domain)"), line
     assert not out.exists()
+
+
+def test_repair_reads_every_page_and_names_a_damaged_one(tmp_path: Path) -> None:
+    """A closed trace whose steps part has a damaged page (its footer intact) in a column repair did not read: repair
+    said "complete", exit 0, and the next command to read that column warned. Now every page is read, checksums
+    verified: the part is named on stderr, exit 1."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "t"
+    _trace(d).close()
+    part = sorted((d / "steps").glob("*.parquet"))[0]
+    md = pq.read_metadata(part)
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    col = md.row_group(0).column(names.index("token"))          # a column neither "round" nor "k"
+    end = col.data_page_offset + col.total_compressed_size - 1   # the last byte of its page data
+    raw = bytearray(part.read_bytes())
+    raw[end] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    pq.read_metadata(part)                                       # the footer still reads
+    res = runner.invoke(app, ["trace", "repair", str(d)])
+    assert res.exit_code == 1, (res.stdout, res.stderr)
+    assert f"warning: {part}: unreadable steps part skipped" in res.stderr, res.stderr

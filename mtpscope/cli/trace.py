@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             removed = None if rec.status == "live" else remove_unfinished(path)
             status = "live" if removed is None and rec.status == "none" else rec.status
             t = open_trace(path, recover_wal=False)
-            t.check_parts()
+            t.check_parts(full=True)     # every page: a damaged one is named here, not by the next command to read it
             n_rounds, n_steps = len(t.columns("rounds", ["round"])), len(t.columns("steps", ["k"]))
         out: dict[str, Any] = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
                                "recovered_steps": rec.n_steps, "parts_written": list(rec.parts),

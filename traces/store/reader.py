@@ -184,12 +184,19 @@ class Trace(TraceLike):
                 self._con.close()
                 self._con = None
 
-    def check_parts(self, table: str | None = None) -> None:
-        """Read every part's footer now and skip (with a warning) those that fail."""
+    def check_parts(self, table: str | None = None, *, full: bool = False) -> None:
+        """Read every part's footer now and skip (with a warning) those that fail; with ``full`` (``trace repair``)
+        every page too, a row group at a time, its checksum verified (a part whose footer reads may hold a damaged
+        page that only the command reading that column would meet)."""
         for t in [table] if table else TABLES:
             for p in list(self._files[t]):
                 try:
-                    pq.read_metadata(p)
+                    if not full:
+                        pq.read_metadata(p)
+                        continue
+                    pf = pq.ParquetFile(p, page_checksum_verification=True)
+                    for i in range(pf.num_row_groups):
+                        pf.read_row_group(i)
                 except (OSError, pa.ArrowException) as e:
                     self._mark_bad(t, p, e)
 
