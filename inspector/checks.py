@@ -20,6 +20,7 @@ number keys), inspector.layouts, inspector.inventory (dialect detection of forei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -160,6 +161,9 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
         add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
                "a layer with 0 attention heads"))
     _check_number_keys(f, arch, dialect, add)
+    for key, got, why in wire_type_problems(f, arch):      # llama.cpp reads them as uint32_t, refuses another type
+        add(finding(ERROR, "E_KEY_VALUE", key, "u32 (llama.cpp reads it as uint32_t)", got, f"{why}: llama.cpp refuses "
+                    "the file"))
     _check_rope_dims(hp, add)
     pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
     if pattern is None:
@@ -238,6 +242,39 @@ def _check_number_keys(f: Any, arch: str, dialect: str, add: Any) -> None:
         if dialect in dialects and v is not None and number_fault(v, zero_and_sign_ok=zero_and_sign_ok) is not None:
             add(finding(ERROR, "E_KEY_VALUE", key, "a finite number" if zero_and_sign_ok else "a finite number > 0",
                         v, f"{suffix} is {v!r}: {why}"))
+
+
+#: the integer keys llama.cpp does not read (the fork dialect's own): any type loads
+_NOT_READ = frozenset({"n_embd_backbone", "n_centroids", "centroid_top_k"})
+#: llama.cpp's names of GGUF value types in its loader's messages (gguf.cpp ``GGUF_TYPE_NAME``)
+_LLAMA_TYPE_NAMES = {"UINT8": "u8", "INT8": "i8", "UINT16": "u16", "INT16": "i16", "UINT32": "u32", "INT32": "i32",
+                     "FLOAT32": "f32", "BOOL": "bool", "STRING": "str", "ARRAY": "arr", "UINT64": "u64",
+                     "INT64": "i64", "FLOAT64": "f64"}
+
+
+def wire_type_problems(f: Any, arch: str) -> list[tuple[str, str, str]]:
+    """``(key, type stored, llama.cpp's refusal)`` per integer hyperparameter stored as another GGUF type: llama.cpp's
+    loader reads each as ``uint32_t`` and takes no other scalar type (``GGUFMeta::GKV``: "key ... has wrong type i32
+    but expected type u32"); a per-layer array's elements may be INT32 or UINT32 (``get_arr``). The keys of
+    :data:`layouts.INT_KEYS` but the fork's own; a file without typed values (``f.kv``) has none. The loadability
+    verdict refuses with the sentences; verify says each as an ``E_KEY_VALUE``."""
+    kv = getattr(f, "kv", None)
+    if not isinstance(kv, Mapping):
+        return []
+    out = []
+    for suffix in sorted(L.INT_KEYS - _NOT_READ):
+        e = kv.get(f"{arch}.{suffix}")
+        if e is None:
+            continue
+        if e.type_name == "ARRAY":
+            el = getattr(e.value, "element_type_name", None)
+            if el not in (None, "INT32", "UINT32"):
+                got = _LLAMA_TYPE_NAMES.get(el, el)
+                out.append((e.key, f"arr[{got}]", f"key {e.key} has wrong array type {got} but expected type i32 or u32"))
+        elif e.type_name != "UINT32":
+            got = _LLAMA_TYPE_NAMES.get(e.type_name, e.type_name)
+            out.append((e.key, got, f"key {e.key} has wrong type {got} but expected type u32"))
+    return out
 
 
 def _check_rope_dims(hp: L.HParams, add: Any) -> None:

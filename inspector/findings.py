@@ -49,7 +49,7 @@ CODES: dict[str, str] = {
     "E_ARCH_MISSING": "no general.architecture",
     "E_KEY_MISSING": "a hyperparameter key the runtime needs is absent",
     "W_KEY_MISSING": "a hyperparameter key normally present is absent (a default is used)",
-    "E_KEY_VALUE": "a hyperparameter key has an impossible value",
+    "E_KEY_VALUE": "a hyperparameter key has an impossible value, or a GGUF type llama.cpp does not read it as",
     "W_KEY_VALUE": "a hyperparameter key has an unusual value",
     "E_HEAD_DIM_KV": "key_length != value_length (or the _swa pair); the runtime refuses",
     "E_BACKBONE_EQUALS_NEMBD": "embedding_length_out equals embedding_length; upstream refuses",

@@ -244,7 +244,7 @@ def _per_layer(v: Any, n_layer: int, default: int, key: str = "", path: Any = No
     return [int(v)] * n_layer
 
 
-_INT_KEYS = frozenset({
+INT_KEYS = frozenset({      # (all but the fork's own three are uint32_t in llama.cpp: loadability.wire_type_reasons)
     "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv", "feed_forward_length",
     "attention.key_length", "attention.key_length_swa", "attention.value_length", "attention.value_length_swa",
     "n_embd_backbone", "embedding_length_out", "n_centroids", "centroid_top_k", "nextn_predict_layers",
@@ -291,7 +291,7 @@ def read_hparams(f: Any) -> HParams:
             if needed:
                 missing.append(key)
         else:
-            if suffix in _INT_KEYS and not _int_like(v):
+            if suffix in INT_KEYS and not _int_like(v):
                 raise LayoutError("key has the wrong type", path=getattr(f, "path", None), key=key,
                                   expected="an unsigned integer (or one per layer)", actual=repr(v)[:60])
             raw[key] = v

@@ -15,7 +15,7 @@ from typing import Any
 
 from mtpscope.errors import LayoutError
 from mtpscope.inspector import layouts as L
-from mtpscope.inspector.checks import check_shared_kv, key_value, tensor_map
+from mtpscope.inspector.checks import check_shared_kv, key_value, tensor_map, wire_type_problems
 from mtpscope.inspector.findings import (
     OUTCOME_ABORTS_CONTEXT,
     OUTCOME_ABORTS_DECODE,
@@ -127,6 +127,7 @@ def _read_for_load(f: Any, arch: str, runtime: str, basis: str) -> L.HParams | V
     hyperparameters. Returns the hyperparameters, or the refusing :class:`Verdict`."""
     reasons = [f"key not found in model: {k}" for k in _runtime_keys(arch, L.dialect_of(arch)) if f.get(k) is None]
     reasons += _tokenizer_reasons(f)
+    reasons += [why for _, _, why in wire_type_problems(f, arch)]
     if reasons:
         return Verdict(runtime, False, _capped(reasons), basis)
     try:

@@ -28,6 +28,7 @@ import numpy as np
 from mtpscope.demo import build as demo
 from mtpscope.inspector.gguf import ARRAY as GGUF_ARRAY
 from mtpscope.inspector.gguf import BOOL as GGUF_BOOL
+from mtpscope.inspector.gguf import INT32 as GGUF_INT32
 from mtpscope.inspector.gguf import STRING as GGUF_STRING
 from mtpscope.inspector.gguf import UINT32 as GGUF_UINT32
 from mtpscope.inspector.gguf_write import MetaValue, write_gguf
@@ -221,6 +222,12 @@ MUTANTS: dict[str, tuple[str, Mut | None, bool]] = {
     "up_head_count_array_short": ("upstream", set_key(UP + ".attention.head_count",
                                                       MetaValue(GGUF_ARRAY, np.array([2, 2, 2], np.uint32),
                                                                 GGUF_UINT32)), False),
+    # llama.cpp reads the integer hyperparameters as uint32_t: another scalar type refuses the file ("has wrong type
+    # i32 but expected type u32"; verify said OK and "loads"); a per-layer array may hold INT32 elements
+    "up_block_count_i32": ("upstream", set_key(UP + ".block_count", MetaValue(GGUF_INT32, 4)), False),
+    "up_head_count_kv_array_i32": ("upstream", set_key(UP + ".attention.head_count_kv",
+                                                       MetaValue(GGUF_ARRAY, np.array([1, 1, 1, 2], np.int32),
+                                                                 GGUF_INT32)), True),
     "target_no_per_layer_key": ("target", drop_keys("gemma4.embedding_length_per_layer_input"), False),
     "target_missing_attn_k": ("target", drop_tensors("blk.1.attn_k.weight"), False),
     "target_no_attn_v": ("target", drop_tensors("blk.0.attn_v.weight", "blk.1.attn_v.weight"), True),

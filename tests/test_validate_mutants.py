@@ -532,3 +532,17 @@ def test_rope_dims_llama_cpp_cannot_rotate_by_are_errors(tmp_path: Path, kind: s
         assert r.ok and not rope, [(f.code, f.message) for f in r.errors]
     else:
         assert not r.ok and [(f.subject, f.actual) for f in rope] == [(f"{arch}.{key}", actual)]
+
+
+def test_an_integer_key_stored_as_another_type_is_an_error_as_llama_cpp_refuses_it(tmp_path: Path) -> None:
+    """llama.cpp reads block_count as uint32_t and refuses an INT32 one (tests/test_loadability.py loads the file:
+    "has wrong type"); verify said OK and its verdict "loads". An INT32 per-layer array loads: no finding."""
+    from mtpscope.inspector.validate import verify
+    from tests.builders import build
+
+    r = verify(build(tmp_path, "up_block_count_i32"))
+    assert [(f.code, f.subject, f.actual) for f in r.errors] == [("E_KEY_VALUE", f"{UP}.block_count", "i32")]
+    assert not r.loadability[0].loads
+    assert r.loadability[0].reasons[0] == f"key {UP}.block_count has wrong type i32 but expected type u32"
+    ok = verify(build(tmp_path, "up_head_count_kv_array_i32"))
+    assert not [f for f in ok.errors if f.code == "E_KEY_VALUE"] and ok.loadability[0].loads
