@@ -975,3 +975,30 @@ def test_worker_summarized_steps_equal_the_recorder_summarizing_the_rows(pair, t
     np.testing.assert_allclose(a.hidden("h_inner"), hb, rtol=1e-5, atol=1e-6 * float(np.abs(hb).max()))
     if temp:
         assert b.steps["target_token"].isna().any() and b.steps["target_rank"].isna().any()
+
+
+def test_a_prompt_that_can_run_past_the_target_s_context_is_said(pair, tmp_path) -> None:
+    """A prompt of 4090 tokens and max_tokens 16 against the tiny target's context_length 4096 (the GGUF's key, read
+    here with our reader): recorded (llama.cpp goes on) with exit 0 and no word. Now a warning on stderr, in the
+    summary and in the manifest's ``warnings``; a short prompt gives none."""
+    from typer.testing import CliRunner
+
+    from mtpscope.cli.main import app
+    from mtpscope.inspector.gguf import open_gguf
+
+    with open_gguf(pair["target"]) as f:
+        ctx = int(f.get(f"{f.architecture}.context_length"))
+    assert ctx == 4096
+    p = tmp_path / "long.jsonl"
+    p.write_text(json.dumps({"tokens": [int(t) for t in np.arange(4090) % 4000 + 10]}) + "\n")
+    res = CliRunner().invoke(app, ["record", "--target", str(pair["target"]), "--assistant", str(pair["clean"]),
+                                   "--prompts", str(p), "--max-tokens", "16", "--no-progress",
+                                   "--out", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    want = ("the longest prompt (4090 tokens) and max_tokens 16 can run past the target's context_length 4096: "
+            "llama.cpp goes on past the positions the model was trained for")
+    assert f"warning: {want}" in res.stderr.splitlines()
+    assert traces.open(tmp_path / "t").manifest["warnings"] == [want]
+    s = record(RecordConfig(max_tokens=4), target=pair["target"], assistant=pair["clean"], out=tmp_path / "s",
+               prompt="The quick brown fox")
+    assert s.warnings == () and "warnings" not in traces.open(tmp_path / "s").manifest

@@ -235,6 +235,8 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
                "prefill included; `mtpscope report` gives the draft + verify rate)")
     typer.echo(f"acceptance rate {acc} ({s.n_accepted} accepted / {s.n_drafted} drafted)  "
                f"mean acceptance length {mal}")
+    for w in s.warnings:            # (on stderr, as every command's warnings; the manifest keeps them too)
+        print(f"warning: {w}", file=sys.stderr)
 
 
 #: ``record --runtime`` choices

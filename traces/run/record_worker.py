@@ -306,7 +306,7 @@ def hello_of(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]], texts: list
     return Hello(n_vocab=rtm.n_vocab, n_embd_backbone=rtm.n_embd_backbone, n_embd=rtm.n_embd, n_ctx=rtm.n_ctx,
                  capture=rtm.capture is not None, runtime=runtime,
                  n_prompt_tokens=[len(t) for t in toks], prompt_texts=texts, pid=pid, baseline=baseline,
-                 startup=startup)
+                 startup=startup, n_ctx_train=rtm.tmodel.n_ctx_train)
 
 
 def time_baseline(rtm: MtpRuntime, job: RecordJob, toks: list[list[int]]) -> Baseline | None:

@@ -158,6 +158,8 @@ class RecordSummary:
             start and model loading, prompts, the derived h_inner's solve and calibration).
         startup_cpu_seconds: CPU time of this process from its start to the runtime's ``hello`` (imports
             included) plus, when isolated, the worker process's up to its loop's start.
+        warnings: what the run did that its numbers should be read with (the manifest's ``warnings`` too): a
+            prompt and ``max_tokens`` that may run past the target's ``context_length``.
     """
 
     out: str
@@ -183,11 +185,13 @@ class RecordSummary:
     preflight_seconds: float = 0.0
     startup_seconds: float = 0.0
     startup_cpu_seconds: float = 0.0
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
         d = asdict(self)
         d["outputs"] = [list(o) for o in self.outputs]
+        d["warnings"] = list(self.warnings)
         return d
 
 
@@ -421,6 +425,7 @@ class _Recording:
         self.hd = None if config.hidden == "off" else config.hidden
         self.n_rounds = self.n_steps = self.n_drafted = self.n_accepted = self.n_gen = self.n_verify = 0
         self.outputs: list[tuple[int, ...]] = []
+        self.warnings: list[str] = []
         self.gen: list[int] = []
         self.trace_s = 0.0
         self.cal_s = self.cal_cpu = 0.0   # the calibration and cost probe after the loop: not part of the run's timing
@@ -509,6 +514,12 @@ class _Recording:
         manifest["prompts"] = [sp.manifest_entry(i, n, text=None if sp.source == "text" else txt)
                                for i, (sp, n, txt) in enumerate(zip(self.specs, info.n_prompt_tokens,
                                                                     info.prompt_texts, strict=True))]
+        longest = max(info.n_prompt_tokens, default=0)
+        if info.n_ctx_train and longest + config.max_tokens > info.n_ctx_train:
+            w = (f"the longest prompt ({longest} tokens) and max_tokens {config.max_tokens} can run past the target's "
+                 f"context_length {info.n_ctx_train}: llama.cpp goes on past the positions the model was trained for")
+            self.warnings.append(w)
+            manifest.setdefault("warnings", []).append(w)
         if info.baseline is not None:
             self.plain_outputs = info.baseline.plain_outputs
             manifest["baseline"] = info.baseline.entry
@@ -681,7 +692,8 @@ class _Recording:
                              loop_decode_seconds=loop.decode_seconds if loop else 0.0,
                              preflight_seconds=self.checked.preflight_seconds,
                              startup_seconds=(loop.started_at - t_enter_epoch) if loop and loop.started_at else 0.0,
-                             startup_cpu_seconds=self.cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0))
+                             startup_cpu_seconds=self.cpu_at_hello + (loop.cpu_at_start if loop and isolated else 0.0),
+                             warnings=tuple(self.warnings))
 
 
 #: :func:`traces.run.preflight.preflight` under another name: :func:`record` has a ``preflight`` flag

@@ -77,7 +77,8 @@ class Hello:
     epoch seconds (``time.time()``) when its ``main`` began (Python started, the module imported), the job
     arrived, the runtime was loaded (llama.cpp imported, both models, both contexts) and the prompts were
     tokenized (``main``, ``job``, ``runtime``, ``prompts``), and the process's CPU seconds then (``main_cpu``,
-    ...; ``benchmarks/bench_startup.py`` breaks the start-up down with it)."""
+    ...; ``benchmarks/bench_startup.py`` breaks the start-up down with it); ``n_ctx_train``: the context the target
+    was trained for (its ``context_length``; 0 where unknown)."""
 
     kind: ClassVar[str] = "hello"
     n_vocab: int
@@ -91,6 +92,7 @@ class Hello:
     pid: int | None = None
     baseline: Baseline | None = None
     startup: Mapping[str, float] | None = None
+    n_ctx_train: int = 0
 
 
 @dataclass(frozen=True)

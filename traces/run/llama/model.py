@@ -251,6 +251,8 @@ class LlamaModel(LlamaVocab):
         self.n_embd_out = int(lc.llama_model_n_embd_out(ptr))
         self.n_layer = int(lc.llama_model_n_layer(ptr))
         self.n_layer_nextn = int(lc.llama_model_n_layer_nextn(ptr))
+        #: the context the model was trained for (``{arch}.context_length``; llama.cpp runs past it, warning)
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(ptr))
         self.architecture = self.meta("general.architecture")
         self.n_gpu_layers = int(n_gpu_layers)
 
