@@ -46,7 +46,9 @@ def register(app: typer.Typer) -> None:
                 print(f"mtpscope: {path}: write-ahead log not recovered: {rec.error}", file=sys.stderr)
                 raise typer.Exit(EXIT_UNREADABLE)
             # the .tmp parts of a writer that died (also with no log to recover); None: a writer runs
-            removed = None if rec.status == "live" else remove_unfinished(path)
+            got = None if rec.status == "live" else remove_unfinished(path)
+            # (with the merged files the recovery deleted itself: it said it removed none)
+            removed = None if got is None else tuple(sorted({*rec.tmp_removed, *got}))
             status = "live" if removed is None and rec.status == "none" else rec.status
             t = open_trace(path, recover_wal=False)
             t.check_parts(full=True)     # every page: a damaged one is named here, not by the next command to read it

@@ -296,6 +296,7 @@ class Recovery:
             there (a corrupt record, another format); such a log is kept beside the parts as
             ``wal/<name>.damaged`` (never read again, never deleted), the rounds before the damage recovered.
         error: the OS error's text for ``failed``.
+        tmp_removed: the merged files the dead writer was building (``<table>/merged-NNNNN.parquet.tmp``), deleted.
     """
 
     path: str
@@ -308,6 +309,7 @@ class Recovery:
     n_rounds_invalid: int = 0
     problems: tuple[str, ...] = ()
     error: str | None = None
+    tmp_removed: tuple[str, ...] = ()
 
     def words(self) -> str:
         """What a ``recovered`` recovery did, in one line (the reader's warning and ``trace repair`` print it):
@@ -438,9 +440,11 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
             os.replace(sp, sp.with_name(sp.name + DAMAGED_SUFFIX))
         for sp in (log, *legacy.values()):
             sp.unlink(missing_ok=True)
+    tmp_removed: list[str] = []
     for t in ("rounds", "steps"):     # merged files the writer was building when it died
         for f in merged_files(p, t, tmp_only=True):
             f.unlink(missing_ok=True)
+            tmp_removed.append(f"{t}/{f.name}")
     counts = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
     for t, key in (("rounds", "n_rounds"), ("steps", "n_steps")):
         files = plain_parts(p, t)
@@ -460,7 +464,7 @@ def _recover_locked(p: Path, wal: Path, segs: dict[int, set[str]]) -> Recovery:
                              "problems": problems}
     write_manifest(p, manifest)
     return Recovery(os.fspath(p), "recovered", n_rounds, n_steps, tuple(written), torn, dropped, rounds_invalid,
-                    tuple(problems))
+                    tuple(problems), tmp_removed=tuple(tmp_removed))
 
 
 def _rounds_words(n: int) -> str:
