@@ -135,11 +135,16 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
             "target": "Gemma 4 target (gemma4)"}[dialect]
     add(finding(INFO, "I_DIALECT", "general.architecture", None, arch, f"checked against the {what} layout"))
 
+    wire = wire_type_problems(f, arch)      # llama.cpp reads these as uint32_t and refuses another type
+    for key, got, why in wire:
+        add(finding(ERROR, "E_KEY_VALUE", key, "u32 (llama.cpp reads it as uint32_t)", got, f"{why}: llama.cpp refuses "
+                    "the file"))
     try:
         hp = L.read_hparams(f)
     except LayoutError as e:
-        code = "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING"
-        add(finding(ERROR, code, e.key or "", e.expected or "present", e.actual, e.message))
+        if e.key not in {k for k, _, _ in wire}:     # (a FLOAT32 block_count: said by its type, not as 5.6e-45)
+            code = "E_KEY_VALUE" if e.actual is not None else "E_KEY_MISSING"
+            add(finding(ERROR, code, e.key or "", e.expected or "present", e.actual, e.message))
         return dialect, None, findings
 
     # --- keys
@@ -161,9 +166,6 @@ def check_file(f: Any, partial_rotary_factor: float = L.DEFAULT_PARTIAL_ROTARY_F
         add(finding(ERROR, "E_KEY_VALUE", f"{arch}.attention.head_count", "> 0", [ly.n_head for ly in hp.layers],
                "a layer with 0 attention heads"))
     _check_number_keys(f, arch, dialect, add)
-    for key, got, why in wire_type_problems(f, arch):      # llama.cpp reads them as uint32_t, refuses another type
-        add(finding(ERROR, "E_KEY_VALUE", key, "u32 (llama.cpp reads it as uint32_t)", got, f"{why}: llama.cpp refuses "
-                    "the file"))
     _check_rope_dims(hp, add)
     pattern = key_value(f, f"{arch}.attention.sliding_window_pattern")
     if pattern is None:

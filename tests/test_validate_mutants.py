@@ -364,8 +364,8 @@ def test_per_layer_head_count_array(tmp_path: Path) -> None:
 def test_key_of_wrong_type(tmp_path: Path) -> None:
     r = verify_kind(tmp_path, "upstream", MUTANTS["up_embedding_length_string"][1])
     f = one(r, "E_KEY_VALUE")
-    assert f.subject == UP + ".embedding_length" and f.actual == "'128'"
-    assert r.loadability[0].loads is False and "wrong type" in r.loadability[0].reasons[0]
+    assert f.subject == UP + ".embedding_length" and f.actual == "str"     # its GGUF type, as llama.cpp names it
+    assert r.loadability[0].loads is False and "wrong type str but expected type u32" in r.loadability[0].reasons[0]
 
 
 def test_names_from_other_converters_are_explained(tmp_path: Path) -> None:
@@ -546,3 +546,16 @@ def test_an_integer_key_stored_as_another_type_is_an_error_as_llama_cpp_refuses_
     assert r.loadability[0].reasons[0] == f"key {UP}.block_count has wrong type i32 but expected type u32"
     ok = verify(build(tmp_path, "up_head_count_kv_array_i32"))
     assert not [f for f in ok.errors if f.code == "E_KEY_VALUE"] and ok.loadability[0].loads
+
+
+def test_a_float_integer_key_is_named_by_its_type(tmp_path: Path) -> None:
+    """block_count stored as FLOAT32 was "got 5.605193857299268e-45" (its bits read as a float of 4): now the type."""
+    from mtpscope.inspector.gguf import FLOAT32
+    from mtpscope.inspector.gguf_write import MetaValue
+
+    def mutate(kv: dict[str, MetaValue], t: dict[str, Any]) -> None:
+        kv[f"{UP}.block_count"] = MetaValue(FLOAT32, 4.0)
+
+    r = verify_kind(tmp_path, "upstream", mutate)
+    assert [(f.code, f.subject, f.actual) for f in r.errors] == [("E_KEY_VALUE", f"{UP}.block_count", "f32")]
+    assert r.loadability[0].reasons[0] == f"key {UP}.block_count has wrong type f32 but expected type u32"
