@@ -600,7 +600,7 @@ def test_diagnose_out_that_is_a_trace_directory_is_refused_before_any_work(tmp_p
 def test_a_category_field_no_prompt_has_is_refused_by_record_as_by_explain(demo_dir, tmp_path: Path) -> None:
     """``record --prompts P --category-field nope`` recorded without a category (exit 0) where ``explain
     --category-field nope`` refuses: now one line naming the file, the option and the prompts' fields, before
-    anything is recorded."""
+    anything is recorded; with ``--runtime hf`` and ``--runtime mlx`` too."""
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "a", "domain": "x"}\n{"prompt": "b", "domain": "y"}\n')
     out = tmp_path / "rec"
@@ -610,6 +610,17 @@ def test_a_category_field_no_prompt_has_is_refused_by_record_as_by_explain(demo_
     assert line == (f"mtpscope: {p}: '--category-field': no prompt has a 'nope' field (the prompts' fields: "
                     "domain)"), line
     assert not out.exists()
+    for runtime in ("hf", "mlx"):       # the same line before the runtime loads anything (checkpoint folders)
+        hf = {}
+        for role, model_type in (("target", "gemma4_text"), ("assistant", "gemma4_assistant")):
+            hf[role] = tmp_path / f"{runtime}-{role}"
+            hf[role].mkdir()
+            (hf[role] / "config.json").write_text(json.dumps({"model_type": model_type}))
+        other = _one_line(runner.invoke(app, ["record", "--runtime", runtime, "--target", str(hf["target"]),
+                                              "--assistant", str(hf["assistant"]), "--prompts", str(p),
+                                              "--category-field", "nope", "--out", str(out)]))
+        assert other == line, (runtime, other)
+        assert not out.exists()
 
 
 def test_repair_reads_every_page_and_names_a_damaged_one(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -22,6 +22,9 @@ from mtpscope.cli.common import (
     out_folder,
 )
 from mtpscope.traces.run.record_config import CAPTURE_CHOICES, RecordConfig
+
+if TYPE_CHECKING:
+    from mtpscope.traces.run.prompts import PromptSpec
 
 #: the flags' defaults: :class:`RecordConfig`'s own (its fields are the one list)
 _D = RecordConfig()
@@ -190,15 +193,9 @@ def _record(config: RecordConfig, *, target: Path, assistant: Path, out: Path, p
     with one_line_errors(EXIT_UNREADABLE, refusals=(LayoutError, RuntimeAbortedError)):
         specs = None
         if prompts is not None:
-            from mtpscope.traces.run.prompts import CATEGORY_FIELD, category_note, read_prompt_specs
+            from mtpscope.traces.run.prompts import category_note
 
-            specs = read_prompt_specs(prompts, category_field=category_field)
-            if category_field != CATEGORY_FIELD and all(s.category is None for s in specs):   # (as explain refuses it)
-                from mtpscope.traces.analysis.breakdown import missing_field_words
-
-                words = missing_field_words({"prompts": [{"extra": dict(s.extra)} for s in specs]}, category_field)
-                print(f"mtpscope: {prompts}: '--category-field': {words}", file=sys.stderr)
-                raise typer.Exit(EXIT_UNREADABLE)
+            specs = _read_specs(prompts, category_field)
             note = category_note(specs)
             if note:
                 print(f"note: {note}", file=sys.stderr)
@@ -263,17 +260,36 @@ def _check_mlx_options(draft_position: str, dtype: str, head: str) -> None:
             raise typer.Exit(EXIT_UNREADABLE)
 
 
+def _read_specs(prompts: Path, category_field: str) -> list[PromptSpec]:
+    """The prompts of a ``--prompts`` file (:func:`~mtpscope.traces.run.prompts.read_prompt_specs`), every runtime's;
+    a ``--category-field`` other than the default that no prompt has ends the command with one line, exit 2, as
+    ``explain`` refuses it (it recorded without categories).
+
+    Raises:
+        MtpscopeError: a bad prompts file (the caller's ``one_line_errors`` says it).
+    """
+    from mtpscope.traces.run.prompts import CATEGORY_FIELD, read_prompt_specs
+
+    specs = read_prompt_specs(prompts, category_field=category_field)
+    if category_field != CATEGORY_FIELD and all(s.category is None for s in specs):
+        from mtpscope.traces.analysis.breakdown import missing_field_words
+
+        words = missing_field_words({"prompts": [{"extra": dict(s.extra)} for s in specs]}, category_field)
+        print(f"mtpscope: {prompts}: '--category-field': {words}", file=sys.stderr)
+        raise typer.Exit(EXIT_UNREADABLE)
+    return specs
+
+
 def _record_mlx(*, target: Path, assistant: Path, out: Path, prompt: str | None, prompts: Path | None,
                 category_field: str, draft_position: str, overwrite: bool, dtype: str, head: str,
                 config: RecordConfig) -> None:
     """``record --runtime mlx`` (:func:`mtpscope.traces.run.mlx_record.record_mlx`): one line per refusal, exit 2."""
     from mtpscope.cache import cache_dir
     from mtpscope.traces.run.mlx_record import record_mlx
-    from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+    from mtpscope.traces.run.prompts import PromptSpec
 
     with one_line_errors(EXIT_UNREADABLE):
-        specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
-                 else [PromptSpec(text=prompt)])
+        specs = _read_specs(prompts, category_field) if prompts is not None else [PromptSpec(text=prompt)]
         s = record_mlx(config, target=target, assistant=assistant, out=out, prompts=specs,
                        work_dir=cache_dir() / "mlx", draft_position=draft_position, overwrite=overwrite,
                        dtype=None if dtype == "checkpoint" else dtype, head_choice=head,
@@ -288,11 +304,10 @@ def _record_hf(*, target: Path, assistant: Path, out: Path, prompt: str | None, 
                category_field: str, overwrite: bool, config: RecordConfig) -> None:
     """``record --runtime hf`` (:func:`mtpscope.traces.run.hf_record.record_hf`): one line per refusal, exit 2."""
     from mtpscope.traces.run.hf_record import record_hf
-    from mtpscope.traces.run.prompts import PromptSpec, read_prompt_specs
+    from mtpscope.traces.run.prompts import PromptSpec
 
     with one_line_errors(EXIT_UNREADABLE):
-        specs = (read_prompt_specs(prompts, category_field=category_field) if prompts is not None
-                 else [PromptSpec(text=prompt)])
+        specs = _read_specs(prompts, category_field) if prompts is not None else [PromptSpec(text=prompt)]
         s = record_hf(config, target=target, assistant=assistant, out=out, prompts=specs, overwrite=overwrite,
                       command=["mtpscope", *sys.argv[1:]])
     acc = fmt(s.acceptance_rate, ".4f")
