@@ -78,6 +78,25 @@ def test_stop_signals_stop_a_command_as_ctrl_c_does() -> None:
     assert interrupted_words() == ("interrupted", 130)
 
 
+def test_sigusr1_prints_where_each_thread_is_and_the_command_goes_on() -> None:
+    """``kill -USR1`` on a command that seems stuck: every thread's Python stack on stderr (the function it is in,
+    by name), and the command carries on (SIGUSR1's default action would end it)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, threading, time\n"
+            "from mtpscope.cli.common import stacks_on_sigusr1\n"
+            "def waiting_here(): threading.Event().wait(0.5)\n"
+            "t = threading.Thread(target=waiting_here); t.start(); time.sleep(0.1)\n"
+            "stacks_on_sigusr1()\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "t.join(); print('went on')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "went on"
+    assert "waiting_here" in done.stderr and done.stderr.count("hread 0x") == 2, done.stderr
+
+
 def test_help_piped_is_120_columns_wide_unless_columns_says_otherwise() -> None:
     """``mtpscope record --help | less``: rich's default of 80 columns squeezed each option's help into a column a
     word wide; piped help is 120 columns wide now, a terminal keeps its own width, and ``COLUMNS`` still decides."""

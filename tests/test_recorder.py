@@ -9,6 +9,7 @@ centroids · h_inner.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -764,7 +765,11 @@ def test_one_sigint_stops_cli_record(pair, tmp_path, signum, code, said) -> None
             time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
         os.kill(proc.pid, signum)  # once
-        proc.wait(timeout=30)  # without the fix the run goes on to 3000 tokens (well over 30 s)
+        try:
+            proc.wait(timeout=60)  # without the fix the run goes on to 3000 tokens (minutes)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"mtpscope record still runs 60 s after one {signum.name}; where it is:\n"
+                        + _stacks_of(proc, out))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -778,6 +783,26 @@ def test_one_sigint_stops_cli_record(pair, tmp_path, signum, code, said) -> None
     # one line says what was kept, the count read back from the trace (a Ctrl-C that lands between a round's
     # write-ahead record and the loop's own count: the writer's count is the one said)
     assert f"mtpscope: {said}: {len(tr.rounds)} rounds kept in {out}, marked incomplete" in err.splitlines(), err
+
+
+def _stacks_of(proc: subprocess.Popen[bytes], out: Path) -> str:
+    """Every thread's Python stack of a stuck ``mtpscope record`` (``proc``, stderr piped) and of its recording
+    worker (`kill -USR1`: the CLI's and the worker's faulthandler), then ``proc`` killed: its stderr and the
+    worker's output (``llama.log`` in ``out``, where the trace got that far)."""
+    children = []
+    for task in Path(f"/proc/{proc.pid}/task").glob("*/children"):
+        children += [int(c) for c in task.read_text().split()]
+    for pid in [proc.pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(2.0)
+    for pid in [proc.pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    log = out / "llama.log"
+    return f"{err}\n--- worker (llama.log) ---\n{log.read_text(errors='replace')[-20000:] if log.exists() else ''}"
 
 
 def test_overwrite_keeps_old_trace_when_the_new_run_fails(pair, noisy_rt, tmp_path, capsys) -> None:

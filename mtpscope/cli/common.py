@@ -62,6 +62,18 @@ def stop_signals_as_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def stacks_on_sigusr1() -> None:
+    """From now on ``kill -USR1 <pid>`` prints every thread's Python stack to stderr and the command goes on
+    (Python's :mod:`faulthandler`, which writes from the signal handler itself, so it answers while the main
+    thread is blocked in C): where a command that seems stuck is. No-op where SIGUSR1 does not exist or stderr
+    is not a file (a test's captured stream)."""
+    import faulthandler
+
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(AttributeError, OSError, ValueError):    # (io.UnsupportedOperation: an OSError)
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def stopped_by() -> tuple[str, int] | None:
     """The stop signal that ended the command (``("SIGTERM", 143)``: its name and the exit status a shell gives
     a process it killed, 128 + its number), or None after a Ctrl-C or no signal."""

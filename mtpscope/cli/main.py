@@ -28,7 +28,7 @@ from mtpscope.cli import server as cli_server
 from mtpscope.cli import sweep as cli_sweep
 from mtpscope.cli import trace as cli_trace
 from mtpscope.cli import verify as cli_verify
-from mtpscope.cli.common import interrupted_words, stop_signals_as_interrupt
+from mtpscope.cli.common import interrupted_words, stacks_on_sigusr1, stop_signals_as_interrupt
 
 app = typer.Typer(
     name="mtpscope",
@@ -94,6 +94,7 @@ def main() -> None:
     import sys
 
     help_width()
+    stacks_on_sigusr1()
     try:
         with stop_signals_as_interrupt():         # SIGTERM / SIGHUP stop a command as a Ctrl-C does, saying so
             code = app(prog_name="mtpscope", standalone_mode=False)   # a usage error comes back here: one line below

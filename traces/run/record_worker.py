@@ -509,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
 
     faulthandler.enable(all_threads=False)            # a segfault in llama.cpp: the loop's stack to llama.log
+    if hasattr(signal, "SIGUSR1"):                    # `kill -USR1 <worker pid>`: every thread's stack to llama.log
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     chan = Channel(socket.socket(fileno=sock_fd))
     status = Status(mmap.mmap(status_fd, mmap.PAGESIZE))
     try:
