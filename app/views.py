@@ -110,6 +110,18 @@ def mean_acceptance_length(rep: TraceReport) -> float:
     return _num(rep.mean_acceptance_length)
 
 
+def rounds_read(rep: TraceReport | None, manifest: Mapping[str, Any]) -> str:
+    """The Files page's "rounds": the rounds the metrics beside it read (``rep.n_rounds``), as "16 of 20" when a
+    rounds part was lost (``rep.n_rounds_recorded``: the manifest's count); the manifest's count when the report
+    could not be made ("?" without one)."""
+    if rep is None:
+        n = (manifest.get("counts") or {}).get("n_rounds")
+        return "?" if n is None else str(n)
+    if rep.n_rounds_recorded is not None:
+        return f"{rep.n_rounds} of {rep.n_rounds_recorded}"
+    return str(rep.n_rounds)
+
+
 def per_position(rep: TraceReport | Sequence[PositionRow]) -> pd.DataFrame:
     """``report().per_position`` as a DataFrame (k, n_rounds, n_accepted, acceptance, conditional); ``rep`` may
     also be the rows themselves (a diagnosis' ``summary.per_position``,

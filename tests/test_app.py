@@ -407,6 +407,27 @@ def test_imported_traces_render(tmp_path: Path, monkeypatch) -> None:
         assert _metric(at, "drafted tokens") == f"{rep.n_drafted:,}"
 
 
+def test_files_page_rounds_are_the_rounds_its_metrics_read(tmp_path: Path, monkeypatch) -> None:
+    """A complete trace one of whose rounds parts is gone: the Files page's "rounds" says "3 of 5" (read of the
+    manifest's count), the count its acceptance rate covers (3 + 1 + 0 accepted of 3 + 3 + 3 drafted: the rounds
+    of parts 0 and 2), not the manifest's 5 beside a rate of 3 rounds."""
+    from mtpscope.traces import RoundRecord, TraceWriter
+
+    t = tmp_path / "t"
+    acc = [3, 1, 0, 2, 0]
+    with TraceWriter(t, {"source": "record", "prompts": [{"prompt_id": 0, "text": "a", "n_prompt_tokens": 2}]},
+                     n_embd_backbone=None, n_embd=None, hidden_dtype=None, centroids=False, flush_every=2,
+                     compact=False) as w:
+        for r, a in enumerate(acc):
+            w.add_round(RoundRecord(prompt_id=0, round=r, pos=10 + r, pending_token=1, n_draft=3, drafted=(5, 6, 7),
+                                    n_accepted=a, t_draft_ms=4.0, t_verify_ms=30.0))
+    (t / "rounds" / "part-00001.parquet").unlink()      # rounds 2 and 3
+    monkeypatch.setenv("MTPSCOPE_ROOTS", str(tmp_path))
+    at = _run(trace=t, drafter=None, target=None)
+    assert _metric(at, "rounds") == "3 of 5"
+    assert any("acceptance rate 44.4 %" in s.value for s in at.success), [s.value for s in at.success]   # 4 / 9
+
+
 def _copy_trace(src: Path, dst: Path) -> Path:
     import shutil
 

@@ -72,6 +72,14 @@ def test_report_errors_and_warnings(tmp_path: Path) -> None:
     assert "part-00001.parquet" in res.stderr
     rep = json.loads(res.stdout)
     assert rep["n_rounds"] == 3 and len(rep["warnings"]) == 1
+    # the manifest counts the 5 rounds written (ROWS); the 2 of part 1 are lost: the first line says so rather
+    # than "complete" alone
+    assert rep["complete"] is True and rep["n_rounds_recorded"] == len(ROWS) == 5
+    res = runner.invoke(app, ["report", str(d)])
+    assert res.stdout.splitlines()[0] == (f"trace: {d} (source record, complete; 3 of its 5 rounds read: a rounds part is "
+                                          "missing or unreadable, see the warnings)")
+    res = runner.invoke(app, ["report", str(_trace(tmp_path / "whole", compact=False)), "--json"])
+    assert json.loads(res.stdout)["n_rounds_recorded"] is None     # every round read
 
 
 def test_import_commands(tmp_path: Path) -> None:

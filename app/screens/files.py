@@ -240,18 +240,19 @@ elif trace_path := sel.get(sel.TRACE):
     with guard("trace store"):
         tr = loaders.trace(trace_path)
         m = tr.manifest
-        counts = m.get("counts") or {}
+        rep = None
+        with guard("metrics"):
+            rep = loaders.report(trace_path)
         cols = st.columns(5)
         cols[0].metric("source", str(m.get("source", "?")))
         cols[1].metric("prompts", len(views.manifest_prompts(m)))
-        cols[2].metric("rounds", counts.get("n_rounds", len(tr.rounds)))
+        cols[2].metric("rounds", views.rounds_read(rep, m))     # (the rounds the metrics below read)
         cols[3].metric("complete", "yes" if m.get("complete") else "no")
         cols[4].metric("schema", m.get("schema_version", "?"))
         for w in tr.warnings[:20]:
             st.warning(w)
         _recording(tr)
-        with guard("metrics"):
-            rep = loaders.report(trace_path)
+        if rep is not None:
             st.success(f"acceptance rate {formats.percent(views.acceptance_rate(rep))} · mean acceptance length "
                        f"{views.mean_acceptance_length(rep):.3f}")
 else:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 
 from mtpscope.cli.advice import format_advice
-from mtpscope.cli.common import EXIT_FINDINGS, MISSING, one_line_errors
+from mtpscope.cli.common import EXIT_FINDINGS, MISSING, one_line_errors, trace_head
 from mtpscope.cli.common import fmt as _f
 from mtpscope.traces.analysis.records import finite as _finite
 from mtpscope.traces.analysis.wording import plural, visible
@@ -56,6 +56,9 @@ class ExplainHead:
     complete: bool
     prompt: int | None
     totals: Totals
+    #: (rounds read, rounds the manifest counts) when a rounds part was missing or unreadable
+    #: (:meth:`traces.store.reader.Trace.rounds_not_read`), else None
+    rounds_read: tuple[int, int] | None = None
 
 
 def _totals_json(t: Totals) -> dict[str, Any]:
@@ -124,7 +127,8 @@ def _rate_table(title: str, groups: Mapping[str, Acceptance | CategoryAcceptance
 def format_explanation(head: ExplainHead, x: Explanation, sentences: list[str] | None = None) -> str:
     """An :class:`traces.analysis.explain_report.Explanation` and its ``head`` (trace, totals) as terminal text."""
     t = head.totals
-    lines = [f"trace: {head.trace} (source {head.source}{'' if head.complete else ', INCOMPLETE'})"
+    read, recorded = head.rounds_read if head.rounds_read is not None else (None, None)
+    lines = [trace_head(head.trace, head.source, head.complete, n_read=read, n_recorded=recorded, upper=True)
              + (f", prompt {head.prompt}" if head.prompt is not None else ""),
              f"acceptance rate {_f(t.acceptance_rate, '.4f')} ({t.n_accepted} / {t.n_drafted} drafted), "
              f"mean acceptance length {_f(t.mean_acceptance_length)}; drafts from the {x.head} head"]
@@ -333,7 +337,7 @@ def explain_request_trace(trace: TraceLike, as_json: bool) -> int:
                           "notes": notes}, indent=2, allow_nan=False))
     else:
         drafts = f"; {r.n_drafts} drafts" if r is not None and r.n_drafts is not None else ""
-        lines = [f"trace: {trace.path} (source {rep.source}{'' if rep.complete else ', INCOMPLETE'})",
+        lines = [trace_head(trace.path, rep.source, rep.complete, upper=True),
                  f"{plural(r.n_requests if r is not None else 0, 'request')}"
                  + (f" ({r.kind} rows)" if r is not None else "")
                  + f": acceptance rate {_f(rep.acceptance_rate, '.4f')} ({rep.n_accepted} / {rep.n_drafted} "
@@ -421,8 +425,11 @@ def register(app: typer.Typer) -> None:
             d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)
+        n_read = len(t.columns("rounds", ["round"])) if t.skipped else 0    # (the whole trace's, a prompt chosen or not)
+        recorded = t.rounds_not_read(n_read) if t.skipped else None
         head = ExplainHead(str(t.path), t.manifest.get("source"), bool(t.manifest.get("complete")),
-                           None if prompt is None else select_prompt(t.manifest, prompt), x.totals)
+                           None if prompt is None else select_prompt(t.manifest, prompt), x.totals,
+                           rounds_read=None if recorded is None else (n_read, recorded))
         if as_json:
             print(json.dumps({"trace": head.trace, "prompt": head.prompt, **_totals_json(x.totals), **d},
                              indent=2, allow_nan=False))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, MISSING, one_line_errors, out_folder
+from mtpscope.cli.common import EXIT_FINDINGS, EXIT_OK, MISSING, one_line_errors, out_folder, trace_head
 from mtpscope.traces.analysis.wording import plural, rolling_words, shorten, streaks_line
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 def format_report(rep: TraceReport) -> str:
     """The report (:func:`traces.analysis.metrics.report`) as plain text for a terminal."""
-    lines = [f"trace: {rep.trace} (source {rep.source}, "
-             f"{'complete' if rep.complete else 'INCOMPLETE'})"]
+    lines = [trace_head(rep.trace, rep.source, rep.complete, n_read=rep.n_rounds, n_recorded=rep.n_rounds_recorded)]
     r = rep.requests
     if not rep.n_rounds and r is not None:     # llama-server requests: their drafts, not rounds
         lines.append(f"prompts: {rep.n_prompts}   requests: {r.n_requests} ({r.kind} rows)   "

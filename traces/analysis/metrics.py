@@ -533,4 +533,4 @@ def report(trace: TraceLike) -> TraceReport:
         requests=None if rq is None else RequestTotals(**{
             **rq, "by_category": tuple(CategoryRequests(**c) for c in rq["by_category"]),
             "per_position": tuple(ServerPositionRow(**p) for p in rq["per_position"])}),
-        warnings=tuple(trace.warnings))
+        warnings=tuple(trace.warnings), n_rounds_recorded=trace.rounds_not_read(b["n_rounds"]))

@@ -209,7 +209,9 @@ class TraceReport(JsonRecord):
         (``metrics.MAL_OVER_VERIFY_ROUNDS``, or ``metrics.MAL_OVER_DRAFTS`` from the request rows);
         per_position, prompts, first_mismatch, n_all_accepted, zero_acceptance_streaks: see their records;
         rolling, timing_ms, centroid_coverage, requests: None when the trace has no such data;
-        warnings: the reader's warnings (skipped parts).
+        warnings: the reader's warnings (skipped parts);
+        n_rounds_recorded: the rounds the manifest counts when a rounds part was skipped and fewer were read
+        (:meth:`traces.store.reader.Trace.rounds_not_read`), else None.
     """
 
     trace: str
@@ -233,6 +235,7 @@ class TraceReport(JsonRecord):
     centroid_coverage: CentroidCoverage | None
     requests: RequestTotals | None
     warnings: tuple[str, ...] = ()
+    n_rounds_recorded: int | None = None
 
 
 __all__ = ["CategoryRequests", "CentroidCoverage", "CoverageRow", "MismatchRow", "PositionRow", "PromptRow",

@@ -52,6 +52,11 @@ class TraceLike(Protocol):
         """The readable Parquet files of ``table``, in order."""
         ...
 
+    def rounds_not_read(self, n_read: int) -> int | None:
+        """The rounds the manifest counts when a rounds part was skipped and fewer than that (``n_read``) were
+        read, else None (:meth:`traces.store.reader.Trace.rounds_not_read`; None here: a trace that cannot tell)."""
+        return None
+
     @property
     def rounds(self) -> pd.DataFrame:
         """All rounds (one row per round), columns as in ``schema.ROUNDS_SCHEMA``."""

@@ -169,6 +169,17 @@ class Trace(TraceLike):
     def n_parts(self) -> int:
         return max(len(self._files["rounds"]), len(self._files["requests"]))
 
+    def rounds_not_read(self, n_read: int) -> int | None:
+        """The rounds the manifest counts (``counts.n_rounds``) when a rounds part was skipped (missing or unreadable)
+        and fewer than that count were read (``n_read``: the rounds a command read), else None: the header of
+        ``report`` and ``explain`` then says "16 of its 20 rounds read", not just "complete"."""
+        counted = (self.manifest.get("counts") or {}).get("n_rounds")
+        rounds_dir = self.path / "rounds"
+        if (not isinstance(counted, int) or isinstance(counted, bool) or counted <= n_read
+                or not any(p.parent == rounds_dir for p in self.skipped)):
+            return None
+        return counted
+
     def _mark_bad(self, table: str, path: Path, err: BaseException) -> None:
         if path in self._files[table]:
             self._files[table].remove(path)
