@@ -183,6 +183,10 @@ def parse_hf(spec: str, endpoint: str | None = None) -> Location:
         raise RemoteFileError("not an hf:// file location", path=spec,
                               expected="hf://ORG/REPO/[REVISION/]FILE.gguf or hf://ORG/REPO@REVISION/PATH",
                               actual=spec)
+    if any(x in (".", "..") or x.split("@")[-1] in (".", "..") for x in parts):
+        # (a URL would resolve them away: hf://org/repo/../x.gguf asked for https://HUB/org/repo/x.gguf)
+        raise RemoteFileError("not an hf:// file location: a '.' or '..' segment", path=spec,
+                              expected="ORG/REPO[@REVISION]/[REVISION/]FILE without '.' or '..' segments", actual=spec)
     org, repo = parts[0], parts[1]
     revision = None
     if "@" in repo:

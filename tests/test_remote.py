@@ -222,7 +222,10 @@ def test_hf_locations():
     assert loc.url == "https://huggingface.co/org/repo/resolve/main/sub/dir/m.gguf"
     assert loc.repo_id == "org/repo" and loc.filename == "sub/dir/m.gguf"
     assert parse_hf("hf://org/repo/m.gguf", "https://mirror.example").url.startswith("https://mirror.example/")
-    for bad in ("hf://org/m.gguf", "hf://org//m.gguf", "hf://org/repo@/m.gguf"):
+    # a '.' or '..' segment would be resolved away by the URL (hf://org/repo/../m.gguf: https://HUB/org/repo/m.gguf)
+    for bad in ("hf://org/m.gguf", "hf://org//m.gguf", "hf://org/repo@/m.gguf", "hf://org/repo/../m.gguf",
+                "hf://org/repo@../m.gguf", "hf://org/repo@main/sub/../m.gguf", "hf://../repo/m.gguf",
+                "hf://org/./m.gguf"):
         with pytest.raises(RemoteFileError):
             parse_hf(bad, ep)
     with pytest.raises(RemoteFileError, match="not an http"):
