@@ -415,7 +415,9 @@ def remote_summary(url: str) -> RemoteSummary:
 def _open_trace(path: str, key: tuple) -> Trace:
     from mtpscope.traces.store.reader import open_trace
 
-    return open_trace(path)
+    t = open_trace(path)
+    t.check_parts()      # every part's footer, once per cached trace: a lost part is said on every trace page
+    return t
 
 
 def trace(path: str | os.PathLike[str]) -> Trace:

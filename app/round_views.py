@@ -27,6 +27,19 @@ VERDICT_MARK = {VERDICT_ACCEPTED: "✓", VERDICT_REJECTED: "✗", VERDICT_NOT_CH
 ZERO_DRAFT_WORDS = "drafted nothing: the target decoded one token alone (a plain decode step)"
 
 
+def no_steps_words(manifest: Mapping[str, Any], *, lost_steps: bool) -> str:
+    """What the Step page says of a round without per-step records: a steps part the reader skipped (``lost_steps``:
+    missing or unreadable), an imported log (its ``source`` is not ``record`` or ``replay``: rounds only), or
+    neither known; in each case the drafter's candidates are not known."""
+    if lost_steps:
+        why = "a steps part file of this trace was lost (missing or unreadable: the line above names it)"
+    elif manifest.get("source") not in ("record", "replay"):
+        why = "the trace carries rounds only (an imported log)"
+    else:
+        why = "the trace holds none for it"
+    return f"This round has no per-step records: {why}, so the drafter's candidates are not known."
+
+
 def step_verdict(k: int, n_draft: int, n_accepted: int) -> str:
     """The verdict of draft ``k`` (1-based) of a round that drafted ``n_draft`` and had ``n_accepted``
     accepted: :data:`VERDICT_ACCEPTED` for ``k <= n_accepted``, :data:`VERDICT_REJECTED` for the first

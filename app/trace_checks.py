@@ -47,19 +47,23 @@ def verify_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
 
 def state_banner(slots: tuple[str, ...] = (sel.TRACE,)) -> None:
     """One warning line per selected trace in ``slots`` that is not complete (:func:`verdict.trace_state_line`:
-    llama.cpp's death, a recovered interrupted run, or still being written); nothing for a complete one, nor for
-    one that cannot be read (the page says why, once: a line here too showed the same error twice)."""
+    llama.cpp's death, a recovered interrupted run, or still being written), and one per trace whose reader skipped
+    part files (:func:`verdict.lost_parts_line`); nothing for a complete, whole one, nor for one that cannot be
+    read (the page says why, once: a line here too showed the same error twice)."""
     for slot in slots:
         path = sel.get(slot)
         if not path:
             continue
         try:
-            manifest = loaders.trace(path).manifest
+            tr = loaders.trace(path)
         except (MtpscopeError, OSError):
             continue
-        line = verdict.trace_state_line(ROLES.get(slot, slot), manifest)
+        line = verdict.trace_state_line(ROLES.get(slot, slot), tr.manifest)
         if line:
             st.warning(line, icon=":material/hourglass_bottom:")
+        lost = verdict.lost_parts_line(ROLES.get(slot, slot), views.relative_paths(tr.skipped, tr.path))
+        if lost:
+            st.warning(lost, icon=":material/broken_image:")
 
 
 def trace_facts(slot: str, with_advice: bool) -> verdict.TraceFacts | None:

@@ -192,6 +192,20 @@ def verify_banner(role: str, drafter: str | None, error: str | None) -> str:
             "defect, not from hard tokens (details on the Validate page).")
 
 
+def lost_parts_line(role: str, skipped: Sequence[str]) -> str | None:
+    """The one line every trace page shows above itself when the trace's reader skipped part files (missing, or
+    unreadable: ``Trace.skipped``, their paths relative to the trace), None when it skipped none, e.g. ``Trace A
+    lost 1 part file (rounds/part-00001.parquet: missing or unreadable): the numbers cover the rest; the Files
+    page lists why.``"""
+    if not skipped:
+        return None
+    who = f"{role[:1].upper()}{role[1:]}"
+    n = len(skipped)
+    names = ", ".join(skipped[:3]) + (f" and {n - 3} more" if n > 3 else "")
+    return (f"{who} lost {n} part file{'' if n == 1 else 's'} ({names}: missing or unreadable): the numbers cover "
+            "the rest; the Files page lists why.")
+
+
 def trace_state_line(role: str, manifest: Mapping[str, Any]) -> str | None:
     """The one line a trace page shows above itself when its trace is not complete (None when it is): why, from
     the manifest (``aborted``: llama.cpp's death, where and its message; ``recovered``: rounds recovered from the
@@ -303,4 +317,4 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
 
 
 __all__ = ["PromptCounts", "StartVerdict", "TraceFacts", "Worst", "advice_line", "first_error_line", "pct", "start_verdict",
-           "trace_state_line", "verify_banner", "worst"]
+           "lost_parts_line", "trace_state_line", "verify_banner", "worst"]

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from mtpscope.app.formats import percent, points
 from mtpscope.traces.analysis import wording
 
 if TYPE_CHECKING:
     from mtpscope.traces.analysis.advice import BreakEven, Recommendation
+    from mtpscope.traces.analysis.align import RateDelta
     from mtpscope.traces.analysis.report_records import PositionRow, TraceReport
     from mtpscope.traces.analysis.what_if import WhatIfRow
 
@@ -108,6 +110,19 @@ def acceptance_rate(rep: TraceReport) -> float:
 def mean_acceptance_length(rep: TraceReport) -> float:
     """``report().mean_acceptance_length`` as a float (NaN when None)."""
     return _num(rep.mean_acceptance_length)
+
+
+def relative_paths(paths: Sequence[Any], root: Any) -> list[str]:
+    """``paths`` as strings relative to ``root`` where they lie below it (``rounds/part-00001.parquet``), else whole."""
+    from pathlib import Path
+
+    out = []
+    for p in paths:
+        try:
+            out.append(Path(p).relative_to(Path(root)).as_posix())
+        except ValueError:
+            out.append(str(p))
+    return out
 
 
 def rounds_read(rep: TraceReport | None, manifest: Mapping[str, Any]) -> str:
@@ -296,6 +311,43 @@ def prompt_deltas(table_a: pd.DataFrame, table_b: pd.DataFrame,
     j["delta_rate"] = j["acceptance_rate_b"] - j["acceptance_rate_a"]
     j["delta_length"] = j["mean_acceptance_length_b"] - j["mean_acceptance_length_a"]
     return j.reset_index().sort_values("delta_rate", kind="stable", na_position="last").reset_index(drop=True)
+
+
+#: the rate columns of :func:`prompt_deltas` and how the Compare page shows them (:func:`as_percent_columns`):
+#: acceptance rates as ``34.8 %``, their change in points
+DELTA_RATE_COLUMNS = {"acceptance_rate_a": "%.1f %%", "acceptance_rate_b": "%.1f %%", "delta_rate": "%+.1f points"}
+
+
+def as_percent_columns(df: pd.DataFrame, cols: Mapping[str, str]) -> pd.DataFrame:
+    """``df`` with the rate columns ``cols`` (fractions 0..1, or their differences) times 100, for a table whose
+    column formats (``cols``' values, printf style) print them as ``34.8 %`` / ``+2.0 points``, as the page's
+    metrics do (:func:`mtpscope.app.formats.percent`, :func:`~mtpscope.app.formats.points`)."""
+    out = df.copy()
+    for c in cols:
+        if c in out.columns:
+            out[c] = out[c] * 100.0
+    return out
+
+
+def paired_delta_help(d: RateDelta | None, names: Sequence[str], *, n_pairs: int) -> str:
+    """The help of Compare's "acceptance-rate delta over the paired prompts": its own two rates (the paired prompts'
+    rounds only, so it may differ from the difference of the two overall rates beside it) and its 95 % bootstrap
+    interval in points."""
+    if d is None:
+        return f"no paired prompt drafted a token ({wording.plural(n_pairs, 'paired prompt')})"
+    interval = (f"[{points(d.ci_low)}, {points(d.ci_high)}]" if d.ci_low is not None and d.ci_high is not None
+                else "none: fewer than 2 prompts")
+    return (f"{names[0]} {percent(d.rate_a)} → {names[1]} {percent(d.rate_b)} over the rounds of the "
+            f"{wording.plural(d.n_prompts, 'paired prompt')} (the acceptance rates above cover every prompt of each "
+            f"trace); 95 % bootstrap interval over prompts: {interval}")
+
+
+def signed_or_none(x: Any, digits: int = 3) -> str | None:
+    """``x`` signed with ``digits`` decimals (``+0.125``) for a metric's delta; None (no delta shown) when ``x`` is
+    missing (None or NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return f"{float(x):+.{digits}f}"
 
 
 # ------------------------------------------------------------------------------------------ advice

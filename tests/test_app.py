@@ -426,6 +426,12 @@ def test_files_page_rounds_are_the_rounds_its_metrics_read(tmp_path: Path, monke
     at = _run(trace=t, drafter=None, target=None)
     assert _metric(at, "rounds") == "3 of 5"
     assert any("acceptance rate 44.4 %" in s.value for s in at.success), [s.value for s in at.success]   # 4 / 9
+    # every trace page says the part is lost, whichever is opened (before: the Acceptance and Files pages only)
+    lost = ("Trace A lost 1 part file (rounds/part-00001.parquet: missing or unreadable): the numbers cover the "
+            "rest; the Files page lists why.")
+    for page in ("start", "acceptance", "text", "step", "explain"):
+        at = _run(page, trace=t, trace_b=None, drafter=None, target=None)
+        assert lost in [w.value for w in at.warning], (page, [w.value for w in at.warning])
 
 
 def _copy_trace(src: Path, dst: Path) -> Path:

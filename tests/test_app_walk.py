@@ -258,7 +258,10 @@ def test_compare_page_aligned_numbers_equal_the_cli(demo_dir) -> None:
     at = _run("compare", trace=clean, trace_b=noisy)
     assert _metric(at, "accepted in A, rejected in B") == f"{cli['a_only']['n']:,}"
     assert _metric(at, "accepted in B, rejected in A") == f"{cli['b_only']['n']:,}"
-    assert _metric(at, "acceptance-rate delta (B − A)") == f"{cli['delta']['all']['delta']:+.3f}"
+    # in points as the rates beside it (a minus sign, U+2212); over the paired prompts' rounds, as the CLI's delta
+    d = 100 * cli["delta"]["all"]["delta"]
+    want = f"{'−' if round(d, 1) < 0 else '+' if round(d, 1) > 0 else ''}{abs(d):.1f} points"
+    assert _metric(at, "acceptance-rate delta (B − A) over the paired prompts") == want
     rows = next(d.value for d in at.dataframe if "positions compared" in d.value.columns)
     assert list(rows["positions compared"]) == [p["n_compared"] for p in cli["prompts"]]
 

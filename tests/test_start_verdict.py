@@ -115,3 +115,26 @@ def test_an_incomplete_trace_says_why_in_one_line() -> None:
     assert trace_state_line("trace A", rec) == (
         "Trace A is incomplete: the run was interrupted; 1 round came back from its write-ahead log, 1 log could not "
         "be read to the end (Files page) — the numbers cover the rounds recorded before.")
+
+
+def test_lost_parts_line_names_the_files_and_counts_them() -> None:
+    """The banner of a trace whose reader skipped part files: each named up to three, then how many more."""
+    from mtpscope.app.verdict import lost_parts_line
+
+    assert lost_parts_line("trace A", []) is None
+    assert lost_parts_line("trace B", ["steps/merged-00000.parquet"]) == (
+        "Trace B lost 1 part file (steps/merged-00000.parquet: missing or unreadable): the numbers cover the rest; "
+        "the Files page lists why.")
+    five = [f"rounds/part-0000{i}.parquet" for i in range(5)]
+    assert lost_parts_line("trace A", five).startswith(
+        "Trace A lost 5 part files (rounds/part-00000.parquet, rounds/part-00001.parquet, rounds/part-00002.parquet "
+        "and 2 more: missing")
+
+
+def test_no_steps_words_say_why_a_round_has_no_steps() -> None:
+    """A lost steps part is not called an imported log (before: every round without steps was 'an imported log')."""
+    from mtpscope.app.round_views import no_steps_words
+
+    assert "a steps part file of this trace was lost" in no_steps_words({"source": "record"}, lost_steps=True)
+    assert "rounds only (an imported log)" in no_steps_words({"source": "fork-ndjson"}, lost_steps=False)
+    assert "the trace holds none for it" in no_steps_words({"source": "record"}, lost_steps=False)

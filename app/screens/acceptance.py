@@ -31,7 +31,7 @@ with guard("trace store"):
         c = st.columns(4)
         c[0].metric("acceptance rate", formats.percent(views.acceptance_rate(rep)),
                     help="accepted drafts / drafted tokens, over the whole trace (as `mtpscope report`)")
-        c[1].metric("mean acceptance length", f"{views.mean_acceptance_length(rep):.3f}",
+        c[1].metric("mean acceptance length", formats.number(views.mean_acceptance_length(rep), 3),
                     help="tokens per target verify: 1 + accepted drafts / rounds that drafted (whole trace)")
         c[2].metric("rounds", f"{len(rounds_all):,}")
         c[3].metric("drafted tokens", f"{int(rep.n_drafted or 0):,}")
@@ -74,7 +74,7 @@ with guard("trace store"):
         row = table[table["prompt_id"] == choice].iloc[0]
         pc = st.columns(3)
         pc[0].metric(f"prompt {choice}: acceptance rate", formats.percent(row["acceptance_rate"]))
-        pc[1].metric("mean acceptance length", f"{row['mean_acceptance_length']:.3f}")
+        pc[1].metric("mean acceptance length", formats.number(row["mean_acceptance_length"], 3))
         pc[2].metric("longest zero-acceptance streak", wording.plural(int(row['longest_zero_streak']), "round"))
 
     # ---- timeline (window of individual marks; aggregated overview for long traces)

@@ -38,8 +38,9 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                   if pairing.unpaired_a or pairing.unpaired_b else "") + ".")
     if diff.not_comparable is not None:
         r = diff.delta.get("all")
-        own = (f" Each run's own acceptance rate: {names[0]} {r.rate_a:.3f}, {names[1]} {r.rate_b:.3f}."
-               if r is not None and r.rate_a is not None and r.rate_b is not None else "")
+        own = (f" Each run's own acceptance rate: {names[0]} {formats.percent(r.rate_a)}, "
+               f"{names[1]} {formats.percent(r.rate_b)}." if r is not None and r.rate_a is not None
+               and r.rate_b is not None else "")
         st.warning(f"Not comparable position by position: {diff.not_comparable}. No output position, acceptance "
                    f"delta or first differing round is compared.{own}")
     elif diff.outputs_identical is None:
@@ -57,11 +58,9 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
                     help=(f"{x.n_eog_confirmed} of them {other}'s end-of-generation drafts the target chose too: not "
                           "accepted as llama.cpp counts, not a miss of the drafter") if x.n_eog_confirmed else None)
     dall = diff.delta.get("all")
-    ci = (f" [{dall.ci_low:+.3f}, {dall.ci_high:+.3f}]"
-          if dall is not None and dall.ci_low is not None and dall.ci_high is not None else "")
-    c[2].metric(f"acceptance-rate delta ({names[1]} − {names[0]})",
-                "—" if dall is None or dall.delta is None else f"{dall.delta:+.3f}",
-                help=f"over the paired prompts; 95 % bootstrap interval over prompts{ci or ': fewer than 2 prompts'}")
+    c[2].metric(f"acceptance-rate delta ({names[1]} − {names[0]}) over the paired prompts",
+                formats.points(None if dall is None else dall.delta),
+                help=views.paired_delta_help(dall, names, n_pairs=len(pairing.pairs)))
     c1, c2 = st.columns(2)
     with c1:
         st.plotly_chart(charts.only_counts_figure(diff.a_only, diff.b_only, "by_class", names), key=sel.CMP_ONLY_CLASS,
@@ -185,8 +184,9 @@ def _traces() -> None:
     c = st.columns(4)
     c[0].metric(f"acceptance rate · {names[0]}", formats.percent(rate_a))
     c[1].metric(f"acceptance rate · {names[1]}", formats.percent(rate_b), delta=formats.points(rate_b - rate_a))
-    c[2].metric(f"mean acceptance length · {names[0]}", f"{len_a:.3f}")
-    c[3].metric(f"mean acceptance length · {names[1]}", f"{len_b:.3f}", delta=f"{len_b - len_a:+.3f}")
+    c[2].metric(f"mean acceptance length · {names[0]}", formats.number(len_a, 3))
+    c[3].metric(f"mean acceptance length · {names[1]}", formats.number(len_b, 3),
+                delta=views.signed_or_none(len_b - len_a, 3))
 
     st.plotly_chart(charts.per_position_figure(pa_, pb_, names=names), key=sel.CMP_PER_POSITION, width="stretch")
     st.caption("How often the k-th draft was accepted in each run.")
@@ -211,8 +211,11 @@ def _traces() -> None:
             st.plotly_chart(charts.prompt_delta_figure(deltas, names, labels=labels_a), key=sel.CMP_DELTAS,
                             width="stretch")
             st.caption("Each paired prompt's acceptance-rate change from A to B, biggest drop first.")
-            st.dataframe(deltas.head(500).drop(columns=["prompt_id"]), hide_index=True, width="stretch",
-                         column_config={"prompt": st.column_config.TextColumn("prompt", width="large")})
+            st.dataframe(views.as_percent_columns(deltas.head(500).drop(columns=["prompt_id"]), views.DELTA_RATE_COLUMNS),
+                         hide_index=True, width="stretch",
+                         column_config={"prompt": st.column_config.TextColumn("prompt", width="large"),
+                                        **{c: st.column_config.NumberColumn(c, format=f)
+                                           for c, f in views.DELTA_RATE_COLUMNS.items()}})
 
 
 with guard("trace store"):

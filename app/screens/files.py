@@ -254,7 +254,7 @@ elif trace_path := sel.get(sel.TRACE):
         _recording(tr)
         if rep is not None:
             st.success(f"acceptance rate {formats.percent(views.acceptance_rate(rep))} · mean acceptance length "
-                       f"{views.mean_acceptance_length(rep):.3f}")
+                       f"{formats.number(views.mean_acceptance_length(rep), 3)}")
 else:
     st.caption("none selected")
 

@@ -123,8 +123,8 @@ with guard("trace store"):
     verdict = round_views.round_verdict_line(row, steps, dec.label, fm, tr.manifest)
     (st.success if na == nd else st.warning)(verdict, icon=":material/check:" if na == nd else ":material/close:")
     if len(steps) == 0:
-        st.info("This trace has no per-step records for this round: it carries rounds only (an imported log), "
-                "so the drafter's candidates are not known.")
+        st.info(round_views.no_steps_words(tr.manifest, lost_steps=any(p.parent.name == "steps" for p in tr.skipped)),
+                icon=":material/info:")
         st.stop()
     table = round_views.step_table(steps, dec.label, n_draft=nd, n_accepted=na, head=head, n_top=3)
     if k_focus is not None:

@@ -110,10 +110,9 @@ with guard("sweep"):
         r = row.iloc[0]
         k = st.columns(4)
         k[0].metric("acceptance rate", formats.percent(r["acceptance_rate"]))
-        k[1].metric("mean acceptance length", "-" if r["mean_acceptance_length"] != r["mean_acceptance_length"]
-                    else f"{r['mean_acceptance_length']:.3f}")
+        k[1].metric("mean acceptance length", formats.number(r["mean_acceptance_length"], 3))
         k[2].metric("tokens/s", "-" if r["tokens_per_s"] != r["tokens_per_s"] else f"{r['tokens_per_s']:.1f}")
-        k[3].metric("speedup", "-" if r["speedup"] != r["speedup"] else f"{r['speedup']:.3f}",
+        k[3].metric("speedup", formats.number(r["speedup"], 3),
                     help="measured tokens/s over the baseline's (plain decoding), same category")
 
     # the traces of this cell: its finished shards that hold prompts of the category
