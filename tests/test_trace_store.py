@@ -217,6 +217,14 @@ def test_open_errors(tmp_path: Path) -> None:
         {"schema_version": 99, "source": "record", "complete": True, "counts": {}}))
     with pytest.raises(TraceFormatError, match="expected 1, got 99"):
         traces.open(tmp_path)
+    # the right number in the wrong JSON type: said as a type, not "expected 1, got 1"
+    for sv, shown in (('"1"', 'str "1"'), ("1.0", "float 1.0"), ("true", "bool true")):
+        (tmp_path / "manifest.json").write_text(
+            '{"schema_version": %s, "source": "record", "complete": true, "counts": {}}' % sv)
+        with pytest.raises(TraceFormatError) as e:
+            traces.open(tmp_path)
+        assert e.value.one_line().endswith(
+            f"'schema_version': trace schema version is not an integer (expected the integer 1, got {shown})"), sv
 
 
 def test_a_folder_of_traces_names_them(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ steps part of every trace has the same column names.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -197,9 +198,13 @@ def check_manifest(manifest: Any, path: str | None = None) -> dict[str, Any]:
         if key not in manifest:
             raise TraceFormatError("manifest lacks a required key", path=path, key=key,
                                    expected="present", actual="missing")
-    if manifest["schema_version"] != SCHEMA_VERSION:
+    sv = manifest["schema_version"]
+    if type(sv) is not int:        # (JSON's "1" or 1.0 or true: the wrong type, said as such, not "expected 1, got 1")
+        raise TraceFormatError("trace schema version is not an integer", path=path, key="schema_version",
+                               expected=f"the integer {SCHEMA_VERSION}", actual=f"{type(sv).__name__} {json.dumps(sv)}")
+    if sv != SCHEMA_VERSION:
         raise TraceFormatError("unsupported trace schema version", path=path, key="schema_version",
-                               expected=SCHEMA_VERSION, actual=manifest["schema_version"])
+                               expected=SCHEMA_VERSION, actual=sv)
     if not isinstance(manifest["source"], str) or manifest["source"] not in SOURCES:
         raise TraceFormatError("unknown trace source", path=path, key="source",
                                expected=" | ".join(SOURCES), actual=manifest["source"])
