@@ -181,6 +181,13 @@ def test_text_view_colours_every_token_by_what_produced_it(hand: Path) -> None:
     want = [("#10", "prefill", 0), ("#11", "accepted", 0), ("#20", "rejected", 0), ("#30", "decode", 1),
             ("#40", "rejected", 2), ("#41", "accepted", 3), ("#42", "accepted", 3), ("#43", "bonus", 3)]
     assert [got[g] for g in range(8)] == [(t, words[s], r) for t, s, r in want]
+    # the caption counts every token it says there are: 3 + 2 + 1 + 1 + the prefill's 1 = 8 (before: the grey one
+    # left out, "8 tokens" beside counts summing to 7)
+    cap = next(c.value for c in at.caption if c.value.startswith("The target's output"))
+    assert cap.startswith("The target's output for this prompt, 8 tokens: green tokens were accepted drafts (3), red "
+                          "ones the target's correction where it rejected a draft (2), blue its bonus token after a "
+                          "fully accepted round (1), yellow decoded by the target alone in a round that drafted "
+                          "nothing (1), grey the target's first token, from the prompt's prefill (1). "), cap
     assert at.selectbox(key=selection.TEXT_PROMPT).options == ["prompt 0 “Hello there”"]
     assert not at.button(key=selection.TEXT_NEXT).disabled
 

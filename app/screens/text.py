@@ -61,12 +61,16 @@ with guard("trace store"):
     event = st.plotly_chart(fig, key=sel.TEXT_VIEW, on_select="rerun", selection_mode="points", width="stretch")
     if len(layout):
         counts = layout["status"].value_counts()
-        st.caption(f"The target's output for this prompt, {wording.plural(n_gen, 'token')}: green tokens were "
+        shown = (f" ({len(layout):,} shown, output positions {start:,} to {start + len(layout) - 1:,}; the counts are "
+                 "theirs)" if len(layout) < n_gen else "")
+        st.caption(f"The target's output for this prompt, {wording.plural(n_gen, 'token')}{shown}: green tokens were "
                    f"accepted drafts ({counts.get('accepted', 0)}), red ones the target's correction where it "
                    f"rejected a draft ({counts.get('rejected', 0)}), blue its bonus token after a fully accepted "
                    f"round ({counts.get('bonus', 0)})"
                    + (f", yellow decoded by the target alone in a round that drafted nothing ({counts['decode']})"
-                      if counts.get("decode") else "") + ". Hover a token for its round; click it to open the round.")
+                      if counts.get("decode") else "")
+                   + (f", grey the target's first token, from the prompt's prefill ({counts['prefill']})"
+                      if counts.get("prefill") else "") + ". Hover a token for its round; click it to open the round.")
     hit = sel.clicked_round(event, sel.TEXT_HANDLED, prompt_id=pid)
     if hit is not None:
         sel.open_round(hit)
