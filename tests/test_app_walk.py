@@ -131,6 +131,19 @@ def test_target_bar_present_past_the_stored_top_ten(hand: Path) -> None:
     assert k2["layout"]["title"]["text"] == "k=2 · not checked" and "#2ca02c" not in k2["data"][0]["marker"]["color"]
 
 
+def test_a_malformed_cost_probe_is_said_and_the_round_still_shown(hand: Path) -> None:
+    """A manifest whose optional ``cost_probe`` is malformed: the Step page says so in one line naming the key and
+    still shows the round's draft steps (before: the error, and nothing of the round after it)."""
+    m = json.loads((hand / "manifest.json").read_text())
+    m["cost_probe"] = {"verify_ms": "x"}
+    (hand / "manifest.json").write_text(json.dumps(m))
+    at = _step(hand, (0, 0))
+    assert [e.value for e in at.error] == [
+        f"{hand / 'manifest.json'}: 'cost_probe.verify_ms': malformed cost probe entry (expected an object of sizes "
+        "to ms, at least one size, got 'x')"]
+    assert any("verdict" in d.value.columns for d in at.dataframe)
+
+
 def test_zero_draft_round_says_so(hand: Path) -> None:
     at = _step(hand, (0, 1))
     infos = [i.value for i in at.info]

@@ -119,7 +119,10 @@ with guard("trace store"):
                 icon=":material/info:")
         st.stop()
     steps = round_views.round_steps(tr.steps, int(pid), int(rnd))
-    fm = loaders.explanation(path).first_mismatches if na < nd else None
+    fm = None
+    if na < nd:       # (an explanation that cannot be made, e.g. a malformed cost probe, is said and the round shown)
+        with guard("explanation"):
+            fm = loaders.explanation(path).first_mismatches
     verdict = round_views.round_verdict_line(row, steps, dec.label, fm, tr.manifest)
     (st.success if na == nd else st.warning)(verdict, icon=":material/check:" if na == nd else ":material/close:")
     if len(steps) == 0:
