@@ -220,7 +220,7 @@ def test_open_errors(tmp_path: Path) -> None:
     # the right number in the wrong JSON type: said as a type, not "expected 1, got 1"
     for sv, shown in (('"1"', 'str "1"'), ("1.0", "float 1.0"), ("true", "bool true")):
         (tmp_path / "manifest.json").write_text(
-            '{"schema_version": %s, "source": "record", "complete": true, "counts": {}}' % sv)
+            '{"schema_version": ' + sv + ', "source": "record", "complete": true, "counts": {}}')
         with pytest.raises(TraceFormatError) as e:
             traces.open(tmp_path)
         assert e.value.one_line().endswith(
