@@ -192,6 +192,15 @@ def verify_banner(role: str, drafter: str | None, error: str | None) -> str:
             "defect, not from hard tokens (details on the Validate page).")
 
 
+def no_worst_words(f: TraceFacts) -> str:
+    """The start page's line for a trace with no worst prompt to name: a trace of llama-server requests (no
+    per-prompt rounds; its acceptance rate comes from the request rows), or one where no prompt drafted a token."""
+    if not f.prompts and f.acceptance_rate is not None:
+        return (f"{f.role}: llama-server requests, no rounds per prompt: no worst prompt to name (its acceptance rate "
+                "comes from the request rows; the Acceptance page shows them).")
+    return f"{f.role}: no prompt drafted a token."
+
+
 def lost_parts_line(role: str, skipped: Sequence[str]) -> str | None:
     """The one line every trace page shows above itself when the trace's reader skipped part files (missing, or
     unreadable: ``Trace.skipped``, their paths relative to the trace), None when it skipped none, e.g. ``Trace A
@@ -317,4 +326,4 @@ def start_verdict(traces: Sequence[TraceFacts]) -> StartVerdict:
 
 
 __all__ = ["PromptCounts", "StartVerdict", "TraceFacts", "Worst", "advice_line", "first_error_line", "pct", "start_verdict",
-           "lost_parts_line", "trace_state_line", "verify_banner", "worst"]
+           "lost_parts_line", "no_worst_words", "trace_state_line", "verify_banner", "worst"]

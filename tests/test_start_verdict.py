@@ -138,3 +138,15 @@ def test_no_steps_words_say_why_a_round_has_no_steps() -> None:
     assert "a steps part file of this trace was lost" in no_steps_words({"source": "record"}, lost_steps=True)
     assert "rounds only (an imported log)" in no_steps_words({"source": "fork-ndjson"}, lost_steps=False)
     assert "the trace holds none for it" in no_steps_words({"source": "record"}, lost_steps=False)
+
+
+def test_a_requests_only_trace_is_not_said_to_have_drafted_nothing() -> None:
+    """A llama-server log (request rows, an acceptance rate, no per-prompt rounds): its start-page line says so, not
+    "no prompt drafted a token" beside its 61.1 %."""
+    from mtpscope.app.verdict import no_worst_words
+
+    srv = TraceFacts(role="trace A", path="/t", name="t", acceptance_rate=11 / 18, prompts=())
+    assert no_worst_words(srv).startswith("trace A: llama-server requests, no rounds per prompt")
+    idle = TraceFacts(role="trace B", path="/t", name="t", acceptance_rate=None,
+                      prompts=(PromptCounts(0, None, 0, 0),))
+    assert no_worst_words(idle) == "trace B: no prompt drafted a token."

@@ -41,7 +41,7 @@ with guard("verdict"):
     for f in facts:
         w = v.worst.get(f.path)
         if w is None or w.prompt_id is None:
-            st.caption(f"{f.role}: no prompt drafted a token.")
+            st.caption(verdict.no_worst_words(f))
             continue
         tr = loaders.trace(f.path)
         label = views.prompt_labels([w.prompt_id], views.manifest_prompts(tr.manifest), width=60)[w.prompt_id]
