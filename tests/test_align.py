@@ -249,3 +249,10 @@ def test_different_prompt_sets_are_not_paired_by_prompt_id() -> None:
     # without texts on one side, prompt_id pairing stays (imported traces)
     p2 = pair_prompts(ma, {"prompts": [{"prompt_id": 0, "text": None}]}, [0, 1], [0])
     assert p2.by == "prompt_id" and p2.pairs == ((0, 0),)
+    # ... and says it may pair different prompts (compare's note, the app's warning); no caveat otherwise
+    from mtpscope.traces.analysis.align import pairing_caveat
+
+    assert pairing_caveat(p2) == ("neither id, text nor tokens names every prompt in both traces (an imported log "
+                                  "names none): the prompts are paired by their numbers only, which may pair "
+                                  "different prompts")
+    assert pairing_caveat(p) is None and pairing_caveat(pair_prompts(ma, ma, [0, 1], [0, 1])) is None

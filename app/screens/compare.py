@@ -11,6 +11,7 @@ from mtpscope.app import selection as sel
 from mtpscope.app.guard import guard
 from mtpscope.errors import EmptyTraceError, TraceMismatchError
 from mtpscope.traces.analysis import metrics, wording
+from mtpscope.traces.analysis.align import pairing_caveat
 from mtpscope.traces.analysis.runtime_diff import CAUSES
 
 st.title("Compare")
@@ -36,6 +37,9 @@ def _aligned(a: str, b: str, names: tuple[str, str], labels_a: dict[int, str]) -
     st.caption(f"Prompts paired by {pairing.by}: {wording.plural(len(pairing.pairs), 'pair')}"
                + (f"; unpaired in A: {len(pairing.unpaired_a)}, in B: {len(pairing.unpaired_b)}"
                   if pairing.unpaired_a or pairing.unpaired_b else "") + ".")
+    caveat = pairing_caveat(pairing)
+    if caveat:
+        st.warning(f"{caveat[:1].upper()}{caveat[1:]}; read the deltas below with that in mind.", icon=":material/warning:")
     if diff.not_comparable is not None:
         r = diff.delta.get("all")
         own = (f" Each run's own acceptance rate: {names[0]} {formats.percent(r.rate_a)}, "

@@ -216,6 +216,11 @@ def format_comparison(a: str, b: str, diff: AlignedDiff, runs: list[str] | None 
     lines = [f"A: {a}", f"B: {b}", *(runs or []),
              f"prompts paired by {pairing.by}: {len(pairing.pairs)} (unpaired: A {len(pairing.unpaired_a)}, "
              f"B {len(pairing.unpaired_b)}); outputs identical: {same}"]
+    from mtpscope.traces.analysis.align import pairing_caveat
+
+    caveat = pairing_caveat(pairing)
+    if caveat:
+        lines.append(f"note: {caveat}")
     if diff.not_comparable is not None:      # different text: nothing position by position, no delta
         r = diff.delta.get("all")
         lines.append(f"not comparable position by position: {diff.not_comparable}; no output position, "

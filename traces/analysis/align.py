@@ -114,6 +114,16 @@ def pair_prompts(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any],
                          tuple(p for p in sorted(ea) if p not in common), tuple(p for p in sorted(eb) if p not in common))
 
 
+def pairing_caveat(pairing: PromptPairing) -> str | None:
+    """The caveat of prompts paired by their numbers only (:func:`pair_prompts`' last resort: neither id, text nor
+    tokens names every prompt in both traces, as with an imported log), for ``compare``'s text and the app's Compare
+    page; None for any other pairing, or when nothing was paired."""
+    if pairing.by != "prompt_id" or not pairing.pairs:
+        return None
+    return ("neither id, text nor tokens names every prompt in both traces (an imported log names none): the prompts "
+            "are paired by their numbers only, which may pair different prompts")
+
+
 def target_difference(manifest_a: Mapping[str, Any], manifest_b: Mapping[str, Any]) -> str | None:
     """How the two runs' targets differ, in words, when their manifests say so: the target's hidden width
     (``dims.n_embd_backbone``, which the drafter reads) or its architecture (``models.target.architecture``);
