@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,9 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
     where = os.fspath(d / "config.json")
     mt = config.get("model_type")
     out = Path(out)
+    _refuse_outputs_over_inputs(out, None if centroids_out is None else Path(centroids_out),
+                                [d / "config.json", *(Path(f) for f in ckpt.files),
+                                 *([Path(vocab_from)] if vocab_from is not None else [])])
     if mt == "gemma4_assistant":
         return _convert_drafter(ckpt, out, dialect, outtype, centroids_out, vocab_from, where)
     if mt in ("gemma4_text", "gemma4"):
@@ -182,6 +185,32 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         return convert_target(tc, ckpt.tensors, out, outtype, vocab_from, where)   # headers checked, then read
     raise HFCheckpointError("unsupported model_type", path=where, key="model_type",
                             expected="gemma4_assistant, gemma4_text or gemma4", actual=got(mt))
+
+
+def _refuse_outputs_over_inputs(out: Path, centroids_out: Path | None, inputs: Sequence[Path]) -> None:
+    """Refuse, before anything is written, an output that is one of the files the conversion reads (the checkpoint's
+    ``config.json`` or a safetensors shard, ``--vocab-from``): its rename would destroy the input; and
+    ``centroids_out`` equal to ``out`` (the sidecar would replace the drafter just written).
+
+    Raises:
+        HFCheckpointError: naming the output and the input it would replace.
+    """
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.exists() and b.exists() and a.samefile(b)
+        except OSError:
+            return False
+
+    for o, opt in ((out, "--out"), (centroids_out, "--centroids-out")):
+        if o is None:
+            continue
+        hit = next((i for i in inputs if same(o, i) or o.resolve() == i.resolve()), None)
+        if hit is not None:
+            raise HFCheckpointError("the output would replace a file the conversion reads", path=o, key=opt,
+                                    expected="another file", actual=f"the input {hit}")
+    if centroids_out is not None and (centroids_out.resolve() == out.resolve() or same(centroids_out, out)):
+        raise HFCheckpointError("the centroid sidecar would replace the drafter just written", path=centroids_out,
+                                key="--centroids-out", expected="another file than --out", actual=f"--out {out}")
 
 
 def drafter_kv(config: Mapping[str, Any], hp: TextHParams, dialect: str) -> list[tuple[str, MetaValue]]:

@@ -142,6 +142,25 @@ def test_convert_errors(hf_pair: tuple[Path, Path], tmp_path: Path) -> None:
         convert(nocen, tmp_path / "y.gguf", centroids_out=tmp_path / "side.gguf")
 
 
+def test_an_output_over_an_input_is_refused_and_nothing_is_touched(hf_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """``--out`` (or ``--centroids-out``) naming the checkpoint's own safetensors or config.json, or the sidecar
+    naming ``--out``: refused before anything is written (before: the checkpoint was replaced by the GGUF, or the
+    drafter by its sidecar, and 'wrote' said)."""
+    import shutil
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(hf_pair[1], d)
+    before = {f.name: f.read_bytes() for f in d.iterdir()}
+    shard = next(d.glob("*.safetensors"))
+    for kw in ({"out": shard}, {"out": d / "config.json"}, {"out": tmp_path / "o.gguf", "centroids_out": shard}):
+        with pytest.raises(HFCheckpointError, match="the output would replace a file the conversion reads") as e:
+            convert(d, **kw)
+        assert "got the input " in e.value.one_line()
+    with pytest.raises(HFCheckpointError, match="the centroid sidecar would replace the drafter"):
+        convert(d, tmp_path / "o.gguf", centroids_out=tmp_path / "o.gguf")
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == before and not (tmp_path / "o.gguf").exists()
+
+
 def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str, Path], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
