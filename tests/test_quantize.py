@@ -181,6 +181,15 @@ def test_bad_input_is_one_line_and_leaves_no_file(pair, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert GGUFReader(out).fields["mtpscope.quantize.type"].contents() == "q8_0"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "o.gguf"]
+    # more threads than ggml makes (GGML_MAX_N_THREADS, 512): one line, before llama.cpp aborts making them
+    r = runner.invoke(app, ["quantize", str(pair["drafter"]), str(tmp_path / "t.gguf"), "--threads", "99999"])
+    assert r.exit_code == 2 and "'--threads'" in r.output and "less than or equal to 512" in r.output, r.output
+    from mtpscope.errors import TraceError
+    from mtpscope.traces.run.quantize import quantize_file
+
+    with pytest.raises(TraceError, match=r"quantizer threads must be in 0\.\.512"):
+        quantize_file(pair["drafter"], tmp_path / "t.gguf", "q8_0", n_threads=513)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "o.gguf"]
 
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from mtpscope.cli.common import one_line_errors
+from mtpscope.traces.run.record_config import MAX_N_THREADS
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +27,7 @@ def register(app: typer.Typer) -> None:
         qtype: Annotated[str, typer.Option(
             "--type", help="llama.cpp's file type, named as llama-quantize names it: f32, f16, bf16, q8_0, q6_k, "
                            "q5_k_m, q4_k_m, q4_0, ... (an unknown name lists them all)")] = "q8_0",
-        threads: Annotated[int, typer.Option("--threads", min=0, help="quantizer threads (0: one per core)")] = 0,
+        threads: Annotated[int, typer.Option("--threads", min=0, max=MAX_N_THREADS, help="quantizer threads (0: one per core)")] = 0,
         overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing OUT")] = False,
     ) -> None:
         """Quantize a GGUF with llama.cpp's own quantizer; the output names its source and quantizer."""

@@ -141,7 +141,7 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
         src: an F32 / F16 / BF16 GGUF (a drafter or a target).
         out: the GGUF to write; an existing file is replaced only with ``overwrite``.
         qtype: llama.cpp's file type name (:func:`quant_types`; case-insensitive).
-        n_threads: quantizer threads (0: one per core).
+        n_threads: quantizer threads, 0..``MAX_N_THREADS`` (0: one per core).
         overwrite: replace an existing ``out``.
         source_sha256: the input's content hash when the caller has it (written as
             ``mtpscope.quantize.source_sha256``).
@@ -151,7 +151,7 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
 
     Raises:
         InspectorError: ``src`` is not a readable GGUF (our reader's line: file, offset).
-        TraceError: ``out`` exists (without ``overwrite``), is ``src`` or is not a regular file (a device,
+        TraceError: ``n_threads`` out of range; ``out`` exists (without ``overwrite``), is ``src`` or is not a regular file (a device,
             FIFO or folder); its folder takes no new file (the OS's reason); an unknown type (the line lists
             llama.cpp's); llama.cpp refused (its message quoted, e.g. "requantizing from type q8_0 is
             disabled"); the written file does not read back. Nothing is left at ``out`` then.
@@ -160,9 +160,13 @@ def quantize_file(src: str | os.PathLike[str], out: str | os.PathLike[str], qtyp
     """
     from mtpscope.inspector.paths import file_kind
     from mtpscope.traces.run.llama.model import quantize
+    from mtpscope.traces.run.record_config import MAX_N_THREADS
 
     src_p, out_p = Path(src), Path(out)
     name = check_types(qtype, key="type")[0]
+    if not 0 <= int(n_threads) <= MAX_N_THREADS:    # (more: llama.cpp's quantizer aborts making its threads)
+        raise TraceError(f"quantizer threads must be in 0..{MAX_N_THREADS} (ggml's GGML_MAX_N_THREADS; 0: one per "
+                         "core)", key="n_threads", expected=f"0..{MAX_N_THREADS}", actual=n_threads)
     if out_p.exists() and out_p.resolve() == src_p.resolve():
         raise TraceError("the output would replace the input", path=out_p, expected="another file",
                          actual="the input file")
