@@ -414,7 +414,7 @@ def test_listed_part_missing(tmp_path: Path) -> None:
     assert any("part-00001.parquet: listed in the manifest but missing" in w for w in t.warnings)
 
 
-@pytest.mark.parametrize("parts", [None, "missing"])
+@pytest.mark.parametrize("parts", [None, "missing", "empty"])
 def test_manifest_that_lost_its_part_list_still_reads_the_merged_files(tmp_path: Path, parts: object) -> None:
     """A closed, compacted trace whose manifest lost its `parts` list (null, or the key gone): the merged files
     on disk are read, with a warning naming the manifest's `parts` (before: 0 rounds, no warning, exit 0); a
@@ -427,6 +427,8 @@ def test_manifest_that_lost_its_part_list_still_reads_the_merged_files(tmp_path:
     assert man["parts"]["rounds"] == ["merged-00000.parquet"]
     if parts is None:
         man["parts"] = None
+    elif parts == "empty":           # `{}`: before, 0 rounds without a word (as the key gone, once)
+        man["parts"] = {}
     else:
         del man["parts"]
     (tmp_path / "t" / "manifest.json").write_text(json.dumps(man))
@@ -441,6 +443,15 @@ def test_manifest_that_lost_its_part_list_still_reads_the_merged_files(tmp_path:
     u = traces.open(tmp_path / "u")
     assert list(u.rounds["n_accepted"]) == list(ACC)
     assert any("merged-00000.parquet: merged file the manifest does not list, ignored" in w for w in u.warnings)
+    if parts == "empty":             # parts only, a list emptied: read, and said
+        _write(tmp_path / "v")
+        man = json.loads((tmp_path / "v" / "manifest.json").read_text())
+        man["parts"] = {"rounds": [], "steps": []}
+        (tmp_path / "v" / "manifest.json").write_text(json.dumps(man))
+        v = traces.open(tmp_path / "v")
+        assert list(v.rounds["n_accepted"]) == list(ACC) and len(v.steps) == 3 * len(ACC)
+        assert f"{tmp_path / 'v' / 'manifest.json'}: 'parts' lists no rounds file but {tmp_path / 'v' / 'rounds'} " \
+               "holds parts: read as they are" in v.warnings
 
 
 _KILL_SCRIPT = textwrap.dedent("""

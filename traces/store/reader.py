@@ -134,6 +134,13 @@ class Trace(TraceLike):
     def _list_parts(self, table: str) -> list[Path]:
         d = self.path / table
         listed = self.manifest.get("parts")
+        if isinstance(listed, dict) and not listed.get(table) and d.is_dir():
+            # a manifest listing no file of a table whose folder holds parts (its list lost or emptied): they are
+            # read, said below for merged files and here for parts, rather than 0 rows reported without a word
+            if plain_parts(self.path, table):
+                self.warnings.append(f"{self.path / MANIFEST}: 'parts' lists no {table} file but {d} holds parts: "
+                                     "read as they are")
+            listed = None
         if isinstance(listed, dict):
             out = []
             for name in listed.get(table) or []:
