@@ -42,11 +42,15 @@ RENAMES = FORK_TO_UPSTREAM
 
 @dataclass(frozen=True)
 class KeyChange:
-    """A metadata key whose value differs. ``a`` / ``b`` are short, JSON-able summaries."""
+    """A metadata key whose value or GGUF value type differs. ``a`` / ``b`` are short, JSON-able summaries;
+    ``a_type`` / ``b_type`` the value types (``UINT32``; ``ARRAY[INT32]`` for an array): the same value in another type
+    is a change (llama.cpp refuses e.g. a block count stored as INT32)."""
 
     key: str
     a: Any
     b: Any
+    a_type: str = ""
+    b_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,16 @@ def _default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     return str(o)
+
+
+def value_type_words(kv: Any) -> str:
+    """A key's GGUF value type as :class:`KeyChange` names it: ``UINT32``, ``STRING``; an array with its elements'
+    type, ``ARRAY[INT32]``."""
+    from mtpscope.inspector.gguf import value_type_name
+
+    name = str(getattr(kv, "type_name", ""))
+    et = getattr(kv.value, "element_type", None)
+    return f"{name}[{value_type_name(et)}]" if name == "ARRAY" and isinstance(et, int) else name
 
 
 def _summary(v: Any) -> Any:
@@ -386,13 +400,13 @@ def diff(a: Any, b: Any, values: bool = False, n_rows: int = SAMPLE_ROWS, match_
             return "{arch}." + k[len(arch) + 1:]
         return k
 
-    ka = {norm_key(k, arch_a): (k, kv.value) for k, kv in fa.kv.items()}
-    kb = {norm_key(k, arch_b): (k, kv.value) for k, kv in fb.kv.items()}
+    ka = {norm_key(k, arch_a): (k, kv.value, value_type_words(kv)) for k, kv in fa.kv.items()}
+    kb = {norm_key(k, arch_b): (k, kv.value, value_type_words(kv)) for k, kv in fb.kv.items()}
     added = tuple(kb[k][0] for k in kb if k not in ka)
     removed = tuple(ka[k][0] for k in ka if k not in kb)
     changed = tuple(KeyChange(ka[k][0] if ka[k][0] == kb[k][0] else f"{ka[k][0]} | {kb[k][0]}",
-                              _summary(ka[k][1]), _summary(kb[k][1]))
-                    for k in ka if k in kb and not _values_equal(ka[k][1], kb[k][1]))
+                              _summary(ka[k][1]), _summary(kb[k][1]), ka[k][2], kb[k][2])
+                    for k in ka if k in kb and (ka[k][2] != kb[k][2] or not _values_equal(ka[k][1], kb[k][1])))
 
     ta = {t.name: t for t in fa.tensors}
     tb = {t.name: t for t in fb.tensors}

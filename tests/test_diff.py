@@ -22,13 +22,30 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {k: write(d / f"{k}.gguf", *parts(k)) for k in ("upstream", "fork")}
 
 
+def test_the_same_value_in_another_type_is_a_change(tmp_path: Path) -> None:
+    """A key whose value is the same in another GGUF type (block_count 4 as INT32: llama.cpp refuses the file, verify
+    says E_KEY_VALUE) and an array whose elements' type changed are changes, said with both types (before:
+    "identical")."""
+    from tests.builders import UP, build
+
+    a = write(tmp_path / "a.gguf", *parts("upstream"))
+    r = diff(a, build(tmp_path, "up_block_count_i32"), data="none")
+    assert r.keys_changed == (KeyChange(f"{UP}.block_count", 4, 4, "UINT32", "INT32"),) and not r.identical
+    r2 = diff(build(tmp_path, "up_head_count_kv_array"), build(tmp_path, "up_head_count_kv_array_i32"), data="none")
+    assert [(c.key, c.a_type, c.b_type) for c in r2.keys_changed] == [
+        (f"{UP}.attention.head_count_kv", "ARRAY[UINT32]", "ARRAY[INT32]")]
+    res = CliRunner().invoke(app, ["diff", str(a), str(tmp_path / "up_block_count_i32.gguf"), "--data", "none"])
+    assert f"~ key {UP}.block_count: 4 -> 4 (UINT32 -> INT32)" in res.output, res.output
+
+
 def test_upstream_vs_fork(files: dict[str, Path]) -> None:
     r = diff(files["upstream"], files["fork"])
     fk = "gemma4_assistant."
     assert set(r.keys_added) == {fk + "n_embd_backbone", fk + "n_centroids", fk + "centroid_top_k",
                                  fk + "use_ordered_embeddings", fk + "requires_target_arch"}
     assert set(r.keys_removed) == {"gemma4-assistant.embedding_length_out", "gemma4-assistant.nextn_predict_layers"}
-    assert r.keys_changed == (KeyChange("general.architecture", "gemma4-assistant", "gemma4_assistant"),)
+    assert r.keys_changed == (KeyChange("general.architecture", "gemma4-assistant", "gemma4_assistant", "STRING",
+                                        "STRING"),)
     assert set(r.tensors_added) == {"mtp.centroids.weight", "mtp.token_ordering.weight"}
     assert r.tensors_removed == ()
     assert set(r.tensors_renamed) == {("nextn.pre_projection.weight", "mtp.pre_projection.weight"),

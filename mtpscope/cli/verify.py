@@ -149,7 +149,8 @@ def _print_diff(d: GGUFDiff) -> None:
     for k in d.keys_added:
         con.print(f"[green]+ key {k}[/green]")
     for kc in d.keys_changed:
-        con.print(f"[yellow]~ key {kc.key}: {kc.a!r} -> {kc.b!r}[/yellow]")
+        types = f" ({kc.a_type} -> {kc.b_type})" if kc.a_type != kc.b_type else ""
+        con.print(f"[yellow]~ key {kc.key}: {kc.a!r} -> {kc.b!r}{types}[/yellow]")
     for n in d.tensors_removed:
         con.print(f"[red]- tensor {n}[/red]")
     for n in d.tensors_added:

@@ -68,7 +68,8 @@ def _gguf_changes(pa: str, pb: str) -> tuple[tuple[tuple[str, Any, Any], ...], t
     from mtpscope.inspector.diff import diff
 
     d = diff(pa, pb, values=False, data="none")  # keys and tensor table only (fast)
-    keys: list[tuple[str, Any, Any]] = [(c.key, c.a, c.b) for c in d.keys_changed]
+    keys: list[tuple[str, Any, Any]] = [(c.key, c.a, c.b) if c.a_type == c.b_type else   # (a type change: said)
+                                         (c.key, f"{c.a!r} ({c.a_type})", f"{c.b!r} ({c.b_type})") for c in d.keys_changed]
     keys += [(k, None, "(present)") for k in d.keys_added] + [(k, "(present)", None) for k in d.keys_removed]
     tens: list[tuple[str, str | None, str | None]] = [(t.name, f"{t.a_type} {list(t.a_ne)}", f"{t.b_type} {list(t.b_ne)}") for t in d.tensors_changed]
     tens += [(n, None, "(present)") for n in d.tensors_added] + [(n, "(present)", None) for n in d.tensors_removed]
