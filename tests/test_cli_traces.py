@@ -96,8 +96,10 @@ def test_import_commands(tmp_path: Path) -> None:
     # same --out again: refused without --overwrite
     res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t")])
     assert res.exit_code == 2 and "already holds a trace" in res.stderr
+    (tmp_path / "t" / "llama.log").write_text("a recording's llama.cpp output\n")   # as a recorded trace has
     res = runner.invoke(app, ["import", "fork-ndjson", str(src), "--out", str(tmp_path / "t"), "--overwrite"])
     assert res.exit_code == 1
+    assert not (tmp_path / "t" / "llama.log").exists()     # the replaced trace's log does not stay beside the new one
 
     log = tmp_path / "server.log"
     log.write_text("slot print_timing: id  0 | task 3 | \ndraft acceptance rate = 0.50000 (    2 accepted /     4 generated)\n")

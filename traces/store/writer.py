@@ -34,6 +34,7 @@ from mtpscope.traces.store.centroid_counts import MANIFEST_KEY as COUNTS_KEY
 from mtpscope.traces.store.centroid_counts import CentroidCounts
 from mtpscope.traces.store.columns import Item, to_tables
 from mtpscope.traces.store.layout import (
+    LLAMA_LOG,
     MANIFEST,
     TABLES,
     WAL_DIR,
@@ -201,6 +202,8 @@ class TraceWriter:
                 os.close(fd)
         for p in parts + segs:
             p.unlink()
+        if overwrite:       # the replaced trace's llama.cpp output is not the new one's (a recorder writes its own after)
+            (self.path / LLAMA_LOG).unlink(missing_ok=True)
         for t in ("rounds", "steps"):
             (self.path / t).mkdir(exist_ok=True)
 
