@@ -274,6 +274,23 @@ def test_repair_after_a_recovery_removes_the_tmp_parts_too(tmp_path: Path) -> No
     assert sorted(doc["tmp_removed"]) == sorted(tmps)   # (the recovery drops the merged file itself: said too)
 
 
+def test_repair_names_a_log_it_could_not_read_to_its_end_on_stderr(tmp_path: Path) -> None:
+    """A dead writer's log with garbage after its records: repair recovers what precedes it, exits 1 and names the
+    log on stderr, as its help says (before: on stdout only, stderr empty)."""
+    d = tmp_path / "t"
+    w = _trace(d, background=False)
+    os.close(w._lock_fd)                       # the writer dies: its lock is released, its log stays
+    w._lock_fd = None
+    logs = sorted((d / "wal").glob("part-*.log"))
+    assert logs
+    with open(logs[-1], "ab") as f:
+        f.write(os.urandom(5000))
+    res = runner.invoke(app, ["trace", "repair", str(d)])
+    assert res.exit_code == 1, (res.stdout, res.stderr)
+    named = [ln for ln in res.stderr.splitlines() if ln.startswith(f"mtpscope: {d}: wal/{logs[-1].name}")]
+    assert named and "not read" in named[0] and named[0].endswith(".damaged"), res.stderr
+
+
 def test_repair_of_a_trace_with_a_garbage_part_says_so_and_exits_1(tmp_path: Path) -> None:
     """A closed trace whose rounds part is garbage: repair names the part on stderr (was stdout), its count line says
     how many rounds read against the manifest's count, and it exits 1 (was 0, the count unexplained)."""

@@ -85,6 +85,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"aborted: {ab.get('where') or ''}: {ab.get('message') or ab.get('signal') or ''}")
         for w in out["warnings"]:       # (on stderr, as every command's warnings; --json has them too)
             print(f"warning: {w}", file=sys.stderr)
+        for prob in rec.problems:       # a log not read to its end (exit 1): named on stderr too, as the help says
+            print(f"mtpscope: {path}: {prob}", file=sys.stderr)
         # exit 1: a recorder still writes it, a log not read to its end, or parts that cannot be read
         raise typer.Exit(EXIT_FINDINGS if status == "live" or rec.problems or out["warnings"] else EXIT_OK)
 
