@@ -425,6 +425,11 @@ def estimate(target: Any, assistant: Any = None, params: EstimateParams | None =
     notes = [COMPUTE_NOTE]
     if gpu:
         notes.append(GPU_NOTE)
+    dup = sum(t_est.weights_by_device.values()) - t_est.weights
+    if dup > 0:     # the device table's weights exceed the file's by the tied head's second copy: said, with its size
+        notes.append(f"the devices' weights include a second copy of the target's token_embd ({dup / MiB:,.2f} MiB) "
+                     "on the GPU: its tied output head is duplicated on the output layer's device (src/llama-model.cpp, "
+                     "TENSOR_DUPLICATED), so they add up to more than the files' weights")
     notes += list(getattr(tf, "notes", ()))  # a model laid out from its config.json says what it assumed
     if assistant is not None:
         notes += list(getattr(df, "notes", ()))

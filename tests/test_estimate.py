@@ -119,6 +119,11 @@ def test_gpu_split_rules(demo_dir: Any) -> None:
     assert all_gpu["CPU"] == size["token_embd.weight"]
     assert all_gpu["GPU"] == e.target.weights
     assert all(x.device == "GPU" for x in estimate(f, params=EstimateParams(n_gpu_layers=-1)).target.kv_layers)
+    # the devices' weights exceed the file's by that copy, and a note says how much (on CPU alone: no such note)
+    mib = size["token_embd.weight"] / (1 << 20)
+    assert any(n.startswith(f"the devices' weights include a second copy of the target's token_embd ({mib:,.2f} MiB)")
+               for n in e.notes), e.notes
+    assert not any("second copy" in n for n in estimate(f, params=EstimateParams(n_gpu_layers=0)).notes)
 
 
 def test_cli(demo_dir: Any) -> None:
