@@ -73,6 +73,8 @@ COMPUTE_NOTE = ("compute buffer: estimated from the largest phase of one n_ubatc
 GPU_NOTE = ("per-device split from llama.cpp's layer assignment rules (src/llama-model.cpp); checked on CPU only")
 
 MiB = 1 << 20
+#: the largest n_ctx whose padding to 256 cells (``llama-context.cpp``) fits llama.cpp's uint32_t ``n_ctx``
+N_CTX_MAX = (2**32 - 1) // 256 * 256
 #: Relative error of the compute-buffer estimate against llama.cpp's reports on the models tried (CPU): within
 #: this of ``compute_bytes`` or of ``compute_bytes_max`` (largest seen 0.08, the E4B-like tiny drafter).
 COMPUTE_TOLERANCE = 0.10
@@ -303,6 +305,9 @@ def _target_kv(f: Any, hp: L.HParams, p: EstimateParams) -> tuple[list[LayerKV],
     if n_ctx <= 0:
         raise LayoutError("n_ctx is 0 and the file has no context_length", path=f.path,
                           key=f"{hp.arch}.context_length", expected="> 0", actual=n_ctx)
+    if _pad(n_ctx, 256) > N_CTX_MAX:       # (llama.cpp's n_ctx is uint32_t: the padded size would wrap)
+        raise LayoutError("n_ctx padded to 256 cells is past llama.cpp's uint32_t n_ctx", path=f.path, key="n_ctx",
+                          expected=f"<= {N_CTX_MAX}", actual=n_ctx)
     n_ctx = _pad(n_ctx, 256)
     seqs = max(1, p.n_parallel)
     if p.kv_unified:

@@ -237,3 +237,15 @@ def test_hf_checkpoint_folder_missing_or_a_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(HFCheckpointError, match="not a folder"):
         read_checkpoint(tmp_path / "f")
+
+
+def test_an_n_ctx_whose_padding_wraps_llama_cpps_uint32_is_refused(demo_dir: Any) -> None:
+    """n_ctx is padded to 256 cells in a uint32_t (llama-context.cpp): 2**32 - 256 is the largest that fits; one more
+    is refused (before: 4294967295 printed as 4294967296 cells and a 10-TiB total)."""
+    from mtpscope.errors import LayoutError
+    from mtpscope.inspector.gguf import open_gguf
+
+    f = open_gguf(demo_dir.target)
+    assert estimate(f, params=EstimateParams(n_ctx=2**32 - 256)).n_ctx == 2**32 - 256
+    with pytest.raises(LayoutError, match=r"expected <= 4294967040, got 4294967041"):
+        estimate(f, params=EstimateParams(n_ctx=2**32 - 255))
