@@ -298,7 +298,9 @@ def detect_dialect(f: GGUFLike) -> Dialect:
             evidence.append(f"tensor {hit!r} matches {label!r}")
             return Dialect("other", arch, tuple(evidence), label)
     if arch is None:
-        evidence.append("no general.architecture")
+        kv = getattr(f, "kv", {}).get("general.architecture")     # present, but not a string: said as such
+        evidence.append("no general.architecture" if kv is None else
+                        f"general.architecture is a {getattr(kv, 'type_name', '?')}, not a STRING")
     return Dialect("unknown", arch, tuple(evidence))
 
 

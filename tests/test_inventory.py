@@ -167,3 +167,16 @@ def test_other_dialects(write_gguf: Any, arch: str | None, names: list[str], kin
 ])
 def test_classify_names(name: str, want: tuple[str, int | None]) -> None:
     assert classify(name) == want
+
+
+def test_an_architecture_key_of_another_type_is_said_as_such(write_gguf: Any) -> None:
+    """general.architecture present as a UINT32 (gguf-py's writer, our reader): the dialect's evidence says it is not a
+    string, not that the key is missing (verify reports the same key's type)."""
+    import gguf
+
+    path = write_gguf("a.gguf", None, [("general.architecture", 5, gguf.GGUFValueType.UINT32)],
+                      [("x.weight", np.zeros((4, 4), np.float32))])
+    d = build_inventory(open_gguf(path)).dialect
+    assert d.kind == "unknown" and d.evidence == ("general.architecture is a UINT32, not a STRING",)
+    bare = write_gguf("b.gguf", None, [], [("x.weight", np.zeros((4, 4), np.float32))])
+    assert build_inventory(open_gguf(bare)).dialect.evidence == ("no general.architecture",)
