@@ -151,7 +151,7 @@ class Compared:
         head = (f"compared: {self.keys} metadata key{'' if self.keys == 1 else 's'}, {self.tensors} "
                 f"tensor{'' if self.tensors == 1 else 's'} (names, types, shapes)")
         if self.data == "none":
-            return head + "; tensor data not compared" + (f" ({self.note})" if self.note else "")
+            return head + "; tensor bytes not compared" + (f" ({self.note})" if self.note else "")
         parts = [f"{self.data_whole} whole"] + ([f"{self.data_sampled} on {self.sample_rows} sampled rows each"]
                                                 if self.data_sampled else [])
         skipped = f", {len(self.data_skipped)} not (type or shape differ)" if self.data_skipped else ""

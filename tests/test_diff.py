@@ -188,7 +188,7 @@ def test_feed_forward_weights_that_differ_are_not_identical(tmp_path: Path) -> N
     # --values measures how much (across types too: ffn_down's Q8_0 rounding)
     assert {v.name for v in diff(a, b, values=True, data="none").values if not v.identical} == \
         {"blk.1.ffn_up.weight", "blk.2.ffn_down.weight"}
-    assert diff(a, b, data="none").compared.line().endswith("tensor data not compared")
+    assert diff(a, b, data="none").compared.line().endswith("tensor bytes not compared")
 
 
 def test_large_tensors_are_compared_on_sampled_rows_and_whole_on_request(tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_cli_diff_says_what_was_compared(tmp_path: Path) -> None:
     res = run(app, ["diff", str(a), str(a), "--sample-rows", "2"])
     assert res.exit_code == 0 and "identical" in res.stdout and "compared:" in res.stdout
     res = run(app, ["diff", str(a), str(b), "--data", "none"])
-    assert res.exit_code == 0 and "tensor data not compared" in res.stdout  # what was not compared is said
+    assert res.exit_code == 0 and "tensor bytes not compared" in res.stdout  # what was not compared is said
     d = json.loads(run(app, ["diff", str(a), str(b), "--json"]).stdout)
     assert [x["name"] for x in d["data"] if not x["same"]] == ["blk.0.ffn_gate.weight"]
     assert d["compared"]["data"] == "sampled"

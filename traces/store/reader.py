@@ -148,7 +148,8 @@ class Trace(TraceLike):
                 if not TRACE_FILE_RE.match(str(name)) or str(name).endswith(".tmp"):
                     self.warnings.append(f"{self.path / MANIFEST}: part name {name!r} in 'parts' ignored")
                 elif not p.is_file():
-                    self.warnings.append(f"{p}: listed in the manifest but missing, skipped")
+                    self.warnings.append(f"{p}: listed in the manifest but " + ("a folder, not a file" if p.is_dir()
+                                                                                 else "missing") + ", skipped")
                     self.skipped.append(p)
                 else:
                     out.append(p)
