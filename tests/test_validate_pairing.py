@@ -97,6 +97,14 @@ def test_target_must_be_gemma4(pair: dict[str, Path]) -> None:
     assert one(r, "E_PAIR_TARGET_ARCH").actual == "gemma4"
 
 
+def test_a_target_without_an_architecture_is_said_so_not_none(tmp_path: Path, pair: dict[str, Path]) -> None:
+    """A target GGUF with no general.architecture: the finding says so (before: "found None ... got None")."""
+    arch, kv, t = parts("target")
+    f = one(verify(pair["upstream"], target=write(tmp_path / "t.gguf", None, kv, t)), "E_PAIR_TARGET_ARCH")
+    assert f.actual == "no general.architecture" and "None" not in f.message
+    assert f.message.endswith("found no general.architecture")
+
+
 # --- CLI -------------------------------------------------------------------------------------------------
 
 def test_cli_exit_codes_and_json(tmp_path: Path, pair: dict[str, Path]) -> None:
