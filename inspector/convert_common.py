@@ -100,6 +100,9 @@ def tokenizer_kv_for(n_vocab: int, vocab_from: str | os.PathLike[str] | None) ->
     if vocab_from is not None:
         kv = tokenizer_kv(vocab_from)
         n = n_tokens(kv)
+        if n is None:     # (no tokenizer at all: said as such, not "got None")
+            raise LayoutError("the file has no tokenizer to copy", path=os.fspath(vocab_from),
+                              key="tokenizer.ggml.tokens", expected=f"{n_vocab} tokens", actual="no such key")
         if n != n_vocab:
             raise LayoutError("tokenizer size differs from the checkpoint's vocab_size", path=os.fspath(vocab_from),
                               key="tokenizer.ggml.tokens", expected=n_vocab, actual=n)

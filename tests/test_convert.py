@@ -286,3 +286,38 @@ def test_a_streamed_tensor_holds_one_block(tmp_path: Path, monkeypatch: pytest.M
     whole = (bits.astype(np.uint32) << 16).view(np.float32)
     assert (tmp_path / "w.bin").read_bytes() == gguf.quants.quantize(whole, gguf.GGMLQuantizationType.Q8_0).tobytes()
     assert st.nbytes == 4096 * 1024 // 32 * 34
+
+
+def test_vocab_from_copies_a_tokenizer_of_the_right_size_and_refuses_the_rest(
+        hf_pair: tuple[Path, Path], converted: dict[str, Path], tmp_path: Path) -> None:
+    """``--vocab-from``: a GGUF whose tokenizer has the checkpoint's vocab_size gives its tokens (compared with
+    gguf-py's reader); one with no tokenizer says so (before: "got None"); one of another size names both sizes."""
+    from gguf import GGUFReader
+
+    out = convert(hf_pair[1], tmp_path / "d.gguf", vocab_from=converted["target"])
+    src, got = GGUFReader(converted["target"]), GGUFReader(out.out)
+    toks = src.fields["tokenizer.ggml.tokens"]
+    assert [bytes(toks.parts[i]) for i in toks.data] == [bytes(got.fields["tokenizer.ggml.tokens"].parts[i])
+                                                          for i in got.fields["tokenizer.ggml.tokens"].data]
+    bare = write_gguf_bare(tmp_path / "bare.gguf")
+    with pytest.raises(LayoutError, match=r"the file has no tokenizer to copy \(expected 4096 tokens, got no such key\)"):
+        convert(hf_pair[1], tmp_path / "e.gguf", vocab_from=bare)
+    with pytest.raises(LayoutError, match=r"tokenizer size differs from the checkpoint's vocab_size \(expected 4096, "
+                                          r"got 262144\)"):
+        from mtpscope.cache import vocab_path
+
+        convert(hf_pair[1], tmp_path / "f.gguf", vocab_from=vocab_path())
+    assert not (tmp_path / "e.gguf").exists() and not (tmp_path / "f.gguf").exists()
+
+
+def write_gguf_bare(path: Path) -> Path:
+    """A GGUF with an architecture, one tensor and no tokenizer keys (gguf-py's writer)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_tensor("x.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
