@@ -291,6 +291,23 @@ def test_repair_names_a_log_it_could_not_read_to_its_end_on_stderr(tmp_path: Pat
     assert named and "not read" in named[0] and named[0].endswith(".damaged"), res.stderr
 
 
+@pytest.mark.parametrize("bad", [999, -5, "5"])
+def test_repair_recounts_a_manifest_whose_counts_are_wrong(tmp_path: Path, bad: object) -> None:
+    """A closed trace whose manifest counts 999, -5 or "5" rounds: repair sets the count read from every part (5) and
+    says so, as its help promises (before: left as it was, beside its own "5 rounds"); a second repair finds nothing."""
+    d = tmp_path / "t"
+    _trace(d).close()
+    man = json.loads((d / "manifest.json").read_text())
+    man["counts"]["n_rounds"] = bad
+    (d / "manifest.json").write_text(json.dumps(man))
+    res = runner.invoke(app, ["trace", "repair", str(d)])
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    assert f"{d}: manifest counts corrected: n_rounds {bad!r} -> 5" in res.stdout
+    assert json.loads((d / "manifest.json").read_text())["counts"]["n_rounds"] == 5
+    doc = json.loads(runner.invoke(app, ["trace", "repair", str(d), "--json"]).stdout)
+    assert doc["counts_corrected"] == {} and doc["n_rounds"] == 5
+
+
 def test_repair_of_a_trace_with_a_garbage_part_says_so_and_exits_1(tmp_path: Path) -> None:
     """A closed trace whose rounds part is garbage: repair names the part on stderr (was stdout), its count line says
     how many rounds read against the manifest's count, and it exits 1 (was 0, the count unexplained)."""

@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         unfinished (.tmp) parts a writer left behind. Exit 1 while a recorder still writes it, when a log
         could not be read to its end (kept as wal/<name>.damaged, the rounds before the damage recovered), or when
         parts cannot be read (each named on stderr)."""
+        from mtpscope.traces.store.manifest import correct_counts
         from mtpscope.traces.store.reader import open_trace, read_manifest
         from mtpscope.traces.store.wal import recover
 
@@ -53,12 +54,16 @@ def register(app: typer.Typer) -> None:
             t = open_trace(path, recover_wal=False)
             t.check_parts(full=True)     # every page: a damaged one is named here, not by the next command to read it
             n_rounds, n_steps = len(t.columns("rounds", ["round"])), len(t.columns("steps", ["k"]))
+            # the manifest recounted: its counts made the rows read where every part read (a lost part: its count
+            # says what was recorded, and is kept)
+            fixed = correct_counts(path, t.manifest, n_rounds, n_steps) if status != "live" and not t.skipped else {}
         out: dict[str, Any] = {"path": str(path), "status": status, "recovered_rounds": rec.n_rounds,
                                "recovered_steps": rec.n_steps, "parts_written": list(rec.parts),
                                "torn_bytes": rec.torn_bytes, "steps_dropped": rec.n_steps_dropped,
                                "rounds_invalid": rec.n_rounds_invalid, "problems": list(rec.problems),
                                "tmp_removed": list(removed or ()),
                                "n_rounds": n_rounds, "n_steps": n_steps,
+                               "counts_corrected": {k: list(v) for k, v in fixed.items()},
                                "complete": bool(t.manifest.get("complete")), "aborted": t.manifest.get("aborted"),
                                # (while a recorder writes it: not "an interrupted run's log not read")
                                "warnings": [w for w in t.warnings if "trace is incomplete" not in w
@@ -72,6 +77,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"{path}: {rec.words()}")
             else:
                 typer.echo(f"{path}: no write-ahead log to recover")
+            if fixed:
+                typer.echo(f"{path}: manifest counts corrected: "
+                           + ", ".join(f"{k} {old!r} -> {new}" for k, (old, new) in fixed.items()))
             if removed:
                 typer.echo(f"{path}: removed {len(removed)} unfinished part{'s' if len(removed) != 1 else ''} "
                            f"(.tmp) a writer left: {', '.join(removed)}")

@@ -62,6 +62,28 @@ def write_manifest(path: str | os.PathLike[str], manifest: dict[str, Any]) -> No
 MAX_NAMED = 8
 
 
+def correct_counts(path: str | os.PathLike[str], manifest: dict[str, Any], n_rounds: int,
+                   n_steps: int) -> dict[str, tuple[Any, int]]:
+    """Set the manifest's ``counts.n_rounds`` / ``counts.n_steps`` to the rows read from every part (``trace repair``,
+    when no part was skipped) where they differ, and write the manifest (``path``: the trace folder) if any did.
+
+    Returns:
+        ``{key: (what the manifest said, the count read)}`` for each key corrected (``{}``: none).
+    """
+    counts = manifest.get("counts")
+    if not isinstance(counts, dict):
+        counts = manifest["counts"] = {}
+    fixed: dict[str, tuple[Any, int]] = {}
+    for key, n in (("n_rounds", n_rounds), ("n_steps", n_steps)):
+        old = counts.get(key)
+        if type(old) is not int or old != n:
+            fixed[key] = (old, n)
+            counts[key] = n
+    if fixed:
+        write_manifest(path, manifest)
+    return fixed
+
+
 def traces_inside(folder: Path) -> list[str]:
     """The names of ``folder``'s subfolders that hold a ``manifest.json`` (one level, sorted); [] when unreadable."""
     try:
