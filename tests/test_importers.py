@@ -157,6 +157,18 @@ def test_server_log_nothing_usable(tmp_path: Path) -> None:
         import_server_log(src, tmp_path / "t")
 
 
+@pytest.mark.parametrize("lines", [['{', '  "timings": {"draft_n": 4, "draft_n_accepted": 2}', '}'],
+                                   ['[{"timings": {"draft_n": 4, "draft_n_accepted": 2}}]']])
+def test_server_responses_not_one_object_per_line_are_said_so(tmp_path: Path, lines: list[str]) -> None:
+    """`curl | jq` output (pretty-printed) or a JSON array of responses: the refusal says responses are read one
+    object per line (before: only "no ... found, N ignored")."""
+    src = _write(tmp_path, "r.json", lines)
+    with pytest.raises(ImportFormatError, match=r"JSON responses are read one object per line \(`jq -c \.`"):
+        import_server_log(src, tmp_path / "t")
+    with pytest.raises(ImportFormatError, match=r"\(1 line: 0 bad, 1 ignored\)" if len(lines) == 1 else r"\(3 lines"):
+        import_server_log(src, tmp_path / "t")
+
+
 def test_fork_ndjson_prompts_repeats_and_slots(tmp_path: Path) -> None:
     d = '{{"evt":"mtp_draft","iter":{it},"path":"sync","seq_id":{s},"id_last":{last},"h_idx":-1,"attn_pos":{pos},"n_steps":2,"h_l2":1.2500,"drafts":[{a},{b}]}}'
     a = '{{"evt":"mtp_accept","iter":{it},"n_accepted":{n},"n_drafted_prev":2}}'

@@ -81,6 +81,16 @@ def _slot_task(m: re.Match[str] | None) -> tuple[int, int] | None:
     return None if slot is None or task is None else (slot, task)
 
 
+def _json_array_or_pretty(path: Path) -> bool:
+    """Whether the file's first non-blank character opens JSON that is not one object per line: ``[`` (an array)
+    or a ``{`` alone on its line (pretty-printed)."""
+    for _, line in read_lines(path):
+        s = line.strip()
+        if s:
+            return s.startswith("[") or s == "{"
+    return False
+
+
 def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
     timings = obj.get("timings")
     if not isinstance(timings, dict):
@@ -148,6 +158,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     n_stats = 0                                       # statistics lines merged into a row
     timing: dict[tuple[int, int | None] | None, dict[str, Any]] = {}   # (slot, task) -> its eval-time numbers so far
     n_timing = 0                                      # eval-time lines merged into a row
+    n_json_parts = 0                                  # lines of JSON that is not one object per line
     for ln, line in read_lines(path):
         n_lines = ln
         s = line.strip()
@@ -162,6 +173,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                     bad.append((ln, why))
                 else:
                     n_ignored += 1
+                    n_json_parts += 1
                 continue
             if not isinstance(obj, dict):
                 n_ignored += 1
@@ -285,8 +297,11 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 
     if not rows:
         first = f"; first bad line {bad[0][0]}: {bad[0][1]}" if bad else ""
+        if n_json_parts or _json_array_or_pretty(path):
+            first += ("; JSON responses are read one object per line (`jq -c .` writes them so), not pretty-printed "
+                      "or as an array")
         raise ImportFormatError(
-            f"no draft-acceptance line or response timings found ({n_lines} lines: {len(bad)} bad, "
+            f"no draft-acceptance line or response timings found ({n_lines} line{'' if n_lines == 1 else 's'}: {len(bad)} bad, "
             f"{n_ignored} ignored){first}", path=path,
             expected="'draft acceptance rate = ...' lines or JSON with timings.draft_n", actual="none")
     for i, r in enumerate(rows):
