@@ -28,7 +28,7 @@ llama.cpp runs with ``--threads`` threads (default 1, so that CPU time has no sp
 recorder process has the other core). Also printed: the recorder's own CPU per traced run
 (``RecordSummary.recorder_cpu_seconds``), the time the worker's loop waited for it, and what this machine charges
 for touching memory left idle (:func:`benchmarks.harness.idle_touch_line`): the recorder works a millisecond or
-two per round, woken for rounds in fours, and sleeps between, so on a virtual machine whose host reclaims idle guest pages its CPU time
+two per round, woken for rounds in sixteens (``WAKE_EVERY``), and sleeps between, so on a virtual machine whose host reclaims idle guest pages its CPU time
 grows with that charge, while the untraced loop, which never pauses, does not pay it
 (``benchmarks/bench_idle_memory.py`` measures how much on the recorder's own work). Prints tracing's CPU per
 round in ms (all processes; each traced run against the untraced run before it, which generate the same rounds)

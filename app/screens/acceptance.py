@@ -20,6 +20,14 @@ view = url_state.requested("acceptance")
 with guard("trace store"):
     tr = loaders.trace(path)
     rounds_all = tr.rounds
+    # a link's prompt / round / window checked first: a refused one is its one line, nothing of the page above it
+    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds_all))
+    if view is not None and view.window is not None:
+        try:
+            links.check_offered(view, "window", ROLL_WINDOWS)
+        except LinkError as e:
+            url_state.refuse(e)
+        st.session_state[sel.ACC_ROLL] = view.window
     prompts = views.manifest_prompts(tr.manifest)
     dec = loaders.trace_decoder(tr)
     for w in [w for w in tr.warnings if "trace is incomplete" not in w][:10]:   # (incomplete: above every trace page)
@@ -52,13 +60,6 @@ with guard("trace store"):
     labels = views.prompt_labels(pids, prompts)
     long_labels = views.prompt_labels(pids, prompts, width=80)
     ALL = sel.ALL
-    url_state.take_prompt_round(view, round_views.prompt_round_spans(rounds_all))
-    if view is not None and view.window is not None:
-        try:
-            links.check_offered(view, "window", ROLL_WINDOWS)
-        except LinkError as e:
-            url_state.refuse(e)
-        st.session_state[sel.ACC_ROLL] = view.window
     p1, p2 = st.columns([4, 1])
     choice = sel.prompt_picker(p1, sel.ACC_PROMPT, pids, long_labels, allow_all=True)
     one = choice if isinstance(choice, int) else None  # prompt_picker: a prompt id, or ALL

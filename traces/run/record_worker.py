@@ -23,7 +23,7 @@ message one frozen dataclass of :mod:`traces.run.worker_protocol` (built once, r
    drafter steps run after the loop in a temporary context with the in-graph capture, so the first decode
    does not wait for them; released like a round).
 3. Per finished round: a ``round`` message (the ``RoundResult``, its arrays in the shared ring); the
-   parent analyses and writes it, then ``release``s it. The parent is woken for rounds in fours (the ring's
+   parent analyses and writes it, then ``release``s it. The parent is woken for rounds in sixteens (the ring's
    doorbell, :data:`WAKE_EVERY`; :func:`ring_slots`) and tells its releases in one message. Per prompt: ``prompt_done``. At the end ``done``
    (loop wall and CPU seconds). In the child the loop only copies a round's arrays into the ring (each drafter
    row with its top-k found in the same read: ``row_kernels.copy_top_k``, into buffers of its own that are
@@ -102,9 +102,11 @@ SWITCH_INTERVAL_S = 0.0002
 ABORT_FLUSH_S = 5.0
 #: rounds the recorder is woken for at once (the transport's doorbell: ``RoundSender(wake_every=...)``): one
 #: wake-up per round cost the recorder about as much again as its work on a round of the tiny demo pair
-#: (``benchmarks/bench_idle_memory.py``), so it handles rounds in fours; the ring holds two more, so the loop
-#: goes on while it does
-WAKE_EVERY = 4
+#: (``benchmarks/bench_idle_memory.py``), so it handles rounds in sixteens (at least every
+#: ``transport.WAKE_AFTER_S``); the ring holds two more, so the loop goes on while it does. Fours before: the
+#: recorder's CPU per tiny round 0.89 / 0.99 ms with four, 0.70 ms with sixteen, the sender thread's 1.05 / 0.97 ms
+#: (``bench_record.py --max-tokens 400``, 5 pairs each, alternating, docs/RECORDING.md)
+WAKE_EVERY = 16
 #: contexts of more tokens than this are checked against the machine's memory before llama.cpp allocates them
 #: (:func:`traces.run.preflight.check_context_memory`, which reads both GGUF headers again: 0.2 s on the demo pair);
 #: up to it the KV cache of every Gemma 4 size is far below the weights the worker already holds (8192 tokens,
@@ -615,7 +617,7 @@ class RecordWorker:
         self.spawned_at = sp.spawned_at
         parent_sock = sp.sock
         self.chan = Channel(parent_sock)
-        # releases told in one message before the recorder sleeps (the worker's doorbell wakes it for rounds in fours)
+        # releases told in one message before the recorder sleeps (the worker's doorbell wakes it for WAKE_EVERY rounds)
         self.receiver = RoundReceiver(self.chan, defer_release=True)
         self.log = _LogPump(cast(IO[bytes], self.proc.stdout), echo)    # (stdout=PIPE: never None)
         self.log.start()

@@ -65,7 +65,7 @@ MAX_MESSAGE = 64 << 20
 RECV_BYTES = 64 << 10
 #: with a doorbell (``wake_every`` > 1): the longest the recorder is left asleep while rounds arrive (a slow pair's
 #: rounds reach the trace, and its progress, this often at least). A second lets a pair of real size (rounds of
-#: 0.2-0.3 s on a CPU) hand over rounds in fours too, which the recorder analyses together (its derived h_inner's
+#: 0.2-0.3 s on a CPU) hand over rounds in fours at least, which the recorder analyses together (its derived h_inner's
 #: solve in one product: 6.7 -> 4.2 ms of recorder CPU per round on the 26B-A4B-geometry pair, 0.25 s before)
 WAKE_AFTER_S = 1.0
 
