@@ -112,6 +112,19 @@ def mean_acceptance_length(rep: TraceReport) -> float:
     return _num(rep.mean_acceptance_length)
 
 
+def request_rows_words(kind: str, by_kind: Mapping[str, int]) -> str:
+    """Which request rows a requests-only trace's numbers come from (``RequestTotals.kind``) and, when the trace holds
+    rows of another kind too (a llama-server log with its acceptance lines and its responses' timings), that those are
+    left out: both may describe the same requests (``metrics.request_totals`` keeps one kind)."""
+    n = int(by_kind.get(kind, 0))
+    words = f"The numbers above come from its {n:,} {kind} row{'' if n == 1 else 's'}"
+    others = {k: int(v) for k, v in by_kind.items() if k != kind and v}
+    if others:
+        left = ", ".join(f"{v:,} {k} row{'' if v == 1 else 's'}" for k, v in sorted(others.items()))
+        words += f"; its {left} are left out (both may describe the same requests)"
+    return words + "."
+
+
 def relative_paths(paths: Sequence[Any], root: Any) -> list[str]:
     """``paths`` as strings relative to ``root`` where they lie below it (``rounds/part-00001.parquet``), else whole."""
     from pathlib import Path

@@ -150,3 +150,14 @@ def test_a_requests_only_trace_is_not_said_to_have_drafted_nothing() -> None:
     idle = TraceFacts(role="trace B", path="/t", name="t", acceptance_rate=None,
                       prompts=(PromptCounts(0, None, 0, 0),))
     assert no_worst_words(idle) == "trace B: no prompt drafted a token."
+
+
+def test_request_rows_words_name_the_rows_used_and_those_left_out() -> None:
+    """A llama-server log with acceptance lines and response timings: the Acceptance page says the numbers come from
+    the response rows and that the log rows are left out (before: "from its requests", the 2 log rows unmentioned)."""
+    from mtpscope.app.views import request_rows_words
+
+    assert request_rows_words("response", {"response": 2, "log": 2}) == (
+        "The numbers above come from its 2 response rows; its 2 log rows are left out (both may describe the same "
+        "requests).")
+    assert request_rows_words("log", {"log": 1}) == "The numbers above come from its 1 log row."

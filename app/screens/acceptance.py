@@ -34,6 +34,7 @@ with guard("trace store"):
         st.warning(w)
 
     # ---- headline numbers: from traces.analysis.metrics.report (the library's definitions)
+    rep = None
     with guard("metrics"):
         rep = loaders.report(path)
         c = st.columns(4)
@@ -47,8 +48,10 @@ with guard("trace store"):
     if len(rounds_all) == 0:
         req = tr.requests
         if len(req):
-            st.info(f"This trace holds per-request summaries only ({tr.manifest.get('source')}): no rounds to "
-                    "draw. The numbers above come from its requests.")
+            rq = rep.requests if rep is not None else None
+            st.info(f"This trace holds per-request summaries only ({tr.manifest.get('source')}): no rounds to draw. "
+                    + (views.request_rows_words(rq.kind, rq.by_kind) if rq is not None
+                       else "The numbers above come from its requests."))
             st.dataframe(req.head(1000), hide_index=True, width="stretch")
         else:
             st.info("This trace has no rounds.")
@@ -156,7 +159,7 @@ with guard("trace store"):
 
     st.subheader("Zero-acceptance streaks")
     with guard("metrics"):
-        z = rep.zero_acceptance_streaks if choice == ALL else None
+        z = rep.zero_acceptance_streaks if choice == ALL and rep is not None else None
         if z is not None:
             st.markdown(wording.streaks_line(z.n_streaks, z.n_rounds_in_streaks, z.longest))
         streaks = views.zero_streaks(rounds, min_length=1)
