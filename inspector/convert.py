@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from mtpscope.errors import HFCheckpointError, LayoutError
+from mtpscope.errors import HFCheckpointError, LayoutError, MtpscopeError
 from mtpscope.inspector import hf_checkpoint
 from mtpscope.inspector.convert_common import (
     OUTTYPES,
@@ -137,7 +137,7 @@ def map_drafter_tensors(tensors: Mapping[str, Source], dialect: str,
 
 def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dialect: str = "upstream",
             outtype: str = "f32", centroids_out: str | os.PathLike[str] | None = None,
-            vocab_from: str | os.PathLike[str] | None = None) -> ConvertResult:
+            vocab_from: str | os.PathLike[str] | None = None, overwrite: bool = True) -> ConvertResult:
     """Convert an HF Gemma 4 assistant (drafter) or Gemma 4 text (target) checkpoint to GGUF.
 
     A checkpoint is checked whole before anything is written: its config.json field by field
@@ -155,6 +155,8 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
             multiple of 32 fall back to F16); 1-D tensors stay F32, the token ordering I32.
         centroids_out: upstream drafter with a centroid head: also write the head to this sidecar GGUF.
         vocab_from: GGUF to copy ``tokenizer.*`` keys from (default: the real Gemma 4 tokenizer).
+        overwrite: replace an existing ``out`` / ``centroids_out`` (``mtpscope convert`` passes its ``--overwrite``,
+            False by default, as ``quantize`` and ``import`` do).
 
     Raises:
         HFCheckpointError: unreadable checkpoint, unknown model type, a bad config field, a tensor missing, of the
@@ -162,7 +164,13 @@ def convert(hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, dial
         LayoutError: a drafter llama.cpp refuses (backbone width = its width), no centroid head for a sidecar,
             tokenizer of the wrong size.
         ValueError: unknown dialect / outtype.
+        MtpscopeError: ``out`` or ``centroids_out`` exists and ``overwrite`` is False (nothing read or written).
     """
+    if not overwrite:
+        for o, opt in ((out, "--out"), (centroids_out, "--centroids-out")):
+            if o is not None and Path(o).exists():
+                raise MtpscopeError("the output exists (pass --overwrite to replace it)", path=os.fspath(o), key=opt,
+                                    expected="a new file", actual="an existing file")
     if dialect not in DIALECTS:
         raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
     if outtype not in OUTTYPES:

@@ -176,6 +176,15 @@ def test_cli_convert_and_verify(hf_pair: tuple[Path, Path], converted: dict[str,
         assert v.exit_code == 0, v.output
     r = CliRunner().invoke(app, ["convert", str(tmp_path / "missing"), "--out", str(tmp_path / "z.gguf")])
     assert r.exit_code == 2
+    # an existing --out is kept without --overwrite (as quantize and import keep theirs), replaced with it
+    before = (tmp_path / "d.gguf").read_bytes()
+    r = CliRunner().invoke(app, ["convert", str(hf_pair[1]), "--out", str(tmp_path / "d.gguf")])
+    assert r.exit_code == 2 and r.output.strip() == (f"mtpscope: {tmp_path / 'd.gguf'}: '--out': the output exists "
+                                                     "(pass --overwrite to replace it) (expected a new file, got an "
+                                                     "existing file)"), r.output
+    assert (tmp_path / "d.gguf").read_bytes() == before
+    r = CliRunner().invoke(app, ["convert", str(hf_pair[1]), "--out", str(tmp_path / "d.gguf"), "--overwrite"])
+    assert r.exit_code == 0 and (tmp_path / "d.gguf").read_bytes() != before   # the upstream dialect now, f32
 
 
 @pytest.mark.llama

@@ -239,7 +239,7 @@ def test_cli_one_line_exit_2_and_an_existing_out_kept(good: Path, tmp_path: Path
     for i, (cfg, hdr) in enumerate([(top("backbone_hidden_size", "x"), None), (tc("sliding_window", -5), None),
                                     (None, _transpose(Q)), (None, _extra_layer)]):
         d = mutant(good, tmp_path / str(i), cfg=cfg, hdr=hdr)
-        r = CliRunner().invoke(app, ["convert", str(d), "--out", str(out), "--dialect", "fork"])
+        r = CliRunner().invoke(app, ["convert", str(d), "--out", str(out), "--dialect", "fork", "--overwrite"])
         assert r.exit_code == 2, r.output
         lines = r.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"mtpscope: {d}/") and "internal error" not in r.output

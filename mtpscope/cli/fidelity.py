@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         vocab_from: Annotated[Path | None, typer.Option(
             "--vocab-from", help="GGUF to copy tokenizer.* keys from (default: the real Gemma 4 tokenizer, "
                                  "its first vocab_size tokens for smaller vocabularies)")] = None,
+        overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing --out / --centroids-out")] = False,
     ) -> None:
         """Convert a Gemma4AssistantForCausalLM (drafter) or Gemma4ForCausalLM / Gemma4ForConditionalGeneration
         (target: dense, K = V, per-layer embeddings with KV-shared layers, or MoE) checkpoint to GGUF."""
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_UNREADABLE)
         with one_line_errors():
             r = do_convert(hf_dir, out, dialect=dialect, outtype=outtype, centroids_out=centroids_out,
-                           vocab_from=vocab_from)
+                           vocab_from=vocab_from, overwrite=overwrite)
         what = f"{r.kind} ({r.arch}" + (f", {r.dialect} dialect" if r.dialect else "") + ")"
         typer.echo(f"wrote {r.out}: {what}, {r.n_tensors} tensors, {outtype}")
         if r.centroids_out is not None:
