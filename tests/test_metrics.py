@@ -189,7 +189,8 @@ def test_report_is_a_frozen_record_whose_json_is_the_summary(tmp_path) -> None:
         rep.n_rounds = 0  # type: ignore[misc]  # assigning to a frozen dataclass on purpose
     doc = rep.to_dict()
     body = M.summarize(t.rounds, t.steps if t.manifest.get("centroids") is not None else None)
-    assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "warnings"]
+    assert list(doc) == ["trace", "source", "complete", "n_prompts", *body, "n_rounds_recorded", "warnings"]
+    assert doc["n_rounds_recorded"] is None          # every round read
     assert {k: v for k, v in doc.items() if k in body and k != "prompts"} == \
         {k: v for k, v in body.items() if k != "prompts"}
     assert [{k: v for k, v in p.items() if k != "text"} for p in doc["prompts"]] == body["prompts"]

@@ -452,6 +452,11 @@ def test_manifest_that_lost_its_part_list_still_reads_the_merged_files(tmp_path:
         assert list(v.rounds["n_accepted"]) == list(ACC) and len(v.steps) == 3 * len(ACC)
         assert f"{tmp_path / 'v' / 'manifest.json'}: 'parts' lists no rounds file but {tmp_path / 'v' / 'rounds'} " \
                "holds parts: read as they are" in v.warnings
+        # ... but a list emptied with counts of 0 is a trace of no rounds, as its manifest says (files left aside)
+        man["counts"] = {"n_rounds": 0, "n_steps": 0, "n_parts": 0}
+        (tmp_path / "v" / "manifest.json").write_text(json.dumps(man))
+        w = traces.open(tmp_path / "v")
+        assert len(w.rounds) == 0 and not any("'parts' lists no" in x for x in w.warnings)
 
 
 _KILL_SCRIPT = textwrap.dedent("""

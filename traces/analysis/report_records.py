@@ -234,8 +234,8 @@ class TraceReport(JsonRecord):
     timing_ms: Timing | None
     centroid_coverage: CentroidCoverage | None
     requests: RequestTotals | None
-    warnings: tuple[str, ...] = ()
     n_rounds_recorded: int | None = None
+    warnings: tuple[str, ...] = ()
 
 
 __all__ = ["CategoryRequests", "CentroidCoverage", "CoverageRow", "MismatchRow", "PositionRow", "PromptRow",

@@ -134,9 +134,12 @@ class Trace(TraceLike):
     def _list_parts(self, table: str) -> list[Path]:
         d = self.path / table
         listed = self.manifest.get("parts")
-        if isinstance(listed, dict) and not listed.get(table) and d.is_dir():
-            # a manifest listing no file of a table whose folder holds parts (its list lost or emptied): they are
-            # read, said below for merged files and here for parts, rather than 0 rows reported without a word
+        counted = (self.manifest.get("counts") or {}).get(f"n_{table}")
+        if (isinstance(listed, dict) and not listed.get(table) and d.is_dir() and isinstance(counted, int)
+                and counted > 0):
+            # a manifest listing no file of a table while its counts say it has rows (its list lost or emptied):
+            # the folder's files are read, said below for merged files and here for parts, rather than 0 rows
+            # reported without a word (a list emptied with a count of 0 is a trace with no such rows: kept so)
             if plain_parts(self.path, table):
                 self.warnings.append(f"{self.path / MANIFEST}: 'parts' lists no {table} file but {d} holds parts: "
                                      "read as they are")
