@@ -39,11 +39,10 @@ def check_pairing(drafter: Any, target: Any, hp: L.HParams | None = None) -> Pai
     donors: dict[str, int | None] = {"sliding": None, "full": None}
     donors_hf: dict[str, int | None] = {"sliding": None, "full": None}
     if target.architecture != L.ARCH_TARGET:
-        # (no string key: "no general.architecture", not Python's None)
-        found = repr(target.architecture) if target.architecture is not None else "no general.architecture"
-        add(finding(ERROR, "E_PAIR_TARGET_ARCH", "general.architecture", L.ARCH_TARGET,
-                    target.architecture if target.architecture is not None else "no general.architecture",
-                    f"the target must be a {L.ARCH_TARGET} model, found {found}"))
+        arch = target.architecture      # (no string key: "no general.architecture", not Python's None)
+        got = arch if arch is not None else "no general.architecture"
+        add(finding(ERROR, "E_PAIR_TARGET_ARCH", "general.architecture", L.ARCH_TARGET, got,
+                    f"the target must be a {L.ARCH_TARGET} model, found {got if arch is None else repr(arch)}"))
         return Pairing(tpath, False, tuple(fs), donors, donors_hf)
     if hp is None:
         hp = L.read_hparams(drafter)

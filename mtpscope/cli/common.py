@@ -109,8 +109,8 @@ def trace_head(path: Any, source: Any, complete: bool, *, n_read: int | None = N
                n_recorded: int | None = None, upper: bool = False) -> str:
     """The first line of ``report`` and ``explain``: ``trace: PATH (source S, complete)``; ``INCOMPLETE`` for a
     trace whose manifest says so (``upper``: "complete" is left out, only INCOMPLETE is said); with ``n_recorded``
-    (:meth:`traces.store.reader.Trace.rounds_not_read`) "; 16 of its 20 rounds read: a part is missing or unreadable
-    (see the warnings)", so that a complete trace with a lost part does not read as whole."""
+    (:meth:`traces.store.reader.Trace.rounds_not_read`) "; 16 of its 20 rounds read: a rounds part is missing or
+    unreadable, see the warnings", so that a complete trace with a lost part does not read as whole."""
     state = ("" if complete else "INCOMPLETE") if upper else ("complete" if complete else "INCOMPLETE")
     words = [f"source {source}"] + ([state] if state else [])
     lost = (f"; {n_read} of its {n_recorded} rounds read: a rounds part is missing or unreadable, see the warnings"

@@ -430,8 +430,10 @@ def register(app: typer.Typer) -> None:
             d, (x, voc) = explain_json(t, vocab_path=vocab, prompt=prompt, category_field=category_field)
         for w in t.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        n_read = len(t.columns("rounds", ["round"])) if t.skipped else 0    # (the whole trace's, a prompt chosen or not)
-        recorded = t.rounds_not_read(n_read) if t.skipped else None
+        n_read, recorded = 0, None
+        if t.skipped:       # (the whole trace's rounds read, a prompt chosen or not)
+            n_read = len(t.columns("rounds", ["round"]))
+            recorded = t.rounds_not_read(n_read)
         head = ExplainHead(str(t.path), t.manifest.get("source"), bool(t.manifest.get("complete")),
                            None if prompt is None else select_prompt(t.manifest, prompt), x.totals,
                            rounds_read=None if recorded is None else (n_read, recorded))

@@ -81,16 +81,6 @@ def _slot_task(m: re.Match[str] | None) -> tuple[int, int] | None:
     return None if slot is None or task is None else (slot, task)
 
 
-def _json_array_or_pretty(path: Path) -> bool:
-    """Whether the file's first non-blank character opens JSON that is not one object per line: ``[`` (an array)
-    or a ``{`` alone on its line (pretty-printed)."""
-    for _, line in read_lines(path):
-        s = line.strip()
-        if s:
-            return s.startswith("[") or s == "{"
-    return False
-
-
 def _response_row(obj: dict[str, Any], ln: int) -> tuple[str, Any]:
     timings = obj.get("timings")
     if not isinstance(timings, dict):
@@ -158,7 +148,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     n_stats = 0                                       # statistics lines merged into a row
     timing: dict[tuple[int, int | None] | None, dict[str, Any]] = {}   # (slot, task) -> its eval-time numbers so far
     n_timing = 0                                      # eval-time lines merged into a row
-    n_json_parts = 0                                  # lines of JSON that is not one object per line
+    n_json_parts = 0                                  # lines of JSON that is not one object per line (`[`, a bad `{`)
     for ln, line in read_lines(path):
         n_lines = ln
         s = line.strip()
@@ -166,6 +156,8 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
             continue
         if s.startswith("data:"):
             s = s[5:].strip()
+        if s.startswith("["):                         # (a JSON array of responses: ignored below, and said if nothing reads)
+            n_json_parts += 1
         if s.startswith("{"):
             obj, why = json_line(s)
             if why is not None:
@@ -297,7 +289,7 @@ def import_server_log(path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 
     if not rows:
         first = f"; first bad line {bad[0][0]}: {bad[0][1]}" if bad else ""
-        if n_json_parts or _json_array_or_pretty(path):
+        if n_json_parts:
             first += ("; JSON responses are read one object per line (`jq -c .` writes them so), not pretty-printed "
                       "or as an array")
         raise ImportFormatError(

@@ -104,8 +104,8 @@ ABORT_FLUSH_S = 5.0
 #: wake-up per round cost the recorder about as much again as its work on a round of the tiny demo pair
 #: (``benchmarks/bench_idle_memory.py``), so it handles rounds in sixteens (at least every
 #: ``transport.WAKE_AFTER_S``); the ring holds two more, so the loop goes on while it does. Fours before: the
-#: recorder's CPU per tiny round 0.89 / 0.99 ms with four, 0.70 ms with sixteen, the sender thread's 1.05 / 0.97 ms
-#: (``bench_record.py --max-tokens 400``, 5 pairs each, alternating, docs/RECORDING.md)
+#: recorder's CPU per tiny round 0.89 / 0.99 ms with four, 0.70 ms with sixteen; the sender thread's 1.06 / 1.04 ms
+#: and 0.97 ms (``bench_record.py --max-tokens 400``, 5 pairs each, alternating, docs/RECORDING.md)
 WAKE_EVERY = 16
 #: contexts of more tokens than this are checked against the machine's memory before llama.cpp allocates them
 #: (:func:`traces.run.preflight.check_context_memory`, which reads both GGUF headers again: 0.2 s on the demo pair);
